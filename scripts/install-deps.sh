@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs plumb's build and test dependencies from Debian packages (run as root on a fresh Debian 12 machine).
+set -euo pipefail
+pkgs=(
+  build-essential cmake            # C++20 compiler and the build
+  googletest libgtest-dev libgmock-dev  # unit tests
+  nlohmann-json3-dev               # config.json, safetensors headers, golden.json, tokenizer.json
+  libcli11-dev                     # the command line
+  libfmt-dev                       # formatting of messages and tables
+  libpcre2-dev                     # Unicode regex for the tokenizer's pre-tokenizer
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
