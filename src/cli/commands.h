@@ -4,6 +4,10 @@
 
 namespace plumb::cli {
 
+// Subcommands run as CLI11 callbacks during parse; they report their exit status here.
+int exit_code();
+void set_exit_code(int code);
+
 void register_verify_golden(CLI::App& app);
 void register_tokenize(CLI::App& app);
 

@@ -1,0 +1,18 @@
+// Entry points of plumb's tools (verification and, later, the precision toolkit), used by the CLI.
+#pragma once
+#include <string>
+
+namespace plumb::tools {
+
+struct VerifyGoldenOptions {
+  std::string dir;              // fixture folder (config.json, model.safetensors, golden.json, golden.safetensors)
+  std::string backend = "cpu";  // "cpu": the fp32 reference
+  std::string patches;          // comma-separated patch names ("" = the reference)
+  bool quiet = false;           // print only failing taps and the per-step summary lines
+};
+
+// Runs the fixture's steps on one session and compares logits and taps. Prints the per-step tables and a
+// final one-line verdict. Returns 0 when everything passes, 1 when something fails.
+int verify_golden(const VerifyGoldenOptions& opt);
+
+}  // namespace plumb::tools

@@ -1,0 +1,92 @@
+// `plumb tokenize -t tokenizer.json [--decode] [--add-special] [--skip-special]`: line-based encode/decode of
+// stdin with the escaped one-line text form of text/escape.h (ids space-separated, one output line per input).
+#include <charconv>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "text/escape.h"
+#include "text/tokenizer.h"
+
+namespace plumb::cli {
+
+namespace {
+
+struct TokenizeOptions {
+  std::string tokenizer;
+  bool decode = false;
+  bool add_special = false;
+  bool skip_special = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& line) {
+  std::vector<int32_t> ids;
+  const char* p = line.data();
+  const char* end = p + line.size();
+  while (p < end) {
+    if (*p == ' ' || *p == '\t') {
+      ++p;
+      continue;
+    }
+    int32_t v = 0;
+    const auto [q, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || v < 0 || (q < end && *q != ' ' && *q != '\t'))
+      fail("bad token id at column {}: expected non-negative integers separated by spaces", p - line.data() + 1);
+    ids.push_back(v);
+    p = q;
+  }
+  return ids;
+}
+
+int run_tokenize(const TokenizeOptions& opt) {
+  const auto tok = text::Tokenizer::load(opt.tokenizer);
+  std::string line, out;
+  size_t lineno = 0;
+  while (std::getline(std::cin, line)) {
+    ++lineno;
+    try {
+      out.clear();
+      if (opt.decode) {
+        out = text::escape_line(tok.decode(parse_ids(line), opt.skip_special));
+      } else {
+        const auto ids = tok.encode(text::unescape_line(line), opt.add_special);
+        for (size_t k = 0; k < ids.size(); ++k) {
+          if (k) out += ' ';
+          out += std::to_string(ids[k]);
+        }
+      }
+    } catch (const Error& e) {
+      fail("stdin line {}: {}", lineno, e.what());
+    }
+    out += '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+void register_tokenize(CLI::App& app) {
+  auto opt = std::make_shared<TokenizeOptions>();
+  auto* cmd = app.add_subcommand(
+      "tokenize", "Encode stdin lines to token ids (or --decode ids back to text); \\n \\t \\r \\\\ \\xHH escapes");
+  cmd->add_option("-t,--tokenizer", opt->tokenizer, "path to tokenizer.json")->required();
+  cmd->add_flag("--decode", opt->decode, "read space-separated ids per line, print the escaped text");
+  cmd->add_flag("--add-special", opt->add_special, "add the post-processor's special tokens (e.g. BOS) when encoding");
+  cmd->add_flag("--skip-special", opt->skip_special, "drop special tokens when decoding");
+  cmd->callback([opt] {
+    // Errors are reported here, as one line and exit status 1, rather than by main's generic handler.
+    try {
+      set_exit_code(run_tokenize(*opt));
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "error: %s\n", e.what());
+      set_exit_code(1);
+    }
+  });
+}
+
+}  // namespace plumb::cli

@@ -1,0 +1,25 @@
+// plumb: command-line entry point; each subcommand registers itself from its own cli/cmd_*.cpp.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"plumb: a DeepSeek-V4 inference engine whose every speed patch is proven against the reference math"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "plumb 0.1.0");
+  plumb::cli::register_verify_golden(app);
+  plumb::cli::register_tokenize(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const plumb::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return plumb::cli::exit_code();
+}

@@ -1,0 +1,301 @@
+// Parses config.json for model_type deepseek_v4, accepting transformers' current keys and the legacy ones
+// (compress_ratios, num_hash_layers, qk_rope_head_dim, flat rope_scaling/rope_parameters with yarn).
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace plumb {
+
+using nlohmann::json;
+
+const char* attn_type_name(AttnType t) {
+  switch (t) {
+    case AttnType::Sliding: return "sliding_attention";
+    case AttnType::CSA: return "compressed_sparse_attention";
+    case AttnType::HCA: return "heavily_compressed_attention";
+  }
+  return "?";
+}
+
+const char* score_func_name(ScoreFunc f) {
+  switch (f) {
+    case ScoreFunc::SqrtSoftplus: return "sqrtsoftplus";
+    case ScoreFunc::Sigmoid: return "sigmoid";
+    case ScoreFunc::Softmax: return "softmax";
+  }
+  return "?";
+}
+
+int ModelConfig::n_hash_layers() const {
+  int n = 0;
+  for (auto m : mlp) n += m == MlpType::Hash;
+  return n;
+}
+
+namespace {
+
+struct Reader {
+  const json& j;
+  const std::string& src;
+
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  int integer(const char* k, std::optional<int> def = std::nullopt) const {
+    if (!has(k)) {
+      PLUMB_CHECK(def.has_value(), "{}: missing required field '{}'", src, k);
+      return *def;
+    }
+    PLUMB_CHECK(j[k].is_number_integer(), "{}: field '{}' must be an integer, got {}", src, k, j[k].dump());
+    auto v = j[k].get<int64_t>();
+    PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: field '{}' out of range: {}", src, k, v);
+    return int(v);
+  }
+  double number(const char* k, std::optional<double> def = std::nullopt) const {
+    if (!has(k)) {
+      PLUMB_CHECK(def.has_value(), "{}: missing required field '{}'", src, k);
+      return *def;
+    }
+    PLUMB_CHECK(j[k].is_number(), "{}: field '{}' must be a number, got {}", src, k, j[k].dump());
+    return j[k].get<double>();
+  }
+};
+
+// transformers' yarn attention factor default (get_mscale): applied to cos and sin when not given.
+double yarn_mscale(double scale, double mscale = 1.0) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+RopeConfig parse_rope(const json& d, double default_theta, double max_pos, bool force_unit_attention,
+                      const std::string& where) {
+  RopeConfig r;
+  r.theta = d.contains("rope_theta") && d["rope_theta"].is_number() ? d["rope_theta"].get<double>() : default_theta;
+  std::string type = "default";
+  if (d.contains("rope_type") && d["rope_type"].is_string()) type = d["rope_type"].get<std::string>();
+  else if (d.contains("type") && d["type"].is_string()) type = d["type"].get<std::string>();
+  PLUMB_CHECK(r.theta > 0, "{}: rope_theta must be positive", where);
+  if (type == "default") return r;
+  PLUMB_CHECK(type == "yarn", "{}: rope_type '{}' is not supported (DeepSeek-V4 uses 'default' or 'yarn')", where, type);
+  r.yarn = true;
+  auto num = [&](const char* k) -> std::optional<double> {
+    if (d.contains(k) && d[k].is_number()) return d[k].get<double>();
+    return std::nullopt;
+  };
+  auto omp = num("original_max_position_embeddings");
+  PLUMB_CHECK(omp && *omp > 0, "{}: yarn needs a positive original_max_position_embeddings", where);
+  r.original_max_pos = *omp;
+  r.factor = num("factor").value_or(max_pos / r.original_max_pos);
+  PLUMB_CHECK(r.factor > 0, "{}: yarn factor must be positive", where);
+  // transformers: `rope.get("beta_fast") or 32` (a 0 also falls back to the default).
+  r.beta_fast = num("beta_fast").value_or(0) != 0 ? *num("beta_fast") : 32.0;
+  r.beta_slow = num("beta_slow").value_or(0) != 0 ? *num("beta_slow") : 1.0;
+  if (auto af = num("attention_factor")) {
+    r.attention_factor = *af;
+  } else if (force_unit_attention) {
+    r.attention_factor = 1.0;  // transformers' DeepseekV4Config sets it for the flat (legacy) form
+  } else {
+    auto ms = num("mscale"), msa = num("mscale_all_dim");
+    r.attention_factor = (ms && msa && *ms != 0 && *msa != 0) ? yarn_mscale(r.factor, *ms) / yarn_mscale(r.factor, *msa)
+                                                              : yarn_mscale(r.factor);
+  }
+  return r;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
+  PLUMB_CHECK(j.is_object(), "{}: config must be a JSON object", src);
+  Reader r{j, src};
+  if (r.has("model_type")) {
+    auto mt = j["model_type"].dump();
+    PLUMB_CHECK(j["model_type"] == "deepseek_v4", "{}: model_type {} is not supported (expected \"deepseek_v4\")", src, mt);
+  }
+  ModelConfig c;
+  c.vocab = r.integer("vocab_size");
+  c.hidden = r.integer("hidden_size");
+  c.n_layers = r.integer("num_hidden_layers");
+  c.n_heads = r.integer("num_attention_heads");
+  c.head_dim = r.integer("head_dim");
+  c.q_lora = r.integer("q_lora_rank");
+  c.o_groups = r.integer("o_groups");
+  c.o_lora = r.integer("o_lora_rank");
+  c.window = r.integer("sliding_window");
+  c.n_experts = r.integer("n_routed_experts");
+  c.top_k = r.integer("num_experts_per_tok");
+  c.n_shared = r.integer("n_shared_experts", 1);
+  c.moe_inter = r.integer("moe_intermediate_size");
+  c.routed_scaling = r.number("routed_scaling_factor", 1.0);
+  c.norm_topk_prob = !r.has("norm_topk_prob") || j["norm_topk_prob"].get<bool>();
+  c.swiglu_limit = r.number("swiglu_limit", 0.0);
+  c.hc_mult = r.integer("hc_mult");
+  c.hc_sinkhorn_iters = r.integer("hc_sinkhorn_iters", 20);
+  c.hc_eps = r.number("hc_eps", 1e-6);
+  c.rms_eps = r.number("rms_norm_eps", 1e-6);
+  c.index_heads = r.integer("index_n_heads", 0);
+  c.index_head_dim = r.integer("index_head_dim", 0);
+  c.index_topk = r.integer("index_topk", 0);
+  if (r.has("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token = j["bos_token_id"].get<int>();
+  if (r.has("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token = j["eos_token_id"].get<int>();
+
+  const int kv_heads = r.integer("num_key_value_heads", 1);
+  PLUMB_CHECK(kv_heads == 1, "{}: num_key_value_heads must be 1 (shared K=V MQA), got {}", src, kv_heads);
+  if (r.has("hidden_act"))
+    PLUMB_CHECK(j["hidden_act"] == "silu", "{}: hidden_act {} is not supported (expected \"silu\")", src, j["hidden_act"].dump());
+  if (r.has("n_group") && j["n_group"].is_number_integer() && j["n_group"].get<int>() > 1)
+    fail("{}: grouped top-k routing (n_group = {}) is not part of DeepSeek-V4", src, j["n_group"].get<int>());
+
+  // Scoring function.
+  std::string sf = r.has("scoring_func") ? j["scoring_func"].get<std::string>() : "sqrtsoftplus";
+  if (sf == "sqrtsoftplus") c.score = ScoreFunc::SqrtSoftplus;
+  else if (sf == "sigmoid") c.score = ScoreFunc::Sigmoid;
+  else if (sf == "softmax") c.score = ScoreFunc::Softmax;
+  else fail("{}: scoring_func \"{}\" is not supported (sqrtsoftplus, sigmoid, softmax)", src, sf);
+
+  // Compression rates: compress_rates dict, legacy compress_rate_csa/_hca, defaults 4/128.
+  int csa_rate = 4, hca_rate = 128;
+  if (r.has("compress_rates")) {
+    const auto& cr = j["compress_rates"];
+    PLUMB_CHECK(cr.is_object(), "{}: compress_rates must be an object", src);
+    for (auto& [k, v] : cr.items()) {
+      PLUMB_CHECK(v.is_number_integer() && v.get<int>() > 0, "{}: compress_rates.{} must be a positive integer", src, k);
+      if (k == "compressed_sparse_attention") csa_rate = v.get<int>();
+      else if (k == "heavily_compressed_attention") hca_rate = v.get<int>();
+      else fail("{}: compress_rates has unknown layer type '{}'", src, k);
+    }
+  }
+  if (r.has("compress_rate_csa")) csa_rate = r.integer("compress_rate_csa");
+  if (r.has("compress_rate_hca")) hca_rate = r.integer("compress_rate_hca");
+
+  // Attention schedule: layer_types, else legacy compress_ratios (n_layers or n_layers+1 entries, the
+  // extra one being the MTP block), else transformers' default (2 x HCA, then HCA/CSA interleaved).
+  const int n = c.n_layers;
+  PLUMB_CHECK(n > 0, "{}: num_hidden_layers must be positive", src);
+  c.attn.resize(static_cast<size_t>(n));
+  c.compress_rate.assign(size_t(n), 0);
+  if (r.has("layer_types")) {
+    const auto& lt = j["layer_types"];
+    PLUMB_CHECK(lt.is_array() && int(lt.size()) >= n, "{}: layer_types must list at least num_hidden_layers ({}) entries", src, n);
+    for (int i = 0; i < n; ++i) {
+      auto s = lt[size_t(i)].is_string() ? lt[size_t(i)].get<std::string>() : lt[size_t(i)].dump();
+      if (s == "sliding_attention") c.attn[size_t(i)] = AttnType::Sliding;
+      else if (s == "compressed_sparse_attention") c.attn[size_t(i)] = AttnType::CSA;
+      else if (s == "heavily_compressed_attention") c.attn[size_t(i)] = AttnType::HCA;
+      else fail("{}: layer_types[{}] = \"{}\" is not a DeepSeek-V4 layer type (sliding_attention, "
+                "compressed_sparse_attention, heavily_compressed_attention)", src, i, s);
+    }
+  } else if (r.has("compress_ratios")) {
+    const auto& cr = j["compress_ratios"];
+    PLUMB_CHECK(cr.is_array() && (int(cr.size()) == n || int(cr.size()) == n + 1),
+                "{}: compress_ratios must have num_hidden_layers ({}) or num_hidden_layers + 1 entries, has {}", src, n,
+                cr.is_array() ? cr.size() : 0);
+    for (int i = 0; i < n; ++i) {
+      PLUMB_CHECK(cr[size_t(i)].is_number_integer(), "{}: compress_ratios[{}] must be an integer", src, i);
+      int v = cr[size_t(i)].get<int>();
+      if (v == 0) c.attn[size_t(i)] = AttnType::Sliding;
+      else if (v == csa_rate) c.attn[size_t(i)] = AttnType::CSA;
+      else if (v == hca_rate) c.attn[size_t(i)] = AttnType::HCA;
+      else fail("{}: compress_ratios[{}] = {} matches neither the CSA rate {} nor the HCA rate {}", src, i, v, csa_rate, hca_rate);
+    }
+  } else {
+    for (int i = 0; i < n; ++i)
+      c.attn[size_t(i)] = i < 2 ? AttnType::HCA : ((i - 2) % 2 ? AttnType::CSA : AttnType::HCA);
+  }
+  for (int i = 0; i < n; ++i)
+    c.compress_rate[size_t(i)] = c.attn[size_t(i)] == AttnType::CSA ? csa_rate : c.attn[size_t(i)] == AttnType::HCA ? hca_rate : 0;
+
+  // MoE schedule: mlp_layer_types, else num_hash_layers (default 3) hash layers first.
+  c.mlp.resize(static_cast<size_t>(n));
+  if (r.has("mlp_layer_types")) {
+    const auto& mt = j["mlp_layer_types"];
+    PLUMB_CHECK(mt.is_array() && int(mt.size()) >= n, "{}: mlp_layer_types must list at least {} entries", src, n);
+    for (int i = 0; i < n; ++i) {
+      auto s = mt[size_t(i)].is_string() ? mt[size_t(i)].get<std::string>() : mt[size_t(i)].dump();
+      if (s == "hash_moe") c.mlp[size_t(i)] = MlpType::Hash;
+      else if (s == "moe") c.mlp[size_t(i)] = MlpType::Learned;
+      else fail("{}: mlp_layer_types[{}] = \"{}\" is not one of hash_moe, moe", src, i, s);
+    }
+  } else {
+    int nh = r.integer("num_hash_layers", 3);
+    PLUMB_CHECK(nh >= 0, "{}: num_hash_layers must be >= 0", src);
+    for (int i = 0; i < n; ++i) c.mlp[size_t(i)] = i < nh ? MlpType::Hash : MlpType::Learned;
+  }
+
+  // Partial RoPE: partial_rotary_factor, else legacy qk_rope_head_dim, else 64/512.
+  double prf = 64.0 / 512.0;
+  if (r.has("partial_rotary_factor")) prf = r.number("partial_rotary_factor");
+  else if (r.has("qk_rope_head_dim")) prf = double(r.integer("qk_rope_head_dim")) / c.head_dim;
+  c.rope_dim = int(c.head_dim * prf);
+  if (r.has("qk_rope_head_dim"))
+    PLUMB_CHECK(r.integer("qk_rope_head_dim") == c.rope_dim, "{}: qk_rope_head_dim {} disagrees with partial_rotary_factor {} x head_dim {}",
+                src, r.integer("qk_rope_head_dim"), prf, c.head_dim);
+
+  // RoPE tables: nested {"main", "compress"} or a flat dict (rope_parameters / legacy rope_scaling) whose
+  // yarn keys apply to the compress table only.
+  const double max_pos = r.number("max_position_embeddings", 1048576);
+  const double rope_theta = r.number("rope_theta", 10000.0), compress_theta = r.number("compress_rope_theta", 160000.0);
+  json rp = json::object();
+  if (r.has("rope_parameters")) rp = j["rope_parameters"];
+  else if (r.has("rope_scaling")) rp = j["rope_scaling"];
+  PLUMB_CHECK(rp.is_object(), "{}: rope_parameters must be an object", src);
+  auto check_prf = [&](const json& d, const char* label) {
+    if (d.contains("partial_rotary_factor") && d["partial_rotary_factor"].is_number())
+      PLUMB_CHECK(int(c.head_dim * d["partial_rotary_factor"].get<double>()) == c.rope_dim,
+                  "{}: rope_parameters.{}.partial_rotary_factor disagrees with the model's rope dims ({})", src, label, c.rope_dim);
+  };
+  if (rp.contains("main") && rp["main"].is_object() && rp.contains("compress") && rp["compress"].is_object()) {
+    check_prf(rp["main"], "main");
+    check_prf(rp["compress"], "compress");
+    c.rope_main = parse_rope(rp["main"], rope_theta, max_pos, false, src + ": rope_parameters.main");
+    c.rope_compress = parse_rope(rp["compress"], compress_theta, max_pos, false, src + ": rope_parameters.compress");
+  } else {
+    json flat = rp;
+    flat.erase("main");
+    flat.erase("compress");
+    flat["rope_theta"] = compress_theta;
+    c.rope_main = RopeConfig{};
+    c.rope_main.theta = rope_theta;
+    c.rope_compress = parse_rope(flat, compress_theta, max_pos, true, src + ": rope_parameters");
+  }
+
+  // Consistency.
+  auto pos = [&](int v, const char* what) { PLUMB_CHECK(v > 0, "{}: {} must be positive, got {}", src, what, v); };
+  pos(c.vocab, "vocab_size"); pos(c.hidden, "hidden_size"); pos(c.n_heads, "num_attention_heads");
+  pos(c.head_dim, "head_dim"); pos(c.q_lora, "q_lora_rank"); pos(c.o_groups, "o_groups"); pos(c.o_lora, "o_lora_rank");
+  pos(c.window, "sliding_window"); pos(c.n_experts, "n_routed_experts"); pos(c.top_k, "num_experts_per_tok");
+  pos(c.moe_inter, "moe_intermediate_size"); pos(c.hc_mult, "hc_mult"); pos(c.hc_sinkhorn_iters, "hc_sinkhorn_iters");
+  PLUMB_CHECK(c.n_shared == 0 || c.n_shared == 1, "{}: n_shared_experts must be 0 or 1, got {}", src, c.n_shared);
+  PLUMB_CHECK(c.top_k <= c.n_experts, "{}: num_experts_per_tok {} exceeds n_routed_experts {}", src, c.top_k, c.n_experts);
+  PLUMB_CHECK(c.n_heads % c.o_groups == 0, "{}: num_attention_heads {} is not divisible by o_groups {}", src, c.n_heads, c.o_groups);
+  PLUMB_CHECK(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
+              "{}: rope dims {} must be even and within head_dim {}", src, c.rope_dim, c.head_dim);
+  bool any_csa = false;
+  for (auto a : c.attn) any_csa |= a == AttnType::CSA;
+  if (any_csa) {
+    pos(c.index_heads, "index_n_heads"); pos(c.index_head_dim, "index_head_dim"); pos(c.index_topk, "index_topk");
+    PLUMB_CHECK(c.rope_dim <= c.index_head_dim, "{}: rope dims {} exceed index_head_dim {}", src, c.rope_dim, c.index_head_dim);
+  }
+  PLUMB_CHECK(c.rms_eps > 0 && c.hc_eps >= 0, "{}: rms_norm_eps must be positive and hc_eps non-negative", src);
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& path) {
+  std::ifstream f(path);
+  PLUMB_CHECK(f.good(), "cannot open config {}", path);
+  json j = json::parse(f, nullptr, false);
+  PLUMB_CHECK(!j.is_discarded(), "{}: not valid JSON", path);
+  return from_json(j, path);
+}
+
+std::string ModelConfig::summary() const {
+  int nc = 0, nh = 0;
+  for (auto a : attn) nc += a == AttnType::CSA, nh += a == AttnType::HCA;
+  return fmt::format("{} layers ({} sliding, {} CSA, {} HCA), hidden {}, {} heads x {}, {} experts top-{} ({} hash layers), "
+                     "hc_mult {}, vocab {}, scoring {}",
+                     n_layers, n_layers - nc - nh, nc, nh, hidden, n_heads, head_dim, n_experts, top_k, n_hash_layers(),
+                     hc_mult, vocab, score_func_name(score));
+}
+
+}  // namespace plumb

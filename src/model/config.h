@@ -1,0 +1,57 @@
+// ModelConfig: the DeepSeek-V4 hyper-parameters read from a Hugging Face config.json (current and legacy spellings).
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace plumb {
+
+enum class AttnType { Sliding, CSA, HCA };  // CSA: overlapping m=4 windows + indexer; HCA: plain windows, all visible
+enum class MlpType { Hash, Learned };
+enum class ScoreFunc { SqrtSoftplus, Sigmoid, Softmax };
+
+const char* attn_type_name(AttnType t);  // the transformers layer_types spelling
+const char* score_func_name(ScoreFunc f);
+
+// One RoPE table ("main" for sliding layers, "compress" for CSA/HCA layers and their compressors/indexer).
+struct RopeConfig {
+  double theta = 10000.0;
+  bool yarn = false;
+  double factor = 1.0;
+  double original_max_pos = 0;
+  double beta_fast = 32, beta_slow = 1;
+  double attention_factor = 1.0;  // multiplies cos and sin (transformers' attention_scaling)
+};
+
+struct ModelConfig {
+  int vocab = 0, hidden = 0, n_layers = 0;
+  int n_heads = 0, head_dim = 0, rope_dim = 0;  // rope on the LAST rope_dim dims of each head
+  int q_lora = 0, o_groups = 0, o_lora = 0;
+  int window = 0;  // sliding window, keys [p - window + 1, p]
+  int n_experts = 0, top_k = 0, n_shared = 0, moe_inter = 0;
+  double routed_scaling = 1.0;
+  ScoreFunc score = ScoreFunc::SqrtSoftplus;
+  bool norm_topk_prob = true;
+  double swiglu_limit = 0;  // <= 0: no clamp
+  int hc_mult = 0, hc_sinkhorn_iters = 0;
+  double hc_eps = 1e-6, rms_eps = 1e-6;
+  int index_heads = 0, index_head_dim = 0, index_topk = 0;
+  std::vector<AttnType> attn;
+  std::vector<int> compress_rate;  // per layer; 0 for sliding layers
+  std::vector<MlpType> mlp;
+  RopeConfig rope_main, rope_compress;
+  int bos_token = -1, eos_token = -1;
+
+  int hc_mix() const { return (2 + hc_mult) * hc_mult; }
+  const RopeConfig& rope_for(int layer) const {
+    return attn[size_t(layer)] == AttnType::Sliding ? rope_main : rope_compress;
+  }
+  int n_hash_layers() const;
+
+  // Throws Error naming `source` and the field at fault for anything missing, unknown or inconsistent.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
+  static ModelConfig load(const std::string& config_json_path);
+  std::string summary() const;
+};
+
+}  // namespace plumb

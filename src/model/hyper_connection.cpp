@@ -1,0 +1,117 @@
+// mHC reference: fp32 mixes of the RMS-normalized flattened streams, Sinkhorn-Knopp in fp32 (spec section 4).
+#include "model/hyper_connection.h"
+
+#include <string>
+
+#include "model/ops.h"
+
+namespace plumb {
+
+namespace {
+
+// mix[t][o] = (x_t * rsqrt(mean(x_t^2) + eps)) . fn[o] over the flattened H*D streams of token t.
+std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const float* xt, int64_t hd) {
+  double ss = 0;
+  for (int64_t i = 0; i < hd; ++i) ss += double(xt[i]) * xt[i];
+  const double r = 1.0 / std::sqrt(ss / double(hd) + c.rms_eps);
+  const int64_t nmix = fn.dim(0);
+  std::vector<float> m(static_cast<size_t>(nmix));
+  for (int64_t o = 0; o < nmix; ++o) {
+    const float* f = fn.row(o);
+    double acc = 0;
+    for (int64_t i = 0; i < hd; ++i) acc += double(float(xt[i] * r)) * f[i];
+    m[size_t(o)] = float(acc);
+  }
+  return m;
+}
+
+}  // namespace
+
+HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const Tensor& X, const Tap& tap, const char* site) {
+  const int64_t n = X.dim(0), H = c.hc_mult, D = c.hidden;
+  const float eps = float(c.hc_eps);
+  HcPre p{Tensor({n, H}), Tensor({n, H, H}), Tensor({n, D})};
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = X.ptr() + t * H * D;
+    const auto m = mixes(w.fn, c, xt, H * D);
+    std::vector<float> pre(static_cast<size_t>(H));
+    for (int64_t j = 0; j < H; ++j) {
+      pre[size_t(j)] = ops::sigmoid(m[size_t(j)] * w.scale[0] + w.base[j]) + eps;
+      p.post[t * H + j] = 2.0f * ops::sigmoid(m[size_t(H + j)] * w.scale[1] + w.base[H + j]);
+    }
+    float* C = p.comb.ptr() + t * H * H;
+    for (int64_t i = 0; i < H * H; ++i) C[i] = m[size_t(2 * H + i)] * w.scale[2] + w.base[2 * H + i];
+    // Row softmax + eps, then column normalization; then (iters - 1) x (row, column) normalizations.
+    for (int64_t j = 0; j < H; ++j) {
+      ops::softmax(C + j * H, H);
+      for (int64_t k = 0; k < H; ++k) C[j * H + k] += eps;
+    }
+    auto col_norm = [&] {
+      for (int64_t k = 0; k < H; ++k) {
+        float s = 0;
+        for (int64_t j = 0; j < H; ++j) s += C[j * H + k];
+        for (int64_t j = 0; j < H; ++j) C[j * H + k] /= s + eps;
+      }
+    };
+    auto row_norm = [&] {
+      for (int64_t j = 0; j < H; ++j) {
+        float s = 0;
+        for (int64_t k = 0; k < H; ++k) s += C[j * H + k];
+        for (int64_t k = 0; k < H; ++k) C[j * H + k] /= s + eps;
+      }
+    };
+    col_norm();
+    for (int it = 1; it < c.hc_sinkhorn_iters; ++it) {
+      row_norm();
+      col_norm();
+    }
+    float* y = p.collapsed.ptr() + t * D;
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0;
+      for (int64_t j = 0; j < H; ++j) acc += pre[size_t(j)] * xt[j * D + d];
+      y[d] = acc;
+    }
+  }
+  const std::string s = site;
+  tap((s + ".post").c_str(), p.post);
+  tap((s + ".comb").c_str(), p.comb);
+  tap((s + ".collapsed").c_str(), p.collapsed);
+  return p;
+}
+
+Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p) {
+  const int64_t n = X.dim(0), H = X.dim(1), D = X.dim(2);
+  Tensor out({n, H, D});
+  for (int64_t t = 0; t < n; ++t) {
+    const float* C = p.comb.ptr() + t * H * H;
+    for (int64_t k = 0; k < H; ++k) {
+      float* o = out.ptr() + (t * H + k) * D;
+      const float post = p.post[t * H + k];
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = post * y[t * D + d];
+        for (int64_t j = 0; j < H; ++j) acc += C[j * H + k] * X[(t * H + j) * D + d];
+        o[d] = acc;
+      }
+    }
+  }
+  return out;
+}
+
+Tensor hc_head(const HyperConnWeights& w, const ModelConfig& c, const Tensor& X) {
+  const int64_t n = X.dim(0), H = c.hc_mult, D = c.hidden;
+  Tensor y({n, D});
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = X.ptr() + t * H * D;
+    const auto m = mixes(w.fn, c, xt, H * D);
+    std::vector<float> pre(static_cast<size_t>(H));
+    for (int64_t j = 0; j < H; ++j) pre[size_t(j)] = ops::sigmoid(m[size_t(j)] * w.scale[0] + w.base[j]) + float(c.hc_eps);
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0;
+      for (int64_t j = 0; j < H; ++j) acc += pre[size_t(j)] * xt[j * D + d];
+      y[t * D + d] = acc;
+    }
+  }
+  return y;
+}
+
+}  // namespace plumb

@@ -1,0 +1,44 @@
+// Indexer reference: fp32 scores, causal visibility w < floor((p+1)/m), top-k by score (ties as PyTorch breaks them).
+#include "model/indexer.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace plumb {
+
+IndexerResult indexer_select(const IndexerWeights& w, const ModelConfig& c, const ops::Rope& rope, const Tensor& x,
+                             const Tensor& qr, int64_t pos0, const CompressorState& keys) {
+  const int64_t n = x.dim(0), nh = c.index_heads, dh = c.index_head_dim, ne = keys.n_entries, m = w.comp.rate;
+  Tensor q = ops::linear(qr, w.wq_b);  // [n, nh * dh]
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < nh; ++h) rope.apply(q.ptr() + (t * nh + h) * dh + (dh - rope.dim()), pos0 + t);
+  Tensor hw = ops::linear(x, w.weights_proj);  // [n, nh]
+  const float wscale = 1.0f / std::sqrt(float(nh)), qscale = 1.0f / std::sqrt(float(dh));
+
+  const int64_t k = std::min<int64_t>(c.index_topk, ne);
+  IndexerResult r{IndexTensor({n, k}, -1), Tensor({n, ne})};
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t visible = (pos0 + t + 1) / m;
+    float* s = r.scores.ptr() + t * ne;
+    for (int64_t e = 0; e < ne; ++e) {
+      if (e >= visible) {
+        s[e] = -INFINITY;
+        continue;
+      }
+      const float* key = keys.entries.data() + e * dh;
+      double acc = 0;
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* qh = q.ptr() + (t * nh + h) * dh;
+        double dot = 0;
+        for (int64_t i = 0; i < dh; ++i) dot += double(qh[i]) * key[i];
+        acc += std::max(dot, 0.0) * qscale * (hw[t * nh + h] * wscale);
+      }
+      s[e] = float(acc);
+    }
+    const auto order = ops::topk_like_torch(s, ne, k, /*sorted=*/true);
+    for (int64_t j = 0; j < k; ++j) r.topk[t * k + j] = order[size_t(j)] < visible ? order[size_t(j)] : -1;
+  }
+  return r;
+}
+
+}  // namespace plumb

@@ -1,0 +1,76 @@
+// Top-level forward (spec section 3): embed -> hc_mult streams -> layers (mHC + attention, mHC + MoE) -> hc head
+// -> final norm -> LM head.
+#include "model/model.h"
+
+#include <filesystem>
+
+#include "model/attention.h"
+#include "model/hyper_connection.h"
+
+namespace plumb {
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
+  auto m = std::make_unique<Model>();
+  m->dir_ = dir;
+  const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
+  PLUMB_CHECK(std::filesystem::exists(cfg_path), "model folder {} has no config.json", dir);
+  m->cfg_ = ModelConfig::load(cfg_path);
+  m->ck_ = Checkpoint::open(dir);
+  m->w_ = ModelWeights::bind(m->ck_, m->cfg_);
+  m->rope_main_ = ops::Rope(m->cfg_.rope_main, m->cfg_.rope_dim);
+  m->rope_compress_ = ops::Rope(m->cfg_.rope_compress, m->cfg_.rope_dim);
+  m->opt_ = opt;
+  return m;
+}
+
+SessionState Model::new_state() const {
+  SessionState s;
+  s.layers.resize(size_t(cfg_.n_layers));
+  return s;
+}
+
+Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
+  const auto& c = cfg_;
+  const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
+  PLUMB_CHECK(n > 0, "forward: no tokens");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    PLUMB_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab, "token {} at position {} is outside the vocabulary [0, {})", tokens[i],
+                st.pos + int64_t(i), c.vocab);
+  const int64_t pos0 = st.pos;
+
+  // Embedding, copied into every residual stream: X [n, H, D].
+  Tensor X({n, H, D});
+  std::vector<float> e(static_cast<size_t>(D));
+  for (int64_t t = 0; t < n; ++t) {
+    w_.embed.row(tokens[size_t(t)], e.data());
+    for (int64_t j = 0; j < H; ++j) std::copy(e.begin(), e.end(), X.ptr() + (t * H + j) * D);
+  }
+
+  for (int i = 0; i < c.n_layers; ++i) {
+    const auto& L = w_.layers[size_t(i)];
+    const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
+    const auto type = c.attn[size_t(i)];
+
+    HcPre a = hc_pre(L.hc_attn, c, X, tap, "hc_attn");
+    ops::rms_norm(a.collapsed.ptr(), n, L.attn_norm, c.rms_eps);
+    const Tensor att = attention_forward(L.attn, c, type, type == AttnType::Sliding ? rope_main_ : rope_compress_,
+                                         a.collapsed, pos0, st.layers[size_t(i)], tap);
+    X = hc_post(att, X, a);
+
+    HcPre f = hc_pre(L.hc_ffn, c, X, tap, "hc_ffn");
+    ops::rms_norm(f.collapsed.ptr(), n, L.ffn_norm, c.rms_eps);
+    const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_.moe, tap);
+    X = hc_post(moe, X, f);
+    tap("out", X);
+  }
+
+  const Tap top{taps, ""};
+  Tensor y = hc_head(w_.hc_head, c, X);
+  top("hc_head.out", y);
+  ops::rms_norm(y.ptr(), n, w_.norm, c.rms_eps);
+  Tensor logits = ops::linear(y, w_.head);
+  st.pos += n;
+  return logits;
+}
+
+}  // namespace plumb

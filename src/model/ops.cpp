@@ -1,0 +1,113 @@
+// Reference primitive ops: straightforward loops, fp32 storage, written for clarity and exactness.
+#include "model/ops.h"
+
+#include <algorithm>
+
+namespace plumb::ops {
+
+void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
+                 int64_t y_stride) {
+  const int64_t K = w.cols();
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t r = 0; r < nr; ++r) {
+    w.row(r0 + r, row.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * x_stride;
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(xt[k]) * double(row[size_t(k)]);
+      y[t * y_stride + r] = float(acc);
+    }
+  }
+}
+
+Tensor linear(const Tensor& x, const Matrix& w) {
+  PLUMB_CHECK(x.shape.back() == w.cols(), "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), w.cols());
+  const int64_t n = x.numel() / w.cols();
+  Tensor y({n, w.rows()});
+  linear_rows(x.ptr(), n, w.cols(), w, 0, w.rows(), y.ptr(), w.rows());
+  return y;
+}
+
+void rms_norm(float* x, int64_t rows, const Tensor& w, double eps) {
+  const int64_t d = w.numel();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += double(v[i]) * v[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(d) + eps));
+    for (int64_t i = 0; i < d; ++i) v[i] = w[i] * (v[i] * inv);
+  }
+}
+
+void rms_norm_plain(float* x, int64_t groups, int64_t dim, double eps) {
+  for (int64_t g = 0; g < groups; ++g) {
+    float* v = x + g * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += double(v[i]) * v[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) v[i] *= inv;
+  }
+}
+
+std::vector<int64_t> topk_like_torch(const float* v, int64_t n, int64_t k, bool sorted) {
+  using Elem = std::pair<double, int64_t>;
+  std::vector<Elem> q(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) q[size_t(j)] = {double(v[j]), j};
+  auto comp = [](const Elem& a, const Elem& b) {
+    return (std::isnan(a.first) && !std::isnan(b.first)) || a.first > b.first;
+  };
+  std::vector<int64_t> out;
+  if (k <= 0) return out;
+  if (k * 64 <= n) {
+    std::partial_sort(q.begin(), q.begin() + k, q.end(), comp);
+  } else {
+    std::nth_element(q.begin(), q.begin() + k - 1, q.end(), comp);
+    if (sorted) std::sort(q.begin(), q.begin() + k - 1, comp);
+  }
+  for (int64_t j = 0; j < k; ++j) out.push_back(q[size_t(j)].second);
+  return out;
+}
+
+void softmax(float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  if (m == -INFINITY) {  // every slot masked: weights are zero rather than NaN
+    std::fill(x, x + n, 0.0f);
+    return;
+  }
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
+  for (int64_t i = 0; i < n; ++i) x[i] = float(x[i] / s);
+}
+
+Rope::Rope(const RopeConfig& rc, int dim) : dim_(dim), inv_freq_(size_t(dim / 2)), attention_factor_(float(rc.attention_factor)) {
+  // fp32 like transformers: inv_freq = 1 / theta^(2i/dim)
+  for (int i = 0; i < dim / 2; ++i)
+    inv_freq_[size_t(i)] = 1.0f / std::pow(float(rc.theta), float(2 * i) / float(dim));
+  if (!rc.yarn) return;
+  // YaRN: frequencies below the correction range are divided by `factor`, those above kept, a linear ramp between.
+  auto corr = [&](double rot) { return dim * std::log(rc.original_max_pos / (rot * 2 * M_PI)) / (2 * std::log(rc.theta)); };
+  double lo = std::max(std::floor(corr(rc.beta_fast)), 0.0);
+  double hi = std::min(std::ceil(corr(rc.beta_slow)), double(dim - 1));
+  if (lo == hi) hi += 0.001;
+  for (int i = 0; i < dim / 2; ++i) {
+    const float ramp = std::clamp(float((float(i) - lo) / (hi - lo)), 0.0f, 1.0f);
+    const float extrap = 1.0f - ramp;  // weight of the unscaled frequency
+    const float f = inv_freq_[size_t(i)];
+    inv_freq_[size_t(i)] = (f / float(rc.factor)) * (1.0f - extrap) + f * extrap;
+  }
+}
+
+void Rope::apply(float* x, int64_t pos, bool inverse) const {
+  float* t = x;
+  for (int i = 0; i < dim_ / 2; ++i) {
+    const float ang = float(pos) * inv_freq_[size_t(i)];
+    const float c = std::cos(ang) * attention_factor_;
+    const float s = (inverse ? -std::sin(ang) : std::sin(ang)) * attention_factor_;
+    const float a = t[2 * i], b = t[2 * i + 1];
+    t[2 * i] = a * c - b * s;
+    t[2 * i + 1] = b * c + a * s;
+  }
+}
+
+}  // namespace plumb::ops

@@ -1,0 +1,49 @@
+// Reference (fp32, plain loops) implementations of the primitive ops the model composes.
+#pragma once
+#include <cmath>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace plumb::ops {
+
+// y[n, rows] = x[n, cols] . W^T  (W dequantized row by row; fp32 accumulation in double for a stable reference)
+Tensor linear(const Tensor& x, const Matrix& w);
+// Same for a sub-range [r0, r0 + nr) of W's rows (the grouped output projection uses one group's rows).
+void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y, int64_t y_stride);
+
+// Weighted RMSNorm over the last dim of width w.size(): y = w * (x * rsqrt(mean(x^2) + eps)).
+void rms_norm(float* x, int64_t rows, const Tensor& w, double eps);
+// Unweighted RMSNorm over groups of `dim` consecutive values.
+void rms_norm_plain(float* x, int64_t groups, int64_t dim, double eps);
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// softplus as PyTorch computes it (threshold 20) but without the overflow/underflow of log(1+exp(x)).
+inline float softplus(float x) { return x > 20.0f ? x : std::max(x, 0.0f) + std::log1p(std::exp(-std::fabs(x))); }
+
+// Indices of the k largest of v[0..n), selected exactly as PyTorch's CPU topk does (std::nth_element, or a
+// partial sort when k * 64 <= n, on (double value, index) pairs; NaN counts as largest). Matching its choice
+// among exactly equal values is what makes tie-heavy cases (ReLU zeros in the indexer) reproducible.
+std::vector<int64_t> topk_like_torch(const float* v, int64_t n, int64_t k, bool sorted);
+
+// In-place softmax over n values.
+void softmax(float* x, int64_t n);
+
+// Interleaved RoPE table for one layer type: pair i of the trailing `dim` dims rotates by pos * inv_freq[i].
+class Rope {
+ public:
+  Rope() = default;
+  Rope(const RopeConfig& rc, int dim);
+  // Rotates the LAST dim() values of x (pairs (2i, 2i+1)) at position pos; inverse uses the conjugate (-sin).
+  void apply(float* x_tail, int64_t pos, bool inverse = false) const;
+  int dim() const { return dim_; }
+
+ private:
+  int dim_ = 0;
+  std::vector<float> inv_freq_;
+  float attention_factor_ = 1.0f;
+};
+
+}  // namespace plumb::ops

@@ -1,0 +1,73 @@
+// Router reference (spec section 6): fp32 logits, stable scores, top-k over score + bias, renormalize with floor.
+#include "model/router.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/ops.h"
+
+namespace plumb {
+
+float router_score(ScoreFunc f, float logit) {
+  switch (f) {
+    case ScoreFunc::SqrtSoftplus: return std::sqrt(ops::softplus(logit));
+    case ScoreFunc::Sigmoid: return ops::sigmoid(logit);
+    case ScoreFunc::Softmax: break;  // needs the whole row: handled by the caller
+  }
+  return logit;
+}
+
+RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in) {
+  const int64_t n = in.x.dim(0), E = c.n_experts, K = c.top_k;
+  RoutedWeights<Rsf::Unfolded> r{IndexTensor({n, K}), Tensor({n, K}), ops::linear(in.x, w.gate)};
+  std::vector<float> score(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* lg = r.logits.row(t);
+    if (c.score == ScoreFunc::Softmax) {
+      std::copy(lg, lg + E, score.begin());
+      ops::softmax(score.data(), E);
+    } else {
+      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = router_score(c.score, lg[e]);
+    }
+    int64_t* idx = r.idx.ptr() + t * K;
+    if (type == MlpType::Hash) {
+      const int32_t tok = in.tokens[size_t(t)];
+      for (int64_t k = 0; k < K; ++k) idx[k] = w.tid2eid[int64_t(tok) * K + k];
+    } else {
+      // The correction bias steers selection only; the weights use the unbiased scores.
+      for (int64_t e = 0; e < E; ++e) sel[size_t(e)] = score[size_t(e)] + w.bias[e];
+      const auto order = ops::topk_like_torch(sel.data(), E, K, /*sorted=*/false);
+      std::copy(order.begin(), order.end(), idx);
+    }
+    float sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += score[size_t(idx[k])];
+    for (int64_t k = 0; k < K; ++k) r.weight[t * K + k] = score[size_t(idx[k])] / (sum + kRenormFloor);
+  }
+  return r;
+}
+
+template <Rsf P>
+void tap_routing(const Tap& tap, const RoutedWeights<P>& r, double rsf) {
+  tap("ffn.gate.logits", r.logits);
+  if (!tap.on("ffn.gate.indices") && !tap.on("ffn.gate.weights")) return;
+  const int64_t n = r.idx.dim(0), K = r.idx.dim(1);
+  IndexTensor idx({n, K});
+  Tensor wt({n, K});
+  const float f = P == Rsf::Folded ? 1.0f : float(rsf);
+  std::vector<int64_t> ord(static_cast<size_t>(K));
+  for (int64_t t = 0; t < n; ++t) {
+    std::iota(ord.begin(), ord.end(), 0);
+    std::stable_sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) { return r.idx[t * K + a] < r.idx[t * K + b]; });
+    for (int64_t k = 0; k < K; ++k) {
+      idx[t * K + k] = r.idx[t * K + ord[size_t(k)]];
+      wt[t * K + k] = r.weight[t * K + ord[size_t(k)]] * f;
+    }
+  }
+  tap.index("ffn.gate.indices", idx);
+  tap("ffn.gate.weights", wt);
+}
+
+template void tap_routing<Rsf::Folded>(const Tap&, const RoutedWeights<Rsf::Folded>&, double);
+template void tap_routing<Rsf::Unfolded>(const Tap&, const RoutedWeights<Rsf::Unfolded>&, double);
+
+}  // namespace plumb

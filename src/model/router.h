@@ -1,0 +1,53 @@
+// MoE routers: learned top-k (sqrtsoftplus / sigmoid / softmax scores, bias for selection only) and hash top-k
+// (tid2eid), both renormalized with a floor. Where routed_scaling_factor lives is part of the weights' type.
+#pragma once
+#include <span>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/taps.h"
+#include "model/weights.h"
+
+namespace plumb {
+
+// The routed-scaling contract. A router states whether its weights already contain routed_scaling_factor
+// (Folded) or sum to one (Unfolded); an expert runner states which of the two it consumes. The runner that
+// consumes Unfolded weights multiplies its routed sum by the factor; the one that consumes Folded weights
+// never does. Composition is only defined for matching placements, so the factor is applied exactly once.
+enum class Rsf { Folded, Unfolded };
+
+template <Rsf P>
+struct RoutedWeights {
+  IndexTensor idx;  // [n, K] expert ids, in selection order
+  Tensor weight;    // [n, K] fp32; includes routed_scaling_factor iff P == Rsf::Folded
+  Tensor logits;    // [n, E] router logits (fp32)
+};
+
+// Renormalization floor: sum + 1e-20 as transformers does; keeps rows whose scores all underflow finite.
+inline constexpr float kRenormFloor = 1e-20f;
+
+// Router scores from logits, numerically stable for any finite logit.
+float router_score(ScoreFunc f, float logit);
+
+struct RouterInputs {
+  const Tensor& x;                      // [n, D] ffn_norm-ed input
+  std::span<const int32_t> tokens;      // the input token ids (hash layers select by them)
+};
+
+// Unfolded weights: renormalized to sum 1 (sum + floor). Hash layers ignore the bias and use tid2eid[token].
+RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in);
+
+template <Rsf P>
+RoutedWeights<P> route(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in) {
+  auto u = route_unfolded(w, c, type, in);
+  if constexpr (P == Rsf::Folded)
+    for (auto& v : u.weight.data) v *= float(c.routed_scaling);
+  return RoutedWeights<P>{std::move(u.idx), std::move(u.weight), std::move(u.logits)};
+}
+
+// Golden taps: ffn.gate.logits, and indices sorted ascending with their weights (factor applied) as
+// ffn.gate.indices / ffn.gate.weights.
+template <Rsf P>
+void tap_routing(const Tap& tap, const RoutedWeights<P>& r, double rsf);
+
+}  // namespace plumb

@@ -1,0 +1,34 @@
+// Per-session cache state of every layer: sliding-window KV, compressor buffers/overlap, compressed entries.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace plumb {
+
+// One compressor (main CSA/HCA branch, or the indexer's key branch).
+struct CompressorState {
+  // Rows projected but not yet forming a full window: raw kv and gate (without ape), [pending, width].
+  std::vector<float> pend_kv, pend_gate;
+  int64_t pending = 0;
+  // CSA only: the first-half series (kv, gate + ape) of the last full window, [rate, dim]; window w mixes
+  // these with its own second-half series.
+  std::vector<float> prev_kv, prev_gate;
+  bool has_prev = false;
+  // Emitted entries, normed and rotated at position w * rate: [n_entries, dim].
+  std::vector<float> entries;
+  int64_t n_entries = 0;
+};
+
+struct LayerState {
+  // The last (window - 1) rotated KV rows and their positions: with the current token they make the window.
+  std::vector<float> win_kv;
+  std::vector<int64_t> win_pos;
+  CompressorState comp, index_comp;
+};
+
+struct SessionState {
+  std::vector<LayerState> layers;
+  int64_t pos = 0;  // tokens consumed so far = position of the next token
+};
+
+}  // namespace plumb

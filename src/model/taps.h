@@ -1,0 +1,31 @@
+// Tap sink: receives named intermediate tensors (golden tap names, e.g. "L3.ffn.gate.weights") when enabled.
+#pragma once
+#include <string>
+
+#include "core/tensor.h"
+
+namespace plumb {
+
+class TapSink {
+ public:
+  virtual ~TapSink() = default;
+  virtual bool wants(const std::string& name) const = 0;
+  virtual void put(const std::string& name, const Tensor& t) = 0;
+  virtual void put_index(const std::string& name, const IndexTensor& t) = 0;
+};
+
+// Cheap when no sink is attached: names are only built when `sink` is non-null.
+struct Tap {
+  TapSink* sink = nullptr;
+  std::string prefix;  // "L3." inside layer 3, "" at model level
+
+  bool on(const char* name) const { return sink && sink->wants(prefix + name); }
+  void operator()(const char* name, const Tensor& t) const {
+    if (on(name)) sink->put(prefix + name, t);
+  }
+  void index(const char* name, const IndexTensor& t) const {
+    if (on(name)) sink->put_index(prefix + name, t);
+  }
+};
+
+}  // namespace plumb

@@ -1,0 +1,204 @@
+// Binds the official (hub) tensor names to model weights, validating every dtype and shape up front.
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "formats/numeric.h"
+
+namespace plumb {
+
+namespace {
+
+// Official checkpoints have no prefix; some exports add "model.".
+const TensorView* lookup(const Checkpoint& ck, const std::string& name) {
+  if (auto* v = ck.find(name)) return v;
+  return ck.find("model." + name);
+}
+
+const TensorView& require(const Checkpoint& ck, const std::string& name) {
+  auto* v = lookup(ck, name);
+  PLUMB_CHECK(v, "missing tensor {} in {}", name, ck.path());
+  return *v;
+}
+
+Tensor small(const Checkpoint& ck, const std::string& name, const Shape& shape) {
+  const auto& v = require(ck, name);
+  PLUMB_CHECK(v.shape == shape, "tensor {} in {} has shape {}, expected {}", name, v.file, shape_str(v.shape), shape_str(shape));
+  return to_f32(v);
+}
+
+// The first name that exists wins (transformers' exports name the KV norm attn.norm, official ones attn.kv_norm).
+Tensor small_any(const Checkpoint& ck, const std::vector<std::string>& names, const Shape& shape) {
+  for (const auto& n : names)
+    if (lookup(ck, n)) return small(ck, n, shape);
+  fail("missing tensor {} (or {}) in {}", names[0], names.size() > 1 ? names[1] : names[0], ck.path());
+}
+
+HyperConnWeights hyper_conn(const Checkpoint& ck, const std::string& p, int mix, int64_t hcd, int nscale) {
+  return {small(ck, p + "_fn", {mix, hcd}), small(ck, p + "_base", {mix}), small(ck, p + "_scale", {nscale})};
+}
+
+CompressorWeights compressor(const Checkpoint& ck, const std::string& p, const ModelConfig& c, int rate, int dim, bool overlap) {
+  CompressorWeights w;
+  w.rate = rate;
+  w.dim = dim;
+  w.overlap = overlap;
+  const int64_t width = overlap ? 2 * dim : dim;
+  w.wkv = Matrix::bind(ck, p + ".wkv.weight", width, c.hidden);
+  w.wgate = Matrix::bind(ck, p + ".wgate.weight", width, c.hidden);
+  w.ape = small(ck, p + ".ape", {rate, width});
+  w.norm = small(ck, p + ".norm.weight", {dim});
+  return w;
+}
+
+ExpertWeights expert(const Checkpoint& ck, const std::string& p, const ModelConfig& c) {
+  return {Matrix::bind(ck, p + ".w1.weight", c.moe_inter, c.hidden), Matrix::bind(ck, p + ".w2.weight", c.hidden, c.moe_inter),
+          Matrix::bind(ck, p + ".w3.weight", c.moe_inter, c.hidden)};
+}
+
+}  // namespace
+
+Matrix Matrix::bind(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
+  Matrix m;
+  m.name_ = name;
+  m.rows_ = rows;
+  m.cols_ = cols;
+  m.w_ = &require(ck, name);
+  const auto& w = *m.w_;
+  PLUMB_CHECK(w.shape.size() == 2, "tensor {} in {} must be 2-D, has shape {}", name, w.file, shape_str(w.shape));
+  const std::string scale_name = name.substr(0, name.size() - (name.ends_with(".weight") ? 7 : 0)) + ".scale";
+  switch (w.dtype) {
+    case DType::F32: case DType::BF16: case DType::F16:
+      m.layout_ = Layout::Plain;
+      PLUMB_CHECK(w.shape == Shape({rows, cols}), "tensor {} in {} has shape {}, expected {}", name, w.file, shape_str(w.shape),
+                  shape_str({rows, cols}));
+      return m;
+    case DType::F8_E4M3: {
+      m.layout_ = Layout::FP8Block;
+      PLUMB_CHECK(w.shape == Shape({rows, cols}), "tensor {} in {} has shape {}, expected {}", name, w.file, shape_str(w.shape),
+                  shape_str({rows, cols}));
+      m.s_ = &require(ck, scale_name);
+      const Shape want{(rows + 127) / 128, (cols + 127) / 128};
+      PLUMB_CHECK(m.s_->shape == want, "scale {} in {} has shape {}, expected {} (128x128 blocks of {})", scale_name, m.s_->file,
+                  shape_str(m.s_->shape), shape_str(want), name);
+      PLUMB_CHECK(m.s_->dtype == DType::F8_E8M0 || m.s_->dtype == DType::F32, "scale {} has dtype {}, expected F8_E8M0 or F32",
+                  scale_name, dtype_name(m.s_->dtype));
+      m.scale_cols_ = want[1];
+      return m;
+    }
+    case DType::I8: case DType::U8: {
+      m.layout_ = Layout::FP4Group;
+      PLUMB_CHECK(cols % 32 == 0 && w.shape == Shape({rows, cols / 2}),
+                  "packed FP4 tensor {} in {} has shape {}, expected {} (two E2M1 codes per byte of a [{}, {}] matrix)", name,
+                  w.file, shape_str(w.shape), shape_str({rows, cols / 2}), rows, cols);
+      m.s_ = &require(ck, scale_name);
+      const Shape want{rows, cols / 32};
+      PLUMB_CHECK(m.s_->shape == want && m.s_->dtype == DType::F8_E8M0, "scale {} in {} is {} {}, expected F8_E8M0 {} (one per 32 inputs)",
+                  scale_name, m.s_->file, dtype_name(m.s_->dtype), shape_str(m.s_->shape), shape_str(want));
+      m.scale_cols_ = want[1];
+      return m;
+    }
+    default:
+      fail("tensor {} in {} has dtype {}, which is not a weight format (F32, BF16, F16, F8_E4M3 + scale, packed FP4 I8 + scale)",
+           name, w.file, dtype_name(w.dtype));
+  }
+}
+
+void Matrix::row(int64_t r, float* out) const {
+  const uint8_t* base = w_->data;
+  switch (layout_) {
+    case Layout::Plain:
+      if (w_->dtype == DType::F32) {
+        std::memcpy(out, base + size_t(r * cols_) * 4, size_t(cols_) * 4);
+      } else {
+        for (int64_t c = 0; c < cols_; ++c) {
+          uint16_t b;
+          std::memcpy(&b, base + size_t(r * cols_ + c) * 2, 2);
+          out[c] = w_->dtype == DType::BF16 ? fmt8::bf16_to_f32(b) : fmt8::f16_to_f32(b);
+        }
+      }
+      return;
+    case Layout::FP8Block: {
+      const int64_t srow = r / 128;
+      for (int64_t c = 0; c < cols_; ++c) {
+        const int64_t si = srow * scale_cols_ + c / 128;
+        float s;
+        if (s_->dtype == DType::F8_E8M0) s = fmt8::e8m0_to_f32(s_->data[si]);
+        else std::memcpy(&s, s_->data + size_t(si) * 4, 4);
+        out[c] = fmt8::e4m3_to_f32(base[size_t(r * cols_ + c)]) * s;
+      }
+      return;
+    }
+    case Layout::FP4Group: {
+      const uint8_t* rowp = base + size_t(r * (cols_ / 2));
+      const uint8_t* srow = s_->data + size_t(r * scale_cols_);
+      for (int64_t c = 0; c < cols_; ++c) {
+        const uint8_t code = (rowp[c >> 1] >> (4 * (c & 1))) & 0xF;  // even column in the low nibble
+        out[c] = fmt8::e2m1_to_f32(code) * fmt8::e8m0_to_f32(srow[c / 32]);
+      }
+      return;
+    }
+  }
+}
+
+ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c) {
+  ModelWeights m;
+  const int64_t D = c.hidden, hcd = int64_t(c.hc_mult) * D;
+  m.embed = Matrix::bind(ck, "embed.weight", c.vocab, D);
+  m.head = Matrix::bind(ck, "head.weight", c.vocab, D);
+  m.norm = small(ck, "norm.weight", {D});
+  m.hc_head = hyper_conn(ck, "hc_head", c.hc_mult, hcd, 1);
+  m.layers.resize(size_t(c.n_layers));
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto& L = m.layers[size_t(i)];
+    const std::string p = fmt::format("layers.{}.", i);
+    L.attn_norm = small(ck, p + "attn_norm.weight", {D});
+    L.ffn_norm = small(ck, p + "ffn_norm.weight", {D});
+    L.hc_attn = hyper_conn(ck, p + "hc_attn", c.hc_mix(), hcd, 3);
+    L.hc_ffn = hyper_conn(ck, p + "hc_ffn", c.hc_mix(), hcd, 3);
+
+    auto& A = L.attn;
+    const std::string a = p + "attn.";
+    A.wq_a = Matrix::bind(ck, a + "wq_a.weight", c.q_lora, D);
+    A.q_norm = small(ck, a + "q_norm.weight", {c.q_lora});
+    A.wq_b = Matrix::bind(ck, a + "wq_b.weight", int64_t(c.n_heads) * c.head_dim, c.q_lora);
+    A.wkv = Matrix::bind(ck, a + "wkv.weight", c.head_dim, D);
+    A.kv_norm = small_any(ck, {a + "kv_norm.weight", a + "norm.weight"}, {c.head_dim});
+    A.wo_a = Matrix::bind(ck, a + "wo_a.weight", int64_t(c.o_groups) * c.o_lora, int64_t(c.n_heads) * c.head_dim / c.o_groups);
+    A.wo_b = Matrix::bind(ck, a + "wo_b.weight", D, int64_t(c.o_groups) * c.o_lora);
+    A.sink = small(ck, a + "attn_sink", {c.n_heads});
+    const auto type = c.attn[size_t(i)];
+    if (type != AttnType::Sliding)
+      A.comp = std::make_unique<CompressorWeights>(
+          compressor(ck, a + "compressor", c, c.compress_rate[size_t(i)], c.head_dim, type == AttnType::CSA));
+    if (type == AttnType::CSA) {
+      A.indexer = std::make_unique<IndexerWeights>();
+      A.indexer->wq_b = Matrix::bind(ck, a + "indexer.wq_b.weight", int64_t(c.index_heads) * c.index_head_dim, c.q_lora);
+      A.indexer->weights_proj = Matrix::bind(ck, a + "indexer.weights_proj.weight", c.index_heads, D);
+      A.indexer->comp = compressor(ck, a + "indexer.compressor", c, c.compress_rate[size_t(i)], c.index_head_dim, true);
+    }
+
+    auto& M = L.moe;
+    const std::string f = p + "ffn.";
+    M.gate = Matrix::bind(ck, f + "gate.weight", c.n_experts, D);
+    if (c.mlp[size_t(i)] == MlpType::Hash) {
+      const auto& t = require(ck, f + "gate.tid2eid");
+      PLUMB_CHECK(t.shape == Shape({c.vocab, c.top_k}), "tensor {} in {} has shape {}, expected {}", f + "gate.tid2eid", t.file,
+                  shape_str(t.shape), shape_str({c.vocab, c.top_k}));
+      PLUMB_CHECK(t.dtype == DType::I32 || t.dtype == DType::I64, "tensor {} in {} has dtype {}, expected I32 or I64",
+                  f + "gate.tid2eid", t.file, dtype_name(t.dtype));
+      M.tid2eid = to_i64(t);
+      for (int64_t k = 0; k < M.tid2eid.numel(); ++k)
+        PLUMB_CHECK(M.tid2eid[k] >= 0 && M.tid2eid[k] < c.n_experts, "tensor {}: token {} maps to expert {}, outside [0, {})",
+                    f + "gate.tid2eid", k / c.top_k, M.tid2eid[k], c.n_experts);
+    } else {
+      M.bias = small(ck, f + "gate.bias", {c.n_experts});
+    }
+    M.experts.reserve(size_t(c.n_experts));
+    for (int e = 0; e < c.n_experts; ++e) M.experts.push_back(expert(ck, f + fmt::format("experts.{}", e), c));
+    if (c.n_shared) M.shared = std::make_unique<ExpertWeights>(expert(ck, f + "shared_experts", c));
+  }
+  return m;
+}
+
+}  // namespace plumb

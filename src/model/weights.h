@@ -1,0 +1,93 @@
+// Model weights as zero-copy views of the mapped checkpoint; quantized matrices dequantize row by row on use.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace plumb {
+
+// A [rows, cols] matrix in one of the checkpoint layouts:
+//   plain  F32 / BF16 / F16;
+//   FP8    F8_E4M3 values with a `.scale` of [ceil(rows/128), ceil(cols/128)] (E8M0 or F32): W = v * s[r/128][c/128];
+//   FP4    I8 (or U8) [rows, cols/2], two E2M1 codes per byte, even column in the low nibble, with an E8M0
+//          `.scale` of [rows, cols/32]: W = v * s[r][c/32].
+class Matrix {
+ public:
+  enum class Layout { Plain, FP8Block, FP4Group };
+  Matrix() = default;
+  // Resolves `name` (+ ".scale") in the checkpoint and validates it against the expected logical shape.
+  static Matrix bind(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
+
+  void row(int64_t r, float* out) const;  // dequantized row r (cols floats)
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  Layout layout() const { return layout_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  int64_t rows_ = 0, cols_ = 0;
+  Layout layout_ = Layout::Plain;
+  const TensorView* w_ = nullptr;
+  const TensorView* s_ = nullptr;
+  int64_t scale_cols_ = 0;
+};
+
+struct HyperConnWeights {  // one mHC site: fn [mix, hc*D], base [mix], scale [3] (hc head: [hc, hc*D], [hc], [1])
+  Tensor fn, base, scale;
+};
+
+struct CompressorWeights {  // wkv/wgate [coff*c, D], ape [m, coff*c], norm [c]
+  Matrix wkv, wgate;
+  Tensor ape, norm;
+  int rate = 0, dim = 0;
+  bool overlap = false;  // CSA: two series, windows of 2m slots
+};
+
+struct IndexerWeights {
+  Matrix wq_b;          // [heads*dim, q_lora]
+  Matrix weights_proj;  // [heads, D]
+  CompressorWeights comp;
+};
+
+struct AttentionWeights {
+  Matrix wq_a, wq_b, wkv, wo_a, wo_b;
+  Tensor q_norm, kv_norm, sink;
+  std::unique_ptr<CompressorWeights> comp;  // CSA / HCA
+  std::unique_ptr<IndexerWeights> indexer;  // CSA
+};
+
+struct ExpertWeights {
+  Matrix w1, w2, w3;  // gate [I, D], down [D, I], up [I, D]
+};
+
+struct MoeWeights {
+  Matrix gate;          // [E, D]
+  Tensor bias;          // [E] learned layers (selection only)
+  IndexTensor tid2eid;  // [V, K] hash layers
+  std::vector<ExpertWeights> experts;
+  std::unique_ptr<ExpertWeights> shared;
+};
+
+struct LayerWeights {
+  Tensor attn_norm, ffn_norm;
+  HyperConnWeights hc_attn, hc_ffn;
+  AttentionWeights attn;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  Matrix embed, head;
+  Tensor norm;
+  HyperConnWeights hc_head;
+  std::vector<LayerWeights> layers;
+
+  // Binds every tensor the config needs; a missing or mis-shaped tensor is an Error that names it.
+  static ModelWeights bind(const Checkpoint& ck, const ModelConfig& cfg);
+};
+
+}  // namespace plumb

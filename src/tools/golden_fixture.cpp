@@ -1,0 +1,62 @@
+// Golden fixture loading and the float comparison used by verify-golden.
+#include "tools/golden_fixture.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace plumb {
+
+GoldenFixture GoldenFixture::load(const std::string& dir) {
+  namespace fs = std::filesystem;
+  GoldenFixture g;
+  g.dir = dir;
+  const auto jpath = (fs::path(dir) / "golden.json").string();
+  std::ifstream f(jpath);
+  PLUMB_CHECK(f.good(), "cannot open {} (is {} a golden fixture folder?)", jpath, dir);
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  PLUMB_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object", jpath);
+  if (j.contains("format"))
+    PLUMB_CHECK(j["format"] == "dsv4-golden/1", "{}: unsupported format {}", jpath, j["format"].dump());
+  g.reference = j.value("reference", std::string("(unknown)"));
+  PLUMB_CHECK(j.contains("steps") && j["steps"].is_array(), "{}: missing 'steps' array", jpath);
+  for (const auto& s : j["steps"]) {
+    GoldenStep st;
+    PLUMB_CHECK(s.is_object() && s.contains("name") && s.contains("kind") && s.contains("start_pos") && s.contains("tokens"),
+                "{}: each step needs name, kind, start_pos and tokens: {}", jpath, s.dump());
+    st.name = s["name"].get<std::string>();
+    st.kind = s["kind"].get<std::string>();
+    st.start_pos = s["start_pos"].get<int64_t>();
+    for (const auto& t : s["tokens"]) {
+      PLUMB_CHECK(t.is_number_integer(), "{}: step {} has a non-integer token {}", jpath, st.name, t.dump());
+      const auto v = t.get<int64_t>();
+      PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: step {} token {} out of range", jpath, st.name, v);
+      st.tokens.push_back(int32_t(v));
+    }
+    PLUMB_CHECK(st.kind == "prefill" || st.kind == "decode", "{}: step {} has unknown kind '{}'", jpath, st.name, st.kind);
+    PLUMB_CHECK(!st.tokens.empty(), "{}: step {} has no tokens", jpath, st.name);
+    PLUMB_CHECK(st.kind != "decode" || st.tokens.size() == 1, "{}: decode step {} must have exactly one token", jpath, st.name);
+    g.steps.push_back(std::move(st));
+  }
+  if (j.contains("taps") && j["taps"].is_array())
+    for (const auto& t : j["taps"]) g.taps.push_back(t.get<std::string>());
+  g.data = SafetensorsFile::open((fs::path(dir) / "golden.safetensors").string());
+  return g;
+}
+
+FloatDiff diff_f32(const Tensor& got, const Tensor& ref) {
+  FloatDiff d;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double a = got[i], b = ref[i];
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      if (!(std::isnan(a) && std::isnan(b)) && a != b) ++d.nonfinite;
+      continue;
+    }
+    d.ref_max = std::max(d.ref_max, std::fabs(b));
+    if (std::fabs(a - b) > d.max_abs) d.max_abs = std::fabs(a - b), d.at = i;
+  }
+  return d;
+}
+
+}  // namespace plumb
