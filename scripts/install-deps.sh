@@ -2,7 +2,7 @@
 # Installs plumb's build and test dependencies from Debian packages (run as root on a fresh Debian 12 machine).
 set -euo pipefail
 pkgs=(
-  build-essential cmake            # C++20 compiler and the build
+  build-essential cmake pkg-config # C++20 compiler and the build
   googletest libgtest-dev libgmock-dev  # unit tests
   nlohmann-json3-dev               # config.json, safetensors headers, golden.json, tokenizer.json
   libcli11-dev                     # the command line

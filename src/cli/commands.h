@@ -10,5 +10,6 @@ void set_exit_code(int code);
 
 void register_verify_golden(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_patches(CLI::App& app);
 
 }  // namespace plumb::cli

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "plumb 0.1.0");
   plumb::cli::register_verify_golden(app);
   plumb::cli::register_tokenize(app);
+  plumb::cli::register_patches(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

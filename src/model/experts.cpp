@@ -1,4 +1,6 @@
 // Expert FFN and MoE combine reference (spec section 6.4-6.5): fp32, shared expert added with weight 1.
+// The router/runner pairing lives here; the faults that break the routed-scaling contract are confined to the
+// fault branch of moe_forward, the only code that may relabel a weight placement.
 #include "model/experts.h"
 
 #include <algorithm>
@@ -23,12 +25,43 @@ Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const f
   return ops::linear(g, e.w2);
 }
 
+RouterOptions router_options(const ModelOptions& o) {
+  RouterOptions r;
+  r.bf16_logits = o.router_bf16;
+  r.softplus_naive = o.fault_softplus_naive;
+  r.unfloored = o.fault_renorm_unfloored;
+  return r;
+}
+
 namespace {
 
+// A runner that consumes Folded weights but scales its output anyway: the double application (fault only).
+struct FaultRunnerScalesFoldedAgain {
+  static constexpr Rsf consumes = Rsf::Folded;
+  static float output_scale(const ModelConfig& c) { return float(c.routed_scaling); }
+};
+
+// Reinterprets a placement without changing the numbers: the mechanism of every "missing" bug (fault only).
+template <Rsf To, Rsf From>
+RoutedWeights<To> fault_relabel(RoutedWeights<From>&& r) {
+  return RoutedWeights<To>{std::move(r.idx), std::move(r.weight), std::move(r.logits)};
+}
+
+struct MoeCtx {
+  const MoeWeights& w;
+  const ModelConfig& c;
+  MlpType type;
+  const Tensor& x;
+  std::span<const int32_t> tokens;
+  const ModelOptions& opt;
+  const Tap& tap;
+};
+
 template <class Runner>
-Tensor run_routed(const Runner&, const MoeWeights& w, const ModelConfig& c, const Tensor& x,
-                  const RoutedWeights<Runner::consumes>& r, const MoeOptions& opt) {
-  const int64_t n = x.dim(0), D = c.hidden, K = r.idx.dim(1);
+Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::consumes>& r) {
+  const auto& c = m.c;
+  const int64_t n = m.x.dim(0), D = c.hidden, K = r.idx.dim(1);
+  const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
   Tensor out({n, D});
   // Gather, per expert, the tokens routed to it (a token may list an expert twice in a hash table: each
   // listing counts, as in the official code).
@@ -40,10 +73,11 @@ Tensor run_routed(const Runner&, const MoeWeights& w, const ModelConfig& c, cons
         if (r.idx[t * K + k] == e) rows.push_back(t), wts.push_back(r.weight[t * K + k]);
     if (rows.empty()) continue;
     Tensor xe({int64_t(rows.size()), D});
-    for (size_t i = 0; i < rows.size(); ++i) std::copy(x.row(rows[i]), x.row(rows[i]) + D, xe.row(int64_t(i)));
-    const Tensor ye = expert_ffn(w.experts[size_t(e)], c.swiglu_limit, xe, opt.weight_before_down ? wts.data() : nullptr);
+    for (size_t i = 0; i < rows.size(); ++i) std::copy(m.x.row(rows[i]), m.x.row(rows[i]) + D, xe.row(int64_t(i)));
+    const bool before = m.opt.weight_before_down;
+    const Tensor ye = expert_ffn(m.w.experts[size_t(e)], limit, xe, before ? wts.data() : nullptr);
     for (size_t i = 0; i < rows.size(); ++i) {
-      const float wt = opt.weight_before_down ? 1.0f : wts[i];
+      const float wt = before ? 1.0f : wts[i];
       for (int64_t d = 0; d < D; ++d) out[rows[i] * D + d] += wt * ye[int64_t(i) * D + d];
     }
   }
@@ -53,29 +87,45 @@ Tensor run_routed(const Runner&, const MoeWeights& w, const ModelConfig& c, cons
   return out;
 }
 
-template <class Runner>
-Tensor moe_with(const Runner& runner, const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x,
-                std::span<const int32_t> tokens, const MoeOptions& opt, const Tap& tap) {
-  const auto r = route<Runner::consumes>(w, c, type, RouterInputs{x, tokens});
-  tap_routing(tap, r, c.routed_scaling);
-  Tensor routed = run_routed(runner, w, c, x, r, opt);
-  tap("ffn.routed", routed);
-  Tensor out = routed;
-  if (w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
-    const Tensor shared = expert_ffn(*w.shared, c.swiglu_limit, x);
-    tap("ffn.shared", shared);
+// routed + shared; `total_scale` != 1 only for fault.shared_scaled.
+template <class Runner, Rsf P>
+Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r, float total_scale = 1.0f) {
+  static_assert(P == Runner::consumes, "router and runner disagree on where routed_scaling_factor is applied");
+  tap_routing(m.tap, r, m.c.routed_scaling);
+  Tensor out = run_routed(runner, m, r);
+  m.tap("ffn.routed", out);
+  if (m.w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
+    const Tensor shared = expert_ffn(*m.w.shared, m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit, m.x);
+    m.tap("ffn.shared", shared);
     for (int64_t i = 0; i < out.numel(); ++i) out[i] += shared[i];
   }
-  tap("ffn.out", out);
+  if (total_scale != 1.0f)
+    for (auto& v : out.data) v *= total_scale;
+  m.tap("ffn.out", out);
   return out;
+}
+
+template <class Runner>
+Tensor moe_with(const Runner& runner, const MoeCtx& m) {
+  return combine(runner, m, route<Runner::consumes>(m.w, m.c, m.type, RouterInputs{m.x, m.tokens}, router_options(m.opt)));
 }
 
 }  // namespace
 
 Tensor moe_forward(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x, std::span<const int32_t> tokens,
-                   const MoeOptions& opt, const Tap& tap) {
-  return opt.rsf_on_output ? moe_with(RunnerScalesOutput{}, w, c, type, x, tokens, opt, tap)
-                           : moe_with(RunnerFoldedWeights{}, w, c, type, x, tokens, opt, tap);
+                   const ModelOptions& opt, const Tap& tap) {
+  const MoeCtx m{w, c, type, x, tokens, opt, tap};
+  const auto ropt = router_options(opt);
+  const RouterInputs in{x, tokens};
+  if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m);
+  if (opt.fault_rsf_missing)
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(w, c, type, in, ropt)));
+  if (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash)
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(w, c, type, in, ropt)));
+  if (opt.fault_shared_scaled)
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(w, c, type, in, ropt)),
+                   float(c.routed_scaling));
+  return opt.rsf_on_output ? moe_with(RunnerScalesOutput{}, m) : moe_with(RunnerFoldedWeights{}, m);
 }
 
 }  // namespace plumb

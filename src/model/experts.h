@@ -2,6 +2,7 @@
 // under the routed-scaling contract (router.h).
 #pragma once
 #include "core/tensor.h"
+#include "model/options.h"
 #include "model/router.h"
 
 namespace plumb {
@@ -9,6 +10,9 @@ namespace plumb {
 // y = W2( silu(min(W1 x, L)) * clamp(W3 x, -L, L) ) for the rows of x; L = swiglu_limit (no clamp if <= 0).
 // `pre_scale` (per row, optional) multiplies the activation before W2 (the official code's order).
 Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const float* pre_scale = nullptr);
+
+// The routed-expert runner's and router's choices that ModelOptions makes (patches and faults).
+RouterOptions router_options(const ModelOptions& o);
 
 // Expert runners. Each declares the placement it consumes; see router.h.
 struct RunnerFoldedWeights {  // weights already contain the factor: sum_k w_k E_k(x), nothing else
@@ -20,13 +24,8 @@ struct RunnerScalesOutput {  // weights sum to one: rsf * sum_k w_k E_k(x), the 
   static float output_scale(const ModelConfig& c) { return float(c.routed_scaling); }
 };
 
-struct MoeOptions {
-  bool rsf_on_output = false;       // use RunnerScalesOutput (Unfolded router) instead of folding into top-k
-  bool weight_before_down = false;  // apply the routing weight before W2 (official order) instead of after
-};
-
 // x: [n, D] ffn_norm-ed input. Returns routed + shared ([n, D]); taps ffn.gate.*, ffn.routed, ffn.shared, ffn.out.
 Tensor moe_forward(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x, std::span<const int32_t> tokens,
-                   const MoeOptions& opt, const Tap& tap);
+                   const ModelOptions& opt, const Tap& tap);
 
 }  // namespace plumb

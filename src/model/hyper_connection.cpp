@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "formats/numeric.h"
 #include "model/ops.h"
 
 namespace plumb {
@@ -10,7 +11,9 @@ namespace plumb {
 namespace {
 
 // mix[t][o] = (x_t * rsqrt(mean(x_t^2) + eps)) . fn[o] over the flattened H*D streams of token t.
-std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const float* xt, int64_t hd) {
+// mhc.bf16_mix rounds both GEMM operands to bf16 (fp32 accumulation).
+std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const ModelOptions& o, const float* xt, int64_t hd) {
+  const bool bf16 = o.mhc_bf16_mix;
   double ss = 0;
   for (int64_t i = 0; i < hd; ++i) ss += double(xt[i]) * xt[i];
   const double r = 1.0 / std::sqrt(ss / double(hd) + c.rms_eps);
@@ -19,7 +22,10 @@ std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const float* xt
   for (int64_t o = 0; o < nmix; ++o) {
     const float* f = fn.row(o);
     double acc = 0;
-    for (int64_t i = 0; i < hd; ++i) acc += double(float(xt[i] * r)) * f[i];
+    if (bf16)
+      for (int64_t i = 0; i < hd; ++i) acc += double(fmt8::round_bf16(float(xt[i] * r))) * fmt8::round_bf16(f[i]);
+    else
+      for (int64_t i = 0; i < hd; ++i) acc += double(float(xt[i] * r)) * f[i];
     m[size_t(o)] = float(acc);
   }
   return m;
@@ -27,13 +33,14 @@ std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const float* xt
 
 }  // namespace
 
-HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const Tensor& X, const Tap& tap, const char* site) {
+HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions& o, const Tensor& X, const Tap& tap,
+             const char* site) {
   const int64_t n = X.dim(0), H = c.hc_mult, D = c.hidden;
   const float eps = float(c.hc_eps);
   HcPre p{Tensor({n, H}), Tensor({n, H, H}), Tensor({n, D})};
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = X.ptr() + t * H * D;
-    const auto m = mixes(w.fn, c, xt, H * D);
+    const auto m = mixes(w.fn, c, o, xt, H * D);
     std::vector<float> pre(static_cast<size_t>(H));
     for (int64_t j = 0; j < H; ++j) {
       pre[size_t(j)] = ops::sigmoid(m[size_t(j)] * w.scale[0] + w.base[j]) + eps;
@@ -79,9 +86,11 @@ HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const Tensor& X, c
   return p;
 }
 
-Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p) {
+Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p, const ModelOptions& o) {
   const int64_t n = X.dim(0), H = X.dim(1), D = X.dim(2);
   Tensor out({n, H, D});
+  // Column k of C gathers every stream j into stream k; fault.comb_untransposed reads row k instead.
+  auto cidx = [&](int64_t j, int64_t k) { return o.fault_comb_untransposed ? k * H + j : j * H + k; };
   for (int64_t t = 0; t < n; ++t) {
     const float* C = p.comb.ptr() + t * H * H;
     for (int64_t k = 0; k < H; ++k) {
@@ -89,7 +98,7 @@ Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p) {
       const float post = p.post[t * H + k];
       for (int64_t d = 0; d < D; ++d) {
         float acc = post * y[t * D + d];
-        for (int64_t j = 0; j < H; ++j) acc += C[j * H + k] * X[(t * H + j) * D + d];
+        for (int64_t j = 0; j < H; ++j) acc += C[cidx(j, k)] * X[(t * H + j) * D + d];
         o[d] = acc;
       }
     }
@@ -97,12 +106,12 @@ Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p) {
   return out;
 }
 
-Tensor hc_head(const HyperConnWeights& w, const ModelConfig& c, const Tensor& X) {
+Tensor hc_head(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions& o, const Tensor& X) {
   const int64_t n = X.dim(0), H = c.hc_mult, D = c.hidden;
   Tensor y({n, D});
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = X.ptr() + t * H * D;
-    const auto m = mixes(w.fn, c, xt, H * D);
+    const auto m = mixes(w.fn, c, o, xt, H * D);
     std::vector<float> pre(static_cast<size_t>(H));
     for (int64_t j = 0; j < H; ++j) pre[size_t(j)] = ops::sigmoid(m[size_t(j)] * w.scale[0] + w.base[j]) + float(c.hc_eps);
     for (int64_t d = 0; d < D; ++d) {

@@ -51,21 +51,21 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
     const auto type = c.attn[size_t(i)];
 
-    HcPre a = hc_pre(L.hc_attn, c, X, tap, "hc_attn");
+    HcPre a = hc_pre(L.hc_attn, c, opt_, X, tap, "hc_attn");
     ops::rms_norm(a.collapsed.ptr(), n, L.attn_norm, c.rms_eps);
     const Tensor att = attention_forward(L.attn, c, type, type == AttnType::Sliding ? rope_main_ : rope_compress_,
                                          a.collapsed, pos0, st.layers[size_t(i)], tap);
-    X = hc_post(att, X, a);
+    X = hc_post(att, X, a, opt_);
 
-    HcPre f = hc_pre(L.hc_ffn, c, X, tap, "hc_ffn");
+    HcPre f = hc_pre(L.hc_ffn, c, opt_, X, tap, "hc_ffn");
     ops::rms_norm(f.collapsed.ptr(), n, L.ffn_norm, c.rms_eps);
-    const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_.moe, tap);
-    X = hc_post(moe, X, f);
+    const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_, tap);
+    X = hc_post(moe, X, f, opt_);
     tap("out", X);
   }
 
   const Tap top{taps, ""};
-  Tensor y = hc_head(w_.hc_head, c, X);
+  Tensor y = hc_head(w_.hc_head, c, opt_, X);
   top("hc_head.out", y);
   ops::rms_norm(y.ptr(), n, w_.norm, c.rms_eps);
   Tensor logits = ops::linear(y, w_.head);

@@ -6,16 +6,13 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/options.h"
 #include "model/ops.h"
 #include "model/state.h"
 #include "model/taps.h"
 #include "model/weights.h"
 
 namespace plumb {
-
-struct ModelOptions {
-  MoeOptions moe;
-};
 
 class Model {
  public:
@@ -29,6 +26,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
+  const ModelOptions& options() const { return opt_; }
 
  private:
   std::string dir_;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "formats/numeric.h"
+
 namespace plumb::ops {
 
 void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
@@ -25,6 +27,25 @@ Tensor linear(const Tensor& x, const Matrix& w) {
   const int64_t n = x.numel() / w.cols();
   Tensor y({n, w.rows()});
   linear_rows(x.ptr(), n, w.cols(), w, 0, w.rows(), y.ptr(), w.rows());
+  return y;
+}
+
+Tensor linear_bf16(const Tensor& x, const Matrix& w) {
+  const int64_t K = w.cols(), n = x.numel() / K;
+  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
+  Tensor xb = x;
+  for (auto& v : xb.data) v = fmt8::round_bf16(v);
+  Tensor y({n, w.rows()});
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t r = 0; r < w.rows(); ++r) {
+    w.row(r, row.data());
+    for (auto& v : row) v = fmt8::round_bf16(v);
+    for (int64_t t = 0; t < n; ++t) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += xb[t * K + k] * row[size_t(k)];
+      y[t * w.rows() + r] = fmt8::round_bf16(acc);
+    }
+  }
   return y;
 }
 

@@ -8,18 +8,22 @@
 
 namespace plumb {
 
-float router_score(ScoreFunc f, float logit) {
+float router_score(ScoreFunc f, float logit, bool naive_softplus) {
   switch (f) {
-    case ScoreFunc::SqrtSoftplus: return std::sqrt(ops::softplus(logit));
+    case ScoreFunc::SqrtSoftplus:
+      // The naive form is fault.softplus_naive: log(1 + exp(x)) is 0 below -16.6 and inf above 88.7 in fp32.
+      return std::sqrt(naive_softplus ? std::log(1.0f + std::exp(logit)) : ops::softplus(logit));
     case ScoreFunc::Sigmoid: return ops::sigmoid(logit);
     case ScoreFunc::Softmax: break;  // needs the whole row: handled by the caller
   }
   return logit;
 }
 
-RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in) {
+RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in,
+                                            const RouterOptions& opt) {
   const int64_t n = in.x.dim(0), E = c.n_experts, K = c.top_k;
-  RoutedWeights<Rsf::Unfolded> r{IndexTensor({n, K}), Tensor({n, K}), ops::linear(in.x, w.gate)};
+  RoutedWeights<Rsf::Unfolded> r{IndexTensor({n, K}), Tensor({n, K}),
+                                 opt.bf16_logits ? ops::linear_bf16(in.x, w.gate) : ops::linear(in.x, w.gate)};
   std::vector<float> score(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
   for (int64_t t = 0; t < n; ++t) {
     const float* lg = r.logits.row(t);
@@ -27,7 +31,7 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
       std::copy(lg, lg + E, score.begin());
       ops::softmax(score.data(), E);
     } else {
-      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = router_score(c.score, lg[e]);
+      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = router_score(c.score, lg[e], opt.softplus_naive);
     }
     int64_t* idx = r.idx.ptr() + t * K;
     if (type == MlpType::Hash) {
@@ -41,7 +45,8 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
     }
     float sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += score[size_t(idx[k])];
-    for (int64_t k = 0; k < K; ++k) r.weight[t * K + k] = score[size_t(idx[k])] / (sum + kRenormFloor);
+    const float denom = !opt.renorm ? 1.0f : opt.unfloored ? sum : sum + kRenormFloor;
+    for (int64_t k = 0; k < K; ++k) r.weight[t * K + k] = score[size_t(idx[k])] / denom;
   }
   return r;
 }

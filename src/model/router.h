@@ -27,19 +27,28 @@ struct RoutedWeights {
 inline constexpr float kRenormFloor = 1e-20f;
 
 // Router scores from logits, numerically stable for any finite logit.
-float router_score(ScoreFunc f, float logit);
+float router_score(ScoreFunc f, float logit, bool naive_softplus = false);
 
 struct RouterInputs {
   const Tensor& x;                      // [n, D] ffn_norm-ed input
   std::span<const int32_t> tokens;      // the input token ids (hash layers select by them)
 };
 
+struct RouterOptions {
+  bool bf16_logits = false;     // router.bf16
+  bool renorm = true;           // false: official softmax scoring (weights are the softmax, not renormalized)
+  bool softplus_naive = false;  // fault.softplus_naive
+  bool unfloored = false;       // fault.renorm_unfloored
+};
+
 // Unfolded weights: renormalized to sum 1 (sum + floor). Hash layers ignore the bias and use tid2eid[token].
-RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in);
+RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in,
+                                            const RouterOptions& opt = {});
 
 template <Rsf P>
-RoutedWeights<P> route(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in) {
-  auto u = route_unfolded(w, c, type, in);
+RoutedWeights<P> route(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in,
+                       const RouterOptions& opt = {}) {
+  auto u = route_unfolded(w, c, type, in, opt);
   if constexpr (P == Rsf::Folded)
     for (auto& v : u.weight.data) v *= float(c.routed_scaling);
   return RoutedWeights<P>{std::move(u.idx), std::move(u.weight), std::move(u.logits)};

@@ -9,8 +9,10 @@
 //   (?m)     Ruby's m is "dot matches newline" = PCRE2's (?s). Rewritten.
 //   ^ $      always line anchors in Ruby: compiled with PCRE2_MULTILINE, newline = LF.
 //   &&, [[  class intersection / nested classes: onig only; refused with an error.
-//   \p{..}   same names for general categories and scripts; Unicode tables differ by version (PCRE2 10.42
-//            has Unicode 14, hf's onig newer), so code points assigned after Unicode 14 may classify apart.
+//   \p{..}   same names. PCRE2 10.42 has Unicode 14 tables, hf's onig newer ones: for the general categories
+//            in unicode_delta.inc the code points onig has and PCRE2 lacks are added to the class (probed from
+//            hf tokenizers 0.23.2 by tools/tokenizer/gen_unicode_delta.sh). Not patched: negated properties
+//            inside brackets, scripts, and U+1171E (Mn in PCRE2's tables, Mc in onig's).
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/regex.h"
 
@@ -27,6 +29,20 @@ namespace {
 constexpr const char* kWhiteSpaceItems =
     "\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 constexpr const char* kHexItems = "0-9A-Fa-f";
+
+struct CategoryDelta {
+  const char* name;
+  const char* extra;  // PCRE2 class items
+};
+constexpr CategoryDelta kDeltas[] = {
+#include "text/unicode_delta.inc"
+};
+
+const char* delta_for(std::string_view name) {
+  for (const auto& d : kDeltas)
+    if (name == d.name) return *d.extra ? d.extra : nullptr;
+  return nullptr;
+}
 
 bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -84,6 +100,24 @@ std::string translate_onig_to_pcre2(std::string_view p, const std::string& what)
       } else if (e == 'H') {
         if (in_class) fail("{}: \\H inside a bracket has no PCRE2 equivalent", what);
         out += "[^" + std::string(kHexItems) + "]";
+      } else if ((e == 'p' || e == 'P') && i + 2 < p.size() && p[i + 2] == '{' &&
+                 p.find('}', i + 3) != std::string_view::npos) {
+        // Unicode property: patch in the code points newer Unicode versions added (see the file comment).
+        const size_t close = p.find('}', i + 3);
+        std::string_view name = p.substr(i + 3, close - i - 3);
+        bool negated = e == 'P';
+        if (!name.empty() && name[0] == '^') {
+          negated = !negated;
+          name.remove_prefix(1);
+        }
+        const std::string orig(p.substr(i, close + 1 - i));
+        const char* extra = delta_for(name);
+        const std::string base = "\\p{" + std::string(name) + "}";
+        if (!extra || (negated && in_class)) out += orig;
+        else if (in_class) out += base + extra;
+        else out += (negated ? "[^" : "[") + base + extra + "]";
+        i = close + 1;
+        continue;
       } else if (e == 'u' && i + 5 < p.size() && is_hex(p[i + 2]) && is_hex(p[i + 3]) && is_hex(p[i + 4]) &&
                  is_hex(p[i + 5])) {
         out += "\\x{" + std::string(p.substr(i + 2, 4)) + "}";

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "model/model.h"
+#include "patches/registry.h"
 #include "plumb/tools.h"
 #include "tools/golden_fixture.h"
 
@@ -12,7 +13,6 @@ namespace plumb::tools {
 
 namespace {
 
-constexpr double kTolerance = 1e-4;  // fp32 reference: |err| <= 1e-4 * max(1, max|ref|)
 constexpr double kTieEps = 1e-5;     // selection-boundary scores closer than this are ties, not failures
 
 struct IndexAgreement {
@@ -73,11 +73,12 @@ std::string coord(const Shape& s, int64_t flat) {
 
 int verify_golden(const VerifyGoldenOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu", "unknown backend '{}' (available: cpu)", opt.backend);
-  PLUMB_CHECK(opt.patches.empty(), "unknown patch list '{}': no patches are registered", opt.patches);
+  const PatchSet ps = parse_patches(opt.patches);
+  const double tol = ps.tolerance_fp32();  // |err| <= tol * max(1, max|ref|); the loosest active patch's
   const auto fx = GoldenFixture::load(opt.dir);
-  const auto model = Model::load(opt.dir);
-  fmt::print("fixture  {}\nreference {}\nmodel    {}\nbackend  {} (fp32 reference), tolerance {:g} x max(1, max|ref|)\n", opt.dir,
-             fx.reference, model->config().summary(), opt.backend, kTolerance);
+  const auto model = Model::load(opt.dir, ps.options);
+  fmt::print("fixture  {}\nreference {}\nmodel    {}\nbackend  {} (fp32 reference), patches [{}], tolerance {:g} x max(1, max|ref|)\n",
+             opt.dir, fx.reference, model->config().summary(), opt.backend, ps.names(), tol);
 
   auto state = model->new_state();
   std::string first_fail;
@@ -142,7 +143,7 @@ int verify_golden(const VerifyGoldenOptions& opt) {
         continue;
       }
       const auto d = diff_f32(it->second, reft);
-      const bool ok = d.nonfinite == 0 && d.rel() <= kTolerance;
+      const bool ok = d.nonfinite == 0 && d.rel() <= tol;
       std::string where = ok ? "" : fmt::format("  at {} got {:.6g} expected {:.6g}", coord(reft.shape, d.at),
                                                d.at >= 0 ? it->second[d.at] : 0.0, d.at >= 0 ? reft[d.at] : 0.0);
       if (d.nonfinite) where += fmt::format("  {} non-finite mismatches", d.nonfinite);

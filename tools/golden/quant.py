@@ -113,3 +113,36 @@ def quant_bf16(w):
     """Returns (bf16 tensor, dequant float32)."""
     b = w.to(torch.bfloat16)
     return b, b.to(torch.float32)
+
+
+def selftest():
+    """python3 quant.py: checks the rounding rules on hand-made values."""
+    # E8M0 exponent: smallest power of two >= amax/qmax, exact at powers of two
+    a = torch.tensor([448.0, 449.0, 224.0, 1.0, 0.0])
+    assert e8m0_exponent(a, FP8_MAX).tolist() == [0, 1, -1, -8, -126], e8m0_exponent(a, FP8_MAX).tolist()
+    # FP4 ties go to the even code; everything maps onto the grid
+    v = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.26, 0.74, 5.01, 6.0, 0.0])
+    assert fp4_codes(v).tolist() == [0, 2, 2, 4, 4, 6, 6, 1, 1, 7, 7, 0], fp4_codes(v).tolist()
+    # a row whose group max is 6 * 2^-3: scale 2^-3, values are exact grid points times the scale
+    w = torch.tensor([[6.0, -0.5, 1.5, -3.0] * 8]) / 8.0
+    packed, s, deq = quant_fp4_rows(w)
+    assert s.tolist() == [[124]] and torch.equal(deq, w), (s.tolist(), deq)
+    assert packed[0, 0].item() == (7 | (9 << 4)), packed[0, :2].tolist()  # 6 -> code 7 (low), -0.5 -> 8|1 (high)
+    assert torch.equal(dequant_fp4_packed(packed, s), deq)
+    # FP8: saturating, RNE, ragged blocks, round trip through the decoder
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(130, 200, generator=g) * 0.05
+    q, s, deq = quant_fp8_block(w)
+    assert list(s.shape) == [2, 2] and torch.equal(dequant_fp8_block(q, s), deq)
+    assert float(((deq - w).abs() / w.abs().clamp(min=1e-3)).max()) < 0.07
+    blk = w[:128, :128].abs().max() / 2.0 ** (int(s[0, 0]) - 127)
+    assert 224.0 < float(blk) <= 448.0, float(blk)
+    # idempotence: quantizing dequantized values gives the same values
+    assert torch.equal(quant_fp8_block(deq)[2], deq)
+    p2, s2, d2 = quant_fp4_rows(w[:, :192].contiguous())
+    assert torch.equal(quant_fp4_rows(d2)[2], d2)
+    print("quant selftest ok")
+
+
+if __name__ == "__main__":
+    selftest()

@@ -1,0 +1,26 @@
+// ModelOptions: which implementation each op uses. Set only through the patch registry (patches/registry.h),
+// from one `--patches a,b,c` list; the default-constructed value is the fp32 reference.
+#pragma once
+
+namespace plumb {
+
+struct ModelOptions {
+  // Speed patches and numerics modes.
+  bool rsf_on_output = false;       // moe.rsf_on_output: weights sum to 1, the runner scales the routed sum
+  bool weight_before_down = false;  // moe.weight_before_down: routing weight applied before W2
+  bool mhc_bf16_mix = false;        // mhc.bf16_mix: hc mixing GEMM on bf16-rounded operands
+  bool router_bf16 = false;         // router.bf16: router logits from bf16-rounded operands, rounded to bf16
+  bool official = false;            // numerics.official: DeepSeek's inference code rounding (bf16, FP8/FP4 sim)
+
+  // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
+  bool fault_rsf_twice = false;
+  bool fault_rsf_missing = false;
+  bool fault_rsf_missing_hash_layers = false;
+  bool fault_shared_scaled = false;
+  bool fault_comb_untransposed = false;
+  bool fault_softplus_naive = false;
+  bool fault_renorm_unfloored = false;
+  bool fault_swiglu_unclamped = false;
+};
+
+}  // namespace plumb

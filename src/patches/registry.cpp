@@ -1,0 +1,130 @@
+// The registry's contents. Tolerances are justified next to each entry.
+#include "patches/registry.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+
+namespace plumb {
+
+namespace {
+
+constexpr double kRefTol = 1e-4;  // the fp32 reference path against an fp32 golden
+
+std::vector<Patch> make_registry() {
+  std::vector<Patch> r;
+  // --- speed patches and numerics modes ---
+  r.push_back({"moe.rsf_in_topk", "router: routed_scaling_factor placement",
+               "fold routed_scaling_factor into the top-k weights (the reference placement, as DeepSeek's Gate does)",
+               "a runner that also scales its output would apply the factor twice (prevented by the Rsf types)",
+               {kRefTol, 2e-2}, false, [](ModelOptions& o) { o.rsf_on_output = false; }});
+  r.push_back({"moe.rsf_on_output", "router + expert runner: routed_scaling_factor placement",
+               "top-k weights sum to one; the expert runner multiplies the routed sum by the factor (fused-MoE runners)",
+               "a top-k that also folds the factor (or a hash top-k that ignores the request) applies it twice or never",
+               // Reassociation only (rsf * sum vs sum of rsf * w): a few fp32 ulps.
+               {kRefTol, 2e-2}, false, [](ModelOptions& o) { o.rsf_on_output = true; }});
+  r.push_back({"moe.weight_before_down", "experts: routing weight after W2",
+               "multiply the routing weight into the SwiGLU activation before W2, as the official code does",
+               "mathematically identical; only rounding of the W2 input changes",
+               {kRefTol, 2e-2}, false, [](ModelOptions& o) { o.weight_before_down = true; }});
+  r.push_back({"mhc.bf16_mix", "hc_pre/hc_head: fp32 mixing GEMM",
+               "round the normalized streams and hc_fn to bf16 before the 24-wide mixing GEMM (fp32 accumulate)",
+               "mHC weights feed Sinkhorn and every residual stream: bf16 operands shift post/comb by ~1e-3 per layer",
+               // bf16 operands carry 2^-9 relative error each; measured worst tap error 2.6e-3 (tiny) and 3.5e-3
+               // (tiny-official) of max(1, max|ref|), on hc_*.post. 2e-2 leaves ~6x margin for deeper models.
+               {2e-2, 3e-2}, false, [](ModelOptions& o) { o.mhc_bf16_mix = true; }});
+  r.push_back({"router.bf16", "router: fp32 logits",
+               "router logits from bf16 operands, rounded to bf16 (as engines that skip the fp32 cast do)",
+               "perturbs near-ties in expert selection; a flipped expert changes the layer output outright",
+               // Measured worst error 5.4e-3 (tiny) / 4.6e-3 (tiny-official) of max(1, max|ref|), on gate.logits.
+               // A selection flip moves ffn.* by O(1) and fails this patch: that is a real accuracy risk.
+               {2e-2, 3e-2}, false, [](ModelOptions& o) { o.router_bf16 = true; }});
+  r.push_back({"numerics.official", "all ops: fp32 reference numerics",
+               "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
+               "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",
+               "bf16 rounding everywhere: ~1e-2 relative drift per tensor; a rounding-sensitive tie can flip a selection",
+               // Against the official golden the residual is bf16 rounding order (1 bf16 ulp = 2^-8 relative of
+               // intermediates, compounded over layers); against an fp32 golden it is the numerics gap itself.
+               {6e-2, 6e-2}, false, [](ModelOptions& o) { o.official = true; }});
+  // --- built-in faults: the real bugs, refused unless named ---
+  auto fault = [&](const char* name, const char* replaces, const char* desc, void (*en)(ModelOptions&)) {
+    r.push_back({name, replaces, desc, "this is a deliberate bug for testing the precision toolkit", {0, 0}, true, en});
+  };
+  fault("fault.rsf_twice", "router + runner", "top-k folds routed_scaling_factor and the runner scales the output again",
+        [](ModelOptions& o) { o.fault_rsf_twice = true; });
+  fault("fault.rsf_missing", "router + runner", "top-k leaves the factor out and the runner assumes it was folded",
+        [](ModelOptions& o) { o.fault_rsf_missing = true; });
+  fault("fault.rsf_missing_hash_layers", "hash router",
+        "the hash top-k ignores the runner's request to fold the factor: missing on hash-routed layers only",
+        [](ModelOptions& o) { o.fault_rsf_missing_hash_layers = true; });
+  fault("fault.shared_scaled", "MoE combine", "routed_scaling_factor applied to routed + shared (shared expert scaled)",
+        [](ModelOptions& o) { o.fault_shared_scaled = true; });
+  fault("fault.comb_untransposed", "hc_post", "hc_post mixes streams with C.R instead of C^T.R",
+        [](ModelOptions& o) { o.fault_comb_untransposed = true; });
+  fault("fault.softplus_naive", "router score", "softplus as log(1 + exp(x)) in fp32: 0 for x <= -16.6, inf above 88.7",
+        [](ModelOptions& o) { o.fault_softplus_naive = true; });
+  fault("fault.renorm_unfloored", "router renormalization", "w / sum(w) without a floor: 0/0 = NaN when every score underflows",
+        [](ModelOptions& o) { o.fault_renorm_unfloored = true; });
+  fault("fault.swiglu_unclamped", "expert SwiGLU", "swiglu_limit not passed to the activation: no gate/up clamps",
+        [](ModelOptions& o) { o.fault_swiglu_unclamped = true; });
+  return r;
+}
+
+}  // namespace
+
+const std::vector<Patch>& patch_registry() {
+  static const std::vector<Patch> r = make_registry();
+  return r;
+}
+
+const Patch* find_patch(const std::string& name) {
+  for (const auto& p : patch_registry())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+double PatchSet::tolerance_fp32() const {
+  double t = kRefTol;
+  for (auto* p : active)
+    if (!p->fault) t = std::max(t, p->tol.fp32);
+  return t;
+}
+
+std::string PatchSet::names() const {
+  std::string s;
+  for (auto* p : active) s += (s.empty() ? "" : ",") + p->name;
+  return s;
+}
+
+bool PatchSet::has_fault() const {
+  return std::any_of(active.begin(), active.end(), [](const Patch* p) { return p->fault; });
+}
+
+PatchSet parse_patches(const std::string& list) {
+  PatchSet ps;
+  std::set<std::string> seen;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string name = list.substr(start, end - start);
+    name.erase(std::remove_if(name.begin(), name.end(), [](unsigned char c) { return std::isspace(c); }), name.end());
+    start = end + 1;
+    if (name.empty()) continue;
+    const Patch* p = find_patch(name);
+    if (!p) {
+      std::string known;
+      for (const auto& q : patch_registry()) known += (known.empty() ? "" : ", ") + q.name;
+      fail("unknown patch '{}' (known: {}); `plumb patches` lists them", name, known);
+    }
+    PLUMB_CHECK(seen.insert(name).second, "patch '{}' is listed twice", name);
+    ps.active.push_back(p);
+    p->enable(ps.options);
+  }
+  PLUMB_CHECK(!(ps.options.rsf_on_output && seen.count("moe.rsf_in_topk")),
+              "moe.rsf_in_topk and moe.rsf_on_output are two placements of the same factor: choose one");
+  return ps;
+}
+
+}  // namespace plumb

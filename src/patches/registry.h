@@ -1,0 +1,42 @@
+// The patch registry: every speed patch, numerics mode and built-in fault as a named, switchable object with
+// the reference op it replaces, a description, a risk note and its tolerance.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/options.h"
+
+namespace plumb {
+
+// Tolerance of a patch against the fp32 reference, as err <= tol * max(1, max|ref|) per tensor.
+struct Tolerance {
+  double fp32;  // the patch on the fp32 reference path (CPU)
+  double bf16;  // the patch on a bf16 backend (GPU)
+};
+
+struct Patch {
+  std::string name;         // e.g. "moe.rsf_on_output"
+  std::string replaces;     // the reference op it stands in for
+  std::string description;  // one line
+  std::string risk;         // what goes wrong if it is itself wrong
+  Tolerance tol;
+  bool fault = false;       // a deliberate bug: refused unless named explicitly
+  void (*enable)(ModelOptions&);
+};
+
+const std::vector<Patch>& patch_registry();
+const Patch* find_patch(const std::string& name);
+
+struct PatchSet {
+  std::vector<const Patch*> active;
+  ModelOptions options;
+  double tolerance_fp32() const;  // the loosest active tolerance, or the reference's 1e-4
+  std::string names() const;      // comma-separated, "" for the reference
+  bool has_fault() const;
+};
+
+// Parses "a,b,c" (spaces ignored, "" = reference). Unknown names are an Error listing the known ones; a fault
+// must be named exactly (no wildcard ever enables one). Names may repeat only once each.
+PatchSet parse_patches(const std::string& list);
+
+}  // namespace plumb
