@@ -1,4 +1,6 @@
 // `plumb patches`: lists every registered speed patch, numerics mode and built-in fault.
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "patches/registry.h"
 
