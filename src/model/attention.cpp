@@ -96,7 +96,7 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
   Tensor mid({n, G * R});
   for (int64_t g = 0; g < G; ++g) ops::linear_rows(o.ptr() + g * gw, n, H * Dh, w.wo_a, g * R, R, mid.ptr() + g * R, G * R);
   Tensor out = ops::linear(mid, w.wo_b);
-  tap("attn.out", out);
+  tap.io("attn.out", out);
   return out;
 }
 

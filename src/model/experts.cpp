@@ -93,15 +93,15 @@ Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r,
   static_assert(P == Runner::consumes, "router and runner disagree on where routed_scaling_factor is applied");
   tap_routing(m.tap, r, m.c.routed_scaling);
   Tensor out = run_routed(runner, m, r);
-  m.tap("ffn.routed", out);
+  m.tap.io("ffn.routed", out);
   if (m.w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
-    const Tensor shared = expert_ffn(*m.w.shared, m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit, m.x);
-    m.tap("ffn.shared", shared);
+    Tensor shared = expert_ffn(*m.w.shared, m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit, m.x);
+    m.tap.io("ffn.shared", shared);
     for (int64_t i = 0; i < out.numel(); ++i) out[i] += shared[i];
   }
   if (total_scale != 1.0f)
     for (auto& v : out.data) v *= total_scale;
-  m.tap("ffn.out", out);
+  m.tap.io("ffn.out", out);
   return out;
 }
 

@@ -80,9 +80,9 @@ HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions
     }
   }
   const std::string s = site;
-  tap((s + ".post").c_str(), p.post);
-  tap((s + ".comb").c_str(), p.comb);
-  tap((s + ".collapsed").c_str(), p.collapsed);
+  tap.io((s + ".post").c_str(), p.post);
+  tap.io((s + ".comb").c_str(), p.comb);
+  tap.io((s + ".collapsed").c_str(), p.collapsed);
   return p;
 }
 

@@ -61,12 +61,12 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     ops::rms_norm(f.collapsed.ptr(), n, L.ffn_norm, c.rms_eps);
     const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_, tap);
     X = hc_post(moe, X, f, opt_);
-    tap("out", X);
+    tap.io("out", X);
   }
 
   const Tap top{taps, ""};
   Tensor y = hc_head(w_.hc_head, c, opt_, X);
-  top("hc_head.out", y);
+  top.io("hc_head.out", y);
   ops::rms_norm(y.ptr(), n, w_.norm, c.rms_eps);
   Tensor logits = ops::linear(y, w_.head);
   st.pos += n;
