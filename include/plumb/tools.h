@@ -8,6 +8,10 @@ struct VerifyGoldenOptions {
   std::string dir;              // fixture folder (config.json, model.safetensors, golden.json, golden.safetensors)
   std::string backend = "cpu";  // "cpu": the fp32 reference
   std::string patches;          // comma-separated patch names ("" = the reference)
+  // "free": the engine runs on its own outputs (errors accumulate). "forced": teacher forcing, every sublayer is
+  // fed the fixture's inputs, so each tap shows its op's local error. "auto": free for exact configurations
+  // (the fp32 reference and exact patches), forced when an approximate patch or numerics mode is active.
+  std::string mode = "auto";
   bool quiet = false;           // print only failing taps and the per-step summary lines
 };
 

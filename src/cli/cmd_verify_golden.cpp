@@ -19,6 +19,11 @@ void register_verify_golden(CLI::App& app) {
   cmd->add_option("--backend", opt->backend, "backend to verify")->default_val("cpu");
   cmd->add_option("--patches", opt->patches, "comma-separated speed patches to enable (empty: the reference)");
   cmd->add_flag("-q,--quiet", opt->quiet, "print only failing taps and the per-step summaries");
+  cmd->add_option("--mode", opt->mode,
+                  "free: run on the engine's own outputs; forced: teacher forcing (each sublayer fed the fixture's "
+                  "inputs, local error per op); auto: free for exact configurations, forced for approximate patches")
+      ->check(CLI::IsMember({"auto", "free", "forced"}))
+      ->default_val("auto");
   cmd->callback([opt] { set_exit_code(tools::verify_golden(*opt)); });
 }
 

@@ -11,5 +11,9 @@ void set_exit_code(int code);
 void register_verify_golden(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_patches(CLI::App& app);
+void register_diff(CLI::App& app);
+void register_kld(CLI::App& app);
+void register_bisect(CLI::App& app);
+void register_trace(CLI::App& app);
 
 }  // namespace plumb::cli

@@ -11,6 +11,10 @@ int main(int argc, char** argv) {
   plumb::cli::register_verify_golden(app);
   plumb::cli::register_tokenize(app);
   plumb::cli::register_patches(app);
+  plumb::cli::register_diff(app);
+  plumb::cli::register_kld(app);
+  plumb::cli::register_bisect(app);
+  plumb::cli::register_trace(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,24 +8,76 @@
 
 namespace plumb {
 
+namespace {
+
+// Softmax attention of one query head over `keys`, with the sink in the denominator only.
+// Reference: exact fp32 softmax. Official: the sparse_attn kernel's online softmax over blocks of 64 keys, with
+// the probabilities rounded to bf16 before P.V and the output stored as bf16.
+void attend(const float* qh, const std::vector<const float*>& keys, float sink, float scale, int64_t Dh, const Numerics& nm,
+            std::vector<float>& logits, float* out) {
+  const int64_t nk = int64_t(keys.size());
+  logits.resize(size_t(nk + 1));
+  for (int64_t j = 0; j < nk; ++j) {
+    double dot = 0;
+    for (int64_t i = 0; i < Dh; ++i) dot += double(qh[i]) * keys[size_t(j)][i];
+    logits[size_t(j)] = float(dot) * scale;
+  }
+  if (!nm.official()) {
+    logits[size_t(nk)] = sink;
+    ops::softmax(logits.data(), nk + 1);
+    for (int64_t i = 0; i < Dh; ++i) {
+      double acc = 0;
+      for (int64_t j = 0; j < nk; ++j) acc += double(logits[size_t(j)]) * keys[size_t(j)][i];
+      out[i] = float(acc);
+    }
+    return;
+  }
+  constexpr int64_t kBlock = 64;
+  float m_run = -INFINITY, l_run = 0;
+  std::vector<double> acc(static_cast<size_t>(Dh), 0.0);
+  std::vector<float> p(static_cast<size_t>(kBlock));
+  for (int64_t b0 = 0; b0 < nk; b0 += kBlock) {
+    const int64_t b1 = std::min(nk, b0 + kBlock);
+    float m_new = m_run;
+    for (int64_t j = b0; j < b1; ++j) m_new = std::max(m_new, logits[size_t(j)]);
+    const float alpha = std::exp(m_run - m_new);
+    float psum = 0;
+    for (int64_t j = b0; j < b1; ++j) psum += (p[size_t(j - b0)] = std::exp(logits[size_t(j)] - m_new));
+    l_run = std::fma(l_run, alpha, psum);
+    for (int64_t i = 0; i < Dh; ++i) {
+      double blk = 0;
+      for (int64_t j = b0; j < b1; ++j) blk += double(nm.act(p[size_t(j - b0)])) * keys[size_t(j)][i];
+      acc[size_t(i)] = double(float(float(acc[size_t(i)]) * alpha) + float(blk));
+    }
+    m_run = m_new;
+  }
+  l_run += std::exp(sink - m_run);
+  for (int64_t i = 0; i < Dh; ++i) out[i] = nm.act(float(acc[size_t(i)]) / l_run);
+}
+
+}  // namespace
+
 Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnType type, const ops::Rope& rope,
-                         const Tensor& x, int64_t pos0, LayerState& st, const Tap& tap) {
+                         const Tensor& x, int64_t pos0, LayerState& st, const Numerics& nm, const Tap& tap) {
   const int64_t n = x.dim(0), H = c.n_heads, Dh = c.head_dim, rd = rope.dim(), W = c.window;
 
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
-  Tensor qr = ops::linear(x, w.wq_a);
-  ops::rms_norm(qr.ptr(), n, w.q_norm, c.rms_eps);
-  Tensor q = ops::linear(qr, w.wq_b);  // [n, H * Dh]
-  ops::rms_norm_plain(q.ptr(), n * H, Dh, c.rms_eps);
+  Tensor qr = nm.proj(x, w.wq_a);
+  nm.rms_norm(qr.ptr(), n, w.q_norm, c.rms_eps);
+  Tensor q = nm.proj(qr, w.wq_b);  // [n, H * Dh]
+  nm.head_rms(q.ptr(), n * H, Dh, c.rms_eps);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < H; ++h) rope.apply(q.ptr() + (t * H + h) * Dh + (Dh - rd), pos0 + t);
+    for (int64_t h = 0; h < H; ++h) nm.rope(rope, q.ptr() + (t * H + h) * Dh + (Dh - rd), pos0 + t);
   q.shape = {n, H, Dh};
   tap("attn.q", q);
 
-  // Shared key/value: kv_norm(wkv x), RoPE on the last rd dims.
-  Tensor kv = ops::linear(x, w.wkv);  // [n, Dh]
-  ops::rms_norm(kv.ptr(), n, w.kv_norm, c.rms_eps);
-  for (int64_t t = 0; t < n; ++t) rope.apply(kv.ptr() + t * Dh + (Dh - rd), pos0 + t);
+  // Shared key/value: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
+  Tensor kv = nm.proj(x, w.wkv);  // [n, Dh]
+  nm.rms_norm(kv.ptr(), n, w.kv_norm, c.rms_eps);
+  for (int64_t t = 0; t < n; ++t) {
+    nm.rope(rope, kv.ptr() + t * Dh + (Dh - rd), pos0 + t);
+    nm.kv_fp8_sim(kv.ptr() + t * Dh, Dh - rd);
+  }
   tap("attn.kv", kv);
 
   // Window keys: the cached (window - 1) rows followed by this chunk.
@@ -38,10 +90,10 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
   IndexTensor sel;
   const CompressorState& cs = st.comp;
   if (type != AttnType::Sliding) {
-    compressor_step(*w.comp, rope, c.rms_eps, x, st.comp);
+    compressor_step(*w.comp, rope, c.rms_eps, x, st.comp, nm, /*rotate=*/false);
     if (type == AttnType::CSA) {
-      compressor_step(w.indexer->comp, rope, c.rms_eps, x, st.index_comp);
-      auto ix = indexer_select(*w.indexer, c, rope, x, qr, pos0, st.index_comp);
+      compressor_step(w.indexer->comp, rope, c.rms_eps, x, st.index_comp, nm, /*rotate=*/true);
+      auto ix = indexer_select(*w.indexer, c, rope, x, qr, pos0, st.index_comp, nm);
       tap("attn.indexer.scores", ix.scores);
       sel = std::move(ix.topk);
       tap.index("attn.indexer.topk", sel);
@@ -64,25 +116,11 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
       for (int64_t j = 0; j < sel.dim(1); ++j)
         if (int64_t e = sel[t * sel.dim(1) + j]; e >= 0) kset.push_back(cs.entries.data() + e * Dh);
     }
-    const int64_t nk = int64_t(kset.size());
-    logits.resize(size_t(nk + 1));
     for (int64_t h = 0; h < H; ++h) {
-      const float* qh = q.ptr() + (t * H + h) * Dh;
-      for (int64_t j = 0; j < nk; ++j) {
-        double dot = 0;
-        for (int64_t i = 0; i < Dh; ++i) dot += double(qh[i]) * kset[size_t(j)][i];
-        logits[size_t(j)] = float(dot) * scale;
-      }
-      logits[size_t(nk)] = w.sink[h];  // the sink joins the softmax denominator, carries no value
-      ops::softmax(logits.data(), nk + 1);
       float* oh = o.ptr() + (t * H + h) * Dh;
-      for (int64_t i = 0; i < Dh; ++i) {
-        double acc = 0;
-        for (int64_t j = 0; j < nk; ++j) acc += double(logits[size_t(j)]) * kset[size_t(j)][i];
-        oh[i] = float(acc);
-      }
+      attend(q.ptr() + (t * H + h) * Dh, kset, w.sink[h], scale, Dh, nm, logits, oh);
       // K = V, so the value carries rotation on its rope dims: undo it at the query position.
-      rope.apply(oh + (Dh - rd), p, /*inverse=*/true);
+      nm.rope(rope, oh + (Dh - rd), p, /*inverse=*/true);
     }
   }
 
@@ -94,8 +132,8 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
   // Grouped output projection: group g (heads [g*H/G, (g+1)*H/G)) -> wo_a rows [g*R, (g+1)*R); then wo_b.
   const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
   Tensor mid({n, G * R});
-  for (int64_t g = 0; g < G; ++g) ops::linear_rows(o.ptr() + g * gw, n, H * Dh, w.wo_a, g * R, R, mid.ptr() + g * R, G * R);
-  Tensor out = ops::linear(mid, w.wo_b);
+  for (int64_t g = 0; g < G; ++g) nm.proj_rows_bf16(o.ptr() + g * gw, n, H * Dh, w.wo_a, g * R, R, mid.ptr() + g * R, G * R);
+  Tensor out = nm.proj(mid, w.wo_b);
   tap.io("attn.out", out);
   return out;
 }

@@ -5,7 +5,8 @@
 
 namespace plumb {
 
-int64_t compressor_step(const CompressorWeights& w, const ops::Rope& rope, double eps, const Tensor& x, CompressorState& st) {
+int64_t compressor_step(const CompressorWeights& w, const ops::Rope& rope, double eps, const Tensor& x, CompressorState& st,
+                        const Numerics& nm, bool rotate) {
   const int64_t m = w.rate, c = w.dim, width = w.overlap ? 2 * c : c;
   const Tensor kv = ops::linear(x, w.wkv), gate = ops::linear(x, w.wgate);
   st.pend_kv.insert(st.pend_kv.end(), kv.data.begin(), kv.data.end());
@@ -50,8 +51,11 @@ int64_t compressor_step(const CompressorWeights& w, const ops::Rope& rope, doubl
         }
       st.has_prev = true;
     }
-    ops::rms_norm(entry.data(), 1, w.norm, eps);
-    rope.apply(entry.data() + (c - rope.dim()), st.n_entries * m);
+    nm.act(entry.data(), c);
+    nm.rms_norm(entry.data(), 1, w.norm, eps);
+    nm.rope(rope, entry.data() + (c - rope.dim()), st.n_entries * m);
+    if (rotate) nm.indexer_rotate(entry.data(), c);
+    else nm.kv_fp8_sim(entry.data(), c - rope.dim());
     st.entries.insert(st.entries.end(), entry.begin(), entry.end());
     ++st.n_entries;
     ++emitted;

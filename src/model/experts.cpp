@@ -9,8 +9,8 @@
 
 namespace plumb {
 
-Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const float* pre_scale) {
-  Tensor g = ops::linear(x, e.w1), u = ops::linear(x, e.w3);
+Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const Numerics& nm, const float* pre_scale) {
+  Tensor g = nm.proj(x, e.w1), u = nm.proj(x, e.w3);
   const int64_t n = x.dim(0), I = g.dim(1);
   const float L = float(limit);
   for (int64_t t = 0; t < n; ++t)
@@ -20,9 +20,9 @@ Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const f
         gv = std::min(gv, L);
         uv = std::clamp(uv, -L, L);
       }
-      g[t * I + i] = ops::silu(gv) * uv * (pre_scale ? pre_scale[t] : 1.0f);
+      g[t * I + i] = nm.act(ops::silu(gv) * uv * (pre_scale ? pre_scale[t] : 1.0f));
     }
-  return ops::linear(g, e.w2);
+  return nm.proj(g, e.w2);
 }
 
 RouterOptions router_options(const ModelOptions& o) {
@@ -30,6 +30,7 @@ RouterOptions router_options(const ModelOptions& o) {
   r.bf16_logits = o.router_bf16;
   r.softplus_naive = o.fault_softplus_naive;
   r.unfloored = o.fault_renorm_unfloored;
+  r.renorm = true;  // per-config: see moe_forward (the official code does not renormalize softmax scores)
   return r;
 }
 
@@ -44,16 +45,18 @@ struct FaultRunnerScalesFoldedAgain {
 // Reinterprets a placement without changing the numbers: the mechanism of every "missing" bug (fault only).
 template <Rsf To, Rsf From>
 RoutedWeights<To> fault_relabel(RoutedWeights<From>&& r) {
-  return RoutedWeights<To>{std::move(r.idx), std::move(r.weight), std::move(r.logits)};
+  return RoutedWeights<To>{std::move(r.idx), std::move(r.weight), std::move(r.logits), std::move(r.select)};
 }
 
 struct MoeCtx {
   const MoeWeights& w;
   const ModelConfig& c;
+  const Numerics& nm;
   MlpType type;
   const Tensor& x;
   std::span<const int32_t> tokens;
   const ModelOptions& opt;
+  const RouterOptions& ropt;
   const Tap& tap;
 };
 
@@ -74,8 +77,8 @@ Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::co
     if (rows.empty()) continue;
     Tensor xe({int64_t(rows.size()), D});
     for (size_t i = 0; i < rows.size(); ++i) std::copy(m.x.row(rows[i]), m.x.row(rows[i]) + D, xe.row(int64_t(i)));
-    const bool before = m.opt.weight_before_down;
-    const Tensor ye = expert_ffn(m.w.experts[size_t(e)], limit, xe, before ? wts.data() : nullptr);
+    const bool before = m.opt.weight_before_down || m.nm.official();  // the official order
+    const Tensor ye = expert_ffn(m.w.experts[size_t(e)], limit, xe, m.nm, before ? wts.data() : nullptr);
     for (size_t i = 0; i < rows.size(); ++i) {
       const float wt = before ? 1.0f : wts[i];
       for (int64_t d = 0; d < D; ++d) out[rows[i] * D + d] += wt * ye[int64_t(i) * D + d];
@@ -95,27 +98,30 @@ Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r,
   Tensor out = run_routed(runner, m, r);
   m.tap.io("ffn.routed", out);
   if (m.w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
-    Tensor shared = expert_ffn(*m.w.shared, m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit, m.x);
+    Tensor shared = expert_ffn(*m.w.shared, m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit, m.x, m.nm);
     m.tap.io("ffn.shared", shared);
     for (int64_t i = 0; i < out.numel(); ++i) out[i] += shared[i];
   }
   if (total_scale != 1.0f)
     for (auto& v : out.data) v *= total_scale;
+  m.nm.act(out);  // fp32 accumulation of routed + shared, stored as an activation
   m.tap.io("ffn.out", out);
   return out;
 }
 
 template <class Runner>
 Tensor moe_with(const Runner& runner, const MoeCtx& m) {
-  return combine(runner, m, route<Runner::consumes>(m.w, m.c, m.type, RouterInputs{m.x, m.tokens}, router_options(m.opt)));
+  return combine(runner, m, route<Runner::consumes>(m.w, m.c, m.type, RouterInputs{m.x, m.tokens}, m.ropt));
 }
 
 }  // namespace
 
 Tensor moe_forward(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x, std::span<const int32_t> tokens,
-                   const ModelOptions& opt, const Tap& tap) {
-  const MoeCtx m{w, c, type, x, tokens, opt, tap};
-  const auto ropt = router_options(opt);
+                   const ModelOptions& opt, const Numerics& nm, const Tap& tap) {
+  RouterOptions ropt = router_options(opt);
+  ropt.renorm = !(nm.official() && c.score == ScoreFunc::Softmax);  // DeepSeek's Gate skips it for softmax
+  ropt.bf16_weight = ropt.cuda_ties = nm.official();
+  const MoeCtx m{w, c, nm, type, x, tokens, opt, ropt, tap};
   const RouterInputs in{x, tokens};
   if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m);
   if (opt.fault_rsf_missing)

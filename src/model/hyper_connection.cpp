@@ -4,6 +4,7 @@
 #include <string>
 
 #include "formats/numeric.h"
+#include "model/numerics.h"
 #include "model/ops.h"
 
 namespace plumb {
@@ -12,8 +13,8 @@ namespace {
 
 // mix[t][o] = (x_t * rsqrt(mean(x_t^2) + eps)) . fn[o] over the flattened H*D streams of token t.
 // mhc.bf16_mix rounds both GEMM operands to bf16 (fp32 accumulation).
-std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const ModelOptions& o, const float* xt, int64_t hd) {
-  const bool bf16 = o.mhc_bf16_mix;
+std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const ModelOptions& opt, const float* xt, int64_t hd) {
+  const bool bf16 = opt.mhc_bf16_mix;
   double ss = 0;
   for (int64_t i = 0; i < hd; ++i) ss += double(xt[i]) * xt[i];
   const double r = 1.0 / std::sqrt(ss / double(hd) + c.rms_eps);
@@ -22,6 +23,11 @@ std::vector<float> mixes(const Tensor& fn, const ModelConfig& c, const ModelOpti
   for (int64_t o = 0; o < nmix; ++o) {
     const float* f = fn.row(o);
     double acc = 0;
+    if (opt.official) {  // official: (x . fn) * rsqrt, the norm applied after the GEMM
+      for (int64_t i = 0; i < hd; ++i) acc += double(xt[i]) * f[i];
+      m[size_t(o)] = float(acc) * float(r);
+      continue;
+    }
     if (bf16)
       for (int64_t i = 0; i < hd; ++i) acc += double(fmt8::round_bf16(float(xt[i] * r))) * fmt8::round_bf16(f[i]);
     else
@@ -37,17 +43,18 @@ HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions
              const char* site) {
   const int64_t n = X.dim(0), H = c.hc_mult, D = c.hidden;
   const float eps = float(c.hc_eps);
+  const Numerics nm(o);
   HcPre p{Tensor({n, H}), Tensor({n, H, H}), Tensor({n, D})};
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = X.ptr() + t * H * D;
     const auto m = mixes(w.fn, c, o, xt, H * D);
     std::vector<float> pre(static_cast<size_t>(H));
     for (int64_t j = 0; j < H; ++j) {
-      pre[size_t(j)] = ops::sigmoid(m[size_t(j)] * w.scale[0] + w.base[j]) + eps;
-      p.post[t * H + j] = 2.0f * ops::sigmoid(m[size_t(H + j)] * w.scale[1] + w.base[H + j]);
+      pre[size_t(j)] = ops::sigmoid(std::fma(m[size_t(j)], w.scale[0], w.base[j])) + eps;
+      p.post[t * H + j] = 2.0f * ops::sigmoid(std::fma(m[size_t(H + j)], w.scale[1], w.base[H + j]));
     }
     float* C = p.comb.ptr() + t * H * H;
-    for (int64_t i = 0; i < H * H; ++i) C[i] = m[size_t(2 * H + i)] * w.scale[2] + w.base[2 * H + i];
+    for (int64_t i = 0; i < H * H; ++i) C[i] = std::fma(m[size_t(2 * H + i)], w.scale[2], w.base[2 * H + i]);
     // Row softmax + eps, then column normalization; then (iters - 1) x (row, column) normalizations.
     for (int64_t j = 0; j < H; ++j) {
       ops::softmax(C + j * H, H);
@@ -76,7 +83,7 @@ HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions
     for (int64_t d = 0; d < D; ++d) {
       float acc = 0;
       for (int64_t j = 0; j < H; ++j) acc += pre[size_t(j)] * xt[j * D + d];
-      y[d] = acc;
+      y[d] = nm.act(acc);
     }
   }
   const std::string s = site;
@@ -88,6 +95,7 @@ HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions
 
 Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p, const ModelOptions& o) {
   const int64_t n = X.dim(0), H = X.dim(1), D = X.dim(2);
+  const Numerics nm(o);
   Tensor out({n, H, D});
   // Column k of C gathers every stream j into stream k; fault.comb_untransposed reads row k instead.
   auto cidx = [&](int64_t j, int64_t k) { return o.fault_comb_untransposed ? k * H + j : j * H + k; };
@@ -97,9 +105,10 @@ Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p, const ModelOpti
       float* o = out.ptr() + (t * H + k) * D;
       const float post = p.post[t * H + k];
       for (int64_t d = 0; d < D; ++d) {
+        // This summation order reproduced the official golden's bf16 rounding bit for bit (tiny-official-ref).
         float acc = post * y[t * D + d];
         for (int64_t j = 0; j < H; ++j) acc += C[cidx(j, k)] * X[(t * H + j) * D + d];
-        o[d] = acc;
+        o[d] = nm.act(acc);
       }
     }
   }
@@ -108,16 +117,17 @@ Tensor hc_post(const Tensor& y, const Tensor& X, const HcPre& p, const ModelOpti
 
 Tensor hc_head(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions& o, const Tensor& X) {
   const int64_t n = X.dim(0), H = c.hc_mult, D = c.hidden;
+  const Numerics nm(o);
   Tensor y({n, D});
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = X.ptr() + t * H * D;
     const auto m = mixes(w.fn, c, o, xt, H * D);
     std::vector<float> pre(static_cast<size_t>(H));
-    for (int64_t j = 0; j < H; ++j) pre[size_t(j)] = ops::sigmoid(m[size_t(j)] * w.scale[0] + w.base[j]) + float(c.hc_eps);
+    for (int64_t j = 0; j < H; ++j) pre[size_t(j)] = ops::sigmoid(std::fma(m[size_t(j)], w.scale[0], w.base[j])) + float(c.hc_eps);
     for (int64_t d = 0; d < D; ++d) {
       float acc = 0;
       for (int64_t j = 0; j < H; ++j) acc += pre[size_t(j)] * xt[j * D + d];
-      y[t * D + d] = acc;
+      y[t * D + d] = nm.act(acc);
     }
   }
   return y;

@@ -6,6 +6,7 @@
 
 #include "model/attention.h"
 #include "model/hyper_connection.h"
+#include "model/numerics.h"
 
 namespace plumb {
 
@@ -37,12 +38,14 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     PLUMB_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab, "token {} at position {} is outside the vocabulary [0, {})", tokens[i],
                 st.pos + int64_t(i), c.vocab);
   const int64_t pos0 = st.pos;
+  const Numerics nm(opt_);
 
   // Embedding, copied into every residual stream: X [n, H, D].
   Tensor X({n, H, D});
   std::vector<float> e(static_cast<size_t>(D));
   for (int64_t t = 0; t < n; ++t) {
     w_.embed.row(tokens[size_t(t)], e.data());
+    nm.act(e.data(), D);
     for (int64_t j = 0; j < H; ++j) std::copy(e.begin(), e.end(), X.ptr() + (t * H + j) * D);
   }
 
@@ -52,14 +55,14 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     const auto type = c.attn[size_t(i)];
 
     HcPre a = hc_pre(L.hc_attn, c, opt_, X, tap, "hc_attn");
-    ops::rms_norm(a.collapsed.ptr(), n, L.attn_norm, c.rms_eps);
+    nm.rms_norm(a.collapsed.ptr(), n, L.attn_norm, c.rms_eps);
     const Tensor att = attention_forward(L.attn, c, type, type == AttnType::Sliding ? rope_main_ : rope_compress_,
-                                         a.collapsed, pos0, st.layers[size_t(i)], tap);
+                                         a.collapsed, pos0, st.layers[size_t(i)], nm, tap);
     X = hc_post(att, X, a, opt_);
 
     HcPre f = hc_pre(L.hc_ffn, c, opt_, X, tap, "hc_ffn");
-    ops::rms_norm(f.collapsed.ptr(), n, L.ffn_norm, c.rms_eps);
-    const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_, tap);
+    nm.rms_norm(f.collapsed.ptr(), n, L.ffn_norm, c.rms_eps);
+    const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_, nm, tap);
     X = hc_post(moe, X, f, opt_);
     tap.io("out", X);
   }
@@ -67,7 +70,7 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
   const Tap top{taps, ""};
   Tensor y = hc_head(w_.hc_head, c, opt_, X);
   top.io("hc_head.out", y);
-  ops::rms_norm(y.ptr(), n, w_.norm, c.rms_eps);
+  nm.rms_norm(y.ptr(), n, w_.norm, c.rms_eps);
   Tensor logits = ops::linear(y, w_.head);
   st.pos += n;
   return logits;

@@ -49,6 +49,23 @@ Tensor linear_bf16(const Tensor& x, const Matrix& w) {
   return y;
 }
 
+Tensor linear_bf16_weight(const Tensor& x, const Matrix& w) {
+  const int64_t K = w.cols(), n = x.numel() / K;
+  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
+  Tensor y({n, w.rows()});
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t r = 0; r < w.rows(); ++r) {
+    w.row(r, row.data());
+    for (auto& v : row) v = fmt8::round_bf16(v);
+    for (int64_t t = 0; t < n; ++t) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(x[t * K + k]) * row[size_t(k)];
+      y[t * w.rows() + r] = float(acc);
+    }
+  }
+  return y;
+}
+
 void rms_norm(float* x, int64_t rows, const Tensor& w, double eps) {
   const int64_t d = w.numel();
   for (int64_t r = 0; r < rows; ++r) {
@@ -87,6 +104,16 @@ std::vector<int64_t> topk_like_torch(const float* v, int64_t n, int64_t k, bool 
   }
   for (int64_t j = 0; j < k; ++j) out.push_back(q[size_t(j)].second);
   return out;
+}
+
+std::vector<int64_t> topk_lowest_index_first(const float* v, int64_t n, int64_t k) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    return (std::isnan(v[a]) && !std::isnan(v[b])) || v[a] > v[b];
+  });
+  idx.resize(static_cast<size_t>(std::max<int64_t>(0, std::min(k, n))));
+  return idx;
 }
 
 void softmax(float* x, int64_t n) {

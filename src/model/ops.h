@@ -12,6 +12,8 @@ namespace plumb::ops {
 Tensor linear(const Tensor& x, const Matrix& w);
 // y = bf16( bf16(x) . bf16(W)^T ), fp32 accumulation: what a bf16 GEMM with fp32 accumulate returns.
 Tensor linear_bf16(const Tensor& x, const Matrix& w);
+// y = x . bf16(W)^T in fp32 (a bf16 parameter upcast for an fp32 GEMM, as DeepSeek's Gate does).
+Tensor linear_bf16_weight(const Tensor& x, const Matrix& w);
 // Same for a sub-range [r0, r0 + nr) of W's rows (the grouped output projection uses one group's rows).
 void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y, int64_t y_stride);
 
@@ -29,6 +31,9 @@ inline float softplus(float x) { return x > 20.0f ? x : std::max(x, 0.0f) + std:
 // partial sort when k * 64 <= n, on (double value, index) pairs; NaN counts as largest). Matching its choice
 // among exactly equal values is what makes tie-heavy cases (ReLU zeros in the indexer) reproducible.
 std::vector<int64_t> topk_like_torch(const float* v, int64_t n, int64_t k, bool sorted);
+// The k largest, equal values in ascending index order: how PyTorch's CUDA topk resolved the ties seen in the
+// official goldens (computed on an H200).
+std::vector<int64_t> topk_lowest_index_first(const float* v, int64_t n, int64_t k);
 
 // In-place softmax over n values.
 void softmax(float* x, int64_t n);

@@ -23,8 +23,11 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
                                             const RouterOptions& opt) {
   const int64_t n = in.x.dim(0), E = c.n_experts, K = c.top_k;
   RoutedWeights<Rsf::Unfolded> r{IndexTensor({n, K}), Tensor({n, K}),
-                                 opt.bf16_logits ? ops::linear_bf16(in.x, w.gate) : ops::linear(in.x, w.gate)};
+                                 opt.bf16_logits ? ops::linear_bf16(in.x, w.gate)
+                                 : opt.bf16_weight ? ops::linear_bf16_weight(in.x, w.gate)
+                                                   : ops::linear(in.x, w.gate)};
   std::vector<float> score(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
+  if (type == MlpType::Learned) r.select = Tensor({n, E});
   for (int64_t t = 0; t < n; ++t) {
     const float* lg = r.logits.row(t);
     if (c.score == ScoreFunc::Softmax) {
@@ -40,7 +43,9 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
     } else {
       // The correction bias steers selection only; the weights use the unbiased scores.
       for (int64_t e = 0; e < E; ++e) sel[size_t(e)] = score[size_t(e)] + w.bias[e];
-      const auto order = ops::topk_like_torch(sel.data(), E, K, /*sorted=*/false);
+      std::copy(sel.begin(), sel.end(), r.select.row(t));
+      const auto order = opt.cuda_ties ? ops::topk_lowest_index_first(sel.data(), E, K)
+                                       : ops::topk_like_torch(sel.data(), E, K, /*sorted=*/false);
       std::copy(order.begin(), order.end(), idx);
     }
     float sum = 0;
@@ -54,6 +59,7 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
 template <Rsf P>
 void tap_routing(const Tap& tap, const RoutedWeights<P>& r, double rsf) {
   tap("ffn.gate.logits", r.logits);
+  if (r.select.numel()) tap("ffn.gate.scores", r.select);
   if (!tap.on("ffn.gate.indices") && !tap.on("ffn.gate.weights")) return;
   const int64_t n = r.idx.dim(0), K = r.idx.dim(1);
   IndexTensor idx({n, K});

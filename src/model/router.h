@@ -21,6 +21,7 @@ struct RoutedWeights {
   IndexTensor idx;  // [n, K] expert ids, in selection order
   Tensor weight;    // [n, K] fp32; includes routed_scaling_factor iff P == Rsf::Folded
   Tensor logits;    // [n, E] router logits (fp32)
+  Tensor select;    // [n, E] learned layers: the selection scores (score + bias); empty for hash layers
 };
 
 // Renormalization floor: sum + 1e-20 as transformers does; keeps rows whose scores all underflow finite.
@@ -36,6 +37,8 @@ struct RouterInputs {
 
 struct RouterOptions {
   bool bf16_logits = false;     // router.bf16
+  bool bf16_weight = false;     // official: the gate weight is a bf16 parameter (logits still fp32)
+  bool cuda_ties = false;       // official: equal selection scores resolve to the lower expert id
   bool renorm = true;           // false: official softmax scoring (weights are the softmax, not renormalized)
   bool softplus_naive = false;  // fault.softplus_naive
   bool unfloored = false;       // fault.renorm_unfloored
@@ -51,7 +54,7 @@ RoutedWeights<P> route(const MoeWeights& w, const ModelConfig& c, MlpType type, 
   auto u = route_unfolded(w, c, type, in, opt);
   if constexpr (P == Rsf::Folded)
     for (auto& v : u.weight.data) v *= float(c.routed_scaling);
-  return RoutedWeights<P>{std::move(u.idx), std::move(u.weight), std::move(u.logits)};
+  return RoutedWeights<P>{std::move(u.idx), std::move(u.weight), std::move(u.logits), std::move(u.select)};
 }
 
 // Golden taps: ffn.gate.logits, and indices sorted ascending with their weights (factor applied) as

@@ -141,6 +141,29 @@ void Matrix::row(int64_t r, float* out) const {
   }
 }
 
+void Matrix::row_raw(int64_t r, float* vals, float* block_scales) const {
+  switch (layout_) {
+    case Layout::Plain:
+      row(r, vals);
+      block_scales[0] = 1.0f;
+      return;
+    case Layout::FP8Block:
+      for (int64_t c = 0; c < cols_; ++c) vals[c] = fmt8::e4m3_to_f32(w_->data[size_t(r * cols_ + c)]);
+      for (int64_t b = 0; b < scale_cols_; ++b) {
+        const int64_t si = (r / 128) * scale_cols_ + b;
+        if (s_->dtype == DType::F8_E8M0) block_scales[b] = fmt8::e8m0_to_f32(s_->data[si]);
+        else std::memcpy(&block_scales[b], s_->data + size_t(si) * 4, 4);
+      }
+      return;
+    case Layout::FP4Group: {
+      const uint8_t* rowp = w_->data + size_t(r * (cols_ / 2));
+      for (int64_t c = 0; c < cols_; ++c) vals[c] = fmt8::e2m1_to_f32((rowp[c >> 1] >> (4 * (c & 1))) & 0xF);
+      for (int64_t b = 0; b < scale_cols_; ++b) block_scales[b] = fmt8::e8m0_to_f32(s_->data[size_t(r * scale_cols_ + b)]);
+      return;
+    }
+  }
+}
+
 ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c) {
   ModelWeights m;
   const int64_t D = c.hidden, hcd = int64_t(c.hc_mult) * D;

@@ -23,6 +23,10 @@ class Matrix {
   static Matrix bind(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
 
   void row(int64_t r, float* out) const;  // dequantized row r (cols floats)
+  // Row r as stored: element values before scaling (E4M3 / E2M1 / plain) and the scale of each column block
+  // (block() columns each; Plain: one block of all columns with scale 1). For GEMM emulations.
+  void row_raw(int64_t r, float* vals, float* block_scales) const;
+  int64_t block() const { return layout_ == Layout::FP8Block ? 128 : layout_ == Layout::FP4Group ? 32 : cols_; }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   Layout layout() const { return layout_; }

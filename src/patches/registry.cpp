@@ -18,38 +18,40 @@ std::vector<Patch> make_registry() {
   r.push_back({"moe.rsf_in_topk", "router: routed_scaling_factor placement",
                "fold routed_scaling_factor into the top-k weights (the reference placement, as DeepSeek's Gate does)",
                "a runner that also scales its output would apply the factor twice (prevented by the Rsf types)",
-               {kRefTol, 2e-2}, false, [](ModelOptions& o) { o.rsf_on_output = false; }});
+               {kRefTol, 2e-2, kRefTol}, false, [](ModelOptions& o) { o.rsf_on_output = false; }});
   r.push_back({"moe.rsf_on_output", "router + expert runner: routed_scaling_factor placement",
                "top-k weights sum to one; the expert runner multiplies the routed sum by the factor (fused-MoE runners)",
                "a top-k that also folds the factor (or a hash top-k that ignores the request) applies it twice or never",
                // Reassociation only (rsf * sum vs sum of rsf * w): a few fp32 ulps.
-               {kRefTol, 2e-2}, false, [](ModelOptions& o) { o.rsf_on_output = true; }});
+               {kRefTol, 2e-2, kRefTol}, false, [](ModelOptions& o) { o.rsf_on_output = true; }});
   r.push_back({"moe.weight_before_down", "experts: routing weight after W2",
                "multiply the routing weight into the SwiGLU activation before W2, as the official code does",
                "mathematically identical; only rounding of the W2 input changes",
-               {kRefTol, 2e-2}, false, [](ModelOptions& o) { o.weight_before_down = true; }});
+               {kRefTol, 2e-2, kRefTol}, false, [](ModelOptions& o) { o.weight_before_down = true; }});
   r.push_back({"mhc.bf16_mix", "hc_pre/hc_head: fp32 mixing GEMM",
                "round the normalized streams and hc_fn to bf16 before the 24-wide mixing GEMM (fp32 accumulate)",
                "mHC weights feed Sinkhorn and every residual stream: bf16 operands shift post/comb by ~1e-3 per layer",
                // bf16 operands carry 2^-9 relative error each; measured worst tap error 2.6e-3 (tiny) and 3.5e-3
                // (tiny-official) of max(1, max|ref|), on hc_*.post. 2e-2 leaves ~6x margin for deeper models.
-               {2e-2, 3e-2}, false, [](ModelOptions& o) { o.mhc_bf16_mix = true; }});
+               {2e-2, 3e-2, 2e-2}, false, [](ModelOptions& o) { o.mhc_bf16_mix = true; }});
   r.push_back({"router.bf16", "router: fp32 logits",
                "router logits from bf16 operands, rounded to bf16 (as engines that skip the fp32 cast do)",
                "perturbs near-ties in expert selection; a flipped expert changes the layer output outright",
                // Measured worst error 5.4e-3 (tiny) / 4.6e-3 (tiny-official) of max(1, max|ref|), on gate.logits.
                // A selection flip moves ffn.* by O(1) and fails this patch: that is a real accuracy risk.
-               {2e-2, 3e-2}, false, [](ModelOptions& o) { o.router_bf16 = true; }});
+               {2e-2, 3e-2, 2e-2}, false, [](ModelOptions& o) { o.router_bf16 = true; }});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",
                "bf16 rounding everywhere: ~1e-2 relative drift per tensor; a rounding-sensitive tie can flip a selection",
-               // Against the official golden the residual is bf16 rounding order (1 bf16 ulp = 2^-8 relative of
-               // intermediates, compounded over layers); against an fp32 golden it is the numerics gap itself.
-               {6e-2, 6e-2}, false, [](ModelOptions& o) { o.official = true; }});
+               // Against the official goldens (tests/data/golden/*-ref). Teacher forced, each op matches to a few
+               // bf16 ulps: measured worst 3.1e-3 (official-mixed-ref L1.attn.out), 1.4e-4 (tiny-official-ref);
+               // leaving out the FP8 KV or Hadamard simulation shows as 0.3-2. Free running, one bf16 ulp can
+               // flip an FP8 code and the drift compounds: measured up to 4.4e-2 on tiny-official-ref.
+               {6e-2, 6e-2, 1e-2}, false, [](ModelOptions& o) { o.official = true; }, true});
   // --- built-in faults: the real bugs, refused unless named ---
   auto fault = [&](const char* name, const char* replaces, const char* desc, void (*en)(ModelOptions&)) {
-    r.push_back({name, replaces, desc, "this is a deliberate bug for testing the precision toolkit", {0, 0}, true, en});
+    r.push_back({name, replaces, desc, "this is a deliberate bug for testing the precision toolkit", {0, 0, 0}, true, en});
   };
   fault("fault.rsf_twice", "router + runner", "top-k folds routed_scaling_factor and the runner scales the output again",
         [](ModelOptions& o) { o.fault_rsf_twice = true; });
@@ -88,6 +90,13 @@ double PatchSet::tolerance_fp32() const {
   double t = kRefTol;
   for (auto* p : active)
     if (!p->fault) t = std::max(t, p->tol.fp32);
+  return t;
+}
+
+double PatchSet::tolerance_local() const {
+  double t = kRefTol;
+  for (auto* p : active)
+    if (!p->fault) t = std::max(t, p->tol.local);
   return t;
 }
 

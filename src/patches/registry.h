@@ -8,10 +8,11 @@
 
 namespace plumb {
 
-// Tolerance of a patch against the fp32 reference, as err <= tol * max(1, max|ref|) per tensor.
+// Tolerance of a patch, as err <= tol * max(1, max|ref|) per tensor.
 struct Tolerance {
-  double fp32;  // the patch on the fp32 reference path (CPU)
-  double bf16;  // the patch on a bf16 backend (GPU)
+  double fp32;   // the patch on the fp32 reference path (CPU), free running (errors accumulate over layers)
+  double bf16;   // the patch on a bf16 backend (GPU)
+  double local;  // teacher forced (verify-golden --teacher-forcing): each op's own error only
 };
 
 struct Patch {
@@ -22,6 +23,9 @@ struct Patch {
   Tolerance tol;
   bool fault = false;       // a deliberate bug: refused unless named explicitly
   void (*enable)(ModelOptions&);
+  // A numerics mode changes what "the reference" computes: it is verified against goldens produced by the code
+  // it reproduces (DeepSeek's official inference code), and against other goldens only reported (plumb kld).
+  bool numerics_mode = false;
 };
 
 const std::vector<Patch>& patch_registry();
@@ -30,7 +34,9 @@ const Patch* find_patch(const std::string& name);
 struct PatchSet {
   std::vector<const Patch*> active;
   ModelOptions options;
-  double tolerance_fp32() const;  // the loosest active tolerance, or the reference's 1e-4
+  double tolerance_fp32() const;   // the loosest active tolerance, or the reference's 1e-4
+  double tolerance_local() const;  // the same for teacher-forced comparisons
+  bool numerics_official() const { return options.official; }
   std::string names() const;      // comma-separated, "" for the reference
   bool has_fault() const;
 };

@@ -91,15 +91,21 @@ std::string translate_onig_to_pcre2(std::string_view p, const std::string& what)
     if (c == '\\') {
       if (i + 1 >= p.size()) fail("{}: regex ends with a lone backslash", what);
       const char e = p[i + 1];
+      // Appends "[" items "]" (or "[^" ... when negated) outside a bracket, the bare items inside one.
+      const auto put_class = [&](const char* items, bool negate) {
+        if (!in_class) out += negate ? "[^" : "[";
+        out += items;
+        if (!in_class) out += ']';
+      };
       if (e == 's') {
-        out += in_class ? std::string(kWhiteSpaceItems) : "[" + std::string(kWhiteSpaceItems) + "]";
+        put_class(kWhiteSpaceItems, false);
       } else if (e == 'S' && !in_class) {
-        out += "[^" + std::string(kWhiteSpaceItems) + "]";
+        put_class(kWhiteSpaceItems, true);
       } else if (e == 'h') {
-        out += in_class ? std::string(kHexItems) : "[" + std::string(kHexItems) + "]";
+        put_class(kHexItems, false);
       } else if (e == 'H') {
         if (in_class) fail("{}: \\H inside a bracket has no PCRE2 equivalent", what);
-        out += "[^" + std::string(kHexItems) + "]";
+        put_class(kHexItems, true);
       } else if ((e == 'p' || e == 'P') && i + 2 < p.size() && p[i + 2] == '{' &&
                  p.find('}', i + 3) != std::string_view::npos) {
         // Unicode property: patch in the code points newer Unicode versions added (see the file comment).
@@ -110,17 +116,24 @@ std::string translate_onig_to_pcre2(std::string_view p, const std::string& what)
           negated = !negated;
           name.remove_prefix(1);
         }
-        const std::string orig(p.substr(i, close + 1 - i));
         const char* extra = delta_for(name);
-        const std::string base = "\\p{" + std::string(name) + "}";
-        if (!extra || (negated && in_class)) out += orig;
-        else if (in_class) out += base + extra;
-        else out += (negated ? "[^" : "[") + base + extra + "]";
+        if (!extra || (negated && in_class)) {
+          out.append(p.substr(i, close + 1 - i));
+        } else {
+          if (!in_class) out += negated ? "[^" : "[";
+          out += "\\p{";
+          out.append(name);
+          out += '}';
+          out += extra;
+          if (!in_class) out += ']';
+        }
         i = close + 1;
         continue;
       } else if (e == 'u' && i + 5 < p.size() && is_hex(p[i + 2]) && is_hex(p[i + 3]) && is_hex(p[i + 4]) &&
                  is_hex(p[i + 5])) {
-        out += "\\x{" + std::string(p.substr(i + 2, 4)) + "}";
+        out += "\\x{";
+        out.append(p.substr(i + 2, 4));
+        out += '}';
         i += 6;
         continue;
       } else {

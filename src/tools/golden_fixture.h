@@ -45,6 +45,18 @@ class TapRecorder : public TapSink {
   std::set<std::string> wanted_;
 };
 
+// Teacher forcing against a fixture step: records like TapRecorder, and substitutes the fixture's value for
+// every substitutable tap it has, so each sublayer starts from the reference's inputs (local error only).
+class GoldenForcer : public TapRecorder {
+ public:
+  GoldenForcer(const GoldenFixture& fx, std::string step) : fx_(fx), step_(std::move(step)) {}
+  bool substitute(const std::string& name, Tensor& t) override;
+
+ private:
+  const GoldenFixture& fx_;
+  std::string step_;
+};
+
 struct FloatDiff {
   double max_abs = 0, ref_max = 0;  // max |a - b| and max |ref|
   int64_t at = -1;                  // flat index of the max error

@@ -65,7 +65,10 @@ std::string tiny_with(const std::string& from, const std::string& to) {
 
 std::string ids_str(const Ids& ids) {
   std::string s;
-  for (size_t k = 0; k < ids.size(); ++k) s += (k ? " " : "") + std::to_string(ids[k]);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (k) s += ' ';
+    s += std::to_string(ids[k]);
+  }
   return s;
 }
 
@@ -116,8 +119,11 @@ TEST(Tokenizer, ByteLevelAlphabetCoversAll256Bytes) {
     EXPECT_EQ(codepoint_to_byte(cp), b);
     seen.insert(cp);
     const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    if (printable) EXPECT_EQ(cp, uint32_t(b));
-    else EXPECT_GE(cp, 0x100u);
+    if (printable) {
+      EXPECT_EQ(cp, uint32_t(b));
+    } else {
+      EXPECT_GE(cp, 0x100u);
+    }
   }
   EXPECT_EQ(seen.size(), 256u);
   EXPECT_EQ(byte_to_codepoint(0x00), 0x100u);
@@ -167,7 +173,9 @@ TEST(Tokenizer, DecodeBytesInvertsEncodeForAnyBytes) {
     std::string s(rng() % 40, '\0');
     for (char& c : s) c = char(rng() % 4 == 0 ? rng() % 256 : "ab lo1\n\t中<"[rng() % 11]);
     EXPECT_EQ(t.decode_bytes(t.encode(s)), s);
-    if (plumb::text::utf8_is_valid(s)) EXPECT_EQ(t.decode(t.encode(s)), s);
+    if (plumb::text::utf8_is_valid(s)) {
+      EXPECT_EQ(t.decode(t.encode(s)), s);
+    }
   }
   for (const char* s : {"Grüße, мир! 你好 👩‍💻 ١٢٣", "  \n\n\t x", "<think>\n</think>", "e\xCC\x81"})
     EXPECT_EQ(t.decode(t.encode(s)), s);
@@ -255,7 +263,7 @@ TEST(TokenizerRegex, OnigurumaTranslation) {
 TEST(TokenizerEscape, RoundTripAndErrors) {
   using namespace plumb::text;
   EXPECT_EQ(unescape_line("a\\nb\\tc\\\\d\\x41\\xff\\r"), std::string("a\nb\tc\\dA\xFF\r"));
-  EXPECT_EQ(escape_line(std::string("a\nb\tc\\d\x01\x7F\r中\xFF", 13)), "a\\nb\\tc\\\\d\\x01\\x7F\\r中\\xFF");
+  EXPECT_EQ(escape_line("a\nb\tc\\d\x01\x7F\r中\xFF"), "a\\nb\\tc\\\\d\\x01\\x7F\\r中\\xFF");
   for (int b = 0; b < 256; ++b) {
     const std::string s = std::string("x") + char(b) + "y";
     EXPECT_EQ(unescape_line(escape_line(s)), s);

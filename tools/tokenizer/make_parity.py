@@ -256,7 +256,7 @@ def run_out(out):
     train, tests = make_texts()
     write_corpus(os.path.join(out, "corpus.txt"), tests)
     # Round-trip the corpus through the escaped form so the reference sees exactly what plumb will read.
-    with open(os.path.join(out, "corpus.txt"), encoding="utf-8") as f:
+    with open(os.path.join(out, "corpus.txt"), encoding="utf-8", newline="\n") as f:
         tests = [unescape(l.rstrip("\n")).decode("utf-8") for l in f]
     for v in "abc":
         tok = build(v, train)

@@ -1,0 +1,167 @@
+// Numerics primitives: fp32 reference identities, or emulations of the official kernels (kernel.py semantics as
+// documented in shared/oracle/README.md: exact block partial sums rounded once to fp32, fma accumulation).
+#include "model/numerics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "formats/numeric.h"
+
+namespace plumb {
+
+namespace official {
+
+float pow2_scale(float amax, float inv_max) {
+  const float t = amax * inv_max;
+  uint32_t bits;
+  std::memcpy(&bits, &t, 4);
+  const int e = int((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0);
+  const uint32_t out = uint32_t(e + 127) << 23;
+  float s;
+  std::memcpy(&s, &out, 4);
+  return s;
+}
+
+void fp8_quant_block(const float* x, int64_t n, int64_t block, float* q, float* scales) {
+  for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
+    const int64_t b1 = std::min(n, b0 + block);  // a ragged last block acts as zero-padded
+    float amax = 1e-4f;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = pow2_scale(amax, 1.0f / 448.0f);
+    scales[bi] = s;
+    for (int64_t i = b0; i < b1; ++i) q[i] = fmt8::e4m3_to_f32(fmt8::f32_to_e4m3(std::clamp(x[i] / s, -448.0f, 448.0f)));
+  }
+}
+
+void fp8_roundtrip(float* x, int64_t n, int64_t block) {
+  std::vector<float> q(static_cast<size_t>(n)), s(static_cast<size_t>((n + block - 1) / block));
+  fp8_quant_block(x, n, block, q.data(), s.data());
+  for (int64_t i = 0; i < n; ++i) x[i] = fmt8::round_bf16(q[size_t(i)] * s[size_t(i / block)]);
+}
+
+void fp4_roundtrip(float* x, int64_t n, int64_t block) {
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t b1 = std::min(n, b0 + block);
+    float amax = 6.0f * std::ldexp(1.0f, -126);
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float s = pow2_scale(amax, 1.0f / 6.0f);
+    for (int64_t i = b0; i < b1; ++i)
+      x[i] = fmt8::round_bf16(fmt8::e2m1_to_f32(fmt8::f32_to_e2m1(std::clamp(x[i] / s, -6.0f, 6.0f))) * s);
+  }
+}
+
+void hadamard(float* x, int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  std::vector<float> y(static_cast<size_t>(p), 0.0f);  // a non-power-of-two length is zero-padded, then truncated
+  std::copy(x, x + n, y.begin());
+  for (int64_t h = 1; h < p; h *= 2)
+    for (int64_t i = 0; i < p; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = y[size_t(j)], b = y[size_t(j + h)];
+        y[size_t(j)] = a + b;
+        y[size_t(j + h)] = a - b;
+      }
+  const float scale = float(1.0 / std::sqrt(double(n)));
+  for (int64_t i = 0; i < n; ++i) x[i] = fmt8::round_bf16(y[size_t(i)] * scale);
+}
+
+}  // namespace official
+
+float Numerics::act(float v) const { return official_ ? fmt8::round_bf16(v) : v; }
+
+void Numerics::act(float* v, int64_t n) const {
+  if (official_)
+    for (int64_t i = 0; i < n; ++i) v[i] = fmt8::round_bf16(v[i]);
+}
+
+Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
+  if (!official_) return ops::linear(x, w);
+  if (w.layout() == Matrix::Layout::Plain) return proj_bf16(x, w);
+  const int64_t K = w.cols(), N = w.rows(), n = x.numel() / K, wb = w.block();
+  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
+  // Activations: FP8 E4M3 per 128-wide block with power-of-two scales (act_quant).
+  const int64_t nab = (K + 127) / 128;
+  std::vector<float> q(static_cast<size_t>(n * K)), sa(static_cast<size_t>(n * nab));
+  for (int64_t t = 0; t < n; ++t) official::fp8_quant_block(x.row(t), K, 128, q.data() + t * K, sa.data() + t * nab);
+  std::vector<float> vals(static_cast<size_t>(K)), sw(static_cast<size_t>((K + wb - 1) / wb));
+  Tensor y({n, N});
+  const bool fp4 = w.layout() == Matrix::Layout::FP4Group;
+  for (int64_t r = 0; r < N; ++r) {
+    w.row_raw(r, vals.data(), sw.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const float* qt = q.data() + t * K;
+      float acc = 0;
+      // Exact products summed per weight block (128 for FP8, 32 for FP4), rounded once to fp32, then scaled
+      // and accumulated with one fma per block, in K order.
+      for (int64_t b0 = 0, bi = 0; b0 < K; b0 += wb, ++bi) {
+        double part = 0;
+        for (int64_t k = b0; k < std::min(K, b0 + wb); ++k) part += double(qt[k]) * double(vals[size_t(k)]);
+        const float a_s = sa[size_t(t * nab + b0 / 128)];
+        acc = fp4 ? std::fma(float(part) * a_s, sw[size_t(bi)], acc) : std::fma(float(part), a_s * sw[size_t(bi)], acc);
+      }
+      y[t * N + r] = fmt8::round_bf16(acc);
+    }
+  }
+  return y;
+}
+
+void Numerics::proj_rows_bf16(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
+                              int64_t y_stride) const {
+  if (!official_) return ops::linear_rows(x, n, x_stride, w, r0, nr, y, y_stride);
+  const int64_t K = w.cols();
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t r = 0; r < nr; ++r) {
+    w.row(r0 + r, row.data());
+    for (auto& v : row) v = fmt8::round_bf16(v);
+    for (int64_t t = 0; t < n; ++t) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(fmt8::round_bf16(x[t * x_stride + k])) * row[size_t(k)];
+      y[t * y_stride + r] = fmt8::round_bf16(float(acc));
+    }
+  }
+}
+
+Tensor Numerics::proj_bf16(const Tensor& x, const Matrix& w) const {
+  const int64_t K = w.cols(), n = x.numel() / K;
+  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
+  Tensor y({n, w.rows()});
+  proj_rows_bf16(x.ptr(), n, K, w, 0, w.rows(), y.ptr(), w.rows());
+  return y;
+}
+
+void Numerics::rms_norm(float* x, int64_t rows, const Tensor& w, double eps) const {
+  ops::rms_norm(x, rows, w, eps);
+  act(x, rows * w.numel());
+}
+
+void Numerics::head_rms(float* x, int64_t groups, int64_t dim, double eps) const {
+  if (!official_) return ops::rms_norm_plain(x, groups, dim, eps);
+  using fmt8::round_bf16;
+  for (int64_t g = 0; g < groups; ++g) {
+    float* v = x + g * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += round_bf16(v[i] * v[i]);  // q.square() is a bf16 tensor
+    const float mean = round_bf16(float(ss / double(dim)));
+    const float r = round_bf16(1.0f / std::sqrt(round_bf16(mean + float(eps))));
+    for (int64_t i = 0; i < dim; ++i) v[i] = round_bf16(v[i] * r);
+  }
+}
+
+void Numerics::rope(const ops::Rope& r, float* tail, int64_t pos, bool inverse) const {
+  r.apply(tail, pos, inverse);
+  act(tail, r.dim());
+}
+
+void Numerics::kv_fp8_sim(float* v, int64_t n) const {
+  if (official_) official::fp8_roundtrip(v, n, 64);
+}
+
+void Numerics::indexer_rotate(float* v, int64_t n) const {
+  if (!official_) return;
+  official::hadamard(v, n);
+  official::fp4_roundtrip(v, n, 32);
+}
+
+}  // namespace plumb

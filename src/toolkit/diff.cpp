@@ -1,0 +1,240 @@
+// plumb diff: tap-by-tap comparison of two traces, the first divergence, and the live two-configuration run.
+#include "toolkit/diff.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+#include "patches/registry.h"
+#include "toolkit/tap_names.h"
+
+namespace plumb::toolkit {
+
+namespace {
+
+bool is_hash_layer(const ModelConfig* cfg, int layer) {
+  return cfg && layer >= 0 && size_t(layer) < cfg->mlp.size() && cfg->mlp[size_t(layer)] == MlpType::Hash;
+}
+
+// The selection scores behind an index tap (for telling near ties from real flips).
+std::string scores_tap(const TapName& t) {
+  if (t.suffix == "ffn.gate.indices") return fmt::format("L{}.ffn.gate.logits", t.layer);
+  if (t.suffix == "attn.indexer.topk") return fmt::format("L{}.attn.indexer.scores", t.layer);
+  return "";
+}
+
+// Compares one tap of one step; returns whether it diverges there.
+bool compare_step(const StepTaps& A, const StepTaps& B, const std::string& name, double tol, const ModelConfig* cfg,
+                  int step, TapRow& row, FloatStats& fs, IndexStats& is) {
+  if (const IndexTensor* x = A.i(name)) {
+    const IndexTensor* y = B.i(name);
+    if (!y) {
+      row.shape_note = B.f(name) ? "B has floats where A has indices" : row.shape_note;
+      return B.f(name) != nullptr;
+    }
+    if (x->dim(0) != y->dim(0)) {
+      row.shape_note = fmt::format("shape {} vs {}", shape_str(x->shape), shape_str(y->shape));
+      return true;
+    }
+    const TapName t = parse_tap(name);
+    const std::string st = scores_tap(t);
+    IndexStats s = compare_index(*x, *y, st.empty() ? nullptr : A.f(st), st.empty() ? nullptr : B.f(st),
+                                 t.suffix == "ffn.gate.indices" && is_hash_layer(cfg, t.layer), tol);
+    if (!s.first_bad.empty()) s.first_bad_step = step;
+    is.merge(s);
+    return s.diverges();
+  }
+  const Tensor* x = A.f(name);
+  const Tensor* y = B.f(name);
+  if (!x || !y) return false;
+  if (x->shape != y->shape) {
+    row.shape_note = fmt::format("shape {} vs {}", shape_str(x->shape), shape_str(y->shape));
+    return true;
+  }
+  FloatStats s = compare_f32(*x, *y);
+  s.at_step = step;
+  fs.merge(s);
+  return s.nonfinite_mismatch > 0 || s.err_scaled() > tol;
+}
+
+Divergence first_of(const DiffReport& r, bool local) {
+  Divergence d;
+  for (const auto& row : r.rows) {
+    const int s = local ? row.local_first_step : row.first_step;
+    if (s >= 0 && (d.step < 0 || s < d.step)) d.tap = row.name, d.step = s;
+  }
+  if (d.step >= 0) d.step_name = r.step_names[size_t(d.step)];
+  return d;
+}
+
+bool is_reference_label(const std::string& p) { return p.empty() || p.front() == '('; }
+
+}  // namespace
+
+const TapRow* DiffReport::row(const std::string& name) const {
+  for (const auto& r : rows)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+PairTolerance pair_tolerance(const std::string& a, const std::string& b) {
+  const PatchSet pa = parse_patches(is_reference_label(a) ? "" : a), pb = parse_patches(is_reference_label(b) ? "" : b);
+  const std::string bn = pb.active.empty() ? "reference" : pb.names();
+  bool a_is_baseline = true;  // only numerics modes, each also active in B
+  for (const Patch* p : pa.active)
+    a_is_baseline &= p->numerics_mode && std::find(pb.active.begin(), pb.active.end(), p) != pb.active.end();
+  PairTolerance t;
+  if (a_is_baseline) {
+    t.free = pb.tolerance_fp32(), t.local = pb.tolerance_local();
+    t.how = pa.active.empty() ? fmt::format("registry tolerance of B [{}]", bn)
+                              : fmt::format("registry tolerance of B [{}] over its numerics mode A [{}]", bn, pa.names());
+  } else {
+    t.free = pa.tolerance_fp32() + pb.tolerance_fp32(), t.local = pa.tolerance_local() + pb.tolerance_local();
+    t.how = fmt::format("registry tolerances of A [{}] + B [{}] (each may be that far from the reference)", pa.names(), bn);
+  }
+  return t;
+}
+
+DiffReport compare_traces(const Trace& a, const Trace& b, const Trace* local, const PairTolerance& tol,
+                          const ModelConfig* cfg) {
+  PLUMB_CHECK(a.steps.size() == b.steps.size(), "the traces cover different steps: {} in A ({}) vs {} in B ({})",
+              a.steps.size(), a.source, b.steps.size(), b.source);
+  for (size_t si = 0; si < a.steps.size(); ++si) {
+    PLUMB_CHECK(a.steps[si].name == b.steps[si].name && a.steps[si].tokens == b.steps[si].tokens &&
+                    a.steps[si].start_pos == b.steps[si].start_pos,
+                "the traces are of different inputs: step {} of A ({}) and step {} of B ({}) differ in name, start or tokens",
+                a.steps[si].name, a.source, b.steps[si].name, b.source);
+    PLUMB_CHECK(a.data[si].positions == b.data[si].positions,
+                "step {}: the traces keep different token positions (trace both with the same --positions)", a.steps[si].name);
+  }
+  DiffReport r;
+  r.a_patches = a.patches, r.b_patches = b.patches, r.source = a.source, r.model_dir = a.model_dir;
+  r.tol = tol.free, r.tol_local = tol.local, r.tol_source = tol.how;
+  for (const auto& s : a.steps) r.step_names.push_back(s.name);
+  std::vector<std::string> order = a.tap_order();
+  std::set<std::string> seen(order.begin(), order.end());
+  for (const auto& n : b.tap_order())
+    if (!seen.count(n)) order.push_back(n);
+  sort_execution_order(order);
+  for (const auto& name : order) {
+    TapRow row;
+    row.name = name;
+    bool in_a = false, in_b = false;
+    for (size_t si = 0; si < a.steps.size(); ++si) {
+      const StepTaps &A = a.data[si], &B = b.data[si];
+      in_a |= A.has(name), in_b |= B.has(name);
+      row.is_index |= A.i(name) != nullptr;
+      if (!A.has(name) || !B.has(name)) continue;
+      if (compare_step(A, B, name, tol.free, cfg, int(si), row, row.f, row.ix) && row.first_step < 0) row.first_step = int(si);
+      if (local && si < local->data.size() && local->data[si].has(name)) {
+        row.has_local = true;
+        if (compare_step(A, local->data[si], name, tol.local, cfg, int(si), row, row.lf, row.lix) &&
+            row.local_first_step < 0)
+          row.local_first_step = int(si);
+      }
+    }
+    row.only_a = in_a && !in_b, row.only_b = in_b && !in_a;
+    row.diverges = row.first_step >= 0;
+    row.local_diverges = row.local_first_step >= 0;
+    r.rows.push_back(std::move(row));
+  }
+  r.first_free = first_of(r, false);
+  if (local) r.first_local = first_of(r, true);
+  r.first = r.first_free;
+  return r;
+}
+
+RunInput resolve_input(const std::string& fixture, const std::string& model, const std::string& tokens,
+                       const std::string& text, const std::string& tokenizer, int64_t chunk) {
+  const int given = !fixture.empty() + !tokens.empty() + !text.empty();
+  PLUMB_CHECK(given == 1, "give exactly one input: --fixture DIR, or -m MODEL_DIR with --tokens FILE or --text FILE");
+  if (!fixture.empty()) {
+    RunInput in = input_from_fixture(fixture);
+    if (!model.empty()) in.model_dir = model;  // the fixture's steps on another model folder
+    return in;
+  }
+  PLUMB_CHECK(!model.empty(), "--tokens / --text need -m MODEL_DIR (a folder with config.json and model.safetensors)");
+  if (!tokens.empty()) return input_from_tokens(model, tokens);
+  PLUMB_CHECK(!tokenizer.empty(), "--text needs --tokenizer tokenizer.json");
+  return input_from_text(model, text, tokenizer, chunk, false);
+}
+
+DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol_override) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const PatchSet pa = parse_patches(a);
+  parse_patches(b);  // validate both lists before running anything
+  const auto ma = Model::load(in.model_dir, pa.options);
+  const auto mb = load_model(in.model_dir, b);
+  const Trace ta = run_trace(*ma, in, a), tb = run_trace(*mb, in, b);
+  PairTolerance tol = pair_tolerance(a, b);
+  if (tol_override > 0) tol = {tol_override, tol_override, "--tol"};
+  const ModelConfig& cfg = ma->config();
+  DiffReport r = compare_traces(ta, tb, nullptr, tol, &cfg);
+  // Teacher forcing is what separates an op's own error from inherited drift: run it whenever there is a
+  // divergence to explain, and always when the local columns are asked for.
+  Trace tl;
+  const bool have_local = local || !r.first_free.none();
+  if (have_local) {
+    tl = run_trace(*mb, in, b, nullptr, &ta);
+    r = compare_traces(ta, tb, &tl, tol, &cfg);
+  }
+  r.show_local = local;
+  r.first = local ? r.first_local : r.first_free;
+  std::unique_ptr<ModelView> view;
+  if (!r.first_free.none() || !r.first.none()) {
+    std::string why;
+    view = try_load_model_view(in.model_dir, &why);
+    if (!view) r.notes.push_back("hypothesis recomputation off: " + why);
+  }
+  // The explanation is sharpest at the first op whose own (teacher-forced) error exceeds tolerance, even when
+  // the reported divergence is the free-running one. When no op does, the divergence is inherited drift (a
+  // near-tie flip, small errors amplified): explain the free-running divergence from the free-running taps.
+  const bool use_local = have_local && !r.first_local.none();
+  DiagnosisInput di{ta, tb, use_local ? &tl : nullptr, use_local ? r.first_local : r.first_free,
+                    use_local ? tol.local : tol.free, &cfg, view.get(), pa.options};
+  r.diagnosis = diagnose(di);
+  if (have_local && r.first_local.none() && !r.first_free.none())
+    r.diagnosis.evidence.insert(r.diagnosis.evidence.begin(),
+                                "teacher forcing: no op exceeds tolerance on its own inputs, so the free-running "
+                                "divergence is accumulated drift");
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+DiffReport run_diff(const DiffOptions& opt) {
+  const bool traces = !opt.trace_a.empty() || !opt.trace_b.empty();
+  DiffReport r;
+  if (traces) {
+    PLUMB_CHECK(!opt.trace_a.empty() && !opt.trace_b.empty(), "trace mode needs both --trace-a and --trace-b");
+    PLUMB_CHECK(opt.fixture.empty() && opt.tokens.empty() && opt.text.empty() && !opt.local,
+                "--trace-a/--trace-b compare recorded traces: --fixture, --tokens, --text and --local need a live run");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Trace ta = read_trace(opt.trace_a), tb = read_trace(opt.trace_b);
+    std::string why;
+    PairTolerance tol = pair_tolerance(ta.patches, tb.patches);
+    if (opt.tol > 0) tol = {opt.tol, opt.tol, "--tol"};
+    auto view = try_load_model_view(ta.model_dir, &why);
+    const ModelConfig* cfg = view ? &view->cfg : nullptr;
+    r = compare_traces(ta, tb, nullptr, tol, cfg);
+    if (!view) r.notes.push_back("model folder of trace A not readable (" + why + "): no hash-layer split, no recomputation");
+    r.notes.push_back("traces only: no teacher forcing (run diff live for local errors)");
+    r.diagnosis = diagnose(DiagnosisInput{ta, tb, nullptr, r.first, tol.free, cfg, view.get(),
+                                          ta.patches.empty() || ta.patches.front() == '(' ? ModelOptions{}
+                                                                                          : parse_patches(ta.patches).options});
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    const RunInput in = resolve_input(opt.fixture, opt.model, opt.tokens, opt.text, opt.tokenizer, opt.chunk);
+    r = diff_live(in, opt.a, opt.b, opt.local, opt.tol);
+  }
+  if (opt.has_filter) {
+    std::vector<TapRow> kept;
+    for (auto& row : r.rows)
+      if (opt.filter.keeps_tap(row.name)) kept.push_back(std::move(row));
+    r.rows = std::move(kept);
+    r.notes.push_back("table filtered: " + opt.filter.describe() + " (first divergence and diagnosis use every tap)");
+  }
+  return r;
+}
+
+}  // namespace plumb::toolkit

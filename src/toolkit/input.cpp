@@ -1,0 +1,81 @@
+// Run inputs: fixture steps, token files and tokenized text, each checked with messages naming the file.
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "text/tokenizer.h"
+#include "toolkit/trace.h"
+
+namespace plumb::toolkit {
+
+namespace {
+
+void add_step(RunInput& in, std::vector<int32_t> tokens) {
+  GoldenStep s;
+  s.name = fmt::format("s{}", in.steps.size());
+  s.start_pos = in.steps.empty() ? 0 : in.steps.back().start_pos + int64_t(in.steps.back().tokens.size());
+  s.kind = (!in.steps.empty() && tokens.size() == 1) ? "decode" : "prefill";
+  s.tokens = std::move(tokens);
+  in.steps.push_back(std::move(s));
+}
+
+}  // namespace
+
+RunInput input_from_fixture(const std::string& dir) {
+  const auto fx = GoldenFixture::load(dir);
+  RunInput in{dir, "fixture " + dir, fx.steps};
+  for (size_t i = 1; i < in.steps.size(); ++i)
+    PLUMB_CHECK(in.steps[i].start_pos == in.steps[i - 1].start_pos + int64_t(in.steps[i - 1].tokens.size()),
+                "{}: step {} starts at {}, not where step {} ends (steps must be contiguous)", dir, in.steps[i].name,
+                in.steps[i].start_pos, in.steps[i - 1].name);
+  return in;
+}
+
+RunInput input_from_tokens(const std::string& model_dir, const std::string& file) {
+  std::ifstream f(file);
+  PLUMB_CHECK(f.good(), "cannot open token file {}", file);
+  RunInput in{model_dir, "tokens " + file, {}};
+  std::string line;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream ss(line);
+    std::vector<int32_t> toks;
+    std::string word;
+    while (ss >> word) {
+      int64_t v = -1;
+      try {
+        size_t used = 0;
+        v = std::stoll(word, &used);
+        if (used != word.size()) v = -1;
+      } catch (const std::exception&) {
+        v = -1;
+      }
+      PLUMB_CHECK(v >= 0 && v <= INT32_MAX, "{}:{}: '{}' is not a token id (non-negative integer)", file, lineno, word);
+      toks.push_back(int32_t(v));
+    }
+    if (!toks.empty()) add_step(in, std::move(toks));
+  }
+  PLUMB_CHECK(!in.steps.empty(), "token file {} holds no token ids", file);
+  return in;
+}
+
+RunInput input_from_text(const std::string& model_dir, const std::string& text_file, const std::string& tokenizer,
+                         int64_t chunk, bool add_special) {
+  std::ifstream f(text_file, std::ios::binary);
+  PLUMB_CHECK(f.good(), "cannot open text file {}", text_file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const auto tok = text::Tokenizer::load(tokenizer);
+  const auto ids = tok.encode(ss.str(), add_special);
+  PLUMB_CHECK(!ids.empty(), "text file {} tokenizes to nothing", text_file);
+  RunInput in{model_dir, "text " + text_file, {}};
+  const size_t n = chunk > 0 ? size_t(chunk) : ids.size();
+  for (size_t i = 0; i < ids.size(); i += n)
+    add_step(in, std::vector<int32_t>(ids.begin() + int64_t(i), ids.begin() + int64_t(std::min(ids.size(), i + n))));
+  // A chunk of one token after the first is a decode step by construction, which is what it is.
+  return in;
+}
+
+}  // namespace plumb::toolkit

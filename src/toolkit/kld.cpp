@@ -1,0 +1,322 @@
+// KL divergence between two configurations' next-token distributions, live or against a saved top-k file.
+#include "toolkit/kld.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+
+namespace plumb::toolkit {
+
+namespace {
+
+// log-softmax of one row in fp64.
+void log_softmax(const float* x, int64_t n, std::vector<double>& out) {
+  out.resize(size_t(n));
+  double m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  const double lse = m + std::log(s);
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lse;
+}
+
+bool finite_row(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
+// First index of the maximum (ties to the lowest id, the same rule on both sides).
+int64_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+// Every logits row of a run, in order, with the token each row is followed by (-1 for the last).
+struct Rows {
+  std::vector<const float*> row;
+  std::vector<int32_t> next;
+  int64_t vocab = 0;
+};
+
+Rows rows_of(const Trace& t) {
+  Rows r;
+  std::vector<int32_t> all;
+  for (const auto& s : t.steps) all.insert(all.end(), s.tokens.begin(), s.tokens.end());
+  for (const auto& d : t.data) {
+    const Tensor& l = *d.f("logits");
+    r.vocab = l.dim(1);
+    for (int64_t i = 0; i < l.dim(0); ++i) r.row.push_back(l.row(i));
+  }
+  for (size_t i = 0; i < r.row.size(); ++i) r.next.push_back(i + 1 < all.size() ? all[i + 1] : -1);
+  return r;
+}
+
+Trace logits_only(const RunInput& in, const std::string& patches) { return logits_trace(in, patches); }
+
+std::string pct(double v) { return fmt::format("{:.3f}", 100 * v); }
+
+}  // namespace
+
+MeanUnc mean_unc(const std::vector<double>& v) {
+  MeanUnc m;
+  if (v.empty()) return m;
+  double s = 0, s2 = 0;
+  for (double x : v) s += x, s2 += x * x;
+  const double n = double(v.size());
+  m.mean = s / n;
+  if (v.size() > 10) {
+    m.has_unc = true;
+    m.unc = std::sqrt(std::max(0.0, s2 / n - m.mean * m.mean) / (n - 1));
+  }
+  return m;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double pos = p * double(v.size() - 1);
+  const size_t lo = size_t(std::floor(pos)), hi = std::min(v.size() - 1, lo + 1);
+  return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
+}
+
+Trace logits_trace(const RunInput& in, const std::string& patches) {
+  const auto m = load_model(in.model_dir, patches);
+  const TapFilter none = TapFilter::parse("-", "", "", "");  // a glob no tap name matches: logits only
+  return run_trace(*m, in, patches, &none);
+}
+
+KldReport kld_live(const RunInput& in, const std::string& a, const std::string& b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  KldReport r = kld_of_traces(logits_only(in, a), logits_only(in, b));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+KldReport kld_of_traces(const Trace& ta, const Trace& tb) {
+  KldReport r;
+  r.a = ta.patches, r.b = tb.patches, r.source = ta.source, r.model_dir = ta.model_dir;
+  const Rows ra = rows_of(ta), rb = rows_of(tb);
+  PLUMB_CHECK(ra.row.size() == rb.row.size() && ra.vocab == rb.vocab, "kld: the runs have {} and {} logits rows",
+              ra.row.size(), rb.row.size());
+  r.vocab = ra.vocab;
+  std::vector<double> la, lb;
+  for (size_t t = 0; t < ra.row.size(); ++t) {
+    const float *xa = ra.row[t], *xb = rb.row[t];
+    const int64_t top = argmax(xa, r.vocab);
+    log_softmax(xa, r.vocab, la);
+    if (!finite_row(xb, r.vocab)) {
+      ++r.nonfinite_rows;
+      r.kld.push_back(INFINITY), r.same_top.push_back(0), r.dp_top.push_back(NAN);
+      continue;
+    }
+    log_softmax(xb, r.vocab, lb);
+    double kl = 0;
+    for (int64_t i = 0; i < r.vocab; ++i) {
+      const double p = std::exp(la[size_t(i)]);
+      if (p > 0) kl += p * (la[size_t(i)] - lb[size_t(i)]);
+    }
+    r.kld.push_back(kl);
+    r.same_top.push_back(argmax(xb, r.vocab) == top);
+    r.dp_top.push_back(std::exp(lb[size_t(top)]) - std::exp(la[size_t(top)]));
+    if (const int32_t nx = ra.next[t]; nx >= 0 && nx < r.vocab) {
+      r.nll_a.push_back(-la[size_t(nx)]), r.nll_b.push_back(-lb[size_t(nx)]);
+      r.dp_next.push_back(std::exp(lb[size_t(nx)]) - std::exp(la[size_t(nx)]));
+    }
+  }
+  return r;
+}
+
+void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk) {
+  PLUMB_CHECK(topk > 0, "--topk must be positive (got {})", topk);
+  const Trace ta = logits_only(in, a);
+  const Rows ra = rows_of(ta);
+  const int64_t n = int64_t(ra.row.size()), V = ra.vocab, k = std::min(topk, V);
+  IndexTensor ids({n, k}), tokens({n});
+  Tensor lps({n, k}), next_lp({n});
+  std::vector<double> la;
+  std::vector<int64_t> ord(static_cast<size_t>(V));
+  int64_t pos = 0;
+  for (const auto& s : ta.steps)
+    for (int32_t tok : s.tokens) tokens[pos++] = tok;
+  for (int64_t t = 0; t < n; ++t) {
+    log_softmax(ra.row[size_t(t)], V, la);
+    for (int64_t i = 0; i < V; ++i) ord[size_t(i)] = i;
+    // Descending log-probability, ties to the lowest id: entry 0 is the argmax rule of the compare step.
+    std::partial_sort(ord.begin(), ord.begin() + k, ord.end(), [&](int64_t x, int64_t y) {
+      return la[size_t(x)] > la[size_t(y)] || (la[size_t(x)] == la[size_t(y)] && x < y);
+    });
+    for (int64_t j = 0; j < k; ++j) ids[t * k + j] = ord[size_t(j)], lps[t * k + j] = float(la[size_t(ord[size_t(j)])]);
+    const int32_t nx = ra.next[size_t(t)];
+    next_lp[t] = nx >= 0 && nx < V ? float(la[size_t(nx)]) : NAN;
+  }
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& s : ta.steps)
+    steps.push_back({{"name", s.name}, {"kind", s.kind}, {"start_pos", s.start_pos}, {"n", s.tokens.size()}});
+  write_safetensors(path,
+                    {owned_i64("tokens", tokens), owned_i64("topk.ids", ids), owned_f32("topk.logprobs", lps),
+                     owned_f32("next.logprob", next_lp)},
+                    {{"format", "plumb-kld-ref/1"}, {"patches", a}, {"model", in.model_dir}, {"source", in.source},
+                     {"vocab", std::to_string(V)}, {"topk", std::to_string(k)}, {"steps", steps.dump()}});
+  fmt::print("kld: saved the top-{} log-probabilities of [{}] for {} tokens (vocab {}) of {} to {}\n", k,
+             a.empty() ? "reference" : a, n, V, in.source, path);
+}
+
+KldReport kld_against_ref(const std::string& path, const std::string& model_dir, const std::string& b, const RunInput* in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto f = SafetensorsFile::open(path);
+  const auto& md = f->metadata();
+  auto meta = [&](const char* key) {
+    auto it = md.find(key);
+    PLUMB_CHECK(it != md.end(), "{}: not a plumb kld reference (no '{}' in its metadata)", path, key);
+    return it->second;
+  };
+  PLUMB_CHECK(meta("format") == "plumb-kld-ref/1", "{}: format '{}' is not plumb-kld-ref/1", path, meta("format"));
+  auto need = [&](const char* name) {
+    const TensorView* v = f->find(name);
+    PLUMB_CHECK(v, "{}: missing tensor {}", path, name);
+    return v;
+  };
+  const IndexTensor tokens = to_i64(*need("tokens")), ids = to_i64(*need("topk.ids"));
+  const Tensor lps = to_f32(*need("topk.logprobs")), next_lp = to_f32(*need("next.logprob"));
+  RunInput ri;
+  ri.model_dir = model_dir.empty() ? meta("model") : model_dir;
+  ri.source = meta("source");
+  const auto steps = nlohmann::json::parse(meta("steps"), nullptr, false);
+  PLUMB_CHECK(steps.is_array(), "{}: malformed 'steps' metadata", path);
+  int64_t pos = 0;
+  for (const auto& s : steps) {
+    GoldenStep g;
+    g.name = s.value("name", ""), g.kind = s.value("kind", "prefill"), g.start_pos = s.value("start_pos", int64_t(0));
+    const int64_t n = s.value("n", int64_t(0));
+    PLUMB_CHECK(g.start_pos == pos && n > 0 && pos + n <= tokens.numel(), "{}: step {} does not fit the token list", path, g.name);
+    for (int64_t i = 0; i < n; ++i) g.tokens.push_back(int32_t(tokens[pos + i]));
+    pos += n;
+    ri.steps.push_back(std::move(g));
+  }
+  if (in) {
+    std::vector<int32_t> x, y;
+    for (const auto& s : in->steps) x.insert(x.end(), s.tokens.begin(), s.tokens.end());
+    for (const auto& s : ri.steps) y.insert(y.end(), s.tokens.begin(), s.tokens.end());
+    PLUMB_CHECK(x == y, "{} was saved for other tokens than {} (the saved file holds its input: drop the input options)",
+                path, in->source);
+  }
+  KldReport r;
+  r.a = meta("patches") + " (saved)", r.b = b, r.source = ri.source, r.model_dir = ri.model_dir, r.ref_file = path;
+  r.vocab = std::stoll(meta("vocab"));
+  const int64_t k = ids.dim(1);
+  r.topk = k;
+  const Trace tb = logits_only(ri, b);
+  const Rows rb = rows_of(tb);
+  PLUMB_CHECK(rb.vocab == r.vocab, "{}: saved for a vocabulary of {}, but {} has {}", path, r.vocab, ri.model_dir, rb.vocab);
+  PLUMB_CHECK(int64_t(rb.row.size()) == ids.dim(0), "{}: {} saved rows, {} computed", path, ids.dim(0), rb.row.size());
+  std::vector<double> lb;
+  for (int64_t t = 0; t < ids.dim(0); ++t) {
+    const float* xb = rb.row[size_t(t)];
+    if (!finite_row(xb, r.vocab)) {
+      ++r.nonfinite_rows;
+      r.kld.push_back(INFINITY), r.same_top.push_back(0), r.dp_top.push_back(NAN);
+      continue;
+    }
+    log_softmax(xb, r.vocab, lb);
+    // B's log-probabilities get the same fp32 rounding as the saved ones, so a configuration compared with its
+    // own saved file gives exactly 0.
+    for (auto& v : lb) v = double(float(v));
+    double kl = 0, pa_sum = 0, pb_sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const double la = lps[t * k + j], l2 = lb[size_t(ids[t * k + j])], p = std::exp(la);
+      kl += p * (la - l2);
+      pa_sum += p, pb_sum += std::exp(l2);
+    }
+    if (k < r.vocab) {
+      // A's mass outside its top-k as one bin: the KL of the coarsened distributions, a lower bound of the full KL.
+      const double ta = std::max(0.0, 1 - pa_sum), tbm = std::max(1e-300, 1 - pb_sum);
+      if (ta > 0) kl += ta * std::log(ta / tbm);
+    }
+    r.kld.push_back(kl);
+    r.same_top.push_back(argmax(xb, r.vocab) == ids[t * k]);
+    r.dp_top.push_back(std::exp(lb[size_t(ids[t * k])]) - std::exp(double(lps[t * k])));
+    if (std::isfinite(next_lp[t]) && rb.next[size_t(t)] >= 0) {
+      const double la = next_lp[t], l2 = lb[size_t(rb.next[size_t(t)])];
+      r.nll_a.push_back(-la), r.nll_b.push_back(-l2), r.dp_next.push_back(std::exp(l2) - std::exp(la));
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+void print_kld(const KldReport& r) {
+  const size_t n = r.kld.size();
+  fmt::print("plumb kld: P_A [{}] vs P_B [{}]\n", r.a.empty() ? "reference" : r.a, r.b.empty() ? "reference" : r.b);
+  fmt::print("input     {}, {} tokens, vocab {}\n", r.source, n, r.vocab);
+  fmt::print("method    {}\n", r.topk ? fmt::format("against {}: A's top-{} log-probs + the rest of A's mass as one bin "
+                                                       "(a lower bound of the full KL), fp32-rounded on both sides", r.ref_file, r.topk)
+                                        : std::string("full vocabulary, fp64 log-softmax of both configurations' logits"));
+  if (r.nonfinite_rows) fmt::print("warning   {} rows of B's logits hold NaN/Inf (KLD inf)\n", r.nonfinite_rows);
+  auto unc = [](const MeanUnc& m, double scale, int prec) {
+    return m.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", m.mean * scale, prec, m.unc * scale, prec)
+                     : fmt::format("{:.{}f} ± n/a (N <= 10)", m.mean * scale, prec);
+  };
+  fmt::print("====== KL divergence statistics (KL(P_A || P_B), nats per token) ======\n");
+  fmt::print("Mean    KLD: {}\n", unc(mean_unc(r.kld), 1, 6));
+  const std::pair<const char*, double> ps[] = {{"Maximum", 1.0}, {"99.9%  ", 0.999}, {"99.0%  ", 0.99}, {"95.0%  ", 0.95},
+                                               {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
+  for (const auto& [name, p] : ps) fmt::print("{} KLD: {:.6f}\n", name, percentile(r.kld, p));
+  fmt::print("====== Token probability statistics ======\n");
+  std::vector<double> same(r.same_top.begin(), r.same_top.end());
+  const double p = n ? mean_unc(same).mean : 0;
+  fmt::print("Same top p: {} ± {} %\n", pct(p), n > 1 ? pct(std::sqrt(p * (1 - p) / double(n - 1))) : "n/a");
+  std::vector<double> dp;
+  for (double v : r.dp_top)
+    if (std::isfinite(v)) dp.push_back(v);
+  fmt::print("Mean Δp of A's top token: {} %\n", unc(mean_unc(dp), 100, 3));
+  std::vector<double> sq;
+  for (double v : dp) sq.push_back(v * v);
+  const MeanUnc ms = mean_unc(sq);
+  const double rms = std::sqrt(ms.mean);
+  fmt::print("RMS  Δp of A's top token: {:.3f}{} %\n", 100 * rms,
+             ms.has_unc ? fmt::format(" ± {:.3f}", rms > 0 ? 100 * ms.unc / (2 * rms) : 0.0) : " ± n/a");
+  if (!r.nll_a.empty()) {
+    fmt::print("====== Next-token statistics ({} tokens followed by a token of the input) ======\n", r.nll_a.size());
+    const MeanUnc a = mean_unc(r.nll_a), b = mean_unc(r.nll_b);
+    std::vector<double> d;
+    for (size_t i = 0; i < r.nll_a.size(); ++i) d.push_back(r.nll_b[i] - r.nll_a[i]);
+    fmt::print("PPL(A): {:.4f}   PPL(B): {:.4f}\n", std::exp(a.mean), std::exp(b.mean));
+    fmt::print("Mean ln(PPL(B)/PPL(A)): {}\n", unc(mean_unc(d), 1, 6));
+    fmt::print("Mean Δp of the next token: {} %\n", unc(mean_unc(r.dp_next), 100, 3));
+  }
+  fmt::print("computed in {:.3f} s\n", r.seconds);
+  std::fflush(stdout);
+}
+
+std::string kld_json(const KldReport& r) {
+  nlohmann::ordered_json j;
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(std::isnan(v) ? "nan" : "inf"); };
+  const MeanUnc m = mean_unc(r.kld);
+  std::vector<double> same(r.same_top.begin(), r.same_top.end());
+  const double p = same.empty() ? 0 : mean_unc(same).mean;
+  std::vector<double> dp;
+  for (double v : r.dp_top)
+    if (std::isfinite(v)) dp.push_back(v);
+  const MeanUnc d = mean_unc(dp);
+  j["format"] = "plumb-kld/1";
+  j["a"] = r.a, j["b"] = r.b, j["input"] = r.source, j["model"] = r.model_dir, j["tokens"] = r.kld.size();
+  j["vocab"] = r.vocab, j["topk"] = r.topk, j["ref_file"] = r.ref_file;
+  j["kld"] = {{"mean", num(m.mean)}, {"unc", m.has_unc ? num(m.unc) : nullptr}, {"max", num(percentile(r.kld, 1))},
+              {"p99.9", num(percentile(r.kld, 0.999))}, {"p99", num(percentile(r.kld, 0.99))},
+              {"p95", num(percentile(r.kld, 0.95))}, {"p90", num(percentile(r.kld, 0.9))},
+              {"median", num(percentile(r.kld, 0.5))}, {"min", num(percentile(r.kld, 0))}};
+  j["same_top"] = {{"p", p}, {"unc", r.kld.size() > 1 ? num(std::sqrt(p * (1 - p) / double(r.kld.size() - 1))) : nullptr}};
+  j["dp_top"] = {{"mean", num(d.mean)}, {"unc", d.has_unc ? num(d.unc) : nullptr}};
+  j["nonfinite_rows"] = r.nonfinite_rows;
+  j["per_token_kld"] = nlohmann::ordered_json::array();
+  for (double v : r.kld) j["per_token_kld"].push_back(num(v));
+  return j.dump(1) + "\n";
+}
+
+}  // namespace plumb::toolkit

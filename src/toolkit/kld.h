@@ -1,0 +1,50 @@
+// plumb kld: model-level drift between two configurations, per token KL(P_A || P_B) over the vocabulary from
+// the logits (fp64 log-softmax), top-1 agreement and probability shifts, with llama.cpp's statistics and
+// uncertainty formulas (reference notes, precision-and-formats.md section 5.1). A's top-k log-probabilities can
+// be saved once and candidates compared against the file later.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "toolkit/trace.h"
+
+namespace plumb::toolkit {
+
+struct KldReport {
+  std::string a, b, source, model_dir, ref_file;
+  int64_t vocab = 0;
+  int64_t topk = 0;  // 0: full vocabulary; k: against a saved top-k file (the rest of A's mass as one bin)
+  // Per scored token (every position of every step, in order).
+  std::vector<double> kld;       // KL(P_A || P_B), nats
+  std::vector<double> dp_top;    // p_B(A's top token) - p_A(A's top token)
+  std::vector<char> same_top;    // argmax B == argmax A
+  // Per token whose next token is in the input (llama.cpp's protocol scores the actual next token).
+  std::vector<double> nll_a, nll_b, dp_next;
+  int64_t nonfinite_rows = 0;    // rows of B's logits holding NaN/Inf (their KLD is inf)
+  double seconds = 0;
+};
+
+// mean +- uncertainty as llama.cpp computes them: sqrt((S2/N - mean^2) / (N - 1)); no uncertainty for N <= 10.
+struct MeanUnc {
+  double mean = 0, unc = 0;
+  bool has_unc = false;
+};
+MeanUnc mean_unc(const std::vector<double>& v);
+// Linear interpolation over the sorted values at fraction p in [0, 1].
+double percentile(std::vector<double> v, double p);
+
+KldReport kld_live(const RunInput& in, const std::string& a, const std::string& b);
+// The same statistics from two traces of one input (their logits).
+KldReport kld_of_traces(const Trace& a, const Trace& b);
+// A run that records the logits only.
+Trace logits_trace(const RunInput& in, const std::string& patches);
+// Runs A and writes its top-k log-probabilities (and the input, so the compare step needs none) to `path`.
+void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk);
+// Compares configuration B against a saved reference. `model_dir` overrides the folder recorded in the file;
+// `in` (may be null) must then hold the same tokens as the file.
+KldReport kld_against_ref(const std::string& path, const std::string& model_dir, const std::string& b, const RunInput* in);
+
+void print_kld(const KldReport& r);
+std::string kld_json(const KldReport& r);
+
+}  // namespace plumb::toolkit

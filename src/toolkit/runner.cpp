@@ -1,0 +1,120 @@
+// Running a configuration over an input: a recording sink (with the tap filter) and teacher forcing.
+#include <set>
+
+#include "patches/registry.h"
+#include "toolkit/tap_names.h"
+#include "toolkit/trace.h"
+
+namespace plumb::toolkit {
+
+namespace {
+
+// Records what the filter keeps; with a forcing step, records everything (the forced values must reach every
+// substitutable tap) and hands back the forcing run's value wherever the shapes agree.
+class RecordingSink : public TapSink {
+ public:
+  RecordingSink(const TapFilter* filter, const StepTaps* force) : filter_(filter), force_(force) {}
+  bool wants(const std::string& name) const override { return force_ || !filter_ || filter_->keeps_tap(name); }
+  void put(const std::string& name, const Tensor& t) override {
+    if (rec.f32.emplace(name, t).second) rec.order.push_back(name);
+  }
+  void put_index(const std::string& name, const IndexTensor& t) override {
+    if (rec.idx.emplace(name, t).second) rec.order.push_back(name);
+  }
+  bool substitute(const std::string& name, Tensor& t) override {
+    if (!force_) return false;
+    const Tensor* v = force_->f(name);
+    PLUMB_CHECK(v, "teacher forcing: the forcing run has no tap {} (was it recorded with a filter?)", name);
+    PLUMB_CHECK(v->shape == t.shape, "teacher forcing: tap {} has shape {} in the forcing run but {} here", name,
+                shape_str(v->shape), shape_str(t.shape));
+    t = *v;
+    return true;
+  }
+  StepTaps rec;
+
+ private:
+  const TapFilter* filter_;
+  const StepTaps* force_;
+};
+
+template <typename T>
+BasicTensor<T> keep_rows(const BasicTensor<T>& t, const std::vector<int64_t>& rows) {
+  Shape s = t.shape;
+  s[0] = int64_t(rows.size());
+  BasicTensor<T> out(s);
+  const int64_t w = t.dim(0) ? t.numel() / t.dim(0) : 0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy(t.data.begin() + rows[r] * w, t.data.begin() + (rows[r] + 1) * w, out.data.begin() + int64_t(r) * w);
+  return out;
+}
+
+}  // namespace
+
+const Tensor* StepTaps::f(const std::string& name) const {
+  auto it = f32.find(name);
+  return it == f32.end() ? nullptr : &it->second;
+}
+
+const IndexTensor* StepTaps::i(const std::string& name) const {
+  auto it = idx.find(name);
+  return it == idx.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Trace::tap_order() const {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& d : data)
+    for (const auto& n : d.order)
+      if (seen.insert(n).second) out.push_back(n);
+  // Names only later steps have (an indexer top-k that starts once entries exist) go to their place.
+  sort_execution_order(out);
+  return out;
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, const std::string& patches) {
+  return Model::load(dir, parse_patches(patches).options);
+}
+
+Trace run_trace(const Model& model, const RunInput& in, const std::string& patches, const TapFilter* filter,
+                const Trace* force) {
+  Trace tr{in.model_dir, patches, in.source, filter ? filter->describe() : "", {}, {}};
+  if (force)
+    PLUMB_CHECK(force->steps.size() == in.steps.size() && force->filter.empty(),
+                "teacher forcing needs an unfiltered trace of all {} steps of {} (it has {} steps{})", in.steps.size(),
+                in.source, force->steps.size(), force->filter.empty() ? "" : ", filtered");
+  auto state = model.new_state();
+  for (size_t si = 0; si < in.steps.size(); ++si) {
+    const GoldenStep& step = in.steps[si];
+    PLUMB_CHECK(step.start_pos == state.pos, "{}: step {} starts at position {}, but the session is at {}", in.source,
+                step.name, step.start_pos, state.pos);
+    RecordingSink sink(filter, force ? &force->data[si] : nullptr);
+    Tensor logits = model.forward(state, step.tokens, &sink);
+    if (filter && !filter->keeps_step(step.name, si)) continue;
+    StepTaps rec = std::move(sink.rec);
+    rec.f32["logits"] = std::move(logits);
+    rec.order.push_back("logits");
+    const int64_t n = int64_t(step.tokens.size());
+    if (force && filter) {  // forcing recorded everything: apply the tap filter now
+      std::vector<std::string> kept;
+      for (const auto& name : rec.order)
+        if (filter->keeps_tap(name)) kept.push_back(name);
+        else rec.f32.erase(name), rec.idx.erase(name);
+      rec.order = std::move(kept);
+    }
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < n; ++r)
+      if (!filter || filter->keeps_position(step.start_pos + r)) rows.push_back(r);
+    for (int64_t r : rows) rec.positions.push_back(step.start_pos + r);
+    if (int64_t(rows.size()) != n) {
+      for (auto& [name, t] : rec.f32)
+        if (t.dim(0) == n) t = keep_rows(t, rows);
+      for (auto& [name, t] : rec.idx)
+        if (t.dim(0) == n) t = keep_rows(t, rows);
+    }
+    tr.steps.push_back(step);
+    tr.data.push_back(std::move(rec));
+  }
+  return tr;
+}
+
+}  // namespace plumb::toolkit

@@ -1,0 +1,118 @@
+// Tap filter parsing and matching (globs over tap names, integer ranges for layers and positions).
+#include "toolkit/tap_filter.h"
+
+#include <charconv>
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "toolkit/tap_names.h"
+
+namespace plumb::toolkit {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(start, end - start);
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+    start = end + 1;
+  }
+  return out;
+}
+
+int64_t parse_int(const std::string& s, const std::string& option, const std::string& whole) {
+  int64_t v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  PLUMB_CHECK(ec == std::errc() && p == s.data() + s.size() && v >= 0 && !s.empty(),
+              "{} '{}': '{}' is not a non-negative integer (expected e.g. 0-3,7)", option, whole, s);
+  return v;
+}
+
+}  // namespace
+
+bool IntRanges::contains(int64_t v) const {
+  for (const auto& [a, b] : ranges)
+    if (v >= a && v <= b) return true;
+  return false;
+}
+
+IntRanges IntRanges::parse(const std::string& text, const std::string& option) {
+  IntRanges r;
+  for (const auto& item : split_list(text)) {
+    const auto dash = item.find('-');
+    if (dash == std::string::npos) {
+      const int64_t v = parse_int(item, option, text);
+      r.ranges.emplace_back(v, v);
+    } else {
+      const int64_t a = parse_int(item.substr(0, dash), option, text), b = parse_int(item.substr(dash + 1), option, text);
+      PLUMB_CHECK(a <= b, "{} '{}': range {}-{} is empty", option, text, a, b);
+      r.ranges.emplace_back(a, b);
+    }
+  }
+  return r;
+}
+
+bool glob_match(const std::string& p, const std::string& t) {
+  // Iterative matcher with one backtrack point for the last '*': linear for the patterns we see.
+  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  while (j < t.size()) {
+    if (i < p.size() && (p[i] == '?' || p[i] == t[j])) {
+      ++i, ++j;
+    } else if (i < p.size() && p[i] == '*') {
+      star = i++, mark = j;
+    } else if (star != std::string::npos) {
+      i = star + 1, j = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (i < p.size() && p[i] == '*') ++i;
+  return i == p.size();
+}
+
+TapFilter TapFilter::parse(const std::string& taps, const std::string& layers, const std::string& steps,
+                           const std::string& positions) {
+  TapFilter f;
+  f.globs = split_list(taps);
+  f.layers = IntRanges::parse(layers, "--layers");
+  f.steps = split_list(steps);
+  f.positions = IntRanges::parse(positions, "--positions");
+  return f;
+}
+
+bool TapFilter::keeps_tap(const std::string& name) const {
+  if (name == "logits") return true;
+  const TapName t = parse_tap(name);
+  if (t.layer >= 0 && !layers.empty() && !layers.contains(t.layer)) return false;
+  if (globs.empty()) return true;
+  for (const auto& g : globs)
+    if (glob_match(g, name)) return true;
+  return false;
+}
+
+bool TapFilter::keeps_step(const std::string& name, size_t index) const {
+  if (steps.empty()) return true;
+  for (const auto& s : steps)
+    if (s == name || s == std::to_string(index)) return true;
+  return false;
+}
+
+std::string TapFilter::describe() const {
+  auto ranges = [](const IntRanges& r) {
+    std::string s;
+    for (const auto& [a, b] : r.ranges) s += (s.empty() ? "" : ",") + (a == b ? fmt::format("{}", a) : fmt::format("{}-{}", a, b));
+    return s.empty() ? std::string("all") : s;
+  };
+  std::string g, st;
+  for (const auto& x : globs) g += (g.empty() ? "" : ",") + x;
+  for (const auto& x : steps) st += (st.empty() ? "" : ",") + x;
+  return fmt::format("taps {}, layers {}, steps {}, positions {}", g.empty() ? "all" : g, ranges(layers),
+                     st.empty() ? "all" : st, ranges(positions));
+}
+
+}  // namespace plumb::toolkit

@@ -1,0 +1,270 @@
+// ModelConfig::from_json (src/model/config.cpp): legacy spellings give the same config as the current ones, and
+// inconsistent configs are refused with a message that names the field at fault.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model_test_util.h"
+
+namespace {
+
+using json = nlohmann::json;
+using plumb::AttnType;
+using plumb::MlpType;
+using plumb::ModelConfig;
+using ::testing::HasSubstr;
+
+// The current (transformers >= PR #45643) spellings.
+json current_config() {
+  return json::parse(R"({
+    "model_type": "deepseek_v4",
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+    "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "sliding_window": 8,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+    "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "norm_topk_prob": true, "swiglu_limit": 10.0,
+    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6,
+    "index_n_heads": 2, "index_head_dim": 16, "index_topk": 3,
+    "bos_token_id": 0, "eos_token_id": 1, "hidden_act": "silu",
+    "max_position_embeddings": 1048576, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "layer_types": ["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention",
+                    "heavily_compressed_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe"],
+    "partial_rotary_factor": 0.125,
+    "rope_parameters": {
+      "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.125},
+      "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "partial_rotary_factor": 0.125, "factor": 16.0,
+                   "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1,
+                   "attention_factor": 1.0}
+    }
+  })");
+}
+
+// Each legacy spelling, applied to a current config.
+struct Legacy {
+  const char* name;
+  std::function<void(json&)> apply;
+};
+
+std::vector<Legacy> legacy_spellings() {
+  return {
+      {"compress_ratios with num_hidden_layers entries",
+       [](json& j) {
+         j.erase("layer_types");
+         j.erase("compress_rates");
+         j["compress_ratios"] = {0, 128, 4, 128};
+       }},
+      {"compress_ratios with num_hidden_layers + 1 entries (MTP)",
+       [](json& j) {
+         j.erase("layer_types");
+         j.erase("compress_rates");
+         j["compress_ratios"] = {0, 128, 4, 128, 0};
+       }},
+      {"num_hash_layers",
+       [](json& j) {
+         j.erase("mlp_layer_types");
+         j["num_hash_layers"] = 2;
+       }},
+      {"qk_rope_head_dim",
+       [](json& j) {
+         j.erase("partial_rotary_factor");
+         j["rope_parameters"]["main"].erase("partial_rotary_factor");
+         j["rope_parameters"]["compress"].erase("partial_rotary_factor");
+         j["qk_rope_head_dim"] = 4;
+       }},
+      {"flat rope_scaling with type: yarn",
+       [](json& j) {
+         j.erase("rope_parameters");
+         j["rope_scaling"] = {{"type", "yarn"},
+                              {"factor", 16},
+                              {"original_max_position_embeddings", 65536},
+                              {"beta_fast", 32},
+                              {"beta_slow", 1}};
+       }},
+      {"flat rope_parameters with rope_type: yarn",
+       [](json& j) {
+         j["rope_parameters"] = {{"rope_type", "yarn"},
+                                 {"rope_theta", 10000.0},
+                                 {"factor", 16},
+                                 {"original_max_position_embeddings", 65536},
+                                 {"beta_fast", 32},
+                                 {"beta_slow", 1}};
+       }},
+  };
+}
+
+TEST(ModelConfigParse, CurrentSpellingsGiveTheExpectedValues) {
+  const ModelConfig c = ModelConfig::from_json(current_config(), "cfg");
+  EXPECT_EQ(c.attn, (std::vector<AttnType>{AttnType::Sliding, AttnType::HCA, AttnType::CSA, AttnType::HCA}));
+  EXPECT_EQ(c.compress_rate, (std::vector<int>{0, 128, 4, 128}));
+  EXPECT_EQ(c.mlp, (std::vector<MlpType>{MlpType::Hash, MlpType::Hash, MlpType::Learned, MlpType::Learned}));
+  EXPECT_EQ(c.n_hash_layers(), 2);
+  EXPECT_EQ(c.rope_dim, 4);
+  EXPECT_EQ(c.hc_mix(), 24);
+  EXPECT_DOUBLE_EQ(c.routed_scaling, 1.5);
+  EXPECT_EQ(c.score, plumb::ScoreFunc::SqrtSoftplus);
+  EXPECT_FALSE(c.rope_main.yarn);
+  EXPECT_DOUBLE_EQ(c.rope_main.theta, 10000.0);
+  EXPECT_TRUE(c.rope_compress.yarn);
+  EXPECT_DOUBLE_EQ(c.rope_compress.theta, 160000.0);
+  EXPECT_DOUBLE_EQ(c.rope_compress.factor, 16.0);
+  EXPECT_DOUBLE_EQ(c.rope_compress.original_max_pos, 65536.0);
+  EXPECT_DOUBLE_EQ(c.rope_compress.attention_factor, 1.0);
+  // rope_for: the main table on sliding layers, the compress table on CSA/HCA layers.
+  EXPECT_DOUBLE_EQ(c.rope_for(0).theta, 10000.0);
+  for (int l : {1, 2, 3}) EXPECT_DOUBLE_EQ(c.rope_for(l).theta, 160000.0);
+}
+
+TEST(ModelConfigParse, EachLegacySpellingGivesTheSameConfig) {
+  const ModelConfig want = ModelConfig::from_json(current_config(), "cfg");
+  for (const auto& l : legacy_spellings()) {
+    json j = current_config();
+    l.apply(j);
+    ModelConfig got;
+    ASSERT_NO_THROW(got = ModelConfig::from_json(j, "cfg")) << l.name;
+    EXPECT_TRUE(plumb_test::same_config(got, want)) << l.name;
+  }
+}
+
+TEST(ModelConfigParse, AllLegacySpellingsTogetherGiveTheSameConfig) {
+  const ModelConfig want = ModelConfig::from_json(current_config(), "cfg");
+  json j = current_config();
+  for (const auto& l : legacy_spellings())
+    if (std::string(l.name).find("MTP") == std::string::npos && std::string(l.name).find("flat rope_parameters") == std::string::npos)
+      l.apply(j);
+  EXPECT_TRUE(plumb_test::same_config(ModelConfig::from_json(j, "cfg"), want)) << j.dump();
+}
+
+TEST(ModelConfigParse, TheCommittedFixtureConfigLoads) {
+  const ModelConfig c = ModelConfig::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny/config.json");
+  EXPECT_EQ(c.n_layers, 4);
+  EXPECT_EQ(c.compress_rate, (std::vector<int>{0, 8, 4, 8}));
+  EXPECT_EQ(c.rope_dim, 4);
+}
+
+// ---------------------------------------------------------------- refusals
+
+// from_json must throw plumb::Error whose message contains every one of `parts`.
+void expect_refused(const json& j, const std::vector<std::string>& parts, const char* what) {
+  try {
+    ModelConfig::from_json(j, "some/config.json");
+    ADD_FAILURE() << what << ": accepted";
+  } catch (const plumb::Error& e) {
+    for (const auto& p : parts) EXPECT_THAT(e.what(), HasSubstr(p)) << what;
+    EXPECT_THAT(e.what(), HasSubstr("some/config.json")) << what << ": the message names the file";
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": threw something other than plumb::Error: " << e.what();
+  }
+}
+
+TEST(ModelConfigParse, UnknownLayerTypeIsRefusedNamingIt) {
+  json j = current_config();
+  j["layer_types"][1] = "full_attention";
+  expect_refused(j, {"layer_types[1]", "full_attention"}, "unknown layer type");
+  j = current_config();
+  j["mlp_layer_types"][3] = "dense";
+  expect_refused(j, {"mlp_layer_types[3]", "dense"}, "unknown mlp layer type");
+  j = current_config();
+  j["compress_rates"]["sliding_attention"] = 2;
+  expect_refused(j, {"compress_rates", "sliding_attention"}, "unknown compress_rates key");
+}
+
+TEST(ModelConfigParse, MismatchedCompressRatiosAreRefused) {
+  for (std::vector<int> cr : {std::vector<int>{0, 128, 4}, std::vector<int>{0, 128, 4, 128, 0, 0}}) {
+    json j = current_config();
+    j.erase("layer_types");
+    j["compress_ratios"] = cr;
+    expect_refused(j, {"compress_ratios", "num_hidden_layers"}, "compress_ratios length");
+  }
+  json j = current_config();
+  j.erase("layer_types");
+  j["compress_ratios"] = {0, 64, 4, 128};  // 64 is neither the CSA rate (4) nor the HCA rate (128)
+  expect_refused(j, {"compress_ratios[1]", "64"}, "compress_ratios value");
+  j = current_config();
+  j["layer_types"] = {"sliding_attention", "compressed_sparse_attention"};  // fewer than num_hidden_layers
+  expect_refused(j, {"layer_types"}, "short layer_types");
+}
+
+TEST(ModelConfigParse, SeveralKeyValueHeadsAreRefused) {
+  json j = current_config();
+  j["num_key_value_heads"] = 2;
+  expect_refused(j, {"num_key_value_heads", "2"}, "num_key_value_heads");
+}
+
+TEST(ModelConfigParse, UnknownScoringFunctionIsRefused) {
+  json j = current_config();
+  j["scoring_func"] = "relu";
+  expect_refused(j, {"scoring_func", "relu"}, "scoring_func");
+  for (const char* ok : {"sigmoid", "softmax", "sqrtsoftplus"}) {
+    j["scoring_func"] = ok;
+    EXPECT_EQ(plumb::score_func_name(ModelConfig::from_json(j, "cfg").score), std::string(ok));
+  }
+}
+
+TEST(ModelConfigParse, MissingRequiredFieldsAreNamed) {
+  for (const char* f : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
+                        "o_groups", "o_lora_rank", "sliding_window", "n_routed_experts", "num_experts_per_tok",
+                        "moe_intermediate_size", "hc_mult"}) {
+    json j = current_config();
+    j.erase(f);
+    expect_refused(j, {f}, f);
+  }
+  // Indexer fields are required as soon as one layer is CSA.
+  for (const char* f : {"index_n_heads", "index_head_dim", "index_topk"}) {
+    json j = current_config();
+    j.erase(f);
+    expect_refused(j, {f}, f);
+  }
+}
+
+TEST(ModelConfigParse, OtherInconsistenciesAreRefused) {
+  json j = current_config();
+  j["model_type"] = "deepseek_v3";
+  expect_refused(j, {"model_type", "deepseek_v3"}, "model_type");
+  j = current_config();
+  j["hidden_size"] = "64";
+  expect_refused(j, {"hidden_size"}, "non-integer field");
+  j = current_config();
+  j["num_experts_per_tok"] = 9;
+  expect_refused(j, {"num_experts_per_tok"}, "top-k above the expert count");
+  j = current_config();
+  j["num_attention_heads"] = 3;
+  expect_refused(j, {"o_groups"}, "heads not divisible by o_groups");
+  j = current_config();
+  j["n_group"] = 8;
+  expect_refused(j, {"n_group"}, "grouped routing");
+  j = current_config();
+  j.erase("partial_rotary_factor");
+  j["qk_rope_head_dim"] = 8;
+  j["rope_parameters"]["main"]["partial_rotary_factor"] = 0.125;
+  expect_refused(j, {"partial_rotary_factor"}, "rope dims disagree");
+  j = current_config();
+  j["rope_parameters"]["compress"]["rope_type"] = "longrope";
+  expect_refused(j, {"longrope"}, "unsupported rope type");
+  j = current_config();
+  j["rope_parameters"]["compress"].erase("original_max_position_embeddings");
+  expect_refused(j, {"original_max_position_embeddings"}, "yarn without its original length");
+}
+
+TEST(ModelConfigParse, LoadRefusesMissingAndMalformedFiles) {
+  plumb_test::TempDir dir;
+  EXPECT_THROW(ModelConfig::load(dir.file("absent.json")), plumb::Error);
+  std::ofstream(dir.file("bad.json")) << "{ \"vocab_size\": 3,";
+  try {
+    ModelConfig::load(dir.file("bad.json"));
+    ADD_FAILURE() << "malformed JSON accepted";
+  } catch (const plumb::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bad.json"));
+  }
+}
+
+}  // namespace
