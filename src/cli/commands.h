@@ -15,5 +15,6 @@ void register_diff(CLI::App& app);
 void register_kld(CLI::App& app);
 void register_bisect(CLI::App& app);
 void register_trace(CLI::App& app);
+void register_selftest(CLI::App& app);
 
 }  // namespace plumb::cli

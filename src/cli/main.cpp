@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   plumb::cli::register_kld(app);
   plumb::cli::register_bisect(app);
   plumb::cli::register_trace(app);
+  plumb::cli::register_selftest(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

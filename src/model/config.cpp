@@ -54,6 +54,24 @@ struct Reader {
     PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: field '{}' out of range: {}", src, k, v);
     return int(v);
   }
+  bool boolean(const char* k, bool def) const {
+    if (!has(k)) return def;
+    PLUMB_CHECK(j[k].is_boolean(), "{}: field '{}' must be true or false, got {}", src, k, j[k].dump());
+    return j[k].get<bool>();
+  }
+  std::string string(const char* k, const std::string& def) const {
+    if (!has(k)) return def;
+    PLUMB_CHECK(j[k].is_string(), "{}: field '{}' must be a string, got {}", src, k, j[k].dump());
+    return j[k].get<std::string>();
+  }
+  // A token id, or the first of a list (eos_token_id may be a list); -1 when explicitly null.
+  int token_id(const char* k, int def) const {
+    if (!j.contains(k)) return def;
+    const auto& v = j[k].is_array() && !j[k].empty() ? j[k][0] : j[k];
+    if (v.is_null()) return -1;
+    PLUMB_CHECK(v.is_number_integer(), "{}: field '{}' must be a token id, got {}", src, k, j[k].dump());
+    return v.get<int>();
+  }
   double number(const char* k, std::optional<double> def = std::nullopt) const {
     if (!has(k)) {
       PLUMB_CHECK(def.has_value(), "{}: missing required field '{}'", src, k);
@@ -114,31 +132,32 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
     PLUMB_CHECK(j["model_type"] == "deepseek_v4", "{}: model_type {} is not supported (expected \"deepseek_v4\")", src, mt);
   }
   ModelConfig c;
-  c.vocab = r.integer("vocab_size");
-  c.hidden = r.integer("hidden_size");
-  c.n_layers = r.integer("num_hidden_layers");
-  c.n_heads = r.integer("num_attention_heads");
-  c.head_dim = r.integer("head_dim");
-  c.q_lora = r.integer("q_lora_rank");
-  c.o_groups = r.integer("o_groups");
-  c.o_lora = r.integer("o_lora_rank");
-  c.window = r.integer("sliding_window");
-  c.n_experts = r.integer("n_routed_experts");
-  c.top_k = r.integer("num_experts_per_tok");
+  // Missing fields take transformers' DeepseekV4Config defaults (the V4-Flash values), as from_pretrained does.
+  c.vocab = r.integer("vocab_size", 129280);
+  c.hidden = r.integer("hidden_size", 4096);
+  c.n_layers = r.integer("num_hidden_layers", 43);
+  c.n_heads = r.integer("num_attention_heads", 64);
+  c.head_dim = r.integer("head_dim", 512);
+  c.q_lora = r.integer("q_lora_rank", 1024);
+  c.o_groups = r.integer("o_groups", 8);
+  c.o_lora = r.integer("o_lora_rank", 1024);
+  c.window = r.integer("sliding_window", 128);
+  c.n_experts = r.integer("n_routed_experts", 256);
+  c.top_k = r.integer("num_experts_per_tok", 6);
   c.n_shared = r.integer("n_shared_experts", 1);
-  c.moe_inter = r.integer("moe_intermediate_size");
-  c.routed_scaling = r.number("routed_scaling_factor", 1.0);
-  c.norm_topk_prob = !r.has("norm_topk_prob") || j["norm_topk_prob"].get<bool>();
-  c.swiglu_limit = r.number("swiglu_limit", 0.0);
-  c.hc_mult = r.integer("hc_mult");
+  c.moe_inter = r.integer("moe_intermediate_size", 2048);
+  c.routed_scaling = r.number("routed_scaling_factor", 1.5);
+  c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+  c.swiglu_limit = r.number("swiglu_limit", 10.0);
+  c.hc_mult = r.integer("hc_mult", 4);
   c.hc_sinkhorn_iters = r.integer("hc_sinkhorn_iters", 20);
   c.hc_eps = r.number("hc_eps", 1e-6);
   c.rms_eps = r.number("rms_norm_eps", 1e-6);
-  c.index_heads = r.integer("index_n_heads", 0);
-  c.index_head_dim = r.integer("index_head_dim", 0);
-  c.index_topk = r.integer("index_topk", 0);
-  if (r.has("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token = j["bos_token_id"].get<int>();
-  if (r.has("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token = j["eos_token_id"].get<int>();
+  c.index_heads = r.integer("index_n_heads", 64);
+  c.index_head_dim = r.integer("index_head_dim", 128);
+  c.index_topk = r.integer("index_topk", 512);
+  c.bos_token = r.token_id("bos_token_id", 0);
+  c.eos_token = r.token_id("eos_token_id", 1);
 
   const int kv_heads = r.integer("num_key_value_heads", 1);
   PLUMB_CHECK(kv_heads == 1, "{}: num_key_value_heads must be 1 (shared K=V MQA), got {}", src, kv_heads);
@@ -148,7 +167,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
     fail("{}: grouped top-k routing (n_group = {}) is not part of DeepSeek-V4", src, j["n_group"].get<int>());
 
   // Scoring function.
-  std::string sf = r.has("scoring_func") ? j["scoring_func"].get<std::string>() : "sqrtsoftplus";
+  const std::string sf = r.string("scoring_func", "sqrtsoftplus");
   if (sf == "sqrtsoftplus") c.score = ScoreFunc::SqrtSoftplus;
   else if (sf == "sigmoid") c.score = ScoreFunc::Sigmoid;
   else if (sf == "softmax") c.score = ScoreFunc::Softmax;
@@ -235,6 +254,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   // RoPE tables: nested {"main", "compress"} or a flat dict (rope_parameters / legacy rope_scaling) whose
   // yarn keys apply to the compress table only.
   const double max_pos = r.number("max_position_embeddings", 1048576);
+  c.max_positions = int64_t(max_pos);
   const double rope_theta = r.number("rope_theta", 10000.0), compress_theta = r.number("compress_rope_theta", 160000.0);
   json rp = json::object();
   if (r.has("rope_parameters")) rp = j["rope_parameters"];
@@ -245,7 +265,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
       PLUMB_CHECK(int(c.head_dim * d["partial_rotary_factor"].get<double>()) == c.rope_dim,
                   "{}: rope_parameters.{}.partial_rotary_factor disagrees with the model's rope dims ({})", src, label, c.rope_dim);
   };
-  if (rp.contains("main") && rp["main"].is_object() && rp.contains("compress") && rp["compress"].is_object()) {
+  for (const char* k : {"main", "compress"})
+    PLUMB_CHECK(!rp.contains(k) || rp[k].is_object(), "{}: rope_parameters.{} must be an object, got {}", src, k, rp.contains(k) ? rp[k].dump() : "");
+  if (rp.contains("main") && rp.contains("compress")) {
     check_prf(rp["main"], "main");
     check_prf(rp["compress"], "compress");
     c.rope_main = parse_rope(rp["main"], rope_theta, max_pos, false, src + ": rope_parameters.main");

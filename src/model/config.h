@@ -41,6 +41,7 @@ struct ModelConfig {
   std::vector<MlpType> mlp;
   RopeConfig rope_main, rope_compress;
   int bos_token = -1, eos_token = -1;
+  int64_t max_positions = 0;  // max_position_embeddings
 
   int hc_mix() const { return (2 + hc_mult) * hc_mult; }
   const RopeConfig& rope_for(int layer) const {

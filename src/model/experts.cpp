@@ -58,6 +58,7 @@ struct MoeCtx {
   const ModelOptions& opt;
   const RouterOptions& ropt;
   const Tap& tap;
+  int64_t expert_begin = 0, expert_end = -1;  // this rank's experts (-1: all)
 };
 
 template <class Runner>
@@ -68,7 +69,8 @@ Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::co
   Tensor out({n, D});
   // Gather, per expert, the tokens routed to it (a token may list an expert twice in a hash table: each
   // listing counts, as in the official code).
-  for (int64_t e = 0; e < c.n_experts; ++e) {
+  const int64_t e_end = m.expert_end < 0 ? c.n_experts : m.expert_end;
+  for (int64_t e = m.expert_begin; e < e_end; ++e) {
     std::vector<int64_t> rows;
     std::vector<float> wts;
     for (int64_t t = 0; t < n; ++t)
@@ -92,8 +94,8 @@ Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::co
 
 // routed + shared; `total_scale` != 1 only for fault.shared_scaled.
 template <class Runner, Rsf P>
+  requires RunnerAccepts<Runner, P>
 Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r, float total_scale = 1.0f) {
-  static_assert(P == Runner::consumes, "router and runner disagree on where routed_scaling_factor is applied");
   tap_routing(m.tap, r, m.c.routed_scaling);
   Tensor out = run_routed(runner, m, r);
   m.tap.io("ffn.routed", out);
@@ -115,6 +117,29 @@ Tensor moe_with(const Runner& runner, const MoeCtx& m) {
 }
 
 }  // namespace
+
+Tensor moe_forward_ep_simulated(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x,
+                                std::span<const int32_t> tokens, const ModelOptions& opt, int ep_size,
+                                std::vector<Tensor>* rank_outputs, bool fault_shared_unscaled) {
+  PLUMB_CHECK(ep_size >= 1 && c.n_experts % ep_size == 0, "expert parallelism: {} experts do not split over ep_size {}",
+              c.n_experts, ep_size);
+  const Numerics nm(opt);
+  const RouterOptions ropt = router_options(opt);
+  const Tap none;
+  const auto r = route<RunnerFoldedWeights::consumes>(w, c, type, RouterInputs{x, tokens}, ropt);
+  const Tensor shared = w.shared ? expert_ffn(*w.shared, c.swiglu_limit, x, nm) : Tensor({x.dim(0), c.hidden});
+  const float share = fault_shared_unscaled ? 1.0f : 1.0f / float(ep_size);
+  const int64_t per_rank = c.n_experts / ep_size;
+  Tensor total({x.dim(0), c.hidden});
+  for (int rank = 0; rank < ep_size; ++rank) {
+    MoeCtx m{w, c, nm, type, x, tokens, opt, ropt, none, rank * per_rank, (rank + 1) * per_rank};
+    Tensor part = run_routed(RunnerFoldedWeights{}, m, r);
+    for (int64_t i = 0; i < part.numel(); ++i) part[i] += share * shared[i];
+    for (int64_t i = 0; i < part.numel(); ++i) total[i] += part[i];  // the all-reduce
+    if (rank_outputs) rank_outputs->push_back(std::move(part));
+  }
+  return total;
+}
 
 Tensor moe_forward(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x, std::span<const int32_t> tokens,
                    const ModelOptions& opt, const Numerics& nm, const Tap& tap) {

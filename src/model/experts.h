@@ -16,7 +16,12 @@ Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const N
 // The routed-expert runner's and router's choices that ModelOptions makes (patches and faults).
 RouterOptions router_options(const ModelOptions& o);
 
-// Expert runners. Each declares the placement it consumes; see router.h.
+// Expert runners. Each declares the placement it consumes; see router.h. RunnerAccepts is the constraint the
+// MoE composition is written against: a runner accepts exactly the placement it declares, so pairing a Folded
+// router with a runner that scales its output (or the reverse) does not compile.
+template <class Runner, Rsf P>
+concept RunnerAccepts = (P == Runner::consumes);
+
 struct RunnerFoldedWeights {  // weights already contain the factor: sum_k w_k E_k(x), nothing else
   static constexpr Rsf consumes = Rsf::Folded;
   static float output_scale(const ModelConfig&) { return 1.0f; }
@@ -25,6 +30,15 @@ struct RunnerScalesOutput {  // weights sum to one: rsf * sum_k w_k E_k(x), the 
   static constexpr Rsf consumes = Rsf::Unfolded;
   static float output_scale(const ModelConfig& c) { return float(c.routed_scaling); }
 };
+
+// Expert parallelism, simulated on one process (the contract multi-GPU code must keep): rank r owns experts
+// [r*E/ep, (r+1)*E/ep) and every rank also computes the shared expert, scaled by 1/ep_size, so that the
+// all-reduce (a sum over ranks) adds the shared expert exactly once; routed_scaling_factor stays in the top-k
+// weights, applied once whichever rank runs an expert. Returns the all-reduced output; `rank_outputs`, if given,
+// receives each rank's partial. `fault_shared_unscaled` drops the 1/ep_size (the bug: shared counted ep times).
+Tensor moe_forward_ep_simulated(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x,
+                                std::span<const int32_t> tokens, const ModelOptions& opt, int ep_size,
+                                std::vector<Tensor>* rank_outputs = nullptr, bool fault_shared_unscaled = false);
 
 // x: [n, D] ffn_norm-ed input. Returns routed + shared ([n, D]); taps ffn.gate.*, ffn.routed, ffn.shared, ffn.out.
 Tensor moe_forward(const MoeWeights& w, const ModelConfig& c, MlpType type, const Tensor& x, std::span<const int32_t> tokens,

@@ -89,12 +89,19 @@ std::vector<int> moe_layers(const Trace& a) {
   return {s.begin(), s.end()};
 }
 
-std::string softplus_note(double max_logit) {
-  // log(1 + exp(x)) in fp32 is exactly 0 once exp(x) < 2^-24, i.e. x < -16.6.
+// Where the reference's selected router logits put a row: fp32 exp underflows to exactly 0 below about -103.3
+// (so even a stable softplus is 0), log(1 + exp(x)) is exactly 0 below -16.6, exp overflows above 88.7.
+std::string low_logit_note(double max_logit) {
+  if (max_logit <= -1e299) return "";
+  if (max_logit < -103.3)
+    return fmt::format("; the reference's selected router logits there are <= {:.1f}, where even a stable fp32 softplus "
+                       "is exactly 0",
+                       max_logit);
   if (max_logit < -16.6)
-    return fmt::format("; the reference's selected router logits there are <= {:.1f}, where a naive log(1 + exp(x)) "
-                       "is exactly 0 in fp32 (x < -16.6)", max_logit);
-  return max_logit > -1e299 ? fmt::format("; the reference's selected router logits there reach {:.1f}", max_logit) : "";
+    return fmt::format("; the reference's selected router logits there are <= {:.1f}, where a naive log(1 + exp(x)) is "
+                       "exactly 0 in fp32 (x < -16.6)",
+                       max_logit);
+  return fmt::format("; the reference's selected router logits there reach {:.1f}", max_logit);
 }
 
 Diagnosis moe_diagnosis(const DiagnosisInput& in, const Trace& src, bool forced, int first_layer) {
@@ -112,13 +119,15 @@ Diagnosis moe_diagnosis(const DiagnosisInput& in, const Trace& src, bool forced,
   const bool input_free = v == MoeVerdict::NanWeights || v == MoeVerdict::ZeroWeights || v == MoeVerdict::SharedScaled ||
                           ((v == MoeVerdict::Missing || v == MoeVerdict::Twice) && !m0->w_ok);
   std::vector<int> same;
-  int64_t bad_rows = 0, rows = 0;
-  double bad_logit = -1e300;
+  MoeLayer sum;  // row counts and logit bounds over the layers with this verdict
   for (const auto& m : an) {
     if (m.verdict != v) continue;
     same.push_back(m.layer);
-    bad_rows += m.zero_rows + m.nan_rows, rows += m.rows;
-    bad_logit = std::max(bad_logit, m.bad_rows_max_logit);
+    sum.zero_rows += m.zero_rows, sum.nan_rows += m.nan_rows;
+    sum.nan_zero_rows += m.nan_zero_rows, sum.nan_overflow_rows += m.nan_overflow_rows;
+    sum.zero_rows_max_logit = std::max(sum.zero_rows_max_logit, m.zero_rows_max_logit);
+    sum.nan_zero_rows_max_logit = std::max(sum.nan_zero_rows_max_logit, m.nan_zero_rows_max_logit);
+    sum.nan_overflow_max_logit = std::max(sum.nan_overflow_max_logit, m.nan_overflow_max_logit);
   }
   d.layers = same;
   std::string where = layer_phrase(same, layers, in.cfg);
@@ -130,18 +139,36 @@ Diagnosis moe_diagnosis(const DiagnosisInput& in, const Trace& src, bool forced,
         "ffn.shared = {} x A, ffn.out vs routed+shared {} / vs rsf x (routed+shared) {}{}",
         m.layer, m.hash ? " (hash)" : "", verdict_name(m.verdict), fmt_g(m.logits_err), fmt_g(m.w_ratio), fmt_g(m.w_sum_b),
         fmt_g(m.w_sum_a), fmt_g(m.routed.c), fmt_g(m.routed.resid), fmt_g(m.shared.c), fmt_g(m.out_vs_sum),
-        fmt_g(m.out_vs_scaled), m.zero_rows + m.nan_rows ? fmt::format(", {} zero / {} NaN weight rows", m.zero_rows, m.nan_rows) : ""));
+        fmt_g(m.out_vs_scaled),
+        m.zero_rows + m.nan_rows ? fmt::format(", {} all-zero / {} NaN weight rows ({} of them 0/0, {} overflow)", m.zero_rows,
+                                               m.nan_rows, m.nan_zero_rows, m.nan_overflow_rows)
+                                 : ""));
   switch (v) {
-    case MoeVerdict::NanWeights:
-      d.kind = "renorm_nan";
-      d.text = fmt::format("renormalization divided 0 by 0 (unfloored): NaN routed weights on {} tokens {}, where every "
-                           "selected router score is 0{}; floor the sum (sum + 1e-20)",
-                           bad_rows, where, softplus_note(bad_logit));
+    case MoeVerdict::NanWeights: {
+      // Name every mechanism seen: 0/0 of an unfloored renormalization, inf/inf of overflowed scores.
+      std::vector<std::string> parts;
+      if (sum.nan_zero_rows)
+        parts.push_back(fmt::format("renormalization divided 0 by 0 (unfloored): NaN routed weights on {} tokens {}, "
+                                    "where every selected router score is 0{}; floor the sum (sum + 1e-20)",
+                                    sum.nan_zero_rows, where, low_logit_note(sum.nan_zero_rows_max_logit)));
+      if (sum.nan_overflow_rows)
+        parts.push_back(fmt::format("router scores overflowed to inf (naive softplus? log(1 + exp(x)) is inf above 88.7 "
+                                    "in fp32): NaN routed weights (inf/inf) on {} tokens {}; the reference's selected "
+                                    "router logits there reach {:.1f}",
+                                    sum.nan_overflow_rows, where, sum.nan_overflow_max_logit));
+      if (const int64_t other = sum.nan_rows - sum.nan_zero_rows - sum.nan_overflow_rows; other > 0)
+        parts.push_back(fmt::format("NaN routed weights on {} tokens {} from finite router logits", other, where));
+      if (sum.zero_rows)
+        parts.push_back(fmt::format("routed weights all zero on {} tokens: router scores underflowed (naive softplus?){}",
+                                    sum.zero_rows, low_logit_note(sum.zero_rows_max_logit)));
+      d.kind = sum.nan_zero_rows ? "renorm_nan" : sum.nan_overflow_rows ? "scores_overflow" : "nonfinite";
+      for (const auto& p : parts) d.text += (d.text.empty() ? "" : "; also ") + p;
       break;
+    }
     case MoeVerdict::ZeroWeights:
       d.kind = "scores_underflow";
       d.text = fmt::format("routed weights all zero on {} tokens {}: router scores underflowed (naive softplus?){}",
-                           bad_rows, where, softplus_note(bad_logit));
+                           sum.zero_rows, where, low_logit_note(sum.zero_rows_max_logit));
       break;
     case MoeVerdict::Missing:
     case MoeVerdict::Twice: {
@@ -264,15 +291,18 @@ Diagnosis hc_diagnosis(const DiagnosisInput& in, const Trace& src, bool forced, 
 Diagnosis index_diagnosis(const DiagnosisInput& in, const Trace& src, const TapName& t, const std::string& tap) {
   Diagnosis d;
   const bool router = t.suffix == "ffn.gate.indices";
-  const std::string scores = router ? fmt::format("L{}.ffn.gate.logits", t.layer)
-                                    : fmt::format("L{}.attn.indexer.scores", t.layer);
+  std::string scores;
+  for (const auto& s : selection_score_taps(tap))
+    if (scores.empty() && !in.a.data.empty() && in.a.data[0].f(s)) scores = s;
   const bool hash = router && in.cfg && size_t(t.layer) < in.cfg->mlp.size() && in.cfg->mlp[size_t(t.layer)] == MlpType::Hash;
   IndexStats s;
   for (size_t si = 0; si < in.a.data.size() && si < src.data.size(); ++si) {
     const IndexTensor* x = in.a.data[si].i(tap);
     const IndexTensor* y = src.data[si].i(tap);
     if (!x || !y || x->dim(0) != y->dim(0)) continue;
-    IndexStats one = compare_index(*x, *y, in.a.data[si].f(scores), src.data[si].f(scores), hash, in.tol);
+    const Tensor* sa = scores.empty() ? nullptr : in.a.data[si].f(scores);
+    const Tensor* sb = scores.empty() ? nullptr : src.data[si].f(scores);
+    IndexStats one = compare_index(*x, *y, sa, sb, hash, in.tol);
     if (!one.first_bad.empty()) one.first_bad_step = int(si);
     s.merge(one);
   }
@@ -285,7 +315,7 @@ Diagnosis index_diagnosis(const DiagnosisInput& in, const Trace& src, const TapN
                          s.ties, s.rows, tap, what, fmt_g(s.max_tie_move));
   } else {
     std::string why = hash ? "hash routing is a table lookup (tid2eid[token]): any change is a bug"
-                      : s.unscored ? "no " + scores + " tap to tell a near tie from a real change"
+                      : s.unscored ? "no selection-score tap to tell a near tie from a real change"
                                    : "the selection scores moved beyond tolerance or the top-k itself differs";
     Tensor sa, sb;
     if (!hash && cat_pair(in.a, src, scores, sa, sb) && within(sa, sb, 0.0))
@@ -342,7 +372,7 @@ Diagnosis diagnose(const DiagnosisInput& in) {
     const std::string kind = o.nan ? "NaN" : "Inf";
     if (o.tap == tap && parse_tap(o.tap).suffix == "ffn.gate.weights") {
       Diagnosis m = moe_diagnosis(in, src, forced, t.layer);
-      if (m.kind == "renorm_nan") return m;
+      if (!m.kind.empty()) return m;
     }
     if (o.tap == tap) {
       d.kind = "nonfinite";

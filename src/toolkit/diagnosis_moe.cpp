@@ -106,7 +106,11 @@ MoeLayer analyze_moe_layer(const Trace& a, const Trace& b, bool b_forced, int la
     m.logits_err = s.nonfinite_mismatch ? INFINITY : s.err_scaled();
   }
   if (have_idx) {
-    const IndexStats s = compare_index(ia, ib, have_logits ? &la : nullptr, have_logits ? &lb : nullptr, m.hash, tol);
+    Tensor ga, gb;  // the selection scores (score + bias) when tapped, else the logits
+    const bool have_scores = cat_pair(a, b, p + "gate.scores", ga, gb);
+    const Tensor* sa = have_scores ? &ga : have_logits ? &la : nullptr;
+    const Tensor* sb = have_scores ? &gb : have_logits ? &lb : nullptr;
+    const IndexStats s = compare_index(ia, ib, sa, sb, m.hash, tol);
     m.rows = s.rows, m.flips = s.real, m.ties = s.ties;
   }
   if (have_w) {
@@ -120,15 +124,21 @@ MoeLayer analyze_moe_layer(const Trace& a, const Trace& b, bool b_forced, int la
         nan_b |= !std::isfinite(wb[t * K + k]);
       }
       const bool a_ok = std::isfinite(x) && x > 0;
-      auto note_logit = [&] {
-        if (!have_logits || !have_idx) return;
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t e = ia[t * K + k];
-          if (e >= 0 && e < la.dim(1)) m.bad_rows_max_logit = std::max(m.bad_rows_max_logit, double(la[t * la.dim(1) + e]));
-        }
-      };
-      if (a_ok && nan_b) ++m.nan_rows, note_logit();
-      else if (a_ok && y == 0) ++m.zero_rows, note_logit();
+      double max_sel = -1e300;  // A's largest selected router logit in this row
+      if (have_logits && have_idx)
+        for (int64_t k = 0; k < K; ++k)
+          if (const int64_t e = ia[t * K + k]; e >= 0 && e < la.dim(1)) max_sel = std::max(max_sel, double(la[t * la.dim(1) + e]));
+      if (a_ok && nan_b) {
+        ++m.nan_rows;
+        if (max_sel > 88.7) ++m.nan_overflow_rows, m.nan_overflow_max_logit = std::max(m.nan_overflow_max_logit, max_sel);
+        else if (max_sel > -1e300 && max_sel < -16.6)
+          ++m.nan_zero_rows, m.nan_zero_rows_max_logit = std::max(m.nan_zero_rows_max_logit, max_sel);
+      } else if (a_ok && y == 0) {
+        ++m.zero_rows, m.zero_rows_max_logit = std::max(m.zero_rows_max_logit, max_sel);
+      } else if (!a_ok && x == 0 && nan_b) {
+        // A itself underflowed to all-zero scores (floored: weights 0); B divided 0 by 0.
+        ++m.nan_rows, ++m.nan_zero_rows, m.nan_zero_rows_max_logit = std::max(m.nan_zero_rows_max_logit, max_sel);
+      }
       if (a_ok && std::isfinite(y)) ratios.push_back(y / x), suma.push_back(x), sumb.push_back(y);
     }
     m.w_ratio = median(ratios);

@@ -30,8 +30,13 @@ struct MoeLayer {
   MoeVerdict verdict = MoeVerdict::Absent;
   double logits_err = 0;                  // err / max(1, max|A|) of gate.logits
   int64_t rows = 0, flips = 0, ties = 0;
-  int64_t zero_rows = 0, nan_rows = 0;    // B rows of gate.weights summing to 0 / holding NaN while A's are fine
-  double bad_rows_max_logit = -1e300;     // max of A's selected router logits over those rows
+  // Rows of B's gate.weights that are all zero, or hold NaN, where A's are finite and positive. NaN rows are split
+  // by A's selected router logits: a score overflow (some logit above 88.7, where exp overflows fp32) or a 0/0
+  // (every selected logit below -16.6, where a naive softplus is 0; below about -103 even a stable one is).
+  int64_t zero_rows = 0, nan_rows = 0, nan_overflow_rows = 0, nan_zero_rows = 0;
+  double zero_rows_max_logit = -1e300;      // max of A's selected logits over the all-zero rows
+  double nan_zero_rows_max_logit = -1e300;  // ... over the 0/0 rows
+  double nan_overflow_max_logit = -1e300;   // max of A's selected logits over the overflow rows
   double w_ratio = 1;                     // median row-sum ratio of gate.weights, B / A
   double w_sum_a = 0, w_sum_b = 0;        // median row sums
   bool w_ok = true;                       // gate.weights within tolerance

@@ -17,11 +17,11 @@ bool is_hash_layer(const ModelConfig* cfg, int layer) {
   return cfg && layer >= 0 && size_t(layer) < cfg->mlp.size() && cfg->mlp[size_t(layer)] == MlpType::Hash;
 }
 
-// The selection scores behind an index tap (for telling near ties from real flips).
-std::string scores_tap(const TapName& t) {
-  if (t.suffix == "ffn.gate.indices") return fmt::format("L{}.ffn.gate.logits", t.layer);
-  if (t.suffix == "attn.indexer.topk") return fmt::format("L{}.attn.indexer.scores", t.layer);
-  return "";
+// The selection scores behind an index tap, present on both sides (null when none).
+std::pair<const Tensor*, const Tensor*> scores_of(const StepTaps& A, const StepTaps& B, const std::string& name) {
+  for (const auto& s : selection_score_taps(name))
+    if (A.f(s) && B.f(s)) return {A.f(s), B.f(s)};
+  return {nullptr, nullptr};
 }
 
 // Compares one tap of one step; returns whether it diverges there.
@@ -38,9 +38,8 @@ bool compare_step(const StepTaps& A, const StepTaps& B, const std::string& name,
       return true;
     }
     const TapName t = parse_tap(name);
-    const std::string st = scores_tap(t);
-    IndexStats s = compare_index(*x, *y, st.empty() ? nullptr : A.f(st), st.empty() ? nullptr : B.f(st),
-                                 t.suffix == "ffn.gate.indices" && is_hash_layer(cfg, t.layer), tol);
+    const auto [sa, sb] = scores_of(A, B, name);
+    IndexStats s = compare_index(*x, *y, sa, sb, t.suffix == "ffn.gate.indices" && is_hash_layer(cfg, t.layer), tol);
     if (!s.first_bad.empty()) s.first_bad_step = step;
     is.merge(s);
     return s.diverges();
@@ -112,11 +111,14 @@ DiffReport compare_traces(const Trace& a, const Trace& b, const Trace* local, co
   r.a_patches = a.patches, r.b_patches = b.patches, r.source = a.source, r.model_dir = a.model_dir;
   r.tol = tol.free, r.tol_local = tol.local, r.tol_source = tol.how;
   for (const auto& s : a.steps) r.step_names.push_back(s.name);
+  // A's execution order; taps only B has go right after their predecessor in B's order.
   std::vector<std::string> order = a.tap_order();
-  std::set<std::string> seen(order.begin(), order.end());
-  for (const auto& n : b.tap_order())
-    if (!seen.count(n)) order.push_back(n);
-  sort_execution_order(order);
+  const std::vector<std::string> ob = b.tap_order();
+  for (size_t i = 0; i < ob.size(); ++i)
+    if (std::find(order.begin(), order.end(), ob[i]) == order.end()) {
+      auto at = i == 0 ? order.begin() : std::find(order.begin(), order.end(), ob[i - 1]);
+      order.insert(at == order.end() ? order.end() : i == 0 ? at : at + 1, ob[i]);
+    }
   for (const auto& name : order) {
     TapRow row;
     row.name = name;

@@ -1,4 +1,5 @@
 // Running a configuration over an input: a recording sink (with the tap filter) and teacher forcing.
+#include <algorithm>
 #include <set>
 
 #include "patches/registry.h"
@@ -61,13 +62,16 @@ const IndexTensor* StepTaps::i(const std::string& name) const {
 }
 
 std::vector<std::string> Trace::tap_order() const {
+  // The recorded execution order; a name only some steps have (an indexer top-k that starts once entries
+  // exist) goes right after its predecessor in the step that has it.
   std::vector<std::string> out;
   std::set<std::string> seen;
   for (const auto& d : data)
-    for (const auto& n : d.order)
-      if (seen.insert(n).second) out.push_back(n);
-  // Names only later steps have (an indexer top-k that starts once entries exist) go to their place.
-  sort_execution_order(out);
+    for (size_t i = 0; i < d.order.size(); ++i) {
+      if (!seen.insert(d.order[i]).second) continue;
+      auto at = i == 0 ? out.begin() : std::find(out.begin(), out.end(), d.order[i - 1]);
+      out.insert(at == out.end() ? out.end() : i == 0 ? at : at + 1, d.order[i]);
+    }
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <fmt/format.h>
 #include <tuple>
 
 namespace plumb::toolkit {
@@ -11,11 +12,11 @@ namespace plumb::toolkit {
 namespace {
 
 // The order of Model::forward (model.cpp, attention.cpp, hyper_connection.cpp, router.cpp, experts.cpp).
-constexpr std::array<const char*, 19> kLayerOrder = {
-    "hc_attn.post",     "hc_attn.comb",     "hc_attn.collapsed", "attn.q",           "attn.kv",
-    "attn.compressed",  "attn.indexer.scores", "attn.indexer.topk", "attn.out",      "hc_ffn.post",
-    "hc_ffn.comb",      "hc_ffn.collapsed", "ffn.gate.logits",   "ffn.gate.indices", "ffn.gate.weights",
-    "ffn.routed",       "ffn.shared",       "ffn.out",           "out"};
+constexpr std::array<const char*, 20> kLayerOrder = {
+    "hc_attn.post",     "hc_attn.comb",     "hc_attn.collapsed", "attn.q",          "attn.kv",
+    "attn.compressed",  "attn.indexer.scores", "attn.indexer.topk", "attn.out",     "hc_ffn.post",
+    "hc_ffn.comb",      "hc_ffn.collapsed", "ffn.gate.logits",   "ffn.gate.scores", "ffn.gate.indices",
+    "ffn.gate.weights", "ffn.routed",       "ffn.shared",        "ffn.out",         "out"};
 
 }  // namespace
 
@@ -37,7 +38,7 @@ int suffix_rank(const std::string& suffix) {
   for (size_t i = 0; i < kLayerOrder.size(); ++i)
     if (suffix == kLayerOrder[i]) return int(i);
   // Finer taps added later (e.g. ffn.experts.<e>) sit next to their parent op.
-  if (suffix.rfind("ffn.experts.", 0) == 0) return int(15);
+  if (suffix.rfind("ffn.experts.", 0) == 0) return 16;
   if (suffix.rfind("attn.", 0) == 0) return 7;
   return int(kLayerOrder.size());
 }
@@ -68,6 +69,7 @@ std::string tap_op(const std::string& name) {
   if (s == "attn.out") return "attention (softmax with sink) + grouped output projection";
   if (s.rfind("hc_ffn.", 0) == 0) return "hc_post after attention + mHC pre-mix before the MoE";
   if (s == "ffn.gate.logits") return "router GEMM";
+  if (s == "ffn.gate.scores") return "router score function + selection bias";
   if (s == "ffn.gate.indices") return "router top-k selection";
   if (s == "ffn.gate.weights") return "router score + top-k renormalization";
   if (s == "ffn.routed") return "routed experts (SwiGLU) weighted sum";
@@ -93,6 +95,14 @@ bool depends_on_hc_post(const std::string& name) {
 bool is_moe_tap(const std::string& name) {
   const TapName t = parse_tap(name);
   return t.layer >= 0 && t.suffix.rfind("ffn.", 0) == 0;
+}
+
+std::vector<std::string> selection_score_taps(const std::string& index_tap) {
+  const TapName t = parse_tap(index_tap);
+  const std::string p = fmt::format("L{}.", t.layer);
+  if (t.suffix == "ffn.gate.indices") return {p + "ffn.gate.scores", p + "ffn.gate.logits"};
+  if (t.suffix == "attn.indexer.topk") return {p + "attn.indexer.scores"};
+  return {};
 }
 
 }  // namespace plumb::toolkit

@@ -29,4 +29,8 @@ bool depends_on_hc_post(const std::string& name);
 
 bool is_moe_tap(const std::string& name);  // L<i>.ffn.*
 
+// The selection scores an index tap was chosen from (for telling near ties from real flips), in the order to
+// look for them: ffn.gate.scores (score + bias), else ffn.gate.logits; attn.indexer.scores. Empty if none.
+std::vector<std::string> selection_score_taps(const std::string& index_tap);
+
 }  // namespace plumb::toolkit

@@ -1,0 +1,50 @@
+// plumb's public API: an Engine holds a loaded model (weights mapped, never copied); a Session is one cache
+// timeline (prefill chunks, decode steps, further turns). The CLI and any server depend only on this header.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace plumb {
+
+struct EngineOptions {
+  std::string patches;  // comma-separated speed patches / numerics mode ("" = the fp32 reference); see `plumb patches`
+  std::string backend = "cpu";
+};
+
+struct ModelInfo {
+  int vocab_size = 0;
+  int bos_token = -1, eos_token = -1;  // -1: none in config.json
+  int64_t max_positions = 0;           // max_position_embeddings
+  std::string summary;                 // one line: layers, attention types, experts, ...
+};
+
+class Session;
+
+class Engine {
+ public:
+  // dir: a model folder (config.json + model.safetensors or a sharded index). Throws plumb::Error naming the
+  // file or tensor at fault.
+  static std::shared_ptr<Engine> load(const std::string& dir, const EngineOptions& opt = {});
+  virtual ~Engine() = default;
+  virtual const ModelInfo& info() const = 0;
+  virtual std::unique_ptr<Session> new_session() const = 0;
+  virtual const std::string& dir() const = 0;
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;
+  // Feeds tokens at positions position() .. position()+n-1 and returns the logits of the LAST token (vocab floats).
+  // All token ids are validated before anything is computed; on error the session is unchanged.
+  virtual std::vector<float> forward(std::span<const int32_t> tokens) = 0;
+  // Same, but the logits of every token: n * vocab floats, row-major.
+  virtual std::vector<float> forward_all(std::span<const int32_t> tokens) = 0;
+  virtual int64_t position() const = 0;  // tokens consumed so far
+  virtual void reset() = 0;               // back to an empty cache
+};
+
+}  // namespace plumb

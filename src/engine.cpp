@@ -1,0 +1,55 @@
+// The public Engine/Session API over the internal Model (the CPU reference backend for now).
+#include "plumb/engine.h"
+
+#include "model/model.h"
+#include "patches/registry.h"
+
+namespace plumb {
+
+namespace {
+
+class CpuSession : public Session {
+ public:
+  explicit CpuSession(std::shared_ptr<const Model> m) : m_(std::move(m)), st_(m_->new_state()) {}
+  std::vector<float> forward(std::span<const int32_t> tokens) override {
+    const Tensor logits = m_->forward(st_, tokens);
+    const int64_t V = logits.dim(1);
+    return {logits.ptr() + (logits.dim(0) - 1) * V, logits.ptr() + logits.dim(0) * V};
+  }
+  std::vector<float> forward_all(std::span<const int32_t> tokens) override { return m_->forward(st_, tokens).data; }
+  int64_t position() const override { return st_.pos; }
+  void reset() override { st_ = m_->new_state(); }
+
+ private:
+  std::shared_ptr<const Model> m_;
+  SessionState st_;
+};
+
+class CpuEngine : public Engine {
+ public:
+  CpuEngine(std::shared_ptr<const Model> m) : m_(std::move(m)) {
+    const auto& c = m_->config();
+    info_.vocab_size = c.vocab;
+    info_.bos_token = c.bos_token;
+    info_.eos_token = c.eos_token;
+    info_.max_positions = c.max_positions;
+    info_.summary = c.summary();
+  }
+  const ModelInfo& info() const override { return info_; }
+  std::unique_ptr<Session> new_session() const override { return std::make_unique<CpuSession>(m_); }
+  const std::string& dir() const override { return m_->dir(); }
+
+ private:
+  std::shared_ptr<const Model> m_;
+  ModelInfo info_;
+};
+
+}  // namespace
+
+std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
+  PLUMB_CHECK(opt.backend == "cpu", "unknown backend '{}' (available: cpu)", opt.backend);
+  const PatchSet ps = parse_patches(opt.patches);
+  return std::make_shared<CpuEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options)));
+}
+
+}  // namespace plumb
