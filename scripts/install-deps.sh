@@ -8,6 +8,7 @@ pkgs=(
   libcli11-dev                     # the command line
   libfmt-dev                       # formatting of messages and tables
   libpcre2-dev                     # Unicode regex for the tokenizer's pre-tokenizer
+  python3                          # test scripts that edit fixture copies (tests/cli)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -163,8 +163,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   PLUMB_CHECK(kv_heads == 1, "{}: num_key_value_heads must be 1 (shared K=V MQA), got {}", src, kv_heads);
   if (r.has("hidden_act"))
     PLUMB_CHECK(j["hidden_act"] == "silu", "{}: hidden_act {} is not supported (expected \"silu\")", src, j["hidden_act"].dump());
-  if (r.has("n_group") && j["n_group"].is_number_integer() && j["n_group"].get<int>() > 1)
-    fail("{}: grouped top-k routing (n_group = {}) is not part of DeepSeek-V4", src, j["n_group"].get<int>());
+  // Grouped top-k (DeepSeek-V3's noaux_tc with groups): V4 checkpoints have none, transformers' V4 ignores it.
+  c.n_group = r.integer("n_group", 1);
+  c.topk_group = r.integer("topk_group", c.n_group);
 
   // Scoring function.
   const std::string sf = r.string("scoring_func", "sqrtsoftplus");
@@ -290,6 +291,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   pos(c.moe_inter, "moe_intermediate_size"); pos(c.hc_mult, "hc_mult"); pos(c.hc_sinkhorn_iters, "hc_sinkhorn_iters");
   PLUMB_CHECK(c.n_shared == 0 || c.n_shared == 1, "{}: n_shared_experts must be 0 or 1, got {}", src, c.n_shared);
   PLUMB_CHECK(c.top_k <= c.n_experts, "{}: num_experts_per_tok {} exceeds n_routed_experts {}", src, c.top_k, c.n_experts);
+  PLUMB_CHECK(c.n_group >= 1 && c.n_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group &&
+                  c.top_k <= c.topk_group * (c.n_experts / c.n_group),
+              "{}: grouped routing n_group {} / topk_group {} does not fit {} experts with top-{}", src, c.n_group, c.topk_group,
+              c.n_experts, c.top_k);
   PLUMB_CHECK(c.n_heads % c.o_groups == 0, "{}: num_attention_heads {} is not divisible by o_groups {}", src, c.n_heads, c.o_groups);
   PLUMB_CHECK(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
               "{}: rope dims {} must be even and within head_dim {}", src, c.rope_dim, c.head_dim);

@@ -30,6 +30,7 @@ struct ModelConfig {
   int window = 0;  // sliding window, keys [p - window + 1, p]
   int n_experts = 0, top_k = 0, n_shared = 0, moe_inter = 0;
   double routed_scaling = 1.0;
+  int n_group = 1, topk_group = 1;  // grouped top-k (DeepSeek-V3 style); V4 is ungrouped (1, 1)
   ScoreFunc score = ScoreFunc::SqrtSoftplus;
   bool norm_topk_prob = true;
   double swiglu_limit = 0;  // <= 0: no clamp

@@ -109,18 +109,8 @@ Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
 
 void Numerics::proj_rows_bf16(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
                               int64_t y_stride) const {
-  if (!official_) return ops::linear_rows(x, n, x_stride, w, r0, nr, y, y_stride);
-  const int64_t K = w.cols();
-  std::vector<float> row(static_cast<size_t>(K));
-  for (int64_t r = 0; r < nr; ++r) {
-    w.row(r0 + r, row.data());
-    for (auto& v : row) v = fmt8::round_bf16(v);
-    for (int64_t t = 0; t < n; ++t) {
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += double(fmt8::round_bf16(x[t * x_stride + k])) * row[size_t(k)];
-      y[t * y_stride + r] = fmt8::round_bf16(float(acc));
-    }
-  }
+  if (official_) return ops::linear_rows_bf16w(x, n, x_stride, w, r0, nr, y, y_stride, /*bf16_io=*/true);
+  ops::linear_rows(x, n, x_stride, w, r0, nr, y, y_stride);
 }
 
 Tensor Numerics::proj_bf16(const Tensor& x, const Matrix& w) const {

@@ -30,39 +30,33 @@ Tensor linear(const Tensor& x, const Matrix& w) {
   return y;
 }
 
-Tensor linear_bf16(const Tensor& x, const Matrix& w) {
-  const int64_t K = w.cols(), n = x.numel() / K;
-  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
-  Tensor xb = x;
-  for (auto& v : xb.data) v = fmt8::round_bf16(v);
-  Tensor y({n, w.rows()});
-  std::vector<float> row(static_cast<size_t>(K));
-  for (int64_t r = 0; r < w.rows(); ++r) {
-    w.row(r, row.data());
-    for (auto& v : row) v = fmt8::round_bf16(v);
-    for (int64_t t = 0; t < n; ++t) {
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += xb[t * K + k] * row[size_t(k)];
-      y[t * w.rows() + r] = fmt8::round_bf16(acc);
-    }
+void linear_rows_bf16w(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
+                       int64_t y_stride, bool bf16_io) {
+  const int64_t K = w.cols();
+  std::vector<float> row(static_cast<size_t>(K)), xb;
+  if (bf16_io) {  // round the activations once, not per output row
+    xb.resize(static_cast<size_t>(n * K));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t k = 0; k < K; ++k) xb[size_t(t * K + k)] = fmt8::round_bf16(x[t * x_stride + k]);
+    x = xb.data();
+    x_stride = K;
   }
-  return y;
-}
-
-Tensor linear_bf16_weight(const Tensor& x, const Matrix& w) {
-  const int64_t K = w.cols(), n = x.numel() / K;
-  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
-  Tensor y({n, w.rows()});
-  std::vector<float> row(static_cast<size_t>(K));
-  for (int64_t r = 0; r < w.rows(); ++r) {
-    w.row(r, row.data());
+  for (int64_t r = 0; r < nr; ++r) {
+    w.row(r0 + r, row.data());
     for (auto& v : row) v = fmt8::round_bf16(v);
     for (int64_t t = 0; t < n; ++t) {
       double acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += double(x[t * K + k]) * row[size_t(k)];
-      y[t * w.rows() + r] = float(acc);
+      for (int64_t k = 0; k < K; ++k) acc += double(x[t * x_stride + k]) * row[size_t(k)];
+      y[t * y_stride + r] = bf16_io ? fmt8::round_bf16(float(acc)) : float(acc);
     }
   }
+}
+
+Tensor linear_bf16_weight(const Tensor& x, const Matrix& w, bool bf16_io) {
+  const int64_t K = w.cols(), n = x.numel() / K;
+  PLUMB_CHECK(x.shape.back() == K, "linear {}: input width {} != weight columns {}", w.name(), x.shape.back(), K);
+  Tensor y({n, w.rows()});
+  linear_rows_bf16w(x.ptr(), n, K, w, 0, w.rows(), y.ptr(), w.rows(), bf16_io);
   return y;
 }
 

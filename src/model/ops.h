@@ -10,10 +10,11 @@ namespace plumb::ops {
 
 // y[n, rows] = x[n, cols] . W^T  (W dequantized row by row; fp32 accumulation in double for a stable reference)
 Tensor linear(const Tensor& x, const Matrix& w);
-// y = bf16( bf16(x) . bf16(W)^T ), fp32 accumulation: what a bf16 GEMM with fp32 accumulate returns.
-Tensor linear_bf16(const Tensor& x, const Matrix& w);
-// y = x . bf16(W)^T in fp32 (a bf16 parameter upcast for an fp32 GEMM, as DeepSeek's Gate does).
-Tensor linear_bf16_weight(const Tensor& x, const Matrix& w);
+// y = x . bf16(W)^T with fp32 accumulation: a bf16 parameter in an fp32 GEMM (DeepSeek's Gate). With `bf16_io`
+// x and y are bf16 too: what a bf16 GEMM with fp32 accumulation returns (router.bf16, official bf16 linears).
+Tensor linear_bf16_weight(const Tensor& x, const Matrix& w, bool bf16_io = false);
+void linear_rows_bf16w(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
+                       int64_t y_stride, bool bf16_io);
 // Same for a sub-range [r0, r0 + nr) of W's rows (the grouped output projection uses one group's rows).
 void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y, int64_t y_stride);
 

@@ -2,6 +2,7 @@
 #include "model/router.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "model/ops.h"
@@ -19,13 +20,30 @@ float router_score(ScoreFunc f, float logit, bool naive_softplus) {
   return logit;
 }
 
+// DeepSeek-V3 grouped selection: rank the n_group groups of E/n_group experts by the sum of each group's two
+// best selection scores, keep the best topk_group groups, and exclude the other groups' experts (-inf).
+void mask_groups(float* sel, int64_t E, int n_group, int topk_group) {
+  const int64_t per = E / n_group;
+  std::vector<float> gscore(static_cast<size_t>(n_group));
+  for (int g = 0; g < n_group; ++g) {
+    std::vector<float> v(sel + g * per, sel + (g + 1) * per);
+    std::partial_sort(v.begin(), v.begin() + std::min<int64_t>(2, per), v.end(), std::greater<float>());
+    gscore[size_t(g)] = v[0] + (per > 1 ? v[1] : 0.0f);
+  }
+  const auto keep = ops::topk_lowest_index_first(gscore.data(), n_group, topk_group);
+  std::vector<bool> kept(static_cast<size_t>(n_group), false);
+  for (auto g : keep) kept[size_t(g)] = true;
+  for (int g = 0; g < n_group; ++g)
+    if (!kept[size_t(g)])
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) sel[e] = -INFINITY;
+}
+
 RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConfig& c, MlpType type, const RouterInputs& in,
                                             const RouterOptions& opt) {
   const int64_t n = in.x.dim(0), E = c.n_experts, K = c.top_k;
   RoutedWeights<Rsf::Unfolded> r{IndexTensor({n, K}), Tensor({n, K}),
-                                 opt.bf16_logits ? ops::linear_bf16(in.x, w.gate)
-                                 : opt.bf16_weight ? ops::linear_bf16_weight(in.x, w.gate)
-                                                   : ops::linear(in.x, w.gate)};
+                                 opt.bf16_logits || opt.bf16_weight ? ops::linear_bf16_weight(in.x, w.gate, opt.bf16_logits)
+                                                                    : ops::linear(in.x, w.gate)};
   std::vector<float> score(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
   if (type == MlpType::Learned) r.select = Tensor({n, E});
   for (int64_t t = 0; t < n; ++t) {
@@ -43,6 +61,7 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
     } else {
       // The correction bias steers selection only; the weights use the unbiased scores.
       for (int64_t e = 0; e < E; ++e) sel[size_t(e)] = score[size_t(e)] + w.bias[e];
+      if (c.n_group > 1 && c.topk_group < c.n_group) mask_groups(sel.data(), E, c.n_group, c.topk_group);
       std::copy(sel.begin(), sel.end(), r.select.row(t));
       const auto order = opt.cuda_ties ? ops::topk_lowest_index_first(sel.data(), E, K)
                                        : ops::topk_like_torch(sel.data(), E, K, /*sorted=*/false);

@@ -27,6 +27,10 @@ struct RoutedWeights {
 // Renormalization floor: sum + 1e-20 as transformers does; keeps rows whose scores all underflow finite.
 inline constexpr float kRenormFloor = 1e-20f;
 
+// DeepSeek-V3 grouped top-k: keeps the topk_group best groups (by the sum of their two best scores) of
+// sel[0..E), setting every other group's entries to -inf.
+void mask_groups(float* sel, int64_t E, int n_group, int topk_group);
+
 // Router scores from logits, numerically stable for any finite logit.
 float router_score(ScoreFunc f, float logit, bool naive_softplus = false);
 

@@ -1,7 +1,11 @@
 // The routed-scaling contract at compile time, and the expert-parallel share of the shared expert.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "model/experts.h"
+#include "model/ops.h"
+#include "model/router.h"
 #include "model_test_util.h"
 
 namespace {
@@ -63,6 +67,22 @@ TEST_F(ExpertParallel, SharedExpertCountedOnceNotEpTimes) {
 TEST_F(ExpertParallel, RefusesAnUnevenSplit) {
   const plumb::ModelOptions opt;
   EXPECT_THROW(plumb::moe_forward_ep_simulated(moe_->w, moe_->c, plumb::MlpType::Learned, x_, tokens_, opt, 3), plumb::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// DeepSeek-V3 grouped selection, by hand: 4 groups of 2; group scores are the sums of each group's two best.
+TEST(GroupedTopK, KeepsTheBestGroupsOnly) {
+  float sel[8] = {0.1f, 0.9f, 0.5f, 0.4f, 0.3f, 0.2f, 0.8f, 0.05f};
+  // group sums: g0 1.0, g1 0.9, g2 0.5, g3 0.85 -> keep g0 and g1
+  plumb::mask_groups(sel, 8, 4, 2);
+  for (int e = 0; e < 4; ++e) EXPECT_TRUE(std::isfinite(sel[e])) << e;
+  for (int e = 4; e < 8; ++e) EXPECT_EQ(sel[e], -INFINITY) << e;
+  // Ungrouped, expert 6 (0.8) would be second; grouped, the top-2 are experts 1 and 2.
+  const auto top = plumb::ops::topk_lowest_index_first(sel, 8, 2);
+  EXPECT_EQ(top, (std::vector<int64_t>{1, 2}));
 }
 
 }  // namespace

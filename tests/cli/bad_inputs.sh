@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Bad inputs give one clear `error:` line and a non-zero exit, never a crash: a corrupt or truncated safetensors
+# file, a config with an unknown layer type, a token id outside the vocabulary, a missing fixture file.
+# Usage: bad_inputs.sh PLUMB_BINARY FIXTURE_DIR
+set -u
+plumb=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0 passes=0
+
+# expect NAME PATTERN CMD...: exit status in 1..127 (not a signal), exactly one stderr line "error: ...PATTERN..."
+expect() {
+  local name=$1 pattern=$2
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  local lines
+  lines=$(grep -c . "$work/err")
+  if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$pattern" "$work/err"; then
+    passes=$((passes + 1))
+    echo "ok    $name: $(cat "$work/err")"
+  else
+    fails=$((fails + 1))
+    echo "FAIL  $name: exit $rc, stderr:"
+    cat "$work/err"
+  fi
+}
+
+fresh() {  # a writable copy of the fixture
+  rm -rf "$work/fx"
+  cp -r "$src" "$work/fx"
+  chmod -R u+w "$work/fx"
+}
+
+fresh
+size=$(stat -c %s "$work/fx/model.safetensors")
+head -c $((size / 2)) "$src/model.safetensors" >"$work/fx/model.safetensors"
+expect "truncated model.safetensors" "model.safetensors" "$plumb" verify-golden "$work/fx"
+
+fresh
+printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a": [1, 2' >"$work/fx/model.safetensors"
+expect "corrupt safetensors header" "model.safetensors" "$plumb" verify-golden "$work/fx"
+
+fresh
+python3 - "$work/fx/config.json" <<'PY'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p)); c["layer_types"][1] = "dense_attention"; json.dump(c, open(p, "w"))
+PY
+expect "unknown layer type" "dense_attention" "$plumb" verify-golden "$work/fx"
+
+fresh
+python3 - "$work/fx/golden.json" <<'PY'
+import json, sys
+p = sys.argv[1]; g = json.load(open(p)); g["steps"][0]["tokens"][2] = 100000; json.dump(g, open(p, "w"))
+PY
+expect "token outside the vocabulary" "token 100000" "$plumb" verify-golden "$work/fx"
+
+fresh
+rm "$work/fx/model.safetensors"
+expect "missing weights" "model.safetensors" "$plumb" verify-golden "$work/fx"
+
+fresh
+expect "unknown patch" "unknown patch" "$plumb" verify-golden --patches moe.nonexistent "$work/fx"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
