@@ -15,6 +15,9 @@ void register_diff(CLI::App& app);
 void register_kld(CLI::App& app);
 void register_bisect(CLI::App& app);
 void register_trace(CLI::App& app);
+void register_bench(CLI::App& app);
 void register_selftest(CLI::App& app);
+void register_run(CLI::App& app);
+void register_chat(CLI::App& app);
 
 }  // namespace plumb::cli

@@ -15,7 +15,10 @@ int main(int argc, char** argv) {
   plumb::cli::register_kld(app);
   plumb::cli::register_bisect(app);
   plumb::cli::register_trace(app);
+  plumb::cli::register_bench(app);
   plumb::cli::register_selftest(app);
+  plumb::cli::register_run(app);
+  plumb::cli::register_chat(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

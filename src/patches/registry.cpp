@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace plumb {
 
@@ -47,9 +48,11 @@ std::vector<Patch> make_registry() {
                "bf16 rounding everywhere: ~1e-2 relative drift per tensor; a rounding-sensitive tie can flip a selection",
                // Against the official goldens (tests/data/golden/*-ref). Teacher forced, each op matches to a few
                // bf16 ulps: measured worst 3.1e-3 (official-mixed-ref L1.attn.out), 1.4e-4 (tiny-official-ref);
-               // leaving out the FP8 KV or Hadamard simulation shows as 0.3-2. Free running, one bf16 ulp can
-               // flip an FP8 code and the drift compounds: measured up to 4.4e-2 on tiny-official-ref.
-               {6e-2, 6e-2, 1e-2}, false, [](ModelOptions& o) { o.official = true; }, true});
+               // leaving out the FP8 KV or Hadamard simulation shows as 0.3-2. Combined with patches that move a
+               // scale across an FP8 activation quantization (moe.rsf_on_output, router.bf16) single ops differ by
+               // one FP8 code: measured up to 4.7e-2 (plumb bisect). Free running, one bf16 ulp can flip an FP8
+               // code and the drift compounds: measured up to 4.4e-2 on tiny-official-ref.
+               {6e-2, 6e-2, 5e-2}, false, [](ModelOptions& o) { o.official = true; }, true});
   // --- built-in faults: the real bugs, refused unless named ---
   auto fault = [&](const char* name, const char* replaces, const char* desc, void (*en)(ModelOptions&)) {
     r.push_back({name, replaces, desc, "this is a deliberate bug for testing the precision toolkit", {0, 0, 0}, true, en});
@@ -114,14 +117,7 @@ bool PatchSet::has_fault() const {
 PatchSet parse_patches(const std::string& list) {
   PatchSet ps;
   std::set<std::string> seen;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string name = list.substr(start, end - start);
-    name.erase(std::remove_if(name.begin(), name.end(), [](unsigned char c) { return std::isspace(c); }), name.end());
-    start = end + 1;
-    if (name.empty()) continue;
+  for (const auto& name : split_list(list)) {
     const Patch* p = find_patch(name);
     if (!p) {
       std::string known;
@@ -132,7 +128,7 @@ PatchSet parse_patches(const std::string& list) {
     ps.active.push_back(p);
     p->enable(ps.options);
   }
-  PLUMB_CHECK(!(ps.options.rsf_on_output && seen.count("moe.rsf_in_topk")),
+  PLUMB_CHECK(!(seen.count("moe.rsf_on_output") && seen.count("moe.rsf_in_topk")),
               "moe.rsf_in_topk and moe.rsf_on_output are two placements of the same factor: choose one");
   return ps;
 }

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "core/strings.h"
 #include "patches/registry.h"
 #include "toolkit/kld.h"
 
@@ -179,18 +180,10 @@ std::vector<std::vector<std::string>> valid_configs(const std::vector<std::strin
 
 std::vector<std::string> split_patch_list(const std::string& list) {
   std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string name = list.substr(start, end - start);
-    name.erase(std::remove_if(name.begin(), name.end(), [](unsigned char c) { return std::isspace(c); }), name.end());
-    if (!name.empty()) {
-      PLUMB_CHECK(std::find(out.begin(), out.end(), name) == out.end(), "patch '{}' is listed twice", name);
-      parse_patches(name);  // an unknown name is an Error listing the known ones
-      out.push_back(name);
-    }
-    start = end + 1;
+  for (const auto& name : split_list(list)) {
+    PLUMB_CHECK(std::find(out.begin(), out.end(), name) == out.end(), "patch '{}' is listed twice", name);
+    parse_patches(name);  // an unknown name is an Error listing the known ones
+    out.push_back(name);
   }
   return out;
 }

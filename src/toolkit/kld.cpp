@@ -207,7 +207,7 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
                 path, in->source);
   }
   KldReport r;
-  r.a = meta("patches") + " (saved)", r.b = b, r.source = ri.source, r.model_dir = ri.model_dir, r.ref_file = path;
+  r.a = (meta("patches").empty() ? std::string("reference") : meta("patches")) + ", saved", r.b = b, r.source = ri.source, r.model_dir = ri.model_dir, r.ref_file = path;
   r.vocab = std::stoll(meta("vocab"));
   const int64_t k = ids.dim(1);
   r.topk = k;

@@ -143,7 +143,7 @@ std::string report_html(const DiffReport& r) {
        "h1{font-size:20px;margin:0 0 8px} .meta{color:#555;font-size:13px;margin:2px 0}\n"
        ".verdict{background:#fff;border:1px solid #ddd;border-left:5px solid #d62728;padding:10px 14px;margin:14px 0}\n"
        ".verdict.none{border-left-color:#2ca02c} .verdict b{font-family:monospace}\n"
-       "table{border-collapse:collapse;font-size:12px;background:#fff} th,td{border:1px solid #ddd;padding:3px 6px;"
+       "table{border-collapse:collapse;font-size:12px;background:#fff} th,td{border:1px solid #ddd;padding:3px 6px;white-space:nowrap;"
        "text-align:right;font-family:ui-monospace,monospace} th{background:#f0f0f0} td.name,th.name{text-align:left}\n"
        "td.ok{color:#2a7a2a} td.bad{color:#fff;background:#d62728} td.warn{background:#ffd27f} td.na{color:#999}\n"
        "tr.first td.name{font-weight:bold;background:#ffe9e9} .note{color:#666;font-size:12px}\n"

@@ -88,11 +88,15 @@ void print_report(const DiffReport& r) {
     const TapRow* row = r.row(r.first.tap);
     if (row && !row->is_index) {
       const FloatStats& f = L ? row->lf : row->f;
-      fmt::print("where: step {}, {}{}: A {} vs B {} (err/scale {}, tolerance {:g}){}\n", r.first.step_name, r.first.tap,
-                 f.coord(), val(f.a_at), val(f.b_at), num(f.err_scaled()), L ? r.tol_local : r.tol,
+      fmt::print("where: {} first exceeds tolerance {:g} at step {}; its largest error is at step {} {}: A {} vs B {} "
+                 "(err/scale {}){}\n",
+                 r.first.tap, L ? r.tol_local : r.tol, r.first.step_name,
+                 f.at >= 0 ? r.step_names[size_t(f.at_step)] : "-", f.coord(), val(f.a_at), val(f.b_at),
+                 num(f.err_scaled()),
                  f.nonfinite_mismatch ? fmt::format(", {} NaN/Inf mismatches", f.nonfinite_mismatch) : "");
     } else if (row) {
-      fmt::print("where: step {}, {}: {}\n", r.first.step_name, r.first.tap, (L ? row->lix : row->ix).first_bad);
+      const IndexStats& ix = L ? row->lix : row->ix;
+      fmt::print("where: {} first differs at step {}: {}\n", r.first.tap, r.first.step_name, ix.first_bad);
     }
   }
   if (!r.diagnosis.evidence.empty()) {

@@ -5,25 +5,12 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "toolkit/tap_names.h"
 
 namespace plumb::toolkit {
 
 namespace {
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    std::string item = s.substr(start, end - start);
-    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-    start = end + 1;
-  }
-  return out;
-}
 
 int64_t parse_int(const std::string& s, const std::string& option, const std::string& whole) {
   int64_t v = 0;

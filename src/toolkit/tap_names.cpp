@@ -80,12 +80,6 @@ std::string tap_op(const std::string& name) {
   return "op producing " + name;
 }
 
-bool is_boundary_tap(const std::string& name) {
-  const std::string& s = parse_tap(name).suffix;
-  return s.rfind("hc_attn.", 0) == 0 || s.rfind("hc_ffn.", 0) == 0 || s == "attn.out" || s == "ffn.routed" ||
-         s == "ffn.shared" || s == "ffn.out" || s == "out" || s == "hc_head.out";
-}
-
 bool depends_on_hc_post(const std::string& name) {
   const TapName t = parse_tap(name);
   if (t.suffix.rfind("hc_ffn.", 0) == 0 || t.suffix == "out") return true;

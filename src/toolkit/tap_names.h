@@ -21,8 +21,6 @@ void sort_execution_order(std::vector<std::string>& names);
 // The op whose output the tap is ("router score + top-k renormalization" for ffn.gate.weights).
 std::string tap_op(const std::string& name);
 
-// Taps the model records through Tap::io (sublayer boundaries): a TapSink may substitute their values.
-bool is_boundary_tap(const std::string& name);
 // Taps whose value depends on an hc_post mixing of the same layer (the residual streams after attention or
 // after the MoE): hc_ffn.* and L<i>.out, and the next layer's hc_attn.* (which read L<i>.out).
 bool depends_on_hc_post(const std::string& name);

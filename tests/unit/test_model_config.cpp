@@ -255,8 +255,12 @@ TEST(ModelConfigParse, OtherInconsistenciesAreRefused) {
   j["num_attention_heads"] = 3;
   expect_refused(j, {"o_groups"}, "heads not divisible by o_groups");
   j = current_config();
-  j["n_group"] = 8;
-  expect_refused(j, {"n_group"}, "grouped routing");
+  j["n_group"] = 3;  // 8 experts do not split into 3 groups
+  expect_refused(j, {"n_group"}, "grouped routing that does not fit the experts");
+  j = current_config();
+  j["n_group"] = 4;
+  j["topk_group"] = 2;  // DeepSeek-V3-style grouped top-k is accepted
+  EXPECT_EQ(ModelConfig::from_json(j, "cfg").n_group, 4);
   j = current_config();
   j.erase("partial_rotary_factor");
   j["qk_rope_head_dim"] = 8;

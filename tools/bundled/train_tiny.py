@@ -521,7 +521,7 @@ on one NVIDIA H200 with torch {info['torch']} and transformers {info['transforme
 | MoE | 8 routed experts (top-2, intermediate 64) + 1 shared; layer 0 hash-routed (`tid2eid`), layers 1-3 learned (sqrtsoftplus, aux-loss-free bias balancing) |
 | mHC | hc_mult 4, 20 Sinkhorn iterations |
 | parameters | {info['params']:,} ({info['bytes'] / 1e6:.2f} MB: matrices BF16, norms / mHC / sinks / ape / router bias F32, tid2eid I64) |
-| tokenizer | {info['vocab']} tokens: BPE of {TOKENIZER_VOCAB} (256 byte symbols, BOS 0, EOS 1, PAD 2) + DeepSeek's chat tokens (`<｜User｜>`, `<｜Assistant｜>`, `<think>`, `</think>`, ...); DeepSeek-V3/V4 pre-tokenizer and ByteLevel decoder |
+| tokenizer | {info['vocab']} tokens: a BPE vocabulary of {info['vocab'] - len(CHAT_TOKENS)} (limit {TOKENIZER_VOCAB}; the templated corpus runs out of pairs to merge first; 256 byte symbols, BOS 0, EOS 1, PAD 2) + {len(CHAT_TOKENS)} DeepSeek chat tokens (`<｜User｜>`, `<｜Assistant｜>`, `<think>`, `</think>`, ...); DeepSeek-V3/V4 pre-tokenizer and ByteLevel decoder |
 | context | max_position_embeddings {TINY['max_position_embeddings']} (trained on {SEQ}-token windows) |
 | corpus | {info['docs']:,} generated documents, {info['corpus_tokens']:,} tokens: 55% stories, 10% facts, 35% chat in the DeepSeek-V4 encoding (20% with thinking) |
 | training | {info['steps']:,} steps of {BATCH} x {SEQ} tokens ({info['train_tokens'] / 1e6:.0f} M tokens) in {info['train_seconds']:.0f} s, AdamW peak lr 2e-3, cosine |
@@ -531,8 +531,9 @@ on one NVIDIA H200 with torch {info['torch']} and transformers {info['transforme
 transformers in fp32 on CPU with one cache over {sum(n for _, n in GOLDEN_SCHEDULE)} tokens of chat text (prefills
 after decodes, past the sliding window): `plumb verify-golden models/tiny` proves the engine computes this model.
 
-`samples.txt` holds what the model wrote after training (greedy and T=0.8). Regenerate everything with
-`python3 tools/bundled/train_tiny.py --out models/tiny` on a machine with a GPU (about 6 minutes).
+`samples.txt` holds what the model wrote after training (greedy and T=0.8) and the training loss curve.
+Regenerate everything with `python3 tools/bundled/train_tiny.py --out models/tiny` on a machine with a GPU
+(about 5 minutes on an H200; `tools/bundled/run_gpu.sh OUT` runs a smoke pass first and tars the result).
 """
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

@@ -1,0 +1,39 @@
+# The CUDA backend (issue 6): built only with -DPLUMB_CUDA=ON (CUDA 13, sm_90a). Included from the top-level
+# CMakeLists.txt after the plumb_core and plumb targets exist; without PLUMB_CUDA it does nothing, and the build
+# needs no CUDA at all (src/cuda/stub.cpp answers "built without CUDA").
+#
+# plumb_cuda holds the .cu translation units (kernels, launches, device runtime); the host side (src/cuda/*.cpp)
+# is compiled into plumb_core like every other source and switched on by PLUMB_WITH_CUDA.
+if(NOT PLUMB_CUDA)
+  return()
+endif()
+
+if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  # The -gencode below names the target. (The -arch=sm_90a shorthand also runs a plain sm_90 pass that rejects
+  # sm_90a-only instructions on nvcc 13.0.)
+  set(CMAKE_CUDA_ARCHITECTURES OFF)
+endif()
+get_property(plumb_langs GLOBAL PROPERTY ENABLED_LANGUAGES)
+if(NOT "CUDA" IN_LIST plumb_langs)
+  enable_language(CUDA)
+endif()
+find_package(CUDAToolkit 13 REQUIRED)
+
+file(GLOB PLUMB_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.cu)
+add_library(plumb_cuda STATIC ${PLUMB_CUDA_SOURCES})
+# The directory's compile options are GCC's (-Wall ..., sanitizers); nvcc takes its own.
+set_property(TARGET plumb_cuda PROPERTY COMPILE_OPTIONS "")
+target_compile_options(plumb_cuda PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a -lineinfo -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+# The .cu files are C++17 (CMake 3.25 has no C++20 flag for nvcc); they include no plumb header but kernels.h.
+set_target_properties(plumb_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_RUNTIME_LIBRARY Static
+                                            POSITION_INDEPENDENT_CODE ON)
+target_include_directories(plumb_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src)
+target_link_libraries(plumb_cuda PUBLIC CUDA::cudart_static)
+
+target_compile_definitions(plumb_core PUBLIC PLUMB_WITH_CUDA=1)
+target_link_libraries(plumb_core PUBLIC plumb_cuda)
+message(STATUS "plumb: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90a)")

@@ -1,0 +1,174 @@
+// plumb's public text API: tokenizer, DeepSeek-V4 chat encoding, sampling and the generation loop, over the
+// Engine/Session of plumb/engine.h. The CLI (`plumb run`, `plumb chat`) and any server use only this and engine.h.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "plumb/engine.h"
+
+namespace plumb {
+
+// ---------------------------------------------------------------------------------------------------------
+// Tokenizer: a Hugging Face tokenizer.json (byte-level BPE, exact parity with the `tokenizers` library) plus
+// what tokenizer_config.json says about BOS/EOS.
+// ---------------------------------------------------------------------------------------------------------
+class Tokenizer {
+ public:
+  // `path`: a model folder (reads tokenizer.json and, if present, tokenizer_config.json) or a tokenizer.json
+  // file. Throws plumb::Error naming the file and field for a missing or malformed file.
+  static Tokenizer load(const std::string& path);
+
+  // Like tokenizers' encode(text, add_special_tokens=add_special). Added tokens such as "<｜User｜>" are
+  // matched before BPE and come out as one id.
+  std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+  int32_t token_id(std::string_view token) const;  // -1 if the tokenizer has no such (single) token
+  std::string token_text(int32_t id) const;        // "" for an unknown id
+  int32_t vocab_size() const;                      // one past the largest id
+  bool is_special(int32_t id) const;
+  // From tokenizer_config.json (bos_token / eos_token / add_bos_token); -1 / false when it does not say.
+  int32_t bos_id() const;
+  int32_t eos_id() const;
+  bool add_bos() const;
+  const std::string& path() const;  // the tokenizer.json read
+
+  struct Impl;
+
+ private:
+  Tokenizer() = default;
+  std::shared_ptr<const Impl> impl_;
+  friend class TextStream;
+};
+
+// Incremental detokenization for streaming: push() returns the text that is complete so far (a token may end
+// inside a UTF-8 character); the concatenation of all push() and flush() results equals decode() of all ids.
+class TextStream {
+ public:
+  explicit TextStream(const Tokenizer& tok, bool skip_special = false);
+  ~TextStream();
+  TextStream(TextStream&&) noexcept;
+  std::string push(int32_t id);
+  std::string flush();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Chat encoding: the DeepSeek-V4 prompt format (the model repository's encoding/encoding_dsv4.py rules, see
+// docs/generation.md). Roles: system, user, assistant, developer.
+// ---------------------------------------------------------------------------------------------------------
+struct ChatMessage {
+  std::string role;
+  std::string content;
+  std::string reasoning;  // an assistant turn's thinking (reasoning_content); "" when none
+};
+
+struct ChatOptions {
+  bool thinking = false;      // thinking_mode "thinking" (the assistant turn opens with <think>) vs "chat"
+  bool drop_thinking = true;  // drop earlier turns' reasoning (the official default)
+  bool add_bos = true;        // start with <｜begin▁of▁sentence｜>
+  std::string reasoning_effort;  // "" / "high": nothing; "max": the official effort prompt (thinking only)
+};
+
+// The whole conversation as the official encoder renders it. A conversation ending with a user turn ends with
+// the generation prompt "<｜Assistant｜><think>" (thinking) or "<｜Assistant｜></think>" (chat).
+std::string encode_chat(const std::vector<ChatMessage>& messages, const ChatOptions& opt);
+
+// The same format in pieces, for a session that keeps its cache between turns (`plumb chat`): prefix, then per
+// turn chat_user_turn(), the model's own reply tokens, then chat_turn_end(). Their concatenation equals
+// encode_chat(..., drop_thinking = false): earlier reasoning stays in the cache instead of being re-rendered.
+std::string chat_prefix(const std::string& system, const ChatOptions& opt);
+std::string chat_user_turn(const std::string& content, bool thinking);
+std::string chat_turn_end();  // <｜end▁of▁sentence｜>
+// Throws plumb::Error naming the first chat-format string (<｜User｜>, <｜Assistant｜>, <think>, ...) that the
+// tokenizer does not hold as one token: such a model cannot be prompted in the chat format.
+void require_chat_tokens(const Tokenizer& tok);
+// Splits a thinking-mode reply "reasoning</think>content" (no </think>: all reasoning if `thinking`).
+ChatMessage parse_reply(std::string_view text, bool thinking);
+
+// ---------------------------------------------------------------------------------------------------------
+// Sampling
+// ---------------------------------------------------------------------------------------------------------
+struct SamplingParams {
+  float temperature = 0.8f;  // <= 0: greedy (argmax; ties to the lowest id)
+  int top_k = 40;            // 0: off
+  float top_p = 0.95f;       // 1: off
+  float min_p = 0.05f;       // 0: off; keeps tokens with p >= min_p * p(top token)
+  float repeat_penalty = 1.0f;  // 1: off; tokens in the window: logit / r if > 0, logit * r otherwise
+  float presence_penalty = 0.0f;   // logit -= presence if the token is in the window
+  float frequency_penalty = 0.0f;  // logit -= frequency * (its count in the window)
+  int penalty_last_n = 64;         // the penalty window (last N tokens of prompt + output); -1: all
+  uint64_t seed = 0;
+};
+
+// Deterministic: the same seed, logits and history give the same tokens on every run and machine.
+class Sampler {
+ public:
+  Sampler(const SamplingParams& p, int32_t vocab);
+  ~Sampler();
+  Sampler(Sampler&&) noexcept;
+  // Picks a token from one row of logits; `history` are the tokens so far (for the penalties).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // The distribution sample() draws from: (id, probability) in decreasing probability, after penalties,
+  // temperature, top-k, top-p and min-p, renormalized. Greedy: the argmax with probability 1.
+  std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits,
+                                                      std::span<const int32_t> history) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Generation
+// ---------------------------------------------------------------------------------------------------------
+struct GenerateOptions {
+  SamplingParams sampling;
+  int max_tokens = 256;                   // sampled tokens, a final stop token included
+  std::vector<std::string> stop_strings;  // matched on the decoded text, across token boundaries
+  std::vector<int32_t> stop_tokens;       // e.g. EOS; the stop token's text is not emitted
+  bool skip_special = false;              // drop special tokens from the emitted text
+};
+
+enum class StopReason { Token, String, Length, Context };
+const char* stop_reason_name(StopReason r);  // "eos/stop token", "stop string", "max tokens", "context full"
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // every sampled token, in order
+  std::string text;             // the emitted text (a matched stop string and what follows it excluded)
+  StopReason stop = StopReason::Length;
+  // The last sampled token is never fed to the session (nothing needs its logits). A caller that continues
+  // the same session (a chat's next turn) feeds it first; -1 when nothing was sampled.
+  int32_t unfed = -1;
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+// Prefills `prompt` at the session's position, then samples until a stop. `on_text` receives each piece of
+// text as soon as it is final (streaming). Throws plumb::Error before touching the session for an empty
+// prompt, a token outside the model's vocabulary, or a prompt that does not fit the context.
+GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
+                        const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text = {});
+
+// Holds back text that may be the start of a stop string (the piece of generate() that does the matching).
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  // Returns the text that can be emitted now; sets `stopped` (and drops the stop string and anything after
+  // it) when a stop string completed.
+  std::string push(std::string_view piece, bool& stopped);
+  std::string flush();  // the held-back text, at the end of generation
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+};
+
+}  // namespace plumb

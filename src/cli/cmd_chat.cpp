@@ -1,0 +1,218 @@
+// `plumb chat [-m DIR]`: a multi-turn conversation on one Session. The cache is kept between turns, so each
+// turn prefills only its own tokens (the reply's closing EOS, the user turn, the assistant opening), never the
+// history. Commands: /reset, /stats, /save FILE, /quit, /help. Works on a terminal and on piped stdin.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "core/error.h"
+
+namespace plumb::cli {
+
+namespace {
+
+struct ChatCliOptions {
+  ModelArgs model;
+  GenArgs gen;
+  std::string system, effort;
+  bool think = false, no_think = false;
+};
+
+struct TurnStats {
+  int64_t prefill = 0, generated = 0;
+  double prefill_s = 0, decode_s = 0;
+  StopReason stop = StopReason::Token;
+};
+
+class ChatLoop {
+ public:
+  ChatLoop(const ChatCliOptions& o, LoadedModel m) : o_(o), m_(std::move(m)), tok_(*m_.tok) {
+    session_ = m_.engine->new_session();
+    require_chat_tokens(tok_);
+    gopt_ = generate_options(o_.gen, m_, seed_);
+    eos_ = tok_.token_id(chat_turn_end());
+    reset();
+  }
+
+  int run() {
+    const bool tty = isatty(0);
+    if (!o_.model.quiet)
+      fmt::print(stderr, "plumb chat: {} ({} mode, seed {}). Commands: /reset /stats /save FILE /quit /help\n", m_.dir,
+                 o_.think ? "thinking" : "chat", seed_);
+    std::string line;
+    for (;;) {
+      if (tty) {
+        std::fputs("> ", stdout);
+        std::fflush(stdout);
+      }
+      if (!std::getline(std::cin, line)) break;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") == std::string::npos) continue;
+      if (line[0] == '/') {
+        if (!command(line)) break;
+        continue;
+      }
+      turn(line);
+    }
+    if (tty) std::fputc('\n', stdout);
+    return 0;
+  }
+
+ private:
+  void reset() {
+    session_->reset();
+    transcript_.clear();
+    if (!o_.system.empty()) transcript_.push_back({"system", o_.system, ""});
+    carry_.clear();
+    started_ = false;
+    turns_ = 0;
+    last_ = {};
+    total_prefill_ = total_generated_ = 0;
+  }
+
+  void turn(const std::string& user) {
+    const ChatOptions co{o_.think, false, true, o_.effort};
+    std::string text = started_ ? std::string() : chat_prefix(o_.system, co);
+    text += chat_user_turn(user, o_.think);
+    // The previous reply's unfed tokens (its last token and the closing EOS) lead this turn's prefill.
+    std::vector<int32_t> prompt = carry_;
+    const auto ids = tok_.encode(text);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+    GenerateOptions g = gopt_;
+    g.sampling.seed = seed_ + uint64_t(turns_);  // reproducible per turn, not the same draws every turn
+    bool newline = true;
+    GenerateResult r;
+    try {
+      r = generate(*session_, m_.engine->info(), tok_, prompt, g, [&](std::string_view s) {
+        std::fwrite(s.data(), 1, s.size(), stdout);
+        std::fflush(stdout);
+        newline = s.back() == '\n';
+      });
+    } catch (const Error& e) {  // validated before the session is touched: the conversation goes on
+      std::fflush(stdout);
+      std::fprintf(stderr, "error: %s\n", e.what());
+      if (session_->position() > 0) std::fprintf(stderr, "(use /reset to start a new conversation)\n");
+      return;
+    }
+    if (!newline) std::fputc('\n', stdout);
+    std::fflush(stdout);
+    started_ = true;
+    ++turns_;
+    carry_.clear();
+    if (r.unfed >= 0) carry_.push_back(r.unfed);
+    if (r.unfed != eos_) carry_.push_back(eos_);  // a reply cut short is still closed as the format requires
+    transcript_.push_back({"user", user, ""});
+    transcript_.push_back(parse_reply(r.text, o_.think));
+    last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
+    total_prefill_ += last_.prefill;
+    total_generated_ += last_.generated;
+    if (r.stop == StopReason::Context)
+      std::fprintf(stderr, "(the context is full: /reset to start a new conversation)\n");
+  }
+
+  // Returns false to quit.
+  bool command(const std::string& line) {
+    const size_t sp = line.find(' ');
+    const std::string cmd = line.substr(0, sp);
+    std::string arg = sp == std::string::npos ? "" : line.substr(line.find_first_not_of(' ', sp) == std::string::npos
+                                                                      ? line.size() : line.find_first_not_of(' ', sp));
+    if (cmd == "/quit" || cmd == "/exit") return false;
+    if (cmd == "/reset") {
+      reset();
+      fmt::print("(conversation reset)\n");
+    } else if (cmd == "/stats") {
+      stats();
+    } else if (cmd == "/save") {
+      save(arg);
+    } else if (cmd == "/help") {
+      fmt::print("/reset       start a new conversation (clears the cache)\n"
+                 "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
+                 "/save FILE   write the transcript as JSON messages\n"
+                 "/quit        leave (also /exit, or end of input)\n");
+    } else {
+      fmt::print("unknown command {} (try /help)\n", cmd);
+    }
+    std::fflush(stdout);
+    return true;
+  }
+
+  void stats() {
+    const ModelInfo& info = m_.engine->info();
+    if (turns_ == 0) {
+      fmt::print("no turn yet; session: {} tokens cached (context {})\n", session_->position(), info.max_positions);
+      return;
+    }
+    fmt::print("last turn: prefill tokens: {}, generated tokens: {} ({}), prefill {:.1f} tok/s, decode {:.1f} tok/s\n",
+               last_.prefill, last_.generated, stop_reason_name(last_.stop),
+               double(last_.prefill) / std::max(last_.prefill_s, 1e-9),
+               double(last_.generated) / std::max(last_.decode_s, 1e-9));
+    fmt::print("session: {} turns, {} tokens cached (context {}), prefill tokens total: {}, generated tokens total: {}\n",
+               turns_, session_->position(), info.max_positions, total_prefill_, total_generated_);
+  }
+
+  void save(const std::string& path) {
+    if (path.empty()) {
+      fmt::print("usage: /save FILE\n");
+      return;
+    }
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    for (const auto& m : transcript_) {
+      nlohmann::ordered_json j = {{"role", m.role}, {"content", m.content}};
+      if (!m.reasoning.empty()) j["reasoning_content"] = m.reasoning;
+      msgs.push_back(j);
+    }
+    const nlohmann::ordered_json doc = {{"model", m_.dir}, {"thinking", o_.think}, {"seed", seed_}, {"messages", msgs}};
+    std::ofstream out(path);
+    if (!out || !(out << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n")) {
+      fmt::print("cannot write {}\n", path);
+      return;
+    }
+    fmt::print("saved {} messages to {}\n", transcript_.size(), path);
+  }
+
+  const ChatCliOptions& o_;
+  LoadedModel m_;
+  const Tokenizer& tok_;
+  std::unique_ptr<Session> session_;
+  GenerateOptions gopt_;
+  uint64_t seed_ = 0;
+  int32_t eos_ = -1;
+  std::vector<ChatMessage> transcript_;
+  std::vector<int32_t> carry_;
+  bool started_ = false;
+  int turns_ = 0;
+  TurnStats last_;
+  int64_t total_prefill_ = 0, total_generated_ = 0;
+};
+
+}  // namespace
+
+void register_chat(CLI::App& app) {
+  auto o = std::make_shared<ChatCliOptions>();
+  auto* cmd = app.add_subcommand("chat", "Interactive multi-turn chat; the cache is kept between turns (default model: "
+                                         "the bundled models/tiny)");
+  add_model_options(cmd, o->model);
+  cmd->add_option("--system", o->system, "system prompt");
+  auto* t = cmd->add_flag("--think", o->think, "thinking mode: each reply opens with <think>");
+  cmd->add_flag("--no-think", o->no_think, "non-thinking chat mode (the default)")->excludes(t);
+  cmd->add_option("--reasoning-effort", o->effort, "thinking mode's effort prompt: high (none) or max")
+      ->check(CLI::IsMember({"high", "max"}));
+  add_sampling_options(cmd, o->gen);
+  cmd->callback([o] {
+    try {
+      ChatLoop loop(*o, load_model(o->model));
+      set_exit_code(loop.run());
+    } catch (const std::exception& e) {
+      set_exit_code(report_error(e));
+    }
+  });
+}
+
+}  // namespace plumb::cli

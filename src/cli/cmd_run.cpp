@@ -1,0 +1,117 @@
+// `plumb run [-m DIR] -p TEXT`: one prompt in, the continuation streamed to stdout token by token, then a
+// one-line summary on stderr (prompt / generated tokens, prefill and decode tokens per second).
+#include <charconv>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "core/error.h"
+
+namespace plumb::cli {
+
+namespace {
+
+struct RunOptions {
+  ModelArgs model;
+  GenArgs gen;
+  std::string prompt;
+  std::string ids;  // --ids: raw token ids instead of text
+  bool chat = false, raw = false, think = false, no_think = false;
+  std::string system, effort;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  const char *p = s.data(), *end = p + s.size();
+  while (p < end) {
+    if (*p == ' ' || *p == ',' || *p == '\t') {
+      ++p;
+      continue;
+    }
+    int64_t v = 0;
+    const auto [q, ec] = std::from_chars(p, end, v);
+    PLUMB_CHECK(ec == std::errc() && (q == end || *q == ' ' || *q == ',' || *q == '\t') && v >= INT32_MIN && v <= INT32_MAX,
+                "--ids: \"{}\" is not a list of token ids (integers separated by spaces)", s);
+    ids.push_back(int32_t(v));
+    p = q;
+  }
+  return ids;
+}
+
+int run(const RunOptions& o) {
+  const bool chat = o.chat || !o.system.empty() || o.think || !o.effort.empty();
+  PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think or --reasoning-effort");
+  PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
+  // Checked before the model loads: an empty prompt is a usage error, not something to load 100 GB for.
+  PLUMB_CHECK(!o.prompt.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT");
+  const std::vector<int32_t> given_ids = parse_ids(o.ids);
+  PLUMB_CHECK(o.ids.empty() || !given_ids.empty(), "empty prompt: --ids lists no token ids");
+
+  const LoadedModel m = load_model(o.model);
+  const Tokenizer& tok = *m.tok;
+  const ModelInfo& info = m.engine->info();
+  std::vector<int32_t> prompt;
+  if (!given_ids.empty()) {
+    prompt = given_ids;
+  } else if (chat) {
+    require_chat_tokens(tok);
+    std::vector<ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({"system", o.system, ""});
+    msgs.push_back({"user", o.prompt, ""});
+    prompt = tok.encode(encode_chat(msgs, ChatOptions{o.think, true, true, o.effort}));
+  } else {
+    // As transformers does for DeepSeek: BOS first when tokenizer_config.json says add_bos_token (or, without
+    // one, when config.json names a BOS).
+    const int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : info.bos_token;
+    if (bos >= 0 && (tok.bos_id() >= 0 ? tok.add_bos() : true)) prompt.push_back(bos);
+    const auto ids = tok.encode(o.prompt);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  }
+
+  uint64_t seed = 0;
+  const GenerateOptions gopt = generate_options(o.gen, m, seed);
+  auto session = m.engine->new_session();
+  bool newline = true;
+  const GenerateResult r = generate(*session, info, tok, prompt, gopt, [&](std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);  // stream: every piece as soon as it is final
+    newline = s.back() == '\n';
+  });
+  if (!newline) std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const size_t n = r.tokens.size();
+  fmt::print(stderr, "{} prompt tokens, {} generated tokens ({}), prefill {:.1f} tok/s, decode {:.1f} tok/s, seed {}\n",
+             r.prompt_tokens, n, stop_reason_name(r.stop), double(r.prompt_tokens) / std::max(r.prefill_seconds, 1e-9),
+             double(n) / std::max(r.decode_seconds, 1e-9), seed);
+  return 0;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  auto* cmd = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout (default model: the bundled "
+                                        "models/tiny)");
+  add_model_options(cmd, o->model);
+  auto* p = cmd->add_option("-p,--prompt", o->prompt, "the prompt text");
+  cmd->add_option("--ids", o->ids, "the prompt as token ids (\"0 15 27\"), fed as they are")->excludes(p);
+  auto* c = cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn in the DeepSeek-V4 chat format");
+  cmd->add_flag("--raw", o->raw, "use the prompt as it is, after BOS (the default)")->excludes(c);
+  cmd->add_option("--system", o->system, "system prompt (implies --chat)");
+  auto* t = cmd->add_flag("--think", o->think, "thinking mode: the reply opens with <think> (implies --chat)");
+  cmd->add_flag("--no-think", o->no_think, "non-thinking chat mode (the default)")->excludes(t);
+  cmd->add_option("--reasoning-effort", o->effort, "thinking mode's effort prompt: high (none) or max")
+      ->check(CLI::IsMember({"high", "max"}));
+  add_sampling_options(cmd, o->gen);
+  cmd->callback([o] {
+    try {
+      set_exit_code(run(*o));
+    } catch (const std::exception& e) {
+      set_exit_code(report_error(e));
+    }
+  });
+}
+
+}  // namespace plumb::cli

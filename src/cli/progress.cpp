@@ -1,0 +1,225 @@
+// Model loading for run/chat (cli/progress.h). Engine::load maps the safetensors files (nothing is copied); this
+// file shows that as it happens: the files and their bytes, the mapping time, then an optional page-in pass
+// that reads the files once through the page cache (which the mapping shares) so the first tokens are not
+// stalled on disk, with bytes done, rate and ETA. The page-in is skipped when the weights would not fit in
+// half of the available memory: then pages come in on demand and reading ahead would only evict them again.
+#include "cli/progress.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace plumb::cli {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (b >= 1000.0 && u < 4) b /= 1000.0, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.{}f} {}", b, b < 10 ? 2 : b < 100 ? 1 : 0, units[u]);
+}
+
+namespace {
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// kB value of a "Key:   123 kB" line in a /proc file; -1 if absent.
+int64_t proc_kb(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, key.size() + 1, key + ":") == 0) return std::atoll(line.c_str() + key.size() + 1);
+  return -1;
+}
+
+// The weight files of a checkpoint folder as Engine::load will open them (index shards or model.safetensors).
+std::vector<fs::path> weight_files(const fs::path& dir) {
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::set<std::string> names;
+    try {
+      std::ifstream in(index);
+      const auto j = nlohmann::json::parse(in);
+      for (const auto& [k, v] : j.at("weight_map").items()) names.insert(v.get<std::string>());
+    } catch (const std::exception&) {
+      return {};  // Engine::load reports the malformed index with its own message
+    }
+    std::vector<fs::path> out;
+    for (const auto& n : names) out.push_back(dir / n);
+    return out;
+  }
+  if (fs::exists(dir / "model.safetensors")) return {dir / "model.safetensors"};
+  return {};
+}
+
+// One status line on stderr: rewritten in place on a terminal, printed once (final) otherwise.
+class StatusLine {
+ public:
+  explicit StatusLine(bool quiet) : quiet_(quiet), tty_(isatty(2)) {}
+  void update(const std::string& s) {
+    if (quiet_ || !tty_) return;
+    std::fprintf(stderr, "\r\033[K%s", s.c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void finish(const std::string& s) {
+    if (quiet_) return;
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+    std::fprintf(stderr, "%s\n", s.c_str());
+    shown_ = false;
+  }
+
+ private:
+  bool quiet_, tty_, shown_ = false;
+};
+
+// Reads every file once (8 MB at a time), reporting bytes, rate and ETA. Returns the seconds it took.
+double page_in(const std::vector<fs::path>& files, uint64_t total, StatusLine& line, const std::string& what) {
+  std::vector<char> buf(8 << 20);
+  uint64_t done = 0;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  for (const auto& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY);
+    if (fd < 0) continue;  // Engine::load already opened it; a vanished file is not this pass's business
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) > 0;) {
+      done += uint64_t(n);
+      if (since(last) > 0.1) {
+        last = Clock::now();
+        const double el = since(t0), rate = done / std::max(el, 1e-9);
+        line.update(fmt::format("{}: paging in weights {} / {} ({:.0f}%), {}/s, ETA {:.0f} s", what, human_bytes(double(done)),
+                                human_bytes(double(total)), 100.0 * double(done) / double(std::max<uint64_t>(total, 1)),
+                                human_bytes(rate), double(total - std::min(total, done)) / std::max(rate, 1.0)));
+      }
+    }
+    ::close(fd);
+  }
+  return since(t0);
+}
+
+}  // namespace
+
+std::string memory_report() {
+  const int64_t rss = proc_kb("/proc/self/status", "VmRSS"), anon = proc_kb("/proc/self/status", "RssAnon"),
+                file = proc_kb("/proc/self/status", "RssFile");
+  if (rss < 0) return {};
+  if (anon < 0 || file < 0) return fmt::format("RSS {}", human_bytes(rss * 1024.0));
+  return fmt::format("RSS {} = {} anonymous + {} file-backed", human_bytes(rss * 1024.0), human_bytes(anon * 1024.0),
+                     human_bytes(file * 1024.0));
+}
+
+void add_model_options(CLI::App* cmd, ModelArgs& a) {
+  cmd->add_option("-m,--model", a.dir,
+                  fmt::format("model folder: config.json, safetensors weights, tokenizer.json (default: the bundled {}, "
+                              "relative to the current directory)", kDefaultModel));
+  cmd->add_option("--patches", a.patches, "comma-separated speed patches / numerics mode (see `plumb patches`)");
+  cmd->add_flag("--no-preload", a.no_preload, "do not page the weights in after mapping them (they load on first use)");
+  cmd->add_flag("-q,--quiet", a.quiet, "no loading progress or memory lines on stderr");
+}
+
+void add_sampling_options(CLI::App* cmd, GenArgs& a) {
+  SamplingParams& s = a.gen.sampling;
+  cmd->add_option("-n,--max-tokens", a.gen.max_tokens, "most tokens to generate")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "sampling seed (default: a random one, printed in the summary)");
+  cmd->add_option("--temperature", s.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
+  cmd->add_option("--top-p", s.top_p, "keep the smallest set of tokens whose probability reaches p; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--min-p", s.min_p, "drop tokens less likely than min-p times the top token; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", s.repeat_penalty, "divide (multiply if negative) the logits of recent tokens; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", s.presence_penalty, "subtract from the logit of every recent token")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", s.frequency_penalty, "subtract this times its count from each recent token's logit")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", s.penalty_last_n, "how many recent tokens the penalties look at; -1 = all")
+      ->capture_default_str();
+  cmd->add_option("--stop", a.gen.stop_strings, "stop when the output contains this text (repeatable; not printed)");
+  cmd->add_option("--stop-token", a.stop_token_ids, "stop at this token id (repeatable; EOS always stops)");
+}
+
+LoadedModel load_model(const ModelArgs& a) {
+  LoadedModel m;
+  if (a.dir.empty()) {
+    PLUMB_CHECK(fs::is_directory(kDefaultModel),
+                "no model given (-m DIR) and the bundled default model {} is not in the current directory {}: run "
+                "from the plumb repository root or pass -m DIR", kDefaultModel, fs::current_path().string());
+    m.dir = kDefaultModel;
+  } else {
+    PLUMB_CHECK(fs::exists(a.dir), "model folder {} does not exist", a.dir);
+    PLUMB_CHECK(fs::is_directory(a.dir), "{} is not a folder: -m takes the model folder (config.json, weights, "
+                "tokenizer.json)", a.dir);
+    m.dir = a.dir;
+  }
+  m.tok.emplace(Tokenizer::load(m.dir));
+
+  const auto files = weight_files(m.dir);
+  uint64_t total = 0;
+  for (const auto& f : files) total += fs::exists(f) ? fs::file_size(f) : 0;
+  const std::string what = fmt::format("loading {}", m.dir);
+  const std::string weights = fmt::format("{} of weights in {} file{}", human_bytes(double(total)), files.size(),
+                                          files.size() == 1 ? "" : "s");
+  StatusLine line(a.quiet);
+  const auto t0 = Clock::now();
+  // Mapping runs on a worker so the line can show that something is happening on a slow (network) disk.
+  auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, EngineOptions{a.patches, "cpu"}); });
+  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready)
+    line.update(fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));
+  m.engine = fut.get();
+  const double map_s = since(t0);
+
+  std::string paged = "not paged in (--no-preload)";
+  if (!a.no_preload) {
+    const int64_t avail_kb = proc_kb("/proc/meminfo", "MemAvailable");
+    if (avail_kb >= 0 && double(total) > 0.5 * double(avail_kb) * 1024.0) {
+      paged = fmt::format("not paged in ({} available: pages load on first use)", human_bytes(avail_kb * 1024.0));
+    } else {
+      const double s = page_in(files, total, line, what);
+      paged = fmt::format("paged in at {}/s", human_bytes(double(total) / std::max(s, 1e-6)));
+    }
+  }
+  const auto& info = m.engine->info();
+  line.finish(fmt::format("loaded {}: {}; {}, mapped in {:.2f} s, {}", m.dir, info.summary, weights, map_s, paged));
+  if (!a.quiet) {
+    const std::string mem = memory_report();
+    if (!mem.empty())
+      std::fprintf(stderr, "memory: %s (the weights are mapped from the files, not copied)\n", mem.c_str());
+  }
+  m.eos = info.eos_token >= 0 ? info.eos_token : m.tok->eos_id();
+  return m;
+}
+
+GenerateOptions generate_options(const GenArgs& a, const LoadedModel& m, uint64_t& seed) {
+  GenerateOptions g = a.gen;
+  seed = a.seed ? *a.seed : std::random_device{}();
+  g.sampling.seed = seed;
+  g.stop_tokens = a.stop_token_ids;
+  if (m.eos >= 0) g.stop_tokens.push_back(m.eos);
+  if (m.tok->eos_id() >= 0 && m.tok->eos_id() != m.eos) g.stop_tokens.push_back(m.tok->eos_id());
+  return g;
+}
+
+int report_error(const std::exception& e) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 1;
+}
+
+}  // namespace plumb::cli

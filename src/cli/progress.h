@@ -1,0 +1,53 @@
+// Loading a model for `plumb run` / `plumb chat`: the bundled default folder, a progress line (bytes, rate, ETA)
+// while the weights are mapped and paged in, the memory report, and the model / sampling options both share.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "plumb/engine.h"
+#include "plumb/text.h"
+
+namespace plumb::cli {
+
+inline constexpr const char* kDefaultModel = "models/tiny";  // relative to the current directory
+
+struct ModelArgs {
+  std::string dir;  // "" = kDefaultModel
+  std::string patches;
+  bool no_preload = false;
+  bool quiet = false;
+};
+void add_model_options(CLI::App* cmd, ModelArgs& a);
+
+struct GenArgs {
+  GenerateOptions gen;
+  std::optional<uint64_t> seed;
+  std::vector<int32_t> stop_token_ids;
+};
+void add_sampling_options(CLI::App* cmd, GenArgs& a);
+
+struct LoadedModel {
+  std::string dir;
+  std::shared_ptr<Engine> engine;
+  std::optional<Tokenizer> tok;
+  int32_t eos = -1;  // config.json's eos_token_id, else tokenizer_config's
+};
+// Tokenizer first (a missing or malformed tokenizer.json fails before any weight is touched), then the
+// engine, with a progress line and a memory report on stderr (unless quiet).
+LoadedModel load_model(const ModelArgs& a);
+
+// The options as given, with the seed resolved (a random one when --seed is absent) and EOS added to the
+// stop tokens.
+GenerateOptions generate_options(const GenArgs& a, const LoadedModel& m, uint64_t& seed);
+
+std::string human_bytes(double bytes);
+// "RSS 12.3 MB = 8.1 MB anonymous + 4.2 MB file-backed" from /proc/self/status ("" where unavailable).
+std::string memory_report();
+
+// Prints "error: <what>" on stderr (after flushing stdout) and returns the exit status 1.
+int report_error(const std::exception& e);
+
+}  // namespace plumb::cli

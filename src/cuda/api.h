@@ -1,0 +1,256 @@
+// The CUDA backend's host API (plain C++: no CUDA header needed to use it). Built only with -DPLUMB_CUDA=ON; without
+// it, available() says so and run_bench() fails with that message (src/cuda/stub.cpp), nothing else is linked.
+//
+// First slice of issue 6: the decode kernels that stream weights (routed MXFP4 experts, FP8 block-scaled
+// projections and shared expert) and the router. Every kernel has a CPU twin in tests/cuda and a differential test.
+//
+// Numerics of the weight-streaming kernels (W4A16 / W8A16): weights stay in their checkpoint formats in device
+// memory (packed E2M1 + E8M0 per 32, or E4M3 + 128x128 E8M0/F32 blocks) and are converted to fp16 in registers;
+// activations (fp32, bf16 or fp16 in memory) enter the tensor cores as fp16; products accumulate in fp32 and
+// the block scales are applied to the fp32 partial sums. Every weight value is exact in fp16; the activation's
+// fp16 rounding (2^-11 relative, finer than bf16) is the only rounding before accumulation. fp16's range
+// (|x| < 65504) holds RMS-normed activations: |x_i| <= sqrt(D) * max|gamma| (64 * max|gamma| at D = 4096).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/experts.h"
+#include "model/router.h"
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
+namespace plumb::cuda {
+
+using Stream = CUstream_st*;  // nullptr: the default stream
+
+// ---- device and memory ----
+
+struct DeviceInfo {
+  std::string name;
+  int cc_major = 0, cc_minor = 0, sm_count = 0;
+  size_t l2_bytes = 0, mem_bytes = 0;
+  int driver = 0, runtime = 0;
+};
+
+// True when a CUDA device of compute capability 9.x can run this build's kernels; otherwise false and `why`
+// says what is missing (no driver, no device, another architecture, or a build without CUDA).
+bool available(std::string* why = nullptr);
+DeviceInfo device_info();
+void synchronize();  // waits for the device; throws plumb::Error on any pending CUDA error
+
+// Owning device allocation (cudaMalloc). Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return n_; }
+  void upload(const void* src, size_t bytes, size_t offset = 0);
+  void download(void* dst, size_t bytes, size_t offset = 0) const;
+  void fill_byte(int value);  // cudaMemset (tests poison outputs with 0xFF: NaN in fp16/fp32)
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), b.bytes());
+  return b;
+}
+template <class T>
+std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
+  std::vector<T> v(count);
+  b.download(v.data(), count * sizeof(T));
+  return v;
+}
+
+enum class Act { F32, BF16, F16 };  // activation storage type
+size_t act_size(Act a);
+
+// Scratch for split-K reductions and the router's partial sums. Grows on demand (a launch that grows it
+// synchronizes the device first). Its counters reset themselves after each launch; one workspace must not serve
+// two launches that run concurrently on different streams.
+class Workspace {
+ public:
+  float* partial(size_t floats);        // >= floats of scratch
+  unsigned* counters(size_t count);     // >= count zeroed counters
+  uint16_t* half(size_t count);         // >= count f16 (activations converted for the kernels)
+ private:
+  DeviceBuffer partial_, counters_, half_;
+};
+
+// ---- weights ----
+
+// MXFP4 matrices [rows, cols] of `count` experts, in the decode layout: the checkpoint's E2M1 codes (4 bits each,
+// still packed two per byte) permuted within each 64-byte row block so that one 16-byte load gives a lane its
+// tensor-core fragment (see repack_fp4_decode), and the checkpoint's E8M0 scales [rows, cols/32] unchanged.
+struct Fp4Matrices {
+  DeviceBuffer codes, scales;
+  int64_t count = 0, rows = 0, cols = 0;
+  size_t code_bytes() const { return size_t(rows * cols / 2); }   // per matrix
+  size_t scale_bytes() const { return size_t(rows * cols / 32); }  // per matrix
+};
+// The layout permutation, on the host (exposed for tests; upload_fp4 applies it). `packed` is the checkpoint
+// layout [rows, cols/2] (even column in the low nibble); cols % 128 == 0.
+std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols);
+std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols);  // the inverse
+// Uploads `count` matrices given in the checkpoint layout (codes [rows, cols/2] and E8M0 scales [rows, cols/32]).
+Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vector<const uint8_t*>& scales, int64_t rows,
+                       int64_t cols);
+// Allocation only (the bench fills it with random codes on the device).
+Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols);
+
+// An FP8 E4M3 matrix [rows, cols] with 128x128 block scales [ceil(rows/128), ceil(cols/128)], E8M0 or F32.
+struct Fp8Matrix {
+  DeviceBuffer codes, scales;
+  int64_t rows = 0, cols = 0;
+  bool scale_f32 = false;
+  int64_t scale_cols() const { return (cols + 127) / 128; }
+  size_t scale_bytes() const { return size_t(((rows + 127) / 128) * scale_cols()) * (scale_f32 ? 4 : 1); }
+};
+Fp8Matrix upload_fp8(const uint8_t* codes, const void* scales, bool scale_f32, int64_t rows, int64_t cols);
+Fp8Matrix alloc_fp8(int64_t rows, int64_t cols, bool scale_f32 = false);
+
+// The routed experts of one MoE layer: w1 (gate) and w3 (up) [I, D], w2 (down) [D, I], for E experts.
+struct MoeExperts {
+  Fp4Matrices w1, w3, w2;
+  int64_t E = 0, D = 0, I = 0;
+};
+// The shared expert (FP8): w1, w3 [I, D], w2 [D, I].
+struct Fp8Expert {
+  Fp8Matrix w1, w3, w2;
+};
+// Router parameters: gate [E, D] bf16 (as the checkpoint holds it), bias [E] f32 (learned layers), tid2eid [V, K]
+// int32 (hash layers).
+struct RouterWeights {
+  DeviceBuffer gate, bias, tid2eid;
+  int64_t E = 0, D = 0, vocab = 0;
+};
+
+// From the reference backend's views of a checkpoint (model/weights.h): the codes and scales are recovered
+// exactly from Matrix::row_raw. FP8 scales are kept as E8M0 when every one is a power of two, else as F32.
+Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats);  // all FP4Group, one shape
+Fp8Matrix upload_fp8(const Matrix& m);                           // FP8Block
+MoeExperts upload_experts(const MoeWeights& w);                  // the routed experts (FP4)
+Fp8Expert upload_expert_fp8(const ExpertWeights& e);             // e.g. the shared expert (FP8)
+// Gate rounded to bf16 (exact for a bf16 checkpoint; the official code's bf16 parameter otherwise), bias and
+// tid2eid (validated against E) when present.
+RouterWeights upload_router(const MoeWeights& w, int64_t E, int64_t D);
+
+// ---- kernels (all asynchronous on `stream`; pointers are device pointers) ----
+// The weight-streaming kernels take f16 activations; an F32 or BF16 input is first converted into the
+// workspace (one small launch). Producers that can write f16 directly (the router's x16) avoid it.
+
+// y[t, :] = W x[t, :] for t < n, fp32 out. x rows are `ldx` elements apart (an Act), y rows `ldy` floats apart.
+// rows % 16 == 0, cols % 128 == 0.
+void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws,
+                Stream s = nullptr);
+// Grouped projection (DeepSeek's wo_a): W holds G groups of rows/G rows; group g maps x[t, g, :] (cols wide,
+// x rows G*cols apart) to y[t, g*rows/G ...]. y is [n, rows].
+void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, Workspace& ws,
+                        Stream s = nullptr);
+
+// The shared expert: h = silu(min(W1 x, L)) * clamp(W3 x, -L, L) (fp16, [n, I] in `h`), y = W2 h (fp32 [n, D]).
+// limit <= 0: no clamp.
+void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
+                    Stream s = nullptr);
+
+// Routing on the device: idx [n, K] int32, weight [n, K] f32 (placement P: contains routed_scaling_factor iff
+// Folded), logits [n, E] f32, select [n, E] f32 (learned layers; may be null).
+template <Rsf P>
+struct DeviceRouting {
+  int32_t* idx = nullptr;
+  float* weight = nullptr;
+  float* logits = nullptr;
+  float* select = nullptr;
+  int n = 0, K = 0;
+};
+
+struct RouterConfig {
+  int64_t E = 0, K = 0, D = 0;
+  ScoreFunc score = ScoreFunc::SqrtSoftplus;
+  double routed_scaling = 1.0;
+  bool hash = false;    // tid2eid[token] selects; no bias
+  bool renorm = true;   // false: the official softmax scoring (weights are the scores)
+};
+RouterConfig router_config(const ModelConfig& c, MlpType type);
+
+// One kernel for the whole token batch: fp32 logits (fp64 accumulation of x . bf16 gate, as the reference),
+// stable scores, bias for selection only, top-k (equal scores: lower expert id first), renormalization with the
+// 1e-20 floor, routed_scaling_factor folded in iff P == Folded. `tokens` (device, int32 [n]) for hash layers.
+// `x16` (optional, [n, D]): the kernel also writes x as f16, the input of the routed experts.
+template <Rsf P>
+void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt, int n, const int32_t* tokens,
+           const DeviceRouting<P>& out, Workspace& ws, Stream s = nullptr, uint16_t* x16 = nullptr);
+
+// Routed experts for decode. gate_up: for every (token t, choice k), h[t*K + k, :] = silu(min(W1_e x_t, L)) *
+// clamp(W3_e x_t, -L, L) with e = idx[t, k] (times weight[t, k] when `pre_weight` is given: the official order);
+// each selected expert's weights are read once per launch whichever tokens chose it. h is fp16 (`h16`) or fp32
+// (`h32`, for tests); exactly one is non-null.
+void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s = nullptr);
+// ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first).
+void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
+              Workspace& ws, Stream s = nullptr);
+// y[t, :] = out_scale * sum_k weight[t, k] * ys[t*K + k, :] (+ add[t, :]), k in order: deterministic. weight null:
+// unit weights (the weight was applied before W2).
+void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,
+                 Stream s = nullptr);
+
+// Scratch the routed-expert path needs between its kernels (and the router's f16 copy of x).
+struct MoeScratch {
+  DeviceBuffer h, ys, x16;
+  void reserve(int n, int K, int64_t D, int64_t I);
+};
+
+// The GPU expert runners, under the routed-scaling contract of model/experts.h: each consumes one placement.
+struct GpuRunnerFolded {
+  static constexpr Rsf consumes = Rsf::Folded;
+  static float output_scale(const ModelConfig&) { return 1.0f; }
+};
+struct GpuRunnerScalesOutput {
+  static constexpr Rsf consumes = Rsf::Unfolded;
+  static float output_scale(const ModelConfig& c) { return float(c.routed_scaling); }
+};
+
+// routed(x) for the decode batch: gate_up -> down -> combine (+ `add`, e.g. the shared expert's output), from the
+// f16 activations the router wrote (route(..., x16)). A runner accepts only the placement it declares, so the
+// factor is applied exactly once.
+template <class Runner, Rsf P>
+  requires RunnerAccepts<Runner, P>
+void moe_routed(const Runner&, const ModelConfig& c, const MoeExperts& m, const DeviceRouting<P>& r, const uint16_t* x16,
+                MoeScratch& scratch, Workspace& ws, const float* add, float* y, Stream s = nullptr) {
+  scratch.reserve(r.n, r.K, m.D, m.I);
+  moe_gate_up(m, r.idx, r.n, r.K, x16, Act::F16, c.swiglu_limit, nullptr, scratch.h.as<uint16_t>(), nullptr, ws, s);
+  moe_down(m, r.idx, r.n, r.K, scratch.h.as<uint16_t>(), nullptr, scratch.ys.as<float>(), ws, s);
+  moe_combine(scratch.ys.as<float>(), r.weight, r.n, r.K, m.D, Runner::output_scale(c), add, y, s);
+}
+
+// ---- bench (src/cuda/bench.cu) ----
+
+struct BenchOptions {
+  int iters = 30;          // timed repetitions per kernel (median reported)
+  int warmup = 3;
+  std::string json;        // write the results here too ("" = no)
+  bool flush_l2 = true;    // read a buffer larger than L2 before each timed run (cold weights, as in decode)
+  bool profile = false;    // only launch each main kernel once (for a profiler such as ncu), no timing
+};
+// Runs the bench on the first device; prints the table to stdout. Returns the process exit code (non-zero
+// without a usable GPU, with the reason on stderr).
+int run_bench(const BenchOptions& o);
+
+}  // namespace plumb::cuda

@@ -1,0 +1,450 @@
+// The CUDA backend's host side (cuda/api.h): buffers, weight upload into the device layouts, launch parameters.
+// Compiled into plumb_core only when the build has CUDA (PLUMB_WITH_CUDA, set by cmake/PlumbCuda.cmake).
+#ifdef PLUMB_WITH_CUDA
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "cuda/api.h"
+#include "cuda/kernels.h"
+#include "formats/numeric.h"
+
+namespace plumb::cuda {
+
+namespace d = detail;
+
+bool available(std::string* why) { return d::probe(why); }
+
+DeviceInfo device_info() {
+  const d::Info i = d::info();
+  DeviceInfo r;
+  r.name = i.name;
+  r.cc_major = i.cc_major, r.cc_minor = i.cc_minor, r.sm_count = i.sm_count;
+  r.l2_bytes = i.l2_bytes, r.mem_bytes = i.mem_bytes, r.driver = i.driver, r.runtime = i.runtime;
+  return r;
+}
+
+void synchronize() { d::dsync(); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : p_(d::dmalloc(bytes)), n_(bytes) {}
+DeviceBuffer::~DeviceBuffer() { d::dfree(p_); }
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    d::dfree(p_);
+    p_ = o.p_, n_ = o.n_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
+  PLUMB_CHECK(offset + bytes <= n_, "device upload of {} bytes at {} overflows a buffer of {}", bytes, offset, n_);
+  d::h2d(static_cast<char*>(p_) + offset, src, bytes);
+}
+void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
+  PLUMB_CHECK(offset + bytes <= n_, "device download of {} bytes at {} overflows a buffer of {}", bytes, offset, n_);
+  d::d2h(dst, static_cast<const char*>(p_) + offset, bytes);
+}
+void DeviceBuffer::fill_byte(int value) { d::dmemset(p_, value, n_); }
+
+size_t act_size(Act a) { return a == Act::F32 ? 4 : 2; }
+
+float* Workspace::partial(size_t floats) {
+  if (partial_.bytes() < floats * sizeof(float)) {
+    d::dsync();
+    partial_ = DeviceBuffer(std::max<size_t>(floats, 1 << 16) * sizeof(float));
+  }
+  return partial_.as<float>();
+}
+
+uint16_t* Workspace::half(size_t count) {
+  if (half_.bytes() < count * 2) {
+    d::dsync();
+    half_ = DeviceBuffer(std::max<size_t>(count, 1 << 16) * 2);
+  }
+  return half_.as<uint16_t>();
+}
+
+unsigned* Workspace::counters(size_t count) {
+  if (counters_.bytes() < count * sizeof(unsigned)) {
+    d::dsync();
+    counters_ = DeviceBuffer(std::max<size_t>(count, 4096) * sizeof(unsigned));
+    counters_.fill_byte(0);
+  }
+  return counters_.as<unsigned>();
+}
+
+// ---- FP4 decode layout ----
+// Per row, per 128-column chunk c (64 bytes): lane t (0..3) of a tensor-core fragment reads the 16 bytes at
+// 64c + 16t; word j of them holds the 8 elements e0..e7 = [32(4c+j) + 8t, +8) of scale group 4c+j. Byte b of the
+// word holds L = (e0, e1, e4, e5)[b] and H = (e2, e3, e6, e7)[b], each a 4-bit E2M1 code s.m2.m1.m0, at
+//   bit 7 = s(L), bits 4..2 = m(L), bit 5 = s(H), bits 1..0 = m1 m0 (H), bit 6 = m2(H),
+// so that the kernel gets the E4M3 bytes s.0.0.m2.m1.m0.0.0 of the L codes with one AND and of the H codes with
+// two shifts and two ANDs (common.cuh, fp4x8_to_f16x2). Every code keeps its 4 bits: the layout is a permutation.
+
+namespace {
+inline uint8_t nib(const uint8_t* row, int64_t k) { return (row[k >> 1] >> (4 * (k & 1))) & 0xF; }
+inline uint8_t pack_lh(uint8_t L, uint8_t H) {
+  return uint8_t(((L >> 3) << 7) | ((L & 7) << 2) | (((H >> 3) & 1) << 5) | (H & 3) | (((H >> 2) & 1) << 6));
+}
+inline uint8_t unpack_l(uint8_t b) { return uint8_t(((b >> 7) << 3) | ((b >> 2) & 7)); }
+inline uint8_t unpack_h(uint8_t b) { return uint8_t((((b >> 5) & 1) << 3) | (((b >> 6) & 1) << 2) | (b & 3)); }
+constexpr int kL[4] = {0, 1, 4, 5}, kH[4] = {2, 3, 6, 7};
+}  // namespace
+
+std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols) {
+  PLUMB_CHECK(cols % 128 == 0, "FP4 decode layout: columns ({}) must be a multiple of 128", cols);
+  std::vector<uint8_t> out(size_t(rows * cols / 2));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = packed + r * cols / 2;
+    uint8_t* dst = out.data() + r * cols / 2;
+    for (int64_t c = 0; c < cols / 128; ++c)
+      for (int t = 0; t < 4; ++t)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t e0 = (4 * c + j) * 32 + 8 * t;
+          uint8_t* w = dst + 64 * c + 16 * t + 4 * j;
+          for (int b = 0; b < 4; ++b) w[b] = pack_lh(nib(src, e0 + kL[b]), nib(src, e0 + kH[b]));
+        }
+  }
+  return out;
+}
+
+std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols) {
+  PLUMB_CHECK(cols % 128 == 0, "FP4 decode layout: columns ({}) must be a multiple of 128", cols);
+  std::vector<uint8_t> out(size_t(rows * cols / 2), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = repacked + r * cols / 2;
+    uint8_t* dst = out.data() + r * cols / 2;
+    auto put = [&](int64_t k, uint8_t v) { dst[k >> 1] = uint8_t(dst[k >> 1] | (v << (4 * (k & 1)))); };
+    for (int64_t c = 0; c < cols / 128; ++c)
+      for (int t = 0; t < 4; ++t)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t e0 = (4 * c + j) * 32 + 8 * t;
+          const uint8_t* w = src + 64 * c + 16 * t + 4 * j;
+          for (int b = 0; b < 4; ++b) {
+            put(e0 + kL[b], unpack_l(w[b]));
+            put(e0 + kH[b], unpack_h(w[b]));
+          }
+        }
+  }
+  return out;
+}
+
+Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols) {
+  PLUMB_CHECK(rows % 16 == 0 && cols % 128 == 0, "FP4 matrices [{}, {}]: rows must be a multiple of 16, columns of 128", rows,
+              cols);
+  Fp4Matrices m;
+  m.count = count, m.rows = rows, m.cols = cols;
+  m.codes = DeviceBuffer(size_t(count) * m.code_bytes());
+  m.scales = DeviceBuffer(size_t(count) * m.scale_bytes());
+  return m;
+}
+
+Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vector<const uint8_t*>& scales, int64_t rows,
+                       int64_t cols) {
+  PLUMB_CHECK(codes.size() == scales.size() && !codes.empty(), "upload_fp4: {} code and {} scale tensors", codes.size(),
+              scales.size());
+  Fp4Matrices m = alloc_fp4(int64_t(codes.size()), rows, cols);
+  for (size_t i = 0; i < codes.size(); ++i) {
+    for (size_t b = 0; b < m.scale_bytes(); ++b)
+      PLUMB_CHECK(scales[i][b] != 0xFF, "upload_fp4: matrix {} has a NaN (0xFF) E8M0 scale at {}", i, b);
+    const auto rp = repack_fp4_decode(codes[i], rows, cols);
+    m.codes.upload(rp.data(), rp.size(), i * m.code_bytes());
+    m.scales.upload(scales[i], m.scale_bytes(), i * m.scale_bytes());
+  }
+  return m;
+}
+
+namespace {
+
+uint8_t e2m1_code(float v) {
+  static const float lut[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (uint8_t c = 0; c < 8; ++c)
+    if (std::fabs(v) == lut[c]) return uint8_t(c | (std::signbit(v) ? 8 : 0));
+  fail("value {} is not an E2M1 code", v);
+}
+
+// The E8M0 byte of a power-of-two scale (2^-127 .. 2^127); -1 if `s` is not one.
+int e8m0_code(float s) {
+  if (std::isnan(s)) return 255;
+  if (!(s > 0) || std::isinf(s)) return -1;
+  uint32_t bits;
+  std::memcpy(&bits, &s, 4);
+  if (bits == 0x00400000u) return 0;  // 2^-127
+  if (bits & 0x7FFFFFu) return -1;
+  return int(bits >> 23);
+}
+
+}  // namespace
+
+Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats) {
+  PLUMB_CHECK(!mats.empty(), "upload_fp4: no matrices");
+  const int64_t rows = mats[0]->rows(), cols = mats[0]->cols();
+  Fp4Matrices m = alloc_fp4(int64_t(mats.size()), rows, cols);
+  std::vector<float> vals(static_cast<size_t>(cols)), sc(size_t(cols / 32));
+  std::vector<uint8_t> codes(m.code_bytes()), scales(m.scale_bytes());
+  for (size_t i = 0; i < mats.size(); ++i) {
+    const Matrix& w = *mats[i];
+    PLUMB_CHECK(w.layout() == Matrix::Layout::FP4Group && w.rows() == rows && w.cols() == cols,
+                "upload_fp4: {} is not a packed FP4 [{}, {}] matrix", w.name(), rows, cols);
+    std::fill(codes.begin(), codes.end(), 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      w.row_raw(r, vals.data(), sc.data());
+      for (int64_t k = 0; k < cols; ++k) codes[size_t(r * cols / 2 + k / 2)] |= uint8_t(e2m1_code(vals[size_t(k)]) << (4 * (k & 1)));
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const int c = e8m0_code(sc[size_t(b)]);
+        PLUMB_CHECK(c >= 0 && c != 255, "upload_fp4: scale {} of {} is not a finite E8M0 value", sc[size_t(b)], w.name());
+        scales[size_t(r * (cols / 32) + b)] = uint8_t(c);
+      }
+    }
+    const auto rp = repack_fp4_decode(codes.data(), rows, cols);
+    m.codes.upload(rp.data(), rp.size(), i * m.code_bytes());
+    m.scales.upload(scales.data(), scales.size(), i * m.scale_bytes());
+  }
+  return m;
+}
+
+Fp8Matrix alloc_fp8(int64_t rows, int64_t cols, bool scale_f32) {
+  PLUMB_CHECK(rows % 16 == 0 && cols % 128 == 0, "FP8 matrix [{}, {}]: rows must be a multiple of 16, columns of 128", rows,
+              cols);
+  Fp8Matrix m;
+  m.rows = rows, m.cols = cols, m.scale_f32 = scale_f32;
+  m.codes = DeviceBuffer(size_t(rows * cols));
+  m.scales = DeviceBuffer(m.scale_bytes());
+  return m;
+}
+
+Fp8Matrix upload_fp8(const uint8_t* codes, const void* scales, bool scale_f32, int64_t rows, int64_t cols) {
+  Fp8Matrix m = alloc_fp8(rows, cols, scale_f32);
+  m.codes.upload(codes, size_t(rows * cols));
+  m.scales.upload(scales, m.scale_bytes());
+  return m;
+}
+
+Fp8Matrix upload_fp8(const Matrix& w) {
+  PLUMB_CHECK(w.layout() == Matrix::Layout::FP8Block, "upload_fp8: {} is not an FP8 block-scaled matrix", w.name());
+  const int64_t rows = w.rows(), cols = w.cols(), sr = (rows + 127) / 128, scn = (cols + 127) / 128;
+  std::vector<uint8_t> codes(size_t(rows * cols));
+  std::vector<float> sf(size_t(sr * scn)), vals(static_cast<size_t>(cols)), sc(static_cast<size_t>(scn));
+  for (int64_t r = 0; r < rows; ++r) {
+    w.row_raw(r, vals.data(), sc.data());
+    for (int64_t k = 0; k < cols; ++k) {
+      const uint8_t c = fmt8::f32_to_e4m3(vals[size_t(k)]);
+      PLUMB_CHECK(fmt8::e4m3_to_f32(c) == vals[size_t(k)] || std::isnan(vals[size_t(k)]), "upload_fp8: {} row {} col {} is not E4M3",
+                  w.name(), r, k);
+      codes[size_t(r * cols + k)] = std::isnan(vals[size_t(k)]) ? uint8_t(0x7F) : c;
+    }
+    if (r % 128 == 0) std::copy(sc.begin(), sc.end(), sf.begin() + (r / 128) * scn);
+  }
+  bool pow2 = true;
+  for (float s : sf) {
+    PLUMB_CHECK(std::isfinite(s), "upload_fp8: {} has a non-finite block scale", w.name());
+    pow2 = pow2 && e8m0_code(s) >= 0;
+  }
+  if (!pow2) return upload_fp8(codes.data(), sf.data(), true, rows, cols);
+  std::vector<uint8_t> s8(sf.size());
+  for (size_t i = 0; i < sf.size(); ++i) s8[i] = uint8_t(e8m0_code(sf[i]));
+  return upload_fp8(codes.data(), s8.data(), false, rows, cols);
+}
+
+MoeExperts upload_experts(const MoeWeights& w) {
+  MoeExperts m;
+  PLUMB_CHECK(!w.experts.empty(), "upload_experts: no routed experts");
+  std::vector<const Matrix*> w1, w2, w3;
+  for (const auto& e : w.experts) w1.push_back(&e.w1), w2.push_back(&e.w2), w3.push_back(&e.w3);
+  m.w1 = upload_fp4(w1), m.w3 = upload_fp4(w3), m.w2 = upload_fp4(w2);
+  m.E = int64_t(w.experts.size()), m.I = m.w1.rows, m.D = m.w1.cols;
+  PLUMB_CHECK(m.w2.rows == m.D && m.w2.cols == m.I, "upload_experts: w2 is [{}, {}], expected [{}, {}]", m.w2.rows, m.w2.cols, m.D,
+              m.I);
+  return m;
+}
+
+Fp8Expert upload_expert_fp8(const ExpertWeights& e) {
+  Fp8Expert r;
+  r.w1 = upload_fp8(e.w1), r.w3 = upload_fp8(e.w3), r.w2 = upload_fp8(e.w2);
+  return r;
+}
+
+RouterWeights upload_router(const MoeWeights& w, int64_t E, int64_t D) {
+  PLUMB_CHECK(w.gate.rows() == E && w.gate.cols() == D, "upload_router: gate is [{}, {}], expected [{}, {}]", w.gate.rows(),
+              w.gate.cols(), E, D);
+  RouterWeights r;
+  r.E = E, r.D = D;
+  std::vector<uint16_t> g(size_t(E * D));
+  std::vector<float> row(static_cast<size_t>(D));
+  for (int64_t e = 0; e < E; ++e) {
+    w.gate.row(e, row.data());
+    for (int64_t k = 0; k < D; ++k) g[size_t(e * D + k)] = fmt8::f32_to_bf16(row[size_t(k)]);
+  }
+  r.gate = to_device(g);
+  if (w.bias.numel()) r.bias = to_device(w.bias.data);
+  if (w.tid2eid.numel()) {
+    std::vector<int32_t> t(size_t(w.tid2eid.numel()));
+    for (int64_t i = 0; i < w.tid2eid.numel(); ++i) {
+      PLUMB_CHECK(w.tid2eid[i] >= 0 && w.tid2eid[i] < E, "upload_router: tid2eid entry {} is {}, outside [0, {})", i,
+                  w.tid2eid[i], E);
+      t[size_t(i)] = int32_t(w.tid2eid[i]);
+    }
+    r.tid2eid = to_device(t);
+    r.vocab = w.tid2eid.dim(0);
+  }
+  return r;
+}
+
+// ---- launches ----
+
+namespace {
+
+d::GemvArgs base_args(d::Fmt fmt) {
+  d::GemvArgs a;
+  a.fmt = fmt;
+  return a;
+}
+
+// Warps per block and blocks along K for a dense decode GEMV: enough warps to cover the GPU (~2k), each with
+// at least one 128-wide chunk.
+void dense_split(d::GemvArgs& a, int n) {
+  const int64_t tiles = a.rows / 16, chunks = a.cols / 128;
+  a.warps = int(std::min<int64_t>(8, chunks));
+  a.kblocks = 1;
+  if (n > 8) return;
+  while (tiles * a.problems * a.kblocks * a.warps < 2048 && chunks >= int64_t(a.warps) * a.kblocks * 2 && a.kblocks < 32)
+    a.kblocks *= 2;
+}
+
+void fill_fp8(d::GemvArgs& a, int q, const Fp8Matrix& w) {
+  a.w[q] = w.codes.as<uint8_t>();
+  a.s[q] = w.scales.get();
+  a.rows = w.rows, a.cols = w.cols, a.s_ld = w.scale_cols(), a.s_f32 = w.scale_f32 ? 1 : 0;
+}
+
+void attach_workspace(d::GemvArgs& a, Workspace& ws) {
+  if (a.kblocks <= 1) return;
+  const size_t keys = size_t(a.problems) * size_t(a.rows / 16);
+  a.partial = ws.partial(keys * size_t(a.kblocks) * size_t(a.nmat) * 4 * 32);
+  a.counters = ws.counters(keys);
+}
+
+}  // namespace
+
+void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws, Stream s) {
+  d::GemvArgs a = base_args(d::kFp8);
+  fill_fp8(a, 0, w);
+  a.act = int(xt), a.x = x, a.x_tok_stride = ldx, a.out = y, a.o_tok_stride = ldy, a.n = n;
+  dense_split(a, n);
+  attach_workspace(a, ws);
+  d::launch_gemv(a, s);
+}
+
+void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, Workspace& ws, Stream s) {
+  PLUMB_CHECK(groups >= 1 && w.rows % (int64_t(groups) * 128) == 0,
+              "grouped projection: {} rows do not split into {} groups of whole 128-row blocks", w.rows, groups);
+  d::GemvArgs a = base_args(d::kFp8);
+  fill_fp8(a, 0, w);
+  const int64_t gr = w.rows / groups;
+  a.rows = gr, a.problems = groups;
+  a.w_prob_stride = gr * w.cols;
+  a.s_prob_stride = (gr / 128) * w.scale_cols() * (w.scale_f32 ? 4 : 1);
+  a.act = int(xt), a.x = x, a.x_tok_stride = int64_t(groups) * w.cols, a.x_prob_stride = w.cols;
+  a.out = y, a.o_tok_stride = w.rows, a.o_prob_stride = gr, a.n = n;
+  dense_split(a, n);
+  attach_workspace(a, ws);
+  d::launch_gemv(a, s);
+}
+
+void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
+                    Stream s) {
+  const int64_t I = e.w1.rows, D = e.w1.cols;
+  PLUMB_CHECK(e.w3.rows == I && e.w3.cols == D && e.w2.rows == D && e.w2.cols == I && e.w1.scale_f32 == e.w3.scale_f32,
+              "fp8_expert_ffn: inconsistent expert shapes w1 [{}, {}], w3 [{}, {}], w2 [{}, {}]", I, D, e.w3.rows, e.w3.cols,
+              e.w2.rows, e.w2.cols);
+  d::GemvArgs a = base_args(d::kFp8);
+  fill_fp8(a, 0, e.w1);
+  a.w[1] = e.w3.codes.as<uint8_t>(), a.s[1] = e.w3.scales.get();
+  a.nmat = 2, a.epi = d::kSwiglu, a.out_half = 1, a.limit = float(limit);
+  a.act = int(xt), a.x = x, a.x_tok_stride = D, a.out = h, a.o_tok_stride = I, a.n = n;
+  dense_split(a, n);
+  attach_workspace(a, ws);
+  d::launch_gemv(a, s);
+  fp8_linear(e.w2, h, Act::F16, I, n, y, D, ws, s);
+}
+
+RouterConfig router_config(const ModelConfig& c, MlpType type) {
+  RouterConfig r;
+  r.E = c.n_experts, r.K = c.top_k, r.D = c.hidden, r.score = c.score, r.routed_scaling = c.routed_scaling;
+  r.hash = type == MlpType::Hash;
+  r.renorm = true;
+  return r;
+}
+
+template <Rsf P>
+void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt, int n, const int32_t* tokens,
+           const DeviceRouting<P>& out, Workspace& ws, Stream s) {
+  PLUMB_CHECK(w.E == c.E && w.D == c.D, "route: router weights [{}, {}] do not match the config [{}, {}]", w.E, w.D, c.E, c.D);
+  PLUMB_CHECK(out.n == n && out.K == c.K, "route: output holds {} x {}, expected {} x {}", out.n, out.K, n, c.K);
+  d::RouterArgs a;
+  a.gate = w.gate.as<uint16_t>(), a.bias = w.bias.as<float>(), a.tid2eid = w.tid2eid.as<int32_t>(), a.tokens = tokens;
+  a.x = x, a.act = int(xt), a.n = n, a.E = c.E, a.K = c.K, a.D = c.D, a.score = int(c.score);
+  a.hash = c.hash ? 1 : 0, a.renorm = c.renorm ? 1 : 0;
+  a.fold = P == Rsf::Folded ? float(c.routed_scaling) : 1.0f;
+  a.idx = out.idx, a.weight = out.weight, a.logits = out.logits, a.select = out.select;
+  const size_t doubles = size_t(d::router_ksplit(c.D)) * size_t(n) * size_t(c.E);
+  a.partial = reinterpret_cast<double*>(ws.partial(2 * doubles));
+  a.counter = ws.counters(1);
+  d::launch_router(a, s);
+}
+
+template void route<Rsf::Folded>(const RouterWeights&, const RouterConfig&, const void*, Act, int, const int32_t*,
+                                 const DeviceRouting<Rsf::Folded>&, Workspace&, Stream);
+template void route<Rsf::Unfolded>(const RouterWeights&, const RouterConfig&, const void*, Act, int, const int32_t*,
+                                   const DeviceRouting<Rsf::Unfolded>&, Workspace&, Stream);
+
+namespace {
+
+d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int64_t E) {
+  d::GemvArgs a = base_args(d::kFp4);
+  a.mode = d::kMoe;
+  a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
+  a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
+  a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
+  a.idx = idx, a.n = n, a.topk = K, a.problems = int(E);
+  a.warps = int(std::min<int64_t>(w.cols >= 4096 ? 8 : 4, w.cols / 128));
+  return a;
+}
+
+}  // namespace
+
+void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
+                 const float* pre_weight, uint16_t* h16, float* h32, Stream s) {
+  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
+  d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E);
+  a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit), a.pre_weight = pre_weight;
+  a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
+  a.act = int(xt), a.x = x, a.x_tok_stride = m.D, a.x_by_token = 1;
+  a.out = h16 ? static_cast<void*>(h16) : static_cast<void*>(h32), a.out_half = h16 ? 1 : 0, a.o_tok_stride = m.I;
+  d::launch_gemv(a, s);
+}
+
+void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
+              Stream s) {
+  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
+  d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
+  a.act = h16 ? d::kF16 : d::kF32;
+  a.x = h16 ? static_cast<const void*>(h16) : static_cast<const void*>(h32), a.x_tok_stride = m.I, a.x_by_token = 0;
+  a.out = ys, a.o_tok_stride = m.D;
+  d::launch_gemv(a, s);
+}
+
+void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,
+                 Stream s) {
+  d::launch_combine(ys, weight, n, K, D, out_scale, add, y, s);
+}
+
+void MoeScratch::reserve(int n, int K, int64_t D, int64_t I) {
+  const size_t hb = size_t(n) * size_t(K) * size_t(I) * 2, yb = size_t(n) * size_t(K) * size_t(D) * 4;
+  if (h.bytes() < hb) h = DeviceBuffer(hb);
+  if (ys.bytes() < yb) ys = DeviceBuffer(yb);
+}
+
+}  // namespace plumb::cuda
+#endif  // PLUMB_WITH_CUDA

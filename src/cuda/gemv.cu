@@ -1,0 +1,371 @@
+// Decode GEMV/GEMM on the tensor cores for weights kept in their checkpoint formats: MXFP4 routed experts
+// (E2M1 + E8M0 per 32) and FP8 block-scaled projections (E4M3 + 128x128 E8M0/F32). Weights are dequantized to
+// f16 in registers (exact), activations arrive as f16, products accumulate in fp32 by mma.m16n8k16, and the
+// block scales are applied to the fp32 partial sums (one scale per 16-wide MMA pair for FP4, per 128-chunk for FP8).
+//
+// Work split. A warp owns a 16-row tile of one (or two: gate and up) matrices and a contiguous range of 128-wide
+// K chunks; the warps of a block split K and reduce through shared memory; the block's grid row is a problem (an
+// expert, a group) and its grid depth an optional split of K across blocks (dense only, reduced in a fixed order
+// by the last block to finish). Up to 8 tokens ride in the MMA's N dimension; more go in passes.
+//
+// MoE decode: the grid's row is a (token, choice) slot; a block whose slot is not the first to name its expert
+// exits at once, the first one gathers every slot that chose the expert, so each active expert's weights stream
+// from memory once per launch, for all the tokens that chose it.
+//
+// Fragment mapping (PTX mma.m16n8k16 f16): lane (g = lane/4, t = lane%4) holds A rows g and g+8 at k-slots
+// {2t, 2t+1, 2t+8, 2t+9} and B column g at the same k-slots. Any assignment of real K indices to k-slots that
+// A and B share gives the same dot product, so each lane takes K elements that are contiguous in memory:
+//   FP8: chunk c, lane t: elements [128c + 32t, +32) of its rows (two 16-byte loads), 8 MMAs per chunk;
+//   FP4: chunk c, lane t: 8 elements of each of the 4 groups of the chunk (one 16-byte load in the decode layout,
+//        see repack_fp4_decode), 2 MMAs per group, so that every MMA stays inside one scale group.
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace plumb::cuda::detail {
+
+namespace {
+
+constexpr int kMaxWarps = 8;
+constexpr int kMaxSlots = 1024;
+
+__device__ __forceinline__ uint4 load_x8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
+}
+
+template <int J>
+__device__ __forceinline__ float scale_of(uint32_t w) {
+  return e8m0_byte<J>(w);
+}
+
+template <class OT>
+__device__ __forceinline__ void store_out(OT* p, float v);
+template <>
+__device__ __forceinline__ void store_out<float>(float* p, float v) { *p = v; }
+template <>
+__device__ __forceinline__ void store_out<__half>(__half* p, float v) { *p = __float2half_rn(v); }
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int HINT>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const GemvArgs a) {
+  // Chunks whose loads are issued before the first is used.
+  constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : 2);
+  constexpr int NV = NMAT * 4;
+  __shared__ float red[kMaxWarps][NV][32];
+  __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
+  __shared__ int m_s;
+
+  const int warps = int(blockDim.x >> 5);
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+  const int tile = int(blockIdx.x);
+
+  int prob, m;
+  if constexpr (MODE == kMoe) {
+    const int slot = int(blockIdx.y), nslots = a.n * a.topk;
+    const int e = a.idx[slot];
+    if (warp == 0) {
+      int cnt = 0;
+      for (int base = 0; base < nslots; base += 32) {
+        const int s = base + lane;
+        const bool match = s < nslots && a.idx[s] == e;
+        const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
+        if (match) cols_s[cnt + __popc(mask & ((1u << lane) - 1u))] = s;
+        cnt += __popc(mask);
+      }
+      if (lane == 0) m_s = cnt;
+    }
+    __syncthreads();
+    if (cols_s[0] != slot || e < 0 || e >= a.problems) return;  // another block serves this expert
+    prob = e;
+    m = m_s;
+  } else {
+    prob = int(blockIdx.y);
+    m = a.n;
+  }
+
+  // This warp's K chunks and per-lane base pointers at its first chunk.
+  const int total = int(a.cols / 128);
+  const int wtot = int(gridDim.z) * warps, wi = int(blockIdx.z) * warps + warp;
+  const int cb = int(int64_t(total) * wi / wtot), ce = int(int64_t(total) * (wi + 1) / wtot), nch = ce - cb;
+  const int64_t row_a = int64_t(tile) * 16 + g, row_b = row_a + 8;
+  constexpr int CB = FMT == kFp4 ? 64 : 128;  // bytes of one row per chunk
+  const uint8_t* pa[NMAT];
+  const uint8_t* pb[NMAT];
+  const uint8_t* ps[NMAT][2];
+#pragma unroll
+  for (int q = 0; q < NMAT; ++q) {
+    const uint8_t* base = a.w[q] + int64_t(prob) * a.w_prob_stride + int64_t(cb) * CB + (FMT == kFp4 ? t * 16 : t * 32);
+    pa[q] = base + row_a * (a.cols / (FMT == kFp4 ? 2 : 1));
+    pb[q] = base + row_b * (a.cols / (FMT == kFp4 ? 2 : 1));
+    const uint8_t* sbase = static_cast<const uint8_t*>(a.s[q]) + int64_t(prob) * a.s_prob_stride;
+    if constexpr (FMT == kFp4) {
+      ps[q][0] = sbase + row_a * a.s_ld + int64_t(cb) * 4;
+      ps[q][1] = sbase + row_b * a.s_ld + int64_t(cb) * 4;
+    } else {
+      ps[q][0] = ps[q][1] = sbase + ((int64_t(tile) * 16 / 128) * a.s_ld + cb) * (a.s_f32 ? 4 : 1);
+    }
+  }
+
+  for (int p0 = 0; p0 < m; p0 += 8) {
+    const int mp = min(8, m - p0);
+    const __half* xp = nullptr;
+    if (g < mp) {
+      if constexpr (MODE == kMoe) {
+        const int slot = cols_s[p0 + g];
+        const int64_t xrow = a.x_by_token ? slot / a.topk : slot;
+        xp = static_cast<const __half*>(a.x) + xrow * a.x_tok_stride;
+      } else {
+        xp = static_cast<const __half*>(a.x) + int64_t(p0 + g) * a.x_tok_stride + int64_t(prob) * a.x_prob_stride;
+      }
+      xp += int64_t(cb) * 128 + (FMT == kFp4 ? t * 8 : t * 32);
+    }
+    float acc[NMAT][4];
+#pragma unroll
+    for (int q = 0; q < NMAT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+
+    auto body = [&](auto uconst, int c) {
+      constexpr int UU = decltype(uconst)::value;
+      if constexpr (FMT == kFp4) {
+        uint4 A[UU][NMAT], B[UU][NMAT], X[UU][4];
+        uint32_t SA[UU][NMAT], SB[UU][NMAT];
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+            A[u][q] = ldg_stream<HINT>(pa[q] + (c + u) * 64);
+            B[u][q] = ldg_stream<HINT>(pb[q] + (c + u) * 64);
+            SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
+            SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < UU; ++u)
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+            float s0[4], s1[4];
+            s0[0] = scale_of<0>(SA[u][q]), s0[1] = scale_of<1>(SA[u][q]), s0[2] = scale_of<2>(SA[u][q]), s0[3] = scale_of<3>(SA[u][q]);
+            s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              uint32_t p01, p45, p23, p67, q01, q45, q23, q67;
+              fp4x8_to_f16x2(word(A[u][q], j), p01, p45, p23, p67);
+              fp4x8_to_f16x2(word(B[u][q], j), q01, q45, q23, q67);
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_f16(d, p01, q01, p45, q45, X[u][j].x, X[u][j].z);
+              mma_f16(d, p23, q23, p67, q67, X[u][j].y, X[u][j].w);
+              acc[q][0] = fmaf(d[0], s0[j], acc[q][0]);
+              acc[q][1] = fmaf(d[1], s0[j], acc[q][1]);
+              acc[q][2] = fmaf(d[2], s1[j], acc[q][2]);
+              acc[q][3] = fmaf(d[3], s1[j], acc[q][3]);
+            }
+          }
+      } else {
+        uint4 A[UU][NMAT][2], B[UU][NMAT][2], X[UU][4];
+        float S[UU][NMAT];
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              A[u][q][h] = ldg_stream<HINT>(pa[q] + (c + u) * 128 + h * 16);
+              B[u][q][h] = ldg_stream<HINT>(pb[q] + (c + u) * 128 + h * 16);
+            }
+            S[u][q] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[q][0] + (c + u)));
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < UU; ++u)
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              uint32_t a0, a1, a2, a3;
+              e4m3x4_to_f16x2(word(A[u][q][i / 4], i % 4), a0, a2);
+              e4m3x4_to_f16x2(word(B[u][q][i / 4], i % 4), a1, a3);
+              mma_f16(d, a0, a1, a2, a3, word(X[u][i / 2], (2 * i) % 4), word(X[u][i / 2], (2 * i) % 4 + 1));
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[q][k] = fmaf(d[k], S[u][q], acc[q][k]);
+          }
+      }
+    };
+    int c = 0;
+    for (; c + U <= nch; c += U) body(std::integral_constant<int, U>{}, c);
+    for (; c < nch; ++c) body(std::integral_constant<int, 1>{}, c);
+
+    // Reduce the block's K split (fixed order), then optionally across blocks.
+#pragma unroll
+    for (int q = 0; q < NMAT; ++q)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) red[warp][q * 4 + k][lane] = acc[q][k];
+    __syncthreads();
+    if (warp == 0) {
+      float v[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        v[i] = 0.0f;
+        for (int w = 0; w < warps; ++w) v[i] += red[w][i][lane];
+      }
+      bool last = true;
+      if (a.kblocks > 1) {
+        const size_t key = size_t(prob) * gridDim.x + tile;
+        float* base = a.partial + key * size_t(a.kblocks) * (NV * 32);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) base[size_t(blockIdx.z) * (NV * 32) + i * 32 + lane] = v[i];
+        __threadfence();
+        __syncwarp();
+        unsigned prev = 0;
+        if (lane == 0) prev = atomicAdd(a.counters + key, 1u);
+        prev = __shfl_sync(0xFFFFFFFFu, prev, 0);
+        last = prev + 1 == unsigned(a.kblocks);
+        if (last) {
+          if (lane == 0) a.counters[key] = 0u;  // ready for the next launch
+          __threadfence();
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            v[i] = 0.0f;
+            for (int z = 0; z < a.kblocks; ++z) v[i] += __ldcg(base + size_t(z) * (NV * 32) + i * 32 + lane);
+          }
+        }
+      }
+      if (last) {
+        const float wmul = FMT == kFp4 ? 64.0f : 1.0f;  // FP4 codes entered the MMA as value * 2^-6
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int j = 2 * t + cc;
+          if (j >= mp) continue;
+          int64_t orow;
+          int slot = 0;
+          if constexpr (MODE == kMoe) {
+            slot = cols_s[p0 + j];
+            orow = int64_t(slot) * a.o_tok_stride;
+          } else {
+            orow = int64_t(p0 + j) * a.o_tok_stride + int64_t(prob) * a.o_prob_stride;
+          }
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
+            float r = v[rr * 2 + cc] * wmul;
+            if constexpr (EPI == kSwiglu) {
+              float up = v[4 + rr * 2 + cc] * wmul;
+              if (a.limit > 0.0f) {  // gate: upper bound only; up: both sides
+                r = fminf(r, a.limit);
+                up = fminf(fmaxf(up, -a.limit), a.limit);
+              }
+              r = silu(r) * up;
+              if (a.pre_weight) r *= a.pre_weight[slot];
+            } else {
+              r *= a.out_scale;
+            }
+            store_out<OT>(static_cast<OT*>(a.out) + orow + row, r);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void combine_kernel(const float* __restrict__ ys, const float* __restrict__ w, int K, int64_t D, float out_scale,
+                               const float* __restrict__ add, float* __restrict__ y) {
+  const int tok = int(blockIdx.y);
+  const int64_t d = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (d >= D) return;
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k = 0; k < K; ++k) {
+    const float wk = w ? w[tok * K + k] : 1.0f;
+    const float4 v = *reinterpret_cast<const float4*>(ys + (int64_t(tok) * K + k) * D + d);
+    s.x = fmaf(wk, v.x, s.x);
+    s.y = fmaf(wk, v.y, s.y);
+    s.z = fmaf(wk, v.z, s.z);
+    s.w = fmaf(wk, v.w, s.w);
+  }
+  s.x *= out_scale, s.y *= out_scale, s.z *= out_scale, s.w *= out_scale;
+  if (add) {
+    const float4 v = *reinterpret_cast<const float4*>(add + int64_t(tok) * D + d);
+    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+  }
+  *reinterpret_cast<float4*>(y + int64_t(tok) * D + d) = s;
+}
+
+__global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols, int64_t ldx, int64_t total,
+                              __half* __restrict__ out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, k = i % cols;
+    float v;
+    if (act == kF32) v = static_cast<const float*>(x)[r * ldx + k];
+    else if (act == kBF16) v = __bfloat162float(static_cast<const __nv_bfloat16*>(x)[r * ldx + k]);
+    else v = __half2float(static_cast<const __half*>(x)[r * ldx + k]);
+    out[i] = __float2half_rn(v);
+  }
+}
+
+template <int FMT, int NMAT, int EPI, int MODE, class OT>
+void launch_t(const GemvArgs& a, Stream s) {
+  const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
+  const dim3 block(unsigned(a.warps * 32));
+  if (a.load_hint == 1)
+    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1><<<grid, block, 0, s>>>(a);
+  else
+    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 0><<<grid, block, 0, s>>>(a);
+  check_launch("gemv_kernel");
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void launch_gemv(const GemvArgs& a, Stream s) {
+  if (a.rows <= 0 || a.rows % 16 || a.cols <= 0 || a.cols % 128)
+    throw_arg("gemv: matrix rows must be a multiple of 16 and columns of 128, got [" + std::to_string(a.rows) + ", " +
+              std::to_string(a.cols) + "]");
+  if (a.warps < 1 || a.warps > kMaxWarps) throw_arg("gemv: warps per block must be 1..8");
+  if (a.n <= 0) return;
+  if (a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
+  if (!a.x || !a.out || !a.w[0] || !a.s[0] || (a.nmat == 2 && (!a.w[1] || !a.s[1])))
+    throw_arg("gemv: null pointer argument");
+  if (!aligned16(a.x) || (a.x_tok_stride * 2) % 16 || (a.x_prob_stride * 2) % 16)
+    throw_arg("gemv: activations must be 16-byte aligned, rows included");
+  if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
+  if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
+    throw_arg("gemv: split-K across blocks needs dense mode, n <= 8 and a workspace");
+  if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");
+  if (a.fmt == kFp4 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kMoe)
+    return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
+  if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half)
+    return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
+  if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense && !a.out_half)
+    return launch_t<kFp8, 1, kStore, kDense, float>(a, s);
+  if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
+    return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
+  throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");
+}
+
+void launch_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,
+                    Stream s) {
+  if (n <= 0) return;
+  if (D % 4) throw_arg("combine: D must be a multiple of 4");
+  const dim3 grid(unsigned((D / 4 + 255) / 256), unsigned(n));
+  combine_kernel<<<grid, 256, 0, s>>>(ys, weight, K, D, out_scale, add, y);
+  check_launch("combine_kernel");
+}
+
+void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s) {
+  const int64_t total = int64_t(n) * cols;
+  if (total <= 0) return;
+  const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 1024));
+  to_f16_kernel<<<blocks, 256, 0, s>>>(x, act, cols, ldx, total, reinterpret_cast<__half*>(out));
+  check_launch("to_f16_kernel");
+}
+
+}  // namespace plumb::cuda::detail

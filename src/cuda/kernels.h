@@ -1,0 +1,122 @@
+// The boundary between the CUDA translation units (src/cuda/*.cu, compiled by nvcc) and the host C++ that uses
+// them (src/cuda/backend.cpp, bench.cpp). Plain types only: nvcc's front end cannot parse fmt's compile-time
+// format strings, so no plumb header that pulls in fmt may be included by a .cu file. Errors are thrown as
+// std::runtime_error (plumb::Error's base) with the CUDA call, file and line.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+struct CUstream_st;
+
+namespace plumb::cuda::detail {
+
+using Stream = CUstream_st*;
+
+// ---- runtime (runtime.cu) ----
+struct Info {
+  char name[256] = {};
+  int cc_major = 0, cc_minor = 0, sm_count = 0;
+  size_t l2_bytes = 0, mem_bytes = 0;
+  int driver = 0, runtime = 0;
+};
+bool probe(std::string* why);  // a usable sm_90 device?
+Info info();
+void* dmalloc(size_t bytes);
+void dfree(void* p) noexcept;
+void h2d(void* dst, const void* src, size_t bytes);
+void d2h(void* dst, const void* src, size_t bytes);
+void dmemset(void* p, int value, size_t bytes);
+void dsync();
+void check_launch(const char* what);  // cudaGetLastError after a launch
+
+// Events for timing (bench).
+void* event_create();
+void event_destroy(void* e) noexcept;
+void event_record(void* e, Stream s);
+float event_elapsed_ms(void* start, void* stop);  // synchronizes on stop
+
+// Streams and CUDA graphs (bench: times kernels the way a captured decode step runs them).
+Stream stream_create();
+void stream_destroy(Stream s) noexcept;
+void capture_begin(Stream s);
+void* capture_end_instantiate(Stream s);  // a cudaGraphExec_t
+void graph_launch(void* exec, Stream s);
+void graph_destroy(void* exec) noexcept;
+
+// Bench helpers: device-side random fills (hash of index and seed) and bandwidth probes.
+enum FillKind : int {
+  kFillBytes = 0,  // uniform bytes (packed E2M1 pairs: every code equally likely)
+  kFillE4M3 = 1,   // uniform E4M3 codes, NaN codes (0x7F, 0xFF) replaced by +-448
+  kFillE8M0 = 2,   // uniform in [lo, hi]
+  kFillBF16 = 3,   // bf16 uniform in [lo, hi)
+  kFillF32 = 4,    // f32 uniform in [lo, hi)
+  kFillF16 = 5,    // f16 uniform in [lo, hi)
+};
+void fill(void* p, size_t count, int kind, uint64_t seed, float lo, float hi, Stream s = nullptr);
+// Reads `bytes` (multiple of 16) with 16-byte loads; writes one word to `sink` so the read is not elided.
+void read_stream(const void* p, size_t bytes, unsigned* sink, Stream s = nullptr);
+void copy_d2d(void* dst, const void* src, size_t bytes, Stream s = nullptr);
+
+// ---- decode GEMV/GEMM (gemv.cu) ----
+enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum Fmt : int { kFp4 = 0, kFp8 = 1 };
+enum Mode : int { kDense = 0, kMoe = 1 };
+enum Epi : int { kStore = 0, kSwiglu = 1 };
+
+struct GemvArgs {
+  int fmt = kFp4, nmat = 1, epi = kStore, mode = kDense, act = kF32, out_half = 0;
+  const uint8_t* w[2] = {nullptr, nullptr};  // codes of problem 0 (FP4: decode layout; FP8: row-major E4M3)
+  const void* s[2] = {nullptr, nullptr};     // scales of problem 0 (FP4: E8M0 [rows, cols/32]; FP8: [rows/128, s_ld])
+  int64_t w_prob_stride = 0, s_prob_stride = 0;  // bytes from one problem (expert / group) to the next
+  int64_t rows = 0, cols = 0;                    // one problem's matrix
+  int64_t s_ld = 0;                              // scale row stride in elements
+  int s_f32 = 0;                                 // FP8: scales are f32 (else E8M0)
+  const void* x = nullptr;
+  int64_t x_tok_stride = 0, x_prob_stride = 0;  // elements
+  void* out = nullptr;
+  int64_t o_tok_stride = 0, o_prob_stride = 0;  // elements
+  int n = 0;          // dense: columns (tokens); moe: tokens
+  int problems = 1;   // dense: groups; moe: experts (idx bound)
+  const int32_t* idx = nullptr;  // moe: [n, topk] expert ids
+  int topk = 0;
+  int x_by_token = 0;             // moe: x row = slot / topk (else slot)
+  const float* pre_weight = nullptr;  // moe SwiGLU: h *= pre_weight[slot]
+  float limit = 0.0f, out_scale = 1.0f;
+  float* partial = nullptr;      // split-K across blocks (dense, n <= 8 only)
+  unsigned* counters = nullptr;  // one per (problem, tile), zero on entry, left zero
+  int kblocks = 1;
+  int warps = 8;                 // warps per block (split K inside the block), 1..8
+  int load_hint = 1;             // 0: ld.global.nc; 1: + L1::no_allocate, L2::256B prefetch
+};
+void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
+// out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
+void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
+// y[t, :] = out_scale * sum_k weight[t, k] * ys[t*K + k, :] (+ add[t, :])
+void launch_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add,
+                    float* y, Stream s);
+
+// ---- router (router.cu) ----
+struct RouterArgs {
+  const uint16_t* gate = nullptr;   // bf16 [E, D]
+  const float* bias = nullptr;      // [E] (learned)
+  const int32_t* tid2eid = nullptr; // [V, K] (hash)
+  const int32_t* tokens = nullptr;  // [n] (hash)
+  const void* x = nullptr;
+  int act = kF32, n = 0;
+  int64_t E = 0, K = 0, D = 0;
+  int score = 0;   // ScoreFunc: 0 sqrtsoftplus, 1 sigmoid, 2 softmax
+  int hash = 0, renorm = 1;
+  float fold = 1.0f;  // multiplies the renormalized weights (routed_scaling_factor for the Folded placement)
+  int32_t* idx = nullptr;
+  float* weight = nullptr;
+  float* logits = nullptr;
+  float* select = nullptr;
+  uint16_t* x16 = nullptr;    // optional: f16 copy of x [n, D] (the activations the expert kernels take)
+  double* partial = nullptr;  // [ksplit, n, E]
+  unsigned* counter = nullptr;
+};
+int router_ksplit(int64_t D);  // blocks along D the router uses (partial holds ksplit * n * E doubles)
+void launch_router(const RouterArgs& a, Stream s);
+
+}  // namespace plumb::cuda::detail

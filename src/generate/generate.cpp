@@ -1,0 +1,100 @@
+// plumb::generate (plumb/text.h): prefill, then sample / stream / feed one token at a time until a stop token,
+// a stop string, max tokens or the end of the context. Everything is validated before the session is touched.
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "plumb/text.h"
+
+namespace plumb {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::Token: return "stop token";
+    case StopReason::String: return "stop string";
+    case StopReason::Length: return "max tokens";
+    case StopReason::Context: return "context full";
+  }
+  return "?";
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void check_tokens(std::span<const int32_t> ids, int32_t vocab, const Tokenizer& tok, const char* what) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      const std::string text = ids[i] >= 0 ? tok.token_text(ids[i]) : std::string();
+      fail("{} token {} at index {}{} is outside the model's vocabulary [0, {}) (vocab_size in config.json)", what,
+           ids[i], i, text.empty() ? "" : fmt::format(" (\"{}\")", text), vocab);
+    }
+}
+
+}  // namespace
+
+GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
+                        const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text) {
+  PLUMB_CHECK(!prompt.empty(), "empty prompt: there is nothing to generate from");
+  PLUMB_CHECK(opt.max_tokens >= 1, "--max-tokens must be at least 1, got {}", opt.max_tokens);
+  check_tokens(prompt, info.vocab_size, tok, "prompt");
+  check_tokens(opt.stop_tokens, info.vocab_size, tok, "stop");
+  const int64_t start = session.position(), ctx = info.max_positions;
+  if (ctx > 0)
+    PLUMB_CHECK(start + int64_t(prompt.size()) <= ctx,
+                "the prompt is {} tokens{} but the model's context is {} tokens (max_position_embeddings)",
+                prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
+
+  Sampler sampler(opt.sampling, info.vocab_size);
+  StopMatcher stops(opt.stop_strings);
+  TextStream stream(tok, opt.skip_special);
+  GenerateResult r;
+  r.prompt_tokens = int64_t(prompt.size());
+  auto emit = [&](const std::string& s) {
+    if (s.empty()) return;
+    r.text += s;
+    if (on_text) on_text(s);
+  };
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = session.forward(prompt);
+  r.prefill_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  bool stopped_by_string = false;
+  for (;;) {
+    const int32_t id = sampler.sample(logits, history);
+    r.tokens.push_back(id);
+    history.push_back(id);
+    r.unfed = id;
+    if (std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) != opt.stop_tokens.end()) {
+      r.stop = StopReason::Token;
+      break;
+    }
+    emit(stops.push(stream.push(id), stopped_by_string));
+    if (stopped_by_string) {
+      r.stop = StopReason::String;
+      break;
+    }
+    if (int64_t(r.tokens.size()) >= opt.max_tokens) {
+      r.stop = StopReason::Length;
+      break;
+    }
+    if (ctx > 0 && session.position() >= ctx) {  // no room to feed the token just sampled
+      r.stop = StopReason::Context;
+      break;
+    }
+    logits = session.forward(std::span<const int32_t>(&id, 1));
+  }
+  if (!stopped_by_string) {
+    emit(stops.push(stream.flush(), stopped_by_string));
+    if (stopped_by_string) r.stop = StopReason::String;
+    else emit(stops.flush());
+  }
+  r.decode_seconds = seconds_since(t0);
+  return r;
+}
+
+}  // namespace plumb

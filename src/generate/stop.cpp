@@ -1,0 +1,45 @@
+// plumb::StopMatcher (plumb/text.h): stop strings matched on the streamed text, across token boundaries. Text
+// that could still become a stop string is held back, so a stop string never reaches the output.
+#include <algorithm>
+
+#include "core/error.h"
+#include "plumb/text.h"
+
+namespace plumb {
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const auto& s : stops_) PLUMB_CHECK(!s.empty(), "--stop: an empty stop string would stop at once");
+}
+
+std::string StopMatcher::push(std::string_view piece, bool& stopped) {
+  held_ += piece;
+  stopped = false;
+  // The earliest completed stop string wins; everything from it on is dropped.
+  size_t first = std::string::npos;
+  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    stopped = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Keep the longest tail of the text that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const auto& s : stops_)
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k)
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+}  // namespace plumb

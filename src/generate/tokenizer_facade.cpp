@@ -1,0 +1,105 @@
+// plumb::Tokenizer / TextStream (plumb/text.h): the public face of text::Tokenizer, plus the BOS/EOS settings of
+// tokenizer_config.json, which transformers (not tokenizer.json) uses to add BOS.
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "plumb/text.h"
+#include "text/tokenizer.h"
+
+namespace plumb {
+
+struct Tokenizer::Impl {
+  text::Tokenizer tok;
+  std::string path;
+  int32_t bos = -1, eos = -1;
+  bool add_bos = false;
+};
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// tokenizer_config.json writes special tokens either as a string or as an AddedToken object {"content": ...}.
+std::string token_field(const json& j, const char* key) {
+  if (!j.contains(key)) return {};
+  const json& v = j[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return {};
+}
+
+void read_tokenizer_config(const fs::path& path, Tokenizer::Impl& impl) {
+  std::ifstream in(path);
+  PLUMB_CHECK(in.good(), "cannot read {}", path.string());
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: malformed JSON: {}", path.string(), e.what());
+  }
+  PLUMB_CHECK(j.is_object(), "{}: expected a JSON object", path.string());
+  const std::string bos = token_field(j, "bos_token"), eos = token_field(j, "eos_token");
+  if (!bos.empty()) {
+    impl.bos = impl.tok.token_id(bos);
+    PLUMB_CHECK(impl.bos >= 0, "{}: bos_token \"{}\" is not a token of {}", path.string(), bos, impl.path);
+  }
+  if (!eos.empty()) {
+    impl.eos = impl.tok.token_id(eos);
+    PLUMB_CHECK(impl.eos >= 0, "{}: eos_token \"{}\" is not a token of {}", path.string(), eos, impl.path);
+  }
+  // transformers' LlamaTokenizerFast (what DeepSeek's config names) adds BOS unless told otherwise.
+  impl.add_bos = impl.bos >= 0 && (!j.contains("add_bos_token") || j["add_bos_token"] == true);
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  fs::path json_path = path, dir = path;
+  if (fs::is_directory(path)) {
+    json_path = fs::path(path) / "tokenizer.json";
+    PLUMB_CHECK(fs::exists(json_path), "model folder {} has no tokenizer.json (the Hugging Face tokenizer file that "
+                "ships with the weights)", path);
+  } else {
+    PLUMB_CHECK(fs::exists(json_path), "tokenizer file {} does not exist", path);
+    dir = json_path.parent_path();
+  }
+  auto impl = std::make_shared<Impl>(Impl{text::Tokenizer::load(json_path.string()), json_path.string()});
+  const fs::path cfg = dir / "tokenizer_config.json";
+  if (fs::exists(cfg)) read_tokenizer_config(cfg, *impl);
+  Tokenizer t;
+  t.impl_ = std::move(impl);
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
+  return impl_->tok.encode(text, add_special);
+}
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+  return impl_->tok.decode(ids, skip_special);
+}
+int32_t Tokenizer::token_id(std::string_view token) const { return impl_->tok.token_id(token); }
+std::string Tokenizer::token_text(int32_t id) const { return std::string(impl_->tok.token_text(id)); }
+int32_t Tokenizer::vocab_size() const { return impl_->tok.vocab_size(); }
+bool Tokenizer::is_special(int32_t id) const { return impl_->tok.is_special(id); }
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+bool Tokenizer::add_bos() const { return impl_->add_bos; }
+const std::string& Tokenizer::path() const { return impl_->path; }
+
+struct TextStream::Impl {
+  std::shared_ptr<const Tokenizer::Impl> keep;  // the decoder points into it
+  text::StreamDecoder dec;
+};
+
+TextStream::TextStream(const Tokenizer& tok, bool skip_special)
+    : impl_(std::make_unique<Impl>(Impl{tok.impl_, text::StreamDecoder(tok.impl_->tok, skip_special)})) {}
+TextStream::~TextStream() = default;
+TextStream::TextStream(TextStream&&) noexcept = default;
+std::string TextStream::push(int32_t id) { return impl_->dec.push(id); }
+std::string TextStream::flush() { return impl_->dec.flush(); }
+
+}  // namespace plumb

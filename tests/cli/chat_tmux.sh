@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# `plumb chat` in a real pseudo-terminal (tmux): three turns on the bundled model, checking that each reply
+# appears, that the model remembers the first turn in the third (the cache is kept), and that /stats after the
+# second turn reports a prefill of exactly that turn's own tokens (the previous reply's closing EOS + the user
+# turn + the assistant opening), not the whole history. Exit 77 (CTest SKIP_RETURN_CODE) without tmux.
+# Usage: tests/cli/chat_tmux.sh [PLUMB_BINARY]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+plumb=$(realpath "${1:-$root/build/plumb}")
+command -v tmux >/dev/null || { echo "SKIP: tmux is not installed (apt-get install tmux)"; exit 77; }
+cd "$root"
+sock="plumb-chat-test-$$"
+sess=chat
+tmp=$(mktemp -d)
+cleanup() { tmux -L "$sock" kill-server 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fails=0 passes=0
+ok() { echo "ok   $1"; passes=$((passes + 1)); }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# A private tmux server (-L) so a user's own sessions are never touched; a wide pane so nothing wraps.
+tmux -L "$sock" -f /dev/null new-session -d -s "$sess" -x 250 -y 60 \
+  "cd '$root' && '$plumb' chat -q --temperature 0 --seed 1; echo CHAT-EXITED; sleep 60"
+pane() { tmux -L "$sock" capture-pane -p -J -S -1000 -t "$sess"; }
+prompts() { pane | grep -c '^> '; }
+# Waits (up to 30 s) until the pane shows N prompts "> " (the chat is waiting for input again).
+wait_prompts() {
+  for _ in $(seq 300); do
+    [ "$(prompts)" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for prompt $1; pane:"
+  pane
+  return 1
+}
+say() { tmux -L "$sock" send-keys -t "$sess" -l "$1" && tmux -L "$sock" send-keys -t "$sess" Enter; }
+# The reply to the turn typed at prompt N: the lines between "> <text>" and the next prompt.
+reply() { pane | awk -v n="$1" '/^> /{k++; next} k==n && NF' | head -n 20; }
+
+wait_prompts 1 || exit 1
+say "Hello!"
+wait_prompts 2 || exit 1
+r1=$(reply 1)
+[ -n "$r1" ] && ok "turn 1 reply: $r1" || bad "turn 1: no reply"
+
+turn2="My name is Tom."
+say "$turn2"
+wait_prompts 3 || exit 1
+r2=$(reply 2)
+[ -n "$r2" ] && ok "turn 2 reply: $r2" || bad "turn 2: no reply"
+
+say "/stats"
+wait_prompts 4 || exit 1
+stats=$(reply 3)
+echo "$stats" | sed 's/^/     /'
+got=$(echo "$stats" | sed -n 's/^last turn: prefill tokens: \([0-9]*\),.*/\1/p')
+cached=$(echo "$stats" | sed -n 's/.* \([0-9]*\) tokens cached.*/\1/p')
+# What turn 2 had to prefill: turn 1's reply ended with EOS (greedy, a short answer), which was sampled but
+# not yet fed, then the user turn and the assistant opening. Counted with the model's own tokenizer.
+want=$(printf '%s\n' "<｜end▁of▁sentence｜><｜User｜>${turn2}<｜Assistant｜></think>" \
+  | "$plumb" tokenize -t models/tiny/tokenizer.json | wc -w)
+if [ -n "$got" ] && [ "$got" -eq "$want" ]; then
+  ok "turn 2 prefilled its own $got tokens"
+else
+  bad "turn 2 prefilled '$got' tokens, expected $want (its own tokens only)"
+fi
+if [ -n "$cached" ] && [ -n "$got" ] && [ "$cached" -gt "$got" ]; then
+  ok "the session holds $cached tokens: the history was not prefilled again"
+else
+  bad "session tokens '$cached' vs last prefill '$got'"
+fi
+
+say "What is my name?"
+wait_prompts 5 || exit 1
+r3=$(reply 4)
+[ -n "$r3" ] && ok "turn 3 reply: $r3" || bad "turn 3: no reply"
+[[ "$r3" == *Tom* ]] && ok "turn 3 remembers turn 2 (kept cache)" || bad "turn 3 does not mention Tom: $r3"
+
+say "/save $tmp/transcript.json"
+wait_prompts 6 || exit 1
+grep -q '"content": "My name is Tom."' "$tmp/transcript.json" 2>/dev/null && ok "/save wrote the transcript" \
+  || bad "/save: $(reply 5)"
+
+say "/quit"
+for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
+pane | grep -q CHAT-EXITED && ok "/quit leaves" || bad "/quit did not leave"
+if pane | grep -qiE 'error|terminate|abort|segmentation'; then bad "errors in the pane"; pane; fi
+
+echo "chat_tmux: $passes passed, $fails failed"
+exit $((fails > 0))

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# `plumb run` end to end on the bundled model: streamed output and the summary line, seeded determinism, chat
+# mode, stop strings, the loading lines, and every user error as one "error:" line with exit status 1 (no crash).
+# Usage: tests/cli/run_smoke.sh [PLUMB_BINARY]   (run from anywhere; it works in the repository root)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+plumb=$(realpath "${1:-$root/build/plumb}")
+cd "$root"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+ok() { echo "ok   $1"; passes=$((passes + 1)); }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# --- generation ---------------------------------------------------------------------------------------------
+"$plumb" run -p "Once upon a time" --seed 7 --max-tokens 40 >"$tmp/a.out" 2>"$tmp/a.err"
+rc=$?
+[ $rc -eq 0 ] && ok "run exits 0" || bad "run exit status $rc: $(cat "$tmp/a.err")"
+grep -q '[A-Za-z]\{3,\}' "$tmp/a.out" && ok "run prints text: $(head -c 80 "$tmp/a.out" | tr '\n' ' ')" || bad "no text on stdout"
+summary='^[0-9]+ prompt tokens, [0-9]+ generated tokens \(.*\), prefill [0-9.]+ tok/s, decode [0-9.]+ tok/s, seed 7$'
+tail -n 1 "$tmp/a.err" | grep -Eq "$summary" && ok "summary line: $(tail -n 1 "$tmp/a.err")" || bad "summary line: $(tail -n 1 "$tmp/a.err")"
+grep -q '^loaded models/tiny: .*of weights in 1 file, mapped in' "$tmp/a.err" && ok "loading line" || bad "no loading line"
+grep -q '^memory: RSS .* anonymous + .* file-backed' "$tmp/a.err" && ok "memory line" || bad "no memory line"
+grep -q 'error' "$tmp/a.err" && bad "an error on a good run: $(cat "$tmp/a.err")"
+
+"$plumb" run -q -p "Once upon a time" --seed 7 --max-tokens 40 >"$tmp/b.out" 2>/dev/null
+cmp -s "$tmp/a.out" "$tmp/b.out" && ok "same seed, same output" || bad "same seed gave different outputs"
+"$plumb" run -q -p "Once upon a time" --seed 8 --max-tokens 40 --temperature 1.5 >"$tmp/c.out" 2>/dev/null
+cmp -s "$tmp/a.out" "$tmp/c.out" && bad "another seed gave the same output" || ok "another seed, another output"
+
+out=$("$plumb" run -q --chat -p "What color is the sky?" --temperature 0 2>/dev/null)
+[[ "$out" == *blue* ]] && ok "chat mode answers: $out" || bad "chat mode: $out"
+out=$("$plumb" run -q --think -p "What is 3 plus 4?" --temperature 0 --max-tokens 60 2>/dev/null)
+[[ "$out" == *"</think>"* ]] && ok "thinking mode reply has a reasoning block: $out" || bad "thinking mode: $out"
+
+"$plumb" run -q -p "Once upon a time" --temperature 0 --stop "named" >"$tmp/s.out" 2>"$tmp/s.err"
+if [ -s "$tmp/s.out" ] && ! grep -q named "$tmp/s.out" && grep -q '(stop string)' "$tmp/s.err"; then
+  ok "stop string: $(cat "$tmp/s.out")"
+else
+  bad "stop string: $(cat "$tmp/s.out") / $(cat "$tmp/s.err")"
+fi
+"$plumb" run -q -p "Once upon a time" --max-tokens 5 >/dev/null 2>"$tmp/m.err"
+grep -q '5 generated tokens (max tokens)' "$tmp/m.err" && ok "max tokens" || bad "max tokens: $(cat "$tmp/m.err")"
+
+# --- errors: one line, "error: ...", exit status 1 ---------------------------------------------------------
+mkdir -p "$tmp/notok" "$tmp/badtok"
+cp models/tiny/config.json models/tiny/model.safetensors "$tmp/notok/"
+cp models/tiny/config.json models/tiny/model.safetensors "$tmp/badtok/"
+printf '{"model": {"type": "BPE", "vocab": {' >"$tmp/badtok/tokenizer.json"
+long=$(python3 -c 'print("Once upon a time " * 700)' 2>/dev/null || printf 'Once upon a time %.0s' $(seq 700))
+check_error() {  # name, expected text in the message, then the command
+  local name=$1 want=$2
+  shift 2
+  "$@" >"$tmp/e.out" 2>"$tmp/e.err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/e.err")
+  if [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$want" "$tmp/e.err"; then
+    ok "$name: $(cat "$tmp/e.err")"
+  else
+    bad "$name: exit status $rc, stderr: $(cat "$tmp/e.err")"
+  fi
+}
+check_error "no tokenizer.json" "has no tokenizer.json" "$plumb" run -q -m "$tmp/notok" -p hi
+check_error "malformed tokenizer.json" "badtok/tokenizer.json" "$plumb" run -q -m "$tmp/badtok" -p hi
+check_error "empty prompt" "empty prompt" "$plumb" run -q -p ""
+check_error "prompt longer than the context" "context is 2048 tokens" "$plumb" run -q -p "$long"
+check_error "token id outside the vocabulary" "outside the model's vocabulary" "$plumb" run -q --ids "0 99999"
+check_error "stop token outside the vocabulary" "outside the model's vocabulary" "$plumb" run -q -p hi --stop-token 70000
+check_error "missing model folder" "does not exist" "$plumb" run -q -m "$tmp/nothing" -p hi
+check_error "bad sampling option" "top-p" "$plumb" run -q -p hi --top-p 2
+(cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
+check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
+
+echo "run_smoke: $passes passed, $fails failed"
+exit $((fails > 0))

@@ -1,0 +1,212 @@
+// Helpers for the CUDA differential tests: the GPU gate (skip without a device), temporary checkpoints in the
+// official formats, fp16 rounding for the CPU twins, and a comparison that reports where the largest error is.
+#pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/api.h"
+#include "formats/numeric.h"
+#include "io/safetensors.h"
+
+namespace plumb_cuda_test {
+
+namespace fs = std::filesystem;
+
+// Every GPU test derives from this: without a usable device it skips, saying why.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!plumb::cuda::available(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+  }
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() / ("plumb_cuda_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+inline plumb::Checkpoint write_checkpoint(const TempDir& dir, const std::vector<plumb::OwnedTensor>& tensors) {
+  const std::string path = dir.file("model.safetensors");
+  plumb::write_safetensors(path, tensors);
+  return plumb::Checkpoint::open(path);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint32_t seed) : g_(seed) {}
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(g_); }
+  int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_); }  // [lo, hi]
+  std::vector<uint8_t> bytes(size_t n) {
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = uint8_t(g_());
+    return v;
+  }
+  std::vector<uint8_t> e4m3(size_t n) {  // uniform codes without the NaN codes
+    auto v = bytes(n);
+    for (auto& b : v)
+      if ((b & 0x7F) == 0x7F) b = uint8_t((b & 0x80) | 0x7E);
+    return v;
+  }
+  std::vector<uint8_t> e8m0(size_t n, int lo, int hi) {
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = uint8_t(integer(lo, hi));
+    return v;
+  }
+  std::vector<float> floats(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = uniform(lo, hi);
+    return v;
+  }
+  std::mt19937& gen() { return g_; }
+
+ private:
+  std::mt19937 g_;
+};
+
+inline plumb::OwnedTensor raw(const std::string& name, plumb::DType dt, plumb::Shape shape, std::vector<uint8_t> bytes) {
+  return plumb::OwnedTensor{name, dt, std::move(shape), std::move(bytes)};
+}
+inline plumb::OwnedTensor bf16_tensor(const std::string& name, plumb::Shape shape, const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t h = plumb::fmt8::f32_to_bf16(v[i]);
+    b[2 * i] = uint8_t(h), b[2 * i + 1] = uint8_t(h >> 8);
+  }
+  return raw(name, plumb::DType::BF16, std::move(shape), std::move(b));
+}
+
+// An FP4 expert matrix [rows, cols] in the checkpoint format: I8 codes [rows, cols/2] + E8M0 [rows, cols/32].
+inline void add_fp4(std::vector<plumb::OwnedTensor>& ts, Rng& rng, const std::string& name, int64_t rows, int64_t cols,
+                    int slo = 118, int shi = 124) {
+  ts.push_back(raw(name + ".weight", plumb::DType::I8, {rows, cols / 2}, rng.bytes(size_t(rows * cols / 2))));
+  ts.push_back(raw(name + ".scale", plumb::DType::F8_E8M0, {rows, cols / 32}, rng.e8m0(size_t(rows * cols / 32), slo, shi)));
+}
+// An FP8 matrix [rows, cols]: E4M3 codes + [ceil(rows/128), ceil(cols/128)] scales, E8M0 or F32.
+inline void add_fp8(std::vector<plumb::OwnedTensor>& ts, Rng& rng, const std::string& name, int64_t rows, int64_t cols,
+                    bool f32_scales = false, int slo = 116, int shi = 120) {
+  const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+  ts.push_back(raw(name + ".weight", plumb::DType::F8_E4M3, {rows, cols}, rng.e4m3(size_t(rows * cols))));
+  if (f32_scales) {
+    std::vector<float> s = rng.floats(size_t(sr * sc), 0.001f, 0.01f);
+    ts.push_back(plumb::owned_f32(name + ".scale", plumb::Tensor({sr, sc}, s)));
+  } else {
+    ts.push_back(raw(name + ".scale", plumb::DType::F8_E8M0, {sr, sc}, rng.e8m0(size_t(sr * sc), slo, shi)));
+  }
+}
+
+// Round to the nearest fp16 (ties to even), as the kernels' activation conversion does.
+inline float round_f16(float v) {
+  if (!std::isfinite(v)) return v;
+  const float a = std::fabs(v);
+  if (a >= 65520.0f) return std::copysign(INFINITY, v);
+  if (a == 0.0f) return v;
+  int e;
+  std::frexp(a, &e);
+  const int q = std::max(e - 11, -24);
+  return std::copysign(std::ldexp(std::nearbyint(std::ldexp(a, -q)), q), v);
+}
+inline uint16_t f16_bits(float v) {  // v must be exactly representable in fp16
+  const uint16_t s = std::signbit(v) ? 0x8000 : 0;
+  const float a = std::fabs(v);
+  if (a == 0.0f) return s;
+  int e;
+  std::frexp(a, &e);
+  const int E = e - 1 + 15;
+  uint16_t bits;
+  if (E >= 1) bits = uint16_t(s | (E << 10) | int(std::ldexp(a, -(e - 1)) * 1024.0f - 1024.0f));
+  else bits = uint16_t(s | int(std::ldexp(a, 24)));
+  if (plumb::fmt8::f16_to_f32(bits) != v) ADD_FAILURE() << "f16_bits: " << v << " is not an fp16 value";
+  return bits;
+}
+
+// Activations in one of the storage types, and the values the kernels see after their f16 conversion.
+struct Acts {
+  plumb::cuda::Act type;
+  std::vector<float> value;  // the stored value (f32, or the bf16/f16 value)
+  std::vector<float> f16;    // what enters the tensor cores
+  plumb::cuda::DeviceBuffer dev;
+};
+inline Acts make_acts(plumb::cuda::Act type, const std::vector<float>& v) {
+  Acts a{type, v, v, {}};
+  if (type == plumb::cuda::Act::BF16) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = plumb::fmt8::f32_to_bf16(v[i]), a.value[i] = plumb::fmt8::bf16_to_f32(b[i]);
+    a.dev = plumb::cuda::to_device(b);
+  } else if (type == plumb::cuda::Act::F16) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) a.value[i] = round_f16(v[i]), b[i] = f16_bits(a.value[i]);
+    a.dev = plumb::cuda::to_device(b);
+  } else {
+    a.dev = plumb::cuda::to_device(v);
+  }
+  for (size_t i = 0; i < v.size(); ++i) a.f16[i] = round_f16(a.value[i]);
+  return a;
+}
+inline const char* act_name(plumb::cuda::Act a) {
+  return a == plumb::cuda::Act::F32 ? "f32" : a == plumb::cuda::Act::BF16 ? "bf16" : "f16";
+}
+
+// Largest error and where it is. The normalized error is max|gpu - ref| / max|ref|.
+struct Cmp {
+  double max_abs = 0, max_ref = 0, norm = 0, gpu = 0, ref = 0;
+  int64_t at = -1, nonfinite = 0;
+};
+inline Cmp compare(const float* gpu, const float* ref, int64_t n) {
+  Cmp c;
+  for (int64_t i = 0; i < n; ++i) {
+    c.max_ref = std::max(c.max_ref, std::fabs(double(ref[i])));
+    if (!std::isfinite(gpu[i]) && std::isfinite(ref[i])) {
+      if (c.nonfinite++ == 0) c.at = i, c.gpu = gpu[i], c.ref = ref[i], c.max_abs = INFINITY;
+      continue;
+    }
+    const double e = std::fabs(double(gpu[i]) - double(ref[i]));
+    if (c.nonfinite == 0 && e > c.max_abs) c.max_abs = e, c.at = i, c.gpu = gpu[i], c.ref = ref[i];
+  }
+  c.norm = c.max_abs / std::max(c.max_ref, 1e-30);
+  return c;
+}
+inline std::string describe(const std::string& what, const Cmp& c, int64_t cols) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s: max |gpu - ref| = %.3e at [%lld, %lld] (gpu %.9g, ref %.9g); max |ref| %.3e; normalized %.3e%s", what.c_str(),
+                c.max_abs, (long long)(c.at < 0 ? -1 : c.at / cols), (long long)(c.at < 0 ? -1 : c.at % cols), c.gpu, c.ref,
+                c.max_ref, c.norm, c.nonfinite ? " (non-finite outputs!)" : "");
+  return buf;
+}
+// Checks gpu against ref at a normalized tolerance and prints the comparison either way.
+inline void expect_close(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& ref, int64_t cols,
+                         double tol) {
+  ASSERT_EQ(gpu.size(), ref.size()) << what;
+  const Cmp c = compare(gpu.data(), ref.data(), int64_t(gpu.size()));
+  const std::string d = describe(what, c, cols);
+  std::printf("  %s [tol %.1e]\n", d.c_str(), tol);
+  EXPECT_EQ(c.nonfinite, 0) << d;
+  EXPECT_LE(c.norm, tol) << d;
+}
+
+}  // namespace plumb_cuda_test

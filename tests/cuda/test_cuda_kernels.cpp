@@ -1,0 +1,488 @@
+// Differential tests of the CUDA decode kernels against their CPU twins (the reference backend's ops on the same
+// checkpoint views, with the kernels' stated roundings) and against the fp32 reference itself.
+//
+// Tolerances (normalized: max |gpu - ref| / max |ref| over the output tensor):
+//   twin, fp32 outputs      1e-4  the same math; only fp32 accumulation order and tensor-core adds differ
+//   twin, fp16 outputs      2e-3  one fp16 rounding of the output (2^-11 relative) near a tie can go either way
+//   fp32 reference          5e-3  the activations' fp16 rounding (2^-12 relative per element on average)
+//   router logits           1e-6  fp64 accumulation, as the reference
+//   router weights          1e-5  expf / log1pf are within 2 ulp of glibc's
+//   routed MoE (end to end) 5e-3  fp16 activations and hidden state against the fp32 reference
+// Every comparison prints where its largest error is (index, both values).
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "cuda_test_util.h"
+#include "model/experts.h"
+#include "model/ops.h"
+#include "model/router.h"
+
+using namespace plumb;
+using namespace plumb_cuda_test;
+using cuda::Act;
+
+namespace {
+
+std::vector<float> linear_cpu(const std::vector<float>& x, int n, const Matrix& w) {
+  Tensor xt({n, w.cols()}, x);
+  return ops::linear(xt, w).data;
+}
+
+float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
+
+std::vector<float> swiglu_cpu(const std::vector<float>& g, const std::vector<float>& u, float limit) {
+  std::vector<float> h(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    float gv = g[i], uv = u[i];
+    if (limit > 0) gv = std::min(gv, limit), uv = std::clamp(uv, -limit, limit);
+    h[i] = silu_f(gv) * uv;
+  }
+  return h;
+}
+
+std::vector<float> rounded_f16(std::vector<float> v) {
+  for (auto& x : v) x = round_f16(x);
+  return v;
+}
+
+std::vector<float> f16_to_float(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (size_t i = 0; i < b.size(); ++i) v[i] = fmt8::f16_to_f32(b[i]);
+  return v;
+}
+
+}  // namespace
+
+// ---- layout (host only: runs without a GPU) ----
+
+TEST(CudaLayout, Fp4DecodeLayoutRoundTripsAndPlacesFragments) {
+  Rng rng(1);
+  const int64_t rows = 3, cols = 256;
+  const auto canon = rng.bytes(size_t(rows * cols / 2));
+  const auto rp = cuda::repack_fp4_decode(canon.data(), rows, cols);
+  EXPECT_EQ(cuda::unpack_fp4_decode(rp.data(), rows, cols), canon);
+  // Spot the documented placement: row 2, chunk 1, lane 3, group word 2, byte 1 = (e1 | e3 << 4) of elements
+  // [32 * (4 + 2) + 24, +8).
+  auto nib = [&](int64_t r, int64_t k) { return (canon[size_t(r * cols / 2 + k / 2)] >> (4 * (k & 1))) & 0xF; };
+  const int64_t e0 = 32 * 6 + 24;
+  const uint8_t b = rp[size_t(2 * cols / 2 + 64 * 1 + 16 * 3 + 4 * 2 + 1)];
+  EXPECT_EQ(b & 0xF, nib(2, e0 + 1));
+  EXPECT_EQ(b >> 4, nib(2, e0 + 3));
+  EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 1, 96), Error);
+}
+
+TEST(CudaAvailability, ReportsWhy) {
+  std::string why;
+  const bool ok = cuda::available(&why);
+  std::printf("  cuda::available() = %s%s%s\n", ok ? "true" : "false", ok ? "" : ": ", why.c_str());
+  if (!ok) {
+    EXPECT_FALSE(why.empty());
+  }
+}
+
+// ---- FP8 block-scaled projections ----
+
+struct Fp8Case {
+  int64_t rows, cols;
+  bool f32_scales;
+};
+
+class CudaFp8 : public GpuTest {};
+
+TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
+  const Fp8Case cases[] = {{1024, 4096, false}, {512, 4096, true}, {1040, 1024, false}, {4096, 8192, false}};
+  Rng rng(2);
+  cuda::Workspace ws;
+  for (const auto& fc : cases) {
+    TempDir dir;
+    std::vector<OwnedTensor> ts;
+    add_fp8(ts, rng, "w", fc.rows, fc.cols, fc.f32_scales);
+    const Checkpoint ck = write_checkpoint(dir, ts);
+    const Matrix w = Matrix::bind(ck, "w.weight", fc.rows, fc.cols);
+    const cuda::Fp8Matrix dw = cuda::upload_fp8(w);
+    EXPECT_EQ(dw.scale_f32, fc.f32_scales);
+    for (int n : {1, 3, 8, 11})
+      for (Act at : {Act::F32, Act::BF16, Act::F16}) {
+        if (fc.rows == 4096 && (n == 3 || at == Act::F16)) continue;  // the big case: fewer combinations
+        const Acts x = make_acts(at, rng.floats(size_t(n * fc.cols), -2.0f, 2.0f));
+        cuda::DeviceBuffer y(size_t(n * fc.rows) * 4);
+        y.fill_byte(0xFF);
+        cuda::fp8_linear(dw, x.dev.get(), at, fc.cols, n, y.as<float>(), fc.rows, ws);
+        cuda::synchronize();
+        const auto yg = cuda::to_host<float>(y, size_t(n * fc.rows));
+        const std::string tag = "fp8 [" + std::to_string(fc.rows) + ", " + std::to_string(fc.cols) + "]" +
+                                (fc.f32_scales ? " f32-scales" : " e8m0") + " n=" + std::to_string(n) + " x " + act_name(at);
+        expect_close(tag + " vs twin", yg, linear_cpu(x.f16, n, w), fc.rows, 1e-4);
+        expect_close(tag + " vs fp32 reference", yg, linear_cpu(x.value, n, w), fc.rows, 5e-3);
+      }
+  }
+}
+
+TEST_F(CudaFp8, GroupedProjectionMatchesReference) {
+  Rng rng(3);
+  const int groups = 8;
+  const int64_t gr = 256, cols = 512, rows = groups * gr;
+  TempDir dir;
+  std::vector<OwnedTensor> ts;
+  add_fp8(ts, rng, "wo_a", rows, cols);
+  const Checkpoint ck = write_checkpoint(dir, ts);
+  const Matrix w = Matrix::bind(ck, "wo_a.weight", rows, cols);
+  const auto dw = cuda::upload_fp8(w);
+  cuda::Workspace ws;
+  for (int n : {1, 8}) {
+    const Acts x = make_acts(Act::BF16, rng.floats(size_t(n * groups * cols), -2.0f, 2.0f));
+    cuda::DeviceBuffer y(size_t(n * rows) * 4);
+    y.fill_byte(0xFF);
+    cuda::fp8_linear_grouped(dw, groups, x.dev.get(), Act::BF16, n, y.as<float>(), ws);
+    cuda::synchronize();
+    std::vector<float> ref(size_t(n * rows));
+    for (int g = 0; g < groups; ++g)
+      ops::linear_rows(x.f16.data() + g * cols, n, groups * cols, w, g * gr, gr, ref.data() + g * gr, rows);
+    expect_close("fp8 grouped (8 x [256, 512]) n=" + std::to_string(n) + " vs twin", cuda::to_host<float>(y, ref.size()), ref,
+                 rows, 1e-4);
+  }
+}
+
+TEST_F(CudaFp8, SharedExpertMatchesTwinAndReference) {
+  Rng rng(4);
+  const int64_t D = 1024, I = 512;
+  const float limit = 10.0f;
+  TempDir dir;
+  std::vector<OwnedTensor> ts;
+  add_fp8(ts, rng, "se.w1", I, D, false, 116, 118);
+  add_fp8(ts, rng, "se.w2", D, I, false, 116, 118);
+  add_fp8(ts, rng, "se.w3", I, D, false, 116, 118);
+  const Checkpoint ck = write_checkpoint(dir, ts);
+  ExpertWeights e{Matrix::bind(ck, "se.w1.weight", I, D), Matrix::bind(ck, "se.w2.weight", D, I), Matrix::bind(ck, "se.w3.weight", I, D)};
+  const auto de = cuda::upload_expert_fp8(e);
+  cuda::Workspace ws;
+  const Numerics ref_numerics{ModelOptions{}};
+  for (int n : {1, 8})
+    for (Act at : {Act::F32, Act::BF16}) {
+      const Acts x = make_acts(at, rng.floats(size_t(n * D), -3.0f, 3.0f));
+      cuda::DeviceBuffer h(size_t(n * I) * 2), y(size_t(n * D) * 4);
+      h.fill_byte(0xFF), y.fill_byte(0xFF);
+      cuda::fp8_expert_ffn(de, x.dev.get(), at, n, limit, h.as<uint16_t>(), y.as<float>(), ws);
+      cuda::synchronize();
+      const auto hg = f16_to_float(cuda::to_host<uint16_t>(h, size_t(n * I)));
+      const auto yg = cuda::to_host<float>(y, size_t(n * D));
+      const auto h_twin = rounded_f16(swiglu_cpu(linear_cpu(x.f16, n, e.w1), linear_cpu(x.f16, n, e.w3), limit));
+      const std::string tag = std::string("fp8 shared expert n=") + std::to_string(n) + " x " + act_name(at);
+      int clamped = 0;
+      for (float v : linear_cpu(x.f16, n, e.w3)) clamped += std::fabs(v) > limit;
+      std::printf("  %s: %d of %lld up values beyond the clamp\n", tag.c_str(), clamped, (long long)(n * I));
+      expect_close(tag + " h vs twin", hg, h_twin, I, 2e-3);
+      expect_close(tag + " y vs twin", yg, linear_cpu(h_twin, n, e.w2), D, 1e-3);
+      const Tensor yref = expert_ffn(e, limit, Tensor({n, D}, x.value), ref_numerics);
+      expect_close(tag + " y vs fp32 reference", yg, yref.data, D, 5e-3);
+    }
+}
+
+// ---- routed experts (MXFP4) ----
+
+struct MoeFixture {
+  TempDir dir;
+  Checkpoint ck;
+  MoeWeights w;
+  int64_t E, D, I;
+};
+
+std::unique_ptr<MoeFixture> make_moe(Rng& rng, int64_t E, int64_t D, int64_t I, bool router = false, int slo = 118,
+                                     int shi = 124) {
+  auto f = std::make_unique<MoeFixture>();
+  f->E = E, f->D = D, f->I = I;
+  std::vector<OwnedTensor> ts;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = "experts." + std::to_string(e);
+    add_fp4(ts, rng, p + ".w1", I, D, slo, shi);
+    add_fp4(ts, rng, p + ".w2", D, I, slo, shi);
+    add_fp4(ts, rng, p + ".w3", I, D, slo, shi);
+  }
+  if (router) ts.push_back(bf16_tensor("gate.weight", {E, D}, rng.floats(size_t(E * D), -0.1f, 0.1f)));
+  f->ck = write_checkpoint(f->dir, ts);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = "experts." + std::to_string(e);
+    f->w.experts.push_back({Matrix::bind(f->ck, p + ".w1.weight", I, D), Matrix::bind(f->ck, p + ".w2.weight", D, I),
+                            Matrix::bind(f->ck, p + ".w3.weight", I, D)});
+  }
+  if (router) f->w.gate = Matrix::bind(f->ck, "gate.weight", E, D);
+  return f;
+}
+
+class CudaMoe : public GpuTest {};
+
+// gate/up (+ SwiGLU) and down per slot, the combine, for routings with repeats across and within tokens.
+TEST_F(CudaMoe, GateUpDownCombineMatchTwin) {
+  Rng rng(5);
+  const int64_t E = 12, D = 1024, I = 512;
+  auto f = make_moe(rng, E, D, I);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  const float limit = 7.0f;
+  struct Routing {
+    const char* name;
+    int n, K;
+    std::vector<int32_t> idx;
+  };
+  std::vector<Routing> routings;
+  {
+    Routing r{"random distinct", 8, 4, {}};
+    for (int t = 0; t < r.n; ++t) {
+      std::vector<int32_t> p(static_cast<size_t>(E));
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng.gen());
+      r.idx.insert(r.idx.end(), p.begin(), p.begin() + r.K);
+    }
+    routings.push_back(r);
+  }
+  routings.push_back({"one token", 1, 4, {3, 0, 11, 7}});
+  routings.push_back({"repeats within a token (hash table)", 3, 4, {2, 2, 5, 9, 9, 9, 1, 2, 4, 4, 4, 4}});
+  routings.push_back({"every slot one expert (passes of 8)", 5, 4, std::vector<int32_t>(20, 6)});
+  for (const auto& r : routings)
+    for (Act at : {Act::F32, Act::BF16, Act::F16})
+      for (bool pre : {false, true}) {
+        if (pre && at != Act::BF16) continue;
+        const int n = r.n, K = r.K, S = n * K;
+        const Acts x = make_acts(at, rng.floats(size_t(n * D), -2.0f, 2.0f));
+        const auto wts = rng.floats(size_t(S), 0.05f, 1.0f);
+        cuda::DeviceBuffer idx = cuda::to_device(r.idx), wd = cuda::to_device(wts);
+        cuda::DeviceBuffer h32(size_t(S * I) * 4), h16(size_t(S * I) * 2), ys(size_t(S * D) * 4), ys16(size_t(S * D) * 4),
+            y(size_t(n * D) * 4);
+        for (auto* b : {&h32, &h16, &ys, &ys16, &y}) b->fill_byte(0xFF);
+        const float* pw = pre ? wd.as<float>() : nullptr;
+        cuda::moe_gate_up(m, idx.as<int32_t>(), n, K, x.dev.get(), at, limit, pw, nullptr, h32.as<float>());
+        cuda::moe_gate_up(m, idx.as<int32_t>(), n, K, x.dev.get(), at, limit, pw, h16.as<uint16_t>(), nullptr);
+        cuda::moe_down(m, idx.as<int32_t>(), n, K, nullptr, h32.as<float>(), ys.as<float>());
+        cuda::moe_down(m, idx.as<int32_t>(), n, K, h16.as<uint16_t>(), nullptr, ys16.as<float>());
+        cuda::DeviceBuffer add = cuda::to_device(rng.floats(size_t(n * D), -1.0f, 1.0f));
+        cuda::moe_combine(ys.as<float>(), wd.as<float>(), n, K, D, 1.5f, add.as<float>(), y.as<float>());
+        cuda::synchronize();
+        const auto hg = cuda::to_host<float>(h32, size_t(S * I));
+        const auto hg16 = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
+        const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
+        const auto ysg16 = cuda::to_host<float>(ys16, size_t(S * D));
+        const auto yg = cuda::to_host<float>(y, size_t(n * D));
+        const auto addh = cuda::to_host<float>(add, size_t(n * D));
+        // CPU twins, slot by slot.
+        std::vector<float> h_twin(size_t(S * I)), ys_twin(size_t(S * D)), ys16_twin(size_t(S * D)), h_ref(size_t(S * I));
+        for (int s = 0; s < S; ++s) {
+          const auto& ex = f->w.experts[size_t(r.idx[size_t(s)])];
+          const std::vector<float> xs(x.f16.begin() + (s / K) * D, x.f16.begin() + (s / K + 1) * D);
+          auto h = swiglu_cpu(linear_cpu(xs, 1, ex.w1), linear_cpu(xs, 1, ex.w3), limit);
+          if (pre)
+            for (auto& v : h) v *= wts[size_t(s)];
+          std::copy(h.begin(), h.end(), h_twin.begin() + s * I);
+          const std::vector<float> hgs(hg.begin() + s * I, hg.begin() + (s + 1) * I), hg16s(hg16.begin() + s * I, hg16.begin() + (s + 1) * I);
+          const auto yd = linear_cpu(rounded_f16(hgs), 1, ex.w2), yd16 = linear_cpu(hg16s, 1, ex.w2);
+          std::copy(yd.begin(), yd.end(), ys_twin.begin() + s * D);
+          std::copy(yd16.begin(), yd16.end(), ys16_twin.begin() + s * D);
+          const std::vector<float> xv(x.value.begin() + (s / K) * D, x.value.begin() + (s / K + 1) * D);
+          auto hr = swiglu_cpu(linear_cpu(xv, 1, ex.w1), linear_cpu(xv, 1, ex.w3), limit);
+          if (pre)
+            for (auto& v : hr) v *= wts[size_t(s)];
+          std::copy(hr.begin(), hr.end(), h_ref.begin() + s * I);
+        }
+        std::vector<float> y_twin(size_t(n * D));
+        for (int t = 0; t < n; ++t)
+          for (int64_t dd = 0; dd < D; ++dd) {
+            float acc = 0;
+            for (int k = 0; k < K; ++k) acc = std::fma(wts[size_t(t * K + k)], ysg[size_t((t * K + k) * D + dd)], acc);
+            y_twin[size_t(t * D + dd)] = acc * 1.5f + addh[size_t(t * D + dd)];
+          }
+        const std::string tag = std::string("moe [") + r.name + "] n=" + std::to_string(n) + " x " + act_name(at) +
+                                (pre ? " weight-before-down" : "");
+        expect_close(tag + " gate/up h32 vs twin", hg, h_twin, I, 1e-4);
+        expect_close(tag + " gate/up h16 vs twin", hg16, rounded_f16(h_twin), I, 2e-3);
+        expect_close(tag + " gate/up h32 vs fp32 reference", hg, h_ref, I, 5e-3);
+        expect_close(tag + " down (h32 in) vs twin", ysg, ys_twin, D, 1e-4);
+        expect_close(tag + " down (h16 in) vs twin", ysg16, ys16_twin, D, 1e-4);
+        expect_close(tag + " combine vs twin", yg, y_twin, D, 1e-6);
+      }
+}
+
+// The real V4-Flash expert shapes (D 4096, I 2048), 8 tokens x top-6 over 8 experts; sampled rows on the CPU.
+TEST_F(CudaMoe, RealShapesSampledRows) {
+  Rng rng(6);
+  const int64_t E = 8, D = 4096, I = 2048;
+  auto f = make_moe(rng, E, D, I, false, 116, 122);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  const int n = 8, K = 6, S = n * K;
+  std::vector<int32_t> idx;
+  for (int t = 0; t < n; ++t) {
+    std::vector<int32_t> p(static_cast<size_t>(E));
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng.gen());
+    idx.insert(idx.end(), p.begin(), p.begin() + K);
+  }
+  const Acts x = make_acts(Act::BF16, rng.floats(size_t(n * D), -2.0f, 2.0f));
+  cuda::DeviceBuffer di = cuda::to_device(idx), h(size_t(S * I) * 4), ys(size_t(S * D) * 4);
+  h.fill_byte(0xFF), ys.fill_byte(0xFF);
+  cuda::moe_gate_up(m, di.as<int32_t>(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, nullptr, h.as<float>());
+  cuda::moe_down(m, di.as<int32_t>(), n, K, nullptr, h.as<float>(), ys.as<float>());
+  cuda::synchronize();
+  const auto hg = cuda::to_host<float>(h, size_t(S * I));
+  const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
+  std::vector<float> hs, hs_ref, ysv, ys_ref;
+  std::vector<float> row(size_t(std::max(D, I)));
+  for (int s = 0; s < S; s += 5) {
+    const auto& ex = f->w.experts[size_t(idx[size_t(s)])];
+    const float* xs = x.f16.data() + (s / K) * D;
+    for (int64_t r = 0; r < I; r += 31) {
+      double g = 0, u = 0;
+      ex.w1.row(r, row.data());
+      for (int64_t k = 0; k < D; ++k) g += double(row[size_t(k)]) * xs[k];
+      ex.w3.row(r, row.data());
+      for (int64_t k = 0; k < D; ++k) u += double(row[size_t(k)]) * xs[k];
+      hs.push_back(hg[size_t(s * I + r)]);
+      hs_ref.push_back(swiglu_cpu({float(g)}, {float(u)}, 10.0f)[0]);
+    }
+    const auto h16 = rounded_f16(std::vector<float>(hg.begin() + s * I, hg.begin() + (s + 1) * I));
+    for (int64_t r = 0; r < D; r += 37) {
+      double acc = 0;
+      ex.w2.row(r, row.data());
+      for (int64_t k = 0; k < I; ++k) acc += double(row[size_t(k)]) * h16[size_t(k)];
+      ysv.push_back(ysg[size_t(s * D + r)]);
+      ys_ref.push_back(float(acc));
+    }
+  }
+  expect_close("moe real shapes gate/up sampled vs twin", hs, hs_ref, int64_t(hs.size()), 1e-4);
+  expect_close("moe real shapes down sampled vs twin", ysv, ys_ref, int64_t(ysv.size()), 1e-4);
+}
+
+// ---- router ----
+
+class CudaRouter : public GpuTest {};
+
+namespace {
+
+struct RouterCase {
+  const char* name;
+  ScoreFunc score;
+  MlpType type;
+  bool renorm;
+};
+
+template <Rsf P>
+void check_router(const RouterCase& rc, int n, Rng& rng) {
+  const int64_t E = 256, D = 4096, K = 6, V = 1000;
+  TempDir dir;
+  std::vector<OwnedTensor> ts;
+  ts.push_back(bf16_tensor("gate.weight", {E, D}, rng.floats(size_t(E * D), -0.05f, 0.05f)));
+  const Checkpoint ck = write_checkpoint(dir, ts);
+  MoeWeights w;
+  w.gate = Matrix::bind(ck, "gate.weight", E, D);
+  if (rc.type == MlpType::Learned) {
+    w.bias = Tensor({E}, rng.floats(size_t(E), -0.05f, 0.05f));
+  } else {
+    w.tid2eid = IndexTensor({V, K});
+    for (int64_t i = 0; i < V * K; ++i) w.tid2eid[i] = rng.integer(0, int(E - 1));
+  }
+  ModelConfig c;
+  c.n_experts = int(E), c.top_k = int(K), c.hidden = int(D), c.routed_scaling = 1.5, c.score = rc.score;
+  // Rows: ordinary tokens, one whose logits are all far below zero (every sqrt-softplus score underflows to 0:
+  // the floor keeps the weights finite), one with logits far above 88 (a naive softplus overflows).
+  std::vector<float> xv = rng.floats(size_t(n * D), -1.0f, 1.0f);
+  if (n >= 3) {
+    std::vector<float> g(static_cast<size_t>(D));
+    // x proportional to -sum of the gate rows: every logit is negative and large.
+    std::vector<double> s(static_cast<size_t>(D), 0.0);
+    for (int64_t e = 0; e < E; ++e) {
+      w.gate.row(e, g.data());
+      for (int64_t k = 0; k < D; ++k) s[size_t(k)] += g[size_t(k)];
+    }
+    for (int64_t k = 0; k < D; ++k) xv[size_t(D + k)] = float(-s[size_t(k)] * 60.0), xv[size_t(2 * D + k)] = float(s[size_t(k)] * 60.0);
+  }
+  std::vector<int32_t> toks(static_cast<size_t>(n));
+  for (auto& t : toks) t = rng.integer(0, int(V - 1));
+  const Acts x = make_acts(Act::F32, xv);
+  cuda::RouterWeights dw = cuda::upload_router(w, E, D);
+  cuda::RouterConfig cfg = cuda::router_config(c, rc.type);
+  cfg.renorm = rc.renorm;
+  cuda::DeviceBuffer di(size_t(n * K) * 4), dwt(size_t(n * K) * 4), dl(size_t(n * E) * 4), ds(size_t(n * E) * 4);
+  for (auto* b : {&di, &dwt, &dl, &ds}) b->fill_byte(0xFF);
+  cuda::DeviceBuffer dt = cuda::to_device(toks);
+  cuda::Workspace ws;
+  const cuda::DeviceRouting<P> out{di.as<int32_t>(), dwt.as<float>(), dl.as<float>(), ds.as<float>(), n, int(K)};
+  cuda::route<P>(dw, cfg, x.dev.get(), Act::F32, n, dt.as<int32_t>(), out, ws);
+  cuda::synchronize();
+  RouterOptions ro;
+  ro.cuda_ties = true;
+  ro.renorm = rc.renorm;
+  const auto ref = route<P>(w, c, rc.type, RouterInputs{Tensor({n, D}, x.value), toks}, ro);
+  const auto gi = cuda::to_host<int32_t>(di, size_t(n * K));
+  const auto gw = cuda::to_host<float>(dwt, size_t(n * K));
+  const auto gl = cuda::to_host<float>(dl, size_t(n * E));
+  const std::string tag = std::string("router [") + rc.name + (P == Rsf::Folded ? ", folded" : ", unfolded") + "] n=" + std::to_string(n);
+  expect_close(tag + " logits", gl, ref.logits.data, E, 1e-6);
+  if (rc.type == MlpType::Learned) expect_close(tag + " selection scores", cuda::to_host<float>(ds, size_t(n * E)), ref.select.data, E, 1e-5);
+  int flips = 0;
+  for (int t = 0; t < n; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t want = ref.idx[t * K + k], got = gi[size_t(t * K + k)];
+      if (want == got) continue;
+      // Allowed only for a near tie of the reference's own selection scores (an ulp-level score difference).
+      const double a = ref.select.numel() ? ref.select[t * E + want] : 0, b = ref.select.numel() && got >= 0 && got < E ? ref.select[t * E + got] : 1e9;
+      const bool tie = std::fabs(a - b) <= 1e-6 * std::max(1.0, std::fabs(a));
+      ++flips;
+      EXPECT_TRUE(tie) << tag << ": token " << t << " choice " << k << ": gpu expert " << got << ", reference " << want
+                       << " (selection scores " << b << " vs " << a << ")";
+    }
+  std::vector<float> rw(ref.weight.data.begin(), ref.weight.data.end());
+  if (flips == 0) expect_close(tag + " weights", gw, rw, K, 1e-5);
+  for (float v : gw) EXPECT_TRUE(std::isfinite(v)) << tag << ": non-finite routing weight";
+  if (n >= 3 && rc.score == ScoreFunc::SqrtSoftplus && rc.renorm) {
+    std::printf("  %s: underflow row weights %g %g ..., overflow row weights %g %g ...\n", tag.c_str(), gw[size_t(K)],
+                gw[size_t(K + 1)], gw[size_t(2 * K)], gw[size_t(2 * K + 1)]);
+  }
+}
+
+}  // namespace
+
+TEST_F(CudaRouter, MatchesReference) {
+  Rng rng(7);
+  const RouterCase cases[] = {{"learned sqrtsoftplus", ScoreFunc::SqrtSoftplus, MlpType::Learned, true},
+                              {"hash sqrtsoftplus", ScoreFunc::SqrtSoftplus, MlpType::Hash, true},
+                              {"learned sigmoid", ScoreFunc::Sigmoid, MlpType::Learned, true},
+                              {"learned softmax, no renorm", ScoreFunc::Softmax, MlpType::Learned, false}};
+  for (const auto& rc : cases)
+    for (int n : {1, 3, 8}) {
+      check_router<Rsf::Folded>(rc, n, rng);
+      if (rc.score == ScoreFunc::SqrtSoftplus) check_router<Rsf::Unfolded>(rc, n, rng);
+    }
+}
+
+// ---- the routed MoE end to end, under the routed-scaling contract ----
+
+static_assert(RunnerAccepts<cuda::GpuRunnerFolded, Rsf::Folded> && !RunnerAccepts<cuda::GpuRunnerFolded, Rsf::Unfolded>);
+static_assert(RunnerAccepts<cuda::GpuRunnerScalesOutput, Rsf::Unfolded> && !RunnerAccepts<cuda::GpuRunnerScalesOutput, Rsf::Folded>);
+
+TEST_F(CudaMoe, RoutedMoeMatchesReferenceMoe) {
+  Rng rng(8);
+  const int64_t E = 32, D = 512, I = 256;
+  const int K = 4, n = 5;
+  auto f = make_moe(rng, E, D, I, true);
+  f->w.bias = Tensor({E}, rng.floats(size_t(E), -0.02f, 0.02f));
+  ModelConfig c;
+  c.n_experts = int(E), c.top_k = K, c.hidden = int(D), c.moe_inter = int(I), c.routed_scaling = 1.5, c.swiglu_limit = 10.0;
+  c.score = ScoreFunc::SqrtSoftplus;
+  const Acts x = make_acts(Act::F32, rng.floats(size_t(n * D), -2.0f, 2.0f));
+  const std::vector<int32_t> toks(static_cast<size_t>(n), 0);
+  const Tensor ref = moe_forward_ep_simulated(f->w, c, MlpType::Learned, Tensor({n, D}, x.value), toks, ModelOptions{}, 1);
+
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  const cuda::RouterWeights rw = cuda::upload_router(f->w, E, D);
+  const cuda::RouterConfig rc = cuda::router_config(c, MlpType::Learned);
+  cuda::Workspace ws;
+  cuda::MoeScratch scratch;
+  cuda::DeviceBuffer di(size_t(n * K) * 4), dw(size_t(n * K) * 4), y(size_t(n * D) * 4), y2(size_t(n * D) * 4);
+  y.fill_byte(0xFF), y2.fill_byte(0xFF);
+  const cuda::DeviceRouting<Rsf::Folded> folded{di.as<int32_t>(), dw.as<float>(), nullptr, nullptr, n, K};
+  cuda::route(rw, rc, x.dev.get(), Act::F32, n, nullptr, folded, ws);
+  cuda::moe_routed(cuda::GpuRunnerFolded{}, c, m, folded, x.dev.get(), Act::F32, scratch, nullptr, y.as<float>());
+  const cuda::DeviceRouting<Rsf::Unfolded> unfolded{di.as<int32_t>(), dw.as<float>(), nullptr, nullptr, n, K};
+  cuda::route(rw, rc, x.dev.get(), Act::F32, n, nullptr, unfolded, ws);
+  cuda::moe_routed(cuda::GpuRunnerScalesOutput{}, c, m, unfolded, x.dev.get(), Act::F32, scratch, nullptr, y2.as<float>());
+  cuda::synchronize();
+  expect_close("routed moe (folded runner) vs fp32 reference moe", cuda::to_host<float>(y, size_t(n * D)), ref.data, D, 5e-3);
+  expect_close("routed moe (scales-output runner) vs fp32 reference moe", cuda::to_host<float>(y2, size_t(n * D)), ref.data, D, 5e-3);
+}

@@ -1,0 +1,163 @@
+// Chat encoding tests: DeepSeek-V4 prompts written out by hand from the rules of the model repository's
+// encoding/encoding_dsv4.py (docs/generation.md), compared with plumb::encode_chat; the incremental pieces
+// `plumb chat` feeds; reply parsing; and the tokens the bundled model's tokenizer makes of a rendered prompt.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "plumb/text.h"
+
+namespace {
+
+using plumb::ChatMessage;
+using plumb::ChatOptions;
+using plumb::encode_chat;
+
+// Spelled out here (not taken from the code under test).
+const std::string BOS = "<｜begin▁of▁sentence｜>";
+const std::string EOS = "<｜end▁of▁sentence｜>";
+const std::string U = "<｜User｜>";
+const std::string A = "<｜Assistant｜>";
+
+ChatOptions chat_mode() { return ChatOptions{false, true, true, ""}; }
+ChatOptions thinking(bool drop = true) { return ChatOptions{true, drop, true, ""}; }
+
+TEST(ChatEncoding, SingleUserTurnChatMode) {
+  // Non-thinking mode: the assistant turn opens with </think> (an empty, closed reasoning block).
+  EXPECT_EQ(encode_chat({{"user", "Hi", ""}}, chat_mode()), BOS + U + "Hi" + A + "</think>");
+}
+
+TEST(ChatEncoding, SystemAndUserThinkingMode) {
+  // The official README's quick-start example.
+  EXPECT_EQ(encode_chat({{"system", "You are a helpful assistant.", ""}, {"user", "What is 2+2?", ""}}, thinking()),
+            BOS + "You are a helpful assistant." + U + "What is 2+2?" + A + "<think>");
+}
+
+TEST(ChatEncoding, MultiTurnChatMode) {
+  const std::vector<ChatMessage> ms = {{"system", "S", ""}, {"user", "u1", ""}, {"assistant", "a1", ""},
+                                       {"user", "u2", ""}};
+  EXPECT_EQ(encode_chat(ms, chat_mode()), BOS + "S" + U + "u1" + A + "</think>a1" + EOS + U + "u2" + A + "</think>");
+}
+
+TEST(ChatEncoding, MultiTurnThinkingDropsEarlierReasoning) {
+  // drop_thinking (the default): turns before the last user message lose their reasoning and their assistant
+  // opening becomes </think>; only the new turn opens with <think>.
+  const std::vector<ChatMessage> ms = {{"user", "u1", ""}, {"assistant", "a1", "r1"}, {"user", "u2", ""}};
+  EXPECT_EQ(encode_chat(ms, thinking()), BOS + U + "u1" + A + "</think>a1" + EOS + U + "u2" + A + "<think>");
+}
+
+TEST(ChatEncoding, MultiTurnThinkingKeepsReasoningWithoutDrop) {
+  const std::vector<ChatMessage> ms = {{"user", "u1", ""}, {"assistant", "a1", "r1"}, {"user", "u2", ""}};
+  EXPECT_EQ(encode_chat(ms, thinking(false)),
+            BOS + U + "u1" + A + "<think>r1</think>a1" + EOS + U + "u2" + A + "<think>");
+}
+
+TEST(ChatEncoding, ConversationEndingWithAnAssistantTurn) {
+  // The reply after the last user message keeps its reasoning even with drop_thinking; no generation prompt
+  // follows an assistant turn.
+  const std::vector<ChatMessage> ms = {{"user", "q", ""}, {"assistant", "a", "r"}};
+  EXPECT_EQ(encode_chat(ms, thinking()), BOS + U + "q" + A + "<think>r</think>a" + EOS);
+  EXPECT_EQ(encode_chat(ms, chat_mode()), BOS + U + "q" + A + "</think>a" + EOS);
+}
+
+TEST(ChatEncoding, ReasoningIgnoredInChatMode) {
+  const std::vector<ChatMessage> ms = {{"user", "u1", ""}, {"assistant", "a1", "secret"}, {"user", "u2", ""}};
+  EXPECT_EQ(encode_chat(ms, chat_mode()), BOS + U + "u1" + A + "</think>a1" + EOS + U + "u2" + A + "</think>");
+}
+
+TEST(ChatEncoding, ConsecutiveUserMessagesAndDeveloper) {
+  // Only a user turn followed by an assistant turn (or ending the conversation) opens the assistant's turn.
+  // A developer message renders like a user message; with drop_thinking, one before the last user is dropped.
+  EXPECT_EQ(encode_chat({{"user", "a", ""}, {"user", "b", ""}}, chat_mode()), BOS + U + "a" + U + "b" + A + "</think>");
+  EXPECT_EQ(encode_chat({{"developer", "d", ""}, {"user", "b", ""}}, chat_mode()),
+            BOS + U + "d" + U + "b" + A + "</think>");
+  EXPECT_EQ(encode_chat({{"developer", "d", ""}, {"user", "b", ""}}, thinking()), BOS + U + "b" + A + "<think>");
+}
+
+TEST(ChatEncoding, NoBosAndSystemOnly) {
+  ChatOptions o = chat_mode();
+  o.add_bos = false;
+  EXPECT_EQ(encode_chat({{"user", "x", ""}}, o), U + "x" + A + "</think>");
+  EXPECT_EQ(encode_chat({{"system", "only", ""}}, chat_mode()), BOS + "only");
+}
+
+TEST(ChatEncoding, ReasoningEffortMax) {
+  const std::string effort =
+      "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking "
+      "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "
+      "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "
+      "deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis "
+      "to ensure absolutely no assumption is left unchecked.\n\n";
+  ChatOptions o = thinking();
+  o.reasoning_effort = "max";
+  EXPECT_EQ(encode_chat({{"system", "S", ""}, {"user", "q", ""}}, o), BOS + effort + "S" + U + "q" + A + "<think>");
+  o.reasoning_effort = "high";  // renders nothing
+  EXPECT_EQ(encode_chat({{"user", "q", ""}}, o), BOS + U + "q" + A + "<think>");
+  ChatOptions c = chat_mode();
+  c.reasoning_effort = "max";  // thinking mode only
+  EXPECT_EQ(encode_chat({{"user", "q", ""}}, c), BOS + U + "q" + A + "</think>");
+  c.reasoning_effort = "low";
+  EXPECT_THROW(encode_chat({{"user", "q", ""}}, c), plumb::Error);
+}
+
+TEST(ChatEncoding, UnknownRoleIsAnError) {
+  try {
+    encode_chat({{"tool", "x", ""}}, chat_mode());
+    FAIL() << "no error";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"tool\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatEncoding, IncrementalPiecesEqualTheWholeWithoutDrop) {
+  // `plumb chat` feeds prefix + per turn (user turn, reply, EOS): exactly encode_chat with drop_thinking off.
+  for (bool think : {false, true}) {
+    ChatOptions o{think, false, true, ""};
+    std::vector<ChatMessage> ms = {{"system", "sys", ""}};
+    std::string inc = plumb::chat_prefix("sys", o);
+    const char* turns[][3] = {{"u1", "r1", "a1"}, {"u2", "r2", "a2"}, {"u3", "r3", "a3"}};
+    for (const auto& t : turns) {
+      ms.push_back({"user", t[0], ""});
+      inc += plumb::chat_user_turn(t[0], think);
+      EXPECT_EQ(inc, encode_chat(ms, o));
+      const std::string reply = think ? std::string(t[1]) + "</think>" + t[2] : std::string(t[2]);
+      inc += reply + plumb::chat_turn_end();
+      ms.push_back({"assistant", t[2], think ? t[1] : ""});
+      EXPECT_EQ(inc, encode_chat(ms, o));
+    }
+  }
+}
+
+TEST(ChatEncoding, ParseReply) {
+  auto m = plumb::parse_reply("let me see</think>It is 4.", true);
+  EXPECT_EQ(m.role, "assistant");
+  EXPECT_EQ(m.reasoning, "let me see");
+  EXPECT_EQ(m.content, "It is 4.");
+  m = plumb::parse_reply("still thinking", true);
+  EXPECT_EQ(m.reasoning, "still thinking");
+  EXPECT_EQ(m.content, "");
+  m = plumb::parse_reply("a</think>b", false);
+  EXPECT_EQ(m.content, "a</think>b");
+}
+
+TEST(ChatEncoding, SpecialStringsAreSingleTokensOfTheBundledTokenizer) {
+  const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  plumb::require_chat_tokens(tok);
+  const auto ids = tok.encode(encode_chat({{"user", "Hi", ""}}, chat_mode()));
+  ASSERT_GE(ids.size(), 5u);
+  EXPECT_EQ(ids[0], tok.token_id(BOS));
+  EXPECT_EQ(ids[1], tok.token_id(U));
+  EXPECT_EQ(ids[ids.size() - 2], tok.token_id(A));
+  EXPECT_EQ(ids.back(), tok.token_id("</think>"));
+  EXPECT_EQ(tok.bos_id(), 0);  // tokenizer_config.json
+  EXPECT_EQ(tok.eos_id(), 1);
+  EXPECT_TRUE(tok.add_bos());
+  EXPECT_EQ(tok.decode(ids), encode_chat({{"user", "Hi", ""}}, chat_mode()));
+}
+
+TEST(ChatEncoding, TokenizerWithoutChatTokensIsRejected) {
+  // tests/data/tokenizer/tiny.json has <｜User｜> and <think> but no <｜Assistant｜>.
+  const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/tokenizer/tiny.json");
+  EXPECT_THROW(plumb::require_chat_tokens(tok), plumb::Error);
+}
+
+}  // namespace

@@ -1,0 +1,352 @@
+// Sampling and generation tests: hand-computed distributions for temperature, top-k, top-p, min-p and the
+// penalties; seeded determinism; stop strings across token boundaries; and plumb::generate on a scripted
+// session (stop token, stop string, max tokens, context end, the errors checked before the session is touched).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "plumb/text.h"
+
+namespace {
+
+using plumb::Sampler;
+using plumb::SamplingParams;
+using Dist = std::vector<std::pair<int32_t, float>>;
+
+SamplingParams plain(float temperature = 1.0f) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  return p;
+}
+
+std::vector<float> logits_of(std::initializer_list<double> probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+void expect_dist(const Dist& got, const std::vector<std::pair<int32_t, double>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first) << "rank " << i;
+    EXPECT_NEAR(got[i].second, want[i].second, 1e-6) << "rank " << i;
+  }
+}
+
+TEST(Sampler, GreedyPicksTheLowestIdAmongTies) {
+  Sampler s(plain(0.0f), 4);
+  const std::vector<float> l = {1, 3, 3, 2};
+  EXPECT_EQ(s.sample(l, {}), 1);
+  expect_dist(s.distribution(l, {}), {{1, 1.0}});
+  SamplingParams k1 = plain();
+  k1.top_k = 1;  // top-1 is greedy too
+  EXPECT_EQ(Sampler(k1, 4).sample(l, {}), 1);
+}
+
+TEST(Sampler, TemperatureSoftmax) {
+  // p proportional to 1, 2, 4 at T = 1; logits 0, ln 4, ln 16 at T = 2 give the same.
+  expect_dist(Sampler(plain(1.0f), 3).distribution(logits_of({1, 2, 4}), {}), {{2, 4.0 / 7}, {1, 2.0 / 7}, {0, 1.0 / 7}});
+  const std::vector<float> l = {0.0f, float(std::log(4.0)), float(std::log(16.0))};
+  expect_dist(Sampler(plain(2.0f), 3).distribution(l, {}), {{2, 4.0 / 7}, {1, 2.0 / 7}, {0, 1.0 / 7}});
+}
+
+TEST(Sampler, TopK) {
+  SamplingParams p = plain();
+  p.top_k = 2;
+  expect_dist(Sampler(p, 3).distribution(logits_of({1, 2, 4}), {}), {{2, 4.0 / 6}, {1, 2.0 / 6}});
+}
+
+TEST(Sampler, TopP) {
+  // 0.5, 0.3, 0.15, 0.05: cumulative 0.5, 0.8, 0.95, 1.
+  SamplingParams p = plain();
+  p.top_p = 0.75f;
+  expect_dist(Sampler(p, 4).distribution(logits_of({0.15, 0.5, 0.05, 0.3}), {}), {{1, 0.625}, {3, 0.375}});
+  p.top_p = 0.85f;
+  expect_dist(Sampler(p, 4).distribution(logits_of({0.15, 0.5, 0.05, 0.3}), {}),
+              {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}});
+}
+
+TEST(Sampler, MinP) {
+  SamplingParams p = plain();
+  p.min_p = 0.25f;  // keeps p >= 0.125
+  expect_dist(Sampler(p, 4).distribution(logits_of({0.15, 0.5, 0.05, 0.3}), {}),
+              {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}});
+  p.min_p = 0.35f;  // keeps p >= 0.175
+  expect_dist(Sampler(p, 4).distribution(logits_of({0.15, 0.5, 0.05, 0.3}), {}), {{1, 0.625}, {3, 0.375}});
+}
+
+TEST(Sampler, RepeatPenalty) {
+  // Seen tokens 0 and 1: 2 -> 2/2 = 1, -1 -> -1*2 = -2; unseen 0.5 and 1.5 stay.
+  SamplingParams p = plain(0.0f);
+  p.repeat_penalty = 2.0f;
+  const std::vector<float> l = {2.0f, -1.0f, 0.5f, 1.5f};
+  const std::vector<int32_t> hist = {0, 1, 0};
+  EXPECT_EQ(Sampler(plain(0.0f), 4).sample(l, hist), 0);
+  EXPECT_EQ(Sampler(p, 4).sample(l, hist), 3);
+  p.temperature = 1.0f;
+  const double z = std::exp(1.0) + std::exp(-2.0) + std::exp(0.5) + std::exp(1.5);
+  expect_dist(Sampler(p, 4).distribution(l, hist),
+              {{3, std::exp(1.5) / z}, {0, std::exp(1.0) / z}, {2, std::exp(0.5) / z}, {1, std::exp(-2.0) / z}});
+}
+
+TEST(Sampler, PresenceAndFrequencyPenalties) {
+  // History 0, 0, 1: token 0 -> 1 - 1 - 2*0.5 = -1, token 1 -> 1 - 1 - 0.5 = -0.5, token 2 unchanged at 1.
+  SamplingParams p = plain();
+  p.presence_penalty = 1.0f;
+  p.frequency_penalty = 0.5f;
+  const double z = std::exp(-1.0) + std::exp(-0.5) + std::exp(1.0);
+  expect_dist(Sampler(p, 3).distribution(std::vector<float>{1, 1, 1}, std::vector<int32_t>{0, 0, 1}),
+              {{2, std::exp(1.0) / z}, {1, std::exp(-0.5) / z}, {0, std::exp(-1.0) / z}});
+}
+
+TEST(Sampler, PenaltyWindow) {
+  // Only the last 2 tokens (1, 2) are penalized; token 0 is outside the window.
+  SamplingParams p = plain(0.0f);
+  p.presence_penalty = 10.0f;
+  p.penalty_last_n = 2;
+  EXPECT_EQ(Sampler(p, 3).sample(std::vector<float>{0, 1, 2}, std::vector<int32_t>{0, 1, 2}), 0);
+  p.penalty_last_n = 0;  // off
+  EXPECT_EQ(Sampler(p, 3).sample(std::vector<float>{0, 1, 2}, std::vector<int32_t>{0, 1, 2}), 2);
+}
+
+TEST(Sampler, SeedDeterminismAndFrequencies) {
+  SamplingParams p = plain();
+  p.seed = 42;
+  const auto l = logits_of({1, 2, 4});
+  Sampler a(p, 3), b(p, 3);
+  std::vector<int32_t> sa, sb;
+  for (int i = 0; i < 200; ++i) sa.push_back(a.sample(l, {})), sb.push_back(b.sample(l, {}));
+  EXPECT_EQ(sa, sb);
+  p.seed = 43;
+  Sampler c(p, 3);
+  std::vector<int32_t> sc;
+  for (int i = 0; i < 200; ++i) sc.push_back(c.sample(l, {}));
+  EXPECT_NE(sa, sc);
+  std::map<int32_t, int> n;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) ++n[a.sample(l, {})];
+  EXPECT_NEAR(n[2] / double(N), 4.0 / 7, 0.02);
+  EXPECT_NEAR(n[1] / double(N), 2.0 / 7, 0.02);
+  EXPECT_NEAR(n[0] / double(N), 1.0 / 7, 0.02);
+}
+
+TEST(Sampler, RejectsBadParameters) {
+  SamplingParams p = plain();
+  p.top_p = 0.0f;
+  EXPECT_THROW(Sampler(p, 3), plumb::Error);
+  p = plain();
+  p.min_p = 1.5f;
+  EXPECT_THROW(Sampler(p, 3), plumb::Error);
+  p = plain();
+  p.repeat_penalty = 0.0f;
+  EXPECT_THROW(Sampler(p, 3), plumb::Error);
+  EXPECT_THROW(Sampler(plain(), 3).distribution(std::vector<float>{1, 2}, {}), plumb::Error);
+}
+
+TEST(StopMatcher, MatchesAcrossPiecesAndHoldsBackPrefixes) {
+  plumb::StopMatcher m({"o w", "END"});
+  bool stopped = false;
+  EXPECT_EQ(m.push("Hel", stopped), "Hel");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(m.push("lo", stopped), "l");  // "o" may start "o w": held back
+  EXPECT_EQ(m.push(" wor", stopped), "");    // "o w" completed: nothing after it is emitted
+  EXPECT_TRUE(stopped);
+
+  plumb::StopMatcher k({"END"});
+  EXPECT_EQ(k.push("abcE", stopped), "abc");
+  EXPECT_EQ(k.push("N", stopped), "");
+  EXPECT_EQ(k.push("x", stopped), "ENx");  // not a stop after all: released
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(k.push("E", stopped), "");
+  EXPECT_EQ(k.flush(), "E");
+  EXPECT_THROW(plumb::StopMatcher({""}), plumb::Error);
+}
+
+// A session that "predicts" a fixed script: the logits after the k-th forward call peak at script[k].
+class ScriptedSession : public plumb::Session {
+ public:
+  ScriptedSession(std::vector<int32_t> script, int32_t vocab) : script_(std::move(script)), vocab_(vocab) {}
+  std::vector<float> forward(std::span<const int32_t> tokens) override {
+    fed.insert(fed.end(), tokens.begin(), tokens.end());
+    pos_ += int64_t(tokens.size());
+    std::vector<float> l(size_t(vocab_), 0.0f);
+    l[size_t(script_.at(calls++))] = 10.0f;
+    return l;
+  }
+  std::vector<float> forward_all(std::span<const int32_t> tokens) override { return forward(tokens); }
+  int64_t position() const override { return pos_; }
+  void reset() override { pos_ = 0, fed.clear(), calls = 0; }
+  std::vector<int32_t> fed;
+  size_t calls = 0;
+
+ private:
+  std::vector<int32_t> script_;
+  int32_t vocab_;
+  int64_t pos_ = 0;
+};
+
+struct GenerateFixture : ::testing::Test {
+  plumb::Tokenizer tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  plumb::ModelInfo info;
+  GenerateFixture() {
+    info.vocab_size = 1216;
+    info.bos_token = 0;
+    info.eos_token = 1;
+    info.max_positions = 2048;
+  }
+  plumb::GenerateOptions greedy(int max_tokens = 100) {
+    plumb::GenerateOptions g;
+    g.sampling = plain(0.0f);
+    g.max_tokens = max_tokens;
+    g.stop_tokens = {1};
+    return g;
+  }
+};
+
+TEST_F(GenerateFixture, StopsAtTheStopTokenAndStreamsEveryPiece) {
+  const std::string text = " there was a café ☕ by the river.";
+  auto script = tok.encode(text);
+  script.push_back(1);  // EOS
+  ScriptedSession s(script, info.vocab_size);
+  const std::vector<int32_t> prompt = {0, 20, 21};
+  std::string streamed;
+  const auto r = plumb::generate(s, info, tok, prompt, greedy(), [&](std::string_view p) { streamed += p; });
+  EXPECT_EQ(r.text, text);
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(r.stop, plumb::StopReason::Token);
+  EXPECT_EQ(r.tokens, script);
+  EXPECT_EQ(r.unfed, 1);
+  // Fed: the prompt, then every sampled token but the last.
+  std::vector<int32_t> fed = prompt;
+  fed.insert(fed.end(), script.begin(), script.end() - 1);
+  EXPECT_EQ(s.fed, fed);
+  EXPECT_EQ(r.prompt_tokens, 3);
+}
+
+TEST_F(GenerateFixture, StopStringAcrossTokens) {
+  const auto script = tok.encode(" there was a cat. The end.");
+  ScriptedSession s(script, info.vocab_size);
+  auto g = greedy();
+  g.stop_strings = {"cat. T"};
+  std::string streamed;
+  const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g, [&](std::string_view p) { streamed += p; });
+  EXPECT_EQ(r.stop, plumb::StopReason::String);
+  EXPECT_EQ(r.text, " there was a ");
+  EXPECT_EQ(streamed, r.text);
+}
+
+TEST_F(GenerateFixture, MaxTokensAndContextEnd) {
+  const auto script = tok.encode(" one two three four five six");
+  {
+    ScriptedSession s(script, info.vocab_size);
+    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, greedy(3));
+    EXPECT_EQ(r.stop, plumb::StopReason::Length);
+    EXPECT_EQ(r.tokens.size(), 3u);
+    EXPECT_EQ(s.position(), 3);  // prompt + 2 fed; the third token is unfed
+  }
+  {
+    ScriptedSession s(script, info.vocab_size);
+    plumb::ModelInfo small = info;
+    small.max_positions = 3;  // prompt 1 + 2 fed tokens fill it
+    const auto r = plumb::generate(s, small, tok, std::vector<int32_t>{0}, greedy());
+    EXPECT_EQ(r.stop, plumb::StopReason::Context);
+    EXPECT_EQ(r.tokens.size(), 3u);
+    EXPECT_EQ(s.position(), 3);
+  }
+}
+
+TEST_F(GenerateFixture, ErrorsLeaveTheSessionUntouched) {
+  ScriptedSession s({1, 1, 1}, info.vocab_size);
+  auto expect_error = [&](std::vector<int32_t> prompt, plumb::ModelInfo mi, plumb::GenerateOptions g, const char* part) {
+    try {
+      plumb::generate(s, mi, tok, prompt, g);
+      FAIL() << "no error for " << part;
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s.calls, 0u);
+    EXPECT_EQ(s.position(), 0);
+  };
+  expect_error({}, info, greedy(), "empty prompt");
+  expect_error({0, 5000}, info, greedy(), "outside the model's vocabulary");
+  plumb::ModelInfo small = info;
+  small.max_positions = 2;
+  expect_error({0, 5, 6}, small, greedy(), "context is 2 tokens");
+  auto g = greedy();
+  g.stop_tokens = {-3};
+  expect_error({0}, info, g, "stop token -3");
+  expect_error({0}, info, greedy(0), "--max-tokens");
+}
+
+TEST_F(GenerateFixture, SkipSpecialDropsSpecialTokensFromTheText) {
+  auto script = tok.encode("Hi");
+  script.push_back(0);  // BOS: special, not a stop token here
+  script.push_back(1);
+  ScriptedSession s(script, info.vocab_size);
+  auto g = greedy();
+  g.skip_special = true;
+  EXPECT_EQ(plumb::generate(s, info, tok, std::vector<int32_t>{0}, g).text, "Hi");
+}
+
+// The bundled model end to end through the public API (plumb/engine.h + plumb/text.h).
+struct TinyModel : ::testing::Test {
+  static std::shared_ptr<plumb::Engine> engine() {
+    static auto e = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+    return e;
+  }
+  plumb::Tokenizer tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  plumb::GenerateOptions greedy() {
+    plumb::GenerateOptions g;
+    g.sampling = plain(0.0f);
+    g.max_tokens = 40;
+    g.stop_tokens = {engine()->info().eos_token};
+    return g;
+  }
+};
+
+TEST_F(TinyModel, AnswersInChatFormat) {
+  auto s = engine()->new_session();
+  const auto prompt = tok.encode(plumb::encode_chat({{"user", "What color is the sky?", ""}}, plumb::ChatOptions{}));
+  const auto r = plumb::generate(*s, engine()->info(), tok, prompt, greedy());
+  EXPECT_EQ(r.stop, plumb::StopReason::Token);
+  EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
+}
+
+TEST_F(TinyModel, ChatTurnsOnOneSessionMatchTheWholeConversation) {
+  // Turn 2 prefilled on the kept cache (the previous reply's EOS + the new user turn) must leave the session in
+  // the state a fresh session reaches by prefilling the whole conversation as encode_chat renders it.
+  const plumb::ChatOptions co{false, false, true, ""};
+  auto s = engine()->new_session();
+  const auto p1 = tok.encode(plumb::chat_prefix("", co) + plumb::chat_user_turn("My name is Tom.", false));
+  const auto r1 = plumb::generate(*s, engine()->info(), tok, p1, greedy());
+  ASSERT_EQ(r1.stop, plumb::StopReason::Token);
+  std::vector<int32_t> p2 = {r1.unfed};
+  const auto turn2 = tok.encode(plumb::chat_user_turn("What is my name?", false));
+  p2.insert(p2.end(), turn2.begin(), turn2.end());
+  const auto incremental = s->forward(p2);
+
+  // What the session holds, as tokens, is the official rendering of the conversation, as text.
+  std::vector<int32_t> whole = p1;
+  whole.insert(whole.end(), r1.tokens.begin(), r1.tokens.end());
+  whole.insert(whole.end(), turn2.begin(), turn2.end());
+  EXPECT_EQ(int64_t(whole.size()), s->position());
+  const std::vector<plumb::ChatMessage> ms = {{"user", "My name is Tom.", ""}, plumb::parse_reply(r1.text, false),
+                                              {"user", "What is my name?", ""}};
+  EXPECT_EQ(tok.decode(whole), plumb::encode_chat(ms, co));
+  auto fresh = engine()->new_session();
+  const auto reference = fresh->forward(whole);
+  ASSERT_EQ(incremental.size(), reference.size());
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    worst = std::max(worst, std::abs(incremental[i] - reference[i]));
+    scale = std::max(scale, std::abs(reference[i]));
+  }
+  EXPECT_LE(worst, 1e-4f * scale);
+}
+
+}  // namespace

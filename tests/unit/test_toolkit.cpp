@@ -1,0 +1,348 @@
+// The precision toolkit: metrics against hand-computed values, diagnoses on synthetic tensors, and diff / bisect /
+// kld / selftest on the bundled fixtures (every fault found at the right tap with the right diagnosis).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "toolkit/bisect.h"
+#include "toolkit/diff.h"
+#include "toolkit/kld.h"
+#include "toolkit/selftest.h"
+#include "toolkit/tap_filter.h"
+#include "toolkit/tap_names.h"
+
+namespace {
+
+using namespace plumb;
+using namespace plumb::toolkit;
+namespace fs = std::filesystem;
+
+const std::string kGolden = std::string(PLUMB_TEST_DATA) + "/golden/";
+const std::string kTiny = kGolden + "tiny";
+
+Tensor vec(std::vector<float> v) {
+  const int64_t n = int64_t(v.size());
+  return Tensor({n}, std::move(v));
+}
+
+// --- metrics ---------------------------------------------------------------------------------------------------
+
+TEST(ToolkitMetrics, HandComputedValues) {
+  const FloatStats s = compare_f32(vec({1, 2, 3}), vec({1, 2, 4}));
+  EXPECT_EQ(s.max_abs, 1.0);
+  EXPECT_EQ(s.at, 2);
+  EXPECT_EQ(s.coord(), "[2]");
+  EXPECT_EQ(s.a_at, 3.0);
+  EXPECT_EQ(s.b_at, 4.0);
+  EXPECT_DOUBLE_EQ(s.rel_l2(), 1.0 / std::sqrt(14.0));
+  EXPECT_DOUBLE_EQ(s.cosine(), 17.0 / std::sqrt(14.0 * 21.0));
+  EXPECT_DOUBLE_EQ(s.err_scaled(), 1.0 / 3.0);  // max|err| / max(1, max|A|)
+  // bf16(3) = 0x4040 and bf16(4) = 0x4080: 64 bf16 steps apart.
+  EXPECT_EQ(s.max_ulp, 64);
+  EXPECT_EQ(s.nonfinite_mismatch, 0);
+}
+
+TEST(ToolkitMetrics, Bf16Ulps) {
+  EXPECT_EQ(bf16_ulp_distance(1.0f, 1.0f), 0);
+  EXPECT_EQ(bf16_ulp_distance(1.0f, 1.0f + 1.0f / 128), 1);  // bf16 keeps 7 fraction bits
+  EXPECT_EQ(bf16_ulp_distance(1.0f, 1.0f + 1.0f / 1024), 0);  // rounds to the same bf16 value
+  EXPECT_EQ(bf16_ulp_distance(-0.0f, 0.0f), 0);
+  EXPECT_EQ(bf16_ulp_distance(-1.0f, 1.0f), 2 * 0x3F80);  // across zero: both magnitudes
+}
+
+TEST(ToolkitMetrics, NonFiniteCounts) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const FloatStats s = compare_f32(vec({1, nan, inf, 2, -inf}), vec({1, nan, inf, nan, inf}));
+  EXPECT_EQ(s.nan_a, 1);
+  EXPECT_EQ(s.nan_b, 2);
+  EXPECT_EQ(s.inf_a, 2);
+  EXPECT_EQ(s.inf_b, 2);
+  EXPECT_EQ(s.nonfinite_mismatch, 2);  // 2 vs NaN, -inf vs +inf; NaN/NaN and inf/inf agree
+  EXPECT_EQ(s.max_abs, 0.0);
+}
+
+TEST(ToolkitMetrics, ScaleFitFindsPowersOfRsf) {
+  const Tensor a = vec({0.5f, -1.25f, 2.0f, 3.5f, -0.75f});
+  for (const double c : {1.5, 2.25, 1 / 1.5, 1 / 2.25}) {
+    Tensor b = a;
+    for (auto& v : b.data) v = float(v * c);
+    const ScaleFit f = fit_scale(a, b);
+    ASSERT_TRUE(f.valid);
+    EXPECT_NEAR(f.c, c, 1e-6);
+    EXPECT_LT(f.resid, 1e-6);
+  }
+  int power = 0;
+  EXPECT_EQ(rsf_relation(1.5, 1.5, &power), "applied twice");
+  EXPECT_EQ(power, 1);
+  EXPECT_NE(rsf_relation(2.25, 1.5, &power).find("applied twice"), std::string::npos);
+  EXPECT_EQ(power, 2);
+  EXPECT_EQ(rsf_relation(1 / 1.5, 1.5, &power), "missing");
+  EXPECT_NE(rsf_relation(1 / 2.25, 1.5, &power).find("missing"), std::string::npos);
+  EXPECT_EQ(power, -2);
+  EXPECT_EQ(rsf_relation(1.2, 1.5), "");        // not within 2% of any power
+  EXPECT_EQ(rsf_relation(1.52, 1.5), "applied twice");
+  EXPECT_EQ(rsf_relation(1.0, 1.0), "");        // no factor to speak of
+  // A scale plus noise is not a pure scale.
+  const ScaleFit noisy = fit_scale(a, vec({0.75f, -1.8f, 3.1f, 5.0f, 0.0f}));
+  EXPECT_GT(noisy.resid, 1e-2);
+}
+
+TEST(ToolkitMetrics, IndexTiesVersusRealFlips) {
+  const IndexTensor a({2, 2}, std::vector<int64_t>{0, 1, 2, 3});
+  const IndexTensor b({2, 2}, std::vector<int64_t>{0, 2, 2, 3});  // row 0: expert 1 swapped for 2
+  // Scores: experts 1 and 2 of row 0 nearly tied, moved by 1e-6 (within 1e-4): a near tie.
+  const Tensor sa({2, 4}, std::vector<float>{3, 1.0f, 0.999999f, 0, 0, 0, 2, 2});
+  Tensor sb = sa;
+  sb[1] = 0.999999f, sb[2] = 1.0f;
+  IndexStats s = compare_index(a, b, &sa, &sb, false, 1e-4);
+  EXPECT_EQ(s.rows, 2);
+  EXPECT_EQ(s.agree, 1);
+  EXPECT_EQ(s.ties, 1);
+  EXPECT_EQ(s.real, 0);
+  // Identical scores but a different selection: the top-k itself is wrong.
+  s = compare_index(a, b, &sa, &sa, false, 1e-4);
+  EXPECT_EQ(s.real, 1);
+  // A hash layer never has ties.
+  s = compare_index(a, b, &sa, &sb, true, 1e-4);
+  EXPECT_EQ(s.real, 1);
+  // Scores moved far beyond tolerance: real.
+  sb[2] = 5.0f;
+  s = compare_index(a, b, &sa, &sb, false, 1e-4);
+  EXPECT_EQ(s.real, 1);
+}
+
+// --- filter and names --------------------------------------------------------------------------------------------
+
+TEST(ToolkitFilter, GlobsLayersStepsPositions) {
+  EXPECT_TRUE(glob_match("L3.*", "L3.ffn.out"));
+  EXPECT_FALSE(glob_match("L3.*", "L13.ffn.out"));
+  EXPECT_TRUE(glob_match("*.ffn.*", "L0.ffn.gate.weights"));
+  EXPECT_TRUE(glob_match("L?.out", "L7.out"));
+  EXPECT_FALSE(glob_match("L?.out", "L17.out"));
+  const TapFilter f = TapFilter::parse("*.ffn.*,hc_head.out", "0-1,3", "s0,2", "0-5,9");
+  EXPECT_TRUE(f.keeps_tap("L1.ffn.routed"));
+  EXPECT_FALSE(f.keeps_tap("L2.ffn.routed"));  // layer 2 is not kept
+  EXPECT_FALSE(f.keeps_tap("L0.attn.out"));    // no glob matches
+  EXPECT_TRUE(f.keeps_tap("hc_head.out"));
+  EXPECT_TRUE(f.keeps_tap("logits"));          // always kept
+  EXPECT_TRUE(f.keeps_step("s0", 0));
+  EXPECT_TRUE(f.keeps_step("s2", 2));
+  EXPECT_FALSE(f.keeps_step("s1", 1));
+  EXPECT_TRUE(f.keeps_position(5));
+  EXPECT_FALSE(f.keeps_position(6));
+  EXPECT_TRUE(f.keeps_position(9));
+  EXPECT_THROW(TapFilter::parse("", "3-1", "", ""), Error);
+  EXPECT_THROW(TapFilter::parse("", "", "", "x"), Error);
+}
+
+TEST(ToolkitFilter, TapNames) {
+  EXPECT_EQ(parse_tap("L12.ffn.gate.weights").layer, 12);
+  EXPECT_EQ(parse_tap("L12.ffn.gate.weights").suffix, "ffn.gate.weights");
+  EXPECT_EQ(parse_tap("hc_head.out").layer, -1);
+  std::vector<std::string> v = {"logits", "L1.attn.out", "L0.out", "hc_head.out", "L0.ffn.routed", "L0.hc_attn.post"};
+  sort_execution_order(v);
+  EXPECT_EQ(v, (std::vector<std::string>{"L0.hc_attn.post", "L0.ffn.routed", "L0.out", "L1.attn.out", "hc_head.out", "logits"}));
+  EXPECT_TRUE(depends_on_hc_post("L0.out"));
+  EXPECT_TRUE(depends_on_hc_post("L2.hc_ffn.comb"));
+  EXPECT_TRUE(depends_on_hc_post("L1.hc_attn.post"));
+  EXPECT_FALSE(depends_on_hc_post("L0.hc_attn.post"));  // layer 0 reads the embedding
+  EXPECT_FALSE(depends_on_hc_post("L0.ffn.out"));
+}
+
+TEST(ToolkitFilter, LayerPhrase) {
+  ModelConfig cfg;
+  cfg.mlp = {MlpType::Hash, MlpType::Hash, MlpType::Learned, MlpType::Learned};
+  const std::vector<int> all{0, 1, 2, 3};
+  EXPECT_EQ(layer_phrase({0, 1}, all, &cfg), "on hash-routed layers 0,1 only");
+  EXPECT_EQ(layer_phrase({0, 1, 2, 3}, all, &cfg), "on all 4 layers (0,1,2,3)");
+  EXPECT_NE(layer_phrase({2, 3}, all, &cfg).find("learned-routing layers 2,3 only"), std::string::npos);
+  EXPECT_EQ(layer_phrase({2}, all, &cfg), "on layer 2");
+}
+
+// --- diagnosis on synthetic traces ---------------------------------------------------------------------------
+
+// A one-step trace with the given float taps in order.
+Trace synthetic(const std::vector<std::pair<std::string, Tensor>>& taps) {
+  Trace t;
+  t.steps.push_back(GoldenStep{"s0", "prefill", 0, {1, 2}});
+  StepTaps d;
+  for (const auto& [name, v] : taps) d.f32[name] = v, d.order.push_back(name);
+  d.positions = {0, 1};
+  t.data.push_back(std::move(d));
+  return t;
+}
+
+TEST(ToolkitDiagnosis, NanOrigin) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor x({2, 2}, std::vector<float>{1, 2, 3, 4});
+  const Tensor y({2, 2}, std::vector<float>{1, nan, 3, 4});
+  const Trace a = synthetic({{"L0.attn.out", x}, {"L0.ffn.shared", x}, {"L0.out", x}});
+  const Trace b = synthetic({{"L0.attn.out", x}, {"L0.ffn.shared", y}, {"L0.out", y}});
+  const DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, nullptr);
+  ASSERT_FALSE(r.first.none());
+  EXPECT_EQ(r.first.tap, "L0.ffn.shared");
+  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4});
+  EXPECT_EQ(d.kind, "nonfinite");
+  EXPECT_NE(d.text.find("NaN first appears at L0.ffn.shared"), std::string::npos) << d.text;
+  EXPECT_NE(d.text.find("shared expert"), std::string::npos) << d.text;
+}
+
+TEST(ToolkitDiagnosis, PureScaleOutsideTheMoe) {
+  const Tensor x({2, 2}, std::vector<float>{1, -2, 3, 4});
+  Tensor y = x;
+  for (auto& v : y.data) v *= 2.25f;
+  ModelConfig cfg;
+  cfg.routed_scaling = 1.5;
+  const Trace a = synthetic({{"L0.attn.out", x}}), b = synthetic({{"L0.attn.out", y}});
+  const DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, &cfg);
+  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, &cfg});
+  EXPECT_EQ(d.kind, "scale");
+  EXPECT_NE(d.text.find("B = 2.25 x A"), std::string::npos) << d.text;
+  EXPECT_NE(d.text.find("applied twice"), std::string::npos) << d.text;
+}
+
+TEST(ToolkitDiagnosis, AllZeroRoutedWeights) {
+  // Layer 0, one hash layer: B's gate weights of token 1 are all zero while A's logits there are very negative.
+  ModelConfig cfg;
+  cfg.routed_scaling = 1.5;
+  cfg.mlp = {MlpType::Hash};
+  const Tensor logits({2, 2}, std::vector<float>{0.5f, 1.0f, -30.0f, -31.0f});
+  const Tensor wa({2, 2}, std::vector<float>{0.7f, 0.8f, 0.75f, 0.75f}), wb({2, 2}, std::vector<float>{0.7f, 0.8f, 0, 0});
+  const Tensor ra({2, 2}, std::vector<float>{1, 2, 3, 4}), rb({2, 2}, std::vector<float>{1, 2, 0, 0});
+  Trace a = synthetic({{"L0.ffn.gate.logits", logits}, {"L0.ffn.gate.weights", wa}, {"L0.ffn.routed", ra}});
+  Trace b = synthetic({{"L0.ffn.gate.logits", logits}, {"L0.ffn.gate.weights", wb}, {"L0.ffn.routed", rb}});
+  for (Trace* t : {&a, &b}) {
+    t->data[0].idx["L0.ffn.gate.indices"] = IndexTensor({2, 2}, std::vector<int64_t>{0, 1, 0, 1});
+    t->data[0].order.insert(t->data[0].order.begin() + 1, "L0.ffn.gate.indices");
+  }
+  const DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, &cfg);
+  EXPECT_EQ(r.first.tap, "L0.ffn.gate.weights");
+  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, &cfg});
+  EXPECT_EQ(d.kind, "scores_underflow");
+  EXPECT_NE(d.text.find("routed weights all zero on 1 tokens"), std::string::npos) << d.text;
+  EXPECT_NE(d.text.find("naive softplus"), std::string::npos) << d.text;
+}
+
+// --- live diff, faults, bisect, kld on the bundled fixtures -------------------------------------------------
+
+TEST(ToolkitDiff, ReferenceAgainstItselfHasNoDivergence) {
+  const RunInput in = input_from_fixture(kTiny);
+  const DiffReport r = diff_live(in, "", "", true);
+  EXPECT_TRUE(r.first.none());
+  EXPECT_TRUE(r.first_local.none());
+  EXPECT_EQ(r.diagnosis.kind, "none");
+  ASSERT_GT(r.rows.size(), 50u);
+  for (const auto& row : r.rows) {
+    EXPECT_FALSE(row.diverges) << row.name;
+    if (!row.is_index) EXPECT_EQ(row.f.max_abs, 0.0) << row.name;
+  }
+  EXPECT_EQ(r.rows.back().name, "logits");
+  // The report formats carry the same verdict.
+  EXPECT_NE(report_json(r).find("\"first_divergence\": null"), std::string::npos);
+  const std::string html = report_html(r);
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+}
+
+TEST(ToolkitDiff, EveryFaultOnTinyHasTheRightDivergenceAndDiagnosis) {
+  const SelftestResult r = run_selftest({kTiny});
+  for (const auto& c : r.cases) EXPECT_NE(c.status, "FAIL") << format_case(c);
+  EXPECT_EQ(r.failed, 0);
+  EXPECT_GE(r.passed, 7);  // the control and the six faults tiny can show
+  auto find = [&](const std::string& f) {
+    for (const auto& c : r.cases)
+      if (c.fault == f) return c;
+    return SelftestCase{};
+  };
+  EXPECT_EQ(find("fault.rsf_twice").first, "L0.ffn.routed");
+  EXPECT_NE(find("fault.rsf_twice").diagnosis.find("applied twice"), std::string::npos);
+  EXPECT_NE(find("fault.rsf_missing_hash_layers").diagnosis.find("missing on hash-routed layers 0,1 only"), std::string::npos);
+  EXPECT_EQ(find("fault.comb_untransposed").first, "L0.out");
+  EXPECT_NE(find("fault.comb_untransposed").diagnosis.find("C.R instead of C^T.R"), std::string::npos);
+}
+
+TEST(ToolkitDiff, RouterFaultsOnTheNegativeRouterFixture) {
+  const std::string dir = kGolden + "negative-router";
+  if (!fs::exists(dir + "/golden.json")) GTEST_SKIP() << "fixture negative-router not present";
+  const SelftestResult r = run_selftest({dir});
+  for (const auto& c : r.cases) EXPECT_NE(c.status, "FAIL") << format_case(c);
+  int router = 0;
+  for (const auto& c : r.cases)
+    if ((c.fault == "fault.softplus_naive" || c.fault == "fault.renorm_unfloored") && c.status == "ok") ++router;
+  EXPECT_EQ(router, 2);
+}
+
+TEST(ToolkitDiff, TraceFilesRoundTripAndCompare) {
+  const RunInput in = input_from_fixture(kTiny);
+  const auto ref = load_model(kTiny, ""), bad = load_model(kTiny, "fault.rsf_twice");
+  const TapFilter f = TapFilter::parse("L0.*", "", "s0,s2", "0-3,32");
+  const Trace ta = run_trace(*ref, in, "", &f), tb = run_trace(*bad, in, "fault.rsf_twice", &f);
+  ASSERT_EQ(ta.steps.size(), 2u);
+  EXPECT_EQ(ta.data[0].positions, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(ta.data[1].positions, (std::vector<int64_t>{32}));
+  EXPECT_EQ(ta.data[0].f("L0.attn.out")->dim(0), 4);
+  EXPECT_EQ(ta.data[0].f("L1.attn.out"), nullptr);
+  const fs::path dir = fs::temp_directory_path() / fmt::format("plumb_toolkit_{}", ::getpid());
+  fs::create_directories(dir);
+  write_trace(ta, (dir / "a.safetensors").string());
+  write_trace(tb, (dir / "b.safetensors").string());
+  const Trace ra = read_trace((dir / "a.safetensors").string()), rb = read_trace((dir / "b.json").string());
+  EXPECT_EQ(ra.tap_order(), ta.tap_order());
+  EXPECT_EQ(ra.data[0].f("L0.ffn.routed")->data, ta.data[0].f("L0.ffn.routed")->data);
+  EXPECT_EQ(ra.data[0].i("L0.ffn.gate.indices")->data, ta.data[0].i("L0.ffn.gate.indices")->data);
+  const DiffReport r = compare_traces(ra, rb, nullptr, pair_tolerance(ra.patches, rb.patches), nullptr);
+  EXPECT_EQ(r.first.tap, "L0.ffn.routed");
+  fs::remove_all(dir);
+}
+
+TEST(ToolkitBisect, FindsThePlantedFault) {
+  BisectOptions o;
+  o.input = input_from_fixture(kTiny);
+  o.patches = split_patch_list("moe.rsf_in_topk,moe.rsf_on_output,moe.weight_before_down,mhc.bf16_mix,router.bf16,"
+                               "numerics.official,fault.rsf_twice");
+  o.verbose = false;
+  const BisectResult r = bisect(o);
+  ASSERT_TRUE(r.full_diverges);
+  ASSERT_EQ(r.culprits.size(), 1u);
+  EXPECT_EQ(r.culprits[0].patches, std::vector<std::string>{"fault.rsf_twice"});
+  EXPECT_EQ(r.culprits[0].first.tap, "L0.ffn.routed");
+  EXPECT_NE(r.culprits[0].diagnosis.find("applied twice"), std::string::npos);
+}
+
+TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
+  const RunInput in = input_from_fixture(kTiny);
+  const KldReport r = kld_live(in, "", "");
+  ASSERT_EQ(r.kld.size(), 38u);
+  for (double k : r.kld) EXPECT_EQ(k, 0.0);
+  for (char s : r.same_top) EXPECT_TRUE(s);
+  for (double d : r.dp_top) EXPECT_EQ(d, 0.0);
+  EXPECT_EQ(mean_unc(r.kld).mean, 0.0);
+  // Saved top-k file against the same configuration: also exactly zero.
+  const std::string path = (fs::temp_directory_path() / fmt::format("plumb_kld_{}.safetensors", ::getpid())).string();
+  save_kld_ref(in, "", path, 16);
+  const KldReport s = kld_against_ref(path, "", "", &in);
+  fs::remove(path);
+  ASSERT_EQ(s.kld.size(), 38u);
+  for (double k : s.kld) EXPECT_EQ(k, 0.0);
+  for (char t : s.same_top) EXPECT_TRUE(t);
+}
+
+TEST(ToolkitKld, FaultDivergesAndStatisticsFollowLlamaCpp) {
+  const RunInput in = input_from_fixture(kTiny);
+  const KldReport r = kld_live(in, "", "fault.rsf_twice");
+  const MeanUnc m = mean_unc(r.kld);
+  EXPECT_GT(m.mean, 1e-3);
+  ASSERT_TRUE(m.has_unc);
+  // The uncertainty formula: sqrt((S2/N - mean^2) / (N - 1)).
+  double s2 = 0;
+  for (double k : r.kld) s2 += k * k;
+  const double n = double(r.kld.size());
+  EXPECT_NEAR(m.unc, std::sqrt((s2 / n - m.mean * m.mean) / (n - 1)), 1e-15);
+  EXPECT_EQ(percentile({1, 2, 3, 4}, 0.5), 2.5);  // linear interpolation
+  EXPECT_EQ(percentile({1, 2, 3, 4}, 1.0), 4.0);
+  EXPECT_FALSE(mean_unc({1, 2, 3}).has_unc);       // N <= 10: no uncertainty, as llama.cpp
+}
+
+}  // namespace
