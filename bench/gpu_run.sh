@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run on the GPU machine (the device tool): the CUDA tests, `plumb bench`, an ncu profile of the main kernels
 # and compute-sanitizer on a subset of the tests, with the binaries built on the development machine and carried
-# in build-carry/ (bin + the two shared libraries the image may lack). Everything is logged under $OUT; the last
+# in build-carry/ (bin + the two shared libraries the image may lack). Everything is logged under $OUT (7 files:
+# the device tool returns at most 8); the last
 # lines printed are the summaries. Each step has its own time limit, and a failing step does not stop the next.
 set -u
 cd "$(dirname "$0")/.."
@@ -44,9 +45,6 @@ note "compute-sanitizer"
   echo "racecheck rc=$?"
 } >"$OUT/sanitizer.txt" 2>&1
 note "$(grep -E 'rc=|ERROR SUMMARY' "$OUT/sanitizer.txt" | tr '\n' ' ')"
-
-(command -v cuobjdump >/dev/null && cuobjdump --dump-resource-usage "$C/plumb" >"$OUT/resources.txt" 2>&1 &&
-  cuobjdump --dump-sass "$C/plumb" 2>&1 | gzip >"$OUT/sass.txt.gz") || note "no cuobjdump"
 
 echo; echo "==== test summary"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |normalized|Failure|error' "$OUT/tests.txt" | grep -vE 'tol [0-9.e-]+\]$' | tail -25

@@ -298,17 +298,18 @@ namespace {
 d::GemvArgs base_args(d::Fmt fmt) {
   d::GemvArgs a;
   a.fmt = fmt;
+  a.act = d::kF16;
   return a;
 }
 
-// Warps per block and blocks along K for a dense decode GEMV: enough warps to cover the GPU (~2k), each with
-// at least one 128-wide chunk.
+// Warps per block and blocks along K for a dense decode GEMV (defaults; `plumb bench` sweeps the alternatives).
 void dense_split(d::GemvArgs& a, int n) {
   const int64_t tiles = a.rows / 16, chunks = a.cols / 128;
   a.warps = int(std::min<int64_t>(8, chunks));
   a.kblocks = 1;
   if (n > 8) return;
-  while (tiles * a.problems * a.kblocks * a.warps < 2048 && chunks >= int64_t(a.warps) * a.kblocks * 2 && a.kblocks < 32)
+  // Small matrices: split K across blocks until ~1k warps are in flight, each keeping >= 2 chunks.
+  while (tiles * a.problems * a.kblocks * a.warps < 1024 && chunks >= int64_t(a.warps) * a.kblocks * 4 && a.kblocks < 8)
     a.kblocks *= 2;
 }
 
@@ -325,12 +326,22 @@ void attach_workspace(d::GemvArgs& a, Workspace& ws) {
   a.counters = ws.counters(keys);
 }
 
+// x as f16 rows of `cols` (ld `ldx` elements); converts into the workspace unless it already is f16.
+const void* as_f16(const void* x, Act xt, int n, int64_t cols, int64_t& ldx, Workspace& ws, Stream s) {
+  if (xt == Act::F16) return x;
+  uint16_t* h = ws.half(size_t(n) * size_t(cols));
+  d::launch_to_f16(x, int(xt), n, cols, ldx, h, s);
+  ldx = cols;
+  return h;
+}
+
 }  // namespace
 
 void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws, Stream s) {
   d::GemvArgs a = base_args(d::kFp8);
   fill_fp8(a, 0, w);
-  a.act = int(xt), a.x = x, a.x_tok_stride = ldx, a.out = y, a.o_tok_stride = ldy, a.n = n;
+  a.x = as_f16(x, xt, n, w.cols, ldx, ws, s);
+  a.x_tok_stride = ldx, a.out = y, a.o_tok_stride = ldy, a.n = n;
   dense_split(a, n);
   attach_workspace(a, ws);
   d::launch_gemv(a, s);
@@ -342,10 +353,12 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
   d::GemvArgs a = base_args(d::kFp8);
   fill_fp8(a, 0, w);
   const int64_t gr = w.rows / groups;
+  int64_t ldx = int64_t(groups) * w.cols;
+  a.x = as_f16(x, xt, n, ldx, ldx, ws, s);
   a.rows = gr, a.problems = groups;
   a.w_prob_stride = gr * w.cols;
   a.s_prob_stride = (gr / 128) * w.scale_cols() * (w.scale_f32 ? 4 : 1);
-  a.act = int(xt), a.x = x, a.x_tok_stride = int64_t(groups) * w.cols, a.x_prob_stride = w.cols;
+  a.x_tok_stride = ldx, a.x_prob_stride = w.cols;
   a.out = y, a.o_tok_stride = w.rows, a.o_prob_stride = gr, a.n = n;
   dense_split(a, n);
   attach_workspace(a, ws);
@@ -362,7 +375,9 @@ void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double lim
   fill_fp8(a, 0, e.w1);
   a.w[1] = e.w3.codes.as<uint8_t>(), a.s[1] = e.w3.scales.get();
   a.nmat = 2, a.epi = d::kSwiglu, a.out_half = 1, a.limit = float(limit);
-  a.act = int(xt), a.x = x, a.x_tok_stride = D, a.out = h, a.o_tok_stride = I, a.n = n;
+  int64_t ldx = D;
+  a.x = as_f16(x, xt, n, D, ldx, ws, s);
+  a.x_tok_stride = ldx, a.out = h, a.o_tok_stride = I, a.n = n;
   dense_split(a, n);
   attach_workspace(a, ws);
   d::launch_gemv(a, s);
@@ -379,7 +394,7 @@ RouterConfig router_config(const ModelConfig& c, MlpType type) {
 
 template <Rsf P>
 void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt, int n, const int32_t* tokens,
-           const DeviceRouting<P>& out, Workspace& ws, Stream s) {
+           const DeviceRouting<P>& out, Workspace& ws, Stream s, uint16_t* x16) {
   PLUMB_CHECK(w.E == c.E && w.D == c.D, "route: router weights [{}, {}] do not match the config [{}, {}]", w.E, w.D, c.E, c.D);
   PLUMB_CHECK(out.n == n && out.K == c.K, "route: output holds {} x {}, expected {} x {}", out.n, out.K, n, c.K);
   d::RouterArgs a;
@@ -387,7 +402,7 @@ void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt,
   a.x = x, a.act = int(xt), a.n = n, a.E = c.E, a.K = c.K, a.D = c.D, a.score = int(c.score);
   a.hash = c.hash ? 1 : 0, a.renorm = c.renorm ? 1 : 0;
   a.fold = P == Rsf::Folded ? float(c.routed_scaling) : 1.0f;
-  a.idx = out.idx, a.weight = out.weight, a.logits = out.logits, a.select = out.select;
+  a.idx = out.idx, a.weight = out.weight, a.logits = out.logits, a.select = out.select, a.x16 = x16;
   const size_t doubles = size_t(d::router_ksplit(c.D)) * size_t(n) * size_t(c.E);
   a.partial = reinterpret_cast<double*>(ws.partial(2 * doubles));
   a.counter = ws.counters(1);
@@ -395,9 +410,9 @@ void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt,
 }
 
 template void route<Rsf::Folded>(const RouterWeights&, const RouterConfig&, const void*, Act, int, const int32_t*,
-                                 const DeviceRouting<Rsf::Folded>&, Workspace&, Stream);
+                                 const DeviceRouting<Rsf::Folded>&, Workspace&, Stream, uint16_t*);
 template void route<Rsf::Unfolded>(const RouterWeights&, const RouterConfig&, const void*, Act, int, const int32_t*,
-                                   const DeviceRouting<Rsf::Unfolded>&, Workspace&, Stream);
+                                   const DeviceRouting<Rsf::Unfolded>&, Workspace&, Stream, uint16_t*);
 
 namespace {
 
@@ -408,29 +423,32 @@ d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int
   a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
   a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
   a.idx = idx, a.n = n, a.topk = K, a.problems = int(E);
-  a.warps = int(std::min<int64_t>(w.cols >= 4096 ? 8 : 4, w.cols / 128));
+  a.warps = int(std::min<int64_t>(4, w.cols / 128));  // run 1 on an H200: 4 warps (K/4 each) beat 8 and 16
   return a;
 }
 
 }  // namespace
 
 void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* h32, Stream s) {
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E);
   a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit), a.pre_weight = pre_weight;
   a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
-  a.act = int(xt), a.x = x, a.x_tok_stride = m.D, a.x_by_token = 1;
+  int64_t ldx = m.D;
+  a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
+  a.x_tok_stride = ldx, a.x_by_token = 1;
   a.out = h16 ? static_cast<void*>(h16) : static_cast<void*>(h32), a.out_half = h16 ? 1 : 0, a.o_tok_stride = m.I;
   d::launch_gemv(a, s);
 }
 
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Stream s) {
+              Workspace& ws, Stream s) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
-  a.act = h16 ? d::kF16 : d::kF32;
-  a.x = h16 ? static_cast<const void*>(h16) : static_cast<const void*>(h32), a.x_tok_stride = m.I, a.x_by_token = 0;
+  int64_t ldx = m.I;
+  a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
+  a.x_tok_stride = ldx, a.x_by_token = 0;
   a.out = ys, a.o_tok_stride = m.D;
   d::launch_gemv(a, s);
 }
@@ -441,9 +459,10 @@ void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, 
 }
 
 void MoeScratch::reserve(int n, int K, int64_t D, int64_t I) {
-  const size_t hb = size_t(n) * size_t(K) * size_t(I) * 2, yb = size_t(n) * size_t(K) * size_t(D) * 4;
+  const size_t hb = size_t(n) * size_t(K) * size_t(I) * 2, yb = size_t(n) * size_t(K) * size_t(D) * 4, xb = size_t(n) * size_t(D) * 2;
   if (h.bytes() < hb) h = DeviceBuffer(hb);
   if (ys.bytes() < yb) ys = DeviceBuffer(yb);
+  if (x16.bytes() < xb) x16 = DeviceBuffer(xb);
 }
 
 }  // namespace plumb::cuda

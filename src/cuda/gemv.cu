@@ -50,8 +50,10 @@ __device__ __forceinline__ void store_out<__half>(__half* p, float v) { *p = __f
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int HINT>
-__global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const GemvArgs a) {
+// MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
+// 3: <= 85 registers, more resident warps). `plumb bench` sweeps both.
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB>
+__global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
   constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : 2);
   constexpr int NV = NMAT * 4;
@@ -136,8 +138,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const GemvArgs a) 
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
           for (int q = 0; q < NMAT; ++q) {
-            A[u][q] = ldg_stream<HINT>(pa[q] + (c + u) * 64);
-            B[u][q] = ldg_stream<HINT>(pb[q] + (c + u) * 64);
+            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * 64);
+            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * 64);
             SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
@@ -174,8 +176,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const GemvArgs a) 
           for (int q = 0; q < NMAT; ++q) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              A[u][q][h] = ldg_stream<HINT>(pa[q] + (c + u) * 128 + h * 16);
-              B[u][q][h] = ldg_stream<HINT>(pb[q] + (c + u) * 128 + h * 16);
+              A[u][q][h] = ldg_stream<1>(pa[q] + (c + u) * 128 + h * 16);
+              B[u][q][h] = ldg_stream<1>(pb[q] + (c + u) * 128 + h * 16);
             }
             S[u][q] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[q][0] + (c + u)));
           }
@@ -314,10 +316,10 @@ template <int FMT, int NMAT, int EPI, int MODE, class OT>
 void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  if (a.load_hint == 1)
-    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1><<<grid, block, 0, s>>>(a);
+  if (a.minblocks >= 3)
+    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3><<<grid, block, 0, s>>>(a);
   else
-    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 0><<<grid, block, 0, s>>>(a);
+    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1><<<grid, block, 0, s>>>(a);
   check_launch("gemv_kernel");
 }
 

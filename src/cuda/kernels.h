@@ -87,7 +87,7 @@ struct GemvArgs {
   unsigned* counters = nullptr;  // one per (problem, tile), zero on entry, left zero
   int kblocks = 1;
   int warps = 8;                 // warps per block (split K inside the block), 1..8
-  int load_hint = 1;             // 0: ld.global.nc; 1: + L1::no_allocate, L2::256B prefetch
+  int minblocks = 1;             // register budget: 1 (<= 255 per thread) or 3 (<= 85, more warps resident)
 };
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).

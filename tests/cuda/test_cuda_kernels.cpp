@@ -62,13 +62,13 @@ TEST(CudaLayout, Fp4DecodeLayoutRoundTripsAndPlacesFragments) {
   const auto canon = rng.bytes(size_t(rows * cols / 2));
   const auto rp = cuda::repack_fp4_decode(canon.data(), rows, cols);
   EXPECT_EQ(cuda::unpack_fp4_decode(rp.data(), rows, cols), canon);
-  // Spot the documented placement: row 2, chunk 1, lane 3, group word 2, byte 1 = (e1 | e3 << 4) of elements
-  // [32 * (4 + 2) + 24, +8).
+  // Spot the documented placement: row 2, chunk 1, lane 3, group word 2, byte 1 holds L = e1 and H = e3 of the
+  // elements [32 * (4 + 2) + 24, +8): bit 7 s(L), bits 4..2 m(L), bit 5 s(H), bit 6 m2(H), bits 1..0 m1 m0 (H).
   auto nib = [&](int64_t r, int64_t k) { return (canon[size_t(r * cols / 2 + k / 2)] >> (4 * (k & 1))) & 0xF; };
   const int64_t e0 = 32 * 6 + 24;
-  const uint8_t b = rp[size_t(2 * cols / 2 + 64 * 1 + 16 * 3 + 4 * 2 + 1)];
-  EXPECT_EQ(b & 0xF, nib(2, e0 + 1));
-  EXPECT_EQ(b >> 4, nib(2, e0 + 3));
+  const int L = nib(2, e0 + 1), H = nib(2, e0 + 3);
+  const int want = ((L >> 3) << 7) | ((L & 7) << 2) | (((H >> 3) & 1) << 5) | (((H >> 2) & 1) << 6) | (H & 3);
+  EXPECT_EQ(int(rp[size_t(2 * cols / 2 + 64 * 1 + 16 * 3 + 4 * 2 + 1)]), want);
   EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 1, 96), Error);
 }
 
@@ -250,10 +250,11 @@ TEST_F(CudaMoe, GateUpDownCombineMatchTwin) {
             y(size_t(n * D) * 4);
         for (auto* b : {&h32, &h16, &ys, &ys16, &y}) b->fill_byte(0xFF);
         const float* pw = pre ? wd.as<float>() : nullptr;
-        cuda::moe_gate_up(m, idx.as<int32_t>(), n, K, x.dev.get(), at, limit, pw, nullptr, h32.as<float>());
-        cuda::moe_gate_up(m, idx.as<int32_t>(), n, K, x.dev.get(), at, limit, pw, h16.as<uint16_t>(), nullptr);
-        cuda::moe_down(m, idx.as<int32_t>(), n, K, nullptr, h32.as<float>(), ys.as<float>());
-        cuda::moe_down(m, idx.as<int32_t>(), n, K, h16.as<uint16_t>(), nullptr, ys16.as<float>());
+        cuda::Workspace ws;
+        cuda::moe_gate_up(m, idx.as<int32_t>(), n, K, x.dev.get(), at, limit, pw, nullptr, h32.as<float>(), ws);
+        cuda::moe_gate_up(m, idx.as<int32_t>(), n, K, x.dev.get(), at, limit, pw, h16.as<uint16_t>(), nullptr, ws);
+        cuda::moe_down(m, idx.as<int32_t>(), n, K, nullptr, h32.as<float>(), ys.as<float>(), ws);
+        cuda::moe_down(m, idx.as<int32_t>(), n, K, h16.as<uint16_t>(), nullptr, ys16.as<float>(), ws);
         cuda::DeviceBuffer add = cuda::to_device(rng.floats(size_t(n * D), -1.0f, 1.0f));
         cuda::moe_combine(ys.as<float>(), wd.as<float>(), n, K, D, 1.5f, add.as<float>(), y.as<float>());
         cuda::synchronize();
@@ -317,8 +318,9 @@ TEST_F(CudaMoe, RealShapesSampledRows) {
   const Acts x = make_acts(Act::BF16, rng.floats(size_t(n * D), -2.0f, 2.0f));
   cuda::DeviceBuffer di = cuda::to_device(idx), h(size_t(S * I) * 4), ys(size_t(S * D) * 4);
   h.fill_byte(0xFF), ys.fill_byte(0xFF);
-  cuda::moe_gate_up(m, di.as<int32_t>(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, nullptr, h.as<float>());
-  cuda::moe_down(m, di.as<int32_t>(), n, K, nullptr, h.as<float>(), ys.as<float>());
+  cuda::Workspace ws;
+  cuda::moe_gate_up(m, di.as<int32_t>(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, nullptr, h.as<float>(), ws);
+  cuda::moe_down(m, di.as<int32_t>(), n, K, nullptr, h.as<float>(), ys.as<float>(), ws);
   cuda::synchronize();
   const auto hg = cuda::to_host<float>(h, size_t(S * I));
   const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
@@ -347,6 +349,16 @@ TEST_F(CudaMoe, RealShapesSampledRows) {
   }
   expect_close("moe real shapes gate/up sampled vs twin", hs, hs_ref, int64_t(hs.size()), 1e-4);
   expect_close("moe real shapes down sampled vs twin", ysv, ys_ref, int64_t(ysv.size()), 1e-4);
+}
+
+TEST_F(CudaMoe, UploadRefusesNanScales) {
+  Rng rng(9);
+  const int64_t rows = 16, cols = 128;
+  const auto codes = rng.bytes(size_t(rows * cols / 2));
+  auto scales = rng.e8m0(size_t(rows * cols / 32), 118, 124);
+  EXPECT_NO_THROW(cuda::upload_fp4({codes.data()}, {scales.data()}, rows, cols));
+  scales[5] = 0xFF;
+  EXPECT_THROW(cuda::upload_fp4({codes.data()}, {scales.data()}, rows, cols), Error);
 }
 
 // ---- router ----
@@ -476,13 +488,18 @@ TEST_F(CudaMoe, RoutedMoeMatchesReferenceMoe) {
   cuda::MoeScratch scratch;
   cuda::DeviceBuffer di(size_t(n * K) * 4), dw(size_t(n * K) * 4), y(size_t(n * D) * 4), y2(size_t(n * D) * 4);
   y.fill_byte(0xFF), y2.fill_byte(0xFF);
+  scratch.reserve(n, K, D, I);
   const cuda::DeviceRouting<Rsf::Folded> folded{di.as<int32_t>(), dw.as<float>(), nullptr, nullptr, n, K};
-  cuda::route(rw, rc, x.dev.get(), Act::F32, n, nullptr, folded, ws);
-  cuda::moe_routed(cuda::GpuRunnerFolded{}, c, m, folded, x.dev.get(), Act::F32, scratch, nullptr, y.as<float>());
+  cuda::route(rw, rc, x.dev.get(), Act::F32, n, nullptr, folded, ws, nullptr, scratch.x16.as<uint16_t>());
+  cuda::moe_routed(cuda::GpuRunnerFolded{}, c, m, folded, scratch.x16.as<uint16_t>(), scratch, ws, nullptr, y.as<float>());
   const cuda::DeviceRouting<Rsf::Unfolded> unfolded{di.as<int32_t>(), dw.as<float>(), nullptr, nullptr, n, K};
-  cuda::route(rw, rc, x.dev.get(), Act::F32, n, nullptr, unfolded, ws);
-  cuda::moe_routed(cuda::GpuRunnerScalesOutput{}, c, m, unfolded, x.dev.get(), Act::F32, scratch, nullptr, y2.as<float>());
+  cuda::route(rw, rc, x.dev.get(), Act::F32, n, nullptr, unfolded, ws, nullptr, scratch.x16.as<uint16_t>());
+  cuda::moe_routed(cuda::GpuRunnerScalesOutput{}, c, m, unfolded, scratch.x16.as<uint16_t>(), scratch, ws, nullptr,
+                   y2.as<float>());
   cuda::synchronize();
+  // The router's f16 copy of x is the rounding the twins assume.
+  const auto x16g = f16_to_float(cuda::to_host<uint16_t>(scratch.x16, size_t(n * D)));
+  expect_close("router x16 output vs f16(x)", x16g, x.f16, D, 0.0);
   expect_close("routed moe (folded runner) vs fp32 reference moe", cuda::to_host<float>(y, size_t(n * D)), ref.data, D, 5e-3);
   expect_close("routed moe (scales-output runner) vs fp32 reference moe", cuda::to_host<float>(y2, size_t(n * D)), ref.data, D, 5e-3);
 }
