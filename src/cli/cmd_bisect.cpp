@@ -1,6 +1,7 @@
 // `plumb bisect`: finds the smallest subsets of a patch list that still diverge (delta debugging) and reports
 // each with its first diverging tap and diagnosis.
 #include "cli/commands.h"
+#include "cli/input_options.h"
 #include "toolkit/bisect.h"
 
 namespace plumb::cli {
@@ -8,8 +9,8 @@ namespace plumb::cli {
 namespace {
 
 struct BisectCli {
-  std::string fixture, model, tokens, text, tokenizer, patches, criterion = "local";
-  int64_t chunk = 0;
+  InputOptions in;
+  std::string patches, criterion = "local";
   double kld = -1;
   bool quiet = false;
 };
@@ -19,12 +20,7 @@ struct BisectCli {
 void register_bisect(CLI::App& app) {
   auto c = std::make_shared<BisectCli>();
   auto* cmd = app.add_subcommand("bisect", "Find the smallest subsets of a patch list that still diverge (ddmin)");
-  cmd->add_option("--fixture", c->fixture, "run the steps of this golden fixture (its folder is the model)");
-  cmd->add_option("-m,--model", c->model, "model folder (config.json + model.safetensors)");
-  cmd->add_option("--tokens", c->tokens, "token file (ids; one step per line)");
-  cmd->add_option("--text", c->text, "text file, tokenized with --tokenizer");
-  cmd->add_option("--tokenizer", c->tokenizer, "tokenizer.json for --text");
-  cmd->add_option("--chunk", c->chunk, "split --text into prefill chunks of this many tokens (0: one chunk)");
+  add_input_options(cmd, c->in);
   cmd->add_option("--patches", c->patches, "comma-separated patches that together diverge")->required();
   cmd->add_option("--criterion", c->criterion,
                   "local (default): an op's teacher-forced error beyond the registry's local tolerance; free: a "
@@ -33,7 +29,7 @@ void register_bisect(CLI::App& app) {
   cmd->add_flag("-q,--quiet", c->quiet, "do not print every test");
   cmd->callback([c] {
     toolkit::BisectOptions o;
-    o.input = toolkit::resolve_input(c->fixture, c->model, c->tokens, c->text, c->tokenizer, c->chunk);
+    o.input = c->in.resolve();
     o.patches = toolkit::split_patch_list(c->patches);
     o.criterion = c->kld >= 0 ? "kld" : c->criterion;
     o.kld_threshold = c->kld;

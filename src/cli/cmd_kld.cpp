@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "cli/commands.h"
+#include "cli/input_options.h"
 #include "toolkit/diff.h"
 #include "toolkit/kld.h"
 
@@ -11,8 +12,9 @@ namespace plumb::cli {
 namespace {
 
 struct KldCli {
-  std::string fixture, model, tokens, text, tokenizer, a, b, save_ref, ref, json;
-  int64_t chunk = 0, topk = 64;
+  InputOptions in;
+  std::string a, b, save_ref, ref, json;
+  int64_t topk = 64;
 };
 
 }  // namespace
@@ -20,12 +22,7 @@ struct KldCli {
 void register_kld(CLI::App& app) {
   auto c = std::make_shared<KldCli>();
   auto* cmd = app.add_subcommand("kld", "Per-token KL(P_A || P_B), top-1 agreement and Δp between two configurations");
-  cmd->add_option("--fixture", c->fixture, "run the steps of this golden fixture (its folder is the model)");
-  cmd->add_option("-m,--model", c->model, "model folder (config.json + model.safetensors)");
-  cmd->add_option("--tokens", c->tokens, "token file (ids; one step per line)");
-  cmd->add_option("--text", c->text, "text file, tokenized with --tokenizer");
-  cmd->add_option("--tokenizer", c->tokenizer, "tokenizer.json for --text");
-  cmd->add_option("--chunk", c->chunk, "split --text into prefill chunks of this many tokens (0: one chunk)");
+  add_input_options(cmd, c->in);
   cmd->add_option("--a", c->a, "patches of the reference side A (empty: the fp32 reference)");
   cmd->add_option("--b", c->b, "patches of the candidate B (empty: the fp32 reference)");
   cmd->add_option("--save-ref", c->save_ref, "run A only and save its top-k log-probabilities (safetensors) to this file");
@@ -36,22 +33,22 @@ void register_kld(CLI::App& app) {
     PLUMB_CHECK(c->save_ref.empty() || c->ref.empty(), "--save-ref and --ref are two separate steps: give one");
     toolkit::KldReport r;
     if (!c->save_ref.empty()) {
-      const auto in = toolkit::resolve_input(c->fixture, c->model, c->tokens, c->text, c->tokenizer, c->chunk);
+      const auto in = c->in.resolve();
       toolkit::save_kld_ref(in, c->a, c->save_ref, c->topk);
       return;
     }
     if (!c->ref.empty()) {
       PLUMB_CHECK(c->a.empty(), "--a has no effect with --ref (A is the saved configuration)");
-      const bool has_input = !c->fixture.empty() || !c->tokens.empty() || !c->text.empty();
-      std::string model = c->model.empty() ? c->fixture : c->model;
+      const bool has_input = c->in.given();
+      std::string model = c->in.model.empty() ? c->in.fixture : c->in.model;
       if (has_input) {
-        const auto in = toolkit::resolve_input(c->fixture, c->model, c->tokens, c->text, c->tokenizer, c->chunk);
+        const auto in = c->in.resolve();
         r = toolkit::kld_against_ref(c->ref, in.model_dir, c->b, &in);
       } else {
         r = toolkit::kld_against_ref(c->ref, model, c->b, nullptr);
       }
     } else {
-      const auto in = toolkit::resolve_input(c->fixture, c->model, c->tokens, c->text, c->tokenizer, c->chunk);
+      const auto in = c->in.resolve();
       r = toolkit::kld_live(in, c->a, c->b);
     }
     toolkit::print_kld(r);

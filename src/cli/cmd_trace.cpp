@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/input_options.h"
 #include "toolkit/diff.h"
 #include "toolkit/trace.h"
 
@@ -11,8 +12,8 @@ namespace plumb::cli {
 namespace {
 
 struct TraceCli {
-  std::string fixture, model, tokens, text, tokenizer, patches, taps, layers, steps, positions, out;
-  int64_t chunk = 0;
+  InputOptions in;
+  std::string patches, taps, layers, steps, positions, out;
 };
 
 }  // namespace
@@ -20,12 +21,7 @@ struct TraceCli {
 void register_trace(CLI::App& app) {
   auto c = std::make_shared<TraceCli>();
   auto* cmd = app.add_subcommand("trace", "Run a model and write selected taps + logits per step (safetensors + JSON index)");
-  cmd->add_option("-m,--model", c->model, "model folder (config.json + model.safetensors); default: the --fixture folder");
-  cmd->add_option("--fixture", c->fixture, "run the steps of this golden fixture");
-  cmd->add_option("--tokens", c->tokens, "token file (ids; one step per line)");
-  cmd->add_option("--text", c->text, "text file, tokenized with --tokenizer");
-  cmd->add_option("--tokenizer", c->tokenizer, "tokenizer.json for --text");
-  cmd->add_option("--chunk", c->chunk, "split --text into prefill chunks of this many tokens (0: one chunk)");
+  add_input_options(cmd, c->in);
   cmd->add_option("--patches", c->patches, "comma-separated patches (empty: the fp32 reference)");
   cmd->add_option("--taps", c->taps, "comma-separated globs over tap names, e.g. 'L3.*,*.ffn.*' (default: all)");
   cmd->add_option("--layers", c->layers, "keep L<i>.* taps of these layers only, e.g. 0-3");
@@ -33,7 +29,7 @@ void register_trace(CLI::App& app) {
   cmd->add_option("--positions", c->positions, "keep these token positions (rows), e.g. 0-5");
   cmd->add_option("-o,--out", c->out, "output .safetensors (the index goes next to it as .json)")->required();
   cmd->callback([c] {
-    const auto in = toolkit::resolve_input(c->fixture, c->model, c->tokens, c->text, c->tokenizer, c->chunk);
+    const auto in = c->in.resolve();
     const auto filter = toolkit::TapFilter::parse(c->taps, c->layers, c->steps, c->positions);
     const auto model = toolkit::load_model(in.model_dir, c->patches);
     const auto t = toolkit::run_trace(*model, in, c->patches, &filter);
