@@ -21,8 +21,7 @@ namespace {
 struct ChatCliOptions {
   ModelArgs model;
   GenArgs gen;
-  std::string system, effort;
-  bool think = false, no_think = false;
+  ChatModeArgs mode;
 };
 
 struct TurnStats {
@@ -45,7 +44,7 @@ class ChatLoop {
     const bool tty = isatty(0);
     if (!o_.model.quiet)
       fmt::print(stderr, "plumb chat: {} ({} mode, seed {}). Commands: /reset /stats /save FILE /quit /help\n", m_.dir,
-                 o_.think ? "thinking" : "chat", seed_);
+                 o_.mode.think ? "thinking" : "chat", seed_);
     std::string line;
     for (;;) {
       if (tty) {
@@ -69,7 +68,7 @@ class ChatLoop {
   void reset() {
     session_->reset();
     transcript_.clear();
-    if (!o_.system.empty()) transcript_.push_back({"system", o_.system, ""});
+    if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
     carry_.clear();
     started_ = false;
     turns_ = 0;
@@ -78,9 +77,9 @@ class ChatLoop {
   }
 
   void turn(const std::string& user) {
-    const ChatOptions co{o_.think, false, true, o_.effort};
-    std::string text = started_ ? std::string() : chat_prefix(o_.system, co);
-    text += chat_user_turn(user, o_.think);
+    const ChatOptions co{o_.mode.think, false, true, o_.mode.effort};
+    std::string text = started_ ? std::string() : chat_prefix(o_.mode.system, co);
+    text += chat_user_turn(user, o_.mode.think);
     // The previous reply's unfed tokens (its last token and the closing EOS) lead this turn's prefill.
     std::vector<int32_t> prompt = carry_;
     const auto ids = tok_.encode(text);
@@ -109,7 +108,7 @@ class ChatLoop {
     if (r.unfed >= 0) carry_.push_back(r.unfed);
     if (r.unfed != eos_) carry_.push_back(eos_);  // a reply cut short is still closed as the format requires
     transcript_.push_back({"user", user, ""});
-    transcript_.push_back(parse_reply(r.text, o_.think));
+    transcript_.push_back(parse_reply(r.text, o_.mode.think));
     last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
     total_prefill_ += last_.prefill;
     total_generated_ += last_.generated;
@@ -168,7 +167,7 @@ class ChatLoop {
       if (!m.reasoning.empty()) j["reasoning_content"] = m.reasoning;
       msgs.push_back(j);
     }
-    const nlohmann::ordered_json doc = {{"model", m_.dir}, {"thinking", o_.think}, {"seed", seed_}, {"messages", msgs}};
+    const nlohmann::ordered_json doc = {{"model", m_.dir}, {"thinking", o_.mode.think}, {"seed", seed_}, {"messages", msgs}};
     std::ofstream out(path);
     if (!out || !(out << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n")) {
       fmt::print("cannot write {}\n", path);
@@ -199,11 +198,7 @@ void register_chat(CLI::App& app) {
   auto* cmd = app.add_subcommand("chat", "Interactive multi-turn chat; the cache is kept between turns (default model: "
                                          "the bundled models/tiny)");
   add_model_options(cmd, o->model);
-  cmd->add_option("--system", o->system, "system prompt");
-  auto* t = cmd->add_flag("--think", o->think, "thinking mode: each reply opens with <think>");
-  cmd->add_flag("--no-think", o->no_think, "non-thinking chat mode (the default)")->excludes(t);
-  cmd->add_option("--reasoning-effort", o->effort, "thinking mode's effort prompt: high (none) or max")
-      ->check(CLI::IsMember({"high", "max"}));
+  add_chat_mode_options(cmd, o->mode, "system prompt", "thinking mode: each reply opens with <think>");
   add_sampling_options(cmd, o->gen);
   cmd->callback([o] {
     try {

@@ -18,8 +18,8 @@ struct RunOptions {
   GenArgs gen;
   std::string prompt;
   std::string ids;  // --ids: raw token ids instead of text
-  bool chat = false, raw = false, think = false, no_think = false;
-  std::string system, effort;
+  bool chat = false, raw = false;
+  ChatModeArgs mode;
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -41,7 +41,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 int run(const RunOptions& o) {
-  const bool chat = o.chat || !o.system.empty() || o.think || !o.effort.empty();
+  const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // Checked before the model loads: an empty prompt is a usage error, not something to load 100 GB for.
@@ -58,9 +58,9 @@ int run(const RunOptions& o) {
   } else if (chat) {
     require_chat_tokens(tok);
     std::vector<ChatMessage> msgs;
-    if (!o.system.empty()) msgs.push_back({"system", o.system, ""});
+    if (!o.mode.system.empty()) msgs.push_back({"system", o.mode.system, ""});
     msgs.push_back({"user", o.prompt, ""});
-    prompt = tok.encode(encode_chat(msgs, ChatOptions{o.think, true, true, o.effort}));
+    prompt = tok.encode(encode_chat(msgs, ChatOptions{o.mode.think, true, true, o.mode.effort}));
   } else {
     // As transformers does for DeepSeek: BOS first when tokenizer_config.json says add_bos_token (or, without
     // one, when config.json names a BOS).
@@ -99,11 +99,8 @@ void register_run(CLI::App& app) {
   cmd->add_option("--ids", o->ids, "the prompt as token ids (\"0 15 27\"), fed as they are")->excludes(p);
   auto* c = cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn in the DeepSeek-V4 chat format");
   cmd->add_flag("--raw", o->raw, "use the prompt as it is, after BOS (the default)")->excludes(c);
-  cmd->add_option("--system", o->system, "system prompt (implies --chat)");
-  auto* t = cmd->add_flag("--think", o->think, "thinking mode: the reply opens with <think> (implies --chat)");
-  cmd->add_flag("--no-think", o->no_think, "non-thinking chat mode (the default)")->excludes(t);
-  cmd->add_option("--reasoning-effort", o->effort, "thinking mode's effort prompt: high (none) or max")
-      ->check(CLI::IsMember({"high", "max"}));
+  add_chat_mode_options(cmd, o->mode, "system prompt (implies --chat)",
+                        "thinking mode: the reply opens with <think> (implies --chat)");
   add_sampling_options(cmd, o->gen);
   cmd->callback([o] {
     try {

@@ -222,4 +222,12 @@ int report_error(const std::exception& e) {
   return 1;
 }
 
+void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_help, const char* think_help) {
+  cmd->add_option("--system", a.system, system_help);
+  auto* t = cmd->add_flag("--think", a.think, think_help);
+  cmd->add_flag("--no-think", a.no_think, "non-thinking chat mode (the default)")->excludes(t);
+  cmd->add_option("--reasoning-effort", a.effort, "thinking mode's effort prompt: high (none) or max")
+      ->check(CLI::IsMember({"high", "max"}));
+}
+
 }  // namespace plumb::cli

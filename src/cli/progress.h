@@ -29,6 +29,13 @@ struct GenArgs {
 };
 void add_sampling_options(CLI::App* cmd, GenArgs& a);
 
+// The chat-mode options run and chat share: system prompt, thinking or not, reasoning effort.
+struct ChatModeArgs {
+  std::string system, effort;
+  bool think = false, no_think = false;
+};
+void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_help, const char* think_help);
+
 struct LoadedModel {
   std::string dir;
   std::shared_ptr<Engine> engine;
