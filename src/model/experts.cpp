@@ -100,7 +100,8 @@ Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r,
   Tensor out = run_routed(runner, m, r);
   m.tap.io("ffn.routed", out);
   if (m.w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
-    Tensor shared = expert_ffn(*m.w.shared, m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit, m.x, m.nm);
+    const bool unclamped = m.opt.fault_swiglu_unclamped || m.nm.official_initial();
+    Tensor shared = expert_ffn(*m.w.shared, unclamped ? 0.0 : m.c.swiglu_limit, m.x, m.nm);
     m.tap.io("ffn.shared", shared);
     for (int64_t i = 0; i < out.numel(); ++i) out[i] += shared[i];
   }

@@ -145,7 +145,7 @@ void Numerics::rope(const ops::Rope& r, float* tail, int64_t pos, bool inverse) 
 }
 
 void Numerics::kv_fp8_sim(float* v, int64_t n) const {
-  if (official_) official::fp8_roundtrip(v, n, 64);
+  if (official_ && !initial_) official::fp8_roundtrip(v, n, 64);
 }
 
 void Numerics::indexer_rotate(float* v, int64_t n) const {

@@ -12,8 +12,11 @@ namespace plumb {
 
 class Numerics {
  public:
-  explicit Numerics(const ModelOptions& o) : official_(o.official) {}
+  explicit Numerics(const ModelOptions& o) : official_(o.official), initial_(o.official_initial) {}
   bool official() const { return official_; }
+  // The release-day official code: its in-place FP8 "simulation" cast through bf16 (an identity for power-of-two
+  // scales) and its shared expert had no SwiGLU clamp.
+  bool official_initial() const { return initial_; }
 
   // Activation storage: bf16 rounding (official) or none.
   float act(float v) const;
@@ -42,7 +45,7 @@ class Numerics {
   void indexer_rotate(float* v, int64_t n) const;
 
  private:
-  bool official_;
+  bool official_, initial_;
 };
 
 // Exposed for tests: the official kernels' primitives.

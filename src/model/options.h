@@ -11,6 +11,8 @@ struct ModelOptions {
   bool mhc_bf16_mix = false;        // mhc.bf16_mix: hc mixing GEMM on bf16-rounded operands
   bool router_bf16 = false;         // router.bf16: router logits from bf16-rounded operands, rounded to bf16
   bool official = false;            // numerics.official: DeepSeek's inference code rounding (bf16, FP8/FP4 sim)
+  bool official_initial = false;    // numerics.official_initial: its release-day revision (no FP8 KV rounding,
+                                    // shared expert without the SwiGLU clamp)
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
   bool fault_rsf_twice = false;

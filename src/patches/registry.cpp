@@ -53,6 +53,12 @@ std::vector<Patch> make_registry() {
                // one FP8 code: measured up to 4.7e-2 (plumb bisect). Free running, one bf16 ulp can flip an FP8
                // code and the drift compounds: measured up to 4.4e-2 on tiny-official-ref.
                {6e-2, 6e-2, 5e-2}, false, [](ModelOptions& o) { o.official = true; }, true});
+  r.push_back({"numerics.official_initial", "all ops: fp32 reference numerics",
+               "numerics.official as DeepSeek's release-day inference code computed it: its FP8 KV simulation was a "
+               "no-op and its shared expert had no SwiGLU clamp (fixed in the current revision)",
+               "engines that follow the release-day code differ from current checkpoints' intent in the shared expert",
+               // Same numerics machinery as numerics.official; measured against goldens of the initial revision.
+               {6e-2, 6e-2, 5e-2}, false, [](ModelOptions& o) { o.official = o.official_initial = true; }, true});
   // --- built-in faults: the real bugs, refused unless named ---
   auto fault = [&](const char* name, const char* replaces, const char* desc, void (*en)(ModelOptions&)) {
     r.push_back({name, replaces, desc, "this is a deliberate bug for testing the precision toolkit", {0, 0, 0}, true, en});
@@ -128,6 +134,8 @@ PatchSet parse_patches(const std::string& list) {
     ps.active.push_back(p);
     p->enable(ps.options);
   }
+  PLUMB_CHECK(!(seen.count("numerics.official") && seen.count("numerics.official_initial")),
+              "numerics.official and numerics.official_initial are two revisions of the same code: choose one");
   PLUMB_CHECK(!(seen.count("moe.rsf_on_output") && seen.count("moe.rsf_in_topk")),
               "moe.rsf_in_topk and moe.rsf_on_output are two placements of the same factor: choose one");
   return ps;
