@@ -16,6 +16,7 @@
 #include "cuda/api.h"
 #include "formats/numeric.h"
 #include "io/safetensors.h"
+#include "model_test_util.h"
 
 namespace plumb_cuda_test {
 
@@ -30,31 +31,9 @@ class GpuTest : public ::testing::Test {
   }
 };
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("plumb_cuda_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-inline plumb::Checkpoint write_checkpoint(const TempDir& dir, const std::vector<plumb::OwnedTensor>& tensors) {
-  const std::string path = dir.file("model.safetensors");
-  plumb::write_safetensors(path, tensors);
-  return plumb::Checkpoint::open(path);
-}
+// Temporary folders and checkpoints: the same helpers as the CPU model tests.
+using plumb_test::TempDir;
+using plumb_test::write_checkpoint;
 
 class Rng {
  public:
