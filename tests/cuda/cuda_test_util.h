@@ -2,13 +2,10 @@
 // official formats, fp16 rounding for the CPU twins, and a comparison that reports where the largest error is.
 #pragma once
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,7 +17,6 @@
 
 namespace plumb_cuda_test {
 
-namespace fs = std::filesystem;
 
 // Every GPU test derives from this: without a usable device it skips, saying why.
 class GpuTest : public ::testing::Test {
