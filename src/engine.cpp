@@ -49,7 +49,9 @@ class CpuEngine : public Engine {
 std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu", "unknown backend '{}' (available: cpu)", opt.backend);
   const PatchSet ps = parse_patches(opt.patches);
-  return std::make_shared<CpuEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options)));
+  std::function<void(int64_t, int64_t)> on_layer;
+  if (opt.on_progress) on_layer = [&opt](int64_t done, int64_t total) { opt.on_progress(LoadProgress{"layers", done, total}); };
+  return std::make_shared<CpuEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options, on_layer)));
 }
 
 }  // namespace plumb

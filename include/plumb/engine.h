@@ -10,9 +10,16 @@
 
 namespace plumb {
 
+// Loading progress: stage "layers" reports the layers whose weights are bound and validated so far.
+struct LoadProgress {
+  const char* stage;
+  int64_t done, total;
+};
+
 struct EngineOptions {
   std::string patches;  // comma-separated speed patches / numerics mode ("" = the fp32 reference); see `plumb patches`
   std::string backend = "cpu";
+  std::function<void(const LoadProgress&)> on_progress;  // called from the loading thread; may be empty
 };
 
 struct ModelInfo {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <future>
 #include <random>
 #include <set>
@@ -179,9 +180,14 @@ LoadedModel load_model(const ModelArgs& a) {
   StatusLine line(a.quiet);
   const auto t0 = Clock::now();
   // Mapping runs on a worker so the line can show that something is happening on a slow (network) disk.
-  auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, EngineOptions{a.patches, "cpu"}); });
-  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready)
-    line.update(fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));
+  std::atomic<int64_t> layers_done{0}, layers_total{0};
+  EngineOptions eo{a.patches, "cpu", [&](const LoadProgress& p) { layers_done = p.done, layers_total = p.total; }};
+  auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, eo); });
+  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    const int64_t done = layers_done, n = layers_total;
+    line.update(n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
+                  : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));
+  }
   m.engine = fut.get();
   const double map_s = since(t0);
 

@@ -10,14 +10,15 @@
 
 namespace plumb {
 
-std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt,
+                                   const std::function<void(int64_t, int64_t)>& on_layer) {
   auto m = std::make_unique<Model>();
   m->dir_ = dir;
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
   PLUMB_CHECK(std::filesystem::exists(cfg_path), "model folder {} has no config.json", dir);
   m->cfg_ = ModelConfig::load(cfg_path);
   m->ck_ = Checkpoint::open(dir);
-  m->w_ = ModelWeights::bind(m->ck_, m->cfg_);
+  m->w_ = ModelWeights::bind(m->ck_, m->cfg_, on_layer);
   m->rope_main_ = ops::Rope(m->cfg_.rope_main, m->cfg_.rope_dim);
   m->rope_compress_ = ops::Rope(m->cfg_.rope_compress, m->cfg_.rope_dim);
   m->opt_ = opt;

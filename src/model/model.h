@@ -17,7 +17,8 @@ namespace plumb {
 class Model {
  public:
   // dir: a folder with config.json and model.safetensors (or a sharded index).
-  static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opt = {});
+  static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opt = {},
+                                     const std::function<void(int64_t, int64_t)>& on_layer = {});
 
   SessionState new_state() const;
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns

@@ -164,7 +164,7 @@ void Matrix::row_raw(int64_t r, float* vals, float* block_scales) const {
   }
 }
 
-ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c) {
+ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c, const std::function<void(int64_t, int64_t)>& on_layer) {
   ModelWeights m;
   const int64_t D = c.hidden, hcd = int64_t(c.hc_mult) * D;
   m.embed = Matrix::bind(ck, "embed.weight", c.vocab, D);
@@ -220,6 +220,7 @@ ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c) {
     M.experts.reserve(size_t(c.n_experts));
     for (int e = 0; e < c.n_experts; ++e) M.experts.push_back(expert(ck, f + fmt::format("experts.{}", e), c));
     if (c.n_shared) M.shared = std::make_unique<ExpertWeights>(expert(ck, f + "shared_experts", c));
+    if (on_layer) on_layer(i + 1, c.n_layers);
   }
   return m;
 }

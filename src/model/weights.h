@@ -1,5 +1,6 @@
 // Model weights as zero-copy views of the mapped checkpoint; quantized matrices dequantize row by row on use.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,7 +92,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   // Binds every tensor the config needs; a missing or mis-shaped tensor is an Error that names it.
-  static ModelWeights bind(const Checkpoint& ck, const ModelConfig& cfg);
+  // `on_layer(done, total)`, if set, is called after each layer is bound.
+  static ModelWeights bind(const Checkpoint& ck, const ModelConfig& cfg,
+                           const std::function<void(int64_t, int64_t)>& on_layer = {});
 };
 
 }  // namespace plumb
