@@ -1,4 +1,4 @@
-// The public Engine/Session API over the internal Model (the CPU reference backend for now).
+// The public Engine/Session API over the internal Model (the CPU reference backend or the CUDA forward pass).
 #include "plumb/engine.h"
 
 #include "model/model.h"
@@ -8,9 +8,9 @@ namespace plumb {
 
 namespace {
 
-class CpuSession : public Session {
+class ModelSession : public Session {
  public:
-  explicit CpuSession(std::shared_ptr<const Model> m) : m_(std::move(m)), st_(m_->new_state()) {}
+  explicit ModelSession(std::shared_ptr<const Model> m) : m_(std::move(m)), st_(m_->new_state()) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
     const Tensor logits = m_->forward(st_, tokens);
     const int64_t V = logits.dim(1);
@@ -25,9 +25,9 @@ class CpuSession : public Session {
   SessionState st_;
 };
 
-class CpuEngine : public Engine {
+class ModelEngine : public Engine {
  public:
-  CpuEngine(std::shared_ptr<const Model> m) : m_(std::move(m)) {
+  ModelEngine(std::shared_ptr<const Model> m) : m_(std::move(m)) {
     const auto& c = m_->config();
     info_.vocab_size = c.vocab;
     info_.bos_token = c.bos_token;
@@ -36,7 +36,7 @@ class CpuEngine : public Engine {
     info_.summary = c.summary();
   }
   const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<Session> new_session() const override { return std::make_unique<CpuSession>(m_); }
+  std::unique_ptr<Session> new_session() const override { return std::make_unique<ModelSession>(m_); }
   const std::string& dir() const override { return m_->dir(); }
 
  private:
@@ -47,11 +47,11 @@ class CpuEngine : public Engine {
 }  // namespace
 
 std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
-  PLUMB_CHECK(opt.backend == "cpu", "unknown backend '{}' (available: cpu)", opt.backend);
+  PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
   const PatchSet ps = parse_patches(opt.patches);
   std::function<void(int64_t, int64_t)> on_layer;
   if (opt.on_progress) on_layer = [&opt](int64_t done, int64_t total) { opt.on_progress(LoadProgress{"layers", done, total}); };
-  return std::make_shared<CpuEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options, on_layer)));
+  return std::make_shared<ModelEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options, on_layer, opt.backend)));
 }
 
 }  // namespace plumb

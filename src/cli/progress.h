@@ -17,6 +17,7 @@ inline constexpr const char* kDefaultModel = "models/tiny";  // relative to the 
 struct ModelArgs {
   std::string dir;  // "" = kDefaultModel
   std::string patches;
+  std::string backend = "cpu";
   bool no_preload = false;
   bool quiet = false;
 };

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cuda/api.h"
+#include "model/model.h"
 
 namespace plumb::cuda {
 
@@ -21,4 +22,8 @@ int run_bench(const BenchOptions&) {
 }
 
 }  // namespace plumb::cuda
+
+namespace plumb {
+std::unique_ptr<DeviceForward> make_cuda_forward(const Model&) { fail("backend cuda: {}", cuda::kNoCuda); }
+}  // namespace plumb
 #endif  // !PLUMB_WITH_CUDA

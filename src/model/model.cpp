@@ -11,7 +11,8 @@
 namespace plumb {
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt,
-                                   const std::function<void(int64_t, int64_t)>& on_layer) {
+                                   const std::function<void(int64_t, int64_t)>& on_layer, const std::string& backend) {
+  PLUMB_CHECK(backend == "cpu" || backend == "cuda", "unknown backend '{}' (available: {})", backend, kBackends);
   auto m = std::make_unique<Model>();
   m->dir_ = dir;
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
@@ -22,11 +23,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->rope_main_ = ops::Rope(m->cfg_.rope_main, m->cfg_.rope_dim);
   m->rope_compress_ = ops::Rope(m->cfg_.rope_compress, m->cfg_.rope_dim);
   m->opt_ = opt;
+  m->backend_ = backend;
+  if (backend == "cuda") m->device_ = make_cuda_forward(*m);
   return m;
 }
 
 SessionState Model::new_state() const {
   SessionState s;
+  if (device_) {
+    s.dev = device_->new_state();
+    return s;
+  }
   s.layers.resize(size_t(cfg_.n_layers));
   return s;
 }
@@ -38,6 +45,13 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
   for (size_t i = 0; i < tokens.size(); ++i)
     PLUMB_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab, "token {} at position {} is outside the vocabulary [0, {})", tokens[i],
                 st.pos + int64_t(i), c.vocab);
+  if (device_) {
+    PLUMB_CHECK(st.dev, "forward: this session's state was not made by the {} backend", backend_);
+    Tensor logits = device_->forward(st, tokens, taps);
+    st.pos += n;
+    return logits;
+  }
+  PLUMB_CHECK(!st.dev && int64_t(st.layers.size()) == c.n_layers, "forward: this session's state was not made by the cpu backend");
   const int64_t pos0 = st.pos;
   const Numerics nm(opt_);
 

@@ -14,11 +14,29 @@
 
 namespace plumb {
 
+class Model;
+
+// A backend other than the CPU reference runs the whole forward pass itself (src/cuda/gpu_model.cpp): same
+// inputs, outputs and taps as Model::forward, its caches in SessionState::dev.
+class DeviceForward {
+ public:
+  virtual ~DeviceForward() = default;
+  virtual std::shared_ptr<DeviceSessionState> new_state() const = 0;
+  virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const = 0;
+};
+// The CUDA backend for a loaded model (uploads its weights); throws Error when this build or machine has no
+// usable GPU, or an option is not implemented there. Defined in src/cuda (stub.cpp without CUDA).
+std::unique_ptr<DeviceForward> make_cuda_forward(const Model& m);
+
+// Backends: "cpu" (the reference, always) and "cuda" (with -DPLUMB_CUDA=ON and a Hopper GPU).
+inline const char* kBackends = "cpu, cuda";
+
 class Model {
  public:
-  // dir: a folder with config.json and model.safetensors (or a sharded index).
+  // dir: a folder with config.json and model.safetensors (or a sharded index). backend: "cpu" or "cuda".
   static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opt = {},
-                                     const std::function<void(int64_t, int64_t)>& on_layer = {});
+                                     const std::function<void(int64_t, int64_t)>& on_layer = {},
+                                     const std::string& backend = "cpu");
 
   SessionState new_state() const;
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns
@@ -28,6 +46,10 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
   const ModelOptions& options() const { return opt_; }
+  const ModelWeights& weights() const { return w_; }
+  const ops::Rope& rope_main() const { return rope_main_; }
+  const ops::Rope& rope_compress() const { return rope_compress_; }
+  const std::string& backend() const { return backend_; }
 
  private:
   std::string dir_;
@@ -36,6 +58,8 @@ class Model {
   ModelWeights w_;
   ops::Rope rope_main_, rope_compress_;
   ModelOptions opt_;
+  std::string backend_ = "cpu";
+  std::unique_ptr<DeviceForward> device_;  // set for backends other than "cpu"
 };
 
 }  // namespace plumb

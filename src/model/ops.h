@@ -47,6 +47,8 @@ class Rope {
   // Rotates the LAST dim() values of x (pairs (2i, 2i+1)) at position pos; inverse uses the conjugate (-sin).
   void apply(float* x_tail, int64_t pos, bool inverse = false) const;
   int dim() const { return dim_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float attention_factor() const { return attention_factor_; }
 
  private:
   int dim_ = 0;

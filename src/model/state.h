@@ -1,6 +1,7 @@
 // Per-session cache state of every layer: sliding-window KV, compressor buffers/overlap, compressed entries.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace plumb {
@@ -26,8 +27,12 @@ struct LayerState {
   CompressorState comp, index_comp;
 };
 
+// A GPU backend's caches (src/cuda/gpu_state.h); opaque here so that the reference needs no CUDA.
+struct DeviceSessionState;
+
 struct SessionState {
-  std::vector<LayerState> layers;
+  std::vector<LayerState> layers;          // the CPU reference's caches
+  std::shared_ptr<DeviceSessionState> dev;  // the CUDA backend's caches (set instead of `layers`)
   int64_t pos = 0;  // tokens consumed so far = position of the next token
 };
 

@@ -32,6 +32,11 @@ class Matrix {
   int64_t cols() const { return cols_; }
   Layout layout() const { return layout_; }
   const std::string& name() const { return name_; }
+  // The checkpoint tensors behind it (for backends that upload them as stored): values, and the scale tensor
+  // (FP8Block / FP4Group; null for Plain) with scale_cols() columns.
+  const TensorView& values() const { return *w_; }
+  const TensorView* scales() const { return s_; }
+  int64_t scale_cols() const { return scale_cols_; }
 
  private:
   std::string name_;

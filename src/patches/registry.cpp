@@ -141,4 +141,17 @@ PatchSet parse_patches(const std::string& list) {
   return ps;
 }
 
+RunConfig parse_config(const std::string& spec) {
+  RunConfig rc;
+  std::string list = spec;
+  if (const auto colon = spec.find(':'); colon != std::string::npos) {
+    rc.backend = spec.substr(0, colon);
+    PLUMB_CHECK(rc.backend == "cpu" || rc.backend == "cuda", "unknown backend '{}' in '{}' (a configuration is [cpu:|cuda:]PATCHES)",
+                rc.backend, spec);
+    list = spec.substr(colon + 1);
+  }
+  rc.patches = parse_patches(list);
+  return rc;
+}
+
 }  // namespace plumb

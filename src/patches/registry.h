@@ -45,4 +45,13 @@ struct PatchSet {
 // must be named exactly (no wildcard ever enables one). Names may repeat only once each.
 PatchSet parse_patches(const std::string& list);
 
+// A run configuration as the toolkit (trace, diff, kld, selftest) names one: "[BACKEND:]PATCHES". No prefix is
+// the CPU reference backend; "cuda:" the CUDA backend with no patch, "cuda:moe.rsf_on_output" with one. So
+// `plumb diff --a '' --b cuda:` compares the GPU against the CPU reference op by op.
+struct RunConfig {
+  std::string backend = "cpu";
+  PatchSet patches;
+};
+RunConfig parse_config(const std::string& spec);
+
 }  // namespace plumb

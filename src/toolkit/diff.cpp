@@ -78,7 +78,7 @@ const TapRow* DiffReport::row(const std::string& name) const {
 }
 
 PairTolerance pair_tolerance(const std::string& a, const std::string& b) {
-  const PatchSet pa = parse_patches(is_reference_label(a) ? "" : a), pb = parse_patches(is_reference_label(b) ? "" : b);
+  const PatchSet pa = parse_config(is_reference_label(a) ? "" : a).patches, pb = parse_config(is_reference_label(b) ? "" : b).patches;
   const std::string bn = pb.active.empty() ? "reference" : pb.names();
   bool a_is_baseline = true;  // only numerics modes, each also active in B
   for (const Patch* p : pa.active)
@@ -164,9 +164,9 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
 
 DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol_override) {
   const auto t0 = std::chrono::steady_clock::now();
-  const PatchSet pa = parse_patches(a);
-  parse_patches(b);  // validate both lists before running anything
-  const auto ma = Model::load(in.model_dir, pa.options);
+  const PatchSet pa = parse_config(a).patches;
+  parse_config(b);  // validate both configurations before running anything
+  const auto ma = load_model(in.model_dir, a);
   const auto mb = load_model(in.model_dir, b);
   const Trace ta = run_trace(*ma, in, a), tb = run_trace(*mb, in, b);
   PairTolerance tol = pair_tolerance(a, b);
@@ -223,7 +223,7 @@ DiffReport run_diff(const DiffOptions& opt) {
     r.notes.push_back("traces only: no teacher forcing (run diff live for local errors)");
     r.diagnosis = diagnose(DiagnosisInput{ta, tb, nullptr, r.first, tol.free, cfg, view.get(),
                                           ta.patches.empty() || ta.patches.front() == '(' ? ModelOptions{}
-                                                                                          : parse_patches(ta.patches).options});
+                                                                                          : parse_config(ta.patches).patches.options});
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } else {
     const RunInput in = resolve_input(opt.fixture, opt.model, opt.tokens, opt.text, opt.tokenizer, opt.chunk);

@@ -76,7 +76,8 @@ std::vector<std::string> Trace::tap_order() const {
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir, const std::string& patches) {
-  return Model::load(dir, parse_patches(patches).options);
+  const RunConfig rc = parse_config(patches);
+  return Model::load(dir, rc.patches.options, {}, rc.backend);
 }
 
 Trace run_trace(const Model& model, const RunInput& in, const std::string& patches, const TapFilter* filter,

@@ -64,9 +64,11 @@ RouterExtremes router_extremes(const Trace& ref) {
   return x;
 }
 
-SelftestCase run_case(const RunInput& in, const std::string& fault, const std::string& b, const Expect& e) {
-  SelftestCase c{fault, in.model_dir, b, "ok", "", "", ""};
-  const DiffReport r = diff_live(in, "", b, false);
+// `prefix`: the backend both sides run on ("" for the CPU reference, "cuda:"), so a fault is found against its
+// own backend's reference.
+SelftestCase run_case(const RunInput& in, const std::string& fault, const std::string& b, const Expect& e, const std::string& prefix) {
+  SelftestCase c{fault, in.model_dir, prefix + b, "ok", "", "", ""};
+  const DiffReport r = diff_live(in, prefix, prefix + b, false);
   c.first = r.first.none() ? "none" : r.first.tap;
   c.diagnosis = r.diagnosis.text;
   std::vector<std::string> bad;
@@ -96,10 +98,13 @@ SelftestCase run_case(const RunInput& in, const std::string& fault, const std::s
 // Runs the faults of `which` on one fixture. `router_only` / `skip_router`: the default split between tiny and
 // negative-router.
 void run_fixture(const std::string& dir, const std::vector<std::string>& which, SelftestResult& res,
-                 const std::function<void(const SelftestCase&)>& report) {
+                 const std::function<void(const SelftestCase&)>& report, const std::string& prefix) {
   const RunInput in = input_from_fixture(dir);
-  const auto ref_model = load_model(dir, "");
-  const Trace ref = run_trace(*ref_model, in, "");
+  const auto ref_model = load_model(dir, prefix);
+  const Trace ref = run_trace(*ref_model, in, prefix);
+  auto run_case = [&prefix](const RunInput& i, const std::string& f, const std::string& b, const Expect& e) {
+    return toolkit::run_case(i, f, b, e, prefix);
+  };
   const ModelConfig& cfg = ref_model->config();
   std::vector<int> all, hash;
   for (int l = 0; l < cfg.n_layers; ++l) {
@@ -198,7 +203,10 @@ std::string format_case(const SelftestCase& c) {
                      c.first, c.diagnosis, c.why.empty() ? "" : "\n  expected: " + c.why);
 }
 
-SelftestResult run_selftest(const std::vector<std::string>& fixtures, const std::function<void(const SelftestCase&)>& report) {
+SelftestResult run_selftest(const std::vector<std::string>& fixtures, const std::function<void(const SelftestCase&)>& report,
+                            const std::string& backend) {
+  PLUMB_CHECK(backend == "cpu" || backend == "cuda", "selftest: unknown backend '{}' (cpu, cuda)", backend);
+  const std::string prefix = backend == "cpu" ? "" : backend + ":";
   SelftestResult res;
   std::vector<std::string> faults;
   for (const auto& p : patch_registry())
@@ -209,7 +217,7 @@ SelftestResult run_selftest(const std::vector<std::string>& fixtures, const std:
     which.insert(which.end(), faults.begin(), faults.end());
     for (const auto& f : fixtures) {
       PLUMB_CHECK(fs::exists(fs::path(f) / "golden.json"), "selftest: {} is not a golden fixture folder (no golden.json)", f);
-      run_fixture(f, which, res, report);
+      run_fixture(f, which, res, report, prefix);
     }
     return res;
   }
@@ -220,10 +228,10 @@ SelftestResult run_selftest(const std::vector<std::string>& fixtures, const std:
   std::vector<std::string> on_tiny{"reference"};
   for (const auto& f : faults)
     if (std::find(router.begin(), router.end(), f) == router.end()) on_tiny.push_back(f);
-  run_fixture(kTiny, on_tiny, res, report);
+  run_fixture(kTiny, on_tiny, res, report, prefix);
   bool any = false;
   for (const char* dir : {kNegative, kUnderflow})
-    if (fs::exists(fs::path(dir) / "golden.json")) run_fixture(dir, router, res, report), any = true;
+    if (fs::exists(fs::path(dir) / "golden.json")) run_fixture(dir, router, res, report, prefix), any = true;
   if (!any)
     for (const auto& f : router) {
       SelftestCase c{f, kNegative, f, "skipped", "", "", "fixture negative-router not present"};

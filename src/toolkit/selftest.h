@@ -25,8 +25,9 @@ struct SelftestResult {
 // routing-placement, hc and SwiGLU faults, and tests/data/golden/negative-router and router-underflow (those
 // present) for the two router-score faults (skipped, with a line saying so, when neither is). Otherwise every fault on every given
 // fixture, skipping those the fixture cannot exhibit (with the reason). `report` is called after each case.
+// `backend` "cuda": reference and faults both run on the GPU.
 SelftestResult run_selftest(const std::vector<std::string>& fixtures,
-                            const std::function<void(const SelftestCase&)>& report = {});
+                            const std::function<void(const SelftestCase&)>& report = {}, const std::string& backend = "cpu");
 
 std::string format_case(const SelftestCase& c);
 

@@ -100,19 +100,24 @@ std::string selection_scores_of(const std::string& index_tap) {
 }  // namespace
 
 int verify_golden(const VerifyGoldenOptions& opt) {
-  PLUMB_CHECK(opt.backend == "cpu", "unknown backend '{}' (available: cpu)", opt.backend);
+  PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
   PLUMB_CHECK(opt.mode == "auto" || opt.mode == "free" || opt.mode == "forced", "unknown mode '{}' (auto, free, forced)", opt.mode);
   const PatchSet ps = parse_patches(opt.patches);
   const auto fx = GoldenFixture::load(opt.dir);
-  const auto model = Model::load(opt.dir, ps.options);
+  const auto model = Model::load(opt.dir, ps.options, {}, opt.backend);
   const bool approximate = ps.tolerance_fp32() > 1e-4;  // an approximate patch: its errors compound when free running
-  const bool forced = opt.mode == "forced" || (opt.mode == "auto" && (approximate || ps.numerics_official()));
+  // The GPU resolves exactly equal top-k scores to the lower index (PyTorch's CUDA order), the fixtures come from
+  // PyTorch's CPU order: a tie decided the other way changes everything downstream unless each sublayer is fed
+  // the fixture's inputs.
+  const bool gpu = opt.backend != "cpu";
+  const bool forced = opt.mode == "forced" || (opt.mode == "auto" && (approximate || ps.numerics_official() || gpu));
   // |err| <= tol * max(1, max|ref|): the loosest active patch's, its local (per-op) one when teacher forcing
   const double tol = forced ? ps.tolerance_local() : ps.tolerance_fp32();
   // Selection boundaries within the patch's own noise decide nothing about correctness.
   const double tie_eps = std::max(kTieEps, ps.tolerance_fp32() > 1e-4 ? tol : kTieEps);
-  fmt::print("fixture  {}\nreference {}\nmodel    {}\nbackend  {} (fp32 reference), patches [{}], tolerance {:g} x max(1, max|ref|)\n",
-             opt.dir, fx.reference, model->config().summary(), opt.backend, ps.names(), tol);
+  fmt::print("fixture  {}\nreference {}\nmodel    {}\nbackend  {} ({}), patches [{}], tolerance {:g} x max(1, max|ref|)\n",
+             opt.dir, fx.reference, model->config().summary(), opt.backend,
+             gpu ? "every op on the GPU, fp32, top-k ties to the lower index" : "fp32 reference", ps.names(), tol);
   fmt::print("mode     {}\n", forced ? "teacher forcing: each sublayer is fed the fixture's inputs, each tap shows its op's "
                                        "local error (--mode free runs on the engine's own outputs)"
                                      : "free running: the engine runs on its own outputs");

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device run for the CUDA backend's forward pass: the CUDA tests (kernels and whole forward), verify-golden
+# --backend cuda on every committed fixture and the bundled model, selftest on the GPU, and kld GPU vs the CPU
+# reference. Uses the binaries built on the development machine and carried in build-carry/ (see gpu_run.sh).
+# Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+C=$PWD/build-carry
+export LD_LIBRARY_PATH="$C/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+"$C/plumb" --version >/dev/null 2>&1 || export LD_LIBRARY_PATH="$C/lib-extra:$LD_LIBRARY_PATH"
+# The test binaries name their data by the path they were built in: make that path this checkout.
+built=$(grep -aoE -m1 '/[[:alnum:]_./-]*/tests/data' "$C/plumb_cuda_tests" | head -n 1 | sed 's#/tests/data$##')
+if [ -n "$built" ] && [ ! -e "$built" ]; then mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"; fi
+note() { echo "== $*" | tee -a "$OUT/run.log"; }
+
+note "cuda tests"
+timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/tests.txt" 2>&1
+note "cuda tests rc=$?"
+
+note "verify-golden --backend cuda"
+: >"$OUT/golden.txt"
+for fx in tests/data/golden/*/ models/tiny/; do
+  grep -q "official inference" "$fx/golden.json" && continue  # numerics.official is CPU-only
+  timeout 60 "$C/plumb" verify-golden -q --backend cuda "$fx" >"$OUT/one.txt" 2>&1
+  rc=$?
+  echo "### $fx rc=$rc" >>"$OUT/golden.txt"
+  if [ $rc -ne 0 ]; then head -c 6000 "$OUT/one.txt" >>"$OUT/golden.txt"; else tail -n 3 "$OUT/one.txt" >>"$OUT/golden.txt"; fi
+done
+rm -f "$OUT/one.txt"
+note "verify-golden: $(grep -c 'rc=0' "$OUT/golden.txt") pass, $(grep -c 'rc=[1-9]' "$OUT/golden.txt") fail"
+
+note "selftest --backend cuda"
+timeout "${T_SELF:-120}" "$C/plumb" selftest --backend cuda >"$OUT/selftest.txt" 2>&1
+note "selftest rc=$? $(tail -n 1 "$OUT/selftest.txt")"
+
+head -c "${KLD_BYTES:-3000}" README.md >/tmp/kld.txt
+note "kld cpu vs cuda"
+timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/kld.txt}" --tokenizer models/tiny/tokenizer.json \
+  --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
+note "kld rc=$?"
+
+echo "==== summaries"
+grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|worst error' "$OUT/tests.txt" | tail -30
+grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
+tail -n 25 "$OUT/selftest.txt"
+tail -n 20 "$OUT/kld.txt"

@@ -1,0 +1,217 @@
+// Attention on the GPU: sparse softmax attention with the sink over window + compressed keys, the window ring,
+// the compressor's softmax pooling, the lightning indexer's scores and top-k. Twins of src/model/attention.cpp,
+// compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
+#include "cuda/fwd_common.cuh"
+
+namespace plumb::cuda::detail {
+
+namespace {
+
+// One block per (token, head). Keys: window positions max(0, p-W+1) .. p in ascending order (earlier ones from
+// the ring, this chunk's from chunk_kv), then the compressed entries (HCA: every visible one; CSA: the selected).
+__global__ void attend_kernel(AttendArgs a) {
+  extern __shared__ float smem[];
+  const int t = blockIdx.x / a.Hq, h = blockIdx.x % a.Hq;
+  const int64_t p = a.pos0 + t, Dh = a.Dh;
+  const int64_t wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
+  int64_t ncomp = 0;
+  int* comp = reinterpret_cast<int*>(smem);  // CSA: compacted selected entries
+  float* logits = smem + (a.type == 1 ? a.ksel : 0);
+  if (a.type == 2) {
+    ncomp = min((p + 1) / a.rate, a.ne);
+  } else if (a.type == 1) {
+    __shared__ int count;
+    if (threadIdx.x == 0) {
+      int c = 0;
+      for (int j = 0; j < a.ksel; ++j) {
+        const int64_t e = a.sel[int64_t(t) * a.ksel + j];
+        if (e >= 0) comp[c++] = int(e);
+      }
+      count = c;
+    }
+    __syncthreads();
+    ncomp = count;
+  }
+  const int64_t nk = nwin + ncomp;
+  auto key = [&](int64_t j) -> const float* {
+    if (j < nwin) {
+      const int64_t q = wstart + j;
+      return q < a.pos0 ? a.ring + (q % a.window) * Dh : a.chunk_kv + (q - a.pos0) * Dh;
+    }
+    const int64_t e = a.type == 1 ? comp[j - nwin] : j - nwin;
+    return a.entries + e * Dh;
+  };
+  const float* qh = a.q + (int64_t(t) * a.Hq + h) * Dh;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int64_t j = wid; j < nk; j += nwarps) {
+    const float* k = key(j);
+    double dot = 0;
+    for (int64_t i = lane; i < Dh; i += 32) dot += double(qh[i]) * k[i];
+    dot = warp_sum(dot);
+    if (lane == 0) logits[j] = float(dot) * a.scale;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // ops::softmax over the keys and the sink (which takes probability, gives no value)
+    logits[nk] = a.sink[h];
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= nk; ++j) m = fmaxf(m, logits[j]);
+    double s = 0;
+    for (int64_t j = 0; j <= nk; ++j) s += (logits[j] = expf(logits[j] - m));
+    for (int64_t j = 0; j <= nk; ++j) logits[j] = float(double(logits[j]) / s);
+  }
+  __syncthreads();
+  float* oh = a.out + (int64_t(t) * a.Hq + h) * Dh;
+  for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) {
+    double acc = 0;
+    for (int64_t j = 0; j < nk; ++j) acc += double(logits[j]) * key(j)[i];
+    oh[i] = float(acc);
+  }
+}
+
+__global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, int64_t pos0, int64_t W, float* ring) {
+  const int64_t first = max(int64_t(0), int64_t(n) - W);  // only the last W rows can be needed later
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t rows = int64_t(n) - first;
+  if (i >= rows * Dh) return;
+  const int64_t r = first + i / Dh, d = i % Dh;
+  ring[((pos0 + r) % W) * Dh + d] = kv[r * Dh + d];
+}
+
+// One thread per (window, channel). Series of window j: optionally the previous window's first half, then its own
+// (CSA: second half). Softmax over the gates as ops::softmax, fp32 weighted sum in slot order.
+__global__ void pool_kernel(PoolArgs a) {
+  const int j = blockIdx.y;
+  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= a.c) return;
+  const int64_t width = a.overlap ? 2 * a.c : a.c, off = a.overlap ? a.c : 0;
+  const int m = a.m;
+  const bool prev = a.overlap && (j > 0 || a.has_prev);
+  auto slot = [&](int s, float& g, float& v) {
+    if (prev && s < m) {
+      if (j == 0) {
+        g = a.prev_gate[int64_t(s) * a.c + ch];
+        v = a.prev_kv[int64_t(s) * a.c + ch];
+      } else {
+        const int64_t row = int64_t(j - 1) * m + s;
+        g = __fadd_rn(a.pend_gate[row * width + ch], a.ape[int64_t(s) * width + ch]);
+        v = a.pend_kv[row * width + ch];
+      }
+      return;
+    }
+    const int r = prev ? s - m : s;
+    const int64_t row = int64_t(j) * m + r;
+    g = __fadd_rn(a.pend_gate[row * width + off + ch], a.ape[int64_t(r) * width + off + ch]);
+    v = a.pend_kv[row * width + off + ch];
+  };
+  const int ns = prev ? 2 * m : m;
+  float mx = -INFINITY, g, v;
+  for (int s = 0; s < ns; ++s) slot(s, g, v), mx = fmaxf(mx, g);
+  float acc = 0;
+  if (mx != -INFINITY) {
+    double sum = 0;
+    for (int s = 0; s < ns; ++s) slot(s, g, v), sum += double(expf(g - mx));
+    for (int s = 0; s < ns; ++s) {
+      slot(s, g, v);
+      const float w = float(double(expf(g - mx)) / sum);
+      acc = __fadd_rn(acc, __fmul_rn(w, v));
+    }
+  }
+  a.entries[int64_t(j) * a.c + ch] = acc;
+}
+
+// CSA: the last pooled window's first-half series (gate + ape) becomes the next call's previous window.
+__global__ void prev_store_kernel(PoolArgs a) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(a.m) * a.c) return;
+  const int64_t r = i / a.c, ch = i % a.c, width = 2 * a.c, row = int64_t(a.nw - 1) * a.m + r;
+  a.prev_gate[i] = __fadd_rn(a.pend_gate[row * width + ch], a.ape[r * width + ch]);
+  a.prev_kv[i] = a.pend_kv[row * width + ch];
+}
+
+// One warp per (token, entry): the reference's fp64 sum over heads of relu(q.k) * qscale * (hw * wscale).
+__global__ void index_scores_kernel(IndexArgs a) {
+  const int t = blockIdx.y, lane = threadIdx.x & 31;
+  const int64_t e = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (e >= a.ne) return;
+  const int64_t visible = (a.pos0 + t + 1) / a.rate;
+  if (e >= visible) {
+    if (lane == 0) a.scores[int64_t(t) * a.ne + e] = -INFINITY;
+    return;
+  }
+  const float* key = a.keys + e * a.dh;
+  double acc = 0;
+  for (int h = 0; h < a.nh; ++h) {
+    const float* qh = a.q + (int64_t(t) * a.nh + h) * a.dh;
+    double dot = 0;
+    for (int64_t i = lane; i < a.dh; i += 32) dot += double(qh[i]) * key[i];
+    dot = warp_sum(dot);
+    acc += fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
+  }
+  if (lane == 0) a.scores[int64_t(t) * a.ne + e] = float(acc);
+}
+
+// a ranks before b: larger value, NaN largest, equal values by lower index.
+__device__ __forceinline__ bool beats(float va, int64_t ia, float vb, int64_t ib) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+// Rank selection: entry e lands at rank #(entries that beat it); the first k ranks are the top-k, sorted.
+__global__ void index_topk_kernel(IndexArgs a) {
+  const int t = blockIdx.x;
+  const float* s = a.scores + int64_t(t) * a.ne;
+  const int64_t visible = (a.pos0 + t + 1) / a.rate;
+  for (int64_t e = threadIdx.x; e < a.ne; e += blockDim.x) {
+    const float v = s[e];
+    int64_t rank = 0;
+    for (int64_t o = 0; o < a.ne && rank < a.k; ++o) rank += beats(s[o], o, v, e);
+    if (rank < a.k) a.topk[int64_t(t) * a.k + rank] = e < visible ? e : -1;
+  }
+}
+
+}  // namespace
+
+void fwd_attend(const AttendArgs& a, int64_t max_keys, Stream s) {
+  if (a.n <= 0) return;
+  const size_t smem = size_t(max_keys + 1 + (a.type == 1 ? a.ksel : 0)) * 4;
+  if (smem > 48 * 1024) {
+    static bool raised = false;  // per process: the attribute is per kernel
+    if (!raised) {
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+      raised = true;
+    }
+    if (smem > 227 * 1024) throw_arg("attention: too many keys for one block's shared memory");
+  }
+  attend_kernel<<<a.n * a.Hq, 256, smem, s>>>(a);
+  check_launch("fwd_attend");
+}
+
+void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, int64_t pos0, int64_t window, float* ring, Stream s) {
+  const int64_t rows = std::min<int64_t>(n, window);
+  if (rows <= 0) return;
+  ring_store_kernel<<<fwd_blocks(rows * Dh, 256), 256, 0, s>>>(chunk_kv, n, Dh, pos0, window, ring);
+  check_launch("fwd_ring_store");
+}
+
+void fwd_compress_pool(const PoolArgs& a, Stream s) {
+  if (a.nw <= 0) return;
+  pool_kernel<<<dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw)), 128, 0, s>>>(a);
+  check_launch("fwd_compress_pool");
+  if (a.overlap) {
+    prev_store_kernel<<<fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s>>>(a);
+    check_launch("fwd_compress_prev");
+  }
+}
+
+void fwd_indexer(const IndexArgs& a, Stream s) {
+  if (a.n <= 0 || a.ne <= 0) return;
+  index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne, 8)), unsigned(a.n)), 256, 0, s>>>(a);
+  check_launch("fwd_indexer_scores");
+  if (a.k <= 0) return;
+  index_topk_kernel<<<a.n, 256, 0, s>>>(a);
+  check_launch("fwd_indexer_topk");
+}
+
+}  // namespace plumb::cuda::detail

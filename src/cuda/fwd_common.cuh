@@ -1,0 +1,82 @@
+// Device helpers of the forward kernels: checkpoint-format weight decoding (bit-exact with src/formats) and block
+// reductions in fp64.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/fwd_kernels.h"
+
+namespace plumb::cuda::detail {
+
+// E4M3 (OCP FP8): bias 7, subnormals 2^-9 * m, S.1111.111 is NaN, no infinities.
+__device__ __forceinline__ float fwd_e4m3(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  float v;
+  if (e == 0xF && m == 7) v = __int_as_float(0x7FC00000);
+  else if (e == 0) v = float(m) * 0.001953125f;  // 2^-9
+  else v = __int_as_float(((e + 120) << 23) | (m << 20));  // 2^(e-7) * (1 + m/8)
+  return (b & 0x80) ? -v : v;
+}
+// E8M0: 2^(b-127); 0xFF is NaN; b = 0 is the fp32 subnormal 2^-127.
+__device__ __forceinline__ float fwd_e8m0(uint8_t b) {
+  if (b == 0xFF) return __int_as_float(0x7FC00000);
+  if (b == 0) return __int_as_float(0x00400000);
+  return __int_as_float(int(b) << 23);
+}
+// E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+__device__ __forceinline__ float fwd_e2m1(uint8_t code) {
+  const int mag = code & 7;
+  const float v = mag < 2 ? 0.5f * float(mag) : float(1 << ((mag >> 1) - 1)) * (1.0f + 0.5f * float(mag & 1));
+  return (code & 8) ? -v : v;
+}
+
+// Weight element (r, c) of a DMat, dequantized exactly as Matrix::row does.
+__device__ __forceinline__ float fwd_w(const DMat& m, int64_t r, int64_t c) {
+  switch (m.layout) {
+    case 0: {
+      const int64_t i = r * m.cols + c;
+      if (m.dtype == 0) return static_cast<const float*>(m.w)[i];
+      const uint16_t b = static_cast<const uint16_t*>(m.w)[i];
+      return m.dtype == 1 ? __uint_as_float(uint32_t(b) << 16) : __half2float(__ushort_as_half(b));
+    }
+    case 1: {
+      const int64_t si = (r >> 7) * m.s_cols + (c >> 7);
+      const float sc = m.s_f32 ? static_cast<const float*>(m.s)[si] : fwd_e8m0(static_cast<const uint8_t*>(m.s)[si]);
+      return fwd_e4m3(static_cast<const uint8_t*>(m.w)[r * m.cols + c]) * sc;
+    }
+    default: {
+      const uint8_t byte = static_cast<const uint8_t*>(m.w)[r * (m.cols >> 1) + (c >> 1)];
+      const uint8_t code = (byte >> (4 * (c & 1))) & 0xF;
+      return fwd_e2m1(code) * fwd_e8m0(static_cast<const uint8_t*>(m.s)[r * m.s_cols + (c >> 5)]);
+    }
+  }
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result. `sh` holds 32 doubles.
+__device__ __forceinline__ double block_sum(double v, double* sh) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[wid] = v;
+  __syncthreads();
+  double t = 0;
+  for (int i = 0; i < nw; ++i) t += sh[i];  // fixed order: deterministic
+  return t;
+}
+
+inline int fwd_blocks(int64_t n, int threads) { return int((n + threads - 1) / threads); }
+
+}  // namespace plumb::cuda::detail

@@ -1,0 +1,128 @@
+// The model-forward kernels of the CUDA backend (every op of the forward pass on the GPU), declared for the host
+// code in src/cuda/gpu_*.cpp. Plain types only (nvcc-safe, like kernels.h): the .cu files include no plumb header.
+//
+// These are the GPU twins of the reference sublayers (src/model/*): fp32 storage, fp64 accumulation of every
+// dot product and sum of squares, the reference's formulas and orderings where they matter. Ties in top-k
+// selections resolve to the lower index (PyTorch's CUDA order), where the CPU reference follows PyTorch's CPU
+// order; that is the one intended difference (verify-golden runs this backend teacher-forced, see docs/cuda.md).
+// All launches are asynchronous on `s`; pointers are device pointers unless said otherwise.
+#pragma once
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace plumb::cuda::detail {
+
+// A weight matrix [rows, cols] in its checkpoint layout, on the device (see model/weights.h Matrix):
+//   layout 0 plain: w is F32 (dtype 0), BF16 (1) or F16 (2), row-major;
+//   layout 1 FP8: w E4M3 [rows, cols], s [ceil(rows/128), s_cols] E8M0 (s_f32 0) or F32 (s_f32 1);
+//   layout 2 FP4: w packed E2M1 [rows, cols/2] (even column in the low nibble), s E8M0 [rows, s_cols = cols/32].
+struct DMat {
+  const void* w = nullptr;
+  const void* s = nullptr;
+  int64_t rows = 0, cols = 0, s_cols = 0;
+  int layout = 0, dtype = 0, s_f32 = 0;
+};
+
+// ---- dense ops (fwd_ops.cu) ----
+// X[t, j, :] = embed[tokens[t]] for j < H (the hc_mult residual streams); D = embed.cols.
+void fwd_embed(const DMat& embed, const int32_t* tokens, int n, int H, float* X, Stream s);
+// y[t * ldy + r] = sum_c x[t * ldx + c] * W[r0 + r, c], r < nr, t < n (fp64 accumulation, fp32 out).
+void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s);
+// Same for E experts at once: slot i (< nslots) uses matrix mats[e] with e = idx[i] (idx null: e = 0) and input row
+// x[(i / x_div) * ldx]; y[i * ldy + r].
+void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
+                        int64_t cols, float* y, int64_t ldy, Stream s);
+// Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place.
+void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s);
+// Interleaved RoPE on x[row * ld + off .. + 2 * half): row r is at position pos0 + (r / per_pos) * pos_step.
+// inv_freq [half] fp32; cos and sin are multiplied by attention_factor; inverse rotates by -angle.
+void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
+              int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s);
+// y = a * x elementwise over n values (in place when y == x).
+void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s);
+void fwd_add(float* y, const float* x, int64_t n, Stream s);  // y += x
+
+// ---- hyper-connections (fwd_hc.cu) ----
+struct HcArgs {
+  const float* X = nullptr;  // [n, H, D] residual streams
+  const float* fn = nullptr;  // [nmix, H*D]
+  const float* base = nullptr, *scale = nullptr;  // [nmix], [3] (head: [H], [1])
+  int n = 0, H = 0, iters = 0;
+  int64_t D = 0;
+  float hc_eps = 0;
+  double rms_eps = 0;
+  int head = 0;  // hc_head: only the pre weights and the collapse
+  float* post = nullptr;       // [n, H]
+  float* comb = nullptr;       // [n, H, H]
+  float* collapsed = nullptr;  // [n, D]
+};
+void fwd_hc_pre(const HcArgs& a, Stream s);
+// out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault).
+void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,
+                 float* out, Stream s);
+
+// ---- attention (fwd_attention.cu) ----
+struct AttendArgs {
+  const float* q = nullptr;       // [n, Hq, Dh], rotated
+  const float* chunk_kv = nullptr;  // [n, Dh]: this chunk's keys (K = V)
+  const float* ring = nullptr;    // [W, Dh]: earlier keys, position p at slot p % W
+  const float* entries = nullptr; // [ne, Dh] compressed entries (CSA / HCA)
+  const int64_t* sel = nullptr;   // CSA: [n, ksel] selected entries (-1: none)
+  const float* sink = nullptr;    // [Hq]
+  int n = 0, Hq = 0, ksel = 0, type = 0;  // type: 0 sliding, 1 CSA, 2 HCA
+  int64_t Dh = 0, pos0 = 0, window = 0, ne = 0, rate = 1;
+  float scale = 1.0f;
+  float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated
+};
+// Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
+void fwd_attend(const AttendArgs& a, int64_t max_keys, Stream s);
+// Copies the chunk's last min(n, W) keys into the ring (slot p % W).
+void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, int64_t pos0, int64_t window, float* ring, Stream s);
+
+// Compressor pooling: nw windows of m rows taken from `pend_kv`/`pend_gate` ([*, width] rows, window j = rows
+// j*m .. j*m+m-1), gate + ape; CSA (overlap) mixes the previous window's first-half series (prev_* for j = 0,
+// the pending rows of window j-1 otherwise) with this window's second half. Writes nw entries [nw, c] (before
+// norm and RoPE) and, for CSA, the last window's first-half series into prev_kv / prev_gate.
+struct PoolArgs {
+  const float* pend_kv = nullptr, *pend_gate = nullptr, *ape = nullptr;
+  float* prev_kv = nullptr, *prev_gate = nullptr;
+  int has_prev = 0, overlap = 0, nw = 0, m = 0;
+  int64_t c = 0;
+  float* entries = nullptr;
+};
+void fwd_compress_pool(const PoolArgs& a, Stream s);
+
+// Indexer scores: s[t, e] = sum_h relu(q[t,h] . key[e]) * qscale * (hw[t,h] * wscale) for e < (pos0+t+1)/m,
+// -inf otherwise; then the top-k per row (ties: lower entry first; entries not visible become -1).
+struct IndexArgs {
+  const float* q = nullptr;     // [n, nh, dh]
+  const float* keys = nullptr;  // [ne, dh]
+  const float* hw = nullptr;    // [n, nh]
+  int n = 0, nh = 0, k = 0;
+  int64_t dh = 0, ne = 0, pos0 = 0, rate = 1;
+  float qscale = 1, wscale = 1;
+  float* scores = nullptr;  // [n, ne]
+  int64_t* topk = nullptr;  // [n, k]
+};
+void fwd_indexer(const IndexArgs& a, Stream s);
+
+// ---- MoE (fwd_moe.cu) ----
+struct RouteArgs {
+  const float* logits = nullptr;  // [n, E] fp32
+  const float* bias = nullptr;    // [E] learned layers
+  const int32_t* tid2eid = nullptr, *tokens = nullptr;  // hash layers: [V, K], [n]
+  int n = 0, E = 0, K = 0, score = 0, hash = 0, n_group = 1, topk_group = 1;
+  int renorm = 1, unfloored = 0, softplus_naive = 0;
+  float fold = 1.0f;
+  int32_t* idx = nullptr;  // [n, K]
+  float* weight = nullptr; // [n, K]
+  float* select = nullptr; // [n, E] learned layers
+};
+void fwd_route(const RouteArgs& a, Stream s);
+// h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L <= 0: no clamp).
+void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s);
+// y[t, :] = out_scale * sum_k (weight ? weight[t, k] : 1) * ys[t*K + k, :]
+void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s);
+
+}  // namespace plumb::cuda::detail

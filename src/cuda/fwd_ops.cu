@@ -1,0 +1,137 @@
+// Dense forward ops on the GPU: embedding, linear (any checkpoint layout, dequantized on the fly), RMSNorm, RoPE,
+// elementwise helpers. GPU twins of src/model/ops.cpp (fp64 accumulation like the reference).
+#include "cuda/fwd_common.cuh"
+
+namespace plumb::cuda::detail {
+
+namespace {
+
+__global__ void embed_kernel(DMat e, const int32_t* tokens, int n, int H, float* X) {
+  const int t = blockIdx.x;
+  const int64_t D = e.cols, tok = tokens[t];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float v = fwd_w(e, tok, d);
+    for (int j = 0; j < H; ++j) X[(int64_t(t) * H + j) * D + d] = v;
+  }
+}
+
+// One warp per output row, up to kTok tokens per block row (blockIdx.y picks the token group).
+constexpr int kTok = 8, kRowsPerBlock = 8;
+
+__global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
+  if (r >= nr) return;
+  double acc[kTok] = {};
+  for (int64_t c = lane; c < w.cols; c += 32) {
+    const double wv = fwd_w(w, r0 + r, c);
+#pragma unroll
+    for (int t = 0; t < kTok; ++t)
+      if (t < nt) acc[t] += double(x[(t0 + t) * ldx + c]) * wv;
+  }
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    const double v = warp_sum(acc[t]);
+    if (lane == 0 && t < nt) y[(t0 + t) * ldy + r] = float(v);
+  }
+}
+
+__global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,
+                                      float* y, int64_t ldy) {
+  const int lane = threadIdx.x & 31, slot = blockIdx.y;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const DMat w = mats[idx ? idx[slot] : 0];
+  const float* xs = x + int64_t(slot / x_div) * ldx;
+  double acc = 0;
+  for (int64_t c = lane; c < w.cols; c += 32) acc += double(xs[c]) * double(fwd_w(w, r, c));
+  acc = warp_sum(acc);
+  if (lane == 0) y[int64_t(slot) * ldy + r] = float(acc);
+}
+
+__global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps) {
+  __shared__ double sh[32];
+  float* v = x + int64_t(blockIdx.x) * ld;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(v[i]) * v[i];
+  ss = block_sum(ss, sh);
+  const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = w ? w[i] * (v[i] * inv) : v[i] * inv;
+}
+
+__global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af, int64_t pos0,
+                            int64_t per_pos, int64_t pos_step, int inverse) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * half) return;
+  const int64_t r = i / half;
+  const int k = int(i % half);
+  const int64_t pos = pos0 + (r / per_pos) * pos_step;
+  const float ang = float(pos) * inv_freq[k];
+  const float c = cosf(ang) * af, s = (inverse ? -sinf(ang) : sinf(ang)) * af;
+  float* p = x + r * ld + off + 2 * k;
+  const float a = p[0], b = p[1];
+  p[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  p[1] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+__global__ void scale_kernel(const float* x, float a, float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i];
+}
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __fadd_rn(y[i], x[i]);
+}
+
+}  // namespace
+
+void fwd_embed(const DMat& e, const int32_t* tokens, int n, int H, float* X, Stream s) {
+  if (n <= 0) return;
+  embed_kernel<<<n, 256, 0, s>>>(e, tokens, n, H, X);
+  check_launch("fwd_embed");
+}
+
+void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
+  if (n <= 0 || nr <= 0) return;
+  const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
+  linear_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
+  check_launch("fwd_linear");
+}
+
+void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
+                        int64_t cols, float* y, int64_t ldy, Stream s) {
+  if (nslots <= 0 || rows <= 0) return;
+  const dim3 grid(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(nslots));
+  linear_indexed_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(mats, idx, x_div, x, ldx, rows, y, ldy);
+  check_launch("fwd_linear_indexed");
+}
+
+void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s) {
+  if (rows <= 0) return;
+  rms_norm_kernel<<<unsigned(rows), 256, 0, s>>>(x, dim, ld, w, eps);
+  check_launch("fwd_rms_norm");
+}
+
+void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
+              int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s) {
+  const int64_t total = rows * half;
+  if (total <= 0) return;
+  rope_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(x, rows, ld, off, half, inv_freq, attention_factor, pos0, per_pos, pos_step,
+                                                    inverse);
+  check_launch("fwd_rope");
+}
+
+void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s) {
+  if (n <= 0) return;
+  scale_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(x, a, y, n);
+  check_launch("fwd_scale");
+}
+
+void fwd_add(float* y, const float* x, int64_t n, Stream s) {
+  if (n <= 0) return;
+  add_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(y, x, n);
+  check_launch("fwd_add");
+}
+
+}  // namespace plumb::cuda::detail

@@ -1,0 +1,88 @@
+// Host helpers of the CUDA forward pass: weight upload (as stored), scratch, taps across the device boundary.
+#ifdef PLUMB_WITH_CUDA
+#include "cuda/gpu_common.h"
+
+#include "cuda/kernels.h"
+
+namespace plumb::cuda {
+
+namespace {
+DeviceBuffer upload_bytes(const void* p, size_t n) {
+  DeviceBuffer b(n ? n : 4);
+  if (n) b.upload(p, n);
+  return b;
+}
+}  // namespace
+
+GMat upload_matrix(const Matrix& m) {
+  GMat g;
+  const TensorView& v = m.values();
+  g.w = upload_bytes(v.data, v.nbytes);
+  g.d.w = g.w.get();
+  g.d.rows = m.rows();
+  g.d.cols = m.cols();
+  switch (m.layout()) {
+    case Matrix::Layout::Plain:
+      g.d.layout = 0;
+      g.d.dtype = v.dtype == DType::F32 ? 0 : v.dtype == DType::BF16 ? 1 : 2;
+      break;
+    case Matrix::Layout::FP8Block:
+    case Matrix::Layout::FP4Group: {
+      const TensorView* s = m.scales();
+      g.s = upload_bytes(s->data, s->nbytes);
+      g.d.s = g.s.get();
+      g.d.s_cols = m.scale_cols();
+      g.d.s_f32 = s->dtype == DType::F32;
+      g.d.layout = m.layout() == Matrix::Layout::FP8Block ? 1 : 2;
+      break;
+    }
+  }
+  return g;
+}
+
+DeviceBuffer upload_tensor(const Tensor& t) { return upload_bytes(t.ptr(), size_t(t.numel()) * 4); }
+
+GpuRope upload_rope(const ops::Rope& r) {
+  GpuRope g;
+  g.dim = r.dim();
+  g.attention_factor = r.attention_factor();
+  g.inv_freq = upload_bytes(r.inv_freq().data(), r.inv_freq().size() * 4);
+  return g;
+}
+
+void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, int64_t pos0, int64_t per_pos, int64_t step, bool inverse) const {
+  detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, pos0, per_pos, step, inverse ? 1 : 0, nullptr);
+}
+
+void* Scratch::get(const std::string& name, size_t bytes) {
+  auto& b = bufs_[name];
+  if (b.bytes() < bytes || !b.get()) b = DeviceBuffer(std::max<size_t>(bytes, 4));
+  return b.get();
+}
+
+void grow_keep(DeviceBuffer& b, size_t bytes, size_t keep) {
+  if (b.get() && b.bytes() >= bytes) return;
+  DeviceBuffer nb(std::max<size_t>({bytes, 2 * b.bytes(), 256}));
+  if (keep) detail::copy_d2d(nb.get(), b.get(), keep);
+  b = std::move(nb);
+}
+
+Tensor download(const float* d, const Shape& shape) {
+  Tensor t(shape);
+  if (t.numel()) detail::d2h(t.ptr(), d, size_t(t.numel()) * 4);
+  return t;
+}
+
+void tap_put(const Tap& tap, const char* name, const float* d, const Shape& shape) {
+  if (tap.on(name)) tap(name, download(d, shape));
+}
+
+void tap_io(const Tap& tap, const char* name, float* d, const Shape& shape) {
+  if (!tap.on(name)) return;
+  Tensor t = download(d, shape);
+  tap.io(name, t);  // the sink may replace t (same shape)
+  if (t.numel()) detail::h2d(d, t.ptr(), size_t(t.numel()) * 4);
+}
+
+}  // namespace plumb::cuda
+#endif  // PLUMB_WITH_CUDA

@@ -1,0 +1,112 @@
+// Host side of the CUDA forward pass: the model's weights as uploaded (checkpoint layouts kept), the per-session
+// device caches and scratch, and taps that copy device tensors to the host (and back, for teacher forcing).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/api.h"
+#include "cuda/fwd_kernels.h"
+#include "model/model.h"
+
+namespace plumb::cuda {
+
+// A weight matrix on the device exactly as the checkpoint stores it (FP8 / packed FP4 codes, scales, or plain).
+struct GMat {
+  DeviceBuffer w, s;
+  detail::DMat d;
+};
+GMat upload_matrix(const Matrix& m);
+DeviceBuffer upload_tensor(const Tensor& t);  // fp32
+inline const float* f32(const DeviceBuffer& b) { return b.as<float>(); }
+
+struct GpuRope {
+  DeviceBuffer inv_freq;
+  int dim = 0;
+  float attention_factor = 1.0f;
+  // Rotates the last dim values of `rows` rows (ld apart, each row ending at off + dim) at pos0 + (r / per_pos) * step.
+  void apply(float* x, int64_t rows, int64_t ld, int64_t off, int64_t pos0, int64_t per_pos, int64_t step, bool inverse) const;
+};
+GpuRope upload_rope(const ops::Rope& r);
+
+struct GpuHc {
+  DeviceBuffer fn, base, scale;
+};
+struct GpuComp {
+  GMat wkv, wgate;
+  DeviceBuffer ape, norm;
+  int rate = 0, dim = 0;
+  bool overlap = false;
+};
+struct GpuAttn {
+  GMat wq_a, wq_b, wkv, wo_a, wo_b;
+  DeviceBuffer q_norm, kv_norm, sink;
+  std::unique_ptr<GpuComp> comp, icomp;  // CSA / HCA; CSA's indexer keys
+  GMat iwq_b, iweights;                  // CSA indexer: wq_b, weights_proj
+};
+struct GpuExperts {           // E matrices each of w1, w2, w3 and their descriptors as device arrays
+  std::vector<GMat> w1, w2, w3;
+  DeviceBuffer d1, d2, d3;   // detail::DMat[E]
+};
+struct GpuMoe {
+  GMat gate;
+  DeviceBuffer bias, tid2eid;  // learned: [E] f32; hash: [V, K] int32
+  GpuExperts routed;
+  std::unique_ptr<GMat> s1, s2, s3;  // the shared expert
+  DeviceBuffer shared_desc;          // detail::DMat[3]: s1, s2, s3
+};
+struct GpuLayer {
+  DeviceBuffer attn_norm, ffn_norm;
+  GpuHc hc_attn, hc_ffn;
+  GpuAttn attn;
+  GpuMoe moe;
+};
+struct GpuWeights {
+  GMat embed, head;
+  DeviceBuffer norm;
+  GpuHc hc_head;
+  std::vector<GpuLayer> layers;
+  GpuRope rope_main, rope_compress;
+};
+
+// Growable named device scratch: a name keeps its buffer across calls, growing (contents dropped) on demand.
+class Scratch {
+ public:
+  float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
+  void* get(const std::string& name, size_t bytes);
+
+ private:
+  std::map<std::string, DeviceBuffer> bufs_;
+};
+
+// Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized).
+void grow_keep(DeviceBuffer& b, size_t bytes, size_t keep);
+
+// Device tensors at tap points: put copies to the host; io also lets the sink substitute (teacher forcing) and
+// copies the substitute back.
+Tensor download(const float* d, const Shape& shape);
+void tap_put(const Tap& tap, const char* name, const float* d, const Shape& shape);
+void tap_io(const Tap& tap, const char* name, float* d, const Shape& shape);
+
+}  // namespace plumb::cuda
+
+namespace plumb {
+
+// One compressor's caches on the device (see CompressorState): pending rows [pending, width] (kv and gate),
+// CSA's previous first-half series [m, c] (gate + ape), entries [n_entries, c] normed and rotated.
+struct GpuCompState {
+  cuda::DeviceBuffer pend_kv, pend_gate, prev_kv, prev_gate, entries;
+  int64_t pending = 0, n_entries = 0;
+  bool has_prev = false;
+};
+struct GpuLayerState {
+  cuda::DeviceBuffer ring;  // [window, head_dim]: key of position p at slot p % window
+  GpuCompState comp, icomp;
+};
+struct DeviceSessionState {
+  std::vector<GpuLayerState> layers;
+  cuda::Scratch scratch;
+};
+
+}  // namespace plumb

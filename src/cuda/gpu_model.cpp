@@ -1,0 +1,190 @@
+// The CUDA backend's forward pass (Model::load(..., "cuda")): weights uploaded once in their checkpoint formats,
+// caches resident on the device per session, every op a kernel (src/cuda/fwd_*.cu), the same taps as the
+// reference (copied to the host only when a sink asks). Twin of src/model/model.cpp.
+#ifdef PLUMB_WITH_CUDA
+#include "cuda/gpu_attention.h"
+#include "cuda/gpu_common.h"
+#include "cuda/gpu_moe.h"
+
+namespace plumb {
+
+namespace cuda {
+namespace {
+
+using namespace detail;
+
+GpuHc upload_hc(const HyperConnWeights& h) { return {upload_tensor(h.fn), upload_tensor(h.base), upload_tensor(h.scale)}; }
+
+std::unique_ptr<GpuComp> upload_comp(const CompressorWeights& c) {
+  auto g = std::make_unique<GpuComp>();
+  g->wkv = upload_matrix(c.wkv);
+  g->wgate = upload_matrix(c.wgate);
+  g->ape = upload_tensor(c.ape);
+  g->norm = upload_tensor(c.norm);
+  g->rate = c.rate, g->dim = c.dim, g->overlap = c.overlap;
+  return g;
+}
+
+GpuExperts upload_routed(const std::vector<ExpertWeights>& ex) {
+  GpuExperts g;
+  std::vector<DMat> d1, d2, d3;
+  for (const auto& e : ex) {
+    g.w1.push_back(upload_matrix(e.w1));
+    g.w2.push_back(upload_matrix(e.w2));
+    g.w3.push_back(upload_matrix(e.w3));
+    d1.push_back(g.w1.back().d), d2.push_back(g.w2.back().d), d3.push_back(g.w3.back().d);
+  }
+  g.d1 = to_device(d1), g.d2 = to_device(d2), g.d3 = to_device(d3);
+  return g;
+}
+
+// Options the CUDA forward implements: the fp32 reference numerics, both routed-scaling placements, the weight
+// before W2, and every built-in fault (so the toolkit's selftest runs here too). The others say so.
+void check_options(const ModelOptions& o) {
+  auto refuse = [](bool on, const char* patch) {
+    PLUMB_CHECK(!on, "backend cuda: patch {} is not implemented on the GPU (use --backend cpu)", patch);
+  };
+  refuse(o.official, "numerics.official");
+  refuse(o.official_initial, "numerics.official_initial");
+  refuse(o.mhc_bf16_mix, "mhc.bf16_mix");
+  refuse(o.router_bf16, "router.bf16");
+}
+
+class GpuForward : public DeviceForward {
+ public:
+  explicit GpuForward(const Model& m) : cfg_(m.config()), opt_(m.options()) {
+    std::string why;
+    PLUMB_CHECK(available(&why), "backend cuda: {}", why);
+    check_options(opt_);
+    const auto& w = m.weights();
+    const auto& c = cfg_;
+    PLUMB_CHECK(c.hc_mult <= 6, "backend cuda: hc_mult {} > 6 is not supported", c.hc_mult);
+    g_.embed = upload_matrix(w.embed);
+    g_.head = upload_matrix(w.head);
+    g_.norm = upload_tensor(w.norm);
+    g_.hc_head = upload_hc(w.hc_head);
+    g_.rope_main = upload_rope(m.rope_main());
+    g_.rope_compress = upload_rope(m.rope_compress());
+    for (const auto& L : w.layers) {
+      GpuLayer gl;
+      gl.attn_norm = upload_tensor(L.attn_norm);
+      gl.ffn_norm = upload_tensor(L.ffn_norm);
+      gl.hc_attn = upload_hc(L.hc_attn);
+      gl.hc_ffn = upload_hc(L.hc_ffn);
+      const auto& a = L.attn;
+      gl.attn.wq_a = upload_matrix(a.wq_a);
+      gl.attn.wq_b = upload_matrix(a.wq_b);
+      gl.attn.wkv = upload_matrix(a.wkv);
+      gl.attn.wo_a = upload_matrix(a.wo_a);
+      gl.attn.wo_b = upload_matrix(a.wo_b);
+      gl.attn.q_norm = upload_tensor(a.q_norm);
+      gl.attn.kv_norm = upload_tensor(a.kv_norm);
+      gl.attn.sink = upload_tensor(a.sink);
+      if (a.comp) gl.attn.comp = upload_comp(*a.comp);
+      if (a.indexer) {
+        gl.attn.icomp = upload_comp(a.indexer->comp);
+        gl.attn.iwq_b = upload_matrix(a.indexer->wq_b);
+        gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
+      }
+      const auto& M = L.moe;
+      gl.moe.gate = upload_matrix(M.gate);
+      if (M.bias.numel()) gl.moe.bias = upload_tensor(M.bias);
+      if (M.tid2eid.numel()) {
+        std::vector<int32_t> t(M.tid2eid.data.begin(), M.tid2eid.data.end());  // validated against E at load
+        gl.moe.tid2eid = to_device(t);
+      }
+      gl.moe.routed = upload_routed(M.experts);
+      if (M.shared) {
+        gl.moe.s1 = std::make_unique<GMat>(upload_matrix(M.shared->w1));
+        gl.moe.s2 = std::make_unique<GMat>(upload_matrix(M.shared->w2));
+        gl.moe.s3 = std::make_unique<GMat>(upload_matrix(M.shared->w3));
+        gl.moe.shared_desc = to_device(std::vector<DMat>{gl.moe.s1->d, gl.moe.s2->d, gl.moe.s3->d});
+      }
+      g_.layers.push_back(std::move(gl));
+    }
+    synchronize();
+  }
+
+  std::shared_ptr<DeviceSessionState> new_state() const override {
+    auto s = std::make_shared<DeviceSessionState>();
+    s->layers.resize(size_t(cfg_.n_layers));
+    for (auto& l : s->layers) l.ring = DeviceBuffer(size_t(cfg_.window) * size_t(cfg_.head_dim) * 4);
+    return s;
+  }
+
+  Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const override {
+    const auto& c = cfg_;
+    const int n = int(tokens.size());
+    const int64_t D = c.hidden, H = c.hc_mult, pos0 = st.pos;
+    DeviceSessionState& ds = *st.dev;
+    Scratch& sc = ds.scratch;
+    auto* tok = static_cast<int32_t*>(sc.get("tokens", size_t(n) * 4));
+    h2d(tok, tokens.data(), size_t(n) * 4);
+
+    float* X = sc.f("X", n * H * D);
+    float* X2 = sc.f("X2", n * H * D);
+    float* post = sc.f("hc.post", n * H);
+    float* comb = sc.f("hc.comb", n * H * H);
+    float* col = sc.f("hc.collapsed", n * D);
+    float* y = sc.f("sublayer.out", n * D);
+    fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr);
+
+    auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site) {
+      HcArgs a;
+      a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
+      a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
+      a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
+      a.post = post, a.comb = comb, a.collapsed = col;
+      fwd_hc_pre(a, nullptr);
+      tap_io(tap, (site + ".post").c_str(), post, {n, H});
+      tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
+      tap_io(tap, (site + ".collapsed").c_str(), col, {n, D});
+    };
+    auto hc_post = [&] {
+      fwd_hc_post(y, X, post, comb, n, int(H), D, opt_.fault_comb_untransposed, X2, nullptr);
+      std::swap(X, X2);
+    };
+
+    for (int i = 0; i < c.n_layers; ++i) {
+      const auto& L = g_.layers[size_t(i)];
+      const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
+      const auto type = c.attn[size_t(i)];
+      hc_pre(L.hc_attn, tap, "hc_attn");
+      fwd_rms_norm(col, n, D, D, f32(L.attn_norm), c.rms_eps, nullptr);
+      gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, n, pos0,
+                    ds.layers[size_t(i)], sc, tap, y);
+      hc_post();
+      hc_pre(L.hc_ffn, tap, "hc_ffn");
+      fwd_rms_norm(col, n, D, D, f32(L.ffn_norm), c.rms_eps, nullptr);
+      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, n, tok, sc, tap, y);
+      hc_post();
+      tap_io(tap, "out", X, {n, H, D});
+    }
+
+    const Tap top{taps, ""};
+    HcArgs a;
+    a.X = X, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
+    a.n = n, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
+    a.collapsed = col;
+    fwd_hc_pre(a, nullptr);
+    tap_io(top, "hc_head.out", col, {n, D});
+    fwd_rms_norm(col, n, D, D, f32(g_.norm), c.rms_eps, nullptr);
+    float* logits = sc.f("logits", int64_t(n) * c.vocab);
+    fwd_linear(g_.head.d, col, n, D, 0, c.vocab, logits, c.vocab, nullptr);
+    Tensor out = download(logits, {n, int64_t(c.vocab)});  // synchronizes
+    return out;
+  }
+
+ private:
+  ModelConfig cfg_;
+  ModelOptions opt_;
+  GpuWeights g_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<DeviceForward> make_cuda_forward(const Model& m) { return std::make_unique<cuda::GpuForward>(m); }
+
+}  // namespace plumb
+#endif  // PLUMB_WITH_CUDA

@@ -1,0 +1,146 @@
+// MoE sublayer on the GPU (twin of src/model/router.cpp + experts.cpp) under the same routed-scaling contract:
+// the routing's placement is part of its type (GpuRouted<P>), a runner consumes exactly one placement
+// (RunnerAccepts from model/experts.h), so routed_scaling_factor is applied once, for hash and learned layers
+// alike, and never to the shared expert. As on the CPU, only the fault branch below may relabel a placement.
+#ifdef PLUMB_WITH_CUDA
+#include "cuda/gpu_moe.h"
+
+namespace plumb::cuda {
+
+using namespace detail;
+
+namespace {
+
+template <Rsf P>
+struct GpuRouted {
+  int32_t* idx = nullptr;   // [n, K]
+  float* weight = nullptr;  // [n, K]; contains routed_scaling_factor iff P == Folded
+  float* logits = nullptr;  // [n, E]
+  float* select = nullptr;  // [n, E] learned layers, else null
+  int n = 0, K = 0, E = 0;
+};
+
+struct MoeCtx {
+  const GpuMoe& w;
+  const ModelConfig& c;
+  MlpType type;
+  const ModelOptions& opt;
+  const float* x;
+  int n;
+  const int32_t* tokens;
+  Scratch& sc;
+  const Tap& tap;
+};
+
+template <Rsf P>
+GpuRouted<P> route(const MoeCtx& m) {
+  const auto& c = m.c;
+  GpuRouted<P> r;
+  r.n = m.n, r.K = c.top_k, r.E = c.n_experts;
+  r.logits = m.sc.f("moe.logits", int64_t(m.n) * r.E);
+  r.weight = m.sc.f("moe.weight", int64_t(m.n) * r.K);
+  r.idx = static_cast<int32_t*>(m.sc.get("moe.idx", size_t(m.n) * size_t(r.K) * 4));
+  if (m.type == MlpType::Learned) r.select = m.sc.f("moe.select", int64_t(m.n) * r.E);
+  fwd_linear(m.w.gate.d, m.x, m.n, c.hidden, 0, r.E, r.logits, r.E, nullptr);  // fp32 logits
+  RouteArgs a;
+  a.logits = r.logits;
+  a.bias = m.type == MlpType::Learned ? f32(m.w.bias) : nullptr;
+  a.tid2eid = m.type == MlpType::Hash ? m.w.tid2eid.as<int32_t>() : nullptr;
+  a.tokens = m.tokens;
+  a.n = m.n, a.E = r.E, a.K = r.K;
+  a.score = c.score == ScoreFunc::SqrtSoftplus ? 0 : c.score == ScoreFunc::Sigmoid ? 1 : 2;
+  a.hash = m.type == MlpType::Hash;
+  a.n_group = c.n_group, a.topk_group = c.topk_group;
+  a.unfloored = m.opt.fault_renorm_unfloored;
+  a.softplus_naive = m.opt.fault_softplus_naive;
+  a.fold = P == Rsf::Folded ? float(c.routed_scaling) : 1.0f;
+  a.idx = r.idx, a.weight = r.weight, a.select = r.select;
+  fwd_route(a, nullptr);
+  return r;
+}
+
+// Reinterprets a placement without changing the numbers: the mechanism of every "missing" bug (fault only).
+template <Rsf To, Rsf From>
+GpuRouted<To> fault_relabel(const GpuRouted<From>& r) {
+  return GpuRouted<To>{r.idx, r.weight, r.logits, r.select, r.n, r.K, r.E};
+}
+// A runner that consumes Folded weights but scales its output anyway: the double application (fault only).
+struct FaultRunnerScalesFoldedAgain {
+  static constexpr Rsf consumes = Rsf::Folded;
+  static float output_scale(const ModelConfig& c) { return float(c.routed_scaling); }
+};
+
+// The golden routing taps, through the reference's own tap_routing (indices sorted, factor applied).
+template <Rsf P>
+void tap_routes(const MoeCtx& m, const GpuRouted<P>& r) {
+  const Tap& t = m.tap;
+  if (!t.on("ffn.gate.logits") && !t.on("ffn.gate.scores") && !t.on("ffn.gate.indices") && !t.on("ffn.gate.weights")) return;
+  std::vector<int32_t> idx(size_t(r.n) * size_t(r.K));
+  d2h(idx.data(), r.idx, idx.size() * 4);
+  RoutedWeights<P> h{IndexTensor({r.n, r.K}), download(r.weight, {r.n, r.K}), download(r.logits, {r.n, r.E}),
+                     r.select ? download(r.select, {r.n, r.E}) : Tensor()};
+  for (size_t i = 0; i < idx.size(); ++i) h.idx[int64_t(i)] = idx[i];
+  tap_routing(t, h, m.c.routed_scaling);
+}
+
+// SwiGLU expert FFN for `slots` rows: W1/W3 from mats1/mats3 (indexed by idx, or the single matrix when idx is
+// null), input row slot / x_div, optional per-slot weight before W2; ys [slots, D].
+void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3, const int32_t* idx, int slots, int x_div, int64_t I,
+                double limit, const float* pre, float* ys) {
+  const int64_t D = m.c.hidden;
+  float* g = m.sc.f("moe.g", slots * I);
+  float* u = m.sc.f("moe.u", slots * I);
+  float* h = m.sc.f("moe.h", slots * I);
+  fwd_linear_indexed(d1, idx, slots, x_div, m.x, D, I, D, g, I, nullptr);
+  fwd_linear_indexed(d3, idx, slots, x_div, m.x, D, I, D, u, I, nullptr);
+  fwd_swiglu(g, u, I, slots, I, float(limit), pre, h, nullptr);
+  fwd_linear_indexed(d2, idx, slots, 1, h, I, D, I, ys, D, nullptr);
+}
+
+// routed + shared; `total_scale` != 1 only for fault.shared_scaled.
+template <class Runner, Rsf P>
+  requires RunnerAccepts<Runner, P>
+void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, float total_scale = 1.0f) {
+  const auto& c = m.c;
+  const int64_t D = c.hidden, I = c.moe_inter;
+  tap_routes(m, r);
+  const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
+  const bool before = m.opt.weight_before_down;  // the official order: weight applied before W2
+  const int slots = r.n * r.K;
+  float* ys = m.sc.f("moe.ys", slots * D);
+  expert_ffn(m, m.w.routed.d1.as<DMat>(), m.w.routed.d2.as<DMat>(), m.w.routed.d3.as<DMat>(), r.idx, slots, r.K, I, limit,
+             before ? r.weight : nullptr, ys);
+  fwd_moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), out, nullptr);
+  tap_io(m.tap, "ffn.routed", out, {r.n, D});
+  if (m.w.s1) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
+    const int64_t Is = m.w.s1->d.rows;
+    float* shared = m.sc.f("moe.shared", r.n * D);
+    const DMat* ds = m.w.shared_desc.as<DMat>();
+    expert_ffn(m, ds, ds + 1, ds + 2, nullptr, r.n, 1, Is, limit, nullptr, shared);
+    tap_io(m.tap, "ffn.shared", shared, {r.n, D});
+    fwd_add(out, shared, r.n * D, nullptr);
+  }
+  if (total_scale != 1.0f) fwd_scale(out, total_scale, out, r.n * D, nullptr);
+  tap_io(m.tap, "ffn.out", out, {r.n, D});
+}
+
+template <class Runner>
+void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
+  combine(runner, m, route<Runner::consumes>(m), out);
+}
+
+}  // namespace
+
+void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, int n,
+             const int32_t* tokens, Scratch& sc, const Tap& tap, float* out) {
+  const MoeCtx m{w, c, type, opt, x, n, tokens, sc, tap};
+  if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
+  if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out);
+  if (opt.fault_shared_scaled)
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out, float(c.routed_scaling));
+  return opt.rsf_on_output ? moe_with(RunnerScalesOutput{}, m, out) : moe_with(RunnerFoldedWeights{}, m, out);
+}
+
+}  // namespace plumb::cuda
+#endif  // PLUMB_WITH_CUDA

@@ -1,0 +1,154 @@
+// The CUDA backend's whole forward pass against the references: every committed golden fixture through
+// verify-golden on the GPU, GPU vs CPU logits on the bundled trained model (free running, long enough to fill
+// the window and emit compressed entries), session schedules on the GPU, and the Engine API with backend cuda.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "cuda_test_util.h"
+#include "model/model.h"
+#include "plumb/engine.h"
+#include "plumb/tools.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using plumb_cuda_test::GpuTest;
+
+// Every fixture whose reference is an fp32 implementation (the official-code goldens need numerics.official,
+// which is CPU-only).
+std::vector<std::string> fp32_fixtures() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(fs::path(PLUMB_TEST_DATA) / "golden")) {
+    if (!fs::exists(e.path() / "golden.json")) continue;
+    std::ifstream f(e.path() / "golden.json");
+    std::string head(4096, '\0');
+    f.read(head.data(), head.size());
+    if (head.find("official inference") != std::string::npos) continue;
+    out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(GpuGolden, VerifyGoldenPasses) {
+  plumb::tools::VerifyGoldenOptions o;
+  o.dir = GetParam();
+  o.backend = "cuda";
+  o.quiet = true;
+  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
+}
+
+TEST_P(GpuGolden, VerifyGoldenPassesWithRsfOnOutputAndWeightBeforeDown) {
+  plumb::tools::VerifyGoldenOptions o;
+  o.dir = GetParam();
+  o.backend = "cuda";
+  o.patches = "moe.rsf_on_output,moe.weight_before_down";
+  o.quiet = true;
+  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGolden, ::testing::ValuesIn(fp32_fixtures()), [](const auto& info) {
+  std::string n = fs::path(info.param).filename().string();
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
+
+// A planted fault must fail on the GPU too (the backend implements the faults so that selftest can run there).
+TEST_F(GpuTest, FaultFailsVerifyGolden) {
+  plumb::tools::VerifyGoldenOptions o;
+  o.dir = std::string(PLUMB_TEST_DATA) + "/golden/tiny";
+  o.backend = "cuda";
+  o.patches = "fault.rsf_twice";
+  o.quiet = true;
+  EXPECT_EQ(plumb::tools::verify_golden(o), 1);
+}
+
+std::vector<int32_t> prompt(int n, int vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t((i * 7919 + 13) % vocab);
+  return t;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
+  double worst = 0, scale = 1;
+  for (float v : b) scale = std::max(scale, double(std::fabs(v)));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(double(a[i]) - b[i]) / scale;
+    if (e > worst || std::isnan(e)) worst = std::isnan(e) ? INFINITY : e, *where = i;
+  }
+  return worst;
+}
+
+// GPU vs CPU on the bundled model: 300 tokens (window 64 filled many times over, compressed entries in the CSA/HCA
+// layers, the indexer selecting), prefill in chunks of 97 then 20 decode steps: every logit of every token.
+TEST_F(GpuTest, BundledModelMatchesCpuFreeRunning) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/../../models/tiny";
+  auto cpu = plumb::Model::load(dir);
+  auto gpu = plumb::Model::load(dir, {}, {}, "cuda");
+  const auto toks = prompt(320, cpu->config().vocab);
+  auto sc = cpu->new_state(), sg = gpu->new_state();
+  size_t pos = 0;
+  double worst = 0;
+  while (pos < toks.size()) {
+    const size_t step = pos < 300 ? std::min<size_t>(97, 300 - pos) : 1;
+    std::span<const int32_t> chunk(toks.data() + pos, step);
+    const auto lc = cpu->forward(sc, chunk), lg = gpu->forward(sg, chunk);
+    size_t where = 0;
+    const double e = max_rel(lg.data, lc.data, &where);
+    EXPECT_LT(e, 1e-4) << "chunk at " << pos << ": logit " << where << " gpu " << lg.data[where] << " cpu " << lc.data[where];
+    worst = std::max(worst, e);
+    pos += step;
+  }
+  std::printf("bundled model, 320 tokens, GPU vs CPU logits: worst error %.3g of max(1, max|cpu|)\n", worst);
+}
+
+// Any chunking gives the same logits on the GPU (caches resident on the device across calls).
+TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
+  auto gpu = plumb::Model::load(dir, {}, {}, "cuda");
+  const auto toks = prompt(150, gpu->config().vocab);
+  auto one = gpu->new_state();
+  const auto all = gpu->forward(one, toks);
+  const int64_t V = gpu->config().vocab;
+  for (size_t chunk : {1, 5, 64}) {
+    auto st = gpu->new_state();
+    std::vector<float> got;
+    for (size_t p = 0; p < toks.size(); p += chunk) {
+      const auto l = gpu->forward(st, std::span<const int32_t>(toks.data() + p, std::min(chunk, toks.size() - p)));
+      got.insert(got.end(), l.data.begin(), l.data.end());
+    }
+    ASSERT_EQ(got.size(), size_t(int64_t(toks.size()) * V));
+    size_t where = 0;
+    EXPECT_LT(max_rel(got, all.data, &where), 1e-5) << "chunk " << chunk << " at logit " << where;
+  }
+}
+
+TEST_F(GpuTest, EngineApiRunsOnCuda) {
+  plumb::EngineOptions o;
+  o.backend = "cuda";
+  const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
+  auto s = engine->new_session();
+  const auto toks = prompt(12, engine->info().vocab_size);
+  const auto l = s->forward(toks);
+  EXPECT_EQ(int(l.size()), engine->info().vocab_size);
+  EXPECT_EQ(s->position(), 12);
+  for (float v : l) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(CudaBackend, UnsupportedPatchIsRefusedByName) {
+  std::string why;
+  if (!plumb::cuda::available(&why)) GTEST_SKIP() << why;
+  try {
+    plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny", plumb::ModelOptions{.official = true}, {}, "cuda");
+    FAIL() << "numerics.official on cuda was accepted";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("numerics.official"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
