@@ -14,7 +14,7 @@ namespace {
 
 // Appends this chunk's compressor rows to the pending ones and emits every completed window as an entry
 // (pooled, RMS-normed, rotated at position entry * m). Returns the number emitted.
-int64_t compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const float* x, int n, GpuCompState& st) {
+int64_t compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const float* x, int n, GpuCompState& st, Scratch& sc) {
   const int64_t m = w.rate, c = w.dim, width = w.overlap ? 2 * c : c;
   const size_t row_bytes = size_t(width) * 4;
   grow_keep(st.pend_kv, size_t(st.pending + n) * row_bytes, size_t(st.pending) * row_bytes);
@@ -22,8 +22,8 @@ int64_t compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const
   float* pkv = st.pend_kv.as<float>();
   float* pg = st.pend_gate.as<float>();
   const int64_t D = w.wkv.d.cols;
-  fwd_linear(w.wkv.d, x, n, D, 0, width, pkv + st.pending * width, width, nullptr);
-  fwd_linear(w.wgate.d, x, n, D, 0, width, pg + st.pending * width, width, nullptr);
+  linear(w.wkv, x, n, D, pkv + st.pending * width, width, sc);
+  linear(w.wgate, x, n, D, pg + st.pending * width, width, sc);
   const int64_t total = st.pending + n, nw = total / m;
   if (nw > 0) {
     grow_keep(st.entries, size_t(st.n_entries + nw) * size_t(c) * 4, size_t(st.n_entries) * size_t(c) * 4);
@@ -69,17 +69,17 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
 
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
   float* qr = sc.f("attn.qr", n * QL);
-  fwd_linear(w.wq_a.d, x, n, D, 0, QL, qr, QL, nullptr);
+  linear(w.wq_a, x, n, D, qr, QL, sc);
   fwd_rms_norm(qr, n, QL, QL, f32(w.q_norm), c.rms_eps, nullptr);
   float* q = sc.f("attn.q", n * H * Dh);
-  fwd_linear(w.wq_b.d, qr, n, QL, 0, H * Dh, q, H * Dh, nullptr);
+  linear(w.wq_b, qr, n, QL, q, H * Dh, sc);
   fwd_rms_norm(q, n * H, Dh, Dh, nullptr, c.rms_eps, nullptr);
   rope.apply(q, n * H, Dh, Dh - rd, pos0, H, 1, false);
   tap_put(tap, "attn.q", q, {n, H, Dh});
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims.
   float* kv = sc.f("attn.kv", n * Dh);
-  fwd_linear(w.wkv.d, x, n, D, 0, Dh, kv, Dh, nullptr);
+  linear(w.wkv, x, n, D, kv, Dh, sc);
   fwd_rms_norm(kv, n, Dh, Dh, f32(w.kv_norm), c.rms_eps, nullptr);
   rope.apply(kv, n, Dh, Dh - rd, pos0, 1, 1, false);
   tap_put(tap, "attn.kv", kv, {n, Dh});
@@ -88,20 +88,20 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
   int64_t max_keys = std::min<int64_t>(W, pos0 + n);
   if (type != AttnType::Sliding) {
-    compressor_step(*w.comp, rope, c.rms_eps, x, n, st.comp);
+    compressor_step(*w.comp, rope, c.rms_eps, x, n, st.comp, sc);
     a.entries = st.comp.entries.as<float>();
     a.ne = st.comp.n_entries;
     a.rate = w.comp->rate;
     if (type == AttnType::HCA) max_keys += a.ne;
   }
   if (type == AttnType::CSA) {
-    compressor_step(*w.icomp, rope, c.rms_eps, x, n, st.icomp);
+    compressor_step(*w.icomp, rope, c.rms_eps, x, n, st.icomp, sc);
     const int64_t nh = c.index_heads, dh = c.index_head_dim, ne = st.icomp.n_entries;
     float* iq = sc.f("attn.index.q", n * nh * dh);
-    fwd_linear(w.iwq_b.d, qr, n, QL, 0, nh * dh, iq, nh * dh, nullptr);
+    linear(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
     rope.apply(iq, n * nh, dh, dh - rd, pos0, nh, 1, false);
     float* hw = sc.f("attn.index.w", n * nh);
-    fwd_linear(w.iweights.d, x, n, D, 0, nh, hw, nh, nullptr);
+    linear(w.iweights, x, n, D, hw, nh, sc);
     IndexArgs ia;
     ia.q = iq;
     ia.keys = st.icomp.entries.as<float>();
@@ -149,8 +149,11 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.
   const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
   float* mid = sc.f("attn.mid", n * G * R);
-  for (int64_t g = 0; g < G; ++g) fwd_linear(w.wo_a.d, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R, nullptr);
-  fwd_linear(w.wo_b.d, mid, n, G * R, 0, D, out, D, nullptr);
+  if (w.wo_a.fp8 && R % 128 == 0)
+    fp8_linear_grouped(*w.wo_a.fp8, int(G), o, cuda::Act::F32, n, mid, sc.ws);
+  else
+    for (int64_t g = 0; g < G; ++g) fwd_linear(w.wo_a.d, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R, nullptr);
+  linear(w.wo_b, mid, n, G * R, out, D, sc);
   tap_io(tap, "attn.out", out, {n, D});
 }
 

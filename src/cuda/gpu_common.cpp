@@ -14,9 +14,22 @@ DeviceBuffer upload_bytes(const void* p, size_t n) {
 }
 }  // namespace
 
-GMat upload_matrix(const Matrix& m) {
+bool fp8_fast_fits(const Matrix& m) {
+  return m.layout() == Matrix::Layout::FP8Block && m.rows() % 16 == 0 && m.cols() % 128 == 0;
+}
+
+GMat upload_matrix(const Matrix& m, bool fp8_fast) {
   GMat g;
   const TensorView& v = m.values();
+  if (fp8_fast && fp8_fast_fits(m)) {
+    const TensorView* s = m.scales();
+    g.fp8 = std::make_shared<Fp8Matrix>(upload_fp8(v.data, s->data, s->dtype == DType::F32, m.rows(), m.cols()));
+    g.d.w = g.fp8->codes.get();
+    g.d.s = g.fp8->scales.get();
+    g.d.rows = m.rows(), g.d.cols = m.cols(), g.d.s_cols = g.fp8->scale_cols();
+    g.d.layout = 1, g.d.s_f32 = g.fp8->scale_f32;
+    return g;
+  }
   g.w = upload_bytes(v.data, v.nbytes);
   g.d.w = g.w.get();
   g.d.rows = m.rows();
@@ -52,6 +65,11 @@ GpuRope upload_rope(const ops::Rope& r) {
 
 void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, int64_t pos0, int64_t per_pos, int64_t step, bool inverse) const {
   detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, pos0, per_pos, step, inverse ? 1 : 0, nullptr);
+}
+
+void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
+  if (w.fp8) return fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.ws);
+  detail::fwd_linear(w.d, x, n, ldx, 0, w.d.rows, y, ldy, nullptr);
 }
 
 void* Scratch::get(const std::string& name, size_t bytes) {

@@ -13,11 +13,15 @@
 namespace plumb::cuda {
 
 // A weight matrix on the device exactly as the checkpoint stores it (FP8 / packed FP4 codes, scales, or plain).
+// With `fp8_fast` (patch cuda.fp8_gemv) an FP8 matrix whose shape the W8A16 kernels take is held as an Fp8Matrix
+// (the same bytes) and `d` points into it, so both paths read one copy.
 struct GMat {
   DeviceBuffer w, s;
   detail::DMat d;
+  std::shared_ptr<Fp8Matrix> fp8;
 };
-GMat upload_matrix(const Matrix& m);
+GMat upload_matrix(const Matrix& m, bool fp8_fast = false);
+bool fp8_fast_fits(const Matrix& m);  // FP8, rows % 16 == 0, cols % 128 == 0
 DeviceBuffer upload_tensor(const Tensor& t);  // fp32
 inline const float* f32(const DeviceBuffer& b) { return b.as<float>(); }
 
@@ -55,6 +59,8 @@ struct GpuMoe {
   GpuExperts routed;
   std::unique_ptr<GMat> s1, s2, s3;  // the shared expert
   DeviceBuffer shared_desc;          // detail::DMat[3]: s1, s2, s3
+  std::unique_ptr<MoeExperts> fp4;   // cuda.moe_mxfp4: the routed experts in the decode layout (instead of `routed`)
+  std::unique_ptr<Fp8Expert> sfp8;   // cuda.fp8_gemv: the shared expert for the fused kernel (instead of s1..s3)
 };
 struct GpuLayer {
   DeviceBuffer attn_norm, ffn_norm;
@@ -71,14 +77,20 @@ struct GpuWeights {
 };
 
 // Growable named device scratch: a name keeps its buffer across calls, growing (contents dropped) on demand.
+// Also the workspace of the fast kernels (split-K partials, f16 activations).
 class Scratch {
  public:
+  Workspace ws;
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 
  private:
   std::map<std::string, DeviceBuffer> bufs_;
 };
+
+// y[t * ldy + r] = W x[t * ldx], all rows: the W8A16 kernel when the matrix has one (cuda.fp8_gemv), else the
+// fp32 twin.
+void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc);
 
 // Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized).
 void grow_keep(DeviceBuffer& b, size_t bytes, size_t keep);

@@ -15,10 +15,10 @@ using namespace detail;
 
 GpuHc upload_hc(const HyperConnWeights& h) { return {upload_tensor(h.fn), upload_tensor(h.base), upload_tensor(h.scale)}; }
 
-std::unique_ptr<GpuComp> upload_comp(const CompressorWeights& c) {
+std::unique_ptr<GpuComp> upload_comp(const CompressorWeights& c, bool fp8) {
   auto g = std::make_unique<GpuComp>();
-  g->wkv = upload_matrix(c.wkv);
-  g->wgate = upload_matrix(c.wgate);
+  g->wkv = upload_matrix(c.wkv, fp8);
+  g->wgate = upload_matrix(c.wgate, fp8);
   g->ape = upload_tensor(c.ape);
   g->norm = upload_tensor(c.norm);
   g->rate = c.rate, g->dim = c.dim, g->overlap = c.overlap;
@@ -38,6 +38,14 @@ GpuExperts upload_routed(const std::vector<ExpertWeights>& ex) {
   return g;
 }
 
+// The W4A16 routed-expert kernels take FP4 experts whose dims are multiples of 128 (rows also of 16).
+bool fp4_fits(const MoeWeights& M) {
+  for (const auto& e : M.experts)
+    for (const Matrix* m : {&e.w1, &e.w2, &e.w3})
+      if (m->layout() != Matrix::Layout::FP4Group || m->rows() % 128 || m->cols() % 128) return false;
+  return !M.experts.empty();
+}
+
 // Options the CUDA forward implements: the fp32 reference numerics, both routed-scaling placements, the weight
 // before W2, and every built-in fault (so the toolkit's selftest runs here too). The others say so.
 void check_options(const ModelOptions& o) {
@@ -49,6 +57,14 @@ void check_options(const ModelOptions& o) {
   refuse(o.mhc_bf16_mix, "mhc.bf16_mix");
   refuse(o.router_bf16, "router.bf16");
 }
+
+// Where the requested fast kernels apply (they fall back to the fp32 twin elsewhere): said once at load.
+struct FastCount {
+  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0;
+  void mat(const GMat& g, const Matrix& m) {
+    if (m.layout() == Matrix::Layout::FP8Block) ++fp8_of, fp8 += g.fp8 != nullptr;
+  }
+};
 
 class GpuForward : public DeviceForward {
  public:
@@ -65,6 +81,13 @@ class GpuForward : public DeviceForward {
     g_.hc_head = upload_hc(w.hc_head);
     g_.rope_main = upload_rope(m.rope_main());
     g_.rope_compress = upload_rope(m.rope_compress());
+    const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
+    FastCount fc;
+    auto mat = [&](const Matrix& m) {
+      GMat g = upload_matrix(m, fp8);
+      fc.mat(g, m);
+      return g;
+    };
     for (const auto& L : w.layers) {
       GpuLayer gl;
       gl.attn_norm = upload_tensor(L.attn_norm);
@@ -72,18 +95,18 @@ class GpuForward : public DeviceForward {
       gl.hc_attn = upload_hc(L.hc_attn);
       gl.hc_ffn = upload_hc(L.hc_ffn);
       const auto& a = L.attn;
-      gl.attn.wq_a = upload_matrix(a.wq_a);
-      gl.attn.wq_b = upload_matrix(a.wq_b);
-      gl.attn.wkv = upload_matrix(a.wkv);
-      gl.attn.wo_a = upload_matrix(a.wo_a);
-      gl.attn.wo_b = upload_matrix(a.wo_b);
+      gl.attn.wq_a = mat(a.wq_a);
+      gl.attn.wq_b = mat(a.wq_b);
+      gl.attn.wkv = mat(a.wkv);
+      gl.attn.wo_a = mat(a.wo_a);
+      gl.attn.wo_b = mat(a.wo_b);
       gl.attn.q_norm = upload_tensor(a.q_norm);
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
       gl.attn.sink = upload_tensor(a.sink);
-      if (a.comp) gl.attn.comp = upload_comp(*a.comp);
+      if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8);
       if (a.indexer) {
-        gl.attn.icomp = upload_comp(a.indexer->comp);
-        gl.attn.iwq_b = upload_matrix(a.indexer->wq_b);
+        gl.attn.icomp = upload_comp(a.indexer->comp, fp8);
+        gl.attn.iwq_b = mat(a.indexer->wq_b);
         gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
       }
       const auto& M = L.moe;
@@ -93,8 +116,18 @@ class GpuForward : public DeviceForward {
         std::vector<int32_t> t(M.tid2eid.data.begin(), M.tid2eid.data.end());  // validated against E at load
         gl.moe.tid2eid = to_device(t);
       }
-      gl.moe.routed = upload_routed(M.experts);
-      if (M.shared) {
+      ++fc.fp4_of;
+      if (fp4 && fp4_fits(M)) {
+        gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M));
+        ++fc.fp4;
+      } else {
+        gl.moe.routed = upload_routed(M.experts);
+      }
+      const auto& S = M.shared;
+      if (S && fp8 && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
+        gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
+        fc.fp8 += 3, fc.fp8_of += 3;
+      } else if (M.shared) {
         gl.moe.s1 = std::make_unique<GMat>(upload_matrix(M.shared->w1));
         gl.moe.s2 = std::make_unique<GMat>(upload_matrix(M.shared->w2));
         gl.moe.s3 = std::make_unique<GMat>(upload_matrix(M.shared->w3));
@@ -103,6 +136,12 @@ class GpuForward : public DeviceForward {
       g_.layers.push_back(std::move(gl));
     }
     synchronize();
+    if (fp8)
+      fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices (the others: shapes the kernel does not take)\n",
+                 fc.fp8, fc.fp8_of);
+    if (fp4)
+      fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers (the others: not FP4 with "
+                 "dims multiple of 128)\n", fc.fp4, fc.fp4_of);
   }
 
   std::shared_ptr<DeviceSessionState> new_state() const override {

@@ -108,15 +108,26 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const bool before = m.opt.weight_before_down;  // the official order: weight applied before W2
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
-  expert_ffn(m, m.w.routed.d1.as<DMat>(), m.w.routed.d2.as<DMat>(), m.w.routed.d3.as<DMat>(), r.idx, slots, r.K, I, limit,
-             before ? r.weight : nullptr, ys);
-  fwd_moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), out, nullptr);
+  if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state
+    auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(slots) * size_t(I) * 2));
+    moe_gate_up(*m.w.fp4, r.idx, r.n, r.K, m.x, cuda::Act::F32, limit, before ? r.weight : nullptr, h16, nullptr, m.sc.ws);
+    moe_down(*m.w.fp4, r.idx, r.n, r.K, h16, nullptr, ys, m.sc.ws);
+    moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), nullptr, out);
+  } else {
+    expert_ffn(m, m.w.routed.d1.as<DMat>(), m.w.routed.d2.as<DMat>(), m.w.routed.d3.as<DMat>(), r.idx, slots, r.K, I, limit,
+               before ? r.weight : nullptr, ys);
+    fwd_moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), out, nullptr);
+  }
   tap_io(m.tap, "ffn.routed", out, {r.n, D});
-  if (m.w.s1) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
-    const int64_t Is = m.w.s1->d.rows;
+  if (m.w.s1 || m.w.sfp8) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
     float* shared = m.sc.f("moe.shared", r.n * D);
-    const DMat* ds = m.w.shared_desc.as<DMat>();
-    expert_ffn(m, ds, ds + 1, ds + 2, nullptr, r.n, 1, Is, limit, nullptr, shared);
+    if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
+      auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(r.n) * size_t(m.w.sfp8->w1.rows) * 2));
+      fp8_expert_ffn(*m.w.sfp8, m.x, cuda::Act::F32, r.n, limit, h16, shared, m.sc.ws);
+    } else {
+      expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, r.n, 1,
+                 m.w.s1->d.rows, limit, nullptr, shared);
+    }
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
     fwd_add(out, shared, r.n * D, nullptr);
   }

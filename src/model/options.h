@@ -13,6 +13,8 @@ struct ModelOptions {
   bool official = false;            // numerics.official: DeepSeek's inference code rounding (bf16, FP8/FP4 sim)
   bool official_initial = false;    // numerics.official_initial: its release-day revision (no FP8 KV rounding,
                                     // shared expert without the SwiGLU clamp)
+  bool cuda_fp8_gemv = false;       // cuda.fp8_gemv: W8A16 tensor-core kernels for FP8 projections (backend cuda)
+  bool cuda_moe_mxfp4 = false;      // cuda.moe_mxfp4: W4A16 tensor-core routed experts (backend cuda)
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
   bool fault_rsf_twice = false;

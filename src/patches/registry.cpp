@@ -42,6 +42,25 @@ std::vector<Patch> make_registry() {
                // Measured worst error 5.4e-3 (tiny) / 4.6e-3 (tiny-official) of max(1, max|ref|), on gate.logits.
                // A selection flip moves ffn.* by O(1) and fails this patch: that is a real accuracy risk.
                {2e-2, 3e-2, 2e-2}, false, [](ModelOptions& o) { o.router_bf16 = true; }});
+  // --- CUDA kernels (backend cuda only): the fast paths, each against the GPU's fp32 twin of the reference ---
+  r.push_back({"cuda.fp8_gemv", "linear on FP8 block-scaled weights (fp32 twin, fp64 accumulation)",
+               "W8A16 tensor-core GEMV/GEMM: E4M3 weights converted to f16 in registers (exact), activations rounded "
+               "to f16, fp32 accumulation, 128x128 block scales on the fp32 partial sums; the shared expert's gate/up "
+               "+ SwiGLU fused; used where rows % 16 == 0 and cols % 128 == 0",
+               "an f16 activation overflows above 65504 (RMS-normed inputs stay far below); a wrong block-scale index "
+               "shows as a 2^k error on whole 128-blocks",
+               // f16 rounding of the input (2^-11 relative) dominates: measured 7.9e-4 normalized vs the fp32
+               // reference on V4-Flash shapes (tests/cuda). 1e-2 leaves margin for a layer's sum of such terms.
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_fp8_gemv = true; }, false, "cuda"});
+  r.push_back({"cuda.moe_mxfp4", "routed experts: fp32 SwiGLU experts on dequantized FP4",
+               "MXFP4 routed experts (W4A16): packed E2M1 kept 4-bit in memory, converted in registers, f16 tensor "
+               "cores with fp32 accumulation, each active expert's weights read once per launch for all its tokens; "
+               "SwiGLU clamps fused; used where every expert is FP4 with dims multiple of 128",
+               "a wrong nibble order or scale group silently corrupts every expert; the f16 hidden state between W1/W3 "
+               "and W2 must not overflow (bounded by the SwiGLU clamp)",
+               // Measured 7.9e-4 normalized vs the fp32 reference (tests/cuda, V4-Flash shapes), 4.0e-4 for the
+               // whole routed MoE.
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_moe_mxfp4 = true; }, false, "cuda"});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",

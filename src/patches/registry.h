@@ -26,6 +26,8 @@ struct Patch {
   // A numerics mode changes what "the reference" computes: it is verified against goldens produced by the code
   // it reproduces (DeepSeek's official inference code), and against other goldens only reported (plumb kld).
   bool numerics_mode = false;
+  // Set for a kernel of one backend ("cuda"): refused on the others, with a message naming it.
+  std::string backend;
 };
 
 const std::vector<Patch>& patch_registry();
