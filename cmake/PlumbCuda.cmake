@@ -36,4 +36,15 @@ target_link_libraries(plumb_cuda PUBLIC CUDA::cudart_static)
 
 target_compile_definitions(plumb_core PUBLIC PLUMB_WITH_CUDA=1)
 target_link_libraries(plumb_core PUBLIC plumb_cuda)
+
+# cuBLASLt (dense bf16 GEMMs; the bench's bf16 tensor-core rate): optional. A toolkit without it (or
+# -DPLUMB_CUBLASLT=OFF) builds without it, and `plumb bench` says the rate was not measured.
+option(PLUMB_CUBLASLT "Use cuBLASLt when the CUDA toolkit has it" ON)
+if(PLUMB_CUBLASLT AND TARGET CUDA::cublasLt)
+  target_link_libraries(plumb_core PUBLIC CUDA::cublasLt)
+  target_compile_definitions(plumb_core PUBLIC PLUMB_WITH_CUBLASLT=1)
+  message(STATUS "plumb: cuBLASLt ON")
+else()
+  message(STATUS "plumb: cuBLASLt OFF (not found or disabled): bf16 GEMMs and the bench's GEMM rate unavailable")
+endif()
 message(STATUS "plumb: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90a)")

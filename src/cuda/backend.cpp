@@ -405,7 +405,7 @@ void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt,
   a.idx = out.idx, a.weight = out.weight, a.logits = out.logits, a.select = out.select, a.x16 = x16;
   const size_t doubles = size_t(d::router_ksplit(c.D)) * size_t(n) * size_t(c.E);
   a.partial = reinterpret_cast<double*>(ws.partial(2 * doubles));
-  a.counter = ws.counters(1);
+  a.counter = ws.counters(size_t(d::router_counters(n)));
   d::launch_router(a, s);
 }
 

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "cuda/api.h"
+#include "cuda/blas.h"
 #include "cuda/kernels.h"
 #include "formats/numeric.h"
 
@@ -43,6 +44,7 @@ struct Bench {
   BenchOptions o;
   DeviceInfo dev;
   double copy_gbps = 0, read_gbps = 0;
+  GemmRate gemm;  // the measured bf16 tensor-core rate (cuBLASLt)
   DeviceBuffer flush, sink;
   std::vector<Row> rows, tuning;
   nlohmann::json checks = nlohmann::json::array();
@@ -187,6 +189,13 @@ int run_bench(const BenchOptions& opt) {
     fmt::print("measured bandwidth: D2D copy {:.0f} GB/s (read + write, 1 GiB, median of 15), read-only stream {:.0f} GB/s\n",
                B.copy_gbps, B.read_gbps);
   }
+  // ---- measured bf16 tensor-core rate (cuBLASLt, 8192^3, random data) ----
+  if (!B.o.profile) B.gemm = measure_bf16_gemm(8192, 8192, 8192, 3, 15, S);
+  const std::string gemm_line =
+      B.gemm.measured ? fmt::format("bf16 GEMM rate: {:.0f} TFLOP/s (cuBLASLt {}x{}x{}, bf16 in/out, fp32 accumulate, median of {})",
+                                    B.gemm.tflops, B.gemm.m, B.gemm.n, B.gemm.k, B.gemm.iters)
+                      : fmt::format("bf16 GEMM rate: not measured ({})", B.o.profile ? "--profile" : B.gemm.why.c_str());
+  fmt::print("{}\n", gemm_line);
   B.flush = DeviceBuffer(std::max<size_t>(size_t(256) << 20, 4 * B.dev.l2_bytes));
   d::fill(B.flush.get(), B.flush.bytes(), d::kFillBytes, 2, 0, 0);
   // Copies of a small matrix so that the graph's calls stream cold weights: >= 3x L2 in all.
@@ -485,9 +494,9 @@ int run_bench(const BenchOptions& opt) {
   };
   fmt::print("\ntuning sweeps ([best] rows of the main table pick from these)\n");
   print_rows(B.tuning);
-  fmt::print("\nbandwidth reference: D2D copy {:.0f} GB/s, read-only stream {:.0f} GB/s. 'single': one launch after an L2 flush\n"
+  fmt::print("\nbandwidth reference: D2D copy {:.0f} GB/s, read-only stream {:.0f} GB/s; {}.\n'single': one launch after an L2 flush "
              "(launch latency included); 'graph': {} calls captured in a CUDA graph, replayed after an L2 flush, per call.\n",
-             B.copy_gbps, B.read_gbps, Bench::kGraph);
+             B.copy_gbps, B.read_gbps, gemm_line, Bench::kGraph);
   print_rows(B.rows);
   fmt::print("\ntarget (issue 6): MXFP4 routed-expert decode kernel >= 75% of the measured copy bandwidth at batch 1 and 8\n");
   for (const auto& r : B.rows)
@@ -500,6 +509,10 @@ int run_bench(const BenchOptions& opt) {
     j["device"] = {{"name", B.dev.name},   {"sm_count", B.dev.sm_count}, {"l2_bytes", B.dev.l2_bytes},
                    {"mem_bytes", B.dev.mem_bytes}, {"driver", B.dev.driver}, {"runtime", B.dev.runtime}};
     j["bandwidth"] = {{"copy_GBps", B.copy_gbps}, {"read_GBps", B.read_gbps}};
+    j["peak_bf16_tflops"] = B.gemm.measured ? nlohmann::json(B.gemm.tflops) : nlohmann::json(nullptr);
+    j["bf16_gemm"] = {{"measured", B.gemm.measured}, {"tflops", B.gemm.tflops}, {"ms_median", B.gemm.ms_median},
+                      {"ms_min", B.gemm.ms_min}, {"m", B.gemm.m}, {"n", B.gemm.n}, {"k", B.gemm.k}, {"iters", B.gemm.iters},
+                      {"why_not", B.gemm.why}};
     j["settings"] = {{"iters", B.o.iters}, {"warmup", B.o.warmup}, {"flush_l2", B.o.flush_l2}, {"graph_calls", Bench::kGraph}};
     auto dump = [&](const std::vector<Row>& rs) {
       nlohmann::json a = nlohmann::json::array();

@@ -114,9 +114,10 @@ struct RouterArgs {
   float* select = nullptr;
   uint16_t* x16 = nullptr;    // optional: f16 copy of x [n, D] (the activations the expert kernels take)
   double* partial = nullptr;  // [ksplit, n, E]
-  unsigned* counter = nullptr;
+  unsigned* counter = nullptr;  // router_counters(n) zeroed counters (each launch leaves them zero)
 };
 int router_ksplit(int64_t D);  // blocks along D the router uses (partial holds ksplit * n * E doubles)
+int router_counters(int n);    // counters the router uses for n tokens (one per chunk of 8 tokens)
 void launch_router(const RouterArgs& a, Stream s);
 
 }  // namespace plumb::cuda::detail

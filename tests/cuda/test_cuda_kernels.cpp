@@ -10,6 +10,7 @@
 //   routed MoE (end to end) 5e-3  fp16 activations and hidden state against the fp32 reference
 // Every comparison prints where its largest error is (index, both values).
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -374,9 +375,15 @@ struct RouterCase {
   bool renorm;
 };
 
+struct RouterShape {
+  int64_t E = 256, D = 4096, K = 6;
+  Act act = Act::F32;
+  bool ties = false;  // bias on 4 levels and token 3's x zero: many equal selection scores
+};
+
 template <Rsf P>
-void check_router(const RouterCase& rc, int n, Rng& rng) {
-  const int64_t E = 256, D = 4096, K = 6, V = 1000;
+void check_router(const RouterCase& rc, int n, Rng& rng, const RouterShape& shape = {}) {
+  const int64_t E = shape.E, D = shape.D, K = shape.K, V = 1000;
   TempDir dir;
   std::vector<OwnedTensor> ts;
   ts.push_back(bf16_tensor("gate.weight", {E, D}, rng.floats(size_t(E * D), -0.05f, 0.05f)));
@@ -385,6 +392,8 @@ void check_router(const RouterCase& rc, int n, Rng& rng) {
   w.gate = Matrix::bind(ck, "gate.weight", E, D);
   if (rc.type == MlpType::Learned) {
     w.bias = Tensor({E}, rng.floats(size_t(E), -0.05f, 0.05f));
+    if (shape.ties)
+      for (int64_t e = 0; e < E; ++e) w.bias[e] = 0.01f * float(rng.integer(0, 3));
   } else {
     w.tid2eid = IndexTensor({V, K});
     for (int64_t i = 0; i < V * K; ++i) w.tid2eid[i] = rng.integer(0, int(E - 1));
@@ -404,18 +413,20 @@ void check_router(const RouterCase& rc, int n, Rng& rng) {
     }
     for (int64_t k = 0; k < D; ++k) xv[size_t(D + k)] = float(-s[size_t(k)] * 60.0), xv[size_t(2 * D + k)] = float(s[size_t(k)] * 60.0);
   }
+  if (shape.ties && n >= 4) std::fill(xv.begin() + 3 * D, xv.begin() + 4 * D, 0.0f);
   std::vector<int32_t> toks(static_cast<size_t>(n));
   for (auto& t : toks) t = rng.integer(0, int(V - 1));
-  const Acts x = make_acts(Act::F32, xv);
+  const Acts x = make_acts(shape.act, xv);
   cuda::RouterWeights dw = cuda::upload_router(w, E, D);
   cuda::RouterConfig cfg = cuda::router_config(c, rc.type);
   cfg.renorm = rc.renorm;
-  cuda::DeviceBuffer di(size_t(n * K) * 4), dwt(size_t(n * K) * 4), dl(size_t(n * E) * 4), ds(size_t(n * E) * 4);
-  for (auto* b : {&di, &dwt, &dl, &ds}) b->fill_byte(0xFF);
+  cuda::DeviceBuffer di(size_t(n * K) * 4), dwt(size_t(n * K) * 4), dl(size_t(n * E) * 4), ds(size_t(n * E) * 4),
+      dx16(size_t(n * D) * 2);
+  for (auto* b : {&di, &dwt, &dl, &ds, &dx16}) b->fill_byte(0xFF);
   cuda::DeviceBuffer dt = cuda::to_device(toks);
   cuda::Workspace ws;
   const cuda::DeviceRouting<P> out{di.as<int32_t>(), dwt.as<float>(), dl.as<float>(), ds.as<float>(), n, int(K)};
-  cuda::route<P>(dw, cfg, x.dev.get(), Act::F32, n, dt.as<int32_t>(), out, ws);
+  cuda::route<P>(dw, cfg, x.dev.get(), shape.act, n, dt.as<int32_t>(), out, ws, nullptr, dx16.as<uint16_t>());
   cuda::synchronize();
   RouterOptions ro;
   ro.cuda_ties = true;
@@ -424,7 +435,21 @@ void check_router(const RouterCase& rc, int n, Rng& rng) {
   const auto gi = cuda::to_host<int32_t>(di, size_t(n * K));
   const auto gw = cuda::to_host<float>(dwt, size_t(n * K));
   const auto gl = cuda::to_host<float>(dl, size_t(n * E));
-  const std::string tag = std::string("router [") + rc.name + (P == Rsf::Folded ? ", folded" : ", unfolded") + "] n=" + std::to_string(n);
+  const std::string tag = std::string("router [") + rc.name + (P == Rsf::Folded ? ", folded" : ", unfolded") + "] n=" + std::to_string(n) +
+                          " E=" + std::to_string(E) + " D=" + std::to_string(D) + " K=" + std::to_string(K) +
+                          (shape.act == Act::BF16 ? " x bf16" : shape.act == Act::F16 ? " x f16" : "");
+  // The f16 copy of x (every element written, f16(x) exactly).
+  expect_close(tag + " x16", f16_to_float(cuda::to_host<uint16_t>(dx16, size_t(n * D))), x.f16, D, 0.0);
+  {  // Deterministic: a second launch gives the same bits.
+    cuda::DeviceBuffer di2(size_t(n * K) * 4), dwt2(size_t(n * K) * 4), dl2(size_t(n * E) * 4), ds2(size_t(n * E) * 4);
+    const cuda::DeviceRouting<P> out2{di2.as<int32_t>(), dwt2.as<float>(), dl2.as<float>(), ds2.as<float>(), n, int(K)};
+    cuda::route<P>(dw, cfg, x.dev.get(), shape.act, n, dt.as<int32_t>(), out2, ws);
+    cuda::synchronize();
+    EXPECT_TRUE(cuda::to_host<int32_t>(di2, size_t(n * K)) == gi) << tag << ": indices differ between two launches";
+    const auto gl2 = cuda::to_host<float>(dl2, size_t(n * E)), gw2 = cuda::to_host<float>(dwt2, size_t(n * K));
+    EXPECT_EQ(0, std::memcmp(gl2.data(), gl.data(), gl.size() * 4)) << tag << ": logits differ between two launches";
+    EXPECT_EQ(0, std::memcmp(gw2.data(), gw.data(), gw.size() * 4)) << tag << ": weights differ between two launches";
+  }
   expect_close(tag + " logits", gl, ref.logits.data, E, 1e-6);
   if (rc.type == MlpType::Learned) expect_close(tag + " selection scores", cuda::to_host<float>(ds, size_t(n * E)), ref.select.data, E, 1e-5);
   int flips = 0;
@@ -461,6 +486,23 @@ TEST_F(CudaRouter, MatchesReference) {
       check_router<Rsf::Folded>(rc, n, rng);
       if (rc.score == ScoreFunc::SqrtSoftplus) check_router<Rsf::Unfolded>(rc, n, rng);
     }
+}
+
+// Other token counts (every kernel instantiation, several chunks of 8 tokens), activation types and shapes
+// (other splits of D, fewer experts, more choices, ties in the selection scores).
+TEST_F(CudaRouter, MatchesReferenceOtherShapes) {
+  Rng rng(11);
+  const RouterCase learned{"learned sqrtsoftplus", ScoreFunc::SqrtSoftplus, MlpType::Learned, true};
+  const RouterCase hash{"hash sqrtsoftplus", ScoreFunc::SqrtSoftplus, MlpType::Hash, true};
+  for (int n : {2, 5, 12, 17, 40}) check_router<Rsf::Folded>(learned, n, rng);
+  check_router<Rsf::Folded>(hash, 19, rng);
+  for (Act act : {Act::BF16, Act::F16})
+    for (int n : {1, 8}) check_router<Rsf::Folded>(learned, n, rng, {256, 4096, 6, act});
+  check_router<Rsf::Folded>(learned, 4, rng, {64, 1024, 8, Act::F32});
+  check_router<Rsf::Folded>(learned, 9, rng, {512, 2048, 16, Act::BF16});
+  check_router<Rsf::Unfolded>(learned, 3, rng, {32, 128, 4, Act::F32});
+  check_router<Rsf::Folded>(learned, 6, rng, {256, 7168, 8, Act::BF16});
+  check_router<Rsf::Folded>(learned, 8, rng, {256, 4096, 6, Act::F32, true});
 }
 
 // ---- the routed MoE end to end, under the routed-scaling contract ----

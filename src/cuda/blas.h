@@ -1,0 +1,30 @@
+// cuBLASLt on the device (src/cuda/blas.cpp): dense bf16 GEMMs, and the bench's measurement of the device's
+// bf16 tensor-core rate. Optional: a build whose CUDA toolkit has no cuBLASLt (CMake finds no CUDA::cublasLt)
+// compiles without it; then have_cublaslt() is false, the GEMM throws and the measurement says why.
+// Plain C++ (no CUDA headers).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "cuda/api.h"
+
+namespace plumb::cuda {
+
+bool have_cublaslt();  // built with cuBLASLt
+
+// D[m, n] (row-major, fp32 if d_f32 else bf16) = A[m, k] (row-major bf16) . B[n, k]^T (row-major bf16), fp32
+// accumulation (cuBLASLt's CUBLAS_COMPUTE_32F; the "TN" layout). Throws plumb::Error without cuBLASLt or on a
+// cuBLASLt error.
+void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s = nullptr);
+
+// The device's bf16 tensor-core rate: an m x n x k bf16 GEMM (random inputs, bf16 out, fp32 accumulate), the
+// median of `iters` timed runs after `warmup` untimed ones.
+struct GemmRate {
+  bool measured = false;
+  double tflops = 0, ms_median = 0, ms_min = 0;
+  int m = 0, n = 0, k = 0, iters = 0;
+  std::string why;  // when not measured
+};
+GemmRate measure_bf16_gemm(int m, int n, int k, int warmup, int iters, Stream s = nullptr);
+
+}  // namespace plumb::cuda
