@@ -8,9 +8,12 @@
 // expert, a group) and its grid depth an optional split of K across blocks (dense only, reduced in a fixed order
 // by the last block to finish). Up to 8 tokens ride in the MMA's N dimension; more go in passes.
 //
-// MoE decode: the grid's row is a (token, choice) slot; a block whose slot is not the first to name its expert
-// exits at once, the first one gathers every slot that chose the expert, so each active expert's weights stream
-// from memory once per launch, for all the tokens that chose it.
+// MoE FP4 decode has two kernels: this file's per-tile kernel (below) and the streaming kernel (gemv_fp4s.cuh:
+// persistent warps, cp.async rings in shared memory); launch_gemv picks one (GemvArgs::fp4_kernel).
+//
+// MoE decode (per-tile kernel): the grid's row is a (token, choice) slot; a block whose slot is not the first to
+// name its expert exits at once, the first one gathers every slot that chose the expert, so each active expert's
+// weights stream from memory once per launch, for all the tokens that chose it.
 //
 // Fragment mapping (PTX mma.m16n8k16 f16): lane (g = lane/4, t = lane%4) holds A rows g and g+8 at k-slots
 // {2t, 2t+1, 2t+8, 2t+9} and B column g at the same k-slots. Any assignment of real K indices to k-slots that
@@ -312,6 +315,8 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
   }
 }
 
+#include "cuda/gemv_fp4s.cuh"
+
 template <int FMT, int NMAT, int EPI, int MODE, class OT>
 void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
@@ -342,6 +347,19 @@ void launch_gemv(const GemvArgs& a, Stream s) {
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
     throw_arg("gemv: split-K across blocks needs dense mode, n <= 8 and a workspace");
   if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");
+  // FP4 MoE, fp4_kernel 0 (auto): gate/up for <= 8 slots (decode at batch 1) runs the per-tile kernel with 2 warps
+  // per block (49% of copy against the streaming kernel's 46% on an H200, bench/fp4_lab); everything else the
+  // streaming kernel where the shape allows.
+  if (a.fmt == kFp4 && a.mode == kMoe && a.fp4_kernel == 0 && a.nmat == 2 && a.epi == kSwiglu && a.n * a.topk <= 8) {
+    GemvArgs b = a;
+    b.warps = 2, b.minblocks = 1;
+    return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
+  }
+  if (fp4s::stream_ok(a)) {
+    if (a.nmat == 2 && a.epi == kSwiglu)
+      return a.out_half ? fp4s::launch_stream<2, kSwiglu, __half>(a, s) : fp4s::launch_stream<2, kSwiglu, float>(a, s);
+    if (a.nmat == 1 && a.epi == kStore && !a.out_half) return fp4s::launch_stream<1, kStore, float>(a, s);
+  }
   if (a.fmt == kFp4 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kMoe)
     return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
   if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half)

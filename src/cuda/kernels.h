@@ -88,6 +88,15 @@ struct GemvArgs {
   int kblocks = 1;
   int warps = 8;                 // warps per block (split K inside the block), 1..8
   int minblocks = 1;             // register budget: 1 (<= 255 per thread) or 3 (<= 85, more warps resident)
+  // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
+  int fp4_kernel = 0;  // 0 auto: gate/up with n * topk <= 8 per-tile with 2 warps per block, else as 2;
+                       // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
+                       // n * topk <= 256, 16-byte aligned weights and scale rows), else per-tile
+  int fp4_warps = 0;   // streaming: warps per CTA, 1..8 (0: default)
+  int fp4_depth = 0;   // streaming: stages (512 columns each) in flight per warp, 2, 3, 4 or 6 (0: default)
+  int fp4_ctas = 0;    // streaming: cap on CTAs per SM (0: as many as fit)
+  int pdl = -1;        // streaming: programmatic dependent launch (the kernel waits in-kernel, before any memory access,
+                       // for the previous kernel of the stream): -1 default (on for down, off for gate/up), 0 off, 1 on
 };
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).

@@ -1,0 +1,318 @@
+// MXFP4 routed-expert decode, streaming version (included by gemv.cu; see the header comment there for the
+// fragment mapping, which is the same). What differs from the per-tile kernel:
+//
+// * Persistent warps. The grid is one wave (CTAs of `warps` warps, as many per SM as fit); each warp walks its own
+//   list of work items (expert pass, 16-row tile) over the full K, items gw, gw + GW, ... (GW warps in all), and
+//   writes its outputs itself: no block-wide reduction, no barrier after the prologue.
+// * Bytes in flight do not live in registers. Each warp owns a ring of DEPTH stages in shared memory; a stage is
+//   512 columns of its 16 rows (per matrix): the codes (256 B per row) and their E8M0 scales (16 B per row). Each
+//   lane copies (cp.async, 16 B, one commit group per stage) exactly the code fragments it will read itself, to
+//   `fragment order` (for each matrix, chunk and row half, the warp's 32 fragments are 512 contiguous bytes:
+//   conflict-free writes and reads); lanes t = 0..3 of row group g copy the scale rows. The ring runs across item
+//   boundaries, so it drains only once, at the end. (A first version copied whole rows with cp.async.bulk, one per
+//   lane: cp.async.bulk takes uniform operands, so 32 per-lane copies serialize; it ran at 20-36% of copy.)
+// * Activations are read through L1 (__ldg), one 128-column chunk ahead of their use.
+// Numerics are the per-tile kernel's: the same decode (E2M1 -> E4M3 -> f16, exact), the same mma.m16n8k16 (f16 in,
+// fp32 accumulate), two MMAs per 32-wide scale group whose fp32 partial sum the E8M0 scale multiplies, the same
+// epilogue (SwiGLU with the clamp, pre_weight, f16 or fp32 out).
+#pragma once
+
+namespace fp4s {
+
+constexpr int kMaxSlots = 256;  // n * topk handled by this kernel (more: the per-tile kernel)
+constexpr int kMaxWarpsS = 8;
+constexpr int kMaxDepth = 6;
+
+template <int NMAT>
+__host__ __device__ constexpr int stage_bytes() {
+  return NMAT * (4096 + 256);  // codes [q][chunk 4][half 2][lane 32] x 16 B, scales [q][half 2][g 8] x 16 B
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Work entries (expert, first position in the sorted slot list, tokens <= 8) packed in 32 bits.
+__device__ __forceinline__ int ent_pack(int e, int s0, int m) { return e | (s0 << 16) | ((m - 1) << 25); }
+
+template <int NMAT, int EPI, class OT, int DEPTH>
+__global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const GemvArgs a) {
+  extern __shared__ __align__(128) uint8_t dsm[];
+  __shared__ int ent_s[kMaxSlots];
+  __shared__ short sorted_s[kMaxSlots];
+  __shared__ int nent_s;
+
+  const int warps = int(blockDim.x >> 5), nthr = int(blockDim.x), tid = int(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int nslots = a.n * a.topk;
+
+  if (a.pdl > 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // nothing is read or written before it
+
+  // ---- prologue: group the slots by expert (deterministic: slot order), passes of <= 8 tokens ----
+  {
+    int* idx_t = reinterpret_cast<int*>(dsm);  // scratch in the ring area, dead before the first copy
+    int* rank_t = idx_t + kMaxSlots;
+    int* first_t = rank_t + kMaxSlots;
+    int* npass_t = first_t + kMaxSlots;
+    int* ncnt_t = npass_t + kMaxSlots;
+    int* pbase_t = ncnt_t + kMaxSlots;
+    int* cbase_t = pbase_t + kMaxSlots;
+    for (int s = tid; s < nslots; s += nthr) idx_t[s] = a.idx[s];
+    __syncthreads();
+    for (int s = tid; s < nslots; s += nthr) {
+      const int e = idx_t[s];
+      int rank = 0, cnt = 0, first = s;
+      for (int s2 = 0; s2 < nslots; ++s2)
+        if (idx_t[s2] == e) {
+          cnt++;
+          if (s2 < s) rank++, first = min(first, s2);
+        }
+      const bool ok = e >= 0 && e < a.problems && rank == 0;
+      rank_t[s] = rank, first_t[s] = first;
+      npass_t[s] = ok ? (cnt + 7) / 8 : 0;
+      ncnt_t[s] = ok ? cnt : 0;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int run_p = 0, run_c = 0;
+      for (int base = 0; base < nslots; base += 32) {
+        const int s = base + lane;
+        const int p = s < nslots ? npass_t[s] : 0, c = s < nslots ? ncnt_t[s] : 0;
+        int ip = p, ic = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int tp = __shfl_up_sync(0xFFFFFFFFu, ip, o), tc = __shfl_up_sync(0xFFFFFFFFu, ic, o);
+          if (lane >= o) ip += tp, ic += tc;
+        }
+        if (s < nslots) pbase_t[s] = run_p + ip - p, cbase_t[s] = run_c + ic - c;
+        run_p += __shfl_sync(0xFFFFFFFFu, ip, 31);
+        run_c += __shfl_sync(0xFFFFFFFFu, ic, 31);
+      }
+      if (lane == 0) nent_s = run_p;
+    }
+    __syncthreads();
+    for (int s = tid; s < nslots; s += nthr) {
+      const int e = idx_t[s];
+      if (e < 0 || e >= a.problems) continue;
+      const int f = first_t[s];
+      sorted_s[cbase_t[f] + rank_t[s]] = short(s);
+      if (rank_t[s] == 0) {
+        const int cnt = ncnt_t[s];
+        for (int p = 0; p < npass_t[s]; ++p) ent_s[pbase_t[s] + p] = ent_pack(e, cbase_t[s] + 8 * p, min(8, cnt - 8 * p));
+      }
+    }
+    __syncthreads();
+  }
+  if (a.pdl > 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+  const int tiles = int(a.rows / 16);
+  const int nitems = nent_s * tiles;
+  const int gw = int(blockIdx.x) * warps + warp, GW = int(gridDim.x) * warps;
+  const int P = int(a.cols / 512);  // stages per item
+  const int nmine = gw < nitems ? (nitems - 1 - gw) / GW + 1 : 0;
+  const int total = nmine * P;
+  constexpr int SB = stage_bytes<NMAT>();
+  uint8_t* ring = dsm + size_t(warp) * DEPTH * SB;
+  const int64_t row_bytes = a.cols / 2;
+
+  // Producer state: the next position to issue, as (item, stage).
+  int iss_item = gw, iss_st = 0;
+  auto issue = [&](int slot) {
+    const int ent = ent_s[iss_item / tiles], tile = iss_item % tiles;
+    const int e = ent & 0xFFFF;
+    const uint32_t buf = smem_u32(ring + slot * SB);
+#pragma unroll
+    for (int q = 0; q < NMAT; ++q) {
+      const uint8_t* w = (q ? a.w[NMAT - 1] : a.w[0]) + int64_t(e) * a.w_prob_stride + int64_t(iss_st) * 256 + t * 16;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* src = w + (int64_t(tile) * 16 + g + 8 * h) * row_bytes;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cp16(buf + ((q * 4 + c) * 2 + h) * 512 + lane * 16, src + c * 64);
+      }
+    }
+    if (t < 2 * NMAT) {  // lane t of group g: the scale row (matrix t / 2, half t % 2)
+      const int q = t >> 1, h = t & 1;
+      const uint8_t* sc = static_cast<const uint8_t*>(q ? a.s[NMAT - 1] : a.s[0]);
+      cp16(buf + NMAT * 4096 + (q * 2 + h) * 128 + g * 16,
+           sc + int64_t(e) * a.s_prob_stride + (int64_t(tile) * 16 + g + 8 * h) * a.s_ld + int64_t(iss_st) * 16);
+    }
+    if (++iss_st == P) iss_st = 0, iss_item += GW;
+  };
+  for (int i = 0; i < DEPTH; ++i) {  // DEPTH groups committed, empty ones too: the wait below counts groups
+    if (i < total) issue(i);
+    cp_commit();
+  }
+
+  float acc[NMAT][4];
+  const __half* xp = nullptr;
+  int item = gw, st = 0, ent = 0, mp = 0;
+  uint4 X[4];
+  for (int pos = 0; pos < total; ++pos) {
+    const int slot = pos % DEPTH;
+    if (st == 0) {
+      ent = ent_s[item / tiles];
+      mp = (ent >> 25) + 1;
+      xp = nullptr;
+      if (g < mp) {
+        const int s = sorted_s[((ent >> 16) & 0x1FF) + g];
+        const int64_t xrow = a.x_by_token ? s / a.topk : s;
+        xp = static_cast<const __half*>(a.x) + xrow * a.x_tok_stride + t * 8;
+      }
+#pragma unroll
+      for (int q = 0; q < NMAT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+    }
+    const __half* xs = xp ? xp + st * 512 : nullptr;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) X[j] = xs ? load_x8(xs + j * 32) : make_uint4(0, 0, 0, 0);
+    cp_wait<DEPTH - 1>();  // this lane's copies of position pos have landed
+    __syncwarp();          // and every lane's (the scale rows are read by the 4 lanes of a group)
+    const uint8_t* buf = ring + slot * SB;
+    uint4 SA[NMAT], SBv[NMAT];
+#pragma unroll
+    for (int q = 0; q < NMAT; ++q) {
+      SA[q] = *reinterpret_cast<const uint4*>(buf + NMAT * 4096 + (q * 2 + 0) * 128 + g * 16);
+      SBv[q] = *reinterpret_cast<const uint4*>(buf + NMAT * 4096 + (q * 2 + 1) * 128 + g * 16);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint4 Xn[4];
+      if (c < 3) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) Xn[j] = xs ? load_x8(xs + (c + 1) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int q = 0; q < NMAT; ++q) {
+        const uint4 A = *reinterpret_cast<const uint4*>(buf + ((q * 4 + c) * 2 + 0) * 512 + lane * 16);
+        const uint4 B = *reinterpret_cast<const uint4*>(buf + ((q * 4 + c) * 2 + 1) * 512 + lane * 16);
+        const uint32_t sa = word(SA[q], c), sb = word(SBv[q], c);
+        float s0[4], s1[4];
+        s0[0] = scale_of<0>(sa), s0[1] = scale_of<1>(sa), s0[2] = scale_of<2>(sa), s0[3] = scale_of<3>(sa);
+        s1[0] = scale_of<0>(sb), s1[1] = scale_of<1>(sb), s1[2] = scale_of<2>(sb), s1[3] = scale_of<3>(sb);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t p01, p45, p23, p67, q01, q45, q23, q67;
+          fp4x8_to_f16x2(word(A, j), p01, p45, p23, p67);
+          fp4x8_to_f16x2(word(B, j), q01, q45, q23, q67);
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_f16(d, p01, q01, p45, q45, X[j].x, X[j].z);
+          mma_f16(d, p23, q23, p67, q67, X[j].y, X[j].w);
+          acc[q][0] = fmaf(d[0], s0[j], acc[q][0]);
+          acc[q][1] = fmaf(d[1], s0[j], acc[q][1]);
+          acc[q][2] = fmaf(d[2], s1[j], acc[q][2]);
+          acc[q][3] = fmaf(d[3], s1[j], acc[q][3]);
+        }
+      }
+      if (c < 3) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) X[j] = Xn[j];
+      }
+    }
+    __syncwarp();  // every lane's reads of this stage are consumed (their values fed the MMAs above)
+    if (pos + DEPTH < total) issue(slot);
+    cp_commit();
+
+    if (++st == P) {  // item done: epilogue
+      const int tile = item % tiles, s0i = (ent >> 16) & 0x1FF;
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int j = 2 * t + cc;
+        if (j >= mp) continue;
+        const int s = sorted_s[s0i + j];
+        const int64_t orow = int64_t(s) * a.o_tok_stride;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
+          float r = acc[0][rr * 2 + cc] * 64.0f;  // FP4 codes entered the MMA as value * 2^-6
+          if constexpr (EPI == kSwiglu) {
+            float up = acc[NMAT - 1][rr * 2 + cc] * 64.0f;
+            if (a.limit > 0.0f) {
+              r = fminf(r, a.limit);
+              up = fminf(fmaxf(up, -a.limit), a.limit);
+            }
+            r = silu(r) * up;
+            if (a.pre_weight) r *= a.pre_weight[s];
+          } else {
+            r *= a.out_scale;
+          }
+          store_out<OT>(static_cast<OT*>(a.out) + orow + row, r);
+        }
+      }
+      st = 0;
+      item += GW;
+    }
+  }
+}
+
+template <int NMAT, int EPI, class OT, int DEPTH>
+void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
+  auto kern = fp4_stream_kernel<NMAT, EPI, OT, DEPTH>;
+  const size_t smem = size_t(warps) * DEPTH * stage_bytes<NMAT>();
+  // Per instantiation, device and CTA size: the smem opt-in and the CTAs per SM (host queries done once, outside
+  // any stream capture in practice: the first launch of a configuration).
+  static int per_sm_cache[8][kMaxWarpsS + 1] = {};
+  static int sms_cache[8] = {};
+  int dev = 0;
+  PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 8) throw_arg("gemv: the FP4 streaming kernel supports devices 0..7");
+  int& per_sm_c = per_sm_cache[dev][warps];
+  if (per_sm_c == 0) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    PLUMB_CUDA_CHECK(cudaDeviceGetAttribute(&sms_cache[dev], cudaDevAttrMultiProcessorCount, dev));
+    int per = 0;
+    PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, warps * 32, smem));
+    per_sm_c = per < 1 ? -1 : per;
+  }
+  int per_sm = per_sm_c, sms = sms_cache[dev];
+  if (per_sm < 1) throw_arg("gemv: the FP4 streaming kernel does not fit on an SM with this configuration");
+  if (a.fp4_ctas > 0) per_sm = std::min(per_sm, a.fp4_ctas);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(sms * per_sm));
+  cfg.blockDim = dim3(unsigned(warps * 32));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.pdl > 0 ? 1 : 0;
+  PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a));
+  check_launch("fp4_stream_kernel");
+}
+
+// Defaults (H200 lab sweep, bench/fp4_lab, 2026-11-29; V4-Flash sizes, n = 1 and 8): gate/up 2 warps per CTA,
+// 2 stages, no PDL (PDL cost 6 points at n = 1); down 4 warps per CTA, PDL on, 2 stages for <= 24 slots (3 stages:
+// -9 points at n = 1) and 3 beyond (+4 points at n = 8). Warps per SM follow from registers (127-145) and shared
+// memory: 12 for these defaults.
+template <int NMAT, int EPI, class OT>
+void launch_stream(const GemvArgs& a0, Stream s) {
+  GemvArgs a = a0;
+  const int nslots = a.n * a.topk;
+  const int warps = a.fp4_warps > 0 ? a.fp4_warps : (NMAT == 2 ? 2 : 4);
+  const int depth = a.fp4_depth > 0 ? a.fp4_depth : (NMAT == 2 || nslots <= 24 ? 2 : 3);
+  if (a.pdl < 0) a.pdl = NMAT == 1 ? 1 : 0;
+  if (depth <= 2) return launch_stream_d<NMAT, EPI, OT, 2>(a, warps, s);
+  if (depth == 3) return launch_stream_d<NMAT, EPI, OT, 3>(a, warps, s);
+  if (depth == 4) return launch_stream_d<NMAT, EPI, OT, 4>(a, warps, s);
+  return launch_stream_d<NMAT, EPI, OT, 6>(a, warps, s);
+}
+
+inline bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Whether the streaming kernel handles these arguments (else the per-tile kernel runs).
+inline bool stream_ok(const GemvArgs& a) {
+  if (a.fp4_kernel == 1 || a.fmt != kFp4 || a.mode != kMoe) return false;
+  if (a.cols % 512 || a.n * a.topk > kMaxSlots || a.problems > 0xFFFF || a.rows / 16 > (1 << 20)) return false;
+  if (a.fp4_warps > kMaxWarpsS || a.fp4_depth > kMaxDepth) return false;
+  for (int q = 0; q < a.nmat; ++q)
+    if (!al16(a.w[q]) || !al16(a.s[q])) return false;
+  return a.w_prob_stride % 16 == 0 && a.s_prob_stride % 16 == 0 && a.s_ld % 16 == 0;
+}
+
+}  // namespace fp4s
