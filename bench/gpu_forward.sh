@@ -15,18 +15,32 @@ built=$(grep -aoE -m1 '/[[:alnum:]_./-]*/tests/data' "$C/plumb_cuda_tests" | hea
 if [ -n "$built" ] && [ ! -e "$built" ]; then mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"; fi
 note() { echo "== $*" | tee -a "$OUT/run.log"; }
 
+# Optional: a fixture at kernel-friendly dims, made here by transformers (tools/golden/make_golden.py), returned as
+# $OUT/kernel-dims.tar and verified below with the fast-kernel patches.
+extra=""
+if [ -n "${GEN_PRESET:-}" ]; then
+  note "make_golden $GEN_PRESET"
+  rm -rf "/tmp/$GEN_PRESET"
+  timeout 240 python3 tools/golden/make_golden.py --preset "$GEN_PRESET" --out "/tmp/$GEN_PRESET" >>"$OUT/run.log" 2>&1
+  note "make_golden rc=$?"
+  tar -C /tmp -cf "$OUT/$GEN_PRESET.tar" "$GEN_PRESET" && extra="/tmp/$GEN_PRESET/"
+fi
+
 note "cuda tests"
 timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/tests.txt" 2>&1
 note "cuda tests rc=$?"
 
 note "verify-golden --backend cuda"
 : >"$OUT/golden.txt"
-for fx in tests/data/golden/*/ models/tiny/; do
+FAST=cuda.fp8_gemv,cuda.moe_mxfp4
+for fx in tests/data/golden/*/ models/tiny/ $extra; do
   grep -q "official inference" "$fx/golden.json" && continue  # numerics.official is CPU-only
-  timeout 60 "$C/plumb" verify-golden -q --backend cuda "$fx" >"$OUT/one.txt" 2>&1
-  rc=$?
-  echo "### $fx rc=$rc" >>"$OUT/golden.txt"
-  if [ $rc -ne 0 ]; then head -c 6000 "$OUT/one.txt" >>"$OUT/golden.txt"; else tail -n 3 "$OUT/one.txt" >>"$OUT/golden.txt"; fi
+  for patches in "" "$FAST"; do
+    timeout 60 "$C/plumb" verify-golden -q --backend cuda ${patches:+--patches $patches} "$fx" >"$OUT/one.txt" 2>&1
+    rc=$?
+    echo "### $fx [$patches] rc=$rc" >>"$OUT/golden.txt"
+    if [ $rc -ne 0 ]; then head -c 6000 "$OUT/one.txt" >>"$OUT/golden.txt"; else grep -E "^backend cuda|verify-golden:" "$OUT/one.txt" >>"$OUT/golden.txt"; fi
+  done
 done
 rm -f "$OUT/one.txt"
 note "verify-golden: $(grep -c 'rc=0' "$OUT/golden.txt") pass, $(grep -c 'rc=[1-9]' "$OUT/golden.txt") fail"
@@ -41,8 +55,15 @@ timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/k
   --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
 note "kld rc=$?"
 
+if [ -n "${BENCH:-}" ]; then
+  note "bench"
+  timeout "${T_BENCH:-150}" "$C/plumb" bench --json "$OUT/bench.json" >"$OUT/bench.txt" 2>&1
+  note "bench rc=$?"
+fi
+
 echo "==== summaries"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|worst error' "$OUT/tests.txt" | tail -30
 grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
 tail -n 25 "$OUT/selftest.txt"
 tail -n 20 "$OUT/kld.txt"
+[ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"

@@ -272,6 +272,21 @@ preset(
 )
 
 
+preset(
+    "kernel-dims",
+    seed=808,
+    format="official",
+    covers=["official formats at dims the CUDA tensor-core kernels take (FP8 rows % 16 and cols % 128, FP4 experts "
+            "with dims multiple of 128, grouped wo_a with 128-row groups)", "hidden 256", "[sliding, CSA, HCA]",
+            "hash + learned routing", "prefill longer than the window, decodes, prefill after decode"],
+    config=dict(num_hidden_layers=3, hidden_size=256, q_lora_rank=128, num_attention_heads=4, head_dim=64,
+                o_groups=2, o_lora_rank=128, moe_intermediate_size=128, index_head_dim=16,
+                layer_types=[SWA, CSA, HCA], mlp_layer_types=["hash_moe", "moe", "moe"]),
+    schedule=[P(40), D, D, P(17), D],
+    expect_sparse=True,
+)
+
+
 # --------------------------------------------------------------------------------------------
 # torch / transformers (imported lazily so --list works anywhere)
 # --------------------------------------------------------------------------------------------
