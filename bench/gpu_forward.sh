@@ -7,7 +7,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-C=$PWD/build-carry
+C=/tmp/plumb-carry  # build-carry/ with the binaries gzipped (the device tool carries at most 64 MiB)
+rm -rf "$C" && cp -r "$PWD/build-carry" "$C" && for f in "$C"/*.gz; do gunzip -f "$f"; done && chmod +x "$C"/plumb*
 # cuBLASLt: the toolkit's, or the one PyTorch's wheels carry.
 CUB=$(python3 -c "import nvidia.cublas as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
 export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${CUB:+:$CUB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -262,8 +262,14 @@ void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
   PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev >= 8) throw_arg("gemv: the FP4 streaming kernel supports devices 0..7");
   int& per_sm_c = per_sm_cache[dev][warps];
-  if (per_sm_c == 0) {
+  // The opt-in is one value per kernel: keep it at the largest configuration launched so far (setting it for a
+  // smaller CTA would make a later, larger launch an invalid argument).
+  static size_t smem_set[8] = {};
+  if (smem > smem_set[dev]) {
     PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_set[dev] = smem;
+  }
+  if (per_sm_c == 0) {
     PLUMB_CUDA_CHECK(cudaDeviceGetAttribute(&sms_cache[dev], cudaDevAttrMultiProcessorCount, dev));
     int per = 0;
     PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, warps * 32, smem));

@@ -137,11 +137,11 @@ class GpuForward : public DeviceForward {
     }
     synchronize();
     if (fp8)
-      fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices (the others: shapes the kernel does not take)\n",
-                 fc.fp8, fc.fp8_of);
+      fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}\n", fc.fp8, fc.fp8_of,
+                 fc.fp8 < fc.fp8_of ? " (the others have shapes the kernel does not take: the fp32 twin runs them)" : "");
     if (fp4)
-      fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers (the others: not FP4 with "
-                 "dims multiple of 128)\n", fc.fp4, fc.fp4_of);
+      fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,
+                 fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
   }
 
   std::shared_ptr<DeviceSessionState> new_state() const override {

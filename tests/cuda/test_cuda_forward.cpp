@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 
 #include "cuda_test_util.h"
 #include "model/model.h"
@@ -49,6 +50,17 @@ TEST_P(GpuGolden, VerifyGoldenPassesWithRsfOnOutputAndWeightBeforeDown) {
   o.dir = GetParam();
   o.backend = "cuda";
   o.patches = "moe.rsf_on_output,moe.weight_before_down";
+  o.quiet = true;
+  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
+}
+
+// The tensor-core kernels as patches: they run where the shapes fit (every matrix of kernel-dims, some of
+// tiny-official / official-mixed) and the fp32 twin elsewhere; at their registered tolerance.
+TEST_P(GpuGolden, VerifyGoldenPassesWithTensorCoreKernels) {
+  plumb::tools::VerifyGoldenOptions o;
+  o.dir = GetParam();
+  o.backend = "cuda";
+  o.patches = "cuda.fp8_gemv,cuda.moe_mxfp4";
   o.quiet = true;
   EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
 }
@@ -108,8 +120,19 @@ TEST_F(GpuTest, BundledModelMatchesCpuOpByOp) {
   }
   const auto in = plumb::toolkit::input_from_tokens(dir, file);
   const auto r = plumb::toolkit::diff_live(in, "", "cuda:", /*local=*/true);
-  EXPECT_TRUE(r.first_local.none()) << "first op over tolerance on its own inputs: " << r.first_local.tap << "; diagnosis: "
-                                    << r.diagnosis.text;
+  // Every op on its own inputs within the fp32 tolerance, except where an indexer top-k swapped exactly tied
+  // entries: that tap (all its differing rows ties) and the same layer's attention output.
+  std::set<std::string> tied_layers;
+  for (const auto& row : r.rows)
+    if (row.is_index && row.local_diverges) {
+      EXPECT_EQ(row.lix.real, 0) << row.name << ": " << row.lix.real << " rows select differently without a tie ("
+                                 << row.lix.first_bad << ")";
+      tied_layers.insert(row.name.substr(0, row.name.find('.')));
+    }
+  for (const auto& row : r.rows)
+    if (!row.is_index && row.local_diverges)
+      EXPECT_TRUE(row.name.ends_with("attn.out") && tied_layers.count(row.name.substr(0, row.name.find('.'))))
+          << row.name << " differs on its own inputs: " << row.lf.max_abs << " (not explained by a tie)";
   double worst_local = 0;
   for (const auto& row : r.rows)
     if (row.has_local && !row.is_index) worst_local = std::max(worst_local, row.lf.max_abs / std::max(1.0, row.lf.ref_max));
