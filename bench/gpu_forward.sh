@@ -53,10 +53,21 @@ timeout "${T_SELF:-120}" "$C/plumb" selftest --backend cuda >"$OUT/selftest.txt"
 note "selftest rc=$? $(tail -n 1 "$OUT/selftest.txt")"
 
 head -c "${KLD_BYTES:-3000}" README.md >/tmp/kld.txt
+note "kld text: ${KLD_BYTES:-3000} bytes of README.md, prefill chunks of ${KLD_CHUNK:-0}"
 note "kld cpu vs cuda"
 timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/kld.txt}" --tokenizer models/tiny/tokenizer.json \
-  --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
+  --chunk "${KLD_CHUNK:-0}" --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
 note "kld rc=$?"
+
+if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack: fast kernels, then the fp32 twin at batch 1
+  note "layer bench (fast kernels)"
+  timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST" \
+    --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" --json "$OUT/layers-fast.json" >"$OUT/layers-fast.txt" 2>&1
+  note "layer bench rc=$?"
+  timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches 1 --prefill 0 \
+    --iters 3 >"$OUT/layers-ref.txt" 2>&1
+  note "layer bench (fp32 twin) rc=$?"
+fi
 
 if [ -n "${BENCH:-}" ]; then
   note "bench"
@@ -70,3 +81,4 @@ grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
 tail -n 25 "$OUT/selftest.txt"
 tail -n 20 "$OUT/kld.txt"
 [ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"
+[ -f "$OUT/layers-fast.txt" ] && tail -n 45 "$OUT/layers-fast.txt" && tail -n 25 "$OUT/layers-ref.txt"

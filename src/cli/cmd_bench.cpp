@@ -1,7 +1,10 @@
-// `plumb bench`: the CUDA decode kernels at DeepSeek-V4-Flash dimensions on synthetic weights (src/cuda/bench.cpp).
+// `plumb bench`: the CUDA decode kernels at DeepSeek-V4-Flash dimensions on synthetic weights (src/cuda/bench.cpp);
+// with --layers N, the whole GPU forward pass on an N-layer V4-Flash stack (src/cuda/bench_layers.cpp).
 // Without a usable GPU (or in a build without CUDA) it says why and exits non-zero.
 #include "cli/commands.h"
+#include "core/strings.h"
 #include "cuda/api.h"
+#include "cuda/bench_layers.h"
 
 namespace plumb::cli {
 
@@ -13,7 +16,43 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
   cmd->add_flag("--profile", opt->profile, "launch each main kernel once without timing (to run under ncu)");
-  cmd->callback([opt] { set_exit_code(cuda::run_bench(*opt)); });
+  auto lo = std::make_shared<cuda::LayerBenchOptions>();
+  auto layers = std::make_shared<int>(0);
+  auto batches = std::make_shared<std::string>(), prefill = std::make_shared<std::string>();
+  cmd->add_option("--layers", *layers,
+                  "time the whole GPU forward pass on a stack of N layers with V4-Flash dimensions instead (synthetic "
+                  "checkpoint in the official formats; decode per batch, per-layer time, implied 43-layer tokens/s, "
+                  "prefill)")
+      ->check(CLI::Range(1, 43));
+  cmd->add_option("--patches", lo->patches, "--layers: patches of the GPU forward pass (e.g. cuda.fp8_gemv,cuda.moe_mxfp4)");
+  cmd->add_option("--dir", lo->dir, "--layers: write (or reuse) the synthetic checkpoint in this folder (default: a temp dir)");
+  cmd->add_flag("--keep", lo->keep, "--layers: keep the temporary checkpoint folder");
+  cmd->add_option("--batches", *batches, "--layers: decode batches, comma-separated (default 1,8,32,128)");
+  cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
+  cmd->callback([opt, lo, layers, batches, prefill] {
+    if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));
+    lo->layers = *layers;
+    lo->iters = opt->iters;
+    lo->json = opt->json;
+    auto ints = [](const std::string& s, const char* what) {
+      std::vector<int> v;
+      for (const auto& x : split_list(s)) {
+        try {
+          v.push_back(std::stoi(x));
+        } catch (const std::exception&) {
+          fail("--{}: '{}' is not a number", what, x);
+        }
+      }
+      return v;
+    };
+    if (!batches->empty()) lo->decode_batches = ints(*batches, "batches");
+    if (!prefill->empty()) {
+      lo->prefill.clear();
+      for (int v : ints(*prefill, "prefill"))
+        if (v > 0) lo->prefill.push_back(v);
+    }
+    set_exit_code(cuda::run_layer_bench(*lo));
+  });
 }
 
 }  // namespace plumb::cli

@@ -40,6 +40,7 @@ struct LayerBenchOptions {
   double batch_budget_s = 60;        // decode: stop timing a batch once this is spent (after >= 3 steps)
   double prefill_skip_after_s = 20;  // a prefill slower than this skips the larger ones
   int threads = 0;                   // checkpoint generation threads (0: every core)
+  std::string backend = "cuda";      // "cpu" runs the same flow on the reference backend (tests; no bandwidth figures)
   LayerBenchDims dims;
 };
 

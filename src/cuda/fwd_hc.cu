@@ -24,32 +24,37 @@ __device__ void softmax_serial(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = float(double(x[i]) / s);
 }
 
-__global__ void hc_pre_kernel(HcArgs a) {
+// One block per (mix o, token t): the RMS of the token's H*D streams (every block recomputes it: the row is in L2
+// and this keeps the mixes parallel) and mix[t, o] = sum_i float(x_i * r) * fn[o, i], fp64 accumulation.
+__global__ void hc_mix_kernel(HcArgs a, float* mix, int nmix) {
   __shared__ double sh[32];
-  __shared__ float mix[kMaxMix], pre[8];
-  const int t = blockIdx.x, H = a.H;
-  const int64_t hd = int64_t(H) * a.D;
+  const int o = blockIdx.x, t = blockIdx.y;
+  const int64_t hd = int64_t(a.H) * a.D;
   const float* xt = a.X + int64_t(t) * hd;
-  const int nmix = a.head ? H : (2 + H) * H;
-
   double ss = 0;
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) ss += double(xt[i]) * xt[i];
   ss = block_sum(ss, sh);
   const double r = 1.0 / sqrt(ss / double(hd) + a.rms_eps);
-  for (int o = 0; o < nmix; ++o) {
-    const float* f = a.fn + int64_t(o) * hd;
-    double acc = 0;
-    for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) acc += double(float(double(xt[i]) * r)) * f[i];
-    acc = block_sum(acc, sh);
-    if (threadIdx.x == 0) mix[o] = float(acc);
-  }
-  __syncthreads();
+  const float* f = a.fn + int64_t(o) * hd;
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) acc += double(float(double(xt[i]) * r)) * f[i];
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) mix[int64_t(t) * nmix + o] = float(acc);
+}
+
+// One block per (D slice, token): the pre weights (every block), post and the Sinkhorn-normalized comb (the first
+// block of the token), then this slice of the collapse sum_j pre_j * x_j.
+__global__ void hc_finish_kernel(HcArgs a, const float* mixes, int nmix) {
+  __shared__ float pre[8];
+  const int t = blockIdx.y, H = a.H;
+  const float* mix = mixes + int64_t(t) * nmix;
+  const float* xt = a.X + int64_t(t) * H * a.D;
   if (threadIdx.x == 0) {
     const float eps = a.hc_eps;
     for (int j = 0; j < H; ++j) pre[j] = sigm(fmaf(mix[j], a.scale[0], a.base[j])) + eps;
-    if (!a.head) {
+    if (!a.head && blockIdx.x == 0) {
       for (int j = 0; j < H; ++j) a.post[t * H + j] = 2.0f * sigm(fmaf(mix[H + j], a.scale[1], a.base[H + j]));
-      float C[64];
+      float C[36];
       for (int i = 0; i < H * H; ++i) C[i] = fmaf(mix[2 * H + i], a.scale[2], a.base[2 * H + i]);
       for (int j = 0; j < H; ++j) {
         softmax_serial(C + j * H, H);
@@ -78,11 +83,11 @@ __global__ void hc_pre_kernel(HcArgs a) {
     }
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-    float acc = 0;
-    for (int j = 0; j < H; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], xt[j * a.D + d]));
-    a.collapsed[int64_t(t) * a.D + d] = acc;
-  }
+  const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= a.D) return;
+  float acc = 0;
+  for (int j = 0; j < H; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], xt[j * a.D + d]));
+  a.collapsed[int64_t(t) * a.D + d] = acc;
 }
 
 __global__ void hc_post_kernel(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D,
@@ -102,11 +107,14 @@ __global__ void hc_post_kernel(const float* y, const float* X, const float* post
 
 }  // namespace
 
-void fwd_hc_pre(const HcArgs& a, Stream s) {
-  if (a.H > 6 || (a.head ? a.H : (2 + a.H) * a.H) > kMaxMix) throw_arg("hc_pre: hc_mult > 6 is not supported on the GPU");
+void fwd_hc_pre(const HcArgs& a, float* mix_scratch, Stream s) {
+  const int nmix = a.head ? a.H : (2 + a.H) * a.H;
+  if (a.H > 6 || nmix > kMaxMix) throw_arg("hc_pre: hc_mult > 6 is not supported on the GPU");
   if (a.n <= 0) return;
-  hc_pre_kernel<<<a.n, 256, 0, s>>>(a);
-  check_launch("fwd_hc_pre");
+  hc_mix_kernel<<<dim3(unsigned(nmix), unsigned(a.n)), 256, 0, s>>>(a, mix_scratch, nmix);
+  check_launch("fwd_hc_mix");
+  hc_finish_kernel<<<dim3(unsigned(fwd_blocks(a.D, 256)), unsigned(a.n)), 256, 0, s>>>(a, mix_scratch, nmix);
+  check_launch("fwd_hc_finish");
 }
 
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,

@@ -166,6 +166,7 @@ class GpuForward : public DeviceForward {
     float* comb = sc.f("hc.comb", n * H * H);
     float* col = sc.f("hc.collapsed", n * D);
     float* y = sc.f("sublayer.out", n * D);
+    float* mixbuf = sc.f("hc.mix", n * (2 + H) * H);
     fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr);
 
     auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site) {
@@ -174,7 +175,7 @@ class GpuForward : public DeviceForward {
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
-      fwd_hc_pre(a, nullptr);
+      fwd_hc_pre(a, mixbuf, nullptr);
       tap_io(tap, (site + ".post").c_str(), post, {n, H});
       tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
       tap_io(tap, (site + ".collapsed").c_str(), col, {n, D});
@@ -205,7 +206,7 @@ class GpuForward : public DeviceForward {
     a.X = X, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
     a.n = n, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
     a.collapsed = col;
-    fwd_hc_pre(a, nullptr);
+    fwd_hc_pre(a, mixbuf, nullptr);
     tap_io(top, "hc_head.out", col, {n, D});
     fwd_rms_norm(col, n, D, D, f32(g_.norm), c.rms_eps, nullptr);
     float* logits = sc.f("logits", int64_t(n) * c.vocab);
