@@ -33,6 +33,7 @@ note "cuda tests"
 timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/tests.txt" 2>&1
 note "cuda tests rc=$?"
 
+if [ -z "${SKIP_CHECKS:-}" ]; then  # SKIP_CHECKS=1: tests and benches only
 note "verify-golden --backend cuda"
 : >"$OUT/golden.txt"
 FAST=cuda.fp8_gemv,cuda.moe_mxfp4
@@ -58,13 +59,14 @@ note "kld cpu vs cuda"
 timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/kld.txt}" --tokenizer models/tiny/tokenizer.json \
   --chunk "${KLD_CHUNK:-0}" --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
 note "kld rc=$?"
+fi
 
 if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack: fast kernels, then the fp32 twin at batch 1
   note "layer bench (fast kernels)"
   timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST" \
     --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" --json "$OUT/layers-fast.json" >"$OUT/layers-fast.txt" 2>&1
   note "layer bench rc=$?"
-  timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches 1 --prefill 0 \
+  timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches "${LAYER_REF_BATCHES:-1}" --prefill 0 \
     --iters 3 >"$OUT/layers-ref.txt" 2>&1
   note "layer bench (fp32 twin) rc=$?"
 fi
@@ -78,7 +80,7 @@ fi
 echo "==== summaries"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|worst error' "$OUT/tests.txt" | tail -30
 grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
-tail -n 25 "$OUT/selftest.txt"
-tail -n 20 "$OUT/kld.txt"
+[ -f "$OUT/selftest.txt" ] && tail -n 25 "$OUT/selftest.txt"
+[ -f "$OUT/kld.txt" ] && tail -n 20 "$OUT/kld.txt"
 [ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"
 [ -f "$OUT/layers-fast.txt" ] && tail -n 45 "$OUT/layers-fast.txt" && tail -n 25 "$OUT/layers-ref.txt"

@@ -117,7 +117,7 @@ __device__ __forceinline__ void reduce_scatter(double (&v)[C], int lane) {
 template <class XT, int NT>
 __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  double* xs = reinterpret_cast<double*>(smem_raw);  // [NT][2][Hp] this block's x slice, fp64 (see below)
+  double* xs = reinterpret_cast<double*>(smem_raw);  // [NT][L] this block's x slice, fp64
   __shared__ double comb[2][4][kR * NT];              // per half, per warp of the half: the reduced sums
   __shared__ float bias_s[kMaxE];
   __shared__ int hash_s[kTokChunk * kMaxK];
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
 
   const int E = int(a.E), D = int(a.D), n = a.n;
   const int S = int(gridDim.y), s = int(blockIdx.y), chunk = int(blockIdx.z);
-  const int L = D / S, H = L / 2, Hp = (H + 255) & ~255;
+  const int L = D / S, H = L / 2;
   const int t0 = chunk * kTokChunk, nt = min(NT, n - t0);
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int half = warp / 4, e0 = int(blockIdx.x) * kEB + (warp % 4) * kR;
@@ -175,13 +175,9 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
         const int i = base + u * kThreads + tid;
         if (i >= items) break;
         const int tt = i / v8, v = i - tt * v8;
-        // Element e of the slice is (half, step of 256, lane, j); it is stored at [tt][half][step*256 + (j/2)*64 +
-        // lane*2 + j%2], so that a warp's reads of one double2 per lane are 512 contiguous bytes.
-        const int e = v * 8, hf = e >= H ? 1 : 0, r = e - hf * H;
-        double* dst = xs + (tt * 2 + hf) * Hp + (r & ~255) + ((r & 255) >> 3) * 2;
+        double2* dst = reinterpret_cast<double2*>(xs + tt * L + v * 8);
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<double2*>(dst + j * 64) = make_double2(double(f[u][2 * j]), double(f[u][2 * j + 1]));
+        for (int j = 0; j < 4; ++j) dst[j] = make_double2(double(f[u][2 * j]), double(f[u][2 * j + 1]));
         if (a.x16 && blockIdx.x == 0) {
           const int gi = (t0 + tt) * D + s * L + v * 8;
           uint4 h;
@@ -225,15 +221,15 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
 #pragma unroll
       for (int r = 0; r < kR; ++r) wv[r] = __ldg(reinterpret_cast<const uint4*>(a.gate + (e0 + r) * D + kb + k + 256));
     }
-    const double* xk = xs + half * Hp + (k & ~255) + lane * 2;
+    const double* xk = xs + half * H + k;
 #pragma unroll
     for (int tt = 0; tt < NT; ++tt) {
       if (tt >= nt) break;
-      const double* xp = xk + tt * 2 * Hp;
+      const double2* xp = reinterpret_cast<const double2*>(xk + tt * L);
       double xv[8];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const double2 q = *reinterpret_cast<const double2*>(xp + j * 64);
+        const double2 q = xp[j];
         xv[2 * j] = q.x, xv[2 * j + 1] = q.y;
       }
 #pragma unroll
@@ -275,52 +271,29 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
   if (tid == 0) a.counter[chunk] = 0u;
   __threadfence();
 
-  // The chunk's logits, scores and selection keys, one (token, expert) per thread: the slices summed in slice
-  // order (kB items' loads in flight at once).
-  float* lg = reinterpret_cast<float*>(smem_raw);      // [NT][E] logits
-  float* sc = lg + NT * E;                             // [NT][E] scores
-  unsigned* ky = reinterpret_cast<unsigned*>(sc + NT * E);  // [NT][E] selection keys
-  {
-    const int items = nt * E;
-    constexpr int kB = 4;
-    for (int base = 0; base < items; base += kB * kThreads) {
-      double part[kB][kMaxS];
+  float* lg = reinterpret_cast<float*>(smem_raw);  // [NT][E] logits of the chunk
+  float* sc = lg + NT * E + warp * E;              // this warp's token scores
+  for (int i = tid; i < nt * E; i += kThreads) {
+    const int gi = t0 * E + i;
+    double part[kMaxS];  // all slices' loads in flight at once, then summed in slice order
 #pragma unroll
-      for (int u = 0; u < kB; ++u) {
-        const int i = base + u * kThreads + tid;
+    for (int z = 0; z < kMaxS; ++z) part[z] = z < S ? __ldcg(a.partial + z * n * E + gi) : 0.0;
+    double sum = 0.0;
 #pragma unroll
-        for (int z = 0; z < kMaxS; ++z) part[u][z] = (i < items && z < S) ? __ldcg(a.partial + z * n * E + t0 * E + i) : 0.0;
-      }
-#pragma unroll
-      for (int u = 0; u < kB; ++u) {
-        const int i = base + u * kThreads + tid;
-        if (i >= items) break;
-        double sum = 0.0;
-#pragma unroll
-        for (int z = 0; z < kMaxS; ++z)
-          if (z < S) sum += part[u][z];
-        const float logit = float(sum);
-        lg[i] = logit;
-        if (a.logits) a.logits[t0 * E + i] = logit;
-        if (a.score != 2) {
-          const int ex = i - (i / E) * E;
-          const float score = score_of(a.score, logit);
-          sc[i] = score;
-          const float sel = a.hash ? score : score + bias_s[ex];
-          ky[i] = order_key(sel);
-          if (a.select && !a.hash) a.select[t0 * E + i] = sel;
-        }
-      }
-    }
+    for (int z = 0; z < kMaxS; ++z)
+      if (z < S) sum += part[z];
+    lg[i] = float(sum);
+    if (a.logits) a.logits[gi] = float(sum);
   }
   __syncthreads();
   PLUMB_ROUTER_STAMP(4);
   if (warp >= nt) return;
   const int tok = t0 + warp, epl = E / 32;
-  if (a.score == 2) {  // softmax over the row (ops::softmax), one warp per token
-    float logit[kMaxE / 32], score[kMaxE / 32];
+  float logit[kMaxE / 32], score[kMaxE / 32];
+  unsigned key[kMaxE / 32];
 #pragma unroll
-    for (int i = 0; i < kMaxE / 32; ++i) logit[i] = i < epl ? lg[warp * E + i * 32 + lane] : -INFINITY;
+  for (int i = 0; i < kMaxE / 32; ++i) logit[i] = i < epl ? lg[warp * E + i * 32 + lane] : -INFINITY;
+  if (a.score == 2) {  // softmax over the row (ops::softmax)
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kMaxE / 32; ++i) mx = fmaxf(mx, logit[i]);
@@ -336,21 +309,21 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
 #pragma unroll
       for (int i = 0; i < kMaxE / 32; ++i) score[i] = float(double(score[i]) / sum);
     }
+  } else {
 #pragma unroll
-    for (int i = 0; i < kMaxE / 32; ++i) {
-      if (i >= epl) continue;
-      const int ex = i * 32 + lane;
-      sc[warp * E + ex] = score[i];
-      const float sel = a.hash ? score[i] : score[i] + bias_s[ex];
-      ky[warp * E + ex] = order_key(sel);
-      if (a.select && !a.hash) a.select[tok * E + ex] = sel;
-    }
-    __syncwarp();
+    for (int i = 0; i < kMaxE / 32; ++i) score[i] = score_of(a.score, logit[i]);
   }
-  unsigned key[kMaxE / 32];
 #pragma unroll
-  for (int i = 0; i < kMaxE / 32; ++i) key[i] = i < epl ? ky[warp * E + i * 32 + lane] : 0u;
-  const float* scw = sc + warp * E;
+  for (int i = 0; i < kMaxE / 32; ++i) {
+    key[i] = 0u;
+    if (i >= epl) continue;
+    const int ex = i * 32 + lane;
+    sc[ex] = score[i];
+    const float sel = a.hash ? score[i] : score[i] + bias_s[ex];
+    key[i] = order_key(sel);
+    if (a.select && !a.hash) a.select[tok * E + ex] = sel;
+  }
+  __syncwarp();
 
   int chosen[kMaxK];
   if (a.hash) {
@@ -383,12 +356,12 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
     float sum = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kMaxK; ++kk)
-      if (kk < a.K) sum += scw[chosen[kk]];
+      if (kk < a.K) sum += sc[chosen[kk]];
     const float denom = a.renorm ? sum + 1e-20f : 1.0f;
 #pragma unroll
     for (int kk = 0; kk < kMaxK; ++kk) {
       if (kk >= a.K) break;
-      float w = scw[chosen[kk]] / denom;
+      float w = sc[chosen[kk]] / denom;
       if (a.fold != 1.0f) w *= a.fold;
       a.idx[tok * int(a.K) + kk] = chosen[kk];
       a.weight[tok * int(a.K) + kk] = w;
@@ -421,8 +394,7 @@ void launch_router(const RouterArgs& a, Stream s) {
     throw_arg("router: sizes beyond 32-bit indexing");
   const int ks = router_ksplit(a.D);
   const int nt = tok_template(std::min(a.n, kTokChunk));
-  const size_t hp = size_t((a.D / ks / 2 + 255) / 256 * 256);
-  const size_t smem = std::max(size_t(nt) * 2 * hp * sizeof(double), size_t(3 * nt) * size_t(a.E) * sizeof(float));
+  const size_t smem = std::max(size_t(nt) * size_t(a.D / ks) * sizeof(double), size_t(nt + kThreads / 32) * size_t(a.E) * sizeof(float));
   if (smem > 200 * 1024) throw_arg("router: D too large for one slice in shared memory");
   const dim3 grid(unsigned(a.E / kEB), unsigned(ks), unsigned(router_counters(a.n)));
   auto go = [&](auto kern) {
