@@ -108,11 +108,18 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const bool before = m.opt.weight_before_down;  // the official order: weight applied before W2
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
-  if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state
-    auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(slots) * size_t(I) * 2));
-    moe_gate_up(*m.w.fp4, r.idx, r.n, r.K, m.x, cuda::Act::F32, limit, before ? r.weight : nullptr, h16, nullptr, m.sc.ws);
-    moe_down(*m.w.fp4, r.idx, r.n, r.K, h16, nullptr, ys, m.sc.ws);
-    moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), nullptr, out);
+  if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
+    const int chunk = std::max(1, 1024 / r.K);
+    auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
+    for (int t0 = 0; t0 < r.n; t0 += chunk) {
+      const int nc = std::min(chunk, r.n - t0);
+      const int32_t* idx = r.idx + int64_t(t0) * r.K;
+      const float* wt = r.weight + int64_t(t0) * r.K;
+      moe_gate_up(*m.w.fp4, idx, nc, r.K, m.x + int64_t(t0) * D, cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
+                  m.sc.ws);
+      moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws);
+      moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), nullptr, out + int64_t(t0) * D);
+    }
   } else {
     expert_ffn(m, m.w.routed.d1.as<DMat>(), m.w.routed.d2.as<DMat>(), m.w.routed.d3.as<DMat>(), r.idx, slots, r.K, I, limit,
                before ? r.weight : nullptr, ys);
