@@ -37,6 +37,7 @@
 
 #include "core/error.h"
 #include "cuda/api.h"
+#include "cuda/gpu_common.h"
 #include "cuda/kernels.h"
 #include "formats/numeric.h"
 #include "io/safetensors.h"
@@ -538,6 +539,7 @@ struct DecodeRow {
   double context_s = NAN;
   int64_t pos_first = 0, pos_last = 0;
   bool split_measured = false;
+  std::vector<std::pair<std::string, double>> breakdown;  // per-op region: us per step over all layers
   std::string note, error;
 };
 struct PrefillRow {
@@ -767,6 +769,22 @@ int run(const LayerBenchOptions& o) {
         r.us_layer = r.us_step / L;
         r.note += std::string(r.note.empty() ? "" : "; ") + "non-layer part not measured (taps not seen): per layer = step / layers";
       }
+      // Where a step's time goes: one more untapped step with CUDA events around each op region (the events
+      // add a little time; the regions' sum is below the step time by the launch gaps and host work between them).
+      if (st.dev) {
+        auto& timer = st.dev->scratch.timer;
+        timer.on = true;
+        step(nullptr, nullptr);
+        timer.on = false;
+        std::string line;
+        double sum = 0;
+        for (const auto& [name, ms] : timer.collect()) {
+          line += fmt::format("{}{} {}", line.empty() ? "" : ", ", name, fmt_num(ms * 1e3));
+          r.breakdown.push_back({name, ms * 1e3});
+          sum += ms * 1e3;
+        }
+        out(fmt::format("  batch {} per-op us per step (all layers): {}; sum {}\n", B, line, fmt_num(sum)));
+      }
       r.tok_s = B / (r.us_step * 1e-6);
       r.gbps = r.layer_bytes / (r.us_layer * 1e-6) / 1e9;
       r.pct = 100.0 * r.gbps / copy_gbps;
@@ -873,6 +891,11 @@ int run(const LayerBenchOptions& o) {
                                    {"us_per_step_min", jnum(r.us_step_min)},
                                    {"us_non_layer", jnum(r.us_non_layer)},
                                    {"us_per_layer", jnum(r.us_layer)},
+                                   {"breakdown_us", [&] {
+                                      nlohmann::json b = nlohmann::json::object();
+                                      for (const auto& [k, v] : r.breakdown) b[k] = v;
+                                      return b;
+                                    }()},
                                    {"tokens_per_s", jnum(r.tok_s)},
                                    {"layer_bytes", jnum(r.layer_bytes)},
                                    {"gbps", jnum(r.gbps)},

@@ -51,14 +51,23 @@ __global__ void attend_kernel(AttendArgs a) {
     if (lane == 0) logits[j] = float(dot) * a.scale;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // ops::softmax over the keys and the sink (which takes probability, gives no value)
-    logits[nk] = a.sink[h];
-    float m = -INFINITY;
-    for (int64_t j = 0; j <= nk; ++j) m = fmaxf(m, logits[j]);
-    double s = 0;
-    for (int64_t j = 0; j <= nk; ++j) s += (logits[j] = expf(logits[j] - m));
-    for (int64_t j = 0; j <= nk; ++j) logits[j] = float(double(logits[j]) / s);
-  }
+  // ops::softmax over the keys and the sink (which takes probability, gives no value): float exponentials, fp64
+  // sum (block-parallel; the sum's order differs from the CPU's, below fp32 resolution), p = float(e / sum).
+  if (threadIdx.x == 0) logits[nk] = a.sink[h];
+  __syncthreads();
+  __shared__ float wmax[32];
+  __shared__ double wsum[32];
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= nk; j += blockDim.x) m = fmaxf(m, logits[j]);
+  m = warp_max(m);
+  if (lane == 0) wmax[wid] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int i = 0; i < nwarps; ++i) m = fmaxf(m, wmax[i]);
+  double s = 0;
+  for (int64_t j = threadIdx.x; j <= nk; j += blockDim.x) s += double(logits[j] = expf(logits[j] - m));
+  s = block_sum(s, wsum);
+  for (int64_t j = threadIdx.x; j <= nk; j += blockDim.x) logits[j] = float(double(logits[j]) / s);
   __syncthreads();
   float* oh = a.out + (int64_t(t) * a.Hq + h) * Dh;
   for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) {

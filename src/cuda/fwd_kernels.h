@@ -42,6 +42,7 @@ void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const f
 // y = a * x elementwise over n values (in place when y == x).
 void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s);
 void fwd_add(float* y, const float* x, int64_t n, Stream s);  // y += x
+void fwd_to_bf16(const float* x, int64_t n, uint16_t* y, Stream s);  // round to nearest even
 
 // ---- hyper-connections (fwd_hc.cu) ----
 struct HcArgs {

@@ -133,6 +133,10 @@ __global__ void scale_kernel(const float* x, float a, float* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = a * x[i];
 }
+__global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+}
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __fadd_rn(y[i], x[i]);
@@ -185,6 +189,12 @@ void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s) {
   if (n <= 0) return;
   scale_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(x, a, y, n);
   check_launch("fwd_scale");
+}
+
+void fwd_to_bf16(const float* x, int64_t n, uint16_t* y, Stream s) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(x, n, y);
+  check_launch("fwd_to_bf16");
 }
 
 void fwd_add(float* y, const float* x, int64_t n, Stream s) {

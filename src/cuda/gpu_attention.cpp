@@ -5,6 +5,7 @@
 #include "cuda/gpu_attention.h"
 
 #include <cmath>
+#include <optional>
 
 namespace plumb::cuda {
 
@@ -67,6 +68,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
                    GpuLayerState& st, Scratch& sc, const Tap& tap, float* out) {
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora;
 
+  OpTimer& tm = sc.timer;
+  std::optional<OpRegion> region(std::in_place, tm, "attn.q_kv");
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
   float* qr = sc.f("attn.qr", n * QL);
   linear(w.wq_a, x, n, D, qr, QL, sc);
@@ -87,6 +90,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   AttendArgs a;
   a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
   int64_t max_keys = std::min<int64_t>(W, pos0 + n);
+  region.emplace(tm, "attn.compressor");
   if (type != AttnType::Sliding) {
     compressor_step(*w.comp, rope, c.rms_eps, x, n, st.comp, sc);
     a.entries = st.comp.entries.as<float>();
@@ -96,6 +100,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   }
   if (type == AttnType::CSA) {
     compressor_step(*w.icomp, rope, c.rms_eps, x, n, st.icomp, sc);
+    region.emplace(tm, "attn.indexer");
     const int64_t nh = c.index_heads, dh = c.index_head_dim, ne = st.icomp.n_entries;
     float* iq = sc.f("attn.index.q", n * nh * dh);
     linear(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
@@ -129,6 +134,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     max_keys += ia.k;
   }
 
+  region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
   a.q = q;
   a.chunk_kv = kv;
@@ -146,6 +152,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   rope.apply(o, n * H, Dh, Dh - rd, pos0, H, 1, true);
   fwd_ring_store(kv, n, Dh, pos0, W, st.ring.as<float>(), nullptr);
 
+  region.emplace(tm, "attn.out_proj");
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.
   const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
   float* mid = sc.f("attn.mid", n * G * R);
@@ -154,6 +161,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   else
     for (int64_t g = 0; g < G; ++g) fwd_linear(w.wo_a.d, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R, nullptr);
   linear(w.wo_b, mid, n, G * R, out, D, sc);
+  region.reset();
   tap_io(tap, "attn.out", out, {n, D});
 }
 

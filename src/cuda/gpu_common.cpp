@@ -2,6 +2,8 @@
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/gpu_common.h"
 
+#include <algorithm>
+
 #include "cuda/kernels.h"
 
 namespace plumb::cuda {
@@ -70,6 +72,42 @@ void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, int64_t pos
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
   if (w.fp8) return fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.ws);
   detail::fwd_linear(w.d, x, n, ldx, 0, w.d.rows, y, ldy, nullptr);
+}
+
+OpTimer::~OpTimer() {
+  for (void* e : pool_) detail::event_destroy(e);
+}
+
+void* OpTimer::event() {
+  if (used_ == pool_.size()) pool_.push_back(detail::event_create());
+  return pool_[used_++];
+}
+
+void OpTimer::begin(const char* name) {
+  void* e = event();
+  detail::event_record(e, nullptr);
+  marks_.push_back({name, {e, nullptr}});
+}
+
+void OpTimer::end() {
+  if (marks_.empty() || marks_.back().second.second) return;
+  void* e = event();
+  detail::event_record(e, nullptr);
+  marks_.back().second.second = e;
+}
+
+std::vector<std::pair<std::string, double>> OpTimer::collect() {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, ev] : marks_) {
+    if (!ev.second) continue;
+    const double ms = detail::event_elapsed_ms(ev.first, ev.second);
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == name; });
+    if (it == out.end()) out.push_back({name, ms});
+    else it->second += ms;
+  }
+  marks_.clear();
+  used_ = 0;
+  return out;
 }
 
 void* Scratch::get(const std::string& name, size_t bytes) {

@@ -76,11 +76,39 @@ struct GpuWeights {
   GpuRope rope_main, rope_compress;
 };
 
+// Per-op device time of one forward, for `plumb bench --layers` (off unless asked): CUDA events around named
+// regions, summed by name. Regions do not nest.
+class OpTimer {
+ public:
+  ~OpTimer();
+  bool on = false;
+  void begin(const char* name);
+  void end();
+  // Synchronizes; returns (name, ms) in first-seen order and clears.
+  std::vector<std::pair<std::string, double>> collect();
+
+ private:
+  std::vector<std::pair<std::string, std::pair<void*, void*>>> marks_;
+  std::vector<void*> pool_;
+  size_t used_ = 0;
+  void* event();
+};
+struct OpRegion {  // RAII: times [construction, destruction) when the timer is on
+  OpTimer& t;
+  OpRegion(OpTimer& timer, const char* name) : t(timer) {
+    if (t.on) t.begin(name);
+  }
+  ~OpRegion() {
+    if (t.on) t.end();
+  }
+};
+
 // Growable named device scratch: a name keeps its buffer across calls, growing (contents dropped) on demand.
 // Also the workspace of the fast kernels (split-K partials, f16 activations).
 class Scratch {
  public:
   Workspace ws;
+  OpTimer timer;
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 

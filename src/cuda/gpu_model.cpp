@@ -2,6 +2,7 @@
 // caches resident on the device per session, every op a kernel (src/cuda/fwd_*.cu), the same taps as the
 // reference (copied to the host only when a sink asks). Twin of src/model/model.cpp.
 #ifdef PLUMB_WITH_CUDA
+#include "cuda/blas.h"
 #include "cuda/gpu_attention.h"
 #include "cuda/gpu_common.h"
 #include "cuda/gpu_moe.h"
@@ -157,6 +158,12 @@ class GpuForward : public DeviceForward {
       g_.layers.push_back(std::move(gl));
     }
     synchronize();
+    if (opt_.cuda_head_bf16) {
+      head_bf16_ = w.head.layout() == Matrix::Layout::Plain && w.head.values().dtype == DType::BF16 && have_cublaslt();
+      fmt::print(stderr, "backend cuda: cuda.head_bf16 {}\n",
+                 head_bf16_ ? "runs the LM head" : have_cublaslt() ? "does not apply: the head is not BF16 in the checkpoint"
+                                                                  : "does not apply: built without cuBLASLt");
+    }
     if (fp8)
       fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}\n", fc.fp8, fc.fp8_of,
                  fc.fp8 < fc.fp8_of ? " (the others have shapes the kernel does not take: the fp32 twin runs them)" : "");
@@ -188,7 +195,11 @@ class GpuForward : public DeviceForward {
     float* col = sc.f("hc.collapsed", n * D);
     float* y = sc.f("sublayer.out", n * D);
     float* mixbuf = sc.f("hc.mix", n * (2 + H) * H);
-    fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr);
+    OpTimer& tm = sc.timer;
+    {
+      OpRegion r(tm, "embed");
+      fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr);
+    }
 
     auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site) {
       HcArgs a;
@@ -196,12 +207,16 @@ class GpuForward : public DeviceForward {
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
-      fwd_hc_pre(a, mixbuf, nullptr);
+      {
+        OpRegion r(tm, "hc_pre");
+        fwd_hc_pre(a, mixbuf, nullptr);
+      }
       tap_io(tap, (site + ".post").c_str(), post, {n, H});
       tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
       tap_io(tap, (site + ".collapsed").c_str(), col, {n, D});
     };
     auto hc_post = [&] {
+      OpRegion r(tm, "hc_post");
       fwd_hc_post(y, X, post, comb, n, int(H), D, opt_.fault_comb_untransposed, X2, nullptr);
       std::swap(X, X2);
     };
@@ -211,12 +226,18 @@ class GpuForward : public DeviceForward {
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
       const auto type = c.attn[size_t(i)];
       hc_pre(L.hc_attn, tap, "hc_attn");
-      fwd_rms_norm(col, n, D, D, f32(L.attn_norm), c.rms_eps, nullptr);
+      {
+        OpRegion r(tm, "norm");
+        fwd_rms_norm(col, n, D, D, f32(L.attn_norm), c.rms_eps, nullptr);
+      }
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, n, pos0,
                     ds.layers[size_t(i)], sc, tap, y);
       hc_post();
       hc_pre(L.hc_ffn, tap, "hc_ffn");
-      fwd_rms_norm(col, n, D, D, f32(L.ffn_norm), c.rms_eps, nullptr);
+      {
+        OpRegion r(tm, "norm");
+        fwd_rms_norm(col, n, D, D, f32(L.ffn_norm), c.rms_eps, nullptr);
+      }
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, n, tok, sc, tap, y);
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
@@ -227,11 +248,23 @@ class GpuForward : public DeviceForward {
     a.X = X, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
     a.n = n, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
     a.collapsed = col;
-    fwd_hc_pre(a, mixbuf, nullptr);
+    {
+      OpRegion r(tm, "head");
+      fwd_hc_pre(a, mixbuf, nullptr);
+    }
     tap_io(top, "hc_head.out", col, {n, D});
-    fwd_rms_norm(col, n, D, D, f32(g_.norm), c.rms_eps, nullptr);
     float* logits = sc.f("logits", int64_t(n) * c.vocab);
-    fwd_linear(g_.head.d, col, n, D, 0, c.vocab, logits, c.vocab, nullptr);
+    {
+      OpRegion r(tm, "head");
+      fwd_rms_norm(col, n, D, D, f32(g_.norm), c.rms_eps, nullptr);
+      if (head_bf16_) {  // cuda.head_bf16: logits = bf16(x) . head^T on the tensor cores, fp32 out
+        auto* xb = static_cast<uint16_t*>(sc.get("head.x16", size_t(n) * size_t(D) * 2));
+        fwd_to_bf16(col, int64_t(n) * D, xb, nullptr);
+        gemm_bf16(xb, static_cast<const uint16_t*>(g_.head.d.w), logits, true, n, c.vocab, int(D));
+      } else {
+        fwd_linear(g_.head.d, col, n, D, 0, c.vocab, logits, c.vocab, nullptr);
+      }
+    }
     Tensor out = download(logits, {n, int64_t(c.vocab)});  // synchronizes
     return out;
   }
@@ -240,6 +273,7 @@ class GpuForward : public DeviceForward {
   ModelConfig cfg_;
   ModelOptions opt_;
   GpuWeights g_;
+  bool head_bf16_ = false;  // cuda.head_bf16 applies
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/gpu_moe.h"
 
+#include <optional>
+
 namespace plumb::cuda {
 
 using namespace detail;
@@ -34,6 +36,7 @@ struct MoeCtx {
 
 template <Rsf P>
 GpuRouted<P> route(const MoeCtx& m) {
+  OpRegion region(m.sc.timer, "moe.router");
   const auto& c = m.c;
   GpuRouted<P> r;
   r.n = m.n, r.K = c.top_k, r.E = c.n_experts;
@@ -108,6 +111,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const bool before = m.opt.weight_before_down;  // the official order: weight applied before W2
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
+  std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
   if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
     const int chunk = std::max(1, 1024 / r.K);
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
@@ -125,9 +129,11 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
                before ? r.weight : nullptr, ys);
     fwd_moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), out, nullptr);
   }
+  region.reset();
   tap_io(m.tap, "ffn.routed", out, {r.n, D});
   if (m.w.s1 || m.w.sfp8) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
     float* shared = m.sc.f("moe.shared", r.n * D);
+    region.emplace(m.sc.timer, "moe.shared");
     if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
       auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(r.n) * size_t(m.w.sfp8->w1.rows) * 2));
       fp8_expert_ffn(*m.w.sfp8, m.x, cuda::Act::F32, r.n, limit, h16, shared, m.sc.ws);
@@ -135,6 +141,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, r.n, 1,
                  m.w.s1->d.rows, limit, nullptr, shared);
     }
+    region.reset();
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
     fwd_add(out, shared, r.n * D, nullptr);
   }

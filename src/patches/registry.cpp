@@ -61,6 +61,13 @@ std::vector<Patch> make_registry() {
                // Measured 7.9e-4 normalized vs the fp32 reference (tests/cuda, V4-Flash shapes), 4.0e-4 for the
                // whole routed MoE.
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_moe_mxfp4 = true; }, false, "cuda"});
+  r.push_back({"cuda.head_bf16", "LM head: fp32 twin GEMV (fp64 accumulation)",
+               "the LM head as a cuBLASLt bf16 tensor-core GEMM: the normed hidden state rounded to bf16, the bf16 "
+               "head weight as stored, fp32 accumulation and output; used when the head is BF16 in the checkpoint",
+               "bf16 rounding of the input moves each logit by ~2^-9 of its scale: near-tied top tokens can swap",
+               // One bf16 rounding of x (2^-9 relative) in a dot product of D terms: ~4e-3 of max|logit| at worst on
+               // random-sign data; 1e-2 leaves margin.
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_head_bf16 = true; }, false, "cuda"});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",

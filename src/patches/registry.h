@@ -27,7 +27,7 @@ struct Patch {
   // it reproduces (DeepSeek's official inference code), and against other goldens only reported (plumb kld).
   bool numerics_mode = false;
   // Set for a kernel of one backend ("cuda"): refused on the others, with a message naming it.
-  std::string backend;
+  std::string backend = "";
 };
 
 const std::vector<Patch>& patch_registry();

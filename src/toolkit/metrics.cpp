@@ -162,12 +162,13 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
     };
     account(x, y, only_x);
     account(y, x, only_y);
-    // A tie: the swapped entries' scores are within tolerance of each other on both sides, so either choice is
-    // the top-k of scores within noise (two implementations may order exactly equal scores differently).
+    // An exact tie: the swapped entries have exactly equal scores on both sides, so both selections are the top-k
+    // (two implementations may order equal scores differently, e.g. PyTorch's CPU and CUDA top-k). Unequal scores
+    // with unchanged values are a wrong top-k, however close.
     double gap = 0;
     for (auto e : only_x)
       for (auto f : only_y) gap = std::max({gap, std::fabs(double(ra[e]) - ra[f]), std::fabs(double(rb[e]) - rb[f])});
-    const bool boundary_tie = in_range && !only_x.empty() && !only_y.empty() && gap <= tol * scale;
+    const bool boundary_tie = in_range && !only_x.empty() && !only_y.empty() && gap == 0;
     if (in_range && ((move > 0 && move <= tol * scale) || boundary_tie)) {
       ++s.ties;
       s.max_tie_move = std::max(s.max_tie_move, move);

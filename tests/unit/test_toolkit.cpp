@@ -104,6 +104,12 @@ TEST(ToolkitMetrics, IndexTiesVersusRealFlips) {
   // Identical scores but a different selection: the top-k itself is wrong.
   s = compare_index(a, b, &sa, &sa, false, 1e-4);
   EXPECT_EQ(s.real, 1);
+  // Exactly equal scores ordered differently (PyTorch CPU vs CUDA top-k): both selections are the top-k, a tie.
+  Tensor se = sa;
+  se[2] = 1.0f;
+  s = compare_index(a, b, &se, &se, false, 1e-4);
+  EXPECT_EQ(s.ties, 1);
+  EXPECT_EQ(s.real, 0);
   // A hash layer never has ties.
   s = compare_index(a, b, &sa, &sb, true, 1e-4);
   EXPECT_EQ(s.real, 1);
