@@ -65,7 +65,7 @@ fi
 if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack: fast kernels, then the fp32 twin at batch 1
   note "layer bench (fast kernels)"
   timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST" \
-    --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" --json "$OUT/layers-fast.json" >"$OUT/layers-fast.txt" 2>&1
+    --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" ${LAYER_FAST_EXTRA:-} --json "$OUT/layers-fast.json" >"$OUT/layers-fast.txt" 2>&1
   note "layer bench rc=$?"
   timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches "${LAYER_REF_BATCHES:-1}" --prefill 0 \
     --iters 3 >"$OUT/layers-ref.txt" 2>&1
