@@ -24,32 +24,60 @@ __device__ void softmax_serial(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = float(double(x[i]) / s);
 }
 
-// One block per (mix o, token t): the RMS of the token's H*D streams (every block recomputes it: the row is in L2
-// and this keeps the mixes parallel) and mix[t, o] = sum_i float(x_i * r) * fn[o, i], fp64 accumulation.
-__global__ void hc_mix_kernel(HcArgs a, float* mix, int nmix) {
+// hc_pre in three parallel launches (one block per token was latency-bound: 80 us at V4-Flash size):
+//   1. partial sums of squares of the token's H*D streams over kHcSplit slices;
+//   2. per (mix o, slice s): r = rsqrt(mean + eps) from the partials (fixed order), the partial dot
+//      sum_i float(x_i * r) * fn[o, i] over the slice (fp64);
+//   3. per (D slice, token): mix = fp32(sum of partials in slice order), then pre/post/comb and the collapse.
+constexpr int kHcSplit = 16;
+
+__device__ __forceinline__ void slice_of(int64_t hd, int s, int64_t& b, int64_t& e) {
+  const int64_t per = (hd + kHcSplit - 1) / kHcSplit;
+  b = min(hd, int64_t(s) * per), e = min(hd, b + per);
+}
+
+__global__ void hc_ss_kernel(HcArgs a, double* ssp) {
   __shared__ double sh[32];
-  const int o = blockIdx.x, t = blockIdx.y;
+  const int s = blockIdx.x, t = blockIdx.y;
+  const int64_t hd = int64_t(a.H) * a.D;
+  const float* xt = a.X + int64_t(t) * hd;
+  int64_t b, e;
+  slice_of(hd, s, b, e);
+  double ss = 0;
+  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) ss += double(xt[i]) * xt[i];
+  ss = block_sum(ss, sh);
+  if (threadIdx.x == 0) ssp[int64_t(t) * kHcSplit + s] = ss;
+}
+
+__global__ void hc_mix_kernel(HcArgs a, const double* ssp, double* mixp, int nmix) {
+  __shared__ double sh[32];
+  const int o = blockIdx.x, s = blockIdx.y, t = blockIdx.z;
   const int64_t hd = int64_t(a.H) * a.D;
   const float* xt = a.X + int64_t(t) * hd;
   double ss = 0;
-  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) ss += double(xt[i]) * xt[i];
-  ss = block_sum(ss, sh);
+  for (int i = 0; i < kHcSplit; ++i) ss += ssp[int64_t(t) * kHcSplit + i];
   const double r = 1.0 / sqrt(ss / double(hd) + a.rms_eps);
   const float* f = a.fn + int64_t(o) * hd;
+  int64_t b, e;
+  slice_of(hd, s, b, e);
   double acc = 0;
-  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) acc += double(float(double(xt[i]) * r)) * f[i];
+  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += double(float(double(xt[i]) * r)) * f[i];
   acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) mix[int64_t(t) * nmix + o] = float(acc);
+  if (threadIdx.x == 0) mixp[(int64_t(t) * nmix + o) * kHcSplit + s] = acc;
 }
 
 // One block per (D slice, token): the pre weights (every block), post and the Sinkhorn-normalized comb (the first
 // block of the token), then this slice of the collapse sum_j pre_j * x_j.
-__global__ void hc_finish_kernel(HcArgs a, const float* mixes, int nmix) {
-  __shared__ float pre[8];
+__global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
+  __shared__ float pre[8], mix[kMaxMix];
   const int t = blockIdx.y, H = a.H;
-  const float* mix = mixes + int64_t(t) * nmix;
   const float* xt = a.X + int64_t(t) * H * a.D;
   if (threadIdx.x == 0) {
+    for (int o = 0; o < nmix; ++o) {
+      double acc = 0;
+      for (int i = 0; i < kHcSplit; ++i) acc += mixp[(int64_t(t) * nmix + o) * kHcSplit + i];
+      mix[o] = float(acc);
+    }
     const float eps = a.hc_eps;
     for (int j = 0; j < H; ++j) pre[j] = sigm(fmaf(mix[j], a.scale[0], a.base[j])) + eps;
     if (!a.head && blockIdx.x == 0) {
@@ -107,13 +135,19 @@ __global__ void hc_post_kernel(const float* y, const float* X, const float* post
 
 }  // namespace
 
-void fwd_hc_pre(const HcArgs& a, float* mix_scratch, Stream s) {
+size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * kHcSplit * size_t(1 + (2 + H) * H); }
+
+void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   const int nmix = a.head ? a.H : (2 + a.H) * a.H;
   if (a.H > 6 || nmix > kMaxMix) throw_arg("hc_pre: hc_mult > 6 is not supported on the GPU");
   if (a.n <= 0) return;
-  hc_mix_kernel<<<dim3(unsigned(nmix), unsigned(a.n)), 256, 0, s>>>(a, mix_scratch, nmix);
+  double* ssp = scratch;
+  double* mixp = scratch + size_t(a.n) * kHcSplit;
+  hc_ss_kernel<<<dim3(kHcSplit, unsigned(a.n)), 256, 0, s>>>(a, ssp);
+  check_launch("fwd_hc_ss");
+  hc_mix_kernel<<<dim3(unsigned(nmix), kHcSplit, unsigned(a.n)), 256, 0, s>>>(a, ssp, mixp, nmix);
   check_launch("fwd_hc_mix");
-  hc_finish_kernel<<<dim3(unsigned(fwd_blocks(a.D, 256)), unsigned(a.n)), 256, 0, s>>>(a, mix_scratch, nmix);
+  hc_finish_kernel<<<dim3(unsigned(fwd_blocks(a.D, 256)), unsigned(a.n)), 256, 0, s>>>(a, mixp, nmix);
   check_launch("fwd_hc_finish");
 }
 

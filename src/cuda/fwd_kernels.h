@@ -58,8 +58,9 @@ struct HcArgs {
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]
 };
-// mix_scratch: n * (2 + H) * H floats (the mixes between the two launches).
-void fwd_hc_pre(const HcArgs& a, float* mix_scratch, Stream s);
+// scratch: fwd_hc_scratch_doubles(n, H) doubles (partial sums between the launches).
+size_t fwd_hc_scratch_doubles(int n, int H);
+void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
 // out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault).
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,
                  float* out, Stream s);

@@ -194,7 +194,7 @@ class GpuForward : public DeviceForward {
     float* comb = sc.f("hc.comb", n * H * H);
     float* col = sc.f("hc.collapsed", n * D);
     float* y = sc.f("sublayer.out", n * D);
-    float* mixbuf = sc.f("hc.mix", n * (2 + H) * H);
+    auto* mixbuf = static_cast<double*>(sc.get("hc.mix", fwd_hc_scratch_doubles(n, int(H)) * 8));
     OpTimer& tm = sc.timer;
     {
       OpRegion r(tm, "embed");
