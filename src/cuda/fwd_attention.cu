@@ -161,14 +161,6 @@ __global__ void index_scores_kernel(IndexArgs a) {
   if (lane == 0) a.scores[int64_t(t) * a.ne + e] = float(acc);
 }
 
-// a ranks before b: larger value, NaN largest, equal values by lower index.
-__device__ __forceinline__ bool beats(float va, int64_t ia, float vb, int64_t ib) {
-  const bool na = isnan(va), nb = isnan(vb);
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
-}
-
 // Rank selection: entry e lands at rank #(entries that beat it); the first k ranks are the top-k, sorted.
 __global__ void index_topk_kernel(IndexArgs a) {
   const int t = blockIdx.x;

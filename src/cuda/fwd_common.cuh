@@ -77,6 +77,15 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
   return t;
 }
 
+// Top-k order: a ranks before b when larger, NaN largest, equal values by lower index (PyTorch's CUDA order).
+template <class I>
+__device__ __forceinline__ bool beats(float va, I ia, float vb, I ib) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
 inline int fwd_blocks(int64_t n, int threads) { return int((n + threads - 1) / threads); }
 
 }  // namespace plumb::cuda::detail

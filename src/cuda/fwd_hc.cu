@@ -1,28 +1,14 @@
-// Manifold-constrained hyper-connections on the GPU: hc_pre (norm, the (2+H)*H mixes over H*D, sigmoid, Sinkhorn,
-// collapse) in one kernel per token, hc_post elementwise. Twin of src/model/hyper_connection.cpp: fp64 dot
-// products, fp32 Sinkhorn in the reference's order.
+// Manifold-constrained hyper-connections on the GPU: hc_pre (norm, the (2+H)*H mixes over H*D, then the sigmoid
+// gates and Sinkhorn of model/hc_math.h, the same code the CPU reference runs, and the collapse), hc_post
+// elementwise. Twin of src/model/hyper_connection.cpp: fp64 dot products.
 #include "cuda/fwd_common.cuh"
+#include "model/hc_math.h"
 
 namespace plumb::cuda::detail {
 
 namespace {
 
 constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
-
-__device__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// ops::softmax: float exponentials, fp64 sum, all -inf -> zeros.
-__device__ void softmax_serial(float* x, int n) {
-  float m = -INFINITY;
-  for (int i = 0; i < n; ++i) m = fmaxf(m, x[i]);
-  if (m == -INFINITY) {
-    for (int i = 0; i < n; ++i) x[i] = 0;
-    return;
-  }
-  double s = 0;
-  for (int i = 0; i < n; ++i) s += (x[i] = expf(x[i] - m));
-  for (int i = 0; i < n; ++i) x[i] = float(double(x[i]) / s);
-}
 
 // hc_pre in three parallel launches (one block per token was latency-bound: 80 us at V4-Flash size):
 //   1. partial sums of squares of the token's H*D streams over kHcSplit slices;
@@ -78,35 +64,12 @@ __global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
       for (int i = 0; i < kHcSplit; ++i) acc += mixp[(int64_t(t) * nmix + o) * kHcSplit + i];
       mix[o] = float(acc);
     }
-    const float eps = a.hc_eps;
-    for (int j = 0; j < H; ++j) pre[j] = sigm(fmaf(mix[j], a.scale[0], a.base[j])) + eps;
-    if (!a.head && blockIdx.x == 0) {
-      for (int j = 0; j < H; ++j) a.post[t * H + j] = 2.0f * sigm(fmaf(mix[H + j], a.scale[1], a.base[H + j]));
-      float C[36];
-      for (int i = 0; i < H * H; ++i) C[i] = fmaf(mix[2 * H + i], a.scale[2], a.base[2 * H + i]);
-      for (int j = 0; j < H; ++j) {
-        softmax_serial(C + j * H, H);
-        for (int k = 0; k < H; ++k) C[j * H + k] += eps;
-      }
-      auto col_norm = [&] {
-        for (int k = 0; k < H; ++k) {
-          float s = 0;
-          for (int j = 0; j < H; ++j) s += C[j * H + k];
-          for (int j = 0; j < H; ++j) C[j * H + k] /= s + eps;
-        }
-      };
-      auto row_norm = [&] {
-        for (int j = 0; j < H; ++j) {
-          float s = 0;
-          for (int k = 0; k < H; ++k) s += C[j * H + k];
-          for (int k = 0; k < H; ++k) C[j * H + k] /= s + eps;
-        }
-      };
-      col_norm();
-      for (int it = 1; it < a.iters; ++it) {
-        row_norm();
-        col_norm();
-      }
+    // post and comb once per token (the first D slice); every slice needs pre for its collapse.
+    const bool full = !a.head && blockIdx.x == 0;
+    float post[6], C[36];
+    hc_math::weights(mix, a.scale, a.base, H, a.hc_eps, a.iters, pre, post, full ? C : nullptr);
+    if (full) {
+      for (int j = 0; j < H; ++j) a.post[t * H + j] = post[j];
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t) * H * H + i] = C[i];
     }
   }

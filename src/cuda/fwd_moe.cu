@@ -9,13 +9,6 @@ namespace {
 
 __device__ float softplus_stable(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 
-__device__ __forceinline__ bool beats(float va, int ia, float vb, int ib) {
-  const bool na = isnan(va), nb = isnan(vb);
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
-}
-
 // One block per token; shared: score[E], sel[E].
 __global__ void route_kernel(RouteArgs a) {
   extern __shared__ float sm[];

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "formats/numeric.h"
+#include "model/hc_math.h"
 #include "model/numerics.h"
 #include "model/ops.h"
 
@@ -49,36 +50,8 @@ HcPre hc_pre(const HyperConnWeights& w, const ModelConfig& c, const ModelOptions
     const float* xt = X.ptr() + t * H * D;
     const auto m = mixes(w.fn, c, o, xt, H * D);
     std::vector<float> pre(static_cast<size_t>(H));
-    for (int64_t j = 0; j < H; ++j) {
-      pre[size_t(j)] = ops::sigmoid(std::fma(m[size_t(j)], w.scale[0], w.base[j])) + eps;
-      p.post[t * H + j] = 2.0f * ops::sigmoid(std::fma(m[size_t(H + j)], w.scale[1], w.base[H + j]));
-    }
-    float* C = p.comb.ptr() + t * H * H;
-    for (int64_t i = 0; i < H * H; ++i) C[i] = std::fma(m[size_t(2 * H + i)], w.scale[2], w.base[2 * H + i]);
-    // Row softmax + eps, then column normalization; then (iters - 1) x (row, column) normalizations.
-    for (int64_t j = 0; j < H; ++j) {
-      ops::softmax(C + j * H, H);
-      for (int64_t k = 0; k < H; ++k) C[j * H + k] += eps;
-    }
-    auto col_norm = [&] {
-      for (int64_t k = 0; k < H; ++k) {
-        float s = 0;
-        for (int64_t j = 0; j < H; ++j) s += C[j * H + k];
-        for (int64_t j = 0; j < H; ++j) C[j * H + k] /= s + eps;
-      }
-    };
-    auto row_norm = [&] {
-      for (int64_t j = 0; j < H; ++j) {
-        float s = 0;
-        for (int64_t k = 0; k < H; ++k) s += C[j * H + k];
-        for (int64_t k = 0; k < H; ++k) C[j * H + k] /= s + eps;
-      }
-    };
-    col_norm();
-    for (int it = 1; it < c.hc_sinkhorn_iters; ++it) {
-      row_norm();
-      col_norm();
-    }
+    hc_math::weights(m.data(), w.scale.ptr(), w.base.ptr(), int(H), eps, c.hc_sinkhorn_iters, pre.data(), p.post.ptr() + t * H,
+                     p.comb.ptr() + t * H * H);
     float* y = p.collapsed.ptr() + t * D;
     for (int64_t d = 0; d < D; ++d) {
       float acc = 0;
@@ -123,7 +96,7 @@ Tensor hc_head(const HyperConnWeights& w, const ModelConfig& c, const ModelOptio
     const float* xt = X.ptr() + t * H * D;
     const auto m = mixes(w.fn, c, o, xt, H * D);
     std::vector<float> pre(static_cast<size_t>(H));
-    for (int64_t j = 0; j < H; ++j) pre[size_t(j)] = ops::sigmoid(std::fma(m[size_t(j)], w.scale[0], w.base[j])) + float(c.hc_eps);
+    hc_math::weights(m.data(), w.scale.ptr(), w.base.ptr(), int(H), float(c.hc_eps), 0, pre.data(), nullptr, nullptr);
     for (int64_t d = 0; d < D; ++d) {
       float acc = 0;
       for (int64_t j = 0; j < H; ++j) acc += pre[size_t(j)] * xt[j * D + d];

@@ -35,42 +35,32 @@ std::vector<std::string> fp32_fixtures() {
   return out;
 }
 
-class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::string> {};
+// (fixture, patches): the fp32 twin alone, with the exact MoE patches, and with the tensor-core kernels (they run
+// where the shapes fit: every matrix of kernel-dims, some of tiny-official / official-mixed; the fp32 twin
+// elsewhere), each at its registered tolerance.
+class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
   plumb::tools::VerifyGoldenOptions o;
-  o.dir = GetParam();
+  o.dir = std::get<0>(GetParam());
+  o.patches = std::get<1>(GetParam());
   o.backend = "cuda";
   o.quiet = true;
-  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
+  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir << " [" << o.patches << "]";
 }
 
-TEST_P(GpuGolden, VerifyGoldenPassesWithRsfOnOutputAndWeightBeforeDown) {
-  plumb::tools::VerifyGoldenOptions o;
-  o.dir = GetParam();
-  o.backend = "cuda";
-  o.patches = "moe.rsf_on_output,moe.weight_before_down";
-  o.quiet = true;
-  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
-}
-
-// The tensor-core kernels as patches: they run where the shapes fit (every matrix of kernel-dims, some of
-// tiny-official / official-mixed) and the fp32 twin elsewhere; at their registered tolerance.
-TEST_P(GpuGolden, VerifyGoldenPassesWithTensorCoreKernels) {
-  plumb::tools::VerifyGoldenOptions o;
-  o.dir = GetParam();
-  o.backend = "cuda";
-  o.patches = "cuda.fp8_gemv,cuda.moe_mxfp4";
-  o.quiet = true;
-  EXPECT_EQ(plumb::tools::verify_golden(o), 0) << o.dir;
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGolden, ::testing::ValuesIn(fp32_fixtures()), [](const auto& info) {
-  std::string n = fs::path(info.param).filename().string();
-  for (auto& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GpuGolden,
+    ::testing::Combine(::testing::ValuesIn(fp32_fixtures()),
+                       ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16")),
+    [](const auto& info) {
+      std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
+                      std::to_string(info.index % 3);
+      for (auto& ch : n)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
 
 // A planted fault must fail on the GPU too (the backend implements the faults so that selftest can run there).
 TEST_F(GpuTest, FaultFailsVerifyGolden) {

@@ -1,0 +1,66 @@
+// The mHC weights from the mixes, shared by the CPU reference (hyper_connection.cpp) and the CUDA kernels
+// (cuda/fwd_hc.cu): one implementation of the sigmoid gates and the Sinkhorn-Knopp normalization. Includes no
+// plumb header, so nvcc compiles it too (the functions are __host__ __device__ there).
+#pragma once
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define PLUMB_HD __host__ __device__
+#else
+#define PLUMB_HD
+#endif
+
+namespace plumb::hc_math {
+
+PLUMB_HD inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ops::softmax's arithmetic: float exponentials, fp64 sum, p = float(e / sum); all -inf gives zeros.
+PLUMB_HD inline void softmax(float* x, int n) {
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = fmaxf(m, x[i]);
+  if (m == -INFINITY) {
+    for (int i = 0; i < n; ++i) x[i] = 0;
+    return;
+  }
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += (x[i] = expf(x[i] - m));
+  for (int i = 0; i < n; ++i) x[i] = float(double(x[i]) / s);
+}
+
+// mix: the (2 + H) * H mixes of one token (pre, post, comb logits), or only the first H (comb == nullptr: the hc
+// head). pre[j] = sigmoid(mix_j * scale0 + base_j) + eps; post[j] = 2 sigmoid(mix_{H+j} * scale1 + base_{H+j});
+// comb = Sinkhorn(mix_{2H..} * scale2 + base_{2H..}): row softmax + eps, a column normalization, then
+// (iters - 1) x (row, column) normalizations, each dividing by (sum + eps). comb is [H, H] row-major.
+PLUMB_HD inline void weights(const float* mix, const float* scale, const float* base, int H, float eps, int iters, float* pre,
+                             float* post, float* comb) {
+  for (int j = 0; j < H; ++j) pre[j] = sigmoid(fmaf(mix[j], scale[0], base[j])) + eps;
+  if (!comb) return;
+  for (int j = 0; j < H; ++j) post[j] = 2.0f * sigmoid(fmaf(mix[H + j], scale[1], base[H + j]));
+  float* C = comb;
+  for (int i = 0; i < H * H; ++i) C[i] = fmaf(mix[2 * H + i], scale[2], base[2 * H + i]);
+  for (int j = 0; j < H; ++j) {
+    softmax(C + j * H, H);
+    for (int k = 0; k < H; ++k) C[j * H + k] += eps;
+  }
+  auto col_norm = [&] {
+    for (int k = 0; k < H; ++k) {
+      float s = 0;
+      for (int j = 0; j < H; ++j) s += C[j * H + k];
+      for (int j = 0; j < H; ++j) C[j * H + k] /= s + eps;
+    }
+  };
+  auto row_norm = [&] {
+    for (int j = 0; j < H; ++j) {
+      float s = 0;
+      for (int k = 0; k < H; ++k) s += C[j * H + k];
+      for (int k = 0; k < H; ++k) C[j * H + k] /= s + eps;
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+}  // namespace plumb::hc_math
