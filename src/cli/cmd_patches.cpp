@@ -13,7 +13,11 @@ void register_patches(CLI::App& app) {
     for (const auto& p : patch_registry()) {
       if (p.fault) continue;
       fmt::print("{:<24} {:>8.0e} {:>8.0e} {:>8.0e}  replaces {}{}\n{:<52}{}\n{:<52}risk: {}\n", p.name, p.tol.fp32, p.tol.local,
-                 p.tol.bf16, p.replaces, p.numerics_mode ? " (a numerics mode: verified against its own goldens)" : "", "",
+                 p.tol.bf16, p.replaces,
+                 p.numerics_mode       ? " (a numerics mode: verified against its own goldens)"
+                 : !p.backend.empty() ? fmt::format(" (backend {} only)", p.backend)
+                                      : "",
+                 "",
                  p.description, "", p.risk);
     }
     fmt::print("\nbuilt-in faults (deliberate bugs for testing the toolkit; enabled only when named):\n");

@@ -48,13 +48,13 @@ cp models/tiny/config.json models/tiny/model.safetensors "$tmp/notok/"
 cp models/tiny/config.json models/tiny/model.safetensors "$tmp/badtok/"
 printf '{"model": {"type": "BPE", "vocab": {' >"$tmp/badtok/tokenizer.json"
 long=$(python3 -c 'print("Once upon a time " * 700)' 2>/dev/null || printf 'Once upon a time %.0s' $(seq 700))
-check_error() {  # name, expected text in the message, then the command
+check_error() {  # name, expected text in the message, then the command (exit status 1; EXPECT_RC overrides)
   local name=$1 want=$2
   shift 2
   "$@" >"$tmp/e.out" 2>"$tmp/e.err"
   local rc=$? lines
   lines=$(wc -l <"$tmp/e.err")
-  if [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$want" "$tmp/e.err"; then
+  if [ $rc -eq "${EXPECT_RC:-1}" ] && [ "$lines" -eq 1 ] && grep -qF "$want" "$tmp/e.err" && grep -q '^error: ' "$tmp/e.err"; then
     ok "$name: $(cat "$tmp/e.err")"
   else
     bad "$name: exit status $rc, stderr: $(cat "$tmp/e.err")"
@@ -70,6 +70,22 @@ check_error "missing model folder" "does not exist" "$plumb" run -q -m "$tmp/not
 check_error "bad sampling option" "top-p" "$plumb" run -q -p hi --top-p 2
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
+check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
+check_error "a CUDA patch on the CPU backend" "cuda.fp8_gemv is a CUDA kernel: it needs --backend cuda" \
+  "$plumb" run -q -p hi --patches cuda.fp8_gemv
+EXPECT_RC=2 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
+  "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
+# --backend cuda: on a machine without a usable GPU (or a build without CUDA) one error line that says why;
+# with a GPU it runs.
+"$plumb" run -q -p hi -n 3 --seed 1 --backend cuda >"$tmp/g.out" 2>"$tmp/g.err"
+rc=$?
+if [ $rc -eq 0 ]; then
+  ok "backend cuda runs here: $(head -c 60 "$tmp/g.out" | tr '\n' ' ')"
+elif [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/g.err")" -eq 1 ] && grep -q '^error: backend cuda: ' "$tmp/g.err"; then
+  ok "backend cuda without a GPU: $(cat "$tmp/g.err")"
+else
+  bad "backend cuda: exit status $rc, stderr: $(cat "$tmp/g.err")"
+fi
 
 echo "run_smoke: $passes passed, $fails failed"
 exit $((fails > 0))

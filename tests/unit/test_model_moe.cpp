@@ -321,3 +321,23 @@ static_assert(!composes<plumb::RunnerFoldedWeights, Rsf::Unfolded>, "unscaled we
 static_assert(!composes<plumb::RunnerScalesOutput, Rsf::Folded>, "folded weights into a scaling runner: factor twice");
 
 }  // namespace
+
+// A toolkit configuration is "[cpu:|cuda:]PATCHES": the backend prefix is split off, the patches parsed as usual.
+TEST(ModelMoeRegistry, RunConfigurationsNameTheirBackend) {
+  EXPECT_EQ(plumb::parse_config("").backend, "cpu");
+  EXPECT_EQ(plumb::parse_config("moe.rsf_on_output").backend, "cpu");
+  const auto g = plumb::parse_config("cuda:moe.rsf_on_output,cuda.moe_mxfp4");
+  EXPECT_EQ(g.backend, "cuda");
+  EXPECT_TRUE(g.patches.options.rsf_on_output);
+  EXPECT_TRUE(g.patches.options.cuda_moe_mxfp4);
+  EXPECT_EQ(plumb::parse_config("cuda:").patches.active.size(), 0u);
+  EXPECT_EQ(plumb::parse_config("cpu:router.bf16").backend, "cpu");
+  EXPECT_THROW(plumb::parse_config("tpu:"), plumb::Error);
+  EXPECT_THROW(plumb::parse_config("cuda:nope"), plumb::Error);
+  // The GPU kernels are patches of the cuda backend only.
+  for (const char* name : {"cuda.fp8_gemv", "cuda.moe_mxfp4", "cuda.head_bf16"}) {
+    const auto* p = plumb::find_patch(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_EQ(p->backend, "cuda") << name;
+  }
+}
