@@ -13,6 +13,13 @@
 
 namespace plumb {
 
+// The one-line escaped text form `plumb tokenize` reads and writes (and the tokenizer parity fixtures use), so any
+// byte string fits on one line: \\ \n \t \r and \xHH (one raw byte) escapes, everything else literal.
+// unescape_line throws plumb::Error naming the column of a bad escape; escape_line escapes backslash, \n \t \r,
+// other control bytes and DEL, and every byte of an ill-formed UTF-8 sequence (as \xHH).
+std::string unescape_line(std::string_view line);
+std::string escape_line(std::string_view bytes);
+
 // ---------------------------------------------------------------------------------------------------------
 // Tokenizer: a Hugging Face tokenizer.json (byte-level BPE, exact parity with the `tokenizers` library) plus
 // what tokenizer_config.json says about BOS/EOS.

@@ -2,9 +2,10 @@
 // with --layers N, the whole GPU forward pass on an N-layer V4-Flash stack (src/cuda/bench_layers.cpp).
 // Without a usable GPU (or in a build without CUDA) it says why and exits non-zero.
 #include "cli/commands.h"
-#include "core/strings.h"
-#include "cuda/api.h"
-#include "cuda/bench_layers.h"
+#include <sstream>
+
+#include "plumb/bench.h"
+#include "plumb/error.h"
 
 namespace plumb::cli {
 
@@ -34,14 +35,18 @@ void register_bench(CLI::App& app) {
     lo->layers = *layers;
     lo->iters = opt->iters;
     lo->json = opt->json;
-    auto ints = [](const std::string& s, const char* what) {
+    auto ints = [](const std::string& s, const char* what) {  // "1,8,32"
       std::vector<int> v;
-      for (const auto& x : split_list(s)) {
+      std::stringstream ss(s);
+      for (std::string x; std::getline(ss, x, ',');) {
+        if (x.find_first_not_of(' ') == std::string::npos) continue;
+        size_t used = 0;
         try {
-          v.push_back(std::stoi(x));
+          v.push_back(std::stoi(x, &used));
         } catch (const std::exception&) {
-          fail("--{}: '{}' is not a number", what, x);
+          used = 0;
         }
+        if (used == 0 || x.find_first_not_of(' ', used) != std::string::npos) fail("--{}: '{}' is not a number", what, x);
       }
       return v;
     };

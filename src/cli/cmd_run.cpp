@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
+#include "plumb/error.h"
 
 namespace plumb::cli {
 

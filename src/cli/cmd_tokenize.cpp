@@ -1,14 +1,13 @@
 // `plumb tokenize -t tokenizer.json [--decode] [--add-special] [--skip-special]`: line-based encode/decode of
-// stdin with the escaped one-line text form of text/escape.h (ids space-separated, one output line per input).
+// stdin with the escaped one-line text form of plumb/text.h (ids space-separated, one output line per input).
 #include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <string>
 
 #include "cli/commands.h"
-#include "core/error.h"
-#include "text/escape.h"
-#include "text/tokenizer.h"
+#include "plumb/error.h"
+#include "plumb/text.h"
 
 namespace plumb::cli {
 
@@ -41,7 +40,7 @@ std::vector<int32_t> parse_ids(const std::string& line) {
 }
 
 int run_tokenize(const TokenizeOptions& opt) {
-  const auto tok = text::Tokenizer::load(opt.tokenizer);
+  const auto tok = Tokenizer::load(opt.tokenizer);
   std::string line, out;
   size_t lineno = 0;
   while (std::getline(std::cin, line)) {
@@ -49,9 +48,9 @@ int run_tokenize(const TokenizeOptions& opt) {
     try {
       out.clear();
       if (opt.decode) {
-        out = text::escape_line(tok.decode(parse_ids(line), opt.skip_special));
+        out = escape_line(tok.decode(parse_ids(line), opt.skip_special));
       } else {
-        const auto ids = tok.encode(text::unescape_line(line), opt.add_special);
+        const auto ids = tok.encode(unescape_line(line), opt.add_special);
         for (size_t k = 0; k < ids.size(); ++k) {
           if (k) out += ' ';
           out += std::to_string(ids[k]);

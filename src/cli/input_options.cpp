@@ -3,7 +3,7 @@
 
 namespace plumb::cli {
 
-void add_input_options(CLI::App* cmd, InputOptions& in) {
+void add_input_options(CLI::App* cmd, tools::InputSpec& in) {
   cmd->add_option("--fixture", in.fixture, "run the steps of this golden fixture (its folder is the model unless -m)");
   cmd->add_option("-m,--model", in.model, "model folder (config.json + model.safetensors)");
   cmd->add_option("--tokens", in.tokens, "token file (ids; one step per line)");

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "core/error.h"
+#include "plumb/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"plumb: a DeepSeek-V4 inference engine whose every speed patch is proven against the reference math"};

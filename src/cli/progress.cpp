@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "plumb/error.h"
 
 namespace plumb::cli {
 

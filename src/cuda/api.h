@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/experts.h"
 #include "model/router.h"
+#include "plumb/bench.h"
 
 struct CUstream_st;  // cudaStream_t without the CUDA headers
 
@@ -240,17 +241,6 @@ void moe_routed(const Runner&, const ModelConfig& c, const MoeExperts& m, const 
   moe_combine(scratch.ys.as<float>(), r.weight, r.n, r.K, m.D, Runner::output_scale(c), add, y, s);
 }
 
-// ---- bench (src/cuda/bench.cu) ----
-
-struct BenchOptions {
-  int iters = 30;          // timed repetitions per kernel (median reported)
-  int warmup = 3;
-  std::string json;        // write the results here too ("" = no)
-  bool flush_l2 = true;    // read a buffer larger than L2 before each timed run (cold weights, as in decode)
-  bool profile = false;    // only launch each main kernel once (for a profiler such as ncu), no timing
-};
-// Runs the bench on the first device; prints the table to stdout. Returns the process exit code (non-zero
-// without a usable GPU, with the reason on stderr).
-int run_bench(const BenchOptions& o);
+// ---- bench: BenchOptions and run_bench are public (plumb/bench.h) ----
 
 }  // namespace plumb::cuda

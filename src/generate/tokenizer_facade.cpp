@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "plumb/text.h"
+#include "text/escape.h"
 #include "text/tokenizer.h"
 
 namespace plumb {
@@ -56,6 +57,9 @@ void read_tokenizer_config(const fs::path& path, Tokenizer::Impl& impl) {
 }
 
 }  // namespace
+
+std::string unescape_line(std::string_view line) { return text::unescape_line(line); }
+std::string escape_line(std::string_view bytes) { return text::escape_line(bytes); }
 
 Tokenizer Tokenizer::load(const std::string& path) {
   fs::path json_path = path, dir = path;

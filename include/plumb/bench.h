@@ -1,0 +1,60 @@
+// plumb's GPU benchmarks (`plumb bench`; built with -DPLUMB_CUDA=ON, a Hopper GPU): the kernels at DeepSeek-V4-Flash
+// sizes against the bandwidth and bf16 GEMM rate measured in the same run, and the whole forward pass on a stack
+// of V4-Flash layers. Without a usable GPU (or in a build without CUDA) each says why on stderr and returns 3.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace plumb::cuda {
+
+struct BenchOptions {
+  int iters = 30;          // timed repetitions per kernel (median reported)
+  int warmup = 3;
+  std::string json;        // write the results here too ("" = no)
+  bool flush_l2 = true;    // read a buffer larger than L2 before each timed run (cold weights, as in decode)
+  bool profile = false;    // only launch each main kernel once (for a profiler such as ncu), no timing
+};
+// Runs the bench on the first device; prints the table to stdout. Returns the process exit code (non-zero
+// without a usable GPU, with the reason on stderr).
+int run_bench(const BenchOptions& o);
+
+// The model's dimensions (defaults: DeepSeek-V4-Flash; see the spec, section 1.1). Tests use
+// a tiny set; the bench runs these.
+struct LayerBenchDims {
+  int vocab = 129280, hidden = 4096, heads = 64, head_dim = 512, rope_dim = 64;
+  int q_lora = 1024, o_groups = 8, o_lora = 1024, window = 128;
+  int experts = 256, top_k = 6, moe_inter = 2048;
+  int hc_mult = 4, sinkhorn_iters = 20;
+  int index_heads = 64, index_head_dim = 128, index_topk = 512;
+  int csa_rate = 4, hca_rate = 128;
+};
+
+struct LayerBenchOptions {
+  int layers = 2;
+  std::string patches;  // --patches list (parse_patches), e.g. "cuda.fp8_gemv,cuda.moe_mxfp4"
+  std::string dir;      // where to write the synthetic checkpoint; "" = a temp dir removed afterwards. A folder
+                        // given here is kept, and reused when it already holds this exact synthetic checkpoint.
+  std::vector<int> decode_batches = {1, 8, 32, 128};
+  std::vector<int> prefill = {1024, 8192};
+  int iters = 10;       // timed decode steps per batch (median reported), after `warmup` steps
+  std::string json;     // write the results here too ("" = no)
+  bool keep = false;    // keep the temp dir (its path is printed)
+
+  // Beyond the CLI's flags (the defaults are what `plumb bench --layers N` runs):
+  int warmup = 2;
+  int context = 256;                 // tokens prefilled on each decode batch's session before timing
+  int prefill_chunk = 2048;          // a prefill feeds at most this many tokens per forward call
+  double max_seconds = 480;          // the whole run; phases that would not fit are skipped, and say so
+  double batch_budget_s = 60;        // decode: stop timing a batch once this is spent (after >= 3 steps)
+  double prefill_skip_after_s = 20;  // a prefill slower than this skips the larger ones
+  int threads = 0;                   // checkpoint generation threads (0: every core)
+  std::string backend = "cuda";      // "cpu" runs the same flow on the reference backend (tests; no bandwidth figures)
+  LayerBenchDims dims;
+};
+
+// Runs the bench on the first device: prints the table on stdout, writes JSON when asked. Returns the process exit
+// code: 0 ok, 1 a phase failed (the others still ran), 2 bad options or the checkpoint/load failed, 3 no usable GPU
+// (reason on stderr).
+int run_layer_bench(const LayerBenchOptions& o);
+
+}  // namespace plumb::cuda

@@ -1,0 +1,153 @@
+// The toolkit's commands behind the public entry points of plumb/tools.h (trace, diff, kld, bisect, selftest,
+// the patch list): input resolution, running, printing the reports, exit status. The CLI only parses options.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "patches/registry.h"
+#include "plumb/tools.h"
+#include "toolkit/bisect.h"
+#include "toolkit/diff.h"
+#include "toolkit/kld.h"
+#include "toolkit/selftest.h"
+#include "toolkit/trace.h"
+
+namespace plumb::tools {
+
+namespace {
+
+toolkit::RunInput resolve(const InputSpec& in) {
+  return toolkit::resolve_input(in.fixture, in.model, in.tokens, in.text, in.tokenizer, in.chunk);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  PLUMB_CHECK(f.good(), "cannot write {}", path);
+  f << text;
+  PLUMB_CHECK(f.good(), "error while writing {}", path);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+}  // namespace
+
+int trace(const TraceOptions& o) {
+  const auto in = resolve(o.in);
+  const auto filter = toolkit::TapFilter::parse(o.taps, o.layers, o.steps, o.positions);
+  const auto model = toolkit::load_model(in.model_dir, o.patches);
+  const auto t = toolkit::run_trace(*model, in, o.patches, &filter);
+  toolkit::write_trace(t, o.out);
+  size_t tensors = 0;
+  for (const auto& d : t.data) tensors += d.order.size();
+  fmt::print("trace: {} steps of {}, patches [{}], {}: {} tensors ({} taps) -> {} ({:.1f} KiB) + {}\n", t.steps.size(),
+             in.source, o.patches.empty() ? "reference" : o.patches, filter.describe(), tensors, t.tap_order().size(), o.out,
+             double(std::filesystem::file_size(o.out)) / 1024.0, toolkit::index_path_for(o.out));
+  return 0;
+}
+
+int diff(const DiffOptions& o) {
+  toolkit::DiffOptions d;
+  d.trace_a = o.trace_a, d.trace_b = o.trace_b;
+  d.fixture = o.in.fixture, d.model = o.in.model, d.tokens = o.in.tokens, d.text = o.in.text;
+  d.tokenizer = o.in.tokenizer, d.chunk = o.in.chunk;
+  d.a = o.a, d.b = o.b, d.local = o.local, d.tol = o.tol;
+  if (!o.taps.empty() || !o.layers.empty()) {
+    d.filter = toolkit::TapFilter::parse(o.taps, o.layers, "", "");
+    d.has_filter = true;
+  }
+  const auto r = toolkit::run_diff(d);
+  if (!o.json.empty()) write_file(o.json, toolkit::report_json(r));
+  if (!o.html.empty()) write_file(o.html, toolkit::report_html(r));
+  toolkit::print_report(r);
+  return r.first.none() ? 0 : 1;
+}
+
+int kld(const KldOptions& o) {
+  PLUMB_CHECK(o.save_ref.empty() || o.ref.empty(), "--save-ref and --ref are two separate steps: give one");
+  if (!o.save_ref.empty()) {
+    toolkit::save_kld_ref(resolve(o.in), o.a, o.save_ref, o.topk);
+    return 0;
+  }
+  toolkit::KldReport r;
+  if (!o.ref.empty()) {
+    PLUMB_CHECK(o.a.empty(), "--a has no effect with --ref (A is the saved configuration)");
+    if (o.in.given()) {
+      const auto in = resolve(o.in);
+      r = toolkit::kld_against_ref(o.ref, in.model_dir, o.b, &in);
+    } else {
+      r = toolkit::kld_against_ref(o.ref, o.in.model.empty() ? o.in.fixture : o.in.model, o.b, nullptr);
+    }
+  } else {
+    r = toolkit::kld_live(resolve(o.in), o.a, o.b);
+  }
+  toolkit::print_kld(r);
+  if (!o.json.empty()) write_file(o.json, toolkit::kld_json(r));
+  return 0;
+}
+
+int bisect(const BisectOptions& opt) {
+  toolkit::BisectOptions o;
+  o.input = resolve(opt.in);
+  o.patches = toolkit::split_patch_list(opt.patches);
+  o.criterion = opt.kld_threshold >= 0 ? "kld" : opt.criterion;
+  o.kld_threshold = opt.kld_threshold;
+  PLUMB_CHECK(o.criterion != "kld" || opt.kld_threshold >= 0, "--criterion kld needs --threshold-kld X");
+  o.verbose = !opt.quiet;
+  fmt::print("plumb bisect: {} patches on {}, criterion: {}\n", o.patches.size(), o.input.source,
+             o.criterion == "kld"    ? fmt::format("mean KLD against the reference > {:g}", o.kld_threshold)
+             : o.criterion == "free" ? std::string("free-running taps beyond the registry's fp32 tolerance")
+                                     : std::string("teacher-forced (local) op errors beyond the registry's local tolerance"));
+  const auto r = toolkit::bisect(o);
+  for (const auto& n : r.notes) fmt::print("note: {}\n", n);
+  if (!r.full_diverges) {
+    fmt::print("bisect: the patches do not diverge together ({} tests, {:.2f} s): nothing to bisect\n", r.tests, r.seconds);
+    return 1;
+  }
+  std::string names;
+  for (const auto& cu : r.culprits) {
+    const std::string set = join(cu.patches);
+    names += (names.empty() ? "" : "; ") + set;
+    fmt::print("culprit: {} (first divergence {}{}; diagnosis: {}){}\n", set, cu.first.none() ? "none" : cu.first.tap,
+               cu.first.none() ? "" : " at step " + cu.first.step_name, cu.diagnosis,
+               cu.alone_ok.empty() ? "" : fmt::format(" [an interaction: {} alone do(es) not diverge]", join(cu.alone_ok)));
+  }
+  fmt::print("bisect: {} culprit{}: {} ({} tests, {:.2f} s)\n", r.culprits.size(), r.culprits.size() == 1 ? "" : "s", names,
+             r.tests, r.seconds);
+  return 0;
+}
+
+int selftest(const std::vector<std::string>& fixtures, const std::string& backend) {
+  const auto r = toolkit::run_selftest(
+      fixtures,
+      [](const toolkit::SelftestCase& c) {
+        fmt::print("{}\n", toolkit::format_case(c));
+        std::fflush(stdout);
+      },
+      backend);
+  fmt::print("{} passed, {} failed{}\n", r.passed, r.failed, r.skipped ? fmt::format(", {} skipped", r.skipped) : "");
+  return r.failed ? 1 : 0;
+}
+
+void print_patches() {
+  fmt::print("{:<24} {:>8} {:>8} {:>8}  {}\n", "name", "fp32", "local", "bf16", "replaces / description / risk");
+  for (const auto& p : patch_registry()) {
+    if (p.fault) continue;
+    fmt::print("{:<24} {:>8.0e} {:>8.0e} {:>8.0e}  replaces {}{}\n{:<52}{}\n{:<52}risk: {}\n", p.name, p.tol.fp32, p.tol.local,
+               p.tol.bf16, p.replaces,
+               p.numerics_mode       ? " (a numerics mode: verified against its own goldens)"
+               : !p.backend.empty() ? fmt::format(" (backend {} only)", p.backend)
+                                    : "",
+               "", p.description, "", p.risk);
+  }
+  fmt::print("\nbuilt-in faults (deliberate bugs for testing the toolkit; enabled only when named):\n");
+  for (const auto& p : patch_registry())
+    if (p.fault) fmt::print("{:<30}  {}: {}\n", p.name, p.replaces, p.description);
+  fmt::print("\ntolerances: |err| <= tol x max(1, max|ref|) per tensor; fp32: free-running on the CPU reference, local: with\n"
+             "--teacher-forcing (each op fed the golden's inputs), bf16: on a bf16 backend. With several patches the loosest applies.\n");
+}
+
+}  // namespace plumb::tools
