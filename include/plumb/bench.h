@@ -11,6 +11,7 @@ struct BenchOptions {
   int iters = 30;          // timed repetitions per kernel (median reported)
   int warmup = 3;
   std::string json;        // write the results here too ("" = no)
+  std::string csv;         // and the kernel rows as CSV here ("" = no)
   bool flush_l2 = true;    // read a buffer larger than L2 before each timed run (cold weights, as in decode)
   bool profile = false;    // only launch each main kernel once (for a profiler such as ncu), no timing
 };
@@ -38,6 +39,7 @@ struct LayerBenchOptions {
   std::vector<int> prefill = {1024, 8192};
   int iters = 10;       // timed decode steps per batch (median reported), after `warmup` steps
   std::string json;     // write the results here too ("" = no)
+  std::string csv;      // and the decode and prefill rows as CSV here ("" = no)
   bool keep = false;    // keep the temp dir (its path is printed)
 
   // Beyond the CLI's flags (the defaults are what `plumb bench --layers N` runs):

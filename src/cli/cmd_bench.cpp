@@ -15,6 +15,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--iters", opt->iters, "timed runs per kernel (the median is reported)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opt->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
+  cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file");
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
   cmd->add_flag("--profile", opt->profile, "launch each main kernel once without timing (to run under ncu)");
   auto lo = std::make_shared<cuda::LayerBenchOptions>();
@@ -35,6 +36,7 @@ void register_bench(CLI::App& app) {
     lo->layers = *layers;
     lo->iters = opt->iters;
     lo->json = opt->json;
+    lo->csv = opt->csv;
     auto ints = [](const std::string& s, const char* what) {  // "1,8,32"
       std::vector<int> v;
       std::stringstream ss(s);

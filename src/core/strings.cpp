@@ -17,4 +17,20 @@ std::vector<std::string> split_list(const std::string& s, char sep) {
   return out;
 }
 
+std::string csv_row(const std::vector<std::string>& fields) {
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const std::string& f = fields[i];
+    if (i) out += ',';
+    if (f.find_first_of(",\"\r\n") == std::string::npos) {
+      out += f;
+      continue;
+    }
+    out += '"';
+    for (char c : f) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    out += '"';
+  }
+  return out + "\n";
+}
+
 }  // namespace plumb

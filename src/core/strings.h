@@ -1,4 +1,4 @@
-// Small string helpers shared by option parsers.
+// Small string helpers shared by option parsers and report writers.
 #pragma once
 #include <string>
 #include <vector>
@@ -7,5 +7,9 @@ namespace plumb {
 
 // Splits "a, b,,c" at `sep` into {"a", "b", "c"}: items trimmed of spaces and tabs, empty items dropped.
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
+
+// One CSV row (RFC 4180): fields joined by commas, a field quoted (quotes doubled) when it holds a comma, a quote
+// or a line break; ends with "\n".
+std::string csv_row(const std::vector<std::string>& fields);
 
 }  // namespace plumb

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "core/strings.h"
 #include "cuda/api.h"
 #include "cuda/blas.h"
 #include "cuda/kernels.h"
@@ -533,6 +534,22 @@ int run_bench(const BenchOptions& opt) {
       return 2;
     }
     fmt::print("wrote {}\n", B.o.json);
+  }
+  if (!B.o.csv.empty()) {
+    std::ofstream f(B.o.csv);
+    auto num = [](double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string(); };
+    f << csv_row({"table", "kernel", "shape", "batch", "active_experts", "bytes", "us_single_median", "us_single_min",
+                  "us_graph", "pct_copy_single", "pct_copy_graph", "copy_gbps", "note"});
+    for (const auto* rs : {&B.rows, &B.tuning})
+      for (const auto& r : *rs)
+        f << csv_row({rs == &B.rows ? "kernels" : "tuning", r.kernel, r.shape, std::to_string(r.batch), num(r.experts),
+                      num(double(r.bytes)), num(r.us), num(r.us_min), num(r.us_graph), num(pct(r, r.us)),
+                      num(pct(r, r.us_graph)), num(B.copy_gbps), r.note});
+    if (!f) {
+      std::fprintf(stderr, "plumb bench: cannot write %s\n", B.o.csv.c_str());
+      return 2;
+    }
+    fmt::print("wrote {}\n", B.o.csv);
   }
   return 0;
 }

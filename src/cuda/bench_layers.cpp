@@ -36,6 +36,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "cuda/api.h"
 #include "cuda/gpu_common.h"
 #include "cuda/kernels.h"
@@ -927,6 +928,24 @@ int run(const LayerBenchOptions& o) {
       return 2;
     }
     out(fmt::format("wrote {}\n", o.json));
+  }
+  if (!o.csv.empty()) {
+    std::ofstream f(o.csv);
+    auto num = [](double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string(); };
+    f << csv_row({"kind", "batch_or_tokens", "us_per_step", "us_outside_layers", "us_per_layer", "tokens_per_s", "layer_bytes",
+                  "gbps", "pct_copy", "implied_43_layer_tokens_per_s", "seconds", "layers", "patches", "note"});
+    for (const auto& r : dec)
+      f << csv_row({"decode", std::to_string(r.batch), num(r.us_step), num(r.us_non_layer), num(r.us_layer), num(r.tok_s),
+                    num(r.layer_bytes), num(r.gbps), num(r.pct), num(r.implied), "", std::to_string(L), patches.names(),
+                    r.error.empty() ? r.note : r.error});
+    for (const auto& p : pre)
+      f << csv_row({"prefill", std::to_string(p.tokens), "", "", "", num(p.tok_s), "", "", "", "", num(p.seconds),
+                    std::to_string(L), patches.names(), !p.skipped.empty() ? p.skipped : p.error});
+    if (!f) {
+      std::fprintf(stderr, "plumb bench --layers: cannot write %s\n", o.csv.c_str());
+      return 2;
+    }
+    out(fmt::format("wrote {}\n", o.csv));
   }
   if (!wd.remove && o.dir.empty()) out(fmt::format("checkpoint kept in {}\n", wd.path.string()));
   out(fmt::format("total {:.1f} s\n", secs(start, Clock::now())));

@@ -149,10 +149,19 @@ TEST(BenchLayers, RunsOnTheCpuBackend) {
   auto o = tiny();
   o.backend = "cpu";
   o.json = (t.path() / "out.json").string();
+  o.csv = (t.path() / "out.csv").string();
   ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
   nlohmann::json j;
   std::ifstream(o.json) >> j;
   EXPECT_EQ(j["backend"], "cpu");
+  // The CSV: a header, one row per decode batch and per prefill length, the same numbers as the JSON.
+  std::ifstream csv(o.csv);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(csv, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 1 + j["layer_decode"].size() + j["prefill"].size());
+  EXPECT_EQ(lines[0].rfind("kind,batch_or_tokens,us_per_step,", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("decode," + std::to_string(j["layer_decode"][0]["batch"].get<int>()) + ",", 0), 0u) << lines[1];
+  EXPECT_EQ(lines.back().rfind("prefill,", 0), 0u) << lines.back();
   EXPECT_TRUE(j["copy_gbps"].is_null());
   check_results(j, false);
   EXPECT_TRUE(j["checkpoint_removed"].get<bool>());
