@@ -3,6 +3,9 @@
 # --backend cuda on every committed fixture and the bundled model, selftest on the GPU, and kld GPU vs the CPU
 # reference. Uses the binaries built on the development machine and carried in build-carry/ (see gpu_run.sh).
 # Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
+# Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
+# only), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
+# the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -70,6 +73,13 @@ if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack
   timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches "${LAYER_REF_BATCHES:-1}" --prefill 0 \
     --iters 3 >"$OUT/layers-ref.txt" 2>&1
   note "layer bench (fp32 twin) rc=$?"
+fi
+
+if [ -n "${COMPARE:-}" ] && [ -f "$OUT/layers-fast.json" ]; then  # transformers on the same dimensions, ratio to plumb
+  note "transformers comparison"
+  timeout "${T_COMPARE:-300}" env PYTHONUNBUFFERED=1 python3 bench/compare_transformers.py --layers "$LAYERS" \
+    --batches 1,8 --prefill-bench 1024 --plumb-json "$OUT/layers-fast.json" >>"$OUT/layers-ref.txt" 2>&1
+  note "transformers comparison rc=$? (appended to layers-ref.txt: the device tool returns at most 8 files)"
 fi
 
 if [ -n "${BENCH:-}" ]; then
