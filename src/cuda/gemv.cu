@@ -53,6 +53,23 @@ __device__ __forceinline__ void store_out<__half>(__half* p, float v) { *p = __f
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+// The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L <= 0), times the
+// slot's routing weight when a.pre_weight is set; kStore: gate * out_scale. Shared by both GEMV kernels.
+template <int EPI>
+__device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, int slot) {
+  if constexpr (EPI == kSwiglu) {
+    if (a.limit > 0.0f) {  // gate: upper bound only; up: both sides
+      r = fminf(r, a.limit);
+      up = fminf(fmaxf(up, -a.limit), a.limit);
+    }
+    r = silu(r) * up;
+    if (a.pre_weight) r *= a.pre_weight[slot];
+  } else {
+    r *= a.out_scale;
+  }
+  return r;
+}
+
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 3: <= 85 registers, more resident warps). `plumb bench` sweeps both.
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB>
@@ -260,19 +277,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
-            float r = v[rr * 2 + cc] * wmul;
-            if constexpr (EPI == kSwiglu) {
-              float up = v[4 + rr * 2 + cc] * wmul;
-              if (a.limit > 0.0f) {  // gate: upper bound only; up: both sides
-                r = fminf(r, a.limit);
-                up = fminf(fmaxf(up, -a.limit), a.limit);
-              }
-              r = silu(r) * up;
-              if (a.pre_weight) r *= a.pre_weight[slot];
-            } else {
-              r *= a.out_scale;
-            }
-            store_out<OT>(static_cast<OT*>(a.out) + orow + row, r);
+            const float up = EPI == kSwiglu ? v[4 + rr * 2 + cc] * wmul : 0.0f;
+            store_out<OT>(static_cast<OT*>(a.out) + orow + row, epilogue<EPI>(a, v[rr * 2 + cc] * wmul, up, slot));
           }
         }
       }

@@ -229,19 +229,9 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
-          float r = acc[0][rr * 2 + cc] * 64.0f;  // FP4 codes entered the MMA as value * 2^-6
-          if constexpr (EPI == kSwiglu) {
-            float up = acc[NMAT - 1][rr * 2 + cc] * 64.0f;
-            if (a.limit > 0.0f) {
-              r = fminf(r, a.limit);
-              up = fminf(fmaxf(up, -a.limit), a.limit);
-            }
-            r = silu(r) * up;
-            if (a.pre_weight) r *= a.pre_weight[s];
-          } else {
-            r *= a.out_scale;
-          }
-          store_out<OT>(static_cast<OT*>(a.out) + orow + row, r);
+          // FP4 codes entered the MMA as value * 2^-6.
+          const float up = EPI == kSwiglu ? acc[NMAT - 1][rr * 2 + cc] * 64.0f : 0.0f;
+          store_out<OT>(static_cast<OT*>(a.out) + orow + row, epilogue<EPI>(a, acc[0][rr * 2 + cc] * 64.0f, up, s));
         }
       }
       st = 0;
