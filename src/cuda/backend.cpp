@@ -157,13 +157,6 @@ Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vect
 
 namespace {
 
-uint8_t e2m1_code(float v) {
-  static const float lut[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  for (uint8_t c = 0; c < 8; ++c)
-    if (std::fabs(v) == lut[c]) return uint8_t(c | (std::signbit(v) ? 8 : 0));
-  fail("value {} is not an E2M1 code", v);
-}
-
 // The E8M0 byte of a power-of-two scale (2^-127 .. 2^127); -1 if `s` is not one.
 int e8m0_code(float s) {
   if (std::isnan(s)) return 255;
@@ -177,31 +170,19 @@ int e8m0_code(float s) {
 
 }  // namespace
 
+// A packed FP4 Matrix holds exactly the checkpoint's E2M1 bytes and E8M0 scales: upload them as stored (the
+// raw overload checks the scales and applies the decode-layout permutation).
 Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats) {
   PLUMB_CHECK(!mats.empty(), "upload_fp4: no matrices");
   const int64_t rows = mats[0]->rows(), cols = mats[0]->cols();
-  Fp4Matrices m = alloc_fp4(int64_t(mats.size()), rows, cols);
-  std::vector<float> vals(static_cast<size_t>(cols)), sc(size_t(cols / 32));
-  std::vector<uint8_t> codes(m.code_bytes()), scales(m.scale_bytes());
-  for (size_t i = 0; i < mats.size(); ++i) {
-    const Matrix& w = *mats[i];
-    PLUMB_CHECK(w.layout() == Matrix::Layout::FP4Group && w.rows() == rows && w.cols() == cols,
-                "upload_fp4: {} is not a packed FP4 [{}, {}] matrix", w.name(), rows, cols);
-    std::fill(codes.begin(), codes.end(), 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      w.row_raw(r, vals.data(), sc.data());
-      for (int64_t k = 0; k < cols; ++k) codes[size_t(r * cols / 2 + k / 2)] |= uint8_t(e2m1_code(vals[size_t(k)]) << (4 * (k & 1)));
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        const int c = e8m0_code(sc[size_t(b)]);
-        PLUMB_CHECK(c >= 0 && c != 255, "upload_fp4: scale {} of {} is not a finite E8M0 value", sc[size_t(b)], w.name());
-        scales[size_t(r * (cols / 32) + b)] = uint8_t(c);
-      }
-    }
-    const auto rp = repack_fp4_decode(codes.data(), rows, cols);
-    m.codes.upload(rp.data(), rp.size(), i * m.code_bytes());
-    m.scales.upload(scales.data(), scales.size(), i * m.scale_bytes());
+  std::vector<const uint8_t*> codes, scales;
+  for (const Matrix* w : mats) {
+    PLUMB_CHECK(w->layout() == Matrix::Layout::FP4Group && w->rows() == rows && w->cols() == cols,
+                "upload_fp4: {} is not a packed FP4 [{}, {}] matrix", w->name(), rows, cols);
+    codes.push_back(w->values().data);
+    scales.push_back(w->scales()->data);
   }
-  return m;
+  return upload_fp4(codes, scales, rows, cols);
 }
 
 Fp8Matrix alloc_fp8(int64_t rows, int64_t cols, bool scale_f32) {
@@ -223,18 +204,16 @@ Fp8Matrix upload_fp8(const uint8_t* codes, const void* scales, bool scale_f32, i
 
 Fp8Matrix upload_fp8(const Matrix& w) {
   PLUMB_CHECK(w.layout() == Matrix::Layout::FP8Block, "upload_fp8: {} is not an FP8 block-scaled matrix", w.name());
-  const int64_t rows = w.rows(), cols = w.cols(), sr = (rows + 127) / 128, scn = (cols + 127) / 128;
-  std::vector<uint8_t> codes(size_t(rows * cols));
-  std::vector<float> sf(size_t(sr * scn)), vals(static_cast<size_t>(cols)), sc(static_cast<size_t>(scn));
-  for (int64_t r = 0; r < rows; ++r) {
-    w.row_raw(r, vals.data(), sc.data());
-    for (int64_t k = 0; k < cols; ++k) {
-      const uint8_t c = fmt8::f32_to_e4m3(vals[size_t(k)]);
-      PLUMB_CHECK(fmt8::e4m3_to_f32(c) == vals[size_t(k)] || std::isnan(vals[size_t(k)]), "upload_fp8: {} row {} col {} is not E4M3",
-                  w.name(), r, k);
-      codes[size_t(r * cols + k)] = std::isnan(vals[size_t(k)]) ? uint8_t(0x7F) : c;
-    }
-    if (r % 128 == 0) std::copy(sc.begin(), sc.end(), sf.begin() + (r / 128) * scn);
+  const int64_t rows = w.rows(), cols = w.cols(), nscale = ((rows + 127) / 128) * ((cols + 127) / 128);
+  // The stored E4M3 bytes; the two NaN codes become +NaN (0x7F), as decoding and re-encoding them did.
+  std::vector<uint8_t> codes(w.values().data, w.values().data + rows * cols);
+  for (auto& c : codes)
+    if ((c & 0x7F) == 0x7F) c = 0x7F;
+  const TensorView& sv = *w.scales();
+  std::vector<float> sf(static_cast<size_t>(nscale));
+  for (int64_t i = 0; i < nscale; ++i) {
+    if (sv.dtype == DType::F8_E8M0) sf[size_t(i)] = fmt8::e8m0_to_f32(sv.data[i]);
+    else std::memcpy(&sf[size_t(i)], sv.data + i * 4, 4);
   }
   bool pow2 = true;
   for (float s : sf) {

@@ -24,8 +24,7 @@ GMat upload_matrix(const Matrix& m, bool fp8_fast) {
   GMat g;
   const TensorView& v = m.values();
   if (fp8_fast && fp8_fast_fits(m)) {
-    const TensorView* s = m.scales();
-    g.fp8 = std::make_shared<Fp8Matrix>(upload_fp8(v.data, s->data, s->dtype == DType::F32, m.rows(), m.cols()));
+    g.fp8 = std::make_shared<Fp8Matrix>(upload_fp8(m));
     g.d.w = g.fp8->codes.get();
     g.d.s = g.fp8->scales.get();
     g.d.rows = m.rows(), g.d.cols = m.cols(), g.d.s_cols = g.fp8->scale_cols();

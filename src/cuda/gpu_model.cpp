@@ -39,27 +39,6 @@ GpuExperts upload_routed(const std::vector<ExpertWeights>& ex) {
   return g;
 }
 
-// The routed experts for the W4A16 kernels, from the checkpoint's bytes (the decode layout is a byte permutation;
-// nothing is decoded on the host).
-MoeExperts upload_experts_raw(const MoeWeights& M) {
-  MoeExperts m;
-  m.E = int64_t(M.experts.size());
-  m.I = M.experts[0].w1.rows(), m.D = M.experts[0].w1.cols();
-  auto up = [&](const Matrix ExpertWeights::*which) {
-    std::vector<const uint8_t*> codes, scales;
-    for (const auto& e : M.experts) codes.push_back((e.*which).values().data), scales.push_back((e.*which).scales()->data);
-    const Matrix& f = M.experts[0].*which;
-    return upload_fp4(codes, scales, f.rows(), f.cols());
-  };
-  m.w1 = up(&ExpertWeights::w1), m.w3 = up(&ExpertWeights::w3), m.w2 = up(&ExpertWeights::w2);
-  return m;
-}
-
-Fp8Matrix fp8_raw(const Matrix& m) {
-  const TensorView* s = m.scales();
-  return upload_fp8(m.values().data, s->data, s->dtype == DType::F32, m.rows(), m.cols());
-}
-
 // The W4A16 routed-expert kernels take FP4 experts whose dims are multiples of 128 (rows also of 16).
 bool fp4_fits(const MoeWeights& M) {
   for (const auto& e : M.experts)
@@ -140,14 +119,14 @@ class GpuForward : public DeviceForward {
       }
       ++fc.fp4_of;
       if (fp4 && fp4_fits(M)) {
-        gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts_raw(M));
+        gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M));
         ++fc.fp4;
       } else {
         gl.moe.routed = upload_routed(M.experts);
       }
       const auto& S = M.shared;
       if (S && fp8 && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
-        gl.moe.sfp8 = std::make_unique<Fp8Expert>(Fp8Expert{fp8_raw(S->w1), fp8_raw(S->w3), fp8_raw(S->w2)});
+        gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
         fc.fp8 += 3, fc.fp8_of += 3;
       } else if (M.shared) {
         gl.moe.s1 = std::make_unique<GMat>(upload_matrix(M.shared->w1));
