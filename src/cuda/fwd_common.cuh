@@ -34,6 +34,11 @@ __device__ __forceinline__ float fwd_e2m1(uint8_t code) {
   return (code & 8) ? -v : v;
 }
 
+// Bytes of one stored row of a DMat (packed FP4: two codes per byte; FP8: one; plain: 4 or 2).
+__host__ __device__ __forceinline__ int64_t dmat_row_bytes(const DMat& m) {
+  return m.layout == 2 ? m.cols / 2 : m.layout == 1 ? m.cols : m.cols * (m.dtype == 0 ? 4 : 2);
+}
+
 // Weight element (r, c) of a DMat, dequantized exactly as Matrix::row does.
 __device__ __forceinline__ float fwd_w(const DMat& m, int64_t r, int64_t c) {
   switch (m.layout) {

@@ -2,6 +2,7 @@
 // floored renormalization, the factor folded per the caller's placement), SwiGLU with clamps, the weighted
 // combine. Twin of src/model/router.cpp and experts.cpp; the expert GEMVs are fwd_linear_indexed.
 #include "cuda/fwd_common.cuh"
+#include "model/hc_math.h"
 
 namespace plumb::cuda::detail {
 
@@ -19,11 +20,8 @@ __global__ void route_kernel(RouteArgs a) {
   int32_t* idx = a.idx + int64_t(t) * K;
   if (a.score == 2) {  // softmax: ops::softmax over the row (serial: E is small and the order is the reference's)
     if (threadIdx.x == 0) {
-      float m = -INFINITY;
-      for (int e = 0; e < E; ++e) m = fmaxf(m, lg[e]);
-      double s = 0;
-      for (int e = 0; e < E; ++e) s += (score[e] = expf(lg[e] - m));
-      for (int e = 0; e < E; ++e) score[e] = m == -INFINITY ? 0.0f : float(double(score[e]) / s);
+      for (int e = 0; e < E; ++e) score[e] = lg[e];
+      hc_math::softmax(score, E);
     }
   } else {
     for (int e = threadIdx.x; e < E; e += blockDim.x) {

@@ -77,7 +77,7 @@ __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int6
   const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
   if (r >= nr) return;
   const int per = elems_per_16(w);
-  const int64_t row_bytes = w.layout == 2 ? w.cols / 2 : w.layout == 1 ? w.cols : w.cols * (w.dtype == 0 ? 4 : 2);
+  const int64_t row_bytes = dmat_row_bytes(w);
   const uint8_t* row = static_cast<const uint8_t*>(w.w) + (r0 + r) * row_bytes;
   double acc[kTok] = {};
   for (int64_t off = int64_t(lane) * 16; off < row_bytes; off += 32 * 16) {
@@ -153,7 +153,7 @@ void fwd_embed(const DMat& e, const int32_t* tokens, int n, int H, float* X, Str
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
   if (n <= 0 || nr <= 0) return;
   const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
-  const int64_t row_bytes = w.layout == 2 ? w.cols / 2 : w.layout == 1 ? w.cols : w.cols * (w.dtype == 0 ? 4 : 2);
+  const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
   if (vec)
     linear16_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);

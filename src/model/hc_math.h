@@ -14,7 +14,8 @@ namespace plumb::hc_math {
 
 PLUMB_HD inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// ops::softmax's arithmetic: float exponentials, fp64 sum, p = float(e / sum); all -inf gives zeros.
+// ops::softmax's arithmetic: float exponentials, fp64 sum, p = float(e / sum); all -inf gives zeros. (The GPU
+// router's softmax scoring uses it too.)
 PLUMB_HD inline void softmax(float* x, int n) {
   float m = -INFINITY;
   for (int i = 0; i < n; ++i) m = fmaxf(m, x[i]);
