@@ -10,7 +10,7 @@
 namespace plumb::cli {
 
 void register_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Time the CUDA decode kernels at V4-Flash sizes against the measured bandwidth");
+  auto* cmd = app.add_subcommand("bench", "Time the CUDA kernels at V4-Flash sizes against the measured bandwidth, or with --layers N the whole GPU forward pass");
   auto opt = std::make_shared<cuda::BenchOptions>();
   cmd->add_option("--iters", opt->iters, "timed runs per kernel (the median is reported)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opt->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
