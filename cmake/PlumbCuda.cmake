@@ -26,8 +26,12 @@ file(GLOB PLUMB_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.cu
 add_library(plumb_cuda STATIC ${PLUMB_CUDA_SOURCES})
 # The directory's compile options are GCC's (-Wall ..., sanitizers); nvcc takes its own.
 set_property(TARGET plumb_cuda PROPERTY COMPILE_OPTIONS "")
+# --default-stream per-thread: a null stream in plumb means the calling thread's default stream, which (unlike the
+# legacy one) can be captured into a CUDA graph (the decode graph, src/cuda/gpu_graph.cpp) and still synchronizes
+# with the legacy stream that other code may use.
 target_compile_options(plumb_cuda PRIVATE
-  $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a -lineinfo -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+  $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a -lineinfo --default-stream per-thread
+  -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
 # The .cu files are C++17 (CMake 3.25 has no C++20 flag for nvcc); they include no plumb header but kernels.h.
 set_target_properties(plumb_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_RUNTIME_LIBRARY Static
                                             POSITION_INDEPENDENT_CODE ON)

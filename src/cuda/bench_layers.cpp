@@ -11,8 +11,9 @@
 // Measures, in one process: the device's copy bandwidth; load time; decode steps of B tokens of one sequence
 // (prefilled with `context` tokens first) for each batch B: median wall time of a Model::forward call (which returns
 // the logits on the host, so it synchronizes), the part outside the layers (embedding, LM head, logits copy; timed on
-// separate forward calls through two taps, "L0.hc_attn.post" and "hc_head.out", whose downloads synchronize),
-// hence the time per layer, the bytes a layer must read at that batch, GB/s and % of the copy bandwidth, and
+// separate forward calls through two taps, "L0.hc_attn.post" and "hc_head.out", whose downloads synchronize;
+// forwards with taps launch eagerly, so with cuda.graph this part includes a few launch gaps the graphed step does
+// not have, and the per-layer time comes out slightly low: more layers shrink the bias), hence the time per layer, the bytes a layer must read at that batch, GB/s and % of the copy bandwidth, and
 // the implied 43-layer tokens/s; prefill of N tokens on a fresh session in chunks of at most prefill_chunk.
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/bench_layers.h"
@@ -742,6 +743,9 @@ int run(const LayerBenchOptions& o) {
         us.push_back(last * 1e6);
       }
       r.steps = int(us.size());
+      if (st.dev && st.dev->graph_launches > 0)
+        r.note += fmt::format("{}cuda.graph: {} steps replayed, {} captured in this session", r.note.empty() ? "" : "; ",
+                              st.dev->graph_launches, st.dev->graph_captures);
       r.us_step = median(us);
       r.us_step_min = *std::min_element(us.begin(), us.end());
       // The part outside the layers, on tapped steps.

@@ -5,6 +5,9 @@
 #include "cuda/blas.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "cuda/kernels.h"
@@ -85,8 +88,10 @@ struct Plan {
 
   void run(const uint16_t* A, const uint16_t* B, void* D, Stream s) {
     const float one = 1.0f, zero = 0.0f;
-    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, ws.get(), kWorkspace,
-                         reinterpret_cast<cudaStream_t>(s)),
+    // A null stream is plumb's default stream, the calling thread's (the CUDA code is built with
+    // --default-stream per-thread); cuBLASLt itself would read 0 as the legacy stream, which cannot be captured.
+    cudaStream_t cs = s ? reinterpret_cast<cudaStream_t>(s) : cudaStreamPerThread;
+    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, ws.get(), kWorkspace, cs),
           "cublasLtMatmul");
   }
 };
@@ -95,8 +100,17 @@ struct Plan {
 
 void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s) {
   if (m <= 0 || n <= 0 || k <= 0) throw Error("gemm_bf16: empty problem");
-  Plan p(m, n, k, d_f32);
-  p.run(A, B, D, s);
+  // Plans are cached per thread and shape: creating one (handle, heuristic, workspace allocation) costs far more
+  // than the decode step's head GEMM, and an allocation cannot happen inside a CUDA graph capture.
+  struct Key {
+    int m, n, k;
+    bool f32;
+    bool operator<(const Key& o) const { return std::tie(m, n, k, f32) < std::tie(o.m, o.n, o.k, o.f32); }
+  };
+  thread_local std::map<Key, std::unique_ptr<Plan>> plans;
+  auto& p = plans[Key{m, n, k, d_f32}];
+  if (!p) p = std::make_unique<Plan>(m, n, k, d_f32);
+  p->run(A, B, D, s);
 }
 
 GemmRate measure_bf16_gemm(int m, int n, int k, int warmup, int iters, Stream s) {

@@ -12,7 +12,7 @@ namespace {
 __global__ void attend_kernel(AttendArgs a) {
   extern __shared__ float smem[];
   const int t = blockIdx.x / a.Hq, h = blockIdx.x % a.Hq;
-  const int64_t p = a.pos0 + t, Dh = a.Dh;
+  const int64_t pos0 = *a.pos, p = pos0 + t, Dh = a.Dh;
   const int64_t wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
   int64_t ncomp = 0;
   int* comp = reinterpret_cast<int*>(smem);  // CSA: compacted selected entries
@@ -38,7 +38,7 @@ __global__ void attend_kernel(AttendArgs a) {
   auto key = [&](int64_t j) -> const float* {
     if (j < nwin) {
       const int64_t q = wstart + j;
-      return q < a.pos0 ? a.ring + (q % a.window) * Dh : a.chunk_kv + (q - a.pos0) * Dh;
+      return q < pos0 ? a.ring + (q % a.window) * Dh : a.chunk_kv + (q - pos0) * Dh;
     }
     const int64_t e = a.type == 1 ? comp[j - nwin] : j - nwin;
     return a.entries + e * Dh;
@@ -79,40 +79,58 @@ __global__ void attend_kernel(AttendArgs a) {
   }
 }
 
-__global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, int64_t pos0, int64_t W, float* ring) {
+__global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, const int64_t* pos, int64_t W, float* ring) {
   const int64_t first = max(int64_t(0), int64_t(n) - W);  // only the last W rows can be needed later
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t rows = int64_t(n) - first;
   if (i >= rows * Dh) return;
   const int64_t r = first + i / Dh, d = i % Dh;
-  ring[((pos0 + r) % W) * Dh + d] = kv[r * Dh + d];
+  ring[((*pos + r) % W) * Dh + d] = kv[r * Dh + d];
 }
 
-// One thread per (window, channel). Series of window j: optionally the previous window's first half, then its own
+// Row q of the compressor's timeline (see CompressArgs): this chunk's projection, or a pending row of the ring.
+struct CompRows {
+  const CompressArgs& a;
+  int64_t pos0, width;
+  __device__ const float* kv(int64_t q) const { return q >= pos0 ? a.rows_kv + (q - pos0) * width : a.pend_kv + (q % a.m) * width; }
+  __device__ const float* gate(int64_t q) const {
+    return q >= pos0 ? a.rows_gate + (q - pos0) * width : a.pend_gate + (q % a.m) * width;
+  }
+};
+
+// The window that block row j handles: w = pos/m + j when it completes in this chunk, else -1.
+__device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64_t pos0, int j) {
+  const int64_t w = pos0 / a.m + j;
+  return w < (pos0 + a.n) / a.m ? w : -1;
+}
+
+// One thread per (window, channel). Series of window w: optionally the previous window's first half, then its own
 // (CSA: second half). Softmax over the gates as ops::softmax, fp32 weighted sum in slot order.
-__global__ void pool_kernel(PoolArgs a) {
-  const int j = blockIdx.y;
+__global__ void pool_kernel(CompressArgs a) {
+  const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (ch >= a.c) return;
+  if (w < 0 || ch >= a.c) return;
   const int64_t width = a.overlap ? 2 * a.c : a.c, off = a.overlap ? a.c : 0;
+  const CompRows rows{a, pos0, width};
   const int m = a.m;
-  const bool prev = a.overlap && (j > 0 || a.has_prev);
+  const bool prev = a.overlap && w > 0;
+  const bool prev_stored = (w - 1) * m + m - 1 < pos0;  // window w-1 completed in an earlier chunk
   auto slot = [&](int s, float& g, float& v) {
     if (prev && s < m) {
-      if (j == 0) {
+      if (prev_stored) {
         g = a.prev_gate[int64_t(s) * a.c + ch];
         v = a.prev_kv[int64_t(s) * a.c + ch];
       } else {
-        const int64_t row = int64_t(j - 1) * m + s;
-        g = __fadd_rn(a.pend_gate[row * width + ch], a.ape[int64_t(s) * width + ch]);
-        v = a.pend_kv[row * width + ch];
+        const int64_t q = (w - 1) * m + s;
+        g = __fadd_rn(rows.gate(q)[ch], a.ape[int64_t(s) * width + ch]);
+        v = rows.kv(q)[ch];
       }
       return;
     }
     const int r = prev ? s - m : s;
-    const int64_t row = int64_t(j) * m + r;
-    g = __fadd_rn(a.pend_gate[row * width + off + ch], a.ape[int64_t(r) * width + off + ch]);
-    v = a.pend_kv[row * width + off + ch];
+    const int64_t q = w * m + r;
+    g = __fadd_rn(rows.gate(q)[off + ch], a.ape[int64_t(r) * width + off + ch]);
+    v = rows.kv(q)[off + ch];
   };
   const int ns = prev ? 2 * m : m;
   float mx = -INFINITY, g, v;
@@ -123,30 +141,61 @@ __global__ void pool_kernel(PoolArgs a) {
     for (int s = 0; s < ns; ++s) slot(s, g, v), sum += double(expf(g - mx));
     for (int s = 0; s < ns; ++s) {
       slot(s, g, v);
-      const float w = float(double(expf(g - mx)) / sum);
-      acc = __fadd_rn(acc, __fmul_rn(w, v));
+      const float wt = float(double(expf(g - mx)) / sum);
+      acc = __fadd_rn(acc, __fmul_rn(wt, v));
     }
   }
-  a.entries[int64_t(j) * a.c + ch] = acc;
+  a.entries[w * a.c + ch] = acc;
 }
 
-// CSA: the last pooled window's first-half series (gate + ape) becomes the next call's previous window.
-__global__ void prev_store_kernel(PoolArgs a) {
+// One block (256 threads, as the norm kernel) per completed window: RMSNorm and RoPE of its entry, in place, with
+// the arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
+__global__ void compress_finish_kernel(CompressArgs a) {
+  __shared__ double sh[32];
+  const int64_t w = completed_window(a, *a.pos, blockIdx.x);
+  if (w < 0) return;
+  float* e = a.entries + w * a.c;
+  rms_norm_row(e, a.c, a.norm, a.eps, sh);
+  __syncthreads();
+  const int64_t off = a.c - 2 * a.rope_half;
+  for (int k = threadIdx.x; k < a.rope_half; k += blockDim.x)
+    rope_pair(e + off + 2 * k, w * a.m, a.inv_freq[k], a.attention_factor, 0);
+}
+
+// CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window. Runs
+// before stash, which may overwrite pending rows this reads.
+__global__ void compress_carry_kernel(CompressArgs a) {
+  const int64_t pos0 = *a.pos, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t last = (pos0 + a.n) / a.m - 1;
+  if (last < pos0 / a.m || i >= int64_t(a.m) * a.c) return;  // no window completed in this chunk
+  const int64_t r = i / a.c, ch = i % a.c, width = 2 * a.c;
+  const CompRows rows{a, pos0, width};
+  const int64_t q = last * a.m + r;
+  a.prev_gate[i] = __fadd_rn(rows.gate(q)[ch], a.ape[r * width + ch]);
+  a.prev_kv[i] = rows.kv(q)[ch];
+}
+
+// The rows of the incomplete window (positions from the last window boundary, and from pos, to pos + n) into the
+// pending ring.
+__global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
+  const int64_t pos0 = *a.pos, width = a.overlap ? 2 * a.c : a.c;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(a.m) * a.c) return;
-  const int64_t r = i / a.c, ch = i % a.c, width = 2 * a.c, row = int64_t(a.nw - 1) * a.m + r;
-  a.prev_gate[i] = __fadd_rn(a.pend_gate[row * width + ch], a.ape[r * width + ch]);
-  a.prev_kv[i] = a.pend_kv[row * width + ch];
+  const int64_t end = pos0 + a.n, begin = max(pos0, end / a.m * a.m);
+  if (i >= rows_bound * width) return;
+  const int64_t q = begin + i / width, ch = i % width;
+  if (q >= end) return;
+  a.pend_kv[(q % a.m) * width + ch] = a.rows_kv[(q - pos0) * width + ch];
+  a.pend_gate[(q % a.m) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
 }
 
 // One warp per (token, entry): the reference's fp64 sum over heads of relu(q.k) * qscale * (hw * wscale).
 __global__ void index_scores_kernel(IndexArgs a) {
   const int t = blockIdx.y, lane = threadIdx.x & 31;
   const int64_t e = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (e >= a.ne) return;
-  const int64_t visible = (a.pos0 + t + 1) / a.rate;
+  if (e >= a.ne_cap) return;
+  const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
   if (e >= visible) {
-    if (lane == 0) a.scores[int64_t(t) * a.ne + e] = -INFINITY;
+    if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = -INFINITY;
     return;
   }
   const float* key = a.keys + e * a.dh;
@@ -158,20 +207,24 @@ __global__ void index_scores_kernel(IndexArgs a) {
     dot = warp_sum(dot);
     acc += fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
   }
-  if (lane == 0) a.scores[int64_t(t) * a.ne + e] = float(acc);
+  if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = float(acc);
 }
 
-// Rank selection: entry e lands at rank #(entries that beat it); the first k ranks are the top-k, sorted.
+// Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
+// the top-k, sorted; the row's slots from k to k_cap are -1.
 __global__ void index_topk_kernel(IndexArgs a) {
   const int t = blockIdx.x;
-  const float* s = a.scores + int64_t(t) * a.ne;
-  const int64_t visible = (a.pos0 + t + 1) / a.rate;
-  for (int64_t e = threadIdx.x; e < a.ne; e += blockDim.x) {
+  const float* s = a.scores + int64_t(t) * a.ne_cap;
+  const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate, ne = (pos0 + a.n) / a.rate;
+  const int64_t k = min(int64_t(a.topk), ne);
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) {
     const float v = s[e];
     int64_t rank = 0;
-    for (int64_t o = 0; o < a.ne && rank < a.k; ++o) rank += beats(s[o], o, v, e);
-    if (rank < a.k) a.topk[int64_t(t) * a.k + rank] = e < visible ? e : -1;
+    for (int64_t o = 0; o < ne && rank < k; ++o) rank += beats(s[o], o, v, e);
+    if (rank < k) out[rank] = e < visible ? e : -1;
   }
+  for (int64_t j = k + threadIdx.x; j < a.k_cap; j += blockDim.x) out[j] = -1;
 }
 
 }  // namespace
@@ -191,28 +244,37 @@ void fwd_attend(const AttendArgs& a, int64_t max_keys, Stream s) {
   check_launch("fwd_attend");
 }
 
-void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, int64_t pos0, int64_t window, float* ring, Stream s) {
+void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s) {
   const int64_t rows = std::min<int64_t>(n, window);
   if (rows <= 0) return;
-  ring_store_kernel<<<fwd_blocks(rows * Dh, 256), 256, 0, s>>>(chunk_kv, n, Dh, pos0, window, ring);
+  ring_store_kernel<<<fwd_blocks(rows * Dh, 256), 256, 0, s>>>(chunk_kv, n, Dh, pos, window, ring);
   check_launch("fwd_ring_store");
 }
 
-void fwd_compress_pool(const PoolArgs& a, Stream s) {
-  if (a.nw <= 0) return;
-  pool_kernel<<<dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw)), 128, 0, s>>>(a);
-  check_launch("fwd_compress_pool");
-  if (a.overlap) {
-    prev_store_kernel<<<fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s>>>(a);
-    check_launch("fwd_compress_prev");
+void fwd_compress(const CompressArgs& a, Stream s) {
+  if (a.n <= 0) return;
+  if (a.nw_max > 0) {
+    pool_kernel<<<dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw_max)), 128, 0, s>>>(a);
+    check_launch("fwd_compress_pool");
+    compress_finish_kernel<<<unsigned(a.nw_max), 256, 0, s>>>(a);
+    check_launch("fwd_compress_finish");
+    if (a.overlap) {
+      compress_carry_kernel<<<fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s>>>(a);
+      check_launch("fwd_compress_carry");
+    }
   }
+  // At most min(n, m - 1) rows stay pending.
+  const int64_t rows = std::min<int64_t>(a.n, a.m - 1), width = a.overlap ? 2 * a.c : a.c;
+  if (rows <= 0) return;
+  compress_stash_kernel<<<fwd_blocks(rows * width, 256), 256, 0, s>>>(a, rows);
+  check_launch("fwd_compress_stash");
 }
 
 void fwd_indexer(const IndexArgs& a, Stream s) {
-  if (a.n <= 0 || a.ne <= 0) return;
-  index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne, 8)), unsigned(a.n)), 256, 0, s>>>(a);
+  if (a.n <= 0 || a.ne_cap <= 0) return;
+  index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, 0, s>>>(a);
   check_launch("fwd_indexer_scores");
-  if (a.k <= 0) return;
+  if (a.k_cap <= 0) return;
   index_topk_kernel<<<a.n, 256, 0, s>>>(a);
   check_launch("fwd_indexer_topk");
 }

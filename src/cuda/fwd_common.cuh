@@ -82,6 +82,25 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
   return t;
 }
 
+// RMSNorm of one row in place, by the whole block (the reference's fp64 sum of squares, fp32 scale): shared by
+// the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles.
+__device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh) {
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(v[i]) * v[i];
+  ss = block_sum(ss, sh);
+  const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = w ? w[i] * (v[i] * inv) : v[i] * inv;
+}
+
+// One interleaved RoPE pair (p[0], p[1]) at position `pos`, frequency inv_freq (ops::Rope's fp32 arithmetic).
+__device__ __forceinline__ void rope_pair(float* p, int64_t pos, float inv_freq, float af, int inverse) {
+  const float ang = float(pos) * inv_freq;
+  const float c = cosf(ang) * af, s = (inverse ? -sinf(ang) : sinf(ang)) * af;
+  const float a = p[0], b = p[1];
+  p[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  p[1] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 // Top-k order: a ranks before b when larger, NaN largest, equal values by lower index (PyTorch's CUDA order).
 template <class I>
 __device__ __forceinline__ bool beats(float va, I ia, float vb, I ib) {

@@ -35,10 +35,11 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
                         int64_t cols, float* y, int64_t ldy, Stream s);
 // Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place.
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s);
-// Interleaved RoPE on x[row * ld + off .. + 2 * half): row r is at position pos0 + (r / per_pos) * pos_step.
-// inv_freq [half] fp32; cos and sin are multiplied by attention_factor; inverse rotates by -angle.
+// Interleaved RoPE on x[row * ld + off .. + 2 * half): row r is at position (*dpos) + pos0 + (r / per_pos) * pos_step
+// (dpos: a device position, null for 0). inv_freq [half] fp32; cos and sin are multiplied by attention_factor;
+// inverse rotates by -angle.
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
-              int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s);
+              const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s);
 // y = a * x elementwise over n values (in place when y == x).
 void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s);
 void fwd_add(float* y, const float* x, int64_t n, Stream s);  // y += x
@@ -66,6 +67,10 @@ void fwd_hc_post(const float* y, const float* X, const float* post, const float*
                  float* out, Stream s);
 
 // ---- attention (fwd_attention.cu) ----
+// Position-dependent kernels read the chunk's first position from device memory (`pos`), so one launch sequence
+// (a CUDA graph) serves every decode step: everything that moves with the position (window keys, ring slots,
+// visible entries, completed compressor windows) is derived on the device. Host-side sizes are bounds: grids and
+// row strides cover the largest case (exact in eager launches, the buffers' capacity in a graph).
 struct AttendArgs {
   const float* q = nullptr;       // [n, Hq, Dh], rotated
   const float* chunk_kv = nullptr;  // [n, Dh]: this chunk's keys (K = V)
@@ -73,40 +78,58 @@ struct AttendArgs {
   const float* entries = nullptr; // [ne, Dh] compressed entries (CSA / HCA)
   const int64_t* sel = nullptr;   // CSA: [n, ksel] selected entries (-1: none)
   const float* sink = nullptr;    // [Hq]
+  const int64_t* pos = nullptr;   // device: position of token 0
   int n = 0, Hq = 0, ksel = 0, type = 0;  // type: 0 sliding, 1 CSA, 2 HCA
-  int64_t Dh = 0, pos0 = 0, window = 0, ne = 0, rate = 1;
+  int64_t Dh = 0, window = 0, ne = 0, rate = 1;  // ne: HCA entries bound (visible ones: (p + 1) / rate)
   float scale = 1.0f;
   float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
+// max_keys bounds the keys of any query (window + entries) for the shared-memory size.
 void fwd_attend(const AttendArgs& a, int64_t max_keys, Stream s);
-// Copies the chunk's last min(n, W) keys into the ring (slot p % W).
-void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, int64_t pos0, int64_t window, float* ring, Stream s);
+// Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
+void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);
 
-// Compressor pooling: nw windows of m rows taken from `pend_kv`/`pend_gate` ([*, width] rows, window j = rows
-// j*m .. j*m+m-1), gate + ape; CSA (overlap) mixes the previous window's first-half series (prev_* for j = 0,
-// the pending rows of window j-1 otherwise) with this window's second half. Writes nw entries [nw, c] (before
-// norm and RoPE) and, for CSA, the last window's first-half series into prev_kv / prev_gate.
-struct PoolArgs {
-  const float* pend_kv = nullptr, *pend_gate = nullptr, *ape = nullptr;
-  float* prev_kv = nullptr, *prev_gate = nullptr;
-  int has_prev = 0, overlap = 0, nw = 0, m = 0;
+// One compressor step for a chunk of n rows at positions pos .. pos+n-1 (pos on the device). Row q of the
+// timeline is rows_*[q - pos] for q >= pos (this chunk's projections), pend_*[q % m] for earlier rows of the
+// incomplete window (the ring of pending rows). Windows w = pos/m .. (pos+n)/m - 1 complete in this chunk:
+//   pool:   entry w = softmax-over-gates pooling of its m rows (gate + ape); CSA (overlap) prepends the previous
+//           window's first-half series (prev_* when window w-1 completed in an earlier chunk, else its rows);
+//   finish: RMSNorm (weight `norm`) and RoPE of entry w at position w * m, in place;
+//   carry:  CSA: the last completed window's first-half series into prev_* (the next chunk's previous window);
+//   stash:  the rows of the still incomplete window into pend_*[q % m].
+// Entry w is written at entries[w * c]. nw_max bounds the windows completing in one chunk (grid size).
+struct CompressArgs {
+  const float* rows_kv = nullptr, *rows_gate = nullptr;  // [n, width]; width = 2c (overlap) or c
+  float* pend_kv = nullptr, *pend_gate = nullptr;        // [m, width]
+  float* prev_kv = nullptr, *prev_gate = nullptr;        // [m, c] (overlap)
+  const float* ape = nullptr;                            // [m, width]
+  const float* norm = nullptr;                           // [c]
+  const float* inv_freq = nullptr;                       // [rope_half]
+  const int64_t* pos = nullptr;                          // device
+  int n = 0, overlap = 0, m = 0, nw_max = 0, rope_half = 0;
   int64_t c = 0;
+  double eps = 0;
+  float attention_factor = 1;
   float* entries = nullptr;
 };
-void fwd_compress_pool(const PoolArgs& a, Stream s);
+// Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash.
+void fwd_compress(const CompressArgs& a, Stream s);
 
-// Indexer scores: s[t, e] = sum_h relu(q[t,h] . key[e]) * qscale * (hw[t,h] * wscale) for e < (pos0+t+1)/m,
-// -inf otherwise; then the top-k per row (ties: lower entry first; entries not visible become -1).
+// Indexer scores: s[t, e] = sum_h relu(q[t,h] . key[e]) * qscale * (hw[t,h] * wscale) for e < (pos+t+1)/m,
+// -inf otherwise; then the top-k per row (ties: lower entry first; entries not visible become -1). With
+// ne = (pos+n)/m entries existing after this chunk (device), k = min(topk, ne) are chosen and the rest of the
+// row (k_cap wide) is -1.
 struct IndexArgs {
   const float* q = nullptr;     // [n, nh, dh]
-  const float* keys = nullptr;  // [ne, dh]
+  const float* keys = nullptr;  // [>= ne, dh]
   const float* hw = nullptr;    // [n, nh]
-  int n = 0, nh = 0, k = 0;
-  int64_t dh = 0, ne = 0, pos0 = 0, rate = 1;
+  const int64_t* pos = nullptr;  // device
+  int n = 0, nh = 0, k_cap = 0, topk = 0;
+  int64_t dh = 0, ne_cap = 0, rate = 1;  // ne_cap: bound on ne and the row stride of scores
   float qscale = 1, wscale = 1;
-  float* scores = nullptr;  // [n, ne]
-  int64_t* topk = nullptr;  // [n, k]
+  float* scores = nullptr;  // [n, ne_cap]
+  int64_t* sel = nullptr;   // [n, k_cap]
 };
 void fwd_indexer(const IndexArgs& a, Stream s);
 

@@ -106,27 +106,17 @@ __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int 
 
 __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps) {
   __shared__ double sh[32];
-  float* v = x + int64_t(blockIdx.x) * ld;
-  double ss = 0;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(v[i]) * v[i];
-  ss = block_sum(ss, sh);
-  const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = w ? w[i] * (v[i] * inv) : v[i] * inv;
+  rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh);
 }
 
-__global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af, int64_t pos0,
-                            int64_t per_pos, int64_t pos_step, int inverse) {
+__global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
+                            const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * half) return;
   const int64_t r = i / half;
   const int k = int(i % half);
-  const int64_t pos = pos0 + (r / per_pos) * pos_step;
-  const float ang = float(pos) * inv_freq[k];
-  const float c = cosf(ang) * af, s = (inverse ? -sinf(ang) : sinf(ang)) * af;
-  float* p = x + r * ld + off + 2 * k;
-  const float a = p[0], b = p[1];
-  p[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  p[1] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
+  rope_pair(x + r * ld + off + 2 * k, pos, inv_freq[k], af, inverse);
 }
 
 __global__ void scale_kernel(const float* x, float a, float* y, int64_t n) {
@@ -177,11 +167,11 @@ void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* 
 }
 
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
-              int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s) {
+              const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s) {
   const int64_t total = rows * half;
   if (total <= 0) return;
-  rope_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(x, rows, ld, off, half, inv_freq, attention_factor, pos0, per_pos, pos_step,
-                                                    inverse);
+  rope_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(x, rows, ld, off, half, inv_freq, attention_factor, dpos, pos0, per_pos,
+                                                    pos_step, inverse);
   check_launch("fwd_rope");
 }
 

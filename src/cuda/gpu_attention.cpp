@@ -4,6 +4,7 @@
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/gpu_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -13,60 +14,67 @@ using namespace detail;
 
 namespace {
 
-// Appends this chunk's compressor rows to the pending ones and emits every completed window as an entry
-// (pooled, RMS-normed, rotated at position entry * m). Returns the number emitted.
-int64_t compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const float* x, int n, GpuCompState& st, Scratch& sc) {
-  const int64_t m = w.rate, c = w.dim, width = w.overlap ? 2 * c : c;
-  const size_t row_bytes = size_t(width) * 4;
-  grow_keep(st.pend_kv, size_t(st.pending + n) * row_bytes, size_t(st.pending) * row_bytes);
-  grow_keep(st.pend_gate, size_t(st.pending + n) * row_bytes, size_t(st.pending) * row_bytes);
-  float* pkv = st.pend_kv.as<float>();
-  float* pg = st.pend_gate.as<float>();
-  const int64_t D = w.wkv.d.cols;
-  linear(w.wkv, x, n, D, pkv + st.pending * width, width, sc);
-  linear(w.wgate, x, n, D, pg + st.pending * width, width, sc);
-  const int64_t total = st.pending + n, nw = total / m;
-  if (nw > 0) {
-    grow_keep(st.entries, size_t(st.n_entries + nw) * size_t(c) * 4, size_t(st.n_entries) * size_t(c) * 4);
-    if (w.overlap && !st.prev_kv.get()) {
-      st.prev_kv = DeviceBuffer(size_t(m * c) * 4);
-      st.prev_gate = DeviceBuffer(size_t(m * c) * 4);
-    }
-    float* out = st.entries.as<float>() + st.n_entries * c;
-    PoolArgs a;
-    a.pend_kv = pkv;
-    a.pend_gate = pg;
-    a.ape = f32(w.ape);
-    a.prev_kv = st.prev_kv.as<float>();
-    a.prev_gate = st.prev_gate.as<float>();
-    a.has_prev = st.has_prev;
-    a.overlap = w.overlap;
-    a.nw = int(nw);
-    a.m = int(m);
-    a.c = c;
-    a.entries = out;
-    fwd_compress_pool(a, nullptr);
-    fwd_rms_norm(out, nw, c, c, f32(w.norm), eps, nullptr);
-    rope.apply(out, nw, c, c - rope.dim, st.n_entries * m, 1, m, false);
-    if (w.overlap) st.has_prev = true;
-    st.n_entries += nw;
-    const int64_t rem = total - nw * m;  // < m rows, and nw * m >= m: source and destination never overlap
-    if (rem > 0) {
-      copy_d2d(pkv, pkv + nw * m * width, size_t(rem) * row_bytes);
-      copy_d2d(pg, pg + nw * m * width, size_t(rem) * row_bytes);
-    }
-    st.pending = rem;
-  } else {
-    st.pending = total;
+int64_t comp_width(const GpuComp& w) { return w.overlap ? 2 * w.dim : w.dim; }
+
+// Projects this chunk's compressor rows and runs the compressor step on the device (CompressArgs): completed
+// windows become entries (pooled, RMS-normed, rotated at position entry * m), the rest stay pending.
+void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const float* x, int n, const Step& step, GpuCompState& st,
+                     Scratch& sc) {
+  const int64_t m = w.rate, c = w.dim, width = comp_width(w), D = w.wkv.d.cols;
+  // This chunk's rows; shared by every compressor (each one's rows are consumed before the next one projects).
+  float* rkv = sc.f("comp.kv", n * width);
+  float* rg = sc.f("comp.gate", n * width);
+  linear(w.wkv, x, n, D, rkv, width, sc);
+  linear(w.wgate, x, n, D, rg, width, sc);
+  CompressArgs a;
+  a.rows_kv = rkv, a.rows_gate = rg;
+  a.pend_kv = st.pend_kv.as<float>(), a.pend_gate = st.pend_gate.as<float>();
+  a.prev_kv = st.prev_kv.as<float>(), a.prev_gate = st.prev_gate.as<float>();
+  a.ape = f32(w.ape), a.norm = f32(w.norm), a.inv_freq = f32(rope.inv_freq);
+  a.pos = step.dpos;
+  a.n = n, a.overlap = w.overlap, a.m = int(m), a.c = c;
+  a.nw_max = int(step.bounds ? (n + m - 1) / m : (step.pos0 + n) / m - step.pos0 / m);
+  a.rope_half = rope.dim / 2, a.attention_factor = rope.attention_factor, a.eps = eps;
+  a.entries = st.entries.as<float>();
+  fwd_compress(a, nullptr);
+}
+
+void init_comp(const GpuComp& w, GpuCompState& st) {
+  const size_t m = size_t(w.rate), row = size_t(comp_width(w)) * 4;
+  st.pend_kv = DeviceBuffer(m * row);
+  st.pend_gate = DeviceBuffer(m * row);
+  if (w.overlap) {
+    st.prev_kv = DeviceBuffer(m * size_t(w.dim) * 4);
+    st.prev_gate = DeviceBuffer(m * size_t(w.dim) * 4);
   }
-  return nw;
+}
+
+void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, Scratch& sc) {
+  // At least 64 entries, so that short sessions never regrow (each growth re-captures the decode graph).
+  const int64_t need = std::max<int64_t>(pos_end / w.rate, 64), row = w.dim * 4;
+  if (st.capacity >= need) return;
+  if (grow_keep(st.entries, size_t(need * row), size_t(st.capacity * row))) ++sc.generation;
+  st.capacity = int64_t(st.entries.bytes()) / row;
 }
 
 }  // namespace
 
-void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, int n, int64_t pos0,
+void init_attention_state(const GpuAttn& w, const ModelConfig& c, GpuLayerState& st) {
+  st.ring = DeviceBuffer(size_t(c.window) * size_t(c.head_dim) * 4);
+  if (w.comp) init_comp(*w.comp, st.comp);
+  if (w.icomp) init_comp(*w.icomp, st.icomp);
+}
+
+void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& st, Scratch& sc) {
+  if (w.comp) reserve_comp(*w.comp, pos_end, st.comp, sc);
+  if (w.icomp) reserve_comp(*w.icomp, pos_end, st.icomp, sc);
+}
+
+void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, int n, const Step& step,
                    GpuLayerState& st, Scratch& sc, const Tap& tap, float* out) {
-  const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora;
+  const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora, pos0 = step.pos0;
+  const int64_t* dpos = step.dpos;
+  reserve_attention_state(w, pos0 + n, st, sc);  // no-op when the step was prepared (graph mode)
 
   OpTimer& tm = sc.timer;
   std::optional<OpRegion> region(std::in_place, tm, "attn.q_kv");
@@ -77,34 +85,36 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   float* q = sc.f("attn.q", n * H * Dh);
   linear(w.wq_b, qr, n, QL, q, H * Dh, sc);
   fwd_rms_norm(q, n * H, Dh, Dh, nullptr, c.rms_eps, nullptr);
-  rope.apply(q, n * H, Dh, Dh - rd, pos0, H, 1, false);
+  rope.apply(q, n * H, Dh, Dh - rd, dpos, H, false);
   tap_put(tap, "attn.q", q, {n, H, Dh});
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims.
   float* kv = sc.f("attn.kv", n * Dh);
   linear(w.wkv, x, n, D, kv, Dh, sc);
   fwd_rms_norm(kv, n, Dh, Dh, f32(w.kv_norm), c.rms_eps, nullptr);
-  rope.apply(kv, n, Dh, Dh - rd, pos0, 1, 1, false);
+  rope.apply(kv, n, Dh, Dh - rd, dpos, 1, false);
   tap_put(tap, "attn.kv", kv, {n, Dh});
 
   AttendArgs a;
   a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
-  int64_t max_keys = std::min<int64_t>(W, pos0 + n);
+  // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
+  int64_t max_keys = step.bounds ? W : std::min<int64_t>(W, pos0 + n);
   region.emplace(tm, "attn.compressor");
   if (type != AttnType::Sliding) {
-    compressor_step(*w.comp, rope, c.rms_eps, x, n, st.comp, sc);
+    compressor_step(*w.comp, rope, c.rms_eps, x, n, step, st.comp, sc);
     a.entries = st.comp.entries.as<float>();
-    a.ne = st.comp.n_entries;
+    a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
     a.rate = w.comp->rate;
     if (type == AttnType::HCA) max_keys += a.ne;
   }
   if (type == AttnType::CSA) {
-    compressor_step(*w.icomp, rope, c.rms_eps, x, n, st.icomp, sc);
+    compressor_step(*w.icomp, rope, c.rms_eps, x, n, step, st.icomp, sc);
     region.emplace(tm, "attn.indexer");
-    const int64_t nh = c.index_heads, dh = c.index_head_dim, ne = st.icomp.n_entries;
+    const int64_t nh = c.index_heads, dh = c.index_head_dim;
+    const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
     float* iq = sc.f("attn.index.q", n * nh * dh);
     linear(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
-    rope.apply(iq, n * nh, dh, dh - rd, pos0, nh, 1, false);
+    rope.apply(iq, n * nh, dh, dh - rd, dpos, nh, false);
     float* hw = sc.f("attn.index.w", n * nh);
     linear(w.iweights, x, n, D, hw, nh, sc);
     IndexArgs ia;
@@ -113,25 +123,27 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     ia.hw = hw;
     ia.n = n;
     ia.nh = int(nh);
-    ia.k = int(std::min<int64_t>(c.index_topk, ne));
+    ia.topk = c.index_topk;
+    ia.k_cap = int(std::min<int64_t>(c.index_topk, ne));
     ia.dh = dh;
-    ia.ne = ne;
-    ia.pos0 = pos0;
+    ia.ne_cap = ne;
+    ia.pos = dpos;
     ia.rate = w.icomp->rate;
     ia.qscale = 1.0f / std::sqrt(float(dh));
     ia.wscale = 1.0f / std::sqrt(float(nh));
     ia.scores = sc.f("attn.index.scores", n * ne);
-    ia.topk = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(n) * size_t(std::max(ia.k, 1)) * 8));
+    ia.sel = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(n) * size_t(std::max(ia.k_cap, 1)) * 8));
     fwd_indexer(ia, nullptr);
+    // Taps run eagerly with exact sizes: ne and k_cap are this step's counts, the layouts [n, ne] and [n, k].
     tap_put(tap, "attn.indexer.scores", ia.scores, {n, ne});
     if (tap.on("attn.indexer.topk")) {
-      IndexTensor sel({n, int64_t(ia.k)});
-      if (sel.numel()) d2h(sel.ptr(), ia.topk, size_t(sel.numel()) * 8);
+      IndexTensor sel({n, int64_t(ia.k_cap)});
+      if (sel.numel()) d2h(sel.ptr(), ia.sel, size_t(sel.numel()) * 8);
       tap.index("attn.indexer.topk", sel);
     }
-    a.sel = ia.topk;
-    a.ksel = ia.k;
-    max_keys += ia.k;
+    a.sel = ia.sel;
+    a.ksel = ia.k_cap;
+    max_keys += ia.k_cap;
   }
 
   region.emplace(tm, "attn.core");
@@ -143,14 +155,14 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.n = n;
   a.Hq = int(H);
   a.Dh = Dh;
-  a.pos0 = pos0;
+  a.pos = dpos;
   a.window = W;
   a.scale = 1.0f / std::sqrt(float(Dh));
   a.out = o;
   fwd_attend(a, max_keys, nullptr);
   // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position.
-  rope.apply(o, n * H, Dh, Dh - rd, pos0, H, 1, true);
-  fwd_ring_store(kv, n, Dh, pos0, W, st.ring.as<float>(), nullptr);
+  rope.apply(o, n * H, Dh, Dh - rd, dpos, H, true);
+  fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 
   region.emplace(tm, "attn.out_proj");
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.

@@ -64,8 +64,8 @@ GpuRope upload_rope(const ops::Rope& r) {
   return g;
 }
 
-void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, int64_t pos0, int64_t per_pos, int64_t step, bool inverse) const {
-  detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, pos0, per_pos, step, inverse ? 1 : 0, nullptr);
+void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos, bool inverse) const {
+  detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, dpos, 0, per_pos, 1, inverse ? 1 : 0, nullptr);
 }
 
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
@@ -111,15 +111,19 @@ std::vector<std::pair<std::string, double>> OpTimer::collect() {
 
 void* Scratch::get(const std::string& name, size_t bytes) {
   auto& b = bufs_[name];
-  if (b.bytes() < bytes || !b.get()) b = DeviceBuffer(std::max<size_t>(bytes, 4));
+  if (b.bytes() < bytes || !b.get()) {
+    b = DeviceBuffer(std::max<size_t>(bytes, 4));
+    ++generation;
+  }
   return b.get();
 }
 
-void grow_keep(DeviceBuffer& b, size_t bytes, size_t keep) {
-  if (b.get() && b.bytes() >= bytes) return;
+bool grow_keep(DeviceBuffer& b, size_t bytes, size_t keep) {
+  if (b.get() && b.bytes() >= bytes) return false;
   DeviceBuffer nb(std::max<size_t>({bytes, 2 * b.bytes(), 256}));
   if (keep) detail::copy_d2d(nb.get(), b.get(), keep);
   b = std::move(nb);
+  return true;
 }
 
 Tensor download(const float* d, const Shape& shape) {
@@ -140,4 +144,7 @@ void tap_io(const Tap& tap, const char* name, float* d, const Shape& shape) {
 }
 
 }  // namespace plumb::cuda
+
+plumb::GpuGraph::~GpuGraph() { plumb::cuda::detail::graph_destroy(exec); }
+
 #endif  // PLUMB_WITH_CUDA

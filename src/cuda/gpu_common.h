@@ -1,6 +1,7 @@
 // Host side of the CUDA forward pass: the model's weights as uploaded (checkpoint layouts kept), the per-session
 // device caches and scratch, and taps that copy device tensors to the host (and back, for teacher forcing).
 #pragma once
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,8 +30,9 @@ struct GpuRope {
   DeviceBuffer inv_freq;
   int dim = 0;
   float attention_factor = 1.0f;
-  // Rotates the last dim values of `rows` rows (ld apart, each row ending at off + dim) at pos0 + (r / per_pos) * step.
-  void apply(float* x, int64_t rows, int64_t ld, int64_t off, int64_t pos0, int64_t per_pos, int64_t step, bool inverse) const;
+  // Rotates the last dim values of `rows` rows (ld apart, each row ending at off + dim) at position
+  // *dpos + (r / per_pos) (dpos: the device position of the chunk's first token).
+  void apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos, bool inverse) const;
 };
 GpuRope upload_rope(const ops::Rope& r);
 
@@ -104,11 +106,13 @@ struct OpRegion {  // RAII: times [construction, destruction) when the timer is 
 };
 
 // Growable named device scratch: a name keeps its buffer across calls, growing (contents dropped) on demand.
-// Also the workspace of the fast kernels (split-K partials, f16 activations).
+// Also the workspace of the fast kernels (split-K partials, f16 activations). `generation` counts every
+// reallocation of a session's device memory (scratch and caches): a captured graph is valid while it is unchanged.
 class Scratch {
  public:
   Workspace ws;
   OpTimer timer;
+  uint64_t generation = 0;
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 
@@ -116,12 +120,22 @@ class Scratch {
   std::map<std::string, DeviceBuffer> bufs_;
 };
 
+// Where a forward chunk sits in the timeline. Kernels read the position from `dpos` (device memory, written before
+// each step), never from a launch argument, so a captured graph serves every step. `bounds`: size grids and strides
+// by the caches' capacity instead of this step's exact counts (graph mode; the results are the same).
+struct Step {
+  const int64_t* dpos = nullptr;
+  int64_t pos0 = 0;  // the same position on the host: exact sizes, capacity checks
+  bool bounds = false;
+};
+
 // y[t * ldy + r] = W x[t * ldx], all rows: the W8A16 kernel when the matrix has one (cuda.fp8_gemv), else the
 // fp32 twin.
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc);
 
-// Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized).
-void grow_keep(DeviceBuffer& b, size_t bytes, size_t keep);
+// Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized). Returns
+// whether it reallocated.
+bool grow_keep(DeviceBuffer& b, size_t bytes, size_t keep);
 
 // Device tensors at tap points: put copies to the host; io also lets the sink substitute (teacher forcing) and
 // copies the substitute back.
@@ -133,20 +147,37 @@ void tap_io(const Tap& tap, const char* name, float* d, const Shape& shape);
 
 namespace plumb {
 
-// One compressor's caches on the device (see CompressorState): pending rows [pending, width] (kv and gate),
-// CSA's previous first-half series [m, c] (gate + ape), entries [n_entries, c] normed and rotated.
+// One compressor's caches on the device (see CompressorState and CompressArgs): the pending rows of the
+// incomplete window as a ring [m, width] (kv and gate; position q at slot q % m), CSA's previous first-half series
+// [m, c] (gate + ape), entries [capacity, c] normed and rotated (entry w at row w). How many rows are pending and
+// how many entries exist follow from the position alone (pos % m, pos / m), so they are not stored.
 struct GpuCompState {
   cuda::DeviceBuffer pend_kv, pend_gate, prev_kv, prev_gate, entries;
-  int64_t pending = 0, n_entries = 0;
-  bool has_prev = false;
+  int64_t capacity = 0;  // rows of `entries`
 };
 struct GpuLayerState {
   cuda::DeviceBuffer ring;  // [window, head_dim]: key of position p at slot p % window
   GpuCompState comp, icomp;
 };
+// A captured forward for chunks of n tokens (cuda.graph): valid while the session's memory generation and the
+// fast kernels' workspace are what they were at capture.
+struct GpuGraph {
+  void* exec = nullptr;  // cudaGraphExec_t
+  const float* logits = nullptr;  // where the graph leaves them
+  uint64_t generation = 0;
+  std::array<const void*, 3> workspace{};
+  bool warm = false;  // ran once eagerly with graph bounds at `generation`: the next step may capture
+  GpuGraph() = default;
+  GpuGraph(const GpuGraph&) = delete;
+  GpuGraph& operator=(const GpuGraph&) = delete;
+  ~GpuGraph();
+};
 struct DeviceSessionState {
   std::vector<GpuLayerState> layers;
   cuda::Scratch scratch;
+  std::map<int, std::unique_ptr<GpuGraph>> graphs;  // by chunk size
+  bool graphs_failed = false;                        // a capture failed: eager launches from then on
+  int64_t graph_launches = 0, graph_captures = 0;    // for tests and the bench
 };
 
 }  // namespace plumb

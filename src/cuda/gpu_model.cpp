@@ -7,6 +7,8 @@
 #include "cuda/gpu_common.h"
 #include "cuda/gpu_moe.h"
 
+#include <cstring>
+
 namespace plumb {
 
 namespace cuda {
@@ -154,18 +156,81 @@ class GpuForward : public DeviceForward {
   std::shared_ptr<DeviceSessionState> new_state() const override {
     auto s = std::make_shared<DeviceSessionState>();
     s->layers.resize(size_t(cfg_.n_layers));
-    for (auto& l : s->layers) l.ring = DeviceBuffer(size_t(cfg_.window) * size_t(cfg_.head_dim) * 4);
+    for (size_t i = 0; i < s->layers.size(); ++i) init_attention_state(g_.layers[i].attn, cfg_, s->layers[i]);
     return s;
   }
 
   Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const override {
-    const auto& c = cfg_;
     const int n = int(tokens.size());
-    const int64_t D = c.hidden, H = c.hc_mult, pos0 = st.pos;
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
-    auto* tok = static_cast<int32_t*>(sc.get("tokens", size_t(n) * 4));
-    h2d(tok, tokens.data(), size_t(n) * 4);
+    // The step's inputs in one upload: the position (int64), then the tokens (int32). Kernels read the position
+    // from here, so a captured step replays at any position.
+    std::vector<int32_t> host(2 + size_t(n));
+    std::memcpy(host.data(), &st.pos, 8);
+    std::copy(tokens.begin(), tokens.end(), host.begin() + 2);
+    auto* buf = static_cast<int32_t*>(sc.get("step", host.size() * 4));
+    h2d(buf, host.data(), host.size() * 4);
+    Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
+    const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
+    const float* logits = graph ? run_graph(ds, n, step, buf + 2) : body(ds, n, step, buf + 2, taps);
+    return download(logits, {n, int64_t(cfg_.vocab)});  // synchronizes
+  }
+
+ private:
+  static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
+
+  // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;
+  // otherwise runs it eagerly with graph bounds once (every allocation happens there) and captures the next one.
+  const float* run_graph(DeviceSessionState& ds, int n, Step step, const int32_t* tok) const {
+    Scratch& sc = ds.scratch;
+    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
+    step.bounds = true;
+    auto& g = ds.graphs[n];
+    if (!g) g = std::make_unique<GpuGraph>();
+    const auto marks = [&] { return std::array<const void*, 3>{sc.ws.partial(0), sc.ws.half(0), sc.ws.counters(0)}; };
+    const bool same = g->generation == sc.generation && g->workspace == marks();
+    if (g->exec && same) {
+      graph_launch(g->exec, nullptr);
+      ++ds.graph_launches;
+      return g->logits;
+    }
+    if (g->exec) graph_destroy(g->exec), g->exec = nullptr;
+    auto warm_up = [&] {
+      const float* out = body(ds, n, step, tok, nullptr);
+      g->warm = true, g->generation = sc.generation, g->workspace = marks();
+      return out;
+    };
+    if (!g->warm || !same) return warm_up();
+    capture_begin(nullptr);
+    const float* out = nullptr;
+    void* exec = nullptr;
+    try {
+      out = body(ds, n, step, tok, nullptr);
+      exec = capture_end_instantiate(nullptr);
+    } catch (const std::exception& e) {
+      capture_abort(nullptr);
+      ds.graphs_failed = true;
+      fmt::print(stderr, "backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on\n", e.what());
+      return body(ds, n, step, tok, nullptr);
+    }
+    if (sc.generation != g->generation || g->workspace != marks()) {  // memory moved during the capture: not valid
+      graph_destroy(exec);
+      return warm_up();
+    }
+    g->exec = exec, g->logits = out;
+    ++ds.graph_captures;
+    graph_launch(exec, nullptr);
+    ++ds.graph_launches;
+    return out;
+  }
+
+  // The whole forward as launches on the default stream (eager, or recorded by a capture). Returns the device
+  // logits [n, vocab].
+  const float* body(DeviceSessionState& ds, int n, const Step& step, const int32_t* tok, TapSink* taps) const {
+    const auto& c = cfg_;
+    const int64_t D = c.hidden, H = c.hc_mult;
+    Scratch& sc = ds.scratch;
 
     float* X = sc.f("X", n * H * D);
     float* X2 = sc.f("X2", n * H * D);
@@ -209,7 +274,7 @@ class GpuForward : public DeviceForward {
         OpRegion r(tm, "norm");
         fwd_rms_norm(col, n, D, D, f32(L.attn_norm), c.rms_eps, nullptr);
       }
-      gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, n, pos0,
+      gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, n, step,
                     ds.layers[size_t(i)], sc, tap, y);
       hc_post();
       hc_pre(L.hc_ffn, tap, "hc_ffn");
@@ -244,11 +309,9 @@ class GpuForward : public DeviceForward {
         fwd_linear(g_.head.d, col, n, D, 0, c.vocab, logits, c.vocab, nullptr);
       }
     }
-    Tensor out = download(logits, {n, int64_t(c.vocab)});  // synchronizes
-    return out;
+    return logits;
   }
 
- private:
   ModelConfig cfg_;
   ModelOptions opt_;
   GpuWeights g_;

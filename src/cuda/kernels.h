@@ -36,11 +36,14 @@ void event_destroy(void* e) noexcept;
 void event_record(void* e, Stream s);
 float event_elapsed_ms(void* start, void* stop);  // synchronizes on stop
 
-// Streams and CUDA graphs (bench: times kernels the way a captured decode step runs them).
+// Streams and CUDA graphs (the decode graph, cuda.graph; the bench times kernels as a captured step runs them).
+// A null stream is the calling thread's default stream (the CUDA code is built with --default-stream
+// per-thread), which can be captured.
 Stream stream_create();
 void stream_destroy(Stream s) noexcept;
 void capture_begin(Stream s);
 void* capture_end_instantiate(Stream s);  // a cudaGraphExec_t
+void capture_abort(Stream s) noexcept;    // ends a capture that failed, dropping what it recorded
 void graph_launch(void* exec, Stream s);
 void graph_destroy(void* exec) noexcept;
 

@@ -90,16 +90,30 @@ Stream stream_create() {
 void stream_destroy(Stream s) noexcept {
   if (s) cudaStreamDestroy(s);
 }
-void capture_begin(Stream s) { PLUMB_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)); }
+namespace {
+cudaStream_t capture_stream(Stream s) { return s ? s : cudaStreamPerThread; }  // never the legacy stream
+}  // namespace
+// Thread-local mode: an unsafe call from this thread during the capture (an allocation, a synchronous copy)
+// fails the capture instead of silently leaving it out of the graph.
+void capture_begin(Stream s) { PLUMB_CUDA_CHECK(cudaStreamBeginCapture(capture_stream(s), cudaStreamCaptureModeThreadLocal)); }
 void* capture_end_instantiate(Stream s) {
   cudaGraph_t g;
-  PLUMB_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  PLUMB_CUDA_CHECK(cudaStreamEndCapture(capture_stream(s), &g));
   cudaGraphExec_t e;
-  PLUMB_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
   cudaGraphDestroy(g);
+  PLUMB_CUDA_CHECK(err);
   return e;
 }
-void graph_launch(void* exec, Stream s) { PLUMB_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), s)); }
+void capture_abort(Stream s) noexcept {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(capture_stream(s), &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(capture_stream(s), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  }
+  (void)cudaGetLastError();  // the capture's error is not the next launch's
+}
+void graph_launch(void* exec, Stream s) { PLUMB_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), capture_stream(s))); }
 void graph_destroy(void* exec) noexcept {
   if (exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
 }

@@ -13,9 +13,12 @@ namespace plumb {
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt,
                                    const std::function<void(int64_t, int64_t)>& on_layer, const std::string& backend) {
   PLUMB_CHECK(backend == "cpu" || backend == "cuda", "unknown backend '{}' (available: {})", backend, kBackends);
-  PLUMB_CHECK(backend == "cuda" || !(opt.cuda_fp8_gemv || opt.cuda_moe_mxfp4 || opt.cuda_head_bf16),
+  PLUMB_CHECK(backend == "cuda" || !(opt.cuda_fp8_gemv || opt.cuda_moe_mxfp4 || opt.cuda_head_bf16 || opt.cuda_graph),
               "patch {} is a CUDA kernel: it needs --backend cuda",
-              opt.cuda_fp8_gemv ? "cuda.fp8_gemv" : opt.cuda_moe_mxfp4 ? "cuda.moe_mxfp4" : "cuda.head_bf16");
+              opt.cuda_fp8_gemv    ? "cuda.fp8_gemv"
+              : opt.cuda_moe_mxfp4 ? "cuda.moe_mxfp4"
+              : opt.cuda_head_bf16 ? "cuda.head_bf16"
+                                   : "cuda.graph");
   auto m = std::make_unique<Model>();
   m->dir_ = dir;
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();

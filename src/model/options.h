@@ -16,6 +16,7 @@ struct ModelOptions {
   bool cuda_fp8_gemv = false;       // cuda.fp8_gemv: W8A16 tensor-core kernels for FP8 projections (backend cuda)
   bool cuda_moe_mxfp4 = false;      // cuda.moe_mxfp4: W4A16 tensor-core routed experts (backend cuda)
   bool cuda_head_bf16 = false;      // cuda.head_bf16: LM head as a cuBLASLt bf16 GEMM (backend cuda)
+  bool cuda_graph = false;          // cuda.graph: decode steps replayed as CUDA graphs (backend cuda)
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
   bool fault_rsf_twice = false;

@@ -68,6 +68,15 @@ std::vector<Patch> make_registry() {
                // One bf16 rounding of x (2^-9 relative) in a dot product of D terms: ~4e-3 of max|logit| at worst on
                // random-sign data; 1e-2 leaves margin.
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_head_bf16 = true; }, false, "cuda"});
+  r.push_back({"cuda.graph", "a decode step as one kernel launch after another from the host",
+               "each forward chunk of up to 256 tokens replayed as a captured CUDA graph: kernels read the position from "
+               "device memory and size their grids by the caches' capacity, so one graph serves every step until a "
+               "cache grows (then it is captured again); forwards with taps run eagerly",
+               "a launch argument that should follow the position but was frozen at capture gives stale results on "
+               "every later step: tested bit-identical to eager launches over many steps, window and buffer boundaries",
+               // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
+               // the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_graph = true; }, false, "cuda"});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",
