@@ -5,7 +5,8 @@
 # Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
-# the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench). At most 8 files come back.
+# the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench), NCU=1 (kernel times of one
+# decode step, bench/kernel_times.py). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -82,6 +83,16 @@ if [ -n "${COMPARE:-}" ] && [ -f "$OUT/layers-fast.json" ]; then  # transformers
   note "transformers comparison rc=$? (appended to layers-ref.txt: the device tool returns at most 8 files)"
 fi
 
+if [ -n "${NCU:-}" ]; then  # kernel time of one eager decode step at batch 1 (ncu, one metric), by launch and by kernel
+  note "ncu: one decode step"
+  timeout "${T_NCU:-240}" ncu --csv --metrics gpu__time_duration.sum "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers \
+    --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 \
+    --warmup 1 >/tmp/ncu.csv 2>&1
+  note "ncu rc=$?"
+  python3 bench/kernel_times.py /tmp/ncu.csv >"$OUT/ncu-step.txt" 2>&1
+  gzip -c /tmp/ncu.csv >"$OUT/ncu.csv.gz"
+fi
+
 if [ -n "${BENCH:-}" ]; then
   note "bench"
   timeout "${T_BENCH:-150}" "$C/plumb" bench --json "$OUT/bench.json" >"$OUT/bench.txt" 2>&1
@@ -94,4 +105,5 @@ grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
 [ -f "$OUT/selftest.txt" ] && tail -n 25 "$OUT/selftest.txt"
 [ -f "$OUT/kld.txt" ] && tail -n 20 "$OUT/kld.txt"
 [ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"
+[ -f "$OUT/ncu-step.txt" ] && head -n 200 "$OUT/ncu-step.txt"
 [ -f "$OUT/layers-fast.txt" ] && tail -n 45 "$OUT/layers-fast.txt" && tail -n 25 "$OUT/layers-ref.txt"

@@ -7,75 +7,95 @@ namespace plumb::cuda::detail {
 
 namespace {
 
-// One block per (token, head). Keys: window positions max(0, p-W+1) .. p in ascending order (earlier ones from
-// the ring, this chunk's from chunk_kv), then the compressed entries (HCA: every visible one; CSA: the selected).
-__global__ void attend_kernel(AttendArgs a) {
-  extern __shared__ float smem[];
-  const int t = blockIdx.x / a.Hq, h = blockIdx.x % a.Hq;
-  const int64_t pos0 = *a.pos, p = pos0 + t, Dh = a.Dh;
-  const int64_t wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
-  int64_t ncomp = 0;
-  int* comp = reinterpret_cast<int*>(smem);  // CSA: compacted selected entries
-  float* logits = smem + (a.type == 1 ? a.ksel : 0);
-  if (a.type == 2) {
-    ncomp = min((p + 1) / a.rate, a.ne);
-  } else if (a.type == 1) {
-    __shared__ int count;
-    // Load the selection in parallel (a serial loop of dependent global loads cost ~100 us at top-512), then
-    // compact it in order from shared memory.
-    for (int j = threadIdx.x; j < a.ksel; j += blockDim.x) comp[j] = int(a.sel[int64_t(t) * a.ksel + j]);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int c = 0;
-      for (int j = 0; j < a.ksel; ++j)
-        if (comp[j] >= 0) comp[c++] = comp[j];
-      count = c;
-    }
-    __syncthreads();
-    ncomp = count;
+// The keys of query t (position p): j < nwin are the window positions max(0, p-W+1) .. p in ascending order
+// (earlier ones from the ring, this chunk's from chunk_kv); then HCA: the visible entries in order; CSA: the ksel
+// selection slots in order, where a slot of -1 is a hole (no key: logit -inf, probability exactly 0). Holes stay
+// in place instead of being compacted, so a graph's wider selection (-1 slots at the end) sums the same values in
+// the same order as an eager launch.
+struct KeyList {
+  const AttendArgs& a;
+  int t;
+  int64_t pos0, wstart, nwin, count;  // count: window keys + entry slots
+  __device__ KeyList(const AttendArgs& args, int tok) : a(args), t(tok) {
+    pos0 = *a.pos;
+    const int64_t p = pos0 + t;
+    wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
+    count = nwin + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
   }
-  const int64_t nk = nwin + ncomp;
-  auto key = [&](int64_t j) -> const float* {
+  // The key/value row of slot j, or null for a hole.
+  __device__ const float* row(int64_t j) const {
     if (j < nwin) {
       const int64_t q = wstart + j;
-      return q < pos0 ? a.ring + (q % a.window) * Dh : a.chunk_kv + (q - pos0) * Dh;
+      return q < pos0 ? a.ring + (q % a.window) * a.Dh : a.chunk_kv + (q - pos0) * a.Dh;
     }
-    const int64_t e = a.type == 1 ? comp[j - nwin] : j - nwin;
-    return a.entries + e * Dh;
-  };
-  const float* qh = a.q + (int64_t(t) * a.Hq + h) * Dh;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int64_t j = wid; j < nk; j += nwarps) {
-    const float* k = key(j);
-    double dot = 0;
-    for (int64_t i = lane; i < Dh; i += 32) dot += double(qh[i]) * k[i];
-    dot = warp_sum(dot);
-    if (lane == 0) logits[j] = float(dot) * a.scale;
+    const int64_t e = a.type == 1 ? a.sel[int64_t(t) * a.ksel + (j - nwin)] : j - nwin;
+    return e < 0 ? nullptr : a.entries + e * a.Dh;
   }
-  __syncthreads();
-  // ops::softmax over the keys and the sink (which takes probability, gives no value): float exponentials, fp64
-  // sum (block-parallel; the sum's order differs from the CPU's, below fp32 resolution), p = float(e / sum).
-  if (threadIdx.x == 0) logits[nk] = a.sink[h];
-  __syncthreads();
+};
+
+// Logits: block (t, h, split) takes every nsplit-th group of 8 keys; warp w its own key of the group: the fp64
+// dot product q . k over Dh (lanes strided), times the scale. Holes get -inf.
+constexpr int kAttnSplit = 8;
+__global__ void attend_logits_kernel(AttendArgs a) {
+  const int th = blockIdx.x, t = th / a.Hq, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const KeyList keys(a, t);
+  const float* qh = a.q + int64_t(th) * a.Dh;
+  float* out = a.logits + int64_t(th) * a.ld_logits;
+  for (int64_t j = int64_t(blockIdx.y) * nwarps + wid; j < keys.count; j += int64_t(gridDim.y) * nwarps) {
+    const float* k = keys.row(j);
+    if (!k) {
+      if (lane == 0) out[j] = -INFINITY;
+      continue;
+    }
+    double dot = 0;
+#pragma unroll 4
+    for (int64_t i = lane; i < a.Dh; i += 32) dot += double(qh[i]) * k[i];
+    dot = warp_sum(dot);
+    if (lane == 0) out[j] = float(dot) * a.scale;
+  }
+}
+
+// Output: block (t, h, dim slice of 64): ops::softmax over the keys and the sink (which takes probability, gives
+// no value): float exponentials, fp64 sum (thread-strided partials, the sink in thread 0's, then the block's fixed
+// order), p = float(e / sum); then P.V for the slice: thread (g, d) sums keys j = g (mod 4) in fp64, the four
+// partials added in g order.
+constexpr int kAttnDims = 64, kAttnGroups = 4;  // blockDim = kAttnDims * kAttnGroups
+__global__ void attend_out_kernel(AttendArgs a) {
   __shared__ float wmax[32];
   __shared__ double wsum[32];
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= nk; j += blockDim.x) m = fmaxf(m, logits[j]);
+  __shared__ double part[kAttnGroups][kAttnDims];
+  const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const KeyList keys(a, t);
+  const float* lg = a.logits + int64_t(th) * a.ld_logits;
+  const float sink = a.sink[h];
+  float m = threadIdx.x == 0 ? sink : -INFINITY;
+  for (int64_t j = threadIdx.x; j < keys.count; j += blockDim.x) m = fmaxf(m, lg[j]);
   m = warp_max(m);
   if (lane == 0) wmax[wid] = m;
   __syncthreads();
   m = -INFINITY;
   for (int i = 0; i < nwarps; ++i) m = fmaxf(m, wmax[i]);
-  double s = 0;
-  for (int64_t j = threadIdx.x; j <= nk; j += blockDim.x) s += double(logits[j] = expf(logits[j] - m));
+  double s = threadIdx.x == 0 ? double(expf(sink - m)) : 0.0;
+  for (int64_t j = threadIdx.x; j < keys.count; j += blockDim.x) s += double(expf(lg[j] - m));
   s = block_sum(s, wsum);
-  for (int64_t j = threadIdx.x; j <= nk; j += blockDim.x) logits[j] = float(double(logits[j]) / s);
+  const int d = threadIdx.x % kAttnDims, g = threadIdx.x / kAttnDims;
+  const int64_t dim = int64_t(blockIdx.y) * kAttnDims + d;
+  double acc = 0;
+  if (dim < a.Dh) {
+#pragma unroll 4
+    for (int64_t j = g; j < keys.count; j += kAttnGroups) {
+      const float* k = keys.row(j);
+      if (!k) continue;
+      const float pj = float(double(expf(lg[j] - m)) / s);
+      acc += double(pj) * k[dim];
+    }
+  }
+  part[g][d] = acc;
   __syncthreads();
-  float* oh = a.out + (int64_t(t) * a.Hq + h) * Dh;
-  for (int64_t i = threadIdx.x; i < Dh; i += blockDim.x) {
-    double acc = 0;
-    for (int64_t j = 0; j < nk; ++j) acc += double(logits[j]) * key(j)[i];
-    oh[i] = float(acc);
+  if (g == 0 && dim < a.Dh) {
+    double o = part[0][d];
+    for (int i = 1; i < kAttnGroups; ++i) o += part[i][d];
+    a.out[int64_t(th) * a.Dh + dim] = float(o);
   }
 }
 
@@ -229,19 +249,14 @@ __global__ void index_topk_kernel(IndexArgs a) {
 
 }  // namespace
 
-void fwd_attend(const AttendArgs& a, int64_t max_keys, Stream s) {
+void fwd_attend(const AttendArgs& a, Stream s) {
   if (a.n <= 0) return;
-  const size_t smem = size_t(max_keys + 1 + (a.type == 1 ? a.ksel : 0)) * 4;
-  if (smem > 48 * 1024) {
-    static bool raised = false;  // per process: the attribute is per kernel
-    if (!raised) {
-      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-      raised = true;
-    }
-    if (smem > 227 * 1024) throw_arg("attention: too many keys for one block's shared memory");
-  }
-  attend_kernel<<<a.n * a.Hq, 256, smem, s>>>(a);
-  check_launch("fwd_attend");
+  if (a.ld_logits < a.window + (a.type == 2 ? a.ne : a.type == 1 ? a.ksel : 0)) throw_arg("attention: logits scratch too narrow");
+  const unsigned rows = unsigned(a.n * a.Hq);
+  attend_logits_kernel<<<dim3(rows, kAttnSplit), 256, 0, s>>>(a);
+  check_launch("fwd_attend_logits");
+  attend_out_kernel<<<dim3(rows, unsigned(fwd_blocks(a.Dh, kAttnDims))), kAttnDims * kAttnGroups, 0, s>>>(a);
+  check_launch("fwd_attend_out");
 }
 
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s) {

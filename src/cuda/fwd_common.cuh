@@ -85,10 +85,13 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
 // RMSNorm of one row in place, by the whole block (the reference's fp64 sum of squares, fp32 scale): shared by
 // the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles.
 __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh) {
+  // Unrolled so that a thread's loads are in flight together (one block per row is latency-bound at decode).
   double ss = 0;
+#pragma unroll 8
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(v[i]) * v[i];
   ss = block_sum(ss, sh);
   const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
+#pragma unroll 8
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = w ? w[i] * (v[i] * inv) : v[i] * inv;
 }
 

@@ -58,12 +58,15 @@ __global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
   __shared__ float pre[8], mix[kMaxMix];
   const int t = blockIdx.y, H = a.H;
   const float* xt = a.X + int64_t(t) * H * a.D;
+  // Thread o sums mix o's slice partials (in slice order); one thread then runs the gates and Sinkhorn. (Thread 0
+  // alone summing all (2+H)*H*16 partials was a chain of dependent global loads: 80 us at V4 size.)
+  if (threadIdx.x < nmix) {
+    double acc = 0;
+    for (int i = 0; i < kHcSplit; ++i) acc += mixp[(int64_t(t) * nmix + threadIdx.x) * kHcSplit + i];
+    mix[threadIdx.x] = float(acc);
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    for (int o = 0; o < nmix; ++o) {
-      double acc = 0;
-      for (int i = 0; i < kHcSplit; ++i) acc += mixp[(int64_t(t) * nmix + o) * kHcSplit + i];
-      mix[o] = float(acc);
-    }
     // post and comb once per token (the first D slice); every slice needs pre for its collapse.
     const bool full = !a.head && blockIdx.x == 0;
     float post[6], C[36];

@@ -82,11 +82,14 @@ struct AttendArgs {
   int n = 0, Hq = 0, ksel = 0, type = 0;  // type: 0 sliding, 1 CSA, 2 HCA
   int64_t Dh = 0, window = 0, ne = 0, rate = 1;  // ne: HCA entries bound (visible ones: (p + 1) / rate)
   float scale = 1.0f;
+  float* logits = nullptr;  // scratch [n * Hq, ld_logits]; ld_logits >= window + (HCA: ne, CSA: ksel)
+  int64_t ld_logits = 0;
   float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
-// max_keys bounds the keys of any query (window + entries) for the shared-memory size.
-void fwd_attend(const AttendArgs& a, int64_t max_keys, Stream s);
+// Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and
+// slice of 64 dims.
+void fwd_attend(const AttendArgs& a, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);
 

@@ -56,17 +56,21 @@ __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, cons
   if (w.layout == 0) {
     if (w.dtype == 0) {
       const float* f = reinterpret_cast<const float*>(b);
+#pragma unroll
       for (int k = 0; k < 4; ++k) use(k, f[k]);
     } else {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(b);
+#pragma unroll
       for (int k = 0; k < 8; ++k) use(k, w.dtype == 1 ? __uint_as_float(uint32_t(h[k]) << 16) : __half2float(__ushort_as_half(h[k])));
     }
   } else if (w.layout == 1) {
     const int64_t si = (r >> 7) * w.s_cols + (c0 >> 7);
     const float sc = w.s_f32 ? static_cast<const float*>(w.s)[si] : fwd_e8m0(static_cast<const uint8_t*>(w.s)[si]);
+#pragma unroll
     for (int k = 0; k < 16; ++k) use(k, fwd_e4m3(b[k]) * sc);
   } else {
     const float sc = fwd_e8m0(static_cast<const uint8_t*>(w.s)[r * w.s_cols + (c0 >> 5)]);
+#pragma unroll
     for (int k = 0; k < 32; ++k) use(k, fwd_e2m1((b[k >> 1] >> (4 * (k & 1))) & 0xF) * sc);
   }
 }
@@ -80,9 +84,19 @@ __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int6
   const int64_t row_bytes = dmat_row_bytes(w);
   const uint8_t* row = static_cast<const uint8_t*>(w.w) + (r0 + r) * row_bytes;
   double acc[kTok] = {};
-  for (int64_t off = int64_t(lane) * 16; off < row_bytes; off += 32 * 16) {
-    const uint4 v = ldg_stream<0>(row + off);
-    fma16<kTok>(w, r0 + r, (off / 16) * per, v, x + int64_t(t0) * ldx, nt, ldx, acc);
+  // kLoads 16-byte loads in flight per lane before their products (a warp per row is latency-bound otherwise); the
+  // accumulation order is unchanged.
+  constexpr int kLoads = 4;
+  for (int64_t base = int64_t(lane) * 16; base < row_bytes; base += kLoads * 32 * 16) {
+    uint4 v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (base + u * 512 < row_bytes) v[u] = ldg_stream<0>(row + base + u * 512);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t off = base + u * 512;
+      if (off < row_bytes) fma16<kTok>(w, r0 + r, (off / 16) * per, v[u], x + int64_t(t0) * ldx, nt, ldx, acc);
+    }
   }
 #pragma unroll
   for (int t = 0; t < kTok; ++t) {

@@ -98,7 +98,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   AttendArgs a;
   a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
   // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
-  int64_t max_keys = step.bounds ? W : std::min<int64_t>(W, pos0 + n);
+  int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
   region.emplace(tm, "attn.compressor");
   if (type != AttnType::Sliding) {
     compressor_step(*w.comp, rope, c.rms_eps, x, n, step, st.comp, sc);
@@ -159,7 +159,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.window = W;
   a.scale = 1.0f / std::sqrt(float(Dh));
   a.out = o;
-  fwd_attend(a, max_keys, nullptr);
+  a.ld_logits = max_keys;
+  a.logits = sc.f("attn.logits", n * H * max_keys);
+  fwd_attend(a, nullptr);
   // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position.
   rope.apply(o, n * H, Dh, Dh - rd, dpos, H, true);
   fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);

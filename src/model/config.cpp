@@ -289,6 +289,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   pos(c.head_dim, "head_dim"); pos(c.q_lora, "q_lora_rank"); pos(c.o_groups, "o_groups"); pos(c.o_lora, "o_lora_rank");
   pos(c.window, "sliding_window"); pos(c.n_experts, "n_routed_experts"); pos(c.top_k, "num_experts_per_tok");
   pos(c.moe_inter, "moe_intermediate_size"); pos(c.hc_mult, "hc_mult"); pos(c.hc_sinkhorn_iters, "hc_sinkhorn_iters");
+  PLUMB_CHECK(c.hc_mult <= 8, "{}: hc_mult {} is not supported (at most 8; DeepSeek-V4 uses 4)", src, c.hc_mult);
   PLUMB_CHECK(c.n_shared == 0 || c.n_shared == 1, "{}: n_shared_experts must be 0 or 1, got {}", src, c.n_shared);
   PLUMB_CHECK(c.top_k <= c.n_experts, "{}: num_experts_per_tok {} exceeds n_routed_experts {}", src, c.top_k, c.n_experts);
   PLUMB_CHECK(c.n_group >= 1 && c.n_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group &&

@@ -32,12 +32,15 @@ PLUMB_HD inline void softmax(float* x, int n) {
 // head). pre[j] = sigmoid(mix_j * scale0 + base_j) + eps; post[j] = 2 sigmoid(mix_{H+j} * scale1 + base_{H+j});
 // comb = Sinkhorn(mix_{2H..} * scale2 + base_{2H..}): row softmax + eps, a column normalization, then
 // (iters - 1) x (row, column) normalizations, each dividing by (sum + eps). comb is [H, H] row-major.
-PLUMB_HD inline void weights(const float* mix, const float* scale, const float* base, int H, float eps, int iters, float* pre,
-                             float* post, float* comb) {
+// H is a template parameter so the loops unroll and C stays in registers (on the GPU one thread runs the ~20
+// Sinkhorn iterations; with a runtime H the matrix lived in local memory); weights() dispatches on it.
+template <int H>
+PLUMB_HD inline void weights_h(const float* mix, const float* scale, const float* base, float eps, int iters, float* pre, float* post,
+                               float* comb) {
   for (int j = 0; j < H; ++j) pre[j] = sigmoid(fmaf(mix[j], scale[0], base[j])) + eps;
   if (!comb) return;
   for (int j = 0; j < H; ++j) post[j] = 2.0f * sigmoid(fmaf(mix[H + j], scale[1], base[H + j]));
-  float* C = comb;
+  float C[H * H];
   for (int i = 0; i < H * H; ++i) C[i] = fmaf(mix[2 * H + i], scale[2], base[2 * H + i]);
   for (int j = 0; j < H; ++j) {
     softmax(C + j * H, H);
@@ -61,6 +64,22 @@ PLUMB_HD inline void weights(const float* mix, const float* scale, const float* 
   for (int it = 1; it < iters; ++it) {
     row_norm();
     col_norm();
+  }
+  for (int i = 0; i < H * H; ++i) comb[i] = C[i];
+}
+
+// H = hc_mult, 1 to 8 (the config loader refuses others; the GPU forward takes up to 6).
+PLUMB_HD inline void weights(const float* mix, const float* scale, const float* base, int H, float eps, int iters, float* pre,
+                             float* post, float* comb) {
+  switch (H) {
+    case 1: return weights_h<1>(mix, scale, base, eps, iters, pre, post, comb);
+    case 2: return weights_h<2>(mix, scale, base, eps, iters, pre, post, comb);
+    case 3: return weights_h<3>(mix, scale, base, eps, iters, pre, post, comb);
+    case 4: return weights_h<4>(mix, scale, base, eps, iters, pre, post, comb);
+    case 5: return weights_h<5>(mix, scale, base, eps, iters, pre, post, comb);
+    case 6: return weights_h<6>(mix, scale, base, eps, iters, pre, post, comb);
+    case 7: return weights_h<7>(mix, scale, base, eps, iters, pre, post, comb);
+    default: return weights_h<8>(mix, scale, base, eps, iters, pre, post, comb);
   }
 }
 
