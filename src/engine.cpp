@@ -3,8 +3,13 @@
 
 #include "model/model.h"
 #include "patches/registry.h"
+#include "plumb/text.h"
 
 namespace plumb {
+
+int32_t Session::forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) {
+  return sampler.sample(forward(tokens), history);
+}
 
 namespace {
 
@@ -17,6 +22,10 @@ class ModelSession : public Session {
     return {logits.ptr() + (logits.dim(0) - 1) * V, logits.ptr() + logits.dim(0) * V};
   }
   std::vector<float> forward_all(std::span<const int32_t> tokens) override { return m_->forward(st_, tokens).data; }
+  int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override {
+    if (m_->backend() == "cuda") return m_->forward_sample(st_, tokens, sampler, history);
+    return Session::forward_sample(tokens, sampler, history);
+  }
   int64_t position() const override { return st_.pos; }
   void reset() override { st_ = m_->new_state(); }
 

@@ -10,6 +10,8 @@
 
 namespace plumb {
 
+class Sampler;  // plumb/text.h
+
 // Loading progress: stage "layers" reports the layers whose weights are bound and validated so far.
 struct LoadProgress {
   const char* stage;
@@ -50,6 +52,10 @@ class Session {
   virtual std::vector<float> forward(std::span<const int32_t> tokens) = 0;
   // Same, but the logits of every token: n * vocab floats, row-major.
   virtual std::vector<float> forward_all(std::span<const int32_t> tokens) = 0;
+  // Feeds tokens like forward() and returns sampler.sample(last logits, history). On backend cuda the sampling
+  // runs on the GPU (the logits never leave it), drawing from the sampler's RNG exactly as sample() would. The
+  // default samples on the host.
+  virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
   virtual int64_t position() const = 0;  // tokens consumed so far
   virtual void reset() = 0;               // back to an empty cache
 };

@@ -128,6 +128,14 @@ class Sampler {
   std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits,
                                                       std::span<const int32_t> history) const;
 
+  // For a backend that samples on its device (backend cuda) with this sampler's parameters and RNG: the penalty
+  // window as distinct (token, count) pairs, and the uniform draw the next sample() would make. sample() draws
+  // only when the distribution keeps more than one token; so does the device, which then calls commit_draw().
+  const SamplingParams& params() const;
+  std::vector<std::pair<int32_t, int>> penalty_window(std::span<const int32_t> history) const;
+  double peek_draw();
+  void commit_draw();
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

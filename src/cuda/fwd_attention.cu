@@ -57,10 +57,14 @@ __global__ void attend_logits_kernel(AttendArgs a) {
 
 // Output: block (t, h, dim slice of 64): ops::softmax over the keys and the sink (which takes probability, gives
 // no value): float exponentials, fp64 sum (thread-strided partials, the sink in thread 0's, then the block's fixed
-// order), p = float(e / sum); then P.V for the slice: thread (g, d) sums keys j = g (mod 4) in fp64, the four
-// partials added in g order.
+// order), p = float(e / sum); the probabilities and key rows go to shared memory (a hole: p = 0 on a dummy row,
+// which adds exactly nothing); then P.V for the slice: thread (g, d) sums keys j = g (mod 4) in fp64, kU rows loaded
+// before their products, the four partials added in g order.
 constexpr int kAttnDims = 64, kAttnGroups = 4;  // blockDim = kAttnDims * kAttnGroups
 __global__ void attend_out_kernel(AttendArgs a) {
+  extern __shared__ unsigned char attn_smem[];
+  const float** rows = reinterpret_cast<const float**>(attn_smem);  // [ld_logits]
+  float* ps = reinterpret_cast<float*>(rows + a.ld_logits);          // [ld_logits]
   __shared__ float wmax[32];
   __shared__ double wsum[32];
   __shared__ double part[kAttnGroups][kAttnDims];
@@ -78,16 +82,27 @@ __global__ void attend_out_kernel(AttendArgs a) {
   double s = threadIdx.x == 0 ? double(expf(sink - m)) : 0.0;
   for (int64_t j = threadIdx.x; j < keys.count; j += blockDim.x) s += double(expf(lg[j] - m));
   s = block_sum(s, wsum);
+  for (int64_t j = threadIdx.x; j < keys.count; j += blockDim.x) {
+    const float* k = keys.row(j);
+    rows[j] = k ? k : a.q;  // the dummy row: any Dh readable floats
+    ps[j] = k ? float(double(expf(lg[j] - m)) / s) : 0.0f;
+  }
+  __syncthreads();
   const int d = threadIdx.x % kAttnDims, g = threadIdx.x / kAttnDims;
   const int64_t dim = int64_t(blockIdx.y) * kAttnDims + d;
   double acc = 0;
   if (dim < a.Dh) {
-#pragma unroll 4
-    for (int64_t j = g; j < keys.count; j += kAttnGroups) {
-      const float* k = keys.row(j);
-      if (!k) continue;
-      const float pj = float(double(expf(lg[j] - m)) / s);
-      acc += double(pj) * k[dim];
+    constexpr int kU = 4;
+    const int64_t last = keys.count - 1;
+    for (int64_t j0 = g; j0 < keys.count; j0 += kU * kAttnGroups) {
+      float v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) v[u] = rows[min(j0 + u * kAttnGroups, last)][dim];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t j = j0 + u * kAttnGroups;
+        if (j < keys.count) acc += double(ps[j]) * v[u];
+      }
     }
   }
   part[g][d] = acc;
@@ -208,9 +223,17 @@ __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
   a.pend_gate[(q % a.m) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
 }
 
-// One warp per (token, entry): the reference's fp64 sum over heads of relu(q.k) * qscale * (hw * wscale).
+// One warp per (token, entry), lane l computing the dot products of heads l, l+32, ... (fp64, in dim order); the
+// sum over heads relu(q.k) * qscale * (hw * wscale) then runs in head order, as the reference's. The token's
+// queries are staged in shared memory (row stride dh + 1: lanes reading different heads hit different banks).
+// (A warp per head and entry with a shuffle reduction per head was latency-bound: 58 us for 64 entries.)
 __global__ void index_scores_kernel(IndexArgs a) {
+  extern __shared__ float qs[];
   const int t = blockIdx.y, lane = threadIdx.x & 31;
+  const int64_t dh = a.dh, ld = dh + 1, nq = int64_t(a.nh) * dh;
+  const float* qt = a.q + int64_t(t) * nq;
+  for (int64_t i = threadIdx.x; i < nq; i += blockDim.x) qs[(i / dh) * ld + i % dh] = qt[i];
+  __syncthreads();
   const int64_t e = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (e >= a.ne_cap) return;
   const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
@@ -218,14 +241,26 @@ __global__ void index_scores_kernel(IndexArgs a) {
     if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = -INFINITY;
     return;
   }
-  const float* key = a.keys + e * a.dh;
+  const float* key = a.keys + e * dh;
   double acc = 0;
-  for (int h = 0; h < a.nh; ++h) {
-    const float* qh = a.q + (int64_t(t) * a.nh + h) * a.dh;
-    double dot = 0;
-    for (int64_t i = lane; i < a.dh; i += 32) dot += double(qh[i]) * key[i];
-    dot = warp_sum(dot);
-    acc += fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
+  for (int h0 = 0; h0 < a.nh; h0 += 32) {
+    const int h = h0 + lane;
+    double v = 0;
+    if (h < a.nh) {
+      const float* qh = qs + h * ld;
+      double dot = 0;
+      constexpr int kU = 8;
+      for (int64_t b = 0; b < dh; b += kU) {
+        float k[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) k[u] = key[min(b + u, dh - 1)];
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          if (b + u < dh) dot += double(qh[b + u]) * k[u];
+      }
+      v = fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
+    }
+    for (int l = 0; l < 32 && h0 + l < a.nh; ++l) acc += __shfl_sync(0xFFFFFFFFu, v, l);
   }
   if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = float(acc);
 }
@@ -255,7 +290,16 @@ void fwd_attend(const AttendArgs& a, Stream s) {
   const unsigned rows = unsigned(a.n * a.Hq);
   attend_logits_kernel<<<dim3(rows, kAttnSplit), 256, 0, s>>>(a);
   check_launch("fwd_attend_logits");
-  attend_out_kernel<<<dim3(rows, unsigned(fwd_blocks(a.Dh, kAttnDims))), kAttnDims * kAttnGroups, 0, s>>>(a);
+  const size_t smem = size_t(a.ld_logits) * (sizeof(float*) + sizeof(float));
+  if (smem > 48 * 1024) {
+    if (smem > 200 * 1024) throw_arg("attention: too many keys per query for one block's shared memory");
+    static bool raised = false;  // per process: the attribute is per kernel
+    if (!raised) {
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+      raised = true;
+    }
+  }
+  attend_out_kernel<<<dim3(rows, unsigned(fwd_blocks(a.Dh, kAttnDims))), kAttnDims * kAttnGroups, smem, s>>>(a);
   check_launch("fwd_attend_out");
 }
 
@@ -287,7 +331,9 @@ void fwd_compress(const CompressArgs& a, Stream s) {
 
 void fwd_indexer(const IndexArgs& a, Stream s) {
   if (a.n <= 0 || a.ne_cap <= 0) return;
-  index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, 0, s>>>(a);
+  const size_t smem = size_t(a.nh) * size_t(a.dh + 1) * 4;
+  if (smem > 48 * 1024) throw_arg("indexer: index_n_heads x (index_head_dim + 1) floats exceed 48 KiB of shared memory");
+  index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, smem, s>>>(a);
   check_launch("fwd_indexer_scores");
   if (a.k_cap <= 0) return;
   index_topk_kernel<<<a.n, 256, 0, s>>>(a);

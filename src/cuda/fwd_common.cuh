@@ -85,14 +85,32 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
 // RMSNorm of one row in place, by the whole block (the reference's fp64 sum of squares, fp32 scale): shared by
 // the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles.
 __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh) {
-  // Unrolled so that a thread's loads are in flight together (one block per row is latency-bound at decode).
+  // kU of a thread's elements are loaded before any is used (clamped indices, no early exit): one block per row is
+  // latency-bound at decode, and a plain strided loop waited for each load in turn. Same order of accumulation.
+  constexpr int kU = 8;
+  const int64_t step = blockDim.x;
   double ss = 0;
-#pragma unroll 8
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(v[i]) * v[i];
+  for (int64_t b = threadIdx.x; b < dim; b += kU * step) {
+    float x[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) x[u] = v[min(b + u * step, dim - 1)];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (b + u * step < dim) ss += double(x[u]) * x[u];
+  }
   ss = block_sum(ss, sh);
   const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
-#pragma unroll 8
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = w ? w[i] * (v[i] * inv) : v[i] * inv;
+  for (int64_t b = threadIdx.x; b < dim; b += kU * step) {
+    float x[kU], g[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t i = min(b + u * step, dim - 1);
+      x[u] = v[i], g[u] = w ? w[i] : 1.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (b + u * step < dim) v[b + u * step] = w ? g[u] * (x[u] * inv) : x[u] * inv;
+  }
 }
 
 // One interleaved RoPE pair (p[0], p[1]) at position `pos`, frequency inv_freq (ops::Rope's fp32 arithmetic).

@@ -52,6 +52,41 @@ __global__ void hc_mix_kernel(HcArgs a, const double* ssp, double* mixp, int nmi
   if (threadIdx.x == 0) mixp[(int64_t(t) * nmix + o) * kHcSplit + s] = acc;
 }
 
+// comb by one warp, lane j*H + k holding C[j][k]: hc_math::weights_h's Sinkhorn step for step (row softmax + eps,
+// a column normalization, then iters - 1 row and column normalizations), each sum taken in the same order through
+// shuffles, so the result is bit-identical to that thread's (tests/cuda: HcPreWarpSinkhornMatchesSerial). H * H <= 32. One thread doing
+// the 20 iterations alone took ~40 us (dependent divisions); here a row or column step is one division per lane.
+__device__ void sinkhorn_warp(const float* mix, const float* scale, const float* base, int H, float eps, int iters, float* comb) {
+  const int lane = threadIdx.x & 31, j = lane / H, k = lane % H;
+  const bool on = lane < H * H;
+  float c = on ? fmaf(mix[2 * H + lane], scale[2], base[2 * H + lane]) : 0.0f;
+  auto at = [&](float v, int src) { return __shfl_sync(0xFFFFFFFFu, v, src); };
+  // hc_math::softmax of row j, then + eps.
+  float m = -INFINITY;
+  for (int kk = 0; kk < H; ++kk) m = fmaxf(m, at(c, j * H + kk));
+  const float e = expf(c - m);
+  double s = 0;
+  for (int kk = 0; kk < H; ++kk) s += double(__shfl_sync(0xFFFFFFFFu, e, j * H + kk));
+  c = m == -INFINITY ? 0.0f : float(double(e) / s);
+  c += eps;
+  auto col_norm = [&] {
+    float t = 0;
+    for (int jj = 0; jj < H; ++jj) t += at(c, jj * H + k);
+    c /= t + eps;
+  };
+  auto row_norm = [&] {
+    float t = 0;
+    for (int kk = 0; kk < H; ++kk) t += at(c, j * H + kk);
+    c /= t + eps;
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  if (on) comb[lane] = c;
+}
+
 // One block per (D slice, token): the pre weights (every block), post and the Sinkhorn-normalized comb (the first
 // block of the token), then this slice of the collapse sum_j pre_j * x_j.
 __global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
@@ -66,15 +101,19 @@ __global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
     mix[threadIdx.x] = float(acc);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    // post and comb once per token (the first D slice); every slice needs pre for its collapse.
-    const bool full = !a.head && blockIdx.x == 0;
+  // post and comb once per token (the first D slice); every slice needs pre for its collapse.
+  const bool full = !a.head && blockIdx.x == 0, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
+  if (warp_sinkhorn && threadIdx.x < 32) sinkhorn_warp(mix, a.scale, a.base, H, a.hc_eps, a.iters, a.comb + int64_t(t) * H * H);
+  if (threadIdx.x == (warp_sinkhorn ? 32 : 0)) {  // the gates, beside the warp's Sinkhorn
     float post[6], C[36];
-    hc_math::weights(mix, a.scale, a.base, H, a.hc_eps, a.iters, pre, post, full ? C : nullptr);
-    if (full) {
-      for (int j = 0; j < H; ++j) a.post[t * H + j] = post[j];
+    if (full && !warp_sinkhorn) {  // H = 6 (36 > 32 lanes): one thread
+      hc_math::weights(mix, a.scale, a.base, H, a.hc_eps, a.iters, pre, post, C);
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t) * H * H + i] = C[i];
+    } else {
+      hc_math::gates(mix, a.scale, a.base, H, a.hc_eps, pre, full ? post : nullptr);
     }
+    if (full)
+      for (int j = 0; j < H; ++j) a.post[t * H + j] = post[j];
   }
   __syncthreads();
   const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -55,6 +55,7 @@ struct HcArgs {
   float hc_eps = 0;
   double rms_eps = 0;
   int head = 0;  // hc_head: only the pre weights and the collapse
+  int serial_sinkhorn = 0;  // tests: one thread runs hc_math::weights (the warp-parallel Sinkhorn's twin)
   float* post = nullptr;       // [n, H]
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]

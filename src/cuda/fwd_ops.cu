@@ -75,17 +75,36 @@ __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, cons
   }
 }
 
+// kStage (one token): the input row is staged in shared memory first, since every warp of the block reads all of
+// it and a global load per product was the kernel's critical path at decode.
+template <bool kStage>
 __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  constexpr int NT = kStage ? 1 : kTok;
+  extern __shared__ float xs[];
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
+  const int t0 = blockIdx.y * kTok, nt = min(NT, n - t0);
+  const float* xp = x + int64_t(t0) * ldx;
+  if constexpr (kStage) {
+    constexpr int kU = 8;
+    const int64_t step = blockDim.x;
+    for (int64_t b = threadIdx.x; b < w.cols; b += kU * step) {
+      float v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) v[u] = xp[min(b + u * step, w.cols - 1)];
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (b + u * step < w.cols) xs[b + u * step] = v[u];
+    }
+    __syncthreads();
+    xp = xs;
+  }
   if (r >= nr) return;
   const int per = elems_per_16(w);
   const int64_t row_bytes = dmat_row_bytes(w);
   const uint8_t* row = static_cast<const uint8_t*>(w.w) + (r0 + r) * row_bytes;
-  double acc[kTok] = {};
-  // kLoads 16-byte loads in flight per lane before their products (a warp per row is latency-bound otherwise); the
-  // accumulation order is unchanged.
+  double acc[NT] = {};
+  // kLoads 16-byte loads in flight per lane before their products; the accumulation order is unchanged.
   constexpr int kLoads = 4;
   for (int64_t base = int64_t(lane) * 16; base < row_bytes; base += kLoads * 32 * 16) {
     uint4 v[kLoads];
@@ -95,11 +114,11 @@ __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int6
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t off = base + u * 512;
-      if (off < row_bytes) fma16<kTok>(w, r0 + r, (off / 16) * per, v[u], x + int64_t(t0) * ldx, nt, ldx, acc);
+      if (off < row_bytes) fma16<NT>(w, r0 + r, (off / 16) * per, v[u], xp, nt, ldx, acc);
     }
   }
 #pragma unroll
-  for (int t = 0; t < kTok; ++t) {
+  for (int t = 0; t < NT; ++t) {
     const double v = warp_sum(acc[t]);
     if (lane == 0 && t < nt) y[(t0 + t) * ldy + r] = float(v);
   }
@@ -159,8 +178,10 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
   const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
-  if (vec)
-    linear16_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
+  if (vec && n == 1 && w.cols <= 12288)
+    linear16_kernel<true><<<grid, 32 * kRowsPerBlock, size_t(w.cols) * 4, s>>>(w, x, n, ldx, r0, nr, y, ldy);
+  else if (vec)
+    linear16_kernel<false><<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
   else
     linear_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
   check_launch("fwd_linear");

@@ -6,6 +6,8 @@
 #include "cuda/gpu_attention.h"
 #include "cuda/gpu_common.h"
 #include "cuda/gpu_moe.h"
+#include "cuda/sample.h"
+#include "plumb/text.h"
 
 #include <cstring>
 
@@ -161,6 +163,43 @@ class GpuForward : public DeviceForward {
   }
 
   Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const override {
+    return download(run(st, tokens, taps), {int64_t(tokens.size()), int64_t(cfg_.vocab)});  // synchronizes
+  }
+
+  // The last token's logits never leave the device: fwd_sample (sample.h) draws with the host sampler's
+  // parameters, penalty window and uniform draw, and only the token comes back.
+  int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
+                         std::span<const int32_t> history) const override {
+    const float* logits = run(st, tokens, nullptr) + (int64_t(tokens.size()) - 1) * cfg_.vocab;
+    Scratch& sc = st.dev->scratch;
+    const SamplingParams& sp = sampler.params();
+    SampleParams p;
+    p.temperature = sp.temperature, p.top_k = sp.top_k, p.top_p = sp.top_p, p.min_p = sp.min_p;
+    p.repeat_penalty = sp.repeat_penalty, p.presence_penalty = sp.presence_penalty, p.frequency_penalty = sp.frequency_penalty;
+    const auto window = sampler.penalty_window(history);
+    // One upload: u (double), then the window's ids and counts (int32).
+    std::vector<int32_t> in(2 + 2 * window.size());
+    const double u = fwd_sample_path(p, cfg_.vocab) == kSampleGreedy ? 0.0 : sampler.peek_draw();
+    std::memcpy(in.data(), &u, 8);
+    for (size_t i = 0; i < window.size(); ++i) in[2 + i] = window[i].first, in[2 + window.size() + i] = window[i].second;
+    auto* dev_in = static_cast<int32_t*>(sc.get("sample.in", in.size() * 4));
+    h2d(dev_in, in.data(), in.size() * 4);
+    auto* out = static_cast<int32_t*>(sc.get("sample.out", 8));
+    const size_t scratch_bytes = fwd_sample_scratch_bytes(1, cfg_.vocab, &p);
+    void* scratch = sc.get("sample.scratch", scratch_bytes);
+    SampleOut o;
+    o.token = out, o.n = out + 1;
+    fwd_sample(logits, 1, cfg_.vocab, p, dev_in + 2, dev_in + 2 + window.size(), int(window.size()),
+               reinterpret_cast<const double*>(dev_in), o, scratch, scratch_bytes, nullptr);
+    int32_t got[2];
+    d2h(got, out, 8);  // synchronizes
+    if (got[1] > 1) sampler.commit_draw();  // the distribution kept more than one token: sample() would have drawn
+    return got[0];
+  }
+
+ private:
+  // Runs the forward pass for these tokens and returns the device logits [n, vocab] (valid until the next call).
+  const float* run(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
     const int n = int(tokens.size());
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
@@ -173,11 +212,9 @@ class GpuForward : public DeviceForward {
     h2d(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
-    const float* logits = graph ? run_graph(ds, n, step, buf + 2) : body(ds, n, step, buf + 2, taps);
-    return download(logits, {n, int64_t(cfg_.vocab)});  // synchronizes
+    return graph ? run_graph(ds, n, step, buf + 2) : body(ds, n, step, buf + 2, taps);
   }
 
- private:
   static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
 
   // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;

@@ -59,13 +59,13 @@ GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer
   };
   std::vector<int32_t> history(prompt.begin(), prompt.end());
 
+  // forward_sample: the logits stay on the device where the backend has one (the first sample counts as prefill).
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = session.forward(prompt);
+  int32_t id = session.forward_sample(prompt, sampler, history);
   r.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   bool stopped_by_string = false;
   for (;;) {
-    const int32_t id = sampler.sample(logits, history);
     r.tokens.push_back(id);
     history.push_back(id);
     r.unfed = id;
@@ -86,7 +86,7 @@ GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer
       r.stop = StopReason::Context;
       break;
     }
-    logits = session.forward(std::span<const int32_t>(&id, 1));
+    id = session.forward_sample(std::span<const int32_t>(&id, 1), sampler, history);
   }
   if (!stopped_by_string) {
     emit(stops.push(stream.flush(), stopped_by_string));

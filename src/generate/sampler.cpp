@@ -15,6 +15,18 @@ struct Sampler::Impl {
   SamplingParams p;
   int32_t vocab = 0;
   std::mt19937_64 rng;
+  bool pending = false;  // `next` holds a draw peeked but not yet used
+  double next = 0;
+  // 53 random bits -> [0, 1): the same value on every platform (std::uniform_real_distribution is not).
+  double peek() {
+    if (!pending) next = double(rng() >> 11) * 0x1.0p-53, pending = true;
+    return next;
+  }
+  double draw() {
+    const double u = peek();
+    pending = false;
+    return u;
+  }
 };
 
 namespace {
@@ -117,8 +129,7 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const flo
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const auto dist = distribution(logits, history);
   if (dist.size() == 1) return dist[0].first;
-  // 53 random bits -> [0, 1): the same value on every platform (std::uniform_real_distribution is not).
-  const double u = double(impl_->rng() >> 11) * 0x1.0p-53;
+  const double u = impl_->draw();
   double cum = 0;
   for (const auto& [id, pr] : dist) {
     cum += pr;
@@ -126,5 +137,19 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   return dist.back().first;
 }
+
+const SamplingParams& Sampler::params() const { return impl_->p; }
+
+std::vector<std::pair<int32_t, int>> Sampler::penalty_window(std::span<const int32_t> history) const {
+  const SamplingParams& p = impl_->p;
+  std::vector<std::pair<int32_t, int>> out;
+  if (p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return out;
+  for (const auto& [id, count] : window_counts(history, p.penalty_last_n)) out.push_back({id, count});
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double Sampler::peek_draw() { return impl_->peek(); }
+void Sampler::commit_draw() { impl_->pending = false; }
 
 }  // namespace plumb

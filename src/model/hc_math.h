@@ -34,12 +34,18 @@ PLUMB_HD inline void softmax(float* x, int n) {
 // (iters - 1) x (row, column) normalizations, each dividing by (sum + eps). comb is [H, H] row-major.
 // H is a template parameter so the loops unroll and C stays in registers (on the GPU one thread runs the ~20
 // Sinkhorn iterations; with a runtime H the matrix lived in local memory); weights() dispatches on it.
+// The gates alone: pre, and post unless null.
+PLUMB_HD inline void gates(const float* mix, const float* scale, const float* base, int H, float eps, float* pre, float* post) {
+  for (int j = 0; j < H; ++j) pre[j] = sigmoid(fmaf(mix[j], scale[0], base[j])) + eps;
+  if (!post) return;
+  for (int j = 0; j < H; ++j) post[j] = 2.0f * sigmoid(fmaf(mix[H + j], scale[1], base[H + j]));
+}
+
 template <int H>
 PLUMB_HD inline void weights_h(const float* mix, const float* scale, const float* base, float eps, int iters, float* pre, float* post,
                                float* comb) {
-  for (int j = 0; j < H; ++j) pre[j] = sigmoid(fmaf(mix[j], scale[0], base[j])) + eps;
+  gates(mix, scale, base, H, eps, pre, comb ? post : nullptr);
   if (!comb) return;
-  for (int j = 0; j < H; ++j) post[j] = 2.0f * sigmoid(fmaf(mix[H + j], scale[1], base[H + j]));
   float C[H * H];
   for (int i = 0; i < H * H; ++i) C[i] = fmaf(mix[2 * H + i], scale[2], base[2 * H + i]);
   for (int j = 0; j < H; ++j) {

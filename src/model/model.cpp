@@ -44,13 +44,28 @@ SessionState Model::new_state() const {
   return s;
 }
 
-Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
-  const auto& c = cfg_;
-  const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
-  PLUMB_CHECK(n > 0, "forward: no tokens");
+namespace {
+void check_chunk(const ModelConfig& c, const SessionState& st, std::span<const int32_t> tokens) {
+  PLUMB_CHECK(!tokens.empty(), "forward: no tokens");
   for (size_t i = 0; i < tokens.size(); ++i)
     PLUMB_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab, "token {} at position {} is outside the vocabulary [0, {})", tokens[i],
                 st.pos + int64_t(i), c.vocab);
+}
+}  // namespace
+
+int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
+                              std::span<const int32_t> history) const {
+  check_chunk(cfg_, st, tokens);
+  PLUMB_CHECK(device_ && st.dev, "forward_sample: backend {} samples on the host (Session::forward_sample)", backend_);
+  const int32_t id = device_->forward_sample(st, tokens, sampler, history);
+  st.pos += int64_t(tokens.size());
+  return id;
+}
+
+Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
+  const auto& c = cfg_;
+  const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
+  check_chunk(c, st, tokens);
   if (device_) {
     PLUMB_CHECK(st.dev, "forward: this session's state was not made by the {} backend", backend_);
     Tensor logits = device_->forward(st, tokens, taps);

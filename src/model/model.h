@@ -15,6 +15,7 @@
 namespace plumb {
 
 class Model;
+class Sampler;  // plumb/text.h
 
 // A backend other than the CPU reference runs the whole forward pass itself (src/cuda/gpu_model.cpp): same
 // inputs, outputs and taps as Model::forward, its caches in SessionState::dev.
@@ -23,6 +24,9 @@ class DeviceForward {
   virtual ~DeviceForward() = default;
   virtual std::shared_ptr<DeviceSessionState> new_state() const = 0;
   virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const = 0;
+  // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
+  virtual int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
+                                 std::span<const int32_t> history) const = 0;
 };
 // The CUDA backend for a loaded model (uploads its weights); throws Error when this build or machine has no
 // usable GPU, or an option is not implemented there. Defined in src/cuda (stub.cpp without CUDA).
@@ -42,6 +46,9 @@ class Model {
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns
   // their logits [n, vocab]. Token ids are checked against the vocabulary before anything is computed.
   Tensor forward(SessionState& state, std::span<const int32_t> tokens, TapSink* taps = nullptr) const;
+  // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there.
+  int32_t forward_sample(SessionState& state, std::span<const int32_t> tokens, Sampler& sampler,
+                         std::span<const int32_t> history) const;
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }

@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/engine.h"
+#include "plumb/text.h"
 #include "plumb/tools.h"
 #include "toolkit/diff.h"
 #include "toolkit/trace.h"
@@ -192,6 +193,41 @@ void expect_graph_matches_eager(const std::string& dir, const std::string& patch
 TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16");
+}
+
+// generate() on backend cuda samples on the GPU (Session::forward_sample): the same tokens as plumb::Sampler on
+// the host from the same GPU logits, for greedy, the default filters and penalties, with and without cuda.graph.
+TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/../../models/tiny";
+  const auto tok = plumb::Tokenizer::load(dir);
+  for (const char* patches : {"", "cuda.graph"}) {
+    plumb::EngineOptions o;
+    o.backend = "cuda", o.patches = patches;
+    const auto engine = plumb::Engine::load(dir, o);
+    const auto prompt = tok.encode("Once upon a time, a little fox");
+    std::vector<plumb::SamplingParams> settings(3);
+    settings[0].temperature = 0;  // greedy
+    settings[1].seed = 7;         // the defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05
+    settings[2].seed = 11, settings[2].repeat_penalty = 1.3f, settings[2].presence_penalty = 0.2f, settings[2].top_k = 0,
+    settings[2].top_p = 0.9f;
+    for (const auto& sp : settings) {
+      plumb::GenerateOptions g;
+      g.sampling = sp, g.max_tokens = 60;
+      auto s = engine->new_session();
+      const auto r = plumb::generate(*s, engine->info(), tok, prompt, g, {});
+      // The host twin: the same model's logits downloaded, sampled by plumb::Sampler.
+      auto h = engine->new_session();
+      plumb::Sampler sampler(sp, engine->info().vocab_size);
+      std::vector<int32_t> history(prompt.begin(), prompt.end()), got;
+      auto logits = h->forward(prompt);
+      while (got.size() < r.tokens.size()) {
+        const int32_t id = sampler.sample(logits, history);
+        got.push_back(id), history.push_back(id);
+        if (got.size() < r.tokens.size()) logits = h->forward(std::span<const int32_t>(&id, 1));
+      }
+      EXPECT_EQ(r.tokens, got) << "patches [" << patches << "] temperature " << sp.temperature << " top_k " << sp.top_k;
+    }
+  }
 }
 
 TEST_F(GpuTest, EngineApiRunsOnCuda) {
