@@ -281,15 +281,22 @@ d::GemvArgs base_args(d::Fmt fmt) {
   return a;
 }
 
-// Warps per block and blocks along K for a dense decode GEMV (defaults; `plumb bench` sweeps the alternatives).
+// Warps per block, register budget and blocks along K for a dense decode GEMV (defaults; `plumb bench` sweeps the
+// alternatives). The fewest warps in {2, 4, 8} that put >= 2048 warps on the GPU (tiles = 16-row tiles over all
+// problems), at most one per 128-column chunk; no split of K across blocks; single matrices too small for that even
+// with 8 warps (< 256 tiles) run with registers capped at 85 (minblocks 3). Read off the H200 sweeps
+// (bench/results/h200-bench.txt and this change's two runs, batch 1 and 8): this picks the best configuration of
+// every V4-Flash shape within noise (wq_b [32768, 1024]: 2 warps, 56% of copy against 33% with 8; wo_a grouped: 4;
+// wo_b: 8; indexer wq_b: 4; wq_a / wkv: 8 warps, minblocks 3: +1 to 2 points at batch 8); the cross-block split the
+// old rule used for wq_a / wkv lost to 8 warps without it at both batches (10.0% vs 12.8% of copy on wq_a).
 void dense_split(d::GemvArgs& a, int n) {
-  const int64_t tiles = a.rows / 16, chunks = a.cols / 128;
-  a.warps = int(std::min<int64_t>(8, chunks));
+  (void)n;
+  const int64_t tiles = a.rows / 16 * a.problems, chunks = a.cols / 128;
+  int warps = 2;
+  while (warps < 8 && tiles * warps < 2048) warps *= 2;
+  a.warps = int(std::min<int64_t>(warps, chunks));
+  a.minblocks = a.nmat == 1 && tiles * 8 < 2048 ? 3 : 1;
   a.kblocks = 1;
-  if (n > 8) return;
-  // Small matrices: split K across blocks until ~1k warps are in flight, each keeping >= 2 chunks.
-  while (tiles * a.problems * a.kblocks * a.warps < 1024 && chunks >= int64_t(a.warps) * a.kblocks * 4 && a.kblocks < 8)
-    a.kblocks *= 2;
 }
 
 void fill_fp8(d::GemvArgs& a, int q, const Fp8Matrix& w) {
