@@ -32,14 +32,15 @@ static float e2m1(int c) {
   static const float lut[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   return (c & 8 ? -1.f : 1.f) * lut[c & 7];
 }
-// Element k of one row in the decode layout (repack_fp4_decode).
-static int code_at(const uint8_t* row, int64_t k) {
+// Element k of row r in the decode layout (repack_fp4_decode: tile-major, [tile][chunk][row half][lane][16 B]).
+static int code_at(const uint8_t* mat, int64_t cols, int64_t r, int64_t k) {
   static const int posL[8] = {0, 1, -1, -1, 2, 3, -1, -1}, posH[8] = {-1, -1, 0, 1, -1, -1, 2, 3};
   const int64_t c = k / 128, j = (k % 128) / 32, t = (k % 32) / 8, e = k % 8;
   const int b = posL[e] >= 0 ? posL[e] : posH[e];
-  const uint8_t v = row[64 * c + 16 * t + 4 * j + b];
-  if (posL[e] >= 0) return ((v >> 7) << 3) | ((v >> 2) & 7);
-  return (((v >> 5) & 1) << 3) | (((v >> 6) & 1) << 2) | (v & 3);
+  const int64_t frag = (r / 16) * 8 * cols + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16;
+  const uint8_t v = mat[frag + 4 * j + b];
+  if (posL[e] >= 0) return ((v >> 7) << 3) | ((v >> 1) & 7);
+  return ((v & 1) << 3) | ((v >> 4) & 7);
 }
 static double e8m0(uint8_t b) { return b == 0 ? 0.0 : std::ldexp(1.0, int(b) - 127); }
 
@@ -65,16 +66,17 @@ static Mat make_mat(int64_t E, int64_t rows, int64_t cols, uint64_t seed, bool h
   return m;
 }
 static double row_dot(const Mat& m, int e, int64_t r, const std::vector<float>& x) {
-  const uint8_t* row = m.hc.data() + e * m.cb() + r * m.cols / 2;
+  const uint8_t* mat = m.hc.data() + e * m.cb();
   const uint8_t* sc = m.hs.data() + e * m.sb() + r * m.cols / 32;
   double acc = 0;
-  for (int64_t k = 0; k < m.cols; ++k) acc += double(e2m1(code_at(row, k))) * e8m0(sc[k / 32]) * x[k];
+  for (int64_t k = 0; k < m.cols; ++k) acc += double(e2m1(code_at(mat, m.cols, r, k))) * e8m0(sc[k / 32]) * x[k];
   return acc;
 }
 
 struct Variant {
   std::string name;
   int kernel, warps, depth, ctas, pdl;
+  int ks = 0;  // warps splitting one tile's K (streaming)
 };
 static GemvArgs args_for(const Variant& v, const Mat& w, const Mat* w3) {
   GemvArgs a;
@@ -84,7 +86,7 @@ static GemvArgs args_for(const Variant& v, const Mat& w, const Mat* w3) {
   a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32, a.problems = int(w.E);
   if (w3) a.nmat = 2, a.epi = kSwiglu, a.w[1] = w3->codes, a.s[1] = w3->scales;
   a.fp4_kernel = v.kernel, a.warps = v.kernel == 1 ? v.warps : 4, a.minblocks = 1;
-  if (v.kernel != 1) a.fp4_warps = v.warps, a.fp4_depth = v.depth, a.fp4_ctas = v.ctas, a.pdl = v.pdl;
+  if (v.kernel != 1) a.fp4_warps = v.warps, a.fp4_depth = v.depth, a.fp4_ctas = v.ctas, a.pdl = v.pdl, a.fp4_ksplit = v.ks;
   return a;
 }
 
@@ -250,6 +252,13 @@ int main(int argc, char** argv) {
       std::snprintf(nm, sizeof nm, "stream d%d w%d c%d%s", c.depth, c.warps, c.ctas, pdl ? " pdl" : "");
       vars.push_back({nm, 2, c.warps, c.depth, c.ctas, pdl});
     }
+  for (int ks : {2, 4})
+    for (const Cfg& c : {Cfg{2, 4, 0}, Cfg{3, 4, 0}, Cfg{2, 8, 0}})
+      if (ks <= c.warps) {
+        char nm[64];
+        std::snprintf(nm, sizeof nm, "stream d%d w%d ks%d", c.depth, c.warps, ks);
+        vars.push_back({nm, 2, c.warps, c.depth, c.ctas, 0, ks});
+      }
   vars.push_back({"auto (library default)", 0, 0, 0, 0, -1});
 
   if (profile) {  // one launch per kernel and batch, for ncu: per-tile (w2) and streaming (defaults)

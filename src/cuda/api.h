@@ -97,8 +97,9 @@ class Workspace {
 // ---- weights ----
 
 // MXFP4 matrices [rows, cols] of `count` experts, in the decode layout: the checkpoint's E2M1 codes (4 bits each,
-// still packed two per byte) permuted within each 64-byte row block so that one 16-byte load gives a lane its
-// tensor-core fragment (see repack_fp4_decode), and the checkpoint's E8M0 scales [rows, cols/32] unchanged.
+// still packed two per byte) permuted within each 16-row tile so that one 16-byte load gives a lane its tensor-core
+// fragment and a warp's loads are contiguous (see repack_fp4_decode), and the checkpoint's E8M0 scales
+// [rows, cols/32] unchanged.
 struct Fp4Matrices {
   DeviceBuffer codes, scales;
   int64_t count = 0, rows = 0, cols = 0;
@@ -106,7 +107,7 @@ struct Fp4Matrices {
   size_t scale_bytes() const { return size_t(rows * cols / 32); }  // per matrix
 };
 // The layout permutation, on the host (exposed for tests; upload_fp4 applies it). `packed` is the checkpoint
-// layout [rows, cols/2] (even column in the low nibble); cols % 128 == 0.
+// layout [rows, cols/2] (even column in the low nibble); rows % 16 == 0, cols % 128 == 0.
 std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols);
 std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols);  // the inverse
 // Uploads `count` matrices given in the checkpoint layout (codes [rows, cols/2] and E8M0 scales [rows, cols/32]).

@@ -75,34 +75,42 @@ unsigned* Workspace::counters(size_t count) {
 }
 
 // ---- FP4 decode layout ----
-// Per row, per 128-column chunk c (64 bytes): lane t (0..3) of a tensor-core fragment reads the 16 bytes at
-// 64c + 16t; word j of them holds the 8 elements e0..e7 = [32(4c+j) + 8t, +8) of scale group 4c+j. Byte b of the
-// word holds L = (e0, e1, e4, e5)[b] and H = (e2, e3, e6, e7)[b], each a 4-bit E2M1 code s.m2.m1.m0, at
-//   bit 7 = s(L), bits 4..2 = m(L), bit 5 = s(H), bits 1..0 = m1 m0 (H), bit 6 = m2(H),
-// so that the kernel gets the E4M3 bytes s.0.0.m2.m1.m0.0.0 of the L codes with one AND and of the H codes with
-// two shifts and two ANDs (common.cuh, fp4x8_to_f16x2). Every code keeps its 4 bits: the layout is a permutation.
+// Tile-major: the 16 rows of a tile are contiguous (rows * cols / 2 bytes in all, a permutation of the checkpoint's
+// bytes), [tile = r / 16][chunk c = 128 columns][row half h = (r % 16) / 8][lane 4g + t, g = r % 8][16 bytes], so
+// that a warp's fragments of one chunk and row half are 512 contiguous bytes and a tile streams as one run.
+// The 16 bytes of (row, chunk c, lane t) are the lane's tensor-core fragment: word j of them holds the 8 elements
+// e0..e7 = [32(4c+j) + 8t, +8) of scale group 4c+j. Byte b of the word holds L = (e0, e1, e4, e5)[b] and
+// H = (e2, e3, e6, e7)[b], each a 4-bit E2M1 code s.m2.m1.m0, at
+//   bit 7 = s(L), bits 3..1 = m(L), bits 6..4 = m(H), bit 0 = s(H),
+// so that the kernel gets the bytes s.000.m2.m1.m0.0 (the high byte of an f16 that is the code's value times
+// 2^-14) of the L codes with one AND and of the H codes with two shifts and two ANDs, then places byte pairs with
+// one permute per f16x2 (gemv.cu, fp4x8_to_f16x2_d). Every code keeps its 4 bits: the layout is a permutation.
 
 namespace {
 inline uint8_t nib(const uint8_t* row, int64_t k) { return (row[k >> 1] >> (4 * (k & 1))) & 0xF; }
 inline uint8_t pack_lh(uint8_t L, uint8_t H) {
-  return uint8_t(((L >> 3) << 7) | ((L & 7) << 2) | (((H >> 3) & 1) << 5) | (H & 3) | (((H >> 2) & 1) << 6));
+  return uint8_t(((L >> 3) << 7) | ((L & 7) << 1) | ((H & 7) << 4) | ((H >> 3) & 1));
 }
-inline uint8_t unpack_l(uint8_t b) { return uint8_t(((b >> 7) << 3) | ((b >> 2) & 7)); }
-inline uint8_t unpack_h(uint8_t b) { return uint8_t((((b >> 5) & 1) << 3) | (((b >> 6) & 1) << 2) | (b & 3)); }
+inline uint8_t unpack_l(uint8_t b) { return uint8_t(((b >> 7) << 3) | ((b >> 1) & 7)); }
+inline uint8_t unpack_h(uint8_t b) { return uint8_t(((b & 1) << 3) | ((b >> 4) & 7)); }
 constexpr int kL[4] = {0, 1, 4, 5}, kH[4] = {2, 3, 6, 7};
+// Byte offset of the 16-byte fragment (row r, chunk c, lane part t) in the decode layout.
+inline int64_t frag_offset(int64_t r, int64_t c, int t, int64_t cols) {
+  return (r / 16) * 8 * cols + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16;
+}
 }  // namespace
 
 std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols) {
-  PLUMB_CHECK(cols % 128 == 0, "FP4 decode layout: columns ({}) must be a multiple of 128", cols);
+  PLUMB_CHECK(cols % 128 == 0 && rows % 16 == 0,
+              "FP4 decode layout: rows ({}) must be a multiple of 16 and columns ({}) of 128", rows, cols);
   std::vector<uint8_t> out(size_t(rows * cols / 2));
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* src = packed + r * cols / 2;
-    uint8_t* dst = out.data() + r * cols / 2;
     for (int64_t c = 0; c < cols / 128; ++c)
       for (int t = 0; t < 4; ++t)
         for (int j = 0; j < 4; ++j) {
           const int64_t e0 = (4 * c + j) * 32 + 8 * t;
-          uint8_t* w = dst + 64 * c + 16 * t + 4 * j;
+          uint8_t* w = out.data() + frag_offset(r, c, t, cols) + 4 * j;
           for (int b = 0; b < 4; ++b) w[b] = pack_lh(nib(src, e0 + kL[b]), nib(src, e0 + kH[b]));
         }
   }
@@ -110,17 +118,17 @@ std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int6
 }
 
 std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols) {
-  PLUMB_CHECK(cols % 128 == 0, "FP4 decode layout: columns ({}) must be a multiple of 128", cols);
+  PLUMB_CHECK(cols % 128 == 0 && rows % 16 == 0,
+              "FP4 decode layout: rows ({}) must be a multiple of 16 and columns ({}) of 128", rows, cols);
   std::vector<uint8_t> out(size_t(rows * cols / 2), 0);
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* src = repacked + r * cols / 2;
     uint8_t* dst = out.data() + r * cols / 2;
     auto put = [&](int64_t k, uint8_t v) { dst[k >> 1] = uint8_t(dst[k >> 1] | (v << (4 * (k & 1)))); };
     for (int64_t c = 0; c < cols / 128; ++c)
       for (int t = 0; t < 4; ++t)
         for (int j = 0; j < 4; ++j) {
           const int64_t e0 = (4 * c + j) * 32 + 8 * t;
-          const uint8_t* w = src + 64 * c + 16 * t + 4 * j;
+          const uint8_t* w = repacked + frag_offset(r, c, t, cols) + 4 * j;
           for (int b = 0; b < 4; ++b) {
             put(e0 + kL[b], unpack_l(w[b]));
             put(e0 + kH[b], unpack_h(w[b]));
@@ -281,15 +289,22 @@ d::GemvArgs base_args(d::Fmt fmt) {
   return a;
 }
 
-// Warps per block and blocks along K for a dense decode GEMV (defaults; `plumb bench` sweeps the alternatives).
+// Warps per block, register budget and blocks along K for a dense decode GEMV (defaults; `plumb bench` sweeps the
+// alternatives). The fewest warps in {2, 4, 8} that put >= 2048 warps on the GPU (tiles = 16-row tiles over all
+// problems), at most one per 128-column chunk; no split of K across blocks; single matrices too small for that even
+// with 8 warps (< 256 tiles) run with registers capped at 85 (minblocks 3). Read off the H200 sweeps
+// (bench/results/h200-bench.txt and this change's two runs, batch 1 and 8): this picks the best configuration of
+// every V4-Flash shape within noise (wq_b [32768, 1024]: 2 warps, 56% of copy against 33% with 8; wo_a grouped: 4;
+// wo_b: 8; indexer wq_b: 4; wq_a / wkv: 8 warps, minblocks 3: +1 to 2 points at batch 8); the cross-block split the
+// old rule used for wq_a / wkv lost to 8 warps without it at both batches (10.0% vs 12.8% of copy on wq_a).
 void dense_split(d::GemvArgs& a, int n) {
-  const int64_t tiles = a.rows / 16, chunks = a.cols / 128;
-  a.warps = int(std::min<int64_t>(8, chunks));
+  (void)n;
+  const int64_t tiles = a.rows / 16 * a.problems, chunks = a.cols / 128;
+  int warps = 2;
+  while (warps < 8 && tiles * warps < 2048) warps *= 2;
+  a.warps = int(std::min<int64_t>(warps, chunks));
+  a.minblocks = a.nmat == 1 && tiles * 8 < 2048 ? 3 : 1;
   a.kblocks = 1;
-  if (n > 8) return;
-  // Small matrices: split K across blocks until ~1k warps are in flight, each keeping >= 2 chunks.
-  while (tiles * a.problems * a.kblocks * a.warps < 1024 && chunks >= int64_t(a.warps) * a.kblocks * 4 && a.kblocks < 8)
-    a.kblocks *= 2;
 }
 
 void fill_fp8(d::GemvArgs& a, int q, const Fp8Matrix& w) {

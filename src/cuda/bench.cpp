@@ -126,7 +126,7 @@ Routings make_routings(int count, int n, int K, int E, uint32_t seed) {
 }
 
 // CPU value of one FP4 output row for one token (from the device copy of the weights), fp16-rounded input.
-double fp4_row_dot(const std::vector<uint8_t>& canon_row, const uint8_t* scales, const std::vector<float>& x16, int64_t K) {
+double fp4_row_dot(const uint8_t* canon_row, const uint8_t* scales, const std::vector<float>& x16, int64_t K) {
   double acc = 0;
   for (int64_t k = 0; k < K; ++k) {
     const uint8_t code = (canon_row[size_t(k >> 1)] >> (4 * (k & 1))) & 0xF;
@@ -301,12 +301,30 @@ int run_bench(const BenchOptions& opt) {
            uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
           t);
 
-    // Tuning sweep: warps per block and load hint of the two FP4 kernels.
-    for (int which = 0; which < 2; ++which)
+    // Tuning sweep of the two FP4 kernels: the per-tile kernel (warps per block) and the streaming kernel (warps
+    // per CTA, stages in flight, warps splitting one tile's K, programmatic dependent launch).
+    struct Fp4Cfg {
+      int kernel, warps, depth, ks, pdl, minb;
+    };
+    std::vector<Fp4Cfg> fcfgs;
+    // Per-tile: warps per block, register budget (minblocks), PDL.
+    for (int warps : {2, 4})
+      for (int minb : {1, 2, 3})
+        for (int pdl : {0, 1})
+          if (pdl == 0 || (warps == 2 && minb < 3)) fcfgs.push_back({1, warps, 0, 0, pdl, minb});
+    // Streaming: warps per CTA, stages in flight, warps splitting one tile's K, PDL.
+    for (int pdl : {0, 1})
       for (int warps : {2, 4, 8})
-        for (int minb : {1, 3}) {
+        for (int depth : {2, 3})
+          for (int ks : {1, 2, 4})
+            if (ks <= warps && (ks == 1 || depth == 2)) fcfgs.push_back({2, warps, depth, ks, pdl, 1});
+    for (int which = 0; which < 2; ++which)
+      for (const Fp4Cfg& fc : fcfgs) {
           d::GemvArgs a;
-          a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.warps = warps, a.minblocks = minb;
+          a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.warps = fc.kernel == 1 ? fc.warps : 4;
+          a.minblocks = fc.minb;
+          a.fp4_kernel = fc.kernel, a.fp4_warps = fc.kernel == 2 ? fc.warps : 0, a.fp4_depth = fc.depth;
+          a.fp4_ksplit = fc.ks, a.pdl = fc.pdl;
           a.act = d::kF16;
           const Fp4Matrices& w = which == 0 ? moe.w1 : moe.w2;
           a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
@@ -318,16 +336,25 @@ int run_bench(const BenchOptions& opt) {
           } else {
             a.x = h16, a.x_tok_stride = I, a.out = ys, a.o_tok_stride = D;
           }
-          t = B.time([&](int i) {
-            d::GemvArgs b = a;
-            b.idx = idx_at(i);
-            d::launch_gemv(b, S);
-          });
+          try {
+            t = B.time([&](int i) {
+              d::GemvArgs b = a;
+              b.idx = idx_at(i);
+              d::launch_gemv(b, S);
+            });
+          } catch (const std::exception& ex) {  // a configuration that does not fit (shared memory)
+            fmt::print("skipped FP4 config: {}\n", ex.what());
+            d::dsync();
+            continue;
+          }
+          const std::string var = fc.kernel == 1 ? fmt::format("per-tile w{} minb {}{}", fc.warps, fc.minb, fc.pdl ? " pdl" : "")
+                                                  : fmt::format("stream w{} d{} ks{}{}", fc.warps, fc.depth, fc.ks,
+                                                                fc.pdl ? " pdl" : "");
           B.add(B.tuning,
-                {which == 0 ? "moe gate+up (w1,w3 FP4) + SwiGLU" : "moe down (w2 FP4)", fmt::format("warps {}, minblocks {}", warps, minb),
-                 note, n, ue, which == 0 ? uavg * fp4_w13 + xin + hbytes : uavg * fp4_w2 + hbytes + ysb},
+                {which == 0 ? "moe gate+up (w1,w3 FP4) + SwiGLU" : "moe down (w2 FP4)", var, note, n, ue,
+                 which == 0 ? uavg * fp4_w13 + xin + hbytes : uavg * fp4_w2 + hbytes + ysb},
                 t);
-        }
+      }
 
     // Spot check at the real size: sampled gate/up outputs for every token, against the CPU.
     {
@@ -342,13 +369,16 @@ int run_bench(const BenchOptions& opt) {
         std::vector<float> xr(static_cast<size_t>(D));
         for (int64_t k = 0; k < D; ++k) xr[size_t(k)] = round_f16(xs[size_t(tok * D + k)]);
         for (int64_t r = 0; r < I; r += 97) {
-          std::vector<uint8_t> rp(size_t(D / 2)), sc1(size_t(D / 32)), sc3(size_t(D / 32)), rp3(size_t(D / 2));
-          moe.w1.codes.download(rp.data(), rp.size(), size_t(e) * moe.w1.code_bytes() + size_t(r * D / 2));
-          moe.w3.codes.download(rp3.data(), rp3.size(), size_t(e) * moe.w3.code_bytes() + size_t(r * D / 2));
+          // The decode layout keeps a 16-row tile together: download the row's tile and unpack it.
+          const int64_t t0 = r / 16 * 16;
+          std::vector<uint8_t> rp(size_t(8 * D)), sc1(size_t(D / 32)), sc3(size_t(D / 32)), rp3(size_t(8 * D));
+          moe.w1.codes.download(rp.data(), rp.size(), size_t(e) * moe.w1.code_bytes() + size_t(t0 * D / 2));
+          moe.w3.codes.download(rp3.data(), rp3.size(), size_t(e) * moe.w3.code_bytes() + size_t(t0 * D / 2));
           moe.w1.scales.download(sc1.data(), sc1.size(), size_t(e) * moe.w1.scale_bytes() + size_t(r * D / 32));
           moe.w3.scales.download(sc3.data(), sc3.size(), size_t(e) * moe.w3.scale_bytes() + size_t(r * D / 32));
-          const double g = fp4_row_dot(unpack_fp4_decode(rp.data(), 1, D), sc1.data(), xr, D);
-          const double u = fp4_row_dot(unpack_fp4_decode(rp3.data(), 1, D), sc3.data(), xr, D);
+          const auto c1 = unpack_fp4_decode(rp.data(), 16, D), c3 = unpack_fp4_decode(rp3.data(), 16, D);
+          const double g = fp4_row_dot(c1.data() + (r - t0) * D / 2, sc1.data(), xr, D);
+          const double u = fp4_row_dot(c3.data() + (r - t0) * D / 2, sc3.data(), xr, D);
           const double ref = g / (1.0 + std::exp(-g)) * u;
           max_ref = std::max(max_ref, std::fabs(ref));
           max_err = std::max(max_err, std::fabs(ref - double(hg[size_t(slot) * size_t(I) + size_t(r)])));

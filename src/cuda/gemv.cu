@@ -20,7 +20,9 @@
 // A and B share gives the same dot product, so each lane takes K elements that are contiguous in memory:
 //   FP8: chunk c, lane t: elements [128c + 32t, +32) of its rows (two 16-byte loads), 8 MMAs per chunk;
 //   FP4: chunk c, lane t: 8 elements of each of the 4 groups of the chunk (one 16-byte load in the decode layout,
-//        see repack_fp4_decode), 2 MMAs per group, so that every MMA stays inside one scale group.
+//        see repack_fp4_decode: tile-major, so a warp's loads of one chunk and row half are 512 contiguous
+//        bytes), 2 MMAs per group (elements 0..3 of each lane, then 4..7), so that every MMA stays inside one
+//        scale group. The codes become f16 by bit placement (value * 2^-14, exact: fp4x8_to_f16x2_d).
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -42,6 +44,43 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 template <int J>
 __device__ __forceinline__ float scale_of(uint32_t w) {
   return e8m0_byte<J>(w);
+}
+
+// FP4 values enter the MMA as value * 2^-14 (fp4x8_to_f16x2_d below); the fp32 results are scaled back once.
+constexpr float kFp4Unscale = 16384.0f;
+
+// Eight E2M1 codes of one 32-bit word of the FP4 decode layout (repack_fp4_decode) to four f16x2, exactly, as
+// value * 2^-14: a code s.e1.e0.m placed as the f16 bits s.00000.e1.e0.m.0000000 (bit 15, bits 11..9) is
+// 2^(E-15) * (1 + m/2) for E = 2*e1 + e0 >= 1 and the subnormal m * 2^-15 for E = 0, i.e. the E2M1 value times
+// 2^-14. Byte b of the word holds L = (e0, e1, e4, e5)[b] at bit 7 (sign) and bits 3..1, and H = (e2, e3, e6,
+// e7)[b] at bits 6..4 and bit 0 (sign): one AND gives the L codes as f16 high bytes, two shifts and two ANDs the
+// H codes, and one byte permute per pair puts them in place (8 integer ops and 4 permutes per word, no conversion
+// instruction). p01 = (e0, e1), p23 = (e2, e3), p45 = (e4, e5), p67 = (e6, e7), low half first.
+__device__ __forceinline__ void fp4x8_to_f16x2_d(uint32_t w, uint32_t& p01, uint32_t& p23, uint32_t& p45, uint32_t& p67) {
+  const uint32_t lo = w & 0x8E8E8E8Eu;
+  const uint32_t hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
+  p01 = __byte_perm(lo, 0u, 0x1404);  // bytes (0, lo.0, 0, lo.1)
+  p45 = __byte_perm(lo, 0u, 0x3424);  // bytes (0, lo.2, 0, lo.3)
+  p23 = __byte_perm(hi, 0u, 0x1404);
+  p67 = __byte_perm(hi, 0u, 0x3424);
+}
+
+// One 32-column scale group of a 16-row FP4 tile: words wa (row g) and wb (row g + 8) of the lane's fragments,
+// the lane's 8 activations of the group for token column g (X), the rows' scales. Two MMAs: elements 0..3 of
+// every lane, then 4..7 (the B pairs (X.x, X.y) and (X.z, X.w) are adjacent registers: no moves). MP1: only
+// token column 0 is live (lanes t = 0, d[0] and d[2]): the odd columns' FMAs are skipped.
+template <bool MP1>
+__device__ __forceinline__ void fp4_group(uint32_t wa, uint32_t wb, const uint4& X, float sa, float sb, float (&acc)[4]) {
+  uint32_t p01, p23, p45, p67, q01, q23, q45, q67;
+  fp4x8_to_f16x2_d(wa, p01, p23, p45, p67);
+  fp4x8_to_f16x2_d(wb, q01, q23, q45, q67);
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_f16(d, p01, q01, p23, q23, X.x, X.y);
+  mma_f16(d, p45, q45, p67, q67, X.z, X.w);
+  acc[0] = fmaf(d[0], sa, acc[0]);
+  if (!MP1) acc[1] = fmaf(d[1], sa, acc[1]);
+  acc[2] = fmaf(d[2], sb, acc[2]);
+  if (!MP1) acc[3] = fmaf(d[3], sb, acc[3]);
 }
 
 template <class OT>
@@ -71,7 +110,8 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 }
 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
-// 3: <= 85 registers, more resident warps). `plumb bench` sweeps both.
+// 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
+// the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
@@ -84,6 +124,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   const int warps = int(blockDim.x >> 5);
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int tile = int(blockIdx.x);
+  // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute): wait for the previous kernel of the
+  // stream before any memory access, and let the next one launch (it waits likewise).
+  if (a.pdl > 0) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 
   int prob, m;
   if constexpr (MODE == kMoe) {
@@ -114,15 +157,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   const int wtot = int(gridDim.z) * warps, wi = int(blockIdx.z) * warps + warp;
   const int cb = int(int64_t(total) * wi / wtot), ce = int(int64_t(total) * (wi + 1) / wtot), nch = ce - cb;
   const int64_t row_a = int64_t(tile) * 16 + g, row_b = row_a + 8;
-  constexpr int CB = FMT == kFp4 ? 64 : 128;  // bytes of one row per chunk
+  // Bytes from one 128-column chunk to the next: FP8 row-major rows; FP4 tile-major decode layout (a 16-row tile is
+  // contiguous, [chunk][row half][lane][16 B], see repack_fp4_decode).
+  constexpr int CB = FMT == kFp4 ? 1024 : 128;
   const uint8_t* pa[NMAT];
   const uint8_t* pb[NMAT];
   const uint8_t* ps[NMAT][2];
 #pragma unroll
   for (int q = 0; q < NMAT; ++q) {
-    const uint8_t* base = a.w[q] + int64_t(prob) * a.w_prob_stride + int64_t(cb) * CB + (FMT == kFp4 ? t * 16 : t * 32);
-    pa[q] = base + row_a * (a.cols / (FMT == kFp4 ? 2 : 1));
-    pb[q] = base + row_b * (a.cols / (FMT == kFp4 ? 2 : 1));
+    if constexpr (FMT == kFp4) {
+      pa[q] = a.w[q] + int64_t(prob) * a.w_prob_stride + int64_t(tile) * 8 * a.cols + int64_t(cb) * CB + lane * 16;
+      pb[q] = pa[q] + 512;
+    } else {
+      const uint8_t* base = a.w[q] + int64_t(prob) * a.w_prob_stride + int64_t(cb) * CB + t * 32;
+      pa[q] = base + row_a * a.cols;
+      pb[q] = base + row_b * a.cols;
+    }
     const uint8_t* sbase = static_cast<const uint8_t*>(a.s[q]) + int64_t(prob) * a.s_prob_stride;
     if constexpr (FMT == kFp4) {
       ps[q][0] = sbase + row_a * a.s_ld + int64_t(cb) * 4;
@@ -149,8 +199,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 #pragma unroll
     for (int q = 0; q < NMAT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
 
-    auto body = [&](auto uconst, int c) {
+    auto body = [&](auto uconst, int c, auto mp1) {
       constexpr int UU = decltype(uconst)::value;
+      [[maybe_unused]] constexpr bool MP1 = decltype(mp1)::value;
       if constexpr (FMT == kFp4) {
         uint4 A[UU][NMAT], B[UU][NMAT], X[UU][4];
         uint32_t SA[UU][NMAT], SB[UU][NMAT];
@@ -158,8 +209,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
           for (int q = 0; q < NMAT; ++q) {
-            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * 64);
-            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * 64);
+            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB);
+            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * CB);
             SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
@@ -174,18 +225,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             s0[0] = scale_of<0>(SA[u][q]), s0[1] = scale_of<1>(SA[u][q]), s0[2] = scale_of<2>(SA[u][q]), s0[3] = scale_of<3>(SA[u][q]);
             s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              uint32_t p01, p45, p23, p67, q01, q45, q23, q67;
-              fp4x8_to_f16x2(word(A[u][q], j), p01, p45, p23, p67);
-              fp4x8_to_f16x2(word(B[u][q], j), q01, q45, q23, q67);
-              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma_f16(d, p01, q01, p45, q45, X[u][j].x, X[u][j].z);
-              mma_f16(d, p23, q23, p67, q67, X[u][j].y, X[u][j].w);
-              acc[q][0] = fmaf(d[0], s0[j], acc[q][0]);
-              acc[q][1] = fmaf(d[1], s0[j], acc[q][1]);
-              acc[q][2] = fmaf(d[2], s1[j], acc[q][2]);
-              acc[q][3] = fmaf(d[3], s1[j], acc[q][3]);
-            }
+            for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
           }
       } else {
         uint4 A[UU][NMAT][2], B[UU][NMAT][2], X[UU][4];
@@ -221,9 +261,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
           }
       }
     };
-    int c = 0;
-    for (; c + U <= nch; c += U) body(std::integral_constant<int, U>{}, c);
-    for (; c < nch; ++c) body(std::integral_constant<int, 1>{}, c);
+    auto run = [&](auto mp1) {
+      int c = 0;
+      for (; c + U <= nch; c += U) body(std::integral_constant<int, U>{}, c, mp1);
+      for (; c < nch; ++c) body(std::integral_constant<int, 1>{}, c, mp1);
+    };
+    if constexpr (FMT == kFp4) {
+      if (mp == 1) run(std::true_type{});  // one token (decode at batch 1): see fp4_group
+      else run(std::false_type{});
+    } else {
+      run(std::false_type{});
+    }
 
     // Reduce the block's K split (fixed order), then optionally across blocks.
 #pragma unroll
@@ -261,7 +309,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         }
       }
       if (last) {
-        const float wmul = FMT == kFp4 ? 64.0f : 1.0f;  // FP4 codes entered the MMA as value * 2^-6
+        const float wmul = FMT == kFp4 ? kFp4Unscale : 1.0f;  // FP4 codes entered the MMA as value * 2^-14
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int j = 2 * t + cc;
@@ -327,10 +375,20 @@ template <int FMT, int NMAT, int EPI, int MODE, class OT>
 void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  if (a.minblocks >= 3)
-    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3><<<grid, block, 0, s>>>(a);
-  else
-    gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1><<<grid, block, 0, s>>>(a);
+  auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3>
+              : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2>
+                                 : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1>;
+  if (a.pdl > 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a));
+  } else {
+    kern<<<grid, block, 0, s>>>(a);
+  }
   check_launch("gemv_kernel");
 }
 
@@ -353,12 +411,20 @@ void launch_gemv(const GemvArgs& a, Stream s) {
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
     throw_arg("gemv: split-K across blocks needs dense mode, n <= 8 and a workspace");
   if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");
-  // FP4 MoE, fp4_kernel 0 (auto): gate/up for <= 8 slots (decode at batch 1) runs the per-tile kernel with 2 warps
-  // per block (49% of copy against the streaming kernel's 46% on an H200, bench/fp4_lab); everything else the
-  // streaming kernel where the shape allows.
-  if (a.fmt == kFp4 && a.mode == kMoe && a.fp4_kernel == 0 && a.nmat == 2 && a.epi == kSwiglu && a.n * a.topk <= 8) {
+  // FP4 MoE, fp4_kernel 0 (auto): the per-tile kernel with 2 warps per block for gate/up at every batch and for down
+  // at <= 8 slots (decode at batch 1); down with more slots the streaming kernel where the shape allows. At <= 8
+  // slots the per-tile kernel runs with programmatic dependent launch and the full register budget, above with
+  // registers capped at 128 (16 warps per SM instead of 12). H200 sweep, `plumb bench` (% of copy, CUDA graph /
+  // single launch, two runs): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0), batch 8 85.7 / 82.7 (the
+  // full register budget 79.2 / 76.3); down batch 1 51.2 / 41.9 (streaming 47.9 / 39.0), batch 8 streaming 73.7 /
+  // 69.3 (per-tile 70.4 / 66.0).
+  if (a.fmt == kFp4 && a.mode == kMoe && a.fp4_kernel == 0 &&
+      ((a.nmat == 2 && a.epi == kSwiglu) || (a.nmat == 1 && a.epi == kStore && !a.out_half && a.n * a.topk <= 8))) {
     GemvArgs b = a;
-    b.warps = 2, b.minblocks = 1;
+    const bool few = a.n * a.topk <= 8;
+    b.warps = 2, b.minblocks = few ? 1 : 2;
+    if (b.pdl < 0) b.pdl = few ? 1 : 0;
+    if (b.nmat == 1) return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
   }
   if (fp4s::stream_ok(a)) {

@@ -2,19 +2,20 @@
 // fragment mapping, which is the same). What differs from the per-tile kernel:
 //
 // * Persistent warps. The grid is one wave (CTAs of `warps` warps, as many per SM as fit); each warp walks its own
-//   list of work items (expert pass, 16-row tile) over the full K, items gw, gw + GW, ... (GW warps in all), and
-//   writes its outputs itself: no block-wide reduction, no barrier after the prologue.
+//   list of work units (expert pass, 16-row tile) over the full K, units gw, gw + GW, ... (GW warps in all), and
+//   writes its outputs itself: no block-wide reduction, no barrier after the prologue. Optionally (fp4_ksplit
+//   KS > 1) the KS warps of a CTA split one tile's K instead: the CTA walks units of warps / KS tiles and the K
+//   parts meet in shared memory at the end of each unit (one CTA barrier per unit; summed in part order).
 // * Bytes in flight do not live in registers. Each warp owns a ring of DEPTH stages in shared memory; a stage is
-//   512 columns of its 16 rows (per matrix): the codes (256 B per row) and their E8M0 scales (16 B per row). Each
-//   lane copies (cp.async, 16 B, one commit group per stage) exactly the code fragments it will read itself, to
-//   `fragment order` (for each matrix, chunk and row half, the warp's 32 fragments are 512 contiguous bytes:
-//   conflict-free writes and reads); lanes t = 0..3 of row group g copy the scale rows. The ring runs across item
-//   boundaries, so it drains only once, at the end. (A first version copied whole rows with cp.async.bulk, one per
+//   512 columns of its 16 rows (per matrix): the codes (4 KB, contiguous in the tile-major decode layout, copied
+//   as 8 x 512 contiguous bytes by cp.async, 16 B per lane, one commit group per stage) and their E8M0 scales
+//   (16 B per row, lanes t < 2 * NMAT of row group g). The ring runs across unit boundaries, so it drains only
+//   once, at the end. (A first version copied whole rows of the old row-major layout with cp.async.bulk, one per
 //   lane: cp.async.bulk takes uniform operands, so 32 per-lane copies serialize; it ran at 20-36% of copy.)
 // * Activations are read through L1 (__ldg), one 128-column chunk ahead of their use.
-// Numerics are the per-tile kernel's: the same decode (E2M1 -> E4M3 -> f16, exact), the same mma.m16n8k16 (f16 in,
-// fp32 accumulate), two MMAs per 32-wide scale group whose fp32 partial sum the E8M0 scale multiplies, the same
-// epilogue (SwiGLU with the clamp, pre_weight, f16 or fp32 out).
+// Numerics are the per-tile kernel's: the same decode (fp4_group: E2M1 -> f16 by bit placement, exact), the same
+// mma.m16n8k16 (f16 in, fp32 accumulate), two MMAs per 32-wide scale group whose fp32 partial sum the E8M0 scale
+// multiplies, the same epilogue (SwiGLU with the clamp, pre_weight, f16 or fp32 out).
 #pragma once
 
 namespace fp4s {
@@ -40,6 +41,42 @@ __device__ __forceinline__ void cp_wait() {
 
 // Work entries (expert, first position in the sorted slot list, tokens <= 8) packed in 32 bits.
 __device__ __forceinline__ int ent_pack(int e, int s0, int m) { return e | (s0 << 16) | ((m - 1) << 25); }
+
+// The math of one stage (512 columns of the warp's 16 rows, per matrix) from the ring slot `buf`. X holds the
+// activations of the stage's first 128-column chunk (loaded by the caller before it waited for the copies); the
+// next chunk's are loaded one chunk ahead, through L1. MP1: one token (see fp4_group).
+template <int NMAT, bool MP1>
+__device__ __forceinline__ void stage_math(const uint8_t* buf, const __half* xs, uint4 (&X)[4], int lane, int g,
+                                           float (&acc)[NMAT][4]) {
+  uint4 SA[NMAT], SBv[NMAT];
+#pragma unroll
+  for (int q = 0; q < NMAT; ++q) {
+    SA[q] = *reinterpret_cast<const uint4*>(buf + NMAT * 4096 + (q * 2 + 0) * 128 + g * 16);
+    SBv[q] = *reinterpret_cast<const uint4*>(buf + NMAT * 4096 + (q * 2 + 1) * 128 + g * 16);
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    uint4 Xn[4];
+    if (c < 3) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) Xn[j] = xs ? load_x8(xs + (c + 1) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int q = 0; q < NMAT; ++q) {
+      const uint4 A = *reinterpret_cast<const uint4*>(buf + q * 4096 + (c * 2 + 0) * 512 + lane * 16);
+      const uint4 B = *reinterpret_cast<const uint4*>(buf + q * 4096 + (c * 2 + 1) * 512 + lane * 16);
+      const uint32_t sa = word(SA[q], c), sb = word(SBv[q], c);
+      fp4_group<MP1>(A.x, B.x, X[0], scale_of<0>(sa), scale_of<0>(sb), acc[q]);
+      fp4_group<MP1>(A.y, B.y, X[1], scale_of<1>(sa), scale_of<1>(sb), acc[q]);
+      fp4_group<MP1>(A.z, B.z, X[2], scale_of<2>(sa), scale_of<2>(sb), acc[q]);
+      fp4_group<MP1>(A.w, B.w, X[3], scale_of<3>(sa), scale_of<3>(sb), acc[q]);
+    }
+    if (c < 3) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) X[j] = Xn[j];
+    }
+  }
+}
 
 template <int NMAT, int EPI, class OT, int DEPTH>
 __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const GemvArgs a) {
@@ -111,39 +148,49 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
   }
   if (a.pdl > 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
+  // ---- work split ----
+  // KS = 1: each warp walks its own units (entry, tile) gw, gw + GW, ... over the full K.
+  // KS > 1: the CTA walks units (entry, group of TPC = warps / KS tiles) b, b + G, ...; warp w takes tile w / KS of
+  // the group and the K part w % KS (PK = P / KS stages); the K parts meet in shared memory at the end of each unit
+  // (a CTA barrier: every warp of the CTA has the same units and stages) and the warp of part 0 sums them in part
+  // order and writes the outputs.
+  const int KS = a.fp4_ksplit;
   const int tiles = int(a.rows / 16);
-  const int nitems = nent_s * tiles;
-  const int gw = int(blockIdx.x) * warps + warp, GW = int(gridDim.x) * warps;
-  const int P = int(a.cols / 512);  // stages per item
-  const int nmine = gw < nitems ? (nitems - 1 - gw) / GW + 1 : 0;
-  const int total = nmine * P;
+  const int TPC = KS == 1 ? 1 : warps / KS, wt = KS == 1 ? 0 : warp / KS, kp = KS == 1 ? 0 : warp % KS;
+  const int upe = tiles / TPC;  // units per entry
+  const int nunits = nent_s * upe;
+  const int first = KS == 1 ? int(blockIdx.x) * warps + warp : int(blockIdx.x);
+  const int stride = KS == 1 ? int(gridDim.x) * warps : int(gridDim.x);
+  const int P = int(a.cols / 512), PK = P / KS;  // stages per unit and warp
+  const int nmine = first < nunits ? (nunits - 1 - first) / stride + 1 : 0;
+  const int total = nmine * PK;
   constexpr int SB = stage_bytes<NMAT>();
   uint8_t* ring = dsm + size_t(warp) * DEPTH * SB;
-  const int64_t row_bytes = a.cols / 2;
+  float* red = reinterpret_cast<float*>(dsm + size_t(warps) * DEPTH * SB);  // [2][warps][NMAT * 4][32], KS > 1
+  const int64_t tile_bytes = a.cols * 8;
 
-  // Producer state: the next position to issue, as (item, stage).
-  int iss_item = gw, iss_st = 0;
+  // Producer state: the next position to issue, as (unit, stage).
+  int iss_unit = first, iss_st = 0;
   auto issue = [&](int slot) {
-    const int ent = ent_s[iss_item / tiles], tile = iss_item % tiles;
+    const int ent = ent_s[iss_unit / upe], tile = (iss_unit % upe) * TPC + wt;
     const int e = ent & 0xFFFF;
+    const int stg = kp * PK + iss_st;
     const uint32_t buf = smem_u32(ring + slot * SB);
 #pragma unroll
     for (int q = 0; q < NMAT; ++q) {
-      const uint8_t* w = (q ? a.w[NMAT - 1] : a.w[0]) + int64_t(e) * a.w_prob_stride + int64_t(iss_st) * 256 + t * 16;
+      const uint8_t* wq = (q ? a.w[NMAT - 1] : a.w[0]) + int64_t(e) * a.w_prob_stride;
+      // The stage is 4 KB contiguous in the decode layout: 512 contiguous bytes per instruction.
+      const uint8_t* src = wq + int64_t(tile) * tile_bytes + int64_t(stg) * 4096 + lane * 16;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* src = w + (int64_t(tile) * 16 + g + 8 * h) * row_bytes;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) cp16(buf + ((q * 4 + c) * 2 + h) * 512 + lane * 16, src + c * 64);
-      }
+      for (int i = 0; i < 8; ++i) cp16(buf + q * 4096 + i * 512 + lane * 16, src + i * 512);
     }
     if (t < 2 * NMAT) {  // lane t of group g: the scale row (matrix t / 2, half t % 2)
       const int q = t >> 1, h = t & 1;
       const uint8_t* sc = static_cast<const uint8_t*>(q ? a.s[NMAT - 1] : a.s[0]);
       cp16(buf + NMAT * 4096 + (q * 2 + h) * 128 + g * 16,
-           sc + int64_t(e) * a.s_prob_stride + (int64_t(tile) * 16 + g + 8 * h) * a.s_ld + int64_t(iss_st) * 16);
+           sc + int64_t(e) * a.s_prob_stride + (int64_t(tile) * 16 + g + 8 * h) * a.s_ld + int64_t(stg) * 16);
     }
-    if (++iss_st == P) iss_st = 0, iss_item += GW;
+    if (++iss_st == PK) iss_st = 0, iss_unit += stride;
   };
   for (int i = 0; i < DEPTH; ++i) {  // DEPTH groups committed, empty ones too: the wait below counts groups
     if (i < total) issue(i);
@@ -152,12 +199,11 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
 
   float acc[NMAT][4];
   const __half* xp = nullptr;
-  int item = gw, st = 0, ent = 0, mp = 0;
-  uint4 X[4];
+  int unit = first, st = 0, ent = 0, mp = 0, parity = 0;
   for (int pos = 0; pos < total; ++pos) {
     const int slot = pos % DEPTH;
     if (st == 0) {
-      ent = ent_s[item / tiles];
+      ent = ent_s[unit / upe];
       mp = (ent >> 25) + 1;
       xp = nullptr;
       if (g < mp) {
@@ -168,90 +214,82 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
 #pragma unroll
       for (int q = 0; q < NMAT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
     }
-    const __half* xs = xp ? xp + st * 512 : nullptr;
+    const __half* xs = xp ? xp + (kp * PK + st) * 512 : nullptr;
+    uint4 X[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) X[j] = xs ? load_x8(xs + j * 32) : make_uint4(0, 0, 0, 0);
     cp_wait<DEPTH - 1>();  // this lane's copies of position pos have landed
     __syncwarp();          // and every lane's (the scale rows are read by the 4 lanes of a group)
     const uint8_t* buf = ring + slot * SB;
-    uint4 SA[NMAT], SBv[NMAT];
-#pragma unroll
-    for (int q = 0; q < NMAT; ++q) {
-      SA[q] = *reinterpret_cast<const uint4*>(buf + NMAT * 4096 + (q * 2 + 0) * 128 + g * 16);
-      SBv[q] = *reinterpret_cast<const uint4*>(buf + NMAT * 4096 + (q * 2 + 1) * 128 + g * 16);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      uint4 Xn[4];
-      if (c < 3) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) Xn[j] = xs ? load_x8(xs + (c + 1) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int q = 0; q < NMAT; ++q) {
-        const uint4 A = *reinterpret_cast<const uint4*>(buf + ((q * 4 + c) * 2 + 0) * 512 + lane * 16);
-        const uint4 B = *reinterpret_cast<const uint4*>(buf + ((q * 4 + c) * 2 + 1) * 512 + lane * 16);
-        const uint32_t sa = word(SA[q], c), sb = word(SBv[q], c);
-        float s0[4], s1[4];
-        s0[0] = scale_of<0>(sa), s0[1] = scale_of<1>(sa), s0[2] = scale_of<2>(sa), s0[3] = scale_of<3>(sa);
-        s1[0] = scale_of<0>(sb), s1[1] = scale_of<1>(sb), s1[2] = scale_of<2>(sb), s1[3] = scale_of<3>(sb);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t p01, p45, p23, p67, q01, q45, q23, q67;
-          fp4x8_to_f16x2(word(A, j), p01, p45, p23, p67);
-          fp4x8_to_f16x2(word(B, j), q01, q45, q23, q67);
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_f16(d, p01, q01, p45, q45, X[j].x, X[j].z);
-          mma_f16(d, p23, q23, p67, q67, X[j].y, X[j].w);
-          acc[q][0] = fmaf(d[0], s0[j], acc[q][0]);
-          acc[q][1] = fmaf(d[1], s0[j], acc[q][1]);
-          acc[q][2] = fmaf(d[2], s1[j], acc[q][2]);
-          acc[q][3] = fmaf(d[3], s1[j], acc[q][3]);
-        }
-      }
-      if (c < 3) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) X[j] = Xn[j];
-      }
-    }
+    if (mp == 1) stage_math<NMAT, true>(buf, xs, X, lane, g, acc);
+    else stage_math<NMAT, false>(buf, xs, X, lane, g, acc);
     __syncwarp();  // every lane's reads of this stage are consumed (their values fed the MMAs above)
     if (pos + DEPTH < total) issue(slot);
     cp_commit();
 
-    if (++st == P) {  // item done: epilogue
-      const int tile = item % tiles, s0i = (ent >> 16) & 0x1FF;
+    if (++st == PK) {  // unit done: reduce the K parts, epilogue
+      const int tile = (unit % upe) * TPC + wt, s0i = (ent >> 16) & 0x1FF;
+      bool mine = true;
+      if (KS > 1) {
+        float* r = red + size_t(parity * warps + warp) * (NMAT * 128);
 #pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int j = 2 * t + cc;
-        if (j >= mp) continue;
-        const int s = sorted_s[s0i + j];
-        const int64_t orow = int64_t(s) * a.o_tok_stride;
+        for (int q = 0; q < NMAT; ++q)
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
-          // FP4 codes entered the MMA as value * 2^-6.
-          const float up = EPI == kSwiglu ? acc[NMAT - 1][rr * 2 + cc] * 64.0f : 0.0f;
-          store_out<OT>(static_cast<OT*>(a.out) + orow + row, epilogue<EPI>(a, acc[0][rr * 2 + cc] * 64.0f, up, s));
+          for (int k = 0; k < 4; ++k) r[(q * 4 + k) * 32 + lane] = acc[q][k];
+        __syncthreads();
+        mine = kp == 0;
+        if (mine) {
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              float v = 0.0f;
+              for (int k2 = 0; k2 < KS; ++k2) v += r[size_t(k2) * (NMAT * 128) + (q * 4 + k) * 32 + lane];
+              acc[q][k] = v;
+            }
+        }
+        parity ^= 1;
+      }
+      if (mine) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int j = 2 * t + cc;
+          if (j >= mp) continue;
+          const int s = sorted_s[s0i + j];
+          const int64_t orow = int64_t(s) * a.o_tok_stride;
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
+            // FP4 codes entered the MMA as value * 2^-14.
+            const float up = EPI == kSwiglu ? acc[NMAT - 1][rr * 2 + cc] * kFp4Unscale : 0.0f;
+            store_out<OT>(static_cast<OT*>(a.out) + orow + row, epilogue<EPI>(a, acc[0][rr * 2 + cc] * kFp4Unscale, up, s));
+          }
         }
       }
       st = 0;
-      item += GW;
+      unit += stride;
     }
   }
+}
+
+template <int NMAT>
+size_t stream_smem(int warps, int depth, int ks) {
+  return size_t(warps) * depth * stage_bytes<NMAT>() + (ks > 1 ? size_t(2) * warps * NMAT * 128 * 4 : 0);
 }
 
 template <int NMAT, int EPI, class OT, int DEPTH>
 void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
   auto kern = fp4_stream_kernel<NMAT, EPI, OT, DEPTH>;
-  const size_t smem = size_t(warps) * DEPTH * stage_bytes<NMAT>();
-  // Per instantiation, device and CTA size: the smem opt-in and the CTAs per SM (host queries done once, outside
-  // any stream capture in practice: the first launch of a configuration).
-  static int per_sm_cache[8][kMaxWarpsS + 1] = {};
+  const int ks = a.fp4_ksplit;
+  const size_t smem = stream_smem<NMAT>(warps, DEPTH, ks);
+  // Per instantiation, device, CTA size and split: the smem opt-in and the CTAs per SM (host queries done once,
+  // outside any stream capture in practice: the first launch of a configuration).
+  static int per_sm_cache[8][kMaxWarpsS + 1][2] = {};
   static int sms_cache[8] = {};
   int dev = 0;
   PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev >= 8) throw_arg("gemv: the FP4 streaming kernel supports devices 0..7");
-  int& per_sm_c = per_sm_cache[dev][warps];
+  int& per_sm_c = per_sm_cache[dev][warps][ks > 1];
   // The opt-in is one value per kernel: keep it at the largest configuration launched so far (setting it for a
   // smaller CTA would make a later, larger launch an invalid argument).
   static size_t smem_set[8] = {};
@@ -282,21 +320,34 @@ void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
   check_launch("fp4_stream_kernel");
 }
 
-// Defaults (H200 lab sweep, bench/fp4_lab, 2026-11-29; V4-Flash sizes, n = 1 and 8): gate/up 2 warps per CTA,
-// 2 stages, no PDL (PDL cost 6 points at n = 1); down 4 warps per CTA, PDL on, 2 stages for <= 24 slots (3 stages:
-// -9 points at n = 1) and 3 beyond (+4 points at n = 8). Warps per SM follow from registers (127-145) and shared
-// memory: 12 for these defaults.
+// The configuration a launch runs: warps per CTA, stages in flight, K split (defaults filled in, split reduced to
+// one that divides the shape).
+struct StreamCfg {
+  int warps, depth, ks;
+};
+inline StreamCfg stream_cfg(const GemvArgs& a) {
+  StreamCfg c;
+  // Defaults (H200 sweep, `plumb bench`, batch 1 and 8): gate/up 2 warps per CTA, down 4; 2 stages (3 and 4 lost
+  // 1-10 points at batch 1 and did not gain at batch 8); no K split (2 or 4 warps per tile gained at most a point at
+  // batch 1 and lost at batch 8); PDL on for down only.
+  c.warps = a.fp4_warps > 0 ? a.fp4_warps : (a.nmat == 2 ? 2 : 4);
+  c.depth = a.fp4_depth > 0 ? a.fp4_depth : 2;
+  c.ks = a.fp4_ksplit > 0 ? a.fp4_ksplit : 1;
+  c.depth = c.depth <= 2 ? 2 : c.depth >= 4 ? 4 : 3;
+  const int64_t P = a.cols / 512, tiles = a.rows / 16;
+  while (c.ks > 1 && (c.warps % c.ks || P % c.ks || tiles % (c.warps / c.ks))) c.ks /= 2;
+  return c;
+}
+
 template <int NMAT, int EPI, class OT>
 void launch_stream(const GemvArgs& a0, Stream s) {
   GemvArgs a = a0;
-  const int nslots = a.n * a.topk;
-  const int warps = a.fp4_warps > 0 ? a.fp4_warps : (NMAT == 2 ? 2 : 4);
-  const int depth = a.fp4_depth > 0 ? a.fp4_depth : (NMAT == 2 || nslots <= 24 ? 2 : 3);
+  const StreamCfg c = stream_cfg(a);
+  a.fp4_ksplit = c.ks;
   if (a.pdl < 0) a.pdl = NMAT == 1 ? 1 : 0;
-  if (depth <= 2) return launch_stream_d<NMAT, EPI, OT, 2>(a, warps, s);
-  if (depth == 3) return launch_stream_d<NMAT, EPI, OT, 3>(a, warps, s);
-  if (depth == 4) return launch_stream_d<NMAT, EPI, OT, 4>(a, warps, s);
-  return launch_stream_d<NMAT, EPI, OT, 6>(a, warps, s);
+  if (c.depth == 2) return launch_stream_d<NMAT, EPI, OT, 2>(a, c.warps, s);
+  if (c.depth == 3) return launch_stream_d<NMAT, EPI, OT, 3>(a, c.warps, s);
+  return launch_stream_d<NMAT, EPI, OT, 4>(a, c.warps, s);
 }
 
 inline bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -305,7 +356,7 @@ inline bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) 
 inline bool stream_ok(const GemvArgs& a) {
   if (a.fp4_kernel == 1 || a.fmt != kFp4 || a.mode != kMoe) return false;
   if (a.cols % 512 || a.n * a.topk > kMaxSlots || a.problems > 0xFFFF || a.rows / 16 > (1 << 20)) return false;
-  if (a.fp4_warps > kMaxWarpsS || a.fp4_depth > kMaxDepth) return false;
+  if (a.fp4_warps > kMaxWarpsS || a.fp4_depth > kMaxDepth || a.fp4_ksplit > kMaxWarpsS) return false;
   for (int q = 0; q < a.nmat; ++q)
     if (!al16(a.w[q]) || !al16(a.s[q])) return false;
   return a.w_prob_stride % 16 == 0 && a.s_prob_stride % 16 == 0 && a.s_ld % 16 == 0;

@@ -100,6 +100,7 @@ struct GemvArgs {
   int fp4_ctas = 0;    // streaming: cap on CTAs per SM (0: as many as fit)
   int pdl = -1;        // streaming: programmatic dependent launch (the kernel waits in-kernel, before any memory access,
                        // for the previous kernel of the stream): -1 default (on for down, off for gate/up), 0 off, 1 on
+  int fp4_ksplit = 0;  // streaming: warps of a CTA that split one tile's K (1, 2, 4, 8; divides fp4_warps; 0: default)
 };
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).

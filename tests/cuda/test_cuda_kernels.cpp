@@ -60,18 +60,50 @@ std::vector<float> f16_to_float(const std::vector<uint16_t>& b) {
 
 TEST(CudaLayout, Fp4DecodeLayoutRoundTripsAndPlacesFragments) {
   Rng rng(1);
-  const int64_t rows = 3, cols = 256;
+  const int64_t rows = 32, cols = 256;
   const auto canon = rng.bytes(size_t(rows * cols / 2));
   const auto rp = cuda::repack_fp4_decode(canon.data(), rows, cols);
   EXPECT_EQ(cuda::unpack_fp4_decode(rp.data(), rows, cols), canon);
-  // Spot the documented placement: row 2, chunk 1, lane 3, group word 2, byte 1 holds L = e1 and H = e3 of the
-  // elements [32 * (4 + 2) + 24, +8): bit 7 s(L), bits 4..2 m(L), bit 5 s(H), bit 6 m2(H), bits 1..0 m1 m0 (H).
+  // Spot the documented placement (tile-major: [tile][chunk][row half][lane 4g + t][16 B]): row r, chunk 1, lane
+  // part 3, group word 2, byte 1 holds L = e1 and H = e3 of the elements [32 * (4 + 2) + 24, +8): bit 7 s(L),
+  // bits 3..1 m(L), bits 6..4 m(H), bit 0 s(H).
   auto nib = [&](int64_t r, int64_t k) { return (canon[size_t(r * cols / 2 + k / 2)] >> (4 * (k & 1))) & 0xF; };
   const int64_t e0 = 32 * 6 + 24;
-  const int L = nib(2, e0 + 1), H = nib(2, e0 + 3);
-  const int want = ((L >> 3) << 7) | ((L & 7) << 2) | (((H >> 3) & 1) << 5) | (((H >> 2) & 1) << 6) | (H & 3);
-  EXPECT_EQ(int(rp[size_t(2 * cols / 2 + 64 * 1 + 16 * 3 + 4 * 2 + 1)]), want);
-  EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 1, 96), Error);
+  for (int64_t r : {2, 27}) {
+    const int L = nib(r, e0 + 1), H = nib(r, e0 + 3);
+    const int want = ((L >> 3) << 7) | ((L & 7) << 1) | ((H & 7) << 4) | (H >> 3);
+    const int64_t at = (r / 16) * 16 * cols / 2 + 1 * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + 3) * 16 + 4 * 2 + 1;
+    EXPECT_EQ(int(rp[size_t(at)]), want) << "row " << r;
+  }
+  // The kernels' decode (gemv.cu, fp4x8_to_f16x2_d), replayed on the host with the same masks, shifts and byte
+  // permutes: every word of the layout gives the f16 bits of its 8 codes' values times 2^-14, in the pairs the MMAs
+  // take (e0 e1), (e2 e3), (e4 e5), (e6 e7).
+  auto perm = [](uint32_t x, uint32_t sel) {  // __byte_perm(x, 0, sel) for selectors of bytes 0..4
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t k = (sel >> (4 * i)) & 7;
+      r |= (k < 4 ? (x >> (8 * k)) & 0xFF : 0u) << (8 * i);
+    }
+    return r;
+  };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols / 128; ++c)
+      for (int t = 0; t < 4; ++t)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t at = (r / 16) * 16 * cols / 2 + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16 + 4 * j;
+          uint32_t w = 0;
+          std::memcpy(&w, rp.data() + at, 4);
+          const uint32_t lo = w & 0x8E8E8E8Eu, hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
+          const uint32_t pairs[4] = {perm(lo, 0x1404), perm(hi, 0x1404), perm(lo, 0x3424), perm(hi, 0x3424)};
+          for (int e = 0; e < 8; ++e) {
+            const uint16_t bits = uint16_t(pairs[e / 2] >> (16 * (e % 2)));
+            const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
+            ASSERT_EQ(fmt8::f16_to_f32(bits), fmt8::e2m1_to_f32(uint8_t(code)) * std::ldexp(1.0f, -14))
+                << "row " << r << " chunk " << c << " lane part " << t << " word " << j << " element " << e;
+          }
+        }
+  EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 16, 96), Error);
+  EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 3, 256), Error);
 }
 
 TEST(CudaAvailability, ReportsWhy) {
@@ -304,19 +336,22 @@ TEST_F(CudaMoe, GateUpDownCombineMatchTwin) {
 }
 
 // The FP4 MoE kernels through launch_gemv: the streaming kernel (fp4_kernel 2) in each of its configurations (warps per CTA,
-// stages in flight, CTAs per SM, programmatic dependent launch) against the per-tile kernel on the same inputs.
-// fp32 outputs: only the accumulation order differs. The routing repeats experts within and across tokens and
-// gives one expert more than 8 tokens (passes of 8).
+// stages in flight, CTAs per SM, programmatic dependent launch, warps splitting K) against the per-tile kernel on the
+// same inputs. fp32 outputs: only the accumulation order differs. The routing repeats experts within and across
+// tokens and gives one expert more than 8 tokens (passes of 8).
 TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
   namespace d = cuda::detail;
   Rng rng(11);
-  const int64_t E = 6, D = 1024, I = 512;
+  const int64_t E = 6, D = 2048, I = 1024;
   auto f = make_moe(rng, E, D, I);
   const cuda::MoeExperts m = cuda::upload_experts(f->w);
   const int n = 7, K = 4, S = n * K;
   std::vector<int32_t> idx(static_cast<size_t>(S));
-  std::uniform_int_distribution<int> pick(0, int(E) - 1);
-  for (int s = 0; s < S; ++s) idx[size_t(s)] = s % 3 == 0 ? 2 : pick(rng.gen());
+  // Expert 2 takes every third slot (10: passes of 8 and 2), experts 5 and 0 one slot each (the one-token path),
+  // the rest go to experts 1, 3, 4 at random.
+  std::uniform_int_distribution<int> pick(0, 2);
+  const int rest[3] = {1, 3, 4};
+  for (int s = 0; s < S; ++s) idx[size_t(s)] = s % 3 == 0 ? 2 : s == 1 ? 5 : s == 2 ? 0 : rest[pick(rng.gen())];
   const Acts x = make_acts(Act::F16, rng.floats(size_t(n * D), -2.0f, 2.0f));
   const Acts h = make_acts(Act::F16, rng.floats(size_t(S * I), -2.0f, 2.0f));
   cuda::DeviceBuffer di = cuda::to_device(idx), pw = cuda::to_device(rng.floats(size_t(S), 0.1f, 1.0f));
@@ -345,13 +380,29 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
   tile.fp4_kernel = 1, tile.warps = 4;
   const std::vector<float> ref_gu = run(0, tile), ref_dn = run(1, tile);
   struct Cfg {
-    int warps, depth, ctas, pdl;
+    int warps, depth, ctas, pdl, ks;
   };
-  for (const Cfg& c : {Cfg{0, 0, 0, -1}, Cfg{1, 2, 0, 0}, Cfg{2, 3, 0, 1}, Cfg{4, 4, 1, 0}, Cfg{8, 2, 0, 1}, Cfg{3, 6, 0, 0}}) {
+  for (const Cfg& c : {Cfg{0, 0, 0, -1, 0}, Cfg{1, 2, 0, 0, 0}, Cfg{2, 3, 0, 1, 2}, Cfg{4, 4, 1, 0, 4}, Cfg{8, 2, 0, 1, 2},
+                       Cfg{3, 6, 0, 0, 0}, Cfg{4, 2, 0, 0, 2}, Cfg{8, 3, 0, 0, 8}, Cfg{8, 2, 2, 0, 4}, Cfg{2, 2, 0, 0, 1}}) {
     d::GemvArgs a;
     a.fp4_kernel = 2, a.fp4_warps = c.warps, a.fp4_depth = c.depth, a.fp4_ctas = c.ctas, a.pdl = c.pdl;
+    a.fp4_ksplit = c.ks;
     const std::string tag = "fp4 streaming (warps " + std::to_string(c.warps) + ", depth " + std::to_string(c.depth) +
-                            ", ctas " + std::to_string(c.ctas) + ", pdl " + std::to_string(c.pdl) + ")";
+                            ", ctas " + std::to_string(c.ctas) + ", pdl " + std::to_string(c.pdl) + ", ks " +
+                            std::to_string(c.ks) + ")";
+    expect_close(tag + " gate/up vs per-tile", run(0, a), ref_gu, I, 1e-5);
+    expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
+  }
+  // The per-tile kernel's own variants: warps per block, register budget (minblocks), PDL (the library defaults:
+  // 2 warps, minblocks 1 with PDL at <= 8 slots, minblocks 2 without above).
+  struct TileCfg {
+    int warps, minb, pdl;
+  };
+  for (const TileCfg& c : {TileCfg{2, 1, 1}, TileCfg{2, 2, 0}, TileCfg{2, 2, 1}, TileCfg{4, 3, 0}, TileCfg{8, 3, 1}, TileCfg{3, 1, 0}}) {
+    d::GemvArgs a;
+    a.fp4_kernel = 1, a.warps = c.warps, a.minblocks = c.minb, a.pdl = c.pdl;
+    const std::string tag = "fp4 per-tile (warps " + std::to_string(c.warps) + ", minblocks " + std::to_string(c.minb) +
+                            ", pdl " + std::to_string(c.pdl) + ")";
     expect_close(tag + " gate/up vs per-tile", run(0, a), ref_gu, I, 1e-5);
     expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
   }
