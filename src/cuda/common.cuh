@@ -38,20 +38,6 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32
   hi = e4m3x2_to_f16x2(uint16_t(w >> 16));
 }
 
-// Eight E2M1 codes of one 32-bit word of the FP4 decode layout to four f16x2 (values times 2^-6). Each code
-// s.e1.e0.m becomes the E4M3 byte s.0.0.e1.e0.m.0.0: exponent field E = 2*e1 + e0, so a normal code is
-// 2^(E-7) * (1 + m/2) = 2^-6 * 2^(E-1) * (1 + m/2), and E = 0 is the E4M3 subnormal m/2 * 2^-6: every code maps
-// to its value times 2^-6, exactly. Byte b of the word holds two codes L_b, H_b (repack_fp4_decode):
-//   bit 7 = sign(L), bits 4..2 = mag(L), bit 5 = sign(H), bits 1..0 = mag(H) & 3, bit 6 = mag(H) >> 2,
-// so the E4M3 bytes of the L codes are one AND, and of the H codes two shifts and two ANDs. L = (e0, e1, e4, e5)
-// and H = (e2, e3, e6, e7) of the lane's 8 elements: the f16x2 pairs (e0, e1), (e4, e5), (e2, e3), (e6, e7).
-__device__ __forceinline__ void fp4x8_to_f16x2(uint32_t w, uint32_t& p01, uint32_t& p45, uint32_t& p23, uint32_t& p67) {
-  const uint32_t lo = w & 0x9C9C9C9Cu;
-  const uint32_t hi = ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
-  e4m3x4_to_f16x2(lo, p01, p45);
-  e4m3x4_to_f16x2(hi, p23, p67);
-}
-
 // E8M0 scale bytes to fp32 (2^(b-127)): byte j of a word, two integer ops. The zero byte (2^-127) becomes 0 and
 // 0xFF (NaN) becomes +inf: uploads refuse NaN scales, and a 2^-127 scale's products are below 6 * 2^-127 * |x|.
 template <int J>

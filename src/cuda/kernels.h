@@ -90,16 +90,18 @@ struct GemvArgs {
   unsigned* counters = nullptr;  // one per (problem, tile), zero on entry, left zero
   int kblocks = 1;
   int warps = 8;                 // warps per block (split K inside the block), 1..8
-  int minblocks = 1;             // register budget: 1 (<= 255 per thread) or 3 (<= 85, more warps resident)
+  int minblocks = 1;             // register budget: 1 (<= 255 per thread), 2 (<= 128) or 3 (<= 85, more warps resident)
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
-  int fp4_kernel = 0;  // 0 auto: gate/up with n * topk <= 8 per-tile with 2 warps per block, else as 2;
+  int fp4_kernel = 0;  // 0 auto: per-tile with 2 warps per block for gate/up at every batch and for down at
+                       // n * topk <= 8 (full registers and PDL there, 128 registers above), else as 2 (gemv.cu);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
                        // n * topk <= 256, 16-byte aligned weights and scale rows), else per-tile
   int fp4_warps = 0;   // streaming: warps per CTA, 1..8 (0: default)
   int fp4_depth = 0;   // streaming: stages (512 columns each) in flight per warp, 2, 3, 4 or 6 (0: default)
   int fp4_ctas = 0;    // streaming: cap on CTAs per SM (0: as many as fit)
-  int pdl = -1;        // streaming: programmatic dependent launch (the kernel waits in-kernel, before any memory access,
-                       // for the previous kernel of the stream): -1 default (on for down, off for gate/up), 0 off, 1 on
+  int pdl = -1;        // programmatic dependent launch (the kernel waits in-kernel, before any memory access, for the
+                       // previous kernel of the stream): -1 default (streaming: on for down, off for gate/up; per-tile
+                       // auto: on at n * topk <= 8), 0 off, 1 on
   int fp4_ksplit = 0;  // streaming: warps of a CTA that split one tile's K (1, 2, 4, 8; divides fp4_warps; 0: default)
 };
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
