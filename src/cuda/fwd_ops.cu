@@ -75,52 +75,71 @@ __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, cons
   }
 }
 
-// kStage (one token): the input row is staged in shared memory first, since every warp of the block reads all of
-// it and a global load per product was the kernel's critical path at decode.
-template <bool kStage>
-__global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
-  constexpr int NT = kStage ? 1 : kTok;
-  extern __shared__ float xs[];
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  const int t0 = blockIdx.y * kTok, nt = min(NT, n - t0);
-  const float* xp = x + int64_t(t0) * ldx;
-  if constexpr (kStage) {
-    constexpr int kU = 8;
-    const int64_t step = blockDim.x;
-    for (int64_t b = threadIdx.x; b < w.cols; b += kU * step) {
-      float v[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) v[u] = xp[min(b + u * step, w.cols - 1)];
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (b + u * step < w.cols) xs[b + u * step] = v[u];
-    }
-    __syncthreads();
-    xp = xs;
-  }
-  if (r >= nr) return;
-  const int per = elems_per_16(w);
-  const int64_t row_bytes = dmat_row_bytes(w);
-  const uint8_t* row = static_cast<const uint8_t*>(w.w) + (r0 + r) * row_bytes;
-  double acc[NT] = {};
-  // kLoads 16-byte loads in flight per lane before their products; the accumulation order is unchanged.
+// kLoads 16-byte loads in flight per lane before their products (a warp per row waited on one load at a time);
+// the accumulation order is unchanged. Chunks [c_begin, c_end) of the row (16 bytes each), lane-strided.
+template <int NT>
+__device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_begin, int64_t c_end, const float* x, int nt,
+                                          int64_t ldx, double (&acc)[NT]) {
   constexpr int kLoads = 4;
-  for (int64_t base = int64_t(lane) * 16; base < row_bytes; base += kLoads * 32 * 16) {
+  const int lane = threadIdx.x & 31, per = elems_per_16(w);
+  const uint8_t* base = static_cast<const uint8_t*>(w.w) + row * dmat_row_bytes(w);
+  for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += kLoads * 32) {
     uint4 v[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u)
-      if (base + u * 512 < row_bytes) v[u] = ldg_stream<0>(row + base + u * 512);
+      if (c0 + u * 32 < c_end) v[u] = ldg_stream<0>(base + (c0 + u * 32) * 16);
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int64_t off = base + u * 512;
-      if (off < row_bytes) fma16<NT>(w, r0 + r, (off / 16) * per, v[u], xp, nt, ldx, acc);
-    }
+    for (int u = 0; u < kLoads; ++u)
+      if (c0 + u * 32 < c_end) fma16<NT>(w, row, (c0 + u * 32) * per, v[u], x, nt, ldx, acc);
   }
+}
+
+// Up to kTok tokens, a warp per row.
+__global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
+  if (r >= nr) return;
+  double acc[kTok] = {};
+  row_dot16<kTok>(w, r0 + r, 0, dmat_row_bytes(w) / 16, x + int64_t(t0) * ldx, nt, ldx, acc);
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
+  for (int t = 0; t < kTok; ++t) {
     const double v = warp_sum(acc[t]);
     if (lane == 0 && t < nt) y[(t0 + t) * ldy + r] = float(v);
+  }
+}
+
+// One token (decode): the input row staged in shared memory (every warp reads all of it), each row split over
+// kOneSplit warps (a quarter of K each: one round of loads in flight instead of four), their partial sums added in
+// split order. kRowsPerBlock / kOneSplit rows per block.
+constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
+__global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
+  extern __shared__ float xs[];
+  __shared__ double part[kRowsPerBlock];
+  constexpr int kU = 8;
+  const int64_t step = blockDim.x;
+  for (int64_t b = threadIdx.x; b < w.cols; b += kU * step) {
+    float v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = x[min(b + u * step, w.cols - 1)];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (b + u * step < w.cols) xs[b + u * step] = v[u];
+  }
+  __syncthreads();
+  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit;
+  const int64_t r = int64_t(blockIdx.x) * kOneRows + wid / kOneSplit;
+  const int64_t chunks = dmat_row_bytes(w) / 16, per_split = (chunks + kOneSplit - 1) / kOneSplit;
+  double acc[1] = {};
+  if (r < nr)
+    row_dot16<1>(w, r0 + r, min(chunks, split * per_split), min(chunks, (split + 1) * per_split), xs, 1, 0, acc);
+  const double v = warp_sum(acc[0]);
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (split == 0 && lane == 0 && r < nr) {
+    double o = part[wid];
+    for (int i = 1; i < kOneSplit; ++i) o += part[wid + i];
+    y[r] = float(o);
   }
 }
 
@@ -178,10 +197,10 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
   const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
-  if (vec && n == 1 && w.cols <= 12288)
-    linear16_kernel<true><<<grid, 32 * kRowsPerBlock, size_t(w.cols) * 4, s>>>(w, x, n, ldx, r0, nr, y, ldy);
+  if (vec && n == 1 && w.cols <= 12288)  // y[r]: with one token ldy does not matter
+    linear16_one_kernel<<<unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock, size_t(w.cols) * 4, s>>>(w, x, r0, nr, y);
   else if (vec)
-    linear16_kernel<false><<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
+    linear16_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
   else
     linear_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
   check_launch("fwd_linear");
