@@ -1,6 +1,8 @@
 // The public Engine/Session API over the internal Model (the CPU reference backend or the CUDA forward pass).
 #include "plumb/engine.h"
 
+#include <algorithm>
+
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/text.h"
@@ -15,15 +17,23 @@ namespace {
 
 class ModelSession : public Session {
  public:
-  explicit ModelSession(std::shared_ptr<const Model> m) : m_(std::move(m)), st_(m_->new_state()) {}
+  ModelSession(std::shared_ptr<const Model> m, int chunk) : m_(std::move(m)), st_(m_->new_state()), chunk_(chunk) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
-    const Tensor logits = m_->forward(st_, tokens);
+    const Tensor logits = m_->forward(st_, feed_all_but_last(tokens));
     const int64_t V = logits.dim(1);
     return {logits.ptr() + (logits.dim(0) - 1) * V, logits.ptr() + logits.dim(0) * V};
   }
-  std::vector<float> forward_all(std::span<const int32_t> tokens) override { return m_->forward(st_, tokens).data; }
+  std::vector<float> forward_all(std::span<const int32_t> tokens) override {
+    check(tokens);
+    std::vector<float> out;
+    for (const auto& piece : pieces(tokens)) {
+      const Tensor l = m_->forward(st_, piece);
+      out.insert(out.end(), l.data.begin(), l.data.end());
+    }
+    return out;
+  }
   int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override {
-    if (m_->backend() == "cuda") return m_->forward_sample(st_, tokens, sampler, history);
+    if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens), sampler, history);
     return Session::forward_sample(tokens, sampler, history);
   }
   int64_t position() const override { return st_.pos; }
@@ -32,11 +42,28 @@ class ModelSession : public Session {
  private:
   std::shared_ptr<const Model> m_;
   SessionState st_;
+  int chunk_;
+
+  // Token ids are checked before any pass runs, so an error leaves the session unchanged.
+  void check(std::span<const int32_t> tokens) const { m_->check_tokens(st_, tokens); }
+  std::vector<std::span<const int32_t>> pieces(std::span<const int32_t> tokens) const {
+    std::vector<std::span<const int32_t>> out;
+    const size_t step = chunk_ > 0 ? size_t(chunk_) : tokens.size();
+    for (size_t p = 0; p < tokens.size(); p += step) out.push_back(tokens.subspan(p, std::min(step, tokens.size() - p)));
+    return out;
+  }
+  // Runs every pass but the last (their logits are not needed) and returns the last.
+  std::span<const int32_t> feed_all_but_last(std::span<const int32_t> tokens) {
+    check(tokens);
+    const auto ps = pieces(tokens);
+    for (size_t i = 0; i + 1 < ps.size(); ++i) m_->forward(st_, ps[i]);
+    return ps.back();
+  }
 };
 
 class ModelEngine : public Engine {
  public:
-  ModelEngine(std::shared_ptr<const Model> m) : m_(std::move(m)) {
+  ModelEngine(std::shared_ptr<const Model> m, int chunk) : m_(std::move(m)), chunk_(chunk) {
     const auto& c = m_->config();
     info_.vocab_size = c.vocab;
     info_.bos_token = c.bos_token;
@@ -45,22 +72,25 @@ class ModelEngine : public Engine {
     info_.summary = c.summary();
   }
   const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<Session> new_session() const override { return std::make_unique<ModelSession>(m_); }
+  std::unique_ptr<Session> new_session() const override { return std::make_unique<ModelSession>(m_, chunk_); }
   const std::string& dir() const override { return m_->dir(); }
 
  private:
   std::shared_ptr<const Model> m_;
   ModelInfo info_;
+  int chunk_;
 };
 
 }  // namespace
 
 std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
+  PLUMB_CHECK(opt.prefill_chunk >= 0, "prefill_chunk must be >= 0 (0: one pass), got {}", opt.prefill_chunk);
   const PatchSet ps = parse_patches(opt.patches);
   std::function<void(int64_t, int64_t)> on_layer;
   if (opt.on_progress) on_layer = [&opt](int64_t done, int64_t total) { opt.on_progress(LoadProgress{"layers", done, total}); };
-  return std::make_shared<ModelEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options, on_layer, opt.backend)));
+  return std::make_shared<ModelEngine>(std::shared_ptr<const Model>(Model::load(dir, ps.options, on_layer, opt.backend)),
+                                       opt.prefill_chunk);
 }
 
 }  // namespace plumb

@@ -22,6 +22,10 @@ struct EngineOptions {
   std::string patches;  // comma-separated speed patches / numerics mode ("" = the fp32 reference); see `plumb patches`
   std::string backend = "cpu";
   std::function<void(const LoadProgress&)> on_progress;  // called from the loading thread; may be empty
+  // A Session call with more tokens runs them as forward passes of at most this many (0: one pass): the passes'
+  // activations, attention scores and logits grow with the tokens in a pass. Any chunking gives the same results
+  // (within 1e-5; the sessions' caches carry across passes).
+  int prefill_chunk = 2048;
 };
 
 struct ModelInfo {

@@ -53,6 +53,8 @@ void check_chunk(const ModelConfig& c, const SessionState& st, std::span<const i
 }
 }  // namespace
 
+void Model::check_tokens(const SessionState& st, std::span<const int32_t> tokens) const { check_chunk(cfg_, st, tokens); }
+
 int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                               std::span<const int32_t> history) const {
   check_chunk(cfg_, st, tokens);

@@ -46,6 +46,8 @@ class Model {
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns
   // their logits [n, vocab]. Token ids are checked against the vocabulary before anything is computed.
   Tensor forward(SessionState& state, std::span<const int32_t> tokens, TapSink* taps = nullptr) const;
+  // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).
+  void check_tokens(const SessionState& state, std::span<const int32_t> tokens) const;
   // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there.
   int32_t forward_sample(SessionState& state, std::span<const int32_t> tokens, Sampler& sampler,
                          std::span<const int32_t> history) const;

@@ -3,10 +3,12 @@
 // session (stop token, stop string, max tokens, context end, the errors checked before the session is touched).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "core/error.h"
+#include "plumb/engine.h"
 #include "plumb/text.h"
 
 namespace {
@@ -347,6 +349,35 @@ TEST_F(TinyModel, ChatTurnsOnOneSessionMatchTheWholeConversation) {
     scale = std::max(scale, std::abs(reference[i]));
   }
   EXPECT_LE(worst, 1e-4f * scale);
+}
+
+// EngineOptions::prefill_chunk: a long Session call runs as several passes; the logits are the one-pass logits
+// (the caches carry across passes), and a bad token anywhere leaves the session untouched before any pass runs.
+TEST(EngineChunking, PassesGiveTheOnePassLogits) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";  // CSA/HCA windows of 4/8, window 8
+  plumb::EngineOptions one, chunked;
+  one.prefill_chunk = 0, chunked.prefill_chunk = 7;
+  const auto a = plumb::Engine::load(dir, one), b = plumb::Engine::load(dir, chunked);
+  std::vector<int32_t> toks(150);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 37 + 11) % 256);
+  auto sa = a->new_session(), sb = b->new_session();
+  const auto la = sa->forward_all(toks), lb = sb->forward_all(toks);
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-5 * std::max(1.0f, std::fabs(la[i]))) << "logit " << i;
+  EXPECT_EQ(sb->position(), 150);
+  // forward(): the last row, through the chunked passes too.
+  auto sc = b->new_session();
+  const auto last = sc->forward(toks);
+  for (size_t i = 0; i < last.size(); ++i) ASSERT_NEAR(last[i], la[la.size() - last.size() + i], 1e-5 * std::max(1.0f, std::fabs(last[i])));
+  // A bad id in the last pass: refused before the first pass runs.
+  auto sd = b->new_session();
+  auto bad = toks;
+  bad[140] = 999;
+  EXPECT_THROW(sd->forward(bad), plumb::Error);
+  EXPECT_EQ(sd->position(), 0);
+  plumb::EngineOptions neg;
+  neg.prefill_chunk = -1;
+  EXPECT_THROW(plumb::Engine::load(dir, neg), plumb::Error);
 }
 
 }  // namespace
