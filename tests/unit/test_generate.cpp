@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "core/error.h"
 #include "plumb/engine.h"
@@ -135,6 +136,43 @@ TEST(Sampler, SeedDeterminismAndFrequencies) {
   EXPECT_NEAR(n[2] / double(N), 4.0 / 7, 0.02);
   EXPECT_NEAR(n[1] / double(N), 2.0 / 7, 0.02);
   EXPECT_NEAR(n[0] / double(N), 1.0 / 7, 0.02);
+}
+
+// What a device sampler (backend cuda) does with the host Sampler: peek the next draw, walk the distribution with
+// it, commit it only when the distribution kept more than one token. That must give sample()'s token sequence;
+// penalty_window() is the window as sorted distinct (id, count) pairs.
+TEST(Sampler, PeekedDrawsReproduceSample) {
+  SamplingParams p;  // the defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05
+  p.seed = 42, p.repeat_penalty = 1.2f, p.penalty_last_n = 5;
+  Sampler a(p, 64), b(p, 64);
+  std::mt19937 g(3);
+  std::vector<int32_t> history = {1, 2, 2, 7};
+  for (int step = 0; step < 300; ++step) {
+    std::vector<float> logits(64);
+    const float spread = step % 3 == 0 ? 30.0f : 3.0f;  // every third row nearly one-hot: a one-token distribution
+    for (auto& x : logits) x = std::uniform_real_distribution<float>(0.0f, spread)(g);
+    const int32_t want = a.sample(logits, history);
+    const auto dist = b.distribution(logits, history);
+    int32_t got = dist.back().first;
+    if (dist.size() == 1) {
+      got = dist[0].first;
+    } else {
+      const double u = b.peek_draw();
+      EXPECT_EQ(u, b.peek_draw());  // peeking twice does not advance
+      double cum = 0;
+      for (const auto& [id, pr] : dist)
+        if (u < (cum += pr)) {
+          got = id;
+          break;
+        }
+      b.commit_draw();
+    }
+    ASSERT_EQ(got, want) << "step " << step;
+    history.push_back(want);
+  }
+  const auto w = b.penalty_window(std::vector<int32_t>{5, 3, 5, 9, 3, 3});  // last 5: 3, 5, 9, 3, 3
+  EXPECT_EQ(w, (std::vector<std::pair<int32_t, int>>{{3, 3}, {5, 1}, {9, 1}}));
+  EXPECT_TRUE(Sampler(plain(1.0f), 64).penalty_window(history).empty());  // no penalty: no window
 }
 
 TEST(Sampler, RejectsBadParameters) {
