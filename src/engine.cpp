@@ -85,7 +85,8 @@ class ModelEngine : public Engine {
 
 std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
-  PLUMB_CHECK(opt.prefill_chunk >= 0, "prefill_chunk must be >= 0 (0: one pass), got {}", opt.prefill_chunk);
+  PLUMB_CHECK(opt.prefill_chunk >= 0, "the prefill chunk (--prefill-chunk) must be >= 0 tokens (0: one pass), got {}",
+              opt.prefill_chunk);
   const PatchSet ps = parse_patches(opt.patches);
   std::function<void(int64_t, int64_t)> on_layer;
   if (opt.on_progress) on_layer = [&opt](int64_t done, int64_t total) { opt.on_progress(LoadProgress{"layers", done, total}); };

@@ -132,6 +132,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--patches", a.patches, "comma-separated speed patches / numerics mode (see `plumb patches`)");
   cmd->add_option("--backend", a.backend, "cpu (the fp32 reference) or cuda (every op on the GPU; needs a Hopper GPU)")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", a.prefill_chunk, "feed longer prompts in forward passes of at most this many tokens "
+                  "(0: one pass; each pass's activations grow with it)")
+      ->capture_default_str();
   cmd->add_flag("--no-preload", a.no_preload, "do not page the weights in after mapping them (they load on first use)");
   cmd->add_flag("-q,--quiet", a.quiet, "no loading progress or memory lines on stderr");
 }
@@ -183,7 +186,8 @@ LoadedModel load_model(const ModelArgs& a) {
   const auto t0 = Clock::now();
   // Mapping runs on a worker so the line can show that something is happening on a slow (network) disk.
   std::atomic<int64_t> layers_done{0}, layers_total{0};
-  EngineOptions eo{a.patches, a.backend, [&](const LoadProgress& p) { layers_done = p.done, layers_total = p.total; }};
+  EngineOptions eo{a.patches, a.backend, [&](const LoadProgress& p) { layers_done = p.done, layers_total = p.total; },
+                   a.prefill_chunk};
   auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, eo); });
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
     const int64_t done = layers_done, n = layers_total;

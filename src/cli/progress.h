@@ -18,6 +18,7 @@ struct ModelArgs {
   std::string dir;  // "" = kDefaultModel
   std::string patches;
   std::string backend = "cpu";
+  int prefill_chunk = EngineOptions{}.prefill_chunk;
   bool no_preload = false;
   bool quiet = false;
 };

@@ -28,6 +28,13 @@ cmp -s "$tmp/a.out" "$tmp/b.out" && ok "same seed, same output" || bad "same see
 "$plumb" run -q -p "Once upon a time" --seed 8 --max-tokens 40 --temperature 1.5 >"$tmp/c.out" 2>/dev/null
 cmp -s "$tmp/a.out" "$tmp/c.out" && bad "another seed gave the same output" || ok "another seed, another output"
 
+# A prompt fed in passes of 3 tokens continues exactly as one pass (greedy, the same story).
+"$plumb" run -q -p "Once upon a time there was a little fox who" --temperature 0 --max-tokens 30 >"$tmp/p1.out" 2>/dev/null
+"$plumb" run -q -p "Once upon a time there was a little fox who" --temperature 0 --max-tokens 30 --prefill-chunk 3 \
+  >"$tmp/p3.out" 2>/dev/null
+[ -s "$tmp/p1.out" ] && cmp -s "$tmp/p1.out" "$tmp/p3.out" && ok "--prefill-chunk 3: same continuation" \
+  || bad "--prefill-chunk 3 changed the continuation: $(cat "$tmp/p1.out") / $(cat "$tmp/p3.out")"
+
 out=$("$plumb" run -q --chat -p "What color is the sky?" --temperature 0 2>/dev/null)
 [[ "$out" == *blue* ]] && ok "chat mode answers: $out" || bad "chat mode: $out"
 out=$("$plumb" run -q --think -p "What is 3 plus 4?" --temperature 0 --max-tokens 60 2>/dev/null)
@@ -68,6 +75,7 @@ check_error "token id outside the vocabulary" "outside the model's vocabulary" "
 check_error "stop token outside the vocabulary" "outside the model's vocabulary" "$plumb" run -q -p hi --stop-token 70000
 check_error "missing model folder" "does not exist" "$plumb" run -q -m "$tmp/nothing" -p hi
 check_error "bad sampling option" "top-p" "$plumb" run -q -p hi --top-p 2
+check_error "negative prefill chunk" "prefill-chunk" "$plumb" run -q -p hi --prefill-chunk -1
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
