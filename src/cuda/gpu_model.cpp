@@ -182,7 +182,11 @@ class GpuForward : public DeviceForward {
     const double u = fwd_sample_path(p, cfg_.vocab) == kSampleGreedy ? 0.0 : sampler.peek_draw();
     std::memcpy(in.data(), &u, 8);
     for (size_t i = 0; i < window.size(); ++i) in[2 + i] = window[i].first, in[2 + window.size() + i] = window[i].second;
-    auto* dev_in = static_cast<int32_t*>(sc.get("sample.in", in.size() * 4));
+    // Sized by powers of two from 16 KiB: a reallocation bumps the session's memory generation, which would make
+    // the decode graph re-capture each time the penalty window gains a distinct token.
+    size_t in_bytes = size_t(16) << 10;
+    while (in_bytes < in.size() * 4) in_bytes *= 2;
+    auto* dev_in = static_cast<int32_t*>(sc.get("sample.in", in_bytes));
     h2d(dev_in, in.data(), in.size() * 4);
     auto* out = static_cast<int32_t*>(sc.get("sample.out", 8));
     const size_t scratch_bytes = fwd_sample_scratch_bytes(1, cfg_.vocab, &p);
