@@ -7,18 +7,22 @@
 #include "model/attention.h"
 #include "model/hyper_connection.h"
 #include "model/numerics.h"
+#include "patches/registry.h"
 
 namespace plumb {
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt,
                                    const std::function<void(int64_t, int64_t)>& on_layer, const std::string& backend) {
   PLUMB_CHECK(backend == "cpu" || backend == "cuda", "unknown backend '{}' (available: {})", backend, kBackends);
-  PLUMB_CHECK(backend == "cuda" || !(opt.cuda_fp8_gemv || opt.cuda_moe_mxfp4 || opt.cuda_head_bf16 || opt.cuda_graph),
-              "patch {} is a CUDA kernel: it needs --backend cuda",
-              opt.cuda_fp8_gemv    ? "cuda.fp8_gemv"
-              : opt.cuda_moe_mxfp4 ? "cuda.moe_mxfp4"
-              : opt.cuda_head_bf16 ? "cuda.head_bf16"
-                                   : "cuda.graph");
+  // A patch of one backend (Patch::backend) is refused on the others, by name: it is on in `opt` when enabling it
+  // again changes nothing. (Covers every such patch the registry will hold, not a list kept here.)
+  for (const Patch& p : patch_registry()) {
+    if (p.backend.empty() || p.backend == backend) continue;
+    ModelOptions again = opt;
+    p.enable(again);
+    PLUMB_CHECK(!(again == opt), "patch {} is a {} kernel: it needs --backend {}", p.name,
+                p.backend == "cuda" ? "CUDA" : p.backend, p.backend);
+  }
   auto m = std::make_unique<Model>();
   m->dir_ = dir;
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
@@ -44,20 +48,16 @@ SessionState Model::new_state() const {
   return s;
 }
 
-namespace {
-void check_chunk(const ModelConfig& c, const SessionState& st, std::span<const int32_t> tokens) {
+void Model::check_tokens(const SessionState& st, std::span<const int32_t> tokens) const {
   PLUMB_CHECK(!tokens.empty(), "forward: no tokens");
   for (size_t i = 0; i < tokens.size(); ++i)
-    PLUMB_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab, "token {} at position {} is outside the vocabulary [0, {})", tokens[i],
-                st.pos + int64_t(i), c.vocab);
+    PLUMB_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab, "token {} at position {} is outside the vocabulary [0, {})", tokens[i],
+                st.pos + int64_t(i), cfg_.vocab);
 }
-}  // namespace
-
-void Model::check_tokens(const SessionState& st, std::span<const int32_t> tokens) const { check_chunk(cfg_, st, tokens); }
 
 int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                               std::span<const int32_t> history) const {
-  check_chunk(cfg_, st, tokens);
+  check_tokens(st, tokens);
   PLUMB_CHECK(device_ && st.dev, "forward_sample: backend {} samples on the host (Session::forward_sample)", backend_);
   const int32_t id = device_->forward_sample(st, tokens, sampler, history);
   st.pos += int64_t(tokens.size());
@@ -67,7 +67,7 @@ int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens,
 Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
   const auto& c = cfg_;
   const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
-  check_chunk(c, st, tokens);
+  check_tokens(st, tokens);
   if (device_) {
     PLUMB_CHECK(st.dev, "forward: this session's state was not made by the {} backend", backend_);
     Tensor logits = device_->forward(st, tokens, taps);

@@ -27,6 +27,8 @@ struct ModelOptions {
   bool fault_softplus_naive = false;
   bool fault_renorm_unfloored = false;
   bool fault_swiglu_unclamped = false;
+
+  bool operator==(const ModelOptions&) const = default;
 };
 
 }  // namespace plumb
