@@ -6,13 +6,14 @@
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench), NCU=1 (kernel times of one
-# decode step, bench/kernel_times.py). At most 8 files come back.
+# decode step, bench/kernel_times.py), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
+# CARRY=DIR (binaries from DIR instead of build-carry/). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-C=/tmp/plumb-carry  # build-carry/ with the binaries gzipped (the device tool carries at most 64 MiB)
-rm -rf "$C" && cp -r "$PWD/build-carry" "$C" && for f in "$C"/*.gz; do gunzip -f "$f"; done && chmod +x "$C"/plumb*
+C=/tmp/plumb-carry  # build-carry/ (or $CARRY) with the binaries gzipped (the device tool carries at most 64 MiB)
+rm -rf "$C" && cp -r "$PWD/${CARRY:-build-carry}" "$C" && for f in "$C"/*.gz; do gunzip -f "$f"; done && chmod +x "$C"/plumb*
 # cuBLASLt: the toolkit's, or the one PyTorch's wheels carry.
 CUB=$(python3 -c "import nvidia.cublas as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
 export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${CUB:+:$CUB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -43,8 +44,13 @@ note "verify-golden --backend cuda"
 : >"$OUT/golden.txt"
 
 for fx in tests/data/golden/*/ models/tiny/ $extra; do
-  grep -q "official inference" "$fx/golden.json" && continue  # numerics.official is CPU-only
-  for patches in "" "$FAST"; do
+  sets=("" "$FAST")
+  if grep -q "official inference" "$fx/golden.json"; then  # DeepSeek's code: its numerics mode (OFFICIAL=1)
+    [ -n "${OFFICIAL:-}" ] || continue
+    mode=numerics.official; grep -q "initial revision" "$fx/golden.json" && mode=numerics.official_initial
+    sets=("$mode")
+  fi
+  for patches in "${sets[@]}"; do
     timeout 60 "$C/plumb" verify-golden -q --backend cuda ${patches:+--patches $patches} "$fx" >"$OUT/one.txt" 2>&1
     rc=$?
     echo "### $fx [$patches] rc=$rc" >>"$OUT/golden.txt"
