@@ -7,7 +7,7 @@
 # only), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# CARRY=DIR (binaries from DIR instead of build-carry/). At most 8 files come back.
+# CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -77,6 +77,11 @@ if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack
   timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST" \
     --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" ${LAYER_FAST_EXTRA:-} --json "$OUT/layers-fast.json" >"$OUT/layers-fast.txt" 2>&1
   note "layer bench rc=$?"
+  if [ -n "${LAYER_ALT:-}" ]; then  # the same bench with more patches (LAYER_ALT=a,b), for an A/B in one run
+    timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST,$LAYER_ALT" \
+      --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" ${LAYER_FAST_EXTRA:-} >>"$OUT/layers-fast.txt" 2>&1
+    note "layer bench (+$LAYER_ALT) rc=$?"
+  fi
   timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches "${LAYER_REF_BATCHES:-1}" --prefill 0 \
     --iters 3 >"$OUT/layers-ref.txt" 2>&1
   note "layer bench (fp32 twin) rc=$?"
@@ -112,4 +117,4 @@ grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
 [ -f "$OUT/kld.txt" ] && tail -n 20 "$OUT/kld.txt"
 [ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"
 [ -f "$OUT/ncu-step.txt" ] && head -n 200 "$OUT/ncu-step.txt"
-[ -f "$OUT/layers-fast.txt" ] && tail -n 45 "$OUT/layers-fast.txt" && tail -n 25 "$OUT/layers-ref.txt"
+[ -f "$OUT/layers-fast.txt" ] && tail -n 90 "$OUT/layers-fast.txt" && tail -n 25 "$OUT/layers-ref.txt"

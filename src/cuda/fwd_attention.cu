@@ -1,37 +1,11 @@
 // Attention on the GPU: sparse softmax attention with the sink over window + compressed keys, the window ring,
 // the compressor's softmax pooling, the lightning indexer's scores and top-k. Twins of src/model/attention.cpp,
 // compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
-#include "cuda/fwd_common.cuh"
+#include "cuda/attn_keys.cuh"
 
 namespace plumb::cuda::detail {
 
 namespace {
-
-// The keys of query t (position p): j < nwin are the window positions max(0, p-W+1) .. p in ascending order
-// (earlier ones from the ring, this chunk's from chunk_kv); then HCA: the visible entries in order; CSA: the ksel
-// selection slots in order, where a slot of -1 is a hole (no key: logit -inf, probability exactly 0). Holes stay
-// in place instead of being compacted, so a graph's wider selection (-1 slots at the end) sums the same values in
-// the same order as an eager launch.
-struct KeyList {
-  const AttendArgs& a;
-  int t;
-  int64_t pos0, wstart, nwin, count;  // count: window keys + entry slots
-  __device__ KeyList(const AttendArgs& args, int tok) : a(args), t(tok) {
-    pos0 = *a.pos;
-    const int64_t p = pos0 + t;
-    wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
-    count = nwin + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
-  }
-  // The key/value row of slot j, or null for a hole.
-  __device__ const float* row(int64_t j) const {
-    if (j < nwin) {
-      const int64_t q = wstart + j;
-      return q < pos0 ? a.ring + (q % a.window) * a.Dh : a.chunk_kv + (q - pos0) * a.Dh;
-    }
-    const int64_t e = a.type == 1 ? a.sel[int64_t(t) * a.ksel + (j - nwin)] : j - nwin;
-    return e < 0 ? nullptr : a.entries + e * a.Dh;
-  }
-};
 
 // Logits: block (t, h, split) takes every nsplit-th group of 8 keys; warp w its own key of the group: the fp64
 // dot product q . k over Dh (lanes strided), times the scale. Holes get -inf.
@@ -47,11 +21,8 @@ __global__ void attend_logits_kernel(AttendArgs a) {
       if (lane == 0) out[j] = -INFINITY;
       continue;
     }
-    double dot = 0;
-#pragma unroll 4
-    for (int64_t i = lane; i < a.Dh; i += 32) dot += double(qh[i]) * k[i];
-    dot = warp_sum(dot);
-    if (lane == 0) out[j] = float(dot) * a.scale;
+    const float lg = key_logit(qh, k, a.Dh, a.scale);
+    if (lane == 0) out[j] = lg;
   }
 }
 

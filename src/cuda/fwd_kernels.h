@@ -91,6 +91,17 @@ struct AttendArgs {
 // Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and
 // slice of 64 dims.
 void fwd_attend(const AttendArgs& a, Stream s);
+// attn.splitk_decode (fwd_attn_splitk.cu): the same attention split over keys (flash-decoding): block (token,
+// head, split) keeps a running max, fp64 sum and P.V over one contiguous chunk of keys, then a merge with the sink;
+// no logits scratch (`logits`, `ld_logits` unused). The plan: keys per split and splits for up to max_keys keys
+// per query, and the partials' scratch (0 when one split suffices: the split kernel then writes the output).
+struct SplitPlan {
+  int64_t chunk = 0;
+  int splits = 1;
+  size_t scratch_bytes = 0;
+};
+SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys);
+void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);
 

@@ -159,9 +159,14 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.window = W;
   a.scale = 1.0f / std::sqrt(float(Dh));
   a.out = o;
-  a.ld_logits = max_keys;
-  a.logits = sc.f("attn.logits", n * H * max_keys);
-  fwd_attend(a, nullptr);
+  if (w.splitk) {  // attn.splitk_decode: no logits scratch; partials only when a query's keys span splits
+    const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys);
+    fwd_attend_splitk(a, plan, plan.scratch_bytes ? sc.get("attn.split", plan.scratch_bytes) : nullptr, nullptr);
+  } else {
+    a.ld_logits = max_keys;
+    a.logits = sc.f("attn.logits", n * H * max_keys);
+    fwd_attend(a, nullptr);
+  }
   // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position.
   rope.apply(o, n * H, Dh, Dh - rd, dpos, H, true);
   fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);

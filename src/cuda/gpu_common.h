@@ -50,6 +50,7 @@ struct GpuAttn {
   DeviceBuffer q_norm, kv_norm, sink;
   std::unique_ptr<GpuComp> comp, icomp;  // CSA / HCA; CSA's indexer keys
   GMat iwq_b, iweights;                  // CSA indexer: wq_b, weights_proj
+  bool splitk = false;                   // attn.splitk_decode: fwd_attend_splitk instead of fwd_attend
 };
 struct GpuExperts {           // E matrices each of w1, w2, w3 and their descriptors as device arrays
   std::vector<GMat> w1, w2, w3;

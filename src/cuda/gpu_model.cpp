@@ -108,6 +108,7 @@ class GpuForward : public DeviceForward {
       gl.attn.q_norm = upload_tensor(a.q_norm);
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
       gl.attn.sink = upload_tensor(a.sink);
+      gl.attn.splitk = opt_.attn_splitk_decode;
       if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8);
       if (a.indexer) {
         gl.attn.icomp = upload_comp(a.indexer->comp, fp8);

@@ -77,6 +77,16 @@ std::vector<Patch> make_registry() {
                // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_graph = true; }, false, "cuda"});
+  r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
+               "flash-decoding: each (token, head) takes its keys in contiguous chunks (256 per block at decode), keeps "
+               "a running max, fp64 sum and P.V per chunk, then the chunks are merged with the sink; no logits scratch "
+               "and no per-query key limit, so long contexts (HCA: 8K entries at 1M tokens) stay parallel",
+               "a wrong rescale when the running max grows, or a split merged without its max, mis-weights whole "
+               "chunks of keys; the sink must enter the denominator exactly once",
+               // The same logits bit for bit (attn_keys.cuh); only the softmax's normalization order differs from the
+               // unsplit twin: measured <= 1.1e-7 normalized (tests/cuda, 8 key lists up to 8K entries). The tolerance is the
+               // reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.attn_splitk_decode = true; }, false, "cuda"});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",

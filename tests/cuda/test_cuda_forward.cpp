@@ -41,7 +41,7 @@ std::vector<std::string> fp32_fixtures() {
 
 // (fixture, patches): the fp32 twin alone, with the exact MoE patches, and with the tensor-core kernels (they run
 // where the shapes fit: every matrix of kernel-dims, some of tiny-official / official-mixed; the fp32 twin
-// elsewhere), each at its registered tolerance.
+// elsewhere), and the split-K attention on the fp32 twin, each at its registered tolerance.
 class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
@@ -57,10 +57,10 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, GpuGolden,
     ::testing::Combine(::testing::ValuesIn(fp32_fixtures()),
                        ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16")),
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode")),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
-                      std::to_string(info.index % 3);
+                      std::to_string(info.index % 4);
       for (auto& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
@@ -193,6 +193,7 @@ void expect_graph_matches_eager(const std::string& dir, const std::string& patch
 TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16");
+  expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode");
 }
 
 // generate() on backend cuda samples on the GPU (Session::forward_sample): the same tokens as plumb::Sampler on

@@ -1,0 +1,172 @@
+// Sparse decode attention on the GPU: the split-K patch (attn.splitk_decode, fwd_attn_splitk.cu) against the unsplit
+// twin (fwd_attend) and both against an fp64 softmax on the host, over sliding, HCA (long: 8K entries) and CSA
+// (selection holes) key lists, decode and prefill sizes, logits large enough that the running max moves; and the
+// split plan's invariance: a query gives the same bits whether its splits are sized by this step's keys or by a
+// larger bound (what a captured graph uses).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cuda/fwd_kernels.h"
+#include "cuda_test_util.h"
+
+namespace {
+
+using plumb_cuda_test::expect_close;
+using plumb_cuda_test::GpuTest;
+using plumb_cuda_test::Rng;
+namespace d = plumb::cuda::detail;
+using plumb::cuda::DeviceBuffer;
+using plumb::cuda::to_device;
+using plumb::cuda::to_host;
+
+struct Case {
+  const char* name;
+  int type;  // 0 sliding, 1 CSA, 2 HCA
+  int n, Hq;
+  int64_t Dh, window, pos0, rate, ne, ksel;
+  float qscale;  // logit magnitude: large values saturate the softmax and move the running max across tiles
+};
+
+struct Data {
+  std::vector<float> q, kv, ring, entries, sink;
+  std::vector<int64_t> sel;
+};
+
+Data make_data(const Case& c, uint32_t seed) {
+  Rng rng(seed);
+  Data x;
+  x.q = rng.floats(size_t(c.n * c.Hq * c.Dh), -c.qscale, c.qscale);
+  x.kv = rng.floats(size_t(c.n * c.Dh), -1.0f, 1.0f);
+  x.ring = rng.floats(size_t(c.window * c.Dh), -1.0f, 1.0f);
+  x.entries = rng.floats(size_t(std::max<int64_t>(c.ne, 1) * c.Dh), -1.0f, 1.0f);
+  x.sink = rng.floats(size_t(c.Hq), -2.0f, 2.0f);
+  if (c.type == 1) {  // distinct visible entries per token, some slots -1 (holes), in place as the indexer leaves them
+    x.sel.assign(size_t(c.n * c.ksel), -1);
+    for (int t = 0; t < c.n; ++t) {
+      const int64_t visible = std::min((c.pos0 + t + 1) / c.rate, c.ne);
+      for (int64_t j = 0; j < c.ksel && j < visible; ++j)
+        if (rng.integer(0, 9) != 0) x.sel[size_t(t * c.ksel + j)] = rng.integer(0, int(visible - 1));
+    }
+  }
+  return x;
+}
+
+// fp64 softmax with the sink over the query's keys (KeyList's order: window, then entries / selection slots).
+std::vector<float> host_attention(const Case& c, const Data& x) {
+  std::vector<float> out(size_t(c.n * c.Hq * c.Dh));
+  const float scale = 1.0f / std::sqrt(float(c.Dh));
+  for (int t = 0; t < c.n; ++t) {
+    const int64_t p = c.pos0 + t, ws = std::max<int64_t>(0, p - c.window + 1);
+    std::vector<const float*> keys;
+    for (int64_t q = ws; q <= p; ++q)
+      keys.push_back(q < c.pos0 ? &x.ring[size_t((q % c.window) * c.Dh)] : &x.kv[size_t((q - c.pos0) * c.Dh)]);
+    if (c.type == 2)
+      for (int64_t e = 0; e < std::min((p + 1) / c.rate, c.ne); ++e) keys.push_back(&x.entries[size_t(e * c.Dh)]);
+    if (c.type == 1)
+      for (int64_t j = 0; j < c.ksel; ++j) {
+        const int64_t e = x.sel[size_t(t * c.ksel + j)];
+        if (e >= 0) keys.push_back(&x.entries[size_t(e * c.Dh)]);
+      }
+    for (int h = 0; h < c.Hq; ++h) {
+      const float* qh = &x.q[size_t((t * c.Hq + h) * c.Dh)];
+      std::vector<double> lg(keys.size());
+      double m = x.sink[size_t(h)];
+      for (size_t j = 0; j < keys.size(); ++j) {
+        double dot = 0;
+        for (int64_t i = 0; i < c.Dh; ++i) dot += double(qh[i]) * keys[j][i];
+        lg[j] = dot * scale, m = std::max(m, lg[j]);
+      }
+      double s = std::exp(double(x.sink[size_t(h)]) - m);
+      for (double& v : lg) s += (v = std::exp(v - m));
+      for (int64_t i = 0; i < c.Dh; ++i) {
+        double o = 0;
+        for (size_t j = 0; j < keys.size(); ++j) o += lg[j] * keys[j][i];
+        out[size_t((t * c.Hq + h) * c.Dh + i)] = float(o / s);
+      }
+    }
+  }
+  return out;
+}
+
+struct Device {
+  DeviceBuffer q, kv, ring, entries, sink, sel, pos, out;
+  d::AttendArgs a;
+  Device(const Case& c, const Data& x) {
+    q = to_device(x.q), kv = to_device(x.kv), ring = to_device(x.ring), entries = to_device(x.entries);
+    sink = to_device(x.sink), pos = to_device(std::vector<int64_t>{c.pos0});
+    out = DeviceBuffer(x.q.size() * 4);
+    if (c.type == 1) sel = to_device(x.sel);
+    a.q = q.as<float>(), a.chunk_kv = kv.as<float>(), a.ring = ring.as<float>(), a.entries = entries.as<float>();
+    a.sel = c.type == 1 ? sel.as<int64_t>() : nullptr;
+    a.sink = sink.as<float>(), a.pos = pos.as<int64_t>();
+    a.n = c.n, a.Hq = c.Hq, a.ksel = int(c.ksel), a.type = c.type;
+    a.Dh = c.Dh, a.window = c.window, a.ne = c.ne, a.rate = c.rate;
+    a.scale = 1.0f / std::sqrt(float(c.Dh));
+    a.out = out.as<float>();
+  }
+  std::vector<float> result() { return to_host<float>(out, size_t(a.n) * size_t(a.Hq) * size_t(a.Dh)); }
+};
+
+int64_t max_keys(const Case& c) { return c.window + (c.type == 2 ? c.ne : c.type == 1 ? c.ksel : 0); }
+
+std::vector<float> run_twin(const Case& c, Device& dv) {
+  DeviceBuffer logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
+  dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
+  d::fwd_attend(dv.a, nullptr);
+  return dv.result();
+}
+
+std::vector<float> run_split(const Case& c, Device& dv, int64_t bound, int* splits = nullptr) {
+  const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound);
+  DeviceBuffer scratch(std::max<size_t>(plan.scratch_bytes, 8));
+  dv.a.logits = nullptr, dv.a.ld_logits = 0;
+  d::fwd_attend_splitk(dv.a, plan, scratch.get(), nullptr);
+  if (splits) *splits = plan.splits;
+  return dv.result();
+}
+
+const Case kCases[] = {
+    {"sliding, decode", 0, 1, 8, 512, 128, 1000, 1, 0, 0, 1.0f},
+    {"sliding, start of sequence", 0, 3, 4, 512, 128, 0, 1, 0, 0, 1.0f},
+    {"HCA, 8K entries, decode", 2, 1, 4, 512, 128, 32767, 4, 8192, 0, 1.0f},
+    {"HCA, 8K entries, saturated", 2, 2, 4, 512, 128, 32766, 4, 8192, 0, 8.0f},
+    {"CSA with holes", 1, 4, 8, 512, 128, 4000, 4, 1000, 512, 3.0f},
+    {"CSA, head_dim 192", 1, 2, 4, 192, 64, 700, 4, 175, 96, 1.0f},
+    {"HCA, prefill of 300 tokens", 2, 300, 2, 512, 128, 2000, 16, 144, 0, 2.0f},
+    {"sliding, 24 tokens", 0, 24, 4, 512, 128, 500, 1, 0, 0, 4.0f},
+};
+
+TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
+  for (const Case& c : kCases) {
+    const Data x = make_data(c, 7u + unsigned(c.n * 131 + c.type));
+    Device dv(c, x);
+    const auto twin = run_twin(c, dv);
+    int S = 0;
+    const auto split = run_split(c, dv, max_keys(c), &S);
+    const auto ref = host_attention(c, x);
+    std::printf("%s: %d splits of <= %lld keys\n", c.name, S, (long long)d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, max_keys(c)).chunk);
+    expect_close(std::string(c.name) + ", split-K vs unsplit twin", split, twin, c.Dh, 1e-6);
+    // Against fp64 logits: both round each logit to float (the reference's fp32 scores), ~1e-7 of its size.
+    expect_close(std::string(c.name) + ", split-K vs host fp64", split, ref, c.Dh, 2e-6);
+    expect_close(std::string(c.name) + ", unsplit twin vs host fp64", twin, ref, c.Dh, 2e-6);
+  }
+}
+
+// Graph mode sizes the grid by the caches' capacity: more (empty) splits must not change a bit.
+TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
+  for (const Case& c : kCases) {
+    if (c.n > 256) continue;  // longer chunks never run as graphs (their plan depends on the bound)
+    const Data x = make_data(c, 99u + unsigned(c.n));
+    Device dv(c, x);
+    int s_exact = 0, s_wide = 0;
+    const auto exact = run_split(c, dv, max_keys(c), &s_exact);
+    const auto wide = run_split(c, dv, max_keys(c) * 3 + 700, &s_wide);
+    ASSERT_GT(s_wide, s_exact) << c.name;
+    for (size_t i = 0; i < exact.size(); ++i)
+      ASSERT_EQ(std::memcmp(&exact[i], &wide[i], 4), 0) << c.name << ": element " << i << " " << exact[i] << " (" << s_exact
+                                                        << " splits) vs " << wide[i] << " (" << s_wide << " splits)";
+  }
+}
+
+}  // namespace
