@@ -40,4 +40,16 @@ __device__ __forceinline__ float key_logit(const float* q, const float* k, int64
   return float(warp_sum(dot)) * scale;
 }
 
+// Two keys' logits in lockstep (their loads overlap), each summed in key_logit's order: the same bits as two calls.
+__device__ __forceinline__ void key_logit2(const float* q, const float* k0, const float* k1, int64_t Dh, float scale, float& l0,
+                                           float& l1) {
+  double d0 = 0, d1 = 0;
+#pragma unroll 4
+  for (int64_t i = threadIdx.x & 31; i < Dh; i += 32) {
+    const double qi = q[i];
+    d0 += qi * k0[i], d1 += qi * k1[i];
+  }
+  l0 = float(warp_sum(d0)) * scale, l1 = float(warp_sum(d1)) * scale;
+}
+
 }  // namespace plumb::cuda::detail

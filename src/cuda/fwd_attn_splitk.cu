@@ -39,12 +39,14 @@ struct Merge {
   }
 };
 
-// Block (t, h) x split s, 256 threads: keys [s * chunk, min((s + 1) * chunk, count)) in tiles of 64. Per tile a
-// warp per key computes the logit (key_logit: the twin's fp64 dot product), every thread takes the tile's max from
-// shared memory (the same value in each thread), rescales its running state when the max grows, and adds
-// p = exp(logit - m) (a hole: p = 0 on the query row as a dummy) times the thread's dims d = tid + 256 u.
+// Block (t, h) x split s, 256 threads: keys [s * chunk, min((s + 1) * chunk, count)) in tiles of 64. Per tile
+// each warp computes 8 logits two at a time (key_logit2: the twin's fp64 dot products), slots past the split's end
+// become holes; every thread takes the tile's max from shared memory (the same value in each thread), rescales
+// its running state when the max grows, and adds p = exp(logit - m) (a hole: p = 0 on the query row as a dummy,
+// adding exact zeros) times the thread's dims d = tid + 256 u, the rows of 8 keys loaded before their products.
 // direct: S == 1, so the block also merges with the sink and writes the output.
 __global__ void __launch_bounds__(kThreads) attend_split_kernel(AttendArgs a, Partials P, int64_t chunk, int S, int direct) {
+  constexpr int kGroup = 8;
   __shared__ float lg[kTile];
   __shared__ const float* krow[kTile];
   const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq, s = blockIdx.y;
@@ -56,14 +58,18 @@ __global__ void __launch_bounds__(kThreads) attend_split_kernel(AttendArgs a, Pa
   double l = 0, acc[kMaxDimsPerThread] = {};
   for (int64_t b = j0; b < j1; b += kTile) {
     const int nt = int(min(int64_t(kTile), j1 - b));
-    for (int i = wid; i < nt; i += nwarps) {
-      const float* k = keys.row(b + i);
-      const float v = k ? key_logit(qh, k, a.Dh, a.scale) : -INFINITY;
-      if (lane == 0) lg[i] = v, krow[i] = k ? k : qh;
+    for (int i = 2 * wid; i < kTile; i += 2 * nwarps) {
+      const float* k0 = i < nt ? keys.row(b + i) : nullptr;
+      const float* k1 = i + 1 < nt ? keys.row(b + i + 1) : nullptr;
+      float l0 = -INFINITY, l1 = -INFINITY;
+      if (k0 && k1) key_logit2(qh, k0, k1, a.Dh, a.scale, l0, l1);
+      else if (k0) l0 = key_logit(qh, k0, a.Dh, a.scale);
+      else if (k1) l1 = key_logit(qh, k1, a.Dh, a.scale);
+      if (lane == 0) lg[i] = l0, krow[i] = k0 ? k0 : qh, lg[i + 1] = l1, krow[i + 1] = k1 ? k1 : qh;
     }
     __syncthreads();
     float tmax = m;
-    for (int i = 0; i < nt; ++i) tmax = fmaxf(tmax, lg[i]);
+    for (int i = 0; i < kTile; ++i) tmax = fmaxf(tmax, lg[i]);
     if (tmax > m) {  // never true for a tile of holes only (tmax stays -inf)
       const double f = m == -INFINITY ? 0.0 : double(expf(m - tmax));
       l *= f;
@@ -71,14 +77,23 @@ __global__ void __launch_bounds__(kThreads) attend_split_kernel(AttendArgs a, Pa
       for (int u = 0; u < kMaxDimsPerThread; ++u) acc[u] *= f;
       m = tmax;
     }
-    for (int i = 0; i < nt; ++i) {
-      const float p = lg[i] == -INFINITY ? 0.0f : expf(lg[i] - m);
-      l += double(p);
-      const float* k = krow[i];
+    const int ng = (nt + kGroup - 1) / kGroup * kGroup;  // whole groups: the padding slots are holes
+    for (int i0 = 0; i0 < ng; i0 += kGroup) {
+      float v[kGroup][kMaxDimsPerThread];
 #pragma unroll
-      for (int u = 0; u < kMaxDimsPerThread; ++u) {
-        const int64_t d = threadIdx.x + int64_t(u) * kThreads;
-        if (d < a.Dh) acc[u] += double(p) * k[d];
+      for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+        for (int u = 0; u < kMaxDimsPerThread; ++u) {
+          const int64_t d = threadIdx.x + int64_t(u) * kThreads;
+          v[g][u] = d < a.Dh ? krow[i0 + g][d] : 0.0f;
+        }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const float x = lg[i0 + g];
+        const float p = x == -INFINITY ? 0.0f : expf(x - m);
+        l += double(p);
+#pragma unroll
+        for (int u = 0; u < kMaxDimsPerThread; ++u) acc[u] += double(p) * v[g][u];
       }
     }
     __syncthreads();  // lg / krow are rewritten by the next tile
@@ -117,11 +132,11 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
   // Up to 256 tokens (the graph-captured chunks) the chunk depends on n only, so an eager step (S from this step's
-  // keys) and a graph (S from the capacity) split each query's keys identically. Decode (n <= 8): 256 keys per
-  // split, enough blocks at one token; up to 256 tokens: 1024. Longer (prefill, eager only): few splits, partials
+  // keys) and a graph (S from the capacity) split each query's keys identically. Decode (n <= 8): one tile of 64
+  // keys per split, so one token's 64 heads x 640 keys make 640 blocks; up to 256 tokens: 1024 keys. Longer (prefill, eager only): few splits, partials
   // kept under 256 MB.
   if (n <= 256) {
-    p.chunk = n <= 8 ? 256 : 1024;
+    p.chunk = n <= 8 ? kTile : 1024;
   } else {
     const int64_t cap = std::max<int64_t>(1, (int64_t(256) << 20) / bytes_per_split);
     const int64_t S = std::min(std::max<int64_t>(1, (max_keys + 1023) / 1024), cap);

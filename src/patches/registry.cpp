@@ -78,7 +78,7 @@ std::vector<Patch> make_registry() {
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_graph = true; }, false, "cuda"});
   r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
-               "flash-decoding: each (token, head) takes its keys in contiguous chunks (256 per block at decode), keeps "
+               "flash-decoding: each (token, head) takes its keys in contiguous chunks (64 per block at decode), keeps "
                "a running max, fp64 sum and P.V per chunk, then the chunks are merged with the sink; no logits scratch "
                "and no per-query key limit, so long contexts (HCA: 8K entries at 1M tokens) stay parallel",
                "a wrong rescale when the running max grows, or a split merged without its max, mis-weights whole "
