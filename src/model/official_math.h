@@ -1,15 +1,11 @@
 // The official kernels' quantization constants and power-of-two scale rule, shared by the CPU emulation
-// (model/numerics.cpp) and the CUDA backend's official numerics (cuda/fwd_official.cu). Includes no plumb header, so
-// nvcc compiles it too (__host__ __device__ there), like model/hc_math.h.
+// (model/numerics.cpp) and the CUDA backend's official numerics (cuda/fwd_official.cu). Includes no plumb header but
+// host_device.h, so nvcc compiles it too (__host__ __device__ there), like model/hc_math.h.
 #pragma once
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define PLUMB_HD __host__ __device__
-#else
-#define PLUMB_HD
-#endif
+#include "model/host_device.h"
 
 namespace plumb::official_math {
 
