@@ -2,6 +2,7 @@
 // the compressor's softmax pooling, the lightning indexer's scores and top-k. Twins of src/model/attention.cpp,
 // compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
 #include "cuda/attn_keys.cuh"
+#include "cuda/official.cuh"
 
 namespace plumb::cuda::detail {
 
@@ -85,6 +86,52 @@ __global__ void attend_out_kernel(AttendArgs a) {
   }
 }
 
+// numerics.official (model/attention.cpp attend()): block (t, h, dim slice of 64), a thread per dim. Keys in blocks of
+// 64: thread 0 takes the block's max, the rescale alpha = exp(m_old - m_new), the probabilities (float sum in key
+// order) and l = fma(l, alpha, psum); each thread then sums bf16(p_j) * v_j[d] over the block in fp64 and folds it in
+// as float(float(acc) * alpha) + float(blk). The sink joins the denominator at the end; the output is bf16. A hole
+// (-1 slot) has p = 0 and adds nothing; holes trail the selection, so the blocks are the CPU's compacted ones.
+constexpr int kOffBlock = 64;
+__global__ void attend_out_official_kernel(AttendArgs a) {
+  __shared__ float pb[kOffBlock];
+  __shared__ float alpha_s;
+  const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq;
+  const KeyList keys(a, t);
+  const float* lg = a.logits + int64_t(th) * a.ld_logits;
+  const int64_t dim = int64_t(blockIdx.y) * kOffBlock + threadIdx.x;
+  float m_run = -INFINITY, l_run = 0;  // thread 0's
+  double acc = 0;
+  for (int64_t b0 = 0; b0 < keys.count; b0 += kOffBlock) {
+    const int64_t b1 = min(keys.count, b0 + kOffBlock);
+    if (threadIdx.x == 0) {
+      float m_new = m_run;
+      for (int64_t j = b0; j < b1; ++j) m_new = fmaxf(m_new, lg[j]);
+      const float alpha = expf(m_run - m_new);
+      float psum = 0;
+      for (int64_t j = b0; j < b1; ++j) {
+        const float p = expf(lg[j] - m_new);
+        psum = __fadd_rn(psum, p);
+        pb[j - b0] = bf16r(p);
+      }
+      l_run = fmaf(l_run, alpha, psum);
+      m_run = m_new;
+      alpha_s = alpha;
+    }
+    __syncthreads();
+    if (dim < a.Dh) {
+      double blk = 0;
+      for (int64_t j = b0; j < b1; ++j)
+        if (const float* k = keys.row(j)) blk += double(pb[j - b0]) * k[dim];
+      acc = double(__fadd_rn(__fmul_rn(float(acc), alpha_s), float(blk)));
+    }
+    __syncthreads();
+  }
+  __shared__ float l_s;
+  if (threadIdx.x == 0) l_s = __fadd_rn(l_run, expf(a.sink[h] - m_run));
+  __syncthreads();
+  if (dim < a.Dh) a.out[int64_t(th) * a.Dh + dim] = bf16r(__fdiv_rn(float(acc), l_s));
+}
+
 __global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, const int64_t* pos, int64_t W, float* ring) {
   const int64_t first = max(int64_t(0), int64_t(n) - W);  // only the last W rows can be needed later
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -161,11 +208,28 @@ __global__ void compress_finish_kernel(CompressArgs a) {
   const int64_t w = completed_window(a, *a.pos, blockIdx.x);
   if (w < 0) return;
   float* e = a.entries + w * a.c;
+  // numerics.official: the pooled entry, the normed entry and its rotated dims stored as bf16 (Numerics::act,
+  // rms_norm, rope), then the indexer rotation or the FP8 KV simulation of the nope dims.
+  if (a.official) {
+    for (int64_t i = threadIdx.x; i < a.c; i += blockDim.x) e[i] = bf16r(e[i]);
+    __syncthreads();
+  }
   rms_norm_row(e, a.c, a.norm, a.eps, sh);
   __syncthreads();
+  if (a.official) {
+    for (int64_t i = threadIdx.x; i < a.c; i += blockDim.x) e[i] = bf16r(e[i]);
+    __syncthreads();
+  }
   const int64_t off = a.c - 2 * a.rope_half;
-  for (int k = threadIdx.x; k < a.rope_half; k += blockDim.x)
+  for (int k = threadIdx.x; k < a.rope_half; k += blockDim.x) {
     rope_pair(e + off + 2 * k, w * a.m, a.inv_freq[k], a.attention_factor, 0);
+    if (a.official) e[off + 2 * k] = bf16r(e[off + 2 * k]), e[off + 2 * k + 1] = bf16r(e[off + 2 * k + 1]);
+  }
+  if (!a.official) return;
+  __syncthreads();
+  __shared__ float y[kHadamardMax];
+  if (a.rotate) indexer_rotate_row(e, a.c, y);
+  else if (a.kv_fp8) fp8_roundtrip_row(e, off, official_math::kKvBlock);
 }
 
 // CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window. Runs
@@ -229,11 +293,14 @@ __global__ void index_scores_kernel(IndexArgs a) {
         for (int u = 0; u < kU; ++u)
           if (b + u < dh) dot += double(qh[b + u]) * k[u];
       }
-      v = fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
+      if (a.official)  // bf16 einsum, relu, bf16 product with the (scaled, bf16) weights
+        v = bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), a.hw[int64_t(t) * a.nh + h]));
+      else
+        v = fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
     }
     for (int l = 0; l < 32 && h0 + l < a.nh; ++l) acc += __shfl_sync(0xFFFFFFFFu, v, l);
   }
-  if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = float(acc);
+  if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = a.official ? bf16r(float(acc)) : float(acc);
 }
 
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
@@ -261,6 +328,11 @@ void fwd_attend(const AttendArgs& a, Stream s) {
   const unsigned rows = unsigned(a.n * a.Hq);
   attend_logits_kernel<<<dim3(rows, kAttnSplit), 256, 0, s>>>(a);
   check_launch("fwd_attend_logits");
+  if (a.official) {
+    attend_out_official_kernel<<<dim3(rows, unsigned(fwd_blocks(a.Dh, kOffBlock))), kOffBlock, 0, s>>>(a);
+    check_launch("fwd_attend_out_official");
+    return;
+  }
   const size_t smem = size_t(a.ld_logits) * (sizeof(float*) + sizeof(float));
   if (smem > 48 * 1024) {
     if (smem > 200 * 1024) throw_arg("attention: too many keys per query for one block's shared memory");
@@ -286,6 +358,7 @@ void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.nw_max > 0) {
     pool_kernel<<<dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw_max)), 128, 0, s>>>(a);
     check_launch("fwd_compress_pool");
+    if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
     compress_finish_kernel<<<unsigned(a.nw_max), 256, 0, s>>>(a);
     check_launch("fwd_compress_finish");
     if (a.overlap) {

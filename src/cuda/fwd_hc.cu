@@ -1,7 +1,7 @@
 // Manifold-constrained hyper-connections on the GPU: hc_pre (norm, the (2+H)*H mixes over H*D, then the sigmoid
 // gates and Sinkhorn of model/hc_math.h, the same code the CPU reference runs, and the collapse), hc_post
 // elementwise. Twin of src/model/hyper_connection.cpp: fp64 dot products.
-#include "cuda/fwd_common.cuh"
+#include "cuda/official.cuh"
 #include "model/hc_math.h"
 
 namespace plumb::cuda::detail {
@@ -47,7 +47,12 @@ __global__ void hc_mix_kernel(HcArgs a, const double* ssp, double* mixp, int nmi
   int64_t b, e;
   slice_of(hd, s, b, e);
   double acc = 0;
-  for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += double(float(double(xt[i]) * r)) * f[i];
+  if (a.mix_mode == 2)  // official: x . fn, times r in hc_finish
+    for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += double(xt[i]) * f[i];
+  else if (a.mix_mode == 1)  // mhc.bf16_mix
+    for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += double(bf16r(float(double(xt[i]) * r))) * bf16r(f[i]);
+  else
+    for (int64_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += double(float(double(xt[i]) * r)) * f[i];
   acc = block_sum(acc, sh);
   if (threadIdx.x == 0) mixp[(int64_t(t) * nmix + o) * kHcSplit + s] = acc;
 }
@@ -89,7 +94,7 @@ __device__ void sinkhorn_warp(const float* mix, const float* scale, const float*
 
 // One block per (D slice, token): the pre weights (every block), post and the Sinkhorn-normalized comb (the first
 // block of the token), then this slice of the collapse sum_j pre_j * x_j.
-__global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
+__global__ void hc_finish_kernel(HcArgs a, const double* ssp, const double* mixp, int nmix) {
   __shared__ float pre[8], mix[kMaxMix];
   const int t = blockIdx.y, H = a.H;
   const float* xt = a.X + int64_t(t) * H * a.D;
@@ -99,6 +104,12 @@ __global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
     double acc = 0;
     for (int i = 0; i < kHcSplit; ++i) acc += mixp[(int64_t(t) * nmix + threadIdx.x) * kHcSplit + i];
     mix[threadIdx.x] = float(acc);
+    if (a.mix_mode == 2) {  // official: float(x . fn) * float(r), r from the same partials in the same order
+      double ss = 0;
+      for (int i = 0; i < kHcSplit; ++i) ss += ssp[int64_t(t) * kHcSplit + i];
+      const double r = 1.0 / sqrt(ss / double(int64_t(H) * a.D) + a.rms_eps);
+      mix[threadIdx.x] = __fmul_rn(float(acc), float(r));
+    }
   }
   __syncthreads();
   // post and comb once per token (the first D slice); every slice needs pre for its collapse.
@@ -120,11 +131,11 @@ __global__ void hc_finish_kernel(HcArgs a, const double* mixp, int nmix) {
   if (d >= a.D) return;
   float acc = 0;
   for (int j = 0; j < H; ++j) acc = __fadd_rn(acc, __fmul_rn(pre[j], xt[j * a.D + d]));
-  a.collapsed[int64_t(t) * a.D + d] = acc;
+  a.collapsed[int64_t(t) * a.D + d] = a.act_bf16 ? bf16r(acc) : acc;
 }
 
 __global__ void hc_post_kernel(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D,
-                               int untransposed, float* out) {
+                               int untransposed, int act_bf16, float* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * H * D) return;
   const int64_t d = i % D, k = (i / D) % H, t = i / (D * H);
@@ -135,7 +146,7 @@ __global__ void hc_post_kernel(const float* y, const float* X, const float* post
     const float c = untransposed ? C[k * H + j] : C[j * H + k];
     acc = __fadd_rn(acc, __fmul_rn(c, X[(t * H + j) * D + d]));
   }
-  out[i] = acc;
+  out[i] = act_bf16 ? bf16r(acc) : acc;
 }
 
 }  // namespace
@@ -152,15 +163,15 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   check_launch("fwd_hc_ss");
   hc_mix_kernel<<<dim3(unsigned(nmix), kHcSplit, unsigned(a.n)), 256, 0, s>>>(a, ssp, mixp, nmix);
   check_launch("fwd_hc_mix");
-  hc_finish_kernel<<<dim3(unsigned(fwd_blocks(a.D, 256)), unsigned(a.n)), 256, 0, s>>>(a, mixp, nmix);
+  hc_finish_kernel<<<dim3(unsigned(fwd_blocks(a.D, 256)), unsigned(a.n)), 256, 0, s>>>(a, ssp, mixp, nmix);
   check_launch("fwd_hc_finish");
 }
 
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,
-                 float* out, Stream s) {
+                 float* out, Stream s, int act_bf16) {
   const int64_t total = int64_t(n) * H * D;
   if (total <= 0) return;
-  hc_post_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(y, X, post, comb, n, H, D, untransposed, out);
+  hc_post_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(y, X, post, comb, n, H, D, untransposed, act_bf16, out);
   check_launch("fwd_hc_post");
 }
 

@@ -56,6 +56,10 @@ struct HcArgs {
   double rms_eps = 0;
   int head = 0;  // hc_head: only the pre weights and the collapse
   int serial_sinkhorn = 0;  // tests: one thread runs hc_math::weights (the warp-parallel Sinkhorn's twin)
+  // The mixing GEMM (model/hyper_connection.cpp mixes()): 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
+  // bf16(x * r) . bf16(fn); 2 numerics.official, (x . fn) * r (the norm after the GEMM). fp64 sums in every mode.
+  int mix_mode = 0;
+  int act_bf16 = 0;  // numerics.official: the collapse stored as bf16
   float* post = nullptr;       // [n, H]
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]
@@ -63,9 +67,10 @@ struct HcArgs {
 // scratch: fwd_hc_scratch_doubles(n, H) doubles (partial sums between the launches).
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
-// out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault).
+// out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault);
+// act_bf16 (numerics.official): stored as bf16.
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,
-                 float* out, Stream s);
+                 float* out, Stream s, int act_bf16 = 0);
 
 // ---- attention (fwd_attention.cu) ----
 // Position-dependent kernels read the chunk's first position from device memory (`pos`), so one launch sequence
@@ -86,6 +91,9 @@ struct AttendArgs {
   float* logits = nullptr;  // scratch [n * Hq, ld_logits]; ld_logits >= window + (HCA: ne, CSA: ksel)
   int64_t ld_logits = 0;
   float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated
+  // numerics.official: the sparse_attn kernel's online softmax over blocks of 64 keys, probabilities rounded to
+  // bf16 before P.V, the output stored as bf16 (model/attention.cpp attend()).
+  int official = 0;
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
 // Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and
@@ -127,6 +135,9 @@ struct CompressArgs {
   double eps = 0;
   float attention_factor = 1;
   float* entries = nullptr;
+  // numerics.official (model/compressor.cpp): the pooled entry, its norm and its RoPE stored as bf16, then the
+  // indexer's rotation (rotate: Hadamard + FP4) or the FP8 KV simulation of the nope dims (kv_fp8).
+  int official = 0, rotate = 0, kv_fp8 = 0;
 };
 // Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash.
 void fwd_compress(const CompressArgs& a, Stream s);
@@ -143,10 +154,42 @@ struct IndexArgs {
   int n = 0, nh = 0, k_cap = 0, topk = 0;
   int64_t dh = 0, ne_cap = 0, rate = 1;  // ne_cap: bound on ne and the row stride of scores
   float qscale = 1, wscale = 1;
+  // numerics.official (model/indexer.cpp): s = bf16(sum_h bf16(relu(bf16(q.k)) * hw)), hw already scaled and bf16;
+  // qscale and wscale unused.
+  int official = 0;
   float* scores = nullptr;  // [n, ne_cap]
   int64_t* sel = nullptr;   // [n, k_cap]
 };
 void fwd_indexer(const IndexArgs& a, Stream s);
+
+// ---- official numerics (fwd_official.cu): the device twins of model/numerics.h's primitives ----
+// x[r * ld + off + i] = bf16(x[...]) for r < rows, i < width (Numerics::act).
+void fwd_act(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width, Stream s);
+// act_quant: q[r, :] = E4M3(x[r, :] / s) (the code's value) with s = sa[r, b] the power-of-two scale of 128-block b
+// (official::fp8_quant_block). q [rows, K], sa [rows, ceil(K / 128)].
+void fwd_act_quant(const float* x, int64_t rows, int64_t K, int64_t ldx, float* q, float* sa, Stream s);
+// y[i * ldy + r] for slot i < nslots, row r0 + r < r0 + nr, slot i reading input row i / x_div, matrix
+// mats[idx[i]] (idx null: mats[0]; mats null: w):
+//   bf16 = 0, FP8/FP4 weights: Numerics::proj's block-scaled GEMM on (q, sa): exact products summed per weight
+//     block (128 / 32 columns), rounded to fp32, scaled and accumulated with one fma per block in K order, bf16 out;
+//   bf16 = 1 or plain weights: ops::linear_rows_bf16w: x . bf16(W) in fp64, x and y rounded to bf16 iff round_io.
+struct OfficialLinearArgs {
+  DMat w;
+  const DMat* mats = nullptr;   // device array, or null
+  const int32_t* idx = nullptr; // [nslots], or null
+  int nslots = 0, x_div = 1, bf16 = 0, round_io = 1;
+  const float* x = nullptr;     // [nslots / x_div, K], rows ldx apart
+  const float* q = nullptr, *sa = nullptr;  // fwd_act_quant of x (bf16 = 0)
+  int64_t ldx = 0, r0 = 0, nr = 0, ldy = 0;
+  float* y = nullptr;
+};
+void fwd_linear_official(const OfficialLinearArgs& a, Stream s);
+// Numerics::head_rms in official mode: per group of dim values, the bf16 square / mean / rsqrt / product.
+void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s);
+// official::fp8_roundtrip of x[r * ld .. + n) in blocks of `block` (the FP8 KV simulation), each row.
+void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block, Stream s);
+// Numerics::indexer_rotate of each row x[r * n .. + n): Hadamard (n <= 1024) then the FP4 simulation.
+void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s);
 
 // ---- MoE (fwd_moe.cu) ----
 struct RouteArgs {

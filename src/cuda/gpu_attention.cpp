@@ -19,7 +19,7 @@ int64_t comp_width(const GpuComp& w) { return w.overlap ? 2 * w.dim : w.dim; }
 // Projects this chunk's compressor rows and runs the compressor step on the device (CompressArgs): completed
 // windows become entries (pooled, RMS-normed, rotated at position entry * m), the rest stay pending.
 void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const float* x, int n, const Step& step, GpuCompState& st,
-                     Scratch& sc) {
+                     Scratch& sc, const GpuNumerics& nm, bool rotate) {
   const int64_t m = w.rate, c = w.dim, width = comp_width(w), D = w.wkv.d.cols;
   // This chunk's rows; shared by every compressor (each one's rows are consumed before the next one projects).
   float* rkv = sc.f("comp.kv", n * width);
@@ -36,6 +36,8 @@ void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const fl
   a.nw_max = int(step.bounds ? (n + m - 1) / m : (step.pos0 + n) / m - step.pos0 / m);
   a.rope_half = rope.dim / 2, a.attention_factor = rope.attention_factor, a.eps = eps;
   a.entries = st.entries.as<float>();
+  // Official: the entries' bf16 storage, then the indexer's rotation (its keys) or the FP8 KV simulation.
+  a.official = nm.official(), a.rotate = rotate, a.kv_fp8 = nm.official() && !nm.official_initial();
   fwd_compress(a, nullptr);
 }
 
@@ -71,7 +73,7 @@ void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& s
 }
 
 void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, int n, const Step& step,
-                   GpuLayerState& st, Scratch& sc, const Tap& tap, float* out) {
+                   GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out) {
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora, pos0 = step.pos0;
   const int64_t* dpos = step.dpos;
   reserve_attention_state(w, pos0 + n, st, sc);  // no-op when the step was prepared (graph mode)
@@ -80,19 +82,20 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   std::optional<OpRegion> region(std::in_place, tm, "attn.q_kv");
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
   float* qr = sc.f("attn.qr", n * QL);
-  linear(w.wq_a, x, n, D, qr, QL, sc);
-  fwd_rms_norm(qr, n, QL, QL, f32(w.q_norm), c.rms_eps, nullptr);
+  nm.proj(w.wq_a, x, n, D, qr, QL, sc);
+  nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps);
   float* q = sc.f("attn.q", n * H * Dh);
-  linear(w.wq_b, qr, n, QL, q, H * Dh, sc);
-  fwd_rms_norm(q, n * H, Dh, Dh, nullptr, c.rms_eps, nullptr);
-  rope.apply(q, n * H, Dh, Dh - rd, dpos, H, false);
+  nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc);
+  nm.head_rms(q, n * H, Dh, c.rms_eps);
+  nm.rope(rope, q, n * H, Dh, Dh - rd, dpos, H, false);
   tap_put(tap, "attn.q", q, {n, H, Dh});
 
-  // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims.
+  // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
   float* kv = sc.f("attn.kv", n * Dh);
-  linear(w.wkv, x, n, D, kv, Dh, sc);
-  fwd_rms_norm(kv, n, Dh, Dh, f32(w.kv_norm), c.rms_eps, nullptr);
-  rope.apply(kv, n, Dh, Dh - rd, dpos, 1, false);
+  nm.proj(w.wkv, x, n, D, kv, Dh, sc);
+  nm.rms_norm(kv, n, Dh, f32(w.kv_norm), c.rms_eps);
+  nm.rope(rope, kv, n, Dh, Dh - rd, dpos, 1, false);
+  nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
   tap_put(tap, "attn.kv", kv, {n, Dh});
 
   AttendArgs a;
@@ -101,22 +104,27 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
   region.emplace(tm, "attn.compressor");
   if (type != AttnType::Sliding) {
-    compressor_step(*w.comp, rope, c.rms_eps, x, n, step, st.comp, sc);
+    compressor_step(*w.comp, rope, c.rms_eps, x, n, step, st.comp, sc, nm, /*rotate=*/false);
     a.entries = st.comp.entries.as<float>();
     a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
     a.rate = w.comp->rate;
     if (type == AttnType::HCA) max_keys += a.ne;
   }
   if (type == AttnType::CSA) {
-    compressor_step(*w.icomp, rope, c.rms_eps, x, n, step, st.icomp, sc);
+    compressor_step(*w.icomp, rope, c.rms_eps, x, n, step, st.icomp, sc, nm, /*rotate=*/true);
     region.emplace(tm, "attn.indexer");
     const int64_t nh = c.index_heads, dh = c.index_head_dim;
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
     float* iq = sc.f("attn.index.q", n * nh * dh);
-    linear(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
-    rope.apply(iq, n * nh, dh, dh - rd, dpos, nh, false);
+    nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
+    nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
+    nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
     float* hw = sc.f("attn.index.w", n * nh);
-    linear(w.iweights, x, n, D, hw, nh, sc);
+    nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
+    if (nm.official()) {  // official: weights_proj(x) * (dh^-1/2 * nh^-1/2), one bf16 tensor
+      fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr);
+      nm.act(hw, n * nh);
+    }
     IndexArgs ia;
     ia.q = iq;
     ia.keys = st.icomp.entries.as<float>();
@@ -131,6 +139,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     ia.rate = w.icomp->rate;
     ia.qscale = 1.0f / std::sqrt(float(dh));
     ia.wscale = 1.0f / std::sqrt(float(nh));
+    ia.official = nm.official();
     ia.scores = sc.f("attn.index.scores", n * ne);
     ia.sel = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(n) * size_t(std::max(ia.k_cap, 1)) * 8));
     fwd_indexer(ia, nullptr);
@@ -159,7 +168,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.window = W;
   a.scale = 1.0f / std::sqrt(float(Dh));
   a.out = o;
-  if (w.splitk) {  // attn.splitk_decode: no logits scratch; partials only when a query's keys span splits
+  a.official = nm.official();
+  if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
+                   // when a query's keys span splits
     const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys);
     fwd_attend_splitk(a, plan, plan.scratch_bytes ? sc.get("attn.split", plan.scratch_bytes) : nullptr, nullptr);
   } else {
@@ -168,7 +179,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     fwd_attend(a, nullptr);
   }
   // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position.
-  rope.apply(o, n * H, Dh, Dh - rd, dpos, H, true);
+  nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
   fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 
   region.emplace(tm, "attn.out_proj");
@@ -178,8 +189,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   if (w.wo_a.fp8 && R % 128 == 0)
     fp8_linear_grouped(*w.wo_a.fp8, int(G), o, cuda::Act::F32, n, mid, sc.ws);
   else
-    for (int64_t g = 0; g < G; ++g) fwd_linear(w.wo_a.d, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R, nullptr);
-  linear(w.wo_b, mid, n, G * R, out, D, sc);
+    for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
+  nm.proj(w.wo_b, mid, n, G * R, out, D, sc);
   region.reset();
   tap_io(tap, "attn.out", out, {n, D});
 }

@@ -6,6 +6,7 @@
 #include "cuda/gpu_attention.h"
 #include "cuda/gpu_common.h"
 #include "cuda/gpu_moe.h"
+#include "cuda/gpu_numerics.h"
 #include "cuda/sample.h"
 #include "plumb/text.h"
 
@@ -51,16 +52,20 @@ bool fp4_fits(const MoeWeights& M) {
   return !M.experts.empty();
 }
 
-// Options the CUDA forward implements: the fp32 reference numerics, both routed-scaling placements, the weight
-// before W2, and every built-in fault (so the toolkit's selftest runs here too). The others say so.
+// Every option runs on the GPU (the numerics modes through GpuNumerics, every built-in fault so that the toolkit's
+// selftest runs here too), but the official numerics emulate DeepSeek's GEMMs, which the tensor-core kernels do
+// not: those pairs are refused by name rather than computing something else.
 void check_options(const ModelOptions& o) {
-  auto refuse = [](bool on, const char* patch) {
-    PLUMB_CHECK(!on, "backend cuda: patch {} is not implemented on the GPU (use --backend cpu)", patch);
+  const char* mode = o.official_initial ? "numerics.official_initial" : "numerics.official";
+  auto refuse = [&](bool on, const char* patch) {
+    PLUMB_CHECK(!(o.official && on),
+                "backend cuda: {} does not combine with {} (its kernels do not reproduce the official code's roundings: "
+                "FP8 activation quantization, bf16 storage, the attention's bf16 probabilities): drop one of the two",
+                mode, patch);
   };
-  refuse(o.official, "numerics.official");
-  refuse(o.official_initial, "numerics.official_initial");
-  refuse(o.mhc_bf16_mix, "mhc.bf16_mix");
-  refuse(o.router_bf16, "router.bf16");
+  refuse(o.cuda_fp8_gemv, "cuda.fp8_gemv");
+  refuse(o.cuda_moe_mxfp4, "cuda.moe_mxfp4");
+  refuse(o.attn_splitk_decode, "attn.splitk_decode");
 }
 
 // Where the requested fast kernels apply (they fall back to the fp32 twin elsewhere): said once at load.
@@ -73,7 +78,7 @@ struct FastCount {
 
 class GpuForward : public DeviceForward {
  public:
-  explicit GpuForward(const Model& m) : cfg_(m.config()), opt_(m.options()) {
+  explicit GpuForward(const Model& m) : cfg_(m.config()), opt_(m.options()), nm_(opt_) {
     std::string why;
     PLUMB_CHECK(available(&why), "backend cuda: {}", why);
     check_options(opt_);
@@ -285,6 +290,7 @@ class GpuForward : public DeviceForward {
     {
       OpRegion r(tm, "embed");
       fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr);
+      nm_.act(X, int64_t(n) * H * D);
     }
 
     auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site) {
@@ -293,6 +299,7 @@ class GpuForward : public DeviceForward {
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
+      a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
       {
         OpRegion r(tm, "hc_pre");
         fwd_hc_pre(a, mixbuf, nullptr);
@@ -303,7 +310,7 @@ class GpuForward : public DeviceForward {
     };
     auto hc_post = [&] {
       OpRegion r(tm, "hc_post");
-      fwd_hc_post(y, X, post, comb, n, int(H), D, opt_.fault_comb_untransposed, X2, nullptr);
+      fwd_hc_post(y, X, post, comb, n, int(H), D, opt_.fault_comb_untransposed, X2, nullptr, nm_.official());
       std::swap(X, X2);
     };
 
@@ -314,15 +321,15 @@ class GpuForward : public DeviceForward {
       hc_pre(L.hc_attn, tap, "hc_attn");
       {
         OpRegion r(tm, "norm");
-        fwd_rms_norm(col, n, D, D, f32(L.attn_norm), c.rms_eps, nullptr);
+        nm_.rms_norm(col, n, D, f32(L.attn_norm), c.rms_eps);
       }
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, n, step,
-                    ds.layers[size_t(i)], sc, tap, y);
+                    ds.layers[size_t(i)], sc, nm_, tap, y);
       hc_post();
       hc_pre(L.hc_ffn, tap, "hc_ffn");
       {
         OpRegion r(tm, "norm");
-        fwd_rms_norm(col, n, D, D, f32(L.ffn_norm), c.rms_eps, nullptr);
+        nm_.rms_norm(col, n, D, f32(L.ffn_norm), c.rms_eps);
       }
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, n, tok, sc, tap, y);
       hc_post();
@@ -333,6 +340,7 @@ class GpuForward : public DeviceForward {
     HcArgs a;
     a.X = X, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
     a.n = n, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
+    a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
     a.collapsed = col;
     {
       OpRegion r(tm, "head");
@@ -342,7 +350,7 @@ class GpuForward : public DeviceForward {
     float* logits = sc.f("logits", int64_t(n) * c.vocab);
     {
       OpRegion r(tm, "head");
-      fwd_rms_norm(col, n, D, D, f32(g_.norm), c.rms_eps, nullptr);
+      nm_.rms_norm(col, n, D, f32(g_.norm), c.rms_eps);
       if (head_bf16_) {  // cuda.head_bf16: logits = bf16(x) . head^T on the tensor cores, fp32 out
         auto* xb = static_cast<uint16_t*>(sc.get("head.x16", size_t(n) * size_t(D) * 2));
         fwd_to_bf16(col, int64_t(n) * D, xb, nullptr);
@@ -354,8 +362,12 @@ class GpuForward : public DeviceForward {
     return logits;
   }
 
+  // The hc mixing GEMM's numerics (HcArgs::mix_mode); official takes precedence, as in the CPU's mixes().
+  int mix_mode() const { return opt_.official ? 2 : opt_.mhc_bf16_mix ? 1 : 0; }
+
   ModelConfig cfg_;
   ModelOptions opt_;
+  GpuNumerics nm_;
   GpuWeights g_;
   bool head_bf16_ = false;  // cuda.head_bf16 applies
 };

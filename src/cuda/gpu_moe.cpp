@@ -5,6 +5,8 @@
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/gpu_moe.h"
 
+#include "cuda/gpu_numerics.h"
+
 #include <optional>
 
 namespace plumb::cuda {
@@ -32,6 +34,7 @@ struct MoeCtx {
   const int32_t* tokens;
   Scratch& sc;
   const Tap& tap;
+  GpuNumerics nm;
 };
 
 template <Rsf P>
@@ -44,7 +47,11 @@ GpuRouted<P> route(const MoeCtx& m) {
   r.weight = m.sc.f("moe.weight", int64_t(m.n) * r.K);
   r.idx = static_cast<int32_t*>(m.sc.get("moe.idx", size_t(m.n) * size_t(r.K) * 4));
   if (m.type == MlpType::Learned) r.select = m.sc.f("moe.select", int64_t(m.n) * r.E);
-  fwd_linear(m.w.gate.d, m.x, m.n, c.hidden, 0, r.E, r.logits, r.E, nullptr);  // fp32 logits
+  // fp32 logits; x . bf16(gate) under numerics.official (DeepSeek's Gate), bf16 operands and logits for router.bf16
+  if (m.nm.official() || m.opt.router_bf16)
+    linear_bf16_weight(m.w.gate, m.x, m.n, c.hidden, r.logits, r.E, m.opt.router_bf16);
+  else
+    fwd_linear(m.w.gate.d, m.x, m.n, c.hidden, 0, r.E, r.logits, r.E, nullptr);
   RouteArgs a;
   a.logits = r.logits;
   a.bias = m.type == MlpType::Learned ? f32(m.w.bias) : nullptr;
@@ -55,6 +62,7 @@ GpuRouted<P> route(const MoeCtx& m) {
   a.hash = m.type == MlpType::Hash;
   a.n_group = c.n_group, a.topk_group = c.topk_group;
   a.unfloored = m.opt.fault_renorm_unfloored;
+  a.renorm = !(m.nm.official() && c.score == ScoreFunc::Softmax);  // DeepSeek's Gate skips it for softmax
   a.softplus_naive = m.opt.fault_softplus_naive;
   a.fold = P == Rsf::Folded ? float(c.routed_scaling) : 1.0f;
   a.idx = r.idx, a.weight = r.weight, a.select = r.select;
@@ -94,10 +102,11 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
   float* g = m.sc.f("moe.g", slots * I);
   float* u = m.sc.f("moe.u", slots * I);
   float* h = m.sc.f("moe.h", slots * I);
-  fwd_linear_indexed(d1, idx, slots, x_div, m.x, D, I, D, g, I, nullptr);
-  fwd_linear_indexed(d3, idx, slots, x_div, m.x, D, I, D, u, I, nullptr);
+  m.nm.proj_slots(d1, idx, slots, x_div, m.x, D, I, D, g, I, m.sc);
+  m.nm.proj_slots(d3, idx, slots, x_div, m.x, D, I, D, u, I, m.sc);
   fwd_swiglu(g, u, I, slots, I, float(limit), pre, h, nullptr);
-  fwd_linear_indexed(d2, idx, slots, 1, h, I, D, I, ys, D, nullptr);
+  m.nm.act(h, slots * I);
+  m.nm.proj_slots(d2, idx, slots, 1, h, I, D, I, ys, D, m.sc);
 }
 
 // routed + shared; `total_scale` != 1 only for fault.shared_scaled.
@@ -108,7 +117,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const int64_t D = c.hidden, I = c.moe_inter;
   tap_routes(m, r);
   const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
-  const bool before = m.opt.weight_before_down;  // the official order: weight applied before W2
+  const bool before = m.opt.weight_before_down || m.nm.official();  // the official order: weight applied before W2
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
   std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
@@ -138,14 +147,19 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(r.n) * size_t(m.w.sfp8->w1.rows) * 2));
       fp8_expert_ffn(*m.w.sfp8, m.x, cuda::Act::F32, r.n, limit, h16, shared, m.sc.ws);
     } else {
+      // The release-day official code's shared expert had no SwiGLU clamp.
+      const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
       expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, r.n, 1,
-                 m.w.s1->d.rows, limit, nullptr, shared);
+                 m.w.s1->d.rows, shared_limit, nullptr, shared);
     }
     region.reset();
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
     fwd_add(out, shared, r.n * D, nullptr);
   }
   if (total_scale != 1.0f) fwd_scale(out, total_scale, out, r.n * D, nullptr);
+  // fp32 accumulation of routed + shared, stored as an activation. (The CPU sums a token's routed experts in
+  // expert-id order, the combine kernel in top-k order: fp32 reassociation, below the bf16 rounding here.)
+  m.nm.act(out, int64_t(r.n) * D);
   tap_io(m.tap, "ffn.out", out, {r.n, D});
 }
 
@@ -158,7 +172,7 @@ void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
 
 void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, int n,
              const int32_t* tokens, Scratch& sc, const Tap& tap, float* out) {
-  const MoeCtx m{w, c, type, opt, x, n, tokens, sc, tap};
+  const MoeCtx m{w, c, type, opt, x, n, tokens, sc, tap, GpuNumerics(opt)};
   if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
   if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
     return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out);

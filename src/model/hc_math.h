@@ -1,14 +1,10 @@
 // The mHC weights from the mixes, shared by the CPU reference (hyper_connection.cpp) and the CUDA kernels
 // (cuda/fwd_hc.cu): one implementation of the sigmoid gates and the Sinkhorn-Knopp normalization. Includes no
-// plumb header, so nvcc compiles it too (the functions are __host__ __device__ there).
+// plumb header but host_device.h, so nvcc compiles it too (the functions are __host__ __device__ there).
 #pragma once
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define PLUMB_HD __host__ __device__
-#else
-#define PLUMB_HD
-#endif
+#include "model/host_device.h"
 
 namespace plumb::hc_math {
 

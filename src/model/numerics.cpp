@@ -7,30 +7,23 @@
 #include <cstring>
 
 #include "formats/numeric.h"
+#include "model/official_math.h"
 
 namespace plumb {
 
 namespace official {
 
-float pow2_scale(float amax, float inv_max) {
-  const float t = amax * inv_max;
-  uint32_t bits;
-  std::memcpy(&bits, &t, 4);
-  const int e = int((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0);
-  const uint32_t out = uint32_t(e + 127) << 23;
-  float s;
-  std::memcpy(&s, &out, 4);
-  return s;
-}
+float pow2_scale(float amax, float inv_max) { return official_math::pow2_scale(amax, inv_max); }
 
 void fp8_quant_block(const float* x, int64_t n, int64_t block, float* q, float* scales) {
   for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
     const int64_t b1 = std::min(n, b0 + block);  // a ragged last block acts as zero-padded
-    float amax = 1e-4f;
+    using namespace official_math;
+    float amax = kFp8AmaxFloor;
     for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = pow2_scale(amax, 1.0f / 448.0f);
+    const float s = pow2_scale(amax, 1.0f / kFp8Max);
     scales[bi] = s;
-    for (int64_t i = b0; i < b1; ++i) q[i] = fmt8::e4m3_to_f32(fmt8::f32_to_e4m3(std::clamp(x[i] / s, -448.0f, 448.0f)));
+    for (int64_t i = b0; i < b1; ++i) q[i] = fmt8::e4m3_to_f32(fmt8::f32_to_e4m3(std::clamp(x[i] / s, -kFp8Max, kFp8Max)));
   }
 }
 
@@ -43,11 +36,12 @@ void fp8_roundtrip(float* x, int64_t n, int64_t block) {
 void fp4_roundtrip(float* x, int64_t n, int64_t block) {
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t b1 = std::min(n, b0 + block);
-    float amax = 6.0f * std::ldexp(1.0f, -126);
+    using namespace official_math;
+    float amax = kFp4AmaxFloor;
     for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float s = pow2_scale(amax, 1.0f / 6.0f);
+    const float s = pow2_scale(amax, 1.0f / kFp4Max);
     for (int64_t i = b0; i < b1; ++i)
-      x[i] = fmt8::round_bf16(fmt8::e2m1_to_f32(fmt8::f32_to_e2m1(std::clamp(x[i] / s, -6.0f, 6.0f))) * s);
+      x[i] = fmt8::round_bf16(fmt8::e2m1_to_f32(fmt8::f32_to_e2m1(std::clamp(x[i] / s, -kFp4Max, kFp4Max))) * s);
   }
 }
 
@@ -84,7 +78,7 @@ Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
   // Activations: FP8 E4M3 per 128-wide block with power-of-two scales (act_quant).
   const int64_t nab = (K + 127) / 128;
   std::vector<float> q(static_cast<size_t>(n * K)), sa(static_cast<size_t>(n * nab));
-  for (int64_t t = 0; t < n; ++t) official::fp8_quant_block(x.row(t), K, 128, q.data() + t * K, sa.data() + t * nab);
+  for (int64_t t = 0; t < n; ++t) official::fp8_quant_block(x.row(t), K, official_math::kActBlock, q.data() + t * K, sa.data() + t * nab);
   std::vector<float> vals(static_cast<size_t>(K)), sw(static_cast<size_t>((K + wb - 1) / wb));
   Tensor y({n, N});
   const bool fp4 = w.layout() == Matrix::Layout::FP4Group;
@@ -145,13 +139,13 @@ void Numerics::rope(const ops::Rope& r, float* tail, int64_t pos, bool inverse) 
 }
 
 void Numerics::kv_fp8_sim(float* v, int64_t n) const {
-  if (official_ && !initial_) official::fp8_roundtrip(v, n, 64);
+  if (official_ && !initial_) official::fp8_roundtrip(v, n, official_math::kKvBlock);
 }
 
 void Numerics::indexer_rotate(float* v, int64_t n) const {
   if (!official_) return;
   official::hadamard(v, n);
-  official::fp4_roundtrip(v, n, 32);
+  official::fp4_roundtrip(v, n, official_math::kFp4Block);
 }
 
 }  // namespace plumb

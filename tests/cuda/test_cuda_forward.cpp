@@ -23,8 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using plumb_cuda_test::GpuTest;
 
-// Every fixture whose reference is an fp32 implementation (the official-code goldens need numerics.official,
-// which is CPU-only).
+// Every fixture whose reference is an fp32 implementation (the official-code goldens run in their numerics mode in
+// test_cuda_numerics.cpp).
 std::vector<std::string> fp32_fixtures() {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(fs::path(PLUMB_TEST_DATA) / "golden")) {
@@ -241,17 +241,6 @@ TEST_F(GpuTest, EngineApiRunsOnCuda) {
   EXPECT_EQ(int(l.size()), engine->info().vocab_size);
   EXPECT_EQ(s->position(), 12);
   for (float v : l) ASSERT_TRUE(std::isfinite(v));
-}
-
-TEST(CudaBackend, UnsupportedPatchIsRefusedByName) {
-  std::string why;
-  if (!plumb::cuda::available(&why)) GTEST_SKIP() << why;
-  try {
-    plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny", plumb::ModelOptions{.official = true}, {}, "cuda");
-    FAIL() << "numerics.official on cuda was accepted";
-  } catch (const plumb::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("numerics.official"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

@@ -1,0 +1,162 @@
+// The official numerics on the GPU (numerics.official, and the bf16 GEMMs of router.bf16): bf16 storage, FP8
+// activation quantization, the block-scaled GEMM emulation, bf16 head RMS, the FP8 KV and FP4 indexer
+// simulations. Twins of model/numerics.cpp's primitives, step for step (tests/cuda/test_cuda_numerics.cpp).
+#include "cuda/official.cuh"
+
+namespace plumb::cuda::detail {
+
+namespace {
+
+__global__ void act_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  float* p = x + (i / width) * ld + off + i % width;
+  *p = bf16r(*p);
+}
+
+// A thread per (row, 128-block).
+__global__ void act_quant_kernel(const float* x, int64_t rows, int64_t K, int64_t ldx, float* q, float* sa) {
+  const int64_t nab = (K + official_math::kActBlock - 1) / official_math::kActBlock;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * nab) return;
+  const int64_t r = i / nab, b0 = (i % nab) * official_math::kActBlock;
+  sa[i] = fp8_quant_one(x + r * ldx + b0, min(int64_t(official_math::kActBlock), K - b0), q + r * K + b0);
+}
+
+constexpr int kSlots = 8, kRowsPerBlock = 8;  // dense: up to 8 tokens per warp; a warp per output row
+
+// Value and block scale of weight (r, c) as stored (Matrix::row_raw): E4M3 / E2M1 code value, scale of its block.
+__device__ __forceinline__ float raw_w(const DMat& m, int64_t r, int64_t c) {
+  if (m.layout == 1) return fwd_e4m3(static_cast<const uint8_t*>(m.w)[r * m.cols + c]);
+  const uint8_t byte = static_cast<const uint8_t*>(m.w)[r * (m.cols >> 1) + (c >> 1)];
+  return fwd_e2m1((byte >> (4 * (c & 1))) & 0xF);
+}
+__device__ __forceinline__ float block_scale(const DMat& m, int64_t r, int64_t c0) {
+  if (m.layout == 1) {
+    const int64_t si = (r >> 7) * m.s_cols + (c0 >> 7);
+    return m.s_f32 ? static_cast<const float*>(m.s)[si] : fwd_e8m0(static_cast<const uint8_t*>(m.s)[si]);
+  }
+  return fwd_e8m0(static_cast<const uint8_t*>(m.s)[r * m.s_cols + (c0 >> 5)]);
+}
+
+// Warp (row r, slots s0 .. s0 + ns). Block-scaled path: each weight block's exact products summed in fp64 (the
+// lanes' partials and the warp tree: E4M3/E2M1 x E4M3 products and their sums over a block are exact in fp64, so
+// the order does not matter and float(part) is the CPU's), then every lane runs the same fma chain in K order.
+__global__ void linear_official_kernel(OfficialLinearArgs a, int per) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int s0 = blockIdx.y * per, ns = min(per, a.nslots - s0);
+  if (r >= a.nr) return;
+  const DMat w = a.mats ? a.mats[a.idx ? a.idx[s0] : 0] : a.w;  // indexed: one slot per block (per = 1)
+  const int64_t K = w.cols, row = a.r0 + r;
+  float acc[kSlots];
+  if (a.bf16 || w.layout == 0) {  // ops::linear_rows_bf16w
+    double part[kSlots] = {};
+    for (int64_t c = lane; c < K; c += 32) {
+      const double wv = bf16r(fwd_w(w, row, c));
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t)
+        if (t < ns) {
+          const float xv = a.x[int64_t((s0 + t) / a.x_div) * a.ldx + c];
+          part[t] += double(a.round_io ? bf16r(xv) : xv) * wv;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) acc[t] = float(warp_sum(part[t]));
+  } else {
+    const int64_t wb = w.layout == 1 ? 128 : 32, nab = (K + 127) / 128;
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) acc[t] = 0.0f;
+    for (int64_t b0 = 0; b0 < K; b0 += wb) {
+      const int64_t b1 = min(K, b0 + wb);
+      double part[kSlots] = {};
+      for (int64_t c = b0 + lane; c < b1; c += 32) {
+        const double wv = raw_w(w, row, c);
+#pragma unroll
+        for (int t = 0; t < kSlots; ++t)
+          if (t < ns) part[t] += double(a.q[int64_t((s0 + t) / a.x_div) * K + c]) * wv;
+      }
+      const float sw = block_scale(w, row, b0);
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        if (t >= ns) continue;
+        const float p = float(warp_sum(part[t]));
+        const float as = a.sa[int64_t((s0 + t) / a.x_div) * nab + b0 / 128];
+        acc[t] = w.layout == 1 ? fmaf(p, __fmul_rn(as, sw), acc[t]) : fmaf(__fmul_rn(p, as), sw, acc[t]);
+      }
+    }
+  }
+  if (lane != 0) return;
+  const bool round_out = a.round_io || !(a.bf16 || w.layout == 0);
+#pragma unroll
+  for (int t = 0; t < kSlots; ++t)
+    if (t < ns) a.y[int64_t(s0 + t) * a.ldy + r] = round_out ? bf16r(acc[t]) : acc[t];
+}
+
+// A warp per group. The bf16 squares are summed in fp64 (exact for the group sizes here: any order), then the
+// CPU's bf16 mean, rsqrt and product.
+__global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t g = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (g >= groups) return;
+  float* v = x + g * dim;
+  double ss = 0;
+  for (int64_t i = lane; i < dim; i += 32) ss += bf16r(__fmul_rn(v[i], v[i]));
+  ss = warp_sum(ss);
+  const float mean = bf16r(float(ss / double(dim)));
+  const float r = bf16r(__fdiv_rn(1.0f, __fsqrt_rn(bf16r(__fadd_rn(mean, float(eps))))));
+  for (int64_t i = lane; i < dim; i += 32) v[i] = bf16r(__fmul_rn(v[i], r));
+}
+
+__global__ void fp8_roundtrip_kernel(float* x, int64_t ld, int64_t n, int block) { fp8_roundtrip_row(x + int64_t(blockIdx.x) * ld, n, block); }
+
+__global__ void indexer_rotate_kernel(float* x, int64_t n) {
+  __shared__ float y[kHadamardMax];
+  indexer_rotate_row(x + int64_t(blockIdx.x) * n, n, y);
+}
+
+}  // namespace
+
+void fwd_act(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width, Stream s) {
+  const int64_t total = rows * width;
+  if (total <= 0) return;
+  act_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(x, rows, ld, off, width);
+  check_launch("fwd_act");
+}
+
+void fwd_act_quant(const float* x, int64_t rows, int64_t K, int64_t ldx, float* q, float* sa, Stream s) {
+  const int64_t total = rows * ((K + official_math::kActBlock - 1) / official_math::kActBlock);
+  if (total <= 0) return;
+  act_quant_kernel<<<fwd_blocks(total, 128), 128, 0, s>>>(x, rows, K, ldx, q, sa);
+  check_launch("fwd_act_quant");
+}
+
+void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {
+  if (a.nslots <= 0 || a.nr <= 0) return;
+  if (!a.bf16 && (!a.q || !a.sa)) throw_arg("linear_official: the block-scaled GEMM needs the quantized activations");
+  const int per = a.mats ? 1 : kSlots;
+  const dim3 grid(unsigned((a.nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((a.nslots + per - 1) / per));
+  linear_official_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(a, per);
+  check_launch("fwd_linear_official");
+}
+
+void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s) {
+  if (groups <= 0) return;
+  head_rms_kernel<<<fwd_blocks(groups, 8), 256, 0, s>>>(x, groups, dim, eps);
+  check_launch("fwd_head_rms_bf16");
+}
+
+void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block, Stream s) {
+  if (rows <= 0 || n <= 0) return;
+  fp8_roundtrip_kernel<<<unsigned(rows), 64, 0, s>>>(x, ld, n, block);
+  check_launch("fwd_fp8_roundtrip");
+}
+
+void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s) {
+  if (rows <= 0 || n <= 0) return;
+  if (n > kHadamardMax) throw_arg("indexer_rotate: rows longer than 1024 values are not supported on the GPU");
+  indexer_rotate_kernel<<<unsigned(rows), 256, 0, s>>>(x, n);
+  check_launch("fwd_indexer_rotate");
+}
+
+}  // namespace plumb::cuda::detail

@@ -1,0 +1,83 @@
+// Host side of the GPU numerics policy (gpu_numerics.h): which kernel each Numerics primitive runs.
+#ifdef PLUMB_WITH_CUDA
+#include "cuda/gpu_numerics.h"
+
+#include "model/official_math.h"
+
+namespace plumb::cuda {
+
+using namespace detail;
+
+namespace {
+
+// The official GEMM on n input rows: their FP8 quantization (scratch), then the kernel.
+void official_gemm(OfficialLinearArgs a, int64_t x_rows, Scratch& sc) {
+  const int64_t K = a.w.cols, nab = (K + official_math::kActBlock - 1) / official_math::kActBlock;
+  float* q = sc.f("official.q", x_rows * K);
+  float* sa = sc.f("official.sa", x_rows * nab);
+  fwd_act_quant(a.x, x_rows, K, a.ldx, q, sa, nullptr);
+  a.q = q, a.sa = sa;
+  fwd_linear_official(a, nullptr);
+}
+
+}  // namespace
+
+void GpuNumerics::act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const {
+  if (official_) fwd_act(x, rows, ld, off, width, nullptr);
+}
+
+void GpuNumerics::proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) const {
+  if (!official_) return linear(w, x, n, ldx, y, ldy, sc);
+  OfficialLinearArgs a;
+  a.w = w.d, a.nslots = n, a.x = x, a.ldx = ldx, a.nr = w.d.rows, a.y = y, a.ldy = ldy;
+  official_gemm(a, n, sc);
+}
+
+void GpuNumerics::proj_slots(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
+                             int64_t cols, float* y, int64_t ldy, Scratch& sc) const {
+  if (!official_) return fwd_linear_indexed(mats, idx, nslots, x_div, x, ldx, rows, cols, y, ldy, nullptr);
+  OfficialLinearArgs a;
+  a.w.cols = cols;  // the width for the quantization; each slot's matrix comes from mats
+  a.mats = mats, a.idx = idx, a.nslots = nslots, a.x_div = x_div, a.x = x, a.ldx = ldx, a.nr = rows, a.y = y, a.ldy = ldy;
+  official_gemm(a, (nslots + x_div - 1) / x_div, sc);
+}
+
+void GpuNumerics::proj_bf16(const GMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) const {
+  if (!official_) return fwd_linear(w.d, x, n, ldx, r0, nr, y, ldy, nullptr);
+  OfficialLinearArgs a;
+  a.w = w.d, a.bf16 = 1, a.nslots = n, a.x = x, a.ldx = ldx, a.r0 = r0, a.nr = nr, a.y = y, a.ldy = ldy;
+  fwd_linear_official(a, nullptr);
+}
+
+void GpuNumerics::rms_norm(float* x, int64_t rows, int64_t dim, const float* w, double eps) const {
+  fwd_rms_norm(x, rows, dim, dim, w, eps, nullptr);
+  act(x, rows * dim);
+}
+
+void GpuNumerics::head_rms(float* x, int64_t groups, int64_t dim, double eps) const {
+  if (official_) return fwd_head_rms_bf16(x, groups, dim, eps, nullptr);
+  fwd_rms_norm(x, groups, dim, dim, nullptr, eps, nullptr);
+}
+
+void GpuNumerics::rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos,
+                       bool inverse) const {
+  r.apply(x, rows, ld, off, dpos, per_pos, inverse);
+  act_rows(x, rows, ld, off, r.dim);
+}
+
+void GpuNumerics::kv_fp8_sim(float* x, int64_t rows, int64_t ld, int64_t n) const {
+  if (official_ && !initial_) fwd_fp8_roundtrip(x, rows, ld, n, official_math::kKvBlock, nullptr);
+}
+
+void GpuNumerics::indexer_rotate(float* x, int64_t rows, int64_t n) const {
+  if (official_) fwd_indexer_rotate(x, rows, n, nullptr);
+}
+
+void linear_bf16_weight(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, bool bf16_io) {
+  OfficialLinearArgs a;
+  a.w = w.d, a.bf16 = 1, a.round_io = bf16_io ? 1 : 0, a.nslots = n, a.x = x, a.ldx = ldx, a.nr = w.d.rows, a.y = y, a.ldy = ldy;
+  fwd_linear_official(a, nullptr);
+}
+
+}  // namespace plumb::cuda
+#endif  // PLUMB_WITH_CUDA

@@ -1,0 +1,79 @@
+// Device primitives of the official numerics (model/numerics.cpp's official:: functions on the GPU): bf16 storage,
+// E4M3 / E2M1 round trips with power-of-two block scales (model/official_math.h), the indexer's Hadamard rotation.
+// The block-wide row functions are shared by fwd_official.cu's kernels and the compressor's fused finish.
+#pragma once
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+
+#include "cuda/fwd_common.cuh"
+#include "model/official_math.h"
+
+namespace plumb::cuda::detail {
+
+__device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// RNE onto the E4M3 / E2M1 grids (inputs already clamped to the finite range), as fmt8::f32_to_e4m3 / f32_to_e2m1.
+__device__ __forceinline__ float e4m3_rne(float v) { return fwd_e4m3(uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3))); }
+__device__ __forceinline__ float e2m1_rne(float v) { return fwd_e2m1(uint8_t(__nv_cvt_float_to_fp4(v, __NV_E2M1, cudaRoundNearest))); }
+
+// official::fp8_quant_block for one block of x[0, n): writes the E4M3 values (q may be x: in place) and returns
+// the scale. One thread, in element order (amax is order-free).
+__device__ __forceinline__ float fp8_quant_one(const float* x, int64_t n, float* q) {
+  using namespace official_math;
+  float amax = kFp8AmaxFloor;
+  for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  const float s = pow2_scale(amax, 1.0f / kFp8Max);
+  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_rne(fminf(fmaxf(__fdiv_rn(x[i], s), -kFp8Max), kFp8Max));
+  return s;
+}
+
+// official::fp8_roundtrip / fp4_roundtrip of one row v[0, n) by the calling block: a thread per scale block.
+__device__ __forceinline__ void fp8_roundtrip_row(float* v, int64_t n, int block) {
+  for (int64_t b0 = int64_t(threadIdx.x) * block; b0 < n; b0 += int64_t(blockDim.x) * block) {
+    const int64_t len = min(int64_t(block), n - b0);
+    const float s = fp8_quant_one(v + b0, len, v + b0);
+    for (int64_t i = b0; i < b0 + len; ++i) v[i] = bf16r(__fmul_rn(v[i], s));
+  }
+}
+__device__ __forceinline__ void fp4_roundtrip_row(float* v, int64_t n, int block) {
+  using namespace official_math;
+  for (int64_t b0 = int64_t(threadIdx.x) * block; b0 < n; b0 += int64_t(blockDim.x) * block) {
+    const int64_t b1 = min(n, b0 + block);
+    float amax = kFp4AmaxFloor;
+    for (int64_t i = b0; i < b1; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const float s = pow2_scale(amax, 1.0f / kFp4Max);
+    for (int64_t i = b0; i < b1; ++i) v[i] = bf16r(__fmul_rn(e2m1_rne(fminf(fmaxf(__fdiv_rn(v[i], s), -kFp4Max), kFp4Max)), s));
+  }
+}
+
+constexpr int kHadamardMax = 1024;  // the rotated row's length bound (index_head_dim)
+
+// official::hadamard of v[0, n) by the calling block, through `y` (shared, kHadamardMax floats): zero-padded to the
+// next power of two, the Sylvester butterflies stage by stage (each element's adds in the CPU's order), scaled by
+// float(n^-1/2), bf16 out. Ends with a barrier.
+__device__ __forceinline__ void hadamard_row(float* v, int64_t n, float* y) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  for (int64_t i = threadIdx.x; i < p; i += blockDim.x) y[i] = i < n ? v[i] : 0.0f;
+  __syncthreads();
+  for (int64_t h = 1; h < p; h *= 2) {
+    for (int64_t k = threadIdx.x; k < p / 2; k += blockDim.x) {
+      const int64_t j = (k / h) * 2 * h + k % h;
+      const float a = y[j], b = y[j + h];
+      y[j] = __fadd_rn(a, b), y[j + h] = __fsub_rn(a, b);
+    }
+    __syncthreads();
+  }
+  const float scale = float(1.0 / sqrt(double(n)));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = bf16r(__fmul_rn(y[i], scale));
+  __syncthreads();
+}
+
+// Numerics::indexer_rotate of one row by the calling block.
+__device__ __forceinline__ void indexer_rotate_row(float* v, int64_t n, float* y) {
+  hadamard_row(v, n, y);
+  fp4_roundtrip_row(v, n, official_math::kFp4Block);
+  __syncthreads();
+}
+
+}  // namespace plumb::cuda::detail

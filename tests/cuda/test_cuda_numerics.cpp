@@ -1,0 +1,331 @@
+// The GPU's numerics modes against the CPU's: each device primitive of numerics.official (cuda/fwd_official.cu,
+// the hc mixing modes) against its model/numerics.h twin on the same inputs, bit for bit where the arithmetic is the
+// same (the reported error is then 0); and verify-golden on the GPU for every official-code fixture in its mode, and
+// for mhc.bf16_mix and router.bf16 on every fp32 fixture, at the registry's tolerances, teacher forced.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "cuda/fwd_kernels.h"
+#include "cuda/gpu_common.h"
+#include "cuda_test_util.h"
+#include "model/hyper_connection.h"
+#include "model/model.h"
+#include "model/numerics.h"
+#include "patches/registry.h"
+#include "plumb/tools.h"
+
+using namespace plumb;
+using namespace plumb_cuda_test;
+
+namespace {
+
+namespace d = plumb::cuda::detail;
+namespace fs = std::filesystem;
+using cuda::DeviceBuffer;
+using cuda::to_device;
+using cuda::to_host;
+
+ModelOptions official_options() {
+  ModelOptions o;
+  o.official = true;
+  return o;
+}
+
+// Values over many binades, with exact bf16 ties and E4M3 / E2M1 midpoints among them.
+std::vector<float> wide_values(Rng& rng, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float m = rng.uniform(-1.0f, 1.0f);
+    v[i] = std::ldexp(m, rng.integer(-12, 8));
+    if (i % 7 == 0) v[i] = std::ldexp(float(rng.integer(-300, 300)) / 256.0f + 1.0f / 512.0f, rng.integer(-6, 6));  // bf16 ties
+    if (i % 11 == 0) v[i] = float(rng.integer(-24, 24)) * 0.25f;  // grid points and midpoints
+  }
+  return v;
+}
+
+// Bitwise comparison (values equal, +0 == -0), reporting the first difference and the largest error.
+void expect_bitwise(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& ref, int64_t cols) {
+  ASSERT_EQ(gpu.size(), ref.size()) << what;
+  const Cmp c = compare(gpu.data(), ref.data(), int64_t(gpu.size()));
+  std::printf("  %s\n", describe(what, c, cols).c_str());
+  for (size_t i = 0; i < gpu.size(); ++i)
+    ASSERT_TRUE(gpu[i] == ref[i] || (std::isnan(gpu[i]) && std::isnan(ref[i])))
+        << what << ": element [" << i / size_t(cols) << ", " << i % size_t(cols) << "] gpu " << gpu[i] << " cpu " << ref[i];
+}
+
+class CudaNumerics : public GpuTest {};
+
+TEST_F(CudaNumerics, ActIsBf16Rounding) {
+  Rng rng(1);
+  const int64_t rows = 37, ld = 70, off = 3, width = 61;
+  const auto x = wide_values(rng, size_t(rows * ld));
+  DeviceBuffer dx = to_device(x);
+  d::fwd_act(dx.as<float>(), rows, ld, off, width, nullptr);
+  auto ref = x;
+  for (int64_t r = 0; r < rows; ++r) Numerics(official_options()).act(ref.data() + r * ld + off, width);
+  expect_bitwise("act (bf16, strided rows)", to_host<float>(dx, x.size()), ref, ld);
+}
+
+TEST_F(CudaNumerics, ActQuantMatchesFp8QuantBlock) {
+  Rng rng(2);
+  for (int64_t K : {128, 300, 1024}) {
+    const int64_t rows = 9, nab = (K + 127) / 128;
+    auto x = wide_values(rng, size_t(rows * K));
+    for (int64_t i = 0; i < 16; ++i) x[size_t(i)] = 1e-6f;  // a block below the amax floor: the floor's scale
+    DeviceBuffer dx = to_device(x), q(size_t(rows * K) * 4), sa(size_t(rows * nab) * 4);
+    d::fwd_act_quant(dx.as<float>(), rows, K, K, q.as<float>(), sa.as<float>(), nullptr);
+    std::vector<float> rq(size_t(rows * K)), rs(size_t(rows * nab));
+    for (int64_t r = 0; r < rows; ++r) official::fp8_quant_block(x.data() + r * K, K, 128, rq.data() + r * K, rs.data() + r * nab);
+    expect_bitwise("act_quant q K=" + std::to_string(K), to_host<float>(q, rq.size()), rq, K);
+    expect_bitwise("act_quant scales K=" + std::to_string(K), to_host<float>(sa, rs.size()), rs, nab);
+  }
+}
+
+// Numerics::proj (block-scaled GEMM emulation or the bf16 GEMM) and proj_bf16 on FP8 (E8M0 / F32 scales), FP4,
+// BF16 and F32 weights, dense and per expert slot.
+TEST_F(CudaNumerics, LinearMatchesProj) {
+  Rng rng(3);
+  const int64_t rows = 80, cols = 384;
+  TempDir dir;
+  std::vector<OwnedTensor> ts;
+  add_fp8(ts, rng, "fp8e", rows, cols);
+  add_fp8(ts, rng, "fp8f", rows, cols, /*f32_scales=*/true);
+  add_fp4(ts, rng, "fp4", rows, cols);
+  ts.push_back(bf16_tensor("bf16.weight", {rows, cols}, rng.floats(size_t(rows * cols), -0.1f, 0.1f)));
+  ts.push_back(owned_f32("f32.weight", Tensor({rows, cols}, rng.floats(size_t(rows * cols), -0.1f, 0.1f))));
+  const Checkpoint ck = write_checkpoint(dir, ts);
+  const Numerics nm(official_options());
+  std::vector<Matrix> mats;
+  std::vector<cuda::GMat> gm;
+  for (const char* name : {"fp8e", "fp8f", "fp4", "bf16", "f32"}) {
+    mats.push_back(Matrix::bind(ck, std::string(name) + ".weight", rows, cols));
+    gm.push_back(cuda::upload_matrix(mats.back()));
+  }
+  for (int n : {1, 5, 11}) {
+    // bf16 activations, as the official code stores them, and raw fp32 ones (the quantization sees either).
+    Tensor x({n, cols}, wide_values(rng, size_t(n * cols)));
+    if (n == 5) Numerics(official_options()).act(x);
+    DeviceBuffer dx = to_device(x.data);
+    for (size_t m = 0; m < mats.size(); ++m) {
+      const std::string tag = mats[m].name() + " n=" + std::to_string(n);
+      const int64_t nab = (cols + 127) / 128;
+      DeviceBuffer y(size_t(n * rows) * 4), q(size_t(n * cols) * 4), sa(size_t(n * nab) * 4);
+      d::fwd_act_quant(dx.as<float>(), n, cols, cols, q.as<float>(), sa.as<float>(), nullptr);
+      d::OfficialLinearArgs a;
+      a.w = gm[m].d, a.nslots = n, a.x = dx.as<float>(), a.ldx = cols, a.q = q.as<float>(), a.sa = sa.as<float>();
+      a.nr = rows, a.y = y.as<float>(), a.ldy = rows;
+      d::fwd_linear_official(a, nullptr);
+      const Tensor ref = nm.proj(x, mats[m]);
+      if (mats[m].layout() == Matrix::Layout::Plain)  // fp64 sums in another order: at most one bf16 ulp apart
+        expect_close("proj " + tag, to_host<float>(y, ref.data.size()), ref.data, rows, 1.0 / 128);
+      else  // exact block sums: bit for bit
+        expect_bitwise("proj " + tag, to_host<float>(y, ref.data.size()), ref.data, rows);
+      // proj_bf16 on rows [16, 64) of the same weights (the grouped wo_a's call).
+      a.bf16 = 1, a.r0 = 16, a.nr = 48;
+      d::fwd_linear_official(a, nullptr);
+      Tensor rb({n, 48});
+      nm.proj_rows_bf16(x.ptr(), n, cols, mats[m], 16, 48, rb.ptr(), 48);
+      const auto yb = to_host<float>(y, size_t(n * rows));
+      std::vector<float> got(size_t(n * 48));
+      for (int t = 0; t < n; ++t) std::copy(yb.begin() + t * rows, yb.begin() + t * rows + 48, got.begin() + t * 48);
+      expect_close("proj_rows_bf16 " + tag, got, rb.data, 48, 1.0 / 128);
+    }
+    // Expert slots: slot i = token i / 2, matrix idx[i] (the routed experts' call).
+    std::vector<d::DMat> descs;
+    for (const auto& g : gm) descs.push_back(g.d);
+    DeviceBuffer dd = to_device(descs);
+    std::vector<int32_t> idx(size_t(2 * n));
+    for (auto& v : idx) v = rng.integer(0, 2);  // the quantized layouts: bitwise
+    DeviceBuffer di = to_device(idx), ys(size_t(2 * n * rows) * 4), q(size_t(n * cols) * 4), sa(size_t(n * 3) * 4);
+    d::fwd_act_quant(dx.as<float>(), n, cols, cols, q.as<float>(), sa.as<float>(), nullptr);
+    d::OfficialLinearArgs a;
+    a.w.cols = cols, a.mats = dd.as<d::DMat>(), a.idx = di.as<int32_t>(), a.nslots = 2 * n, a.x_div = 2;
+    a.x = dx.as<float>(), a.ldx = cols, a.q = q.as<float>(), a.sa = sa.as<float>(), a.nr = rows, a.y = ys.as<float>(), a.ldy = rows;
+    d::fwd_linear_official(a, nullptr);
+    std::vector<float> ref(size_t(2 * n * rows));
+    for (int i = 0; i < 2 * n; ++i) {
+      Tensor xi({1, cols}, std::vector<float>(x.row(i / 2), x.row(i / 2) + cols));
+      const Tensor yi = nm.proj(xi, mats[size_t(idx[size_t(i)])]);
+      std::copy(yi.data.begin(), yi.data.end(), ref.begin() + i * rows);
+    }
+    expect_bitwise("proj per expert slot n=" + std::to_string(n), to_host<float>(ys, ref.size()), ref, rows);
+  }
+}
+
+TEST_F(CudaNumerics, HeadRmsMatches) {
+  Rng rng(4);
+  for (int64_t dim : {64, 512}) {
+    const int64_t groups = 24;
+    auto x = rng.floats(size_t(groups * dim), -3.0f, 3.0f);
+    Numerics(official_options()).act(x.data(), int64_t(x.size()));
+    DeviceBuffer dx = to_device(x);
+    d::fwd_head_rms_bf16(dx.as<float>(), groups, dim, 1e-6, nullptr);
+    Numerics(official_options()).head_rms(x.data(), groups, dim, 1e-6);
+    expect_bitwise("head_rms dim=" + std::to_string(dim), to_host<float>(dx, x.size()), x, dim);
+  }
+}
+
+TEST_F(CudaNumerics, KvFp8SimMatches) {
+  Rng rng(5);
+  for (int64_t n : {448, 100}) {  // V4's nope dims; a ragged last block
+    const int64_t rows = 13, ld = n + 64;
+    auto x = wide_values(rng, size_t(rows * ld));
+    DeviceBuffer dx = to_device(x);
+    d::fwd_fp8_roundtrip(dx.as<float>(), rows, ld, n, 64, nullptr);
+    for (int64_t r = 0; r < rows; ++r) official::fp8_roundtrip(x.data() + r * ld, n, 64);
+    expect_bitwise("kv_fp8_sim n=" + std::to_string(n), to_host<float>(dx, x.size()), x, ld);
+  }
+}
+
+TEST_F(CudaNumerics, IndexerRotateMatches) {
+  Rng rng(6);
+  for (int64_t n : {128, 64, 96}) {  // 96: zero-padded to 128, truncated
+    const int64_t rows = 10;
+    auto x = rng.floats(size_t(rows * n), -4.0f, 4.0f);
+    x[3] = 0.0f;
+    DeviceBuffer dx = to_device(x);
+    d::fwd_indexer_rotate(dx.as<float>(), rows, n, nullptr);
+    for (int64_t r = 0; r < rows; ++r) Numerics(official_options()).indexer_rotate(x.data() + r * n, n);
+    expect_bitwise("indexer_rotate n=" + std::to_string(n), to_host<float>(dx, x.size()), x, n);
+  }
+}
+
+// hc_pre / hc_head's mixing modes (official: the norm after the GEMM, bf16 collapse; mhc.bf16_mix: bf16 operands)
+// against the CPU's hc_pre / hc_head. post and comb go through expf (CUDA's is not libm's): a few ulps.
+TEST_F(CudaNumerics, HcMixModesMatch) {
+  Rng rng(7);
+  const int H = 4, n = 6, iters = 20;
+  const int64_t D = 256, hd = H * D, nmix = (2 + H) * H;
+  ModelConfig c;
+  c.hc_mult = H, c.hidden = int(D), c.hc_sinkhorn_iters = iters, c.hc_eps = 1e-6, c.rms_eps = 1e-6;
+  HyperConnWeights w{Tensor({nmix, hd}, rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), Tensor({nmix}, rng.floats(size_t(nmix), -1.0f, 1.0f)),
+                     Tensor({3}, rng.floats(3, 0.5f, 2.0f))};
+  HyperConnWeights wh{Tensor({H, hd}, rng.floats(size_t(H * hd), -0.05f, 0.05f)), Tensor({H}, rng.floats(size_t(H), -1.0f, 1.0f)),
+                      Tensor({1}, rng.floats(1, 0.5f, 2.0f))};
+  Tensor X({n, H, D}, rng.floats(size_t(n * hd), -2.0f, 2.0f));
+  Numerics(official_options()).act(X);
+  for (int mode : {1, 2}) {
+    ModelOptions o;
+    (mode == 2 ? o.official : o.mhc_bf16_mix) = true;
+    const std::string tag = mode == 2 ? "official" : "mhc.bf16_mix";
+    const HcPre ref = hc_pre(w, c, o, X, Tap{}, "hc");
+    const Tensor ref_head = hc_head(wh, c, o, X);
+    DeviceBuffer dX = to_device(X.data), dfn = to_device(w.fn.data), dbase = to_device(w.base.data), dscale = to_device(w.scale.data);
+    DeviceBuffer hfn = to_device(wh.fn.data), hbase = to_device(wh.base.data), hscale = to_device(wh.scale.data);
+    DeviceBuffer post(size_t(n * H) * 4), comb(size_t(n * H * H) * 4), col(size_t(n * D) * 4), hcol(size_t(n * D) * 4);
+    DeviceBuffer scratch(d::fwd_hc_scratch_doubles(n, H) * 8);
+    d::HcArgs a;
+    a.X = dX.as<float>(), a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
+    a.n = n, a.H = H, a.iters = iters, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+    a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
+    a.mix_mode = mode, a.act_bf16 = mode == 2;
+    d::fwd_hc_pre(a, scratch.as<double>(), nullptr);
+    d::HcArgs b = a;
+    b.fn = hfn.as<float>(), b.base = hbase.as<float>(), b.scale = hscale.as<float>(), b.head = 1, b.collapsed = hcol.as<float>();
+    b.post = nullptr, b.comb = nullptr;
+    d::fwd_hc_pre(b, scratch.as<double>(), nullptr);
+    expect_close(tag + " hc post", to_host<float>(post, size_t(n * H)), ref.post.data, H, 1e-5);
+    expect_close(tag + " hc comb", to_host<float>(comb, size_t(n * H * H)), ref.comb.data, H * H, 1e-5);
+    expect_close(tag + " hc collapsed", to_host<float>(col, size_t(n * D)), ref.collapsed.data, D, mode == 2 ? 1.0 / 128 : 1e-5);
+    expect_close(tag + " hc head", to_host<float>(hcol, size_t(n * D)), ref_head.data, D, mode == 2 ? 1.0 / 128 : 1e-5);
+    // hc_post: bf16 storage in official mode, the CPU's order.
+    Tensor y({n, D}, rng.floats(size_t(n * D), -1.0f, 1.0f));
+    DeviceBuffer dy = to_device(y.data), dref_post = to_device(ref.post.data), dref_comb = to_device(ref.comb.data);
+    DeviceBuffer out(size_t(n * hd) * 4);
+    d::fwd_hc_post(dy.as<float>(), dX.as<float>(), dref_post.as<float>(), dref_comb.as<float>(), n, H, D, 0, out.as<float>(), nullptr,
+                   mode == 2);
+    expect_bitwise(tag + " hc_post", to_host<float>(out, size_t(n * hd)), hc_post(y, X, ref, o).data, D);
+  }
+}
+
+// ---- whole forward on the fixtures ----
+
+std::string head_of(const fs::path& fx) {
+  std::ifstream f(fx / "golden.json");
+  std::string head(4096, '\0');
+  f.read(head.data(), head.size());
+  return head;
+}
+
+// (fixture, patches): every official-code fixture in its mode; mhc.bf16_mix and router.bf16 on every fp32 fixture.
+std::vector<std::tuple<std::string, std::string>> mode_cases() {
+  std::vector<std::tuple<std::string, std::string>> out;
+  for (const auto& e : fs::directory_iterator(fs::path(PLUMB_TEST_DATA) / "golden")) {
+    if (!fs::exists(e.path() / "golden.json")) continue;
+    const std::string head = head_of(e.path());
+    if (head.find("official inference") != std::string::npos) {
+      out.push_back({e.path().string(), head.find("initial revision") != std::string::npos ? "numerics.official_initial" : "numerics.official"});
+    } else {
+      out.push_back({e.path().string(), "mhc.bf16_mix"});
+      out.push_back({e.path().string(), "router.bf16"});
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class GpuNumericsGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
+
+TEST_P(GpuNumericsGolden, VerifyGolden) {
+  tools::VerifyGoldenOptions o;
+  o.dir = std::get<0>(GetParam());
+  o.patches = std::get<1>(GetParam());
+  o.backend = "cuda";
+  o.quiet = false;  // every tap's error: where the largest is
+  // router.bf16 on router-underflow: the patch's documented risk, which that fixture exists to expose (as on the
+  // CPU, tests/CMakeLists.txt PLUMB_EXPOSED): verify-golden must fail.
+  const bool exposed = o.patches == "router.bf16" && fs::path(o.dir).filename() == "router-underflow";
+  EXPECT_EQ(tools::verify_golden(o), exposed ? 1 : 0) << o.dir << " [" << o.patches << "]";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuNumericsGolden, ::testing::ValuesIn(mode_cases()), [](const auto& info) {
+  std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" + std::get<1>(info.param);
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
+
+// The official numerics under cuda.graph: bit-identical logits to eager launches, decode steps across compressor
+// windows (csa-long-ref: CSA layers with the indexer's rotated keys and FP8 KV entries).
+TEST_F(GpuTest, OfficialGraphStepsMatchEagerLaunches) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long-ref";
+  auto eager = Model::load(dir, parse_patches("numerics.official").options, {}, "cuda");
+  auto graphed = Model::load(dir, parse_patches("numerics.official,cuda.graph").options, {}, "cuda");
+  const int vocab = eager->config().vocab;
+  auto se = eager->new_state(), sg = graphed->new_state();
+  for (int step = 0; step < 80; ++step) {
+    const int n = step == 0 ? 5 : 1;
+    std::vector<int32_t> toks(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) toks[size_t(i)] = int32_t((step * 131 + i * 17 + 3) % vocab);
+    const auto a = eager->forward(se, toks);
+    const auto b = graphed->forward(sg, toks);
+    ASSERT_EQ(a.data.size(), b.data.size());
+    for (size_t i = 0; i < a.data.size(); ++i)
+      ASSERT_EQ(std::memcmp(&a.data[i], &b.data[i], 4), 0) << "step " << step << " logit " << i << ": eager " << a.data[i] << " graph " << b.data[i];
+  }
+  EXPECT_FALSE(sg.dev->graphs_failed);
+  EXPECT_GT(sg.dev->graph_launches, 50);
+}
+
+// The official numerics do not combine with the tensor-core kernels (they do not emulate its GEMMs): refused at
+// load, naming both options.
+TEST(CudaBackend, OfficialWithTensorCoreKernelsIsRefusedByName) {
+  std::string why;
+  if (!cuda::available(&why)) GTEST_SKIP() << why;
+  for (const char* fast : {"cuda.fp8_gemv", "cuda.moe_mxfp4", "attn.splitk_decode"})
+    for (const char* mode : {"numerics.official", "numerics.official_initial"}) {
+      try {
+        Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny-official-ref",
+                    parse_patches(std::string(mode) + "," + fast).options, {}, "cuda");
+        ADD_FAILURE() << mode << " with " << fast << " was accepted";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(mode), std::string::npos) << m;
+        EXPECT_NE(m.find(fast), std::string::npos) << m;
+      }
+    }
+}
+
+}  // namespace
