@@ -17,6 +17,7 @@
 #include "core/strings.h"
 #include "cuda/api.h"
 #include "cuda/blas.h"
+#include "cuda/fwd_kernels.h"
 #include "cuda/kernels.h"
 #include "formats/numeric.h"
 
@@ -496,6 +497,35 @@ int run_bench(const BenchOptions& opt) {
       const double bytes = 3.0 * double(I * D) + 3.0 * double(ses[0].w1.scale_bytes()) + double(n * D * 2) +
                            2.0 * double(n * I * 2) + double(n * D * 4);
       B.add(B.rows, {"FP8 shared expert (gate+up+SwiGLU, down)", "[2048, 4096] x2 + [4096, 2048]", "2 launches", n, 0, bytes}, t);
+    }
+  }
+  d::dsync();
+
+  // ---- sparse attention at a long context: the unsplit twin vs attn.splitk_decode ----
+  // An HCA layer at 1M tokens (8192 compressed entries + the 128-key window, 64 heads x 512): the bytes are the keys
+  // (read once by an ideal kernel), the queries and the outputs.
+  {
+    const int Hq = 64;
+    const int64_t Dh = 512, W = 128, rate = 128, ne = 8192, maxk = W + ne;
+    DeviceBuffer q(size_t(maxn) * Hq * Dh * 4), kv(size_t(maxn) * Dh * 4), ring(size_t(W * Dh) * 4), ent(size_t(ne * Dh) * 4);
+    DeviceBuffer sink(size_t(Hq) * 4), pos = to_device(std::vector<int64_t>{ne * rate - maxn});
+    for (DeviceBuffer* b : {&q, &kv, &ring, &ent, &sink}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f);
+    DeviceBuffer logits(size_t(maxn) * Hq * maxk * 4), out(size_t(maxn) * Hq * Dh * 4);
+    for (int n : {1, 8}) {
+      d::AttendArgs a;
+      a.q = q.as<float>(), a.chunk_kv = kv.as<float>(), a.ring = ring.as<float>(), a.entries = ent.as<float>();
+      a.sink = sink.as<float>(), a.pos = pos.as<int64_t>(), a.out = out.as<float>();
+      a.n = n, a.Hq = Hq, a.type = 2, a.Dh = Dh, a.window = W, a.ne = ne, a.rate = rate, a.scale = 1.0f / std::sqrt(float(Dh));
+      const double bytes = double(maxk * Dh * 4) + 2.0 * double(n * Hq * Dh * 4);
+      const std::string shape = fmt::format("HCA {} keys, {} heads x {}", maxk, Hq, Dh);
+      d::AttendArgs tw = a;
+      tw.logits = logits.as<float>(), tw.ld_logits = maxk;
+      B.add(B.rows, {"attention (unsplit twin)", shape, "logits, then softmax + P.V", n, 0, bytes},
+            B.time([&](int) { d::fwd_attend(tw, S); }));
+      const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, Hq, Dh, maxk);
+      DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8));
+      B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.chunk), n, 0, bytes},
+            B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), S); }));
     }
   }
   d::dsync();
