@@ -1,5 +1,5 @@
 // Attention on the GPU: sparse softmax attention with the sink over window + compressed keys, the window ring,
-// the compressor's softmax pooling, the lightning indexer's scores and top-k. Twins of src/model/attention.cpp,
+// the compressor's softmax pooling, the lightning indexer's scores (its top-k: fwd_index_topk.cu). Twins of src/model/attention.cpp,
 // compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
 #include "cuda/attn_keys.cuh"
 #include "cuda/official.cuh"
@@ -303,23 +303,6 @@ __global__ void index_scores_kernel(IndexArgs a) {
   if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = a.official ? bf16r(float(acc)) : float(acc);
 }
 
-// Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
-// the top-k, sorted; the row's slots from k to k_cap are -1.
-__global__ void index_topk_kernel(IndexArgs a) {
-  const int t = blockIdx.x;
-  const float* s = a.scores + int64_t(t) * a.ne_cap;
-  const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate, ne = (pos0 + a.n) / a.rate;
-  const int64_t k = min(int64_t(a.topk), ne);
-  int64_t* out = a.sel + int64_t(t) * a.k_cap;
-  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) {
-    const float v = s[e];
-    int64_t rank = 0;
-    for (int64_t o = 0; o < ne && rank < k; ++o) rank += beats(s[o], o, v, e);
-    if (rank < k) out[rank] = e < visible ? e : -1;
-  }
-  for (int64_t j = k + threadIdx.x; j < a.k_cap; j += blockDim.x) out[j] = -1;
-}
-
 }  // namespace
 
 void fwd_attend(const AttendArgs& a, Stream s) {
@@ -379,9 +362,7 @@ void fwd_indexer(const IndexArgs& a, Stream s) {
   if (smem > 48 * 1024) throw_arg("indexer: index_n_heads x (index_head_dim + 1) floats exceed 48 KiB of shared memory");
   index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, smem, s>>>(a);
   check_launch("fwd_indexer_scores");
-  if (a.k_cap <= 0) return;
-  index_topk_kernel<<<a.n, 256, 0, s>>>(a);
-  check_launch("fwd_indexer_topk");
+  fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
 }
 
 }  // namespace plumb::cuda::detail

@@ -158,9 +158,19 @@ struct IndexArgs {
   // qscale and wscale unused.
   int official = 0;
   float* scores = nullptr;  // [n, ne_cap]
-  int64_t* sel = nullptr;   // [n, k_cap]
+  int64_t* sel = nullptr;   // [n, k_cap]; k_cap >= min(topk, ne_cap)
+  void* topk_scratch = nullptr;  // the select path's: fwd_index_topk_scratch_bytes
+  size_t topk_scratch_bytes = 0;
 };
+// Scores, then the top-k by fwd_index_topk_path(ne_cap).
 void fwd_indexer(const IndexArgs& a, Stream s);
+// The top-k alone, from a.scores (fwd_index_topk.cu). Paths, identical results: rank (one block per token ranks
+// every entry against all: O(ne^2), the twin) and select (radix select over many blocks per token, then a rank of
+// the k winners: O(ne + k^2)). Launches depend only on the host's sizes (n, ne_cap, k_cap): graph-safe.
+enum IndexTopkPath : int { kIndexTopkRank = 0, kIndexTopkSelect = 1 };
+int fwd_index_topk_path(int64_t ne_cap);
+size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path);
+void fwd_index_topk(const IndexArgs& a, int path, Stream s);
 
 // ---- official numerics (fwd_official.cu): the device twins of model/numerics.h's primitives ----
 // x[r * ld + off + i] = bf16(x[...]) for r < rows, i < width (Numerics::act).

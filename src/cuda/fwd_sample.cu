@@ -21,6 +21,7 @@
 #include <cmath>
 
 #include "cuda/common.cuh"
+#include "cuda/radix_select.cuh"
 #include "cuda/sample.h"
 
 namespace plumb::cuda::detail {
@@ -33,17 +34,14 @@ constexpr int kBins = 2048;        // histogram bins (digits of at most 11 bits)
 constexpr int kFinalThreads = 1024;
 constexpr int kSortCap = 4096;     // keys sorted in shared memory by k_topk_final
 constexpr int kMaxK = kSampleMaxExactK;
-constexpr unsigned kFull = 0xFFFFFFFFu;
+using radix::block_exclusive_scan;
+using radix::find_boundary;
+using radix::kFull;
+using radix::order_key;  // NaN lowest
+using radix::warp_append;
 
 // ---- keys ----
 
-// Order-preserving image of a float: a > b (as floats) iff key(a) > key(b); -0 and +0 equal; NaN 0 (lowest).
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (isnan(v)) return 0u;
-  uint32_t b = __float_as_uint(v);
-  if (b == 0x80000000u) b = 0u;
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
 // The logit a key stands for, NaN (key 0) read as -inf. -0 comes back as +0 (same softmax term).
 __device__ __forceinline__ float key_logit(uint32_t ok) {
   if (ok == 0u) return -INFINITY;
@@ -72,70 +70,6 @@ __device__ __forceinline__ int digit_of(uint64_t k, int d) { return int((k >> di
 __device__ __forceinline__ float sample_logit(float v) { return isnan(v) ? -INFINITY : v; }
 
 // ---- block helpers (blockDim.x a multiple of 32) ----
-
-// Exclusive prefix sum over the block in thread order; *total gets the block's sum. `sh` holds 32 values.
-// Deterministic (a fixed order of additions), also for doubles.
-template <class T>
-__device__ T block_exclusive_scan(T v, T* sh, T* total) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  T inc = v;
-  for (int o = 1; o < 32; o <<= 1) {
-    const T t = __shfl_up_sync(kFull, inc, o);
-    if (lane >= o) inc += t;
-  }
-  T ex = __shfl_up_sync(kFull, inc, 1);
-  if (lane == 0) ex = T(0);
-  __syncthreads();  // sh may still be read by a previous call
-  if (lane == 31) sh[wid] = inc;
-  __syncthreads();
-  if (wid == 0) {
-    T w = lane < nw ? sh[lane] : T(0);
-    for (int o = 1; o < 32; o <<= 1) {
-      const T t = __shfl_up_sync(kFull, w, o);
-      if (lane >= o) w += t;
-    }
-    if (lane < nw) sh[lane] = w;
-  }
-  __syncthreads();
-  *total = sh[nw - 1];
-  return (wid > 0 ? sh[wid - 1] : T(0)) + ex;
-}
-
-// The bin that holds the k-th largest element of a histogram (h[b] counts digit b; larger digits rank first):
-// the largest b with sum_{c >= b} h[c] >= k. *bin = b, *above = sum_{c > b} h[c]. Needs 1 <= k <= sum h.
-// Ends with __syncthreads(): every thread may read *bin and *above.
-__device__ void find_boundary(const uint32_t* h, int nbins, uint32_t k, int* bin, uint32_t* above, uint32_t* scan_sh) {
-  const int per = (nbins + int(blockDim.x) - 1) / int(blockDim.x);
-  const int j0 = min(nbins, int(threadIdx.x) * per), j1 = min(nbins, j0 + per);  // j counts bins from the top
-  uint32_t local = 0;
-  for (int j = j0; j < j1; ++j) local += h[nbins - 1 - j];
-  uint32_t total;
-  const uint32_t ex = block_exclusive_scan(local, scan_sh, &total);
-  if (ex < k && ex + local >= k) {  // exactly one thread
-    uint32_t acc = ex;
-    for (int j = j0; j < j1; ++j) {
-      const uint32_t c = h[nbins - 1 - j];
-      if (acc + c >= k) {
-        *bin = nbins - 1 - j;
-        *above = acc;
-        break;
-      }
-      acc += c;
-    }
-  }
-  __syncthreads();
-}
-
-// Appends v to buf at a slot taken from *counter when pred holds. Every lane of the warp must call it.
-__device__ __forceinline__ void warp_append(bool pred, uint32_t* counter, uint64_t* buf, uint64_t v) {
-  const unsigned mask = __ballot_sync(kFull, pred);
-  if (mask == 0u) return;
-  const int lane = threadIdx.x & 31, leader = __ffs(int(mask)) - 1;
-  uint32_t pos = 0;
-  if (lane == leader) pos = atomicAdd(counter, uint32_t(__popc(mask)));
-  pos = __shfl_sync(kFull, pos, leader);
-  if (pred) buf[pos + uint32_t(__popc(mask & ((1u << lane) - 1u)))] = v;
-}
 
 // Sorts a[0..P) (P a power of two) into descending order. Starts and ends with all threads synchronized.
 __device__ void bitonic_sort_desc(uint64_t* a, int P) {

@@ -1,0 +1,246 @@
+// The lightning indexer's top-k on the GPU: the radix select (fwd_index_topk.cu, select path) against the rank twin
+// and a host sort in beats() order, index for index, on scores with exact ties, ReLU zeros, -0, NaN, +-inf, tokens
+// of a chunk seeing different prefixes, k > ne and a capacity bound above ne (graph sizes); a captured graph
+// replayed at two positions; and the time of both paths at ne = 2048 .. 262144 (printed).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cuda/fwd_kernels.h"
+#include "cuda_test_util.h"
+
+namespace {
+
+using plumb_cuda_test::GpuTest;
+using plumb_cuda_test::Rng;
+namespace d = plumb::cuda::detail;
+using plumb::cuda::DeviceBuffer;
+using plumb::cuda::to_device;
+using plumb::cuda::to_host;
+
+enum Pattern { kUniform, kFewValues, kRelu, kSpecial, kAllZero };
+const char* pattern_name(int p) {
+  static const char* names[] = {"uniform", "few values", "relu zeros", "NaN/inf/-0", "all zero"};
+  return names[p];
+}
+
+struct Case {
+  int n;
+  int64_t pos0, rate, extra;  // ne = (pos0 + n) / rate entries exist; the bound ne_cap = ne + extra
+  int topk, pattern;
+  bool masked;  // entries a token does not see score -inf (as index_scores_kernel leaves them); else arbitrary
+  int64_t ne() const { return (pos0 + n) / rate; }
+  int64_t ne_cap() const { return ne() + extra; }
+  int k_cap() const { return int(std::min<int64_t>(topk, ne_cap())); }
+  std::string name() const {
+    char b[200];
+    std::snprintf(b, sizeof b, "n=%d ne=%lld ne_cap=%lld rate=%lld topk=%d %s%s", n, (long long)ne(), (long long)ne_cap(),
+                  (long long)rate, topk, pattern_name(pattern), masked ? " masked" : "");
+    return b;
+  }
+};
+
+float draw(Rng& r, int pattern) {
+  switch (pattern) {
+    case kUniform: return r.uniform(-4.0f, 4.0f);
+    case kFewValues: {
+      static const float v[] = {0.0f, -0.0f, 1.0f, 0.5f, -1.0f, 2.0f};
+      return v[r.integer(0, 5)];
+    }
+    case kRelu: return r.integer(0, 9) < 7 ? (r.integer(0, 1) ? 0.0f : -0.0f) : r.uniform(0.0f, 2.0f);
+    case kSpecial: {
+      const int c = r.integer(0, 19);
+      if (c == 0) return NAN;
+      if (c == 1) return -NAN;
+      if (c == 2) return -INFINITY;
+      if (c == 3) return INFINITY;
+      if (c < 7) return r.integer(0, 1) ? 0.0f : -0.0f;
+      return r.uniform(-1.0f, 1.0f);
+    }
+    default: return 0.0f;
+  }
+}
+
+// [n, ne_cap]; slots beyond ne hold values that would win (NaN, +inf) were they counted.
+std::vector<float> make_scores(const Case& c, uint32_t seed) {
+  Rng r(seed);
+  const int64_t ne = c.ne(), cap = c.ne_cap();
+  std::vector<float> s(size_t(c.n * cap));
+  for (int t = 0; t < c.n; ++t) {
+    const int64_t visible = (c.pos0 + t + 1) / c.rate;
+    for (int64_t e = 0; e < cap; ++e)
+      s[size_t(t * cap + e)] = e >= ne ? (e % 2 ? NAN : INFINITY) : c.masked && e >= visible ? -INFINITY : draw(r, c.pattern);
+  }
+  return s;
+}
+
+bool beats(float va, int64_t ia, float vb, int64_t ib) {  // fwd_common.cuh's order
+  const bool na = std::isnan(va), nb = std::isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+// The contract: the k best of the ne existing entries in rank order, those not visible to the token as -1, -1 to k_cap.
+std::vector<int64_t> host_topk(const Case& c, const std::vector<float>& s) {
+  const int64_t ne = c.ne(), cap = c.ne_cap(), k = std::min<int64_t>(c.topk, ne), kc = c.k_cap();
+  std::vector<int64_t> out(size_t(c.n * kc), -1);
+  std::vector<int64_t> idx(static_cast<size_t>(ne));
+  for (int t = 0; t < c.n; ++t) {
+    const float* row = &s[size_t(t * cap)];
+    std::iota(idx.begin(), idx.end(), int64_t(0));
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) { return beats(row[a], a, row[b], b); });
+    const int64_t visible = (c.pos0 + t + 1) / c.rate;
+    for (int64_t j = 0; j < k; ++j) out[size_t(t * kc + j)] = idx[size_t(j)] < visible ? idx[size_t(j)] : -1;
+  }
+  return out;
+}
+
+struct TopkRun {
+  DeviceBuffer scores, pos, sel, scratch;
+  d::IndexArgs a;
+  TopkRun(const Case& c, const std::vector<float>& s, int path) {
+    scores = to_device(s), pos = to_device(std::vector<int64_t>{c.pos0});
+    sel = DeviceBuffer(size_t(c.n) * size_t(std::max(c.k_cap(), 1)) * 8);
+    a.n = c.n, a.topk = c.topk, a.k_cap = c.k_cap(), a.ne_cap = c.ne_cap(), a.rate = c.rate;
+    a.scores = scores.as<float>(), a.pos = pos.as<int64_t>(), a.sel = sel.as<int64_t>();
+    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(c.n, c.ne_cap(), c.k_cap(), path);
+    scratch = DeviceBuffer(std::max<size_t>(a.topk_scratch_bytes, 8));
+    a.topk_scratch = scratch.get();
+  }
+  std::vector<int64_t> result(const Case& c) const { return to_host<int64_t>(sel, size_t(c.n) * size_t(c.k_cap())); }
+};
+
+std::vector<int64_t> run_topk(const Case& c, const std::vector<float>& s, int path) {
+  TopkRun r(c, s, path);
+  r.sel.fill_byte(0x77);  // every slot must be written
+  d::fwd_index_topk(r.a, path, nullptr);
+  return r.result(c);
+}
+
+// Index for index; on a mismatch prints the count and the first one (token, slot, both entries, their scores).
+void expect_same(const std::string& what, const Case& c, const std::vector<int64_t>& got, const std::vector<int64_t>& want,
+                 const std::vector<float>& s) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const int kc = c.k_cap();
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0) first = int64_t(i);
+  if (bad == 0) return;
+  const int64_t t = first / kc, j = first % kc, g = got[size_t(first)], w = want[size_t(first)];
+  auto score = [&](int64_t e) { return e >= 0 && e < c.ne_cap() ? double(s[size_t(t * c.ne_cap() + e)]) : NAN; };
+  ADD_FAILURE() << what << ": " << bad << " of " << got.size() << " slots differ; first at token " << t << ", slot " << j << ": got "
+                << g << " (score " << score(g) << "), want " << w << " (score " << score(w) << ")";
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (int p : {kUniform, kFewValues, kRelu, kSpecial, kAllZero}) {
+    v.push_back({1, 0, 1, 0, 8, p, false});              // ne = 1
+    v.push_back({1, 6, 1, 0, 8, p, false});              // ne = 7 < topk
+    v.push_back({3, 97, 1, 5, 512, p, true});            // k > ne, tokens see 98..100, a bound above ne
+    v.push_back({1, 2047, 1, 0, 512, p, false});         // ne = 2048: one tile
+    v.push_back({2, 2047, 1, 0, 2048, p, false});        // k = ne_cap - 1 .. 2049: two tiles
+    v.push_back({8, 8192, 4, 1000, 512, p, true});       // rate 4, 8 tokens, graph bound
+    v.push_back({5, 32763, 1, 0, 2048, p, p != kUniform});
+  }
+  v.push_back({64, 4032, 1, 0, 512, kRelu, true});        // a prefill chunk: every token a different prefix
+  v.push_back({64, 4032, 1, 0, 512, kSpecial, false});
+  v.push_back({256, 3840, 16, 0, 128, kFewValues, true}); // 256 tokens, rate 16: ne = 256
+  v.push_back({1, 262143, 1, 0, 512, kRelu, false});      // 1M tokens of CSA (rate 4): ne = 262144
+  v.push_back({2, 262143, 1, 7, 2048, kSpecial, false});
+  v.push_back({1, 262143, 1, 0, 2048, kAllZero, false});
+  return v;
+}
+
+TEST_F(GpuTest, IndexTopkSelectMatchesRankTwinAndHost) {
+  uint32_t seed = 11;
+  int checked = 0;
+  for (const Case& c : cases()) {
+    const auto s = make_scores(c, seed++);
+    const auto want = host_topk(c, s);
+    const auto sel = run_topk(c, s, d::kIndexTopkSelect);
+    expect_same(c.name() + ": select vs host", c, sel, want, s);
+    if (int64_t(c.n) * c.ne() <= 300000) {  // the O(ne^2) twin is slow beyond
+      const auto rank = run_topk(c, s, d::kIndexTopkRank);
+      expect_same(c.name() + ": rank twin vs host", c, rank, want, s);
+      expect_same(c.name() + ": select vs rank twin", c, sel, rank, s);
+    }
+    ++checked;
+  }
+  std::printf("indexer top-k: %d cases, select path index-exact against the host sort (and the rank twin up to 300K scores)\n",
+              checked);
+}
+
+// One launch sequence for every step: a graph captured at one position, replayed after the position moves, gives
+// the eager results of that position.
+TEST_F(GpuTest, IndexTopkSelectReplaysAsGraph) {
+  const Case c0{4, 5000, 4, 700, 512, kRelu, true}, c1{4, 5900, 4, 475, 512, kRelu, true};  // same n, ne_cap, k_cap
+  ASSERT_EQ(c0.ne_cap(), c1.ne_cap());
+  auto s0 = make_scores(c0, 5), s1 = make_scores(c1, 6);
+  TopkRun r(c0, s0, d::kIndexTopkSelect);
+  d::Stream st = d::stream_create();
+  d::capture_begin(st);
+  d::fwd_index_topk(r.a, d::kIndexTopkSelect, st);
+  void* g = d::capture_end_instantiate(st);
+  for (int rep = 0; rep < 2; ++rep)
+    for (const Case* c : {&c0, &c1}) {
+      const auto& s = c == &c0 ? s0 : s1;
+      r.scores.upload(s.data(), s.size() * 4);
+      r.pos.upload(&c->pos0, 8);
+      r.sel.fill_byte(0x77);
+      d::dsync();  // the fill runs on the default stream, the graph on st
+      d::graph_launch(g, st);
+      d::dsync();
+      expect_same(c->name() + ": graph replay " + std::to_string(rep) + " vs host", *c, r.result(*c), host_topk(*c, s), s);
+    }
+  d::graph_destroy(g);
+  d::stream_destroy(st);
+}
+
+// Time per call, graph-replayed (a decode step's launches); scores as a ReLU'd indexer leaves them.
+TEST_F(GpuTest, IndexTopkTiming) {
+  d::Stream st = d::stream_create();
+  void* e0 = d::event_create();
+  void* e1 = d::event_create();
+  std::printf("%-8s %-3s %-5s %14s %14s\n", "ne", "n", "topk", "rank twin us", "select us");
+  for (int64_t ne : {int64_t(2048), int64_t(32768), int64_t(262144)})
+    for (int n : {1, 8})
+      for (int topk : {512, 2048}) {
+        if (topk == 2048 && ne == 2048) continue;
+        const Case c{n, ne - n, 1, 0, topk, kRelu, false};
+        const auto s = make_scores(c, 3);
+        double us[2] = {0, 0};
+        for (int path : {d::kIndexTopkRank, d::kIndexTopkSelect}) {
+          TopkRun r(c, s, path);
+          if (path == d::kIndexTopkRank && ne > 2048) {  // milliseconds or more: one eager call
+            d::event_record(e0, st);
+            d::fwd_index_topk(r.a, path, st);
+            d::event_record(e1, st);
+            us[0] = double(d::event_elapsed_ms(e0, e1)) * 1e3;
+            continue;
+          }
+          const int calls = 20;
+          d::fwd_index_topk(r.a, path, st);  // warm-up
+          d::capture_begin(st);
+          for (int i = 0; i < calls; ++i) d::fwd_index_topk(r.a, path, st);
+          void* g = d::capture_end_instantiate(st);
+          d::graph_launch(g, st);
+          double best = 1e30;
+          for (int rep = 0; rep < 3; ++rep) {
+            d::event_record(e0, st);
+            d::graph_launch(g, st);
+            d::event_record(e1, st);
+            best = std::min(best, double(d::event_elapsed_ms(e0, e1)) * 1e3 / calls);
+          }
+          d::graph_destroy(g);
+          us[path == d::kIndexTopkSelect] = best;
+        }
+        std::printf("%-8lld %-3d %-5d %14.1f %14.1f\n", (long long)ne, n, topk, us[0], us[1]);
+      }
+  d::event_destroy(e0);
+  d::event_destroy(e1);
+  d::stream_destroy(st);
+}
+
+}  // namespace
