@@ -1,5 +1,6 @@
 // The lightning indexer's top-k on the GPU: the rank twin (each entry ranked against all others, O(ne^2) per token)
-// and the radix select (O(ne) per token) that must reproduce it bit for bit (tests/cuda/test_cuda_index_topk.cpp).
+// and the radix select (O(ne) per token; over many blocks per token, or in one block for ne_cap <= 4096) that must
+// reproduce it bit for bit (tests/cuda/test_cuda_index_topk.cpp).
 //
 // Select path. Entry e of token t becomes a key that is larger exactly when e ranks earlier under beats(): the high
 // bits are the score's order image with NaN highest, the low ib bits (ib: enough for ne_cap - 1) are
@@ -102,6 +103,16 @@ struct SelSizes {
   }
 };
 
+// This thread's kSelPer scores of the block's tile: entries e0 + u * kSelThreads (0 from ne on), all loaded before
+// any is used. Returns e0.
+__device__ __forceinline__ int64_t load_tile(const IndexArgs& a, int t, int64_t ne, float (&v)[kSelPer]) {
+  const float* s = a.scores + int64_t(t) * a.ne_cap;
+  const int64_t e0 = int64_t(blockIdx.x) * kSelTile + threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < kSelPer; ++u) v[u] = e0 + u * kSelThreads < ne ? s[e0 + u * kSelThreads] : 0.0f;
+  return e0;
+}
+
 // Digit pass `pass` over block (tile, token); the last block of the token to finish advances its state.
 __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelScratch w, int pass, int ib, int passes) {
   __shared__ uint32_t h[kSelBins];
@@ -122,11 +133,8 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
   const uint32_t dmask = (1u << width) - 1u;
   for (int i = threadIdx.x; i < kSelBins; i += blockDim.x) h[i] = 0;
   __syncthreads();
-  const float* s = a.scores + int64_t(t) * a.ne_cap;
-  const int64_t e0 = int64_t(blockIdx.x) * kSelTile + threadIdx.x;
   float v[kSelPer];
-#pragma unroll
-  for (int u = 0; u < kSelPer; ++u) v[u] = e0 + u * kSelThreads < z.ne ? s[e0 + u * kSelThreads] : 0.0f;
+  const int64_t e0 = load_tile(a, t, z.ne, v);
 #pragma unroll
   for (int u = 0; u < kSelPer; ++u) {
     const int64_t e = e0 + u * kSelThreads;
@@ -169,11 +177,8 @@ __global__ void __launch_bounds__(kSelThreads) sel_gather_kernel(IndexArgs a, Se
   const SelSizes z(a);
   if (z.k <= 0) return;
   const SelState st = w.state[t];
-  const float* s = a.scores + int64_t(t) * a.ne_cap;
-  const int64_t e0 = int64_t(blockIdx.x) * kSelTile + threadIdx.x;
   float v[kSelPer];
-#pragma unroll
-  for (int u = 0; u < kSelPer; ++u) v[u] = e0 + u * kSelThreads < z.ne ? s[e0 + u * kSelThreads] : 0.0f;
+  const int64_t e0 = load_tile(a, t, z.ne, v);
 #pragma unroll
   for (int u = 0; u < kSelPer; ++u) {
     const int64_t e = e0 + u * kSelThreads;
@@ -214,12 +219,82 @@ __global__ void __launch_bounds__(kRankThreads) sel_rank_kernel(IndexArgs a, Sel
   }
 }
 
+// Block path (ne_cap <= kBlockMaxNe): one block per token runs the same digit passes over its keys held in shared
+// memory (no arrival counters, one launch), compacts the k chosen keys to the front and sorts them.
+constexpr int kBlockThreads = 1024, kBlockMaxNe = 4096, kBlockPer = kBlockMaxNe / kBlockThreads;
+
+__global__ void __launch_bounds__(kBlockThreads) block_select_kernel(IndexArgs a, int ib, int passes) {
+  __shared__ uint64_t ks[kBlockMaxNe];
+  __shared__ uint32_t h[kSelBins];
+  __shared__ uint32_t scan_sh[32];
+  __shared__ int bin;
+  __shared__ uint32_t above;
+  const int t = blockIdx.x, lane = threadIdx.x & 31;
+  const SelSizes z(a);
+  const int ne = int(z.ne), k = int(z.k);
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  for (int j = max(k, 0) + int(threadIdx.x); j < a.k_cap; j += blockDim.x) out[j] = -1;
+  if (k <= 0) return;
+  const float* s = a.scores + int64_t(t) * a.ne_cap;
+  for (int e = threadIdx.x; e < ne; e += blockDim.x) ks[e] = sel_key(s[e], e, ib);
+  uint64_t hi = 0;
+  uint32_t k_rem = uint32_t(k);
+  int shift = 0;
+  bool done = false;  // the same in every thread: all read the same shared values
+  for (int pass = 0; pass < passes && !done; ++pass) {
+    const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top);
+    shift = top - width;
+    const uint32_t dmask = (1u << width) - 1u;
+    for (int i = threadIdx.x; i <= int(dmask); i += blockDim.x) h[i] = 0;
+    if (threadIdx.x == 0) bin = -1, above = 0;
+    __syncthreads();  // (the first time: the keys are stored)
+    for (int e0 = 0; e0 < ne; e0 += blockDim.x) {  // a uniform trip count: __match_any_sync needs every lane
+      const int e = e0 + int(threadIdx.x);
+      int d = -1;
+      if (e < ne) {
+        const uint64_t key = ks[e];
+        if ((key >> top) == hi) d = int((key >> shift) & dmask);
+      }
+      const unsigned peers = __match_any_sync(radix::kFull, d);
+      if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+    }
+    __syncthreads();
+    radix::find_boundary(h, int(dmask) + 1, k_rem, &bin, &above, scan_sh);
+    hi = (hi << width) | uint64_t(bin);
+    k_rem -= above;
+    done = h[bin] == k_rem || shift == 0;
+    __syncthreads();  // every thread has read h[bin] before the next pass clears h
+  }
+  // The k keys whose bits above `shift` reach hi, compacted to ks[0..k): each thread's into registers, a scan for
+  // the offsets (its barriers also order every read before the first write), then written back.
+  uint64_t v[kBlockPer];
+  uint32_t mine = 0;
+#pragma unroll
+  for (int u = 0; u < kBlockPer; ++u) {
+    const int e = int(threadIdx.x) + u * kBlockThreads;
+    v[u] = e < ne ? ks[e] : 0;
+    mine += e < ne && (v[u] >> shift) >= hi;
+  }
+  uint32_t total;
+  uint32_t o = radix::block_exclusive_scan(mine, scan_sh, &total);
+#pragma unroll
+  for (int u = 0; u < kBlockPer; ++u)
+    if (int(threadIdx.x) + u * kBlockThreads < ne && (v[u] >> shift) >= hi) ks[o++] = v[u];
+  int P = 1;
+  while (P < k) P <<= 1;
+  for (int i = k + int(threadIdx.x); i < P; i += blockDim.x) ks[i] = 0;  // below every key (order images > 0)
+  radix::bitonic_sort_desc(ks, P);
+  const int64_t visible = (*a.pos + t + 1) / a.rate;
+  const uint64_t imask = (uint64_t(1) << ib) - 1;
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    const int64_t e = int64_t(imask - (ks[j] & imask));
+    out[j] = e < visible ? e : -1;
+  }
+}
+
 }  // namespace
 
-int fwd_index_topk_path(int64_t ne_cap) {
-  (void)ne_cap;
-  return kIndexTopkSelect;
-}
+int fwd_index_topk_path(int64_t ne_cap) { return ne_cap <= kBlockMaxNe ? kIndexTopkBlock : kIndexTopkSelect; }
 
 size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path) {
   if (path != kIndexTopkSelect || n <= 0 || ne_cap <= 0 || k_cap <= 0) return 0;
@@ -234,9 +309,15 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
     check_launch("fwd_indexer_topk");
     return;
   }
-  if (path != kIndexTopkSelect) throw_arg("indexer: unknown top-k path");
   if (a.ne_cap > (int64_t(1) << 31)) throw_arg("indexer: more than 2^31 entries");
   const int ib = index_bits(a.ne_cap), passes = sel_passes(ib);
+  if (path == kIndexTopkBlock) {
+    if (a.ne_cap > kBlockMaxNe) throw_arg("indexer: too many entries for the one-block top-k");
+    block_select_kernel<<<a.n, kBlockThreads, 0, s>>>(a, ib, passes);
+    check_launch("fwd_indexer_topk block");
+    return;
+  }
+  if (path != kIndexTopkSelect) throw_arg("indexer: unknown top-k path");
   const SelLayout L = sel_layout(a.n, passes, a.k_cap);
   if (!a.topk_scratch || a.topk_scratch_bytes < L.total) throw_arg("indexer: top-k scratch too small");
   unsigned char* base = static_cast<unsigned char*>(a.topk_scratch);

@@ -34,6 +34,7 @@ constexpr int kBins = 2048;        // histogram bins (digits of at most 11 bits)
 constexpr int kFinalThreads = 1024;
 constexpr int kSortCap = 4096;     // keys sorted in shared memory by k_topk_final
 constexpr int kMaxK = kSampleMaxExactK;
+using radix::bitonic_sort_desc;
 using radix::block_exclusive_scan;
 using radix::find_boundary;
 using radix::kFull;
@@ -68,24 +69,6 @@ __device__ __forceinline__ int digit_of(uint64_t k, int d) { return int((k >> di
 
 // The logit as the non-greedy paths read it: NaN counts as -inf.
 __device__ __forceinline__ float sample_logit(float v) { return isnan(v) ? -INFINITY : v; }
-
-// ---- block helpers (blockDim.x a multiple of 32) ----
-
-// Sorts a[0..P) (P a power of two) into descending order. Starts and ends with all threads synchronized.
-__device__ void bitonic_sort_desc(uint64_t* a, int P) {
-  __syncthreads();
-  for (int k = 2; k <= P; k <<= 1)
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < P; i += blockDim.x) {
-        const int l = i ^ j;
-        if (l > i) {
-          const uint64_t x = a[i], y = a[l];
-          if ((i & k) == 0 ? (x < y) : (x > y)) a[i] = y, a[l] = x;
-        }
-      }
-      __syncthreads();
-    }
-}
 
 __device__ __forceinline__ void write_dist(const SampleOut& out, int row, int n, int i, int32_t id, float pr) {
   if (out.ids && out.probs && i < n && i < out.cap) {

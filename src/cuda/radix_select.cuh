@@ -1,5 +1,5 @@
 // Device pieces of the radix selects (the GPU sampler's top-k, the lightning indexer's top-k): order-preserving
-// float keys and the block-wide steps that find the histogram bin holding the k-th largest key.
+// float keys, the block-wide steps that find the histogram bin holding the k-th largest key, the sort of the winners.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -84,6 +84,22 @@ __device__ __forceinline__ void warp_append(bool pred, uint32_t* counter, uint64
   if (lane == leader) pos = atomicAdd(counter, uint32_t(__popc(mask)));
   pos = __shfl_sync(kFull, pos, leader);
   if (pred) buf[pos + uint32_t(__popc(mask & ((1u << lane) - 1u)))] = v;
+}
+
+// Sorts a[0..P) (P a power of two) into descending order. Starts and ends with all threads synchronized.
+__device__ inline void bitonic_sort_desc(uint64_t* a, int P) {
+  __syncthreads();
+  for (int k = 2; k <= P; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int l = i ^ j;
+        if (l > i) {
+          const uint64_t x = a[i], y = a[l];
+          if ((i & k) == 0 ? (x < y) : (x > y)) a[i] = y, a[l] = x;
+        }
+      }
+      __syncthreads();
+    }
 }
 
 }  // namespace plumb::cuda::detail::radix

@@ -1,7 +1,7 @@
-// The lightning indexer's top-k on the GPU: the radix select (fwd_index_topk.cu, select path) against the rank twin
-// and a host sort in beats() order, index for index, on scores with exact ties, ReLU zeros, -0, NaN, +-inf, tokens
-// of a chunk seeing different prefixes, k > ne and a capacity bound above ne (graph sizes); a captured graph
-// replayed at two positions; and the time of both paths at ne = 2048 .. 262144 (printed).
+// The lightning indexer's top-k on the GPU: the radix selects (fwd_index_topk.cu: the select and block paths)
+// against the rank twin and a host sort in beats() order, index for index, on scores with exact ties, ReLU zeros,
+// -0, NaN, +-inf, tokens of a chunk seeing different prefixes, k > ne and a capacity bound above ne (graph sizes);
+// a captured graph replayed at two positions; and the time of the paths at ne = 64 .. 262144 (printed).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -142,6 +142,8 @@ std::vector<Case> cases() {
     v.push_back({1, 2047, 1, 0, 512, p, false});         // ne = 2048: one tile
     v.push_back({2, 2047, 1, 0, 2048, p, false});        // k = ne_cap - 1 .. 2049: two tiles
     v.push_back({8, 8192, 4, 1000, 512, p, true});       // rate 4, 8 tokens, graph bound
+    v.push_back({1, 4095, 1, 0, 512, p, false});          // ne = 4096: the block path's largest
+    v.push_back({2, 4095, 1, 0, 2048, p, true});          // ne = 4097: the select path
     v.push_back({5, 32763, 1, 0, 2048, p, p != kUniform});
   }
   v.push_back({64, 4032, 1, 0, 512, kRelu, true});        // a prefill chunk: every token a different prefix
@@ -153,71 +155,86 @@ std::vector<Case> cases() {
   return v;
 }
 
-TEST_F(GpuTest, IndexTopkSelectMatchesRankTwinAndHost) {
+const char* path_name(int path) { return path == d::kIndexTopkRank ? "rank twin" : path == d::kIndexTopkSelect ? "select" : "block"; }
+
+TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
   uint32_t seed = 11;
-  int checked = 0;
+  int checked = 0, twin = 0, block = 0;
   for (const Case& c : cases()) {
     const auto s = make_scores(c, seed++);
     const auto want = host_topk(c, s);
-    const auto sel = run_topk(c, s, d::kIndexTopkSelect);
-    expect_same(c.name() + ": select vs host", c, sel, want, s);
+    std::vector<int> paths{d::kIndexTopkSelect};
+    if (d::fwd_index_topk_path(c.ne_cap()) == d::kIndexTopkBlock) paths.push_back(d::kIndexTopkBlock), ++block;
+    std::vector<int64_t> rank;
     if (int64_t(c.n) * c.ne() <= 300000) {  // the O(ne^2) twin is slow beyond
-      const auto rank = run_topk(c, s, d::kIndexTopkRank);
+      rank = run_topk(c, s, d::kIndexTopkRank);
       expect_same(c.name() + ": rank twin vs host", c, rank, want, s);
-      expect_same(c.name() + ": select vs rank twin", c, sel, rank, s);
+      ++twin;
+    }
+    for (int path : paths) {
+      const auto got = run_topk(c, s, path);
+      expect_same(c.name() + ": " + path_name(path) + " vs host", c, got, want, s);
+      if (!rank.empty()) expect_same(c.name() + ": " + path_name(path) + " vs rank twin", c, got, rank, s);
     }
     ++checked;
   }
-  std::printf("indexer top-k: %d cases, select path index-exact against the host sort (and the rank twin up to 300K scores)\n",
-              checked);
+  std::printf("indexer top-k: %d cases index-exact against the host sort (select: all, block: %d, rank twin: %d, compared with "
+              "the twin on those)\n",
+              checked, block, twin);
 }
 
 // One launch sequence for every step: a graph captured at one position, replayed after the position moves, gives
 // the eager results of that position.
-TEST_F(GpuTest, IndexTopkSelectReplaysAsGraph) {
+TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
   const Case c0{4, 5000, 4, 700, 512, kRelu, true}, c1{4, 5900, 4, 475, 512, kRelu, true};  // same n, ne_cap, k_cap
   ASSERT_EQ(c0.ne_cap(), c1.ne_cap());
   auto s0 = make_scores(c0, 5), s1 = make_scores(c1, 6);
-  TopkRun r(c0, s0, d::kIndexTopkSelect);
-  d::Stream st = d::stream_create();
-  d::capture_begin(st);
-  d::fwd_index_topk(r.a, d::kIndexTopkSelect, st);
-  void* g = d::capture_end_instantiate(st);
-  for (int rep = 0; rep < 2; ++rep)
-    for (const Case* c : {&c0, &c1}) {
-      const auto& s = c == &c0 ? s0 : s1;
-      r.scores.upload(s.data(), s.size() * 4);
-      r.pos.upload(&c->pos0, 8);
-      r.sel.fill_byte(0x77);
-      d::dsync();  // the fill runs on the default stream, the graph on st
-      d::graph_launch(g, st);
-      d::dsync();
-      expect_same(c->name() + ": graph replay " + std::to_string(rep) + " vs host", *c, r.result(*c), host_topk(*c, s), s);
-    }
-  d::graph_destroy(g);
-  d::stream_destroy(st);
+  for (int path : {d::kIndexTopkSelect, d::kIndexTopkBlock}) {
+    TopkRun r(c0, s0, path);
+    d::Stream st = d::stream_create();
+    d::capture_begin(st);
+    d::fwd_index_topk(r.a, path, st);
+    void* g = d::capture_end_instantiate(st);
+    for (int rep = 0; rep < 2; ++rep)
+      for (const Case* c : {&c0, &c1}) {
+        const auto& s = c == &c0 ? s0 : s1;
+        r.scores.upload(s.data(), s.size() * 4);
+        r.pos.upload(&c->pos0, 8);
+        r.sel.fill_byte(0x77);
+        d::dsync();  // the fill runs on the default stream, the graph on st
+        d::graph_launch(g, st);
+        d::dsync();
+        expect_same(c->name() + ", " + path_name(path) + ": graph replay " + std::to_string(rep) + " vs host", *c, r.result(*c),
+                    host_topk(*c, s), s);
+      }
+    d::graph_destroy(g);
+    d::stream_destroy(st);
+  }
 }
 
-// Time per call, graph-replayed (a decode step's launches); scores as a ReLU'd indexer leaves them.
+// Time per call, graph-replayed (a decode step's launches; the twin beyond 2048 entries: one eager call), scores as
+// a ReLU'd indexer leaves them. The twin is not timed at 262144 entries (5.5 s at topk 512 on the H200).
 TEST_F(GpuTest, IndexTopkTiming) {
   d::Stream st = d::stream_create();
   void* e0 = d::event_create();
   void* e1 = d::event_create();
-  std::printf("%-8s %-3s %-5s %14s %14s\n", "ne", "n", "topk", "rank twin us", "select us");
-  for (int64_t ne : {int64_t(2048), int64_t(32768), int64_t(262144)})
+  std::printf("%-8s %-3s %-5s %14s %14s %14s\n", "ne", "n", "topk", "rank twin us", "block us", "select us");
+  for (int64_t ne : {int64_t(64), int64_t(256), int64_t(1024), int64_t(2048), int64_t(4096), int64_t(32768), int64_t(262144)})
     for (int n : {1, 8})
       for (int topk : {512, 2048}) {
-        if (topk == 2048 && ne == 2048) continue;
+        if (topk == 2048 && ne <= 2048) continue;
         const Case c{n, ne - n, 1, 0, topk, kRelu, false};
         const auto s = make_scores(c, 3);
-        double us[2] = {0, 0};
-        for (int path : {d::kIndexTopkRank, d::kIndexTopkSelect}) {
+        double us[3] = {NAN, NAN, NAN};
+        for (int path : {d::kIndexTopkRank, d::kIndexTopkBlock, d::kIndexTopkSelect}) {
+          if (path == d::kIndexTopkRank && ne > 32768) continue;
+          if (path == d::kIndexTopkBlock && d::fwd_index_topk_path(ne) != d::kIndexTopkBlock) continue;
           TopkRun r(c, s, path);
-          if (path == d::kIndexTopkRank && ne > 2048) {  // milliseconds or more: one eager call
+          if (path == d::kIndexTopkRank && ne > 2048) {  // milliseconds or more
             d::event_record(e0, st);
             d::fwd_index_topk(r.a, path, st);
             d::event_record(e1, st);
-            us[0] = double(d::event_elapsed_ms(e0, e1)) * 1e3;
+            us[path] = double(d::event_elapsed_ms(e0, e1)) * 1e3;
             continue;
           }
           const int calls = 20;
@@ -234,9 +251,10 @@ TEST_F(GpuTest, IndexTopkTiming) {
             best = std::min(best, double(d::event_elapsed_ms(e0, e1)) * 1e3 / calls);
           }
           d::graph_destroy(g);
-          us[path == d::kIndexTopkSelect] = best;
+          us[path] = best;
         }
-        std::printf("%-8lld %-3d %-5d %14.1f %14.1f\n", (long long)ne, n, topk, us[0], us[1]);
+        std::printf("%-8lld %-3d %-5d %14.1f %14.1f %14.1f\n", (long long)ne, n, topk, us[d::kIndexTopkRank], us[d::kIndexTopkBlock],
+                    us[d::kIndexTopkSelect]);
       }
   d::event_destroy(e0);
   d::event_destroy(e1);
