@@ -166,9 +166,10 @@ struct IndexArgs {
 void fwd_indexer(const IndexArgs& a, Stream s);
 // The top-k alone, from a.scores (fwd_index_topk.cu). Paths, identical results: rank (one block per token ranks
 // every entry against all: O(ne^2), the twin), select (radix select over many blocks per token, then a rank of the
-// k winners: O(ne + k^2)) and block (the radix select in one block per token, ne_cap <= 4096, one launch).
-// Launches depend only on the host's sizes (n, ne_cap, k_cap): graph-safe.
+// k winners: O(ne + k^2)) and block (the radix select in one block per token, ne_cap <= kIndexTopkBlockMaxNe, one
+// launch). Launches depend only on the host's sizes (n, ne_cap, k_cap): graph-safe.
 enum IndexTopkPath : int { kIndexTopkRank = 0, kIndexTopkSelect = 1, kIndexTopkBlock = 2 };
+constexpr int64_t kIndexTopkBlockMaxNe = 4096;
 int fwd_index_topk_path(int64_t ne_cap);
 size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path);
 void fwd_index_topk(const IndexArgs& a, int path, Stream s);

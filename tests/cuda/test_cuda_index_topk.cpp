@@ -164,7 +164,7 @@ TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
     const auto s = make_scores(c, seed++);
     const auto want = host_topk(c, s);
     std::vector<int> paths{d::kIndexTopkSelect};
-    if (d::fwd_index_topk_path(c.ne_cap()) == d::kIndexTopkBlock) paths.push_back(d::kIndexTopkBlock), ++block;
+    if (c.ne_cap() <= d::kIndexTopkBlockMaxNe) paths.push_back(d::kIndexTopkBlock), ++block;
     std::vector<int64_t> rank;
     if (int64_t(c.n) * c.ne() <= 300000) {  // the O(ne^2) twin is slow beyond
       rank = run_topk(c, s, d::kIndexTopkRank);
@@ -228,7 +228,7 @@ TEST_F(GpuTest, IndexTopkTiming) {
         double us[3] = {NAN, NAN, NAN};
         for (int path : {d::kIndexTopkRank, d::kIndexTopkBlock, d::kIndexTopkSelect}) {
           if (path == d::kIndexTopkRank && ne > 32768) continue;
-          if (path == d::kIndexTopkBlock && d::fwd_index_topk_path(ne) != d::kIndexTopkBlock) continue;
+          if (path == d::kIndexTopkBlock && ne > d::kIndexTopkBlockMaxNe) continue;
           TopkRun r(c, s, path);
           if (path == d::kIndexTopkRank && ne > 2048) {  // milliseconds or more
             d::event_record(e0, st);
