@@ -673,7 +673,8 @@ int run(const LayerBenchOptions& o) {
       const int c = std::min(o.prefill_chunk, n - done);
       const auto toks = random_tokens(rng, c, dm.vocab);
       const auto t0 = Clock::now();
-      Tensor lg = model->forward(st, toks);
+      // As a Session prefills for generation: logits of the last token of the last call only.
+      Tensor lg = model->forward(st, toks, nullptr, done + c == n ? LogitRows::Last : LogitRows::None);
       const double s = secs(t0, Clock::now());
       total += s;
       if (chunk_s) chunk_s->push_back(s);
@@ -808,8 +809,7 @@ int run(const LayerBenchOptions& o) {
   // ---- prefill ----
   std::vector<PrefillRow> pre;
   out(fmt::format("prefill: N random tokens on a fresh session, fed in forward calls of at most {} tokens, one run without "
-                  "warm-up (each call also runs the LM head on every token and copies all logits to the host, as "
-                  "Model::forward returns them)\n",
+                  "warm-up (as a Session prefills for generation: the LM head runs on the last token of the last call only)\n",
                   o.prefill_chunk));
   double est_per_tok = NAN;  // seconds per token of the largest prefill so far (or of the decode context)
   int est_n = 0;

@@ -196,6 +196,35 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode");
 }
 
+// Generation's forms of a forward on the GPU: no logits for a prefill pass before the last (the head is skipped),
+// the last row only after it; the same bits as the full forward's rows (the fp32 twin head is per row), eager and
+// replayed as graphs (each form captured separately).
+TEST_F(GpuTest, LastRowAndNoLogitsMatchTheFullForward) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
+  for (const char* patches : {"", "cuda.graph"}) {
+    auto gpu = plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
+    const int64_t V = gpu->config().vocab;
+    const auto toks = prompt(90, int(V));
+    auto full = gpu->new_state(), gen = gpu->new_state();
+    size_t pos = 0;
+    for (size_t n : {20, 1, 1, 5, 1, 1, 1}) {
+      const std::span<const int32_t> chunk(toks.data() + pos, n);
+      const auto a = gpu->forward(full, chunk);
+      const auto none = gpu->forward(gen, chunk, nullptr, plumb::LogitRows::None);
+      EXPECT_EQ(none.numel(), 0);
+      // The None pass must leave the caches as the full pass did: the next token's last-row logits are the same.
+      pos += n;
+      const std::span<const int32_t> next(toks.data() + pos, 1);
+      const auto b = gpu->forward(full, next);
+      const auto last = gpu->forward(gen, next, nullptr, plumb::LogitRows::Last);
+      ASSERT_EQ(last.dim(0), 1);
+      ASSERT_EQ(std::memcmp(last.ptr(), b.ptr(), size_t(V) * 4), 0) << "[" << patches << "] position " << pos;
+      ++pos;
+    }
+    if (gen.dev && std::string(patches) == "cuda.graph") EXPECT_GT(gen.dev->graph_launches, 0);
+  }
+}
+
 // generate() on backend cuda samples on the GPU (Session::forward_sample): the same tokens as plumb::Sampler on
 // the host from the same GPU logits, for greedy, the default filters and penalties, with and without cuda.graph.
 TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
