@@ -421,8 +421,9 @@ d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int
   return a;
 }
 
-d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int K, int64_t E) {
+d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int K, int64_t E, int variant) {
   d::GroupedArgs a;
+  a.variant = variant;
   a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
   a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
   a.rows = w.rows, a.cols = w.cols;
@@ -464,8 +465,8 @@ void moe_group(const int32_t* idx, int n, int K, int64_t E, void* groups, Stream
 }
 
 void moe_gate_up_grouped(const MoeExperts& m, const void* groups, int n, int K, const void* x, Act xt, double limit,
-                         const float* pre_weight, uint16_t* h16, Workspace& ws, Stream s) {
-  d::GroupedArgs a = grouped_args(m.w1, groups, n, K, m.E);
+                         const float* pre_weight, uint16_t* h16, Workspace& ws, Stream s, int variant) {
+  d::GroupedArgs a = grouped_args(m.w1, groups, n, K, m.E, variant);
   a.nmat = 2, a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
   int64_t ldx = m.D;
   a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
@@ -474,8 +475,9 @@ void moe_gate_up_grouped(const MoeExperts& m, const void* groups, int n, int K, 
   d::launch_moe_grouped(a, s);
 }
 
-void moe_down_grouped(const MoeExperts& m, const void* groups, int n, int K, const uint16_t* h16, float* ys, Stream s) {
-  d::GroupedArgs a = grouped_args(m.w2, groups, n, K, m.E);
+void moe_down_grouped(const MoeExperts& m, const void* groups, int n, int K, const uint16_t* h16, float* ys, Stream s,
+                      int variant) {
+  d::GroupedArgs a = grouped_args(m.w2, groups, n, K, m.E, variant);
   a.nmat = 1, a.x = h16, a.x_ld = m.I, a.x_div = 1, a.out = ys, a.o_ld = m.D;
   d::launch_moe_grouped(a, s);
 }

@@ -8,12 +8,20 @@
 // the same sum in the same order as one warp of the decode kernel would form over all of K.
 //
 // Block tile: 8 warps; a warp owns 32 weight rows (gate+up: the same 16 rows of w1 and w3, for the fused SwiGLU;
-// down: 2 x 16 rows of w2) and all 64 tokens of the tile (8 MMA column tiles, 64 fp32 accumulators per lane). The
-// weights go straight from global memory into the registers of the warp that owns them (one 16-byte load per lane
-// is a fragment, prefetched one 128-column chunk ahead) and are decoded once per chunk for all 64 tokens; the
-// tokens' activations are gathered by slot into shared memory, a 4-stage cp.async ring of 128-column chunks, and
-// read as B fragments (one 16-byte load per lane and group). Rows per block: 128 (gate+up) / 256 (down); grid:
-// (row blocks, tile bound), blocks past the device-side tile count exit at once, so nothing returns to the host.
+// down: 2 x 16 rows of w2) and all 64 tokens of the tile (8 MMA column tiles, 64 fp32 accumulators per lane). Its
+// weights are decoded once per 128-column chunk for all 64 tokens. The tokens' activations are gathered by slot
+// into shared memory, a 4-stage cp.async ring of 128-column chunks, and read as B fragments (one 16-byte load per
+// lane and group). Rows per block: 128 (gate+up) / 256 (down); grid: (row blocks, tile bound), blocks past the
+// device-side tile count exit at once, so nothing returns to the host. Two variants (GroupedArgs::variant):
+//   0 "registers": a warp's weight fragments go from global memory straight into its registers (one 16-byte load
+//     per lane is a fragment), one chunk ahead; column tiles past the tile's tokens are skipped by a run-time test.
+//   1 "staged": the weight fragments and scales ride in the activations' cp.async ring (each warp copies its own,
+//     4 stages deep), and the column-tile loop is specialized for 2, 4, 6 or 8 column tiles: straight-line code
+//     whose 2 x NTV MMA chains the compiler can interleave (the run-time test cuts the loop into 2-chain blocks).
+//   2 "staged, run-time test": variant 1's staging with variant 0's column-tile loop (to separate the two effects);
+//   3 as 2 with the run-time test per batch of 4 column tiles (8 MMA chains per straight-line block).
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -26,11 +34,17 @@ constexpr int kBN = kGroupTokens;  // tokens per tile
 constexpr int kNT = kBN / 8;       // MMA column tiles
 constexpr int kKC = 128;           // columns per stage: one chunk of the decode layout
 constexpr int kStages = 4;
+constexpr int kGroupedDefaultVariant = 3;  // GroupedArgs::variant < 0
 // Halfs per staged token row: 320 bytes, = 64 mod 128, so an LDS.128 phase (8 lanes: 2 token rows x 64
 // contiguous bytes) touches 32 distinct banks.
 constexpr int kPitch = kKC + 32;
 constexpr int kStageHalfs = kBN * kPitch;
-constexpr size_t kSmemBytes = size_t(kStages) * kStageHalfs * 2;
+constexpr int kXBytes = kStageHalfs * 2;
+// Variants 1 and 2's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
+// scales [lane 32][4 B] (lane 4g + 2q + h holds the scale word of row g + 8h of tile q).
+constexpr int kWBytes = kWarps * 2 * 2 * 512, kSBytes = kWarps * 32 * 4;
+template <int VARIANT>
+__host__ __device__ constexpr size_t stage_bytes() { return VARIANT != 0 ? size_t(kXBytes + kWBytes + kSBytes) : size_t(kXBytes); }
 
 // Counts per expert (shared-memory atomics: the counts, not their order, matter), exclusive scans of the counts
 // and of the tiles per expert, the tile table. One block; E <= 1024.
@@ -91,125 +105,54 @@ __global__ void group_list_kernel(const int32_t* __restrict__ idx, int slots, in
   }
 }
 
+__device__ __forceinline__ void cp4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// The per-block state of a tile: its expert's weight rows for this warp, the activation rows it gathers.
 template <int NMAT>
-__global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedArgs a, const GroupLayout L) {
-  constexpr int MT = 2 / NMAT;  // 16-row tiles per matrix and warp
-  constexpr int NQ = NMAT * MT;  // A tiles per warp
-  constexpr int ROWS = kWarps * 16 * MT;
-  extern __shared__ __align__(16) __half xs[];  // [kStages][kBN][kPitch]
-  __shared__ int slot_s[kBN];
-
-  const int tile = int(blockIdx.y);
-  if (tile >= a.groups[0]) return;
-  const int e = a.groups[L.tiles + 2 * tile], start = a.groups[L.tiles + 2 * tile + 1];
-  const int cnt = min(kBN, a.groups[L.offs + e + 1] - start);
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  if (tid < kBN) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
-  __syncthreads();
-
-  // Staging: thread tid copies 16 bytes of token rows tid/16 + 16i (i < 4), column piece tid % 16; rows past cnt
-  // are zero-filled.
-  const __half* x = static_cast<const __half*>(a.x);
-  const __half* src[4];
+struct Tile {
+  static constexpr int MT = 2 / NMAT;   // 16-row tiles per matrix and warp
+  static constexpr int NQ = NMAT * MT;  // A tiles per warp (2: both kernels)
+  static constexpr int ROWS = kWarps * 16 * MT;
+  const uint8_t* pw[NQ];        // this lane's fragment of chunk 0, row half 0, of A tile q
+  const uint32_t* ps[NQ][2];    // the scale words of rows g and g + 8 of A tile q
+  const __half* src[4];         // activation pieces this thread copies: token rows tid/16 + 16i, piece tid % 16
   bool valid[4];
   uint32_t dst[4];
+  int row0;
+
+  __device__ Tile(const GroupedArgs& a, int e, const __half* xs, const int* slot_s) {
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    row0 = int(blockIdx.x) * ROWS + warp * 16 * MT;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = tid / 16 + 16 * i, sl = slot_s[r];
-    valid[i] = sl >= 0;
-    src[i] = x + (valid[i] ? int64_t(sl / a.x_div) * a.x_ld : 0) + (tid % 16) * 8;
-    dst[i] = smem_u32(xs + r * kPitch + (tid % 16) * 8);
-  }
-  const int nch = int(a.cols / kKC);
-  auto stage = [&](int c) {
-    if (c < nch) {
-      const uint32_t off = uint32_t((c % kStages) * kStageHalfs * 2);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cp16_zfill(dst[i] + off, src[i] + int64_t(c) * kKC, valid[i]);
+    for (int q = 0; q < NQ; ++q) {
+      const int mat = q % NMAT, rt = row0 + (q / NMAT) * 16;
+      pw[q] = a.w[mat] + int64_t(e) * a.w_prob_stride + int64_t(rt) * (a.cols / 2) + lane * 16;
+      const uint8_t* sb = static_cast<const uint8_t*>(a.s[mat]) + int64_t(e) * a.s_prob_stride;
+      ps[q][0] = reinterpret_cast<const uint32_t*>(sb + int64_t(rt + g) * (a.cols / 32));
+      ps[q][1] = reinterpret_cast<const uint32_t*>(sb + int64_t(rt + g + 8) * (a.cols / 32));
     }
-    cp_commit();  // one group per chunk, empty past the end: the wait count stays uniform
-  };
+    const __half* x = static_cast<const __half*>(a.x);
 #pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) stage(c);
-
-  // The warp's weight tiles: q = (16-row tile m, matrix mat), fragments [chunk][row half][lane][16 B] (1024 bytes
-  // per chunk), scales of rows g and g + 8 as one word per chunk (4 groups).
-  const int row0 = int(blockIdx.x) * ROWS + warp * 16 * MT;
-  const uint8_t* pw[NQ];
-  const uint32_t* ps[NQ][2];
-#pragma unroll
-  for (int q = 0; q < NQ; ++q) {
-    const int mat = q % NMAT, rt = row0 + (q / NMAT) * 16;
-    pw[q] = a.w[mat] + int64_t(e) * a.w_prob_stride + int64_t(rt) * (a.cols / 2) + lane * 16;
-    const uint8_t* sb = static_cast<const uint8_t*>(a.s[mat]) + int64_t(e) * a.s_prob_stride;
-    ps[q][0] = reinterpret_cast<const uint32_t*>(sb + int64_t(rt + g) * (a.cols / 32));
-    ps[q][1] = reinterpret_cast<const uint32_t*>(sb + int64_t(rt + g + 8) * (a.cols / 32));
-  }
-  uint32_t W[NQ][2][4], S[NQ][2];
-  auto load_w = [&](int c, uint32_t (&Wd)[NQ][2][4], uint32_t (&Sd)[NQ][2]) {
-#pragma unroll
-    for (int q = 0; q < NQ; ++q)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 v = ldg_stream<1>(pw[q] + int64_t(c) * 1024 + h * 512);
-        Wd[q][h][0] = v.x, Wd[q][h][1] = v.y, Wd[q][h][2] = v.z, Wd[q][h][3] = v.w;
-        Sd[q][h] = __ldg(ps[q][h] + c);
-      }
-  };
-  load_w(0, W, S);
-
-  float acc[NQ][kNT][4];
-#pragma unroll
-  for (int q = 0; q < NQ; ++q)
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) acc[q][n][0] = acc[q][n][1] = acc[q][n][2] = acc[q][n][3] = 0.0f;
-  const int ntv = (cnt + 7) / 8;  // column tiles with a token
-
-  for (int c = 0; c < nch; ++c) {
-    cp_wait<kStages - 2>();
-    __syncthreads();       // chunk c is in shared memory; every warp is done with chunk c - 1's buffer
-    stage(c + kStages - 1);  // into that buffer
-    uint32_t Wn[NQ][2][4], Sn[NQ][2];
-    if (c + 1 < nch) load_w(c + 1, Wn, Sn);
-    const __half* xb = xs + (c % kStages) * kStageHalfs + g * kPitch + t * 8;
-    float sc[NQ][2][4];
-#pragma unroll
-    for (int q = 0; q < NQ; ++q)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sc[q][h][0] = e8m0_byte<0>(S[q][h]), sc[q][h][1] = e8m0_byte<1>(S[q][h]);
-        sc[q][h][2] = e8m0_byte<2>(S[q][h]), sc[q][h][3] = e8m0_byte<3>(S[q][h]);
-      }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t f[NQ][8];
-#pragma unroll
-      for (int q = 0; q < NQ; ++q) fp4_frag(W[q][0][j], W[q][1][j], f[q]);
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        if (n < ntv) {
-          const uint4 X = *reinterpret_cast<const uint4*>(xb + n * 8 * kPitch + j * 32);
-#pragma unroll
-          for (int q = 0; q < NQ; ++q) fp4_mma_group<false>(f[q], X, sc[q][0][j], sc[q][1][j], acc[q][n]);
-        }
-      }
-    }
-    if (c + 1 < nch) {
-#pragma unroll
-      for (int q = 0; q < NQ; ++q)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          S[q][h] = Sn[q][h];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) W[q][h][k] = Wn[q][h][k];
-        }
+    for (int i = 0; i < 4; ++i) {  // rows past the tile's tokens are zero-filled (computed in vain, never stored)
+      const int r = tid / 16 + 16 * i, sl = slot_s[r];
+      valid[i] = sl >= 0;
+      src[i] = x + (valid[i] ? int64_t(sl / a.x_div) * a.x_ld : 0) + (tid % 16) * 8;
+      dst[i] = smem_u32(xs + r * kPitch + (tid % 16) * 8);
     }
   }
 
+};
+
+// Variant 0's and 1's K loops share the tile setup (Tile), the activation staging and the epilogue (store_tile).
+template <int NMAT, int NTV>
+__device__ __forceinline__ void store_tile(const GroupedArgs& a, const Tile<NMAT>& T, const float (&acc)[2][NTV][4], int cnt,
+                                           const int* slot_s) {
+  const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   // Lane (g, t) holds rows g and g + 8 of each 16-row tile for token columns 2t and 2t + 1 of each column tile.
 #pragma unroll
-  for (int n = 0; n < kNT; ++n) {
-    if (n >= ntv) continue;
+  for (int n = 0; n < NTV; ++n)
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
       const int col = n * 8 + 2 * t + cc;
@@ -218,37 +161,193 @@ __global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedAr
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         if constexpr (NMAT == 2) {
-          const int row = row0 + g + 8 * rr;
+          const int row = T.row0 + g + 8 * rr;
           float h = swiglu_clamped(acc[0][n][rr * 2 + cc] * kFp4Unscale, acc[1][n][rr * 2 + cc] * kFp4Unscale, a.limit);
           if (a.pre_weight) h *= a.pre_weight[slot];
           store_out<__half>(static_cast<__half*>(a.out) + int64_t(slot) * a.o_ld + row, h);
         } else {
 #pragma unroll
-          for (int q = 0; q < NQ; ++q) {
-            const int row = row0 + q * 16 + g + 8 * rr;
+          for (int q = 0; q < 2; ++q) {
+            const int row = T.row0 + q * 16 + g + 8 * rr;
             store_out<float>(static_cast<float*>(a.out) + int64_t(slot) * a.o_ld + row, acc[q][n][rr * 2 + cc] * kFp4Unscale);
           }
         }
       }
     }
+}
+
+// One group j of a chunk: decode the warp's two A tiles once, multiply them into the NTV column tiles, in batches
+// of NB; with NB < NTV a batch runs only if it holds one of the first `ntv` column tiles (a run-time test, which
+// also bounds how many MMA chains the compiler interleaves: 2 x NB, so the registers stay in budget).
+template <int NTV, int NB>
+__device__ __forceinline__ void group_mma(const uint32_t (&W)[2][2][4], const uint32_t (&S)[2][2], int j, const __half* xb,
+                                          int ntv, float (&acc)[2][NTV][4]) {
+  uint32_t f[2][8];
+  float sa[2], sb[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    fp4_frag(W[q][0][j], W[q][1][j], f[q]);
+    sa[q] = e8m0_to_f32(S[q][0] >> (8 * j)), sb[q] = e8m0_to_f32(S[q][1] >> (8 * j));
+  }
+#pragma unroll
+  for (int n0 = 0; n0 < NTV; n0 += NB) {
+    if (NB < NTV && n0 >= ntv) continue;
+#pragma unroll
+    for (int n = n0; n < n0 + NB; ++n) {
+      const uint4 X = *reinterpret_cast<const uint4*>(xb + n * 8 * kPitch + j * 32);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) fp4_mma_group<false>(f[q], X, sa[q], sb[q], acc[q][n]);
+    }
   }
 }
 
+// Variant 0: weights from global memory into registers, one chunk ahead; column tiles tested at run time.
 template <int NMAT>
+__device__ __forceinline__ void tile_registers(const GroupedArgs& a, Tile<NMAT>& T, int cnt, __half* xs, const int* slot_s) {
+  const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+  const int nch = int(a.cols / kKC), ntv = (cnt + 7) / 8;
+  auto stage = [&](int c) {
+    if (c < nch) {
+      const uint32_t off = uint32_t((c % kStages) * kXBytes);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp16_zfill(T.dst[i] + off, T.src[i] + int64_t(c) * kKC, T.valid[i]);
+    }
+    cp_commit();  // one group per chunk, empty past the end: the wait count stays uniform
+  };
+  auto load_w = [&](int c, uint32_t (&W)[2][2][4], uint32_t (&S)[2][2]) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = ldg_stream<1>(T.pw[q] + int64_t(c) * 1024 + h * 512);
+        W[q][h][0] = v.x, W[q][h][1] = v.y, W[q][h][2] = v.z, W[q][h][3] = v.w;
+        S[q][h] = __ldg(T.ps[q][h] + c);
+      }
+  };
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) stage(c);
+  uint32_t W[2][2][4], S[2][2];
+  load_w(0, W, S);
+  float acc[2][kNT][4] = {};
+  for (int c = 0; c < nch; ++c) {
+    cp_wait<kStages - 2>();
+    __syncthreads();         // chunk c is in shared memory; every warp is done with chunk c - 1's buffer
+    stage(c + kStages - 1);  // into that buffer
+    uint32_t Wn[2][2][4], Sn[2][2];
+    if (c + 1 < nch) load_w(c + 1, Wn, Sn);
+    const __half* xb = xs + (c % kStages) * kStageHalfs + g * kPitch + t * 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) group_mma<kNT, 1>(W, S, j, xb, ntv, acc);
+    if (c + 1 < nch) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          S[q][h] = Sn[q][h];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) W[q][h][k] = Wn[q][h][k];
+        }
+    }
+  }
+  store_tile<NMAT, kNT>(a, T, acc, cnt, slot_s);
+}
+
+// Variants 1, 2 and 3: weights and scales staged in shared memory with the activations; NTV column tiles in batches
+// of NB (group_mma).
+template <int NMAT, int NTV, int NB>
+__device__ __forceinline__ void tile_staged(const GroupedArgs& a, Tile<NMAT>& T, int cnt, __half* xs, const int* slot_s) {
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+  const int nch = int(a.cols / kKC), ntv = (cnt + 7) / 8;
+  constexpr uint32_t SB = uint32_t(stage_bytes<1>());
+  const uint32_t base = smem_u32(xs);
+  // This lane's copies of the warp's weights: fragment (q, h) to [warp][q][h][lane]; scale word (q, h) = (lane >> 1
+  // & 1, lane & 1) of row g (+ 8h) to [warp][lane].
+  const uint32_t wdst = base + kXBytes + uint32_t(warp) * 2048 + uint32_t(lane) * 16;
+  const uint32_t sdst = base + kXBytes + kWBytes + uint32_t(warp * 32 + lane) * 4;
+  const uint32_t* ssrc = (lane & 2) ? ((lane & 1) ? T.ps[1][1] : T.ps[1][0]) : ((lane & 1) ? T.ps[0][1] : T.ps[0][0]);  // no run-time index: T stays in registers
+  auto stage = [&](int c) {
+    if (c < nch) {
+      const uint32_t off = uint32_t(c % kStages) * SB;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp16_zfill(T.dst[i] + off, T.src[i] + int64_t(c) * kKC, T.valid[i]);
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cp16(wdst + off + uint32_t(q * 2 + h) * 512, T.pw[q] + int64_t(c) * 1024 + h * 512);
+      cp4(sdst + off, ssrc + c);
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) stage(c);
+  float acc[2][NTV][4] = {};
+  const uint8_t* sm = reinterpret_cast<const uint8_t*>(xs);
+  for (int c = 0; c < nch; ++c) {
+    cp_wait<kStages - 2>();
+    __syncthreads();
+    stage(c + kStages - 1);
+    const uint8_t* st = sm + size_t(c % kStages) * SB;
+    uint32_t W[2][2][4], S[2][2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = *reinterpret_cast<const uint4*>(st + kXBytes + warp * 2048 + (q * 2 + h) * 512 + lane * 16);
+        W[q][h][0] = v.x, W[q][h][1] = v.y, W[q][h][2] = v.z, W[q][h][3] = v.w;
+      }
+    const uint4 sv = *reinterpret_cast<const uint4*>(st + kXBytes + kWBytes + (warp * 32 + g * 4) * 4);
+    S[0][0] = sv.x, S[0][1] = sv.y, S[1][0] = sv.z, S[1][1] = sv.w;
+    const __half* xb = reinterpret_cast<const __half*>(st) + g * kPitch + t * 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) group_mma<NTV, NB>(W, S, j, xb, ntv, acc);
+  }
+  store_tile<NMAT, NTV>(a, T, acc, cnt, slot_s);
+}
+
+// Grid (row blocks, tile bound); blocks past the tile count exit.
+template <int NMAT, int VARIANT>
+__global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedArgs a, const GroupLayout L) {
+  extern __shared__ __align__(16) __half xs[];  // [kStages][stage_bytes<VARIANT>()]
+  __shared__ int slot_s[kBN];
+  const int tile = int(blockIdx.y);
+  if (tile >= a.groups[0]) return;
+  const int e = a.groups[L.tiles + 2 * tile], start = a.groups[L.tiles + 2 * tile + 1];
+  const int cnt = min(kBN, a.groups[L.offs + e + 1] - start);
+  const int tid = int(threadIdx.x);
+  if (tid < kBN) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
+  __syncthreads();
+  Tile<NMAT> T(a, e, xs, slot_s);
+  if constexpr (VARIANT == 0) {
+    tile_registers<NMAT>(a, T, cnt, xs, slot_s);
+  } else if constexpr (VARIANT == 2) {
+    tile_staged<NMAT, kNT, 1>(a, T, cnt, xs, slot_s);
+  } else if constexpr (VARIANT == 3) {
+    tile_staged<NMAT, kNT, 4>(a, T, cnt, xs, slot_s);
+  } else {  // 2, 4, 6 or 8 column tiles, one batch: at most one computed in vain
+    const int ntv = (cnt + 7) / 8;
+    if (ntv <= 2) tile_staged<NMAT, 2, 2>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 4) tile_staged<NMAT, 4, 4>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 6) tile_staged<NMAT, 6, 6>(a, T, cnt, xs, slot_s);
+    else tile_staged<NMAT, kNT, kNT>(a, T, cnt, xs, slot_s);
+  }
+}
+
+template <int NMAT, int VARIANT>
 void launch_grouped_t(const GroupedArgs& a, Stream s) {
-  constexpr int ROWS = kWarps * 16 * (2 / NMAT);
+  constexpr int ROWS = Tile<NMAT>::ROWS;
   if (a.rows % ROWS) throw_arg("moe grouped: rows must be a multiple of " + std::to_string(ROWS));
+  constexpr size_t smem = size_t(kStages) * stage_bytes<VARIANT>();
   // The shared-memory opt-in, once per device for this instantiation.
   static bool set[64] = {};
   int dev = 0;
   PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 64 && !set[dev]) {
-    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<NMAT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<NMAT, VARIANT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     set[dev] = true;
   }
   const GroupLayout L = group_layout(a.slots, a.E);
   const dim3 grid(unsigned(a.rows / ROWS), unsigned(L.max_tiles));
-  grouped_kernel<NMAT><<<grid, kWarps * 32, kSmemBytes, s>>>(a, L);
+  grouped_kernel<NMAT, VARIANT><<<grid, kWarps * 32, smem, s>>>(a, L);
   check_launch("moe grouped_kernel");
 }
 
@@ -272,8 +371,15 @@ void launch_moe_grouped(const GroupedArgs& a, Stream s) {
     throw_arg("moe grouped: null pointer argument");
   if ((reinterpret_cast<uintptr_t>(a.x) & 15u) || (a.x_ld * 2) % 16 || a.x_div < 1)
     throw_arg("moe grouped: activations must be 16-byte aligned, rows included");
-  if (a.nmat == 2) return launch_grouped_t<2>(a, s);
-  if (a.nmat == 1) return launch_grouped_t<1>(a, s);
+  const int v = a.variant < 0 ? kGroupedDefaultVariant : a.variant;
+  if (v > 3) throw_arg("moe grouped: variant must be 0..3");
+  auto pick = [&](auto nmat) {
+    constexpr int M = decltype(nmat)::value;
+    return v == 0 ? launch_grouped_t<M, 0>(a, s) : v == 1 ? launch_grouped_t<M, 1>(a, s) : v == 2 ? launch_grouped_t<M, 2>(a, s)
+                                                                                     : launch_grouped_t<M, 3>(a, s);
+  };
+  if (a.nmat == 2) return pick(std::integral_constant<int, 2>{});
+  if (a.nmat == 1) return pick(std::integral_constant<int, 1>{});
   throw_arg("moe grouped: nmat must be 1 or 2");
 }
 

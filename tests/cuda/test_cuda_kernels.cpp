@@ -514,13 +514,14 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
   cuda::moe_group(di.as<int32_t>(), n, K, E, groups.get());
   cuda::synchronize();
   expect_groups(idx, n, K, E, groups);
+  for (int variant = 0; variant < 4; ++variant)
   for (bool pre : {false, true}) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
     h16.fill_byte(0xFF), ys.fill_byte(0xFF);
     cuda::Workspace ws;
     cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, limit, pre ? wd.as<float>() : nullptr,
-                              h16.as<uint16_t>(), ws);
-    cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>());
+                              h16.as<uint16_t>(), ws, nullptr, variant);
+    cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), nullptr, variant);
     cuda::synchronize();
     const auto hg = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
     const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
@@ -546,7 +547,8 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
         std::copy_n(y.begin() + i * D, D, ys_twin.begin() + s * D);
       }
     }
-    const std::string tag = std::string("grouped moe n=150 K=4 E=12 skewed") + (pre ? " weight-before-down" : "");
+    const std::string tag =
+        "grouped moe (variant " + std::to_string(variant) + ") n=150 K=4 E=12 skewed" + (pre ? " weight-before-down" : "");
     expect_close(tag + " gate/up h16 vs twin", hg, rounded_f16(h_twin), I, 2e-3);
     expect_close(tag + " down (h16 in) vs twin", ysg, ys_twin, D, 1e-4);
   }
@@ -584,9 +586,20 @@ TEST_F(CudaMoe, GroupedPrefillRealShapes) {
   expect_groups(idx, n, K, E, groups);
   const auto hg = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
   const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
-  expect_close("grouped moe real shapes gate/up h16 vs decode kernel", hg,
-               f16_to_float(cuda::to_host<uint16_t>(hdec, size_t(S * I))), I, 2e-3);
-  expect_close("grouped moe real shapes down vs decode kernel", ysg, cuda::to_host<float>(ysdec, size_t(S * D)), D, 1e-5);
+  const auto hd = f16_to_float(cuda::to_host<uint16_t>(hdec, size_t(S * I)));
+  const auto ysd = cuda::to_host<float>(ysdec, size_t(S * D));
+  expect_close("grouped moe real shapes gate/up h16 vs decode kernel", hg, hd, I, 2e-3);
+  expect_close("grouped moe real shapes down vs decode kernel", ysg, ysd, D, 1e-5);
+  for (int variant = 0; variant < 4; ++variant) {  // every kernel variant, on the same inputs
+    cuda::DeviceBuffer hv(size_t(S * I) * 2), yv(size_t(S * D) * 4);
+    hv.fill_byte(0xFF), yv.fill_byte(0xFF);
+    cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, hv.as<uint16_t>(), ws, nullptr, variant);
+    cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), yv.as<float>(), nullptr, variant);
+    cuda::synchronize();
+    const std::string v = "grouped moe real shapes (variant " + std::to_string(variant) + ")";
+    expect_close(v + " gate/up h16 vs decode kernel", f16_to_float(cuda::to_host<uint16_t>(hv, size_t(S * I))), hd, I, 2e-3);
+    expect_close(v + " down vs decode kernel", cuda::to_host<float>(yv, size_t(S * D)), ysd, D, 1e-5);
+  }
   std::vector<float> hs, hs_ref, ysv, ys_ref;
   std::vector<float> row(size_t(std::max(D, I)));
   for (int s = 0; s < S; s += 7) {
