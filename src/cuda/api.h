@@ -219,7 +219,7 @@ void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, 
 // slot lists on the device (token order within an expert) in `groups` (moe_group_bytes); both grouped kernels take
 // that buffer. h16 [n*K, I], ys [n*K, D] per slot as for decode (moe_combine sums them in k order). Needs E <= 1024,
 // I % 128 == 0 and D % 256 == 0; nothing returns to the host (a CUDA graph can capture it). `variant`: the kernel
-// variant (moe_prefill.cu: 0..3; the tests and `plumb bench` run each), < 0 for the default.
+// variant (moe_prefill.cu: 0 or 1; the tests and `plumb bench` run each), < 0 for the default.
 size_t moe_group_bytes(int n, int K, int64_t E);
 void moe_group(const int32_t* idx, int n, int K, int64_t E, void* groups, Stream s = nullptr);
 void moe_gate_up_grouped(const MoeExperts& m, const void* groups, int n, int K, const void* x, Act xt, double limit,

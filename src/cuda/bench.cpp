@@ -192,7 +192,7 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
         }));
     add("moe prefill: down grouped (w2 FP4)", n, sl * f_dn,
         B.time([&](int) { moe_down_grouped(moe, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), S); }));
-    for (int v = 0; v < 4; ++v) {  // the kernel variants (moe_prefill.cu)
+    for (int v = 0; v < 2; ++v) {  // the kernel variants (moe_prefill.cu)
       add(fmt::format("  gate+up, variant {}", v), n, sl * f_gu, B.time([&](int) {
             moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S, v);
           }));

@@ -168,7 +168,7 @@ struct GroupedArgs {
   int slots = 0, E = 0;
   const float* pre_weight = nullptr;  // nmat 2: h *= pre_weight[slot]
   float limit = 0.0f;
-  int variant = -1;  // kernel variant 0..3 (moe_prefill.cu; `plumb bench` times each); < 0: the default
+  int variant = -1;  // kernel variant 0 or 1 (moe_prefill.cu; `plumb bench` times each); < 0: the default
 };
 void launch_moe_grouped(const GroupedArgs& a, Stream s);
 

@@ -15,13 +15,15 @@
 // device-side tile count exit at once, so nothing returns to the host. Two variants (GroupedArgs::variant):
 //   0 "registers": a warp's weight fragments go from global memory straight into its registers (one 16-byte load
 //     per lane is a fragment), one chunk ahead; column tiles past the tile's tokens are skipped by a run-time test.
-//   1 "staged": the weight fragments and scales ride in the activations' cp.async ring (each warp copies its own,
-//     4 stages deep), and the column-tile loop is specialized for 2, 4, 6 or 8 column tiles: straight-line code
-//     whose 2 x NTV MMA chains the compiler can interleave (the run-time test cuts the loop into 2-chain blocks).
-//   2 "staged, run-time test": variant 1's staging with variant 0's column-tile loop (to separate the two effects);
-//   3 as 2 with the run-time test per batch of 4 column tiles (8 MMA chains per straight-line block).
-#include <type_traits>
-
+//   1 "staged" (the default): the weight fragments and scales ride in the activations' cp.async ring (each warp
+//     copies its own, 4 stages deep), and the column-tile loop is specialized for 2, 4, 6 or 8 column tiles:
+//     straight-line code whose 2 x NTV MMA chains the compiler interleaves (a run-time test per column tile cuts
+//     the loop into 2-chain blocks). 255 registers with a few spilled words (ptxas: 64 / 156 bytes of spill
+//     stores for down / gate+up), still the fastest.
+// H200, `plumb bench` (bench/results/h200-moe-prefill-run2), TFLOP/s gate+up / down: 8K tokens: variant 0 188 / 190,
+// variant 1 226 / 240; 1K tokens: 114 / 115 and 155 / 159. Two variants measured there and dropped: the staging
+// alone with the run-time test per column tile (173 / 179 at 8K: slower than variant 0) and per batch of 4
+// column tiles (217 / 226, no spills).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -34,13 +36,13 @@ constexpr int kBN = kGroupTokens;  // tokens per tile
 constexpr int kNT = kBN / 8;       // MMA column tiles
 constexpr int kKC = 128;           // columns per stage: one chunk of the decode layout
 constexpr int kStages = 4;
-constexpr int kGroupedDefaultVariant = 3;  // GroupedArgs::variant < 0
+constexpr int kGroupedDefaultVariant = 1;  // GroupedArgs::variant < 0
 // Halfs per staged token row: 320 bytes, = 64 mod 128, so an LDS.128 phase (8 lanes: 2 token rows x 64
 // contiguous bytes) touches 32 distinct banks.
 constexpr int kPitch = kKC + 32;
 constexpr int kStageHalfs = kBN * kPitch;
 constexpr int kXBytes = kStageHalfs * 2;
-// Variants 1 and 2's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
+// Variant 1's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
 // scales [lane 32][4 B] (lane 4g + 2q + h holds the scale word of row g + 8h of tile q).
 constexpr int kWBytes = kWarps * 2 * 2 * 512, kSBytes = kWarps * 32 * 4;
 template <int VARIANT>
@@ -252,12 +254,11 @@ __device__ __forceinline__ void tile_registers(const GroupedArgs& a, Tile<NMAT>&
   store_tile<NMAT, kNT>(a, T, acc, cnt, slot_s);
 }
 
-// Variants 1, 2 and 3: weights and scales staged in shared memory with the activations; NTV column tiles in batches
-// of NB (group_mma).
-template <int NMAT, int NTV, int NB>
+// Variant 1: weights and scales staged in shared memory with the activations; NTV column tiles, straight-line.
+template <int NMAT, int NTV>
 __device__ __forceinline__ void tile_staged(const GroupedArgs& a, Tile<NMAT>& T, int cnt, __half* xs, const int* slot_s) {
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-  const int nch = int(a.cols / kKC), ntv = (cnt + 7) / 8;
+  const int nch = int(a.cols / kKC);
   constexpr uint32_t SB = uint32_t(stage_bytes<1>());
   const uint32_t base = smem_u32(xs);
   // This lane's copies of the warp's weights: fragment (q, h) to [warp][q][h][lane]; scale word (q, h) = (lane >> 1
@@ -299,7 +300,7 @@ __device__ __forceinline__ void tile_staged(const GroupedArgs& a, Tile<NMAT>& T,
     S[0][0] = sv.x, S[0][1] = sv.y, S[1][0] = sv.z, S[1][1] = sv.w;
     const __half* xb = reinterpret_cast<const __half*>(st) + g * kPitch + t * 8;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) group_mma<NTV, NB>(W, S, j, xb, ntv, acc);
+    for (int j = 0; j < 4; ++j) group_mma<NTV, NTV>(W, S, j, xb, NTV, acc);
   }
   store_tile<NMAT, NTV>(a, T, acc, cnt, slot_s);
 }
@@ -319,16 +320,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedAr
   Tile<NMAT> T(a, e, xs, slot_s);
   if constexpr (VARIANT == 0) {
     tile_registers<NMAT>(a, T, cnt, xs, slot_s);
-  } else if constexpr (VARIANT == 2) {
-    tile_staged<NMAT, kNT, 1>(a, T, cnt, xs, slot_s);
-  } else if constexpr (VARIANT == 3) {
-    tile_staged<NMAT, kNT, 4>(a, T, cnt, xs, slot_s);
-  } else {  // 2, 4, 6 or 8 column tiles, one batch: at most one computed in vain
+  } else {  // 2, 4, 6 or 8 column tiles: at most one computed in vain
     const int ntv = (cnt + 7) / 8;
-    if (ntv <= 2) tile_staged<NMAT, 2, 2>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 4) tile_staged<NMAT, 4, 4>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 6) tile_staged<NMAT, 6, 6>(a, T, cnt, xs, slot_s);
-    else tile_staged<NMAT, kNT, kNT>(a, T, cnt, xs, slot_s);
+    if (ntv <= 2) tile_staged<NMAT, 2>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 4) tile_staged<NMAT, 4>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 6) tile_staged<NMAT, 6>(a, T, cnt, xs, slot_s);
+    else tile_staged<NMAT, kNT>(a, T, cnt, xs, slot_s);
   }
 }
 
@@ -372,14 +369,9 @@ void launch_moe_grouped(const GroupedArgs& a, Stream s) {
   if ((reinterpret_cast<uintptr_t>(a.x) & 15u) || (a.x_ld * 2) % 16 || a.x_div < 1)
     throw_arg("moe grouped: activations must be 16-byte aligned, rows included");
   const int v = a.variant < 0 ? kGroupedDefaultVariant : a.variant;
-  if (v > 3) throw_arg("moe grouped: variant must be 0..3");
-  auto pick = [&](auto nmat) {
-    constexpr int M = decltype(nmat)::value;
-    return v == 0 ? launch_grouped_t<M, 0>(a, s) : v == 1 ? launch_grouped_t<M, 1>(a, s) : v == 2 ? launch_grouped_t<M, 2>(a, s)
-                                                                                     : launch_grouped_t<M, 3>(a, s);
-  };
-  if (a.nmat == 2) return pick(std::integral_constant<int, 2>{});
-  if (a.nmat == 1) return pick(std::integral_constant<int, 1>{});
+  if (v > 1) throw_arg("moe grouped: variant must be 0 or 1");
+  if (a.nmat == 2) return v == 0 ? launch_grouped_t<2, 0>(a, s) : launch_grouped_t<2, 1>(a, s);
+  if (a.nmat == 1) return v == 0 ? launch_grouped_t<1, 0>(a, s) : launch_grouped_t<1, 1>(a, s);
   throw_arg("moe grouped: nmat must be 1 or 2");
 }
 
