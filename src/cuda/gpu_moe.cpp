@@ -102,9 +102,9 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
 
 // Tokens per chunk from which the routed experts run as grouped GEMMs (moe_gate_up_grouped) instead of the decode
 // kernels (8 tokens per expert per pass, every active expert read once per 1024 slots). `plumb bench` crossover
-// lines, H200 (bench/results/h200-moe-prefill-run2), gate+up + down, decode vs grouped: 64 tokens 1188 vs 1732 us,
-// 128 tokens 2082 vs 2081 us, 256 tokens 4306 vs 2215 us.
-constexpr int kGroupedMinTokens = 128;
+// lines, H200 (bench/results/h200-moe-prefill-run3), gate+up + down, decode vs grouped: 32 tokens 567 vs 909 us,
+// 64 tokens 1191 vs 1185 us, 128 tokens 2079 vs 1423 us, 256 tokens 4297 vs 1510 us.
+constexpr int kGroupedMinTokens = 64;
 
 // routed + shared; `total_scale` != 1 only for fault.shared_scaled.
 template <class Runner, Rsf P>

@@ -20,8 +20,8 @@
 //     straight-line code whose 2 x NTV MMA chains the compiler interleaves (a run-time test per column tile cuts
 //     the loop into 2-chain blocks). 255 registers with a few spilled words (ptxas: 64 / 156 bytes of spill
 //     stores for down / gate+up), still the fastest.
-// H200, `plumb bench` (bench/results/h200-moe-prefill-run2), TFLOP/s gate+up / down: 8K tokens: variant 0 188 / 190,
-// variant 1 226 / 240; 1K tokens: 114 / 115 and 155 / 159. Two variants measured there and dropped: the staging
+// H200, `plumb bench` (bench/results/h200-moe-prefill-run3), TFLOP/s gate+up / down: 8K tokens: variant 0 188 / 189,
+// variant 1 226 / 240; 1K tokens: 115 / 116 and 157 / 159 (run2 holds the dropped variants). Two variants measured there and dropped: the staging
 // alone with the run-time test per column tile (173 / 179 at 8K: slower than variant 0) and per batch of 4
 // column tiles (217 / 226, no spills).
 #include "cuda/common.cuh"
