@@ -123,10 +123,12 @@ TEST_F(GpuTest, BundledModelMatchesCpuOpByOp) {
                                  << row.lix.first_bad << ")";
       tied_layers.insert(row.name.substr(0, row.name.find('.')));
     }
-  for (const auto& row : r.rows)
-    if (!row.is_index && row.local_diverges)
+  for (const auto& row : r.rows) {
+    if (!row.is_index && row.local_diverges) {
       EXPECT_TRUE(row.name.ends_with("attn.out") && tied_layers.count(row.name.substr(0, row.name.find('.'))))
           << row.name << " differs on its own inputs: " << row.lf.max_abs << " (not explained by a tie)";
+    }
+  }
   double worst_local = 0;
   for (const auto& row : r.rows)
     if (row.has_local && !row.is_index) worst_local = std::max(worst_local, row.lf.max_abs / std::max(1.0, row.lf.ref_max));
