@@ -19,9 +19,7 @@ class ModelSession : public Session {
  public:
   ModelSession(std::shared_ptr<const Model> m, int chunk) : m_(std::move(m)), st_(m_->new_state()), chunk_(chunk) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
-    const Tensor logits = m_->forward(st_, feed_all_but_last(tokens));
-    const int64_t V = logits.dim(1);
-    return {logits.ptr() + (logits.dim(0) - 1) * V, logits.ptr() + logits.dim(0) * V};
+    return std::move(m_->forward(st_, feed_all_but_last(tokens), nullptr, LogitRows::Last).data);
   }
   std::vector<float> forward_all(std::span<const int32_t> tokens) override {
     check(tokens);
@@ -52,11 +50,11 @@ class ModelSession : public Session {
     for (size_t p = 0; p < tokens.size(); p += step) out.push_back(tokens.subspan(p, std::min(step, tokens.size() - p)));
     return out;
   }
-  // Runs every pass but the last (their logits are not needed) and returns the last.
+  // Runs every pass but the last without logits (the LM head is skipped) and returns the last.
   std::span<const int32_t> feed_all_but_last(std::span<const int32_t> tokens) {
     check(tokens);
     const auto ps = pieces(tokens);
-    for (size_t i = 0; i + 1 < ps.size(); ++i) m_->forward(st_, ps[i]);
+    for (size_t i = 0; i + 1 < ps.size(); ++i) m_->forward(st_, ps[i], nullptr, LogitRows::None);
     return ps.back();
   }
 };

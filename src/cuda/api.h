@@ -213,6 +213,20 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
 void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,
                  Stream s = nullptr);
 
+// Routed experts for prefill (many tokens per expert): the same results as moe_gate_up / moe_down (up to the fp32
+// accumulation order across K: the same per-group products and scales), by grouped GEMMs that read each expert's
+// weights once per tile of 64 of its tokens instead of once per 8. moe_group sorts the routing into per-expert
+// slot lists on the device (token order within an expert) in `groups` (moe_group_bytes); both grouped kernels take
+// that buffer. h16 [n*K, I], ys [n*K, D] per slot as for decode (moe_combine sums them in k order). Needs E <= 1024,
+// I % 128 == 0 and D % 256 == 0; nothing returns to the host (a CUDA graph can capture it). `variant`: the kernel
+// variant (moe_prefill.cu: 0 or 1; the tests and `plumb bench` run each), < 0 for the default.
+size_t moe_group_bytes(int n, int K, int64_t E);
+void moe_group(const int32_t* idx, int n, int K, int64_t E, void* groups, Stream s = nullptr);
+void moe_gate_up_grouped(const MoeExperts& m, const void* groups, int n, int K, const void* x, Act xt, double limit,
+                         const float* pre_weight, uint16_t* h16, Workspace& ws, Stream s = nullptr, int variant = -1);
+void moe_down_grouped(const MoeExperts& m, const void* groups, int n, int K, const uint16_t* h16, float* ys,
+                      Stream s = nullptr, int variant = -1);
+
 // Scratch the routed-expert path needs between its kernels (and the router's f16 copy of x).
 struct MoeScratch {
   DeviceBuffer h, ys, x16;

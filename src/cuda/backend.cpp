@@ -421,6 +421,16 @@ d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int
   return a;
 }
 
+d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int K, int64_t E, int variant) {
+  d::GroupedArgs a;
+  a.variant = variant;
+  a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
+  a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
+  a.rows = w.rows, a.cols = w.cols;
+  a.groups = static_cast<const int32_t*>(groups), a.slots = n * K, a.E = int(E);
+  return a;
+}
+
 }  // namespace
 
 void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
@@ -445,6 +455,31 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
   a.x_tok_stride = ldx, a.x_by_token = 0;
   a.out = ys, a.o_tok_stride = m.D;
   d::launch_gemv(a, s);
+}
+
+size_t moe_group_bytes(int n, int K, int64_t E) { return size_t(d::group_layout(int64_t(n) * K, E).ints) * 4; }
+
+void moe_group(const int32_t* idx, int n, int K, int64_t E, void* groups, Stream s) {
+  PLUMB_CHECK(E >= 1 && E <= 1024, "moe_group: {} experts (1..1024 supported)", E);
+  d::launch_moe_group(idx, n * K, int(E), static_cast<int32_t*>(groups), s);
+}
+
+void moe_gate_up_grouped(const MoeExperts& m, const void* groups, int n, int K, const void* x, Act xt, double limit,
+                         const float* pre_weight, uint16_t* h16, Workspace& ws, Stream s, int variant) {
+  d::GroupedArgs a = grouped_args(m.w1, groups, n, K, m.E, variant);
+  a.nmat = 2, a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
+  int64_t ldx = m.D;
+  a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
+  a.x_ld = ldx, a.x_div = K;
+  a.out = h16, a.o_ld = m.I, a.pre_weight = pre_weight, a.limit = float(limit);
+  d::launch_moe_grouped(a, s);
+}
+
+void moe_down_grouped(const MoeExperts& m, const void* groups, int n, int K, const uint16_t* h16, float* ys, Stream s,
+                      int variant) {
+  d::GroupedArgs a = grouped_args(m.w2, groups, n, K, m.E, variant);
+  a.nmat = 1, a.x = h16, a.x_ld = m.I, a.x_div = 1, a.out = ys, a.o_ld = m.D;
+  d::launch_moe_grouped(a, s);
 }
 
 void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,

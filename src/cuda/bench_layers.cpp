@@ -9,11 +9,11 @@
 // Every layer uses learned routing (sqrtsoftplus + bias; V4-Flash's 3 hash layers are not modeled).
 //
 // Measures, in one process: the device's copy bandwidth; load time; decode steps of B tokens of one sequence
-// (prefilled with `context` tokens first) for each batch B: median wall time of a Model::forward call (which returns
-// the logits on the host, so it synchronizes), the part outside the layers (embedding, LM head, logits copy; timed on
-// separate forward calls through two taps, "L0.hc_attn.post" and "hc_head.out", whose downloads synchronize;
-// forwards with taps launch eagerly, so with cuda.graph this part includes a few launch gaps the graphed step does
-// not have, and the per-layer time comes out slightly low: more layers shrink the bias), hence the time per layer, the bytes a layer must read at that batch, GB/s and % of the copy bandwidth, and
+// (prefilled with `context` tokens first) for each batch B: median wall time of a Model::forward call (returning
+// the last row's logits on the host, so it synchronizes), the part outside the layers (the device time of the embedding and
+// LM head op regions; without an op timer, the host clock at two taps), hence the time per layer (an upper bound:
+// the step's host work counts as layer time), the bytes a layer must read at that batch, GB/s and % of the copy
+// bandwidth, and
 // the implied 43-layer tokens/s; prefill of N tokens on a fresh session in chunks of at most prefill_chunk.
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/bench_layers.h"
@@ -673,7 +673,8 @@ int run(const LayerBenchOptions& o) {
       const int c = std::min(o.prefill_chunk, n - done);
       const auto toks = random_tokens(rng, c, dm.vocab);
       const auto t0 = Clock::now();
-      Tensor lg = model->forward(st, toks);
+      // As a Session prefills for generation: logits of the last token of the last call only.
+      Tensor lg = model->forward(st, toks, nullptr, done + c == n ? LogitRows::Last : LogitRows::None);
       const double s = secs(t0, Clock::now());
       total += s;
       if (chunk_s) chunk_s->push_back(s);
@@ -688,8 +689,8 @@ int run(const LayerBenchOptions& o) {
   for (auto t : types) lb.push_back(layer_bytes(dm, t));
   std::vector<DecodeRow> dec;
   out(fmt::format("decode: \"batch B\" = B consecutive new tokens of one sequence per forward step (after a {}-token prefill), "
-                  "which reads the weights once per step as B-sequence decode would; median of up to {} steps after {} "
-                  "warm-up steps\n",
+                  "which reads the weights once per step as B-sequence decode would; the last row's logits come back (a server "
+                  "samples its rows on the device); median of up to {} steps after {} warm-up steps\n",
                   o.context, o.iters, o.warmup));
   bool sane_checked = false;
   for (int B : o.decode_batches) {
@@ -712,7 +713,9 @@ int run(const LayerBenchOptions& o) {
       auto step = [&](TapSink* taps, Tensor* keep) {
         const auto toks = random_tokens(rng, B, dm.vocab);
         const auto t0 = Clock::now();
-        Tensor lg = model->forward(st, toks, taps);
+        // The last row's logits only: B-sequence decode samples its B rows on the device, so downloading [B, vocab]
+        // (16 MB at B = 32) would time a copy no server makes. With taps every row is computed.
+        Tensor lg = model->forward(st, toks, taps, LogitRows::Last);
         const double s = secs(t0, Clock::now());
         if (keep) *keep = std::move(lg);
         return s;
@@ -748,7 +751,7 @@ int run(const LayerBenchOptions& o) {
                               st.dev->graph_launches, st.dev->graph_captures);
       r.us_step = median(us);
       r.us_step_min = *std::min_element(us.begin(), us.end());
-      // The part outside the layers, on tapped steps.
+      // Tapped steps: the distinct experts each layer routes to (and, without an op timer, the outside part).
       SplitSink sink(L);
       std::vector<double> nl;
       for (int i = 0; i < tapped; ++i) {
@@ -765,15 +768,6 @@ int run(const LayerBenchOptions& o) {
         for (double v : sink.distinct) s += v;
         r.experts_measured = s / double(sink.distinct.size());
       }
-      if (int(nl.size()) == tapped) {
-        r.split_measured = true;
-        r.us_non_layer = std::min(median(nl), r.us_step);
-        r.us_layer = (r.us_step - r.us_non_layer) / L;
-      } else {
-        r.us_non_layer = 0;
-        r.us_layer = r.us_step / L;
-        r.note += std::string(r.note.empty() ? "" : "; ") + "non-layer part not measured (taps not seen): per layer = step / layers";
-      }
       // Where a step's time goes: one more untapped step with CUDA events around each op region (the events
       // add a little time; the regions' sum is below the step time by the launch gaps and host work between them).
       if (st.dev) {
@@ -789,6 +783,28 @@ int run(const LayerBenchOptions& o) {
           sum += ms * 1e3;
         }
         out(fmt::format("  batch {} per-op us per step (all layers): {}; sum {}\n", B, line, fmt_num(sum)));
+      }
+      // The part outside the layers. On the GPU: the device time of the "embed" and "head" op regions (CUDA events
+      // on an untapped step; the LM head dominates). The step's upload, the logits download and the host work between
+      // launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on
+      // tapped steps, as the bench did before, counted the taps' downloads and the eager launch gaps outside the
+      // layers: 464-546 us at batch 1 against ~320 us of embed + head, a per-layer time up to 40 % too low.)
+      double regions = 0;
+      int seen = 0;
+      for (const auto& [name, us_op] : r.breakdown)
+        if (name == "embed" || name == "head") regions += us_op, ++seen;
+      if (seen > 0) {
+        r.split_measured = true;
+        r.us_non_layer = std::min(regions, r.us_step);
+        r.us_layer = (r.us_step - r.us_non_layer) / L;
+      } else if (int(nl.size()) == tapped) {  // no op timer (CPU backend): the tapped steps' host clock
+        r.split_measured = true;
+        r.us_non_layer = std::min(median(nl), r.us_step);
+        r.us_layer = (r.us_step - r.us_non_layer) / L;
+      } else {
+        r.us_non_layer = 0;
+        r.us_layer = r.us_step / L;
+        r.note += std::string(r.note.empty() ? "" : "; ") + "non-layer part not measured (taps not seen): per layer = step / layers";
       }
       r.tok_s = B / (r.us_step * 1e-6);
       r.gbps = r.layer_bytes / (r.us_layer * 1e-6) / 1e9;
@@ -808,8 +824,7 @@ int run(const LayerBenchOptions& o) {
   // ---- prefill ----
   std::vector<PrefillRow> pre;
   out(fmt::format("prefill: N random tokens on a fresh session, fed in forward calls of at most {} tokens, one run without "
-                  "warm-up (each call also runs the LM head on every token and copies all logits to the host, as "
-                  "Model::forward returns them)\n",
+                  "warm-up (as a Session prefills for generation: the LM head runs on the last token of the last call only)\n",
                   o.prefill_chunk));
   double est_per_tok = NAN;  // seconds per token of the largest prefill so far (or of the decode context)
   int est_n = 0;
@@ -860,7 +875,7 @@ int run(const LayerBenchOptions& o) {
     out(fmt::format("| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |\n", r.batch, fmt_num(r.us_step), fmt_num(r.us_non_layer),
                     fmt_num(r.us_layer), fmt_num(r.tok_s, 2), fmt_num(r.layer_bytes / 1e6), fmt_num(r.experts_expected),
                     fmt_num(r.experts_measured), fmt_num(r.gbps), fmt_num(r.pct), fmt_num(r.implied, 2)));
-  out("us/layer = (step - the part outside the layers) / layers, averaged over the stack's layer types; MB/layer = the weights a "
+  out("us/layer = (step - the part outside the layers: the embed and head regions' device time) / layers (an upper bound: host work in the step counts as layer time), averaged over the stack's layer types; MB/layer = the weights a "
       "layer must read at that batch (attention, compressor, indexer, router, shared expert, and the routed experts "
       "E(1-(1-k/E)^B) expected under uniform routing); implied = B / (43 x us/layer + us outside layers).\n");
   for (const auto& r : dec)

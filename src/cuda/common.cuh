@@ -76,4 +76,92 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
+// ---- MXFP4 on the f16 tensor cores (the decode kernels, gemv.cu and gemv_fp4s.cuh, and the prefill kernels,
+// moe_prefill.cu): codes in the decode layout (repack_fp4_decode), E8M0 scales per 32 ----
+
+// FP4 values enter the MMA as value * 2^-14 (fp4x8_to_f16x2_d below); the fp32 results are scaled back once.
+constexpr float kFp4Unscale = 16384.0f;
+
+// Eight E2M1 codes of one 32-bit word of the FP4 decode layout (repack_fp4_decode) to four f16x2, exactly, as
+// value * 2^-14: a code s.e1.e0.m placed as the f16 bits s.00000.e1.e0.m.0000000 (bit 15, bits 11..9) is
+// 2^(E-15) * (1 + m/2) for E = 2*e1 + e0 >= 1 and the subnormal m * 2^-15 for E = 0, i.e. the E2M1 value times
+// 2^-14. Byte b of the word holds L = (e0, e1, e4, e5)[b] at bit 7 (sign) and bits 3..1, and H = (e2, e3, e6,
+// e7)[b] at bits 6..4 and bit 0 (sign): one AND gives the L codes as f16 high bytes, two shifts and two ANDs the
+// H codes, and one byte permute per pair puts them in place (8 integer ops and 4 permutes per word, no conversion
+// instruction). p01 = (e0, e1), p23 = (e2, e3), p45 = (e4, e5), p67 = (e6, e7), low half first.
+__device__ __forceinline__ void fp4x8_to_f16x2_d(uint32_t w, uint32_t& p01, uint32_t& p23, uint32_t& p45, uint32_t& p67) {
+  const uint32_t lo = w & 0x8E8E8E8Eu;
+  const uint32_t hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
+  p01 = __byte_perm(lo, 0u, 0x1404);  // bytes (0, lo.0, 0, lo.1)
+  p45 = __byte_perm(lo, 0u, 0x3424);  // bytes (0, lo.2, 0, lo.3)
+  p23 = __byte_perm(hi, 0u, 0x1404);
+  p67 = __byte_perm(hi, 0u, 0x3424);
+}
+
+// The A fragments of one 32-column scale group of a 16-row tile, from words wa (row g) and wb (row g + 8) of the
+// lane's fragments: f[0..3] for the group's first MMA (elements 0..3 of every lane), f[4..7] for the second.
+__device__ __forceinline__ void fp4_frag(uint32_t wa, uint32_t wb, uint32_t (&f)[8]) {
+  fp4x8_to_f16x2_d(wa, f[0], f[2], f[4], f[6]);
+  fp4x8_to_f16x2_d(wb, f[1], f[3], f[5], f[7]);
+}
+
+// One scale group times the lane's 8 activations of the group for token column g (X): two MMAs into a fresh fp32
+// partial sum, which the rows' scales (sa: row g, sb: row g + 8) multiply into acc (the B pairs (X.x, X.y) and
+// (X.z, X.w) are adjacent registers: no moves). MP1: only token column 0 is live (lanes t = 0, d[0] and d[2]): the
+// odd columns' FMAs are skipped.
+template <bool MP1>
+__device__ __forceinline__ void fp4_mma_group(const uint32_t (&f)[8], const uint4& X, float sa, float sb, float (&acc)[4]) {
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_f16(d, f[0], f[1], f[2], f[3], X.x, X.y);
+  mma_f16(d, f[4], f[5], f[6], f[7], X.z, X.w);
+  acc[0] = fmaf(d[0], sa, acc[0]);
+  if (!MP1) acc[1] = fmaf(d[1], sa, acc[1]);
+  acc[2] = fmaf(d[2], sb, acc[2]);
+  if (!MP1) acc[3] = fmaf(d[3], sb, acc[3]);
+}
+
+// Decode and multiply one group (the decode kernels: each group's words are used for one token tile).
+template <bool MP1>
+__device__ __forceinline__ void fp4_group(uint32_t wa, uint32_t wb, const uint4& X, float sa, float sb, float (&acc)[4]) {
+  uint32_t f[8];
+  fp4_frag(wa, wb, f);
+  fp4_mma_group<MP1>(f, X, sa, sb, acc);
+}
+
+// ---- expert epilogue ----
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// silu(min(gate, L)) * clamp(up, -L, L); no clamp for L <= 0 (gate: upper bound only; up: both sides).
+__device__ __forceinline__ float swiglu_clamped(float gate, float up, float limit) {
+  if (limit > 0.0f) {
+    gate = fminf(gate, limit);
+    up = fminf(fmaxf(up, -limit), limit);
+  }
+  return silu(gate) * up;
+}
+
+template <class OT>
+__device__ __forceinline__ void store_out(OT* p, float v);
+template <>
+__device__ __forceinline__ void store_out<float>(float* p, float v) { *p = v; }
+template <>
+__device__ __forceinline__ void store_out<__half>(__half* p, float v) { *p = __float2half_rn(v); }
+
+// ---- cp.async (16 bytes, global to shared) ----
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+// valid false: writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace plumb::cuda::detail

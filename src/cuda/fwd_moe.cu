@@ -61,10 +61,15 @@ __global__ void route_kernel(RouteArgs a) {
           for (int e = g * per; e < (g + 1) * per; ++e) sel[e] = -INFINITY;
     }
     __syncthreads();
+    // The rank of each expert = how many beat it (equal scores: the lower id wins); the top K write their slot.
+    // A full, branch-free count over the row (unrolled, every thread reading the same shared value at once): an
+    // early exit at rank K made the loop serial.
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      a.select[int64_t(t) * E + e] = sel[e];
+      const float v = sel[e];
+      a.select[int64_t(t) * E + e] = v;
       int rank = 0;
-      for (int o = 0; o < E && rank < K; ++o) rank += beats(sel[o], o, sel[e], e);
+#pragma unroll 8
+      for (int o = 0; o < E; ++o) rank += beats(sel[o], o, v, e);
       if (rank < K) idx[rank] = e;
     }
   }

@@ -46,62 +46,12 @@ __device__ __forceinline__ float scale_of(uint32_t w) {
   return e8m0_byte<J>(w);
 }
 
-// FP4 values enter the MMA as value * 2^-14 (fp4x8_to_f16x2_d below); the fp32 results are scaled back once.
-constexpr float kFp4Unscale = 16384.0f;
-
-// Eight E2M1 codes of one 32-bit word of the FP4 decode layout (repack_fp4_decode) to four f16x2, exactly, as
-// value * 2^-14: a code s.e1.e0.m placed as the f16 bits s.00000.e1.e0.m.0000000 (bit 15, bits 11..9) is
-// 2^(E-15) * (1 + m/2) for E = 2*e1 + e0 >= 1 and the subnormal m * 2^-15 for E = 0, i.e. the E2M1 value times
-// 2^-14. Byte b of the word holds L = (e0, e1, e4, e5)[b] at bit 7 (sign) and bits 3..1, and H = (e2, e3, e6,
-// e7)[b] at bits 6..4 and bit 0 (sign): one AND gives the L codes as f16 high bytes, two shifts and two ANDs the
-// H codes, and one byte permute per pair puts them in place (8 integer ops and 4 permutes per word, no conversion
-// instruction). p01 = (e0, e1), p23 = (e2, e3), p45 = (e4, e5), p67 = (e6, e7), low half first.
-__device__ __forceinline__ void fp4x8_to_f16x2_d(uint32_t w, uint32_t& p01, uint32_t& p23, uint32_t& p45, uint32_t& p67) {
-  const uint32_t lo = w & 0x8E8E8E8Eu;
-  const uint32_t hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
-  p01 = __byte_perm(lo, 0u, 0x1404);  // bytes (0, lo.0, 0, lo.1)
-  p45 = __byte_perm(lo, 0u, 0x3424);  // bytes (0, lo.2, 0, lo.3)
-  p23 = __byte_perm(hi, 0u, 0x1404);
-  p67 = __byte_perm(hi, 0u, 0x3424);
-}
-
-// One 32-column scale group of a 16-row FP4 tile: words wa (row g) and wb (row g + 8) of the lane's fragments,
-// the lane's 8 activations of the group for token column g (X), the rows' scales. Two MMAs: elements 0..3 of
-// every lane, then 4..7 (the B pairs (X.x, X.y) and (X.z, X.w) are adjacent registers: no moves). MP1: only
-// token column 0 is live (lanes t = 0, d[0] and d[2]): the odd columns' FMAs are skipped.
-template <bool MP1>
-__device__ __forceinline__ void fp4_group(uint32_t wa, uint32_t wb, const uint4& X, float sa, float sb, float (&acc)[4]) {
-  uint32_t p01, p23, p45, p67, q01, q23, q45, q67;
-  fp4x8_to_f16x2_d(wa, p01, p23, p45, p67);
-  fp4x8_to_f16x2_d(wb, q01, q23, q45, q67);
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_f16(d, p01, q01, p23, q23, X.x, X.y);
-  mma_f16(d, p45, q45, p67, q67, X.z, X.w);
-  acc[0] = fmaf(d[0], sa, acc[0]);
-  if (!MP1) acc[1] = fmaf(d[1], sa, acc[1]);
-  acc[2] = fmaf(d[2], sb, acc[2]);
-  if (!MP1) acc[3] = fmaf(d[3], sb, acc[3]);
-}
-
-template <class OT>
-__device__ __forceinline__ void store_out(OT* p, float v);
-template <>
-__device__ __forceinline__ void store_out<float>(float* p, float v) { *p = v; }
-template <>
-__device__ __forceinline__ void store_out<__half>(__half* p, float v) { *p = __float2half_rn(v); }
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
 // The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L <= 0), times the
 // slot's routing weight when a.pre_weight is set; kStore: gate * out_scale. Shared by both GEMV kernels.
 template <int EPI>
 __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, int slot) {
   if constexpr (EPI == kSwiglu) {
-    if (a.limit > 0.0f) {  // gate: upper bound only; up: both sides
-      r = fminf(r, a.limit);
-      up = fminf(fmaxf(up, -a.limit), a.limit);
-    }
-    r = silu(r) * up;
+    r = swiglu_clamped(r, up, a.limit);
     if (a.pre_weight) r *= a.pre_weight[slot];
   } else {
     r *= a.out_scale;

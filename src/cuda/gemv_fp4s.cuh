@@ -29,16 +29,6 @@ __host__ __device__ constexpr int stage_bytes() {
   return NMAT * (4096 + 256);  // codes [q][chunk 4][half 2][lane 32] x 16 B, scales [q][half 2][g 8] x 16 B
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Work entries (expert, first position in the sorted slot list, tokens <= 8) packed in 32 bits.
 __device__ __forceinline__ int ent_pack(int e, int s0, int m) { return e | (s0 << 16) | ((m - 1) << 25); }
 

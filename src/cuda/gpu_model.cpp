@@ -168,15 +168,20 @@ class GpuForward : public DeviceForward {
     return s;
   }
 
-  Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const override {
-    return download(run(st, tokens, taps), {int64_t(tokens.size()), int64_t(cfg_.vocab)});  // synchronizes
+  Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const override {
+    const float* logits = run(st, tokens, taps, rows);
+    if (rows == LogitRows::None) {
+      synchronize();  // as the other forms do (download synchronizes): the caller may time or reuse the session
+      return Tensor();
+    }
+    return download(logits, {rows == LogitRows::Last ? 1 : int64_t(tokens.size()), int64_t(cfg_.vocab)});  // synchronizes
   }
 
   // The last token's logits never leave the device: fwd_sample (sample.h) draws with the host sampler's
   // parameters, penalty window and uniform draw, and only the token comes back.
   int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                          std::span<const int32_t> history) const override {
-    const float* logits = run(st, tokens, nullptr) + (int64_t(tokens.size()) - 1) * cfg_.vocab;
+    const float* logits = run(st, tokens, nullptr, LogitRows::Last);
     Scratch& sc = st.dev->scratch;
     const SamplingParams& sp = sampler.params();
     SampleParams p;
@@ -208,8 +213,9 @@ class GpuForward : public DeviceForward {
   }
 
  private:
-  // Runs the forward pass for these tokens and returns the device logits [n, vocab] (valid until the next call).
-  const float* run(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
+  // Runs the forward pass for these tokens and returns the device logits [n or 1 or 0, vocab] (valid until the next
+  // call).
+  const float* run(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const {
     const int n = int(tokens.size());
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
@@ -222,18 +228,18 @@ class GpuForward : public DeviceForward {
     h2d(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
-    return graph ? run_graph(ds, n, step, buf + 2) : body(ds, n, step, buf + 2, taps);
+    return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
 
   static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
 
   // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;
   // otherwise runs it eagerly with graph bounds once (every allocation happens there) and captures the next one.
-  const float* run_graph(DeviceSessionState& ds, int n, Step step, const int32_t* tok) const {
+  const float* run_graph(DeviceSessionState& ds, int n, Step step, const int32_t* tok, LogitRows rows) const {
     Scratch& sc = ds.scratch;
     for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
     step.bounds = true;
-    auto& g = ds.graphs[n];
+    auto& g = ds.graphs[n * 4 + int(rows)];  // one captured step per (chunk size, logit rows)
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] { return std::array<const void*, 3>{sc.ws.partial(0), sc.ws.half(0), sc.ws.counters(0)}; };
     const bool same = g->generation == sc.generation && g->workspace == marks();
@@ -244,7 +250,7 @@ class GpuForward : public DeviceForward {
     }
     if (g->exec) graph_destroy(g->exec), g->exec = nullptr;
     auto warm_up = [&] {
-      const float* out = body(ds, n, step, tok, nullptr);
+      const float* out = body(ds, n, step, tok, nullptr, rows);
       g->warm = true, g->generation = sc.generation, g->workspace = marks();
       return out;
     };
@@ -253,13 +259,13 @@ class GpuForward : public DeviceForward {
     const float* out = nullptr;
     void* exec = nullptr;
     try {
-      out = body(ds, n, step, tok, nullptr);
+      out = body(ds, n, step, tok, nullptr, rows);
       exec = capture_end_instantiate(nullptr);
     } catch (const std::exception& e) {
       capture_abort(nullptr);
       ds.graphs_failed = true;
       fmt::print(stderr, "backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on\n", e.what());
-      return body(ds, n, step, tok, nullptr);
+      return body(ds, n, step, tok, nullptr, rows);
     }
     if (sc.generation != g->generation || g->workspace != marks()) {  // memory moved during the capture: not valid
       graph_destroy(exec);
@@ -273,8 +279,8 @@ class GpuForward : public DeviceForward {
   }
 
   // The whole forward as launches on the default stream (eager, or recorded by a capture). Returns the device
-  // logits [n, vocab].
-  const float* body(DeviceSessionState& ds, int n, const Step& step, const int32_t* tok, TapSink* taps) const {
+  // logits of the requested rows ([n, vocab], [1, vocab] or none: taps always get every row).
+  const float* body(DeviceSessionState& ds, int n, const Step& step, const int32_t* tok, TapSink* taps, LogitRows rows) const {
     const auto& c = cfg_;
     const int64_t D = c.hidden, H = c.hc_mult;
     Scratch& sc = ds.scratch;
@@ -336,6 +342,8 @@ class GpuForward : public DeviceForward {
       tap_io(tap, "out", X, {n, H, D});
     }
 
+    if (taps) rows = LogitRows::All;
+    if (rows == LogitRows::None) return nullptr;
     const Tap top{taps, ""};
     HcArgs a;
     a.X = X, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
@@ -347,16 +355,19 @@ class GpuForward : public DeviceForward {
       fwd_hc_pre(a, mixbuf, nullptr);
     }
     tap_io(top, "hc_head.out", col, {n, D});
-    float* logits = sc.f("logits", int64_t(n) * c.vocab);
+    // The final norm and the LM head on the requested rows only (per row: the last row alone gives the same bits).
+    const int m = rows == LogitRows::Last ? 1 : n;
+    float* hx = col + int64_t(n - m) * D;
+    float* logits = sc.f("logits", int64_t(m) * c.vocab);
     {
       OpRegion r(tm, "head");
-      nm_.rms_norm(col, n, D, f32(g_.norm), c.rms_eps);
+      nm_.rms_norm(hx, m, D, f32(g_.norm), c.rms_eps);
       if (head_bf16_) {  // cuda.head_bf16: logits = bf16(x) . head^T on the tensor cores, fp32 out
-        auto* xb = static_cast<uint16_t*>(sc.get("head.x16", size_t(n) * size_t(D) * 2));
-        fwd_to_bf16(col, int64_t(n) * D, xb, nullptr);
-        gemm_bf16(xb, static_cast<const uint16_t*>(g_.head.d.w), logits, true, n, c.vocab, int(D));
+        auto* xb = static_cast<uint16_t*>(sc.get("head.x16", size_t(m) * size_t(D) * 2));
+        fwd_to_bf16(hx, int64_t(m) * D, xb, nullptr);
+        gemm_bf16(xb, static_cast<const uint16_t*>(g_.head.d.w), logits, true, m, c.vocab, int(D));
       } else {
-        fwd_linear(g_.head.d, col, n, D, 0, c.vocab, logits, c.vocab, nullptr);
+        fwd_linear(g_.head.d, hx, m, D, 0, c.vocab, logits, c.vocab, nullptr);
       }
     }
     return logits;

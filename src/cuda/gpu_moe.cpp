@@ -109,6 +109,12 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
   m.nm.proj_slots(d2, idx, slots, 1, h, I, D, I, ys, D, m.sc);
 }
 
+// Tokens per chunk from which the routed experts run as grouped GEMMs (moe_gate_up_grouped) instead of the decode
+// kernels (8 tokens per expert per pass, every active expert read once per 1024 slots). `plumb bench` crossover
+// lines, H200 (bench/results/h200-moe-prefill-run3), gate+up + down, decode vs grouped: 32 tokens 567 vs 909 us,
+// 64 tokens 1191 vs 1185 us, 128 tokens 2079 vs 1423 us, 256 tokens 4297 vs 1510 us.
+constexpr int kGroupedMinTokens = 64;
+
 // routed + shared; `total_scale` != 1 only for fault.shared_scaled.
 template <class Runner, Rsf P>
   requires RunnerAccepts<Runner, P>
@@ -121,7 +127,15 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
   std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
-  if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
+  const bool grouped = m.w.fp4 && r.n >= kGroupedMinTokens && r.E <= 1024 && I % 128 == 0 && D % 256 == 0;
+  if (grouped) {  // cuda.moe_mxfp4 at prefill: grouped GEMMs, each expert's weights read once per 64 of its tokens
+    void* groups = m.sc.get("moe.groups", moe_group_bytes(r.n, r.K, r.E));
+    auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16.grouped", size_t(slots) * size_t(I) * 2));
+    moe_group(r.idx, r.n, r.K, r.E, groups);
+    moe_gate_up_grouped(*m.w.fp4, groups, r.n, r.K, m.x, cuda::Act::F32, limit, before ? r.weight : nullptr, h16, m.sc.ws);
+    moe_down_grouped(*m.w.fp4, groups, r.n, r.K, h16, ys);
+    moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), nullptr, out);
+  } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
     const int chunk = std::max(1, 1024 / r.K);
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
     for (int t0 = 0; t0 < r.n; t0 += chunk) {

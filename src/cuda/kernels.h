@@ -135,4 +135,41 @@ int router_ksplit(int64_t D);  // blocks along D the router uses (partial holds 
 int router_counters(int n);    // counters the router uses for n tokens (one per chunk of 8 tokens)
 void launch_router(const RouterArgs& a, Stream s);
 
+// ---- prefill MoE: grouped GEMM over the MXFP4 experts (moe_prefill.cu) ----
+// The routing [n, K] grouped on the device into per-expert slot lists (slot order, i.e. token order, within an
+// expert) and a table of tiles of up to kGroupTokens slots of one expert. One int32 buffer: [0] the tile count,
+// offs [E + 1] (expert e's slots are list[offs[e] .. offs[e + 1])), list [slots], tiles [max_tiles][2] (expert,
+// first list position). Slots whose expert id is outside [0, E) are left out (their outputs are not written).
+constexpr int kGroupTokens = 64;
+struct GroupLayout {
+  int64_t offs = 0, list = 0, tiles = 0, max_tiles = 0, ints = 0;  // offsets in int32 words; ints: the whole buffer
+};
+inline GroupLayout group_layout(int64_t slots, int64_t E) {
+  GroupLayout g;
+  // sum_e ceil(c_e / T) <= slots / T + (experts with slots), rounded up
+  g.max_tiles = (slots + kGroupTokens - 1) / kGroupTokens + (E < slots ? E : slots);
+  g.offs = 4, g.list = g.offs + E + 1, g.tiles = g.list + slots, g.ints = g.tiles + 2 * g.max_tiles;
+  return g;
+}
+void launch_moe_group(const int32_t* idx, int slots, int E, int32_t* groups, Stream s);  // E <= 1024
+
+struct GroupedArgs {
+  int nmat = 2;  // 2: w1 and w3 with SwiGLU (and pre_weight), f16 out; 1: one matrix, fp32 out
+  const uint8_t* w[2] = {nullptr, nullptr};  // codes of expert 0 (decode layout)
+  const void* s[2] = {nullptr, nullptr};     // E8M0 scales of expert 0, [rows, cols/32]
+  int64_t w_prob_stride = 0, s_prob_stride = 0;  // bytes from one expert to the next
+  int64_t rows = 0, cols = 0;
+  const void* x = nullptr;  // f16; slot s reads row s / x_div, rows x_ld elements apart
+  int64_t x_ld = 0;
+  int x_div = 1;
+  void* out = nullptr;  // row = slot, o_ld elements apart
+  int64_t o_ld = 0;
+  const int32_t* groups = nullptr;  // launch_moe_group's buffer
+  int slots = 0, E = 0;
+  const float* pre_weight = nullptr;  // nmat 2: h *= pre_weight[slot]
+  float limit = 0.0f;
+  int variant = -1;  // kernel variant 0 or 1 (moe_prefill.cu; `plumb bench` times each); < 0: the default
+};
+void launch_moe_grouped(const GroupedArgs& a, Stream s);
+
 }  // namespace plumb::cuda::detail

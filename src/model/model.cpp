@@ -64,13 +64,13 @@ int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens,
   return id;
 }
 
-Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const {
+Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const {
   const auto& c = cfg_;
   const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
   check_tokens(st, tokens);
   if (device_) {
     PLUMB_CHECK(st.dev, "forward: this session's state was not made by the {} backend", backend_);
-    Tensor logits = device_->forward(st, tokens, taps);
+    Tensor logits = device_->forward(st, tokens, taps, taps ? LogitRows::All : rows);
     st.pos += n;
     return logits;
   }
@@ -105,13 +105,15 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     tap.io("out", X);
   }
 
-  const Tap top{taps, ""};
-  Tensor y = hc_head(w_.hc_head, c, opt_, X);
-  top.io("hc_head.out", y);
-  nm.rms_norm(y.ptr(), n, w_.norm, c.rms_eps);
-  Tensor logits = ops::linear(y, w_.head);
   st.pos += n;
-  return logits;
+  if (taps) rows = LogitRows::All;
+  if (rows == LogitRows::None) return Tensor();
+  const Tap top{taps, ""};
+  Tensor y = hc_head(w_.hc_head, c, opt_, X);  // per row: the last row's alone is the same numbers
+  top.io("hc_head.out", y);
+  if (rows == LogitRows::Last) y = Tensor({1, D}, std::vector<float>(y.ptr() + (n - 1) * D, y.ptr() + n * D));
+  nm.rms_norm(y.ptr(), y.dim(0), w_.norm, c.rms_eps);
+  return ops::linear(y, w_.head);
 }
 
 }  // namespace plumb

@@ -17,13 +17,17 @@ namespace plumb {
 class Model;
 class Sampler;  // plumb/text.h
 
+// Which rows of a forward chunk get logits: every token (verification, scoring), only the last (generation: the
+// next token), or none (a prefill pass before the last: the LM head, the largest matrix, is skipped).
+enum class LogitRows { All, Last, None };
+
 // A backend other than the CPU reference runs the whole forward pass itself (src/cuda/gpu_model.cpp): same
 // inputs, outputs and taps as Model::forward, its caches in SessionState::dev.
 class DeviceForward {
  public:
   virtual ~DeviceForward() = default;
   virtual std::shared_ptr<DeviceSessionState> new_state() const = 0;
-  virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps) const = 0;
+  virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const = 0;
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
   virtual int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                                  std::span<const int32_t> history) const = 0;
@@ -44,8 +48,10 @@ class Model {
 
   SessionState new_state() const;
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns
-  // their logits [n, vocab]. Token ids are checked against the vocabulary before anything is computed.
-  Tensor forward(SessionState& state, std::span<const int32_t> tokens, TapSink* taps = nullptr) const;
+  // their logits [n, vocab] (rows Last: [1, vocab], the last token's; None: an empty tensor). Token ids are checked
+  // against the vocabulary before anything is computed. With taps every row is computed (hc_head.out is a tap).
+  Tensor forward(SessionState& state, std::span<const int32_t> tokens, TapSink* taps = nullptr,
+                 LogitRows rows = LogitRows::All) const;
   // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).
   void check_tokens(const SessionState& state, std::span<const int32_t> tokens) const;
   // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there.

@@ -123,10 +123,12 @@ TEST_F(GpuTest, BundledModelMatchesCpuOpByOp) {
                                  << row.lix.first_bad << ")";
       tied_layers.insert(row.name.substr(0, row.name.find('.')));
     }
-  for (const auto& row : r.rows)
-    if (!row.is_index && row.local_diverges)
+  for (const auto& row : r.rows) {
+    if (!row.is_index && row.local_diverges) {
       EXPECT_TRUE(row.name.ends_with("attn.out") && tied_layers.count(row.name.substr(0, row.name.find('.'))))
           << row.name << " differs on its own inputs: " << row.lf.max_abs << " (not explained by a tie)";
+    }
+  }
   double worst_local = 0;
   for (const auto& row : r.rows)
     if (row.has_local && !row.is_index) worst_local = std::max(worst_local, row.lf.max_abs / std::max(1.0, row.lf.ref_max));
@@ -194,6 +196,65 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode");
+}
+
+// Generation's forms of a forward on the GPU: no logits for a prefill pass before the last (the head is skipped),
+// the last row only after it; the same bits as the full forward's rows (the fp32 twin head is per row), eager and
+// replayed as graphs (each form captured separately).
+TEST_F(GpuTest, LastRowAndNoLogitsMatchTheFullForward) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
+  for (const char* patches : {"", "cuda.graph"}) {
+    auto gpu = plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
+    const int64_t V = gpu->config().vocab;
+    const auto toks = prompt(90, int(V));
+    auto full = gpu->new_state(), gen = gpu->new_state();
+    size_t pos = 0;
+    for (size_t n : {20, 1, 1, 5, 1, 1, 1}) {
+      const std::span<const int32_t> chunk(toks.data() + pos, n);
+      const auto a = gpu->forward(full, chunk);
+      const auto none = gpu->forward(gen, chunk, nullptr, plumb::LogitRows::None);
+      EXPECT_EQ(none.numel(), 0);
+      // The None pass must leave the caches as the full pass did: the next token's last-row logits are the same.
+      pos += n;
+      const std::span<const int32_t> next(toks.data() + pos, 1);
+      const auto b = gpu->forward(full, next);
+      const auto last = gpu->forward(gen, next, nullptr, plumb::LogitRows::Last);
+      ASSERT_EQ(last.dim(0), 1);
+      ASSERT_EQ(std::memcmp(last.ptr(), b.ptr(), size_t(V) * 4), 0) << "[" << patches << "] position " << pos;
+      ++pos;
+    }
+    if (gen.dev && std::string(patches) == "cuda.graph") EXPECT_GT(gen.dev->graph_launches, 0);
+  }
+}
+
+// cuda.moe_mxfp4 at prefill: chunks of >= 64 tokens run the routed experts as grouped GEMMs (moe_prefill.cu),
+// smaller ones on the decode kernels. The grouped forward is bit-identical run to run and under cuda.graph
+// (chunks <= 256 tokens are captured), and within f16 rounding of h of the decode kernels' forward (kernel-dims:
+// every expert matrix fits both).
+TEST_F(GpuTest, GroupedPrefillMoeMatchesDecodePathAndIsDeterministic) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
+  const auto model = [&](const std::string& patches) {
+    return plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
+  };
+  auto eager = model("cuda.fp8_gemv,cuda.moe_mxfp4"), graphed = model("cuda.fp8_gemv,cuda.moe_mxfp4,cuda.graph");
+  const auto toks = prompt(480, eager->config().vocab);
+  const auto run = [&](plumb::Model& m, size_t chunk) {
+    auto st = m.new_state();
+    std::vector<float> out;
+    for (size_t p = 0; p < toks.size(); p += chunk) {
+      const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min(chunk, toks.size() - p)));
+      out.insert(out.end(), l.data.begin(), l.data.end());
+    }
+    return out;
+  };
+  const auto grouped = run(*eager, 160), again = run(*eager, 160), graph = run(*graphed, 160), decode = run(*eager, 48);
+  ASSERT_EQ(grouped.size(), decode.size());
+  EXPECT_EQ(std::memcmp(grouped.data(), again.data(), grouped.size() * 4), 0) << "grouped prefill is not deterministic";
+  EXPECT_EQ(std::memcmp(grouped.data(), graph.data(), grouped.size() * 4), 0) << "graph replay differs from eager launches";
+  size_t where = 0;
+  const double rel = max_rel(grouped, decode, &where);
+  std::printf("grouped (chunks of 160) vs decode kernels (chunks of 48): max rel logit difference %.3e at %zu\n", rel, where);
+  EXPECT_LT(rel, 2e-3) << "at logit " << where;
 }
 
 // generate() on backend cuda samples on the GPU (Session::forward_sample): the same tokens as plumb::Sampler on

@@ -54,6 +54,14 @@ std::vector<float> f16_to_float(const std::vector<uint16_t>& b) {
   return v;
 }
 
+// Row r of w (its exact dequantized values) dotted with x in fp64; `row` is scratch of >= w.cols() floats.
+double dot64(const Matrix& w, int64_t r, const float* x, std::vector<float>& row) {
+  w.row(r, row.data());
+  double acc = 0;
+  for (int64_t k = 0; k < w.cols(); ++k) acc += double(row[size_t(k)]) * x[k];
+  return acc;
+}
+
 }  // namespace
 
 // ---- layout (host only: runs without a GPU) ----
@@ -437,25 +445,177 @@ TEST_F(CudaMoe, RealShapesSampledRows) {
     const auto& ex = f->w.experts[size_t(idx[size_t(s)])];
     const float* xs = x.f16.data() + (s / K) * D;
     for (int64_t r = 0; r < I; r += 31) {
-      double g = 0, u = 0;
-      ex.w1.row(r, row.data());
-      for (int64_t k = 0; k < D; ++k) g += double(row[size_t(k)]) * xs[k];
-      ex.w3.row(r, row.data());
-      for (int64_t k = 0; k < D; ++k) u += double(row[size_t(k)]) * xs[k];
       hs.push_back(hg[size_t(s * I + r)]);
-      hs_ref.push_back(swiglu_cpu({float(g)}, {float(u)}, 10.0f)[0]);
+      hs_ref.push_back(swiglu_cpu({float(dot64(ex.w1, r, xs, row))}, {float(dot64(ex.w3, r, xs, row))}, 10.0f)[0]);
     }
     const auto h16 = rounded_f16(std::vector<float>(hg.begin() + s * I, hg.begin() + (s + 1) * I));
     for (int64_t r = 0; r < D; r += 37) {
-      double acc = 0;
-      ex.w2.row(r, row.data());
-      for (int64_t k = 0; k < I; ++k) acc += double(row[size_t(k)]) * h16[size_t(k)];
       ysv.push_back(ysg[size_t(s * D + r)]);
-      ys_ref.push_back(float(acc));
+      ys_ref.push_back(float(dot64(ex.w2, r, h16.data(), row)));
     }
   }
   expect_close("moe real shapes gate/up sampled vs twin", hs, hs_ref, int64_t(hs.size()), 1e-4);
   expect_close("moe real shapes down sampled vs twin", ysv, ys_ref, int64_t(ysv.size()), 1e-4);
+}
+
+// ---- routed experts for prefill (grouped GEMMs) ----
+
+namespace {
+
+// Per-expert slot lists of a routing as moe_group must build them (slot order within an expert), and the tiles.
+void expect_groups(const std::vector<int32_t>& idx, int n, int K, int64_t E, const cuda::DeviceBuffer& groups) {
+  namespace d = cuda::detail;
+  const int S = n * K;
+  const d::GroupLayout L = d::group_layout(S, E);
+  const auto g = cuda::to_host<int32_t>(groups, size_t(L.ints));
+  std::vector<int32_t> offs{0}, list, tiles;
+  for (int64_t e = 0; e < E; ++e) {
+    const int o = int(list.size());
+    for (int s = 0; s < S; ++s)
+      if (idx[size_t(s)] == e) list.push_back(s);
+    for (int p = o; p < int(list.size()); p += d::kGroupTokens) tiles.push_back(int32_t(e)), tiles.push_back(p);
+    offs.push_back(int(list.size()));
+  }
+  ASSERT_EQ(g[0], int(tiles.size() / 2)) << "tile count";
+  ASSERT_LE(int64_t(tiles.size() / 2), L.max_tiles);
+  EXPECT_TRUE(std::equal(offs.begin(), offs.end(), g.begin() + L.offs)) << "expert offsets";
+  EXPECT_TRUE(std::equal(list.begin(), list.end(), g.begin() + L.list)) << "slot lists";
+  EXPECT_TRUE(std::equal(tiles.begin(), tiles.end(), g.begin() + L.tiles)) << "tile table";
+}
+
+// A skewed routing over experts 1..E-1 (expert 0 never chosen): slot 0 of every token is expert 2 (n tokens: whole
+// and partial tiles), slot 1 is expert 3 for the first 64 tokens (exactly one tile), one slot of token n/3 is expert
+// 1 (a single token), the rest uniform over experts 4..E-1 with repeats within a token (as hash routing allows).
+std::vector<int32_t> skewed_routing(Rng& rng, int n, int K, int64_t E) {
+  std::uniform_int_distribution<int> pick(4, int(E) - 1);
+  std::vector<int32_t> idx(size_t(n) * size_t(K));
+  for (int t = 0; t < n; ++t)
+    for (int k = 0; k < K; ++k)
+      idx[size_t(t * K + k)] = k == 0 ? 2 : (k == 1 && t < 64) ? 3 : (k == K - 1 && t == n / 3) ? 1 : pick(rng.gen());
+  return idx;
+}
+
+}  // namespace
+
+// Small shapes, every output against the CPU twin (gate/up with SwiGLU, f16 h; down from that h, fp32), with and
+// without the routing weight before W2, and the grouping itself exactly.
+TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
+  Rng rng(21);
+  const int64_t E = 12, D = 1024, I = 512;
+  auto f = make_moe(rng, E, D, I);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  const int n = 150, K = 4, S = n * K;
+  const float limit = 7.0f;
+  const std::vector<int32_t> idx = skewed_routing(rng, n, K, E);
+  const Acts x = make_acts(Act::F32, rng.floats(size_t(n * D), -2.0f, 2.0f));
+  const auto wts = rng.floats(size_t(S), 0.05f, 1.0f);
+  cuda::DeviceBuffer di = cuda::to_device(idx), wd = cuda::to_device(wts), groups(cuda::moe_group_bytes(n, K, E));
+  groups.fill_byte(0xFF);
+  cuda::moe_group(di.as<int32_t>(), n, K, E, groups.get());
+  cuda::synchronize();
+  expect_groups(idx, n, K, E, groups);
+  for (int variant = 0; variant < 2; ++variant)
+  for (bool pre : {false, true}) {
+    cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
+    h16.fill_byte(0xFF), ys.fill_byte(0xFF);
+    cuda::Workspace ws;
+    cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, limit, pre ? wd.as<float>() : nullptr,
+                              h16.as<uint16_t>(), ws, nullptr, variant);
+    cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), nullptr, variant);
+    cuda::synchronize();
+    const auto hg = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
+    const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
+    // The twin, expert by expert (all of an expert's slots in one ops::linear).
+    std::vector<float> h_twin(size_t(S * I)), ys_twin(size_t(S * D));
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int> sl;
+      for (int s = 0; s < S; ++s)
+        if (idx[size_t(s)] == e) sl.push_back(s);
+      if (sl.empty()) continue;
+      const int c = int(sl.size());
+      std::vector<float> xs(size_t(c) * size_t(D)), hs(size_t(c) * size_t(I));
+      for (int i = 0; i < c; ++i) {
+        std::copy_n(x.f16.begin() + (sl[size_t(i)] / K) * D, D, xs.begin() + i * D);
+        std::copy_n(hg.begin() + sl[size_t(i)] * I, I, hs.begin() + i * I);
+      }
+      const auto& ex = f->w.experts[size_t(e)];
+      const auto h = swiglu_cpu(linear_cpu(xs, c, ex.w1), linear_cpu(xs, c, ex.w3), limit);
+      const auto y = linear_cpu(hs, c, ex.w2);
+      for (int i = 0; i < c; ++i) {
+        const int s = sl[size_t(i)];
+        for (int64_t r = 0; r < I; ++r) h_twin[size_t(s * I + r)] = h[size_t(i * I + r)] * (pre ? wts[size_t(s)] : 1.0f);
+        std::copy_n(y.begin() + i * D, D, ys_twin.begin() + s * D);
+      }
+    }
+    const std::string tag =
+        "grouped moe (variant " + std::to_string(variant) + ") n=150 K=4 E=12 skewed" + (pre ? " weight-before-down" : "");
+    expect_close(tag + " gate/up h16 vs twin", hg, rounded_f16(h_twin), I, 2e-3);
+    expect_close(tag + " down (h16 in) vs twin", ysg, ys_twin, D, 1e-4);
+  }
+}
+
+// V4-Flash shapes (D 4096, I 2048), 320 tokens x top-6 over 8 experts, skewed (0, 1, 64, 320 and ~380 slots per
+// expert): the grouping exactly; every output against the decode kernels on the same inputs (f16 h: one f16
+// rounding apart at most; fp32 down: only the accumulation order of K differs); sampled outputs against fp64 dot
+// products of the exact weights and f16 inputs.
+TEST_F(CudaMoe, GroupedPrefillRealShapes) {
+  Rng rng(22);
+  const int64_t E = 8, D = 4096, I = 2048;
+  auto f = make_moe(rng, E, D, I, false, 116, 122);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  const int n = 320, K = 6, S = n * K;
+  const std::vector<int32_t> idx = skewed_routing(rng, n, K, E);
+  const Acts x = make_acts(Act::BF16, rng.floats(size_t(n * D), -2.0f, 2.0f));
+  cuda::DeviceBuffer di = cuda::to_device(idx), groups(cuda::moe_group_bytes(n, K, E));
+  cuda::DeviceBuffer h16(size_t(S * I) * 2), hdec(size_t(S * I) * 2), ys(size_t(S * D) * 4), ysdec(size_t(S * D) * 4);
+  for (auto* b : {&groups, &h16, &hdec, &ys, &ysdec}) b->fill_byte(0xFF);
+  cuda::Workspace ws;
+  cuda::moe_group(di.as<int32_t>(), n, K, E, groups.get());
+  cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, h16.as<uint16_t>(), ws);
+  cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>());
+  // The decode kernels on the same inputs (down from the grouped h, so that both see one h), 1024 slots per launch.
+  const int chunk = 1024 / K;
+  for (int t0 = 0; t0 < n; t0 += chunk) {
+    const int nc = std::min(chunk, n - t0);
+    const int32_t* ic = di.as<int32_t>() + t0 * K;
+    cuda::moe_gate_up(m, ic, nc, K, x.dev.as<uint16_t>() + int64_t(t0) * D, Act::BF16, 10.0, nullptr,
+                      hdec.as<uint16_t>() + int64_t(t0) * K * I, nullptr, ws);
+    cuda::moe_down(m, ic, nc, K, h16.as<uint16_t>() + int64_t(t0) * K * I, nullptr, ysdec.as<float>() + int64_t(t0) * K * D, ws);
+  }
+  cuda::synchronize();
+  expect_groups(idx, n, K, E, groups);
+  const auto hg = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
+  const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
+  const auto hd = f16_to_float(cuda::to_host<uint16_t>(hdec, size_t(S * I)));
+  const auto ysd = cuda::to_host<float>(ysdec, size_t(S * D));
+  expect_close("grouped moe real shapes gate/up h16 vs decode kernel", hg, hd, I, 2e-3);
+  expect_close("grouped moe real shapes down vs decode kernel", ysg, ysd, D, 1e-5);
+  for (int variant = 0; variant < 2; ++variant) {  // every kernel variant, on the same inputs
+    cuda::DeviceBuffer hv(size_t(S * I) * 2), yv(size_t(S * D) * 4);
+    hv.fill_byte(0xFF), yv.fill_byte(0xFF);
+    cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, hv.as<uint16_t>(), ws, nullptr, variant);
+    cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), yv.as<float>(), nullptr, variant);
+    cuda::synchronize();
+    const std::string v = "grouped moe real shapes (variant " + std::to_string(variant) + ")";
+    expect_close(v + " gate/up h16 vs decode kernel", f16_to_float(cuda::to_host<uint16_t>(hv, size_t(S * I))), hd, I, 2e-3);
+    expect_close(v + " down vs decode kernel", cuda::to_host<float>(yv, size_t(S * D)), ysd, D, 1e-5);
+  }
+  std::vector<float> hs, hs_ref, ysv, ys_ref;
+  std::vector<float> row(size_t(std::max(D, I)));
+  for (int s = 0; s < S; s += 7) {
+    const auto& ex = f->w.experts[size_t(idx[size_t(s)])];
+    const float* xs = x.f16.data() + (s / K) * D;
+    for (int64_t r = s % 29; r < I; r += 29) {
+      hs.push_back(hg[size_t(s * I + r)]);
+      hs_ref.push_back(round_f16(swiglu_cpu({float(dot64(ex.w1, r, xs, row))}, {float(dot64(ex.w3, r, xs, row))}, 10.0f)[0]));
+    }
+    for (int64_t r = s % 37; r < D; r += 37) {
+      ysv.push_back(ysg[size_t(s * D + r)]);
+      ys_ref.push_back(float(dot64(ex.w2, r, hg.data() + s * I, row)));
+    }
+  }
+  expect_close("grouped moe real shapes gate/up sampled vs fp64 twin", hs, hs_ref, int64_t(hs.size()), 2e-3);
+  expect_close("grouped moe real shapes down sampled vs fp64 twin", ysv, ys_ref, int64_t(ysv.size()), 1e-4);
 }
 
 TEST_F(CudaMoe, UploadRefusesNanScales) {

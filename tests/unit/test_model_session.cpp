@@ -280,6 +280,29 @@ TEST_F(ModelSession, PrefillThenDecodesThenPrefillAgainEqualsTheLongPrefill) {
   expect_same_as_full(r);
 }
 
+// Generation asks for the last row's logits or none (a prefill pass before the last): the same numbers as the
+// full forward's rows, the same cache timeline.
+TEST_F(ModelSession, LastRowAndNoLogitsKeepTheTimeline) {
+  auto all = model_->new_state(), last = model_->new_state();
+  const std::span<const int32_t> a(kTokens.data(), 17), b(kTokens.data() + 17, 9);
+  const plumb::Tensor fa = model_->forward(all, a), fb = model_->forward(all, b);
+  const plumb::Tensor la = model_->forward(last, a, nullptr, plumb::LogitRows::None);
+  EXPECT_EQ(la.numel(), 0);
+  EXPECT_EQ(last.pos, 17);
+  const plumb::Tensor lb = model_->forward(last, b, nullptr, plumb::LogitRows::Last);
+  ASSERT_EQ(lb.shape, (plumb::Shape{1, fb.dim(1)}));
+  const int64_t V = fb.dim(1);
+  for (int64_t v = 0; v < V; ++v) ASSERT_EQ(lb.ptr()[v], fb.ptr()[8 * V + v]) << "vocab " << v;
+  // Taps need every row: asking for fewer with a sink still returns all of them.
+  struct Wants : plumb::TapSink {
+    bool wants(const std::string& n) const override { return n == "hc_head.out"; }
+    void put(const std::string&, const plumb::Tensor&) override {}
+    void put_index(const std::string&, const plumb::IndexTensor&) override {}
+  } sink;
+  auto tapped = model_->new_state();
+  EXPECT_EQ(model_->forward(tapped, a, &sink, plumb::LogitRows::Last).dim(0), 17);
+}
+
 TEST_F(ModelSession, OutOfVocabularyTokenIsRefusedBeforeAnythingIsComputed) {
   auto st = model_->new_state();
   const std::span<const int32_t> first(kTokens.data(), 7);
