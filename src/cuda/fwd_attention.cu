@@ -1,6 +1,6 @@
 // Attention on the GPU: sparse softmax attention with the sink over window + compressed keys, the window ring,
-// the compressor's softmax pooling, the lightning indexer's scores (its top-k: fwd_index_topk.cu). Twins of src/model/attention.cpp,
-// compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
+// the compressor's softmax pooling, the lightning indexer's scores (its top-k: fwd_index_topk.cu). Twins of
+// src/model/attention.cpp, compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
 #include "cuda/attn_keys.cuh"
 #include "cuda/official.cuh"
 
