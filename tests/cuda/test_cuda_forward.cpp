@@ -223,7 +223,9 @@ TEST_F(GpuTest, LastRowAndNoLogitsMatchTheFullForward) {
       ASSERT_EQ(std::memcmp(last.ptr(), b.ptr(), size_t(V) * 4), 0) << "[" << patches << "] position " << pos;
       ++pos;
     }
-    if (gen.dev && std::string(patches) == "cuda.graph") EXPECT_GT(gen.dev->graph_launches, 0);
+    if (gen.dev && std::string(patches) == "cuda.graph") {
+      EXPECT_GT(gen.dev->graph_launches, 0);
+    }
   }
 }
 
