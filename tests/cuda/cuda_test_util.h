@@ -15,8 +15,19 @@
 #include "io/safetensors.h"
 #include "model_test_util.h"
 
+namespace plumb::cuda::detail {}  // declared in full by cuda/fwd_kernels.h, which the kernel tests include
+
 namespace plumb_cuda_test {
 
+
+// The names the forward-kernel tests use (`using namespace plumb_cuda_test::kernels;`): device buffers and the
+// kernels' namespace.
+namespace kernels {
+namespace d = ::plumb::cuda::detail;
+using plumb::cuda::DeviceBuffer;
+using plumb::cuda::to_device;
+using plumb::cuda::to_host;
+}  // namespace kernels
 
 // Every GPU test derives from this: without a usable device it skips, saying why.
 class GpuTest : public ::testing::Test {

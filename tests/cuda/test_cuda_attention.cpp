@@ -15,10 +15,7 @@ namespace {
 using plumb_cuda_test::expect_close;
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
-namespace d = plumb::cuda::detail;
-using plumb::cuda::DeviceBuffer;
-using plumb::cuda::to_device;
-using plumb::cuda::to_host;
+using namespace plumb_cuda_test::kernels;
 
 struct Case {
   const char* name;

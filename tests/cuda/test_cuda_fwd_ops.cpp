@@ -13,10 +13,7 @@ namespace {
 
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
-namespace d = plumb::cuda::detail;
-using plumb::cuda::DeviceBuffer;
-using plumb::cuda::to_device;
-using plumb::cuda::to_host;
+using namespace plumb_cuda_test::kernels;
 
 // Mirrors fwd_hc.cu's scratch layout: n * 16 sum-of-squares partials, then mix partials [n, nmix, 16] summed in
 // slice order into the fp32 mix (what hc_finish does).

@@ -13,10 +13,7 @@ namespace {
 
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
-namespace d = plumb::cuda::detail;
-using plumb::cuda::DeviceBuffer;
-using plumb::cuda::to_device;
-using plumb::cuda::to_host;
+using namespace plumb_cuda_test::kernels;
 
 enum Pattern { kUniform, kFewValues, kRelu, kSpecial, kAllZero };
 const char* pattern_name(int p) {
