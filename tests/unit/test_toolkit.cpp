@@ -242,7 +242,9 @@ TEST(ToolkitDiff, ReferenceAgainstItselfHasNoDivergence) {
   ASSERT_GT(r.rows.size(), 50u);
   for (const auto& row : r.rows) {
     EXPECT_FALSE(row.diverges) << row.name;
-    if (!row.is_index) EXPECT_EQ(row.f.max_abs, 0.0) << row.name;
+    if (!row.is_index) {
+      EXPECT_EQ(row.f.max_abs, 0.0) << row.name;
+    }
   }
   EXPECT_EQ(r.rows.back().name, "logits");
   // The report formats carry the same verdict.
