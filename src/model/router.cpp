@@ -43,7 +43,8 @@ RoutedWeights<Rsf::Unfolded> route_unfolded(const MoeWeights& w, const ModelConf
   const int64_t n = in.x.dim(0), E = c.n_experts, K = c.top_k;
   RoutedWeights<Rsf::Unfolded> r{IndexTensor({n, K}), Tensor({n, K}),
                                  opt.bf16_logits || opt.bf16_weight ? ops::linear_bf16_weight(in.x, w.gate, opt.bf16_logits)
-                                                                    : ops::linear(in.x, w.gate)};
+                                                                    : ops::linear(in.x, w.gate),
+                                 Tensor()};
   std::vector<float> score(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
   if (type == MlpType::Learned) r.select = Tensor({n, E});
   for (int64_t t = 0; t < n; ++t) {

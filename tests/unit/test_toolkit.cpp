@@ -189,7 +189,7 @@ TEST(ToolkitDiagnosis, NanOrigin) {
   const DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, nullptr);
   ASSERT_FALSE(r.first.none());
   EXPECT_EQ(r.first.tap, "L0.ffn.shared");
-  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4});
+  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, nullptr, nullptr, {}});
   EXPECT_EQ(d.kind, "nonfinite");
   EXPECT_NE(d.text.find("NaN first appears at L0.ffn.shared"), std::string::npos) << d.text;
   EXPECT_NE(d.text.find("shared expert"), std::string::npos) << d.text;
@@ -203,7 +203,7 @@ TEST(ToolkitDiagnosis, PureScaleOutsideTheMoe) {
   cfg.routed_scaling = 1.5;
   const Trace a = synthetic({{"L0.attn.out", x}}), b = synthetic({{"L0.attn.out", y}});
   const DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, &cfg);
-  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, &cfg});
+  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, &cfg, nullptr, {}});
   EXPECT_EQ(d.kind, "scale");
   EXPECT_NE(d.text.find("B = 2.25 x A"), std::string::npos) << d.text;
   EXPECT_NE(d.text.find("applied twice"), std::string::npos) << d.text;
@@ -225,7 +225,7 @@ TEST(ToolkitDiagnosis, AllZeroRoutedWeights) {
   }
   const DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, &cfg);
   EXPECT_EQ(r.first.tap, "L0.ffn.gate.weights");
-  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, &cfg});
+  const Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, &cfg, nullptr, {}});
   EXPECT_EQ(d.kind, "scores_underflow");
   EXPECT_NE(d.text.find("routed weights all zero on 1 tokens"), std::string::npos) << d.text;
   EXPECT_NE(d.text.find("naive softplus"), std::string::npos) << d.text;
