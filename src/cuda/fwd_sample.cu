@@ -239,14 +239,18 @@ __global__ void __launch_bounds__(kFinalThreads) k_topk_final(const float* __res
   for (int i = threadIdx.x; i < K; i += blockDim.x)
     prob[i] = exp(__dsub_rn(__ddiv_rn(double(sample_logit(src[base + ids[i]])), T), top));
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double sum = 0;
+  // Sampler's fp64 sum of prob[0..count) in index order, by one thread, shared with the block (every thread calls it).
+  auto serial_sum = [&](int count) {
+    if (threadIdx.x == 0) {
+      double acc = 0;
 #pragma unroll 8
-    for (int i = 0; i < K; ++i) sum = __dadd_rn(sum, prob[i]);
-    s_sum = sum;
-  }
-  __syncthreads();
-  const double sum = s_sum;
+      for (int i = 0; i < count; ++i) acc = __dadd_rn(acc, prob[i]);
+      s_sum = acc;
+    }
+    __syncthreads();
+    return s_sum;
+  };
+  const double sum = serial_sum(K);
   for (int i = threadIdx.x; i < K; i += blockDim.x) prob[i] = __ddiv_rn(prob[i], sum);
   __syncthreads();
   int n = K;
@@ -274,14 +278,7 @@ __global__ void __launch_bounds__(kFinalThreads) k_topk_final(const float* __res
     __syncthreads();
     n = s_n;
   }
-  if (threadIdx.x == 0) {
-    double sum2 = 0;
-#pragma unroll 8
-    for (int i = 0; i < n; ++i) sum2 = __dadd_rn(sum2, prob[i]);
-    s_sum = sum2;
-  }
-  __syncthreads();
-  const double sum2 = s_sum;
+  const double sum2 = serial_sum(n);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     q[i] = __double2float_rn(__ddiv_rn(prob[i], sum2));
     write_dist(out, row, n, i, ids[i], q[i]);
