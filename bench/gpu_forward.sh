@@ -5,7 +5,7 @@
 # Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
-# the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench), NCU=1 (kernel times of one
+# the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
@@ -109,7 +109,7 @@ fi
 
 if [ -n "${BENCH:-}" ]; then
   note "bench"
-  timeout "${T_BENCH:-150}" "$C/plumb" bench --json "$OUT/bench.json" >"$OUT/bench.txt" 2>&1
+  timeout "${T_BENCH:-150}" "$C/plumb" bench ${BENCH_ONLY:+--only $BENCH_ONLY} --json "$OUT/bench.json" >"$OUT/bench.txt" 2>&1
   note "bench rc=$?"
 fi
 

@@ -2,6 +2,7 @@
 // with --layers N, the whole GPU forward pass on an N-layer V4-Flash stack (src/cuda/bench_layers.cpp).
 // Without a usable GPU (or in a build without CUDA) it says why and exits non-zero.
 #include "cli/commands.h"
+#include "core/strings.h"
 #include <sstream>
 
 #include "plumb/bench.h"
@@ -17,6 +18,13 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
   cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file");
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
+  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (router, moe, prefill, fp8, attention)")
+      ->check([](const std::string& v) {
+        for (const auto& s : split_list(v, ','))
+          if (s != "router" && s != "moe" && s != "prefill" && s != "fp8" && s != "attention")
+            return "unknown bench section '" + s + "' (known: router, moe, prefill, fp8, attention)";
+        return std::string();
+      });
   cmd->add_flag("--profile", opt->profile, "launch each main kernel once without timing (to run under ncu)");
   auto lo = std::make_shared<cuda::LayerBenchOptions>();
   auto layers = std::make_shared<int>(0);

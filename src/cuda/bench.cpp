@@ -51,6 +51,14 @@ struct Bench {
   std::vector<Row> rows, tuning;
   nlohmann::json checks = nlohmann::json::array();
 
+  // --only: a section runs when the list is empty or names it.
+  bool want(std::string_view section) const {
+    if (o.only.empty()) return true;
+    for (const auto& s : split_list(o.only, ','))
+      if (s == section) return true;
+    return false;
+  }
+
   // single: median (and min) of `iters` runs of f(i), each alone after an L2 flush (launch latency included).
   // graph: kGraph calls captured in one CUDA graph (as a decode step will run), replayed after an L2 flush; the
   // time per call, median of 5 replays. f(i) rotates its inputs with i (routings, weight copies), so that the
@@ -368,6 +376,7 @@ int run_bench(const BenchOptions& opt) {
 
   // ---- router ----
   for (int n : {1, 8}) {
+    if (!B.want("router")) break;
     DeviceRouting<Rsf::Folded> r{ridx.as<int32_t>(), rwt.as<float>(), rlog.as<float>(), rsel.as<float>(), n, K};
     const Timing t = B.time([&](int i) {
       route(rws[size_t(i % ngate)], rc, xb16.get(), Act::BF16, n, nullptr, r, ws, S, scratch.x16.as<uint16_t>());
@@ -378,6 +387,7 @@ int run_bench(const BenchOptions& opt) {
 
   // ---- routed experts (MXFP4) ----
   for (int n : {1, 8}) {
+    if (!B.want("moe")) break;
     const Routings R = make_routings(runs, n, K, E, 1234u + unsigned(n));
     DeviceBuffer idx_all = to_device(R.idx), w_all = to_device(R.w);
     auto idx_at = [&](int i) { return idx_all.as<int32_t>() + size_t(i % runs) * size_t(n * K); };
@@ -500,6 +510,7 @@ int run_bench(const BenchOptions& opt) {
 
   // The MoE layer with the router choosing (router + gate/up + down + combine): 4 launches.
   for (int n : {1, 8}) {
+    if (!B.want("moe")) break;
     DeviceRouting<Rsf::Folded> r{ridx.as<int32_t>(), rwt.as<float>(), rlog.as<float>(), rsel.as<float>(), n, K};
     ModelConfig mc;
     mc.n_experts = E, mc.top_k = K, mc.hidden = int(D), mc.moe_inter = int(I), mc.routed_scaling = rsf, mc.swiglu_limit = 10.0;
@@ -515,7 +526,7 @@ int run_bench(const BenchOptions& opt) {
   }
 
   // ---- routed experts at prefill (grouped GEMMs) ----
-  const std::vector<PrefillRow> prefill = bench_prefill_moe(B, moe, K, ws, seed);
+  const std::vector<PrefillRow> prefill = B.want("prefill") ? bench_prefill_moe(B, moe, K, ws, seed) : std::vector<PrefillRow>{};
 
   // ---- FP8 block-scaled projections and shared expert ----
   struct Proj {
@@ -526,6 +537,7 @@ int run_bench(const BenchOptions& opt) {
   const Proj projs[] = {{"attn wq_a", 1024, 4096, 1},  {"attn wkv", 512, 4096, 1},   {"attn wq_b", 32768, 1024, 1},
                         {"attn wo_a (8 groups)", 8192, 4096, 8}, {"attn wo_b", 4096, 8192, 1}, {"indexer wq_b", 8192, 1024, 1}};
   for (const auto& p : projs) {
+    if (!B.want("fp8")) break;
     const int nc = copies_for(double(p.rows * p.cols));
     std::vector<Fp8Matrix> ws8;
     for (int c = 0; c < nc; ++c) {
@@ -589,7 +601,7 @@ int run_bench(const BenchOptions& opt) {
       B.checks.push_back({{"kernel", "fp8 wq_a"}, {"batch", n}, {"max_abs_err", max_err}, {"max_ref", max_ref}, {"normalized", rel}});
     }
   }
-  {
+  if (B.want("fp8")) {
     const int nc = copies_for(3.0 * double(I * D));
     std::vector<Fp8Expert> ses(static_cast<size_t>(nc));
     for (auto& se : ses) {
@@ -613,7 +625,7 @@ int run_bench(const BenchOptions& opt) {
   // ---- sparse attention at a long context: the unsplit twin vs attn.splitk_decode ----
   // An HCA layer at 1M tokens (8192 compressed entries + the 128-key window, 64 heads x 512): the bytes are the keys
   // (read once by an ideal kernel), the queries and the outputs.
-  {
+  if (B.want("attention")) {
     const int Hq = 64;
     const int64_t Dh = 512, W = 128, rate = 128, ne = 8192, maxk = W + ne;
     DeviceBuffer q(size_t(maxn) * Hq * Dh * 4), kv(size_t(maxn) * Dh * 4), ring(size_t(W * Dh) * 4), ent(size_t(ne * Dh) * 4);
