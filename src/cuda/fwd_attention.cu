@@ -12,6 +12,7 @@ namespace {
 // dot product q . k over Dh (lanes strided), times the scale. Holes get -inf.
 constexpr int kAttnSplit = 8;
 __global__ void attend_logits_kernel(AttendArgs a) {
+  pdl_begin();
   const int th = blockIdx.x, t = th / a.Hq, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const KeyList keys(a, t);
   const float* qh = a.q + int64_t(th) * a.Dh;
@@ -34,6 +35,7 @@ __global__ void attend_logits_kernel(AttendArgs a) {
 // before their products, the four partials added in g order.
 constexpr int kAttnDims = 64, kAttnGroups = 4;  // blockDim = kAttnDims * kAttnGroups
 __global__ void attend_out_kernel(AttendArgs a) {
+  pdl_begin();
   extern __shared__ unsigned char attn_smem[];
   const float** rows = reinterpret_cast<const float**>(attn_smem);  // [ld_logits]
   float* ps = reinterpret_cast<float*>(rows + a.ld_logits);          // [ld_logits]
@@ -93,6 +95,7 @@ __global__ void attend_out_kernel(AttendArgs a) {
 // (-1 slot) has p = 0 and adds nothing; holes trail the selection, so the blocks are the CPU's compacted ones.
 constexpr int kOffBlock = 64;
 __global__ void attend_out_official_kernel(AttendArgs a) {
+  pdl_begin();
   __shared__ float pb[kOffBlock];
   __shared__ float alpha_s;
   const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq;
@@ -133,6 +136,7 @@ __global__ void attend_out_official_kernel(AttendArgs a) {
 }
 
 __global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, const int64_t* pos, int64_t W, float* ring) {
+  pdl_begin();
   const int64_t first = max(int64_t(0), int64_t(n) - W);  // only the last W rows can be needed later
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t rows = int64_t(n) - first;
@@ -160,6 +164,7 @@ __device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64
 // One thread per (window, channel). Series of window w: optionally the previous window's first half, then its own
 // (CSA: second half). Softmax over the gates as ops::softmax, fp32 weighted sum in slot order.
 __global__ void pool_kernel(CompressArgs a) {
+  pdl_begin();
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (w < 0 || ch >= a.c) return;
@@ -204,6 +209,7 @@ __global__ void pool_kernel(CompressArgs a) {
 // One block (256 threads, as the norm kernel) per completed window: RMSNorm and RoPE of its entry, in place, with
 // the arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
 __global__ void compress_finish_kernel(CompressArgs a) {
+  pdl_begin();
   __shared__ double sh[32];
   const int64_t w = completed_window(a, *a.pos, blockIdx.x);
   if (w < 0) return;
@@ -235,6 +241,7 @@ __global__ void compress_finish_kernel(CompressArgs a) {
 // CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window. Runs
 // before stash, which may overwrite pending rows this reads.
 __global__ void compress_carry_kernel(CompressArgs a) {
+  pdl_begin();
   const int64_t pos0 = *a.pos, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t last = (pos0 + a.n) / a.m - 1;
   if (last < pos0 / a.m || i >= int64_t(a.m) * a.c) return;  // no window completed in this chunk
@@ -248,6 +255,7 @@ __global__ void compress_carry_kernel(CompressArgs a) {
 // The rows of the incomplete window (positions from the last window boundary, and from pos, to pos + n) into the
 // pending ring.
 __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
+  pdl_begin();
   const int64_t pos0 = *a.pos, width = a.overlap ? 2 * a.c : a.c;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t end = pos0 + a.n, begin = max(pos0, end / a.m * a.m);
@@ -263,6 +271,7 @@ __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
 // queries are staged in shared memory (row stride dh + 1: lanes reading different heads hit different banks).
 // (A warp per head and entry with a shuffle reduction per head was latency-bound: 58 us for 64 entries.)
 __global__ void index_scores_kernel(IndexArgs a) {
+  pdl_begin();
   extern __shared__ float qs[];
   const int t = blockIdx.y, lane = threadIdx.x & 31;
   const int64_t dh = a.dh, ld = dh + 1, nq = int64_t(a.nh) * dh;
@@ -309,11 +318,10 @@ void fwd_attend(const AttendArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.ld_logits < a.window + (a.type == 2 ? a.ne : a.type == 1 ? a.ksel : 0)) throw_arg("attention: logits scratch too narrow");
   const unsigned rows = unsigned(a.n * a.Hq);
-  attend_logits_kernel<<<dim3(rows, kAttnSplit), 256, 0, s>>>(a);
-  check_launch("fwd_attend_logits");
+  launch("fwd_attend_logits", attend_logits_kernel, dim3(rows, kAttnSplit), 256, 0, s, a);
   if (a.official) {
-    attend_out_official_kernel<<<dim3(rows, unsigned(fwd_blocks(a.Dh, kOffBlock))), kOffBlock, 0, s>>>(a);
-    check_launch("fwd_attend_out_official");
+    launch("fwd_attend_out_official", attend_out_official_kernel, dim3(rows, unsigned(fwd_blocks(a.Dh, kOffBlock))), kOffBlock,
+           0, s, a);
     return;
   }
   const size_t smem = size_t(a.ld_logits) * (sizeof(float*) + sizeof(float));
@@ -325,43 +333,39 @@ void fwd_attend(const AttendArgs& a, Stream s) {
       raised = true;
     }
   }
-  attend_out_kernel<<<dim3(rows, unsigned(fwd_blocks(a.Dh, kAttnDims))), kAttnDims * kAttnGroups, smem, s>>>(a);
-  check_launch("fwd_attend_out");
+  launch("fwd_attend_out", attend_out_kernel, dim3(rows, unsigned(fwd_blocks(a.Dh, kAttnDims))), kAttnDims * kAttnGroups, smem,
+         s, a);
 }
 
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s) {
   const int64_t rows = std::min<int64_t>(n, window);
   if (rows <= 0) return;
-  ring_store_kernel<<<fwd_blocks(rows * Dh, 256), 256, 0, s>>>(chunk_kv, n, Dh, pos, window, ring);
-  check_launch("fwd_ring_store");
+  launch("fwd_ring_store", ring_store_kernel, fwd_blocks(rows * Dh, 256), 256, 0, s, chunk_kv, n, Dh, pos, window,
+         ring);
 }
 
 void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.nw_max > 0) {
-    pool_kernel<<<dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw_max)), 128, 0, s>>>(a);
-    check_launch("fwd_compress_pool");
+    launch("fwd_compress_pool", pool_kernel, dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw_max)), 128, 0, s, a);
     if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
-    compress_finish_kernel<<<unsigned(a.nw_max), 256, 0, s>>>(a);
-    check_launch("fwd_compress_finish");
+    launch("fwd_compress_finish", compress_finish_kernel, unsigned(a.nw_max), 256, 0, s, a);
     if (a.overlap) {
-      compress_carry_kernel<<<fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s>>>(a);
-      check_launch("fwd_compress_carry");
+      launch("fwd_compress_carry", compress_carry_kernel, fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s, a);
     }
   }
   // At most min(n, m - 1) rows stay pending.
   const int64_t rows = std::min<int64_t>(a.n, a.m - 1), width = a.overlap ? 2 * a.c : a.c;
   if (rows <= 0) return;
-  compress_stash_kernel<<<fwd_blocks(rows * width, 256), 256, 0, s>>>(a, rows);
-  check_launch("fwd_compress_stash");
+  launch("fwd_compress_stash", compress_stash_kernel, fwd_blocks(rows * width, 256), 256, 0, s, a, rows);
 }
 
 void fwd_indexer(const IndexArgs& a, Stream s) {
   if (a.n <= 0 || a.ne_cap <= 0) return;
   const size_t smem = size_t(a.nh) * size_t(a.dh + 1) * 4;
   if (smem > 48 * 1024) throw_arg("indexer: index_n_heads x (index_head_dim + 1) floats exceed 48 KiB of shared memory");
-  index_scores_kernel<<<dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, smem, s>>>(a);
-  check_launch("fwd_indexer_scores");
+  launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, smem, s,
+         a);
   fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
 }
 

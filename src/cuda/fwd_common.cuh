@@ -9,6 +9,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/fwd_kernels.h"
+#include "cuda/launch.cuh"
 
 namespace plumb::cuda::detail {
 

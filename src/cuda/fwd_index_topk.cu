@@ -23,6 +23,7 @@ namespace {
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
 // the top-k, sorted; the row's slots from k to k_cap are -1.
 __global__ void index_topk_kernel(IndexArgs a) {
+  pdl_begin();
   const int t = blockIdx.x;
   const float* s = a.scores + int64_t(t) * a.ne_cap;
   const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate, ne = (pos0 + a.n) / a.rate;
@@ -115,6 +116,7 @@ __device__ __forceinline__ int64_t load_tile(const IndexArgs& a, int t, int64_t 
 
 // Digit pass `pass` over block (tile, token); the last block of the token to finish advances its state.
 __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelScratch w, int pass, int ib, int passes) {
+  pdl_begin();
   __shared__ uint32_t h[kSelBins];
   __shared__ uint32_t scan_sh[32];
   __shared__ int bin, last;
@@ -173,6 +175,7 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
 
 // The k keys at or above the final prefix, appended in any order.
 __global__ void __launch_bounds__(kSelThreads) sel_gather_kernel(IndexArgs a, SelScratch w, int ib) {
+  pdl_begin();
   const int t = blockIdx.y;
   const SelSizes z(a);
   if (z.k <= 0) return;
@@ -191,6 +194,7 @@ __global__ void __launch_bounds__(kSelThreads) sel_gather_kernel(IndexArgs a, Se
 // candidate, then a shuffle sum: a short serial loop even at k = 2048) and its entry written at that rank, -1 when
 // the token does not see it yet (unique keys: the ranks are a permutation of 0..k-1); slots [k, k_cap) get -1.
 __global__ void __launch_bounds__(kRankThreads) sel_rank_kernel(IndexArgs a, SelScratch w, int ib) {
+  pdl_begin();
   __shared__ uint64_t ks[kRankChunk];
   const int t = blockIdx.y, sub = threadIdx.x % kRankSplit;
   const int64_t j = int64_t(blockIdx.x) * kRankPerBlock + threadIdx.x / kRankSplit;
@@ -224,6 +228,7 @@ __global__ void __launch_bounds__(kRankThreads) sel_rank_kernel(IndexArgs a, Sel
 constexpr int kBlockThreads = 1024, kBlockMaxNe = int(kIndexTopkBlockMaxNe), kBlockPer = kBlockMaxNe / kBlockThreads;
 
 __global__ void __launch_bounds__(kBlockThreads) block_select_kernel(IndexArgs a, int ib, int passes) {
+  pdl_begin();
   __shared__ uint64_t ks[kBlockMaxNe];
   __shared__ uint32_t h[kSelBins];
   __shared__ uint32_t scan_sh[32];
@@ -312,16 +317,14 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
   if (a.n <= 0 || a.ne_cap <= 0 || a.k_cap <= 0) return;
   if (int64_t(a.k_cap) < std::min<int64_t>(a.topk, a.ne_cap)) throw_arg("indexer: k_cap below min(topk, ne_cap)");
   if (path == kIndexTopkRank) {
-    index_topk_kernel<<<a.n, 256, 0, s>>>(a);
-    check_launch("fwd_indexer_topk");
+    launch("fwd_indexer_topk", index_topk_kernel, a.n, 256, 0, s, a);
     return;
   }
   if (a.ne_cap > (int64_t(1) << 31)) throw_arg("indexer: more than 2^31 entries");
   const int ib = index_bits(a.ne_cap), passes = sel_passes(ib);
   if (path == kIndexTopkBlock) {
     if (a.ne_cap > kBlockMaxNe) throw_arg("indexer: too many entries for the one-block top-k");
-    block_select_kernel<<<a.n, kBlockThreads, 0, s>>>(a, ib, passes);
-    check_launch("fwd_indexer_topk block");
+    launch("fwd_indexer_topk block", block_select_kernel, a.n, kBlockThreads, 0, s, a, ib, passes);
     return;
   }
   if (path != kIndexTopkSelect) throw_arg("indexer: unknown top-k path");
@@ -336,12 +339,10 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
   w.cand = reinterpret_cast<uint64_t*>(base + L.cand);
   PLUMB_CUDA_CHECK(cudaMemsetAsync(base, 0, L.zeroed, s));
   const dim3 grid(unsigned(fwd_blocks(a.ne_cap, kSelTile)), unsigned(a.n));
-  for (int p = 0; p < passes; ++p) sel_hist_kernel<<<grid, kSelThreads, 0, s>>>(a, w, p, ib, passes);
-  check_launch("fwd_indexer_topk select");
-  sel_gather_kernel<<<grid, kSelThreads, 0, s>>>(a, w, ib);
-  check_launch("fwd_indexer_topk gather");
-  sel_rank_kernel<<<dim3(unsigned(fwd_blocks(a.k_cap, kRankPerBlock)), unsigned(a.n)), kRankThreads, 0, s>>>(a, w, ib);
-  check_launch("fwd_indexer_topk rank");
+  for (int p = 0; p < passes; ++p) launch("fwd_indexer_topk select", sel_hist_kernel, grid, kSelThreads, 0, s, a, w, p, ib, passes);
+  launch("fwd_indexer_topk gather", sel_gather_kernel, grid, kSelThreads, 0, s, a, w, ib);
+  launch("fwd_indexer_topk rank", sel_rank_kernel, dim3(unsigned(fwd_blocks(a.k_cap, kRankPerBlock)), unsigned(a.n)),
+         kRankThreads, 0, s, a, w, ib);
 }
 
 }  // namespace plumb::cuda::detail

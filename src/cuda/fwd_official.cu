@@ -8,6 +8,7 @@ namespace plumb::cuda::detail {
 namespace {
 
 __global__ void act_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
   float* p = x + (i / width) * ld + off + i % width;
@@ -16,6 +17,7 @@ __global__ void act_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int6
 
 // A thread per (row, 128-block).
 __global__ void act_quant_kernel(const float* x, int64_t rows, int64_t K, int64_t ldx, float* q, float* sa) {
+  pdl_begin();
   const int64_t nab = (K + official_math::kActBlock - 1) / official_math::kActBlock;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * nab) return;
@@ -43,6 +45,7 @@ __device__ __forceinline__ float block_scale(const DMat& m, int64_t r, int64_t c
 // lanes' partials and the warp tree: E4M3/E2M1 x E4M3 products and their sums over a block are exact in fp64, so
 // the order does not matter and float(part) is the CPU's), then every lane runs the same fma chain in K order.
 __global__ void linear_official_kernel(OfficialLinearArgs a, int per) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int s0 = blockIdx.y * per, ns = min(per, a.nslots - s0);
@@ -96,6 +99,7 @@ __global__ void linear_official_kernel(OfficialLinearArgs a, int per) {
 // A warp per group. The bf16 squares are summed in fp64 (exact for the group sizes here: any order), then the
 // CPU's bf16 mean, rsqrt and product.
 __global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double eps) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t g = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (g >= groups) return;
@@ -108,9 +112,13 @@ __global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double ep
   for (int64_t i = lane; i < dim; i += 32) v[i] = bf16r(__fmul_rn(v[i], r));
 }
 
-__global__ void fp8_roundtrip_kernel(float* x, int64_t ld, int64_t n, int block) { fp8_roundtrip_row(x + int64_t(blockIdx.x) * ld, n, block); }
+__global__ void fp8_roundtrip_kernel(float* x, int64_t ld, int64_t n, int block) {
+  pdl_begin();
+  fp8_roundtrip_row(x + int64_t(blockIdx.x) * ld, n, block);
+}
 
 __global__ void indexer_rotate_kernel(float* x, int64_t n) {
+  pdl_begin();
   __shared__ float y[kHadamardMax];
   indexer_rotate_row(x + int64_t(blockIdx.x) * n, n, y);
 }
@@ -120,15 +128,13 @@ __global__ void indexer_rotate_kernel(float* x, int64_t n) {
 void fwd_act(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width, Stream s) {
   const int64_t total = rows * width;
   if (total <= 0) return;
-  act_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(x, rows, ld, off, width);
-  check_launch("fwd_act");
+  launch("fwd_act", act_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, width);
 }
 
 void fwd_act_quant(const float* x, int64_t rows, int64_t K, int64_t ldx, float* q, float* sa, Stream s) {
   const int64_t total = rows * ((K + official_math::kActBlock - 1) / official_math::kActBlock);
   if (total <= 0) return;
-  act_quant_kernel<<<fwd_blocks(total, 128), 128, 0, s>>>(x, rows, K, ldx, q, sa);
-  check_launch("fwd_act_quant");
+  launch("fwd_act_quant", act_quant_kernel, fwd_blocks(total, 128), 128, 0, s, x, rows, K, ldx, q, sa);
 }
 
 void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {
@@ -136,27 +142,23 @@ void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {
   if (!a.bf16 && (!a.q || !a.sa)) throw_arg("linear_official: the block-scaled GEMM needs the quantized activations");
   const int per = a.mats ? 1 : kSlots;
   const dim3 grid(unsigned((a.nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((a.nslots + per - 1) / per));
-  linear_official_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(a, per);
-  check_launch("fwd_linear_official");
+  launch("fwd_linear_official", linear_official_kernel, grid, 32 * kRowsPerBlock, 0, s, a, per);
 }
 
 void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s) {
   if (groups <= 0) return;
-  head_rms_kernel<<<fwd_blocks(groups, 8), 256, 0, s>>>(x, groups, dim, eps);
-  check_launch("fwd_head_rms_bf16");
+  launch("fwd_head_rms_bf16", head_rms_kernel, fwd_blocks(groups, 8), 256, 0, s, x, groups, dim, eps);
 }
 
 void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block, Stream s) {
   if (rows <= 0 || n <= 0) return;
-  fp8_roundtrip_kernel<<<unsigned(rows), 64, 0, s>>>(x, ld, n, block);
-  check_launch("fwd_fp8_roundtrip");
+  launch("fwd_fp8_roundtrip", fp8_roundtrip_kernel, unsigned(rows), 64, 0, s, x, ld, n, block);
 }
 
 void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s) {
   if (rows <= 0 || n <= 0) return;
   if (n > kHadamardMax) throw_arg("indexer_rotate: rows longer than 1024 values are not supported on the GPU");
-  indexer_rotate_kernel<<<unsigned(rows), 256, 0, s>>>(x, n);
-  check_launch("fwd_indexer_rotate");
+  launch("fwd_indexer_rotate", indexer_rotate_kernel, unsigned(rows), 256, 0, s, x, n);
 }
 
 }  // namespace plumb::cuda::detail

@@ -7,6 +7,7 @@ namespace plumb::cuda::detail {
 namespace {
 
 __global__ void embed_kernel(DMat e, const int32_t* tokens, int n, int H, float* X) {
+  pdl_begin();
   const int t = blockIdx.x;
   const int64_t D = e.cols, tok = tokens[t];
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -19,6 +20,7 @@ __global__ void embed_kernel(DMat e, const int32_t* tokens, int n, int H, float*
 constexpr int kTok = 8, kRowsPerBlock = 8;
 
 __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
@@ -96,6 +98,7 @@ __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_
 
 // Up to kTok tokens, a warp per row.
 __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
@@ -114,6 +117,7 @@ __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int6
 // split order. kRowsPerBlock / kOneSplit rows per block.
 constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
 __global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
+  pdl_begin();
   extern __shared__ float xs[];
   __shared__ double part[kRowsPerBlock];
   constexpr int kU = 8;
@@ -145,6 +149,7 @@ __global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t 
 
 __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,
                                       float* y, int64_t ldy) {
+  pdl_begin();
   const int lane = threadIdx.x & 31, slot = blockIdx.y;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -157,12 +162,14 @@ __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int 
 }
 
 __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps) {
+  pdl_begin();
   __shared__ double sh[32];
   rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh);
 }
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
                             const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * half) return;
   const int64_t r = i / half;
@@ -172,14 +179,17 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int
 }
 
 __global__ void scale_kernel(const float* x, float a, float* y, int64_t n) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = a * x[i];
 }
 __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* y) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
 }
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __fadd_rn(y[i], x[i]);
 }
@@ -188,8 +198,7 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 
 void fwd_embed(const DMat& e, const int32_t* tokens, int n, int H, float* X, Stream s) {
   if (n <= 0) return;
-  embed_kernel<<<n, 256, 0, s>>>(e, tokens, n, H, X);
-  check_launch("fwd_embed");
+  launch("fwd_embed", embed_kernel, n, 256, 0, s, e, tokens, n, H, X);
 }
 
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
@@ -198,53 +207,47 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
   if (vec && n == 1 && w.cols <= 12288)  // y[r]: with one token ldy does not matter
-    linear16_one_kernel<<<unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock, size_t(w.cols) * 4, s>>>(w, x, r0, nr, y);
+    launch("fwd_linear (one token)", linear16_one_kernel, unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock,
+           size_t(w.cols) * 4, s, w, x, r0, nr, y);
   else if (vec)
-    linear16_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
+    launch("fwd_linear", linear16_kernel, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
   else
-    linear_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(w, x, n, ldx, r0, nr, y, ldy);
-  check_launch("fwd_linear");
+    launch("fwd_linear", linear_kernel, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
 }
 
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
                         int64_t cols, float* y, int64_t ldy, Stream s) {
   if (nslots <= 0 || rows <= 0) return;
   const dim3 grid(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(nslots));
-  linear_indexed_kernel<<<grid, 32 * kRowsPerBlock, 0, s>>>(mats, idx, x_div, x, ldx, rows, y, ldy);
-  check_launch("fwd_linear_indexed");
+  launch("fwd_linear_indexed", linear_indexed_kernel, grid, 32 * kRowsPerBlock, 0, s, mats, idx, x_div, x, ldx, rows, y, ldy);
 }
 
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s) {
   if (rows <= 0) return;
-  rms_norm_kernel<<<unsigned(rows), 256, 0, s>>>(x, dim, ld, w, eps);
-  check_launch("fwd_rms_norm");
+  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), 256, 0, s, x, dim, ld, w, eps);
 }
 
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
               const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s) {
   const int64_t total = rows * half;
   if (total <= 0) return;
-  rope_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(x, rows, ld, off, half, inv_freq, attention_factor, dpos, pos0, per_pos,
-                                                    pos_step, inverse);
-  check_launch("fwd_rope");
+  launch("fwd_rope", rope_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, half, inv_freq, attention_factor, dpos,
+         pos0, per_pos, pos_step, inverse);
 }
 
 void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s) {
   if (n <= 0) return;
-  scale_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(x, a, y, n);
-  check_launch("fwd_scale");
+  launch("fwd_scale", scale_kernel, fwd_blocks(n, 256), 256, 0, s, x, a, y, n);
 }
 
 void fwd_to_bf16(const float* x, int64_t n, uint16_t* y, Stream s) {
   if (n <= 0) return;
-  to_bf16_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(x, n, y);
-  check_launch("fwd_to_bf16");
+  launch("fwd_to_bf16", to_bf16_kernel, fwd_blocks(n, 256), 256, 0, s, x, n, y);
 }
 
 void fwd_add(float* y, const float* x, int64_t n, Stream s) {
   if (n <= 0) return;
-  add_kernel<<<fwd_blocks(n, 256), 256, 0, s>>>(y, x, n);
-  check_launch("fwd_add");
+  launch("fwd_add", add_kernel, fwd_blocks(n, 256), 256, 0, s, y, x, n);
 }
 
 }  // namespace plumb::cuda::detail

@@ -27,6 +27,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace plumb::cuda::detail {
 
@@ -36,6 +37,23 @@ constexpr int kMaxWarps = 8;
 constexpr int kMaxSlots = 1024;
 
 __device__ __forceinline__ uint4 load_x8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// Eight activations at element offset i as f16 (one 16-byte word): f16 input as stored, f32 input (decode: no
+// separate conversion launch) rounded to nearest even, the same bits launch_to_f16 would write.
+template <int XA>
+__device__ __forceinline__ uint4 load_x8(const void* x, int64_t i) {
+  if constexpr (XA == kF32) {
+    const float4 lo = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(x) + i));
+    const float4 hi = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(x) + i + 4));
+    auto pack = [](float a, float b) {
+      const __half2 h = __floats2half2_rn(a, b);  // a in the low half: element i first, as in memory
+      return *reinterpret_cast<const uint32_t*>(&h);
+    };
+    return make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(x) + i));
+  }
+}
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
@@ -62,7 +80,7 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB>
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int XA = kF16>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
   constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : 2);
@@ -74,9 +92,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   const int warps = int(blockDim.x >> 5);
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int tile = int(blockIdx.x);
-  // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute): wait for the previous kernel of the
-  // stream before any memory access, and let the next one launch (it waits likewise).
-  if (a.pdl > 0) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute, see launch.cuh): wait for the previous
+  // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
+  // reads the routing first; dense blocks first prefetch their first weight chunks into L2 (weights are never
+  // written during a forward), so the stream from HBM starts while the previous kernel finishes.
+  if (MODE == kMoe && a.pdl > 0) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 
   int prob, m;
   if constexpr (MODE == kMoe) {
@@ -131,17 +151,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       ps[q][0] = ps[q][1] = sbase + ((int64_t(tile) * 16 / 128) * a.s_ld + cb) * (a.s_f32 ? 4 : 1);
     }
   }
+  if constexpr (MODE == kDense) {
+    if (a.pdl > 0) {
+      if (FMT == kFp8 && t == 0)  // lanes t = 0 of a row cover its 128-byte chunk
+#pragma unroll
+        for (int q = 0; q < NMAT; ++q)
+          for (int c = 0; c < min(nch, U); ++c) prefetch_l2(pa[q] + c * CB), prefetch_l2(pb[q] + c * CB);
+      asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+    }
+  }
 
   for (int p0 = 0; p0 < m; p0 += 8) {
     const int mp = min(8, m - p0);
-    const __half* xp = nullptr;
-    if (g < mp) {
+    const bool has_x = g < mp;  // this lane's MMA column is a token of the pass
+    int64_t xp = 0;            // its activations' element offset at this warp's first chunk
+    if (has_x) {
       if constexpr (MODE == kMoe) {
         const int slot = cols_s[p0 + g];
         const int64_t xrow = a.x_by_token ? slot / a.topk : slot;
-        xp = static_cast<const __half*>(a.x) + xrow * a.x_tok_stride;
+        xp = xrow * a.x_tok_stride;
       } else {
-        xp = static_cast<const __half*>(a.x) + int64_t(p0 + g) * a.x_tok_stride + int64_t(prob) * a.x_prob_stride;
+        xp = int64_t(p0 + g) * a.x_tok_stride + int64_t(prob) * a.x_prob_stride;
       }
       xp += int64_t(cb) * 128 + (FMT == kFp4 ? t * 8 : t * 32);
     }
@@ -165,7 +195,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+          for (int j = 0; j < 4; ++j) X[u][j] = has_x ? load_x8<XA>(a.x, xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UU; ++u)
@@ -192,7 +222,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             S[u][q] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[q][0] + (c + u)));
           }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+          for (int j = 0; j < 4; ++j) X[u][j] = has_x ? load_x8<XA>(a.x, xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UU; ++u)
@@ -287,6 +317,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 
 __global__ void combine_kernel(const float* __restrict__ ys, const float* __restrict__ w, int K, int64_t D, float out_scale,
                                const float* __restrict__ add, float* __restrict__ y) {
+  pdl_begin();
   const int tok = int(blockIdx.y);
   const int64_t d = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
@@ -309,6 +340,7 @@ __global__ void combine_kernel(const float* __restrict__ ys, const float* __rest
 
 __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols, int64_t ldx, int64_t total,
                               __half* __restrict__ out) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, k = i % cols;
     float v;
@@ -321,13 +353,13 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 
 #include "cuda/gemv_fp4s.cuh"
 
-template <int FMT, int NMAT, int EPI, int MODE, class OT>
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int XA = kF16>
 void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3>
-              : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2>
-                                 : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1>;
+  auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, XA>
+              : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2, XA>
+                                 : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, XA>;
   if (a.pdl > 0) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = s;
@@ -346,16 +378,20 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-void launch_gemv(const GemvArgs& a, Stream s) {
+void launch_gemv(const GemvArgs& a0, Stream s) {
+  GemvArgs a = a0;
+  if (a.pdl < 0 && pdl_enabled()) a.pdl = 1;  // cuda.pdl: every GEMV of the forward
   if (a.rows <= 0 || a.rows % 16 || a.cols <= 0 || a.cols % 128)
     throw_arg("gemv: matrix rows must be a multiple of 16 and columns of 128, got [" + std::to_string(a.rows) + ", " +
               std::to_string(a.cols) + "]");
   if (a.warps < 1 || a.warps > kMaxWarps) throw_arg("gemv: warps per block must be 1..8");
   if (a.n <= 0) return;
-  if (a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
+  if (a.act != kF16 && !(a.act == kF32 && a.fmt == kFp8 && a.mode == kDense && a.nmat == 1 && a.epi == kStore && !a.out_half))
+    throw_arg("gemv: activations must be f16 (convert with launch_to_f16); f32 only for a dense FP8 projection");
   if (!a.x || !a.out || !a.w[0] || !a.s[0] || (a.nmat == 2 && (!a.w[1] || !a.s[1])))
     throw_arg("gemv: null pointer argument");
-  if (!aligned16(a.x) || (a.x_tok_stride * 2) % 16 || (a.x_prob_stride * 2) % 16)
+  const int64_t xb = a.act == kF32 ? 4 : 2;
+  if (!aligned16(a.x) || (a.x_tok_stride * xb) % 16 || (a.x_prob_stride * xb) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
   if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
@@ -387,7 +423,7 @@ void launch_gemv(const GemvArgs& a, Stream s) {
   if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half)
     return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense && !a.out_half)
-    return launch_t<kFp8, 1, kStore, kDense, float>(a, s);
+    return a.act == kF32 ? launch_t<kFp8, 1, kStore, kDense, float, kF32>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
     return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");
@@ -398,16 +434,14 @@ void launch_combine(const float* ys, const float* weight, int n, int K, int64_t 
   if (n <= 0) return;
   if (D % 4) throw_arg("combine: D must be a multiple of 4");
   const dim3 grid(unsigned((D / 4 + 255) / 256), unsigned(n));
-  combine_kernel<<<grid, 256, 0, s>>>(ys, weight, K, D, out_scale, add, y);
-  check_launch("combine_kernel");
+  launch("combine_kernel", combine_kernel, grid, 256, 0, s, ys, weight, K, D, out_scale, add, y);
 }
 
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s) {
   const int64_t total = int64_t(n) * cols;
   if (total <= 0) return;
   const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 1024));
-  to_f16_kernel<<<blocks, 256, 0, s>>>(x, act, cols, ldx, total, reinterpret_cast<__half*>(out));
-  check_launch("to_f16_kernel");
+  launch("to_f16_kernel", to_f16_kernel, blocks, 256, 0, s, x, act, cols, ldx, total, reinterpret_cast<__half*>(out));
 }
 
 }  // namespace plumb::cuda::detail

@@ -334,7 +334,7 @@ void launch_stream(const GemvArgs& a0, Stream s) {
   GemvArgs a = a0;
   const StreamCfg c = stream_cfg(a);
   a.fp4_ksplit = c.ks;
-  if (a.pdl < 0) a.pdl = NMAT == 1 ? 1 : 0;
+  if (a.pdl < 0) a.pdl = NMAT == 1 ? 1 : 0;  // (launch_gemv sets 1 under cuda.pdl)
   if (c.depth == 2) return launch_stream_d<NMAT, EPI, OT, 2>(a, c.warps, s);
   if (c.depth == 3) return launch_stream_d<NMAT, EPI, OT, 3>(a, c.warps, s);
   return launch_stream_d<NMAT, EPI, OT, 4>(a, c.warps, s);

@@ -227,6 +227,7 @@ class GpuForward : public DeviceForward {
     auto* buf = static_cast<int32_t*>(sc.get("step", host.size() * 4));
     h2d(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
+    const PdlScope pdl(opt_.cuda_pdl);  // cuda.pdl: this forward's launches (and a capture of them)
     const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }

@@ -30,6 +30,16 @@ void dmemset(void* p, int value, size_t bytes);
 void dsync();
 void check_launch(const char* what);  // cudaGetLastError after a launch
 
+// Programmatic dependent launch (cuda.pdl, see launch.cuh): on for this thread's launches while a PdlScope lives.
+bool pdl_enabled();
+struct PdlScope {
+  explicit PdlScope(bool on);
+  ~PdlScope();
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+  bool prev;
+};
+
 // Events for timing (bench).
 void* event_create();
 void event_destroy(void* e) noexcept;

@@ -82,6 +82,13 @@ float event_elapsed_ms(void* start, void* stop) {
   return ms;
 }
 
+namespace {
+thread_local bool t_pdl = false;  // per thread: two models with different patches may run in one process
+}  // namespace
+bool pdl_enabled() { return t_pdl; }
+PdlScope::PdlScope(bool on) : prev(t_pdl) { t_pdl = on; }
+PdlScope::~PdlScope() { t_pdl = prev; }
+
 Stream stream_create() {
   cudaStream_t s;
   PLUMB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -18,6 +18,7 @@ struct ModelOptions {
   bool cuda_head_bf16 = false;      // cuda.head_bf16: LM head as a cuBLASLt bf16 GEMM (backend cuda)
   bool cuda_graph = false;          // cuda.graph: decode steps replayed as CUDA graphs (backend cuda)
   bool attn_splitk_decode = false;  // attn.splitk_decode: sparse attention split over keys (backend cuda)
+  bool cuda_pdl = false;            // cuda.pdl: kernels launched with programmatic dependent launch (backend cuda)
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
   bool fault_rsf_twice = false;

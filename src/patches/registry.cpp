@@ -77,6 +77,15 @@ std::vector<Patch> make_registry() {
                // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_graph = true; }, false, "cuda"});
+  r.push_back({"cuda.pdl", "each kernel starts once the previous one has finished",
+               "programmatic dependent launch: a kernel is scheduled while the previous one finishes and waits in-kernel "
+               "(griddepcontrol.wait) before touching activations, so launch latency and the first weight loads (dense "
+               "GEMVs prefetch theirs into L2) overlap the previous kernel's tail",
+               "a kernel that reads or writes activations before its wait races with the previous kernel: results "
+               "change from run to run; tested bit-identical to launches without it",
+               // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
+               // the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_pdl = true; }, false, "cuda"});
   r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
                "flash-decoding: each (token, head) takes its keys in contiguous chunks (64 per block at decode), keeps "
                "a running max, fp64 sum and P.V per chunk, then the chunks are merged with the sink; no logits scratch "

@@ -169,7 +169,12 @@ std::vector<std::vector<std::string>> valid_configs(const std::vector<std::strin
     notes.push_back(fmt::format("the patches cannot all be on at once ({}); bisecting {} valid configurations: {}", why,
                                 out.size(), [&] {
                                   std::string s;
-                                  for (const auto& c : out) s += (s.empty() ? "" : " | ") + ("[" + join(c) + "]");
+                                  for (const auto& c : out) {  // appended piece by piece: GCC 12 -Wrestrict misfires
+                                    if (!s.empty()) s += " | ";  // on "[" + std::string&&
+                                    s += '[';
+                                    s += join(c);
+                                    s += ']';
+                                  }
                                   return s;
                                 }()));
   }

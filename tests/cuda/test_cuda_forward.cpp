@@ -160,10 +160,14 @@ TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
 // cuda.graph replays captured steps: the logits must be bit-identical to eager launches on every step, across
 // a prefill, hundreds of decode steps (compressor windows completing, the window ring wrapping, the entry buffers
 // outgrowing their first capacity of 64 so the graph is captured again) and chunks of another size in between.
-void expect_graph_matches_eager(const std::string& dir, const std::string& patches) {
+// graph_extra: patches of the graphed model only (cuda.pdl: the same bits as plain eager launches).
+void expect_graph_matches_eager(const std::string& dir, const std::string& patches, const std::string& graph_extra = "") {
   const auto model = [&](bool graph) {
-    auto p = plumb::parse_patches(graph ? (patches.empty() ? "cuda.graph" : patches + ",cuda.graph") : patches);
-    return plumb::Model::load(dir, p.options, {}, "cuda");
+    std::string names = patches;
+    if (graph)
+      for (const std::string& extra : {std::string("cuda.graph"), graph_extra})
+        if (!extra.empty()) names += (names.empty() ? "" : ",") + extra;
+    return plumb::Model::load(dir, plumb::parse_patches(names).options, {}, "cuda");
   };
   auto eager = model(false), graphed = model(true);
   const int vocab = eager->config().vocab;
@@ -179,7 +183,7 @@ void expect_graph_matches_eager(const std::string& dir, const std::string& patch
     ASSERT_EQ(a.data.size(), b.data.size());
     for (size_t i = 0; i < a.data.size(); ++i)
       ASSERT_EQ(std::memcmp(&a.data[i], &b.data[i], 4), 0)
-          << dir << " [" << patches << "] step " << steps << " (position " << pos << ", " << chunk.size() << " tokens): logit "
+          << dir << " [" << patches << "; graph +" << graph_extra << "] step " << steps << " (position " << pos << ", " << chunk.size() << " tokens): logit "
           << i << " eager " << a.data[i] << " graph " << b.data[i];
     pos += chunk.size(), ++steps;
   }
@@ -196,6 +200,27 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode");
+}
+
+// cuda.pdl: kernels scheduled while the previous one finishes, waiting in-kernel for its results. Any kernel that
+// touched activations before its wait would race; the logits must be the bits of plain launches, step after step.
+TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
+  expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "", "cuda.pdl");
+  expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16",
+                             "cuda.pdl");
+  expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode", "cuda.pdl");
+  // Eager launches with PDL (prefill chunks above the graphs' 256 tokens, taps) against plain ones.
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
+  auto plain = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4").options, {}, "cuda");
+  auto pdl = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4,cuda.pdl").options, {}, "cuda");
+  const auto toks = prompt(300, plain->config().vocab);
+  auto sa = plain->new_state(), sb = pdl->new_state();
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto a = plain->forward(sa, std::span<const int32_t>(toks.data() + rep * 100, 100));
+    const auto b = pdl->forward(sb, std::span<const int32_t>(toks.data() + rep * 100, 100));
+    ASSERT_EQ(a.data.size(), b.data.size());
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "eager chunk " << rep;
+  }
 }
 
 // Generation's forms of a forward on the GPU: no logits for a prefill pass before the last (the head is skipped),

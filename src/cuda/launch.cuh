@@ -1,0 +1,36 @@
+// Kernel launches with programmatic dependent launch (PDL, the cuda.pdl patch). A kernel launched through launch()
+// while PDL is on may be scheduled while the previous kernel of the stream is still finishing, so its launch latency
+// and first loads overlap that kernel's tail (a decode step is ~45 short kernels per layer). The contract, for
+// every kernel launched here: pdl_begin() comes before its first access to memory that another kernel writes or
+// reads (weights, written once at load, may be prefetched before it). pdl_begin waits for the previous kernel to
+// complete and its writes to be visible, then lets the next kernel be scheduled: at most one kernel runs ahead.
+// Without the attribute (PDL off) both instructions are no-ops and launches serialize as usual.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace plumb::cuda::detail {
+
+__device__ __forceinline__ void pdl_begin() { asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory"); }
+
+// L2 prefetch of weights (read-only for the whole forward), for use before pdl_begin.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+template <class... P, class... A>
+void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem;
+  cfg.stream = s ? s : cudaStreamPerThread;  // the calling thread's stream, as a null stream is elsewhere
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+  check_launch(what);
+}
+
+}  // namespace plumb::cuda::detail
