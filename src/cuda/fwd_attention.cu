@@ -266,50 +266,48 @@ __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
   a.pend_gate[(q % a.m) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
 }
 
-// One warp per (token, entry), lane l computing the dot products of heads l, l+32, ... (fp64, in dim order); the
-// sum over heads relu(q.k) * qscale * (hw * wscale) then runs in head order, as the reference's. The token's
-// queries are staged in shared memory (row stride dh + 1: lanes reading different heads hit different banks).
-// (A warp per head and entry with a shuffle reduction per head was latency-bound: 58 us for 64 entries.)
-__global__ void index_scores_kernel(IndexArgs a) {
+// Block (group of eb entries, token), a thread per (entry, head) pair (looping when eb * nh > 256): the fp64 dot
+// q_h . k_e in dim order, then relu(q.k) * qscale * (hw * wscale) into shared memory; one thread per entry then sums
+// its heads in head order, as the reference does. The group's keys are staged in shared memory (read by all its
+// heads); each thread reads its query row from global memory (L1-resident across the group's entries). (A warp
+// per entry with the token's 64 x 128 queries staged per block took 32 us for 64 entries: one 32 KB staging per 8
+// entries and a 128-step dot chain behind 16 rounds of dependent key loads.)
+__global__ void index_scores_kernel(IndexArgs a, int eb) {
   pdl_begin();
-  extern __shared__ float qs[];
-  const int t = blockIdx.y, lane = threadIdx.x & 31;
-  const int64_t dh = a.dh, ld = dh + 1, nq = int64_t(a.nh) * dh;
-  const float* qt = a.q + int64_t(t) * nq;
-  for (int64_t i = threadIdx.x; i < nq; i += blockDim.x) qs[(i / dh) * ld + i % dh] = qt[i];
-  __syncthreads();
-  const int64_t e = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (e >= a.ne_cap) return;
+  extern __shared__ double vals[];  // [eb, nh] head terms, then [eb, dh] keys (floats)
+  float* ks = reinterpret_cast<float*>(vals + int64_t(eb) * a.nh);
+  const int t = blockIdx.y, nh = a.nh;
+  const int64_t dh = a.dh, e0 = int64_t(blockIdx.x) * eb;
   const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
-  if (e >= visible) {
-    if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = -INFINITY;
-    return;
+  const int64_t ne_here = min(int64_t(eb), min(a.ne_cap, visible) - e0);  // entries of this group with a score
+  for (int64_t i = threadIdx.x; i < max(ne_here, int64_t(0)) * dh; i += blockDim.x) ks[i] = a.keys[e0 * dh + i];
+  __syncthreads();
+  const float* qt = a.q + int64_t(t) * nh * dh;
+  for (int p = threadIdx.x; p < eb * nh; p += blockDim.x) {
+    const int el = p / nh, h = p % nh;
+    if (el >= ne_here) continue;
+    const float* qh = qt + int64_t(h) * dh;
+    const float* k = ks + int64_t(el) * dh;
+    double dot = 0;
+#pragma unroll 8
+    for (int64_t b = 0; b < dh; ++b) dot += double(__ldg(qh + b)) * k[b];
+    double v;
+    if (a.official)  // bf16 einsum, relu, bf16 product with the (scaled, bf16) weights
+      v = bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), a.hw[int64_t(t) * nh + h]));
+    else
+      v = fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * nh + h] * a.wscale);
+    vals[p] = v;
   }
-  const float* key = a.keys + e * dh;
-  double acc = 0;
-  for (int h0 = 0; h0 < a.nh; h0 += 32) {
-    const int h = h0 + lane;
-    double v = 0;
-    if (h < a.nh) {
-      const float* qh = qs + h * ld;
-      double dot = 0;
-      constexpr int kU = 8;
-      for (int64_t b = 0; b < dh; b += kU) {
-        float k[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) k[u] = key[min(b + u, dh - 1)];
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-          if (b + u < dh) dot += double(qh[b + u]) * k[u];
-      }
-      if (a.official)  // bf16 einsum, relu, bf16 product with the (scaled, bf16) weights
-        v = bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), a.hw[int64_t(t) * a.nh + h]));
-      else
-        v = fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * a.nh + h] * a.wscale);
-    }
-    for (int l = 0; l < 32 && h0 + l < a.nh; ++l) acc += __shfl_sync(0xFFFFFFFFu, v, l);
+  __syncthreads();
+  const int el = threadIdx.x;
+  if (el >= eb || e0 + el >= a.ne_cap) return;
+  float score = -INFINITY;  // not yet visible to this token
+  if (el < ne_here) {
+    double acc = 0;
+    for (int h = 0; h < nh; ++h) acc += vals[el * nh + h];
+    score = a.official ? bf16r(float(acc)) : float(acc);
   }
-  if (lane == 0) a.scores[int64_t(t) * a.ne_cap + e] = a.official ? bf16r(float(acc)) : float(acc);
+  a.scores[int64_t(t) * a.ne_cap + e0 + el] = score;
 }
 
 }  // namespace
@@ -362,10 +360,12 @@ void fwd_compress(const CompressArgs& a, Stream s) {
 
 void fwd_indexer(const IndexArgs& a, Stream s) {
   if (a.n <= 0 || a.ne_cap <= 0) return;
-  const size_t smem = size_t(a.nh) * size_t(a.dh + 1) * 4;
-  if (smem > 48 * 1024) throw_arg("indexer: index_n_heads x (index_head_dim + 1) floats exceed 48 KiB of shared memory");
-  launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, 8)), unsigned(a.n)), 256, smem, s,
-         a);
+  // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 16 above (long
+  // contexts: each block re-reads the token's queries, nh x dh floats, from L2).
+  const int eb = a.ne_cap <= 1024 ? 4 : 16;
+  const size_t smem = size_t(eb) * (size_t(a.nh) * 8 + size_t(a.dh) * 4);
+  if (smem > 48 * 1024) throw_arg("indexer: index_n_heads or index_head_dim too large for the scores kernel's shared memory");
+  launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), 256, smem, s, a, eb);
   fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
 }
 

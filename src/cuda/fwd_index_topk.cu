@@ -299,14 +299,11 @@ __global__ void __launch_bounds__(kBlockThreads) block_select_kernel(IndexArgs a
 
 }  // namespace
 
-// The select path at every size. The block path (one launch instead of 4-7, ne_cap <= kBlockMaxNe) gives the same
-// indices (IndexTopkPathsMatchRankTwinAndHost, IndexTopkReplaysAsGraph and the forward tests passed with it as the
-// default on the H200) but no measurable gain in a V4-Flash decode step at a 300-token context (attn.indexer 68.4
-// vs 67.8 us per 2-layer step): kept as an alternative until a long-context profile says otherwise.
-int fwd_index_topk_path(int64_t ne_cap) {
-  (void)ne_cap;
-  return kIndexTopkSelect;
-}
+// The block path up to kBlockMaxNe entries (one launch instead of 5-7 and a memset), the select path above: the
+// same indices (IndexTopkPathsMatchRankTwinAndHost, IndexTopkReplaysAsGraph). H200, IndexTopkTiming, top-512,
+// batch 1 / 8: 64 entries 7.2 / 7.6 us vs select 15.8 / 16.1; 1024: 17.3 / 17.4 vs 31.9 / 33.4; 4096: 16.6 / 16.6
+// vs 26.2 / 28.5 (top-2048: 37.4 / 37.5 vs 40.4 / 51.0).
+int fwd_index_topk_path(int64_t ne_cap) { return ne_cap <= kBlockMaxNe ? kIndexTopkBlock : kIndexTopkSelect; }
 
 size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path) {
   if (path != kIndexTopkSelect || n <= 0 || ne_cap <= 0 || k_cap <= 0) return 0;

@@ -1,7 +1,8 @@
 // The lightning indexer's top-k on the GPU: the radix selects (fwd_index_topk.cu: the select and block paths)
 // against the rank twin and a host sort in beats() order, index for index, on scores with exact ties, ReLU zeros,
 // -0, NaN, +-inf, tokens of a chunk seeing different prefixes, k > ne and a capacity bound above ne (graph sizes);
-// a captured graph replayed at two positions; and the time of the paths at ne = 64 .. 262144 (printed).
+// a captured graph replayed at two positions; the time of the paths at ne = 64 .. 262144 (printed); and the scores
+// kernel against the host formula.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -206,6 +207,70 @@ TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
       }
     d::graph_destroy(g);
     d::stream_destroy(st);
+  }
+}
+
+// The indexer's scores (index_scores_kernel) against the host formula: per (token, visible entry) the fp64 dot
+// q_h . k in dim order, relu, times qscale * (hw * wscale) (official: the bf16 roundings), summed over heads in
+// head order; -inf for entries the token does not see yet; both block shapes (4 and 16 entries) and small head
+// counts. The fp64 sums may contract differently on the two sides: compared to 2 float ulps.
+TEST_F(GpuTest, IndexScoresMatchHost) {
+  struct S {
+    int n, nh;
+    int64_t dh, pos0, rate, ne_cap;
+    int official;
+  };
+  const S shapes[] = {{1, 64, 128, 255, 4, 64, 0},   {3, 64, 128, 7990, 4, 2100, 0}, {2, 64, 128, 1000, 4, 260, 1},
+                      {5, 4, 16, 37, 4, 16, 0},      {2, 8, 32, 5000, 128, 64, 1}};
+  uint32_t seed = 3;
+  for (const S& c : shapes) {
+    Rng r(seed++);
+    std::vector<float> q(size_t(c.n * c.nh * c.dh)), keys(size_t(c.ne_cap * c.dh)), hw(size_t(c.n * c.nh));
+    for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : hw) v = c.official ? plumb::fmt8::round_bf16(r.uniform(-0.2f, 0.3f)) : r.uniform(-0.2f, 0.3f);
+    DeviceBuffer dq = to_device(q), dk = to_device(keys), dh = to_device(hw), pos = to_device(std::vector<int64_t>{c.pos0});
+    const int k_cap = int(std::min<int64_t>(512, c.ne_cap));
+    DeviceBuffer scores(size_t(c.n * c.ne_cap) * 4), sel(size_t(c.n) * size_t(k_cap) * 8);
+    d::IndexArgs a;
+    a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dh.as<float>(), a.pos = pos.as<int64_t>();
+    a.n = c.n, a.nh = c.nh, a.k_cap = k_cap, a.topk = 512, a.dh = c.dh, a.ne_cap = c.ne_cap, a.rate = c.rate;
+    a.qscale = 1.0f / std::sqrt(float(c.dh)), a.wscale = 1.0f / std::sqrt(float(c.nh)), a.official = c.official;
+    a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
+    const int path = d::fwd_index_topk_path(c.ne_cap);
+    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(c.n, c.ne_cap, k_cap, path);
+    DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
+    a.topk_scratch = scratch.get();
+    d::fwd_indexer(a, nullptr);
+    const auto got = to_host<float>(scores, size_t(c.n * c.ne_cap));
+    int64_t bad = 0, checked = 0;
+    std::string first;
+    for (int t = 0; t < c.n; ++t) {
+      const int64_t visible = std::min<int64_t>((c.pos0 + t + 1) / c.rate, c.ne_cap);
+      for (int64_t e = 0; e < c.ne_cap; ++e) {
+        float want = -INFINITY;
+        if (e < visible) {
+          double acc = 0;
+          for (int h = 0; h < c.nh; ++h) {
+            double dot = 0;
+            for (int64_t i = 0; i < c.dh; ++i) dot += double(q[size_t((t * c.nh + h) * c.dh + i)]) * keys[size_t(e * c.dh + i)];
+            const float w = hw[size_t(t * c.nh + h)];
+            acc += c.official ? double(plumb::fmt8::round_bf16(std::max(plumb::fmt8::round_bf16(float(dot)), 0.0f) * w))
+                              : std::max(dot, 0.0) * double(a.qscale) * double(w * a.wscale);
+          }
+          want = c.official ? plumb::fmt8::round_bf16(float(acc)) : float(acc);
+        }
+        const float g = got[size_t(t * c.ne_cap + e)];
+        const bool ok = std::isinf(want) ? g == want : std::fabs(g - want) <= 2.0f * std::fabs(std::nextafter(want, INFINITY) - want) +
+                                                                               (c.official ? std::fabs(want) * 8e-3f : 0.0f);
+        ++checked;
+        if (!ok && bad++ == 0)
+          first = "token " + std::to_string(t) + ", entry " + std::to_string(e) + ": got " + std::to_string(g) + ", want " +
+                  std::to_string(want);
+      }
+    }
+    EXPECT_EQ(bad, 0) << "n " << c.n << ", nh " << c.nh << ", dh " << c.dh << ", ne_cap " << c.ne_cap << (c.official ? " (official)" : "")
+                      << ": " << bad << " of " << checked << " scores differ; first at " << first;
   }
 }
 
