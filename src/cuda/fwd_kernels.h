@@ -29,12 +29,30 @@ struct DMat {
 void fwd_embed(const DMat& embed, const int32_t* tokens, int n, int H, float* X, Stream s);
 // y[t * ldy + r] = sum_c x[t * ldx + c] * W[r0 + r, c], r < nr, t < n (fp64 accumulation, fp32 out).
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s);
+// One token through several matrices that share its input row (all of w's rows each), in one launch: the same bits
+// as fwd_linear per matrix. Every matrix must have x's column count and fit fwd_linear_one_fits.
+struct LinearSegs {
+  static constexpr int kMax = 6;
+  struct Seg {
+    DMat w;
+    float* y = nullptr;
+    int64_t block0 = 0;  // set by fwd_linear_one_multi
+  } seg[kMax];
+  int count = 0;
+  void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, ++count; }
+};
+bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns
+void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s);
 // Same for E experts at once: slot i (< nslots) uses matrix mats[e] with e = idx[i] (idx null: e = 0) and input row
 // x[(i / x_div) * ldx]; y[i * ldy + r].
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
                         int64_t cols, float* y, int64_t ldy, Stream s);
 // Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place.
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s);
+// fwd_rms_norm (rows of dim values, contiguous), then RoPE on each row's dims [off, off + 2 * half) at position
+// (*dpos) + row / per_pos, in one launch: the same bits as fwd_rms_norm then fwd_rope.
+void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
+                       float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s);
 // Interleaved RoPE on x[row * ld + off .. + 2 * half): row r is at position (*dpos) + pos0 + (r / per_pos) * pos_step
 // (dpos: a device position, null for 0). inv_freq [half] fp32; cos and sin are multiplied by attention_factor;
 // inverse rotates by -angle.

@@ -116,23 +116,24 @@ __global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int6
 // kOneSplit warps (a quarter of K each: one round of loads in flight instead of four), their partial sums added in
 // split order. kRowsPerBlock / kOneSplit rows per block.
 constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
-__global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
-  pdl_begin();
-  extern __shared__ float xs[];
-  __shared__ double part[kRowsPerBlock];
+__device__ __forceinline__ void stage_row(const float* x, int64_t cols, float* xs) {
   constexpr int kU = 8;
   const int64_t step = blockDim.x;
-  for (int64_t b = threadIdx.x; b < w.cols; b += kU * step) {
+  for (int64_t b = threadIdx.x; b < cols; b += kU * step) {
     float v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = x[min(b + u * step, w.cols - 1)];
+    for (int u = 0; u < kU; ++u) v[u] = x[min(b + u * step, cols - 1)];
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      if (b + u * step < w.cols) xs[b + u * step] = v[u];
+      if (b + u * step < cols) xs[b + u * step] = v[u];
   }
   __syncthreads();
+}
+// Rows [block * kOneRows, +kOneRows) of w (from row r0 on, nr rows) times the staged xs.
+__device__ __forceinline__ void linear_one_rows(const DMat& w, const float* xs, int64_t r0, int64_t nr, int64_t block, float* y) {
+  __shared__ double part[kRowsPerBlock];
   const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit;
-  const int64_t r = int64_t(blockIdx.x) * kOneRows + wid / kOneSplit;
+  const int64_t r = block * kOneRows + wid / kOneSplit;
   const int64_t chunks = dmat_row_bytes(w) / 16, per_split = (chunks + kOneSplit - 1) / kOneSplit;
   double acc[1] = {};
   if (r < nr)
@@ -145,6 +146,22 @@ __global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t 
     for (int i = 1; i < kOneSplit; ++i) o += part[wid + i];
     y[r] = float(o);
   }
+}
+__global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
+  pdl_begin();
+  extern __shared__ float xs[];
+  stage_row(x, w.cols, xs);
+  linear_one_rows(w, xs, r0, nr, blockIdx.x, y);
+}
+// Several matrices over the same input row in one launch: block b serves the segment whose block range holds it,
+// each row computed exactly as linear16_one_kernel computes it.
+__global__ void linear16_one_multi_kernel(LinearSegs g, const float* x) {
+  pdl_begin();
+  extern __shared__ float xs[];
+  stage_row(x, g.seg[0].w.cols, xs);
+  int i = 0;
+  while (i + 1 < g.count && int64_t(blockIdx.x) >= g.seg[i + 1].block0) ++i;
+  linear_one_rows(g.seg[i].w, xs, 0, g.seg[i].w.rows, int64_t(blockIdx.x) - g.seg[i].block0, g.seg[i].y);
 }
 
 __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,
@@ -165,6 +182,19 @@ __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* 
   pdl_begin();
   __shared__ double sh[32];
   rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh);
+}
+
+// rms_norm_kernel's row, then RoPE on its dims [off, off + 2 * half) at position (*dpos) + row / per_pos: the
+// same bits as the two kernels one after the other.
+__global__ void rms_norm_rope_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, int64_t off, int half,
+                                     const float* inv_freq, float af, const int64_t* dpos, int64_t per_pos) {
+  pdl_begin();
+  __shared__ double sh[32];
+  float* row = x + int64_t(blockIdx.x) * ld;
+  rms_norm_row(row, dim, w, eps, sh);
+  __syncthreads();  // the normalized row, written by every thread, read by the pairs' owners
+  const int64_t pos = (dpos ? *dpos : 0) + int64_t(blockIdx.x) / per_pos;
+  for (int k = threadIdx.x; k < half; k += blockDim.x) rope_pair(row + off + 2 * k, pos, inv_freq[k], af, 0);
 }
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
@@ -206,13 +236,30 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
   const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
-  if (vec && n == 1 && w.cols <= 12288)  // y[r]: with one token ldy does not matter
+  if (n == 1 && fwd_linear_one_fits(w))  // y[r]: with one token ldy does not matter
     launch("fwd_linear (one token)", linear16_one_kernel, unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock,
            size_t(w.cols) * 4, s, w, x, r0, nr, y);
   else if (vec)
     launch("fwd_linear", linear16_kernel, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
   else
     launch("fwd_linear", linear_kernel, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
+}
+
+bool fwd_linear_one_fits(const DMat& w) {
+  return dmat_row_bytes(w) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && w.cols <= 12288;
+}
+
+void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s) {
+  if (g.count < 1 || g.count > LinearSegs::kMax) throw_arg("fwd_linear_one_multi: 1 to 6 matrices");
+  int64_t blocks = 0;
+  for (int i = 0; i < g.count; ++i) {
+    if (!fwd_linear_one_fits(g.seg[i].w) || g.seg[i].w.cols != g.seg[0].w.cols)
+      throw_arg("fwd_linear_one_multi: the matrices must share their column count and fit the one-token kernel");
+    g.seg[i].block0 = blocks;
+    blocks += (g.seg[i].w.rows + kOneRows - 1) / kOneRows;
+  }
+  launch("fwd_linear_one_multi", linear16_one_multi_kernel, unsigned(blocks), 32 * kRowsPerBlock, size_t(g.seg[0].w.cols) * 4,
+         s, g, x);
 }
 
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
@@ -225,6 +272,13 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s) {
   if (rows <= 0) return;
   launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), 256, 0, s, x, dim, ld, w, eps);
+}
+
+void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
+                       float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s) {
+  if (rows <= 0) return;
+  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(rows), 256, 0, s, x, dim, dim, w, eps, off, half, inv_freq,
+         attention_factor, dpos, per_pos);
 }
 
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,

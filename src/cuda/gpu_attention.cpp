@@ -16,16 +16,49 @@ namespace {
 
 int64_t comp_width(const GpuComp& w) { return w.overlap ? 2 * w.dim : w.dim; }
 
-// Projects this chunk's compressor rows and runs the compressor step on the device (CompressArgs): completed
-// windows become entries (pooled, RMS-normed, rotated at position entry * m), the rest stay pending.
-void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const float* x, int n, const Step& step, GpuCompState& st,
-                     Scratch& sc, const GpuNumerics& nm, bool rotate) {
-  const int64_t m = w.rate, c = w.dim, width = comp_width(w), D = w.wkv.d.cols;
-  // This chunk's rows; shared by every compressor (each one's rows are consumed before the next one projects).
-  float* rkv = sc.f("comp.kv", n * width);
-  float* rg = sc.f("comp.gate", n * width);
-  linear(w.wkv, x, n, D, rkv, width, sc);
-  linear(w.wgate, x, n, D, rg, width, sc);
+// A compressor's rows of this chunk, [n, width] each: x through wkv and wgate.
+struct CompRows {
+  float* kv;
+  float* gate;
+};
+
+CompRows comp_rows(const GpuComp& w, const char* name, int n, Scratch& sc) {
+  const int64_t width = comp_width(w);
+  return {sc.f(std::string(name) + ".kv", n * width), sc.f(std::string(name) + ".gate", n * width)};
+}
+
+void project_comp(const GpuComp& w, const float* x, int n, const CompRows& r, Scratch& sc) {
+  const int64_t width = comp_width(w), D = w.wkv.d.cols;
+  linear(w.wkv, x, n, D, r.kv, width, sc);
+  linear(w.wgate, x, n, D, r.gate, width, sc);
+}
+
+// Decode (one token): the compressors' projections of x, and the indexer's head weights (hw, CSA) unless the
+// official numerics round them differently, in one launch (the same bits as one launch each). False (nothing
+// launched) when a compressor matrix does not fit the one-token kernel (FP8 on the tensor-core path): the caller
+// projects them one by one. hw_done says whether hw was computed here.
+bool project_fused(const GpuAttn& w, const float* x, const CompRows& cr, const CompRows* ir, float* hw, const GpuNumerics& nm,
+                   bool& hw_done) {
+  LinearSegs g;
+  auto add = [&](const GMat& m, float* y) {
+    if (m.fp8 || !fwd_linear_one_fits(m.d) || m.d.cols != w.comp->wkv.d.cols) return false;
+    g.add(m.d, y);
+    return true;
+  };
+  if (!(add(w.comp->wkv, cr.kv) && add(w.comp->wgate, cr.gate))) return false;
+  if (ir && !(add(w.icomp->wkv, ir->kv) && add(w.icomp->wgate, ir->gate))) return false;
+  hw_done = hw && !nm.official() && add(w.iweights, hw);
+  fwd_linear_one_multi(g, x, nullptr);
+  return true;
+}
+
+// Runs the compressor step on the device (CompressArgs) on this chunk's projected rows: completed windows become
+// entries (pooled, RMS-normed, rotated at position entry * m), the rest stay pending.
+void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const CompRows& r, int n, const Step& step, GpuCompState& st,
+                     const GpuNumerics& nm, bool rotate) {
+  const int64_t m = w.rate, c = w.dim;
+  const float* rkv = r.kv;
+  const float* rg = r.gate;
   CompressArgs a;
   a.rows_kv = rkv, a.rows_gate = rg;
   a.pend_kv = st.pend_kv.as<float>(), a.pend_gate = st.pend_gate.as<float>();
@@ -86,15 +119,13 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps);
   float* q = sc.f("attn.q", n * H * Dh);
   nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc);
-  nm.head_rms(q, n * H, Dh, c.rms_eps);
-  nm.rope(rope, q, n * H, Dh, Dh - rd, dpos, H, false);
+  nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);  // head_rms, then RoPE
   tap_put(tap, "attn.q", q, {n, H, Dh});
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
   float* kv = sc.f("attn.kv", n * Dh);
   nm.proj(w.wkv, x, n, D, kv, Dh, sc);
-  nm.rms_norm(kv, n, Dh, f32(w.kv_norm), c.rms_eps);
-  nm.rope(rope, kv, n, Dh, Dh - rd, dpos, 1, false);
+  nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
   nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
   tap_put(tap, "attn.kv", kv, {n, Dh});
 
@@ -103,15 +134,25 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
   int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
   region.emplace(tm, "attn.compressor");
+  // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
+  std::optional<CompRows> crows, irows;
+  float* hw = nullptr;
+  bool hw_done = false;
+  if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
+  if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);
+  if (crows && !(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done))) {
+    project_comp(*w.comp, x, n, *crows, sc);
+    if (irows) project_comp(*w.icomp, x, n, *irows, sc);
+  }
   if (type != AttnType::Sliding) {
-    compressor_step(*w.comp, rope, c.rms_eps, x, n, step, st.comp, sc, nm, /*rotate=*/false);
+    compressor_step(*w.comp, rope, c.rms_eps, *crows, n, step, st.comp, nm, /*rotate=*/false);
     a.entries = st.comp.entries.as<float>();
     a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
     a.rate = w.comp->rate;
     if (type == AttnType::HCA) max_keys += a.ne;
   }
   if (type == AttnType::CSA) {
-    compressor_step(*w.icomp, rope, c.rms_eps, x, n, step, st.icomp, sc, nm, /*rotate=*/true);
+    compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
     region.emplace(tm, "attn.indexer");
     const int64_t nh = c.index_heads, dh = c.index_head_dim;
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
@@ -119,8 +160,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
     nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
-    float* hw = sc.f("attn.index.w", n * nh);
-    nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
+    if (!hw_done) nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
     if (nm.official()) {  // official: weights_proj(x) * (dh^-1/2 * nh^-1/2), one bf16 tensor
       fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr);
       nm.act(hw, n * nh);

@@ -65,6 +65,15 @@ void GpuNumerics::rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int
   act_rows(x, rows, ld, off, r.dim);
 }
 
+void GpuNumerics::norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,
+                            int64_t per_pos) const {
+  if (official_) {
+    w ? rms_norm(x, rows, dim, w, eps) : head_rms(x, rows, dim, eps);
+    return rope(r, x, rows, dim, dim - r.dim, dpos, per_pos, false);
+  }
+  fwd_rms_norm_rope(x, rows, dim, w, eps, dim - r.dim, r.dim / 2, f32(r.inv_freq), r.attention_factor, dpos, per_pos, nullptr);
+}
+
 void GpuNumerics::kv_fp8_sim(float* x, int64_t rows, int64_t ld, int64_t n) const {
   if (official_ && !initial_) fwd_fp8_roundtrip(x, rows, ld, n, official_math::kKvBlock, nullptr);
 }

@@ -31,6 +31,9 @@ class GpuNumerics {
   // RoPE on the trailing rope.dim values of each row (GpuRope::apply's arguments), stored as an activation.
   void rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos,
             bool inverse) const;
+  // head_rms (w null) or rms_norm (weighted), then rope (forward) on rows of dim values: one launch unless official.
+  void norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,
+                 int64_t per_pos) const;
   // FP8 KV simulation of the first n values of each row (official, current revision).
   void kv_fp8_sim(float* x, int64_t rows, int64_t ld, int64_t n) const;
   // The indexer's Hadamard + FP4 simulation of each row of n values (official).
