@@ -329,22 +329,12 @@ const void* as_f16(const void* x, Act xt, int n, int64_t cols, int64_t& ldx, Wor
   return h;
 }
 
-// A single dense FP8 projection's activations: f32 rows are read by the kernel itself at decode sizes (n <= 8:
-// one pass; no conversion launch), converted to f16 once above (every 8-token pass would convert again).
-void set_x(d::GemvArgs& a, const void* x, Act xt, int n, int64_t cols, int64_t& ldx, Workspace& ws, Stream s) {
-  if (xt == Act::F32 && n <= 8) {
-    a.x = x, a.act = d::kF32;
-    return;
-  }
-  a.x = as_f16(x, xt, n, cols, ldx, ws, s);
-}
-
 }  // namespace
 
 void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws, Stream s) {
   d::GemvArgs a = base_args(d::kFp8);
   fill_fp8(a, 0, w);
-  set_x(a, x, xt, n, w.cols, ldx, ws, s);
+  a.x = as_f16(x, xt, n, w.cols, ldx, ws, s);
   a.x_tok_stride = ldx, a.out = y, a.o_tok_stride = ldy, a.n = n;
   dense_split(a, n);
   attach_workspace(a, ws);
@@ -358,7 +348,7 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
   fill_fp8(a, 0, w);
   const int64_t gr = w.rows / groups;
   int64_t ldx = int64_t(groups) * w.cols;
-  set_x(a, x, xt, n, ldx, ldx, ws, s);
+  a.x = as_f16(x, xt, n, ldx, ldx, ws, s);
   a.rows = gr, a.problems = groups;
   a.w_prob_stride = gr * w.cols;
   a.s_prob_stride = (gr / 128) * w.scale_cols() * (w.scale_f32 ? 4 : 1);

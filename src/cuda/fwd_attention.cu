@@ -268,29 +268,31 @@ __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
 
 // Block (group of eb entries, token), a thread per (entry, head) pair (looping when eb * nh > 256): the fp64 dot
 // q_h . k_e in dim order, then relu(q.k) * qscale * (hw * wscale) into shared memory; one thread per entry then sums
-// its heads in head order, as the reference does. The group's keys are staged in shared memory (read by all its
-// heads); each thread reads its query row from global memory (L1-resident across the group's entries). (A warp
-// per entry with the token's 64 x 128 queries staged per block took 32 us for 64 entries: one 32 KB staging per 8
-// entries and a 128-step dot chain behind 16 rounds of dependent key loads.)
+// its heads in head order, as the reference does. The token's queries (row stride dh + 1: the lanes of a warp read
+// different heads, so different banks) and the group's keys are staged in shared memory by coalesced loads first:
+// one round of load latency, then the dots run from shared memory. (A warp per entry behind 16 rounds of dependent
+// key loads took 32 us for 64 entries.)
 __global__ void index_scores_kernel(IndexArgs a, int eb) {
   pdl_begin();
-  extern __shared__ double vals[];  // [eb, nh] head terms, then [eb, dh] keys (floats)
-  float* ks = reinterpret_cast<float*>(vals + int64_t(eb) * a.nh);
+  extern __shared__ double vals[];  // [eb, nh] head terms, then [nh, dh + 1] queries and [eb, dh] keys (floats)
   const int t = blockIdx.y, nh = a.nh;
-  const int64_t dh = a.dh, e0 = int64_t(blockIdx.x) * eb;
+  const int64_t dh = a.dh, ldq = dh + 1, e0 = int64_t(blockIdx.x) * eb;
+  float* qs = reinterpret_cast<float*>(vals + int64_t(eb) * nh);
+  float* ks = qs + nh * ldq;
   const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
   const int64_t ne_here = min(int64_t(eb), min(a.ne_cap, visible) - e0);  // entries of this group with a score
+  const float* qt = a.q + int64_t(t) * nh * dh;
+  for (int64_t i = threadIdx.x; i < nh * dh; i += blockDim.x) qs[(i / dh) * ldq + i % dh] = qt[i];
   for (int64_t i = threadIdx.x; i < max(ne_here, int64_t(0)) * dh; i += blockDim.x) ks[i] = a.keys[e0 * dh + i];
   __syncthreads();
-  const float* qt = a.q + int64_t(t) * nh * dh;
   for (int p = threadIdx.x; p < eb * nh; p += blockDim.x) {
     const int el = p / nh, h = p % nh;
     if (el >= ne_here) continue;
-    const float* qh = qt + int64_t(h) * dh;
+    const float* qh = qs + h * ldq;
     const float* k = ks + int64_t(el) * dh;
     double dot = 0;
 #pragma unroll 8
-    for (int64_t b = 0; b < dh; ++b) dot += double(__ldg(qh + b)) * k[b];
+    for (int64_t b = 0; b < dh; ++b) dot += double(qh[b]) * k[b];
     double v;
     if (a.official)  // bf16 einsum, relu, bf16 product with the (scaled, bf16) weights
       v = bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), a.hw[int64_t(t) * nh + h]));
@@ -360,11 +362,12 @@ void fwd_compress(const CompressArgs& a, Stream s) {
 
 void fwd_indexer(const IndexArgs& a, Stream s) {
   if (a.n <= 0 || a.ne_cap <= 0) return;
-  // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 16 above (long
-  // contexts: each block re-reads the token's queries, nh x dh floats, from L2).
-  const int eb = a.ne_cap <= 1024 ? 4 : 16;
-  const size_t smem = size_t(eb) * (size_t(a.nh) * 8 + size_t(a.dh) * 4);
-  if (smem > 48 * 1024) throw_arg("indexer: index_n_heads or index_head_dim too large for the scores kernel's shared memory");
+  // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 8 above (long contexts:
+  // each block stages the token's queries, nh x dh floats, from L2).
+  const int eb = a.ne_cap <= 1024 ? 4 : 8;
+  const size_t smem = size_t(eb) * (size_t(a.nh) * 8 + size_t(a.dh) * 4) + size_t(a.nh) * size_t(a.dh + 1) * 4;
+  if (smem > 48 * 1024)
+    throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (48 KiB)");
   launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), 256, smem, s, a, eb);
   fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
 }

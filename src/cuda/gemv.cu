@@ -38,23 +38,6 @@ constexpr int kMaxSlots = 1024;
 
 __device__ __forceinline__ uint4 load_x8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
-// Eight activations at element offset i as f16 (one 16-byte word): f16 input as stored, f32 input (decode: no
-// separate conversion launch) rounded to nearest even, the same bits launch_to_f16 would write.
-template <int XA>
-__device__ __forceinline__ uint4 load_x8(const void* x, int64_t i) {
-  if constexpr (XA == kF32) {
-    const float4 lo = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(x) + i));
-    const float4 hi = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(x) + i + 4));
-    auto pack = [](float a, float b) {
-      const __half2 h = __floats2half2_rn(a, b);  // a in the low half: element i first, as in memory
-      return *reinterpret_cast<const uint32_t*>(&h);
-    };
-    return make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
-  } else {
-    return __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(x) + i));
-  }
-}
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
 }
@@ -80,7 +63,7 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int XA = kF16>
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
   constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : 2);
@@ -163,15 +146,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 
   for (int p0 = 0; p0 < m; p0 += 8) {
     const int mp = min(8, m - p0);
-    const bool has_x = g < mp;  // this lane's MMA column is a token of the pass
-    int64_t xp = 0;            // its activations' element offset at this warp's first chunk
-    if (has_x) {
+    const __half* xp = nullptr;
+    if (g < mp) {
       if constexpr (MODE == kMoe) {
         const int slot = cols_s[p0 + g];
         const int64_t xrow = a.x_by_token ? slot / a.topk : slot;
-        xp = xrow * a.x_tok_stride;
+        xp = static_cast<const __half*>(a.x) + xrow * a.x_tok_stride;
       } else {
-        xp = int64_t(p0 + g) * a.x_tok_stride + int64_t(prob) * a.x_prob_stride;
+        xp = static_cast<const __half*>(a.x) + int64_t(p0 + g) * a.x_tok_stride + int64_t(prob) * a.x_prob_stride;
       }
       xp += int64_t(cb) * 128 + (FMT == kFp4 ? t * 8 : t * 32);
     }
@@ -195,7 +177,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = has_x ? load_x8<XA>(a.x, xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UU; ++u)
@@ -222,7 +204,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             S[u][q] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[q][0] + (c + u)));
           }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = has_x ? load_x8<XA>(a.x, xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UU; ++u)
@@ -353,13 +335,13 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 
 #include "cuda/gemv_fp4s.cuh"
 
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int XA = kF16>
+template <int FMT, int NMAT, int EPI, int MODE, class OT>
 void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, XA>
-              : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2, XA>
-                                 : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, XA>;
+  auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3>
+              : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2>
+                                 : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1>;
   if (a.pdl > 0) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = s;
@@ -386,12 +368,10 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
               std::to_string(a.cols) + "]");
   if (a.warps < 1 || a.warps > kMaxWarps) throw_arg("gemv: warps per block must be 1..8");
   if (a.n <= 0) return;
-  if (a.act != kF16 && !(a.act == kF32 && a.fmt == kFp8 && a.mode == kDense && a.nmat == 1 && a.epi == kStore && !a.out_half))
-    throw_arg("gemv: activations must be f16 (convert with launch_to_f16); f32 only for a dense FP8 projection");
+  if (a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
   if (!a.x || !a.out || !a.w[0] || !a.s[0] || (a.nmat == 2 && (!a.w[1] || !a.s[1])))
     throw_arg("gemv: null pointer argument");
-  const int64_t xb = a.act == kF32 ? 4 : 2;
-  if (!aligned16(a.x) || (a.x_tok_stride * xb) % 16 || (a.x_prob_stride * xb) % 16)
+  if (!aligned16(a.x) || (a.x_tok_stride * 2) % 16 || (a.x_prob_stride * 2) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
   if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
@@ -423,7 +403,7 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half)
     return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense && !a.out_half)
-    return a.act == kF32 ? launch_t<kFp8, 1, kStore, kDense, float, kF32>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
+    return launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
     return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");
