@@ -64,7 +64,7 @@ struct HcArgs {
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]
 };
-// scratch: fwd_hc_scratch_doubles(n, H) doubles (partial sums between the launches).
+// scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
 // out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault);

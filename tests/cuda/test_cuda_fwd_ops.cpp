@@ -15,13 +15,10 @@ using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
 using namespace plumb_cuda_test::kernels;
 
-// Mirrors fwd_hc.cu's scratch layout: n * 16 sum-of-squares partials, then mix partials [n, nmix, 16] summed in
-// slice order into the fp32 mix (what hc_finish does).
-constexpr int kSplit = 16;
-
+// fwd_hc.cu's scratch: the fp32 mixes [n, nmix] (as doubles) that the gates and the Sinkhorn read.
 struct HcOut {
   std::vector<float> post, comb;
-  std::vector<double> partials;
+  std::vector<double> mixes;
 };
 
 HcOut run_hc(int H, int iters, float mix_scale, uint32_t seed, bool serial, std::vector<float>* scale_out,
@@ -57,11 +54,7 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
         << "H " << H << " iters " << iters << " comb element " << i << ": warp " << warp.comb[i] << " one thread " << serial.comb[i];
   for (int t = 0; t < n; ++t) {
     std::vector<float> mix(static_cast<size_t>(nmix));
-    for (int o = 0; o < nmix; ++o) {
-      double acc = 0;
-      for (int i = 0; i < kSplit; ++i) acc += warp.partials[size_t(n * kSplit + (t * nmix + o) * kSplit + i)];
-      mix[size_t(o)] = float(acc);
-    }
+    for (int o = 0; o < nmix; ++o) mix[size_t(o)] = float(warp.mixes[size_t(t * nmix + o)]);
     float pre[8], p[8], C[64];
     plumb::hc_math::weights(mix.data(), scale.data(), base.data(), H, 1e-6f, iters, pre, p, C);
     for (int j = 0; j < H; ++j)
