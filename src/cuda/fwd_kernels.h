@@ -82,7 +82,7 @@ struct HcArgs {
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]
 };
-// scratch: fwd_hc_scratch_doubles(n, H) doubles (partial sums between the launches).
+// scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
 // out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault);
@@ -228,11 +228,13 @@ struct RouteArgs {
   const int32_t* tid2eid = nullptr, *tokens = nullptr;  // hash layers: [V, K], [n]
   int n = 0, E = 0, K = 0, score = 0, hash = 0, n_group = 1, topk_group = 1;
   int renorm = 1, unfloored = 0, softplus_naive = 0;
+  int twin = 0;  // tests: the block-per-token kernel (the warp kernel's twin) whatever the sizes
   float fold = 1.0f;
   int32_t* idx = nullptr;  // [n, K]
   float* weight = nullptr; // [n, K]
   float* select = nullptr; // [n, E] learned layers
 };
+// One warp per token when E <= 512 and K <= 32 (else, or with `twin`, one block per token): the same bits.
 void fwd_route(const RouteArgs& a, Stream s);
 // h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L <= 0: no clamp).
 void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s);

@@ -1,6 +1,8 @@
 // MoE on the GPU (reference twin): routing from fp32 logits (stable scores, bias for selection, grouped top-k,
 // floored renormalization, the factor folded per the caller's placement), SwiGLU with clamps, the weighted
 // combine. Twin of src/model/router.cpp and experts.cpp; the expert GEMVs are fwd_linear_indexed.
+#include <algorithm>
+
 #include "cuda/fwd_common.cuh"
 #include "model/hc_math.h"
 
@@ -10,6 +12,167 @@ namespace {
 
 __device__ float softplus_stable(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 
+// A selection score as an unsigned key whose order is beats()'s: NaN largest (all NaNs equal), then by value,
+// -0 == +0. Every non-NaN value maps above 0, so 0 means "no candidate".
+__device__ __forceinline__ unsigned sel_key(float v) {
+  if (isnan(v)) return 0xFFFFFFFFu;
+  unsigned u = __float_as_uint(v);
+  if ((u << 1) == 0u) u = 0u;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+constexpr int kRouteWarps = 4;     // tokens per block of the warp kernel
+constexpr int kRouteMaxK = 32;     // one lane per choice
+constexpr int kRouteMaxGroups = 64;
+
+// One warp per token (the fast path: E <= 32 * P, K <= 32): lane l holds experts l, l + 32, ... in registers.
+// Every value is the block kernel's below, bit for bit: the same score expressions; softmax's max by a fmaxf tree
+// (the same value: max ignores order, and a +0 / -0 max gives the same exponentials) and its fp64 sum in expert
+// order by lane 0 (shared memory); the grouped mask per group by the same serial scan, one lane per group;
+// top-k as K rounds of (warp max key, then the lowest expert id holding it), which is the rank order of beats();
+// the weights' float sum in choice order. Shared: per warp score[E], sel[E], group scores and flags.
+template <int P>
+__global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs a) {
+  extern __shared__ float smw[];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int t = int(blockIdx.x) * kRouteWarps + warp;
+  if (t >= a.n) return;  // whole warps only: no block barrier below
+  const int E = a.E, K = a.K;
+  float* score_s = smw + warp * (2 * E + 2 * kRouteMaxGroups);
+  float* sel_s = score_s + E;
+  float* gs_s = sel_s + E;
+  int* kept_s = reinterpret_cast<int*>(gs_s + kRouteMaxGroups);
+  // Every global load of the token first, all independent (the hash row's index waits only for the token id).
+  int tok = 0;
+  if (a.hash) tok = __ldg(a.tokens + t);
+  const float* lg = a.logits + int64_t(t) * E;
+  float x[P], b[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int e = i * 32 + lane;
+    x[i] = e < E ? __ldg(lg + e) : -INFINITY;
+    b[i] = (!a.hash && e < E) ? __ldg(a.bias + e) : 0.0f;
+  }
+  int hidx = 0;
+  if (a.hash && lane < K) hidx = __ldg(a.tid2eid + int64_t(tok) * K + lane);
+
+  float score[P];
+  if (a.score == 2) {  // hc_math::softmax
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < P; ++i) m = fmaxf(m, x[i]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    if (m == -INFINITY) {
+#pragma unroll
+      for (int i = 0; i < P; ++i) score[i] = 0.0f;
+    } else {
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int e = i * 32 + lane;
+        score[i] = expf(x[i] - m);
+        if (e < E) score_s[e] = score[i];
+      }
+      __syncwarp();
+      double s = 0;
+      if (lane == 0)
+        for (int e = 0; e < E; ++e) s += score_s[e];
+      s = __shfl_sync(0xFFFFFFFFu, s, 0);
+#pragma unroll
+      for (int i = 0; i < P; ++i) score[i] = float(double(score[i]) / s);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < P; ++i)
+      score[i] = a.score == 1 ? 1.0f / (1.0f + expf(-x[i])) : sqrtf(a.softplus_naive ? logf(1.0f + expf(x[i])) : softplus_stable(x[i]));
+  }
+
+  float my_score = 0.0f;  // lane k < K: choice k's score
+  int my_idx = 0;
+  if (a.hash) {
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int e = i * 32 + lane;
+      if (e < E) score_s[e] = score[i];
+    }
+    __syncwarp();
+    my_idx = hidx;
+    if (lane < K) my_score = score_s[hidx];
+  } else {
+    float sel[P];
+#pragma unroll
+    for (int i = 0; i < P; ++i) sel[i] = score[i] + b[i];
+    if (a.n_group > 1 && a.topk_group < a.n_group) {  // mask_groups, as the block kernel does it
+      const int G = a.n_group, per = E / G;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int e = i * 32 + lane;
+        if (e < E) sel_s[e] = sel[i];
+      }
+      __syncwarp();
+      for (int g = lane; g < G; g += 32) {
+        float b0 = -INFINITY, b1 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; ++e) {
+          const float v = sel_s[e];
+          if (v > b0) b1 = b0, b0 = v;
+          else if (v > b1) b1 = v;
+        }
+        gs_s[g] = b0 + (per > 1 ? b1 : 0.0f);
+      }
+      __syncwarp();
+      for (int g = lane; g < G; g += 32) {
+        int rank = 0;
+        for (int o = 0; o < G; ++o) rank += beats(gs_s[o], o, gs_s[g], g);
+        kept_s[g] = rank < a.topk_group;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int e = i * 32 + lane;
+        if (e < E && !kept_s[e / per]) sel[i] = -INFINITY;
+      }
+    }
+    unsigned key[P];
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int e = i * 32 + lane;
+      key[i] = 0u;
+      if (e >= E) continue;
+      a.select[int64_t(t) * E + e] = sel[i];
+      key[i] = sel_key(sel[i]);
+    }
+    // K rounds: each lane's best remaining key (the lowest of its experts on equal keys: i upwards, strict >), the
+    // warp's largest key, and among the lanes holding it the lowest expert id. Every expert has a key > 0 and
+    // K <= E, so each round finds one.
+    for (int kk = 0; kk < K; ++kk) {
+      unsigned bk = 0u;
+      float bs = 0.0f;
+      int bi = 0;
+#pragma unroll
+      for (int i = 0; i < P; ++i)
+        if (key[i] > bk) bk = key[i], bs = score[i], bi = i;
+      const unsigned mk = __reduce_max_sync(0xFFFFFFFFu, bk);
+      const unsigned cand = bk == mk ? unsigned(bi * 32 + lane) : 0xFFFFFFFFu;
+      const unsigned ce = __reduce_min_sync(0xFFFFFFFFu, cand);
+      const float cs = __shfl_sync(0xFFFFFFFFu, bs, int(ce & 31u));
+      if (lane == kk) my_idx = int(ce), my_score = cs;
+      if (cand == ce) {  // this lane owns the chosen expert: take it out
+#pragma unroll
+        for (int i = 0; i < P; ++i)
+          if (i == bi) key[i] = 0u;
+      }
+    }
+  }
+  // The weights: the float sum of the chosen scores in choice order, the floor, the factor.
+  float sum = 0;
+  for (int k = 0; k < K; ++k) sum += __shfl_sync(0xFFFFFFFFu, my_score, k);
+  const float denom = !a.renorm ? 1.0f : a.unfloored ? sum : sum + 1e-20f;
+  if (lane < K) {
+    a.idx[int64_t(t) * K + lane] = my_idx;
+    a.weight[int64_t(t) * K + lane] = (my_score / denom) * a.fold;
+  }
+}
+
+// The twin (any E up to shared memory, any K): one block per token, ranks by counting.
 // One block per token; shared: score[E], sel[E].
 __global__ void route_kernel(RouteArgs a) {
   extern __shared__ float sm[];
@@ -108,7 +271,20 @@ __global__ void combine_kernel(const float* ys, const float* w, int n, int K, in
 
 void fwd_route(const RouteArgs& a, Stream s) {
   if (a.n <= 0) return;
-  if (a.n_group > 64) throw_arg("router: more than 64 expert groups is not supported on the GPU");
+  if (a.n_group > kRouteMaxGroups) throw_arg("router: more than 64 expert groups is not supported on the GPU");
+  if (!a.twin && a.E <= 32 * 16 && a.K <= kRouteMaxK && a.K <= a.E) {
+    const int P = (a.E + 31) / 32, warps = std::min(a.n, kRouteWarps);
+    const size_t smem = size_t(warps) * size_t(2 * a.E + 2 * kRouteMaxGroups) * 4;
+    const unsigned blocks = unsigned((a.n + kRouteWarps - 1) / kRouteWarps);
+    auto go = [&](auto kern) { kern<<<blocks, 32 * warps, smem, s>>>(a); };
+    if (P <= 1) go(route_warp_kernel<1>);
+    else if (P <= 2) go(route_warp_kernel<2>);
+    else if (P <= 4) go(route_warp_kernel<4>);
+    else if (P <= 8) go(route_warp_kernel<8>);
+    else go(route_warp_kernel<16>);
+    check_launch("fwd_route");
+    return;
+  }
   const size_t smem = size_t(2 * a.E) * 4;
   if (smem > 48 * 1024) throw_arg("router: too many experts for one block's shared memory");
   route_kernel<<<a.n, 256, smem, s>>>(a);

@@ -15,13 +15,10 @@ using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
 using namespace plumb_cuda_test::kernels;
 
-// Mirrors fwd_hc.cu's scratch layout: n * 16 sum-of-squares partials, then mix partials [n, nmix, 16] summed in
-// slice order into the fp32 mix (what hc_finish does).
-constexpr int kSplit = 16;
-
+// fwd_hc.cu's scratch: the fp32 mixes [n, nmix] (as doubles) that the gates and the Sinkhorn read.
 struct HcOut {
   std::vector<float> post, comb;
-  std::vector<double> partials;
+  std::vector<double> mixes;
 };
 
 HcOut run_hc(int H, int iters, float mix_scale, uint32_t seed, bool serial, std::vector<float>* scale_out,
@@ -57,11 +54,7 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
         << "H " << H << " iters " << iters << " comb element " << i << ": warp " << warp.comb[i] << " one thread " << serial.comb[i];
   for (int t = 0; t < n; ++t) {
     std::vector<float> mix(static_cast<size_t>(nmix));
-    for (int o = 0; o < nmix; ++o) {
-      double acc = 0;
-      for (int i = 0; i < kSplit; ++i) acc += warp.partials[size_t(n * kSplit + (t * nmix + o) * kSplit + i)];
-      mix[size_t(o)] = float(acc);
-    }
+    for (int o = 0; o < nmix; ++o) mix[size_t(o)] = float(warp.mixes[size_t(t * nmix + o)]);
     float pre[8], p[8], C[64];
     plumb::hc_math::weights(mix.data(), scale.data(), base.data(), H, 1e-6f, iters, pre, p, C);
     for (int j = 0; j < H; ++j)
@@ -78,6 +71,88 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
       check_hc(H, iters, 0.05f, 100u + unsigned(H * 31 + iters));
       check_hc(H, iters, 2.0f, 200u + unsigned(H * 31 + iters));  // large mixes: saturated softmax rows
     }
+}
+
+
+// ---- router (fwd_route): the warp-per-token kernel bit for bit against the block-per-token kernel ----
+
+struct RouteOut {
+  std::vector<int32_t> idx;
+  std::vector<float> weight, select;
+};
+
+RouteOut run_route(d::RouteArgs a, const std::vector<float>& logits, const std::vector<float>& bias, const std::vector<int32_t>& tid2eid,
+                   const std::vector<int32_t>& toks, bool twin) {
+  DeviceBuffer dl = to_device(logits), db = to_device(bias.empty() ? std::vector<float>{0.0f} : bias),
+               dm = to_device(tid2eid.empty() ? std::vector<int32_t>{0} : tid2eid), dt = to_device(toks);
+  DeviceBuffer di(size_t(a.n * a.K) * 4), dw(size_t(a.n * a.K) * 4), ds(size_t(a.n * a.E) * 4);
+  for (auto* b : {&di, &dw, &ds}) b->fill_byte(0xAB);
+  a.logits = dl.as<float>(), a.tokens = dt.as<int32_t>();
+  a.bias = a.hash ? nullptr : db.as<float>();
+  a.tid2eid = a.hash ? dm.as<int32_t>() : nullptr;
+  a.idx = di.as<int32_t>(), a.weight = dw.as<float>(), a.select = ds.as<float>();
+  a.twin = twin ? 1 : 0;
+  d::fwd_route(a, nullptr);
+  return {to_host<int32_t>(di, size_t(a.n * a.K)), to_host<float>(dw, size_t(a.n * a.K)), to_host<float>(ds, size_t(a.n * a.E))};
+}
+
+TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
+  Rng rng(4242);
+  int cases = 0;
+  struct Shape {
+    int E, K, groups, topk_groups;
+  };
+  const Shape shapes[] = {{256, 6, 1, 1}, {256, 8, 8, 4}, {64, 6, 1, 1}, {96, 16, 1, 1}, {40, 32, 1, 1}, {512, 16, 16, 3},
+                          {288, 1, 1, 1}, {32, 32, 4, 1}, {320, 6, 64, 2}};
+  for (const Shape& sh : shapes)
+    for (int n : {1, 3, 8, 13})
+      for (int score = 0; score < 3; ++score)
+        for (int hash = 0; hash < 2; ++hash) {
+          const int E = sh.E, K = sh.K, V = 50;
+          d::RouteArgs a;
+          a.n = n, a.E = E, a.K = K, a.score = score, a.hash = hash;
+          a.n_group = hash ? 1 : sh.groups, a.topk_group = hash ? 1 : sh.topk_groups;
+          const int variant = rng.integer(0, 3);  // renorm / unfloored / naive softplus / fold
+          a.renorm = variant != 1, a.unfloored = variant == 2, a.softplus_naive = variant == 3 && score == 0;
+          a.fold = rng.integer(0, 1) ? 1.0f : 2.5f;
+          // Logits: ordinary rows; a row on four levels with the bias on four levels (many exact ties); a row far
+          // below zero (scores underflow to 0: all equal); a row far above zero; a row with NaN, +-inf and -0.
+          std::vector<float> lg = rng.floats(size_t(n * E), -3.0f, 3.0f);
+          for (int t = 0; t < n; ++t) {
+            float* r = lg.data() + size_t(t) * E;
+            switch (t % 5) {
+              case 1:
+                for (int e = 0; e < E; ++e) r[e] = 0.5f * float(rng.integer(0, 3));
+                break;
+              case 2:
+                for (int e = 0; e < E; ++e) r[e] = -200.0f - float(rng.integer(0, 3));
+                break;
+              case 3:
+                for (int e = 0; e < E; ++e) r[e] = 90.0f + float(rng.integer(0, 3));
+                break;
+              case 4:
+                r[E / 3] = NAN, r[E / 2] = INFINITY, r[E - 1] = -INFINITY, r[1] = -0.0f, r[2] = NAN;
+                break;
+              default: break;
+            }
+          }
+          std::vector<float> bias(static_cast<size_t>(E));
+          for (int e = 0; e < E; ++e) bias[size_t(e)] = n % 2 ? 0.01f * float(rng.integer(0, 3)) : rng.uniform(-0.05f, 0.05f);
+          std::vector<int32_t> tid2eid(static_cast<size_t>(V * K)), toks(static_cast<size_t>(n));
+          for (auto& v : tid2eid) v = rng.integer(0, E - 1);
+          for (auto& v : toks) v = rng.integer(0, V - 1);
+          const RouteOut w = run_route(a, lg, bias, tid2eid, toks, false), b = run_route(a, lg, bias, tid2eid, toks, true);
+          const std::string tag = "E " + std::to_string(E) + " K " + std::to_string(K) + " groups " + std::to_string(a.n_group) + "/" +
+                                  std::to_string(a.topk_group) + " n " + std::to_string(n) + " score " + std::to_string(score) +
+                                  " hash " + std::to_string(hash) + " variant " + std::to_string(variant);
+          ASSERT_TRUE(w.idx == b.idx) << tag << ": indices differ";
+          ASSERT_EQ(0, std::memcmp(w.weight.data(), b.weight.data(), w.weight.size() * 4)) << tag << ": weights differ";
+          if (!hash) {
+            ASSERT_EQ(0, std::memcmp(w.select.data(), b.select.data(), w.select.size() * 4)) << tag << ": selection scores differ";
+          }
+          ++cases;
+        }
+  std::printf("  router warp kernel vs block kernel: %d cases bit-identical\n", cases);
 }
 
 }  // namespace

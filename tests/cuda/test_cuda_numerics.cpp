@@ -192,52 +192,62 @@ TEST_F(CudaNumerics, IndexerRotateMatches) {
   }
 }
 
-// hc_pre / hc_head's mixing modes (official: the norm after the GEMM, bf16 collapse; mhc.bf16_mix: bf16 operands)
-// against the CPU's hc_pre / hc_head. post and comb go through expf (CUDA's is not libm's): a few ulps.
+// hc_pre / hc_head's mixing modes (0 the reference; official: the norm after the GEMM, bf16 collapse; mhc.bf16_mix:
+// bf16 operands) against the CPU's hc_pre / hc_head, at V4's shape and at others (odd D: the scalar path; D smaller
+// than the cluster's slices: empty blocks; H 1, 2, 6). post and comb go through expf (CUDA's is not libm's): a
+// few ulps. hc_post against the CPU's bit for bit (vector and scalar paths).
 TEST_F(CudaNumerics, HcMixModesMatch) {
   Rng rng(7);
-  const int H = 4, n = 6, iters = 20;
-  const int64_t D = 256, hd = H * D, nmix = (2 + H) * H;
-  ModelConfig c;
-  c.hc_mult = H, c.hidden = int(D), c.hc_sinkhorn_iters = iters, c.hc_eps = 1e-6, c.rms_eps = 1e-6;
-  HyperConnWeights w{Tensor({nmix, hd}, rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), Tensor({nmix}, rng.floats(size_t(nmix), -1.0f, 1.0f)),
-                     Tensor({3}, rng.floats(3, 0.5f, 2.0f))};
-  HyperConnWeights wh{Tensor({H, hd}, rng.floats(size_t(H * hd), -0.05f, 0.05f)), Tensor({H}, rng.floats(size_t(H), -1.0f, 1.0f)),
-                      Tensor({1}, rng.floats(1, 0.5f, 2.0f))};
-  Tensor X({n, H, D}, rng.floats(size_t(n * hd), -2.0f, 2.0f));
-  Numerics(official_options()).act(X);
-  for (int mode : {1, 2}) {
-    ModelOptions o;
-    (mode == 2 ? o.official : o.mhc_bf16_mix) = true;
-    const std::string tag = mode == 2 ? "official" : "mhc.bf16_mix";
-    const HcPre ref = hc_pre(w, c, o, X, Tap{}, "hc");
-    const Tensor ref_head = hc_head(wh, c, o, X);
-    DeviceBuffer dX = to_device(X.data), dfn = to_device(w.fn.data), dbase = to_device(w.base.data), dscale = to_device(w.scale.data);
-    DeviceBuffer hfn = to_device(wh.fn.data), hbase = to_device(wh.base.data), hscale = to_device(wh.scale.data);
-    DeviceBuffer post(size_t(n * H) * 4), comb(size_t(n * H * H) * 4), col(size_t(n * D) * 4), hcol(size_t(n * D) * 4);
-    DeviceBuffer scratch(d::fwd_hc_scratch_doubles(n, H) * 8);
-    d::HcArgs a;
-    a.X = dX.as<float>(), a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
-    a.n = n, a.H = H, a.iters = iters, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
-    a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
-    a.mix_mode = mode, a.act_bf16 = mode == 2;
-    d::fwd_hc_pre(a, scratch.as<double>(), nullptr);
-    d::HcArgs b = a;
-    b.fn = hfn.as<float>(), b.base = hbase.as<float>(), b.scale = hscale.as<float>(), b.head = 1, b.collapsed = hcol.as<float>();
-    b.post = nullptr, b.comb = nullptr;
-    d::fwd_hc_pre(b, scratch.as<double>(), nullptr);
-    expect_close(tag + " hc post", to_host<float>(post, size_t(n * H)), ref.post.data, H, 1e-5);
-    expect_close(tag + " hc comb", to_host<float>(comb, size_t(n * H * H)), ref.comb.data, H * H, 1e-5);
-    expect_close(tag + " hc collapsed", to_host<float>(col, size_t(n * D)), ref.collapsed.data, D, mode == 2 ? 1.0 / 128 : 1e-5);
-    expect_close(tag + " hc head", to_host<float>(hcol, size_t(n * D)), ref_head.data, D, mode == 2 ? 1.0 / 128 : 1e-5);
-    // hc_post: bf16 storage in official mode, the CPU's order.
-    Tensor y({n, D}, rng.floats(size_t(n * D), -1.0f, 1.0f));
-    DeviceBuffer dy = to_device(y.data), dref_post = to_device(ref.post.data), dref_comb = to_device(ref.comb.data);
-    DeviceBuffer out(size_t(n * hd) * 4);
-    d::fwd_hc_post(dy.as<float>(), dX.as<float>(), dref_post.as<float>(), dref_comb.as<float>(), n, H, D, 0, out.as<float>(), nullptr,
-                   mode == 2);
-    expect_bitwise(tag + " hc_post", to_host<float>(out, size_t(n * hd)), hc_post(y, X, ref, o).data, D);
-  }
+  const int n = 6, iters = 20;
+  struct Shape {
+    int H;
+    int64_t D;
+  };
+  for (const Shape sh : {Shape{4, 256}, Shape{4, 4096}, Shape{2, 102}, Shape{6, 64}, Shape{1, 8}, Shape{5, 36}})
+    for (int mode : {0, 1, 2}) {
+      const int H = sh.H;
+      const int64_t D = sh.D, hd = H * D, nmix = (2 + H) * H;
+      ModelConfig c;
+      c.hc_mult = H, c.hidden = int(D), c.hc_sinkhorn_iters = iters, c.hc_eps = 1e-6, c.rms_eps = 1e-6;
+      HyperConnWeights w{Tensor({nmix, hd}, rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), Tensor({nmix}, rng.floats(size_t(nmix), -1.0f, 1.0f)),
+                         Tensor({3}, rng.floats(3, 0.5f, 2.0f))};
+      HyperConnWeights wh{Tensor({H, hd}, rng.floats(size_t(H * hd), -0.05f, 0.05f)), Tensor({H}, rng.floats(size_t(H), -1.0f, 1.0f)),
+                          Tensor({1}, rng.floats(1, 0.5f, 2.0f))};
+      Tensor X({n, H, D}, rng.floats(size_t(n * hd), -2.0f, 2.0f));
+      Numerics(official_options()).act(X);
+      ModelOptions o;
+      if (mode == 2) o.official = true;
+      if (mode == 1) o.mhc_bf16_mix = true;
+      const std::string tag = std::string(mode == 2 ? "official" : mode == 1 ? "mhc.bf16_mix" : "reference") + " H=" + std::to_string(H) +
+                              " D=" + std::to_string(D);
+      const HcPre ref = hc_pre(w, c, o, X, Tap{}, "hc");
+      const Tensor ref_head = hc_head(wh, c, o, X);
+      DeviceBuffer dX = to_device(X.data), dfn = to_device(w.fn.data), dbase = to_device(w.base.data), dscale = to_device(w.scale.data);
+      DeviceBuffer hfn = to_device(wh.fn.data), hbase = to_device(wh.base.data), hscale = to_device(wh.scale.data);
+      DeviceBuffer post(size_t(n * H) * 4), comb(size_t(n * H * H) * 4), col(size_t(n * D) * 4), hcol(size_t(n * D) * 4);
+      DeviceBuffer scratch(d::fwd_hc_scratch_doubles(n, H) * 8);
+      d::HcArgs a;
+      a.X = dX.as<float>(), a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
+      a.n = n, a.H = H, a.iters = iters, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+      a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
+      a.mix_mode = mode, a.act_bf16 = mode == 2;
+      d::fwd_hc_pre(a, scratch.as<double>(), nullptr);
+      d::HcArgs b = a;
+      b.fn = hfn.as<float>(), b.base = hbase.as<float>(), b.scale = hscale.as<float>(), b.head = 1, b.collapsed = hcol.as<float>();
+      b.post = nullptr, b.comb = nullptr;
+      d::fwd_hc_pre(b, scratch.as<double>(), nullptr);
+      expect_close(tag + " hc post", to_host<float>(post, size_t(n * H)), ref.post.data, H, 1e-5);
+      expect_close(tag + " hc comb", to_host<float>(comb, size_t(n * H * H)), ref.comb.data, H * H, 1e-5);
+      expect_close(tag + " hc collapsed", to_host<float>(col, size_t(n * D)), ref.collapsed.data, D, mode == 2 ? 1.0 / 128 : 1e-5);
+      expect_close(tag + " hc head", to_host<float>(hcol, size_t(n * D)), ref_head.data, D, mode == 2 ? 1.0 / 128 : 1e-5);
+      // hc_post: bf16 storage in official mode, the CPU's order.
+      Tensor y({n, D}, rng.floats(size_t(n * D), -1.0f, 1.0f));
+      DeviceBuffer dy = to_device(y.data), dref_post = to_device(ref.post.data), dref_comb = to_device(ref.comb.data);
+      DeviceBuffer out(size_t(n * hd) * 4);
+      d::fwd_hc_post(dy.as<float>(), dX.as<float>(), dref_post.as<float>(), dref_comb.as<float>(), n, H, D, 0, out.as<float>(), nullptr,
+                     mode == 2);
+      expect_bitwise(tag + " hc_post", to_host<float>(out, size_t(n * hd)), hc_post(y, X, ref, o).data, D);
+    }
 }
 
 // ---- whole forward on the fixtures ----
