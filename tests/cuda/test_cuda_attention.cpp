@@ -1,9 +1,11 @@
 // Sparse decode attention on the GPU: the split-K patch (attn.splitk_decode, fwd_attn_splitk.cu) against the unsplit
 // twin (fwd_attend) and both against an fp64 softmax on the host, over sliding, HCA (long: 8K entries) and CSA
-// (selection holes) key lists, decode and prefill sizes, logits large enough that the running max moves; and the
-// split plan's invariance: a query gives the same bits whether its splits are sized by this step's keys or by a
-// larger bound (what a captured graph uses).
+// (selection holes) key lists, decode and prefill sizes, head counts that fill or leave part of a 16-head block,
+// logits large enough that the running max moves; the split plan's invariance: a query gives the same bits whether
+// its splits are sized by this step's keys or by a larger bound (what a captured graph uses); and (printed, not
+// asserted) the kernels' times at the model's decode shape.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -132,6 +134,9 @@ const Case kCases[] = {
     {"CSA, head_dim 192", 1, 2, 4, 192, 64, 700, 4, 175, 96, 1.0f},
     {"HCA, prefill of 300 tokens", 2, 300, 2, 512, 128, 2000, 16, 144, 0, 2.0f},
     {"sliding, 24 tokens", 0, 24, 4, 512, 128, 500, 1, 0, 0, 4.0f},
+    {"HCA, 64 heads, 8K entries, decode", 2, 1, 64, 512, 128, 32767, 4, 8192, 0, 2.0f},
+    {"CSA, 20 heads (two blocks, one partly empty)", 1, 3, 20, 512, 128, 3000, 4, 750, 300, 3.0f},
+    {"sliding, head_dim 64, 9 tokens", 0, 9, 16, 64, 32, 20, 1, 0, 0, 2.0f},
 };
 
 TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
@@ -164,6 +169,52 @@ TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
       ASSERT_EQ(std::memcmp(&exact[i], &wide[i], 4), 0) << c.name << ": element " << i << " " << exact[i] << " (" << s_exact
                                                         << " splits) vs " << wide[i] << " (" << s_wide << " splits)";
   }
+}
+
+// Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K
+// kernel with the plan's chunk and its neighbours, at the model's shape (64 heads x 512, HCA) for a short and a long
+// context, decode of 1 and 8 tokens; and the split kernel's error against the twin there. For the notes: the
+// kernel bench (`plumb bench --only attention`) is the reference measurement.
+TEST_F(GpuTest, AttentionSplitKTimes) {
+  auto time_us = [](auto&& fn) {
+    for (int i = 0; i < 3; ++i) fn();
+    plumb::cuda::synchronize();
+    const int reps = 30;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) fn();
+    plumb::cuda::synchronize();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  for (const int64_t ne : {int64_t(576), int64_t(8192)})
+    for (const int n : {1, 8}) {
+      const Case c{"timing", 2, n, 64, 512, 128, ne * 128 - n, 128, ne, 0, 1.0f};
+      const Data x = make_data(c, 5u + unsigned(n));
+      Device dv(c, x);
+      const int64_t keys = max_keys(c);
+      DeviceBuffer logits(size_t(c.n * c.Hq * keys) * 4);
+      d::AttendArgs tw = dv.a;
+      tw.logits = logits.as<float>(), tw.ld_logits = keys;
+      const double t_twin = time_us([&] { d::fwd_attend(tw, nullptr); });
+      const auto twin = dv.result();
+      const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, c.Hq, c.Dh, keys);
+      std::printf("HCA %lld keys, 64 heads x 512, n = %d: twin %.1f us; split-K (plan: %d splits of %lld):", (long long)keys, n, t_twin,
+                  plan.splits, (long long)plan.chunk);
+      for (const int64_t chunk : {int64_t(64), int64_t(128), int64_t(256), int64_t(512)}) {
+        d::SplitPlan p = plan;
+        p.chunk = chunk, p.splits = int((keys + chunk - 1) / chunk);
+        p.scratch_bytes = p.splits > 1 ? size_t(c.n * c.Hq) * size_t(c.Dh * 4 + 12) * size_t(p.splits) : 0;
+        DeviceBuffer scratch(std::max<size_t>(p.scratch_bytes, 8));
+        d::AttendArgs sa = dv.a;
+        sa.logits = nullptr, sa.ld_logits = 0;
+        const double t = time_us([&] { d::fwd_attend_splitk(sa, p, scratch.get(), nullptr); });
+        std::printf(" chunk %lld %.1f us%s", (long long)chunk, t, chunk == plan.chunk ? " (plan)" : "");
+        if (chunk == plan.chunk) {
+          std::printf("\n");
+          expect_close("  split-K vs unsplit twin at this shape", dv.result(), twin, c.Dh, 1e-6);
+        }
+      }
+      std::printf("\n");
+    }
 }
 
 }  // namespace
