@@ -9,6 +9,7 @@
 // does, so they can differ from the twin's by a float rounding; the normalization order differs too (see
 // docs/cuda.md for the measured error).
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/attn_keys.cuh"
 
@@ -36,26 +37,47 @@ struct Partials {
 // The merge of S splits with the sink, used both by the one-split path and by the merge kernel, so a query whose
 // keys all fall in split 0 gets the same bits whether or not empty splits follow (eager launches size S by this
 // step's keys, a graph by the caches' capacity): an empty split (m = -inf, l = 0, acc = 0) adds exact zeros.
-// out = float(sum_s acc_s * weight(m_s), summed in s order from 0, / L).
+// M = max(sink, m_s); then, in s order from split 0: w_s = exp(m_s - M), L = fma(l_s, w_s, L) from exp(sink - M),
+// o = fma(acc_s, w_s, o) from 0; out = float(o / L).
 struct Merge {
-  float M;   // max(sink, m_s)
-  double L;  // exp(sink - M) + sum_s l_s exp(m_s - M)
-  __device__ Merge(float sink, const float* m, const double* l, int S) {
-    M = sink;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, m[s]);
-    L = double(expf(sink - M));
-    for (int s = 0; s < S; ++s) L += l[s] * weight(m[s]);
-  }
+  float M;
+  double L;
+  __device__ Merge(float sink, float max_m) : M(fmaxf(sink, max_m)), L(double(expf(sink - M))) {}
   __device__ double weight(float ms) const { return double(expf(ms - M)); }
-  // o += acc_s * w_s, one explicit fma, so the one-split path and the merge kernel round alike.
+  __device__ void add_split(double l, double w) { L = fma(l, w, L); }
   __device__ static double add(double o, float acc, double w) { return fma(double(acc), w, o); }
   __device__ float out(double o) const { return float(o / L); }
 };
 
 // D = A * B + D on the fp64 tensor cores, 8x8x4. Lane (g = lane / 4, r = lane % 4) holds A[g][r], B[r][g] and
 // D[g][2r], D[g][2r + 1].
-__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
-  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};" : "+d"(d[0]), "+d"(d[1]) : "d"(a), "d"(b));
+__device__ __forceinline__ void dmma(double& d0, double& d1, double a, double b) {
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};" : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
+}
+// The sm_90 shapes: 16x8x4 (A rows g and g + 8 in a0, a1; D rows g: d0, d1, g + 8: d2, d3) and 16x8x8 (A: (g, r),
+// (g + 8, r), (g, r + 4), (g + 8, r + 4); B: (r, g), (r + 4, g)): the same fragments as two or four 8x8x4 steps.
+__device__ __forceinline__ void dmma16(double (&d)[4], double a0, double a1, double b) {
+  asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a0), "d"(a1), "d"(b));
+}
+__device__ __forceinline__ void dmma16k8(double (&d)[4], double a0, double a1, double a2, double a3, double b0, double b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a0), "d"(a1), "d"(a2), "d"(a3), "d"(b0), "d"(b1));
+}
+// Rows g and g + 8 of a 16-row product, k steps of 4 (kMma 0: two 8x8x4, 1: one 16x8x4) or 8 (kMma 2: 16x8x8; a
+// and b hold the two k halves).
+template <int kMma>
+__device__ __forceinline__ void mma_step(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
+  if constexpr (kMma == 0) {
+    dmma(d[0], d[1], a[0][0], b[0]), dmma(d[2], d[3], a[0][1], b[0]);
+    dmma(d[0], d[1], a[1][0], b[1]), dmma(d[2], d[3], a[1][1], b[1]);
+  } else if constexpr (kMma == 1) {
+    dmma16(d, a[0][0], a[0][1], b[0]), dmma16(d, a[1][0], a[1][1], b[1]);
+  } else {
+    dmma16k8(d, a[0][0], a[0][1], a[1][0], a[1][1], b[0], b[1]);
+  }
 }
 
 // 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
@@ -78,10 +100,11 @@ __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 //           fragments converted to fp64, DMMA; the 16 warps' partial dot products go to shared memory and thread
 //           (head, key) sums them in slice order: logit = float(dot) * scale, -inf for a hole;
 //   softmax: warp = head: the tile's max, the rescale f = exp(m_old - m_new) of the running state, p = exp(logit -
-//           m) (0 for a hole), l = l * f + sum p (fp64);
+//           m) (0 for a hole); each lane keeps its keys' share of l (l = l * f + p, fp64), summed at the end;
 //   P.V:    warp w rescales its fp64 accumulators (16 heads x its 32 dims) by f and adds P (fp64) x V (the same rows
 //           as the keys, converted to fp64) on DMMA.
 // direct: S == 1, so the block also merges with the sink and writes the output.
+template <int kMma>
 __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, int64_t chunk, int S, int direct) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ double Ps[kHeads * kPStride];
@@ -89,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   __shared__ float mfin[kHeads];
   __shared__ int kvalid[2][kTile];
   const int Dh = int(a.Dh), nsl = Dh / kSlice;
-  float* Ks = reinterpret_cast<float*>(split_smem);                                       // [2][kTile][Dh]
+  float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]
   double* part = reinterpret_cast<double*>(split_smem + size_t(2 * kTile) * size_t(Dh) * 4);  // [nsl][kHeads][kPart]
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
   const int t = int(blockIdx.x) / ngroups, h0 = (int(blockIdx.x) % ngroups) * kHeads, s = int(blockIdx.y);
@@ -115,19 +138,20 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   if (ntiles > 0) issue(0, row_of(0));
   if (ntiles > 1) next = row_of(1);
 
-  // q fragments (A of the logits): head 8 * ho + g, dim 32 * wid + 4 * b + r; heads past Hq are zeros.
-  double qa[2][kSlice / 4];
+  // q fragments (A of the logits): qa[b][half] = q[head 8 * half + g][dim 32 * wid + 4 * b + r]; heads past Hq
+  // are zeros.
+  double qa[kSlice / 4][2];
 #pragma unroll
   for (int ho = 0; ho < 2; ++ho) {
     const int h = h0 + 8 * ho + g;
     const float* qh = a.q + (int64_t(t) * a.Hq + h) * a.Dh + kSlice * wid + r;
 #pragma unroll
-    for (int b = 0; b < kSlice / 4; ++b) qa[ho][b] = mma_warp && h < a.Hq ? double(qh[4 * b]) : 0.0;
+    for (int b = 0; b < kSlice / 4; ++b) qa[b][ho] = mma_warp && h < a.Hq ? double(qh[4 * b]) : 0.0;
   }
-  // Warp wid's softmax state is head wid's (the same in every lane); acc[ho][e]: head 8 * ho + g, dims
-  // 32 * wid + 8 * e + 2 * r (+ 1).
+  // Warp wid's softmax state is head wid's (m the same in every lane, l each lane's share); acc[e]: dims
+  // 32 * wid + 8 * e + 2 * r (+ 1) of head g (acc[e][0], [1]) and head g + 8 ([2], [3]).
   float m = -INFINITY;
-  double l = 0, acc[2][4][2] = {};
+  double l = 0, acc[4][4] = {};
 
   for (int i = 0; i < ntiles; ++i) {
     cp_async_wait_all();
@@ -142,25 +166,29 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
       const int sw = swz(g);
 #pragma unroll
       for (int kb = 0; kb < kTile / 8; ++kb) {  // keys 8 * kb + g
-        double c0[2] = {0.0, 0.0}, c1[2] = {0.0, 0.0};
+        double c[4] = {0.0, 0.0, 0.0, 0.0};
         const float* kr = kw + size_t(8 * kb) * size_t(Dh);
 #pragma unroll
-        for (int b = 0; b < kSlice / 4; ++b) {
-          const double kv = double(kr[(4 * b + r) ^ sw]);
-          dmma(c0, qa[0][b], kv);
-          dmma(c1, qa[1][b], kv);
+        for (int b2 = 0; b2 < kSlice / 8; ++b2) {  // dims 8 * b2 + 4 * kh + r
+          const double qf[2][2] = {{qa[2 * b2][0], qa[2 * b2][1]}, {qa[2 * b2 + 1][0], qa[2 * b2 + 1][1]}};
+          const double kf[2] = {double(kr[(8 * b2 + r) ^ sw]), double(kr[(8 * b2 + 4 + r) ^ sw])};
+          mma_step<kMma>(c, qf, kf);
         }
         double* pp = part + (wid * kHeads + g) * kPart + 8 * kb + 2 * r;
-        *reinterpret_cast<double2*>(pp) = make_double2(c0[0], c0[1]);
-        *reinterpret_cast<double2*>(pp + 8 * kPart) = make_double2(c1[0], c1[1]);
+        *reinterpret_cast<double2*>(pp) = make_double2(c[0], c[1]);
+        *reinterpret_cast<double2*>(pp + 8 * kPart) = make_double2(c[2], c[3]);
       }
     }
     __syncthreads();
     {  // thread (head wid, key lane)
       float x = -INFINITY;
       if (kvalid[i & 1][lane]) {
+        double v[kWarps];
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v[w] = w < nsl ? part[(w * kHeads + wid) * kPart + lane] : 0.0;
         double dot = 0;
-        for (int w = 0; w < nsl; ++w) dot += part[(w * kHeads + wid) * kPart + lane];
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) dot += v[w];
         x = float(dot) * a.scale;
       }
       const float tmax = warp_max(x);
@@ -171,31 +199,31 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
       }
       const float p = x == -INFINITY ? 0.0f : expf(x - m);
       Ps[wid * kPStride + lane] = double(p);
-      l = l * f + warp_sum(double(p));
+      l = l * f + double(p);
       if (lane == 0) fac[wid] = f;
     }
     __syncthreads();
     if (mma_warp) {
       const double f0 = fac[g], f1 = fac[8 + g];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
+      for (int e = 0; e < 4; ++e) acc[e][0] *= f0, acc[e][1] *= f0, acc[e][2] *= f1, acc[e][3] *= f1;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) acc[0][e][u] *= f0, acc[1][e][u] *= f1;
-#pragma unroll
-      for (int c = 0; c < kTile / 4; ++c) {  // keys 4 * c + r
-        const int key = 4 * c + r, sw = swz(key & 7);
-        const double a0 = Ps[g * kPStride + key], a1 = Ps[(8 + g) * kPStride + key];
-        const float* vr = K + size_t(key) * size_t(Dh) + kSlice * wid;
+      for (int c2 = 0; c2 < kTile / 8; ++c2) {  // keys 8 * c2 + 4 * kh + r
+        const int k0 = 8 * c2 + r, k1 = k0 + 4, sw0 = swz(k0 & 7), sw1 = swz(k1 & 7);
+        const double pf[2][2] = {{Ps[g * kPStride + k0], Ps[(8 + g) * kPStride + k0]},
+                                 {Ps[g * kPStride + k1], Ps[(8 + g) * kPStride + k1]}};
+        const float* v0 = K + size_t(k0) * size_t(Dh) + kSlice * wid;
+        const float* v1 = K + size_t(k1) * size_t(Dh) + kSlice * wid;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const double v = double(vr[(8 * e + g) ^ sw]);
-          dmma(acc[0][e], a0, v);
-          dmma(acc[1][e], a1, v);
+          const double vf[2] = {double(v0[(8 * e + g) ^ sw0]), double(v1[(8 * e + g) ^ sw1])};
+          mma_step<kMma>(acc[e], pf, vf);
         }
       }
     }
   }
 
+  l = warp_sum(l);
   if (lane == 0) mfin[wid] = m, lfin[wid] = l;
   __syncthreads();
   if (!direct && lane == 0 && h0 + wid < a.Hq) {
@@ -208,50 +236,62 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
     const int hl = 8 * ho + g, h = h0 + hl;
     if (h >= a.Hq) continue;
     const int64_t row = int64_t(t) * a.Hq + h;
+    Merge mg(a.sink[h], mfin[hl]);
+    const double w = mg.weight(mfin[hl]);
+    mg.add_split(lfin[hl], w);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t d = kSlice * wid + 8 * e + 2 * r;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const float av = float(acc[ho][e][u]);
-        if (direct) {
-          const Merge mg(a.sink[h], &mfin[hl], &lfin[hl], 1);
-          a.out[row * a.Dh + d + u] = mg.out(Merge::add(0.0, av, mg.weight(mfin[hl])));
-        } else {
-          P.acc[(row * S + s) * a.Dh + d + u] = av;
-        }
+        const float av = float(acc[e][2 * ho + u]);
+        if (direct) a.out[row * a.Dh + d + u] = mg.out(Merge::add(0.0, av, w));
+        else P.acc[(row * S + s) * a.Dh + d + u] = av;
       }
     }
   }
 }
 
-// Block = one (token, head) row: merges its S splits with the sink (Merge), thread per dim; the splits' weights are
-// computed once per block (256 at a time) and every dim sums its splits in s order, as the one-split path does.
+// Block = one (token, head) row: merges its S splits with the sink (Merge), thread per dim. The splits' m and l
+// are staged in shared memory 256 at a time (loaded in parallel), their weights computed once per block; every
+// thread then walks the splits in s order, as the one-split path does.
 constexpr int kMergeThreads = 256;
 __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
-  __shared__ double w[kMergeThreads];
+  __shared__ float ms[kMergeThreads];
+  __shared__ double ls[kMergeThreads], ws[kMergeThreads];
   const int64_t row = blockIdx.x;
-  const int h = int(row % a.Hq);
+  const int h = int(row % a.Hq), tid = int(threadIdx.x);
   const float* m = P.m + row * S;
-  const Merge mg(a.sink[h], m, P.l + row * S, S);
+  const double* l = P.l + row * S;
+  float mmax = -INFINITY;
+  for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
+    const int ns = min(kMergeThreads, S - s0);
+    __syncthreads();
+    if (tid < ns) ms[tid] = m[s0 + tid];
+    __syncthreads();
+    for (int s = 0; s < ns; ++s) mmax = fmaxf(mmax, ms[s]);
+  }
+  Merge mg(a.sink[h], mmax);
   const float* acc = P.acc + row * S * a.Dh;
   constexpr int kU = kMaxDh / kMergeThreads;
   double o[kU] = {};
   for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
     const int ns = min(kMergeThreads, S - s0);
     __syncthreads();
-    if (int(threadIdx.x) < ns) w[threadIdx.x] = mg.weight(m[s0 + int(threadIdx.x)]);
+    if (tid < ns) ls[tid] = l[s0 + tid], ws[tid] = mg.weight(m[s0 + tid]);
     __syncthreads();
+    for (int s = 0; s < ns; ++s) mg.add_split(ls[s], ws[s]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int64_t d = threadIdx.x + int64_t(u) * kMergeThreads;
+      const int64_t d = tid + int64_t(u) * kMergeThreads;
       if (d >= a.Dh) continue;
-      for (int s = 0; s < ns; ++s) o[u] = Merge::add(o[u], acc[int64_t(s0 + s) * a.Dh + d], w[s]);
+      const float* ad = acc + int64_t(s0) * a.Dh + d;
+      for (int s = 0; s < ns; ++s) o[u] = Merge::add(o[u], ad[int64_t(s) * a.Dh], ws[s]);
     }
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-    const int64_t d = threadIdx.x + int64_t(u) * kMergeThreads;
+    const int64_t d = tid + int64_t(u) * kMergeThreads;
     if (d < a.Dh) a.out[row * a.Dh + d] = mg.out(o[u]);
   }
 }
@@ -295,12 +335,15 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     P.acc = P.m + rows * size_t(S);
   }
   const size_t smem = size_t(2 * kTile) * size_t(a.Dh) * 4 + size_t(a.Dh / kSlice) * kHeads * kPart * 8;
-  static size_t raised = 48 * 1024;  // per process: the attribute is per kernel
-  if (smem > raised) {
-    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    raised = smem;
+  const char* env = std::getenv("PLUMB_SPLITK_MMA");
+  const int mma = env ? std::atoi(env) : 1;
+  auto kern = mma == 0 ? attend_split_kernel<0> : mma == 2 ? attend_split_kernel<2> : attend_split_kernel<1>;
+  static size_t raised[3] = {48 * 1024, 48 * 1024, 48 * 1024};  // per process: the attribute is per kernel
+  if (smem > raised[mma == 0 ? 0 : mma == 2 ? 2 : 1]) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    raised[mma == 0 ? 0 : mma == 2 ? 2 : 1] = smem;
   }
-  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan.chunk, S, S == 1);
+  kern<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan.chunk, S, S == 1);
   check_launch("fwd_attend_split");
   if (S == 1) return;
   attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, s>>>(a, P, S);
