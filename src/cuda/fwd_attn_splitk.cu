@@ -2,14 +2,13 @@
 // token grouped. The model's attention is MQA-like (one key/value row per position, K = V, shared by every query
 // head), so a block takes one token, 16 heads and one contiguous chunk of the token's keys: the key rows of a tile
 // are staged in shared memory once and serve all 16 heads, for the logits and again (K = V) for P.V. Both products
-// run on the fp64 tensor cores (DMMA, m8n8k4). The block keeps a running max, an fp64 sum and an fp64 P.V per head
+// run on the fp64 tensor cores (DMMA, m16n8k8). The block keeps a running max, an fp64 sum and an fp64 P.V per head
 // in one pass (no logits scratch, no per-query shared-memory limit); the splits are merged with the sink afterwards.
 // Same keys in the same order as the unsplit twin (attn_keys.cuh's KeyList); the logits are the same fp64 dot
 // products summed in the tensor cores' order instead of key_logit's lane order, then rounded to float as the twin
 // does, so they can differ from the twin's by a float rounding; the normalization order differs too (see
 // docs/cuda.md for the measured error).
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/attn_keys.cuh"
 
@@ -49,35 +48,14 @@ struct Merge {
   __device__ float out(double o) const { return float(o / L); }
 };
 
-// D = A * B + D on the fp64 tensor cores, 8x8x4. Lane (g = lane / 4, r = lane % 4) holds A[g][r], B[r][g] and
-// D[g][2r], D[g][2r + 1].
-__device__ __forceinline__ void dmma(double& d0, double& d1, double a, double b) {
-  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};" : "+d"(d0), "+d"(d1) : "d"(a), "d"(b));
-}
-// The sm_90 shapes: 16x8x4 (A rows g and g + 8 in a0, a1; D rows g: d0, d1, g + 8: d2, d3) and 16x8x8 (A: (g, r),
-// (g + 8, r), (g, r + 4), (g + 8, r + 4); B: (r, g), (r + 4, g)): the same fragments as two or four 8x8x4 steps.
-__device__ __forceinline__ void dmma16(double (&d)[4], double a0, double a1, double b) {
-  asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-      : "d"(a0), "d"(a1), "d"(b));
-}
-__device__ __forceinline__ void dmma16k8(double (&d)[4], double a0, double a1, double a2, double a3, double b0, double b1) {
+// D = A * B + D on the fp64 tensor cores, 16x8x8 (sm_90). Lane (g = lane / 4, r = lane % 4) holds A (g, r), (g + 8, r),
+// (g, r + 4), (g + 8, r + 4) in a[0][0], a[0][1], a[1][0], a[1][1]; B (r, g), (r + 4, g) in b[0], b[1]; D (g, 2r),
+// (g, 2r + 1), (g + 8, 2r), (g + 8, 2r + 1). (Measured on the H200 at 8320 keys, batch 8: 272 us against 276 us
+// for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape.)
+__device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-      : "d"(a0), "d"(a1), "d"(a2), "d"(a3), "d"(b0), "d"(b1));
-}
-// Rows g and g + 8 of a 16-row product, k steps of 4 (kMma 0: two 8x8x4, 1: one 16x8x4) or 8 (kMma 2: 16x8x8; a
-// and b hold the two k halves).
-template <int kMma>
-__device__ __forceinline__ void mma_step(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
-  if constexpr (kMma == 0) {
-    dmma(d[0], d[1], a[0][0], b[0]), dmma(d[2], d[3], a[0][1], b[0]);
-    dmma(d[0], d[1], a[1][0], b[1]), dmma(d[2], d[3], a[1][1], b[1]);
-  } else if constexpr (kMma == 1) {
-    dmma16(d, a[0][0], a[0][1], b[0]), dmma16(d, a[1][0], a[1][1], b[1]);
-  } else {
-    dmma16k8(d, a[0][0], a[0][1], a[1][0], a[1][1], b[0], b[1]);
-  }
+      : "d"(a[0][0]), "d"(a[0][1]), "d"(a[1][0]), "d"(a[1][1]), "d"(b[0]), "d"(b[1]));
 }
 
 // 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
@@ -104,7 +82,6 @@ __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 //   P.V:    warp w rescales its fp64 accumulators (16 heads x its 32 dims) by f and adds P (fp64) x V (the same rows
 //           as the keys, converted to fp64) on DMMA.
 // direct: S == 1, so the block also merges with the sink and writes the output.
-template <int kMma>
 __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, int64_t chunk, int S, int direct) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ double Ps[kHeads * kPStride];
@@ -172,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
         for (int b2 = 0; b2 < kSlice / 8; ++b2) {  // dims 8 * b2 + 4 * kh + r
           const double qf[2][2] = {{qa[2 * b2][0], qa[2 * b2][1]}, {qa[2 * b2 + 1][0], qa[2 * b2 + 1][1]}};
           const double kf[2] = {double(kr[(8 * b2 + r) ^ sw]), double(kr[(8 * b2 + 4 + r) ^ sw])};
-          mma_step<kMma>(c, qf, kf);
+          dmma(c, qf, kf);
         }
         double* pp = part + (wid * kHeads + g) * kPart + 8 * kb + 2 * r;
         *reinterpret_cast<double2*>(pp) = make_double2(c[0], c[1]);
@@ -217,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const double vf[2] = {double(v0[(8 * e + g) ^ sw0]), double(v1[(8 * e + g) ^ sw1])};
-          mma_step<kMma>(acc[e], pf, vf);
+          dmma(acc[e], pf, vf);
         }
       }
     }
@@ -302,12 +279,14 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
   // Up to 256 tokens (the graph-captured chunks) the chunk depends on n only, so an eager step (S from this step's
-  // keys) and a graph (S from the capacity) split each query's keys identically. A block holds 16 heads, so one
-  // token's 64 heads make 4 blocks per split: decode of one token takes 128 keys per split (8320 keys: 65 splits,
-  // 260 blocks of one per SM), up to 8 tokens 256, up to 256 tokens 1024. Longer (prefill, eager only): few
-  // splits, partials kept under 256 MB.
+  // keys) and a graph (S from the capacity) split each query's keys identically. A block holds 16 heads and takes
+  // a whole SM (its shared memory), so one token's 64 heads make 4 blocks per split: decode of one token takes 256
+  // keys per split (8320 keys: 33 splits, 132 blocks, one wave on the H200), of n tokens 256 n up to 1024 (8 tokens,
+  // 8320 keys: 288 blocks). Measured at 8320 keys (one token / 8 tokens): 128 keys per split 66 / 374 us, 256: 52 /
+  // 314, 512: 78 / 286, 1024: 138 / 272. Up to 256 tokens 1024. Longer (prefill, eager only): few splits, partials
+  // kept under 256 MB.
   if (n <= 256) {
-    p.chunk = n == 1 ? 128 : n <= 8 ? 256 : 1024;
+    p.chunk = std::min<int64_t>(1024, int64_t(256) * n);
   } else {
     const int64_t cap = std::max<int64_t>(1, (int64_t(256) << 20) / bytes_per_split);
     const int64_t S = std::min(std::max<int64_t>(1, (max_keys + 1023) / 1024), cap);
@@ -335,15 +314,12 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     P.acc = P.m + rows * size_t(S);
   }
   const size_t smem = size_t(2 * kTile) * size_t(a.Dh) * 4 + size_t(a.Dh / kSlice) * kHeads * kPart * 8;
-  const char* env = std::getenv("PLUMB_SPLITK_MMA");
-  const int mma = env ? std::atoi(env) : 1;
-  auto kern = mma == 0 ? attend_split_kernel<0> : mma == 2 ? attend_split_kernel<2> : attend_split_kernel<1>;
-  static size_t raised[3] = {48 * 1024, 48 * 1024, 48 * 1024};  // per process: the attribute is per kernel
-  if (smem > raised[mma == 0 ? 0 : mma == 2 ? 2 : 1]) {
-    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    raised[mma == 0 ? 0 : mma == 2 ? 2 : 1] = smem;
+  static size_t raised = 48 * 1024;  // per process: the attribute is per kernel
+  if (smem > raised) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    raised = smem;
   }
-  kern<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan.chunk, S, S == 1);
+  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan.chunk, S, S == 1);
   check_launch("fwd_attend_split");
   if (S == 1) return;
   attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, s>>>(a, P, S);

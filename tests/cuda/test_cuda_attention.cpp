@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda/fwd_kernels.h"
@@ -139,11 +138,8 @@ const Case kCases[] = {
     {"sliding, 24 tokens", 0, 24, 4, 512, 128, 500, 1, 0, 0, 4.0f},
     {"HCA, 64 heads, 8K entries, decode", 2, 1, 64, 512, 128, 32767, 4, 8192, 0, 2.0f},
     {"CSA, 20 heads (two blocks, one partly empty)", 1, 3, 20, 512, 128, 3000, 4, 750, 300, 3.0f},
-    {"sliding, head_dim 64, 5 tokens", 0, 5, 16, 64, 32, 20, 1, 0, 0, 2.0f},
+    {"sliding, head_dim 64, 2 tokens", 0, 2, 16, 64, 32, 20, 1, 0, 0, 2.0f},
 };
-
-// The DMMA shape of the split kernel (experiment: PLUMB_SPLITK_MMA 0: 8x8x4, 1: 16x8x4, 2: 16x8x8).
-const char* const kMmaVariants[] = {"0", "1", "2"};
 
 TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
   for (const Case& c : kCases) {
@@ -153,36 +149,28 @@ TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
     const auto ref = host_attention(c, x);
     std::printf("%s: %d splits of <= %lld keys\n", c.name, d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, max_keys(c)).splits,
                 (long long)d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, max_keys(c)).chunk);
+    const auto split = run_split(c, dv, max_keys(c));
+    expect_close(std::string(c.name) + ", split-K vs unsplit twin", split, twin, c.Dh, 1e-6);
+    // Against fp64 logits: both round each logit to float (the reference's fp32 scores), ~1e-7 of its size.
+    expect_close(std::string(c.name) + ", split-K vs host fp64", split, ref, c.Dh, 2e-6);
     expect_close(std::string(c.name) + ", unsplit twin vs host fp64", twin, ref, c.Dh, 2e-6);
-    for (const char* v : kMmaVariants) {
-      setenv("PLUMB_SPLITK_MMA", v, 1);
-      const auto split = run_split(c, dv, max_keys(c));
-      expect_close(std::string(c.name) + ", mma " + v + ", split-K vs unsplit twin", split, twin, c.Dh, 1e-6);
-      // Against fp64 logits: both round each logit to float (the reference's fp32 scores), ~1e-7 of its size.
-      expect_close(std::string(c.name) + ", mma " + v + ", split-K vs host fp64", split, ref, c.Dh, 2e-6);
-    }
-    unsetenv("PLUMB_SPLITK_MMA");
   }
 }
 
 // Graph mode sizes the grid by the caches' capacity: more (empty) splits must not change a bit.
 TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
-  for (const char* v : kMmaVariants) {
-    setenv("PLUMB_SPLITK_MMA", v, 1);
-    for (const Case& c : kCases) {
-      if (c.n > 256) continue;  // longer chunks never run as graphs (their plan depends on the bound)
-      const Data x = make_data(c, 99u + unsigned(c.n));
-      Device dv(c, x);
-      int s_exact = 0, s_wide = 0;
-      const auto exact = run_split(c, dv, max_keys(c), &s_exact);
-      const auto wide = run_split(c, dv, max_keys(c) * 3 + 700, &s_wide);
-      ASSERT_GT(s_wide, s_exact) << c.name;
-      for (size_t i = 0; i < exact.size(); ++i)
-        ASSERT_EQ(std::memcmp(&exact[i], &wide[i], 4), 0) << c.name << ", mma " << v << ": element " << i << " " << exact[i] << " ("
-                                                          << s_exact << " splits) vs " << wide[i] << " (" << s_wide << " splits)";
-    }
+  for (const Case& c : kCases) {
+    if (c.n > 256) continue;  // longer chunks never run as graphs (their plan depends on the bound)
+    const Data x = make_data(c, 99u + unsigned(c.n));
+    Device dv(c, x);
+    int s_exact = 0, s_wide = 0;
+    const auto exact = run_split(c, dv, max_keys(c), &s_exact);
+    const auto wide = run_split(c, dv, max_keys(c) * 3 + 700, &s_wide);
+    ASSERT_GT(s_wide, s_exact) << c.name;
+    for (size_t i = 0; i < exact.size(); ++i)
+      ASSERT_EQ(std::memcmp(&exact[i], &wide[i], 4), 0) << c.name << ": element " << i << " " << exact[i] << " (" << s_exact
+                                                        << " splits) vs " << wide[i] << " (" << s_wide << " splits)";
   }
-  unsetenv("PLUMB_SPLITK_MMA");
 }
 
 // Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K
@@ -213,9 +201,7 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
       const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, c.Hq, c.Dh, keys);
       std::printf("HCA %lld keys, 64 heads x 512, n = %d: twin %.1f us; split-K plan: %d splits of %lld\n", (long long)keys, n, t_twin,
                   plan.splits, (long long)plan.chunk);
-      for (const char* v : kMmaVariants) {
-      setenv("PLUMB_SPLITK_MMA", v, 1);
-      std::printf("  mma %s:", v);
+      std::printf("  keys per split:");
       for (const int64_t chunk : {int64_t(64), int64_t(128), int64_t(256), int64_t(512), int64_t(1024)}) {
         d::SplitPlan p = plan;
         p.chunk = chunk, p.splits = int((keys + chunk - 1) / chunk);
@@ -226,12 +212,10 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
         const double t = time_us([&] { d::fwd_attend_splitk(sa, p, scratch.get(), nullptr); });
         std::printf(" chunk %lld %.1f us%s", (long long)chunk, t, chunk == plan.chunk ? " (plan)" : "");
         const Cmp e = compare(dv.result().data(), twin.data(), int64_t(twin.size()));
-        EXPECT_LE(e.norm, 1e-6) << "mma " << v << ", chunk " << chunk;
+        EXPECT_LE(e.norm, 1e-6) << "chunk " << chunk;
         std::printf(" [%.1e]", e.norm);
       }
       std::printf("\n");
-      }
-      unsetenv("PLUMB_SPLITK_MMA");
     }
 }
 
