@@ -71,9 +71,9 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // the logits' B (lanes: 8 keys x 4 consecutive dims) and P.V's B (4 keys x 8 consecutive dims).
 __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 
-// Block (token t, heads h0 .. h0+15) x split s, 512 threads: keys [s * chunk, min((s + 1) * chunk, count)) in tiles
-// of 32, each tile's rows copied into shared memory (cp.async, double-buffered: the next tile's rows load while
-// this one is used; slots past the split's end and holes get zero rows). Per tile:
+// Block (token t, heads h0 .. h0+15) x split s, 512 threads: keys [s * c, min((s + 1) * c, count)) with c =
+// plan.keys_per_split(count), in tiles of 32, each tile's rows copied into shared memory (cp.async, double-buffered:
+// the next tile's rows load while this one is used; slots past the split's end and holes get zero rows). Per tile:
 //   logits: warp w takes dims [32w, 32w + 32) of all 16 heads x 32 keys: q fragments in registers (fp64), the key
 //           fragments converted to fp64, DMMA; the 16 warps' partial dot products go to shared memory and thread
 //           (head, key) sums them in slice order: logit = float(dot) * scale, -inf for a hole;
@@ -82,7 +82,7 @@ __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 //   P.V:    warp w rescales its fp64 accumulators (16 heads x its 32 dims) by f and adds P (fp64) x V (the same rows
 //           as the keys, converted to fp64) on DMMA.
 // direct: S == 1, so the block also merges with the sink and writes the output.
-__global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, int64_t chunk, int S, int direct) {
+__global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, SplitPlan plan, int direct) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ double Ps[kHeads * kPStride];
   __shared__ double fac[kHeads], lfin[kHeads];
@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   const int t = int(blockIdx.x) / ngroups, h0 = (int(blockIdx.x) % ngroups) * kHeads, s = int(blockIdx.y);
   const int tid = int(threadIdx.x), lane = tid & 31, wid = tid >> 5, g = lane >> 2, r = lane & 3;
   const bool mma_warp = wid < nsl;
+  const int S = plan.splits;
   const KeyList keys(a, t);
-  const int64_t j0 = int64_t(s) * chunk, j1 = min(j0 + chunk, keys.count);
+  const int64_t per = plan.keys_per_split(keys.count), j0 = int64_t(s) * per, j1 = min(j0 + per, keys.count);
   const int ntiles = j1 > j0 ? int((j1 - j0 + kTile - 1) / kTile) : 0;
 
   // Loader: thread (row lr, sub) copies the 16-byte chunks sub, sub + 16, ... of key row lr of a tile.
@@ -278,21 +279,29 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
-  // Up to 256 tokens (the graph-captured chunks) the chunk depends on n only, so an eager step (S from this step's
-  // keys) and a graph (S from the capacity) split each query's keys identically. A block holds 16 heads and takes
-  // a whole SM (its shared memory), so one token's 64 heads make 4 blocks per split: decode of one token takes 256
-  // keys per split (8320 keys: 33 splits, 132 blocks, one wave on the H200), of n tokens 256 n up to 1024 (8 tokens,
-  // 8320 keys: 288 blocks). Measured at 8320 keys (one token / 8 tokens): 128 keys per split 66 / 374 us, 256: 52 /
-  // 314, 512: 78 / 286, 1024: 138 / 272. Up to 256 tokens 1024. Longer (prefill, eager only): few splits, partials
-  // kept under 256 MB.
-  if (n <= 256) {
-    p.chunk = std::min<int64_t>(1024, int64_t(256) * n);
+  // Up to 256 tokens (the graph-captured chunks) chunk and cap depend on n only, so an eager step (S from this
+  // step's keys) and a graph (S from the capacity) split each query's keys identically (keys_per_split). A block
+  // holds 16 heads and a whole SM (its shared memory). Decode (n <= 8): splits of at least 64 n keys (at most 256),
+  // at most cap per query, cap = max(9, 132 SMs / blocks per split): one token of 64 heads at 8320 keys takes 33
+  // splits of 256 (132 blocks, one wave on the H200), 8 tokens 9 splits of 928, at 704 keys one token 11 splits of
+  // 64, 8 tokens 3 of 256. Measured at 8320 / 704 keys, fixed keys per split, one token: 64: 94 / 22 us, 128: 66 /
+  // 29, 256: 52 / 43, 512: 78 / 74; 8 tokens: 256: 314 / 45, 512: 286 / 75, 1024: 272 / 94. Up to 256 tokens:
+  // 1024 per split. Longer (prefill, eager only): few splits, partials kept under 256 MB.
+  if (n <= 8) {
+    const int64_t blocks_per_split = int64_t(n) * ((Hq + kHeads - 1) / kHeads);
+    p.chunk = std::min<int64_t>(256, int64_t(64) * n);
+    p.cap = std::max<int64_t>(9, (132 + blocks_per_split - 1) / blocks_per_split);
+  } else if (n <= 256) {
+    p.chunk = 1024;
   } else {
-    const int64_t cap = std::max<int64_t>(1, (int64_t(256) << 20) / bytes_per_split);
-    const int64_t S = std::min(std::max<int64_t>(1, (max_keys + 1023) / 1024), cap);
+    const int64_t fit = std::max<int64_t>(1, (int64_t(256) << 20) / bytes_per_split);
+    const int64_t S = std::min(std::max<int64_t>(1, (max_keys + 1023) / 1024), fit);
     p.chunk = ((max_keys + S - 1) / S + kTile - 1) / kTile * kTile;
   }
-  p.splits = int(std::max<int64_t>(1, (max_keys + p.chunk - 1) / p.chunk));
+  // Every query of up to max_keys keys fits: ceil(count / keys_per_split) <= ceil(max_keys / chunk), and <= cap.
+  int64_t S = (max_keys + p.chunk - 1) / p.chunk;
+  if (p.cap > 0) S = std::min(S, p.cap);
+  p.splits = int(std::max<int64_t>(1, S));
   p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
   return p;
 }
@@ -300,7 +309,8 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys) {
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s) {
   if (a.n <= 0) return;
   if (a.Dh % kSlice != 0 || a.Dh > kMaxDh) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
-  if (plan.chunk <= 0 || plan.chunk % kTile != 0) throw_arg("attention (split-K): keys per split must be a multiple of 32");
+  if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
+    throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
   for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw_arg("attention (split-K): key rows must be 16-byte aligned");
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
@@ -319,7 +329,7 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
-  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan.chunk, S, S == 1);
+  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan, S == 1);
   check_launch("fwd_attend_split");
   if (S == 1) return;
   attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, s>>>(a, P, S);
