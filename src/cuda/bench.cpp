@@ -645,7 +645,7 @@ int run_bench(const BenchOptions& opt) {
             B.time([&](int) { d::fwd_attend(tw, S); }));
       const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, Hq, Dh, maxk);
       DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8));
-      B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.chunk), n, 0, bytes},
+      B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.keys_per_split(maxk)), n, 0, bytes},
             B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), S); }));
     }
   }

@@ -1,7 +1,13 @@
-// attn.splitk_decode: the sparse attention of fwd_attention.cu split over keys (flash-decoding). Each block takes
-// one (token, head) and one contiguous chunk of its keys, keeps a running max, sum and P.V in one pass (no logits
-// scratch, no per-query shared-memory limit), and the splits are merged with the sink afterwards. Same keys and
-// bit-identical logits as the unsplit twin (attn_keys.cuh); only the softmax's normalization order differs.
+// attn.splitk_decode: the sparse attention of fwd_attention.cu split over keys (flash-decoding), with the heads of a
+// token grouped. The model's attention is MQA-like (one key/value row per position, K = V, shared by every query
+// head), so a block takes one token, 16 heads and one contiguous chunk of the token's keys: the key rows of a tile
+// are staged in shared memory once and serve all 16 heads, for the logits and again (K = V) for P.V. Both products
+// run on the fp64 tensor cores (DMMA, m16n8k8). The block keeps a running max, an fp64 sum and an fp64 P.V per head
+// in one pass (no logits scratch, no per-query shared-memory limit); the splits are merged with the sink afterwards.
+// Same keys in the same order as the unsplit twin (attn_keys.cuh's KeyList); the logits are the same fp64 dot
+// products summed in the tensor cores' order instead of key_logit's lane order, then rounded to float as the twin
+// does, so they can differ from the twin's by a float rounding; the normalization order differs too (see
+// docs/cuda.md for the measured error).
 #include <algorithm>
 
 #include "cuda/attn_keys.cuh"
@@ -10,7 +16,14 @@ namespace plumb::cuda::detail {
 
 namespace {
 
-constexpr int kThreads = 256, kTile = 64, kMaxDimsPerThread = 4;  // Dh <= 1024
+// Block shape: kHeads heads x kTile keys per tile, one thread per (head, key) in the softmax step, one warp per 32
+// dims (kSlice) in the products, so head_dim <= 512 and a multiple of 32.
+constexpr int kHeads = 16, kTile = 32, kThreads = kHeads * kTile, kWarps = kThreads / 32, kSlice = 32;
+constexpr int kMaxDh = kWarps * kSlice;
+// Shared-memory row strides in doubles, chosen so the fragments' loads and stores are free of bank conflicts:
+// partial logits [slice][head][kPart] (16-byte stores of 8 lanes over two heads), probabilities [head][kPStride]
+// (8-byte loads of 16 lanes over 4 heads x 4 keys).
+constexpr int kPart = 40, kPStride = 36;
 
 // One split's state, as the merge reads it: running max m (-inf when the split saw no key), the sum l of
 // exp(logit - m) in fp64, and the unnormalized sum of exp(logit - m) * v stored as float.
@@ -20,110 +33,245 @@ struct Partials {
   float* acc;    // [rows, S, Dh]
 };
 
-// The merge of S splits with the sink, written once and used both by the one-split path and by the merge kernel, so
-// a query whose keys all fall in split 0 gets the same bits whether or not empty splits follow (eager launches size
-// S by this step's keys, a graph by the caches' capacity): an empty split adds exact zeros.
+// The merge of S splits with the sink, used both by the one-split path and by the merge kernel, so a query whose
+// keys all fall in split 0 gets the same bits whether or not empty splits follow (eager launches size S by this
+// step's keys, a graph by the caches' capacity): an empty split (m = -inf, l = 0, acc = 0) adds exact zeros.
+// M = max(sink, m_s); then, in s order from split 0: w_s = exp(m_s - M), L = fma(l_s, w_s, L) from exp(sink - M),
+// o = fma(acc_s, w_s, o) from 0; out = float(o / L).
 struct Merge {
-  float M;   // max(sink, m_s)
-  double L;  // exp(sink - M) + sum_s l_s exp(m_s - M)
-  __device__ Merge(float sink, const float* m, const double* l, int S) {
-    M = sink;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, m[s]);
-    L = double(expf(sink - M));
-    for (int s = 0; s < S; ++s) L += l[s] * double(expf(m[s] - M));
-  }
-  __device__ float out(const float* acc, int64_t stride, const float* m, int S) const {
-    double o = 0;
-    for (int s = 0; s < S; ++s) o += double(acc[s * stride]) * double(expf(m[s] - M));
-    return float(o / L);
-  }
+  float M;
+  double L;
+  __device__ Merge(float sink, float max_m) : M(fmaxf(sink, max_m)), L(double(expf(sink - M))) {}
+  __device__ double weight(float ms) const { return double(expf(ms - M)); }
+  __device__ void add_split(double l, double w) { L = fma(l, w, L); }
+  __device__ static double add(double o, float acc, double w) { return fma(double(acc), w, o); }
+  __device__ float out(double o) const { return float(o / L); }
 };
 
-// Block (t, h) x split s, 256 threads: keys [s * chunk, min((s + 1) * chunk, count)) in tiles of 64. Per tile
-// each warp computes 8 logits two at a time (key_logit2: the twin's fp64 dot products), slots past the split's end
-// become holes; every thread takes the tile's max from shared memory (the same value in each thread), rescales
-// its running state when the max grows, and adds p = exp(logit - m) (a hole: p = 0 on the query row as a dummy,
-// adding exact zeros) times the thread's dims d = tid + 256 u, the rows of 8 keys loaded before their products.
+// D = A * B + D on the fp64 tensor cores, 16x8x8 (sm_90). Lane (g = lane / 4, r = lane % 4) holds A (g, r), (g + 8, r),
+// (g, r + 4), (g + 8, r + 4) in a[0][0], a[0][1], a[1][0], a[1][1]; B (r, g), (r + 4, g) in b[0], b[1]; D (g, 2r),
+// (g, 2r + 1), (g + 8, 2r), (g + 8, 2r + 1). (Measured on the H200 at 8320 keys, batch 8: 272 us against 276 us
+// for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape.)
+__device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0][0]), "d"(a[0][1]), "d"(a[1][0]), "d"(a[1][1]), "d"(b[0]), "d"(b[1]));
+}
+
+// 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// The key tile in shared memory: float [kTile][Dh], element (key, dim) at key * Dh + (dim ^ swz(key % 8)). The
+// swizzle flips bits 2-4 of the dim (16-byte chunks stay whole), so both fragment patterns hit 32 distinct banks:
+// the logits' B (lanes: 8 keys x 4 consecutive dims) and P.V's B (4 keys x 8 consecutive dims).
+__device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
+
+// Block (token t, heads h0 .. h0+15) x split s, 512 threads: keys [s * c, min((s + 1) * c, count)) with c =
+// plan.keys_per_split(count), in tiles of 32, each tile's rows copied into shared memory (cp.async, double-buffered:
+// the next tile's rows load while this one is used; slots past the split's end and holes get zero rows). Per tile:
+//   logits: warp w takes dims [32w, 32w + 32) of all 16 heads x 32 keys: q fragments in registers (fp64), the key
+//           fragments converted to fp64, DMMA; the 16 warps' partial dot products go to shared memory and thread
+//           (head, key) sums them in slice order: logit = float(dot) * scale, -inf for a hole;
+//   softmax: warp = head: the tile's max, the rescale f = exp(m_old - m_new) of the running state, p = exp(logit -
+//           m) (0 for a hole); each lane keeps its keys' share of l (l = l * f + p, fp64), summed at the end;
+//   P.V:    warp w rescales its fp64 accumulators (16 heads x its 32 dims) by f and adds P (fp64) x V (the same rows
+//           as the keys, converted to fp64) on DMMA.
 // direct: S == 1, so the block also merges with the sink and writes the output.
-__global__ void __launch_bounds__(kThreads) attend_split_kernel(AttendArgs a, Partials P, int64_t chunk, int S, int direct) {
-  constexpr int kGroup = 8;
-  __shared__ float lg[kTile];
-  __shared__ const float* krow[kTile];
-  const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq, s = blockIdx.y;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nwarps = kThreads / 32;
+__global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, SplitPlan plan, int direct) {
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  __shared__ double Ps[kHeads * kPStride];
+  __shared__ double fac[kHeads], lfin[kHeads];
+  __shared__ float mfin[kHeads];
+  __shared__ int kvalid[2][kTile];
+  const int Dh = int(a.Dh), nsl = Dh / kSlice;
+  float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]
+  double* part = reinterpret_cast<double*>(split_smem + size_t(2 * kTile) * size_t(Dh) * 4);  // [nsl][kHeads][kPart]
+  const int ngroups = (a.Hq + kHeads - 1) / kHeads;
+  const int t = int(blockIdx.x) / ngroups, h0 = (int(blockIdx.x) % ngroups) * kHeads, s = int(blockIdx.y);
+  const int tid = int(threadIdx.x), lane = tid & 31, wid = tid >> 5, g = lane >> 2, r = lane & 3;
+  const bool mma_warp = wid < nsl;
+  const int S = plan.splits;
   const KeyList keys(a, t);
-  const float* qh = a.q + int64_t(th) * a.Dh;
-  const int64_t j0 = int64_t(s) * chunk, j1 = min(j0 + chunk, keys.count);
+  const int64_t per = plan.keys_per_split(keys.count), j0 = int64_t(s) * per, j1 = min(j0 + per, keys.count);
+  const int ntiles = j1 > j0 ? int((j1 - j0 + kTile - 1) / kTile) : 0;
+
+  // Loader: thread (row lr, sub) copies the 16-byte chunks sub, sub + 16, ... of key row lr of a tile.
+  const int lr = tid >> 4, sub = tid & 15, lsw = swz(lr & 7);
+  auto row_of = [&](int tile) -> const float* {
+    const int64_t j = j0 + int64_t(tile) * kTile + lr;
+    return j < j1 ? keys.row(j) : nullptr;
+  };
+  auto issue = [&](int tile, const float* src) {
+    float* dst = Ks + size_t(tile & 1) * kTile * size_t(Dh) + size_t(lr) * size_t(Dh);
+    for (int c = sub; c < Dh / 4; c += 16) cp_async16(dst + ((4 * c) ^ lsw), src ? src + 4 * c : a.chunk_kv, src ? 16 : 0);
+    if (sub == 0) kvalid[tile & 1][lr] = src != nullptr;
+    cp_async_commit();
+  };
+  const float* next = nullptr;
+  if (ntiles > 0) issue(0, row_of(0));
+  if (ntiles > 1) next = row_of(1);
+
+  // q fragments (A of the logits): qa[b][half] = q[head 8 * half + g][dim 32 * wid + 4 * b + r]; heads past Hq
+  // are zeros.
+  double qa[kSlice / 4][2];
+#pragma unroll
+  for (int ho = 0; ho < 2; ++ho) {
+    const int h = h0 + 8 * ho + g;
+    const float* qh = a.q + (int64_t(t) * a.Hq + h) * a.Dh + kSlice * wid + r;
+#pragma unroll
+    for (int b = 0; b < kSlice / 4; ++b) qa[b][ho] = mma_warp && h < a.Hq ? double(qh[4 * b]) : 0.0;
+  }
+  // Warp wid's softmax state is head wid's (m the same in every lane, l each lane's share); acc[e]: dims
+  // 32 * wid + 8 * e + 2 * r (+ 1) of head g (acc[e][0], [1]) and head g + 8 ([2], [3]).
   float m = -INFINITY;
-  double l = 0, acc[kMaxDimsPerThread] = {};
-  for (int64_t b = j0; b < j1; b += kTile) {
-    const int nt = int(min(int64_t(kTile), j1 - b));
-    for (int i = 2 * wid; i < kTile; i += 2 * nwarps) {
-      const float* k0 = i < nt ? keys.row(b + i) : nullptr;
-      const float* k1 = i + 1 < nt ? keys.row(b + i + 1) : nullptr;
-      float l0 = -INFINITY, l1 = -INFINITY;
-      if (k0 && k1) key_logit2(qh, k0, k1, a.Dh, a.scale, l0, l1);
-      else if (k0) l0 = key_logit(qh, k0, a.Dh, a.scale);
-      else if (k1) l1 = key_logit(qh, k1, a.Dh, a.scale);
-      if (lane == 0) lg[i] = l0, krow[i] = k0 ? k0 : qh, lg[i + 1] = l1, krow[i + 1] = k1 ? k1 : qh;
+  double l = 0, acc[4][4] = {};
+
+  for (int i = 0; i < ntiles; ++i) {
+    cp_async_wait_all();
+    __syncthreads();  // tile i is in place; the other buffer, P and the partial logits are free
+    if (i + 1 < ntiles) {
+      issue(i + 1, next);
+      if (i + 2 < ntiles) next = row_of(i + 2);
     }
-    __syncthreads();
-    float tmax = m;
-    for (int i = 0; i < kTile; ++i) tmax = fmaxf(tmax, lg[i]);
-    if (tmax > m) {  // never true for a tile of holes only (tmax stays -inf)
-      const double f = m == -INFINITY ? 0.0 : double(expf(m - tmax));
-      l *= f;
+    const float* K = Ks + size_t(i & 1) * kTile * size_t(Dh);
+    if (mma_warp) {
+      const float* kw = K + size_t(g) * size_t(Dh) + kSlice * wid;
+      const int sw = swz(g);
 #pragma unroll
-      for (int u = 0; u < kMaxDimsPerThread; ++u) acc[u] *= f;
-      m = tmax;
-    }
-    const int ng = (nt + kGroup - 1) / kGroup * kGroup;  // whole groups: the padding slots are holes
-    for (int i0 = 0; i0 < ng; i0 += kGroup) {
-      float v[kGroup][kMaxDimsPerThread];
+      for (int kb = 0; kb < kTile / 8; ++kb) {  // keys 8 * kb + g
+        double c[4] = {0.0, 0.0, 0.0, 0.0};
+        const float* kr = kw + size_t(8 * kb) * size_t(Dh);
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g)
-#pragma unroll
-        for (int u = 0; u < kMaxDimsPerThread; ++u) {
-          const int64_t d = threadIdx.x + int64_t(u) * kThreads;
-          v[g][u] = d < a.Dh ? krow[i0 + g][d] : 0.0f;
+        for (int b2 = 0; b2 < kSlice / 8; ++b2) {  // dims 8 * b2 + 4 * kh + r
+          const double qf[2][2] = {{qa[2 * b2][0], qa[2 * b2][1]}, {qa[2 * b2 + 1][0], qa[2 * b2 + 1][1]}};
+          const double kf[2] = {double(kr[(8 * b2 + r) ^ sw]), double(kr[(8 * b2 + 4 + r) ^ sw])};
+          dmma(c, qf, kf);
         }
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const float x = lg[i0 + g];
-        const float p = x == -INFINITY ? 0.0f : expf(x - m);
-        l += double(p);
-#pragma unroll
-        for (int u = 0; u < kMaxDimsPerThread; ++u) acc[u] += double(p) * v[g][u];
+        double* pp = part + (wid * kHeads + g) * kPart + 8 * kb + 2 * r;
+        *reinterpret_cast<double2*>(pp) = make_double2(c[0], c[1]);
+        *reinterpret_cast<double2*>(pp + 8 * kPart) = make_double2(c[2], c[3]);
       }
     }
-    __syncthreads();  // lg / krow are rewritten by the next tile
-  }
-  const int64_t ps = int64_t(th) * S + s;
-  if (direct) {
-    const Merge mg(a.sink[h], &m, &l, 1);
+    __syncthreads();
+    {  // thread (head wid, key lane)
+      float x = -INFINITY;
+      if (kvalid[i & 1][lane]) {
+        double v[kWarps];
 #pragma unroll
-    for (int u = 0; u < kMaxDimsPerThread; ++u) {
-      const int64_t d = threadIdx.x + int64_t(u) * kThreads;
-      const float av = float(acc[u]);
-      if (d < a.Dh) a.out[int64_t(th) * a.Dh + d] = mg.out(&av, 0, &m, 1);
+        for (int w = 0; w < kWarps; ++w) v[w] = w < nsl ? part[(w * kHeads + wid) * kPart + lane] : 0.0;
+        double dot = 0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) dot += v[w];
+        x = float(dot) * a.scale;
+      }
+      const float tmax = warp_max(x);
+      double f = 1.0;
+      if (tmax > m) {  // never true for a tile of holes only (tmax stays -inf)
+        f = m == -INFINITY ? 0.0 : double(expf(m - tmax));
+        m = tmax;
+      }
+      const float p = x == -INFINITY ? 0.0f : expf(x - m);
+      Ps[wid * kPStride + lane] = double(p);
+      l = l * f + double(p);
+      if (lane == 0) fac[wid] = f;
     }
-    return;
-  }
-  if (threadIdx.x == 0) P.m[ps] = m, P.l[ps] = l;
+    __syncthreads();
+    if (mma_warp) {
+      const double f0 = fac[g], f1 = fac[8 + g];
 #pragma unroll
-  for (int u = 0; u < kMaxDimsPerThread; ++u) {
-    const int64_t d = threadIdx.x + int64_t(u) * kThreads;
-    if (d < a.Dh) P.acc[ps * a.Dh + d] = float(acc[u]);
+      for (int e = 0; e < 4; ++e) acc[e][0] *= f0, acc[e][1] *= f0, acc[e][2] *= f1, acc[e][3] *= f1;
+#pragma unroll
+      for (int c2 = 0; c2 < kTile / 8; ++c2) {  // keys 8 * c2 + 4 * kh + r
+        const int k0 = 8 * c2 + r, k1 = k0 + 4, sw0 = swz(k0 & 7), sw1 = swz(k1 & 7);
+        const double pf[2][2] = {{Ps[g * kPStride + k0], Ps[(8 + g) * kPStride + k0]},
+                                 {Ps[g * kPStride + k1], Ps[(8 + g) * kPStride + k1]}};
+        const float* v0 = K + size_t(k0) * size_t(Dh) + kSlice * wid;
+        const float* v1 = K + size_t(k1) * size_t(Dh) + kSlice * wid;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const double vf[2] = {double(v0[(8 * e + g) ^ sw0]), double(v1[(8 * e + g) ^ sw1])};
+          dmma(acc[e], pf, vf);
+        }
+      }
+    }
+  }
+
+  l = warp_sum(l);
+  if (lane == 0) mfin[wid] = m, lfin[wid] = l;
+  __syncthreads();
+  if (!direct && lane == 0 && h0 + wid < a.Hq) {
+    const int64_t ps = (int64_t(t) * a.Hq + h0 + wid) * S + s;
+    P.m[ps] = m, P.l[ps] = l;
+  }
+  if (!mma_warp) return;
+#pragma unroll
+  for (int ho = 0; ho < 2; ++ho) {
+    const int hl = 8 * ho + g, h = h0 + hl;
+    if (h >= a.Hq) continue;
+    const int64_t row = int64_t(t) * a.Hq + h;
+    Merge mg(a.sink[h], mfin[hl]);
+    const double w = mg.weight(mfin[hl]);
+    mg.add_split(lfin[hl], w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t d = kSlice * wid + 8 * e + 2 * r;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float av = float(acc[e][2 * ho + u]);
+        if (direct) a.out[row * a.Dh + d + u] = mg.out(Merge::add(0.0, av, w));
+        else P.acc[(row * S + s) * a.Dh + d + u] = av;
+      }
+    }
   }
 }
 
-// Block (t, h): merges its S splits with the sink (Merge), thread per dim.
-__global__ void attend_merge_kernel(AttendArgs a, Partials P, int S) {
-  const int th = blockIdx.x, h = th % a.Hq;
-  const float* m = P.m + int64_t(th) * S;
-  const Merge mg(a.sink[h], m, P.l + int64_t(th) * S, S);
-  const float* acc = P.acc + int64_t(th) * S * a.Dh;
-  for (int64_t d = threadIdx.x; d < a.Dh; d += blockDim.x) a.out[int64_t(th) * a.Dh + d] = mg.out(acc + d, a.Dh, m, S);
+// Block = one (token, head) row: merges its S splits with the sink (Merge), thread per dim. The splits' m and l
+// are staged in shared memory 256 at a time (loaded in parallel), their weights computed once per block; every
+// thread then walks the splits in s order, as the one-split path does.
+constexpr int kMergeThreads = 256;
+__global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
+  __shared__ float ms[kMergeThreads];
+  __shared__ double ls[kMergeThreads], ws[kMergeThreads];
+  const int64_t row = blockIdx.x;
+  const int h = int(row % a.Hq), tid = int(threadIdx.x);
+  const float* m = P.m + row * S;
+  const double* l = P.l + row * S;
+  float mmax = -INFINITY;
+  for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
+    const int ns = min(kMergeThreads, S - s0);
+    __syncthreads();
+    if (tid < ns) ms[tid] = m[s0 + tid];
+    __syncthreads();
+    for (int s = 0; s < ns; ++s) mmax = fmaxf(mmax, ms[s]);
+  }
+  Merge mg(a.sink[h], mmax);
+  const float* acc = P.acc + row * S * a.Dh;
+  constexpr int kU = kMaxDh / kMergeThreads;
+  double o[kU] = {};
+  for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
+    const int ns = min(kMergeThreads, S - s0);
+    __syncthreads();
+    if (tid < ns) ls[tid] = l[s0 + tid], ws[tid] = mg.weight(m[s0 + tid]);
+    __syncthreads();
+    for (int s = 0; s < ns; ++s) mg.add_split(ls[s], ws[s]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t d = tid + int64_t(u) * kMergeThreads;
+      if (d >= a.Dh) continue;
+      const float* ad = acc + int64_t(s0) * a.Dh + d;
+      for (int s = 0; s < ns; ++s) o[u] = Merge::add(o[u], ad[int64_t(s) * a.Dh], ws[s]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t d = tid + int64_t(u) * kMergeThreads;
+    if (d < a.Dh) a.out[row * a.Dh + d] = mg.out(o[u]);
+  }
 }
 
 }  // namespace
@@ -131,38 +279,60 @@ __global__ void attend_merge_kernel(AttendArgs a, Partials P, int S) {
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
-  // Up to 256 tokens (the graph-captured chunks) the chunk depends on n only, so an eager step (S from this step's
-  // keys) and a graph (S from the capacity) split each query's keys identically. Decode (n <= 8): one tile of 64
-  // keys per split, so one token's 64 heads x 640 keys make 640 blocks; up to 256 tokens: 1024 keys. Longer (prefill, eager only): few splits, partials
-  // kept under 256 MB.
-  if (n <= 256) {
-    p.chunk = n <= 8 ? kTile : 1024;
+  // Up to 256 tokens (the graph-captured chunks) chunk and cap depend on n only, so an eager step (S from this
+  // step's keys) and a graph (S from the capacity) split each query's keys identically (keys_per_split). A block
+  // holds 16 heads and a whole SM (its shared memory). Decode (n <= 8): splits of at least 64 n keys (at most 256),
+  // at most cap per query, cap = max(9, 132 SMs / blocks per split): one token of 64 heads at 8320 keys takes 33
+  // splits of 256 (132 blocks, one wave on the H200), 8 tokens 9 splits of 928, at 704 keys one token 11 splits of
+  // 64, 8 tokens 3 of 256. Measured at 8320 / 704 keys, fixed keys per split, one token: 64: 94 / 22 us, 128: 66 /
+  // 29, 256: 52 / 43, 512: 78 / 74; 8 tokens: 256: 314 / 45, 512: 286 / 75, 1024: 272 / 94. Up to 256 tokens:
+  // 1024 per split. Longer (prefill, eager only): few splits, partials kept under 256 MB.
+  if (n <= 8) {
+    const int64_t blocks_per_split = int64_t(n) * ((Hq + kHeads - 1) / kHeads);
+    p.chunk = std::min<int64_t>(256, int64_t(64) * n);
+    p.cap = std::max<int64_t>(9, (132 + blocks_per_split - 1) / blocks_per_split);
+  } else if (n <= 256) {
+    p.chunk = 1024;
   } else {
-    const int64_t cap = std::max<int64_t>(1, (int64_t(256) << 20) / bytes_per_split);
-    const int64_t S = std::min(std::max<int64_t>(1, (max_keys + 1023) / 1024), cap);
+    const int64_t fit = std::max<int64_t>(1, (int64_t(256) << 20) / bytes_per_split);
+    const int64_t S = std::min(std::max<int64_t>(1, (max_keys + 1023) / 1024), fit);
     p.chunk = ((max_keys + S - 1) / S + kTile - 1) / kTile * kTile;
   }
-  p.splits = int(std::max<int64_t>(1, (max_keys + p.chunk - 1) / p.chunk));
+  // Every query of up to max_keys keys fits: ceil(count / keys_per_split) <= ceil(max_keys / chunk), and <= cap.
+  int64_t S = (max_keys + p.chunk - 1) / p.chunk;
+  if (p.cap > 0) S = std::min(S, p.cap);
+  p.splits = int(std::max<int64_t>(1, S));
   p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
   return p;
 }
 
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s) {
   if (a.n <= 0) return;
-  if (a.Dh > int64_t(kThreads) * kMaxDimsPerThread) throw_arg("attention (split-K): head_dim above 1024");
-  const unsigned rows = unsigned(a.n * a.Hq);
+  if (a.Dh % kSlice != 0 || a.Dh > kMaxDh) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
+  if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
+    throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
+  for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw_arg("attention (split-K): key rows must be 16-byte aligned");
+  const int ngroups = (a.Hq + kHeads - 1) / kHeads;
   const int S = plan.splits;
   Partials P{};
   if (S > 1) {
     if (!scratch) throw_arg("attention (split-K): no scratch for the partials");
+    const size_t rows = size_t(a.n) * size_t(a.Hq);
     P.l = static_cast<double*>(scratch);  // doubles first: 8-byte aligned
-    P.m = reinterpret_cast<float*>(P.l + size_t(rows) * S);
-    P.acc = P.m + size_t(rows) * S;
+    P.m = reinterpret_cast<float*>(P.l + rows * size_t(S));
+    P.acc = P.m + rows * size_t(S);
   }
-  attend_split_kernel<<<dim3(rows, unsigned(S)), kThreads, 0, s>>>(a, P, plan.chunk, S, S == 1);
+  const size_t smem = size_t(2 * kTile) * size_t(a.Dh) * 4 + size_t(a.Dh / kSlice) * kHeads * kPart * 8;
+  static size_t raised = 48 * 1024;  // per process: the attribute is per kernel
+  if (smem > raised) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    raised = smem;
+  }
+  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan, S == 1);
   check_launch("fwd_attend_split");
   if (S == 1) return;
-  attend_merge_kernel<<<rows, kThreads, 0, s>>>(a, P, S);
+  attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, s>>>(a, P, S);
   check_launch("fwd_attend_merge");
 }
 

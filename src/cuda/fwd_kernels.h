@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/kernels.h"
+#include "model/host_device.h"
 
 namespace plumb::cuda::detail {
 
@@ -118,13 +119,23 @@ struct AttendArgs {
 // slice of 64 dims.
 void fwd_attend(const AttendArgs& a, Stream s);
 // attn.splitk_decode (fwd_attn_splitk.cu): the same attention split over keys (flash-decoding): block (token,
-// head, split) keeps a running max, fp64 sum and P.V over one contiguous chunk of keys, then a merge with the sink;
-// no logits scratch (`logits`, `ld_logits` unused). The plan: keys per split and splits for up to max_keys keys
-// per query, and the partials' scratch (0 when one split suffices: the split kernel then writes the output).
+// 16 heads, split) keeps a running max, fp64 sum and P.V over one contiguous chunk of keys, then a merge with the
+// sink; no logits scratch (`logits`, `ld_logits` unused). The plan: keys per split, the grid's splits for up to
+// max_keys keys per query, and the partials' scratch (0 when one split suffices: the split kernel then writes the
+// output).
 struct SplitPlan {
-  int64_t chunk = 0;
-  int splits = 1;
+  int64_t chunk = 0;  // keys per split, at least (a multiple of 32)
+  int64_t cap = 0;    // > 0: a query takes at most cap splits (its keys per split grow past chunk)
+  int splits = 1;     // the grid: splits per query, enough for every query of up to max_keys keys
   size_t scratch_bytes = 0;
+  // Keys per split of a query with `count` keys: chunk, or count / cap rounded up to 32 if larger. It depends on the
+  // query and on chunk and cap (functions of n alone up to 256 tokens), never on the grid, so an eager launch and a
+  // graph sized by the caches' capacity split a query alike.
+  PLUMB_HD int64_t keys_per_split(int64_t count) const {
+    if (cap <= 0) return chunk;
+    const int64_t spread = ((count + cap - 1) / cap + 31) / 32 * 32;
+    return spread > chunk ? spread : chunk;
+  }
 };
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys);
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
