@@ -4,7 +4,7 @@
 # reference. Uses the binaries built on the development machine and carried in build-carry/ (see gpu_run.sh).
 # Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
-# only), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
+# only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
@@ -25,7 +25,7 @@ export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${CUB:+:
 built=$(grep -aoE -m1 '/[[:alnum:]_./-]*/tests/data' "$C/plumb_cuda_tests" | head -n 1 | sed 's#/tests/data$##')
 if [ -n "$built" ] && [ ! -e "$built" ]; then mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"; fi
 note() { echo "== $*" | tee -a "$OUT/run.log"; }
-FAST=${FAST:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.graph}
+FAST=${FAST:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.graph,attn.splitk_decode}
 
 # Optional: a fixture at kernel-friendly dims, made here by transformers (tools/golden/make_golden.py), returned as
 # $OUT/kernel-dims.tar and verified below with the fast-kernel patches.
@@ -67,12 +67,14 @@ note "selftest --backend cuda"
 timeout "${T_SELF:-120}" "$C/plumb" selftest --backend cuda >"$OUT/selftest.txt" 2>&1
 note "selftest rc=$? $(tail -n 1 "$OUT/selftest.txt")"
 
+if [ -z "${SKIP_KLD:-}" ]; then  # SKIP_KLD=1: verify-golden and selftest only
 head -c "${KLD_BYTES:-3000}" README.md >/tmp/kld.txt
 note "kld text: ${KLD_BYTES:-3000} bytes of README.md, prefill chunks of ${KLD_CHUNK:-0}"
 note "kld cpu vs cuda"
 timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/kld.txt}" --tokenizer models/tiny/tokenizer.json \
   --chunk "${KLD_CHUNK:-0}" --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
 note "kld rc=$?"
+fi
 fi
 
 if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack: fast kernels, then the fp32 twin at batch 1

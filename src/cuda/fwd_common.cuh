@@ -84,8 +84,9 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
 }
 
 // RMSNorm of one row in place, by the whole block (the reference's fp64 sum of squares, fp32 scale): shared by
-// the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles.
-__device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh) {
+// the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles. h16
+// (optional): the normalized row also as f16 (round to nearest even), the tensor-core GEMVs' input.
+__device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh, __half* h16 = nullptr) {
   // kU of a thread's elements are loaded before any is used (clamped indices, no early exit): one block per row is
   // latency-bound at decode, and a plain strided loop waited for each load in turn. Same order of accumulation.
   constexpr int kU = 8;
@@ -110,7 +111,11 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      if (b + u * step < dim) v[b + u * step] = w ? g[u] * (x[u] * inv) : x[u] * inv;
+      if (b + u * step < dim) {
+        const float r = w ? g[u] * (x[u] * inv) : x[u] * inv;
+        v[b + u * step] = r;
+        if (h16) h16[b + u * step] = __float2half_rn(r);
+      }
   }
 }
 

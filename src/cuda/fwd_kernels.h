@@ -48,12 +48,17 @@ void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s);
 // x[(i / x_div) * ldx]; y[i * ldy + r].
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
                         int64_t cols, float* y, int64_t ldy, Stream s);
-// Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place.
-void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s);
+// Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place; out16
+// (optional): the result also as f16 rows [rows, dim] (what fwd_to_f16 would make of it).
+void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16 = nullptr);
 // fwd_rms_norm (rows of dim values, contiguous), then RoPE on each row's dims [off, off + 2 * half) at position
 // (*dpos) + row / per_pos, in one launch: the same bits as fwd_rms_norm then fwd_rope.
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
                        float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s);
+// fwd_rope on whole rows of ld values (rotated dims from off to the row's end, position (*dpos) + row / per_pos),
+// then every row also as f16 into out16 [rows, ld]: one launch, the same bits as fwd_rope then a conversion.
+void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* inv_freq, float attention_factor, const int64_t* dpos,
+                  int64_t per_pos, int inverse, uint16_t* out16, Stream s);
 // Interleaved RoPE on x[row * ld + off .. + 2 * half): row r is at position (*dpos) + pos0 + (r / per_pos) * pos_step
 // (dpos: a device position, null for 0). inv_freq [half] fp32; cos and sin are multiplied by attention_factor;
 // inverse rotates by -angle.

@@ -178,10 +178,11 @@ __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int 
   if (lane == 0) y[int64_t(slot) * ldy + r] = float(acc);
 }
 
-__global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps) {
+__global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, uint16_t* out16) {
   pdl_begin();
   __shared__ double sh[32];
-  rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh);
+  rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh,
+               out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr);
 }
 
 // rms_norm_kernel's row, then RoPE on its dims [off, off + 2 * half) at position (*dpos) + row / per_pos: the
@@ -206,6 +207,19 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int
   const int k = int(i % half);
   const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
   rope_pair(x + r * ld + off + 2 * k, pos, inv_freq[k], af, inverse);
+}
+
+// rope_kernel on rows of ld values whose rotated dims start at off (a pair per thread: every pair of the row, the
+// ones at off and above rotated), then the whole row also as f16: the same bits as fwd_rope then fwd_to_f16.
+__global__ void rope_f16_kernel(float* x, int64_t rows, int64_t ld, int64_t off, const float* inv_freq, float af, const int64_t* dpos,
+                                int64_t per_pos, int inverse, __half* out16) {
+  pdl_begin();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, pairs = ld / 2;
+  if (i >= rows * pairs) return;
+  const int64_t r = i / pairs, j = 2 * (i % pairs);
+  float* p = x + r * ld + j;
+  if (j >= off) rope_pair(p, (dpos ? *dpos : 0) + r / per_pos, inv_freq[(j - off) / 2], af, inverse);
+  *reinterpret_cast<__half2*>(out16 + r * ld + j) = __floats2half2_rn(p[0], p[1]);
 }
 
 __global__ void scale_kernel(const float* x, float a, float* y, int64_t n) {
@@ -269,9 +283,9 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
   launch("fwd_linear_indexed", linear_indexed_kernel, grid, 32 * kRowsPerBlock, 0, s, mats, idx, x_div, x, ldx, rows, y, ldy);
 }
 
-void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s) {
+void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16) {
   if (rows <= 0) return;
-  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), 256, 0, s, x, dim, ld, w, eps);
+  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), 256, 0, s, x, dim, ld, w, eps, out16);
 }
 
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
@@ -287,6 +301,15 @@ void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const f
   if (total <= 0) return;
   launch("fwd_rope", rope_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, half, inv_freq, attention_factor, dpos,
          pos0, per_pos, pos_step, inverse);
+}
+
+void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* inv_freq, float attention_factor, const int64_t* dpos,
+                  int64_t per_pos, int inverse, uint16_t* out16, Stream s) {
+  if (ld % 2 || off % 2) throw_arg("fwd_rope_f16: rows and the rotated dims must start at even offsets");
+  const int64_t total = rows * (ld / 2);
+  if (total <= 0) return;
+  launch("fwd_rope_f16", rope_f16_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, inv_freq, attention_factor, dpos,
+         per_pos, inverse, reinterpret_cast<__half*>(out16));
 }
 
 void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s) {

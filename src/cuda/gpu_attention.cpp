@@ -105,8 +105,8 @@ void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& s
   if (w.icomp) reserve_comp(*w.icomp, pos_end, st.icomp, sc);
 }
 
-void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, int n, const Step& step,
-                   GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out) {
+void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
+                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out) {
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora, pos0 = step.pos0;
   const int64_t* dpos = step.dpos;
   reserve_attention_state(w, pos0 + n, st, sc);  // no-op when the step was prepared (graph mode)
@@ -114,17 +114,20 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   OpTimer& tm = sc.timer;
   std::optional<OpRegion> region(std::in_place, tm, "attn.q_kv");
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
+  // With x16 (the FP8 GEMVs' f16 input, made by the norms), qr is normalized into an f16 copy too: wq_b and the
+  // indexer's wq_b read it without a conversion launch each.
   float* qr = sc.f("attn.qr", n * QL);
-  nm.proj(w.wq_a, x, n, D, qr, QL, sc);
-  nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps);
+  nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
+  auto* qr16 = x16 ? static_cast<uint16_t*>(sc.get("attn.qr16", size_t(n) * size_t(QL) * 2)) : nullptr;
+  if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
   float* q = sc.f("attn.q", n * H * Dh);
-  nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc);
+  nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
   nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);  // head_rms, then RoPE
   tap_put(tap, "attn.q", q, {n, H, Dh});
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
   float* kv = sc.f("attn.kv", n * Dh);
-  nm.proj(w.wkv, x, n, D, kv, Dh, sc);
+  nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
   nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
   nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
   tap_put(tap, "attn.kv", kv, {n, Dh});
@@ -157,7 +160,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const int64_t nh = c.index_heads, dh = c.index_head_dim;
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
     float* iq = sc.f("attn.index.q", n * nh * dh);
-    nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc);
+    nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
     nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
     if (!hw_done) nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
@@ -220,16 +223,25 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     a.logits = sc.f("attn.logits", n * H * max_keys);
     fwd_attend(a, nullptr);
   }
-  // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position.
-  nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
+  // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position. The FP8
+  // output projection reads o as f16: written by the same launch.
+  const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
+  const bool wo_fp8 = w.wo_a.fp8 && R % 128 == 0;
+  uint16_t* o16 = nullptr;
+  if (wo_fp8 && !nm.official()) {
+    o16 = static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2));
+    fwd_rope_f16(o, n * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, o16, nullptr);
+  } else {
+    nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
+  }
   fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 
   region.emplace(tm, "attn.out_proj");
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.
-  const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
   float* mid = sc.f("attn.mid", n * G * R);
-  if (w.wo_a.fp8 && R % 128 == 0)
-    fp8_linear_grouped(*w.wo_a.fp8, int(G), o, cuda::Act::F32, n, mid, sc.ws);
+  if (wo_fp8)
+    fp8_linear_grouped(*w.wo_a.fp8, int(G), o16 ? static_cast<const void*>(o16) : o, o16 ? cuda::Act::F16 : cuda::Act::F32, n, mid,
+                       sc.ws);
   else
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
   nm.proj(w.wo_b, mid, n, G * R, out, D, sc);

@@ -68,8 +68,8 @@ void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64
   detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, dpos, 0, per_pos, 1, inverse ? 1 : 0, nullptr);
 }
 
-void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
-  if (w.fp8) return fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.ws);
+void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16) {
+  if (w.fp8) return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.ws) : fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.ws);
   detail::fwd_linear(w.d, x, n, ldx, 0, w.d.rows, y, ldy, nullptr);
 }
 

@@ -131,8 +131,9 @@ struct Step {
 };
 
 // y[t * ldy + r] = W x[t * ldx], all rows: the W8A16 kernel when the matrix has one (cuda.fp8_gemv), else the
-// fp32 twin.
-void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc);
+// fp32 twin. x16 (optional): x as f16 rows with the same ld, which the W8A16 kernel then reads instead of
+// converting x again.
+void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr);
 
 // Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized). Returns
 // whether it reallocated.

@@ -321,24 +321,28 @@ class GpuForward : public DeviceForward {
       std::swap(X, X2);
     };
 
+    // The normed x also as f16 when tensor-core kernels read it (written by the norm: no conversion launch per GEMV).
+    auto* col16 = opt_.cuda_fp8_gemv || opt_.cuda_moe_mxfp4 ? static_cast<uint16_t*>(sc.get("hc.collapsed16", size_t(n) * size_t(D) * 2))
+                                                            : nullptr;
     for (int i = 0; i < c.n_layers; ++i) {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
       const auto type = c.attn[size_t(i)];
       hc_pre(L.hc_attn, tap, "hc_attn");
+      const uint16_t* x16 = nullptr;
       {
         OpRegion r(tm, "norm");
-        nm_.rms_norm(col, n, D, f32(L.attn_norm), c.rms_eps);
+        if (nm_.rms_norm(col, n, D, f32(L.attn_norm), c.rms_eps, col16)) x16 = col16;
       }
-      gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, n, step,
+      gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
                     ds.layers[size_t(i)], sc, nm_, tap, y);
       hc_post();
       hc_pre(L.hc_ffn, tap, "hc_ffn");
       {
         OpRegion r(tm, "norm");
-        nm_.rms_norm(col, n, D, f32(L.ffn_norm), c.rms_eps);
+        x16 = nm_.rms_norm(col, n, D, f32(L.ffn_norm), c.rms_eps, col16) ? col16 : nullptr;
       }
-      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, n, tok, sc, tap, y);
+      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y);
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }

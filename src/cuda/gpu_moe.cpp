@@ -30,6 +30,7 @@ struct MoeCtx {
   MlpType type;
   const ModelOptions& opt;
   const float* x;
+  const uint16_t* x16;  // x as f16 (the tensor-core kernels' input) or null
   int n;
   const int32_t* tokens;
   Scratch& sc;
@@ -132,7 +133,8 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     void* groups = m.sc.get("moe.groups", moe_group_bytes(r.n, r.K, r.E));
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16.grouped", size_t(slots) * size_t(I) * 2));
     moe_group(r.idx, r.n, r.K, r.E, groups);
-    moe_gate_up_grouped(*m.w.fp4, groups, r.n, r.K, m.x, cuda::Act::F32, limit, before ? r.weight : nullptr, h16, m.sc.ws);
+    moe_gate_up_grouped(*m.w.fp4, groups, r.n, r.K, m.x16 ? static_cast<const void*>(m.x16) : m.x,
+                        m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? r.weight : nullptr, h16, m.sc.ws);
     moe_down_grouped(*m.w.fp4, groups, r.n, r.K, h16, ys);
     moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), nullptr, out);
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
@@ -142,7 +144,8 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       const int nc = std::min(chunk, r.n - t0);
       const int32_t* idx = r.idx + int64_t(t0) * r.K;
       const float* wt = r.weight + int64_t(t0) * r.K;
-      moe_gate_up(*m.w.fp4, idx, nc, r.K, m.x + int64_t(t0) * D, cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
+      const void* xc = m.x16 ? static_cast<const void*>(m.x16 + int64_t(t0) * D) : m.x + int64_t(t0) * D;
+      moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
                   m.sc.ws);
       moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws);
       moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), nullptr, out + int64_t(t0) * D);
@@ -159,7 +162,8 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     region.emplace(m.sc.timer, "moe.shared");
     if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
       auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(r.n) * size_t(m.w.sfp8->w1.rows) * 2));
-      fp8_expert_ffn(*m.w.sfp8, m.x, cuda::Act::F32, r.n, limit, h16, shared, m.sc.ws);
+      fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, r.n,
+                     limit, h16, shared, m.sc.ws);
     } else {
       // The release-day official code's shared expert had no SwiGLU clamp.
       const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
@@ -184,9 +188,9 @@ void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
 
 }  // namespace
 
-void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, int n,
-             const int32_t* tokens, Scratch& sc, const Tap& tap, float* out) {
-  const MoeCtx m{w, c, type, opt, x, n, tokens, sc, tap, GpuNumerics(opt)};
+void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, const uint16_t* x16,
+             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out) {
+  const MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
   if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
   if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
     return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out);

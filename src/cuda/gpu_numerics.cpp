@@ -26,8 +26,9 @@ void GpuNumerics::act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int6
   if (official_) fwd_act(x, rows, ld, off, width, nullptr);
 }
 
-void GpuNumerics::proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) const {
-  if (!official_) return linear(w, x, n, ldx, y, ldy, sc);
+void GpuNumerics::proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc,
+                       const uint16_t* x16) const {
+  if (!official_) return linear(w, x, n, ldx, y, ldy, sc, x16);
   OfficialLinearArgs a;
   a.w = w.d, a.nslots = n, a.x = x, a.ldx = ldx, a.nr = w.d.rows, a.y = y, a.ldy = ldy;
   official_gemm(a, n, sc);
@@ -49,9 +50,11 @@ void GpuNumerics::proj_bf16(const GMat& w, const float* x, int n, int64_t ldx, i
   fwd_linear_official(a, nullptr);
 }
 
-void GpuNumerics::rms_norm(float* x, int64_t rows, int64_t dim, const float* w, double eps) const {
-  fwd_rms_norm(x, rows, dim, dim, w, eps, nullptr);
+bool GpuNumerics::rms_norm(float* x, int64_t rows, int64_t dim, const float* w, double eps, uint16_t* x16) const {
+  if (official_) x16 = nullptr;  // its activation rounding (act) comes after the norm
+  fwd_rms_norm(x, rows, dim, dim, w, eps, nullptr, x16);
   act(x, rows * dim);
+  return x16 != nullptr;
 }
 
 void GpuNumerics::head_rms(float* x, int64_t groups, int64_t dim, double eps) const {
@@ -68,7 +71,8 @@ void GpuNumerics::rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int
 void GpuNumerics::norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,
                             int64_t per_pos) const {
   if (official_) {
-    w ? rms_norm(x, rows, dim, w, eps) : head_rms(x, rows, dim, eps);
+    if (w) rms_norm(x, rows, dim, w, eps);
+    else head_rms(x, rows, dim, eps);
     return rope(r, x, rows, dim, dim - r.dim, dpos, per_pos, false);
   }
   fwd_rms_norm_rope(x, rows, dim, w, eps, dim - r.dim, r.dim / 2, f32(r.inv_freq), r.attention_factor, dpos, per_pos, nullptr);

@@ -17,15 +17,17 @@ class GpuNumerics {
   void act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const;
   // Numerics::proj: y[t * ldy + r] = W x_t; official: FP8 activation quantization + block-scaled GEMM, bf16 out
   // (plain weights: the bf16 GEMM).
-  void proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) const;
+  // x16: x as f16 rows (ld ldx), used by the FP8 tensor-core GEMV instead of converting x again.
+  void proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr) const;
   // The same for expert slots: slot i < nslots multiplies input row i / x_div by matrix mats[idx[i]] (idx null:
   // mats[0]); y [nslots, rows] (mats: a device array).
   void proj_slots(const detail::DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
                   int64_t cols, float* y, int64_t ldy, Scratch& sc) const;
   // Numerics::proj_rows_bf16 / proj_bf16: rows [r0, r0 + nr) of W; official: bf16 operands, bf16 out.
   void proj_bf16(const GMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) const;
-  // Weighted RMSNorm (fp32 twin), stored as an activation.
-  void rms_norm(float* x, int64_t rows, int64_t dim, const float* w, double eps) const;
+  // Weighted RMSNorm (fp32 twin), stored as an activation. x16 (optional, ignored by the official numerics): the
+  // result also as f16 [rows, dim] for the tensor-core GEMVs (proj's x16). Returns whether x16 was written.
+  bool rms_norm(float* x, int64_t rows, int64_t dim, const float* w, double eps, uint16_t* x16 = nullptr) const;
   // Per-head unweighted RMS: official in bf16 (Numerics::head_rms).
   void head_rms(float* x, int64_t groups, int64_t dim, double eps) const;
   // RoPE on the trailing rope.dim values of each row (GpuRope::apply's arguments), stored as an activation.
