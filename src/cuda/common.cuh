@@ -130,6 +130,31 @@ __device__ __forceinline__ void fp4_group(uint32_t wa, uint32_t wb, const uint4&
 
 // ---- expert epilogue ----
 
+// One round (lane mask 16 >> ROUND) of a warp's reduce-scatter over C values per lane (C a power of two <= 32):
+// while more than one value is held, the lower lane of each pair keeps the lower half and the upper lane the
+// upper half, each adding its partner's copy; then plain butterfly rounds. After the 5 rounds lane l holds the
+// warp's sum of value l >> (5 - log2 C). A fixed tree: deterministic (a + b == b + a exactly). Shared by the
+// router's and hc_pre's fp64 partial sums.
+template <int C, int ROUND = 0>
+__device__ __forceinline__ void warp_reduce_scatter(double (&v)[C], int lane) {
+  if constexpr (ROUND < 5) {
+    constexpr int m = 16 >> ROUND, c = C >> ROUND;
+    if constexpr (c > 1) {
+      constexpr int h = c / 2;
+      const bool upper = (lane & m) != 0;
+#pragma unroll
+      for (int i = 0; i < h; ++i) {
+        const double send = upper ? v[i] : v[i + h];
+        const double keep = upper ? v[i + h] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, m);
+      }
+    } else {
+      v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], m);
+    }
+    warp_reduce_scatter<C, ROUND + 1>(v, lane);
+  }
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // silu(min(gate, L)) * clamp(up, -L, L); no clamp for L <= 0 (gate: upper bound only; up: both sides).

@@ -30,29 +30,6 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 constexpr int kHcThreads = 256;
 constexpr int kHcMaxCluster = 16;
 
-// One round (lane mask 16 >> ROUND) of a warp's reduce-scatter over C values per lane (C a power of two <= 32):
-// while more than one value is held, the lower lane of each pair keeps the lower half and the upper lane the
-// upper half, each adding its partner's copy; then plain butterfly rounds. After the 5 rounds lane l holds the
-// warp's sum of value l >> (5 - log2 C). A fixed tree: deterministic (a + b == b + a exactly).
-template <int C, int ROUND = 0>
-__device__ __forceinline__ void hc_reduce_scatter(double (&v)[C], int lane) {
-  if constexpr (ROUND < 5) {
-    constexpr int m = 16 >> ROUND, c = C >> ROUND;
-    if constexpr (c > 1) {
-      constexpr int h = c / 2;
-      const bool upper = (lane & m) != 0;
-#pragma unroll
-      for (int i = 0; i < h; ++i) {
-        const double send = upper ? v[i] : v[i + h];
-        const double keep = upper ? v[i + h] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, m);
-      }
-    } else {
-      v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], m);
-    }
-    hc_reduce_scatter<C, ROUND + 1>(v, lane);
-  }
-}
 __host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
 __host__ __device__ constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
 
@@ -63,7 +40,7 @@ __device__ __forceinline__ void hc_warp_reduce(const double (&acc)[NM], int lane
   double v[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) v[i] = B + i < NM ? acc[B + i] : 0.0;
-  hc_reduce_scatter<C>(v, lane);
+  warp_reduce_scatter<C>(v, lane);
   constexpr int shift = 5 - log2_of(C);
   if ((lane & ((1 << shift) - 1)) == 0 && B + (lane >> shift) < NM) red[B + (lane >> shift)] = v[0];
 }

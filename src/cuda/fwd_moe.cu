@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "cuda/fwd_common.cuh"
+#include "cuda/radix_select.cuh"
 #include "model/hc_math.h"
 
 namespace plumb::cuda::detail {
@@ -12,18 +13,24 @@ namespace {
 
 __device__ float softplus_stable(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 
-// A selection score as an unsigned key whose order is beats()'s: NaN largest (all NaNs equal), then by value,
-// -0 == +0. Every non-NaN value maps above 0, so 0 means "no candidate".
-__device__ __forceinline__ unsigned sel_key(float v) {
-  if (isnan(v)) return 0xFFFFFFFFu;
-  unsigned u = __float_as_uint(v);
-  if ((u << 1) == 0u) u = 0u;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+// Selection scores as unsigned keys in the top-k order (NaN largest, -0 == +0; every non-NaN value above 0, so 0
+// means "no candidate"): radix::order_key_nan_first, the indexer's order.
 
 constexpr int kRouteWarps = 4;     // tokens per block of the warp kernel
 constexpr int kRouteMaxK = 32;     // one lane per choice
 constexpr int kRouteMaxGroups = 64;
+
+// DeepSeek-V3 grouped selection: a group's score is the sum of its two best selection scores (one expert per
+// group: the best alone). Shared by the warp kernel and its block twin, so both rank groups alike.
+__device__ __forceinline__ float group_score(const float* sel, int g, int per) {
+  float b0 = -INFINITY, b1 = -INFINITY;
+  for (int e = g * per; e < (g + 1) * per; ++e) {
+    const float v = sel[e];
+    if (v > b0) b1 = b0, b0 = v;
+    else if (v > b1) b1 = v;
+  }
+  return b0 + (per > 1 ? b1 : 0.0f);
+}
 
 // One warp per token (the fast path: E <= 32 * P, K <= 32): lane l holds experts l, l + 32, ... in registers.
 // Every value is the block kernel's below, bit for bit: the same score expressions; softmax's max by a fmaxf tree
@@ -109,15 +116,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
         if (e < E) sel_s[e] = sel[i];
       }
       __syncwarp();
-      for (int g = lane; g < G; g += 32) {
-        float b0 = -INFINITY, b1 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; ++e) {
-          const float v = sel_s[e];
-          if (v > b0) b1 = b0, b0 = v;
-          else if (v > b1) b1 = v;
-        }
-        gs_s[g] = b0 + (per > 1 ? b1 : 0.0f);
-      }
+      for (int g = lane; g < G; g += 32) gs_s[g] = group_score(sel_s, g, per);
       __syncwarp();
       for (int g = lane; g < G; g += 32) {
         int rank = 0;
@@ -138,7 +137,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
       key[i] = 0u;
       if (e >= E) continue;
       a.select[int64_t(t) * E + e] = sel[i];
-      key[i] = sel_key(sel[i]);
+      key[i] = radix::order_key_nan_first(sel[i]);
     }
     // K rounds: each lane's best remaining key (the lowest of its experts on equal keys: i upwards, strict >), the
     // warp's largest key, and among the lanes holding it the lowest expert id. Every expert has a key > 0 and
@@ -205,15 +204,7 @@ __global__ void route_kernel(RouteArgs a) {
       const int per = E / a.n_group;
       float gs[64];
       bool kept[64];
-      for (int g = 0; g < a.n_group; ++g) {
-        float b0 = -INFINITY, b1 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; ++e) {
-          const float v = sel[e];
-          if (v > b0) b1 = b0, b0 = v;
-          else if (v > b1) b1 = v;
-        }
-        gs[g] = b0 + (per > 1 ? b1 : 0.0f);
-      }
+      for (int g = 0; g < a.n_group; ++g) gs[g] = group_score(sel, g, per);
       for (int g = 0; g < a.n_group; ++g) {
         int rank = 0;
         for (int o = 0; o < a.n_group; ++o) rank += beats(gs[o], o, gs[g], g);

@@ -14,6 +14,7 @@
 // (a fixed tree: deterministic), the two halves are added in shared memory (half 0 + half 1).
 // Indexing is 32-bit (launch_router checks the sizes).
 #include "cuda/common.cuh"
+#include "cuda/radix_select.cuh"
 #include "cuda/kernels.h"
 
 // Optional timing probes (a diagnostic build defines PLUMB_ROUTER_STAMP(slot) before including this file).
@@ -81,38 +82,8 @@ __device__ __forceinline__ float score_of(int f, float logit) {
   return 1.0f / (1.0f + expf(-logit));  // sigmoid (softmax is handled per row)
 }
 
-// A selection score as an unsigned key whose order is the top-k order: NaN largest (all NaNs equal), then by
-// value, -0 == +0. Every non-NaN value maps above 0, so 0 means "no candidate".
-__device__ __forceinline__ unsigned order_key(float v) {
-  if (isnan(v)) return 0xFFFFFFFFu;
-  unsigned u = __float_as_uint(v);
-  if ((u << 1) == 0u) u = 0u;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// One round (lane mask 16 >> ROUND) of the warp's reduce-scatter over C values per lane: while more than one
-// value is held, the lower lane of each pair keeps the lower half, the upper lane the upper half, each adding its
-// partner's copy; then plain butterfly rounds. After the 5 rounds, lane l holds the warp's sum of value
-// l >> (5 - log2 C). A fixed tree: deterministic (a + b == b + a exactly).
-template <int C, int ROUND>
-__device__ __forceinline__ void reduce_scatter(double (&v)[C], int lane) {
-  if constexpr (ROUND < 5) {
-    constexpr int m = 16 >> ROUND, c = C >> ROUND;
-    if constexpr (c > 1) {
-      constexpr int h = c / 2;
-      const bool upper = (lane & m) != 0;
-#pragma unroll
-      for (int i = 0; i < h; ++i) {
-        const double send = upper ? v[i] : v[i + h];
-        const double keep = upper ? v[i + h] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, m);
-      }
-    } else {
-      v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], m);
-    }
-    reduce_scatter<C, ROUND + 1>(v, lane);
-  }
-}
+// Selection scores as unsigned keys in the top-k order (NaN largest, -0 == +0; every non-NaN value above 0, so 0
+// means "no candidate"): radix::order_key_nan_first, the indexer's order.
 
 template <class XT, int NT>
 __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a) {
@@ -249,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
   for (int r = 0; r < kR; ++r)
 #pragma unroll
     for (int tt = 0; tt < NT; ++tt) v[r * NT + tt] = acc[r][tt];
-  reduce_scatter<C, 0>(v, lane);
+  warp_reduce_scatter<C>(v, lane);
   if ((lane & ((1 << (5 - LOGC)) - 1)) == 0) comb[half][warp % 4][lane >> (5 - LOGC)] = v[0];
   __syncthreads();
   if (tid < 4 * C) {
@@ -320,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) router_kernel(const RouterArgs a)
     const int ex = i * 32 + lane;
     sc[ex] = score[i];
     const float sel = a.hash ? score[i] : score[i] + bias_s[ex];
-    key[i] = order_key(sel);
+    key[i] = radix::order_key_nan_first(sel);
     if (a.select && !a.hash) a.select[tok * E + ex] = sel;
   }
   __syncwarp();
