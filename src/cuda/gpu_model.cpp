@@ -350,19 +350,20 @@ class GpuForward : public DeviceForward {
     if (taps) rows = LogitRows::All;
     if (rows == LogitRows::None) return nullptr;
     const Tap top{taps, ""};
+    // hc_head, the final norm and the LM head on the requested rows only (each row on its own: the last row alone
+    // gives the same bits as in the whole chunk).
+    const int m = rows == LogitRows::Last ? 1 : n;
+    float* hx = col + int64_t(n - m) * D;
     HcArgs a;
-    a.X = X, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
-    a.n = n, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
+    a.X = X + int64_t(n - m) * H * D, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
+    a.n = m, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
     a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
-    a.collapsed = col;
+    a.collapsed = hx;
     {
       OpRegion r(tm, "head");
       fwd_hc_pre(a, mixbuf, nullptr);
     }
-    tap_io(top, "hc_head.out", col, {n, D});
-    // The final norm and the LM head on the requested rows only (per row: the last row alone gives the same bits).
-    const int m = rows == LogitRows::Last ? 1 : n;
-    float* hx = col + int64_t(n - m) * D;
+    tap_io(top, "hc_head.out", col, {n, D});  // taps: every row (rows is All)
     float* logits = sc.f("logits", int64_t(m) * c.vocab);
     {
       OpRegion r(tm, "head");
