@@ -2,7 +2,6 @@
 // with --layers N, the whole GPU forward pass on an N-layer V4-Flash stack (src/cuda/bench_layers.cpp).
 // Without a usable GPU (or in a build without CUDA) it says why and exits non-zero.
 #include "cli/commands.h"
-#include "core/strings.h"
 #include <sstream>
 
 #include "plumb/bench.h"
@@ -20,9 +19,10 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
   cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (router, moe, prefill, fp8, attention)")
       ->check([](const std::string& v) {
-        for (const auto& s : split_list(v, ','))
+        std::istringstream in(v);
+        for (std::string s; std::getline(in, s, ',');)
           if (s != "router" && s != "moe" && s != "prefill" && s != "fp8" && s != "attention")
-            return "unknown bench section '" + s + "' (known: router, moe, prefill, fp8, attention)";
+            return "unknown bench section '" + s + "' (known: router, moe, prefill, fp8, attention; comma-separated, no spaces)";
         return std::string();
       });
   cmd->add_flag("--profile", opt->profile, "launch each main kernel once without timing (to run under ncu)");

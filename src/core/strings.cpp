@@ -33,4 +33,9 @@ std::string csv_row(const std::vector<std::string>& fields) {
   return out + "\n";
 }
 
+void append_item(std::string& list, const std::string& item, char sep) {
+  if (!list.empty()) list += sep;
+  list += item;
+}
+
 }  // namespace plumb

@@ -169,9 +169,9 @@ std::vector<std::vector<std::string>> valid_configs(const std::vector<std::strin
     notes.push_back(fmt::format("the patches cannot all be on at once ({}); bisecting {} valid configurations: {}", why,
                                 out.size(), [&] {
                                   std::string s;
-                                  for (const auto& c : out) {  // appended piece by piece: GCC 12 -Wrestrict misfires
-                                    if (!s.empty()) s += " | ";  // on "[" + std::string&&
-                                    s += '[';
+                                  for (const auto& c : out) {
+                                    if (!s.empty()) s += " | ";
+                                    s += '[';  // piece by piece: GCC 12's -Wrestrict misfires on "[" + std::string&&
                                     s += join(c);
                                     s += ']';
                                   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/strings.h"
 #include "toolkit/diagnosis_util.h"
 
 namespace plumb::toolkit::detail {
@@ -46,7 +47,7 @@ bool within(const Tensor& a, const Tensor& b, double tol) {
 
 std::string layers_str(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) append_item(s, std::to_string(x));
   return s;
 }
 

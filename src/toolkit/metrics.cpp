@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 
+#include "core/strings.h"
 #include "formats/numeric.h"
 
 namespace plumb::toolkit {
@@ -127,7 +128,7 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
   };
   auto str = [](const std::multiset<int64_t>& x) {
     std::string o;
-    for (auto v : x) o += (o.empty() ? "" : ",") + std::to_string(v);
+    for (auto v : x) append_item(o, std::to_string(v));
     return "{" + o + "}";
   };
   const bool scored = sa && sb && sa->shape == sb->shape && sa->dim(0) == a.dim(0);

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "patches/registry.h"
 #include "toolkit/diff.h"
 #include "toolkit/tap_names.h"
@@ -83,8 +84,8 @@ SelftestCase run_case(const RunInput& in, const std::string& fault, const std::s
       bad.push_back(fmt::format("diagnosis does not say \"{}\"", e.text));
     if (!e.layers.empty() && r.diagnosis.layers != e.layers) {
       std::string want, got;
-      for (int l : e.layers) want += (want.empty() ? "" : ",") + std::to_string(l);
-      for (int l : r.diagnosis.layers) got += (got.empty() ? "" : ",") + std::to_string(l);
+      for (int l : e.layers) append_item(want, std::to_string(l));
+      for (int l : r.diagnosis.layers) append_item(got, std::to_string(l));
       bad.push_back(fmt::format("diagnosis names layers {}, expected {}", got.empty() ? "none" : got, want));
     }
   }

@@ -92,7 +92,7 @@ bool TapFilter::keeps_step(const std::string& name, size_t index) const {
 std::string TapFilter::describe() const {
   auto ranges = [](const IntRanges& r) {
     std::string s;
-    for (const auto& [a, b] : r.ranges) s += (s.empty() ? "" : ",") + (a == b ? fmt::format("{}", a) : fmt::format("{}-{}", a, b));
+    for (const auto& [a, b] : r.ranges) append_item(s, a == b ? fmt::format("{}", a) : fmt::format("{}-{}", a, b));
     return s.empty() ? std::string("all") : s;
   };
   std::string g, st;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/strings.h"
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/tools.h"
@@ -61,7 +62,7 @@ IndexAgreement compare_index(const IndexTensor& got, const IndexTensor& ref, con
     } else if (a.first_bad.empty()) {
       auto str = [](const std::set<int64_t>& s) {
         std::string o;
-        for (auto i : s) o += (o.empty() ? "" : ",") + std::to_string(i);
+        for (auto i : s) append_item(o, std::to_string(i));
         return "{" + o + "}";
       };
       a.first_bad = fmt::format("row {}: got {} expected {}", r, str(g), str(e));

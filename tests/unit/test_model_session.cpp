@@ -3,6 +3,7 @@
 // calls; an out-of-vocabulary token id is refused before anything is computed.
 // "Where the math says so": the only place it does not is an indexer top-k whose selection boundary falls inside a
 // group of exactly equal scores (see ForcingSink); such rows are verified to be pure ties and teacher-forced.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -250,7 +251,7 @@ TEST_F(ModelSession, TheLongPrefillRecordsEveryTapOfEveryLayer) {
     for (const char* t : {"hc_attn.post", "hc_attn.comb", "hc_attn.collapsed", "attn.q", "attn.kv", "attn.out",
                           "hc_ffn.collapsed", "ffn.gate.logits", "ffn.gate.weights", "ffn.routed", "ffn.shared", "ffn.out",
                           "out"})
-      EXPECT_TRUE(f.f32.count("L" + std::to_string(l) + "." + t)) << "L" << l << "." << t;
+      EXPECT_TRUE(f.f32.count(fmt::format("L{}.{}", l, t))) << "L" << l << "." << t;
   EXPECT_TRUE(f.idx.count("L2.attn.indexer.topk"));  // layer 2 is the fixture's CSA layer
   EXPECT_TRUE(f.f32.count("L2.attn.indexer.scores"));
   EXPECT_TRUE(f.f32.count("hc_head.out"));
