@@ -77,7 +77,7 @@ std::vector<Patch> make_registry() {
                // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_graph = true; }, false, "cuda"});
-  r.push_back({"cuda.pdl", "each kernel starts once the previous one has finished",
+  r.push_back({"cuda.pdl", "plain launches (each kernel starts once the previous one has finished)",
                "programmatic dependent launch: a kernel is scheduled while the previous one finishes and waits in-kernel "
                "(griddepcontrol.wait) before touching activations, so launch latency and the first weight loads (dense "
                "GEMVs prefetch theirs into L2) overlap the previous kernel's tail",
