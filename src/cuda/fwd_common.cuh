@@ -83,6 +83,14 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
   return t;
 }
 
+// kU elements at b, b + step, ... of v[0, n): indices clamped to n - 1 so that every load is issued before any is
+// used (a block-strided loop at decode is latency-bound); the caller skips the clamped ones.
+template <int kU>
+__device__ __forceinline__ void load_strided(const float* v, int64_t b, int64_t step, int64_t n, float (&x)[kU]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) x[u] = v[min(b + u * step, n - 1)];
+}
+
 // RMSNorm of one row in place, by the whole block (the reference's fp64 sum of squares, fp32 scale): shared by
 // the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles. h16
 // (optional): the normalized row also as f16 (round to nearest even), the tensor-core GEMVs' input.
@@ -94,8 +102,7 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
   double ss = 0;
   for (int64_t b = threadIdx.x; b < dim; b += kU * step) {
     float x[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) x[u] = v[min(b + u * step, dim - 1)];
+    load_strided(v, b, step, dim, x);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (b + u * step < dim) ss += double(x[u]) * x[u];

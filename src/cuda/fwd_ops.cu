@@ -19,25 +19,6 @@ __global__ void embed_kernel(DMat e, const int32_t* tokens, int n, int H, float*
 // One warp per output row, up to kTok tokens per block row (blockIdx.y picks the token group).
 constexpr int kTok = 8, kRowsPerBlock = 8;
 
-__global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
-  pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
-  if (r >= nr) return;
-  double acc[kTok] = {};
-  for (int64_t c = lane; c < w.cols; c += 32) {
-    const double wv = fwd_w(w, r0 + r, c);
-#pragma unroll
-    for (int t = 0; t < kTok; ++t)
-      if (t < nt) acc[t] += double(x[(t0 + t) * ldx + c]) * wv;
-  }
-#pragma unroll
-  for (int t = 0; t < kTok; ++t) {
-    const double v = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) y[(t0 + t) * ldy + r] = float(v);
-  }
-}
 
 // The same with 16-byte loads: each lane takes 16 bytes of the row at a time (8 bf16/f16, 4 f32, 16 E4M3 codes or
 // 32 packed E2M1 codes: always inside one scale block), dequantized exactly as fwd_w does, fp64 accumulation.
@@ -96,15 +77,26 @@ __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_
   }
 }
 
-// Up to kTok tokens, a warp per row.
-__global__ void linear16_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
+// Up to kTok tokens, a warp per row: VEC, 16-byte loads (row_dot16: rows 16-byte aligned); else one element per
+// lane at a time (any layout and alignment).
+template <bool VEC>
+__global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
   if (r >= nr) return;
   double acc[kTok] = {};
-  row_dot16<kTok>(w, r0 + r, 0, dmat_row_bytes(w) / 16, x + int64_t(t0) * ldx, nt, ldx, acc);
+  if constexpr (VEC) {
+    row_dot16<kTok>(w, r0 + r, 0, dmat_row_bytes(w) / 16, x + int64_t(t0) * ldx, nt, ldx, acc);
+  } else {
+    for (int64_t c = lane; c < w.cols; c += 32) {
+      const double wv = fwd_w(w, r0 + r, c);
+#pragma unroll
+      for (int t = 0; t < kTok; ++t)
+        if (t < nt) acc[t] += double(x[(t0 + t) * ldx + c]) * wv;
+    }
+  }
 #pragma unroll
   for (int t = 0; t < kTok; ++t) {
     const double v = warp_sum(acc[t]);
@@ -121,8 +113,7 @@ __device__ __forceinline__ void stage_row(const float* x, int64_t cols, float* x
   const int64_t step = blockDim.x;
   for (int64_t b = threadIdx.x; b < cols; b += kU * step) {
     float v[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = x[min(b + u * step, cols - 1)];
+    load_strided(x, b, step, cols, v);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (b + u * step < cols) xs[b + u * step] = v[u];
@@ -254,9 +245,9 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
     launch("fwd_linear (one token)", linear16_one_kernel, unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock,
            size_t(w.cols) * 4, s, w, x, r0, nr, y);
   else if (vec)
-    launch("fwd_linear", linear16_kernel, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
+    launch("fwd_linear", linear_kernel<true>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
   else
-    launch("fwd_linear", linear_kernel, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
+    launch("fwd_linear", linear_kernel<false>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
 }
 
 bool fwd_linear_one_fits(const DMat& w) {
