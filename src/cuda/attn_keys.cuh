@@ -1,5 +1,5 @@
-// The attention's key list and logit, shared by the unsplit attention (fwd_attention.cu) and its split-K patch
-// (fwd_attn_splitk.cu), so both see the same keys in the same order and compute bit-identical logits.
+// The attention's key list, shared by the unsplit attention (fwd_attention.cu) and its split-K patch
+// (fwd_attn_splitk.cu), so both see the same keys in the same order; and the twin's logit (key_logit).
 #pragma once
 #include "cuda/fwd_common.cuh"
 
@@ -38,18 +38,6 @@ __device__ __forceinline__ float key_logit(const float* q, const float* k, int64
 #pragma unroll 4
   for (int64_t i = threadIdx.x & 31; i < Dh; i += 32) dot += double(q[i]) * k[i];
   return float(warp_sum(dot)) * scale;
-}
-
-// Two keys' logits in lockstep (their loads overlap), each summed in key_logit's order: the same bits as two calls.
-__device__ __forceinline__ void key_logit2(const float* q, const float* k0, const float* k1, int64_t Dh, float scale, float& l0,
-                                           float& l1) {
-  double d0 = 0, d1 = 0;
-#pragma unroll 4
-  for (int64_t i = threadIdx.x & 31; i < Dh; i += 32) {
-    const double qi = q[i];
-    d0 += qi * k0[i], d1 += qi * k1[i];
-  }
-  l0 = float(warp_sum(d0)) * scale, l1 = float(warp_sum(d1)) * scale;
 }
 
 }  // namespace plumb::cuda::detail

@@ -80,26 +80,20 @@ __device__ void sinkhorn_warp(const float* mix, const float* scale, const float*
   for (int kk = 0; kk < H; ++kk) s += double(v[kk]);
   c = m == -INFINITY ? 0.0f : float(double(e) / s);
   c += eps;
-  auto col_norm = [&] {
+  // Divides by the sum (in index order) + eps of the H elements at lanes first + i * stride: this lane's column
+  // (first k, stride H) or row (first j * H, stride 1).
+  auto normalize = [&](int first, int stride) {
 #pragma unroll
-    for (int jj = 0; jj < H; ++jj) v[jj] = __shfl_sync(0xFFFFFFFFu, c, jj * H + k);
+    for (int i = 0; i < H; ++i) v[i] = __shfl_sync(0xFFFFFFFFu, c, first + i * stride);
     float t = 0;
 #pragma unroll
-    for (int jj = 0; jj < H; ++jj) t += v[jj];
+    for (int i = 0; i < H; ++i) t += v[i];
     c /= t + eps;
   };
-  auto row_norm = [&] {
-#pragma unroll
-    for (int kk = 0; kk < H; ++kk) v[kk] = __shfl_sync(0xFFFFFFFFu, c, j * H + kk);
-    float t = 0;
-#pragma unroll
-    for (int kk = 0; kk < H; ++kk) t += v[kk];
-    c /= t + eps;
-  };
-  col_norm();
+  normalize(k, H);
   for (int it = 1; it < iters; ++it) {
-    row_norm();
-    col_norm();
+    normalize(j * H, 1);
+    normalize(k, H);
   }
   if (on) comb[lane] = c;
 }

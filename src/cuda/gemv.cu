@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
   // reads the routing first; dense blocks first prefetch their first weight chunks into L2 (weights are never
   // written during a forward), so the stream from HBM starts while the previous kernel finishes.
-  if (MODE == kMoe && a.pdl > 0) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  if (MODE == kMoe && a.pdl > 0) pdl_begin();
 
   int prob, m;
   if constexpr (MODE == kMoe) {
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 #pragma unroll
         for (int q = 0; q < NMAT; ++q)
           for (int c = 0; c < min(nch, U); ++c) prefetch_l2(pa[q] + c * CB), prefetch_l2(pb[q] + c * CB);
-      asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+      pdl_begin();
     }
   }
 
@@ -342,18 +342,7 @@ void launch_t(const GemvArgs& a, Stream s) {
   auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3>
               : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2>
                                  : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1>;
-  if (a.pdl > 0) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a));
-  } else {
-    kern<<<grid, block, 0, s>>>(a);
-  }
-  check_launch("gemv_kernel");
+  launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

@@ -296,18 +296,7 @@ void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
   int per_sm = per_sm_c, sms = sms_cache[dev];
   if (per_sm < 1) throw_arg("gemv: the FP4 streaming kernel does not fit on an SM with this configuration");
   if (a.fp4_ctas > 0) per_sm = std::min(per_sm, a.fp4_ctas);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(sms * per_sm));
-  cfg.blockDim = dim3(unsigned(warps * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = a.pdl > 0 ? 1 : 0;
-  PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a));
-  check_launch("fp4_stream_kernel");
+  launch_as(a.pdl > 0, "fp4_stream_kernel", kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(warps * 32)), smem, s, a);
 }
 
 // The configuration a launch runs: warps per CTA, stages in flight, K split (defaults filled in, split reduced to

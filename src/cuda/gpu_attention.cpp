@@ -57,10 +57,8 @@ bool project_fused(const GpuAttn& w, const float* x, const CompRows& cr, const C
 void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const CompRows& r, int n, const Step& step, GpuCompState& st,
                      const GpuNumerics& nm, bool rotate) {
   const int64_t m = w.rate, c = w.dim;
-  const float* rkv = r.kv;
-  const float* rg = r.gate;
   CompressArgs a;
-  a.rows_kv = rkv, a.rows_gate = rg;
+  a.rows_kv = r.kv, a.rows_gate = r.gate;
   a.pend_kv = st.pend_kv.as<float>(), a.pend_gate = st.pend_gate.as<float>();
   a.prev_kv = st.prev_kv.as<float>(), a.prev_gate = st.prev_gate.as<float>();
   a.ape = f32(w.ape), a.norm = f32(w.norm), a.inv_freq = f32(rope.inv_freq);

@@ -20,17 +20,24 @@ __device__ __forceinline__ void pdl_begin() { asm volatile("griddepcontrol.wait;
 // L2 prefetch of weights (read-only for the whole forward), for use before pdl_begin.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// A launch with the PDL attribute iff `pdl` (kernels whose own arguments decide, such as the GEMVs' GemvArgs::pdl).
 template <class... P, class... A>
-void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A&&... args) {
+void launch_as(bool pdl, const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem;
   cfg.stream = s ? s : cudaStreamPerThread;  // the calling thread's stream, as a null stream is elsewhere
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr, cfg.numAttrs = pdl ? 1 : 0;
   PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
   check_launch(what);
+}
+
+// A launch with the PDL attribute while cuda.pdl is on for this thread (PdlScope).
+template <class... P, class... A>
+void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A&&... args) {
+  launch_as(pdl_enabled(), what, kernel, grid, block, smem, s, std::forward<A>(args)...);
 }
 
 }  // namespace plumb::cuda::detail
