@@ -1,6 +1,6 @@
 // Forward-op kernels against their twins: hc_pre's warp-parallel Sinkhorn (H*H <= 32) bit for bit against one
 // device thread running model/hc_math.h, and both against hc_math on the host from the same mixes (within a few
-// ulps: CUDA's expf is not libm's).
+// ulps: CUDA's expf is not libm's); the fused decode launches bit for bit against the launches they replace.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -153,6 +153,77 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
           ++cases;
         }
   std::printf("  router warp kernel vs block kernel: %d cases bit-identical\n", cases);
+}
+
+// The decode launches fused in session 5 against the separate launches they replace, bit for bit: several matrices
+// over one input row in one launch (fwd_linear_one_multi) vs fwd_linear per matrix; norm + RoPE (fwd_rms_norm_rope)
+// vs fwd_rms_norm then fwd_rope; the norm's f16 copy vs launch_to_f16 of its result; the inverse RoPE with its f16
+// copy (fwd_rope_f16) vs fwd_rope then launch_to_f16.
+TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
+  Rng rng(41);
+  auto same = [](const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    size_t first = a.size();
+    for (size_t i = 0; i < a.size() && first == a.size(); ++i)
+      if (a[i] != b[i]) first = i;
+    EXPECT_EQ(first, a.size()) << what << ": first differing byte " << first << " of " << a.size();
+  };
+  auto bytes = [](const DeviceBuffer& b, size_t n) { return to_host<uint8_t>(b, n); };
+
+  // 1. One token through three matrices (bf16 [40, 256], f32 [16, 256], bf16 [6, 256]) in one launch.
+  const int64_t K = 256;
+  const int64_t rows[3] = {40, 16, 6};
+  const int dtypes[3] = {1, 0, 1};
+  std::vector<DeviceBuffer> w(3), ya(3), yb(3);
+  d::LinearSegs g;
+  for (int i = 0; i < 3; ++i) {
+    const auto vals = rng.floats(size_t(rows[i] * K), -1.0f, 1.0f);
+    if (dtypes[i] == 1) {
+      std::vector<uint16_t> b16(vals.size());
+      for (size_t j = 0; j < vals.size(); ++j) b16[j] = plumb::fmt8::f32_to_bf16(vals[j]);
+      w[size_t(i)] = to_device(b16);
+    } else {
+      w[size_t(i)] = to_device(vals);
+    }
+    ya[size_t(i)] = DeviceBuffer(size_t(rows[i]) * 4), yb[size_t(i)] = DeviceBuffer(size_t(rows[i]) * 4);
+    d::DMat m;
+    m.w = w[size_t(i)].get(), m.rows = rows[i], m.cols = K, m.layout = 0, m.dtype = dtypes[i];
+    ASSERT_TRUE(d::fwd_linear_one_fits(m));
+    g.add(m, ya[size_t(i)].as<float>());
+  }
+  DeviceBuffer x = to_device(rng.floats(size_t(K), -2.0f, 2.0f));
+  d::fwd_linear_one_multi(g, x.as<float>(), nullptr);
+  for (int i = 0; i < 3; ++i) {
+    d::fwd_linear(g.seg[i].w, x.as<float>(), 1, K, 0, rows[i], yb[size_t(i)].as<float>(), rows[i], nullptr);
+    same(bytes(ya[size_t(i)], size_t(rows[i]) * 4), bytes(yb[size_t(i)], size_t(rows[i]) * 4), "fwd_linear_one_multi");
+  }
+
+  // 2-4. Rows of 64 values (6 rows, 3 per position), RoPE on the last 16 dims at device position 37.
+  const int64_t R = 6, dim = 64, off = 48, per_pos = 3;
+  const int half = int((dim - off) / 2);
+  const auto v = rng.floats(size_t(R * dim), -3.0f, 3.0f);
+  DeviceBuffer nw = to_device(rng.floats(size_t(dim), 0.5f, 1.5f)), inv = to_device(rng.floats(size_t(half), 0.001f, 1.0f));
+  DeviceBuffer pos = to_device(std::vector<int64_t>{37});
+  for (const float* wn : {static_cast<const float*>(nw.as<float>()), static_cast<const float*>(nullptr)}) {
+    DeviceBuffer a = to_device(v), b = to_device(v), a16(size_t(R * dim) * 2), b16(size_t(R * dim) * 2);
+    d::fwd_rms_norm_rope(a.as<float>(), R, dim, wn, 1e-6, off, half, inv.as<float>(), 1.0f, pos.as<int64_t>(), per_pos, nullptr);
+    d::fwd_rms_norm(b.as<float>(), R, dim, dim, wn, 1e-6, nullptr);
+    d::fwd_rope(b.as<float>(), R, dim, off, half, inv.as<float>(), 1.0f, pos.as<int64_t>(), 0, per_pos, 1, 0, nullptr);
+    same(bytes(a, size_t(R * dim) * 4), bytes(b, size_t(R * dim) * 4), "fwd_rms_norm_rope");
+
+    DeviceBuffer c = to_device(v), e = to_device(v);
+    d::fwd_rms_norm(c.as<float>(), R, dim, dim, wn, 1e-6, nullptr, a16.as<uint16_t>());
+    d::fwd_rms_norm(e.as<float>(), R, dim, dim, wn, 1e-6, nullptr);
+    d::launch_to_f16(e.get(), d::kF32, int(R), dim, dim, b16.as<uint16_t>(), nullptr);
+    same(bytes(c, size_t(R * dim) * 4), bytes(e, size_t(R * dim) * 4), "fwd_rms_norm with out16 (f32 result)");
+    same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rms_norm's f16 copy");
+  }
+  DeviceBuffer a = to_device(v), b = to_device(v), a16(size_t(R * dim) * 2), b16(size_t(R * dim) * 2);
+  d::fwd_rope_f16(a.as<float>(), R, dim, off, inv.as<float>(), 1.0f, pos.as<int64_t>(), per_pos, 1, a16.as<uint16_t>(), nullptr);
+  d::fwd_rope(b.as<float>(), R, dim, off, half, inv.as<float>(), 1.0f, pos.as<int64_t>(), 0, per_pos, 1, 1, nullptr);
+  d::launch_to_f16(b.get(), d::kF32, int(R), dim, dim, b16.as<uint16_t>(), nullptr);
+  same(bytes(a, size_t(R * dim) * 4), bytes(b, size_t(R * dim) * 4), "fwd_rope_f16 (f32 rows)");
+  same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
 }
 
 }  // namespace
