@@ -418,6 +418,17 @@ int run_bench(const BenchOptions& opt) {
            uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
           t);
 
+    // What a plain read of the experts' weight bytes reaches in the same harness (read_stream over the expert
+    // weights, a different region per call where they fit): the ceiling for kernels of this size, launch, ramp and
+    // tail included. (H200: 19.2 us for the 80 MB of batch 1, 100 % of copy: the MXFP4 kernels' gap to it is their
+    // own, not the launch's.)
+    {
+      const size_t rb = size_t(uavg * (fp4_w13 + fp4_w2)) / 256 * 256;
+      const size_t slots = std::max<size_t>(1, moe.w1.codes.bytes() / rb);
+      t = B.time([&](int i) { d::read_stream(moe.w1.codes.as<uint8_t>() + size_t(i) % slots * rb, rb, B.sink.as<unsigned>(), S); });
+      B.add(B.rows, {"read-only stream of the same weight bytes", "reference: gate+up + down's bytes", "", n, 0, double(rb)}, t);
+    }
+
     // Tuning sweep of the two FP4 kernels: the per-tile kernel (warps per block) and the streaming kernel (warps
     // per CTA, stages in flight, warps splitting one tile's K, programmatic dependent launch).
     struct Fp4Cfg {
