@@ -329,10 +329,10 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
-  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s>>>(a, P, plan, S == 1);
+  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, stream_of(s)>>>(a, P, plan, S == 1);
   check_launch("fwd_attend_split");
   if (S == 1) return;
-  attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, s>>>(a, P, S);
+  attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, stream_of(s)>>>(a, P, S);
   check_launch("fwd_attend_merge");
 }
 

@@ -312,7 +312,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   auto kern = hc_pre_kernel<H, VEC>;
   static const int S = hc_cluster_size(kern);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(S), unsigned(a.n), 1), cfg.blockDim = dim3(kHcThreads, 1, 1), cfg.stream = s;
+  cfg.gridDim = dim3(unsigned(S), unsigned(a.n), 1), cfg.blockDim = dim3(kHcThreads, 1, 1), cfg.stream = stream_of(s);
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = unsigned(S), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
@@ -353,8 +353,8 @@ void fwd_hc_post(const float* y, const float* X, const float* post, const float*
   const bool vec = D % 4 == 0 && aligned16(y) && aligned16(X) && aligned16(out);
   const int64_t threads = int64_t(n) * (vec ? D / 4 : D);
   const int blocks = fwd_blocks(threads, kPostThreads);
-  if (vec) hc_post_kernel<true><<<blocks, kPostThreads, 0, s>>>(y, X, post, comb, n, H, D, untransposed, act_bf16, out);
-  else hc_post_kernel<false><<<blocks, kPostThreads, 0, s>>>(y, X, post, comb, n, H, D, untransposed, act_bf16, out);
+  if (vec) hc_post_kernel<true><<<blocks, kPostThreads, 0, stream_of(s)>>>(y, X, post, comb, n, H, D, untransposed, act_bf16, out);
+  else hc_post_kernel<false><<<blocks, kPostThreads, 0, stream_of(s)>>>(y, X, post, comb, n, H, D, untransposed, act_bf16, out);
   check_launch("fwd_hc_post");
 }
 

@@ -334,7 +334,7 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
   w.count = reinterpret_cast<uint32_t*>(base + L.count);
   w.state = reinterpret_cast<SelState*>(base + L.state);
   w.cand = reinterpret_cast<uint64_t*>(base + L.cand);
-  PLUMB_CUDA_CHECK(cudaMemsetAsync(base, 0, L.zeroed, s));
+  PLUMB_CUDA_CHECK(cudaMemsetAsync(base, 0, L.zeroed, stream_of(s)));
   const dim3 grid(unsigned(fwd_blocks(a.ne_cap, kSelTile)), unsigned(a.n));
   for (int p = 0; p < passes; ++p) launch("fwd_indexer_topk select", sel_hist_kernel, grid, kSelThreads, 0, s, a, w, p, ib, passes);
   launch("fwd_indexer_topk gather", sel_gather_kernel, grid, kSelThreads, 0, s, a, w, ib);

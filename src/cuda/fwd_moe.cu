@@ -267,7 +267,7 @@ void fwd_route(const RouteArgs& a, Stream s) {
     const int P = (a.E + 31) / 32, warps = std::min(a.n, kRouteWarps);
     const size_t smem = size_t(warps) * size_t(2 * a.E + 2 * kRouteMaxGroups) * 4;
     const unsigned blocks = unsigned((a.n + kRouteWarps - 1) / kRouteWarps);
-    auto go = [&](auto kern) { kern<<<blocks, 32 * warps, smem, s>>>(a); };
+    auto go = [&](auto kern) { kern<<<blocks, 32 * warps, smem, stream_of(s)>>>(a); };
     if (P <= 1) go(route_warp_kernel<1>);
     else if (P <= 2) go(route_warp_kernel<2>);
     else if (P <= 4) go(route_warp_kernel<4>);
@@ -278,21 +278,21 @@ void fwd_route(const RouteArgs& a, Stream s) {
   }
   const size_t smem = size_t(2 * a.E) * 4;
   if (smem > 48 * 1024) throw_arg("router: too many experts for one block's shared memory");
-  route_kernel<<<a.n, 256, smem, s>>>(a);
+  route_kernel<<<a.n, 256, smem, stream_of(s)>>>(a);
   check_launch("fwd_route");
 }
 
 void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s) {
   const int64_t total = int64_t(nslots) * I;
   if (total <= 0) return;
-  swiglu_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(g, u, ld, nslots, I, limit, pre, h);
+  swiglu_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(g, u, ld, nslots, I, limit, pre, h);
   check_launch("fwd_swiglu");
 }
 
 void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s) {
   const int64_t total = int64_t(n) * D;
   if (total <= 0) return;
-  combine_kernel<<<fwd_blocks(total, 256), 256, 0, s>>>(ys, weight, n, K, D, out_scale, y);
+  combine_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(ys, weight, n, K, D, out_scale, y);
   check_launch("fwd_moe_combine");
 }
 

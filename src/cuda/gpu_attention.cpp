@@ -110,10 +110,51 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   reserve_attention_state(w, pos0 + n, st, sc);  // no-op when the step was prepared (graph mode)
 
   OpTimer& tm = sc.timer;
-  std::optional<OpRegion> region(std::in_place, tm, "attn.q_kv");
+  std::optional<OpRegion> region;
+  // cuda.streams (sc.branch): the KV row and the compressors (projections and cache steps) run on the side stream
+  // while the query path runs here; they join before the indexer. Null branch: the same launches, serially.
+  const Stream side = sc.branch;
+  branch_fork(side, sc.ev_fork);
+
+  // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
+  float* kv = sc.f("attn.kv", n * Dh);
+  AttendArgs a;
+  a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
+  // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
+  int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
+  std::optional<CompRows> crows, irows;
+  float* hw = nullptr;
+  bool hw_done = false;
+  {
+    const StreamScope on_side(side);
+    region.emplace(tm, "attn.q_kv");
+    nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
+    nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
+    nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
+    tap_put(tap, "attn.kv", kv, {n, Dh});
+
+    region.emplace(tm, "attn.compressor");
+    // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
+    if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
+    if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);
+    if (crows && !(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done))) {
+      project_comp(*w.comp, x, n, *crows, sc);
+      if (irows) project_comp(*w.icomp, x, n, *irows, sc);
+    }
+    if (type != AttnType::Sliding) {
+      compressor_step(*w.comp, rope, c.rms_eps, *crows, n, step, st.comp, nm, /*rotate=*/false);
+      a.entries = st.comp.entries.as<float>();
+      a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
+      a.rate = w.comp->rate;
+      if (type == AttnType::HCA) max_keys += a.ne;
+    }
+    if (type == AttnType::CSA) compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
+  }
+
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
   // With x16 (the FP8 GEMVs' f16 input, made by the norms), qr is normalized into an f16 copy too: wq_b and the
   // indexer's wq_b read it without a conversion launch each.
+  region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
   nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
   auto* qr16 = x16 ? static_cast<uint16_t*>(sc.get("attn.qr16", size_t(n) * size_t(QL) * 2)) : nullptr;
@@ -123,37 +164,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);  // head_rms, then RoPE
   tap_put(tap, "attn.q", q, {n, H, Dh});
 
-  // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
-  float* kv = sc.f("attn.kv", n * Dh);
-  nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
-  nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
-  nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
-  tap_put(tap, "attn.kv", kv, {n, Dh});
-
-  AttendArgs a;
-  a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
-  // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
-  int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
-  region.emplace(tm, "attn.compressor");
-  // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
-  std::optional<CompRows> crows, irows;
-  float* hw = nullptr;
-  bool hw_done = false;
-  if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
-  if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);
-  if (crows && !(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done))) {
-    project_comp(*w.comp, x, n, *crows, sc);
-    if (irows) project_comp(*w.icomp, x, n, *irows, sc);
-  }
-  if (type != AttnType::Sliding) {
-    compressor_step(*w.comp, rope, c.rms_eps, *crows, n, step, st.comp, nm, /*rotate=*/false);
-    a.entries = st.comp.entries.as<float>();
-    a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
-    a.rate = w.comp->rate;
-    if (type == AttnType::HCA) max_keys += a.ne;
-  }
   if (type == AttnType::CSA) {
-    compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
     region.emplace(tm, "attn.indexer");
     const int64_t nh = c.index_heads, dh = c.index_head_dim;
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
@@ -161,6 +172,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
     nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
+    branch_join(side, sc.ev_join);  // the indexer's keys and head weights come from the side stream
     if (!hw_done) nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
     if (nm.official()) {  // official: weights_proj(x) * (dh^-1/2 * nh^-1/2), one bf16 tensor
       fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr);
@@ -198,6 +210,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     max_keys += ia.k_cap;
   }
 
+  if (type != AttnType::CSA) branch_join(side, sc.ev_join);  // kv and the compressor's entries
   region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
   a.q = q;

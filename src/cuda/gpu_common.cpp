@@ -69,7 +69,8 @@ void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64
 }
 
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16) {
-  if (w.fp8) return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.ws) : fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.ws);
+  if (w.fp8)
+    return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.work()) : fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.work());
   detail::fwd_linear(w.d, x, n, ldx, 0, w.d.rows, y, ldy, nullptr);
 }
 
@@ -109,8 +110,23 @@ std::vector<std::pair<std::string, double>> OpTimer::collect() {
   return out;
 }
 
+Scratch::~Scratch() {
+  detail::event_destroy(ev_fork);
+  detail::event_destroy(ev_join);
+  detail::stream_destroy(side);
+}
+
+void Scratch::enable_side() {
+  if (side) return;
+  side = detail::stream_create();
+  ev_fork = detail::event_create_sync();
+  ev_join = detail::event_create_sync();
+}
+
 void* Scratch::get(const std::string& name, size_t bytes) {
-  auto& b = bufs_[name];
+  // Inside a side-stream scope (cuda.streams) each name is its own buffer: the two streams' temporaries never alias.
+  // (Results that cross between them are passed as pointers, looked up once.)
+  auto& b = bufs_[detail::stream_of(nullptr) ? name + "@side" : name];
   if (b.bytes() < bytes || !b.get()) {
     b = DeviceBuffer(std::max<size_t>(bytes, 4));
     ++generation;

@@ -111,9 +111,23 @@ struct OpRegion {  // RAII: times [construction, destruction) when the timer is 
 // reallocation of a session's device memory (scratch and caches): a captured graph is valid while it is unchanged.
 class Scratch {
  public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch();
   Workspace ws;
   OpTimer timer;
   uint64_t generation = 0;
+  // cuda.streams: the side stream and its fork/join events (enable_side, once, outside any capture), its own
+  // workspace (one workspace must not serve concurrent launches), and `branch`: the side stream this forward may
+  // use (null: everything serial on the thread's stream, as with taps or per-op timing).
+  Workspace ws_side;
+  Stream side = nullptr, branch = nullptr;
+  void* ev_fork = nullptr;
+  void* ev_join = nullptr;
+  void enable_side();
+  // The workspace of the stream launches go to now (ws_side inside a StreamScope of the side stream).
+  Workspace& work() { return detail::stream_of(nullptr) ? ws_side : ws; }
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 
@@ -167,7 +181,7 @@ struct GpuGraph {
   void* exec = nullptr;  // cudaGraphExec_t
   const float* logits = nullptr;  // where the graph leaves them
   uint64_t generation = 0;
-  std::array<const void*, 3> workspace{};
+  std::array<const void*, 6> workspace{};
   bool warm = false;  // ran once eagerly with graph bounds at `generation`: the next step may capture
   GpuGraph() = default;
   GpuGraph(const GpuGraph&) = delete;

@@ -228,6 +228,7 @@ class GpuForward : public DeviceForward {
     h2d(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const PdlScope pdl(opt_.cuda_pdl);  // cuda.pdl: this forward's launches (and a capture of them)
+    if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
@@ -242,7 +243,10 @@ class GpuForward : public DeviceForward {
     step.bounds = true;
     auto& g = ds.graphs[n * 4 + int(rows)];  // one captured step per (chunk size, logit rows)
     if (!g) g = std::make_unique<GpuGraph>();
-    const auto marks = [&] { return std::array<const void*, 3>{sc.ws.partial(0), sc.ws.half(0), sc.ws.counters(0)}; };
+    const auto marks = [&] {
+      return std::array<const void*, 6>{sc.ws.partial(0),      sc.ws.half(0),      sc.ws.counters(0),
+                                        sc.ws_side.partial(0), sc.ws_side.half(0), sc.ws_side.counters(0)};
+    };
     const bool same = g->generation == sc.generation && g->workspace == marks();
     if (g->exec && same) {
       graph_launch(g->exec, nullptr);
@@ -285,6 +289,9 @@ class GpuForward : public DeviceForward {
     const auto& c = cfg_;
     const int64_t D = c.hidden, H = c.hc_mult;
     Scratch& sc = ds.scratch;
+    // cuda.streams: independent chains of each sublayer on a side stream (gpu_attention, gpu_moe); serial with
+    // taps (their downloads order against the thread's stream) and per-op timing (regions on one stream).
+    sc.branch = opt_.cuda_streams && !taps && !sc.timer.on ? sc.side : nullptr;
 
     float* X = sc.f("X", n * H * D);
     float* X2 = sc.f("X2", n * H * D);

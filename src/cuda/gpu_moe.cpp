@@ -36,6 +36,7 @@ struct MoeCtx {
   Scratch& sc;
   const Tap& tap;
   GpuNumerics nm;
+  Stream shared_side = nullptr;  // cuda.streams: the shared expert already runs on this stream (joined in combine)
 };
 
 template <Rsf P>
@@ -110,6 +111,22 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
   m.nm.proj_slots(d2, idx, slots, 1, h, I, D, I, ys, D, m.sc);
 }
 
+// The shared expert into `shared` [n, D]: weight 1, never scaled by routed_scaling_factor. It reads only x.
+void shared_expert(const MoeCtx& m, float* shared) {
+  const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit;
+  const OpRegion region(m.sc.timer, "moe.shared");
+  if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
+    auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(m.n) * size_t(m.w.sfp8->w1.rows) * 2));
+    fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, m.n, limit,
+                   h16, shared, m.sc.work());
+  } else {
+    // The release-day official code's shared expert had no SwiGLU clamp.
+    const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
+    expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, m.n, 1,
+               m.w.s1->d.rows, shared_limit, nullptr, shared);
+  }
+}
+
 // Tokens per chunk from which the routed experts run as grouped GEMMs (moe_gate_up_grouped) instead of the decode
 // kernels (8 tokens per expert per pass, every active expert read once per 1024 slots). `plumb bench` crossover
 // lines, H200 (bench/results/h200-moe-prefill-run3), gate+up + down, decode vs grouped: 32 tokens 567 vs 909 us,
@@ -127,6 +144,10 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const bool before = m.opt.weight_before_down || m.nm.official();  // the official order: weight applied before W2
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
+  // The shared expert (shared_expert): on the side stream since gpu_moe's start with cuda.streams (joined here),
+  // else run here, after the routed experts.
+  const bool has_shared = m.w.s1 || m.w.sfp8;
+  float* shared = has_shared ? m.sc.f("moe.shared", r.n * D) : nullptr;
   std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
   const bool grouped = m.w.fp4 && r.n >= kGroupedMinTokens && r.E <= 1024 && I % 128 == 0 && D % 256 == 0;
   if (grouped) {  // cuda.moe_mxfp4 at prefill: grouped GEMMs, each expert's weights read once per 64 of its tokens
@@ -157,20 +178,9 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   }
   region.reset();
   tap_io(m.tap, "ffn.routed", out, {r.n, D});
-  if (m.w.s1 || m.w.sfp8) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
-    float* shared = m.sc.f("moe.shared", r.n * D);
-    region.emplace(m.sc.timer, "moe.shared");
-    if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
-      auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(r.n) * size_t(m.w.sfp8->w1.rows) * 2));
-      fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, r.n,
-                     limit, h16, shared, m.sc.ws);
-    } else {
-      // The release-day official code's shared expert had no SwiGLU clamp.
-      const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
-      expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, r.n, 1,
-                 m.w.s1->d.rows, shared_limit, nullptr, shared);
-    }
-    region.reset();
+  if (has_shared) {
+    if (m.shared_side) branch_join(m.shared_side, m.sc.ev_join);
+    else shared_expert(m, shared);
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
     fwd_add(out, shared, r.n * D, nullptr);
   }
@@ -190,7 +200,15 @@ void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
 
 void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, const uint16_t* x16,
              int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out) {
-  const MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
+  MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
+  // cuda.streams: the shared expert on the side stream from here, beside the router and the routed experts.
+  if ((w.s1 || w.sfp8) && sc.branch) {
+    m.shared_side = sc.branch;
+    float* shared = sc.f("moe.shared", n * c.hidden);
+    branch_fork(sc.branch, sc.ev_fork);
+    const StreamScope on_side(sc.branch);
+    shared_expert(m, shared);
+  }
   if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
   if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
     return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out);

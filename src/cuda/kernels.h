@@ -40,6 +40,23 @@ struct PdlScope {
   bool prev;
 };
 
+// cuda.streams: a side branch of the forward. While a StreamScope lives, launches given a null stream go to its
+// stream (stream_of) instead of the thread's default stream. branch_fork makes `side` wait for everything the
+// thread's current stream has enqueued so far (event `ev`); branch_join makes the current stream wait for
+// everything `side` has enqueued (event `ev`). Under stream capture this forks and joins a branch of the graph.
+// A null `side` makes all three no-ops (the work stays on the thread's stream, serial).
+Stream stream_of(Stream s);  // s, or the scope's stream, or null (the thread's default stream)
+struct StreamScope {
+  explicit StreamScope(Stream s);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+  Stream prev;
+};
+void* event_create_sync();  // an event without timing (for fork and join)
+void branch_fork(Stream side, void* ev);
+void branch_join(Stream side, void* ev);
+
 // Events for timing (bench).
 void* event_create();
 void event_destroy(void* e) noexcept;

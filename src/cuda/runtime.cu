@@ -83,6 +83,31 @@ float event_elapsed_ms(void* start, void* stop) {
 }
 
 namespace {
+thread_local Stream t_stream = nullptr;  // the StreamScope's stream (cuda.streams), else null
+cudaStream_t current(Stream s) { return s ? s : t_stream ? t_stream : cudaStreamPerThread; }
+}  // namespace
+Stream stream_of(Stream s) { return s ? s : t_stream; }
+StreamScope::StreamScope(Stream s) : prev(t_stream) {
+  if (s) t_stream = s;
+}
+StreamScope::~StreamScope() { t_stream = prev; }
+void* event_create_sync() {
+  cudaEvent_t e;
+  PLUMB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void branch_fork(Stream side, void* ev) {
+  if (!side) return;
+  PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), current(nullptr)));
+  PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
+}
+void branch_join(Stream side, void* ev) {
+  if (!side) return;
+  PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), side));
+  PLUMB_CUDA_CHECK(cudaStreamWaitEvent(current(nullptr), static_cast<cudaEvent_t>(ev), 0));
+}
+
+namespace {
 thread_local bool t_pdl = false;  // per thread: two models with different patches may run in one process
 }  // namespace
 bool pdl_enabled() { return t_pdl; }

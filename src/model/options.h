@@ -19,6 +19,7 @@ struct ModelOptions {
   bool cuda_graph = false;          // cuda.graph: decode steps replayed as CUDA graphs (backend cuda)
   bool attn_splitk_decode = false;  // attn.splitk_decode: sparse attention split over keys (backend cuda)
   bool cuda_pdl = false;            // cuda.pdl: kernels launched with programmatic dependent launch (backend cuda)
+  bool cuda_streams = false;        // cuda.streams: independent sublayer chains on a side stream (backend cuda)
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
   bool fault_rsf_twice = false;

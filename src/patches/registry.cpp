@@ -86,6 +86,17 @@ std::vector<Patch> make_registry() {
                // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_pdl = true; }, false, "cuda"});
+  r.push_back({"cuda.streams", "every kernel of a forward on one stream, one after another",
+               "independent chains of a sublayer on a second stream, forked and joined with events (parallel branches "
+               "of the decode graph): the KV row and the compressors (projections, cache steps) beside the query path, "
+               "joined before the indexer; the shared expert beside the router and routed experts, joined before the "
+               "sum; each stream has its own workspace and scratch; serial while taps or per-op timing are on",
+               "a branch that reads a buffer before its producer on the other stream has finished, or two branches "
+               "sharing a scratch buffer, gives results that change from run to run: tested bit-identical to the "
+               "serial launches over graph and eager steps",
+               // The same kernels on the same data; only their overlap changes: bit-identical (tests/cuda). The
+               // tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_streams = true; }, false, "cuda"});
   r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
                "flash-decoding: a block takes one token, 16 heads and a contiguous chunk of keys (staged once in shared "
                "memory for all 16 heads), computes logits and P.V on the fp64 tensor cores with a running max and fp64 "

@@ -223,6 +223,33 @@ TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
   }
 }
 
+// cuda.streams: the KV row and the compressors beside the query path, the shared expert beside the router and the
+// routed experts, on a second stream. A branch that read a buffer before the other stream wrote it, or shared a
+// scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
+// graphed (parallel graph branches) and eager, with the fast kernels, split-K attention, PDL and the official
+// numerics (whose activation-quantization scratch each stream must have for itself).
+TEST_F(GpuTest, StreamsStepsMatchSerialLaunches) {
+  const std::string data = PLUMB_TEST_DATA;
+  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.streams");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "cuda.streams");
+  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode", "cuda.streams,cuda.pdl");
+  expect_graph_matches_eager(data + "/golden/official-mixed", "numerics.official", "cuda.streams");
+  // Eager (chunks above the graphs' 256 tokens run eagerly) with the branches against serial launches.
+  for (const char* fixture : {"/golden/kernel-dims", "/golden/csa-long"}) {
+    const std::string dir = data + fixture;
+    auto serial = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4").options, {}, "cuda");
+    auto branched = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams").options, {}, "cuda");
+    const auto toks = prompt(300, serial->config().vocab);
+    auto sa = serial->new_state(), sb = branched->new_state();
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto a = serial->forward(sa, std::span<const int32_t>(toks.data() + rep * 100, 100));
+      const auto b = branched->forward(sb, std::span<const int32_t>(toks.data() + rep * 100, 100));
+      ASSERT_EQ(a.data.size(), b.data.size());
+      EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << fixture << " eager chunk " << rep;
+    }
+  }
+}
+
 // Generation's forms of a forward on the GPU: no logits for a prefill pass before the last (the head is skipped),
 // the last row only after it; the same bits as the full forward's rows (the fp32 twin head is per row), eager and
 // replayed as graphs (each form captured separately).
