@@ -53,16 +53,20 @@ constexpr int kWarps = 8;
 constexpr int kBN = kGroupTokens;  // tokens per tile
 constexpr int kNT = kBN / 8;       // MMA column tiles
 constexpr int kKC = 128;           // columns per stage: one chunk of the decode layout
-constexpr int kGroupedDefaultVariant = 3;  // GroupedArgs::variant < 0, when the scales fold (else 1)
+constexpr int kGroupedDefaultVariant = kGroupedFoldedDefault;  // GroupedArgs::variant < 0, when the scales fold (else 1)
 // Halfs per staged token row (variants 0-2): 320 bytes, = 64 mod 128, so an LDS.128 phase (8 lanes: 2 token rows x
 // 64 contiguous bytes) touches 32 distinct banks. Variant 3 stages the activations as wgmma core matrices instead
 // (8 tokens x 16 bytes, 128 contiguous bytes each; see tile_wgmma): 16 KB a stage, no padding.
 constexpr int kPitch = kKC + 32;
 constexpr int kStageHalfs = kBN * kPitch;
+// Tokens a block multiplies: variant 4 takes two consecutive tiles of one expert (up to 128 tokens).
 template <int V>
-__host__ __device__ constexpr int x_bytes() { return V == 3 ? kBN * kKC * 2 : kStageHalfs * 2; }
+__host__ __device__ constexpr int block_tokens() { return V == 4 ? 2 * kBN : kBN; }
+template <int V>
+__host__ __device__ constexpr int x_bytes() { return V >= 3 ? block_tokens<V>() * kKC * 2 : kStageHalfs * 2; }
 // Stages of the cp.async ring: variant 3 keeps one more, as its asynchronous MMAs may still read the chunk before
 // the one being computed (it prefetches kStages - 2 chunks ahead, the others kStages - 1).
+// (Variant 4: 4 stages of 49 KB, so 2 chunks ahead.)
 template <int V>
 __host__ __device__ constexpr int stages() { return V == 3 ? 5 : 4; }
 // Variants 1-3's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
@@ -144,7 +148,7 @@ __device__ __forceinline__ void cp4_zfill(uint32_t dst, const void* src, bool va
 template <int NMAT, int V>
 __device__ __forceinline__ int tile_row(int warp, int q) {
   constexpr int MT = 2 / NMAT, ROWS = kWarps * 16 * MT;
-  if constexpr (V == 3 && NMAT == 1) return int(blockIdx.x) * ROWS + (warp >> 2) * 128 + q * 64 + (warp & 3) * 16;
+  if constexpr (V >= 3 && NMAT == 1) return int(blockIdx.x) * ROWS + (warp >> 2) * 128 + q * 64 + (warp & 3) * 16;
   else return int(blockIdx.x) * ROWS + warp * 16 * MT + (q / NMAT) * 16;
 }
 
@@ -154,10 +158,10 @@ struct Tile {
   static constexpr int MT = 2 / NMAT;   // 16-row tiles per matrix and warp
   static constexpr int NQ = NMAT * MT;  // A tiles per warp (2: both kernels)
   static constexpr int ROWS = kWarps * 16 * MT;
-  static constexpr int NX = V == 3 ? 1 : 4;  // activation rows a thread gathers
+  static constexpr int NX = V == 4 ? 2 : V == 3 ? 1 : 4;  // activation rows a thread gathers
   const uint8_t* pw[NQ];        // this lane's fragment of chunk 0, row half 0, of A tile q
   const uint32_t* ps[NQ][2];    // the scale words of rows g and g + 8 of A tile q
-  const __half* src[NX];        // variants 0-2: token rows tid/16 + 16i, piece tid % 16; 3: token row tid/4, lane % 4
+  const __half* src[NX];        // variants 0-2: token rows tid/16 + 16i, piece tid % 16; 3-4: rows tid/4 + 64i, lane % 4
   bool valid[NX];
   uint32_t dst[NX];
   int rq[NQ];                   // first row of A tile q
@@ -175,13 +179,16 @@ struct Tile {
     }
     const __half* x = static_cast<const __half*>(a.x);
     // Rows past the tile's tokens are zero-filled (computed in vain, never stored).
-    if constexpr (V == 3) {
-      // Token row r = tid / 4 (warp w: tokens 8w .. 8w + 7, the w-th core-matrix row block), column quarter t =
-      // lane % 4 of every 32-column group; tile_wgmma places its 4-byte pairs.
-      const int r = tid >> 2, sl = slot_s[r], t = lane & 3;
-      valid[0] = sl >= 0;
-      src[0] = x + (valid[0] ? int64_t(sl / a.x_div) * a.x_ld : 0) + t * 8;
-      dst[0] = smem_u32(xs) + uint32_t(warp * 2048 + (r & 7) * 16 + t * 4);
+    if constexpr (V >= 3) {
+      // Token row r = tid / 4 (+ 64i) (warp w: tokens 8w .. 8w + 7, the w-th core-matrix row block), column
+      // quarter t = lane % 4 of every 32-column group; tile_wgmma places its 4-byte pairs.
+#pragma unroll
+      for (int i = 0; i < NX; ++i) {
+        const int r = (tid >> 2) + 64 * i, sl = slot_s[r], t = lane & 3;
+        valid[i] = sl >= 0;
+        src[i] = x + (valid[i] ? int64_t(sl / a.x_div) * a.x_ld : 0) + t * 8;
+        dst[i] = smem_u32(xs) + uint32_t((warp + 8 * i) * 2048 + (r & 7) * 16 + t * 4);
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -494,6 +501,43 @@ __device__ __forceinline__ void wgmma_rs<8>(float (&d)[8][4], const uint32_t* a,
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+template <>
+__device__ __forceinline__ void wgmma_rs<10>(float (&d)[10][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, "
+      "{%40,%41,%42,%43}, %44, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<12>(float (&d)[12][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<14>(float (&d)[14][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, "
+      "{%56,%57,%58,%59}, %60, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<16>(float (&d)[16][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
 // The B descriptor of k-step ks (16 columns) of the stage at `xs`: no swizzle, core matrices of 8 tokens x 16
 // bytes, the two of a k-step 128 bytes apart (leading byte offset, along K), token blocks of 8 2048 bytes apart
 // (stride byte offset, along N).
@@ -510,24 +554,28 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t xs, int ks) {
 // fragment of k-step s holds the group's columns 8t + 4s + (0, 1) (k 2t, 2t + 1) and 8t + 4s + (2, 3) (k 2t + 8,
 // 2t + 9), so the activations are staged in that order: each thread copies 4-byte column pairs of one token row
 // (cp.async of 4 bytes) to their place in the core matrices (token row r: row r % 8 of core-matrix block r / 8).
-template <int NMAT, int NTV>
-__device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, 3>& T, int cnt, __half* xs, const int* slot_s) {
-  constexpr int kStages = stages<3>();
+template <int NMAT, int V, int NTV>
+__device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& T, int cnt, __half* xs, const int* slot_s) {
+  constexpr int kStages = stages<V>();
   constexpr int kAhead = kStages - 2;  // chunks prefetched
   const int nch = int(a.cols / kKC);
-  constexpr uint32_t SB = uint32_t(stage_bytes<3>());
+  constexpr uint32_t SB = uint32_t(stage_bytes<V>());
+  constexpr int NR = NTV > 8 ? 2 : 1;  // 64-token row blocks staged (variant 4 with more than 64 tokens: both)
   const uint32_t base = smem_u32(xs);
-  const WeightStage<NMAT, 3> ws(T, base);
+  const WeightStage<NMAT, V> ws(T, base);
   auto stage = [&](int c) {
     if (c < nch) {
       const uint32_t off = uint32_t(c % kStages) * SB;
       // Column pair 8t + 2v of group j (v = 2s + h): k-step 2j + s, core matrix h, bytes 4t of the token's row.
-      const __half* src = T.src[0] + int64_t(c) * kKC;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < NR; ++i) {
+        const __half* src = T.src[i] + int64_t(c) * kKC;
 #pragma unroll
-        for (int v = 0; v < 4; ++v)
-          cp4_zfill(T.dst[0] + off + uint32_t((2 * (2 * j + (v >> 1)) + (v & 1)) * 128), src + j * 32 + 2 * v, T.valid[0]);
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int v = 0; v < 4; ++v)
+            cp4_zfill(T.dst[i] + off + uint32_t((2 * (2 * j + (v >> 1)) + (v & 1)) * 128), src + j * 32 + 2 * v, T.valid[i]);
+      }
       ws.copy(T, off, c);
     }
     cp_commit();
@@ -549,10 +597,10 @@ __device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, 3>& 
     fence_proxy_async();    // ... and is visible to the tensor cores' reads
     wgmma_wait<1>();        // this warpgroup's MMAs of chunk c - 2 are done: their stage may be refilled
     __syncthreads();
-    stage(c + kAhead);      // into chunk c - 2's buffer
+    stage(c + kAhead);      // into chunk c - 2's buffer (variant 3; variant 4: c - 2's too, with 4 stages)
     const uint32_t sx = base + uint32_t(c % kStages) * SB;
     uint32_t W[2][2][4], S[2][2];
-    WeightStage<NMAT, 3>::load(sm + size_t(c % kStages) * SB, W, S);
+    WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
 #pragma unroll
     for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
 #pragma unroll
@@ -573,30 +621,39 @@ __device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, 3>& 
   wgmma_touch<NTV>(acc[0]);
   wgmma_touch<NTV>(acc[1]);
   const float us[2] = {a.fold_unscale[0], a.fold_unscale[NMAT - 1]};
-  store_tile<NMAT, 3, NTV>(a, T, acc, cnt, slot_s, us);
+  store_tile<NMAT, V, NTV>(a, T, acc, cnt, slot_s, us);
 }
 
 // Grid (row blocks, tile bound); blocks past the tile count exit.
 template <int NMAT, int VARIANT>
 __global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedArgs a, const GroupLayout L) {
   extern __shared__ __align__(128) __half xs[];  // [stages][stage_bytes<VARIANT>()]
-  __shared__ int slot_s[kBN];
+  constexpr int BT = block_tokens<VARIANT>();
+  __shared__ int slot_s[BT];
   const int tile = int(blockIdx.y);
   if (tile >= a.groups[0]) return;
   const int e = a.groups[L.tiles + 2 * tile], start = a.groups[L.tiles + 2 * tile + 1];
-  const int cnt = min(kBN, a.groups[L.offs + e + 1] - start);
+  // Variant 4: the block of an expert's even tile also takes the odd one after it; the odd tile's block exits.
+  if (BT > kBN && ((start - a.groups[L.offs + e]) / kBN) % 2) return;
+  const int cnt = min(BT, a.groups[L.offs + e + 1] - start);
   const int tid = int(threadIdx.x);
-  if (tid < kBN) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
+  if (tid < BT) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
   __syncthreads();
   Tile<NMAT, VARIANT> T(a, e, xs, slot_s);
   const int ntv = (cnt + 7) / 8;
   if constexpr (VARIANT == 0) {
     tile_registers<NMAT>(a, T, cnt, xs, slot_s);
-  } else if constexpr (VARIANT == 3) {  // N = 16, 32, 48 or 64 tokens: at most one 8-token block in vain
-    if (ntv <= 2) tile_wgmma<NMAT, 2>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 4) tile_wgmma<NMAT, 4>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 6) tile_wgmma<NMAT, 6>(a, T, cnt, xs, slot_s);
-    else tile_wgmma<NMAT, kNT>(a, T, cnt, xs, slot_s);
+  } else if constexpr (VARIANT >= 3) {  // N = 16, 32, .. 64 (128) tokens: at most one 8-token block in vain
+    if (ntv <= 2) tile_wgmma<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 4) tile_wgmma<NMAT, VARIANT, 4>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 6) tile_wgmma<NMAT, VARIANT, 6>(a, T, cnt, xs, slot_s);
+    else if (VARIANT == 3 || ntv <= 8) tile_wgmma<NMAT, VARIANT, 8>(a, T, cnt, xs, slot_s);
+    else if constexpr (VARIANT == 4) {
+      if (ntv <= 10) tile_wgmma<NMAT, VARIANT, 10>(a, T, cnt, xs, slot_s);
+      else if (ntv <= 12) tile_wgmma<NMAT, VARIANT, 12>(a, T, cnt, xs, slot_s);
+      else if (ntv <= 14) tile_wgmma<NMAT, VARIANT, 14>(a, T, cnt, xs, slot_s);
+      else tile_wgmma<NMAT, VARIANT, 16>(a, T, cnt, xs, slot_s);
+    }
   } else {  // 2, 4, 6 or 8 column tiles: at most one computed in vain
     if (ntv <= 2) tile_staged<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s);
     else if (ntv <= 4) tile_staged<NMAT, VARIANT, 4>(a, T, cnt, xs, slot_s);
@@ -630,7 +687,8 @@ void launch_grouped_v(const GroupedArgs& a, int v, Stream s) {
     case 0: return launch_grouped_t<NMAT, 0>(a, s);
     case 1: return launch_grouped_t<NMAT, 1>(a, s);
     case 2: return launch_grouped_t<NMAT, 2>(a, s);
-    default: return launch_grouped_t<NMAT, 3>(a, s);
+    case 3: return launch_grouped_t<NMAT, 3>(a, s);
+    default: return launch_grouped_t<NMAT, 4>(a, s);
   }
 }
 
@@ -656,7 +714,7 @@ void launch_moe_grouped(const GroupedArgs& a, Stream s) {
     throw_arg("moe grouped: activations must be 16-byte aligned, rows included");
   // The default: the folded-scale kernel where the scales allow it, else the per-group scale (variant 1).
   const int v = a.variant < 0 ? (a.fold_ok ? kGroupedDefaultVariant : 1) : a.variant;
-  if (v > 3) throw_arg("moe grouped: variant must be 0..3");
+  if (v > 4) throw_arg("moe grouped: variant must be 0..4");
   if (v >= 2 && !a.fold_ok)
     throw_arg("moe grouped: variant " + std::to_string(v) + " folds the scales into f16 weights, which needs the E8M0 "
               "scale bytes within 24 of each other (Fp4Matrices::scale_lo/hi)");

@@ -500,10 +500,11 @@ std::vector<int32_t> skewed_routing(Rng& rng, int n, int K, int64_t E) {
 }  // namespace
 
 // Small shapes, every output against the CPU twin (gate/up with SwiGLU, f16 h; down from that h, fp32), with and
-// without the routing weight before W2, and the grouping itself exactly; every kernel variant (0-3, moe_prefill.cu),
+// without the routing weight before W2, and the grouping itself exactly; every kernel variant (0-4, moe_prefill.cu),
 // for three scale ranges: the usual one (118..124), one at the limit of the folded-scale variants (98..122: 24 apart,
-// so codes reach 0.5 * 2^-23 = 2^-24, the least f16 subnormal, inside variants 2-3), and one past it (97..122),
-// where variants 2 and 3 must be refused and the default must be variant 1, bit for bit.
+// so codes reach 0.5 * 2^-23 = 2^-24, the least f16 subnormal, inside variants 2-4), and one past it (97..122),
+// where variants 2-4 must be refused and the default must be variant 1, bit for bit. Expert 2's 150 slots make
+// tiles of 64, 64 and 22 (variant 4: one block of 128 and one of 22).
 TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
   for (const auto& [slo, shi] : std::vector<std::pair<int, int>>{{118, 124}, {98, 122}, {97, 122}}) {
   Rng rng(21);
@@ -524,7 +525,7 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
   cuda::synchronize();
   expect_groups(idx, n, K, E, groups);
   std::vector<float> h_v1, ys_v1;  // variant 1's outputs (pre = false), for the default's check
-  for (int variant = 0; variant < 4; ++variant)
+  for (int variant = 0; variant < 5; ++variant)
   for (bool pre : {false, true}) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
     h16.fill_byte(0xFF), ys.fill_byte(0xFF);
@@ -532,8 +533,9 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
     if (variant >= 2 && !foldable) {  // the scales are too far apart to fold: refused by name
       EXPECT_THROW(cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, limit, nullptr, h16.as<uint16_t>(), ws,
                                              nullptr, variant),
-                   plumb::Error);
-      EXPECT_THROW(cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), nullptr, variant), plumb::Error);
+                   std::runtime_error);
+      EXPECT_THROW(cuda::moe_down_grouped(m, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), nullptr, variant),
+                   std::runtime_error);
       continue;
     }
     cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, limit, pre ? wd.as<float>() : nullptr,
@@ -570,7 +572,7 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
     expect_close(tag + " gate/up h16 vs twin", hg, rounded_f16(h_twin), I, 2e-3);
     expect_close(tag + " down (h16 in) vs twin", ysg, ys_twin, D, 1e-4);
   }
-  // The default: variant 3 where the scales fold (checked above as variant 3), else variant 1 bit for bit.
+  // The default: variant kGroupedFoldedDefault where the scales fold (checked above), else variant 1 bit for bit.
   if (!foldable) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
     cuda::Workspace ws;
@@ -632,11 +634,11 @@ TEST_F(CudaMoe, GroupedPrefillFoldExtremes) {
   for (int s = 0; s < S; ++s) pw[size_t(s)] = s % 2 ? 1.0f : std::ldexp(1.0f, 40);
   cuda::DeviceBuffer di = cuda::to_device(idx), pd = cuda::to_device(pw), groups(cuda::moe_group_bytes(n, K, E));
   cuda::moe_group(di.as<int32_t>(), n, K, E, groups.get());
-  std::vector<float> h[4], y[4];
+  std::vector<float> h[5], y[5];
   cuda::DeviceBuffer hin(size_t(S * I) * 2);
   cuda::Workspace ws;
   cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, 0.0, pd.as<float>(), hin.as<uint16_t>(), ws, nullptr, 1);
-  for (int v : {1, 2, 3}) {
+  for (int v : {1, 2, 3, 4}) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
     cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, 0.0, pd.as<float>(), h16.as<uint16_t>(), ws, nullptr, v);
     cuda::moe_down_grouped(m, groups.get(), n, K, hin.as<uint16_t>(), ys.as<float>(), nullptr, v);
@@ -644,7 +646,7 @@ TEST_F(CudaMoe, GroupedPrefillFoldExtremes) {
     h[v] = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
     y[v] = cuda::to_host<float>(ys, size_t(S * D));
   }
-  for (int v : {2, 3})
+  for (int v : {2, 3, 4})
     for (int e = 0; e < 2; ++e) {
       std::vector<float> hv, hr, yv, yr;
       for (int s = e; s < S; s += 2) {
@@ -700,8 +702,9 @@ TEST_F(CudaMoe, GroupedPrefillRealShapes) {
   // from the same h: fp32 summation order only), the folded ones (2, 3) also against variant 1 (their summation
   // order differs: no per-group partial sums), and sampled outputs of each against the fp64 twin.
   std::vector<float> hv1, yv1;
-  std::vector<std::vector<float>> hvs(4), yvs(4);
-  for (int variant = 0; variant < 4; ++variant) {
+  constexpr int NV = 5;
+  std::vector<std::vector<float>> hvs(NV), yvs(NV);
+  for (int variant = 0; variant < NV; ++variant) {
     cuda::DeviceBuffer hv(size_t(S * I) * 2), yv(size_t(S * D) * 4);
     hv.fill_byte(0xFF), yv.fill_byte(0xFF);
     cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::BF16, 10.0, nullptr, hv.as<uint16_t>(), ws, nullptr, variant);
@@ -717,25 +720,25 @@ TEST_F(CudaMoe, GroupedPrefillRealShapes) {
       expect_close(v + " down vs variant 1", yvs[size_t(variant)], yvs[1], D, 1e-5);
     }
   }
-  // The default is the folded wgmma kernel (variant 3) for these scales: the same bits.
-  EXPECT_EQ(hg, hvs[3]) << "default gate/up is not variant 3";
-  EXPECT_EQ(ysg, yvs[3]) << "default down is not variant 3";
+  // The default is the folded kernel kGroupedFoldedDefault for these scales: the same bits.
+  EXPECT_EQ(hg, hvs[size_t(cuda::detail::kGroupedFoldedDefault)]) << "default gate/up is not kGroupedFoldedDefault";
+  EXPECT_EQ(ysg, yvs[size_t(cuda::detail::kGroupedFoldedDefault)]) << "default down is not kGroupedFoldedDefault";
   std::vector<float> hs_ref, ys_ref;
-  std::vector<std::vector<float>> hs(4), ysv(4);
+  std::vector<std::vector<float>> hs(NV), ysv(NV);
   std::vector<float> row(size_t(std::max(D, I)));
   for (int s = 0; s < S; s += 7) {
     const auto& ex = f->w.experts[size_t(idx[size_t(s)])];
     const float* xs = x.f16.data() + (s / K) * D;
     for (int64_t r = s % 29; r < I; r += 29) {
-      for (int v = 0; v < 4; ++v) hs[size_t(v)].push_back(hvs[size_t(v)][size_t(s * I + r)]);
+      for (int v = 0; v < NV; ++v) hs[size_t(v)].push_back(hvs[size_t(v)][size_t(s * I + r)]);
       hs_ref.push_back(round_f16(swiglu_cpu({float(dot64(ex.w1, r, xs, row))}, {float(dot64(ex.w3, r, xs, row))}, 10.0f)[0]));
     }
     for (int64_t r = s % 37; r < D; r += 37) {  // down's input: the default's h (h16), as every variant's down read it
-      for (int v = 0; v < 4; ++v) ysv[size_t(v)].push_back(yvs[size_t(v)][size_t(s * D + r)]);
+      for (int v = 0; v < NV; ++v) ysv[size_t(v)].push_back(yvs[size_t(v)][size_t(s * D + r)]);
       ys_ref.push_back(float(dot64(ex.w2, r, hg.data() + s * I, row)));
     }
   }
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < NV; ++v) {
     const std::string t = "grouped moe real shapes (variant " + std::to_string(v) + ")";
     expect_close(t + " gate/up sampled vs fp64 twin", hs[size_t(v)], hs_ref, int64_t(hs_ref.size()), 2e-3);
     expect_close(t + " down sampled vs fp64 twin", ysv[size_t(v)], ys_ref, int64_t(ys_ref.size()), 1e-4);
