@@ -180,7 +180,7 @@ struct GroupedArgs {
   const float* pre_weight = nullptr;  // nmat 2: h *= pre_weight[slot]
   float limit = 0.0f;
   int variant = -1;  // kernel variant 0..4 (moe_prefill.cu; `plumb bench` times each); < 0: the default
-  // Variants 2 and 3 fold the E8M0 scale into the f16 weights (moe_prefill.cu): per matrix, the word added to the
+  // Variants 2-4 fold the E8M0 scale into the f16 weights (moe_prefill.cu): per matrix, the word added to the
   // scale bytes to make the f16 exponent fields of the multipliers, and the fp32 factor that takes the fold out of
   // the outputs (fold_scales). fold_ok false: the matrices' scale range does not allow it (default: variant 1).
   bool fold_ok = false;

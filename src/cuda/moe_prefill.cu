@@ -1,5 +1,5 @@
 // Prefill MoE on MXFP4 experts (W4A16): the routing grouped per expert on the device, then grouped GEMMs (gate+up
-// with SwiGLU, down) in which a block reads its expert's weight rows once for a tile of up to 64 tokens.
+// with SwiGLU, down) in which a block reads its expert's weight rows once for up to 64 tokens (variant 4: 128).
 //
 // Two numerics (GroupedArgs::variant):
 // * Variants 0 and 1: the decode kernels' (gemv.cu): f16 activations, the E2M1 codes turned into f16 by bit
@@ -7,23 +7,26 @@
 //   group's E8M0 scale multiplies into the fp32 accumulator (fp4_mma_group), K in increasing order; the same SwiGLU
 //   epilogue. Only the grouping of tokens into MMA columns differs, and columns do not interact in an MMA, so each
 //   output is the same sum in the same order as one warp of the decode kernel would form over all of K.
-// * Variants 2 and 3 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into
-//   the accumulators (no per-group partial, no FFMA): each f16 code v * 2^-14 is multiplied (mul.rn.f16x2) by the
-//   f16 power of two 2^(b - hi - 13) for scale byte b, where hi is the largest scale byte of the matrix set
+// * Variants 2-4 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into the
+//   accumulators (no per-group partial, no FFMA): each f16 code v * 2^-14 is multiplied (mul.rn.f16x2) by the f16
+//   power of two 2^(b - hi - 13) for scale byte b, where hi is the largest scale byte of the matrix set
 //   (Fp4Matrices::scale_hi, measured at upload); the product v * 2^(b - hi + 1) is exact in f16 (normal or
-//   subnormal) as long as b - hi >= -24 (fold_scales in kernels.h, tested for every range by
-//   CudaMoeFold.FoldedWeightsAreExactF16), and the fp32 outputs are multiplied by 2^(hi - 128) (exact). Every
-//   product w * x is thus the same exact value as in variants 0-1; only the fp32 summation order differs (the
-//   tensor cores add each k-step into the running sum instead of into a per-group partial). Measured (tests): h one
-//   f16 ulp apart at most from variant 1 and the decode kernels, down within ~1e-6 of max |y|. Matrix sets whose scale
-//   bytes span more than 24 octaves are refused by variants 2-3; the default then is variant 1.
+//   subnormal) as long as b - hi >= -24 (fold_scales in kernels.h, checked for every range by
+//   CudaMoeFold.FoldedWeightsAreExactF16 and at both ends on the GPU by CudaMoe.GroupedPrefillFoldExtremes), and the
+//   fp32 outputs are multiplied by 2^(hi - 128) (exact). Every product w * x is the same exact value as in variants
+//   0-1; only the fp32 summation differs: each k-step goes into the running sum instead of a fresh per-group
+//   partial, and the tensor cores' fp32 addition into a large running sum keeps fewer low bits. Measured (H200,
+//   tests/cuda CudaMoe.GroupedPrefill*, bench/results/h200-moe-prefill-folded): h (f16) one ulp from variant 1
+//   and the decode kernels at most (normalized 6.3e-4); down 2.8e-6 of max |y| from variant 1 and 2.9e-6 from the
+//   fp64 twin (variant 1: 3.1e-7); variants 2, 3 and 4 gave the same worst elements everywhere. Matrix sets whose
+//   scale bytes span more than 24 octaves are refused by variants 2-4 (by name); the default then is variant 1.
 //
 // Block tile (all variants): 8 warps, a block owns 128 (gate+up: of w1 and of w3, for the fused SwiGLU) or 256
-// (down) weight rows of its tile's expert and all 64 tokens of the tile; a warp owns 32 of those rows (gate+up: the
-// same 16 rows of w1 and w3; down: 2 x 16 rows of w2) and decodes its weights once per 128-column chunk for all 64
-// tokens (64 fp32 accumulators per lane). The tokens' activations are gathered by slot into shared memory, a
-// cp.async ring of 128-column chunks. Grid: (row blocks, tile bound), blocks past the device-side tile count exit
-// at once, so nothing returns to the host.
+// (down) weight rows of its tile's expert and all the tile's tokens (64; variant 4: 128); a warp owns 32 of those
+// rows (gate+up: the same 16 rows of w1 and w3; down: 2 x 16 rows of w2) and decodes its weights once per
+// 128-column chunk for all the tokens (64 fp32 accumulators per lane; variant 4: 128). The tokens' activations are
+// gathered by slot into shared memory, a cp.async ring of 128-column chunks. Grid: (row blocks, tile bound),
+// blocks past the device-side tile count exit at once, so nothing returns to the host.
 //   0 "registers": a warp's weight fragments go from global memory straight into its registers (one 16-byte load
 //     per lane is a fragment), one chunk ahead; column tiles past the tile's tokens are skipped by a run-time test;
 //     activations read as B fragments (one 16-byte load per lane and group).
@@ -32,16 +35,24 @@
 //     whose 2 x NTV MMA chains the compiler interleaves. 255 registers with a few spilled words (ptxas: 72 / 152
 //     bytes of spill stores for down / gate+up).
 //   2 "folded mma.sync": variant 1 with the folded scale (no spills: 176-180 registers).
-//   3 "folded wgmma" (the default where the scales fold): the two warpgroups of the block each multiply 64-row A
-//     tiles held in registers (the decoded, folded weights: wgmma's register operand has mma.m16n8k16's A layout
-//     per warp) by the tile's tokens read by the tensor cores from shared memory (B through a matrix descriptor),
-//     m64nNk16 with N = 16, 32, 48 or 64 tokens; asynchronous, one commit group (4 wgmma) per 32-column group in
-//     flight while the next group is decoded (tile_wgmma). 5 stages, 167 registers, no spills.
-// H200, `plumb bench`: see the numbers at the bottom of this comment.
-//   Earlier (bench/results/h200-moe-prefill-run3), TFLOP/s gate+up / down: 8K tokens: variant 0 188 / 189, variant
-//   1 226 / 240; 1K tokens: 115 / 116 and 157 / 159 (run2 holds the dropped variants). Two variants measured there
-//   and dropped: the staging alone with the run-time test per column tile (173 / 179 at 8K) and per batch of 4
-//   column tiles (217 / 226, no spills).
+//   3 "folded wgmma": the two warpgroups of the block each multiply 64-row A tiles held in registers (the decoded,
+//     folded weights: wgmma's register operand has mma.m16n8k16's A layout per warp) by the tile's tokens, read by
+//     the tensor cores from shared memory (B through a matrix descriptor, no swizzle), m64nNk16 with N = 16, 32, 48
+//     or 64; asynchronous, one commit group (4 wgmma) per 32-column group in flight while the next group is
+//     decoded (tile_wgmma). 5 stages, 167 registers, no spills.
+//   4 "folded wgmma, 128 tokens" (the default where the scales fold, kGroupedFoldedDefault): variant 3 over two
+//     consecutive tiles of one expert (the block of an expert's even tile takes the odd one after it, whose block
+//     exits), N = 16 .. 128: half the weight decoding and staging per token. 4 stages of 49 KB, 236 registers, no
+//     spills.
+// H200 (bench/results/h200-moe-prefill-folded/bench.txt, bf16 cuBLASLt rate 800 TFLOP/s in the same run; V4-Flash
+// E256 top-6, uniform routing), TFLOP/s gate+up / down and % of bf16:
+//   8K tokens: variant 1 224 / 245 (27.9 / 30.6 %), 2 280 / 301 (34.9 / 37.6 %), 3 300 / 302 (37.4 / 37.8 %),
+//              4 308 / 344 (38.5 / 43.0 %); routed total (grouping, both GEMMs, combine) 306 (38.3 %).
+//   1K tokens: variant 1 155 / 157, 2 176 / 176 (21.9 / 22.0 %), 3 165 / 171, 4 164 / 164 (20.5 / 20.5 %): at 1K (24
+//              slots per expert) variant 2 is 7 % faster than the default; a size-based default is left to do.
+//   Earlier (bench/results/h200-moe-prefill-run3): 8K: variant 0 188 / 189, variant 1 226 / 240; 1K: 115 / 116 and
+//   157 / 159 (run2 holds the dropped variants). Two variants measured there and dropped: the staging alone with the
+//   run-time test per column tile (173 / 179 at 8K) and per batch of 4 column tiles (217 / 226, no spills).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
