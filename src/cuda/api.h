@@ -103,6 +103,10 @@ class Workspace {
 struct Fp4Matrices {
   DeviceBuffer codes, scales;
   int64_t count = 0, rows = 0, cols = 0;
+  // The range of the E8M0 scale bytes over all `count` matrices (upload_fp4 measures it; whoever fills an alloc_fp4
+  // on the device must set it). The prefill kernels that fold the scale into the f16 weights (moe_prefill.cu,
+  // variants 2-4) need scale_hi - scale_lo <= 24; the full range (unknown) keeps them off.
+  int scale_lo = 0, scale_hi = 255;
   size_t code_bytes() const { return size_t(rows * cols / 2); }   // per matrix
   size_t scale_bytes() const { return size_t(rows * cols / 32); }  // per matrix
 };

@@ -153,13 +153,17 @@ Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vect
   PLUMB_CHECK(codes.size() == scales.size() && !codes.empty(), "upload_fp4: {} code and {} scale tensors", codes.size(),
               scales.size());
   Fp4Matrices m = alloc_fp4(int64_t(codes.size()), rows, cols);
+  int lo = 255, hi = 0;
   for (size_t i = 0; i < codes.size(); ++i) {
-    for (size_t b = 0; b < m.scale_bytes(); ++b)
+    for (size_t b = 0; b < m.scale_bytes(); ++b) {
       PLUMB_CHECK(scales[i][b] != 0xFF, "upload_fp4: matrix {} has a NaN (0xFF) E8M0 scale at {}", i, b);
+      lo = std::min(lo, int(scales[i][b])), hi = std::max(hi, int(scales[i][b]));
+    }
     const auto rp = repack_fp4_decode(codes[i], rows, cols);
     m.codes.upload(rp.data(), rp.size(), i * m.code_bytes());
     m.scales.upload(scales[i], m.scale_bytes(), i * m.scale_bytes());
   }
+  m.scale_lo = lo, m.scale_hi = hi;
   return m;
 }
 
@@ -428,6 +432,7 @@ d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int
   a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
   a.rows = w.rows, a.cols = w.cols;
   a.groups = static_cast<const int32_t*>(groups), a.slots = n * K, a.E = int(E);
+  a.fold_ok = d::fold_scales(w.scale_lo, w.scale_hi, a.fold_add[0], a.fold_unscale[0]);
   return a;
 }
 
@@ -468,6 +473,7 @@ void moe_gate_up_grouped(const MoeExperts& m, const void* groups, int n, int K, 
                          const float* pre_weight, uint16_t* h16, Workspace& ws, Stream s, int variant) {
   d::GroupedArgs a = grouped_args(m.w1, groups, n, K, m.E, variant);
   a.nmat = 2, a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
+  a.fold_ok = d::fold_scales(m.w3.scale_lo, m.w3.scale_hi, a.fold_add[1], a.fold_unscale[1]) && a.fold_ok;
   int64_t ldx = m.D;
   a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
   a.x_ld = ldx, a.x_div = K;

@@ -201,11 +201,14 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
         }));
     add("moe prefill: down grouped (w2 FP4)", n, sl * f_dn,
         B.time([&](int) { moe_down_grouped(moe, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), S); }));
-    for (int v = 0; v < 2; ++v) {  // the kernel variants (moe_prefill.cu)
-      add(fmt::format("  gate+up, variant {}", v), n, sl * f_gu, B.time([&](int) {
+    // The kernel variants (moe_prefill.cu; the default is kGroupedFoldedDefault when the scales fold, as here).
+    static const char* const vname[5] = {"0 registers", "1 staged", "2 folded mma.sync", "3 folded wgmma",
+                                         "4 folded wgmma, 128 tokens"};
+    for (int v = 0; v < 5; ++v) {
+      add(fmt::format("  gate+up, variant {}", vname[v]), n, sl * f_gu, B.time([&](int) {
             moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S, v);
           }));
-      add(fmt::format("  down, variant {}", v), n, sl * f_dn,
+      add(fmt::format("  down, variant {}", vname[v]), n, sl * f_dn,
           B.time([&](int) { moe_down_grouped(moe, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), S, v); }));
     }
     add("moe prefill: routed total (+ combine)", n, sl * (f_gu + f_dn), B.time([&](int) {
@@ -230,6 +233,24 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
     ok = ok && g[0] == tile;
     fmt::print("check moe group n={}: {} ({} tiles of <= {} slots)\n", n, ok ? "exact" : "MISMATCH", g[0], d::kGroupTokens);
     B.checks.push_back({{"kernel", "moe group"}, {"batch", n}, {"exact", ok}});
+    {  // the default (folded-scale) gate+up against variant 1 (the decode numerics) on all of this routing
+      DeviceBuffer hsave(size_t(n) * K * size_t(I) * 2);
+      d::copy_d2d(hsave.get(), h16.get(), hsave.bytes(), S);
+      moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S, 1);
+      d::dsync();
+      const auto a = to_host<uint16_t>(hsave, size_t(n) * K * size_t(I)), b = to_host<uint16_t>(h16, size_t(n) * K * size_t(I));
+      double max_err = 0, max_ref = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double va = fmt8::f16_to_f32(a[i]), vb = fmt8::f16_to_f32(b[i]);
+        max_ref = std::max(max_ref, std::fabs(vb));
+        max_err = std::isfinite(va) ? std::max(max_err, std::fabs(va - vb)) : INFINITY;
+      }
+      fmt::print("check moe gate+up grouped default vs variant 1 n={}: max |diff| = {:.3e} (max |ref| {:.3e}, normalized {:.2e})\n",
+                 n, max_err, max_ref, max_err / std::max(max_ref, 1e-30));
+      B.checks.push_back({{"kernel", "moe gate+up grouped default vs variant 1"}, {"batch", n}, {"max_abs_err", max_err},
+                          {"max_ref", max_ref}, {"normalized", max_err / std::max(max_ref, 1e-30)}});
+      d::copy_d2d(h16.get(), hsave.get(), hsave.bytes(), S);
+    }
     if (n == 1024) {
       DeviceBuffer hsave(size_t(n) * K * size_t(I) * 2);
       d::copy_d2d(hsave.get(), h16.get(), hsave.bytes(), S);
@@ -328,6 +349,7 @@ int run_bench(const BenchOptions& opt) {
   for (Fp4Matrices* m : {&moe.w1, &moe.w3, &moe.w2}) {
     d::fill(m->codes.get(), m->codes.bytes(), d::kFillBytes, seed++, 0, 0);
     d::fill(m->scales.get(), m->scales.bytes(), d::kFillE8M0, seed++, 116, 122);
+    m->scale_lo = 116, m->scale_hi = 122;  // filled on the device: the range the folded-scale prefill kernels check
   }
   const int ngate = copies_for(double(E * D * 2));
   std::vector<RouterWeights> rws(static_cast<size_t>(ngate));

@@ -4,6 +4,7 @@
 // std::runtime_error (plumb::Error's base) with the CUDA call, file and line.
 #pragma once
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -195,8 +196,27 @@ struct GroupedArgs {
   int slots = 0, E = 0;
   const float* pre_weight = nullptr;  // nmat 2: h *= pre_weight[slot]
   float limit = 0.0f;
-  int variant = -1;  // kernel variant 0 or 1 (moe_prefill.cu; `plumb bench` times each); < 0: the default
+  int variant = -1;  // kernel variant 0..4 (moe_prefill.cu; `plumb bench` times each); < 0: the default
+  // Variants 2-4 fold the E8M0 scale into the f16 weights (moe_prefill.cu): per matrix, the word added to the
+  // scale bytes to make the f16 exponent fields of the multipliers, and the fp32 factor that takes the fold out of
+  // the outputs (fold_scales). fold_ok false: the matrices' scale range does not allow it (default: variant 1).
+  bool fold_ok = false;
+  uint32_t fold_add[2] = {0, 0};
+  float fold_unscale[2] = {0.0f, 0.0f};
 };
+// The default variant where the scales fold (fold_ok); variant 1 where they do not.
+constexpr int kGroupedFoldedDefault = 4;
+// Whether matrices whose E8M0 scale bytes lie in [lo, hi] can take the folded-scale kernels, and their constants.
+// Byte b becomes the f16 multiplier 2^(b - hi - 13) (exponent field b - hi + 30, in [6, 30] for hi - lo <= 24), so
+// a code v (entering as v * 2^-14, fp4_frag) becomes v * 2^(b - hi + 1) = v * 2^(b - 127) * 2^(128 - hi): exact in
+// f16 (|v| in {0.5 .. 6} has two significant bits at most, its lowest >= 2^-1; 0.5 * 2^-23 = 2^-24 is the least
+// f16 subnormal, 6 * 2 = 12 is far below the largest normal). The fp32 outputs are multiplied by 2^(hi - 128).
+inline bool fold_scales(int lo, int hi, uint32_t& add, float& unscale) {
+  if (lo < 0 || hi > 254 || hi - lo > 24 || hi < 2) return false;
+  add = uint32_t(30 - hi) * 0x01010101u;  // per byte, no carry or borrow: b - hi + 30 stays in [6, 30]
+  unscale = std::ldexp(1.0f, hi - 128);
+  return true;
+}
 void launch_moe_grouped(const GroupedArgs& a, Stream s);
 
 }  // namespace plumb::cuda::detail

@@ -1,29 +1,58 @@
 // Prefill MoE on MXFP4 experts (W4A16): the routing grouped per expert on the device, then grouped GEMMs (gate+up
-// with SwiGLU, down) in which a block reads its expert's weight rows once for a tile of up to 64 tokens.
+// with SwiGLU, down) in which a block reads its expert's weight rows once for up to 64 tokens (variant 4: 128).
 //
-// Numerics are the decode kernels' (gemv.cu): f16 activations, the E2M1 codes turned into f16 by bit placement
-// (exact, fp4_frag), two mma.m16n8k16 per 32-column scale group into a fresh fp32 partial sum that the group's E8M0
-// scale multiplies into the fp32 accumulator (fp4_mma_group), K in increasing order; the same SwiGLU epilogue.
-// Only the grouping of tokens into MMA columns differs, and columns do not interact in an MMA, so each output is
-// the same sum in the same order as one warp of the decode kernel would form over all of K.
+// Two numerics (GroupedArgs::variant):
+// * Variants 0 and 1: the decode kernels' (gemv.cu): f16 activations, the E2M1 codes turned into f16 by bit
+//   placement (exact, fp4_frag), two mma.m16n8k16 per 32-column scale group into a fresh fp32 partial sum that the
+//   group's E8M0 scale multiplies into the fp32 accumulator (fp4_mma_group), K in increasing order; the same SwiGLU
+//   epilogue. Only the grouping of tokens into MMA columns differs, and columns do not interact in an MMA, so each
+//   output is the same sum in the same order as one warp of the decode kernel would form over all of K.
+// * Variants 2-4 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into the
+//   accumulators (no per-group partial, no FFMA): each f16 code v * 2^-14 is multiplied (mul.rn.f16x2) by the f16
+//   power of two 2^(b - hi - 13) for scale byte b, where hi is the largest scale byte of the matrix set
+//   (Fp4Matrices::scale_hi, measured at upload); the product v * 2^(b - hi + 1) is exact in f16 (normal or
+//   subnormal) as long as b - hi >= -24 (fold_scales in kernels.h, checked for every range by
+//   CudaMoeFold.FoldedWeightsAreExactF16 and at both ends on the GPU by CudaMoe.GroupedPrefillFoldExtremes), and the
+//   fp32 outputs are multiplied by 2^(hi - 128) (exact). Every product w * x is the same exact value as in variants
+//   0-1; only the fp32 summation differs: each k-step goes into the running sum instead of a fresh per-group
+//   partial, and the tensor cores' fp32 addition into a large running sum keeps fewer low bits. Measured (H200,
+//   tests/cuda CudaMoe.GroupedPrefill*, bench/results/h200-moe-prefill-folded): h (f16) one ulp from variant 1
+//   and the decode kernels at most (normalized 6.3e-4); down 2.8e-6 of max |y| from variant 1 and 2.9e-6 from the
+//   fp64 twin (variant 1: 3.1e-7); variants 2, 3 and 4 gave the same worst elements everywhere. Matrix sets whose
+//   scale bytes span more than 24 octaves are refused by variants 2-4 (by name); the default then is variant 1.
 //
-// Block tile: 8 warps; a warp owns 32 weight rows (gate+up: the same 16 rows of w1 and w3, for the fused SwiGLU;
-// down: 2 x 16 rows of w2) and all 64 tokens of the tile (8 MMA column tiles, 64 fp32 accumulators per lane). Its
-// weights are decoded once per 128-column chunk for all 64 tokens. The tokens' activations are gathered by slot
-// into shared memory, a 4-stage cp.async ring of 128-column chunks, and read as B fragments (one 16-byte load per
-// lane and group). Rows per block: 128 (gate+up) / 256 (down); grid: (row blocks, tile bound), blocks past the
-// device-side tile count exit at once, so nothing returns to the host. Two variants (GroupedArgs::variant):
+// Block tile (all variants): 8 warps, a block owns 128 (gate+up: of w1 and of w3, for the fused SwiGLU) or 256
+// (down) weight rows of its tile's expert and all the tile's tokens (64; variant 4: 128); a warp owns 32 of those
+// rows (gate+up: the same 16 rows of w1 and w3; down: 2 x 16 rows of w2) and decodes its weights once per
+// 128-column chunk for all the tokens (64 fp32 accumulators per lane; variant 4: 128). The tokens' activations are
+// gathered by slot into shared memory, a cp.async ring of 128-column chunks. Grid: (row blocks, tile bound),
+// blocks past the device-side tile count exit at once, so nothing returns to the host.
 //   0 "registers": a warp's weight fragments go from global memory straight into its registers (one 16-byte load
-//     per lane is a fragment), one chunk ahead; column tiles past the tile's tokens are skipped by a run-time test.
-//   1 "staged" (the default): the weight fragments and scales ride in the activations' cp.async ring (each warp
-//     copies its own, 4 stages deep), and the column-tile loop is specialized for 2, 4, 6 or 8 column tiles:
-//     straight-line code whose 2 x NTV MMA chains the compiler interleaves (a run-time test per column tile cuts
-//     the loop into 2-chain blocks). 255 registers with a few spilled words (ptxas: 64 / 156 bytes of spill
-//     stores for down / gate+up), still the fastest.
-// H200, `plumb bench` (bench/results/h200-moe-prefill-run3), TFLOP/s gate+up / down: 8K tokens: variant 0 188 / 189,
-// variant 1 226 / 240; 1K tokens: 115 / 116 and 157 / 159 (run2 holds the dropped variants). Two variants measured there and dropped: the staging
-// alone with the run-time test per column tile (173 / 179 at 8K: slower than variant 0) and per batch of 4
-// column tiles (217 / 226, no spills).
+//     per lane is a fragment), one chunk ahead; column tiles past the tile's tokens are skipped by a run-time test;
+//     activations read as B fragments (one 16-byte load per lane and group).
+//   1 "staged": the weight fragments and scales ride in the activations' cp.async ring (each warp copies its own,
+//     4 stages deep), and the column-tile loop is specialized for 2, 4, 6 or 8 column tiles: straight-line code
+//     whose 2 x NTV MMA chains the compiler interleaves. 255 registers with a few spilled words (ptxas: 72 / 152
+//     bytes of spill stores for down / gate+up).
+//   2 "folded mma.sync": variant 1 with the folded scale (no spills: 176-180 registers).
+//   3 "folded wgmma": the two warpgroups of the block each multiply 64-row A tiles held in registers (the decoded,
+//     folded weights: wgmma's register operand has mma.m16n8k16's A layout per warp) by the tile's tokens, read by
+//     the tensor cores from shared memory (B through a matrix descriptor, no swizzle), m64nNk16 with N = 16, 32, 48
+//     or 64; asynchronous, one commit group (4 wgmma) per 32-column group in flight while the next group is
+//     decoded (tile_wgmma). 5 stages, 167 registers, no spills.
+//   4 "folded wgmma, 128 tokens" (the default where the scales fold, kGroupedFoldedDefault): variant 3 over two
+//     consecutive tiles of one expert (the block of an expert's even tile takes the odd one after it, whose block
+//     exits), N = 16 .. 128: half the weight decoding and staging per token. 4 stages of 49 KB, 236 registers, no
+//     spills.
+// H200 (bench/results/h200-moe-prefill-folded/bench.txt, bf16 cuBLASLt rate 800 TFLOP/s in the same run; V4-Flash
+// E256 top-6, uniform routing), TFLOP/s gate+up / down and % of bf16:
+//   8K tokens: variant 1 224 / 245 (27.9 / 30.6 %), 2 280 / 301 (34.9 / 37.6 %), 3 300 / 302 (37.4 / 37.8 %),
+//              4 308 / 344 (38.5 / 43.0 %); routed total (grouping, both GEMMs, combine) 306 (38.3 %).
+//   1K tokens: variant 1 155 / 157, 2 176 / 176 (21.9 / 22.0 %), 3 165 / 171, 4 164 / 164 (20.5 / 20.5 %): at 1K (24
+//              slots per expert) variant 2 is 7 % faster than the default; a size-based default is left to do.
+//   Earlier (bench/results/h200-moe-prefill-run3): 8K: variant 0 188 / 189, variant 1 226 / 240; 1K: 115 / 116 and
+//   157 / 159 (run2 holds the dropped variants). Two variants measured there and dropped: the staging alone with the
+//   run-time test per column tile (173 / 179 at 8K) and per batch of 4 column tiles (217 / 226, no spills).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 
@@ -35,18 +64,27 @@ constexpr int kWarps = 8;
 constexpr int kBN = kGroupTokens;  // tokens per tile
 constexpr int kNT = kBN / 8;       // MMA column tiles
 constexpr int kKC = 128;           // columns per stage: one chunk of the decode layout
-constexpr int kStages = 4;
-constexpr int kGroupedDefaultVariant = 1;  // GroupedArgs::variant < 0
-// Halfs per staged token row: 320 bytes, = 64 mod 128, so an LDS.128 phase (8 lanes: 2 token rows x 64
-// contiguous bytes) touches 32 distinct banks.
+constexpr int kGroupedDefaultVariant = kGroupedFoldedDefault;  // GroupedArgs::variant < 0, when the scales fold (else 1)
+// Halfs per staged token row (variants 0-2): 320 bytes, = 64 mod 128, so an LDS.128 phase (8 lanes: 2 token rows x
+// 64 contiguous bytes) touches 32 distinct banks. Variant 3 stages the activations as wgmma core matrices instead
+// (8 tokens x 16 bytes, 128 contiguous bytes each; see tile_wgmma): 16 KB a stage, no padding.
 constexpr int kPitch = kKC + 32;
 constexpr int kStageHalfs = kBN * kPitch;
-constexpr int kXBytes = kStageHalfs * 2;
-// Variant 1's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
+// Tokens a block multiplies: variant 4 takes two consecutive tiles of one expert (up to 128 tokens).
+template <int V>
+__host__ __device__ constexpr int block_tokens() { return V == 4 ? 2 * kBN : kBN; }
+template <int V>
+__host__ __device__ constexpr int x_bytes() { return V >= 3 ? block_tokens<V>() * kKC * 2 : kStageHalfs * 2; }
+// Stages of the cp.async ring: variant 3 keeps one more, as its asynchronous MMAs may still read the chunk before
+// the one being computed (it prefetches kStages - 2 chunks ahead, the others kStages - 1).
+// (Variant 4: 4 stages of 49 KB, so 2 chunks ahead.)
+template <int V>
+__host__ __device__ constexpr int stages() { return V == 3 ? 5 : 4; }
+// Variants 1-3's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
 // scales [lane 32][4 B] (lane 4g + 2q + h holds the scale word of row g + 8h of tile q).
 constexpr int kWBytes = kWarps * 2 * 2 * 512, kSBytes = kWarps * 32 * 4;
-template <int VARIANT>
-__host__ __device__ constexpr size_t stage_bytes() { return VARIANT != 0 ? size_t(kXBytes + kWBytes + kSBytes) : size_t(kXBytes); }
+template <int V>
+__host__ __device__ constexpr size_t stage_bytes() { return V != 0 ? size_t(x_bytes<V>() + kWBytes + kSBytes) : size_t(x_bytes<V>()); }
 
 // Counts per expert (shared-memory atomics: the counts, not their order, matter), exclusive scans of the counts
 // and of the tiles per expert, the tile table. One block; E <= 1024.
@@ -110,49 +148,78 @@ __global__ void group_list_kernel(const int32_t* __restrict__ idx, int slots, in
 __device__ __forceinline__ void cp4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
+// valid false: writes 4 zero bytes and reads nothing.
+__device__ __forceinline__ void cp4_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+// The 16-row A tile of warp `warp` for tile q (q = matrix + NMAT * half): variants 0-2 give a warp 16 * MT
+// consecutive rows; variant 3's warpgroups (warps 4G .. 4G + 3) multiply 64-row tiles, warp w of the group its rows
+// 16w .. 16w + 15, so down's two tiles per warp are 64 rows apart (gate+up: the same rows either way).
+template <int NMAT, int V>
+__device__ __forceinline__ int tile_row(int warp, int q) {
+  constexpr int MT = 2 / NMAT, ROWS = kWarps * 16 * MT;
+  if constexpr (V >= 3 && NMAT == 1) return int(blockIdx.x) * ROWS + (warp >> 2) * 128 + q * 64 + (warp & 3) * 16;
+  else return int(blockIdx.x) * ROWS + warp * 16 * MT + (q / NMAT) * 16;
+}
 
 // The per-block state of a tile: its expert's weight rows for this warp, the activation rows it gathers.
-template <int NMAT>
+template <int NMAT, int V>
 struct Tile {
   static constexpr int MT = 2 / NMAT;   // 16-row tiles per matrix and warp
   static constexpr int NQ = NMAT * MT;  // A tiles per warp (2: both kernels)
   static constexpr int ROWS = kWarps * 16 * MT;
+  static constexpr int NX = V == 4 ? 2 : V == 3 ? 1 : 4;  // activation rows a thread gathers
   const uint8_t* pw[NQ];        // this lane's fragment of chunk 0, row half 0, of A tile q
   const uint32_t* ps[NQ][2];    // the scale words of rows g and g + 8 of A tile q
-  const __half* src[4];         // activation pieces this thread copies: token rows tid/16 + 16i, piece tid % 16
-  bool valid[4];
-  uint32_t dst[4];
-  int row0;
+  const __half* src[NX];        // variants 0-2: token rows tid/16 + 16i, piece tid % 16; 3-4: rows tid/4 + 64i, lane % 4
+  bool valid[NX];
+  uint32_t dst[NX];
+  int rq[NQ];                   // first row of A tile q
 
   __device__ Tile(const GroupedArgs& a, int e, const __half* xs, const int* slot_s) {
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
-    row0 = int(blockIdx.x) * ROWS + warp * 16 * MT;
 #pragma unroll
     for (int q = 0; q < NQ; ++q) {
-      const int mat = q % NMAT, rt = row0 + (q / NMAT) * 16;
+      const int mat = q % NMAT, rt = tile_row<NMAT, V>(warp, q);
+      rq[q] = rt;
       pw[q] = a.w[mat] + int64_t(e) * a.w_prob_stride + int64_t(rt) * (a.cols / 2) + lane * 16;
       const uint8_t* sb = static_cast<const uint8_t*>(a.s[mat]) + int64_t(e) * a.s_prob_stride;
       ps[q][0] = reinterpret_cast<const uint32_t*>(sb + int64_t(rt + g) * (a.cols / 32));
       ps[q][1] = reinterpret_cast<const uint32_t*>(sb + int64_t(rt + g + 8) * (a.cols / 32));
     }
     const __half* x = static_cast<const __half*>(a.x);
+    // Rows past the tile's tokens are zero-filled (computed in vain, never stored).
+    if constexpr (V >= 3) {
+      // Token row r = tid / 4 (+ 64i) (warp w: tokens 8w .. 8w + 7, the w-th core-matrix row block), column
+      // quarter t = lane % 4 of every 32-column group; tile_wgmma places its 4-byte pairs.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // rows past the tile's tokens are zero-filled (computed in vain, never stored)
-      const int r = tid / 16 + 16 * i, sl = slot_s[r];
-      valid[i] = sl >= 0;
-      src[i] = x + (valid[i] ? int64_t(sl / a.x_div) * a.x_ld : 0) + (tid % 16) * 8;
-      dst[i] = smem_u32(xs + r * kPitch + (tid % 16) * 8);
+      for (int i = 0; i < NX; ++i) {
+        const int r = (tid >> 2) + 64 * i, sl = slot_s[r], t = lane & 3;
+        valid[i] = sl >= 0;
+        src[i] = x + (valid[i] ? int64_t(sl / a.x_div) * a.x_ld : 0) + t * 8;
+        dst[i] = smem_u32(xs) + uint32_t((warp + 8 * i) * 2048 + (r & 7) * 16 + t * 4);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = tid / 16 + 16 * i, sl = slot_s[r];
+        valid[i] = sl >= 0;
+        src[i] = x + (valid[i] ? int64_t(sl / a.x_div) * a.x_ld : 0) + (tid % 16) * 8;
+        dst[i] = smem_u32(xs + r * kPitch + (tid % 16) * 8);
+      }
     }
   }
-
 };
 
-// Variant 0's and 1's K loops share the tile setup (Tile), the activation staging and the epilogue (store_tile).
-template <int NMAT, int NTV>
-__device__ __forceinline__ void store_tile(const GroupedArgs& a, const Tile<NMAT>& T, const float (&acc)[2][NTV][4], int cnt,
-                                           const int* slot_s) {
+// All variants' K loops share the tile setup (Tile), the activation staging and the epilogue (store_tile). us[mat]
+// takes the fp32 outputs back to the true scale: kFp4Unscale (the codes' 2^-14) or the fold's factor.
+template <int NMAT, int V, int NTV>
+__device__ __forceinline__ void store_tile(const GroupedArgs& a, const Tile<NMAT, V>& T, const float (&acc)[2][NTV][4], int cnt,
+                                           const int* slot_s, const float (&us)[2]) {
   const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-  // Lane (g, t) holds rows g and g + 8 of each 16-row tile for token columns 2t and 2t + 1 of each column tile.
+  // Lane (g, t) holds rows g and g + 8 of each 16-row tile for token columns 2t and 2t + 1 of each column tile
+  // (mma.m16n8k16's C fragment, and wgmma's per warp).
 #pragma unroll
   for (int n = 0; n < NTV; ++n)
 #pragma unroll
@@ -163,15 +230,15 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const Tile<NMAT
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         if constexpr (NMAT == 2) {
-          const int row = T.row0 + g + 8 * rr;
-          float h = swiglu_clamped(acc[0][n][rr * 2 + cc] * kFp4Unscale, acc[1][n][rr * 2 + cc] * kFp4Unscale, a.limit);
+          const int row = T.rq[0] + g + 8 * rr;
+          float h = swiglu_clamped(acc[0][n][rr * 2 + cc] * us[0], acc[1][n][rr * 2 + cc] * us[1], a.limit);
           if (a.pre_weight) h *= a.pre_weight[slot];
           store_out<__half>(static_cast<__half*>(a.out) + int64_t(slot) * a.o_ld + row, h);
         } else {
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const int row = T.row0 + q * 16 + g + 8 * rr;
-            store_out<float>(static_cast<float*>(a.out) + int64_t(slot) * a.o_ld + row, acc[q][n][rr * 2 + cc] * kFp4Unscale);
+            const int row = T.rq[q] + g + 8 * rr;
+            store_out<float>(static_cast<float*>(a.out) + int64_t(slot) * a.o_ld + row, acc[q][n][rr * 2 + cc] * us[0]);
           }
         }
       }
@@ -203,9 +270,52 @@ __device__ __forceinline__ void group_mma(const uint32_t (&W)[2][2][4], const ui
   }
 }
 
+// ---- the folded scale (variants 2 and 3) ----
+
+// A chunk's scale words (4 E8M0 bytes: groups 0..3) to biased f16 exponents, times 4: byte j of the result is the
+// exponent field of group j's multiplier (fold_scales) shifted into place for the high byte of an f16.
+__device__ __forceinline__ uint32_t fold_word(uint32_t s, uint32_t add) { return (s + add) << 2; }
+// Group j's multiplier as f16x2 (both halves): bytes (0, m.j, 0, m.j).
+__device__ __forceinline__ uint32_t fold_mul(uint32_t m, int j) {
+  return __byte_perm(m, 0u, 0x0404u | (uint32_t(j) << 4) | (uint32_t(j) << 12));
+}
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));  // no .ftz: f16 subnormals are kept
+  return r;
+}
+// Group j's A fragments of one 16-row tile with the scale folded in: rows g (even f) and g + 8 (odd f). Exact:
+// every product is an f16 value (fold_scales).
+__device__ __forceinline__ void fp4_frag_folded(uint32_t wa, uint32_t wb, uint32_t ma, uint32_t mb, int j, uint32_t (&f)[8]) {
+  fp4_frag(wa, wb, f);
+  const uint32_t xa = fold_mul(ma, j), xb = fold_mul(mb, j);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[2 * i] = hmul2_bits(f[2 * i], xa), f[2 * i + 1] = hmul2_bits(f[2 * i + 1], xb);
+}
+
+// Variant 2's group: the folded A fragments straight into the accumulators (no per-group partial sum, no FFMA).
+template <int NTV>
+__device__ __forceinline__ void group_mma_folded(const uint32_t (&W)[2][2][4], const uint32_t (&M)[2][2], int j, const __half* xb,
+                                                 float (&acc)[2][NTV][4]) {
+  uint32_t f[2][8];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) fp4_frag_folded(W[q][0][j], W[q][1][j], M[q][0], M[q][1], j, f[q]);
+#pragma unroll
+  for (int n = 0; n < NTV; ++n) {
+    const uint4 X = *reinterpret_cast<const uint4*>(xb + n * 8 * kPitch + j * 32);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      mma_f16(acc[q][n], f[q][0], f[q][1], f[q][2], f[q][3], X.x, X.y);
+      mma_f16(acc[q][n], f[q][4], f[q][5], f[q][6], f[q][7], X.z, X.w);
+    }
+  }
+}
+
 // Variant 0: weights from global memory into registers, one chunk ahead; column tiles tested at run time.
 template <int NMAT>
-__device__ __forceinline__ void tile_registers(const GroupedArgs& a, Tile<NMAT>& T, int cnt, __half* xs, const int* slot_s) {
+__device__ __forceinline__ void tile_registers(const GroupedArgs& a, Tile<NMAT, 0>& T, int cnt, __half* xs, const int* slot_s) {
+  constexpr int kStages = stages<0>();
+  constexpr int kXBytes = x_bytes<0>();
   const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int nch = int(a.cols / kKC), ntv = (cnt + 7) / 8;
   auto stage = [&](int c) {
@@ -251,31 +361,61 @@ __device__ __forceinline__ void tile_registers(const GroupedArgs& a, Tile<NMAT>&
         }
     }
   }
-  store_tile<NMAT, kNT>(a, T, acc, cnt, slot_s);
+  const float us[2] = {kFp4Unscale, kFp4Unscale};
+  store_tile<NMAT, 0, kNT>(a, T, acc, cnt, slot_s, us);
 }
 
-// Variant 1: weights and scales staged in shared memory with the activations; NTV column tiles, straight-line.
-template <int NMAT, int NTV>
-__device__ __forceinline__ void tile_staged(const GroupedArgs& a, Tile<NMAT>& T, int cnt, __half* xs, const int* slot_s) {
-  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+// The weight fragments and scale words of variants 1-3: each warp copies its own into the stage after the
+// activations (layout at stage_bytes).
+template <int NMAT, int V>
+struct WeightStage {
+  uint32_t wdst, sdst;
+  const uint32_t* ssrc;
+  __device__ WeightStage(const Tile<NMAT, V>& T, uint32_t base) {
+    const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+    // Fragment (q, h) to [warp][q][h][lane]; scale word (q, h) = (lane >> 1 & 1, lane & 1) of row g (+ 8h) to
+    // [warp][lane]. No run-time index into T: it stays in registers.
+    wdst = base + uint32_t(x_bytes<V>()) + uint32_t(warp) * 2048 + uint32_t(lane) * 16;
+    sdst = base + uint32_t(x_bytes<V>() + kWBytes) + uint32_t(warp * 32 + lane) * 4;
+    ssrc = (lane & 2) ? ((lane & 1) ? T.ps[1][1] : T.ps[1][0]) : ((lane & 1) ? T.ps[0][1] : T.ps[0][0]);
+  }
+  __device__ __forceinline__ void copy(const Tile<NMAT, V>& T, uint32_t off, int c) const {
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) cp16(wdst + off + uint32_t(q * 2 + h) * 512, T.pw[q] + int64_t(c) * 1024 + h * 512);
+    cp4(sdst + off, ssrc + c);
+  }
+  // This warp's words of the stage at `st`.
+  __device__ __forceinline__ static void load(const uint8_t* st, uint32_t (&W)[2][2][4], uint32_t (&S)[2][2]) {
+    const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = *reinterpret_cast<const uint4*>(st + x_bytes<V>() + warp * 2048 + (q * 2 + h) * 512 + lane * 16);
+        W[q][h][0] = v.x, W[q][h][1] = v.y, W[q][h][2] = v.z, W[q][h][3] = v.w;
+      }
+    const uint4 sv = *reinterpret_cast<const uint4*>(st + x_bytes<V>() + kWBytes + (warp * 32 + g * 4) * 4);
+    S[0][0] = sv.x, S[0][1] = sv.y, S[1][0] = sv.z, S[1][1] = sv.w;
+  }
+};
+
+// Variants 1 and 2: weights and scales staged in shared memory with the activations; NTV column tiles,
+// straight-line. Variant 1 applies the scale per group to an fp32 partial sum, variant 2 folds it into the weights.
+template <int NMAT, int V, int NTV>
+__device__ __forceinline__ void tile_staged(const GroupedArgs& a, Tile<NMAT, V>& T, int cnt, __half* xs, const int* slot_s) {
+  constexpr int kStages = stages<V>();
+  const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int nch = int(a.cols / kKC);
-  constexpr uint32_t SB = uint32_t(stage_bytes<1>());
-  const uint32_t base = smem_u32(xs);
-  // This lane's copies of the warp's weights: fragment (q, h) to [warp][q][h][lane]; scale word (q, h) = (lane >> 1
-  // & 1, lane & 1) of row g (+ 8h) to [warp][lane].
-  const uint32_t wdst = base + kXBytes + uint32_t(warp) * 2048 + uint32_t(lane) * 16;
-  const uint32_t sdst = base + kXBytes + kWBytes + uint32_t(warp * 32 + lane) * 4;
-  const uint32_t* ssrc = (lane & 2) ? ((lane & 1) ? T.ps[1][1] : T.ps[1][0]) : ((lane & 1) ? T.ps[0][1] : T.ps[0][0]);  // no run-time index: T stays in registers
+  constexpr uint32_t SB = uint32_t(stage_bytes<V>());
+  const WeightStage<NMAT, V> ws(T, smem_u32(xs));
   auto stage = [&](int c) {
     if (c < nch) {
       const uint32_t off = uint32_t(c % kStages) * SB;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp16_zfill(T.dst[i] + off, T.src[i] + int64_t(c) * kKC, T.valid[i]);
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) cp16(wdst + off + uint32_t(q * 2 + h) * 512, T.pw[q] + int64_t(c) * 1024 + h * 512);
-      cp4(sdst + off, ssrc + c);
+      ws.copy(T, off, c);
     }
     cp_commit();
   };
@@ -283,57 +423,261 @@ __device__ __forceinline__ void tile_staged(const GroupedArgs& a, Tile<NMAT>& T,
   for (int c = 0; c < kStages - 1; ++c) stage(c);
   float acc[2][NTV][4] = {};
   const uint8_t* sm = reinterpret_cast<const uint8_t*>(xs);
+  const uint32_t add[2] = {a.fold_add[0], a.fold_add[NMAT - 1]};
   for (int c = 0; c < nch; ++c) {
     cp_wait<kStages - 2>();
     __syncthreads();
     stage(c + kStages - 1);
     const uint8_t* st = sm + size_t(c % kStages) * SB;
     uint32_t W[2][2][4], S[2][2];
-#pragma unroll
-    for (int q = 0; q < 2; ++q)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 v = *reinterpret_cast<const uint4*>(st + kXBytes + warp * 2048 + (q * 2 + h) * 512 + lane * 16);
-        W[q][h][0] = v.x, W[q][h][1] = v.y, W[q][h][2] = v.z, W[q][h][3] = v.w;
-      }
-    const uint4 sv = *reinterpret_cast<const uint4*>(st + kXBytes + kWBytes + (warp * 32 + g * 4) * 4);
-    S[0][0] = sv.x, S[0][1] = sv.y, S[1][0] = sv.z, S[1][1] = sv.w;
+    WeightStage<NMAT, V>::load(st, W, S);
     const __half* xb = reinterpret_cast<const __half*>(st) + g * kPitch + t * 8;
+    if constexpr (V == 1) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) group_mma<NTV, NTV>(W, S, j, xb, NTV, acc);
+      for (int j = 0; j < 4; ++j) group_mma<NTV, NTV>(W, S, j, xb, NTV, acc);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) group_mma_folded<NTV>(W, S, j, xb, acc);
+    }
   }
-  store_tile<NMAT, NTV>(a, T, acc, cnt, slot_s);
+  if constexpr (V == 1) {
+    const float us[2] = {kFp4Unscale, kFp4Unscale};
+    store_tile<NMAT, V, NTV>(a, T, acc, cnt, slot_s, us);
+  } else {
+    const float us[2] = {a.fold_unscale[0], a.fold_unscale[NMAT - 1]};
+    store_tile<NMAT, V, NTV>(a, T, acc, cnt, slot_s, us);
+  }
+}
+
+// ---- variant 3: wgmma (sm_90a), decoded weights from registers, activations from shared memory ----
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// The accumulators as seen by code after a wgmma_wait: an empty asm that "writes" them, so the compiler reads them
+// only after the wait.
+template <int NTV>
+__device__ __forceinline__ void wgmma_touch(float (&d)[NTV][4]) {
+#pragma unroll
+  for (int n = 0; n < NTV; ++n)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(d[n][k])::"memory");
+}
+// Shared memory written by cp.async (the generic proxy) made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// D[64 x 8NTV] += A[64 x 16] (f16, registers: this warp's m16n8k16-style fragment of rows 16w .. 16w + 15) *
+// B[16 x 8NTV] (f16, shared memory, K-major, no swizzle: desc).
+template <int NTV>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NTV][4], const uint32_t* a, uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_rs<2>(float (&d)[2][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+      "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<4>(float (&d)[4][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<6>(float (&d)[6][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, "
+      "{%24,%25,%26,%27}, %28, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<8>(float (&d)[8][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<10>(float (&d)[10][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, "
+      "{%40,%41,%42,%43}, %44, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<12>(float (&d)[12][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<14>(float (&d)[14][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, "
+      "{%56,%57,%58,%59}, %60, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<16>(float (&d)[16][4], const uint32_t* a, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+// The B descriptor of k-step ks (16 columns) of the stage at `xs`: no swizzle, core matrices of 8 tokens x 16
+// bytes, the two of a k-step 128 bytes apart (leading byte offset, along K), token blocks of 8 2048 bytes apart
+// (stride byte offset, along N).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t xs, int ks) {
+  const uint32_t addr = xs + uint32_t(ks) * 256;
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(2048 >> 4) << 32);
+}
+
+// Variant 3. Block: two warpgroups; warpgroup G multiplies 64-row A tiles (gate+up: rows 64G.. of w1 and of w3;
+// down: rows 128G.. and 128G + 64..) by all the tile's tokens (N = 8 NTV). Per 32-column group j of a chunk each
+// warp decodes its A fragments (scale folded) into one of two register buffers and issues 4 wgmma (2 k-steps x 2
+// tiles) as one commit group; before decoding group j it waits for all but the last group, so the decode of group
+// j overlaps the tensor cores' work on group j - 1. The k order inside a group is the decode layout's: lane t's
+// fragment of k-step s holds the group's columns 8t + 4s + (0, 1) (k 2t, 2t + 1) and 8t + 4s + (2, 3) (k 2t + 8,
+// 2t + 9), so the activations are staged in that order: each thread copies 4-byte column pairs of one token row
+// (cp.async of 4 bytes) to their place in the core matrices (token row r: row r % 8 of core-matrix block r / 8).
+template <int NMAT, int V, int NTV>
+__device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& T, int cnt, __half* xs, const int* slot_s) {
+  constexpr int kStages = stages<V>();
+  constexpr int kAhead = kStages - 2;  // chunks prefetched
+  const int nch = int(a.cols / kKC);
+  constexpr uint32_t SB = uint32_t(stage_bytes<V>());
+  constexpr int NR = NTV > 8 ? 2 : 1;  // 64-token row blocks staged (variant 4 with more than 64 tokens: both)
+  const uint32_t base = smem_u32(xs);
+  const WeightStage<NMAT, V> ws(T, base);
+  auto stage = [&](int c) {
+    if (c < nch) {
+      const uint32_t off = uint32_t(c % kStages) * SB;
+      // Column pair 8t + 2v of group j (v = 2s + h): k-step 2j + s, core matrix h, bytes 4t of the token's row.
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const __half* src = T.src[i] + int64_t(c) * kKC;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int v = 0; v < 4; ++v)
+            cp4_zfill(T.dst[i] + off + uint32_t((2 * (2 * j + (v >> 1)) + (v & 1)) * 128), src + j * 32 + 2 * v, T.valid[i]);
+      }
+      ws.copy(T, off, c);
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int c = 0; c < kAhead; ++c) stage(c);
+  float acc[2][NTV][4];
+#pragma unroll
+  for (int q = 0; q < 2; ++q)
+#pragma unroll
+    for (int n = 0; n < NTV; ++n)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[q][n][k] = 0.0f;
+  const uint32_t add[2] = {a.fold_add[0], a.fold_add[NMAT - 1]};
+  const uint8_t* sm = reinterpret_cast<const uint8_t*>(xs);
+  uint32_t A[2][2][8];  // [buffer][tile q][fragment]
+  for (int c = 0; c < nch; ++c) {
+    cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
+    fence_proxy_async();    // ... and is visible to the tensor cores' reads
+    wgmma_wait<1>();        // this warpgroup's MMAs of chunk c - 2 are done: their stage may be refilled
+    __syncthreads();
+    stage(c + kAhead);      // into chunk c - 2's buffer (variant 3; variant 4: c - 2's too, with 4 stages)
+    const uint32_t sx = base + uint32_t(c % kStages) * SB;
+    uint32_t W[2][2][4], S[2][2];
+    WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t (&F)[2][8] = A[j & 1];
+      wgmma_wait<1>();  // the group that last read buffer j & 1 (group j - 2) is done
+#pragma unroll
+      for (int q = 0; q < 2; ++q) fp4_frag_folded(W[q][0][j], W[q][1][j], S[q][0], S[q][1], j, F[q]);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) wgmma_rs<NTV>(acc[q], F[q] + 4 * s, wgmma_desc(sx, 2 * j + s));
+      wgmma_commit();
+    }
+  }
+  wgmma_wait<0>();
+  wgmma_touch<NTV>(acc[0]);
+  wgmma_touch<NTV>(acc[1]);
+  const float us[2] = {a.fold_unscale[0], a.fold_unscale[NMAT - 1]};
+  store_tile<NMAT, V, NTV>(a, T, acc, cnt, slot_s, us);
 }
 
 // Grid (row blocks, tile bound); blocks past the tile count exit.
 template <int NMAT, int VARIANT>
 __global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedArgs a, const GroupLayout L) {
-  extern __shared__ __align__(16) __half xs[];  // [kStages][stage_bytes<VARIANT>()]
-  __shared__ int slot_s[kBN];
+  extern __shared__ __align__(128) __half xs[];  // [stages][stage_bytes<VARIANT>()]
+  constexpr int BT = block_tokens<VARIANT>();
+  __shared__ int slot_s[BT];
   const int tile = int(blockIdx.y);
   if (tile >= a.groups[0]) return;
   const int e = a.groups[L.tiles + 2 * tile], start = a.groups[L.tiles + 2 * tile + 1];
-  const int cnt = min(kBN, a.groups[L.offs + e + 1] - start);
+  // Variant 4: the block of an expert's even tile also takes the odd one after it; the odd tile's block exits.
+  if (BT > kBN && ((start - a.groups[L.offs + e]) / kBN) % 2) return;
+  const int cnt = min(BT, a.groups[L.offs + e + 1] - start);
   const int tid = int(threadIdx.x);
-  if (tid < kBN) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
+  if (tid < BT) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
   __syncthreads();
-  Tile<NMAT> T(a, e, xs, slot_s);
+  Tile<NMAT, VARIANT> T(a, e, xs, slot_s);
+  const int ntv = (cnt + 7) / 8;
   if constexpr (VARIANT == 0) {
     tile_registers<NMAT>(a, T, cnt, xs, slot_s);
+  } else if constexpr (VARIANT >= 3) {  // N = 16, 32, .. 64 (128) tokens: at most one 8-token block in vain
+    if (ntv <= 2) tile_wgmma<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 4) tile_wgmma<NMAT, VARIANT, 4>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 6) tile_wgmma<NMAT, VARIANT, 6>(a, T, cnt, xs, slot_s);
+    else if (VARIANT == 3 || ntv <= 8) tile_wgmma<NMAT, VARIANT, 8>(a, T, cnt, xs, slot_s);
+    else if constexpr (VARIANT == 4) {
+      if (ntv <= 10) tile_wgmma<NMAT, VARIANT, 10>(a, T, cnt, xs, slot_s);
+      else if (ntv <= 12) tile_wgmma<NMAT, VARIANT, 12>(a, T, cnt, xs, slot_s);
+      else if (ntv <= 14) tile_wgmma<NMAT, VARIANT, 14>(a, T, cnt, xs, slot_s);
+      else tile_wgmma<NMAT, VARIANT, 16>(a, T, cnt, xs, slot_s);
+    }
   } else {  // 2, 4, 6 or 8 column tiles: at most one computed in vain
-    const int ntv = (cnt + 7) / 8;
-    if (ntv <= 2) tile_staged<NMAT, 2>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 4) tile_staged<NMAT, 4>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 6) tile_staged<NMAT, 6>(a, T, cnt, xs, slot_s);
-    else tile_staged<NMAT, kNT>(a, T, cnt, xs, slot_s);
+    if (ntv <= 2) tile_staged<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 4) tile_staged<NMAT, VARIANT, 4>(a, T, cnt, xs, slot_s);
+    else if (ntv <= 6) tile_staged<NMAT, VARIANT, 6>(a, T, cnt, xs, slot_s);
+    else tile_staged<NMAT, VARIANT, kNT>(a, T, cnt, xs, slot_s);
   }
 }
 
 template <int NMAT, int VARIANT>
 void launch_grouped_t(const GroupedArgs& a, Stream s) {
-  constexpr int ROWS = Tile<NMAT>::ROWS;
+  constexpr int ROWS = Tile<NMAT, VARIANT>::ROWS;
   if (a.rows % ROWS) throw_arg("moe grouped: rows must be a multiple of " + std::to_string(ROWS));
-  constexpr size_t smem = size_t(kStages) * stage_bytes<VARIANT>();
+  constexpr size_t smem = size_t(stages<VARIANT>()) * stage_bytes<VARIANT>();
   // The shared-memory opt-in, once per device for this instantiation.
   static bool set[64] = {};
   int dev = 0;
@@ -346,6 +690,17 @@ void launch_grouped_t(const GroupedArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / ROWS), unsigned(L.max_tiles));
   grouped_kernel<NMAT, VARIANT><<<grid, kWarps * 32, smem, s>>>(a, L);
   check_launch("moe grouped_kernel");
+}
+
+template <int NMAT>
+void launch_grouped_v(const GroupedArgs& a, int v, Stream s) {
+  switch (v) {
+    case 0: return launch_grouped_t<NMAT, 0>(a, s);
+    case 1: return launch_grouped_t<NMAT, 1>(a, s);
+    case 2: return launch_grouped_t<NMAT, 2>(a, s);
+    case 3: return launch_grouped_t<NMAT, 3>(a, s);
+    default: return launch_grouped_t<NMAT, 4>(a, s);
+  }
 }
 
 }  // namespace
@@ -368,10 +723,14 @@ void launch_moe_grouped(const GroupedArgs& a, Stream s) {
     throw_arg("moe grouped: null pointer argument");
   if ((reinterpret_cast<uintptr_t>(a.x) & 15u) || (a.x_ld * 2) % 16 || a.x_div < 1)
     throw_arg("moe grouped: activations must be 16-byte aligned, rows included");
-  const int v = a.variant < 0 ? kGroupedDefaultVariant : a.variant;
-  if (v > 1) throw_arg("moe grouped: variant must be 0 or 1");
-  if (a.nmat == 2) return v == 0 ? launch_grouped_t<2, 0>(a, s) : launch_grouped_t<2, 1>(a, s);
-  if (a.nmat == 1) return v == 0 ? launch_grouped_t<1, 0>(a, s) : launch_grouped_t<1, 1>(a, s);
+  // The default: the folded-scale kernel where the scales allow it, else the per-group scale (variant 1).
+  const int v = a.variant < 0 ? (a.fold_ok ? kGroupedDefaultVariant : 1) : a.variant;
+  if (v > 4) throw_arg("moe grouped: variant must be 0..4");
+  if (v >= 2 && !a.fold_ok)
+    throw_arg("moe grouped: variant " + std::to_string(v) + " folds the scales into f16 weights, which needs the E8M0 "
+              "scale bytes within 24 of each other (Fp4Matrices::scale_lo/hi)");
+  if (a.nmat == 2) return launch_grouped_v<2>(a, v, s);
+  if (a.nmat == 1) return launch_grouped_v<1>(a, v, s);
   throw_arg("moe grouped: nmat must be 1 or 2");
 }
 
