@@ -55,6 +55,42 @@ __device__ __forceinline__ void hc_load(const float* p, float (&v)[VEC ? 4 : 1])
   }
 }
 
+// hc_post of the W columns at d of token t, for every stream k: out[t, k, d..] = post_k * y + sum_j comb[j][k] * x_j
+// in the reference's order (post * y first, then the streams: it reproduced the official golden bit for bit); the
+// H inputs are loaded once for the H outputs. The one implementation of hc_post: its kernel and hc_pre's fused
+// prologue (HcArgs::y).
+constexpr int kPostMaxH = 8;
+template <bool VEC>
+__device__ __forceinline__ void hc_post_cols(const float* y, const float* X, const float* post, const float* comb, int64_t t, int H,
+                                             int64_t D, int64_t d, int untransposed, int act_bf16, float* out) {
+  constexpr int W = VEC ? 4 : 1;
+  float yv[W], xv[kPostMaxH][W];
+  hc_load<VEC>(y + t * D + d, yv);
+#pragma unroll
+  for (int j = 0; j < kPostMaxH; ++j)
+    if (j < H) hc_load<VEC>(X + (t * H + j) * D + d, xv[j]);
+  const float* C = comb + t * H * H;
+  for (int k = 0; k < H; ++k) {
+    const float p = post[t * H + k];
+    float acc[W];
+#pragma unroll
+    for (int w = 0; w < W; ++w) acc[w] = __fmul_rn(p, yv[w]);
+#pragma unroll
+    for (int j = 0; j < kPostMaxH; ++j) {
+      if (j >= H) break;
+      const float c = untransposed ? C[k * H + j] : C[j * H + k];
+#pragma unroll
+      for (int w = 0; w < W; ++w) acc[w] = __fadd_rn(acc[w], __fmul_rn(c, xv[j][w]));
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+      if (act_bf16) acc[w] = bf16r(acc[w]);
+    float* dst = out + (t * H + k) * D + d;
+    if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    else dst[0] = acc[0];
+  }
+}
+
 // comb by one warp, lane j*H + k holding C[j][k]: hc_math::weights_h's Sinkhorn step for step (row softmax + eps,
 // a column normalization, then iters - 1 row and column normalizations), each sum taken in the same order through
 // shuffles, so the result is bit-identical to that thread's (tests/cuda: HcPreWarpSinkhornMatchesSerial). H * H <= 32.
@@ -120,6 +156,14 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   const float* xt = a.X + int64_t(t) * hd;
   auto off = [&](int it) { return int64_t(it / nq) * D + d0 + int64_t(it % nq) * W; };  // item -> offset in [0, hd)
   // (2 blocks per SM: a cluster of 16 fits in 8 SMs.)
+
+  // 0. Fused hc_post of the previous sublayer (a.y): this block's slice of the new streams, written to a.X_out
+  // (= a.X), which this block alone reads below (its own writes: visible after the barrier).
+  if (a.y) {
+    for (int q = tid; q < nq; q += kHcThreads)
+      hc_post_cols<VEC>(a.y, a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16, a.X_out);
+    __syncthreads();
+  }
 
   // 1. This block's fn rows on their way to L2 (bulk prefetches of its H * nm contiguous rows of per floats),
   // then the sum of squares of its x.
@@ -247,10 +291,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   cl.barrier_wait();
 }
 
-// hc_post, one thread per (token, W consecutive d) writing all H streams: out[t, k, d] = post_k * y + sum_j
-// comb[j][k] * x_j in the reference's order (post * y first, then the streams: it reproduced the official golden
-// bit for bit); the H inputs are loaded once for the H outputs.
-constexpr int kPostMaxH = 8;
+// hc_post, one thread per (token, W consecutive d) writing all H streams (hc_post_cols).
 constexpr int kPostThreads = 128;
 
 template <bool VEC>
@@ -260,31 +301,7 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* y, c
   const int64_t nq = D / W, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * nq) return;
   const int64_t t = i / nq, d = (i - t * nq) * W;
-  float yv[W], xv[kPostMaxH][W];
-  hc_load<VEC>(y + t * D + d, yv);
-#pragma unroll
-  for (int j = 0; j < kPostMaxH; ++j)
-    if (j < H) hc_load<VEC>(X + (t * H + j) * D + d, xv[j]);
-  const float* C = comb + t * H * H;
-  for (int k = 0; k < H; ++k) {
-    const float p = post[t * H + k];
-    float acc[W];
-#pragma unroll
-    for (int w = 0; w < W; ++w) acc[w] = __fmul_rn(p, yv[w]);
-#pragma unroll
-    for (int j = 0; j < kPostMaxH; ++j) {
-      if (j >= H) break;
-      const float c = untransposed ? C[k * H + j] : C[j * H + k];
-#pragma unroll
-      for (int w = 0; w < W; ++w) acc[w] = __fadd_rn(acc[w], __fmul_rn(c, xv[j][w]));
-    }
-#pragma unroll
-    for (int w = 0; w < W; ++w)
-      if (act_bf16) acc[w] = bf16r(acc[w]);
-    float* dst = out + (t * H + k) * D + d;
-    if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    else dst[0] = acc[0];
-  }
+  hc_post_cols<VEC>(y, X, post, comb, t, H, D, d, untransposed, act_bf16, out);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -329,7 +346,10 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if (a.H < 1 || a.H > 6 || nmix > kMaxMix) throw_arg("hc_pre: hc_mult > 6 is not supported on the GPU");
   if (a.n <= 0) return;
   if (a.n > 65535) throw_arg("hc_pre: more than 65535 tokens in one launch");
-  const bool vec = a.D % 4 == 0 && aligned16(a.X) && aligned16(a.fn) && aligned16(a.collapsed);
+  const bool vec = a.D % 4 == 0 && aligned16(a.X) && aligned16(a.fn) && aligned16(a.collapsed) &&
+                   (!a.y || (aligned16(a.y) && aligned16(a.X_prev)));
+  if (a.y && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
+    throw_arg("hc_pre: the fused hc_post needs X_out == X, X_prev and the previous gates");
   auto go = [&](auto h) {
     constexpr int H = decltype(h)::value;
     if (vec) launch_hc_pre<H, true>(a, scratch, s);

@@ -87,6 +87,14 @@ struct HcArgs {
   float* post = nullptr;       // [n, H]
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]
+  // Fused hc_post of the previous sublayer (y non-null): each block first writes its slice of
+  // X_out = hc_post(y, X_prev, post_prev, comb_prev) (fwd_hc_post's arithmetic, bit for bit; X_out must be X), then
+  // runs hc_pre on it. post_prev / comb_prev may be post / comb: they are read before this launch overwrites them.
+  const float* y = nullptr;       // [n, D]
+  const float* X_prev = nullptr;  // [n, H, D]
+  const float* post_prev = nullptr, *comb_prev = nullptr;
+  float* X_out = nullptr;
+  int untransposed = 0;  // fault.comb_untransposed
 };
 // scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);

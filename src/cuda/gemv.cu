@@ -312,10 +312,12 @@ __global__ void combine_kernel(const float* __restrict__ ys, const float* __rest
     s.z = fmaf(wk, v.z, s.z);
     s.w = fmaf(wk, v.w, s.w);
   }
-  s.x *= out_scale, s.y *= out_scale, s.z *= out_scale, s.w *= out_scale;
+  // Rounded as separate operations (no contraction of the scale and the add into an FMA): y is then the same
+  // bits as this combine without `add` followed by fwd_add (gpu_moe adds the shared expert either way).
+  s.x = __fmul_rn(s.x, out_scale), s.y = __fmul_rn(s.y, out_scale), s.z = __fmul_rn(s.z, out_scale), s.w = __fmul_rn(s.w, out_scale);
   if (add) {
     const float4 v = *reinterpret_cast<const float4*>(add + int64_t(tok) * D + d);
-    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    s.x = __fadd_rn(s.x, v.x), s.y = __fadd_rn(s.y, v.y), s.z = __fadd_rn(s.z, v.z), s.w = __fadd_rn(s.w, v.w);
   }
   *reinterpret_cast<float4*>(y + int64_t(tok) * D + d) = s;
 }

@@ -307,9 +307,21 @@ class GpuForward : public DeviceForward {
       nm_.act(X, int64_t(n) * H * D);
     }
 
+    // The hc_post of a sublayer runs inside the next hc_pre (or hc_head), which computes the new streams of its
+    // slice first (HcArgs::y: the same arithmetic, one launch fewer); serial with taps, which read X in between.
+    const bool fuse_post = !taps;
+    bool post_pending = false;
+    auto take_post = [&](HcArgs& a, int64_t r0) {  // the pending hc_post into this launch, rows from r0
+      if (!post_pending) return;
+      a.y = y + r0 * D, a.X_prev = X + r0 * H * D, a.post_prev = post + r0 * H, a.comb_prev = comb + r0 * H * H;
+      a.X_out = X2 + r0 * H * D, a.X = a.X_out, a.untransposed = opt_.fault_comb_untransposed;
+      std::swap(X, X2);
+      post_pending = false;
+    };
     auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site) {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
+      take_post(a, 0);
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
@@ -323,6 +335,10 @@ class GpuForward : public DeviceForward {
       tap_io(tap, (site + ".collapsed").c_str(), col, {n, D});
     };
     auto hc_post = [&] {
+      if (fuse_post) {
+        post_pending = true;
+        return;
+      }
       OpRegion r(tm, "hc_post");
       fwd_hc_post(y, X, post, comb, n, int(H), D, opt_.fault_comb_untransposed, X2, nullptr, nm_.official());
       std::swap(X, X2);
@@ -366,6 +382,7 @@ class GpuForward : public DeviceForward {
     a.n = m, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
     a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
     a.collapsed = hx;
+    take_post(a, n - m);  // the last layer's hc_post, on these rows only
     {
       OpRegion r(tm, "head");
       fwd_hc_pre(a, mixbuf, nullptr);

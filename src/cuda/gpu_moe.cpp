@@ -148,6 +148,13 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   // else run here, after the routed experts.
   const bool has_shared = m.w.s1 || m.w.sfp8;
   float* shared = has_shared ? m.sc.f("moe.shared", r.n * D) : nullptr;
+  // With the shared expert already on the side stream, the combine adds it (join first): one launch fewer, the
+  // same bits as combine then fwd_add (launch_combine rounds the add separately). The fp32 twin's combine adds below.
+  const float* add = has_shared && m.shared_side && m.w.fp4 ? shared : nullptr;
+  bool joined = false;
+  auto join_for_add = [&] {  // right before the first combine: the routed GEMVs still overlap the shared expert
+    if (add && !joined) branch_join(m.shared_side, m.sc.ev_join), joined = true;
+  };
   std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
   const bool grouped = m.w.fp4 && r.n >= kGroupedMinTokens && r.E <= 1024 && I % 128 == 0 && D % 256 == 0;
   if (grouped) {  // cuda.moe_mxfp4 at prefill: grouped GEMMs, each expert's weights read once per 64 of its tokens
@@ -157,7 +164,8 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     moe_gate_up_grouped(*m.w.fp4, groups, r.n, r.K, m.x16 ? static_cast<const void*>(m.x16) : m.x,
                         m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? r.weight : nullptr, h16, m.sc.ws);
     moe_down_grouped(*m.w.fp4, groups, r.n, r.K, h16, ys);
-    moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), nullptr, out);
+    join_for_add();
+    moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), add, out);
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
     const int chunk = std::max(1, 1024 / r.K);
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
@@ -169,7 +177,9 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
                   m.sc.ws);
       moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws);
-      moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), nullptr, out + int64_t(t0) * D);
+      join_for_add();
+      moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), add ? add + int64_t(t0) * D : nullptr,
+                  out + int64_t(t0) * D);
     }
   } else {
     expert_ffn(m, m.w.routed.d1.as<DMat>(), m.w.routed.d2.as<DMat>(), m.w.routed.d3.as<DMat>(), r.idx, slots, r.K, I, limit,
@@ -178,7 +188,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   }
   region.reset();
   tap_io(m.tap, "ffn.routed", out, {r.n, D});
-  if (has_shared) {
+  if (has_shared && !add) {
     if (m.shared_side) branch_join(m.shared_side, m.sc.ev_join);
     else shared_expert(m, shared);
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});

@@ -250,6 +250,42 @@ TEST_F(GpuTest, StreamsStepsMatchSerialLaunches) {
   }
 }
 
+// Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
+// streams of its slice; with a tap sink attached (taps read the streams in between) the separate hc_post kernel
+// runs. Both are one implementation (hc_post_cols): the logits must be the same bits, on prefill chunks and decode
+// steps, in the fp32, tensor-core and official numerics, with hc_mult 2 and 4 and the comb fault.
+TEST_F(GpuTest, FusedHcPostMatchesTheSeparateKernel) {
+  struct Silent : plumb::TapSink {  // attached, wants nothing: the forward takes its tap-compatible (unfused) path
+    bool wants(const std::string&) const override { return false; }
+    void put(const std::string&, const plumb::Tensor&) override {}
+    void put_index(const std::string&, const plumb::IndexTensor&) override {}
+  } silent;
+  const std::string data = PLUMB_TEST_DATA;
+  const std::pair<const char*, const char*> cases[] = {{"/golden/csa-long", ""},
+                                                       {"/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams"},
+                                                       {"/golden/official-mixed", "numerics.official"},
+                                                       {"/golden/hc2-k3", ""},
+                                                       {"/golden/tiny", "fault.comb_untransposed"}};
+  for (const auto& [fixture, patches] : cases) {
+    auto model = plumb::Model::load(data + fixture, plumb::parse_patches(patches).options, {}, "cuda");
+    const auto toks = prompt(40, model->config().vocab);
+    auto sa = model->new_state(), sb = model->new_state();
+    size_t pos = 0;
+    for (int step = 0; pos < toks.size(); ++step) {
+      const size_t len = step == 0 ? 17 : step % 3 == 0 ? 2 : 1;
+      const std::span<const int32_t> chunk(toks.data() + pos, std::min(len, toks.size() - pos));
+      const auto a = model->forward(sa, chunk, &silent, plumb::LogitRows::All);
+      const auto b = model->forward(sb, chunk, nullptr, plumb::LogitRows::All);
+      ASSERT_EQ(a.data.size(), b.data.size());
+      size_t i = 0;
+      while (i < a.data.size() && std::memcmp(&a.data[i], &b.data[i], 4) == 0) ++i;
+      ASSERT_EQ(i, a.data.size()) << fixture << " [" << patches << "] step " << step << " (position " << pos << "): logit " << i
+                                  << " separate " << a.data[i] << " fused " << b.data[i];
+      pos += chunk.size();
+    }
+  }
+}
+
 // Generation's forms of a forward on the GPU: no logits for a prefill pass before the last (the head is skipped),
 // the last row only after it; the same bits as the full forward's rows (the fp32 twin head is per row), eager and
 // replayed as graphs (each form captured separately).
