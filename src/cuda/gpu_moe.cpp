@@ -160,7 +160,11 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   if (m.w.s1 || m.w.sfp8) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
     float* shared = m.sc.f("moe.shared", r.n * D);
     region.emplace(m.sc.timer, "moe.shared");
-    if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
+    if (m.w.sfp8 && m.w.shared_gemm_min && r.n >= m.w.shared_gemm_min) {  // cuda.prefill_gemm: bf16 GEMMs from the fp32 x
+      const size_t I = size_t(m.w.sfp8->w1.rows), n = size_t(r.n);
+      fp8_expert_ffn_gemm(*m.w.sfp8, m.x, cuda::Act::F32, r.n, limit, shared,
+                          gemm_buffers(m.sc, n * size_t(D), 2 * I * size_t(D), n * 2 * I, n * I));
+    } else if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
       auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(r.n) * size_t(m.w.sfp8->w1.rows) * 2));
       fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, r.n,
                      limit, h16, shared, m.sc.ws);
