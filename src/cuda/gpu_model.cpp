@@ -70,7 +70,7 @@ void check_options(const ModelOptions& o) {
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
-  PLUMB_CHECK(o.prefill_gemm_min_tokens >= 1, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be at least 1 token",
+  PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
               o.prefill_gemm_min_tokens);
 }
 
@@ -105,8 +105,16 @@ class GpuForward : public DeviceForward {
     const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
     FastCount fc;
     const bool gemm = opt_.cuda_prefill_gemm;
-    // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact.
-    auto gemm_min = [&](const Fp8Matrix& f) { return gemm && fp8_gemm_exact(f) ? opt_.prefill_gemm_min_tokens : 0; };
+    // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact, from
+    // the token count where the GEMM (a dequantization pass, then the weight read once) overtakes the GEMV (the
+    // weight read once per 8 tokens). H200 crossover (`plumb bench --only fp8prefill`, GEMV vs GEMM in us): wkv
+    // [512, 4096] 14.5 / 15.0 at 24 tokens, 17.4 / 15.2 at 32; wq_b [32768, 1024] 42.8 / 56.9 at 32, 60.6 / 57.2 at
+    // 48; wo_b [4096, 8192] 50.5 / 59.4 at 32, 70.2 / 59.7 at 48.
+    auto gemm_min = [&](const Fp8Matrix& f) {
+      if (!gemm || !fp8_gemm_exact(f)) return 0;
+      if (opt_.prefill_gemm_min_tokens > 0) return opt_.prefill_gemm_min_tokens;
+      return f.rows * f.cols >= (int64_t(8) << 20) ? 48 : 32;
+    };
     auto mat = [&](const Matrix& m) {
       GMat g = upload_matrix(m, fp8);
       if (g.fp8) g.gemm_min = gemm_min(*g.fp8);
@@ -162,8 +170,8 @@ class GpuForward : public DeviceForward {
         gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
         fc.fp8 += 3, fc.fp8_of += 3;
         const Fp8Expert& e = *gl.moe.sfp8;
-        if (gemm && fp8_gemm_exact(e.w1) && fp8_gemm_exact(e.w3) && fp8_gemm_exact(e.w2)) {
-          gl.moe.shared_gemm_min = opt_.prefill_gemm_min_tokens;
+        if (gemm_min(e.w1) && gemm_min(e.w3) && gemm_min(e.w2)) {
+          gl.moe.shared_gemm_min = std::max({gemm_min(e.w1), gemm_min(e.w3), gemm_min(e.w2)});
           fc.gemm += 3, fc.gemm_w = std::max(fc.gemm_w, size_t(2 * e.w1.rows * e.w1.cols));
         }
       } else if (M.shared) {
@@ -185,8 +193,10 @@ class GpuForward : public DeviceForward {
       fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}\n", fc.fp8, fc.fp8_of,
                  fc.fp8 < fc.fp8_of ? " (the others have shapes the kernel does not take: the fp32 twin runs them)" : "");
     if (gemm)
-      fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} tokens (matrices with F32 or "
-                 "out-of-range block scales stay on the GEMV)\n", fc.gemm, opt_.prefill_gemm_min_tokens);
+      fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
+                 "block scales stay on the GEMV)\n", fc.gemm,
+                 opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
+                                              : std::string("32 tokens, 48 for matrices of >= 8M weights"));
     gemm_w_elems_ = fc.gemm_w;
     if (fp4)
       fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,

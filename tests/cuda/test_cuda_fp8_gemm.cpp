@@ -9,14 +9,20 @@
 //   vs the GEMV (f16 activations)       5e-3  the bf16 rounding against the GEMV's f16 rounding
 //   shared expert y vs its twin         2e-3  the twin rounds h to bf16 from fp64 gate/up, the GPU from fp32: an h
 //                                             value next to a bf16 rounding boundary can go either way
-//   forward logits vs the GEMV forward  1e-2  the patch's registered tolerance (every projection's bf16 rounding)
+//   shared expert y vs the GEMV path    1e-2  two bf16 roundings (x, h) against two f16 ones (measured 4.7e-3)
+//   forward, op by op, teacher forced   1e-2  the patch's registered local tolerance; selections may differ only
+//                                             as near ties (the bf16 roundings move scores across a top-k boundary)
 // Every comparison prints where its largest error is.
 #include <cstring>
+#include <fstream>
+#include <set>
 
 #include "cuda/gpu_common.h"
 #include "cuda_test_util.h"
 #include "model/model.h"
 #include "patches/registry.h"
+#include "toolkit/diff.h"
+#include "toolkit/trace.h"
 
 using namespace plumb;
 using namespace plumb_cuda_test;
@@ -261,7 +267,7 @@ TEST_F(CudaFp8Gemm, SharedExpertMatchesTwinAndGemv) {
   std::printf("  shared expert n=%d: %d of %lld gate/up values beyond the clamp\n", n, clamped, (long long)(n * I));
   EXPECT_GT(clamped, 0) << "the test should engage the clamp";
   compare_rows("gemm shared expert y vs twin (bf16 x, bf16 h)", yg, D, 0, ref_rows(e.w2, h, n, I, 0, 0, D, 1), n, D, 2e-3);
-  expect_close("gemm shared expert y vs the GEMV path (f16 x, f16 h)", yg, cuda::to_host<float>(yv, size_t(n * D)), D, 5e-3);
+  expect_close("gemm shared expert y vs the GEMV path (f16 x, f16 h)", yg, cuda::to_host<float>(yv, size_t(n * D)), D, 1e-2);
 }
 
 namespace {
@@ -279,9 +285,13 @@ struct ForwardRun {
 
 }  // namespace
 
-// The forward on kernel-dims (every FP8 matrix fits the fast path) in chunks of 160 tokens: with the patch the
-// projections run as GEMMs (counted), deterministic, bit-identical under cuda.graph (chunks <= 256 are captured),
-// and within the patch's tolerance of the GEMV forward; with the threshold at 1 token every chunk takes the GEMM.
+// The forward on kernel-dims (every FP8 matrix fits the fast path) with chunks of 160 tokens: with the patch the
+// projections run as GEMMs (counted), deterministically, bit-identical under cuda.graph (chunks <= 256 are
+// captured). Against the GEMV forward op by op, teacher forced (plumb diff --local: each op of the patched run fed
+// the GEMV run's inputs): every tap within the patch's local tolerance; index taps may differ only by near ties
+// (the bf16 roundings can move a score across a top-k boundary; free running, such a flip changes that token's
+// logits by O(1), which is why the free-running logits are only reported). With the threshold at 1 token every
+// chunk, decode-sized ones included, takes the GEMM.
 TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
   const auto load = [&](const std::string& patches, int min_tokens) {
@@ -290,7 +300,7 @@ TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
     return Model::load(dir, o, {}, "cuda");
   };
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4";
-  auto gemv = load(base, 32), gemm = load(base + ",cuda.prefill_gemm", 32), graphed = load(base + ",cuda.prefill_gemm,cuda.graph", 32),
+  auto gemv = load(base, 0), gemm = load(base + ",cuda.prefill_gemm", 0), graphed = load(base + ",cuda.prefill_gemm,cuda.graph", 0),
        always = load(base + ",cuda.prefill_gemm", 1);
   const auto toks = prompt(480, gemv->config().vocab);
   const auto run = [&](Model& m, size_t chunk) {
@@ -313,14 +323,65 @@ TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
   ASSERT_EQ(g.logits.size(), a.logits.size());
   EXPECT_EQ(std::memcmp(g.logits.data(), again.logits.data(), g.logits.size() * 4), 0) << "the GEMM forward is not deterministic";
   EXPECT_EQ(std::memcmp(g.logits.data(), gr.logits.data(), g.logits.size() * 4), 0) << "graph replay differs from eager launches";
+  // Free running: per token, the largest logit difference (normalized by max(1, max|logit|) of the token).
+  const int64_t V = gemv->config().vocab;
   for (auto [what, x, y] : {std::tuple{"chunks of 160", &g, &a}, std::tuple{"chunks of 7, threshold 1", &small, &small_gemv}}) {
-    std::vector<float> ref = y->logits;
-    const Cmp c = compare(x->logits.data(), ref.data(), int64_t(ref.size()));
-    const std::string d = describe(std::string("forward logits with cuda.prefill_gemm vs without, ") + what, c, gemv->config().vocab);
-    std::printf("  %s [tol 1e-2]\n", d.c_str());
-    EXPECT_EQ(c.nonfinite, 0) << d;
-    EXPECT_LE(c.norm, 1e-2) << d;
+    int64_t over = 0, first = -1;
+    double worst = 0;
+    for (int64_t t = 0; t < int64_t(x->logits.size()) / V; ++t) {
+      double e = 0, m = 1;
+      for (int64_t v = 0; v < V; ++v) {
+        m = std::max(m, double(std::fabs(y->logits[size_t(t * V + v)])));
+        e = std::max(e, double(std::fabs(x->logits[size_t(t * V + v)] - y->logits[size_t(t * V + v)])));
+      }
+      ASSERT_TRUE(std::isfinite(e)) << what << ": non-finite logits at token " << t;
+      worst = std::max(worst, e / m);
+      if (e / m > 1e-2 && over++ == 0) first = t;
+    }
+    std::printf("  free running, %s: worst token %.3e; %lld of %lld tokens beyond 1e-2 (first: %lld)\n", what, worst, (long long)over,
+                (long long)(x->logits.size() / size_t(V)), (long long)first);
   }
+  // Teacher forced, op by op: steps of 160, 160, 40 (GEMMs), 7 and 1 (the GEMV) tokens.
+  TempDir tmp;
+  const std::string file = tmp.file("tokens.txt");
+  {
+    std::ofstream f(file);
+    size_t pos = 0;
+    for (size_t step : {160, 160, 40, 7, 1, 1}) {
+      for (size_t i = 0; i < step; ++i) f << toks[pos + i] << (i + 1 < step ? ' ' : '\n');
+      pos += step;
+    }
+  }
+  const auto in = toolkit::input_from_tokens(dir, file);
+  const auto r = toolkit::diff_live(in, "cuda:" + base, "cuda:" + base + ",cuda.prefill_gemm", /*local=*/true);
+  // A near tie moves the ops that consume the selection by O(1) on its rows: the layer's attention output (indexer),
+  // or its routing weights, routed sum and output (router). Every other tap must stay within the tolerance.
+  std::set<std::string> excused;
+  int64_t tie_rows = 0;
+  for (const auto& row : r.rows) {
+    if (!row.is_index) continue;
+    EXPECT_EQ(row.lix.real, 0) << row.name << ": " << row.lix.real << " rows select differently beyond a near tie (" << row.lix.first_bad
+                               << ")";
+    if (!row.local_diverges) continue;
+    tie_rows += row.lix.ties;
+    const std::string L = row.name.substr(0, row.name.find('.') + 1);
+    if (row.name.ends_with("attn.indexer.topk")) excused.insert(L + "attn.out");
+    if (row.name.ends_with("ffn.gate.indices")) excused.insert({L + "ffn.gate.weights", L + "ffn.routed", L + "ffn.out"});
+  }
+  double worst = 0;
+  std::string worst_tap;
+  for (const auto& row : r.rows) {
+    if (row.is_index || !row.has_local || excused.count(row.name)) continue;
+    const double e = row.lf.max_abs / std::max(1.0, row.lf.ref_max);
+    if (e > worst) worst = e, worst_tap = row.name;
+    EXPECT_FALSE(row.local_diverges) << row.name << " differs on its own inputs: " << row.lf.max_abs << " (max |ref| " << row.lf.ref_max
+                                     << "; no near tie explains it)";
+  }
+  std::string ex;
+  for (const auto& e : excused) ex += (ex.empty() ? "" : ", ") + e;
+  std::printf("  teacher forced, op by op: worst tap %s %.3e [tol %.1e]; %lld index rows differ by near ties (excused: %s)\n",
+              worst_tap.c_str(), worst, r.tol_local, (long long)tie_rows, ex.empty() ? "none" : ex.c_str());
+  EXPECT_LE(worst, r.tol_local) << worst_tap;
 }
 
 // Refused by name: with the official numerics (the GEMMs do not reproduce its roundings) and without cuda.fp8_gemv
