@@ -379,9 +379,11 @@ TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
   }
   std::string ex;
   for (const auto& e : excused) ex += (ex.empty() ? "" : ", ") + e;
+  // The diff's own local tolerance combines both configurations' (2e-2 here); each tap is held to the patch's.
+  const double tol = find_patch("cuda.prefill_gemm")->tol.local;
   std::printf("  teacher forced, op by op: worst tap %s %.3e [tol %.1e]; %lld index rows differ by near ties (excused: %s)\n",
-              worst_tap.c_str(), worst, r.tol_local, (long long)tie_rows, ex.empty() ? "none" : ex.c_str());
-  EXPECT_LE(worst, r.tol_local) << worst_tap;
+              worst_tap.c_str(), worst, tol, (long long)tie_rows, ex.empty() ? "none" : ex.c_str());
+  EXPECT_LE(worst, tol) << worst_tap;
 }
 
 // Refused by name: with the official numerics (the GEMMs do not reproduce its roundings) and without cuda.fp8_gemv
