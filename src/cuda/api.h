@@ -175,6 +175,33 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
 void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
                     Stream s = nullptr);
 
+// ---- FP8 projections at prefill (patch cuda.prefill_gemm, src/cuda/fp8_gemm.cpp) ----
+// The decode GEMVs above read every weight once per 8 tokens; at prefill the same products run as bf16 tensor-core
+// GEMMs (cuBLASLt, fp32 accumulation and output): the weight dequantized into a bf16 scratch matrix (exact: an
+// E4M3 value times a power of two is a bf16 value when the scale is in range), the activations rounded to bf16 (the
+// one rounding that differs from the GEMV path, which rounds them to f16). Callers own the scratch.
+struct Fp8GemmBuffers {
+  uint16_t* w = nullptr;  // bf16 weights: at least rows * cols (shared expert: 2 * I * D)
+  uint16_t* x = nullptr;  // bf16 activations: at least n * (input width)
+  float* gu = nullptr;    // shared expert: W1 x | W3 x, fp32 [n, 2I]
+  uint16_t* h = nullptr;  // shared expert: SwiGLU output, bf16 [n, I]
+  size_t w_elems = 0, x_elems = 0, gu_elems = 0, h_elems = 0;
+};
+// Whether every code x scale of w is exactly a bf16 normal: E8M0 scales 2^-117 .. 2^118 (F32 scales, which the
+// upload keeps only when some scale is not a power of two, are not: those matrices stay on the GEMV).
+bool fp8_gemm_exact(const Fp8Matrix& w);
+void fp8_dequant_bf16(const Fp8Matrix& w, uint16_t* out, Stream s = nullptr);  // out [rows, cols]
+// y[t * ldy + r] = sum_k bf16(x[t * ldx + k]) * W[r, k], fp32: fp8_linear's contract on the tensor cores.
+void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, const Fp8GemmBuffers& b,
+                     Stream s = nullptr);
+// fp8_linear_grouped's contract (wo_a): the groups as one strided-batched GEMM.
+void fp8_linear_grouped_gemm(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, const Fp8GemmBuffers& b,
+                             Stream s = nullptr);
+// fp8_expert_ffn's contract: [W1; W3] x in one GEMM, SwiGLU (the GEMV epilogue's formula) into bf16 h, then W2 h;
+// y fp32 [n, D].
+void fp8_expert_ffn_gemm(const Fp8Expert& e, const void* x, Act xt, int n, double limit, float* y, const Fp8GemmBuffers& b,
+                         Stream s = nullptr);
+
 // Routing on the device: idx [n, K] int32, weight [n, K] f32 (placement P: contains routed_scaling_factor iff
 // Folded), logits [n, E] f32, select [n, E] f32 (learned layers; may be null).
 template <Rsf P>

@@ -281,6 +281,103 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
   return rows;
 }
 
+// The FP8 projections at prefill (cuda.prefill_gemm): each V4-Flash projection at 1K and 8K tokens through
+// fp8_linear_gemm / fp8_linear_grouped_gemm / fp8_expert_ffn_gemm (dequantization, activation conversion and the
+// cuBLASLt GEMM: the whole op as the forward runs it), the cuBLASLt GEMM alone on the pre-dequantized weight, and the
+// decode GEMV path (passes of 8 tokens, f16 input) at 1K; then the crossover sweep GEMV vs GEMM at small token
+// counts. Also checks at 1K: the GEMM's output against the GEMV's (bf16 vs f16 activations).
+std::vector<PrefillRow> bench_prefill_fp8(Bench& B, Workspace& ws, uint64_t& seed) {
+  const Stream S = B.s;
+  struct Proj {
+    const char* name;
+    int64_t rows, cols;
+    int groups;  // > 1: grouped (wo_a); 0: the shared expert (rows = I, cols = D)
+  };
+  const Proj projs[] = {{"wq_a", 1024, 4096, 1},          {"wkv", 512, 4096, 1},        {"wq_b", 32768, 1024, 1},
+                        {"wo_a (8 groups)", 8192, 4096, 8}, {"wo_b", 4096, 8192, 1},      {"indexer wq_b", 8192, 1024, 1},
+                        {"shared expert (w1,w3,w2)", 2048, 4096, 0}};
+  const int maxn = 8192;
+  const int64_t max_in = 8 * 4096, max_out = 32768;  // wo_a's input, wq_b's output
+  DeviceBuffer x32(size_t(maxn) * size_t(max_in) * 4), x16(size_t(maxn) * size_t(max_in) * 2), y(size_t(maxn) * size_t(max_out) * 4),
+      yv(size_t(1024) * size_t(max_out) * 4);
+  d::fill(x32.get(), x32.bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f, S);
+  d::fill(x16.get(), x16.bytes() / 2, d::kFillF16, seed++, -1.0f, 1.0f, S);
+  DeviceBuffer bw(size_t(32768) * 1024 * 2), bx(size_t(maxn) * size_t(max_in) * 2), bgu(size_t(maxn) * 4096 * 4), bh(size_t(maxn) * 2048 * 2);
+  Fp8GemmBuffers b;
+  b.w = bw.as<uint16_t>(), b.x = bx.as<uint16_t>(), b.gu = bgu.as<float>(), b.h = bh.as<uint16_t>();
+  b.w_elems = bw.bytes() / 2, b.x_elems = bx.bytes() / 2, b.gu_elems = bgu.bytes() / 4, b.h_elems = bh.bytes() / 2;
+  DeviceBuffer hgemv(size_t(1024) * 2048 * 2);
+  std::vector<PrefillRow> rows;
+  auto add = [&](std::string k, int n, double flops, const Timing& t) { rows.push_back({std::move(k), n, flops, t.single, t.graph}); };
+  auto fill8 = [&](Fp8Matrix& m) {
+    d::fill(m.codes.get(), m.codes.bytes(), d::kFillE4M3, seed++, 0, 0, S);
+    d::fill(m.scales.get(), m.scales.bytes(), d::kFillE8M0, seed++, 112, 118, S);
+  };
+  for (const auto& p : projs) {
+    const bool shared = p.groups == 0;
+    Fp8Matrix w = alloc_fp8(p.rows, p.cols);
+    Fp8Expert se;
+    if (shared) {
+      se.w1 = alloc_fp8(p.rows, p.cols), se.w3 = alloc_fp8(p.rows, p.cols), se.w2 = alloc_fp8(p.cols, p.rows);
+      for (Fp8Matrix* m : {&se.w1, &se.w3, &se.w2}) fill8(*m);
+    } else {
+      fill8(w);
+    }
+    const int64_t in_w = p.groups > 1 ? p.cols * p.groups : p.cols;
+    const double fpt = shared ? 2.0 * 3.0 * double(p.rows * p.cols) : 2.0 * double(p.rows * p.cols);  // flops per token
+    auto gemm = [&](int n) {
+      if (shared) fp8_expert_ffn_gemm(se, x32.get(), Act::F32, n, 10.0, y.as<float>(), b, S);
+      else if (p.groups > 1) fp8_linear_grouped_gemm(w, p.groups, x32.get(), Act::F32, n, y.as<float>(), b, S);
+      else fp8_linear_gemm(w, x32.get(), Act::F32, p.cols, n, y.as<float>(), p.rows, b, S);
+    };
+    auto gemv = [&](int n, float* out) {
+      if (shared) fp8_expert_ffn(se, x16.get(), Act::F16, n, 10.0, hgemv.as<uint16_t>(), out, ws, S);
+      else if (p.groups > 1) fp8_linear_grouped(w, p.groups, x16.get(), Act::F16, n, out, ws, S);
+      else fp8_linear(w, x16.get(), Act::F16, p.cols, n, out, p.rows, ws, S);
+    };
+    const std::string name = fmt::format("FP8 {} [{}, {}]", p.name, shared ? 3 * p.rows : p.rows, p.cols);
+    for (int n : {1024, 8192}) {
+      add(name + ": GEMM (dequant + bf16 x + cuBLASLt)", n, fpt * n, B.time([&](int) { gemm(n); }));
+      if (!shared) {  // the cuBLASLt call alone, on the weight dequantized once
+        gemm(n);
+        GemmDesc g;
+        g.m = n, g.n = int(p.rows / std::max(p.groups, 1)), g.k = int(p.cols);
+        if (p.groups > 1)
+          g.lda = in_w, g.ldb = p.cols, g.ldd = p.rows, g.batch = p.groups, g.a_stride = p.cols, g.b_stride = g.n * p.cols, g.d_stride = g.n;
+        add("  cuBLASLt GEMM alone", n, fpt * n, B.time([&](int) { gemm_bf16(g, b.x, b.w, y.get(), S); }));
+      }
+      if (n == 1024) {
+        add(name + ": GEMV (passes of 8 tokens)", n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
+        // Check: GEMM vs GEMV outputs (bf16 vs f16 activations) on the same f16 input values.
+        const int64_t out_w = shared ? p.cols : p.rows;
+        if (shared) fp8_expert_ffn_gemm(se, x16.get(), Act::F16, n, 10.0, y.as<float>(), b, S);
+        else if (p.groups > 1) fp8_linear_grouped_gemm(w, p.groups, x16.get(), Act::F16, n, y.as<float>(), b, S);
+        else fp8_linear_gemm(w, x16.get(), Act::F16, p.cols, n, y.as<float>(), p.rows, b, S);
+        gemv(n, yv.as<float>());
+        d::dsync();
+        const auto a = to_host<float>(y, size_t(n) * size_t(out_w)), r = to_host<float>(yv, size_t(n) * size_t(out_w));
+        double max_err = 0, max_ref = 0;
+        size_t at = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          max_ref = std::max(max_ref, double(std::fabs(r[i])));
+          const double e = std::isfinite(a[i]) ? std::fabs(double(a[i]) - r[i]) : INFINITY;
+          if (e > max_err) max_err = e, at = i;
+        }
+        const double rel = max_err / std::max(max_ref, 1e-30);
+        fmt::print("check {} GEMM vs GEMV n={}: max |diff| = {:.3e} at [{}, {}] (max |GEMV| {:.3e}, normalized {:.2e})\n", name, n, max_err,
+                   at / size_t(out_w), at % size_t(out_w), max_ref, rel);
+        B.checks.push_back({{"kernel", name + " GEMM vs GEMV"}, {"batch", n}, {"max_abs_err", max_err}, {"max_ref", max_ref}, {"normalized", rel}});
+      }
+    }
+    if (p.groups != 1 || p.rows == 1024 || p.rows == 8192) continue;  // crossover on wkv, wq_b, wo_b
+    for (int n : {8, 16, 24, 32, 48, 64, 128}) {
+      add(fmt::format("  crossover {}: GEMV", p.name), n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
+      add(fmt::format("  crossover {}: GEMM", p.name), n, fpt * n, B.time([&](int) { gemm(n); }));
+    }
+  }
+  return rows;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& opt) {
@@ -560,6 +657,9 @@ int run_bench(const BenchOptions& opt) {
 
   // ---- routed experts at prefill (grouped GEMMs) ----
   const std::vector<PrefillRow> prefill = B.want("prefill") ? bench_prefill_moe(B, moe, K, ws, seed) : std::vector<PrefillRow>{};
+  // ---- FP8 projections at prefill (cuda.prefill_gemm): in `prefill`, or alone as `fp8prefill` ----
+  const std::vector<PrefillRow> prefill8 =
+      B.want("prefill") || B.want("fp8prefill") ? bench_prefill_fp8(B, ws, seed) : std::vector<PrefillRow>{};
 
   // ---- FP8 block-scaled projections and shared expert ----
   struct Proj {
@@ -727,6 +827,18 @@ int run_bench(const BenchOptions& opt) {
   for (const auto& r : prefill)
     fmt::print("{:<50} {:>6} {:>10.1f} {:>10.1f} {:>9.1f} {:>7.1f}%\n", r.kernel, r.tokens, r.us, r.us_graph, tflops(r), pct_bf16(r));
   fmt::print("target (issue): MoE GEMMs >= 40% of the bf16 rate at 8K tokens\n");
+  if (!prefill8.empty()) {
+    fmt::print("\nprefill FP8 projections (cuda.prefill_gemm: E4M3 + E8M0 128x128 blocks dequantized to bf16, x f32 -> bf16, "
+               "cuBLASLt bf16 GEMM, fp32 out; V4-Flash shapes; median of {} single launches, L2 flushed; % of the bf16 rate "
+               "measured above)\n{:<62} {:>6} {:>10} {:>10} {:>9} {:>8}\n",
+               B.o.iters, "op", "tokens", "us single", "us graph", "TFLOP/s", "% bf16");
+    for (const auto& r : prefill8)
+      fmt::print("{:<62} {:>6} {:>10.1f} {:>10.1f} {:>9.1f} {:>7.1f}%\n", r.kernel, r.tokens, r.us, r.us_graph, tflops(r), pct_bf16(r));
+    fmt::print("target: each FP8 prefill projection >= 40% of the bf16 rate at 8K tokens\n");
+    for (const auto& r : prefill8)
+      if (r.tokens == 8192 && r.kernel.find(": GEMM (") != std::string::npos)
+        fmt::print("  {:<62} {:5.1f}%  {}\n", r.kernel, pct_bf16(r), pct_bf16(r) >= 40 ? "meets" : "below");
+  }
 
   if (!B.o.json.empty()) {
     nlohmann::json j;
@@ -752,6 +864,11 @@ int run_bench(const BenchOptions& opt) {
       pj.push_back({{"kernel", r.kernel}, {"tokens", r.tokens}, {"flops", r.flops}, {"us_single_median", r.us}, {"us_graph", r.us_graph},
                     {"tflops", tflops(r)}, {"pct_bf16", B.gemm.measured ? nlohmann::json(pct_bf16(r)) : nlohmann::json(nullptr)}});
     j["prefill_moe"] = pj;
+    nlohmann::json p8 = nlohmann::json::array();
+    for (const auto& r : prefill8)
+      p8.push_back({{"op", r.kernel}, {"tokens", r.tokens}, {"flops", r.flops}, {"us_single_median", r.us}, {"us_graph", r.us_graph},
+                    {"tflops", tflops(r)}, {"pct_bf16", B.gemm.measured ? nlohmann::json(pct_bf16(r)) : nlohmann::json(nullptr)}});
+    j["prefill_fp8"] = p8;
     j["kernels"] = dump(B.rows);
     j["tuning"] = dump(B.tuning);
     j["checks"] = B.checks;
@@ -776,6 +893,9 @@ int run_bench(const BenchOptions& opt) {
     for (const auto& r : prefill)
       f << csv_row({"prefill", r.kernel, "E256 top-6, D 4096, I 2048", std::to_string(r.tokens), "", "", num(r.us), "", num(r.us_graph),
                     "", "", num(B.copy_gbps), "", num(r.flops), num(tflops(r)), num(pct_bf16(r))});
+    for (const auto& r : prefill8)
+      f << csv_row({"prefill_fp8", r.kernel, "V4-Flash", std::to_string(r.tokens), "", "", num(r.us), "", num(r.us_graph), "", "",
+                    num(B.copy_gbps), "", num(r.flops), num(tflops(r)), num(pct_bf16(r))});
     if (!f) {
       std::fprintf(stderr, "plumb bench: cannot write %s\n", B.o.csv.c_str());
       return 2;

@@ -5,6 +5,7 @@
 #include "cuda/blas.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -28,6 +29,9 @@ bool have_cublaslt() { return false; }
 void gemm_bf16(const uint16_t*, const uint16_t*, void*, bool, int, int, int, Stream) {
   throw Error("gemm_bf16: this plumb was built without cuBLASLt");
 }
+void gemm_bf16(const GemmDesc&, const uint16_t*, const uint16_t*, void*, Stream) {
+  throw Error("gemm_bf16: this plumb was built without cuBLASLt");
+}
 
 GemmRate measure_bf16_gemm(int m, int n, int k, int, int iters, Stream) {
   GemmRate r;
@@ -48,33 +52,64 @@ void check(cublasStatus_t st, const char* what) {
 
 constexpr size_t kWorkspace = size_t(32) << 20;
 
+// cuBLASLt's scratch, one per thread and stream for every plan: the plans are cached per shape (prefill chunks of
+// many sizes make many), and all of a thread's GEMMs on one stream run in order, so they can share it; cuda.streams'
+// side stream (detail::stream_of) runs concurrently and has its own. Both are allocated at plan creation, outside
+// any graph capture.
+void* shared_workspace(bool side) {
+  thread_local DeviceBuffer ws[2] = {DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace)};
+  return ws[side ? 1 : 0].get();
+}
+
+void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride, const char* what) {
+  if (batch <= 1) return;
+  const int32_t b = batch;
+  check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), what);
+  check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride), what);
+}
+
 // One planned GEMM: descriptors, layouts and the heuristic's first algorithm, for D = A . B^T (row-major A [m, k],
-// B [n, k], D [m, n]). In cuBLASLt's column-major terms: D^T (n x m) = op_T(B as k x n) . (A as k x m).
+// B [n, k], D [m, n], each with its leading dimension). In cuBLASLt's column-major terms: D^T (n x m) = op_T(B as
+// k x n) . (A as k x m).
 struct Plan {
   cublasLtHandle_t h = nullptr;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulHeuristicResult_t heur{};
-  DeviceBuffer ws;
 
-  Plan(int m, int n, int k, bool d_f32) : ws(kWorkspace) {
+  // align: the byte alignment (a power of two, <= 256) every pointer, leading dimension and batch stride of A, B, D
+  // share, so that the heuristic picks an algorithm that can run on them.
+  Plan(const GemmDesc& g, const std::array<int, 3>& align) {
+    const int m = g.m, n = g.n, k = g.k;
+    shared_workspace(false);  // allocated here, outside any graph capture
     check(cublasLtCreate(&h), "cublasLtCreate");
     check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "set TRANSA");
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof nn), "set TRANSB");
-    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, uint64_t(k), uint64_t(n), int64_t(k)), "layout A");
-    check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(k), uint64_t(m), int64_t(k)), "layout B");
-    check(cublasLtMatrixLayoutCreate(&ld, d_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n), uint64_t(m), int64_t(n)), "layout D");
+    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, uint64_t(k), uint64_t(n), g.ldb), "layout A");
+    check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(k), uint64_t(m), g.lda), "layout B");
+    check(cublasLtMatrixLayoutCreate(&ld, g.d_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n), uint64_t(m), g.ldd), "layout D");
+    set_batch(la, g.batch, g.b_stride, "batch A");
+    set_batch(lb, g.batch, g.a_stride, "batch B");
+    set_batch(ld, g.batch, g.d_stride, "batch D");
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const size_t wsb = kWorkspace;
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb), "set workspace");
+    const uint32_t al_a = uint32_t(align[0]), al_b = uint32_t(align[1]), al_d = uint32_t(align[2]);
+    // cuBLASLt's A is plumb's B (the weights) and its B plumb's A (see above).
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof al_b), "set align A");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof al_a), "set align B");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d), "set align C");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d), "set align D");
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check(st, "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1) throw Error("cuBLASLt: no algorithm for this bf16 GEMM");
+    if (found < 1)
+      throw Error("cuBLASLt: no algorithm for the bf16 GEMM m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " +
+                  std::to_string(k) + ", batch " + std::to_string(g.batch));
   }
   ~Plan() {
     if (ld) cublasLtMatrixLayoutDestroy(ld);
@@ -90,27 +125,50 @@ struct Plan {
     const float one = 1.0f, zero = 0.0f;
     // A null stream is plumb's default stream, the calling thread's (the CUDA code is built with
     // --default-stream per-thread); cuBLASLt itself would read 0 as the legacy stream, which cannot be captured.
-    cudaStream_t cs = s ? reinterpret_cast<cudaStream_t>(s) : cudaStreamPerThread;
-    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, ws.get(), kWorkspace, cs),
+    const Stream r = detail::stream_of(s);  // a StreamScope's stream (cuda.streams), else the thread's
+    cudaStream_t cs = r ? reinterpret_cast<cudaStream_t>(r) : cudaStreamPerThread;
+    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(r != nullptr && !s), kWorkspace, cs),
           "cublasLtMatmul");
   }
 };
 
+// The largest power of two <= 256 dividing the address and the byte sizes of the leading dimension and batch stride.
+int alignment(const void* p, int64_t ld_bytes, int64_t stride_bytes) {
+  uint64_t v = reinterpret_cast<uintptr_t>(p) | uint64_t(ld_bytes) | uint64_t(stride_bytes) | 256u;
+  return int(v & (~v + 1));
+}
+
+GemmDesc filled(GemmDesc g) {
+  if (!g.lda) g.lda = g.k;
+  if (!g.ldb) g.ldb = g.k;
+  if (!g.ldd) g.ldd = g.n;
+  return g;
+}
+
 }  // namespace
 
-void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s) {
-  if (m <= 0 || n <= 0 || k <= 0) throw Error("gemm_bf16: empty problem");
-  // Plans are cached per thread and shape: creating one (handle, heuristic, workspace allocation) costs far more
-  // than the decode step's head GEMM, and an allocation cannot happen inside a CUDA graph capture.
-  struct Key {
-    int m, n, k;
-    bool f32;
-    bool operator<(const Key& o) const { return std::tie(m, n, k, f32) < std::tie(o.m, o.n, o.k, o.f32); }
-  };
+void gemm_bf16(const GemmDesc& g0, const uint16_t* A, const uint16_t* B, void* D, Stream s) {
+  const GemmDesc g = filled(g0);
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch < 1) throw Error("gemm_bf16: empty problem");
+  if (g.lda < g.k || g.ldb < g.k || g.ldd < g.n)
+    throw Error("gemm_bf16: leading dimensions (" + std::to_string(g.lda) + ", " + std::to_string(g.ldb) + ", " + std::to_string(g.ldd) +
+                ") below the row lengths (k " + std::to_string(g.k) + ", n " + std::to_string(g.n) + ")");
+  // Plans are cached per thread and shape: creating one (handle, heuristic) costs far more than the decode step's
+  // head GEMM, and nothing may be created inside a CUDA graph capture.
+  const int ds = g.d_f32 ? 4 : 2;
+  const std::array<int, 3> al = {alignment(A, g.lda * 2, g.a_stride * 2), alignment(B, g.ldb * 2, g.b_stride * 2),
+                                 alignment(D, g.ldd * ds, g.d_stride * ds)};
+  using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, bool, std::array<int, 3>>;
   thread_local std::map<Key, std::unique_ptr<Plan>> plans;
-  auto& p = plans[Key{m, n, k, d_f32}];
-  if (!p) p = std::make_unique<Plan>(m, n, k, d_f32);
+  auto& p = plans[Key{g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, g.a_stride, g.b_stride, g.d_stride, g.d_f32, al}];
+  if (!p) p = std::make_unique<Plan>(g, al);
   p->run(A, B, D, s);
+}
+
+void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s) {
+  GemmDesc g;
+  g.m = m, g.n = n, g.k = k, g.d_f32 = d_f32;
+  gemm_bf16(g, A, B, D, s);
 }
 
 GemmRate measure_bf16_gemm(int m, int n, int k, int warmup, int iters, Stream s) {
@@ -120,7 +178,9 @@ GemmRate measure_bf16_gemm(int m, int n, int k, int warmup, int iters, Stream s)
     DeviceBuffer a(size_t(m) * size_t(k) * 2), b(size_t(n) * size_t(k) * 2), dd(size_t(m) * size_t(n) * 2);
     d::fill(a.get(), size_t(m) * size_t(k), d::kFillBF16, 71, -1.0f, 1.0f, s);  // random data: zeros run faster
     d::fill(b.get(), size_t(n) * size_t(k), d::kFillBF16, 72, -1.0f, 1.0f, s);
-    Plan p(m, n, k, /*d_f32=*/false);
+    GemmDesc g;
+    g.m = m, g.n = n, g.k = k, g.d_f32 = false;
+    Plan p(filled(g), {256, 256, 256});
     for (int i = 0; i < warmup; ++i) p.run(a.as<uint16_t>(), b.as<uint16_t>(), dd.get(), s);
     void* e0 = d::event_create();
     void* e1 = d::event_create();

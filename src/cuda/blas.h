@@ -17,6 +17,19 @@ bool have_cublaslt();  // built with cuBLASLt
 // cuBLASLt error.
 void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s = nullptr);
 
+// The same product with leading dimensions and a strided batch: for b < batch, D_b = A_b . B_b^T with
+// A_b = A + b * a_stride ([m, k], rows lda apart), B_b = B + b * b_stride ([n, k], rows ldb apart), D_b = D +
+// b * d_stride ([m, n], rows ldd apart); strides and leading dimensions in elements. The FP8 prefill GEMMs
+// (fp8_gemm.cpp) write into column slices of wider outputs (ldd > n) and run the grouped wo_a as one batch.
+struct GemmDesc {
+  int m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;  // 0: k, k, n
+  int batch = 1;
+  int64_t a_stride = 0, b_stride = 0, d_stride = 0;
+  bool d_f32 = true;
+};
+void gemm_bf16(const GemmDesc& g, const uint16_t* A, const uint16_t* B, void* D, Stream s = nullptr);
+
 // The device's bf16 tensor-core rate: an m x n x k bf16 GEMM (random inputs, bf16 out, fp32 accumulate), the
 // median of `iters` timed runs after `warmup` untimed ones.
 struct GemmRate {

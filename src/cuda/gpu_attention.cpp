@@ -238,8 +238,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // output projection reads o as f16: written by the same launch.
   const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
   const bool wo_fp8 = w.wo_a.fp8 && R % 128 == 0;
+  // cuda.prefill_gemm: the grouped GEMM reads o in fp32 (rotated in place below) and rounds it to bf16 once.
+  const bool wo_gemm = wo_fp8 && w.wo_a.gemm_min && n >= w.wo_a.gemm_min;
   uint16_t* o16 = nullptr;
-  if (wo_fp8 && !nm.official()) {
+  if (wo_fp8 && !wo_gemm && !nm.official()) {
     o16 = static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2));
     fwd_rope_f16(o, n * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, o16, nullptr);
   } else {
@@ -250,7 +252,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   region.emplace(tm, "attn.out_proj");
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.
   float* mid = sc.f("attn.mid", n * G * R);
-  if (wo_fp8)
+  if (wo_gemm)
+    fp8_linear_grouped_gemm(*w.wo_a.fp8, int(G), o, cuda::Act::F32, n, mid,
+                            gemm_buffers(sc, size_t(n) * size_t(H * Dh), size_t(w.wo_a.fp8->rows * w.wo_a.fp8->cols)));
+  else if (wo_fp8)
     fp8_linear_grouped(*w.wo_a.fp8, int(G), o16 ? static_cast<const void*>(o16) : o, o16 ? cuda::Act::F16 : cuda::Act::F32, n, mid,
                        sc.ws);
   else

@@ -68,9 +68,24 @@ void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64
   detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, dpos, 0, per_pos, 1, inverse ? 1 : 0, nullptr);
 }
 
+Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems, size_t h_elems) {
+  Fp8GemmBuffers b;
+  b.w_elems = std::max(w_elems, sc.gemm_w_elems), b.x_elems = x_elems, b.gu_elems = gu_elems, b.h_elems = h_elems;
+  ++sc.gemm_calls;
+  b.w = static_cast<uint16_t*>(sc.get("fp8gemm.w", b.w_elems * 2));
+  b.x = static_cast<uint16_t*>(sc.get("fp8gemm.x", x_elems * 2));
+  if (gu_elems) b.gu = sc.f("fp8gemm.gu", int64_t(gu_elems));
+  if (h_elems) b.h = static_cast<uint16_t*>(sc.get("fp8gemm.h", h_elems * 2));
+  return b;
+}
+
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16) {
-  if (w.fp8)
-    return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.work()) : fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.work());
+  // cuda.prefill_gemm: from the fp32 x (one bf16 rounding, not f16 then bf16).
+  if (w.fp8 && w.gemm_min && n >= w.gemm_min)
+    return fp8_linear_gemm(*w.fp8, x, Act::F32, ldx, n, y, ldy,
+                           gemm_buffers(sc, size_t(n) * size_t(w.fp8->cols), size_t(w.fp8->rows * w.fp8->cols)));
+  if (w.fp8) return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.work())
+                 : fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.work());
   detail::fwd_linear(w.d, x, n, ldx, 0, w.d.rows, y, ldy, nullptr);
 }
 

@@ -20,6 +20,7 @@ struct GMat {
   DeviceBuffer w, s;
   detail::DMat d;
   std::shared_ptr<Fp8Matrix> fp8;
+  int gemm_min = 0;  // cuda.prefill_gemm: chunks of at least this many tokens run fp8_linear_gemm (0: never)
 };
 GMat upload_matrix(const Matrix& m, bool fp8_fast = false);
 bool fp8_fast_fits(const Matrix& m);  // FP8, rows % 16 == 0, cols % 128 == 0
@@ -64,6 +65,7 @@ struct GpuMoe {
   DeviceBuffer shared_desc;          // detail::DMat[3]: s1, s2, s3
   std::unique_ptr<MoeExperts> fp4;   // cuda.moe_mxfp4: the routed experts in the decode layout (instead of `routed`)
   std::unique_ptr<Fp8Expert> sfp8;   // cuda.fp8_gemv: the shared expert for the fused kernel (instead of s1..s3)
+  int shared_gemm_min = 0;           // cuda.prefill_gemm: chunks of at least this many tokens run fp8_expert_ffn_gemm
 };
 struct GpuLayer {
   DeviceBuffer attn_norm, ffn_norm;
@@ -128,6 +130,8 @@ class Scratch {
   void enable_side();
   // The workspace of the stream launches go to now (ws_side inside a StreamScope of the side stream).
   Workspace& work() { return detail::stream_of(nullptr) ? ws_side : ws; }
+  size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)
+  int64_t gemm_calls = 0;   // cuda.prefill_gemm: projections that ran as GEMMs (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 
@@ -144,10 +148,14 @@ struct Step {
   bool bounds = false;
 };
 
-// y[t * ldy + r] = W x[t * ldx], all rows: the W8A16 kernel when the matrix has one (cuda.fp8_gemv), else the
-// fp32 twin. x16 (optional): x as f16 rows with the same ld, which the W8A16 kernel then reads instead of
+// y[t * ldy + r] = W x[t * ldx], all rows: the W8A16 kernel when the matrix has one (cuda.fp8_gemv), the bf16 GEMM
+// for chunks of at least w.gemm_min tokens (cuda.prefill_gemm), else the fp32 twin. x16 (optional): x as f16 rows with the same ld, which the W8A16 kernel then reads instead of
 // converting x again.
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr);
+
+// cuda.prefill_gemm's scratch from the session's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
+// activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).
+Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems = 0, size_t h_elems = 0);
 
 // Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized). Returns
 // whether it reallocated.

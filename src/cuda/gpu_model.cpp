@@ -66,13 +66,24 @@ void check_options(const ModelOptions& o) {
   refuse(o.cuda_fp8_gemv, "cuda.fp8_gemv");
   refuse(o.cuda_moe_mxfp4, "cuda.moe_mxfp4");
   refuse(o.attn_splitk_decode, "attn.splitk_decode");
+  refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
+  // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
+  PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
+              "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
+  PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
+              o.prefill_gemm_min_tokens);
 }
 
 // Where the requested fast kernels apply (they fall back to the fp32 twin elsewhere): said once at load.
 struct FastCount {
-  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0;
+  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0, gemm = 0;
+  size_t gemm_w = 0;  // cuda.prefill_gemm: the largest bf16 weight a GEMM dequantizes
   void mat(const GMat& g, const Matrix& m) {
     if (m.layout() == Matrix::Layout::FP8Block) ++fp8_of, fp8 += g.fp8 != nullptr;
+    gemm_mat(g);
+  }
+  void gemm_mat(const GMat& g) {
+    if (g.gemm_min) ++gemm, gemm_w = std::max(gemm_w, size_t(g.fp8->rows * g.fp8->cols));
   }
 };
 
@@ -93,10 +104,29 @@ class GpuForward : public DeviceForward {
     g_.rope_compress = upload_rope(m.rope_compress());
     const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
     FastCount fc;
+    const bool gemm = opt_.cuda_prefill_gemm;
+    // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact, from
+    // the token count where the GEMM (a dequantization pass, then the weight read once) overtakes the GEMV (the
+    // weight read once per 8 tokens). H200 crossover (`plumb bench --only fp8prefill`, GEMV vs GEMM in us): wkv
+    // [512, 4096] 14.5 / 15.0 at 24 tokens, 17.4 / 15.2 at 32; wq_b [32768, 1024] 42.8 / 56.9 at 32, 60.6 / 57.2 at
+    // 48; wo_b [4096, 8192] 50.5 / 59.4 at 32, 70.2 / 59.7 at 48.
+    auto gemm_min = [&](const Fp8Matrix& f) {
+      if (!gemm || !fp8_gemm_exact(f)) return 0;
+      if (opt_.prefill_gemm_min_tokens > 0) return opt_.prefill_gemm_min_tokens;
+      return f.rows * f.cols >= (int64_t(8) << 20) ? 48 : 32;
+    };
     auto mat = [&](const Matrix& m) {
       GMat g = upload_matrix(m, fp8);
+      if (g.fp8) g.gemm_min = gemm_min(*g.fp8);
       fc.mat(g, m);
       return g;
+    };
+    // The compressors' matrices (uploaded by upload_comp, not counted in cuda.fp8_gemv's line).
+    auto set_gemm = [&](GpuComp& g) {
+      for (GMat* gm : {&g.wkv, &g.wgate}) {
+        if (gm->fp8) gm->gemm_min = gemm_min(*gm->fp8);
+        fc.gemm_mat(*gm);
+      }
     };
     for (const auto& L : w.layers) {
       GpuLayer gl;
@@ -114,9 +144,10 @@ class GpuForward : public DeviceForward {
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
       gl.attn.sink = upload_tensor(a.sink);
       gl.attn.splitk = opt_.attn_splitk_decode;
-      if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8);
+      if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8), set_gemm(*gl.attn.comp);
       if (a.indexer) {
         gl.attn.icomp = upload_comp(a.indexer->comp, fp8);
+        set_gemm(*gl.attn.icomp);
         gl.attn.iwq_b = mat(a.indexer->wq_b);
         gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
       }
@@ -138,6 +169,11 @@ class GpuForward : public DeviceForward {
       if (S && fp8 && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
         gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
         fc.fp8 += 3, fc.fp8_of += 3;
+        const Fp8Expert& e = *gl.moe.sfp8;
+        if (gemm_min(e.w1) && gemm_min(e.w3) && gemm_min(e.w2)) {
+          gl.moe.shared_gemm_min = std::max({gemm_min(e.w1), gemm_min(e.w3), gemm_min(e.w2)});
+          fc.gemm += 3, fc.gemm_w = std::max(fc.gemm_w, size_t(2 * e.w1.rows * e.w1.cols));
+        }
       } else if (M.shared) {
         gl.moe.s1 = std::make_unique<GMat>(upload_matrix(M.shared->w1));
         gl.moe.s2 = std::make_unique<GMat>(upload_matrix(M.shared->w2));
@@ -156,6 +192,12 @@ class GpuForward : public DeviceForward {
     if (fp8)
       fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}\n", fc.fp8, fc.fp8_of,
                  fc.fp8 < fc.fp8_of ? " (the others have shapes the kernel does not take: the fp32 twin runs them)" : "");
+    if (gemm)
+      fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
+                 "block scales stay on the GEMV)\n", fc.gemm,
+                 opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
+                                              : std::string("32 tokens, 48 for matrices of >= 8M weights"));
+    gemm_w_elems_ = fc.gemm_w;
     if (fp4)
       fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,
                  fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
@@ -163,6 +205,7 @@ class GpuForward : public DeviceForward {
 
   std::shared_ptr<DeviceSessionState> new_state() const override {
     auto s = std::make_shared<DeviceSessionState>();
+    s->scratch.gemm_w_elems = gemm_w_elems_;
     s->layers.resize(size_t(cfg_.n_layers));
     for (size_t i = 0; i < s->layers.size(); ++i) init_attention_state(g_.layers[i].attn, cfg_, s->layers[i]);
     return s;
@@ -411,6 +454,7 @@ class GpuForward : public DeviceForward {
   GpuNumerics nm_;
   GpuWeights g_;
   bool head_bf16_ = false;  // cuda.head_bf16 applies
+  size_t gemm_w_elems_ = 0; // cuda.prefill_gemm: the largest bf16 weight (each session's scratch holds one)
 };
 
 }  // namespace

@@ -115,7 +115,10 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
 void shared_expert(const MoeCtx& m, float* shared) {
   const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit;
   const OpRegion region(m.sc.timer, "moe.shared");
-  if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
+  if (m.w.sfp8 && m.w.shared_gemm_min && m.n >= m.w.shared_gemm_min) {  // cuda.prefill_gemm: bf16 GEMMs from the fp32 x
+    const size_t I = size_t(m.w.sfp8->w1.rows), n = size_t(m.n), D = size_t(m.c.hidden);
+    fp8_expert_ffn_gemm(*m.w.sfp8, m.x, cuda::Act::F32, m.n, limit, shared, gemm_buffers(m.sc, n * D, 2 * I * D, n * 2 * I, n * I));
+  } else if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(m.n) * size_t(m.w.sfp8->w1.rows) * 2));
     fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, m.n, limit,
                    h16, shared, m.sc.work());

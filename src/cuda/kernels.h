@@ -135,6 +135,16 @@ struct GemvArgs {
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
+// ---- FP8 prefill GEMMs' helpers (fp8_gemm.cu) ----
+// out [rows, cols] bf16 = E4M3 code x 2^(scale byte - 127) per 128x128 block (E8M0 scales [rows/128, s_ld]); exact for
+// the scales fp8_gemm_exact admits. cols % 128 == 0; codes and out 16-byte aligned.
+void launch_fp8_dequant_bf16(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, int64_t s_ld, uint16_t* out,
+                             Stream s);
+// out[r, k] = bf16(x[r * ldx + k]) for r < n, k < cols (x an Act), round to nearest even.
+void launch_to_bf16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
+// h[t, c] = bf16(silu(min(gu[t, c], L)) * clamp(gu[t, I + c], -L, L)) (gu [n, 2I] fp32; L <= 0: no clamp).
+void launch_swiglu_bf16(const float* gu, int n, int64_t I, float limit, uint16_t* h, Stream s);
+
 // y[t, :] = out_scale * sum_k weight[t, k] * ys[t*K + k, :] (+ add[t, :])
 void launch_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add,
                     float* y, Stream s);

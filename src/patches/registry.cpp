@@ -97,6 +97,18 @@ std::vector<Patch> make_registry() {
                // The same kernels on the same data; only their overlap changes: bit-identical (tests/cuda). The
                // tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_streams = true; }, false, "cuda"});
+  r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (8 tokens per pass over the weights)",
+               "chunks of >= 32 tokens (48 for matrices of >= 8M weights) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
+               "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "
+               "code x power-of-two scale), activations rounded to bf16, fp32 accumulation and output; the prefill half of "
+               "cuda.fp8_gemv (needs it); matrices with F32 or extreme block scales stay on the GEMV",
+               "bf16 activations (2^-9 relative) where the GEMV rounds to f16 (2^-11): about 4x its rounding error per "
+               "projection; a wrong group stride in the batched wo_a or a transposed weight would be O(1) errors",
+               // One bf16 rounding of each input (2^-9 relative): measured <= 1.8e-3 normalized against an fp64 host
+               // product of the unrounded inputs at V4-Flash shapes, <= 5.4e-6 against one of the bf16-rounded inputs
+               // (tests/cuda/test_cuda_fp8_gemm.cpp); the shared expert (bf16 x and bf16 h) 4.7e-3 against the GEMV
+               // path (f16 x and h). 1e-2 as for the other bf16-input patches (cuda.head_bf16).
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_prefill_gemm = true; }, false, "cuda"});
   r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
                "flash-decoding: a block takes one token, 16 heads and a contiguous chunk of keys (staged once in shared "
                "memory for all 16 heads), computes logits and P.V on the fp64 tensor cores with a running max and fp64 "

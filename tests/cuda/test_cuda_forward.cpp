@@ -41,7 +41,8 @@ std::vector<std::string> fp32_fixtures() {
 
 // (fixture, patches): the fp32 twin alone, with the exact MoE patches, and with the tensor-core kernels (they run
 // where the shapes fit: every matrix of kernel-dims, some of tiny-official / official-mixed; the fp32 twin
-// elsewhere), and the split-K attention on the fp32 twin, each at its registered tolerance.
+// elsewhere), the split-K attention on the fp32 twin, and the prefill GEMMs (chunks of >= 32 tokens: kernel-dims'
+// 40-token prefill, csa-long's, legacy-config's), each at its registered tolerance.
 class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
@@ -57,10 +58,11 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, GpuGolden,
     ::testing::Combine(::testing::ValuesIn(fp32_fixtures()),
                        ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode")),
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm")),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
-                      std::to_string(info.index % 4);
+                      std::to_string(info.index % 5);
       for (auto& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
