@@ -288,6 +288,49 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       else dst[0] = acc2[0];
     }
   }
+  if (!a.norm_w) {
+    cl.barrier_wait();
+    return;
+  }
+
+  // 4. Fused RMSNorm of the collapsed row (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), in
+  // place, with the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, inv =
+  // float(1 / sqrt(ss / D + eps)), g * (x * inv)) with the sum in this split's order (this block's slice, the
+  // blocks in rank order): the products are exact, so only the fp64 rounding of the sum can differ from the norm
+  // kernel's, and it moves the fp32 inv by one ulp with probability ~1e-8 per row.
+  __shared__ double ss2_s;
+  __syncthreads();  // this block's collapsed slice, written above by other threads
+  double ss2 = 0;
+  const float* crow = a.collapsed + int64_t(t) * D;
+  for (int q = tid; q < nq; q += kHcThreads) {
+    float xv[W];
+    hc_load<VEC>(crow + d0 + int64_t(q) * W, xv);
+#pragma unroll
+    for (int w = 0; w < W; ++w) ss2 += double(xv[w]) * xv[w];
+  }
+  ss2 = block_sum(ss2, sh);
+  if (tid == 0) ss2_s = ss2;
+  cl.barrier_wait();  // (the arrive after phase 3)
+  cl.sync();          // every block's partial in place
+  double tot2 = 0;
+  {
+    const double part = lane < S ? *cl.map_shared_rank(&ss2_s, lane) : 0.0;
+    for (int q = 0; q < S; ++q) tot2 += __shfl_sync(0xFFFFFFFFu, part, q);
+  }
+  cl.barrier_arrive();  // this block's remote reads are done (its own shared memory must outlive the others' reads)
+  const float inv = float(1.0 / sqrt(tot2 / double(D) + a.norm_eps));
+  for (int q = tid; q < nq; q += kHcThreads) {
+    const int64_t d = d0 + int64_t(q) * W;
+    float xv[W], gv[W];
+    hc_load<VEC>(crow + d, xv);
+    hc_load<VEC>(a.norm_w + d, gv);
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const float r = gv[w] * (xv[w] * inv);
+      a.collapsed[int64_t(t) * D + d + w] = r;
+      if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(r);
+    }
+  }
   cl.barrier_wait();
 }
 
@@ -347,7 +390,8 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if (a.n <= 0) return;
   if (a.n > 65535) throw_arg("hc_pre: more than 65535 tokens in one launch");
   const bool vec = a.D % 4 == 0 && aligned16(a.X) && aligned16(a.fn) && aligned16(a.collapsed) &&
-                   (!a.y || (aligned16(a.y) && aligned16(a.X_prev)));
+                   (!a.y || (aligned16(a.y) && aligned16(a.X_prev))) && (!a.norm_w || aligned16(a.norm_w));
+  if (a.norm_w && a.act_bf16) throw_arg("hc_pre: the fused norm is the fp32 twin's (not the official numerics')");
   if (a.y && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
     throw_arg("hc_pre: the fused hc_post needs X_out == X, X_prev and the previous gates");
   auto go = [&](auto h) {

@@ -95,6 +95,12 @@ struct HcArgs {
   const float* post_prev = nullptr, *comb_prev = nullptr;
   float* X_out = nullptr;
   int untransposed = 0;  // fault.comb_untransposed
+  // Fused RMSNorm of the collapsed rows (norm_w non-null; fp32 twin numerics only): collapsed = rms_norm(collapsed)
+  // with weight norm_w and eps norm_eps, and the f16 copy into collapsed16 when non-null: fwd_rms_norm's arithmetic
+  // (the fp64 sum of squares in another order: see hc_pre_kernel).
+  const float* norm_w = nullptr;
+  double norm_eps = 0;
+  uint16_t* collapsed16 = nullptr;
 };
 // scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);

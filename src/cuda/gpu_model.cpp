@@ -350,6 +350,9 @@ class GpuForward : public DeviceForward {
       nm_.act(X, int64_t(n) * H * D);
     }
 
+    // The normed x also as f16 when tensor-core kernels read it (written by the norm: no conversion launch per GEMV).
+    auto* col16 = opt_.cuda_fp8_gemv || opt_.cuda_moe_mxfp4 ? static_cast<uint16_t*>(sc.get("hc.collapsed16", size_t(n) * size_t(D) * 2))
+                                                            : nullptr;
     // The hc_post of a sublayer runs inside the next hc_pre (or hc_head), which computes the new streams of its
     // slice first (HcArgs::y: the same arithmetic, one launch fewer); serial with taps, which read X in between.
     const bool fuse_post = !taps;
@@ -361,10 +364,14 @@ class GpuForward : public DeviceForward {
       std::swap(X, X2);
       post_pending = false;
     };
-    auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site) {
+    // The RMSNorm after hc_pre runs in the same launch (HcArgs::norm_w) unless taps want the collapsed row before
+    // it or the official numerics round it their way. Returns whether it did (then col is normed, x16 written).
+    const bool fuse_norm = !taps && !nm_.official();
+    auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w) {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
       take_post(a, 0);
+      if (fuse_norm) a.norm_w = norm_w, a.norm_eps = c.rms_eps, a.collapsed16 = col16;
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
@@ -376,6 +383,7 @@ class GpuForward : public DeviceForward {
       tap_io(tap, (site + ".post").c_str(), post, {n, H});
       tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
       tap_io(tap, (site + ".collapsed").c_str(), col, {n, D});
+      return fuse_norm;
     };
     auto hc_post = [&] {
       if (fuse_post) {
@@ -387,24 +395,23 @@ class GpuForward : public DeviceForward {
       std::swap(X, X2);
     };
 
-    // The normed x also as f16 when tensor-core kernels read it (written by the norm: no conversion launch per GEMV).
-    auto* col16 = opt_.cuda_fp8_gemv || opt_.cuda_moe_mxfp4 ? static_cast<uint16_t*>(sc.get("hc.collapsed16", size_t(n) * size_t(D) * 2))
-                                                            : nullptr;
     for (int i = 0; i < c.n_layers; ++i) {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
       const auto type = c.attn[size_t(i)];
-      hc_pre(L.hc_attn, tap, "hc_attn");
       const uint16_t* x16 = nullptr;
-      {
+      if (hc_pre(L.hc_attn, tap, "hc_attn", f32(L.attn_norm))) {
+        x16 = col16;
+      } else {
         OpRegion r(tm, "norm");
         if (nm_.rms_norm(col, n, D, f32(L.attn_norm), c.rms_eps, col16)) x16 = col16;
       }
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
                     ds.layers[size_t(i)], sc, nm_, tap, y);
       hc_post();
-      hc_pre(L.hc_ffn, tap, "hc_ffn");
-      {
+      if (hc_pre(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm))) {
+        x16 = col16;
+      } else {
         OpRegion r(tm, "norm");
         x16 = nm_.rms_norm(col, n, D, f32(L.ffn_norm), c.rms_eps, col16) ? col16 : nullptr;
       }
@@ -426,6 +433,7 @@ class GpuForward : public DeviceForward {
     a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
     a.collapsed = hx;
     take_post(a, n - m);  // the last layer's hc_post, on these rows only
+    if (fuse_norm) a.norm_w = f32(g_.norm), a.norm_eps = c.rms_eps;  // the final norm in the same launch
     {
       OpRegion r(tm, "head");
       fwd_hc_pre(a, mixbuf, nullptr);
@@ -434,7 +442,7 @@ class GpuForward : public DeviceForward {
     float* logits = sc.f("logits", int64_t(m) * c.vocab);
     {
       OpRegion r(tm, "head");
-      nm_.rms_norm(hx, m, D, f32(g_.norm), c.rms_eps);
+      if (!fuse_norm) nm_.rms_norm(hx, m, D, f32(g_.norm), c.rms_eps);
       if (head_bf16_) {  // cuda.head_bf16: logits = bf16(x) . head^T on the tensor cores, fp32 out
         auto* xb = static_cast<uint16_t*>(sc.get("head.x16", size_t(m) * size_t(D) * 2));
         fwd_to_bf16(hx, int64_t(m) * D, xb, nullptr);

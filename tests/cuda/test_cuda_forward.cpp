@@ -253,9 +253,12 @@ TEST_F(GpuTest, StreamsStepsMatchSerialLaunches) {
 }
 
 // Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
-// streams of its slice; with a tap sink attached (taps read the streams in between) the separate hc_post kernel
-// runs. Both are one implementation (hc_post_cols): the logits must be the same bits, on prefill chunks and decode
-// steps, in the fp32, tensor-core and official numerics, with hc_mult 2 and 4 and the comb fault.
+// streams of its slice, and the RMSNorm after hc_pre (attn_norm, ffn_norm, the final norm) runs at its end; with a
+// tap sink attached (taps read the streams and the collapsed row in between) the separate kernels run. hc_post is
+// one implementation (hc_post_cols); the fused norm sums its fp64 squares in another order than the norm kernel,
+// which moves its fp32 scale by one ulp with probability ~1e-8 per row: the logits must be the same bits, on
+// prefill chunks and decode steps, in the fp32, tensor-core and official numerics (hc_post only), with hc_mult 2
+// and 4 and the comb fault.
 TEST_F(GpuTest, FusedHcPostMatchesTheSeparateKernel) {
   struct Silent : plumb::TapSink {  // attached, wants nothing: the forward takes its tap-compatible (unfused) path
     bool wants(const std::string&) const override { return false; }
