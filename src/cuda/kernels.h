@@ -215,7 +215,7 @@ struct GroupedArgs {
   float fold_unscale[2] = {0.0f, 0.0f};
 };
 // The default variant where the scales fold (fold_ok); variant 1 where they do not.
-constexpr int kGroupedFoldedDefault = 4;
+constexpr int kGroupedFoldedDefault = 6;
 // Variants of the grouped prefill GEMMs (0..6; variants 5 and 6 give variant 4's bits, moe_prefill.cu).
 constexpr int kGroupedVariants = 7;
 // Whether matrices whose E8M0 scale bytes lie in [lo, hi] can take the folded-scale kernels, and their constants.

@@ -1,5 +1,5 @@
 // Prefill MoE on MXFP4 experts (W4A16): the routing grouped per expert on the device, then grouped GEMMs (gate+up
-// with SwiGLU, down) in which a block reads its expert's weight rows once for up to 64 tokens (variant 4: 128).
+// with SwiGLU, down) in which a block reads its expert's weight rows once for up to 64 tokens (variants 4-6: 128).
 //
 // Two numerics (GroupedArgs::variant):
 // * Variants 0 and 1: the decode kernels' (gemv.cu): f16 activations, the E2M1 codes turned into f16 by bit
@@ -7,7 +7,7 @@
 //   group's E8M0 scale multiplies into the fp32 accumulator (fp4_mma_group), K in increasing order; the same SwiGLU
 //   epilogue. Only the grouping of tokens into MMA columns differs, and columns do not interact in an MMA, so each
 //   output is the same sum in the same order as one warp of the decode kernel would form over all of K.
-// * Variants 2-4 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into the
+// * Variants 2-6 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into the
 //   accumulators (no per-group partial, no FFMA): each f16 code v * 2^-14 is multiplied (mul.rn.f16x2) by the f16
 //   power of two 2^(b - hi - 13) for scale byte b, where hi is the largest scale byte of the matrix set
 //   (Fp4Matrices::scale_hi, measured at upload); the product v * 2^(b - hi + 1) is exact in f16 (normal or
@@ -18,11 +18,12 @@
 //   partial, and the tensor cores' fp32 addition into a large running sum keeps fewer low bits. Measured (H200,
 //   tests/cuda CudaMoe.GroupedPrefill*, bench/results/h200-moe-prefill-folded): h (f16) one ulp from variant 1
 //   and the decode kernels at most (normalized 6.3e-4); down 2.8e-6 of max |y| from variant 1 and 2.9e-6 from the
-//   fp64 twin (variant 1: 3.1e-7); variants 2, 3 and 4 gave the same worst elements everywhere. Matrix sets whose
-//   scale bytes span more than 24 octaves are refused by variants 2-4 (by name); the default then is variant 1.
+//   fp64 twin (variant 1: 3.1e-7); variants 2, 3 and 4 gave the same worst elements everywhere; 5 and 6 give
+//   variant 4's bits (tests: GroupedPrefillMatchesTwin, FoldExtremes, RealShapes). Matrix sets whose scale bytes
+//   span more than 24 octaves are refused by variants 2-6 (by name); the default then is variant 1.
 //
 // Block tile (all variants): 8 warps, a block owns 128 (gate+up: of w1 and of w3, for the fused SwiGLU) or 256
-// (down) weight rows of its tile's expert and all the tile's tokens (64; variant 4: 128); a warp owns 32 of those
+// (down) weight rows of its tile's expert and all the tile's tokens (64; variants 4-6: 128); a warp owns 32 of those
 // rows (gate+up: the same 16 rows of w1 and w3; down: 2 x 16 rows of w2) and decodes its weights once per
 // 128-column chunk for all the tokens (64 fp32 accumulators per lane; variant 4: 128). The tokens' activations are
 // gathered by slot into shared memory, a cp.async ring of 128-column chunks. Grid: (row blocks, tile bound),
@@ -40,12 +41,23 @@
 //     the tensor cores from shared memory (B through a matrix descriptor, no swizzle), m64nNk16 with N = 16, 32, 48
 //     or 64; asynchronous, one commit group (4 wgmma) per 32-column group in flight while the next group is
 //     decoded (tile_wgmma). 5 stages, 167 registers, no spills.
-//   4 "folded wgmma, 128 tokens" (the default where the scales fold, kGroupedFoldedDefault): variant 3 over two
-//     consecutive tiles of one expert (the block of an expert's even tile takes the odd one after it, whose block
-//     exits), N = 16 .. 128: half the weight decoding and staging per token. 4 stages of 49 KB, 236 registers, no
-//     spills.
-// H200 (bench/results/h200-moe-prefill-folded/bench.txt, bf16 cuBLASLt rate 800 TFLOP/s in the same run; V4-Flash
-// E256 top-6, uniform routing), TFLOP/s gate+up / down and % of bf16:
+//   4 "folded wgmma, 128 tokens": variant 3 over two consecutive tiles of one expert (the block of an expert's even
+//     tile takes the odd one after it, whose block exits), N = 16 .. 128: half the weight decoding and staging per
+//     token. 4 stages of 41 KB, 235-236 registers, no spills.
+//   5 "k-step groups": variant 4 with one commit group per k-step (2 wgmma) and 4 one-k-step fragment buffers
+//     (the same 32 registers), up to 3 groups in flight while the next k-step is decoded; an expert's slots split
+//     evenly over its blocks (192: 96 + 96, not 128 + 64). 235-236 registers. Alone: +1.6 % on gate+up at 8K.
+//   6 "k-step groups, swizzled" (the default where the scales fold, kGroupedFoldedDefault): variant 5 with the
+//     activations in wgmma's 128-byte swizzled layout, so that a warp's 4-byte cp.async reads one token row's 128
+//     contiguous bytes (one cache line; variants 3-5: 8 token rows, 8 lines) into 32 distinct banks (the XOR of
+//     the 16-byte piece with the row), and only the 8 NTV rows the MMAs read are staged. The decode layout's k
+//     order still needs 4-byte pieces (a 16-byte piece of a row spans four core matrices). 230 registers, no
+//     spills; the stages 1024-byte aligned by hand.
+// H200 (bench/results/h200-moe-prefill-swizzled/bench.txt, bf16 cuBLASLt rate 798 TFLOP/s in the same run;
+// V4-Flash E256 top-6, uniform routing), TFLOP/s gate+up / down and % of bf16 (the default then was still 4):
+//   8K tokens: variant 4 306 / 343 (38.3 / 43.0 %), 5 311 / 344 (38.9 / 43.1 %), 6 347 / 361 (43.5 / 45.2 %).
+//   1K tokens: variant 4 167 / 171 (20.9 / 21.4 %), 5 157 / 168, 6 169 / 175 (21.2 / 21.9 %); variant 2 177 / 176.
+// Before (bench/results/h200-moe-prefill-folded/bench.txt, 800 TFLOP/s bf16):
 //   8K tokens: variant 1 224 / 245 (27.9 / 30.6 %), 2 280 / 301 (34.9 / 37.6 %), 3 300 / 302 (37.4 / 37.8 %),
 //              4 308 / 344 (38.5 / 43.0 %); routed total (grouping, both GEMMs, combine) 306 (38.3 %).
 //   1K tokens: variant 1 155 / 157, 2 176 / 176 (21.9 / 22.0 %), 3 165 / 171, 4 164 / 164 (20.5 / 20.5 %): at 1K (24
@@ -81,7 +93,7 @@ template <int V>
 __host__ __device__ constexpr int x_bytes() { return V >= 3 ? block_tokens<V>() * kKC * 2 : kStageHalfs * 2; }
 // Stages of the cp.async ring: variant 3 keeps one more, as its asynchronous MMAs may still read the chunk before
 // the one being computed (it prefetches kStages - 2 chunks ahead, the others kStages - 1).
-// (Variant 4: 4 stages of 49 KB, so 2 chunks ahead.)
+// (Variants 4-6: 4 stages of 41 KB, so 2 chunks ahead.)
 template <int V>
 __host__ __device__ constexpr int stages() { return V == 3 ? 5 : 4; }
 // Variants 1-3's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
