@@ -202,9 +202,10 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
     add("moe prefill: down grouped (w2 FP4)", n, sl * f_dn,
         B.time([&](int) { moe_down_grouped(moe, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), S); }));
     // The kernel variants (moe_prefill.cu; the default is kGroupedFoldedDefault when the scales fold, as here).
-    static const char* const vname[5] = {"0 registers", "1 staged", "2 folded mma.sync", "3 folded wgmma",
-                                         "4 folded wgmma, 128 tokens"};
-    for (int v = 0; v < 5; ++v) {
+    static const char* const vname[d::kGroupedVariants] = {
+        "0 registers", "1 staged", "2 folded mma.sync", "3 folded wgmma", "4 folded wgmma, 128 tokens",
+        "5 folded wgmma, k-step groups", "6 folded wgmma, k-step groups, swizzled"};
+    for (int v = 0; v < d::kGroupedVariants; ++v) {
       add(fmt::format("  gate+up, variant {}", vname[v]), n, sl * f_gu, B.time([&](int) {
             moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S, v);
           }));

@@ -206,8 +206,8 @@ struct GroupedArgs {
   int slots = 0, E = 0;
   const float* pre_weight = nullptr;  // nmat 2: h *= pre_weight[slot]
   float limit = 0.0f;
-  int variant = -1;  // kernel variant 0..4 (moe_prefill.cu; `plumb bench` times each); < 0: the default
-  // Variants 2-4 fold the E8M0 scale into the f16 weights (moe_prefill.cu): per matrix, the word added to the
+  int variant = -1;  // kernel variant 0..kGroupedVariants - 1 (moe_prefill.cu; `plumb bench` times each); < 0: the default
+  // Variants 2-6 fold the E8M0 scale into the f16 weights (moe_prefill.cu): per matrix, the word added to the
   // scale bytes to make the f16 exponent fields of the multipliers, and the fp32 factor that takes the fold out of
   // the outputs (fold_scales). fold_ok false: the matrices' scale range does not allow it (default: variant 1).
   bool fold_ok = false;
@@ -215,7 +215,9 @@ struct GroupedArgs {
   float fold_unscale[2] = {0.0f, 0.0f};
 };
 // The default variant where the scales fold (fold_ok); variant 1 where they do not.
-constexpr int kGroupedFoldedDefault = 4;
+constexpr int kGroupedFoldedDefault = 6;
+// Variants of the grouped prefill GEMMs (0..6; variants 5 and 6 give variant 4's bits, moe_prefill.cu).
+constexpr int kGroupedVariants = 7;
 // Whether matrices whose E8M0 scale bytes lie in [lo, hi] can take the folded-scale kernels, and their constants.
 // Byte b becomes the f16 multiplier 2^(b - hi - 13) (exponent field b - hi + 30, in [6, 30] for hi - lo <= 24), so
 // a code v (entering as v * 2^-14, fp4_frag) becomes v * 2^(b - hi + 1) = v * 2^(b - 127) * 2^(128 - hi): exact in

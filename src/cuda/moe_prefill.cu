@@ -1,5 +1,5 @@
 // Prefill MoE on MXFP4 experts (W4A16): the routing grouped per expert on the device, then grouped GEMMs (gate+up
-// with SwiGLU, down) in which a block reads its expert's weight rows once for up to 64 tokens (variant 4: 128).
+// with SwiGLU, down) in which a block reads its expert's weight rows once for up to 64 tokens (variants 4-6: 128).
 //
 // Two numerics (GroupedArgs::variant):
 // * Variants 0 and 1: the decode kernels' (gemv.cu): f16 activations, the E2M1 codes turned into f16 by bit
@@ -7,7 +7,7 @@
 //   group's E8M0 scale multiplies into the fp32 accumulator (fp4_mma_group), K in increasing order; the same SwiGLU
 //   epilogue. Only the grouping of tokens into MMA columns differs, and columns do not interact in an MMA, so each
 //   output is the same sum in the same order as one warp of the decode kernel would form over all of K.
-// * Variants 2-4 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into the
+// * Variants 2-6 ("folded"): the scale is folded into the decoded weight, so the MMAs accumulate straight into the
 //   accumulators (no per-group partial, no FFMA): each f16 code v * 2^-14 is multiplied (mul.rn.f16x2) by the f16
 //   power of two 2^(b - hi - 13) for scale byte b, where hi is the largest scale byte of the matrix set
 //   (Fp4Matrices::scale_hi, measured at upload); the product v * 2^(b - hi + 1) is exact in f16 (normal or
@@ -18,11 +18,12 @@
 //   partial, and the tensor cores' fp32 addition into a large running sum keeps fewer low bits. Measured (H200,
 //   tests/cuda CudaMoe.GroupedPrefill*, bench/results/h200-moe-prefill-folded): h (f16) one ulp from variant 1
 //   and the decode kernels at most (normalized 6.3e-4); down 2.8e-6 of max |y| from variant 1 and 2.9e-6 from the
-//   fp64 twin (variant 1: 3.1e-7); variants 2, 3 and 4 gave the same worst elements everywhere. Matrix sets whose
-//   scale bytes span more than 24 octaves are refused by variants 2-4 (by name); the default then is variant 1.
+//   fp64 twin (variant 1: 3.1e-7); variants 2, 3 and 4 gave the same worst elements everywhere; 5 and 6 give
+//   variant 4's bits (tests: GroupedPrefillMatchesTwin, FoldExtremes, RealShapes). Matrix sets whose scale bytes
+//   span more than 24 octaves are refused by variants 2-6 (by name); the default then is variant 1.
 //
 // Block tile (all variants): 8 warps, a block owns 128 (gate+up: of w1 and of w3, for the fused SwiGLU) or 256
-// (down) weight rows of its tile's expert and all the tile's tokens (64; variant 4: 128); a warp owns 32 of those
+// (down) weight rows of its tile's expert and all the tile's tokens (64; variants 4-6: 128); a warp owns 32 of those
 // rows (gate+up: the same 16 rows of w1 and w3; down: 2 x 16 rows of w2) and decodes its weights once per
 // 128-column chunk for all the tokens (64 fp32 accumulators per lane; variant 4: 128). The tokens' activations are
 // gathered by slot into shared memory, a cp.async ring of 128-column chunks. Grid: (row blocks, tile bound),
@@ -40,12 +41,23 @@
 //     the tensor cores from shared memory (B through a matrix descriptor, no swizzle), m64nNk16 with N = 16, 32, 48
 //     or 64; asynchronous, one commit group (4 wgmma) per 32-column group in flight while the next group is
 //     decoded (tile_wgmma). 5 stages, 167 registers, no spills.
-//   4 "folded wgmma, 128 tokens" (the default where the scales fold, kGroupedFoldedDefault): variant 3 over two
-//     consecutive tiles of one expert (the block of an expert's even tile takes the odd one after it, whose block
-//     exits), N = 16 .. 128: half the weight decoding and staging per token. 4 stages of 49 KB, 236 registers, no
-//     spills.
-// H200 (bench/results/h200-moe-prefill-folded/bench.txt, bf16 cuBLASLt rate 800 TFLOP/s in the same run; V4-Flash
-// E256 top-6, uniform routing), TFLOP/s gate+up / down and % of bf16:
+//   4 "folded wgmma, 128 tokens": variant 3 over two consecutive tiles of one expert (the block of an expert's even
+//     tile takes the odd one after it, whose block exits), N = 16 .. 128: half the weight decoding and staging per
+//     token. 4 stages of 41 KB, 235-236 registers, no spills.
+//   5 "k-step groups": variant 4 with one commit group per k-step (2 wgmma) and 4 one-k-step fragment buffers
+//     (the same 32 registers), up to 3 groups in flight while the next k-step is decoded; an expert's slots split
+//     evenly over its blocks (192: 96 + 96, not 128 + 64). 235-236 registers. Alone: +1.6 % on gate+up at 8K.
+//   6 "k-step groups, swizzled" (the default where the scales fold, kGroupedFoldedDefault): variant 5 with the
+//     activations in wgmma's 128-byte swizzled layout, so that a warp's 4-byte cp.async reads one token row's 128
+//     contiguous bytes (one cache line; variants 3-5: 8 token rows, 8 lines) into 32 distinct banks (the XOR of
+//     the 16-byte piece with the row), and only the 8 NTV rows the MMAs read are staged. The decode layout's k
+//     order still needs 4-byte pieces (a 16-byte piece of a row spans four core matrices). 230 registers, no
+//     spills; the stages 1024-byte aligned by hand.
+// H200 (bench/results/h200-moe-prefill-swizzled/bench.txt, bf16 cuBLASLt rate 798 TFLOP/s in the same run;
+// V4-Flash E256 top-6, uniform routing), TFLOP/s gate+up / down and % of bf16 (the default then was still 4):
+//   8K tokens: variant 4 306 / 343 (38.3 / 43.0 %), 5 311 / 344 (38.9 / 43.1 %), 6 347 / 361 (43.5 / 45.2 %).
+//   1K tokens: variant 4 167 / 171 (20.9 / 21.4 %), 5 157 / 168, 6 169 / 175 (21.2 / 21.9 %); variant 2 177 / 176.
+// Before (bench/results/h200-moe-prefill-folded/bench.txt, 800 TFLOP/s bf16):
 //   8K tokens: variant 1 224 / 245 (27.9 / 30.6 %), 2 280 / 301 (34.9 / 37.6 %), 3 300 / 302 (37.4 / 37.8 %),
 //              4 308 / 344 (38.5 / 43.0 %); routed total (grouping, both GEMMs, combine) 306 (38.3 %).
 //   1K tokens: variant 1 155 / 157, 2 176 / 176 (21.9 / 22.0 %), 3 165 / 171, 4 164 / 164 (20.5 / 20.5 %): at 1K (24
@@ -72,12 +84,16 @@ constexpr int kPitch = kKC + 32;
 constexpr int kStageHalfs = kBN * kPitch;
 // Tokens a block multiplies: variant 4 takes two consecutive tiles of one expert (up to 128 tokens).
 template <int V>
-__host__ __device__ constexpr int block_tokens() { return V == 4 ? 2 * kBN : kBN; }
+__host__ __device__ constexpr int block_tokens() { return V >= 4 ? 2 * kBN : kBN; }
+// Variant 6 stages the activations in the 128-byte swizzled layout (tile_wgmma), whose 1024-byte pattern must start
+// 1024-byte aligned: the dynamic shared memory is rounded up by hand (one more KB is asked for).
+template <int V>
+__host__ __device__ constexpr int smem_align() { return V == 6 ? 1024 : 0; }
 template <int V>
 __host__ __device__ constexpr int x_bytes() { return V >= 3 ? block_tokens<V>() * kKC * 2 : kStageHalfs * 2; }
 // Stages of the cp.async ring: variant 3 keeps one more, as its asynchronous MMAs may still read the chunk before
 // the one being computed (it prefetches kStages - 2 chunks ahead, the others kStages - 1).
-// (Variant 4: 4 stages of 49 KB, so 2 chunks ahead.)
+// (Variants 4-6: 4 stages of 41 KB, so 2 chunks ahead.)
 template <int V>
 __host__ __device__ constexpr int stages() { return V == 3 ? 5 : 4; }
 // Variants 1-3's stage: the activations, then per warp its weight fragments [q 2][row half 2][lane 32][16 B] and its
@@ -169,7 +185,7 @@ struct Tile {
   static constexpr int MT = 2 / NMAT;   // 16-row tiles per matrix and warp
   static constexpr int NQ = NMAT * MT;  // A tiles per warp (2: both kernels)
   static constexpr int ROWS = kWarps * 16 * MT;
-  static constexpr int NX = V == 4 ? 2 : V == 3 ? 1 : 4;  // activation rows a thread gathers
+  static constexpr int NX = V >= 4 ? 2 : V == 3 ? 1 : 4;  // activation rows a thread gathers (variant 6: see xoff)
   const uint8_t* pw[NQ];        // this lane's fragment of chunk 0, row half 0, of A tile q
   const uint32_t* ps[NQ][2];    // the scale words of rows g and g + 8 of A tile q
   const __half* src[NX];        // variants 0-2: token rows tid/16 + 16i, piece tid % 16; 3-4: rows tid/4 + 64i, lane % 4
@@ -556,36 +572,86 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t xs, int ks) {
   const uint32_t addr = xs + uint32_t(ks) * 256;
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(2048 >> 4) << 32);
 }
+// Variant 6's B descriptor: the 128-byte swizzle (layout type 1, bits 62-63). A stage holds two 64-column halves
+// (16 KB apart), each 8-token blocks of 8 rows x 128 bytes (1024 bytes, the swizzle's repeat; stride byte offset),
+// K-major, so a k-step is 32 bytes of each token row: k-step ks starts 32 (ks % 4) bytes into its half (the
+// hardware applies the XOR to the address it forms, so the start moves by plain bytes; the leading byte offset is
+// not used by swizzled K-major layouts). 16-byte piece p of token row r is stored at piece p ^ (r % 8).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t xs, int ks) {
+  const uint32_t addr = xs + uint32_t(ks >> 2) * 16384 + uint32_t(ks & 3) * 32;
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
 
-// Variant 3. Block: two warpgroups; warpgroup G multiplies 64-row A tiles (gate+up: rows 64G.. of w1 and of w3;
-// down: rows 128G.. and 128G + 64..) by all the tile's tokens (N = 8 NTV). Per 32-column group j of a chunk each
-// warp decodes its A fragments (scale folded) into one of two register buffers and issues 4 wgmma (2 k-steps x 2
-// tiles) as one commit group; before decoding group j it waits for all but the last group, so the decode of group
-// j overlaps the tensor cores' work on group j - 1. The k order inside a group is the decode layout's: lane t's
-// fragment of k-step s holds the group's columns 8t + 4s + (0, 1) (k 2t, 2t + 1) and 8t + 4s + (2, 3) (k 2t + 8,
-// 2t + 9), so the activations are staged in that order: each thread copies 4-byte column pairs of one token row
-// (cp.async of 4 bytes) to their place in the core matrices (token row r: row r % 8 of core-matrix block r / 8).
+// Half s of fp4_frag_folded (the A fragment of k-step 2j + s of a 16-row tile: f[4s .. 4s + 3] there), the same
+// operations on the same bits, so variants 5-6 decode exactly what variant 4 does, one k-step at a time.
+__device__ __forceinline__ void fp4_half_folded(uint32_t wa, uint32_t wb, uint32_t ma, uint32_t mb, int j, int s, uint32_t (&f)[4]) {
+  const uint32_t loa = wa & 0x8E8E8E8Eu, lob = wb & 0x8E8E8E8Eu;
+  const uint32_t hia = ((wa >> 3) & 0x0E0E0E0Eu) | ((wa << 7) & 0x80808080u);
+  const uint32_t hib = ((wb >> 3) & 0x0E0E0E0Eu) | ((wb << 7) & 0x80808080u);
+  const uint32_t sel = s ? 0x3424u : 0x1404u;  // s = 0: (p01, p23); s = 1: (p45, p67)
+  const uint32_t xa = fold_mul(ma, j), xb = fold_mul(mb, j);
+  f[0] = hmul2_bits(__byte_perm(loa, 0u, sel), xa), f[1] = hmul2_bits(__byte_perm(lob, 0u, sel), xb);
+  f[2] = hmul2_bits(__byte_perm(hia, 0u, sel), xa), f[3] = hmul2_bits(__byte_perm(hib, 0u, sel), xb);
+}
+
+// Variants 3-6. Block: two warpgroups; warpgroup G multiplies 64-row A tiles (gate+up: rows 64G.. of w1 and of
+// w3; down: rows 128G.. and 128G + 64..) by all the tile's tokens (N = 8 NTV). The k order inside a group is the
+// decode layout's: lane t's fragment of k-step s holds the group's columns 8t + 4s + (0, 1) (k 2t, 2t + 1) and
+// 8t + 4s + (2, 3) (k 2t + 8, 2t + 9), so the activations are staged in that order, 4-byte column pairs (cp.async
+// of 4 bytes) placed in the core matrices (token row r: row r % 8 of core-matrix block r / 8).
+// * Variants 3-4: per 32-column group j of a chunk each warp decodes its A fragments (scale folded) into one of
+//   two register buffers and issues 4 wgmma (2 k-steps x 2 tiles) as one commit group; before decoding group j it
+//   waits for all but the last group, so the decode of group j overlaps the tensor cores' work on group j - 1
+//   only. Staging: a warp's cp.async covers 8 token rows (8 cache lines) x 16 bytes.
+// * Variant 5: one commit group per k-step (2 wgmma: the two tiles) and four buffers of one k-step's fragments
+//   (the same 32 registers), waiting for all but 3 groups: up to three k-steps (1.5 groups of variant 4) queued on
+//   the tensor cores while the next is decoded, and across the chunk boundary (barrier, staging, the weights'
+//   shared-memory loads). Each accumulator still takes its k-steps in increasing order: the same sums.
+// * Variant 6: variant 5 with the activations in the 128-byte swizzled layout (wgmma_desc_sw128): a warp's
+//   cp.async covers one token row's 64 contiguous columns (one cache line) and, through the XOR, 32 distinct banks;
+//   only the 8 NTV token rows the MMAs read are staged (variant 4: 64 or 128).
 template <int NMAT, int V, int NTV>
-__device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& T, int cnt, __half* xs, const int* slot_s) {
+__device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& T, int cnt, __half* xs, const int* slot_s,
+                                           const int64_t* xoff) {
   constexpr int kStages = stages<V>();
   constexpr int kAhead = kStages - 2;  // chunks prefetched
   const int nch = int(a.cols / kKC);
   constexpr uint32_t SB = uint32_t(stage_bytes<V>());
-  constexpr int NR = NTV > 8 ? 2 : 1;  // 64-token row blocks staged (variant 4 with more than 64 tokens: both)
+  constexpr int NR = NTV > 8 ? 2 : 1;  // 64-token row blocks staged (variants 4-5 with more than 64 tokens: both)
   const uint32_t base = smem_u32(xs);
   const WeightStage<NMAT, V> ws(T, base);
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  // Variant 6: lane (p, t) = (lane / 4, lane % 4) copies the column pair of logical 16-byte piece p (k-step p / 2
+  // of the half, core matrix p % 2) and quarter t, i.e. column 32 (p / 4) + 8t + 2 (p % 4) of the half, for token
+  // rows warp + 8m (row warp of 8-token block m), to piece p ^ warp.
+  const int p6 = lane >> 2, t6 = lane & 3;
+  const int col6 = (p6 >> 2) * 32 + 8 * t6 + 2 * (p6 & 3);
+  const uint32_t dst6 = uint32_t(warp * 128 + ((p6 ^ warp) * 16) + 4 * t6);
+  const __half* x6 = static_cast<const __half*>(a.x);
   auto stage = [&](int c) {
     if (c < nch) {
       const uint32_t off = uint32_t(c % kStages) * SB;
-      // Column pair 8t + 2v of group j (v = 2s + h): k-step 2j + s, core matrix h, bytes 4t of the token's row.
+      if constexpr (V == 6) {
 #pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        const __half* src = T.src[i] + int64_t(c) * kKC;
+        for (int m = 0; m < NTV; ++m) {
+          const int64_t o = xoff[warp + 8 * m];  // the same for the whole warp: a broadcast
+          const bool ok = o >= 0;
+          const __half* src = ok ? x6 + o + int64_t(c) * kKC + col6 : x6;
+          const uint32_t d = base + off + dst6 + uint32_t(m) * 1024;
+          cp4_zfill(d, src, ok);
+          cp4_zfill(d + 16384, src + 64, ok);
+        }
+      } else {
+        // Column pair 8t + 2v of group j (v = 2s + h): k-step 2j + s, core matrix h, bytes 4t of the token's row.
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < NR; ++i) {
+          const __half* src = T.src[i] + int64_t(c) * kKC;
 #pragma unroll
-          for (int v = 0; v < 4; ++v)
-            cp4_zfill(T.dst[i] + off + uint32_t((2 * (2 * j + (v >> 1)) + (v & 1)) * 128), src + j * 32 + 2 * v, T.valid[i]);
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+              cp4_zfill(T.dst[i] + off + uint32_t((2 * (2 * j + (v >> 1)) + (v & 1)) * 128), src + j * 32 + 2 * v, T.valid[i]);
+        }
       }
       ws.copy(T, off, c);
     }
@@ -602,30 +668,60 @@ __device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& 
       for (int k = 0; k < 4; ++k) acc[q][n][k] = 0.0f;
   const uint32_t add[2] = {a.fold_add[0], a.fold_add[NMAT - 1]};
   const uint8_t* sm = reinterpret_cast<const uint8_t*>(xs);
-  uint32_t A[2][2][8];  // [buffer][tile q][fragment]
-  for (int c = 0; c < nch; ++c) {
-    cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
-    fence_proxy_async();    // ... and is visible to the tensor cores' reads
-    wgmma_wait<1>();        // this warpgroup's MMAs of chunk c - 2 are done: their stage may be refilled
-    __syncthreads();
-    stage(c + kAhead);      // into chunk c - 2's buffer (variant 3; variant 4: c - 2's too, with 4 stages)
-    const uint32_t sx = base + uint32_t(c % kStages) * SB;
-    uint32_t W[2][2][4], S[2][2];
-    WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
+  if constexpr (V >= 5) {
+    uint32_t A[4][2][4];  // [buffer: k-step % 4][tile q][fragment]
+    for (int c = 0; c < nch; ++c) {
+      cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
+      fence_proxy_async();    // ... and is visible to the tensor cores' reads
+      // No wait here: at most 3 commit groups are pending, all of chunk c - 1 (8 a chunk), so chunk c - 2's MMAs,
+      // the last readers of the stage refilled below, are done in both warpgroups once all threads pass the barrier.
+      __syncthreads();
+      stage(c + kAhead);
+      const uint32_t sx = base + uint32_t(c % kStages) * SB;
+      uint32_t W[2][2][4], S[2][2];
+      WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
 #pragma unroll
-    for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+      for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t (&F)[2][8] = A[j & 1];
-      wgmma_wait<1>();  // the group that last read buffer j & 1 (group j - 2) is done
+      for (int ks = 0; ks < 8; ++ks) {
+        const int j = ks >> 1, s = ks & 1;
+        uint32_t (&F)[2][4] = A[ks & 3];
+        wgmma_wait<3>();  // the group that last read buffer ks % 4 (k-step ks - 4) is done
 #pragma unroll
-      for (int q = 0; q < 2; ++q) fp4_frag_folded(W[q][0][j], W[q][1][j], S[q][0], S[q][1], j, F[q]);
-      wgmma_fence();
+        for (int q = 0; q < 2; ++q) fp4_half_folded(W[q][0][j], W[q][1][j], S[q][0], S[q][1], j, s, F[q]);
+        wgmma_fence();
+        const uint64_t desc = V == 6 ? wgmma_desc_sw128(sx, ks) : wgmma_desc(sx, ks);
 #pragma unroll
-      for (int s = 0; s < 2; ++s)
+        for (int q = 0; q < 2; ++q) wgmma_rs<NTV>(acc[q], F[q], desc);
+        wgmma_commit();
+      }
+    }
+  } else {
+    uint32_t A[2][2][8];  // [buffer][tile q][fragment]
+    for (int c = 0; c < nch; ++c) {
+      cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
+      fence_proxy_async();    // ... and is visible to the tensor cores' reads
+      wgmma_wait<1>();        // this warpgroup's MMAs of chunk c - 2 are done: their stage may be refilled
+      __syncthreads();
+      stage(c + kAhead);      // into chunk c - 2's buffer (variant 3; variant 4: c - 2's too, with 4 stages)
+      const uint32_t sx = base + uint32_t(c % kStages) * SB;
+      uint32_t W[2][2][4], S[2][2];
+      WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
 #pragma unroll
-        for (int q = 0; q < 2; ++q) wgmma_rs<NTV>(acc[q], F[q] + 4 * s, wgmma_desc(sx, 2 * j + s));
-      wgmma_commit();
+      for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t (&F)[2][8] = A[j & 1];
+        wgmma_wait<1>();  // the group that last read buffer j & 1 (group j - 2) is done
+#pragma unroll
+        for (int q = 0; q < 2; ++q) fp4_frag_folded(W[q][0][j], W[q][1][j], S[q][0], S[q][1], j, F[q]);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) wgmma_rs<NTV>(acc[q], F[q] + 4 * s, wgmma_desc(sx, 2 * j + s));
+        wgmma_commit();
+      }
     }
   }
   wgmma_wait<0>();
@@ -638,32 +734,50 @@ __device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& 
 // Grid (row blocks, tile bound); blocks past the tile count exit.
 template <int NMAT, int VARIANT>
 __global__ void __launch_bounds__(kWarps * 32, 1) grouped_kernel(const GroupedArgs a, const GroupLayout L) {
-  extern __shared__ __align__(128) __half xs[];  // [stages][stage_bytes<VARIANT>()]
+  extern __shared__ __align__(128) __half xs_raw[];  // [stages][stage_bytes<VARIANT>()] (+ smem_align's slack)
   constexpr int BT = block_tokens<VARIANT>();
   __shared__ int slot_s[BT];
+  __shared__ int64_t xoff_s[VARIANT == 6 ? BT : 1];  // variant 6: each token row's element offset in x, -1: none
   const int tile = int(blockIdx.y);
   if (tile >= a.groups[0]) return;
-  const int e = a.groups[L.tiles + 2 * tile], start = a.groups[L.tiles + 2 * tile + 1];
-  // Variant 4: the block of an expert's even tile also takes the odd one after it; the odd tile's block exits.
-  if (BT > kBN && ((start - a.groups[L.offs + e]) / kBN) % 2) return;
-  const int cnt = min(BT, a.groups[L.offs + e + 1] - start);
+  const int e = a.groups[L.tiles + 2 * tile];
+  int start = a.groups[L.tiles + 2 * tile + 1];
+  const int e0 = a.groups[L.offs + e], e1 = a.groups[L.offs + e + 1];
+  // Variant 4 on: the block of an expert's even tile also takes the odd one after it; the odd tile's block exits.
+  if (BT > kBN && ((start - e0) / kBN) % 2) return;
+  int cnt = min(BT, e1 - start);
+  if constexpr (VARIANT >= 5) {
+    // The expert's c slots in nb = ceil(c / 128) blocks of near-equal size (c = 192: 96 + 96, not 128 + 64; as many
+    // blocks as variant 4 has even tiles). A token's outputs do not depend on its tile mates (MMA columns do not
+    // interact), only the per-block work evens out.
+    const int c = e1 - e0, nb = (c + BT - 1) / BT, p = (start - e0) / BT;
+    const int lo = int(int64_t(p) * c / nb), hi = int(int64_t(p + 1) * c / nb);
+    start = e0 + lo, cnt = hi - lo;
+  }
   const int tid = int(threadIdx.x);
-  if (tid < BT) slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
+  if (tid < BT) {
+    slot_s[tid] = tid < cnt ? a.groups[L.list + start + tid] : -1;
+    if constexpr (VARIANT == 6) xoff_s[tid] = tid < cnt ? int64_t(slot_s[tid] / a.x_div) * a.x_ld : -1;
+  }
   __syncthreads();
+  __half* xs = xs_raw;
+  if constexpr (smem_align<VARIANT>() > 0)  // round up to the swizzle pattern's 1024 bytes
+    xs = reinterpret_cast<__half*>(reinterpret_cast<char*>(xs_raw) + ((smem_align<VARIANT>() - (smem_u32(xs_raw) & (smem_align<VARIANT>() - 1))) & (smem_align<VARIANT>() - 1)));
   Tile<NMAT, VARIANT> T(a, e, xs, slot_s);
   const int ntv = (cnt + 7) / 8;
+  const int64_t* xo = xoff_s;
   if constexpr (VARIANT == 0) {
     tile_registers<NMAT>(a, T, cnt, xs, slot_s);
   } else if constexpr (VARIANT >= 3) {  // N = 16, 32, .. 64 (128) tokens: at most one 8-token block in vain
-    if (ntv <= 2) tile_wgmma<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 4) tile_wgmma<NMAT, VARIANT, 4>(a, T, cnt, xs, slot_s);
-    else if (ntv <= 6) tile_wgmma<NMAT, VARIANT, 6>(a, T, cnt, xs, slot_s);
-    else if (VARIANT == 3 || ntv <= 8) tile_wgmma<NMAT, VARIANT, 8>(a, T, cnt, xs, slot_s);
-    else if constexpr (VARIANT == 4) {
-      if (ntv <= 10) tile_wgmma<NMAT, VARIANT, 10>(a, T, cnt, xs, slot_s);
-      else if (ntv <= 12) tile_wgmma<NMAT, VARIANT, 12>(a, T, cnt, xs, slot_s);
-      else if (ntv <= 14) tile_wgmma<NMAT, VARIANT, 14>(a, T, cnt, xs, slot_s);
-      else tile_wgmma<NMAT, VARIANT, 16>(a, T, cnt, xs, slot_s);
+    if (ntv <= 2) tile_wgmma<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s, xo);
+    else if (ntv <= 4) tile_wgmma<NMAT, VARIANT, 4>(a, T, cnt, xs, slot_s, xo);
+    else if (ntv <= 6) tile_wgmma<NMAT, VARIANT, 6>(a, T, cnt, xs, slot_s, xo);
+    else if (VARIANT == 3 || ntv <= 8) tile_wgmma<NMAT, VARIANT, 8>(a, T, cnt, xs, slot_s, xo);
+    else if constexpr (VARIANT >= 4) {
+      if (ntv <= 10) tile_wgmma<NMAT, VARIANT, 10>(a, T, cnt, xs, slot_s, xo);
+      else if (ntv <= 12) tile_wgmma<NMAT, VARIANT, 12>(a, T, cnt, xs, slot_s, xo);
+      else if (ntv <= 14) tile_wgmma<NMAT, VARIANT, 14>(a, T, cnt, xs, slot_s, xo);
+      else tile_wgmma<NMAT, VARIANT, 16>(a, T, cnt, xs, slot_s, xo);
     }
   } else {  // 2, 4, 6 or 8 column tiles: at most one computed in vain
     if (ntv <= 2) tile_staged<NMAT, VARIANT, 2>(a, T, cnt, xs, slot_s);
@@ -677,7 +791,7 @@ template <int NMAT, int VARIANT>
 void launch_grouped_t(const GroupedArgs& a, Stream s) {
   constexpr int ROWS = Tile<NMAT, VARIANT>::ROWS;
   if (a.rows % ROWS) throw_arg("moe grouped: rows must be a multiple of " + std::to_string(ROWS));
-  constexpr size_t smem = size_t(stages<VARIANT>()) * stage_bytes<VARIANT>();
+  constexpr size_t smem = size_t(stages<VARIANT>()) * stage_bytes<VARIANT>() + size_t(smem_align<VARIANT>());
   // The shared-memory opt-in, once per device for this instantiation.
   static bool set[64] = {};
   int dev = 0;
@@ -699,7 +813,9 @@ void launch_grouped_v(const GroupedArgs& a, int v, Stream s) {
     case 1: return launch_grouped_t<NMAT, 1>(a, s);
     case 2: return launch_grouped_t<NMAT, 2>(a, s);
     case 3: return launch_grouped_t<NMAT, 3>(a, s);
-    default: return launch_grouped_t<NMAT, 4>(a, s);
+    case 4: return launch_grouped_t<NMAT, 4>(a, s);
+    case 5: return launch_grouped_t<NMAT, 5>(a, s);
+    default: return launch_grouped_t<NMAT, 6>(a, s);
   }
 }
 
@@ -725,7 +841,7 @@ void launch_moe_grouped(const GroupedArgs& a, Stream s) {
     throw_arg("moe grouped: activations must be 16-byte aligned, rows included");
   // The default: the folded-scale kernel where the scales allow it, else the per-group scale (variant 1).
   const int v = a.variant < 0 ? (a.fold_ok ? kGroupedDefaultVariant : 1) : a.variant;
-  if (v > 4) throw_arg("moe grouped: variant must be 0..4");
+  if (v >= kGroupedVariants) throw_arg("moe grouped: variant must be 0.." + std::to_string(kGroupedVariants - 1));
   if (v >= 2 && !a.fold_ok)
     throw_arg("moe grouped: variant " + std::to_string(v) + " folds the scales into f16 weights, which needs the E8M0 "
               "scale bytes within 24 of each other (Fp4Matrices::scale_lo/hi)");

@@ -499,12 +499,18 @@ std::vector<int32_t> skewed_routing(Rng& rng, int n, int K, int64_t E) {
 
 }  // namespace
 
+// Two fp32 vectors with the same bits (signed zeros and NaN payloads included), unlike ==.
+static bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 // Small shapes, every output against the CPU twin (gate/up with SwiGLU, f16 h; down from that h, fp32), with and
-// without the routing weight before W2, and the grouping itself exactly; every kernel variant (0-4, moe_prefill.cu),
+// without the routing weight before W2, and the grouping itself exactly; every kernel variant (0-6, moe_prefill.cu),
 // for three scale ranges: the usual one (118..124), one at the limit of the folded-scale variants (98..122: 24 apart,
 // so codes reach 0.5 * 2^-23 = 2^-24, the least f16 subnormal, inside variants 2-4), and one past it (97..122),
 // where variants 2-4 must be refused and the default must be variant 1, bit for bit. Expert 2's 150 slots make
-// tiles of 64, 64 and 22 (variant 4: one block of 128 and one of 22).
+// tiles of 64, 64 and 22 (variant 4: one block of 128 and one of 22; variants 5-6: 75 and 75). Variants 5 and 6
+// (variant 4's arithmetic, pipelined per k-step; 6 with the swizzled staging) must give variant 4's bits.
 TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
   for (const auto& [slo, shi] : std::vector<std::pair<int, int>>{{118, 124}, {98, 122}, {97, 122}}) {
   Rng rng(21);
@@ -525,7 +531,9 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
   cuda::synchronize();
   expect_groups(idx, n, K, E, groups);
   std::vector<float> h_v1, ys_v1;  // variant 1's outputs (pre = false), for the default's check
-  for (int variant = 0; variant < 5; ++variant)
+  std::vector<uint16_t> h_v4[2];   // variant 4's (pre = false, true), for variants 5-6
+  std::vector<float> ys_v4[2];
+  for (int variant = 0; variant < cuda::detail::kGroupedVariants; ++variant)
   for (bool pre : {false, true}) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
     h16.fill_byte(0xFF), ys.fill_byte(0xFF);
@@ -545,6 +553,11 @@ TEST_F(CudaMoe, GroupedPrefillMatchesTwin) {
     const auto hg = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
     const auto ysg = cuda::to_host<float>(ys, size_t(S * D));
     if (variant == 1 && !pre) h_v1 = hg, ys_v1 = ysg;
+    if (variant == 4) h_v4[pre] = cuda::to_host<uint16_t>(h16, size_t(S * I)), ys_v4[pre] = ysg;
+    if (variant >= 5) {
+      EXPECT_TRUE(cuda::to_host<uint16_t>(h16, size_t(S * I)) == h_v4[pre]) << "variant " << variant << " h is not variant 4's bits";
+      EXPECT_TRUE(same_bits(ysg, ys_v4[pre])) << "variant " << variant << " down is not variant 4's bits";
+    }
     // The twin, expert by expert (all of an expert's slots in one ops::linear).
     std::vector<float> h_twin(size_t(S * I)), ys_twin(size_t(S * D));
     for (int64_t e = 0; e < E; ++e) {
@@ -634,11 +647,11 @@ TEST_F(CudaMoe, GroupedPrefillFoldExtremes) {
   for (int s = 0; s < S; ++s) pw[size_t(s)] = s % 2 ? 1.0f : std::ldexp(1.0f, 40);
   cuda::DeviceBuffer di = cuda::to_device(idx), pd = cuda::to_device(pw), groups(cuda::moe_group_bytes(n, K, E));
   cuda::moe_group(di.as<int32_t>(), n, K, E, groups.get());
-  std::vector<float> h[5], y[5];
+  std::vector<float> h[7], y[7];
   cuda::DeviceBuffer hin(size_t(S * I) * 2);
   cuda::Workspace ws;
   cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, 0.0, pd.as<float>(), hin.as<uint16_t>(), ws, nullptr, 1);
-  for (int v : {1, 2, 3, 4}) {
+  for (int v : {1, 2, 3, 4, 5, 6}) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
     cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, 0.0, pd.as<float>(), h16.as<uint16_t>(), ws, nullptr, v);
     cuda::moe_down_grouped(m, groups.get(), n, K, hin.as<uint16_t>(), ys.as<float>(), nullptr, v);
@@ -646,7 +659,11 @@ TEST_F(CudaMoe, GroupedPrefillFoldExtremes) {
     h[v] = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));
     y[v] = cuda::to_host<float>(ys, size_t(S * D));
   }
-  for (int v : {2, 3, 4})
+  for (int v : {5, 6}) {  // variant 4's bits (f16 subnormals included)
+    EXPECT_TRUE(same_bits(h[v], h[4])) << "fold extremes: variant " << v << " h is not variant 4's bits";
+    EXPECT_TRUE(same_bits(y[v], y[4])) << "fold extremes: variant " << v << " down is not variant 4's bits";
+  }
+  for (int v : {2, 3, 4, 5, 6})
     for (int e = 0; e < 2; ++e) {
       std::vector<float> hv, hr, yv, yr;
       for (int s = e; s < S; s += 2) {
@@ -702,7 +719,7 @@ TEST_F(CudaMoe, GroupedPrefillRealShapes) {
   // from the same h: fp32 summation order only), the folded ones (2, 3) also against variant 1 (their summation
   // order differs: no per-group partial sums), and sampled outputs of each against the fp64 twin.
   std::vector<float> hv1, yv1;
-  constexpr int NV = 5;
+  constexpr int NV = cuda::detail::kGroupedVariants;
   std::vector<std::vector<float>> hvs(NV), yvs(NV);
   for (int variant = 0; variant < NV; ++variant) {
     cuda::DeviceBuffer hv(size_t(S * I) * 2), yv(size_t(S * D) * 4);
@@ -720,7 +737,12 @@ TEST_F(CudaMoe, GroupedPrefillRealShapes) {
       expect_close(v + " down vs variant 1", yvs[size_t(variant)], yvs[1], D, 1e-5);
     }
   }
-  // The default is the folded kernel kGroupedFoldedDefault for these scales: the same bits.
+  // Variants 5 and 6 (expert slots 320 and ~380: blocks of 106-107 and ~127 tokens, N = 112 and 128; 64: N = 64)
+  // give variant 4's bits; the default is the folded kernel kGroupedFoldedDefault for these scales: the same bits.
+  for (int v = 5; v < NV; ++v) {
+    EXPECT_TRUE(same_bits(hvs[size_t(v)], hvs[4])) << "real shapes: variant " << v << " h is not variant 4's bits";
+    EXPECT_TRUE(same_bits(yvs[size_t(v)], yvs[4])) << "real shapes: variant " << v << " down is not variant 4's bits";
+  }
   EXPECT_EQ(hg, hvs[size_t(cuda::detail::kGroupedFoldedDefault)]) << "default gate/up is not kGroupedFoldedDefault";
   EXPECT_EQ(ysg, yvs[size_t(cuda::detail::kGroupedFoldedDefault)]) << "default down is not kGroupedFoldedDefault";
   std::vector<float> hs_ref, ys_ref;
