@@ -234,10 +234,11 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
     ok = ok && g[0] == tile;
     fmt::print("check moe group n={}: {} ({} tiles of <= {} slots)\n", n, ok ? "exact" : "MISMATCH", g[0], d::kGroupTokens);
     B.checks.push_back({{"kernel", "moe group"}, {"batch", n}, {"exact", ok}});
-    {  // the default (folded-scale) gate+up against variant 1 (the decode numerics) on all of this routing
+    // h16 as it is now against h16 after `other` ran (max |diff|, max |ref| of the other's), h16 restored after.
+    auto h16_against = [&](auto&& other) {
       DeviceBuffer hsave(size_t(n) * K * size_t(I) * 2);
       d::copy_d2d(hsave.get(), h16.get(), hsave.bytes(), S);
-      moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S, 1);
+      other();
       d::dsync();
       const auto a = to_host<uint16_t>(hsave, size_t(n) * K * size_t(I)), b = to_host<uint16_t>(h16, size_t(n) * K * size_t(I));
       double max_err = 0, max_ref = 0;
@@ -246,24 +247,20 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
         max_ref = std::max(max_ref, std::fabs(vb));
         max_err = std::isfinite(va) ? std::max(max_err, std::fabs(va - vb)) : INFINITY;
       }
+      d::copy_d2d(h16.get(), hsave.get(), hsave.bytes(), S);
+      return std::pair{max_err, max_ref};
+    };
+    {  // the default (folded-scale) gate+up against variant 1 (the decode numerics) on all of this routing
+      const auto [max_err, max_ref] = h16_against([&] {
+        moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S, 1);
+      });
       fmt::print("check moe gate+up grouped default vs variant 1 n={}: max |diff| = {:.3e} (max |ref| {:.3e}, normalized {:.2e})\n",
                  n, max_err, max_ref, max_err / std::max(max_ref, 1e-30));
       B.checks.push_back({{"kernel", "moe gate+up grouped default vs variant 1"}, {"batch", n}, {"max_abs_err", max_err},
                           {"max_ref", max_ref}, {"normalized", max_err / std::max(max_ref, 1e-30)}});
-      d::copy_d2d(h16.get(), hsave.get(), hsave.bytes(), S);
     }
     if (n == 1024) {
-      DeviceBuffer hsave(size_t(n) * K * size_t(I) * 2);
-      d::copy_d2d(hsave.get(), h16.get(), hsave.bytes(), S);
-      decode(ip, n);
-      d::dsync();
-      const auto a = to_host<uint16_t>(hsave, size_t(n) * K * size_t(I)), b = to_host<uint16_t>(h16, size_t(n) * K * size_t(I));
-      double max_err = 0, max_ref = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double va = fmt8::f16_to_f32(a[i]), vb = fmt8::f16_to_f32(b[i]);
-        max_ref = std::max(max_ref, std::fabs(vb));
-        max_err = std::isfinite(va) ? std::max(max_err, std::fabs(va - vb)) : INFINITY;
-      }
+      const auto [max_err, max_ref] = h16_against([&] { decode(ip, n); });
       const double rel = max_err / std::max(max_ref, 1e-30);
       fmt::print("check moe gate+up grouped vs decode kernel n={}: max |diff| = {:.3e} (max |ref| {:.3e}, normalized {:.2e})\n", n,
                  max_err, max_ref, rel);
