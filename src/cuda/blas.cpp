@@ -125,9 +125,9 @@ struct Plan {
     const float one = 1.0f, zero = 0.0f;
     // A null stream is plumb's default stream, the calling thread's (the CUDA code is built with
     // --default-stream per-thread); cuBLASLt itself would read 0 as the legacy stream, which cannot be captured.
-    const Stream r = detail::stream_of(s);  // a StreamScope's stream (cuda.streams), else the thread's
-    cudaStream_t cs = r ? reinterpret_cast<cudaStream_t>(r) : cudaStreamPerThread;
-    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(r != nullptr && !s), kWorkspace, cs),
+    const cudaStream_t cs = detail::stream_of(s);  // a StreamScope's stream (cuda.streams), else the thread's
+    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(!s && detail::on_side_stream()),
+                         kWorkspace, cs),
           "cublasLtMatmul");
   }
 };

@@ -141,7 +141,7 @@ void Scratch::enable_side() {
 void* Scratch::get(const std::string& name, size_t bytes) {
   // Inside a side-stream scope (cuda.streams) each name is its own buffer: the two streams' temporaries never alias.
   // (Results that cross between them are passed as pointers, looked up once.)
-  auto& b = bufs_[detail::stream_of(nullptr) ? name + "@side" : name];
+  auto& b = bufs_[detail::on_side_stream() ? name + "@side" : name];
   if (b.bytes() < bytes || !b.get()) {
     b = DeviceBuffer(std::max<size_t>(bytes, 4));
     ++generation;

@@ -129,7 +129,7 @@ class Scratch {
   void* ev_join = nullptr;
   void enable_side();
   // The workspace of the stream launches go to now (ws_side inside a StreamScope of the side stream).
-  Workspace& work() { return detail::stream_of(nullptr) ? ws_side : ws; }
+  Workspace& work() { return detail::on_side_stream() ? ws_side : ws; }
   size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)
   int64_t gemm_calls = 0;   // cuda.prefill_gemm: projections that ran as GEMMs (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }

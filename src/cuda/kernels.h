@@ -46,7 +46,10 @@ struct PdlScope {
 // thread's current stream has enqueued so far (event `ev`); branch_join makes the current stream wait for
 // everything `side` has enqueued (event `ev`). Under stream capture this forks and joins a branch of the graph.
 // A null `side` makes all three no-ops (the work stays on the thread's stream, serial).
-Stream stream_of(Stream s);  // s, or the scope's stream, or null (the thread's default stream)
+// The stream a launch given `s` goes to: s, else the StreamScope's stream, else the thread's default stream
+// (cudaStreamPerThread: never the legacy stream, which cannot be captured). Every launch resolves through it.
+Stream stream_of(Stream s);
+bool on_side_stream();  // inside a StreamScope (launches with a null stream go to the side stream)
 struct StreamScope {
   explicit StreamScope(Stream s);
   ~StreamScope();

@@ -25,8 +25,7 @@ template <class... P, class... A>
 void launch_as(bool pdl, const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem;
-  const Stream r = stream_of(s);  // a StreamScope's stream (cuda.streams), else the calling thread's stream
-  cfg.stream = r ? r : cudaStreamPerThread;
+  cfg.stream = stream_of(s);  // a StreamScope's stream (cuda.streams), else the calling thread's stream
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -84,9 +84,9 @@ float event_elapsed_ms(void* start, void* stop) {
 
 namespace {
 thread_local Stream t_stream = nullptr;  // the StreamScope's stream (cuda.streams), else null
-cudaStream_t current(Stream s) { return s ? s : t_stream ? t_stream : cudaStreamPerThread; }
 }  // namespace
-Stream stream_of(Stream s) { return s ? s : t_stream; }
+Stream stream_of(Stream s) { return s ? s : t_stream ? t_stream : cudaStreamPerThread; }
+bool on_side_stream() { return t_stream != nullptr; }
 StreamScope::StreamScope(Stream s) : prev(t_stream) {
   if (s) t_stream = s;
 }
@@ -98,13 +98,13 @@ void* event_create_sync() {
 }
 void branch_fork(Stream side, void* ev) {
   if (!side) return;
-  PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), current(nullptr)));
+  PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream_of(nullptr)));
   PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
 }
 void branch_join(Stream side, void* ev) {
   if (!side) return;
   PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), side));
-  PLUMB_CUDA_CHECK(cudaStreamWaitEvent(current(nullptr), static_cast<cudaEvent_t>(ev), 0));
+  PLUMB_CUDA_CHECK(cudaStreamWaitEvent(stream_of(nullptr), static_cast<cudaEvent_t>(ev), 0));
 }
 
 namespace {
