@@ -94,6 +94,11 @@ __device__ __forceinline__ void load_strided(const float* v, int64_t b, int64_t 
 // RMSNorm of one row in place, by the whole block (the reference's fp64 sum of squares, fp32 scale): shared by
 // the norm kernel and the compressor's fused finish, so both round identically. `sh` holds 32 doubles. h16
 // (optional): the normalized row also as f16 (round to nearest even), the tensor-core GEMVs' input.
+// RMSNorm's fp32 scale from the fp64 sum of squares of dim values, and a weighted element: one definition for the
+// norm kernels (rms_norm_row) and hc_pre's fused norm (fwd_hc.cu), so they round alike.
+__device__ __forceinline__ float rms_inv(double ss, int64_t dim, double eps) { return float(1.0 / sqrt(ss / double(dim) + eps)); }
+__device__ __forceinline__ float rms_scaled(float x, float inv, float g) { return g * (x * inv); }
+
 __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh, __half* h16 = nullptr) {
   // kU of a thread's elements are loaded before any is used (clamped indices, no early exit): one block per row is
   // latency-bound at decode, and a plain strided loop waited for each load in turn. Same order of accumulation.
@@ -108,7 +113,7 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
       if (b + u * step < dim) ss += double(x[u]) * x[u];
   }
   ss = block_sum(ss, sh);
-  const float inv = float(1.0 / sqrt(ss / double(dim) + eps));
+  const float inv = rms_inv(ss, dim, eps);
   for (int64_t b = threadIdx.x; b < dim; b += kU * step) {
     float x[kU], g[kU];
 #pragma unroll
@@ -119,7 +124,7 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (b + u * step < dim) {
-        const float r = w ? g[u] * (x[u] * inv) : x[u] * inv;
+        const float r = w ? rms_scaled(x[u], inv, g[u]) : x[u] * inv;
         v[b + u * step] = r;
         if (h16) h16[b + u * step] = __float2half_rn(r);
       }

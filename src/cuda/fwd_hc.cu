@@ -294,10 +294,10 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   }
 
   // 4. Fused RMSNorm of the collapsed row (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), in
-  // place, with the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, inv =
-  // float(1 / sqrt(ss / D + eps)), g * (x * inv)) with the sum in this split's order (this block's slice, the
-  // blocks in rank order): the products are exact, so only the fp64 rounding of the sum can differ from the norm
-  // kernel's, and it moves the fp32 inv by one ulp with probability ~1e-8 per row.
+  // place, with the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv,
+  // rms_scaled) with the sum in this split's order (this block's slice, the blocks in rank order): the products
+  // are exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by
+  // one ulp with probability ~1e-8 per row.
   __shared__ double ss2_s;
   __syncthreads();  // this block's collapsed slice, written above by other threads
   double ss2 = 0;
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     for (int q = 0; q < S; ++q) tot2 += __shfl_sync(0xFFFFFFFFu, part, q);
   }
   cl.barrier_arrive();  // this block's remote reads are done (its own shared memory must outlive the others' reads)
-  const float inv = float(1.0 / sqrt(tot2 / double(D) + a.norm_eps));
+  const float inv = rms_inv(tot2, D, a.norm_eps);
   for (int q = tid; q < nq; q += kHcThreads) {
     const int64_t d = d0 + int64_t(q) * W;
     float xv[W], gv[W];
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     hc_load<VEC>(a.norm_w + d, gv);
 #pragma unroll
     for (int w = 0; w < W; ++w) {
-      const float r = gv[w] * (xv[w] * inv);
+      const float r = rms_scaled(xv[w], inv, gv[w]);
       a.collapsed[int64_t(t) * D + d + w] = r;
       if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(r);
     }

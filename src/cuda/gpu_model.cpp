@@ -170,8 +170,9 @@ class GpuForward : public DeviceForward {
         gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
         fc.fp8 += 3, fc.fp8_of += 3;
         const Fp8Expert& e = *gl.moe.sfp8;
-        if (gemm_min(e.w1) && gemm_min(e.w3) && gemm_min(e.w2)) {
-          gl.moe.shared_gemm_min = std::max({gemm_min(e.w1), gemm_min(e.w3), gemm_min(e.w2)});
+        const int g1 = gemm_min(e.w1), g3 = gemm_min(e.w3), g2 = gemm_min(e.w2);  // each downloads its scales
+        if (g1 && g3 && g2) {
+          gl.moe.shared_gemm_min = std::max({g1, g3, g2});
           fc.gemm += 3, fc.gemm_w = std::max(fc.gemm_w, size_t(2 * e.w1.rows * e.w1.cols));
         }
       } else if (M.shared) {
@@ -364,10 +365,11 @@ class GpuForward : public DeviceForward {
       std::swap(X, X2);
       post_pending = false;
     };
-    // The RMSNorm after hc_pre runs in the same launch (HcArgs::norm_w) unless taps want the collapsed row before
-    // it or the official numerics round it their way. Returns whether it did (then col is normed, x16 written).
+    // hc_pre, then the RMSNorm of the collapsed row (attn_norm / ffn_norm): in the same launch (HcArgs::norm_w)
+    // unless taps want the collapsed row before it or the official numerics round it their way. Returns the normed x
+    // as f16 for the tensor-core kernels (col16, when they run), else null.
     const bool fuse_norm = !taps && !nm_.official();
-    auto hc_pre = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w) {
+    auto hc_pre_norm = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w) -> const uint16_t* {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
       take_post(a, 0);
@@ -383,7 +385,9 @@ class GpuForward : public DeviceForward {
       tap_io(tap, (site + ".post").c_str(), post, {n, H});
       tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
       tap_io(tap, (site + ".collapsed").c_str(), col, {n, D});
-      return fuse_norm;
+      if (fuse_norm) return col16;
+      OpRegion r(tm, "norm");
+      return nm_.rms_norm(col, n, D, norm_w, c.rms_eps, col16) ? col16 : nullptr;
     };
     auto hc_post = [&] {
       if (fuse_post) {
@@ -399,22 +403,11 @@ class GpuForward : public DeviceForward {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
       const auto type = c.attn[size_t(i)];
-      const uint16_t* x16 = nullptr;
-      if (hc_pre(L.hc_attn, tap, "hc_attn", f32(L.attn_norm))) {
-        x16 = col16;
-      } else {
-        OpRegion r(tm, "norm");
-        if (nm_.rms_norm(col, n, D, f32(L.attn_norm), c.rms_eps, col16)) x16 = col16;
-      }
+      const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
                     ds.layers[size_t(i)], sc, nm_, tap, y);
       hc_post();
-      if (hc_pre(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm))) {
-        x16 = col16;
-      } else {
-        OpRegion r(tm, "norm");
-        x16 = nm_.rms_norm(col, n, D, f32(L.ffn_norm), c.rms_eps, col16) ? col16 : nullptr;
-      }
+      x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm));
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y);
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
