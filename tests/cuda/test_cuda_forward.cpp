@@ -206,23 +206,28 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
 
 // cuda.pdl: kernels scheduled while the previous one finishes, waiting in-kernel for its results. Any kernel that
 // touched activations before its wait would race; the logits must be the bits of plain launches, step after step.
+// Three eager 100-token chunks (above the graphs' 256-token limit when they add up, and never captured) on two models
+// of one fixture, with patches `base` and `base,extra`: the logits must be the same bits.
+void expect_eager_chunks_match(const std::string& dir, const std::string& base, const std::string& extra) {
+  auto a_model = plumb::Model::load(dir, plumb::parse_patches(base).options, {}, "cuda");
+  auto b_model = plumb::Model::load(dir, plumb::parse_patches(base + "," + extra).options, {}, "cuda");
+  const auto toks = prompt(300, a_model->config().vocab);
+  auto sa = a_model->new_state(), sb = b_model->new_state();
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto a = a_model->forward(sa, std::span<const int32_t>(toks.data() + rep * 100, 100));
+    const auto b = b_model->forward(sb, std::span<const int32_t>(toks.data() + rep * 100, 100));
+    ASSERT_EQ(a.data.size(), b.data.size());
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << dir << " [+" << extra << "] eager chunk " << rep;
+  }
+}
+
 TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "", "cuda.pdl");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16",
                              "cuda.pdl");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode", "cuda.pdl");
-  // Eager launches with PDL (prefill chunks above the graphs' 256 tokens, taps) against plain ones.
-  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
-  auto plain = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4").options, {}, "cuda");
-  auto pdl = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4,cuda.pdl").options, {}, "cuda");
-  const auto toks = prompt(300, plain->config().vocab);
-  auto sa = plain->new_state(), sb = pdl->new_state();
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto a = plain->forward(sa, std::span<const int32_t>(toks.data() + rep * 100, 100));
-    const auto b = pdl->forward(sb, std::span<const int32_t>(toks.data() + rep * 100, 100));
-    ASSERT_EQ(a.data.size(), b.data.size());
-    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "eager chunk " << rep;
-  }
+  // Eager launches with PDL against plain ones.
+  expect_eager_chunks_match(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl");
 }
 
 // cuda.streams: the KV row and the compressors beside the query path, the shared expert beside the router and the
@@ -236,20 +241,9 @@ TEST_F(GpuTest, StreamsStepsMatchSerialLaunches) {
   expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "cuda.streams");
   expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode", "cuda.streams,cuda.pdl");
   expect_graph_matches_eager(data + "/golden/official-mixed", "numerics.official", "cuda.streams");
-  // Eager (chunks above the graphs' 256 tokens run eagerly) with the branches against serial launches.
-  for (const char* fixture : {"/golden/kernel-dims", "/golden/csa-long"}) {
-    const std::string dir = data + fixture;
-    auto serial = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4").options, {}, "cuda");
-    auto branched = plumb::Model::load(dir, plumb::parse_patches("cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams").options, {}, "cuda");
-    const auto toks = prompt(300, serial->config().vocab);
-    auto sa = serial->new_state(), sb = branched->new_state();
-    for (int rep = 0; rep < 3; ++rep) {
-      const auto a = serial->forward(sa, std::span<const int32_t>(toks.data() + rep * 100, 100));
-      const auto b = branched->forward(sb, std::span<const int32_t>(toks.data() + rep * 100, 100));
-      ASSERT_EQ(a.data.size(), b.data.size());
-      EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << fixture << " eager chunk " << rep;
-    }
-  }
+  // Eager launches with the branches against serial ones.
+  for (const char* fixture : {"/golden/kernel-dims", "/golden/csa-long"})
+    expect_eager_chunks_match(data + fixture, "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.streams");
 }
 
 // Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
