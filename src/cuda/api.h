@@ -166,9 +166,10 @@ RouterWeights upload_router(const MoeWeights& w, int64_t E, int64_t D);
 void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws,
                 Stream s = nullptr);
 // Grouped projection (DeepSeek's wo_a): W holds G groups of rows/G rows; group g maps x[t, g, :] (cols wide,
-// x rows G*cols apart) to y[t, g*rows/G ...]. y is [n, rows].
+// x rows G*cols apart) to y[t, g*rows/G ...]. y is [n, rows]. With y16, the output goes there as f16 instead (round
+// to nearest even: the bits a conversion of y would give) and y is not written: the input of a following FP8 GEMV.
 void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, Workspace& ws,
-                        Stream s = nullptr);
+                        Stream s = nullptr, uint16_t* y16 = nullptr);
 
 // The shared expert: h = silu(min(W1 x, L)) * clamp(W3 x, -L, L) (fp16, [n, I] in `h`), y = W2 h (fp32 [n, D]).
 // limit <= 0: no clamp.

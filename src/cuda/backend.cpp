@@ -345,7 +345,8 @@ void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, f
   d::launch_gemv(a, s);
 }
 
-void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, Workspace& ws, Stream s) {
+void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, Workspace& ws, Stream s,
+                        uint16_t* y16) {
   PLUMB_CHECK(groups >= 1 && w.rows % (int64_t(groups) * 128) == 0,
               "grouped projection: {} rows do not split into {} groups of whole 128-row blocks", w.rows, groups);
   d::GemvArgs a = base_args(d::kFp8);
@@ -357,7 +358,8 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
   a.w_prob_stride = gr * w.cols;
   a.s_prob_stride = (gr / 128) * w.scale_cols() * (w.scale_f32 ? 4 : 1);
   a.x_tok_stride = ldx, a.x_prob_stride = w.cols;
-  a.out = y, a.o_tok_stride = w.rows, a.o_prob_stride = gr, a.n = n;
+  a.out = y16 ? static_cast<void*>(y16) : y, a.out_half = y16 ? 1 : 0;
+  a.o_tok_stride = w.rows, a.o_prob_stride = gr, a.n = n;
   dense_split(a, n);
   attach_workspace(a, ws);
   d::launch_gemv(a, s);

@@ -774,7 +774,7 @@ int run_bench(const BenchOptions& opt) {
       tw.logits = logits.as<float>(), tw.ld_logits = maxk;
       B.add(B.rows, {"attention (unsplit twin)", shape, "logits, then softmax + P.V", n, 0, bytes},
             B.time([&](int) { d::fwd_attend(tw, S); }));
-      const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, Hq, Dh, maxk);
+      const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, Hq, Dh, maxk, B.dev.sm_count);
       DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8));
       B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.keys_per_split(maxk)), n, 0, bytes},
             B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), S); }));

@@ -276,21 +276,23 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
 
 }  // namespace
 
-SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys) {
+SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
   // Up to 256 tokens (the graph-captured chunks) chunk and cap depend on n only, so an eager step (S from this
   // step's keys) and a graph (S from the capacity) split each query's keys identically (keys_per_split). A block
-  // holds 16 heads and a whole SM (its shared memory). Decode (n <= 8): splits of at least 64 n keys (at most 256),
-  // at most cap per query, cap = max(9, 132 SMs / blocks per split): one token of 64 heads at 8320 keys takes 33
-  // splits of 256 (132 blocks, one wave on the H200), 8 tokens 9 splits of 928, at 704 keys one token 11 splits of
-  // 64, 8 tokens 3 of 256. Measured at 8320 / 704 keys, fixed keys per split, one token: 64: 94 / 22 us, 128: 66 /
-  // 29, 256: 52 / 43, 512: 78 / 74; 8 tokens: 256: 314 / 45, 512: 286 / 75, 1024: 272 / 94. Up to 256 tokens:
-  // 1024 per split. Longer (prefill, eager only): few splits, partials kept under 256 MB.
+  // holds 16 heads and a whole SM (its shared memory). Decode (n <= 8): splits of at least 64 n keys (at most 256;
+  // one token: one tile, 32), at most cap per query, cap = max(9, SMs / blocks per split): one token of 64 heads at
+  // 8320 keys takes 33 splits of 256 (132 blocks, one wave on the H200), 8 tokens 9 splits of 928, at 704 keys one
+  // token 22 splits of 32, 8 tokens 3 of 256. Measured on the H200 at 8320 / 704 keys, fixed keys per split, one
+  // token: 64: 94 / 22 us, 128: 66 / 29, 256: 52 / 43, 512: 78 / 74; 8 tokens: 256: 314 / 45, 512: 286 / 75,
+  // 1024: 272 / 94. A short context's few splits leave most SMs idle while each block's fp64 tensor-core products
+  // run (about 2 us per tile of 32 keys): hence one tile per split for one token. Up to 256 tokens: 1024 per split.
+  // Longer (prefill, eager only): few splits, partials kept under 256 MB.
   if (n <= 8) {
     const int64_t blocks_per_split = int64_t(n) * ((Hq + kHeads - 1) / kHeads);
-    p.chunk = std::min<int64_t>(256, int64_t(64) * n);
-    p.cap = std::max<int64_t>(9, (132 + blocks_per_split - 1) / blocks_per_split);
+    p.chunk = n == 1 ? kTile : std::min<int64_t>(256, int64_t(64) * n);
+    p.cap = std::max<int64_t>(9, (std::max(sms, 1) + blocks_per_split - 1) / blocks_per_split);
   } else if (n <= 256) {
     p.chunk = 1024;
   } else {

@@ -60,10 +60,10 @@ __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, cons
 
 // kLoads 16-byte loads in flight per lane before their products (a warp per row waited on one load at a time);
 // the accumulation order is unchanged. Chunks [c_begin, c_end) of the row (16 bytes each), lane-strided.
+constexpr int kLoads = 4;
 template <int NT>
 __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_begin, int64_t c_end, const float* x, int nt,
                                           int64_t ldx, double (&acc)[NT]) {
-  constexpr int kLoads = 4;
   const int lane = threadIdx.x & 31, per = elems_per_16(w);
   const uint8_t* base = static_cast<const uint8_t*>(w.w) + row * dmat_row_bytes(w);
   for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += kLoads * 32) {
@@ -120,17 +120,34 @@ __device__ __forceinline__ void stage_row(const float* x, int64_t cols, float* x
   }
   __syncthreads();
 }
-// Rows [block * kOneRows, +kOneRows) of w (from row r0 on, nr rows) times the staged xs.
-__device__ __forceinline__ void linear_one_rows(const DMat& w, const float* xs, int64_t r0, int64_t nr, int64_t block, float* y) {
+// Rows [block * kOneRows, +kOneRows) of w (from row r0 on, nr rows) times the input row x, staged into xs here.
+// The warp's first round of weight loads is issued before the staging (and before pdl_begin: weights are written
+// once, at load), so the weight fetch, the long pole, overlaps the input's; the products then run in row_dot16's
+// order (first round, then the rest from chunk cb + 32 * kLoads on), so the bits are those of one row_dot16 call.
+__device__ __forceinline__ void linear_one_rows(const DMat& w, const float* x, float* xs, int64_t r0, int64_t nr, int64_t block,
+                                                float* y) {
   __shared__ double part[kRowsPerBlock];
   const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit;
   const int64_t r = block * kOneRows + wid / kOneSplit;
   const int64_t chunks = dmat_row_bytes(w) / 16, per_split = (chunks + kOneSplit - 1) / kOneSplit;
+  const int64_t cb = min(chunks, split * per_split), ce = min(chunks, (split + 1) * per_split);
+  const uint8_t* base = static_cast<const uint8_t*>(w.w) + (r0 + r) * dmat_row_bytes(w);
+  uint4 v[kLoads];
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u)
+    if (r < nr && cb + lane + u * 32 < ce) v[u] = ldg_stream<0>(base + (cb + lane + u * 32) * 16);
+  pdl_begin();
+  stage_row(x, w.cols, xs);
   double acc[1] = {};
-  if (r < nr)
-    row_dot16<1>(w, r0 + r, min(chunks, split * per_split), min(chunks, (split + 1) * per_split), xs, 1, 0, acc);
-  const double v = warp_sum(acc[0]);
-  if (lane == 0) part[wid] = v;
+  if (r < nr) {
+    const int per = elems_per_16(w);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (cb + lane + u * 32 < ce) fma16<1>(w, r0 + r, (cb + lane + u * 32) * per, v[u], xs, 1, 0, acc);
+    row_dot16<1>(w, r0 + r, cb + kLoads * 32, ce, xs, 1, 0, acc);
+  }
+  const double s = warp_sum(acc[0]);
+  if (lane == 0) part[wid] = s;
   __syncthreads();
   if (split == 0 && lane == 0 && r < nr) {
     double o = part[wid];
@@ -139,20 +156,16 @@ __device__ __forceinline__ void linear_one_rows(const DMat& w, const float* xs, 
   }
 }
 __global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
-  pdl_begin();
   extern __shared__ float xs[];
-  stage_row(x, w.cols, xs);
-  linear_one_rows(w, xs, r0, nr, blockIdx.x, y);
+  linear_one_rows(w, x, xs, r0, nr, blockIdx.x, y);
 }
 // Several matrices over the same input row in one launch: block b serves the segment whose block range holds it,
 // each row computed exactly as linear16_one_kernel computes it.
 __global__ void linear16_one_multi_kernel(LinearSegs g, const float* x) {
-  pdl_begin();
   extern __shared__ float xs[];
-  stage_row(x, g.seg[0].w.cols, xs);
   int i = 0;
   while (i + 1 < g.count && int64_t(blockIdx.x) >= g.seg[i + 1].block0) ++i;
-  linear_one_rows(g.seg[i].w, xs, 0, g.seg[i].w.rows, int64_t(blockIdx.x) - g.seg[i].block0, g.seg[i].y);
+  linear_one_rows(g.seg[i].w, x, xs, 0, g.seg[i].w.rows, int64_t(blockIdx.x) - g.seg[i].block0, g.seg[i].y);
 }
 
 __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,

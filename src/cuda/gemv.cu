@@ -393,8 +393,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
   if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half)
     return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
-  if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense && !a.out_half)
-    return launch_t<kFp8, 1, kStore, kDense, float>(a, s);
+  if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense)
+    return a.out_half ? launch_t<kFp8, 1, kStore, kDense, __half>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
     return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");

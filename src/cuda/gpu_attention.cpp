@@ -132,6 +132,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
     nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
     tap_put(tap, "attn.kv", kv, {n, Dh});
+    // One token: its ring slot (pos % W) holds position pos - W, outside its window, so the row can be stored now,
+    // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
+    if (n == 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 
     region.emplace(tm, "attn.compressor");
     // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
@@ -227,7 +230,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.official = nm.official();
   if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
                    // when a query's keys span splits
-    const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys);
+    const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
     fwd_attend_splitk(a, plan, plan.scratch_bytes ? sc.get("attn.split", plan.scratch_bytes) : nullptr, nullptr);
   } else {
     a.ld_logits = max_keys;
@@ -247,20 +250,26 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   } else {
     nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
   }
-  fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
+  if (n != 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 
   region.emplace(tm, "attn.out_proj");
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.
   float* mid = sc.f("attn.mid", n * G * R);
+  // When wo_b runs as an FP8 GEMV (f16 input), the wo_a GEMV writes mid as f16 for it directly: the bits of an fp32
+  // mid converted by wo_b's own conversion launch, one launch fewer (mid itself is then not written).
+  const bool wo_b_gemv = w.wo_b.fp8 && !(w.wo_b.gemm_min && n >= w.wo_b.gemm_min);
+  uint16_t* mid16 = wo_fp8 && !wo_gemm && wo_b_gemv && !nm.official()
+                        ? static_cast<uint16_t*>(sc.get("attn.mid16", size_t(n) * size_t(G * R) * 2))
+                        : nullptr;
   if (wo_gemm)
     fp8_linear_grouped_gemm(*w.wo_a.fp8, int(G), o, cuda::Act::F32, n, mid,
                             gemm_buffers(sc, size_t(n) * size_t(H * Dh), size_t(w.wo_a.fp8->rows * w.wo_a.fp8->cols)));
   else if (wo_fp8)
     fp8_linear_grouped(*w.wo_a.fp8, int(G), o16 ? static_cast<const void*>(o16) : o, o16 ? cuda::Act::F16 : cuda::Act::F32, n, mid,
-                       sc.ws);
+                       sc.ws, nullptr, mid16);
   else
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
-  nm.proj(w.wo_b, mid, n, G * R, out, D, sc);
+  nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
   region.reset();
   tap_io(tap, "attn.out", out, {n, D});
 }

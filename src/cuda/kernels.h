@@ -23,6 +23,7 @@ struct Info {
 };
 bool probe(std::string* why);  // a usable sm_90 device?
 Info info();
+int sm_count();  // the current device's SMs (queried once per device)
 void* dmalloc(size_t bytes);
 void dfree(void* p) noexcept;
 void h2d(void* dst, const void* src, size_t bytes);

@@ -43,6 +43,15 @@ Info info() {
   return r;
 }
 
+int sm_count() {
+  static int cache[16] = {};
+  int dev = 0;
+  PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 16) throw_arg("sm_count: device ordinal out of range");
+  if (!cache[dev]) PLUMB_CUDA_CHECK(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev));
+  return cache[dev];
+}
+
 void* dmalloc(size_t bytes) {
   void* p = nullptr;
   if (bytes) PLUMB_CUDA_CHECK(cudaMalloc(&p, bytes));
