@@ -686,16 +686,18 @@ int run_bench(const BenchOptions& opt) {
         t = B.time([&](int i) { fp8_linear(ws8[size_t(i % nc)], x16.get(), Act::F16, p.cols, n, y.as<float>(), p.rows, ws, S); });
       const double bytes = double(p.rows * p.cols) + double(w.scale_bytes()) + double(n * in_w * 2) + double(n * p.rows * 4);
       B.add(B.rows, {fmt::format("FP8 {}", p.name), fmt::format("[{}, {}] E4M3, x f16", p.rows, p.cols), "", n, 0, bytes}, t);
-      // Sweep: warps per block x blocks along K.
+      // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp.
       for (int warps : {2, 4, 8})
         for (int kb : {1, 2, 4, 8})
-          for (int minb : {1, 3}) {
-          if (p.cols / 128 < int64_t(warps) * kb) continue;
+          for (int minb : {1, 3})
+          for (int unroll : {2, 4}) {
+          if (p.cols / 128 < int64_t(warps) * kb || (unroll == 4 && kb > 1)) continue;
           d::GemvArgs a;
           a.fmt = d::kFp8, a.act = d::kF16, a.rows = gr, a.cols = p.cols, a.problems = p.groups;
           a.w_prob_stride = gr * p.cols, a.s_prob_stride = (gr / 128) * w.scale_cols();
           a.s_ld = w.scale_cols(), a.x = x16.get(), a.x_tok_stride = in_w, a.x_prob_stride = p.groups > 1 ? p.cols : 0;
           a.out = y.get(), a.o_tok_stride = p.rows, a.o_prob_stride = gr, a.n = n, a.warps = warps, a.kblocks = kb, a.minblocks = minb;
+          a.fp8_unroll = unroll;
           if (kb > 1) {
             const size_t keys = size_t(p.groups) * size_t(gr / 16);
             a.partial = ws.partial(keys * size_t(kb) * 4 * 32), a.counters = ws.counters(keys);
@@ -705,7 +707,7 @@ int run_bench(const BenchOptions& opt) {
             b.w[0] = ws8[size_t(i % nc)].codes.as<uint8_t>(), b.s[0] = ws8[size_t(i % nc)].scales.get();
             d::launch_gemv(b, S);
           });
-          B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("warps {}, kblocks {}, minb {}", warps, kb, minb), "", n, 0, bytes}, tt);
+          B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("warps {}, kblocks {}, minb {}, unroll {}", warps, kb, minb, unroll), "", n, 0, bytes}, tt);
         }
     }
     if (std::string(p.name) == "attn wq_a") {  // spot check at the real size
@@ -775,9 +777,10 @@ int run_bench(const BenchOptions& opt) {
       B.add(B.rows, {"attention (unsplit twin)", shape, "logits, then softmax + P.V", n, 0, bytes},
             B.time([&](int) { d::fwd_attend(tw, S); }));
       const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, Hq, Dh, maxk, B.dev.sm_count);
-      DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8));
+      DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8)), done(std::max<size_t>(plan.counters, 1) * 4);
+      done.fill_byte(0);
       B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.keys_per_split(maxk)), n, 0, bytes},
-            B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), S); }));
+            B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), done.as<unsigned>(), S); }));
     }
   }
   d::dsync();

@@ -63,10 +63,11 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB>
+// U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll).
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
-  constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : 2);
+  constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : U8);
   constexpr int NV = NMAT * 4;
   __shared__ float red[kMaxWarps][NV][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
@@ -344,6 +345,11 @@ void launch_t(const GemvArgs& a, Stream s) {
   auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3>
               : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2>
                                  : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1>;
+  if constexpr (FMT == kFp8 && NMAT == 1)
+    if (a.fp8_unroll == 4)
+      kern = a.minblocks >= 3 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 4>
+             : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2, 4>
+                                : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 4>;
   launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
 

@@ -123,6 +123,7 @@ struct GemvArgs {
   int kblocks = 1;
   int warps = 8;                 // warps per block (split K inside the block), 1..8
   int minblocks = 1;             // register budget: 1 (<= 255 per thread), 2 (<= 128) or 3 (<= 85, more warps resident)
+  int fp8_unroll = 0;            // one FP8 matrix: 128-column chunks whose loads a warp issues together, 2 (0) or 4
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
   int fp4_kernel = 0;  // 0 auto: per-tile with 2 warps per block for gate/up at every batch and for down at
                        // n * topk <= 8 (full registers and PDL there, 128 registers above), else as 2 (gemv.cu);
