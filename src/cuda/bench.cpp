@@ -777,10 +777,9 @@ int run_bench(const BenchOptions& opt) {
       B.add(B.rows, {"attention (unsplit twin)", shape, "logits, then softmax + P.V", n, 0, bytes},
             B.time([&](int) { d::fwd_attend(tw, S); }));
       const d::SplitPlan plan = d::fwd_attend_splitk_plan(n, Hq, Dh, maxk, B.dev.sm_count);
-      DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8)), done(std::max<size_t>(plan.counters, 1) * 4);
-      done.fill_byte(0);
+      DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8));
       B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.keys_per_split(maxk)), n, 0, bytes},
-            B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), done.as<unsigned>(), S); }));
+            B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), S); }));
     }
   }
   d::dsync();

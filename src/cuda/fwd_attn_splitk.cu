@@ -3,8 +3,7 @@
 // head), so a block takes one token, 16 heads and one contiguous chunk of the token's keys: the key rows of a tile
 // are staged in shared memory once and serve all 16 heads, for the logits and again (K = V) for P.V. Both products
 // run on the fp64 tensor cores (DMMA, m16n8k8). The block keeps a running max, an fp64 sum and an fp64 P.V per head
-// in one pass (no logits scratch, no per-query shared-memory limit); the last block of a query's splits to finish
-// merges them with the sink (no merge launch).
+// in one pass (no logits scratch, no per-query shared-memory limit); the splits are merged with the sink afterwards.
 // Same keys in the same order as the unsplit twin (attn_keys.cuh's KeyList); the logits are the same fp64 dot
 // products summed in the tensor cores' order instead of key_logit's lane order, then rounded to float as the twin
 // does, so they can differ from the twin's by a float rounding; the normalization order differs too (see
@@ -29,13 +28,12 @@ constexpr int kPart = 40, kPStride = 36;
 // One split's state, as the merge reads it: running max m (-inf when the split saw no key), the sum l of
 // exp(logit - m) in fp64, and the unnormalized sum of exp(logit - m) * v stored as float.
 struct Partials {
-  float* m;        // [rows, S]
-  double* l;       // [rows, S]
-  float* acc;      // [rows, S, Dh]
-  unsigned* done;  // [n * head groups]: splits finished (zero on entry, left zero)
+  float* m;      // [rows, S]
+  double* l;     // [rows, S]
+  float* acc;    // [rows, S, Dh]
 };
 
-// The merge of S splits with the sink, used both by the one-split path and by merge_row, so a query whose
+// The merge of S splits with the sink, used both by the one-split path and by the merge kernel, so a query whose
 // keys all fall in split 0 gets the same bits whether or not empty splits follow (eager launches size S by this
 // step's keys, a graph by the caches' capacity): an empty split (m = -inf, l = 0, acc = 0) adds exact zeros.
 // M = max(sink, m_s); then, in s order from split 0: w_s = exp(m_s - M), L = fma(l_s, w_s, L) from exp(sink - M),
@@ -49,32 +47,6 @@ struct Merge {
   __device__ static double add(double o, float acc, double w) { return fma(double(acc), w, o); }
   __device__ float out(double o) const { return float(o / L); }
 };
-
-// The merged output of row (token, head) `row` by one warp, lane l taking dims l, l + 32, ... < Dh, from the S
-// splits' partials in Merge's order (read from L2: other blocks wrote them); a split's loads of all the lane's dims
-// are in flight together. The split kernel's last block per group runs it.
-__device__ void merge_row(const AttendArgs& a, const Partials& P, int S, int64_t row, int h, int lane) {
-  constexpr int kD = kMaxDh / 32;
-  const float* m = P.m + row * S;
-  const double* l = P.l + row * S;
-  float mmax = -INFINITY;
-  for (int s = 0; s < S; ++s) mmax = fmaxf(mmax, __ldcg(m + s));
-  Merge mg(a.sink[h], mmax);
-  const float* acc = P.acc + row * S * a.Dh;
-  double o[kD] = {};
-  for (int s = 0; s < S; ++s) {
-    const double w = mg.weight(__ldcg(m + s));
-    mg.add_split(__ldcg(l + s), w);
-    float v[kD];
-#pragma unroll
-    for (int u = 0; u < kD; ++u) v[u] = lane + 32 * u < a.Dh ? __ldcg(acc + int64_t(s) * a.Dh + lane + 32 * u) : 0.0f;
-#pragma unroll
-    for (int u = 0; u < kD; ++u) o[u] = Merge::add(o[u], v[u], w);
-  }
-#pragma unroll
-  for (int u = 0; u < kD; ++u)
-    if (lane + 32 * u < a.Dh) a.out[row * a.Dh + lane + 32 * u] = mg.out(o[u]);
-}
 
 // D = A * B + D on the fp64 tensor cores, 16x8x8 (sm_90). Lane (g = lane / 4, r = lane % 4) holds A (g, r), (g + 8, r),
 // (g, r + 4), (g + 8, r + 4) in a[0][0], a[0][1], a[1][0], a[1][1]; B (r, g), (r + 4, g) in b[0], b[1]; D (g, 2r),
@@ -236,43 +208,70 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
     const int64_t ps = (int64_t(t) * a.Hq + h0 + wid) * S + s;
     P.m[ps] = m, P.l[ps] = l;
   }
-  if (mma_warp) {
+  if (!mma_warp) return;
 #pragma unroll
-    for (int ho = 0; ho < 2; ++ho) {
-      const int hl = 8 * ho + g, h = h0 + hl;
-      if (h >= a.Hq) continue;
-      const int64_t row = int64_t(t) * a.Hq + h;
-      Merge mg(a.sink[h], mfin[hl]);
-      const double w = mg.weight(mfin[hl]);
-      mg.add_split(lfin[hl], w);
+  for (int ho = 0; ho < 2; ++ho) {
+    const int hl = 8 * ho + g, h = h0 + hl;
+    if (h >= a.Hq) continue;
+    const int64_t row = int64_t(t) * a.Hq + h;
+    Merge mg(a.sink[h], mfin[hl]);
+    const double w = mg.weight(mfin[hl]);
+    mg.add_split(lfin[hl], w);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t d = kSlice * wid + 8 * e + 2 * r;
+    for (int e = 0; e < 4; ++e) {
+      const int64_t d = kSlice * wid + 8 * e + 2 * r;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const float av = float(acc[e][2 * ho + u]);
-          if (direct) a.out[row * a.Dh + d + u] = mg.out(Merge::add(0.0, av, w));
-          else P.acc[(row * S + s) * a.Dh + d + u] = av;
-        }
+      for (int u = 0; u < 2; ++u) {
+        const float av = float(acc[e][2 * ho + u]);
+        if (direct) a.out[row * a.Dh + d + u] = mg.out(Merge::add(0.0, av, w));
+        else P.acc[(row * S + s) * a.Dh + d + u] = av;
       }
     }
   }
-  if (direct) return;
-  // The last of the group's S blocks to finish merges the group's rows (no merge launch): each block's partials are
-  // made visible device-wide before it counts itself done; the counter is left zero for the next launch.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const unsigned prev = atomicAdd(P.done + blockIdx.x, 1u);
-    last = prev + 1 == unsigned(S);
-    if (last) P.done[blockIdx.x] = 0u;
+}
+
+// Block = one (token, head) row: merges its S splits with the sink (Merge), thread per dim. The splits' m and l
+// are staged in shared memory 256 at a time (loaded in parallel), their weights computed once per block; every
+// thread then walks the splits in s order, as the one-split path does.
+constexpr int kMergeThreads = 256;
+__global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
+  __shared__ float ms[kMergeThreads];
+  __shared__ double ls[kMergeThreads], ws[kMergeThreads];
+  const int64_t row = blockIdx.x;
+  const int h = int(row % a.Hq), tid = int(threadIdx.x);
+  const float* m = P.m + row * S;
+  const double* l = P.l + row * S;
+  float mmax = -INFINITY;
+  for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
+    const int ns = min(kMergeThreads, S - s0);
+    __syncthreads();
+    if (tid < ns) ms[tid] = m[s0 + tid];
+    __syncthreads();
+    for (int s = 0; s < ns; ++s) mmax = fmaxf(mmax, ms[s]);
   }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Warp w merges head h0 + w, its lanes striding over the dims.
-  if (wid < kHeads && h0 + wid < a.Hq) merge_row(a, P, S, int64_t(t) * a.Hq + h0 + wid, h0 + wid, lane);
+  Merge mg(a.sink[h], mmax);
+  const float* acc = P.acc + row * S * a.Dh;
+  constexpr int kU = kMaxDh / kMergeThreads;
+  double o[kU] = {};
+  for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
+    const int ns = min(kMergeThreads, S - s0);
+    __syncthreads();
+    if (tid < ns) ls[tid] = l[s0 + tid], ws[tid] = mg.weight(m[s0 + tid]);
+    __syncthreads();
+    for (int s = 0; s < ns; ++s) mg.add_split(ls[s], ws[s]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t d = tid + int64_t(u) * kMergeThreads;
+      if (d >= a.Dh) continue;
+      const float* ad = acc + int64_t(s0) * a.Dh + d;
+      for (int s = 0; s < ns; ++s) o[u] = Merge::add(o[u], ad[int64_t(s) * a.Dh], ws[s]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t d = tid + int64_t(u) * kMergeThreads;
+    if (d < a.Dh) a.out[row * a.Dh + d] = mg.out(o[u]);
+  }
 }
 
 }  // namespace
@@ -306,11 +305,10 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   if (p.cap > 0) S = std::min(S, p.cap);
   p.splits = int(std::max<int64_t>(1, S));
   p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
-  p.counters = p.splits > 1 ? size_t(n) * size_t((Hq + kHeads - 1) / kHeads) : 0;
   return p;
 }
 
-void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, unsigned* done, Stream s) {
+void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s) {
   if (a.n <= 0) return;
   if (a.Dh % kSlice != 0 || a.Dh > kMaxDh) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
   if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
@@ -321,8 +319,7 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
   const int S = plan.splits;
   Partials P{};
   if (S > 1) {
-    if (!scratch || !done) throw_arg("attention (split-K): no scratch for the partials or no split counters");
-    P.done = done;
+    if (!scratch) throw_arg("attention (split-K): no scratch for the partials");
     const size_t rows = size_t(a.n) * size_t(a.Hq);
     P.l = static_cast<double*>(scratch);  // doubles first: 8-byte aligned
     P.m = reinterpret_cast<float*>(P.l + rows * size_t(S));
@@ -336,6 +333,9 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
   }
   attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, stream_of(s)>>>(a, P, plan, S == 1);
   check_launch("fwd_attend_split");
+  if (S == 1) return;
+  attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, stream_of(s)>>>(a, P, S);
+  check_launch("fwd_attend_merge");
 }
 
 }  // namespace plumb::cuda::detail

@@ -147,7 +147,6 @@ struct SplitPlan {
   int64_t cap = 0;    // > 0: a query takes at most cap splits (its keys per split grow past chunk)
   int splits = 1;     // the grid: splits per query, enough for every query of up to max_keys keys
   size_t scratch_bytes = 0;
-  size_t counters = 0;  // zeroed counters the launch needs (one per token and group of 16 heads when splits > 1)
   // Keys per split of a query with `count` keys: chunk, or count / cap rounded up to 32 if larger. It depends on the
   // query and on chunk and cap (functions of n alone up to 256 tokens), never on the grid, so an eager launch and a
   // graph sized by the caches' capacity split a query alike.
@@ -159,8 +158,7 @@ struct SplitPlan {
 };
 // sms: the device's SM count (sm_count()), which sizes the decode splits to fill it.
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms);
-// scratch: plan.scratch_bytes; done: plan.counters counters, zero on entry and left zero (Workspace::counters).
-void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, unsigned* done, Stream s);
+void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);
 

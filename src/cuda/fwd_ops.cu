@@ -60,10 +60,10 @@ __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, cons
 
 // kLoads 16-byte loads in flight per lane before their products (a warp per row waited on one load at a time);
 // the accumulation order is unchanged. Chunks [c_begin, c_end) of the row (16 bytes each), lane-strided.
-constexpr int kLoads = 4;
 template <int NT>
 __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_begin, int64_t c_end, const float* x, int nt,
                                           int64_t ldx, double (&acc)[NT]) {
+  constexpr int kLoads = 4;
   const int lane = threadIdx.x & 31, per = elems_per_16(w);
   const uint8_t* base = static_cast<const uint8_t*>(w.w) + row * dmat_row_bytes(w);
   for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += kLoads * 32) {
@@ -104,12 +104,10 @@ __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_
   }
 }
 
-// One token (decode): the input row staged in shared memory (every warp reads all of it), a warp per row, each row
-// summed as kOneSplit parts (quarters of K, lane-strided 16-byte chunks in rounds of kLoads, each part
-// warp-reduced, the parts added in order: the bits of the earlier kernel that gave each part its own warp). A
-// round's loads of all parts are in flight together, issued before the input is staged (and before pdl_begin:
-// weights are written once, at load), so a row costs one memory round trip; kOneWarps rows per block.
-constexpr int kOneSplit = 4, kOneWarps = 4;
+// One token (decode): the input row staged in shared memory (every warp reads all of it), each row split over
+// kOneSplit warps (a quarter of K each: one round of loads in flight instead of four), their partial sums added in
+// split order. kRowsPerBlock / kOneSplit rows per block.
+constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
 __device__ __forceinline__ void stage_row(const float* x, int64_t cols, float* xs) {
   constexpr int kU = 8;
   const int64_t step = blockDim.x;
@@ -122,64 +120,39 @@ __device__ __forceinline__ void stage_row(const float* x, int64_t cols, float* x
   }
   __syncthreads();
 }
-// Row block * kOneWarps + warp of w (from row r0 on, nr rows) times the input row x, staged into xs here.
-__device__ __forceinline__ void linear_one_rows(const DMat& w, const float* x, float* xs, int64_t r0, int64_t nr, int64_t block,
-                                                float* y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = block * kOneWarps + (threadIdx.x >> 5);
-  const bool live = r < nr;
-  const int64_t chunks = dmat_row_bytes(w) / 16, per = (chunks + kOneSplit - 1) / kOneSplit;
-  const int64_t rounds = (per + 32 * kLoads - 1) / (32 * kLoads);
-  const uint8_t* base = static_cast<const uint8_t*>(w.w) + (r0 + r) * dmat_row_bytes(w);
-  const int epc = elems_per_16(w);
-  // Chunk u of round `round` in part p, or -1 past the part's end.
-  auto chunk = [&](int p, int64_t round, int u) {
-    const int64_t c = p * per + round * (32 * kLoads) + lane + 32 * u;
-    return live && c < min(chunks, (p + 1) * per) ? c : int64_t(-1);
-  };
-  uint4 v[kOneSplit][kLoads];
-  auto issue = [&](int64_t round) {
-#pragma unroll
-    for (int p = 0; p < kOneSplit; ++p)
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        const int64_t c = chunk(p, round, u);
-        if (c >= 0) v[p][u] = ldg_stream<0>(base + c * 16);
-      }
-  };
-  issue(0);
-  pdl_begin();
-  stage_row(x, w.cols, xs);
-  double acc[kOneSplit][1] = {};
-  for (int64_t round = 0; round < rounds; ++round) {
-    if (round > 0) issue(round);
-#pragma unroll
-    for (int p = 0; p < kOneSplit; ++p)
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        const int64_t c = chunk(p, round, u);
-        if (c >= 0) fma16<1>(w, r0 + r, c * epc, v[p][u], xs, 1, 0, acc[p]);
-      }
+// Rows [block * kOneRows, +kOneRows) of w (from row r0 on, nr rows) times the staged xs.
+__device__ __forceinline__ void linear_one_rows(const DMat& w, const float* xs, int64_t r0, int64_t nr, int64_t block, float* y) {
+  __shared__ double part[kRowsPerBlock];
+  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit;
+  const int64_t r = block * kOneRows + wid / kOneSplit;
+  const int64_t chunks = dmat_row_bytes(w) / 16, per_split = (chunks + kOneSplit - 1) / kOneSplit;
+  double acc[1] = {};
+  if (r < nr)
+    row_dot16<1>(w, r0 + r, min(chunks, split * per_split), min(chunks, (split + 1) * per_split), xs, 1, 0, acc);
+  const double v = warp_sum(acc[0]);
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (split == 0 && lane == 0 && r < nr) {
+    double o = part[wid];
+    for (int i = 1; i < kOneSplit; ++i) o += part[wid + i];
+    y[r] = float(o);
   }
-  double o = 0;
-#pragma unroll
-  for (int p = 0; p < kOneSplit; ++p) {
-    const double part = warp_sum(acc[p][0]);
-    o = p == 0 ? part : o + part;
-  }
-  if (lane == 0 && live) y[r] = float(o);
 }
 __global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
+  pdl_begin();
   extern __shared__ float xs[];
-  linear_one_rows(w, x, xs, r0, nr, blockIdx.x, y);
+  stage_row(x, w.cols, xs);
+  linear_one_rows(w, xs, r0, nr, blockIdx.x, y);
 }
 // Several matrices over the same input row in one launch: block b serves the segment whose block range holds it,
 // each row computed exactly as linear16_one_kernel computes it.
 __global__ void linear16_one_multi_kernel(LinearSegs g, const float* x) {
+  pdl_begin();
   extern __shared__ float xs[];
+  stage_row(x, g.seg[0].w.cols, xs);
   int i = 0;
   while (i + 1 < g.count && int64_t(blockIdx.x) >= g.seg[i + 1].block0) ++i;
-  linear_one_rows(g.seg[i].w, x, xs, 0, g.seg[i].w.rows, int64_t(blockIdx.x) - g.seg[i].block0, g.seg[i].y);
+  linear_one_rows(g.seg[i].w, xs, 0, g.seg[i].w.rows, int64_t(blockIdx.x) - g.seg[i].block0, g.seg[i].y);
 }
 
 __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,
@@ -269,7 +242,7 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
   if (n == 1 && fwd_linear_one_fits(w))  // y[r]: with one token ldy does not matter
-    launch("fwd_linear (one token)", linear16_one_kernel, unsigned((nr + kOneWarps - 1) / kOneWarps), 32 * kOneWarps,
+    launch("fwd_linear (one token)", linear16_one_kernel, unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock,
            size_t(w.cols) * 4, s, w, x, r0, nr, y);
   else if (vec)
     launch("fwd_linear", linear_kernel<true>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
@@ -288,9 +261,9 @@ void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s) {
     if (!fwd_linear_one_fits(g.seg[i].w) || g.seg[i].w.cols != g.seg[0].w.cols)
       throw_arg("fwd_linear_one_multi: the matrices must share their column count and fit the one-token kernel");
     g.seg[i].block0 = blocks;
-    blocks += (g.seg[i].w.rows + kOneWarps - 1) / kOneWarps;
+    blocks += (g.seg[i].w.rows + kOneRows - 1) / kOneRows;
   }
-  launch("fwd_linear_one_multi", linear16_one_multi_kernel, unsigned(blocks), 32 * kOneWarps, size_t(g.seg[0].w.cols) * 4,
+  launch("fwd_linear_one_multi", linear16_one_multi_kernel, unsigned(blocks), 32 * kRowsPerBlock, size_t(g.seg[0].w.cols) * 4,
          s, g, x);
 }
 

@@ -231,8 +231,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
                    // when a query's keys span splits
     const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
-    fwd_attend_splitk(a, plan, plan.scratch_bytes ? sc.get("attn.split", plan.scratch_bytes) : nullptr,
-                      plan.counters ? sc.work().counters(plan.counters) : nullptr, nullptr);
+    fwd_attend_splitk(a, plan, plan.scratch_bytes ? sc.get("attn.split", plan.scratch_bytes) : nullptr, nullptr);
   } else {
     a.ld_logits = max_keys;
     a.logits = sc.f("attn.logits", n * H * max_keys);
