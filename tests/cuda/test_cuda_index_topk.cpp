@@ -323,4 +323,55 @@ TEST_F(GpuTest, IndexTopkTiming) {
   d::stream_destroy(st);
 }
 
+
+// Scores + top-k per call (fwd_indexer) at V4-Flash's indexer sizes (64 heads x 128 dims, rate 4, top-512),
+// ne_cap = ne (eager sizes), graph-replayed (20 calls, best of 3), printed: short contexts are latency-bound, long
+// ones bound by the fp64 dots.
+TEST_F(GpuTest, IndexerTiming) {
+  const int nh = 64, topk = 512;
+  const int64_t dh = 128, rate = 4;
+  d::Stream st = d::stream_create();
+  void* ev0 = d::event_create();
+  void* ev1 = d::event_create();
+  std::printf("%-8s %-3s %12s\n", "ne", "n", "indexer us");
+  for (int64_t ne : {int64_t(64), int64_t(65), int64_t(128), int64_t(256), int64_t(512), int64_t(1024), int64_t(2048),
+                     int64_t(8192), int64_t(65536)})
+    for (int n : {1, 8}) {
+      Rng r(uint32_t(ne + n));
+      std::vector<float> q(size_t(n * nh * dh)), keys(size_t(ne * dh)), hw(size_t(n * nh));
+      for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
+      for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
+      for (auto& v : hw) v = r.uniform(-0.2f, 0.3f);
+      DeviceBuffer dq = to_device(q), dk = to_device(keys), dw = to_device(hw), pos = to_device(std::vector<int64_t>{ne * rate - n});
+      const int k_cap = int(std::min<int64_t>(topk, ne));
+      DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(k_cap) * 8);
+      d::IndexArgs a;
+      a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
+      a.n = n, a.nh = nh, a.k_cap = k_cap, a.topk = topk, a.dh = dh, a.ne_cap = ne, a.rate = rate;
+      a.qscale = 1.0f / std::sqrt(float(dh)), a.wscale = 1.0f / std::sqrt(float(nh));
+      a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
+      a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(n, ne, k_cap, d::fwd_index_topk_path(ne));
+      DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
+      a.topk_scratch = scratch.get();
+      const int calls = 20;
+      d::fwd_indexer(a, st);  // warm-up
+      d::capture_begin(st);
+      for (int i = 0; i < calls; ++i) d::fwd_indexer(a, st);
+      void* g = d::capture_end_instantiate(st);
+      d::graph_launch(g, st);
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        d::event_record(ev0, st);
+        d::graph_launch(g, st);
+        d::event_record(ev1, st);
+        best = std::min(best, double(d::event_elapsed_ms(ev0, ev1)) * 1e3 / calls);
+      }
+      d::graph_destroy(g);
+      std::printf("%-8lld %-3d %12.1f\n", (long long)ne, n, best);
+    }
+  d::event_destroy(ev0);
+  d::event_destroy(ev1);
+  d::stream_destroy(st);
+}
+
 }  // namespace
