@@ -30,10 +30,8 @@ namespace {
 
 // Stages row-major float arrays (segments) from global into shared memory, a row stride per destination: every
 // load of a batch is issued before any of its stores, so a staging costs about one round of load latency per batch
-// of kStageBatch values per thread. (Storing each value before loading the next waited on every load in turn: most
-// of the old scores kernel's 21 us at 64 entries.) Lanes take consecutive values: coalesced loads, stores to
-// consecutive banks.
-constexpr int kStageBatch = 16;
+// of B values per thread. (Storing each value before loading the next waited on every load in turn.) Lanes take
+// consecutive values: coalesced loads, stores to consecutive banks.
 struct StageSeg {
   float* dst;
   const float* src;
@@ -41,17 +39,18 @@ struct StageSeg {
 };
 // Three segments, one index space: value i is segment x's when it falls in x's range (selects, not a loop over an
 // array of segments, which the compiler would put on the stack).
+template <int B>
 __device__ __forceinline__ void stage(const StageSeg& g0, const StageSeg& g1, const StageSeg& g2) {
   const int n01 = g0.n + g1.n, total = n01 + g2.n, T = int(blockDim.x);
-  for (int i0 = int(threadIdx.x); i0 < total; i0 += kStageBatch * T) {
-    float v[kStageBatch];
+  for (int i0 = int(threadIdx.x); i0 < total; i0 += B * T) {
+    float v[B];
 #pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
+    for (int u = 0; u < B; ++u) {
       const int i = i0 + u * T;
       if (i < total) v[u] = *(i < g0.n ? g0.src + i : i < n01 ? g1.src + (i - g0.n) : g2.src + (i - n01));
     }
 #pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
+    for (int u = 0; u < B; ++u) {
       const int i = i0 + u * T;
       if (i >= total) continue;
       const bool in0 = i < g0.n, in1 = !in0 && i < n01;
@@ -62,19 +61,22 @@ __device__ __forceinline__ void stage(const StageSeg& g0, const StageSeg& g1, co
   }
 }
 
-// Row stride of the staged queries: dh + 4 keeps the rows 16-byte aligned (float4 reads) and puts the 8 lanes of a
-// quarter warp, each on its own head, in 8 different bank groups (conflict-free 16-byte reads).
-__host__ __device__ __forceinline__ int index_ldq(int dh) { return dh % 4 == 0 ? dh + 4 : dh + 1; }
+// Row stride of the staged queries. Float4 reads (vec, dh % 4 == 0): dh + 4 keeps the rows 16-byte aligned and puts
+// the 8 lanes of a quarter warp, each on its own head, in 8 different bank groups (conflict-free 16-byte reads);
+// scalar reads: dh + 1, the lanes' heads in different banks (and 3 floats fewer per head: the split kernel's blocks
+// then fit 6 to an SM at 4 entries).
+__host__ __device__ __forceinline__ bool index_vec(int dh, bool want) { return want && dh % 4 == 0; }
+__host__ __device__ __forceinline__ int index_ldq(int dh, bool vec) { return index_vec(dh, vec) ? dh + 4 : dh + 1; }
 // Row stride of the staged head terms, in doubles: odd, so the threads summing different entries spread over banks.
 __host__ __device__ __forceinline__ int index_ldv(int nh) { return nh + 1; }
 
 // One (entry, head) term from the staged query row qh and key row k: the fp64 dot in dim order, relu, the scales
 // (official: bf16 einsum, relu, bf16 product with the scaled, bf16 weight). Float4 reads where the rows allow
-// (index_ldq), the same additions in the same order.
-__device__ __forceinline__ double index_head_term(const IndexArgs& a, const float* qh, const float* k, float hw) {
+// (index_vec), the same additions in the same order either way.
+__device__ __forceinline__ double index_head_term(const IndexArgs& a, const float* qh, const float* k, float hw, bool vec) {
   const int dh = int(a.dh);
   double dot = 0;
-  if (dh % 4 == 0) {
+  if (vec) {
     const float4* q4 = reinterpret_cast<const float4*>(qh);
     const float4* k4 = reinterpret_cast<const float4*>(k);
 #pragma unroll 4
@@ -106,11 +108,12 @@ __device__ __forceinline__ float index_entry_score(const IndexArgs& a, const dou
 // before it all (the fused kernel's keys).
 struct ScoresSmem {
   size_t vals, qs, hw, ks, total;
+  bool vec;
   __host__ __device__ static size_t up16(size_t x) { return (x + 15) & ~size_t(15); }
-  __host__ __device__ ScoresSmem(int eb, int nh, int dh, size_t extra) {
+  __host__ __device__ ScoresSmem(int eb, int nh, int dh, bool want_vec, size_t extra) : vec(index_vec(dh, want_vec)) {
     vals = up16(extra);
     qs = up16(vals + size_t(eb) * size_t(index_ldv(nh)) * 8);
-    hw = qs + size_t(nh) * size_t(index_ldq(dh)) * 4;
+    hw = qs + size_t(nh) * size_t(index_ldq(dh, vec)) * 4;
     ks = up16(hw + size_t(nh) * 4);
     total = ks + size_t(eb) * size_t(dh) * 4;
   }
@@ -120,38 +123,43 @@ struct ScoresSmem {
 // caller's block stages, then a thread per (entry, head) pair computes its term (looping when there are more pairs
 // than threads), then a thread per entry sums. Keys are staged for every entry below ne_cap (the buffer holds
 // ne_cap rows; those not yet written are read and not used), so no load waits for the position. Ends with the
-// block synchronized after the sums; scores are returned through `emit(el, score)`.
-template <class Emit>
+// block synchronized after the sums; scores are returned through `emit(el, score)`. B: the staging batch.
+template <int B, class Emit>
 __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned char* smem, const ScoresSmem& L, int t, int64_t e0,
                                                    int nb, int64_t visible, Emit emit) {
-  const int nh = a.nh, dh = int(a.dh), ldq = index_ldq(dh), ldv = index_ldv(nh);
+  const int nh = a.nh, dh = int(a.dh), ldq = index_ldq(dh, L.vec), ldv = index_ldv(nh);
   double* vals = reinterpret_cast<double*>(smem + L.vals);
   float* qs = reinterpret_cast<float*>(smem + L.qs);
   float* hws = reinterpret_cast<float*>(smem + L.hw);
   float* ks = reinterpret_cast<float*>(smem + L.ks);
-  stage({qs, a.q + int64_t(t) * nh * dh, ldq, dh, nh * dh}, {hws, a.hw + int64_t(t) * nh, nh, nh, nh},
+  stage<B>({qs, a.q + int64_t(t) * nh * dh, ldq, dh, nh * dh}, {hws, a.hw + int64_t(t) * nh, nh, nh, nh},
         {ks, a.keys + e0 * dh, dh, dh, max(nb, 0) * dh});
   __syncthreads();
   const int ns = int(max(int64_t(0), min(int64_t(nb), visible - e0)));  // entries with a score
   for (int p = threadIdx.x; p < ns * nh; p += blockDim.x) {
     const int el = p / nh, h = p - el * nh;
-    vals[el * ldv + h] = index_head_term(a, qs + h * ldq, ks + el * dh, hws[h]);
+    vals[el * ldv + h] = index_head_term(a, qs + h * ldq, ks + el * dh, hws[h], L.vec);
   }
   __syncthreads();
   for (int el = threadIdx.x; el < nb; el += blockDim.x) emit(el, el < ns ? index_entry_score(a, vals + el * ldv) : -INFINITY);
 }
 
-// Split path, scores: block (group of eb entries, token). Registers bounded for 5 blocks per SM, as many as the
-// shared memory holds at 8 entries per block: the dots of long contexts need the warps.
-constexpr int kScoresThreads = 256;
-__global__ void __launch_bounds__(kScoresThreads, 5) index_scores_kernel(IndexArgs a, int eb) {
+// Split path, scores: block (group of eb entries, token). At long contexts the blocks are many and the kernel runs at
+// about 5.4 products per clock per SM (H200, 8192 and 65536 entries), about what the two float-to-double conversions
+// per product allow at 16 per clock, so it keeps the old kernel's occupancy: scalar reads (the narrower query rows) and registers bounded so that 6 blocks of 4 entries fit an SM
+// (5 at 8 entries, by shared memory), with a staging batch of 4 (no spill at 40 registers). (Float4 reads with
+// dh + 4 rows fitted 5 at 4 entries: 78 -> 93 us at 1024 entries, 8 tokens.)
+constexpr int kScoresThreads = 256, kScoresStage = 4;
+constexpr bool kScoresVec = false;
+__global__ void __launch_bounds__(kScoresThreads, 6) index_scores_kernel(IndexArgs a, int eb) {
   pdl_begin();
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = blockIdx.y;
   const int64_t e0 = int64_t(blockIdx.x) * eb, visible = (*a.pos + t + 1) / a.rate;
   const int nb = int(min(int64_t(eb), a.ne_cap - e0));
   float* out = a.scores + int64_t(t) * a.ne_cap + e0;
-  index_scores_block(a, smem, ScoresSmem(eb, a.nh, int(a.dh), 0), t, e0, nb, visible, [&](int el, float v) { out[el] = v; });
+  index_scores_block<kScoresStage>(a, smem, ScoresSmem(eb, a.nh, int(a.dh), kScoresVec, 0), t, e0, nb, visible,
+                                   [&](int el, float v) { out[el] = v; });
 }
 
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
@@ -463,13 +471,13 @@ __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs
   const cg::cluster_group cl = cg::this_cluster();
   const int r = int(cl.block_rank()), t = int(blockIdx.y);
   uint64_t* keys = reinterpret_cast<uint64_t*>(smem);  // [pow2_ceil(ne_cap)]: block 0's are the token's
-  const ScoresSmem L(eb, a.nh, int(a.dh), size_t(pow2_ceil(int(a.ne_cap))) * 8);
+  const ScoresSmem L(eb, a.nh, int(a.dh), true, size_t(pow2_ceil(int(a.ne_cap))) * 8);
   const int64_t e0 = int64_t(r) * eb, pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
   const int nb = int(max(int64_t(0), min(int64_t(eb), a.ne_cap - e0)));
   const SelSizes z(a);
   float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
   uint64_t* keys0 = cl.map_shared_rank(keys, 0);
-  index_scores_block(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
+  index_scores_block<16>(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
     sc[el] = v;
     if (e0 + el < z.ne) keys0[e0 + el] = sel_key(v, e0 + el, ib);
   });
@@ -491,7 +499,7 @@ struct FusedPlan {
   FusedPlan(const IndexArgs& a, int C_) : C(C_) {
     eb = int((a.ne_cap + C - 1) / C);
     threads = std::min(kFusedMaxThreads, std::max(128, (eb * a.nh + 31) / 32 * 32));
-    smem = ScoresSmem(eb, a.nh, int(a.dh), size_t(pow2_ceil(int(std::min<int64_t>(a.ne_cap, kIndexerFusedMaxNe)))) * 8).total;
+    smem = ScoresSmem(eb, a.nh, int(a.dh), true, size_t(pow2_ceil(int(std::min<int64_t>(a.ne_cap, kIndexerFusedMaxNe)))) * 8).total;
     fits = a.ne_cap <= kIndexerFusedMaxNe && a.nh >= 1 && a.dh >= 1 && smem <= kFusedMaxSmem &&
            a.ne_cap <= int64_t(kBlockPer) * threads;
   }
@@ -600,7 +608,7 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
   // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 8 above (long contexts:
   // each block stages the token's queries, nh x dh floats, from L2).
   const int eb = a.ne_cap <= 1024 ? 4 : 8;
-  const size_t smem = ScoresSmem(eb, a.nh, int(a.dh), 0).total;
+  const size_t smem = ScoresSmem(eb, a.nh, int(a.dh), kScoresVec, 0).total;
   if (smem > 48 * 1024)
     throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (48 KiB)");
   launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), kScoresThreads, smem, s,
