@@ -1,6 +1,6 @@
 // Attention on the GPU: sparse softmax attention with the sink over window + compressed keys, the window ring,
-// the compressor's softmax pooling, the lightning indexer's scores (its top-k: fwd_index_topk.cu). Twins of
-// src/model/attention.cpp, compressor.cpp and indexer.cpp (fp64 dot products, the reference's softmax).
+// the compressor's softmax pooling (the lightning indexer: fwd_indexer.cu). Twins of src/model/attention.cpp and
+// compressor.cpp (fp64 dot products, the reference's softmax).
 #include "cuda/attn_keys.cuh"
 #include "cuda/official.cuh"
 
@@ -266,52 +266,6 @@ __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
   a.pend_gate[(q % a.m) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
 }
 
-// Block (group of eb entries, token), a thread per (entry, head) pair (looping when eb * nh > 256): the fp64 dot
-// q_h . k_e in dim order, then relu(q.k) * qscale * (hw * wscale) into shared memory; one thread per entry then sums
-// its heads in head order, as the reference does. The token's queries (row stride dh + 1: the lanes of a warp read
-// different heads, so different banks) and the group's keys are staged in shared memory by coalesced loads first:
-// one round of load latency, then the dots run from shared memory. (A warp per entry behind 16 rounds of dependent
-// key loads took 32 us for 64 entries.)
-__global__ void index_scores_kernel(IndexArgs a, int eb) {
-  pdl_begin();
-  extern __shared__ double vals[];  // [eb, nh] head terms, then [nh, dh + 1] queries and [eb, dh] keys (floats)
-  const int t = blockIdx.y, nh = a.nh;
-  const int64_t dh = a.dh, ldq = dh + 1, e0 = int64_t(blockIdx.x) * eb;
-  float* qs = reinterpret_cast<float*>(vals + int64_t(eb) * nh);
-  float* ks = qs + nh * ldq;
-  const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
-  const int64_t ne_here = min(int64_t(eb), min(a.ne_cap, visible) - e0);  // entries of this group with a score
-  const float* qt = a.q + int64_t(t) * nh * dh;
-  for (int64_t i = threadIdx.x; i < nh * dh; i += blockDim.x) qs[(i / dh) * ldq + i % dh] = qt[i];
-  for (int64_t i = threadIdx.x; i < max(ne_here, int64_t(0)) * dh; i += blockDim.x) ks[i] = a.keys[e0 * dh + i];
-  __syncthreads();
-  for (int p = threadIdx.x; p < eb * nh; p += blockDim.x) {
-    const int el = p / nh, h = p % nh;
-    if (el >= ne_here) continue;
-    const float* qh = qs + h * ldq;
-    const float* k = ks + int64_t(el) * dh;
-    double dot = 0;
-#pragma unroll 8
-    for (int64_t b = 0; b < dh; ++b) dot += double(qh[b]) * k[b];
-    double v;
-    if (a.official)  // bf16 einsum, relu, bf16 product with the (scaled, bf16) weights
-      v = bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), a.hw[int64_t(t) * nh + h]));
-    else
-      v = fmax(dot, 0.0) * double(a.qscale) * double(a.hw[int64_t(t) * nh + h] * a.wscale);
-    vals[p] = v;
-  }
-  __syncthreads();
-  const int el = threadIdx.x;
-  if (el >= eb || e0 + el >= a.ne_cap) return;
-  float score = -INFINITY;  // not yet visible to this token
-  if (el < ne_here) {
-    double acc = 0;
-    for (int h = 0; h < nh; ++h) acc += vals[el * nh + h];
-    score = a.official ? bf16r(float(acc)) : float(acc);
-  }
-  a.scores[int64_t(t) * a.ne_cap + e0 + el] = score;
-}
-
 }  // namespace
 
 void fwd_attend(const AttendArgs& a, Stream s) {
@@ -358,18 +312,6 @@ void fwd_compress(const CompressArgs& a, Stream s) {
   const int64_t rows = std::min<int64_t>(a.n, a.m - 1), width = a.overlap ? 2 * a.c : a.c;
   if (rows <= 0) return;
   launch("fwd_compress_stash", compress_stash_kernel, fwd_blocks(rows * width, 256), 256, 0, s, a, rows);
-}
-
-void fwd_indexer(const IndexArgs& a, Stream s) {
-  if (a.n <= 0 || a.ne_cap <= 0) return;
-  // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 8 above (long contexts:
-  // each block stages the token's queries, nh x dh floats, from L2).
-  const int eb = a.ne_cap <= 1024 ? 4 : 8;
-  const size_t smem = size_t(eb) * (size_t(a.nh) * 8 + size_t(a.dh) * 4) + size_t(a.nh) * size_t(a.dh + 1) * 4;
-  if (smem > 48 * 1024)
-    throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (48 KiB)");
-  launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), 256, smem, s, a, eb);
-  fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
 }
 
 }  // namespace plumb::cuda::detail

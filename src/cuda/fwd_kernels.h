@@ -197,7 +197,7 @@ void fwd_compress(const CompressArgs& a, Stream s);
 // row (k_cap wide) is -1.
 struct IndexArgs {
   const float* q = nullptr;     // [n, nh, dh]
-  const float* keys = nullptr;  // [>= ne, dh]
+  const float* keys = nullptr;  // [ne_cap, dh] (rows from ne on are read, not used)
   const float* hw = nullptr;    // [n, nh]
   const int64_t* pos = nullptr;  // device
   int n = 0, nh = 0, k_cap = 0, topk = 0;
@@ -211,9 +211,18 @@ struct IndexArgs {
   void* topk_scratch = nullptr;  // the select path's: fwd_index_topk_scratch_bytes
   size_t topk_scratch_bytes = 0;
 };
-// Scores, then the top-k by fwd_index_topk_path(ne_cap).
-void fwd_indexer(const IndexArgs& a, Stream s);
-// The top-k alone, from a.scores (fwd_index_topk.cu). Paths, identical results: rank (one block per token ranks
+// Scores and top-k (fwd_indexer.cu). Paths, identical results (scores and indices): split (the scores kernel over
+// blocks of entries, then the top-k by fwd_index_topk_path(ne_cap)) and fused (one cluster launch, a cluster of
+// blocks per token scoring its entries, then the cluster's first block selecting; ne_cap <= kIndexerFusedMaxNe and
+// the heads and dims fitting its shared memory). Launches depend only on the host's sizes: graph-safe.
+enum IndexerPath : int { kIndexerSplit = 0, kIndexerFused = 1 };
+constexpr int64_t kIndexerFusedMaxNe = 512;      // the fused path's limit
+constexpr int64_t kIndexerFusedDefaultNe = 128;  // fwd_indexer_path's choice: fused up to here (measured, fwd_indexer.cu)
+bool fwd_indexer_fused_fits(const IndexArgs& a);
+int fwd_indexer_path(const IndexArgs& a);
+void fwd_indexer(const IndexArgs& a, Stream s, int path);
+inline void fwd_indexer(const IndexArgs& a, Stream s) { fwd_indexer(a, s, fwd_indexer_path(a)); }
+// The top-k alone, from a.scores (fwd_indexer.cu). Paths, identical results: rank (one block per token ranks
 // every entry against all: O(ne^2), the twin), select (radix select over many blocks per token, then a rank of the
 // k winners: O(ne + k^2)) and block (the radix select in one block per token, ne_cap <= kIndexTopkBlockMaxNe, one
 // launch). Launches depend only on the host's sizes (n, ne_cap, k_cap): graph-safe.

@@ -1,10 +1,12 @@
-// The lightning indexer's top-k on the GPU: the radix selects (fwd_index_topk.cu: the select and block paths)
+// The lightning indexer on the GPU (fwd_indexer.cu). Its top-k: the radix selects (the select and block paths)
 // against the rank twin and a host sort in beats() order, index for index, on scores with exact ties, ReLU zeros,
 // -0, NaN, +-inf, tokens of a chunk seeing different prefixes, k > ne and a capacity bound above ne (graph sizes);
-// a captured graph replayed at two positions; the time of the paths at ne = 64 .. 262144 (printed); and the scores
-// kernel against the host formula.
+// a captured graph replayed at two positions; the time of the paths at ne = 64 .. 262144 (printed). Its scores
+// against the host formula, and the fused path (scores and top-k in one launch) against the split path, bit for
+// bit, scores and indices; the time of both at V4-Flash's sizes (printed).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "cuda/fwd_kernels.h"
@@ -210,10 +212,11 @@ TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
   }
 }
 
-// The indexer's scores (index_scores_kernel) against the host formula: per (token, visible entry) the fp64 dot
-// q_h . k in dim order, relu, times qscale * (hw * wscale) (official: the bf16 roundings), summed over heads in
-// head order; -inf for entries the token does not see yet; both block shapes (4 and 16 entries) and small head
-// counts. The fp64 sums may contract differently on the two sides: compared to 2 float ulps.
+// The indexer's scores against the host formula: per (token, visible entry) the fp64 dot q_h . k in dim order, relu,
+// times qscale * (hw * wscale) (official: the bf16 roundings), summed over heads in head order; -inf for entries the
+// token does not see yet; the split path's two block shapes (4 and 8 entries), the fused path where it applies, and
+// small head counts. The fp64 sums may contract differently on the two sides: compared to 2 float ulps (the paths
+// against each other: IndexerPathsMatch, exactly).
 TEST_F(GpuTest, IndexScoresMatchHost) {
   struct S {
     int n, nh;
@@ -241,37 +244,118 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
     a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(c.n, c.ne_cap, k_cap, path);
     DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
     a.topk_scratch = scratch.get();
-    d::fwd_indexer(a, nullptr);
-    const auto got = to_host<float>(scores, size_t(c.n * c.ne_cap));
-    int64_t bad = 0, checked = 0;
-    std::string first;
+    // The host formula, per (token, entry).
+    std::vector<float> want(size_t(c.n * c.ne_cap), -INFINITY);
     for (int t = 0; t < c.n; ++t) {
       const int64_t visible = std::min<int64_t>((c.pos0 + t + 1) / c.rate, c.ne_cap);
-      for (int64_t e = 0; e < c.ne_cap; ++e) {
-        float want = -INFINITY;
-        if (e < visible) {
-          double acc = 0;
-          for (int h = 0; h < c.nh; ++h) {
-            double dot = 0;
-            for (int64_t i = 0; i < c.dh; ++i) dot += double(q[size_t((t * c.nh + h) * c.dh + i)]) * keys[size_t(e * c.dh + i)];
-            const float w = hw[size_t(t * c.nh + h)];
-            acc += c.official ? double(plumb::fmt8::round_bf16(std::max(plumb::fmt8::round_bf16(float(dot)), 0.0f) * w))
-                              : std::max(dot, 0.0) * double(a.qscale) * double(w * a.wscale);
-          }
-          want = c.official ? plumb::fmt8::round_bf16(float(acc)) : float(acc);
+      for (int64_t e = 0; e < visible; ++e) {
+        double acc = 0;
+        for (int h = 0; h < c.nh; ++h) {
+          double dot = 0;
+          for (int64_t i = 0; i < c.dh; ++i) dot += double(q[size_t((t * c.nh + h) * c.dh + i)]) * keys[size_t(e * c.dh + i)];
+          const float w = hw[size_t(t * c.nh + h)];
+          acc += c.official ? double(plumb::fmt8::round_bf16(std::max(plumb::fmt8::round_bf16(float(dot)), 0.0f) * w))
+                            : std::max(dot, 0.0) * double(a.qscale) * double(w * a.wscale);
         }
-        const float g = got[size_t(t * c.ne_cap + e)];
-        const bool ok = std::isinf(want) ? g == want : std::fabs(g - want) <= 2.0f * std::fabs(std::nextafter(want, INFINITY) - want) +
-                                                                               (c.official ? std::fabs(want) * 8e-3f : 0.0f);
-        ++checked;
-        if (!ok && bad++ == 0)
-          first = "token " + std::to_string(t) + ", entry " + std::to_string(e) + ": got " + std::to_string(g) + ", want " +
-                  std::to_string(want);
+        want[size_t(t * c.ne_cap + e)] = c.official ? plumb::fmt8::round_bf16(float(acc)) : float(acc);
       }
     }
-    EXPECT_EQ(bad, 0) << "n " << c.n << ", nh " << c.nh << ", dh " << c.dh << ", ne_cap " << c.ne_cap << (c.official ? " (official)" : "")
-                      << ": " << bad << " of " << checked << " scores differ; first at " << first;
+    for (int ipath : {d::kIndexerSplit, d::kIndexerFused}) {
+      if (ipath == d::kIndexerFused && !d::fwd_indexer_fused_fits(a)) continue;
+      scores.fill_byte(0x77);
+      d::fwd_indexer(a, nullptr, ipath);
+      const auto got = to_host<float>(scores, size_t(c.n * c.ne_cap));
+      int64_t bad = 0;
+      std::string first;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float g = got[i], w = want[i];
+        const bool ok = std::isinf(w) ? g == w : std::fabs(g - w) <= 2.0f * std::fabs(std::nextafter(w, INFINITY) - w) +
+                                                                      (c.official ? std::fabs(w) * 8e-3f : 0.0f);
+        if (!ok && bad++ == 0)
+          first = "token " + std::to_string(i / size_t(c.ne_cap)) + ", entry " + std::to_string(i % size_t(c.ne_cap)) + ": got " +
+                  std::to_string(g) + ", want " + std::to_string(w);
+      }
+      EXPECT_EQ(bad, 0) << (ipath == d::kIndexerFused ? "fused" : "split") << ", n " << c.n << ", nh " << c.nh << ", dh " << c.dh
+                        << ", ne_cap " << c.ne_cap << (c.official ? " (official)" : "") << ": " << bad << " of " << got.size()
+                        << " scores differ; first at " << first;
+    }
   }
+}
+
+// The fused path (one cluster launch: scores, then the top-k in the cluster's first block) against the split path
+// (the scores kernel, then the block or select top-k), bit for bit: every score (-inf past a token's prefix) and
+// every index, on decode and chunk shapes, graph bounds above ne, k < ne (the digit passes) and k = ne (the sort
+// alone), official numerics, exact ties (zero keys: ReLU zeros; repeated keys), head dims not a multiple of 4, and
+// the indices against the host sort of the scores.
+TEST_F(GpuTest, IndexerPathsMatch) {
+  struct S {
+    int n, nh;
+    int64_t dh, pos0, rate, ne_cap;
+    int topk, official, ties;
+  };
+  const S shapes[] = {
+      {1, 64, 128, 259, 4, 65, 512, 0, 0},    // decode at a 256-token context: 65 entries, all chosen
+      {1, 64, 128, 259, 4, 128, 512, 0, 1},   // graph bound: capacity 128, 65 entries; ties
+      {1, 64, 128, 2047, 4, 512, 512, 0, 0},  // 512 entries, all chosen
+      {1, 64, 128, 2047, 4, 512, 100, 0, 1},  // 512 entries, top-100: digit passes; ties
+      {8, 64, 128, 2040, 4, 512, 512, 0, 0},  // 8 tokens seeing 510 .. 512 entries
+      {3, 64, 128, 1000, 4, 260, 64, 1, 0},   // official, k < ne
+      {2, 64, 128, 1000, 4, 260, 512, 1, 1},  // official, ties
+      {5, 4, 16, 37, 4, 16, 8, 0, 1},         // small heads, k < ne
+      {4, 3, 10, 30, 2, 40, 512, 0, 0},       // dh % 4 != 0, graph bound
+      {64, 64, 128, 192, 1, 256, 128, 0, 1},  // a prefill chunk: every token a different prefix
+      {2, 64, 128, 0, 4, 64, 512, 0, 0},      // no entry yet
+  };
+  uint32_t seed = 21;
+  int checked = 0;
+  for (const S& c : shapes) {
+    Rng r(seed++);
+    std::vector<float> q(size_t(c.n * c.nh * c.dh)), keys(size_t(c.ne_cap * c.dh)), hw(size_t(c.n * c.nh));
+    for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : hw) v = c.official ? plumb::fmt8::round_bf16(r.uniform(-0.2f, 0.3f)) : r.uniform(-0.2f, 0.3f);
+    if (c.ties)
+      for (int64_t e = 0; e < c.ne_cap; ++e)
+        for (int64_t i = 0; i < c.dh; ++i) {
+          float& k = keys[size_t(e * c.dh + i)];
+          if (e % 3 == 0) k = 0.0f;                              // every head's dot 0: score exactly 0
+          else if (e % 5 == 1 && e >= 5) k = keys[size_t((e - 5) * c.dh + i)];  // the same key as entry e - 5
+        }
+    DeviceBuffer dq = to_device(q), dk = to_device(keys), dw = to_device(hw), pos = to_device(std::vector<int64_t>{c.pos0});
+    const int64_t ne = std::min<int64_t>((c.pos0 + c.n) / c.rate, c.ne_cap);
+    const int k_cap = int(std::min<int64_t>(c.topk, c.ne_cap));
+    d::IndexArgs a;
+    a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
+    a.n = c.n, a.nh = c.nh, a.k_cap = k_cap, a.topk = c.topk, a.dh = c.dh, a.ne_cap = c.ne_cap, a.rate = c.rate;
+    a.qscale = 1.0f / std::sqrt(float(c.dh)), a.wscale = 1.0f / std::sqrt(float(c.nh)), a.official = c.official;
+    ASSERT_TRUE(d::fwd_indexer_fused_fits(a)) << "ne_cap " << c.ne_cap;
+    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(c.n, c.ne_cap, k_cap, d::fwd_index_topk_path(c.ne_cap));
+    DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
+    a.topk_scratch = scratch.get();
+    std::vector<float> sc[2];
+    std::vector<int64_t> sel[2];
+    for (int ipath : {d::kIndexerSplit, d::kIndexerFused}) {
+      DeviceBuffer scores(size_t(c.n * c.ne_cap) * 4), dsel(size_t(c.n) * size_t(std::max(k_cap, 1)) * 8);
+      scores.fill_byte(0x77), dsel.fill_byte(0x77);  // every slot must be written
+      a.scores = scores.as<float>(), a.sel = dsel.as<int64_t>();
+      d::fwd_indexer(a, nullptr, ipath);
+      sc[ipath] = to_host<float>(scores, size_t(c.n * c.ne_cap));
+      sel[ipath] = to_host<int64_t>(dsel, size_t(c.n) * size_t(k_cap));
+    }
+    const std::string name = "n " + std::to_string(c.n) + ", nh " + std::to_string(c.nh) + ", dh " + std::to_string(c.dh) + ", ne " +
+                             std::to_string(ne) + ", ne_cap " + std::to_string(c.ne_cap) + ", topk " + std::to_string(c.topk) +
+                             (c.official ? ", official" : "") + (c.ties ? ", ties" : "");
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < sc[0].size(); ++i)
+      if (std::memcmp(&sc[0][i], &sc[1][i], 4) != 0 && bad++ == 0) first = int64_t(i);
+    EXPECT_EQ(bad, 0) << name << ": " << bad << " scores differ, first at " << first << ": split " << sc[0][size_t(std::max<int64_t>(first, 0))]
+                      << ", fused " << sc[1][size_t(std::max<int64_t>(first, 0))];
+    const Case cs{c.n, c.pos0, c.rate, c.ne_cap - ne, c.topk, kUniform, true};
+    expect_same(name + ": fused vs split", cs, sel[1], sel[0], sc[0]);
+    expect_same(name + ": split vs host sort of its scores", cs, sel[0], host_topk(cs, sc[0]), sc[0]);
+    ++checked;
+  }
+  std::printf("indexer: %d shapes, fused path bit-identical to the split path (scores and indices)\n", checked);
 }
 
 // Time per call, graph-replayed (a decode step's launches; the twin beyond 2048 entries: one eager call), scores as
@@ -320,6 +404,62 @@ TEST_F(GpuTest, IndexTopkTiming) {
       }
   d::event_destroy(e0);
   d::event_destroy(e1);
+  d::stream_destroy(st);
+}
+
+
+// Scores + top-k per call (fwd_indexer) at V4-Flash's indexer sizes (64 heads x 128 dims, rate 4, top-512),
+// ne_cap = ne (eager sizes), graph-replayed (20 calls, best of 3), each path (fused where it applies), printed:
+// short contexts are latency-bound, long ones bound by the fp64 dots.
+TEST_F(GpuTest, IndexerTiming) {
+  const int nh = 64, topk = 512;
+  const int64_t dh = 128, rate = 4;
+  d::Stream st = d::stream_create();
+  void* ev0 = d::event_create();
+  void* ev1 = d::event_create();
+  std::printf("%-8s %-3s %12s %12s\n", "ne", "n", "split us", "fused us");
+  for (int64_t ne : {int64_t(64), int64_t(65), int64_t(128), int64_t(256), int64_t(512), int64_t(1024), int64_t(2048),
+                     int64_t(8192), int64_t(65536)})
+    for (int n : {1, 8}) {
+      Rng r(uint32_t(ne + n));
+      std::vector<float> q(size_t(n * nh * dh)), keys(size_t(ne * dh)), hw(size_t(n * nh));
+      for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
+      for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
+      for (auto& v : hw) v = r.uniform(-0.2f, 0.3f);
+      DeviceBuffer dq = to_device(q), dk = to_device(keys), dw = to_device(hw), pos = to_device(std::vector<int64_t>{ne * rate - n});
+      const int k_cap = int(std::min<int64_t>(topk, ne));
+      DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(k_cap) * 8);
+      d::IndexArgs a;
+      a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
+      a.n = n, a.nh = nh, a.k_cap = k_cap, a.topk = topk, a.dh = dh, a.ne_cap = ne, a.rate = rate;
+      a.qscale = 1.0f / std::sqrt(float(dh)), a.wscale = 1.0f / std::sqrt(float(nh));
+      a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
+      a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(n, ne, k_cap, d::fwd_index_topk_path(ne));
+      DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
+      a.topk_scratch = scratch.get();
+      double us[2] = {NAN, NAN};
+      for (int path : {d::kIndexerSplit, d::kIndexerFused}) {
+        if (path == d::kIndexerFused && !d::fwd_indexer_fused_fits(a)) continue;
+        const int calls = 20;
+        d::fwd_indexer(a, st, path);  // warm-up
+        d::capture_begin(st);
+        for (int i = 0; i < calls; ++i) d::fwd_indexer(a, st, path);
+        void* g = d::capture_end_instantiate(st);
+        d::graph_launch(g, st);
+        double best = 1e30;
+        for (int rep = 0; rep < 3; ++rep) {
+          d::event_record(ev0, st);
+          d::graph_launch(g, st);
+          d::event_record(ev1, st);
+          best = std::min(best, double(d::event_elapsed_ms(ev0, ev1)) * 1e3 / calls);
+        }
+        d::graph_destroy(g);
+        us[path] = best;
+      }
+      std::printf("%-8lld %-3d %12.1f %12.1f\n", (long long)ne, n, us[d::kIndexerSplit], us[d::kIndexerFused]);
+    }
+  d::event_destroy(ev0);
+  d::event_destroy(ev1);
   d::stream_destroy(st);
 }
 

@@ -1,0 +1,619 @@
+// The lightning indexer on the GPU: its scores (fp64 dots, twin of src/model/indexer.cpp) and its top-k (the rank
+// twin, O(ne^2) per token, and the radix selects, O(ne), that reproduce it bit for bit), as two launches or, for
+// short contexts, one (tests/cuda/test_cuda_index_topk.cpp).
+//
+// Scores. s[t, e] = sum over heads h, in head order, of relu(q[t,h] . k[e]) * qscale * (hw[t,h] * wscale) (official:
+// the bf16 roundings), each dot in fp64 in dim order (float products are exact in fp64, so fused or not, the same
+// bits). Every path computes a (entry, head) term with index_head_term and an entry's sum with index_entry_score.
+//
+// Select path. Entry e of token t becomes a key that is larger exactly when e ranks earlier under beats(): the high
+// bits are the score's order image with NaN highest, the low ib bits (ib: enough for ne_cap - 1) are
+// (2^ib - 1) - e, so equal scores put the lower entry first and keys are unique. Radix select over 11-bit digits
+// of the key, most significant first, one launch per digit (a fixed number, from ne_cap): every block counts the
+// digits of its tile's keys that still match the prefix found so far, and the last block to finish (an arrival
+// counter) picks the bin holding the k-th key and records the longer prefix. A digit pass whose token is already
+// decided (the bin holds exactly the keys still missing) returns at once. The k keys at or above the final prefix
+// are then gathered (slot order is arbitrary) and ranked among themselves: unique keys, so the ranks are a
+// permutation and the output does not depend on the order of the gather's atomics.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "cuda/official.cuh"
+#include "cuda/radix_select.cuh"
+
+namespace plumb::cuda::detail {
+
+namespace {
+
+// ---- Scores: the pieces every path shares ----
+
+// Stages row-major float arrays (segments) from global into shared memory, a row stride per destination: every
+// load of a batch is issued before any of its stores, so a staging costs about one round of load latency per batch
+// of B values per thread. (Storing each value before loading the next waited on every load in turn.) Lanes take
+// consecutive values: coalesced loads, stores to consecutive banks.
+struct StageSeg {
+  float* dst;
+  const float* src;
+  int ld, cols, n;  // n = rows * cols values
+};
+// Three segments, one index space: value i is segment x's when it falls in x's range (selects, not a loop over an
+// array of segments, which the compiler would put on the stack).
+template <int B>
+__device__ __forceinline__ void stage(const StageSeg& g0, const StageSeg& g1, const StageSeg& g2) {
+  const int n01 = g0.n + g1.n, total = n01 + g2.n, T = int(blockDim.x);
+  for (int i0 = int(threadIdx.x); i0 < total; i0 += B * T) {
+    float v[B];
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      const int i = i0 + u * T;
+      if (i < total) v[u] = *(i < g0.n ? g0.src + i : i < n01 ? g1.src + (i - g0.n) : g2.src + (i - n01));
+    }
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      const int i = i0 + u * T;
+      if (i >= total) continue;
+      const bool in0 = i < g0.n, in1 = !in0 && i < n01;
+      const int j = in0 ? i : in1 ? i - g0.n : i - n01, cols = in0 ? g0.cols : in1 ? g1.cols : g2.cols;
+      const int ld = in0 ? g0.ld : in1 ? g1.ld : g2.ld, r = j / cols;
+      (in0 ? g0.dst : in1 ? g1.dst : g2.dst)[r * ld + (j - r * cols)] = v[u];
+    }
+  }
+}
+
+// Row stride of the staged queries. Float4 reads (vec, dh % 4 == 0): dh + 4 keeps the rows 16-byte aligned and puts
+// the 8 lanes of a quarter warp, each on its own head, in 8 different bank groups (conflict-free 16-byte reads);
+// scalar reads: dh + 1, the lanes' heads in different banks (and 3 floats fewer per head: the split kernel's blocks
+// then fit 6 to an SM at 4 entries).
+__host__ __device__ __forceinline__ bool index_vec(int dh, bool want) { return want && dh % 4 == 0; }
+__host__ __device__ __forceinline__ int index_ldq(int dh, bool vec) { return index_vec(dh, vec) ? dh + 4 : dh + 1; }
+// Row stride of the staged head terms, in doubles: odd, so the threads summing different entries spread over banks.
+__host__ __device__ __forceinline__ int index_ldv(int nh) { return nh + 1; }
+
+// One (entry, head) term from the staged query row qh and key row k: the fp64 dot in dim order, relu, the scales
+// (official: bf16 einsum, relu, bf16 product with the scaled, bf16 weight). Float4 reads where the rows allow
+// (index_vec), the same additions in the same order either way.
+__device__ __forceinline__ double index_head_term(const IndexArgs& a, const float* qh, const float* k, float hw, bool vec) {
+  const int dh = int(a.dh);
+  double dot = 0;
+  if (vec) {
+    const float4* q4 = reinterpret_cast<const float4*>(qh);
+    const float4* k4 = reinterpret_cast<const float4*>(k);
+#pragma unroll 4
+    for (int b = 0; b < dh / 4; ++b) {
+      const float4 x = q4[b], y = k4[b];
+      dot += double(x.x) * y.x;
+      dot += double(x.y) * y.y;
+      dot += double(x.z) * y.z;
+      dot += double(x.w) * y.w;
+    }
+  } else {
+#pragma unroll 8
+    for (int b = 0; b < dh; ++b) dot += double(qh[b]) * k[b];
+  }
+  if (a.official) return bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), hw));
+  return fmax(dot, 0.0) * double(a.qscale) * double(__fmul_rn(hw, a.wscale));
+}
+
+// An entry's score from its nh head terms (v[h]), summed in head order.
+__device__ __forceinline__ float index_entry_score(const IndexArgs& a, const double* v) {
+  double acc = 0;
+#pragma unroll 8
+  for (int h = 0; h < a.nh; ++h) acc += v[h];
+  return a.official ? bf16r(float(acc)) : float(acc);
+}
+
+// Shared memory of a scores block holding eb entries: the head terms [eb, ldv] (doubles), then (16-byte aligned)
+// the token's queries [nh, ldq], its head weights [nh] and the entries' keys [eb, dh] (floats). `extra` bytes
+// before it all (the fused kernel's keys).
+struct ScoresSmem {
+  size_t vals, qs, hw, ks, total;
+  bool vec;
+  __host__ __device__ static size_t up16(size_t x) { return (x + 15) & ~size_t(15); }
+  __host__ __device__ ScoresSmem(int eb, int nh, int dh, bool want_vec, size_t extra) : vec(index_vec(dh, want_vec)) {
+    vals = up16(extra);
+    qs = up16(vals + size_t(eb) * size_t(index_ldv(nh)) * 8);
+    hw = qs + size_t(nh) * size_t(index_ldq(dh, vec)) * 4;
+    ks = up16(hw + size_t(nh) * 4);
+    total = ks + size_t(eb) * size_t(dh) * 4;
+  }
+};
+
+// The scores of token t for entries [e0, e0 + nb) into sc[e - e0] (-inf for the entries t does not see yet); the
+// caller's block stages, then a thread per (entry, head) pair computes its term (looping when there are more pairs
+// than threads), then a thread per entry sums. Keys are staged for every entry below ne_cap (the buffer holds
+// ne_cap rows; those not yet written are read and not used), so no load waits for the position. Ends with the
+// block synchronized after the sums; scores are returned through `emit(el, score)`. B: the staging batch.
+template <int B, class Emit>
+__device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned char* smem, const ScoresSmem& L, int t, int64_t e0,
+                                                   int nb, int64_t visible, Emit emit) {
+  const int nh = a.nh, dh = int(a.dh), ldq = index_ldq(dh, L.vec), ldv = index_ldv(nh);
+  double* vals = reinterpret_cast<double*>(smem + L.vals);
+  float* qs = reinterpret_cast<float*>(smem + L.qs);
+  float* hws = reinterpret_cast<float*>(smem + L.hw);
+  float* ks = reinterpret_cast<float*>(smem + L.ks);
+  stage<B>({qs, a.q + int64_t(t) * nh * dh, ldq, dh, nh * dh}, {hws, a.hw + int64_t(t) * nh, nh, nh, nh},
+        {ks, a.keys + e0 * dh, dh, dh, max(nb, 0) * dh});
+  __syncthreads();
+  const int ns = int(max(int64_t(0), min(int64_t(nb), visible - e0)));  // entries with a score
+  for (int p = threadIdx.x; p < ns * nh; p += blockDim.x) {
+    const int el = p / nh, h = p - el * nh;
+    vals[el * ldv + h] = index_head_term(a, qs + h * ldq, ks + el * dh, hws[h], L.vec);
+  }
+  __syncthreads();
+  for (int el = threadIdx.x; el < nb; el += blockDim.x) emit(el, el < ns ? index_entry_score(a, vals + el * ldv) : -INFINITY);
+}
+
+// Split path, scores: block (group of eb entries, token). At long contexts the blocks are many and the kernel runs at
+// about 5.4 products per clock per SM (H200, 8192 and 65536 entries), about what the two float-to-double conversions
+// per product allow at 16 per clock, so it keeps the old kernel's occupancy: scalar reads (the narrower query rows) and registers bounded so that 6 blocks of 4 entries fit an SM
+// (5 at 8 entries, by shared memory), with a staging batch of 4 (no spill at 40 registers). (Float4 reads with
+// dh + 4 rows fitted 5 at 4 entries: 78 -> 93 us at 1024 entries, 8 tokens.)
+constexpr int kScoresThreads = 256, kScoresStage = 4;
+constexpr bool kScoresVec = false;
+__global__ void __launch_bounds__(kScoresThreads, 6) index_scores_kernel(IndexArgs a, int eb) {
+  pdl_begin();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int t = blockIdx.y;
+  const int64_t e0 = int64_t(blockIdx.x) * eb, visible = (*a.pos + t + 1) / a.rate;
+  const int nb = int(min(int64_t(eb), a.ne_cap - e0));
+  float* out = a.scores + int64_t(t) * a.ne_cap + e0;
+  index_scores_block<kScoresStage>(a, smem, ScoresSmem(eb, a.nh, int(a.dh), kScoresVec, 0), t, e0, nb, visible,
+                                   [&](int el, float v) { out[el] = v; });
+}
+
+// Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
+// the top-k, sorted; the row's slots from k to k_cap are -1.
+__global__ void index_topk_kernel(IndexArgs a) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  const float* s = a.scores + int64_t(t) * a.ne_cap;
+  const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate, ne = (pos0 + a.n) / a.rate;
+  const int64_t k = min(int64_t(a.topk), ne);
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) {
+    const float v = s[e];
+    int64_t rank = 0;
+    for (int64_t o = 0; o < ne && rank < k; ++o) rank += beats(s[o], o, v, e);
+    if (rank < k) out[rank] = e < visible ? e : -1;
+  }
+  for (int64_t j = k + threadIdx.x; j < a.k_cap; j += blockDim.x) out[j] = -1;
+}
+
+constexpr int kSelThreads = 256, kSelPer = 8, kSelTile = kSelThreads * kSelPer;  // entries per block and pass
+constexpr int kSelBits = 11, kSelBins = 1 << kSelBits;
+constexpr int kRankThreads = 256, kRankSplit = 8, kRankPerBlock = kRankThreads / kRankSplit;
+constexpr int kRankChunk = 2048;  // candidates staged in shared memory at a time
+
+// Where token t's select stands after a digit pass: the keys whose bits above `shift` exceed `hi` are chosen, k_rem
+// more are to come from those equal to it; done: all keys equal to it are chosen too.
+struct SelState {
+  uint64_t hi;
+  uint32_t k_rem;
+  int shift, done, pad;
+};
+
+// The select path's scratch; hist, arrive, count and state are zeroed before the first pass.
+struct SelScratch {
+  uint32_t* hist;    // [n, passes, kSelBins]
+  uint32_t* arrive;  // [n, passes]: blocks done with the pass
+  uint32_t* count;   // [n]: gathered keys
+  SelState* state;   // [n]
+  uint64_t* cand;    // [n, k_cap]
+};
+
+size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
+
+struct SelLayout {
+  size_t hist = 0, arrive = 0, count = 0, state = 0, cand = 0, zeroed = 0, total = 0;
+};
+SelLayout sel_layout(int n, int passes, int k_cap) {
+  SelLayout L;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align_up(bytes);
+    return at;
+  };
+  L.hist = take(size_t(n) * passes * kSelBins * 4);
+  L.arrive = take(size_t(n) * passes * 4);
+  L.count = take(size_t(n) * 4);
+  L.state = take(size_t(n) * sizeof(SelState));
+  L.zeroed = off;
+  L.cand = take(size_t(n) * size_t(k_cap) * 8);
+  L.total = off;
+  return L;
+}
+
+int index_bits(int64_t ne_cap) {  // bits that hold every entry index < ne_cap (at least 1)
+  int b = 1;
+  while (b < 31 && (int64_t(1) << b) < ne_cap) ++b;
+  return b;
+}
+int sel_passes(int ib) { return (32 + ib + kSelBits - 1) / kSelBits; }
+
+__device__ __forceinline__ uint64_t sel_key(float v, int64_t e, int ib) {
+  const uint64_t mask = (uint64_t(1) << ib) - 1;
+  return (uint64_t(radix::order_key_nan_first(v)) << ib) | (mask - uint64_t(e));
+}
+
+// The device-side sizes every select kernel starts from (the chunk's position is read, not passed: graphs).
+struct SelSizes {
+  int64_t ne, k;
+  __device__ explicit SelSizes(const IndexArgs& a) {
+    ne = min((*a.pos + a.n) / a.rate, a.ne_cap);  // (the min only guards the scratch against a bad bound)
+    k = min(int64_t(a.topk), ne);
+  }
+};
+
+// This thread's kSelPer scores of the block's tile: entries e0 + u * kSelThreads (0 from ne on), all loaded before
+// any is used. Returns e0.
+__device__ __forceinline__ int64_t load_tile(const IndexArgs& a, int t, int64_t ne, float (&v)[kSelPer]) {
+  const float* s = a.scores + int64_t(t) * a.ne_cap;
+  const int64_t e0 = int64_t(blockIdx.x) * kSelTile + threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < kSelPer; ++u) v[u] = e0 + u * kSelThreads < ne ? s[e0 + u * kSelThreads] : 0.0f;
+  return e0;
+}
+
+// Digit pass `pass` over block (tile, token); the last block of the token to finish advances its state.
+__global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelScratch w, int pass, int ib, int passes) {
+  pdl_begin();
+  __shared__ uint32_t h[kSelBins];
+  __shared__ uint32_t scan_sh[32];
+  __shared__ int bin, last;
+  __shared__ uint32_t above;
+  const int t = blockIdx.y, lane = threadIdx.x & 31;
+  const SelSizes z(a);
+  if (z.k <= 0) return;
+  uint64_t hi = 0;
+  uint32_t k_rem = uint32_t(z.k);
+  if (pass > 0) {  // uniform over the token's blocks: all of them skip, or all arrive
+    const SelState st = w.state[t];
+    if (st.done) return;
+    hi = st.hi, k_rem = st.k_rem;
+  }
+  const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top), shift = top - width;
+  const uint32_t dmask = (1u << width) - 1u;
+  for (int i = threadIdx.x; i < kSelBins; i += blockDim.x) h[i] = 0;
+  __syncthreads();
+  float v[kSelPer];
+  const int64_t e0 = load_tile(a, t, z.ne, v);
+#pragma unroll
+  for (int u = 0; u < kSelPer; ++u) {
+    const int64_t e = e0 + u * kSelThreads;
+    int d = -1;
+    if (e < z.ne) {
+      const uint64_t key = sel_key(v[u], e, ib);
+      if ((key >> top) == hi) d = int((key >> shift) & dmask);
+    }
+    // Lanes with the same digit add once: exact ties (ReLU zeros) would otherwise serialize on one counter.
+    const unsigned peers = __match_any_sync(radix::kFull, d);
+    if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+  }
+  __syncthreads();
+  uint32_t* gh = w.hist + (int64_t(t) * passes + pass) * kSelBins;
+  for (int i = threadIdx.x; i <= int(dmask); i += blockDim.x)
+    if (h[i]) atomicAdd(&gh[i], h[i]);
+  __threadfence();  // this block's counts are visible before its arrival is
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&w.arrive[t * passes + pass], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i <= int(dmask); i += blockDim.x) h[i] = __ldcg(&gh[i]);
+  if (threadIdx.x == 0) bin = -1, above = 0;
+  __syncthreads();
+  radix::find_boundary(h, int(dmask) + 1, k_rem, &bin, &above, scan_sh);
+  if (threadIdx.x == 0) {
+    SelState st{};
+    st.hi = (hi << width) | uint64_t(bin);
+    st.k_rem = k_rem - above;
+    st.shift = shift;
+    st.done = h[bin] == st.k_rem || shift == 0;
+    w.state[t] = st;
+  }
+}
+
+// The k keys at or above the final prefix, appended in any order.
+__global__ void __launch_bounds__(kSelThreads) sel_gather_kernel(IndexArgs a, SelScratch w, int ib) {
+  pdl_begin();
+  const int t = blockIdx.y;
+  const SelSizes z(a);
+  if (z.k <= 0) return;
+  const SelState st = w.state[t];
+  float v[kSelPer];
+  const int64_t e0 = load_tile(a, t, z.ne, v);
+#pragma unroll
+  for (int u = 0; u < kSelPer; ++u) {
+    const int64_t e = e0 + u * kSelThreads;
+    const uint64_t key = e < z.ne ? sel_key(v[u], e, ib) : 0;
+    radix::warp_append(e < z.ne && (key >> st.shift) >= st.hi, &w.count[t], w.cand + int64_t(t) * a.k_cap, key);
+  }
+}
+
+// Candidate j of token t is ranked by kRankSplit threads (each counts the larger keys among every kRankSplit-th
+// candidate, then a shuffle sum: a short serial loop even at k = 2048) and its entry written at that rank, -1 when
+// the token does not see it yet (unique keys: the ranks are a permutation of 0..k-1); slots [k, k_cap) get -1.
+__global__ void __launch_bounds__(kRankThreads) sel_rank_kernel(IndexArgs a, SelScratch w, int ib) {
+  pdl_begin();
+  __shared__ uint64_t ks[kRankChunk];
+  const int t = blockIdx.y, sub = threadIdx.x % kRankSplit;
+  const int64_t j = int64_t(blockIdx.x) * kRankPerBlock + threadIdx.x / kRankSplit;
+  const SelSizes z(a);
+  const int64_t visible = (*a.pos + t + 1) / a.rate;
+  const uint64_t* c = w.cand + int64_t(t) * a.k_cap;
+  const uint64_t mine = j < z.k ? c[j] : 0;
+  uint32_t rank = 0;
+  for (int64_t c0 = 0; c0 < z.k; c0 += kRankChunk) {
+    const int m = int(min(int64_t(kRankChunk), z.k - c0));
+    __syncthreads();  // the previous chunk has been read
+    for (int i = threadIdx.x; i < m; i += kRankThreads) ks[i] = c[c0 + i];
+    __syncthreads();
+#pragma unroll 8
+    for (int i = sub; i < m; i += kRankSplit) rank += ks[i] > mine;
+  }
+  for (int o = kRankSplit / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(radix::kFull, rank, o);
+  if (sub != 0) return;
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  const uint64_t imask = (uint64_t(1) << ib) - 1;
+  if (j < z.k) {
+    const int64_t e = int64_t(imask - (mine & imask));
+    out[rank] = e < visible ? e : -1;
+  } else if (j < a.k_cap) {
+    out[j] = -1;
+  }
+}
+
+// Block path (ne_cap <= kBlockMaxNe): one block per token runs the same digit passes over its keys held in shared
+// memory (no arrival counters, one launch), compacts the k chosen keys to the front and sorts them.
+constexpr int kBlockThreads = 1024, kBlockMaxNe = int(kIndexTopkBlockMaxNe), kBlockPer = kBlockMaxNe / kBlockThreads;
+
+// The top-k of one token from its ne keys ks[0..ne) (shared memory of room for pow2 >= ne, written by any thread
+// of the block, or of the cluster, before a barrier): out[j] for j < k, -1 for entries at or past `visible`. When
+// k == ne every key is chosen, so the digit passes and the compaction (which would keep them all) are skipped and
+// the keys are only sorted: the same output. Needs ne <= kBlockPer * blockDim.x; every thread of the block calls it.
+__device__ __forceinline__ void block_topk(uint64_t* ks, int ne, int k, int ib, int passes, int64_t visible, int64_t* out) {
+  __shared__ uint32_t h[kSelBins];
+  __shared__ uint32_t scan_sh[32];
+  __shared__ int bin;
+  __shared__ uint32_t above;
+  const int lane = threadIdx.x & 31, T = int(blockDim.x);
+  if (k < ne) {  // uniform: k and ne come from the position
+    uint64_t hi = 0;
+    uint32_t k_rem = uint32_t(k);
+    int shift = 0;
+    bool done = false;  // the same in every thread: all read the same shared values
+    for (int pass = 0; pass < passes && !done; ++pass) {
+      const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top);
+      shift = top - width;
+      const uint32_t dmask = (1u << width) - 1u;
+      for (int i = threadIdx.x; i <= int(dmask); i += T) h[i] = 0;
+      if (threadIdx.x == 0) bin = -1, above = 0;
+      __syncthreads();  // (the first time: the keys are stored)
+      for (int e0 = 0; e0 < ne; e0 += T) {  // a uniform trip count: __match_any_sync needs every lane
+        const int e = e0 + int(threadIdx.x);
+        int d = -1;
+        if (e < ne) {
+          const uint64_t key = ks[e];
+          if ((key >> top) == hi) d = int((key >> shift) & dmask);
+        }
+        const unsigned peers = __match_any_sync(radix::kFull, d);
+        if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+      }
+      __syncthreads();
+      radix::find_boundary(h, int(dmask) + 1, k_rem, &bin, &above, scan_sh);
+      hi = (hi << width) | uint64_t(bin);
+      k_rem -= above;
+      done = h[bin] == k_rem || shift == 0;
+      __syncthreads();  // every thread has read h[bin] before the next pass clears h
+    }
+    // The k keys whose bits above `shift` reach hi, compacted to ks[0..k): each thread's into registers, a scan for
+    // the offsets (its barriers also order every read before the first write), then written back.
+    uint64_t v[kBlockPer];
+    uint32_t mine = 0;
+#pragma unroll
+    for (int u = 0; u < kBlockPer; ++u) {
+      const int e = int(threadIdx.x) + u * T;
+      v[u] = e < ne ? ks[e] : 0;
+      mine += e < ne && (v[u] >> shift) >= hi;
+    }
+    uint32_t total;
+    uint32_t o = radix::block_exclusive_scan(mine, scan_sh, &total);
+#pragma unroll
+    for (int u = 0; u < kBlockPer; ++u)
+      if (int(threadIdx.x) + u * T < ne && (v[u] >> shift) >= hi) ks[o++] = v[u];
+  }
+  int P = 1;
+  while (P < k) P <<= 1;
+  for (int i = k + int(threadIdx.x); i < P; i += T) ks[i] = 0;  // below every key (order images > 0)
+  radix::bitonic_sort_desc(ks, P);  // (begins with a barrier: every key and pad is stored)
+  const uint64_t imask = (uint64_t(1) << ib) - 1;
+  for (int j = threadIdx.x; j < k; j += T) {
+    const int64_t e = int64_t(imask - (ks[j] & imask));
+    out[j] = e < visible ? e : -1;
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) block_select_kernel(IndexArgs a, int ib, int passes) {
+  pdl_begin();
+  __shared__ uint64_t ks[kBlockMaxNe];
+  const int t = blockIdx.x;
+  const SelSizes z(a);
+  const int ne = int(z.ne), k = int(z.k);
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  for (int j = max(k, 0) + int(threadIdx.x); j < a.k_cap; j += blockDim.x) out[j] = -1;
+  if (k <= 0) return;
+  const float* s = a.scores + int64_t(t) * a.ne_cap;
+  for (int e = threadIdx.x; e < ne; e += blockDim.x) ks[e] = sel_key(s[e], e, ib);
+  block_topk(ks, ne, k, ib, passes, (*a.pos + t + 1) / a.rate, out);
+}
+
+// Fused path (ne_cap <= kIndexerFusedMaxNe): scores and top-k in one launch, a cluster of C blocks per token
+// (index_cluster_size). Block r of the cluster scores entries [r * eb, (r + 1) * eb) (eb = ceil(ne_cap / C)) as the
+// split path's blocks do, writes them to a.scores and their keys into block 0's shared memory (distributed shared
+// memory); after the cluster barrier block 0 runs the block path's top-k on them. No scratch, no counters; the
+// launch depends on (n, ne_cap) alone. At 65 entries (a 256-token context) this replaces a 17-block scores launch
+// and a one-block select.
+constexpr int kFusedMaxCluster = 16, kFusedMaxThreads = 1024;
+constexpr size_t kFusedMaxSmem = 112 * 1024;
+
+__host__ __device__ __forceinline__ int pow2_ceil(int v) {
+  int P = 1;
+  while (P < v) P <<= 1;
+  return P;
+}
+
+__global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs a, int eb, int ib, int passes) {
+  pdl_begin();
+  extern __shared__ __align__(16) unsigned char smem[];
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  const int r = int(cl.block_rank()), t = int(blockIdx.y);
+  uint64_t* keys = reinterpret_cast<uint64_t*>(smem);  // [pow2_ceil(ne_cap)]: block 0's are the token's
+  const ScoresSmem L(eb, a.nh, int(a.dh), true, size_t(pow2_ceil(int(a.ne_cap))) * 8);
+  const int64_t e0 = int64_t(r) * eb, pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
+  const int nb = int(max(int64_t(0), min(int64_t(eb), a.ne_cap - e0)));
+  const SelSizes z(a);
+  float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
+  uint64_t* keys0 = cl.map_shared_rank(keys, 0);
+  index_scores_block<16>(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
+    sc[el] = v;
+    if (e0 + el < z.ne) keys0[e0 + el] = sel_key(v, e0 + el, ib);
+  });
+  cl.sync();  // every key is in block 0's shared memory (and no block exits while block 0 may still be written)
+  if (r != 0) return;
+  const int ne = int(z.ne), k = int(z.k);
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  for (int j = max(k, 0) + int(threadIdx.x); j < a.k_cap; j += blockDim.x) out[j] = -1;
+  if (k <= 0) return;
+  block_topk(keys, ne, k, ib, passes, visible, out);
+}
+
+// Whether the fused path's block of a cluster of C holds its entries' scores in shared memory (and its top-k's
+// compaction fits in registers); its configuration.
+struct FusedPlan {
+  int C, eb, threads;
+  size_t smem;
+  bool fits;
+  FusedPlan(const IndexArgs& a, int C_) : C(C_) {
+    eb = int((a.ne_cap + C - 1) / C);
+    threads = std::min(kFusedMaxThreads, std::max(128, (eb * a.nh + 31) / 32 * 32));
+    smem = ScoresSmem(eb, a.nh, int(a.dh), true, size_t(pow2_ceil(int(std::min<int64_t>(a.ne_cap, kIndexerFusedMaxNe)))) * 8).total;
+    fits = a.ne_cap <= kIndexerFusedMaxNe && a.nh >= 1 && a.dh >= 1 && smem <= kFusedMaxSmem &&
+           a.ne_cap <= int64_t(kBlockPer) * threads;
+  }
+};
+
+// Blocks per token of the fused path: 16 where the GPU co-schedules a cluster of 16 at the kernel's largest
+// configuration (a non-portable size), else the portable 8. Any size gives the same bits (a score is one thread's
+// sums whichever block computes it; the top-k of unique keys is unique).
+int index_cluster_size() {
+  static const int C = [] {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(index_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFusedMaxSmem)));
+    int num = 0;
+    if (cudaFuncSetAttribute(index_fused_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(kFusedMaxCluster, 1, 1), cfg.blockDim = dim3(kFusedMaxThreads, 1, 1), cfg.dynamicSmemBytes = kFusedMaxSmem;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = kFusedMaxCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      cfg.attrs = at, cfg.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&num, index_fused_kernel, &cfg) != cudaSuccess) num = 0;
+    }
+    (void)cudaGetLastError();  // a refusal above is an answer, not an error
+    return num > 0 ? kFusedMaxCluster : 8;
+  }();
+  return C;
+}
+
+}  // namespace
+
+// The block path up to kBlockMaxNe entries (one launch instead of 5-7 and a memset), the select path above: the
+// same indices (IndexTopkPathsMatchRankTwinAndHost, IndexTopkReplaysAsGraph). H200, IndexTopkTiming, top-512,
+// batch 1 / 8: 64 entries 7.2 / 7.6 us vs select 15.8 / 16.1; 1024: 17.3 / 17.4 vs 31.9 / 33.4; 4096: 16.6 / 16.6
+// vs 26.2 / 28.5 (top-2048: 37.4 / 37.5 vs 40.4 / 51.0).
+int fwd_index_topk_path(int64_t ne_cap) { return ne_cap <= kBlockMaxNe ? kIndexTopkBlock : kIndexTopkSelect; }
+
+size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path) {
+  if (path != kIndexTopkSelect || n <= 0 || ne_cap <= 0 || k_cap <= 0) return 0;
+  return sel_layout(n, sel_passes(index_bits(ne_cap)), k_cap).total;
+}
+
+void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
+  if (a.n <= 0 || a.ne_cap <= 0 || a.k_cap <= 0) return;
+  if (int64_t(a.k_cap) < std::min<int64_t>(a.topk, a.ne_cap)) throw_arg("indexer: k_cap below min(topk, ne_cap)");
+  if (path == kIndexTopkRank) {
+    launch("fwd_indexer_topk", index_topk_kernel, a.n, 256, 0, s, a);
+    return;
+  }
+  if (a.ne_cap > (int64_t(1) << 31)) throw_arg("indexer: more than 2^31 entries");
+  const int ib = index_bits(a.ne_cap), passes = sel_passes(ib);
+  if (path == kIndexTopkBlock) {
+    if (a.ne_cap > kBlockMaxNe) throw_arg("indexer: too many entries for the one-block top-k");
+    launch("fwd_indexer_topk block", block_select_kernel, a.n, kBlockThreads, 0, s, a, ib, passes);
+    return;
+  }
+  if (path != kIndexTopkSelect) throw_arg("indexer: unknown top-k path");
+  const SelLayout L = sel_layout(a.n, passes, a.k_cap);
+  if (!a.topk_scratch || a.topk_scratch_bytes < L.total) throw_arg("indexer: top-k scratch too small");
+  unsigned char* base = static_cast<unsigned char*>(a.topk_scratch);
+  SelScratch w;
+  w.hist = reinterpret_cast<uint32_t*>(base + L.hist);
+  w.arrive = reinterpret_cast<uint32_t*>(base + L.arrive);
+  w.count = reinterpret_cast<uint32_t*>(base + L.count);
+  w.state = reinterpret_cast<SelState*>(base + L.state);
+  w.cand = reinterpret_cast<uint64_t*>(base + L.cand);
+  PLUMB_CUDA_CHECK(cudaMemsetAsync(base, 0, L.zeroed, stream_of(s)));
+  const dim3 grid(unsigned(fwd_blocks(a.ne_cap, kSelTile)), unsigned(a.n));
+  for (int p = 0; p < passes; ++p) launch("fwd_indexer_topk select", sel_hist_kernel, grid, kSelThreads, 0, s, a, w, p, ib, passes);
+  launch("fwd_indexer_topk gather", sel_gather_kernel, grid, kSelThreads, 0, s, a, w, ib);
+  launch("fwd_indexer_topk rank", sel_rank_kernel, dim3(unsigned(fwd_blocks(a.k_cap, kRankPerBlock)), unsigned(a.n)),
+         kRankThreads, 0, s, a, w, ib);
+}
+
+// Decided without the device: the fit at the portable cluster size (a cluster of 16 holds fewer entries per block).
+bool fwd_indexer_fused_fits(const IndexArgs& a) { return FusedPlan(a, 8).fits; }
+
+// Fused up to kIndexerFusedDefaultNe entries, split above. H200, IndexerTiming (graph-replayed, warm L2), V4-Flash
+// sizes, n = 1, split / fused us: 65 entries 18.5 / 16.2, 128: 18.5 / 16.1, 256: 19.8 / 21.8, 512: 22.1 / 33.0
+// (the fused path's 16 blocks per token run out of parallelism; n = 8 at 65 and 128: 21.7 / 20.5, 21.7 / 22.7).
+// ncu at 65 entries (one eager decode step, base clocks, cold L2): fused 22.2 us, against 20.7 + 12.4 us for the
+// scores and block select launches before.
+int fwd_indexer_path(const IndexArgs& a) {
+  return a.ne_cap <= kIndexerFusedDefaultNe && fwd_indexer_fused_fits(a) ? kIndexerFused : kIndexerSplit;
+}
+
+void fwd_indexer(const IndexArgs& a, Stream s, int path) {
+  if (a.n <= 0 || a.ne_cap <= 0) return;
+  if (path == kIndexerFused) {
+    if (int64_t(a.k_cap) < std::min<int64_t>(a.topk, a.ne_cap)) throw_arg("indexer: k_cap below min(topk, ne_cap)");
+    if (!fwd_indexer_fused_fits(a)) throw_arg("indexer: too many entries, heads or dims for the fused path");
+    FusedPlan p(a, index_cluster_size());
+    if (!p.fits) p = FusedPlan(a, 8);
+    const int ib = index_bits(a.ne_cap), passes = sel_passes(ib);
+    // A cluster launch (no PDL attribute, as the other cluster kernels: pdl_begin is then a no-op).
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(p.C), unsigned(a.n), 1), cfg.blockDim = dim3(unsigned(p.threads), 1, 1);
+    cfg.dynamicSmemBytes = p.smem, cfg.stream = stream_of(s);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(p.C), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, index_fused_kernel, a, p.eb, ib, passes));
+    check_launch("fwd_indexer fused");
+    return;
+  }
+  if (path != kIndexerSplit) throw_arg("indexer: unknown path");
+  // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 8 above (long contexts:
+  // each block stages the token's queries, nh x dh floats, from L2).
+  const int eb = a.ne_cap <= 1024 ? 4 : 8;
+  const size_t smem = ScoresSmem(eb, a.nh, int(a.dh), kScoresVec, 0).total;
+  if (smem > 48 * 1024)
+    throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (48 KiB)");
+  launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), kScoresThreads, smem, s,
+         a, eb);
+  fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
+}
+
+}  // namespace plumb::cuda::detail
