@@ -144,22 +144,36 @@ __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned 
   for (int el = threadIdx.x; el < nb; el += blockDim.x) emit(el, el < ns ? index_entry_score(a, vals + el * ldv) : -INFINITY);
 }
 
-// Split path, scores: block (group of eb entries, token). At long contexts the blocks are many and the kernel runs at
-// about 5.4 products per clock per SM (H200, 8192 and 65536 entries), about what the two float-to-double conversions
-// per product allow at 16 per clock, so it keeps the old kernel's occupancy: scalar reads (the narrower query rows) and registers bounded so that 6 blocks of 4 entries fit an SM
-// (5 at 8 entries, by shared memory), with a staging batch of 4 (no spill at 40 registers). (Float4 reads with
-// dh + 4 rows fitted 5 at 4 entries: 78 -> 93 us at 1024 entries, 8 tokens.)
-constexpr int kScoresThreads = 256, kScoresStage = 4;
-constexpr bool kScoresVec = false;
-__global__ void __launch_bounds__(kScoresThreads, 6) index_scores_kernel(IndexArgs a, int eb) {
+// Split path, scores: block (group of eb entries, token), a thread per (entry, head) pair (looping when eb * nh >
+// 256), then a thread per entry sums its heads; the terms and sums are the fused path's (index_head_term,
+// index_entry_score), so the two paths give the same bits. Staging and occupancy are the pre-session-7 kernel's: the
+// fused path's batched staging (index_scores_block) with registers bounded for 6 blocks per SM ran 3-4 % slower at
+// 8K and 64K entries and 15 % at 1024 entries x 8 tokens on the H200 (bench/results/h200-indexer-decode).
+constexpr int kScoresThreads = 256;
+size_t scores_smem(int eb, int nh, int64_t dh) {  // [eb, nh] head terms (doubles), [nh, dh + 1] queries, [eb, dh] keys
+  return size_t(eb) * (size_t(nh) * 8 + size_t(dh) * 4) + size_t(nh) * size_t(index_ldq(int(dh), false)) * 4;
+}
+__global__ void index_scores_kernel(IndexArgs a, int eb) {
   pdl_begin();
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int t = blockIdx.y;
-  const int64_t e0 = int64_t(blockIdx.x) * eb, visible = (*a.pos + t + 1) / a.rate;
-  const int nb = int(min(int64_t(eb), a.ne_cap - e0));
-  float* out = a.scores + int64_t(t) * a.ne_cap + e0;
-  index_scores_block<kScoresStage>(a, smem, ScoresSmem(eb, a.nh, int(a.dh), kScoresVec, 0), t, e0, nb, visible,
-                                   [&](int el, float v) { out[el] = v; });
+  extern __shared__ double vals[];
+  const int t = blockIdx.y, nh = a.nh;
+  const int64_t dh = a.dh, ldq = index_ldq(int(dh), false), e0 = int64_t(blockIdx.x) * eb;
+  float* qs = reinterpret_cast<float*>(vals + int64_t(eb) * nh);
+  float* ks = qs + nh * ldq;
+  const int64_t visible = (*a.pos + t + 1) / a.rate;
+  const int64_t ne_here = min(int64_t(eb), min(a.ne_cap, visible) - e0);  // entries of this group with a score
+  const float* qt = a.q + int64_t(t) * nh * dh;
+  for (int64_t i = threadIdx.x; i < nh * dh; i += blockDim.x) qs[(i / dh) * ldq + i % dh] = qt[i];
+  for (int64_t i = threadIdx.x; i < max(ne_here, int64_t(0)) * dh; i += blockDim.x) ks[i] = a.keys[e0 * dh + i];
+  __syncthreads();
+  for (int p = threadIdx.x; p < eb * nh; p += blockDim.x) {
+    const int el = p / nh, h = p % nh;
+    if (el < ne_here) vals[p] = index_head_term(a, qs + h * ldq, ks + int64_t(el) * dh, a.hw[int64_t(t) * nh + h], false);
+  }
+  __syncthreads();
+  const int el = threadIdx.x;
+  if (el >= eb || e0 + el >= a.ne_cap) return;
+  a.scores[int64_t(t) * a.ne_cap + e0 + el] = el < ne_here ? index_entry_score(a, vals + el * nh) : -INFINITY;
 }
 
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
@@ -608,7 +622,7 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
   // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 8 above (long contexts:
   // each block stages the token's queries, nh x dh floats, from L2).
   const int eb = a.ne_cap <= 1024 ? 4 : 8;
-  const size_t smem = ScoresSmem(eb, a.nh, int(a.dh), kScoresVec, 0).total;
+  const size_t smem = scores_smem(eb, a.nh, a.dh);
   if (smem > 48 * 1024)
     throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (48 KiB)");
   launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), kScoresThreads, smem, s,
