@@ -259,12 +259,23 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
     if (tid < ns) ls[tid] = l[s0 + tid], ws[tid] = mg.weight(m[s0 + tid]);
     __syncthreads();
     for (int s = 0; s < ns; ++s) mg.add_split(ls[s], ws[s]);
+    // kB splits' partials loaded together (one round of load latency per kB splits, not per split), then added in
+    // split order.
+    constexpr int kB = 8;
+    for (int sb = 0; sb < ns; sb += kB) {
+      float v[kU][kB];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t d = tid + int64_t(u) * kMergeThreads;
-      if (d >= a.Dh) continue;
-      const float* ad = acc + int64_t(s0) * a.Dh + d;
-      for (int s = 0; s < ns; ++s) o[u] = Merge::add(o[u], ad[int64_t(s) * a.Dh], ws[s]);
+      for (int u = 0; u < kU; ++u) {
+        const int64_t d = tid + int64_t(u) * kMergeThreads;
+#pragma unroll
+        for (int j = 0; j < kB; ++j)
+          v[u][j] = d < a.Dh && sb + j < ns ? acc[int64_t(s0 + sb + j) * a.Dh + d] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kB; ++j)
+        if (sb + j < ns)
+#pragma unroll
+          for (int u = 0; u < kU; ++u) o[u] = Merge::add(o[u], v[u][j], ws[sb + j]);
     }
   }
 #pragma unroll

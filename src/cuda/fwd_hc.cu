@@ -353,18 +353,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // Fixed per kernel for the process, so every launch splits the sums the same way.
 template <class Kern>
 int hc_cluster_size(Kern kern) {
-  int num = 0;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(kHcMaxCluster, 1, 1), cfg.blockDim = dim3(kHcThreads, 1, 1);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = kHcMaxCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&num, kern, &cfg) != cudaSuccess) num = 0;
-  }
-  (void)cudaGetLastError();  // a refusal above is an answer, not an error
-  return num > 0 ? kHcMaxCluster : 8;
+  return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, 0);
 }
 
 template <int H, bool VEC>

@@ -525,18 +525,7 @@ struct FusedPlan {
 int index_cluster_size() {
   static const int C = [] {
     PLUMB_CUDA_CHECK(cudaFuncSetAttribute(index_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFusedMaxSmem)));
-    int num = 0;
-    if (cudaFuncSetAttribute(index_fused_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(kFusedMaxCluster, 1, 1), cfg.blockDim = dim3(kFusedMaxThreads, 1, 1), cfg.dynamicSmemBytes = kFusedMaxSmem;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = kFusedMaxCluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-      cfg.attrs = at, cfg.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&num, index_fused_kernel, &cfg) != cudaSuccess) num = 0;
-    }
-    (void)cudaGetLastError();  // a refusal above is an answer, not an error
-    return num > 0 ? kFusedMaxCluster : 8;
+    return cluster_size_or_8(index_fused_kernel, kFusedMaxCluster, kFusedMaxThreads, kFusedMaxSmem);
   }();
   return C;
 }

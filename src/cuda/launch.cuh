@@ -40,4 +40,23 @@ void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_
   launch_as(pdl_enabled(), what, kernel, grid, block, smem, s, std::forward<A>(args)...);
 }
 
+// Blocks per cluster for a cluster kernel: max_c (a non-portable size above 8) where the GPU co-schedules a cluster
+// of max_c blocks of `threads` threads and `smem` bytes of dynamic shared memory, else the portable 8. Callers query
+// once per kernel and keep the answer, so every launch of it splits its work the same way.
+template <class Kern>
+int cluster_size_or_8(Kern kern, int max_c, int threads, size_t smem) {
+  int num = 0;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(max_c), 1, 1), cfg.blockDim = dim3(unsigned(threads), 1, 1), cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(max_c), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&num, kern, &cfg) != cudaSuccess) num = 0;
+  }
+  (void)cudaGetLastError();  // a refusal above is an answer, not an error
+  return num > 0 ? max_c : 8;
+}
+
 }  // namespace plumb::cuda::detail

@@ -358,6 +358,26 @@ TEST_F(GpuTest, IndexerPathsMatch) {
   std::printf("indexer: %d shapes, fused path bit-identical to the split path (scores and indices)\n", checked);
 }
 
+// Microseconds per call of `launch` replayed in a CUDA graph of 20 calls (after one warm-up call), best of 3.
+template <class F>
+double graph_us_per_call(d::Stream st, void* e0, void* e1, F&& launch) {
+  const int calls = 20;
+  launch();  // warm-up
+  d::capture_begin(st);
+  for (int i = 0; i < calls; ++i) launch();
+  void* g = d::capture_end_instantiate(st);
+  d::graph_launch(g, st);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    d::event_record(e0, st);
+    d::graph_launch(g, st);
+    d::event_record(e1, st);
+    best = std::min(best, double(d::event_elapsed_ms(e0, e1)) * 1e3 / calls);
+  }
+  d::graph_destroy(g);
+  return best;
+}
+
 // Time per call, graph-replayed (a decode step's launches; the twin beyond 2048 entries: one eager call), scores as
 // a ReLU'd indexer leaves them. The twin is not timed at 262144 entries (5.5 s at topk 512 on the H200).
 TEST_F(GpuTest, IndexTopkTiming) {
@@ -383,21 +403,7 @@ TEST_F(GpuTest, IndexTopkTiming) {
             us[path] = double(d::event_elapsed_ms(e0, e1)) * 1e3;
             continue;
           }
-          const int calls = 20;
-          d::fwd_index_topk(r.a, path, st);  // warm-up
-          d::capture_begin(st);
-          for (int i = 0; i < calls; ++i) d::fwd_index_topk(r.a, path, st);
-          void* g = d::capture_end_instantiate(st);
-          d::graph_launch(g, st);
-          double best = 1e30;
-          for (int rep = 0; rep < 3; ++rep) {
-            d::event_record(e0, st);
-            d::graph_launch(g, st);
-            d::event_record(e1, st);
-            best = std::min(best, double(d::event_elapsed_ms(e0, e1)) * 1e3 / calls);
-          }
-          d::graph_destroy(g);
-          us[path] = best;
+          us[path] = graph_us_per_call(st, e0, e1, [&] { d::fwd_index_topk(r.a, path, st); });
         }
         std::printf("%-8lld %-3d %-5d %14.1f %14.1f %14.1f\n", (long long)ne, n, topk, us[d::kIndexTopkRank], us[d::kIndexTopkBlock],
                     us[d::kIndexTopkSelect]);
@@ -440,21 +446,7 @@ TEST_F(GpuTest, IndexerTiming) {
       double us[2] = {NAN, NAN};
       for (int path : {d::kIndexerSplit, d::kIndexerFused}) {
         if (path == d::kIndexerFused && !d::fwd_indexer_fused_fits(a)) continue;
-        const int calls = 20;
-        d::fwd_indexer(a, st, path);  // warm-up
-        d::capture_begin(st);
-        for (int i = 0; i < calls; ++i) d::fwd_indexer(a, st, path);
-        void* g = d::capture_end_instantiate(st);
-        d::graph_launch(g, st);
-        double best = 1e30;
-        for (int rep = 0; rep < 3; ++rep) {
-          d::event_record(ev0, st);
-          d::graph_launch(g, st);
-          d::event_record(ev1, st);
-          best = std::min(best, double(d::event_elapsed_ms(ev0, ev1)) * 1e3 / calls);
-        }
-        d::graph_destroy(g);
-        us[path] = best;
+        us[path] = graph_us_per_call(st, ev0, ev1, [&] { d::fwd_indexer(a, st, path); });
       }
       std::printf("%-8lld %-3d %12.1f %12.1f\n", (long long)ne, n, us[d::kIndexerSplit], us[d::kIndexerFused]);
     }
