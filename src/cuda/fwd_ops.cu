@@ -27,52 +27,35 @@ __device__ __forceinline__ int elems_per_16(const DMat& m) {
   return m.layout == 2 ? 32 : m.layout == 1 ? 16 : m.dtype == 0 ? 4 : 8;
 }
 
-// One token with x 16-byte aligned (the one-token kernel's staged row) reads its activations as 16-byte loads:
-// the lanes of a warp take chunks 4 * (elements per chunk) bytes apart, so scalar reads of shared memory hit one
-// bank 8-fold (bf16), and those conflicts, not the weights, bounded the one-token kernel. The same values in the
-// same order either way; weights are decoded one element at a time (few registers).
 template <int NT>
 __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, const uint4& v, const float* x, int n, int64_t ldx,
                                       double (&acc)[NT]) {
   const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
-  auto run = [&](auto vec) {
-    float4 xq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    auto use = [&](int k, float wv) {
-      if constexpr (decltype(vec)::value) {
-        if ((k & 3) == 0) xq = *reinterpret_cast<const float4*>(x + c0 + k);
-        const float xv = (k & 3) == 0 ? xq.x : (k & 3) == 1 ? xq.y : (k & 3) == 2 ? xq.z : xq.w;
-        acc[0] += double(xv) * double(wv);
-      } else {
+  auto use = [&](int k, float wv) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-          if (t < n) acc[t] += double(x[t * ldx + c0 + k]) * double(wv);
-      }
-    };
-    if (w.layout == 0) {
-      if (w.dtype == 0) {
-        const float* f = reinterpret_cast<const float*>(b);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) use(k, f[k]);
-      } else {
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(b);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) use(k, w.dtype == 1 ? __uint_as_float(uint32_t(h[k]) << 16) : __half2float(__ushort_as_half(h[k])));
-      }
-    } else if (w.layout == 1) {
-      const int64_t si = (r >> 7) * w.s_cols + (c0 >> 7);
-      const float sc = w.s_f32 ? static_cast<const float*>(w.s)[si] : fwd_e8m0(static_cast<const uint8_t*>(w.s)[si]);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) use(k, fwd_e4m3(b[k]) * sc);
-    } else {
-      const float sc = fwd_e8m0(static_cast<const uint8_t*>(w.s)[r * w.s_cols + (c0 >> 5)]);
-#pragma unroll
-      for (int k = 0; k < 32; ++k) use(k, fwd_e2m1((b[k >> 1] >> (4 * (k & 1))) & 0xF) * sc);
-    }
+    for (int t = 0; t < NT; ++t)
+      if (t < n) acc[t] += double(x[t * ldx + c0 + k]) * double(wv);
   };
-  if constexpr (NT == 1) {
-    if ((reinterpret_cast<uintptr_t>(x + c0) & 15u) == 0) return run(std::true_type{});
+  if (w.layout == 0) {
+    if (w.dtype == 0) {
+      const float* f = reinterpret_cast<const float*>(b);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) use(k, f[k]);
+    } else {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(b);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) use(k, w.dtype == 1 ? __uint_as_float(uint32_t(h[k]) << 16) : __half2float(__ushort_as_half(h[k])));
+    }
+  } else if (w.layout == 1) {
+    const int64_t si = (r >> 7) * w.s_cols + (c0 >> 7);
+    const float sc = w.s_f32 ? static_cast<const float*>(w.s)[si] : fwd_e8m0(static_cast<const uint8_t*>(w.s)[si]);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) use(k, fwd_e4m3(b[k]) * sc);
+  } else {
+    const float sc = fwd_e8m0(static_cast<const uint8_t*>(w.s)[r * w.s_cols + (c0 >> 5)]);
+#pragma unroll
+    for (int k = 0; k < 32; ++k) use(k, fwd_e2m1((b[k >> 1] >> (4 * (k & 1))) & 0xF) * sc);
   }
-  run(std::false_type{});
 }
 
 // kLoads 16-byte loads in flight per lane before their products (a warp per row waited on one load at a time);
