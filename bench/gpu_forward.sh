@@ -6,7 +6,7 @@
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
-# decode step, bench/kernel_times.py), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
+# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
@@ -107,6 +107,15 @@ if [ -n "${NCU:-}" ]; then  # kernel time of one eager decode step at batch 1 (n
   note "ncu rc=$?"
   python3 bench/kernel_times.py /tmp/ncu.csv >"$OUT/ncu-step.txt" 2>&1
   gzip -c /tmp/ncu.csv >"$OUT/ncu.csv.gz"
+fi
+
+if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source counters) for the kernels whose names
+  # match this regex, NCU_COUNT launches (default 2), in one eager decode step at batch 1 (NCU_BATCH), as text
+  note "ncu detail: $NCU_DETAIL"
+  timeout "${T_NCU:-240}" ncu --set full -k "regex:${NCU_DETAIL}" --launch-count "${NCU_COUNT:-2}" "$C/plumb" bench \
+    --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" \
+    --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1 >"$OUT/ncu-detail.txt" 2>&1
+  note "ncu detail rc=$?"
 fi
 
 if [ -n "${BENCH:-}" ]; then
