@@ -338,18 +338,21 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 
 #include "cuda/gemv_fp4s.cuh"
 
+// The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8).
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
+auto gemv_for(int minblocks) {
+  return minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, U8>
+         : minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2, U8>
+                          : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U8>;
+}
+
 template <int FMT, int NMAT, int EPI, int MODE, class OT>
 void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  auto kern = a.minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3>
-              : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2>
-                                 : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1>;
+  auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks);
   if constexpr (FMT == kFp8 && NMAT == 1)
-    if (a.fp8_unroll == 4)
-      kern = a.minblocks >= 3 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 4>
-             : a.minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2, 4>
-                                : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 4>;
+    if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks);
   launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
 

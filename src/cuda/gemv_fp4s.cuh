@@ -275,7 +275,6 @@ void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
   // Per instantiation, device, CTA size and split: the smem opt-in and the CTAs per SM (host queries done once,
   // outside any stream capture in practice: the first launch of a configuration).
   static int per_sm_cache[8][kMaxWarpsS + 1][2] = {};
-  static int sms_cache[8] = {};
   int dev = 0;
   PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev >= 8) throw_arg("gemv: the FP4 streaming kernel supports devices 0..7");
@@ -288,12 +287,12 @@ void launch_stream_d(const GemvArgs& a, int warps, Stream s) {
     smem_set[dev] = smem;
   }
   if (per_sm_c == 0) {
-    PLUMB_CUDA_CHECK(cudaDeviceGetAttribute(&sms_cache[dev], cudaDevAttrMultiProcessorCount, dev));
     int per = 0;
     PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, warps * 32, smem));
     per_sm_c = per < 1 ? -1 : per;
   }
-  int per_sm = per_sm_c, sms = sms_cache[dev];
+  int per_sm = per_sm_c;
+  const int sms = sm_count();
   if (per_sm < 1) throw_arg("gemv: the FP4 streaming kernel does not fit on an SM with this configuration");
   if (a.fp4_ctas > 0) per_sm = std::min(per_sm, a.fp4_ctas);
   launch_as(a.pdl > 0, "fp4_stream_kernel", kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(warps * 32)), smem, s, a);

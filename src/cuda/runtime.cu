@@ -214,11 +214,8 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* s
 }
 
 int grid_for(size_t work, int threads) {
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const size_t want = (work + threads - 1) / threads;
-  return int(std::min<size_t>(want, size_t(sms) * 16));
+  return int(std::min<size_t>(want, size_t(sm_count()) * 16));
 }
 
 }  // namespace

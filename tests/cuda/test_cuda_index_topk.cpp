@@ -212,6 +212,37 @@ TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
   }
 }
 
+// One indexer call's inputs: random queries, keys and head weights (uniform; official: bf16 weights) on the device,
+// with `ties` keys made to tie (every third entry zero: a ReLU'd 0 score; every fifth from 6 on a copy of entry e -
+// 5), the position, the top-k scratch for k_cap = min(topk, ne_cap), and the IndexArgs over them (scores and sel
+// are the caller's). The host vectors stay for host formulas.
+struct IndexerInputs {
+  std::vector<float> q, keys, hw;
+  DeviceBuffer dq, dk, dw, pos, scratch;
+  d::IndexArgs a;
+  IndexerInputs(Rng& r, int n, int nh, int64_t dh, int64_t pos0, int64_t rate, int64_t ne_cap, int topk, int official, bool ties)
+      : q(size_t(n * nh * dh)), keys(size_t(ne_cap * dh)), hw(size_t(n * nh)) {
+    for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : hw) v = official ? plumb::fmt8::round_bf16(r.uniform(-0.2f, 0.3f)) : r.uniform(-0.2f, 0.3f);
+    if (ties)
+      for (int64_t e = 0; e < ne_cap; ++e)
+        for (int64_t i = 0; i < dh; ++i) {
+          float& k = keys[size_t(e * dh + i)];
+          if (e % 3 == 0) k = 0.0f;                                        // every head's dot 0: score exactly 0
+          else if (e % 5 == 1 && e >= 5) k = keys[size_t((e - 5) * dh + i)];  // the same key as entry e - 5
+        }
+    dq = to_device(q), dk = to_device(keys), dw = to_device(hw), pos = to_device(std::vector<int64_t>{pos0});
+    const int k_cap = int(std::min<int64_t>(topk, ne_cap));
+    a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
+    a.n = n, a.nh = nh, a.k_cap = k_cap, a.topk = topk, a.dh = dh, a.ne_cap = ne_cap, a.rate = rate;
+    a.qscale = 1.0f / std::sqrt(float(dh)), a.wscale = 1.0f / std::sqrt(float(nh)), a.official = official;
+    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(n, ne_cap, k_cap, d::fwd_index_topk_path(ne_cap));
+    scratch = DeviceBuffer(std::max<size_t>(a.topk_scratch_bytes, 8));
+    a.topk_scratch = scratch.get();
+  }
+};
+
 // The indexer's scores against the host formula: per (token, visible entry) the fp64 dot q_h . k in dim order, relu,
 // times qscale * (hw * wscale) (official: the bf16 roundings), summed over heads in head order; -inf for entries the
 // token does not see yet; the split path's two block shapes (4 and 8 entries), the fused path where it applies, and
@@ -228,22 +259,11 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
   uint32_t seed = 3;
   for (const S& c : shapes) {
     Rng r(seed++);
-    std::vector<float> q(size_t(c.n * c.nh * c.dh)), keys(size_t(c.ne_cap * c.dh)), hw(size_t(c.n * c.nh));
-    for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
-    for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
-    for (auto& v : hw) v = c.official ? plumb::fmt8::round_bf16(r.uniform(-0.2f, 0.3f)) : r.uniform(-0.2f, 0.3f);
-    DeviceBuffer dq = to_device(q), dk = to_device(keys), dh = to_device(hw), pos = to_device(std::vector<int64_t>{c.pos0});
-    const int k_cap = int(std::min<int64_t>(512, c.ne_cap));
-    DeviceBuffer scores(size_t(c.n * c.ne_cap) * 4), sel(size_t(c.n) * size_t(k_cap) * 8);
-    d::IndexArgs a;
-    a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dh.as<float>(), a.pos = pos.as<int64_t>();
-    a.n = c.n, a.nh = c.nh, a.k_cap = k_cap, a.topk = 512, a.dh = c.dh, a.ne_cap = c.ne_cap, a.rate = c.rate;
-    a.qscale = 1.0f / std::sqrt(float(c.dh)), a.wscale = 1.0f / std::sqrt(float(c.nh)), a.official = c.official;
+    IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, 512, c.official, false);
+    const std::vector<float>&q = in.q, &keys = in.keys, &hw = in.hw;
+    d::IndexArgs& a = in.a;
+    DeviceBuffer scores(size_t(c.n * c.ne_cap) * 4), sel(size_t(c.n) * size_t(a.k_cap) * 8);
     a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
-    const int path = d::fwd_index_topk_path(c.ne_cap);
-    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(c.n, c.ne_cap, k_cap, path);
-    DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
-    a.topk_scratch = scratch.get();
     // The host formula, per (token, entry).
     std::vector<float> want(size_t(c.n * c.ne_cap), -INFINITY);
     for (int t = 0; t < c.n; ++t) {
@@ -310,28 +330,11 @@ TEST_F(GpuTest, IndexerPathsMatch) {
   int checked = 0;
   for (const S& c : shapes) {
     Rng r(seed++);
-    std::vector<float> q(size_t(c.n * c.nh * c.dh)), keys(size_t(c.ne_cap * c.dh)), hw(size_t(c.n * c.nh));
-    for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
-    for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
-    for (auto& v : hw) v = c.official ? plumb::fmt8::round_bf16(r.uniform(-0.2f, 0.3f)) : r.uniform(-0.2f, 0.3f);
-    if (c.ties)
-      for (int64_t e = 0; e < c.ne_cap; ++e)
-        for (int64_t i = 0; i < c.dh; ++i) {
-          float& k = keys[size_t(e * c.dh + i)];
-          if (e % 3 == 0) k = 0.0f;                              // every head's dot 0: score exactly 0
-          else if (e % 5 == 1 && e >= 5) k = keys[size_t((e - 5) * c.dh + i)];  // the same key as entry e - 5
-        }
-    DeviceBuffer dq = to_device(q), dk = to_device(keys), dw = to_device(hw), pos = to_device(std::vector<int64_t>{c.pos0});
+    IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, c.topk, c.official, c.ties != 0);
+    d::IndexArgs& a = in.a;
     const int64_t ne = std::min<int64_t>((c.pos0 + c.n) / c.rate, c.ne_cap);
-    const int k_cap = int(std::min<int64_t>(c.topk, c.ne_cap));
-    d::IndexArgs a;
-    a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
-    a.n = c.n, a.nh = c.nh, a.k_cap = k_cap, a.topk = c.topk, a.dh = c.dh, a.ne_cap = c.ne_cap, a.rate = c.rate;
-    a.qscale = 1.0f / std::sqrt(float(c.dh)), a.wscale = 1.0f / std::sqrt(float(c.nh)), a.official = c.official;
+    const int k_cap = a.k_cap;
     ASSERT_TRUE(d::fwd_indexer_fused_fits(a)) << "ne_cap " << c.ne_cap;
-    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(c.n, c.ne_cap, k_cap, d::fwd_index_topk_path(c.ne_cap));
-    DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
-    a.topk_scratch = scratch.get();
     std::vector<float> sc[2];
     std::vector<int64_t> sel[2];
     for (int ipath : {d::kIndexerSplit, d::kIndexerFused}) {
@@ -428,21 +431,10 @@ TEST_F(GpuTest, IndexerTiming) {
                      int64_t(8192), int64_t(65536)})
     for (int n : {1, 8}) {
       Rng r(uint32_t(ne + n));
-      std::vector<float> q(size_t(n * nh * dh)), keys(size_t(ne * dh)), hw(size_t(n * nh));
-      for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
-      for (auto& v : keys) v = r.uniform(-1.0f, 1.0f);
-      for (auto& v : hw) v = r.uniform(-0.2f, 0.3f);
-      DeviceBuffer dq = to_device(q), dk = to_device(keys), dw = to_device(hw), pos = to_device(std::vector<int64_t>{ne * rate - n});
-      const int k_cap = int(std::min<int64_t>(topk, ne));
-      DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(k_cap) * 8);
-      d::IndexArgs a;
-      a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
-      a.n = n, a.nh = nh, a.k_cap = k_cap, a.topk = topk, a.dh = dh, a.ne_cap = ne, a.rate = rate;
-      a.qscale = 1.0f / std::sqrt(float(dh)), a.wscale = 1.0f / std::sqrt(float(nh));
+      IndexerInputs in(r, n, nh, dh, ne * rate - n, rate, ne, topk, 0, false);
+      d::IndexArgs& a = in.a;
+      DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(a.k_cap) * 8);
       a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
-      a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(n, ne, k_cap, d::fwd_index_topk_path(ne));
-      DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
-      a.topk_scratch = scratch.get();
       double us[2] = {NAN, NAN};
       for (int path : {d::kIndexerSplit, d::kIndexerFused}) {
         if (path == d::kIndexerFused && !d::fwd_indexer_fused_fits(a)) continue;
