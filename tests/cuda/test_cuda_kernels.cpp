@@ -181,8 +181,19 @@ TEST_F(CudaFp8, GroupedProjectionMatchesReference) {
     std::vector<float> ref(size_t(n * rows));
     for (int g = 0; g < groups; ++g)
       ops::linear_rows(x.f16.data() + g * cols, n, groups * cols, w, g * gr, gr, ref.data() + g * gr, rows);
-    expect_close("fp8 grouped (8 x [256, 512]) n=" + std::to_string(n) + " vs twin", cuda::to_host<float>(y, ref.size()), ref,
-                 rows, 1e-4);
+    const std::vector<float> got = cuda::to_host<float>(y, ref.size());
+    expect_close("fp8 grouped (8 x [256, 512]) n=" + std::to_string(n) + " vs twin", got, ref, rows, 1e-4);
+    // The f16 output (wo_a feeding an FP8 wo_b): the bits of the fp32 output rounded to nearest even.
+    cuda::DeviceBuffer y16(size_t(n * rows) * 2);
+    y16.fill_byte(0xFF);
+    cuda::fp8_linear_grouped(dw, groups, x.dev.get(), Act::BF16, n, nullptr, ws, nullptr, y16.as<uint16_t>());
+    cuda::synchronize();
+    const std::vector<uint16_t> h = cuda::to_host<uint16_t>(y16, ref.size());
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < h.size(); ++i)
+      if (h[i] != f16_bits(round_f16(got[i])) && bad++ == 0) first = int64_t(i);
+    EXPECT_EQ(bad, 0) << "fp8 grouped n=" << n << ": " << bad << " f16 outputs differ from the fp32 output rounded, first at "
+                      << first;
   }
 }
 
