@@ -7,7 +7,7 @@
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
+# NCU_SKIP, NCU_SOURCE (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -112,10 +112,18 @@ fi
 if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source counters) for the kernels whose names
   # match this regex, NCU_COUNT launches (default 2), in one eager decode step at batch 1 (NCU_BATCH), as text
   note "ncu detail: $NCU_DETAIL"
-  timeout "${T_NCU:-240}" ncu --set full -k "regex:${NCU_DETAIL}" --launch-count "${NCU_COUNT:-2}" "$C/plumb" bench \
+  # (NCU_SKIP=K: skip the first K matching launches, e.g. the context's prefill; NCU_SOURCE=1: also the report's
+  # source page, SASS with its stall samples per instruction, as CSV)
+  timeout "${T_NCU:-240}" ncu --set full --import-source yes -o /tmp/ncu-detail -f -k "regex:${NCU_DETAIL}" \
+    --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-2}" "$C/plumb" bench \
     --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" \
     --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1 >"$OUT/ncu-detail.txt" 2>&1
   note "ncu detail rc=$?"
+  ncu -i /tmp/ncu-detail.ncu-rep --print-details all >>"$OUT/ncu-detail.txt" 2>&1
+  if [ -n "${NCU_SOURCE:-}" ]; then
+    ncu -i /tmp/ncu-detail.ncu-rep --page source --csv --print-source sass >"$OUT/ncu-source.csv" 2>&1
+    note "ncu source page rc=$?"
+  fi
 fi
 
 if [ -n "${BENCH:-}" ]; then

@@ -3,6 +3,7 @@
 // launch, hc_post elementwise. Twin of src/model/hyper_connection.cpp: fp64 dot products.
 #include <cooperative_groups.h>
 
+#include <string>
 #include <type_traits>
 
 #include "cuda/official.cuh"
@@ -15,15 +16,17 @@ namespace {
 constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 
 // hc_pre in one launch: a cluster of S blocks (16 where the GPU schedules it, else 8) per token, block s owning
-// the slice d in [s * per, (s + 1) * per) of all H streams. Between the cluster barriers (distributed shared
-// memory, no global scratch, no counters):
-//   1. each block's fp64 sum of squares of its slice (its first fn rows already loading); every warp of every
-//      block then sums the S partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere;
+// the slice d in [s * per, (s + 1) * per) of all H streams, which it keeps in shared memory (the fused hc_post's
+// output, or loaded once). Between the cluster barriers (distributed shared memory, no global scratch, no counters):
+//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2); every warp of every block then sums the S partials in rank order, so r = rsqrt(mean + eps) has
+//      the same bits everywhere;
 //   2. each block's fp64 partial dots of the (2+H)*H mixes over its slice (per thread, a warp reduce-scatter,
 //      the warps in order);
 //   3. each block sums the S partials of every mix in rank order (fp32 mix; official: times float(r)), then
 //      collapses its slice with the pre gates (every collapsing thread runs hc_math::gates itself); block 0's
-//      first warp runs the Sinkhorn meanwhile (one thread for H*H > 32), its warp 1 the post gates.
+//      first warp runs the Sinkhorn meanwhile (one thread for H*H > 32), its warp 1 the post gates;
+//   4. (HcArgs::norm_w) the RMSNorm of the collapsed row, its sum of squares over the cluster like r's, while
+//      block 0's first warp may still be in its Sinkhorn.
 // The fp64 sums are the twin's (exact products, fp64 accumulation); their order is this split's: per thread in
 // element order, a fixed shuffle tree, warps in order, blocks in rank order (deterministic; the same in eager
 // launches and graphs).
@@ -58,11 +61,12 @@ __device__ __forceinline__ void hc_load(const float* p, float (&v)[VEC ? 4 : 1])
 // hc_post of the W columns at d of token t, for every stream k: out[t, k, d..] = post_k * y + sum_j comb[j][k] * x_j
 // in the reference's order (post * y first, then the streams: it reproduced the official golden bit for bit); the
 // H inputs are loaded once for the H outputs. The one implementation of hc_post: its kernel and hc_pre's fused
-// prologue (HcArgs::y).
+// prologue (HcArgs::y), which also keeps the outputs in shared memory (sm: stream k's at sm[k * sm_ld]).
 constexpr int kPostMaxH = 8;
 template <bool VEC>
 __device__ __forceinline__ void hc_post_cols(const float* y, const float* X, const float* post, const float* comb, int64_t t, int H,
-                                             int64_t D, int64_t d, int untransposed, int act_bf16, float* out) {
+                                             int64_t D, int64_t d, int untransposed, int act_bf16, float* out, float* sm = nullptr,
+                                             int sm_ld = 0) {
   constexpr int W = VEC ? 4 : 1;
   float yv[W], xv[kPostMaxH][W];
   hc_load<VEC>(y + t * D + d, yv);
@@ -88,6 +92,10 @@ __device__ __forceinline__ void hc_post_cols(const float* y, const float* X, con
     float* dst = out + (t * H + k) * D + d;
     if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
     else dst[0] = acc[0];
+    if (sm) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) sm[k * sm_ld + w] = acc[w];
+    }
   }
 }
 
@@ -134,6 +142,21 @@ __device__ void sinkhorn_warp(const float* mix, const float* scale, const float*
   if (on) comb[lane] = c;
 }
 
+// Sum over the warps [w0, kWarps) of a block (each warp's lanes summed first, then the warps in order), through named
+// barrier 1 of the n = (kWarps - w0) * 32 threads taking part; the result is in sh[kWarps] for them all.
+__device__ __forceinline__ double hc_part_sum(double v, double* sh, int w0, int nwarps) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) sh[warp] = v;
+  asm volatile("bar.sync 1, %0;" ::"r"((nwarps - w0) * 32) : "memory");
+  double t = 0;
+  for (int i = w0; i < nwarps; ++i) t += sh[i];
+  return t;
+}
+
+// 2 blocks per SM: a cluster of 16 fits in 8 SMs. (Session 8 measured a variant with one block per SM, all
+// registers, and each thread's first fn values loaded into registers at the start: the GPU then schedules no
+// cluster of 16, and with 8 blocks per token it took 18.7 us against 16.5.)
 template <int H, bool VEC>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
@@ -143,6 +166,9 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   __shared__ double sh[32];
   __shared__ double ss_s, mixp_s[NM];
   __shared__ float mix_s[NM];
+  // This block's slice of the H streams, item-major (item it at xs[it * W]: stream it / nq, quad it % nq), and of
+  // the collapsed row (cs[q * W]): written once, then read from shared memory by every phase.
+  extern __shared__ float hc_smem[];
 
   namespace cg = cooperative_groups;
   const cg::cluster_group cl = cg::this_cluster();
@@ -153,34 +179,45 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   const int64_t per = ((D + S - 1) / S + W - 1) / W * W;
   const int64_t d0 = min(D, int64_t(s) * per), d1 = min(D, d0 + per);
   const int nq = int((d1 - d0) / W), items = H * nq;
+  float* xs = hc_smem;
+  float* cs = hc_smem + H * per;
   const float* xt = a.X + int64_t(t) * hd;
   auto off = [&](int it) { return int64_t(it / nq) * D + d0 + int64_t(it % nq) * W; };  // item -> offset in [0, hd)
-  // (2 blocks per SM: a cluster of 16 fits in 8 SMs.)
 
-  // 0. Fused hc_post of the previous sublayer (a.y): this block's slice of the new streams, written to a.X_out
-  // (= a.X), which this block alone reads below (its own writes: visible after the barrier).
+  // This block's fn rows on their way to L2: its H * nm contiguous rows of nq * W floats, a 128-byte line per
+  // thread and step (per-lane addresses: the bulk prefetch takes a uniform operand, which the compiler served
+  // lane by lane, a 32-step loop on the critical path).
+  {
+    const int lines = int((int64_t(nq) * W * 4 + 127) / 128), n = H * nm * lines;
+    for (int i = tid; i < n; i += kHcThreads) {
+      const int row = i / lines, l = i - row * lines;
+      const float* p = a.fn + int64_t(row / H) * hd + int64_t(row % H) * D + d0 + int64_t(l) * 32;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+
+  // 0. This block's slice of the streams into shared memory: the fused hc_post of the previous sublayer (a.y; also
+  // written to a.X_out = a.X, the new residual streams), or a.X.
   if (a.y) {
     for (int q = tid; q < nq; q += kHcThreads)
-      hc_post_cols<VEC>(a.y, a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16, a.X_out);
-    __syncthreads();
+      hc_post_cols<VEC>(a.y, a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16, a.X_out,
+                        xs + q * W, nq * W);
+  } else {
+    for (int it = tid; it < items; it += kHcThreads) {
+      float v[W];
+      hc_load<VEC>(xt + off(it), v);
+#pragma unroll
+      for (int w = 0; w < W; ++w) xs[it * W + w] = v[w];
+    }
   }
+  __syncthreads();
 
-  // 1. This block's fn rows on their way to L2 (bulk prefetches of its H * nm contiguous rows of per floats),
-  // then the sum of squares of its x.
-  if constexpr (VEC) {
-    const unsigned bytes = unsigned(nq) * 16u;
-    if (bytes)
-      for (int i = tid; i < H * nm; i += kHcThreads) {
-        const float* p = a.fn + int64_t(i / H) * hd + int64_t(i % H) * D + d0;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-      }
-  }
+  // 1. The sum of squares of this block's slice, then of the cluster's (every warp of every block sums the S
+  // partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere).
   double ss = 0;
   for (int it = tid; it < items; it += kHcThreads) {
-    float xv[W];
-    hc_load<VEC>(xt + off(it), xv);
 #pragma unroll
-    for (int w = 0; w < W; ++w) ss += double(xv[w]) * xv[w];
+    for (int w = 0; w < W; ++w) ss += double(xs[it * W + w]) * xs[it * W + w];
   }
   ss = block_sum(ss, sh);
   if (tid == 0) ss_s = ss;
@@ -198,12 +235,12 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   for (int o = 0; o < NM; ++o) acc[o] = 0.0;
   for (int it = tid; it < items; it += kHcThreads) {
     const int64_t oi = off(it);
-    float xv[W];
-    hc_load<VEC>(xt + oi, xv);
     double xr[W];
 #pragma unroll
-    for (int w = 0; w < W; ++w)
-      xr[w] = mode == 2 ? double(xv[w]) : mode == 1 ? double(bf16r(float(double(xv[w]) * r))) : double(float(double(xv[w]) * r));
+    for (int w = 0; w < W; ++w) {
+      const float xv = xs[it * W + w];
+      xr[w] = mode == 2 ? double(xv) : mode == 1 ? double(bf16r(float(double(xv) * r))) : double(float(double(xv) * r));
+    }
 #pragma unroll
     for (int o = 0; o < NM; ++o) {
       if (o >= nm) break;
@@ -228,8 +265,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   }
   cl.sync();
 
-  // 3. The mixes from the S partials in rank order; this block's remote reads end at the arrive (it waits before
-  // exiting: its shared memory must outlive the other blocks' reads).
+  // 3. The mixes from the S partials in rank order; this block's remote reads end at the arrive (A) (it waits
+  // before exiting: its shared memory must outlive the other blocks' reads).
   if (tid < nm) {
     double part[kHcMaxCluster];
 #pragma unroll
@@ -243,11 +280,15 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     mix_s[tid] = mv;
     if (s == 0 && mix_out) mix_out[int64_t(t) * nm + tid] = double(mv);
   }
-  cl.barrier_arrive();
+  cl.barrier_arrive();  // (A)
   __syncthreads();
 
+  // Block 0's warp 0 runs the Sinkhorn (the warp, or its lane 0 for H * H > 32 and the tests' serial twin) beside
+  // the other warps' collapse and norm, taking no part in their barriers: block 0's norm sums over warps 1.. (named
+  // barrier 1), and this warp arrives at the norm's cluster barrier (B) before its Sinkhorn, waiting at the end.
   const bool full = !a.head && s == 0, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
   if (full && warp == 0) {
+    if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (A), then this warp's arrival at (B)
     if constexpr (H * H <= 32) {
       if (warp_sinkhorn) sinkhorn_warp<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t) * H * H);
     }
@@ -257,81 +298,82 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t) * H * H + i] = C[i];
       for (int j = 0; j < H; ++j) a.post[int64_t(t) * H + j] = post[j];
     }
+    if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (B), then (C)
+    cl.barrier_wait();                                      // (C), or (A) without the norm
+    return;
   }
   if (warp_sinkhorn && tid == 32) {  // the post gates beside the warp's Sinkhorn
     float pre[H], post[H];
     hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, post);
     for (int j = 0; j < H; ++j) a.post[int64_t(t) * H + j] = post[j];
   }
-  // The collapse of this slice, sum_j pre_j * x_j (warp 0 of block 0 is busy with the Sinkhorn).
+  // The collapse of this slice, sum_j pre_j * x_j, by the threads from `first` on: to the output, or (with the fused
+  // norm) to cs, where each thread reads back only its own columns.
   const int first = full ? 32 : 0;
-  if (tid - first >= 0 && tid - first < nq) {
+  if (tid - first < nq) {
     float pre[H];
     hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, nullptr);
     for (int q = tid - first; q < nq; q += kHcThreads - first) {
-      const int64_t d = d0 + int64_t(q) * W;
       float acc2[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) acc2[w] = 0.0f;
 #pragma unroll
       for (int j = 0; j < H; ++j) {
-        float xv[W];
-        hc_load<VEC>(xt + j * D + d, xv);
 #pragma unroll
-        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xv[w]));
+        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs[(j * nq + q) * W + w]));
       }
 #pragma unroll
       for (int w = 0; w < W; ++w)
         if (a.act_bf16) acc2[w] = bf16r(acc2[w]);
-      float* dst = a.collapsed + int64_t(t) * D + d;
-      if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
-      else dst[0] = acc2[0];
+      if (a.norm_w) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) cs[q * W + w] = acc2[w];
+      } else {
+        float* dst = a.collapsed + int64_t(t) * D + d0 + int64_t(q) * W;
+        if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
+        else dst[0] = acc2[0];
+      }
     }
   }
   if (!a.norm_w) {
-    cl.barrier_wait();
+    cl.barrier_wait();  // (A)
     return;
   }
 
-  // 4. Fused RMSNorm of the collapsed row (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), in
-  // place, with the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv,
-  // rms_scaled) with the sum in this split's order (this block's slice, the blocks in rank order): the products
-  // are exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by
-  // one ulp with probability ~1e-8 per row.
+  // 4. Fused RMSNorm of the collapsed row (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
+  // the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv, rms_scaled) with the
+  // sum in this split's order (per thread, its warp, the warps in order, the blocks in rank order): the products are
+  // exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by one
+  // ulp with probability ~1e-8 per row.
   __shared__ double ss2_s;
-  __syncthreads();  // this block's collapsed slice, written above by other threads
   double ss2 = 0;
-  const float* crow = a.collapsed + int64_t(t) * D;
-  for (int q = tid; q < nq; q += kHcThreads) {
-    float xv[W];
-    hc_load<VEC>(crow + d0 + int64_t(q) * W, xv);
+  for (int q = tid - first; q < nq; q += kHcThreads - first) {
 #pragma unroll
-    for (int w = 0; w < W; ++w) ss2 += double(xv[w]) * xv[w];
+    for (int w = 0; w < W; ++w) ss2 += double(cs[q * W + w]) * cs[q * W + w];
   }
-  ss2 = block_sum(ss2, sh);
-  if (tid == 0) ss2_s = ss2;
-  cl.barrier_wait();  // (the arrive after phase 3)
-  cl.sync();          // every block's partial in place
+  ss2 = hc_part_sum(ss2, sh, first / 32, kWarps);
+  if (tid == first) ss2_s = ss2;
+  cl.barrier_wait();  // (A)
+  cl.sync();          // (B): every block's partial in place
   double tot2 = 0;
   {
     const double part = lane < S ? *cl.map_shared_rank(&ss2_s, lane) : 0.0;
     for (int q = 0; q < S; ++q) tot2 += __shfl_sync(0xFFFFFFFFu, part, q);
   }
-  cl.barrier_arrive();  // this block's remote reads are done (its own shared memory must outlive the others' reads)
+  cl.barrier_arrive();  // (C): this block's remote reads are done (its own shared memory must outlive the others' reads)
   const float inv = rms_inv(tot2, D, a.norm_eps);
-  for (int q = tid; q < nq; q += kHcThreads) {
+  for (int q = tid - first; q < nq; q += kHcThreads - first) {
     const int64_t d = d0 + int64_t(q) * W;
-    float xv[W], gv[W];
-    hc_load<VEC>(crow + d, xv);
+    float gv[W];
     hc_load<VEC>(a.norm_w + d, gv);
 #pragma unroll
     for (int w = 0; w < W; ++w) {
-      const float r = rms_scaled(xv[w], inv, gv[w]);
-      a.collapsed[int64_t(t) * D + d + w] = r;
-      if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(r);
+      const float v = rms_scaled(cs[q * W + w], inv, gv[w]);
+      a.collapsed[int64_t(t) * D + d + w] = v;
+      if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(v);
     }
   }
-  cl.barrier_wait();
+  cl.barrier_wait();  // (C)
 }
 
 // hc_post, one thread per (token, W consecutive d) writing all H streams (hc_post_cols).
@@ -351,17 +393,26 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // Blocks per token: 16 where the GPU co-schedules a cluster of 16 (a non-portable size), else the portable 8.
 // Fixed per kernel for the process, so every launch splits the sums the same way.
+// The slices of the streams and of the collapsed row: at most 40 KiB, so that with the static shared memory a block
+// stays under the 48 KiB that needs no opt-in (the cluster-size query at 48 KiB found no cluster of 16 and fell
+// back to 8 blocks per token).
+constexpr size_t kHcMaxSmem = 40 * 1024;
 template <class Kern>
 int hc_cluster_size(Kern kern) {
-  return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, 0);
+  return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, kHcMaxSmem);
 }
 
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   auto kern = hc_pre_kernel<H, VEC>;
   static const int S = hc_cluster_size(kern);
+  constexpr int W = VEC ? 4 : 1;
+  const int64_t per = ((a.D + S - 1) / S + W - 1) / W * W;  // the kernel's slice width
+  const size_t smem = size_t(H + 1) * size_t(per) * sizeof(float);
+  if (smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(S), unsigned(a.n), 1), cfg.blockDim = dim3(kHcThreads, 1, 1), cfg.stream = stream_of(s);
+  cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = unsigned(S), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;

@@ -37,10 +37,11 @@ struct LinearSegs {
   struct Seg {
     DMat w;
     float* y = nullptr;
-    int64_t block0 = 0;  // set by fwd_linear_one_multi
+    int64_t r0 = 0, nr = 0;  // rows [r0, r0 + nr) of w (add: all of them)
+    int64_t block0 = 0;      // the first pair of rows of this segment (set by the launch)
   } seg[kMax];
   int count = 0;
-  void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, ++count; }
+  void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, seg[count].r0 = 0, seg[count].nr = w.rows, ++count; }
 };
 bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns
 void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s);

@@ -1,5 +1,10 @@
 // Dense forward ops on the GPU: embedding, linear (any checkpoint layout, dequantized on the fly), RMSNorm, RoPE,
 // elementwise helpers. GPU twins of src/model/ops.cpp (fp64 accumulation like the reference).
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "cuda/fwd_common.cuh"
 
 namespace plumb::cuda::detail {
@@ -27,26 +32,30 @@ __device__ __forceinline__ int elems_per_16(const DMat& m) {
   return m.layout == 2 ? 32 : m.layout == 1 ? 16 : m.dtype == 0 ? 4 : 8;
 }
 
-template <int NT>
-__device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, const uint4& v, const float* x, int n, int64_t ldx,
+// XT: the activations' type (float, or double where the one-token kernel staged them converted: the same value, one
+// float-to-double conversion per product instead of two). DT >= 0: plain rows (layout 0) of that dtype, known at
+// compile time (no per-element dispatch); -1: read from w.
+template <int NT, class XT = float, int DT = -1>
+__device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, const uint4& v, const XT* x, int n, int64_t ldx,
                                       double (&acc)[NT]) {
   const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
+  const int layout = DT >= 0 ? 0 : w.layout, dtype = DT >= 0 ? DT : w.dtype;
   auto use = [&](int k, float wv) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
       if (t < n) acc[t] += double(x[t * ldx + c0 + k]) * double(wv);
   };
-  if (w.layout == 0) {
-    if (w.dtype == 0) {
+  if (layout == 0) {
+    if (dtype == 0) {
       const float* f = reinterpret_cast<const float*>(b);
 #pragma unroll
       for (int k = 0; k < 4; ++k) use(k, f[k]);
     } else {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(b);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) use(k, w.dtype == 1 ? __uint_as_float(uint32_t(h[k]) << 16) : __half2float(__ushort_as_half(h[k])));
+      for (int k = 0; k < 8; ++k) use(k, dtype == 1 ? __uint_as_float(uint32_t(h[k]) << 16) : __half2float(__ushort_as_half(h[k])));
     }
-  } else if (w.layout == 1) {
+  } else if (layout == 1) {
     const int64_t si = (r >> 7) * w.s_cols + (c0 >> 7);
     const float sc = w.s_f32 ? static_cast<const float*>(w.s)[si] : fwd_e8m0(static_cast<const uint8_t*>(w.s)[si]);
 #pragma unroll
@@ -60,8 +69,8 @@ __device__ __forceinline__ void fma16(const DMat& w, int64_t r, int64_t c0, cons
 
 // kLoads 16-byte loads in flight per lane before their products (a warp per row waited on one load at a time);
 // the accumulation order is unchanged. Chunks [c_begin, c_end) of the row (16 bytes each), lane-strided.
-template <int NT>
-__device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_begin, int64_t c_end, const float* x, int nt,
+template <int NT, class XT = float>
+__device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_begin, int64_t c_end, const XT* x, int nt,
                                           int64_t ldx, double (&acc)[NT]) {
   constexpr int kLoads = 4;
   const int lane = threadIdx.x & 31, per = elems_per_16(w);
@@ -73,7 +82,7 @@ __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_
       if (c0 + u * 32 < c_end) v[u] = ldg_stream<0>(base + (c0 + u * 32) * 16);
 #pragma unroll
     for (int u = 0; u < kLoads; ++u)
-      if (c0 + u * 32 < c_end) fma16<NT>(w, row, (c0 + u * 32) * per, v[u], x, nt, ldx, acc);
+      if (c0 + u * 32 < c_end) fma16<NT, XT>(w, row, (c0 + u * 32) * per, v[u], x, nt, ldx, acc);
   }
 }
 
@@ -104,55 +113,176 @@ __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_
   }
 }
 
-// One token (decode): the input row staged in shared memory (every warp reads all of it), each row split over
-// kOneSplit warps (a quarter of K each: one round of loads in flight instead of four), their partial sums added in
-// split order. kRowsPerBlock / kOneSplit rows per block.
-constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
-__device__ __forceinline__ void stage_row(const float* x, int64_t cols, float* xs) {
+// One token (decode). A persistent grid (blocks per SM from the occupancy, at most the work): each block stages the
+// input row once, as doubles (exact: each product then converts only its weight, where the session-7 kernel
+// converted both and staged the row again for every pair of rows), then takes pairs of rows (kOneRows) in turn,
+// pair p = blockIdx.x + i * gridDim.x over the segments' rows in order. Each row is split over kOneSplit warps (a
+// quarter of K each), each warp's lanes take 16-byte chunks lane-strided in rounds of kOneLoads, the next round's
+// loads (of this row or of the next pair's) issued before this round's products; the splits' sums are added in
+// split order: every row summed in the session-7 kernel's order. DT: the weights' dtype (0 f32, 1 bf16,
+// 2 f16) when every segment has plain rows of it (the pair-major staged row, no per-element dispatch); -1 (mixed
+// dtypes or layouts, or an input row not 16-byte aligned): element order, the format read from w.
+constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit, kOneLoads = 4;
+constexpr int64_t kOneMaxCols = 12288;  // the staged row: 96 KiB of doubles
+// The staged row, as doubles. Element order for the generic kernel (DT < 0); for a plain dtype (per elements per
+// 16-byte chunk, C = cols / per chunks) pair-major: the pair of elements (c * per + 2j, c * per + 2j + 1) of chunk c
+// at xs2[j * C + c], so a warp's lanes (consecutive chunks) read consecutive 16 bytes, free of bank conflicts
+// (element order put lanes 32 or 64 bytes apart: the 7-way conflict ncu reported). Staged a chunk per thread and
+// step (PER / 4 16-byte loads, PER / 2 16-byte stores, each store of a warp to consecutive addresses: writing
+// pair by pair in element order was a 12.5-way conflict that took about half the kernel's time), 32-bit indices:
+// the row has at most kOneMaxCols elements.
+__device__ __forceinline__ void stage_row(const float* x, int cols, double* xs) {
   constexpr int kU = 8;
-  const int64_t step = blockDim.x;
-  for (int64_t b = threadIdx.x; b < cols; b += kU * step) {
+  const int step = blockDim.x;
+  for (int b = threadIdx.x; b < cols; b += kU * step) {
     float v[kU];
     load_strided(x, b, step, cols, v);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      if (b + u * step < cols) xs[b + u * step] = v[u];
+      if (b + u * step < cols) xs[b + u * step] = double(v[u]);
   }
   __syncthreads();
 }
-// Rows [block * kOneRows, +kOneRows) of w (from row r0 on, nr rows) times the staged xs.
-__device__ __forceinline__ void linear_one_rows(const DMat& w, const float* xs, int64_t r0, int64_t nr, int64_t block, float* y) {
-  __shared__ double part[kRowsPerBlock];
-  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit;
-  const int64_t r = block * kOneRows + wid / kOneSplit;
-  const int64_t chunks = dmat_row_bytes(w) / 16, per_split = (chunks + kOneSplit - 1) / kOneSplit;
-  double acc[1] = {};
-  if (r < nr)
-    row_dot16<1>(w, r0 + r, min(chunks, split * per_split), min(chunks, (split + 1) * per_split), xs, 1, 0, acc);
-  const double v = warp_sum(acc[0]);
-  if (lane == 0) part[wid] = v;
+template <int PER>
+__device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double2* xs2) {
+  constexpr int kU = 2, kQ = PER / 4;  // chunks per thread and step; 16-byte loads per chunk
+  const int step = blockDim.x, C = cols / PER;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int b = threadIdx.x; b < C; b += kU * step) {
+    float4 v[kU][kQ];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) v[u][q] = x4[min(b + u * step, C - 1) * kQ + q];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = b + u * step;
+      if (c >= C) continue;
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        xs2[(2 * q) * C + c] = make_double2(double(v[u][q].x), double(v[u][q].y));
+        xs2[(2 * q + 1) * C + c] = make_double2(double(v[u][q].z), double(v[u][q].w));
+      }
+    }
+  }
   __syncthreads();
-  if (split == 0 && lane == 0 && r < nr) {
-    double o = part[wid];
-    for (int i = 1; i < kOneSplit; ++i) o += part[wid + i];
-    y[r] = float(o);
+}
+// The products of chunk c (16 bytes of a plain DT row: 4 f32, 8 bf16 or 8 f16) with the pair-major staged row, in
+// element order, the activation already a double (the weight converted exactly).
+template <int DT>
+__device__ __forceinline__ void one_chunk(const uint4& v, const double2* xs2, int C, int c, double& acc) {
+  const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < (DT == 0 ? 2 : 4); ++j) {
+    const double2 xv = xs2[j * C + c];
+    float lo, hi;
+    if constexpr (DT == 0) {
+      lo = __uint_as_float(q[2 * j]), hi = __uint_as_float(q[2 * j + 1]);
+    } else if constexpr (DT == 1) {
+      lo = __uint_as_float(q[j] << 16), hi = __uint_as_float(q[j] & 0xFFFF0000u);
+    } else {
+      lo = __half2float(__ushort_as_half(uint16_t(q[j] & 0xFFFFu))), hi = __half2float(__ushort_as_half(uint16_t(q[j] >> 16)));
+    }
+    acc += xv.x * double(lo);
+    acc += xv.y * double(hi);
   }
 }
-__global__ void linear16_one_kernel(DMat w, const float* x, int64_t r0, int64_t nr, float* y) {
-  pdl_begin();
-  extern __shared__ float xs[];
-  stage_row(x, w.cols, xs);
-  linear_one_rows(w, xs, r0, nr, blockIdx.x, y);
+// Pair p's row for the warps of `slot`: where its 16-byte chunks start and where its output goes (null past its
+// segment's rows). The segments are scanned with constant indices (their fields stay in the uniform datapath).
+struct OneRow {
+  const uint4* w = nullptr;
+  float* y = nullptr;
+};
+__device__ __forceinline__ OneRow one_row(const LinearSegs& g, int64_t p, int slot) {
+  OneRow o;
+#pragma unroll
+  for (int k = 0; k < LinearSegs::kMax; ++k) {
+    if (k < g.count && p >= g.seg[k].block0) {
+      const int64_t r = (p - g.seg[k].block0) * kOneRows + slot;
+      const bool in = r < g.seg[k].nr;
+      o.w = in ? reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(g.seg[k].w.w) + (g.seg[k].r0 + r) * dmat_row_bytes(g.seg[k].w)) : nullptr;
+      o.y = in ? g.seg[k].y + r : nullptr;
+    }
+  }
+  return o;
 }
-// Several matrices over the same input row in one launch: block b serves the segment whose block range holds it,
-// each row computed exactly as linear16_one_kernel computes it.
-__global__ void linear16_one_multi_kernel(LinearSegs g, const float* x) {
+// Adds this warp's sum for its row to the block's partials and, in the row's first split, writes the row: the splits
+// in order. One barrier per pair; part[it & 1] is written again two pairs later, after the next barrier.
+__device__ __forceinline__ void one_finish(double acc, double (&part)[2][kRowsPerBlock], int64_t it, float* y) {
+  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const double sum = warp_sum(acc);
+  if (lane == 0) part[it & 1][wid] = sum;
+  __syncthreads();
+  if (wid % kOneSplit == 0 && lane == 0 && y) {
+    double o = part[it & 1][wid];
+    for (int k = 1; k < kOneSplit; ++k) o += part[it & 1][wid + k];
+    *y = float(o);
+  }
+}
+template <int DT>
+__global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(LinearSegs g, const float* x, int64_t pairs) {
   pdl_begin();
-  extern __shared__ float xs[];
-  stage_row(x, g.seg[0].w.cols, xs);
-  int i = 0;
-  while (i + 1 < g.count && int64_t(blockIdx.x) >= g.seg[i + 1].block0) ++i;
-  linear_one_rows(g.seg[i].w, xs, 0, g.seg[i].w.rows, int64_t(blockIdx.x) - g.seg[i].block0, g.seg[i].y);
+  extern __shared__ double xs[];
+  __shared__ double part[2][kRowsPerBlock];
+  const int cols = int(g.seg[0].w.cols);
+  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit, slot = wid / kOneSplit;
+  const int64_t iters = pairs > blockIdx.x ? (pairs - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  if constexpr (DT < 0) {
+    stage_row(x, cols, xs);
+    for (int64_t it = 0; it < iters; ++it) {
+      const int64_t p = blockIdx.x + it * gridDim.x;
+      int i = 0;
+      while (i + 1 < g.count && p >= g.seg[i + 1].block0) ++i;
+      const int64_t r = (p - g.seg[i].block0) * kOneRows + slot;
+      const DMat& w = g.seg[i].w;
+      const int64_t ck = dmat_row_bytes(w) / 16, ps = (ck + kOneSplit - 1) / kOneSplit;  // this segment's row size
+      double acc[1] = {};
+      if (r < g.seg[i].nr) row_dot16<1, double>(w, g.seg[i].r0 + r, min(ck, split * ps), min(ck, (split + 1) * ps), xs, 1, 0, acc);
+      one_finish(acc[0], part, it, r < g.seg[i].nr ? g.seg[i].y + r : nullptr);
+    }
+  } else {
+    constexpr int per = DT == 0 ? 4 : 8;  // elements per chunk
+    const double2* xs2 = reinterpret_cast<const double2*>(xs);
+    stage_row_pairs<per>(x, cols, reinterpret_cast<double2*>(xs));
+    // This warp's chunks of every row (every segment has this row size: same columns and dtype), in rounds of
+    // kOneLoads per lane; the next round (of this row, or round 0 of the next pair's) is loaded before this one's
+    // products.
+    const int chunks = cols / per, per_split = (chunks + kOneSplit - 1) / kOneSplit;
+    const int cb = min(chunks, split * per_split), ce = min(chunks, (split + 1) * per_split);
+    constexpr int kRound = kOneLoads * 32;
+    const int rounds = (ce - cb + kRound - 1) / kRound;
+    auto load = [&](const OneRow& row, int j, uint4(&v)[kOneLoads]) {
+      if (!row.w) return;
+#pragma unroll
+      for (int u = 0; u < kOneLoads; ++u) {
+        const int c = cb + lane + j * kRound + u * 32;
+        if (c < ce) v[u] = ldg_stream<0>(row.w + c);
+      }
+    };
+    uint4 v[kOneLoads];
+    OneRow row = iters > 0 ? one_row(g, blockIdx.x, slot) : OneRow{};
+    load(row, 0, v);
+    for (int64_t it = 0; it < iters; ++it) {
+      const OneRow next = it + 1 < iters ? one_row(g, blockIdx.x + (it + 1) * gridDim.x, slot) : OneRow{};
+      double acc = 0;
+      for (int j = 0; j < rounds; ++j) {
+        uint4 nv[kOneLoads];
+        if (j + 1 < rounds) load(row, j + 1, nv);
+        else load(next, 0, nv);
+        if (row.w) {
+#pragma unroll
+          for (int u = 0; u < kOneLoads; ++u) {
+            const int c = cb + lane + j * kRound + u * 32;
+            if (c < ce) one_chunk<DT>(v[u], xs2, chunks, c, acc);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kOneLoads; ++u) v[u] = nv[u];
+      }
+      one_finish(acc, part, it, row.y);
+      row = next;
+    }
+  }
 }
 
 __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,
@@ -236,35 +366,70 @@ void fwd_embed(const DMat& e, const int32_t* tokens, int n, int H, float* X, Str
   launch("fwd_embed", embed_kernel, n, 256, 0, s, e, tokens, n, H, X);
 }
 
+namespace {
+// The one-token launch (linear16_one_kernel) for the segments of g, their pair ranges (block0) set here: the
+// dtype-specialized kernel where every segment has plain rows of one dtype, a grid of at most the blocks that fit
+// at once (queried once per kernel and row length).
+void launch_linear_one(LinearSegs g, const float* x, Stream s) {
+  int64_t pairs = 0;
+  bool same = true;
+  for (int i = 0; i < g.count; ++i) {
+    g.seg[i].block0 = pairs;
+    pairs += (g.seg[i].nr + kOneRows - 1) / kOneRows;
+    same = same && g.seg[i].w.layout == 0 && g.seg[i].w.dtype == g.seg[0].w.dtype;
+  }
+  same = same && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // (the pair-major staging loads x four floats at a time)
+  if (pairs <= 0) return;
+  using Kern = void (*)(LinearSegs, const float*, int64_t);
+  const int dt = same ? g.seg[0].w.dtype : -1;
+  const Kern kern = dt == 0 ? linear16_one_kernel<0> : dt == 1 ? linear16_one_kernel<1> : dt == 2 ? linear16_one_kernel<2>
+                                                                                               : linear16_one_kernel<-1>;
+  const size_t smem = size_t(g.seg[0].w.cols) * sizeof(double);
+  static std::mutex mu;
+  static std::map<std::pair<Kern, size_t>, int> per_sm;  // blocks per SM by kernel and staged row size
+  int per = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    int& slot = per_sm[{kern, smem}];
+    if (slot == 0) {
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOneMaxCols * sizeof(double))));
+      PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&slot, kern, 32 * kRowsPerBlock, smem));
+      slot = std::max(slot, 1);
+    }
+    per = slot;
+  }
+  const int64_t blocks = std::min<int64_t>(pairs, int64_t(per) * sm_count());
+  launch("fwd_linear (one token)", kern, unsigned(blocks), 32 * kRowsPerBlock, smem, s, g, x, pairs);
+}
+}  // namespace
+
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
   if (n <= 0 || nr <= 0) return;
   const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
-  if (n == 1 && fwd_linear_one_fits(w))  // y[r]: with one token ldy does not matter
-    launch("fwd_linear (one token)", linear16_one_kernel, unsigned((nr + kOneRows - 1) / kOneRows), 32 * kRowsPerBlock,
-           size_t(w.cols) * 4, s, w, x, r0, nr, y);
-  else if (vec)
+  if (n == 1 && fwd_linear_one_fits(w)) {  // y[r]: with one token ldy does not matter
+    LinearSegs g;
+    g.add(w, y);
+    g.seg[0].r0 = r0, g.seg[0].nr = nr;
+    launch_linear_one(g, x, s);
+  } else if (vec) {
     launch("fwd_linear", linear_kernel<true>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
-  else
+  } else {
     launch("fwd_linear", linear_kernel<false>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
+  }
 }
 
 bool fwd_linear_one_fits(const DMat& w) {
-  return dmat_row_bytes(w) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && w.cols <= 12288;
+  return dmat_row_bytes(w) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && w.cols <= kOneMaxCols;
 }
 
 void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s) {
   if (g.count < 1 || g.count > LinearSegs::kMax) throw_arg("fwd_linear_one_multi: 1 to 6 matrices");
-  int64_t blocks = 0;
-  for (int i = 0; i < g.count; ++i) {
+  for (int i = 0; i < g.count; ++i)
     if (!fwd_linear_one_fits(g.seg[i].w) || g.seg[i].w.cols != g.seg[0].w.cols)
       throw_arg("fwd_linear_one_multi: the matrices must share their column count and fit the one-token kernel");
-    g.seg[i].block0 = blocks;
-    blocks += (g.seg[i].w.rows + kOneRows - 1) / kOneRows;
-  }
-  launch("fwd_linear_one_multi", linear16_one_multi_kernel, unsigned(blocks), 32 * kRowsPerBlock, size_t(g.seg[0].w.cols) * 4,
-         s, g, x);
+  launch_linear_one(g, x, s);
 }
 
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,

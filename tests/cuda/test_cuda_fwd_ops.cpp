@@ -226,4 +226,83 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
 }
 
+// The one-token GEMV (fwd_linear with one token; its persistent grid, the pair-major staged row, the rounds and
+// their prefetch) against the host: fp64 sums of the exact products, rounded to float. The sums' orders differ,
+// so a row may differ by one ulp where its sum lies next to a rounding boundary; nearly every row must match
+// exactly. Shapes: fewer pairs of rows than blocks, several pairs per block (3001 rows), three and six rounds per
+// lane (12288 columns) with a row offset and an odd row count. Then several bf16 matrices in one launch
+// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix.
+TEST_F(GpuTest, OneTokenLinearMatchesHost) {
+  Rng rng(97);
+  struct Case {
+    int dtype;
+    int64_t rows, cols, r0, nr;
+  };
+  const Case cases[] = {{1, 5, 256, 0, 5},     {0, 5, 256, 0, 5},     {2, 5, 256, 0, 5},       {1, 3001, 4096, 0, 3001},
+                        {1, 37, 12288, 3, 30}, {0, 37, 12288, 3, 31}, {2, 37, 12288, 3, 31}};
+  auto weights = [&](const Case& c, std::vector<float>* vals) {  // device weights; vals: their exact values
+    const size_t n = size_t(c.rows * c.cols);
+    vals->resize(n);
+    if (c.dtype == 0) {
+      *vals = rng.floats(n, -1.0f, 1.0f);
+      return to_device(*vals);
+    }
+    std::vector<uint16_t> h(n);
+    for (size_t j = 0; j < n; ++j) {
+      if (c.dtype == 1) {
+        h[j] = plumb::fmt8::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+        (*vals)[j] = plumb::fmt8::bf16_to_f32(h[j]);
+      } else {  // f16: sign, exponent 10..17, any mantissa
+        h[j] = uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 17) << 10) | rng.integer(0, 1023));
+        (*vals)[j] = plumb::fmt8::f16_to_f32(h[j]);
+      }
+    }
+    return to_device(h);
+  };
+  for (const Case& c : cases) {
+    std::vector<float> wv;
+    DeviceBuffer w = weights(c, &wv);
+    const auto xv = rng.floats(size_t(c.cols), -2.0f, 2.0f);
+    DeviceBuffer x = to_device(xv), y(size_t(c.nr) * 4);
+    d::DMat m;
+    m.w = w.get(), m.rows = c.rows, m.cols = c.cols, m.layout = 0, m.dtype = c.dtype;
+    ASSERT_TRUE(d::fwd_linear_one_fits(m));
+    d::fwd_linear(m, x.as<float>(), 1, c.cols, c.r0, c.nr, y.as<float>(), c.nr, nullptr);
+    const auto got = to_host<float>(y, size_t(c.nr));
+    int64_t exact = 0;
+    for (int64_t r = 0; r < c.nr; ++r) {
+      double s = 0;
+      for (int64_t k = 0; k < c.cols; ++k) s += double(wv[size_t((c.r0 + r) * c.cols + k)]) * double(xv[size_t(k)]);
+      const float want = float(s);
+      exact += got[size_t(r)] == want;
+      ASSERT_LE(std::fabs(double(got[size_t(r)]) - double(want)), double(std::nextafter(std::fabs(want), INFINITY) - std::fabs(want)))
+          << "dtype " << c.dtype << " [" << c.rows << ", " << c.cols << "] r0 " << c.r0 << ": row " << r << " got " << got[size_t(r)]
+          << " want " << want;
+    }
+    EXPECT_GE(double(exact), 0.99 * double(c.nr)) << "dtype " << c.dtype << " [" << c.rows << ", " << c.cols << "]: " << exact
+                                                  << " of " << c.nr << " rows exact";
+  }
+
+  const int64_t K = 1024, rows[3] = {40, 1000, 7};
+  std::vector<DeviceBuffer> w(3), ya(3), yb(3);
+  d::LinearSegs g;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> vals;
+    w[size_t(i)] = weights(Case{1, rows[i], K, 0, rows[i]}, &vals);
+    ya[size_t(i)] = DeviceBuffer(size_t(rows[i]) * 4), yb[size_t(i)] = DeviceBuffer(size_t(rows[i]) * 4);
+    d::DMat m;
+    m.w = w[size_t(i)].get(), m.rows = rows[i], m.cols = K, m.layout = 0, m.dtype = 1;
+    g.add(m, ya[size_t(i)].as<float>());
+  }
+  DeviceBuffer x = to_device(rng.floats(size_t(K), -2.0f, 2.0f));
+  d::fwd_linear_one_multi(g, x.as<float>(), nullptr);
+  for (int i = 0; i < 3; ++i) {
+    d::fwd_linear(g.seg[i].w, x.as<float>(), 1, K, 0, rows[i], yb[size_t(i)].as<float>(), rows[i], nullptr);
+    const auto a = to_host<float>(ya[size_t(i)], size_t(rows[i])), b = to_host<float>(yb[size_t(i)], size_t(rows[i]));
+    for (int64_t r = 0; r < rows[i]; ++r)
+      ASSERT_EQ(std::memcmp(&a[size_t(r)], &b[size_t(r)], 4), 0) << "bf16 segment " << i << " row " << r << ": one launch "
+                                                                   << a[size_t(r)] << ", per matrix " << b[size_t(r)];
+  }
+}
+
 }  // namespace
