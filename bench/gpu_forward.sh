@@ -7,7 +7,7 @@
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# NCU_SKIP, NCU_SOURCE (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
+# NCU_SKIP, NCU_SOURCE, LAYER_AB, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -75,6 +75,19 @@ timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/k
   --chunk "${KLD_CHUNK:-0}" --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
 note "kld rc=$?"
 fi
+fi
+
+if [ -n "${LAYER_AB:-}" ]; then  # two builds on the same machine (machines differ by a few %): $C/plumb and $C/$LAYER_AB
+  # (another build's binary carried beside it, e.g. plumb-old.xz), alternately, AB_ROUNDS times each, FAST patches
+  note "layer A/B: plumb vs $LAYER_AB"
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for b in plumb "$LAYER_AB"; do
+      echo "### $b, round $r" >>"$OUT/layers-ab.txt"
+      timeout 150 "$C/$b" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --batches "${LAYER_BATCHES:-1}" \
+        --prefill 0 2>&1 | grep -E '^\| [0-9]|per-op' >>"$OUT/layers-ab.txt"
+    done
+  done
+  note "layer A/B done"
 fi
 
 if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack: fast kernels, then the fp32 twin at batch 1
