@@ -157,120 +157,140 @@ __device__ __forceinline__ double hc_part_sum(double v, double* sh, int w0, int 
 // 2 blocks per SM: a cluster of 16 fits in 8 SMs. (Session 8 measured a variant with one block per SM, all
 // registers, and each thread's first fn values loaded into registers at the start: the GPU then schedules no
 // cluster of 16, and with 8 blocks per token it took 18.7 us against 16.5.)
-template <int H, bool VEC>
+template <int H, bool VEC, int V>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
   constexpr int W = VEC ? 4 : 1;   // elements per item
   constexpr int kWarps = kHcThreads / 32;
   __shared__ double red_s[kWarps][NM];
   __shared__ double sh[32];
-  __shared__ double ss_s, mixp_s[NM];
+  __shared__ double ss_s[V], mixp_s[V][NM], ss2_s[V];
   __shared__ float mix_s[NM];
-  // This block's slice of the H streams, item-major (item it at xs[it * W]: stream it / nq, quad it % nq), and of
-  // the collapsed row (cs[q * W]): written once, then read from shared memory by every phase.
+  // This block's V slices of the H streams, item-major (slice v's item it at xs + v * H * per + it * W: stream
+  // it / nq, quad it % nq), and of the collapsed row (cs + v * per + q * W): written once, then read from shared
+  // memory by every phase.
   extern __shared__ float hc_smem[];
 
   namespace cg = cooperative_groups;
   const cg::cluster_group cl = cg::this_cluster();
-  const int S = int(cl.num_blocks()), s = int(cl.block_rank());
+  // Sv virtual blocks of the split, V per block: virtual block s * V + v is this block's slice v (rank order).
+  const int S = int(cl.num_blocks()) * V, s0 = int(cl.block_rank()) * V;
   const int t = int(blockIdx.y), tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int nm = a.head ? H : NM, mode = a.mix_mode;
   const int64_t D = a.D, hd = int64_t(H) * D;
   const int64_t per = ((D + S - 1) / S + W - 1) / W * W;
-  const int64_t d0 = min(D, int64_t(s) * per), d1 = min(D, d0 + per);
-  const int nq = int((d1 - d0) / W), items = H * nq;
-  float* xs = hc_smem;
-  float* cs = hc_smem + H * per;
+  int64_t d0[V];
+  int nq[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    d0[v] = min(D, int64_t(s0 + v) * per);
+    nq[v] = int((min(D, d0[v] + per) - d0[v]) / W);
+  }
   const float* xt = a.X + int64_t(t) * hd;
-  auto off = [&](int it) { return int64_t(it / nq) * D + d0 + int64_t(it % nq) * W; };  // item -> offset in [0, hd)
+  auto xs = [&](int v) { return hc_smem + v * H * per; };
+  auto cs = [&](int v) { return hc_smem + V * H * per + v * per; };
+  // slice v's item -> offset in [0, hd)
+  auto off = [&](int v, int it) { return int64_t(it / nq[v]) * D + d0[v] + int64_t(it % nq[v]) * W; };
 
-  // This block's fn rows on their way to L2: its H * nm contiguous rows of nq * W floats, a 128-byte line per
-  // thread and step (per-lane addresses: the bulk prefetch takes a uniform operand, which the compiler served
-  // lane by lane, a 32-step loop on the critical path).
-  {
-    const int lines = int((int64_t(nq) * W * 4 + 127) / 128), n = H * nm * lines;
+  // The fn rows of this block's slices on their way to L2: H * nm contiguous rows of nq * W floats each, a 128-byte
+  // line per thread and step (per-lane addresses: the bulk prefetch takes a uniform operand, which the compiler
+  // served lane by lane, a 32-step loop on the critical path).
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int lines = int((int64_t(nq[v]) * W * 4 + 127) / 128), n = H * nm * lines;
     for (int i = tid; i < n; i += kHcThreads) {
       const int row = i / lines, l = i - row * lines;
-      const float* p = a.fn + int64_t(row / H) * hd + int64_t(row % H) * D + d0 + int64_t(l) * 32;
+      const float* p = a.fn + int64_t(row / H) * hd + int64_t(row % H) * D + d0[v] + int64_t(l) * 32;
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     }
   }
 
-  // 0. This block's slice of the streams into shared memory: the fused hc_post of the previous sublayer (a.y; also
+  // 0. This block's slices of the streams into shared memory: the fused hc_post of the previous sublayer (a.y; also
   // written to a.X_out = a.X, the new residual streams), or a.X.
-  if (a.y) {
-    for (int q = tid; q < nq; q += kHcThreads)
-      hc_post_cols<VEC>(a.y, a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16, a.X_out,
-                        xs + q * W, nq * W);
-  } else {
-    for (int it = tid; it < items; it += kHcThreads) {
-      float v[W];
-      hc_load<VEC>(xt + off(it), v);
 #pragma unroll
-      for (int w = 0; w < W; ++w) xs[it * W + w] = v[w];
+  for (int v = 0; v < V; ++v) {
+    if (a.y) {
+      for (int q = tid; q < nq[v]; q += kHcThreads)
+        hc_post_cols<VEC>(a.y, a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0[v] + int64_t(q) * W, a.untransposed, a.act_bf16,
+                          a.X_out, xs(v) + q * W, nq[v] * W);
+    } else {
+      for (int it = tid; it < H * nq[v]; it += kHcThreads) {
+        float x4[W];
+        hc_load<VEC>(xt + off(v, it), x4);
+#pragma unroll
+        for (int w = 0; w < W; ++w) xs(v)[it * W + w] = x4[w];
+      }
     }
   }
   __syncthreads();
 
-  // 1. The sum of squares of this block's slice, then of the cluster's (every warp of every block sums the S
-  // partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere).
-  double ss = 0;
-  for (int it = tid; it < items; it += kHcThreads) {
+  // 1. The sum of squares of each slice, then of the split's (every warp of every block sums the Sv partials in
+  // rank order, so r = rsqrt(mean + eps) has the same bits everywhere).
 #pragma unroll
-    for (int w = 0; w < W; ++w) ss += double(xs[it * W + w]) * xs[it * W + w];
+  for (int v = 0; v < V; ++v) {
+    double ss = 0;
+    for (int it = tid; it < H * nq[v]; it += kHcThreads) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) ss += double(xs(v)[it * W + w]) * xs(v)[it * W + w];
+    }
+    ss = block_sum(ss, sh);
+    if (tid == 0) ss_s[v] = ss;
   }
-  ss = block_sum(ss, sh);
-  if (tid == 0) ss_s = ss;
   cl.sync();
   double tot = 0;
   {
-    const double part = lane < S ? *cl.map_shared_rank(&ss_s, lane) : 0.0;
+    const double part = lane < S ? *cl.map_shared_rank(&ss_s[lane % V], lane / V) : 0.0;
     for (int q = 0; q < S; ++q) tot += __shfl_sync(0xFFFFFFFFu, part, q);
   }
   const double r = 1.0 / sqrt(tot / double(hd) + a.rms_eps);
 
-  // 2. The partial dots: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix, bf16(x * r) . bf16(fn); 2 official, x . fn.
-  double acc[NM];
+  // 2. Each slice's partial dots: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix, bf16(x * r) . bf16(fn);
+  // 2 official, x . fn.
 #pragma unroll
-  for (int o = 0; o < NM; ++o) acc[o] = 0.0;
-  for (int it = tid; it < items; it += kHcThreads) {
-    const int64_t oi = off(it);
-    double xr[W];
+  for (int v = 0; v < V; ++v) {
+    double acc[NM];
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const float xv = xs[it * W + w];
-      xr[w] = mode == 2 ? double(xv) : mode == 1 ? double(bf16r(float(double(xv) * r))) : double(float(double(xv) * r));
+    for (int o = 0; o < NM; ++o) acc[o] = 0.0;
+    for (int it = tid; it < H * nq[v]; it += kHcThreads) {
+      const int64_t oi = off(v, it);
+      double xr[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float xv = xs(v)[it * W + w];
+        xr[w] = mode == 2 ? double(xv) : mode == 1 ? double(bf16r(float(double(xv) * r))) : double(float(double(xv) * r));
+      }
+#pragma unroll
+      for (int o = 0; o < NM; ++o) {
+        if (o >= nm) break;
+        float f[W];
+        hc_load<VEC>(a.fn + o * hd + oi, f);
+#pragma unroll
+        for (int w = 0; w < W; ++w) acc[o] += xr[w] * (mode == 1 ? double(bf16r(f[w])) : double(f[w]));
+      }
     }
-#pragma unroll
-    for (int o = 0; o < NM; ++o) {
-      if (o >= nm) break;
-      float f[W];
-      hc_load<VEC>(a.fn + o * hd + oi, f);
-#pragma unroll
-      for (int w = 0; w < W; ++w) acc[o] += xr[w] * (mode == 1 ? double(bf16r(f[w])) : double(f[w]));
+    if constexpr (NM <= 32) {
+      hc_warp_reduce<NM, 0, pow2_at_least(NM)>(acc, lane, red_s[warp]);
+    } else {
+      hc_warp_reduce<NM, 0, 32>(acc, lane, red_s[warp]);
+      hc_warp_reduce<NM, 32, pow2_at_least(NM - 32)>(acc, lane, red_s[warp]);
     }
-  }
-  if constexpr (NM <= 32) {
-    hc_warp_reduce<NM, 0, pow2_at_least(NM)>(acc, lane, red_s[warp]);
-  } else {
-    hc_warp_reduce<NM, 0, 32>(acc, lane, red_s[warp]);
-    hc_warp_reduce<NM, 32, pow2_at_least(NM - 32)>(acc, lane, red_s[warp]);
-  }
-  __syncthreads();
-  if (tid < nm) {
-    double m = 0;
+    __syncthreads();
+    if (tid < nm) {
+      double m = 0;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m += red_s[w][tid];
-    mixp_s[tid] = m;
+      for (int w = 0; w < kWarps; ++w) m += red_s[w][tid];
+      mixp_s[v][tid] = m;
+    }
+    if (V > 1) __syncthreads();  // (red_s again for the next slice)
   }
   cl.sync();
 
-  // 3. The mixes from the S partials in rank order; this block's remote reads end at the arrive (A) (it waits
+  // 3. The mixes from the Sv partials in rank order; this block's remote reads end at the arrive (A) (it waits
   // before exiting: its shared memory must outlive the other blocks' reads).
   if (tid < nm) {
     double part[kHcMaxCluster];
 #pragma unroll
-    for (int q = 0; q < kHcMaxCluster; ++q) part[q] = q < S ? *cl.map_shared_rank(&mixp_s[tid], q) : 0.0;
+    for (int q = 0; q < kHcMaxCluster; ++q) part[q] = q < S ? *cl.map_shared_rank(&mixp_s[q % V][tid], q / V) : 0.0;
     double m = 0;
 #pragma unroll
     for (int q = 0; q < kHcMaxCluster; ++q)
@@ -278,21 +298,22 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     float mv = float(m);
     if (mode == 2) mv = __fmul_rn(mv, float(r));  // official: float(x . fn) * float(r)
     mix_s[tid] = mv;
-    if (s == 0 && mix_out) mix_out[int64_t(t) * nm + tid] = double(mv);
+    if (s0 == 0 && mix_out) mix_out[int64_t(t) * nm + tid] = double(mv);
   }
   cl.barrier_arrive();  // (A)
   __syncthreads();
 
-  // Block 0's warp 0 runs the Sinkhorn (the warp, or its lane 0 for H * H > 32 and the tests' serial twin) beside
-  // the other warps' collapse and norm, taking no part in their barriers: block 0's norm sums over warps 1.. (named
-  // barrier 1), and this warp arrives at the norm's cluster barrier (B) before its Sinkhorn, waiting at the end.
-  const bool full = !a.head && s == 0, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
-  if (full && warp == 0) {
+  // Warp 0 of each block takes no part in the collapse and the norm: in block 0 it runs the Sinkhorn (the warp, or
+  // its lane 0 for H * H > 32 and the tests' serial twin) meanwhile. It stays out of their barriers (the norm sums
+  // over warps 1.. with named barrier 1) and arrives at the norm's cluster barrier (B) before its Sinkhorn, waiting
+  // at the end. (So every block splits its columns alike, whichever slices it holds.)
+  const bool full = !a.head && s0 == 0, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
+  if (warp == 0) {
     if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (A), then this warp's arrival at (B)
     if constexpr (H * H <= 32) {
       if (warp_sinkhorn) sinkhorn_warp<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t) * H * H);
     }
-    if (!warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
+    if (full && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
       float pre[H], post[H], C[H * H];
       hc_math::weights_h<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t) * H * H + i] = C[i];
@@ -307,29 +328,30 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, post);
     for (int j = 0; j < H; ++j) a.post[int64_t(t) * H + j] = post[j];
   }
-  // The collapse of this slice, sum_j pre_j * x_j, by the threads from `first` on: to the output, or (with the fused
-  // norm) to cs, where each thread reads back only its own columns.
-  const int first = full ? 32 : 0;
-  if (tid - first < nq) {
-    float pre[H];
-    hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, nullptr);
-    for (int q = tid - first; q < nq; q += kHcThreads - first) {
+  // The collapse of each slice, sum_j pre_j * x_j, by warps 1..: to the output, or (with the fused norm) to cs,
+  // where each thread reads back only its own columns.
+  constexpr int first = 32, kCollapse = kHcThreads - first;
+  float pre[H];
+  hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, nullptr);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    for (int q = tid - first; q < nq[v]; q += kCollapse) {
       float acc2[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) acc2[w] = 0.0f;
 #pragma unroll
       for (int j = 0; j < H; ++j) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs[(j * nq + q) * W + w]));
+        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs(v)[(j * nq[v] + q) * W + w]));
       }
 #pragma unroll
       for (int w = 0; w < W; ++w)
         if (a.act_bf16) acc2[w] = bf16r(acc2[w]);
       if (a.norm_w) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) cs[q * W + w] = acc2[w];
+        for (int w = 0; w < W; ++w) cs(v)[q * W + w] = acc2[w];
       } else {
-        float* dst = a.collapsed + int64_t(t) * D + d0 + int64_t(q) * W;
+        float* dst = a.collapsed + int64_t(t) * D + d0[v] + int64_t(q) * W;
         if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
         else dst[0] = acc2[0];
       }
@@ -342,40 +364,45 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
 
   // 4. Fused RMSNorm of the collapsed row (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
   // the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv, rms_scaled) with the
-  // sum in this split's order (per thread, its warp, the warps in order, the blocks in rank order): the products are
+  // sum in this split's order (per thread, its warp, the warps in order, the slices in rank order): the products are
   // exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by one
   // ulp with probability ~1e-8 per row.
-  __shared__ double ss2_s;
-  double ss2 = 0;
-  for (int q = tid - first; q < nq; q += kHcThreads - first) {
 #pragma unroll
-    for (int w = 0; w < W; ++w) ss2 += double(cs[q * W + w]) * cs[q * W + w];
+  for (int v = 0; v < V; ++v) {
+    double ss2 = 0;
+    for (int q = tid - first; q < nq[v]; q += kCollapse) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) ss2 += double(cs(v)[q * W + w]) * cs(v)[q * W + w];
+    }
+    ss2 = hc_part_sum(ss2, sh, first / 32, kWarps);
+    if (tid == first) ss2_s[v] = ss2;
+    if (V > 1) asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory");  // (sh again for the next slice)
   }
-  ss2 = hc_part_sum(ss2, sh, first / 32, kWarps);
-  if (tid == first) ss2_s = ss2;
   cl.barrier_wait();  // (A)
-  cl.sync();          // (B): every block's partial in place
+  cl.sync();          // (B): every block's partials in place
   double tot2 = 0;
   {
-    const double part = lane < S ? *cl.map_shared_rank(&ss2_s, lane) : 0.0;
+    const double part = lane < S ? *cl.map_shared_rank(&ss2_s[lane % V], lane / V) : 0.0;
     for (int q = 0; q < S; ++q) tot2 += __shfl_sync(0xFFFFFFFFu, part, q);
   }
   cl.barrier_arrive();  // (C): this block's remote reads are done (its own shared memory must outlive the others' reads)
   const float inv = rms_inv(tot2, D, a.norm_eps);
-  for (int q = tid - first; q < nq; q += kHcThreads - first) {
-    const int64_t d = d0 + int64_t(q) * W;
-    float gv[W];
-    hc_load<VEC>(a.norm_w + d, gv);
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const float v = rms_scaled(cs[q * W + w], inv, gv[w]);
-      a.collapsed[int64_t(t) * D + d + w] = v;
-      if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(v);
+  for (int v = 0; v < V; ++v) {
+    for (int q = tid - first; q < nq[v]; q += kCollapse) {
+      const int64_t d = d0[v] + int64_t(q) * W;
+      float gv[W];
+      hc_load<VEC>(a.norm_w + d, gv);
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float y = rms_scaled(cs(v)[q * W + w], inv, gv[w]);
+        a.collapsed[int64_t(t) * D + d + w] = y;
+        if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(y);
+      }
     }
   }
   cl.barrier_wait();  // (C)
 }
-
 // hc_post, one thread per (token, W consecutive d) writing all H streams (hc_post_cols).
 constexpr int kPostThreads = 128;
 
@@ -402,22 +429,28 @@ int hc_cluster_size(Kern kern) {
   return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, kHcMaxSmem);
 }
 
+// Tokens by clusters of Sv blocks (16 where the GPU schedules them, else 8), each block one slice of D; with more
+// than 4 waves of them at 2 blocks per SM, clusters of Sv / 2 blocks holding two slices each: the same arithmetic
+// in the same order (the Sv-way split), so a token's bits do not depend on the batch, and twice the tokens in
+// flight. Per 2-layer step (H200, session 8): 128 tokens 418 us against 520 with one slice per block; 32 tokens
+// (2 waves) 180 against 166, hence the threshold.
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
-  auto kern = hc_pre_kernel<H, VEC>;
-  static const int S = hc_cluster_size(kern);
+  static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
   constexpr int W = VEC ? 4 : 1;
-  const int64_t per = ((a.D + S - 1) / S + W - 1) / W * W;  // the kernel's slice width
-  const size_t smem = size_t(H + 1) * size_t(per) * sizeof(float);
-  if (smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
+  const int64_t per = ((a.D + Sv - 1) / Sv + W - 1) / W * W;  // the kernel's slice width
+  const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
+  if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
+  const int V = Sv % 2 == 0 && 2 * slice_smem <= kHcMaxSmem && int64_t(a.n) * Sv > 4 * 2 * int64_t(sm_count()) ? 2 : 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(S), unsigned(a.n), 1), cfg.blockDim = dim3(kHcThreads, 1, 1), cfg.stream = stream_of(s);
-  cfg.dynamicSmemBytes = smem;
+  cfg.gridDim = dim3(unsigned(Sv / V), unsigned(a.n), 1), cfg.blockDim = dim3(kHcThreads, 1, 1), cfg.stream = stream_of(s);
+  cfg.dynamicSmemBytes = size_t(V) * slice_smem;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(S), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  at[0].val.clusterDim.x = unsigned(Sv / V), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
   cfg.attrs = at, cfg.numAttrs = 1;
-  PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a, mix_out));
+  if (V == 2) PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_pre_kernel<H, VEC, 2>, a, mix_out));
+  else PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_pre_kernel<H, VEC, 1>, a, mix_out));
 }
 
 }  // namespace

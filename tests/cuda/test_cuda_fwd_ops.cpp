@@ -73,6 +73,63 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
     }
 }
 
+// A token's hc_pre does not depend on the batch: 136 tokens in one launch (over 4 waves of clusters at 2 blocks per
+// SM on 132 SMs, with clusters of 8 or 16: clusters of half the blocks, each holding two slices) against each token
+// alone (a cluster per token, one slice per block), bit for bit: the new streams (fused hc_post), the mixes, post, comb, the collapsed row and its
+// fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
+// scalar path, empty slices) and H = 6 (the one-thread Sinkhorn).
+TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
+  Rng rng(77);
+  struct Shape {
+    int H;
+    int64_t D;
+    bool fused;
+  };
+  for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}}) {
+    const int n = 136, H = sh.H, nmix = (2 + H) * H;
+    const int64_t D = sh.D, hd = H * D;
+    const auto X = rng.floats(size_t(n * hd), -2.0f, 2.0f), Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f);
+    const auto y = rng.floats(size_t(n * D), -1.0f, 1.0f), pp = rng.floats(size_t(n * H), 0.0f, 2.0f);
+    const auto cp = rng.floats(size_t(n * H * H), 0.0f, 1.0f), nw = rng.floats(size_t(D), 0.5f, 1.5f);
+    DeviceBuffer dfn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), dbase = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
+    DeviceBuffer dscale = to_device(rng.floats(3, 0.5f, 2.0f)), dy = to_device(y), dXp = to_device(Xp), dpp = to_device(pp);
+    DeviceBuffer dcp = to_device(cp), dnw = to_device(nw);
+    struct Out {
+      DeviceBuffer X, post, comb, col, col16, mix;
+    };
+    auto run = [&](bool batch) {
+      Out o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
+            DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
+      for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
+        d::HcArgs a;
+        a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
+        a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+        a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
+        if (sh.fused) {
+          a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
+          a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
+          a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>() + t0 * D;
+        }
+        d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nmix), nullptr);
+      }
+      return o;
+    };
+    const Out b = run(true), s = run(false);
+    auto same = [&](const DeviceBuffer& p, const DeviceBuffer& q, size_t bytes, size_t row, const char* what) {
+      const auto u = to_host<uint8_t>(p, bytes), v = to_host<uint8_t>(q, bytes);
+      size_t i = 0;
+      while (i < bytes && u[i] == v[i]) ++i;
+      EXPECT_EQ(i, bytes) << "H " << H << " D " << D << (sh.fused ? " fused" : "") << ": " << what << " differs first at token "
+                          << (i / row) << ", byte " << i % row << " of its row";
+    };
+    same(b.X, s.X, size_t(n * hd) * 4, size_t(hd) * 4, "the streams");
+    same(b.mix, s.mix, size_t(n * nmix) * 8, size_t(nmix) * 8, "the mixes");
+    same(b.post, s.post, size_t(n * H) * 4, size_t(H) * 4, "post");
+    same(b.comb, s.comb, size_t(n * H * H) * 4, size_t(H * H) * 4, "comb");
+    same(b.col, s.col, size_t(n * D) * 4, size_t(D) * 4, "the collapsed row");
+    if (sh.fused) same(b.col16, s.col16, size_t(n * D) * 2, size_t(D) * 2, "its f16 copy");
+  }
+}
 
 // ---- router (fwd_route): the warp-per-token kernel bit for bit against the block-per-token kernel ----
 
