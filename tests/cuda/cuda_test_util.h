@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/api.h"
@@ -41,6 +43,18 @@ class GpuTest : public ::testing::Test {
 // Temporary folders and checkpoints: the same helpers as the CPU model tests.
 using plumb_test::TempDir;
 using plumb_test::write_checkpoint;
+
+// f(r0, r1) over [0, rows) split into contiguous ranges, one per host core: for the CPU twins' row-independent
+// loops (each output row's fp64 sum is the same whichever thread computes it), which took about half of the CUDA
+// tests' time single-threaded on the GPU machine.
+template <class F>
+void parallel_rows(int64_t rows, F f) {
+  const int64_t parts = std::clamp<int64_t>(int64_t(std::thread::hardware_concurrency()), 1, std::max<int64_t>(rows, 1));
+  if (parts <= 1) return f(int64_t(0), rows);
+  std::vector<std::thread> threads;
+  for (int64_t p = 0; p < parts; ++p) threads.emplace_back([&f, p, parts, rows] { f(rows * p / parts, rows * (p + 1) / parts); });
+  for (auto& t : threads) t.join();
+}
 
 class Rng {
  public:

@@ -26,9 +26,13 @@ using cuda::Act;
 
 namespace {
 
+// ops::linear (the reference's arithmetic) with W's rows over the host's cores.
 std::vector<float> linear_cpu(const std::vector<float>& x, int n, const Matrix& w) {
-  Tensor xt({n, w.cols()}, x);
-  return ops::linear(xt, w).data;
+  const int64_t R = w.rows(), K = w.cols();
+  if (x.size() != size_t(n) * size_t(K)) throw std::invalid_argument("linear_cpu: x is not [n, cols] for " + w.name());
+  std::vector<float> y(size_t(n) * size_t(R));
+  parallel_rows(R, [&](int64_t r0, int64_t r1) { ops::linear_rows(x.data(), n, K, w, r0, r1 - r0, y.data() + r0, R); });
+  return y;
 }
 
 float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
