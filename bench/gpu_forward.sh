@@ -7,7 +7,7 @@
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# NCU_SKIP, NCU_SOURCE, LAYER_AB, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
+# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -39,8 +39,25 @@ if [ -n "${GEN_PRESET:-}" ]; then
 fi
 
 note "cuda tests"
-timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/tests.txt" 2>&1
-note "cuda tests rc=$?"
+if [ -n "${GTEST_FILTER:-}" ] || [ "${TEST_SHARDS:-4}" -le 1 ]; then
+  timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/tests.txt" 2>&1
+  rc=$?
+else
+  # TEST_SHARDS (4) processes at once on the one GPU, gtest's shards of the suite (the tests are small: host twins
+  # and short kernels leave the GPU mostly idle), then the timing tests alone, so that their numbers are not shared.
+  ns=${TEST_SHARDS:-4}
+  pids=()
+  for i in $(seq 0 $((ns - 1))); do
+    GTEST_TOTAL_SHARDS=$ns GTEST_SHARD_INDEX=$i timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no \
+      --gtest_filter='-*Timing*:*Times*' >"$OUT/tests-shard$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  timeout "${T_TESTS:-240}" "$C/plumb_cuda_tests" --gtest_color=no --gtest_filter='*Timing*:*Times*' >"$OUT/tests-timing.txt" 2>&1 || rc=$?
+  cat "$OUT"/tests-shard*.txt "$OUT/tests-timing.txt" >"$OUT/tests.txt" && rm -f "$OUT"/tests-shard*.txt "$OUT/tests-timing.txt"
+fi
+note "cuda tests rc=$rc"
 
 if [ -z "${SKIP_CHECKS:-}" ]; then  # SKIP_CHECKS=1: tests and benches only
 note "verify-golden --backend cuda"
