@@ -85,8 +85,8 @@ timeout "${T_SELF:-120}" "$C/plumb" selftest --backend cuda >"$OUT/selftest.txt"
 note "selftest rc=$? $(tail -n 1 "$OUT/selftest.txt")"
 
 if [ -z "${SKIP_KLD:-}" ]; then  # SKIP_KLD=1: verify-golden and selftest only
-head -c "${KLD_BYTES:-3000}" README.md >/tmp/kld.txt
-note "kld text: ${KLD_BYTES:-3000} bytes of README.md, prefill chunks of ${KLD_CHUNK:-0}"
+head -c "${KLD_BYTES:-8000}" README.md >/tmp/kld.txt
+note "kld text: ${KLD_BYTES:-8000} bytes of README.md, prefill chunks of ${KLD_CHUNK:-0}"
 note "kld cpu vs cuda"
 timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/kld.txt}" --tokenizer models/tiny/tokenizer.json \
   --chunk "${KLD_CHUNK:-0}" --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
