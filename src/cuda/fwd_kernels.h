@@ -44,6 +44,22 @@ struct LinearSegs {
   void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, seg[count].r0 = 0, seg[count].nr = w.rows, ++count; }
 };
 bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns
+// cuda.l2_prefetch: the 128-byte lines of up to kMax byte ranges prefetched into L2 (evict_last), in order; writes
+// nothing. A few blocks, meant for a stream of its own beside latency-bound launches.
+struct PrefetchRanges {
+  static constexpr int kMax = 16;
+  const void* p[kMax] = {};
+  int64_t bytes[kMax] = {};
+  int count = 0;
+  // Adds [q, q + b) while the total stays within `budget` bytes (the part that fits of the range that does not).
+  void add(const void* q, int64_t b, int64_t budget) {
+    int64_t used = 0;
+    for (int i = 0; i < count; ++i) used += bytes[i];
+    if (!q || b <= 0 || count == kMax || used >= budget) return;
+    p[count] = q, bytes[count] = b < budget - used ? b : budget - used, ++count;
+  }
+};
+void fwd_prefetch_l2(const PrefetchRanges& r, Stream s);
 void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s);
 // Same for E experts at once: slot i (< nslots) uses matrix mats[e] with e = idx[i] (idx null: e = 0) and input row
 // x[(i / x_div) * ldx]; y[i * ldy + r].

@@ -287,6 +287,15 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
   }
 }
 
+__global__ void prefetch_l2_kernel(const PrefetchRanges r) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int i = 0; i < r.count; ++i) {
+    const char* base = static_cast<const char*>(r.p[i]);
+    const int64_t lines = (r.bytes[i] + 127) / 128;
+    for (int64_t l = first; l < lines; l += stride) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + l * 128));
+  }
+}
+
 __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int x_div, const float* x, int64_t ldx, int64_t rows,
                                       float* y, int64_t ldy) {
   pdl_begin();
@@ -433,6 +442,12 @@ void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s) {
     if (!fwd_linear_one_fits(g.seg[i].w) || g.seg[i].w.cols != g.seg[0].w.cols)
       throw_arg("fwd_linear_one_multi: the matrices must share their column count and fit the one-token kernel");
   launch_linear_one(g, x, s);
+}
+
+void fwd_prefetch_l2(const PrefetchRanges& r, Stream s) {
+  if (r.count <= 0) return;
+  // 16 blocks: the prefetch instructions only queue requests, and the kernels beside it keep the other SMs.
+  launch_as(false, "fwd_prefetch_l2", prefetch_l2_kernel, dim3(16), dim3(256), 0, s, r);
 }
 
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,

@@ -166,6 +166,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
   nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);  // head_rms, then RoPE
   tap_put(tap, "attn.q", q, {n, H, Dh});
+  sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
 
   if (type == AttnType::CSA) {
     region.emplace(tm, "attn.indexer");

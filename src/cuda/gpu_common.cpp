@@ -138,6 +138,22 @@ void Scratch::enable_side() {
   ev_join = detail::event_create_sync();
 }
 
+void Scratch::enable_prefetch() {
+  if (pf) return;
+  pf = detail::stream_create();
+  ev_pf_fork = detail::event_create_sync();
+  ev_pf_join = detail::event_create_sync();
+}
+
+void Scratch::prefetch_l2(std::initializer_list<ByteRange> ranges) {
+  if (!prefetch) return;
+  detail::PrefetchRanges r;
+  for (const ByteRange& b : ranges) r.add(b.p, b.bytes, kPrefetchBudget);
+  if (r.count == 0) return;
+  detail::branch_fork(prefetch, ev_pf_fork);
+  detail::fwd_prefetch_l2(r, prefetch);
+}
+
 void* Scratch::get(const std::string& name, size_t bytes) {
   // Inside a side-stream scope (cuda.streams) each name is its own buffer: the two streams' temporaries never alias.
   // (Results that cross between them are passed as pointers, looked up once.)

@@ -2,6 +2,7 @@
 // device caches and scratch, and taps that copy device tensors to the host (and back, for teacher forcing).
 #pragma once
 #include <array>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,12 @@ struct GMat {
 GMat upload_matrix(const Matrix& m, bool fp8_fast = false);
 bool fp8_fast_fits(const Matrix& m);  // FP8, rows % 16 == 0, cols % 128 == 0
 DeviceBuffer upload_tensor(const Tensor& t);  // fp32
+// The bytes a matrix's kernels stream (codes, or plain values; not the small scale arrays).
+struct ByteRange {
+  const void* p = nullptr;
+  int64_t bytes = 0;
+};
+inline ByteRange weight_bytes(const GMat& g) { return {g.d.w, int64_t(g.fp8 ? g.fp8->codes.bytes() : g.w.bytes())}; }
 inline const float* f32(const DeviceBuffer& b) { return b.as<float>(); }
 
 struct GpuRope {
@@ -128,6 +135,16 @@ class Scratch {
   void* ev_fork = nullptr;
   void* ev_join = nullptr;
   void enable_side();
+  // cuda.l2_prefetch: the prefetch stream and its events (enable_prefetch, once, outside any capture); `prefetch`:
+  // the stream this forward may prefetch on (null: no prefetches).
+  Stream pf = nullptr, prefetch = nullptr;
+  void* ev_pf_fork = nullptr;
+  void* ev_pf_join = nullptr;
+  void enable_prefetch();
+  // Forks the prefetch stream here and queues these ranges' lines into L2 on it, at most kPrefetchBudget bytes in
+  // the order given (no-op without `prefetch`); the forward joins the stream once, at its end.
+  static constexpr int64_t kPrefetchBudget = int64_t(32) << 20;
+  void prefetch_l2(std::initializer_list<ByteRange> ranges);
   // The workspace of the stream launches go to now (ws_side inside a StreamScope of the side stream).
   Workspace& work() { return detail::on_side_stream() ? ws_side : ws; }
   size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)

@@ -273,6 +273,7 @@ class GpuForward : public DeviceForward {
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const PdlScope pdl(opt_.cuda_pdl);  // cuda.pdl: this forward's launches (and a capture of them)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
+    if (opt_.cuda_l2_prefetch) sc.enable_prefetch();
     const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
@@ -336,6 +337,8 @@ class GpuForward : public DeviceForward {
     // cuda.streams: independent chains of each sublayer on a side stream (gpu_attention, gpu_moe); serial with
     // taps (their downloads order against the thread's stream) and per-op timing (regions on one stream).
     sc.branch = opt_.cuda_streams && !taps && !sc.timer.on ? sc.side : nullptr;
+    // cuda.l2_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are compute-bound).
+    sc.prefetch = opt_.cuda_l2_prefetch && !taps && !sc.timer.on && n <= 32 ? sc.pf : nullptr;
 
     float* X = sc.f("X", n * H * D);
     float* X2 = sc.f("X2", n * H * D);
@@ -403,15 +406,32 @@ class GpuForward : public DeviceForward {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
       const auto type = c.attn[size_t(i)];
+      // cuda.l2_prefetch: while hc_pre runs (latency-bound), the attention's first weights in order of use; the
+      // output projections follow from gpu_attention, the router and shared expert before the second hc_pre.
+      const auto comp = [](const std::unique_ptr<GpuComp>& cp, bool gate) { return cp ? weight_bytes(gate ? cp->wgate : cp->wkv) : ByteRange{}; };
+      sc.prefetch_l2({weight_bytes(L.attn.wq_a), weight_bytes(L.attn.wkv), comp(L.attn.comp, false), comp(L.attn.comp, true),
+                      comp(L.attn.icomp, false), comp(L.attn.icomp, true), weight_bytes(L.attn.iweights), weight_bytes(L.attn.iwq_b),
+                      weight_bytes(L.attn.wq_b)});
       const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
                     ds.layers[size_t(i)], sc, nm_, tap, y);
       hc_post();
+      const auto& M = L.moe;
+      const auto shared = [&](int k) {  // the shared expert's w1, w3, w2 as its kernels read them
+        if (M.sfp8) {
+          const Fp8Matrix& f = k == 0 ? M.sfp8->w1 : k == 1 ? M.sfp8->w3 : M.sfp8->w2;
+          return ByteRange{f.codes.get(), int64_t(f.codes.bytes())};
+        }
+        const std::unique_ptr<GMat>& g = k == 0 ? M.s1 : k == 1 ? M.s3 : M.s2;
+        return g ? weight_bytes(*g) : ByteRange{};
+      };
+      sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2)});
       x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm));
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y);
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }
+    branch_join(sc.prefetch, sc.ev_pf_join);  // (a graph's branches must all join; prefetches write nothing)
 
     if (taps) rows = LogitRows::All;
     if (rows == LogitRows::None) return nullptr;

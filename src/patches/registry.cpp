@@ -97,6 +97,16 @@ std::vector<Patch> make_registry() {
                // The same kernels on the same data; only their overlap changes: bit-identical (tests/cuda). The
                // tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_streams = true; }, false, "cuda"});
+  r.push_back({"cuda.l2_prefetch", "each kernel reads its weights from HBM when it runs",
+               "decode: while the latency-bound launches run (hc_pre, the indexer and attention, the router), a stream "
+               "of its own prefetches the weights the next launches of the layer will read into L2 (prefetch.global.L2, "
+               "evict_last; 32 MiB ahead at most), so their GEMVs read from L2; forked and joined with events (graph "
+               "branches); off with taps or per-op timing",
+               "none for the results (a prefetch writes nothing): bit-identical to running without it; its risk is "
+               "speed (bandwidth the prefetch takes from the kernels running beside it, lines evicted before use)",
+               // Prefetches only: the same kernels on the same data, bit-identical (tests/cuda). The tolerance is the
+               // reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_l2_prefetch = true; }, false, "cuda"});
   r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (8 tokens per pass over the weights)",
                "chunks of >= 32 tokens (48 for matrices of >= 8M weights) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
                "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "

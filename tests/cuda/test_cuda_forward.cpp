@@ -246,6 +246,29 @@ TEST_F(GpuTest, StreamsStepsMatchSerialLaunches) {
     expect_eager_chunks_match(data + fixture, "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.streams");
 }
 
+// cuda.l2_prefetch: a stream of its own prefetching the coming weights into L2 writes nothing, so the logits must be
+// the bits without it, graphed (a third branch of the graph) and eager, alone and beside cuda.streams' side stream,
+// with the fp32 twin's plain weights and the fast kernels' FP8 codes.
+TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
+  const std::string data = PLUMB_TEST_DATA;
+  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.l2_prefetch");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams", "cuda.l2_prefetch");
+  // Eager decode-sized chunks (the prefetches run only for chunks of up to 32 tokens).
+  const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams";
+  auto a_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base).options, {}, "cuda");
+  auto b_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base + ",cuda.l2_prefetch").options, {}, "cuda");
+  const auto toks = prompt(60, a_model->config().vocab);
+  auto sa = a_model->new_state(), sb = b_model->new_state();
+  for (size_t pos = 0, step = 0; pos < toks.size(); ++step) {
+    const size_t len = std::min<size_t>(step == 0 ? 20 : 1 + step % 3, toks.size() - pos);
+    const std::span<const int32_t> chunk(toks.data() + pos, len);
+    const auto a = a_model->forward(sa, chunk), b = b_model->forward(sb, chunk);
+    ASSERT_EQ(a.data.size(), b.data.size());
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "eager step " << step << " (position " << pos << ")";
+    pos += len;
+  }
+}
+
 // Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
 // streams of its slice, and the RMSNorm after hc_pre (attn_norm, ffn_norm, the final norm) runs at its end; with a
 // tap sink attached (taps read the streams and the collapsed row in between) the separate kernels run. hc_post is
