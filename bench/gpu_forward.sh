@@ -153,6 +153,7 @@ if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source
   if [ -n "${NCU_SOURCE:-}" ]; then
     ncu -i /tmp/ncu-detail.ncu-rep --page source --csv --print-source sass >"$OUT/ncu-source.csv" 2>&1
     note "ncu source page rc=$?"
+    python3 bench/ncu_source.py "$OUT/ncu-source.csv" >"$OUT/ncu-source-summary.txt" 2>&1  # by opcode, reason, instruction
   fi
 fi
 
