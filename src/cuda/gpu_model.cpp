@@ -406,10 +406,13 @@ class GpuForward : public DeviceForward {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
       const auto type = c.attn[size_t(i)];
-      // cuda.l2_prefetch: while hc_pre runs (latency-bound), the attention's first weights in order of use; the
-      // output projections follow from gpu_attention, the router and shared expert before the second hc_pre.
+      // cuda.l2_prefetch: while hc_pre runs (latency-bound), the second hc_pre's fn (1.5 MB at V4-Flash's size, read
+      // by that launch's 16 blocks alone, so their SMs' bandwidth bounds it when it comes from HBM), then the
+      // attention's first weights in order of use; the output projections follow from gpu_attention, the router, the
+      // shared expert and the next hc_pre's fn before the second hc_pre.
       const auto comp = [](const std::unique_ptr<GpuComp>& cp, bool gate) { return cp ? weight_bytes(gate ? cp->wgate : cp->wkv) : ByteRange{}; };
-      sc.prefetch_l2({weight_bytes(L.attn.wq_a), weight_bytes(L.attn.wkv), comp(L.attn.comp, false), comp(L.attn.comp, true),
+      const auto fn = [](const GpuHc& h) { return ByteRange{h.fn.get(), int64_t(h.fn.bytes())}; };
+      sc.prefetch_l2({fn(L.hc_ffn), weight_bytes(L.attn.wq_a), weight_bytes(L.attn.wkv), comp(L.attn.comp, false), comp(L.attn.comp, true),
                       comp(L.attn.icomp, false), comp(L.attn.icomp, true), weight_bytes(L.attn.iweights), weight_bytes(L.attn.iwq_b),
                       weight_bytes(L.attn.wq_b)});
       const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
@@ -425,7 +428,8 @@ class GpuForward : public DeviceForward {
         const std::unique_ptr<GMat>& g = k == 0 ? M.s1 : k == 1 ? M.s3 : M.s2;
         return g ? weight_bytes(*g) : ByteRange{};
       };
-      sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2)});
+      const GpuHc& next_hc = i + 1 < c.n_layers ? g_.layers[size_t(i) + 1].hc_attn : g_.hc_head;
+      sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2), fn(next_hc)});
       x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm));
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y);
       hc_post();

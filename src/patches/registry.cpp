@@ -99,7 +99,7 @@ std::vector<Patch> make_registry() {
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_streams = true; }, false, "cuda"});
   r.push_back({"cuda.l2_prefetch", "each kernel reads its weights from HBM when it runs",
                "decode: while the latency-bound launches run (hc_pre, the indexer and attention, the router), a stream "
-               "of its own prefetches the weights the next launches of the layer will read into L2 (prefetch.global.L2, "
+               "of its own prefetches the weights the next launches will read into L2 (prefetch.global.L2, "
                "evict_last; 32 MiB ahead at most), so their GEMVs read from L2; forked and joined with events (graph "
                "branches); off with taps or per-op timing",
                "none for the results (a prefetch writes nothing): bit-identical to running without it; its risk is "
