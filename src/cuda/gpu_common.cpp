@@ -151,6 +151,7 @@ void Scratch::prefetch_l2(std::initializer_list<ByteRange> ranges) {
   for (const ByteRange& b : ranges) r.add(b.p, b.bytes, kPrefetchBudget);
   if (r.count == 0) return;
   detail::branch_fork(prefetch, ev_pf_fork);
+  pf_forked = true;
   detail::fwd_prefetch_l2(r, prefetch);
 }
 

@@ -140,6 +140,8 @@ class Scratch {
   Stream pf = nullptr, prefetch = nullptr;
   void* ev_pf_fork = nullptr;
   void* ev_pf_join = nullptr;
+  bool pf_forked = false;  // this forward forked the prefetch stream (only then may it join: a capture cannot wait
+                           // for an event recorded outside it)
   void enable_prefetch();
   // Forks the prefetch stream here and queues these ranges' lines into L2 on it, at most kPrefetchBudget bytes in
   // the order given (no-op without `prefetch`); the forward joins the stream once, at its end.

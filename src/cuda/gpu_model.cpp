@@ -339,6 +339,7 @@ class GpuForward : public DeviceForward {
     sc.branch = opt_.cuda_streams && !taps && !sc.timer.on ? sc.side : nullptr;
     // cuda.l2_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are compute-bound).
     sc.prefetch = opt_.cuda_l2_prefetch && !taps && !sc.timer.on && n <= 32 ? sc.pf : nullptr;
+    sc.pf_forked = false;
 
     float* X = sc.f("X", n * H * D);
     float* X2 = sc.f("X2", n * H * D);
@@ -435,7 +436,7 @@ class GpuForward : public DeviceForward {
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }
-    branch_join(sc.prefetch, sc.ev_pf_join);  // (a graph's branches must all join; prefetches write nothing)
+    if (sc.pf_forked) branch_join(sc.prefetch, sc.ev_pf_join);  // (a graph's branches must all join)
 
     if (taps) rows = LogitRows::All;
     if (rows == LogitRows::None) return nullptr;
