@@ -668,20 +668,27 @@ __device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& 
       for (int k = 0; k < 4; ++k) acc[q][n][k] = 0.0f;
   const uint32_t add[2] = {a.fold_add[0], a.fold_add[NMAT - 1]};
   const uint8_t* sm = reinterpret_cast<const uint8_t*>(xs);
+  // Chunk c's start, in both pipelines: its stage landed and visible to the tensor cores, the stage of chunk c - 2
+  // refilled with chunk c + kAhead, its weights and folded scales loaded; returns its activations' address.
+  // Variants 3-4 first wait for this warpgroup's MMAs of chunk c - 2 (the stage refilled); variants 5-6 need no
+  // wait: at most 3 commit groups are pending, all of chunk c - 1 (8 a chunk), so chunk c - 2's MMAs, the last
+  // readers of that stage, are done in both warpgroups once all threads pass the barrier.
+  auto begin_chunk = [&](int c, uint32_t (&W)[2][2][4], uint32_t (&S)[2][2]) {
+    cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
+    fence_proxy_async();    // ... and is visible to the tensor cores' reads
+    if constexpr (V < 5) wgmma_wait<1>();
+    __syncthreads();
+    stage(c + kAhead);  // into chunk c - 2's buffer
+    WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+    return base + uint32_t(c % kStages) * SB;
+  };
   if constexpr (V >= 5) {
     uint32_t A[4][2][4];  // [buffer: k-step % 4][tile q][fragment]
     for (int c = 0; c < nch; ++c) {
-      cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
-      fence_proxy_async();    // ... and is visible to the tensor cores' reads
-      // No wait here: at most 3 commit groups are pending, all of chunk c - 1 (8 a chunk), so chunk c - 2's MMAs,
-      // the last readers of the stage refilled below, are done in both warpgroups once all threads pass the barrier.
-      __syncthreads();
-      stage(c + kAhead);
-      const uint32_t sx = base + uint32_t(c % kStages) * SB;
       uint32_t W[2][2][4], S[2][2];
-      WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
-#pragma unroll
-      for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+      const uint32_t sx = begin_chunk(c, W, S);
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const int j = ks >> 1, s = ks & 1;
@@ -699,16 +706,8 @@ __device__ __forceinline__ void tile_wgmma(const GroupedArgs& a, Tile<NMAT, V>& 
   } else {
     uint32_t A[2][2][8];  // [buffer][tile q][fragment]
     for (int c = 0; c < nch; ++c) {
-      cp_wait<kAhead - 1>();  // chunk c has landed (this thread's copies)
-      fence_proxy_async();    // ... and is visible to the tensor cores' reads
-      wgmma_wait<1>();        // this warpgroup's MMAs of chunk c - 2 are done: their stage may be refilled
-      __syncthreads();
-      stage(c + kAhead);      // into chunk c - 2's buffer (variant 3; variant 4: c - 2's too, with 4 stages)
-      const uint32_t sx = base + uint32_t(c % kStages) * SB;
       uint32_t W[2][2][4], S[2][2];
-      WeightStage<NMAT, V>::load(sm + size_t(c % kStages) * SB, W, S);
-#pragma unroll
-      for (int q = 0; q < 2; ++q) S[q][0] = fold_word(S[q][0], add[q % NMAT]), S[q][1] = fold_word(S[q][1], add[q % NMAT]);
+      const uint32_t sx = begin_chunk(c, W, S);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t (&F)[2][8] = A[j & 1];
