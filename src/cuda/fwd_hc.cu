@@ -18,8 +18,8 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 // hc_pre in one launch: a cluster of S blocks (16 where the GPU schedules it, else 8) per token, block s owning
 // the slice d in [s * per, (s + 1) * per) of all H streams, which it keeps in shared memory (the fused hc_post's
 // output, or loaded once). Between the cluster barriers (distributed shared memory, no global scratch, no counters):
-//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2); every warp of every block then sums the S partials in rank order, so r = rsqrt(mean + eps) has
-//      the same bits everywhere;
+//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2); every warp of
+//      every block then sums the S partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere;
 //   2. each block's fp64 partial dots of the (2+H)*H mixes over its slice (per thread, a warp reduce-scatter,
 //      the warps in order);
 //   3. each block sums the S partials of every mix in rank order (fp32 mix; official: times float(r)), then
@@ -29,7 +29,7 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 //      block 0's first warp may still be in its Sinkhorn.
 // The fp64 sums are the twin's (exact products, fp64 accumulation); their order is this split's: per thread in
 // element order, a fixed shuffle tree, warps in order, blocks in rank order (deterministic; the same in eager
-// launches and graphs).
+// launches and graphs). With many tokens a block holds V = 2 of the S slices (launch_hc_pre), in the same order.
 constexpr int kHcThreads = 256;
 constexpr int kHcMaxCluster = 16;
 

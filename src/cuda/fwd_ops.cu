@@ -189,11 +189,14 @@ __device__ __forceinline__ void one_chunk(const uint4& v, const double2* xs2, in
     acc += xv.y * double(hi);
   }
 }
-// Pair p's row for the warps of `slot`: where its 16-byte chunks start and where its output goes (null past its
-// segment's rows). The segments are scanned with constant indices (their fields stay in the uniform datapath).
+// Pair p's row for the warps of `slot`: its segment and row of w, where its 16-byte chunks start and where its
+// output goes (w and y null past the segment's rows). The segments are scanned with constant indices (their fields
+// stay in the uniform datapath).
 struct OneRow {
   const uint4* w = nullptr;
   float* y = nullptr;
+  int seg = 0;
+  int64_t row = 0;  // in w: the segment's r0 + its row
 };
 __device__ __forceinline__ OneRow one_row(const LinearSegs& g, int64_t p, int slot) {
   OneRow o;
@@ -202,7 +205,9 @@ __device__ __forceinline__ OneRow one_row(const LinearSegs& g, int64_t p, int sl
     if (k < g.count && p >= g.seg[k].block0) {
       const int64_t r = (p - g.seg[k].block0) * kOneRows + slot;
       const bool in = r < g.seg[k].nr;
-      o.w = in ? reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(g.seg[k].w.w) + (g.seg[k].r0 + r) * dmat_row_bytes(g.seg[k].w)) : nullptr;
+      o.seg = k, o.row = g.seg[k].r0 + r;
+      o.w = in ? reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(g.seg[k].w.w) + o.row * dmat_row_bytes(g.seg[k].w))
+               : nullptr;
       o.y = in ? g.seg[k].y + r : nullptr;
     }
   }
@@ -232,15 +237,12 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
   if constexpr (DT < 0) {
     stage_row(x, cols, xs);
     for (int64_t it = 0; it < iters; ++it) {
-      const int64_t p = blockIdx.x + it * gridDim.x;
-      int i = 0;
-      while (i + 1 < g.count && p >= g.seg[i + 1].block0) ++i;
-      const int64_t r = (p - g.seg[i].block0) * kOneRows + slot;
-      const DMat& w = g.seg[i].w;
+      const OneRow row = one_row(g, blockIdx.x + it * gridDim.x, slot);
+      const DMat& w = g.seg[row.seg].w;
       const int64_t ck = dmat_row_bytes(w) / 16, ps = (ck + kOneSplit - 1) / kOneSplit;  // this segment's row size
       double acc[1] = {};
-      if (r < g.seg[i].nr) row_dot16<1, double>(w, g.seg[i].r0 + r, min(ck, split * ps), min(ck, (split + 1) * ps), xs, 1, 0, acc);
-      one_finish(acc[0], part, it, r < g.seg[i].nr ? g.seg[i].y + r : nullptr);
+      if (row.y) row_dot16<1, double>(w, row.row, min(ck, split * ps), min(ck, (split + 1) * ps), xs, 1, 0, acc);
+      one_finish(acc[0], part, it, row.y);
     }
   } else {
     constexpr int per = DT == 0 ? 4 : 8;  // elements per chunk

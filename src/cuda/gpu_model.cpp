@@ -411,7 +411,9 @@ class GpuForward : public DeviceForward {
       // by that launch's 16 blocks alone, so their SMs' bandwidth bounds it when it comes from HBM), then the
       // attention's first weights in order of use; the output projections follow from gpu_attention, the router, the
       // shared expert and the next hc_pre's fn before the second hc_pre.
-      const auto comp = [](const std::unique_ptr<GpuComp>& cp, bool gate) { return cp ? weight_bytes(gate ? cp->wgate : cp->wkv) : ByteRange{}; };
+      const auto comp = [](const std::unique_ptr<GpuComp>& cp, bool gate) {
+        return cp ? weight_bytes(gate ? cp->wgate : cp->wkv) : ByteRange{};
+      };
       const auto fn = [](const GpuHc& h) { return ByteRange{h.fn.get(), int64_t(h.fn.bytes())}; };
       sc.prefetch_l2({fn(L.hc_ffn), weight_bytes(L.attn.wq_a), weight_bytes(L.attn.wkv), comp(L.attn.comp, false), comp(L.attn.comp, true),
                       comp(L.attn.icomp, false), comp(L.attn.icomp, true), weight_bytes(L.attn.iweights), weight_bytes(L.attn.iwq_b),

@@ -75,8 +75,8 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
 
 // A token's hc_pre does not depend on the batch: 136 tokens in one launch (over 4 waves of clusters at 2 blocks per
 // SM on 132 SMs, with clusters of 8 or 16: clusters of half the blocks, each holding two slices) against each token
-// alone (a cluster per token, one slice per block), bit for bit: the new streams (fused hc_post), the mixes, post, comb, the collapsed row and its
-// fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
+// alone (a cluster per token, one slice per block), bit for bit: the new streams (fused hc_post), the mixes, post,
+// comb, the collapsed row and its fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
 // scalar path, empty slices) and H = 6 (the one-thread Sinkhorn).
 TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
   Rng rng(77);
