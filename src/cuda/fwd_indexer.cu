@@ -28,37 +28,44 @@ namespace {
 
 // ---- Scores: the pieces every path shares ----
 
-// Stages row-major float arrays (segments) from global into shared memory, a row stride per destination: every
-// load of a batch is issued before any of its stores, so a staging costs about one round of load latency per batch
-// of B values per thread. (Storing each value before loading the next waited on every load in turn.) Lanes take
-// consecutive values: coalesced loads, stores to consecutive banks.
-struct StageSeg {
-  float* dst;
-  const float* src;
-  int ld, cols, n;  // n = rows * cols values
-};
-// Three segments, one index space: value i is segment x's when it falls in x's range (selects, not a loop over an
-// array of segments, which the compiler would put on the stack).
-template <int B>
-__device__ __forceinline__ void stage(const StageSeg& g0, const StageSeg& g1, const StageSeg& g2) {
-  const int n01 = g0.n + g1.n, total = n01 + g2.n, T = int(blockDim.x);
-  for (int i0 = int(threadIdx.x); i0 < total; i0 += B * T) {
-    float v[B];
-#pragma unroll
-    for (int u = 0; u < B; ++u) {
-      const int i = i0 + u * T;
-      if (i < total) v[u] = *(i < g0.n ? g0.src + i : i < n01 ? g1.src + (i - g0.n) : g2.src + (i - n01));
+// Copies a [rows, cols] float array (row strides src_ld, dst_ld) into shared memory with cp.async: 16 bytes per
+// copy where the columns, both strides and both bases allow it, 4 bytes otherwise. The copies hold no registers, so
+// every copy of a staging is in flight before its one wait (stage_wait); a thread's next (row, column) comes by
+// increments. (The general three-segment loop this replaced, a select chain and an integer division per value, was
+// ~75 % of the fused kernel's executed instructions at 65 entries: ncu, session 9.)
+template <int W>
+__device__ __forceinline__ void stage_rows_w(float* dst, int dst_ld, const float* src, int64_t src_ld, int rows, int cols) {
+  const int units = cols / W, T = int(blockDim.x);
+  int r = int(threadIdx.x) / units, c = int(threadIdx.x) - r * units;
+  const int dr = T / units, dc = T - dr * units;
+  const uint32_t d0 = smem_u32(dst);
+  while (r < rows) {
+    const float* g = src + int64_t(r) * src_ld + c * W;
+    const uint32_t d = d0 + uint32_t(r * dst_ld + c * W) * 4u;
+    if constexpr (W == 4) {
+      cp16(d, g);
+    } else {
+      cp4(d, g);
     }
-#pragma unroll
-    for (int u = 0; u < B; ++u) {
-      const int i = i0 + u * T;
-      if (i >= total) continue;
-      const bool in0 = i < g0.n, in1 = !in0 && i < n01;
-      const int j = in0 ? i : in1 ? i - g0.n : i - n01, cols = in0 ? g0.cols : in1 ? g1.cols : g2.cols;
-      const int ld = in0 ? g0.ld : in1 ? g1.ld : g2.ld, r = j / cols;
-      (in0 ? g0.dst : in1 ? g1.dst : g2.dst)[r * ld + (j - r * cols)] = v[u];
-    }
+    c += dc, r += dr;
+    if (c >= units) c -= units, ++r;
   }
+}
+__device__ __forceinline__ void stage_rows(float* dst, int dst_ld, const float* src, int64_t src_ld, int rows, int cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const bool v4 = ((cols | dst_ld | int(src_ld)) & 3) == 0 &&
+                  ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
+  if (v4) {
+    stage_rows_w<4>(dst, dst_ld, src, src_ld, rows, cols);
+  } else {
+    stage_rows_w<1>(dst, dst_ld, src, src_ld, rows, cols);
+  }
+}
+// Waits for this thread's copies, then for the block's.
+__device__ __forceinline__ void stage_wait() {
+  cp_commit();
+  cp_wait<0>();
+  __syncthreads();
 }
 
 // Row stride of the staged queries. Float4 reads (vec, dh % 4 == 0): dh + 4 keeps the rows 16-byte aligned and puts
@@ -123,8 +130,8 @@ struct ScoresSmem {
 // caller's block stages, then a thread per (entry, head) pair computes its term (looping when there are more pairs
 // than threads), then a thread per entry sums. Keys are staged for every entry below ne_cap (the buffer holds
 // ne_cap rows; those not yet written are read and not used), so no load waits for the position. Ends with the
-// block synchronized after the sums; scores are returned through `emit(el, score)`. B: the staging batch.
-template <int B, class Emit>
+// block synchronized after the sums; scores are returned through `emit(el, score)`.
+template <class Emit>
 __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned char* smem, const ScoresSmem& L, int t, int64_t e0,
                                                    int nb, int64_t visible, Emit emit) {
   const int nh = a.nh, dh = int(a.dh), ldq = index_ldq(dh, L.vec), ldv = index_ldv(nh);
@@ -132,9 +139,10 @@ __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned 
   float* qs = reinterpret_cast<float*>(smem + L.qs);
   float* hws = reinterpret_cast<float*>(smem + L.hw);
   float* ks = reinterpret_cast<float*>(smem + L.ks);
-  stage<B>({qs, a.q + int64_t(t) * nh * dh, ldq, dh, nh * dh}, {hws, a.hw + int64_t(t) * nh, nh, nh, nh},
-        {ks, a.keys + e0 * dh, dh, dh, max(nb, 0) * dh});
-  __syncthreads();
+  stage_rows(qs, ldq, a.q + int64_t(t) * nh * dh, dh, nh, dh);
+  stage_rows(hws, nh, a.hw + int64_t(t) * nh, nh, 1, nh);
+  stage_rows(ks, dh, a.keys + e0 * dh, dh, max(nb, 0), dh);
+  stage_wait();
   const int ns = int(max(int64_t(0), min(int64_t(nb), visible - e0)));  // entries with a score
   for (int p = threadIdx.x; p < ns * nh; p += blockDim.x) {
     const int el = p / nh, h = p - el * nh;
@@ -146,9 +154,10 @@ __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned 
 
 // Split path, scores: block (group of eb entries, token), a thread per (entry, head) pair (looping when eb * nh >
 // 256), then a thread per entry sums its heads; the terms and sums are the fused path's (index_head_term,
-// index_entry_score), so the two paths give the same bits. Staging and occupancy are the pre-session-7 kernel's: the
-// fused path's batched staging (index_scores_block) with registers bounded for 6 blocks per SM ran 3-4 % slower at
-// 8K and 64K entries and 15 % at 1024 entries x 8 tokens on the H200 (bench/results/h200-indexer-decode).
+// index_entry_score), so the two paths give the same bits. The queries are staged with an odd row stride (scalar
+// reads, conflict-free across the lanes' heads) by 4-byte copies, the keys by 16-byte ones (stage_rows). Occupancy
+// is the pre-session-7 kernel's: bounding registers for 6 blocks per SM ran 3-4 % slower at 8K and 64K entries
+// (bench/results/h200-indexer-decode).
 constexpr int kScoresThreads = 256;
 size_t scores_smem(int eb, int nh, int64_t dh) {  // [eb, nh] head terms (doubles), [nh, dh + 1] queries, [eb, dh] keys
   return size_t(eb) * (size_t(nh) * 8 + size_t(dh) * 4) + size_t(nh) * size_t(index_ldq(int(dh), false)) * 4;
@@ -163,9 +172,9 @@ __global__ void index_scores_kernel(IndexArgs a, int eb) {
   const int64_t visible = (*a.pos + t + 1) / a.rate;
   const int64_t ne_here = min(int64_t(eb), min(a.ne_cap, visible) - e0);  // entries of this group with a score
   const float* qt = a.q + int64_t(t) * nh * dh;
-  for (int64_t i = threadIdx.x; i < nh * dh; i += blockDim.x) qs[(i / dh) * ldq + i % dh] = qt[i];
-  for (int64_t i = threadIdx.x; i < max(ne_here, int64_t(0)) * dh; i += blockDim.x) ks[i] = a.keys[e0 * dh + i];
-  __syncthreads();
+  stage_rows(qs, int(ldq), qt, dh, nh, int(dh));
+  stage_rows(ks, int(dh), a.keys + e0 * dh, dh, int(max(ne_here, int64_t(0))), int(dh));
+  stage_wait();
   for (int p = threadIdx.x; p < eb * nh; p += blockDim.x) {
     const int el = p / nh, h = p % nh;
     if (el < ne_here) vals[p] = index_head_term(a, qs + h * ldq, ks + int64_t(el) * dh, a.hw[int64_t(t) * nh + h], false);
@@ -491,7 +500,7 @@ __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs
   const SelSizes z(a);
   float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
   uint64_t* keys0 = cl.map_shared_rank(keys, 0);
-  index_scores_block<16>(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
+  index_scores_block(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
     sc[el] = v;
     if (e0 + el < z.ne) keys0[e0 + el] = sel_key(v, e0 + el, ib);
   });
