@@ -4,7 +4,7 @@
 //
 // Scores. s[t, e] = sum over heads h, in head order, of relu(q[t,h] . k[e]) * qscale * (hw[t,h] * wscale) (official:
 // the bf16 roundings), each dot in fp64 in dim order (float products are exact in fp64, so fused or not, the same
-// bits). Every path computes a (entry, head) term with index_head_term and an entry's sum with index_entry_score.
+// bits). Every path computes its (entry, head) terms with index_terms and an entry's sum with index_entry_score.
 //
 // Select path. Entry e of token t becomes a key that is larger exactly when e ranks earlier under beats(): the high
 // bits are the score's order image with NaN highest, the low ib bits (ib: enough for ne_cap - 1) are
@@ -77,29 +77,56 @@ __host__ __device__ __forceinline__ int index_ldq(int dh, bool vec) { return ind
 // Row stride of the staged head terms, in doubles: odd, so the threads summing different entries spread over banks.
 __host__ __device__ __forceinline__ int index_ldv(int nh) { return nh + 1; }
 
-// One (entry, head) term from the staged query row qh and key row k: the fp64 dot in dim order, relu, the scales
-// (official: bf16 einsum, relu, bf16 product with the scaled, bf16 weight). Float4 reads where the rows allow
-// (index_vec), the same additions in the same order either way.
-__device__ __forceinline__ double index_head_term(const IndexArgs& a, const float* qh, const float* k, float hw, bool vec) {
-  const int dh = int(a.dh);
-  double dot = 0;
-  if (vec) {
-    const float4* q4 = reinterpret_cast<const float4*>(qh);
-    const float4* k4 = reinterpret_cast<const float4*>(k);
-#pragma unroll 4
-    for (int b = 0; b < dh / 4; ++b) {
-      const float4 x = q4[b], y = k4[b];
-      dot += double(x.x) * y.x;
-      dot += double(x.y) * y.y;
-      dot += double(x.z) * y.z;
-      dot += double(x.w) * y.w;
-    }
-  } else {
-#pragma unroll 8
-    for (int b = 0; b < dh; ++b) dot += double(qh[b]) * k[b];
-  }
+// The (entry, head) term from the fp64 dot of the head's query and the entry's key: relu, the scales (official:
+// bf16 einsum, relu, bf16 product with the scaled, bf16 weight).
+__device__ __forceinline__ double index_term(const IndexArgs& a, double dot, float hw) {
   if (a.official) return bf16r(__fmul_rn(fmaxf(bf16r(float(dot)), 0.0f), hw));
   return fmax(dot, 0.0) * double(a.qscale) * double(__fmul_rn(hw, a.wscale));
+}
+
+// The terms of the block's entries [0, ns) into vals[e * ldv + h]. An item is (head h, E consecutive entries): its
+// E dots run interleaved over the dims, each still an fp64 sum in dim order of exact products (float x float fits a
+// double), so the bits are those of one dot at a time. The head's query is read once per dim for its E entries
+// (float4 reads where the rows allow, vec); the keys are staged as doubles (no conversion per product) and a warp's
+// lanes, consecutive heads of one group, read the same key words (broadcasts).
+template <int E>
+__device__ __forceinline__ void index_terms(const IndexArgs& a, const float* qs, int ldq, const double* kd, const float* hw,
+                                            int ns, bool vec, double* vals, int ldv) {
+  const int nh = a.nh, dh = int(a.dh), ng = (ns + E - 1) / E;
+  for (int p = int(threadIdx.x); p < ng * nh; p += int(blockDim.x)) {
+    const int g = p / nh, h = p - g * nh;
+    const float* qh = qs + h * ldq;
+    const double* kr[E];
+    double dot[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) kr[j] = kd + min(g * E + j, ns - 1) * dh, dot[j] = 0;  // a short group repeats its last entry
+    if (vec) {
+#pragma unroll 2
+      for (int b = 0; b < dh / 4; ++b) {
+        const float4 x = reinterpret_cast<const float4*>(qh)[b];
+        const double q0 = x.x, q1 = x.y, q2 = x.z, q3 = x.w;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          const double2 k01 = reinterpret_cast<const double2*>(kr[j])[2 * b], k23 = reinterpret_cast<const double2*>(kr[j])[2 * b + 1];
+          dot[j] += q0 * k01.x;
+          dot[j] += q1 * k01.y;
+          dot[j] += q2 * k23.x;
+          dot[j] += q3 * k23.y;
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int d = 0; d < dh; ++d) {
+        const double q = qh[d];
+#pragma unroll
+        for (int j = 0; j < E; ++j) dot[j] += q * kr[j][d];
+      }
+    }
+    const float w = hw[h];
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if (g * E + j < ns) vals[(g * E + j) * ldv + h] = index_term(a, dot[j], w);
+  }
 }
 
 // An entry's score from its nh head terms (v[h]), summed in head order.
@@ -111,78 +138,71 @@ __device__ __forceinline__ float index_entry_score(const IndexArgs& a, const dou
 }
 
 // Shared memory of a scores block holding eb entries: the head terms [eb, ldv] (doubles), then (16-byte aligned)
-// the token's queries [nh, ldq], its head weights [nh] and the entries' keys [eb, dh] (floats). `extra` bytes
-// before it all (the fused kernel's keys).
+// the token's queries [nh, ldq], its head weights [nh] (floats) and the entries' keys [eb, dh] (doubles). `extra`
+// bytes before it all (the fused kernel's keys).
 struct ScoresSmem {
   size_t vals, qs, hw, ks, total;
   bool vec;
   __host__ __device__ static size_t up16(size_t x) { return (x + 15) & ~size_t(15); }
-  __host__ __device__ ScoresSmem(int eb, int nh, int dh, bool want_vec, size_t extra) : vec(index_vec(dh, want_vec)) {
+  __host__ __device__ ScoresSmem(int eb, int nh, int dh, size_t extra) : vec(index_vec(dh, true)) {
     vals = up16(extra);
     qs = up16(vals + size_t(eb) * size_t(index_ldv(nh)) * 8);
     hw = qs + size_t(nh) * size_t(index_ldq(dh, vec)) * 4;
     ks = up16(hw + size_t(nh) * 4);
-    total = ks + size_t(eb) * size_t(dh) * 4;
+    total = ks + size_t(eb) * size_t(dh) * 8;
   }
 };
 
-// The scores of token t for entries [e0, e0 + nb) into sc[e - e0] (-inf for the entries t does not see yet); the
-// caller's block stages, then a thread per (entry, head) pair computes its term (looping when there are more pairs
-// than threads), then a thread per entry sums. Keys are staged for every entry below ne_cap (the buffer holds
-// ne_cap rows; those not yet written are read and not used), so no load waits for the position. Ends with the
-// block synchronized after the sums; scores are returned through `emit(el, score)`.
-template <class Emit>
+// The block's keys, count floats from src, into dst as doubles: B loads per thread in flight, then their stores.
+template <int B>
+__device__ __forceinline__ void stage_keys_f64(double* dst, const float* src, int count) {
+  const int T = int(blockDim.x);
+  for (int i0 = int(threadIdx.x); i0 < count; i0 += B * T) {
+    float v[B];
+#pragma unroll
+    for (int u = 0; u < B; ++u) v[u] = i0 + u * T < count ? src[i0 + u * T] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < B; ++u)
+      if (i0 + u * T < count) dst[i0 + u * T] = v[u];
+  }
+}
+
+// The scores of token t for entries [e0, e0 + nb) into emit(el, score) (-inf for the entries t does not see yet):
+// the block stages, computes the terms (index_terms<E>), then a thread per entry sums them. Keys are staged for
+// every entry below ne_cap (the buffer holds ne_cap rows; those not yet written are read and not used), so no load
+// waits for the position. Ends with the block synchronized after the terms.
+template <int E, class Emit>
 __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned char* smem, const ScoresSmem& L, int t, int64_t e0,
                                                    int nb, int64_t visible, Emit emit) {
   const int nh = a.nh, dh = int(a.dh), ldq = index_ldq(dh, L.vec), ldv = index_ldv(nh);
   double* vals = reinterpret_cast<double*>(smem + L.vals);
   float* qs = reinterpret_cast<float*>(smem + L.qs);
   float* hws = reinterpret_cast<float*>(smem + L.hw);
-  float* ks = reinterpret_cast<float*>(smem + L.ks);
-  stage_rows(qs, ldq, a.q + int64_t(t) * nh * dh, dh, nh, dh);
+  double* ks = reinterpret_cast<double*>(smem + L.ks);
+  stage_rows(qs, ldq, a.q + int64_t(t) * nh * dh, dh, nh, dh);  // in flight while the keys load
   stage_rows(hws, nh, a.hw + int64_t(t) * nh, nh, 1, nh);
-  stage_rows(ks, dh, a.keys + e0 * dh, dh, max(nb, 0), dh);
+  stage_keys_f64<8>(ks, a.keys + e0 * dh, max(nb, 0) * dh);
   stage_wait();
   const int ns = int(max(int64_t(0), min(int64_t(nb), visible - e0)));  // entries with a score
-  for (int p = threadIdx.x; p < ns * nh; p += blockDim.x) {
-    const int el = p / nh, h = p - el * nh;
-    vals[el * ldv + h] = index_head_term(a, qs + h * ldq, ks + el * dh, hws[h], L.vec);
-  }
+  index_terms<E>(a, qs, ldq, ks, hws, ns, L.vec, vals, ldv);
   __syncthreads();
   for (int el = threadIdx.x; el < nb; el += blockDim.x) emit(el, el < ns ? index_entry_score(a, vals + el * ldv) : -INFINITY);
 }
 
-// Split path, scores: block (group of eb entries, token), a thread per (entry, head) pair (looping when eb * nh >
-// 256), then a thread per entry sums its heads; the terms and sums are the fused path's (index_head_term,
-// index_entry_score), so the two paths give the same bits. The queries are staged with an odd row stride (scalar
-// reads, conflict-free across the lanes' heads) by 4-byte copies, the keys by 16-byte ones (stage_rows). Occupancy
-// is the pre-session-7 kernel's: bounding registers for 6 blocks per SM ran 3-4 % slower at 8K and 64K entries
-// (bench/results/h200-indexer-decode).
+// Split path, scores: a block (group of eb entries, token) runs index_scores_block, the fused path's terms and sums,
+// so the two paths give the same bits: 4 entries per block, one per item (a thread per (entry, head): parallelism),
+// or 16 per block, 4 per item (the token's queries staged once per 16 entries, each query read serving 4 entries).
 constexpr int kScoresThreads = 256;
-size_t scores_smem(int eb, int nh, int64_t dh) {  // [eb, nh] head terms (doubles), [nh, dh + 1] queries, [eb, dh] keys
-  return size_t(eb) * (size_t(nh) * 8 + size_t(dh) * 4) + size_t(nh) * size_t(index_ldq(int(dh), false)) * 4;
-}
-__global__ void index_scores_kernel(IndexArgs a, int eb) {
+constexpr size_t kScoresMaxSmem = 160 * 1024;
+template <int E>
+__global__ void __launch_bounds__(kScoresThreads) index_scores_kernel(IndexArgs a, int eb) {
   pdl_begin();
-  extern __shared__ double vals[];
-  const int t = blockIdx.y, nh = a.nh;
-  const int64_t dh = a.dh, ldq = index_ldq(int(dh), false), e0 = int64_t(blockIdx.x) * eb;
-  float* qs = reinterpret_cast<float*>(vals + int64_t(eb) * nh);
-  float* ks = qs + nh * ldq;
-  const int64_t visible = (*a.pos + t + 1) / a.rate;
-  const int64_t ne_here = min(int64_t(eb), min(a.ne_cap, visible) - e0);  // entries of this group with a score
-  const float* qt = a.q + int64_t(t) * nh * dh;
-  stage_rows(qs, int(ldq), qt, dh, nh, int(dh));
-  stage_rows(ks, int(dh), a.keys + e0 * dh, dh, int(max(ne_here, int64_t(0))), int(dh));
-  stage_wait();
-  for (int p = threadIdx.x; p < eb * nh; p += blockDim.x) {
-    const int el = p / nh, h = p % nh;
-    if (el < ne_here) vals[p] = index_head_term(a, qs + h * ldq, ks + int64_t(el) * dh, a.hw[int64_t(t) * nh + h], false);
-  }
-  __syncthreads();
-  const int el = threadIdx.x;
-  if (el >= eb || e0 + el >= a.ne_cap) return;
-  a.scores[int64_t(t) * a.ne_cap + e0 + el] = el < ne_here ? index_entry_score(a, vals + el * nh) : -INFINITY;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int t = int(blockIdx.y);
+  const int64_t e0 = int64_t(blockIdx.x) * eb, visible = (*a.pos + t + 1) / a.rate;
+  const ScoresSmem L(eb, a.nh, int(a.dh), 0);
+  float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
+  index_scores_block<E>(a, smem, L, t, e0, int(min(int64_t(eb), a.ne_cap - e0)), visible, [&](int el, float v) { sc[el] = v; });
 }
 
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
@@ -479,7 +499,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) block_select_kernel(IndexArg
 // launch depends on (n, ne_cap) alone. At 65 entries (a 256-token context) this replaces a 17-block scores launch
 // and a one-block select.
 constexpr int kFusedMaxCluster = 16, kFusedMaxThreads = 1024;
-constexpr size_t kFusedMaxSmem = 112 * 1024;
+constexpr size_t kFusedMaxSmem = 160 * 1024;  // 512 entries over 8 blocks: 135 KiB at V4's 64 x 128
 
 __host__ __device__ __forceinline__ int pow2_ceil(int v) {
   int P = 1;
@@ -494,13 +514,13 @@ __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs
   const cg::cluster_group cl = cg::this_cluster();
   const int r = int(cl.block_rank()), t = int(blockIdx.y);
   uint64_t* keys = reinterpret_cast<uint64_t*>(smem);  // [pow2_ceil(ne_cap)]: block 0's are the token's
-  const ScoresSmem L(eb, a.nh, int(a.dh), true, size_t(pow2_ceil(int(a.ne_cap))) * 8);
+  const ScoresSmem L(eb, a.nh, int(a.dh), size_t(pow2_ceil(int(a.ne_cap))) * 8);
   const int64_t e0 = int64_t(r) * eb, pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
   const int nb = int(max(int64_t(0), min(int64_t(eb), a.ne_cap - e0)));
   const SelSizes z(a);
   float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
   uint64_t* keys0 = cl.map_shared_rank(keys, 0);
-  index_scores_block(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
+  index_scores_block<1>(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
     sc[el] = v;
     if (e0 + el < z.ne) keys0[e0 + el] = sel_key(v, e0 + el, ib);
   });
@@ -522,7 +542,7 @@ struct FusedPlan {
   FusedPlan(const IndexArgs& a, int C_) : C(C_) {
     eb = int((a.ne_cap + C - 1) / C);
     threads = std::min(kFusedMaxThreads, std::max(128, (eb * a.nh + 31) / 32 * 32));
-    smem = ScoresSmem(eb, a.nh, int(a.dh), true, size_t(pow2_ceil(int(std::min<int64_t>(a.ne_cap, kIndexerFusedMaxNe)))) * 8).total;
+    smem = ScoresSmem(eb, a.nh, int(a.dh), size_t(pow2_ceil(int(std::min<int64_t>(a.ne_cap, kIndexerFusedMaxNe)))) * 8).total;
     fits = a.ne_cap <= kIndexerFusedMaxNe && a.nh >= 1 && a.dh >= 1 && smem <= kFusedMaxSmem &&
            a.ne_cap <= int64_t(kBlockPer) * threads;
   }
@@ -588,10 +608,10 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
 bool fwd_indexer_fused_fits(const IndexArgs& a) { return FusedPlan(a, 8).fits; }
 
 // Fused up to kIndexerFusedDefaultNe entries, split above. H200, IndexerTiming (graph-replayed, warm L2), V4-Flash
-// sizes, n = 1, split / fused us: 65 entries 18.5 / 16.2, 128: 18.5 / 16.1, 256: 19.8 / 21.8, 512: 22.1 / 33.0
-// (the fused path's 16 blocks per token run out of parallelism; n = 8 at 65 and 128: 21.7 / 20.5, 21.7 / 22.7).
-// ncu at 65 entries (one eager decode step, base clocks, cold L2): fused 22.2 us, against 20.7 + 12.4 us for the
-// scores and block select launches before.
+// sizes, n = 1, split (its default shape) / fused us (session 9's staging and terms): 65 entries 11.9 / 9.9, 128:
+// 11.8 / 10.7, 256: 13.5 / 15.5, 512: 16.3 / 22.3 (the fused path's 16 blocks per token run out of parallelism);
+// n = 8 at 65 and 128: 13.2 / 12.1, 13.5 / 14.1. ncu at 65 entries (one eager decode step, base clocks, cold L2):
+// fused 22.1 us before the staging rewrite, against 20.7 + 12.4 us for the split path's launches before that.
 int fwd_indexer_path(const IndexArgs& a) {
   return a.ne_cap <= kIndexerFusedDefaultNe && fwd_indexer_fused_fits(a) ? kIndexerFused : kIndexerSplit;
 }
@@ -617,14 +637,29 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
     return;
   }
   if (path != kIndexerSplit) throw_arg("indexer: unknown path");
-  // Entries per block: 4 while that still leaves few blocks (short contexts: parallelism), 8 above (long contexts:
-  // each block stages the token's queries, nh x dh floats, from L2).
-  const int eb = a.ne_cap <= 1024 ? 4 : 8;
-  const size_t smem = scores_smem(eb, a.nh, a.dh);
-  if (smem > 48 * 1024)
-    throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (48 KiB)");
-  launch("fwd_indexer_scores", index_scores_kernel, dim3(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n)), kScoresThreads, smem, s,
-         a, eb);
+  // Entries per block: 4 below 1024 (token, entry) pairs (parallelism), 16 from there (each block stages the
+  // token's queries, nh x dh floats, from L2, and each thread's query reads serve 4 entries). H200, IndexerTiming
+  // (graph-replayed, V4-Flash sizes), 4 / 1 entries per item, us: 512 x 1 16.7 / 16.3, 1024 x 1 21.9 / 23.2,
+  // 256 x 8 15.5 / 20.0, 65536 x 1 144.9 / 240.0, 65536 x 8 879 / 2006 (before this session: 399 and 2899).
+  if (a.scores_per_item != 0 && a.scores_per_item != 1 && a.scores_per_item != 4)
+    throw_arg("indexer: scores_per_item must be 0 (by size), 1 or 4");
+  const bool wide = a.scores_per_item ? a.scores_per_item == 4 : int64_t(a.n) * a.ne_cap >= 1024;
+  const int eb = wide ? 16 : 4;
+  const size_t smem = ScoresSmem(eb, a.nh, int(a.dh), 0).total;
+  if (smem > kScoresMaxSmem)
+    throw_arg("indexer: index_n_heads x index_head_dim too large for the scores kernel's shared memory (160 KiB)");
+  static size_t raised[2] = {48 * 1024, 48 * 1024};  // per process: the attribute is per kernel
+  if (smem > raised[wide]) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(wide ? index_scores_kernel<4> : index_scores_kernel<1>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    raised[wide] = smem;
+  }
+  const dim3 grid(unsigned(fwd_blocks(a.ne_cap, eb)), unsigned(a.n));
+  if (wide) {
+    launch("fwd_indexer_scores", index_scores_kernel<4>, grid, kScoresThreads, smem, s, a, eb);
+  } else {
+    launch("fwd_indexer_scores", index_scores_kernel<1>, grid, kScoresThreads, smem, s, a, eb);
+  }
   fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
 }
 

@@ -227,6 +227,9 @@ struct IndexArgs {
   int64_t* sel = nullptr;   // [n, k_cap]; k_cap >= min(topk, ne_cap)
   void* topk_scratch = nullptr;  // the select path's: fwd_index_topk_scratch_bytes
   size_t topk_scratch_bytes = 0;
+  // The split path's scores kernel: entries per item, 1 (4 per block) or 4 (16 per block); 0: by size
+  // (fwd_indexer.cu). The same bits either way.
+  int scores_per_item = 0;
 };
 // Scores and top-k (fwd_indexer.cu). Paths, identical results (scores and indices): split (the scores kernel over
 // blocks of entries, then the top-k by fwd_index_topk_path(ne_cap)) and fused (one cluster launch, a cluster of

@@ -245,9 +245,9 @@ struct IndexerInputs {
 
 // The indexer's scores against the host formula: per (token, visible entry) the fp64 dot q_h . k in dim order, relu,
 // times qscale * (hw * wscale) (official: the bf16 roundings), summed over heads in head order; -inf for entries the
-// token does not see yet; the split path's two block shapes (4 and 8 entries), the fused path where it applies, and
-// small head counts. The fp64 sums may contract differently on the two sides: compared to 2 float ulps (the paths
-// against each other: IndexerPathsMatch, exactly).
+// token does not see yet; the split path's two block shapes (4 entries, one per item; 16, four per item), the fused
+// path where it applies, and small head counts. The fp64 sums may contract differently on the two sides: compared
+// to 2 float ulps; the paths against each other exactly (here and in IndexerPathsMatch).
 TEST_F(GpuTest, IndexScoresMatchHost) {
   struct S {
     int n, nh;
@@ -255,7 +255,10 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
     int official;
   };
   const S shapes[] = {{1, 64, 128, 255, 4, 64, 0},   {3, 64, 128, 7990, 4, 2100, 0}, {2, 64, 128, 1000, 4, 260, 1},
-                      {5, 4, 16, 37, 4, 16, 0},      {2, 8, 32, 5000, 128, 64, 1}};
+                      {5, 4, 16, 37, 4, 16, 0},      {2, 8, 32, 5000, 128, 64, 1},
+                      // above 1024 entries the split path takes 4 entries per item: short groups at the prefix's
+                      // end, official numerics, a head dim not a multiple of 4 (scalar reads)
+                      {2, 8, 30, 6001, 4, 1600, 1},  {1, 64, 128, 4100, 4, 1030, 0}};
   uint32_t seed = 3;
   for (const S& c : shapes) {
     Rng r(seed++);
@@ -280,10 +283,13 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
         want[size_t(t * c.ne_cap + e)] = c.official ? plumb::fmt8::round_bf16(float(acc)) : float(acc);
       }
     }
-    for (int ipath : {d::kIndexerSplit, d::kIndexerFused}) {
-      if (ipath == d::kIndexerFused && !d::fwd_indexer_fused_fits(a)) continue;
+    // path 0 / 1: split with 1 / 4 entries per item; 2: fused. Paths 1 and 2 also bit for bit against path 0.
+    std::vector<float> got0;
+    for (int ipath : {0, 1, 2}) {
+      if (ipath == 2 && !d::fwd_indexer_fused_fits(a)) continue;
       scores.fill_byte(0x77);
-      d::fwd_indexer(a, nullptr, ipath);
+      a.scores_per_item = ipath == 1 ? 4 : 1;
+      d::fwd_indexer(a, nullptr, ipath == 2 ? d::kIndexerFused : d::kIndexerSplit);
       const auto got = to_host<float>(scores, size_t(c.n * c.ne_cap));
       int64_t bad = 0;
       std::string first;
@@ -295,9 +301,20 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
           first = "token " + std::to_string(i / size_t(c.ne_cap)) + ", entry " + std::to_string(i % size_t(c.ne_cap)) + ": got " +
                   std::to_string(g) + ", want " + std::to_string(w);
       }
-      EXPECT_EQ(bad, 0) << (ipath == d::kIndexerFused ? "fused" : "split") << ", n " << c.n << ", nh " << c.nh << ", dh " << c.dh
-                        << ", ne_cap " << c.ne_cap << (c.official ? " (official)" : "") << ": " << bad << " of " << got.size()
+      const char* name = ipath == 2 ? "fused" : ipath == 1 ? "split, 4 per item" : "split, 1 per item";
+      EXPECT_EQ(bad, 0) << name << ", n " << c.n << ", nh " << c.nh << ", dh " << c.dh << ", ne_cap " << c.ne_cap
+                        << (c.official ? " (official)" : "") << ": " << bad << " of " << got.size()
                         << " scores differ; first at " << first;
+      if (ipath == 0) {
+        got0 = got;
+        continue;
+      }
+      size_t diff = 0, at = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (std::memcmp(&got[i], &got0[i], 4) != 0 && diff++ == 0) at = i;
+      EXPECT_EQ(diff, 0u) << name << " against split, 1 per item, n " << c.n << ", nh " << c.nh << ", dh " << c.dh
+                          << ", ne_cap " << c.ne_cap << ": " << diff << " scores differ in their bits; first at token "
+                          << at / size_t(c.ne_cap) << ", entry " << at % size_t(c.ne_cap);
     }
   }
 }
@@ -426,7 +443,7 @@ TEST_F(GpuTest, IndexerTiming) {
   d::Stream st = d::stream_create();
   void* ev0 = d::event_create();
   void* ev1 = d::event_create();
-  std::printf("%-8s %-3s %12s %12s\n", "ne", "n", "split us", "fused us");
+  std::printf("%-8s %-3s %12s %12s %12s\n", "ne", "n", "split 4/item", "split 1/item", "fused");
   for (int64_t ne : {int64_t(64), int64_t(65), int64_t(128), int64_t(256), int64_t(512), int64_t(1024), int64_t(2048),
                      int64_t(8192), int64_t(65536)})
     for (int n : {1, 8}) {
@@ -435,12 +452,14 @@ TEST_F(GpuTest, IndexerTiming) {
       d::IndexArgs& a = in.a;
       DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(a.k_cap) * 8);
       a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
-      double us[2] = {NAN, NAN};
-      for (int path : {d::kIndexerSplit, d::kIndexerFused}) {
-        if (path == d::kIndexerFused && !d::fwd_indexer_fused_fits(a)) continue;
-        us[path] = graph_us_per_call(st, ev0, ev1, [&] { d::fwd_indexer(a, st, path); });
+      // split with 4 entries per item, with 1, fused
+      double us[3] = {NAN, NAN, NAN};
+      for (int path : {0, 1, 2}) {
+        if (path == 2 && !d::fwd_indexer_fused_fits(a)) continue;
+        a.scores_per_item = path == 0 ? 4 : 1;
+        us[path] = graph_us_per_call(st, ev0, ev1, [&] { d::fwd_indexer(a, st, path == 2 ? d::kIndexerFused : d::kIndexerSplit); });
       }
-      std::printf("%-8lld %-3d %12.1f %12.1f\n", (long long)ne, n, us[d::kIndexerSplit], us[d::kIndexerFused]);
+      std::printf("%-8lld %-3d %12.1f %12.1f %12.1f\n", (long long)ne, n, us[0], us[1], us[2]);
     }
   d::event_destroy(ev0);
   d::event_destroy(ev1);
