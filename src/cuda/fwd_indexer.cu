@@ -205,6 +205,89 @@ __global__ void __launch_bounds__(kScoresThreads) index_scores_kernel(IndexArgs 
   index_scores_block<E>(a, smem, L, t, e0, int(min(int64_t(eb), a.ne_cap - e0)), visible, [&](int el, float v) { sc[el] = v; });
 }
 
+// indexer.tc_scores (a patch, its own tolerance): the scores on the f16 tensor cores. Block (token t, kTcEntries
+// entries), warp w: heads [16w, 16w + 16) against every 8-entry tile of the block. The head's query and the keys
+// are rounded to f16 as their fragments load (f32 in memory; the warp's query fragments stay in registers),
+// mma.m16n8k16 accumulates the dot in fp32, then relu and the scales per (head, entry) in fp32, the warp's 16
+// heads summed in a shuffle tree and the warps' sums in warp order. Not the exact path's bits: f16 inputs (2^-11
+// relative each) and fp32 sums. STEPS = dh / 16 is a template parameter so that every load of a tile issues before
+// its MMAs; up to 8 steps the next tile's keys load while this tile's MMAs run. Needs nh <= 128, dh % 16 == 0,
+// dh <= 256 (fwd_indexer_tc_fits).
+constexpr int kTcEntries = 32, kTcMaxWarps = 8, kTcMaxSteps = 16;
+template <int STEPS>
+__global__ void __launch_bounds__(kTcMaxWarps * 32) index_tc_scores_kernel(IndexArgs a) {
+  pdl_begin();
+  __shared__ float part[kTcMaxWarps][kTcEntries];
+  const int t = int(blockIdx.y), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, tq = lane & 3;
+  const int nw = int(blockDim.x >> 5), h = 16 * warp + g;
+  const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min((*a.pos + t + 1) / a.rate, a.ne_cap);
+  // Rows h and h + 8 of the A fragments; heads past nh (the last tile of a head count not a multiple of 16) are
+  // zero rows with weight 0.
+  const bool ha = h < a.nh, hb = h + 8 < a.nh;
+  const float* qa = a.q + (int64_t(t) * a.nh + (ha ? h : 0)) * a.dh + 2 * tq;
+  const float* qb = a.q + (int64_t(t) * a.nh + (hb ? h + 8 : 0)) * a.dh + 2 * tq;
+  uint32_t qf[STEPS][4];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    const float2 z = make_float2(0.0f, 0.0f);
+    const float2 x0 = ha ? *reinterpret_cast<const float2*>(qa + 16 * s) : z, x1 = hb ? *reinterpret_cast<const float2*>(qb + 16 * s) : z;
+    const float2 x2 = ha ? *reinterpret_cast<const float2*>(qa + 16 * s + 8) : z, x3 = hb ? *reinterpret_cast<const float2*>(qb + 16 * s + 8) : z;
+    qf[s][0] = f32x2_to_f16x2(x0.x, x0.y), qf[s][1] = f32x2_to_f16x2(x1.x, x1.y);
+    qf[s][2] = f32x2_to_f16x2(x2.x, x2.y), qf[s][3] = f32x2_to_f16x2(x3.x, x3.y);
+  }
+  const float wa = ha ? __fmul_rn(a.hw[int64_t(t) * a.nh + h], a.wscale) : 0.0f;
+  const float wb = hb ? __fmul_rn(a.hw[int64_t(t) * a.nh + h + 8], a.wscale) : 0.0f;
+  const int tiles = int((max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)) + 7) / 8);  // tiles with a visible entry
+  // B column g of tile j: key e0 + 8j + g (rows past ne_cap clamp to the last: loaded, computed, never stored).
+  auto load = [&](int j, float2 (&k)[STEPS][2]) {
+    const float* kr = a.keys + min(e0 + 8 * j + g, a.ne_cap - 1) * a.dh + 2 * tq;
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s)
+      k[s][0] = *reinterpret_cast<const float2*>(kr + 16 * s), k[s][1] = *reinterpret_cast<const float2*>(kr + 16 * s + 8);
+  };
+  constexpr bool kAhead = STEPS <= 8;
+  float2 kc[STEPS][2];
+  if (tiles > 0) load(0, kc);
+#pragma unroll 1
+  for (int j = 0; j < tiles; ++j) {
+    float2 kn[kAhead ? STEPS : 1][2];
+    if constexpr (kAhead) load(min(j + 1, tiles - 1), kn);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s)
+      mma_f16(d, qf[s][0], qf[s][1], qf[s][2], qf[s][3], f32x2_to_f16x2(kc[s][0].x, kc[s][0].y), f32x2_to_f16x2(kc[s][1].x, kc[s][1].y));
+    // d: (head h, entries 2tq and 2tq + 1), (head h + 8, the same entries)
+    float p0 = fmaxf(d[0], 0.0f) * a.qscale * wa + fmaxf(d[2], 0.0f) * a.qscale * wb;
+    float p1 = fmaxf(d[1], 0.0f) * a.qscale * wa + fmaxf(d[3], 0.0f) * a.qscale * wb;
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) p0 += __shfl_xor_sync(0xFFFFFFFFu, p0, o), p1 += __shfl_xor_sync(0xFFFFFFFFu, p1, o);
+    if (g == 0) part[warp][8 * j + 2 * tq] = p0, part[warp][8 * j + 2 * tq + 1] = p1;
+    if constexpr (kAhead) {
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) kc[s][0] = kn[s][0], kc[s][1] = kn[s][1];
+    } else if (j + 1 < tiles) {
+      load(j + 1, kc);
+    }
+  }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < kTcEntries; e += int(blockDim.x)) {
+    if (e0 + e >= a.ne_cap) break;
+    float sum = 0.0f;
+    for (int w = 0; w < nw; ++w) sum += part[w][e];
+    a.scores[int64_t(t) * a.ne_cap + e0 + e] = e0 + e < visible ? sum : -INFINITY;
+  }
+}
+
+// The kernel for dh / 16 steps (1 .. kTcMaxSteps).
+template <int S = 1>
+void launch_tc_scores(const IndexArgs& a, int steps, Stream s) {
+  if constexpr (S <= kTcMaxSteps) {
+    if (steps != S) return launch_tc_scores<S + 1>(a, steps, s);
+    launch("fwd_indexer_scores tc", index_tc_scores_kernel<S>, dim3(unsigned(fwd_blocks(a.ne_cap, kTcEntries)), unsigned(a.n)),
+           (a.nh + 15) / 16 * 32, 0, s, a);
+  }
+}
+
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
 // the top-k, sorted; the row's slots from k to k_cap are -1.
 __global__ void index_topk_kernel(IndexArgs a) {
@@ -616,6 +699,10 @@ int fwd_indexer_path(const IndexArgs& a) {
   return a.ne_cap <= kIndexerFusedDefaultNe && fwd_indexer_fused_fits(a) ? kIndexerFused : kIndexerSplit;
 }
 
+bool fwd_indexer_tc_fits(const IndexArgs& a) {
+  return !a.official && a.nh >= 1 && a.nh <= 16 * kTcMaxWarps && a.dh >= 16 && a.dh % 16 == 0 && a.dh <= 16 * kTcMaxSteps;
+}
+
 void fwd_indexer(const IndexArgs& a, Stream s, int path) {
   if (a.n <= 0 || a.ne_cap <= 0) return;
   if (path == kIndexerFused) {
@@ -634,6 +721,14 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
     cfg.attrs = at, cfg.numAttrs = 1;
     PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, index_fused_kernel, a, p.eb, ib, passes));
     check_launch("fwd_indexer fused");
+    return;
+  }
+  if (path == kIndexerTc) {
+    if (!fwd_indexer_tc_fits(a))
+      throw_arg("indexer: the tensor-core scores need at most 128 heads and a head dim multiple of 16 up to 256, not the "
+                "official numerics");
+    launch_tc_scores(a, int(a.dh / 16), s);
+    fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
     return;
   }
   if (path != kIndexerSplit) throw_arg("indexer: unknown path");

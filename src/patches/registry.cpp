@@ -130,6 +130,17 @@ std::vector<Patch> make_registry() {
                // own order and the softmax is normalized per chunk: measured <= 1.2e-7 normalized against the unsplit
                // twin (tests/cuda, key lists up to 8K entries, 4 to 64 heads). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.attn_splitk_decode = true; }, false, "cuda"});
+  r.push_back({"indexer.tc_scores", "lightning indexer scores: fp64 dots in dim order, summed over heads in head order",
+               "the scores on the f16 tensor cores: the token's queries and the compressed keys rounded to f16, "
+               "mma.m16n8k16 with fp32 accumulation, relu and the head weights in fp32, heads summed in a fixed tree; "
+               "then the same top-k; used where index_head_dim is a multiple of 16 up to 256 and index_n_heads <= 128 "
+               "(V4: 64 x 128)",
+               "near-equal scores can swap places in the top-k (a different key set for the sparse attention); an f16 "
+               "query or key above 65504 would be inf",
+               // f16 rounding of q and k (2^-11 relative each) and fp32 sums: the scores' error normalized by their
+               // largest magnitude is measured in tests/cuda (IndexerTcScoresMatchExact) well below 1e-2; the
+               // top-k's set can differ only among entries within that error of the k-th score.
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.indexer_tc_scores = true; }, false, "cuda"});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",

@@ -59,10 +59,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(fp32_fixtures()),
                        ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm")),
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm", "indexer.tc_scores")),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
-                      std::to_string(info.index % 5);
+                      std::to_string(info.index % 6);
       for (auto& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

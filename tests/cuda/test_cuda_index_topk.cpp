@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 
 #include "cuda/fwd_kernels.h"
@@ -319,6 +320,90 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
   }
 }
 
+// indexer.tc_scores against the exact path: the scores' error normalized by the token's largest |score| (f16
+// inputs, fp32 sums: bounded by 2e-3 here, the patch's registry tolerance is 1e-2), the same -inf pattern, and the
+// top-k: an entry chosen by one path and not the other must score within that error of the exact k-th score (a
+// near-tie swap, not a wrong entry). V4-Flash sizes at decode and chunk shapes, graph bounds above ne, k < ne and
+// k = ne, head counts below 16 (zero rows); the official numerics and unfit sizes are refused.
+TEST_F(GpuTest, IndexerTcScoresMatchExact) {
+  struct S {
+    int n, nh;
+    int64_t dh, pos0, rate, ne_cap;
+    int topk;
+  };
+  const S shapes[] = {
+      {1, 64, 128, 259, 4, 128, 512},     // decode at a 256-token context, graph bound 128: every entry chosen
+      {1, 64, 128, 8191, 4, 2048, 512},   // 2048 entries, top-512
+      {8, 64, 128, 8000, 4, 2050, 512},   // 8 tokens, the last tile partly visible
+      {3, 16, 16, 300, 2, 160, 40},       // one warp of heads, one k-step
+      {2, 8, 16, 700, 4, 200, 30},        // half a warp of heads (the fixtures' index heads)
+      {2, 40, 256, 1203, 4, 301, 64},     // 16 steps (no tile loaded ahead), a partial head tile
+      {64, 64, 128, 192, 1, 256, 128},    // a prefill chunk: every token a different prefix
+  };
+  uint32_t seed = 71;
+  for (const S& c : shapes) {
+    Rng r(seed++);
+    IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, c.topk, 0, false);
+    d::IndexArgs& a = in.a;
+    ASSERT_TRUE(d::fwd_indexer_tc_fits(a));
+    const int k_cap = a.k_cap;
+    std::vector<float> sc[2];
+    std::vector<int64_t> sel[2];
+    for (int tc : {0, 1}) {
+      DeviceBuffer scores(size_t(c.n * c.ne_cap) * 4), dsel(size_t(c.n) * size_t(k_cap) * 8);
+      scores.fill_byte(0x77), dsel.fill_byte(0x77);
+      a.scores = scores.as<float>(), a.sel = dsel.as<int64_t>();
+      d::fwd_indexer(a, nullptr, tc ? d::kIndexerTc : d::kIndexerSplit);
+      sc[tc] = to_host<float>(scores, size_t(c.n * c.ne_cap));
+      sel[tc] = to_host<int64_t>(dsel, size_t(c.n) * size_t(k_cap));
+    }
+    double worst = 0;
+    std::string where;
+    for (int t = 0; t < c.n; ++t) {
+      const float* x = &sc[0][size_t(t) * size_t(c.ne_cap)];
+      const float* y = &sc[1][size_t(t) * size_t(c.ne_cap)];
+      float big = 0;
+      for (int64_t e = 0; e < c.ne_cap; ++e)
+        if (std::isfinite(x[e])) big = std::max(big, std::fabs(x[e]));
+      for (int64_t e = 0; e < c.ne_cap; ++e) {
+        if (std::isinf(x[e]) || std::isinf(y[e])) {
+          ASSERT_EQ(x[e], y[e]) << "n " << c.n << ", ne_cap " << c.ne_cap << ": token " << t << ", entry " << e;
+          continue;
+        }
+        const double err = std::fabs(double(y[e]) - double(x[e])) / std::max(1e-30, double(big));
+        if (err > worst)
+          worst = err, where = "token " + std::to_string(t) + ", entry " + std::to_string(e) + ": tc " + std::to_string(y[e]) +
+                              ", exact " + std::to_string(x[e]);
+      }
+      // The top-k sets: a difference must be a near tie at the k-th exact score.
+      const int64_t* s0 = &sel[0][size_t(t) * size_t(k_cap)];
+      const int64_t* s1 = &sel[1][size_t(t) * size_t(k_cap)];
+      std::vector<int64_t> a0(s0, s0 + k_cap), a1(s1, s1 + k_cap);
+      float kth = INFINITY;
+      for (int64_t e : a0)
+        if (e >= 0) kth = std::min(kth, x[e]);
+      std::sort(a0.begin(), a0.end()), std::sort(a1.begin(), a1.end());
+      std::vector<int64_t> diff;
+      std::set_symmetric_difference(a0.begin(), a0.end(), a1.begin(), a1.end(), std::back_inserter(diff));
+      for (int64_t e : diff) {
+        if (e < 0) continue;
+        EXPECT_LE(std::fabs(double(x[e]) - double(kth)), 4e-3 * double(big))
+            << "n " << c.n << ", ne_cap " << c.ne_cap << ": token " << t << " entry " << e << " (exact score " << x[e]
+            << ", the k-th " << kth << ") is in one top-k only";
+      }
+    }
+    std::printf("indexer.tc_scores n %d, nh %d, dh %lld, ne_cap %lld: worst normalized error %.3g (%s)\n", c.n, c.nh,
+                (long long)c.dh, (long long)c.ne_cap, worst, where.c_str());
+    EXPECT_LE(worst, 2e-3) << "n " << c.n << ", ne_cap " << c.ne_cap << ": at " << where;
+  }
+  Rng r(5);
+  IndexerInputs off(r, 1, 64, 128, 259, 4, 128, 512, 1, false);
+  EXPECT_FALSE(d::fwd_indexer_tc_fits(off.a)) << "the official numerics";
+  IndexerInputs odd(r, 1, 8, 24, 259, 4, 128, 512, 0, false);
+  EXPECT_FALSE(d::fwd_indexer_tc_fits(odd.a)) << "head dim 24";
+  EXPECT_THROW(d::fwd_indexer(odd.a, nullptr, d::kIndexerTc), std::exception);
+}
+
 // The fused path (one cluster launch: scores, then the top-k in the cluster's first block) against the split path
 // (the scores kernel, then the block or select top-k), bit for bit: every score (-inf past a token's prefix) and
 // every index, on decode and chunk shapes, graph bounds above ne, k < ne (the digit passes) and k = ne (the sort
@@ -443,7 +528,7 @@ TEST_F(GpuTest, IndexerTiming) {
   d::Stream st = d::stream_create();
   void* ev0 = d::event_create();
   void* ev1 = d::event_create();
-  std::printf("%-8s %-3s %12s %12s %12s\n", "ne", "n", "split 4/item", "split 1/item", "fused");
+  std::printf("%-8s %-3s %12s %12s %12s %12s\n", "ne", "n", "split 4/item", "split 1/item", "fused", "tc (patch)");
   for (int64_t ne : {int64_t(64), int64_t(65), int64_t(128), int64_t(256), int64_t(512), int64_t(1024), int64_t(2048),
                      int64_t(8192), int64_t(65536)})
     for (int n : {1, 8}) {
@@ -452,14 +537,15 @@ TEST_F(GpuTest, IndexerTiming) {
       d::IndexArgs& a = in.a;
       DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(a.k_cap) * 8);
       a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
-      // split with 4 entries per item, with 1, fused
-      double us[3] = {NAN, NAN, NAN};
-      for (int path : {0, 1, 2}) {
+      // split with 4 entries per item, with 1, fused, tensor cores (indexer.tc_scores)
+      double us[4] = {NAN, NAN, NAN, NAN};
+      for (int path : {0, 1, 2, 3}) {
         if (path == 2 && !d::fwd_indexer_fused_fits(a)) continue;
         a.scores_per_item = path == 0 ? 4 : 1;
-        us[path] = graph_us_per_call(st, ev0, ev1, [&] { d::fwd_indexer(a, st, path == 2 ? d::kIndexerFused : d::kIndexerSplit); });
+        const int ip = path == 2 ? d::kIndexerFused : path == 3 ? d::kIndexerTc : d::kIndexerSplit;
+        us[path] = graph_us_per_call(st, ev0, ev1, [&] { d::fwd_indexer(a, st, ip); });
       }
-      std::printf("%-8lld %-3d %12.1f %12.1f %12.1f\n", (long long)ne, n, us[0], us[1], us[2]);
+      std::printf("%-8lld %-3d %12.1f %12.1f %12.1f %12.1f\n", (long long)ne, n, us[0], us[1], us[2], us[3]);
     }
   d::event_destroy(ev0);
   d::event_destroy(ev1);
