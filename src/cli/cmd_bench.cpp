@@ -40,6 +40,10 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--keep", lo->keep, "--layers: keep the temporary checkpoint folder");
   cmd->add_option("--batches", *batches, "--layers: decode batches, comma-separated (default 1,8,32,128)");
   cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
+  cmd->add_option("--context", lo->context,
+                  "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
+                  "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->callback([opt, lo, layers, batches, prefill] {
     if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));
     lo->layers = *layers;
