@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 C=/tmp/plumb-carry  # build-carry/ (or $CARRY) with the binaries gzipped (the device tool carries at most 64 MiB)
 # (.gz, or .xz: about half the size, unpacked with Python's lzma so the machine needs no xz tool)
 rm -rf "$C" && cp -r "$PWD/${CARRY:-build-carry}" "$C" && for f in "$C"/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
-for f in "$C"/*.xz; do [ -e "$f" ] && python3 -c "import lzma, sys; open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$f" && rm -f "$f"; done
+for f in "$C"/*.xz "$C"/lib*/*.xz; do [ -e "$f" ] && python3 -c "import lzma, sys; open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$f" && rm -f "$f"; done
 chmod +x "$C"/plumb*
 # cuBLASLt: the toolkit's, or the one PyTorch's wheels carry.
 CUB=$(python3 -c "import nvidia.cublas as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)

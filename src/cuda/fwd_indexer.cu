@@ -206,26 +206,33 @@ __global__ void __launch_bounds__(kScoresThreads) index_scores_kernel(IndexArgs 
 }
 
 // indexer.tc_scores (a patch, its own tolerance): the scores on the f16 tensor cores. Block (token t, kTcEntries
-// entries), warp w: heads [16w, 16w + 16) against every 8-entry tile of the block. The head's query and the keys
-// are rounded to f16 as their fragments load (f32 in memory; the warp's query fragments stay in registers),
-// mma.m16n8k16 accumulates the dot in fp32, then relu and the scales per (head, entry) in fp32, the warp's 16
-// heads summed in a shuffle tree and the warps' sums in warp order. Not the exact path's bits: f16 inputs (2^-11
-// relative each) and fp32 sums. STEPS = dh / 16 is a template parameter so that every load of a tile issues before
-// its MMAs; up to 8 steps the next tile's keys load while this tile's MMAs run. Needs nh <= 128, dh % 16 == 0,
-// dh <= 256 (fwd_indexer_tc_fits).
-constexpr int kTcEntries = 32, kTcMaxWarps = 8, kTcMaxSteps = 16;
+// entries), warp w: heads [16w, 16w + 16) against every 8-entry tile of the block. The block's visible keys are
+// copied once into shared memory (cp.async, rows padded by 8 floats so that the fragments' 8-byte reads are free
+// of bank conflicts) while each warp loads its heads' query fragments (converted to f16, kept in registers); per
+// tile the keys are converted to f16 as the fragments are read, mma.m16n8k16 accumulates each (head, entry) dot in
+// fp32, then relu and the scales per (head, entry) in fp32, the warp's 16 heads summed in a shuffle tree and the
+// warps' sums in warp order. Not the exact path's bits: f16 inputs (2^-11 relative each) and fp32 sums. STEPS =
+// dh / 16 is a template parameter (the loops unroll). Needs nh <= 128, dh % 16 == 0, dh <= 256
+// (fwd_indexer_tc_fits).
+constexpr int kTcEntries = 64, kTcMaxWarps = 8, kTcMaxSteps = 16;
+__host__ __device__ constexpr int tc_ldk(int dh) { return dh + 8; }
 template <int STEPS>
 __global__ void __launch_bounds__(kTcMaxWarps * 32) index_tc_scores_kernel(IndexArgs a) {
   pdl_begin();
+  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float part[kTcMaxWarps][kTcEntries];
+  float* ks = reinterpret_cast<float*>(smem);  // [kTcEntries][tc_ldk(dh)]
+  constexpr int dh = 16 * STEPS, ldk = tc_ldk(dh);
   const int t = int(blockIdx.y), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, tq = lane & 3;
   const int nw = int(blockDim.x >> 5), h = 16 * warp + g;
   const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min((*a.pos + t + 1) / a.rate, a.ne_cap);
+  const int nv = int(max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)));  // visible entries of the block
+  stage_rows(ks, ldk, a.keys + e0 * dh, dh, nv, dh);
   // Rows h and h + 8 of the A fragments; heads past nh (the last tile of a head count not a multiple of 16) are
   // zero rows with weight 0.
   const bool ha = h < a.nh, hb = h + 8 < a.nh;
-  const float* qa = a.q + (int64_t(t) * a.nh + (ha ? h : 0)) * a.dh + 2 * tq;
-  const float* qb = a.q + (int64_t(t) * a.nh + (hb ? h + 8 : 0)) * a.dh + 2 * tq;
+  const float* qa = a.q + (int64_t(t) * a.nh + (ha ? h : 0)) * dh + 2 * tq;
+  const float* qb = a.q + (int64_t(t) * a.nh + (hb ? h + 8 : 0)) * dh + 2 * tq;
   uint32_t qf[STEPS][4];
 #pragma unroll
   for (int s = 0; s < STEPS; ++s) {
@@ -237,44 +244,31 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32) index_tc_scores_kernel(Index
   }
   const float wa = ha ? __fmul_rn(a.hw[int64_t(t) * a.nh + h], a.wscale) : 0.0f;
   const float wb = hb ? __fmul_rn(a.hw[int64_t(t) * a.nh + h + 8], a.wscale) : 0.0f;
-  const int tiles = int((max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)) + 7) / 8);  // tiles with a visible entry
-  // B column g of tile j: key e0 + 8j + g (rows past ne_cap clamp to the last: loaded, computed, never stored).
-  auto load = [&](int j, float2 (&k)[STEPS][2]) {
-    const float* kr = a.keys + min(e0 + 8 * j + g, a.ne_cap - 1) * a.dh + 2 * tq;
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-      k[s][0] = *reinterpret_cast<const float2*>(kr + 16 * s), k[s][1] = *reinterpret_cast<const float2*>(kr + 16 * s + 8);
-  };
-  constexpr bool kAhead = STEPS <= 8;
-  float2 kc[STEPS][2];
-  if (tiles > 0) load(0, kc);
-#pragma unroll 1
+  stage_wait();
+  const int tiles = (nv + 7) / 8;
   for (int j = 0; j < tiles; ++j) {
-    float2 kn[kAhead ? STEPS : 1][2];
-    if constexpr (kAhead) load(min(j + 1, tiles - 1), kn);
+    // B column g: entry 8j + g of the block (rows past nv hold stale values: computed, never stored)
+    const float* kr = ks + (8 * j + g) * ldk + 2 * tq;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int s = 0; s < STEPS; ++s)
-      mma_f16(d, qf[s][0], qf[s][1], qf[s][2], qf[s][3], f32x2_to_f16x2(kc[s][0].x, kc[s][0].y), f32x2_to_f16x2(kc[s][1].x, kc[s][1].y));
+    for (int s = 0; s < STEPS; ++s) {
+      const float2 k0 = *reinterpret_cast<const float2*>(kr + 16 * s), k1 = *reinterpret_cast<const float2*>(kr + 16 * s + 8);
+      mma_f16(d, qf[s][0], qf[s][1], qf[s][2], qf[s][3], f32x2_to_f16x2(k0.x, k0.y), f32x2_to_f16x2(k1.x, k1.y));
+    }
     // d: (head h, entries 2tq and 2tq + 1), (head h + 8, the same entries)
     float p0 = fmaxf(d[0], 0.0f) * a.qscale * wa + fmaxf(d[2], 0.0f) * a.qscale * wb;
     float p1 = fmaxf(d[1], 0.0f) * a.qscale * wa + fmaxf(d[3], 0.0f) * a.qscale * wb;
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) p0 += __shfl_xor_sync(0xFFFFFFFFu, p0, o), p1 += __shfl_xor_sync(0xFFFFFFFFu, p1, o);
     if (g == 0) part[warp][8 * j + 2 * tq] = p0, part[warp][8 * j + 2 * tq + 1] = p1;
-    if constexpr (kAhead) {
-#pragma unroll
-      for (int s = 0; s < STEPS; ++s) kc[s][0] = kn[s][0], kc[s][1] = kn[s][1];
-    } else if (j + 1 < tiles) {
-      load(j + 1, kc);
-    }
   }
   __syncthreads();
   for (int e = int(threadIdx.x); e < kTcEntries; e += int(blockDim.x)) {
     if (e0 + e >= a.ne_cap) break;
     float sum = 0.0f;
-    for (int w = 0; w < nw; ++w) sum += part[w][e];
-    a.scores[int64_t(t) * a.ne_cap + e0 + e] = e0 + e < visible ? sum : -INFINITY;
+    if (e < nv)
+      for (int w = 0; w < nw; ++w) sum += part[w][e];
+    a.scores[int64_t(t) * a.ne_cap + e0 + e] = e < nv ? sum : -INFINITY;
   }
 }
 
@@ -283,8 +277,14 @@ template <int S = 1>
 void launch_tc_scores(const IndexArgs& a, int steps, Stream s) {
   if constexpr (S <= kTcMaxSteps) {
     if (steps != S) return launch_tc_scores<S + 1>(a, steps, s);
+    const size_t smem = size_t(kTcEntries) * size_t(tc_ldk(16 * S)) * 4;  // 68 KiB at dh 256
+    static bool raised = false;  // per process: the attribute is per kernel
+    if (smem > 48 * 1024 && !raised) {
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(index_tc_scores_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      raised = true;
+    }
     launch("fwd_indexer_scores tc", index_tc_scores_kernel<S>, dim3(unsigned(fwd_blocks(a.ne_cap, kTcEntries)), unsigned(a.n)),
-           (a.nh + 15) / 16 * 32, 0, s, a);
+           (a.nh + 15) / 16 * 32, smem, s, a);
   }
 }
 
