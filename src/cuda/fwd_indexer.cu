@@ -495,6 +495,20 @@ __global__ void __launch_bounds__(kRankThreads) sel_rank_kernel(IndexArgs a, Sel
 // memory (no arrival counters, one launch), compacts the k chosen keys to the front and sorts them.
 constexpr int kBlockThreads = 1024, kBlockMaxNe = int(kIndexTopkBlockMaxNe), kBlockPer = kBlockMaxNe / kBlockThreads;
 
+// The k chosen keys ks[0..k) (room for the power of two >= k) sorted, largest first, and written as entry indices
+// (-1 for entries at or past `visible`). Every thread of the block calls it.
+__device__ __forceinline__ void sort_and_write(uint64_t* ks, int k, int ib, int64_t visible, int64_t* out) {
+  int P = 1;
+  while (P < k) P <<= 1;
+  for (int i = k + int(threadIdx.x); i < P; i += int(blockDim.x)) ks[i] = 0;  // below every key (order images > 0)
+  radix::bitonic_sort_desc(ks, P);  // (begins with a barrier: every key and pad is stored)
+  const uint64_t imask = (uint64_t(1) << ib) - 1;
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    const int64_t e = int64_t(imask - (ks[j] & imask));
+    out[j] = e < visible ? e : -1;
+  }
+}
+
 // The top-k of one token from its ne keys ks[0..ne) (shared memory of room for pow2 >= ne, written by any thread
 // of the block, or of the cluster, before a barrier): out[j] for j < k, -1 for entries at or past `visible`. When
 // k == ne every key is chosen, so the digit passes and the compaction (which would keep them all) are skipped and
@@ -550,15 +564,7 @@ __device__ __forceinline__ void block_topk(uint64_t* ks, int ne, int k, int ib, 
     for (int u = 0; u < kBlockPer; ++u)
       if (int(threadIdx.x) + u * T < ne && (v[u] >> shift) >= hi) ks[o++] = v[u];
   }
-  int P = 1;
-  while (P < k) P <<= 1;
-  for (int i = k + int(threadIdx.x); i < P; i += T) ks[i] = 0;  // below every key (order images > 0)
-  radix::bitonic_sort_desc(ks, P);  // (begins with a barrier: every key and pad is stored)
-  const uint64_t imask = (uint64_t(1) << ib) - 1;
-  for (int j = threadIdx.x; j < k; j += T) {
-    const int64_t e = int64_t(imask - (ks[j] & imask));
-    out[j] = e < visible ? e : -1;
-  }
+  sort_and_write(ks, k, ib, visible, out);
 }
 
 __global__ void __launch_bounds__(kBlockThreads, 1) block_select_kernel(IndexArgs a, int ib, int passes) {
@@ -573,6 +579,87 @@ __global__ void __launch_bounds__(kBlockThreads, 1) block_select_kernel(IndexArg
   const float* s = a.scores + int64_t(t) * a.ne_cap;
   for (int e = threadIdx.x; e < ne; e += blockDim.x) ks[e] = sel_key(s[e], e, ib);
   block_topk(ks, ne, k, ib, passes, (*a.pos + t + 1) / a.rate, out);
+}
+
+// Cluster path (kBlockMaxNe < ne_cap <= kClusterMaxNe): the block path's digit passes over keys spread across a
+// cluster of C blocks per token, each holding ceil(ne_cap / C) keys in its shared memory. Per digit: block 0 clears
+// the histogram, every block counts its matching keys' digits into block 0's histogram (distributed shared memory
+// atomics), block 0 picks the bin and publishes (bin, keys above, done), every block reads them; three cluster
+// barriers. Then every block appends its chosen keys into block 0's candidates and block 0 sorts them. One launch,
+// no scratch, no counters in global memory; the same keys, so the same indices as the other paths.
+constexpr int kClusterThreads = 1024, kClusterMaxPer = 16384, kClusterMaxC = 16;
+static_assert(kIndexTopkClusterMaxNe == int64_t(kClusterMaxPer) * 8, "the path's bound is the portable cluster's");
+constexpr size_t kClusterMaxSmem = size_t(kClusterMaxPer + kIndexTopkClusterMaxK) * 8;  // 160 KiB
+struct ClusterDigit {
+  int bin;
+  uint32_t above;
+  int done;
+};
+__global__ void __launch_bounds__(kClusterThreads, 1) cluster_select_kernel(IndexArgs a, int per, int ib, int passes, int kpow) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint64_t* ks = reinterpret_cast<uint64_t*>(smem);  // [per] this block's keys
+  uint64_t* cand = ks + per;                          // [kpow] block 0's: the chosen keys
+  __shared__ uint32_t h[kSelBins];
+  __shared__ uint32_t scan_sh[32];
+  __shared__ ClusterDigit dig;
+  __shared__ uint32_t ncand;
+  const int r = int(cl.block_rank()), t = int(blockIdx.y), lane = int(threadIdx.x & 31), T = int(blockDim.x);
+  const SelSizes z(a);
+  const int ne = int(z.ne), k = int(z.k);
+  const int64_t visible = (*a.pos + t + 1) / a.rate;
+  int64_t* out = a.sel + int64_t(t) * a.k_cap;
+  if (r == 0)
+    for (int j = max(k, 0) + int(threadIdx.x); j < a.k_cap; j += T) out[j] = -1;
+  if (k <= 0) return;  // the same in every block of the cluster
+  const int e0 = r * per, nb = max(0, min(per, ne - e0));
+  const float* s = a.scores + int64_t(t) * a.ne_cap + e0;
+  for (int i = int(threadIdx.x); i < nb; i += T) ks[i] = sel_key(s[i], e0 + i, ib);
+  uint32_t* h0 = cl.map_shared_rank(h, 0);
+  ClusterDigit* dig0 = cl.map_shared_rank(&dig, 0);
+  uint32_t* ncand0 = cl.map_shared_rank(&ncand, 0);
+  uint64_t* cand0 = cl.map_shared_rank(cand, 0);
+  uint64_t hi = 0;
+  int shift = 0;
+  if (k < ne) {
+    uint32_t k_rem = uint32_t(k);
+    for (int pass = 0; pass < passes; ++pass) {
+      const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top);
+      shift = top - width;
+      const uint32_t dmask = (1u << width) - 1u;
+      if (r == 0)
+        for (int i = threadIdx.x; i <= int(dmask); i += T) h[i] = 0;
+      cl.sync();  // A: the histogram is clear (the first time: every block is running)
+      for (int i0 = 0; i0 < nb; i0 += T) {  // a uniform trip count: __match_any_sync needs every lane
+        const int i = i0 + int(threadIdx.x);
+        int d = -1;
+        if (i < nb && (ks[i] >> top) == hi) d = int((ks[i] >> shift) & dmask);
+        const unsigned peers = __match_any_sync(radix::kFull, d);
+        if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h0[d], uint32_t(__popc(peers)));
+      }
+      cl.sync();  // B: every count is in
+      if (r == 0) {
+        radix::find_boundary(h, int(dmask) + 1, k_rem, &dig.bin, &dig.above, scan_sh);
+        if (threadIdx.x == 0) dig.done = h[dig.bin] == k_rem - dig.above || shift == 0;
+      }
+      cl.sync();  // C: the digit is published
+      const ClusterDigit dg = *dig0;
+      hi = (hi << width) | uint64_t(dg.bin);
+      k_rem -= dg.above;
+      if (dg.done) break;
+    }
+  }
+  // The keys whose bits above `shift` reach hi (every key when k == ne): exactly k, appended in any order.
+  if (r == 0 && threadIdx.x == 0) ncand = 0;
+  cl.sync();
+  for (int i0 = 0; i0 < nb; i0 += T) {
+    const int i = i0 + int(threadIdx.x);
+    radix::warp_append(i < nb && (ks[i] >> shift) >= hi, ncand0, cand0, i < nb ? ks[i] : 0);
+  }
+  cl.sync();  // every candidate is in block 0 (and no block exits while block 0's memory may still be written)
+  if (r != 0) return;
+  sort_and_write(cand, k, ib, visible, out);
 }
 
 // Fused path (ne_cap <= kIndexerFusedMaxNe): scores and top-k in one launch, a cluster of C blocks per token
@@ -642,13 +729,28 @@ int index_cluster_size() {
   return C;
 }
 
+// Blocks of a cluster of the cluster path: 16 where the GPU co-schedules them at the kernel's largest shared
+// memory, else the portable 8 (the path's bound assumes 8).
+int topk_cluster_size() {
+  static const int C = [] {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(cluster_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kClusterMaxSmem)));
+    return cluster_size_or_8(cluster_select_kernel, kClusterMaxC, kClusterThreads, kClusterMaxSmem);
+  }();
+  return C;
+}
+
 }  // namespace
 
-// The block path up to kBlockMaxNe entries (one launch instead of 5-7 and a memset), the select path above: the
-// same indices (IndexTopkPathsMatchRankTwinAndHost, IndexTopkReplaysAsGraph). H200, IndexTopkTiming, top-512,
-// batch 1 / 8: 64 entries 7.2 / 7.6 us vs select 15.8 / 16.1; 1024: 17.3 / 17.4 vs 31.9 / 33.4; 4096: 16.6 / 16.6
-// vs 26.2 / 28.5 (top-2048: 37.4 / 37.5 vs 40.4 / 51.0).
-int fwd_index_topk_path(int64_t ne_cap) { return ne_cap <= kBlockMaxNe ? kIndexTopkBlock : kIndexTopkSelect; }
+// The block path up to kBlockMaxNe entries (one launch instead of 5-7 and a memset), above it the cluster path for
+// one token and k <= 512 up to kIndexTopkClusterMaxNe, else the select path: the same indices
+// (IndexTopkPathsMatchRankTwinAndHost, IndexTopkReplaysAsGraph). H200, IndexTopkTiming, top-512, batch 1 / 8: 64
+// entries 7.2 / 7.6 us vs select 15.8 / 16.1; 1024: 17.3 / 17.4 vs 31.9 / 33.4; 4096: 16.6 / 16.6 vs 26.2 / 28.5
+// (top-2048: 37.4 / 37.5 vs 40.4 / 51.0). Cluster vs select (session 9): 32768 entries, top-512: 22.4 vs 30.1 us at
+// batch 1, 39.1 vs 36.0 at 8; top-2048: 38.3 vs 31.1 at batch 1 (its one-block sort of the k winners dominates).
+int fwd_index_topk_path(int n, int64_t ne_cap, int k_cap) {
+  if (ne_cap <= kBlockMaxNe) return kIndexTopkBlock;
+  return n == 1 && ne_cap <= kIndexTopkClusterMaxNe && k_cap <= 512 ? kIndexTopkCluster : kIndexTopkSelect;
+}
 
 size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path) {
   if (path != kIndexTopkSelect || n <= 0 || ne_cap <= 0 || k_cap <= 0) return 0;
@@ -667,6 +769,24 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
   if (path == kIndexTopkBlock) {
     if (a.ne_cap > kBlockMaxNe) throw_arg("indexer: too many entries for the one-block top-k");
     launch("fwd_indexer_topk block", block_select_kernel, a.n, kBlockThreads, 0, s, a, ib, passes);
+    return;
+  }
+  if (path == kIndexTopkCluster) {
+    if (a.ne_cap > kIndexTopkClusterMaxNe || a.k_cap > kIndexTopkClusterMaxK)
+      throw_arg("indexer: too many entries or too large a k for the cluster top-k");
+    const int C = topk_cluster_size();
+    const int per = int((a.ne_cap + C - 1) / C);
+    int kpow = 1;
+    while (kpow < a.k_cap) kpow <<= 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(C), unsigned(a.n), 1), cfg.blockDim = dim3(unsigned(kClusterThreads), 1, 1);
+    cfg.dynamicSmemBytes = size_t(per + kpow) * 8, cfg.stream = stream_of(s);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(C), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_select_kernel, a, per, ib, passes, kpow));
+    check_launch("fwd_indexer_topk cluster");
     return;
   }
   if (path != kIndexTopkSelect) throw_arg("indexer: unknown top-k path");
@@ -728,7 +848,7 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
       throw_arg("indexer: the tensor-core scores need at most 128 heads and a head dim multiple of 16 up to 256, not the "
                 "official numerics");
     launch_tc_scores(a, int(a.dh / 16), s);
-    fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
+    fwd_index_topk(a, fwd_index_topk_path(a.n, a.ne_cap, a.k_cap), s);
     return;
   }
   if (path != kIndexerSplit) throw_arg("indexer: unknown path");
@@ -755,7 +875,7 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
   } else {
     launch("fwd_indexer_scores", index_scores_kernel<1>, grid, kScoresThreads, smem, s, a, eb);
   }
-  fwd_index_topk(a, fwd_index_topk_path(a.ne_cap), s);
+  fwd_index_topk(a, fwd_index_topk_path(a.n, a.ne_cap, a.k_cap), s);
 }
 
 }  // namespace plumb::cuda::detail

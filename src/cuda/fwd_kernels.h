@@ -232,7 +232,7 @@ struct IndexArgs {
   int scores_per_item = 0;
 };
 // Scores and top-k (fwd_indexer.cu). Paths, identical results (scores and indices): split (the scores kernel over
-// blocks of entries, then the top-k by fwd_index_topk_path(ne_cap)) and fused (one cluster launch, a cluster of
+// blocks of entries, then the top-k by fwd_index_topk_path) and fused (one cluster launch, a cluster of
 // blocks per token scoring its entries, then the cluster's first block selecting; ne_cap <= kIndexerFusedMaxNe and
 // the heads and dims fitting its shared memory). Launches depend only on the host's sizes: graph-safe.
 // tc (indexer.tc_scores, a patch: not the same bits): the scores on the f16 tensor cores, then the split path's
@@ -247,11 +247,14 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path);
 inline void fwd_indexer(const IndexArgs& a, Stream s) { fwd_indexer(a, s, fwd_indexer_path(a)); }
 // The top-k alone, from a.scores (fwd_indexer.cu). Paths, identical results: rank (one block per token ranks
 // every entry against all: O(ne^2), the twin), select (radix select over many blocks per token, then a rank of the
-// k winners: O(ne + k^2)) and block (the radix select in one block per token, ne_cap <= kIndexTopkBlockMaxNe, one
-// launch). Launches depend only on the host's sizes (n, ne_cap, k_cap): graph-safe.
-enum IndexTopkPath : int { kIndexTopkRank = 0, kIndexTopkSelect = 1, kIndexTopkBlock = 2 };
-constexpr int64_t kIndexTopkBlockMaxNe = 4096;
-int fwd_index_topk_path(int64_t ne_cap);
+// k winners: O(ne + k^2)), block (the radix select in one block per token, ne_cap <= kIndexTopkBlockMaxNe, one
+// launch) and cluster (the same passes over a cluster of blocks per token, ne_cap <= kIndexTopkClusterMaxNe and
+// k_cap <= kIndexTopkClusterMaxK, one launch). Launches depend only on the host's sizes (n, ne_cap, k_cap):
+// graph-safe. fwd_index_topk_path picks block, cluster or select by size (measured, fwd_indexer.cu).
+enum IndexTopkPath : int { kIndexTopkRank = 0, kIndexTopkSelect = 1, kIndexTopkBlock = 2, kIndexTopkCluster = 3 };
+constexpr int64_t kIndexTopkBlockMaxNe = 4096, kIndexTopkClusterMaxNe = 131072;
+constexpr int kIndexTopkClusterMaxK = 4096;
+int fwd_index_topk_path(int n, int64_t ne_cap, int k_cap);
 size_t fwd_index_topk_scratch_bytes(int n, int64_t ne_cap, int k_cap, int path);
 void fwd_index_topk(const IndexArgs& a, int path, Stream s);
 

@@ -199,7 +199,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     ia.official = nm.official();
     ia.scores = sc.f("attn.index.scores", n * ne);
     ia.sel = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(n) * size_t(std::max(ia.k_cap, 1)) * 8));
-    ia.topk_scratch_bytes = fwd_index_topk_scratch_bytes(n, ne, ia.k_cap, fwd_index_topk_path(ne));
+    ia.topk_scratch_bytes = fwd_index_topk_scratch_bytes(n, ne, ia.k_cap, fwd_index_topk_path(n, ne, ia.k_cap));
     if (ia.topk_scratch_bytes) ia.topk_scratch = sc.get("attn.index.select", ia.topk_scratch_bytes);
     fwd_indexer(ia, nullptr, w.index_tc && fwd_indexer_tc_fits(ia) ? kIndexerTc : fwd_indexer_path(ia));
     // Taps run eagerly with exact sizes: ne and k_cap are this step's counts, the layouts [n, ne] and [n, k].

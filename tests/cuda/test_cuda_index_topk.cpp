@@ -150,22 +150,28 @@ std::vector<Case> cases() {
   v.push_back({64, 4032, 1, 0, 512, kRelu, true});        // a prefill chunk: every token a different prefix
   v.push_back({64, 4032, 1, 0, 512, kSpecial, false});
   v.push_back({256, 3840, 16, 0, 128, kFewValues, true}); // 256 tokens, rate 16: ne = 256
+  v.push_back({1, 131071, 1, 0, 2048, kUniform, false});  // ne = 131072: the cluster path's largest
+  v.push_back({3, 131000, 1, 69, 512, kRelu, true});      // the cluster path at its bound, 3 prefixes
   v.push_back({1, 262143, 1, 0, 512, kRelu, false});      // 1M tokens of CSA (rate 4): ne = 262144
   v.push_back({2, 262143, 1, 7, 2048, kSpecial, false});
   v.push_back({1, 262143, 1, 0, 2048, kAllZero, false});
   return v;
 }
 
-const char* path_name(int path) { return path == d::kIndexTopkRank ? "rank twin" : path == d::kIndexTopkSelect ? "select" : "block"; }
+const char* path_name(int path) {
+  return path == d::kIndexTopkRank ? "rank twin" : path == d::kIndexTopkSelect ? "select" : path == d::kIndexTopkCluster ? "cluster" : "block";
+}
+bool cluster_fits(const Case& c) { return c.ne_cap() <= d::kIndexTopkClusterMaxNe && c.k_cap() <= d::kIndexTopkClusterMaxK; }
 
 TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
   uint32_t seed = 11;
-  int checked = 0, twin = 0, block = 0;
+  int checked = 0, twin = 0, block = 0, cluster = 0;
   for (const Case& c : cases()) {
     const auto s = make_scores(c, seed++);
     const auto want = host_topk(c, s);
     std::vector<int> paths{d::kIndexTopkSelect};
     if (c.ne_cap() <= d::kIndexTopkBlockMaxNe) paths.push_back(d::kIndexTopkBlock), ++block;
+    if (cluster_fits(c)) paths.push_back(d::kIndexTopkCluster), ++cluster;
     std::vector<int64_t> rank;
     if (int64_t(c.n) * c.ne() <= 300000) {  // the O(ne^2) twin is slow beyond
       rank = run_topk(c, s, d::kIndexTopkRank);
@@ -179,9 +185,9 @@ TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
     }
     ++checked;
   }
-  std::printf("indexer top-k: %d cases index-exact against the host sort (select: all, block: %d, rank twin: %d, compared with "
-              "the twin on those)\n",
-              checked, block, twin);
+  std::printf("indexer top-k: %d cases index-exact against the host sort (select: all, block: %d, cluster: %d, rank twin: %d, "
+              "compared with the twin on those)\n",
+              checked, block, cluster, twin);
 }
 
 // One launch sequence for every step: a graph captured at one position, replayed after the position moves, gives
@@ -190,7 +196,7 @@ TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
   const Case c0{4, 5000, 4, 700, 512, kRelu, true}, c1{4, 5900, 4, 475, 512, kRelu, true};  // same n, ne_cap, k_cap
   ASSERT_EQ(c0.ne_cap(), c1.ne_cap());
   auto s0 = make_scores(c0, 5), s1 = make_scores(c1, 6);
-  for (int path : {d::kIndexTopkSelect, d::kIndexTopkBlock}) {
+  for (int path : {d::kIndexTopkSelect, d::kIndexTopkBlock, d::kIndexTopkCluster}) {
     TopkRun r(c0, s0, path);
     d::Stream st = d::stream_create();
     d::capture_begin(st);
@@ -238,7 +244,7 @@ struct IndexerInputs {
     a.q = dq.as<float>(), a.keys = dk.as<float>(), a.hw = dw.as<float>(), a.pos = pos.as<int64_t>();
     a.n = n, a.nh = nh, a.k_cap = k_cap, a.topk = topk, a.dh = dh, a.ne_cap = ne_cap, a.rate = rate;
     a.qscale = 1.0f / std::sqrt(float(dh)), a.wscale = 1.0f / std::sqrt(float(nh)), a.official = official;
-    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(n, ne_cap, k_cap, d::fwd_index_topk_path(ne_cap));
+    a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(n, ne_cap, k_cap, d::fwd_index_topk_path(n, ne_cap, k_cap));
     scratch = DeviceBuffer(std::max<size_t>(a.topk_scratch_bytes, 8));
     a.topk_scratch = scratch.get();
   }
@@ -489,17 +495,18 @@ TEST_F(GpuTest, IndexTopkTiming) {
   d::Stream st = d::stream_create();
   void* e0 = d::event_create();
   void* e1 = d::event_create();
-  std::printf("%-8s %-3s %-5s %14s %14s %14s\n", "ne", "n", "topk", "rank twin us", "block us", "select us");
+  std::printf("%-8s %-3s %-5s %14s %14s %14s %14s\n", "ne", "n", "topk", "rank twin us", "block us", "select us", "cluster us");
   for (int64_t ne : {int64_t(64), int64_t(256), int64_t(1024), int64_t(2048), int64_t(4096), int64_t(32768), int64_t(262144)})
     for (int n : {1, 8})
       for (int topk : {512, 2048}) {
         if (topk == 2048 && ne <= 2048) continue;
         const Case c{n, ne - n, 1, 0, topk, kRelu, false};
         const auto s = make_scores(c, 3);
-        double us[3] = {NAN, NAN, NAN};
-        for (int path : {d::kIndexTopkRank, d::kIndexTopkBlock, d::kIndexTopkSelect}) {
+        double us[4] = {NAN, NAN, NAN, NAN};
+        for (int path : {d::kIndexTopkRank, d::kIndexTopkBlock, d::kIndexTopkSelect, d::kIndexTopkCluster}) {
           if (path == d::kIndexTopkRank && ne > 32768) continue;
           if (path == d::kIndexTopkBlock && ne > d::kIndexTopkBlockMaxNe) continue;
+          if (path == d::kIndexTopkCluster && !cluster_fits(c)) continue;
           TopkRun r(c, s, path);
           if (path == d::kIndexTopkRank && ne > 2048) {  // milliseconds or more
             d::event_record(e0, st);
@@ -510,8 +517,8 @@ TEST_F(GpuTest, IndexTopkTiming) {
           }
           us[path] = graph_us_per_call(st, e0, e1, [&] { d::fwd_index_topk(r.a, path, st); });
         }
-        std::printf("%-8lld %-3d %-5d %14.1f %14.1f %14.1f\n", (long long)ne, n, topk, us[d::kIndexTopkRank], us[d::kIndexTopkBlock],
-                    us[d::kIndexTopkSelect]);
+        std::printf("%-8lld %-3d %-5d %14.1f %14.1f %14.1f %14.1f\n", (long long)ne, n, topk, us[d::kIndexTopkRank],
+                    us[d::kIndexTopkBlock], us[d::kIndexTopkSelect], us[d::kIndexTopkCluster]);
       }
   d::event_destroy(e0);
   d::event_destroy(e1);
