@@ -195,6 +195,11 @@ void fp8_dequant_bf16(const Fp8Matrix& w, uint16_t* out, Stream s = nullptr);  /
 // y[t * ldy + r] = sum_k bf16(x[t * ldx + k]) * W[r, k], fp32: fp8_linear's contract on the tensor cores.
 void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, const Fp8GemmBuffers& b,
                      Stream s = nullptr);
+// A plain bf16 weight w [rows, cols] (row-major, device) through the same GEMM: y[t * ldy + r] = sum_k bf16(x[t *
+// ldx + k]) * w[r, k], fp32 (the weight is used as stored: no dequantization). cuda.prefill_gemm's path for the
+// compressors' bf16 projections, whose alternative is the fp32 twin's fp64 GEMV.
+void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,
+                      const Fp8GemmBuffers& b, Stream s = nullptr);
 // fp8_linear_grouped's contract (wo_a): the groups as one strided-batched GEMM.
 void fp8_linear_grouped_gemm(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, const Fp8GemmBuffers& b,
                              Stream s = nullptr);

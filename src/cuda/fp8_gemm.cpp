@@ -63,6 +63,19 @@ void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int
   gemm_bf16(g, b.x, b.w, y, s);
 }
 
+void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,
+                      const Fp8GemmBuffers& b, Stream s) {
+  const char* what = "bf16_linear_gemm";
+  if (n <= 0) return;
+  PLUMB_CHECK(w && rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, "{}: bad weight [{}, {}]", what, rows, cols);
+  PLUMB_CHECK(ldx >= cols && ldy >= rows, "{}: ldx {} / ldy {} below the matrix [{}, {}]", what, ldx, ldy, rows, cols);
+  check_room(what, "x", b.x, b.x_elems, size_t(n) * size_t(cols));
+  d::launch_to_bf16(x, int(xt), n, cols, ldx, b.x, s);
+  GemmDesc g;
+  g.m = n, g.n = int(rows), g.k = int(cols), g.ldd = ldy;
+  gemm_bf16(g, b.x, w, y, s);
+}
+
 void fp8_linear_grouped_gemm(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, const Fp8GemmBuffers& b,
                              Stream s) {
   const char* what = "fp8_linear_grouped_gemm";

@@ -84,6 +84,10 @@ void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t
   if (w.fp8 && w.gemm_min && n >= w.gemm_min)
     return fp8_linear_gemm(*w.fp8, x, Act::F32, ldx, n, y, ldy,
                            gemm_buffers(sc, size_t(n) * size_t(w.fp8->cols), size_t(w.fp8->rows * w.fp8->cols)));
+  // cuda.prefill_gemm on a plain bf16 matrix (the compressors' projections): the weight as stored.
+  if (!w.fp8 && w.gemm_min && n >= w.gemm_min && w.d.layout == 0 && w.d.dtype == 1)
+    return bf16_linear_gemm(static_cast<const uint16_t*>(w.d.w), w.d.rows, w.d.cols, x, Act::F32, ldx, n, y, ldy,
+                            gemm_buffers(sc, size_t(n) * size_t(w.d.cols), 0));
   if (w.fp8) return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.work())
                  : fp8_linear(*w.fp8, x, Act::F32, ldx, n, y, ldy, sc.work());
   detail::fwd_linear(w.d, x, n, ldx, 0, w.d.rows, y, ldy, nullptr);

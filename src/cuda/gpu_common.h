@@ -21,7 +21,8 @@ struct GMat {
   DeviceBuffer w, s;
   detail::DMat d;
   std::shared_ptr<Fp8Matrix> fp8;
-  int gemm_min = 0;  // cuda.prefill_gemm: chunks of at least this many tokens run fp8_linear_gemm (0: never)
+  int gemm_min = 0;  // cuda.prefill_gemm: chunks of at least this many tokens run fp8_linear_gemm, or
+                     // bf16_linear_gemm for a plain bf16 matrix (0: never)
 };
 GMat upload_matrix(const Matrix& m, bool fp8_fast = false);
 bool fp8_fast_fits(const Matrix& m);  // FP8, rows % 16 == 0, cols % 128 == 0

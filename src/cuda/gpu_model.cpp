@@ -77,14 +77,14 @@ void check_options(const ModelOptions& o) {
 
 // Where the requested fast kernels apply (they fall back to the fp32 twin elsewhere): said once at load.
 struct FastCount {
-  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0, gemm = 0;
+  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0, gemm = 0, gemm_bf16 = 0;
   size_t gemm_w = 0;  // cuda.prefill_gemm: the largest bf16 weight a GEMM dequantizes
   void mat(const GMat& g, const Matrix& m) {
     if (m.layout() == Matrix::Layout::FP8Block) ++fp8_of, fp8 += g.fp8 != nullptr;
     gemm_mat(g);
   }
   void gemm_mat(const GMat& g) {
-    if (g.gemm_min) ++gemm, gemm_w = std::max(gemm_w, size_t(g.fp8->rows * g.fp8->cols));
+    if (g.gemm_min && g.fp8) ++gemm, gemm_w = std::max(gemm_w, size_t(g.fp8->rows * g.fp8->cols));
   }
 };
 
@@ -122,10 +122,14 @@ class GpuForward : public DeviceForward {
       fc.mat(g, m);
       return g;
     };
-    // The compressors' matrices (uploaded by upload_comp, not counted in cuda.fp8_gemv's line).
+    // The compressors' matrices (uploaded by upload_comp, not counted in cuda.fp8_gemv's line). Plain bf16 ones
+    // (V4-Flash's) run as GEMMs from 2 tokens: their alternative is the fp32 twin's fp64 GEMV, not a tensor-core
+    // GEMV, and the GEMM needs no dequantization pass (one token keeps the exact one-token GEMV).
     auto set_gemm = [&](GpuComp& g) {
       for (GMat* gm : {&g.wkv, &g.wgate}) {
         if (gm->fp8) gm->gemm_min = gemm_min(*gm->fp8);
+        else if (gemm && gm->d.layout == 0 && gm->d.dtype == 1 && have_cublaslt())
+          gm->gemm_min = opt_.prefill_gemm_min_tokens > 0 ? opt_.prefill_gemm_min_tokens : 2, ++fc.gemm_bf16;
         fc.gemm_mat(*gm);
       }
     };
@@ -197,9 +201,10 @@ class GpuForward : public DeviceForward {
                  fc.fp8 < fc.fp8_of ? " (the others have shapes the kernel does not take: the fp32 twin runs them)" : "");
     if (gemm)
       fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
-                 "block scales stay on the GEMV)\n", fc.gemm,
+                 "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens\n", fc.gemm,
                  opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
-                                              : std::string("32 tokens, 48 for matrices of >= 8M weights"));
+                                              : std::string("32 tokens, 48 for matrices of >= 8M weights"),
+                 fc.gemm_bf16, opt_.prefill_gemm_min_tokens ? opt_.prefill_gemm_min_tokens : 2);
     gemm_w_elems_ = fc.gemm_w;
     if (fp4)
       fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,

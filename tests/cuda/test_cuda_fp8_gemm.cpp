@@ -201,6 +201,57 @@ TEST_F(CudaFp8Gemm, LinearMatchesFp64AndGemvAtRealShapes) {
   }
 }
 
+// A plain bf16 weight (the compressors' wkv / wgate at V4-Flash's shapes) through bf16_linear_gemm: against an fp64
+// host product of the bf16-rounded activations (the same products), of the unrounded ones, and against the fp32
+// twin's fp64 GEMV (fwd_linear) that it replaces; token counts from 2, strided rows.
+TEST_F(CudaFp8Gemm, Bf16LinearMatchesFp64AndTwin) {
+  struct Case {
+    int64_t rows, cols;
+    int n;
+    int64_t ldx_pad, ldy_pad;
+  };
+  const Case cases[] = {{1024, 4096, 2, 0, 0}, {1024, 4096, 48, 64, 0}, {512, 4096, 33, 0, 32}, {256, 4096, 8, 0, 0}};
+  Rng rng(27);
+  for (const auto& c : cases) {
+    std::vector<uint16_t> wb(size_t(c.rows * c.cols));
+    std::vector<float> wf(wb.size());
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = fmt8::f32_to_bf16(rng.uniform(-0.05f, 0.05f)), wf[i] = fmt8::bf16_to_f32(wb[i]);
+    const int64_t ldx = c.cols + c.ldx_pad, ldy = c.rows + c.ldy_pad;
+    const auto x = rng.floats(size_t(c.n) * size_t(ldx), -2.0f, 2.0f);
+    cuda::DeviceBuffer dw = cuda::to_device(wb), dx = cuda::to_device(x);
+    Buffers buf(1, size_t(c.n) * size_t(c.cols));  // (no weight scratch: the weight is used as stored)
+    cuda::DeviceBuffer y(size_t(c.n) * size_t(ldy) * 4), yt(size_t(c.n) * size_t(ldy) * 4);
+    y.fill_byte(0xFF), yt.fill_byte(0xFF);
+    cuda::bf16_linear_gemm(dw.as<uint16_t>(), c.rows, c.cols, dx.get(), Act::F32, ldx, c.n, y.as<float>(), ldy, buf.b);
+    cuda::detail::DMat d;
+    d.w = dw.get(), d.rows = c.rows, d.cols = c.cols, d.layout = 0, d.dtype = 1;
+    cuda::detail::fwd_linear(d, dx.as<float>(), c.n, ldx, 0, c.rows, yt.as<float>(), ldy, nullptr);
+    cuda::synchronize();
+    const auto yg = cuda::to_host<float>(y, size_t(c.n) * size_t(ldy));
+    const auto ytw = cuda::to_host<float>(yt, size_t(c.n) * size_t(ldy));
+    std::vector<float> g, twin, r16, r32;
+    for (int t = 0; t < c.n; ++t)
+      for (int64_t r = 0; r < c.rows; ++r) {
+        double a16 = 0, a32 = 0;
+        for (int64_t k = 0; k < c.cols; ++k) {
+          const double w = wf[size_t(r * c.cols + k)], xv = x[size_t(t * ldx + k)];
+          a16 += w * round_bf16(float(xv)), a32 += w * xv;
+        }
+        g.push_back(yg[size_t(t * ldy + r)]), twin.push_back(ytw[size_t(t * ldy + r)]), r16.push_back(float(a16)), r32.push_back(float(a32));
+      }
+    const std::string tag = "bf16 gemm [" + std::to_string(c.rows) + ", " + std::to_string(c.cols) + "] n=" + std::to_string(c.n) +
+                            " ldx " + std::to_string(ldx) + " ldy " + std::to_string(ldy);
+    expect_close(tag + " vs fp64 (bf16 x)", g, r16, c.rows, 1e-5);
+    expect_close(tag + " vs fp64 (unrounded x)", g, r32, c.rows, 5e-3);
+    expect_close(tag + " vs the fp32 twin (fwd_linear)", g, twin, c.rows, 5e-3);
+    if (c.ldy_pad) {  // the GEMM wrote only its columns
+      uint32_t bits;
+      std::memcpy(&bits, &yg[size_t(c.rows)], 4);
+      EXPECT_EQ(bits, 0xFFFFFFFFu) << tag << ": the GEMM wrote past its columns";
+    }
+  }
+}
+
 // The grouped wo_a (8 groups of [1024, 4096] at V4-Flash's shape) as one strided-batched GEMM.
 TEST_F(CudaFp8Gemm, GroupedMatchesFp64AndGemv) {
   Rng rng(23);
