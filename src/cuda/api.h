@@ -239,12 +239,14 @@ void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt,
 // Routed experts for decode. gate_up: for every (token t, choice k), h[t*K + k, :] = silu(min(W1_e x_t, L)) *
 // clamp(W3_e x_t, -L, L) with e = idx[t, k] (times weight[t, k] when `pre_weight` is given: the official order);
 // each selected expert's weights are read once per launch whichever tokens chose it. h is fp16 (`h16`) or fp32
-// (`h32`, for tests); exactly one is non-null.
+// (`h32`, for tests); exactly one is non-null. `groups` (optional): moe_group's table for these idx, so that the
+// kernel's blocks go by the table's tiles instead of each scanning every slot (the same bits; pays from a few dozen
+// slots).
 void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s = nullptr);
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
 // ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Workspace& ws, Stream s = nullptr);
+              Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
 // y[t, :] = out_scale * sum_k weight[t, k] * ys[t*K + k, :] (+ add[t, :]), k in order: deterministic. weight null:
 // unit weights (the weight was applied before W2).
 void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,

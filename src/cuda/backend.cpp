@@ -430,6 +430,13 @@ d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int
   return a;
 }
 
+void set_groups(d::GemvArgs& a, const void* groups) {
+  if (!groups) return;
+  const d::GroupLayout L = d::group_layout(int64_t(a.n) * a.topk, a.problems);
+  a.groups = static_cast<const int32_t*>(groups);
+  a.g_offs = L.offs, a.g_list = L.list, a.g_tiles = L.tiles, a.g_max_tiles = int(L.max_tiles);
+}
+
 d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int K, int64_t E, int variant) {
   d::GroupedArgs a;
   a.variant = variant;
@@ -444,9 +451,10 @@ d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int
 }  // namespace
 
 void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s) {
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E);
+  set_groups(a, groups);
   a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit), a.pre_weight = pre_weight;
   a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
   int64_t ldx = m.D;
@@ -457,9 +465,10 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 }
 
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Workspace& ws, Stream s) {
+              Workspace& ws, Stream s, const void* groups) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
+  set_groups(a, groups);
   int64_t ldx = m.I;
   a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 0;

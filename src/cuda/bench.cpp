@@ -181,15 +181,20 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
     moe_gate_up_grouped(moe, groups.get(), n, K, x16.get(), Act::F16, 10.0, nullptr, h16.as<uint16_t>(), ws, S);
     moe_down_grouped(moe, groups.get(), n, K, h16.as<uint16_t>(), ys.as<float>(), S);
   };
-  auto decode = [&](const int32_t* idx, int n) {
+  // The decode kernels in passes of 1024 slots, each pass with a group table (moe_group) or each block scanning.
+  auto decode_with = [&](const int32_t* idx, int n, bool table) {
     const int chunk = 1024 / K;
     for (int t0 = 0; t0 < n; t0 += chunk) {
       const int nc = std::min(chunk, n - t0);
+      const void* g = nullptr;
+      if (table) moe_group(idx + t0 * K, nc, K, E, groups.get(), S), g = groups.get();
       moe_gate_up(moe, idx + t0 * K, nc, K, x16.as<uint16_t>() + int64_t(t0) * D, Act::F16, 10.0, nullptr,
-                  h16.as<uint16_t>() + int64_t(t0) * K * I, nullptr, ws, S);
-      moe_down(moe, idx + t0 * K, nc, K, h16.as<uint16_t>() + int64_t(t0) * K * I, nullptr, ys.as<float>() + int64_t(t0) * K * D, ws, S);
+                  h16.as<uint16_t>() + int64_t(t0) * K * I, nullptr, ws, S, g);
+      moe_down(moe, idx + t0 * K, nc, K, h16.as<uint16_t>() + int64_t(t0) * K * I, nullptr, ys.as<float>() + int64_t(t0) * K * D, ws,
+               S, g);
     }
   };
+  auto decode = [&](const int32_t* idx, int n) { decode_with(idx, n, false); };
   for (int n : {1024, 8192}) {
     const Routings R = make_routings(1, n, K, E, 4321u + unsigned(n));
     DeviceBuffer idx = to_device(R.idx);
@@ -274,6 +279,7 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
     DeviceBuffer idx = to_device(R.idx);
     const double fl = double(n) * K * (f_gu + f_dn);
     add("crossover: decode kernels (passes of 1024 slots)", n, fl, B.time([&](int) { decode(idx.as<int32_t>(), n); }));
+    add("crossover: decode kernels with a group table", n, fl, B.time([&](int) { decode_with(idx.as<int32_t>(), n, true); }));
     add("crossover: grouped (group + gate+up + down)", n, fl, B.time([&](int) { grouped(idx.as<int32_t>(), n); }));
   }
   return rows;

@@ -84,23 +84,41 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 
   int prob, m;
   if constexpr (MODE == kMoe) {
-    const int slot = int(blockIdx.y), nslots = a.n * a.topk;
-    const int e = a.idx[slot];
-    if (warp == 0) {
-      int cnt = 0;
-      for (int base = 0; base < nslots; base += 32) {
-        const int s = base + lane;
-        const bool match = s < nslots && a.idx[s] == e;
-        const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
-        if (match) cols_s[cnt + __popc(mask & ((1u << lane) - 1u))] = s;
-        cnt += __popc(mask);
+    if (a.groups) {  // block y: tile y of launch_moe_group's table (an expert and up to kGroupTokens of its slots)
+      __shared__ int e_s;
+      if (warp == 0) {
+        const int y = int(blockIdx.y);
+        int cnt = 0, e = -1, p0 = 0;
+        if (y < a.groups[0]) {
+          e = a.groups[a.g_tiles + 2 * y], p0 = a.groups[a.g_tiles + 2 * y + 1];
+          cnt = min(kGroupTokens, a.groups[a.g_offs + e + 1] - p0);
+        }
+        for (int i = lane; i < cnt; i += 32) cols_s[i] = a.groups[a.g_list + p0 + i];
+        if (lane == 0) m_s = cnt, e_s = e;
       }
-      if (lane == 0) m_s = cnt;
+      __syncthreads();
+      if (m_s <= 0 || e_s < 0 || e_s >= a.problems) return;  // past the table's tiles
+      prob = e_s;
+      m = m_s;
+    } else {
+      const int slot = int(blockIdx.y), nslots = a.n * a.topk;
+      const int e = a.idx[slot];
+      if (warp == 0) {
+        int cnt = 0;
+        for (int base = 0; base < nslots; base += 32) {
+          const int s = base + lane;
+          const bool match = s < nslots && a.idx[s] == e;
+          const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
+          if (match) cols_s[cnt + __popc(mask & ((1u << lane) - 1u))] = s;
+          cnt += __popc(mask);
+        }
+        if (lane == 0) m_s = cnt;
+      }
+      __syncthreads();
+      if (cols_s[0] != slot || e < 0 || e >= a.problems) return;  // another block serves this expert
+      prob = e;
+      m = m_s;
     }
-    __syncthreads();
-    if (cols_s[0] != slot || e < 0 || e >= a.problems) return;  // another block serves this expert
-    prob = e;
-    m = m_s;
   } else {
     prob = int(blockIdx.y);
     m = a.n;
@@ -348,7 +366,8 @@ auto gemv_for(int minblocks) {
 
 template <int FMT, int NMAT, int EPI, int MODE, class OT>
 void launch_t(const GemvArgs& a, Stream s) {
-  const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? a.n * a.topk : a.problems), unsigned(a.kblocks));
+  const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? (a.groups ? a.g_max_tiles : a.n * a.topk) : a.problems),
+                  unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
   auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks);
   if constexpr (FMT == kFp8 && NMAT == 1)
@@ -384,6 +403,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // single launch, two runs): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0), batch 8 85.7 / 82.7 (the
   // full register budget 79.2 / 76.3); down batch 1 51.2 / 41.9 (streaming 47.9 / 39.0), batch 8 streaming 73.7 /
   // 69.3 (per-tile 70.4 / 66.0).
+  // With a group table (GemvArgs::groups) the per-tile kernel in the configuration it would have without (the same
+  // bits), its blocks one per table tile.
   if (a.fmt == kFp4 && a.mode == kMoe && a.fp4_kernel == 0 &&
       ((a.nmat == 2 && a.epi == kSwiglu) || (a.nmat == 1 && a.epi == kStore && !a.out_half && a.n * a.topk <= 8))) {
     GemvArgs b = a;
@@ -393,7 +414,7 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     if (b.nmat == 1) return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
   }
-  if (fp4s::stream_ok(a)) {
+  if (!a.groups && fp4s::stream_ok(a)) {
     if (a.nmat == 2 && a.epi == kSwiglu)
       return a.out_half ? fp4s::launch_stream<2, kSwiglu, __half>(a, s) : fp4s::launch_stream<2, kSwiglu, float>(a, s);
     if (a.nmat == 1 && a.epi == kStore && !a.out_half) return fp4s::launch_stream<1, kStore, float>(a, s);

@@ -131,10 +131,15 @@ void shared_expert(const MoeCtx& m, float* shared) {
 }
 
 // Tokens per chunk from which the routed experts run as grouped GEMMs (moe_gate_up_grouped) instead of the decode
-// kernels (8 tokens per expert per pass, every active expert read once per 1024 slots). `plumb bench` crossover
-// lines, H200 (bench/results/h200-moe-prefill-run3), gate+up + down, decode vs grouped: 32 tokens 567 vs 909 us,
-// 64 tokens 1191 vs 1185 us, 128 tokens 2079 vs 1423 us, 256 tokens 4297 vs 1510 us.
-constexpr int kGroupedMinTokens = 64;
+// kernels (8 tokens per expert per pass, every active expert read once per 1024 slots). Above 256 slots the decode
+// kernels go by a group table (moe_group, two small launches) instead of a block per slot scanning every slot for
+// its expert's others (a cost that grows with the square of the slots; the same bits). `plumb bench` crossover
+// lines, H200 (bench/results/h200-session9/moe-crossover.txt), gate+up + down, graph-replayed, decode with the
+// table / with the scan / grouped: 32 tokens 596 / 594 / 911 us, 64 tokens 820 / 1220 / 1217, 128 tokens 1008 /
+// 2131 / 1463, 256 tokens 1990 / 4389 / 1561; at 16 tokens the table's launches cost more than the scan (360 /
+// 343 us).
+constexpr int kGroupedMinTokens = 192;
+constexpr int kDecodeTableMinSlots = 257;
 
 // routed + shared; `total_scale` != 1 only for fault.shared_scaled.
 template <class Runner, Rsf P>
@@ -172,14 +177,18 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
     const int chunk = std::max(1, 1024 / r.K);
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
+    const bool table = std::min(r.n, chunk) * r.K >= kDecodeTableMinSlots && r.E <= 1024;
+    void* groups = table ? m.sc.get("moe.groups", moe_group_bytes(std::min(r.n, chunk), r.K, r.E)) : nullptr;
     for (int t0 = 0; t0 < r.n; t0 += chunk) {
       const int nc = std::min(chunk, r.n - t0);
       const int32_t* idx = r.idx + int64_t(t0) * r.K;
       const float* wt = r.weight + int64_t(t0) * r.K;
       const void* xc = m.x16 ? static_cast<const void*>(m.x16 + int64_t(t0) * D) : m.x + int64_t(t0) * D;
+      const void* g = nullptr;
+      if (table && nc * r.K >= kDecodeTableMinSlots) moe_group(idx, nc, r.K, r.E, groups), g = groups;
       moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
-                  m.sc.ws);
-      moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws);
+                  m.sc.ws, nullptr, g);
+      moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
       join_for_add();
       moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), add ? add + int64_t(t0) * D : nullptr,
                   out + int64_t(t0) * D);

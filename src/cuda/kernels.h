@@ -115,6 +115,12 @@ struct GemvArgs {
   int problems = 1;   // dense: groups; moe: experts (idx bound)
   const int32_t* idx = nullptr;  // moe: [n, topk] expert ids
   int topk = 0;
+  // moe, optional: launch_moe_group's table for these idx (the per-tile kernel then runs a block per table tile,
+  // reading the expert and its slots there, instead of a block per slot scanning every slot; the same slots in the
+  // same order per expert, so the same bits). Offsets in int32 words (group_layout).
+  const int32_t* groups = nullptr;
+  int64_t g_offs = 0, g_list = 0, g_tiles = 0;
+  int g_max_tiles = 0;
   int x_by_token = 0;             // moe: x row = slot / topk (else slot)
   const float* pre_weight = nullptr;  // moe SwiGLU: h *= pre_weight[slot]
   float limit = 0.0f, out_scale = 1.0f;

@@ -161,10 +161,7 @@ __global__ void group_list_kernel(const int32_t* __restrict__ idx, int slots, in
   }
 }
 
-__device__ __forceinline__ void cp4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-// valid false: writes 4 zero bytes and reads nothing.
+// (cp4 itself: common.cuh.) valid false: writes 4 zero bytes and reads nothing.
 __device__ __forceinline__ void cp4_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
