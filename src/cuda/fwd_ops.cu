@@ -88,30 +88,45 @@ __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_
   }
 }
 
-// Up to kTok tokens, a warp per row: VEC, 16-byte loads (row_dot16: rows 16-byte aligned); else one element per
-// lane at a time (any layout and alignment).
+// Rows split over kOneSplit warps (a quarter of K each), kOneRows rows per block of kRowsPerBlock warps.
+constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
+
+// Up to kTok tokens: a block takes kOneRows rows, each over kOneSplit warps (a quarter of K each), the splits' sums
+// added in split order (a warp per whole row left 2 warps per SM on the router gate's 256 rows). VEC: 16-byte loads
+// (row_dot16 over the warp's chunks: rows 16-byte aligned); else one element per lane at a time (any layout and
+// alignment). Products exact in fp64, sums in fp64: the order changes only the last bits of the fp64 sum.
 template <bool VEC>
 __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
   pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  __shared__ double part[kRowsPerBlock][kTok];
+  const int lane = threadIdx.x & 31, warp = int(threadIdx.x >> 5), rl = warp / kOneSplit, sp = warp % kOneSplit;
+  const int64_t r = int64_t(blockIdx.x) * kOneRows + rl;
   const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
-  if (r >= nr) return;
   double acc[kTok] = {};
-  if constexpr (VEC) {
-    row_dot16<kTok>(w, r0 + r, 0, dmat_row_bytes(w) / 16, x + int64_t(t0) * ldx, nt, ldx, acc);
-  } else {
-    for (int64_t c = lane; c < w.cols; c += 32) {
-      const double wv = fwd_w(w, r0 + r, c);
+  if (r < nr) {
+    if constexpr (VEC) {
+      const int64_t C = dmat_row_bytes(w) / 16;
+      row_dot16<kTok>(w, r0 + r, C * sp / kOneSplit, C * (sp + 1) / kOneSplit, x + int64_t(t0) * ldx, nt, ldx, acc);
+    } else {
+      for (int64_t c = w.cols * sp / kOneSplit + lane; c < w.cols * (sp + 1) / kOneSplit; c += 32) {
+        const double wv = fwd_w(w, r0 + r, c);
 #pragma unroll
-      for (int t = 0; t < kTok; ++t)
-        if (t < nt) acc[t] += double(x[(t0 + t) * ldx + c]) * wv;
+        for (int t = 0; t < kTok; ++t)
+          if (t < nt) acc[t] += double(x[(t0 + t) * ldx + c]) * wv;
+      }
     }
   }
 #pragma unroll
   for (int t = 0; t < kTok; ++t) {
     const double v = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) y[(t0 + t) * ldy + r] = float(v);
+    if (lane == 0) part[warp][t] = v;
+  }
+  __syncthreads();
+  if (r < nr && sp == 0 && lane < nt) {
+    double s = part[warp][lane];
+#pragma unroll
+    for (int q = 1; q < kOneSplit; ++q) s += part[warp + q][lane];
+    y[(t0 + lane) * ldy + r] = float(s);
   }
 }
 
@@ -124,7 +139,7 @@ __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_
 // split order: every row summed in the session-7 kernel's order. DT: the weights' dtype (0 f32, 1 bf16,
 // 2 f16) when every segment has plain rows of it (the pair-major staged row, no per-element dispatch); -1 (mixed
 // dtypes or layouts, or an input row not 16-byte aligned): element order, the format read from w.
-constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit, kOneLoads = 4;
+constexpr int kOneLoads = 4;
 constexpr int64_t kOneMaxCols = 12288;  // the staged row: 96 KiB of doubles
 // The staged row, as doubles. Element order for the generic kernel (DT < 0); for a plain dtype (per elements per
 // 16-byte chunk, C = cols / per chunks) pair-major: the pair of elements (c * per + 2j, c * per + 2j + 1) of chunk c
@@ -419,7 +434,7 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
 
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
   if (n <= 0 || nr <= 0) return;
-  const dim3 grid(unsigned((nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((n + kTok - 1) / kTok));
+  const dim3 grid(unsigned((nr + kOneRows - 1) / kOneRows), unsigned((n + kTok - 1) / kTok));
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
   if (n == 1 && fwd_linear_one_fits(w)) {  // y[r]: with one token ldy does not matter

@@ -283,6 +283,62 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
 }
 
+// fwd_linear for 2 to 13 tokens (the kernel's token groups of 8, its rows split over 4 warps each) against the host:
+// fp64 sums of the exact products rounded to float, within one ulp and nearly every value exact; 16-byte rows
+// (every plain dtype) and rows that are not (f32 with 257 columns: element by element), a row offset, strided x and
+// y rows.
+TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
+  Rng rng(98);
+  struct Case {
+    int dtype, n;
+    int64_t rows, cols, r0, nr, ldx, ldy;
+  };
+  const Case cases[] = {{1, 2, 256, 4096, 0, 256, 4096, 256}, {1, 8, 64, 4096, 0, 64, 4160, 70}, {0, 13, 37, 1024, 3, 31, 1024, 40},
+                        {2, 5, 9, 2048, 1, 7, 2048, 7},       {0, 3, 11, 257, 0, 11, 260, 11}};
+  for (const Case& c : cases) {
+    const size_t nw = size_t(c.rows * c.cols);
+    std::vector<float> wv(nw);
+    DeviceBuffer w;
+    if (c.dtype == 0) {
+      wv = rng.floats(nw, -1.0f, 1.0f);
+      w = to_device(wv);
+    } else {
+      std::vector<uint16_t> h(nw);
+      for (size_t j = 0; j < nw; ++j) {
+        h[j] = c.dtype == 1 ? plumb::fmt8::f32_to_bf16(rng.uniform(-1.0f, 1.0f))
+                            : uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 17) << 10) | rng.integer(0, 1023));
+        wv[j] = c.dtype == 1 ? plumb::fmt8::bf16_to_f32(h[j]) : plumb::fmt8::f16_to_f32(h[j]);
+      }
+      w = to_device(h);
+    }
+    const auto xv = rng.floats(size_t(c.n) * size_t(c.ldx), -2.0f, 2.0f);
+    DeviceBuffer x = to_device(xv), y(size_t(c.n) * size_t(c.ldy) * 4);
+    y.fill_byte(0xFF);
+    d::DMat m;
+    m.w = w.get(), m.rows = c.rows, m.cols = c.cols, m.layout = 0, m.dtype = c.dtype;
+    d::fwd_linear(m, x.as<float>(), c.n, c.ldx, c.r0, c.nr, y.as<float>(), c.ldy, nullptr);
+    const auto got = to_host<float>(y, size_t(c.n) * size_t(c.ldy));
+    int64_t exact = 0;
+    for (int t = 0; t < c.n; ++t)
+      for (int64_t r = 0; r < c.nr; ++r) {
+        double s = 0;
+        for (int64_t k = 0; k < c.cols; ++k) s += double(wv[size_t((c.r0 + r) * c.cols + k)]) * double(xv[size_t(t * c.ldx + k)]);
+        const float want = float(s), g = got[size_t(t * c.ldy + r)];
+        exact += g == want;
+        ASSERT_LE(std::fabs(double(g) - double(want)), double(std::nextafter(std::fabs(want), INFINITY) - std::fabs(want)))
+            << "dtype " << c.dtype << " n " << c.n << " [" << c.rows << ", " << c.cols << "]: token " << t << ", row " << r << " got "
+            << g << " want " << want;
+      }
+    EXPECT_GE(double(exact), 0.99 * double(c.n * c.nr)) << "dtype " << c.dtype << " n " << c.n << ": " << exact << " of "
+                                                       << c.n * c.nr << " values exact";
+    if (c.ldy > c.nr) {  // nothing past the rows
+      uint32_t bits;
+      std::memcpy(&bits, &got[size_t(c.nr)], 4);
+      EXPECT_EQ(bits, 0xFFFFFFFFu) << "dtype " << c.dtype << " n " << c.n << ": written past the rows";
+    }
+  }
+}
+
 // The one-token GEMV (fwd_linear with one token; its persistent grid, the pair-major staged row, the rounds and
 // their prefetch) against the host: fp64 sums of the exact products, rounded to float. The sums' orders differ,
 // so a row may differ by one ulp where its sum lies next to a rounding boundary; nearly every row must match
