@@ -91,24 +91,25 @@ __device__ __forceinline__ void row_dot16(const DMat& w, int64_t row, int64_t c_
 // Rows split over kOneSplit warps (a quarter of K each), kOneRows rows per block of kRowsPerBlock warps.
 constexpr int kOneSplit = 4, kOneRows = kRowsPerBlock / kOneSplit;
 
-// Up to kTok tokens: a block takes kOneRows rows, each over kOneSplit warps (a quarter of K each), the splits' sums
-// added in split order (a warp per whole row left 2 warps per SM on the router gate's 256 rows). VEC: 16-byte loads
+// Up to kTok tokens per block row. SPLIT: a block takes kOneRows rows, each over kOneSplit warps (a quarter of K
+// each), the splits' sums added in split order; else a warp per row, kRowsPerBlock rows. VEC: 16-byte loads
 // (row_dot16 over the warp's chunks: rows 16-byte aligned); else one element per lane at a time (any layout and
 // alignment). Products exact in fp64, sums in fp64: the order changes only the last bits of the fp64 sum.
-template <bool VEC>
+template <bool VEC, bool SPLIT>
 __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy) {
   pdl_begin();
+  constexpr int S = SPLIT ? kOneSplit : 1;
   __shared__ double part[kRowsPerBlock][kTok];
-  const int lane = threadIdx.x & 31, warp = int(threadIdx.x >> 5), rl = warp / kOneSplit, sp = warp % kOneSplit;
-  const int64_t r = int64_t(blockIdx.x) * kOneRows + rl;
+  const int lane = threadIdx.x & 31, warp = int(threadIdx.x >> 5), rl = warp / S, sp = warp % S;
+  const int64_t r = int64_t(blockIdx.x) * (kRowsPerBlock / S) + rl;
   const int t0 = blockIdx.y * kTok, nt = min(kTok, n - t0);
   double acc[kTok] = {};
   if (r < nr) {
     if constexpr (VEC) {
       const int64_t C = dmat_row_bytes(w) / 16;
-      row_dot16<kTok>(w, r0 + r, C * sp / kOneSplit, C * (sp + 1) / kOneSplit, x + int64_t(t0) * ldx, nt, ldx, acc);
+      row_dot16<kTok>(w, r0 + r, C * sp / S, C * (sp + 1) / S, x + int64_t(t0) * ldx, nt, ldx, acc);
     } else {
-      for (int64_t c = w.cols * sp / kOneSplit + lane; c < w.cols * (sp + 1) / kOneSplit; c += 32) {
+      for (int64_t c = w.cols * sp / S + lane; c < w.cols * (sp + 1) / S; c += 32) {
         const double wv = fwd_w(w, r0 + r, c);
 #pragma unroll
         for (int t = 0; t < kTok; ++t)
@@ -125,7 +126,7 @@ __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_
   if (r < nr && sp == 0 && lane < nt) {
     double s = part[warp][lane];
 #pragma unroll
-    for (int q = 1; q < kOneSplit; ++q) s += part[warp + q][lane];
+    for (int q = 1; q < S; ++q) s += part[warp + q][lane];
     y[(t0 + lane) * ldy + r] = float(s);
   }
 }
@@ -434,7 +435,13 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
 
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
   if (n <= 0 || nr <= 0) return;
-  const dim3 grid(unsigned((nr + kOneRows - 1) / kOneRows), unsigned((n + kTok - 1) / kTok));
+  // Rows split over warps where a warp per row would give few blocks (the router gate's 256 rows at 8 tokens: 32;
+  // H200, per step: moe.router 102.6 -> 46.0 us, the indexer's weights_proj inside attn.indexer 72.6 -> 45.3); at 32
+  // and 128 tokens the warp-per-row blocks were faster (router 103 / 334 against 111 / 361 us).
+  const int64_t groups = (n + kTok - 1) / kTok, whole = (nr + kRowsPerBlock - 1) / kRowsPerBlock;
+  const bool split = whole * groups < 64;
+  const dim3 grid(unsigned(split ? (nr + kOneRows - 1) / kOneRows : whole), unsigned(groups));
+  auto go = [&](auto kern) { launch("fwd_linear", kern, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy); };
   const int64_t row_bytes = dmat_row_bytes(w);
   const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
   if (n == 1 && fwd_linear_one_fits(w)) {  // y[r]: with one token ldy does not matter
@@ -443,9 +450,9 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
     g.seg[0].r0 = r0, g.seg[0].nr = nr;
     launch_linear_one(g, x, s);
   } else if (vec) {
-    launch("fwd_linear", linear_kernel<true>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
+    go(split ? linear_kernel<true, true> : linear_kernel<true, false>);
   } else {
-    launch("fwd_linear", linear_kernel<false>, grid, 32 * kRowsPerBlock, 0, s, w, x, n, ldx, r0, nr, y, ldy);
+    go(split ? linear_kernel<false, true> : linear_kernel<false, false>);
   }
 }
 

@@ -283,7 +283,7 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
 }
 
-// fwd_linear for 2 to 13 tokens (the kernel's token groups of 8, its rows split over 4 warps each) against the host:
+// fwd_linear for 2 to 20 tokens (token groups of 8; rows split over 4 warps, or a warp per row) against the host:
 // fp64 sums of the exact products rounded to float, within one ulp and nearly every value exact; 16-byte rows
 // (every plain dtype) and rows that are not (f32 with 257 columns: element by element), a row offset, strided x and
 // y rows.
@@ -294,7 +294,9 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
     int64_t rows, cols, r0, nr, ldx, ldy;
   };
   const Case cases[] = {{1, 2, 256, 4096, 0, 256, 4096, 256}, {1, 8, 64, 4096, 0, 64, 4160, 70}, {0, 13, 37, 1024, 3, 31, 1024, 40},
-                        {2, 5, 9, 2048, 1, 7, 2048, 7},       {0, 3, 11, 257, 0, 11, 260, 11}};
+                        {2, 5, 9, 2048, 1, 7, 2048, 7},       {0, 3, 11, 257, 0, 11, 260, 11},
+                        // enough blocks with a warp per row: that layout (aligned rows, and f32 rows of 257)
+                        {1, 16, 600, 1024, 0, 600, 1024, 600}, {0, 20, 600, 257, 0, 600, 257, 600}};
   for (const Case& c : cases) {
     const size_t nw = size_t(c.rows * c.cols);
     std::vector<float> wv(nw);
