@@ -398,9 +398,25 @@ void write_streaming(const std::string& path, const Spec& spec, const std::map<s
   PLUMB_CHECK(rc == 0, "error while writing {}: {}", path, std::strerror(errno));
 }
 
-// True when DIR holds this run's exact synthetic checkpoint. Throws when DIR/model.safetensors exists and is not a
-// synthetic one (never overwrite a real model).
-bool reusable(const std::string& dir, const std::string& sig) {
+// The bench tag in the header of a safetensors file write_streaming wrote, read from the header alone (written
+// first, so a write cut short still has it); "" when there is none.
+std::string header_tag(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  uint64_t n = 0;  // little-endian on every host we build for
+  if (!f.read(reinterpret_cast<char*>(&n), 8) || n == 0 || n > (uint64_t(1) << 30)) return "";
+  std::string text(size_t(n), '\0');
+  if (!f.read(text.data(), std::streamsize(n))) return "";
+  const auto j = ojson::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("__metadata__") || !j["__metadata__"].is_object()) return "";
+  const auto& m = j["__metadata__"];
+  return m.contains(kTag) && m[kTag].is_string() ? m[kTag].get<std::string>() : "";
+}
+
+// True when DIR holds this run's exact synthetic checkpoint: the model's tag and config.json as this run writes them
+// (the model is renamed into place before config.json is written, so a write cut short between the two leaves a
+// config.json that does not match). Throws when DIR/model.safetensors exists and is not a synthetic one (never
+// overwrite a real model).
+bool reusable(const std::string& dir, const std::string& sig, const std::string& config_text) {
   const fs::path st = fs::path(dir) / "model.safetensors";
   if (!fs::exists(st)) return false;
   std::string tag;
@@ -413,7 +429,10 @@ bool reusable(const std::string& dir, const std::string& sig) {
   }
   PLUMB_CHECK(!tag.empty(), "{} exists and is not a synthetic bench checkpoint; refusing to overwrite it (choose another --dir)",
               st.string());
-  return tag == sig && fs::exists(fs::path(dir) / "config.json");
+  if (tag != sig) return false;
+  std::ifstream c(fs::path(dir) / "config.json");  // (missing: read as "", never a match)
+  const std::string have((std::istreambuf_iterator<char>(c)), std::istreambuf_iterator<char>());
+  return have == config_text;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -610,6 +629,15 @@ int run(const LayerBenchOptions& o) {
     } else {
       wd.path = o.dir;
       fs::create_directories(wd.path);
+      // A write cut short (the run killed) leaves model.safetensors.partial: ours when its header carries the tag.
+      const fs::path partial = wd.path / "model.safetensors.partial";
+      if (fs::exists(partial)) {
+        PLUMB_CHECK(!header_tag(partial).empty(),
+                    "{} is not a partial bench checkpoint; refusing to write into its folder (choose another --dir)",
+                    partial.string());
+        fs::remove(partial);
+        out(fmt::format("checkpoint: removed {} (a write cut short)\n", partial.string()));
+      }
       // A folder of our own: empty, or holding a synthetic checkpoint (reusable() refuses any other model.safetensors).
       const bool empty = fs::is_empty(wd.path);
       PLUMB_CHECK(empty || fs::exists(wd.path / "model.safetensors"),
@@ -621,7 +649,7 @@ int run(const LayerBenchOptions& o) {
     const double need_dev = double(spec.total) * 1.05 + 4e9;
     PLUMB_CHECK(!gpu || need_dev < double(dev.mem_bytes), "{} layers need about {:.1f} GB of device memory (weights {:.1f} GB + scratch); "
                 "this GPU has {:.1f} GB: use fewer layers", L, need_dev / 1e9, double(spec.total) / 1e9, double(dev.mem_bytes) / 1e9);
-    reused = reusable(wd.path.string(), sig);
+    reused = reusable(wd.path.string(), sig, make_config(o).dump(2) + "\n");
     if (reused) {
       out(fmt::format("checkpoint: reusing {} ({:.2f} GB, same dimensions and generator)\n", wd.path.string(),
                       double(spec.total) / 1e9));
@@ -986,15 +1014,18 @@ uint64_t write_layer_bench_checkpoint(const std::string& dir, const LayerBenchOp
               "(FP4 scale groups)", d.hidden, d.moe_inter);
   const Spec spec = make_spec(o);
   fs::create_directories(dir);
+  const fs::path model = fs::path(dir) / "model.safetensors", partial = fs::path(dir) / "model.safetensors.partial";
+  const int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()));
+  // Written under a temporary name and renamed into place (a run killed while writing leaves only the .partial,
+  // which the next run removes), then config.json, which reusable() compares with what this run would write.
+  write_streaming(partial.string(), spec, {{"format", "pt"}, {kTag, signature(o)}}, threads, progress);
+  fs::rename(partial, model);
   {
     std::ofstream f(fs::path(dir) / "config.json");
     f << make_config(o).dump(2) << "\n";
     PLUMB_CHECK(f.good(), "cannot write {}/config.json", dir);
   }
-  const int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()));
-  write_streaming((fs::path(dir) / "model.safetensors").string(), spec,
-                  {{"format", "pt"}, {kTag, signature(o)}}, threads, progress);
-  return uint64_t(fs::file_size(fs::path(dir) / "model.safetensors"));
+  return uint64_t(fs::file_size(model));
 }
 
 int run_layer_bench(const LayerBenchOptions& o) {

@@ -212,8 +212,9 @@ TEST_F(BenchLayersGpu, RunsWritesJsonAndReusesItsFolder) {
   EXPECT_TRUE(j["checkpoint_reused"].get<bool>());
 }
 
-// A --dir folder: written when empty, reused when it holds the same synthetic checkpoint, never written into when it
-// holds anything else.
+// A --dir folder: written when empty, reused when it holds the same synthetic checkpoint (model and config.json),
+// rewritten after a write cut short (a leftover model.safetensors.partial of its own, or a config.json that does not
+// match), never written into when it holds anything else.
 TEST(BenchLayers, ReusesItsFolderAndRefusesAForeignOne) {
   TempDir t;
   auto o = tiny(1);
@@ -236,6 +237,23 @@ TEST(BenchLayers, ReusesItsFolderAndRefusesAForeignOne) {
   std::ifstream(o.json) >> j;
   EXPECT_FALSE(j["checkpoint_reused"].get<bool>());
 
+  // A write cut short: only the first half of the model under its temporary name.
+  const fs::path model = fs::path(o.dir) / "model.safetensors", partial = fs::path(o.dir) / "model.safetensors.partial";
+  const std::string whole = slurp(model);
+  std::ofstream(partial, std::ios::binary) << whole.substr(0, whole.size() / 2);
+  fs::remove(model), fs::remove(fs::path(o.dir) / "config.json");
+  ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
+  std::ifstream(o.json) >> j;
+  EXPECT_FALSE(j["checkpoint_reused"].get<bool>());
+  EXPECT_FALSE(fs::exists(partial));
+  EXPECT_EQ(slurp(model), whole) << "the rewritten checkpoint differs";
+  // Cut short between the model's rename and config.json: the old config.json does not match, so not reused.
+  std::ofstream(fs::path(o.dir) / "config.json") << "{}";
+  ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
+  std::ifstream(o.json) >> j;
+  EXPECT_FALSE(j["checkpoint_reused"].get<bool>());
+  EXPECT_NE(slurp(fs::path(o.dir) / "config.json"), "{}");
+
   TempDir foreign;
   std::ofstream(foreign.path() / "config.json") << "{}";
   o.dir = foreign.path().string();
@@ -245,6 +263,11 @@ TEST(BenchLayers, ReusesItsFolderAndRefusesAForeignOne) {
   std::ofstream(foreign.path() / "model.safetensors") << "not a bench checkpoint";
   EXPECT_EQ(plumb::cuda::run_layer_bench(o), 2);
   EXPECT_EQ(slurp(foreign.path() / "model.safetensors"), "not a bench checkpoint");
+  TempDir foreign2;  // a .partial that is not ours: left alone
+  std::ofstream(foreign2.path() / "model.safetensors.partial") << "someone else's download";
+  o.dir = foreign2.path().string();
+  EXPECT_EQ(plumb::cuda::run_layer_bench(o), 2);
+  EXPECT_EQ(slurp(foreign2.path() / "model.safetensors.partial"), "someone else's download");
 }
 
 }  // namespace
