@@ -442,15 +442,8 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   const int V = Sv % 2 == 0 && 2 * slice_smem <= kHcMaxSmem && int64_t(a.n) * Sv > 4 * 2 * int64_t(sm_count()) ? 2 : 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(Sv / V), unsigned(a.n), 1), cfg.blockDim = dim3(kHcThreads, 1, 1), cfg.stream = stream_of(s);
-  cfg.dynamicSmemBytes = size_t(V) * slice_smem;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(Sv / V), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-  cfg.attrs = at, cfg.numAttrs = 1;
-  if (V == 2) PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_pre_kernel<H, VEC, 2>, a, mix_out));
-  else PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, hc_pre_kernel<H, VEC, 1>, a, mix_out));
+  launch_cluster("fwd_hc_pre", V == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>, unsigned(Sv / V), unsigned(a.n),
+                 unsigned(kHcThreads), size_t(V) * slice_smem, s, a, mix_out);
 }
 
 }  // namespace
@@ -480,7 +473,6 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
     case 5: go(std::integral_constant<int, 5>{}); break;
     default: go(std::integral_constant<int, 6>{}); break;
   }
-  check_launch("fwd_hc_pre");
 }
 
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,

@@ -308,6 +308,22 @@ __global__ void index_topk_kernel(IndexArgs a) {
 
 constexpr int kSelThreads = 256, kSelPer = 8, kSelTile = kSelThreads * kSelPer;  // entries per block and pass
 constexpr int kSelBits = 11, kSelBins = 1 << kSelBits;
+
+// Digit `pass` of a key (most significant first): bits [shift, top), below width <= kSelBits, of the 32 + ib.
+struct SelDigit {
+  int top, width, shift;
+  uint32_t mask;
+  __device__ SelDigit(int pass, int ib)
+      : top(32 + ib - pass * kSelBits), width(min(kSelBits, top)), shift(top - width), mask((1u << width) - 1u) {}
+};
+// Counts key's digit into the histogram h (this block's shared memory, or another block's of the cluster) when
+// `valid` and the key's bits above the digit equal hi. Lanes with the same digit add once: exact ties (ReLU zeros)
+// would otherwise serialize on one counter. Every lane of the warp calls it.
+__device__ __forceinline__ void count_digit(bool valid, uint64_t key, uint64_t hi, const SelDigit& dg, uint32_t* h) {
+  const int d = valid & ((key >> dg.top) == hi) ? int((key >> dg.shift) & dg.mask) : -1;
+  const unsigned peers = __match_any_sync(radix::kFull, d);
+  if (d >= 0 && int(threadIdx.x & 31) == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+}
 constexpr int kRankThreads = 256, kRankSplit = 8, kRankPerBlock = kRankThreads / kRankSplit;
 constexpr int kRankChunk = 2048;  // candidates staged in shared memory at a time
 
@@ -389,7 +405,7 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
   __shared__ uint32_t scan_sh[32];
   __shared__ int bin, last;
   __shared__ uint32_t above;
-  const int t = blockIdx.y, lane = threadIdx.x & 31;
+  const int t = blockIdx.y;
   const SelSizes z(a);
   if (z.k <= 0) return;
   uint64_t hi = 0;
@@ -399,8 +415,7 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
     if (st.done) return;
     hi = st.hi, k_rem = st.k_rem;
   }
-  const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top), shift = top - width;
-  const uint32_t dmask = (1u << width) - 1u;
+  const SelDigit dg(pass, ib);
   for (int i = threadIdx.x; i < kSelBins; i += blockDim.x) h[i] = 0;
   __syncthreads();
   float v[kSelPer];
@@ -408,18 +423,11 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
 #pragma unroll
   for (int u = 0; u < kSelPer; ++u) {
     const int64_t e = e0 + u * kSelThreads;
-    int d = -1;
-    if (e < z.ne) {
-      const uint64_t key = sel_key(v[u], e, ib);
-      if ((key >> top) == hi) d = int((key >> shift) & dmask);
-    }
-    // Lanes with the same digit add once: exact ties (ReLU zeros) would otherwise serialize on one counter.
-    const unsigned peers = __match_any_sync(radix::kFull, d);
-    if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+    count_digit(e < z.ne, e < z.ne ? sel_key(v[u], e, ib) : 0, hi, dg, h);
   }
   __syncthreads();
   uint32_t* gh = w.hist + (int64_t(t) * passes + pass) * kSelBins;
-  for (int i = threadIdx.x; i <= int(dmask); i += blockDim.x)
+  for (int i = threadIdx.x; i <= int(dg.mask); i += blockDim.x)
     if (h[i]) atomicAdd(&gh[i], h[i]);
   __threadfence();  // this block's counts are visible before its arrival is
   __syncthreads();
@@ -427,16 +435,16 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int i = threadIdx.x; i <= int(dmask); i += blockDim.x) h[i] = __ldcg(&gh[i]);
+  for (int i = threadIdx.x; i <= int(dg.mask); i += blockDim.x) h[i] = __ldcg(&gh[i]);
   if (threadIdx.x == 0) bin = -1, above = 0;
   __syncthreads();
-  radix::find_boundary(h, int(dmask) + 1, k_rem, &bin, &above, scan_sh);
+  radix::find_boundary(h, int(dg.mask) + 1, k_rem, &bin, &above, scan_sh);
   if (threadIdx.x == 0) {
     SelState st{};
-    st.hi = (hi << width) | uint64_t(bin);
+    st.hi = (hi << dg.width) | uint64_t(bin);
     st.k_rem = k_rem - above;
-    st.shift = shift;
-    st.done = h[bin] == st.k_rem || shift == 0;
+    st.shift = dg.shift;
+    st.done = h[bin] == st.k_rem || dg.shift == 0;
     w.state[t] = st;
   }
 }
@@ -518,32 +526,25 @@ __device__ __forceinline__ void block_topk(uint64_t* ks, int ne, int k, int ib, 
   __shared__ uint32_t scan_sh[32];
   __shared__ int bin;
   __shared__ uint32_t above;
-  const int lane = threadIdx.x & 31, T = int(blockDim.x);
+  const int T = int(blockDim.x);
   if (k < ne) {  // uniform: k and ne come from the position
     uint64_t hi = 0;
     uint32_t k_rem = uint32_t(k);
     int shift = 0;
     bool done = false;  // the same in every thread: all read the same shared values
     for (int pass = 0; pass < passes && !done; ++pass) {
-      const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top);
-      shift = top - width;
-      const uint32_t dmask = (1u << width) - 1u;
-      for (int i = threadIdx.x; i <= int(dmask); i += T) h[i] = 0;
+      const SelDigit dg(pass, ib);
+      shift = dg.shift;
+      for (int i = threadIdx.x; i <= int(dg.mask); i += T) h[i] = 0;
       if (threadIdx.x == 0) bin = -1, above = 0;
       __syncthreads();  // (the first time: the keys are stored)
-      for (int e0 = 0; e0 < ne; e0 += T) {  // a uniform trip count: __match_any_sync needs every lane
+      for (int e0 = 0; e0 < ne; e0 += T) {  // a uniform trip count: count_digit needs every lane
         const int e = e0 + int(threadIdx.x);
-        int d = -1;
-        if (e < ne) {
-          const uint64_t key = ks[e];
-          if ((key >> top) == hi) d = int((key >> shift) & dmask);
-        }
-        const unsigned peers = __match_any_sync(radix::kFull, d);
-        if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h[d], uint32_t(__popc(peers)));
+        count_digit(e < ne, e < ne ? ks[e] : 0, hi, dg, h);
       }
       __syncthreads();
-      radix::find_boundary(h, int(dmask) + 1, k_rem, &bin, &above, scan_sh);
-      hi = (hi << width) | uint64_t(bin);
+      radix::find_boundary(h, int(dg.mask) + 1, k_rem, &bin, &above, scan_sh);
+      hi = (hi << dg.width) | uint64_t(bin);
       k_rem -= above;
       done = h[bin] == k_rem || shift == 0;
       __syncthreads();  // every thread has read h[bin] before the next pass clears h
@@ -605,7 +606,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_select_kernel(Inde
   __shared__ uint32_t scan_sh[32];
   __shared__ ClusterDigit dig;
   __shared__ uint32_t ncand;
-  const int r = int(cl.block_rank()), t = int(blockIdx.y), lane = int(threadIdx.x & 31), T = int(blockDim.x);
+  const int r = int(cl.block_rank()), t = int(blockIdx.y), T = int(blockDim.x);
   const SelSizes z(a);
   const int ne = int(z.ne), k = int(z.k);
   const int64_t visible = (*a.pos + t + 1) / a.rate;
@@ -625,29 +626,25 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_select_kernel(Inde
   if (k < ne) {
     uint32_t k_rem = uint32_t(k);
     for (int pass = 0; pass < passes; ++pass) {
-      const int top = 32 + ib - pass * kSelBits, width = min(kSelBits, top);
-      shift = top - width;
-      const uint32_t dmask = (1u << width) - 1u;
+      const SelDigit dg(pass, ib);
+      shift = dg.shift;
       if (r == 0)
-        for (int i = threadIdx.x; i <= int(dmask); i += T) h[i] = 0;
+        for (int i = threadIdx.x; i <= int(dg.mask); i += T) h[i] = 0;
       cl.sync();  // A: the histogram is clear (the first time: every block is running)
-      for (int i0 = 0; i0 < nb; i0 += T) {  // a uniform trip count: __match_any_sync needs every lane
+      for (int i0 = 0; i0 < nb; i0 += T) {  // a uniform trip count: count_digit needs every lane
         const int i = i0 + int(threadIdx.x);
-        int d = -1;
-        if (i < nb && (ks[i] >> top) == hi) d = int((ks[i] >> shift) & dmask);
-        const unsigned peers = __match_any_sync(radix::kFull, d);
-        if (d >= 0 && lane == __ffs(int(peers)) - 1) atomicAdd(&h0[d], uint32_t(__popc(peers)));
+        count_digit(i < nb, i < nb ? ks[i] : 0, hi, dg, h0);
       }
       cl.sync();  // B: every count is in
       if (r == 0) {
-        radix::find_boundary(h, int(dmask) + 1, k_rem, &dig.bin, &dig.above, scan_sh);
+        radix::find_boundary(h, int(dg.mask) + 1, k_rem, &dig.bin, &dig.above, scan_sh);
         if (threadIdx.x == 0) dig.done = h[dig.bin] == k_rem - dig.above || shift == 0;
       }
       cl.sync();  // C: the digit is published
-      const ClusterDigit dg = *dig0;
-      hi = (hi << width) | uint64_t(dg.bin);
-      k_rem -= dg.above;
-      if (dg.done) break;
+      const ClusterDigit pick = *dig0;
+      hi = (hi << dg.width) | uint64_t(pick.bin);
+      k_rem -= pick.above;
+      if (pick.done) break;
     }
   }
   // The keys whose bits above `shift` reach hi (every key when k == ne): exactly k, appended in any order.
@@ -778,15 +775,8 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
     const int per = int((a.ne_cap + C - 1) / C);
     int kpow = 1;
     while (kpow < a.k_cap) kpow <<= 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(C), unsigned(a.n), 1), cfg.blockDim = dim3(unsigned(kClusterThreads), 1, 1);
-    cfg.dynamicSmemBytes = size_t(per + kpow) * 8, cfg.stream = stream_of(s);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = unsigned(C), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cluster_select_kernel, a, per, ib, passes, kpow));
-    check_launch("fwd_indexer_topk cluster");
+    launch_cluster("fwd_indexer_topk cluster", cluster_select_kernel, unsigned(C), unsigned(a.n), unsigned(kClusterThreads),
+                   size_t(per + kpow) * 8, s, a, per, ib, passes, kpow);
     return;
   }
   if (path != kIndexTopkSelect) throw_arg("indexer: unknown top-k path");
@@ -831,16 +821,8 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
     FusedPlan p(a, index_cluster_size());
     if (!p.fits) p = FusedPlan(a, 8);
     const int ib = index_bits(a.ne_cap), passes = sel_passes(ib);
-    // A cluster launch (no PDL attribute, as the other cluster kernels: pdl_begin is then a no-op).
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(p.C), unsigned(a.n), 1), cfg.blockDim = dim3(unsigned(p.threads), 1, 1);
-    cfg.dynamicSmemBytes = p.smem, cfg.stream = stream_of(s);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = unsigned(p.C), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, index_fused_kernel, a, p.eb, ib, passes));
-    check_launch("fwd_indexer fused");
+    launch_cluster("fwd_indexer fused", index_fused_kernel, unsigned(p.C), unsigned(a.n), unsigned(p.threads), p.smem, s, a, p.eb,
+                   ib, passes);
     return;
   }
   if (path == kIndexerTc) {

@@ -40,6 +40,22 @@ void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_
   launch_as(pdl_enabled(), what, kernel, grid, block, smem, s, std::forward<A>(args)...);
 }
 
+// A cluster launch: grid (cluster, rows), clusters of `cluster` blocks along x (no PDL attribute: the cluster kernels
+// call pdl_begin, a no-op then).
+template <class... P, class... A>
+void launch_cluster(const char* what, void (*kernel)(P...), unsigned cluster, unsigned rows, unsigned threads, size_t smem, Stream s,
+                    A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster, rows, 1), cfg.blockDim = dim3(threads, 1, 1), cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream_of(s);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = cluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cfg.attrs = at, cfg.numAttrs = 1;
+  PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+  check_launch(what);
+}
+
 // Blocks per cluster for a cluster kernel: max_c (a non-portable size above 8) where the GPU co-schedules a cluster
 // of max_c blocks of `threads` threads and `smem` bytes of dynamic shared memory, else the portable 8. Callers query
 // once per kernel and keep the answer, so every launch of it splits its work the same way.
