@@ -125,11 +125,12 @@ class GpuForward : public DeviceForward {
     // The compressors' matrices (uploaded by upload_comp, not counted in cuda.fp8_gemv's line). Plain bf16 ones
     // (V4-Flash's) run as GEMMs from 2 tokens: their alternative is the fp32 twin's fp64 GEMV, not a tensor-core
     // GEMV, and the GEMM needs no dequantization pass (one token keeps the exact one-token GEMV).
+    const int bf16_gemm_min = opt_.prefill_gemm_min_tokens > 0 ? opt_.prefill_gemm_min_tokens : 2;
     auto set_gemm = [&](GpuComp& g) {
       for (GMat* gm : {&g.wkv, &g.wgate}) {
         if (gm->fp8) gm->gemm_min = gemm_min(*gm->fp8);
         else if (gemm && gm->d.layout == 0 && gm->d.dtype == 1 && have_cublaslt())
-          gm->gemm_min = opt_.prefill_gemm_min_tokens > 0 ? opt_.prefill_gemm_min_tokens : 2, ++fc.gemm_bf16;
+          gm->gemm_min = bf16_gemm_min, ++fc.gemm_bf16;
         fc.gemm_mat(*gm);
       }
     };
@@ -204,7 +205,7 @@ class GpuForward : public DeviceForward {
                  "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens\n", fc.gemm,
                  opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
                                               : std::string("32 tokens, 48 for matrices of >= 8M weights"),
-                 fc.gemm_bf16, opt_.prefill_gemm_min_tokens ? opt_.prefill_gemm_min_tokens : 2);
+                 fc.gemm_bf16, bf16_gemm_min);
     gemm_w_elems_ = fc.gemm_w;
     if (fp4)
       fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,

@@ -177,15 +177,16 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
     const int chunk = std::max(1, 1024 / r.K);
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
-    const bool table = std::min(r.n, chunk) * r.K >= kDecodeTableMinSlots && r.E <= 1024;
-    void* groups = table ? m.sc.get("moe.groups", moe_group_bytes(std::min(r.n, chunk), r.K, r.E)) : nullptr;
     for (int t0 = 0; t0 < r.n; t0 += chunk) {
       const int nc = std::min(chunk, r.n - t0);
       const int32_t* idx = r.idx + int64_t(t0) * r.K;
       const float* wt = r.weight + int64_t(t0) * r.K;
       const void* xc = m.x16 ? static_cast<const void*>(m.x16 + int64_t(t0) * D) : m.x + int64_t(t0) * D;
-      const void* g = nullptr;
-      if (table && nc * r.K >= kDecodeTableMinSlots) moe_group(idx, nc, r.K, r.E, groups), g = groups;
+      void* g = nullptr;  // above kDecodeTableMinSlots: the group table (the same bits, fewer scans)
+      if (nc * r.K >= kDecodeTableMinSlots && r.E <= 1024) {
+        g = m.sc.get("moe.groups", moe_group_bytes(nc, r.K, r.E));
+        moe_group(idx, nc, r.K, r.E, g);
+      }
       moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
                   m.sc.ws, nullptr, g);
       moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
