@@ -283,6 +283,46 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
 }
 
+// Plain weights [rows, cols] on the device, dtype 0 (f32), 1 (bf16) or 2 (f16: sign, exponent 10..17, any
+// mantissa); *vals gets their exact values.
+DeviceBuffer plain_weights(Rng& rng, int dtype, int64_t rows, int64_t cols, std::vector<float>* vals) {
+  const size_t n = size_t(rows * cols);
+  vals->resize(n);
+  if (dtype == 0) {
+    *vals = rng.floats(n, -1.0f, 1.0f);
+    return to_device(*vals);
+  }
+  std::vector<uint16_t> h(n);
+  for (size_t j = 0; j < n; ++j) {
+    if (dtype == 1) {
+      h[j] = plumb::fmt8::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+      (*vals)[j] = plumb::fmt8::bf16_to_f32(h[j]);
+    } else {
+      h[j] = uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 17) << 10) | rng.integer(0, 1023));
+      (*vals)[j] = plumb::fmt8::f16_to_f32(h[j]);
+    }
+  }
+  return to_device(h);
+}
+
+// fwd_linear's output for n tokens (rows [r0, r0 + nr) of the [., cols] weights wv, x rows ldx apart, y rows ldy
+// apart) against the host: fp64 sums of the exact products rounded to float. The sums' orders differ, so a value
+// may differ by one ulp where its sum lies next to a rounding boundary; at least 99 % must match exactly.
+void expect_linear_matches_host(const std::string& what, const std::vector<float>& wv, int64_t cols, int64_t r0, int64_t nr,
+                                const std::vector<float>& xv, int n, int64_t ldx, const std::vector<float>& got, int64_t ldy) {
+  int64_t exact = 0;
+  for (int t = 0; t < n; ++t)
+    for (int64_t r = 0; r < nr; ++r) {
+      double s = 0;
+      for (int64_t k = 0; k < cols; ++k) s += double(wv[size_t((r0 + r) * cols + k)]) * double(xv[size_t(t * ldx + k)]);
+      const float want = float(s), g = got[size_t(t * ldy + r)];
+      exact += g == want;
+      ASSERT_LE(std::fabs(double(g) - double(want)), double(std::nextafter(std::fabs(want), INFINITY) - std::fabs(want)))
+          << what << ": token " << t << ", row " << r << " got " << g << " want " << want;
+    }
+  EXPECT_GE(double(exact), 0.99 * double(n * nr)) << what << ": " << exact << " of " << n * nr << " values exact";
+}
+
 // fwd_linear for 2 to 20 tokens (token groups of 8; rows split over 4 warps, or a warp per row) against the host:
 // fp64 sums of the exact products rounded to float, within one ulp and nearly every value exact; 16-byte rows
 // (every plain dtype) and rows that are not (f32 with 257 columns: element by element), a row offset, strided x and
@@ -298,21 +338,8 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
                         // enough blocks with a warp per row: that layout (aligned rows, and f32 rows of 257)
                         {1, 16, 600, 1024, 0, 600, 1024, 600}, {0, 20, 600, 257, 0, 600, 257, 600}};
   for (const Case& c : cases) {
-    const size_t nw = size_t(c.rows * c.cols);
-    std::vector<float> wv(nw);
-    DeviceBuffer w;
-    if (c.dtype == 0) {
-      wv = rng.floats(nw, -1.0f, 1.0f);
-      w = to_device(wv);
-    } else {
-      std::vector<uint16_t> h(nw);
-      for (size_t j = 0; j < nw; ++j) {
-        h[j] = c.dtype == 1 ? plumb::fmt8::f32_to_bf16(rng.uniform(-1.0f, 1.0f))
-                            : uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 17) << 10) | rng.integer(0, 1023));
-        wv[j] = c.dtype == 1 ? plumb::fmt8::bf16_to_f32(h[j]) : plumb::fmt8::f16_to_f32(h[j]);
-      }
-      w = to_device(h);
-    }
+    std::vector<float> wv;
+    DeviceBuffer w = plain_weights(rng, c.dtype, c.rows, c.cols, &wv);
     const auto xv = rng.floats(size_t(c.n) * size_t(c.ldx), -2.0f, 2.0f);
     DeviceBuffer x = to_device(xv), y(size_t(c.n) * size_t(c.ldy) * 4);
     y.fill_byte(0xFF);
@@ -320,19 +347,9 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
     m.w = w.get(), m.rows = c.rows, m.cols = c.cols, m.layout = 0, m.dtype = c.dtype;
     d::fwd_linear(m, x.as<float>(), c.n, c.ldx, c.r0, c.nr, y.as<float>(), c.ldy, nullptr);
     const auto got = to_host<float>(y, size_t(c.n) * size_t(c.ldy));
-    int64_t exact = 0;
-    for (int t = 0; t < c.n; ++t)
-      for (int64_t r = 0; r < c.nr; ++r) {
-        double s = 0;
-        for (int64_t k = 0; k < c.cols; ++k) s += double(wv[size_t((c.r0 + r) * c.cols + k)]) * double(xv[size_t(t * c.ldx + k)]);
-        const float want = float(s), g = got[size_t(t * c.ldy + r)];
-        exact += g == want;
-        ASSERT_LE(std::fabs(double(g) - double(want)), double(std::nextafter(std::fabs(want), INFINITY) - std::fabs(want)))
-            << "dtype " << c.dtype << " n " << c.n << " [" << c.rows << ", " << c.cols << "]: token " << t << ", row " << r << " got "
-            << g << " want " << want;
-      }
-    EXPECT_GE(double(exact), 0.99 * double(c.n * c.nr)) << "dtype " << c.dtype << " n " << c.n << ": " << exact << " of "
-                                                       << c.n * c.nr << " values exact";
+    const std::string what = "dtype " + std::to_string(c.dtype) + " n " + std::to_string(c.n) + " [" + std::to_string(c.rows) +
+                             ", " + std::to_string(c.cols) + "]";
+    expect_linear_matches_host(what, wv, c.cols, c.r0, c.nr, xv, c.n, c.ldx, got, c.ldy);
     if (c.ldy > c.nr) {  // nothing past the rows
       uint32_t bits;
       std::memcpy(&bits, &got[size_t(c.nr)], 4);
@@ -355,28 +372,9 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   };
   const Case cases[] = {{1, 5, 256, 0, 5},     {0, 5, 256, 0, 5},     {2, 5, 256, 0, 5},       {1, 3001, 4096, 0, 3001},
                         {1, 37, 12288, 3, 30}, {0, 37, 12288, 3, 31}, {2, 37, 12288, 3, 31}};
-  auto weights = [&](const Case& c, std::vector<float>* vals) {  // device weights; vals: their exact values
-    const size_t n = size_t(c.rows * c.cols);
-    vals->resize(n);
-    if (c.dtype == 0) {
-      *vals = rng.floats(n, -1.0f, 1.0f);
-      return to_device(*vals);
-    }
-    std::vector<uint16_t> h(n);
-    for (size_t j = 0; j < n; ++j) {
-      if (c.dtype == 1) {
-        h[j] = plumb::fmt8::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
-        (*vals)[j] = plumb::fmt8::bf16_to_f32(h[j]);
-      } else {  // f16: sign, exponent 10..17, any mantissa
-        h[j] = uint16_t((rng.integer(0, 1) << 15) | (rng.integer(10, 17) << 10) | rng.integer(0, 1023));
-        (*vals)[j] = plumb::fmt8::f16_to_f32(h[j]);
-      }
-    }
-    return to_device(h);
-  };
   for (const Case& c : cases) {
     std::vector<float> wv;
-    DeviceBuffer w = weights(c, &wv);
+    DeviceBuffer w = plain_weights(rng, c.dtype, c.rows, c.cols, &wv);
     const auto xv = rng.floats(size_t(c.cols), -2.0f, 2.0f);
     DeviceBuffer x = to_device(xv), y(size_t(c.nr) * 4);
     d::DMat m;
@@ -384,18 +382,9 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
     ASSERT_TRUE(d::fwd_linear_one_fits(m));
     d::fwd_linear(m, x.as<float>(), 1, c.cols, c.r0, c.nr, y.as<float>(), c.nr, nullptr);
     const auto got = to_host<float>(y, size_t(c.nr));
-    int64_t exact = 0;
-    for (int64_t r = 0; r < c.nr; ++r) {
-      double s = 0;
-      for (int64_t k = 0; k < c.cols; ++k) s += double(wv[size_t((c.r0 + r) * c.cols + k)]) * double(xv[size_t(k)]);
-      const float want = float(s);
-      exact += got[size_t(r)] == want;
-      ASSERT_LE(std::fabs(double(got[size_t(r)]) - double(want)), double(std::nextafter(std::fabs(want), INFINITY) - std::fabs(want)))
-          << "dtype " << c.dtype << " [" << c.rows << ", " << c.cols << "] r0 " << c.r0 << ": row " << r << " got " << got[size_t(r)]
-          << " want " << want;
-    }
-    EXPECT_GE(double(exact), 0.99 * double(c.nr)) << "dtype " << c.dtype << " [" << c.rows << ", " << c.cols << "]: " << exact
-                                                  << " of " << c.nr << " rows exact";
+    const std::string what = "dtype " + std::to_string(c.dtype) + " [" + std::to_string(c.rows) + ", " + std::to_string(c.cols) +
+                             "] r0 " + std::to_string(c.r0);
+    expect_linear_matches_host(what, wv, c.cols, c.r0, c.nr, xv, 1, c.cols, got, c.nr);
   }
 
   const int64_t K = 1024, rows[3] = {40, 1000, 7};
@@ -403,7 +392,7 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   d::LinearSegs g;
   for (int i = 0; i < 3; ++i) {
     std::vector<float> vals;
-    w[size_t(i)] = weights(Case{1, rows[i], K, 0, rows[i]}, &vals);
+    w[size_t(i)] = plain_weights(rng, 1, rows[i], K, &vals);
     ya[size_t(i)] = DeviceBuffer(size_t(rows[i]) * 4), yb[size_t(i)] = DeviceBuffer(size_t(rows[i]) * 4);
     d::DMat m;
     m.w = w[size_t(i)].get(), m.rows = rows[i], m.cols = K, m.layout = 0, m.dtype = 1;
