@@ -131,6 +131,110 @@ __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_
   }
 }
 
+// Two or more tokens, plain rows whose columns are a multiple of 32, on the fp64 tensor cores (mma m8n8k4 f64).
+// A block takes 8 rows and kDmmaTok tokens; its kDmmaWarps warps split K (a contiguous range of 32-column steps
+// each) and their fp64 tiles are added in warp order. In a step, lane (g = lane / 4, q = lane % 4) holds columns
+// [32 s + 8 q, +8) of row g and of token g of each 8-token tile: MMA j takes element j of every lane, i.e. k-slot q
+// of MMA j is column 32 s + 8 q + j for the weights and the tokens alike (any shared assignment of columns to k-slots
+// gives the same dot product). Products exact in fp64 as in linear_kernel (a bf16/f16/f32 weight times an f32
+// activation has at most 48 significant bits), sums in fp64, two accumulator sets (even and odd j, added at the
+// end) to halve the dependent MMA chain: only the order of the fp64 sum differs from linear_kernel.
+// (H200: linear_kernel, a warp per row and one fp64 FMA per product with both operands converted, took 57 us for
+// the router gate [256, 4096] at 32 tokens and ~150 us at 128.)
+constexpr int kDmmaWarps = 8, kDmmaTok = 32;
+__device__ __forceinline__ void dmma(double (&c)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};" : "+d"(c[0]), "+d"(c[1]) : "d"(a), "d"(b));
+}
+// 8 consecutive elements of a plain DT row: their 16 bytes (32 for f32), loaded a step ahead of their use, then
+// as doubles, exactly.
+template <int DT>
+struct Raw8 {
+  uint4 u[DT == 0 ? 2 : 1];
+};
+template <int DT>
+__device__ __forceinline__ Raw8<DT> load_raw8(const uint8_t* p) {
+  Raw8<DT> r;
+  r.u[0] = *reinterpret_cast<const uint4*>(p);
+  if constexpr (DT == 0) r.u[1] = *reinterpret_cast<const uint4*>(p + 16);
+  return r;
+}
+template <int DT>
+__device__ __forceinline__ void raw8_as_double(const Raw8<DT>& r, double (&v)[8]) {
+  if constexpr (DT == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      v[4 * h] = __uint_as_float(r.u[h].x), v[4 * h + 1] = __uint_as_float(r.u[h].y);
+      v[4 * h + 2] = __uint_as_float(r.u[h].z), v[4 * h + 3] = __uint_as_float(r.u[h].w);
+    }
+  } else {
+    const uint32_t q[4] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (DT == 1) {
+        v[2 * j] = __uint_as_float(q[j] << 16), v[2 * j + 1] = __uint_as_float(q[j] & 0xFFFF0000u);
+      } else {
+        v[2 * j] = __half2float(__ushort_as_half(uint16_t(q[j] & 0xFFFFu)));
+        v[2 * j + 1] = __half2float(__ushort_as_half(uint16_t(q[j] >> 16)));
+      }
+    }
+  }
+}
+template <int DT>
+__global__ void __launch_bounds__(32 * kDmmaWarps) linear_dmma_kernel(DMat w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr,
+                                                                      float* y, int64_t ldy) {
+  pdl_begin();
+  constexpr int NT = kDmmaTok / 8;
+  __shared__ double red[kDmmaWarps][NT][64];
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), g = lane >> 2, q = lane & 3;
+  const int64_t rt = int64_t(blockIdx.x) * 8;
+  const int t0 = int(blockIdx.y) * kDmmaTok, ntiles = min(NT, (n - t0 + 7) / 8);
+  const int steps = int(w.cols / 32), s0 = steps * warp / kDmmaWarps, s1 = steps * (warp + 1) / kDmmaWarps;
+  // Rows past nr (the last block's) read row nr - 1 and are not written.
+  const uint8_t* wrow = static_cast<const uint8_t*>(w.w) + (r0 + min(rt + g, nr - 1)) * dmat_row_bytes(w) + q * 8 * (DT == 0 ? 4 : 2);
+  const float* xq[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) xq[i] = x + int64_t(min(t0 + 8 * i + g, n - 1)) * ldx + q * 8;  // tokens past n: not written
+  double acc[NT][2][2] = {};
+  constexpr int kStepBytes = 32 * (DT == 0 ? 4 : 2);
+  Raw8<DT> ra;
+  Raw8<0> rb[NT];
+  auto load = [&](int s) {
+    ra = load_raw8<DT>(wrow + int64_t(s) * kStepBytes);
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+      if (i < ntiles) rb[i] = load_raw8<0>(reinterpret_cast<const uint8_t*>(xq[i] + s * 32));
+  };
+  if (s0 < s1) load(s0);
+  for (int s = s0; s < s1; ++s) {
+    double a[8], b[NT][8];
+    raw8_as_double<DT>(ra, a);
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+      if (i < ntiles) raw8_as_double<0>(rb[i], b[i]);
+    if (s + 1 < s1) load(s + 1);  // the next step's bytes in flight during this step's MMAs
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      if (i >= ntiles) break;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dmma(acc[i][j & 1], a[j], b[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i) red[warp][i][2 * lane] = acc[i][0][0] + acc[i][1][0], red[warp][i][2 * lane + 1] = acc[i][0][1] + acc[i][1][1];
+  __syncthreads();
+  // Thread e: tile e / 64, lane l = (e % 64) / 2, column c = e % 2 of the C fragment: row l / 4, token 2 (l % 4) + c.
+  for (int e = int(threadIdx.x); e < NT * 64; e += int(blockDim.x)) {
+    const int i = e / 64, l = (e % 64) / 2, c = e % 2;
+    const int64_t r = rt + l / 4;
+    const int t = t0 + 8 * i + 2 * (l % 4) + c;
+    if (r >= nr || t >= n) continue;
+    double v = red[0][i][e % 64];
+#pragma unroll
+    for (int k = 1; k < kDmmaWarps; ++k) v += red[k][i][e % 64];
+    y[int64_t(t) * ldy + r] = float(v);
+  }
+}
+
 // One token (decode). A persistent grid (blocks per SM from the occupancy, at most the work): each block stages the
 // input row once, as doubles (exact: each product then converts only its weight, where the session-7 kernel
 // converted both and staged the row again for every pair of rows), then takes pairs of rows (kOneRows) in turn,
@@ -435,7 +539,9 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
 
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
   if (n <= 0 || nr <= 0) return;
-  // Rows split over warps where a warp per row would give few blocks (the router gate's 256 rows at 8 tokens: 32;
+  // One token: linear16_one_kernel where it fits. More, with plain rows of a multiple of 32 columns and 16-byte
+  // aligned rows of x: linear_dmma_kernel (fp64 tensor cores). Otherwise linear_kernel: rows split over warps where
+  // a warp per row would give few blocks (the router gate's 256 rows at 8 tokens: 32;
   // H200, per step: moe.router 102.6 -> 46.0 us, the indexer's weights_proj inside attn.indexer 72.6 -> 45.3); at 32
   // and 128 tokens the warp-per-row blocks were faster (router 103 / 334 against 111 / 361 us).
   const int64_t groups = (n + kTok - 1) / kTok, whole = (nr + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -449,6 +555,10 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
     g.add(w, y);
     g.seg[0].r0 = r0, g.seg[0].nr = nr;
     launch_linear_one(g, x, s);
+  } else if (w.layout == 0 && w.cols % 32 == 0 && vec && reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0) {
+    const dim3 g2(unsigned((nr + 7) / 8), unsigned((n + kDmmaTok - 1) / kDmmaTok));
+    auto kern = w.dtype == 0 ? linear_dmma_kernel<0> : w.dtype == 1 ? linear_dmma_kernel<1> : linear_dmma_kernel<2>;
+    launch("fwd_linear (fp64 tensor cores)", kern, g2, 32 * kDmmaWarps, 0, s, w, x, n, ldx, r0, nr, y, ldy);
   } else if (vec) {
     go(split ? linear_kernel<true, true> : linear_kernel<true, false>);
   } else {

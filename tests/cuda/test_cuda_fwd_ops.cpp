@@ -323,10 +323,11 @@ void expect_linear_matches_host(const std::string& what, const std::vector<float
   EXPECT_GE(double(exact), 0.99 * double(n * nr)) << what << ": " << exact << " of " << n * nr << " values exact";
 }
 
-// fwd_linear for 2 to 20 tokens (token groups of 8; rows split over 4 warps, or a warp per row) against the host:
-// fp64 sums of the exact products rounded to float, within one ulp and nearly every value exact; 16-byte rows
-// (every plain dtype) and rows that are not (f32 with 257 columns: element by element), a row offset, strided x and
-// y rows.
+// fwd_linear for 2 to 130 tokens against the host: fp64 sums of the exact products rounded to float, within one ulp
+// and nearly every value exact. Columns a multiple of 32 take the fp64 tensor-core kernel (every plain dtype; row
+// counts and offsets off the 8-row tiles, partial 32-token tiles, strided x and y rows); others linear_kernel
+// (token groups of 8; rows split over 4 warps, or a warp per row): 16-byte rows (bf16 with 1032 columns) and rows
+// that are not (f32 with 257 columns: element by element), and x rows not 16-byte aligned (ldx 4097).
 TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
   Rng rng(98);
   struct Case {
@@ -336,7 +337,11 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
   const Case cases[] = {{1, 2, 256, 4096, 0, 256, 4096, 256}, {1, 8, 64, 4096, 0, 64, 4160, 70}, {0, 13, 37, 1024, 3, 31, 1024, 40},
                         {2, 5, 9, 2048, 1, 7, 2048, 7},       {0, 3, 11, 257, 0, 11, 260, 11},
                         // enough blocks with a warp per row: that layout (aligned rows, and f32 rows of 257)
-                        {1, 16, 600, 1024, 0, 600, 1024, 600}, {0, 20, 600, 257, 0, 600, 257, 600}};
+                        {1, 16, 600, 1032, 0, 600, 1032, 600}, {0, 20, 600, 257, 0, 600, 257, 600},
+                        // the fp64 tensor-core kernel at batch sizes (the router gate at 32 and 128 tokens; partial tiles)
+                        {1, 32, 256, 4096, 0, 256, 4096, 256}, {1, 128, 256, 4096, 0, 256, 4096, 256},
+                        {0, 33, 64, 4096, 0, 64, 4100, 64},    {2, 130, 45, 512, 5, 38, 520, 41},
+                        {1, 40, 13, 32, 0, 13, 36, 16},        {1, 9, 64, 4096, 0, 64, 4097, 64}};
   for (const Case& c : cases) {
     std::vector<float> wv;
     DeviceBuffer w = plain_weights(rng, c.dtype, c.rows, c.cols, &wv);
