@@ -421,8 +421,15 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   }
   if (a.fmt == kFp4 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kMoe)
     return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
-  if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half)
-    return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
+  if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half) {
+    // Down beyond 8 slots where the streaming kernel does not run (a group table: above 256 slots; or a shape it
+    // does not take), auto: 2 warps per block and the 128-register budget, the per-tile kernel's best in the sweep
+    // (`plumb bench --only moe`, 32 tokens, % of copy single / graph: 63.1 / 64.1, where the caller's 4 warps with
+    // the full budget gave 39.0 / 39.5). The table and the scan take the same configuration: the same bits.
+    GemvArgs b = a;
+    if (a.fp4_kernel == 0) b.warps = 2, b.minblocks = 2;
+    return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
+  }
   if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense)
     return a.out_half ? launch_t<kFp8, 1, kStore, kDense, __half>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
