@@ -403,8 +403,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // single launch, two runs): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0), batch 8 85.7 / 82.7 (the
   // full register budget 79.2 / 76.3); down batch 1 51.2 / 41.9 (streaming 47.9 / 39.0), batch 8 streaming 73.7 /
   // 69.3 (per-tile 70.4 / 66.0).
-  // With a group table (GemvArgs::groups) the per-tile kernel in the configuration it would have without (the same
-  // bits), its blocks one per table tile.
+  // With a group table (GemvArgs::groups, above 256 slots) the same choice: gate/up's per-tile blocks one per table
+  // tile, down's streaming kernel reading its grouping from the table (either gives the bits it gives without one).
   if (a.fmt == kFp4 && a.mode == kMoe && a.fp4_kernel == 0 &&
       ((a.nmat == 2 && a.epi == kSwiglu) || (a.nmat == 1 && a.epi == kStore && !a.out_half && a.n * a.topk <= 8))) {
     GemvArgs b = a;
@@ -414,7 +414,7 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     if (b.nmat == 1) return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
   }
-  if (!a.groups && fp4s::stream_ok(a)) {
+  if (fp4s::stream_ok(a)) {
     if (a.nmat == 2 && a.epi == kSwiglu)
       return a.out_half ? fp4s::launch_stream<2, kSwiglu, __half>(a, s) : fp4s::launch_stream<2, kSwiglu, float>(a, s);
     if (a.nmat == 1 && a.epi == kStore && !a.out_half) return fp4s::launch_stream<1, kStore, float>(a, s);
@@ -422,10 +422,10 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (a.fmt == kFp4 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kMoe)
     return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
   if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half) {
-    // Down beyond 8 slots where the streaming kernel does not run (a group table: above 256 slots; or a shape it
-    // does not take), auto: 2 warps per block and the 128-register budget, the per-tile kernel's best in the sweep
+    // Down beyond 8 slots where the streaming kernel does not run (a shape it does not take, or more than 256 slots
+    // without a table), auto: 2 warps per block and the 128-register budget, the per-tile kernel's best in the sweep
     // (`plumb bench --only moe`, 32 tokens, % of copy single / graph: 63.1 / 64.1, where the caller's 4 warps with
-    // the full budget gave 39.0 / 39.5). The table and the scan take the same configuration: the same bits.
+    // the full budget gave 39.0 / 39.5).
     GemvArgs b = a;
     if (a.fp4_kernel == 0) b.warps = 2, b.minblocks = 2;
     return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);

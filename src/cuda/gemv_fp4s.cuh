@@ -20,7 +20,11 @@
 
 namespace fp4s {
 
-constexpr int kMaxSlots = 256;  // n * topk handled by this kernel (more: the per-tile kernel)
+constexpr int kMaxSlots = 256;        // n * topk the kernel groups itself (a quadratic scan per CTA)
+constexpr int kMaxTableSlots = 1024;  // with moe_group's table (GemvArgs::groups): the grouping read from it
+constexpr int kMaxExperts = 1024;
+// Entries (passes of <= 8 tokens of one expert): at most slots / 8 + one per active expert.
+constexpr int kMaxEnt = kMaxTableSlots / 8 + kMaxExperts;
 constexpr int kMaxWarpsS = 8;
 constexpr int kMaxDepth = 6;
 
@@ -29,8 +33,11 @@ __host__ __device__ constexpr int stage_bytes() {
   return NMAT * (4096 + 256);  // codes [q][chunk 4][half 2][lane 32] x 16 B, scales [q][half 2][g 8] x 16 B
 }
 
-// Work entries (expert, first position in the sorted slot list, tokens <= 8) packed in 32 bits.
-__device__ __forceinline__ int ent_pack(int e, int s0, int m) { return e | (s0 << 16) | ((m - 1) << 25); }
+// Work entries (expert < 1024, first position < 1024 in the sorted slot list, tokens 1..8) packed in 32 bits.
+__device__ __forceinline__ int ent_pack(int e, int s0, int m) { return e | (s0 << 10) | ((m - 1) << 20); }
+__device__ __forceinline__ int ent_expert(int ent) { return ent & 0x3FF; }
+__device__ __forceinline__ int ent_first(int ent) { return (ent >> 10) & 0x3FF; }
+__device__ __forceinline__ int ent_tokens(int ent) { return (ent >> 20) + 1; }
 
 // The math of one stage (512 columns of the warp's 16 rows, per matrix) from the ring slot `buf`. X holds the
 // activations of the stage's first 128-column chunk (loaded by the caller before it waited for the copies); the
@@ -71,8 +78,8 @@ __device__ __forceinline__ void stage_math(const uint8_t* buf, const __half* xs,
 template <int NMAT, int EPI, class OT, int DEPTH>
 __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const GemvArgs a) {
   extern __shared__ __align__(128) uint8_t dsm[];
-  __shared__ int ent_s[kMaxSlots];
-  __shared__ short sorted_s[kMaxSlots];
+  __shared__ int ent_s[kMaxEnt];
+  __shared__ short sorted_s[kMaxSlots];  // without a table: the slots grouped by expert (with one: the table's list)
   __shared__ int nent_s;
 
   const int warps = int(blockDim.x >> 5), nthr = int(blockDim.x), tid = int(threadIdx.x);
@@ -82,7 +89,26 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
   if (a.pdl > 0) asm volatile("griddepcontrol.wait;" ::: "memory");  // nothing is read or written before it
 
   // ---- prologue: group the slots by expert (deterministic: slot order), passes of <= 8 tokens ----
-  {
+  if (a.groups) {  // moe_group's table: expert e's slots are list[offs[e] .. offs[e + 1]), in slot order
+    if (warp == 0) {
+      int run = 0;
+      for (int base = 0; base < a.problems; base += 32) {
+        const int e = base + lane;
+        const int c = e < a.problems ? a.groups[a.g_offs + e + 1] - a.groups[a.g_offs + e] : 0, p = (c + 7) / 8;
+        int ip = p;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int tp = __shfl_up_sync(0xFFFFFFFFu, ip, o);
+          if (lane >= o) ip += tp;
+        }
+        const int off = e < a.problems ? a.groups[a.g_offs + e] : 0;
+        for (int k = 0; k < p; ++k) ent_s[run + ip - p + k] = ent_pack(e, off + 8 * k, min(8, c - 8 * k));
+        run += __shfl_sync(0xFFFFFFFFu, ip, 31);
+      }
+      if (lane == 0) nent_s = run;
+    }
+    __syncthreads();
+  } else {
     int* idx_t = reinterpret_cast<int*>(dsm);  // scratch in the ring area, dead before the first copy
     int* rank_t = idx_t + kMaxSlots;
     int* first_t = rank_t + kMaxSlots;
@@ -137,6 +163,8 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
     __syncthreads();
   }
   if (a.pdl > 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // Position i of the slots grouped by expert.
+  auto slot_at = [&](int i) { return a.groups ? int(a.groups[a.g_list + i]) : int(sorted_s[i]); };
 
   // ---- work split ----
   // KS = 1: each warp walks its own units (entry, tile) gw, gw + GW, ... over the full K.
@@ -163,7 +191,7 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
   int iss_unit = first, iss_st = 0;
   auto issue = [&](int slot) {
     const int ent = ent_s[iss_unit / upe], tile = (iss_unit % upe) * TPC + wt;
-    const int e = ent & 0xFFFF;
+    const int e = ent_expert(ent);
     const int stg = kp * PK + iss_st;
     const uint32_t buf = smem_u32(ring + slot * SB);
 #pragma unroll
@@ -194,10 +222,10 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
     const int slot = pos % DEPTH;
     if (st == 0) {
       ent = ent_s[unit / upe];
-      mp = (ent >> 25) + 1;
+      mp = ent_tokens(ent);
       xp = nullptr;
       if (g < mp) {
-        const int s = sorted_s[((ent >> 16) & 0x1FF) + g];
+        const int s = slot_at(ent_first(ent) + g);
         const int64_t xrow = a.x_by_token ? s / a.topk : s;
         xp = static_cast<const __half*>(a.x) + xrow * a.x_tok_stride + t * 8;
       }
@@ -218,7 +246,7 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
     cp_commit();
 
     if (++st == PK) {  // unit done: reduce the K parts, epilogue
-      const int tile = (unit % upe) * TPC + wt, s0i = (ent >> 16) & 0x1FF;
+      const int tile = (unit % upe) * TPC + wt, s0i = ent_first(ent);
       bool mine = true;
       if (KS > 1) {
         float* r = red + size_t(parity * warps + warp) * (NMAT * 128);
@@ -245,7 +273,7 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
         for (int cc = 0; cc < 2; ++cc) {
           const int j = 2 * t + cc;
           if (j >= mp) continue;
-          const int s = sorted_s[s0i + j];
+          const int s = slot_at(s0i + j);
           const int64_t orow = int64_t(s) * a.o_tok_stride;
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
@@ -333,7 +361,8 @@ inline bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) 
 // Whether the streaming kernel handles these arguments (else the per-tile kernel runs).
 inline bool stream_ok(const GemvArgs& a) {
   if (a.fp4_kernel == 1 || a.fmt != kFp4 || a.mode != kMoe) return false;
-  if (a.cols % 512 || a.n * a.topk > kMaxSlots || a.problems > 0xFFFF || a.rows / 16 > (1 << 20)) return false;
+  if (a.cols % 512 || a.n * a.topk > (a.groups ? kMaxTableSlots : kMaxSlots) || a.problems > kMaxExperts || a.rows / 16 > (1 << 20))
+    return false;
   if (a.fp4_warps > kMaxWarpsS || a.fp4_depth > kMaxDepth || a.fp4_ksplit > kMaxWarpsS) return false;
   for (int q = 0; q < a.nmat; ++q)
     if (!al16(a.w[q]) || !al16(a.s[q])) return false;

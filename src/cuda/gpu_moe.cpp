@@ -133,7 +133,8 @@ void shared_expert(const MoeCtx& m, float* shared) {
 // Tokens per chunk from which the routed experts run as grouped GEMMs (moe_gate_up_grouped) instead of the decode
 // kernels (8 tokens per expert per pass, every active expert read once per 1024 slots). Above 256 slots the decode
 // kernels go by a group table (moe_group, two small launches) instead of a block per slot scanning every slot for
-// its expert's others (a cost that grows with the square of the slots; the same bits). `plumb bench` crossover
+// its expert's others (a cost that grows with the square of the slots; gate/up: the same bits; down: the streaming
+// kernel, which groups at most 256 slots itself, reads the grouping from the table). `plumb bench` crossover
 // lines, H200 (bench/results/h200-session9/moe-crossover.txt), gate+up + down, graph-replayed, decode with the
 // table / with the scan / grouped: 32 tokens 596 / 594 / 911 us, 64 tokens 820 / 1220 / 1217, 128 tokens 1008 /
 // 2131 / 1463, 256 tokens 1990 / 4389 / 1561; at 16 tokens the table's launches cost more than the scan (360 /

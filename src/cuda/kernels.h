@@ -133,10 +133,10 @@ struct GemvArgs {
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
   int fp4_kernel = 0;  // 0 auto: per-tile with 2 warps per block for gate/up at every batch and for down at
                        // n * topk <= 8 (full registers and PDL there, 128 registers above), else as 2 (gemv.cu;
-                       // down with a group table or a shape the streaming kernel refuses: per-tile, 2 warps, 128
-                       // registers);
+                       // where the streaming kernel refuses the shape: per-tile, 2 warps, 128 registers);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
-                       // n * topk <= 256, 16-byte aligned weights and scale rows), else per-tile
+                       // n * topk <= 256, or 1024 with a group table, 16-byte aligned weights and scale rows),
+                       // else per-tile
   int fp4_warps = 0;   // streaming: warps per CTA, 1..8 (0: default)
   int fp4_depth = 0;   // streaming: stages (512 columns each) in flight per warp, 2, 3, 4 or 6 (0: default)
   int fp4_ctas = 0;    // streaming: cap on CTAs per SM (0: as many as fit)
