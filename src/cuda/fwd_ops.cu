@@ -452,6 +452,49 @@ __global__ void rms_norm_rope_kernel(float* x, int64_t dim, int64_t ld, const fl
   for (int k = threadIdx.x; k < half; k += blockDim.x) rope_pair(row + off + 2 * k, pos, inv_freq[k], af, 0);
 }
 
+// rms_norm_rope_kernel for many rows (the query heads of a batch: 64 rows per token): a warp per row, kWarpRows rows
+// per block. Lane l stands for the block kernel's threads l, 32 + l, ..., 224 + l (kBlockThreads = 256): their
+// elements, sums of squares and warp sums kept apart, the 8 warp sums then added in warp order, as block_sum does:
+// the same bits as rms_norm_rope_kernel, without its block barriers and with 8 rows in flight per block.
+constexpr int kBlockThreads = 256, kWarpRows = 8, kWarpMaxJ = 4;  // rows of at most kBlockThreads * kWarpMaxJ
+constexpr int64_t kWarpNormMinRows = 512;
+__global__ void __launch_bounds__(32 * kWarpRows) rms_norm_rope_warp_kernel(float* x, int64_t rows, int64_t dim, int64_t ld,
+                                                                            const float* w, double eps, int64_t off, int half,
+                                                                            const float* inv_freq, float af, const int64_t* dpos,
+                                                                            int64_t per_pos) {
+  pdl_begin();
+  constexpr int kT = kBlockThreads / 32;  // the block kernel's warps
+  const int lane = int(threadIdx.x & 31);
+  const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float* row = x + r * ld;
+  float v[kT][kWarpMaxJ];
+  double ss[kT];
+#pragma unroll
+  for (int s = 0; s < kT; ++s) {
+    ss[s] = 0;
+#pragma unroll
+    for (int j = 0; j < kWarpMaxJ; ++j) {
+      const int64_t i = 32 * s + lane + int64_t(kBlockThreads) * j;
+      if (i < dim) v[s][j] = row[i], ss[s] += double(v[s][j]) * v[s][j];
+    }
+  }
+  double tot = 0;
+#pragma unroll
+  for (int s = 0; s < kT; ++s) tot += warp_sum(ss[s]);
+  const float inv = rms_inv(tot, dim, eps);
+#pragma unroll
+  for (int s = 0; s < kT; ++s)
+#pragma unroll
+    for (int j = 0; j < kWarpMaxJ; ++j) {
+      const int64_t i = 32 * s + lane + int64_t(kBlockThreads) * j;
+      if (i < dim) row[i] = w ? rms_scaled(v[s][j], inv, w[i]) : v[s][j] * inv;
+    }
+  __syncwarp();  // the normalized row, written by every lane, read by the pairs' owners
+  const int64_t pos = (dpos ? *dpos : 0) + r / per_pos;
+  for (int k = lane; k < half; k += 32) rope_pair(row + off + 2 * k, pos, inv_freq[k], af, 0);
+}
+
 __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
                             const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
   pdl_begin();
@@ -593,13 +636,18 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
 
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16) {
   if (rows <= 0) return;
-  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), 256, 0, s, x, dim, ld, w, eps, out16);
+  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), kBlockThreads, 0, s, x, dim, ld, w, eps, out16);
 }
 
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
                        float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s) {
   if (rows <= 0) return;
-  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(rows), 256, 0, s, x, dim, dim, w, eps, off, half, inv_freq,
+  if (rows >= kWarpNormMinRows && dim <= int64_t(kBlockThreads) * kWarpMaxJ) {  // the same bits, a warp per row
+    launch("fwd_rms_norm_rope (a warp per row)", rms_norm_rope_warp_kernel, unsigned((rows + kWarpRows - 1) / kWarpRows),
+           32 * kWarpRows, 0, s, x, rows, dim, dim, w, eps, off, half, inv_freq, attention_factor, dpos, per_pos);
+    return;
+  }
+  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(rows), kBlockThreads, 0, s, x, dim, dim, w, eps, off, half, inv_freq,
          attention_factor, dpos, per_pos);
 }
 

@@ -215,7 +215,8 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
 // The decode launches fused in session 5 against the separate launches they replace, bit for bit: several matrices
 // over one input row in one launch (fwd_linear_one_multi) vs fwd_linear per matrix; norm + RoPE (fwd_rms_norm_rope)
 // vs fwd_rms_norm then fwd_rope; the norm's f16 copy vs launch_to_f16 of its result; the inverse RoPE with its f16
-// copy (fwd_rope_f16) vs fwd_rope then launch_to_f16.
+// copy (fwd_rope_f16) vs fwd_rope then launch_to_f16; norm + RoPE over many rows (a warp per row) vs the same
+// separate launches.
 TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   Rng rng(41);
   auto same = [](const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const char* what) {
@@ -281,6 +282,23 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   d::launch_to_f16(b.get(), d::kF32, int(R), dim, dim, b16.as<uint16_t>(), nullptr);
   same(bytes(a, size_t(R * dim) * 4), bytes(b, size_t(R * dim) * 4), "fwd_rope_f16 (f32 rows)");
   same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
+
+  // 5. Norm + RoPE over many rows (a warp per row: the query heads of a batch) against the block-per-row norm and
+  // RoPE: rows not a multiple of 8 blocks' rows, rows shorter than a warp's first pass, not a multiple of 32, and
+  // 1024 long; with and without weights.
+  for (const int64_t dm : {int64_t(512), int64_t(96), int64_t(1000), int64_t(1024)}) {
+    const int64_t RR = 1043, of = dm - 64, pp = 64;
+    const auto vv = rng.floats(size_t(RR * dm), -3.0f, 3.0f);
+    DeviceBuffer nw2 = to_device(rng.floats(size_t(dm), 0.5f, 1.5f)), inv2 = to_device(rng.floats(32, 0.001f, 1.0f));
+    for (const float* wn : {static_cast<const float*>(nw2.as<float>()), static_cast<const float*>(nullptr)}) {
+      DeviceBuffer a2 = to_device(vv), b2 = to_device(vv);
+      d::fwd_rms_norm_rope(a2.as<float>(), RR, dm, wn, 1e-6, of, 32, inv2.as<float>(), 1.0f, pos.as<int64_t>(), pp, nullptr);
+      d::fwd_rms_norm(b2.as<float>(), RR, dm, dm, wn, 1e-6, nullptr);
+      d::fwd_rope(b2.as<float>(), RR, dm, of, 32, inv2.as<float>(), 1.0f, pos.as<int64_t>(), 0, pp, 1, 0, nullptr);
+      const std::string what = "fwd_rms_norm_rope, " + std::to_string(RR) + " rows of " + std::to_string(dm) + (wn ? "" : ", no weight");
+      same(bytes(a2, size_t(RR * dm) * 4), bytes(b2, size_t(RR * dm) * 4), what.c_str());
+    }
+  }
 }
 
 // Plain weights [rows, cols] on the device, dtype 0 (f32), 1 (bf16) or 2 (f16: sign, exponent 10..17, any
