@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Per-kernel device time of one forward step, from `ncu --csv --metrics gpu__time_duration.sum` output.
 
-The forward's first kernel is the embedding gather (embed_kernel): the log is split there and the last complete
-forward is listed in launch order (name, grid, block, us), then summed by kernel name. Usage:
+The forward's first kernel is the embedding gather (embed_kernel): the log is split there and one complete
+forward is listed in launch order (name, grid, block, us), then summed by kernel name. `plumb bench --layers` runs
+plain steps (graph replays under cuda.graph), then tapped steps, whose taps undo fusions (the norms outside hc_pre,
+one stream): the forward listed is the last of those with the fewest kernels after the first (the context's
+prefill), a plain step. Usage:
   ncu --csv --metrics gpu__time_duration.sum plumb bench --layers 2 ... > ncu.csv; kernel_times.py ncu.csv
 """
 import csv
@@ -27,8 +30,13 @@ def main(path):
     if len(starts) < 2:
         print("fewer than two forwards in the log")
         return 1
-    step = rows[starts[-2]:starts[-1]]  # the last complete forward (the one after may be cut short)
+    steps = [rows[a:b] for a, b in zip(starts, starts[1:])]  # complete forwards (the last one may be cut short)
+    if len(steps) > 1:
+        steps = steps[1:]  # not the context's prefill
+    fewest = min(len(s) for s in steps)
+    step = [s for s in steps if len(s) == fewest][-1]
     total = sum(r[3] for r in step)
+    print(f"{len(steps)} complete forwards of {sorted(set(len(s) for s in steps))} kernels; listed: one of {fewest}")
     print(f"one forward: {len(step)} kernels, {total:.1f} us of kernel time")
     for name, grid, block, us in step:
         print(f"  {us:8.1f}  {name}  grid {grid} block {block}")

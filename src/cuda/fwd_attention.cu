@@ -163,6 +163,8 @@ __device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64
 
 // One thread per (window, channel). Series of window w: optionally the previous window's first half, then its own
 // (CSA: second half). Softmax over the gates as ops::softmax, fp32 weighted sum in slot order.
+// Windows of at most this many slots (the overlapping CSA compressor's 2m = 8) are pooled from registers.
+constexpr int kPoolRegSlots = 8;
 __global__ void pool_kernel(CompressArgs a) {
   pdl_begin();
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
@@ -192,8 +194,28 @@ __global__ void pool_kernel(CompressArgs a) {
   };
   const int ns = prev ? 2 * m : m;
   float mx = -INFINITY, g, v;
-  for (int s = 0; s < ns; ++s) slot(s, g, v), mx = fmaxf(mx, g);
   float acc = 0;
+  if (ns <= kPoolRegSlots) {  // (CSA: 2m = 8) every slot loaded once, all loads in flight together; the same arithmetic
+    float gs[kPoolRegSlots], vs[kPoolRegSlots];
+#pragma unroll
+    for (int s = 0; s < kPoolRegSlots; ++s)
+      if (s < ns) slot(s, gs[s], vs[s]);
+#pragma unroll
+    for (int s = 0; s < kPoolRegSlots; ++s)
+      if (s < ns) mx = fmaxf(mx, gs[s]);
+    if (mx != -INFINITY) {
+      double sum = 0;
+#pragma unroll
+      for (int s = 0; s < kPoolRegSlots; ++s)
+        if (s < ns) sum += double(expf(gs[s] - mx));
+#pragma unroll
+      for (int s = 0; s < kPoolRegSlots; ++s)
+        if (s < ns) acc = __fadd_rn(acc, __fmul_rn(float(double(expf(gs[s] - mx)) / sum), vs[s]));
+    }
+    a.entries[w * a.c + ch] = acc;
+    return;
+  }
+  for (int s = 0; s < ns; ++s) slot(s, g, v), mx = fmaxf(mx, g);
   if (mx != -INFINITY) {
     double sum = 0;
     for (int s = 0; s < ns; ++s) slot(s, g, v), sum += double(expf(g - mx));
