@@ -165,11 +165,7 @@ __device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64
 // (CSA: second half). Softmax over the gates as ops::softmax, fp32 weighted sum in slot order.
 // Windows of at most this many slots (the overlapping CSA compressor's 2m = 8) are pooled from registers.
 constexpr int kPoolRegSlots = 8;
-__global__ void pool_kernel(CompressArgs a) {
-  pdl_begin();
-  const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
-  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (w < 0 || ch >= a.c) return;
+__device__ __forceinline__ void pool_channel(const CompressArgs& a, int64_t pos0, int64_t w, int64_t ch) {
   const int64_t width = a.overlap ? 2 * a.c : a.c, off = a.overlap ? a.c : 0;
   const CompRows rows{a, pos0, width};
   const int m = a.m;
@@ -227,14 +223,19 @@ __global__ void pool_kernel(CompressArgs a) {
   }
   a.entries[w * a.c + ch] = acc;
 }
+__global__ void pool_kernel(CompressArgs a) {
+  pdl_begin();
+  const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
+  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w < 0 || ch >= a.c) return;
+  pool_channel(a, pos0, w, ch);
+}
 
 // One block (256 threads, as the norm kernel) per completed window: RMSNorm and RoPE of its entry, in place, with
 // the arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
-__global__ void compress_finish_kernel(CompressArgs a) {
-  pdl_begin();
+// (The whole block: 256 threads, as the norm kernel, so the entry's norm sums alike.)
+__device__ __forceinline__ void finish_entry(const CompressArgs& a, int64_t w) {
   __shared__ double sh[32];
-  const int64_t w = completed_window(a, *a.pos, blockIdx.x);
-  if (w < 0) return;
   float* e = a.entries + w * a.c;
   // numerics.official: the pooled entry, the normed entry and its rotated dims stored as bf16 (Numerics::act,
   // rms_norm, rope), then the indexer rotation or the FP8 KV simulation of the nope dims.
@@ -259,12 +260,16 @@ __global__ void compress_finish_kernel(CompressArgs a) {
   if (a.rotate) indexer_rotate_row(e, a.c, y);
   else if (a.kv_fp8) fp8_roundtrip_row(e, off, official_math::kKvBlock);
 }
+__global__ void compress_finish_kernel(CompressArgs a) {
+  pdl_begin();
+  const int64_t w = completed_window(a, *a.pos, blockIdx.x);
+  if (w < 0) return;
+  finish_entry(a, w);
+}
 
 // CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window. Runs
 // before stash, which may overwrite pending rows this reads.
-__global__ void compress_carry_kernel(CompressArgs a) {
-  pdl_begin();
-  const int64_t pos0 = *a.pos, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void carry_elem(const CompressArgs& a, int64_t pos0, int64_t i) {
   const int64_t last = (pos0 + a.n) / a.m - 1;
   if (last < pos0 / a.m || i >= int64_t(a.m) * a.c) return;  // no window completed in this chunk
   const int64_t r = i / a.c, ch = i % a.c, width = 2 * a.c;
@@ -273,19 +278,46 @@ __global__ void compress_carry_kernel(CompressArgs a) {
   a.prev_gate[i] = __fadd_rn(rows.gate(q)[ch], a.ape[r * width + ch]);
   a.prev_kv[i] = rows.kv(q)[ch];
 }
+__global__ void compress_carry_kernel(CompressArgs a) {
+  pdl_begin();
+  carry_elem(a, *a.pos, int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
+}
 
 // The rows of the incomplete window (positions from the last window boundary, and from pos, to pos + n) into the
 // pending ring.
-__global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
-  pdl_begin();
-  const int64_t pos0 = *a.pos, width = a.overlap ? 2 * a.c : a.c;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void stash_elem(const CompressArgs& a, int64_t pos0, int64_t i, int64_t rows_bound) {
+  const int64_t width = a.overlap ? 2 * a.c : a.c;
   const int64_t end = pos0 + a.n, begin = max(pos0, end / a.m * a.m);
   if (i >= rows_bound * width) return;
   const int64_t q = begin + i / width, ch = i % width;
   if (q >= end) return;
   a.pend_kv[(q % a.m) * width + ch] = a.rows_kv[(q - pos0) * width + ch];
   a.pend_gate[(q % a.m) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
+}
+__global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
+  pdl_begin();
+  stash_elem(a, *a.pos, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, rows_bound);
+}
+
+// One token (decode): the pool, finish and carry of the window this token completes, or else its row into the
+// pending ring, in one block of kCompressOneThreads (the finish kernel's 256, so the norm sums alike): the four
+// launches' device code in their order, one launch instead of up to four. (Their launches were most of the CSA
+// layer's side stream, which the query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
+constexpr int kCompressOneThreads = 256;
+__global__ void __launch_bounds__(kCompressOneThreads) compress_one_kernel(CompressArgs a) {
+  pdl_begin();
+  const int64_t pos0 = *a.pos, w = completed_window(a, pos0, 0);
+  if (w < 0) {
+    const int64_t width = a.overlap ? 2 * a.c : a.c;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) stash_elem(a, pos0, i, 1);
+    return;
+  }
+  for (int64_t ch = threadIdx.x; ch < a.c; ch += blockDim.x) pool_channel(a, pos0, w, ch);
+  __syncthreads();  // the pooled entry, and every read of the previous window's series (carry rewrites it)
+  finish_entry(a, w);
+  if (a.overlap)
+    for (int64_t i = threadIdx.x; i < int64_t(a.m) * a.c; i += blockDim.x) carry_elem(a, pos0, i);
+  // (No stash: the token ends its window, so no row of an incomplete one remains.)
 }
 
 }  // namespace
@@ -322,9 +354,13 @@ void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos
 
 void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.n <= 0) return;
+  if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
+  if (a.n == 1 && a.one_launch) {  // (nw_max <= 1 at one token)
+    launch("fwd_compress (one token)", compress_one_kernel, 1, kCompressOneThreads, 0, s, a);
+    return;
+  }
   if (a.nw_max > 0) {
     launch("fwd_compress_pool", pool_kernel, dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw_max)), 128, 0, s, a);
-    if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
     launch("fwd_compress_finish", compress_finish_kernel, unsigned(a.nw_max), 256, 0, s, a);
     if (a.overlap) {
       launch("fwd_compress_carry", compress_carry_kernel, fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s, a);

@@ -204,8 +204,9 @@ struct CompressArgs {
   // numerics.official (model/compressor.cpp): the pooled entry, its norm and its RoPE stored as bf16, then the
   // indexer's rotation (rotate: Hadamard + FP4) or the FP8 KV simulation of the nope dims (kv_fp8).
   int official = 0, rotate = 0, kv_fp8 = 0;
+  int one_launch = 1;  // one token: the four steps in one launch (0: as for more tokens; the same bits)
 };
-// Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash.
+// Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash; one token: all in one launch.
 void fwd_compress(const CompressArgs& a, Stream s);
 
 // Indexer scores: s[t, e] = sum_h relu(q[t,h] . key[e]) * qscale * (hw[t,h] * wscale) for e < (pos+t+1)/m,

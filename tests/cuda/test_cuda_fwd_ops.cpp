@@ -301,6 +301,67 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   }
 }
 
+// The compressor's one-token launch against the four launches it replaces (pool, finish, carry, stash), bit for bit:
+// single-token steps through several windows (CSA's overlapping series with m 4, HCA's with m 8; the official
+// numerics' bf16 stores, with the indexer's rotation and with the FP8 KV simulation), the entries, the pending ring
+// and the previous window's series compared after every step.
+TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
+  Rng rng(77);
+  struct Case {
+    int overlap, m;
+    int64_t c;
+    int official, rotate, kv_fp8;
+  };
+  for (const Case& k : {Case{1, 4, 64, 0, 0, 0}, Case{0, 8, 32, 0, 0, 0}, Case{1, 4, 128, 1, 1, 0}, Case{0, 4, 128, 1, 0, 1}}) {
+    const int64_t width = k.overlap ? 2 * k.c : k.c, steps = 3 * k.m + 2, cap = steps / k.m + 1;
+    const int rope_half = 8;
+    DeviceBuffer ape = to_device(rng.floats(size_t(k.m * width), -0.5f, 0.5f)), norm = to_device(rng.floats(size_t(k.c), 0.5f, 1.5f));
+    DeviceBuffer inv = to_device(rng.floats(size_t(rope_half), 0.01f, 1.0f)), pos(8);
+    struct State {
+      DeviceBuffer pk, pg, vk, vg, e;
+    };
+    std::vector<State> st(2);
+    for (State& s : st) {
+      s.pk = DeviceBuffer(size_t(k.m * width) * 4), s.pg = DeviceBuffer(size_t(k.m * width) * 4);
+      s.vk = DeviceBuffer(size_t(k.m * k.c) * 4), s.vg = DeviceBuffer(size_t(k.m * k.c) * 4), s.e = DeviceBuffer(size_t(cap * k.c) * 4);
+      for (DeviceBuffer* b : {&s.pk, &s.pg, &s.vk, &s.vg, &s.e}) b->fill_byte(0);
+    }
+    for (int64_t t = 0; t < steps; ++t) {
+      DeviceBuffer kv = to_device(rng.floats(size_t(width), -2.0f, 2.0f)), gate = to_device(rng.floats(size_t(width), -2.0f, 2.0f));
+      pos.upload(&t, 8);
+      for (int i = 0; i < 2; ++i) {
+        d::CompressArgs a;
+        a.rows_kv = kv.as<float>(), a.rows_gate = gate.as<float>();
+        a.pend_kv = st[size_t(i)].pk.as<float>(), a.pend_gate = st[size_t(i)].pg.as<float>();
+        a.prev_kv = st[size_t(i)].vk.as<float>(), a.prev_gate = st[size_t(i)].vg.as<float>();
+        a.ape = ape.as<float>(), a.norm = norm.as<float>(), a.inv_freq = inv.as<float>(), a.pos = pos.as<int64_t>();
+        a.n = 1, a.overlap = k.overlap, a.m = k.m, a.nw_max = (t + 1) % k.m == 0 ? 1 : 0, a.rope_half = rope_half;
+        a.c = k.c, a.eps = 1e-6, a.attention_factor = 1.0f, a.entries = st[size_t(i)].e.as<float>();
+        a.official = k.official, a.rotate = k.rotate, a.kv_fp8 = k.kv_fp8, a.one_launch = i == 0;
+        d::fwd_compress(a, nullptr);
+      }
+      const std::string what = "overlap " + std::to_string(k.overlap) + ", m " + std::to_string(k.m) + ", official " +
+                               std::to_string(k.official) + ", step " + std::to_string(t);
+      auto same = [&](const DeviceBuffer& x, const DeviceBuffer& y, const char* name) {
+        const auto hx = to_host<uint32_t>(x, x.bytes() / 4), hy = to_host<uint32_t>(y, y.bytes() / 4);
+        size_t first = hx.size();
+        for (size_t j = 0; j < hx.size() && first == hx.size(); ++j)
+          if (hx[j] != hy[j]) first = j;
+        EXPECT_EQ(first, hx.size()) << what << ": " << name << " differs first at value " << first;
+      };
+      same(st[0].e, st[1].e, "entries");
+      same(st[0].pk, st[1].pk, "pending kv"), same(st[0].pg, st[1].pg, "pending gate");
+      same(st[0].vk, st[1].vk, "previous kv"), same(st[0].vg, st[1].vg, "previous gate");
+    }
+    // The windows were pooled: three entries written, the fourth slot untouched.
+    const auto e = to_host<float>(st[0].e, size_t(cap * k.c));
+    double mag = 0, rest = 0;
+    for (int64_t j = 0; j < cap * k.c; ++j) (j < 3 * k.c ? mag : rest) += std::fabs(double(e[size_t(j)]));
+    EXPECT_GT(mag, 0.0) << "no entry was written";
+    EXPECT_EQ(rest, 0.0) << "an entry past the completed windows was written";
+  }
+}
+
 // Plain weights [rows, cols] on the device, dtype 0 (f32), 1 (bf16) or 2 (f16: sign, exponent 10..17, any
 // mantissa); *vals gets their exact values.
 DeviceBuffer plain_weights(Rng& rng, int dtype, int64_t rows, int64_t cols, std::vector<float>* vals) {
