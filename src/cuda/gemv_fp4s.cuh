@@ -13,6 +13,9 @@
 //   once, at the end. (A first version copied whole rows of the old row-major layout with cp.async.bulk, one per
 //   lane: cp.async.bulk takes uniform operands, so 32 per-lane copies serialize; it ran at 20-36% of copy.)
 // * Activations are read through L1 (__ldg), one 128-column chunk ahead of their use.
+// * The slots are grouped by expert in each CTA's prologue (a scan, quadratic in the slots: up to 256), or read from
+//   moe_group's table (GemvArgs::groups: up to 1024 slots); either way into entries of <= 8 tokens of one expert in
+//   slot order, so both give the same bits (the entries' order only moves work between warps).
 // Numerics are the per-tile kernel's: the same decode (fp4_group: E2M1 -> f16 by bit placement, exact), the same
 // mma.m16n8k16 (f16 in, fp32 accumulate), two MMAs per 32-wide scale group whose fp32 partial sum the E8M0 scale
 // multiplies, the same epilogue (SwiGLU with the clamp, pre_weight, f16 or fp32 out).
