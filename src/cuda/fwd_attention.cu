@@ -231,9 +231,9 @@ __global__ void pool_kernel(CompressArgs a) {
   pool_channel(a, pos0, w, ch);
 }
 
-// One block (256 threads, as the norm kernel) per completed window: RMSNorm and RoPE of its entry, in place, with
-// the arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
-// (The whole block: 256 threads, as the norm kernel, so the entry's norm sums alike.)
+// One block of kFinishThreads (256, as the norm kernel, so the entry's norm sums alike) per completed window: RMSNorm
+// and RoPE of its entry, in place, with the arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
+constexpr int kFinishThreads = 256;
 __device__ __forceinline__ void finish_entry(const CompressArgs& a, int64_t w) {
   __shared__ double sh[32];
   float* e = a.entries + w * a.c;
@@ -300,11 +300,10 @@ __global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
 }
 
 // One token (decode): the pool, finish and carry of the window this token completes, or else its row into the
-// pending ring, in one block of kCompressOneThreads (the finish kernel's 256, so the norm sums alike): the four
-// launches' device code in their order, one launch instead of up to four. (Their launches were most of the CSA
-// layer's side stream, which the query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
-constexpr int kCompressOneThreads = 256;
-__global__ void __launch_bounds__(kCompressOneThreads) compress_one_kernel(CompressArgs a) {
+// pending ring, in one block of kFinishThreads (so the norm sums alike): the four launches' device code in their
+// order, one launch instead of up to four. (Their launches were most of the CSA layer's side stream, which the
+// query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
+__global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressArgs a) {
   pdl_begin();
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, 0);
   if (w < 0) {
@@ -356,12 +355,12 @@ void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
   if (a.n == 1 && a.one_launch) {  // (nw_max <= 1 at one token)
-    launch("fwd_compress (one token)", compress_one_kernel, 1, kCompressOneThreads, 0, s, a);
+    launch("fwd_compress (one token)", compress_one_kernel, 1, kFinishThreads, 0, s, a);
     return;
   }
   if (a.nw_max > 0) {
     launch("fwd_compress_pool", pool_kernel, dim3(unsigned(fwd_blocks(a.c, 128)), unsigned(a.nw_max)), 128, 0, s, a);
-    launch("fwd_compress_finish", compress_finish_kernel, unsigned(a.nw_max), 256, 0, s, a);
+    launch("fwd_compress_finish", compress_finish_kernel, unsigned(a.nw_max), kFinishThreads, 0, s, a);
     if (a.overlap) {
       launch("fwd_compress_carry", compress_carry_kernel, fwd_blocks(int64_t(a.m) * a.c, 256), 256, 0, s, a);
     }

@@ -26,6 +26,13 @@ namespace plumb::cuda::detail {
 
 namespace {
 
+// The smallest power of two >= v (1 for v <= 1): the top-k paths' sort sizes, the fused kernel's score buffer.
+__host__ __device__ __forceinline__ int pow2_ceil(int v) {
+  int P = 1;
+  while (P < v) P <<= 1;
+  return P;
+}
+
 // ---- Scores: the pieces every path shares ----
 
 // Copies a [rows, cols] float array (row strides src_ld, dst_ld) into shared memory with cp.async: 16 bytes per
@@ -506,8 +513,7 @@ constexpr int kBlockThreads = 1024, kBlockMaxNe = int(kIndexTopkBlockMaxNe), kBl
 // The k chosen keys ks[0..k) (room for the power of two >= k) sorted, largest first, and written as entry indices
 // (-1 for entries at or past `visible`). Every thread of the block calls it.
 __device__ __forceinline__ void sort_and_write(uint64_t* ks, int k, int ib, int64_t visible, int64_t* out) {
-  int P = 1;
-  while (P < k) P <<= 1;
+  const int P = pow2_ceil(k);
   for (int i = k + int(threadIdx.x); i < P; i += int(blockDim.x)) ks[i] = 0;  // below every key (order images > 0)
   radix::bitonic_sort_desc(ks, P);  // (begins with a barrier: every key and pad is stored)
   const uint64_t imask = (uint64_t(1) << ib) - 1;
@@ -668,12 +674,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_select_kernel(Inde
 constexpr int kFusedMaxCluster = 16, kFusedMaxThreads = 1024;
 constexpr size_t kFusedMaxSmem = 160 * 1024;  // 512 entries over 8 blocks: 135 KiB at V4's 64 x 128
 
-__host__ __device__ __forceinline__ int pow2_ceil(int v) {
-  int P = 1;
-  while (P < v) P <<= 1;
-  return P;
-}
-
 __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs a, int eb, int ib, int passes) {
   pdl_begin();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -773,8 +773,7 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
       throw_arg("indexer: too many entries or too large a k for the cluster top-k");
     const int C = topk_cluster_size();
     const int per = int((a.ne_cap + C - 1) / C);
-    int kpow = 1;
-    while (kpow < a.k_cap) kpow <<= 1;
+    const int kpow = pow2_ceil(a.k_cap);
     launch_cluster("fwd_indexer_topk cluster", cluster_select_kernel, unsigned(C), unsigned(a.n), unsigned(kClusterThreads),
                    size_t(per + kpow) * 8, s, a, per, ib, passes, kpow);
     return;

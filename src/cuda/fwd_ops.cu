@@ -145,6 +145,15 @@ constexpr int kDmmaWarps = 8, kDmmaTok = 32;
 __device__ __forceinline__ void dmma(double (&c)[2], double a, double b) {
   asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};" : "+d"(c[0]), "+d"(c[1]) : "d"(a), "d"(b));
 }
+// The two elements of a 32-bit word of a plain bf16 (DT 1) or f16 (DT 2) row, low half first, exactly as floats.
+template <int DT>
+__device__ __forceinline__ void half_pair(uint32_t q, float& lo, float& hi) {
+  if constexpr (DT == 1) {
+    lo = __uint_as_float(q << 16), hi = __uint_as_float(q & 0xFFFF0000u);
+  } else {
+    lo = __half2float(__ushort_as_half(uint16_t(q & 0xFFFFu))), hi = __half2float(__ushort_as_half(uint16_t(q >> 16)));
+  }
+}
 // 8 consecutive elements of a plain DT row: their 16 bytes (32 for f32), loaded a step ahead of their use, then
 // as doubles, exactly.
 template <int DT>
@@ -170,12 +179,9 @@ __device__ __forceinline__ void raw8_as_double(const Raw8<DT>& r, double (&v)[8]
     const uint32_t q[4] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if constexpr (DT == 1) {
-        v[2 * j] = __uint_as_float(q[j] << 16), v[2 * j + 1] = __uint_as_float(q[j] & 0xFFFF0000u);
-      } else {
-        v[2 * j] = __half2float(__ushort_as_half(uint16_t(q[j] & 0xFFFFu)));
-        v[2 * j + 1] = __half2float(__ushort_as_half(uint16_t(q[j] >> 16)));
-      }
+      float lo, hi;
+      half_pair<DT>(q[j], lo, hi);
+      v[2 * j] = lo, v[2 * j + 1] = hi;
     }
   }
 }
@@ -300,10 +306,8 @@ __device__ __forceinline__ void one_chunk(const uint4& v, const double2* xs2, in
     float lo, hi;
     if constexpr (DT == 0) {
       lo = __uint_as_float(q[2 * j]), hi = __uint_as_float(q[2 * j + 1]);
-    } else if constexpr (DT == 1) {
-      lo = __uint_as_float(q[j] << 16), hi = __uint_as_float(q[j] & 0xFFFF0000u);
     } else {
-      lo = __half2float(__ushort_as_half(uint16_t(q[j] & 0xFFFFu))), hi = __half2float(__ushort_as_half(uint16_t(q[j] >> 16)));
+      half_pair<DT>(q[j], lo, hi);
     }
     acc += xv.x * double(lo);
     acc += xv.y * double(hi);
@@ -584,9 +588,9 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
   if (n <= 0 || nr <= 0) return;
   // One token: linear16_one_kernel where it fits. More, with plain rows of a multiple of 32 columns and 16-byte
   // aligned rows of x: linear_dmma_kernel (fp64 tensor cores). Otherwise linear_kernel: rows split over warps where
-  // a warp per row would give few blocks (the router gate's 256 rows at 8 tokens: 32;
-  // H200, per step: moe.router 102.6 -> 46.0 us, the indexer's weights_proj inside attn.indexer 72.6 -> 45.3); at 32
-  // and 128 tokens the warp-per-row blocks were faster (router 103 / 334 against 111 / 361 us).
+  // a warp per row would give few blocks (measured when the router gate ran here, before linear_dmma_kernel: its 256
+  // rows at 8 tokens gave 32 blocks; H200, per step: moe.router 102.6 -> 46.0 us, the indexer's weights_proj inside
+  // attn.indexer 72.6 -> 45.3; at 32 and 128 tokens the warp-per-row blocks were faster, 103 / 334 against 111 / 361).
   const int64_t groups = (n + kTok - 1) / kTok, whole = (nr + kRowsPerBlock - 1) / kRowsPerBlock;
   const bool split = whole * groups < 64;
   const dim3 grid(unsigned(split ? (nr + kOneRows - 1) / kOneRows : whole), unsigned(groups));

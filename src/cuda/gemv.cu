@@ -405,8 +405,12 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // 69.3 (per-tile 70.4 / 66.0).
   // With a group table (GemvArgs::groups, above 256 slots) the same choice: gate/up's per-tile blocks one per table
   // tile, down's streaming kernel reading its grouping from the table (either gives the bits it gives without one).
-  if (a.fmt == kFp4 && a.mode == kMoe && a.fp4_kernel == 0 &&
-      ((a.nmat == 2 && a.epi == kSwiglu) || (a.nmat == 1 && a.epi == kStore && !a.out_half && a.n * a.topk <= 8))) {
+  // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above, 2 warps and 128
+  // registers (its best in the sweep, `plumb bench --only moe`, 32 tokens, % of copy single / graph: 63.1 / 64.1,
+  // where the caller's 4 warps with the full budget gave 39.0 / 39.5).
+  const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
+  const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
+  if (a.fp4_kernel == 0 && (fp4_gate_up || (fp4_down && (a.n * a.topk <= 8 || !fp4s::stream_ok(a))))) {
     GemvArgs b = a;
     const bool few = a.n * a.topk <= 8;
     b.warps = 2, b.minblocks = few ? 1 : 2;
@@ -415,21 +419,13 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
   }
   if (fp4s::stream_ok(a)) {
-    if (a.nmat == 2 && a.epi == kSwiglu)
+    if (fp4_gate_up)
       return a.out_half ? fp4s::launch_stream<2, kSwiglu, __half>(a, s) : fp4s::launch_stream<2, kSwiglu, float>(a, s);
-    if (a.nmat == 1 && a.epi == kStore && !a.out_half) return fp4s::launch_stream<1, kStore, float>(a, s);
+    if (fp4_down) return fp4s::launch_stream<1, kStore, float>(a, s);
   }
-  if (a.fmt == kFp4 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kMoe)
+  if (fp4_gate_up)
     return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
-  if (a.fmt == kFp4 && a.nmat == 1 && a.epi == kStore && a.mode == kMoe && !a.out_half) {
-    // Down beyond 8 slots where the streaming kernel does not run (a shape it does not take, or more than 256 slots
-    // without a table), auto: 2 warps per block and the 128-register budget, the per-tile kernel's best in the sweep
-    // (`plumb bench --only moe`, 32 tokens, % of copy single / graph: 63.1 / 64.1, where the caller's 4 warps with
-    // the full budget gave 39.0 / 39.5).
-    GemvArgs b = a;
-    if (a.fp4_kernel == 0) b.warps = 2, b.minblocks = 2;
-    return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
-  }
+  if (fp4_down) return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense)
     return a.out_half ? launch_t<kFp8, 1, kStore, kDense, __half>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
