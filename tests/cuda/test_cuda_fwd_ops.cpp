@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "cuda/fwd_kernels.h"
 #include "cuda_test_util.h"
@@ -212,6 +213,14 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
   std::printf("  router warp kernel vs block kernel: %d cases bit-identical\n", cases);
 }
 
+// Device buffers a and b hold the same first n bytes; on failure the message names the first differing byte.
+void expect_same_bytes(const DeviceBuffer& a, const DeviceBuffer& b, size_t n, const std::string& what) {
+  const auto u = to_host<uint8_t>(a, n), v = to_host<uint8_t>(b, n);
+  size_t first = 0;
+  while (first < n && u[first] == v[first]) ++first;
+  EXPECT_EQ(first, n) << what << ": first differing byte " << first << " of " << n;
+}
+
 // The decode launches fused in session 5 against the separate launches they replace, bit for bit: several matrices
 // over one input row in one launch (fwd_linear_one_multi) vs fwd_linear per matrix; norm + RoPE (fwd_rms_norm_rope)
 // vs fwd_rms_norm then fwd_rope; the norm's f16 copy vs launch_to_f16 of its result; the inverse RoPE with its f16
@@ -219,14 +228,6 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
 // separate launches.
 TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   Rng rng(41);
-  auto same = [](const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const char* what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    size_t first = a.size();
-    for (size_t i = 0; i < a.size() && first == a.size(); ++i)
-      if (a[i] != b[i]) first = i;
-    EXPECT_EQ(first, a.size()) << what << ": first differing byte " << first << " of " << a.size();
-  };
-  auto bytes = [](const DeviceBuffer& b, size_t n) { return to_host<uint8_t>(b, n); };
 
   // 1. One token through three matrices (bf16 [40, 256], f32 [16, 256], bf16 [6, 256]) in one launch.
   const int64_t K = 256;
@@ -253,7 +254,7 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   d::fwd_linear_one_multi(g, x.as<float>(), nullptr);
   for (int i = 0; i < 3; ++i) {
     d::fwd_linear(g.seg[i].w, x.as<float>(), 1, K, 0, rows[i], yb[size_t(i)].as<float>(), rows[i], nullptr);
-    same(bytes(ya[size_t(i)], size_t(rows[i]) * 4), bytes(yb[size_t(i)], size_t(rows[i]) * 4), "fwd_linear_one_multi");
+    expect_same_bytes(ya[size_t(i)], yb[size_t(i)], size_t(rows[i]) * 4, "fwd_linear_one_multi");
   }
 
   // 2-4. Rows of 64 values (6 rows, 3 per position), RoPE on the last 16 dims at device position 37.
@@ -267,21 +268,21 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
     d::fwd_rms_norm_rope(a.as<float>(), R, dim, wn, 1e-6, off, half, inv.as<float>(), 1.0f, pos.as<int64_t>(), per_pos, nullptr);
     d::fwd_rms_norm(b.as<float>(), R, dim, dim, wn, 1e-6, nullptr);
     d::fwd_rope(b.as<float>(), R, dim, off, half, inv.as<float>(), 1.0f, pos.as<int64_t>(), 0, per_pos, 1, 0, nullptr);
-    same(bytes(a, size_t(R * dim) * 4), bytes(b, size_t(R * dim) * 4), "fwd_rms_norm_rope");
+    expect_same_bytes(a, b, size_t(R * dim) * 4, "fwd_rms_norm_rope");
 
     DeviceBuffer c = to_device(v), e = to_device(v);
     d::fwd_rms_norm(c.as<float>(), R, dim, dim, wn, 1e-6, nullptr, a16.as<uint16_t>());
     d::fwd_rms_norm(e.as<float>(), R, dim, dim, wn, 1e-6, nullptr);
     d::launch_to_f16(e.get(), d::kF32, int(R), dim, dim, b16.as<uint16_t>(), nullptr);
-    same(bytes(c, size_t(R * dim) * 4), bytes(e, size_t(R * dim) * 4), "fwd_rms_norm with out16 (f32 result)");
-    same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rms_norm's f16 copy");
+    expect_same_bytes(c, e, size_t(R * dim) * 4, "fwd_rms_norm with out16 (f32 result)");
+    expect_same_bytes(a16, b16, size_t(R * dim) * 2, "fwd_rms_norm's f16 copy");
   }
   DeviceBuffer a = to_device(v), b = to_device(v), a16(size_t(R * dim) * 2), b16(size_t(R * dim) * 2);
   d::fwd_rope_f16(a.as<float>(), R, dim, off, inv.as<float>(), 1.0f, pos.as<int64_t>(), per_pos, 1, a16.as<uint16_t>(), nullptr);
   d::fwd_rope(b.as<float>(), R, dim, off, half, inv.as<float>(), 1.0f, pos.as<int64_t>(), 0, per_pos, 1, 1, nullptr);
   d::launch_to_f16(b.get(), d::kF32, int(R), dim, dim, b16.as<uint16_t>(), nullptr);
-  same(bytes(a, size_t(R * dim) * 4), bytes(b, size_t(R * dim) * 4), "fwd_rope_f16 (f32 rows)");
-  same(bytes(a16, size_t(R * dim) * 2), bytes(b16, size_t(R * dim) * 2), "fwd_rope_f16's f16 copy");
+  expect_same_bytes(a, b, size_t(R * dim) * 4, "fwd_rope_f16 (f32 rows)");
+  expect_same_bytes(a16, b16, size_t(R * dim) * 2, "fwd_rope_f16's f16 copy");
 
   // 5. Norm + RoPE over many rows (a warp per row: the query heads of a batch) against the block-per-row norm and
   // RoPE: rows not a multiple of 8 blocks' rows, rows shorter than a warp's first pass, not a multiple of 32, and
@@ -296,7 +297,7 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
       d::fwd_rms_norm(b2.as<float>(), RR, dm, dm, wn, 1e-6, nullptr);
       d::fwd_rope(b2.as<float>(), RR, dm, of, 32, inv2.as<float>(), 1.0f, pos.as<int64_t>(), 0, pp, 1, 0, nullptr);
       const std::string what = "fwd_rms_norm_rope, " + std::to_string(RR) + " rows of " + std::to_string(dm) + (wn ? "" : ", no weight");
-      same(bytes(a2, size_t(RR * dm) * 4), bytes(b2, size_t(RR * dm) * 4), what.c_str());
+      expect_same_bytes(a2, b2, size_t(RR * dm) * 4, what);
     }
   }
 }
@@ -342,16 +343,10 @@ TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
       }
       const std::string what = "overlap " + std::to_string(k.overlap) + ", m " + std::to_string(k.m) + ", official " +
                                std::to_string(k.official) + ", step " + std::to_string(t);
-      auto same = [&](const DeviceBuffer& x, const DeviceBuffer& y, const char* name) {
-        const auto hx = to_host<uint32_t>(x, x.bytes() / 4), hy = to_host<uint32_t>(y, y.bytes() / 4);
-        size_t first = hx.size();
-        for (size_t j = 0; j < hx.size() && first == hx.size(); ++j)
-          if (hx[j] != hy[j]) first = j;
-        EXPECT_EQ(first, hx.size()) << what << ": " << name << " differs first at value " << first;
-      };
-      same(st[0].e, st[1].e, "entries");
-      same(st[0].pk, st[1].pk, "pending kv"), same(st[0].pg, st[1].pg, "pending gate");
-      same(st[0].vk, st[1].vk, "previous kv"), same(st[0].vg, st[1].vg, "previous gate");
+      for (const auto& [x, y, name] : {std::tuple{&st[0].e, &st[1].e, "entries"}, {&st[0].pk, &st[1].pk, "pending kv"},
+                                       {&st[0].pg, &st[1].pg, "pending gate"}, {&st[0].vk, &st[1].vk, "previous kv"},
+                                       {&st[0].vg, &st[1].vg, "previous gate"}})
+        expect_same_bytes(*x, *y, x->bytes(), what + ": " + name);
     }
     // The windows were pooled: three entries written, the fourth slot untouched.
     const auto e = to_host<float>(st[0].e, size_t(cap * k.c));
