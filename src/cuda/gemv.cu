@@ -396,25 +396,28 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
     throw_arg("gemv: split-K across blocks needs dense mode, n <= 8 and a workspace");
   if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");
-  // FP4 MoE, fp4_kernel 0 (auto): the per-tile kernel with 2 warps per block for gate/up at every batch and for down
-  // at <= 8 slots (decode at batch 1); down with more slots the streaming kernel where the shape allows. At <= 8
-  // slots the per-tile kernel runs with programmatic dependent launch and the full register budget, above with
-  // registers capped at 128 (16 warps per SM instead of 12). H200 sweep, `plumb bench` (% of copy, CUDA graph /
-  // single launch, two runs): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0), batch 8 85.7 / 82.7 (the
-  // full register budget 79.2 / 76.3); down batch 1 51.2 / 41.9 (streaming 47.9 / 39.0), batch 8 streaming 73.7 /
-  // 69.3 (per-tile 70.4 / 66.0).
+  // FP4 MoE, fp4_kernel 0 (auto): the per-tile kernel for gate/up at every batch (2 warps per block: each warp half
+  // of K) and for down up to kDownTileSlots slots (1 warp per block: the whole K of a tile, no block reduction); down
+  // with more slots the streaming kernel where the shape allows. At <= 8 slots the per-tile kernel runs with the full
+  // register budget, above with registers capped at 128 (16 warps per SM instead of 12); programmatic dependent
+  // launch at <= 8 slots and for down's per-tile launches. H200 sweeps, `plumb bench --only moe` (% of copy, CUDA
+  // graph / single launch): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0; 1 warp 49.2 / 44.6), batch 8
+  // 85.7 / 82.7 (the full register budget 79.2 / 76.3); down (session 11, one run) batch 1 57.1 / 45.8 with 1 warp
+  // (2 warps 51.1 / 41.8, streaming 47.0 / 38.8), batch 8 76.7 / 70.4 with 1 warp and 128 registers (streaming 72.2
+  // / 67.2, 2 warps 68.4 / 64.0), batch 32 73.7 / 72.2 (streaming 73.1 / 70.6, 2 warps 63.1 / 61.7).
   // With a group table (GemvArgs::groups, above 256 slots) the same choice: gate/up's per-tile blocks one per table
   // tile, down's streaming kernel reading its grouping from the table (either gives the bits it gives without one).
-  // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above, 2 warps and 128
-  // registers (its best in the sweep, `plumb bench --only moe`, 32 tokens, % of copy single / graph: 63.1 / 64.1,
-  // where the caller's 4 warps with the full budget gave 39.0 / 39.5).
+  // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above (1 warp, 128
+  // registers).
+  constexpr int kDownTileSlots = 64;
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
-  if (a.fp4_kernel == 0 && (fp4_gate_up || (fp4_down && (a.n * a.topk <= 8 || !fp4s::stream_ok(a))))) {
+  const int slots = a.n * a.topk;
+  if (a.fp4_kernel == 0 && (fp4_gate_up || (fp4_down && (slots <= kDownTileSlots || !fp4s::stream_ok(a))))) {
     GemvArgs b = a;
-    const bool few = a.n * a.topk <= 8;
-    b.warps = 2, b.minblocks = few ? 1 : 2;
-    if (b.pdl < 0) b.pdl = few ? 1 : 0;
+    const bool few = slots <= 8;
+    b.warps = fp4_down ? 1 : 2, b.minblocks = few ? 1 : 2;
+    if (b.pdl < 0) b.pdl = few || (fp4_down && slots <= kDownTileSlots) ? 1 : 0;
     if (b.nmat == 1) return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
   }

@@ -131,9 +131,10 @@ struct GemvArgs {
   int minblocks = 1;             // register budget: 1 (<= 255 per thread), 2 (<= 128) or 3 (<= 85, more warps resident)
   int fp8_unroll = 0;            // one FP8 matrix: 128-column chunks whose loads a warp issues together, 2 (0) or 4
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
-  int fp4_kernel = 0;  // 0 auto: per-tile with 2 warps per block for gate/up at every batch and for down at
-                       // n * topk <= 8 (full registers and PDL there, 128 registers above), else as 2 (gemv.cu;
-                       // where the streaming kernel refuses the shape: per-tile, 2 warps, 128 registers);
+  int fp4_kernel = 0;  // 0 auto: per-tile for gate/up at every batch (2 warps per block) and for down at
+                       // n * topk <= 64 (1 warp per block); full registers and PDL at <= 8 slots, 128 registers
+                       // above (PDL on for down); down above 64 slots as 2 (gemv.cu; where the streaming kernel
+                       // refuses the shape: per-tile, 1 warp, 128 registers);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
                        // n * topk <= 256, or 1024 with a group table, 16-byte aligned weights and scale rows),
                        // else per-tile
