@@ -294,19 +294,20 @@ d::GemvArgs base_args(d::Fmt fmt) {
 }
 
 // Warps per block, register budget and blocks along K for a dense decode GEMV (defaults; `plumb bench` sweeps the
-// alternatives). The fewest warps in {2, 4, 8} that put >= 2048 warps on the GPU (tiles = 16-row tiles over all
+// alternatives). The fewest warps in {1, 2, 4, 8} that put >= 2048 warps on the GPU (tiles = 16-row tiles over all
 // problems), at most one per 128-column chunk; no split of K across blocks; single matrices too small for that even
 // with 8 warps (< 256 tiles) issue 4 chunks' loads per warp at once (fp8_unroll 4, full register budget). Read off
 // the H200 sweeps (bench/results/h200-bench.txt, later runs, batch 1 and 8): this picks the best configuration of
-// every V4-Flash shape within noise (wq_b [32768, 1024]: 2 warps, 56% of copy against 33% with 8; wo_a grouped: 4;
-// wo_b: 8; indexer wq_b: 4); the cross-block split the old rule used for wq_a / wkv lost to 8 warps without it at
+// every V4-Flash shape within noise (wq_b [32768, 1024]: 1 warp, whole K per warp and no block reduction, 70.2 %
+// of copy in graph replay against 67.2 with 2 and 37.6 with 8 (session 11, h200-session11/bench-fp8-warps.txt);
+// wo_a grouped: 4; wo_b: 8; indexer wq_b: 4); the cross-block split the old rule used for wq_a / wkv lost to 8 warps without it at
 // both batches (10.0% vs 12.8% of copy on wq_a). Small ones, graph replay, batch 1 / 8 (h200-session7-runs): wq_a
 // 5.16 / 6.10 us with 4 chunks in flight against 5.35 / 6.20 with 2 and registers capped at 85 (the rule before),
 // wkv 4.83 / 5.65 against 5.09 / 5.90; 4 chunks lose on the large ones (wq_b 18.4 against 12.1 us).
 void dense_split(d::GemvArgs& a, int n) {
   (void)n;
   const int64_t tiles = a.rows / 16 * a.problems, chunks = a.cols / 128;
-  int warps = 2;
+  int warps = 1;
   while (warps < 8 && tiles * warps < 2048) warps *= 2;
   a.warps = int(std::min<int64_t>(warps, chunks));
   a.minblocks = 1;

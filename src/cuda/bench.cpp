@@ -695,7 +695,7 @@ int run_bench(const BenchOptions& opt) {
       const double bytes = double(p.rows * p.cols) + double(w.scale_bytes()) + double(n * in_w * 2) + double(n * p.rows * 4);
       B.add(B.rows, {fmt::format("FP8 {}", p.name), fmt::format("[{}, {}] E4M3, x f16", p.rows, p.cols), "", n, 0, bytes}, t);
       // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp.
-      for (int warps : {2, 4, 8})
+      for (int warps : {1, 2, 4, 8})
         for (int kb : {1, 2, 4, 8})
           for (int minb : {1, 3})
           for (int unroll : {2, 4}) {
