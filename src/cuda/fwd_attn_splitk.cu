@@ -48,15 +48,8 @@ struct Merge {
   __device__ float out(double o) const { return float(o / L); }
 };
 
-// D = A * B + D on the fp64 tensor cores, 16x8x8 (sm_90). Lane (g = lane / 4, r = lane % 4) holds A (g, r), (g + 8, r),
-// (g, r + 4), (g + 8, r + 4) in a[0][0], a[0][1], a[1][0], a[1][1]; B (r, g), (r + 4, g) in b[0], b[1]; D (g, 2r),
-// (g, 2r + 1), (g + 8, 2r), (g + 8, 2r + 1). (Measured on the H200 at 8320 keys, batch 8: 272 us against 276 us
-// for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape.)
-__device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-      : "d"(a[0][0]), "d"(a[0][1]), "d"(a[1][0]), "d"(a[1][1]), "d"(b[0]), "d"(b[1]));
-}
+// The fp64 tensor-core step is common.cuh's dmma (16x8x8; measured on the H200 at 8320 keys, batch 8: 272 us
+// against 276 us for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape).
 
 // 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {

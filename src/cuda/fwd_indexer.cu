@@ -295,6 +295,96 @@ void launch_tc_scores(const IndexArgs& a, int steps, Stream s) {
   }
 }
 
+// indexer.dmma_scores (a patch, the reference's tolerance): the exact path's scores with each (head, entry) dot on
+// the fp64 tensor cores (mma.m16n8k8 f64: 8 dims per step). Block (token t, kTcEntries entries), warp w: heads
+// [16w, 16w + 16) against every 8-entry tile of the block, as the f16 kernel above, but the products stay exact
+// (float x float in fp64) and only each dot's fp64 sum order is the tensor core's instead of dim order; the terms
+// (index_term: relu, the scales in fp64) and each entry's sum over heads in head order (index_entry_score) are the
+// exact path's. So a score equals the exact one or sits an fp64 rounding of its dots away, which moves the float by
+// at most an ulp (tests/cuda: IndexerDmmaScoresMatchExact). The query fragments stay in registers (STEPS = dh / 8
+// steps of 4 doubles per lane: dh <= 128); the keys are staged as floats (rows padded by 4: conflict-free fragment
+// reads) and converted as read; the terms go to shared memory [entry][head] for the head-order sums.
+constexpr int kDmmaMaxSteps = 16;
+__host__ __device__ constexpr int dmma_ldk(int dh) { return dh + 4; }
+struct DmmaSmem {
+  size_t ks, vals, total;
+  __host__ __device__ DmmaSmem(int nh, int dh)
+      : ks(0), vals(ScoresSmem::up16(size_t(kTcEntries) * size_t(dmma_ldk(dh)) * 4)),
+        total(vals + size_t(kTcEntries) * size_t(index_ldv(nh)) * 8) {}
+};
+template <int STEPS>
+__global__ void __launch_bounds__(kTcMaxWarps * 32) index_dmma_scores_kernel(IndexArgs a) {
+  pdl_begin();
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int dh = 8 * STEPS, ldk = dmma_ldk(dh);
+  const DmmaSmem L(a.nh, dh);
+  float* ks = reinterpret_cast<float*>(smem + L.ks);       // [kTcEntries][ldk]
+  double* vals = reinterpret_cast<double*>(smem + L.vals);  // [kTcEntries][ldv]
+  const int ldv = index_ldv(a.nh);
+  const int t = int(blockIdx.y), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, r = lane & 3;
+  const int h = 16 * warp + g;
+  const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min((*a.pos + t + 1) / a.rate, a.ne_cap);
+  const int nv = int(max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)));  // visible entries of the block
+  stage_rows(ks, ldk, a.keys + e0 * dh, dh, nv, dh);
+  // A fragments (dmma, common.cuh): lane (g, r) holds heads h and h + 8 at dims 8s + r and 8s + r + 4. Heads past nh
+  // are zero rows (their terms are not stored).
+  const bool ha = h < a.nh, hb = h + 8 < a.nh;
+  const float* qa = a.q + (int64_t(t) * a.nh + (ha ? h : 0)) * dh + r;
+  const float* qb = a.q + (int64_t(t) * a.nh + (hb ? h + 8 : 0)) * dh + r;
+  double qf[STEPS][2][2];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    qf[s][0][0] = ha ? double(qa[8 * s]) : 0.0, qf[s][0][1] = hb ? double(qb[8 * s]) : 0.0;
+    qf[s][1][0] = ha ? double(qa[8 * s + 4]) : 0.0, qf[s][1][1] = hb ? double(qb[8 * s + 4]) : 0.0;
+  }
+  const float wa = ha ? a.hw[int64_t(t) * a.nh + h] : 0.0f, wb = hb ? a.hw[int64_t(t) * a.nh + h + 8] : 0.0f;
+  stage_wait();
+  const int tiles = (nv + 7) / 8;
+  // Two 8-entry tiles at a time: two independent accumulation chains per warp (each dot's steps stay in order). B
+  // column g: entry 8j + g of the block (rows past nv, and a pair's second tile past the last, hold stale values:
+  // computed, their terms never read).
+  for (int j = 0; j < tiles; j += 2) {
+    const float* kr0 = ks + (8 * j + g) * ldk + r;
+    const float* kr1 = kr0 + 8 * ldk;
+    double d0[4] = {0.0, 0.0, 0.0, 0.0}, d1[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) {
+      const double k0[2] = {double(kr0[8 * s]), double(kr0[8 * s + 4])}, k1[2] = {double(kr1[8 * s]), double(kr1[8 * s + 4])};
+      dmma(d0, qf[s], k0);
+      dmma(d1, qf[s], k1);
+    }
+    // d: (head h, entries 2r and 2r + 1), (head h + 8, the same entries)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const double(&d)[4] = u ? d1 : d0;
+      const int e = 8 * (j + u) + 2 * r;
+      if (ha) vals[e * ldv + h] = index_term(a, d[0], wa), vals[(e + 1) * ldv + h] = index_term(a, d[1], wa);
+      if (hb) vals[e * ldv + h + 8] = index_term(a, d[2], wb), vals[(e + 1) * ldv + h + 8] = index_term(a, d[3], wb);
+    }
+  }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < kTcEntries; e += int(blockDim.x)) {
+    if (e0 + e >= a.ne_cap) break;
+    a.scores[int64_t(t) * a.ne_cap + e0 + e] = e < nv ? index_entry_score(a, vals + e * ldv) : -INFINITY;
+  }
+}
+
+// The kernel for dh / 8 steps (1 .. kDmmaMaxSteps).
+template <int S = 1>
+void launch_dmma_scores(const IndexArgs& a, int steps, Stream s) {
+  if constexpr (S <= kDmmaMaxSteps) {
+    if (steps != S) return launch_dmma_scores<S + 1>(a, steps, s);
+    const size_t smem = DmmaSmem(a.nh, 8 * S).total;  // 66 KiB at 64 heads x 128 dims
+    static size_t raised = 48 * 1024;  // per process: the attribute is per kernel
+    if (smem > raised) {
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(index_dmma_scores_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      raised = smem;
+    }
+    launch("fwd_indexer_scores dmma", index_dmma_scores_kernel<S>, dim3(unsigned(fwd_blocks(a.ne_cap, kTcEntries)), unsigned(a.n)),
+           (a.nh + 15) / 16 * 32, smem, s, a);
+  }
+}
+
 // Rank selection over the ne existing entries: entry e lands at rank #(entries that beat it); the first k ranks are
 // the top-k, sorted; the row's slots from k to k_cap are -1.
 __global__ void index_topk_kernel(IndexArgs a) {
@@ -808,6 +898,11 @@ int fwd_indexer_path(const IndexArgs& a) {
   return a.ne_cap <= kIndexerFusedDefaultNe && fwd_indexer_fused_fits(a) ? kIndexerFused : kIndexerSplit;
 }
 
+bool fwd_indexer_dmma_fits(const IndexArgs& a) {
+  return !a.official && a.nh >= 1 && a.nh <= 16 * kTcMaxWarps && a.dh >= 8 && a.dh % 8 == 0 && a.dh <= 8 * kDmmaMaxSteps &&
+         DmmaSmem(a.nh, int(a.dh)).total <= 227 * 1024;
+}
+
 bool fwd_indexer_tc_fits(const IndexArgs& a) {
   return !a.official && a.nh >= 1 && a.nh <= 16 * kTcMaxWarps && a.dh >= 16 && a.dh % 16 == 0 && a.dh <= 16 * kTcMaxSteps;
 }
@@ -829,6 +924,14 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
       throw_arg("indexer: the tensor-core scores need at most 128 heads and a head dim multiple of 16 up to 256, not the "
                 "official numerics");
     launch_tc_scores(a, int(a.dh / 16), s);
+    fwd_index_topk(a, fwd_index_topk_path(a.n, a.ne_cap, a.k_cap), s);
+    return;
+  }
+  if (path == kIndexerDmma) {
+    if (!fwd_indexer_dmma_fits(a))
+      throw_arg("indexer: the fp64 tensor-core scores need at most 128 heads and a head dim multiple of 8 up to 128, not "
+                "the official numerics");
+    launch_dmma_scores(a, int(a.dh / 8), s);
     fwd_index_topk(a, fwd_index_topk_path(a.n, a.ne_cap, a.k_cap), s);
     return;
   }

@@ -238,11 +238,14 @@ struct IndexArgs {
 // the heads and dims fitting its shared memory). Launches depend only on the host's sizes: graph-safe.
 // tc (indexer.tc_scores, a patch: not the same bits): the scores on the f16 tensor cores, then the split path's
 // top-k; nh <= 128, dh a multiple of 16 up to 256 (fwd_indexer_tc_fits).
-enum IndexerPath : int { kIndexerSplit = 0, kIndexerFused = 1, kIndexerTc = 2 };
+// dmma (indexer.dmma_scores, a patch): the exact path's terms and sums with each dot on the fp64 tensor cores (its
+// own fp64 sum order), then the split path's top-k; nh <= 128, dh a multiple of 8 up to 128 (fwd_indexer_dmma_fits).
+enum IndexerPath : int { kIndexerSplit = 0, kIndexerFused = 1, kIndexerTc = 2, kIndexerDmma = 3 };
 constexpr int64_t kIndexerFusedMaxNe = 512;      // the fused path's limit
 constexpr int64_t kIndexerFusedDefaultNe = 128;  // fwd_indexer_path's choice: fused up to here (measured, fwd_indexer.cu)
 bool fwd_indexer_fused_fits(const IndexArgs& a);
 bool fwd_indexer_tc_fits(const IndexArgs& a);
+bool fwd_indexer_dmma_fits(const IndexArgs& a);
 int fwd_indexer_path(const IndexArgs& a);
 void fwd_indexer(const IndexArgs& a, Stream s, int path);
 inline void fwd_indexer(const IndexArgs& a, Stream s) { fwd_indexer(a, s, fwd_indexer_path(a)); }

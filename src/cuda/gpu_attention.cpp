@@ -201,7 +201,12 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     ia.sel = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(n) * size_t(std::max(ia.k_cap, 1)) * 8));
     ia.topk_scratch_bytes = fwd_index_topk_scratch_bytes(n, ne, ia.k_cap, fwd_index_topk_path(n, ne, ia.k_cap));
     if (ia.topk_scratch_bytes) ia.topk_scratch = sc.get("attn.index.select", ia.topk_scratch_bytes);
-    fwd_indexer(ia, nullptr, w.index_tc && fwd_indexer_tc_fits(ia) ? kIndexerTc : fwd_indexer_path(ia));
+    // indexer.tc_scores where it fits, else indexer.dmma_scores where it fits, else the exact paths. (Each patch
+    // applies at every size, so a graph, sized by the cache capacity, takes the eager step's path.)
+    fwd_indexer(ia, nullptr,
+                w.index_tc && fwd_indexer_tc_fits(ia)       ? kIndexerTc
+                : w.index_dmma && fwd_indexer_dmma_fits(ia) ? kIndexerDmma
+                                                            : fwd_indexer_path(ia));
     // Taps run eagerly with exact sizes: ne and k_cap are this step's counts, the layouts [n, ne] and [n, k].
     tap_put(tap, "attn.indexer.scores", ia.scores, {n, ne});
     if (tap.on("attn.indexer.topk")) {

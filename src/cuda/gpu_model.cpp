@@ -67,6 +67,7 @@ void check_options(const ModelOptions& o) {
   refuse(o.cuda_moe_mxfp4, "cuda.moe_mxfp4");
   refuse(o.attn_splitk_decode, "attn.splitk_decode");
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
+  refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
@@ -151,6 +152,7 @@ class GpuForward : public DeviceForward {
       gl.attn.sink = upload_tensor(a.sink);
       gl.attn.splitk = opt_.attn_splitk_decode;
       gl.attn.index_tc = opt_.indexer_tc_scores;
+      gl.attn.index_dmma = opt_.indexer_dmma_scores;
       if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8), set_gemm(*gl.attn.comp);
       if (a.indexer) {
         gl.attn.icomp = upload_comp(a.indexer->comp, fp8);

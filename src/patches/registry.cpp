@@ -142,6 +142,16 @@ std::vector<Patch> make_registry() {
                // largest magnitude is measured in tests/cuda (IndexerTcScoresMatchExact) well below 1e-2; the
                // top-k's set can differ only among entries within that error of the k-th score.
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.indexer_tc_scores = true; }, false, "cuda"});
+  r.push_back({"indexer.dmma_scores", "lightning indexer scores: fp64 dots in dim order, summed over heads in head order",
+               "each (head, entry) dot on the fp64 tensor cores (mma.m16n8k8 f64): the products exact as in the "
+               "reference, their fp64 sum in the tensor core's order; the relu, the scales and the sum over heads "
+               "the reference's; then the same top-k; used where index_head_dim is a multiple of 8 up to 128 and "
+               "index_n_heads <= 128 (V4: 64 x 128)",
+               "were the tensor core's fp64 sum order not the reference's, a score could move by an ulp and exactly "
+               "tied entries order differently in the top-k",
+               // Measured in tests/cuda (IndexerDmmaScoresMatchExact, which allows an ulp per score): every score
+               // bit-identical to the exact path's, 8 shapes. The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.indexer_dmma_scores = true; }, false, "cuda"});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",

@@ -410,6 +410,86 @@ TEST_F(GpuTest, IndexerTcScoresMatchExact) {
   EXPECT_THROW(d::fwd_indexer(odd.a, nullptr, d::kIndexerTc), std::exception);
 }
 
+// indexer.dmma_scores against the exact path: every score equal or one float ulp apart (the products are exact either
+// way; only each dot's fp64 sum order differs, and an fp64 rounding moves the float by at most an ulp), the same -inf
+// pattern, and the same top-k up to swaps of entries whose exact scores are within an ulp of the k-th. The
+// tc test's shapes where they fit (dh <= 128), plus 65536 entries at one token; the official numerics and unfit
+// sizes are refused.
+TEST_F(GpuTest, IndexerDmmaScoresMatchExact) {
+  struct S {
+    int n, nh;
+    int64_t dh, pos0, rate, ne_cap;
+    int topk;
+  };
+  const S shapes[] = {
+      {1, 64, 128, 259, 4, 128, 512},      // decode at a 256-token context, graph bound 128: every entry chosen
+      {1, 64, 128, 8191, 4, 2048, 512},    // 2048 entries, top-512
+      {8, 64, 128, 8000, 4, 2050, 512},    // 8 tokens, the last tile partly visible
+      {3, 16, 16, 300, 2, 160, 40},        // one warp of heads, two k-steps
+      {2, 8, 8, 700, 4, 200, 30},          // half a warp of heads, one k-step
+      {2, 40, 120, 1203, 4, 301, 64},      // 15 steps, a partial head tile
+      {64, 64, 128, 192, 1, 256, 128},     // a prefill chunk: every token a different prefix
+      {1, 64, 128, 262143, 4, 65536, 512}, // a 256K-token context
+  };
+  uint32_t seed = 91;
+  for (const S& c : shapes) {
+    Rng r(seed++);
+    IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, c.topk, 0, false);
+    d::IndexArgs& a = in.a;
+    ASSERT_TRUE(d::fwd_indexer_dmma_fits(a)) << "dh " << c.dh;
+    const int k_cap = a.k_cap;
+    std::vector<float> sc[2];
+    std::vector<int64_t> sel[2];
+    for (int dm : {0, 1}) {
+      DeviceBuffer scores(size_t(c.n) * size_t(c.ne_cap) * 4), dsel(size_t(c.n) * size_t(k_cap) * 8);
+      scores.fill_byte(0x77), dsel.fill_byte(0x77);
+      a.scores = scores.as<float>(), a.sel = dsel.as<int64_t>();
+      d::fwd_indexer(a, nullptr, dm ? d::kIndexerDmma : d::kIndexerSplit);
+      sc[dm] = to_host<float>(scores, size_t(c.n) * size_t(c.ne_cap));
+      sel[dm] = to_host<int64_t>(dsel, size_t(c.n) * size_t(k_cap));
+    }
+    int64_t differ = 0, finite = 0;
+    for (size_t i = 0; i < sc[0].size(); ++i) {
+      const float x = sc[0][i], y = sc[1][i];
+      if (std::isinf(x) || std::isinf(y)) {
+        ASSERT_EQ(x, y) << "n " << c.n << ", ne_cap " << c.ne_cap << ": score " << i << " (token " << i / size_t(c.ne_cap) << ")";
+        continue;
+      }
+      ++finite;
+      if (x == y) continue;
+      ++differ;
+      ASSERT_EQ(std::nextafter(x, y), y) << "n " << c.n << ", ne_cap " << c.ne_cap << ": score " << i << " (token "
+                                         << i / size_t(c.ne_cap) << "): dmma " << y << ", exact " << x << " (more than an ulp)";
+    }
+    for (int t = 0; t < c.n; ++t) {
+      const float* x = &sc[0][size_t(t) * size_t(c.ne_cap)];
+      const int64_t* s0 = &sel[0][size_t(t) * size_t(k_cap)];
+      const int64_t* s1 = &sel[1][size_t(t) * size_t(k_cap)];
+      std::vector<int64_t> a0(s0, s0 + k_cap), a1(s1, s1 + k_cap);
+      float kth = INFINITY;
+      for (int64_t e : a0)
+        if (e >= 0) kth = std::min(kth, x[e]);
+      std::sort(a0.begin(), a0.end()), std::sort(a1.begin(), a1.end());
+      std::vector<int64_t> diff;
+      std::set_symmetric_difference(a0.begin(), a0.end(), a1.begin(), a1.end(), std::back_inserter(diff));
+      for (int64_t e : diff) {
+        if (e < 0) continue;
+        EXPECT_LE(std::fabs(double(x[e]) - double(kth)), 2.0 * std::fabs(double(std::nextafter(kth, INFINITY)) - double(kth)))
+            << "n " << c.n << ", ne_cap " << c.ne_cap << ": token " << t << " entry " << e << " (exact score " << x[e]
+            << ", the k-th " << kth << ") is in one top-k only";
+      }
+    }
+    std::printf("indexer.dmma_scores n %d, nh %d, dh %lld, ne_cap %lld: %lld of %lld scores an ulp from the exact path's\n", c.n,
+                c.nh, (long long)c.dh, (long long)c.ne_cap, (long long)differ, (long long)finite);
+  }
+  Rng r(6);
+  IndexerInputs off(r, 1, 64, 128, 259, 4, 128, 512, 1, false);
+  EXPECT_FALSE(d::fwd_indexer_dmma_fits(off.a)) << "the official numerics";
+  IndexerInputs wide(r, 1, 8, 256, 259, 4, 128, 512, 0, false);
+  EXPECT_FALSE(d::fwd_indexer_dmma_fits(wide.a)) << "head dim 256";
+  EXPECT_THROW(d::fwd_indexer(wide.a, nullptr, d::kIndexerDmma), std::exception);
+}
+
 // The fused path (one cluster launch: scores, then the top-k in the cluster's first block) against the split path
 // (the scores kernel, then the block or select top-k), bit for bit: every score (-inf past a token's prefix) and
 // every index, on decode and chunk shapes, graph bounds above ne, k < ne (the digit passes) and k = ne (the sort
@@ -535,7 +615,7 @@ TEST_F(GpuTest, IndexerTiming) {
   d::Stream st = d::stream_create();
   void* ev0 = d::event_create();
   void* ev1 = d::event_create();
-  std::printf("%-8s %-3s %12s %12s %12s %12s\n", "ne", "n", "split 4/item", "split 1/item", "fused", "tc (patch)");
+  std::printf("%-8s %-3s %12s %12s %12s %12s %12s\n", "ne", "n", "split 4/item", "split 1/item", "fused", "tc (patch)", "dmma (patch)");
   for (int64_t ne : {int64_t(64), int64_t(65), int64_t(128), int64_t(256), int64_t(512), int64_t(1024), int64_t(2048),
                      int64_t(8192), int64_t(65536)})
     for (int n : {1, 8}) {
@@ -544,15 +624,16 @@ TEST_F(GpuTest, IndexerTiming) {
       d::IndexArgs& a = in.a;
       DeviceBuffer scores(size_t(n * ne) * 4), sel(size_t(n) * size_t(a.k_cap) * 8);
       a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
-      // split with 4 entries per item, with 1, fused, tensor cores (indexer.tc_scores)
-      double us[4] = {NAN, NAN, NAN, NAN};
-      for (int path : {0, 1, 2, 3}) {
+      // split with 4 entries per item, with 1, fused, f16 tensor cores (indexer.tc_scores), fp64 tensor cores
+      // (indexer.dmma_scores)
+      double us[5] = {NAN, NAN, NAN, NAN, NAN};
+      for (int path : {0, 1, 2, 3, 4}) {
         if (path == 2 && !d::fwd_indexer_fused_fits(a)) continue;
         a.scores_per_item = path == 0 ? 4 : 1;
-        const int ip = path == 2 ? d::kIndexerFused : path == 3 ? d::kIndexerTc : d::kIndexerSplit;
+        const int ip = path == 2 ? d::kIndexerFused : path == 3 ? d::kIndexerTc : path == 4 ? d::kIndexerDmma : d::kIndexerSplit;
         us[path] = graph_us_per_call(st, ev0, ev1, [&] { d::fwd_indexer(a, st, ip); });
       }
-      std::printf("%-8lld %-3d %12.1f %12.1f %12.1f %12.1f\n", (long long)ne, n, us[0], us[1], us[2], us[3]);
+      std::printf("%-8lld %-3d %12.1f %12.1f %12.1f %12.1f %12.1f\n", (long long)ne, n, us[0], us[1], us[2], us[3], us[4]);
     }
   d::event_destroy(ev0);
   d::event_destroy(ev1);

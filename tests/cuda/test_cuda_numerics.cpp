@@ -325,7 +325,7 @@ TEST_F(GpuTest, OfficialGraphStepsMatchEagerLaunches) {
 TEST(CudaBackend, OfficialWithTensorCoreKernelsIsRefusedByName) {
   std::string why;
   if (!cuda::available(&why)) GTEST_SKIP() << why;
-  for (const char* fast : {"cuda.fp8_gemv", "cuda.moe_mxfp4", "attn.splitk_decode", "indexer.tc_scores"})
+  for (const char* fast : {"cuda.fp8_gemv", "cuda.moe_mxfp4", "attn.splitk_decode", "indexer.tc_scores", "indexer.dmma_scores"})
     for (const char* mode : {"numerics.official", "numerics.official_initial"}) {
       try {
         Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny-official-ref",
