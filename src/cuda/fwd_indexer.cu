@@ -919,19 +919,15 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
                    ib, passes);
     return;
   }
-  if (path == kIndexerTc) {
-    if (!fwd_indexer_tc_fits(a))
-      throw_arg("indexer: the tensor-core scores need at most 128 heads and a head dim multiple of 16 up to 256, not the "
-                "official numerics");
-    launch_tc_scores(a, int(a.dh / 16), s);
-    fwd_index_topk(a, fwd_index_topk_path(a.n, a.ne_cap, a.k_cap), s);
-    return;
-  }
-  if (path == kIndexerDmma) {
-    if (!fwd_indexer_dmma_fits(a))
-      throw_arg("indexer: the fp64 tensor-core scores need at most 128 heads and a head dim multiple of 8 up to 128, not "
-                "the official numerics");
-    launch_dmma_scores(a, int(a.dh / 8), s);
+  if (path == kIndexerTc || path == kIndexerDmma) {  // the scores on the f16 or the fp64 tensor cores, then the top-k
+    const bool tc = path == kIndexerTc;
+    if (!(tc ? fwd_indexer_tc_fits(a) : fwd_indexer_dmma_fits(a)))
+      throw_arg(tc ? "indexer: the tensor-core scores need at most 128 heads and a head dim multiple of 16 up to 256, not "
+                     "the official numerics"
+                   : "indexer: the fp64 tensor-core scores need at most 128 heads and a head dim multiple of 8 up to 128, "
+                     "not the official numerics");
+    if (tc) launch_tc_scores(a, int(a.dh / 16), s);
+    else launch_dmma_scores(a, int(a.dh / 8), s);
     fwd_index_topk(a, fwd_index_topk_path(a.n, a.ne_cap, a.k_cap), s);
     return;
   }
