@@ -305,6 +305,7 @@ void launch_tc_scores(const IndexArgs& a, int steps, Stream s) {
 // steps of 4 doubles per lane: dh <= 128); the keys are staged as floats (rows padded by 4: conflict-free fragment
 // reads) and converted as read; the terms go to shared memory [entry][head] for the head-order sums.
 constexpr int kDmmaMaxSteps = 16;
+constexpr int kDmmaChains = 4;  // 8-entry tiles per warp at a time (kTcEntries / 8 = 8 tiles divide by it)
 __host__ __device__ constexpr int dmma_ldk(int dh) { return dh + 4; }
 struct DmmaSmem {
   size_t ks, vals, total;
@@ -340,26 +341,26 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32) index_dmma_scores_kernel(Ind
   const float wa = ha ? a.hw[int64_t(t) * a.nh + h] : 0.0f, wb = hb ? a.hw[int64_t(t) * a.nh + h + 8] : 0.0f;
   stage_wait();
   const int tiles = (nv + 7) / 8;
-  // Two 8-entry tiles at a time: two independent accumulation chains per warp (each dot's steps stay in order). B
-  // column g: entry 8j + g of the block (rows past nv, and a pair's second tile past the last, hold stale values:
+  // kDmmaChains 8-entry tiles at a time: independent accumulation chains per warp (each dot's steps stay in order).
+  // B column g: entry 8j + g of the block (rows past nv, and a group's tiles past the last, hold stale values:
   // computed, their terms never read).
-  for (int j = 0; j < tiles; j += 2) {
-    const float* kr0 = ks + (8 * j + g) * ldk + r;
-    const float* kr1 = kr0 + 8 * ldk;
-    double d0[4] = {0.0, 0.0, 0.0, 0.0}, d1[4] = {0.0, 0.0, 0.0, 0.0};
+  for (int j = 0; j < tiles; j += kDmmaChains) {
+    const float* kr = ks + (8 * j + g) * ldk + r;
+    double d[kDmmaChains][4] = {};
 #pragma unroll
     for (int s = 0; s < STEPS; ++s) {
-      const double k0[2] = {double(kr0[8 * s]), double(kr0[8 * s + 4])}, k1[2] = {double(kr1[8 * s]), double(kr1[8 * s + 4])};
-      dmma(d0, qf[s], k0);
-      dmma(d1, qf[s], k1);
-    }
-    // d: (head h, entries 2r and 2r + 1), (head h + 8, the same entries)
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const double(&d)[4] = u ? d1 : d0;
+      for (int u = 0; u < kDmmaChains; ++u) {
+        const double kf[2] = {double(kr[u * 8 * ldk + 8 * s]), double(kr[u * 8 * ldk + 8 * s + 4])};
+        dmma(d[u], qf[s], kf);
+      }
+    }
+    // d[u]: (head h, entries 2r and 2r + 1 of tile j + u), (head h + 8, the same entries)
+#pragma unroll
+    for (int u = 0; u < kDmmaChains; ++u) {
       const int e = 8 * (j + u) + 2 * r;
-      if (ha) vals[e * ldv + h] = index_term(a, d[0], wa), vals[(e + 1) * ldv + h] = index_term(a, d[1], wa);
-      if (hb) vals[e * ldv + h + 8] = index_term(a, d[2], wb), vals[(e + 1) * ldv + h + 8] = index_term(a, d[3], wb);
+      if (ha) vals[e * ldv + h] = index_term(a, d[u][0], wa), vals[(e + 1) * ldv + h] = index_term(a, d[u][1], wa);
+      if (hb) vals[e * ldv + h + 8] = index_term(a, d[u][2], wb), vals[(e + 1) * ldv + h + 8] = index_term(a, d[u][3], wb);
     }
   }
   __syncthreads();
