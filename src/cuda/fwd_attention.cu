@@ -161,9 +161,37 @@ __device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64
   return w < (pos0 + a.n) / a.m ? w : -1;
 }
 
+// The softmax-weighted sum of slots [0, ns), at(s, g, v) giving slot s's gate and value: the gates' max, an fp64 sum
+// of exp(g - max), then the fp32 weighted sum in slot order (ops::softmax's arithmetic). N > 0: ns <= N and the loops
+// unrolled over N, so that `at` may index registers; N = 0: plain loops (at is then called once per slot and pass).
+template <int N, class At>
+__device__ __forceinline__ float softmax_pool(int ns, At at) {
+  constexpr int U = N > 0 ? N : 1;
+  const int bound = N > 0 ? N : ns;
+  float mx = -INFINITY, g, v, acc = 0;
+#pragma unroll U
+  for (int s = 0; s < bound; ++s)
+    if (s < ns) at(s, g, v), mx = fmaxf(mx, g);
+  if (mx != -INFINITY) {
+    double sum = 0;
+#pragma unroll U
+    for (int s = 0; s < bound; ++s)
+      if (s < ns) at(s, g, v), sum += double(expf(g - mx));
+#pragma unroll U
+    for (int s = 0; s < bound; ++s)
+      if (s < ns) {
+        at(s, g, v);
+        const float wt = float(double(expf(g - mx)) / sum);
+        acc = __fadd_rn(acc, __fmul_rn(wt, v));
+      }
+  }
+  return acc;
+}
+
 // One thread per (window, channel). Series of window w: optionally the previous window's first half, then its own
-// (CSA: second half). Softmax over the gates as ops::softmax, fp32 weighted sum in slot order.
-// Windows of at most this many slots (the overlapping CSA compressor's 2m = 8) are pooled from registers.
+// (CSA: second half), pooled by softmax_pool. Windows of at most kPoolRegSlots slots (the overlapping CSA
+// compressor's 2m = 8) are loaded into registers first, every slot once with all loads in flight together; longer
+// ones (HCA) are read from memory on each of the three passes.
 constexpr int kPoolRegSlots = 8;
 __device__ __forceinline__ void pool_channel(const CompressArgs& a, int64_t pos0, int64_t w, int64_t ch) {
   const int64_t width = a.overlap ? 2 * a.c : a.c, off = a.overlap ? a.c : 0;
@@ -189,39 +217,15 @@ __device__ __forceinline__ void pool_channel(const CompressArgs& a, int64_t pos0
     v = rows.kv(q)[off + ch];
   };
   const int ns = prev ? 2 * m : m;
-  float mx = -INFINITY, g, v;
-  float acc = 0;
-  if (ns <= kPoolRegSlots) {  // (CSA: 2m = 8) every slot loaded once, all loads in flight together; the same arithmetic
+  if (ns <= kPoolRegSlots) {
     float gs[kPoolRegSlots], vs[kPoolRegSlots];
 #pragma unroll
     for (int s = 0; s < kPoolRegSlots; ++s)
       if (s < ns) slot(s, gs[s], vs[s]);
-#pragma unroll
-    for (int s = 0; s < kPoolRegSlots; ++s)
-      if (s < ns) mx = fmaxf(mx, gs[s]);
-    if (mx != -INFINITY) {
-      double sum = 0;
-#pragma unroll
-      for (int s = 0; s < kPoolRegSlots; ++s)
-        if (s < ns) sum += double(expf(gs[s] - mx));
-#pragma unroll
-      for (int s = 0; s < kPoolRegSlots; ++s)
-        if (s < ns) acc = __fadd_rn(acc, __fmul_rn(float(double(expf(gs[s] - mx)) / sum), vs[s]));
-    }
-    a.entries[w * a.c + ch] = acc;
-    return;
+    a.entries[w * a.c + ch] = softmax_pool<kPoolRegSlots>(ns, [&](int s, float& g, float& v) { g = gs[s], v = vs[s]; });
+  } else {
+    a.entries[w * a.c + ch] = softmax_pool<0>(ns, slot);
   }
-  for (int s = 0; s < ns; ++s) slot(s, g, v), mx = fmaxf(mx, g);
-  if (mx != -INFINITY) {
-    double sum = 0;
-    for (int s = 0; s < ns; ++s) slot(s, g, v), sum += double(expf(g - mx));
-    for (int s = 0; s < ns; ++s) {
-      slot(s, g, v);
-      const float wt = float(double(expf(g - mx)) / sum);
-      acc = __fadd_rn(acc, __fmul_rn(wt, v));
-    }
-  }
-  a.entries[w * a.c + ch] = acc;
 }
 __global__ void pool_kernel(CompressArgs a) {
   pdl_begin();
