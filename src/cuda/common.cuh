@@ -62,13 +62,20 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// D = A * B + D on the fp64 tensor cores, 16x8x8 (sm_90). Lane (g = lane / 4, r = lane % 4) holds A (g, r), (g + 8, r),
-// (g, r + 4), (g + 8, r + 4) in a[0][0], a[0][1], a[1][0], a[1][1]; B (r, g), (r + 4, g) in b[0], b[1]; D (g, 2r),
-// (g, 2r + 1), (g + 8, 2r), (g + 8, 2r + 1). (The split-K attention's products and the indexer's dmma scores.)
-__device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
+// ---- the fp64 tensor cores ----
+
+// D = A * B + D, 16x8x8 (sm_90). Lane (g = lane / 4, r = lane % 4) holds A (g, r), (g + 8, r), (g, r + 4),
+// (g + 8, r + 4) in a[0][0], a[0][1], a[1][0], a[1][1]; B (r, g), (r + 4, g) in b[0], b[1]; D (g, 2r), (g, 2r + 1),
+// (g + 8, 2r), (g + 8, 2r + 1). (The split-K attention's products and the indexer's dmma scores.)
+__device__ __forceinline__ void dmma_m16n8k8(double (&d)[4], const double (&a)[2][2], const double (&b)[2]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
       : "d"(a[0][0]), "d"(a[0][1]), "d"(a[1][0]), "d"(a[1][1]), "d"(b[0]), "d"(b[1]));
+}
+// C = A * B + C, 8x8x4 (sm_80): lane (g = lane / 4, q = lane % 4) holds A (g, q) and B (q, g), C (g, 2q), (g, 2q + 1).
+// (fwd_linear's fp64 tensor-core kernel.)
+__device__ __forceinline__ void dmma_m8n8k4(double (&c)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};" : "+d"(c[0]), "+d"(c[1]) : "d"(a), "d"(b));
 }
 
 // 16-byte weight loads: read once, so keep them out of L1 (hint 1 also asks L2 to fetch 256-byte blocks).

@@ -48,7 +48,7 @@ struct Merge {
   __device__ float out(double o) const { return float(o / L); }
 };
 
-// The fp64 tensor-core step is common.cuh's dmma (16x8x8; measured on the H200 at 8320 keys, batch 8: 272 us
+// The fp64 tensor-core step is common.cuh's dmma_m16n8k8 (measured on the H200 at 8320 keys, batch 8: 272 us
 // against 276 us for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape).
 
 // 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
         for (int b2 = 0; b2 < kSlice / 8; ++b2) {  // dims 8 * b2 + 4 * kh + r
           const double qf[2][2] = {{qa[2 * b2][0], qa[2 * b2][1]}, {qa[2 * b2 + 1][0], qa[2 * b2 + 1][1]}};
           const double kf[2] = {double(kr[(8 * b2 + r) ^ sw]), double(kr[(8 * b2 + 4 + r) ^ sw])};
-          dmma(c, qf, kf);
+          dmma_m16n8k8(c, qf, kf);
         }
         double* pp = part + (wid * kHeads + g) * kPart + 8 * kb + 2 * r;
         *reinterpret_cast<double2*>(pp) = make_double2(c[0], c[1]);
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const double vf[2] = {double(v0[(8 * e + g) ^ sw0]), double(v1[(8 * e + g) ^ sw1])};
-          dmma(acc[e], pf, vf);
+          dmma_m16n8k8(acc[e], pf, vf);
         }
       }
     }

@@ -328,8 +328,8 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32) index_dmma_scores_kernel(Ind
   const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min((*a.pos + t + 1) / a.rate, a.ne_cap);
   const int nv = int(max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)));  // visible entries of the block
   stage_rows(ks, ldk, a.keys + e0 * dh, dh, nv, dh);
-  // A fragments (dmma, common.cuh): lane (g, r) holds heads h and h + 8 at dims 8s + r and 8s + r + 4. Heads past nh
-  // are zero rows (their terms are not stored).
+  // A fragments (dmma_m16n8k8, common.cuh): lane (g, r) holds heads h and h + 8 at dims 8s + r and 8s + r + 4.
+  // Heads past nh are zero rows (their terms are not stored).
   const bool ha = h < a.nh, hb = h + 8 < a.nh;
   const float* qa = a.q + (int64_t(t) * a.nh + (ha ? h : 0)) * dh + r;
   const float* qb = a.q + (int64_t(t) * a.nh + (hb ? h + 8 : 0)) * dh + r;
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32) index_dmma_scores_kernel(Ind
 #pragma unroll
       for (int u = 0; u < kDmmaChains; ++u) {
         const double kf[2] = {double(kr[u * 8 * ldk + 8 * s]), double(kr[u * 8 * ldk + 8 * s + 4])};
-        dmma(d[u], qf[s], kf);
+        dmma_m16n8k8(d[u], qf[s], kf);
       }
     }
     // d[u]: (head h, entries 2r and 2r + 1 of tile j + u), (head h + 8, the same entries)

@@ -142,9 +142,6 @@ __global__ void linear_kernel(DMat w, const float* x, int n, int64_t ldx, int64_
 // (H200: linear_kernel, a warp per row and one fp64 FMA per product with both operands converted, took 57 us for
 // the router gate [256, 4096] at 32 tokens and ~150 us at 128.)
 constexpr int kDmmaWarps = 8, kDmmaTok = 32;
-__device__ __forceinline__ void dmma(double (&c)[2], double a, double b) {
-  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};" : "+d"(c[0]), "+d"(c[1]) : "d"(a), "d"(b));
-}
 // The two elements of a 32-bit word of a plain bf16 (DT 1) or f16 (DT 2) row, low half first, exactly as floats.
 template <int DT>
 __device__ __forceinline__ void half_pair(uint32_t q, float& lo, float& hi) {
@@ -222,7 +219,7 @@ __global__ void __launch_bounds__(32 * kDmmaWarps) linear_dmma_kernel(DMat w, co
     for (int i = 0; i < NT; ++i) {
       if (i >= ntiles) break;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) dmma(acc[i][j & 1], a[j], b[i][j]);
+      for (int j = 0; j < 8; ++j) dmma_m8n8k4(acc[i][j & 1], a[j], b[i][j]);
     }
   }
 #pragma unroll
