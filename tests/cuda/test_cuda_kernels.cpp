@@ -162,6 +162,28 @@ TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
         expect_close(tag + " vs twin", yg, linear_cpu(x.f16, n, w), fc.rows, 1e-4);
         expect_close(tag + " vs fp32 reference", yg, linear_cpu(x.value, n, w), fc.rows, 5e-3);
       }
+    // The GEMV's block shapes beyond the ones this matrix gets by default: 1 to 8 warps per block (the default rule
+    // gives V4's wq_b, 2048 tiles, 1 warp; a matrix this small gets 8).
+    if (fc.rows == 1040) {
+      namespace d = cuda::detail;
+      const int n = 8;
+      Rng xr(7);  // its own draws: the other cases keep theirs
+      const Acts x = make_acts(Act::F16, xr.floats(size_t(n * fc.cols), -2.0f, 2.0f));
+      const std::vector<float> twin = linear_cpu(x.f16, n, w);
+      for (int warps : {1, 2, 4, 8}) {
+        d::GemvArgs a;
+        a.fmt = d::kFp8, a.act = d::kF16, a.rows = fc.rows, a.cols = fc.cols, a.s_ld = dw.scale_cols();
+        a.w[0] = dw.codes.as<uint8_t>(), a.s[0] = dw.scales.get();
+        a.x = x.dev.get(), a.x_tok_stride = fc.cols, a.n = n, a.warps = warps, a.minblocks = 1;
+        cuda::DeviceBuffer y(size_t(n * fc.rows) * 4);
+        y.fill_byte(0xFF);
+        a.out = y.get(), a.o_tok_stride = fc.rows;
+        d::launch_gemv(a, nullptr);
+        cuda::synchronize();
+        expect_close("fp8 [1040, 1024] n=8 x f16, " + std::to_string(warps) + " warps per block vs twin",
+                     cuda::to_host<float>(y, size_t(n * fc.rows)), twin, fc.rows, 1e-4);
+      }
+    }
   }
 }
 
@@ -419,11 +441,12 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
     expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
   }
   // The per-tile kernel's own variants: warps per block, register budget (minblocks), PDL (the library defaults:
-  // 2 warps, minblocks 1 with PDL at <= 8 slots, minblocks 2 without above).
+  // gate/up 2 warps, down 1 warp; minblocks 1 with PDL at <= 8 slots, minblocks 2 above, PDL on for down).
   struct TileCfg {
     int warps, minb, pdl;
   };
-  for (const TileCfg& c : {TileCfg{2, 1, 1}, TileCfg{2, 2, 0}, TileCfg{2, 2, 1}, TileCfg{4, 3, 0}, TileCfg{8, 3, 1}, TileCfg{3, 1, 0}}) {
+  for (const TileCfg& c : {TileCfg{2, 1, 1}, TileCfg{2, 2, 0}, TileCfg{2, 2, 1}, TileCfg{4, 3, 0}, TileCfg{8, 3, 1}, TileCfg{3, 1, 0},
+                           TileCfg{1, 1, 1}, TileCfg{1, 2, 1}}) {
     d::GemvArgs a;
     a.fp4_kernel = 1, a.warps = c.warps, a.minblocks = c.minb, a.pdl = c.pdl;
     const std::string tag = "fp4 per-tile (warps " + std::to_string(c.warps) + ", minblocks " + std::to_string(c.minb) +
