@@ -7,7 +7,7 @@
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
+# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -107,6 +107,18 @@ if [ -n "${LAYER_AB:-}" ]; then  # two builds on the same machine (machines diff
     done
   done
   note "layer A/B done"
+fi
+
+if [ -n "${LAYER_AB_PATCHES:-}" ]; then  # one build, FAST against FAST + these patches, alternately, AB_ROUNDS times each
+  note "layer A/B: FAST vs FAST,$LAYER_AB_PATCHES"
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for p in "" ",$LAYER_AB_PATCHES"; do
+      echo "### FAST$p, round $r" >>"$OUT/layers-ab.txt"
+      timeout 150 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST$p" --batches "${LAYER_BATCHES:-1}" \
+        --prefill 0 2>&1 | grep -E '^\| [0-9]|per-op' >>"$OUT/layers-ab.txt"
+    done
+  done
+  note "layer A/B (patches) done"
 fi
 
 if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack: fast kernels, then the fp32 twin at batch 1

@@ -327,6 +327,7 @@ __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressAr
 
 void fwd_attend(const AttendArgs& a, Stream s) {
   if (a.n <= 0) return;
+  if (a.out_inv_freq) throw_arg("attention: the fused output rotation (AttendArgs::out_inv_freq) is split-K only");
   if (a.ld_logits < a.window + (a.type == 2 ? a.ne : a.type == 1 ? a.ksel : 0)) throw_arg("attention: logits scratch too narrow");
   const unsigned rows = unsigned(a.n * a.Hq);
   launch("fwd_attend_logits", attend_logits_kernel, dim3(rows, kAttnSplit), 256, 0, s, a);

@@ -51,6 +51,17 @@ struct Merge {
 // The fp64 tensor-core step is common.cuh's dmma_m16n8k8 (measured on the H200 at 8320 keys, batch 8: 272 us
 // against 276 us for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape).
 
+// Dims d, d + 1 (d even) of output row `row` (token row / Hq): rotated back and copied to f16 where a.out_inv_freq
+// asks for it (rope_f16_kernel's arithmetic: the same bits as that launch after this one).
+__device__ __forceinline__ void store_out_pair(const AttendArgs& a, int64_t row, int64_t d, float v0, float v1) {
+  float p[2] = {v0, v1};
+  if (a.out_inv_freq) {
+    if (d >= a.out_rope_off) rope_pair(p, *a.pos + row / a.Hq, a.out_inv_freq[(d - a.out_rope_off) / 2], a.out_af, 1);
+    *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(a.out16) + row * a.Dh + d) = __floats2half2_rn(p[0], p[1]);
+  }
+  *reinterpret_cast<float2*>(a.out + row * a.Dh + d) = make_float2(p[0], p[1]);
+}
+
 // 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   const unsigned s = unsigned(__cvta_generic_to_shared(dst));
@@ -213,19 +224,22 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t d = kSlice * wid + 8 * e + 2 * r;
+      float ov[2];
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const float av = float(acc[e][2 * ho + u]);
-        if (direct) a.out[row * a.Dh + d + u] = mg.out(Merge::add(0.0, av, w));
+        if (direct) ov[u] = mg.out(Merge::add(0.0, av, w));
         else P.acc[(row * S + s) * a.Dh + d + u] = av;
       }
+      if (direct) store_out_pair(a, row, d, ov[0], ov[1]);
     }
   }
 }
 
 // Block = one (token, head) row: merges its S splits with the sink (Merge), thread per dim. The splits' m and l
 // are staged in shared memory 256 at a time (loaded in parallel), their weights computed once per block; every
-// thread then walks the splits in s order, as the one-split path does.
+// thread then walks the splits in s order, as the one-split path does. The even thread of each pair of dims
+// stores both (store_out_pair; Dh % 32 == 0, so every lane reaches the shuffle).
 constexpr int kMergeThreads = 256;
 __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
   __shared__ float ms[kMergeThreads];
@@ -274,7 +288,8 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const int64_t d = tid + int64_t(u) * kMergeThreads;
-    if (d < a.Dh) a.out[row * a.Dh + d] = mg.out(o[u]);
+    const float v = mg.out(o[u]), odd = __shfl_down_sync(0xFFFFFFFFu, v, 1);
+    if (d < a.Dh && (tid & 1) == 0) store_out_pair(a, row, d, v, odd);
   }
 }
 
@@ -319,6 +334,8 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
   for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw_arg("attention (split-K): key rows must be 16-byte aligned");
+  if (a.out_inv_freq && (!a.out16 || a.out_rope_off < 0 || a.out_rope_off % 2 || a.out_rope_off > a.Dh))
+    throw_arg("attention (split-K): the output's rotation needs an f16 output and an even first rotated dim within head_dim");
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
   const int S = plan.splits;
   Partials P{};

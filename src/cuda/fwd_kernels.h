@@ -145,7 +145,14 @@ struct AttendArgs {
   float scale = 1.0f;
   float* logits = nullptr;  // scratch [n * Hq, ld_logits]; ld_logits >= window + (HCA: ne, CSA: ksel)
   int64_t ld_logits = 0;
-  float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated
+  float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated (unless out_inv_freq below)
+  // fwd_attend_splitk only (optional): with out_inv_freq the output's dims from out_rope_off on are rotated back at
+  // the query's position (inverse RoPE, fwd_rope_f16's arithmetic) as they are written, and out16 [n, Hq, Dh] gets
+  // the output as f16: the bits of fwd_attend_splitk followed by fwd_rope_f16 (inverse), one launch fewer.
+  const float* out_inv_freq = nullptr;
+  int64_t out_rope_off = 0;
+  float out_af = 1.0f;
+  uint16_t* out16 = nullptr;
   // numerics.official: the sparse_attn kernel's online softmax over blocks of 64 keys, probabilities rounded to
   // bf16 before P.V, the output stored as bf16 (model/attention.cpp attend()).
   int official = 0;

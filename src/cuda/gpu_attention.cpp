@@ -234,6 +234,18 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.scale = 1.0f / std::sqrt(float(Dh));
   a.out = o;
   a.official = nm.official();
+  // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position. The FP8
+  // output projection reads o as f16: written by the same launch (the split-K attention's own stores where it runs,
+  // else fwd_rope_f16 below).
+  const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
+  const bool wo_fp8 = w.wo_a.fp8 && R % 128 == 0;
+  // cuda.prefill_gemm: the grouped GEMM reads o in fp32 (rotated in place below) and rounds it to bf16 once.
+  const bool wo_gemm = wo_fp8 && w.wo_a.gemm_min && n >= w.wo_a.gemm_min;
+  uint16_t* o16 = wo_fp8 && !wo_gemm && !nm.official() ? static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2))
+                                                       : nullptr;
+  if (w.splitk && o16) {
+    a.out_inv_freq = f32(rope.inv_freq), a.out_rope_off = Dh - rd, a.out_af = rope.attention_factor, a.out16 = o16;
+  }
   if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
                    // when a query's keys span splits
     const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
@@ -243,18 +255,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     a.logits = sc.f("attn.logits", n * H * max_keys);
     fwd_attend(a, nullptr);
   }
-  // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position. The FP8
-  // output projection reads o as f16: written by the same launch.
-  const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
-  const bool wo_fp8 = w.wo_a.fp8 && R % 128 == 0;
-  // cuda.prefill_gemm: the grouped GEMM reads o in fp32 (rotated in place below) and rounds it to bf16 once.
-  const bool wo_gemm = wo_fp8 && w.wo_a.gemm_min && n >= w.wo_a.gemm_min;
-  uint16_t* o16 = nullptr;
-  if (wo_fp8 && !wo_gemm && !nm.official()) {
-    o16 = static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2));
-    fwd_rope_f16(o, n * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, o16, nullptr);
-  } else {
-    nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
+  if (!a.out_inv_freq) {
+    if (o16) fwd_rope_f16(o, n * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, o16, nullptr);
+    else nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
   }
   if (n != 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 

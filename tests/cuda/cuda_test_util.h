@@ -209,4 +209,12 @@ inline void expect_close(const std::string& what, const std::vector<float>& gpu,
   EXPECT_LE(c.norm, tol) << d;
 }
 
+// Device buffers a and b hold the same first n bytes; on failure the message names the first differing byte.
+inline void expect_same_bytes(const plumb::cuda::DeviceBuffer& a, const plumb::cuda::DeviceBuffer& b, size_t n, const std::string& what) {
+  const auto u = plumb::cuda::to_host<uint8_t>(a, n), v = plumb::cuda::to_host<uint8_t>(b, n);
+  size_t first = 0;
+  while (first < n && u[first] == v[first]) ++first;
+  EXPECT_EQ(first, n) << what << ": first differing byte " << first << " of " << n;
+}
+
 }  // namespace plumb_cuda_test

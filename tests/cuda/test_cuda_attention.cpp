@@ -17,6 +17,7 @@ namespace {
 using plumb_cuda_test::Cmp;
 using plumb_cuda_test::compare;
 using plumb_cuda_test::expect_close;
+using plumb_cuda_test::expect_same_bytes;
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
 using namespace plumb_cuda_test::kernels;
@@ -201,6 +202,41 @@ TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
                                                         << " splits) vs " << wide[i] << " (" << s_wide << " splits)";
   }
   EXPECT_GE(grew, 8);
+}
+
+// The output's inverse RoPE and f16 copy stored by the split-K kernels themselves (AttendArgs::out_inv_freq: the
+// merge kernel, or the split kernel where one split suffices) against the split-K output then fwd_rope_f16, bit for
+// bit, fp32 rows and f16 copy; every case, so both store paths run (one split: the short sliding case).
+TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
+  int direct = 0, merged = 0;
+  for (const Case& c : kCases) {
+    const Data x = make_data(c, 5u + unsigned(c.n * 7 + c.type));
+    const int64_t rd = std::min<int64_t>(64, c.Dh / 2), off = c.Dh - rd;
+    Rng rng(11u + unsigned(c.Dh));
+    DeviceBuffer inv = to_device(rng.floats(size_t(rd / 2), 1e-4f, 1.0f));
+    const size_t rows = size_t(c.n) * size_t(c.Hq), elems = rows * size_t(c.Dh);
+    Device dv(c, x);
+    int splits = 0;
+    run_split(c, dv, max_keys(c), &splits);
+    (splits == 1 ? direct : merged)++;
+    DeviceBuffer ref16(elems * 2);
+    d::fwd_rope_f16(dv.a.out, int64_t(rows), c.Dh, off, inv.as<float>(), 1.25f, dv.a.pos, c.Hq, 1, ref16.as<uint16_t>(), nullptr);
+    DeviceBuffer out(elems * 4), out16(elems * 2);
+    Device fused(c, x);
+    fused.a.out = out.as<float>();
+    fused.a.out_inv_freq = inv.as<float>(), fused.a.out_rope_off = off, fused.a.out_af = 1.25f, fused.a.out16 = out16.as<uint16_t>();
+    run_split(c, fused, max_keys(c));
+    expect_same_bytes(out, dv.out, elems * 4, std::string(c.name) + ": fused rotation, fp32 rows");
+    expect_same_bytes(out16, ref16, elems * 2, std::string(c.name) + ": fused rotation, f16 copy");
+  }
+  EXPECT_GE(direct, 1);
+  EXPECT_GE(merged, 1);
+  // The unsplit twin has no fused rotation: it refuses the request by name.
+  const Case& c = kCases[0];
+  Device dv(c, make_data(c, 1u));
+  DeviceBuffer o16(size_t(c.n * c.Hq * c.Dh) * 2), logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
+  dv.a.out_inv_freq = dv.a.sink, dv.a.out16 = o16.as<uint16_t>(), dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
+  EXPECT_THROW(d::fwd_attend(dv.a, nullptr), std::runtime_error);
 }
 
 // Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K

@@ -14,6 +14,7 @@ namespace {
 
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
+using plumb_cuda_test::expect_same_bytes;
 using namespace plumb_cuda_test::kernels;
 
 // fwd_hc.cu's scratch: the fp32 mixes [n, nmix] (as doubles) that the gates and the Sinkhorn read.
@@ -211,14 +212,6 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
           ++cases;
         }
   std::printf("  router warp kernel vs block kernel: %d cases bit-identical\n", cases);
-}
-
-// Device buffers a and b hold the same first n bytes; on failure the message names the first differing byte.
-void expect_same_bytes(const DeviceBuffer& a, const DeviceBuffer& b, size_t n, const std::string& what) {
-  const auto u = to_host<uint8_t>(a, n), v = to_host<uint8_t>(b, n);
-  size_t first = 0;
-  while (first < n && u[first] == v[first]) ++first;
-  EXPECT_EQ(first, n) << what << ": first differing byte " << first << " of " << n;
 }
 
 // The decode launches fused in session 5 against the separate launches they replace, bit for bit: several matrices
