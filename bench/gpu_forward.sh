@@ -96,28 +96,27 @@ note "kld rc=$?"
 fi
 fi
 
-if [ -n "${LAYER_AB:-}" ]; then  # two builds on the same machine (machines differ by a few %): $C/plumb and $C/$LAYER_AB
-  # (another build's binary carried beside it, e.g. plumb-old.xz), alternately, AB_ROUNDS times each, FAST patches
-  note "layer A/B: plumb vs $LAYER_AB"
+# The layer bench's batch-1 (LAYER_BATCHES) table rows and per-op lines for variants "BINARY PATCHES", alternately,
+# AB_ROUNDS times each, on one machine (machines differ by a few %).
+layer_ab() {
   for r in $(seq "${AB_ROUNDS:-2}"); do
-    for b in plumb "$LAYER_AB"; do
-      echo "### $b, round $r" >>"$OUT/layers-ab.txt"
-      timeout 150 "$C/$b" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --batches "${LAYER_BATCHES:-1}" \
+    for v in "$@"; do
+      read -r bin patches <<<"$v"
+      echo "### $bin [$patches], round $r" >>"$OUT/layers-ab.txt"
+      timeout 150 "$C/$bin" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$patches" --batches "${LAYER_BATCHES:-1}" \
         --prefill 0 2>&1 | grep -E '^\| [0-9]|per-op' >>"$OUT/layers-ab.txt"
     done
   done
+}
+if [ -n "${LAYER_AB:-}" ]; then  # two builds: $C/plumb and $C/$LAYER_AB (another build's binary carried beside it,
+  # e.g. plumb-old.xz), FAST patches
+  note "layer A/B: plumb vs $LAYER_AB"
+  layer_ab "plumb $FAST" "$LAYER_AB $FAST"
   note "layer A/B done"
 fi
-
-if [ -n "${LAYER_AB_PATCHES:-}" ]; then  # one build, FAST against FAST + these patches, alternately, AB_ROUNDS times each
+if [ -n "${LAYER_AB_PATCHES:-}" ]; then  # one build: FAST against FAST + these patches
   note "layer A/B: FAST vs FAST,$LAYER_AB_PATCHES"
-  for r in $(seq "${AB_ROUNDS:-2}"); do
-    for p in "" ",$LAYER_AB_PATCHES"; do
-      echo "### FAST$p, round $r" >>"$OUT/layers-ab.txt"
-      timeout 150 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST$p" --batches "${LAYER_BATCHES:-1}" \
-        --prefill 0 2>&1 | grep -E '^\| [0-9]|per-op' >>"$OUT/layers-ab.txt"
-    done
-  done
+  layer_ab "plumb $FAST" "plumb $FAST,$LAYER_AB_PATCHES"
   note "layer A/B (patches) done"
 fi
 
