@@ -440,11 +440,26 @@ __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* 
                out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr);
 }
 
+// Pair i of rope_kernel's rows (row i / half, pair i % half; position (*dpos) + pos0 + (row / per_pos) * pos_step).
+__device__ __forceinline__ void rope_one(float* x, int64_t i, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
+                                         const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
+  const int64_t r = i / half;
+  const int k = int(i % half);
+  const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
+  rope_pair(x + r * ld + off + 2 * k, pos, inv_freq[k], af, inverse);
+}
+
 // rms_norm_kernel's row, then RoPE on its dims [off, off + 2 * half) at position (*dpos) + row / per_pos: the
-// same bits as the two kernels one after the other.
-__global__ void rms_norm_rope_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, int64_t off, int half,
-                                     const float* inv_freq, float af, const int64_t* dpos, int64_t per_pos) {
+// same bits as the two kernels one after the other. Blocks from `rows` on: RoPE alone on b's rows (rope_kernel's
+// threads, kBlockThreads per block).
+__global__ void rms_norm_rope_kernel(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, int64_t off, int half,
+                                     const float* inv_freq, float af, const int64_t* dpos, int64_t per_pos, RopeRows b) {
   pdl_begin();
+  if (int64_t(blockIdx.x) >= rows) {
+    const int64_t i = (int64_t(blockIdx.x) - rows) * blockDim.x + threadIdx.x;
+    if (i < b.rows * b.half) rope_one(b.x, i, b.ld, b.off, b.half, inv_freq, af, dpos, 0, b.per_pos, 1, 0);
+    return;
+  }
   __shared__ double sh[32];
   float* row = x + int64_t(blockIdx.x) * ld;
   rms_norm_row(row, dim, w, eps, sh);
@@ -500,11 +515,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int
                             const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * half) return;
-  const int64_t r = i / half;
-  const int k = int(i % half);
-  const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
-  rope_pair(x + r * ld + off + 2 * k, pos, inv_freq[k], af, inverse);
+  if (i < rows * half) rope_one(x, i, ld, off, half, inv_freq, af, dpos, pos0, per_pos, pos_step, inverse);
 }
 
 // rope_kernel on rows of ld values whose rotated dims start at off (a pair per thread: every pair of the row, the
@@ -641,15 +652,18 @@ void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* 
 }
 
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
-                       float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s) {
-  if (rows <= 0) return;
+                       float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s, const RopeRows* also) {
+  const RopeRows b = also && also->rows > 0 && also->half > 0 ? *also : RopeRows{};
   if (rows >= kWarpNormMinRows && dim <= int64_t(kBlockThreads) * kWarpMaxJ) {  // the same bits, a warp per row
     launch("fwd_rms_norm_rope (a warp per row)", rms_norm_rope_warp_kernel, unsigned((rows + kWarpRows - 1) / kWarpRows),
            32 * kWarpRows, 0, s, x, rows, dim, dim, w, eps, off, half, inv_freq, attention_factor, dpos, per_pos);
+    if (b.rows) fwd_rope(b.x, b.rows, b.ld, b.off, b.half, inv_freq, attention_factor, dpos, 0, b.per_pos, 1, 0, s);
     return;
   }
-  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(rows), kBlockThreads, 0, s, x, dim, dim, w, eps, off, half, inv_freq,
-         attention_factor, dpos, per_pos);
+  const int64_t blocks = std::max<int64_t>(rows, 0) + fwd_blocks(b.rows * b.half, kBlockThreads);
+  if (blocks <= 0) return;
+  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(blocks), kBlockThreads, 0, s, x, std::max<int64_t>(rows, 0), dim, dim, w,
+         eps, off, half, inv_freq, attention_factor, dpos, per_pos, b);
 }
 
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,

@@ -164,8 +164,13 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
   float* q = sc.f("attn.q", n * H * Dh);
   nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
-  nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);  // head_rms, then RoPE
-  tap_put(tap, "attn.q", q, {n, H, Dh});
+  // head_rms, then RoPE; on CSA layers with the reference numerics in one launch with the indexer query's RoPE,
+  // after that projection below (fwd_rms_norm_rope's RopeRows: the bits of the two launches, one launch fewer).
+  const bool q_rope_with_index = type == AttnType::CSA && !nm.official();
+  if (!q_rope_with_index) {
+    nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);
+    tap_put(tap, "attn.q", q, {n, H, Dh});
+  }
   sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
 
   if (type == AttnType::CSA) {
@@ -174,7 +179,15 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
     float* iq = sc.f("attn.index.q", n * nh * dh);
     nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
-    nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
+    if (q_rope_with_index) {
+      RopeRows ir;
+      ir.x = iq, ir.rows = n * nh, ir.ld = dh, ir.off = dh - rd, ir.half = int(rd / 2), ir.per_pos = nh;
+      fwd_rms_norm_rope(q, n * H, Dh, nullptr, c.rms_eps, Dh - rd, int(rd / 2), f32(rope.inv_freq), rope.attention_factor, dpos, H,
+                        nullptr, &ir);
+      tap_put(tap, "attn.q", q, {n, H, Dh});
+    } else {
+      nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
+    }
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
     branch_join(side, sc.ev_join);  // the indexer's keys and head weights come from the side stream
     if (!hw_done) nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);

@@ -218,7 +218,7 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
 // over one input row in one launch (fwd_linear_one_multi) vs fwd_linear per matrix; norm + RoPE (fwd_rms_norm_rope)
 // vs fwd_rms_norm then fwd_rope; the norm's f16 copy vs launch_to_f16 of its result; the inverse RoPE with its f16
 // copy (fwd_rope_f16) vs fwd_rope then launch_to_f16; norm + RoPE over many rows (a warp per row) vs the same
-// separate launches.
+// separate launches; norm + RoPE with a second set of rows rotated in the same launch (RopeRows) vs two launches.
 TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   Rng rng(41);
 
@@ -292,6 +292,22 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
       const std::string what = "fwd_rms_norm_rope, " + std::to_string(RR) + " rows of " + std::to_string(dm) + (wn ? "" : ", no weight");
       expect_same_bytes(a2, b2, size_t(RR * dm) * 4, what);
     }
+  }
+
+  // 6. Norm + RoPE of the query heads with the indexer query's RoPE in the same launch (RopeRows) against the two
+  // launches: 1 and 3 tokens (one launch), 8 (512 rows: the warp kernel, then the RoPE launch).
+  for (const int nt : {1, 3, 8}) {
+    const int64_t qr = nt * 64, qd = 512, ir = nt * 64, id = 128;
+    const auto qv = rng.floats(size_t(qr * qd), -3.0f, 3.0f), iv = rng.floats(size_t(ir * id), -3.0f, 3.0f);
+    DeviceBuffer inv3 = to_device(rng.floats(32, 0.001f, 1.0f));
+    DeviceBuffer qa = to_device(qv), qb = to_device(qv), ia = to_device(iv), ib = to_device(iv);
+    d::RopeRows rr;
+    rr.x = ia.as<float>(), rr.rows = ir, rr.ld = id, rr.off = id - 64, rr.half = 32, rr.per_pos = 64;
+    d::fwd_rms_norm_rope(qa.as<float>(), qr, qd, nullptr, 1e-6, qd - 64, 32, inv3.as<float>(), 1.0f, pos.as<int64_t>(), 64, nullptr, &rr);
+    d::fwd_rms_norm_rope(qb.as<float>(), qr, qd, nullptr, 1e-6, qd - 64, 32, inv3.as<float>(), 1.0f, pos.as<int64_t>(), 64, nullptr);
+    d::fwd_rope(ib.as<float>(), ir, id, id - 64, 32, inv3.as<float>(), 1.0f, pos.as<int64_t>(), 0, 64, 1, 0, nullptr);
+    expect_same_bytes(qa, qb, size_t(qr * qd) * 4, "norm + RoPE with RopeRows, " + std::to_string(nt) + " tokens: the normed rows");
+    expect_same_bytes(ia, ib, size_t(ir * id) * 4, "norm + RoPE with RopeRows, " + std::to_string(nt) + " tokens: the RoPE rows");
   }
 }
 
