@@ -68,17 +68,18 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
 // Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place; out16
 // (optional): the result also as f16 rows [rows, dim] (what fwd_to_f16 would make of it).
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16 = nullptr);
-// fwd_rms_norm (rows of dim values, contiguous), then RoPE on each row's dims [off, off + 2 * half) at position
-// (*dpos) + row / per_pos, in one launch: the same bits as fwd_rms_norm then fwd_rope.
 // A second set of rows for fwd_rms_norm_rope: RoPE alone on x[r * ld + off .. + 2 * half) for r < rows, at
-// (*dpos) + r / per_pos, with the same tables (fwd_rope's arithmetic: pos0 0, pos_step 1, not inverse). Below the
-// warp-per-row threshold both sets run in one launch (the query heads and the indexer's query at decode).
+// (*dpos) + r / per_pos, with the same tables (fwd_rope's arithmetic: pos0 0, pos_step 1, not inverse).
 struct RopeRows {
   float* x = nullptr;
   int64_t rows = 0, ld = 0, off = 0;
   int half = 0;
   int64_t per_pos = 1;
 };
+// fwd_rms_norm (rows of dim values, contiguous), then RoPE on each row's dims [off, off + 2 * half) at position
+// (*dpos) + row / per_pos, in one launch: the same bits as fwd_rms_norm then fwd_rope. also (optional): RopeRows
+// rotated in the same launch below the warp-per-row threshold (the query heads and the indexer's query at decode),
+// by a second launch above it.
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
                        float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s, const RopeRows* also = nullptr);
 // fwd_rope on whole rows of ld values (rotated dims from off to the row's end, position (*dpos) + row / per_pos),

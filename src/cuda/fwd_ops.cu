@@ -660,10 +660,10 @@ void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, doub
     if (b.rows) fwd_rope(b.x, b.rows, b.ld, b.off, b.half, inv_freq, attention_factor, dpos, 0, b.per_pos, 1, 0, s);
     return;
   }
-  const int64_t blocks = std::max<int64_t>(rows, 0) + fwd_blocks(b.rows * b.half, kBlockThreads);
+  const int64_t norm_rows = std::max<int64_t>(rows, 0), blocks = norm_rows + fwd_blocks(b.rows * b.half, kBlockThreads);
   if (blocks <= 0) return;
-  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(blocks), kBlockThreads, 0, s, x, std::max<int64_t>(rows, 0), dim, dim, w,
-         eps, off, half, inv_freq, attention_factor, dpos, per_pos, b);
+  launch("fwd_rms_norm_rope", rms_norm_rope_kernel, unsigned(blocks), kBlockThreads, 0, s, x, norm_rows, dim, dim, w, eps, off, half,
+         inv_freq, attention_factor, dpos, per_pos, b);
 }
 
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,

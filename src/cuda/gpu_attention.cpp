@@ -164,10 +164,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
   float* q = sc.f("attn.q", n * H * Dh);
   nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
-  // head_rms, then RoPE; on CSA layers with the reference numerics in one launch with the indexer query's RoPE,
-  // after that projection below (fwd_rms_norm_rope's RopeRows: the bits of the two launches, one launch fewer).
-  const bool q_rope_with_index = type == AttnType::CSA && !nm.official();
-  if (!q_rope_with_index) {
+  // head_rms, then RoPE; on CSA layers after the indexer's projection below, in one call with the indexer query's
+  // RoPE (one launch with the reference numerics: the bits of the two launches).
+  if (type != AttnType::CSA) {
     nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);
     tap_put(tap, "attn.q", q, {n, H, Dh});
   }
@@ -179,15 +178,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
     float* iq = sc.f("attn.index.q", n * nh * dh);
     nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
-    if (q_rope_with_index) {
-      RopeRows ir;
-      ir.x = iq, ir.rows = n * nh, ir.ld = dh, ir.off = dh - rd, ir.half = int(rd / 2), ir.per_pos = nh;
-      fwd_rms_norm_rope(q, n * H, Dh, nullptr, c.rms_eps, Dh - rd, int(rd / 2), f32(rope.inv_freq), rope.attention_factor, dpos, H,
-                        nullptr, &ir);
-      tap_put(tap, "attn.q", q, {n, H, Dh});
-    } else {
-      nm.rope(rope, iq, n * nh, dh, dh - rd, dpos, nh, false);
-    }
+    RopeRows ir;
+    ir.x = iq, ir.rows = n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = nh;
+    nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H, &ir);
+    tap_put(tap, "attn.q", q, {n, H, Dh});
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
     branch_join(side, sc.ev_join);  // the indexer's keys and head weights come from the side stream
     if (!hw_done) nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);

@@ -69,13 +69,18 @@ void GpuNumerics::rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int
 }
 
 void GpuNumerics::norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,
-                            int64_t per_pos) const {
+                            int64_t per_pos, const RopeRows* also) const {
   if (official_) {
     if (w) rms_norm(x, rows, dim, w, eps);
     else head_rms(x, rows, dim, eps);
-    return rope(r, x, rows, dim, dim - r.dim, dpos, per_pos, false);
+    rope(r, x, rows, dim, dim - r.dim, dpos, per_pos, false);
+    if (also) rope(r, also->x, also->rows, also->ld, also->off, dpos, also->per_pos, false);
+    return;
   }
-  fwd_rms_norm_rope(x, rows, dim, w, eps, dim - r.dim, r.dim / 2, f32(r.inv_freq), r.attention_factor, dpos, per_pos, nullptr);
+  RopeRows b;
+  if (also) b = *also, b.half = r.dim / 2;
+  fwd_rms_norm_rope(x, rows, dim, w, eps, dim - r.dim, r.dim / 2, f32(r.inv_freq), r.attention_factor, dpos, per_pos, nullptr,
+                    also ? &b : nullptr);
 }
 
 void GpuNumerics::kv_fp8_sim(float* x, int64_t rows, int64_t ld, int64_t n) const {

@@ -34,8 +34,10 @@ class GpuNumerics {
   void rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos,
             bool inverse) const;
   // head_rms (w null) or rms_norm (weighted), then rope (forward) on rows of dim values: one launch unless official.
+  // also (optional): a second set of rows given rope (forward) alone, at its off with the rope's half (r.dim / 2;
+  // also->half is ignored), in the same launch unless official (fwd_rms_norm_rope's RopeRows).
   void norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,
-                 int64_t per_pos) const;
+                 int64_t per_pos, const detail::RopeRows* also = nullptr) const;
   // FP8 KV simulation of the first n values of each row (official, current revision).
   void kv_fp8_sim(float* x, int64_t rows, int64_t ld, int64_t n) const;
   // The indexer's Hadamard + FP4 simulation of each row of n values (official).
