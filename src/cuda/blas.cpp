@@ -56,9 +56,9 @@ constexpr size_t kWorkspace = size_t(32) << 20;
 // many sizes make many), and all of a thread's GEMMs on one stream run in order, so they can share it; cuda.streams'
 // side stream (detail::stream_of) runs concurrently and has its own. Both are allocated at plan creation, outside
 // any graph capture.
-void* shared_workspace(bool side) {
-  thread_local DeviceBuffer ws[2] = {DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace)};
-  return ws[side ? 1 : 0].get();
+void* shared_workspace(int lane) {
+  thread_local DeviceBuffer ws[3] = {DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace)};
+  return ws[lane].get();
 }
 
 void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride, const char* what) {
@@ -81,7 +81,7 @@ struct Plan {
   // share, so that the heuristic picks an algorithm that can run on them.
   Plan(const GemmDesc& g, const std::array<int, 3>& align) {
     const int m = g.m, n = g.n, k = g.k;
-    shared_workspace(false);  // allocated here, outside any graph capture
+    shared_workspace(0);  // allocated here, outside any graph capture
     check(cublasLtCreate(&h), "cublasLtCreate");
     check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
@@ -126,7 +126,7 @@ struct Plan {
     // A null stream is plumb's default stream, the calling thread's (the CUDA code is built with
     // --default-stream per-thread); cuBLASLt itself would read 0 as the legacy stream, which cannot be captured.
     const cudaStream_t cs = detail::stream_of(s);  // a StreamScope's stream (cuda.streams), else the thread's
-    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(!s && detail::on_side_stream()),
+    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(s ? 0 : detail::stream_lane()),
                          kWorkspace, cs),
           "cublasLtMatmul");
   }

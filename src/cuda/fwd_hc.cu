@@ -58,18 +58,53 @@ __device__ __forceinline__ void hc_load(const float* p, float (&v)[VEC ? 4 : 1])
   }
 }
 
+// The previous sublayer's output y at W columns d of token t: loaded, or (HcArgs::y_slots) the MoE combine of its
+// slots' rows, combine_kernel's arithmetic (fmaf in k order, then the scale and the add, each rounded alone).
+struct HcY {
+  const float* y = nullptr;
+  const float* slots = nullptr;
+  const float* w = nullptr;
+  const float* add = nullptr;
+  int k = 0;
+  float scale = 1.0f;
+};
+template <bool VEC>
+__device__ __forceinline__ void hc_y(const HcY& src, int64_t t, int64_t D, int64_t d, float (&yv)[VEC ? 4 : 1]) {
+  constexpr int W = VEC ? 4 : 1;
+  if (!src.slots) return hc_load<VEC>(src.y + t * D + d, yv);
+#pragma unroll
+  for (int w = 0; w < W; ++w) yv[w] = 0.0f;
+  for (int k = 0; k < src.k; ++k) {
+    const float wk = src.w ? src.w[t * src.k + k] : 1.0f;
+    float v[W];
+    hc_load<VEC>(src.slots + (t * src.k + k) * D + d, v);
+#pragma unroll
+    for (int w = 0; w < W; ++w) yv[w] = fmaf(wk, v[w], yv[w]);
+  }
+#pragma unroll
+  for (int w = 0; w < W; ++w) yv[w] = __fmul_rn(yv[w], src.scale);
+  if (src.add) {
+    float v[W];
+    hc_load<VEC>(src.add + t * D + d, v);
+#pragma unroll
+    for (int w = 0; w < W; ++w) yv[w] = __fadd_rn(yv[w], v[w]);
+  }
+}
+
+__host__ __device__ inline HcY hc_y_of(const HcArgs& a) { return HcY{a.y, a.y_slots, a.y_w, a.y_add, a.y_k, a.y_scale}; }
+
 // hc_post of the W columns at d of token t, for every stream k: out[t, k, d..] = post_k * y + sum_j comb[j][k] * x_j
 // in the reference's order (post * y first, then the streams: it reproduced the official golden bit for bit); the
 // H inputs are loaded once for the H outputs. The one implementation of hc_post: its kernel and hc_pre's fused
-// prologue (HcArgs::y), which also keeps the outputs in shared memory (sm: stream k's at sm[k * sm_ld]).
+// prologue (HcArgs::y or y_slots), which also keeps the outputs in shared memory (sm: stream k's at sm[k * sm_ld]).
 constexpr int kPostMaxH = 8;
 template <bool VEC>
-__device__ __forceinline__ void hc_post_cols(const float* y, const float* X, const float* post, const float* comb, int64_t t, int H,
+__device__ __forceinline__ void hc_post_cols(const HcY& ysrc, const float* X, const float* post, const float* comb, int64_t t, int H,
                                              int64_t D, int64_t d, int untransposed, int act_bf16, float* out, float* sm = nullptr,
                                              int sm_ld = 0) {
   constexpr int W = VEC ? 4 : 1;
   float yv[W], xv[kPostMaxH][W];
-  hc_load<VEC>(y + t * D + d, yv);
+  hc_y<VEC>(ysrc, t, D, d, yv);
 #pragma unroll
   for (int j = 0; j < kPostMaxH; ++j)
     if (j < H) hc_load<VEC>(X + (t * H + j) * D + d, xv[j]);
@@ -205,13 +240,13 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     }
   }
 
-  // 0. This block's slices of the streams into shared memory: the fused hc_post of the previous sublayer (a.y; also
-  // written to a.X_out = a.X, the new residual streams), or a.X.
+  // 0. This block's slices of the streams into shared memory: the fused hc_post of the previous sublayer (a.y, or
+  // the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X.
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    if (a.y) {
+    if (a.y || a.y_slots) {
       for (int q = tid; q < nq[v]; q += kHcThreads)
-        hc_post_cols<VEC>(a.y, a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0[v] + int64_t(q) * W, a.untransposed, a.act_bf16,
+        hc_post_cols<VEC>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0[v] + int64_t(q) * W, a.untransposed, a.act_bf16,
                           a.X_out, xs(v) + q * W, nq[v] * W);
     } else {
       for (int it = tid; it < H * nq[v]; it += kHcThreads) {
@@ -413,7 +448,7 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* y, c
   const int64_t nq = D / W, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * nq) return;
   const int64_t t = i / nq, d = (i - t * nq) * W;
-  hc_post_cols<VEC>(y, X, post, comb, t, H, D, d, untransposed, act_bf16, out);
+  hc_post_cols<VEC>(HcY{y}, X, post, comb, t, H, D, d, untransposed, act_bf16, out);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -456,9 +491,12 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if (a.n <= 0) return;
   if (a.n > 65535) throw_arg("hc_pre: more than 65535 tokens in one launch");
   const bool vec = a.D % 4 == 0 && aligned16(a.X) && aligned16(a.fn) && aligned16(a.collapsed) &&
-                   (!a.y || (aligned16(a.y) && aligned16(a.X_prev))) && (!a.norm_w || aligned16(a.norm_w));
+                   (!a.y || (aligned16(a.y) && aligned16(a.X_prev))) && (!a.norm_w || aligned16(a.norm_w)) &&
+                   (!a.y_slots || (aligned16(a.y_slots) && aligned16(a.X_prev) && (!a.y_add || aligned16(a.y_add))));
   if (a.norm_w && a.act_bf16) throw_arg("hc_pre: the fused norm is the fp32 twin's (not the official numerics')");
-  if (a.y && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
+  if (a.y && a.y_slots) throw_arg("hc_pre: y and y_slots are exclusive");
+  if (a.y_slots && a.y_k < 1) throw_arg("hc_pre: y_slots needs y_k >= 1");
+  if ((a.y || a.y_slots) && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
     throw_arg("hc_pre: the fused hc_post needs X_out == X, X_prev and the previous gates");
   auto go = [&](auto h) {
     constexpr int H = decltype(h)::value;

@@ -114,13 +114,20 @@ struct HcArgs {
   float* post = nullptr;       // [n, H]
   float* comb = nullptr;       // [n, H, H]
   float* collapsed = nullptr;  // [n, D]
-  // Fused hc_post of the previous sublayer (y non-null): each block first writes its slice of
+  // Fused hc_post of the previous sublayer (y or y_slots non-null): each block first writes its slice of
   // X_out = hc_post(y, X_prev, post_prev, comb_prev) (fwd_hc_post's arithmetic, bit for bit; X_out must be X), then
   // runs hc_pre on it. post_prev / comb_prev may be post / comb: they are read before this launch overwrites them.
   const float* y = nullptr;       // [n, D]
   const float* X_prev = nullptr;  // [n, H, D]
   const float* post_prev = nullptr, *comb_prev = nullptr;
   float* X_out = nullptr;
+  // y as the MoE sublayer's combine, left to this launch (y_slots non-null, y null): y[t, :] = y_scale * sum_k
+  // y_w[t, k] * y_slots[t * y_k + k, :] (+ y_add[t, :]), launch_combine's arithmetic in its order (the same bits).
+  const float* y_slots = nullptr;  // [n * y_k, D]
+  const float* y_w = nullptr;      // [n, y_k] or null (unit weights)
+  const float* y_add = nullptr;    // [n, D] or null
+  int y_k = 0;
+  float y_scale = 1.0f;
   int untransposed = 0;  // fault.comb_untransposed
   // Fused RMSNorm of the collapsed rows (norm_w non-null; fp32 twin numerics only): collapsed = rms_norm(collapsed)
   // with weight norm_w and eps norm_eps, and the f16 copy into collapsed16 when non-null: fwd_rms_norm's arithmetic

@@ -111,10 +111,13 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
 
   OpTimer& tm = sc.timer;
   std::optional<OpRegion> region;
-  // cuda.streams (sc.branch): the KV row and the compressors (projections and cache steps) run on the side stream
-  // while the query path runs here; they join before the indexer. Null branch: the same launches, serially.
-  const Stream side = sc.branch;
+  // cuda.streams: the KV row on the side stream (sc.branch) and the compressors (projections and cache steps) on the
+  // second (sc.branch2) while the query path runs here: at decode each chain is about as long as the query path, and
+  // one stream for both made the indexer wait for them. The compressors join before the indexer (CSA) or the
+  // attention, the KV row before the attention. Null branches: the same launches, serially.
+  const Stream side = sc.branch, side2 = type != AttnType::Sliding ? sc.branch2 : nullptr;
   branch_fork(side, sc.ev_fork);
+  branch_fork(side2, sc.ev_fork);
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
   float* kv = sc.f("attn.kv", n * Dh);
@@ -135,7 +138,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     // One token: its ring slot (pos % W) holds position pos - W, outside its window, so the row can be stored now,
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
     if (n == 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
-
+  }
+  {
+    const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");
     // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
     if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
@@ -183,7 +188,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H, &ir);
     tap_put(tap, "attn.q", q, {n, H, Dh});
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
-    branch_join(side, sc.ev_join);  // the indexer's keys and head weights come from the side stream
+    branch_join(side2, sc.ev_join);  // the indexer's keys and head weights come from the compressors' stream
     if (!hw_done) nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
     if (nm.official()) {  // official: weights_proj(x) * (dh^-1/2 * nh^-1/2), one bf16 tensor
       fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr);
@@ -226,7 +231,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     max_keys += ia.k_cap;
   }
 
-  if (type != AttnType::CSA) branch_join(side, sc.ev_join);  // kv and the compressor's entries
+  if (type != AttnType::CSA) branch_join(side2, sc.ev_join);  // the compressor's entries
+  branch_join(side, sc.ev_join);                              // the KV row (and its ring slot)
   region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
   a.q = q;

@@ -133,11 +133,13 @@ Scratch::~Scratch() {
   detail::event_destroy(ev_fork);
   detail::event_destroy(ev_join);
   detail::stream_destroy(side);
+  detail::stream_destroy(side2);
 }
 
 void Scratch::enable_side() {
   if (side) return;
   side = detail::stream_create();
+  side2 = detail::stream_create();
   ev_fork = detail::event_create_sync();
   ev_join = detail::event_create_sync();
 }
@@ -162,7 +164,8 @@ void Scratch::prefetch_l2(std::initializer_list<ByteRange> ranges) {
 void* Scratch::get(const std::string& name, size_t bytes) {
   // Inside a side-stream scope (cuda.streams) each name is its own buffer: the two streams' temporaries never alias.
   // (Results that cross between them are passed as pointers, looked up once.)
-  auto& b = bufs_[detail::on_side_stream() ? name + "@side" : name];
+  const int lane = detail::stream_lane();
+  auto& b = bufs_[lane == 2 ? name + "@side2" : lane == 1 ? name + "@side" : name];
   if (b.bytes() < bytes || !b.get()) {
     b = DeviceBuffer(std::max<size_t>(bytes, 4));
     ++generation;

@@ -137,6 +137,9 @@ class Scratch {
   Stream side = nullptr, branch = nullptr;
   void* ev_fork = nullptr;
   void* ev_join = nullptr;
+  // The second side stream (lane 2; the attention's compressors beside its KV row on the first) and its workspace.
+  Workspace ws_side2;
+  Stream side2 = nullptr, branch2 = nullptr;
   void enable_side();
   // cuda.l2_prefetch: the prefetch stream and its events (enable_prefetch, once, outside any capture); `prefetch`:
   // the stream this forward may prefetch on (null: no prefetches).
@@ -150,8 +153,11 @@ class Scratch {
   // the order given (no-op without `prefetch`); the forward joins the stream once, at its end.
   static constexpr int64_t kPrefetchBudget = int64_t(32) << 20;
   void prefetch_l2(std::initializer_list<ByteRange> ranges);
-  // The workspace of the stream launches go to now (ws_side inside a StreamScope of the side stream).
-  Workspace& work() { return detail::on_side_stream() ? ws_side : ws; }
+  // The workspace of the stream launches go to now (ws_side / ws_side2 inside a StreamScope of lane 1 / 2).
+  Workspace& work() {
+    const int lane = detail::stream_lane();
+    return lane == 2 ? ws_side2 : lane == 1 ? ws_side : ws;
+  }
   size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)
   int64_t gemm_calls = 0;   // cuda.prefill_gemm: projections that ran as GEMMs (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
@@ -211,7 +217,7 @@ struct GpuGraph {
   void* exec = nullptr;  // cudaGraphExec_t
   const float* logits = nullptr;  // where the graph leaves them
   uint64_t generation = 0;
-  std::array<const void*, 6> workspace{};
+  std::array<const void*, 9> workspace{};
   bool warm = false;  // ran once eagerly with graph bounds at `generation`: the next step may capture
   GpuGraph() = default;
   GpuGraph(const GpuGraph&) = delete;

@@ -299,8 +299,9 @@ class GpuForward : public DeviceForward {
     auto& g = ds.graphs[n * 4 + int(rows)];  // one captured step per (chunk size, logit rows)
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
-      return std::array<const void*, 6>{sc.ws.partial(0),      sc.ws.half(0),      sc.ws.counters(0),
-                                        sc.ws_side.partial(0), sc.ws_side.half(0), sc.ws_side.counters(0)};
+      return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),
+                                        sc.ws_side.partial(0),  sc.ws_side.half(0),  sc.ws_side.counters(0),
+                                        sc.ws_side2.partial(0), sc.ws_side2.half(0), sc.ws_side2.counters(0)};
     };
     const bool same = g->generation == sc.generation && g->workspace == marks();
     if (g->exec && same) {
@@ -347,6 +348,7 @@ class GpuForward : public DeviceForward {
     // cuda.streams: independent chains of each sublayer on a side stream (gpu_attention, gpu_moe); serial with
     // taps (their downloads order against the thread's stream) and per-op timing (regions on one stream).
     sc.branch = opt_.cuda_streams && !taps && !sc.timer.on ? sc.side : nullptr;
+    sc.branch2 = sc.branch ? sc.side2 : nullptr;
     // cuda.l2_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are compute-bound).
     sc.prefetch = opt_.cuda_l2_prefetch && !taps && !sc.timer.on && n <= 32 ? sc.pf : nullptr;
     sc.pf_forked = false;
@@ -372,9 +374,17 @@ class GpuForward : public DeviceForward {
     // slice first (HcArgs::y: the same arithmetic, one launch fewer); serial with taps, which read X in between.
     const bool fuse_post = !taps;
     bool post_pending = false;
+    GpuCombine moe_y;  // the MoE sublayer's combine, left to the next launch's fused hc_post (gpu_moe's defer)
     auto take_post = [&](HcArgs& a, int64_t r0) {  // the pending hc_post into this launch, rows from r0
       if (!post_pending) return;
-      a.y = y + r0 * D, a.X_prev = X + r0 * H * D, a.post_prev = post + r0 * H, a.comb_prev = comb + r0 * H * H;
+      if (moe_y.ys) {
+        a.y_slots = moe_y.ys + r0 * moe_y.K * D, a.y_w = moe_y.w ? moe_y.w + r0 * moe_y.K : nullptr;
+        a.y_add = moe_y.add ? moe_y.add + r0 * D : nullptr, a.y_k = moe_y.K, a.y_scale = moe_y.scale;
+        moe_y = GpuCombine{};
+      } else {
+        a.y = y + r0 * D;
+      }
+      a.X_prev = X + r0 * H * D, a.post_prev = post + r0 * H, a.comb_prev = comb + r0 * H * H;
       a.X_out = X2 + r0 * H * D, a.X = a.X_out, a.untransposed = opt_.fault_comb_untransposed;
       std::swap(X, X2);
       post_pending = false;
@@ -444,7 +454,7 @@ class GpuForward : public DeviceForward {
       const GpuHc& next_hc = i + 1 < c.n_layers ? g_.layers[size_t(i) + 1].hc_attn : g_.hc_head;
       sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2), fn(next_hc)});
       x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm));
-      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y);
+      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y, fuse_post ? &moe_y : nullptr);
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }

@@ -37,6 +37,7 @@ struct MoeCtx {
   const Tap& tap;
   GpuNumerics nm;
   Stream shared_side = nullptr;  // cuda.streams: the shared expert already runs on this stream (joined in combine)
+  GpuCombine* defer = nullptr;   // gpu_moe's: the combine may be left to the output's reader
 };
 
 template <Rsf P>
@@ -192,6 +193,12 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
                   m.sc.ws, nullptr, g);
       moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
       join_for_add();
+      // One chunk, nothing after the combine (no shared expert to add separately, no fault scale, no bf16 rounding of
+      // the output): the combine is left to the reader of `out` (gpu_moe's defer), one launch fewer at decode.
+      if (m.defer && nc == r.n && (!has_shared || add) && total_scale == 1.0f && !m.nm.official()) {
+        *m.defer = GpuCombine{ys, before ? nullptr : wt, add, r.K, Runner::output_scale(c)};
+        return;
+      }
       moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), add ? add + int64_t(t0) * D : nullptr,
                   out + int64_t(t0) * D);
     }
@@ -223,8 +230,10 @@ void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
 }  // namespace
 
 void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, const uint16_t* x16,
-             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out) {
+             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out, GpuCombine* defer) {
   MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
+  if (defer) *defer = GpuCombine{};
+  if (defer && !tap.on("ffn.routed") && !tap.on("ffn.out")) m.defer = defer;  // taps read out
   // cuda.streams: the shared expert on the side stream from here, beside the router and the routed experts.
   if ((w.s1 || w.sfp8) && sc.branch) {
     m.shared_side = sc.branch;

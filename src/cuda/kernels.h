@@ -50,13 +50,18 @@ struct PdlScope {
 // The stream a launch given `s` goes to: s, else the StreamScope's stream, else the thread's default stream
 // (cudaStreamPerThread: never the legacy stream, which cannot be captured). Every launch resolves through it.
 Stream stream_of(Stream s);
-bool on_side_stream();  // inside a StreamScope (launches with a null stream go to the side stream)
+// The StreamScope's lane: 0 outside any (the thread's stream), else the lane it was opened with (1: the side
+// stream, 2: the second side stream). Per-stream resources (workspaces, scratch) are chosen by it: one workspace
+// must not serve concurrent launches.
+int stream_lane();
+inline bool on_side_stream() { return stream_lane() != 0; }
 struct StreamScope {
-  explicit StreamScope(Stream s);
+  explicit StreamScope(Stream s, int lane = 1);
   ~StreamScope();
   StreamScope(const StreamScope&) = delete;
   StreamScope& operator=(const StreamScope&) = delete;
   Stream prev;
+  int prev_lane;
 };
 void* event_create_sync();  // an event without timing (for fork and join)
 void branch_fork(Stream side, void* ev);

@@ -93,13 +93,14 @@ float event_elapsed_ms(void* start, void* stop) {
 
 namespace {
 thread_local Stream t_stream = nullptr;  // the StreamScope's stream (cuda.streams), else null
+thread_local int t_lane = 0;             // its lane (see stream_lane)
 }  // namespace
 Stream stream_of(Stream s) { return s ? s : t_stream ? t_stream : cudaStreamPerThread; }
-bool on_side_stream() { return t_stream != nullptr; }
-StreamScope::StreamScope(Stream s) : prev(t_stream) {
-  if (s) t_stream = s;
+int stream_lane() { return t_lane; }
+StreamScope::StreamScope(Stream s, int lane) : prev(t_stream), prev_lane(t_lane) {
+  if (s) t_stream = s, t_lane = lane;
 }
-StreamScope::~StreamScope() { t_stream = prev; }
+StreamScope::~StreamScope() { t_stream = prev, t_lane = prev_lane; }
 void* event_create_sync() {
   cudaEvent_t e;
   PLUMB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -232,8 +232,8 @@ TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
   expect_eager_chunks_match(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl");
 }
 
-// cuda.streams: the KV row and the compressors beside the query path, the shared expert beside the router and the
-// routed experts, on a second stream. A branch that read a buffer before the other stream wrote it, or shared a
+// cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
+// beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
 // graphed (parallel graph branches) and eager, with the fast kernels, split-K attention, PDL and the official
 // numerics (whose activation-quantization scratch each stream must have for itself).
@@ -272,7 +272,8 @@ TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
 }
 
 // Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
-// streams of its slice, and the RMSNorm after hc_pre (attn_norm, ffn_norm, the final norm) runs at its end; with a
+// streams of its slice (after the FP4 routed experts at decode also their combine: gpu_moe's defer, the kernel-dims
+// case), and the RMSNorm after hc_pre (attn_norm, ffn_norm, the final norm) runs at its end; with a
 // tap sink attached (taps read the streams and the collapsed row in between) the separate kernels run. hc_post is
 // one implementation (hc_post_cols); the fused norm sums its fp64 squares in another order than the norm kernel,
 // which moves its fp32 scale by one ulp with probability ~1e-8 per row: the logits must be the same bits, on
@@ -314,8 +315,14 @@ TEST_F(GpuTest, FusedHcPostMatchesTheSeparateKernel) {
 // the last row only after it; the same bits as the full forward's rows (the fp32 twin head is per row), eager and
 // replayed as graphs (each form captured separately).
 TEST_F(GpuTest, LastRowAndNoLogitsMatchTheFullForward) {
-  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
-  for (const char* patches : {"", "cuda.graph"}) {
+  const std::string data = PLUMB_TEST_DATA;
+  // kernel-dims with the FP4 experts and the shared expert on the side stream: the MoE combine is left to hc_head's
+  // fused hc_post, on the last row only.
+  const char* fp4 = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams";
+  const std::pair<std::string, std::string> cases[] = {
+      {"/golden/csa-long", ""}, {"/golden/csa-long", "cuda.graph"}, {"/golden/kernel-dims", fp4}, {"/golden/kernel-dims", std::string(fp4) + ",cuda.graph"}};
+  for (const auto& [fixture, patches] : cases) {
+    const std::string dir = data + fixture;
     auto gpu = plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
     const int64_t V = gpu->config().vocab;
     const auto toks = prompt(90, int(V));
@@ -332,10 +339,10 @@ TEST_F(GpuTest, LastRowAndNoLogitsMatchTheFullForward) {
       const auto b = gpu->forward(full, next);
       const auto last = gpu->forward(gen, next, nullptr, plumb::LogitRows::Last);
       ASSERT_EQ(last.dim(0), 1);
-      ASSERT_EQ(std::memcmp(last.ptr(), b.ptr(), size_t(V) * 4), 0) << "[" << patches << "] position " << pos;
+      ASSERT_EQ(std::memcmp(last.ptr(), b.ptr(), size_t(V) * 4), 0) << fixture << " [" << patches << "] position " << pos;
       ++pos;
     }
-    if (gen.dev && std::string(patches) == "cuda.graph") {
+    if (gen.dev && patches.find("cuda.graph") != std::string::npos) {
       EXPECT_GT(gen.dev->graph_launches, 0);
     }
   }

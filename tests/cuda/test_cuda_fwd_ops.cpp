@@ -133,6 +133,71 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
   }
 }
 
+// The MoE combine left to hc_pre's fused hc_post (HcArgs::y_slots: gpu_moe's defer) against hc_pre given the combined
+// rows (y = scale * sum_k w_k ys_k + add, the combine launch's arithmetic, here on the host: fma in k order, then the
+// product and the sum each rounded), bit for bit: the new streams, the mixes, post, comb, the collapsed row and its
+// fused norm with the f16 copy. Vector and scalar (odd D) paths, K = 6 and 1, with and without weights and the add.
+TEST_F(GpuTest, HcPreCombinesMoeSlotsLikeTheCombineLaunch) {
+  Rng rng(91);
+  struct Case {
+    int H, K;
+    int64_t D;
+    bool w, add;
+  };
+  for (const Case cs : {Case{4, 6, 4096, true, true}, Case{4, 6, 4096, false, true}, Case{4, 1, 256, true, false}, Case{2, 3, 102, true, true}}) {
+    const int n = 3, H = cs.H, K = cs.K, nmix = (2 + H) * H;
+    const int64_t D = cs.D, hd = H * D;
+    const float scale = 1.5f;
+    const auto ys = rng.floats(size_t(n * K * D), -1.0f, 1.0f), w = rng.floats(size_t(n * K), 0.05f, 1.0f);
+    const auto add = rng.floats(size_t(n * D), -1.0f, 1.0f);
+    std::vector<float> y(size_t(n * D));
+    for (int t = 0; t < n; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) acc = std::fma(cs.w ? w[size_t(t * K + k)] : 1.0f, ys[size_t((t * K + k) * D + d)], acc);
+        acc = acc * scale;
+        if (cs.add) acc = acc + add[size_t(t * D + d)];
+        y[size_t(t * D + d)] = acc;
+      }
+    const auto X0 = rng.floats(size_t(n * hd), -2.0f, 2.0f), Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f);
+    const auto pp = rng.floats(size_t(n * H), 0.0f, 2.0f), cp = rng.floats(size_t(n * H * H), 0.0f, 1.0f);
+    DeviceBuffer dfn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), dbase = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
+    DeviceBuffer dscale = to_device(rng.floats(3, 0.5f, 2.0f)), dnw = to_device(rng.floats(size_t(D), 0.5f, 1.5f));
+    DeviceBuffer dy = to_device(y), dys = to_device(ys), dw = to_device(w), dadd = to_device(add), dXp = to_device(Xp), dpp = to_device(pp),
+                 dcp = to_device(cp);
+    struct Out {
+      DeviceBuffer X, post, comb, col, col16, mix;
+    };
+    auto run = [&](bool slots) {
+      Out o{to_device(X0), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
+            DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
+      d::HcArgs a;
+      a.X = o.X.as<float>(), a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
+      a.n = n, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+      a.post = o.post.as<float>(), a.comb = o.comb.as<float>(), a.collapsed = o.col.as<float>();
+      if (slots) {
+        a.y_slots = dys.as<float>(), a.y_k = K, a.y_scale = scale;
+        a.y_w = cs.w ? dw.as<float>() : nullptr, a.y_add = cs.add ? dadd.as<float>() : nullptr;
+      } else {
+        a.y = dy.as<float>();
+      }
+      a.X_prev = dXp.as<float>(), a.post_prev = dpp.as<float>(), a.comb_prev = dcp.as<float>(), a.X_out = o.X.as<float>();
+      a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>();
+      d::fwd_hc_pre(a, o.mix.as<double>(), nullptr);
+      return o;
+    };
+    const Out b = run(true), s = run(false);
+    const std::string tag = "H " + std::to_string(H) + " K " + std::to_string(K) + " D " + std::to_string(D) + (cs.w ? " weights" : "") +
+                            (cs.add ? " add" : "") + ": ";
+    expect_same_bytes(b.X, s.X, size_t(n * hd) * 4, tag + "the streams");
+    expect_same_bytes(b.mix, s.mix, size_t(n * nmix) * 8, tag + "the mixes");
+    expect_same_bytes(b.post, s.post, size_t(n * H) * 4, tag + "post");
+    expect_same_bytes(b.comb, s.comb, size_t(n * H * H) * 4, tag + "comb");
+    expect_same_bytes(b.col, s.col, size_t(n * D) * 4, tag + "the collapsed row");
+    expect_same_bytes(b.col16, s.col16, size_t(n * D) * 2, tag + "its f16 copy");
+  }
+}
+
 // ---- router (fwd_route): the warp-per-token kernel bit for bit against the block-per-token kernel ----
 
 struct RouteOut {
