@@ -43,6 +43,7 @@ struct LayerBenchOptions {
   std::string json;     // write the results here too ("" = no)
   std::string csv;      // and the decode and prefill rows as CSV here ("" = no)
   bool keep = false;    // keep the temp dir (its path is printed)
+  bool timeline = false;  // also each decode batch's op regions as a timeline of one replayed step (streams kept)
 
   // Beyond the CLI's flags (the defaults are what `plumb bench --layers N` runs):
   int warmup = 2;

@@ -39,6 +39,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--patches", lo->patches, "--layers: patches of the GPU forward pass (e.g. cuda.fp8_gemv,cuda.moe_mxfp4)");
   cmd->add_option("--dir", lo->dir, "--layers: write (or reuse) the synthetic checkpoint in this folder (default: a temp dir)");
   cmd->add_flag("--keep", lo->keep, "--layers: keep the temporary checkpoint folder");
+  cmd->add_flag("--timeline", lo->timeline,
+                "--layers: also print, per decode batch, when each op region starts and ends in one step as the forward "
+                "runs it (CUDA graph and side streams kept; events in the graph)");
   cmd->add_option("--batches", *batches, "--layers: decode batches, comma-separated (default 1,8,32,128)");
   cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
   cmd->add_option("--context", lo->context,

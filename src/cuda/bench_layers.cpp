@@ -812,6 +812,22 @@ int run(const LayerBenchOptions& o) {
         }
         out(fmt::format("  batch {} per-op us per step (all layers): {}; sum {}\n", B, line, fmt_num(sum)));
       }
+      // --timeline: one step as the forward runs it (graph replay, side streams), each region's start and end.
+      // The first step here is eager (a graph apart from the timed one: its events are nodes), the second captures
+      // it, the third replays it; without cuda.graph each step is eager and the last one's regions count.
+      if (st.dev && o.timeline) {
+        auto& timer = st.dev->scratch.timer;
+        timer.on = timer.timeline = true;
+        step(nullptr, nullptr);
+        timer.clear();
+        step(nullptr, nullptr);
+        const size_t k = timer.count();
+        step(nullptr, nullptr);
+        const auto spans = timer.collect_timeline(timer.count() > k ? k : 0);
+        timer.on = timer.timeline = false;
+        out(fmt::format("  batch {} timeline (us from the first region's start; region: start - end):\n", B));
+        for (const auto& s : spans) out(fmt::format("    {:>8.1f} - {:>8.1f}  {:>7.1f}  {}\n", s.start_us, s.end_us, s.end_us - s.start_us, s.name));
+      }
       // The part outside the layers. On the GPU: the device time of the "embed" and "head" op regions (CUDA events
       // on an untapped step; the LM head dominates). The step's upload, the logits download and the host work between
       // launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on

@@ -113,11 +113,16 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   std::optional<OpRegion> region;
   // cuda.streams: the KV row on the side stream (sc.branch) and the compressors (projections and cache steps) on the
   // second (sc.branch2) while the query path runs here: at decode each chain is about as long as the query path, and
-  // one stream for both made the indexer wait for them. The compressors join before the indexer (CSA) or the
-  // attention, the KV row before the attention. Null branches: the same launches, serially.
+  // one stream for both made the indexer wait for them. The query path's first projection is launched before the
+  // branches' work (they fork from the same point): its blocks take the SMs first. The compressors join before the
+  // indexer (CSA) or the attention, the KV row before the attention. Null branches: the same launches, serially.
   const Stream side = sc.branch, side2 = type != AttnType::Sliding ? sc.branch2 : nullptr;
-  branch_fork(side, sc.ev_fork);
-  branch_fork(side2, sc.ev_fork);
+  branch_mark(side, sc.ev_fork);
+  region.emplace(tm, "attn.q_kv");
+  float* qr = sc.f("attn.qr", n * QL);
+  nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
+  branch_wait(side, sc.ev_fork);
+  branch_wait(side2, sc.ev_fork);
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
   float* kv = sc.f("attn.kv", n * Dh);
@@ -130,7 +135,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   bool hw_done = false;
   {
     const StreamScope on_side(side);
-    region.emplace(tm, "attn.q_kv");
+    region.emplace(tm, "attn.q_kv");  // (the KV row's: a region of its own on its stream)
     nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
     nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
     nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
@@ -159,12 +164,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     if (type == AttnType::CSA) compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
   }
 
-  // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
+  // Query: q_norm(wq_a x) (wq_a above) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
   // With x16 (the FP8 GEMVs' f16 input, made by the norms), qr is normalized into an f16 copy too: wq_b and the
   // indexer's wq_b read it without a conversion launch each.
   region.emplace(tm, "attn.q_kv");
-  float* qr = sc.f("attn.qr", n * QL);
-  nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
   auto* qr16 = x16 ? static_cast<uint16_t*>(sc.get("attn.qr16", size_t(n) * size_t(QL) * 2)) : nullptr;
   if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
   float* q = sc.f("attn.q", n * H * Dh);

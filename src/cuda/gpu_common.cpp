@@ -102,27 +102,51 @@ void* OpTimer::event() {
   return pool_[used_++];
 }
 
-void OpTimer::begin(const char* name) {
+size_t OpTimer::begin(const char* name) {
   void* e = event();
-  detail::event_record(e, nullptr);
-  marks_.push_back({name, {e, nullptr}});
+  Mark m{name, e, nullptr, nullptr};
+  if (timeline) m.stream = detail::stream_of(nullptr), detail::event_record_node(e, m.stream);
+  else detail::event_record(e, nullptr);
+  marks_.push_back(std::move(m));
+  return marks_.size() - 1;
 }
 
-void OpTimer::end() {
-  if (marks_.empty() || marks_.back().second.second) return;
+void OpTimer::end(size_t i) {
+  if (i >= marks_.size() || marks_[i].end) return;
   void* e = event();
-  detail::event_record(e, nullptr);
-  marks_.back().second.second = e;
+  if (timeline) detail::event_record_node(e, marks_[i].stream);
+  else detail::event_record(e, nullptr);
+  marks_[i].end = e;
+}
+
+void OpTimer::clear() {
+  detail::dsync();
+  marks_.clear();
+  used_ = 0;
 }
 
 std::vector<std::pair<std::string, double>> OpTimer::collect() {
   std::vector<std::pair<std::string, double>> out;
-  for (const auto& [name, ev] : marks_) {
-    if (!ev.second) continue;
-    const double ms = detail::event_elapsed_ms(ev.first, ev.second);
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == name; });
-    if (it == out.end()) out.push_back({name, ms});
+  for (const Mark& m : marks_) {
+    if (!m.end) continue;
+    const double ms = detail::event_elapsed_ms(m.begin, m.end);
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == m.name; });
+    if (it == out.end()) out.push_back({m.name, ms});
     else it->second += ms;
+  }
+  marks_.clear();
+  used_ = 0;
+  return out;
+}
+
+std::vector<OpTimer::Span> OpTimer::collect_timeline(size_t from) {
+  std::vector<Span> out;
+  detail::dsync();
+  for (size_t i = from; i < marks_.size(); ++i) {
+    const Mark& m = marks_[i];
+    if (!m.end) continue;
+    out.push_back({m.name, 1e3 * detail::event_elapsed_ms(marks_[from].begin, m.begin),
+                   1e3 * detail::event_elapsed_ms(marks_[from].begin, m.end)});
   }
   marks_.clear();
   used_ = 0;

@@ -92,29 +92,48 @@ struct GpuWeights {
 };
 
 // Per-op device time of one forward, for `plumb bench --layers` (off unless asked): CUDA events around named
-// regions, summed by name. Regions do not nest.
+// regions, summed by name (collect). Regions do not nest on one stream. With `timeline` the forward keeps its
+// streams and its graph (the events become nodes of the captured graph, recorded at each replay: gpu_model keeps
+// that graph apart), each region's events go to the stream it began on, and collect_timeline gives each region's
+// start and end in the last forward that recorded them.
 class OpTimer {
  public:
   ~OpTimer();
-  bool on = false;
-  void begin(const char* name);
-  void end();
+  bool on = false, timeline = false;
+  size_t begin(const char* name);  // the region's index
+  void end(size_t i);
   // Synchronizes; returns (name, ms) in first-seen order and clears.
   std::vector<std::pair<std::string, double>> collect();
+  struct Span {
+    std::string name;
+    double start_us, end_us;  // from the first region's start
+  };
+  // Synchronizes; the regions from index `from` on (times from that region's start), in the order they began on the
+  // host; clears.
+  std::vector<Span> collect_timeline(size_t from = 0);
+  size_t count() const { return marks_.size(); }
+  void clear();                          // drops the regions recorded so far
 
  private:
-  std::vector<std::pair<std::string, std::pair<void*, void*>>> marks_;
+  struct Mark {
+    std::string name;
+    void* begin = nullptr;
+    void* end = nullptr;
+    Stream stream = nullptr;  // timeline: the stream the region began on
+  };
+  std::vector<Mark> marks_;
   std::vector<void*> pool_;
   size_t used_ = 0;
   void* event();
 };
 struct OpRegion {  // RAII: times [construction, destruction) when the timer is on
   OpTimer& t;
+  size_t i = 0;
   OpRegion(OpTimer& timer, const char* name) : t(timer) {
-    if (t.on) t.begin(name);
+    if (t.on) i = t.begin(name);
   }
   ~OpRegion() {
-    if (t.on) t.end();
+    if (t.on) t.end(i);
   }
 };
 

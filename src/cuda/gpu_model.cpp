@@ -284,7 +284,7 @@ class GpuForward : public DeviceForward {
     const PdlScope pdl(opt_.cuda_pdl);  // cuda.pdl: this forward's launches (and a capture of them)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     if (opt_.cuda_l2_prefetch) sc.enable_prefetch();
-    const bool graph = opt_.cuda_graph && !taps && !sc.timer.on && !ds.graphs_failed && n <= kGraphMaxTokens;
+    const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
 
@@ -296,7 +296,9 @@ class GpuForward : public DeviceForward {
     Scratch& sc = ds.scratch;
     for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
     step.bounds = true;
-    auto& g = ds.graphs[n * 4 + int(rows)];  // one captured step per (chunk size, logit rows)
+    // One captured step per (chunk size, logit rows), and apart from them the timeline's (OpTimer: its events are
+    // nodes of the graph).
+    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0)];
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
       return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),
@@ -346,11 +348,13 @@ class GpuForward : public DeviceForward {
     const int64_t D = c.hidden, H = c.hc_mult;
     Scratch& sc = ds.scratch;
     // cuda.streams: independent chains of each sublayer on a side stream (gpu_attention, gpu_moe); serial with
-    // taps (their downloads order against the thread's stream) and per-op timing (regions on one stream).
-    sc.branch = opt_.cuda_streams && !taps && !sc.timer.on ? sc.side : nullptr;
+    // taps (their downloads order against the thread's stream) and per-op timing (regions on one stream; a
+    // timeline keeps the streams, see OpTimer).
+    const bool serial_timer = sc.timer.on && !sc.timer.timeline;
+    sc.branch = opt_.cuda_streams && !taps && !serial_timer ? sc.side : nullptr;
     sc.branch2 = sc.branch ? sc.side2 : nullptr;
     // cuda.l2_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are compute-bound).
-    sc.prefetch = opt_.cuda_l2_prefetch && !taps && !sc.timer.on && n <= 32 ? sc.pf : nullptr;
+    sc.prefetch = opt_.cuda_l2_prefetch && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
     sc.pf_forked = false;
 
     float* X = sc.f("X", n * H * D);

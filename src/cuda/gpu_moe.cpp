@@ -222,9 +222,25 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   tap_io(m.tap, "ffn.out", out, {r.n, D});
 }
 
+// The routing, then (cuda.streams) the shared expert on the side stream, forked after the router: it runs beside the
+// routed experts, which it has until the combine to finish beside. (Forked before the router, it ran beside it and
+// slowed it, at decode, from ~10 to 20-28 us of the critical path: the router's gate GEMV shared the SMs and the
+// bandwidth with the shared expert's, and the top-k launch waited for both.)
+template <Rsf P>
+GpuRouted<P> route_then_shared(const MoeCtx& m) {
+  GpuRouted<P> r = route<P>(m);
+  if (m.shared_side) {
+    float* shared = m.sc.f("moe.shared", m.n * m.c.hidden);
+    branch_fork(m.shared_side, m.sc.ev_fork);
+    const StreamScope on_side(m.shared_side);
+    shared_expert(m, shared);
+  }
+  return r;
+}
+
 template <class Runner>
 void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
-  combine(runner, m, route<Runner::consumes>(m), out);
+  combine(runner, m, route_then_shared<Runner::consumes>(m), out);
 }
 
 }  // namespace
@@ -234,19 +250,14 @@ void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOpt
   MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
   if (defer) *defer = GpuCombine{};
   if (defer && !tap.on("ffn.routed") && !tap.on("ffn.out")) m.defer = defer;  // taps read out
-  // cuda.streams: the shared expert on the side stream from here, beside the router and the routed experts.
-  if ((w.s1 || w.sfp8) && sc.branch) {
-    m.shared_side = sc.branch;
-    float* shared = sc.f("moe.shared", n * c.hidden);
-    branch_fork(sc.branch, sc.ev_fork);
-    const StreamScope on_side(sc.branch);
-    shared_expert(m, shared);
-  }
+  // cuda.streams: the shared expert on the side stream, beside the routed experts (route_then_shared).
+  if ((w.s1 || w.sfp8) && sc.branch) m.shared_side = sc.branch;
   if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
   if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
-    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out);
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_then_shared<Rsf::Unfolded>(m)), out);
   if (opt.fault_shared_scaled)
-    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route<Rsf::Unfolded>(m)), out, float(c.routed_scaling));
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_then_shared<Rsf::Unfolded>(m)), out,
+                   float(c.routed_scaling));
   return opt.rsf_on_output ? moe_with(RunnerScalesOutput{}, m, out) : moe_with(RunnerFoldedWeights{}, m, out);
 }
 

@@ -65,12 +65,19 @@ struct StreamScope {
 };
 void* event_create_sync();  // an event without timing (for fork and join)
 void branch_fork(Stream side, void* ev);
+// branch_fork in two steps, so that the current stream can enqueue work between them that `side` must not wait for
+// (launched first, so its blocks are scheduled before the side's): branch_mark records `ev` on the current stream
+// (when `side` is non-null), branch_wait makes `side` wait for that record.
+void branch_mark(Stream side, void* ev);
+void branch_wait(Stream side, void* ev);
 void branch_join(Stream side, void* ev);
 
 // Events for timing (bench).
 void* event_create();
 void event_destroy(void* e) noexcept;
 void event_record(void* e, Stream s);
+// Recorded on stream_of(s); inside a stream capture as an event node of the graph, which records it at each replay.
+void event_record_node(void* e, Stream s);
 float event_elapsed_ms(void* start, void* stop);  // synchronizes on stop
 
 // Streams and CUDA graphs (the decode graph, cuda.graph; the bench times kernels as a captured step runs them).

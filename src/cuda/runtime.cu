@@ -84,6 +84,14 @@ void event_destroy(void* e) noexcept {
   if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
 void event_record(void* e, Stream s) { PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), s)); }
+void event_record_node(void* e, Stream s) {
+  const cudaStream_t cs = stream_of(s);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  PLUMB_CUDA_CHECK(cudaStreamIsCapturing(cs, &st));
+  // (The external flag only under capture: outside one the runtime refuses it.)
+  PLUMB_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(e), cs,
+                                            st == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault));
+}
 float event_elapsed_ms(void* start, void* stop) {
   PLUMB_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
   float ms = 0;
@@ -110,6 +118,12 @@ void branch_fork(Stream side, void* ev) {
   if (!side) return;
   PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream_of(nullptr)));
   PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
+}
+void branch_mark(Stream side, void* ev) {
+  if (side) PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream_of(nullptr)));
+}
+void branch_wait(Stream side, void* ev) {
+  if (side) PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
 }
 void branch_join(Stream side, void* ev) {
   if (!side) return;
