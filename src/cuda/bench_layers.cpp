@@ -561,6 +561,7 @@ struct DecodeRow {
   int64_t pos_first = 0, pos_last = 0;
   bool split_measured = false;
   std::vector<std::pair<std::string, double>> breakdown;  // per-op region: us per step over all layers
+  std::vector<OpTimer::Span> timeline;                    // --timeline: one replayed step's regions
   std::string note, error;
 };
 struct PrefillRow {
@@ -823,10 +824,10 @@ int run(const LayerBenchOptions& o) {
         step(nullptr, nullptr);
         const size_t k = timer.count();
         step(nullptr, nullptr);
-        const auto spans = timer.collect_timeline(timer.count() > k ? k : 0);
+        r.timeline = timer.collect_timeline(timer.count() > k ? k : 0);
         timer.on = timer.timeline = false;
         out(fmt::format("  batch {} timeline (us from the first region's start; region: start - end):\n", B));
-        for (const auto& s : spans) out(fmt::format("    {:>8.1f} - {:>8.1f}  {:>7.1f}  {}\n", s.start_us, s.end_us, s.end_us - s.start_us, s.name));
+        for (const auto& s : r.timeline) out(fmt::format("    {:>8.1f} - {:>8.1f}  {:>7.1f}  {}\n", s.start_us, s.end_us, s.end_us - s.start_us, s.name));
       }
       // The part outside the layers. On the GPU: the device time of the "embed" and "head" op regions (CUDA events
       // on an untapped step; the LM head dominates). The step's upload, the logits download and the host work between
@@ -959,6 +960,11 @@ int run(const LayerBenchOptions& o) {
                                       nlohmann::json b = nlohmann::json::object();
                                       for (const auto& [k, v] : r.breakdown) b[k] = v;
                                       return b;
+                                    }()},
+                                   {"timeline_us", [&] {  // --timeline: [name, start, end] per region
+                                      nlohmann::json t = nlohmann::json::array();
+                                      for (const auto& s : r.timeline) t.push_back({s.name, s.start_us, s.end_us});
+                                      return t;
                                     }()},
                                    {"tokens_per_s", jnum(r.tok_s)},
                                    {"layer_bytes", jnum(r.layer_bytes)},

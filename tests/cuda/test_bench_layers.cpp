@@ -1,11 +1,13 @@
 // `plumb bench --layers` (src/cuda/bench_layers.cpp) on a tiny model: the synthetic checkpoint is valid in the
 // official formats, deterministic whatever the thread count, loads and runs on the CPU reference with finite,
 // O(1) logits, and the whole bench flow runs on the CPU backend (no GPU needed); on a GPU the bench runs, writes
-// its JSON and reuses a folder it wrote; a --dir folder that is not its own is never written into.
+// its JSON and reuses a folder it wrote, and --timeline lists a replayed step's regions; a --dir folder that is not its
+// own is never written into.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cuda/bench_layers.h"
@@ -210,6 +212,38 @@ TEST_F(BenchLayersGpu, RunsWritesJsonAndReusesItsFolder) {
   ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
   std::ifstream(o.json) >> j;
   EXPECT_TRUE(j["checkpoint_reused"].get<bool>());
+}
+
+// --timeline: one replayed step's op regions (CUDA graph and side streams kept, the events in a graph of their own),
+// in the JSON as [name, start, end]: every region of the forward, starting at the first (embed) and in order of
+// launch, each a well-formed span; the per-op breakdown beside it (its eager, serial step) is unchanged.
+TEST_F(BenchLayersGpu, TimelineListsEveryRegionOfAReplayedStep) {
+  TempDir t;
+  auto o = tiny(2);
+  o.decode_batches = {1, 3};
+  o.prefill = {};
+  o.timeline = true;
+  o.patches = "cuda.graph,cuda.streams";
+  o.json = (t.path() / "out.json").string();
+  ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
+  nlohmann::json j;
+  std::ifstream(o.json) >> j;
+  for (const auto& r : j["layer_decode"]) {
+    const auto& tl = r["timeline_us"];
+    ASSERT_GE(tl.size(), 10u) << r.dump();
+    EXPECT_EQ(tl[0][0], "embed");
+    EXPECT_EQ(tl[0][1].get<double>(), 0.0);
+    std::map<std::string, int> count;
+    for (const auto& s : tl) {
+      const double a = s[1].get<double>(), b = s[2].get<double>();
+      EXPECT_TRUE(std::isfinite(a) && std::isfinite(b) && a >= 0.0 && b >= a) << s.dump();
+      count[s[0].get<std::string>()]++;
+    }
+    EXPECT_EQ(count["hc_pre"], 2 * o.layers) << tl.dump();
+    for (const char* name : {"attn.q_kv", "attn.compressor", "attn.core", "attn.out_proj", "moe.router", "moe.routed", "moe.shared", "head"})
+      EXPECT_GT(count[name], 0) << name << " missing from " << tl.dump();
+    EXPECT_FALSE(r["breakdown_us"].empty());
+  }
 }
 
 // A --dir folder: written when empty, reused when it holds the same synthetic checkpoint (model and config.json),
