@@ -54,7 +54,6 @@ Stream stream_of(Stream s);
 // stream, 2: the second side stream). Per-stream resources (workspaces, scratch) are chosen by it: one workspace
 // must not serve concurrent launches.
 int stream_lane();
-inline bool on_side_stream() { return stream_lane() != 0; }
 struct StreamScope {
   explicit StreamScope(Stream s, int lane = 1);
   ~StreamScope();
