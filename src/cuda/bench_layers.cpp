@@ -827,7 +827,9 @@ int run(const LayerBenchOptions& o) {
         r.timeline = timer.collect_timeline(timer.count() > k ? k : 0);
         timer.on = timer.timeline = false;
         out(fmt::format("  batch {} timeline (us from the first region's start; region: start - end):\n", B));
-        for (const auto& s : r.timeline) out(fmt::format("    {:>8.1f} - {:>8.1f}  {:>7.1f}  {}\n", s.start_us, s.end_us, s.end_us - s.start_us, s.name));
+        for (const auto& s : r.timeline)  // (steps inside an op region, "op/step", indented)
+          out(fmt::format("    {:>8.1f} - {:>8.1f}  {:>7.1f}  {}{}\n", s.start_us, s.end_us, s.end_us - s.start_us,
+                          s.name.find('/') != std::string::npos ? "  " : "", s.name));
       }
       // The part outside the layers. On the GPU: the device time of the "embed" and "head" op regions (CUDA events
       // on an untapped step; the LM head dominates). The step's upload, the logits download and the host work between

@@ -120,7 +120,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
-  nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
+  {
+    const OpRegion d(tm, "q/wq_a", true);
+    nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
+  }
   branch_wait(side, sc.ev_fork);
   branch_wait(side2, sc.ev_fork);
 
@@ -136,7 +139,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   {
     const StreamScope on_side(side);
     region.emplace(tm, "attn.q_kv");  // (the KV row's: a region of its own on its stream)
-    nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
+    {
+      const OpRegion d(tm, "kv/wkv", true);
+      nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
+    }
     nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
     nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
     tap_put(tap, "attn.kv", kv, {n, Dh});
@@ -150,11 +156,15 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
     if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
     if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);
-    if (crows && !(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done))) {
-      project_comp(*w.comp, x, n, *crows, sc);
-      if (irows) project_comp(*w.icomp, x, n, *irows, sc);
+    if (crows) {
+      const OpRegion d(tm, "comp/proj", true);
+      if (!(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done))) {
+        project_comp(*w.comp, x, n, *crows, sc);
+        if (irows) project_comp(*w.icomp, x, n, *irows, sc);
+      }
     }
     if (type != AttnType::Sliding) {
+      const OpRegion d(tm, "comp/step", true);
       compressor_step(*w.comp, rope, c.rms_eps, *crows, n, step, st.comp, nm, /*rotate=*/false);
       a.entries = st.comp.entries.as<float>();
       a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
@@ -169,9 +179,15 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // indexer's wq_b read it without a conversion launch each.
   region.emplace(tm, "attn.q_kv");
   auto* qr16 = x16 ? static_cast<uint16_t*>(sc.get("attn.qr16", size_t(n) * size_t(QL) * 2)) : nullptr;
-  if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
+  {
+    const OpRegion d(tm, "q/norm", true);
+    if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
+  }
   float* q = sc.f("attn.q", n * H * Dh);
-  nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
+  {
+    const OpRegion d(tm, "q/wq_b", true);
+    nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
+  }
   // head_rms, then RoPE; on CSA layers after the indexer's projection below, in one call with the indexer query's
   // RoPE (one launch with the reference numerics: the bits of the two launches).
   if (type != AttnType::CSA) {
@@ -185,10 +201,16 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const int64_t nh = c.index_heads, dh = c.index_head_dim;
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
     float* iq = sc.f("attn.index.q", n * nh * dh);
-    nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
+    {
+      const OpRegion d(tm, "index/wq_b", true);
+      nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
+    }
     RopeRows ir;
     ir.x = iq, ir.rows = n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = nh;
-    nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H, &ir);
+    {
+      const OpRegion d(tm, "index/norm_rope", true);
+      nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H, &ir);
+    }
     tap_put(tap, "attn.q", q, {n, H, Dh});
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
     branch_join(side2, sc.ev_join);  // the indexer's keys and head weights come from the compressors' stream
@@ -218,6 +240,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     if (ia.topk_scratch_bytes) ia.topk_scratch = sc.get("attn.index.select", ia.topk_scratch_bytes);
     // indexer.tc_scores where it fits, else indexer.dmma_scores where it fits, else the exact paths. (Each patch
     // applies at every size, so a graph, sized by the cache capacity, takes the eager step's path.)
+    const OpRegion d(tm, "index/topk", true);  // (after the join: the compressors' end shows as a gap before it)
     fwd_indexer(ia, nullptr,
                 w.index_tc && fwd_indexer_tc_fits(ia)       ? kIndexerTc
                 : w.index_dmma && fwd_indexer_dmma_fits(ia) ? kIndexerDmma
@@ -286,6 +309,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   uint16_t* mid16 = wo_fp8 && !wo_gemm && wo_b_gemv && !nm.official()
                         ? static_cast<uint16_t*>(sc.get("attn.mid16", size_t(n) * size_t(G * R) * 2))
                         : nullptr;
+  std::optional<OpRegion> d(std::in_place, tm, "out/wo_a", true);
   if (wo_gemm)
     fp8_linear_grouped_gemm(*w.wo_a.fp8, int(G), o, cuda::Act::F32, n, mid,
                             gemm_buffers(sc, size_t(n) * size_t(H * Dh), size_t(w.wo_a.fp8->rows * w.wo_a.fp8->cols)));
@@ -294,7 +318,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
                        sc.ws, nullptr, mid16);
   else
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
+  d.emplace(tm, "out/wo_b", true);
   nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
+  d.reset();
   region.reset();
   tap_io(tap, "attn.out", out, {n, D});
 }

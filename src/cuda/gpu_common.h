@@ -126,14 +126,17 @@ class OpTimer {
   size_t used_ = 0;
   void* event();
 };
-struct OpRegion {  // RAII: times [construction, destruction) when the timer is on
+// RAII: times [construction, destruction) when the timer is on. A `detail` region (one kernel or step inside an op
+// region, named "op/step") is recorded only in a timeline, so the per-op sums stay the op regions'.
+struct OpRegion {
   OpTimer& t;
   size_t i = 0;
-  OpRegion(OpTimer& timer, const char* name) : t(timer) {
-    if (t.on) i = t.begin(name);
+  bool on;
+  OpRegion(OpTimer& timer, const char* name, bool detail = false) : t(timer), on(t.on && (!detail || t.timeline)) {
+    if (on) i = t.begin(name);
   }
   ~OpRegion() {
-    if (t.on) t.end(i);
+    if (on) t.end(i);
   }
 };
 

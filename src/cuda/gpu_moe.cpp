@@ -51,10 +51,12 @@ GpuRouted<P> route(const MoeCtx& m) {
   r.idx = static_cast<int32_t*>(m.sc.get("moe.idx", size_t(m.n) * size_t(r.K) * 4));
   if (m.type == MlpType::Learned) r.select = m.sc.f("moe.select", int64_t(m.n) * r.E);
   // fp32 logits; x . bf16(gate) under numerics.official (DeepSeek's Gate), bf16 operands and logits for router.bf16
+  std::optional<OpRegion> d(std::in_place, m.sc.timer, "router/gate", true);
   if (m.nm.official() || m.opt.router_bf16)
     linear_bf16_weight(m.w.gate, m.x, m.n, c.hidden, r.logits, r.E, m.opt.router_bf16);
   else
     fwd_linear(m.w.gate.d, m.x, m.n, c.hidden, 0, r.E, r.logits, r.E, nullptr);
+  d.emplace(m.sc.timer, "router/topk", true);
   RouteArgs a;
   a.logits = r.logits;
   a.bias = m.type == MlpType::Learned ? f32(m.w.bias) : nullptr;
@@ -189,9 +191,15 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         g = m.sc.get("moe.groups", moe_group_bytes(nc, r.K, r.E));
         moe_group(idx, nc, r.K, r.E, g);
       }
-      moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
-                  m.sc.ws, nullptr, g);
-      moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
+      {
+        const OpRegion d(m.sc.timer, "routed/gate_up", true);
+        moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
+                    m.sc.ws, nullptr, g);
+      }
+      {
+        const OpRegion d(m.sc.timer, "routed/down", true);
+        moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
+      }
       join_for_add();
       // One chunk, nothing after the combine (no shared expert to add separately, no fault scale, no bf16 rounding of
       // the output): the combine is left to the reader of `out` (gpu_moe's defer), one launch fewer at decode.
