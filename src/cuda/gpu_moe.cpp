@@ -231,9 +231,9 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
 }
 
 // The routing, then (cuda.streams) the shared expert on the side stream, forked after the router: it runs beside the
-// routed experts, which it has until the combine to finish beside. (Forked before the router, it ran beside it and
-// slowed it, at decode, from ~10 to 20-28 us of the critical path: the router's gate GEMV shared the SMs and the
-// bandwidth with the shared expert's, and the top-k launch waited for both.)
+// routed experts and has until the combine to finish. (Forked before the router, it ran beside the router and slowed
+// it at decode from ~13 to 20-28 us of the critical path: the router's gate GEMV shared the SMs and the bandwidth
+// with the shared expert's GEMVs; `plumb bench --layers --timeline`.)
 template <Rsf P>
 GpuRouted<P> route_then_shared(const MoeCtx& m) {
   GpuRouted<P> r = route<P>(m);
