@@ -78,6 +78,43 @@ __device__ __forceinline__ void dmma_m8n8k4(double (&c)[2], double a, double b) 
   asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};" : "+d"(c[0]), "+d"(c[1]) : "d"(a), "d"(b));
 }
 
+// ---- the MoE combine ----
+
+// y[0, W) = scale * sum_k w[t, k] * ys[t * K + k, d ..] (+ add[t, d ..]) for W (1 or 4, then 16-byte aligned)
+// consecutive columns d of token t: fmaf in k order, then the scale and the add each rounded alone (no contraction,
+// so it is also the combine without `add` followed by an add). The one arithmetic of launch_combine's kernel and of
+// hc_pre's fused hc_post when the MoE combine is left to it (HcArgs::y_slots): the two give the same bits.
+template <int W>
+__device__ __forceinline__ void moe_combine_cols(const float* ys, const float* w, const float* add, int K, float scale, int64_t D,
+                                                 int64_t t, int64_t d, float (&y)[W]) {
+  static_assert(W == 1 || W == 4, "one column or a 16-byte group of four");
+  auto load = [](const float* p, float (&v)[W]) {
+    if constexpr (W == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      v[0] = *p;
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < W; ++i) y[i] = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    const float wk = w ? w[t * K + k] : 1.0f;
+    float v[W];
+    load(ys + (t * K + k) * D + d, v);
+#pragma unroll
+    for (int i = 0; i < W; ++i) y[i] = fmaf(wk, v[i], y[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < W; ++i) y[i] = __fmul_rn(y[i], scale);
+  if (add) {
+    float v[W];
+    load(add + t * D + d, v);
+#pragma unroll
+    for (int i = 0; i < W; ++i) y[i] = __fadd_rn(y[i], v[i]);
+  }
+}
+
 // 16-byte weight loads: read once, so keep them out of L1 (hint 1 also asks L2 to fetch 256-byte blocks).
 template <int HINT>
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {

@@ -59,7 +59,7 @@ __device__ __forceinline__ void hc_load(const float* p, float (&v)[VEC ? 4 : 1])
 }
 
 // The previous sublayer's output y at W columns d of token t: loaded, or (HcArgs::y_slots) the MoE combine of its
-// slots' rows, combine_kernel's arithmetic (fmaf in k order, then the scale and the add, each rounded alone).
+// slots' rows (moe_combine_cols: the combine launch's arithmetic).
 struct HcY {
   const float* y = nullptr;
   const float* slots = nullptr;
@@ -70,25 +70,8 @@ struct HcY {
 };
 template <bool VEC>
 __device__ __forceinline__ void hc_y(const HcY& src, int64_t t, int64_t D, int64_t d, float (&yv)[VEC ? 4 : 1]) {
-  constexpr int W = VEC ? 4 : 1;
-  if (!src.slots) return hc_load<VEC>(src.y + t * D + d, yv);
-#pragma unroll
-  for (int w = 0; w < W; ++w) yv[w] = 0.0f;
-  for (int k = 0; k < src.k; ++k) {
-    const float wk = src.w ? src.w[t * src.k + k] : 1.0f;
-    float v[W];
-    hc_load<VEC>(src.slots + (t * src.k + k) * D + d, v);
-#pragma unroll
-    for (int w = 0; w < W; ++w) yv[w] = fmaf(wk, v[w], yv[w]);
-  }
-#pragma unroll
-  for (int w = 0; w < W; ++w) yv[w] = __fmul_rn(yv[w], src.scale);
-  if (src.add) {
-    float v[W];
-    hc_load<VEC>(src.add + t * D + d, v);
-#pragma unroll
-    for (int w = 0; w < W; ++w) yv[w] = __fadd_rn(yv[w], v[w]);
-  }
+  if (src.slots) moe_combine_cols<VEC ? 4 : 1>(src.slots, src.w, src.add, src.k, src.scale, D, t, d, yv);
+  else hc_load<VEC>(src.y + t * D + d, yv);
 }
 
 __host__ __device__ inline HcY hc_y_of(const HcArgs& a) { return HcY{a.y, a.y_slots, a.y_w, a.y_add, a.y_k, a.y_scale}; }

@@ -322,23 +322,11 @@ __global__ void combine_kernel(const float* __restrict__ ys, const float* __rest
   const int tok = int(blockIdx.y);
   const int64_t d = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
-  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int k = 0; k < K; ++k) {
-    const float wk = w ? w[tok * K + k] : 1.0f;
-    const float4 v = *reinterpret_cast<const float4*>(ys + (int64_t(tok) * K + k) * D + d);
-    s.x = fmaf(wk, v.x, s.x);
-    s.y = fmaf(wk, v.y, s.y);
-    s.z = fmaf(wk, v.z, s.z);
-    s.w = fmaf(wk, v.w, s.w);
-  }
-  // Rounded as separate operations (no contraction of the scale and the add into an FMA): y is then the same
-  // bits as this combine without `add` followed by fwd_add (gpu_moe adds the shared expert either way).
-  s.x = __fmul_rn(s.x, out_scale), s.y = __fmul_rn(s.y, out_scale), s.z = __fmul_rn(s.z, out_scale), s.w = __fmul_rn(s.w, out_scale);
-  if (add) {
-    const float4 v = *reinterpret_cast<const float4*>(add + int64_t(tok) * D + d);
-    s.x = __fadd_rn(s.x, v.x), s.y = __fadd_rn(s.y, v.y), s.z = __fadd_rn(s.z, v.z), s.w = __fadd_rn(s.w, v.w);
-  }
-  *reinterpret_cast<float4*>(y + int64_t(tok) * D + d) = s;
+  // (moe_combine_cols rounds the scale and the add as separate operations: y is then the same bits as this combine
+  // without `add` followed by fwd_add, and as hc_pre's fused hc_post that combines itself.)
+  float s[4];
+  moe_combine_cols<4>(ys, w, add, K, out_scale, D, tok, d, s);
+  *reinterpret_cast<float4*>(y + int64_t(tok) * D + d) = make_float4(s[0], s[1], s[2], s[3]);
 }
 
 __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols, int64_t ldx, int64_t total,

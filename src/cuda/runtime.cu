@@ -114,17 +114,13 @@ void* event_create_sync() {
   PLUMB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return e;
 }
-void branch_fork(Stream side, void* ev) {
-  if (!side) return;
-  PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream_of(nullptr)));
-  PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
-}
 void branch_mark(Stream side, void* ev) {
   if (side) PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream_of(nullptr)));
 }
 void branch_wait(Stream side, void* ev) {
   if (side) PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
 }
+void branch_fork(Stream side, void* ev) { branch_mark(side, ev), branch_wait(side, ev); }
 void branch_join(Stream side, void* ev) {
   if (!side) return;
   PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), side));
