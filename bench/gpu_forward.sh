@@ -7,7 +7,7 @@
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
+# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
@@ -114,6 +114,13 @@ if [ -n "${LAYER_AB:-}" ]; then  # two builds: $C/plumb and $C/$LAYER_AB (anothe
   note "layer A/B: plumb vs $LAYER_AB"
   layer_ab "plumb $FAST" "$LAYER_AB $FAST"
   note "layer A/B done"
+fi
+if [ -n "${LAYER_AB_VARIANTS:-}" ]; then  # any variants "BINARY PATCHES" separated by ';' (FAST stands for the FAST
+  # patches), e.g. "plumb-old FAST;plumb FAST;plumb FAST,cuda.pdl"
+  note "layer A/B: $LAYER_AB_VARIANTS"
+  IFS=';' read -r -a vs <<<"${LAYER_AB_VARIANTS//FAST/$FAST}"
+  layer_ab "${vs[@]}"
+  note "layer A/B (variants) done"
 fi
 if [ -n "${LAYER_AB_PATCHES:-}" ]; then  # one build: FAST against FAST + these patches
   note "layer A/B: FAST vs FAST,$LAYER_AB_PATCHES"
