@@ -165,6 +165,54 @@ struct PrefillRow {
 // 8K tokens of uniform random top-6 routing, each kernel alone, and the crossover sweep against the decode kernels
 // (passes of 1024 slots, each reading every active expert) over the token counts where it lies. Also checks at
 // these sizes: the grouping against the routing (exact) and the grouped h against the decode kernel's (f16).
+// What a layer's chain of dependent steps costs beyond its bytes (the persistent layer kernel's question, docs/cuda.md):
+// four buffers of wq_b's size (33.5 MB) streamed one after another, as four launches or one persistent launch with
+// grid barriers, without and with a 10 us latency-bound step before each of the last three (about an indexer's or an
+// attention's step at batch 1), the persistent launch also staging the next buffer during those steps (into L2, all
+// of it or half; or 200 KB per block into shared memory); and one read of all the bytes. Two copies of the buffers alternate so that the graph's calls read cold bytes.
+void bench_phases(Bench& B) {
+  constexpr int P = 4;
+  constexpr size_t kBytes = size_t(32768) * 1024;
+  constexpr unsigned kGapNs = 10000;
+  DeviceBuffer bufs(2 * P * kBytes), bar(64);
+  d::fill(bufs.get(), bufs.bytes(), d::kFillBytes, 77, 0, 0);
+  bar.fill_byte(0);
+  auto at = [&](int i, int p) { return bufs.as<uint8_t>() + (size_t(i % 2) * P + size_t(p)) * kBytes; };
+  const double total = double(P) * double(kBytes);
+  const std::string name = fmt::format("phases: {} x {:.1f} MB", P, double(kBytes) / 1e6);
+  for (const unsigned gap : {0u, kGapNs}) {
+    const std::string note = gap ? fmt::format("{} steps of {} us included", P - 1, gap / 1000) : "";
+    Timing t = B.time([&](int i) {
+      for (int p = 0; p < P; ++p) {
+        if (p > 0 && gap) d::spin(gap, B.s);
+        d::read_stream(at(i, p), kBytes, B.sink.as<unsigned>(), B.s);
+      }
+    });
+    B.add(B.rows, {name, "a launch per step", note, 1, 0, total}, t);
+    for (const int pf : {0, 1, 2, 3}) {
+      if (pf && !gap) continue;
+      d::PhaseArgs a;
+      a.phases = P, a.gap_ns = gap, a.prefetch = pf, a.bar = bar.as<unsigned>(), a.sink = B.sink.as<unsigned>();
+      try {
+        t = B.time([&](int i) {
+          d::PhaseArgs b = a;
+          for (int p = 0; p < P; ++p) b.buf[p] = at(i, p), b.bytes[p] = kBytes;
+          d::phase_stream(b, B.s);
+        });
+      } catch (const std::exception& ex) {
+        fmt::print("skipped the persistent phase launch: {}\n", ex.what());
+        d::dsync();
+        continue;
+      }
+      static const char* const kVariant[4] = {"one launch, grid barriers", "one launch, next buffer to L2 in the steps",
+                                              "one launch, half of it to L2 in the steps", "one launch, 26 MB of it to smem in the steps"};
+      B.add(B.rows, {name, kVariant[pf], note, 1, 0, total}, t);
+    }
+  }
+  const Timing t = B.time([&](int i) { d::read_stream(at(i, 0), P * kBytes, B.sink.as<unsigned>(), B.s); });
+  B.add(B.rows, {name, "one read of all the bytes", "", 1, 0, total}, t);
+}
+
 std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K, Workspace& ws, uint64_t& seed) {
   const int E = int(moe.E);
   const int64_t D = moe.D, I = moe.I;
@@ -438,6 +486,7 @@ int run_bench(const BenchOptions& opt) {
   d::fill(B.flush.get(), B.flush.bytes(), d::kFillBytes, 2, 0, 0);
   // Copies of a small matrix so that the graph's calls stream cold weights: >= 3x L2 in all.
   auto copies_for = [&](double bytes) { return std::max(1, int(std::ceil(3.0 * double(B.dev.l2_bytes) / bytes))); };
+  if (B.want("phases")) bench_phases(B);
 
   // ---- synthetic V4-Flash weights ----
   const int E = 256, K = 6;

@@ -226,6 +226,30 @@ __device__ __forceinline__ void store_out<float>(float* p, float v) { *p = v; }
 template <>
 __device__ __forceinline__ void store_out<__half>(__half* p, float v) { *p = __float2half_rn(v); }
 
+// ---- bandwidth probes (bench) ----
+
+// The XOR of this thread's 16-byte words of p[0, n16): words i0, i0 + stride, ..., four independent loads in flight
+// (no L1 allocation). read_stream's kernel and the phase bench's streaming steps.
+__device__ __forceinline__ uint32_t xor_stream(const uint4* __restrict__ p, size_t n16, size_t i0, size_t stride) {
+  uint32_t acc = 0;
+  size_t i = i0;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
+                   : "l"(p + i + u * stride));
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  return acc;
+}
+
 // ---- cp.async (16 bytes, global to shared) ----
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }

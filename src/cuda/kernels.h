@@ -103,6 +103,26 @@ void fill(void* p, size_t count, int kind, uint64_t seed, float lo, float hi, St
 // Reads `bytes` (multiple of 16) with 16-byte loads; writes one word to `sink` so the read is not elided.
 void read_stream(const void* p, size_t bytes, unsigned* sink, Stream s = nullptr);
 void copy_d2d(void* dst, const void* src, size_t bytes, Stream s = nullptr);
+// The phase bench (bench_phases.cu): how much a layer's chain of dependent steps costs beyond its bytes, in one
+// persistent launch (one block of 1024 threads per SM, cooperative: all resident) that streams `phases` buffers one
+// after another with a grid barrier between them (each step's data dependency), and before each step after the
+// first a latency-bound step of gap_ns on one thread (an indexer, an attention), with a grid barrier after it;
+// prefetch (the persistent layer kernel's plan: weights known in advance stream while latency-bound steps run):
+// meanwhile every block prefetches its lines of the next buffer into L2 (1: all, 2: the first half) or copies the
+// first 200 KB of its contiguous share into shared memory (3). bar: 2 words, zero on entry, left zero.
+constexpr int kMaxPhases = 8;
+struct PhaseArgs {
+  const void* buf[kMaxPhases] = {};
+  size_t bytes[kMaxPhases] = {};  // multiples of 16
+  int phases = 0;
+  unsigned gap_ns = 0;
+  int prefetch = 0;
+  unsigned* bar = nullptr;
+  unsigned* sink = nullptr;
+};
+void phase_stream(const PhaseArgs& a, Stream s = nullptr);
+// One thread waiting ns nanoseconds: the separate-launch twin of a phase's latency-bound step.
+void spin(unsigned ns, Stream s = nullptr);
 
 // ---- decode GEMV/GEMM (gemv.cu) ----
 enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2 };

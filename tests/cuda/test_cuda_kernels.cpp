@@ -1063,3 +1063,30 @@ TEST_F(CudaMoe, RoutedMoeMatchesReferenceMoe) {
   expect_close("routed moe (folded runner) vs fp32 reference moe", cuda::to_host<float>(y, size_t(n * D)), ref.data, D, 5e-3);
   expect_close("routed moe (scales-output runner) vs fp32 reference moe", cuda::to_host<float>(y2, size_t(n * D)), ref.data, D, 5e-3);
 }
+
+// The phase bench's persistent launch (`plumb bench --only phases`): every staging mode, with and without the
+// latency-bound steps, runs to completion twice in a row on small buffers and leaves its barrier words zero (a
+// second launch would otherwise pass its barriers early, or hang), and the read data never matches the sink's magic.
+class CudaBenchProbes : public GpuTest {};
+TEST_F(CudaBenchProbes, PhaseStreamRunsEveryModeAndLeavesItsBarrierZero) {
+  namespace d = cuda::detail;
+  const size_t bytes = size_t(3) << 20;
+  cuda::DeviceBuffer bufs(3 * bytes), bar(64), sink(64);
+  d::fill(bufs.get(), bufs.bytes(), d::kFillBytes, 5, 0, 0);
+  bar.fill_byte(0), sink.fill_byte(0);
+  for (const unsigned gap : {0u, 2000u})
+    for (int pf = 0; pf < 4; ++pf)
+      for (int rep = 0; rep < 2; ++rep) {
+        d::PhaseArgs a;
+        a.phases = 3, a.gap_ns = gap, a.prefetch = pf, a.bar = bar.as<unsigned>(), a.sink = sink.as<unsigned>();
+        for (int p = 0; p < 3; ++p) a.buf[p] = bufs.as<uint8_t>() + size_t(p) * bytes, a.bytes[p] = bytes - 16 * size_t(p);
+        d::phase_stream(a);
+        cuda::synchronize();
+        const auto words = cuda::to_host<unsigned>(bar, 2);
+        EXPECT_EQ(words[0], 0u) << "gap " << gap << " ns, prefetch " << pf << ", launch " << rep;
+        EXPECT_EQ(words[1], 0u) << "gap " << gap << " ns, prefetch " << pf << ", launch " << rep;
+      }
+  EXPECT_EQ(cuda::to_host<unsigned>(sink, 1)[0], 0u);
+  d::PhaseArgs bad;
+  EXPECT_THROW(d::phase_stream(bad), std::exception);  // no phases, no barrier
+}

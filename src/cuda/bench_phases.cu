@@ -1,0 +1,122 @@
+// The phase bench's kernels (`plumb bench --only phases`): a persistent launch that streams buffers as dependent
+// phases with grid barriers and latency-bound steps between them, optionally prefetching the next buffer into L2
+// during those steps, and a one-thread wait as the separate-launch twin of such a step. They measure what the
+// persistent layer kernel planned in docs/cuda.md could gain over one launch per step, on bytes alone.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/launch.cuh"
+
+namespace plumb::cuda::detail {
+
+namespace {
+
+constexpr int kPhaseThreads = 1024;
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void wait_ns(unsigned ns) {
+  const uint64_t t0 = global_ns();
+  while (global_ns() - t0 < ns) {
+  }
+}
+
+// Every block arrives (after its threads' memory operations, fenced), then waits for all gridDim.x arrivals of this
+// barrier: `target` counts them up over the launch.
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target) {
+  __syncthreads();
+  target += gridDim.x;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bar, 1u);
+    unsigned v = 0;
+    do {
+      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(bar) : "memory");
+    } while (v < target);
+  }
+  __syncthreads();
+}
+
+// prefetch 1: every thread's 128-byte lines of the next buffer into L2 during the step; 2: only its first half;
+// 3: each block copies the first kStageBytes of its contiguous share of the next buffer into shared memory
+// (cp.async) during the step and reads that part from there (the rest of its share, and with 0-2 the whole buffer
+// grid-strided, from global memory).
+constexpr int kStageBytes = 200 * 1024;
+
+__global__ void __launch_bounds__(kPhaseThreads, 1) phase_kernel(const PhaseArgs a) {
+  extern __shared__ __align__(16) uint4 stage[];
+  const size_t stride = size_t(gridDim.x) * blockDim.x, i0 = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned target = 0;
+  uint32_t acc = 0;
+  for (int p = 0; p < a.phases; ++p) {
+    const auto* buf = static_cast<const uint4*>(a.buf[p]);
+    const size_t n16 = a.bytes[p] / 16;
+    // prefetch 3: this block's contiguous share [b0, b1) and its staged head [b0, b0 + staged).
+    const size_t share = (n16 + gridDim.x - 1) / gridDim.x, b0 = min(n16, size_t(blockIdx.x) * share), b1 = min(n16, b0 + share);
+    const size_t staged = a.prefetch == 3 && p > 0 && a.gap_ns ? min(b1 - b0, size_t(kStageBytes / 16)) : 0;
+    if (p > 0) {
+      grid_barrier(a.bar, target);  // step p - 1 done everywhere
+      if (a.gap_ns) {
+        if (a.prefetch == 1 || a.prefetch == 2)  // this thread's 128-byte lines of the next buffer (or its first half)
+          for (size_t j = i0 * 8; j < (a.prefetch == 2 ? n16 / 2 : n16); j += stride * 8) prefetch_l2(buf + j);
+        if (staged) {
+          for (size_t j = threadIdx.x; j < staged; j += blockDim.x) cp16(smem_u32(stage + j), buf + b0 + j);
+          cp_commit();
+        }
+        if (blockIdx.x == 0 && threadIdx.x == 0) wait_ns(a.gap_ns);
+        grid_barrier(a.bar, target);  // the latency-bound step's result
+      }
+    }
+    if (a.prefetch == 3 && p > 0 && a.gap_ns) {
+      cp_wait<0>();
+      __syncthreads();
+      for (size_t j = threadIdx.x; j < staged; j += blockDim.x) {
+        const uint4 v = stage[j];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      acc ^= xor_stream(buf + b0 + staged, b1 - b0 - staged, threadIdx.x, blockDim.x);
+      __syncthreads();  // the stage is refilled in the next step
+    } else {
+      acc ^= xor_stream(buf, n16, i0, stride);
+    }
+  }
+  if (acc == 0x12345678u) *a.sink = acc;  // practically never: keeps the loads alive
+  // The last block out leaves the counters zero for the next launch (every block has passed every barrier).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(a.bar + 1, 1u) == gridDim.x - 1) a.bar[0] = 0, a.bar[1] = 0, __threadfence();
+  }
+}
+
+__global__ void spin_kernel(unsigned ns) { wait_ns(ns); }
+
+}  // namespace
+
+void phase_stream(const PhaseArgs& a, Stream s) {
+  if (a.phases < 1 || a.phases > kMaxPhases || !a.bar || !a.sink) throw_arg("phase_stream: 1..8 phases, a barrier and a sink");
+  for (int p = 0; p < a.phases; ++p)
+    if (!a.buf[p] || a.bytes[p] % 16) throw_arg("phase_stream: every buffer non-null, a multiple of 16 bytes");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(sm_count())), cfg.blockDim = dim3(kPhaseThreads), cfg.stream = stream_of(s);
+  cfg.dynamicSmemBytes = a.prefetch == 3 ? kStageBytes : 0;
+  static bool raised = false;
+  if (a.prefetch == 3 && !raised) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(phase_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytes));
+    raised = true;
+  }
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeCooperative, at[0].val.cooperative = 1;  // every block resident: the barriers
+  cfg.attrs = at, cfg.numAttrs = 1;
+  PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, phase_kernel, a));
+  check_launch("phase_kernel");
+}
+
+void spin(unsigned ns, Stream s) {
+  spin_kernel<<<1, 1, 0, stream_of(s)>>>(ns);
+  check_launch("spin_kernel");
+}
+
+}  // namespace plumb::cuda::detail
