@@ -189,6 +189,17 @@ void bench_phases(Bench& B) {
       }
     });
     B.add(B.rows, {name, "a launch per step", note, 1, 0, total}, t);
+    // The same launches under PDL: each read launched while the step before it runs, its blocks first copying
+    // 200 KB each (26 MB) of their share into shared memory, or nothing, before they wait.
+    for (const size_t stage : {size_t(0), size_t(200) * 1024}) {
+      t = B.time([&](int i) {
+        for (int p = 0; p < P; ++p) {
+          if (p > 0 && gap) d::spin_pdl(gap, B.s);
+          d::staged_read(at(i, p), kBytes, stage, B.sink.as<unsigned>(), B.s);
+        }
+      });
+      B.add(B.rows, {name, stage ? "a launch per step, PDL, 26 MB to smem before the wait" : "a launch per step, PDL", note, 1, 0, total}, t);
+    }
     for (const int pf : {0, 1, 2, 3}) {
       if (pf && !gap) continue;
       d::PhaseArgs a;

@@ -93,6 +93,33 @@ __global__ void __launch_bounds__(kPhaseThreads, 1) phase_kernel(const PhaseArgs
 
 __global__ void spin_kernel(unsigned ns) { wait_ns(ns); }
 
+// The launch-per-step twins under programmatic dependent launch: the step waits for the previous read, lets the next
+// read launch, then spins; the read (one block of 1024 threads per SM) copies the first `stage` bytes of its block's
+// contiguous share into shared memory before its wait (weights: nothing the previous kernels write), then reads them
+// from there and the rest of its share from global memory.
+__global__ void spin_pdl_kernel(unsigned ns) {
+  pdl_begin();
+  wait_ns(ns);
+}
+__global__ void __launch_bounds__(kPhaseThreads, 1) staged_read_kernel(const uint4* __restrict__ buf, size_t n16, size_t stage16,
+                                                                        unsigned* sink) {
+  extern __shared__ __align__(16) uint4 stage[];
+  const size_t share = (n16 + gridDim.x - 1) / gridDim.x, b0 = min(n16, size_t(blockIdx.x) * share), b1 = min(n16, b0 + share);
+  const size_t staged = min(b1 - b0, stage16);
+  for (size_t j = threadIdx.x; j < staged; j += blockDim.x) cp16(smem_u32(stage + j), buf + b0 + j);
+  cp_commit();
+  pdl_begin();
+  cp_wait<0>();
+  __syncthreads();
+  uint32_t acc = 0;
+  for (size_t j = threadIdx.x; j < staged; j += blockDim.x) {
+    const uint4 v = stage[j];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  acc ^= xor_stream(buf + b0 + staged, b1 - b0 - staged, threadIdx.x, blockDim.x);
+  if (acc == 0x12345678u) *sink = acc;  // practically never: keeps the loads alive
+}
+
 }  // namespace
 
 void phase_stream(const PhaseArgs& a, Stream s) {
@@ -117,6 +144,19 @@ void phase_stream(const PhaseArgs& a, Stream s) {
 void spin(unsigned ns, Stream s) {
   spin_kernel<<<1, 1, 0, stream_of(s)>>>(ns);
   check_launch("spin_kernel");
+}
+
+void spin_pdl(unsigned ns, Stream s) { launch_as(true, "spin_pdl_kernel", spin_pdl_kernel, dim3(1), dim3(1), 0, s, ns); }
+
+void staged_read(const void* p, size_t bytes, size_t stage_bytes, unsigned* sink, Stream s) {
+  if (bytes % 16 || stage_bytes % 16 || stage_bytes > size_t(kStageBytes)) throw_arg("staged_read: multiples of 16, at most 200 KB staged");
+  static bool raised = false;
+  if (!raised) {
+    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(staged_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytes));
+    raised = true;
+  }
+  launch_as(true, "staged_read_kernel", staged_read_kernel, dim3(unsigned(sm_count())), dim3(kPhaseThreads), size_t(kStageBytes), s,
+            static_cast<const uint4*>(p), bytes / 16, stage_bytes / 16, sink);
 }
 
 }  // namespace plumb::cuda::detail

@@ -123,6 +123,12 @@ struct PhaseArgs {
 void phase_stream(const PhaseArgs& a, Stream s = nullptr);
 // One thread waiting ns nanoseconds: the separate-launch twin of a phase's latency-bound step.
 void spin(unsigned ns, Stream s = nullptr);
+// The same under programmatic dependent launch (the launch carries the attribute; the kernel waits for the previous
+// one, lets the next launch, then waits ns), and a read of `bytes` launched likewise whose blocks (one per SM) first
+// copy up to stage_bytes (<= 200 KB) of their contiguous share into shared memory, then wait, then read it there
+// and the rest from global memory: whether a kernel launched early can stage its weights during the previous step.
+void spin_pdl(unsigned ns, Stream s = nullptr);
+void staged_read(const void* p, size_t bytes, size_t stage_bytes, unsigned* sink, Stream s = nullptr);
 
 // ---- decode GEMV/GEMM (gemv.cu) ----
 enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
