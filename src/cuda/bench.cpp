@@ -161,15 +161,13 @@ struct PrefillRow {
   double flops = 0, us = 0, us_graph = 0;
 };
 
-// The routed experts at prefill: the grouped GEMMs (moe_group + moe_gate_up_grouped + moe_down_grouped) at 1K and
-// 8K tokens of uniform random top-6 routing, each kernel alone, and the crossover sweep against the decode kernels
-// (passes of 1024 slots, each reading every active expert) over the token counts where it lies. Also checks at
-// these sizes: the grouping against the routing (exact) and the grouped h against the decode kernel's (f16).
 // What a layer's chain of dependent steps costs beyond its bytes (the persistent layer kernel's question, docs/cuda.md):
 // four buffers of wq_b's size (33.5 MB) streamed one after another, as four launches or one persistent launch with
 // grid barriers, without and with a 10 us latency-bound step before each of the last three (about an indexer's or an
 // attention's step at batch 1), the persistent launch also staging the next buffer during those steps (into L2, all
-// of it or half; or 200 KB per block into shared memory); and one read of all the bytes. Two copies of the buffers alternate so that the graph's calls read cold bytes.
+// of it or half; or 200 KB per block into shared memory), the launches also under PDL (each read staging 200 KB per
+// block into shared memory before its wait, or nothing); and one read of all the bytes. Two copies of the buffers
+// alternate so that the graph's calls read cold bytes.
 void bench_phases(Bench& B) {
   constexpr int P = 4;
   constexpr size_t kBytes = size_t(32768) * 1024;
@@ -224,6 +222,10 @@ void bench_phases(Bench& B) {
   B.add(B.rows, {name, "one read of all the bytes", "", 1, 0, total}, t);
 }
 
+// The routed experts at prefill: the grouped GEMMs (moe_group + moe_gate_up_grouped + moe_down_grouped) at 1K and
+// 8K tokens of uniform random top-6 routing, each kernel alone, and the crossover sweep against the decode kernels
+// (passes of 1024 slots, each reading every active expert) over the token counts where it lies. Also checks at
+// these sizes: the grouping against the routing (exact) and the grouped h against the decode kernel's (f16).
 std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K, Workspace& ws, uint64_t& seed) {
   const int E = int(moe.E);
   const int64_t D = moe.D, I = moe.I;

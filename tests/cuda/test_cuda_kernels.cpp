@@ -1066,7 +1066,8 @@ TEST_F(CudaMoe, RoutedMoeMatchesReferenceMoe) {
 
 // The phase bench's persistent launch (`plumb bench --only phases`): every staging mode, with and without the
 // latency-bound steps, runs to completion twice in a row on small buffers and leaves its barrier words zero (a
-// second launch would otherwise pass its barriers early, or hang), and the read data never matches the sink's magic.
+// second launch would otherwise pass its barriers early, or hang), and the read data never matches the sink's magic;
+// its PDL twins (a staged read, a step, a read staging nothing) run without error.
 class CudaBenchProbes : public GpuTest {};
 TEST_F(CudaBenchProbes, PhaseStreamRunsEveryModeAndLeavesItsBarrierZero) {
   namespace d = cuda::detail;
@@ -1086,7 +1087,12 @@ TEST_F(CudaBenchProbes, PhaseStreamRunsEveryModeAndLeavesItsBarrierZero) {
         EXPECT_EQ(words[0], 0u) << "gap " << gap << " ns, prefetch " << pf << ", launch " << rep;
         EXPECT_EQ(words[1], 0u) << "gap " << gap << " ns, prefetch " << pf << ", launch " << rep;
       }
+  d::staged_read(bufs.get(), bytes, 200 * 1024, sink.as<unsigned>());
+  d::spin_pdl(2000);
+  d::staged_read(bufs.get(), bytes, 0, sink.as<unsigned>());
+  cuda::synchronize();
   EXPECT_EQ(cuda::to_host<unsigned>(sink, 1)[0], 0u);
+  EXPECT_THROW(d::staged_read(bufs.get(), bytes, 256 * 1024, sink.as<unsigned>()), std::exception);  // over the stage
   d::PhaseArgs bad;
   EXPECT_THROW(d::phase_stream(bad), std::exception);  // no phases, no barrier
 }
