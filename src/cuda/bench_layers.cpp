@@ -439,11 +439,12 @@ bool reusable(const std::string& dir, const std::string& sig, const std::string&
 // Measurements.
 
 // Bytes a layer must read per decode step (weights, in the checkpoint formats): everything but the routed experts,
-// plus the bytes of one routed expert (w1, w2, w3 codes and scales).
+// plus the bytes of one routed expert (w1, w2, w3 codes and scales). no_index_q: the CSA layer's indexer query
+// (its wq_b) is not run (indexer.skip_short at a context whose entries the top-k would all select).
 struct LayerBytes {
   double fixed = 0, per_expert = 0;
 };
-LayerBytes layer_bytes(const LayerBenchDims& d, AttnType type) {
+LayerBytes layer_bytes(const LayerBenchDims& d, AttnType type, bool no_index_q) {
   auto fp8 = [](int64_t r, int64_t c) { return double(r * c + ((r + 127) / 128) * ((c + 127) / 128)); };
   auto fp4 = [](int64_t r, int64_t c) { return double(r * c / 2 + r * c / 32); };
   const int64_t D = d.hidden, H = d.hc_mult, mix = (2 + H) * H, Dh = d.head_dim, QL = d.q_lora, I = d.moe_inter;
@@ -458,7 +459,7 @@ LayerBytes layer_bytes(const LayerBenchDims& d, AttnType type) {
   };
   if (type != AttnType::Sliding) b.fixed += comp(type == AttnType::CSA ? d.csa_rate : d.hca_rate, Dh, type == AttnType::CSA);
   if (type == AttnType::CSA)
-    b.fixed += fp8(int64_t(d.index_heads) * d.index_head_dim, QL) + double(d.index_heads * D) * 2 +
+    b.fixed += (no_index_q ? 0.0 : fp8(int64_t(d.index_heads) * d.index_head_dim, QL)) + double(d.index_heads * D) * 2 +
                comp(d.csa_rate, d.index_head_dim, true);
   b.fixed += double(int64_t(d.experts) * D) * 2 + double(d.experts) * 4 + 2 * fp8(I, D) + fp8(D, I);  // router, shared expert
   b.per_expert = 2 * fp4(I, D) + fp4(D, I);
@@ -714,8 +715,6 @@ int run(const LayerBenchOptions& o) {
   };
 
   // ---- decode ----
-  std::vector<LayerBytes> lb;
-  for (auto t : types) lb.push_back(layer_bytes(dm, t));
   std::vector<DecodeRow> dec;
   out(fmt::format("decode: \"batch B\" = B consecutive new tokens of one sequence per forward step (after a {}-token prefill), "
                   "which reads the weights once per step as B-sequence decode would; the last row's logits come back (a server "
@@ -726,8 +725,15 @@ int run(const LayerBenchOptions& o) {
     DecodeRow r;
     r.batch = B;
     r.experts_expected = expected_experts(dm, B);
+    // indexer.skip_short: the CSA layers do not read the indexer's wq_b when every measured step (at most warm-up +
+    // iters steps of B tokens after the context) ends where the top-k would select all entries.
+    const bool no_index_q =
+        patches.options.indexer_skip_short && (o.context + int64_t(o.warmup + o.iters) * B) / dm.csa_rate <= dm.index_topk;
     double fixed = 0, per_e = 0;
-    for (const auto& b : lb) fixed += b.fixed / L, per_e += b.per_expert / L;
+    for (auto t : types) {
+      const LayerBytes b = layer_bytes(dm, t, no_index_q);
+      fixed += b.fixed / L, per_e += b.per_expert / L;
+    }
     r.layer_bytes = fixed + per_e * r.experts_expected;
     if (left() < 15) {
       r.note = fmt::format("skipped: {:.0f} s of the {:.0f} s run budget left", std::max(0.0, left()), o.max_seconds);
@@ -923,7 +929,7 @@ int run(const LayerBenchOptions& o) {
                     fmt_num(r.us_layer), fmt_num(r.tok_s, 2), fmt_num(r.layer_bytes / 1e6), fmt_num(r.experts_expected),
                     fmt_num(r.experts_measured), fmt_num(r.gbps), fmt_num(r.pct), fmt_num(r.implied, 2)));
   out("us/layer = (step - the part outside the layers: the embed and head regions' device time) / layers (an upper bound: host work in the step counts as layer time), averaged over the stack's layer types; MB/layer = the weights a "
-      "layer must read at that batch (attention, compressor, indexer, router, shared expert, and the routed experts "
+      "layer must read at that batch (attention, compressor, indexer (with indexer.skip_short, while every measured step skips it: without its wq_b), router, shared expert, and the routed experts "
       "E(1-(1-k/E)^B) expected under uniform routing); implied = B / (43 x us/layer + us outside layers).\n");
   for (const auto& r : dec)
     if (!r.note.empty() || !r.error.empty())

@@ -4,6 +4,8 @@
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/gpu_attention.h"
 
+#include "model/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -188,15 +190,20 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const OpRegion d(tm, "q/wq_b", true);
     nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
   }
+  // indexer.skip_short: while the top-k would select every visible entry, the CSA queries take them in entry order
+  // (HCA's key list) and the indexer does not run, unless a tap asks for its scores (model/attention.h). The
+  // choice depends on the step's end position: run_graph keys its captured steps by it (indexer_skips).
+  const bool all_entries = type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, pos0 + n);
+  const bool run_indexer = type == AttnType::CSA && (!all_entries || tap.on("attn.indexer.scores"));
   // head_rms, then RoPE; on CSA layers after the indexer's projection below, in one call with the indexer query's
   // RoPE (one launch with the reference numerics: the bits of the two launches).
-  if (type != AttnType::CSA) {
+  if (!run_indexer) {
     nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);
     tap_put(tap, "attn.q", q, {n, H, Dh});
   }
   sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
 
-  if (type == AttnType::CSA) {
+  if (run_indexer) {
     region.emplace(tm, "attn.indexer");
     const int64_t nh = c.index_heads, dh = c.index_head_dim;
     const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
@@ -247,17 +254,20 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
                                                             : fwd_indexer_path(ia));
     // Taps run eagerly with exact sizes: ne and k_cap are this step's counts, the layouts [n, ne] and [n, k].
     tap_put(tap, "attn.indexer.scores", ia.scores, {n, ne});
-    if (tap.on("attn.indexer.topk")) {
+    if (tap.on("attn.indexer.topk") && !all_entries) {
       IndexTensor sel({n, int64_t(ia.k_cap)});
       if (sel.numel()) d2h(sel.ptr(), ia.sel, size_t(sel.numel()) * 8);
       tap.index("attn.indexer.topk", sel);
     }
-    a.sel = ia.sel;
-    a.ksel = ia.k_cap;
-    max_keys += ia.k_cap;
+    if (!all_entries) a.sel = ia.sel, a.ksel = ia.k_cap, max_keys += ia.k_cap;
+  }
+  if (all_entries) {
+    a.type = 2;  // every visible entry of the CSA compressor, in entry order
+    max_keys += a.ne;
+    if (tap.on("attn.indexer.topk")) tap.index("attn.indexer.topk", all_entries_selection(c, n, pos0, w.icomp->rate, (pos0 + n) / w.icomp->rate));
   }
 
-  if (type != AttnType::CSA) branch_join(side2, sc.ev_join);  // the compressor's entries
+  if (!run_indexer) branch_join(side2, sc.ev_join);  // the compressor's entries
   branch_join(side, sc.ev_join);                              // the KV row (and its ring slot)
   region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);

@@ -8,6 +8,7 @@
 #include "cuda/gpu_moe.h"
 #include "cuda/gpu_numerics.h"
 #include "cuda/sample.h"
+#include "model/attention.h"
 #include "plumb/text.h"
 
 #include <cstring>
@@ -153,6 +154,7 @@ class GpuForward : public DeviceForward {
       gl.attn.splitk = opt_.attn_splitk_decode;
       gl.attn.index_tc = opt_.indexer_tc_scores;
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
+      gl.attn.skip_short = opt_.indexer_skip_short;
       if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8), set_gemm(*gl.attn.comp);
       if (a.indexer) {
         gl.attn.icomp = upload_comp(a.indexer->comp, fp8);
@@ -288,6 +290,16 @@ class GpuForward : public DeviceForward {
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
 
+  // indexer.skip_short: how many CSA layers skip their indexer in a step ending before pos_end (gpu_attention). Each
+  // layer skips up to a position of its own and never after, so the count names the set: a captured step replays
+  // only where it is the same.
+  int indexer_skips(int64_t pos_end) const {
+    int k = 0;
+    if (opt_.indexer_skip_short)
+      for (const auto& l : g_.layers) k += l.attn.icomp && indexer_skippable(cfg_, l.attn.icomp->rate, pos_end);
+    return k;
+  }
+
   static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
 
   // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;
@@ -296,9 +308,9 @@ class GpuForward : public DeviceForward {
     Scratch& sc = ds.scratch;
     for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
     step.bounds = true;
-    // One captured step per (chunk size, logit rows), and apart from them the timeline's (OpTimer: its events are
-    // nodes of the graph).
-    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0)];
+    // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
+    // timeline's (OpTimer: its events are nodes of the graph).
+    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0) + (indexer_skips(step.pos0 + n) << 21)];
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
       return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),

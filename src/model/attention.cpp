@@ -57,8 +57,21 @@ void attend(const float* qh, const std::vector<const float*>& keys, float sink, 
 
 }  // namespace
 
+bool indexer_skippable(const ModelConfig& c, int64_t rate, int64_t pos_end) {
+  return rate > 0 && pos_end / rate <= c.index_topk;
+}
+
+IndexTensor all_entries_selection(const ModelConfig& c, int64_t n, int64_t pos0, int64_t rate, int64_t n_entries) {
+  const int64_t k = std::min<int64_t>(c.index_topk, n_entries);
+  IndexTensor sel({n, k}, -1);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t e = 0; e < std::min<int64_t>((pos0 + t + 1) / rate, k); ++e) sel[t * k + e] = e;
+  return sel;
+}
+
 Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnType type, const ops::Rope& rope,
-                         const Tensor& x, int64_t pos0, LayerState& st, const Numerics& nm, const Tap& tap) {
+                         const Tensor& x, int64_t pos0, LayerState& st, const ModelOptions& opt, const Numerics& nm,
+                         const Tap& tap) {
   const int64_t n = x.dim(0), H = c.n_heads, Dh = c.head_dim, rd = rope.dim(), W = c.window;
 
   // Query: q_norm(wq_a x) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
@@ -89,13 +102,24 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
   // Compressed entries (emitted by this chunk too: an entry is complete once its last source token is in).
   IndexTensor sel;
   const CompressorState& cs = st.comp;
+  // indexer.skip_short: the CSA queries take every visible entry in entry order (HCA's key set) while the top-k
+  // would select them all. The indexer's own keys are still compressed: later chunks need them.
+  const bool all_entries = type == AttnType::CSA && opt.indexer_skip_short && indexer_skippable(c, w.indexer->comp.rate, pos0 + n);
   if (type != AttnType::Sliding) {
     compressor_step(*w.comp, rope, c.rms_eps, x, st.comp, nm, /*rotate=*/false);
     if (type == AttnType::CSA) {
       compressor_step(w.indexer->comp, rope, c.rms_eps, x, st.index_comp, nm, /*rotate=*/true);
-      auto ix = indexer_select(*w.indexer, c, rope, x, qr, pos0, st.index_comp, nm);
-      tap("attn.indexer.scores", ix.scores);
-      sel = std::move(ix.topk);
+      if (all_entries) {
+        // The taps still show what the indexer stands for: its scores (computed for the tap only) and the
+        // selection the attention takes (the same set as the top-k's, in entry order).
+        if (tap.on("attn.indexer.scores"))
+          tap("attn.indexer.scores", indexer_select(*w.indexer, c, rope, x, qr, pos0, st.index_comp, nm).scores);
+        sel = all_entries_selection(c, n, pos0, w.indexer->comp.rate, st.index_comp.n_entries);
+      } else {
+        auto ix = indexer_select(*w.indexer, c, rope, x, qr, pos0, st.index_comp, nm);
+        tap("attn.indexer.scores", ix.scores);
+        sel = std::move(ix.topk);
+      }
       tap.index("attn.indexer.topk", sel);
     }
   }

@@ -95,7 +95,7 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     HcPre a = hc_pre(L.hc_attn, c, opt_, X, tap, "hc_attn");
     nm.rms_norm(a.collapsed.ptr(), n, L.attn_norm, c.rms_eps);
     const Tensor att = attention_forward(L.attn, c, type, type == AttnType::Sliding ? rope_main_ : rope_compress_,
-                                         a.collapsed, pos0, st.layers[size_t(i)], nm, tap);
+                                         a.collapsed, pos0, st.layers[size_t(i)], opt_, nm, tap);
     X = hc_post(att, X, a, opt_);
 
     HcPre f = hc_pre(L.hc_ffn, c, opt_, X, tap, "hc_ffn");

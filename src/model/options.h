@@ -20,6 +20,7 @@ struct ModelOptions {
   bool attn_splitk_decode = false;  // attn.splitk_decode: sparse attention split over keys (backend cuda)
   bool indexer_tc_scores = false;   // indexer.tc_scores: the indexer's scores on the f16 tensor cores (backend cuda)
   bool indexer_dmma_scores = false;  // indexer.dmma_scores: the indexer's fp64 dots on the fp64 tensor cores (backend cuda)
+  bool indexer_skip_short = false;  // indexer.skip_short: no indexer while its top-k would select every entry
   bool cuda_pdl = false;            // cuda.pdl: kernels launched with programmatic dependent launch (backend cuda)
   bool cuda_streams = false;        // cuda.streams: independent sublayer chains on a side stream (backend cuda)
   bool cuda_l2_prefetch = false;    // cuda.l2_prefetch: a layer's coming weights prefetched into L2 on a stream of its own (backend cuda)

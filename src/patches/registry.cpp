@@ -152,6 +152,17 @@ std::vector<Patch> make_registry() {
                // Measured in tests/cuda (IndexerDmmaScoresMatchExact, which allows an ulp per score): every score
                // bit-identical to the exact path's, 8 shapes. The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.indexer_dmma_scores = true; }, false, "cuda"});
+  r.push_back({"indexer.skip_short", "CSA key selection: the lightning indexer's top-k of the visible entries",
+               "while a chunk's queries see at most index_topk compressed entries (V4-Flash: contexts up to 2048 "
+               "tokens), the top-k would select every visible entry: the attention takes them in entry order and the "
+               "indexer's query path (wq_b, RoPE, rotation, scores, top-k) is not run; its keys are still compressed "
+               "for longer contexts. The taps show the indexer's scores (computed for the tap only) and the selection",
+               "an off-by-one in the threshold would drop the top-k at the one context length where it first "
+               "matters; the entries' order changes the attention's summation order (fp64 sums)",
+               // The same key set as the top-k's, in entry order instead of score order; the attention's sums are
+               // fp64 (softmax and P.V): measured bit-identical on every fp32 fixture on the CPU, and within 1e-6
+               // of the split-K kernel's own order on the GPU (tests). The tolerance is the reference's.
+               {kRefTol, kRefTol, kRefTol}, false, [](ModelOptions& o) { o.indexer_skip_short = true; }});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",

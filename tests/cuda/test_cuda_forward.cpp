@@ -10,6 +10,7 @@
 
 #include "cuda_test_util.h"
 #include "cuda/gpu_common.h"
+#include "indexer_skip_check.h"
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/engine.h"
@@ -246,6 +247,18 @@ TEST_F(GpuTest, StreamsStepsMatchSerialLaunches) {
   // Eager launches with the branches against serial ones.
   for (const char* fixture : {"/golden/kernel-dims", "/golden/csa-long"})
     expect_eager_chunks_match(data + fixture, "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.streams");
+}
+
+// indexer.skip_short on the GPU: the differential test of indexer_skip_check.h (taps: eager launches) with the fp32
+// twin's attention and the split-K one; then graph replays across the point where the indexer starts to run
+// (csa-long: index_topk 4, so steps ending up to position 19 skip it; the skipping steps and the others are
+// captured apart), bit for bit against eager launches of the same patches.
+TEST_F(GpuTest, IndexerSkipShortMatchesTheIndexer) {
+  plumb_test::check_indexer_skip_short("cuda");
+  plumb_test::check_indexer_skip_short("cuda", "attn.splitk_decode");
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
+  expect_graph_matches_eager(dir, "indexer.skip_short");
+  expect_graph_matches_eager(dir, "attn.splitk_decode,indexer.skip_short", "cuda.streams");
 }
 
 // cuda.l2_prefetch: a stream of its own prefetching the coming weights into L2 writes nothing, so the logits must be
