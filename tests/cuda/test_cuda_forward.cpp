@@ -43,8 +43,8 @@ std::vector<std::string> fp32_fixtures() {
 // (fixture, patches): the fp32 twin alone, with the exact MoE patches, and with the tensor-core kernels (they run
 // where the shapes fit: every matrix of kernel-dims, some of tiny-official / official-mixed; the fp32 twin
 // elsewhere), the split-K attention on the fp32 twin, the prefill GEMMs (chunks of >= 32 tokens: kernel-dims'
-// 40-token prefill, csa-long's, legacy-config's), and the indexer's scores on the f16 and on the fp64 tensor cores,
-// each at its registered tolerance.
+// 40-token prefill, csa-long's, legacy-config's), the indexer's scores on the f16 and on the fp64 tensor cores, and
+// the indexer skipped at short contexts (beside the split-K attention), each at its registered tolerance.
 class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
@@ -62,10 +62,10 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm", "indexer.tc_scores",
-                                         "indexer.dmma_scores")),
+                                         "indexer.dmma_scores", "attn.splitk_decode,indexer.skip_short")),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
-                      std::to_string(info.index % 7);
+                      std::to_string(info.index % 8);
       for (auto& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
