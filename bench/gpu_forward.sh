@@ -8,7 +8,9 @@
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
-# LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step). At most 8 files come back.
+# LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
+# LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
+# layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -133,6 +135,11 @@ if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack
   timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST" \
     --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" ${LAYER_FAST_EXTRA:-} --json "$OUT/layers-fast.json" >"$OUT/layers-fast.txt" 2>&1
   note "layer bench rc=$?"
+  if [ -n "${LONG_CONTEXT:-}" ]; then
+    timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST" --batches 1,8 \
+      --context "$LONG_CONTEXT" --prefill 0 >>"$OUT/layers-fast.txt" 2>&1
+    note "layer bench (context $LONG_CONTEXT) rc=$?"
+  fi
   if [ -n "${LAYER_ALT:-}" ]; then  # the same bench with more patches (LAYER_ALT=a,b), for an A/B in one run
     timeout "${T_LAYERS:-300}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --patches "$FAST,$LAYER_ALT" \
       --batches "${LAYER_BATCHES:-1,8,32,128}" --prefill "${LAYER_PREFILL:-1024}" ${LAYER_FAST_EXTRA:-} >>"$OUT/layers-fast.txt" 2>&1
