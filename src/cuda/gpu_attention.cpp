@@ -119,6 +119,14 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // branches' work (they fork from the same point): its blocks take the SMs first. The compressors join before the
   // indexer (CSA) or the attention, the KV row before the attention. Null branches: the same launches, serially.
   const Stream side = sc.branch, side2 = type != AttnType::Sliding ? sc.branch2 : nullptr;
+  // indexer.skip_short: while the top-k would select every visible entry, the CSA queries take them in entry order
+  // (HCA's key list) and the indexer does not run, unless a tap asks for its scores (model/attention.h). The
+  // choice depends on the step's end position: run_graph keys its captured steps by it (indexer_skips). The
+  // attention then waits for the compressor's entries only (ev_entries); the indexer's keys, compressed after them
+  // on the same stream for later steps, join at the sublayer's end.
+  const bool all_entries = type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, pos0 + n);
+  const bool run_indexer = type == AttnType::CSA && (!all_entries || tap.on("attn.indexer.scores"));
+  const bool keys_later = type == AttnType::CSA && !run_indexer;
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
@@ -173,6 +181,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       a.rate = w.comp->rate;
       if (type == AttnType::HCA) max_keys += a.ne;
     }
+    if (keys_later) branch_mark(side2, sc.ev_entries);  // (recorded on side2: the current stream here)
     if (type == AttnType::CSA) compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
   }
 
@@ -190,11 +199,6 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const OpRegion d(tm, "q/wq_b", true);
     nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
   }
-  // indexer.skip_short: while the top-k would select every visible entry, the CSA queries take them in entry order
-  // (HCA's key list) and the indexer does not run, unless a tap asks for its scores (model/attention.h). The
-  // choice depends on the step's end position: run_graph keys its captured steps by it (indexer_skips).
-  const bool all_entries = type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, pos0 + n);
-  const bool run_indexer = type == AttnType::CSA && (!all_entries || tap.on("attn.indexer.scores"));
   // head_rms, then RoPE; on CSA layers after the indexer's projection below, in one call with the indexer query's
   // RoPE (one launch with the reference numerics: the bits of the two launches).
   if (!run_indexer) {
@@ -267,7 +271,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     if (tap.on("attn.indexer.topk")) tap.index("attn.indexer.topk", all_entries_selection(c, n, pos0, w.icomp->rate, (pos0 + n) / w.icomp->rate));
   }
 
-  if (!run_indexer) branch_join(side2, sc.ev_join);  // the compressor's entries
+  if (keys_later) branch_await(side2, sc.ev_entries);   // the compressor's entries (the indexer's keys: below)
+  else if (!run_indexer) branch_join(side2, sc.ev_join);  // the compressor's entries
   branch_join(side, sc.ev_join);                              // the KV row (and its ring slot)
   region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
@@ -330,6 +335,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
   d.emplace(tm, "out/wo_b", true);
   nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
+  if (keys_later) branch_join(side2, sc.ev_join);  // the indexer's keys (beside the attention and its projections)
   d.reset();
   region.reset();
   tap_io(tap, "attn.out", out, {n, D});

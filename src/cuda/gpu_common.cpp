@@ -156,6 +156,7 @@ std::vector<OpTimer::Span> OpTimer::collect_timeline(size_t from) {
 Scratch::~Scratch() {
   detail::event_destroy(ev_fork);
   detail::event_destroy(ev_join);
+  detail::event_destroy(ev_entries);
   detail::stream_destroy(side);
   detail::stream_destroy(side2);
 }
@@ -166,6 +167,7 @@ void Scratch::enable_side() {
   side2 = detail::stream_create();
   ev_fork = detail::event_create_sync();
   ev_join = detail::event_create_sync();
+  ev_entries = detail::event_create_sync();
 }
 
 void Scratch::enable_prefetch() {

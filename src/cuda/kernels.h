@@ -70,6 +70,10 @@ void branch_fork(Stream side, void* ev);
 void branch_mark(Stream side, void* ev);
 void branch_wait(Stream side, void* ev);
 void branch_join(Stream side, void* ev);
+// branch_join in two steps, so that `side` can go on with work the current stream need not wait for yet: a
+// branch_mark issued on `side` (inside its StreamScope) records `ev` there, branch_await makes the current stream
+// wait for that record (when `side` is non-null); a later branch_join joins the rest.
+void branch_await(Stream side, void* ev);
 
 // Events for timing (bench).
 void* event_create();

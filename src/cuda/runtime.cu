@@ -121,6 +121,9 @@ void branch_wait(Stream side, void* ev) {
   if (side) PLUMB_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(ev), 0));
 }
 void branch_fork(Stream side, void* ev) { branch_mark(side, ev), branch_wait(side, ev); }
+void branch_await(Stream side, void* ev) {
+  if (side) PLUMB_CUDA_CHECK(cudaStreamWaitEvent(stream_of(nullptr), static_cast<cudaEvent_t>(ev), 0));
+}
 void branch_join(Stream side, void* ev) {
   if (!side) return;
   PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), side));
