@@ -24,6 +24,8 @@ constexpr int kMaxDh = kWarps * kSlice;
 // partial logits [slice][head][kPart] (16-byte stores of 8 lanes over two heads), probabilities [head][kPStride]
 // (8-byte loads of 16 lanes over 4 heads x 4 keys).
 constexpr int kPart = 40, kPStride = 36;
+// AttendArgs::q_inv_freq: a warp per query head stages the normalized heads in the partial logits' buffer.
+static_assert(kWarps == kHeads && kPart * 8 >= kSlice * 4, "a warp per head; [kHeads][Dh] floats fit in part");
 
 // One split's state, as the merge reads it: running max m (-inf when the split saw no key), the sum l of
 // exp(logit - m) in fp64, and the unnormalized sum of exp(logit - m) * v stored as float.
@@ -120,13 +122,22 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   if (ntiles > 0) issue(0, row_of(0));
   if (ntiles > 1) next = row_of(1);
 
+  // q_inv_freq: warp w normalizes and rotates head h0 + w into `part` ([kHeads][Dh] floats: part is free until the
+  // first tile's products, after the loop's first barrier), where the fragments below read it.
+  float* qs = reinterpret_cast<float*>(part);
+  if (a.q_inv_freq) {
+    if (h0 + wid < a.Hq)
+      rms_norm_rope_row_warp(a.q + (int64_t(t) * a.Hq + h0 + wid) * a.Dh, qs + size_t(wid) * size_t(Dh), Dh, nullptr, a.q_eps,
+                             a.q_rope_off, a.q_rope_half, a.q_inv_freq, a.q_af, *a.pos + t);
+    __syncthreads();
+  }
   // q fragments (A of the logits): qa[b][half] = q[head 8 * half + g][dim 32 * wid + 4 * b + r]; heads past Hq
   // are zeros.
   double qa[kSlice / 4][2];
 #pragma unroll
   for (int ho = 0; ho < 2; ++ho) {
     const int h = h0 + 8 * ho + g;
-    const float* qh = a.q + (int64_t(t) * a.Hq + h) * a.Dh + kSlice * wid + r;
+    const float* qh = (a.q_inv_freq ? qs + size_t(8 * ho + g) * size_t(Dh) : a.q + (int64_t(t) * a.Hq + h) * a.Dh) + kSlice * wid + r;
 #pragma unroll
     for (int b = 0; b < kSlice / 4; ++b) qa[b][ho] = mma_warp && h < a.Hq ? double(qh[4 * b]) : 0.0;
   }

@@ -140,6 +140,43 @@ __device__ __forceinline__ void rope_pair(float* p, int64_t pos, float inv_freq,
   p[1] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
+// rms_norm_rope_kernel's row (fwd_ops.cu: a block of kNormThreads threads, w null or the norm's weight) computed by
+// one warp: lane l stands for the block's threads l, 32 + l, ..., 224 + l, their elements, sums of squares and warp
+// sums kept apart, the 8 warp sums then added in warp order as block_sum does, so the bits are that kernel's. Reads
+// `in` (dim <= kNormThreads * kNormMaxJ), writes the normalized row to `out` (may be `in`), then rotates out's dims
+// [off, off + 2 * half) at position pos. Used by rms_norm_rope_warp_kernel and by the split-K attention, which
+// normalizes and rotates its query heads itself.
+constexpr int kNormThreads = 256, kNormMaxJ = 4;
+__device__ __forceinline__ void rms_norm_rope_row_warp(const float* in, float* out, int64_t dim, const float* w, double eps, int64_t off,
+                                                       int half, const float* inv_freq, float af, int64_t pos) {
+  constexpr int kT = kNormThreads / 32;  // the block kernel's warps
+  const int lane = int(threadIdx.x & 31);
+  float v[kT][kNormMaxJ];
+  double ss[kT];
+#pragma unroll
+  for (int s = 0; s < kT; ++s) {
+    ss[s] = 0;
+#pragma unroll
+    for (int j = 0; j < kNormMaxJ; ++j) {
+      const int64_t i = 32 * s + lane + int64_t(kNormThreads) * j;
+      if (i < dim) v[s][j] = in[i], ss[s] += double(v[s][j]) * v[s][j];
+    }
+  }
+  double tot = 0;
+#pragma unroll
+  for (int s = 0; s < kT; ++s) tot += warp_sum(ss[s]);
+  const float inv = rms_inv(tot, dim, eps);
+#pragma unroll
+  for (int s = 0; s < kT; ++s)
+#pragma unroll
+    for (int j = 0; j < kNormMaxJ; ++j) {
+      const int64_t i = 32 * s + lane + int64_t(kNormThreads) * j;
+      if (i < dim) out[i] = w ? rms_scaled(v[s][j], inv, w[i]) : v[s][j] * inv;
+    }
+  __syncwarp();  // the normalized row, written by every lane, read by the pairs' owners
+  for (int k = lane; k < half; k += 32) rope_pair(out + off + 2 * k, pos, inv_freq[k], af, 0);
+}
+
 // Top-k order: a ranks before b when larger, NaN largest, equal values by lower index (PyTorch's CUDA order).
 template <class I>
 __device__ __forceinline__ bool beats(float va, I ia, float vb, I ib) {

@@ -170,6 +170,15 @@ struct AttendArgs {
   int64_t out_rope_off = 0;
   float out_af = 1.0f;
   uint16_t* out16 = nullptr;
+  // fwd_attend_splitk only (optional): with q_inv_freq, q is wq_b's output and each block normalizes its 16 query
+  // heads (unweighted RMSNorm, q_eps) and rotates their dims [q_rope_off, q_rope_off + 2 * q_rope_half) at the
+  // query's position itself, in shared memory (q is left as it was): the bits of fwd_rms_norm_rope before the
+  // attention (rms_norm_rope_row_warp), one launch fewer.
+  const float* q_inv_freq = nullptr;
+  int64_t q_rope_off = 0;
+  int q_rope_half = 0;
+  float q_af = 1.0f;
+  double q_eps = 0;
   // numerics.official: the sparse_attn kernel's online softmax over blocks of 64 keys, probabilities rounded to
   // bf16 before P.V, the output stored as bf16 (model/attention.cpp attend()).
   int official = 0;

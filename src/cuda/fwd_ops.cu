@@ -468,47 +468,21 @@ __global__ void rms_norm_rope_kernel(float* x, int64_t rows, int64_t dim, int64_
   for (int k = threadIdx.x; k < half; k += blockDim.x) rope_pair(row + off + 2 * k, pos, inv_freq[k], af, 0);
 }
 
-// rms_norm_rope_kernel for many rows (the query heads of a batch: 64 rows per token): a warp per row, kWarpRows rows
-// per block. Lane l stands for the block kernel's threads l, 32 + l, ..., 224 + l (kBlockThreads = 256): their
-// elements, sums of squares and warp sums kept apart, the 8 warp sums then added in warp order, as block_sum does:
-// the same bits as rms_norm_rope_kernel, without its block barriers and with 8 rows in flight per block.
+// rms_norm_rope_kernel for many rows (the query heads of a batch: 64 rows per token): a warp per row
+// (rms_norm_rope_row_warp, fwd_common.cuh), kWarpRows rows per block: the same bits as rms_norm_rope_kernel, without
+// its block barriers and with 8 rows in flight per block.
 constexpr int kBlockThreads = 256, kWarpRows = 8, kWarpMaxJ = 4;  // rows of at most kBlockThreads * kWarpMaxJ
+static_assert(kBlockThreads == kNormThreads && kWarpMaxJ == kNormMaxJ, "rms_norm_rope_row_warp stands for this kernel's blocks");
 constexpr int64_t kWarpNormMinRows = 512;
 __global__ void __launch_bounds__(32 * kWarpRows) rms_norm_rope_warp_kernel(float* x, int64_t rows, int64_t dim, int64_t ld,
                                                                             const float* w, double eps, int64_t off, int half,
                                                                             const float* inv_freq, float af, const int64_t* dpos,
                                                                             int64_t per_pos) {
   pdl_begin();
-  constexpr int kT = kBlockThreads / 32;  // the block kernel's warps
-  const int lane = int(threadIdx.x & 31);
   const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
   if (r >= rows) return;
   float* row = x + r * ld;
-  float v[kT][kWarpMaxJ];
-  double ss[kT];
-#pragma unroll
-  for (int s = 0; s < kT; ++s) {
-    ss[s] = 0;
-#pragma unroll
-    for (int j = 0; j < kWarpMaxJ; ++j) {
-      const int64_t i = 32 * s + lane + int64_t(kBlockThreads) * j;
-      if (i < dim) v[s][j] = row[i], ss[s] += double(v[s][j]) * v[s][j];
-    }
-  }
-  double tot = 0;
-#pragma unroll
-  for (int s = 0; s < kT; ++s) tot += warp_sum(ss[s]);
-  const float inv = rms_inv(tot, dim, eps);
-#pragma unroll
-  for (int s = 0; s < kT; ++s)
-#pragma unroll
-    for (int j = 0; j < kWarpMaxJ; ++j) {
-      const int64_t i = 32 * s + lane + int64_t(kBlockThreads) * j;
-      if (i < dim) row[i] = w ? rms_scaled(v[s][j], inv, w[i]) : v[s][j] * inv;
-    }
-  __syncwarp();  // the normalized row, written by every lane, read by the pairs' owners
-  const int64_t pos = (dpos ? *dpos : 0) + r / per_pos;
-  for (int k = lane; k < half; k += 32) rope_pair(row + off + 2 * k, pos, inv_freq[k], af, 0);
+  rms_norm_rope_row_warp(row, row, dim, w, eps, off, half, inv_freq, af, (dpos ? *dpos : 0) + r / per_pos);
 }
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,

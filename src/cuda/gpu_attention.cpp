@@ -200,8 +200,11 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     nm.proj(w.wq_b, qr, n, QL, q, H * Dh, sc, qr16);
   }
   // head_rms, then RoPE; on CSA layers after the indexer's projection below, in one call with the indexer query's
-  // RoPE (one launch with the reference numerics: the bits of the two launches).
-  if (!run_indexer) {
+  // RoPE (one launch with the reference numerics: the bits of the two launches). With the split-K attention and no
+  // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
+  // unless a tap reads q.
+  const bool q_in_attn = w.splitk && !run_indexer && !nm.official() && !tap.on("attn.q");
+  if (!run_indexer && !q_in_attn) {
     nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);
     tap_put(tap, "attn.q", q, {n, H, Dh});
   }
@@ -299,6 +302,10 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
                                                        : nullptr;
   if (w.splitk && o16) {
     a.out_inv_freq = f32(rope.inv_freq), a.out_rope_off = Dh - rd, a.out_af = rope.attention_factor, a.out16 = o16;
+  }
+  if (q_in_attn) {
+    a.q_inv_freq = f32(rope.inv_freq), a.q_rope_off = Dh - rd, a.q_rope_half = int(rd / 2), a.q_af = rope.attention_factor;
+    a.q_eps = c.rms_eps;
   }
   if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
                    // when a query's keys span splits

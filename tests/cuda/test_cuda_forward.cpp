@@ -324,6 +324,46 @@ TEST_F(GpuTest, FusedHcPostMatchesTheSeparateKernel) {
   }
 }
 
+// With the split-K attention the query heads' RMSNorm and RoPE run inside the attention's launch (AttendArgs::
+// q_inv_freq, rms_norm_rope_row_warp) unless a tap reads q; with a sink that reads every layer's attn.q the separate
+// launch runs (and the other tap-compatible paths, themselves bit-identical: FusedHcPostMatchesTheSeparateKernel).
+// The logits must be the same bits, on prefill chunks and decode steps, on CSA layers whose indexer runs (its query's
+// RoPE shares the separate launch: no fusion there) and on those that skip it, with the fp32 twin's kernels and the
+// tensor-core ones.
+TEST_F(GpuTest, QueryNormInAttentionMatchesTheSeparateLaunch) {
+  struct QSink : plumb::TapSink {
+    bool wants(const std::string& name) const override { return name.ends_with("attn.q"); }
+    void put(const std::string&, const plumb::Tensor&) override { ++puts; }
+    void put_index(const std::string&, const plumb::IndexTensor&) override {}
+    int puts = 0;
+  } qs;
+  const std::string data = PLUMB_TEST_DATA;
+  const std::pair<const char*, const char*> cases[] = {
+      {"/golden/csa-long", "attn.splitk_decode"},
+      {"/golden/csa-long", "attn.splitk_decode,indexer.skip_short"},
+      {"/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams,attn.splitk_decode,indexer.skip_short"}};
+  for (const auto& [fixture, patches] : cases) {
+    auto model = plumb::Model::load(data + fixture, plumb::parse_patches(patches).options, {}, "cuda");
+    const auto toks = prompt(40, model->config().vocab);
+    auto sa = model->new_state(), sb = model->new_state();
+    size_t pos = 0;
+    for (int step = 0; pos < toks.size(); ++step) {
+      const size_t len = step == 0 ? 5 : step % 3 == 0 ? 2 : 1;  // csa-long skips its indexer up to position 19
+      const std::span<const int32_t> chunk(toks.data() + pos, std::min(len, toks.size() - pos));
+      const int before = qs.puts;
+      const auto a = model->forward(sa, chunk, &qs, plumb::LogitRows::All);
+      EXPECT_GT(qs.puts, before) << "the separate launch's q was not tapped";
+      const auto b = model->forward(sb, chunk, nullptr, plumb::LogitRows::All);
+      ASSERT_EQ(a.data.size(), b.data.size());
+      size_t i = 0;
+      while (i < a.data.size() && std::memcmp(&a.data[i], &b.data[i], 4) == 0) ++i;
+      ASSERT_EQ(i, a.data.size()) << fixture << " [" << patches << "] step " << step << " (position " << pos << "): logit " << i
+                                  << " separate " << a.data[i] << " in the attention " << b.data[i];
+      pos += chunk.size();
+    }
+  }
+}
+
 // Generation's forms of a forward on the GPU: no logits for a prefill pass before the last (the head is skipped),
 // the last row only after it; the same bits as the full forward's rows (the fp32 twin head is per row), eager and
 // replayed as graphs (each form captured separately).
