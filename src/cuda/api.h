@@ -200,6 +200,16 @@ void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int
 // compressors' bf16 projections, whose alternative is the fp32 twin's fp64 GEMV.
 void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,
                       const Fp8GemmBuffers& b, Stream s = nullptr);
+// bf16_linear_gemm for several weights of the same column count on the same x (the compressors' wkv and wgate, and
+// the indexer's): x rounded to bf16 once, then one GEMM each; every output the bits bf16_linear_gemm gives it.
+struct Bf16Proj {
+  const uint16_t* w = nullptr;
+  int64_t rows = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+void bf16_linear_gemm_multi(const Bf16Proj* p, int count, int64_t cols, const void* x, Act xt, int64_t ldx, int n,
+                            const Fp8GemmBuffers& b, Stream s = nullptr);
 // fp8_linear_grouped's contract (wo_a): the groups as one strided-batched GEMM.
 void fp8_linear_grouped_gemm(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, const Fp8GemmBuffers& b,
                              Stream s = nullptr);

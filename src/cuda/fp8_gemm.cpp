@@ -63,17 +63,28 @@ void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int
   gemm_bf16(g, b.x, b.w, y, s);
 }
 
-void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,
-                      const Fp8GemmBuffers& b, Stream s) {
+void bf16_linear_gemm_multi(const Bf16Proj* p, int count, int64_t cols, const void* x, Act xt, int64_t ldx, int n,
+                            const Fp8GemmBuffers& b, Stream s) {
   const char* what = "bf16_linear_gemm";
-  if (n <= 0) return;
-  PLUMB_CHECK(w && rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, "{}: bad weight [{}, {}]", what, rows, cols);
-  PLUMB_CHECK(ldx >= cols && ldy >= rows, "{}: ldx {} / ldy {} below the matrix [{}, {}]", what, ldx, ldy, rows, cols);
+  if (n <= 0 || count <= 0) return;
+  for (int i = 0; i < count; ++i) {
+    const Bf16Proj& m = p[i];
+    PLUMB_CHECK(m.w && m.rows > 0 && cols > 0 && m.rows <= INT32_MAX && cols <= INT32_MAX, "{}: bad weight [{}, {}]", what, m.rows, cols);
+    PLUMB_CHECK(ldx >= cols && m.ldy >= m.rows, "{}: ldx {} / ldy {} below the matrix [{}, {}]", what, ldx, m.ldy, m.rows, cols);
+  }
   check_room(what, "x", b.x, b.x_elems, size_t(n) * size_t(cols));
   d::launch_to_bf16(x, int(xt), n, cols, ldx, b.x, s);
-  GemmDesc g;
-  g.m = n, g.n = int(rows), g.k = int(cols), g.ldd = ldy;
-  gemm_bf16(g, b.x, w, y, s);
+  for (int i = 0; i < count; ++i) {
+    GemmDesc g;
+    g.m = n, g.n = int(p[i].rows), g.k = int(cols), g.ldd = p[i].ldy;
+    gemm_bf16(g, b.x, p[i].w, p[i].y, s);
+  }
+}
+
+void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,
+                      const Fp8GemmBuffers& b, Stream s) {
+  const Bf16Proj p{w, rows, y, ldy};
+  bf16_linear_gemm_multi(&p, 1, cols, x, xt, ldx, n, b, s);
 }
 
 void fp8_linear_grouped_gemm(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, const Fp8GemmBuffers& b,

@@ -35,6 +35,30 @@ void project_comp(const GpuComp& w, const float* x, int n, const CompRows& r, Sc
   linear(w.wgate, x, n, D, r.gate, width, sc);
 }
 
+// Several tokens: the compressors' projections (the indexer's with ir), each as linear() computes it. Where all of
+// them run as bf16 GEMMs (cuda.prefill_gemm), x is rounded to bf16 once for the four (the same bits: one conversion
+// launch instead of four, on the compressors' stream, which at 8 tokens is as long as the query path).
+void project_comps(const GpuAttn& w, const float* x, int n, const CompRows& cr, const CompRows* ir, Scratch& sc) {
+  const int64_t D = w.comp->wkv.d.cols;
+  Bf16Proj p[4];
+  int count = 0;
+  bool gemm = true;
+  auto add = [&](const GpuComp& c, const CompRows& r) {
+    for (const auto& [m, y] : {std::pair{&c.wkv, r.kv}, std::pair{&c.wgate, r.gate}}) {
+      gemm = gemm && bf16_gemm_applies(*m, n) && m->d.cols == D;
+      p[count++] = Bf16Proj{static_cast<const uint16_t*>(m->d.w), m->d.rows, y, comp_width(c)};
+    }
+  };
+  add(*w.comp, cr);
+  if (ir) add(*w.icomp, *ir);
+  if (!gemm) {
+    project_comp(*w.comp, x, n, cr, sc);
+    if (ir) project_comp(*w.icomp, x, n, *ir, sc);
+    return;
+  }
+  bf16_linear_gemm_multi(p, count, D, x, cuda::Act::F32, D, n, gemm_buffers(sc, size_t(n) * size_t(D), 0));
+}
+
 // Decode (one token): the compressors' projections of x, and the indexer's head weights (hw, CSA) unless the
 // official numerics round them differently, in one launch (the same bits as one launch each). False (nothing
 // launched) when a compressor matrix does not fit the one-token kernel (FP8 on the tensor-core path): the caller
@@ -168,10 +192,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);
     if (crows) {
       const OpRegion d(tm, "comp/proj", true);
-      if (!(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done))) {
-        project_comp(*w.comp, x, n, *crows, sc);
-        if (irows) project_comp(*w.icomp, x, n, *irows, sc);
-      }
+      if (!(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done)))
+        project_comps(w, x, n, *crows, irows ? &*irows : nullptr, sc);
     }
     if (type != AttnType::Sliding) {
       const OpRegion d(tm, "comp/step", true);

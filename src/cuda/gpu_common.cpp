@@ -79,13 +79,17 @@ Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t 
   return b;
 }
 
+bool bf16_gemm_applies(const GMat& w, int n) {
+  return !w.fp8 && w.gemm_min && n >= w.gemm_min && w.d.layout == 0 && w.d.dtype == 1;
+}
+
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16) {
   // cuda.prefill_gemm: from the fp32 x (one bf16 rounding, not f16 then bf16).
   if (w.fp8 && w.gemm_min && n >= w.gemm_min)
     return fp8_linear_gemm(*w.fp8, x, Act::F32, ldx, n, y, ldy,
                            gemm_buffers(sc, size_t(n) * size_t(w.fp8->cols), size_t(w.fp8->rows * w.fp8->cols)));
   // cuda.prefill_gemm on a plain bf16 matrix (the compressors' projections): the weight as stored.
-  if (!w.fp8 && w.gemm_min && n >= w.gemm_min && w.d.layout == 0 && w.d.dtype == 1)
+  if (bf16_gemm_applies(w, n))
     return bf16_linear_gemm(static_cast<const uint16_t*>(w.d.w), w.d.rows, w.d.cols, x, Act::F32, ldx, n, y, ldy,
                             gemm_buffers(sc, size_t(n) * size_t(w.d.cols), 0));
   if (w.fp8) return x16 ? fp8_linear(*w.fp8, x16, Act::F16, ldx, n, y, ldy, sc.work())

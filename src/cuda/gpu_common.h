@@ -204,6 +204,8 @@ struct Step {
 // for chunks of at least w.gemm_min tokens (cuda.prefill_gemm), else the fp32 twin. x16 (optional): x as f16 rows with the same ld, which the W8A16 kernel then reads instead of
 // converting x again.
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr);
+// Whether linear() runs a plain bf16 matrix as a bf16 GEMM (cuda.prefill_gemm) for n tokens.
+bool bf16_gemm_applies(const GMat& w, int n);
 
 // cuda.prefill_gemm's scratch from the session's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
 // activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).

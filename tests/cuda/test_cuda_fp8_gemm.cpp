@@ -252,6 +252,35 @@ TEST_F(CudaFp8Gemm, Bf16LinearMatchesFp64AndTwin) {
   }
 }
 
+// The compressors' four projections at 8 tokens (V4-Flash's CSA: wkv and wgate [1024, 4096], the indexer's [256,
+// 4096]) from one bf16 conversion of x: every output the bits of its own bf16_linear_gemm call.
+TEST_F(CudaFp8Gemm, Bf16LinearMultiMatchesOneCallEach) {
+  const int64_t cols = 4096, rows[4] = {1024, 1024, 256, 256};
+  const int n = 8;
+  Rng rng(31);
+  const auto x = rng.floats(size_t(n) * size_t(cols), -2.0f, 2.0f);
+  cuda::DeviceBuffer dx = cuda::to_device(x);
+  Buffers buf(1, size_t(n) * size_t(cols));
+  std::vector<cuda::DeviceBuffer> w, y, y1;
+  std::vector<cuda::Bf16Proj> p;
+  for (int64_t r : rows) {
+    std::vector<uint16_t> wb(size_t(r * cols));
+    for (auto& v : wb) v = fmt8::f32_to_bf16(rng.uniform(-0.05f, 0.05f));
+    w.push_back(cuda::to_device(wb));
+    y.emplace_back(size_t(n) * size_t(r) * 4), y1.emplace_back(size_t(n) * size_t(r) * 4);
+    p.push_back(cuda::Bf16Proj{w.back().as<uint16_t>(), r, y.back().as<float>(), r});
+  }
+  cuda::bf16_linear_gemm_multi(p.data(), int(p.size()), cols, dx.get(), Act::F32, cols, n, buf.b);
+  for (size_t i = 0; i < p.size(); ++i)
+    cuda::bf16_linear_gemm(p[i].w, rows[i], cols, dx.get(), Act::F32, cols, n, y1[i].as<float>(), rows[i], buf.b);
+  cuda::synchronize();
+  for (size_t i = 0; i < p.size(); ++i) {
+    const auto a = cuda::to_host<float>(y[i], size_t(n) * size_t(rows[i]));
+    const auto b = cuda::to_host<float>(y1[i], size_t(n) * size_t(rows[i]));
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "projection " << i << ": not the bits of its own call";
+  }
+}
+
 // The grouped wo_a (8 groups of [1024, 4096] at V4-Flash's shape) as one strided-batched GEMM.
 TEST_F(CudaFp8Gemm, GroupedMatchesFp64AndGemv) {
   Rng rng(23);
