@@ -292,6 +292,32 @@ TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
 // which moves its fp32 scale by one ulp with probability ~1e-8 per row: the logits must be the same bits, on
 // prefill chunks and decode steps, in the fp32, tensor-core and official numerics (hc_post only), with hc_mult 2
 // and 4 and the comb fault.
+// 40 tokens in a first chunk of `first`, then decode steps and 2-token chunks, eager, on two sessions of one model:
+// forwards with `sink` attached (the tap-compatible paths) and without (the fused ones). The logits must be the same
+// bits at every step. Returns the number of steps.
+int expect_sink_paths_match(const std::string& dir, const std::string& patches, plumb::TapSink& sink, size_t first) {
+  auto model = plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
+  const auto toks = prompt(40, model->config().vocab);
+  auto sa = model->new_state(), sb = model->new_state();
+  size_t pos = 0;
+  int step = 0;
+  for (; pos < toks.size(); ++step) {
+    const size_t len = step == 0 ? first : step % 3 == 0 ? 2 : 1;
+    const std::span<const int32_t> chunk(toks.data() + pos, std::min(len, toks.size() - pos));
+    const auto a = model->forward(sa, chunk, &sink, plumb::LogitRows::All);
+    const auto b = model->forward(sb, chunk, nullptr, plumb::LogitRows::All);
+    EXPECT_EQ(a.data.size(), b.data.size());
+    size_t i = 0;
+    while (i < a.data.size() && i < b.data.size() && std::memcmp(&a.data[i], &b.data[i], 4) == 0) ++i;
+    EXPECT_EQ(i, a.data.size()) << dir << " [" << patches << "] step " << step << " (position " << pos << "): logit " << i
+                                << " with the sink " << (i < a.data.size() ? a.data[i] : 0.0f) << ", without "
+                                << (i < b.data.size() ? b.data[i] : 0.0f);
+    if (i != a.data.size()) return step + 1;
+    pos += chunk.size();
+  }
+  return step;
+}
+
 TEST_F(GpuTest, FusedHcPostMatchesTheSeparateKernel) {
   struct Silent : plumb::TapSink {  // attached, wants nothing: the forward takes its tap-compatible (unfused) path
     bool wants(const std::string&) const override { return false; }
@@ -304,24 +330,7 @@ TEST_F(GpuTest, FusedHcPostMatchesTheSeparateKernel) {
                                                        {"/golden/official-mixed", "numerics.official"},
                                                        {"/golden/hc2-k3", ""},
                                                        {"/golden/tiny", "fault.comb_untransposed"}};
-  for (const auto& [fixture, patches] : cases) {
-    auto model = plumb::Model::load(data + fixture, plumb::parse_patches(patches).options, {}, "cuda");
-    const auto toks = prompt(40, model->config().vocab);
-    auto sa = model->new_state(), sb = model->new_state();
-    size_t pos = 0;
-    for (int step = 0; pos < toks.size(); ++step) {
-      const size_t len = step == 0 ? 17 : step % 3 == 0 ? 2 : 1;
-      const std::span<const int32_t> chunk(toks.data() + pos, std::min(len, toks.size() - pos));
-      const auto a = model->forward(sa, chunk, &silent, plumb::LogitRows::All);
-      const auto b = model->forward(sb, chunk, nullptr, plumb::LogitRows::All);
-      ASSERT_EQ(a.data.size(), b.data.size());
-      size_t i = 0;
-      while (i < a.data.size() && std::memcmp(&a.data[i], &b.data[i], 4) == 0) ++i;
-      ASSERT_EQ(i, a.data.size()) << fixture << " [" << patches << "] step " << step << " (position " << pos << "): logit " << i
-                                  << " separate " << a.data[i] << " fused " << b.data[i];
-      pos += chunk.size();
-    }
-  }
+  for (const auto& [fixture, patches] : cases) expect_sink_paths_match(data + fixture, patches, silent, 17);
 }
 
 // With the split-K attention the query heads' RMSNorm and RoPE run inside the attention's launch (AttendArgs::
@@ -343,24 +352,11 @@ TEST_F(GpuTest, QueryNormInAttentionMatchesTheSeparateLaunch) {
       {"/golden/csa-long", "attn.splitk_decode,indexer.skip_short"},
       {"/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams,attn.splitk_decode,indexer.skip_short"}};
   for (const auto& [fixture, patches] : cases) {
-    auto model = plumb::Model::load(data + fixture, plumb::parse_patches(patches).options, {}, "cuda");
-    const auto toks = prompt(40, model->config().vocab);
-    auto sa = model->new_state(), sb = model->new_state();
-    size_t pos = 0;
-    for (int step = 0; pos < toks.size(); ++step) {
-      const size_t len = step == 0 ? 5 : step % 3 == 0 ? 2 : 1;  // csa-long skips its indexer up to position 19
-      const std::span<const int32_t> chunk(toks.data() + pos, std::min(len, toks.size() - pos));
-      const int before = qs.puts;
-      const auto a = model->forward(sa, chunk, &qs, plumb::LogitRows::All);
-      EXPECT_GT(qs.puts, before) << "the separate launch's q was not tapped";
-      const auto b = model->forward(sb, chunk, nullptr, plumb::LogitRows::All);
-      ASSERT_EQ(a.data.size(), b.data.size());
-      size_t i = 0;
-      while (i < a.data.size() && std::memcmp(&a.data[i], &b.data[i], 4) == 0) ++i;
-      ASSERT_EQ(i, a.data.size()) << fixture << " [" << patches << "] step " << step << " (position " << pos << "): logit " << i
-                                  << " separate " << a.data[i] << " in the attention " << b.data[i];
-      pos += chunk.size();
-    }
+    qs.puts = 0;
+    // A first chunk of 5: csa-long skips its indexer up to position 19.
+    const int steps = expect_sink_paths_match(data + fixture, patches, qs, 5);
+    const int layers = plumb::Model::load(data + fixture, {}, {}, "cpu")->config().n_layers;
+    EXPECT_EQ(qs.puts, steps * layers) << fixture << ": every layer's q tapped at every step (the separate launch)";
   }
 }
 
