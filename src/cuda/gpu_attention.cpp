@@ -293,7 +293,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   if (all_entries) {
     a.type = 2;  // every visible entry of the CSA compressor, in entry order
     max_keys += a.ne;
-    if (tap.on("attn.indexer.topk")) tap.index("attn.indexer.topk", all_entries_selection(c, n, pos0, w.icomp->rate, (pos0 + n) / w.icomp->rate));
+    if (tap.on("attn.indexer.topk"))
+      tap.index("attn.indexer.topk", all_entries_selection(c, n, pos0, w.icomp->rate, (pos0 + n) / w.icomp->rate));
   }
 
   if (keys_later) branch_await(side2, sc.ev_entries);   // the compressor's entries (the indexer's keys: below)
