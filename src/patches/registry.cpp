@@ -153,8 +153,8 @@ std::vector<Patch> make_registry() {
                // bit-identical to the exact path's, 8 shapes. The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.indexer_dmma_scores = true; }, false, "cuda"});
   r.push_back({"indexer.skip_short", "CSA key selection: the lightning indexer's top-k of the visible entries",
-               "while a chunk's queries see at most index_topk compressed entries (V4-Flash: contexts up to 2048 "
-               "tokens), the top-k would select every visible entry: the attention takes them in entry order and the "
+               "while a chunk's queries see at most index_topk compressed entries (V4-Flash: the first 2051 tokens of "
+               "a context), the top-k would select every visible entry: the attention takes them in entry order and the "
                "indexer's query path (wq_b, RoPE, rotation, scores, top-k) is not run; its keys are still compressed "
                "for longer contexts. The taps show the indexer's scores (computed for the tap only) and the selection",
                "an off-by-one in the threshold would drop the top-k at the one context length where it first "
