@@ -21,7 +21,7 @@
 
 namespace plumb_test {
 
-// Records the logits' source taps: L2's indexer selection, per call.
+// Records L2's indexer selection (the top-k tap) of one call.
 class SelectionSink : public plumb::TapSink {
  public:
   bool wants(const std::string& name) const override { return name == "L2.attn.indexer.topk"; }
