@@ -43,6 +43,7 @@
 #include "cuda/kernels.h"
 #include "formats/numeric.h"
 #include "io/safetensors.h"
+#include "model/attention.h"
 #include "model/model.h"
 #include "patches/registry.h"
 
@@ -726,13 +727,13 @@ int run(const LayerBenchOptions& o) {
     r.batch = B;
     r.experts_expected = expected_experts(dm, B);
     // indexer.skip_short: the CSA layers do not read the indexer's wq_b when every measured step (at most warm-up +
-    // iters steps of B tokens after the context) ends where the top-k would select all entries.
+    // iters steps of B tokens after the context) ends where the top-k would select all entries (the engine's rule).
     const bool skip = patches.options.indexer_skip_short && std::count(types.begin(), types.end(), AttnType::CSA) > 0;
     const int64_t first_end = o.context + B, last_end = o.context + int64_t(o.warmup + o.iters) * B;
-    const bool no_index_q = skip && last_end / dm.csa_rate <= dm.index_topk;
+    const bool no_index_q = skip && indexer_skippable(model->config(), dm.csa_rate, last_end);
     if (no_index_q)
       r.note = "indexer.skip_short: the CSA layers skip their indexer in every step (bytes without its wq_b)";
-    else if (skip && first_end / dm.csa_rate <= dm.index_topk)  // some steps skip it: the bytes overstate their reads
+    else if (skip && indexer_skippable(model->config(), dm.csa_rate, first_end))  // some steps skip it: bytes overstate reads
       r.note = "indexer.skip_short: the CSA layers skip their indexer in the first steps only (bytes with its wq_b: GB/s an upper bound)";
     double fixed = 0, per_e = 0;
     for (auto t : types) {
