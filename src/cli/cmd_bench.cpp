@@ -17,15 +17,15 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
   cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file");
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
-  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (router, moe, prefill, fp8, fp8prefill, attention, indexer, "
-                  "phases; prefill includes fp8prefill)")
+  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (router, moe, prefill, fp8, fp8prefill, bf16, attention, "
+                  "indexer, phases; prefill includes fp8prefill)")
       ->check([](const std::string& v) {
         std::istringstream in(v);
         for (std::string s; std::getline(in, s, ',');)
-          if (s != "router" && s != "moe" && s != "prefill" && s != "fp8" && s != "fp8prefill" && s != "attention" && s != "indexer" &&
-              s != "phases")
+          if (s != "router" && s != "moe" && s != "prefill" && s != "fp8" && s != "fp8prefill" && s != "bf16" && s != "attention" &&
+              s != "indexer" && s != "phases")
             return "unknown bench section '" + s +
-                   "' (known: router, moe, prefill, fp8, fp8prefill, attention, indexer, phases; comma-separated, no spaces)";
+                   "' (known: router, moe, prefill, fp8, fp8prefill, bf16, attention, indexer, phases; comma-separated, no spaces)";
         return std::string();
       });
   cmd->add_flag("--profile", opt->profile, "launch each main kernel once without timing (to run under ncu)");

@@ -307,9 +307,7 @@ d::GemvArgs base_args(d::Fmt fmt) {
 void dense_split(d::GemvArgs& a, int n) {
   (void)n;
   const int64_t tiles = a.rows / 16 * a.problems, chunks = a.cols / 128;
-  int warps = 1;
-  while (warps < 8 && tiles * warps < 2048) warps *= 2;
-  a.warps = int(std::min<int64_t>(warps, chunks));
+  a.warps = d::gemv_dense_warps(tiles, chunks);
   a.minblocks = 1;
   a.fp8_unroll = a.nmat == 1 && tiles * 8 < 2048 ? 4 : 2;
   a.kblocks = 1;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -821,6 +822,51 @@ int run_bench(const BenchOptions& opt) {
       const double bytes = 3.0 * double(I * D) + 3.0 * double(ses[0].w1.scale_bytes()) + double(n * D * 2) +
                            2.0 * double(n * I * 2) + double(n * D * 4);
       B.add(B.rows, {"FP8 shared expert (gate+up+SwiGLU, down)", "[2048, 4096] x2 + [4096, 2048]", "2 launches", n, 0, bytes}, t);
+    }
+  }
+  // ---- the compressors' bf16 projections at a few tokens: cuBLASLt GEMMs (cuda.prefill_gemm) vs the GEMV's bf16
+  // table launch (cuda.bf16_gemv) ----
+  // A CSA layer's four (wkv and wgate [1024, 4096], the indexer compressor's [256, 4096]) from one bf16 conversion
+  // of x, both paths; bytes: the weights, x (fp32 in, bf16 out and in again), y.
+  if (B.want("bf16")) {
+    const int64_t cols = D, prow[4] = {1024, 1024, 256, 256};
+    double wbytes = 0;
+    for (int64_t r : prow) wbytes += double(r * cols * 2);
+    const int nc = copies_for(wbytes);
+    std::vector<DeviceBuffer> wsets;
+    for (int c = 0; c < nc; ++c)
+      for (int64_t r : prow) {
+        wsets.emplace_back(size_t(r * cols) * 2);
+        d::fill(wsets.back().get(), size_t(r * cols), d::kFillBF16, seed++, -0.05f, 0.05f);
+      }
+    const int most = 32;
+    DeviceBuffer bx(size_t(most * cols) * 2), yb(size_t(most) * 2560 * 4);
+    Fp8GemmBuffers fb;
+    fb.x = bx.as<uint16_t>(), fb.x_elems = size_t(most * cols);
+    auto projs = [&](int i) {
+      std::array<Bf16Proj, 4> p;
+      int64_t off = 0;
+      for (int j = 0; j < 4; ++j) {
+        p[size_t(j)] = Bf16Proj{wsets[size_t((i % nc) * 4 + j)].as<uint16_t>(), prow[j], yb.as<float>() + off, prow[j]};
+        off += int64_t(most) * prow[j];
+      }
+      return p;
+    };
+    for (int n : {2, 4, 8, 16, 32}) {
+      const double bytes = wbytes + double(n * cols) * (4 + 2 + 2) + double(n) * 2560 * 4;
+      const std::string shape = "CSA: [1024, 4096] x2 + [256, 4096] x2";
+      if (have_cublaslt()) {
+        const Timing t = B.time([&](int i) {
+          const auto p = projs(i);
+          bf16_linear_gemm_multi(p.data(), 4, cols, x32.get(), Act::F32, cols, n, fb, S);
+        });
+        B.add(B.rows, {"bf16 compressor projections, cuBLASLt", shape, "cuda.prefill_gemm: 1 + 4 launches", n, 0, bytes}, t);
+      }
+      const Timing t = B.time([&](int i) {
+        const auto p = projs(i);
+        bf16_linear_gemv_multi(p.data(), 4, cols, x32.get(), Act::F32, cols, n, fb, S);
+      });
+      B.add(B.rows, {"bf16 compressor projections, GEMV", shape, "cuda.bf16_gemv: 1 + 1 launches", n, 0, bytes}, t);
     }
   }
   d::dsync();

@@ -2,6 +2,7 @@
 // scratch, the activations rounded to bf16, a cuBLASLt bf16 GEMM with fp32 accumulation and output. The decode
 // GEMVs read every weight once per 8 tokens; at thousands of tokens this reads it once per GEMM.
 #ifdef PLUMB_WITH_CUDA
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -30,6 +31,15 @@ void check_weight(const Fp8Matrix& w, const char* what) {
 
 void check_room(const char* what, const char* buf, const void* p, size_t have, size_t need) {
   PLUMB_CHECK(p && have >= need, "{}: scratch '{}' holds {} elements, {} needed", what, buf, p ? have : 0, need);
+}
+
+// Several bf16 projections of one x: each weight and output stride against the shared column count.
+void check_projs(const char* what, const Bf16Proj* p, int count, int64_t cols, int64_t ldx) {
+  for (int i = 0; i < count; ++i) {
+    const Bf16Proj& m = p[i];
+    PLUMB_CHECK(m.w && m.rows > 0 && cols > 0 && m.rows <= INT32_MAX && cols <= INT32_MAX, "{}: bad weight [{}, {}]", what, m.rows, cols);
+    PLUMB_CHECK(ldx >= cols && m.ldy >= m.rows, "{}: ldx {} / ldy {} below the matrix [{}, {}]", what, ldx, m.ldy, m.rows, cols);
+  }
 }
 
 }  // namespace
@@ -67,11 +77,7 @@ void bf16_linear_gemm_multi(const Bf16Proj* p, int count, int64_t cols, const vo
                             const Fp8GemmBuffers& b, Stream s) {
   const char* what = "bf16_linear_gemm";
   if (n <= 0 || count <= 0) return;
-  for (int i = 0; i < count; ++i) {
-    const Bf16Proj& m = p[i];
-    PLUMB_CHECK(m.w && m.rows > 0 && cols > 0 && m.rows <= INT32_MAX && cols <= INT32_MAX, "{}: bad weight [{}, {}]", what, m.rows, cols);
-    PLUMB_CHECK(ldx >= cols && m.ldy >= m.rows, "{}: ldx {} / ldy {} below the matrix [{}, {}]", what, ldx, m.ldy, m.rows, cols);
-  }
+  check_projs(what, p, count, cols, ldx);
   check_room(what, "x", b.x, b.x_elems, size_t(n) * size_t(cols));
   d::launch_to_bf16(x, int(xt), n, cols, ldx, b.x, s);
   for (int i = 0; i < count; ++i) {
@@ -79,6 +85,31 @@ void bf16_linear_gemm_multi(const Bf16Proj* p, int count, int64_t cols, const vo
     g.m = n, g.n = int(p[i].rows), g.k = int(cols), g.ldd = p[i].ldy;
     gemm_bf16(g, b.x, p[i].w, p[i].y, s);
   }
+}
+
+void bf16_linear_gemv_multi(const Bf16Proj* p, int count, int64_t cols, const void* x, Act xt, int64_t ldx, int n,
+                            const Fp8GemmBuffers& b, Stream s) {
+  const char* what = "bf16_linear_gemv";
+  if (n <= 0 || count <= 0) return;
+  PLUMB_CHECK(count <= d::kGemvTab, "{}: {} projections, at most {} per launch", what, count, d::kGemvTab);
+  check_projs(what, p, count, cols, ldx);
+  PLUMB_CHECK(cols % 128 == 0, "{}: {} columns, not a multiple of 128", what, cols);
+  check_room(what, "x", b.x, b.x_elems, size_t(n) * size_t(cols));
+  d::launch_to_bf16(x, int(xt), n, cols, ldx, b.x, s);
+  d::GemvArgs a;
+  a.fmt = d::kBf16, a.act = d::kBF16, a.mode = d::kDense, a.nmat = 1, a.epi = d::kStore;
+  a.x = b.x, a.x_tok_stride = cols, a.n = n, a.cols = cols;
+  a.ntab = a.problems = count;
+  int64_t tiles = 0;
+  for (int i = 0; i < count; ++i) {
+    PLUMB_CHECK(p[i].rows % 16 == 0, "{}: weight {} has {} rows, not a multiple of 16", what, i, p[i].rows);
+    a.tab_w[i] = p[i].w, a.tab_rows[i] = p[i].rows, a.tab_out[i] = p[i].y, a.tab_ld[i] = p[i].ldy;
+    a.rows = std::max(a.rows, p[i].rows);
+    tiles += p[i].rows / 16;
+  }
+  a.warps = d::gemv_dense_warps(tiles, cols / 128);
+  a.minblocks = 1;
+  d::launch_gemv(a, s);
 }
 
 void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,

@@ -2,6 +2,8 @@
 // (E2M1 + E8M0 per 32) and FP8 block-scaled projections (E4M3 + 128x128 E8M0/F32). Weights are dequantized to
 // f16 in registers (exact), activations arrive as f16, products accumulate in fp32 by mma.m16n8k16, and the
 // block scales are applied to the fp32 partial sums (one scale per 16-wide MMA pair for FP4, per 128-chunk for FP8).
+// Plain bf16 weights (the compressors' projections, cuda.bf16_gemv) take bf16 activations and the bf16 MMA, no
+// scales, accumulating in the MMA's fp32 accumulators.
 //
 // Work split. A warp owns a 16-row tile of one (or two: gate and up) matrices and a contiguous range of 128-wide
 // K chunks; the warps of a block split K and reduce through shared memory; the block's grid row is a problem (an
@@ -19,10 +21,12 @@
 // {2t, 2t+1, 2t+8, 2t+9} and B column g at the same k-slots. Any assignment of real K indices to k-slots that
 // A and B share gives the same dot product, so each lane takes K elements that are contiguous in memory:
 //   FP8: chunk c, lane t: elements [128c + 32t, +32) of its rows (two 16-byte loads), 8 MMAs per chunk;
+//   BF16: the same elements (four 16-byte loads), MMA i taking elements 4i .. 4i + 3 of them (words 2i, 2i + 1);
 //   FP4: chunk c, lane t: 8 elements of each of the 4 groups of the chunk (one 16-byte load in the decode layout,
 //        see repack_fp4_decode: tile-major, so a warp's loads of one chunk and row half are 512 contiguous
 //        bytes), 2 MMAs per group (elements 0..3 of each lane, then 4..7), so that every MMA stays inside one
 //        scale group. The codes become f16 by bit placement (value * 2^-14, exact: fp4x8_to_f16x2_d).
+#include <algorithm>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -67,7 +71,7 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
-  constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : (NMAT == 2 ? 1 : U8);
+  constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : FMT == kBf16 ? 2 : (NMAT == 2 ? 1 : U8);
   constexpr int NV = NMAT * 4;
   __shared__ float red[kMaxWarps][NV][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
@@ -123,30 +127,46 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     prob = int(blockIdx.y);
     m = a.n;
   }
+  // This block's matrices, output and output strides (a BF16 table launch: matrix blockIdx.y of the table).
+  const uint8_t* wsel[NMAT];
+#pragma unroll
+  for (int q = 0; q < NMAT; ++q) wsel[q] = a.w[q] + int64_t(prob) * a.w_prob_stride;
+  void* out = a.out;
+  int64_t o_tok = a.o_tok_stride, o_prob = a.o_prob_stride;
+  if constexpr (FMT == kBf16 && MODE == kDense) {
+    if (a.ntab) {
+      if (int64_t(tile) * 16 >= a.tab_rows[prob]) return;  // past this matrix's rows (the whole block: no barrier yet)
+      wsel[0] = static_cast<const uint8_t*>(a.tab_w[prob]);
+      out = a.tab_out[prob], o_tok = a.tab_ld[prob], o_prob = 0;
+    }
+  }
 
   // This warp's K chunks and per-lane base pointers at its first chunk.
   const int total = int(a.cols / 128);
   const int wtot = int(gridDim.z) * warps, wi = int(blockIdx.z) * warps + warp;
   const int cb = int(int64_t(total) * wi / wtot), ce = int(int64_t(total) * (wi + 1) / wtot), nch = ce - cb;
   const int64_t row_a = int64_t(tile) * 16 + g, row_b = row_a + 8;
-  // Bytes from one 128-column chunk to the next: FP8 row-major rows; FP4 tile-major decode layout (a 16-row tile is
-  // contiguous, [chunk][row half][lane][16 B], see repack_fp4_decode).
-  constexpr int CB = FMT == kFp4 ? 1024 : 128;
+  // Bytes from one 128-column chunk to the next: FP8 / BF16 row-major rows; FP4 tile-major decode layout (a 16-row
+  // tile is contiguous, [chunk][row half][lane][16 B], see repack_fp4_decode).
+  constexpr int CB = FMT == kFp4 ? 1024 : FMT == kBf16 ? 256 : 128;
   const uint8_t* pa[NMAT];
   const uint8_t* pb[NMAT];
   const uint8_t* ps[NMAT][2];
 #pragma unroll
   for (int q = 0; q < NMAT; ++q) {
     if constexpr (FMT == kFp4) {
-      pa[q] = a.w[q] + int64_t(prob) * a.w_prob_stride + int64_t(tile) * 8 * a.cols + int64_t(cb) * CB + lane * 16;
+      pa[q] = wsel[q] + int64_t(tile) * 8 * a.cols + int64_t(cb) * CB + lane * 16;
       pb[q] = pa[q] + 512;
     } else {
-      const uint8_t* base = a.w[q] + int64_t(prob) * a.w_prob_stride + int64_t(cb) * CB + t * 32;
-      pa[q] = base + row_a * a.cols;
-      pb[q] = base + row_b * a.cols;
+      constexpr int EB = FMT == kBf16 ? 2 : 1;  // bytes per weight
+      const uint8_t* base = wsel[q] + int64_t(cb) * CB + t * 32 * EB;
+      pa[q] = base + row_a * a.cols * EB;
+      pb[q] = base + row_b * a.cols * EB;
     }
     const uint8_t* sbase = static_cast<const uint8_t*>(a.s[q]) + int64_t(prob) * a.s_prob_stride;
-    if constexpr (FMT == kFp4) {
+    if constexpr (FMT == kBf16) {
+      ps[q][0] = ps[q][1] = nullptr;
+    } else if constexpr (FMT == kFp4) {
       ps[q][0] = sbase + row_a * a.s_ld + int64_t(cb) * 4;
       ps[q][1] = sbase + row_b * a.s_ld + int64_t(cb) * 4;
     } else {
@@ -207,6 +227,26 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
 #pragma unroll
             for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
+          }
+      } else if constexpr (FMT == kBf16) {
+        uint4 A[UU][4], B[UU][4], X[UU][4];
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            A[u][h] = ldg_stream<1>(pa[0] + (c + u) * CB + h * 16);
+            B[u][h] = ldg_stream<1>(pb[0] + (c + u) * CB + h * 16);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < UU; ++u)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int w = (2 * i) % 4;
+            mma_bf16(acc[0], word(A[u][i / 2], w), word(B[u][i / 2], w), word(A[u][i / 2], w + 1), word(B[u][i / 2], w + 1),
+                     word(X[u][i / 2], w), word(X[u][i / 2], w + 1));
           }
       } else {
         uint4 A[UU][NMAT][2], B[UU][NMAT][2], X[UU][4];
@@ -301,13 +341,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             slot = cols_s[p0 + j];
             orow = int64_t(slot) * a.o_tok_stride;
           } else {
-            orow = int64_t(p0 + j) * a.o_tok_stride + int64_t(prob) * a.o_prob_stride;
+            orow = int64_t(p0 + j) * o_tok + int64_t(prob) * o_prob;
           }
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
             const float up = EPI == kSwiglu ? v[4 + rr * 2 + cc] * wmul : 0.0f;
-            store_out<OT>(static_cast<OT*>(a.out) + orow + row, epilogue<EPI>(a, v[rr * 2 + cc] * wmul, up, slot));
+            store_out<OT>(static_cast<OT*>(out) + orow + row, epilogue<EPI>(a, v[rr * 2 + cc] * wmul, up, slot));
           }
         }
       }
@@ -367,6 +407,12 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
+int gemv_dense_warps(int64_t tiles, int64_t chunks) {
+  int warps = 1;
+  while (warps < 8 && tiles * warps < 2048) warps *= 2;
+  return int(std::min<int64_t>(warps, chunks));
+}
+
 void launch_gemv(const GemvArgs& a0, Stream s) {
   GemvArgs a = a0;
   if (a.pdl < 0 && pdl_enabled()) a.pdl = 1;  // cuda.pdl: every GEMV of the forward
@@ -375,9 +421,26 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
               std::to_string(a.cols) + "]");
   if (a.warps < 1 || a.warps > kMaxWarps) throw_arg("gemv: warps per block must be 1..8");
   if (a.n <= 0) return;
-  if (a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
-  if (!a.x || !a.out || !a.w[0] || !a.s[0] || (a.nmat == 2 && (!a.w[1] || !a.s[1])))
+  const bool bf16 = a.fmt == kBf16;
+  if (bf16 && (a.act != kBF16 || a.mode != kDense || a.nmat != 1 || a.epi != kStore || a.out_half))
+    throw_arg("gemv: bf16 weights take bf16 activations, one dense matrix and an fp32 output");
+  if (!bf16 && a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
+  if (a.ntab) {
+    if (!bf16 || a.ntab > kGemvTab || a.problems != a.ntab || a.kblocks != 1)
+      throw_arg("gemv: a table launch takes 1.." + std::to_string(kGemvTab) + " bf16 matrices, one grid row each, no split-K");
+    int64_t most = 0;
+    for (int p = 0; p < a.ntab; ++p) {
+      if (!a.tab_w[p] || !a.tab_out[p] || a.tab_rows[p] <= 0 || a.tab_rows[p] % 16 || a.tab_ld[p] < a.tab_rows[p])
+        throw_arg("gemv: table matrix " + std::to_string(p) + ": null pointer, rows not a positive multiple of 16, or output stride below them");
+      if (!aligned16(a.tab_w[p])) throw_arg("gemv: table matrix " + std::to_string(p) + ": weights not 16-byte aligned");
+      most = std::max(most, a.tab_rows[p]);
+    }
+    if (most != a.rows) throw_arg("gemv: a table launch's rows must be its largest matrix's");
+  } else if (!a.x || !a.out || !a.w[0] || (!bf16 && !a.s[0]) || (a.nmat == 2 && (!a.w[1] || !a.s[1]))) {
     throw_arg("gemv: null pointer argument");
+  }
+  if (!a.x) throw_arg("gemv: null activations");
+  if (bf16 && !a.ntab && !aligned16(a.w[0])) throw_arg("gemv: bf16 weights must be 16-byte aligned");
   if (!aligned16(a.x) || (a.x_tok_stride * 2) % 16 || (a.x_prob_stride * 2) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
   if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
@@ -417,6 +480,7 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (fp4_gate_up)
     return a.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(a, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(a, s);
   if (fp4_down) return launch_t<kFp4, 1, kStore, kMoe, float>(a, s);
+  if (bf16) return launch_t<kBf16, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense)
     return a.out_half ? launch_t<kFp8, 1, kStore, kDense, __half>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)

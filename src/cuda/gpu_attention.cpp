@@ -36,27 +36,27 @@ void project_comp(const GpuComp& w, const float* x, int n, const CompRows& r, Sc
 }
 
 // Several tokens: the compressors' projections (the indexer's with ir), each as linear() computes it. Where all of
-// them run as bf16 GEMMs (cuda.prefill_gemm), x is rounded to bf16 once for the four (the same bits: one conversion
-// launch instead of four, on the compressors' stream, which at 8 tokens is as long as the query path).
+// them run on the bf16 GEMV (cuda.bf16_gemv) or as bf16 GEMMs (cuda.prefill_gemm), x is rounded to bf16 once for
+// the four (the same bits: one conversion launch instead of four, on the compressors' stream, which at 8 tokens is
+// as long as the query path), and the GEMV takes the four in one launch.
 void project_comps(const GpuAttn& w, const float* x, int n, const CompRows& cr, const CompRows* ir, Scratch& sc) {
   const int64_t D = w.comp->wkv.d.cols;
   Bf16Proj p[4];
   int count = 0;
-  bool gemm = true;
+  bool gemv = true, gemm = true;
   auto add = [&](const GpuComp& c, const CompRows& r) {
     for (const auto& [m, y] : {std::pair{&c.wkv, r.kv}, std::pair{&c.wgate, r.gate}}) {
+      gemv = gemv && bf16_gemv_applies(*m, n) && m->d.cols == D;
       gemm = gemm && bf16_gemm_applies(*m, n) && m->d.cols == D;
       p[count++] = Bf16Proj{static_cast<const uint16_t*>(m->d.w), m->d.rows, y, comp_width(c)};
     }
   };
   add(*w.comp, cr);
   if (ir) add(*w.icomp, *ir);
-  if (!gemm) {
-    project_comp(*w.comp, x, n, cr, sc);
-    if (ir) project_comp(*w.icomp, x, n, *ir, sc);
-    return;
-  }
-  bf16_linear_gemm_multi(p, count, D, x, cuda::Act::F32, D, n, gemm_buffers(sc, size_t(n) * size_t(D), 0));
+  if (gemv) return bf16_linear_gemv_multi(p, count, D, x, cuda::Act::F32, D, n, gemv16_buffers(sc, size_t(n) * size_t(D)));
+  if (gemm) return bf16_linear_gemm_multi(p, count, D, x, cuda::Act::F32, D, n, gemm_buffers(sc, size_t(n) * size_t(D), 0));
+  project_comp(*w.comp, x, n, cr, sc);
+  if (ir) project_comp(*w.icomp, x, n, *ir, sc);
 }
 
 // Decode (one token): the compressors' projections of x, and the indexer's head weights (hw, CSA) unless the

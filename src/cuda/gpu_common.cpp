@@ -83,12 +83,25 @@ bool bf16_gemm_applies(const GMat& w, int n) {
   return !w.fp8 && w.gemm_min && n >= w.gemm_min && w.d.layout == 0 && w.d.dtype == 1;
 }
 
+bool bf16_gemv_applies(const GMat& w, int n) { return !w.fp8 && n >= 2 && n <= w.gemv16_max; }
+
+Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems) {
+  ++sc.gemv16_calls;
+  Fp8GemmBuffers b;
+  b.x = static_cast<uint16_t*>(sc.get("fp8gemm.x", x_elems * 2)), b.x_elems = x_elems;  // (the GEMMs' bf16 x scratch)
+  return b;
+}
+
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16) {
   // cuda.prefill_gemm: from the fp32 x (one bf16 rounding, not f16 then bf16).
   if (w.fp8 && w.gemm_min && n >= w.gemm_min)
     return fp8_linear_gemm(*w.fp8, x, Act::F32, ldx, n, y, ldy,
                            gemm_buffers(sc, size_t(n) * size_t(w.fp8->cols), size_t(w.fp8->rows * w.fp8->cols)));
-  // cuda.prefill_gemm on a plain bf16 matrix (the compressors' projections): the weight as stored.
+  // cuda.bf16_gemv, then cuda.prefill_gemm on a plain bf16 matrix (the compressors' projections): the weight as stored.
+  if (bf16_gemv_applies(w, n)) {
+    const Bf16Proj p{static_cast<const uint16_t*>(w.d.w), w.d.rows, y, ldy};
+    return bf16_linear_gemv_multi(&p, 1, w.d.cols, x, Act::F32, ldx, n, gemv16_buffers(sc, size_t(n) * size_t(w.d.cols)));
+  }
   if (bf16_gemm_applies(w, n))
     return bf16_linear_gemm(static_cast<const uint16_t*>(w.d.w), w.d.rows, w.d.cols, x, Act::F32, ldx, n, y, ldy,
                             gemm_buffers(sc, size_t(n) * size_t(w.d.cols), 0));

@@ -23,6 +23,8 @@ struct GMat {
   std::shared_ptr<Fp8Matrix> fp8;
   int gemm_min = 0;  // cuda.prefill_gemm: chunks of at least this many tokens run fp8_linear_gemm, or
                      // bf16_linear_gemm for a plain bf16 matrix (0: never)
+  int gemv16_max = 0;  // cuda.bf16_gemv: a plain bf16 matrix at 2 .. this many tokens runs bf16_linear_gemv_multi
+                       // (0: never; it goes before gemm_min)
 };
 GMat upload_matrix(const Matrix& m, bool fp8_fast = false);
 bool fp8_fast_fits(const Matrix& m);  // FP8, rows % 16 == 0, cols % 128 == 0
@@ -184,6 +186,7 @@ class Scratch {
   }
   size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)
   int64_t gemm_calls = 0;   // cuda.prefill_gemm: projections that ran as GEMMs (host count of eager calls; tests)
+  int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 
@@ -206,6 +209,8 @@ struct Step {
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr);
 // Whether linear() runs a plain bf16 matrix as a bf16 GEMM (cuda.prefill_gemm) for n tokens.
 bool bf16_gemm_applies(const GMat& w, int n);
+bool bf16_gemv_applies(const GMat& w, int n);  // cuda.bf16_gemv for these n tokens
+Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems);  // its bf16 x (counted in gemv16_calls)
 
 // cuda.prefill_gemm's scratch from the session's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
 // activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).

@@ -70,6 +70,7 @@ void check_options(const ModelOptions& o) {
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
+  refuse(o.cuda_bf16_gemv, "cuda.bf16_gemv");
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
@@ -77,9 +78,14 @@ void check_options(const ModelOptions& o) {
               o.prefill_gemm_min_tokens);
 }
 
+// cuda.bf16_gemv: the token counts (from 2) whose plain bf16 projections run on the bf16 GEMV. H200, a CSA layer's
+// four compressor projections with their bf16 conversion (`plumb bench --only bf16`, graph replay, us): GEMV against
+// cuBLASLt 14.8 / 27.7 at 2 tokens, 15.8 / 27.9 at 8, 26.9 / 28.6 at 16, 48.1 / 28.6 at 32 (passes of 8 tokens).
+constexpr int kBf16GemvMaxTokens = 16;
+
 // Where the requested fast kernels apply (they fall back to the fp32 twin elsewhere): said once at load.
 struct FastCount {
-  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0, gemm = 0, gemm_bf16 = 0;
+  int fp8 = 0, fp8_of = 0, fp4 = 0, fp4_of = 0, gemm = 0, gemm_bf16 = 0, gemv_bf16 = 0;
   size_t gemm_w = 0;  // cuda.prefill_gemm: the largest bf16 weight a GEMM dequantizes
   void mat(const GMat& g, const Matrix& m) {
     if (m.layout() == Matrix::Layout::FP8Block) ++fp8_of, fp8 += g.fp8 != nullptr;
@@ -133,6 +139,8 @@ class GpuForward : public DeviceForward {
         if (gm->fp8) gm->gemm_min = gemm_min(*gm->fp8);
         else if (gemm && gm->d.layout == 0 && gm->d.dtype == 1 && have_cublaslt())
           gm->gemm_min = bf16_gemm_min, ++fc.gemm_bf16;
+        if (opt_.cuda_bf16_gemv && !gm->fp8 && gm->d.layout == 0 && gm->d.dtype == 1 && gm->d.rows % 16 == 0 && gm->d.cols % 128 == 0)
+          gm->gemv16_max = kBf16GemvMaxTokens, ++fc.gemv_bf16;
         fc.gemm_mat(*gm);
       }
     };
@@ -211,6 +219,9 @@ class GpuForward : public DeviceForward {
                                               : std::string("32 tokens, 48 for matrices of >= 8M weights"),
                  fc.gemm_bf16, bf16_gemm_min);
     gemm_w_elems_ = fc.gemm_w;
+    if (opt_.cuda_bf16_gemv)
+      fmt::print(stderr, "backend cuda: cuda.bf16_gemv runs {} bf16 compressor matrices at 2 to {} tokens{}\n", fc.gemv_bf16,
+                 kBf16GemvMaxTokens, fc.gemv_bf16 ? "" : " (none is a plain bf16 matrix of rows % 16 == 0 and columns % 128 == 0)");
     if (fp4)
       fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,
                  fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
@@ -283,7 +294,7 @@ class GpuForward : public DeviceForward {
     auto* buf = static_cast<int32_t*>(sc.get("step", host.size() * 4));
     h2d(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
-    const PdlScope pdl(opt_.cuda_pdl);  // cuda.pdl: this forward's launches (and a capture of them)
+    const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     if (opt_.cuda_l2_prefetch) sc.enable_prefetch();
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;
@@ -300,6 +311,11 @@ class GpuForward : public DeviceForward {
     return k;
   }
 
+  // cuda.pdl applies to forwards of at most this many tokens. H200 A/B of FAST with and without it (layer bench,
+  // us per layer, one machine each, interleaved rounds): batch 1 212 -> 198 (3 rounds), batch 8 even (session 15);
+  // batch 32 965 / 980 -> 1031 / 1035, batch 128 1933 / 1962 against 1953 / 1953 (2 rounds, session 16): at 32
+  // tokens the waiting blocks of the next kernel take SM slots from the running one.
+  static constexpr int kPdlMaxTokens = 8;
   static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
 
   // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;

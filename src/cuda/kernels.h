@@ -136,14 +136,17 @@ void staged_read(const void* p, size_t bytes, size_t stage_bytes, unsigned* sink
 
 // ---- decode GEMV/GEMM (gemv.cu) ----
 enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
-enum Fmt : int { kFp4 = 0, kFp8 = 1 };
+enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2 };  // kBf16: plain bf16 weights, bf16 activations (dense)
 enum Mode : int { kDense = 0, kMoe = 1 };
 enum Epi : int { kStore = 0, kSwiglu = 1 };
 
+constexpr int kGemvTab = 4;  // matrices of one BF16 table launch (GemvArgs::ntab)
 struct GemvArgs {
   int fmt = kFp4, nmat = 1, epi = kStore, mode = kDense, act = kF32, out_half = 0;
-  const uint8_t* w[2] = {nullptr, nullptr};  // codes of problem 0 (FP4: decode layout; FP8: row-major E4M3)
-  const void* s[2] = {nullptr, nullptr};     // scales of problem 0 (FP4: E8M0 [rows, cols/32]; FP8: [rows/128, s_ld])
+  const uint8_t* w[2] = {nullptr, nullptr};  // codes of problem 0 (FP4: decode layout; FP8: row-major E4M3; BF16:
+                                             // row-major bf16 values)
+  const void* s[2] = {nullptr, nullptr};     // scales of problem 0 (FP4: E8M0 [rows, cols/32]; FP8: [rows/128, s_ld];
+                                             // BF16: none)
   int64_t w_prob_stride = 0, s_prob_stride = 0;  // bytes from one problem (expert / group) to the next
   int64_t rows = 0, cols = 0;                    // one problem's matrix
   int64_t s_ld = 0;                              // scale row stride in elements
@@ -151,6 +154,13 @@ struct GemvArgs {
   const void* x = nullptr;
   int64_t x_tok_stride = 0, x_prob_stride = 0;  // elements
   void* out = nullptr;
+  // BF16 dense, optional: up to kGemvTab matrices of `cols` columns on the same x in one launch (grid row p: matrix p,
+  // its own weight, row count, output and output row stride; `rows` is the largest row count, blocks past a
+  // matrix's rows exit; w[0] / out / o_tok_stride are ignored).
+  int ntab = 0;
+  const void* tab_w[kGemvTab] = {};
+  int64_t tab_rows[kGemvTab] = {}, tab_ld[kGemvTab] = {};
+  float* tab_out[kGemvTab] = {};
   int64_t o_tok_stride = 0, o_prob_stride = 0;  // elements
   int n = 0;          // dense: columns (tokens); moe: tokens
   int problems = 1;   // dense: groups; moe: experts (idx bound)
@@ -187,7 +197,10 @@ struct GemvArgs {
                        // auto: on at n * topk <= 8), 0 off, 1 on
   int fp4_ksplit = 0;  // streaming: warps of a CTA that split one tile's K (1, 2, 4, 8; divides fp4_warps; 0: default)
 };
-void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16)
+// Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
+// 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).
+int gemv_dense_warps(int64_t tiles, int64_t chunks);
+void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16); BF16 weights: bf16 (kBF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
 // ---- FP8 prefill GEMMs' helpers (fp8_gemm.cu) ----

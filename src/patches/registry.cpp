@@ -78,9 +78,10 @@ std::vector<Patch> make_registry() {
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_graph = true; }, false, "cuda"});
   r.push_back({"cuda.pdl", "plain launches (each kernel starts once the previous one has finished)",
-               "programmatic dependent launch: a kernel is scheduled while the previous one finishes and waits in-kernel "
-               "(griddepcontrol.wait) before touching activations, so launch latency and the first weight loads (dense "
-               "GEMVs prefetch theirs into L2) overlap the previous kernel's tail",
+               "programmatic dependent launch in forwards of at most 8 tokens (decode; measured slower at 32): a kernel "
+               "is scheduled while the previous one finishes and waits in-kernel (griddepcontrol.wait) before touching "
+               "activations, so launch latency and the first weight loads (dense GEMVs prefetch theirs into L2) overlap "
+               "the previous kernel's tail",
                "a kernel that reads or writes activations before its wait races with the previous kernel: results "
                "change from run to run; tested bit-identical to launches without it",
                // The same kernels on the same data in the same order: bit-identical (tests/cuda). The tolerance is
@@ -120,6 +121,17 @@ std::vector<Patch> make_registry() {
                // (tests/cuda/test_cuda_fp8_gemm.cpp); the shared expert (bf16 x and bf16 h) 4.7e-3 against the GEMV
                // path (f16 x and h). 1e-2 as for the other bf16-input patches (cuda.head_bf16).
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_prefill_gemm = true; }, false, "cuda"});
+  r.push_back({"cuda.bf16_gemv", "plain bf16 projections of 2 or more tokens: the fp32 twin's fp64 GEMV, or cuBLASLt GEMMs under cuda.prefill_gemm",
+               "steps of 2 to 16 tokens run the plain bf16 projections (V4-Flash: the compressors' wkv and wgate, the "
+               "indexer compressor's too) on the decode GEMV's bf16 tensor-core path: x rounded to bf16 once, the "
+               "sublayer's projections in one launch (a table of up to 4 matrices), bf16 MMA with fp32 accumulation, 8 "
+               "tokens per pass over the weights (cuBLASLt spreads a few tokens' product over few blocks)",
+               "bf16 activations (2^-9 relative), as cuda.prefill_gemm's GEMM: about 4x an f16 rounding per projection; "
+               "a table entry pairing a weight with another matrix's output would be O(1) errors",
+               // The GEMM's inputs and products; only the fp32 summation order differs (tests/cuda/test_cuda_fp8_gemm.cpp:
+               // against an fp64 product of the same bf16-rounded inputs, of the unrounded ones, and against the GEMM).
+               // 1e-2 as for the other bf16-input patches.
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_bf16_gemv = true; }, false, "cuda"});
   r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
                "flash-decoding: a block takes one token, 16 heads and a contiguous chunk of keys (staged once in shared "
                "memory for all 16 heads), computes logits and P.V on the fp64 tensor cores with a running max and fp64 "

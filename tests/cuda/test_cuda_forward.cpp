@@ -44,7 +44,8 @@ std::vector<std::string> fp32_fixtures() {
 // where the shapes fit: every matrix of kernel-dims, some of tiny-official / official-mixed; the fp32 twin
 // elsewhere), the split-K attention on the fp32 twin, the prefill GEMMs (chunks of >= 32 tokens: kernel-dims'
 // 40-token prefill, csa-long's, legacy-config's), the indexer's scores on the f16 and on the fp64 tensor cores, and
-// the indexer skipped at short contexts (beside the split-K attention), each at its registered tolerance.
+// the indexer skipped at short contexts (beside the split-K attention), and the plain bf16 projections of 2-32
+// tokens on the bf16 GEMV (kernel-dims' compressors), each at its registered tolerance.
 class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
@@ -62,10 +63,11 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm", "indexer.tc_scores",
-                                         "indexer.dmma_scores", "attn.splitk_decode,indexer.skip_short")),
+                                         "indexer.dmma_scores", "attn.splitk_decode,indexer.skip_short",
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.bf16_gemv")),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
-                      std::to_string(info.index % 8);
+                      std::to_string(info.index % 9);
       for (auto& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
@@ -209,18 +211,19 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
 
 // cuda.pdl: kernels scheduled while the previous one finishes, waiting in-kernel for its results. Any kernel that
 // touched activations before its wait would race; the logits must be the bits of plain launches, step after step.
-// Three eager 100-token chunks (above the graphs' 256-token limit when they add up, and never captured) on two models
-// of one fixture, with patches `base` and `base,extra`: the logits must be the same bits.
-void expect_eager_chunks_match(const std::string& dir, const std::string& base, const std::string& extra) {
+// 300 tokens in eager chunks of `chunk` tokens (never captured: the models have no cuda.graph) on two models of one
+// fixture, with patches `base` and `base,extra`: the logits must be the same bits.
+void expect_eager_chunks_match(const std::string& dir, const std::string& base, const std::string& extra, int chunk = 100) {
   auto a_model = plumb::Model::load(dir, plumb::parse_patches(base).options, {}, "cuda");
   auto b_model = plumb::Model::load(dir, plumb::parse_patches(base + "," + extra).options, {}, "cuda");
   const auto toks = prompt(300, a_model->config().vocab);
   auto sa = a_model->new_state(), sb = b_model->new_state();
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto a = a_model->forward(sa, std::span<const int32_t>(toks.data() + rep * 100, 100));
-    const auto b = b_model->forward(sb, std::span<const int32_t>(toks.data() + rep * 100, 100));
+  for (size_t pos = 0; pos < toks.size(); pos += size_t(chunk)) {
+    const std::span<const int32_t> part(toks.data() + pos, std::min(size_t(chunk), toks.size() - pos));
+    const auto a = a_model->forward(sa, part);
+    const auto b = b_model->forward(sb, part);
     ASSERT_EQ(a.data.size(), b.data.size());
-    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << dir << " [+" << extra << "] eager chunk " << rep;
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << dir << " [+" << extra << "] eager chunk at " << pos;
   }
 }
 
@@ -229,8 +232,8 @@ TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16",
                              "cuda.pdl");
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode", "cuda.pdl");
-  // Eager launches with PDL against plain ones.
-  expect_eager_chunks_match(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl");
+  // Eager launches with PDL against plain ones, in chunks of 8 tokens (the most it applies to; gpu_model.cpp).
+  expect_eager_chunks_match(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl", 8);
 }
 
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
