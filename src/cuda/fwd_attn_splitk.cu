@@ -311,18 +311,25 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
   // Up to 256 tokens (the graph-captured chunks) chunk and cap depend on n only, so an eager step (S from this
   // step's keys) and a graph (S from the capacity) split each query's keys identically (keys_per_split). A block
-  // holds 16 heads and a whole SM (its shared memory). Decode (n <= 8): splits of at least 64 n keys (at most 256;
-  // one token: one tile, 32), at most cap per query, cap = max(9, SMs / blocks per split): one token of 64 heads at
-  // 8320 keys takes 33 splits of 256 (132 blocks, one wave on the H200), 8 tokens 9 splits of 928, at 704 keys one
-  // token 22 splits of 32, 8 tokens 3 of 256. Measured on the H200 at 8320 / 704 keys, fixed keys per split, one
-  // token: 64: 94 / 22 us, 128: 66 / 29, 256: 52 / 43, 512: 78 / 74; 8 tokens: 256: 314 / 45, 512: 286 / 75,
-  // 1024: 272 / 94. A short context's few splits leave most SMs idle while each block's fp64 tensor-core products
-  // run (about 2 us per tile of 32 keys): hence one tile per split for one token. Up to 256 tokens: 1024 per split.
-  // Longer (prefill, eager only): few splits, partials kept under 256 MB.
-  if (n <= 8) {
-    const int64_t blocks_per_split = int64_t(n) * ((Hq + kHeads - 1) / kHeads);
-    p.chunk = n == 1 ? kTile : std::min<int64_t>(256, int64_t(64) * n);
+  // holds 16 heads and a whole SM (its shared memory). One token: splits of at least one tile (32 keys), at most
+  // cap = max(9, SMs / blocks per split) per query: 64 heads at 8320 keys take 33 splits of 256 (132 blocks, one
+  // wave on the H200), at 704 keys 22 splits of 32. 2-8 tokens (since session 16): splits of at least two tiles, at
+  // most one wave of blocks (cap = SMs / blocks per split): 8 tokens of 64 heads 3 splits of 64 at a 256-token
+  // context's 192 keys, 4 of 192 at 704, 4 of 2080 at 8320. Measured on the H200, fixed keys per split, 8320 / 704
+  // keys: one token 64: 94 / 22 us, 128: 66 / 29, 256: 52 / 43, 512: 78 / 74; 8 tokens 256: 314 / 45, 512: 286 /
+  // 75, 1024: 272 / 94; 8 tokens with the plan 366 / 45 under the earlier rule (64 n keys, at most 256; cap >= 9)
+  // and 272 / 39 with this one; whole layers at batch 4 / 8 after 256 tokens 299-319 / 394-406 -> 274-293 / 367-381
+  // us (A/B, 2 rounds). A short context's few splits leave most SMs idle while each block's fp64 tensor-core
+  // products run (about 2 us per tile of 32 keys). Up to 256 tokens: 1024 per split. Longer (prefill, eager only):
+  // few splits, partials kept under 256 MB.
+  if (n == 1) {
+    const int64_t blocks_per_split = (Hq + kHeads - 1) / kHeads;
+    p.chunk = kTile;
     p.cap = std::max<int64_t>(9, (std::max(sms, 1) + blocks_per_split - 1) / blocks_per_split);
+  } else if (n <= 8) {
+    const int64_t blocks_per_split = int64_t(n) * ((Hq + kHeads - 1) / kHeads);
+    p.chunk = 2 * kTile;
+    p.cap = std::max<int64_t>(1, std::max(sms, 1) / blocks_per_split);
   } else if (n <= 256) {
     p.chunk = 1024;
   } else {

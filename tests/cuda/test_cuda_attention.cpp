@@ -140,6 +140,7 @@ const Case kCases[] = {
     {"HCA, 64 heads, 8K entries, decode", 2, 1, 64, 512, 128, 32767, 4, 8192, 0, 2.0f},
     {"CSA, 20 heads (two blocks, one partly empty)", 1, 3, 20, 512, 128, 3000, 4, 750, 300, 3.0f},
     {"sliding, head_dim 64, 2 tokens", 0, 2, 16, 64, 32, 20, 1, 0, 0, 2.0f},
+    {"CSA, 8 tokens of 64 heads, short context (decode at batch 8)", 1, 8, 64, 512, 128, 250, 4, 64, 64, 2.0f},
 };
 
 TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
