@@ -1,6 +1,8 @@
 // FP8 block-scaled projections at prefill (patch cuda.prefill_gemm; api.h): the weight dequantized into bf16
 // scratch, the activations rounded to bf16, a cuBLASLt bf16 GEMM with fp32 accumulation and output. The decode
-// GEMVs read every weight once per 8 tokens; at thousands of tokens this reads it once per GEMM.
+// GEMVs read every weight once per 8 tokens; at thousands of tokens this reads it once per GEMM. Also the plain
+// bf16 projections (the compressors') through the same GEMM, or at a few tokens through the decode GEMV's bf16 path
+// (cuda.bf16_gemv), each from one bf16 conversion of x.
 #ifdef PLUMB_WITH_CUDA
 #include <algorithm>
 #include <vector>
