@@ -113,7 +113,7 @@ std::vector<Patch> make_registry() {
                "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "
                "code x power-of-two scale), activations rounded to bf16, fp32 accumulation and output; the prefill half of "
                "cuda.fp8_gemv (needs it); matrices with F32 or extreme block scales stay on the GEMV; the compressors' "
-               "plain bf16 projections run the same GEMM (the weight as stored) from 2 tokens",
+               "plain bf16 projections run the same GEMM (the weight as stored) from 2 tokens (from 17 with cuda.bf16_gemv)",
                "bf16 activations (2^-9 relative) where the GEMV rounds to f16 (2^-11): about 4x its rounding error per "
                "projection; a wrong group stride in the batched wo_a or a transposed weight would be O(1) errors",
                // One bf16 rounding of each input (2^-9 relative): measured <= 1.8e-3 normalized against an fp64 host
