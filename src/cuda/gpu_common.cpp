@@ -80,7 +80,7 @@ Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t 
 }
 
 bool bf16_gemm_applies(const GMat& w, int n) {
-  return !w.fp8 && w.gemm_min && n >= w.gemm_min && w.d.layout == 0 && w.d.dtype == 1;
+  return plain_bf16(w) && w.gemm_min && n >= w.gemm_min;
 }
 
 bool bf16_gemv_applies(const GMat& w, int n) { return !w.fp8 && n >= 2 && n <= w.gemv16_max; }

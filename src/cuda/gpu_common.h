@@ -207,6 +207,9 @@ struct Step {
 // for chunks of at least w.gemm_min tokens (cuda.prefill_gemm), else the fp32 twin. x16 (optional): x as f16 rows with the same ld, which the W8A16 kernel then reads instead of
 // converting x again.
 void linear(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr);
+// A row-major bf16 matrix as stored (the compressors' projections): what cuda.prefill_gemm's GEMM and cuda.bf16_gemv
+// take as is.
+inline bool plain_bf16(const GMat& w) { return !w.fp8 && w.d.layout == 0 && w.d.dtype == 1; }
 // Whether linear() runs a plain bf16 matrix as a bf16 GEMM (cuda.prefill_gemm) for n tokens.
 bool bf16_gemm_applies(const GMat& w, int n);
 bool bf16_gemv_applies(const GMat& w, int n);  // cuda.bf16_gemv for these n tokens

@@ -137,9 +137,9 @@ class GpuForward : public DeviceForward {
     auto set_gemm = [&](GpuComp& g) {
       for (GMat* gm : {&g.wkv, &g.wgate}) {
         if (gm->fp8) gm->gemm_min = gemm_min(*gm->fp8);
-        else if (gemm && gm->d.layout == 0 && gm->d.dtype == 1 && have_cublaslt())
+        else if (gemm && plain_bf16(*gm) && have_cublaslt())
           gm->gemm_min = bf16_gemm_min, ++fc.gemm_bf16;
-        if (opt_.cuda_bf16_gemv && !gm->fp8 && gm->d.layout == 0 && gm->d.dtype == 1 && gm->d.rows % 16 == 0 && gm->d.cols % 128 == 0)
+        if (opt_.cuda_bf16_gemv && plain_bf16(*gm) && gm->d.rows % 16 == 0 && gm->d.cols % 128 == 0)
           gm->gemv16_max = kBf16GemvMaxTokens, ++fc.gemv_bf16;
         fc.gemm_mat(*gm);
       }
