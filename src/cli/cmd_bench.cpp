@@ -2,12 +2,29 @@
 // with --layers N, the whole GPU forward pass on an N-layer V4-Flash stack (src/cuda/bench_layers.cpp).
 // Without a usable GPU (or in a build without CUDA) it says why and exits non-zero.
 #include "cli/commands.h"
+#include <algorithm>
+#include <array>
 #include <sstream>
+#include <string_view>
 
 #include "plumb/bench.h"
 #include "plumb/error.h"
 
 namespace plumb::cli {
+
+namespace {
+
+// The kernel bench's sections (src/cuda/bench.cpp's B.want names), for --only's help, check and error.
+constexpr std::array<std::string_view, 9> kSections = {"router", "moe",  "prefill", "fp8",    "fp8prefill",
+                                                       "bf16",   "attention", "indexer", "phases"};
+
+std::string section_list() {
+  std::string s;
+  for (std::string_view n : kSections) s += std::string(s.empty() ? "" : ", ") + std::string(n);
+  return s;
+}
+
+}  // namespace
 
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time the CUDA kernels at V4-Flash sizes against the measured bandwidth, or with --layers N the whole GPU forward pass");
@@ -17,15 +34,12 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
   cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file");
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
-  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (router, moe, prefill, fp8, fp8prefill, bf16, attention, "
-                  "indexer, phases; prefill includes fp8prefill)")
+  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (" + section_list() + "; prefill includes fp8prefill)")
       ->check([](const std::string& v) {
         std::istringstream in(v);
         for (std::string s; std::getline(in, s, ',');)
-          if (s != "router" && s != "moe" && s != "prefill" && s != "fp8" && s != "fp8prefill" && s != "bf16" && s != "attention" &&
-              s != "indexer" && s != "phases")
-            return "unknown bench section '" + s +
-                   "' (known: router, moe, prefill, fp8, fp8prefill, bf16, attention, indexer, phases; comma-separated, no spaces)";
+          if (std::find(kSections.begin(), kSections.end(), s) == kSections.end())
+            return "unknown bench section '" + s + "' (known: " + section_list() + "; comma-separated, no spaces)";
         return std::string();
       });
   cmd->add_flag("--profile", opt->profile, "launch each main kernel once without timing (to run under ncu)");
