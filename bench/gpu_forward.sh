@@ -9,6 +9,7 @@
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
+# ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
 # layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
 set -u
@@ -41,6 +42,23 @@ if [ -n "${GEN_PRESET:-}" ]; then
   timeout 240 python3 tools/golden/make_golden.py --preset "$GEN_PRESET" --out "/tmp/$GEN_PRESET" >>"$OUT/run.log" 2>&1
   note "make_golden rc=$?"
   tar -C /tmp -cf "$OUT/$GEN_PRESET.tar" "$GEN_PRESET" && extra="/tmp/$GEN_PRESET/"
+fi
+
+# Optional: an official-code golden of a committed fixture's model (ORACLE=NAME): DeepSeek's model.py (.ref/current/,
+# ignored) run by the oracle (../shared/oracle copied into the ignored .oracle/; both carried), returned as
+# $OUT/NAME-ref.tar and verified on the GPU in the official numerics, alone and with cuda.moe_mxfp4 (its W4A8 kernels).
+if [ -n "${ORACLE:-}" ]; then
+  note "oracle $ORACLE"
+  rm -rf "/tmp/$ORACLE-ref" /tmp/oracle-out
+  PYTHONDONTWRITEBYTECODE=1 timeout 300 python3 .oracle/run_ref.py .ref/current "tests/data/golden/$ORACLE" /tmp/oracle-out >>"$OUT/run.log" 2>&1
+  note "oracle rc=$?"
+  mkdir -p "/tmp/$ORACLE-ref"
+  cp "tests/data/golden/$ORACLE/config.json" "tests/data/golden/$ORACLE/model.safetensors" /tmp/oracle-out/golden.* "/tmp/$ORACLE-ref/"
+  tar -C /tmp -cf "$OUT/$ORACLE-ref.tar" "$ORACLE-ref"
+  for p in numerics.official numerics.official,cuda.moe_mxfp4; do
+    timeout 120 "$C/plumb" verify-golden --backend cuda --patches "$p" "/tmp/$ORACLE-ref" >>"$OUT/oracle-verify.txt" 2>&1
+    note "verify-golden $ORACLE-ref [$p] rc=$?"
+  done
 fi
 
 note "cuda tests"

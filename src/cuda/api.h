@@ -96,6 +96,10 @@ class Workspace {
 
 // ---- weights ----
 
+// The bit placement of the decode layout's words: F16 for the W4A16 kernels (codes become f16 values, the default
+// numerics), A8 for the official numerics' W4A8 kernels (codes become E4M3 values; activations quantized to E4M3).
+enum class Fp4Layout { F16, A8 };
+
 // MXFP4 matrices [rows, cols] of `count` experts, in the decode layout: the checkpoint's E2M1 codes (4 bits each,
 // still packed two per byte) permuted within each 16-row tile so that one 16-byte load gives a lane its tensor-core
 // fragment and a warp's loads are contiguous (see repack_fp4_decode), and the checkpoint's E8M0 scales
@@ -103,6 +107,7 @@ class Workspace {
 struct Fp4Matrices {
   DeviceBuffer codes, scales;
   int64_t count = 0, rows = 0, cols = 0;
+  Fp4Layout layout = Fp4Layout::F16;
   // The range of the E8M0 scale bytes over all `count` matrices (upload_fp4 measures it; whoever fills an alloc_fp4
   // on the device must set it). The prefill kernels that fold the scale into the f16 weights (moe_prefill.cu,
   // variants 2-4) need scale_hi - scale_lo <= 24; the full range (unknown) keeps them off.
@@ -112,11 +117,12 @@ struct Fp4Matrices {
 };
 // The layout permutation, on the host (exposed for tests; upload_fp4 applies it). `packed` is the checkpoint
 // layout [rows, cols/2] (even column in the low nibble); rows % 16 == 0, cols % 128 == 0.
-std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols);
-std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols);  // the inverse
+std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols, Fp4Layout layout = Fp4Layout::F16);
+std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols,
+                                       Fp4Layout layout = Fp4Layout::F16);  // the inverse
 // Uploads `count` matrices given in the checkpoint layout (codes [rows, cols/2] and E8M0 scales [rows, cols/32]).
 Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vector<const uint8_t*>& scales, int64_t rows,
-                       int64_t cols);
+                       int64_t cols, Fp4Layout layout = Fp4Layout::F16);
 // Allocation only (the bench fills it with random codes on the device).
 Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols);
 
@@ -149,9 +155,9 @@ struct RouterWeights {
 
 // From the reference backend's views of a checkpoint (model/weights.h): the codes and scales are recovered
 // exactly from Matrix::row_raw. FP8 scales are kept as E8M0 when every one is a power of two, else as F32.
-Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats);  // all FP4Group, one shape
-Fp8Matrix upload_fp8(const Matrix& m);                           // FP8Block
-MoeExperts upload_experts(const MoeWeights& w);                  // the routed experts (FP4)
+Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout = Fp4Layout::F16);  // FP4Group, one shape
+Fp8Matrix upload_fp8(const Matrix& m);                                                             // FP8Block
+MoeExperts upload_experts(const MoeWeights& w, Fp4Layout layout = Fp4Layout::F16);                 // routed experts (FP4)
 Fp8Expert upload_expert_fp8(const ExpertWeights& e);             // e.g. the shared expert (FP8)
 // Gate rounded to bf16 (exact for a bf16 checkpoint; the official code's bf16 parameter otherwise), bias and
 // tid2eid (validated against E) when present.
@@ -262,6 +268,18 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 // ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
+// The official numerics' routed experts (DeepSeek's fp4_gemm, numerics.official): activations quantized to E4M3 per
+// row and 128-block by act_quant_e4m3 (official::fp8_quant_block: amax floored at 1e-4, the power-of-two scale
+// 2^ceil(log2(amax / 448)), RNE; codes [rows, K], scales [rows, K/128]); experts uploaded in the A8 layout; E4M3 x
+// E4M3 tensor-core products (exact), each 32-group's sum times its E8M0 weight scale, each 128-chunk's times the
+// activation scale, fp32 accumulation; outputs rounded to bf16 as the official linear stores them. gate_up: h32 =
+// bf16(silu(min(bf16(W1 x), L)) * clamp(bf16(W3 x), -L, L) * pre_weight) (fwd_swiglu's arithmetic), x by token;
+// down: ys = bf16(W2 h), h by slot (act_quant_e4m3 of h32). D and I multiples of 128.
+void act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* codes, float* scales, Stream s = nullptr);
+void moe_gate_up_a8(const MoeExperts& m, const int32_t* idx, int n, int K, const uint8_t* x8, const float* xs, double limit,
+                    const float* pre_weight, float* h32, Stream s = nullptr, const void* groups = nullptr);
+void moe_down_a8(const MoeExperts& m, const int32_t* idx, int n, int K, const uint8_t* h8, const float* hs, float* ys,
+                 Stream s = nullptr, const void* groups = nullptr);
 // y[t, :] = out_scale * sum_k weight[t, k] * ys[t*K + k, :] (+ add[t, :]), k in order: deterministic. weight null:
 // unit weights (the weight was applied before W2).
 void moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "cuda/api.h"
+#include "cuda/fwd_kernels.h"
 #include "cuda/kernels.h"
 #include "formats/numeric.h"
 
@@ -85,6 +86,10 @@ unsigned* Workspace::counters(size_t count) {
 // so that the kernel gets the bytes s.000.m2.m1.m0.0 (the high byte of an f16 that is the code's value times
 // 2^-14) of the L codes with one AND and of the H codes with two shifts and two ANDs, then places byte pairs with
 // one permute per f16x2 (gemv.cu, fp4x8_to_f16x2_d). Every code keeps its 4 bits: the layout is a permutation.
+// The A8 layout (Fp4Layout::A8, the official numerics' FP8 tensor-core kernels) has the same fragments and words;
+// byte b of a word holds L = e_b at bit 7 (s) and bits 4..2 (e1.e0.m) and H = e_{4+b} at bit 5 (s), bit 6 (e1),
+// bit 1 (e0) and bit 0 (m), so that L is an E4M3 byte (value * 2^-6) after one AND and H after two shifts, an AND
+// and an OR (common.cuh, fp4x8_to_e4m3x4), and the bytes come in element order.
 
 namespace {
 inline uint8_t nib(const uint8_t* row, int64_t k) { return (row[k >> 1] >> (4 * (k & 1))) & 0xF; }
@@ -93,16 +98,23 @@ inline uint8_t pack_lh(uint8_t L, uint8_t H) {
 }
 inline uint8_t unpack_l(uint8_t b) { return uint8_t(((b >> 7) << 3) | ((b >> 1) & 7)); }
 inline uint8_t unpack_h(uint8_t b) { return uint8_t(((b & 1) << 3) | ((b >> 4) & 7)); }
-constexpr int kL[4] = {0, 1, 4, 5}, kH[4] = {2, 3, 6, 7};
+inline uint8_t pack_lh_a8(uint8_t L, uint8_t H) {
+  return uint8_t(((L & 8) << 4) | ((L & 7) << 2) | ((H & 8) << 2) | ((H & 4) << 4) | (H & 3));
+}
+inline uint8_t unpack_l_a8(uint8_t b) { return uint8_t(((b >> 7) << 3) | ((b >> 2) & 7)); }
+inline uint8_t unpack_h_a8(uint8_t b) { return uint8_t((((b >> 5) & 1) << 3) | (((b >> 6) & 1) << 2) | (b & 3)); }
+// The elements (of a word's 8) that byte b holds as L and as H, per layout.
+constexpr int kL[2][4] = {{0, 1, 4, 5}, {0, 1, 2, 3}}, kH[2][4] = {{2, 3, 6, 7}, {4, 5, 6, 7}};
 // Byte offset of the 16-byte fragment (row r, chunk c, lane part t) in the decode layout.
 inline int64_t frag_offset(int64_t r, int64_t c, int t, int64_t cols) {
   return (r / 16) * 8 * cols + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16;
 }
 }  // namespace
 
-std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols) {
+std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int64_t cols, Fp4Layout layout) {
   PLUMB_CHECK(cols % 128 == 0 && rows % 16 == 0,
               "FP4 decode layout: rows ({}) must be a multiple of 16 and columns ({}) of 128", rows, cols);
+  const bool a8 = layout == Fp4Layout::A8;
   std::vector<uint8_t> out(size_t(rows * cols / 2));
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* src = packed + r * cols / 2;
@@ -111,15 +123,19 @@ std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int6
         for (int j = 0; j < 4; ++j) {
           const int64_t e0 = (4 * c + j) * 32 + 8 * t;
           uint8_t* w = out.data() + frag_offset(r, c, t, cols) + 4 * j;
-          for (int b = 0; b < 4; ++b) w[b] = pack_lh(nib(src, e0 + kL[b]), nib(src, e0 + kH[b]));
+          for (int b = 0; b < 4; ++b) {
+            const uint8_t L = nib(src, e0 + kL[a8][b]), H = nib(src, e0 + kH[a8][b]);
+            w[b] = a8 ? pack_lh_a8(L, H) : pack_lh(L, H);
+          }
         }
   }
   return out;
 }
 
-std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols) {
+std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols, Fp4Layout layout) {
   PLUMB_CHECK(cols % 128 == 0 && rows % 16 == 0,
               "FP4 decode layout: rows ({}) must be a multiple of 16 and columns ({}) of 128", rows, cols);
+  const bool a8 = layout == Fp4Layout::A8;
   std::vector<uint8_t> out(size_t(rows * cols / 2), 0);
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = out.data() + r * cols / 2;
@@ -130,8 +146,8 @@ std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, in
           const int64_t e0 = (4 * c + j) * 32 + 8 * t;
           const uint8_t* w = repacked + frag_offset(r, c, t, cols) + 4 * j;
           for (int b = 0; b < 4; ++b) {
-            put(e0 + kL[b], unpack_l(w[b]));
-            put(e0 + kH[b], unpack_h(w[b]));
+            put(e0 + kL[a8][b], a8 ? unpack_l_a8(w[b]) : unpack_l(w[b]));
+            put(e0 + kH[a8][b], a8 ? unpack_h_a8(w[b]) : unpack_h(w[b]));
           }
         }
   }
@@ -149,17 +165,18 @@ Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols) {
 }
 
 Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vector<const uint8_t*>& scales, int64_t rows,
-                       int64_t cols) {
+                       int64_t cols, Fp4Layout layout) {
   PLUMB_CHECK(codes.size() == scales.size() && !codes.empty(), "upload_fp4: {} code and {} scale tensors", codes.size(),
               scales.size());
   Fp4Matrices m = alloc_fp4(int64_t(codes.size()), rows, cols);
+  m.layout = layout;
   int lo = 255, hi = 0;
   for (size_t i = 0; i < codes.size(); ++i) {
     for (size_t b = 0; b < m.scale_bytes(); ++b) {
       PLUMB_CHECK(scales[i][b] != 0xFF, "upload_fp4: matrix {} has a NaN (0xFF) E8M0 scale at {}", i, b);
       lo = std::min(lo, int(scales[i][b])), hi = std::max(hi, int(scales[i][b]));
     }
-    const auto rp = repack_fp4_decode(codes[i], rows, cols);
+    const auto rp = repack_fp4_decode(codes[i], rows, cols, layout);
     m.codes.upload(rp.data(), rp.size(), i * m.code_bytes());
     m.scales.upload(scales[i], m.scale_bytes(), i * m.scale_bytes());
   }
@@ -184,7 +201,7 @@ int e8m0_code(float s) {
 
 // A packed FP4 Matrix holds exactly the checkpoint's E2M1 bytes and E8M0 scales: upload them as stored (the
 // raw overload checks the scales and applies the decode-layout permutation).
-Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats) {
+Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout) {
   PLUMB_CHECK(!mats.empty(), "upload_fp4: no matrices");
   const int64_t rows = mats[0]->rows(), cols = mats[0]->cols();
   std::vector<const uint8_t*> codes, scales;
@@ -194,7 +211,7 @@ Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats) {
     codes.push_back(w->values().data);
     scales.push_back(w->scales()->data);
   }
-  return upload_fp4(codes, scales, rows, cols);
+  return upload_fp4(codes, scales, rows, cols, layout);
 }
 
 Fp8Matrix alloc_fp8(int64_t rows, int64_t cols, bool scale_f32) {
@@ -238,12 +255,12 @@ Fp8Matrix upload_fp8(const Matrix& w) {
   return upload_fp8(codes.data(), s8.data(), false, rows, cols);
 }
 
-MoeExperts upload_experts(const MoeWeights& w) {
+MoeExperts upload_experts(const MoeWeights& w, Fp4Layout layout) {
   MoeExperts m;
   PLUMB_CHECK(!w.experts.empty(), "upload_experts: no routed experts");
   std::vector<const Matrix*> w1, w2, w3;
   for (const auto& e : w.experts) w1.push_back(&e.w1), w2.push_back(&e.w2), w3.push_back(&e.w3);
-  m.w1 = upload_fp4(w1), m.w3 = upload_fp4(w3), m.w2 = upload_fp4(w2);
+  m.w1 = upload_fp4(w1, layout), m.w3 = upload_fp4(w3, layout), m.w2 = upload_fp4(w2, layout);
   m.E = int64_t(w.experts.size()), m.I = m.w1.rows, m.D = m.w1.cols;
   PLUMB_CHECK(m.w2.rows == m.D && m.w2.cols == m.I, "upload_experts: w2 is [{}, {}], expected [{}, {}]", m.w2.rows, m.w2.cols, m.D,
               m.I);
@@ -418,8 +435,10 @@ template void route<Rsf::Unfolded>(const RouterWeights&, const RouterConfig&, co
 
 namespace {
 
-d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int64_t E) {
-  d::GemvArgs a = base_args(d::kFp4);
+d::GemvArgs moe_args(const Fp4Matrices& w, const int32_t* idx, int n, int K, int64_t E, Fp4Layout layout = Fp4Layout::F16) {
+  PLUMB_CHECK(w.layout == layout, "routed experts: the {} kernels need the {} layout of the FP4 weights (upload_experts' layout)",
+              layout == Fp4Layout::A8 ? "W4A8 (official numerics)" : "W4A16", layout == Fp4Layout::A8 ? "A8" : "F16");
+  d::GemvArgs a = base_args(layout == Fp4Layout::A8 ? d::kFp4A8 : d::kFp4);
   a.mode = d::kMoe;
   a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
   a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
@@ -437,6 +456,7 @@ void set_groups(d::GemvArgs& a, const void* groups) {
 }
 
 d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int K, int64_t E, int variant) {
+  PLUMB_CHECK(w.layout == Fp4Layout::F16, "routed experts: the grouped prefill kernels need the F16 layout of the FP4 weights");
   d::GroupedArgs a;
   a.variant = variant;
   a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
@@ -471,6 +491,31 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
   int64_t ldx = m.I;
   a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 0;
+  a.out = ys, a.o_tok_stride = m.D;
+  d::launch_gemv(a, s);
+}
+
+void act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* codes, float* scales, Stream s) {
+  d::fwd_act_quant_e4m3(x, rows, K, ldx, codes, scales, s);
+}
+
+void moe_gate_up_a8(const MoeExperts& m, const int32_t* idx, int n, int K, const uint8_t* x8, const float* xs, double limit,
+                    const float* pre_weight, float* h32, Stream s, const void* groups) {
+  d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E, Fp4Layout::A8);
+  set_groups(a, groups);
+  a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit), a.pre_weight = pre_weight, a.round_bf16 = 1;
+  a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
+  a.act = d::kE4M3, a.x = x8, a.x_tok_stride = m.D, a.x_by_token = 1, a.x_scale = xs, a.xs_ld = m.D / 128;
+  a.out = h32, a.o_tok_stride = m.I;
+  d::launch_gemv(a, s);
+}
+
+void moe_down_a8(const MoeExperts& m, const int32_t* idx, int n, int K, const uint8_t* h8, const float* hs, float* ys, Stream s,
+                 const void* groups) {
+  d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E, Fp4Layout::A8);
+  set_groups(a, groups);
+  a.round_bf16 = 1;
+  a.act = d::kE4M3, a.x = h8, a.x_tok_stride = m.I, a.x_by_token = 0, a.x_scale = hs, a.xs_ld = m.I / 128;
   a.out = ys, a.o_tok_stride = m.D;
   d::launch_gemv(a, s);
 }

@@ -617,6 +617,36 @@ int run_bench(const BenchOptions& opt) {
       B.add(B.rows, {"read-only stream of the same weight bytes", "reference: gate+up + down's bytes", "", n, 0, double(rb)}, t);
     }
 
+    // The official numerics' W4A8 kernels (cuda.moe_mxfp4 under numerics.official: x and h quantized to E4M3 per 128,
+    // FP8 tensor cores, bf16 outputs) on the same weights read as the A8 layout (random codes are random in either):
+    // gate+up from x's codes, down from h's, and the whole routed path with both quantizations and the combine.
+    {
+      moe.w1.layout = moe.w3.layout = moe.w2.layout = Fp4Layout::A8;
+      const int64_t S8 = int64_t(n) * K;
+      DeviceBuffer x8(size_t(n * D)), xsc(size_t(n * D / 128) * 4), h32(size_t(S8 * I) * 4), h8(size_t(S8 * I)),
+          hsc(size_t(S8 * I / 128) * 4);
+      act_quant_e4m3(x32.as<float>(), n, D, D, x8.as<uint8_t>(), xsc.as<float>(), S);
+      moe_gate_up_a8(moe, idx_at(0), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S);
+      act_quant_e4m3(h32.as<float>(), S8, I, I, h8.as<uint8_t>(), hsc.as<float>(), S);
+      const double x8b = double(n * D) * (1.0 + 4.0 / 128), h8b = double(S8 * I) * (1.0 + 4.0 / 128), h32b = double(S8 * I) * 4;
+      t = B.time([&](int i) { moe_gate_up_a8(moe, idx_at(i), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S); });
+      B.add(B.rows, {"moe gate+up W4A8 (official numerics)", "E256 [2048, 4096] x2, x E4M3", note, n, ue, uavg * fp4_w13 + x8b + h32b}, t);
+      t = B.time([&](int i) { moe_down_a8(moe, idx_at(i), n, K, h8.as<uint8_t>(), hsc.as<float>(), ys, S); });
+      B.add(B.rows, {"moe down W4A8 (official numerics)", "E256 [4096, 2048], h E4M3", note, n, ue, uavg * fp4_w2 + h8b + ysb}, t);
+      t = B.time([&](int i) {
+        act_quant_e4m3(x32.as<float>(), n, D, D, x8.as<uint8_t>(), xsc.as<float>(), S);
+        moe_gate_up_a8(moe, idx_at(i), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S);
+        act_quant_e4m3(h32.as<float>(), S8, I, I, h8.as<uint8_t>(), hsc.as<float>(), S);
+        moe_down_a8(moe, idx_at(i), n, K, h8.as<uint8_t>(), hsc.as<float>(), ys, S);
+        moe_combine(ys, nullptr, n, K, D, 1.0f, nullptr, y.as<float>(), S);
+      });
+      B.add(B.rows,
+            {"moe routed total W4A8 (official numerics)", "5 launches: 2 quantizations", note, n, ue,
+             uavg * (fp4_w13 + fp4_w2) + double(n * D) * 4 + x8b + 2 * h32b + h8b + 2 * ysb + double(n * D) * 4},
+            t);
+      moe.w1.layout = moe.w3.layout = moe.w2.layout = Fp4Layout::F16;
+    }
+
     // Tuning sweep of the two FP4 kernels: the per-tile kernel (warps per block) and the streaming kernel (warps
     // per CTA, stages in flight, warps splitting one tile's K, programmatic dependent launch).
     struct Fp4Cfg {

@@ -52,6 +52,8 @@ __device__ __forceinline__ uint32_t f32x2_to_f16x2(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b16) { return __uint_as_float(b16 << 16); }
+// Round to bf16 and back (round to nearest even): the official numerics' storage of activations.
+__device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // D = A(16x16, f16, row) * B(16x8, f16, col) + D, fp32 accumulate.
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -188,6 +190,32 @@ __device__ __forceinline__ void fp4_group(uint32_t wa, uint32_t wb, const uint4&
   uint32_t f[8];
   fp4_frag(wa, wb, f);
   fp4_mma_group<MP1>(f, X, sa, sb, acc);
+}
+
+// ---- MXFP4 x E4M3 activations on the FP8 tensor cores (the official numerics: DeepSeek's fp4_gemm quantizes the
+// activations to E4M3 per 128 and casts the FP4 weights to FP8 exactly): codes in the A8 layout (repack_fp4_a8) ----
+
+// FP4 values enter the FP8 MMA as value * 2^-6 (fp4x8_to_e4m3x4 below); the fp32 results are scaled back once.
+constexpr float kFp4A8Unscale = 64.0f;
+
+// Eight E2M1 codes of one 32-bit word of the A8 layout to two words of four E4M3 bytes, exactly, as value * 2^-6: a
+// code s.e1.e0.m placed as the E4M3 bits s.00.e1.e0.m.00 is 2^(E-7) * (1 + m/2) for E = 2*e1 + e0 >= 1 and the
+// subnormal m * 2^-7 for E = 0. Byte b of the word holds L = element b at bit 7 (sign) and bits 4..2 (already in
+// place: one AND), and H = element 4 + b with its sign at bit 5, e1 at bit 6, e0 at bit 1 and m at bit 0 (two
+// shifts, an AND and a three-input logic op). lo = elements 0..3, hi = elements 4..7, byte order = element order.
+__device__ __forceinline__ void fp4x8_to_e4m3x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  lo = w & 0x9C9C9C9Cu;
+  hi = ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
+}
+
+// D = A(16x32, E4M3, row) * B(32x8, E4M3, col) + D, fp32 accumulate. Lane (g, t): a0 / a2 row g at k-slots 4t..4t+3
+// / 16+4t..16+4t+3, a1 / a3 the same for row g + 8; b0 / b1 column g at those k-slots.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // ---- expert epilogue ----

@@ -301,6 +301,8 @@ void fwd_act(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width, Str
 // act_quant: q[r, :] = E4M3(x[r, :] / s) (the code's value) with s = sa[r, b] the power-of-two scale of 128-block b
 // (official::fp8_quant_block). q [rows, K], sa [rows, ceil(K / 128)].
 void fwd_act_quant(const float* x, int64_t rows, int64_t K, int64_t ldx, float* q, float* sa, Stream s);
+// The same quantization with the values as E4M3 codes q [rows, K] (the W4A8 kernels' activations).
+void fwd_act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* q, float* sa, Stream s);
 // y[i * ldy + r] for slot i < nslots, row r0 + r < r0 + nr, slot i reading input row i / x_div, matrix
 // mats[idx[i]] (idx null: mats[0]; mats null: w):
 //   bf16 = 0, FP8/FP4 weights: Numerics::proj's block-scaled GEMM on (q, sa): exact products summed per weight

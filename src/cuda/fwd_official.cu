@@ -25,6 +25,36 @@ __global__ void act_quant_kernel(const float* x, int64_t rows, int64_t K, int64_
   sa[i] = fp8_quant_one(x + r * ldx + b0, min(int64_t(official_math::kActBlock), K - b0), q + r * K + b0);
 }
 
+// The same quantization as E4M3 codes for the tensor-core kernels (cuda.moe_mxfp4 under the official numerics): a
+// warp per (row, 128-block), 4 values per lane; amax by a warp max (order-free), then act_quant_kernel's scale and
+// RNE per value (the code of e4m3_rne's value: the same bits).
+__global__ void act_quant_e4m3_kernel(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* q, float* sa) {
+  pdl_begin();
+  using namespace official_math;
+  static_assert(kActBlock == 32 * 4, "a warp of 4 values per lane per block");
+  const int lane = threadIdx.x & 31;
+  const int64_t nab = (K + kActBlock - 1) / kActBlock;
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (i >= rows * nab) return;
+  const int64_t r = i / nab, b0 = (i % nab) * kActBlock, n = min(int64_t(kActBlock), K - b0);
+  float v[4];
+  float amax = kFp8AmaxFloor;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t e = int64_t(lane) * 4 + k;
+    v[k] = e < n ? x[r * ldx + b0 + e] : 0.0f;
+    amax = fmaxf(amax, fabsf(v[k]));
+  }
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  const float s = pow2_scale(amax, 1.0f / kFp8Max);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t e = int64_t(lane) * 4 + k;
+    if (e < n) q[r * K + b0 + e] = uint8_t(__nv_cvt_float_to_fp8(fminf(fmaxf(__fdiv_rn(v[k], s), -kFp8Max), kFp8Max), __NV_SATFINITE, __NV_E4M3));
+  }
+  if (lane == 0) sa[i] = s;
+}
+
 constexpr int kSlots = 8, kRowsPerBlock = 8;  // dense: up to 8 tokens per warp; a warp per output row
 
 // Value and block scale of weight (r, c) as stored (Matrix::row_raw): E4M3 / E2M1 code value, scale of its block.
@@ -135,6 +165,12 @@ void fwd_act_quant(const float* x, int64_t rows, int64_t K, int64_t ldx, float* 
   const int64_t total = rows * ((K + official_math::kActBlock - 1) / official_math::kActBlock);
   if (total <= 0) return;
   launch("fwd_act_quant", act_quant_kernel, fwd_blocks(total, 128), 128, 0, s, x, rows, K, ldx, q, sa);
+}
+
+void fwd_act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* q, float* sa, Stream s) {
+  const int64_t warps = rows * ((K + official_math::kActBlock - 1) / official_math::kActBlock);
+  if (warps <= 0) return;
+  launch("fwd_act_quant_e4m3", act_quant_e4m3_kernel, fwd_blocks(warps * 32, 256), 256, 0, s, x, rows, K, ldx, q, sa);
 }
 
 void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {

@@ -50,18 +50,25 @@ template <int J>
 __device__ __forceinline__ float scale_of(uint32_t w) {
   return e8m0_byte<J>(w);
 }
+// Group j's (a compile-time constant after unrolling) scale of a word of 4 E8M0 bytes.
+__device__ __forceinline__ float scale_by_group(uint32_t w, int j) {
+  return j == 0 ? scale_of<0>(w) : j == 1 ? scale_of<1>(w) : j == 2 ? scale_of<2>(w) : scale_of<3>(w);
+}
 
 // The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L <= 0), times the
 // slot's routing weight when a.pre_weight is set; kStore: gate * out_scale. Shared by both GEMV kernels.
+// a.round_bf16 (the official numerics): gate and up rounded to bf16 as the official linear stores them, the result
+// too (fwd_swiglu then the activation rounding; the linear's bf16 output).
 template <int EPI>
 __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, int slot) {
   if constexpr (EPI == kSwiglu) {
+    if (a.round_bf16) r = bf16r(r), up = bf16r(up);
     r = swiglu_clamped(r, up, a.limit);
     if (a.pre_weight) r *= a.pre_weight[slot];
   } else {
     r *= a.out_scale;
   }
-  return r;
+  return a.round_bf16 ? bf16r(r) : r;
 }
 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
@@ -71,7 +78,8 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   // Chunks whose loads are issued before the first is used.
-  constexpr int U = FMT == kFp4 ? (NMAT == 2 ? 2 : 4) : FMT == kBf16 ? 2 : (NMAT == 2 ? 1 : U8);
+  constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;  // MXFP4 weights (either bit layout)
+  constexpr int U = F4 ? (NMAT == 2 ? 2 : 4) : FMT == kBf16 ? 2 : (NMAT == 2 ? 1 : U8);
   constexpr int NV = NMAT * 4;
   __shared__ float red[kMaxWarps][NV][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
@@ -148,13 +156,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   const int64_t row_a = int64_t(tile) * 16 + g, row_b = row_a + 8;
   // Bytes from one 128-column chunk to the next: FP8 / BF16 row-major rows; FP4 tile-major decode layout (a 16-row
   // tile is contiguous, [chunk][row half][lane][16 B], see repack_fp4_decode).
-  constexpr int CB = FMT == kFp4 ? 1024 : FMT == kBf16 ? 256 : 128;
+  constexpr int CB = F4 ? 1024 : FMT == kBf16 ? 256 : 128;
   const uint8_t* pa[NMAT];
   const uint8_t* pb[NMAT];
   const uint8_t* ps[NMAT][2];
 #pragma unroll
   for (int q = 0; q < NMAT; ++q) {
-    if constexpr (FMT == kFp4) {
+    if constexpr (F4) {
       pa[q] = wsel[q] + int64_t(tile) * 8 * a.cols + int64_t(cb) * CB + lane * 16;
       pb[q] = pa[q] + 512;
     } else {
@@ -166,7 +174,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     const uint8_t* sbase = static_cast<const uint8_t*>(a.s[q]) + int64_t(prob) * a.s_prob_stride;
     if constexpr (FMT == kBf16) {
       ps[q][0] = ps[q][1] = nullptr;
-    } else if constexpr (FMT == kFp4) {
+    } else if constexpr (F4) {
       ps[q][0] = sbase + row_a * a.s_ld + int64_t(cb) * 4;
       ps[q][1] = sbase + row_b * a.s_ld + int64_t(cb) * 4;
     } else {
@@ -185,16 +193,29 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 
   for (int p0 = 0; p0 < m; p0 += 8) {
     const int mp = min(8, m - p0);
-    const __half* xp = nullptr;
-    if (g < mp) {
+    // The activation row of pass column j (a token, or a MoE slot's row).
+    auto xrow_of = [&](int j) -> int64_t {
       if constexpr (MODE == kMoe) {
-        const int slot = cols_s[p0 + g];
-        const int64_t xrow = a.x_by_token ? slot / a.topk : slot;
-        xp = static_cast<const __half*>(a.x) + xrow * a.x_tok_stride;
+        const int slot = cols_s[p0 + j];
+        return a.x_by_token ? slot / a.topk : slot;
       } else {
-        xp = static_cast<const __half*>(a.x) + int64_t(p0 + g) * a.x_tok_stride + int64_t(prob) * a.x_prob_stride;
+        return int64_t(p0 + j);
       }
-      xp += int64_t(cb) * 128 + (FMT == kFp4 ? t * 8 : t * 32);
+    };
+    const __half* xp = nullptr;
+    [[maybe_unused]] const uint8_t* xp8 = nullptr;
+    if (g < mp) {
+      const int64_t xoff = xrow_of(g) * a.x_tok_stride + (MODE == kDense ? int64_t(prob) * a.x_prob_stride : 0) +
+                           int64_t(cb) * 128 + (F4 ? t * 8 : t * 32);
+      if constexpr (FMT == kFp4A8) xp8 = static_cast<const uint8_t*>(a.x) + xoff;
+      else xp = static_cast<const __half*>(a.x) + xoff;
+    }
+    // kFp4A8: the activation scales of this lane's output columns 2t and 2t + 1, from this warp's first chunk.
+    [[maybe_unused]] const float* xsp[2] = {nullptr, nullptr};
+    if constexpr (FMT == kFp4A8) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc)
+        if (2 * t + cc < mp) xsp[cc] = a.x_scale + xrow_of(2 * t + cc) * a.xs_ld + cb;
     }
     float acc[NMAT][4];
 #pragma unroll
@@ -227,6 +248,51 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
 #pragma unroll
             for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
+          }
+      } else if constexpr (FMT == kFp4A8) {
+        // Per chunk: each group's E4M3 MMA into a fresh partial, times the rows' E8M0 scales into the chunk's sum,
+        // which the columns' activation scales (one per 128-chunk) multiply into acc.
+        uint4 A[UU][NMAT], B[UU][NMAT];
+        uint2 X[UU][4];
+        uint32_t SA[UU][NMAT], SB[UU][NMAT];
+        float XS[UU][2];
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB);
+            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * CB);
+            SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
+            SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            X[u][j] = xp8 ? __ldg(reinterpret_cast<const uint2*>(xp8 + (c + u) * 128 + j * 32)) : make_uint2(0, 0);
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) XS[u][cc] = xsp[cc] ? __ldg(xsp[cc] + c + u) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < UU; ++u)
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+            float dc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              uint32_t a0, a1, a2, a3;
+              fp4x8_to_e4m3x4(word(A[u][q], j), a0, a2);
+              fp4x8_to_e4m3x4(word(B[u][q], j), a1, a3);
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_e4m3(d, a0, a1, a2, a3, X[u][j].x, X[u][j].y);
+              const float sa = scale_by_group(SA[u][q], j), sb = scale_by_group(SB[u][q], j);
+              dc[0] = fmaf(d[0], sa, dc[0]);
+              if (!MP1) dc[1] = fmaf(d[1], sa, dc[1]);
+              dc[2] = fmaf(d[2], sb, dc[2]);
+              if (!MP1) dc[3] = fmaf(d[3], sb, dc[3]);
+            }
+            acc[q][0] = fmaf(dc[0], XS[u][0], acc[q][0]);
+            if (!MP1) acc[q][1] = fmaf(dc[1], XS[u][1], acc[q][1]);
+            acc[q][2] = fmaf(dc[2], XS[u][0], acc[q][2]);
+            if (!MP1) acc[q][3] = fmaf(dc[3], XS[u][1], acc[q][3]);
           }
       } else if constexpr (FMT == kBf16) {
         uint4 A[UU][4], B[UU][4], X[UU][4];
@@ -287,7 +353,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       for (; c + U <= nch; c += U) body(std::integral_constant<int, U>{}, c, mp1);
       for (; c < nch; ++c) body(std::integral_constant<int, 1>{}, c, mp1);
     };
-    if constexpr (FMT == kFp4) {
+    if constexpr (F4) {
       if (mp == 1) run(std::true_type{});  // one token (decode at batch 1): see fp4_group
       else run(std::false_type{});
     } else {
@@ -330,7 +396,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         }
       }
       if (last) {
-        const float wmul = FMT == kFp4 ? kFp4Unscale : 1.0f;  // FP4 codes entered the MMA as value * 2^-14
+        // FP4 codes entered the MMA as value * 2^-14 (f16) or * 2^-6 (E4M3).
+        const float wmul = FMT == kFp4 ? kFp4Unscale : FMT == kFp4A8 ? kFp4A8Unscale : 1.0f;
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int j = 2 * t + cc;
@@ -424,7 +491,10 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const bool bf16 = a.fmt == kBf16;
   if (bf16 && (a.act != kBF16 || a.mode != kDense || a.nmat != 1 || a.epi != kStore || a.out_half))
     throw_arg("gemv: bf16 weights take bf16 activations, one dense matrix and an fp32 output");
-  if (!bf16 && a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
+  const bool a8 = a.fmt == kFp4A8;
+  if (a8 && (a.act != kE4M3 || !a.x_scale || a.mode != kMoe || a.out_half || a.kblocks != 1))
+    throw_arg("gemv: FP4 A8 weights take E4M3 activations with their scales, MoE mode, an fp32 output");
+  if (!bf16 && !a8 && a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
   if (a.ntab) {
     if (!bf16 || a.ntab > kGemvTab || a.problems != a.ntab || a.kblocks != 1)
       throw_arg("gemv: a table launch takes 1.." + std::to_string(kGemvTab) + " bf16 matrices, one grid row each, no split-K");
@@ -441,7 +511,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   }
   if (!a.x) throw_arg("gemv: null activations");
   if (bf16 && !a.ntab && !aligned16(a.w[0])) throw_arg("gemv: bf16 weights must be 16-byte aligned");
-  if (!aligned16(a.x) || (a.x_tok_stride * 2) % 16 || (a.x_prob_stride * 2) % 16)
+  const int xb = a8 ? 1 : 2;  // bytes per activation
+  if (!aligned16(a.x) || (a.x_tok_stride * xb) % 16 || (a.x_prob_stride * xb) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
   if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
@@ -464,6 +535,15 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;
+  if (a8) {  // the per-tile kernel as chosen below for FP4 (2 warps for gate/up, 1 for down; no streaming twin)
+    const bool gate_up = a.nmat == 2 && a.epi == kSwiglu, down = a.nmat == 1 && a.epi == kStore;
+    if (!gate_up && !down) throw_arg("gemv: FP4 A8 runs gate/up (2 matrices, SwiGLU) or down (1 matrix, store)");
+    GemvArgs b = a;
+    if (b.fp4_kernel == 0) b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : 2;
+    if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
+    if (down) return launch_t<kFp4A8, 1, kStore, kMoe, float>(b, s);
+    return launch_t<kFp4A8, 2, kSwiglu, kMoe, float>(b, s);
+  }
   if (a.fp4_kernel == 0 && (fp4_gate_up || (fp4_down && (slots <= kDownTileSlots || !fp4s::stream_ok(a))))) {
     GemvArgs b = a;
     const bool few = slots <= 8;

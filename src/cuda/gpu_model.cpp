@@ -54,8 +54,9 @@ bool fp4_fits(const MoeWeights& M) {
 }
 
 // Every option runs on the GPU (the numerics modes through GpuNumerics, every built-in fault so that the toolkit's
-// selftest runs here too), but the official numerics emulate DeepSeek's GEMMs, which the tensor-core kernels do
-// not: those pairs are refused by name rather than computing something else.
+// selftest runs here too), but the official numerics emulate DeepSeek's GEMMs, which most tensor-core kernels do
+// not: those pairs are refused by name rather than computing something else. cuda.moe_mxfp4 has the official
+// numerics' own kernels (W4A8: E4M3 activations, as DeepSeek's fp4_gemm).
 void check_options(const ModelOptions& o) {
   const char* mode = o.official_initial ? "numerics.official_initial" : "numerics.official";
   auto refuse = [&](bool on, const char* patch) {
@@ -65,7 +66,6 @@ void check_options(const ModelOptions& o) {
                 mode, patch);
   };
   refuse(o.cuda_fp8_gemv, "cuda.fp8_gemv");
-  refuse(o.cuda_moe_mxfp4, "cuda.moe_mxfp4");
   refuse(o.attn_splitk_decode, "attn.splitk_decode");
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
@@ -179,7 +179,9 @@ class GpuForward : public DeviceForward {
       }
       ++fc.fp4_of;
       if (fp4 && fp4_fits(M)) {
-        gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M));
+        // The official numerics quantize the experts' activations to E4M3 (DeepSeek's fp4_gemm): the W4A8 kernels'
+        // layout; else the W4A16 kernels'.
+        gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M, opt_.official ? Fp4Layout::A8 : Fp4Layout::F16));
         ++fc.fp4;
       } else {
         gl.moe.routed = upload_routed(M.experts);

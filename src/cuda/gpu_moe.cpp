@@ -162,13 +162,14 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   float* shared = has_shared ? m.sc.f("moe.shared", r.n * D) : nullptr;
   // With the shared expert already on the side stream, the combine adds it (join first): one launch fewer, the
   // same bits as combine then fwd_add (launch_combine rounds the add separately). The fp32 twin's combine adds below.
-  const float* add = has_shared && m.shared_side && m.w.fp4 ? shared : nullptr;
+  const bool official = m.nm.official();  // (its W4A8 path adds the shared expert after the combine, as the twin)
+  const float* add = has_shared && m.shared_side && m.w.fp4 && !official ? shared : nullptr;
   bool joined = false;
   auto join_for_add = [&] {  // right before the first combine: the routed GEMVs still overlap the shared expert
     if (add && !joined) branch_join(m.shared_side, m.sc.ev_join), joined = true;
   };
   std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
-  const bool grouped = m.w.fp4 && r.n >= kGroupedMinTokens && r.E <= 1024 && I % 128 == 0 && D % 256 == 0;
+  const bool grouped = m.w.fp4 && !official && r.n >= kGroupedMinTokens && r.E <= 1024 && I % 128 == 0 && D % 256 == 0;
   if (grouped) {  // cuda.moe_mxfp4 at prefill: grouped GEMMs, each expert's weights read once per 64 of its tokens
     void* groups = m.sc.get("moe.groups", moe_group_bytes(r.n, r.K, r.E));
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16.grouped", size_t(slots) * size_t(I) * 2));
@@ -178,6 +179,38 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     moe_down_grouped(*m.w.fp4, groups, r.n, r.K, h16, ys);
     join_for_add();
     moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), add, out);
+  } else if (m.w.fp4 && official) {
+    // cuda.moe_mxfp4 under the official numerics: the W4A8 kernels (DeepSeek's fp4_gemm: x and h quantized to E4M3
+    // per 128 as its act_quant does, bf16 outputs), then the twin's combine; at most 1024 slots per launch.
+    const int chunk = std::max(1, 1024 / r.K);
+    const size_t cs = size_t(std::min(r.n, chunk)) * size_t(r.K);
+    auto* x8 = static_cast<uint8_t*>(m.sc.get("moe.x8", size_t(std::min(r.n, chunk)) * size_t(D)));
+    float* xs = m.sc.f("moe.xs", int64_t(std::min(r.n, chunk)) * (D / 128));
+    float* h = m.sc.f("moe.h", int64_t(cs) * I);
+    auto* h8 = static_cast<uint8_t*>(m.sc.get("moe.h8", cs * size_t(I)));
+    float* hs = m.sc.f("moe.hs", int64_t(cs) * (I / 128));
+    for (int t0 = 0; t0 < r.n; t0 += chunk) {
+      const int nc = std::min(chunk, r.n - t0);
+      const int32_t* idx = r.idx + int64_t(t0) * r.K;
+      const float* wt = r.weight + int64_t(t0) * r.K;
+      void* g = nullptr;
+      if (nc * r.K >= kDecodeTableMinSlots && r.E <= 1024) {
+        g = m.sc.get("moe.groups", moe_group_bytes(nc, r.K, r.E));
+        moe_group(idx, nc, r.K, r.E, g);
+      }
+      act_quant_e4m3(m.x + int64_t(t0) * D, nc, D, D, x8, xs);
+      {
+        const OpRegion d(m.sc.timer, "routed/gate_up", true);
+        moe_gate_up_a8(*m.w.fp4, idx, nc, r.K, x8, xs, limit, before ? wt : nullptr, h, nullptr, g);
+      }
+      act_quant_e4m3(h, int64_t(nc) * r.K, I, I, h8, hs);
+      {
+        const OpRegion d(m.sc.timer, "routed/down", true);
+        moe_down_a8(*m.w.fp4, idx, nc, r.K, h8, hs, ys, nullptr, g);
+      }
+      ++m.sc.moe_a8_calls;
+      fwd_moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), out + int64_t(t0) * D, nullptr);
+    }
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
     const int chunk = std::max(1, 1024 / r.K);
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));

@@ -135,8 +135,10 @@ void spin_pdl(unsigned ns, Stream s = nullptr);
 void staged_read(const void* p, size_t bytes, size_t stage_bytes, unsigned* sink, Stream s = nullptr);
 
 // ---- decode GEMV/GEMM (gemv.cu) ----
-enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
-enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2 };  // kBf16: plain bf16 weights, bf16 activations (dense)
+enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2, kE4M3 = 3 };  // kE4M3: codes [rows, cols] + GemvArgs::x_scale
+// kBf16: plain bf16 weights, bf16 activations (dense). kFp4A8: MXFP4 weights in the A8 layout, E4M3 activations
+// (the official numerics, MoE only).
+enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2, kFp4A8 = 3 };
 enum Mode : int { kDense = 0, kMoe = 1 };
 enum Epi : int { kStore = 0, kSwiglu = 1 };
 
@@ -153,6 +155,11 @@ struct GemvArgs {
   int s_f32 = 0;                                 // FP8: scales are f32 (else E8M0)
   const void* x = nullptr;
   int64_t x_tok_stride = 0, x_prob_stride = 0;  // elements
+  // kE4M3 activations: x row r's scale of its 128-column chunk c at x_scale[r * xs_ld + c] (powers of two).
+  const float* x_scale = nullptr;
+  int64_t xs_ld = 0;
+  // The official numerics' output rounding: every result rounded to bf16 (kSwiglu: gate and up first, then h).
+  int round_bf16 = 0;
   void* out = nullptr;
   // BF16 dense, optional: up to kGemvTab matrices of `cols` columns on the same x in one launch (grid row p: matrix p,
   // its own weight, row count, output and output row stride; `rows` is the largest row count, blocks past a

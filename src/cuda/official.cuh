@@ -10,8 +10,6 @@
 
 namespace plumb::cuda::detail {
 
-__device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
 // RNE onto the E4M3 / E2M1 grids (inputs already clamped to the finite range), as fmt8::f32_to_e4m3 / f32_to_e2m1.
 __device__ __forceinline__ float e4m3_rne(float v) { return fwd_e4m3(uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3))); }
 __device__ __forceinline__ float e2m1_rne(float v) { return fwd_e2m1(uint8_t(__nv_cvt_float_to_fp4(v, __NV_E2M1, cudaRoundNearest))); }

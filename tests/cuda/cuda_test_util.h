@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "cuda/api.h"
 #include "formats/numeric.h"
 #include "io/safetensors.h"
+#include "model/weights.h"
 #include "model_test_util.h"
 
 namespace plumb::cuda::detail {}  // declared in full by cuda/fwd_kernels.h, which the kernel tests include
@@ -117,6 +119,39 @@ inline void add_fp8(std::vector<plumb::OwnedTensor>& ts, Rng& rng, const std::st
   } else {
     ts.push_back(raw(name + ".scale", plumb::DType::F8_E8M0, {sr, sc}, rng.e8m0(size_t(sr * sc), slo, shi)));
   }
+}
+
+struct MoeFixture {
+  TempDir dir;
+  plumb::Checkpoint ck;
+  plumb::MoeWeights w;
+  int64_t E, D, I;
+};
+
+// E random FP4 routed experts (w1, w3 [I, D], w2 [D, I]) in a temporary checkpoint, bound as MoeWeights (and a
+// bf16 router gate [E, D] when `router`). Scales E8M0 bytes in [slo, shi]; `ranges` (if given) sets them per expert
+// instead.
+inline std::unique_ptr<MoeFixture> make_moe(Rng& rng, int64_t E, int64_t D, int64_t I, bool router = false, int slo = 118,
+                                     int shi = 124, const std::vector<std::pair<int, int>>& ranges = {}) {
+  auto f = std::make_unique<MoeFixture>();
+  f->E = E, f->D = D, f->I = I;
+  std::vector<plumb::OwnedTensor> ts;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = "experts." + std::to_string(e);
+    const int lo = ranges.empty() ? slo : ranges[size_t(e)].first, hi = ranges.empty() ? shi : ranges[size_t(e)].second;
+    add_fp4(ts, rng, p + ".w1", I, D, lo, hi);
+    add_fp4(ts, rng, p + ".w2", D, I, lo, hi);
+    add_fp4(ts, rng, p + ".w3", I, D, lo, hi);
+  }
+  if (router) ts.push_back(bf16_tensor("gate.weight", {E, D}, rng.floats(size_t(E * D), -0.1f, 0.1f)));
+  f->ck = write_checkpoint(f->dir, ts);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = "experts." + std::to_string(e);
+    f->w.experts.push_back({plumb::Matrix::bind(f->ck, p + ".w1.weight", I, D), plumb::Matrix::bind(f->ck, p + ".w2.weight", D, I),
+                            plumb::Matrix::bind(f->ck, p + ".w3.weight", I, D)});
+  }
+  if (router) f->w.gate = plumb::Matrix::bind(f->ck, "gate.weight", E, D);
+  return f;
 }
 
 // Round to the nearest fp16 (ties to even), as the kernels' activation conversion does.

@@ -260,37 +260,6 @@ TEST_F(CudaFp8, SharedExpertMatchesTwinAndReference) {
 
 // ---- routed experts (MXFP4) ----
 
-struct MoeFixture {
-  TempDir dir;
-  Checkpoint ck;
-  MoeWeights w;
-  int64_t E, D, I;
-};
-
-// Scales E8M0 bytes in [slo, shi]; `ranges` (if given) sets them per expert instead.
-std::unique_ptr<MoeFixture> make_moe(Rng& rng, int64_t E, int64_t D, int64_t I, bool router = false, int slo = 118,
-                                     int shi = 124, const std::vector<std::pair<int, int>>& ranges = {}) {
-  auto f = std::make_unique<MoeFixture>();
-  f->E = E, f->D = D, f->I = I;
-  std::vector<OwnedTensor> ts;
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string p = "experts." + std::to_string(e);
-    const int lo = ranges.empty() ? slo : ranges[size_t(e)].first, hi = ranges.empty() ? shi : ranges[size_t(e)].second;
-    add_fp4(ts, rng, p + ".w1", I, D, lo, hi);
-    add_fp4(ts, rng, p + ".w2", D, I, lo, hi);
-    add_fp4(ts, rng, p + ".w3", I, D, lo, hi);
-  }
-  if (router) ts.push_back(bf16_tensor("gate.weight", {E, D}, rng.floats(size_t(E * D), -0.1f, 0.1f)));
-  f->ck = write_checkpoint(f->dir, ts);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string p = "experts." + std::to_string(e);
-    f->w.experts.push_back({Matrix::bind(f->ck, p + ".w1.weight", I, D), Matrix::bind(f->ck, p + ".w2.weight", D, I),
-                            Matrix::bind(f->ck, p + ".w3.weight", I, D)});
-  }
-  if (router) f->w.gate = Matrix::bind(f->ck, "gate.weight", E, D);
-  return f;
-}
-
 class CudaMoe : public GpuTest {};
 
 // gate/up (+ SwiGLU) and down per slot, the combine, for routings with repeats across and within tokens.

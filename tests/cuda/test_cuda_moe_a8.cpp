@@ -1,0 +1,234 @@
+// The official numerics' W4A8 routed-expert kernels (cuda.moe_mxfp4 under numerics.official): the A8 bit layout of
+// the FP4 weights, the activations' E4M3 quantization (codes), and gate/up + down against fp64 sums of the same
+// quantized values.
+//
+// Tolerances (normalized: max |gpu - ref| / max |ref| over the output tensor):
+//   layout, quantization         bit for bit
+//   W4A8 GEMV, fp32 outputs      1e-5  E2M1 x E4M3 products are exact; only the fp32 sums' order differs from fp64
+//   W4A8 with bf16 outputs       8e-3  one bf16 rounding (<= 2^-8 relative) of sums that differ from the fp64 ones by
+//                                      ~1e-7 can go either way near a tie; at most 1 % of the outputs may differ
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "cuda/fwd_kernels.h"
+#include "cuda/kernels.h"
+#include "cuda_test_util.h"
+
+using namespace plumb;
+using namespace plumb_cuda_test;
+
+namespace {
+
+namespace d = cuda::detail;
+
+float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
+float swiglu_f(float g, float u, float limit) {
+  if (limit > 0) g = std::min(g, limit), u = std::clamp(u, -limit, limit);
+  return silu_f(g) * u;
+}
+
+// Host twin of act_quant_e4m3's values: the codes decoded, times their block scale.
+std::vector<double> dequant(const std::vector<uint8_t>& q, const std::vector<float>& s, int64_t rows, int64_t K) {
+  std::vector<double> v(q.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k)
+      v[size_t(r * K + k)] = double(fmt8::e4m3_to_f32(q[size_t(r * K + k)])) * s[size_t(r * (K / 128) + k / 128)];
+  return v;
+}
+
+// Row-major dequantized values of an FP4 matrix (exact: code value times its power-of-two scale).
+std::vector<float> dense(const Matrix& w) {
+  std::vector<float> v(size_t(w.rows() * w.cols()));
+  for (int64_t r = 0; r < w.rows(); ++r) w.row(r, v.data() + r * w.cols());
+  return v;
+}
+
+// out[r] = fp64 sum_k w[r, k] * x[k], rounded to float.
+std::vector<float> matvec(const std::vector<float>& w, int64_t rows, int64_t cols, const double* x) {
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int64_t k = 0; k < cols; ++k) acc += double(w[size_t(r * cols + k)]) * x[k];
+    y[size_t(r)] = float(acc);
+  }
+  return y;
+}
+
+// Outputs that differ from the reference at all, as a fraction.
+double differing(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return double(n) / double(std::max<size_t>(a.size(), 1));
+}
+
+}  // namespace
+
+// ---- layout (host only) ----
+
+// The A8 layout is a permutation of the checkpoint's codes, and the kernel's decode (fp4x8_to_e4m3x4, replayed here
+// with the same masks and shifts) turns every word into E4M3 bytes worth the codes' values times 2^-6, elements 0..3
+// in the low word's bytes and 4..7 in the high word's, in order.
+TEST(CudaLayout, Fp4A8LayoutRoundTripsAndDecodesToE4m3) {
+  Rng rng(21);
+  const int64_t rows = 32, cols = 256;
+  const auto canon = rng.bytes(size_t(rows * cols / 2));
+  const auto rp = cuda::repack_fp4_decode(canon.data(), rows, cols, cuda::Fp4Layout::A8);
+  EXPECT_EQ(cuda::unpack_fp4_decode(rp.data(), rows, cols, cuda::Fp4Layout::A8), canon);
+  EXPECT_NE(rp, cuda::repack_fp4_decode(canon.data(), rows, cols, cuda::Fp4Layout::F16));
+  auto nib = [&](int64_t r, int64_t k) { return (canon[size_t(r * cols / 2 + k / 2)] >> (4 * (k & 1))) & 0xF; };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols / 128; ++c)
+      for (int t = 0; t < 4; ++t)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t at = (r / 16) * 16 * cols / 2 + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16 + 4 * j;
+          uint32_t w = 0;
+          std::memcpy(&w, rp.data() + at, 4);
+          const uint32_t lo = w & 0x9C9C9C9Cu, hi = ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
+          for (int e = 0; e < 8; ++e) {
+            const uint8_t byte = uint8_t((e < 4 ? lo : hi) >> (8 * (e % 4)));
+            const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
+            ASSERT_EQ(fmt8::e4m3_to_f32(byte), fmt8::e2m1_to_f32(uint8_t(code)) * std::ldexp(1.0f, -6))
+                << "row " << r << " chunk " << c << " lane part " << t << " word " << j << " element " << e;
+          }
+        }
+}
+
+class CudaMoeA8 : public GpuTest {};
+
+// act_quant_e4m3's codes are the codes of fwd_act_quant's values (the official twin's), and its scales the same, on
+// rows with ordinary, tiny (the amax floor), large and saturating blocks, and a partial last block.
+TEST_F(CudaMoeA8, ActQuantCodesMatchTheTwin) {
+  Rng rng(22);
+  for (int64_t K : {int64_t(1024), int64_t(200)}) {
+    const int64_t rows = 5, nab = (K + 127) / 128;
+    auto x = rng.floats(size_t(rows * K), -3.0f, 3.0f);
+    for (int64_t k = 0; k < std::min<int64_t>(K, 128); ++k) x[size_t(1 * K + k)] *= 1e-7f;  // below the amax floor
+    for (int64_t k = 0; k < K; ++k) x[size_t(2 * K + k)] *= 1e5f;
+    x[size_t(3 * K + 5)] = 0.0f, x[size_t(3 * K + 6)] = -0.0f;
+    const cuda::DeviceBuffer xd = cuda::to_device(x);
+    cuda::DeviceBuffer q(size_t(rows * K) * 4), sa(size_t(rows * nab) * 4), q8(size_t(rows * K)), sa8(size_t(rows * nab) * 4);
+    d::fwd_act_quant(xd.as<float>(), rows, K, K, q.as<float>(), sa.as<float>(), nullptr);
+    cuda::act_quant_e4m3(xd.as<float>(), rows, K, K, q8.as<uint8_t>(), sa8.as<float>());
+    cuda::synchronize();
+    const auto qv = cuda::to_host<float>(q, size_t(rows * K));
+    const auto codes = cuda::to_host<uint8_t>(q8, size_t(rows * K));
+    EXPECT_EQ(cuda::to_host<float>(sa, size_t(rows * nab)), cuda::to_host<float>(sa8, size_t(rows * nab))) << "K " << K;
+    for (size_t i = 0; i < qv.size(); ++i) {
+      const float v = fmt8::e4m3_to_f32(codes[i]);
+      ASSERT_TRUE(std::memcmp(&v, &qv[i], 4) == 0 || (v == 0.0f && qv[i] == 0.0f))
+          << "K " << K << " row " << i / size_t(K) << " col " << i % size_t(K) << ": code " << int(codes[i]) << " = " << v
+          << ", twin value " << qv[i];
+    }
+  }
+}
+
+// gate/up (+ SwiGLU, the weight before down) and down on the W4A8 kernel, for routings with repeats across and within
+// tokens and one expert with more than 8 slots (passes of 8), with and without the group table: fp32 outputs against
+// fp64 sums of the quantized values, then the official API's bf16 outputs against the same sums rounded likewise.
+TEST_F(CudaMoeA8, GateUpDownMatchExactSums) {
+  Rng rng(23);
+  const int64_t E = 12, D = 1024, I = 512;
+  auto f = make_moe(rng, E, D, I);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w, cuda::Fp4Layout::A8);
+  const cuda::MoeExperts m16 = cuda::upload_experts(f->w);
+  const float limit = 7.0f;
+  std::map<int, std::array<std::vector<float>, 3>> wd;  // dequantized w1, w3, w2 of the experts used
+  auto weights = [&](int e) -> const std::array<std::vector<float>, 3>& {
+    auto it = wd.find(e);
+    if (it == wd.end()) {
+      const auto& ex = f->w.experts[size_t(e)];
+      it = wd.emplace(e, std::array<std::vector<float>, 3>{dense(ex.w1), dense(ex.w3), dense(ex.w2)}).first;
+    }
+    return it->second;
+  };
+  struct Routing {
+    const char* name;
+    int n, K;
+    std::vector<int32_t> idx;
+    bool table;
+  };
+  std::vector<Routing> routings;
+  {
+    Routing r{"random distinct", 8, 4, {}, false};
+    for (int t = 0; t < r.n; ++t) {
+      std::vector<int32_t> p(static_cast<size_t>(E));
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng.gen());
+      r.idx.insert(r.idx.end(), p.begin(), p.begin() + r.K);
+    }
+    routings.push_back(r);
+    r.name = "random distinct, group table", r.table = true;
+    routings.push_back(r);
+  }
+  routings.push_back({"one token", 1, 4, {3, 0, 11, 7}, false});
+  routings.push_back({"repeats within a token", 3, 4, {2, 2, 5, 9, 9, 9, 1, 2, 4, 4, 4, 4}, false});
+  routings.push_back({"every slot one expert (passes of 8)", 5, 4, std::vector<int32_t>(20, 6), false});
+  // The raw launch (no bf16 rounding) of one half, as moe_gate_up_a8 / moe_down_a8 set it up.
+  auto raw = [&](const cuda::Fp4Matrices& w, const cuda::Fp4Matrices* w3, const cuda::DeviceBuffer& idx, int n, int K,
+                 const cuda::DeviceBuffer& x8, const cuda::DeviceBuffer& xs, int64_t cols, const float* pre, float* out, int64_t ldo) {
+    d::GemvArgs a;
+    a.fmt = d::kFp4A8, a.act = d::kE4M3, a.mode = d::kMoe;
+    a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
+    a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
+    a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
+    a.idx = idx.as<int32_t>(), a.n = n, a.topk = K, a.problems = int(E);
+    a.x = x8.get(), a.x_tok_stride = cols, a.x_scale = xs.as<float>(), a.xs_ld = cols / 128, a.out = out, a.o_tok_stride = ldo;
+    if (w3) {
+      a.nmat = 2, a.epi = d::kSwiglu, a.limit = limit, a.pre_weight = pre, a.x_by_token = 1;
+      a.w[1] = w3->codes.as<uint8_t>(), a.s[1] = w3->scales.get();
+    }
+    d::launch_gemv(a, nullptr);
+  };
+  for (const auto& r : routings) {
+    const int n = r.n, K = r.K, S = n * K;
+    const auto x = rng.floats(size_t(n * D), -2.0f, 2.0f);
+    const auto wts = rng.floats(size_t(S), 0.05f, 1.0f);
+    cuda::DeviceBuffer xd = cuda::to_device(x), idx = cuda::to_device(r.idx), wdv = cuda::to_device(wts);
+    cuda::DeviceBuffer x8(size_t(n * D)), xs(size_t(n * D / 128) * 4), h_raw(size_t(S * I) * 4), h(size_t(S * I) * 4),
+        h8(size_t(S * I)), hs(size_t(S * I / 128) * 4), ys_raw(size_t(S * D) * 4), ys(size_t(S * D) * 4);
+    cuda::DeviceBuffer groups;
+    if (r.table) {
+      groups = cuda::DeviceBuffer(cuda::moe_group_bytes(n, K, E));
+      cuda::moe_group(idx.as<int32_t>(), n, K, E, groups.get());
+    }
+    for (auto* b : {&h_raw, &h, &ys_raw, &ys}) b->fill_byte(0xFF);
+    cuda::act_quant_e4m3(xd.as<float>(), n, D, D, x8.as<uint8_t>(), xs.as<float>());
+    raw(m.w1, &m.w3, idx, n, K, x8, xs, D, wdv.as<float>(), h_raw.as<float>(), I);
+    cuda::moe_gate_up_a8(m, idx.as<int32_t>(), n, K, x8.as<uint8_t>(), xs.as<float>(), limit, wdv.as<float>(), h.as<float>(), nullptr,
+                         r.table ? groups.get() : nullptr);
+    cuda::act_quant_e4m3(h.as<float>(), S, I, I, h8.as<uint8_t>(), hs.as<float>());
+    raw(m.w2, nullptr, idx, n, K, h8, hs, I, nullptr, ys_raw.as<float>(), D);
+    cuda::moe_down_a8(m, idx.as<int32_t>(), n, K, h8.as<uint8_t>(), hs.as<float>(), ys.as<float>(), nullptr,
+                      r.table ? groups.get() : nullptr);
+    cuda::synchronize();
+    const auto xq = dequant(cuda::to_host<uint8_t>(x8, size_t(n * D)), cuda::to_host<float>(xs, size_t(n * D / 128)), n, D);
+    const auto hq = dequant(cuda::to_host<uint8_t>(h8, size_t(S * I)), cuda::to_host<float>(hs, size_t(S * I / 128)), S, I);
+    std::vector<float> h_ref(size_t(S * I)), h_ref_r(size_t(S * I)), ys_ref(size_t(S * D)), ys_ref_r(size_t(S * D));
+    for (int s = 0; s < S; ++s) {
+      const auto& w = weights(r.idx[size_t(s)]);
+      const auto g = matvec(w[0], I, D, xq.data() + (s / K) * D), u = matvec(w[1], I, D, xq.data() + (s / K) * D);
+      for (int64_t i = 0; i < I; ++i) {
+        h_ref[size_t(s * I + i)] = swiglu_f(g[size_t(i)], u[size_t(i)], limit) * wts[size_t(s)];
+        h_ref_r[size_t(s * I + i)] =
+            fmt8::round_bf16(swiglu_f(fmt8::round_bf16(g[size_t(i)]), fmt8::round_bf16(u[size_t(i)]), limit) * wts[size_t(s)]);
+      }
+      const auto y = matvec(w[2], D, I, hq.data() + s * I);
+      for (int64_t i = 0; i < D; ++i) ys_ref[size_t(s * D + i)] = y[size_t(i)], ys_ref_r[size_t(s * D + i)] = fmt8::round_bf16(y[size_t(i)]);
+    }
+    const std::string tag = std::string("W4A8 [") + r.name + "] n=" + std::to_string(n);
+    const auto hg = cuda::to_host<float>(h, size_t(S * I)), ysg = cuda::to_host<float>(ys, size_t(S * D));
+    expect_close(tag + " gate/up fp32 vs exact sums", cuda::to_host<float>(h_raw, size_t(S * I)), h_ref, I, 1e-5);
+    expect_close(tag + " down fp32 vs exact sums", cuda::to_host<float>(ys_raw, size_t(S * D)), ys_ref, D, 1e-5);
+    expect_close(tag + " gate/up bf16 vs exact sums rounded", hg, h_ref_r, I, 8e-3);
+    expect_close(tag + " down bf16 vs exact sums rounded", ysg, ys_ref_r, D, 8e-3);
+    EXPECT_LE(differing(hg, h_ref_r), 0.01) << tag << " gate/up: outputs whose bf16 rounding went the other way";
+    EXPECT_LE(differing(ysg, ys_ref_r), 0.01) << tag << " down: outputs whose bf16 rounding went the other way";
+  }
+  // Each kernel refuses the other layout's weights by name.
+  cuda::DeviceBuffer idx = cuda::to_device(std::vector<int32_t>{0}), x8(static_cast<size_t>(D)), xs(size_t(D / 128) * 4),
+      h(size_t(I) * 4);
+  EXPECT_THROW(cuda::moe_gate_up_a8(m16, idx.as<int32_t>(), 1, 1, x8.as<uint8_t>(), xs.as<float>(), limit, nullptr, h.as<float>()), Error);
+  cuda::Workspace ws;
+  EXPECT_THROW(cuda::moe_gate_up(m, idx.as<int32_t>(), 1, 1, x8.get(), cuda::Act::F32, limit, nullptr, nullptr, h.as<float>(), ws), Error);
+}
