@@ -171,6 +171,11 @@ RouterWeights upload_router(const MoeWeights& w, int64_t E, int64_t D);
 // rows % 16 == 0, cols % 128 == 0.
 void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws,
                 Stream s = nullptr);
+// The official numerics' FP8 linear (DeepSeek's fp8_gemm): y[t, :] = bf16(sum over 128-blocks b of (the E4M3 products
+// of x's codes and W's, summed in fp32) * (xs[t, b] * W's block scale)), x quantized by act_quant_e4m3 (codes [n,
+// cols], scales [n, cols/128]); y rows `ldy` floats apart. The E4M3 tensor cores take both as stored.
+void fp8_linear_a8(const Fp8Matrix& w, const uint8_t* x8, const float* xs, int n, float* y, int64_t ldy, Workspace& ws,
+                   Stream s = nullptr);
 // Grouped projection (DeepSeek's wo_a): W holds G groups of rows/G rows; group g maps x[t, g, :] (cols wide,
 // x rows G*cols apart) to y[t, g*rows/G ...]. y is [n, rows]. With y16, the output goes there as f16 instead (round
 // to nearest even: the bits a conversion of y would give) and y is not written: the input of a following FP8 GEMV.

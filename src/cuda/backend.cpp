@@ -364,6 +364,16 @@ void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, f
   d::launch_gemv(a, s);
 }
 
+void fp8_linear_a8(const Fp8Matrix& w, const uint8_t* x8, const float* xs, int n, float* y, int64_t ldy, Workspace& ws, Stream s) {
+  d::GemvArgs a = base_args(d::kFp8A8);
+  fill_fp8(a, 0, w);
+  a.act = d::kE4M3, a.x = x8, a.x_tok_stride = w.cols, a.x_scale = xs, a.xs_ld = w.cols / 128, a.round_bf16 = 1;
+  a.out = y, a.o_tok_stride = ldy, a.n = n;
+  dense_split(a, n);
+  attach_workspace(a, ws);
+  d::launch_gemv(a, s);
+}
+
 void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, int n, float* y, Workspace& ws, Stream s,
                         uint16_t* y16) {
   PLUMB_CHECK(groups >= 1 && w.rows % (int64_t(groups) * 128) == 0,

@@ -207,12 +207,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     if (g < mp) {
       const int64_t xoff = xrow_of(g) * a.x_tok_stride + (MODE == kDense ? int64_t(prob) * a.x_prob_stride : 0) +
                            int64_t(cb) * 128 + (F4 ? t * 8 : t * 32);
-      if constexpr (FMT == kFp4A8) xp8 = static_cast<const uint8_t*>(a.x) + xoff;
+      if constexpr (FMT == kFp4A8 || FMT == kFp8A8) xp8 = static_cast<const uint8_t*>(a.x) + xoff;
       else xp = static_cast<const __half*>(a.x) + xoff;
     }
-    // kFp4A8: the activation scales of this lane's output columns 2t and 2t + 1, from this warp's first chunk.
+    // E4M3 activations: the scales of this lane's output columns 2t and 2t + 1, from this warp's first chunk.
+    constexpr bool A8 = FMT == kFp4A8 || FMT == kFp8A8;
     [[maybe_unused]] const float* xsp[2] = {nullptr, nullptr};
-    if constexpr (FMT == kFp4A8) {
+    if constexpr (A8) {
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc)
         if (2 * t + cc < mp) xsp[cc] = a.x_scale + xrow_of(2 * t + cc) * a.xs_ld + cb;
@@ -294,6 +295,33 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             acc[q][2] = fmaf(dc[2], XS[u][0], acc[q][2]);
             if (!MP1) acc[q][3] = fmaf(dc[3], XS[u][1], acc[q][3]);
           }
+      } else if constexpr (FMT == kFp8A8) {
+        // The codes go to the E4M3 MMA as stored: 4 per 128-chunk (the lane's 32 elements, 8 per MMA) into a fresh
+        // partial, then acc += partial * (activation scale * block scale), the official fp8_gemm's update.
+        uint4 A[UU][2], B[UU][2], X[UU][2];
+        float S[UU], XS[UU][2];
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            A[u][h] = ldg_stream<1>(pa[0] + (c + u) * 128 + h * 16);
+            B[u][h] = ldg_stream<1>(pb[0] + (c + u) * 128 + h * 16);
+            X[u][h] = xp8 ? __ldg(reinterpret_cast<const uint4*>(xp8 + (c + u) * 128 + h * 16)) : make_uint4(0, 0, 0, 0);
+          }
+          S[u] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[0][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[0][0] + (c + u)));
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) XS[u][cc] = xsp[cc] ? __ldg(xsp[cc] + c + u) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            mma_e4m3(d, word(A[u][i / 2], 2 * (i % 2)), word(B[u][i / 2], 2 * (i % 2)), word(A[u][i / 2], 2 * (i % 2) + 1),
+                     word(B[u][i / 2], 2 * (i % 2) + 1), word(X[u][i / 2], 2 * (i % 2)), word(X[u][i / 2], 2 * (i % 2) + 1));
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[0][k] = fmaf(d[k], __fmul_rn(XS[u][k & 1], S[u]), acc[0][k]);
+        }
       } else if constexpr (FMT == kBf16) {
         uint4 A[UU][4], B[UU][4], X[UU][4];
 #pragma unroll
@@ -465,7 +493,7 @@ void launch_t(const GemvArgs& a, Stream s) {
                   unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
   auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks);
-  if constexpr (FMT == kFp8 && NMAT == 1)
+  if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
     if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks);
   launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
@@ -491,9 +519,12 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const bool bf16 = a.fmt == kBf16;
   if (bf16 && (a.act != kBF16 || a.mode != kDense || a.nmat != 1 || a.epi != kStore || a.out_half))
     throw_arg("gemv: bf16 weights take bf16 activations, one dense matrix and an fp32 output");
-  const bool a8 = a.fmt == kFp4A8;
-  if (a8 && (a.act != kE4M3 || !a.x_scale || a.mode != kMoe || a.out_half || a.kblocks != 1))
+  const bool a8 = a.fmt == kFp4A8 || a.fmt == kFp8A8;
+  if (a.fmt == kFp4A8 && (a.act != kE4M3 || !a.x_scale || a.mode != kMoe || a.out_half || a.kblocks != 1))
     throw_arg("gemv: FP4 A8 weights take E4M3 activations with their scales, MoE mode, an fp32 output");
+  if (a.fmt == kFp8A8 && (a.act != kE4M3 || !a.x_scale || a.mode != kDense || a.problems != 1 || a.nmat != 1 || a.epi != kStore ||
+                          a.out_half || a.ntab))
+    throw_arg("gemv: FP8 A8 takes E4M3 activations with their scales, one dense matrix, an fp32 output");
   if (!bf16 && !a8 && a.act != kF16) throw_arg("gemv: activations must be f16 (convert with launch_to_f16)");
   if (a.ntab) {
     if (!bf16 || a.ntab > kGemvTab || a.problems != a.ntab || a.kblocks != 1)
@@ -535,7 +566,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;
-  if (a8) {  // the per-tile kernel as chosen below for FP4 (2 warps for gate/up, 1 for down; no streaming twin)
+  if (a.fmt == kFp8A8) return launch_t<kFp8A8, 1, kStore, kDense, float>(a, s);
+  if (a.fmt == kFp4A8) {  // the per-tile kernel as chosen below for FP4 (2 warps for gate/up, 1 for down; no streaming twin)
     const bool gate_up = a.nmat == 2 && a.epi == kSwiglu, down = a.nmat == 1 && a.epi == kStore;
     if (!gate_up && !down) throw_arg("gemv: FP4 A8 runs gate/up (2 matrices, SwiGLU) or down (1 matrix, store)");
     GemvArgs b = a;

@@ -318,7 +318,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // output projection reads o as f16: written by the same launch (the split-K attention's own stores where it runs,
   // else fwd_rope_f16 below).
   const int64_t G = c.o_groups, R = c.o_lora, gw = H * Dh / G;
-  const bool wo_fp8 = w.wo_a.fp8 && R % 128 == 0;
+  // (The official numerics take wo_a in bf16, as DeepSeek's convert.py dequantizes it: proj_bf16 below.)
+  const bool wo_fp8 = w.wo_a.fp8 && R % 128 == 0 && !nm.official();
   // cuda.prefill_gemm: the grouped GEMM reads o in fp32 (rotated in place below) and rounds it to bf16 once.
   const bool wo_gemm = wo_fp8 && w.wo_a.gemm_min && n >= w.wo_a.gemm_min;
   uint16_t* o16 = wo_fp8 && !wo_gemm && !nm.official() ? static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2))

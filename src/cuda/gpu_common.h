@@ -186,7 +186,8 @@ class Scratch {
   }
   size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)
   int64_t gemm_calls = 0;   // cuda.prefill_gemm: projections that ran as GEMMs (host count of eager calls; tests)
-  int64_t moe_a8_calls = 0;   // cuda.moe_mxfp4 under the official numerics: W4A8 chunks run (host count; tests)
+  int64_t a8_calls = 0;  // the official numerics on the E4M3 tensor cores: W4A8 expert chunks and W8A8 projections
+                         // run (cuda.moe_mxfp4, cuda.fp8_gemv; host count of eager calls; tests)
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);

@@ -55,8 +55,8 @@ bool fp4_fits(const MoeWeights& M) {
 
 // Every option runs on the GPU (the numerics modes through GpuNumerics, every built-in fault so that the toolkit's
 // selftest runs here too), but the official numerics emulate DeepSeek's GEMMs, which most tensor-core kernels do
-// not: those pairs are refused by name rather than computing something else. cuda.moe_mxfp4 has the official
-// numerics' own kernels (W4A8: E4M3 activations, as DeepSeek's fp4_gemm).
+// not: those pairs are refused by name rather than computing something else. cuda.moe_mxfp4 and cuda.fp8_gemv have
+// the official numerics' own kernels (W4A8 / W8A8: E4M3 activations, as DeepSeek's fp4_gemm / fp8_gemm).
 void check_options(const ModelOptions& o) {
   const char* mode = o.official_initial ? "numerics.official_initial" : "numerics.official";
   auto refuse = [&](bool on, const char* patch) {
@@ -65,7 +65,6 @@ void check_options(const ModelOptions& o) {
                 "FP8 activation quantization, bf16 storage, the attention's bf16 probabilities): drop one of the two",
                 mode, patch);
   };
-  refuse(o.cuda_fp8_gemv, "cuda.fp8_gemv");
   refuse(o.attn_splitk_decode, "attn.splitk_decode");
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
@@ -124,8 +123,12 @@ class GpuForward : public DeviceForward {
       if (opt_.prefill_gemm_min_tokens > 0) return opt_.prefill_gemm_min_tokens;
       return f.rows * f.cols >= (int64_t(8) << 20) ? 48 : 32;
     };
-    auto mat = [&](const Matrix& m) {
-      GMat g = upload_matrix(m, fp8);
+    // Under the official numerics cuda.fp8_gemv takes the FP8 projections that the official code quantizes its input
+    // for (GpuNumerics::proj: W8A8); wo_a (dequantized to bf16 by DeepSeek's convert.py) and the compressors (their
+    // own numerics) keep the twin's path, so they get no tensor-core form.
+    const bool fp8_rest = fp8 && !opt_.official;
+    auto mat = [&](const Matrix& m, bool fast = true) {
+      GMat g = upload_matrix(m, fp8 && fast);
       if (g.fp8) g.gemm_min = gemm_min(*g.fp8);
       fc.mat(g, m);
       return g;
@@ -154,7 +157,7 @@ class GpuForward : public DeviceForward {
       gl.attn.wq_a = mat(a.wq_a);
       gl.attn.wq_b = mat(a.wq_b);
       gl.attn.wkv = mat(a.wkv);
-      gl.attn.wo_a = mat(a.wo_a);
+      gl.attn.wo_a = mat(a.wo_a, fp8_rest);
       gl.attn.wo_b = mat(a.wo_b);
       gl.attn.q_norm = upload_tensor(a.q_norm);
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
@@ -163,9 +166,9 @@ class GpuForward : public DeviceForward {
       gl.attn.index_tc = opt_.indexer_tc_scores;
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
       gl.attn.skip_short = opt_.indexer_skip_short;
-      if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8), set_gemm(*gl.attn.comp);
+      if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8_rest), set_gemm(*gl.attn.comp);
       if (a.indexer) {
-        gl.attn.icomp = upload_comp(a.indexer->comp, fp8);
+        gl.attn.icomp = upload_comp(a.indexer->comp, fp8_rest);
         set_gemm(*gl.attn.icomp);
         gl.attn.iwq_b = mat(a.indexer->wq_b);
         gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
@@ -212,8 +215,12 @@ class GpuForward : public DeviceForward {
                                                                   : "does not apply: built without cuBLASLt");
     }
     if (fp8)
-      fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}\n", fc.fp8, fc.fp8_of,
-                 fc.fp8 < fc.fp8_of ? " (the others have shapes the kernel does not take: the fp32 twin runs them)" : "");
+      fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}{}\n", fc.fp8, fc.fp8_of,
+                 opt_.official ? " as W8A8 (the official numerics' E4M3 activations)" : "",
+                 fc.fp8 >= fc.fp8_of ? ""
+                 : opt_.official   ? " (the others are wo_a, which the official code dequantizes to bf16, or have shapes the kernel does "
+                                     "not take: the official twin runs them)"
+                                   : " (the others have shapes the kernel does not take: the fp32 twin runs them)");
     if (gemm)
       fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
                  "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens\n", fc.gemm,
@@ -225,8 +232,8 @@ class GpuForward : public DeviceForward {
       fmt::print(stderr, "backend cuda: cuda.bf16_gemv runs {} bf16 compressor matrices at 2 to {} tokens{}\n", fc.gemv_bf16,
                  kBf16GemvMaxTokens, fc.gemv_bf16 ? "" : " (none is a plain bf16 matrix of rows % 16 == 0 and columns % 128 == 0)");
     if (fp4)
-      fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}\n", fc.fp4, fc.fp4_of,
-                 fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
+      fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}{}\n", fc.fp4, fc.fp4_of,
+                 opt_.official ? " as W4A8 (the official numerics' E4M3 activations)" : "", fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
   }
 
   std::shared_ptr<DeviceSessionState> new_state() const override {

@@ -121,6 +121,18 @@ void shared_expert(const MoeCtx& m, float* shared) {
   if (m.w.sfp8 && m.w.shared_gemm_min && m.n >= m.w.shared_gemm_min) {  // cuda.prefill_gemm: bf16 GEMMs from the fp32 x
     const size_t I = size_t(m.w.sfp8->w1.rows), n = size_t(m.n), D = size_t(m.c.hidden);
     fp8_expert_ffn_gemm(*m.w.sfp8, m.x, cuda::Act::F32, m.n, limit, shared, gemm_buffers(m.sc, n * D, 2 * I * D, n * 2 * I, n * I));
+  } else if (m.w.sfp8 && m.nm.official()) {
+    // cuda.fp8_gemv under the official numerics: expert_ffn's steps with each projection on the E4M3 tensor cores.
+    const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
+    const int64_t I = m.w.sfp8->w1.rows, D = m.c.hidden;
+    float* g = m.sc.f("moe.g", m.n * I);
+    float* u = m.sc.f("moe.u", m.n * I);
+    float* h = m.sc.f("moe.h", m.n * I);
+    official_fp8_linear(m.w.sfp8->w1, m.x, m.n, D, g, I, m.sc);
+    official_fp8_linear(m.w.sfp8->w3, m.x, m.n, D, u, I, m.sc);
+    fwd_swiglu(g, u, I, m.n, I, float(shared_limit), nullptr, h, nullptr);
+    m.nm.act(h, m.n * I);
+    official_fp8_linear(m.w.sfp8->w2, h, m.n, I, shared, D, m.sc);
   } else if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(m.n) * size_t(m.w.sfp8->w1.rows) * 2));
     fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, m.n, limit,
@@ -208,7 +220,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         const OpRegion d(m.sc.timer, "routed/down", true);
         moe_down_a8(*m.w.fp4, idx, nc, r.K, h8, hs, ys, nullptr, g);
       }
-      ++m.sc.moe_a8_calls;
+      ++m.sc.a8_calls;
       fwd_moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), out + int64_t(t0) * D, nullptr);
     }
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch

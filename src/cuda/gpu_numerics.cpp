@@ -22,6 +22,14 @@ void official_gemm(OfficialLinearArgs a, int64_t x_rows, Scratch& sc) {
 
 }  // namespace
 
+void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
+  auto* q = static_cast<uint8_t*>(sc.get("official.q8", size_t(n) * size_t(w.cols)));
+  float* sa = sc.f("official.sa8", int64_t(n) * (w.cols / 128));
+  act_quant_e4m3(x, n, w.cols, ldx, q, sa);
+  ++sc.a8_calls;
+  fp8_linear_a8(w, q, sa, n, y, ldy, sc.work());
+}
+
 void GpuNumerics::act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const {
   if (official_) fwd_act(x, rows, ld, off, width, nullptr);
 }
@@ -29,6 +37,7 @@ void GpuNumerics::act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int6
 void GpuNumerics::proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc,
                        const uint16_t* x16) const {
   if (!official_) return linear(w, x, n, ldx, y, ldy, sc, x16);
+  if (w.fp8) return official_fp8_linear(*w.fp8, x, n, ldx, y, ldy, sc);
   OfficialLinearArgs a;
   a.w = w.d, a.nslots = n, a.x = x, a.ldx = ldx, a.nr = w.d.rows, a.y = y, a.ldy = ldy;
   official_gemm(a, n, sc);

@@ -16,7 +16,8 @@ class GpuNumerics {
   void act(float* x, int64_t n) const { act_rows(x, 1, n, 0, n); }
   void act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const;
   // Numerics::proj: y[t * ldy + r] = W x_t; official: FP8 activation quantization + block-scaled GEMM, bf16 out
-  // (plain weights: the bf16 GEMM).
+  // (plain weights: the bf16 GEMM); an FP8 matrix with its tensor-core form (cuda.fp8_gemv) on the E4M3 tensor
+  // cores (official_fp8_linear).
   // x16: x as f16 rows (ld ldx), used by the FP8 tensor-core GEMV instead of converting x again.
   void proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc, const uint16_t* x16 = nullptr) const;
   // The same for expert slots: slot i < nslots multiplies input row i / x_div by matrix mats[idx[i]] (idx null:
@@ -46,6 +47,10 @@ class GpuNumerics {
  private:
   bool official_, initial_;
 };
+
+// The official numerics' FP8 linear on the E4M3 tensor cores (cuda.fp8_gemv): x quantized as act_quant does
+// (act_quant_e4m3, into scratch), then fp8_linear_a8 (bf16 out). Counted in Scratch::a8_calls.
+void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc);
 
 // ops::linear_bf16_weight on the device: y = x . bf16(W)^T in fp64, x and y rounded to bf16 iff bf16_io (the router
 // of numerics.official and router.bf16).

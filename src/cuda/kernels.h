@@ -137,8 +137,9 @@ void staged_read(const void* p, size_t bytes, size_t stage_bytes, unsigned* sink
 // ---- decode GEMV/GEMM (gemv.cu) ----
 enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2, kE4M3 = 3 };  // kE4M3: codes [rows, cols] + GemvArgs::x_scale
 // kBf16: plain bf16 weights, bf16 activations (dense). kFp4A8: MXFP4 weights in the A8 layout, E4M3 activations
-// (the official numerics, MoE only).
-enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2, kFp4A8 = 3 };
+// (the official numerics, MoE only). kFp8A8: FP8 weights as kFp8's, E4M3 activations (the official numerics, one
+// dense matrix).
+enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2, kFp4A8 = 3, kFp8A8 = 4 };
 enum Mode : int { kDense = 0, kMoe = 1 };
 enum Epi : int { kStore = 0, kSwiglu = 1 };
 

@@ -544,16 +544,16 @@ TEST_F(GpuTest, Bf16GemvForwardMatchesTwinForward) {
   expect_local_within_patch_tolerance(dir, toks, {40, 7, 3, 8, 1, 16, 2, 17}, base, "cuda.bf16_gemv");
 }
 
-// cuda.moe_mxfp4 under the official numerics (its W4A8 kernels: E4M3 activations as DeepSeek's fp4_gemm) on
-// kernel-dims (FP4 experts [128, 256] and [256, 128]): the routed experts run on the kernels (counted), deterministic
-// and bit-identical under cuda.graph; against the official twin (fp64 sums per 32-group) op by op, teacher forced,
-// within the patch's local tolerance, over prefill chunks and decode steps (1, 3 and 40 tokens: one and several
-// passes of 8 tokens per expert).
-TEST_F(GpuTest, OfficialMoeMxfp4ForwardMatchesTwinForward) {
+// The official numerics' tensor-core kernels on kernel-dims (FP4 experts [128, 256] / [256, 128], FP8 projections
+// of 128-multiple shapes): cuda.moe_mxfp4's W4A8 experts and cuda.fp8_gemv's W8A8 projections (E4M3 activations as
+// DeepSeek's fp4_gemm / fp8_gemm) run (counted), deterministic and bit-identical under cuda.graph; each against the
+// official twin (fp64 sums per block) op by op, teacher forced, within its local tolerance, over prefill chunks and
+// decode steps (1, 3 and 40 tokens: one and several passes of 8 tokens).
+TEST_F(GpuTest, OfficialTensorCoreForwardMatchesTwinForward) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
-  const std::string base = "numerics.official";
+  const std::string base = "numerics.official", fast_patches = base + ",cuda.moe_mxfp4,cuda.fp8_gemv";
   const auto load = [&](const std::string& patches) { return Model::load(dir, parse_patches(patches).options, {}, "cuda"); };
-  auto twin = load(base), fast = load(base + ",cuda.moe_mxfp4"), graphed = load(base + ",cuda.moe_mxfp4,cuda.graph");
+  auto twin = load(base), fast = load(fast_patches), graphed = load(fast_patches + ",cuda.graph");
   const auto toks = prompt(90, twin->config().vocab);
   const auto run = [&](Model& m, int64_t* calls) {
     auto st = m.new_state();
@@ -562,17 +562,19 @@ TEST_F(GpuTest, OfficialMoeMxfp4ForwardMatchesTwinForward) {
       const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min<size_t>(9, toks.size() - p)));
       logits.insert(logits.end(), l.data.begin(), l.data.end());
     }
-    if (calls) *calls = st.dev->scratch.moe_a8_calls;
+    if (calls) *calls = st.dev->scratch.a8_calls;
     return logits;
   };
   int64_t none = -1, some = -1;
   const auto a = run(*twin, &none), f = run(*fast, &some), again = run(*fast, nullptr), gr = run(*graphed, nullptr);
   EXPECT_EQ(none, 0);
-  EXPECT_GT(some, 0) << "the patch did not run the W4A8 kernels";
+  EXPECT_GT(some, 0) << "the patches did not run the E4M3 tensor-core kernels";
+  std::printf("E4M3 tensor-core launches (W4A8 expert chunks + W8A8 projections) in chunks of 9: %lld\n", (long long)some);
   ASSERT_EQ(f.size(), a.size());
-  EXPECT_EQ(std::memcmp(f.data(), again.data(), f.size() * 4), 0) << "the W4A8 forward is not deterministic";
+  EXPECT_EQ(std::memcmp(f.data(), again.data(), f.size() * 4), 0) << "the official tensor-core forward is not deterministic";
   EXPECT_EQ(std::memcmp(f.data(), gr.data(), f.size() * 4), 0) << "graph replay differs from eager launches";
-  expect_local_within_patch_tolerance(dir, toks, {40, 9, 1, 3, 1, 1}, base, "cuda.moe_mxfp4");
+  for (const char* patch : {"cuda.moe_mxfp4", "cuda.fp8_gemv"})
+    expect_local_within_patch_tolerance(dir, toks, {40, 9, 1, 3, 1, 1}, base, patch);
 }
 
 // Refused by name: with the official numerics (the GEMMs and the bf16 GEMV do not reproduce its roundings) and

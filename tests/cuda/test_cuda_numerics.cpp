@@ -259,8 +259,8 @@ std::string head_of(const fs::path& fx) {
   return head;
 }
 
-// (fixture, patches): every official-code fixture in its mode, alone and with cuda.moe_mxfp4; mhc.bf16_mix and
-// router.bf16 on every fp32 fixture.
+// (fixture, patches): every official-code fixture in its mode, alone and with cuda.moe_mxfp4 and cuda.fp8_gemv (their
+// E4M3 tensor-core kernels); mhc.bf16_mix and router.bf16 on every fp32 fixture.
 std::vector<std::tuple<std::string, std::string>> mode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const auto& e : fs::directory_iterator(fs::path(PLUMB_TEST_DATA) / "golden")) {
@@ -269,7 +269,7 @@ std::vector<std::tuple<std::string, std::string>> mode_cases() {
     if (head.find("official inference") != std::string::npos) {
       const std::string mode = head.find("initial revision") != std::string::npos ? "numerics.official_initial" : "numerics.official";
       out.push_back({e.path().string(), mode});
-      out.push_back({e.path().string(), mode + ",cuda.moe_mxfp4"});  // its W4A8 kernels where the experts fit them
+      out.push_back({e.path().string(), mode + ",cuda.moe_mxfp4,cuda.fp8_gemv"});  // W4A8 / W8A8 where the shapes fit
     } else {
       out.push_back({e.path().string(), "mhc.bf16_mix"});
       out.push_back({e.path().string(), "router.bf16"});
@@ -324,11 +324,11 @@ TEST_F(GpuTest, OfficialGraphStepsMatchEagerLaunches) {
 }
 
 // The official numerics do not combine with the tensor-core kernels that do not emulate its GEMMs (cuda.moe_mxfp4
-// has W4A8 kernels of its own for it): refused at load, naming both options.
+// and cuda.fp8_gemv have W4A8 / W8A8 kernels of their own for it): refused at load, naming both options.
 TEST(CudaBackend, OfficialWithTensorCoreKernelsIsRefusedByName) {
   std::string why;
   if (!cuda::available(&why)) GTEST_SKIP() << why;
-  for (const char* fast : {"cuda.fp8_gemv", "attn.splitk_decode", "indexer.tc_scores", "indexer.dmma_scores"})
+  for (const char* fast : {"attn.splitk_decode", "indexer.tc_scores", "indexer.dmma_scores"})
     for (const char* mode : {"numerics.official", "numerics.official_initial"}) {
       try {
         Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny-official-ref",

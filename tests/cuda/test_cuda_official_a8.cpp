@@ -1,11 +1,11 @@
-// The official numerics' W4A8 routed-expert kernels (cuda.moe_mxfp4 under numerics.official): the A8 bit layout of
-// the FP4 weights, the activations' E4M3 quantization (codes), and gate/up + down against fp64 sums of the same
-// quantized values.
+// The official numerics' E4M3 tensor-core kernels: cuda.moe_mxfp4's W4A8 routed experts (the A8 bit layout of the
+// FP4 weights) and cuda.fp8_gemv's W8A8 projections, the activations' E4M3 quantization (codes), each against fp64
+// sums of the same quantized values and against the official twin.
 //
 // Tolerances (normalized: max |gpu - ref| / max |ref| over the output tensor):
 //   layout, quantization         bit for bit
-//   W4A8 GEMV, fp32 outputs      1e-5  E2M1 x E4M3 products are exact; only the fp32 sums' order differs from fp64
-//   W4A8 with bf16 outputs       8e-3  one bf16 rounding (<= 2^-8 relative) of sums that differ from the fp64 ones by
+//   GEMVs, fp32 outputs          1e-5  E2M1 / E4M3 x E4M3 products are exact; only the fp32 sums' order differs
+//   bf16 outputs                 8e-3  one bf16 rounding (<= 2^-8 relative) of sums that differ from the fp64 ones by
 //                                      ~1e-7 can go either way near a tie; at most 1 % of the outputs may differ
 #include <cstring>
 #include <map>
@@ -231,4 +231,56 @@ TEST_F(CudaMoeA8, GateUpDownMatchExactSums) {
   EXPECT_THROW(cuda::moe_gate_up_a8(m16, idx.as<int32_t>(), 1, 1, x8.as<uint8_t>(), xs.as<float>(), limit, nullptr, h.as<float>()), Error);
   cuda::Workspace ws;
   EXPECT_THROW(cuda::moe_gate_up(m, idx.as<int32_t>(), 1, 1, x8.get(), cuda::Act::F32, limit, nullptr, nullptr, h.as<float>(), ws), Error);
+}
+
+// fp8_linear_a8 (the official FP8 linear on the E4M3 tensor cores) on E8M0- and F32-scaled matrices, 1 to 11 tokens
+// (one and two passes of 8), with and without blocks split across warps: fp32 outputs within 1e-5 of fp64 sums of the
+// quantized values, bf16 outputs against the official twin kernel (fwd_linear_official: exact block sums, the fma
+// chain in K order), which they must equal but for near-tie roundings.
+TEST_F(CudaMoeA8, Fp8LinearMatchesExactSumsAndTheTwin) {
+  Rng rng(24);
+  const int64_t rows = 256, cols = 1024;
+  for (bool f32_scales : {false, true}) {
+    TempDir dir;
+    std::vector<OwnedTensor> ts;
+    add_fp8(ts, rng, "w", rows, cols, f32_scales);
+    const Checkpoint ck = write_checkpoint(dir, ts);
+    const Matrix m = Matrix::bind(ck, "w.weight", rows, cols);
+    const cuda::Fp8Matrix w = cuda::upload_fp8(m);
+    std::vector<float> wd(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) m.row(r, wd.data() + r * cols);
+    for (int n : {1, 3, 8, 11}) {
+      const auto x = rng.floats(size_t(n * cols), -2.0f, 2.0f);
+      cuda::DeviceBuffer xd = cuda::to_device(x), x8(size_t(n * cols)), xs(size_t(n * cols / 128) * 4), y(size_t(n * rows) * 4),
+          yr(size_t(n * rows) * 4), yt(size_t(n * rows) * 4), q(size_t(n * cols) * 4), sa(size_t(n * cols / 128) * 4);
+      cuda::act_quant_e4m3(xd.as<float>(), n, cols, cols, x8.as<uint8_t>(), xs.as<float>());
+      cuda::Workspace ws;
+      cuda::fp8_linear_a8(w, x8.as<uint8_t>(), xs.as<float>(), n, y.as<float>(), rows, ws);
+      d::GemvArgs a;  // the same launch without the bf16 rounding
+      a.fmt = d::kFp8A8, a.act = d::kE4M3, a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
+      a.rows = rows, a.cols = cols, a.s_ld = w.scale_cols(), a.s_f32 = w.scale_f32 ? 1 : 0;
+      a.x = x8.get(), a.x_tok_stride = cols, a.x_scale = xs.as<float>(), a.xs_ld = cols / 128;
+      a.out = yr.get(), a.o_tok_stride = rows, a.n = n, a.warps = 4;
+      d::launch_gemv(a, nullptr);
+      d::fwd_act_quant(xd.as<float>(), n, cols, cols, q.as<float>(), sa.as<float>(), nullptr);
+      d::OfficialLinearArgs t;
+      t.w.w = w.codes.get(), t.w.s = w.scales.get(), t.w.rows = rows, t.w.cols = cols, t.w.s_cols = w.scale_cols();
+      t.w.layout = 1, t.w.s_f32 = w.scale_f32 ? 1 : 0;
+      t.nslots = n, t.x = xd.as<float>(), t.ldx = cols, t.nr = rows, t.y = yt.as<float>(), t.ldy = rows, t.q = q.as<float>(),
+      t.sa = sa.as<float>();
+      d::fwd_linear_official(t, nullptr);
+      cuda::synchronize();
+      const auto xq = dequant(cuda::to_host<uint8_t>(x8, size_t(n * cols)), cuda::to_host<float>(xs, size_t(n * cols / 128)), n, cols);
+      std::vector<float> ref(size_t(n * rows));
+      for (int tk = 0; tk < n; ++tk) {
+        const auto yv = matvec(wd, rows, cols, xq.data() + tk * cols);
+        std::copy(yv.begin(), yv.end(), ref.begin() + tk * rows);
+      }
+      const std::string tag = std::string("W8A8 [") + (f32_scales ? "F32" : "E8M0") + " scales] n=" + std::to_string(n);
+      const auto yg = cuda::to_host<float>(y, size_t(n * rows)), ytw = cuda::to_host<float>(yt, size_t(n * rows));
+      expect_close(tag + " fp32 vs exact sums", cuda::to_host<float>(yr, size_t(n * rows)), ref, rows, 1e-5);
+      expect_close(tag + " bf16 vs the official twin", yg, ytw, rows, 8e-3);
+      EXPECT_LE(differing(yg, ytw), 0.01) << tag << ": outputs whose bf16 rounding went the other way";
+    }
+  }
 }
