@@ -206,6 +206,12 @@ void fp8_dequant_bf16(const Fp8Matrix& w, uint16_t* out, Stream s = nullptr);  /
 // y[t * ldy + r] = sum_k bf16(x[t * ldx + k]) * W[r, k], fp32: fp8_linear's contract on the tensor cores.
 void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, const Fp8GemmBuffers& b,
                      Stream s = nullptr);
+// The official numerics' wo_a (DeepSeek's convert.py dequantizes it to bf16; the official code's bf16 F.linear):
+// y[t * G*R + g*R + r] = bf16(sum_k bf16(x[t * G*C + g*C + k]) * w[g*R + r, k]) for G groups of R rows, w bf16
+// [G*R, C] row-major (fp8_dequant_bf16 of the FP8 matrix), fp32 accumulation on the bf16 tensor cores (the GEMV's
+// kBf16 path, a group per grid row). x fp32 [n, G*C]; R % 16 == 0, C % 128 == 0; b.x holds x as bf16.
+void bf16_linear_grouped_official(const uint16_t* w, int groups, int64_t rows_per_group, int64_t cols, const float* x, int n, float* y,
+                                  const Fp8GemmBuffers& b, Stream s = nullptr);
 // A plain bf16 weight w [rows, cols] (row-major, device) through the same GEMM: y[t * ldy + r] = sum_k bf16(x[t *
 // ldx + k]) * w[r, k], fp32 (the weight is used as stored: no dequantization). cuda.prefill_gemm's path for the
 // compressors' bf16 projections, whose alternative is the fp32 twin's fp64 GEMV.

@@ -114,6 +114,26 @@ void bf16_linear_gemv_multi(const Bf16Proj* p, int count, int64_t cols, const vo
   d::launch_gemv(a, s);
 }
 
+void bf16_linear_grouped_official(const uint16_t* w, int groups, int64_t rows_per_group, int64_t cols, const float* x, int n, float* y,
+                                  const Fp8GemmBuffers& b, Stream s) {
+  const char* what = "bf16_linear_grouped_official";
+  if (n <= 0) return;
+  PLUMB_CHECK(groups >= 1 && rows_per_group % 16 == 0 && cols % 128 == 0, "{}: {} groups of [{}, {}] (rows % 16, columns % 128)", what,
+              groups, rows_per_group, cols);
+  const int64_t in_w = int64_t(groups) * cols;
+  check_room(what, "x", b.x, b.x_elems, size_t(n) * size_t(in_w));
+  d::launch_to_bf16(x, int(Act::F32), n, in_w, in_w, b.x, s);
+  d::GemvArgs a;
+  a.fmt = d::kBf16, a.act = d::kBF16, a.mode = d::kDense, a.nmat = 1, a.epi = d::kStore, a.round_bf16 = 1;
+  a.w[0] = reinterpret_cast<const uint8_t*>(w), a.w_prob_stride = rows_per_group * cols * 2;
+  a.rows = rows_per_group, a.cols = cols, a.problems = groups;
+  a.x = b.x, a.x_tok_stride = in_w, a.x_prob_stride = cols;
+  a.out = y, a.o_tok_stride = int64_t(groups) * rows_per_group, a.o_prob_stride = rows_per_group, a.n = n;
+  a.warps = d::gemv_dense_warps(rows_per_group / 16 * groups, cols / 128);
+  a.minblocks = 1;
+  d::launch_gemv(a, s);
+}
+
 void bf16_linear_gemm(const uint16_t* w, int64_t rows, int64_t cols, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy,
                       const Fp8GemmBuffers& b, Stream s) {
   const Bf16Proj p{w, rows, y, ldy};

@@ -362,8 +362,12 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   else if (wo_fp8)
     fp8_linear_grouped(*w.wo_a.fp8, int(G), o16 ? static_cast<const void*>(o16) : o, o16 ? cuda::Act::F16 : cuda::Act::F32, n, mid,
                        sc.ws, nullptr, mid16);
-  else
+  else if (nm.official() && w.wo_a.w16.get()) {  // cuda.fp8_gemv: the official bf16 wo_a on the bf16 tensor cores
+    ++sc.official_tc_calls;
+    bf16_linear_grouped_official(w.wo_a.w16.as<uint16_t>(), int(G), R, gw, o, n, mid, gemm_buffers(sc, size_t(n) * size_t(H * Dh), 0));
+  } else {
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
+  }
   d.emplace(tm, "out/wo_b", true);
   nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
   if (keys_later) branch_join(side2, sc.ev_join);  // the indexer's keys (beside the attention and its projections)

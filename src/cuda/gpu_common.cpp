@@ -20,6 +20,16 @@ bool fp8_fast_fits(const Matrix& m) {
   return m.layout() == Matrix::Layout::FP8Block && m.rows() % 16 == 0 && m.cols() % 128 == 0;
 }
 
+DeviceBuffer bf16_copy_if_exact(const Matrix& m) {
+  if (!fp8_fast_fits(m)) return {};
+  const Fp8Matrix f = upload_fp8(m);
+  if (!fp8_gemm_exact(f)) return {};
+  DeviceBuffer out(size_t(f.rows * f.cols) * 2);
+  fp8_dequant_bf16(f, out.as<uint16_t>());
+  synchronize();  // (f's buffers go when this returns)
+  return out;
+}
+
 GMat upload_matrix(const Matrix& m, bool fp8_fast) {
   GMat g;
   const TensorView& v = m.values();

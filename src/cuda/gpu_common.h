@@ -25,8 +25,14 @@ struct GMat {
                      // bf16_linear_gemm for a plain bf16 matrix (0: never)
   int gemv16_max = 0;  // cuda.bf16_gemv: a plain bf16 matrix at 2 .. this many tokens runs bf16_linear_gemv_multi
                        // (0: never; it goes before gemm_min)
+  // cuda.fp8_gemv under the official numerics, wo_a only: the bf16 copy of this FP8 matrix that DeepSeek's convert.py
+  // makes (every code x scale exact in bf16: fp8_gemm_exact), for the bf16 tensor cores; empty otherwise.
+  DeviceBuffer w16;
 };
 GMat upload_matrix(const Matrix& m, bool fp8_fast = false);
+// The bf16 copy of an FP8 matrix (GMat::w16) when its shape (rows % 16, cols % 128) and block scales make it exact;
+// empty otherwise.
+DeviceBuffer bf16_copy_if_exact(const Matrix& m);
 bool fp8_fast_fits(const Matrix& m);  // FP8, rows % 16 == 0, cols % 128 == 0
 DeviceBuffer upload_tensor(const Tensor& t);  // fp32
 // The bytes a matrix's kernels stream (codes, or plain values; not the small scale arrays).
@@ -186,8 +192,9 @@ class Scratch {
   }
   size_t gemm_w_elems = 0;  // cuda.prefill_gemm: the largest bf16 weight any GEMM dequantizes (allocated once)
   int64_t gemm_calls = 0;   // cuda.prefill_gemm: projections that ran as GEMMs (host count of eager calls; tests)
-  int64_t a8_calls = 0;  // the official numerics on the E4M3 tensor cores: W4A8 expert chunks and W8A8 projections
-                         // run (cuda.moe_mxfp4, cuda.fp8_gemv; host count of eager calls; tests)
+  // The official numerics on the tensor cores: W4A8 expert chunks, W8A8 projections and bf16 wo_a launches run
+  // (cuda.moe_mxfp4, cuda.fp8_gemv; host count of eager calls; tests).
+  int64_t official_tc_calls = 0;
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);

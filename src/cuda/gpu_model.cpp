@@ -158,6 +158,7 @@ class GpuForward : public DeviceForward {
       gl.attn.wq_b = mat(a.wq_b);
       gl.attn.wkv = mat(a.wkv);
       gl.attn.wo_a = mat(a.wo_a, fp8_rest);
+      if (fp8 && opt_.official && (gl.attn.wo_a.w16 = bf16_copy_if_exact(a.wo_a)).get()) ++fc.fp8;
       gl.attn.wo_b = mat(a.wo_b);
       gl.attn.q_norm = upload_tensor(a.q_norm);
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
@@ -216,10 +217,11 @@ class GpuForward : public DeviceForward {
     }
     if (fp8)
       fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}{}\n", fc.fp8, fc.fp8_of,
-                 opt_.official ? " as W8A8 (the official numerics' E4M3 activations)" : "",
+                 opt_.official ? " as W8A8 (the official numerics' E4M3 activations; wo_a as its bf16 copy, as DeepSeek's convert.py "
+                                 "makes it)"
+                               : "",
                  fc.fp8 >= fc.fp8_of ? ""
-                 : opt_.official   ? " (the others are wo_a, which the official code dequantizes to bf16, or have shapes the kernel does "
-                                     "not take: the official twin runs them)"
+                 : opt_.official   ? " (the others have shapes or block scales the kernels do not take: the official twin runs them)"
                                    : " (the others have shapes the kernel does not take: the fp32 twin runs them)");
     if (gemm)
       fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "

@@ -220,7 +220,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         const OpRegion d(m.sc.timer, "routed/down", true);
         moe_down_a8(*m.w.fp4, idx, nc, r.K, h8, hs, ys, nullptr, g);
       }
-      ++m.sc.a8_calls;
+      ++m.sc.official_tc_calls;
       fwd_moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), out + int64_t(t0) * D, nullptr);
     }
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch

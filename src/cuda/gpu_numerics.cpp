@@ -26,7 +26,7 @@ void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx,
   auto* q = static_cast<uint8_t*>(sc.get("official.q8", size_t(n) * size_t(w.cols)));
   float* sa = sc.f("official.sa8", int64_t(n) * (w.cols / 128));
   act_quant_e4m3(x, n, w.cols, ldx, q, sa);
-  ++sc.a8_calls;
+  ++sc.official_tc_calls;
   fp8_linear_a8(w, q, sa, n, y, ldy, sc.work());
 }
 

@@ -562,14 +562,14 @@ TEST_F(GpuTest, OfficialTensorCoreForwardMatchesTwinForward) {
       const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min<size_t>(9, toks.size() - p)));
       logits.insert(logits.end(), l.data.begin(), l.data.end());
     }
-    if (calls) *calls = st.dev->scratch.a8_calls;
+    if (calls) *calls = st.dev->scratch.official_tc_calls;
     return logits;
   };
   int64_t none = -1, some = -1;
   const auto a = run(*twin, &none), f = run(*fast, &some), again = run(*fast, nullptr), gr = run(*graphed, nullptr);
   EXPECT_EQ(none, 0);
   EXPECT_GT(some, 0) << "the patches did not run the E4M3 tensor-core kernels";
-  std::printf("E4M3 tensor-core launches (W4A8 expert chunks + W8A8 projections) in chunks of 9: %lld\n", (long long)some);
+  std::printf("official tensor-core launches (W4A8 expert chunks, W8A8 projections, bf16 wo_a) in chunks of 9: %lld\n", (long long)some);
   ASSERT_EQ(f.size(), a.size());
   EXPECT_EQ(std::memcmp(f.data(), again.data(), f.size() * 4), 0) << "the official tensor-core forward is not deterministic";
   EXPECT_EQ(std::memcmp(f.data(), gr.data(), f.size() * 4), 0) << "graph replay differs from eager launches";

@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "cuda/fwd_kernels.h"
+#include "cuda/gpu_common.h"
 #include "cuda/kernels.h"
 #include "cuda_test_util.h"
 
@@ -94,11 +95,11 @@ TEST(CudaLayout, Fp4A8LayoutRoundTripsAndDecodesToE4m3) {
         }
 }
 
-class CudaMoeA8 : public GpuTest {};
+class CudaOfficialTc : public GpuTest {};
 
 // act_quant_e4m3's codes are the codes of fwd_act_quant's values (the official twin's), and its scales the same, on
 // rows with ordinary, tiny (the amax floor), large and saturating blocks, and a partial last block.
-TEST_F(CudaMoeA8, ActQuantCodesMatchTheTwin) {
+TEST_F(CudaOfficialTc, ActQuantCodesMatchTheTwin) {
   Rng rng(22);
   for (int64_t K : {int64_t(1024), int64_t(200)}) {
     const int64_t rows = 5, nab = (K + 127) / 128;
@@ -126,7 +127,7 @@ TEST_F(CudaMoeA8, ActQuantCodesMatchTheTwin) {
 // gate/up (+ SwiGLU, the weight before down) and down on the W4A8 kernel, for routings with repeats across and within
 // tokens and one expert with more than 8 slots (passes of 8), with and without the group table: fp32 outputs against
 // fp64 sums of the quantized values, then the official API's bf16 outputs against the same sums rounded likewise.
-TEST_F(CudaMoeA8, GateUpDownMatchExactSums) {
+TEST_F(CudaOfficialTc, GateUpDownMatchExactSums) {
   Rng rng(23);
   const int64_t E = 12, D = 1024, I = 512;
   auto f = make_moe(rng, E, D, I);
@@ -237,7 +238,7 @@ TEST_F(CudaMoeA8, GateUpDownMatchExactSums) {
 // (one and two passes of 8), with and without blocks split across warps: fp32 outputs within 1e-5 of fp64 sums of the
 // quantized values, bf16 outputs against the official twin kernel (fwd_linear_official: exact block sums, the fma
 // chain in K order), which they must equal but for near-tie roundings.
-TEST_F(CudaMoeA8, Fp8LinearMatchesExactSumsAndTheTwin) {
+TEST_F(CudaOfficialTc, Fp8LinearMatchesExactSumsAndTheTwin) {
   Rng rng(24);
   const int64_t rows = 256, cols = 1024;
   for (bool f32_scales : {false, true}) {
@@ -282,5 +283,45 @@ TEST_F(CudaMoeA8, Fp8LinearMatchesExactSumsAndTheTwin) {
       expect_close(tag + " bf16 vs the official twin", yg, ytw, rows, 8e-3);
       EXPECT_LE(differing(yg, ytw), 0.01) << tag << ": outputs whose bf16 rounding went the other way";
     }
+  }
+}
+
+// The official numerics' wo_a: the bf16 copy of an FP8 matrix (bf16_copy_if_exact, as DeepSeek's convert.py makes
+// it) through bf16_linear_grouped_official, against the twin (fwd_linear_official's bf16 path per group: fp64 sums of
+// bf16 operands, bf16 out) on 1 to 11 tokens: equal but for near-tie roundings; a matrix with a scale outside the
+// exact range gets no copy (the twin keeps it).
+TEST_F(CudaOfficialTc, Bf16GroupedMatchesTheTwin) {
+  Rng rng(25);
+  const int G = 4;
+  const int64_t R = 128, C = 256;
+  TempDir dir;
+  std::vector<OwnedTensor> ts;
+  add_fp8(ts, rng, "w", G * R, C);
+  add_fp8(ts, rng, "far", 128, 128, false, 3, 5);  // scales 2^-124 .. 2^-122: code x scale below bf16's normals
+  const Checkpoint ck = write_checkpoint(dir, ts);
+  const Matrix m = Matrix::bind(ck, "w.weight", G * R, C);
+  EXPECT_EQ(cuda::bf16_copy_if_exact(Matrix::bind(ck, "far.weight", 128, 128)).get(), nullptr);
+  const cuda::DeviceBuffer w16 = cuda::bf16_copy_if_exact(m);
+  ASSERT_NE(w16.get(), nullptr);
+  const cuda::Fp8Matrix f = cuda::upload_fp8(m);
+  for (int n : {1, 3, 8, 11}) {
+    auto x = rng.floats(size_t(n * G * C), -2.0f, 2.0f);
+    for (auto& v : x) v = fmt8::round_bf16(v);  // activations as the official numerics store them
+    cuda::DeviceBuffer xd = cuda::to_device(x), y(size_t(n * G * R) * 4), yt(size_t(n * G * R) * 4), xb(size_t(n * G * C) * 2);
+    cuda::Fp8GemmBuffers b;
+    b.x = xb.as<uint16_t>(), b.x_elems = size_t(n * G * C);
+    cuda::bf16_linear_grouped_official(w16.as<uint16_t>(), G, R, C, xd.as<float>(), n, y.as<float>(), b);
+    for (int g = 0; g < G; ++g) {
+      d::OfficialLinearArgs t;
+      t.w.w = f.codes.get(), t.w.s = f.scales.get(), t.w.rows = G * R, t.w.cols = C, t.w.s_cols = f.scale_cols(), t.w.layout = 1;
+      t.bf16 = 1, t.nslots = n, t.x = xd.as<float>() + g * C, t.ldx = G * C, t.r0 = g * R, t.nr = R, t.y = yt.as<float>() + g * R,
+      t.ldy = G * R;
+      d::fwd_linear_official(t, nullptr);
+    }
+    cuda::synchronize();
+    const auto yg = cuda::to_host<float>(y, size_t(n * G * R)), ytw = cuda::to_host<float>(yt, size_t(n * G * R));
+    const std::string tag = "bf16 wo_a, " + std::to_string(G) + " groups, n=" + std::to_string(n);
+    expect_close(tag + " vs the official twin", yg, ytw, G * R, 8e-3);
+    EXPECT_LE(differing(yg, ytw), 0.01) << tag << ": outputs whose bf16 rounding went the other way";
   }
 }
