@@ -56,7 +56,8 @@ bool fp4_fits(const MoeWeights& M) {
 // Every option runs on the GPU (the numerics modes through GpuNumerics, every built-in fault so that the toolkit's
 // selftest runs here too), but the official numerics emulate DeepSeek's GEMMs, which most tensor-core kernels do
 // not: those pairs are refused by name rather than computing something else. cuda.moe_mxfp4 and cuda.fp8_gemv have
-// the official numerics' own kernels (W4A8 / W8A8: E4M3 activations, as DeepSeek's fp4_gemm / fp8_gemm).
+// the official numerics' own kernels (W4A8 / W8A8: E4M3 activations, as DeepSeek's fp4_gemm / fp8_gemm), and
+// cuda.bf16_gemv's bf16 rounding of the activations is exact there (they are stored as bf16).
 void check_options(const ModelOptions& o) {
   const char* mode = o.official_initial ? "numerics.official_initial" : "numerics.official";
   auto refuse = [&](bool on, const char* patch) {
@@ -69,7 +70,6 @@ void check_options(const ModelOptions& o) {
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
-  refuse(o.cuda_bf16_gemv, "cuda.bf16_gemv");
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");

@@ -52,10 +52,16 @@ GpuRouted<P> route(const MoeCtx& m) {
   if (m.type == MlpType::Learned) r.select = m.sc.f("moe.select", int64_t(m.n) * r.E);
   // fp32 logits; x . bf16(gate) under numerics.official (DeepSeek's Gate), bf16 operands and logits for router.bf16
   std::optional<OpRegion> d(std::in_place, m.sc.timer, "router/gate", true);
-  if (m.nm.official() || m.opt.router_bf16)
+  if (m.nm.official() && !m.opt.router_bf16 && m.opt.cuda_bf16_gemv && plain_bf16(m.w.gate) && r.E % 16 == 0 && c.hidden % 128 == 0) {
+    // cuda.bf16_gemv under the official numerics: x is stored as bf16 there, so the GEMV's bf16 rounding of it is
+    // exact and every product exact in fp32; fp32 accumulation and logits, as DeepSeek's Gate (the twin sums in fp64).
+    const Bf16Proj p{static_cast<const uint16_t*>(m.w.gate.d.w), r.E, r.logits, r.E};
+    bf16_linear_gemv_multi(&p, 1, c.hidden, m.x, cuda::Act::F32, c.hidden, m.n, gemv16_buffers(m.sc, size_t(m.n) * size_t(c.hidden)));
+  } else if (m.nm.official() || m.opt.router_bf16) {
     linear_bf16_weight(m.w.gate, m.x, m.n, c.hidden, r.logits, r.E, m.opt.router_bf16);
-  else
+  } else {
     fwd_linear(m.w.gate.d, m.x, m.n, c.hidden, 0, r.E, r.logits, r.E, nullptr);
+  }
   d.emplace(m.sc.timer, "router/topk", true);
   RouteArgs a;
   a.logits = r.logits;

@@ -545,13 +545,13 @@ TEST_F(GpuTest, Bf16GemvForwardMatchesTwinForward) {
 }
 
 // The official numerics' tensor-core kernels on kernel-dims (FP4 experts [128, 256] / [256, 128], FP8 projections
-// of 128-multiple shapes): cuda.moe_mxfp4's W4A8 experts and cuda.fp8_gemv's W8A8 projections (E4M3 activations as
-// DeepSeek's fp4_gemm / fp8_gemm) run (counted), deterministic and bit-identical under cuda.graph; each against the
+// of 128-multiple shapes): cuda.moe_mxfp4's W4A8 experts, cuda.fp8_gemv's W8A8 projections (E4M3 activations as
+// DeepSeek's fp4_gemm / fp8_gemm) and bf16 wo_a, and cuda.bf16_gemv's router gate and compressors run (counted), deterministic and bit-identical under cuda.graph; each against the
 // official twin (fp64 sums per block) op by op, teacher forced, within its local tolerance, over prefill chunks and
 // decode steps (1, 3 and 40 tokens: one and several passes of 8 tokens).
 TEST_F(GpuTest, OfficialTensorCoreForwardMatchesTwinForward) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
-  const std::string base = "numerics.official", fast_patches = base + ",cuda.moe_mxfp4,cuda.fp8_gemv";
+  const std::string base = "numerics.official", fast_patches = base + ",cuda.moe_mxfp4,cuda.fp8_gemv,cuda.bf16_gemv";
   const auto load = [&](const std::string& patches) { return Model::load(dir, parse_patches(patches).options, {}, "cuda"); };
   auto twin = load(base), fast = load(fast_patches), graphed = load(fast_patches + ",cuda.graph");
   const auto toks = prompt(90, twin->config().vocab);
@@ -573,16 +573,16 @@ TEST_F(GpuTest, OfficialTensorCoreForwardMatchesTwinForward) {
   ASSERT_EQ(f.size(), a.size());
   EXPECT_EQ(std::memcmp(f.data(), again.data(), f.size() * 4), 0) << "the official tensor-core forward is not deterministic";
   EXPECT_EQ(std::memcmp(f.data(), gr.data(), f.size() * 4), 0) << "graph replay differs from eager launches";
-  for (const char* patch : {"cuda.moe_mxfp4", "cuda.fp8_gemv"})
+  for (const char* patch : {"cuda.moe_mxfp4", "cuda.fp8_gemv", "cuda.bf16_gemv"})
     expect_local_within_patch_tolerance(dir, toks, {40, 9, 1, 3, 1, 1}, base, patch);
 }
 
-// Refused by name: with the official numerics (the GEMMs and the bf16 GEMV do not reproduce its roundings) and
-// cuda.prefill_gemm without cuda.fp8_gemv
+// Refused by name: cuda.prefill_gemm with the official numerics (its GEMMs do not reproduce their roundings) and
+// without cuda.fp8_gemv
 // (whose FP8 matrices it takes over).
 TEST_F(GpuTest, PrefillGemmRefusals) {
   for (const char* mode : {"numerics.official", "numerics.official_initial"})
-    for (const std::string patch : {"cuda.prefill_gemm", "cuda.bf16_gemv"}) {
+    for (const std::string patch : {"cuda.prefill_gemm"}) {
       try {
         Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny-official-ref", parse_patches(std::string(mode) + "," + patch).options, {},
                     "cuda");

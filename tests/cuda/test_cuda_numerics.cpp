@@ -259,8 +259,8 @@ std::string head_of(const fs::path& fx) {
   return head;
 }
 
-// (fixture, patches): every official-code fixture in its mode, alone and with cuda.moe_mxfp4 and cuda.fp8_gemv (their
-// E4M3 tensor-core kernels); mhc.bf16_mix and router.bf16 on every fp32 fixture.
+// (fixture, patches): every official-code fixture in its mode, alone and with cuda.moe_mxfp4, cuda.fp8_gemv and
+// cuda.bf16_gemv (their official-numerics kernels); mhc.bf16_mix and router.bf16 on every fp32 fixture.
 std::vector<std::tuple<std::string, std::string>> mode_cases() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const auto& e : fs::directory_iterator(fs::path(PLUMB_TEST_DATA) / "golden")) {
@@ -269,7 +269,7 @@ std::vector<std::tuple<std::string, std::string>> mode_cases() {
     if (head.find("official inference") != std::string::npos) {
       const std::string mode = head.find("initial revision") != std::string::npos ? "numerics.official_initial" : "numerics.official";
       out.push_back({e.path().string(), mode});
-      out.push_back({e.path().string(), mode + ",cuda.moe_mxfp4,cuda.fp8_gemv"});  // W4A8 / W8A8 where the shapes fit
+      out.push_back({e.path().string(), mode + ",cuda.moe_mxfp4,cuda.fp8_gemv,cuda.bf16_gemv"});  // where the shapes fit
     } else {
       out.push_back({e.path().string(), "mhc.bf16_mix"});
       out.push_back({e.path().string(), "router.bf16"});
