@@ -658,10 +658,6 @@ int run_bench(const BenchOptions& opt) {
       for (int minb : {1, 2, 3})
         for (int pdl : {0, 1})
           if (pdl == 0 || (warps <= 2 && minb < 3)) fcfgs.push_back({1, warps, 0, 0, pdl, minb});
-    // One token: the one-token kernel (the per-tile kernel's split and bits, pipelined), warps per block, PDL.
-    if (n == 1)
-      for (int warps : {1, 2})
-        for (int pdl : {0, 1}) fcfgs.push_back({3, warps, 0, 0, pdl, 1});
     // Streaming: warps per CTA, stages in flight, warps splitting one tile's K, PDL.
     for (int pdl : {0, 1})
       for (int warps : {2, 4, 8})
@@ -671,7 +667,7 @@ int run_bench(const BenchOptions& opt) {
     for (int which = 0; which < 2; ++which)
       for (const Fp4Cfg& fc : fcfgs) {
           d::GemvArgs a;
-          a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.warps = fc.kernel == 2 ? 4 : fc.warps;
+          a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.warps = fc.kernel == 1 ? fc.warps : 4;
           a.minblocks = fc.minb;
           a.fp4_kernel = fc.kernel, a.fp4_warps = fc.kernel == 2 ? fc.warps : 0, a.fp4_depth = fc.depth;
           a.fp4_ksplit = fc.ks, a.pdl = fc.pdl;
@@ -697,9 +693,9 @@ int run_bench(const BenchOptions& opt) {
             d::dsync();
             continue;
           }
-          const std::string var = fc.kernel == 1   ? fmt::format("per-tile w{} minb {}{}", fc.warps, fc.minb, fc.pdl ? " pdl" : "")
-                                  : fc.kernel == 3 ? fmt::format("one-token w{}{}", fc.warps, fc.pdl ? " pdl" : "")
-                                                   : fmt::format("stream w{} d{} ks{}{}", fc.warps, fc.depth, fc.ks, fc.pdl ? " pdl" : "");
+          const std::string var = fc.kernel == 1 ? fmt::format("per-tile w{} minb {}{}", fc.warps, fc.minb, fc.pdl ? " pdl" : "")
+                                                  : fmt::format("stream w{} d{} ks{}{}", fc.warps, fc.depth, fc.ks,
+                                                                fc.pdl ? " pdl" : "");
           B.add(B.tuning,
                 {which == 0 ? "moe gate+up (w1,w3 FP4) + SwiGLU" : "moe down (w2 FP4)", var, note, n, ue,
                  which == 0 ? uavg * fp4_w13 + xin + hbytes : uavg * fp4_w2 + hbytes + ysb},

@@ -55,47 +55,6 @@ __device__ __forceinline__ float scale_by_group(uint32_t w, int j) {
   return j == 0 ? scale_of<0>(w) : j == 1 ? scale_of<1>(w) : j == 2 ? scale_of<2>(w) : scale_of<3>(w);
 }
 
-// MoE blocks: the expert a block serves and its slots (cols_s[0, m)), from tile blockIdx.y of launch_moe_group's
-// table (an expert and up to kGroupTokens of its slots), or else by scanning every slot for those that name the
-// expert of slot blockIdx.y, the block of the first of them proceeding (so each active expert's weights stream once
-// per launch). False: nothing to do (past the table's tiles, or another block serves the expert). Every thread of the
-// block calls it (one barrier); sh: 2 shared ints.
-__device__ __forceinline__ bool moe_block(const GemvArgs& a, int warp, int lane, int* cols_s, int* sh, int& prob, int& m) {
-  if (a.groups) {
-    if (warp == 0) {
-      const int y = int(blockIdx.y);
-      int cnt = 0, e = -1, p0 = 0;
-      if (y < a.groups[0]) {
-        e = a.groups[a.g_tiles + 2 * y], p0 = a.groups[a.g_tiles + 2 * y + 1];
-        cnt = min(kGroupTokens, a.groups[a.g_offs + e + 1] - p0);
-      }
-      for (int i = lane; i < cnt; i += 32) cols_s[i] = a.groups[a.g_list + p0 + i];
-      if (lane == 0) sh[0] = cnt, sh[1] = e;
-    }
-    __syncthreads();
-    if (sh[0] <= 0 || sh[1] < 0 || sh[1] >= a.problems) return false;
-    prob = sh[1], m = sh[0];
-    return true;
-  }
-  const int slot = int(blockIdx.y), nslots = a.n * a.topk;
-  const int e = a.idx[slot];
-  if (warp == 0) {
-    int cnt = 0;
-    for (int base = 0; base < nslots; base += 32) {
-      const int s = base + lane;
-      const bool match = s < nslots && a.idx[s] == e;
-      const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
-      if (match) cols_s[cnt + __popc(mask & ((1u << lane) - 1u))] = s;
-      cnt += __popc(mask);
-    }
-    if (lane == 0) sh[0] = cnt;
-  }
-  __syncthreads();
-  if (cols_s[0] != slot || e < 0 || e >= a.problems) return false;
-  prob = e, m = sh[0];
-  return true;
-}
-
 // The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L <= 0), times the
 // slot's routing weight when a.pre_weight is set; kStore: gate * out_scale. Shared by both GEMV kernels.
 // a.round_bf16 (the official numerics): gate and up rounded to bf16 as the official linear stores them, the result
@@ -124,7 +83,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   constexpr int NV = NMAT * 4;
   __shared__ float red[kMaxWarps][NV][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
-  __shared__ int m_s[2];
+  __shared__ int m_s;
 
   const int warps = int(blockDim.x >> 5);
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
@@ -137,7 +96,41 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 
   int prob, m;
   if constexpr (MODE == kMoe) {
-    if (!moe_block(a, warp, lane, cols_s, m_s, prob, m)) return;
+    if (a.groups) {  // block y: tile y of launch_moe_group's table (an expert and up to kGroupTokens of its slots)
+      __shared__ int e_s;
+      if (warp == 0) {
+        const int y = int(blockIdx.y);
+        int cnt = 0, e = -1, p0 = 0;
+        if (y < a.groups[0]) {
+          e = a.groups[a.g_tiles + 2 * y], p0 = a.groups[a.g_tiles + 2 * y + 1];
+          cnt = min(kGroupTokens, a.groups[a.g_offs + e + 1] - p0);
+        }
+        for (int i = lane; i < cnt; i += 32) cols_s[i] = a.groups[a.g_list + p0 + i];
+        if (lane == 0) m_s = cnt, e_s = e;
+      }
+      __syncthreads();
+      if (m_s <= 0 || e_s < 0 || e_s >= a.problems) return;  // past the table's tiles
+      prob = e_s;
+      m = m_s;
+    } else {
+      const int slot = int(blockIdx.y), nslots = a.n * a.topk;
+      const int e = a.idx[slot];
+      if (warp == 0) {
+        int cnt = 0;
+        for (int base = 0; base < nslots; base += 32) {
+          const int s = base + lane;
+          const bool match = s < nslots && a.idx[s] == e;
+          const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
+          if (match) cols_s[cnt + __popc(mask & ((1u << lane) - 1u))] = s;
+          cnt += __popc(mask);
+        }
+        if (lane == 0) m_s = cnt;
+      }
+      __syncthreads();
+      if (cols_s[0] != slot || e < 0 || e >= a.problems) return;  // another block serves this expert
+      prob = e;
+      m = m_s;
+    }
   } else {
     prob = int(blockIdx.y);
     m = a.n;
@@ -485,7 +478,6 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 }
 
 #include "cuda/gemv_fp4s.cuh"
-#include "cuda/gemv_fp4one.cuh"
 
 // The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8).
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
@@ -507,11 +499,6 @@ void launch_t(const GemvArgs& a, Stream s) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-void launch_fp4_one(const GemvArgs& a, Stream s) {
-  if (a.nmat == 1) return fp4one::launch_one<1, kStore, float>(a, s);
-  return a.out_half ? fp4one::launch_one<2, kSwiglu, __half>(a, s) : fp4one::launch_one<2, kSwiglu, float>(a, s);
-}
 
 }  // namespace
 
@@ -594,13 +581,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     const bool few = slots <= 8;
     b.warps = fp4_down ? 1 : 2, b.minblocks = few ? 1 : 2;
     if (b.pdl < 0) b.pdl = few || (fp4_down && slots <= kDownTileSlots) ? 1 : 0;
-    if (fp4one::one_ok(b)) return launch_fp4_one(b, s);  // one token: the per-tile kernel's split and bits, pipelined
     if (b.nmat == 1) return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
-  }
-  if (a.fp4_kernel == 3) {
-    if (!fp4one::one_ok(a)) throw_arg("gemv: the one-token FP4 kernel takes one token, 1-2 warps, no group table");
-    return launch_fp4_one(a, s);
   }
   if (fp4s::stream_ok(a)) {
     if (fp4_gate_up)

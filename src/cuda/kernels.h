@@ -196,8 +196,7 @@ struct GemvArgs {
                        // refuses the shape: per-tile, 1 warp, 128 registers);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
                        // n * topk <= 256, or 1024 with a group table, 16-byte aligned weights and scale rows),
-                       // else per-tile; 3: the one-token kernel (gemv_fp4one.cuh: one token, 1-2 warps, no group
-                       // table; auto picks it there, with the per-tile defaults' warps)
+                       // else per-tile
   int fp4_warps = 0;   // streaming: warps per CTA, 1..8 (0: default)
   int fp4_depth = 0;   // streaming: stages (512 columns each) in flight per warp, 2, 3, 4 or 6 (0: default)
   int fp4_ctas = 0;    // streaming: cap on CTAs per SM (0: as many as fit)
