@@ -225,38 +225,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     auto body = [&](auto uconst, int c, auto mp1) {
       constexpr int UU = decltype(uconst)::value;
       [[maybe_unused]] constexpr bool MP1 = decltype(mp1)::value;
-      if constexpr (FMT == kFp4) {
-        uint4 A[UU][NMAT], B[UU][NMAT], X[UU][4];
-        uint32_t SA[UU][NMAT], SB[UU][NMAT];
-#pragma unroll
-        for (int u = 0; u < UU; ++u) {
-#pragma unroll
-          for (int q = 0; q < NMAT; ++q) {
-            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB);
-            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * CB);
-            SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
-            SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
-          }
-#pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < UU; ++u)
-#pragma unroll
-          for (int q = 0; q < NMAT; ++q) {
-            float s0[4], s1[4];
-            s0[0] = scale_of<0>(SA[u][q]), s0[1] = scale_of<1>(SA[u][q]), s0[2] = scale_of<2>(SA[u][q]), s0[3] = scale_of<3>(SA[u][q]);
-            s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
-          }
-      } else if constexpr (FMT == kFp4A8) {
-        // Per chunk: each group's E4M3 MMA into a fresh partial, times the rows' E8M0 scales into the chunk's sum,
-        // which the columns' activation scales (one per 128-chunk) multiply into acc.
+      if constexpr (F4) {
+        // The weights' codes and scale words; the activations: f16 (kFp4) or E4M3 codes with the scales of this
+        // lane's output columns 2t, 2t + 1 (kFp4A8).
         uint4 A[UU][NMAT], B[UU][NMAT];
-        uint2 X[UU][4];
         uint32_t SA[UU][NMAT], SB[UU][NMAT];
-        float XS[UU][2];
+        [[maybe_unused]] uint4 X[UU][4];
+        [[maybe_unused]] uint2 X8[UU][4];
+        [[maybe_unused]] float XS[UU][2];
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
@@ -266,35 +242,55 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
+          if constexpr (FMT == kFp4) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            X[u][j] = xp8 ? __ldg(reinterpret_cast<const uint2*>(xp8 + (c + u) * 128 + j * 32)) : make_uint2(0, 0);
+            for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+          } else {
 #pragma unroll
-          for (int cc = 0; cc < 2; ++cc) XS[u][cc] = xsp[cc] ? __ldg(xsp[cc] + c + u) : 0.0f;
-        }
+            for (int j = 0; j < 4; ++j)
+              X8[u][j] = xp8 ? __ldg(reinterpret_cast<const uint2*>(xp8 + (c + u) * 128 + j * 32)) : make_uint2(0, 0);
 #pragma unroll
-        for (int u = 0; u < UU; ++u)
-#pragma unroll
-          for (int q = 0; q < NMAT; ++q) {
-            float dc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              uint32_t a0, a1, a2, a3;
-              fp4x8_to_e4m3x4(word(A[u][q], j), a0, a2);
-              fp4x8_to_e4m3x4(word(B[u][q], j), a1, a3);
-              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma_e4m3(d, a0, a1, a2, a3, X[u][j].x, X[u][j].y);
-              const float sa = scale_by_group(SA[u][q], j), sb = scale_by_group(SB[u][q], j);
-              dc[0] = fmaf(d[0], sa, dc[0]);
-              if (!MP1) dc[1] = fmaf(d[1], sa, dc[1]);
-              dc[2] = fmaf(d[2], sb, dc[2]);
-              if (!MP1) dc[3] = fmaf(d[3], sb, dc[3]);
-            }
-            acc[q][0] = fmaf(dc[0], XS[u][0], acc[q][0]);
-            if (!MP1) acc[q][1] = fmaf(dc[1], XS[u][1], acc[q][1]);
-            acc[q][2] = fmaf(dc[2], XS[u][0], acc[q][2]);
-            if (!MP1) acc[q][3] = fmaf(dc[3], XS[u][1], acc[q][3]);
+            for (int cc = 0; cc < 2; ++cc) XS[u][cc] = xsp[cc] ? __ldg(xsp[cc] + c + u) : 0.0f;
           }
+        }
+        if constexpr (FMT == kFp4) {
+#pragma unroll
+          for (int u = 0; u < UU; ++u)
+#pragma unroll
+            for (int q = 0; q < NMAT; ++q) {
+              float s0[4], s1[4];
+              s0[0] = scale_of<0>(SA[u][q]), s0[1] = scale_of<1>(SA[u][q]), s0[2] = scale_of<2>(SA[u][q]), s0[3] = scale_of<3>(SA[u][q]);
+              s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
+            }
+        } else {
+          // Per chunk: each group's E4M3 MMA into a fresh partial, times the rows' E8M0 scales into the chunk's sum,
+          // which the columns' activation scales (one per 128-chunk) multiply into acc.
+#pragma unroll
+          for (int u = 0; u < UU; ++u)
+#pragma unroll
+            for (int q = 0; q < NMAT; ++q) {
+              float dc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                uint32_t a0, a1, a2, a3;
+                fp4x8_to_e4m3x4(word(A[u][q], j), a0, a2);
+                fp4x8_to_e4m3x4(word(B[u][q], j), a1, a3);
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_e4m3(d, a0, a1, a2, a3, X8[u][j].x, X8[u][j].y);
+                const float sa = scale_by_group(SA[u][q], j), sb = scale_by_group(SB[u][q], j);
+                dc[0] = fmaf(d[0], sa, dc[0]);
+                if (!MP1) dc[1] = fmaf(d[1], sa, dc[1]);
+                dc[2] = fmaf(d[2], sb, dc[2]);
+                if (!MP1) dc[3] = fmaf(d[3], sb, dc[3]);
+              }
+              acc[q][0] = fmaf(dc[0], XS[u][0], acc[q][0]);
+              if (!MP1) acc[q][1] = fmaf(dc[1], XS[u][1], acc[q][1]);
+              acc[q][2] = fmaf(dc[2], XS[u][0], acc[q][2]);
+              if (!MP1) acc[q][3] = fmaf(dc[3], XS[u][1], acc[q][3]);
+            }
+        }
       } else if constexpr (FMT == kFp8A8) {
         // The codes go to the E4M3 MMA as stored: 4 per 128-chunk (the lane's 32 elements, 8 per MMA) into a fresh
         // partial, then acc += partial * (activation scale * block scale), the official fp8_gemm's update.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -152,6 +153,22 @@ inline std::unique_ptr<MoeFixture> make_moe(Rng& rng, int64_t E, int64_t D, int6
   }
   if (router) f->w.gate = plumb::Matrix::bind(f->ck, "gate.weight", E, D);
   return f;
+}
+
+// Every 32-bit word of an FP4 matrix [rows, cols] in the decode layout (repack_fp4_decode: tile-major, [tile][chunk]
+// [row half][lane 4g + t][16 B]): f(r, c, t, j, w) for row r, 128-column chunk c, lane part t and group word j, the
+// word holding the elements [32 (4c + j) + 8t, +8) of row r.
+template <class F>
+void for_each_fp4_word(const std::vector<uint8_t>& rp, int64_t rows, int64_t cols, F f) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols / 128; ++c)
+      for (int t = 0; t < 4; ++t)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t at = (r / 16) * 16 * cols / 2 + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16 + 4 * j;
+          uint32_t w = 0;
+          std::memcpy(&w, rp.data() + at, 4);
+          f(r, c, t, j, w);
+        }
 }
 
 // Round to the nearest fp16 (ties to even), as the kernels' activation conversion does.

@@ -98,22 +98,16 @@ TEST(CudaLayout, Fp4DecodeLayoutRoundTripsAndPlacesFragments) {
     }
     return r;
   };
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols / 128; ++c)
-      for (int t = 0; t < 4; ++t)
-        for (int j = 0; j < 4; ++j) {
-          const int64_t at = (r / 16) * 16 * cols / 2 + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16 + 4 * j;
-          uint32_t w = 0;
-          std::memcpy(&w, rp.data() + at, 4);
-          const uint32_t lo = w & 0x8E8E8E8Eu, hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
-          const uint32_t pairs[4] = {perm(lo, 0x1404), perm(hi, 0x1404), perm(lo, 0x3424), perm(hi, 0x3424)};
-          for (int e = 0; e < 8; ++e) {
-            const uint16_t bits = uint16_t(pairs[e / 2] >> (16 * (e % 2)));
-            const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
-            ASSERT_EQ(fmt8::f16_to_f32(bits), fmt8::e2m1_to_f32(uint8_t(code)) * std::ldexp(1.0f, -14))
-                << "row " << r << " chunk " << c << " lane part " << t << " word " << j << " element " << e;
-          }
-        }
+  for_each_fp4_word(rp, rows, cols, [&](int64_t r, int64_t c, int t, int j, uint32_t w) {
+    const uint32_t lo = w & 0x8E8E8E8Eu, hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
+    const uint32_t pairs[4] = {perm(lo, 0x1404), perm(hi, 0x1404), perm(lo, 0x3424), perm(hi, 0x3424)};
+    for (int e = 0; e < 8; ++e) {
+      const uint16_t bits = uint16_t(pairs[e / 2] >> (16 * (e % 2)));
+      const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
+      ASSERT_EQ(fmt8::f16_to_f32(bits), fmt8::e2m1_to_f32(uint8_t(code)) * std::ldexp(1.0f, -14))
+          << "row " << r << " chunk " << c << " lane part " << t << " word " << j << " element " << e;
+    }
+  });
   EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 16, 96), Error);
   EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 3, 256), Error);
 }

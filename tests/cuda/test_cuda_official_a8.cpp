@@ -78,21 +78,15 @@ TEST(CudaLayout, Fp4A8LayoutRoundTripsAndDecodesToE4m3) {
   EXPECT_EQ(cuda::unpack_fp4_decode(rp.data(), rows, cols, cuda::Fp4Layout::A8), canon);
   EXPECT_NE(rp, cuda::repack_fp4_decode(canon.data(), rows, cols, cuda::Fp4Layout::F16));
   auto nib = [&](int64_t r, int64_t k) { return (canon[size_t(r * cols / 2 + k / 2)] >> (4 * (k & 1))) & 0xF; };
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols / 128; ++c)
-      for (int t = 0; t < 4; ++t)
-        for (int j = 0; j < 4; ++j) {
-          const int64_t at = (r / 16) * 16 * cols / 2 + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16 + 4 * j;
-          uint32_t w = 0;
-          std::memcpy(&w, rp.data() + at, 4);
-          const uint32_t lo = w & 0x9C9C9C9Cu, hi = ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
-          for (int e = 0; e < 8; ++e) {
-            const uint8_t byte = uint8_t((e < 4 ? lo : hi) >> (8 * (e % 4)));
-            const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
-            ASSERT_EQ(fmt8::e4m3_to_f32(byte), fmt8::e2m1_to_f32(uint8_t(code)) * std::ldexp(1.0f, -6))
-                << "row " << r << " chunk " << c << " lane part " << t << " word " << j << " element " << e;
-          }
-        }
+  for_each_fp4_word(rp, rows, cols, [&](int64_t r, int64_t c, int t, int j, uint32_t w) {
+    const uint32_t lo = w & 0x9C9C9C9Cu, hi = ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
+    for (int e = 0; e < 8; ++e) {
+      const uint8_t byte = uint8_t((e < 4 ? lo : hi) >> (8 * (e % 4)));
+      const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
+      ASSERT_EQ(fmt8::e4m3_to_f32(byte), fmt8::e2m1_to_f32(uint8_t(code)) * std::ldexp(1.0f, -6))
+          << "row " << r << " chunk " << c << " lane part " << t << " word " << j << " element " << e;
+    }
+  });
 }
 
 class CudaOfficialTc : public GpuTest {};
