@@ -906,6 +906,45 @@ int run_bench(const BenchOptions& opt) {
   }
   d::dsync();
 
+  // ---- hc_pre at V4-Flash's size (hc_mult 4, hidden 4096, 20 Sinkhorn iterations): a latency-bound launch of the
+  // decode chain (two per layer) ----
+  // As the forward runs it (the previous sublayer's hc_post and the RMSNorm fused), and without each fused part; the
+  // one-iteration row is a diagnostic of the Sinkhorn's share of the launch (its comb differs), not a configuration.
+  // Bytes: fn (24 x 16384 fp32) and the rows read and written.
+  if (B.want("hc")) {
+    const int H = 4, nm = (2 + H) * H, hn = 8;  // tokens at most
+    const int64_t Dh = D;  // hidden
+    DeviceBuffer X(size_t(hn) * H * size_t(Dh) * 4), Xp(size_t(hn) * H * size_t(Dh) * 4), fn(size_t(nm) * H * size_t(Dh) * 4),
+        base(size_t(nm) * 4), scl(3 * 4), post(size_t(hn) * H * 4), comb(size_t(hn) * H * H * 4), postp(size_t(hn) * H * 4),
+        combp(size_t(hn) * H * H * 4), col(size_t(hn) * size_t(Dh) * 4), col16(size_t(hn) * size_t(Dh) * 2),
+        yv(size_t(hn) * size_t(Dh) * 4), nw(size_t(Dh) * 4), mix(d::fwd_hc_scratch_doubles(hn, H) * 8);
+    for (DeviceBuffer* b : {&X, &Xp, &yv}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f, S);
+    d::fill(fn.get(), fn.bytes() / 4, d::kFillF32, seed++, -0.01f, 0.01f, S);
+    for (DeviceBuffer* b : {&base, &scl, &postp, &combp, &nw}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, 0.1f, 1.0f, S);
+    struct HcVar {
+      const char* name;
+      bool post, norm;
+      int iters;
+    };
+    for (int n : {1, 8})
+      for (const HcVar& v : {HcVar{"hc_pre + fused hc_post + norm (the forward's)", true, true, 20},
+                             HcVar{"hc_pre + norm (X loaded)", false, true, 20}, HcVar{"hc_pre alone", false, false, 20},
+                             HcVar{"hc_pre + fused hc_post + norm, 1 Sinkhorn iteration (diagnostic)", true, true, 1}}) {
+        d::HcArgs a;
+        a.X = X.as<float>(), a.fn = fn.as<float>(), a.base = base.as<float>(), a.scale = scl.as<float>();
+        a.n = n, a.H = H, a.iters = v.iters, a.D = Dh, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+        a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
+        if (v.post)
+          a.y = yv.as<float>(), a.X_prev = Xp.as<float>(), a.post_prev = postp.as<float>(), a.comb_prev = combp.as<float>(),
+          a.X_out = X.as<float>();
+        if (v.norm) a.norm_w = nw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = col16.as<uint16_t>();
+        const double bytes = double(fn.bytes()) + double(n) * double(Dh) * 4 * (H + (v.post ? H + 1 + H : 0) + 1);
+        B.add(B.rows, {v.name, "hc_mult 4, hidden 4096", fmt::format("{} Sinkhorn iterations", v.iters), n, 0, bytes},
+              B.time([&](int) { d::fwd_hc_pre(a, mix.as<double>(), S); }));
+      }
+  }
+  d::dsync();
+
   // ---- sparse attention at a long context: the unsplit twin vs attn.splitk_decode ----
   // An HCA layer at 1M tokens (8192 compressed entries + the 128-key window, 64 heads x 512): the bytes are the keys
   // (read once by an ideal kernel), the queries and the outputs.
