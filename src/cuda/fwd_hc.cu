@@ -325,14 +325,13 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // its lane 0 for H * H > 32 and the tests' serial twin) meanwhile. It stays out of their barriers (the norm sums
   // over warps 1.. with named barrier 1) and arrives at the norm's cluster barrier (B) before its Sinkhorn, waiting
   // at the end. (So every block splits its columns alike, whichever slices it holds.)
-  const bool full = !a.head && s0 == 0, later = full && a.sinkhorn_later;
-  const bool warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn && !a.sinkhorn_later;
+  const bool full = !a.head && s0 == 0, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
   if (warp == 0) {
     if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (A), then this warp's arrival at (B)
     if constexpr (H * H <= 32) {
       if (warp_sinkhorn) sinkhorn_warp<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t) * H * H);
     }
-    if (full && !warp_sinkhorn && !later && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
+    if (full && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
       float pre[H], post[H], C[H * H];
       hc_math::weights_h<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t) * H * H + i] = C[i];
@@ -342,7 +341,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     cl.barrier_wait();                                      // (C), or (A) without the norm
     return;
   }
-  if ((warp_sinkhorn || later) && tid == 32) {  // the post gates beside the warp's Sinkhorn (or instead of it)
+  if (warp_sinkhorn && tid == 32) {  // the post gates beside the warp's Sinkhorn
     float pre[H], post[H];
     hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, post);
     for (int j = 0; j < H; ++j) a.post[int64_t(t) * H + j] = post[j];
@@ -422,28 +421,6 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   }
   cl.barrier_wait();  // (C)
 }
-// fwd_hc_comb: a warp per token, the mixes as hc_pre's block 0 holds them (fp32), then its Sinkhorn: the warp's
-// (H * H <= 32) or one thread's hc_math::weights_h.
-template <int H>
-__global__ void hc_comb_kernel(const double* mix, const float* scale, const float* base, int n, float eps, int iters, float* comb) {
-  constexpr int NM = (2 + H) * H;
-  __shared__ float mix_s[NM];
-  pdl_begin();
-  const int t = int(blockIdx.x), lane = int(threadIdx.x);
-  if (t >= n) return;
-  for (int o = lane; o < NM; o += 32) mix_s[o] = float(mix[int64_t(t) * NM + o]);
-  __syncwarp();
-  if constexpr (H * H <= 32) {
-    sinkhorn_warp<H>(mix_s, scale, base, eps, iters, comb + int64_t(t) * H * H);
-  } else {
-    if (lane == 0) {
-      float pre[H], post[H], C[H * H];
-      hc_math::weights_h<H>(mix_s, scale, base, eps, iters, pre, post, C);
-      for (int i = 0; i < H * H; ++i) comb[int64_t(t) * H * H + i] = C[i];
-    }
-  }
-}
-
 // hc_post, one thread per (token, W consecutive d) writing all H streams (hc_post_cols).
 constexpr int kPostThreads = 128;
 
@@ -510,24 +487,6 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
     else launch_hc_pre<H, false>(a, scratch, s);
   };
   switch (a.H) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 3: go(std::integral_constant<int, 3>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    case 5: go(std::integral_constant<int, 5>{}); break;
-    default: go(std::integral_constant<int, 6>{}); break;
-  }
-}
-
-void fwd_hc_comb(const double* scratch, const float* scale, const float* base, int n, int H, float hc_eps, int iters, float* comb,
-                 Stream s) {
-  if (n <= 0) return;
-  if (H < 1 || H > 6) throw_arg("hc_comb: hc_mult > 6 is not supported on the GPU");
-  auto go = [&](auto h) {
-    constexpr int HH = decltype(h)::value;
-    launch("fwd_hc_comb", hc_comb_kernel<HH>, unsigned(n), 32, 0, s, scratch, scale, base, n, hc_eps, iters, comb);
-  };
-  switch (H) {
     case 1: go(std::integral_constant<int, 1>{}); break;
     case 2: go(std::integral_constant<int, 2>{}); break;
     case 3: go(std::integral_constant<int, 3>{}); break;

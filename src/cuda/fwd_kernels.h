@@ -107,9 +107,6 @@ struct HcArgs {
   double rms_eps = 0;
   int head = 0;  // hc_head: only the pre weights and the collapse
   int serial_sinkhorn = 0;  // tests: one thread runs hc_math::weights (the warp-parallel Sinkhorn's twin)
-  // comb left to fwd_hc_comb (cuda.streams runs it beside the next sublayer, whose output's hc_post is the first to
-  // read it); hc_pre still writes post, and the mixes into its scratch.
-  int sinkhorn_later = 0;
   // The mixing GEMM (model/hyper_connection.cpp mixes()): 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
   // bf16(x * r) . bf16(fn); 2 numerics.official, (x . fn) * r (the norm after the GEMM). fp64 sums in every mode.
   int mix_mode = 0;
@@ -142,10 +139,6 @@ struct HcArgs {
 // scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
-// comb [n, H, H] from the mixes a launch of fwd_hc_pre with sinkhorn_later left in `scratch`: the Sinkhorn hc_pre
-// runs otherwise, the same code on the same values (the same bits). scale / base as HcArgs's.
-void fwd_hc_comb(const double* scratch, const float* scale, const float* base, int n, int H, float hc_eps, int iters, float* comb,
-                 Stream s);
 // out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault);
 // act_bf16 (numerics.official): stored as bf16.
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,

@@ -184,7 +184,6 @@ Scratch::~Scratch() {
   detail::event_destroy(ev_fork);
   detail::event_destroy(ev_join);
   detail::event_destroy(ev_entries);
-  detail::event_destroy(ev_comb);
   detail::stream_destroy(side);
   detail::stream_destroy(side2);
 }
@@ -196,7 +195,6 @@ void Scratch::enable_side() {
   ev_fork = detail::event_create_sync();
   ev_join = detail::event_create_sync();
   ev_entries = detail::event_create_sync();
-  ev_comb = detail::event_create_sync();
 }
 
 void Scratch::enable_prefetch() {

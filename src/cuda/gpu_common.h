@@ -169,7 +169,6 @@ class Scratch {
   void* ev_fork = nullptr;
   void* ev_join = nullptr;
   void* ev_entries = nullptr;  // the CSA compressor's entries written on side2 (indexer.skip_short: gpu_attention)
-  void* ev_comb = nullptr;     // hc_pre's comb written on the side stream (fwd_hc_comb: gpu_model's forward)
   // The second side stream (lane 2; the attention's compressors beside its KV row on the first) and its workspace.
   Workspace ws_side2;
   Stream side2 = nullptr, branch2 = nullptr;

@@ -417,18 +417,9 @@ class GpuForward : public DeviceForward {
     // slice first (HcArgs::y: the same arithmetic, one launch fewer); serial with taps, which read X in between.
     const bool fuse_post = !taps;
     bool post_pending = false;
-    // cuda.streams: each hc_pre leaves its comb (the Sinkhorn, ~1.7 us of the launch at one token: `plumb bench
-    // --only hc`) to fwd_hc_comb on the side stream, which the sublayer does not wait for; the next hc_post (inside
-    // the next hc_pre, or hc_head) is the first to read comb, and waits for it there (sc.ev_comb).
-    const bool comb_later = sc.branch != nullptr && fuse_post;
-    bool comb_pending = false;
-    auto await_comb = [&] {
-      if (comb_pending) branch_await(sc.branch, sc.ev_comb), comb_pending = false;
-    };
     GpuCombine moe_y;  // the MoE sublayer's combine, left to the next launch's fused hc_post (gpu_moe's defer)
     auto take_post = [&](HcArgs& a, int64_t r0) {  // the pending hc_post into this launch, rows from r0
       if (!post_pending) return;
-      await_comb();
       if (moe_y.ys) {
         a.y_slots = moe_y.ys + r0 * moe_y.K * D, a.y_w = moe_y.w ? moe_y.w + r0 * moe_y.K : nullptr;
         a.y_add = moe_y.add ? moe_y.add + r0 * D : nullptr, a.y_k = moe_y.K, a.y_scale = moe_y.scale;
@@ -454,17 +445,9 @@ class GpuForward : public DeviceForward {
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
       a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
-      a.sinkhorn_later = comb_later;
       {
         OpRegion r(tm, "hc_pre");
         fwd_hc_pre(a, mixbuf, nullptr);
-      }
-      if (comb_later) {
-        branch_fork(sc.branch, sc.ev_fork);
-        const StreamScope on_side(sc.branch);
-        fwd_hc_comb(mixbuf, a.scale, a.base, n, int(H), a.hc_eps, a.iters, comb, nullptr);
-        branch_mark(sc.branch, sc.ev_comb);  // (recorded on the side stream: the current one here)
-        comb_pending = true;
       }
       tap_io(tap, (site + ".post").c_str(), post, {n, H});
       tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
@@ -518,7 +501,6 @@ class GpuForward : public DeviceForward {
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }
-    await_comb();  // (the last comb's reader is hc_head; without logits none: a graph's branches must all join)
     if (sc.pf_forked) branch_join(sc.prefetch, sc.ev_pf_join);  // (a graph's branches must all join)
 
     if (taps) rows = LogitRows::All;
