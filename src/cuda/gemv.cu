@@ -3,7 +3,9 @@
 // f16 in registers (exact), activations arrive as f16, products accumulate in fp32 by mma.m16n8k16, and the
 // block scales are applied to the fp32 partial sums (one scale per 16-wide MMA pair for FP4, per 128-chunk for FP8).
 // Plain bf16 weights (the compressors' projections, cuda.bf16_gemv) take bf16 activations and the bf16 MMA, no
-// scales, accumulating in the MMA's fp32 accumulators.
+// scales, accumulating in the MMA's fp32 accumulators. The official numerics' paths (kFp4A8, kFp8A8) take E4M3
+// activations with a scale per 128-chunk (act_quant_e4m3) and the E4M3 MMA (mma.m16n8k32): FP4 codes become E4M3
+// by bit placement (the A8 layout), FP8 codes go in as stored; bf16 outputs (GemvArgs::round_bf16).
 //
 // Work split. A warp owns a 16-row tile of one (or two: gate and up) matrices and a contiguous range of 128-wide
 // K chunks; the warps of a block split K and reduce through shared memory; the block's grid row is a problem (an
