@@ -89,36 +89,70 @@ __global__ void attend_out_kernel(AttendArgs a) {
 }
 
 // numerics.official (model/attention.cpp attend()): block (t, h, dim slice of 64), a thread per dim. Keys in blocks of
-// 64: thread 0 takes the block's max, the rescale alpha = exp(m_old - m_new), the probabilities (float sum in key
-// order) and l = fma(l, alpha, psum); each thread then sums bf16(p_j) * v_j[d] over the block in fp64 and folds it in
-// as float(float(acc) * alpha) + float(blk). The sink joins the denominator at the end; the output is bf16. A hole
-// (-1 slot) has p = 0 and adds nothing; holes trail the selection, so the blocks are the CPU's compacted ones.
+// 64: the block's max (a thread per key, then a max tree: max is exact and order-free), each key's probability
+// p_j = exp(l_j - m_new) by its thread, then thread 0 the rescale alpha = exp(m_old - m_new), the probabilities'
+// float sum in key order and l = fma(l, alpha, psum); each thread then sums bf16(p_j) * v_j[d] over the block in fp64
+// and folds it in as float(float(acc) * alpha) + float(blk). The sink joins the denominator at the end; the output is
+// bf16. A hole (-1 slot) has p = 0 and adds nothing; holes trail the selection, so the blocks are the CPU's compacted
+// ones. (AttendArgs::official_serial: thread 0 computes the max and the probabilities too, the one-thread twin the
+// tests hold the parallel steps to, bit for bit.)
 constexpr int kOffBlock = 64;
 __global__ void attend_out_official_kernel(AttendArgs a) {
   pdl_begin();
-  __shared__ float pb[kOffBlock];
-  __shared__ float alpha_s;
+  __shared__ float pb[kOffBlock], pf[kOffBlock], mx[kOffBlock / 32];
+  __shared__ float alpha_s, m_new_s;
   const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq;
   const KeyList keys(a, t);
   const float* lg = a.logits + int64_t(th) * a.ld_logits;
   const int64_t dim = int64_t(blockIdx.y) * kOffBlock + threadIdx.x;
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   float m_run = -INFINITY, l_run = 0;  // thread 0's
   double acc = 0;
   for (int64_t b0 = 0; b0 < keys.count; b0 += kOffBlock) {
     const int64_t b1 = min(keys.count, b0 + kOffBlock);
-    if (threadIdx.x == 0) {
-      float m_new = m_run;
-      for (int64_t j = b0; j < b1; ++j) m_new = fmaxf(m_new, lg[j]);
-      const float alpha = expf(m_run - m_new);
-      float psum = 0;
-      for (int64_t j = b0; j < b1; ++j) {
-        const float p = expf(lg[j] - m_new);
-        psum = __fadd_rn(psum, p);
-        pb[j - b0] = bf16r(p);
+    if (a.official_serial) {
+      if (threadIdx.x == 0) {
+        float m_new = m_run;
+        for (int64_t j = b0; j < b1; ++j) m_new = fmaxf(m_new, lg[j]);
+        const float alpha = expf(m_run - m_new);
+        float psum = 0;
+        for (int64_t j = b0; j < b1; ++j) {
+          const float p = expf(lg[j] - m_new);
+          psum = __fadd_rn(psum, p);
+          pb[j - b0] = bf16r(p);
+        }
+        l_run = fmaf(l_run, alpha, psum);
+        m_run = m_new;
+        alpha_s = alpha;
       }
-      l_run = fmaf(l_run, alpha, psum);
-      m_run = m_new;
-      alpha_s = alpha;
+    } else {
+      const int64_t j = b0 + threadIdx.x;
+      const float lj = j < b1 ? lg[j] : -INFINITY;
+      float m = lj;
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (lane == 0) mx[warp] = m;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float m_new = m_run;
+        for (int w = 0; w < kOffBlock / 32; ++w) m_new = fmaxf(m_new, mx[w]);
+        m_new_s = m_new;
+      }
+      __syncthreads();
+      const float m_new = m_new_s;
+      if (j < b1) {
+        const float p = expf(lj - m_new);
+        pf[threadIdx.x] = p;
+        pb[threadIdx.x] = bf16r(p);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const float alpha = expf(m_run - m_new);
+        float psum = 0;
+        for (int64_t i = 0; i < b1 - b0; ++i) psum = __fadd_rn(psum, pf[i]);
+        l_run = fmaf(l_run, alpha, psum);
+        m_run = m_new;
+        alpha_s = alpha;
+      }
     }
     __syncthreads();
     if (dim < a.Dh) {

@@ -182,6 +182,7 @@ struct AttendArgs {
   // numerics.official: the sparse_attn kernel's online softmax over blocks of 64 keys, probabilities rounded to
   // bf16 before P.V, the output stored as bf16 (model/attention.cpp attend()).
   int official = 0;
+  int official_serial = 0;  // tests: one thread computes each key block's max and probabilities (the kernel's twin)
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
 // Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and

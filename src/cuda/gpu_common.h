@@ -71,6 +71,7 @@ struct GpuAttn {
   bool index_tc = false;                 // indexer.tc_scores: the indexer's scores on the tensor cores where they fit
   bool index_dmma = false;               // indexer.dmma_scores: its dots on the fp64 tensor cores where they fit
   bool skip_short = false;               // indexer.skip_short: every visible entry while the top-k would take them all
+  bool iweights_gemv = false;            // cuda.bf16_gemv under the official numerics: weights_proj on the bf16 GEMV
 };
 struct GpuExperts {           // E matrices each of w1, w2, w3 and their descriptors as device arrays
   std::vector<GMat> w1, w2, w3;

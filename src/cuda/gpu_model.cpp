@@ -173,6 +173,10 @@ class GpuForward : public DeviceForward {
         set_gemm(*gl.attn.icomp);
         gl.attn.iwq_b = mat(a.indexer->wq_b);
         gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
+        // cuda.bf16_gemv under the official numerics: weights_proj (a bf16 Linear there, x stored as bf16) on the
+        // bf16 GEMV at every token count (its twin: a warp per output row, 64 rows at V4-Flash's size).
+        const GMat& iw = gl.attn.iweights;
+        gl.attn.iweights_gemv = opt_.official && opt_.cuda_bf16_gemv && plain_bf16(iw) && iw.d.rows % 16 == 0 && iw.d.cols % 128 == 0;
       }
       const auto& M = L.moe;
       gl.moe.gate = upload_matrix(M.gate);

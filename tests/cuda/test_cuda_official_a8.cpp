@@ -319,3 +319,35 @@ TEST_F(CudaOfficialTc, Bf16GroupedMatchesTheTwin) {
     EXPECT_LE(differing(yg, ytw), 0.01) << tag << ": outputs whose bf16 rounding went the other way";
   }
 }
+
+// The official attention's output kernel (numerics.official): each key block's max and probabilities computed a
+// thread per key against its one-thread twin (AttendArgs::official_serial), bit for bit, on an HCA layer's keys
+// (window + compressed entries over several blocks of 64) at 1 and 3 tokens.
+TEST_F(CudaOfficialTc, OfficialAttentionMatchesItsSerialTwin) {
+  const int Hq = 8;
+  const int64_t Dh = 128, W = 32, rate = 4, ne = 300, maxk = W + ne;
+  uint64_t seed = 41;
+  for (int n : {1, 3}) {
+    cuda::DeviceBuffer q(size_t(n * Hq * Dh) * 4), kv(size_t(n * Dh) * 4), ring(size_t(W * Dh) * 4), ent(size_t(ne * Dh) * 4),
+        sink(size_t(Hq) * 4), pos = cuda::to_device(std::vector<int64_t>{ne * rate - n}), logits(size_t(n * Hq * maxk) * 4),
+        o1(size_t(n * Hq * Dh) * 4), o2(size_t(n * Hq * Dh) * 4);
+    for (cuda::DeviceBuffer* b : {&q, &kv, &ring, &ent, &sink}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f);
+    d::AttendArgs a;
+    a.q = q.as<float>(), a.chunk_kv = kv.as<float>(), a.ring = ring.as<float>(), a.entries = ent.as<float>();
+    a.sink = sink.as<float>(), a.pos = pos.as<int64_t>(), a.out = o1.as<float>();
+    a.n = n, a.Hq = Hq, a.type = 2, a.Dh = Dh, a.window = W, a.ne = ne, a.rate = rate, a.scale = 1.0f / std::sqrt(float(Dh));
+    a.logits = logits.as<float>(), a.ld_logits = maxk, a.official = 1;
+    d::fwd_attend(a, nullptr);
+    a.out = o2.as<float>(), a.official_serial = 1;
+    d::fwd_attend(a, nullptr);
+    cuda::synchronize();
+    const auto v1 = cuda::to_host<float>(o1, size_t(n * Hq * Dh)), v2 = cuda::to_host<float>(o2, size_t(n * Hq * Dh));
+    size_t first = 0;
+    while (first < v1.size() && std::memcmp(&v1[first], &v2[first], 4) == 0) ++first;
+    EXPECT_EQ(first, v1.size()) << "n " << n << ": first differing output " << first << " (parallel "
+                                << (first < v1.size() ? v1[first] : 0.0f) << ", serial " << (first < v1.size() ? v2[first] : 0.0f) << ")";
+    double mx = 0;
+    for (float v : v1) mx = std::max(mx, double(std::fabs(v)));
+    EXPECT_GT(mx, 0.0) << "the outputs are all zero: the test exercises nothing";
+  }
+}
