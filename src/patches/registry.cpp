@@ -130,8 +130,8 @@ std::vector<Patch> make_registry() {
                "indexer compressor's too) on the decode GEMV's bf16 tensor-core path: x rounded to bf16 once, the "
                "sublayer's projections in one launch (a table of up to 4 matrices), bf16 MMA with fp32 accumulation, 8 "
                "tokens per pass over the weights (cuBLASLt spreads a few tokens' product over few blocks). Under "
-               "numerics.official, whose activations are bf16 (so the rounding is exact): also the router gate at "
-               "every token count (fp32 logits, as DeepSeek's Gate)",
+               "numerics.official, whose activations are bf16 (so the rounding is exact): also the router gate (fp32 "
+               "logits, as DeepSeek's Gate) and the indexer's weights_proj (bf16 out) at every token count",
                "bf16 activations (2^-9 relative), as cuda.prefill_gemm's GEMM: about 4x an f16 rounding per projection; "
                "a table entry pairing a weight with another matrix's output would be O(1) errors",
                // The GEMM's inputs and products; only the fp32 summation order differs (tests/cuda/test_cuda_fp8_gemm.cpp:
