@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <numeric>
 #include <memory>
 #include <random>
 #include <string>
@@ -169,6 +170,18 @@ void for_each_fp4_word(const std::vector<uint8_t>& rp, int64_t rows, int64_t col
           std::memcpy(&w, rp.data() + at, 4);
           f(r, c, t, j, w);
         }
+}
+
+// n tokens each choosing K distinct experts of E at random: [n, K] routing, token-major.
+inline std::vector<int32_t> random_distinct_routing(Rng& rng, int n, int K, int64_t E) {
+  std::vector<int32_t> idx;
+  for (int t = 0; t < n; ++t) {
+    std::vector<int32_t> p(static_cast<size_t>(E));
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng.gen());
+    idx.insert(idx.end(), p.begin(), p.begin() + K);
+  }
+  return idx;
 }
 
 // Round to the nearest fp16 (ties to even), as the kernels' activation conversion does.

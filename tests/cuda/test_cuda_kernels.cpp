@@ -270,13 +270,7 @@ TEST_F(CudaMoe, GateUpDownCombineMatchTwin) {
   };
   std::vector<Routing> routings;
   {
-    Routing r{"random distinct", 8, 4, {}};
-    for (int t = 0; t < r.n; ++t) {
-      std::vector<int32_t> p(static_cast<size_t>(E));
-      std::iota(p.begin(), p.end(), 0);
-      std::shuffle(p.begin(), p.end(), rng.gen());
-      r.idx.insert(r.idx.end(), p.begin(), p.begin() + r.K);
-    }
+    Routing r{"random distinct", 8, 4, random_distinct_routing(rng, 8, 4, E)};
     routings.push_back(r);
   }
   routings.push_back({"one token", 1, 4, {3, 0, 11, 7}});

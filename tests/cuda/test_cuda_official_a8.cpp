@@ -145,13 +145,7 @@ TEST_F(CudaOfficialTc, GateUpDownMatchExactSums) {
   };
   std::vector<Routing> routings;
   {
-    Routing r{"random distinct", 8, 4, {}, false};
-    for (int t = 0; t < r.n; ++t) {
-      std::vector<int32_t> p(static_cast<size_t>(E));
-      std::iota(p.begin(), p.end(), 0);
-      std::shuffle(p.begin(), p.end(), rng.gen());
-      r.idx.insert(r.idx.end(), p.begin(), p.begin() + r.K);
-    }
+    Routing r{"random distinct", 8, 4, random_distinct_routing(rng, 8, 4, E), false};
     routings.push_back(r);
     r.name = "random distinct, group table", r.table = true;
     routings.push_back(r);
