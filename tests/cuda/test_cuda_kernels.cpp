@@ -485,13 +485,7 @@ TEST_F(CudaMoe, RealShapesSampledRows) {
   auto f = make_moe(rng, E, D, I, false, 116, 122);
   const cuda::MoeExperts m = cuda::upload_experts(f->w);
   const int n = 8, K = 6, S = n * K;
-  std::vector<int32_t> idx;
-  for (int t = 0; t < n; ++t) {
-    std::vector<int32_t> p(static_cast<size_t>(E));
-    std::iota(p.begin(), p.end(), 0);
-    std::shuffle(p.begin(), p.end(), rng.gen());
-    idx.insert(idx.end(), p.begin(), p.begin() + K);
-  }
+  const std::vector<int32_t> idx = random_distinct_routing(rng, n, K, E);
   const Acts x = make_acts(Act::BF16, rng.floats(size_t(n * D), -2.0f, 2.0f));
   cuda::DeviceBuffer di = cuda::to_device(idx), h(size_t(S * I) * 4), ys(size_t(S * D) * 4);
   h.fill_byte(0xFF), ys.fill_byte(0xFF);
