@@ -193,7 +193,8 @@ __device__ __forceinline__ void fp4_group(uint32_t wa, uint32_t wb, const uint4&
 }
 
 // ---- MXFP4 x E4M3 activations on the FP8 tensor cores (the official numerics: DeepSeek's fp4_gemm quantizes the
-// activations to E4M3 per 128 and casts the FP4 weights to FP8 exactly): codes in the A8 layout (repack_fp4_a8) ----
+// activations to E4M3 per 128 and casts the FP4 weights to FP8 exactly): codes in the A8 layout
+// (repack_fp4_decode with Fp4Layout::A8) ----
 
 // FP4 values enter the FP8 MMA as value * 2^-6 (fp4x8_to_e4m3x4 below); the fp32 results are scaled back once.
 constexpr float kFp4A8Unscale = 64.0f;

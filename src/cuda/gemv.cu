@@ -564,21 +564,24 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;
+  // The per-tile kernel's automatic configuration (fp4_kernel 0), for either bit layout: the block split and
+  // register budget above, and PDL at <= 8 slots and for down's per-tile launches.
+  auto per_tile_auto = [&](GemvArgs& b, bool down) {
+    b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : 2;
+    if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
+  };
   if (a.fmt == kFp8A8) return launch_t<kFp8A8, 1, kStore, kDense, float>(a, s);
-  if (a.fmt == kFp4A8) {  // the per-tile kernel as chosen below for FP4 (2 warps for gate/up, 1 for down; no streaming twin)
+  if (a.fmt == kFp4A8) {  // the per-tile kernel (no streaming twin)
     const bool gate_up = a.nmat == 2 && a.epi == kSwiglu, down = a.nmat == 1 && a.epi == kStore;
     if (!gate_up && !down) throw_arg("gemv: FP4 A8 runs gate/up (2 matrices, SwiGLU) or down (1 matrix, store)");
     GemvArgs b = a;
-    if (b.fp4_kernel == 0) b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : 2;
-    if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
+    if (b.fp4_kernel == 0) per_tile_auto(b, down);
     if (down) return launch_t<kFp4A8, 1, kStore, kMoe, float>(b, s);
     return launch_t<kFp4A8, 2, kSwiglu, kMoe, float>(b, s);
   }
   if (a.fp4_kernel == 0 && (fp4_gate_up || (fp4_down && (slots <= kDownTileSlots || !fp4s::stream_ok(a))))) {
     GemvArgs b = a;
-    const bool few = slots <= 8;
-    b.warps = fp4_down ? 1 : 2, b.minblocks = few ? 1 : 2;
-    if (b.pdl < 0) b.pdl = few || (fp4_down && slots <= kDownTileSlots) ? 1 : 0;
+    per_tile_auto(b, fp4_down);
     if (b.nmat == 1) return launch_t<kFp4, 1, kStore, kMoe, float>(b, s);
     return b.out_half ? launch_t<kFp4, 2, kSwiglu, kMoe, __half>(b, s) : launch_t<kFp4, 2, kSwiglu, kMoe, float>(b, s);
   }

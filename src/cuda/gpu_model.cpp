@@ -158,7 +158,10 @@ class GpuForward : public DeviceForward {
       gl.attn.wq_b = mat(a.wq_b);
       gl.attn.wkv = mat(a.wkv);
       gl.attn.wo_a = mat(a.wo_a, fp8_rest);
-      if (fp8 && opt_.official && (gl.attn.wo_a.w16 = bf16_copy_if_exact(a.wo_a)).get()) ++fc.fp8;
+      if (fp8 && opt_.official) {  // its bf16 copy (where exact), as DeepSeek's convert.py makes it
+        gl.attn.wo_a.w16 = bf16_copy_if_exact(a.wo_a);
+        if (gl.attn.wo_a.w16.get()) ++fc.fp8;
+      }
       gl.attn.wo_b = mat(a.wo_b);
       gl.attn.q_norm = upload_tensor(a.q_norm);
       gl.attn.kv_norm = upload_tensor(a.kv_norm);

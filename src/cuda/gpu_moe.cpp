@@ -134,8 +134,9 @@ void shared_expert(const MoeCtx& m, float* shared) {
     float* g = m.sc.f("moe.g", m.n * I);
     float* u = m.sc.f("moe.u", m.n * I);
     float* h = m.sc.f("moe.h", m.n * I);
-    official_fp8_linear(m.w.sfp8->w1, m.x, m.n, D, g, I, m.sc);
-    official_fp8_linear(m.w.sfp8->w3, m.x, m.n, D, u, I, m.sc);
+    const OfficialCodes xq = official_quant(m.x, m.n, D, D, m.sc);  // one quantization of x for w1 and w3
+    official_fp8_linear(m.w.sfp8->w1, xq, m.n, g, I, m.sc);
+    official_fp8_linear(m.w.sfp8->w3, xq, m.n, u, I, m.sc);
     fwd_swiglu(g, u, I, m.n, I, float(shared_limit), nullptr, h, nullptr);
     m.nm.act(h, m.n * I);
     official_fp8_linear(m.w.sfp8->w2, h, m.n, I, shared, D, m.sc);
@@ -187,6 +188,15 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     if (add && !joined) branch_join(m.shared_side, m.sc.ev_join), joined = true;
   };
   std::optional<OpRegion> region(std::in_place, m.sc.timer, "moe.routed");
+  // The decode kernels (below) take at most 1024 slots per launch; above kDecodeTableMinSlots they go by moe_group's
+  // table (the same bits, fewer scans).
+  const int chunk = std::max(1, 1024 / r.K);
+  auto decode_groups = [&](const int32_t* idx, int nc) -> void* {
+    if (nc * r.K < kDecodeTableMinSlots || r.E > 1024) return nullptr;
+    void* g = m.sc.get("moe.groups", moe_group_bytes(nc, r.K, r.E));
+    moe_group(idx, nc, r.K, r.E, g);
+    return g;
+  };
   const bool grouped = m.w.fp4 && !official && r.n >= kGroupedMinTokens && r.E <= 1024 && I % 128 == 0 && D % 256 == 0;
   if (grouped) {  // cuda.moe_mxfp4 at prefill: grouped GEMMs, each expert's weights read once per 64 of its tokens
     void* groups = m.sc.get("moe.groups", moe_group_bytes(r.n, r.K, r.E));
@@ -199,8 +209,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), add, out);
   } else if (m.w.fp4 && official) {
     // cuda.moe_mxfp4 under the official numerics: the W4A8 kernels (DeepSeek's fp4_gemm: x and h quantized to E4M3
-    // per 128 as its act_quant does, bf16 outputs), then the twin's combine; at most 1024 slots per launch.
-    const int chunk = std::max(1, 1024 / r.K);
+    // per 128 as its act_quant does, bf16 outputs), then the twin's combine.
     const size_t cs = size_t(std::min(r.n, chunk)) * size_t(r.K);
     auto* x8 = static_cast<uint8_t*>(m.sc.get("moe.x8", size_t(std::min(r.n, chunk)) * size_t(D)));
     float* xs = m.sc.f("moe.xs", int64_t(std::min(r.n, chunk)) * (D / 128));
@@ -211,11 +220,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       const int nc = std::min(chunk, r.n - t0);
       const int32_t* idx = r.idx + int64_t(t0) * r.K;
       const float* wt = r.weight + int64_t(t0) * r.K;
-      void* g = nullptr;
-      if (nc * r.K >= kDecodeTableMinSlots && r.E <= 1024) {
-        g = m.sc.get("moe.groups", moe_group_bytes(nc, r.K, r.E));
-        moe_group(idx, nc, r.K, r.E, g);
-      }
+      void* g = decode_groups(idx, nc);
       act_quant_e4m3(m.x + int64_t(t0) * D, nc, D, D, x8, xs);
       {
         const OpRegion d(m.sc.timer, "routed/gate_up", true);
@@ -229,19 +234,14 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       ++m.sc.official_tc_calls;
       fwd_moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), out + int64_t(t0) * D, nullptr);
     }
-  } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state; at most 1024 slots per launch
-    const int chunk = std::max(1, 1024 / r.K);
+  } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
     for (int t0 = 0; t0 < r.n; t0 += chunk) {
       const int nc = std::min(chunk, r.n - t0);
       const int32_t* idx = r.idx + int64_t(t0) * r.K;
       const float* wt = r.weight + int64_t(t0) * r.K;
       const void* xc = m.x16 ? static_cast<const void*>(m.x16 + int64_t(t0) * D) : m.x + int64_t(t0) * D;
-      void* g = nullptr;  // above kDecodeTableMinSlots: the group table (the same bits, fewer scans)
-      if (nc * r.K >= kDecodeTableMinSlots && r.E <= 1024) {
-        g = m.sc.get("moe.groups", moe_group_bytes(nc, r.K, r.E));
-        moe_group(idx, nc, r.K, r.E, g);
-      }
+      void* g = decode_groups(idx, nc);
       {
         const OpRegion d(m.sc.timer, "routed/gate_up", true);
         moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
@@ -254,7 +254,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       join_for_add();
       // One chunk, nothing after the combine (no shared expert to add separately, no fault scale, no bf16 rounding of
       // the output): the combine is left to the reader of `out` (gpu_moe's defer), one launch fewer at decode.
-      if (m.defer && nc == r.n && (!has_shared || add) && total_scale == 1.0f && !m.nm.official()) {
+      if (m.defer && nc == r.n && (!has_shared || add) && total_scale == 1.0f) {  // (never the official numerics: above)
         *m.defer = GpuCombine{ys, before ? nullptr : wt, add, r.K, Runner::output_scale(c)};
         return;
       }

@@ -22,12 +22,19 @@ void official_gemm(OfficialLinearArgs a, int64_t x_rows, Scratch& sc) {
 
 }  // namespace
 
-void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
-  auto* q = static_cast<uint8_t*>(sc.get("official.q8", size_t(n) * size_t(w.cols)));
-  float* sa = sc.f("official.sa8", int64_t(n) * (w.cols / 128));
-  act_quant_e4m3(x, n, w.cols, ldx, q, sa);
+OfficialCodes official_quant(const float* x, int n, int64_t K, int64_t ldx, Scratch& sc) {
+  OfficialCodes c{static_cast<uint8_t*>(sc.get("official.q8", size_t(n) * size_t(K))), sc.f("official.sa8", int64_t(n) * (K / 128))};
+  act_quant_e4m3(x, n, K, ldx, c.q, c.s);
+  return c;
+}
+
+void official_fp8_linear(const Fp8Matrix& w, const OfficialCodes& x, int n, float* y, int64_t ldy, Scratch& sc) {
   ++sc.official_tc_calls;
-  fp8_linear_a8(w, q, sa, n, y, ldy, sc.work());
+  fp8_linear_a8(w, x.q, x.s, n, y, ldy, sc.work());
+}
+
+void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc) {
+  official_fp8_linear(w, official_quant(x, n, w.cols, ldx, sc), n, y, ldy, sc);
 }
 
 void GpuNumerics::act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const {

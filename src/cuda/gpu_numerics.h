@@ -49,8 +49,16 @@ class GpuNumerics {
 };
 
 // The official numerics' FP8 linear on the E4M3 tensor cores (cuda.fp8_gemv): x quantized as act_quant does
-// (act_quant_e4m3, into scratch), then fp8_linear_a8 (bf16 out). Counted in Scratch::a8_calls.
+// (official_quant: act_quant_e4m3 into scratch; codes [n, K], scales [n, K/128], valid until the scratch's next
+// quantization), then fp8_linear_a8 (bf16 out). Counted in Scratch::official_tc_calls. Projections of one x can share
+// its codes (the second overload).
+struct OfficialCodes {
+  uint8_t* q = nullptr;
+  float* s = nullptr;
+};
+OfficialCodes official_quant(const float* x, int n, int64_t K, int64_t ldx, Scratch& sc);
 void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc);
+void official_fp8_linear(const Fp8Matrix& w, const OfficialCodes& x, int n, float* y, int64_t ldy, Scratch& sc);
 
 // ops::linear_bf16_weight on the device: y = x . bf16(W)^T in fp64, x and y rounded to bf16 iff bf16_io (the router
 // of numerics.official and router.bf16).
