@@ -398,8 +398,22 @@ std::vector<int32_t> prompt(int n, int vocab) {
 
 struct ForwardRun {
   std::vector<float> logits;
-  int64_t gemm_calls = 0;
+  int64_t calls = 0;  // a patch's launches, as `count` read them from the session's scratch
 };
+
+// The forward over toks in chunks of `chunk` tokens on a fresh session: every chunk's logits, and what count(scratch)
+// reads at the end.
+template <class Count>
+ForwardRun run_chunks(Model& m, const std::vector<int32_t>& toks, size_t chunk, Count count) {
+  auto st = m.new_state();
+  ForwardRun r;
+  for (size_t p = 0; p < toks.size(); p += chunk) {
+    const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min(chunk, toks.size() - p)));
+    r.logits.insert(r.logits.end(), l.data.begin(), l.data.end());
+  }
+  r.calls = count(st.dev->scratch);
+  return r;
+}
 
 // The forward on `dir` with `base` against `base,patch`, op by op, teacher forced (plumb diff --local: each op of the
 // patched run fed the base run's inputs), over these steps of toks: every tap within the patch's local tolerance;
@@ -471,23 +485,14 @@ TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
   auto gemv = load(base, 0), gemm = load(base + ",cuda.prefill_gemm", 0), graphed = load(base + ",cuda.prefill_gemm,cuda.graph", 0),
        always = load(base + ",cuda.prefill_gemm", 1);
   const auto toks = prompt(480, gemv->config().vocab);
-  const auto run = [&](Model& m, size_t chunk) {
-    auto st = m.new_state();
-    ForwardRun r;
-    for (size_t p = 0; p < toks.size(); p += chunk) {
-      const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min(chunk, toks.size() - p)));
-      r.logits.insert(r.logits.end(), l.data.begin(), l.data.end());
-    }
-    r.gemm_calls = st.dev->scratch.gemm_calls;
-    return r;
-  };
+  const auto run = [&](Model& m, size_t chunk) { return run_chunks(m, toks, chunk, [](const auto& s) { return s.gemm_calls; }); };
   const ForwardRun a = run(*gemv, 160), g = run(*gemm, 160), again = run(*gemm, 160), gr = run(*graphed, 160);
   const ForwardRun small_gemv = run(*gemv, 7), small = run(*always, 7);
-  EXPECT_EQ(a.gemm_calls, 0);
-  EXPECT_GT(g.gemm_calls, 0) << "the patch did not run a GEMM";
-  EXPECT_GT(small.gemm_calls, 0);
-  std::printf("GEMM projections per run: %lld (chunks of 160), %lld (chunks of 7, threshold 1)\n", (long long)g.gemm_calls,
-              (long long)small.gemm_calls);
+  EXPECT_EQ(a.calls, 0);
+  EXPECT_GT(g.calls, 0) << "the patch did not run a GEMM";
+  EXPECT_GT(small.calls, 0);
+  std::printf("GEMM projections per run: %lld (chunks of 160), %lld (chunks of 7, threshold 1)\n", (long long)g.calls,
+              (long long)small.calls);
   ASSERT_EQ(g.logits.size(), a.logits.size());
   EXPECT_EQ(std::memcmp(g.logits.data(), again.logits.data(), g.logits.size() * 4), 0) << "the GEMM forward is not deterministic";
   EXPECT_EQ(std::memcmp(g.logits.data(), gr.logits.data(), g.logits.size() * 4), 0) << "graph replay differs from eager launches";
@@ -523,18 +528,11 @@ TEST_F(GpuTest, Bf16GemvForwardMatchesTwinForward) {
   const auto load = [&](const std::string& patches) { return Model::load(dir, parse_patches(patches).options, {}, "cuda"); };
   auto plain = load(base), gemv = load(base + ",cuda.bf16_gemv"), graphed = load(base + ",cuda.bf16_gemv,cuda.graph");
   const auto toks = prompt(160, plain->config().vocab);
-  const auto run = [&](Model& m, int64_t* calls) {
-    auto st = m.new_state();
-    std::vector<float> logits;
-    for (size_t p = 0; p < toks.size(); p += 7) {
-      const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min<size_t>(7, toks.size() - p)));
-      logits.insert(logits.end(), l.data.begin(), l.data.end());
-    }
-    if (calls) *calls = st.dev->scratch.gemv16_calls;
-    return logits;
-  };
-  int64_t none = -1, some = -1;
-  const auto a = run(*plain, &none), g = run(*gemv, &some), again = run(*gemv, nullptr), gr = run(*graphed, nullptr);
+  const auto run = [&](Model& m) { return run_chunks(m, toks, 7, [](const auto& s) { return s.gemv16_calls; }); };
+  const ForwardRun plain_run = run(*plain), gemv_run = run(*gemv);
+  const int64_t none = plain_run.calls, some = gemv_run.calls;
+  const auto &a = plain_run.logits, &g = gemv_run.logits;
+  const auto again = run(*gemv).logits, gr = run(*graphed).logits;
   EXPECT_EQ(none, 0);
   EXPECT_GT(some, 0) << "the patch did not run the bf16 GEMV";
   std::printf("bf16 GEMV launches in chunks of 7: %lld\n", (long long)some);
@@ -555,18 +553,11 @@ TEST_F(GpuTest, OfficialTensorCoreForwardMatchesTwinForward) {
   const auto load = [&](const std::string& patches) { return Model::load(dir, parse_patches(patches).options, {}, "cuda"); };
   auto twin = load(base), fast = load(fast_patches), graphed = load(fast_patches + ",cuda.graph");
   const auto toks = prompt(90, twin->config().vocab);
-  const auto run = [&](Model& m, int64_t* calls) {
-    auto st = m.new_state();
-    std::vector<float> logits;
-    for (size_t p = 0; p < toks.size(); p += 9) {
-      const auto l = m.forward(st, std::span<const int32_t>(toks.data() + p, std::min<size_t>(9, toks.size() - p)));
-      logits.insert(logits.end(), l.data.begin(), l.data.end());
-    }
-    if (calls) *calls = st.dev->scratch.official_tc_calls;
-    return logits;
-  };
-  int64_t none = -1, some = -1;
-  const auto a = run(*twin, &none), f = run(*fast, &some), again = run(*fast, nullptr), gr = run(*graphed, nullptr);
+  const auto run = [&](Model& m) { return run_chunks(m, toks, 9, [](const auto& s) { return s.official_tc_calls; }); };
+  const ForwardRun twin_run = run(*twin), fast_run = run(*fast);
+  const int64_t none = twin_run.calls, some = fast_run.calls;
+  const auto &a = twin_run.logits, &f = fast_run.logits;
+  const auto again = run(*fast).logits, gr = run(*graphed).logits;
   EXPECT_EQ(none, 0);
   EXPECT_GT(some, 0) << "the patches did not run the E4M3 tensor-core kernels";
   std::printf("official tensor-core launches (W4A8 expert chunks, W8A8 projections, bf16 wo_a) in chunks of 9: %lld\n", (long long)some);
