@@ -281,8 +281,9 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
 // moe_gate_up (h16) then moe_down, in one launch where the fused decode kernel takes them (n * K <= 64, no group
 // table: gemv_fp4f.cuh; down's blocks load their weights while gate/up's last tiles run), else as those two launches:
-// the same bits either way. fused: -1 automatic, 0 the two launches, 4 / 8 / 16 the fused kernel with that many of
-// down's 128-column chunks loaded before its wait (where it takes the shape). Returns whether it ran fused.
+// the same bits either way. fused: -1 automatic, 0 the two launches, 10 * PRE + UA a variant of the fused kernel
+// (where it takes the shape): PRE (4, 8, 16) of down's 128-column chunks loaded before its wait, UA (2, 4) chunks per
+// gate/up warp in flight (kernels.h MoeFusedArgs). Returns whether it ran fused.
 bool moe_experts(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
                  const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s = nullptr, const void* groups = nullptr,
                  int fused = -1);

@@ -528,7 +528,7 @@ bool moe_experts(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
   f.dn = down_args(m, idx, n, K, h16, nullptr, ys, ws, s, groups);
   if (fused != 0 && !d::moe_fused_refusal(f.gu, f.dn)) {
     f.sync = ws.counters(size_t(d::moe_fused_counters(n * K)));
-    f.pre = std::max(0, fused);
+    if (fused > 0) f.pre = fused / 10, f.ua = fused % 10;
     d::launch_moe_fused(f, s);
     return true;
   }

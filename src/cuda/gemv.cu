@@ -649,11 +649,11 @@ void launch_moe_fused(const MoeFusedArgs& f0, Stream s) {
   if (!f0.sync) throw_arg("moe fused: null counters");
   MoeFusedArgs f = f0;
   if (f.gu.pdl < 0) f.gu.pdl = 1;  // (the per-tile launches it replaces use PDL at these slot counts)
-  // Default: down's whole K (16 chunks at V4-Flash's I = 2048) loaded before the wait.
-  const int pre = f.pre == 0 ? 16 : f.pre;
-  if (pre == 4) return fp4f::launch_fused_pre<4>(f, s);
-  if (pre == 8) return fp4f::launch_fused_pre<8>(f, s);
-  if (pre == 16) return fp4f::launch_fused_pre<16>(f, s);
+  const int pre = f.pre == 0 ? 16 : f.pre, ua = f.ua == 0 ? 2 : f.ua;
+  if (ua != 2 && ua != 4) throw_arg("moe fused: ua must be 0, 2 or 4");
+  if (pre == 4) return ua == 2 ? fp4f::launch_fused_cfg<4, 2>(f, s) : fp4f::launch_fused_cfg<4, 4>(f, s);
+  if (pre == 8) return ua == 2 ? fp4f::launch_fused_cfg<8, 2>(f, s) : fp4f::launch_fused_cfg<8, 4>(f, s);
+  if (pre == 16) return ua == 2 ? fp4f::launch_fused_cfg<16, 2>(f, s) : fp4f::launch_fused_cfg<16, 4>(f, s);
   throw_arg("moe fused: pre must be 0, 4, 8 or 16");
 }
 

@@ -48,7 +48,7 @@ __device__ __forceinline__ void tile_ptrs(const GemvArgs& a, int q, int e, int t
 }
 
 // One gate/up unit: the per-tile kernel's block of 2 warps on (entry, tile), h for the entry's tokens.
-template <bool MP1>
+template <int UA, bool MP1>
 __device__ __forceinline__ void gate_up_unit(const GemvArgs& a, int ent, int tile, const short* sorted, float (&red)[2][8][32]) {
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int e = ent_expert(ent), s0 = ent_first(ent), mp = ent_tokens(ent);
@@ -73,7 +73,7 @@ __device__ __forceinline__ void gate_up_unit(const GemvArgs& a, int ent, int til
     for (int u = 0; u < UU; ++u) fp4_math<2, MP1>(A[u], B[u], SA[u], SB[u], X[u], acc);
   };
   int c = 0;
-  for (; c + 2 <= nch; c += 2) step(std::integral_constant<int, 2>{}, c);
+  for (; c + UA <= nch; c += UA) step(std::integral_constant<int, UA>{}, c);
   for (; c < nch; ++c) step(std::integral_constant<int, 1>{}, c);
 #pragma unroll
   for (int q = 0; q < 2; ++q)
@@ -149,35 +149,23 @@ __device__ __forceinline__ void down_tile(const GemvArgs& a, int ent, int tile, 
   }
 }
 
-template <int PRE>
-__global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(const MoeFusedArgs f) {
-  extern __shared__ __align__(16) uint8_t hsm[];  // down units: the entry's h rows
-  __shared__ float red[2][8][32];
-  __shared__ int scratch[7 * kMaxSlots];
-  __shared__ short sorted_s[kMaxSlots];
-  __shared__ int ent_s[kMaxSlots];
-  __shared__ int nent_s;
-  __shared__ unsigned unit_s;
+// One unit (see the header comment): gate/up tiles below na, down tile pairs from there.
+template <int PRE, int UA>
+__device__ __forceinline__ void run_unit(const MoeFusedArgs& f, int unit, int na, int tiles_a, int pairs_b, const int* ent_s,
+                                         const short* sorted_s, float (&red)[2][8][32], __half* hs, unsigned* done) {
   const GemvArgs& gu = f.gu;
   const GemvArgs& dn = f.dn;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  if (gu.pdl > 0) pdl_begin();
-  if (tid == 0) unit_s = atomicAdd(f.sync, 1u);
-  group_slots(gu.idx, gu.n * gu.topk, gu.problems, kMaxSlots, scratch, sorted_s, ent_s, &nent_s);  // (ends with a barrier)
-  const int unit = int(unit_s), nent = nent_s;
-  const int tiles_a = int(gu.rows / 16), pairs_b = int(dn.rows / 32);
-  const int na = nent * tiles_a, nb = nent * pairs_b;
-  unsigned* done = f.sync + 2;
   if (unit < na) {
     const int ei = unit / tiles_a, ent = ent_s[ei];
-    if (ent_tokens(ent) == 1) gate_up_unit<true>(gu, ent, unit % tiles_a, sorted_s, red);
-    else gate_up_unit<false>(gu, ent, unit % tiles_a, sorted_s, red);
+    if (ent_tokens(ent) == 1) gate_up_unit<UA, true>(gu, ent, unit % tiles_a, sorted_s, red);
+    else gate_up_unit<UA, false>(gu, ent, unit % tiles_a, sorted_s, red);
     if (warp == 0) {  // h's stores of this tile, then the count (release)
       __threadfence();
       __syncwarp();
       if (lane == 0) atomicAdd(done + ei, 1u);
     }
-  } else if (unit < na + nb) {
+  } else {
     const int ei = (unit - na) / pairs_b, ent = ent_s[ei];
     const int tile = (unit - na) % pairs_b * 2 + warp;
     const uint8_t* pa[1];
@@ -208,7 +196,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(const MoeFusedAr
     // halves so that the 8 row groups of a warp's reads fall on different banks.
     const int mp = ent_tokens(ent), s0 = ent_first(ent);
     const int I = int(dn.cols), ld = I + 8;
-    auto* hs = reinterpret_cast<__half*>(hsm);
     const int per_row = I / 8;  // 16-byte pieces
     for (int i = tid; i < mp * per_row; i += kThreads) {
       const int r = i / per_row, k = i % per_row;
@@ -219,8 +206,39 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(const MoeFusedAr
     if (mp == 1) down_tile<PRE, true>(dn, ent, tile, sorted_s, hs, ld, pa, pb, ps, A, B, SA, SB);
     else down_tile<PRE, false>(dn, ent, tile, sorted_s, hs, ld, pa, pb, ps, A, B, SA, SB);
   }
-  // Finished: the last block (all others have taken their tickets and are done) zeroes the counters.
-  __syncthreads();
+}
+
+template <int PRE, int UA>
+__global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(const MoeFusedArgs f) {
+  extern __shared__ __align__(16) uint8_t hsm[];  // down units: the entry's h rows
+  __shared__ float red[2][8][32];
+  __shared__ int scratch[7 * kMaxSlots];
+  __shared__ short sorted_s[kMaxSlots];
+  __shared__ int ent_s[kMaxSlots];
+  __shared__ int nent_s;
+  __shared__ unsigned next_s;
+  const GemvArgs& gu = f.gu;
+  const GemvArgs& dn = f.dn;
+  const int tid = int(threadIdx.x);
+  if (gu.pdl > 0) pdl_begin();
+  if (tid == 0) next_s = atomicAdd(f.sync, 1u);
+  group_slots(gu.idx, gu.n * gu.topk, gu.problems, kMaxSlots, scratch, sorted_s, ent_s, &nent_s);  // (ends with a barrier)
+  const int nent = nent_s;
+  const int tiles_a = int(gu.rows / 16), pairs_b = int(dn.rows / 32);
+  const int na = nent * tiles_a, nb = nent * pairs_b;
+  unsigned* done = f.sync + 2;
+  // Persistent blocks: each takes units until the tickets run out. The next ticket is taken while a unit runs (its
+  // latency hidden); a block waiting in a down unit then holds a later ticket, also a down unit (all gate/up tickets
+  // come first), which nothing waits on.
+  for (;;) {
+    const int unit = int(next_s);
+    __syncthreads();  // every thread has read it before thread 0 takes the next
+    if (unit >= na + nb) break;
+    if (tid == 0) next_s = atomicAdd(f.sync, 1u);
+    run_unit<PRE, UA>(f, unit, na, tiles_a, pairs_b, ent_s, sorted_s, red, reinterpret_cast<__half*>(hsm), done);
+    __syncthreads();  // the unit's shared memory reads are done; next_s is visible
+  }
+  // Finished: the last block (all others have taken their last tickets and are done) zeroes the counters.
   if (tid == 0) {
     __threadfence();
     if (atomicAdd(f.sync + 1, 1u) == gridDim.x - 1) {
@@ -231,14 +249,15 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(const MoeFusedAr
   }
 }
 
-// Dynamic shared memory of a launch: the h rows of the largest entry (<= 8 tokens, <= n).
-inline size_t fused_smem(const GemvArgs& dn) { return size_t(std::min(8, dn.n)) * size_t(dn.cols + 8) * 2; }
+// Dynamic shared memory of a launch: the h rows of the largest entry (<= 8 slots; fewer when the launch has fewer).
+inline size_t fused_smem(const GemvArgs& dn) { return size_t(std::min(8, dn.n * dn.topk)) * size_t(dn.cols + 8) * 2; }
 
-template <int PRE>
-void launch_fused_pre(const MoeFusedArgs& f, Stream s) {
-  auto kern = moe_fused_kernel<PRE>;
+template <int PRE, int UA>
+void launch_fused_cfg(const MoeFusedArgs& f, Stream s) {
+  auto kern = moe_fused_kernel<PRE, UA>;
   const size_t smem = fused_smem(f.dn);
   static size_t smem_set[8] = {};
+  static int per_sm_cache[8][9] = {};  // by device and rows of h in shared memory (1..8)
   int dev = 0;
   PLUMB_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev >= 8) throw_arg("moe fused: supports devices 0..7");
@@ -246,9 +265,16 @@ void launch_fused_pre(const MoeFusedArgs& f, Stream s) {
     PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     smem_set[dev] = smem;
   }
-  // Every block a ticket: the units of at most n * topk entries.
+  // One wave of persistent blocks (host queries once per configuration, outside any capture in practice), at most
+  // one per unit of n * topk entries.
+  const int rows = std::min(8, f.dn.n * f.dn.topk);
+  int& per_sm = per_sm_cache[dev][rows];
+  if (per_sm == 0) {
+    PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, smem));
+    if (per_sm < 1) throw_arg("moe fused: the kernel does not fit on an SM with " + std::to_string(smem) + " bytes of shared memory");
+  }
   const int slots = f.gu.n * f.gu.topk;
-  const unsigned grid = unsigned(slots * (f.gu.rows / 16 + f.dn.rows / 32));
+  const unsigned grid = unsigned(std::min<int64_t>(int64_t(sm_count()) * per_sm, int64_t(slots) * (f.gu.rows / 16 + f.dn.rows / 32)));
   launch_as(f.gu.pdl > 0, "moe_fused_kernel", kern, dim3(grid), dim3(kThreads), smem, s, f);
 }
 

@@ -209,12 +209,13 @@ struct GemvArgs {
 // bits as launch_gemv's per-tile kernel on gu and dn. gu: gate/up's arguments (kFp4, 2 matrices, kSwiglu, f16 out);
 // dn: down's (kFp4, 1 matrix, kStore, x = gu's out, fp32 out); the same routing, n * topk <= kFusedMaxSlots, no group
 // table. sync: moe_fused_counters(n * topk) zeroed counters (each launch leaves them zero; one launch at a time).
-// pre: down's 128-column weight chunks loaded before its wait for h, 4, 8 or 16 (0: default).
+// pre: down's 128-column weight chunks loaded before its wait for h, 4, 8 or 16; ua: gate/up's chunks per warp in
+// flight, 2 or 4 (0: defaults).
 constexpr int kFusedMaxSlots = 64;
 struct MoeFusedArgs {
   GemvArgs gu, dn;
   unsigned* sync = nullptr;
-  int pre = 0;
+  int pre = 0, ua = 0;
 };
 int moe_fused_counters(int slots);
 // Why the fused kernel does not take these arguments (nullptr: it does).

@@ -54,7 +54,7 @@ void check_fused(Rng& rng, int64_t E, int64_t D, int64_t I, const std::vector<Ro
       const auto hr = cuda::to_host<uint16_t>(h_ref, size_t(S * I));
       const auto yr = cuda::to_host<float>(y_ref, size_t(S * D));
       const bool takes = S <= cuda::detail::kFusedMaxSlots && (I <= 512 || I % 512 == 0) && D % 32 == 0;
-      for (int pre : {-1, 4, 8, 16})
+      for (int pre : {-1, 42, 84, 162, 164})
         for (int rep = 0; rep < 2; ++rep) {
           cuda::DeviceBuffer h(size_t(S * I) * 2), y(size_t(S * D) * 4);
           h.fill_byte(0xFF), y.fill_byte(0xFF);
@@ -126,7 +126,7 @@ TEST_F(CudaMoeFused, LeavesItsCountersZeroAndRefusesOtherShapes) {
   sync.fill_byte(0);
   a.sync = sync.as<unsigned>();
   for (int rep = 0; rep < 3; ++rep) {
-    a.pre = rep == 0 ? 0 : 4 * rep;
+    a.pre = rep == 0 ? 0 : 4 * rep, a.ua = rep == 2 ? 4 : 0;
     d::launch_moe_fused(a, nullptr);
     cuda::synchronize();
     const auto c = cuda::to_host<unsigned>(sync, size_t(d::moe_fused_counters(S)));
