@@ -279,14 +279,6 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 // ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
-// moe_gate_up (h16) then moe_down, in one launch where the fused decode kernel takes them (n * K <= 64, no group
-// table: gemv_fp4f.cuh; down's blocks load their weights while gate/up's last tiles run), else as those two launches:
-// the same bits either way. fused: -1 automatic, 0 the two launches, 10 * PRE + UA a variant of the fused kernel
-// (where it takes the shape): PRE (4, 8, 16) of down's 128-column chunks loaded before its wait, UA (2, 4) chunks per
-// gate/up warp in flight (kernels.h MoeFusedArgs). Returns whether it ran fused.
-bool moe_experts(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s = nullptr, const void* groups = nullptr,
-                 int fused = -1);
 // The official numerics' routed experts (DeepSeek's fp4_gemm, numerics.official): activations quantized to E4M3 per
 // row and 128-block by act_quant_e4m3 (official::fp8_quant_block: amax floored at 1e-4, the power-of-two scale
 // 2^ceil(log2(amax / 448)), RNE; codes [rows, K], scales [rows, K/128]); experts uploaded in the A8 layout; E4M3 x
@@ -334,7 +326,7 @@ struct GpuRunnerScalesOutput {
   static float output_scale(const ModelConfig& c) { return float(c.routed_scaling); }
 };
 
-// routed(x) for the decode batch: gate_up -> down (moe_experts) -> combine (+ `add`, e.g. the shared expert's output), from the
+// routed(x) for the decode batch: gate_up -> down -> combine (+ `add`, e.g. the shared expert's output), from the
 // f16 activations the router wrote (route(..., x16)). A runner accepts only the placement it declares, so the
 // factor is applied exactly once.
 template <class Runner, Rsf P>
@@ -342,7 +334,8 @@ template <class Runner, Rsf P>
 void moe_routed(const Runner&, const ModelConfig& c, const MoeExperts& m, const DeviceRouting<P>& r, const uint16_t* x16,
                 MoeScratch& scratch, Workspace& ws, const float* add, float* y, Stream s = nullptr) {
   scratch.reserve(r.n, r.K, m.D, m.I);
-  moe_experts(m, r.idx, r.n, r.K, x16, Act::F16, c.swiglu_limit, nullptr, scratch.h.as<uint16_t>(), scratch.ys.as<float>(), ws, s);
+  moe_gate_up(m, r.idx, r.n, r.K, x16, Act::F16, c.swiglu_limit, nullptr, scratch.h.as<uint16_t>(), nullptr, ws, s);
+  moe_down(m, r.idx, r.n, r.K, scratch.h.as<uint16_t>(), nullptr, scratch.ys.as<float>(), ws, s);
   moe_combine(scratch.ys.as<float>(), r.weight, r.n, r.K, m.D, Runner::output_scale(c), add, y, s);
 }
 

@@ -479,11 +479,8 @@ d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int
 
 }  // namespace
 
-namespace {
-
-// The W4A16 decode GEMVs' arguments: gate/up (x converted to f16 first where it is not) and down.
-d::GemvArgs gate_up_args(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                         const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
+void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E);
   set_groups(a, groups);
@@ -493,11 +490,11 @@ d::GemvArgs gate_up_args(const MoeExperts& m, const int32_t* idx, int n, int K, 
   a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 1;
   a.out = h16 ? static_cast<void*>(h16) : static_cast<void*>(h32), a.out_half = h16 ? 1 : 0, a.o_tok_stride = m.I;
-  return a;
+  d::launch_gemv(a, s);
 }
 
-d::GemvArgs down_args(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-                      Workspace& ws, Stream s, const void* groups) {
+void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
+              Workspace& ws, Stream s, const void* groups) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
   set_groups(a, groups);
@@ -505,36 +502,7 @@ d::GemvArgs down_args(const MoeExperts& m, const int32_t* idx, int n, int K, con
   a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 0;
   a.out = ys, a.o_tok_stride = m.D;
-  return a;
-}
-
-}  // namespace
-
-void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
-  d::launch_gemv(gate_up_args(m, idx, n, K, x, xt, limit, pre_weight, h16, h32, ws, s, groups), s);
-}
-
-void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Workspace& ws, Stream s, const void* groups) {
-  d::launch_gemv(down_args(m, idx, n, K, h16, h32, ys, ws, s, groups), s);
-}
-
-bool moe_experts(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s, const void* groups, int fused) {
-  PLUMB_CHECK(h16 != nullptr, "moe_experts: h16 is required");
-  d::MoeFusedArgs f;
-  f.gu = gate_up_args(m, idx, n, K, x, xt, limit, pre_weight, h16, nullptr, ws, s, groups);
-  f.dn = down_args(m, idx, n, K, h16, nullptr, ys, ws, s, groups);
-  if (fused != 0 && !d::moe_fused_refusal(f.gu, f.dn)) {
-    f.sync = ws.counters(size_t(d::moe_fused_counters(n * K)));
-    if (fused > 0) f.pre = fused / 10, f.ua = fused % 10;
-    d::launch_moe_fused(f, s);
-    return true;
-  }
-  d::launch_gemv(f.gu, s);
-  d::launch_gemv(f.dn, s);
-  return false;
+  d::launch_gemv(a, s);
 }
 
 void act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* codes, float* scales, Stream s) {

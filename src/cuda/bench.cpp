@@ -604,25 +604,6 @@ int run_bench(const BenchOptions& opt) {
           {"moe routed total (gate+up, down, combine)", "3 launches", note, n, ue,
            uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
           t);
-    // gate+up and down as one launch (moe_experts' fused kernel, <= 64 slots), by how many of down's 16 weight chunks
-    // its blocks load before waiting for h and gate/up's chunks in flight per warp; then with the combine (the
-    // forward's launches).
-    if (n * K <= d::kFusedMaxSlots) {
-      for (int v : {164, 162, 84, 82, 44, 42}) {
-        t = B.time([&](int i) { moe_experts(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, ys, ws, S, nullptr, v); });
-        B.add(B.rows, {"moe gate+up + down, one launch (fused)", fmt::format("down pre {}, gate/up {} chunks", v / 10, v % 10), note, n, ue,
-                       uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + ysb},
-              t);
-      }
-      t = B.time([&](int i) {
-        moe_experts(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, ys, ws, S);
-        moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
-      });
-      B.add(B.rows,
-            {"moe routed total (fused experts, combine)", "2 launches", note, n, ue,
-             uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
-            t);
-    }
 
     // What a plain read of the experts' weight bytes reaches in the same harness (read_stream over the expert
     // weights, a different region per call where they fit): the ceiling for kernels of this size, launch, ramp and

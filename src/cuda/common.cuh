@@ -126,16 +126,11 @@ __device__ __forceinline__ void moe_combine_cols(const float* ys, const float* w
   }
 }
 
-// 16-byte weight loads: read once, so keep them out of L1 (hint 1 also asks L2 to fetch 256-byte blocks). EARLY:
-// volatile, so that the compiler issues the load where it is written (weights loaded before a wait for other data).
-template <int HINT, bool EARLY = false>
+// 16-byte weight loads: read once, so keep them out of L1 (hint 1 also asks L2 to fetch 256-byte blocks).
+template <int HINT>
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 v;
-  if constexpr (HINT == 1 && EARLY) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-  } else if constexpr (HINT == 1) {
+  if constexpr (HINT == 1) {
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));

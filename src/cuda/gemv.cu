@@ -73,40 +73,6 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
   return a.round_bf16 ? bf16r(r) : r;
 }
 
-// The weight loads of MXFP4 chunks c .. c + UU - 1 (either bit layout) of a lane's rows g and g + 8 of a 16-row tile:
-// the codes from pa / pb (the lane's 16 bytes of chunk 0 in the decode layout: 1024 bytes per chunk) and the scale
-// words (the chunk's 4 E8M0 bytes) from ps. EARLY: loads the compiler keeps before what follows (volatile), for
-// weights loaded before a wait.
-template <int UU, int NMAT, bool EARLY>
-__device__ __forceinline__ void fp4_load_w(const uint8_t* (&pa)[NMAT], const uint8_t* (&pb)[NMAT], const uint8_t* (&ps)[NMAT][2], int c,
-                                           uint4 (&A)[UU][NMAT], uint4 (&B)[UU][NMAT], uint32_t (&SA)[UU][NMAT],
-                                           uint32_t (&SB)[UU][NMAT]) {
-#pragma unroll
-  for (int u = 0; u < UU; ++u)
-#pragma unroll
-    for (int q = 0; q < NMAT; ++q) {
-      A[u][q] = ldg_stream<1, EARLY>(pa[q] + (c + u) * 1024);
-      B[u][q] = ldg_stream<1, EARLY>(pb[q] + (c + u) * 1024);
-      SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
-      SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
-    }
-}
-
-// W4A16: one chunk's decode and MMAs (4 scale groups of 32, fp4_group) of a lane's words against X (the chunk's
-// activations: 8 per group) into acc, per matrix.
-template <int NMAT, bool MP1>
-__device__ __forceinline__ void fp4_math(const uint4 (&A)[NMAT], const uint4 (&B)[NMAT], const uint32_t (&SA)[NMAT],
-                                         const uint32_t (&SB)[NMAT], const uint4 (&X)[4], float (&acc)[NMAT][4]) {
-#pragma unroll
-  for (int q = 0; q < NMAT; ++q) {
-    float s0[4], s1[4];
-    s0[0] = scale_of<0>(SA[q]), s0[1] = scale_of<1>(SA[q]), s0[2] = scale_of<2>(SA[q]), s0[3] = scale_of<3>(SA[q]);
-    s1[0] = scale_of<0>(SB[q]), s1[1] = scale_of<1>(SB[q]), s1[2] = scale_of<2>(SB[q]), s1[3] = scale_of<3>(SB[q]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[q], j), word(B[q], j), X[j], s0[j], s1[j], acc[q]);
-  }
-}
-
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
@@ -269,9 +235,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         [[maybe_unused]] uint4 X[UU][4];
         [[maybe_unused]] uint2 X8[UU][4];
         [[maybe_unused]] float XS[UU][2];
-        fp4_load_w<UU, NMAT, false>(pa, pb, ps, c, A, B, SA, SB);
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
+#pragma unroll
+          for (int q = 0; q < NMAT; ++q) {
+            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB);
+            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * CB);
+            SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
+            SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
+          }
           if constexpr (FMT == kFp4) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
@@ -285,7 +257,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         }
         if constexpr (FMT == kFp4) {
 #pragma unroll
-          for (int u = 0; u < UU; ++u) fp4_math<NMAT, MP1>(A[u], B[u], SA[u], SB[u], X[u], acc);
+          for (int u = 0; u < UU; ++u)
+#pragma unroll
+            for (int q = 0; q < NMAT; ++q) {
+              float s0[4], s1[4];
+              s0[0] = scale_of<0>(SA[u][q]), s0[1] = scale_of<1>(SA[u][q]), s0[2] = scale_of<2>(SA[u][q]), s0[3] = scale_of<3>(SA[u][q]);
+              s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
+            }
         } else {
           // Per chunk: each group's E4M3 MMA into a fresh partial, times the rows' E8M0 scales into the chunk's sum,
           // which the columns' activation scales (one per 128-chunk) multiply into acc.
@@ -496,7 +476,6 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 }
 
 #include "cuda/gemv_fp4s.cuh"
-#include "cuda/gemv_fp4f.cuh"
 
 // The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8).
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
@@ -620,41 +599,6 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
     return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");
-}
-
-int moe_fused_counters(int slots) { return 2 + slots; }
-
-const char* moe_fused_refusal(const GemvArgs& gu, const GemvArgs& dn) {
-  if (gu.fmt != kFp4 || dn.fmt != kFp4 || gu.mode != kMoe || dn.mode != kMoe || gu.act != kF16 || dn.act != kF16)
-    return "W4A16 MoE GEMVs only (FP4 weights in the F16 layout, f16 activations)";
-  if (gu.nmat != 2 || gu.epi != kSwiglu || !gu.out_half || gu.round_bf16)
-    return "gate/up must be 2 matrices with the SwiGLU epilogue and an f16 output";
-  if (dn.nmat != 1 || dn.epi != kStore || dn.out_half || dn.round_bf16) return "down must be 1 matrix with an fp32 output";
-  if (gu.groups || dn.groups) return "no group table (those launches have more slots than the fused kernel takes)";
-  if (gu.idx != dn.idx || gu.n != dn.n || gu.topk != dn.topk || gu.problems != dn.problems || !gu.idx)
-    return "gate/up and down must share one routing";
-  const int slots = gu.n * gu.topk;
-  if (slots < 1 || slots > kFusedMaxSlots) return "more than 64 slots (kFusedMaxSlots)";
-  if (gu.problems > fp4s::kMaxExperts) return "more than 1024 experts";
-  if (!gu.x_by_token || dn.x_by_token || dn.x != gu.out || dn.x_tok_stride != gu.o_tok_stride)
-    return "down must read gate/up's h, a row per slot";
-  if (gu.rows != dn.cols || gu.rows % 16 || gu.cols % 128 || dn.rows % 32 || dn.cols % 128 || (dn.cols / 128 > 4 && dn.cols % 512))
-    return "shapes: I = gate/up's rows = down's columns, a multiple of 128 (of 512 above 512), D a multiple of 128";
-  if (!aligned16(dn.x) || (dn.x_tok_stride * 2) % 16) return "h must be 16-byte aligned, rows included";
-  return nullptr;
-}
-
-void launch_moe_fused(const MoeFusedArgs& f0, Stream s) {
-  if (const char* why = moe_fused_refusal(f0.gu, f0.dn)) throw_arg(std::string("moe fused: ") + why);
-  if (!f0.sync) throw_arg("moe fused: null counters");
-  MoeFusedArgs f = f0;
-  if (f.gu.pdl < 0) f.gu.pdl = 1;  // (the per-tile launches it replaces use PDL at these slot counts)
-  const int pre = f.pre == 0 ? 16 : f.pre, ua = f.ua == 0 ? 2 : f.ua;
-  if (ua != 2 && ua != 4) throw_arg("moe fused: ua must be 0, 2 or 4");
-  if (pre == 4) return ua == 2 ? fp4f::launch_fused_cfg<4, 2>(f, s) : fp4f::launch_fused_cfg<4, 4>(f, s);
-  if (pre == 8) return ua == 2 ? fp4f::launch_fused_cfg<8, 2>(f, s) : fp4f::launch_fused_cfg<8, 4>(f, s);
-  if (pre == 16) return ua == 2 ? fp4f::launch_fused_cfg<16, 2>(f, s) : fp4f::launch_fused_cfg<16, 4>(f, s);
-  throw_arg("moe fused: pre must be 0, 4, 8 or 16");
 }
 
 void launch_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,

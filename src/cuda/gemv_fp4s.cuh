@@ -78,67 +78,6 @@ __device__ __forceinline__ void stage_math(const uint8_t* buf, const __half* xs,
   }
 }
 
-// Groups a launch's slots (idx [nslots], expert ids) by expert, in slot order: sorted[] lists the slots expert by
-// expert (the experts in the order of their first slot), ent[] the passes of <= 8 tokens (ent_pack: expert, first
-// position in sorted, tokens), *nent their count. Slots with an id outside [0, problems) are left out. Every thread
-// of the block calls it (barriers inside; it ends with one). scratch: 7 * cap ints of shared memory; cap >= nslots.
-__device__ void group_slots(const int32_t* idx, int nslots, int problems, int cap, int* scratch, short* sorted, int* ent,
-                            int* nent) {
-  const int nthr = int(blockDim.x), tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  int* idx_t = scratch;
-  int* rank_t = idx_t + cap;
-  int* first_t = rank_t + cap;
-  int* npass_t = first_t + cap;
-  int* ncnt_t = npass_t + cap;
-  int* pbase_t = ncnt_t + cap;
-  int* cbase_t = pbase_t + cap;
-  for (int s = tid; s < nslots; s += nthr) idx_t[s] = idx[s];
-  __syncthreads();
-  for (int s = tid; s < nslots; s += nthr) {
-    const int e = idx_t[s];
-    int rank = 0, cnt = 0, first = s;
-    for (int s2 = 0; s2 < nslots; ++s2)
-      if (idx_t[s2] == e) {
-        cnt++;
-        if (s2 < s) rank++, first = min(first, s2);
-      }
-    const bool ok = e >= 0 && e < problems && rank == 0;
-    rank_t[s] = rank, first_t[s] = first;
-    npass_t[s] = ok ? (cnt + 7) / 8 : 0;
-    ncnt_t[s] = ok ? cnt : 0;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    int run_p = 0, run_c = 0;
-    for (int base = 0; base < nslots; base += 32) {
-      const int s = base + lane;
-      const int p = s < nslots ? npass_t[s] : 0, c = s < nslots ? ncnt_t[s] : 0;
-      int ip = p, ic = c;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int tp = __shfl_up_sync(0xFFFFFFFFu, ip, o), tc = __shfl_up_sync(0xFFFFFFFFu, ic, o);
-        if (lane >= o) ip += tp, ic += tc;
-      }
-      if (s < nslots) pbase_t[s] = run_p + ip - p, cbase_t[s] = run_c + ic - c;
-      run_p += __shfl_sync(0xFFFFFFFFu, ip, 31);
-      run_c += __shfl_sync(0xFFFFFFFFu, ic, 31);
-    }
-    if (lane == 0) *nent = run_p;
-  }
-  __syncthreads();
-  for (int s = tid; s < nslots; s += nthr) {
-    const int e = idx_t[s];
-    if (e < 0 || e >= problems) continue;
-    const int f = first_t[s];
-    sorted[cbase_t[f] + rank_t[s]] = short(s);
-    if (rank_t[s] == 0) {
-      const int cnt = ncnt_t[s];
-      for (int p = 0; p < npass_t[s]; ++p) ent[pbase_t[s] + p] = ent_pack(e, cbase_t[s] + 8 * p, min(8, cnt - 8 * p));
-    }
-  }
-  __syncthreads();
-}
-
 template <int NMAT, int EPI, class OT, int DEPTH>
 __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const GemvArgs a) {
   extern __shared__ __align__(128) uint8_t dsm[];
@@ -146,7 +85,7 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
   __shared__ short sorted_s[kMaxSlots];  // without a table: the slots grouped by expert (with one: the table's list)
   __shared__ int nent_s;
 
-  const int warps = int(blockDim.x >> 5), tid = int(threadIdx.x);
+  const int warps = int(blockDim.x >> 5), nthr = int(blockDim.x), tid = int(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int nslots = a.n * a.topk;
 
@@ -173,8 +112,58 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
     }
     __syncthreads();
   } else {
-    // (scratch in the ring area, dead before the first copy)
-    group_slots(a.idx, nslots, a.problems, kMaxSlots, reinterpret_cast<int*>(dsm), sorted_s, ent_s, &nent_s);
+    int* idx_t = reinterpret_cast<int*>(dsm);  // scratch in the ring area, dead before the first copy
+    int* rank_t = idx_t + kMaxSlots;
+    int* first_t = rank_t + kMaxSlots;
+    int* npass_t = first_t + kMaxSlots;
+    int* ncnt_t = npass_t + kMaxSlots;
+    int* pbase_t = ncnt_t + kMaxSlots;
+    int* cbase_t = pbase_t + kMaxSlots;
+    for (int s = tid; s < nslots; s += nthr) idx_t[s] = a.idx[s];
+    __syncthreads();
+    for (int s = tid; s < nslots; s += nthr) {
+      const int e = idx_t[s];
+      int rank = 0, cnt = 0, first = s;
+      for (int s2 = 0; s2 < nslots; ++s2)
+        if (idx_t[s2] == e) {
+          cnt++;
+          if (s2 < s) rank++, first = min(first, s2);
+        }
+      const bool ok = e >= 0 && e < a.problems && rank == 0;
+      rank_t[s] = rank, first_t[s] = first;
+      npass_t[s] = ok ? (cnt + 7) / 8 : 0;
+      ncnt_t[s] = ok ? cnt : 0;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int run_p = 0, run_c = 0;
+      for (int base = 0; base < nslots; base += 32) {
+        const int s = base + lane;
+        const int p = s < nslots ? npass_t[s] : 0, c = s < nslots ? ncnt_t[s] : 0;
+        int ip = p, ic = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int tp = __shfl_up_sync(0xFFFFFFFFu, ip, o), tc = __shfl_up_sync(0xFFFFFFFFu, ic, o);
+          if (lane >= o) ip += tp, ic += tc;
+        }
+        if (s < nslots) pbase_t[s] = run_p + ip - p, cbase_t[s] = run_c + ic - c;
+        run_p += __shfl_sync(0xFFFFFFFFu, ip, 31);
+        run_c += __shfl_sync(0xFFFFFFFFu, ic, 31);
+      }
+      if (lane == 0) nent_s = run_p;
+    }
+    __syncthreads();
+    for (int s = tid; s < nslots; s += nthr) {
+      const int e = idx_t[s];
+      if (e < 0 || e >= a.problems) continue;
+      const int f = first_t[s];
+      sorted_s[cbase_t[f] + rank_t[s]] = short(s);
+      if (rank_t[s] == 0) {
+        const int cnt = ncnt_t[s];
+        for (int p = 0; p < npass_t[s]; ++p) ent_s[pbase_t[s] + p] = ent_pack(e, cbase_t[s] + 8 * p, min(8, cnt - 8 * p));
+      }
+    }
+    __syncthreads();
   }
   if (a.pdl > 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // Position i of the slots grouped by expert.

@@ -205,22 +205,6 @@ struct GemvArgs {
                        // auto: on at n * topk <= 8), 0 off, 1 on
   int fp4_ksplit = 0;  // streaming: warps of a CTA that split one tile's K (1, 2, 4, 8; divides fp4_warps; 0: default)
 };
-// MXFP4 routed experts at decode in one launch (gemv_fp4f.cuh): gate/up + SwiGLU into h (f16), then down, the same
-// bits as launch_gemv's per-tile kernel on gu and dn. gu: gate/up's arguments (kFp4, 2 matrices, kSwiglu, f16 out);
-// dn: down's (kFp4, 1 matrix, kStore, x = gu's out, fp32 out); the same routing, n * topk <= kFusedMaxSlots, no group
-// table. sync: moe_fused_counters(n * topk) zeroed counters (each launch leaves them zero; one launch at a time).
-// pre: down's 128-column weight chunks loaded before its wait for h, 4, 8 or 16; ua: gate/up's chunks per warp in
-// flight, 2 or 4 (0: defaults).
-constexpr int kFusedMaxSlots = 64;
-struct MoeFusedArgs {
-  GemvArgs gu, dn;
-  unsigned* sync = nullptr;
-  int pre = 0, ua = 0;
-};
-int moe_fused_counters(int slots);
-// Why the fused kernel does not take these arguments (nullptr: it does).
-const char* moe_fused_refusal(const GemvArgs& gu, const GemvArgs& dn);
-void launch_moe_fused(const MoeFusedArgs& f, Stream s);
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).
 int gemv_dense_warps(int64_t tiles, int64_t chunks);

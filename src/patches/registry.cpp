@@ -138,18 +138,6 @@ std::vector<Patch> make_registry() {
                // against an fp64 product of the same bf16-rounded inputs, of the unrounded ones, and against the GEMM).
                // 1e-2 as for the other bf16-input patches.
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_bf16_gemv = true; }, false, "cuda"});
-  r.push_back({"cuda.moe_fused", "cuda.moe_mxfp4's decode kernels as two launches (gate/up + SwiGLU, then down)",
-               "decode steps of at most 64 (token, expert) slots run cuda.moe_mxfp4's routed experts as one launch: "
-               "blocks take gate/up and down units in ticket order, down's blocks load their weights first, then wait "
-               "on a per-expert counter until their expert's h is written, so down's reads overlap gate/up's tail "
-               "instead of starting after it; the same per-tile arithmetic in the same order (needs cuda.moe_mxfp4; "
-               "not under the official numerics, whose W4A8 kernels keep their two launches)",
-               "a down block reading h before its expert's last gate/up tile is written, or counters left nonzero for "
-               "the next launch, give wrong or run-to-run varying results: tested bit-identical to the two launches, "
-               "the counters zero after each launch",
-               // The same per-tile arithmetic in the same order: bit-identical (tests/cuda/test_cuda_moe_fused.cpp).
-               // The tolerance is the reference's.
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_moe_fused = true; }, false, "cuda"});
   r.push_back({"attn.splitk_decode", "sparse attention: logits of every key, then one softmax and P.V per head",
                "flash-decoding: a block takes one token, 16 heads and a contiguous chunk of keys (staged once in shared "
                "memory for all 16 heads), computes logits and P.V on the fp64 tensor cores with a running max and fp64 "
