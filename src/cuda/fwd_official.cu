@@ -45,7 +45,7 @@ __global__ void act_quant_e4m3_kernel(const float* x, int64_t rows, int64_t K, i
     v[k] = e < n ? x[r * ldx + b0 + e] : 0.0f;
     amax = fmaxf(amax, fabsf(v[k]));
   }
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));  // (warp_amax's tree)
   const float s = pow2_scale(amax, 1.0f / kFp8Max);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -188,7 +188,7 @@ void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream
 
 void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block, Stream s) {
   if (rows <= 0 || n <= 0) return;
-  launch("fwd_fp8_roundtrip", fp8_roundtrip_kernel, unsigned(rows), 64, 0, s, x, ld, n, block);
+  launch("fwd_fp8_roundtrip", fp8_roundtrip_kernel, unsigned(rows), 256, 0, s, x, ld, n, block);  // a warp per scale block
 }
 
 void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s) {

@@ -25,22 +25,35 @@ __device__ __forceinline__ float fp8_quant_one(const float* x, int64_t n, float*
   return s;
 }
 
-// official::fp8_roundtrip / fp4_roundtrip of one row v[0, n) by the calling block: a thread per scale block.
+// The amax of x[0, n) over a warp (lanes striding the elements; max is exact in any order), from `floor`.
+__device__ __forceinline__ float warp_amax(const float* x, int64_t n, float floor, int lane) {
+  float amax = floor;
+  for (int64_t i = lane; i < n; i += 32) amax = fmaxf(amax, fabsf(x[i]));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  return amax;
+}
+
+// official::fp8_roundtrip / fp4_roundtrip of one row v[0, n) by the calling block (blockDim a multiple of 32): a
+// warp per scale block, its amax by warp_amax, then each element's quantization and rescale as the serial
+// official:: code computes it (the same operations per element: the same bits).
 __device__ __forceinline__ void fp8_roundtrip_row(float* v, int64_t n, int block) {
-  for (int64_t b0 = int64_t(threadIdx.x) * block; b0 < n; b0 += int64_t(blockDim.x) * block) {
+  using namespace official_math;
+  const int lane = int(threadIdx.x & 31);
+  for (int64_t b0 = int64_t(threadIdx.x >> 5) * block; b0 < n; b0 += int64_t(blockDim.x >> 5) * block) {
     const int64_t len = min(int64_t(block), n - b0);
-    const float s = fp8_quant_one(v + b0, len, v + b0);
-    for (int64_t i = b0; i < b0 + len; ++i) v[i] = bf16r(__fmul_rn(v[i], s));
+    const float s = pow2_scale(warp_amax(v + b0, len, kFp8AmaxFloor, lane), 1.0f / kFp8Max);
+    for (int64_t i = b0 + lane; i < b0 + len; i += 32)
+      v[i] = bf16r(__fmul_rn(e4m3_rne(fminf(fmaxf(__fdiv_rn(v[i], s), -kFp8Max), kFp8Max)), s));
   }
 }
 __device__ __forceinline__ void fp4_roundtrip_row(float* v, int64_t n, int block) {
   using namespace official_math;
-  for (int64_t b0 = int64_t(threadIdx.x) * block; b0 < n; b0 += int64_t(blockDim.x) * block) {
-    const int64_t b1 = min(n, b0 + block);
-    float amax = kFp4AmaxFloor;
-    for (int64_t i = b0; i < b1; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const float s = pow2_scale(amax, 1.0f / kFp4Max);
-    for (int64_t i = b0; i < b1; ++i) v[i] = bf16r(__fmul_rn(e2m1_rne(fminf(fmaxf(__fdiv_rn(v[i], s), -kFp4Max), kFp4Max)), s));
+  const int lane = int(threadIdx.x & 31);
+  for (int64_t b0 = int64_t(threadIdx.x >> 5) * block; b0 < n; b0 += int64_t(blockDim.x >> 5) * block) {
+    const int64_t len = min(int64_t(block), n - b0);
+    const float s = pow2_scale(warp_amax(v + b0, len, kFp4AmaxFloor, lane), 1.0f / kFp4Max);
+    for (int64_t i = b0 + lane; i < b0 + len; i += 32)
+      v[i] = bf16r(__fmul_rn(e2m1_rne(fminf(fmaxf(__fdiv_rn(v[i], s), -kFp4Max), kFp4Max)), s));
   }
 }
 
