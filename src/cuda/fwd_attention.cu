@@ -92,7 +92,8 @@ __global__ void attend_out_kernel(AttendArgs a) {
 // 64: the block's max (a thread per key, then a max tree: max is exact and order-free), each key's probability
 // p_j = exp(l_j - m_new) by its thread, then thread 0 the rescale alpha = exp(m_old - m_new), the probabilities'
 // float sum in key order and l = fma(l, alpha, psum); each thread then sums bf16(p_j) * v_j[d] over the block in fp64
-// and folds it in as float(float(acc) * alpha) + float(blk). The sink joins the denominator at the end; the output is
+// (the key rows looked up once per block, a thread per key, and loaded 8 at a time) and folds it in as
+// float(float(acc) * alpha) + float(blk). The sink joins the denominator at the end; the output is
 // bf16. A hole (-1 slot) has p = 0 and adds nothing; holes trail the selection, so the blocks are the CPU's compacted
 // ones. (AttendArgs::official_serial: thread 0 computes the max and the probabilities too, the one-thread twin the
 // tests hold the parallel steps to, bit for bit.)
@@ -100,6 +101,7 @@ constexpr int kOffBlock = 64;
 __global__ void attend_out_official_kernel(AttendArgs a) {
   pdl_begin();
   __shared__ float pb[kOffBlock], pf[kOffBlock], mx[kOffBlock / 32];
+  __shared__ const float* rp[kOffBlock];  // the key block's rows (null: a hole), one lookup per key
   __shared__ float alpha_s, m_new_s;
   const int th = blockIdx.x, t = th / a.Hq, h = th % a.Hq;
   const KeyList keys(a, t);
@@ -110,6 +112,7 @@ __global__ void attend_out_official_kernel(AttendArgs a) {
   double acc = 0;
   for (int64_t b0 = 0; b0 < keys.count; b0 += kOffBlock) {
     const int64_t b1 = min(keys.count, b0 + kOffBlock);
+    rp[threadIdx.x] = b0 + threadIdx.x < b1 ? keys.row(b0 + threadIdx.x) : nullptr;  // (read after the barriers below)
     if (a.official_serial) {
       if (threadIdx.x == 0) {
         float m_new = m_run;
@@ -156,9 +159,20 @@ __global__ void attend_out_official_kernel(AttendArgs a) {
     }
     __syncthreads();
     if (dim < a.Dh) {
+      // In key order, as before; the loads of 8 keys issued together (they were one dependent round trip each).
       double blk = 0;
-      for (int64_t j = b0; j < b1; ++j)
-        if (const float* k = keys.row(j)) blk += double(pb[j - b0]) * k[dim];
+      const int nb = int(b1 - b0);
+      for (int i0 = 0; i0 < nb; i0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const float* k = i0 + u < nb ? rp[i0 + u] : nullptr;
+          v[u] = k ? k[dim] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (i0 + u < nb && rp[i0 + u]) blk += double(pb[i0 + u]) * v[u];
+      }
       acc = double(__fadd_rn(__fmul_rn(float(acc), alpha_s), float(blk)));
     }
     __syncthreads();
