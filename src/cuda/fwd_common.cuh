@@ -140,6 +140,18 @@ __device__ __forceinline__ void rope_pair(float* p, int64_t pos, float inv_freq,
   p[1] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
+// Pair i of rope_kernel's rows (row i / half, pair i % half; position (*dpos) + pos0 + (row / per_pos) * pos_step);
+// returns the pair.
+__device__ __forceinline__ float* rope_one(float* x, int64_t i, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
+                                          const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
+  const int64_t r = i / half;
+  const int k = int(i % half);
+  const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
+  float* p = x + r * ld + off + 2 * k;
+  rope_pair(p, pos, inv_freq[k], af, inverse);
+  return p;
+}
+
 // rms_norm_rope_kernel's row (fwd_ops.cu: a block of kNormThreads threads, w null or the norm's weight) computed by
 // one warp: lane l stands for the block's threads l, 32 + l, ..., 224 + l, their elements, sums of squares and warp
 // sums kept apart, the 8 warp sums then added in warp order as block_sum does, so the bits are that kernel's. Reads

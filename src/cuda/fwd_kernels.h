@@ -321,7 +321,19 @@ struct OfficialLinearArgs {
 };
 void fwd_linear_official(const OfficialLinearArgs& a, Stream s);
 // Numerics::head_rms in official mode: per group of dim values, the bf16 square / mean / rsqrt / product.
-void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s);
+// rope (optional; the official query heads' norm_rope): then, in the same launch, RoPE on each group's dims [off,
+// off + 2 * half) at (*dpos) + group / per_pos and those values rounded to bf16, and the `also` rows rotated and
+// rounded likewise (the indexer's query): the bits of fwd_rope and fwd_act after it, two or four launches fewer.
+struct HeadRope {
+  int64_t off = 0;
+  int half = 0;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+  const int64_t* dpos = nullptr;
+  int64_t per_pos = 1;
+  RopeRows also;
+};
+void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s, const HeadRope* rope = nullptr);
 // official::fp8_roundtrip of x[r * ld .. + n) in blocks of `block` (the FP8 KV simulation), each row.
 void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block, Stream s);
 // Numerics::indexer_rotate of each row x[r * n .. + n): Hadamard (n <= 1024) then the FP4 simulation.

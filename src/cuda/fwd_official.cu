@@ -128,10 +128,23 @@ __global__ void linear_official_kernel(OfficialLinearArgs a, int per) {
 
 // A warp per group. The bf16 squares are summed in fp64 (exact for the group sizes here: any order), then the
 // CPU's bf16 mean, rsqrt and product.
-__global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double eps) {
+// A warp per group; with hr.half > 0 the group's RoPE and bf16 rounding after (fwd_rope's and fwd_act's arithmetic),
+// and blocks from head_blocks on: the also rows, a thread per pair.
+constexpr int kHeadRmsWarps = 8;
+__global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double eps, HeadRope hr) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
-  const int64_t g = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t head_blocks = (groups + kHeadRmsWarps - 1) / kHeadRmsWarps;
+  if (int64_t(blockIdx.x) >= head_blocks) {
+    const RopeRows& b = hr.also;
+    const int64_t i = (int64_t(blockIdx.x) - head_blocks) * blockDim.x + threadIdx.x;
+    if (i < b.rows * b.half) {
+      float* p = rope_one(b.x, i, b.ld, b.off, b.half, hr.inv_freq, hr.attention_factor, hr.dpos, 0, b.per_pos, 1, 0);
+      p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);
+    }
+    return;
+  }
+  const int64_t g = int64_t(blockIdx.x) * kHeadRmsWarps + (threadIdx.x >> 5);
   if (g >= groups) return;
   float* v = x + g * dim;
   double ss = 0;
@@ -140,6 +153,12 @@ __global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double ep
   const float mean = bf16r(float(ss / double(dim)));
   const float r = bf16r(__fdiv_rn(1.0f, __fsqrt_rn(bf16r(__fadd_rn(mean, float(eps))))));
   for (int64_t i = lane; i < dim; i += 32) v[i] = bf16r(__fmul_rn(v[i], r));
+  if (hr.half <= 0) return;
+  __syncwarp();  // the pairs read values other lanes wrote
+  for (int k = lane; k < hr.half; k += 32) {
+    float* p = rope_one(v, k, 0, hr.off, hr.half, hr.inv_freq, hr.attention_factor, hr.dpos, g / hr.per_pos, 1, 1, 0);
+    p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);
+  }
 }
 
 __global__ void fp8_roundtrip_kernel(float* x, int64_t ld, int64_t n, int block) {
@@ -181,9 +200,12 @@ void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {
   launch("fwd_linear_official", linear_official_kernel, grid, 32 * kRowsPerBlock, 0, s, a, per);
 }
 
-void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s) {
+void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s, const HeadRope* rope) {
   if (groups <= 0) return;
-  launch("fwd_head_rms_bf16", head_rms_kernel, fwd_blocks(groups, 8), 256, 0, s, x, groups, dim, eps);
+  HeadRope hr = rope ? *rope : HeadRope{};
+  if (hr.half <= 0 || hr.also.half <= 0) hr.also = RopeRows{};
+  const int blocks = fwd_blocks(groups, kHeadRmsWarps) + fwd_blocks(hr.also.rows * hr.also.half, 32 * kHeadRmsWarps);
+  launch("fwd_head_rms_bf16", head_rms_kernel, blocks, 32 * kHeadRmsWarps, 0, s, x, groups, dim, eps, hr);
 }
 
 void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block, Stream s) {

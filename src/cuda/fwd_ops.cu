@@ -440,15 +440,6 @@ __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* 
                out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr);
 }
 
-// Pair i of rope_kernel's rows (row i / half, pair i % half; position (*dpos) + pos0 + (row / per_pos) * pos_step).
-__device__ __forceinline__ void rope_one(float* x, int64_t i, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
-                                         const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
-  const int64_t r = i / half;
-  const int k = int(i % half);
-  const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
-  rope_pair(x + r * ld + off + 2 * k, pos, inv_freq[k], af, inverse);
-}
-
 // rms_norm_kernel's row, then RoPE on its dims [off, off + 2 * half) at position (*dpos) + row / per_pos: the
 // same bits as the two kernels one after the other. Blocks from `rows` on: RoPE alone on b's rows (rope_kernel's
 // threads, kBlockThreads per block).

@@ -86,9 +86,16 @@ void GpuNumerics::rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int
 
 void GpuNumerics::norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,
                             int64_t per_pos, const RopeRows* also) const {
+  if (official_ && !w) {  // head_rms, rope and its bf16 rounding, the also rows' likewise: one launch
+    HeadRope h;
+    h.off = dim - r.dim, h.half = r.dim / 2, h.inv_freq = f32(r.inv_freq), h.attention_factor = r.attention_factor;
+    h.dpos = dpos, h.per_pos = per_pos;
+    if (also) h.also = *also, h.also.half = r.dim / 2;
+    fwd_head_rms_bf16(x, rows, dim, eps, nullptr, &h);
+    return;
+  }
   if (official_) {
-    if (w) rms_norm(x, rows, dim, w, eps);
-    else head_rms(x, rows, dim, eps);
+    rms_norm(x, rows, dim, w, eps);
     rope(r, x, rows, dim, dim - r.dim, dpos, per_pos, false);
     if (also) rope(r, also->x, also->rows, also->ld, also->off, dpos, also->per_pos, false);
     return;

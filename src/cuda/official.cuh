@@ -36,26 +36,22 @@ __device__ __forceinline__ float warp_amax(const float* x, int64_t n, float floo
 // official::fp8_roundtrip / fp4_roundtrip of one row v[0, n) by the calling block (blockDim a multiple of 32): a
 // warp per scale block, its amax by warp_amax, then each element's quantization and rescale as the serial
 // official:: code computes it (the same operations per element: the same bits).
-__device__ __forceinline__ void fp8_roundtrip_row(float* v, int64_t n, int block) {
+template <bool FP4>
+__device__ __forceinline__ void roundtrip_row(float* v, int64_t n, int block) {
   using namespace official_math;
+  constexpr float kMax = FP4 ? kFp4Max : kFp8Max;
   const int lane = int(threadIdx.x & 31);
   for (int64_t b0 = int64_t(threadIdx.x >> 5) * block; b0 < n; b0 += int64_t(blockDim.x >> 5) * block) {
     const int64_t len = min(int64_t(block), n - b0);
-    const float s = pow2_scale(warp_amax(v + b0, len, kFp8AmaxFloor, lane), 1.0f / kFp8Max);
-    for (int64_t i = b0 + lane; i < b0 + len; i += 32)
-      v[i] = bf16r(__fmul_rn(e4m3_rne(fminf(fmaxf(__fdiv_rn(v[i], s), -kFp8Max), kFp8Max)), s));
+    const float s = pow2_scale(warp_amax(v + b0, len, FP4 ? kFp4AmaxFloor : kFp8AmaxFloor, lane), 1.0f / kMax);
+    for (int64_t i = b0 + lane; i < b0 + len; i += 32) {
+      const float q = fminf(fmaxf(__fdiv_rn(v[i], s), -kMax), kMax);
+      v[i] = bf16r(__fmul_rn(FP4 ? e2m1_rne(q) : e4m3_rne(q), s));
+    }
   }
 }
-__device__ __forceinline__ void fp4_roundtrip_row(float* v, int64_t n, int block) {
-  using namespace official_math;
-  const int lane = int(threadIdx.x & 31);
-  for (int64_t b0 = int64_t(threadIdx.x >> 5) * block; b0 < n; b0 += int64_t(blockDim.x >> 5) * block) {
-    const int64_t len = min(int64_t(block), n - b0);
-    const float s = pow2_scale(warp_amax(v + b0, len, kFp4AmaxFloor, lane), 1.0f / kFp4Max);
-    for (int64_t i = b0 + lane; i < b0 + len; i += 32)
-      v[i] = bf16r(__fmul_rn(e2m1_rne(fminf(fmaxf(__fdiv_rn(v[i], s), -kFp4Max), kFp4Max)), s));
-  }
-}
+__device__ __forceinline__ void fp8_roundtrip_row(float* v, int64_t n, int block) { roundtrip_row<false>(v, n, block); }
+__device__ __forceinline__ void fp4_roundtrip_row(float* v, int64_t n, int block) { roundtrip_row<true>(v, n, block); }
 
 constexpr int kHadamardMax = 1024;  // the rotated row's length bound (index_head_dim)
 

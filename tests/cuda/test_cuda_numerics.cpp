@@ -167,6 +167,39 @@ TEST_F(CudaNumerics, HeadRmsMatches) {
   }
 }
 
+// The official query heads' norm_rope in one launch (fwd_head_rms_bf16 with a HeadRope: the head RMS, RoPE on the
+// last dims and their bf16 rounding, the indexer query's rows rotated and rounded too) against the three kernels it
+// replaces, each held to the CPU above and in HcMixModesMatch's neighbours: bit for bit. Positions from a device
+// value, several heads per position, 9 groups (a partial block), also rows of another width and stride.
+TEST_F(CudaNumerics, HeadRmsRopeMatchesSeparateLaunches) {
+  Rng rng(41);
+  for (int64_t dim : {64, 512}) {
+    const int64_t heads = 3, tokens = 3, groups = heads * tokens, rd = 32, half = rd / 2;
+    const int64_t arows = tokens * 2, ald = 96, aoff = ald - rd;
+    auto x = rng.floats(size_t(groups * dim), -3.0f, 3.0f);
+    auto y = rng.floats(size_t(arows * ald), -3.0f, 3.0f);
+    Numerics(official_options()).act(x.data(), int64_t(x.size()));
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t k = 0; k < half; ++k) inv[size_t(k)] = std::pow(10000.0f, -float(2 * k) / float(rd));
+    DeviceBuffer dinv = to_device(inv), dpos = to_device(std::vector<int64_t>{1234});
+    DeviceBuffer fx = to_device(x), fy = to_device(y), sx = to_device(x), sy = to_device(y);
+    d::HeadRope h;
+    h.off = dim - rd, h.half = int(half), h.inv_freq = dinv.as<float>(), h.attention_factor = 1.25f;
+    h.dpos = dpos.as<int64_t>(), h.per_pos = heads;
+    h.also.x = fy.as<float>(), h.also.rows = arows, h.also.ld = ald, h.also.off = aoff, h.also.half = int(half), h.also.per_pos = 2;
+    d::fwd_head_rms_bf16(fx.as<float>(), groups, dim, 1e-6, nullptr, &h);
+    d::fwd_head_rms_bf16(sx.as<float>(), groups, dim, 1e-6, nullptr);
+    d::fwd_rope(sx.as<float>(), groups, dim, dim - rd, int(half), dinv.as<float>(), 1.25f, dpos.as<int64_t>(), 0, heads, 1, 0, nullptr);
+    d::fwd_act(sx.as<float>(), groups, dim, dim - rd, rd, nullptr);
+    d::fwd_rope(sy.as<float>(), arows, ald, aoff, int(half), dinv.as<float>(), 1.25f, dpos.as<int64_t>(), 0, 2, 1, 0, nullptr);
+    d::fwd_act(sy.as<float>(), arows, ald, aoff, rd, nullptr);
+    const auto ref_x = to_host<float>(sx, x.size()), ref_y = to_host<float>(sy, y.size());
+    expect_bitwise("head_rms + rope dim=" + std::to_string(dim), to_host<float>(fx, x.size()), ref_x, dim);
+    expect_bitwise("also rows rope dim=" + std::to_string(dim), to_host<float>(fy, y.size()), ref_y, ald);
+    EXPECT_NE(std::memcmp(ref_y.data(), y.data(), y.size() * 4), 0) << "the also rows were not rotated";
+  }
+}
+
 TEST_F(CudaNumerics, KvFp8SimMatches) {
   Rng rng(5);
   for (int64_t n : {448, 100}) {  // V4's nope dims; a ragged last block
