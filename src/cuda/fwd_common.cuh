@@ -99,7 +99,9 @@ __device__ __forceinline__ void load_strided(const float* v, int64_t b, int64_t 
 __device__ __forceinline__ float rms_inv(double ss, int64_t dim, double eps) { return float(1.0 / sqrt(ss / double(dim) + eps)); }
 __device__ __forceinline__ float rms_scaled(float x, float inv, float g) { return g * (x * inv); }
 
-__device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh, __half* h16 = nullptr) {
+// bf16_out (the official numerics' rms_norm then act): each result rounded to bf16 as it is stored.
+__device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh, __half* h16 = nullptr,
+                                             bool bf16_out = false) {
   // kU of a thread's elements are loaded before any is used (clamped indices, no early exit): one block per row is
   // latency-bound at decode, and a plain strided loop waited for each load in turn. Same order of accumulation.
   constexpr int kU = 8;
@@ -124,7 +126,8 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (b + u * step < dim) {
-        const float r = w ? rms_scaled(x[u], inv, g[u]) : x[u] * inv;
+        float r = w ? rms_scaled(x[u], inv, g[u]) : x[u] * inv;
+        if (bf16_out) r = bf16r(r);
         v[b + u * step] = r;
         if (h16) h16[b + u * step] = __float2half_rn(r);
       }

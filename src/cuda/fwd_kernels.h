@@ -66,8 +66,10 @@ void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s);
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
                         int64_t cols, float* y, int64_t ldy, Stream s);
 // Weighted (w non-null) or plain RMSNorm of `rows` rows of `dim` values, rows `ld` apart, in place; out16
-// (optional): the result also as f16 rows [rows, dim] (what fwd_to_f16 would make of it).
-void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16 = nullptr);
+// (optional): the result also as f16 rows [rows, dim] (what fwd_to_f16 would make of it); round_bf16 (the official
+// numerics): each result rounded to bf16 (the bits of fwd_act after it).
+void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16 = nullptr,
+                  int round_bf16 = 0);
 // A second set of rows for fwd_rms_norm_rope: RoPE alone on x[r * ld + off .. + 2 * half) for r < rows, at
 // (*dpos) + r / per_pos, with the same tables (fwd_rope's arithmetic: pos0 0, pos_step 1, not inverse).
 struct RopeRows {
@@ -88,9 +90,9 @@ void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* 
                   int64_t per_pos, int inverse, uint16_t* out16, Stream s);
 // Interleaved RoPE on x[row * ld + off .. + 2 * half): row r is at position (*dpos) + pos0 + (r / per_pos) * pos_step
 // (dpos: a device position, null for 0). inv_freq [half] fp32; cos and sin are multiplied by attention_factor;
-// inverse rotates by -angle.
+// inverse rotates by -angle; round_bf16 (the official numerics): the rotated values rounded to bf16 (fwd_act after it).
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
-              const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s);
+              const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s, int round_bf16 = 0);
 // y = a * x elementwise over n values (in place when y == x).
 void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s);
 void fwd_add(float* y, const float* x, int64_t n, Stream s);  // y += x

@@ -433,11 +433,11 @@ __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int 
   if (lane == 0) y[int64_t(slot) * ldy + r] = float(acc);
 }
 
-__global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, uint16_t* out16) {
+__global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, uint16_t* out16, int round_bf16) {
   pdl_begin();
   __shared__ double sh[32];
   rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh,
-               out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr);
+               out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr, round_bf16 != 0);
 }
 
 // rms_norm_kernel's row, then RoPE on its dims [off, off + 2 * half) at position (*dpos) + row / per_pos: the
@@ -477,10 +477,12 @@ __global__ void __launch_bounds__(32 * kWarpRows) rms_norm_rope_warp_kernel(floa
 }
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
-                            const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse) {
+                            const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, int round_bf16) {
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < rows * half) rope_one(x, i, ld, off, half, inv_freq, af, dpos, pos0, per_pos, pos_step, inverse);
+  if (i >= rows * half) return;
+  float* p = rope_one(x, i, ld, off, half, inv_freq, af, dpos, pos0, per_pos, pos_step, inverse);
+  if (round_bf16) p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);
 }
 
 // rope_kernel on rows of ld values whose rotated dims start at off (a pair per thread: every pair of the row, the
@@ -611,9 +613,10 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
   launch("fwd_linear_indexed", linear_indexed_kernel, grid, 32 * kRowsPerBlock, 0, s, mats, idx, x_div, x, ldx, rows, y, ldy);
 }
 
-void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16) {
+void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16,
+                  int round_bf16) {
   if (rows <= 0) return;
-  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), kBlockThreads, 0, s, x, dim, ld, w, eps, out16);
+  launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), kBlockThreads, 0, s, x, dim, ld, w, eps, out16, round_bf16);
 }
 
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
@@ -632,11 +635,11 @@ void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, doub
 }
 
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
-              const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s) {
+              const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s, int round_bf16) {
   const int64_t total = rows * half;
   if (total <= 0) return;
   launch("fwd_rope", rope_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, half, inv_freq, attention_factor, dpos,
-         pos0, per_pos, pos_step, inverse);
+         pos0, per_pos, pos_step, inverse, round_bf16);
 }
 
 void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* inv_freq, float attention_factor, const int64_t* dpos,

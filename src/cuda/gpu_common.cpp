@@ -74,8 +74,10 @@ GpuRope upload_rope(const ops::Rope& r) {
   return g;
 }
 
-void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos, bool inverse) const {
-  detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, dpos, 0, per_pos, 1, inverse ? 1 : 0, nullptr);
+void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos, bool inverse,
+                    bool round_bf16) const {
+  detail::fwd_rope(x, rows, ld, off, dim / 2, f32(inv_freq), attention_factor, dpos, 0, per_pos, 1, inverse ? 1 : 0, nullptr,
+                   round_bf16 ? 1 : 0);
 }
 
 Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems, size_t h_elems) {

@@ -49,7 +49,9 @@ struct GpuRope {
   float attention_factor = 1.0f;
   // Rotates the last dim values of `rows` rows (ld apart, each row ending at off + dim) at position
   // *dpos + (r / per_pos) (dpos: the device position of the chunk's first token).
-  void apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos, bool inverse) const;
+  // round_bf16: the rotated values rounded to bf16 (the official numerics' rope then act).
+  void apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos, bool inverse,
+             bool round_bf16 = false) const;
 };
 GpuRope upload_rope(const ops::Rope& r);
 

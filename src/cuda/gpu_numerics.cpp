@@ -67,9 +67,8 @@ void GpuNumerics::proj_bf16(const GMat& w, const float* x, int n, int64_t ldx, i
 }
 
 bool GpuNumerics::rms_norm(float* x, int64_t rows, int64_t dim, const float* w, double eps, uint16_t* x16) const {
-  if (official_) x16 = nullptr;  // its activation rounding (act) comes after the norm
-  fwd_rms_norm(x, rows, dim, dim, w, eps, nullptr, x16);
-  act(x, rows * dim);
+  if (official_) x16 = nullptr;  // its activation rounding (act) comes after the norm: in the same launch
+  fwd_rms_norm(x, rows, dim, dim, w, eps, nullptr, x16, official_ ? 1 : 0);
   return x16 != nullptr;
 }
 
@@ -80,8 +79,7 @@ void GpuNumerics::head_rms(float* x, int64_t groups, int64_t dim, double eps) co
 
 void GpuNumerics::rope(const GpuRope& r, float* x, int64_t rows, int64_t ld, int64_t off, const int64_t* dpos, int64_t per_pos,
                        bool inverse) const {
-  r.apply(x, rows, ld, off, dpos, per_pos, inverse);
-  act_rows(x, rows, ld, off, r.dim);
+  r.apply(x, rows, ld, off, dpos, per_pos, inverse, official_);  // (official: act on the rotated dims, in the same launch)
 }
 
 void GpuNumerics::norm_rope(const GpuRope& r, float* x, int64_t rows, int64_t dim, const float* w, double eps, const int64_t* dpos,

@@ -200,6 +200,38 @@ TEST_F(CudaNumerics, HeadRmsRopeMatchesSeparateLaunches) {
   }
 }
 
+// The official rms_norm and rope with their bf16 rounding in the same launch (round_bf16) against the kernel then
+// fwd_act, bit for bit: weighted and plain norms of a few dims, RoPE forward and inverse on the last dims of rows
+// with a stride.
+TEST_F(CudaNumerics, RoundedNormAndRopeMatchActAfter) {
+  Rng rng(42);
+  for (int64_t dim : {64, 448, 1024}) {
+    const int64_t rows = 5;
+    auto x = rng.floats(size_t(rows * dim), -3.0f, 3.0f);
+    DeviceBuffer w = to_device(rng.floats(size_t(dim), 0.5f, 1.5f));
+    for (const float* wp : std::initializer_list<const float*>{w.as<float>(), nullptr}) {
+      DeviceBuffer a = to_device(x), b = to_device(x);
+      d::fwd_rms_norm(a.as<float>(), rows, dim, dim, wp, 1e-6, nullptr, nullptr, 1);
+      d::fwd_rms_norm(b.as<float>(), rows, dim, dim, wp, 1e-6, nullptr);
+      d::fwd_act(b.as<float>(), rows, dim, 0, dim, nullptr);
+      expect_bitwise("rms_norm bf16 dim=" + std::to_string(dim) + (wp ? "" : " (plain)"), to_host<float>(a, x.size()),
+                     to_host<float>(b, x.size()), dim);
+    }
+    const int64_t rd = 64, half = rd / 2, ld = dim + 16, off = ld - rd;
+    auto y = rng.floats(size_t(rows * ld), -3.0f, 3.0f);
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t k = 0; k < half; ++k) inv[size_t(k)] = std::pow(10000.0f, -float(2 * k) / float(rd));
+    DeviceBuffer dinv = to_device(inv), dpos = to_device(std::vector<int64_t>{777});
+    for (int inverse : {0, 1}) {
+      DeviceBuffer a = to_device(y), b = to_device(y);
+      d::fwd_rope(a.as<float>(), rows, ld, off, int(half), dinv.as<float>(), 1.1f, dpos.as<int64_t>(), 0, 2, 1, inverse, nullptr, 1);
+      d::fwd_rope(b.as<float>(), rows, ld, off, int(half), dinv.as<float>(), 1.1f, dpos.as<int64_t>(), 0, 2, 1, inverse, nullptr);
+      d::fwd_act(b.as<float>(), rows, ld, off, rd, nullptr);
+      expect_bitwise("rope bf16 inverse=" + std::to_string(inverse), to_host<float>(a, y.size()), to_host<float>(b, y.size()), ld);
+    }
+  }
+}
+
 TEST_F(CudaNumerics, KvFp8SimMatches) {
   Rng rng(5);
   for (int64_t n : {448, 100}) {  // V4's nope dims; a ragged last block
