@@ -93,9 +93,10 @@ void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* 
 // inverse rotates by -angle; round_bf16 (the official numerics): the rotated values rounded to bf16 (fwd_act after it).
 void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float attention_factor,
               const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s, int round_bf16 = 0);
-// y = a * x elementwise over n values (in place when y == x).
-void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s);
-void fwd_add(float* y, const float* x, int64_t n, Stream s);  // y += x
+// y = a * x elementwise over n values (in place when y == x). The official numerics' bf16 storage in the same
+// launch: round_in rounds x to bf16 first, round_out the result (the bits of fwd_act before / after).
+void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s, int round_in = 0, int round_out = 0);
+void fwd_add(float* y, const float* x, int64_t n, Stream s, int round_bf16 = 0);  // y += x (then bf16, as fwd_act)
 void fwd_to_bf16(const float* x, int64_t n, uint16_t* y, Stream s);  // round to nearest even
 
 // ---- hyper-connections (fwd_hc.cu) ----
@@ -356,8 +357,10 @@ struct RouteArgs {
 };
 // One warp per token when E <= 512 and K <= 32 (else, or with `twin`, one block per token): the same bits.
 void fwd_route(const RouteArgs& a, Stream s);
-// h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L <= 0: no clamp).
-void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s);
+// h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L <= 0: no clamp);
+// round_bf16: h rounded to bf16 (the official numerics' act after it, in the same launch).
+void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s,
+                int round_bf16 = 0);
 // y[t, :] = out_scale * sum_k (weight ? weight[t, k] : 1) * ys[t*K + k, :]
 void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s);
 

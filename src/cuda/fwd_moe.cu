@@ -236,7 +236,8 @@ __global__ void route_kernel(RouteArgs a) {
   }
 }
 
-__global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float L, const float* pre, float* h) {
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float L, const float* pre, float* h,
+                              int round_bf16) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(nslots) * I) return;
   const int64_t sl = i / I, c = i % I;
@@ -246,7 +247,8 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int ns
     uv = fminf(fmaxf(uv, -L), L);
   }
   const float silu = gv / (1.0f + expf(-gv));
-  h[sl * I + c] = __fmul_rn(__fmul_rn(silu, uv), pre ? pre[sl] : 1.0f);
+  const float v = __fmul_rn(__fmul_rn(silu, uv), pre ? pre[sl] : 1.0f);
+  h[sl * I + c] = round_bf16 ? bf16r(v) : v;
 }
 
 __global__ void combine_kernel(const float* ys, const float* w, int n, int K, int64_t D, float scale, float* y) {
@@ -282,10 +284,11 @@ void fwd_route(const RouteArgs& a, Stream s) {
   check_launch("fwd_route");
 }
 
-void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s) {
+void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s,
+                int round_bf16) {
   const int64_t total = int64_t(nslots) * I;
   if (total <= 0) return;
-  swiglu_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(g, u, ld, nslots, I, limit, pre, h);
+  swiglu_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(g, u, ld, nslots, I, limit, pre, h, round_bf16);
   check_launch("fwd_swiglu");
 }
 

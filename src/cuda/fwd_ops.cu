@@ -498,20 +498,24 @@ __global__ void rope_f16_kernel(float* x, int64_t rows, int64_t ld, int64_t off,
   *reinterpret_cast<__half2*>(out16 + r * ld + j) = __floats2half2_rn(p[0], p[1]);
 }
 
-__global__ void scale_kernel(const float* x, float a, float* y, int64_t n) {
+__global__ void scale_kernel(const float* x, float a, float* y, int64_t n, int round_in, int round_out) {
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i];
+  if (i >= n) return;
+  const float v = a * (round_in ? bf16r(x[i]) : x[i]);
+  y[i] = round_out ? bf16r(v) : v;
 }
 __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* y) {
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
 }
-__global__ void add_kernel(float* y, const float* x, int64_t n) {
+__global__ void add_kernel(float* y, const float* x, int64_t n, int round_bf16) {
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = __fadd_rn(y[i], x[i]);
+  if (i >= n) return;
+  const float v = __fadd_rn(y[i], x[i]);
+  y[i] = round_bf16 ? bf16r(v) : v;
 }
 
 }  // namespace
@@ -651,9 +655,9 @@ void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* 
          per_pos, inverse, reinterpret_cast<__half*>(out16));
 }
 
-void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s) {
+void fwd_scale(const float* x, float a, float* y, int64_t n, Stream s, int round_in, int round_out) {
   if (n <= 0) return;
-  launch("fwd_scale", scale_kernel, fwd_blocks(n, 256), 256, 0, s, x, a, y, n);
+  launch("fwd_scale", scale_kernel, fwd_blocks(n, 256), 256, 0, s, x, a, y, n, round_in, round_out);
 }
 
 void fwd_to_bf16(const float* x, int64_t n, uint16_t* y, Stream s) {
@@ -661,9 +665,9 @@ void fwd_to_bf16(const float* x, int64_t n, uint16_t* y, Stream s) {
   launch("fwd_to_bf16", to_bf16_kernel, fwd_blocks(n, 256), 256, 0, s, x, n, y);
 }
 
-void fwd_add(float* y, const float* x, int64_t n, Stream s) {
+void fwd_add(float* y, const float* x, int64_t n, Stream s, int round_bf16) {
   if (n <= 0) return;
-  launch("fwd_add", add_kernel, fwd_blocks(n, 256), 256, 0, s, y, x, n);
+  launch("fwd_add", add_kernel, fwd_blocks(n, 256), 256, 0, s, y, x, n, round_bf16);
 }
 
 }  // namespace plumb::cuda::detail

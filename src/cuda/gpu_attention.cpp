@@ -253,13 +253,13 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     if (!hw_done && w.iweights_gemv) {  // cuda.bf16_gemv under the official numerics: x is bf16 there (exact operands)
       const Bf16Proj p{static_cast<const uint16_t*>(w.iweights.d.w), nh, hw, nh};
       bf16_linear_gemv_multi(&p, 1, D, x, cuda::Act::F32, D, n, gemv16_buffers(sc, size_t(n) * size_t(D)));
-      nm.act(hw, n * nh);  // the official linear's bf16 output, as proj_bf16 stores it
+      // (its bf16 rounding, as the official linear's output is stored, in the scale's launch below)
     } else if (!hw_done) {
       nm.proj_bf16(w.iweights, x, n, D, 0, nh, hw, nh);
     }
-    if (nm.official()) {  // official: weights_proj(x) * (dh^-1/2 * nh^-1/2), one bf16 tensor
-      fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr);
-      nm.act(hw, n * nh);
+    if (nm.official()) {  // official: bf16(weights_proj(x)) * (dh^-1/2 * nh^-1/2), one bf16 tensor
+      const int round_in = !hw_done && w.iweights_gemv ? 1 : 0;
+      fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr, round_in, 1);
     }
     IndexArgs ia;
     ia.q = iq;

@@ -115,8 +115,7 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
   float* h = m.sc.f("moe.h", slots * I);
   m.nm.proj_slots(d1, idx, slots, x_div, m.x, D, I, D, g, I, m.sc);
   m.nm.proj_slots(d3, idx, slots, x_div, m.x, D, I, D, u, I, m.sc);
-  fwd_swiglu(g, u, I, slots, I, float(limit), pre, h, nullptr);
-  m.nm.act(h, slots * I);
+  fwd_swiglu(g, u, I, slots, I, float(limit), pre, h, nullptr, m.nm.official() ? 1 : 0);  // (official: act in the launch)
   m.nm.proj_slots(d2, idx, slots, 1, h, I, D, I, ys, D, m.sc);
 }
 
@@ -137,8 +136,7 @@ void shared_expert(const MoeCtx& m, float* shared) {
     const OfficialCodes xq = official_quant(m.x, m.n, D, D, m.sc);  // one quantization of x for w1 and w3
     official_fp8_linear(m.w.sfp8->w1, xq, m.n, g, I, m.sc);
     official_fp8_linear(m.w.sfp8->w3, xq, m.n, u, I, m.sc);
-    fwd_swiglu(g, u, I, m.n, I, float(shared_limit), nullptr, h, nullptr);
-    m.nm.act(h, m.n * I);
+    fwd_swiglu(g, u, I, m.n, I, float(shared_limit), nullptr, h, nullptr, 1);  // (act in the launch)
     official_fp8_linear(m.w.sfp8->w2, h, m.n, I, shared, D, m.sc);
   } else if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(m.n) * size_t(m.w.sfp8->w1.rows) * 2));
@@ -272,12 +270,15 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     if (m.shared_side) branch_join(m.shared_side, m.sc.ev_join);
     else shared_expert(m, shared);
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
-    fwd_add(out, shared, r.n * D, nullptr);
   }
-  if (total_scale != 1.0f) fwd_scale(out, total_scale, out, r.n * D, nullptr);
-  // fp32 accumulation of routed + shared, stored as an activation. (The CPU sums a token's routed experts in
-  // expert-id order, the combine kernel in top-k order: fp32 reassociation, below the bf16 rounding here.)
-  m.nm.act(out, int64_t(r.n) * D);
+  // fp32 accumulation of routed + shared, stored as an activation (official: rounded to bf16 by the last of the add,
+  // the scale or act). (The CPU sums a token's routed experts in expert-id order, the combine kernel in top-k order:
+  // fp32 reassociation, below the bf16 rounding here.)
+  const int round = m.nm.official() ? 1 : 0;
+  const bool scaled = total_scale != 1.0f;
+  if (has_shared && !add) fwd_add(out, shared, r.n * D, nullptr, scaled ? 0 : round);
+  if (scaled) fwd_scale(out, total_scale, out, r.n * D, nullptr, 0, round);
+  if (!(has_shared && !add) && !scaled) m.nm.act(out, int64_t(r.n) * D);
   tap_io(m.tap, "ffn.out", out, {r.n, D});
 }
 

@@ -200,10 +200,36 @@ TEST_F(CudaNumerics, HeadRmsRopeMatchesSeparateLaunches) {
   }
 }
 
-// The official rms_norm and rope with their bf16 rounding in the same launch (round_bf16) against the kernel then
-// fwd_act, bit for bit: weighted and plain norms of a few dims, RoPE forward and inverse on the last dims of rows
-// with a stride.
+// The official numerics' bf16 rounding inside a kernel's launch (round_bf16 and friends) against the kernel then
+// fwd_act, bit for bit: rms_norm (weighted and plain), rope (forward and inverse, rows with a stride), swiglu (with
+// the clamp and a per-slot weight), add, and scale rounding its input and / or its output.
 TEST_F(CudaNumerics, RoundedNormAndRopeMatchActAfter) {
+  Rng rng0(43);
+  {
+    const int nslots = 3;
+    const int64_t I = 200, ld = 256, n = nslots * I;
+    const auto g = rng0.floats(size_t(nslots * ld), -12.0f, 12.0f), u = rng0.floats(size_t(nslots * ld), -12.0f, 12.0f);
+    DeviceBuffer dg = to_device(g), du = to_device(u), pre = to_device(rng0.floats(size_t(nslots), 0.1f, 1.0f));
+    DeviceBuffer a(size_t(n) * 4), b(size_t(n) * 4);
+    d::fwd_swiglu(dg.as<float>(), du.as<float>(), ld, nslots, I, 7.0f, pre.as<float>(), a.as<float>(), nullptr, 1);
+    d::fwd_swiglu(dg.as<float>(), du.as<float>(), ld, nslots, I, 7.0f, pre.as<float>(), b.as<float>(), nullptr);
+    d::fwd_act(b.as<float>(), 1, n, 0, n, nullptr);
+    expect_bitwise("swiglu bf16", to_host<float>(a, size_t(n)), to_host<float>(b, size_t(n)), I);
+    const auto x = rng0.floats(size_t(n), -5.0f, 5.0f), y = rng0.floats(size_t(n), -5.0f, 5.0f);
+    DeviceBuffer dx = to_device(x), ya = to_device(y), yb = to_device(y);
+    d::fwd_add(ya.as<float>(), dx.as<float>(), n, nullptr, 1);
+    d::fwd_add(yb.as<float>(), dx.as<float>(), n, nullptr);
+    d::fwd_act(yb.as<float>(), 1, n, 0, n, nullptr);
+    expect_bitwise("add bf16", to_host<float>(ya, size_t(n)), to_host<float>(yb, size_t(n)), I);
+    for (int round_in : {0, 1}) {
+      DeviceBuffer sa = to_device(x), sb = to_device(x);
+      d::fwd_scale(sa.as<float>(), 0.0883883f, sa.as<float>(), n, nullptr, round_in, 1);
+      if (round_in) d::fwd_act(sb.as<float>(), 1, n, 0, n, nullptr);
+      d::fwd_scale(sb.as<float>(), 0.0883883f, sb.as<float>(), n, nullptr);
+      d::fwd_act(sb.as<float>(), 1, n, 0, n, nullptr);
+      expect_bitwise("scale bf16, round_in " + std::to_string(round_in), to_host<float>(sa, size_t(n)), to_host<float>(sb, size_t(n)), I);
+    }
+  }
   Rng rng(42);
   for (int64_t dim : {64, 448, 1024}) {
     const int64_t rows = 5;
