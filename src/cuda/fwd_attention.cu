@@ -131,8 +131,7 @@ __global__ void attend_out_official_kernel(AttendArgs a) {
     } else {
       const int64_t j = b0 + threadIdx.x;
       const float lj = j < b1 ? lg[j] : -INFINITY;
-      float m = lj;
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      const float m = warp_max(lj);
       if (lane == 0) mx[warp] = m;
       __syncthreads();
       if (threadIdx.x == 0) {

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < P; ++i) m = fmaxf(m, x[i]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    m = warp_max(m);
     if (m == -INFINITY) {
 #pragma unroll
       for (int i = 0; i < P; ++i) score[i] = 0.0f;

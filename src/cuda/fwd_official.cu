@@ -45,7 +45,7 @@ __global__ void act_quant_e4m3_kernel(const float* x, int64_t rows, int64_t K, i
     v[k] = e < n ? x[r * ldx + b0 + e] : 0.0f;
     amax = fmaxf(amax, fabsf(v[k]));
   }
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));  // (warp_amax's tree)
+  amax = warp_max(amax);
   const float s = pow2_scale(amax, 1.0f / kFp8Max);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {

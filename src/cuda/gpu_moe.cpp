@@ -266,7 +266,8 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   }
   region.reset();
   tap_io(m.tap, "ffn.routed", out, {r.n, D});
-  if (has_shared && !add) {
+  const bool add_shared = has_shared && !add;  // (else there is none, or the combine added it)
+  if (add_shared) {
     if (m.shared_side) branch_join(m.shared_side, m.sc.ev_join);
     else shared_expert(m, shared);
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
@@ -276,9 +277,9 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   // fp32 reassociation, below the bf16 rounding here.)
   const int round = m.nm.official() ? 1 : 0;
   const bool scaled = total_scale != 1.0f;
-  if (has_shared && !add) fwd_add(out, shared, r.n * D, nullptr, scaled ? 0 : round);
+  if (add_shared) fwd_add(out, shared, r.n * D, nullptr, scaled ? 0 : round);
   if (scaled) fwd_scale(out, total_scale, out, r.n * D, nullptr, 0, round);
-  if (!(has_shared && !add) && !scaled) m.nm.act(out, int64_t(r.n) * D);
+  if (!add_shared && !scaled) m.nm.act(out, int64_t(r.n) * D);
   tap_io(m.tap, "ffn.out", out, {r.n, D});
 }
 

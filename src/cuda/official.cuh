@@ -29,8 +29,7 @@ __device__ __forceinline__ float fp8_quant_one(const float* x, int64_t n, float*
 __device__ __forceinline__ float warp_amax(const float* x, int64_t n, float floor, int lane) {
   float amax = floor;
   for (int64_t i = lane; i < n; i += 32) amax = fmaxf(amax, fabsf(x[i]));
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  return amax;
+  return warp_max(amax);
 }
 
 // official::fp8_roundtrip / fp4_roundtrip of one row v[0, n) by the calling block (blockDim a multiple of 32): a
