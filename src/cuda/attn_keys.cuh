@@ -9,24 +9,28 @@ namespace plumb::cuda::detail {
 // (earlier ones from the ring, this chunk's from chunk_kv); then HCA: the visible entries in order; CSA: the ksel
 // selection slots in order, where a slot of -1 is a hole (no key: logit -inf, probability exactly 0). Holes stay
 // in place instead of being compacted, so a graph's wider selection (-1 slots at the end) sums the same values in
-// the same order as an eager launch.
+// the same order as an eager launch. numerics.official: the window takes wslots slots as the official index list
+// lays it out (model/attention.cpp): W, or min(n, W) in the first chunk (pos0 = 0), slots nwin .. wslots-1 holes;
+// they decide which keys share a block of 64 while the window is not yet full.
 struct KeyList {
   const AttendArgs& a;
   int t;
-  int64_t pos0, wstart, nwin, count;  // count: window keys + entry slots
+  int64_t pos0, wstart, nwin, wslots, count;  // count: window slots + entry slots
   __device__ KeyList(const AttendArgs& args, int tok) : a(args), t(tok) {
     pos0 = *a.pos;
     const int64_t p = pos0 + t;
     wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
-    count = nwin + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
+    wslots = a.official ? (pos0 == 0 ? min(int64_t(a.n), a.window) : a.window) : nwin;
+    count = wslots + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
   }
   // The key/value row of slot j, or null for a hole.
   __device__ const float* row(int64_t j) const {
-    if (j < nwin) {
+    if (j < wslots) {
+      if (j >= nwin) return nullptr;
       const int64_t q = wstart + j;
       return q < pos0 ? a.ring + (q % a.window) * a.Dh : a.chunk_kv + (q - pos0) * a.Dh;
     }
-    const int64_t e = a.type == 1 ? a.sel[int64_t(t) * a.ksel + (j - nwin)] : j - nwin;
+    const int64_t e = a.type == 1 ? a.sel[int64_t(t) * a.ksel + (j - wslots)] : j - wslots;
     return e < 0 ? nullptr : a.entries + e * a.Dh;
   }
 };

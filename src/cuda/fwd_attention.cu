@@ -94,8 +94,8 @@ __global__ void attend_out_kernel(AttendArgs a) {
 // float sum in key order and l = fma(l, alpha, psum); each thread then sums bf16(p_j) * v_j[d] over the block in fp64
 // (the key rows looked up once per block, a thread per key, and loaded 8 at a time) and folds it in as
 // float(float(acc) * alpha) + float(blk). The sink joins the denominator at the end; the output is
-// bf16. A hole (-1 slot) has p = 0 and adds nothing; holes trail the selection, so the blocks are the CPU's compacted
-// ones. (AttendArgs::official_serial: thread 0 computes the max and the probabilities too, the one-thread twin the
+// bf16. A hole (a -1 slot, or a window slot of KeyList's official layout) has p = 0 and adds nothing; the slots are
+// the CPU's, so are the blocks. (AttendArgs::official_serial: thread 0 computes the max and the probabilities too, the one-thread twin the
 // tests hold the parallel steps to, bit for bit.)
 constexpr int kOffBlock = 64;
 __global__ void attend_out_official_kernel(AttendArgs a) {

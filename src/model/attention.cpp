@@ -10,7 +10,8 @@ namespace plumb {
 
 namespace {
 
-// Softmax attention of one query head over `keys`, with the sink in the denominator only.
+// Softmax attention of one query head over `keys`, with the sink in the denominator only. A null key is a hole
+// (the official index list's -1): logit -inf, probability exactly 0, no value; it only takes its place in a block.
 // Reference: exact fp32 softmax. Official: the sparse_attn kernel's online softmax over blocks of 64 keys, with
 // the probabilities rounded to bf16 before P.V and the output stored as bf16.
 void attend(const float* qh, const std::vector<const float*>& keys, float sink, float scale, int64_t Dh, const Numerics& nm,
@@ -18,6 +19,10 @@ void attend(const float* qh, const std::vector<const float*>& keys, float sink, 
   const int64_t nk = int64_t(keys.size());
   logits.resize(size_t(nk + 1));
   for (int64_t j = 0; j < nk; ++j) {
+    if (!keys[size_t(j)]) {
+      logits[size_t(j)] = -INFINITY;
+      continue;
+    }
     double dot = 0;
     for (int64_t i = 0; i < Dh; ++i) dot += double(qh[i]) * keys[size_t(j)][i];
     logits[size_t(j)] = float(dot) * scale;
@@ -27,7 +32,8 @@ void attend(const float* qh, const std::vector<const float*>& keys, float sink, 
     ops::softmax(logits.data(), nk + 1);
     for (int64_t i = 0; i < Dh; ++i) {
       double acc = 0;
-      for (int64_t j = 0; j < nk; ++j) acc += double(logits[size_t(j)]) * keys[size_t(j)][i];
+      for (int64_t j = 0; j < nk; ++j)
+        if (keys[size_t(j)]) acc += double(logits[size_t(j)]) * keys[size_t(j)][i];
       out[i] = float(acc);
     }
     return;
@@ -46,7 +52,8 @@ void attend(const float* qh, const std::vector<const float*>& keys, float sink, 
     l_run = std::fma(l_run, alpha, psum);
     for (int64_t i = 0; i < Dh; ++i) {
       double blk = 0;
-      for (int64_t j = b0; j < b1; ++j) blk += double(nm.act(p[size_t(j - b0)])) * keys[size_t(j)][i];
+      for (int64_t j = b0; j < b1; ++j)
+        if (keys[size_t(j)]) blk += double(nm.act(p[size_t(j - b0)])) * keys[size_t(j)][i];
       acc[size_t(i)] = double(float(float(acc[size_t(i)]) * alpha) + float(blk));
     }
     m_run = m_new;
@@ -133,6 +140,13 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
     kset.clear();
     for (size_t j = 0; j < key_pos.size(); ++j)
       if (key_pos[j] <= p && key_pos[j] > p - W) kset.push_back(keys.data() + j * Dh);
+    // Official: the window as the official index list lays it out (model.py get_window_topk_idxs), which decides
+    // which keys share a block of 64: W slots in a decode, min(n, W) in the first prefill (pos0 = 0), slot j holding
+    // position max(0, p-W+1) + j and a hole where that is past p. (The official code has no later prefill chunk: it
+    // decodes those tokens one at a time, so a later chunk's queries take the decode layout.) Holes after the last
+    // key change nothing; these fall before the entries while the window is not yet full.
+    if (nm.official())
+      for (int64_t slots = pos0 == 0 ? std::min(n, W) : W; int64_t(kset.size()) < slots;) kset.push_back(nullptr);
     if (type == AttnType::HCA) {
       const int64_t visible = std::min<int64_t>((p + 1) / w.comp->rate, cs.n_entries);
       for (int64_t e = 0; e < visible; ++e) kset.push_back(cs.entries.data() + e * Dh);

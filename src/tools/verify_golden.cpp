@@ -208,8 +208,10 @@ int verify_golden(const VerifyGoldenOptions& opt) {
       }
       const auto d = diff_f32(got, reft);
       const bool ok = d.nonfinite == 0 && d.rel() <= tol;
-      std::string where = ok ? "" : fmt::format("  at {} got {:.6g} expected {:.6g}", coord(reft.shape, d.at),
-                                               d.at >= 0 ? got[d.at] : 0.0, d.at >= 0 ? reft[d.at] : 0.0);
+      // Where the largest error is, also within tolerance (which row, i.e. token, and which element).
+      std::string where = d.at >= 0 && d.max_abs > 0 ? fmt::format("  at {} got {:.6g} expected {:.6g}", coord(reft.shape, d.at),
+                                                                   got[d.at], reft[d.at])
+                                                     : "";
       if (d.nonfinite) where += fmt::format("  {} non-finite mismatches", d.nonfinite);
       report(tap, ok, fmt::format("{:>11.3e} {:>11.3e}  {}{}{}", d.max_abs, d.rel(), ok ? "ok" : "FAIL", where, note));
     }

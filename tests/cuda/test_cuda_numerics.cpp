@@ -10,6 +10,7 @@
 #include "cuda/fwd_kernels.h"
 #include "cuda/gpu_common.h"
 #include "cuda_test_util.h"
+#include "official_layout_check.h"
 #include "model/hyper_connection.h"
 #include "model/model.h"
 #include "model/numerics.h"
@@ -412,6 +413,19 @@ TEST_F(GpuTest, OfficialGraphStepsMatchEagerLaunches) {
   }
   EXPECT_FALSE(sg.dev->graphs_failed);
   EXPECT_GT(sg.dev->graph_launches, 50);
+}
+
+// The official index list's window holes on the GPU (KeyList's official layout): the CPU suite's check
+// (official_layout_check.h) with every op on the GPU, and the rows that differ from the official code the CPU's.
+TEST_F(GpuTest, OfficialWindowHolesMatchTheOfficialCode) {
+  for (const char* name : {"wide-window-ref", "wide-prefill-ref"}) {
+    const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/" + name;
+    const auto gpu = plumb_test::official_attn_out_agreement(dir, "cuda");
+    const auto cpu = plumb_test::official_attn_out_agreement(dir, "cpu");
+    EXPECT_LE(gpu.differ * 100, gpu.rows) << name << ": " << gpu.differ << " of " << gpu.rows << " attn.out rows differ";
+    EXPECT_EQ(gpu.differ, cpu.differ) << name;
+    EXPECT_LE(gpu.max_rel, 1.0 / 256) << name << ": worst at " << gpu.worst;
+  }
 }
 
 // The official numerics do not combine with the tensor-core kernels that do not emulate its GEMMs (cuda.moe_mxfp4

@@ -123,6 +123,34 @@ preset(
     expect_sparse=True,
 )
 
+# A 128-token window (V4's), so that a query's keys pass one block of 64 before the window is full: the official
+# sparse attention's index list then holds holes (-1) between the window's keys and the compressed entries, which
+# decides which keys share a block of its online softmax (tests/data/golden/*-ref, numerics.official).
+# wide-window: decodes and a later chunk at positions 64-126 (the decode layout: 128 window slots);
+# wide-prefill: a first prompt longer than the window (rows 64-126 of the prefill layout).
+preset(
+    "wide-window",
+    seed=505,
+    covers=["sliding_window 128 (V4's) with CSA (m=4) and HCA (m'=8): more than 64 keys per query",
+            "decodes and a later chunk while the window is not yet full (positions 64-126)",
+            "decodes past the window's first wrap", "indexer selecting fewer entries than visible"],
+    config=dict(num_hidden_layers=3, layer_types=[SWA, CSA, HCA], mlp_layer_types=["hash_moe", "moe", "moe"],
+                index_topk=4, sliding_window=128),
+    schedule=[P(90), D, D, P(10)] + [D] * 28 + [P(3)],
+    expect_sparse=True,
+)
+
+preset(
+    "wide-prefill",
+    seed=606,
+    covers=["sliding_window 128 with CSA (m=4) and HCA (m'=8): a first prompt longer than the window",
+            "prefill rows 64-126 (more than 64 keys before the window is full)", "then decodes and a chunk"],
+    config=dict(num_hidden_layers=3, layer_types=[CSA, HCA, SWA], mlp_layer_types=["hash_moe", "moe", "moe"],
+                index_topk=4, sliding_window=128),
+    schedule=[P(150), D, D, P(5), D],
+    expect_sparse=True,
+)
+
 YARN_COMPRESS = {
     "rope_type": "yarn",
     "rope_theta": 160000.0,
