@@ -9,7 +9,8 @@ void add_input_options(CLI::App* cmd, tools::InputSpec& in) {
   cmd->add_option("--tokens", in.tokens, "token file (ids; one step per line)");
   cmd->add_option("--text", in.text, "text file, tokenized with --tokenizer");
   cmd->add_option("--tokenizer", in.tokenizer, "tokenizer.json for --text");
-  cmd->add_option("--chunk", in.chunk, "split --text into prefill chunks of this many tokens (0: one chunk)");
+  cmd->add_option("--chunk", in.chunk, "split --text into prefill chunks of this many tokens (0: one chunk)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 }  // namespace plumb::cli

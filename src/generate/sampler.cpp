@@ -64,7 +64,8 @@ int32_t argmax(const std::vector<float>& l) {
 
 Sampler::Sampler(const SamplingParams& p, int32_t vocab) : impl_(std::make_unique<Impl>()) {
   PLUMB_CHECK(vocab > 0, "sampler: empty vocabulary");
-  PLUMB_CHECK(std::isfinite(p.temperature), "--temperature must be a number, got {}", p.temperature);
+  PLUMB_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "--temperature must be a number >= 0 (0 = greedy), got {}",
+              p.temperature);
   PLUMB_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = off), got {}", p.top_k);
   PLUMB_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "--top-p must be in (0, 1], got {}", p.top_p);
   PLUMB_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "--min-p must be in [0, 1], got {}", p.min_p);

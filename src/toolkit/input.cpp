@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "text/escape.h"
 #include "text/tokenizer.h"
 #include "toolkit/trace.h"
 
@@ -52,7 +53,7 @@ RunInput input_from_tokens(const std::string& model_dir, const std::string& file
       } catch (const std::exception&) {
         v = -1;
       }
-      PLUMB_CHECK(v >= 0 && v <= INT32_MAX, "{}:{}: '{}' is not a token id (non-negative integer)", file, lineno, word);
+      PLUMB_CHECK(v >= 0 && v <= INT32_MAX, "{}:{}: '{}' is not a token id (non-negative integer)", file, lineno, text::escape_line(word));
       toks.push_back(int32_t(v));
     }
     if (!toks.empty()) add_step(in, std::move(toks));

@@ -185,6 +185,9 @@ TEST(Sampler, RejectsBadParameters) {
   p = plain();
   p.repeat_penalty = 0.0f;
   EXPECT_THROW(Sampler(p, 3), plumb::Error);
+  p = plain();
+  p.temperature = -1.0f;  // not silently greedy
+  EXPECT_THROW(Sampler(p, 3), plumb::Error);
   EXPECT_THROW(Sampler(plain(), 3).distribution(std::vector<float>{1, 2}, {}), plumb::Error);
 }
 
