@@ -361,7 +361,10 @@ void fwd_route(const RouteArgs& a, Stream s);
 // round_bf16: h rounded to bf16 (the official numerics' act after it, in the same launch).
 void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s,
                 int round_bf16 = 0);
-// y[t, :] = out_scale * sum_k (weight ? weight[t, k] : 1) * ys[t*K + k, :]
-void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s);
+// y[t, :] = out_scale * sum_k (weight ? weight[t, k] : 1) * ys[t*K + k, :], summed in slot order, or with ids
+// ([n, K] expert ids) in ascending (id, slot) order: the official code's (and the CPU's) per-expert loop, which adds
+// each expert's output to an fp32 y expert by expert (fp32 sums of 3 or more terms depend on the order).
+void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s,
+                     const int32_t* ids = nullptr);
 
 }  // namespace plumb::cuda::detail

@@ -2,6 +2,7 @@
 // floored renormalization, the factor folded per the caller's placement), SwiGLU with clamps, the weighted
 // combine. Twin of src/model/router.cpp and experts.cpp; the expert GEMVs are fwd_linear_indexed.
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/fwd_common.cuh"
 #include "cuda/radix_select.cuh"
@@ -251,12 +252,24 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int ns
   h[sl * I + c] = round_bf16 ? bf16r(v) : v;
 }
 
-__global__ void combine_kernel(const float* ys, const float* w, int n, int K, int64_t D, float scale, float* y) {
+__global__ void combine_kernel(const float* ys, const float* w, int n, int K, int64_t D, float scale, float* y, const int32_t* ids) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * D) return;
   const int64_t t = i / D, d = i % D;
   float acc = 0;
-  for (int k = 0; k < K; ++k) acc = __fadd_rn(acc, __fmul_rn(w ? w[t * K + k] : 1.0f, ys[(t * K + k) * D + d]));
+  int64_t prev = -1;  // ids: the (id, slot) key taken last; each round takes the next larger (K <= 16: K^2 id reads, cached)
+  for (int r = 0; r < K; ++r) {
+    int k = r;
+    if (ids) {
+      int64_t best = INT64_MAX;
+      for (int j = 0; j < K; ++j) {
+        const int64_t key = int64_t(ids[t * K + j]) * K + j;
+        if (key > prev && key < best) best = key, k = j;
+      }
+      prev = best;
+    }
+    acc = __fadd_rn(acc, __fmul_rn(w ? w[t * K + k] : 1.0f, ys[(t * K + k) * D + d]));
+  }
   y[i] = __fmul_rn(acc, scale);
 }
 
@@ -292,10 +305,11 @@ void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t 
   check_launch("fwd_swiglu");
 }
 
-void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s) {
+void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s,
+                     const int32_t* ids) {
   const int64_t total = int64_t(n) * D;
   if (total <= 0) return;
-  combine_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(ys, weight, n, K, D, out_scale, y);
+  combine_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(ys, weight, n, K, D, out_scale, y, ids);
   check_launch("fwd_moe_combine");
 }
 

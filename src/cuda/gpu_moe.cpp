@@ -230,7 +230,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         moe_down_a8(*m.w.fp4, idx, nc, r.K, h8, hs, ys, nullptr, g);
       }
       ++m.sc.official_tc_calls;
-      fwd_moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), out + int64_t(t0) * D, nullptr);
+      fwd_moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), out + int64_t(t0) * D, nullptr, idx);
     }
   } else if (m.w.fp4) {  // cuda.moe_mxfp4: W4A16 tensor-core kernels, f16 hidden state
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.h16", size_t(std::min(r.n, chunk)) * size_t(r.K) * size_t(I) * 2));
@@ -262,7 +262,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   } else {
     expert_ffn(m, m.w.routed.d1.as<DMat>(), m.w.routed.d2.as<DMat>(), m.w.routed.d3.as<DMat>(), r.idx, slots, r.K, I, limit,
                before ? r.weight : nullptr, ys);
-    fwd_moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), out, nullptr);
+    fwd_moe_combine(ys, before ? nullptr : r.weight, r.n, r.K, D, Runner::output_scale(c), out, nullptr, official ? r.idx : nullptr);
   }
   region.reset();
   tap_io(m.tap, "ffn.routed", out, {r.n, D});
@@ -273,8 +273,8 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
     tap_io(m.tap, "ffn.shared", shared, {r.n, D});
   }
   // fp32 accumulation of routed + shared, stored as an activation (official: rounded to bf16 by the last of the add,
-  // the scale or act). (The CPU sums a token's routed experts in expert-id order, the combine kernel in top-k order:
-  // fp32 reassociation, below the bf16 rounding here.)
+  // the scale or act). (The CPU sums a token's routed experts in expert-id order, as the official code does; the
+  // official numerics' combine above too, the others in top-k order: fp32 reassociation, within their tolerance.)
   const int round = m.nm.official() ? 1 : 0;
   const bool scaled = total_scale != 1.0f;
   if (add_shared) fwd_add(out, shared, r.n * D, nullptr, scaled ? 0 : round);

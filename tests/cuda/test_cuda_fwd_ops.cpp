@@ -220,6 +220,39 @@ RouteOut run_route(d::RouteArgs a, const std::vector<float>& logits, const std::
   return {to_host<int32_t>(di, size_t(a.n * a.K)), to_host<float>(dw, size_t(a.n * a.K)), to_host<float>(ds, size_t(a.n * a.E))};
 }
 
+// The official numerics' combine: each token's K expert outputs added to an fp32 zero in ascending expert id (slot
+// order among repeated ids), as the official per-expert loop and the CPU's run_routed do. Values of mixed magnitude
+// make fp32 sums of 6 terms depend on their order: the host's sum in id order must match bit for bit, and at least
+// one element must differ from the slot-order sum, else the test could not tell the two orders apart.
+TEST_F(GpuTest, OfficialCombineSumsInExpertIdOrder) {
+  const int n = 3, K = 6;
+  const int64_t D = 64;
+  Rng rng(77);
+  std::vector<float> ys = rng.floats(size_t(n * K * D), -1.0f, 1.0f);
+  for (size_t i = 0; i < ys.size(); i += 3) ys[i] *= 3.0e6f;  // large terms that cancel: rounding depends on order
+  const std::vector<int32_t> ids = {5, 1, 9, 3, 7, 0, /**/ 2, 2, 8, 4, 6, 1, /**/ 0, 1, 2, 3, 4, 5};  // repeats in token 1
+  DeviceBuffer dys = to_device(ys), dids = to_device(ids), y(size_t(n * D) * 4), y_slot(size_t(n * D) * 4);
+  d::fwd_moe_combine(dys.as<float>(), nullptr, n, K, D, 1.0f, y.as<float>(), nullptr, dids.as<int32_t>());
+  d::fwd_moe_combine(dys.as<float>(), nullptr, n, K, D, 1.0f, y_slot.as<float>(), nullptr);
+  const auto got = to_host<float>(y, size_t(n * D)), slot = to_host<float>(y_slot, size_t(n * D));
+  int order_matters = 0;
+  for (int t = 0; t < n; ++t) {
+    std::vector<int> ord(K);
+    for (int k = 0; k < K; ++k) ord[size_t(k)] = k;
+    std::stable_sort(ord.begin(), ord.end(), [&](int a, int b) { return ids[size_t(t * K + a)] < ids[size_t(t * K + b)]; });
+    for (int64_t d0 = 0; d0 < D; ++d0) {
+      float want = 0, in_slots = 0;
+      for (int k : ord) want += ys[size_t((t * K + k) * D + d0)];
+      for (int k = 0; k < K; ++k) in_slots += ys[size_t((t * K + k) * D + d0)];
+      const size_t i = size_t(t * D + d0);
+      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << "token " << t << " dim " << d0 << ": got " << got[i] << " want " << want;
+      ASSERT_EQ(std::memcmp(&slot[i], &in_slots, 4), 0) << "token " << t << " dim " << d0 << " (slot order)";
+      order_matters += std::memcmp(&want, &in_slots, 4) != 0;
+    }
+  }
+  EXPECT_GT(order_matters, 0) << "no element's sum depends on the order: the data cannot tell the orders apart";
+}
+
 TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
   Rng rng(4242);
   int cases = 0;
