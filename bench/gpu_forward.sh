@@ -9,6 +9,7 @@
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
+# PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
 # layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
@@ -176,6 +177,23 @@ if [ -n "${LAYERS:-}" ]; then  # the whole GPU forward on a V4-Flash layer stack
   timeout "${T_LAYERS_REF:-120}" "$C/plumb" bench --layers "$LAYERS" --dir /tmp/plumb-layers --batches "${LAYER_REF_BATCHES:-1}" --prefill 0 \
     --iters 3 >"$OUT/layers-ref.txt" 2>&1
   note "layer bench (fp32 twin) rc=$?"
+fi
+
+if [ -n "${PRO:-}" ]; then  # V4-Pro's dimensions (bench --model pro): FAST on a PRO_LAYERS stack (~15 GB a layer), the
+  # fp32 twin at batch 1, then kld of the CPU reference and of the GPU twin against FAST on PRO_TOKENS (a short prefill
+  # and decodes), all on the same synthetic checkpoint, into layers-pro.txt
+  note "layer bench, V4-Pro dims"
+  timeout "${T_PRO:-400}" "$C/plumb" bench --layers "${PRO_LAYERS:-2}" --model pro --dir /tmp/plumb-pro --patches "$FAST" \
+    --batches "${PRO_BATCHES:-1,8}" --prefill "${PRO_PREFILL:-1024}" >"$OUT/layers-pro.txt" 2>&1
+  note "layer bench (pro) rc=$?"
+  timeout 200 "$C/plumb" bench --layers "${PRO_LAYERS:-2}" --model pro --dir /tmp/plumb-pro --batches 1 --prefill 0 --iters 3 \
+    >>"$OUT/layers-pro.txt" 2>&1
+  note "layer bench (pro, fp32 twin) rc=$?"
+  printf '%s\n' "${PRO_TOKENS:-11 22 33 44 55 66 77 88 99 1000 2000 3000}" 5 6 7 8 >/tmp/pro-tokens.txt
+  for ab in "|cuda:$FAST" "cuda:|cuda:$FAST"; do
+    timeout 300 "$C/plumb" kld -m /tmp/plumb-pro --tokens /tmp/pro-tokens.txt --a "${ab%%|*}" --b "${ab#*|}" >>"$OUT/layers-pro.txt" 2>&1
+    note "kld pro [${ab%%|*}] vs [${ab#*|}] rc=$?"
+  done
 fi
 
 if [ -n "${COMPARE:-}" ] && [ -f "$OUT/layers-fast.json" ]; then  # transformers on the same dimensions, ratio to plumb

@@ -22,8 +22,11 @@ struct BenchOptions {
 int run_bench(const BenchOptions& o);
 
 // The model's dimensions (defaults: DeepSeek-V4-Flash; see the spec, section 1.1). Tests use
-// a tiny set; the bench runs these.
+// a tiny set; the bench runs these or V4-Pro's (`--model pro`).
 struct LayerBenchDims {
+  std::string model = "V4-Flash";
+  int model_layers = 43;        // the whole model's layer count: the implied tokens/s scale a layer's time by it
+  double routed_scaling = 1.5;  // routed_scaling_factor
   int vocab = 129280, hidden = 4096, heads = 64, head_dim = 512, rope_dim = 64;
   int q_lora = 1024, o_groups = 8, o_lora = 1024, window = 128;
   int experts = 256, top_k = 6, moe_inter = 2048;
@@ -31,6 +34,15 @@ struct LayerBenchDims {
   int index_heads = 64, index_head_dim = 128, index_topk = 512;
   int csa_rate = 4, hca_rate = 128;
 };
+// DeepSeek-V4-Pro's dimensions (the spec, section 1.1): hidden 7168, 128 heads, q_lora 1536, 16 output groups,
+// 384 experts with moe_inter 3072, index_topk 1024, routed_scaling_factor 2.5, 61 layers.
+inline LayerBenchDims v4_pro_dims() {
+  LayerBenchDims d;
+  d.model = "V4-Pro", d.model_layers = 61, d.routed_scaling = 2.5;
+  d.hidden = 7168, d.heads = 128, d.q_lora = 1536, d.o_groups = 16;
+  d.experts = 384, d.moe_inter = 3072, d.index_topk = 1024;
+  return d;
+}
 
 struct LayerBenchOptions {
   int layers = 2;

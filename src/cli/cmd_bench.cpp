@@ -48,9 +48,13 @@ void register_bench(CLI::App& app) {
   auto batches = std::make_shared<std::string>(), prefill = std::make_shared<std::string>();
   cmd->add_option("--layers", *layers,
                   "time the whole GPU forward pass on a stack of N layers with V4-Flash dimensions instead (synthetic "
-                  "checkpoint in the official formats; decode per batch, per-layer time, implied 43-layer tokens/s, "
+                  "checkpoint in the official formats; decode per batch, per-layer time, implied whole-model tokens/s, "
                   "prefill)")
-      ->check(CLI::Range(1, 43));
+      ->check(CLI::Range(1, 61));
+  auto model = std::make_shared<std::string>("flash");
+  cmd->add_option("--model", *model, "--layers: the dimensions: flash (V4-Flash, 43 layers) or pro (V4-Pro, 61 layers)")
+      ->check(CLI::IsMember({"flash", "pro"}))
+      ->capture_default_str();
   cmd->add_option("--patches", lo->patches, "--layers: patches of the GPU forward pass (e.g. cuda.fp8_gemv,cuda.moe_mxfp4)");
   cmd->add_option("--dir", lo->dir, "--layers: write (or reuse) the synthetic checkpoint in this folder (default: a temp dir)");
   cmd->add_flag("--keep", lo->keep, "--layers: keep the temporary checkpoint folder");
@@ -63,8 +67,11 @@ void register_bench(CLI::App& app) {
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->callback([opt, lo, layers, batches, prefill] {
+  cmd->callback([opt, lo, layers, batches, prefill, model] {
+    if (*layers == 0 && *model != "flash") fail("--model {}: the kernel bench runs V4-Flash's sizes; --model applies to --layers", *model);
     if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));
+    if (*model == "pro") lo->dims = cuda::v4_pro_dims();
+    if (*layers > lo->dims.model_layers) fail("--layers {}: {} has {} layers", *layers, lo->dims.model, lo->dims.model_layers);
     lo->layers = *layers;
     lo->iters = opt->iters;
     lo->json = opt->json;

@@ -1,12 +1,12 @@
 // `plumb bench --layers N`: the whole CUDA forward pass (Model::load(dir, options, {}, "cuda")) on a synthetic
-// checkpoint with V4-Flash's dimensions in the official formats (dsv4-spec.md section 11):
+// checkpoint with V4-Flash's (or with --model pro V4-Pro's) dimensions in the official formats (dsv4-spec.md section 11):
 //   FP8 E4M3 codes (never a NaN code) + E8M0 128x128 block scales: attention wq_a, wq_b, wkv, wo_a, wo_b, the
 //     indexer's wq_b and the shared expert;
 //   packed FP4 (I8, two E2M1 codes per byte, even column in the low nibble) + E8M0 per 32 inputs: routed experts;
 //   BF16: embed, head, norms, compressor wkv/wgate, indexer weights_proj, router gate; F32: hc_*, ape, attn_sink,
 //     gate.bias.
 // Values: random codes, scales chosen so that every weight matrix has rms ~ 1/sqrt(fan_in) (activations stay O(1)).
-// Every layer uses learned routing (sqrtsoftplus + bias; V4-Flash's 3 hash layers are not modeled).
+// Every layer uses learned routing (sqrtsoftplus + bias; the models' 3 hash layers are not modeled).
 //
 // Measures, in one process: the device's copy bandwidth; load time; decode steps of B tokens of one sequence
 // (prefilled with `context` tokens first) for each batch B: median wall time of a Model::forward call (returning
@@ -14,7 +14,7 @@
 // LM head op regions; without an op timer, the host clock at two taps), hence the time per layer (an upper bound:
 // the step's host work counts as layer time), the bytes a layer must read at that batch, GB/s and % of the copy
 // bandwidth, and
-// the implied 43-layer tokens/s; prefill of N tokens on a fresh session in chunks of at most prefill_chunk.
+// the implied whole-model tokens/s (43 layers for Flash, 61 for Pro); prefill of N tokens on a fresh session in chunks of at most prefill_chunk.
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/bench_layers.h"
 
@@ -260,7 +260,7 @@ Spec make_spec(const LayerBenchOptions& o) {
   return s;
 }
 
-// config.json in transformers' current spellings (config.cpp also reads the legacy ones), V4-Flash's values.
+// config.json in transformers' current spellings (config.cpp also reads the legacy ones), the dims' model's values.
 ojson make_config(const LayerBenchOptions& o) {
   const auto& d = o.dims;
   ojson j;
@@ -281,7 +281,7 @@ ojson make_config(const LayerBenchOptions& o) {
   j["num_experts_per_tok"] = d.top_k;
   j["n_shared_experts"] = 1;
   j["moe_intermediate_size"] = d.moe_inter;
-  j["routed_scaling_factor"] = 1.5;
+  j["routed_scaling_factor"] = d.routed_scaling;
   j["scoring_func"] = "sqrtsoftplus";
   j["topk_method"] = "noaux_tc";
   j["norm_topk_prob"] = true;
@@ -604,6 +604,7 @@ int run(const LayerBenchOptions& o) {
   else
     out("backend cpu: the reference backend (no bandwidth measurement)\n");
   const PatchSet patches = parse_patches(o.patches);
+  out(fmt::format("model: {} dimensions ({} layers in the whole model)\n", dm.model, dm.model_layers));
   out(fmt::format("layer stack: {} layer{} [{}]; learned routing (sqrtsoftplus + bias, top-{} of {}) on every layer; "
                   "patches: {}\n",
                   L, L == 1 ? "" : "s", fmt::join(type_names, ", "), dm.top_k, dm.experts,
@@ -868,7 +869,7 @@ int run(const LayerBenchOptions& o) {
       r.tok_s = B / (r.us_step * 1e-6);
       r.gbps = r.layer_bytes / (r.us_layer * 1e-6) / 1e9;
       r.pct = 100.0 * r.gbps / copy_gbps;
-      r.implied = B / ((43.0 * r.us_layer + r.us_non_layer) * 1e-6);
+      r.implied = B / ((double(dm.model_layers) * r.us_layer + r.us_non_layer) * 1e-6);
       out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; context {} s\n", B,
                       fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
                       fmt_num(r.context_s, 2)));
@@ -928,15 +929,16 @@ int run(const LayerBenchOptions& o) {
   // ---- table ----
   out(fmt::format("\nlayer stack: {} x [{}], copy bandwidth {} GB/s, load {:.1f} s\n", L, fmt::join(type_names, ", "),
                   fmt_num(copy_gbps, 0), load_s));
-  out("| batch | us/step | us outside layers | us/layer | tokens/s | MB/layer | experts (expected / seen) | GB/s | % copy | "
-      "implied 43-layer tokens/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  out(fmt::format("| batch | us/step | us outside layers | us/layer | tokens/s | MB/layer | experts (expected / seen) | GB/s | % copy | "
+      "implied {}-layer tokens/s |\n|---|---|---|---|---|---|---|---|---|---|\n", dm.model_layers));
   for (const auto& r : dec)
     out(fmt::format("| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |\n", r.batch, fmt_num(r.us_step), fmt_num(r.us_non_layer),
                     fmt_num(r.us_layer), fmt_num(r.tok_s, 2), fmt_num(r.layer_bytes / 1e6), fmt_num(r.experts_expected),
                     fmt_num(r.experts_measured), fmt_num(r.gbps), fmt_num(r.pct), fmt_num(r.implied, 2)));
   out("us/layer = (step - the part outside the layers: the embed and head regions' device time) / layers (an upper bound: host work in the step counts as layer time), averaged over the stack's layer types; MB/layer = the weights a "
       "layer must read at that batch (attention, compressor, indexer (with indexer.skip_short, while every measured step skips it: without its wq_b), router, shared expert, and the routed experts "
-      "E(1-(1-k/E)^B) expected under uniform routing); implied = B / (43 x us/layer + us outside layers).\n");
+      "E(1-(1-k/E)^B) expected under uniform routing); implied = B / (" + std::to_string(dm.model_layers) +
+      " x us/layer + us outside layers), " + dm.model + "'s layer count.\n");
   for (const auto& r : dec)
     if (!r.note.empty() || !r.error.empty())
       out(fmt::format("  batch {}: {}{}\n", r.batch, r.note, r.error.empty() ? "" : " error: " + r.error));
@@ -949,6 +951,8 @@ int run(const LayerBenchOptions& o) {
     ojson j;
     j["device"] = dev.name;
     j["backend"] = o.backend;
+    j["model"] = dm.model;
+    j["model_layers"] = dm.model_layers;
     j["layers"] = L;
     j["layer_types"] = type_names;
     j["routing"] = "learned (sqrtsoftplus + bias) on every layer";
@@ -984,7 +988,7 @@ int run(const LayerBenchOptions& o) {
                                    {"layer_bytes", jnum(r.layer_bytes)},
                                    {"gbps", jnum(r.gbps)},
                                    {"pct_copy", jnum(r.pct)},
-                                   {"implied_43_layer_tokens_per_s", jnum(r.implied)},
+                                   {"implied_model_tokens_per_s", jnum(r.implied)},  // x model_layers
                                    {"experts_expected", jnum(r.experts_expected)},
                                    {"experts_seen", jnum(r.experts_measured)},
                                    {"steps", r.steps},
@@ -1016,7 +1020,7 @@ int run(const LayerBenchOptions& o) {
     std::ofstream f(o.csv);
     auto num = [](double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : std::string(); };
     f << csv_row({"kind", "batch_or_tokens", "us_per_step", "us_outside_layers", "us_per_layer", "tokens_per_s", "layer_bytes",
-                  "gbps", "pct_copy", "implied_43_layer_tokens_per_s", "seconds", "layers", "patches", "note"});
+                  "gbps", "pct_copy", "implied_model_tokens_per_s", "seconds", "layers", "patches", "note"});
     for (const auto& r : dec)
       f << csv_row({"decode", std::to_string(r.batch), num(r.us_step), num(r.us_non_layer), num(r.us_layer), num(r.tok_s),
                     num(r.layer_bytes), num(r.gbps), num(r.pct), num(r.implied), "", std::to_string(L), patches.names(),

@@ -1,8 +1,8 @@
 // `plumb bench --layers N` (issue 6): the whole GPU forward pass (Model::load(..., "cuda")) on a stack of N layers
-// with V4-Flash's dimensions, weights random but in the official checkpoint formats (FP8 E4M3 + E8M0 128x128 block
+// with V4-Flash's (or V4-Pro's) dimensions, weights random but in the official checkpoint formats (FP8 E4M3 + E8M0 128x128 block
 // scales, packed MXFP4 experts + E8M0 per 32, bf16/f32 small tensors), written to a synthetic checkpoint folder
 // first. Reports decode tokens/s per batch with per-layer time, bytes per layer, GB/s and % of the copy bandwidth
-// measured in the same run, the implied 43-layer figure, and prefill tokens/s. See src/cuda/bench_layers.cpp.
+// measured in the same run, the implied whole-model figure, and prefill tokens/s. See src/cuda/bench_layers.cpp.
 #pragma once
 #include <cstdint>
 #include <string>
