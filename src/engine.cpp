@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/parallel.h"
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/text.h"
@@ -80,6 +81,8 @@ class ModelEngine : public Engine {
 };
 
 }  // namespace
+
+void set_cpu_threads(int n) { set_threads(n); }
 
 std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);

@@ -37,6 +37,10 @@ struct ModelInfo {
 
 class Session;
 
+// The CPU threads of the reference backend's matrix products and attention heads, process-wide (0: every core,
+// 1: serial). Each output row or head is one thread's work, so the results are the same bits for any count.
+void set_cpu_threads(int n);
+
 class Engine {
  public:
   // dir: a model folder (config.json + model.safetensors or a sharded index). Throws plumb::Error naming the

@@ -2,12 +2,19 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "plumb/engine.h"
 #include "plumb/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"plumb: a DeepSeek-V4 inference engine whose every speed patch is proven against the reference math"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "plumb 0.1.0");
+  // Before or after the subcommand (fallthrough): `plumb --threads 2 run ...` or `plumb run --threads 2 ...`.
+  app.add_option("--threads", "CPU threads for the reference backend's matrix products and attention heads (0: every core); "
+                              "the results are the same bits for any count")
+      ->check(CLI::Range(0, 1024))
+      ->each([](const std::string& v) { plumb::set_cpu_threads(std::stoi(v)); });
+  app.fallthrough();
   plumb::cli::register_verify_golden(app);
   plumb::cli::register_tokenize(app);
   plumb::cli::register_patches(app);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/parallel.h"
 #include "model/compressor.h"
 #include "model/indexer.h"
 
@@ -134,7 +135,6 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
   const float scale = 1.0f / std::sqrt(float(Dh));
   Tensor o({n, H * Dh});
   std::vector<const float*> kset;
-  std::vector<float> logits;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t p = pos0 + t;
     kset.clear();
@@ -154,12 +154,16 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
       for (int64_t j = 0; j < sel.dim(1); ++j)
         if (int64_t e = sel[t * sel.dim(1) + j]; e >= 0) kset.push_back(cs.entries.data() + e * Dh);
     }
-    for (int64_t h = 0; h < H; ++h) {
-      float* oh = o.ptr() + (t * H + h) * Dh;
-      attend(q.ptr() + (t * H + h) * Dh, kset, w.sink[h], scale, Dh, nm, logits, oh);
-      // K = V, so the value carries rotation on its rope dims: undo it at the query position.
-      nm.rope(rope, oh + (Dh - rd), p, /*inverse=*/true);
-    }
+    // Heads are independent (each its own softmax and sums): split over threads (core/parallel.h), the same bits.
+    parallel_for(H, double(H) * double(kset.size()) * double(Dh) * 2, [&](int64_t ha, int64_t hb) {
+      std::vector<float> logits;
+      for (int64_t h = ha; h < hb; ++h) {
+        float* oh = o.ptr() + (t * H + h) * Dh;
+        attend(q.ptr() + (t * H + h) * Dh, kset, w.sink[h], scale, Dh, nm, logits, oh);
+        // K = V, so the value carries rotation on its rope dims: undo it at the query position.
+        nm.rope(rope, oh + (Dh - rd), p, /*inverse=*/true);
+      }
+    });
   }
 
   // Keep the last (window - 1) rows for the next call.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/parallel.h"
 #include "formats/numeric.h"
 #include "model/official_math.h"
 
@@ -79,25 +80,28 @@ Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
   const int64_t nab = (K + 127) / 128;
   std::vector<float> q(static_cast<size_t>(n * K)), sa(static_cast<size_t>(n * nab));
   for (int64_t t = 0; t < n; ++t) official::fp8_quant_block(x.row(t), K, official_math::kActBlock, q.data() + t * K, sa.data() + t * nab);
-  std::vector<float> vals(static_cast<size_t>(K)), sw(static_cast<size_t>((K + wb - 1) / wb));
   Tensor y({n, N});
   const bool fp4 = w.layout() == Matrix::Layout::FP4Group;
-  for (int64_t r = 0; r < N; ++r) {
-    w.row_raw(r, vals.data(), sw.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* qt = q.data() + t * K;
-      float acc = 0;
-      // Exact products summed per weight block (128 for FP8, 32 for FP4), rounded once to fp32, then scaled
-      // and accumulated with one fma per block, in K order.
-      for (int64_t b0 = 0, bi = 0; b0 < K; b0 += wb, ++bi) {
-        double part = 0;
-        for (int64_t k = b0; k < std::min(K, b0 + wb); ++k) part += double(qt[k]) * double(vals[size_t(k)]);
-        const float a_s = sa[size_t(t * nab + b0 / 128)];
-        acc = fp4 ? std::fma(float(part) * a_s, sw[size_t(bi)], acc) : std::fma(float(part), a_s * sw[size_t(bi)], acc);
+  // Output rows split over threads (core/parallel.h; each row's sums are one thread's, so the bits do not depend on it).
+  parallel_for(N, double(N) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
+    std::vector<float> vals(static_cast<size_t>(K)), sw(static_cast<size_t>((K + wb - 1) / wb));
+    for (int64_t r = ra; r < rb; ++r) {
+      w.row_raw(r, vals.data(), sw.data());
+      for (int64_t t = 0; t < n; ++t) {
+        const float* qt = q.data() + t * K;
+        float acc = 0;
+        // Exact products summed per weight block (128 for FP8, 32 for FP4), rounded once to fp32, then scaled
+        // and accumulated with one fma per block, in K order.
+        for (int64_t b0 = 0, bi = 0; b0 < K; b0 += wb, ++bi) {
+          double part = 0;
+          for (int64_t k = b0; k < std::min(K, b0 + wb); ++k) part += double(qt[k]) * double(vals[size_t(k)]);
+          const float a_s = sa[size_t(t * nab + b0 / 128)];
+          acc = fp4 ? std::fma(float(part) * a_s, sw[size_t(bi)], acc) : std::fma(float(part), a_s * sw[size_t(bi)], acc);
+        }
+        y[t * N + r] = fmt8::round_bf16(acc);
       }
-      y[t * N + r] = fmt8::round_bf16(acc);
     }
-  }
+  });
   return y;
 }
 

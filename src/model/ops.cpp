@@ -3,23 +3,28 @@
 
 #include <algorithm>
 
+#include "core/parallel.h"
 #include "formats/numeric.h"
 
 namespace plumb::ops {
 
+// Output rows are independent (each one dot product per token, summed in k order), so they are split over threads
+// (core/parallel.h): the same bits for any thread count.
 void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
                  int64_t y_stride) {
   const int64_t K = w.cols();
-  std::vector<float> row(static_cast<size_t>(K));
-  for (int64_t r = 0; r < nr; ++r) {
-    w.row(r0 + r, row.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * x_stride;
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += double(xt[k]) * double(row[size_t(k)]);
-      y[t * y_stride + r] = float(acc);
+  parallel_for(nr, double(nr) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = ra; r < rb; ++r) {
+      w.row(r0 + r, row.data());
+      for (int64_t t = 0; t < n; ++t) {
+        const float* xt = x + t * x_stride;
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += double(xt[k]) * double(row[size_t(k)]);
+        y[t * y_stride + r] = float(acc);
+      }
     }
-  }
+  });
 }
 
 Tensor linear(const Tensor& x, const Matrix& w) {
@@ -33,7 +38,7 @@ Tensor linear(const Tensor& x, const Matrix& w) {
 void linear_rows_bf16w(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
                        int64_t y_stride, bool bf16_io) {
   const int64_t K = w.cols();
-  std::vector<float> row(static_cast<size_t>(K)), xb;
+  std::vector<float> xb;
   if (bf16_io) {  // round the activations once, not per output row
     xb.resize(static_cast<size_t>(n * K));
     for (int64_t t = 0; t < n; ++t)
@@ -41,15 +46,18 @@ void linear_rows_bf16w(const float* x, int64_t n, int64_t x_stride, const Matrix
     x = xb.data();
     x_stride = K;
   }
-  for (int64_t r = 0; r < nr; ++r) {
-    w.row(r0 + r, row.data());
-    for (auto& v : row) v = fmt8::round_bf16(v);
-    for (int64_t t = 0; t < n; ++t) {
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += double(x[t * x_stride + k]) * row[size_t(k)];
-      y[t * y_stride + r] = bf16_io ? fmt8::round_bf16(float(acc)) : float(acc);
+  parallel_for(nr, double(nr) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = ra; r < rb; ++r) {
+      w.row(r0 + r, row.data());
+      for (auto& v : row) v = fmt8::round_bf16(v);
+      for (int64_t t = 0; t < n; ++t) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += double(x[t * x_stride + k]) * row[size_t(k)];
+        y[t * y_stride + r] = bf16_io ? fmt8::round_bf16(float(acc)) : float(acc);
+      }
     }
-  }
+  });
 }
 
 Tensor linear_bf16_weight(const Tensor& x, const Matrix& w, bool bf16_io) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/parallel.h"
 #include "core/strings.h"
 #include "model/model.h"
 #include "patches/registry.h"
@@ -221,8 +222,8 @@ int verify_golden(const VerifyGoldenOptions& opt) {
     if (!fx.find(step.name, "logits")) fmt::print("  (fixture has no {}.logits)\n", step.name);
     fmt::print("  step {}: {}\n", step.name, step_fail ? fmt::format("{} FAILED", step_fail) : std::string("all ok"));
   }
-  fmt::print("\nran {} steps, {} tokens in {:.3f} s ({:.1f} tokens/s, 1 thread)\n", fx.steps.size(), tokens, seconds,
-             tokens / std::max(seconds, 1e-9));
+  fmt::print("\nran {} steps, {} tokens in {:.3f} s ({:.1f} tokens/s{})\n", fx.steps.size(), tokens, seconds,
+             tokens / std::max(seconds, 1e-9), gpu ? "" : fmt::format(", up to {} CPU threads", threads()));
   const std::string flip_note = flips ? fmt::format(", {} near-tie selection flips", flips) : "";
   if (failed) {
     fmt::print("verify-golden: FAIL: {} of {} tensors out of tolerance; first failing tap: {}\n", failed, checked, first_fail);
