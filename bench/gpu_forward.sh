@@ -186,12 +186,16 @@ if [ -n "${PRO:-}" ]; then  # V4-Pro's dimensions (bench --model pro): FAST on a
   timeout "${T_PRO:-400}" "$C/plumb" bench --layers "${PRO_LAYERS:-2}" --model pro --dir /tmp/plumb-pro --patches "$FAST" \
     --batches "${PRO_BATCHES:-1,8}" --prefill "${PRO_PREFILL:-1024}" >"$OUT/layers-pro.txt" 2>&1
   note "layer bench (pro) rc=$?"
-  timeout 200 "$C/plumb" bench --layers "${PRO_LAYERS:-2}" --model pro --dir /tmp/plumb-pro --batches 1 --prefill 0 --iters 3 \
-    >>"$OUT/layers-pro.txt" 2>&1
-  note "layer bench (pro, fp32 twin) rc=$?"
+  if [ "${PRO_TWIN:-1}" = 1 ]; then
+    timeout 200 "$C/plumb" bench --layers "${PRO_LAYERS:-2}" --model pro --dir /tmp/plumb-pro --batches 1 --prefill 0 --iters 3 \
+      >>"$OUT/layers-pro.txt" 2>&1
+    note "layer bench (pro, fp32 twin) rc=$?"
+  fi
   printf '%s\n' "${PRO_TOKENS:-11 22 33 44 55 66 77 88 99 1000 2000 3000}" 5 6 7 8 >/tmp/pro-tokens.txt
-  for ab in "|cuda:$FAST" "cuda:|cuda:$FAST"; do
-    timeout 300 "$C/plumb" kld -m /tmp/plumb-pro --tokens /tmp/pro-tokens.txt --a "${ab%%|*}" --b "${ab#*|}" >>"$OUT/layers-pro.txt" 2>&1
+  # PRO_KLD="A|B;A|B": the pairs (default: the CPU reference and the GPU twin, each against FAST)
+  IFS=';' read -r -a pairs <<<"${PRO_KLD:-|cuda:FAST;cuda:|cuda:FAST}"
+  for ab in "${pairs[@]//FAST/$FAST}"; do
+    timeout "${T_PRO_KLD:-300}" "$C/plumb" kld -m /tmp/plumb-pro --tokens /tmp/pro-tokens.txt --a "${ab%%|*}" --b "${ab#*|}" >>"$OUT/layers-pro.txt" 2>&1
     note "kld pro [${ab%%|*}] vs [${ab#*|}] rc=$?"
   done
 fi
