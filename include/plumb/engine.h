@@ -37,8 +37,9 @@ struct ModelInfo {
 
 class Session;
 
-// The CPU threads of the reference backend's matrix products and attention heads, process-wide (0: every core,
-// 1: serial). Each output row or head is one thread's work, so the results are the same bits for any count.
+// The CPU threads of the reference backend's matrix products, attention heads and indexer entries, process-wide
+// (0: every core, 1: serial). Each output row, head or entry is one thread's work, so the results are the same bits
+// for any count.
 void set_cpu_threads(int n);
 
 class Engine {

@@ -10,8 +10,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "plumb 0.1.0");
   // Before or after the subcommand (fallthrough): `plumb --threads 2 run ...` or `plumb run --threads 2 ...`.
-  app.add_option("--threads", "CPU threads for the reference backend's matrix products and attention heads (0: every core); "
-                              "the results are the same bits for any count")
+  app.add_option("--threads",
+                 "CPU threads for the reference backend's matrix products, attention heads and indexer entries (0: every "
+                 "core); the results are the same bits for any count")
       ->check(CLI::Range(0, 1024))
       ->each([](const std::string& v) { plumb::set_cpu_threads(std::stoi(v)); });
   app.fallthrough();

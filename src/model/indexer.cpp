@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/parallel.h"
+
 namespace plumb {
 
 IndexerResult indexer_select(const IndexerWeights& w, const ModelConfig& c, const ops::Rope& rope, const Tensor& x,
@@ -26,24 +28,27 @@ IndexerResult indexer_select(const IndexerWeights& w, const ModelConfig& c, cons
   for (int64_t t = 0; t < n; ++t) {
     const int64_t visible = (pos0 + t + 1) / m;
     float* s = r.scores.ptr() + t * ne;
-    for (int64_t e = 0; e < ne; ++e) {
-      if (e >= visible) {
-        s[e] = -INFINITY;
-        continue;
+    // Entries are independent (each its own sums over heads and dims): split over threads (core/parallel.h).
+    parallel_for(ne, double(ne) * double(nh) * double(dh), [&](int64_t ea, int64_t eb) {
+      for (int64_t e = ea; e < eb; ++e) {
+        if (e >= visible) {
+          s[e] = -INFINITY;
+          continue;
+        }
+        const float* key = keys.entries.data() + e * dh;
+        double acc = 0;
+        for (int64_t h = 0; h < nh; ++h) {
+          const float* qh = q.ptr() + (t * nh + h) * dh;
+          double dot = 0;
+          for (int64_t i = 0; i < dh; ++i) dot += double(qh[i]) * key[i];
+          if (nm.official())  // bf16 einsum, relu, bf16 product with the bf16 weights, fp32 sum over heads
+            acc += nm.act(std::max(nm.act(float(dot)), 0.0f) * hw[t * nh + h]);
+          else
+            acc += std::max(dot, 0.0) * qscale * (hw[t * nh + h] * wscale);
+        }
+        s[e] = nm.act(float(acc));
       }
-      const float* key = keys.entries.data() + e * dh;
-      double acc = 0;
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = q.ptr() + (t * nh + h) * dh;
-        double dot = 0;
-        for (int64_t i = 0; i < dh; ++i) dot += double(qh[i]) * key[i];
-        if (nm.official())  // bf16 einsum, relu, bf16 product with the bf16 weights, fp32 sum over heads
-          acc += nm.act(std::max(nm.act(float(dot)), 0.0f) * hw[t * nh + h]);
-        else
-          acc += std::max(dot, 0.0) * qscale * (hw[t * nh + h] * wscale);
-      }
-      s[e] = nm.act(float(acc));
-    }
+    });
     const auto order = nm.official() ? ops::topk_lowest_index_first(s, ne, k) : ops::topk_like_torch(s, ne, k, /*sorted=*/true);
     for (int64_t j = 0; j < k; ++j) r.topk[t * k + j] = order[size_t(j)] < visible ? order[size_t(j)] : -1;
   }
