@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Before and after a device-tool run, on the development machine: the tool copies the tracked tree plus `carry`, at
+# most 64 MiB, and the tracked tree (fixtures, logs) plus build-carry/ is over that. `out` moves what the GPU machine
+# never reads (bench/results/, tests/data/tokenizer/) to $SLIM (default /tmp/plumb-slim) and prints the size that
+# will travel; `back` returns them. Nothing is deleted: `back` refuses to overwrite a folder that is there again.
+#
+#   bench/device_slim.sh out && <run the device command> ; bench/device_slim.sh back
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SLIM=${SLIM:-/tmp/plumb-slim}
+paths=(bench/results tests/data/tokenizer)
+case "${1:-}" in
+  out)
+    mkdir -p "$SLIM"
+    for p in "${paths[@]}"; do
+      [ -e "$p" ] || continue
+      [ ! -e "$SLIM/$p" ] || { echo "device_slim: $SLIM/$p exists already (a run not moved back?)" >&2; exit 1; }
+      mkdir -p "$SLIM/$(dirname "$p")" && mv "$p" "$SLIM/$p"
+    done
+    bytes=$( (git ls-files -z | xargs -0 stat -L -c %s 2>/dev/null || true) | awk '{s += $1} END {print s + 0}')  # (moved: missing)
+    carry=$(du -cb build-carry 2>/dev/null | tail -n 1 | cut -f1)
+    echo "device_slim: moved to $SLIM; tracked files present $((bytes / 1000000)) MB + build-carry $((carry / 1000000)) MB (limit 67 MB)"
+    ;;
+  back)
+    for p in "${paths[@]}"; do
+      [ -e "$SLIM/$p" ] || continue
+      [ ! -e "$p" ] || { echo "device_slim: $p exists in the tree; $SLIM/$p left where it is" >&2; exit 1; }
+      mkdir -p "$(dirname "$p")" && mv "$SLIM/$p" "$p"
+    done
+    echo "device_slim: back in the tree"
+    ;;
+  *)
+    echo "usage: $0 out|back" >&2
+    exit 2
+    ;;
+esac
