@@ -17,7 +17,8 @@ case "${1:-}" in
       [ ! -e "$SLIM/$p" ] || { echo "device_slim: $SLIM/$p exists already (a run not moved back?)" >&2; exit 1; }
       mkdir -p "$SLIM/$(dirname "$p")" && mv "$p" "$SLIM/$p"
     done
-    bytes=$( (git ls-files -z | xargs -0 stat -L -c %s 2>/dev/null || true) | awk '{s += $1} END {print s + 0}')  # (moved: missing)
+    # (du counts a file behind several links once, as the copy holds it once; the moved files are missing: || true)
+    bytes=$( (git ls-files -z | du -cbL --files0-from=- 2>/dev/null || true) | tail -n 1 | cut -f1)
     carry=$(du -cb build-carry 2>/dev/null | tail -n 1 | cut -f1)
     echo "device_slim: moved to $SLIM; tracked files present $((bytes / 1000000)) MB + build-carry $((carry / 1000000)) MB (limit 67 MB)"
     ;;
