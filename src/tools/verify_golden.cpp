@@ -210,7 +210,7 @@ int verify_golden(const VerifyGoldenOptions& opt) {
       const auto d = diff_f32(got, reft);
       const bool ok = d.nonfinite == 0 && d.rel() <= tol;
       // Where the largest error is, also within tolerance (which row, i.e. token, and which element).
-      std::string where = d.at >= 0 && d.max_abs > 0 ? fmt::format("  at {} got {:.6g} expected {:.6g}", coord(reft.shape, d.at),
+      std::string where = d.at >= 0 && d.max_abs > 0 ? fmt::format("  at {} got {:.9g} expected {:.9g}", coord(reft.shape, d.at),
                                                                    got[d.at], reft[d.at])
                                                      : "";
       if (d.nonfinite) where += fmt::format("  {} non-finite mismatches", d.nonfinite);
