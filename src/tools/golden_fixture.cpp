@@ -15,8 +15,14 @@ GoldenFixture GoldenFixture::load(const std::string& dir) {
   const auto jpath = (fs::path(dir) / "golden.json").string();
   std::ifstream f(jpath);
   PLUMB_CHECK(f.good(), "cannot open {} (is {} a golden fixture folder?)", jpath, dir);
-  auto j = nlohmann::json::parse(f, nullptr, false);
-  PLUMB_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object", jpath);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    // (A bare NaN, as Python's json writes a NaN value, is not JSON: the message says where it stops.)
+    fail("{}: not valid JSON: {}", jpath, e.what());
+  }
+  PLUMB_CHECK(j.is_object(), "{}: not a JSON object", jpath);
   if (j.contains("format"))
     PLUMB_CHECK(j["format"] == "dsv4-golden/1", "{}: unsupported format {}", jpath, j["format"].dump());
   g.reference = j.value("reference", std::string("(unknown)"));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bad inputs give one clear `error:` line and a non-zero exit, never a crash: a corrupt or truncated safetensors
-# file, a config with an unknown layer type, a token id outside the vocabulary, a missing fixture file.
+# file, a config with an unknown layer type, a token id outside the vocabulary, a NaN in golden.json (not JSON), a
+# missing fixture file.
 # Usage: bad_inputs.sh PLUMB_BINARY FIXTURE_DIR
 set -u
 plumb=$1
@@ -55,6 +56,10 @@ import json, sys
 p = sys.argv[1]; g = json.load(open(p)); g["steps"][0]["tokens"][2] = 100000; json.dump(g, open(p, "w"))
 PY
 expect "token outside the vocabulary" "token 100000" "$plumb" verify-golden "$work/fx"
+
+fresh
+sed -i '0,/"seed": [0-9]*/s//"seed": NaN/' "$work/fx/golden.json"  # what Python's json writes for a NaN
+expect "NaN in golden.json" "golden.json: not valid JSON.*line" "$plumb" verify-golden "$work/fx"
 
 fresh
 rm "$work/fx/model.safetensors"
