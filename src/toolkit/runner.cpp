@@ -1,5 +1,9 @@
 // Running a configuration over an input: a recording sink (with the tap filter) and teacher forcing.
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <set>
 
 #include "patches/registry.h"
@@ -88,7 +92,21 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
                 "teacher forcing needs an unfiltered trace of all {} steps of {} (it has {} steps{})", in.steps.size(),
                 in.source, force->steps.size(), force->filter.empty() ? "" : ", filtered");
   auto state = model.new_state();
+  // Progress on stderr for long runs (a reference at real dimensions takes seconds a token): a line every 5 s.
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  int64_t total = 0, done = 0;
+  for (const auto& s : in.steps) total += int64_t(s.tokens.size());
   for (size_t si = 0; si < in.steps.size(); ++si) {
+    if (const auto now = Clock::now(); si > 0 && now - last >= std::chrono::seconds(5)) {
+      const double sec = std::chrono::duration<double>(now - t0).count();
+      std::fprintf(stderr, "%s", fmt::format("[{}] {} of {} tokens, step {} of {}, {:.1f} tokens/s, about {:.0f} s left\n",
+                                             patches.empty() ? "reference" : patches, done, total, si, in.steps.size(),
+                                             done / sec, (total - done) * sec / std::max<int64_t>(done, 1)).c_str());
+      last = now;
+    }
+    done += int64_t(in.steps[si].tokens.size());
     const GoldenStep& step = in.steps[si];
     PLUMB_CHECK(step.start_pos == state.pos, "{}: step {} starts at position {}, but the session is at {}", in.source,
                 step.name, step.start_pos, state.pos);
