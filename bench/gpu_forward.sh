@@ -9,6 +9,7 @@
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
+# SANITIZE=GTEST_FILTER (compute-sanitizer memcheck over those CUDA tests, sanitizer.txt),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
@@ -92,6 +93,13 @@ else
   cat "$OUT"/tests-shard*.txt "$OUT/tests-timing.txt" >"$OUT/tests.txt" && rm -f "$OUT"/tests-shard*.txt "$OUT/tests-timing.txt"
 fi
 note "cuda tests rc=$rc"
+
+if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer memcheck over the CUDA tests matching this gtest filter
+  note "compute-sanitizer memcheck: $SANITIZE"
+  timeout "${T_SANITIZE:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 "$C/plumb_cuda_tests" --gtest_color=no \
+    --gtest_filter="$SANITIZE" >"$OUT/sanitizer.txt" 2>&1
+  note "compute-sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.txt" | tail -n 1)"
+fi
 
 if [ -z "${SKIP_CHECKS:-}" ]; then  # SKIP_CHECKS=1: tests and benches only
 note "verify-golden --backend cuda"
