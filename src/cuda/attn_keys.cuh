@@ -2,6 +2,7 @@
 // (fwd_attn_splitk.cu), so both see the same keys in the same order; and the twin's logit (key_logit).
 #pragma once
 #include "cuda/fwd_common.cuh"
+#include "model/official_math.h"
 
 namespace plumb::cuda::detail {
 
@@ -10,8 +11,8 @@ namespace plumb::cuda::detail {
 // selection slots in order, where a slot of -1 is a hole (no key: logit -inf, probability exactly 0). Holes stay
 // in place instead of being compacted, so a graph's wider selection (-1 slots at the end) sums the same values in
 // the same order as an eager launch. numerics.official: the window takes wslots slots as the official index list
-// lays it out (model/attention.cpp): W, or min(n, W) in the first chunk (pos0 = 0), slots nwin .. wslots-1 holes;
-// they decide which keys share a block of 64 while the window is not yet full.
+// lays it out (official_math::window_slots, as model/attention.cpp), slots nwin .. wslots-1 holes; they decide which
+// keys share a block while the window is not yet full.
 struct KeyList {
   const AttendArgs& a;
   int t;
@@ -20,7 +21,7 @@ struct KeyList {
     pos0 = *a.pos;
     const int64_t p = pos0 + t;
     wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
-    wslots = a.official ? (pos0 == 0 ? min(int64_t(a.n), a.window) : a.window) : nwin;
+    wslots = a.official ? official_math::window_slots(pos0, a.n, a.window) : nwin;
     count = wslots + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
   }
   // The key/value row of slot j, or null for a hole.

@@ -97,7 +97,7 @@ __global__ void attend_out_kernel(AttendArgs a) {
 // bf16. A hole (a -1 slot, or a window slot of KeyList's official layout) has p = 0 and adds nothing; the slots are
 // the CPU's, so are the blocks. (AttendArgs::official_serial: thread 0 computes the max and the probabilities too, the one-thread twin the
 // tests hold the parallel steps to, bit for bit.)
-constexpr int kOffBlock = 64;
+constexpr int kOffBlock = official_math::kAttnBlock;
 __global__ void attend_out_official_kernel(AttendArgs a) {
   pdl_begin();
   __shared__ float pb[kOffBlock], pf[kOffBlock], mx[kOffBlock / 32];

@@ -126,10 +126,9 @@ __global__ void linear_official_kernel(OfficialLinearArgs a, int per) {
     if (t < ns) a.y[int64_t(s0 + t) * a.ldy + r] = round_out ? bf16r(acc[t]) : acc[t];
 }
 
-// A warp per group. The bf16 squares are summed in fp64 (exact for the group sizes here: any order), then the
-// CPU's bf16 mean, rsqrt and product.
-// A warp per group; with hr.half > 0 the group's RoPE and bf16 rounding after (fwd_rope's and fwd_act's arithmetic),
-// and blocks from head_blocks on: the also rows, a thread per pair.
+// A warp per group: the bf16 squares summed in fp64 (exact for the group sizes here: any order), then the CPU's bf16
+// mean, rsqrt and product; with hr.half > 0 the group's RoPE and bf16 rounding after (fwd_rope's and fwd_act's
+// arithmetic). Blocks from head_blocks on: the also rows, a thread per pair.
 constexpr int kHeadRmsWarps = 8;
 __global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double eps, HeadRope hr) {
   pdl_begin();
@@ -138,10 +137,7 @@ __global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double ep
   if (int64_t(blockIdx.x) >= head_blocks) {
     const RopeRows& b = hr.also;
     const int64_t i = (int64_t(blockIdx.x) - head_blocks) * blockDim.x + threadIdx.x;
-    if (i < b.rows * b.half) {
-      float* p = rope_one(b.x, i, b.ld, b.off, b.half, hr.inv_freq, hr.attention_factor, hr.dpos, 0, b.per_pos, 1, 0);
-      p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);
-    }
+    if (i < b.rows * b.half) rope_one(b.x, i, b.ld, b.off, b.half, hr.inv_freq, hr.attention_factor, hr.dpos, 0, b.per_pos, 1, 0, true);
     return;
   }
   const int64_t g = int64_t(blockIdx.x) * kHeadRmsWarps + (threadIdx.x >> 5);
@@ -155,10 +151,8 @@ __global__ void head_rms_kernel(float* x, int64_t groups, int64_t dim, double ep
   for (int64_t i = lane; i < dim; i += 32) v[i] = bf16r(__fmul_rn(v[i], r));
   if (hr.half <= 0) return;
   __syncwarp();  // the pairs read values other lanes wrote
-  for (int k = lane; k < hr.half; k += 32) {
-    float* p = rope_one(v, k, 0, hr.off, hr.half, hr.inv_freq, hr.attention_factor, hr.dpos, g / hr.per_pos, 1, 1, 0);
-    p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);
-  }
+  for (int k = lane; k < hr.half; k += 32)
+    rope_one(v, k, 0, hr.off, hr.half, hr.inv_freq, hr.attention_factor, hr.dpos, g / hr.per_pos, 1, 1, 0, true);
 }
 
 __global__ void fp8_roundtrip_kernel(float* x, int64_t ld, int64_t n, int block) {

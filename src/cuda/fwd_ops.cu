@@ -480,9 +480,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int
                             const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, int round_bf16) {
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * half) return;
-  float* p = rope_one(x, i, ld, off, half, inv_freq, af, dpos, pos0, per_pos, pos_step, inverse);
-  if (round_bf16) p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);
+  if (i < rows * half) rope_one(x, i, ld, off, half, inv_freq, af, dpos, pos0, per_pos, pos_step, inverse, round_bf16 != 0);
 }
 
 // rope_kernel on rows of ld values whose rotated dims start at off (a pair per thread: every pair of the row, the

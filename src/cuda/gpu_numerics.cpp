@@ -37,8 +37,8 @@ void official_fp8_linear(const Fp8Matrix& w, const float* x, int n, int64_t ldx,
   official_fp8_linear(w, official_quant(x, n, w.cols, ldx, sc), n, y, ldy, sc);
 }
 
-void GpuNumerics::act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const {
-  if (official_) fwd_act(x, rows, ld, off, width, nullptr);
+void GpuNumerics::act(float* x, int64_t n) const {
+  if (official_) fwd_act(x, 1, n, 0, n, nullptr);
 }
 
 void GpuNumerics::proj(const GMat& w, const float* x, int n, int64_t ldx, float* y, int64_t ldy, Scratch& sc,

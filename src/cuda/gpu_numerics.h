@@ -12,9 +12,8 @@ class GpuNumerics {
   bool official() const { return official_; }
   bool official_initial() const { return initial_; }
 
-  // Activation storage: bf16 (official) or none; rows of `width` values at x + r * ld + off.
-  void act(float* x, int64_t n) const { act_rows(x, 1, n, 0, n); }
-  void act_rows(float* x, int64_t rows, int64_t ld, int64_t off, int64_t width) const;
+  // Activation storage: bf16 (official) or none, over x[0, n).
+  void act(float* x, int64_t n) const;
   // Numerics::proj: y[t * ldy + r] = W x_t; official: FP8 activation quantization + block-scaled GEMM, bf16 out
   // (plain weights: the bf16 GEMM); an FP8 matrix with its tensor-core form (cuda.fp8_gemv) on the E4M3 tensor
   // cores (official_fp8_linear).

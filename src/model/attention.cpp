@@ -6,6 +6,7 @@
 #include "core/parallel.h"
 #include "model/compressor.h"
 #include "model/indexer.h"
+#include "model/official_math.h"
 
 namespace plumb {
 
@@ -39,7 +40,7 @@ void attend(const float* qh, const std::vector<const float*>& keys, float sink, 
     }
     return;
   }
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = official_math::kAttnBlock;
   float m_run = -INFINITY, l_run = 0;
   std::vector<double> acc(static_cast<size_t>(Dh), 0.0);
   std::vector<float> p(static_cast<size_t>(kBlock));
@@ -140,13 +141,10 @@ Tensor attention_forward(const AttentionWeights& w, const ModelConfig& c, AttnTy
     kset.clear();
     for (size_t j = 0; j < key_pos.size(); ++j)
       if (key_pos[j] <= p && key_pos[j] > p - W) kset.push_back(keys.data() + j * Dh);
-    // Official: the window as the official index list lays it out (model.py get_window_topk_idxs), which decides
-    // which keys share a block of 64: W slots in a decode, min(n, W) in the first prefill (pos0 = 0), slot j holding
-    // position max(0, p-W+1) + j and a hole where that is past p. (The official code has no later prefill chunk: it
-    // decodes those tokens one at a time, so a later chunk's queries take the decode layout.) Holes after the last
-    // key change nothing; these fall before the entries while the window is not yet full.
-    if (nm.official())
-      for (int64_t slots = pos0 == 0 ? std::min(n, W) : W; int64_t(kset.size()) < slots;) kset.push_back(nullptr);
+    // Official: the window as the official index list lays it out (official_math::window_slots; never fewer slots
+    // than visible keys), which decides which keys share a block: holes after the newest key, before the entries,
+    // while the window is not yet full.
+    if (nm.official()) kset.resize(size_t(official_math::window_slots(pos0, n, W)), nullptr);
     if (type == AttnType::HCA) {
       const int64_t visible = std::min<int64_t>((p + 1) / w.comp->rate, cs.n_entries);
       for (int64_t e = 0; e < visible; ++e) kset.push_back(cs.entries.data() + e * Dh);
