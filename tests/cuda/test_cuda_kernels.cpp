@@ -478,6 +478,74 @@ TEST_F(CudaMoe, GroupTableMatchesScan) {
   }
 }
 
+// cuda.moe_fused (gate/up and down in one launch, down's weights staged in shared memory) against the two launches,
+// bit for bit, h and ys: routings with repeats within a token and across tokens, an out-of-range id, the routing
+// weight before down; every block size; down's tiles all staged, none (all from global memory) and a few per
+// block (both paths in one launch); each configuration twice in a row (the counters must be left zero). Also the
+// real V4-Flash sizes at batch 1 (6 experts, ~200 KB staged per SM).
+TEST_F(CudaMoe, FusedMatchesGateUpThenDownBitForBit) {
+  Rng rng(21);
+  struct Case {
+    const char* name;
+    int64_t E, D, I;
+    int n, K;
+    std::vector<int32_t> idx;
+  };
+  const std::vector<Case> cases = {
+      {"one token, 6 distinct", 12, 1024, 512, 1, 6, {3, 0, 11, 7, 5, 9}},
+      {"repeats within a token, an id -1", 12, 1024, 512, 1, 6, {2, 2, 5, -1, 9, 2}},
+      {"two tokens sharing experts", 12, 1024, 512, 2, 4, {1, 4, 6, 8, 4, 1, 10, 6}},
+      {"V4-Flash sizes, batch 1", 8, 4096, 2048, 1, 6, {7, 1, 4, 0, 6, 3}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto f = make_moe(rng, c.E, c.D, c.I);
+    const cuda::MoeExperts m = cuda::upload_experts(f->w);
+    ASSERT_TRUE(cuda::moe_fused_fits(m, c.n, c.K));
+    const int S = c.n * c.K;
+    const Acts x = make_acts(Act::BF16, rng.floats(size_t(c.n * c.D), -2.0f, 2.0f));
+    const std::vector<float> wt = rng.floats(size_t(S), 0.1f, 1.0f);
+    cuda::DeviceBuffer di = cuda::to_device(c.idx), dw = cuda::to_device(wt);
+    cuda::DeviceBuffer dh(size_t(S) * size_t(c.I) * 2), dy(size_t(S) * size_t(c.D) * 4);
+    cuda::Workspace ws;
+    for (bool pre : {false, true}) {
+      const float* pw = pre ? dw.as<float>() : nullptr;
+      dh.fill_byte(0xFF), dy.fill_byte(0xFF);
+      cuda::moe_gate_up(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::BF16, 7.0, pw, dh.as<uint16_t>(), nullptr, ws);
+      cuda::moe_down(m, di.as<int32_t>(), c.n, c.K, dh.as<uint16_t>(), nullptr, dy.as<float>(), ws);
+      cuda::synchronize();
+      const auto h_ref = cuda::to_host<uint16_t>(dh, size_t(S) * size_t(c.I));
+      const auto y_ref = cuda::to_host<uint32_t>(dy, size_t(S) * size_t(c.D));
+      for (int warps : {8, 12, 16})
+        for (int cap : {-1, 0, 2})
+          for (int rep = 0; rep < 2; ++rep) {
+            SCOPED_TRACE("pre_weight " + std::to_string(pre) + ", " + std::to_string(warps) + " warps, cap " + std::to_string(cap) +
+                         ", run " + std::to_string(rep));
+            dh.fill_byte(0xFF), dy.fill_byte(0xFF);
+            cuda::moe_fused(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::BF16, 7.0, pw, dh.as<uint16_t>(), dy.as<float>(), ws,
+                            nullptr, warps, cap);
+            cuda::synchronize();
+            const auto h = cuda::to_host<uint16_t>(dh, h_ref.size());
+            const auto y = cuda::to_host<uint32_t>(dy, y_ref.size());
+            size_t bad_h = 0, bad_y = 0, first_h = 0, first_y = 0;
+            for (size_t i = 0; i < h.size(); ++i)
+              if (h[i] != h_ref[i] && bad_h++ == 0) first_h = i;
+            for (size_t i = 0; i < y.size(); ++i)
+              if (y[i] != y_ref[i] && bad_y++ == 0) first_y = i;
+            EXPECT_EQ(bad_h, 0u) << "h differs first at slot " << first_h / size_t(c.I) << ", column " << first_h % size_t(c.I)
+                                 << ": " << h[first_h] << " against " << h_ref[first_h];
+            EXPECT_EQ(bad_y, 0u) << "ys differs first at slot " << first_y / size_t(c.D) << ", row " << first_y % size_t(c.D)
+                                 << ": bits " << y[first_y] << " against " << y_ref[first_y];
+          }
+    }
+  }
+  // Refused: more slots than the kernel's expert table holds.
+  Rng r2(3);
+  auto f = make_moe(r2, 12, 1024, 512);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  EXPECT_FALSE(cuda::moe_fused_fits(m, 2, 6));
+}
+
 // The real V4-Flash expert shapes (D 4096, I 2048), 8 tokens x top-6 over 8 experts; sampled rows on the CPU.
 TEST_F(CudaMoe, RealShapesSampledRows) {
   Rng rng(6);
