@@ -279,13 +279,6 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 // ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
-// cuda.moe_fused: moe_gate_up (h16) then moe_down in one launch, the same bits (h16 is written too), for 1..8 slots
-// (moe_fused_fits; W4A16 experts with I % 128 == 0 and D % 256 == 0). `warps` per block 8, 12 or 16 (0: 16); `cap`
-// down tiles a block stages in shared memory at most (< 0: as many as fit; tests force fewer to cover the other
-// path). Counters from `ws` (used on one stream at a time, as every launch that takes a workspace).
-bool moe_fused_fits(const MoeExperts& m, int n, int K);
-void moe_fused(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit, const float* pre_weight,
-               uint16_t* h16, float* ys, Workspace& ws, Stream s = nullptr, int warps = 0, int cap = -1);
 // The official numerics' routed experts (DeepSeek's fp4_gemm, numerics.official): activations quantized to E4M3 per
 // row and 128-block by act_quant_e4m3 (official::fp8_quant_block: amax floored at 1e-4, the power-of-two scale
 // 2^ceil(log2(amax / 448)), RNE; codes [rows, K], scales [rows, K/128]); experts uploaded in the A8 layout; E4M3 x

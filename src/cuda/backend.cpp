@@ -479,66 +479,30 @@ d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int
 
 }  // namespace
 
-namespace {
-
-// gate/up's launch (x already f16, ldx its row stride) and down's (h f16, row stride I).
-d::GemvArgs gate_up_args(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x16, int64_t ldx, double limit,
-                         const float* pre_weight, void* h, bool h_half, const void* groups) {
+void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
+  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E);
   set_groups(a, groups);
   a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit), a.pre_weight = pre_weight;
   a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
-  a.x = x16, a.x_tok_stride = ldx, a.x_by_token = 1;
-  a.out = h, a.out_half = h_half ? 1 : 0, a.o_tok_stride = m.I;
-  return a;
-}
-d::GemvArgs down_args(const MoeExperts& m, const int32_t* idx, int n, int K, const void* h16, int64_t ldh, float* ys,
-                      const void* groups) {
-  d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
-  set_groups(a, groups);
-  a.x = h16, a.x_tok_stride = ldh, a.x_by_token = 0;
-  a.out = ys, a.o_tok_stride = m.D;
-  return a;
-}
-
-}  // namespace
-
-void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
-  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
   int64_t ldx = m.D;
-  const void* x16 = as_f16(x, xt, n, m.D, ldx, ws, s);
-  d::launch_gemv(gate_up_args(m, idx, n, K, x16, ldx, limit, pre_weight, h16 ? static_cast<void*>(h16) : static_cast<void*>(h32),
-                              h16 != nullptr, groups),
-                 s);
+  a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
+  a.x_tok_stride = ldx, a.x_by_token = 1;
+  a.out = h16 ? static_cast<void*>(h16) : static_cast<void*>(h32), a.out_half = h16 ? 1 : 0, a.o_tok_stride = m.I;
+  d::launch_gemv(a, s);
 }
 
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s, const void* groups) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
+  d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
+  set_groups(a, groups);
   int64_t ldx = m.I;
-  const void* x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
-  d::launch_gemv(down_args(m, idx, n, K, x, ldx, ys, groups), s);
-}
-
-bool moe_fused_fits(const MoeExperts& m, int n, int K) {
-  if (m.w1.layout != Fp4Layout::F16) return false;
-  uint16_t h = 0;
-  float y = 0;
-  return d::moe_fused_fits(gate_up_args(m, nullptr, n, K, nullptr, m.D, 0.0, nullptr, &h, true, nullptr),
-                           down_args(m, nullptr, n, K, &h, m.I, &y, nullptr));
-}
-
-void moe_fused(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit, const float* pre_weight,
-               uint16_t* h16, float* ys, Workspace& ws, Stream s, int warps, int cap) {
-  PLUMB_CHECK(moe_fused_fits(m, n, K), "moe_fused: {} tokens x {} choices ({} slots) on experts [{}, {}] / [{}, {}]: needs 1..{} slots, "
-              "the F16 layout, I a multiple of 128 and D of 256", n, K, n * K, m.I, m.D, m.D, m.I, d::kFusedMaxSlots);
-  int64_t ldx = m.D;
-  const void* x16 = as_f16(x, xt, n, m.D, ldx, ws, s);
-  d::GemvArgs gu = gate_up_args(m, idx, n, K, x16, ldx, limit, pre_weight, h16, true, nullptr);
-  d::GemvArgs dn = down_args(m, idx, n, K, h16, m.I, ys, nullptr);
-  if (d::pdl_enabled()) gu.pdl = 1;
-  d::launch_moe_fused(gu, dn, ws.counters(d::kFusedMaxSlots + 1), warps == 0 ? 16 : warps, cap, s);
+  a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
+  a.x_tok_stride = ldx, a.x_by_token = 0;
+  a.out = ys, a.o_tok_stride = m.D;
+  d::launch_gemv(a, s);
 }
 
 void act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* codes, float* scales, Stream s) {

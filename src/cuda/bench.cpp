@@ -605,33 +605,6 @@ int run_bench(const BenchOptions& opt) {
            uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
           t);
 
-    // cuda.moe_fused: gate/up and down in one launch (1..8 slots), each SM's share of down's weights staged in shared
-    // memory while gate/up streams; warps per block and with / without the staging. Checked bit for bit against
-    // the two launches above (h and ys).
-    if (moe_fused_fits(moe, n, K)) {
-      const size_t hn = size_t(n) * K * size_t(I), yn = size_t(n) * K * size_t(D);
-      moe_gate_up(moe, idx_at(0), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, nullptr, ws, S);
-      moe_down(moe, idx_at(0), n, K, h16, nullptr, ys, ws, S);
-      const auto h_ref = to_host<uint16_t>(scratch.h, hn);
-      const auto y_ref = to_host<uint32_t>(scratch.ys, yn);  // (bits: -0 and NaN payloads count)
-      for (int w : {16, 12, 8})
-        for (int cap : {-1, 0}) {
-          d::dsync(), scratch.h.fill_byte(0xFF), scratch.ys.fill_byte(0xFF);
-          moe_fused(moe, idx_at(0), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, ys, ws, S, w, cap);
-          d::dsync();
-          const bool same = to_host<uint16_t>(scratch.h, hn) == h_ref && to_host<uint32_t>(scratch.ys, yn) == y_ref;
-          fmt::print("check moe fused ({} warps, {}) vs gate+up then down n={}: {}\n", w, cap ? "staged" : "unstaged", n,
-                     same ? "bit-identical" : "MISMATCH");
-          B.checks.push_back({{"kernel", fmt::format("moe fused {} warps {}", w, cap ? "staged" : "unstaged")}, {"batch", n}, {"exact", same}});
-          t = B.time([&](int i) { moe_fused(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, ys, ws, S, w, cap); });
-          B.add(B.rows,
-                {"moe gate+up + down, one launch (cuda.moe_fused)",
-                 fmt::format("{} warps/block, down {}", w, cap ? "staged in smem" : "from global"), note, n, ue,
-                 uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + ysb},
-                t);
-        }
-    }
-
     // What a plain read of the experts' weight bytes reaches in the same harness (read_stream over the expert
     // weights, a different region per call where they fit): the ceiling for kernels of this size, launch, ramp and
     // tail included. (H200: 19.2 us for the 80 MB of batch 1, 100 % of copy: the MXFP4 kernels' gap to it is their

@@ -32,7 +32,6 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/gemv_fp4_tile.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 
@@ -49,9 +48,29 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
 }
 
+template <int J>
+__device__ __forceinline__ float scale_of(uint32_t w) {
+  return e8m0_byte<J>(w);
+}
 // Group j's (a compile-time constant after unrolling) scale of a word of 4 E8M0 bytes.
 __device__ __forceinline__ float scale_by_group(uint32_t w, int j) {
-  return j == 0 ? e8m0_byte<0>(w) : j == 1 ? e8m0_byte<1>(w) : j == 2 ? e8m0_byte<2>(w) : e8m0_byte<3>(w);
+  return j == 0 ? scale_of<0>(w) : j == 1 ? scale_of<1>(w) : j == 2 ? scale_of<2>(w) : scale_of<3>(w);
+}
+
+// The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L <= 0), times the
+// slot's routing weight when a.pre_weight is set; kStore: gate * out_scale. Shared by both GEMV kernels.
+// a.round_bf16 (the official numerics): gate and up rounded to bf16 as the official linear stores them, the result
+// too (fwd_swiglu then the activation rounding; the linear's bf16 output).
+template <int EPI>
+__device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, int slot) {
+  if constexpr (EPI == kSwiglu) {
+    if (a.round_bf16) r = bf16r(r), up = bf16r(up);
+    r = swiglu_clamped(r, up, a.limit);
+    if (a.pre_weight) r *= a.pre_weight[slot];
+  } else {
+    r *= a.out_scale;
+  }
+  return a.round_bf16 ? bf16r(r) : r;
 }
 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
@@ -208,15 +227,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     auto body = [&](auto uconst, int c, auto mp1) {
       constexpr int UU = decltype(uconst)::value;
       [[maybe_unused]] constexpr bool MP1 = decltype(mp1)::value;
-      if constexpr (FMT == kFp4) {
-        fp4_chunks<UU, NMAT, MP1>(WeightsGlobal{}, ActReadOnly{}, pa, pb, ps, xp, c, acc);  // (gemv_fp4_tile.cuh)
-      } else if constexpr (FMT == kFp4A8) {
-        // The weights' codes and scale words; the activations' E4M3 codes with the scales of this lane's output
-        // columns 2t, 2t + 1.
+      if constexpr (F4) {
+        // The weights' codes and scale words; the activations: f16 (kFp4) or E4M3 codes with the scales of this
+        // lane's output columns 2t, 2t + 1 (kFp4A8).
         uint4 A[UU][NMAT], B[UU][NMAT];
         uint32_t SA[UU][NMAT], SB[UU][NMAT];
-        uint2 X8[UU][4];
-        float XS[UU][2];
+        [[maybe_unused]] uint4 X[UU][4];
+        [[maybe_unused]] uint2 X8[UU][4];
+        [[maybe_unused]] float XS[UU][2];
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
@@ -226,13 +244,29 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
+          if constexpr (FMT == kFp4) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            X8[u][j] = xp8 ? __ldg(reinterpret_cast<const uint2*>(xp8 + (c + u) * 128 + j * 32)) : make_uint2(0, 0);
+            for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+          } else {
 #pragma unroll
-          for (int cc = 0; cc < 2; ++cc) XS[u][cc] = xsp[cc] ? __ldg(xsp[cc] + c + u) : 0.0f;
+            for (int j = 0; j < 4; ++j)
+              X8[u][j] = xp8 ? __ldg(reinterpret_cast<const uint2*>(xp8 + (c + u) * 128 + j * 32)) : make_uint2(0, 0);
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) XS[u][cc] = xsp[cc] ? __ldg(xsp[cc] + c + u) : 0.0f;
+          }
         }
-        {
+        if constexpr (FMT == kFp4) {
+#pragma unroll
+          for (int u = 0; u < UU; ++u)
+#pragma unroll
+            for (int q = 0; q < NMAT; ++q) {
+              float s0[4], s1[4];
+              s0[0] = scale_of<0>(SA[u][q]), s0[1] = scale_of<1>(SA[u][q]), s0[2] = scale_of<2>(SA[u][q]), s0[3] = scale_of<3>(SA[u][q]);
+              s1[0] = scale_of<0>(SB[u][q]), s1[1] = scale_of<1>(SB[u][q]), s1[2] = scale_of<2>(SB[u][q]), s1[3] = scale_of<3>(SB[u][q]);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) fp4_group<MP1>(word(A[u][q], j), word(B[u][q], j), X[u][j], s0[j], s1[j], acc[q]);
+            }
+        } else {
           // Per chunk: each group's E4M3 MMA into a fresh partial, times the rows' E8M0 scales into the chunk's sum,
           // which the columns' activation scales (one per 128-chunk) multiply into acc.
 #pragma unroll

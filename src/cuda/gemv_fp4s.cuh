@@ -66,10 +66,10 @@ __device__ __forceinline__ void stage_math(const uint8_t* buf, const __half* xs,
       const uint4 A = *reinterpret_cast<const uint4*>(buf + q * 4096 + (c * 2 + 0) * 512 + lane * 16);
       const uint4 B = *reinterpret_cast<const uint4*>(buf + q * 4096 + (c * 2 + 1) * 512 + lane * 16);
       const uint32_t sa = word(SA[q], c), sb = word(SBv[q], c);
-      fp4_group<MP1>(A.x, B.x, X[0], e8m0_byte<0>(sa), e8m0_byte<0>(sb), acc[q]);
-      fp4_group<MP1>(A.y, B.y, X[1], e8m0_byte<1>(sa), e8m0_byte<1>(sb), acc[q]);
-      fp4_group<MP1>(A.z, B.z, X[2], e8m0_byte<2>(sa), e8m0_byte<2>(sb), acc[q]);
-      fp4_group<MP1>(A.w, B.w, X[3], e8m0_byte<3>(sa), e8m0_byte<3>(sb), acc[q]);
+      fp4_group<MP1>(A.x, B.x, X[0], scale_of<0>(sa), scale_of<0>(sb), acc[q]);
+      fp4_group<MP1>(A.y, B.y, X[1], scale_of<1>(sa), scale_of<1>(sb), acc[q]);
+      fp4_group<MP1>(A.z, B.z, X[2], scale_of<2>(sa), scale_of<2>(sb), acc[q]);
+      fp4_group<MP1>(A.w, B.w, X[3], scale_of<3>(sa), scale_of<3>(sb), acc[q]);
     }
     if (c < 3) {
 #pragma unroll

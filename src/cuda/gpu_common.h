@@ -199,7 +199,6 @@ class Scratch {
   // (cuda.moe_mxfp4, cuda.fp8_gemv; host count of eager calls; tests).
   int64_t official_tc_calls = 0;
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
-  int64_t moe_fused_calls = 0;  // cuda.moe_fused: routed-expert chunks run as one launch (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
 

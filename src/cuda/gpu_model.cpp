@@ -73,10 +73,6 @@ void check_options(const ModelOptions& o) {
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
-  // One launch for the W4A16 kernels' gate/up and down: nothing to fuse without them.
-  PLUMB_CHECK(!o.cuda_moe_fused || o.cuda_moe_mxfp4,
-              "backend cuda: cuda.moe_fused runs cuda.moe_mxfp4's two decode launches as one and needs it: add cuda.moe_mxfp4");
-  refuse(o.cuda_moe_fused, "cuda.moe_fused");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
               o.prefill_gemm_min_tokens);
 }

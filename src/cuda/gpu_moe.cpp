@@ -240,20 +240,14 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       const float* wt = r.weight + int64_t(t0) * r.K;
       const void* xc = m.x16 ? static_cast<const void*>(m.x16 + int64_t(t0) * D) : m.x + int64_t(t0) * D;
       void* g = decode_groups(idx, nc);
-      if (m.opt.cuda_moe_fused && !g && moe_fused_fits(*m.w.fp4, nc, r.K)) {  // cuda.moe_fused: both in one launch
-        const OpRegion d(m.sc.timer, "routed/fused", true);
-        moe_fused(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, ys, m.sc.ws);
-        ++m.sc.moe_fused_calls;
-      } else {
-        {
-          const OpRegion d(m.sc.timer, "routed/gate_up", true);
-          moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
-                      m.sc.ws, nullptr, g);
-        }
-        {
-          const OpRegion d(m.sc.timer, "routed/down", true);
-          moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
-        }
+      {
+        const OpRegion d(m.sc.timer, "routed/gate_up", true);
+        moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
+                    m.sc.ws, nullptr, g);
+      }
+      {
+        const OpRegion d(m.sc.timer, "routed/down", true);
+        moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
       }
       join_for_add();
       // One chunk, nothing after the combine (no shared expert to add separately, no fault scale, no bf16 rounding of

@@ -209,13 +209,6 @@ struct GemvArgs {
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).
 int gemv_dense_warps(int64_t tiles, int64_t chunks);
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16); BF16 weights: bf16 (kBF16)
-// cuda.moe_fused (moe_fused.cu): the W4A16 routed experts' gate/up (f16 h) and down in one launch for 1..8 slots,
-// each SM's share of down's weights staged in shared memory during gate/up; the bits of launch_gemv's per-tile
-// gate/up (2 warps) then down (1 warp). `counters`: kFusedMaxSlots + 1 zeroed, left zero. warps: 8, 12 or 16 per
-// block; cap: down tiles a block stages at most (< 0: as many as fit; 0: none, all from global memory).
-constexpr int kFusedMaxSlots = 8;
-bool moe_fused_fits(const GemvArgs& gate_up, const GemvArgs& down);
-void launch_moe_fused(const GemvArgs& gate_up, const GemvArgs& down, unsigned* counters, int warps, int cap, Stream s);
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
 // ---- FP8 prefill GEMMs' helpers (fp8_gemm.cu) ----

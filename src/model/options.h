@@ -15,7 +15,6 @@ struct ModelOptions {
                                     // shared expert without the SwiGLU clamp)
   bool cuda_fp8_gemv = false;       // cuda.fp8_gemv: W8A16 tensor-core kernels for FP8 projections (backend cuda)
   bool cuda_moe_mxfp4 = false;      // cuda.moe_mxfp4: W4A16 tensor-core routed experts (backend cuda)
-  bool cuda_moe_fused = false;      // cuda.moe_fused: cuda.moe_mxfp4's gate/up and down in one launch at <= 8 slots (backend cuda)
   bool cuda_head_bf16 = false;      // cuda.head_bf16: LM head as a cuBLASLt bf16 GEMM (backend cuda)
   bool cuda_graph = false;          // cuda.graph: decode steps replayed as CUDA graphs (backend cuda)
   bool attn_splitk_decode = false;  // attn.splitk_decode: sparse attention split over keys (backend cuda)

@@ -65,18 +65,6 @@ std::vector<Patch> make_registry() {
                // Measured 7.9e-4 normalized vs the fp32 reference (tests/cuda, V4-Flash shapes), 4.0e-4 for the
                // whole routed MoE.
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_moe_mxfp4 = true; }, false, "cuda"});
-  r.push_back({"cuda.moe_fused", "cuda.moe_mxfp4's decode: a gate/up launch (h to memory), then a down launch",
-               "decode steps of 1-8 slots (tokens x experts per token) run the W4A16 gate/up and down in one launch: a "
-               "block per SM first starts bulk copies (TMA) of its share of down's weights into its shared memory, then "
-               "computes its share of gate/up tiles from registers; a down tile starts once its expert's h is complete "
-               "(a device counter per expert), from the staged weights; the same per-chunk code and sum order as the two "
-               "per-tile launches; needs cuda.moe_mxfp4; not with the official numerics (their W4A8 kernels)",
-               "a down tile started before its expert's h is complete, or an h read through a stale cache line, gives "
-               "wrong outputs that vary from run to run; a counter left non-zero breaks the next launch: tested bit for "
-               "bit against the two launches, twice in a row, staged and unstaged",
-               // The two launches' bits (tests/cuda FusedMatchesGateUpThenDownBitForBit and the forward tests). The
-               // tolerance is cuda.moe_mxfp4's, whose kernels these are.
-               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_moe_fused = true; }, false, "cuda"});
   r.push_back({"cuda.head_bf16", "LM head: fp32 twin GEMV (fp64 accumulation)",
                "the LM head as a cuBLASLt bf16 tensor-core GEMM: the normed hidden state rounded to bf16, the bf16 "
                "head weight as stored, fp32 accumulation and output; used when the head is BF16 in the checkpoint",

@@ -287,34 +287,6 @@ TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
   }
 }
 
-// cuda.moe_fused: the routed experts' gate/up and down as one launch at up to 8 slots (kernel-dims: 2 experts a
-// token, so steps of 1-4 tokens). The logits must be the two launches' bits, graphed (also with cuda.pdl and
-// cuda.streams, whose shared expert runs beside the fused kernel's waiting blocks) and eager, where the fused launch
-// must have run (and not above 8 slots).
-TEST_F(GpuTest, MoeFusedStepsMatchTwoLaunches) {
-  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
-  const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16";
-  expect_graph_matches_eager(dir, base, "cuda.moe_fused");
-  expect_graph_matches_eager(dir, base + ",cuda.streams", "cuda.moe_fused,cuda.pdl");
-  auto a_model = plumb::Model::load(dir, plumb::parse_patches(base).options, {}, "cuda");
-  auto b_model = plumb::Model::load(dir, plumb::parse_patches(base + ",cuda.moe_fused").options, {}, "cuda");
-  const auto toks = prompt(60, a_model->config().vocab);
-  auto sa = a_model->new_state(), sb = b_model->new_state();
-  int64_t fused_expected = 0;
-  const int64_t K = a_model->config().top_k, moe_layers = a_model->config().n_layers;  // (hash-routed layer 0 too)
-  for (size_t pos = 0, step = 0; pos < toks.size(); ++step) {
-    const size_t len = std::min<size_t>(step == 0 ? 20 : 1 + step % 4, toks.size() - pos);
-    const std::span<const int32_t> chunk(toks.data() + pos, len);
-    const auto a = a_model->forward(sa, chunk), b = b_model->forward(sb, chunk);
-    ASSERT_EQ(a.data.size(), b.data.size());
-    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "eager step " << step << " (position " << pos << ")";
-    if (int64_t(len) * K <= 8) fused_expected += moe_layers;
-    pos += len;
-  }
-  EXPECT_EQ(sa.dev->scratch.moe_fused_calls, 0);
-  EXPECT_EQ(sb.dev->scratch.moe_fused_calls, fused_expected) << "the fused launch ran in every layer of every step of <= 8 slots";
-}
-
 // Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
 // streams of its slice (after the FP4 routed experts at decode also their combine: gpu_moe's defer, the kernel-dims
 // case), and the RMSNorm after hc_pre (attn_norm, ffn_norm, the final norm) runs at its end; with a
