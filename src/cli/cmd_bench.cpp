@@ -56,6 +56,11 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"flash", "pro"}))
       ->capture_default_str();
   cmd->add_option("--patches", lo->patches, "--layers: patches of the GPU forward pass (e.g. cuda.fp8_gemv,cuda.moe_mxfp4)");
+  cmd->add_option("--backend", lo->backend,
+                  "--layers: cuda, or cpu: the same checkpoint and steps on the reference backend, to time it at real "
+                  "dimensions (no bandwidth figures; minutes per step at V4 sizes: use --batches 1 --prefill 0 --context 8)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
   cmd->add_option("--dir", lo->dir, "--layers: write (or reuse) the synthetic checkpoint in this folder (default: a temp dir)");
   cmd->add_flag("--keep", lo->keep, "--layers: keep the temporary checkpoint folder");
   cmd->add_flag("--timeline", lo->timeline,

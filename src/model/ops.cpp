@@ -8,22 +8,50 @@
 
 namespace plumb::ops {
 
+namespace {
+
+// Rows [ra, rb) of a matrix (decode(r, out): row r's K values as fp32) times n tokens: store(t, r, sum) with each
+// sum the fp64 sum of the exact products x[t, k] * w[r, k] in k order. Rows go kRowBlock at a time: their sums run
+// side by side (independent chains the CPU overlaps, lanes the compiler may vectorize), each still one row's sum in
+// k order, so the bits are those of one row after another (about 2x faster on one core at K = 4096).
+constexpr int kRowBlock = 8;
+template <class Decode, class Store>
+void row_dots(const float* x, int64_t n, int64_t x_stride, int64_t K, int64_t ra, int64_t rb, const Decode& decode, const Store& store) {
+  std::vector<float> rows(static_cast<size_t>(kRowBlock * K));
+  for (int64_t r = ra; r < rb; r += kRowBlock) {
+    const int nb = int(std::min<int64_t>(kRowBlock, rb - r));
+    for (int j = 0; j < nb; ++j) decode(r + j, rows.data() + j * K);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * x_stride;
+      if (nb == kRowBlock) {
+        double acc[kRowBlock] = {};
+        for (int64_t k = 0; k < K; ++k) {
+          const double xk = xt[k];
+          for (int j = 0; j < kRowBlock; ++j) acc[j] += xk * double(rows[size_t(j * K + k)]);
+        }
+        for (int j = 0; j < kRowBlock; ++j) store(t, r + j, acc[j]);
+      } else {
+        for (int j = 0; j < nb; ++j) {
+          const float* row = rows.data() + j * K;
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += double(xt[k]) * double(row[k]);
+          store(t, r + j, acc);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 // Output rows are independent (each one dot product per token, summed in k order), so they are split over threads
 // (core/parallel.h): the same bits for any thread count.
 void linear_rows(const float* x, int64_t n, int64_t x_stride, const Matrix& w, int64_t r0, int64_t nr, float* y,
                  int64_t y_stride) {
   const int64_t K = w.cols();
   parallel_for(nr, double(nr) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t r = ra; r < rb; ++r) {
-      w.row(r0 + r, row.data());
-      for (int64_t t = 0; t < n; ++t) {
-        const float* xt = x + t * x_stride;
-        double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += double(xt[k]) * double(row[size_t(k)]);
-        y[t * y_stride + r] = float(acc);
-      }
-    }
+    row_dots(x, n, x_stride, K, ra, rb, [&](int64_t r, float* out) { w.row(r0 + r, out); },
+             [&](int64_t t, int64_t r, double acc) { y[t * y_stride + r] = float(acc); });
   });
 }
 
@@ -47,16 +75,13 @@ void linear_rows_bf16w(const float* x, int64_t n, int64_t x_stride, const Matrix
     x_stride = K;
   }
   parallel_for(nr, double(nr) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t r = ra; r < rb; ++r) {
-      w.row(r0 + r, row.data());
-      for (auto& v : row) v = fmt8::round_bf16(v);
-      for (int64_t t = 0; t < n; ++t) {
-        double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += double(x[t * x_stride + k]) * row[size_t(k)];
-        y[t * y_stride + r] = bf16_io ? fmt8::round_bf16(float(acc)) : float(acc);
-      }
-    }
+    row_dots(
+        x, n, x_stride, K, ra, rb,
+        [&](int64_t r, float* out) {
+          w.row(r0 + r, out);
+          for (int64_t k = 0; k < K; ++k) out[k] = fmt8::round_bf16(out[k]);
+        },
+        [&](int64_t t, int64_t r, double acc) { y[t * y_stride + r] = bf16_io ? fmt8::round_bf16(float(acc)) : float(acc); });
   });
 }
 

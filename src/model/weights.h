@@ -39,6 +39,7 @@ class Matrix {
   int64_t scale_cols() const { return scale_cols_; }
 
  private:
+  float block_scale(int64_t r, int64_t b) const;  // FP8Block: the scale of row r's column block b
   std::string name_;
   int64_t rows_ = 0, cols_ = 0;
   Layout layout_ = Layout::Plain;

@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
 
+#include "formats/numeric.h"
+#include "io/safetensors.h"
 #include "model/ops.h"
+#include "model/weights.h"
 #include "model_test_util.h"
 
 namespace {
@@ -257,3 +261,44 @@ TEST(ModelOpsTopk, TiesPickDistinctIndicesAmongTheTied) {
 }
 
 }  // namespace
+
+// The reference linears sum several rows side by side (ops.cpp, row_dots); each row's fp64 sum must still be the
+// plain one-row-at-a-time loop's, bit for bit: row counts around the block of 8 (remainders), sub-ranges (r0),
+// 1-3 tokens with a row stride, the bf16 variant with and without bf16 output, and values spanning many binades.
+TEST(ModelOpsLinear, RowBlocksGiveTheOneRowLoopsBits) {
+  plumb_test::Rng rng(77);
+  for (const int64_t R : {1, 7, 8, 9, 23}) {
+    const int64_t K = 301;
+    std::vector<float> w(size_t(R * K));
+    for (auto& v : w) v = std::ldexp(rng.uniform(-1.0f, 1.0f), int(rng.bits() % 40) - 20);
+    plumb_test::TempDir dir;
+    const plumb::Checkpoint ck = plumb_test::write_checkpoint(dir, {plumb_test::f32("m.weight", {R, K}, w)});
+    const plumb::Matrix m = plumb::Matrix::bind(ck, "m.weight", R, K);
+    for (const int64_t n : {1, 3}) {
+      const int64_t xs = K + 5;
+      std::vector<float> x(size_t(n * xs));
+      for (auto& v : x) v = std::ldexp(rng.uniform(-1.0f, 1.0f), int(rng.bits() % 30) - 15);
+      for (const int64_t r0 : {int64_t(0), R / 2}) {
+        const int64_t nr = R - r0;
+        for (int variant = 0; variant < 3; ++variant) {  // 0: fp32 weights; 1: bf16 weights; 2: bf16 weights and output
+          std::vector<float> got(size_t(n * nr), -1.0f);
+          if (variant == 0) plumb::ops::linear_rows(x.data(), n, xs, m, r0, nr, got.data(), nr);
+          else plumb::ops::linear_rows_bf16w(x.data(), n, xs, m, r0, nr, got.data(), nr, variant == 2);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t r = 0; r < nr; ++r) {
+              double acc = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const float wv = w[size_t((r0 + r) * K + k)];
+                const float xv = x[size_t(t * xs + k)];
+                acc += variant == 0 ? double(xv) * double(wv) : double(variant == 2 ? plumb::fmt8::round_bf16(xv) : xv) * double(plumb::fmt8::round_bf16(wv));
+              }
+              const float want = variant == 2 ? plumb::fmt8::round_bf16(float(acc)) : float(acc);
+              const float g = got[size_t(t * nr + r)];
+              ASSERT_EQ(std::memcmp(&g, &want, 4), 0) << "rows " << R << " from " << r0 << ", token " << t << ", row " << r << ", variant "
+                                                      << variant << ": " << g << " vs " << want;
+            }
+        }
+      }
+    }
+  }
+}
