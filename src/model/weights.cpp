@@ -25,10 +25,6 @@ const DecodeTables& tables() {
   return t;
 }
 
-}  // namespace
-
-namespace {
-
 // Official checkpoints have no prefix; some exports add "model.".
 const TensorView* lookup(const Checkpoint& ck, const std::string& name) {
   if (auto* v = ck.find(name)) return v;

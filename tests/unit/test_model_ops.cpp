@@ -260,8 +260,6 @@ TEST(ModelOpsTopk, TiesPickDistinctIndicesAmongTheTied) {
   for (auto i : s) EXPECT_EQ(v[size_t(i)], 2.0f);
 }
 
-}  // namespace
-
 // The reference linears sum several rows side by side (ops.cpp, row_dots); each row's fp64 sum must still be the
 // plain one-row-at-a-time loop's, bit for bit: row counts around the block of 8 (remainders), sub-ranges (r0),
 // 1-3 tokens with a row stride, the bf16 variant with and without bf16 output, and values spanning many binades.
@@ -302,3 +300,5 @@ TEST(ModelOpsLinear, RowBlocksGiveTheOneRowLoopsBits) {
     }
   }
 }
+
+}  // namespace
