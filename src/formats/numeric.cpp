@@ -8,12 +8,6 @@
 namespace plumb::fmt8 {
 namespace {
 
-uint32_t f32_bits(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
 float bits_f32(uint32_t b) {
   float x;
   std::memcpy(&x, &b, sizeof x);
@@ -34,20 +28,6 @@ uint32_t round_half_even(float q) {
 constexpr float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 }  // namespace
-
-float bf16_to_f32(uint16_t bits) { return bits_f32(uint32_t(bits) << 16); }
-
-uint16_t f32_to_bf16(float x) {
-  const uint32_t b = f32_bits(x);
-  // Truncating a NaN could clear every payload bit that survives and turn it into an infinity;
-  // setting the quiet bit keeps it a NaN (and the sign is preserved).
-  if (std::isnan(x)) return uint16_t((b >> 16) | 0x0040u);
-  // Adding 0x7FFF plus the lowest kept bit carries into the kept half exactly when the dropped half is
-  // above the midpoint, or at it with an odd kept half: round to nearest, ties to even. A carry out of
-  // the largest finite value lands on infinity, which is the correct rounding of an overflow.
-  const uint32_t rounded = b + 0x7FFFu + ((b >> 16) & 1u);
-  return uint16_t(rounded >> 16);
-}
 
 float f16_to_f32(uint16_t bits) {
   const uint32_t sign = uint32_t(bits & 0x8000u) << 16;

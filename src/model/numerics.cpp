@@ -82,25 +82,36 @@ Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
   for (int64_t t = 0; t < n; ++t) official::fp8_quant_block(x.row(t), K, official_math::kActBlock, q.data() + t * K, sa.data() + t * nab);
   Tensor y({n, N});
   const bool fp4 = w.layout() == Matrix::Layout::FP4Group;
-  // Output rows split over threads (core/parallel.h; each row's sums are one thread's, so the bits do not depend on it).
+  // Output rows split over threads (core/parallel.h; each row's sums are one thread's, so the bits do not depend on
+  // it), and summed NB = 8 at a time side by side (independent chains; each row's sums in its own order, as below).
+  const int64_t nsb = (K + wb - 1) / wb;
   parallel_for(N, double(N) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
-    std::vector<float> vals(static_cast<size_t>(K)), sw(static_cast<size_t>((K + wb - 1) / wb));
-    for (int64_t r = ra; r < rb; ++r) {
-      w.row_raw(r, vals.data(), sw.data());
+    std::vector<float> vals(static_cast<size_t>(8 * K)), sw(static_cast<size_t>(8 * nsb));
+    auto rows = [&]<int NB>(int64_t r) {
+      for (int j = 0; j < NB; ++j) w.row_raw(r + j, vals.data() + j * K, sw.data() + j * nsb);
       for (int64_t t = 0; t < n; ++t) {
         const float* qt = q.data() + t * K;
-        float acc = 0;
+        float acc[NB] = {};
         // Exact products summed per weight block (128 for FP8, 32 for FP4), rounded once to fp32, then scaled
         // and accumulated with one fma per block, in K order.
         for (int64_t b0 = 0, bi = 0; b0 < K; b0 += wb, ++bi) {
-          double part = 0;
-          for (int64_t k = b0; k < std::min(K, b0 + wb); ++k) part += double(qt[k]) * double(vals[size_t(k)]);
+          double part[NB] = {};
+          for (int64_t k = b0; k < std::min(K, b0 + wb); ++k) {
+            const double qk = qt[k];
+            for (int j = 0; j < NB; ++j) part[j] += qk * double(vals[size_t(j * K + k)]);
+          }
           const float a_s = sa[size_t(t * nab + b0 / 128)];
-          acc = fp4 ? std::fma(float(part) * a_s, sw[size_t(bi)], acc) : std::fma(float(part), a_s * sw[size_t(bi)], acc);
+          for (int j = 0; j < NB; ++j) {
+            const float s_w = sw[size_t(j * nsb + bi)];
+            acc[j] = fp4 ? std::fma(float(part[j]) * a_s, s_w, acc[j]) : std::fma(float(part[j]), a_s * s_w, acc[j]);
+          }
         }
-        y[t * N + r] = fmt8::round_bf16(acc);
+        for (int j = 0; j < NB; ++j) y[t * N + r + j] = fmt8::round_bf16(acc[j]);
       }
-    }
+    };
+    int64_t r = ra;
+    for (; r + 8 <= rb; r += 8) rows.template operator()<8>(r);
+    for (; r < rb; ++r) rows.template operator()<1>(r);
   });
   return y;
 }

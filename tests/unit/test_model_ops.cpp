@@ -12,6 +12,7 @@
 
 #include "formats/numeric.h"
 #include "io/safetensors.h"
+#include "model/numerics.h"
 #include "model/ops.h"
 #include "model/weights.h"
 #include "model_test_util.h"
@@ -272,7 +273,7 @@ TEST(ModelOpsLinear, RowBlocksGiveTheOneRowLoopsBits) {
     plumb_test::TempDir dir;
     const plumb::Checkpoint ck = plumb_test::write_checkpoint(dir, {plumb_test::f32("m.weight", {R, K}, w)});
     const plumb::Matrix m = plumb::Matrix::bind(ck, "m.weight", R, K);
-    for (const int64_t n : {1, 3}) {
+    for (const int64_t n : {1, 3, 4, 9}) {  // from 4 tokens the interleaved block
       const int64_t xs = K + 5;
       std::vector<float> x(size_t(n * xs));
       for (auto& v : x) v = std::ldexp(rng.uniform(-1.0f, 1.0f), int(rng.bits() % 30) - 15);
@@ -299,6 +300,61 @@ TEST(ModelOpsLinear, RowBlocksGiveTheOneRowLoopsBits) {
       }
     }
   }
+}
+
+// Numerics::proj in numerics.official (the block-scaled GEMM emulation) sums 8 rows side by side too; each row must
+// keep the one-row loop's bits: per weight block an fp64 sum of exact products rounded to fp32, one fma per block
+// (FP4: (part * activation scale) * weight scale; FP8: part * (activation scale * weight scale)), bf16 out. FP8 and
+// FP4 weights, row counts around the block, 1-3 tokens.
+TEST(ModelOpsLinear, OfficialProjRowBlocksGiveTheOneRowLoopsBits) {
+  plumb_test::Rng rng(78);
+  plumb::ModelOptions opt;
+  opt.official = true;
+  const plumb::Numerics nm(opt);
+  for (const bool fp4 : {false, true})
+    for (const int64_t R : {1, 8, 9, 23}) {
+      const int64_t K = 256, wb = fp4 ? 32 : 128;
+      plumb_test::TempDir dir;
+      std::vector<plumb::OwnedTensor> ts;
+      if (fp4) {
+        std::vector<uint8_t> codes(size_t(R * K / 2)), sc(size_t(R * (K / 32)));
+        for (auto& c : codes) c = uint8_t(rng.bits() & 0xFF);
+        for (auto& c : sc) c = uint8_t(120 + rng.bits() % 12);
+        ts.push_back(plumb_test::raw("m.weight", plumb::DType::I8, {R, K / 2}, codes));
+        ts.push_back(plumb_test::raw("m.scale", plumb::DType::F8_E8M0, {R, K / 32}, sc));
+      } else {
+        std::vector<uint8_t> codes(size_t(R * K)), sc(size_t(((R + 127) / 128) * (K / 128)));
+        for (auto& c : codes) c = uint8_t(rng.bits() % 0x7E) | uint8_t(rng.bits() & 0x80);  // no NaN codes
+        for (auto& c : sc) c = uint8_t(120 + rng.bits() % 12);
+        ts.push_back(plumb_test::raw("m.weight", plumb::DType::F8_E4M3, {R, K}, codes));
+        ts.push_back(plumb_test::raw("m.scale", plumb::DType::F8_E8M0, {(R + 127) / 128, K / 128}, sc));
+      }
+      const plumb::Checkpoint ck = plumb_test::write_checkpoint(dir, ts);
+      const plumb::Matrix m = plumb::Matrix::bind(ck, "m.weight", R, K);
+      for (const int64_t n : {int64_t(1), int64_t(3)}) {
+        Tensor x({n, K});
+        for (int64_t i = 0; i < x.numel(); ++i) x[i] = std::ldexp(rng.uniform(-1.0f, 1.0f), int(rng.bits() % 16) - 8);
+        const Tensor got = nm.proj(x, m);
+        ASSERT_EQ(got.numel(), n * R);
+        std::vector<float> q(static_cast<size_t>(K)), sa(static_cast<size_t>(K / 128)), vals(static_cast<size_t>(K)), sw(static_cast<size_t>(K / wb));
+        for (int64_t t = 0; t < n; ++t) {
+          plumb::official::fp8_quant_block(x.ptr() + t * K, K, 128, q.data(), sa.data());
+          for (int64_t r = 0; r < R; ++r) {
+            m.row_raw(r, vals.data(), sw.data());
+            float acc = 0;
+            for (int64_t b = 0; b < K / wb; ++b) {
+              double part = 0;
+              for (int64_t k = b * wb; k < (b + 1) * wb; ++k) part += double(q[size_t(k)]) * double(vals[size_t(k)]);
+              const float a_s = sa[size_t(b * wb / 128)];
+              acc = fp4 ? std::fma(float(part) * a_s, sw[size_t(b)], acc) : std::fma(float(part), a_s * sw[size_t(b)], acc);
+            }
+            const float want = plumb::fmt8::round_bf16(acc), g = got[t * R + r];
+            ASSERT_EQ(std::memcmp(&g, &want, 4), 0) << (fp4 ? "FP4" : "FP8") << " rows " << R << ", token " << t << ", row " << r << ": " << g
+                                                    << " vs " << want;
+          }
+        }
+      }
+    }
 }
 
 }  // namespace
