@@ -45,8 +45,13 @@ target_link_libraries(plumb_core PUBLIC plumb_cuda)
 # -DPLUMB_CUBLASLT=OFF) builds without it, and `plumb bench` says the rate was not measured.
 option(PLUMB_CUBLASLT "Use cuBLASLt when the CUDA toolkit has it" ON)
 if(PLUMB_CUBLASLT AND TARGET CUDA::cublasLt)
-  target_link_libraries(plumb_core PUBLIC CUDA::cublasLt)
+  # Loaded on first use (src/cuda/blas.cpp: dlopen), not linked: linked, its 540 MB library and the kernels it
+  # registers at load made every start of a CUDA build ~80 ms slower and ~200 MB larger, GPU or not. The header
+  # comes from the toolkit; the toolkit's library folder is the fallback after the loader's own search.
+  target_include_directories(plumb_core SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(plumb_core PUBLIC ${CMAKE_DL_LIBS})
   target_compile_definitions(plumb_core PUBLIC PLUMB_WITH_CUBLASLT=1)
+  target_compile_definitions(plumb_core PRIVATE PLUMB_CUBLASLT_DIR="${CUDAToolkit_LIBRARY_DIR}")
   message(STATUS "plumb: cuBLASLt ON")
 else()
   message(STATUS "plumb: cuBLASLt OFF (not found or disabled): bf16 GEMMs and the bench's GEMM rate unavailable")

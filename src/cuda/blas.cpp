@@ -1,6 +1,6 @@
 // cuBLASLt bf16 GEMM and the bench's bf16 rate measurement (see blas.h). Compiled into plumb_core with
-// PLUMB_WITH_CUDA; the cuBLASLt calls only with PLUMB_WITH_CUBLASLT (cmake/PlumbCuda.cmake links CUDA::cublasLt
-// when the toolkit has it).
+// PLUMB_WITH_CUDA; the cuBLASLt calls only with PLUMB_WITH_CUBLASLT (cmake/PlumbCuda.cmake, when the toolkit has
+// it), through the library loaded on first use (lt() below).
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/blas.h"
 
@@ -16,6 +16,7 @@
 
 #ifdef PLUMB_WITH_CUBLASLT
 #include <cublasLt.h>
+#include <dlfcn.h>
 #endif
 
 namespace plumb::cuda {
@@ -46,8 +47,44 @@ bool have_cublaslt() { return true; }
 
 namespace {
 
+// The cuBLASLt functions plumb calls, from libcublasLt.so.<major> loaded on the first GEMM (dlopen), not at start:
+// linked, the library (540 MB, registering its kernels as it loads) made every start of a CUDA build ~80 ms slower
+// and its resident memory ~200 MB larger, for commands that never touch the GPU too. The loader's search first
+// (LD_LIBRARY_PATH, the cache), then the toolkit's folder this build found.
+#define PLUMB_LT_FUNCTIONS(X)                                                                                        \
+  X(Create) X(Destroy) X(GetStatusName) X(GetStatusString) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)    \
+  X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy)                 \
+  X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy) X(MatrixLayoutSetAttribute)
+#define PLUMB_STR2(x) #x
+#define PLUMB_STR(x) PLUMB_STR2(x)
+struct LtApi {
+#define PLUMB_LT_MEMBER(f) decltype(&cublasLt##f) f = nullptr;
+  PLUMB_LT_FUNCTIONS(PLUMB_LT_MEMBER)
+#undef PLUMB_LT_MEMBER
+};
+const LtApi& lt() {
+  static const LtApi api = [] {
+    const std::string name = "libcublasLt.so." PLUMB_STR(CUBLAS_VER_MAJOR);
+    void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    std::string why = h ? "" : dlerror();
+    if (!h) h = dlopen((std::string(PLUMB_CUBLASLT_DIR) + "/" + name).c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+      throw Error("cuBLASLt: cannot load " + name + " (" + why + "; not in " PLUMB_CUBLASLT_DIR " either): add the folder that holds it "
+                  "(the CUDA toolkit's lib64, or the nvidia-cublas wheel's lib) to LD_LIBRARY_PATH");
+    LtApi a;
+#define PLUMB_LT_LOAD(f)                                                                                    \
+  a.f = reinterpret_cast<decltype(a.f)>(dlsym(h, "cublasLt" #f));                                         \
+  if (!a.f) throw Error("cuBLASLt: " + name + " has no cublasLt" #f " (a cuBLASLt older than this build's headers?)");
+    PLUMB_LT_FUNCTIONS(PLUMB_LT_LOAD)
+#undef PLUMB_LT_LOAD
+    return a;  // (the library stays loaded: its handles live as long as the plans cached below)
+  }();
+  return api;
+}
+
 void check(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLASLt: ") + what + " failed: " + cublasLtGetStatusName(st) + " (" + cublasLtGetStatusString(st) + ")");
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLASLt: ") + what + " failed: " + lt().GetStatusName(st) + " (" + lt().GetStatusString(st) + ")");
 }
 
 constexpr size_t kWorkspace = size_t(32) << 20;
@@ -64,8 +101,8 @@ void* shared_workspace(int lane) {
 void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride, const char* what) {
   if (batch <= 1) return;
   const int32_t b = batch;
-  check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), what);
-  check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride), what);
+  check(lt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), what);
+  check(lt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride), what);
 }
 
 // One planned GEMM: descriptors, layouts and the heuristic's first algorithm, for D = A . B^T (row-major A [m, k],
@@ -82,41 +119,41 @@ struct Plan {
   Plan(const GemmDesc& g, const std::array<int, 3>& align) {
     const int m = g.m, n = g.n, k = g.k;
     shared_workspace(0);  // allocated here, outside any graph capture
-    check(cublasLtCreate(&h), "cublasLtCreate");
-    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check(lt().Create(&h), "cublasLtCreate");
+    check(lt().MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "set TRANSA");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof nn), "set TRANSB");
-    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, uint64_t(k), uint64_t(n), g.ldb), "layout A");
-    check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(k), uint64_t(m), g.lda), "layout B");
-    check(cublasLtMatrixLayoutCreate(&ld, g.d_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n), uint64_t(m), g.ldd), "layout D");
+    check(lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "set TRANSA");
+    check(lt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof nn), "set TRANSB");
+    check(lt().MatrixLayoutCreate(&la, CUDA_R_16BF, uint64_t(k), uint64_t(n), g.ldb), "layout A");
+    check(lt().MatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(k), uint64_t(m), g.lda), "layout B");
+    check(lt().MatrixLayoutCreate(&ld, g.d_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n), uint64_t(m), g.ldd), "layout D");
     set_batch(la, g.batch, g.b_stride, "batch A");
     set_batch(lb, g.batch, g.a_stride, "batch B");
     set_batch(ld, g.batch, g.d_stride, "batch D");
     cublasLtMatmulPreference_t pref = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    check(lt().MatmulPreferenceCreate(&pref), "preference");
     const size_t wsb = kWorkspace;
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb), "set workspace");
+    check(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb), "set workspace");
     const uint32_t al_a = uint32_t(align[0]), al_b = uint32_t(align[1]), al_d = uint32_t(align[2]);
     // cuBLASLt's A is plumb's B (the weights) and its B plumb's A (see above).
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof al_b), "set align A");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof al_a), "set align B");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d), "set align C");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d), "set align D");
+    check(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof al_b), "set align A");
+    check(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof al_a), "set align B");
+    check(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d), "set align C");
+    check(lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d), "set align D");
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t st = lt().MatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    lt().MatmulPreferenceDestroy(pref);
     check(st, "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1)
       throw Error("cuBLASLt: no algorithm for the bf16 GEMM m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " +
                   std::to_string(k) + ", batch " + std::to_string(g.batch));
   }
   ~Plan() {
-    if (ld) cublasLtMatrixLayoutDestroy(ld);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
-    if (h) cublasLtDestroy(h);
+    if (ld) lt().MatrixLayoutDestroy(ld);
+    if (lb) lt().MatrixLayoutDestroy(lb);
+    if (la) lt().MatrixLayoutDestroy(la);
+    if (op) lt().MatmulDescDestroy(op);
+    if (h) lt().Destroy(h);
   }
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -126,7 +163,7 @@ struct Plan {
     // A null stream is plumb's default stream, the calling thread's (the CUDA code is built with
     // --default-stream per-thread); cuBLASLt itself would read 0 as the legacy stream, which cannot be captured.
     const cudaStream_t cs = detail::stream_of(s);  // a StreamScope's stream (cuda.streams), else the thread's
-    check(cublasLtMatmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(s ? 0 : detail::stream_lane()),
+    check(lt().Matmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(s ? 0 : detail::stream_lane()),
                          kWorkspace, cs),
           "cublasLtMatmul");
   }
