@@ -7,7 +7,7 @@
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
-# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
+# TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
 # SANITIZE=GTEST_FILTER (compute-sanitizer memcheck over those CUDA tests, sanitizer.txt),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
@@ -160,6 +160,17 @@ if [ -n "${LAYER_AB_VARIANTS:-}" ]; then  # any variants "BINARY PATCHES" separa
   IFS=';' read -r -a vs <<<"${LAYER_AB_VARIANTS//FAST/$FAST}"
   layer_ab "${vs[@]}"
   note "layer A/B (variants) done"
+fi
+if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round: A = FAST, B = LAYER_AB_PAIRED with FAST
+  # standing for the FAST patches (e.g. "FAST,cuda.x", or "FAST" for the noise floor), `plumb bench --layers --ab`:
+  # pairs of steps alternating A and B, the median difference with its 95 % interval (layers-ab-paired.txt)
+  note "layer A/B (paired, in process): FAST vs ${LAYER_AB_PAIRED}"
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    echo "### round $r: A [$FAST], B [${LAYER_AB_PAIRED//FAST/$FAST}]" >>"$OUT/layers-ab-paired.txt"
+    timeout 300 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${LAYER_AB_PAIRED//FAST/$FAST}" \
+      --batches "${LAYER_BATCHES:-1}" --prefill 0 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
+  done
+  note "layer A/B (paired) done"
 fi
 if [ -n "${LAYER_AB_PATCHES:-}" ]; then  # one build: FAST against FAST + these patches
   note "layer A/B: FAST vs FAST,$LAYER_AB_PATCHES"

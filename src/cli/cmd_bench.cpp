@@ -61,6 +61,10 @@ void register_bench(CLI::App& app) {
                   "dimensions (no bandwidth figures; slow: V4-Flash on 2 cores ~0.15 s per layer and ~0.16 s for the embedding and LM head per token, so use e.g. --batches 1 --prefill 0 --context 8)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
+  auto* ab = cmd->add_option("--ab", lo->ab_patches,
+                              "--layers: also load the checkpoint with these patches (model B; '' for none) and time each decode "
+                              "batch's steps of both in alternating pairs in this process: the median difference with a 95 % interval "
+                              "(separate runs differ by up to 10 %)");
   cmd->add_option("--dir", lo->dir, "--layers: write (or reuse) the synthetic checkpoint in this folder (default: a temp dir)");
   cmd->add_flag("--keep", lo->keep, "--layers: keep the temporary checkpoint folder");
   cmd->add_flag("--timeline", lo->timeline,
@@ -72,7 +76,9 @@ void register_bench(CLI::App& app) {
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->callback([opt, lo, layers, batches, prefill, model] {
+  cmd->callback([opt, lo, layers, batches, prefill, model, ab] {
+    if (*layers == 0 && ab->count()) fail("--ab compares two patch sets of the layer bench: it needs --layers N");
+    lo->ab = ab->count() > 0;
     if (*layers == 0 && *model != "flash") fail("--model {}: the kernel bench runs V4-Flash's sizes; --model applies to --layers", *model);
     if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));
     if (*model == "pro") lo->dims = cuda::v4_pro_dims();

@@ -555,6 +555,34 @@ class SplitSink : public TapSink {
   std::set<std::string> idx_;
 };
 
+// --ab: one decode batch's pairs of steps, model A's and model B's (d = b - a per pair): the medians, the median
+// difference, and a distribution-free 95 % interval for it (order statistics d(k) and d(n + 1 - k), k the largest
+// rank with P(Binomial(n, 1/2) < k) <= 2.5 %; none below 6 pairs).
+struct PairedStats {
+  int pairs = 0;
+  double a = NAN, b = NAN, diff = NAN, lo = NAN, hi = NAN;
+};
+PairedStats paired_stats(const std::vector<double>& a, const std::vector<double>& b) {
+  PairedStats s;
+  s.pairs = int(std::min(a.size(), b.size()));
+  if (s.pairs == 0) return s;
+  std::vector<double> d(static_cast<size_t>(s.pairs));
+  for (int i = 0; i < s.pairs; ++i) d[size_t(i)] = b[size_t(i)] - a[size_t(i)];
+  s.a = median(a), s.b = median(b), s.diff = median(d);
+  std::sort(d.begin(), d.end());
+  const int n = s.pairs;
+  double p = std::pow(0.5, n), cum = 0;  // P(X = j), P(X <= j) for X ~ Binomial(n, 1/2)
+  int k = 0;
+  for (int j = 0; j < n; ++j) {
+    cum += p;
+    if (cum > 0.025) break;
+    k = j + 1;
+    p = p * double(n - j) / double(j + 1);
+  }
+  if (k >= 1) s.lo = d[size_t(k - 1)], s.hi = d[size_t(n - k)];
+  return s;
+}
+
 struct DecodeRow {
   int batch = 0, steps = 0;
   double us_step = NAN, us_step_min = NAN, us_non_layer = NAN, us_layer = NAN, tok_s = NAN;
@@ -564,6 +592,8 @@ struct DecodeRow {
   bool split_measured = false;
   std::vector<std::pair<std::string, double>> breakdown;  // per-op region: us per step over all layers
   std::vector<OpTimer::Span> timeline;                    // --timeline: one replayed step's regions
+  PairedStats ab;                                          // --ab: us per step
+  std::string ab_error;
   std::string note, error;
 };
 struct PrefillRow {
@@ -687,6 +717,21 @@ int run(const LayerBenchOptions& o) {
   }
   const double load_s = secs(tl, Clock::now());
   out(fmt::format("loaded in {:.1f} s: {}\n", load_s, model->config().summary()));
+  // --ab: model B, the same checkpoint with other patches.
+  std::unique_ptr<Model> model_b;
+  PatchSet patches_b;
+  if (o.ab) {
+    try {
+      patches_b = parse_patches(o.ab_patches);
+      const auto tb = Clock::now();
+      model_b = Model::load(wd.path.string(), patches_b.options, {}, o.backend);
+      out(fmt::format("loaded model B (patches: {}) in {:.1f} s\n", patches_b.names().empty() ? "none" : patches_b.names(),
+                      secs(tb, Clock::now())));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "plumb bench --layers: loading model B (--ab) failed: %s\n", e.what());
+      return 2;
+    }
+  }
 
   std::mt19937 rng(1234);
   bool failed = false;
@@ -698,15 +743,15 @@ int run(const LayerBenchOptions& o) {
                     s.max_abs, s.rms));
     if (!s.finite) out("  WARNING: non-finite logits: the timings below are of a broken computation\n");
   };
-  // Feeds n tokens in calls of at most prefill_chunk; returns the total seconds (each call's in chunk_s).
-  auto feed = [&](SessionState& st, int n, std::vector<double>* chunk_s, Tensor* last_logits) {
+  // Feeds n tokens to model m in calls of at most prefill_chunk; returns the total seconds (each call's in chunk_s).
+  auto feed_with = [&](const Model& m, SessionState& st, int n, std::vector<double>* chunk_s, Tensor* last_logits) {
     double total = 0;
     for (int done = 0; done < n;) {
       const int c = std::min(o.prefill_chunk, n - done);
       const auto toks = random_tokens(rng, c, dm.vocab);
       const auto t0 = Clock::now();
       // As a Session prefills for generation: logits of the last token of the last call only.
-      Tensor lg = model->forward(st, toks, nullptr, done + c == n ? LogitRows::Last : LogitRows::None);
+      Tensor lg = m.forward(st, toks, nullptr, done + c == n ? LogitRows::Last : LogitRows::None);
       const double s = secs(t0, Clock::now());
       total += s;
       if (chunk_s) chunk_s->push_back(s);
@@ -714,6 +759,9 @@ int run(const LayerBenchOptions& o) {
       done += c;
     }
     return total;
+  };
+  auto feed = [&](SessionState& st, int n, std::vector<double>* chunk_s, Tensor* last_logits) {
+    return feed_with(*model, st, n, chunk_s, last_logits);
   };
 
   // ---- decode ----
@@ -873,6 +921,46 @@ int run(const LayerBenchOptions& o) {
       out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; context {} s\n", B,
                       fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
                       fmt_num(r.context_s, 2)));
+      if (model_b) {
+        // --ab: fresh sessions of both models with the same context and tokens; each pair times one step of each, the
+        // order alternating, so drifts of the machine (clocks, other work) fall on both sides of the difference.
+        try {
+          SessionState sa = model->new_state(), sb = model_b->new_state();
+          const std::mt19937 saved = rng;
+          feed_with(*model, sa, o.context, nullptr, nullptr);
+          rng = saved;  // the same context tokens for B
+          feed_with(*model_b, sb, o.context, nullptr, nullptr);
+          auto timed = [&](const Model& m, SessionState& st, const std::vector<int32_t>& toks) {
+            const auto t0 = Clock::now();
+            m.forward(st, toks, nullptr, LogitRows::Last);
+            return secs(t0, Clock::now()) * 1e6;
+          };
+          for (int w = 0; w < o.warmup; ++w) {
+            const auto toks = random_tokens(rng, B, dm.vocab);
+            timed(*model, sa, toks), timed(*model_b, sb, toks);
+          }
+          std::vector<double> ua, ub;
+          double spent = 0;
+          const double budget = std::min(o.batch_budget_s, left() - 10);
+          for (int i = 0; i < o.iters && (i < 3 || spent < budget * 1e6); ++i) {
+            const auto toks = random_tokens(rng, B, dm.vocab);
+            double ta, tb;
+            if (i % 2 == 0) ta = timed(*model, sa, toks), tb = timed(*model_b, sb, toks);
+            else tb = timed(*model_b, sb, toks), ta = timed(*model, sa, toks);
+            ua.push_back(ta), ub.push_back(tb);
+            spent += ta + tb;
+          }
+          r.ab = paired_stats(ua, ub);
+          out(fmt::format("  A/B batch {} ({} pairs of steps, alternating order): A {} us/step, B {}; B - A {} us/step (95 % interval "
+                          "{} .. {}), {} us per layer\n",
+                          B, r.ab.pairs, fmt_num(r.ab.a), fmt_num(r.ab.b), fmt_num(r.ab.diff), fmt_num(r.ab.lo), fmt_num(r.ab.hi),
+                          fmt_num(r.ab.diff / L)));
+        } catch (const std::exception& e) {
+          r.ab_error = e.what();
+          failed = true;
+          out(fmt::format("  A/B batch {}: FAILED: {}\n", B, r.ab_error));
+        }
+      }
     } catch (const std::exception& e) {
       r.error = e.what();
       failed = true;
@@ -942,6 +1030,15 @@ int run(const LayerBenchOptions& o) {
   for (const auto& r : dec)
     if (!r.note.empty() || !r.error.empty())
       out(fmt::format("  batch {}: {}{}\n", r.batch, r.note, r.error.empty() ? "" : " error: " + r.error));
+  if (model_b) {
+    out(fmt::format("A/B: A = [{}], B = [{}], pairs of decode steps in one process (the difference includes the part outside "
+                    "the layers; per layer = difference / {})\n| batch | pairs | A us/step | B us/step | B - A | 95 % interval | "
+                    "B - A per layer |\n|---|---|---|---|---|---|---|\n",
+                    patches.names().empty() ? "none" : patches.names(), patches_b.names().empty() ? "none" : patches_b.names(), L));
+    for (const auto& r : dec)
+      out(fmt::format("| {} | {} | {} | {} | {} | {} .. {} | {} |\n", r.batch, r.ab.pairs, fmt_num(r.ab.a), fmt_num(r.ab.b),
+                      fmt_num(r.ab.diff), fmt_num(r.ab.lo), fmt_num(r.ab.hi), fmt_num(r.ab.diff / L)));
+  }
   out("| prefill tokens | calls | seconds | tokens/s |\n|---|---|---|---|\n");
   for (const auto& p : pre)
     out(fmt::format("| {} | {} | {} | {} |\n", p.tokens, p.chunks, p.skipped.empty() ? fmt_num(p.seconds, 2) : "skipped",
@@ -957,6 +1054,7 @@ int run(const LayerBenchOptions& o) {
     j["layer_types"] = type_names;
     j["routing"] = "learned (sqrtsoftplus + bias) on every layer";
     j["patches"] = patches.names();
+    j["ab_patches"] = model_b ? ojson(patches_b.names()) : ojson(nullptr);
     j["copy_gbps"] = jnum(copy_gbps);
     j["checkpoint_bytes"] = spec.total;
     j["checkpoint_reused"] = reused;
@@ -995,6 +1093,15 @@ int run(const LayerBenchOptions& o) {
                                    {"positions", {r.pos_first, r.pos_last}},
                                    {"context_prefill_seconds", jnum(r.context_s)},
                                    {"non_layer_measured", r.split_measured},
+                                   {"ab", model_b ? ojson{{"pairs", r.ab.pairs},
+                                                          {"a_us_per_step", jnum(r.ab.a)},
+                                                          {"b_us_per_step", jnum(r.ab.b)},
+                                                          {"diff_us_per_step", jnum(r.ab.diff)},
+                                                          {"diff_lo_us", jnum(r.ab.lo)},
+                                                          {"diff_hi_us", jnum(r.ab.hi)},
+                                                          {"diff_us_per_layer", jnum(r.ab.diff / L)},
+                                                          {"error", r.ab_error}}
+                                                  : ojson(nullptr)},
                                    {"note", r.note},
                                    {"error", r.error}});
     j["prefill"] = ojson::array();

@@ -170,6 +170,44 @@ TEST(BenchLayers, RunsOnTheCpuBackend) {
   EXPECT_FALSE(fs::exists(j["checkpoint_dir"].get<std::string>())) << "the temporary checkpoint folder was left behind";
 }
 
+// --ab: a second model (here the same patches, so the difference is noise) timed in pairs of steps with the first:
+// per decode batch the pairs, both medians, the median difference inside its 95 % interval, per layer; an unknown
+// patch for model B fails the run before any timing.
+TEST(BenchLayers, PairedAbOnTheCpuBackend) {
+  TempDir t;
+  auto o = tiny(2);
+  o.backend = "cpu";
+  o.prefill = {};
+  o.iters = 7;
+  o.ab = true;
+  o.json = (t.path() / "out.json").string();
+  ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
+  nlohmann::json j;
+  std::ifstream(o.json) >> j;
+  EXPECT_EQ(j["ab_patches"], "");
+  ASSERT_EQ(j["layer_decode"].size(), 2u);
+  for (const auto& r : j["layer_decode"]) {
+    const auto& ab = r["ab"];
+    ASSERT_TRUE(ab.is_object()) << r.dump();
+    EXPECT_EQ(ab["pairs"], 7) << ab.dump();
+    EXPECT_EQ(ab["error"], "");
+    EXPECT_GT(ab["a_us_per_step"].get<double>(), 0);
+    EXPECT_GT(ab["b_us_per_step"].get<double>(), 0);
+    // 7 pairs: the interval is the 1st and 7th of the sorted differences (P(X = 0) = 1/128 <= 2.5 %), around the median.
+    const double lo = ab["diff_lo_us"].get<double>(), hi = ab["diff_hi_us"].get<double>(), d = ab["diff_us_per_step"].get<double>();
+    EXPECT_LE(lo, d);
+    EXPECT_LE(d, hi);
+    EXPECT_DOUBLE_EQ(ab["diff_us_per_layer"].get<double>(), d / 2);
+  }
+  o.ab_patches = "no.such_patch";
+  EXPECT_EQ(plumb::cuda::run_layer_bench(o), 2);
+  o.ab = false;  // without --ab the rows carry no A/B part
+  ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
+  std::ifstream(o.json) >> j;
+  EXPECT_TRUE(j["ab_patches"].is_null());
+  EXPECT_TRUE(j["layer_decode"][0]["ab"].is_null());
+}
+
 // Time limits: a decode batch over its budget times fewer steps, a prefill slower than the limit skips the larger
 // ones; both say so.
 TEST(BenchLayers, BudgetsShortenAndSkip) {
