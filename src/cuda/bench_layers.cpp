@@ -680,9 +680,11 @@ int run(const LayerBenchOptions& o) {
       PLUMB_CHECK(!fs::exists(wd.path / "model.safetensors.index.json"),
                   "{} holds a sharded checkpoint; refusing to write into it (choose another --dir)", wd.path.string());
     }
-    const double need_dev = double(spec.total) * 1.05 + 4e9;
-    PLUMB_CHECK(!gpu || need_dev < double(dev.mem_bytes), "{} layers need about {:.1f} GB of device memory (weights {:.1f} GB + scratch); "
-                "this GPU has {:.1f} GB: use fewer layers", L, need_dev / 1e9, double(spec.total) / 1e9, double(dev.mem_bytes) / 1e9);
+    const int models = o.ab ? 2 : 1;  // --ab: model B holds its own copy
+    const double need_dev = double(spec.total) * 1.05 * models + 4e9 * models;
+    PLUMB_CHECK(!gpu || need_dev < double(dev.mem_bytes), "{} layers need about {:.1f} GB of device memory ({} x weights {:.1f} GB + "
+                "scratch); this GPU has {:.1f} GB: use fewer layers{}", L, need_dev / 1e9, models, double(spec.total) / 1e9,
+                double(dev.mem_bytes) / 1e9, o.ab ? " or drop --ab" : "");
     reused = reusable(wd.path.string(), sig, make_config(o).dump(2) + "\n");
     if (reused) {
       out(fmt::format("checkpoint: reusing {} ({:.2f} GB, same dimensions and generator)\n", wd.path.string(),
