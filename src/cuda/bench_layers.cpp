@@ -634,11 +634,12 @@ int run(const LayerBenchOptions& o) {
   else
     out("backend cpu: the reference backend (no bandwidth measurement)\n");
   const PatchSet patches = parse_patches(o.patches);
+  auto shown = [](const PatchSet& p) { return p.names().empty() ? std::string("none") : p.names(); };  // for the output
   out(fmt::format("model: {} dimensions ({} layers in the whole model)\n", dm.model, dm.model_layers));
   out(fmt::format("layer stack: {} layer{} [{}]; learned routing (sqrtsoftplus + bias, top-{} of {}) on every layer; "
                   "patches: {}\n",
                   L, L == 1 ? "" : "s", fmt::join(type_names, ", "), dm.top_k, dm.experts,
-                  patches.names().empty() ? (gpu ? "none (the generic GPU kernels)" : "none") : patches.names()));
+                  patches.names().empty() && gpu ? "none (the generic GPU kernels)" : shown(patches)));
   out(fmt::format("dims: hidden {}, {} heads x {} (rope {}), q_lora {}, o {} x {}, window {}, {} experts top-{} + 1 shared, "
                   "moe_inter {}, hc_mult {}, index {} x {} top-{}, compress {}/{}, vocab {}\n",
                   dm.hidden, dm.heads, dm.head_dim, dm.rope_dim, dm.q_lora, dm.o_groups, dm.o_lora, dm.window, dm.experts, dm.top_k,
@@ -727,8 +728,7 @@ int run(const LayerBenchOptions& o) {
       patches_b = parse_patches(o.ab_patches);
       const auto tb = Clock::now();
       model_b = Model::load(wd.path.string(), patches_b.options, {}, o.backend);
-      out(fmt::format("loaded model B (patches: {}) in {:.1f} s\n", patches_b.names().empty() ? "none" : patches_b.names(),
-                      secs(tb, Clock::now())));
+      out(fmt::format("loaded model B (patches: {}) in {:.1f} s\n", shown(patches_b), secs(tb, Clock::now())));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "plumb bench --layers: loading model B (--ab) failed: %s\n", e.what());
       return 2;
@@ -1036,7 +1036,7 @@ int run(const LayerBenchOptions& o) {
     out(fmt::format("A/B: A = [{}], B = [{}], pairs of decode steps in one process (the difference includes the part outside "
                     "the layers; per layer = difference / {})\n| batch | pairs | A us/step | B us/step | B - A | 95 % interval | "
                     "B - A per layer |\n|---|---|---|---|---|---|---|\n",
-                    patches.names().empty() ? "none" : patches.names(), patches_b.names().empty() ? "none" : patches_b.names(), L));
+                    shown(patches), shown(patches_b), L));
     for (const auto& r : dec)
       out(fmt::format("| {} | {} | {} | {} | {} | {} .. {} | {} |\n", r.batch, r.ab.pairs, fmt_num(r.ab.a), fmt_num(r.ab.b),
                       fmt_num(r.ab.diff), fmt_num(r.ab.lo), fmt_num(r.ab.hi), fmt_num(r.ab.diff / L)));

@@ -81,6 +81,9 @@ const LtApi& lt() {
   }();
   return api;
 }
+#undef PLUMB_LT_FUNCTIONS
+#undef PLUMB_STR
+#undef PLUMB_STR2
 
 void check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
