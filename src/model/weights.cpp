@@ -25,6 +25,9 @@ const DecodeTables& tables() {
   return t;
 }
 
+// Column c of a packed FP4 row (two E2M1 codes per byte, the even column in the low nibble), unscaled.
+float fp4_at(const DecodeTables& T, const uint8_t* rowp, int64_t c) { return T.e2m1[(rowp[c >> 1] >> (4 * (c & 1))) & 0xF]; }
+
 // Official checkpoints have no prefix; some exports add "model.".
 const TensorView* lookup(const Checkpoint& ck, const std::string& name) {
   if (auto* v = ck.find(name)) return v;
@@ -165,7 +168,7 @@ void Matrix::row(int64_t r, float* out) const {
       for (int64_t c0 = 0; c0 < cols_; c0 += 32) {  // one scale per 32 columns
         const float s = T.e8m0[srow[c0 / 32]];
         for (int64_t c = c0; c < std::min(cols_, c0 + 32); ++c)
-          out[c] = T.e2m1[(rowp[c >> 1] >> (4 * (c & 1))) & 0xF] * s;  // even column in the low nibble
+          out[c] = fp4_at(T, rowp, c) * s;
       }
       return;
     }
@@ -187,7 +190,7 @@ void Matrix::row_raw(int64_t r, float* vals, float* block_scales) const {
     case Layout::FP4Group: {
       const DecodeTables& T = tables();
       const uint8_t* rowp = w_->data + size_t(r * (cols_ / 2));
-      for (int64_t c = 0; c < cols_; ++c) vals[c] = T.e2m1[(rowp[c >> 1] >> (4 * (c & 1))) & 0xF];
+      for (int64_t c = 0; c < cols_; ++c) vals[c] = fp4_at(T, rowp, c);
       for (int64_t b = 0; b < scale_cols_; ++b) block_scales[b] = T.e8m0[s_->data[size_t(r * scale_cols_ + b)]];
       return;
     }
