@@ -252,25 +252,28 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int ns
   h[sl * I + c] = round_bf16 ? bf16r(v) : v;
 }
 
-__global__ void combine_kernel(const float* ys, const float* w, int n, int K, int64_t D, float scale, float* y, const int32_t* ids) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(n) * D) return;
-  const int64_t t = i / D, d = i % D;
-  float acc = 0;
-  int64_t prev = -1;  // ids: the (id, slot) key taken last; each round takes the next larger (K <= 16: K^2 id reads, cached)
-  for (int r = 0; r < K; ++r) {
-    int k = r;
-    if (ids) {
-      int64_t best = INT64_MAX;
-      for (int j = 0; j < K; ++j) {
-        const int64_t key = int64_t(ids[t * K + j]) * K + j;
-        if (key > prev && key < best) best = key, k = j;
-      }
-      prev = best;
-    }
-    acc = __fadd_rn(acc, __fmul_rn(w ? w[t * K + k] : 1.0f, ys[(t * K + k) * D + d]));
+// Block (x: a chunk of d, y: token t). ids (the official numerics, as its combine): the token's slots summed in
+// (expert id, slot) order, found once per block by threads k < K (the rank of slot k among the K keys; keys are
+// distinct) instead of per element; otherwise in slot order.
+constexpr int kCombineMaxK = 64;
+__global__ void combine_kernel(const float* ys, const float* w, int K, int64_t D, float scale, float* y, const int32_t* ids) {
+  __shared__ int order_s[kCombineMaxK];
+  const int64_t t = blockIdx.y, d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int k = int(threadIdx.x);
+  if (ids && k < K) {
+    const int64_t key = int64_t(ids[t * K + k]) * K + k;
+    int rank = 0;
+    for (int j = 0; j < K; ++j) rank += int64_t(ids[t * K + j]) * K + j < key;
+    order_s[rank] = k;
   }
-  y[i] = __fmul_rn(acc, scale);
+  if (ids) __syncthreads();
+  if (d >= D) return;
+  float acc = 0;
+  for (int r = 0; r < K; ++r) {
+    const int kk = ids ? order_s[r] : r;
+    acc = __fadd_rn(acc, __fmul_rn(w ? w[t * K + kk] : 1.0f, ys[(t * K + kk) * D + d]));
+  }
+  y[t * D + d] = __fmul_rn(acc, scale);
 }
 
 }  // namespace
@@ -307,9 +310,13 @@ void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t 
 
 void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s,
                      const int32_t* ids) {
-  const int64_t total = int64_t(n) * D;
-  if (total <= 0) return;
-  combine_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(ys, weight, n, K, D, out_scale, y, ids);
+  if (n <= 0 || D <= 0) return;
+  if (ids && K > kCombineMaxK) throw_arg("MoE combine: at most 64 experts per token in expert-id order");
+  for (int t0 = 0; t0 < n; t0 += 65535) {  // (a grid's y extent)
+    const int64_t o = int64_t(t0) * K;
+    combine_kernel<<<dim3(unsigned((D + 255) / 256), unsigned(std::min(n - t0, 65535))), 256, 0, stream_of(s)>>>(
+        ys + o * D, weight ? weight + o : nullptr, K, D, out_scale, y + int64_t(t0) * D, ids ? ids + o : nullptr);
+  }
   check_launch("fwd_moe_combine");
 }
 

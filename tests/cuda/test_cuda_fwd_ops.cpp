@@ -224,9 +224,8 @@ RouteOut run_route(d::RouteArgs a, const std::vector<float>& logits, const std::
 // order among repeated ids), as the official per-expert loop and the CPU's run_routed do. Values of mixed magnitude
 // make fp32 sums of 6 terms depend on their order: the host's sum in id order must match bit for bit, and at least
 // one element must differ from the slot-order sum, else the test could not tell the two orders apart.
-TEST_F(GpuTest, OfficialCombineSumsInExpertIdOrder) {
+void check_official_combine(int64_t D) {
   const int n = 3, K = 6;
-  const int64_t D = 64;
   Rng rng(77);
   std::vector<float> ys = rng.floats(size_t(n * K * D), -1.0f, 1.0f);
   for (size_t i = 0; i < ys.size(); i += 3) ys[i] *= 3.0e6f;  // large terms that cancel: rounding depends on order
@@ -245,12 +244,17 @@ TEST_F(GpuTest, OfficialCombineSumsInExpertIdOrder) {
       for (int k : ord) want += ys[size_t((t * K + k) * D + d0)];
       for (int k = 0; k < K; ++k) in_slots += ys[size_t((t * K + k) * D + d0)];
       const size_t i = size_t(t * D + d0);
-      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << "token " << t << " dim " << d0 << ": got " << got[i] << " want " << want;
-      ASSERT_EQ(std::memcmp(&slot[i], &in_slots, 4), 0) << "token " << t << " dim " << d0 << " (slot order)";
+      ASSERT_EQ(std::memcmp(&got[i], &want, 4), 0) << "D " << D << ", token " << t << " dim " << d0 << ": got " << got[i] << " want " << want;
+      ASSERT_EQ(std::memcmp(&slot[i], &in_slots, 4), 0) << "D " << D << ", token " << t << " dim " << d0 << " (slot order)";
       order_matters += std::memcmp(&want, &in_slots, 4) != 0;
     }
   }
   EXPECT_GT(order_matters, 0) << "no element's sum depends on the order: the data cannot tell the orders apart";
+}
+
+// D = 300: blocks of 256 columns, the second partial (each block finds its token's order itself).
+TEST_F(GpuTest, OfficialCombineSumsInExpertIdOrder) {
+  for (const int64_t D : {int64_t(64), int64_t(300)}) check_official_combine(D);
 }
 
 TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
