@@ -283,25 +283,32 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   tap_io(m.tap, "ffn.out", out, {r.n, D});
 }
 
-// The routing, then (cuda.streams) the shared expert on the side stream, forked after the router: it runs beside the
-// routed experts and has until the combine to finish. (Forked before the router, it ran beside the router and slowed
-// it at decode from ~13 to 20-28 us of the critical path: the router's gate GEMV shared the SMs and the bandwidth
-// with the shared expert's GEMVs; `plumb bench --layers --timeline`.)
+void fork_shared(const MoeCtx& m) {
+  float* shared = m.sc.f("moe.shared", m.n * m.c.hidden);
+  branch_fork(m.shared_side, m.sc.ev_fork);
+  const StreamScope on_side(m.shared_side);
+  shared_expert(m, shared);
+}
+
+// (cuda.streams) The shared expert on the side stream, forked after the routing at one token and from 9 tokens on,
+// before it at 2-8 tokens; it has until the combine to finish. Paired A/B on the H200 (plumb bench --layers --ab,
+// V4-Flash, us per layer, forked before against after; bench/results/h200-session22/): batch 1 +5.2 / +5.9 (the
+// router's gate GEMV shares the SMs and the bandwidth with the shared expert's GEMVs: session 13's timeline put the
+// router at 20-28 us of the critical path instead of 13-14), batch 2 -2.6 / -1.4, 4 -0.9 / -0.5, 8 -4.6 / -4.5 /
+// -6.5 / -2.7, 32 +1.4 / +2.4, 128 +25.0 / +28.8. Either order gives the same bits.
+constexpr int kSharedBeforeRouterMin = 2, kSharedBeforeRouterMax = 8;
 template <Rsf P>
-GpuRouted<P> route_then_shared(const MoeCtx& m) {
+GpuRouted<P> route_and_shared(const MoeCtx& m) {
+  const bool before = m.n >= kSharedBeforeRouterMin && m.n <= kSharedBeforeRouterMax;
+  if (m.shared_side && before) fork_shared(m);
   GpuRouted<P> r = route<P>(m);
-  if (m.shared_side) {
-    float* shared = m.sc.f("moe.shared", m.n * m.c.hidden);
-    branch_fork(m.shared_side, m.sc.ev_fork);
-    const StreamScope on_side(m.shared_side);
-    shared_expert(m, shared);
-  }
+  if (m.shared_side && !before) fork_shared(m);
   return r;
 }
 
 template <class Runner>
 void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
-  combine(runner, m, route_then_shared<Runner::consumes>(m), out);
+  combine(runner, m, route_and_shared<Runner::consumes>(m), out);
 }
 
 }  // namespace
@@ -311,13 +318,13 @@ void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOpt
   MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
   if (defer) *defer = GpuCombine{};
   if (defer && !tap.on("ffn.routed") && !tap.on("ffn.out")) m.defer = defer;  // taps read out
-  // cuda.streams: the shared expert on the side stream, beside the routed experts (route_then_shared).
+  // cuda.streams: the shared expert on the side stream, beside the routed experts (route_and_shared).
   if ((w.s1 || w.sfp8) && sc.branch) m.shared_side = sc.branch;
   if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
   if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
-    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_then_shared<Rsf::Unfolded>(m)), out);
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_and_shared<Rsf::Unfolded>(m)), out);
   if (opt.fault_shared_scaled)
-    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_then_shared<Rsf::Unfolded>(m)), out,
+    return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_and_shared<Rsf::Unfolded>(m)), out,
                    float(c.routed_scaling));
   return opt.rsf_on_output ? moe_with(RunnerScalesOutput{}, m, out) : moe_with(RunnerFoldedWeights{}, m, out);
 }
