@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 
+#include "core/parallel.h"
 #include "cuda/kernels.h"
 #include "cuda_test_util.h"
 #include "model/experts.h"
@@ -110,6 +111,24 @@ TEST(CudaLayout, Fp4DecodeLayoutRoundTripsAndPlacesFragments) {
   });
   EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 16, 96), Error);
   EXPECT_THROW(cuda::repack_fp4_decode(canon.data(), 3, 256), Error);
+}
+
+// A matrix the thread pool splits into ranges of rows: the same bytes as one thread (each row writes only its own
+// fragments), in both layouts, and the layout still round-trips.
+TEST(CudaLayout, Fp4RepackIsTheSameOnAnyThreadCount) {
+  Rng rng(5);
+  const int64_t rows = 512, cols = 2048;
+  const auto canon = rng.bytes(size_t(rows * cols / 2));
+  const int before = plumb::threads();
+  for (const auto layout : {cuda::Fp4Layout::F16, cuda::Fp4Layout::A8}) {
+    plumb::set_threads(1);
+    const auto one = cuda::repack_fp4_decode(canon.data(), rows, cols, layout);
+    plumb::set_threads(4);
+    const auto four = cuda::repack_fp4_decode(canon.data(), rows, cols, layout);
+    plumb::set_threads(before);
+    EXPECT_EQ(one, four) << (layout == cuda::Fp4Layout::A8 ? "A8" : "F16");
+    EXPECT_EQ(cuda::unpack_fp4_decode(four.data(), rows, cols, layout), canon);
+  }
 }
 
 TEST(CudaAvailability, ReportsWhy) {
