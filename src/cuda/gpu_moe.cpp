@@ -173,7 +173,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const bool before = m.opt.weight_before_down || m.nm.official();  // the official order: weight applied before W2
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
-  // The shared expert (shared_expert): on the side stream since gpu_moe's start with cuda.streams (joined here),
+  // The shared expert (shared_expert): on the side stream with cuda.streams (route_and_shared; joined here),
   // else run here, after the routed experts.
   const bool has_shared = m.w.s1 || m.w.sfp8;
   float* shared = has_shared ? m.sc.f("moe.shared", r.n * D) : nullptr;
@@ -283,6 +283,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   tap_io(m.tap, "ffn.out", out, {r.n, D});
 }
 
+// The shared expert on the side stream, after everything the thread's stream has enqueued so far.
 void fork_shared(const MoeCtx& m) {
   float* shared = m.sc.f("moe.shared", m.n * m.c.hidden);
   branch_fork(m.shared_side, m.sc.ev_fork);
