@@ -83,10 +83,11 @@ Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
   Tensor y({n, N});
   const bool fp4 = w.layout() == Matrix::Layout::FP4Group;
   // Output rows split over threads (core/parallel.h; each row's sums are one thread's, so the bits do not depend on
-  // it), and summed NB = 8 at a time side by side (independent chains; each row's sums in its own order, as below).
+  // it), and summed kRows at a time side by side (independent chains; each row's sums in its own order, as below).
+  constexpr int kRows = 8;
   const int64_t nsb = (K + wb - 1) / wb;
   parallel_for(N, double(N) * double(K) * double(n + 1), [&](int64_t ra, int64_t rb) {
-    std::vector<float> vals(static_cast<size_t>(8 * K)), sw(static_cast<size_t>(8 * nsb));
+    std::vector<float> vals(static_cast<size_t>(kRows * K)), sw(static_cast<size_t>(kRows * nsb));
     auto rows = [&]<int NB>(int64_t r) {
       for (int j = 0; j < NB; ++j) w.row_raw(r + j, vals.data() + j * K, sw.data() + j * nsb);
       for (int64_t t = 0; t < n; ++t) {
@@ -110,7 +111,7 @@ Tensor Numerics::proj(const Tensor& x, const Matrix& w) const {
       }
     };
     int64_t r = ra;
-    for (; r + 8 <= rb; r += 8) rows.template operator()<8>(r);
+    for (; r + kRows <= rb; r += kRows) rows.template operator()<kRows>(r);
     for (; r < rb; ++r) rows.template operator()<1>(r);
   });
   return y;
