@@ -354,12 +354,23 @@ d::GemvArgs base_args(d::Fmt fmt) {
 // 5.16 / 6.10 us with 4 chunks in flight against 5.35 / 6.20 with 2 and registers capped at 85 (the rule before),
 // wkv 4.83 / 5.65 against 5.09 / 5.90; 4 chunks lose on the large ones (wq_b 18.4 against 12.1 us).
 void dense_split(d::GemvArgs& a, int n) {
-  (void)n;
   const int64_t tiles = a.rows / 16 * a.problems, chunks = a.cols / 128;
-  a.warps = d::gemv_dense_warps(tiles, chunks);
   a.minblocks = 1;
-  a.fp8_unroll = a.nmat == 1 && tiles * 8 < 2048 ? 4 : 2;
   a.kblocks = 1;
+  if (a.fmt == d::kFp8 && n > 8) {
+    // W8A16 above 8 tokens: one pass of token groups (up to 32 tokens), ~150-240 registers per thread, so about 8
+    // resident warps per SM: the most warps per block in {1, 2, 4, 8} that keep the grid within ~1024 warps (one
+    // wave), 2 chunks in flight for 1-warp blocks, else 1. Each V4-Flash shape's best of the sweep at 32 tokens
+    // (H200, `plumb bench --only fp8`, graph replay, us): wq_b 31.4 (1 warp), wo_a 28.9 (2; 4 warps 35.8), wo_b 27.4
+    // (4; 8 warps 35.5), indexer wq_b 10.8 (2; 4 warps 15.0), wq_a 11.7 / wkv 11.4 (8).
+    int warps = 1;
+    while (warps < 8 && tiles * warps * 2 <= 1024) warps *= 2;
+    a.warps = int(std::min<int64_t>(warps, chunks));
+    a.fp8_unroll = a.warps == 1 ? 2 : 1;
+    return;
+  }
+  a.warps = d::gemv_dense_warps(tiles, chunks);
+  a.fp8_unroll = a.nmat == 1 && tiles * 8 < 2048 ? 4 : 2;
 }
 
 void fill_fp8(d::GemvArgs& a, int q, const Fp8Matrix& w) {

@@ -532,7 +532,7 @@ int run_bench(const BenchOptions& opt) {
   Workspace ws;
   MoeScratch scratch;
   scratch.reserve(moe_maxn, K, D, I);
-  DeviceBuffer y(size_t(maxn) * size_t(D) * 4 * 8);
+  DeviceBuffer y(size_t(moe_maxn) * 32768 * 4);  // outputs up to [32, 32768] (the FP8 rows at 32 tokens: wq_b)
   DeviceBuffer ridx(size_t(maxn) * K * 4), rwt(size_t(maxn) * K * 4), rlog(size_t(maxn) * E * 4), rsel(size_t(maxn) * E * 4);
   RouterConfig rc;
   rc.E = E, rc.K = K, rc.D = D, rc.routed_scaling = rsf;
@@ -784,7 +784,7 @@ int run_bench(const BenchOptions& opt) {
     }
     const Fp8Matrix& w = ws8[0];
     const int64_t gr = p.rows / p.groups, in_w = p.cols * p.groups;
-    for (int n : {1, 8}) {
+    for (int n : {1, 8, 32}) {
       Timing t;
       if (p.groups > 1)
         t = B.time([&](int i) { fp8_linear_grouped(ws8[size_t(i % nc)], p.groups, x16.get(), Act::F16, n, y.as<float>(), ws, S); });
@@ -792,12 +792,14 @@ int run_bench(const BenchOptions& opt) {
         t = B.time([&](int i) { fp8_linear(ws8[size_t(i % nc)], x16.get(), Act::F16, p.cols, n, y.as<float>(), p.rows, ws, S); });
       const double bytes = double(p.rows * p.cols) + double(w.scale_bytes()) + double(n * in_w * 2) + double(n * p.rows * 4);
       B.add(B.rows, {fmt::format("FP8 {}", p.name), fmt::format("[{}, {}] E4M3, x f16", p.rows, p.cols), "", n, 0, bytes}, t);
-      // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp.
+      // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp (above 8 tokens, one
+      // pass of token groups: the full register budget, no split of K, 1 or 2 chunks in flight).
       for (int warps : {1, 2, 4, 8})
         for (int kb : {1, 2, 4, 8})
           for (int minb : {1, 3})
-          for (int unroll : {2, 4}) {
+          for (int unroll : {1, 2, 4}) {
           if (p.cols / 128 < int64_t(warps) * kb || (unroll == 4 && kb > 1)) continue;
+          if (n <= 8 ? unroll == 1 : (kb > 1 || minb > 1 || unroll == 4)) continue;
           d::GemvArgs a;
           a.fmt = d::kFp8, a.act = d::kF16, a.rows = gr, a.cols = p.cols, a.problems = p.groups;
           a.w_prob_stride = gr * p.cols, a.s_prob_stride = (gr / 128) * w.scale_cols();

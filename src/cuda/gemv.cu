@@ -10,7 +10,10 @@
 // Work split. A warp owns a 16-row tile of one (or two: gate and up) matrices and a contiguous range of 128-wide
 // K chunks; the warps of a block split K and reduce through shared memory; the block's grid row is a problem (an
 // expert, a group) and its grid depth an optional split of K across blocks (dense only, reduced in a fixed order
-// by the last block to finish). Up to 8 tokens ride in the MMA's N dimension; more go in passes.
+// by the last block to finish). Up to 8 tokens ride in the MMA's N dimension; more go in passes, except that FP8
+// (W8A16) and BF16 dense launches take NP groups of 8 tokens per pass (up to 32): each weight fragment is loaded
+// (and converted) once and feeds NP MMAs, where passes of 8 streamed the whole matrix again for every 8 tokens. A
+// group's accumulator sees the same MMAs on the same operands in the same order as its own pass did: the same bits.
 //
 // MoE FP4 decode has two kernels: this file's per-tile kernel (below) and the streaming kernel (gemv_fp4s.cuh:
 // persistent warps, cp.async rings in shared memory); launch_gemv picks one (GemvArgs::fp4_kernel).
@@ -76,14 +79,15 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
-// U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll).
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2>
+// U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll). NP: groups of 8 tokens per pass (FP8 dense only).
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
+  static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
   // Chunks whose loads are issued before the first is used.
   constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;  // MXFP4 weights (either bit layout)
-  constexpr int U = F4 ? (NMAT == 2 ? 2 : 4) : FMT == kBf16 ? 2 : (NMAT == 2 ? 1 : U8);
-  constexpr int NV = NMAT * 4;
-  __shared__ float red[kMaxWarps][NV][32];
+  constexpr int U = F4 ? (NMAT == 2 ? 2 : 4) : FMT == kBf16 ? (NP > 1 ? 1 : 2) : (NMAT == 2 ? 1 : U8);
+  constexpr int NV = NMAT * 4;  // accumulators per lane and token group
+  __shared__ float red[kMaxWarps][NV * NP][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
   __shared__ int m_s;
 
@@ -193,8 +197,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     }
   }
 
-  for (int p0 = 0; p0 < m; p0 += 8) {
-    const int mp = min(8, m - p0);
+  for (int p0 = 0; p0 < m; p0 += 8 * NP) {
+    const int mp = min(8 * NP, m - p0);  // token columns of this pass: group jg holds columns 8 jg .. 8 jg + 7
     // The activation row of pass column j (a token, or a MoE slot's row).
     auto xrow_of = [&](int j) -> int64_t {
       if constexpr (MODE == kMoe) {
@@ -204,14 +208,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         return int64_t(p0 + j);
       }
     };
-    const __half* xp = nullptr;
+    // Lane (g, t)'s activations: group jg's column g (xps[jg]; xp = xps[0] for the formats without groups).
+    const __half* xps[NP];
     [[maybe_unused]] const uint8_t* xp8 = nullptr;
-    if (g < mp) {
-      const int64_t xoff = xrow_of(g) * a.x_tok_stride + (MODE == kDense ? int64_t(prob) * a.x_prob_stride : 0) +
-                           int64_t(cb) * 128 + (F4 ? t * 8 : t * 32);
-      if constexpr (FMT == kFp4A8 || FMT == kFp8A8) xp8 = static_cast<const uint8_t*>(a.x) + xoff;
-      else xp = static_cast<const __half*>(a.x) + xoff;
+#pragma unroll
+    for (int jg = 0; jg < NP; ++jg) {
+      xps[jg] = nullptr;
+      if (8 * jg + g < mp) {
+        const int64_t xoff = xrow_of(8 * jg + g) * a.x_tok_stride + (MODE == kDense ? int64_t(prob) * a.x_prob_stride : 0) +
+                             int64_t(cb) * 128 + (F4 ? t * 8 : t * 32);
+        if constexpr (FMT == kFp4A8 || FMT == kFp8A8) xp8 = static_cast<const uint8_t*>(a.x) + xoff;
+        else xps[jg] = static_cast<const __half*>(a.x) + xoff;
+      }
     }
+    const __half* xp = xps[0];
     // E4M3 activations: the scales of this lane's output columns 2t and 2t + 1, from this warp's first chunk.
     constexpr bool A8 = FMT == kFp4A8 || FMT == kFp8A8;
     [[maybe_unused]] const float* xsp[2] = {nullptr, nullptr};
@@ -220,9 +230,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       for (int cc = 0; cc < 2; ++cc)
         if (2 * t + cc < mp) xsp[cc] = a.x_scale + xrow_of(2 * t + cc) * a.xs_ld + cb;
     }
-    float acc[NMAT][4];
+    float accg[NP][NMAT][4];
 #pragma unroll
-    for (int q = 0; q < NMAT; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+    for (int jg = 0; jg < NP; ++jg)
+#pragma unroll
+      for (int q = 0; q < NMAT; ++q) accg[jg][q][0] = accg[jg][q][1] = accg[jg][q][2] = accg[jg][q][3] = 0.0f;
+    auto& acc = accg[0];  // the formats without token groups
 
     auto body = [&](auto uconst, int c, auto mp1) {
       constexpr int UU = decltype(uconst)::value;
@@ -321,7 +334,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
           for (int k = 0; k < 4; ++k) acc[0][k] = fmaf(d[k], __fmul_rn(XS[u][k & 1], S[u]), acc[0][k]);
         }
       } else if constexpr (FMT == kBf16) {
-        uint4 A[UU][4], B[UU][4], X[UU][4];
+        uint4 A[UU][4], B[UU][4], X[UU][NP][4];
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
@@ -330,18 +343,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             B[u][h] = ldg_stream<1>(pb[0] + (c + u) * CB + h * 16);
           }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+          for (int jg = 0; jg < NP; ++jg)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) X[u][jg][j] = xps[jg] ? load_x8(xps[jg] + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
         }
+        // (Token groups: each weight fragment feeds every group's MMA, each group's accumulator in its own pass's order.)
 #pragma unroll
         for (int u = 0; u < UU; ++u)
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const int w = (2 * i) % 4;
-            mma_bf16(acc[0], word(A[u][i / 2], w), word(B[u][i / 2], w), word(A[u][i / 2], w + 1), word(B[u][i / 2], w + 1),
-                     word(X[u][i / 2], w), word(X[u][i / 2], w + 1));
+#pragma unroll
+            for (int jg = 0; jg < NP; ++jg)
+              mma_bf16(accg[jg][0], word(A[u][i / 2], w), word(B[u][i / 2], w), word(A[u][i / 2], w + 1), word(B[u][i / 2], w + 1),
+                       word(X[u][jg][i / 2], w), word(X[u][jg][i / 2], w + 1));
           }
       } else {
-        uint4 A[UU][NMAT][2], B[UU][NMAT][2], X[UU][4];
+        uint4 A[UU][NMAT][2], B[UU][NMAT][2], X[UU][NP][4];
         float S[UU][NMAT];
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
@@ -355,22 +373,32 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             S[u][q] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[q][0] + (c + u)));
           }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+          for (int jg = 0; jg < NP; ++jg)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) X[u][jg][j] = xps[jg] ? load_x8(xps[jg] + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
         }
+        // Each converted weight fragment feeds the MMA of every token group; group jg's partial d[jg] then enters
+        // its accumulator as a pass of its own would (the same MMAs in the same order).
 #pragma unroll
         for (int u = 0; u < UU; ++u)
 #pragma unroll
           for (int q = 0; q < NMAT; ++q) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float d[NP][4];
+#pragma unroll
+            for (int jg = 0; jg < NP; ++jg) d[jg][0] = d[jg][1] = d[jg][2] = d[jg][3] = 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
               uint32_t a0, a1, a2, a3;
               e4m3x4_to_f16x2(word(A[u][q][i / 4], i % 4), a0, a2);
               e4m3x4_to_f16x2(word(B[u][q][i / 4], i % 4), a1, a3);
-              mma_f16(d, a0, a1, a2, a3, word(X[u][i / 2], (2 * i) % 4), word(X[u][i / 2], (2 * i) % 4 + 1));
+#pragma unroll
+              for (int jg = 0; jg < NP; ++jg)
+                mma_f16(d[jg], a0, a1, a2, a3, word(X[u][jg][i / 2], (2 * i) % 4), word(X[u][jg][i / 2], (2 * i) % 4 + 1));
             }
 #pragma unroll
-            for (int k = 0; k < 4; ++k) acc[q][k] = fmaf(d[k], S[u][q], acc[q][k]);
+            for (int jg = 0; jg < NP; ++jg)
+#pragma unroll
+              for (int k = 0; k < 4; ++k) accg[jg][q][k] = fmaf(d[jg][k], S[u][q], accg[jg][q][k]);
           }
       }
     };
@@ -388,19 +416,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 
     // Reduce the block's K split (fixed order), then optionally across blocks.
 #pragma unroll
-    for (int q = 0; q < NMAT; ++q)
+    for (int jg = 0; jg < NP; ++jg)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) red[warp][q * 4 + k][lane] = acc[q][k];
+      for (int q = 0; q < NMAT; ++q)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) red[warp][jg * NV + q * 4 + k][lane] = accg[jg][q][k];
     __syncthreads();
     if (warp == 0) {
-      float v[NV];
+      float v[NV * NP];
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
+      for (int i = 0; i < NV * NP; ++i) {
         v[i] = 0.0f;
         for (int w = 0; w < warps; ++w) v[i] += red[w][i][lane];
       }
       bool last = true;
-      if (a.kblocks > 1) {
+      if (NP == 1 && a.kblocks > 1) {  // (launch_t runs token groups without a split of K across blocks)
         const size_t key = size_t(prob) * gridDim.x + tile;
         float* base = a.partial + key * size_t(a.kblocks) * (NV * 32);
 #pragma unroll
@@ -425,8 +455,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         // FP4 codes entered the MMA as value * 2^-14 (f16) or * 2^-6 (E4M3).
         const float wmul = FMT == kFp4 ? kFp4Unscale : FMT == kFp4A8 ? kFp4A8Unscale : 1.0f;
 #pragma unroll
+        for (int jg = 0; jg < NP; ++jg)
+#pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
-          const int j = 2 * t + cc;
+          const int j = 8 * jg + 2 * t + cc;  // the pass's token column
           if (j >= mp) continue;
           int64_t orow;
           int slot = 0;
@@ -436,11 +468,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
           } else {
             orow = int64_t(p0 + j) * o_tok + int64_t(prob) * o_prob;
           }
+          const float* vg = v + jg * NV;
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {
             const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
-            const float up = EPI == kSwiglu ? v[4 + rr * 2 + cc] * wmul : 0.0f;
-            store_out<OT>(static_cast<OT*>(out) + orow + row, epilogue<EPI>(a, v[rr * 2 + cc] * wmul, up, slot));
+            const float up = EPI == kSwiglu ? vg[4 + rr * 2 + cc] * wmul : 0.0f;
+            store_out<OT>(static_cast<OT*>(out) + orow + row, epilogue<EPI>(a, vg[rr * 2 + cc] * wmul, up, slot));
           }
         }
       }
@@ -493,6 +526,18 @@ void launch_t(const GemvArgs& a, Stream s) {
   auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks);
   if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
     if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks);
+  if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
+    // Token groups per pass (GemvArgs::fp8_groups; 0: enough for up to 32 tokens), with the full register budget,
+    // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
+    const int np = a.fp8_groups > 0 ? a.fp8_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
+    if (np != 1 && np != 2 && np != 4) throw_arg("gemv: FP8 token groups per pass must be 1, 2 or 4");
+    if (np > 1 && (a.kblocks != 1 || a.minblocks != 1))
+      throw_arg("gemv: FP8 token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
+    constexpr int U2 = NMAT == 1 && FMT == kFp8 ? 2 : 1;  // (two FP8 matrices, or BF16, take one chunk per step)
+    const bool u1 = a.fp8_unroll == 1;
+    if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;
+    if (np == 4) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 4>;
+  }
   launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
 

@@ -79,8 +79,9 @@ void check_options(const ModelOptions& o) {
 
 // cuda.bf16_gemv: the token counts (from 2) whose plain bf16 projections run on the bf16 GEMV. H200, a CSA layer's
 // four compressor projections with their bf16 conversion (`plumb bench --only bf16`, graph replay, us): GEMV against
-// cuBLASLt 14.8 / 27.7 at 2 tokens, 15.8 / 27.9 at 8, 26.9 / 28.6 at 16, 48.1 / 28.6 at 32 (passes of 8 tokens).
-constexpr int kBf16GemvMaxTokens = 16;
+// cuBLASLt 14.8 / 27.8 at 2 tokens, 15.7 / 27.8 at 8, 16.1 / 28.6 at 16, 27.2 / 28.6 at 32 (session 23: one pass of
+// up to 32 tokens; in passes of 8 tokens it took 26.9 at 16 and 48.1 at 32).
+constexpr int kBf16GemvMaxTokens = 32;
 
 // Where the requested fast kernels apply (they fall back to the fp32 twin elsewhere): said once at load.
 struct FastCount {
@@ -115,13 +116,14 @@ class GpuForward : public DeviceForward {
     const bool gemm = opt_.cuda_prefill_gemm;
     // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact, from
     // the token count where the GEMM (a dequantization pass, then the weight read once) overtakes the GEMV (the
-    // weight read once per 8 tokens). H200 crossover (`plumb bench --only fp8prefill`, GEMV vs GEMM in us): wkv
-    // [512, 4096] 14.5 / 15.0 at 24 tokens, 17.4 / 15.2 at 32; wq_b [32768, 1024] 42.8 / 56.9 at 32, 60.6 / 57.2 at
-    // 48; wo_b [4096, 8192] 50.5 / 59.4 at 32, 70.2 / 59.7 at 48.
+    // weight read once per pass of up to 32 tokens). H200 crossover (`plumb bench --only fp8prefill`, GEMV vs GEMM,
+    // graph replay, us; session 23): wkv [512, 4096] 9.9 / 10.6 at 24 tokens, 11.0 / 10.7 at 32, 17.5 / 10.7 at 48;
+    // wq_b [32768, 1024] 32.7 / 52.6 at 32, 51.3 / 53.2 at 48, 60.6 / 54.0 at 64; wo_b [4096, 8192] 29.0 / 54.3 at
+    // 32, 46.4 / 54.9 at 48, 53.1 / 55.9 at 64.
     auto gemm_min = [&](const Fp8Matrix& f) {
       if (!gemm || !fp8_gemm_exact(f)) return 0;
       if (opt_.prefill_gemm_min_tokens > 0) return opt_.prefill_gemm_min_tokens;
-      return f.rows * f.cols >= (int64_t(8) << 20) ? 48 : 32;
+      return f.rows * f.cols >= (int64_t(8) << 20) ? 64 : 32;
     };
     // Under the official numerics cuda.fp8_gemv takes the FP8 projections that the official code quantizes its input
     // for (GpuNumerics::proj: W8A8); wo_a (dequantized to bf16 by DeepSeek's convert.py) and the compressors (their
@@ -234,7 +236,7 @@ class GpuForward : public DeviceForward {
       fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
                  "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens\n", fc.gemm,
                  opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
-                                              : std::string("32 tokens, 48 for matrices of >= 8M weights"),
+                                              : std::string("32 tokens, 64 for matrices of >= 8M weights"),
                  fc.gemm_bf16, bf16_gemm_min);
     gemm_w_elems_ = fc.gemm_w;
     if (opt_.cuda_bf16_gemv)

@@ -112,12 +112,12 @@ std::vector<Patch> make_registry() {
                // Prefetches only: the same kernels on the same data, bit-identical (tests/cuda). The tolerance is the
                // reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_l2_prefetch = true; }, false, "cuda"});
-  r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (8 tokens per pass over the weights)",
-               "chunks of >= 32 tokens (48 for matrices of >= 8M weights) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
+  r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (up to 32 tokens per pass over the weights)",
+               "chunks of >= 32 tokens (64 for matrices of >= 8M weights) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
                "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "
                "code x power-of-two scale), activations rounded to bf16, fp32 accumulation and output; the prefill half of "
                "cuda.fp8_gemv (needs it); matrices with F32 or extreme block scales stay on the GEMV; the compressors' "
-               "plain bf16 projections run the same GEMM (the weight as stored) from 2 tokens (from 17 with cuda.bf16_gemv)",
+               "plain bf16 projections run the same GEMM (the weight as stored) from 2 tokens (from 33 with cuda.bf16_gemv)",
                "bf16 activations (2^-9 relative) where the GEMV rounds to f16 (2^-11): about 4x its rounding error per "
                "projection; a wrong group stride in the batched wo_a or a transposed weight would be O(1) errors",
                // One bf16 rounding of each input (2^-9 relative): measured <= 1.8e-3 normalized against an fp64 host
@@ -126,10 +126,10 @@ std::vector<Patch> make_registry() {
                // path (f16 x and h). 1e-2 as for the other bf16-input patches (cuda.head_bf16).
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_prefill_gemm = true; }, false, "cuda"});
   r.push_back({"cuda.bf16_gemv", "plain bf16 projections of 2 or more tokens: the fp32 twin's fp64 GEMV, or cuBLASLt GEMMs under cuda.prefill_gemm",
-               "steps of 2 to 16 tokens run the plain bf16 projections (V4-Flash: the compressors' wkv and wgate, the "
+               "steps of 2 to 32 tokens run the plain bf16 projections (V4-Flash: the compressors' wkv and wgate, the "
                "indexer compressor's too) on the decode GEMV's bf16 tensor-core path: x rounded to bf16 once, the "
-               "sublayer's projections in one launch (a table of up to 4 matrices), bf16 MMA with fp32 accumulation, 8 "
-               "tokens per pass over the weights (cuBLASLt spreads a few tokens' product over few blocks). Under "
+               "sublayer's projections in one launch (a table of up to 4 matrices), bf16 MMA with fp32 accumulation, up "
+               "to 32 tokens per pass over the weights (cuBLASLt spreads a few tokens' product over few blocks). Under "
                "numerics.official, whose activations are bf16 (so the rounding is exact): also the router gate (fp32 "
                "logits, as DeepSeek's Gate) and the indexer's weights_proj (bf16 out) at every token count",
                "bf16 activations (2^-9 relative), as cuda.prefill_gemm's GEMM: about 4x an f16 rounding per projection; "

@@ -263,6 +263,51 @@ TEST_F(CudaFp8Gemm, Bf16LinearMatchesFp64AndTwin) {
   }
 }
 
+// The bf16 GEMV takes up to 32 tokens in one pass (groups of 8, each weight fragment loaded once for all of them):
+// every token's outputs must be the bits of a launch of its own 8-token slice (one group), for a table of the CSA
+// compressors' four projections and token counts that leave a partial group or a second pass.
+TEST_F(CudaFp8Gemm, Bf16GemvTokenGroupsGiveEachSliceItsBits) {
+  const int64_t cols = 4096, rows[4] = {1024, 1024, 256, 256};
+  Rng rng(33);
+  std::vector<cuda::DeviceBuffer> w;
+  for (int64_t r : rows) {
+    std::vector<uint16_t> wb(size_t(r * cols));
+    for (auto& v : wb) v = fmt8::f32_to_bf16(rng.uniform(-0.05f, 0.05f));
+    w.push_back(cuda::to_device(wb));
+  }
+  for (const int n : {12, 17, 32, 40}) {
+    const auto x = rng.floats(size_t(n) * size_t(cols), -2.0f, 2.0f);
+    cuda::DeviceBuffer dx = cuda::to_device(x);
+    Buffers buf(1, size_t(n) * size_t(cols));
+    std::vector<cuda::DeviceBuffer> yall, ysl;
+    for (int64_t r : rows) {
+      yall.emplace_back(size_t(n) * size_t(r) * 4), ysl.emplace_back(size_t(n) * size_t(r) * 4);
+      yall.back().fill_byte(0xFF), ysl.back().fill_byte(0xEE);
+    }
+    auto projs = [&](std::vector<cuda::DeviceBuffer>& y, int t0) {
+      std::vector<cuda::Bf16Proj> p;
+      for (size_t i = 0; i < 4; ++i) p.push_back(cuda::Bf16Proj{w[i].as<uint16_t>(), rows[i], y[i].as<float>() + int64_t(t0) * rows[i], rows[i]});
+      return p;
+    };
+    const auto pall = projs(yall, 0);
+    cuda::bf16_linear_gemv_multi(pall.data(), 4, cols, dx.get(), Act::F32, cols, n, buf.b);
+    for (int t0 = 0; t0 < n; t0 += 8) {
+      const auto ps = projs(ysl, t0);
+      cuda::bf16_linear_gemv_multi(ps.data(), 4, cols, dx.as<float>() + int64_t(t0) * cols, Act::F32, cols, std::min(8, n - t0), buf.b);
+    }
+    cuda::synchronize();
+    for (size_t i = 0; i < 4; ++i) {
+      const size_t sz = size_t(n) * size_t(rows[i]);
+      const auto a = cuda::to_host<uint32_t>(yall[i], sz), b = cuda::to_host<uint32_t>(ysl[i], sz);
+      int64_t bad = 0, first = -1;
+      for (size_t k = 0; k < sz; ++k)
+        if (a[k] != b[k] && bad++ == 0) first = int64_t(k);
+      EXPECT_EQ(bad, 0) << "bf16 gemv table, projection " << i << ", n=" << n << ": " << bad
+                        << " outputs differ from their 8-token slice's, first at token " << first / rows[i] << ", row " << first % rows[i];
+    }
+  }
+}
+
 // The compressors' four projections at 8 tokens (V4-Flash's CSA: wkv and wgate [1024, 4096], the indexer's [256,
 // 4096]) from one bf16 conversion of x: every output the bits of its own bf16_linear_gemm call; and on the GEMV (one
 // table launch for the four, at 8 and at 19 tokens) the bits of its own one-matrix launch, within 1e-5 of the GEMM.
@@ -518,10 +563,11 @@ TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
   expect_local_within_patch_tolerance(dir, toks, {160, 160, 40, 7, 1, 1}, base, "cuda.prefill_gemm");
 }
 
-// cuda.bf16_gemv on kernel-dims (its compressors' six plain bf16 matrices, [128 | 64 | 32, 256]): steps of 2 to 16
+// cuda.bf16_gemv on kernel-dims (its compressors' six plain bf16 matrices, [128 | 64 | 32, 256]): steps of 2 to 32
 // tokens run the compressor projections on the bf16 GEMV (counted), deterministically and bit-identical under
 // cuda.graph; against the forward without it (the fp32 twin's fp64 GEMV), op by op, teacher forced, within the
-// patch's local tolerance, over steps of 1 to 40 tokens (the GEMV's range and either side of it).
+// patch's local tolerance, over steps of 1 to 40 tokens (the GEMV's range, one and two groups of 8 tokens per pass,
+// and either side of it).
 TEST_F(GpuTest, Bf16GemvForwardMatchesTwinForward) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4";
@@ -539,7 +585,7 @@ TEST_F(GpuTest, Bf16GemvForwardMatchesTwinForward) {
   ASSERT_EQ(g.size(), a.size());
   EXPECT_EQ(std::memcmp(g.data(), again.data(), g.size() * 4), 0) << "the bf16 GEMV forward is not deterministic";
   EXPECT_EQ(std::memcmp(g.data(), gr.data(), g.size() * 4), 0) << "graph replay differs from eager launches";
-  expect_local_within_patch_tolerance(dir, toks, {40, 7, 3, 8, 1, 16, 2, 17}, base, "cuda.bf16_gemv");
+  expect_local_within_patch_tolerance(dir, toks, {40, 7, 3, 8, 1, 16, 2, 17, 32, 33}, base, "cuda.bf16_gemv");
 }
 
 // The official numerics' tensor-core kernels on kernel-dims (FP4 experts [128, 256] / [256, 128], FP8 projections

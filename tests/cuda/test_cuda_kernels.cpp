@@ -200,6 +200,76 @@ TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
   }
 }
 
+// The FP8 GEMV takes up to 32 tokens in one pass (groups of 8 in the MMA's N dimension, each weight fragment
+// converted once for all of them) where it used to stream the matrix once per 8 tokens. A token's outputs must be
+// the bits it gets in a launch of its own 8-token slice (a pass of one group), for each FP8 entry point (dense, the
+// grouped wo_a, the shared expert's gate/up + down), token counts that leave a partial group or a second pass, and
+// the launch shapes the group kernels take (warps per block, 1 or 2 chunks in flight, 2 or 4 groups forced).
+TEST_F(CudaFp8, TokenGroupsPerPassGiveEachSliceItsBits) {
+  namespace d = cuda::detail;
+  Rng rng(12);
+  const int64_t rows = 1040, cols = 1024, D = 1024, I = 512, gr = 256, gcols = 512;
+  const int groups = 8;
+  TempDir dir;
+  std::vector<OwnedTensor> ts;
+  add_fp8(ts, rng, "w", rows, cols);
+  add_fp8(ts, rng, "wo_a", groups * gr, gcols);
+  add_fp8(ts, rng, "se.w1", I, D, false, 116, 118);
+  add_fp8(ts, rng, "se.w2", D, I, false, 116, 118);
+  add_fp8(ts, rng, "se.w3", I, D, false, 116, 118);
+  const Checkpoint ck = write_checkpoint(dir, ts);
+  const cuda::Fp8Matrix dw = cuda::upload_fp8(Matrix::bind(ck, "w.weight", rows, cols));
+  const cuda::Fp8Matrix dg = cuda::upload_fp8(Matrix::bind(ck, "wo_a.weight", groups * gr, gcols));
+  const auto de = cuda::upload_expert_fp8(ExpertWeights{Matrix::bind(ck, "se.w1.weight", I, D), Matrix::bind(ck, "se.w2.weight", D, I),
+                                                        Matrix::bind(ck, "se.w3.weight", I, D)});
+  cuda::Workspace ws;
+  // Runs `op(first token, tokens, out)` over the batch at once and over its 8-token slices; every output must match.
+  auto same_as_slices = [&](const std::string& what, int n, int64_t out_w, auto op) {
+    cuda::DeviceBuffer all(size_t(n * out_w) * 4), sl(size_t(n * out_w) * 4);
+    all.fill_byte(0xFF), sl.fill_byte(0xEE);
+    op(0, n, all.as<float>());
+    for (int t0 = 0; t0 < n; t0 += 8) op(t0, std::min(8, n - t0), sl.as<float>() + int64_t(t0) * out_w);
+    cuda::synchronize();
+    const auto a = cuda::to_host<uint32_t>(all, size_t(n * out_w)), b = cuda::to_host<uint32_t>(sl, size_t(n * out_w));
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i] && bad++ == 0) first = int64_t(i);
+    EXPECT_EQ(bad, 0) << what << " n=" << n << ": " << bad << " outputs differ from their 8-token slice's, first at token "
+                      << first / out_w << ", output " << first % out_w;
+  };
+  for (int n : {12, 17, 32, 40}) {
+    const Acts x = make_acts(Act::F16, rng.floats(size_t(n * cols), -2.0f, 2.0f));
+    const auto* x16 = static_cast<const uint16_t*>(x.dev.get());
+    same_as_slices("fp8 [1040, 1024]", n, rows, [&](int t0, int m, float* y) {
+      cuda::fp8_linear(dw, x16 + int64_t(t0) * cols, Act::F16, cols, m, y, rows, ws);
+    });
+    for (int warps : {1, 4})
+      for (int unroll : {1, 2})
+        for (int ng : {2, 4}) {
+          same_as_slices("fp8 [1040, 1024], " + std::to_string(warps) + " warps, " + std::to_string(unroll) + " chunks in flight, " + std::to_string(ng) + " groups", n, rows,
+                         [&](int t0, int m, float* y) {
+                           d::GemvArgs a;
+                           a.fmt = d::kFp8, a.act = d::kF16, a.rows = rows, a.cols = cols, a.s_ld = dw.scale_cols();
+                           a.w[0] = dw.codes.as<uint8_t>(), a.s[0] = dw.scales.get();
+                           a.x = x16 + int64_t(t0) * cols, a.x_tok_stride = cols, a.n = m, a.warps = warps, a.minblocks = 1;
+                           a.fp8_unroll = unroll, a.fp8_groups = m > 8 ? ng : 1;
+                           a.out = y, a.o_tok_stride = rows;
+                           d::launch_gemv(a, nullptr);
+                         });
+        }
+    const Acts xg = make_acts(Act::BF16, rng.floats(size_t(n * groups * gcols), -2.0f, 2.0f));
+    same_as_slices("fp8 grouped (8 x [256, 512])", n, groups * gr, [&](int t0, int m, float* y) {
+      cuda::fp8_linear_grouped(dg, groups, static_cast<const uint16_t*>(xg.dev.get()) + int64_t(t0) * groups * gcols, Act::BF16, m, y, ws);
+    });
+    const Acts xe = make_acts(Act::F32, rng.floats(size_t(n * D), -3.0f, 3.0f));
+    cuda::DeviceBuffer h(size_t(n * I) * 2);
+    same_as_slices("fp8 shared expert [512 x 1024]", n, D, [&](int t0, int m, float* y) {
+      cuda::fp8_expert_ffn(de, static_cast<const float*>(xe.dev.get()) + int64_t(t0) * D, Act::F32, m, 10.0,
+                           h.as<uint16_t>() + int64_t(t0) * I, y, ws);
+    });
+  }
+}
+
 TEST_F(CudaFp8, GroupedProjectionMatchesReference) {
   Rng rng(3);
   const int groups = 8;
