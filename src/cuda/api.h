@@ -229,7 +229,7 @@ void bf16_linear_gemm_multi(const Bf16Proj* p, int count, int64_t cols, const vo
                             const Fp8GemmBuffers& b, Stream s = nullptr);
 // cuda.bf16_gemv: the same contract as bf16_linear_gemm_multi on the decode GEMV's bf16 tensor-core path (gemv.cu):
 // x rounded to bf16 once (into b.x), then every projection in one launch (up to 4; rows % 16 == 0, cols % 128 ==
-// 0), 8 tokens per pass over the weights. Same products, another fp32 summation order than cuBLASLt's.
+// 0), up to 32 tokens per pass over the weights. Same products, another fp32 summation order than cuBLASLt's.
 void bf16_linear_gemv_multi(const Bf16Proj* p, int count, int64_t cols, const void* x, Act xt, int64_t ldx, int n,
                             const Fp8GemmBuffers& b, Stream s = nullptr);
 // fp8_linear_grouped's contract (wo_a): the groups as one strided-batched GEMM.

@@ -350,7 +350,7 @@ std::vector<PrefillRow> bench_prefill_moe(Bench& B, const MoeExperts& moe, int K
 // The FP8 projections at prefill (cuda.prefill_gemm): each V4-Flash projection at 1K and 8K tokens through
 // fp8_linear_gemm / fp8_linear_grouped_gemm / fp8_expert_ffn_gemm (dequantization, activation conversion and the
 // cuBLASLt GEMM: the whole op as the forward runs it), the cuBLASLt GEMM alone on the pre-dequantized weight, and the
-// decode GEMV path (passes of 8 tokens, f16 input) at 1K; then the crossover sweep GEMV vs GEMM at small token
+// decode GEMV path (passes of up to 32 tokens, f16 input) at 1K; then the crossover sweep GEMV vs GEMM at small token
 // counts. Also checks at 1K: the GEMM's output against the GEMV's (bf16 vs f16 activations).
 std::vector<PrefillRow> bench_prefill_fp8(Bench& B, Workspace& ws, uint64_t& seed) {
   const Stream S = B.s;
@@ -413,7 +413,7 @@ std::vector<PrefillRow> bench_prefill_fp8(Bench& B, Workspace& ws, uint64_t& see
         add("  cuBLASLt GEMM alone", n, fpt * n, B.time([&](int) { gemm_bf16(g, b.x, b.w, y.get(), S); }));
       }
       if (n == 1024) {
-        add(name + ": GEMV (passes of 8 tokens)", n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
+        add(name + ": GEMV (passes of 32 tokens)", n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
         // Check: GEMM vs GEMV outputs (bf16 vs f16 activations) on the same f16 input values.
         const int64_t out_w = shared ? p.cols : p.rows;
         if (shared) fp8_expert_ffn_gemm(se, x16.get(), Act::F16, n, 10.0, y.as<float>(), b, S);
