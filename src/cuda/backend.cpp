@@ -362,7 +362,10 @@ void dense_split(d::GemvArgs& a, int n) {
     // resident warps per SM: the most warps per block in {1, 2, 4, 8} that keep the grid within ~1024 warps (one
     // wave), 2 chunks in flight for 1-warp blocks, else 1. Each V4-Flash shape's best of the sweep at 32 tokens
     // (H200, `plumb bench --only fp8`, graph replay, us): wq_b 31.4 (1 warp), wo_a 28.9 (2; 4 warps 35.8), wo_b 27.4
-    // (4; 8 warps 35.5), indexer wq_b 10.8 (2; 4 warps 15.0), wq_a 11.7 / wkv 11.4 (8).
+    // (4; 8 warps 35.5), indexer wq_b 10.8 (2; 4 warps 15.0), wq_a 11.7 / wkv 11.4 (8). Where this picks fewer
+    // warps than the rule below (wo_a, wo_b, the indexer's wq_b), K splits over fewer warps: a token's outputs can
+    // differ in the last place between a step of <= 8 tokens and a larger one (within cuda.fp8_gemv's tolerance; as
+    // cuda.prefill_gemm's GEMM from 32 tokens already did). A step's bits do not depend on anything else.
     int warps = 1;
     while (warps < 8 && tiles * warps * 2 <= 1024) warps *= 2;
     a.warps = int(std::min<int64_t>(warps, chunks));

@@ -201,10 +201,13 @@ TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
 }
 
 // The FP8 GEMV takes up to 32 tokens in one pass (groups of 8 in the MMA's N dimension, each weight fragment
-// converted once for all of them) where it used to stream the matrix once per 8 tokens. A token's outputs must be
-// the bits it gets in a launch of its own 8-token slice (a pass of one group), for each FP8 entry point (dense, the
-// grouped wo_a, the shared expert's gate/up + down), token counts that leave a partial group or a second pass, and
-// the launch shapes the group kernels take (warps per block, 1 or 2 chunks in flight, 2 or 4 groups forced).
+// converted once for all of them) where it used to stream the matrix once per 8 tokens. With the same split of K
+// over a block's warps, a token's outputs must be the bits it gets in a launch of its own 8-token slice (a pass of
+// one group): launched directly over warps per block, 1 or 2 chunks in flight and 2 or 4 groups forced; and through
+// each FP8 entry point (dense, the grouped wo_a, the shared expert's gate/up + down) at shapes where the block rules
+// above and below 8 tokens (backend.cpp dense_split) pick the same warps per block. (Where they differ, e.g. V4's
+// wo_b: 8 warps up to 8 tokens, 4 above, the sums over the warps' K ranges round in another order.) Token counts
+// leave a partial group or a second pass.
 TEST_F(CudaFp8, TokenGroupsPerPassGiveEachSliceItsBits) {
   namespace d = cuda::detail;
   Rng rng(12);
