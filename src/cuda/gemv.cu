@@ -79,7 +79,8 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
-// U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll). NP: groups of 8 tokens per pass (FP8 dense only).
+// U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll). NP: groups of 8 tokens per pass (FP8 / BF16
+// dense only).
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
   static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
@@ -527,12 +528,12 @@ void launch_t(const GemvArgs& a, Stream s) {
   if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
     if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks);
   if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
-    // Token groups per pass (GemvArgs::fp8_groups; 0: enough for up to 32 tokens), with the full register budget,
+    // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
     // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
-    const int np = a.fp8_groups > 0 ? a.fp8_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
-    if (np != 1 && np != 2 && np != 4) throw_arg("gemv: FP8 token groups per pass must be 1, 2 or 4");
+    const int np = a.token_groups > 0 ? a.token_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
+    if (np != 1 && np != 2 && np != 4) throw_arg("gemv: token groups per pass must be 1, 2 or 4");
     if (np > 1 && (a.kblocks != 1 || a.minblocks != 1))
-      throw_arg("gemv: FP8 token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
+      throw_arg("gemv: token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
     constexpr int U2 = NMAT == 1 && FMT == kFp8 ? 2 : 1;  // (two FP8 matrices, or BF16, take one chunk per step)
     const bool u1 = a.fp8_unroll == 1;
     if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;

@@ -189,9 +189,9 @@ struct GemvArgs {
   int warps = 8;                 // warps per block (split K inside the block), 1..8
   int minblocks = 1;             // register budget: 1 (<= 255 per thread), 2 (<= 128) or 3 (<= 85, more warps resident)
   int fp8_unroll = 0;            // one FP8 matrix: 128-column chunks whose loads a warp issues together, 2 (0) or 4
-                                 // (with fp8_groups > 1: 1 or 2)
-  int fp8_groups = 0;            // FP8 (W8A16) and BF16 dense: groups of 8 tokens per pass, 1, 2 or 4 (0: enough for up to 32
-                                 // tokens)
+                                 // (with token_groups > 1: 1 or 2)
+  int token_groups = 0;          // FP8 (W8A16) and BF16 dense: groups of 8 tokens per pass, 1, 2 or 4 (0: enough for up
+                                 // to 32 tokens)
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
   int fp4_kernel = 0;  // 0 auto: per-tile for gate/up at every batch (2 warps per block) and for down at
                        // n * topk <= 64 (1 warp per block); full registers and PDL at <= 8 slots, 128 registers

@@ -255,7 +255,7 @@ TEST_F(CudaFp8, TokenGroupsPerPassGiveEachSliceItsBits) {
                            a.fmt = d::kFp8, a.act = d::kF16, a.rows = rows, a.cols = cols, a.s_ld = dw.scale_cols();
                            a.w[0] = dw.codes.as<uint8_t>(), a.s[0] = dw.scales.get();
                            a.x = x16 + int64_t(t0) * cols, a.x_tok_stride = cols, a.n = m, a.warps = warps, a.minblocks = 1;
-                           a.fp8_unroll = unroll, a.fp8_groups = m > 8 ? ng : 1;
+                           a.fp8_unroll = unroll, a.token_groups = m > 8 ? ng : 1;
                            a.out = y, a.o_tok_stride = rows;
                            d::launch_gemv(a, nullptr);
                          });
