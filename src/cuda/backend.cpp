@@ -357,15 +357,43 @@ void dense_split(d::GemvArgs& a, int n) {
   const int64_t tiles = a.rows / 16 * a.problems, chunks = a.cols / 128;
   a.minblocks = 1;
   a.kblocks = 1;
+  if (a.fmt == d::kFp8 && a.nmat == 1 && n > 8) {
+    // W8A16 above 8 tokens on matrices with enough 16-row tiles: the shared-activation kernel (gemv_xs.cuh). Its
+    // blocks of 8 (or 4) warps, a tile each, read one staging of their K range's activations from shared memory,
+    // where the register path's warps each read their tokens' activations from L2 (at 32 tokens ~4x the weight
+    // bytes). One pass of token groups up to 64 tokens; at most 8 chunks of K per block (blocks along K beyond
+    // that: 64 KB of staged activations at 32 tokens, 128 KB at 64); 8 warps per block where that leaves >= 128
+    // blocks, else 4; 8 chunks' loads in flight per block (16 at 64 tokens), at most 4 per warp (2 at 64 tokens:
+    // more spill). H200, `plumb bench --only fp8xs` (graph replay, us at 16 / 32 / 64 tokens; this rule's pick
+    // against the register path's best at 16 / 32): wq_b [32768, 1024] 13.6 / 16.1 / 26.9 against 16.7 / 31.4;
+    // wo_a (8 x [1024, 4096]) 17.5 / 22.7 / 40.0 against 19.8 / 28.3; wo_b [4096, 8192] 17.7 / 23.5 / 41.8 against
+    // 17.0 / 27.2; the indexer's wq_b [8192, 1024] 7.5 / 9.0 / 12.3 against 7.7 / 10.9. Whole layers (paired A/B
+    // against the register path, 2 rounds): batch 16 -6.1 / -11.5, batch 32 -26.5 / -26.8, batch 64 (with
+    // cuda.prefill_gemm's GEMM for these from 80 tokens instead of 64) -34.6 / -37.5 us per layer. A token's last
+    // bits can differ between steps of <= 8 tokens and larger ones where K splits differently (as on the register
+    // path above 8 tokens); a step's bits depend on nothing else.
+    const int np = n > 32 ? 8 : n > 16 ? 4 : 2;
+    int z = 1;
+    while (chunks > 8 * z && 2 * z <= chunks) z *= 2;
+    const int64_t per_prob = a.rows / 16;
+    auto blocks = [&](int w) { return (per_prob + w - 1) / w * a.problems * z; };
+    const int w = blocks(8) >= 128 ? 8 : blocks(4) >= 128 ? 4 : 0;
+    if (w) {
+      a.shared_x = 1, a.warps = w, a.kblocks = z, a.token_groups = np;
+      a.fp8_unroll = std::min((np == 8 ? 16 : 8) / w, np == 8 ? 2 : 4);
+      return;
+    }
+  }
   if (a.fmt == d::kFp8 && n > 8) {
-    // W8A16 above 8 tokens: one pass of token groups (up to 32 tokens), ~150-240 registers per thread, so about 8
-    // resident warps per SM: the most warps per block in {1, 2, 4, 8} that keep the grid within ~1024 warps (one
-    // wave), 2 chunks in flight for 1-warp blocks, else 1. Each V4-Flash shape's best of the sweep at 32 tokens
-    // (H200, `plumb bench --only fp8`, graph replay, us): wq_b 31.4 (1 warp), wo_a 28.9 (2; 4 warps 35.8), wo_b 27.4
-    // (4; 8 warps 35.5), indexer wq_b 10.8 (2; 4 warps 15.0), wq_a 11.7 / wkv 11.4 (8). Where this picks fewer
-    // warps than the rule below (wo_a, wo_b, the indexer's wq_b), K splits over fewer warps: a token's outputs can
-    // differ in the last place between a step of <= 8 tokens and a larger one (within cuda.fp8_gemv's tolerance; as
-    // cuda.prefill_gemm's GEMM from 32 tokens already did). A step's bits do not depend on anything else.
+    // W8A16 above 8 tokens on the rest (wq_a, wkv: too few tiles; the shared expert's gate/up: 48.3 against 30.1 us
+    // for the whole expert at 32 tokens on the shared-activation kernel): one pass of token groups (up to 32
+    // tokens), ~150-240 registers per thread, so about 8 resident warps per SM: the most warps per block in {1, 2,
+    // 4, 8} that keep the grid within ~1024 warps (one wave), 2 chunks in flight for 1-warp blocks, else 1. Each
+    // V4-Flash shape's best of the sweep at 32 tokens (H200, `plumb bench --only fp8`, graph replay, us, session 23):
+    // wq_b 31.4 (1 warp), wo_a 28.9 (2; 4 warps 35.8), wo_b 27.4 (4; 8 warps 35.5), indexer wq_b 10.8 (2; 4 warps
+    // 15.0), wq_a 11.7 / wkv 11.4 (8). Where this picks fewer warps than the rule below, K splits over fewer warps:
+    // a token's outputs can differ in the last place between a step of <= 8 tokens and a larger one (within
+    // cuda.fp8_gemv's tolerance; as cuda.prefill_gemm's GEMM from 32 tokens already did).
     int warps = 1;
     while (warps < 8 && tiles * warps * 2 <= 1024) warps *= 2;
     a.warps = int(std::min<int64_t>(warps, chunks));
@@ -384,9 +412,9 @@ void fill_fp8(d::GemvArgs& a, int q, const Fp8Matrix& w) {
 
 void attach_workspace(d::GemvArgs& a, Workspace& ws) {
   if (a.kblocks <= 1) return;
-  const size_t keys = size_t(a.problems) * size_t(a.rows / 16);
-  a.partial = ws.partial(keys * size_t(a.kblocks) * size_t(a.nmat) * 4 * 32);
-  a.counters = ws.counters(keys);
+  const d::GemvWorkspace need = d::gemv_workspace(a);
+  a.partial = ws.partial(need.floats);
+  a.counters = ws.counters(need.counters);
 }
 
 // x as f16 rows of `cols` (ld `ldx` elements); converts into the workspace unless it already is f16.

@@ -413,7 +413,7 @@ std::vector<PrefillRow> bench_prefill_fp8(Bench& B, Workspace& ws, uint64_t& see
         add("  cuBLASLt GEMM alone", n, fpt * n, B.time([&](int) { gemm_bf16(g, b.x, b.w, y.get(), S); }));
       }
       if (n == 1024) {
-        add(name + ": GEMV (passes of 32 tokens)", n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
+        add(name + ": GEMV (passes of 32 or 64 tokens)", n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
         // Check: GEMM vs GEMV outputs (bf16 vs f16 activations) on the same f16 input values.
         const int64_t out_w = shared ? p.cols : p.rows;
         if (shared) fp8_expert_ffn_gemm(se, x16.get(), Act::F16, n, 10.0, y.as<float>(), b, S);
@@ -435,8 +435,8 @@ std::vector<PrefillRow> bench_prefill_fp8(Bench& B, Workspace& ws, uint64_t& see
         B.checks.push_back({{"kernel", name + " GEMM vs GEMV"}, {"batch", n}, {"max_abs_err", max_err}, {"max_ref", max_ref}, {"normalized", rel}});
       }
     }
-    if (p.groups != 1 || p.rows == 1024 || p.rows == 8192) continue;  // crossover on wkv, wq_b, wo_b
-    for (int n : {8, 16, 24, 32, 48, 64, 128}) {
+    if (shared || p.rows == 1024) continue;  // crossover on wkv, wq_b, wo_a, wo_b, the indexer's wq_b
+    for (int n : {8, 16, 24, 32, 48, 64, 96, 128}) {
       add(fmt::format("  crossover {}: GEMV", p.name), n, fpt * n, B.time([&](int) { gemv(n, yv.as<float>()); }));
       add(fmt::format("  crossover {}: GEMM", p.name), n, fpt * n, B.time([&](int) { gemm(n); }));
     }
@@ -524,7 +524,7 @@ int run_bench(const BenchOptions& opt) {
     d::fill(rw.bias.get(), size_t(E), d::kFillF32, seed++, -0.01f, 0.01f);
   }
   const int maxn = 8, moe_maxn = 32;  // the routed experts' rows go to 32 tokens
-  const size_t xe = size_t(moe_maxn) * 8 * 4096;
+  const size_t xe = size_t(128) * 32768;  // x up to [128, 32768] (the FP8 rows of `fp8xs` at 128 tokens: wo_a's input)
   DeviceBuffer x32(xe * 4), x16(xe * 2), xb16(xe * 2);
   d::fill(x32.get(), xe, d::kFillF32, seed++, -1.0f, 1.0f);
   d::fill(x16.get(), xe, d::kFillF16, seed++, -1.0f, 1.0f);
@@ -532,7 +532,7 @@ int run_bench(const BenchOptions& opt) {
   Workspace ws;
   MoeScratch scratch;
   scratch.reserve(moe_maxn, K, D, I);
-  DeviceBuffer y(size_t(moe_maxn) * 32768 * 4);  // outputs up to [32, 32768] (the FP8 rows at 32 tokens: wq_b)
+  DeviceBuffer y(size_t(128) * 32768 * 4);  // outputs up to [128, 32768] (the FP8 rows of `fp8xs` at 128 tokens: wq_b)
   DeviceBuffer ridx(size_t(maxn) * K * 4), rwt(size_t(maxn) * K * 4), rlog(size_t(maxn) * E * 4), rsel(size_t(maxn) * E * 4);
   RouterConfig rc;
   rc.E = E, rc.K = K, rc.D = D, rc.routed_scaling = rsf;
@@ -774,7 +774,7 @@ int run_bench(const BenchOptions& opt) {
   const Proj projs[] = {{"attn wq_a", 1024, 4096, 1},  {"attn wkv", 512, 4096, 1},   {"attn wq_b", 32768, 1024, 1},
                         {"attn wo_a (8 groups)", 8192, 4096, 8}, {"attn wo_b", 4096, 8192, 1}, {"indexer wq_b", 8192, 1024, 1}};
   for (const auto& p : projs) {
-    if (!B.want("fp8")) break;
+    if (!B.want("fp8") && !B.want("fp8xs")) break;
     const int nc = copies_for(double(p.rows * p.cols));
     std::vector<Fp8Matrix> ws8;
     for (int c = 0; c < nc; ++c) {
@@ -784,39 +784,70 @@ int run_bench(const BenchOptions& opt) {
     }
     const Fp8Matrix& w = ws8[0];
     const int64_t gr = p.rows / p.groups, in_w = p.cols * p.groups;
-    for (int n : {1, 8, 32}) {
-      Timing t;
-      if (p.groups > 1)
-        t = B.time([&](int i) { fp8_linear_grouped(ws8[size_t(i % nc)], p.groups, x16.get(), Act::F16, n, y.as<float>(), ws, S); });
-      else
-        t = B.time([&](int i) { fp8_linear(ws8[size_t(i % nc)], x16.get(), Act::F16, p.cols, n, y.as<float>(), p.rows, ws, S); });
+    // A direct launch of either kernel on this projection (the sweeps' configurations), with its workspace.
+    auto direct = [&](int n, int warps, int kb, int unroll) {
+      d::GemvArgs a;
+      a.fmt = d::kFp8, a.act = d::kF16, a.rows = gr, a.cols = p.cols, a.problems = p.groups;
+      a.w_prob_stride = gr * p.cols, a.s_prob_stride = (gr / 128) * w.scale_cols();
+      a.s_ld = w.scale_cols(), a.x = x16.get(), a.x_tok_stride = in_w, a.x_prob_stride = p.groups > 1 ? p.cols : 0;
+      a.out = y.get(), a.o_tok_stride = p.rows, a.o_prob_stride = gr, a.n = n, a.warps = warps, a.kblocks = kb;
+      a.fp8_unroll = unroll;
+      return a;
+    };
+    auto time_direct = [&](const d::GemvArgs& a0) {
+      d::GemvArgs a = a0;
+      if (a.kblocks > 1) {
+        const d::GemvWorkspace need = d::gemv_workspace(a);
+        a.partial = ws.partial(need.floats), a.counters = ws.counters(need.counters);
+      }
+      return B.time([&](int i) {
+        d::GemvArgs b = a;
+        b.w[0] = ws8[size_t(i % nc)].codes.as<uint8_t>(), b.s[0] = ws8[size_t(i % nc)].scales.get();
+        d::launch_gemv(b, S);
+      });
+    };
+    for (int n : {1, 8, 16, 32, 64, 128}) {
+      if (n > 32 && !B.want("fp8xs")) break;
       const double bytes = double(p.rows * p.cols) + double(w.scale_bytes()) + double(n * in_w * 2) + double(n * p.rows * 4);
-      B.add(B.rows, {fmt::format("FP8 {}", p.name), fmt::format("[{}, {}] E4M3, x f16", p.rows, p.cols), "", n, 0, bytes}, t);
-      // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp (above 8 tokens, one
-      // pass of token groups: the full register budget, no split of K, 1 or 2 chunks in flight).
-      for (int warps : {1, 2, 4, 8})
-        for (int kb : {1, 2, 4, 8})
-          for (int minb : {1, 3})
-          for (int unroll : {1, 2, 4}) {
-          if (p.cols / 128 < int64_t(warps) * kb || (unroll == 4 && kb > 1)) continue;
-          if (n <= 8 ? unroll == 1 : (kb > 1 || minb > 1 || unroll == 4)) continue;
-          d::GemvArgs a;
-          a.fmt = d::kFp8, a.act = d::kF16, a.rows = gr, a.cols = p.cols, a.problems = p.groups;
-          a.w_prob_stride = gr * p.cols, a.s_prob_stride = (gr / 128) * w.scale_cols();
-          a.s_ld = w.scale_cols(), a.x = x16.get(), a.x_tok_stride = in_w, a.x_prob_stride = p.groups > 1 ? p.cols : 0;
-          a.out = y.get(), a.o_tok_stride = p.rows, a.o_prob_stride = gr, a.n = n, a.warps = warps, a.kblocks = kb, a.minblocks = minb;
-          a.fp8_unroll = unroll;
-          if (kb > 1) {
-            const size_t keys = size_t(p.groups) * size_t(gr / 16);
-            a.partial = ws.partial(keys * size_t(kb) * 4 * 32), a.counters = ws.counters(keys);
+      if (n <= 32) {  // the default path's row and the register-path kernel's sweep
+        Timing t;
+        if (p.groups > 1)
+          t = B.time([&](int i) { fp8_linear_grouped(ws8[size_t(i % nc)], p.groups, x16.get(), Act::F16, n, y.as<float>(), ws, S); });
+        else
+          t = B.time([&](int i) { fp8_linear(ws8[size_t(i % nc)], x16.get(), Act::F16, p.cols, n, y.as<float>(), p.rows, ws, S); });
+        B.add(B.rows, {fmt::format("FP8 {}", p.name), fmt::format("[{}, {}] E4M3, x f16", p.rows, p.cols), "", n, 0, bytes}, t);
+        // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp (above 8 tokens, one
+        // pass of token groups: the full register budget, no split of K, 1 or 2 chunks in flight).
+        for (int warps : {1, 2, 4, 8})
+          for (int kb : {1, 2, 4, 8})
+            for (int minb : {1, 3})
+            if (B.want("fp8") || n > 8)
+            for (int unroll : {1, 2, 4}) {
+            if (p.cols / 128 < int64_t(warps) * kb || (unroll == 4 && kb > 1)) continue;
+            if (n <= 8 ? unroll == 1 : (kb > 1 || minb > 1 || unroll == 4)) continue;
+            d::GemvArgs a = direct(n, warps, kb, unroll);
+            a.minblocks = minb;
+            const Timing tt = time_direct(a);
+            B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("warps {}, kblocks {}, minb {}, unroll {}", warps, kb, minb, unroll), "", n, 0, bytes}, tt);
           }
-          const Timing tt = B.time([&](int i) {
-            d::GemvArgs b = a;
-            b.w[0] = ws8[size_t(i % nc)].codes.as<uint8_t>(), b.s[0] = ws8[size_t(i % nc)].scales.get();
-            d::launch_gemv(b, S);
-          });
-          B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("warps {}, kblocks {}, minb {}, unroll {}", warps, kb, minb, unroll), "", n, 0, bytes}, tt);
-        }
+      }
+      // The shared-activation kernel above 8 tokens (gemv_xs.cuh, `--only fp8xs`): tiles per block x blocks along K x
+      // chunks in flight, one pass of token groups (passes of 64 above).
+      if (n > 8 && B.want("fp8xs")) {
+        const int np = n > 32 ? 8 : n > 16 ? 4 : 2;
+        for (int warps : {2, 4, 8})
+          for (int kb : {1, 2, 4, 8, 16, 32})
+            for (int unroll : {1, 2, 4}) {
+              const int64_t per = (p.cols / 128 + kb - 1) / kb;
+              if (p.cols / 128 < kb || per * 8 * np * 256 > 200 * 1024 || (unroll == 4 && per < 4)) continue;
+              const int64_t blocks = (gr / 16 + warps - 1) / warps * p.groups * kb;
+              if (blocks < 32 || blocks > 4096) continue;
+              d::GemvArgs a = direct(n, warps, kb, unroll);
+              a.shared_x = 1, a.token_groups = np;
+              B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("xs warps {}, kblocks {}, unroll {}", warps, kb, unroll), "", n, 0, bytes},
+                    time_direct(a));
+            }
+      }
     }
     if (std::string(p.name) == "attn wq_a") {  // spot check at the real size
       const int n = 8;
@@ -842,7 +873,7 @@ int run_bench(const BenchOptions& opt) {
       B.checks.push_back({{"kernel", "fp8 wq_a"}, {"batch", n}, {"max_abs_err", max_err}, {"max_ref", max_ref}, {"normalized", rel}});
     }
   }
-  if (B.want("fp8")) {
+  if (B.want("fp8") || B.want("fp8xs")) {
     const int nc = copies_for(3.0 * double(I * D));
     std::vector<Fp8Expert> ses(static_cast<size_t>(nc));
     for (auto& se : ses) {
@@ -852,7 +883,7 @@ int run_bench(const BenchOptions& opt) {
         d::fill(m->scales.get(), m->scales.bytes(), d::kFillE8M0, seed++, 112, 118);
       }
     }
-    for (int n : {1, 8}) {
+    for (int n : {1, 8, 16, 32}) {
       const Timing t = B.time([&](int i) {
         fp8_expert_ffn(ses[size_t(i % nc)], x16.get(), Act::F16, n, 10.0, scratch.h.as<uint16_t>(), y.as<float>(), ws, S);
       });

@@ -16,7 +16,10 @@
 // group's accumulator sees the same MMAs on the same operands in the same order as its own pass did: the same bits.
 //
 // MoE FP4 decode has two kernels: this file's per-tile kernel (below) and the streaming kernel (gemv_fp4s.cuh:
-// persistent warps, cp.async rings in shared memory); launch_gemv picks one (GemvArgs::fp4_kernel).
+// persistent warps, cp.async rings in shared memory); launch_gemv picks one (GemvArgs::fp4_kernel). FP8 dense
+// launches above 8 tokens may take the shared-activation kernel instead (gemv_xs.cuh, GemvArgs::shared_x: a block's
+// warps each a tile of their own, the activations staged once per block in shared memory; the same bits as this
+// kernel with one warp per block).
 //
 // MoE decode (per-tile kernel): the grid's row is a (token, choice) slot; a block whose slot is not the first to
 // name its expert exits at once, the first one gathers every slot that chose the expert, so each active expert's
@@ -74,6 +77,26 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
     r *= a.out_scale;
   }
   return a.round_bf16 ? bf16r(r) : r;
+}
+
+// FP8 (W8A16) weights of chunks c .. c + UU - 1 for NMAT matrices: at lane (g, t), rows g (pa) and g + 8 (pb)'s 32
+// bytes [32t, 32t + 32) of the chunk (two 16-byte loads each), and the chunk's block scale (E8M0 byte or F32 at
+// ps[q]). Shared by both FP8 GEMV kernels (gemv_kernel, gemv_xs.cuh).
+template <int UU, int NMAT>
+__device__ __forceinline__ void load_fp8_chunks(const uint8_t* const (&pa)[NMAT], const uint8_t* const (&pb)[NMAT],
+                                                const uint8_t* const (&ps)[NMAT], bool s_f32, int c, uint4 (&A)[UU][NMAT][2],
+                                                uint4 (&B)[UU][NMAT][2], float (&S)[UU][NMAT]) {
+#pragma unroll
+  for (int u = 0; u < UU; ++u)
+#pragma unroll
+    for (int q = 0; q < NMAT; ++q) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        A[u][q][h] = ldg_stream<1>(pa[q] + (c + u) * 128 + h * 16);
+        B[u][q][h] = ldg_stream<1>(pb[q] + (c + u) * 128 + h * 16);
+      }
+      S[u][q] = s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q]) + (c + u)) : e8m0_to_f32(__ldg(ps[q] + (c + u)));
+    }
 }
 
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
@@ -362,17 +385,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       } else {
         uint4 A[UU][NMAT][2], B[UU][NMAT][2], X[UU][NP][4];
         float S[UU][NMAT];
+        const uint8_t* ps0[NMAT];
+#pragma unroll
+        for (int q = 0; q < NMAT; ++q) ps0[q] = ps[q][0];
+        load_fp8_chunks<UU, NMAT>(pa, pb, ps0, a.s_f32, c, A, B, S);
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
-#pragma unroll
-          for (int q = 0; q < NMAT; ++q) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              A[u][q][h] = ldg_stream<1>(pa[q] + (c + u) * 128 + h * 16);
-              B[u][q][h] = ldg_stream<1>(pb[q] + (c + u) * 128 + h * 16);
-            }
-            S[u][q] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[q][0] + (c + u)));
-          }
 #pragma unroll
           for (int jg = 0; jg < NP; ++jg)
 #pragma unroll
@@ -510,6 +528,7 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 }
 
 #include "cuda/gemv_fp4s.cuh"
+#include "cuda/gemv_xs.cuh"
 
 // The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8).
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
@@ -552,6 +571,18 @@ int gemv_dense_warps(int64_t tiles, int64_t chunks) {
   return int(std::min<int64_t>(warps, chunks));
 }
 
+GemvWorkspace gemv_workspace(const GemvArgs& a) {
+  if (a.kblocks <= 1) return {};
+  // Per (problem, tile) key: kblocks partial sums of nmat * 4 accumulators x 32 lanes per token group; the
+  // shared-activation kernel keeps each pass's keys apart.
+  size_t keys = size_t(a.problems) * size_t(a.rows / 16), groups = 1;
+  if (a.shared_x) {
+    groups = size_t(xs::token_groups_of(a));
+    keys *= (size_t(std::max(a.n, 1)) + 8 * groups - 1) / (8 * groups);
+  }
+  return {keys * size_t(a.kblocks) * size_t(a.nmat) * 4 * 32 * groups, keys};
+}
+
 void launch_gemv(const GemvArgs& a0, Stream s) {
   GemvArgs a = a0;
   if (a.pdl < 0 && pdl_enabled()) a.pdl = 1;  // cuda.pdl: every GEMV of the forward
@@ -590,6 +621,13 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (!aligned16(a.x) || (a.x_tok_stride * xb) % 16 || (a.x_prob_stride * xb) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
   if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
+  if (a.shared_x) {
+    if (a.fmt != kFp8 || a.mode != kDense || a.ntab)
+      throw_arg("gemv: shared activations (shared_x) are for dense FP8 (W8A16) launches only");
+    if (a.nmat == 1 && a.epi == kStore) return a.out_half ? launch_xs<1, kStore, __half>(a, s) : launch_xs<1, kStore, float>(a, s);
+    if (a.nmat == 2 && a.epi == kSwiglu && a.out_half) return launch_xs<2, kSwiglu, __half>(a, s);
+    throw_arg("gemv: shared activations run one matrix (store) or gate and up (SwiGLU, f16 output)");
+  }
   if (a.kblocks > 1 && (a.mode != kDense || a.n > 8 || !a.partial || !a.counters))
     throw_arg("gemv: split-K across blocks needs dense mode, n <= 8 and a workspace");
   if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");

@@ -116,14 +116,21 @@ class GpuForward : public DeviceForward {
     const bool gemm = opt_.cuda_prefill_gemm;
     // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact, from
     // the token count where the GEMM (a dequantization pass, then the weight read once) overtakes the GEMV (the
-    // weight read once per pass of up to 32 tokens). H200 crossover (`plumb bench --only fp8prefill`, GEMV vs GEMM,
-    // graph replay, us; session 23): wkv [512, 4096] 9.9 / 10.6 at 24 tokens, 11.0 / 10.7 at 32, 17.5 / 10.7 at 48;
-    // wq_b [32768, 1024] 32.7 / 52.6 at 32, 51.3 / 53.2 at 48, 60.6 / 54.0 at 64; wo_b [4096, 8192] 29.0 / 54.3 at
-    // 32, 46.4 / 54.9 at 48, 53.1 / 55.9 at 64.
-    auto gemm_min = [&](const Fp8Matrix& f) {
+    // weight read once per pass of up to 32 tokens, or of 64 on the shared-activation kernel). H200 crossover (`plumb
+    // bench --only fp8prefill`, GEMV vs GEMM, graph replay, us; session 24): wkv [512, 4096] 9.8 / 10.7 at 24
+    // tokens, 11.0 / 10.7 at 32, 17.5 / 10.8 at 48 (the register-path GEMV: < 128 blocks for the shared-activation
+    // kernel); the single projections of >= 8M weights on the shared-activation kernel (backend.cpp dense_split): wq_b
+    // [32768, 1024] 27.0 / 53.6 at 64, 49.6 / 54.8 at 96, 50.1 / 56.3 at 128; wo_a 40.5 / 57.7 at 64, 77.1 / 60.7 at
+    // 96; wo_b [4096, 8192] 43.4 / 55.9 at 64, 79.8 / 57.8 at 96; the indexer's wq_b 13.1 / 17.3 at 64, 23.9 / 17.4
+    // at 96 (so the GEMM from 80, between the two). The shared expert keeps 64: its gate and up stay on the
+    // register-path GEMV (slower on the shared-activation kernel: 48.3 against 30.1 us for the expert at 32 tokens),
+    // which would take 64 tokens in two passes; with the GEMM from 80 there, layer A/B at 64 tokens lost 7-10 us per
+    // layer.
+    auto gemm_min = [&](const Fp8Matrix& f, bool single = true) {
       if (!gemm || !fp8_gemm_exact(f)) return 0;
       if (opt_.prefill_gemm_min_tokens > 0) return opt_.prefill_gemm_min_tokens;
-      return f.rows * f.cols >= (int64_t(8) << 20) ? 64 : 32;
+      if (f.rows * f.cols < (int64_t(8) << 20)) return 32;
+      return single ? 80 : 64;
     };
     // Under the official numerics cuda.fp8_gemv takes the FP8 projections that the official code quantizes its input
     // for (GpuNumerics::proj: W8A8); wo_a (dequantized to bf16 by DeepSeek's convert.py) and the compressors (their
@@ -204,7 +211,7 @@ class GpuForward : public DeviceForward {
         gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
         fc.fp8 += 3, fc.fp8_of += 3;
         const Fp8Expert& e = *gl.moe.sfp8;
-        const int g1 = gemm_min(e.w1), g3 = gemm_min(e.w3), g2 = gemm_min(e.w2);  // each downloads its scales
+        const int g1 = gemm_min(e.w1, false), g3 = gemm_min(e.w3, false), g2 = gemm_min(e.w2, false);  // each downloads its scales
         if (g1 && g3 && g2) {
           gl.moe.shared_gemm_min = std::max({g1, g3, g2});
           fc.gemm += 3, fc.gemm_w = std::max(fc.gemm_w, size_t(2 * e.w1.rows * e.w1.cols));
@@ -236,7 +243,7 @@ class GpuForward : public DeviceForward {
       fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
                  "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens\n", fc.gemm,
                  opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
-                                              : std::string("32 tokens, 64 for matrices of >= 8M weights"),
+                                              : std::string("32 tokens, 80 for projections of >= 8M weights, 64 for the shared expert's"),
                  fc.gemm_bf16, bf16_gemm_min);
     gemm_w_elems_ = fc.gemm_w;
     if (opt_.cuda_bf16_gemv)

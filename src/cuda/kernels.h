@@ -207,10 +207,20 @@ struct GemvArgs {
                        // previous kernel of the stream): -1 default (streaming: on for down, off for gate/up; per-tile
                        // auto: on at n * topk <= 8), 0 off, 1 on
   int fp4_ksplit = 0;  // streaming: warps of a CTA that split one tile's K (1, 2, 4, 8; divides fp4_warps; 0: default)
+  // FP8 (W8A16) dense only: the shared-activation kernel (gemv_xs.cuh): `warps` 16-row tiles per block, a warp
+  // each, over the block's K range (kblocks along K, any token count; workspace: gemv_workspace), the pass's
+  // activations of that range staged in shared memory once per block;
+  // token_groups 1, 2, 4 or 8 (0: enough for up to 64 tokens); fp8_unroll 1, 2 (0) or 4 chunks in flight.
+  int shared_x = 0;
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).
 int gemv_dense_warps(int64_t tiles, int64_t chunks);
+// The workspace a launch with a split of K across blocks needs (none without): floats of partial sums and counters.
+struct GemvWorkspace {
+  size_t floats = 0, counters = 0;
+};
+GemvWorkspace gemv_workspace(const GemvArgs& a);
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16); BF16 weights: bf16 (kBF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);

@@ -46,7 +46,8 @@ std::vector<Patch> make_registry() {
   r.push_back({"cuda.fp8_gemv", "linear on FP8 block-scaled weights (fp32 twin, fp64 accumulation)",
                "W8A16 tensor-core GEMV/GEMM: E4M3 weights converted to f16 in registers (exact), activations rounded "
                "to f16, fp32 accumulation, 128x128 block scales on the fp32 partial sums; the shared expert's gate/up "
-               "+ SwiGLU fused; used where rows % 16 == 0 and cols % 128 == 0. Under numerics.official: W8A8 as "
+               "+ SwiGLU fused; above 8 tokens the large projections share each block's staged activations in shared "
+               "memory across 4-8 row tiles; used where rows % 16 == 0 and cols % 128 == 0. Under numerics.official: W8A8 as "
                "DeepSeek's fp8_gemm (x quantized to E4M3 per 128 as act_quant does, the codes into the FP8 tensor "
                "cores as stored, bf16 outputs; wo_a stays bf16 as the official convert.py makes it)",
                "an f16 activation overflows above 65504 (RMS-normed inputs stay far below); a wrong block-scale index "

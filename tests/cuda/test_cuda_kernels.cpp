@@ -149,6 +149,32 @@ struct Fp8Case {
 
 class CudaFp8 : public GpuTest {};
 
+// The FP8 matrices of the token-group tests: a dense [1040, 1024] (65 tiles: blocks past the rows' end) with E8M0
+// scales and with F32 scales, wo_a's grouped 8 x [256, 512], and a shared expert (D 1024, I 512).
+struct Fp8TokenMats {
+  static constexpr int64_t rows = 1040, cols = 1024, D = 1024, I = 512, gr = 256, gcols = 512;
+  static constexpr int groups = 8;
+  TempDir dir;
+  Checkpoint ck;
+  cuda::Fp8Matrix dw, dwf, dg;
+  cuda::Fp8Expert de;
+  explicit Fp8TokenMats(Rng& rng) {
+    std::vector<OwnedTensor> ts;
+    add_fp8(ts, rng, "w", rows, cols);
+    add_fp8(ts, rng, "wf", rows, cols, true);
+    add_fp8(ts, rng, "wo_a", groups * gr, gcols);
+    add_fp8(ts, rng, "se.w1", I, D, false, 116, 118);
+    add_fp8(ts, rng, "se.w2", D, I, false, 116, 118);
+    add_fp8(ts, rng, "se.w3", I, D, false, 116, 118);
+    ck = write_checkpoint(dir, ts);
+    dw = cuda::upload_fp8(Matrix::bind(ck, "w.weight", rows, cols));
+    dwf = cuda::upload_fp8(Matrix::bind(ck, "wf.weight", rows, cols));
+    dg = cuda::upload_fp8(Matrix::bind(ck, "wo_a.weight", groups * gr, gcols));
+    de = cuda::upload_expert_fp8(ExpertWeights{Matrix::bind(ck, "se.w1.weight", I, D), Matrix::bind(ck, "se.w2.weight", D, I),
+                                               Matrix::bind(ck, "se.w3.weight", I, D)});
+  }
+};
+
 TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
   const Fp8Case cases[] = {{1024, 4096, false}, {512, 4096, true}, {1040, 1024, false}, {4096, 8192, false}};
   Rng rng(2);
@@ -211,20 +237,12 @@ TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
 TEST_F(CudaFp8, TokenGroupsPerPassGiveEachSliceItsBits) {
   namespace d = cuda::detail;
   Rng rng(12);
-  const int64_t rows = 1040, cols = 1024, D = 1024, I = 512, gr = 256, gcols = 512;
-  const int groups = 8;
-  TempDir dir;
-  std::vector<OwnedTensor> ts;
-  add_fp8(ts, rng, "w", rows, cols);
-  add_fp8(ts, rng, "wo_a", groups * gr, gcols);
-  add_fp8(ts, rng, "se.w1", I, D, false, 116, 118);
-  add_fp8(ts, rng, "se.w2", D, I, false, 116, 118);
-  add_fp8(ts, rng, "se.w3", I, D, false, 116, 118);
-  const Checkpoint ck = write_checkpoint(dir, ts);
-  const cuda::Fp8Matrix dw = cuda::upload_fp8(Matrix::bind(ck, "w.weight", rows, cols));
-  const cuda::Fp8Matrix dg = cuda::upload_fp8(Matrix::bind(ck, "wo_a.weight", groups * gr, gcols));
-  const auto de = cuda::upload_expert_fp8(ExpertWeights{Matrix::bind(ck, "se.w1.weight", I, D), Matrix::bind(ck, "se.w2.weight", D, I),
-                                                        Matrix::bind(ck, "se.w3.weight", I, D)});
+  const Fp8TokenMats fm(rng);
+  const int64_t rows = fm.rows, cols = fm.cols, D = fm.D, I = fm.I, gr = fm.gr, gcols = fm.gcols;
+  const int groups = fm.groups;
+  const cuda::Fp8Matrix& dw = fm.dw;
+  const cuda::Fp8Matrix& dg = fm.dg;
+  const cuda::Fp8Expert& de = fm.de;
   cuda::Workspace ws;
   // Runs `op(first token, tokens, out)` over the batch at once and over its 8-token slices; every output must match.
   auto same_as_slices = [&](const std::string& what, int n, int64_t out_w, auto op) {
@@ -270,6 +288,114 @@ TEST_F(CudaFp8, TokenGroupsPerPassGiveEachSliceItsBits) {
       cuda::fp8_expert_ffn(de, static_cast<const float*>(xe.dev.get()) + int64_t(t0) * D, Act::F32, m, 10.0,
                            h.as<uint16_t>() + int64_t(t0) * I, y, ws);
     });
+  }
+}
+
+// The shared-activation kernel (gemv_xs.cuh: a block's warps each a 16-row tile of their own, the block's K range
+// of the activations staged once in shared memory) repeats the register-path kernel's arithmetic with one warp per
+// block: for every token, the bits of that kernel launched with one warp per block and the same blocks along K on
+// the token's 8-token slice. Launched directly over tiles per block (1, 3: a block past the rows' end, 8), blocks
+// along K (uneven ranges included), chunks in flight (1, 2, 4) and token groups (2, 4, 8: passes where n exceeds a
+// pass), for a dense matrix with E8M0 and with F32 scales, the grouped wo_a and gate/up with SwiGLU (f16 out); and
+// through the backend's rule (fp8_linear on a matrix it sends there) against the twin at 12, 32 and 64 tokens.
+TEST_F(CudaFp8, SharedActivationsGiveOneWarpBlocksBits) {
+  namespace d = cuda::detail;
+  Rng rng(13);
+  const Fp8TokenMats fm(rng);
+  const int groups = fm.groups;
+  const cuda::Fp8Matrix& dw = fm.dw;
+  const cuda::Fp8Matrix& dwf = fm.dwf;
+  const cuda::Fp8Matrix& dg = fm.dg;
+  const cuda::Fp8Expert& de = fm.de;
+  cuda::Workspace ws;
+  // One matrix's launch arguments (grouped: `groups` problems of gr rows over x columns [p * pc, (p + 1) * pc)).
+  struct Mat {
+    std::string name;
+    const cuda::Fp8Matrix* w;
+    const cuda::Fp8Matrix* w3;  // gate/up: the up matrix
+    int probs;
+  };
+  const Mat mats[] = {{"fp8 [1040, 1024]", &dw, nullptr, 1},
+                      {"fp8 [1040, 1024] f32 scales", &dwf, nullptr, 1},
+                      {"fp8 grouped (8 x [256, 512])", &dg, nullptr, groups},
+                      {"fp8 gate/up SwiGLU (2 x [512, 1024])", &de.w1, &de.w3, 1}};
+  for (int n : {9, 12, 17, 32, 40, 64, 70}) {
+    for (const Mat& m : mats) {
+      const int64_t mr = m.w->rows / m.probs, pc = m.w->cols, in_w = pc * m.probs, out_w = m.w->rows;
+      const bool gu = m.w3 != nullptr;
+      const Acts x = make_acts(Act::F16, rng.floats(size_t(int64_t(n) * in_w), -2.0f, 2.0f));
+      auto args = [&](int t0, int cnt, void* out) {
+        d::GemvArgs a;
+        a.fmt = d::kFp8, a.act = d::kF16, a.rows = mr, a.cols = pc, a.problems = m.probs, a.s_ld = m.w->scale_cols();
+        a.s_f32 = m.w->scale_f32 ? 1 : 0;
+        a.w[0] = m.w->codes.as<uint8_t>(), a.s[0] = m.w->scales.get();
+        if (gu) a.w[1] = m.w3->codes.as<uint8_t>(), a.s[1] = m.w3->scales.get(), a.nmat = 2, a.epi = d::kSwiglu, a.limit = 10.0f, a.out_half = 1;
+        a.w_prob_stride = mr * pc, a.s_prob_stride = (mr / 128) * m.w->scale_cols() * (m.w->scale_f32 ? 4 : 1);
+        a.x = static_cast<const uint16_t*>(x.dev.get()) + int64_t(t0) * in_w, a.x_tok_stride = in_w, a.x_prob_stride = m.probs > 1 ? pc : 0;
+        a.out = out, a.o_tok_stride = out_w, a.o_prob_stride = mr, a.n = cnt, a.minblocks = 1;
+        return a;
+      };
+      const size_t ob = gu ? 2 : 4, total = size_t(n) * size_t(out_w);
+      auto workspace = [&](d::GemvArgs& a) {
+        if (a.kblocks <= 1) return;
+        const d::GemvWorkspace need = d::gemv_workspace(a);
+        a.partial = ws.partial(need.floats), a.counters = ws.counters(need.counters);
+      };
+      for (int kb : {1, 3, 8}) {
+        if (kb > pc / 128) continue;
+        // The reference: the register-path kernel, one warp per block, kb blocks along K, 8-token slices.
+        cuda::DeviceBuffer ref(total * ob);
+        ref.fill_byte(0xEE);
+        for (int t0 = 0; t0 < n; t0 += 8) {
+          const int cnt = std::min(8, n - t0);
+          d::GemvArgs a = args(t0, cnt, static_cast<char*>(ref.get()) + size_t(t0) * size_t(out_w) * ob);
+          a.warps = 1, a.kblocks = kb, a.fp8_unroll = 2;
+          workspace(a);
+          d::launch_gemv(a, nullptr);
+        }
+        cuda::synchronize();
+        const auto rb = cuda::to_host<uint8_t>(ref, total * ob);
+        for (int warps : {1, 3, 8})
+          for (int unroll : {1, 2, 4})
+            for (int np : {2, 4, 8}) {
+              // (a spread of the combinations: 8 tiles per block with each unroll, 1 with 1 and 2, 3 with 4)
+              if ((warps == 1 && unroll == 4) || (warps == 3 && unroll != 4)) continue;
+              cuda::DeviceBuffer got(total * ob);
+              got.fill_byte(0xFF);
+              d::GemvArgs a = args(0, n, got.get());
+              a.shared_x = 1, a.warps = warps, a.kblocks = kb, a.fp8_unroll = unroll, a.token_groups = np;
+              workspace(a);
+              d::launch_gemv(a, nullptr);
+              cuda::synchronize();
+              const auto gb = cuda::to_host<uint8_t>(got, total * ob);
+              int64_t bad = 0, first = -1;
+              for (size_t i = 0; i < total; ++i)
+                if (std::memcmp(gb.data() + i * ob, rb.data() + i * ob, ob) != 0 && bad++ == 0) first = int64_t(i);
+              EXPECT_EQ(bad, 0) << m.name << " n=" << n << ", " << warps << " tiles per block, " << kb << " blocks along K, "
+                                << unroll << " chunks in flight, " << np << " groups: " << bad
+                                << " outputs differ from the one-warp kernel's, first at token " << first / out_w << ", output "
+                                << first % out_w;
+            }
+      }
+    }
+  }
+  // Through the backend's rule (dense_split) on a matrix it gives the shared-activation kernel (128 tiles of 32
+  // chunks: 4 warps per block, 4 blocks along K): against the twin at the patch's tolerance.
+  const int64_t br = 2048, bc = 4096;
+  TempDir dir2;
+  std::vector<OwnedTensor> ts2;
+  add_fp8(ts2, rng, "big", br, bc);
+  const Checkpoint ck2 = write_checkpoint(dir2, ts2);
+  const Matrix big = Matrix::bind(ck2, "big.weight", br, bc);
+  const cuda::Fp8Matrix db = cuda::upload_fp8(big);
+  for (int n : {12, 32, 64}) {
+    const Acts x = make_acts(Act::F16, rng.floats(size_t(n * bc), -2.0f, 2.0f));
+    cuda::DeviceBuffer y(size_t(n * br) * 4);
+    y.fill_byte(0xFF);
+    cuda::fp8_linear(db, x.dev.get(), Act::F16, bc, n, y.as<float>(), br, ws);
+    cuda::synchronize();
+    expect_close("fp8 [2048, 4096] n=" + std::to_string(n) + " (backend rule) vs twin", cuda::to_host<float>(y, size_t(n * br)),
+                 linear_cpu(x.f16, n, big), br, 1e-4);
   }
 }
 
