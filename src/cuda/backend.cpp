@@ -363,8 +363,8 @@ void dense_split(d::GemvArgs& a, int n) {
     // where the register path's warps each read their tokens' activations from L2 (at 32 tokens ~4x the weight
     // bytes). One pass of token groups up to 64 tokens; at most 8 chunks of K per block (blocks along K beyond
     // that: 64 KB of staged activations at 32 tokens, 128 KB at 64); 8 warps per block where that leaves >= 128
-    // blocks, else 4; 8 chunks' loads in flight per block (16 at 64 tokens), at most 4 per warp (2 at 64 tokens:
-    // more spill). H200, `plumb bench --only fp8xs` (graph replay, us at 16 / 32 / 64 tokens; this rule's pick
+    // blocks, else 4; 8 chunks' loads in flight per block (16 at 64 tokens), at most 2 per warp (4 spill at 64
+    // tokens; 4-warp blocks at 16 / 32 tokens within 0.6 us either way). H200, `plumb bench --only fp8xs` (graph replay, us at 16 / 32 / 64 tokens; this rule's pick
     // against the register path's best at 16 / 32): wq_b [32768, 1024] 13.6 / 16.1 / 26.9 against 16.7 / 31.4;
     // wo_a (8 x [1024, 4096]) 17.5 / 22.7 / 40.0 against 19.8 / 28.3; wo_b [4096, 8192] 17.7 / 23.5 / 41.8 against
     // 17.0 / 27.2; the indexer's wq_b [8192, 1024] 7.5 / 9.0 / 12.3 against 7.7 / 10.9. Whole layers (paired A/B
@@ -380,7 +380,7 @@ void dense_split(d::GemvArgs& a, int n) {
     const int w = blocks(8) >= 128 ? 8 : blocks(4) >= 128 ? 4 : 0;
     if (w) {
       a.shared_x = 1, a.warps = w, a.kblocks = z, a.token_groups = np;
-      a.fp8_unroll = std::min((np == 8 ? 16 : 8) / w, np == 8 ? 2 : 4);
+      a.fp8_unroll = std::min((np == 8 ? 16 : 8) / w, 2);
       return;
     }
   }

@@ -837,9 +837,9 @@ int run_bench(const BenchOptions& opt) {
         const int np = n > 32 ? 8 : n > 16 ? 4 : 2;
         for (int warps : {2, 4, 8})
           for (int kb : {1, 2, 4, 8, 16, 32})
-            for (int unroll : {1, 2, 4}) {
+            for (int unroll : {1, 2}) {
               const int64_t per = (p.cols / 128 + kb - 1) / kb;
-              if (p.cols / 128 < kb || per * 8 * np * 256 > 200 * 1024 || (unroll == 4 && per < 4)) continue;
+              if (p.cols / 128 < kb || per * 8 * np * 256 > 200 * 1024) continue;
               const int64_t blocks = (gr / 16 + warps - 1) / warps * p.groups * kb;
               if (blocks < 32 || blocks > 4096) continue;
               d::GemvArgs a = direct(n, warps, kb, unroll);

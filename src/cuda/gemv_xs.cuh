@@ -63,11 +63,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_xs_kernel(const GemvAr
   for (int p0 = 0; p0 < a.n; p0 += NT) {
     const int mp = min(NT, a.n - p0);
     if (p0 > 0) __syncthreads();  // every warp is done with the previous pass's activations
-    // Stage the pass's activations of this block's K range (zeros past its tokens).
-    const int pieces = nch * NT * 16;
+    // Stage the pass's activations of this block's K range (zeros past its tokens). (Unsigned piece indices: NT is
+    // a power of two, so the row and chunk are a mask and a shift; signed ones cost a division's fix-ups per piece,
+    // ~7 % of the stall samples at 64 tokens under ncu.)
+    const unsigned pieces = unsigned(nch) * NT * 16;
     const __half* xb = static_cast<const __half*>(a.x) + int64_t(prob) * a.x_prob_stride + int64_t(cb) * 128;
-    for (int i = int(threadIdx.x); i < pieces; i += int(blockDim.x)) {
-      const int s = i & 15, r = (i >> 4) % NT, c = (i >> 4) / NT;
+#pragma unroll 4
+    for (unsigned i = threadIdx.x; i < pieces; i += blockDim.x) {
+      const int s = int(i & 15u), r = int((i >> 4) % NT), c = int((i >> 4) / NT);
       const bool valid = r < mp;
       const __half* src = xb + (valid ? int64_t(p0 + r) * a.x_tok_stride : 0) + int64_t(c) * 128 + s * 8;
       cp16_zfill(sbase + uint32_t(((c * NT + r) * 16 + xs_slot(s, r)) * kSlotBytes), src, valid);
@@ -199,23 +202,22 @@ inline size_t smem_bytes(const GemvArgs& a, int np) {
 }
 
 inline int token_groups_of(const GemvArgs& a) {
-  return a.token_groups > 0 ? a.token_groups : a.n > 32 ? 8 : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
+  return a.token_groups > 0 ? a.token_groups : a.n > 32 ? 8 : a.n > 16 ? 4 : 2;
 }
 
-// Chunks in flight: 1, 2 or 4 for one matrix; gate/up take one (two or four spill at 4 and 8 token groups).
+// Chunks in flight: 1 or 2 for one matrix (4 spilled at 8 token groups and won nowhere in the sweep); gate/up take
+// one (two spill at 4 and 8 token groups).
 template <int NMAT, int EPI, class OT, int NP>
 void launch_np(const GemvArgs& a, Stream s) {
   auto kern = gemv_xs_kernel<NMAT, EPI, OT, NP, 1>;
-  if constexpr (NMAT == 1) {
-    if (a.fp8_unroll == 4) kern = gemv_xs_kernel<NMAT, EPI, OT, NP, 4>;
-    if (a.fp8_unroll == 0 || a.fp8_unroll == 2) kern = gemv_xs_kernel<NMAT, EPI, OT, NP, 2>;
-  }
+  if constexpr (NMAT == 1)
+    if (a.fp8_unroll != 1) kern = gemv_xs_kernel<NMAT, EPI, OT, NP, 2>;
   const size_t smem = smem_bytes(a, NP);
   // (Once per instantiation, outside any capture's stream work: the opt-in above the default 48 KB.)
   static const bool opted = [&] {
     auto opt_in = [](auto k) { PLUMB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem))); };
     opt_in(gemv_xs_kernel<NMAT, EPI, OT, NP, 1>);
-    if constexpr (NMAT == 1) opt_in(gemv_xs_kernel<NMAT, EPI, OT, NP, 2>), opt_in(gemv_xs_kernel<NMAT, EPI, OT, NP, 4>);
+    if constexpr (NMAT == 1) opt_in(gemv_xs_kernel<NMAT, EPI, OT, NP, 2>);
     return true;
   }();
   (void)opted;
@@ -230,14 +232,15 @@ void launch_np(const GemvArgs& a, Stream s) {
 template <int NMAT, int EPI, class OT>
 void launch_xs(const GemvArgs& a, Stream s) {
   const int np = xs::token_groups_of(a);
-  if (np != 1 && np != 2 && np != 4 && np != 8) throw_arg("gemv (shared activations): token groups per pass must be 1, 2, 4 or 8");
+  if (np != 2 && np != 4 && np != 8) throw_arg("gemv (shared activations): token groups per pass must be 2, 4 or 8");
+  if (a.fp8_unroll != 0 && a.fp8_unroll != 1 && a.fp8_unroll != 2)
+    throw_arg("gemv (shared activations): 1 or 2 chunks in flight per warp (fp8_unroll 0 = 2)");
   if (a.kblocks > 1 && (!a.partial || !a.counters))
     throw_arg("gemv (shared activations): a split of K across blocks needs a workspace (gemv_workspace)");
   if (a.kblocks > a.cols / 128) throw_arg("gemv (shared activations): more blocks along K than 128-column chunks");
   const size_t smem = xs::smem_bytes(a, np);
   if (smem > xs::kMaxSmem)
     throw_arg("gemv (shared activations): " + std::to_string(smem / 1024) + " KB of staged activations per block (at most 200): split K across more blocks");
-  if (np == 1) return xs::launch_np<NMAT, EPI, OT, 1>(a, s);
   if (np == 2) return xs::launch_np<NMAT, EPI, OT, 2>(a, s);
   if (np == 4) return xs::launch_np<NMAT, EPI, OT, 4>(a, s);
   return xs::launch_np<NMAT, EPI, OT, 8>(a, s);

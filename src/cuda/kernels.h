@@ -210,7 +210,8 @@ struct GemvArgs {
   // FP8 (W8A16) dense only: the shared-activation kernel (gemv_xs.cuh): `warps` 16-row tiles per block, a warp
   // each, over the block's K range (kblocks along K, any token count; workspace: gemv_workspace), the pass's
   // activations of that range staged in shared memory once per block;
-  // token_groups 1, 2, 4 or 8 (0: enough for up to 64 tokens); fp8_unroll 1, 2 (0) or 4 chunks in flight.
+  // token_groups 2, 4 or 8 (0: enough for up to 64 tokens, at least 2); fp8_unroll 1 or 2 (0) chunks in flight
+  // (gate/up: 1).
   int shared_x = 0;
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
