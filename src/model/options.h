@@ -27,7 +27,7 @@ struct ModelOptions {
   bool cuda_prefill_gemm = false;   // cuda.prefill_gemm: FP8 projections of prefill chunks as bf16 GEMMs (backend cuda)
   bool cuda_bf16_gemv = false;      // cuda.bf16_gemv: plain bf16 projections of 2-32 tokens on the bf16 GEMV (backend cuda)
   // cuda.prefill_gemm takes chunks of at least this many tokens; 0: the measured crossover with the GEMV (32 tokens,
-  // 64 for matrices of 8M weights or more; docs/cuda.md). Not a patch of its own: tests set 1 to run every chunk on it.
+  // 80 for single projections of 8M weights or more, 64 for the shared expert's; docs/cuda.md). Not a patch of its own: tests set 1 to run every chunk on it.
   int prefill_gemm_min_tokens = 0;
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.

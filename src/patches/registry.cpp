@@ -113,8 +113,8 @@ std::vector<Patch> make_registry() {
                // Prefetches only: the same kernels on the same data, bit-identical (tests/cuda). The tolerance is the
                // reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_l2_prefetch = true; }, false, "cuda"});
-  r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (up to 32 tokens per pass over the weights)",
-               "chunks of >= 32 tokens (64 for matrices of >= 8M weights) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
+  r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (up to 32 or 64 tokens per pass over the weights)",
+               "chunks of >= 32 tokens (80 for single projections of >= 8M weights, 64 for the shared expert's) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
                "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "
                "code x power-of-two scale), activations rounded to bf16, fp32 accumulation and output; the prefill half of "
                "cuda.fp8_gemv (needs it); matrices with F32 or extreme block scales stay on the GEMV; the compressors' "
