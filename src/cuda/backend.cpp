@@ -372,7 +372,7 @@ void dense_split(d::GemvArgs& a, int n) {
     // cuda.prefill_gemm's GEMM for these from 80 tokens instead of 64) -34.6 / -37.5 us per layer. A token's last
     // bits can differ between steps of <= 8 tokens and larger ones where K splits differently (as on the register
     // path above 8 tokens); a step's bits depend on nothing else.
-    const int np = n > 32 ? 8 : n > 16 ? 4 : 2;
+    const int np = d::gemv_xs_token_groups(n);
     int z = 1;
     while (chunks > 8 * z && 2 * z <= chunks) z *= 2;
     const int64_t per_prob = a.rows / 16;

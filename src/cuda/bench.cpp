@@ -834,16 +834,14 @@ int run_bench(const BenchOptions& opt) {
       // The shared-activation kernel above 8 tokens (gemv_xs.cuh, `--only fp8xs`): tiles per block x blocks along K x
       // chunks in flight, one pass of token groups (passes of 64 above).
       if (n > 8 && B.want("fp8xs")) {
-        const int np = n > 32 ? 8 : n > 16 ? 4 : 2;
         for (int warps : {2, 4, 8})
           for (int kb : {1, 2, 4, 8, 16, 32})
             for (int unroll : {1, 2}) {
-              const int64_t per = (p.cols / 128 + kb - 1) / kb;
-              if (p.cols / 128 < kb || per * 8 * np * 256 > 200 * 1024) continue;
               const int64_t blocks = (gr / 16 + warps - 1) / warps * p.groups * kb;
-              if (blocks < 32 || blocks > 4096) continue;
+              if (p.cols / 128 < kb || blocks < 32 || blocks > 4096) continue;
               d::GemvArgs a = direct(n, warps, kb, unroll);
-              a.shared_x = 1, a.token_groups = np;
+              a.shared_x = 1;  // (token groups 0: gemv_xs_token_groups)
+              if (d::gemv_xs_smem(a) > d::kGemvXsMaxSmem) continue;
               B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("xs warps {}, kblocks {}, unroll {}", warps, kb, unroll), "", n, 0, bytes},
                     time_direct(a));
             }

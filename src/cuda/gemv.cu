@@ -99,6 +99,31 @@ __device__ __forceinline__ void load_fp8_chunks(const uint8_t* const (&pa)[NMAT]
     }
 }
 
+// Blocks along K (Z of them, this one z): lane `lane`'s N sums v go to slot z of `base` ([Z][N][32] floats), then
+// the last of the Z to arrive (a counter it resets for the next launch) sums the Z slots in order from 0 into v.
+// Returns whether this block was the last. Shared by both FP8 / FP4 GEMV kernels (gemv_kernel, gemv_xs.cuh).
+template <int N>
+__device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned* counter, int Z, int z, int lane) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) base[size_t(z) * (N * 32) + i * 32 + lane] = v[i];
+  __threadfence();
+  __syncwarp();
+  unsigned prev = 0;
+  if (lane == 0) prev = atomicAdd(counter, 1u);
+  prev = __shfl_sync(0xFFFFFFFFu, prev, 0);
+  const bool last = prev + 1 == unsigned(Z);
+  if (last) {
+    if (lane == 0) *counter = 0u;  // ready for the next launch
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      v[i] = 0.0f;
+      for (int zz = 0; zz < Z; ++zz) v[i] += __ldcg(base + size_t(zz) * (N * 32) + i * 32 + lane);
+    }
+  }
+  return last;
+}
+
 // MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
@@ -451,24 +476,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       bool last = true;
       if (NP == 1 && a.kblocks > 1) {  // (launch_t runs token groups without a split of K across blocks)
         const size_t key = size_t(prob) * gridDim.x + tile;
-        float* base = a.partial + key * size_t(a.kblocks) * (NV * 32);
-#pragma unroll
-        for (int i = 0; i < NV; ++i) base[size_t(blockIdx.z) * (NV * 32) + i * 32 + lane] = v[i];
-        __threadfence();
-        __syncwarp();
-        unsigned prev = 0;
-        if (lane == 0) prev = atomicAdd(a.counters + key, 1u);
-        prev = __shfl_sync(0xFFFFFFFFu, prev, 0);
-        last = prev + 1 == unsigned(a.kblocks);
-        if (last) {
-          if (lane == 0) a.counters[key] = 0u;  // ready for the next launch
-          __threadfence();
-#pragma unroll
-          for (int i = 0; i < NV; ++i) {
-            v[i] = 0.0f;
-            for (int z = 0; z < a.kblocks; ++z) v[i] += __ldcg(base + size_t(z) * (NV * 32) + i * 32 + lane);
-          }
-        }
+        last = splitk_last(v, a.partial + key * size_t(a.kblocks) * (NV * NP * 32), a.counters + key, a.kblocks,
+                           int(blockIdx.z), lane);
       }
       if (last) {
         // FP4 codes entered the MMA as value * 2^-14 (f16) or * 2^-6 (E4M3).
@@ -570,6 +579,10 @@ int gemv_dense_warps(int64_t tiles, int64_t chunks) {
   while (warps < 8 && tiles * warps < 2048) warps *= 2;
   return int(std::min<int64_t>(warps, chunks));
 }
+
+int gemv_xs_token_groups(int n) { return n > 32 ? 8 : n > 16 ? 4 : 2; }
+
+size_t gemv_xs_smem(const GemvArgs& a) { return xs::smem_bytes(a, xs::token_groups_of(a)); }
 
 GemvWorkspace gemv_workspace(const GemvArgs& a) {
   if (a.kblocks <= 1) return {};

@@ -19,7 +19,6 @@
 namespace xs {
 
 constexpr int kSlotBytes = 16, kRowBytes = 256;  // a token's 128 f16 of one chunk
-constexpr size_t kMaxSmem = size_t(200) * 1024;  // staged activations per block
 
 __device__ __forceinline__ int xs_slot(int s, int r) { return s ^ ((s >> 3) & 1) ^ ((r & 1) << 1); }
 
@@ -157,24 +156,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_xs_kernel(const GemvAr
     bool last = true;
     if (Z > 1) {  // (each pass its own counters and partial sums: a later pass's blocks may run ahead of a reduction)
       const size_t key = (size_t(p0 / NT) * size_t(gridDim.y) + size_t(prob)) * size_t(a.rows / 16) + size_t(tile);
-      float* base = a.partial + key * size_t(Z) * (NP * NV * 32);
-#pragma unroll
-      for (int i = 0; i < NP * NV; ++i) base[size_t(z) * (NP * NV * 32) + i * 32 + lane] = v[i];
-      __threadfence();
-      __syncwarp();
-      unsigned prev = 0;
-      if (lane == 0) prev = atomicAdd(a.counters + key, 1u);
-      prev = __shfl_sync(0xFFFFFFFFu, prev, 0);
-      last = prev + 1 == unsigned(Z);
-      if (last) {
-        if (lane == 0) a.counters[key] = 0u;  // ready for the next launch
-        __threadfence();
-#pragma unroll
-        for (int i = 0; i < NP * NV; ++i) {
-          v[i] = 0.0f;
-          for (int zz = 0; zz < Z; ++zz) v[i] += __ldcg(base + size_t(zz) * (NP * NV * 32) + i * 32 + lane);
-        }
-      }
+      last = splitk_last(v, a.partial + key * size_t(Z) * (NP * NV * 32), a.counters + key, Z, z, lane);
     }
     if (!last) continue;
 #pragma unroll
@@ -201,9 +183,7 @@ inline size_t smem_bytes(const GemvArgs& a, int np) {
   return size_t(most) * size_t(8 * np) * kRowBytes;
 }
 
-inline int token_groups_of(const GemvArgs& a) {
-  return a.token_groups > 0 ? a.token_groups : a.n > 32 ? 8 : a.n > 16 ? 4 : 2;
-}
+inline int token_groups_of(const GemvArgs& a) { return a.token_groups > 0 ? a.token_groups : gemv_xs_token_groups(a.n); }
 
 // Chunks in flight: 1 or 2 for one matrix (4 spilled at 8 token groups and won nowhere in the sweep); gate/up take
 // one (two spill at 4 and 8 token groups).
@@ -215,7 +195,7 @@ void launch_np(const GemvArgs& a, Stream s) {
   const size_t smem = smem_bytes(a, NP);
   // (Once per instantiation, outside any capture's stream work: the opt-in above the default 48 KB.)
   static const bool opted = [&] {
-    auto opt_in = [](auto k) { PLUMB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem))); };
+    auto opt_in = [](auto k) { PLUMB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemvXsMaxSmem))); };
     opt_in(gemv_xs_kernel<NMAT, EPI, OT, NP, 1>);
     if constexpr (NMAT == 1) opt_in(gemv_xs_kernel<NMAT, EPI, OT, NP, 2>);
     return true;
@@ -238,9 +218,10 @@ void launch_xs(const GemvArgs& a, Stream s) {
   if (a.kblocks > 1 && (!a.partial || !a.counters))
     throw_arg("gemv (shared activations): a split of K across blocks needs a workspace (gemv_workspace)");
   if (a.kblocks > a.cols / 128) throw_arg("gemv (shared activations): more blocks along K than 128-column chunks");
-  const size_t smem = xs::smem_bytes(a, np);
-  if (smem > xs::kMaxSmem)
-    throw_arg("gemv (shared activations): " + std::to_string(smem / 1024) + " KB of staged activations per block (at most 200): split K across more blocks");
+  const size_t smem = gemv_xs_smem(a);
+  if (smem > kGemvXsMaxSmem)
+    throw_arg("gemv (shared activations): " + std::to_string(smem / 1024) + " KB of staged activations per block (at most " +
+              std::to_string(kGemvXsMaxSmem / 1024) + "): split K across more blocks");
   if (np == 2) return xs::launch_np<NMAT, EPI, OT, 2>(a, s);
   if (np == 4) return xs::launch_np<NMAT, EPI, OT, 4>(a, s);
   return xs::launch_np<NMAT, EPI, OT, 8>(a, s);

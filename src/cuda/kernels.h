@@ -222,6 +222,11 @@ struct GemvWorkspace {
   size_t floats = 0, counters = 0;
 };
 GemvWorkspace gemv_workspace(const GemvArgs& a);
+// The shared-activation kernel (GemvArgs::shared_x): its token groups per pass for n tokens when token_groups is 0
+// (enough for up to 64, at least 2), and a launch's staged activations per block (at most kGemvXsMaxSmem).
+int gemv_xs_token_groups(int n);
+size_t gemv_xs_smem(const GemvArgs& a);
+constexpr size_t kGemvXsMaxSmem = size_t(200) * 1024;
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16); BF16 weights: bf16 (kBF16)
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
