@@ -24,6 +24,8 @@ find_package(CUDAToolkit 13 REQUIRED)
 
 file(GLOB PLUMB_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.cu)
 add_library(plumb_cuda STATIC ${PLUMB_CUDA_SOURCES})
+# One translation unit per .cu file (no unity groups): the kernels' files are the build's longest, compiled side by side.
+set_target_properties(plumb_cuda PROPERTIES UNITY_BUILD OFF)
 # The directory's compile options are GCC's (-Wall ..., sanitizers); nvcc takes its own.
 set_property(TARGET plumb_cuda PROPERTY COMPILE_OPTIONS "")
 # --default-stream per-thread: a null stream in plumb means the calling thread's default stream, which (unlike the

@@ -7,6 +7,8 @@
 #include <limits>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "core/strings.h"
 #include "formats/numeric.h"
 
@@ -178,6 +180,13 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
     }
   }
   return s;
+}
+
+std::string err_text(double v) {
+  if (v == 0) return "0";
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return fmt::format("{:.3e}", v);
 }
 
 }  // namespace plumb::toolkit

@@ -62,4 +62,7 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
 // Relative L2 distance ||x - y|| / ||y|| of two equally shaped tensors (0 when both are zero).
 double rel_l2(const Tensor& x, const Tensor& y);
 
+// An error or metric for the reports: "0", "nan", "inf", "-inf" or 3 significant digits in e notation.
+std::string err_text(double v);
+
 }  // namespace plumb::toolkit

@@ -25,13 +25,6 @@ std::string esc(const std::string& s) {
   return o;
 }
 
-std::string num(double v) {
-  if (v == 0) return "0";
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return fmt::format("{:.3e}", v);
-}
-
 struct Series {
   std::string suffix, color;
   bool local;
@@ -110,7 +103,7 @@ std::string chart(const DiffReport& r) {
       // Exact matches: hollow circles on the bottom line; local points are smaller.
       svg += fmt::format("<circle cx='{:.1f}' cy='{:.1f}' r='{}' fill='{}' stroke='{}'><title>L{}.{}{}: {}</title></circle>",
                          X(l), Y(std::isfinite(lg) ? lg : hi), s.local ? 2.5 : 3.5, exact ? "#fff" : s.color, s.color, l,
-                         s.suffix, s.local ? " (local)" : "", exact ? "exact (0)" : num(v));
+                         s.suffix, s.local ? " (local)" : "", exact ? "exact (0)" : err_text(v));
     }
     const double ly = T + 8 + 18 * li++;
     svg += fmt::format("<line x1='{0}' y1='{1:.1f}' x2='{2}' y2='{1:.1f}' stroke='{3}' stroke-width='2'{4}/>"
@@ -182,16 +175,16 @@ std::string report_html(const DiffReport& r) {
       const FloatStats& f = row.f;
       h += fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.6f}</td>"
                        "<td>{}</td><td>{}/{}</td>",
-                       num(f.max_abs), num(f.err_scaled()), f.at >= 0 ? esc(r.step_names[size_t(f.at_step)]) : "-",
+                       err_text(f.max_abs), err_text(f.err_scaled()), f.at >= 0 ? esc(r.step_names[size_t(f.at_step)]) : "-",
                        esc(f.coord()), f.at >= 0 ? fmt::format("{:.6g}", f.a_at) : "-",
-                       f.at >= 0 ? fmt::format("{:.6g}", f.b_at) : "-", num(f.rel_l2()), f.cosine(), f.max_ulp,
+                       f.at >= 0 ? fmt::format("{:.6g}", f.b_at) : "-", err_text(f.rel_l2()), f.cosine(), f.max_ulp,
                        f.nan_a + f.inf_a, f.nan_b + f.inf_b);
     }
     h += status_cell(row, false);
     if (L) {
       if (!row.has_local) h += "<td>-</td><td>-</td><td class=na>-</td>";
       else if (row.is_index) h += fmt::format("<td colspan=2>sets agree {}/{}</td>", row.lix.agree, row.lix.rows) + status_cell(row, true);
-      else h += fmt::format("<td>{}</td><td>{}</td>", num(row.lf.err_scaled()), num(row.lf.rel_l2())) + status_cell(row, true);
+      else h += fmt::format("<td>{}</td><td>{}</td>", err_text(row.lf.err_scaled()), err_text(row.lf.rel_l2())) + status_cell(row, true);
     }
     h += "</tr>\n";
   }

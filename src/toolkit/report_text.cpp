@@ -8,13 +8,6 @@ namespace plumb::toolkit {
 
 namespace {
 
-std::string num(double v) {
-  if (v == 0) return "0";
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return fmt::format("{:.3e}", v);
-}
-
 std::string val(double v) { return fmt::format("{:.6g}", v); }
 
 std::string status(const TapRow& r, bool local) {
@@ -66,15 +59,15 @@ void print_report(const DiffReport& r) {
     } else {
       const FloatStats& f = row.f;
       const std::string step = f.at >= 0 ? r.step_names[size_t(f.at_step)] : "-";
-      line += fmt::format("{:>10} {:>10} {:>5} {:<14} {:>12} {:>12} {:>10} {:>10.6f} {:>6} {:>7}  {:<9}", num(f.max_abs),
-                          num(f.err_scaled()), step, f.coord(), f.at >= 0 ? val(f.a_at) : "-", f.at >= 0 ? val(f.b_at) : "-",
-                          num(f.rel_l2()), f.cosine(), f.max_ulp, fmt::format("{}/{}", f.nan_a + f.inf_a, f.nan_b + f.inf_b),
+      line += fmt::format("{:>10} {:>10} {:>5} {:<14} {:>12} {:>12} {:>10} {:>10.6f} {:>6} {:>7}  {:<9}", err_text(f.max_abs),
+                          err_text(f.err_scaled()), step, f.coord(), f.at >= 0 ? val(f.a_at) : "-", f.at >= 0 ? val(f.b_at) : "-",
+                          err_text(f.rel_l2()), f.cosine(), f.max_ulp, fmt::format("{}/{}", f.nan_a + f.inf_a, f.nan_b + f.inf_b),
                           status(row, false));
     }
     if (L) {
       if (!row.has_local) line += fmt::format(" | {:>10} {:>10}  {:<9}", "-", "-", "-");
       else if (row.is_index) line += fmt::format(" | {:<21}  {:<9}", index_cell(row.lix), status(row, true));
-      else line += fmt::format(" | {:>10} {:>10}  {:<9}", num(row.lf.err_scaled()), num(row.lf.rel_l2()), status(row, true));
+      else line += fmt::format(" | {:>10} {:>10}  {:<9}", err_text(row.lf.err_scaled()), err_text(row.lf.rel_l2()), status(row, true));
     }
     fmt::print("{}\n", line);
   }
@@ -92,7 +85,7 @@ void print_report(const DiffReport& r) {
                  "(err/scale {}){}\n",
                  r.first.tap, L ? r.tol_local : r.tol, r.first.step_name,
                  f.at >= 0 ? r.step_names[size_t(f.at_step)] : "-", f.coord(), val(f.a_at), val(f.b_at),
-                 num(f.err_scaled()),
+                 err_text(f.err_scaled()),
                  f.nonfinite_mismatch ? fmt::format(", {} NaN/Inf mismatches", f.nonfinite_mismatch) : "");
     } else if (row) {
       const IndexStats& ix = L ? row->lix : row->ix;

@@ -35,6 +35,13 @@ using plumb::cuda::to_device;
 using plumb::cuda::to_host;
 }  // namespace kernels
 
+// A deterministic prompt of n token ids below vocab (the forward tests' inputs).
+inline std::vector<int32_t> test_prompt(int n, int vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t((i * 7919 + 13) % vocab);
+  return t;
+}
+
 // Every GPU test derives from this: without a usable device it skips, saying why.
 class GpuTest : public ::testing::Test {
  protected:

@@ -22,7 +22,7 @@ using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
 using namespace plumb_cuda_test::kernels;
 
-struct Case {
+struct AttnCase {
   const char* name;
   int type;  // 0 sliding, 1 CSA, 2 HCA
   int n, Hq;
@@ -35,7 +35,7 @@ struct Data {
   std::vector<int64_t> sel;
 };
 
-Data make_data(const Case& c, uint32_t seed) {
+Data make_data(const AttnCase& c, uint32_t seed) {
   Rng rng(seed);
   Data x;
   x.q = rng.floats(size_t(c.n * c.Hq * c.Dh), -c.qscale, c.qscale);
@@ -55,7 +55,7 @@ Data make_data(const Case& c, uint32_t seed) {
 }
 
 // fp64 softmax with the sink over the query's keys (KeyList's order: window, then entries / selection slots).
-std::vector<float> host_attention(const Case& c, const Data& x) {
+std::vector<float> host_attention(const AttnCase& c, const Data& x) {
   std::vector<float> out(size_t(c.n * c.Hq * c.Dh));
   const float scale = 1.0f / std::sqrt(float(c.Dh));
   for (int t = 0; t < c.n; ++t) {
@@ -94,7 +94,7 @@ std::vector<float> host_attention(const Case& c, const Data& x) {
 struct Device {
   DeviceBuffer q, kv, ring, entries, sink, sel, pos, out;
   d::AttendArgs a;
-  Device(const Case& c, const Data& x) {
+  Device(const AttnCase& c, const Data& x) {
     q = to_device(x.q), kv = to_device(x.kv), ring = to_device(x.ring), entries = to_device(x.entries);
     sink = to_device(x.sink), pos = to_device(std::vector<int64_t>{c.pos0});
     out = DeviceBuffer(x.q.size() * 4);
@@ -110,16 +110,16 @@ struct Device {
   std::vector<float> result() { return to_host<float>(out, size_t(a.n) * size_t(a.Hq) * size_t(a.Dh)); }
 };
 
-int64_t max_keys(const Case& c) { return c.window + (c.type == 2 ? c.ne : c.type == 1 ? c.ksel : 0); }
+int64_t max_keys(const AttnCase& c) { return c.window + (c.type == 2 ? c.ne : c.type == 1 ? c.ksel : 0); }
 
-std::vector<float> run_twin(const Case& c, Device& dv) {
+std::vector<float> run_twin(const AttnCase& c, Device& dv) {
   DeviceBuffer logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
   dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
   d::fwd_attend(dv.a, nullptr);
   return dv.result();
 }
 
-std::vector<float> run_split(const Case& c, Device& dv, int64_t bound, int* splits = nullptr) {
+std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr) {
   const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count());
   DeviceBuffer scratch(std::max<size_t>(plan.scratch_bytes, 8));
   dv.a.logits = nullptr, dv.a.ld_logits = 0;
@@ -128,7 +128,7 @@ std::vector<float> run_split(const Case& c, Device& dv, int64_t bound, int* spli
   return dv.result();
 }
 
-const Case kCases[] = {
+const AttnCase kCases[] = {
     {"sliding, decode", 0, 1, 8, 512, 128, 1000, 1, 0, 0, 1.0f},
     {"sliding, start of sequence", 0, 3, 4, 512, 128, 0, 1, 0, 0, 1.0f},
     {"HCA, 8K entries, decode", 2, 1, 4, 512, 128, 32767, 4, 8192, 0, 1.0f},
@@ -144,7 +144,7 @@ const Case kCases[] = {
 };
 
 TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
-  for (const Case& c : kCases) {
+  for (const AttnCase& c : kCases) {
     const Data x = make_data(c, 7u + unsigned(c.n * 131 + c.type));
     Device dv(c, x);
     const auto twin = run_twin(c, dv);
@@ -189,7 +189,7 @@ TEST(AttentionSplitPlan, EveryQueryFitsAndAWiderBoundSplitsAlike) {
 // the plan's cap keeps its splits under a wider bound: those cases check the same bits trivially.)
 TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
   int grew = 0;
-  for (const Case& c : kCases) {
+  for (const AttnCase& c : kCases) {
     if (c.n > 256) continue;  // longer chunks never run as graphs (their plan depends on the bound)
     const Data x = make_data(c, 99u + unsigned(c.n));
     Device dv(c, x);
@@ -210,7 +210,7 @@ TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
 // bit, fp32 rows and f16 copy; every case, so both store paths run (one split: the short sliding case).
 TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
   int direct = 0, merged = 0;
-  for (const Case& c : kCases) {
+  for (const AttnCase& c : kCases) {
     const Data x = make_data(c, 5u + unsigned(c.n * 7 + c.type));
     const int64_t rd = std::min<int64_t>(64, c.Dh / 2), off = c.Dh - rd;
     Rng rng(11u + unsigned(c.Dh));
@@ -233,7 +233,7 @@ TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
   EXPECT_GE(direct, 1);
   EXPECT_GE(merged, 1);
   // The unsplit twin has no fused rotation: it refuses the request by name.
-  const Case& c = kCases[0];
+  const AttnCase& c = kCases[0];
   Device dv(c, make_data(c, 1u));
   DeviceBuffer o16(size_t(c.n * c.Hq * c.Dh) * 2), logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
   dv.a.out_inv_freq = dv.a.sink, dv.a.out16 = o16.as<uint16_t>(), dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
@@ -256,7 +256,7 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
   };
   for (const int64_t ne : {int64_t(576), int64_t(8192)})
     for (const int n : {1, 8}) {
-      const Case c{"timing", 2, n, 64, 512, 128, ne * 128 - n, 128, ne, 0, 1.0f};
+      const AttnCase c{"timing", 2, n, 64, 512, 128, ne * 128 - n, 128, ne, 0, 1.0f};
       const Data x = make_data(c, 5u + unsigned(n));
       Device dv(c, x);
       const int64_t keys = max_keys(c);

@@ -23,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using plumb_cuda_test::GpuTest;
+using plumb_cuda_test::test_prompt;
 
 // Every fixture whose reference is an fp32 implementation (the official-code goldens run in their numerics mode in
 // test_cuda_numerics.cpp).
@@ -83,12 +84,6 @@ TEST_F(GpuTest, FaultFailsVerifyGolden) {
   EXPECT_EQ(plumb::tools::verify_golden(o), 1);
 }
 
-std::vector<int32_t> prompt(int n, int vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t((i * 7919 + 13) % vocab);
-  return t;
-}
-
 double max_rel(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
   double worst = 0, scale = 1;
   for (float v : b) scale = std::max(scale, double(std::fabs(v)));
@@ -107,7 +102,7 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b, size_t*
 TEST_F(GpuTest, BundledModelMatchesCpuOpByOp) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/../../models/tiny";
   const int vocab = plumb::Model::load(dir)->config().vocab;
-  const auto toks = prompt(320, vocab);
+  const auto toks = test_prompt(320, vocab);
   plumb_test::TempDir tmp;
   const std::string file = tmp.file("tokens.txt");
   {
@@ -147,7 +142,7 @@ TEST_F(GpuTest, BundledModelMatchesCpuOpByOp) {
 TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
   auto gpu = plumb::Model::load(dir, {}, {}, "cuda");
-  const auto toks = prompt(150, gpu->config().vocab);
+  const auto toks = test_prompt(150, gpu->config().vocab);
   auto one = gpu->new_state();
   const auto all = gpu->forward(one, toks);
   const int64_t V = gpu->config().vocab;
@@ -178,7 +173,7 @@ void expect_graph_matches_eager(const std::string& dir, const std::string& patch
   };
   auto eager = model(false), graphed = model(true);
   const int vocab = eager->config().vocab;
-  const auto toks = prompt(330, vocab);
+  const auto toks = test_prompt(330, vocab);
   auto se = eager->new_state(), sg = graphed->new_state();
   size_t pos = 0;
   int steps = 0;
@@ -216,7 +211,7 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
 void expect_eager_chunks_match(const std::string& dir, const std::string& base, const std::string& extra, int chunk = 100) {
   auto a_model = plumb::Model::load(dir, plumb::parse_patches(base).options, {}, "cuda");
   auto b_model = plumb::Model::load(dir, plumb::parse_patches(base + "," + extra).options, {}, "cuda");
-  const auto toks = prompt(300, a_model->config().vocab);
+  const auto toks = test_prompt(300, a_model->config().vocab);
   auto sa = a_model->new_state(), sb = b_model->new_state();
   for (size_t pos = 0; pos < toks.size(); pos += size_t(chunk)) {
     const std::span<const int32_t> part(toks.data() + pos, std::min(size_t(chunk), toks.size() - pos));
@@ -275,7 +270,7 @@ TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams";
   auto a_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base).options, {}, "cuda");
   auto b_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base + ",cuda.l2_prefetch").options, {}, "cuda");
-  const auto toks = prompt(60, a_model->config().vocab);
+  const auto toks = test_prompt(60, a_model->config().vocab);
   auto sa = a_model->new_state(), sb = b_model->new_state();
   for (size_t pos = 0, step = 0; pos < toks.size(); ++step) {
     const size_t len = std::min<size_t>(step == 0 ? 20 : 1 + step % 3, toks.size() - pos);
@@ -300,7 +295,7 @@ TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
 // bits at every step. Returns the number of steps.
 int expect_sink_paths_match(const std::string& dir, const std::string& patches, plumb::TapSink& sink, size_t first) {
   auto model = plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
-  const auto toks = prompt(40, model->config().vocab);
+  const auto toks = test_prompt(40, model->config().vocab);
   auto sa = model->new_state(), sb = model->new_state();
   size_t pos = 0;
   int step = 0;
@@ -377,7 +372,7 @@ TEST_F(GpuTest, LastRowAndNoLogitsMatchTheFullForward) {
     const std::string dir = data + fixture;
     auto gpu = plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
     const int64_t V = gpu->config().vocab;
-    const auto toks = prompt(90, int(V));
+    const auto toks = test_prompt(90, int(V));
     auto full = gpu->new_state(), gen = gpu->new_state();
     size_t pos = 0;
     for (size_t n : {20, 1, 1, 5, 1, 1, 1}) {
@@ -411,7 +406,7 @@ TEST_F(GpuTest, GroupedPrefillMoeMatchesDecodePathAndIsDeterministic) {
     return plumb::Model::load(dir, plumb::parse_patches(patches).options, {}, "cuda");
   };
   auto eager = model("cuda.fp8_gemv,cuda.moe_mxfp4"), graphed = model("cuda.fp8_gemv,cuda.moe_mxfp4,cuda.graph");
-  const auto toks = prompt(480, eager->config().vocab);
+  const auto toks = test_prompt(480, eager->config().vocab);
   const auto run = [&](plumb::Model& m, size_t chunk) {
     auto st = m.new_state();
     std::vector<float> out;
@@ -475,7 +470,7 @@ TEST_F(GpuTest, EngineApiRunsOnCuda) {
   o.backend = "cuda";
   const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
   auto s = engine->new_session();
-  const auto toks = prompt(12, engine->info().vocab_size);
+  const auto toks = test_prompt(12, engine->info().vocab_size);
   const auto l = s->forward(toks);
   EXPECT_EQ(int(l.size()), engine->info().vocab_size);
   EXPECT_EQ(s->position(), 12);

@@ -435,12 +435,6 @@ TEST_F(CudaFp8Gemm, SharedExpertMatchesTwinAndGemv) {
 
 namespace {
 
-std::vector<int32_t> prompt(int n, int vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t((i * 7919 + 13) % vocab);
-  return t;
-}
-
 struct ForwardRun {
   std::vector<float> logits;
   int64_t calls = 0;  // a patch's launches, as `count` read them from the session's scratch
@@ -529,7 +523,7 @@ TEST_F(GpuTest, PrefillGemmForwardMatchesGemvForward) {
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4";
   auto gemv = load(base, 0), gemm = load(base + ",cuda.prefill_gemm", 0), graphed = load(base + ",cuda.prefill_gemm,cuda.graph", 0),
        always = load(base + ",cuda.prefill_gemm", 1);
-  const auto toks = prompt(480, gemv->config().vocab);
+  const auto toks = test_prompt(480, gemv->config().vocab);
   const auto run = [&](Model& m, size_t chunk) { return run_chunks(m, toks, chunk, [](const auto& s) { return s.gemm_calls; }); };
   const ForwardRun a = run(*gemv, 160), g = run(*gemm, 160), again = run(*gemm, 160), gr = run(*graphed, 160);
   const ForwardRun small_gemv = run(*gemv, 7), small = run(*always, 7);
@@ -573,7 +567,7 @@ TEST_F(GpuTest, Bf16GemvForwardMatchesTwinForward) {
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4";
   const auto load = [&](const std::string& patches) { return Model::load(dir, parse_patches(patches).options, {}, "cuda"); };
   auto plain = load(base), gemv = load(base + ",cuda.bf16_gemv"), graphed = load(base + ",cuda.bf16_gemv,cuda.graph");
-  const auto toks = prompt(160, plain->config().vocab);
+  const auto toks = test_prompt(160, plain->config().vocab);
   const auto run = [&](Model& m) { return run_chunks(m, toks, 7, [](const auto& s) { return s.gemv16_calls; }); };
   const ForwardRun plain_run = run(*plain), gemv_run = run(*gemv);
   const int64_t none = plain_run.calls, some = gemv_run.calls;
@@ -598,7 +592,7 @@ TEST_F(GpuTest, OfficialTensorCoreForwardMatchesTwinForward) {
   const std::string base = "numerics.official", fast_patches = base + ",cuda.moe_mxfp4,cuda.fp8_gemv,cuda.bf16_gemv";
   const auto load = [&](const std::string& patches) { return Model::load(dir, parse_patches(patches).options, {}, "cuda"); };
   auto twin = load(base), fast = load(fast_patches), graphed = load(fast_patches + ",cuda.graph");
-  const auto toks = prompt(90, twin->config().vocab);
+  const auto toks = test_prompt(90, twin->config().vocab);
   const auto run = [&](Model& m) { return run_chunks(m, toks, 9, [](const auto& s) { return s.official_tc_calls; }); };
   const ForwardRun twin_run = run(*twin), fast_run = run(*fast);
   const int64_t none = twin_run.calls, some = fast_run.calls;

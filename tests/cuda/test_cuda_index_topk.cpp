@@ -25,7 +25,7 @@ const char* pattern_name(int p) {
   return names[p];
 }
 
-struct Case {
+struct TopkCase {
   int n;
   int64_t pos0, rate, extra;  // ne = (pos0 + n) / rate entries exist; the bound ne_cap = ne + extra
   int topk, pattern;
@@ -63,7 +63,7 @@ float draw(Rng& r, int pattern) {
 }
 
 // [n, ne_cap]; slots beyond ne hold values that would win (NaN, +inf) were they counted.
-std::vector<float> make_scores(const Case& c, uint32_t seed) {
+std::vector<float> make_scores(const TopkCase& c, uint32_t seed) {
   Rng r(seed);
   const int64_t ne = c.ne(), cap = c.ne_cap();
   std::vector<float> s(size_t(c.n * cap));
@@ -83,7 +83,7 @@ bool beats(float va, int64_t ia, float vb, int64_t ib) {  // fwd_common.cuh's or
 }
 
 // The contract: the k best of the ne existing entries in rank order, those not visible to the token as -1, -1 to k_cap.
-std::vector<int64_t> host_topk(const Case& c, const std::vector<float>& s) {
+std::vector<int64_t> host_topk(const TopkCase& c, const std::vector<float>& s) {
   const int64_t ne = c.ne(), cap = c.ne_cap(), k = std::min<int64_t>(c.topk, ne), kc = c.k_cap();
   std::vector<int64_t> out(size_t(c.n * kc), -1);
   std::vector<int64_t> idx(static_cast<size_t>(ne));
@@ -100,7 +100,7 @@ std::vector<int64_t> host_topk(const Case& c, const std::vector<float>& s) {
 struct TopkRun {
   DeviceBuffer scores, pos, sel, scratch;
   d::IndexArgs a;
-  TopkRun(const Case& c, const std::vector<float>& s, int path) {
+  TopkRun(const TopkCase& c, const std::vector<float>& s, int path) {
     scores = to_device(s), pos = to_device(std::vector<int64_t>{c.pos0});
     sel = DeviceBuffer(size_t(c.n) * size_t(std::max(c.k_cap(), 1)) * 8);
     a.n = c.n, a.topk = c.topk, a.k_cap = c.k_cap(), a.ne_cap = c.ne_cap(), a.rate = c.rate;
@@ -109,10 +109,10 @@ struct TopkRun {
     scratch = DeviceBuffer(std::max<size_t>(a.topk_scratch_bytes, 8));
     a.topk_scratch = scratch.get();
   }
-  std::vector<int64_t> result(const Case& c) const { return to_host<int64_t>(sel, size_t(c.n) * size_t(c.k_cap())); }
+  std::vector<int64_t> result(const TopkCase& c) const { return to_host<int64_t>(sel, size_t(c.n) * size_t(c.k_cap())); }
 };
 
-std::vector<int64_t> run_topk(const Case& c, const std::vector<float>& s, int path) {
+std::vector<int64_t> run_topk(const TopkCase& c, const std::vector<float>& s, int path) {
   TopkRun r(c, s, path);
   r.sel.fill_byte(0x77);  // every slot must be written
   d::fwd_index_topk(r.a, path, nullptr);
@@ -120,7 +120,7 @@ std::vector<int64_t> run_topk(const Case& c, const std::vector<float>& s, int pa
 }
 
 // Index for index; on a mismatch prints the count and the first one (token, slot, both entries, their scores).
-void expect_same(const std::string& what, const Case& c, const std::vector<int64_t>& got, const std::vector<int64_t>& want,
+void expect_same(const std::string& what, const TopkCase& c, const std::vector<int64_t>& got, const std::vector<int64_t>& want,
                  const std::vector<float>& s) {
   ASSERT_EQ(got.size(), want.size()) << what;
   const int kc = c.k_cap();
@@ -134,8 +134,8 @@ void expect_same(const std::string& what, const Case& c, const std::vector<int64
                 << g << " (score " << score(g) << "), want " << w << " (score " << score(w) << ")";
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> v;
+std::vector<TopkCase> cases() {
+  std::vector<TopkCase> v;
   for (int p : {kUniform, kFewValues, kRelu, kSpecial, kAllZero}) {
     v.push_back({1, 0, 1, 0, 8, p, false});              // ne = 1
     v.push_back({1, 6, 1, 0, 8, p, false});              // ne = 7 < topk
@@ -161,12 +161,12 @@ std::vector<Case> cases() {
 const char* path_name(int path) {
   return path == d::kIndexTopkRank ? "rank twin" : path == d::kIndexTopkSelect ? "select" : path == d::kIndexTopkCluster ? "cluster" : "block";
 }
-bool cluster_fits(const Case& c) { return c.ne_cap() <= d::kIndexTopkClusterMaxNe && c.k_cap() <= d::kIndexTopkClusterMaxK; }
+bool cluster_fits(const TopkCase& c) { return c.ne_cap() <= d::kIndexTopkClusterMaxNe && c.k_cap() <= d::kIndexTopkClusterMaxK; }
 
 TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
   uint32_t seed = 11;
   int checked = 0, twin = 0, block = 0, cluster = 0;
-  for (const Case& c : cases()) {
+  for (const TopkCase& c : cases()) {
     const auto s = make_scores(c, seed++);
     const auto want = host_topk(c, s);
     std::vector<int> paths{d::kIndexTopkSelect};
@@ -193,7 +193,7 @@ TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
 // One launch sequence for every step: a graph captured at one position, replayed after the position moves, gives
 // the eager results of that position.
 TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
-  const Case c0{4, 5000, 4, 700, 512, kRelu, true}, c1{4, 5900, 4, 475, 512, kRelu, true};  // same n, ne_cap, k_cap
+  const TopkCase c0{4, 5000, 4, 700, 512, kRelu, true}, c1{4, 5900, 4, 475, 512, kRelu, true};  // same n, ne_cap, k_cap
   ASSERT_EQ(c0.ne_cap(), c1.ne_cap());
   auto s0 = make_scores(c0, 5), s1 = make_scores(c1, 6);
   for (int path : {d::kIndexTopkSelect, d::kIndexTopkBlock, d::kIndexTopkCluster}) {
@@ -203,7 +203,7 @@ TEST_F(GpuTest, IndexTopkReplaysAsGraph) {
     d::fwd_index_topk(r.a, path, st);
     void* g = d::capture_end_instantiate(st);
     for (int rep = 0; rep < 2; ++rep)
-      for (const Case* c : {&c0, &c1}) {
+      for (const TopkCase* c : {&c0, &c1}) {
         const auto& s = c == &c0 ? s0 : s1;
         r.scores.upload(s.data(), s.size() * 4);
         r.pos.upload(&c->pos0, 8);
@@ -528,7 +528,7 @@ TEST_F(GpuTest, IndexerPathsMatch) {
       if (std::memcmp(&sc[0][i], &sc[1][i], 4) != 0 && bad++ == 0) first = int64_t(i);
     EXPECT_EQ(bad, 0) << name << ": " << bad << " scores differ, first at " << first << ": split " << sc[0][size_t(std::max<int64_t>(first, 0))]
                       << ", fused " << sc[1][size_t(std::max<int64_t>(first, 0))];
-    const Case cs{c.n, c.pos0, c.rate, c.ne_cap - ne, c.topk, kUniform, true};
+    const TopkCase cs{c.n, c.pos0, c.rate, c.ne_cap - ne, c.topk, kUniform, true};
     expect_same(name + ": fused vs split", cs, sel[1], sel[0], sc[0]);
     expect_same(name + ": split vs host sort of its scores", cs, sel[0], host_topk(cs, sc[0]), sc[0]);
     ++checked;
@@ -567,7 +567,7 @@ TEST_F(GpuTest, IndexTopkTiming) {
     for (int n : {1, 8})
       for (int topk : {512, 2048}) {
         if (topk == 2048 && ne <= 2048) continue;
-        const Case c{n, ne - n, 1, 0, topk, kRelu, false};
+        const TopkCase c{n, ne - n, 1, 0, topk, kRelu, false};
         const auto s = make_scores(c, 3);
         double us[4] = {NAN, NAN, NAN, NAN};
         for (int path : {d::kIndexTopkRank, d::kIndexTopkBlock, d::kIndexTopkSelect, d::kIndexTopkCluster}) {

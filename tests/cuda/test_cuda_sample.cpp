@@ -264,12 +264,12 @@ std::vector<int32_t> make_history(int V, const std::vector<float>& logits, int r
   return h;
 }
 
-struct Case {
+struct SampleCase {
   const char* name;
   SamplingParams sp;
 };
 
-std::vector<Case> cases() {
+std::vector<SampleCase> cases() {
   return {
       {"greedy(T=0)", params(0.0f, 40, 0.95f, 0.05f)},
       {"greedy(top_k=1)", params(0.8f, 1, 0.95f, 0.05f)},
@@ -290,7 +290,7 @@ std::vector<Case> cases() {
 }
 
 // Rows of every kind (the NaN kind only for greedy), sampled on both sides and compared.
-Tally run_case(const Case& c, int V, int rows, uint32_t seed, bool print = true) {
+Tally run_case(const SampleCase& c, int V, int rows, uint32_t seed, bool print = true) {
   std::mt19937 g(seed);
   const bool greedy = c.sp.temperature <= 0.0f || c.sp.top_k == 1;
   std::vector<float> logits;
@@ -349,7 +349,7 @@ TEST_F(CudaSample, ManyRowsPerLaunch) {
 // tie groups: more survivors than fit in shared memory), penalties.
 TEST_F(CudaSample, Smoke) {
   int64_t fails = 0;
-  const Case cs[] = {{"greedy", params(0.0f, 40, 0.95f, 0.05f, 1.3f, 0.4f, 0.15f)},
+  const SampleCase cs[] = {{"greedy", params(0.0f, 40, 0.95f, 0.05f, 1.3f, 0.4f, 0.15f)},
                      {"default", params(0.8f, 40, 0.95f, 0.05f, 1.3f, 0.4f, 0.15f)},
                      {"top_k=1024", params(1.0f, 1024, 0.9f, 0.0f)},
                      {"sorted", params(1.0f, 0, 0.95f, 0.0f, 1.1f, 0.0f, 0.0f)}};
@@ -392,7 +392,7 @@ TEST_F(CudaSample, SequenceMatchesSamplerSample) {
 // and the device time per launch (graph replays between events, V = 129280).
 TEST_F(CudaSample, GraphCaptureAndTiming) {
   const int V = 129280;
-  const Case cs[] = {{"greedy", params(0.0f, 40, 0.95f, 0.05f)},
+  const SampleCase cs[] = {{"greedy", params(0.0f, 40, 0.95f, 0.05f)},
                      {"greedy+penalties", params(0.0f, 40, 0.95f, 0.05f, 1.3f, 0.4f, 0.15f)},
                      {"top_k=40 (default)", params(0.8f, 40, 0.95f, 0.05f)},
                      {"default+penalties", params(0.8f, 40, 0.95f, 0.05f, 1.3f, 0.4f, 0.15f)},

@@ -234,7 +234,7 @@ class ScriptedSession : public plumb::Session {
 };
 
 struct GenerateFixture : ::testing::Test {
-  plumb::Tokenizer tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
   plumb::ModelInfo info;
   GenerateFixture() {
     info.vocab_size = 1216;
@@ -342,7 +342,7 @@ struct TinyModel : ::testing::Test {
     static auto e = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
     return e;
   }
-  plumb::Tokenizer tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
   plumb::GenerateOptions greedy() {
     plumb::GenerateOptions g;
     g.sampling = plain(0.0f);

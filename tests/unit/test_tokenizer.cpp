@@ -24,10 +24,10 @@ using Ids = std::vector<int32_t>;
 namespace {
 
 const std::string kData = PLUMB_TEST_DATA;
-const std::string kTiny = kData + "/tokenizer/tiny.json";
+const std::string kTinyTokenizer = kData + "/tokenizer/tiny.json";
 
 const Tokenizer& tiny() {
-  static const Tokenizer t = Tokenizer::load(kTiny);
+  static const Tokenizer t = Tokenizer::load(kTinyTokenizer);
   return t;
 }
 
@@ -57,7 +57,7 @@ void expect_load_error(const std::string& path, std::initializer_list<std::strin
 
 // tiny.json with one substring replaced.
 std::string tiny_with(const std::string& from, const std::string& to) {
-  std::string s = slurp(kTiny);
+  std::string s = slurp(kTinyTokenizer);
   const size_t at = s.find(from);
   EXPECT_NE(at, std::string::npos) << from;
   return s.replace(at, from.size(), to);
