@@ -943,7 +943,7 @@ int run_bench(const BenchOptions& opt) {
   // one-iteration row is a diagnostic of the Sinkhorn's share of the launch (its comb differs), not a configuration.
   // Bytes: fn (24 x 16384 fp32) and the rows read and written.
   if (B.want("hc")) {
-    const int H = 4, nm = (2 + H) * H, hn = 8;  // tokens at most
+    const int H = 4, nm = (2 + H) * H, hn = 128;  // tokens at most
     const int64_t Dh = D;  // hidden
     DeviceBuffer X(size_t(hn) * H * size_t(Dh) * 4), Xp(size_t(hn) * H * size_t(Dh) * 4), fn(size_t(nm) * H * size_t(Dh) * 4),
         base(size_t(nm) * 4), scl(3 * 4), post(size_t(hn) * H * 4), comb(size_t(hn) * H * H * 4), postp(size_t(hn) * H * 4),
@@ -957,11 +957,18 @@ int run_bench(const BenchOptions& opt) {
       bool post, norm;
       int iters;
     };
-    for (int n : {1, 8})
-      for (const HcVar& v : {HcVar{"hc_pre + fused hc_post + norm (the forward's)", true, true, 20},
-                             HcVar{"hc_pre + norm (X loaded)", false, true, 20}, HcVar{"hc_pre alone", false, false, 20},
-                             HcVar{"hc_pre + fused hc_post + norm, 1 Sinkhorn iteration (diagnostic)", true, true, 1}}) {
+    const HcVar vars[] = {{"hc_pre + fused hc_post + norm (the forward's)", true, true, 20},
+                          {"hc_pre + norm (X loaded)", false, true, 20},
+                          {"hc_pre alone", false, false, 20},
+                          {"hc_pre + fused hc_post + norm, 1 Sinkhorn iteration (diagnostic)", true, true, 1}};
+    // 1 and 8 tokens: every variant at the launch's rule; 16-128 (batched decode): the forward's variant with the
+    // rule and with each tokens-per-cluster choice.
+    for (int n : {1, 8, 16, 32, 64, 128})
+      for (int per_cluster : {0, 1, 2, 4})
+        for (const HcVar& v : vars) {
+        if (n <= 8 ? per_cluster != 0 : &v != &vars[0]) continue;
         d::HcArgs a;
+        a.tokens_per_cluster = per_cluster;
         a.X = X.as<float>(), a.fn = fn.as<float>(), a.base = base.as<float>(), a.scale = scl.as<float>();
         a.n = n, a.H = H, a.iters = v.iters, a.D = Dh, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
         a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
@@ -970,7 +977,9 @@ int run_bench(const BenchOptions& opt) {
           a.X_out = X.as<float>();
         if (v.norm) a.norm_w = nw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = col16.as<uint16_t>();
         const double bytes = double(fn.bytes()) + double(n) * double(Dh) * 4 * (H + (v.post ? H + 1 + H : 0) + 1);
-        B.add(B.rows, {v.name, "hc_mult 4, hidden 4096", fmt::format("{} Sinkhorn iterations", v.iters), n, 0, bytes},
+        const std::string how = per_cluster ? fmt::format("{} Sinkhorn iterations, {} tokens per cluster", v.iters, per_cluster)
+                                            : fmt::format("{} Sinkhorn iterations", v.iters);
+        B.add(B.rows, {v.name, "hc_mult 4, hidden 4096", how, n, 0, bytes},
               B.time([&](int) { d::fwd_hc_pre(a, mix.as<double>(), S); }));
       }
   }

@@ -3,6 +3,7 @@
 // launch, hc_post elementwise. Twin of src/model/hyper_connection.cpp: fp64 dot products.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -23,13 +24,14 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 //   2. each block's fp64 partial dots of the (2+H)*H mixes over its slice (per thread, a warp reduce-scatter,
 //      the warps in order);
 //   3. each block sums the S partials of every mix in rank order (fp32 mix; official: times float(r)), then
-//      collapses its slice with the pre gates (every collapsing thread runs hc_math::gates itself); block 0's
-//      first warp runs the Sinkhorn meanwhile (one thread for H*H > 32), its warp 1 the post gates;
+//      collapses its slice with the pre gates (every collapsing thread runs hc_math::gates itself); block m's
+//      first warp runs token m's Sinkhorn meanwhile (one thread for H*H > 32), its warp 1 the post gates;
 //   4. (HcArgs::norm_w) the RMSNorm of the collapsed row, its sum of squares over the cluster like r's, while
-//      block 0's first warp may still be in its Sinkhorn.
+//      the first warps may still be in their Sinkhorns.
 // The fp64 sums are the twin's (exact products, fp64 accumulation); their order is this split's: per thread in
 // element order, a fixed shuffle tree, warps in order, blocks in rank order (deterministic; the same in eager
-// launches and graphs). With many tokens a block holds V = 2 of the S slices (launch_hc_pre), in the same order.
+// launches and graphs). With many tokens a cluster takes M = 2 or 4 tokens, each phase running for all of them
+// (launch_hc_pre), in the same order per token.
 constexpr int kHcThreads = 256;
 constexpr int kHcMaxCluster = 16;
 
@@ -160,112 +162,123 @@ __device__ void sinkhorn_warp(const float* mix, const float* scale, const float*
   if (on) comb[lane] = c;
 }
 
-// Sum over the warps [w0, kWarps) of a block (each warp's lanes summed first, then the warps in order), through named
-// barrier 1 of the n = (kWarps - w0) * 32 threads taking part; the result is in sh[kWarps] for them all.
-__device__ __forceinline__ double hc_part_sum(double v, double* sh, int w0, int nwarps) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  if (lane == 0) sh[warp] = v;
-  asm volatile("bar.sync 1, %0;" ::"r"((nwarps - w0) * 32) : "memory");
-  double t = 0;
-  for (int i = w0; i < nwarps; ++i) t += sh[i];
-  return t;
+// v[m] for a runtime m without local memory (v stays in registers).
+template <int M, class T>
+__device__ __forceinline__ T pick(const T (&v)[M], int m) {
+  T x = v[0];
+#pragma unroll
+  for (int k = 1; k < M; ++k)
+    if (m == k) x = v[k];
+  return x;
 }
 
 // 2 blocks per SM: a cluster of 16 fits in 8 SMs. (Session 8 measured a variant with one block per SM, all
 // registers, and each thread's first fn values loaded into registers at the start: the GPU then schedules no
 // cluster of 16, and with 8 blocks per token it took 18.7 us against 16.5.)
-template <int H, bool VEC, int V>
+// M tokens per cluster (launch_hc_pre): block s holds slice s of each of its tokens, and every phase runs for the M
+// tokens between the same barriers, so the launch's chain of cluster barriers is paid once per M tokens. A token's
+// arithmetic is the one-token launch's (the same items per thread, in the same order): its bits do not depend on M.
+template <int H, bool VEC, int M>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
   constexpr int W = VEC ? 4 : 1;   // elements per item
   constexpr int kWarps = kHcThreads / 32;
+  static_assert(M <= 4 && NM <= 64, "phase 3 gives each token 64 threads");
   __shared__ double red_s[kWarps][NM];
-  __shared__ double sh[32];
-  __shared__ double ss_s[V], mixp_s[V][NM], ss2_s[V];
-  __shared__ float mix_s[NM];
-  // This block's V slices of the H streams, item-major (slice v's item it at xs + v * H * per + it * W: stream
-  // it / nq, quad it % nq), and of the collapsed row (cs + v * per + q * W): written once, then read from shared
-  // memory by every phase.
+  __shared__ double sh[M][kWarps];
+  __shared__ double ss_s[M], mixp_s[M][NM], ss2_s[M];
+  __shared__ float mix_s[M][NM];
+  // This block's slice of the H streams of each token m, item-major (item it at xs(m) + it * W: stream it / nq, quad
+  // it % nq), and of the collapsed row (cs(m) + q * W): written once, then read from shared memory by every phase.
   extern __shared__ float hc_smem[];
 
   namespace cg = cooperative_groups;
   const cg::cluster_group cl = cg::this_cluster();
-  // Sv virtual blocks of the split, V per block: virtual block s * V + v is this block's slice v (rank order).
-  const int S = int(cl.num_blocks()) * V, s0 = int(cl.block_rank()) * V;
-  const int t = int(blockIdx.y), tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int S = int(cl.num_blocks()), s0 = int(cl.block_rank());
+  const int t0 = int(blockIdx.y) * M, mt = min(M, a.n - t0);  // this cluster's tokens t0 .. t0 + mt - 1
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int nm = a.head ? H : NM, mode = a.mix_mode;
   const int64_t D = a.D, hd = int64_t(H) * D;
   const int64_t per = ((D + S - 1) / S + W - 1) / W * W;
-  int64_t d0[V];
-  int nq[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    d0[v] = min(D, int64_t(s0 + v) * per);
-    nq[v] = int((min(D, d0[v] + per) - d0[v]) / W);
-  }
-  const float* xt = a.X + int64_t(t) * hd;
-  auto xs = [&](int v) { return hc_smem + v * H * per; };
-  auto cs = [&](int v) { return hc_smem + V * H * per + v * per; };
-  // slice v's item -> offset in [0, hd)
-  auto off = [&](int v, int it) { return int64_t(it / nq[v]) * D + d0[v] + int64_t(it % nq[v]) * W; };
+  const int64_t d0 = min(D, int64_t(s0) * per);
+  const int nq = int((min(D, d0 + per) - d0) / W);
+  auto xs = [&](int m) { return hc_smem + m * (H + 1) * per; };
+  auto cs = [&](int m) { return hc_smem + m * (H + 1) * per + H * per; };
+  // item -> offset in [0, hd)
+  auto off = [&](int it) { return int64_t(it / nq) * D + d0 + int64_t(it % nq) * W; };
 
-  // The fn rows of this block's slices on their way to L2: H * nm contiguous rows of nq * W floats each, a 128-byte
-  // line per thread and step (per-lane addresses: the bulk prefetch takes a uniform operand, which the compiler
-  // served lane by lane, a 32-step loop on the critical path).
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    const int lines = int((int64_t(nq[v]) * W * 4 + 127) / 128), n = H * nm * lines;
+  // The fn rows of this block's slice on their way to L2 (once for the M tokens): H * nm contiguous rows of nq * W
+  // floats each, a 128-byte line per thread and step (per-lane addresses: the bulk prefetch takes a uniform operand,
+  // which the compiler served lane by lane, a 32-step loop on the critical path).
+  {
+    const int lines = int((int64_t(nq) * W * 4 + 127) / 128), n = H * nm * lines;
     for (int i = tid; i < n; i += kHcThreads) {
       const int row = i / lines, l = i - row * lines;
-      const float* p = a.fn + int64_t(row / H) * hd + int64_t(row % H) * D + d0[v] + int64_t(l) * 32;
+      const float* p = a.fn + int64_t(row / H) * hd + int64_t(row % H) * D + d0 + int64_t(l) * 32;
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     }
   }
 
-  // 0. This block's slices of the streams into shared memory: the fused hc_post of the previous sublayer (a.y, or
-  // the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X.
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
+  // 0. This block's slice of each token's streams into shared memory: the fused hc_post of the previous sublayer
+  // (a.y, or the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X.
+#pragma unroll 1
+  for (int m = 0; m < mt; ++m) {
+    const int t = t0 + m;
     if (a.y || a.y_slots) {
-      for (int q = tid; q < nq[v]; q += kHcThreads)
-        hc_post_cols<VEC>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0[v] + int64_t(q) * W, a.untransposed, a.act_bf16,
-                          a.X_out, xs(v) + q * W, nq[v] * W);
+      for (int q = tid; q < nq; q += kHcThreads)
+        hc_post_cols<VEC>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16,
+                          a.X_out, xs(m) + q * W, nq * W);
     } else {
-      for (int it = tid; it < H * nq[v]; it += kHcThreads) {
+      const float* xt = a.X + int64_t(t) * hd;
+      for (int it = tid; it < H * nq; it += kHcThreads) {
         float x4[W];
-        hc_load<VEC>(xt + off(v, it), x4);
+        hc_load<VEC>(xt + off(it), x4);
 #pragma unroll
-        for (int w = 0; w < W; ++w) xs(v)[it * W + w] = x4[w];
+        for (int w = 0; w < W; ++w) xs(m)[it * W + w] = x4[w];
       }
     }
   }
   __syncthreads();
 
-  // 1. The sum of squares of each slice, then of the split's (every warp of every block sums the Sv partials in
-  // rank order, so r = rsqrt(mean + eps) has the same bits everywhere).
+  // 1. Each token's sum of squares over the slice (per thread, its warp, the warps in order: block_sum's order), then
+  // over the split (every warp of every block sums the S partials in rank order, so r = rsqrt(mean + eps) has the
+  // same bits everywhere).
+  {
+    double ss[M];
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
-    double ss = 0;
-    for (int it = tid; it < H * nq[v]; it += kHcThreads) {
+    for (int m = 0; m < M; ++m) {
+      ss[m] = 0;
+      if (m < mt)
+        for (int it = tid; it < H * nq; it += kHcThreads) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) ss += double(xs(v)[it * W + w]) * xs(v)[it * W + w];
+          for (int w = 0; w < W; ++w) ss[m] += double(xs(m)[it * W + w]) * xs(m)[it * W + w];
+        }
+      ss[m] = warp_sum(ss[m]);
+      if (lane == 0) sh[m][warp] = ss[m];
     }
-    ss = block_sum(ss, sh);
-    if (tid == 0) ss_s[v] = ss;
+    __syncthreads();
+    if (tid < mt) {
+      double tot = 0;
+      for (int w = 0; w < kWarps; ++w) tot += sh[tid][w];
+      ss_s[tid] = tot;
+    }
   }
   cl.sync();
-  double tot = 0;
-  {
-    const double part = lane < S ? *cl.map_shared_rank(&ss_s[lane % V], lane / V) : 0.0;
-    for (int q = 0; q < S; ++q) tot += __shfl_sync(0xFFFFFFFFu, part, q);
-  }
-  const double r = 1.0 / sqrt(tot / double(hd) + a.rms_eps);
-
-  // 2. Each slice's partial dots: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix, bf16(x * r) . bf16(fn);
-  // 2 official, x . fn.
+  double r[M];
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
+  for (int m = 0; m < M; ++m) {
+    const double part = lane < S && m < mt ? *cl.map_shared_rank(&ss_s[m], lane) : 0.0;
+    double tot = 0;
+    for (int q = 0; q < S; ++q) tot += __shfl_sync(0xFFFFFFFFu, part, q);
+    r[m] = 1.0 / sqrt(tot / double(hd) + a.rms_eps);
+  }
+
+  // 2. Each token's partial dots over the slice: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
+  // bf16(x * r) . bf16(fn); 2 official, x . fn. One token at a time (fn's slice is read from L1/L2 again per
+  // token: its NM accumulators per token are what the registers hold).
+#pragma unroll 1
+  for (int m = 0; m < mt; ++m) {
+    const double rm = pick(r, m);
     double acc[NM];
 #pragma unroll
     for (int o = 0; o < NM; ++o) acc[o] = 0.0;
@@ -274,13 +287,13 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     // less at batch 1 (paired A/B, session 22).
     auto dots = [&](auto mode_c) {
       constexpr int md = decltype(mode_c)::value;
-      for (int it = tid; it < H * nq[v]; it += kHcThreads) {
-        const int64_t oi = off(v, it);
+      for (int it = tid; it < H * nq; it += kHcThreads) {
+        const int64_t oi = off(it);
         double xr[W];
 #pragma unroll
         for (int w = 0; w < W; ++w) {
-          const float xv = xs(v)[it * W + w];
-          xr[w] = md == 2 ? double(xv) : md == 1 ? double(bf16r(float(double(xv) * r))) : double(float(double(xv) * r));
+          const float xv = xs(m)[it * W + w];
+          xr[w] = md == 2 ? double(xv) : md == 1 ? double(bf16r(float(double(xv) * rm))) : double(float(double(xv) * rm));
         }
 #pragma unroll
         for (int o = 0; o < NM; ++o) {
@@ -295,6 +308,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     if (mode == 0) dots(std::integral_constant<int, 0>{});
     else if (mode == 1) dots(std::integral_constant<int, 1>{});
     else dots(std::integral_constant<int, 2>{});
+    if (m > 0) __syncthreads();  // (the previous token's red_s read)
     if constexpr (NM <= 32) {
       hc_warp_reduce<NM, 0, pow2_at_least(NM)>(acc, lane, red_s[warp]);
     } else {
@@ -303,48 +317,51 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     }
     __syncthreads();
     if (tid < nm) {
-      double m = 0;
+      double s = 0;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) m += red_s[w][tid];
-      mixp_s[v][tid] = m;
+      for (int w = 0; w < kWarps; ++w) s += red_s[w][tid];
+      mixp_s[m][tid] = s;
     }
-    if (V > 1) __syncthreads();  // (red_s again for the next slice)
   }
   cl.sync();
 
-  // 3. The mixes from the Sv partials in rank order; this block's remote reads end at the arrive (A) (it waits
-  // before exiting: its shared memory must outlive the other blocks' reads).
-  if (tid < nm) {
-    double part[kHcMaxCluster];
+  // 3. The mixes from the S partials in rank order, 64 threads per token; this block's remote reads end at the
+  // arrive (A) (it waits before exiting: its shared memory must outlive the other blocks' reads).
+  {
+    const int m = tid >> 6, o = tid & 63;
+    if (m < mt && o < nm) {
+      double part[kHcMaxCluster];
 #pragma unroll
-    for (int q = 0; q < kHcMaxCluster; ++q) part[q] = q < S ? *cl.map_shared_rank(&mixp_s[q % V][tid], q / V) : 0.0;
-    double m = 0;
+      for (int q = 0; q < kHcMaxCluster; ++q) part[q] = q < S ? *cl.map_shared_rank(&mixp_s[m][o], q) : 0.0;
+      double s = 0;
 #pragma unroll
-    for (int q = 0; q < kHcMaxCluster; ++q)
-      if (q < S) m += part[q];
-    float mv = float(m);
-    if (mode == 2) mv = __fmul_rn(mv, float(r));  // official: float(x . fn) * float(r)
-    mix_s[tid] = mv;
-    if (s0 == 0 && mix_out) mix_out[int64_t(t) * nm + tid] = double(mv);
+      for (int q = 0; q < kHcMaxCluster; ++q)
+        if (q < S) s += part[q];
+      float mv = float(s);
+      if (mode == 2) mv = __fmul_rn(mv, float(pick(r, m)));  // official: float(x . fn) * float(r)
+      mix_s[m][o] = mv;
+      if (s0 == 0 && mix_out) mix_out[int64_t(t0 + m) * nm + o] = double(mv);
+    }
   }
   cl.barrier_arrive();  // (A)
   __syncthreads();
 
-  // Warp 0 of each block takes no part in the collapse and the norm: in block 0 it runs the Sinkhorn (the warp, or
-  // its lane 0 for H * H > 32 and the tests' serial twin) meanwhile. It stays out of their barriers (the norm sums
-  // over warps 1.. with named barrier 1) and arrives at the norm's cluster barrier (B) before its Sinkhorn, waiting
-  // at the end. (So every block splits its columns alike, whichever slices it holds.)
-  const bool full = !a.head && s0 == 0, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
+  // Warp 0 of each block takes no part in the collapse and the norm: in block m < mt it runs token m's Sinkhorn (the
+  // warp, or its lane 0 for H * H > 32 and the tests' serial twin) meanwhile. It stays out of their barriers (the
+  // norm sums over warps 1.. with named barrier 1) and arrives at the norm's cluster barrier (B) before its
+  // Sinkhorn, waiting at the end. (S >= 8 >= M: every token has its block.)
+  const int ms = s0;  // the token whose gates this block computes, if any
+  const bool full = !a.head && ms < mt, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
   if (warp == 0) {
     if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (A), then this warp's arrival at (B)
     if constexpr (H * H <= 32) {
-      if (warp_sinkhorn) sinkhorn_warp<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t) * H * H);
+      if (warp_sinkhorn) sinkhorn_warp<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t0 + ms) * H * H);
     }
     if (full && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
       float pre[H], post[H], C[H * H];
-      hc_math::weights_h<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
-      for (int i = 0; i < H * H; ++i) a.comb[int64_t(t) * H * H + i] = C[i];
-      for (int j = 0; j < H; ++j) a.post[int64_t(t) * H + j] = post[j];
+      hc_math::weights_h<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
+      for (int i = 0; i < H * H; ++i) a.comb[int64_t(t0 + ms) * H * H + i] = C[i];
+      for (int j = 0; j < H; ++j) a.post[int64_t(t0 + ms) * H + j] = post[j];
     }
     if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (B), then (C)
     cl.barrier_wait();                                      // (C), or (A) without the norm
@@ -352,33 +369,33 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   }
   if (warp_sinkhorn && tid == 32) {  // the post gates beside the warp's Sinkhorn
     float pre[H], post[H];
-    hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, post);
-    for (int j = 0; j < H; ++j) a.post[int64_t(t) * H + j] = post[j];
+    hc_math::gates(mix_s[ms], a.scale, a.base, H, a.hc_eps, pre, post);
+    for (int j = 0; j < H; ++j) a.post[int64_t(t0 + ms) * H + j] = post[j];
   }
-  // The collapse of each slice, sum_j pre_j * x_j, by warps 1..: to the output, or (with the fused norm) to cs,
-  // where each thread reads back only its own columns.
+  // The collapse of each token's slice, sum_j pre_j * x_j, by warps 1..: to the output, or (with the fused norm) to
+  // cs, where each thread reads back only its own columns.
   constexpr int first = 32, kCollapse = kHcThreads - first;
-  float pre[H];
-  hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, nullptr);
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    for (int q = tid - first; q < nq[v]; q += kCollapse) {
+#pragma unroll 1
+  for (int m = 0; m < mt; ++m) {
+    float pre[H];
+    hc_math::gates(mix_s[m], a.scale, a.base, H, a.hc_eps, pre, nullptr);
+    for (int q = tid - first; q < nq; q += kCollapse) {
       float acc2[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) acc2[w] = 0.0f;
 #pragma unroll
       for (int j = 0; j < H; ++j) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs(v)[(j * nq[v] + q) * W + w]));
+        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs(m)[(j * nq + q) * W + w]));
       }
 #pragma unroll
       for (int w = 0; w < W; ++w)
         if (a.act_bf16) acc2[w] = bf16r(acc2[w]);
       if (a.norm_w) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) cs(v)[q * W + w] = acc2[w];
+        for (int w = 0; w < W; ++w) cs(m)[q * W + w] = acc2[w];
       } else {
-        float* dst = a.collapsed + int64_t(t) * D + d0[v] + int64_t(q) * W;
+        float* dst = a.collapsed + int64_t(t0 + m) * D + d0 + int64_t(q) * W;
         if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
         else dst[0] = acc2[0];
       }
@@ -389,42 +406,55 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     return;
   }
 
-  // 4. Fused RMSNorm of the collapsed row (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
+  // 4. Fused RMSNorm of the collapsed rows (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
   // the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv, rms_scaled) with the
-  // sum in this split's order (per thread, its warp, the warps in order, the slices in rank order): the products are
-  // exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by one
-  // ulp with probability ~1e-8 per row.
+  // sum in this split's order (per thread, its warp, the warps 1.. in order, the blocks in rank order): the products
+  // are exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by
+  // one ulp with probability ~1e-8 per row.
+  {
+    double ss2[M];
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
-    double ss2 = 0;
-    for (int q = tid - first; q < nq[v]; q += kCollapse) {
+    for (int m = 0; m < M; ++m) {
+      ss2[m] = 0;
+      if (m < mt)
+        for (int q = tid - first; q < nq; q += kCollapse) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) ss2 += double(cs(v)[q * W + w]) * cs(v)[q * W + w];
+          for (int w = 0; w < W; ++w) ss2[m] += double(cs(m)[q * W + w]) * cs(m)[q * W + w];
+        }
+      ss2[m] = warp_sum(ss2[m]);
+      if (lane == 0) sh[m][warp] = ss2[m];
     }
-    ss2 = hc_part_sum(ss2, sh, first / 32, kWarps);
-    if (tid == first) ss2_s[v] = ss2;
-    if (V > 1) asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory");  // (sh again for the next slice)
+    asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory");
+    if (tid - first < mt) {
+      double tot = 0;
+      for (int w = first / 32; w < kWarps; ++w) tot += sh[tid - first][w];
+      ss2_s[tid - first] = tot;
+    }
   }
   cl.barrier_wait();  // (A)
   cl.sync();          // (B): every block's partials in place
-  double tot2 = 0;
-  {
-    const double part = lane < S ? *cl.map_shared_rank(&ss2_s[lane % V], lane / V) : 0.0;
+  float inv[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const double part = lane < S && m < mt ? *cl.map_shared_rank(&ss2_s[m], lane) : 0.0;
+    double tot2 = 0;
     for (int q = 0; q < S; ++q) tot2 += __shfl_sync(0xFFFFFFFFu, part, q);
+    inv[m] = rms_inv(tot2, D, a.norm_eps);
   }
   cl.barrier_arrive();  // (C): this block's remote reads are done (its own shared memory must outlive the others' reads)
-  const float inv = rms_inv(tot2, D, a.norm_eps);
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    for (int q = tid - first; q < nq[v]; q += kCollapse) {
-      const int64_t d = d0[v] + int64_t(q) * W;
+#pragma unroll 1
+  for (int m = 0; m < mt; ++m) {
+    const int64_t t = t0 + m;
+    const float im = pick(inv, m);
+    for (int q = tid - first; q < nq; q += kCollapse) {
+      const int64_t d = d0 + int64_t(q) * W;
       float gv[W];
       hc_load<VEC>(a.norm_w + d, gv);
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        const float y = rms_scaled(cs(v)[q * W + w], inv, gv[w]);
-        a.collapsed[int64_t(t) * D + d + w] = y;
-        if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[int64_t(t) * D + d + w] = __float2half_rn(y);
+        const float y = rms_scaled(cs(m)[q * W + w], im, gv[w]);
+        a.collapsed[t * D + d + w] = y;
+        if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[t * D + d + w] = __float2half_rn(y);
       }
     }
   }
@@ -456,11 +486,10 @@ int hc_cluster_size(Kern kern) {
   return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, kHcMaxSmem);
 }
 
-// Tokens by clusters of Sv blocks (16 where the GPU schedules them, else 8), each block one slice of D; with more
-// than 4 waves of them at 2 blocks per SM, clusters of Sv / 2 blocks holding two slices each: the same arithmetic
-// in the same order (the Sv-way split), so a token's bits do not depend on the batch, and twice the tokens in
-// flight. Per 2-layer step (H200, session 8): 128 tokens 418 us against 520 with one slice per block; 32 tokens
-// (2 waves) 180 against 166, hence the threshold.
+// Clusters of Sv blocks (16 where the GPU schedules them, else 8), each block one slice of D, each cluster M tokens
+// (HcArgs::tokens_per_cluster, or hc_pre_tokens_per_cluster's rule): the same arithmetic in the same order for
+// every M (the Sv-way split), so a token's bits do not depend on the batch. M > 1 only on the vector path (V4's
+// shapes; the scalar path serves odd hidden sizes at one token per cluster).
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
@@ -468,12 +497,34 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   const int64_t per = ((a.D + Sv - 1) / Sv + W - 1) / W * W;  // the kernel's slice width
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
-  const int V = Sv % 2 == 0 && 2 * slice_smem <= kHcMaxSmem && int64_t(a.n) * Sv > 4 * 2 * int64_t(sm_count()) ? 2 : 1;
-  launch_cluster("fwd_hc_pre", V == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>, unsigned(Sv / V), unsigned(a.n),
-                 unsigned(kHcThreads), size_t(V) * slice_smem, s, a, mix_out);
+  int M = 1;
+  if constexpr (VEC) {
+    // The M > 1 kernels at the M = 1 kernel's cluster size (their split must be the same); one that the GPU does not
+    // schedule at that size is not used.
+    static const bool many = [] {
+      for (auto k : {hc_pre_kernel<H, VEC, 2>, hc_pre_kernel<H, VEC, 4>})
+        if (cluster_size_or_8(k, Sv, kHcThreads, kHcMaxSmem) != Sv) return false;
+      return true;
+    }();
+    M = a.tokens_per_cluster > 0 ? a.tokens_per_cluster : hc_pre_tokens_per_cluster(a.n, Sv, sm_count());
+    if (M != 1 && M != 2 && M != 4) throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
+    while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2;
+  }
+  auto kern = M == 4 ? hc_pre_kernel<H, VEC, 4> : M == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>;
+  launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned((a.n + M - 1) / M), unsigned(kHcThreads), size_t(M) * slice_smem, s, a,
+                 mix_out);
 }
 
 }  // namespace
+
+// H200 (132 SMs, clusters of 16: 16 resident at once), us per launch in graph replay (`plumb bench --only hc`,
+// the forward's variant) with 1 / 2 / 4 tokens per cluster: 16 tokens 23.6 / 20.5 / 26.5, 32 tokens 35.7 / 34.5 /
+// 34.7, 64 tokens 60.6 / 52.4 / 57.0, 128 tokens 116.8 / 92.2 / 87.4 (the one-slice-per-block launch before it:
+// ~95-106 at 128 tokens in the layer bench). Hence 2 above half a wave of clusters, 4 above four waves.
+int hc_pre_tokens_per_cluster(int n, int cluster, int sms) {
+  const int64_t per_wave = std::max<int64_t>(1, int64_t(2) * sms / cluster);  // clusters resident at once (2 blocks per SM)
+  return n > 4 * per_wave ? 4 : 2 * n > per_wave ? 2 : 1;
+}
 
 size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * size_t((2 + H) * H); }
 

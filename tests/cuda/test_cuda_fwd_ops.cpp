@@ -6,6 +6,8 @@
 #include <cstring>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "cuda/fwd_kernels.h"
 #include "cuda_test_util.h"
 #include "model/hc_math.h"
@@ -75,20 +77,21 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
     }
 }
 
-// A token's hc_pre does not depend on the batch: 136 tokens in one launch (over 4 waves of clusters at 2 blocks per
-// SM on 132 SMs, with clusters of 8 or 16: clusters of half the blocks, each holding two slices) against each token
-// alone (a cluster per token, one slice per block), bit for bit: the new streams (fused hc_post), the mixes, post,
+// A token's hc_pre does not depend on the batch: 137 tokens in one launch, with the launch's rule and with 1, 2 and 4
+// tokens per cluster (the last cluster partial), against each token alone, bit for bit: the new streams (fused hc_post), the mixes, post,
 // comb, the collapsed row and its fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
-// scalar path, empty slices) and H = 6 (the one-thread Sinkhorn).
+// scalar path, empty slices), H = 6 (the one-thread Sinkhorn), the official and bf16 mixing modes and hc_head.
 TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
   Rng rng(77);
   struct Shape {
     int H;
     int64_t D;
     bool fused;
+    int mix_mode = 0, head = 0;
   };
-  for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}}) {
-    const int n = 136, H = sh.H, nmix = (2 + H) * H;
+  for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{4, 4096, false, 2},
+                         Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
+    const int n = 137, H = sh.H, nmix = (2 + H) * H, nm = sh.head ? H : nmix;  // nm: the mixes hc_pre leaves per token
     const int64_t D = sh.D, hd = H * D;
     const auto X = rng.floats(size_t(n * hd), -2.0f, 2.0f), Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f);
     const auto y = rng.floats(size_t(n * D), -1.0f, 1.0f), pp = rng.floats(size_t(n * H), 0.0f, 2.0f);
@@ -99,37 +102,43 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
     struct Out {
       DeviceBuffer X, post, comb, col, col16, mix;
     };
-    auto run = [&](bool batch) {
+    auto run = [&](bool batch, int per_cluster) {
       Out o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
             DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
       for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
         d::HcArgs a;
         a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
         a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+        a.tokens_per_cluster = per_cluster, a.mix_mode = sh.mix_mode, a.head = sh.head;
         a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
         if (sh.fused) {
           a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
           a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
           a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>() + t0 * D;
         }
-        d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nmix), nullptr);
+        d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nm), nullptr);
       }
       return o;
     };
-    const Out b = run(true), s = run(false);
-    auto same = [&](const DeviceBuffer& p, const DeviceBuffer& q, size_t bytes, size_t row, const char* what) {
-      const auto u = to_host<uint8_t>(p, bytes), v = to_host<uint8_t>(q, bytes);
-      size_t i = 0;
-      while (i < bytes && u[i] == v[i]) ++i;
-      EXPECT_EQ(i, bytes) << "H " << H << " D " << D << (sh.fused ? " fused" : "") << ": " << what << " differs first at token "
-                          << (i / row) << ", byte " << i % row << " of its row";
-    };
-    same(b.X, s.X, size_t(n * hd) * 4, size_t(hd) * 4, "the streams");
-    same(b.mix, s.mix, size_t(n * nmix) * 8, size_t(nmix) * 8, "the mixes");
-    same(b.post, s.post, size_t(n * H) * 4, size_t(H) * 4, "post");
-    same(b.comb, s.comb, size_t(n * H * H) * 4, size_t(H * H) * 4, "comb");
-    same(b.col, s.col, size_t(n * D) * 4, size_t(D) * 4, "the collapsed row");
-    if (sh.fused) same(b.col16, s.col16, size_t(n * D) * 2, size_t(D) * 2, "its f16 copy");
+    const Out s = run(false, 1);
+    for (int per_cluster : {0, 1, 2, 4}) {
+      const Out b = run(true, per_cluster);
+      auto same = [&](const DeviceBuffer& p, const DeviceBuffer& q, size_t bytes, size_t row, const char* what) {
+        const auto u = to_host<uint8_t>(p, bytes), v = to_host<uint8_t>(q, bytes);
+        size_t i = 0;
+        while (i < bytes && u[i] == v[i]) ++i;
+        EXPECT_EQ(i, bytes) << "H " << H << " D " << D << (sh.fused ? " fused" : "") << ", tokens per cluster " << per_cluster
+                            << ": " << what << " differs first at token " << (i / row) << ", byte " << i % row << " of its row";
+      };
+      same(b.X, s.X, size_t(n * hd) * 4, size_t(hd) * 4, "the streams");
+      same(b.mix, s.mix, size_t(n * nm) * 8, size_t(nm) * 8, "the mixes");
+      if (!sh.head) {  // (hc_head leaves no gates)
+        same(b.post, s.post, size_t(n * H) * 4, size_t(H) * 4, "post");
+        same(b.comb, s.comb, size_t(n * H * H) * 4, size_t(H * H) * 4, "comb");
+      }
+      same(b.col, s.col, size_t(n * D) * 4, size_t(D) * 4, "the collapsed row");
+      if (sh.fused) same(b.col16, s.col16, size_t(n * D) * 2, size_t(D) * 2, "its f16 copy");
+    }
   }
 }
 
@@ -391,7 +400,7 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
       d::fwd_rms_norm_rope(a2.as<float>(), RR, dm, wn, 1e-6, of, 32, inv2.as<float>(), 1.0f, pos.as<int64_t>(), pp, nullptr);
       d::fwd_rms_norm(b2.as<float>(), RR, dm, dm, wn, 1e-6, nullptr);
       d::fwd_rope(b2.as<float>(), RR, dm, of, 32, inv2.as<float>(), 1.0f, pos.as<int64_t>(), 0, pp, 1, 0, nullptr);
-      const std::string what = "fwd_rms_norm_rope, " + std::to_string(RR) + " rows of " + std::to_string(dm) + (wn ? "" : ", no weight");
+      const std::string what = fmt::format("fwd_rms_norm_rope, {} rows of {}{}", RR, dm, wn ? "" : ", no weight");
       expect_same_bytes(a2, b2, size_t(RR * dm) * 4, what);
     }
   }
