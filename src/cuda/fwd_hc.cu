@@ -220,19 +220,20 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   }
 
   // 0. This block's slice of each token's streams into shared memory: the fused hc_post of the previous sublayer
-  // (a.y, or the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X.
-#pragma unroll 1
-  for (int m = 0; m < mt; ++m) {
-    const int t = t0 + m;
+  // (a.y, or the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X. Elementwise,
+  // so the M tokens' columns are spread over the whole block at once (their global loads in flight together).
+  if (nq > 0) {
     if (a.y || a.y_slots) {
-      for (int q = tid; q < nq; q += kHcThreads)
-        hc_post_cols<VEC>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16,
+      for (int i = tid; i < mt * nq; i += kHcThreads) {
+        const int m = i / nq, q = i - m * nq;
+        hc_post_cols<VEC>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t0 + m, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16,
                           a.X_out, xs(m) + q * W, nq * W);
+      }
     } else {
-      const float* xt = a.X + int64_t(t) * hd;
-      for (int it = tid; it < H * nq; it += kHcThreads) {
+      for (int i = tid; i < mt * H * nq; i += kHcThreads) {
+        const int m = i / (H * nq), it = i - m * (H * nq);
         float x4[W];
-        hc_load<VEC>(xt + off(it), x4);
+        hc_load<VEC>(a.X + int64_t(t0 + m) * hd + off(it), x4);
 #pragma unroll
         for (int w = 0; w < W; ++w) xs(m)[it * W + w] = x4[w];
       }
@@ -442,20 +443,18 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     inv[m] = rms_inv(tot2, D, a.norm_eps);
   }
   cl.barrier_arrive();  // (C): this block's remote reads are done (its own shared memory must outlive the others' reads)
-#pragma unroll 1
-  for (int m = 0; m < mt; ++m) {
-    const int64_t t = t0 + m;
+  // The rows out, elementwise: the M tokens' columns over the collapsing warps at once.
+  for (int i = tid - first; i < mt * nq; i += kCollapse) {
+    const int m = i / nq, q = i - m * nq;
+    const int64_t t = t0 + m, d = d0 + int64_t(q) * W;
     const float im = pick(inv, m);
-    for (int q = tid - first; q < nq; q += kCollapse) {
-      const int64_t d = d0 + int64_t(q) * W;
-      float gv[W];
-      hc_load<VEC>(a.norm_w + d, gv);
+    float gv[W];
+    hc_load<VEC>(a.norm_w + d, gv);
 #pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const float y = rms_scaled(cs(m)[q * W + w], im, gv[w]);
-        a.collapsed[t * D + d + w] = y;
-        if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[t * D + d + w] = __float2half_rn(y);
-      }
+    for (int w = 0; w < W; ++w) {
+      const float y = rms_scaled(cs(m)[q * W + w], im, gv[w]);
+      a.collapsed[t * D + d + w] = y;
+      if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[t * D + d + w] = __float2half_rn(y);
     }
   }
   cl.barrier_wait();  // (C)
