@@ -82,11 +82,13 @@ __host__ __device__ inline HcY hc_y_of(const HcArgs& a) { return HcY{a.y, a.y_sl
 // in the reference's order (post * y first, then the streams: it reproduced the official golden bit for bit); the
 // H inputs are loaded once for the H outputs. The one implementation of hc_post: its kernel and hc_pre's fused
 // prologue (HcArgs::y or y_slots), which also keeps the outputs in shared memory (sm: stream k's at sm[k * sm_ld]).
+// BF (the official numerics' bf16 activations) a template parameter and the comb's strides chosen once: per element,
+// the rounding and the untransposed fault's choice were if-converted into selects and conversions in every mode
+// (FSEL 8.6 % and F2F 7.5 % of hc_pre's instructions at 32 tokens under ncu, session 25).
 constexpr int kPostMaxH = 8;
-template <bool VEC>
+template <bool VEC, bool BF>
 __device__ __forceinline__ void hc_post_cols(const HcY& ysrc, const float* X, const float* post, const float* comb, int64_t t, int H,
-                                             int64_t D, int64_t d, int untransposed, int act_bf16, float* out, float* sm = nullptr,
-                                             int sm_ld = 0) {
+                                             int64_t D, int64_t d, int untransposed, float* out, float* sm = nullptr, int sm_ld = 0) {
   constexpr int W = VEC ? 4 : 1;
   float yv[W], xv[kPostMaxH][W];
   hc_y<VEC>(ysrc, t, D, d, yv);
@@ -94,6 +96,7 @@ __device__ __forceinline__ void hc_post_cols(const HcY& ysrc, const float* X, co
   for (int j = 0; j < kPostMaxH; ++j)
     if (j < H) hc_load<VEC>(X + (t * H + j) * D + d, xv[j]);
   const float* C = comb + t * H * H;
+  const int sj = untransposed ? 1 : H, sk = untransposed ? H : 1;  // comb[j][k], or fault.comb_untransposed's comb[k][j]
   for (int k = 0; k < H; ++k) {
     const float p = post[t * H + k];
     float acc[W];
@@ -102,13 +105,14 @@ __device__ __forceinline__ void hc_post_cols(const HcY& ysrc, const float* X, co
 #pragma unroll
     for (int j = 0; j < kPostMaxH; ++j) {
       if (j >= H) break;
-      const float c = untransposed ? C[k * H + j] : C[j * H + k];
+      const float c = C[j * sj + k * sk];
 #pragma unroll
       for (int w = 0; w < W; ++w) acc[w] = __fadd_rn(acc[w], __fmul_rn(c, xv[j][w]));
     }
+    if constexpr (BF) {
 #pragma unroll
-    for (int w = 0; w < W; ++w)
-      if (act_bf16) acc[w] = bf16r(acc[w]);
+      for (int w = 0; w < W; ++w) acc[w] = bf16r(acc[w]);
+    }
     float* dst = out + (t * H + k) * D + d;
     if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
     else dst[0] = acc[0];
@@ -224,11 +228,15 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // so the M tokens' columns are spread over the whole block at once (their global loads in flight together).
   if (nq > 0) {
     if (a.y || a.y_slots) {
-      for (int i = tid; i < mt * nq; i += kHcThreads) {
-        const int m = i / nq, q = i - m * nq;
-        hc_post_cols<VEC>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t0 + m, H, D, d0 + int64_t(q) * W, a.untransposed, a.act_bf16,
-                          a.X_out, xs(m) + q * W, nq * W);
-      }
+      auto post_all = [&](auto bf) {
+        for (int i = tid; i < mt * nq; i += kHcThreads) {
+          const int m = i / nq, q = i - m * nq;
+          hc_post_cols<VEC, decltype(bf)::value>(hc_y_of(a), a.X_prev, a.post_prev, a.comb_prev, t0 + m, H, D, d0 + int64_t(q) * W,
+                                                 a.untransposed, a.X_out, xs(m) + q * W, nq * W);
+        }
+      };
+      if (a.act_bf16) post_all(std::true_type{});
+      else post_all(std::false_type{});
     } else {
       for (int i = tid; i < mt * H * nq; i += kHcThreads) {
         const int m = i / (H * nq), it = i - m * (H * nq);
@@ -376,32 +384,37 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // The collapse of each token's slice, sum_j pre_j * x_j, by warps 1..: to the output, or (with the fused norm) to
   // cs, where each thread reads back only its own columns.
   constexpr int first = 32, kCollapse = kHcThreads - first;
+  auto collapse = [&](auto bf) {
 #pragma unroll 1
-  for (int m = 0; m < mt; ++m) {
-    float pre[H];
-    hc_math::gates(mix_s[m], a.scale, a.base, H, a.hc_eps, pre, nullptr);
-    for (int q = tid - first; q < nq; q += kCollapse) {
-      float acc2[W];
+    for (int m = 0; m < mt; ++m) {
+      float pre[H];
+      hc_math::gates(mix_s[m], a.scale, a.base, H, a.hc_eps, pre, nullptr);
+      for (int q = tid - first; q < nq; q += kCollapse) {
+        float acc2[W];
 #pragma unroll
-      for (int w = 0; w < W; ++w) acc2[w] = 0.0f;
+        for (int w = 0; w < W; ++w) acc2[w] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < H; ++j) {
+        for (int j = 0; j < H; ++j) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs(m)[(j * nq + q) * W + w]));
-      }
+          for (int w = 0; w < W; ++w) acc2[w] = __fadd_rn(acc2[w], __fmul_rn(pre[j], xs(m)[(j * nq + q) * W + w]));
+        }
+        if constexpr (decltype(bf)::value) {
 #pragma unroll
-      for (int w = 0; w < W; ++w)
-        if (a.act_bf16) acc2[w] = bf16r(acc2[w]);
-      if (a.norm_w) {
+          for (int w = 0; w < W; ++w) acc2[w] = bf16r(acc2[w]);
+        }
+        if (a.norm_w) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) cs(m)[q * W + w] = acc2[w];
-      } else {
-        float* dst = a.collapsed + int64_t(t0 + m) * D + d0 + int64_t(q) * W;
-        if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
-        else dst[0] = acc2[0];
+          for (int w = 0; w < W; ++w) cs(m)[q * W + w] = acc2[w];
+        } else {
+          float* dst = a.collapsed + int64_t(t0 + m) * D + d0 + int64_t(q) * W;
+          if constexpr (VEC) *reinterpret_cast<float4*>(dst) = make_float4(acc2[0], acc2[1], acc2[2], acc2[3]);
+          else dst[0] = acc2[0];
+        }
       }
     }
-  }
+  };
+  if (a.act_bf16) collapse(std::true_type{});
+  else collapse(std::false_type{});
   if (!a.norm_w) {
     cl.barrier_wait();  // (A)
     return;
@@ -469,7 +482,8 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* y, c
   const int64_t nq = D / W, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * nq) return;
   const int64_t t = i / nq, d = (i - t * nq) * W;
-  hc_post_cols<VEC>(HcY{y}, X, post, comb, t, H, D, d, untransposed, act_bf16, out);
+  if (act_bf16) hc_post_cols<VEC, true>(HcY{y}, X, post, comb, t, H, D, d, untransposed, out);
+  else hc_post_cols<VEC, false>(HcY{y}, X, post, comb, t, H, D, d, untransposed, out);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
