@@ -199,7 +199,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   namespace cg = cooperative_groups;
   const cg::cluster_group cl = cg::this_cluster();
   const int S = int(cl.num_blocks()), s0 = int(cl.block_rank());
-  const int t0 = int(blockIdx.y) * M, mt = min(M, a.n - t0);  // this cluster's tokens t0 .. t0 + mt - 1
+  // This cluster's tokens t0 .. t0 + mt - 1 (mt <= M): the n tokens split evenly over the grid's clusters.
+  const int t0 = int(int64_t(blockIdx.y) * a.n / gridDim.y), mt = int(int64_t(blockIdx.y + 1) * a.n / gridDim.y) - t0;
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int nm = a.head ? H : NM, mode = a.mix_mode;
   const int64_t D = a.D, hd = int64_t(H) * D;
@@ -500,7 +501,7 @@ int hc_cluster_size(Kern kern) {
 }
 
 // Clusters of Sv blocks (16 where the GPU schedules them, else 8), each block one slice of D, each cluster M tokens
-// (HcArgs::tokens_per_cluster, or hc_pre_tokens_per_cluster's rule): the same arithmetic in the same order for
+// (HcArgs::tokens_per_cluster, or hc_pre_split's rule): the same arithmetic in the same order for
 // every M (the Sv-way split), so a token's bits do not depend on the batch. M > 1 only on the vector path (V4's
 // shapes; the scalar path serves odd hidden sizes at one token per cluster).
 template <int H, bool VEC>
@@ -510,7 +511,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   const int64_t per = ((a.D + Sv - 1) / Sv + W - 1) / W * W;  // the kernel's slice width
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
-  int M = 1;
+  int M = 1, clusters = a.n;
   if constexpr (VEC) {
     // The M > 1 kernels at the M = 1 kernel's cluster size (their split must be the same); one that the GPU does not
     // schedule at that size is not used.
@@ -519,24 +520,37 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
         if (cluster_size_or_8(k, Sv, kHcThreads, kHcMaxSmem) != Sv) return false;
       return true;
     }();
-    M = a.tokens_per_cluster > 0 ? a.tokens_per_cluster : hc_pre_tokens_per_cluster(a.n, Sv, sm_count());
-    if (M != 1 && M != 2 && M != 4) throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
-    while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2;
+    static const int resident = max_active_clusters(hc_pre_kernel<H, VEC, 4>, Sv, kHcThreads, kHcMaxSmem);
+    if (a.tokens_per_cluster > 0) {
+      M = a.tokens_per_cluster;
+      if (M != 1 && M != 2 && M != 4) throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
+      clusters = (a.n + M - 1) / M;
+    } else {
+      const HcSplit sp = hc_pre_split(a.n, resident);
+      M = sp.tokens_per_cluster, clusters = sp.clusters;
+    }
+    // (an M that the GPU or the shared memory does not take: halved, in ceil(n / M) clusters)
+    while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2, clusters = (a.n + M - 1) / M;
   }
   auto kern = M == 4 ? hc_pre_kernel<H, VEC, 4> : M == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>;
-  launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned((a.n + M - 1) / M), unsigned(kHcThreads), size_t(M) * slice_smem, s, a,
-                 mix_out);
+  launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
 }
 
 }  // namespace
 
-// H200 (132 SMs, clusters of 16: 16 resident at once), us per launch in graph replay (`plumb bench --only hc`,
-// the forward's variant) with 1 / 2 / 4 tokens per cluster: 16 tokens 23.6 / 20.5 / 26.5, 32 tokens 35.7 / 34.5 /
-// 34.7, 64 tokens 60.6 / 52.4 / 57.0, 128 tokens 116.8 / 92.2 / 87.4 (the one-slice-per-block launch before it:
-// ~95-106 at 128 tokens in the layer bench). Hence 2 above half a wave of clusters, 4 above four waves.
-int hc_pre_tokens_per_cluster(int n, int cluster, int sms) {
-  const int64_t per_wave = std::max<int64_t>(1, int64_t(2) * sms / cluster);  // clusters resident at once (2 blocks per SM)
-  return n > 4 * per_wave ? 4 : 2 * n > per_wave ? 2 : 1;
+// H200 (132 SMs, clusters of 16, at most 14 resident at once), us per launch in graph replay (`plumb bench --only hc`,
+// the forward's variant), session 25, with 1 / 2 / 4 tokens in each of ceil(n / M) clusters: 8 tokens 14.0 / 15.5 /
+// 23.1, 16 tokens 24.5 / 19.3 / 23.4, 32 tokens 37.6 / 32.2 / 31.6, 64 tokens 63.4 / 49.1 / 50.6, 128 tokens 122.5 /
+// 87.6 / 77.9; 32 tokens spread over the 14 resident clusters (2-3 each) 27.7. So: one wave of clusters while at
+// most 4 tokens per cluster do, the tokens spread evenly over them; beyond, 2 per cluster up to 6 waves' worth of
+// tokens (64: 49.1 against 50.6 with 4), then 4.
+HcSplit hc_pre_split(int n, int resident) {
+  const int c = std::max(1, std::min(n, resident)), need = (n + c - 1) / c;
+  if (need > 4) {
+    const int m = n <= 6 * resident ? 2 : 4;
+    return {m, (n + m - 1) / m};
+  }
+  return {need > 2 ? 4 : need, c};
 }
 
 size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * size_t((2 + H) * H); }

@@ -138,12 +138,16 @@ struct HcArgs {
   const float* norm_w = nullptr;
   double norm_eps = 0;
   uint16_t* collapsed16 = nullptr;
-  // Tokens per cluster (1, 2 or 4; 0: hc_pre_tokens_per_cluster's rule): the launch's shape, never its bits. The
-  // bench and the tests set it; the scalar path (odd D) always takes 1.
+  // Tokens per cluster (1, 2 or 4, in ceil(n / M) clusters; 0: hc_pre_split's rule): the launch's shape, never its
+  // bits. The bench and the tests set it; the scalar path (odd D) always takes 1.
   int tokens_per_cluster = 0;
 };
-// The launch's default tokens per cluster for n tokens, clusters of `cluster` blocks and `sms` SMs.
-int hc_pre_tokens_per_cluster(int n, int cluster, int sms);
+// The launch's default split of n tokens: M tokens at most per cluster (1, 2 or 4) over `clusters` clusters (n spread
+// evenly), given how many clusters the GPU keeps resident at once.
+struct HcSplit {
+  int tokens_per_cluster, clusters;
+};
+HcSplit hc_pre_split(int n, int resident);
 // scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);

@@ -56,23 +56,31 @@ void launch_cluster(const char* what, void (*kernel)(P...), unsigned cluster, un
   check_launch(what);
 }
 
+// How many clusters of `cluster` blocks (`threads` threads, `smem` bytes of dynamic shared memory each) of a kernel
+// the GPU keeps resident at once (0: it schedules none, or refuses the query). Sizes above 8 need the non-portable
+// attribute, which this sets.
+template <class Kern>
+int max_active_clusters(Kern kern, int cluster, int threads, size_t smem) {
+  int num = 0;
+  if (cluster <= 8 || cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(cluster), 1, 1), cfg.blockDim = dim3(unsigned(threads), 1, 1), cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = unsigned(cluster), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&num, kern, &cfg) != cudaSuccess) num = 0;
+  }
+  (void)cudaGetLastError();  // a refusal above is an answer, not an error
+  return num;
+}
+
 // Blocks per cluster for a cluster kernel: max_c (a non-portable size above 8) where the GPU co-schedules a cluster
 // of max_c blocks of `threads` threads and `smem` bytes of dynamic shared memory, else the portable 8. Callers query
 // once per kernel and keep the answer, so every launch of it splits its work the same way.
 template <class Kern>
 int cluster_size_or_8(Kern kern, int max_c, int threads, size_t smem) {
-  int num = 0;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(max_c), 1, 1), cfg.blockDim = dim3(unsigned(threads), 1, 1), cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = unsigned(max_c), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&num, kern, &cfg) != cudaSuccess) num = 0;
-  }
-  (void)cudaGetLastError();  // a refusal above is an answer, not an error
-  return num > 0 ? max_c : 8;
+  return max_active_clusters(kern, max_c, threads, smem) > 0 ? max_c : 8;
 }
 
 }  // namespace plumb::cuda::detail

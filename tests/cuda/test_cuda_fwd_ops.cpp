@@ -77,8 +77,9 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
     }
 }
 
-// A token's hc_pre does not depend on the batch: 137 tokens in one launch, with the launch's rule and with 1, 2 and 4
-// tokens per cluster (the last cluster partial), against each token alone, bit for bit: the new streams (fused hc_post), the mixes, post,
+// A token's hc_pre does not depend on the batch: 137 and 30 tokens in one launch, with the launch's rule (30: 2-3
+// tokens in each of the clusters the GPU keeps resident) and with 1, 2 and 4 tokens per cluster (the clusters' shares
+// uneven), against each token alone, bit for bit: the new streams (fused hc_post), the mixes, post,
 // comb, the collapsed row and its fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
 // scalar path, empty slices), H = 6 (the one-thread Sinkhorn), the official and bf16 mixing modes and hc_head.
 TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
@@ -89,9 +90,10 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
     bool fused;
     int mix_mode = 0, head = 0;
   };
+  for (const int n : {137, 30})
   for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{4, 4096, false, 2},
                          Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
-    const int n = 137, H = sh.H, nmix = (2 + H) * H, nm = sh.head ? H : nmix;  // nm: the mixes hc_pre leaves per token
+    const int H = sh.H, nmix = (2 + H) * H, nm = sh.head ? H : nmix;  // nm: the mixes hc_pre leaves per token
     const int64_t D = sh.D, hd = H * D;
     const auto X = rng.floats(size_t(n * hd), -2.0f, 2.0f), Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f);
     const auto y = rng.floats(size_t(n * D), -1.0f, 1.0f), pp = rng.floats(size_t(n * H), 0.0f, 2.0f);
@@ -127,7 +129,7 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
         const auto u = to_host<uint8_t>(p, bytes), v = to_host<uint8_t>(q, bytes);
         size_t i = 0;
         while (i < bytes && u[i] == v[i]) ++i;
-        EXPECT_EQ(i, bytes) << "H " << H << " D " << D << (sh.fused ? " fused" : "") << ", tokens per cluster " << per_cluster
+        EXPECT_EQ(i, bytes) << n << " tokens, H " << H << " D " << D << (sh.fused ? " fused" : "") << ", tokens per cluster " << per_cluster
                             << ": " << what << " differs first at token " << (i / row) << ", byte " << i % row << " of its row";
       };
       same(b.X, s.X, size_t(n * hd) * 4, size_t(hd) * 4, "the streams");
