@@ -176,6 +176,39 @@ __device__ __forceinline__ T pick(const T (&v)[M], int m) {
   return x;
 }
 
+// Each token's v[m] (m < mt) summed over the warps [w0, kWarps) of the block into out[m]: each warp's lanes first,
+// then the warps in order (block_sum's order), meeting at `sync` (the whole block's barrier, or a named barrier of the
+// warps taking part); lane 0 of each warp leaves its sums in sh. Phase 1's and phase 4's sums of squares.
+template <int M, int kWarps, class Sync>
+__device__ __forceinline__ void hc_token_sums(double (&v)[M], double (&sh)[M][kWarps], double* out, int mt, int w0, Sync sync) {
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), i = int(threadIdx.x) - 32 * w0;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    v[m] = warp_sum(v[m]);
+    if (lane == 0) sh[m][warp] = v[m];
+  }
+  sync();
+  if (i >= 0 && i < mt) {
+    double tot = 0;
+    for (int w = w0; w < kWarps; ++w) tot += sh[i][w];
+    out[i] = tot;
+  }
+}
+
+// A cluster's total of one value per block (part[m] at every rank), for each token m < mt: the S partials in rank
+// order, so every warp of every block gets the same bits. Call after a cluster barrier that follows the writes.
+template <int M>
+__device__ __forceinline__ void hc_cluster_totals(const cooperative_groups::cluster_group& cl, double* part, int S, int mt,
+                                                  double (&tot)[M]) {
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const double p = lane < S && m < mt ? *cl.map_shared_rank(&part[m], lane) : 0.0;
+    tot[m] = 0;
+    for (int q = 0; q < S; ++q) tot[m] += __shfl_sync(0xFFFFFFFFu, p, q);
+  }
+}
+
 // 2 blocks per SM: a cluster of 16 fits in 8 SMs. (Session 8 measured a variant with one block per SM, all
 // registers, and each thread's first fn values loaded into registers at the start: the GPU then schedules no
 // cluster of 16, and with 8 blocks per token it took 18.7 us against 16.5.)
@@ -263,25 +296,14 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
 #pragma unroll
           for (int w = 0; w < W; ++w) ss[m] += double(xs(m)[it * W + w]) * xs(m)[it * W + w];
         }
-      ss[m] = warp_sum(ss[m]);
-      if (lane == 0) sh[m][warp] = ss[m];
     }
-    __syncthreads();
-    if (tid < mt) {
-      double tot = 0;
-      for (int w = 0; w < kWarps; ++w) tot += sh[tid][w];
-      ss_s[tid] = tot;
-    }
+    hc_token_sums(ss, sh, ss_s, mt, 0, [] { __syncthreads(); });
   }
   cl.sync();
   double r[M];
+  hc_cluster_totals(cl, ss_s, S, mt, r);
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const double part = lane < S && m < mt ? *cl.map_shared_rank(&ss_s[m], lane) : 0.0;
-    double tot = 0;
-    for (int q = 0; q < S; ++q) tot += __shfl_sync(0xFFFFFFFFu, part, q);
-    r[m] = 1.0 / sqrt(tot / double(hd) + a.rms_eps);
-  }
+  for (int m = 0; m < M; ++m) r[m] = 1.0 / sqrt(r[m] / double(hd) + a.rms_eps);
 
   // 2. Each token's partial dots over the slice: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
   // bf16(x * r) . bf16(fn); 2 official, x . fn. One token at a time (fn's slice is read from L1/L2 again per
@@ -436,26 +458,16 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
 #pragma unroll
           for (int w = 0; w < W; ++w) ss2[m] += double(cs(m)[q * W + w]) * cs(m)[q * W + w];
         }
-      ss2[m] = warp_sum(ss2[m]);
-      if (lane == 0) sh[m][warp] = ss2[m];
     }
-    asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory");
-    if (tid - first < mt) {
-      double tot = 0;
-      for (int w = first / 32; w < kWarps; ++w) tot += sh[tid - first][w];
-      ss2_s[tid - first] = tot;
-    }
+    hc_token_sums(ss2, sh, ss2_s, mt, first / 32, [] { asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory"); });
   }
   cl.barrier_wait();  // (A)
   cl.sync();          // (B): every block's partials in place
+  double tot2[M];
+  hc_cluster_totals(cl, ss2_s, S, mt, tot2);
   float inv[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const double part = lane < S && m < mt ? *cl.map_shared_rank(&ss2_s[m], lane) : 0.0;
-    double tot2 = 0;
-    for (int q = 0; q < S; ++q) tot2 += __shfl_sync(0xFFFFFFFFu, part, q);
-    inv[m] = rms_inv(tot2, D, a.norm_eps);
-  }
+  for (int m = 0; m < M; ++m) inv[m] = rms_inv(tot2[m], D, a.norm_eps);
   cl.barrier_arrive();  // (C): this block's remote reads are done (its own shared memory must outlive the others' reads)
   // The rows out, elementwise: the M tokens' columns over the collapsing warps at once.
   for (int i = tid - first; i < mt * nq; i += kCollapse) {
@@ -515,12 +527,9 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   if constexpr (VEC) {
     // The M > 1 kernels at the M = 1 kernel's cluster size (their split must be the same); one that the GPU does not
     // schedule at that size is not used.
-    static const bool many = [] {
-      for (auto k : {hc_pre_kernel<H, VEC, 2>, hc_pre_kernel<H, VEC, 4>})
-        if (cluster_size_or_8(k, Sv, kHcThreads, kHcMaxSmem) != Sv) return false;
-      return true;
-    }();
+    // (The M = 4 kernel's count, the most static shared memory, is the launch rule's count of resident clusters.)
     static const int resident = max_active_clusters(hc_pre_kernel<H, VEC, 4>, Sv, kHcThreads, kHcMaxSmem);
+    static const bool many = resident > 0 && max_active_clusters(hc_pre_kernel<H, VEC, 2>, Sv, kHcThreads, kHcMaxSmem) > 0;
     if (a.tokens_per_cluster > 0) {
       M = a.tokens_per_cluster;
       if (M != 1 && M != 2 && M != 4) throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
