@@ -6,7 +6,7 @@
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
-# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
+# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
 # SANITIZE=GTEST_FILTER (compute-sanitizer memcheck over those CUDA tests, sanitizer.txt),
@@ -252,6 +252,23 @@ if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source
     note "ncu source page rc=$?"
     python3 bench/ncu_source.py "$OUT/ncu-source.csv" >"$OUT/ncu-source-summary.txt" 2>&1  # by opcode, reason, instruction
   fi
+fi
+
+if [ -n "${NCU_PIPES:-}" ]; then  # per-pipe issue rates (ALU, FMA, LSU, tensor), IPC, DRAM throughput and stalls of the
+  # kernels whose demangled names match this regex (template arguments included: "gemv_kernel<0," is the FP4 MXFP4
+  # GEMV), NCU_COUNT launches (default 12) after NCU_SKIP, in one eager decode step at NCU_BATCH (default 1)
+  note "ncu pipes: $NCU_PIPES"
+  m=sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+  m=$m,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
+  m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active
+  m=$m,sm__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
+  m=$m,sm__warps_active.avg.per_cycle_active,launch__registers_per_thread,launch__grid_size,launch__block_size
+  m=$m,smsp__inst_executed.sum,dram__bytes_read.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
+  timeout "${T_NCU:-240}" ncu --metrics "$m" --section WarpStateStats --section InstructionStats --kernel-name-base demangled \
+    -k "regex:${NCU_PIPES}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-12}" "$C/plumb" bench \
+    --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" \
+    --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1 >"$OUT/ncu-pipes.txt" 2>&1
+  note "ncu pipes rc=$?"
 fi
 
 if [ -n "${BENCH:-}" ]; then

@@ -652,12 +652,15 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // graph / single launch): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0; 1 warp 49.2 / 44.6), batch 8
   // 85.7 / 82.7 (the full register budget 79.2 / 76.3); down (session 11, one run) batch 1 57.1 / 45.8 with 1 warp
   // (2 warps 51.1 / 41.8, streaming 47.0 / 38.8), batch 8 76.7 / 70.4 with 1 warp and 128 registers (streaming 72.2
-  // / 67.2, 2 warps 68.4 / 64.0), batch 32 73.7 / 72.2 (streaming 73.1 / 70.6, 2 warps 63.1 / 61.7).
+  // / 67.2, 2 warps 68.4 / 64.0), batch 32 73.7 / 72.2 (streaming 73.1 / 70.6, 2 warps 63.1 / 61.7). Session 26, two
+  // runs at batch 32 (192 slots): per-tile (1 warp, 128 registers, PDL) 75.1-75.2 % against 68.3-69.4 % for the
+  // streaming launch as the default ran it, so down takes the per-tile kernel up to 256 slots (the streaming
+  // kernel's own grouping's limit; above, with the group table, it stays on streaming).
   // With a group table (GemvArgs::groups, above 256 slots) the same choice: gate/up's per-tile blocks one per table
   // tile, down's streaming kernel reading its grouping from the table (either gives the bits it gives without one).
   // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above (1 warp, 128
   // registers).
-  constexpr int kDownTileSlots = 64;
+  constexpr int kDownTileSlots = 256;
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;

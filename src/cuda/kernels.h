@@ -194,8 +194,8 @@ struct GemvArgs {
                                  // to 32 tokens)
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
   int fp4_kernel = 0;  // 0 auto: per-tile for gate/up at every batch (2 warps per block) and for down at
-                       // n * topk <= 64 (1 warp per block); full registers and PDL at <= 8 slots, 128 registers
-                       // above (PDL on for down); down above 64 slots as 2 (gemv.cu; where the streaming kernel
+                       // n * topk <= 256 (1 warp per block); full registers and PDL at <= 8 slots, 128 registers
+                       // above (PDL on for down); down above 256 slots as 2 (gemv.cu; where the streaming kernel
                        // refuses the shape: per-tile, 1 warp, 128 registers);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
                        // n * topk <= 256, or 1024 with a group table, 16-byte aligned weights and scale rows),
