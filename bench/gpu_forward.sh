@@ -6,7 +6,7 @@
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
-# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
+# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
 # SANITIZE=GTEST_FILTER (compute-sanitizer memcheck over those CUDA tests, sanitizer.txt),
@@ -107,6 +107,7 @@ note "verify-golden --backend cuda"
 
 for fx in tests/data/golden/*/ models/tiny/ $extra; do
   sets=("" "$FAST")
+  [ -n "${GOLDEN_ALT:-}" ] && sets+=("${GOLDEN_ALT//FAST/$FAST}")  # GOLDEN_ALT=PATCHES: one more set (FAST stands for FAST's)
   if grep -q "official inference" "$fx/golden.json"; then  # DeepSeek's code: its numerics mode (OFFICIAL=1)
     [ -n "${OFFICIAL:-}" ] || continue
     mode=numerics.official; grep -q "initial revision" "$fx/golden.json" && mode=numerics.official_initial
