@@ -264,6 +264,8 @@ if [ -n "${NCU_PIPES:-}" ]; then  # per-pipe issue rates (ALU, FMA, LSU, tensor)
   m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active
   m=$m,sm__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
   m=$m,sm__warps_active.avg.per_cycle_active,launch__registers_per_thread,launch__grid_size,launch__block_size
+  m=$m,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp64.avg.pct_of_peak_sustained_active
+  m=$m,sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_dmma_cycles_active.avg.pct_of_peak_sustained_active
   m=$m,smsp__inst_executed.sum,dram__bytes_read.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
   timeout "${T_NCU:-240}" ncu --metrics "$m" --section WarpStateStats --section InstructionStats --kernel-name-base demangled \
     -k "regex:${NCU_PIPES}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-12}" "$C/plumb" bench \
