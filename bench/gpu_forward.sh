@@ -255,7 +255,7 @@ if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source
   fi
 fi
 
-if [ -n "${NCU_PIPES:-}" ]; then  # per-pipe issue rates (ALU, FMA, LSU, tensor), IPC, DRAM throughput and stalls of the
+if [ -n "${NCU_PIPES:-}" ]; then  # per-pipe issue rates (ALU, FMA, LSU, XU, FP64, tensor), IPC, DRAM throughput, stalls of the
   # kernels whose demangled names match this regex (template arguments included: "gemv_kernel<0," is the FP4 MXFP4
   # GEMV), NCU_COUNT launches (default 12) after NCU_SKIP, in one eager decode step at NCU_BATCH (default 1)
   note "ncu pipes: $NCU_PIPES"
