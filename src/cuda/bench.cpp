@@ -966,23 +966,23 @@ int run_bench(const BenchOptions& opt) {
     for (int n : {1, 8, 16, 32, 64, 128})
       for (int per_cluster : {0, 1, 2, 4})
         for (const HcVar& v : vars) {
-        const bool every = n <= 8 && per_cluster == 0, sweep = n >= 8 && &v == &vars[0] && (n > 8 || per_cluster != 0);
-        if (!every && !sweep) continue;
-        d::HcArgs a;
-        a.tokens_per_cluster = per_cluster;
-        a.X = X.as<float>(), a.fn = fn.as<float>(), a.base = base.as<float>(), a.scale = scl.as<float>();
-        a.n = n, a.H = H, a.iters = v.iters, a.D = Dh, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
-        a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
-        if (v.post)
-          a.y = yv.as<float>(), a.X_prev = Xp.as<float>(), a.post_prev = postp.as<float>(), a.comb_prev = combp.as<float>(),
-          a.X_out = X.as<float>();
-        if (v.norm) a.norm_w = nw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = col16.as<uint16_t>();
-        const double bytes = double(fn.bytes()) + double(n) * double(Dh) * 4 * (H + (v.post ? H + 1 + H : 0) + 1);
-        const std::string how = per_cluster ? fmt::format("{} Sinkhorn iterations, {} tokens per cluster", v.iters, per_cluster)
-                                            : fmt::format("{} Sinkhorn iterations", v.iters);
-        B.add(B.rows, {v.name, "hc_mult 4, hidden 4096", how, n, 0, bytes},
-              B.time([&](int) { d::fwd_hc_pre(a, mix.as<double>(), S); }));
-      }
+          const bool every = n <= 8 && per_cluster == 0, sweep = n >= 8 && &v == &vars[0] && (n > 8 || per_cluster != 0);
+          if (!every && !sweep) continue;
+          d::HcArgs a;
+          a.tokens_per_cluster = per_cluster;
+          a.X = X.as<float>(), a.fn = fn.as<float>(), a.base = base.as<float>(), a.scale = scl.as<float>();
+          a.n = n, a.H = H, a.iters = v.iters, a.D = Dh, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+          a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
+          if (v.post)
+            a.y = yv.as<float>(), a.X_prev = Xp.as<float>(), a.post_prev = postp.as<float>(), a.comb_prev = combp.as<float>(),
+            a.X_out = X.as<float>();
+          if (v.norm) a.norm_w = nw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = col16.as<uint16_t>();
+          const double bytes = double(fn.bytes()) + double(n) * double(Dh) * 4 * (H + (v.post ? H + 1 + H : 0) + 1);
+          const std::string how = per_cluster ? fmt::format("{} Sinkhorn iterations, {} tokens per cluster", v.iters, per_cluster)
+                                              : fmt::format("{} Sinkhorn iterations", v.iters);
+          B.add(B.rows, {v.name, "hc_mult 4, hidden 4096", how, n, 0, bytes},
+                B.time([&](int) { d::fwd_hc_pre(a, mix.as<double>(), S); }));
+        }
   }
   d::dsync();
 
