@@ -227,11 +227,14 @@ if [ -n "${COMPARE:-}" ] && [ -f "$OUT/layers-fast.json" ]; then  # transformers
   note "transformers comparison rc=$? (appended to layers-ref.txt: the device tool returns at most 8 files)"
 fi
 
+# The program the ncu steps below profile: one eager decode step at NCU_BATCH (default 1) of the layer bench, with
+# NCU_PATCHES (default the tensor-core GEMV patches, no graph: ncu sees each launch).
+ncu_step=("$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}"
+  --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1)
+
 if [ -n "${NCU:-}" ]; then  # kernel time of one eager decode step at batch 1 (ncu, one metric), by launch and by kernel
   note "ncu: one decode step"
-  timeout "${T_NCU:-240}" ncu --csv --metrics gpu__time_duration.sum "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers \
-    --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 \
-    --warmup 1 >/tmp/ncu.csv 2>&1
+  timeout "${T_NCU:-240}" ncu --csv --metrics gpu__time_duration.sum "${ncu_step[@]}" >/tmp/ncu.csv 2>&1
   note "ncu rc=$?"
   python3 bench/kernel_times.py /tmp/ncu.csv >"$OUT/ncu-step.txt" 2>&1
   gzip -c /tmp/ncu.csv >"$OUT/ncu.csv.gz"
@@ -243,9 +246,7 @@ if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source
   # (NCU_SKIP=K: skip the first K matching launches, e.g. the context's prefill; NCU_SOURCE=1: also the report's
   # source page, SASS with its stall samples per instruction, as CSV)
   timeout "${T_NCU:-240}" ncu --set full --import-source yes -o /tmp/ncu-detail -f -k "regex:${NCU_DETAIL}" \
-    --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-2}" "$C/plumb" bench \
-    --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" \
-    --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1 >"$OUT/ncu-detail.txt" 2>&1
+    --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-2}" "${ncu_step[@]}" >"$OUT/ncu-detail.txt" 2>&1
   note "ncu detail rc=$?"
   ncu -i /tmp/ncu-detail.ncu-rep --print-details all >>"$OUT/ncu-detail.txt" 2>&1
   if [ -n "${NCU_SOURCE:-}" ]; then
@@ -268,9 +269,7 @@ if [ -n "${NCU_PIPES:-}" ]; then  # per-pipe issue rates (ALU, FMA, LSU, XU, FP6
   m=$m,sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_dmma_cycles_active.avg.pct_of_peak_sustained_active
   m=$m,smsp__inst_executed.sum,dram__bytes_read.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
   timeout "${T_NCU:-240}" ncu --metrics "$m" --section WarpStateStats --section InstructionStats --kernel-name-base demangled \
-    -k "regex:${NCU_PIPES}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-12}" "$C/plumb" bench \
-    --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}" \
-    --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1 >"$OUT/ncu-pipes.txt" 2>&1
+    -k "regex:${NCU_PIPES}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-12}" "${ncu_step[@]}" >"$OUT/ncu-pipes.txt" 2>&1
   note "ncu pipes rc=$?"
 fi
 
