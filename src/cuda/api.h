@@ -276,7 +276,10 @@ void route(const RouterWeights& w, const RouterConfig& c, const void* x, Act xt,
 // slots).
 void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
                  const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
-// ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first).
+// ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first). idx must
+// have been written before the launch that precedes this one on the stream (moe_gate_up's, as the forward calls
+// them): under PDL (cuda.pdl) the per-tile kernel reads it, and requests its first weights, before it waits for that
+// launch (GemvArgs::pdl_early).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
 // The official numerics' routed experts (DeepSeek's fp4_gemm, numerics.official): activations quantized to E4M3 per

@@ -576,6 +576,7 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
   a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 0;
   a.out = ys, a.o_tok_stride = m.D;
+  a.pdl_early = 1;  // (idx is gate/up's routing, written before that launch: down reads it before its PDL wait)
   d::launch_gemv(a, s);
 }
 

@@ -655,7 +655,7 @@ int run_bench(const BenchOptions& opt) {
     // Tuning sweep of the two FP4 kernels: the per-tile kernel (warps per block) and the streaming kernel (warps
     // per CTA, stages in flight, warps splitting one tile's K, programmatic dependent launch).
     struct Fp4Cfg {
-      int kernel, warps, depth, ks, pdl, minb;
+      int kernel, warps, depth, ks, pdl, minb, early = 0;
     };
     std::vector<Fp4Cfg> fcfgs;
     // Per-tile: warps per block, register budget (minblocks), PDL.
@@ -663,6 +663,8 @@ int run_bench(const BenchOptions& opt) {
       for (int minb : {1, 2, 3})
         for (int pdl : {0, 1})
           if (pdl == 0 || (warps <= 2 && minb < 3)) fcfgs.push_back({1, warps, 0, 0, pdl, minb});
+    // Down's routing read and first weights requested before its PDL wait (pdl_early, as moe_down launches it).
+    for (int minb : {1, 2}) fcfgs.push_back({1, 1, 0, 0, 1, minb, 1});
     // Streaming: warps per CTA, stages in flight, warps splitting one tile's K, PDL.
     for (int pdl : {0, 1})
       for (int warps : {2, 4, 8})
@@ -671,11 +673,12 @@ int run_bench(const BenchOptions& opt) {
             if (ks <= warps && (ks == 1 || depth == 2)) fcfgs.push_back({2, warps, depth, ks, pdl, 1});
     for (int which = 0; which < 2; ++which)
       for (const Fp4Cfg& fc : fcfgs) {
+          if (fc.early && which == 0) continue;  // (gate/up's routing is its predecessor's output)
           d::GemvArgs a;
           a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.warps = fc.kernel == 1 ? fc.warps : 4;
           a.minblocks = fc.minb;
           a.fp4_kernel = fc.kernel, a.fp4_warps = fc.kernel == 2 ? fc.warps : 0, a.fp4_depth = fc.depth;
-          a.fp4_ksplit = fc.ks, a.pdl = fc.pdl;
+          a.fp4_ksplit = fc.ks, a.pdl = fc.pdl, a.pdl_early = fc.early;
           a.act = d::kF16;
           const Fp4Matrices& w = which == 0 ? moe.w1 : moe.w2;
           a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
@@ -698,7 +701,8 @@ int run_bench(const BenchOptions& opt) {
             d::dsync();
             continue;
           }
-          const std::string var = fc.kernel == 1 ? fmt::format("per-tile w{} minb {}{}", fc.warps, fc.minb, fc.pdl ? " pdl" : "")
+          const std::string var = fc.kernel == 1 ? fmt::format("per-tile w{} minb {}{}{}", fc.warps, fc.minb, fc.pdl ? " pdl" : "",
+                                                               fc.early ? " early" : "")
                                                   : fmt::format("stream w{} d{} ks{}{}", fc.warps, fc.depth, fc.ks,
                                                                 fc.pdl ? " pdl" : "");
           B.add(B.tuning,
@@ -829,6 +833,16 @@ int run_bench(const BenchOptions& opt) {
             a.minblocks = minb;
             const Timing tt = time_direct(a);
             B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("warps {}, kblocks {}, minb {}, unroll {}", warps, kb, minb, unroll), "", n, 0, bytes}, tt);
+          }
+        // Under PDL (as cuda.pdl launches them at <= 8 tokens), each launch's first weights requested before its
+        // wait into registers (pdl_early, the default) or into L2.
+        if (n <= 8 && B.want("fp8") && p.groups == 1)
+          for (int early : {0, 1}) {
+            const int64_t chunks = p.cols / 128;
+            d::GemvArgs a = direct(n, d::gemv_dense_warps(gr / 16, chunks), 1, 2);
+            a.pdl = 1, a.pdl_early = early;
+            B.add(B.tuning, {fmt::format("FP8 {}", p.name), fmt::format("pdl, first weights into {}", early ? "registers" : "L2"), "", n, 0, bytes},
+                  time_direct(a));
           }
       }
       // The shared-activation kernel above 8 tokens (gemv_xs.cuh, `--only fp8xs`): tiles per block x blocks along K x

@@ -49,6 +49,14 @@ constexpr int kMaxWarps = 8;
 constexpr int kMaxSlots = 1024;
 
 __device__ __forceinline__ uint4 load_x8(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// Activations that a launch may request after its PDL wait with their addresses known before it (pdl_early, FP8
+// dense under PDL): a plain load, which stays after the wait (pdl_begin's memory clobber); __ldg's load is marked
+// invariant and was hoisted above the wait (wrong results under test).
+template <bool PLAIN>
+__device__ __forceinline__ uint4 load_act8(const __half* p) {
+  if constexpr (PLAIN) return *reinterpret_cast<const uint4*>(p);
+  else return load_x8(p);
+}
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
@@ -145,9 +153,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   const int tile = int(blockIdx.x);
   // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute, see launch.cuh): wait for the previous
   // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
-  // reads the routing first; dense blocks first prefetch their first weight chunks into L2 (weights are never
-  // written during a forward), so the stream from HBM starts while the previous kernel finishes.
-  if (MODE == kMoe && a.pdl > 0) pdl_begin();
+  // reads the routing first; dense blocks first request their first weight chunks (weights are never written during
+  // a forward): FP8 into registers (pdl_early, body), the others into L2, so the stream from HBM starts while the
+  // previous kernel finishes.
+  // pdl_early, MoE (W4A16, PDL, no group table, pdl_early 1): the routing was written two or more launches back and
+  // is complete once the previous kernel's blocks have passed their own wait (which is before they let this launch
+  // start), so a block reads it from L2 (no stale L1 line) and requests its first chunks' weights before waiting
+  // (body, below). (kEarlyKind: the instantiations that may run an early path, MoE down and FP8 dense, load their
+  // activations plainly: load_act8.)
+  constexpr bool kEarlyKind = (FMT == kFp4 && MODE == kMoe && NMAT == 1) || (FMT == kFp8 && MODE == kDense);
+  const bool early = kEarlyKind && FMT == kFp4 && a.pdl_early > 0 && !a.groups && a.pdl > 0;
+  if (MODE == kMoe && a.pdl > 0 && !early) pdl_begin();
 
   int prob, m;
   if constexpr (MODE == kMoe) {
@@ -169,12 +185,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       m = m_s;
     } else {
       const int slot = int(blockIdx.y), nslots = a.n * a.topk;
-      const int e = a.idx[slot];
+      const int e = early ? __ldcg(a.idx + slot) : a.idx[slot];
       if (warp == 0) {
         int cnt = 0;
         for (int base = 0; base < nslots; base += 32) {
           const int s = base + lane;
-          const bool match = s < nslots && a.idx[s] == e;
+          const bool match = s < nslots && (early ? __ldcg(a.idx + s) : a.idx[s]) == e;
           const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
           if (match) cols_s[cnt + __popc(mask & ((1u << lane) - 1u))] = s;
           cnt += __popc(mask);
@@ -236,8 +252,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       ps[q][0] = ps[q][1] = sbase + ((int64_t(tile) * 16 / 128) * a.s_ld + cb) * (a.s_f32 ? 4 : 1);
     }
   }
+  // FP8 dense under PDL (pdl_early -1 or 1): each warp issues its first step's weight loads (into registers) before
+  // it waits for the previous kernel (body; a warp without chunks waits after the loop). The other dense formats,
+  // and FP8 with pdl_early 0, prefetch their first chunks into L2 instead.
+  const bool early_dense = FMT == kFp8 && MODE == kDense && a.pdl > 0 && a.pdl_early != 0;
   if constexpr (MODE == kDense) {
-    if (a.pdl > 0) {
+    if (a.pdl > 0 && !early_dense) {
       if (FMT == kFp8 && t == 0)  // lanes t = 0 of a row cover its 128-byte chunk
 #pragma unroll
         for (int q = 0; q < NMAT; ++q)
@@ -298,7 +318,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
         [[maybe_unused]] uint2 X8[UU][4];
         [[maybe_unused]] float XS[UU][2];
 #pragma unroll
-        for (int u = 0; u < UU; ++u) {
+        for (int u = 0; u < UU; ++u)
 #pragma unroll
           for (int q = 0; q < NMAT; ++q) {
             A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB);
@@ -306,9 +326,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
             SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
+        if (early && p0 == 0 && c == 0) pdl_begin();  // pdl_early: the activations are the previous kernel's output
+#pragma unroll
+        for (int u = 0; u < UU; ++u) {
           if constexpr (FMT == kFp4) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_x8(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < 4; ++j) X[u][j] = xp ? load_act8<kEarlyKind>(xp + (c + u) * 128 + j * 32) : make_uint4(0, 0, 0, 0);
           } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -414,12 +437,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
 #pragma unroll
         for (int q = 0; q < NMAT; ++q) ps0[q] = ps[q][0];
         load_fp8_chunks<UU, NMAT>(pa, pb, ps0, a.s_f32, c, A, B, S);
+        if (early_dense && p0 == 0 && c == 0) pdl_begin();  // the activations are the previous kernel's output
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
           for (int jg = 0; jg < NP; ++jg)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) X[u][jg][j] = xps[jg] ? load_x8(xps[jg] + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < 4; ++j)
+              X[u][jg][j] = xps[jg] ? load_act8<kEarlyKind>(xps[jg] + (c + u) * 128 + j * 8) : make_uint4(0, 0, 0, 0);
         }
         // Each converted weight fragment feeds the MMA of every token group; group jg's partial d[jg] then enters
         // its accumulator as a pass of its own would (the same MMAs in the same order).
@@ -457,6 +482,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
     } else {
       run(std::false_type{});
     }
+    if ((early || early_dense) && nch == 0 && p0 == 0) pdl_begin();  // (a warp with no chunks waits here)
 
     // Reduce the block's K split (fixed order), then optionally across blocks.
 #pragma unroll
@@ -666,9 +692,13 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const int slots = a.n * a.topk;
   // The per-tile kernel's automatic configuration (fp4_kernel 0), for either bit layout: the block split and
   // register budget above, and PDL at <= 8 slots and for down's per-tile launches.
+  // pdl_early (moe_down's launches allow it) only at <= 8 slots: session 27's sweep, graph replay, down at 1 / 8 / 32
+  // tokens 12.35 -> 10.79 / 64.74 -> 64.18 / 204.8 -> 215.7 us (one wave of blocks at batch 1; above, the next
+  // launch's early blocks compete with the previous launch's later waves).
   auto per_tile_auto = [&](GemvArgs& b, bool down) {
     b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : 2;
     if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
+    if (slots > 8 || b.pdl_early < 0) b.pdl_early = 0;
   };
   if (a.fmt == kFp8A8) return launch_t<kFp8A8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp4A8) {  // the per-tile kernel (no streaming twin)

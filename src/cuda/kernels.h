@@ -207,6 +207,10 @@ struct GemvArgs {
                        // previous kernel of the stream): -1 default (streaming: on for down, off for gate/up; per-tile
                        // auto: on at n * topk <= 8), 0 off, 1 on
   int fp4_ksplit = 0;  // streaming: warps of a CTA that split one tile's K (1, 2, 4, 8; divides fp4_warps; 0: default)
+  int pdl_early = -1;  // under PDL, each warp's first weight loads issued before it waits for the previous kernel:
+                       // -1 auto (FP8 dense: on; MoE: off), 0 off, 1 on. MoE (the per-tile W4A16 kernel, no group
+                       // table) also reads idx before the wait, so idx must have been written at least two launches
+                       // back (moe_down after moe_gate_up sets 1; fp4_kernel 0 keeps it at <= 8 slots only)
   // FP8 (W8A16) dense only: the shared-activation kernel (gemv_xs.cuh): `warps` 16-row tiles per block, a warp
   // each, over the block's K range (kblocks along K, any token count; workspace: gemv_workspace), the pass's
   // activations of that range staged in shared memory once per block;

@@ -555,6 +555,39 @@ TEST_F(CudaMoe, GateUpDownCombineMatchTwin) {
       }
 }
 
+// One FP4 MoE launch through launch_gemv with the configuration fields of cfg: gate/up + SwiGLU (which 0: x rows
+// by token, pre-weighted by pw) or down (which 1: h rows by slot); the fp32 output of every slot (0xFF-filled first).
+struct Fp4MoeCase {
+  const cuda::MoeExperts& m;
+  const cuda::DeviceBuffer &idx, &pw;
+  const Acts &x, &h;
+  int n, K;
+  std::vector<float> run(int which, const cuda::detail::GemvArgs& cfg) const {
+    namespace d = cuda::detail;
+    const int S = n * K;
+    const int64_t D = m.w1.cols, I = m.w1.rows;
+    const cuda::Fp4Matrices& w = which == 0 ? m.w1 : m.w2;
+    cuda::DeviceBuffer out(size_t(S) * size_t(w.rows) * 4);
+    out.fill_byte(0xFF);
+    d::GemvArgs a = cfg;
+    a.fmt = d::kFp4, a.mode = d::kMoe, a.act = d::kF16, a.idx = idx.as<int32_t>(), a.n = n, a.topk = K, a.problems = int(m.E);
+    a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
+    a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
+    a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
+    if (which == 0) {
+      a.nmat = 2, a.epi = d::kSwiglu, a.limit = 7.0f, a.pre_weight = pw.as<float>();
+      a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
+      a.x = x.dev.get(), a.x_tok_stride = D, a.x_by_token = 1, a.o_tok_stride = I;
+    } else {
+      a.x = h.dev.get(), a.x_tok_stride = I, a.o_tok_stride = D;
+    }
+    a.out = out.get();
+    d::launch_gemv(a, nullptr);
+    cuda::synchronize();
+    return cuda::to_host<float>(out, size_t(S) * size_t(w.rows));
+  }
+};
+
 // The FP4 MoE kernels through launch_gemv: the streaming kernel (fp4_kernel 2) in each of its configurations (warps per CTA,
 // stages in flight, CTAs per SM, programmatic dependent launch, warps splitting K) against the per-tile kernel on the
 // same inputs. fp32 outputs: only the accumulation order differs. The routing repeats experts within and across
@@ -575,27 +608,8 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
   const Acts x = make_acts(Act::F16, rng.floats(size_t(n * D), -2.0f, 2.0f));
   const Acts h = make_acts(Act::F16, rng.floats(size_t(S * I), -2.0f, 2.0f));
   cuda::DeviceBuffer di = cuda::to_device(idx), pw = cuda::to_device(rng.floats(size_t(S), 0.1f, 1.0f));
-  auto run = [&](int which, const d::GemvArgs& cfg) {
-    const cuda::Fp4Matrices& w = which == 0 ? m.w1 : m.w2;
-    cuda::DeviceBuffer out(size_t(S) * size_t(w.rows) * 4);
-    out.fill_byte(0xFF);
-    d::GemvArgs a = cfg;
-    a.fmt = d::kFp4, a.mode = d::kMoe, a.act = d::kF16, a.idx = di.as<int32_t>(), a.n = n, a.topk = K, a.problems = int(E);
-    a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
-    a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
-    a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
-    if (which == 0) {
-      a.nmat = 2, a.epi = d::kSwiglu, a.limit = 7.0f, a.pre_weight = pw.as<float>();
-      a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
-      a.x = x.dev.get(), a.x_tok_stride = D, a.x_by_token = 1, a.o_tok_stride = I;
-    } else {
-      a.x = h.dev.get(), a.x_tok_stride = I, a.o_tok_stride = D;
-    }
-    a.out = out.get();
-    d::launch_gemv(a, nullptr);
-    cuda::synchronize();
-    return cuda::to_host<float>(out, size_t(S) * size_t(w.rows));
-  };
+  const Fp4MoeCase mc{m, di, pw, x, h, n, K};
+  auto run = [&](int which, const d::GemvArgs& cfg) { return mc.run(which, cfg); };
   d::GemvArgs tile;
   tile.fp4_kernel = 1, tile.warps = 4;
   const std::vector<float> ref_gu = run(0, tile), ref_dn = run(1, tile);
@@ -626,6 +640,39 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
                             ", pdl " + std::to_string(c.pdl) + ")";
     expect_close(tag + " gate/up vs per-tile", run(0, a), ref_gu, I, 1e-5);
     expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
+  }
+}
+
+// pdl_early (down's routing read, and its first weights requested, before the PDL wait) against the same launch
+// without it, bit for bit, with 1 and 2 warps: two shapes (chunks per warp a multiple of the 4 in flight, 2048 x
+// 1024, and not, 1152 x 640); the routing repeats an expert (several tokens per pass) and gives others one slot
+// (the one-token path). (Eager launches: the forward's graph tests under cuda.pdl run it after gate/up.)
+TEST_F(CudaMoe, EarlyRoutingReadMatchesBitForBit) {
+  namespace d = cuda::detail;
+  Rng rng(17);
+  for (const auto& [D, I] : {std::pair<int64_t, int64_t>{2048, 1024}, std::pair<int64_t, int64_t>{1152, 640}}) {
+    const int64_t E = 5;
+    auto f = make_moe(rng, E, D, I);
+    const cuda::MoeExperts m = cuda::upload_experts(f->w);
+    const int n = 5, K = 3, S = n * K;
+    std::vector<int32_t> idx(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) idx[size_t(s)] = s % 2 == 0 ? 1 : s == 3 ? 4 : s % 3 == 0 ? 0 : 2 + s % 2;
+    const Acts x = make_acts(Act::F16, rng.floats(size_t(n * D), -2.0f, 2.0f));
+    const Acts h = make_acts(Act::F16, rng.floats(size_t(S * I), -2.0f, 2.0f));
+    cuda::DeviceBuffer di = cuda::to_device(idx), pw = cuda::to_device(rng.floats(size_t(S), 0.1f, 1.0f));
+    const Fp4MoeCase mc{m, di, pw, x, h, n, K};
+    for (int warps : {1, 2})
+      for (int minb : {1, 2}) {
+        d::GemvArgs a;
+        a.fp4_kernel = 1, a.warps = warps, a.minblocks = minb, a.pdl = 1;
+        const std::vector<float> ref = mc.run(1, a);
+        a.pdl_early = 1;
+        const std::vector<float> got = mc.run(1, a);
+        size_t first = 0;
+        while (first < ref.size() && std::memcmp(&ref[first], &got[first], 4) == 0) ++first;
+        EXPECT_EQ(first, ref.size()) << "down " << D << " x " << I << ", warps " << warps << ", minblocks " << minb
+                                     << ": first differing output " << first;
+      }
   }
 }
 
