@@ -686,19 +686,19 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // tile, down's streaming kernel reading its grouping from the table (either gives the bits it gives without one).
   // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above (1 warp, 128
   // registers).
-  constexpr int kDownTileSlots = 256;
+  constexpr int kDownTileSlots = 256, kEarlyDownSlots = 64;
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;
   // The per-tile kernel's automatic configuration (fp4_kernel 0), for either bit layout: the block split and
   // register budget above, and PDL at <= 8 slots and for down's per-tile launches.
-  // pdl_early (moe_down's launches allow it) only at <= 8 slots: session 27's sweep, graph replay, down at 1 / 8 / 32
-  // tokens 12.35 -> 10.79 / 64.74 -> 64.18 / 204.8 -> 215.7 us (one wave of blocks at batch 1; above, the next
-  // launch's early blocks compete with the previous launch's later waves).
+  // pdl_early (moe_down's launches allow it) only at <= 64 slots: session 27's sweeps, graph replay, down at 1 / 8 / 32
+  // tokens 12.35 -> 10.79 / 64.74 -> 64.18 (62.10 -> 61.32 in another run) / 204.8 -> 215.7 us (at 32 tokens the
+  // next launch's early blocks compete with the previous launch's later waves).
   auto per_tile_auto = [&](GemvArgs& b, bool down) {
     b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : 2;
     if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
-    if (slots > 8 || b.pdl_early < 0) b.pdl_early = 0;
+    if (slots > kEarlyDownSlots || b.pdl_early < 0) b.pdl_early = 0;
   };
   if (a.fmt == kFp8A8) return launch_t<kFp8A8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp4A8) {  // the per-tile kernel (no streaming twin)

@@ -210,7 +210,7 @@ struct GemvArgs {
   int pdl_early = -1;  // under PDL, each warp's first weight loads issued before it waits for the previous kernel:
                        // -1 auto (FP8 dense: on; MoE: off), 0 off, 1 on. MoE (the per-tile W4A16 kernel, no group
                        // table) also reads idx before the wait, so idx must have been written at least two launches
-                       // back (moe_down after moe_gate_up sets 1; fp4_kernel 0 keeps it at <= 8 slots only)
+                       // back (moe_down after moe_gate_up sets 1; fp4_kernel 0 keeps it at <= 64 slots)
   // FP8 (W8A16) dense only: the shared-activation kernel (gemv_xs.cuh): `warps` 16-row tiles per block, a warp
   // each, over the block's K range (kblocks along K, any token count; workspace: gemv_workspace), the pass's
   // activations of that range staged in shared memory once per block;
