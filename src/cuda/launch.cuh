@@ -5,6 +5,11 @@
 // reads (weights, written once at load, may be prefetched before it). pdl_begin waits for the previous kernel to
 // complete and its writes to be visible, then lets the next kernel be scheduled: at most one kernel runs ahead.
 // Without the attribute (PDL off) both instructions are no-ops and launches serialize as usual.
+// pdl_begin's memory clobber keeps ordinary loads after it, but not __ldg (ld.global.nc): those are marked invariant,
+// and a load of another kernel's output whose address is known before the wait was hoisted above it when the wait
+// sat in the same block of straight-line code (session 27, gemv.cu's pdl_early: wrong results). Such loads after a
+// wait placed mid-kernel are plain loads (gemv.cu's load_act8); the kernels that wait first and load later in their
+// loops use __ldg as compiled today, which the PDL tests check bit for bit.
 #pragma once
 #include <cuda_runtime.h>
 
