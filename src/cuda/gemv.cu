@@ -159,10 +159,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
   // pdl_early, MoE (W4A16, PDL, no group table, pdl_early 1): the routing was written two or more launches back and
   // is complete once the previous kernel's blocks have passed their own wait (which is before they let this launch
   // start), so a block reads it from L2 (no stale L1 line) and requests its first chunks' weights before waiting
-  // (body, below). (kEarlyKind: the instantiations that may run an early path, MoE down and FP8 dense, load their
-  // activations plainly: load_act8.)
-  constexpr bool kEarlyKind = (FMT == kFp4 && MODE == kMoe && NMAT == 1) || (FMT == kFp8 && MODE == kDense);
-  const bool early = kEarlyKind && FMT == kFp4 && a.pdl_early > 0 && !a.groups && a.pdl > 0;
+  // (body, below). FP8 dense under PDL (pdl_early -1 or 1): each warp issues its first step's weight loads (into
+  // registers) before it waits for the previous kernel (body; a warp without chunks waits after the loop). The other
+  // dense formats, and FP8 with pdl_early 0, prefetch their first chunks into L2 instead. (kEarlyKind: the
+  // instantiations that may run an early path load their activations plainly: load_act8.)
+  constexpr bool kEarlyMoe = FMT == kFp4 && MODE == kMoe && NMAT == 1, kEarlyDense = FMT == kFp8 && MODE == kDense;
+  constexpr bool kEarlyKind = kEarlyMoe || kEarlyDense;
+  const bool early = kEarlyMoe && a.pdl_early > 0 && !a.groups && a.pdl > 0;
+  const bool early_dense = kEarlyDense && a.pdl > 0 && a.pdl_early != 0;
   if (MODE == kMoe && a.pdl > 0 && !early) pdl_begin();
 
   int prob, m;
@@ -252,10 +256,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvAr
       ps[q][0] = ps[q][1] = sbase + ((int64_t(tile) * 16 / 128) * a.s_ld + cb) * (a.s_f32 ? 4 : 1);
     }
   }
-  // FP8 dense under PDL (pdl_early -1 or 1): each warp issues its first step's weight loads (into registers) before
-  // it waits for the previous kernel (body; a warp without chunks waits after the loop). The other dense formats,
-  // and FP8 with pdl_early 0, prefetch their first chunks into L2 instead.
-  const bool early_dense = FMT == kFp8 && MODE == kDense && a.pdl > 0 && a.pdl_early != 0;
   if constexpr (MODE == kDense) {
     if (a.pdl > 0 && !early_dense) {
       if (FMT == kFp8 && t == 0)  // lanes t = 0 of a row cover its 128-byte chunk

@@ -644,7 +644,7 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
 }
 
 // pdl_early (down's routing read, and its first weights requested, before the PDL wait) against the same launch
-// without it, bit for bit, with 1 and 2 warps: two shapes (chunks per warp a multiple of the 4 in flight, 2048 x
+// without it, bit for bit, with 1 and 2 warps and both register budgets: two shapes (chunks per warp a multiple of the 4 in flight, 2048 x
 // 1024, and not, 1152 x 640); the routing repeats an expert (several tokens per pass) and gives others one slot
 // (the one-token path). (Eager launches: the forward's graph tests under cuda.pdl run it after gate/up.)
 TEST_F(CudaMoe, EarlyRoutingReadMatchesBitForBit) {
