@@ -12,6 +12,8 @@
 # SANITIZE=GTEST_FILTER (compute-sanitizer memcheck over those CUDA tests, sanitizer.txt),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
+# BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
+# the matching kernels with opcode counts, SASS_BINS),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
 # layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
 set -u
@@ -277,6 +279,27 @@ if [ -n "${BENCH:-}" ]; then
   note "bench"
   timeout "${T_BENCH:-150}" "$C/plumb" bench ${BENCH_ONLY:+--only $BENCH_ONLY} --json "$OUT/bench.json" >"$OUT/bench.txt" 2>&1
   note "bench rc=$?"
+fi
+
+if [ -n "${BENCH_AB:-}" ]; then  # the kernel bench (BENCH_ONLY's sections) with binary $C/$BENCH_AB and with $C/plumb,
+  # alternating, AB_ROUNDS rounds (default 2): bench-ab.txt, each run's table under a "== round R BINARY" line
+  note "bench A/B: $BENCH_AB against plumb"
+  for r in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for b in "$BENCH_AB" plumb; do
+      echo "== round $r $b" >>"$OUT/bench-ab.txt"
+      timeout "${T_BENCH:-150}" "$C/$b" bench ${BENCH_ONLY:+--only $BENCH_ONLY} >>"$OUT/bench-ab.txt" 2>&1
+      note "bench $b round $r rc=$?"
+    done
+  done
+fi
+
+if [ -n "${SASS:-}" ]; then  # the SASS of the kernels whose mangled names match this regex (cuobjdump), per binary in
+  # SASS_BINS (default plumb), with an opcode count per kernel: sass.txt.gz, sass-opcodes.txt
+  note "sass: $SASS"
+  for b in ${SASS_BINS:-plumb}; do
+    cuobjdump -sass "$C/$b" 2>&1 | python3 bench/sass_filter.py "$SASS" "$b" "$OUT/sass-opcodes.txt" | gzip -c >"$OUT/sass-$b.txt.gz"
+    note "sass $b rc=$?"
+  done
 fi
 
 echo "==== summaries"

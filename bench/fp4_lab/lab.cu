@@ -40,7 +40,7 @@ static int code_at(const uint8_t* mat, int64_t cols, int64_t r, int64_t k) {
   const int64_t frag = (r / 16) * 8 * cols + c * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + t) * 16;
   const uint8_t v = mat[frag + 4 * j + b];
   if (posL[e] >= 0) return ((v >> 7) << 3) | ((v >> 1) & 7);
-  return ((v & 1) << 3) | ((v >> 4) & 7);
+  return ((v & 1) << 3) | (((v >> 4) & 1) << 2) | (((v >> 5) & 1) << 1) | ((v >> 6) & 1);  // H mirrored (fp4_layout.h)
 }
 static double e8m0(uint8_t b) { return b == 0 ? 0.0 : std::ldexp(1.0, int(b) - 127); }
 

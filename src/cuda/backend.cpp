@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "cuda/api.h"
+#include "cuda/fp4_layout.h"
 #include "cuda/fwd_kernels.h"
 #include "cuda/kernels.h"
 #include "formats/numeric.h"
@@ -94,11 +95,7 @@ unsigned* Workspace::counters(size_t count) {
 // and an OR (common.cuh, fp4x8_to_e4m3x4), and the bytes come in element order.
 
 namespace {
-inline uint8_t pack_lh(uint8_t L, uint8_t H) {
-  return uint8_t(((L >> 3) << 7) | ((L & 7) << 1) | ((H & 7) << 4) | ((H >> 3) & 1));
-}
-inline uint8_t unpack_l(uint8_t b) { return uint8_t(((b >> 7) << 3) | ((b >> 1) & 7)); }
-inline uint8_t unpack_h(uint8_t b) { return uint8_t(((b & 1) << 3) | ((b >> 4) & 7)); }
+using fp4::pack_lh, fp4::unpack_l, fp4::unpack_h;  // the F16 layout's bytes (fp4_layout.h)
 inline uint8_t pack_lh_a8(uint8_t L, uint8_t H) {
   return uint8_t(((L & 8) << 4) | ((L & 7) << 2) | ((H & 8) << 2) | ((H & 4) << 4) | (H & 3));
 }

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/fp4_layout.h"
+
 namespace plumb::cuda::detail {
 
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
@@ -146,20 +148,10 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 // FP4 values enter the MMA as value * 2^-14 (fp4x8_to_f16x2_d below); the fp32 results are scaled back once.
 constexpr float kFp4Unscale = 16384.0f;
 
-// Eight E2M1 codes of one 32-bit word of the FP4 decode layout (repack_fp4_decode) to four f16x2, exactly, as
-// value * 2^-14: a code s.e1.e0.m placed as the f16 bits s.00000.e1.e0.m.0000000 (bit 15, bits 11..9) is
-// 2^(E-15) * (1 + m/2) for E = 2*e1 + e0 >= 1 and the subnormal m * 2^-15 for E = 0, i.e. the E2M1 value times
-// 2^-14. Byte b of the word holds L = (e0, e1, e4, e5)[b] at bit 7 (sign) and bits 3..1, and H = (e2, e3, e6,
-// e7)[b] at bits 6..4 and bit 0 (sign): one AND gives the L codes as f16 high bytes, two shifts and two ANDs the
-// H codes, and one byte permute per pair puts them in place (8 integer ops and 4 permutes per word, no conversion
-// instruction). p01 = (e0, e1), p23 = (e2, e3), p45 = (e4, e5), p67 = (e6, e7), low half first.
+// Eight E2M1 codes of one 32-bit word of the FP4 decode layout to four f16x2, exactly, as value * 2^-14 (fp4_layout.h:
+// 7 integer ops per word). p01 = (e0, e1), p23 = (e2, e3), p45 = (e4, e5), p67 = (e6, e7), low half first.
 __device__ __forceinline__ void fp4x8_to_f16x2_d(uint32_t w, uint32_t& p01, uint32_t& p23, uint32_t& p45, uint32_t& p67) {
-  const uint32_t lo = w & 0x8E8E8E8Eu;
-  const uint32_t hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
-  p01 = __byte_perm(lo, 0u, 0x1404);  // bytes (0, lo.0, 0, lo.1)
-  p45 = __byte_perm(lo, 0u, 0x3424);  // bytes (0, lo.2, 0, lo.3)
-  p23 = __byte_perm(hi, 0u, 0x1404);
-  p67 = __byte_perm(hi, 0u, 0x3424);
+  fp4::to_f16x2(w, p01, p23, p45, p67);
 }
 
 // The A fragments of one 32-column scale group of a 16-row tile, from words wa (row g) and wb (row g + 8) of the

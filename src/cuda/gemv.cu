@@ -132,13 +132,19 @@ __device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned
   return last;
 }
 
-// MINB: the blocks per SM the register budget is cut for (1: up to 255 registers, every load of a step in flight;
+// MINB: the blocks per SM the register budget is cut for (0: see below; 1: up to 255 registers, every load of a step in flight;
 // 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
 // the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
 // U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll). NP: groups of 8 tokens per pass (FP8 / BF16
 // dense only).
+// MINB 0 (MXFP4 per-tile launches of <= 4 warps with minblocks 1, see gemv_for): the full budget capped at 168
+// registers (bounds of 4 warps x 3 blocks), which keeps 12 warps per SM: the batch-1 down grid (1536 one-warp blocks)
+// fits one wave on 132 SMs. Uncapped, down took 172 registers after session 28's decode change (11 warps per SM, two
+// waves: 12.3 -> 15.2 us).
+constexpr int bound_threads(int minb) { return minb == 0 ? 128 : kMaxWarps * 32; }
+constexpr int bound_blocks(int minb) { return minb == 0 ? 3 : minb; }
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1>
-__global__ void __launch_bounds__(kMaxWarps * 32, MINB) gemv_kernel(const GemvArgs a) {
+__global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_kernel(const GemvArgs a) {
   static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
   // Chunks whose loads are issued before the first is used.
   constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;  // MXFP4 weights (either bit layout)
@@ -565,9 +571,13 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 #include "cuda/gemv_fp4s.cuh"
 #include "cuda/gemv_xs.cuh"
 
-// The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8).
+// The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8); MXFP4 with the
+// full budget and <= 4 warps per block takes the 168-register cap (MINB 0, above).
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
-auto gemv_for(int minblocks) {
+auto gemv_for(int minblocks, int warps) {
+  constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;
+  if constexpr (F4)
+    if (minblocks <= 1 && warps <= 4) return gemv_kernel<FMT, NMAT, EPI, MODE, OT, 0, U8>;
   return minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, U8>
          : minblocks == 2 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 2, U8>
                           : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U8>;
@@ -578,9 +588,9 @@ void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? (a.groups ? a.g_max_tiles : a.n * a.topk) : a.problems),
                   unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks);
+  auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
   if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
-    if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks);
+    if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
   if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
     // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
     // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).

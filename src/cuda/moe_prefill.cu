@@ -582,13 +582,12 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t xs, int ks) {
 // Half s of fp4_frag_folded (the A fragment of k-step 2j + s of a 16-row tile: f[4s .. 4s + 3] there), the same
 // operations on the same bits, so variants 5-6 decode exactly what variant 4 does, one k-step at a time.
 __device__ __forceinline__ void fp4_half_folded(uint32_t wa, uint32_t wb, uint32_t ma, uint32_t mb, int j, int s, uint32_t (&f)[4]) {
-  const uint32_t loa = wa & 0x8E8E8E8Eu, lob = wb & 0x8E8E8E8Eu;
-  const uint32_t hia = ((wa >> 3) & 0x0E0E0E0Eu) | ((wa << 7) & 0x80808080u);
-  const uint32_t hib = ((wb >> 3) & 0x0E0E0E0Eu) | ((wb << 7) & 0x80808080u);
-  const uint32_t sel = s ? 0x3424u : 0x1404u;  // s = 0: (p01, p23); s = 1: (p45, p67)
+  const uint32_t loa = fp4::lo_codes(wa), lob = fp4::lo_codes(wb), hia = fp4::hi_codes(wa), hib = fp4::hi_codes(wb);
+  // s = 0: (p01, p23); s = 1: (p45, p67) of fp4::to_f16x2
+  const uint32_t sel_lo = s ? fp4::kSelLo23 : fp4::kSelLo01, sel_hi = s ? fp4::kSelHi10 : fp4::kSelHi32;
   const uint32_t xa = fold_mul(ma, j), xb = fold_mul(mb, j);
-  f[0] = hmul2_bits(__byte_perm(loa, 0u, sel), xa), f[1] = hmul2_bits(__byte_perm(lob, 0u, sel), xb);
-  f[2] = hmul2_bits(__byte_perm(hia, 0u, sel), xa), f[3] = hmul2_bits(__byte_perm(hib, 0u, sel), xb);
+  f[0] = hmul2_bits(fp4::byte_perm0(loa, sel_lo), xa), f[1] = hmul2_bits(fp4::byte_perm0(lob, sel_lo), xb);
+  f[2] = hmul2_bits(fp4::byte_perm0(hia, sel_hi), xa), f[3] = hmul2_bits(fp4::byte_perm0(hib, sel_hi), xb);
 }
 
 // Variants 3-6. Block: two warpgroups; warpgroup G multiplies 64-row A tiles (gate+up: rows 64G.. of w1 and of

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/parallel.h"
+#include "cuda/fp4_layout.h"
 #include "cuda/kernels.h"
 #include "cuda_test_util.h"
 #include "model/experts.h"
@@ -79,29 +80,22 @@ TEST(CudaLayout, Fp4DecodeLayoutRoundTripsAndPlacesFragments) {
   EXPECT_EQ(cuda::unpack_fp4_decode(rp.data(), rows, cols), canon);
   // Spot the documented placement (tile-major: [tile][chunk][row half][lane 4g + t][16 B]): row r, chunk 1, lane
   // part 3, group word 2, byte 1 holds L = e1 and H = e3 of the elements [32 * (4 + 2) + 24, +8): bit 7 s(L),
-  // bits 3..1 m(L), bits 6..4 m(H), bit 0 s(H).
+  // bits 3..1 e1 e0 m of L; bit 0 s(H), bits 4, 5, 6 e1, e0, m of H (mirrored: fp4_layout.h). Written out here
+  // independently of fp4::pack_lh.
   auto nib = [&](int64_t r, int64_t k) { return (canon[size_t(r * cols / 2 + k / 2)] >> (4 * (k & 1))) & 0xF; };
   const int64_t e0 = 32 * 6 + 24;
   for (int64_t r : {2, 27}) {
     const int L = nib(r, e0 + 1), H = nib(r, e0 + 3);
-    const int want = ((L >> 3) << 7) | ((L & 7) << 1) | ((H & 7) << 4) | (H >> 3);
+    const int want = ((L >> 3) << 7) | ((L & 7) << 1) | (H >> 3) | (((H >> 2) & 1) << 4) | (((H >> 1) & 1) << 5) | ((H & 1) << 6);
     const int64_t at = (r / 16) * 16 * cols / 2 + 1 * 1024 + ((r % 16) / 8) * 512 + (4 * (r % 8) + 3) * 16 + 4 * 2 + 1;
     EXPECT_EQ(int(rp[size_t(at)]), want) << "row " << r;
   }
-  // The kernels' decode (gemv.cu, fp4x8_to_f16x2_d), replayed on the host with the same masks, shifts and byte
-  // permutes: every word of the layout gives the f16 bits of its 8 codes' values times 2^-14, in the pairs the MMAs
-  // take (e0 e1), (e2 e3), (e4 e5), (e6 e7).
-  auto perm = [](uint32_t x, uint32_t sel) {  // __byte_perm(x, 0, sel) for selectors of bytes 0..4
-    uint32_t r = 0;
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t k = (sel >> (4 * i)) & 7;
-      r |= (k < 4 ? (x >> (8 * k)) & 0xFF : 0u) << (8 * i);
-    }
-    return r;
-  };
+  // The kernels' decode (fp4_layout.h, fp4::to_f16x2, the host build of the same function: its byte permute and bit
+  // reversal in plain C++): every word of the layout gives the f16 bits of its 8 codes' values times 2^-14, in the
+  // pairs the MMAs take (e0 e1), (e2 e3), (e4 e5), (e6 e7).
   for_each_fp4_word(rp, rows, cols, [&](int64_t r, int64_t c, int t, int j, uint32_t w) {
-    const uint32_t lo = w & 0x8E8E8E8Eu, hi = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
-    const uint32_t pairs[4] = {perm(lo, 0x1404), perm(hi, 0x1404), perm(lo, 0x3424), perm(hi, 0x3424)};
+    uint32_t pairs[4];
+    cuda::fp4::to_f16x2(w, pairs[0], pairs[1], pairs[2], pairs[3]);
     for (int e = 0; e < 8; ++e) {
       const uint16_t bits = uint16_t(pairs[e / 2] >> (16 * (e % 2)));
       const int code = nib(r, (4 * c + j) * 32 + 8 * t + e);
