@@ -622,12 +622,13 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
     expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
   }
   // The per-tile kernel's own variants: warps per block, register budget (minblocks), PDL (the library defaults:
-  // gate/up 2 warps, down 1 warp; minblocks 1 with PDL at <= 8 slots, minblocks 2 above, PDL on for down).
+  // gate/up 2 warps, down 1 warp; minblocks 1 with PDL at <= 8 slots, minblocks 2 above, PDL on for down). At
+  // minblocks 1, up to 4 warps take the 168-register instantiation (gemv.cu, MINB 0), 8 warps the uncapped one.
   struct TileCfg {
     int warps, minb, pdl;
   };
   for (const TileCfg& c : {TileCfg{2, 1, 1}, TileCfg{2, 2, 0}, TileCfg{2, 2, 1}, TileCfg{4, 3, 0}, TileCfg{8, 3, 1}, TileCfg{3, 1, 0},
-                           TileCfg{1, 1, 1}, TileCfg{1, 2, 1}}) {
+                           TileCfg{1, 1, 1}, TileCfg{1, 2, 1}, TileCfg{4, 1, 1}, TileCfg{8, 1, 0}}) {
     d::GemvArgs a;
     a.fp4_kernel = 1, a.warps = c.warps, a.minblocks = c.minb, a.pdl = c.pdl;
     const std::string tag = "fp4 per-tile (warps " + std::to_string(c.warps) + ", minblocks " + std::to_string(c.minb) +
