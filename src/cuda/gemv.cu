@@ -146,9 +146,10 @@ constexpr int bound_blocks(int minb) { return minb == 0 ? 3 : minb; }
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1>
 __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_kernel(const GemvArgs a) {
   static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
-  // Chunks whose loads are issued before the first is used.
+  // Chunks whose loads are issued before the first is used (MXFP4 at MINB 3, <= 85 registers: half as many, which
+  // fit without spilling the loop; session 28: down at 8 tokens 72.0 -> 60.9 us with 4 -> 2).
   constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;  // MXFP4 weights (either bit layout)
-  constexpr int U = F4 ? (NMAT == 2 ? 2 : 4) : FMT == kBf16 ? (NP > 1 ? 1 : 2) : (NMAT == 2 ? 1 : U8);
+  constexpr int U = F4 ? (MINB == 3 ? (NMAT == 2 ? 1 : 2) : (NMAT == 2 ? 2 : 4)) : FMT == kBf16 ? (NP > 1 ? 1 : 2) : (NMAT == 2 ? 1 : U8);
   constexpr int NV = NMAT * 4;  // accumulators per lane and token group
   __shared__ float red[kMaxWarps][NV * NP][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
@@ -694,19 +695,22 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // kernel's own grouping's limit; above, with the group table, it stays on streaming).
   // With a group table (GemvArgs::groups, above 256 slots) the same choice: gate/up's per-tile blocks one per table
   // tile, down's streaming kernel reading its grouping from the table (either gives the bits it gives without one).
-  // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above (1 warp, 128
-  // registers).
-  constexpr int kDownTileSlots = 256, kEarlyDownSlots = 64;
+  // Down with more slots where the streaming kernel refuses the shape: the per-tile kernel as above (1 warp).
+  // Session 28: down above 8 slots with registers capped at 85 (minblocks 3, 2 chunks in flight per warp instead
+  // of 4: 24 one-warp blocks per SM), `plumb bench --only moe`, graph replay: 8 tokens 62.3 -> 58.9 us (75.2 ->
+  // 79.6 % of copy), 32 tokens 188.0 with pdl_early against 196-197 for minblocks 2 without it (the default then).
+  constexpr int kDownTileSlots = 256, kEarlyDownSlots = 256;
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;
   // The per-tile kernel's automatic configuration (fp4_kernel 0), for either bit layout: the block split and
   // register budget above, and PDL at <= 8 slots and for down's per-tile launches.
-  // pdl_early (moe_down's launches allow it) only at <= 64 slots: session 27's sweeps, graph replay, down at 1 / 8 / 32
-  // tokens 12.35 -> 10.79 / 64.74 -> 64.18 (62.10 -> 61.32 in another run) / 204.8 -> 215.7 us (at 32 tokens the
-  // next launch's early blocks compete with the previous launch's later waves).
+  // pdl_early (moe_down's launches allow it) wherever down runs the per-tile kernel. Session 27, minblocks 2, graph
+  // replay, down at 1 / 8 / 32 tokens 12.35 -> 10.79 / 64.74 -> 64.18 / 204.8 -> 215.7 us (at 32 tokens the next
+  // launch's early blocks competed with the previous launch's later waves; it was kept to <= 64 slots); with
+  // minblocks 3 (session 28) 32 tokens gain too (above).
   auto per_tile_auto = [&](GemvArgs& b, bool down) {
-    b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : 2;
+    b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : down ? 3 : 2;
     if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
     if (slots > kEarlyDownSlots || b.pdl_early < 0) b.pdl_early = 0;
   };
