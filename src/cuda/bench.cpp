@@ -662,7 +662,7 @@ int run_bench(const BenchOptions& opt) {
     for (int warps : {1, 2, 3, 4})
       for (int minb : {1, 2, 3})
         for (int pdl : {0, 1})
-          if (pdl == 0 || warps <= 3) fcfgs.push_back({1, warps, 0, 0, pdl, minb});
+          fcfgs.push_back({1, warps, 0, 0, pdl, minb});
     // Down's routing read and first weights requested before its PDL wait (pdl_early, as moe_down launches it).
     for (int minb : {1, 2, 3}) fcfgs.push_back({1, 1, 0, 0, 1, minb, 1});
     // Streaming: warps per CTA, stages in flight, warps splitting one tile's K, PDL.

@@ -682,10 +682,11 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     throw_arg("gemv: split-K across blocks needs dense mode, n <= 8 and a workspace");
   if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");
   // FP4 MoE, fp4_kernel 0 (auto): the per-tile kernel for gate/up at every batch (2 warps per block: each warp half
-  // of K) and for down up to kDownTileSlots slots (1 warp per block: the whole K of a tile, no block reduction); down
-  // with more slots the streaming kernel where the shape allows. At <= 8 slots the per-tile kernel runs with the full
-  // register budget, above with registers capped at 128 (16 warps per SM instead of 12); programmatic dependent
-  // launch at <= 8 slots and for down's per-tile launches. H200 sweeps, `plumb bench --only moe` (% of copy, CUDA
+  // of K; 4 at <= 8 slots, below) and for down up to kDownTileSlots slots (1 warp per block: the whole K of a tile,
+  // no block reduction); down with more slots the streaming kernel where the shape allows. Register budgets: at <= 8
+  // slots gate/up <= 85 (W4A16, 4 warps; W4A8 the full budget), down the full budget (capped at 168: MINB 0); above,
+  // gate/up <= 128 (16 warps per SM instead of 12), down <= 85 (session 28, below); programmatic dependent launch at
+  // <= 8 slots and for down's per-tile launches. (The numbers that follow are the sessions' before session 28.) H200 sweeps, `plumb bench --only moe` (% of copy, CUDA
   // graph / single launch): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0; 1 warp 49.2 / 44.6), batch 8
   // 85.7 / 82.7 (the full register budget 79.2 / 76.3); down (session 11, one run) batch 1 57.1 / 45.8 with 1 warp
   // (2 warps 51.1 / 41.8, streaming 47.0 / 38.8), batch 8 76.7 / 70.4 with 1 warp and 128 registers (streaming 72.2
@@ -709,8 +710,14 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // replay, down at 1 / 8 / 32 tokens 12.35 -> 10.79 / 64.74 -> 64.18 / 204.8 -> 215.7 us (at 32 tokens the next
   // launch's early blocks competed with the previous launch's later waves; it was kept to <= 64 slots); with
   // minblocks 3 (session 28) 32 tokens gain too (above).
+  // Gate/up (W4A16) at <= 8 slots: 4 warps per block at minblocks 3 (1 chunk of both matrices in flight per warp,
+  // 3072 warps of <= 85 registers: one wave at 24 per SM) instead of 2 warps at the full budget: session 28, graph
+  // replay at batch 1, 18.18-18.28 against 18.44-18.56 us (two rounds); the W4A8 kernel was slower so (20.2-20.8 ->
+  // 21.1 us) and keeps 2 warps.
   auto per_tile_auto = [&](GemvArgs& b, bool down) {
-    b.warps = down ? 1 : 2, b.minblocks = slots <= 8 ? 1 : down ? 3 : 2;
+    const bool wide = !down && slots <= 8 && b.fmt == kFp4;
+    b.warps = down ? 1 : wide ? 4 : 2;
+    b.minblocks = wide ? 3 : slots <= 8 ? 1 : down ? 3 : 2;
     if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
     if (slots > kEarlyDownSlots || b.pdl_early < 0) b.pdl_early = 0;
   };
