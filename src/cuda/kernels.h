@@ -187,16 +187,18 @@ struct GemvArgs {
   unsigned* counters = nullptr;  // one per (problem, tile), zero on entry, left zero
   int kblocks = 1;
   int warps = 8;                 // warps per block (split K inside the block), 1..8
-  int minblocks = 1;             // register budget: 1 (<= 255 per thread), 2 (<= 128) or 3 (<= 85, more warps resident)
+  int minblocks = 1;             // register budget: 1 (<= 255 per thread; MXFP4 per-tile at <= 4 warps: <= 168), 2
+                                 // (<= 128) or 3 (<= 85, more warps resident; MXFP4: half the chunks in flight)
   int fp8_unroll = 0;            // one FP8 matrix: 128-column chunks whose loads a warp issues together, 2 (0) or 4
                                  // (with token_groups > 1: 1 or 2)
   int token_groups = 0;          // FP8 (W8A16) and BF16 dense: groups of 8 tokens per pass, 1, 2 or 4 (0: enough for up
                                  // to 32 tokens)
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
-  int fp4_kernel = 0;  // 0 auto: per-tile for gate/up at every batch (2 warps per block) and for down at
-                       // n * topk <= 256 (1 warp per block); full registers and PDL at <= 8 slots, 128 registers
-                       // above (PDL on for down); down above 256 slots as 2 (gemv.cu; where the streaming kernel
-                       // refuses the shape: per-tile, 1 warp, 128 registers);
+  int fp4_kernel = 0;  // 0 auto: per-tile for gate/up at every batch (2 warps per block, <= 128 registers; at
+                       // <= 8 slots 4 warps at <= 85, W4A8 2 warps at the full budget) and for down at
+                       // n * topk <= 256 (1 warp per block: the full budget at <= 8 slots, <= 85 above); PDL at
+                       // <= 8 slots and for down; down above 256 slots as 2 (gemv.cu; where the streaming kernel
+                       // refuses the shape: per-tile, 1 warp);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,
                        // n * topk <= 256, or 1024 with a group table, 16-byte aligned weights and scale rows),
                        // else per-tile
@@ -210,7 +212,7 @@ struct GemvArgs {
   int pdl_early = -1;  // under PDL, each warp's first weight loads issued before it waits for the previous kernel:
                        // -1 auto (FP8 dense: on; MoE: off), 0 off, 1 on. MoE (the per-tile W4A16 kernel, no group
                        // table) also reads idx before the wait, so idx must have been written at least two launches
-                       // back (moe_down after moe_gate_up sets 1; fp4_kernel 0 keeps it at <= 64 slots)
+                       // back (moe_down after moe_gate_up sets 1; fp4_kernel 0 keeps it where down runs per-tile)
   // FP8 (W8A16) dense only: the shared-activation kernel (gemv_xs.cuh): `warps` 16-row tiles per block, a warp
   // each, over the block's K range (kblocks along K, any token count; workspace: gemv_workspace), the pass's
   // activations of that range staged in shared memory once per block;
