@@ -132,9 +132,10 @@ __device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned
   return last;
 }
 
-// MINB: the blocks per SM the register budget is cut for (0: see below; 1: up to 255 registers, every load of a step in flight;
-// 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined FP4 variant,
-// the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on the H200.)
+// MINB: the blocks per SM the register budget is cut for (0: see below; 1: up to 255 registers, every load of a step
+// in flight; 2: <= 128; 3: <= 85 registers, more resident warps). `plumb bench` sweeps them. (A software-pipelined
+// FP4 variant, the next chunk's loads issued before this chunk's math, needed ~190 registers and lost 3-8 points on
+// the H200.)
 // U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll). NP: groups of 8 tokens per pass (FP8 / BF16
 // dense only).
 // MINB 0 (MXFP4 per-tile launches of <= 4 warps with minblocks 1, see gemv_for): the full budget capped at 168
@@ -149,7 +150,8 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   // Chunks whose loads are issued before the first is used (MXFP4 at MINB 3, <= 85 registers: half as many, which
   // fit without spilling the loop; session 28: down at 8 tokens 72.0 -> 60.9 us with 4 -> 2).
   constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;  // MXFP4 weights (either bit layout)
-  constexpr int U = F4 ? (MINB == 3 ? (NMAT == 2 ? 1 : 2) : (NMAT == 2 ? 2 : 4)) : FMT == kBf16 ? (NP > 1 ? 1 : 2) : (NMAT == 2 ? 1 : U8);
+  constexpr int U4 = MINB == 3 ? (NMAT == 2 ? 1 : 2) : (NMAT == 2 ? 2 : 4);  // MXFP4
+  constexpr int U = F4 ? U4 : FMT == kBf16 ? (NP > 1 ? 1 : 2) : (NMAT == 2 ? 1 : U8);
   constexpr int NV = NMAT * 4;  // accumulators per lane and token group
   __shared__ float red[kMaxWarps][NV * NP][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
@@ -686,8 +688,8 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // no block reduction); down with more slots the streaming kernel where the shape allows. Register budgets: at <= 8
   // slots gate/up <= 85 (W4A16, 4 warps; W4A8 the full budget), down the full budget (capped at 168: MINB 0); above,
   // gate/up <= 128 (16 warps per SM instead of 12), down <= 85 (session 28, below); programmatic dependent launch at
-  // <= 8 slots and for down's per-tile launches. (The numbers that follow are the sessions' before session 28.) H200 sweeps, `plumb bench --only moe` (% of copy, CUDA
-  // graph / single launch): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0; 1 warp 49.2 / 44.6), batch 8
+  // <= 8 slots and for down's per-tile launches. Earlier sessions' H200 sweeps (before session 28's changes),
+  // `plumb bench --only moe` (% of copy, CUDA graph / single launch): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0; 1 warp 49.2 / 44.6), batch 8
   // 85.7 / 82.7 (the full register budget 79.2 / 76.3); down (session 11, one run) batch 1 57.1 / 45.8 with 1 warp
   // (2 warps 51.1 / 41.8, streaming 47.0 / 38.8), batch 8 76.7 / 70.4 with 1 warp and 128 registers (streaming 72.2
   // / 67.2, 2 warps 68.4 / 64.0), batch 32 73.7 / 72.2 (streaming 73.1 / 70.6, 2 warps 63.1 / 61.7). Session 26, two
