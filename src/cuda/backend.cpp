@@ -85,10 +85,11 @@ unsigned* Workspace::counters(size_t count) {
 // The 16 bytes of (row, chunk c, lane t) are the lane's tensor-core fragment: word j of them holds the 8 elements
 // e0..e7 = [32(4c+j) + 8t, +8) of scale group 4c+j. Byte b of the word holds L = (e0, e1, e4, e5)[b] and
 // H = (e2, e3, e6, e7)[b], each a 4-bit E2M1 code s.m2.m1.m0, at
-//   bit 7 = s(L), bits 3..1 = m(L), bits 6..4 = m(H), bit 0 = s(H),
+//   bit 7 = s(L), bits 3..1 = m2 m1 m0 of L, bit 0 = s(H), bits 4, 5, 6 = m2, m1, m0 of H (mirrored),
 // so that the kernel gets the bytes s.000.m2.m1.m0.0 (the high byte of an f16 that is the code's value times
-// 2^-14) of the L codes with one AND and of the H codes with two shifts and two ANDs, then places byte pairs with
-// one permute per f16x2 (gemv.cu, fp4x8_to_f16x2_d). Every code keeps its 4 bits: the layout is a permutation.
+// 2^-14) of the L codes with one AND and of the H codes with a bit reversal of the word and one AND, then places
+// byte pairs with one permute per f16x2 (fp4_layout.h, which defines these bytes). Every code keeps its 4 bits: the
+// layout is a permutation.
 // The A8 layout (Fp4Layout::A8, the official numerics' FP8 tensor-core kernels) has the same fragments and words;
 // byte b of a word holds L = e_b at bit 7 (s) and bits 4..2 (e1.e0.m) and H = e_{4+b} at bit 5 (s), bit 6 (e1),
 // bit 1 (e0) and bit 0 (m), so that L is an E4M3 byte (value * 2^-6) after one AND and H after two shifts, an AND
