@@ -145,20 +145,15 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 // ---- MXFP4 on the f16 tensor cores (the decode kernels, gemv.cu and gemv_fp4s.cuh, and the prefill kernels,
 // moe_prefill.cu): codes in the decode layout (repack_fp4_decode), E8M0 scales per 32 ----
 
-// FP4 values enter the MMA as value * 2^-14 (fp4x8_to_f16x2_d below); the fp32 results are scaled back once.
+// FP4 values enter the MMA as value * 2^-14 (fp4::to_f16x2, fp4_layout.h); the fp32 results are scaled back once.
 constexpr float kFp4Unscale = 16384.0f;
 
-// Eight E2M1 codes of one 32-bit word of the FP4 decode layout to four f16x2, exactly, as value * 2^-14 (fp4_layout.h:
-// 7 integer ops per word). p01 = (e0, e1), p23 = (e2, e3), p45 = (e4, e5), p67 = (e6, e7), low half first.
-__device__ __forceinline__ void fp4x8_to_f16x2_d(uint32_t w, uint32_t& p01, uint32_t& p23, uint32_t& p45, uint32_t& p67) {
-  fp4::to_f16x2(w, p01, p23, p45, p67);
-}
-
 // The A fragments of one 32-column scale group of a 16-row tile, from words wa (row g) and wb (row g + 8) of the
-// lane's fragments: f[0..3] for the group's first MMA (elements 0..3 of every lane), f[4..7] for the second.
+// lane's fragments: f[0..3] for the group's first MMA (elements 0..3 of every lane), f[4..7] for the second
+// (fp4::to_f16x2 gives a word's pairs (e0, e1), (e2, e3), (e4, e5), (e6, e7)).
 __device__ __forceinline__ void fp4_frag(uint32_t wa, uint32_t wb, uint32_t (&f)[8]) {
-  fp4x8_to_f16x2_d(wa, f[0], f[2], f[4], f[6]);
-  fp4x8_to_f16x2_d(wb, f[1], f[3], f[5], f[7]);
+  fp4::to_f16x2(wa, f[0], f[2], f[4], f[6]);
+  fp4::to_f16x2(wb, f[1], f[3], f[5], f[7]);
 }
 
 // One scale group times the lane's 8 activations of the group for token column g (X): two MMAs into a fresh fp32

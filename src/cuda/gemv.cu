@@ -33,7 +33,7 @@
 //   FP4: chunk c, lane t: 8 elements of each of the 4 groups of the chunk (one 16-byte load in the decode layout,
 //        see repack_fp4_decode: tile-major, so a warp's loads of one chunk and row half are 512 contiguous
 //        bytes), 2 MMAs per group (elements 0..3 of each lane, then 4..7), so that every MMA stays inside one
-//        scale group. The codes become f16 by bit placement (value * 2^-14, exact: fp4x8_to_f16x2_d).
+//        scale group. The codes become f16 by bit placement (value * 2^-14, exact: fp4::to_f16x2).
 #include <algorithm>
 #include <type_traits>
 
@@ -702,7 +702,7 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // Session 28: down above 8 slots with registers capped at 85 (minblocks 3, 2 chunks in flight per warp instead
   // of 4: 24 one-warp blocks per SM), `plumb bench --only moe`, graph replay: 8 tokens 62.3 -> 58.9 us (75.2 ->
   // 79.6 % of copy), 32 tokens 188.0 with pdl_early against 196-197 for minblocks 2 without it (the default then).
-  constexpr int kDownTileSlots = 256, kEarlyDownSlots = 256;
+  constexpr int kDownTileSlots = 256;
   const bool fp4_gate_up = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 2 && a.epi == kSwiglu;
   const bool fp4_down = a.fmt == kFp4 && a.mode == kMoe && a.nmat == 1 && a.epi == kStore && !a.out_half;
   const int slots = a.n * a.topk;
@@ -717,11 +717,14 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // replay at batch 1, 18.18-18.28 against 18.44-18.56 us (two rounds); the W4A8 kernel was slower so (20.2-20.8 ->
   // 21.1 us) and keeps 2 warps.
   auto per_tile_auto = [&](GemvArgs& b, bool down) {
-    const bool wide = !down && slots <= 8 && b.fmt == kFp4;
-    b.warps = down ? 1 : wide ? 4 : 2;
-    b.minblocks = wide ? 3 : slots <= 8 ? 1 : down ? 3 : 2;
+    if (down) {
+      b.warps = 1, b.minblocks = slots <= 8 ? 1 : 3;
+    } else {
+      const bool wide = slots <= 8 && b.fmt == kFp4;
+      b.warps = wide ? 4 : 2, b.minblocks = wide ? 3 : slots <= 8 ? 1 : 2;
+    }
     if (b.pdl < 0) b.pdl = slots <= 8 || (down && slots <= kDownTileSlots) ? 1 : 0;
-    if (slots > kEarlyDownSlots || b.pdl_early < 0) b.pdl_early = 0;
+    if (slots > kDownTileSlots || b.pdl_early < 0) b.pdl_early = 0;
   };
   if (a.fmt == kFp8A8) return launch_t<kFp8A8, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp4A8) {  // the per-tile kernel (no streaming twin)

@@ -622,8 +622,9 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
     expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
   }
   // The per-tile kernel's own variants: warps per block, register budget (minblocks), PDL (the library defaults:
-  // gate/up 2 warps, down 1 warp; minblocks 1 with PDL at <= 8 slots, minblocks 2 above, PDL on for down). At
-  // minblocks 1, up to 4 warps take the 168-register instantiation (gemv.cu, MINB 0), 8 warps the uncapped one.
+  // gate/up 4 warps at minblocks 3 at <= 8 slots, 2 at minblocks 2 above; down 1 warp, minblocks 1 at <= 8 slots, 3
+  // above; PDL at <= 8 slots and for down). At minblocks 1, up to 4 warps take the 168-register instantiation
+  // (gemv.cu, MINB 0), 8 warps the uncapped one.
   struct TileCfg {
     int warps, minb, pdl;
   };
@@ -639,7 +640,7 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
 }
 
 // pdl_early (down's routing read, and its first weights requested, before the PDL wait) against the same launch
-// without it, bit for bit, with 1 and 2 warps and both register budgets: two shapes (chunks per warp a multiple of the 4 in flight, 2048 x
+// without it, bit for bit, with 1 and 2 warps and each register budget: two shapes (chunks per warp a multiple of the 4 in flight, 2048 x
 // 1024, and not, 1152 x 640); the routing repeats an expert (several tokens per pass) and gives others one slot
 // (the one-token path). (Eager launches: the forward's graph tests under cuda.pdl run it after gate/up.)
 TEST_F(CudaMoe, EarlyRoutingReadMatchesBitForBit) {
@@ -657,7 +658,7 @@ TEST_F(CudaMoe, EarlyRoutingReadMatchesBitForBit) {
     cuda::DeviceBuffer di = cuda::to_device(idx), pw = cuda::to_device(rng.floats(size_t(S), 0.1f, 1.0f));
     const Fp4MoeCase mc{m, di, pw, x, h, n, K};
     for (int warps : {1, 2})
-      for (int minb : {1, 2}) {
+      for (int minb : {1, 2, 3}) {  // (3: down's default above 8 slots)
         d::GemvArgs a;
         a.fp4_kernel = 1, a.warps = warps, a.minblocks = minb, a.pdl = 1;
         const std::vector<float> ref = mc.run(1, a);
