@@ -595,15 +595,19 @@ int run_bench(const BenchOptions& opt) {
     B.add(B.rows, {"moe down (w2 FP4)", "E256 [4096, 2048], h f16", note, n, ue, uavg * fp4_w2 + hbytes + ysb}, t);
     t = B.time([&](int i) { moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S); });
     B.add(B.rows, {"moe combine (weights, sum over k)", "[n*6, 4096] f32", "", n, 0, ysb + double(n) * double(D) * 4}, t);
-    t = B.time([&](int i) {
+    auto routed = [&](int i) {
       moe_gate_up(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, nullptr, ws, S);
       moe_down(moe, idx_at(i), n, K, h16, nullptr, ys, ws, S);
       moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
-    });
-    B.add(B.rows,
-          {"moe routed total (gate+up, down, combine)", "3 launches", note, n, ue,
-           uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
-          t);
+    };
+    const double routed_bytes = uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4;
+    t = B.time(routed);
+    B.add(B.rows, {"moe routed total (gate+up, down, combine)", "3 launches", note, n, ue, routed_bytes}, t);
+    if (n <= 8) {  // as the forward runs them under cuda.pdl (steps of <= 8 tokens): every launch with PDL
+      const d::PdlScope pdl(true);
+      t = B.time(routed);
+      B.add(B.rows, {"moe routed total (gate+up, down, combine)", "3 launches, cuda.pdl", note, n, ue, routed_bytes}, t);
+    }
 
     // What a plain read of the experts' weight bytes reaches in the same harness (read_stream over the expert
     // weights, a different region per call where they fit): the ceiling for kernels of this size, launch, ramp and
@@ -671,25 +675,31 @@ int run_bench(const BenchOptions& opt) {
         for (int depth : {2, 3})
           for (int ks : {1, 2, 4})
             if (ks <= warps && (ks == 1 || depth == 2)) fcfgs.push_back({2, warps, depth, ks, pdl, 1});
+    // The launch arguments of gate/up + SwiGLU (which 0: x by token, f16 h) or down (which 1: h by slot, fp32 ys),
+    // the configuration fields at their defaults (fp4_kernel 0: the automatic choice, as moe_gate_up / moe_down).
+    auto fp4_base = [&](int which) {
+      d::GemvArgs a;
+      a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.act = d::kF16;
+      const Fp4Matrices& w = which == 0 ? moe.w1 : moe.w2;
+      a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
+      a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
+      a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
+      if (which == 0) {
+        a.nmat = 2, a.epi = d::kSwiglu, a.limit = 10.0f, a.w[1] = moe.w3.codes.as<uint8_t>(), a.s[1] = moe.w3.scales.get();
+        a.x = x16.get(), a.x_tok_stride = D, a.x_by_token = 1, a.out = h16, a.out_half = 1, a.o_tok_stride = I;
+      } else {
+        a.x = h16, a.x_tok_stride = I, a.out = ys, a.o_tok_stride = D;
+      }
+      return a;
+    };
     for (int which = 0; which < 2; ++which)
       for (const Fp4Cfg& fc : fcfgs) {
           if (fc.early && which == 0) continue;  // (gate/up's routing is its predecessor's output)
-          d::GemvArgs a;
-          a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.warps = fc.kernel == 1 ? fc.warps : 4;
+          d::GemvArgs a = fp4_base(which);
+          a.warps = fc.kernel == 1 ? fc.warps : 4;
           a.minblocks = fc.minb;
           a.fp4_kernel = fc.kernel, a.fp4_warps = fc.kernel == 2 ? fc.warps : 0, a.fp4_depth = fc.depth;
           a.fp4_ksplit = fc.ks, a.pdl = fc.pdl, a.pdl_early = fc.early;
-          a.act = d::kF16;
-          const Fp4Matrices& w = which == 0 ? moe.w1 : moe.w2;
-          a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
-          a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
-          a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
-          if (which == 0) {
-            a.nmat = 2, a.epi = d::kSwiglu, a.limit = 10.0f, a.w[1] = moe.w3.codes.as<uint8_t>(), a.s[1] = moe.w3.scales.get();
-            a.x = x16.get(), a.x_tok_stride = D, a.x_by_token = 1, a.out = h16, a.out_half = 1, a.o_tok_stride = I;
-          } else {
-            a.x = h16, a.x_tok_stride = I, a.out = ys, a.o_tok_stride = D;
-          }
           try {
             t = B.time([&](int i) {
               d::GemvArgs b = a;
@@ -714,17 +724,9 @@ int run_bench(const BenchOptions& opt) {
           // launch them. A kernel replayed after itself overlaps its own tail under PDL in ways it cannot after
           // its real neighbour (session 29: a down kernel 1 us faster alone was 6-12 us slower here).
           if (n <= 8 && fc.kernel == 1 && fc.pdl && (which == 0 || fc.early)) {
-            d::GemvArgs gu = a, dn = a;
-            if (which == 1) {  // the automatic gate/up: the sweep's gate/up fields with fp4_kernel 0
-              gu.fp4_kernel = 0, gu.warps = 8, gu.minblocks = 1, gu.pdl = -1, gu.pdl_early = -1;
-              gu.nmat = 2, gu.epi = d::kSwiglu, gu.limit = 10.0f, gu.w[1] = moe.w3.codes.as<uint8_t>(), gu.s[1] = moe.w3.scales.get();
-              gu.w[0] = moe.w1.codes.as<uint8_t>(), gu.s[0] = moe.w1.scales.get();
-              gu.w_prob_stride = int64_t(moe.w1.code_bytes()), gu.s_prob_stride = int64_t(moe.w1.scale_bytes());
-              gu.rows = moe.w1.rows, gu.cols = moe.w1.cols, gu.s_ld = moe.w1.cols / 32;
-              gu.x = x16.get(), gu.x_tok_stride = D, gu.x_by_token = 1, gu.out = h16, gu.out_half = 1, gu.o_tok_stride = I;
-            }
+            const d::GemvArgs gu = which == 0 ? a : fp4_base(0);  // (the automatic gate/up after a down configuration)
             t = B.time([&](int i) {
-              d::GemvArgs g2 = gu, d2 = dn;
+              d::GemvArgs g2 = gu, d2 = a;
               g2.idx = d2.idx = idx_at(i);
               d::launch_gemv(g2, S);
               if (which == 0) moe_down(moe, idx_at(i), n, K, h16, nullptr, ys, ws, S);
