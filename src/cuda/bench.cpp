@@ -668,7 +668,8 @@ int run_bench(const BenchOptions& opt) {
         for (int pdl : {0, 1})
           fcfgs.push_back({1, warps, 0, 0, pdl, minb});
     // Down's routing read and first weights requested before its PDL wait (pdl_early, as moe_down launches it).
-    for (int minb : {1, 2, 3}) fcfgs.push_back({1, 1, 0, 0, 1, minb, 1});
+    for (int warps : {1, 2, 4})
+      for (int minb : {1, 2, 3}) fcfgs.push_back({1, warps, 0, 0, 1, minb, 1});
     // Streaming: warps per CTA, stages in flight, warps splitting one tile's K, PDL.
     for (int pdl : {0, 1})
       for (int warps : {2, 4, 8})

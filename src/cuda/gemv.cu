@@ -685,9 +685,9 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (a.kblocks < 1) throw_arg("gemv: kblocks must be >= 1");
   // FP4 MoE, fp4_kernel 0 (auto): the per-tile kernel for gate/up at every batch (2 warps per block: each warp half
   // of K; 4 at <= 8 slots, below) and for down up to kDownTileSlots slots (1 warp per block: the whole K of a tile,
-  // no block reduction); down with more slots the streaming kernel where the shape allows. Register budgets: at <= 8
-  // slots gate/up <= 85 (W4A16, 4 warps; W4A8 the full budget), down the full budget (capped at 168: MINB 0); above,
-  // gate/up <= 128 (16 warps per SM instead of 12), down <= 85 (session 28, below); programmatic dependent launch at
+  // no block reduction; 2 at <= 8 slots, below); down with more slots the streaming kernel where the shape allows.
+  // Register budgets: at <= 8 slots gate/up <= 85 (W4A16, 4 warps; W4A8 the full budget), down <= 85 (session 29);
+  // above, gate/up <= 128 (16 warps per SM instead of 12), down <= 85 (session 28, below); programmatic dependent launch at
   // <= 8 slots and for down's per-tile launches. Earlier sessions' H200 sweeps (before session 28's changes),
   // `plumb bench --only moe` (% of copy, CUDA graph / single launch): gate/up batch 1 62.9 / 55.4 (streaming's best 52.6 / 47.0; 1 warp 49.2 / 44.6), batch 8
   // 85.7 / 82.7 (the full register budget 79.2 / 76.3); down (session 11, one run) batch 1 57.1 / 45.8 with 1 warp
@@ -712,13 +712,18 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   // replay, down at 1 / 8 / 32 tokens 12.35 -> 10.79 / 64.74 -> 64.18 / 204.8 -> 215.7 us (at 32 tokens the next
   // launch's early blocks competed with the previous launch's later waves; it was kept to <= 64 slots); with
   // minblocks 3 (session 28) 32 tokens gain too (above).
+  // Down at <= 8 slots: 2 warps per block (each half of K) at minblocks 3 with pdl_early, chosen by session 29's
+  // in-place rows (`plumb bench --only moe`, "moe routed total, down as ...": down between gate/up and the combine,
+  // graph replay): batch 1 29.37-29.52 against 30.59 us for 1 warp at the full budget (alone 9.52 against 10.38 us,
+  // 66.5 against 61.0 % of copy; the early rows had covered 1 warp only); at 8 tokens 1 warp stays ahead (170.3
+  // against 173.4 us).
   // Gate/up (W4A16) at <= 8 slots: 4 warps per block at minblocks 3 (1 chunk of both matrices in flight per warp,
   // 3072 warps of <= 85 registers: one wave at 24 per SM) instead of 2 warps at the full budget: session 28, graph
   // replay at batch 1, 18.18-18.28 against 18.44-18.56 us (two rounds); the W4A8 kernel was slower so (20.2-20.8 ->
   // 21.1 us) and keeps 2 warps.
   auto per_tile_auto = [&](GemvArgs& b, bool down) {
     if (down) {
-      b.warps = 1, b.minblocks = slots <= 8 ? 1 : 3;
+      b.warps = slots <= 8 ? 2 : 1, b.minblocks = 3;
     } else {
       const bool wide = slots <= 8 && b.fmt == kFp4;
       b.warps = wide ? 4 : 2, b.minblocks = wide ? 3 : slots <= 8 ? 1 : 2;

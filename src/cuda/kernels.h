@@ -196,7 +196,7 @@ struct GemvArgs {
   // FP4 MoE only (the streaming kernel, gemv_fp4s.cuh; `warps`/`minblocks` above apply to the per-tile kernel):
   int fp4_kernel = 0;  // 0 auto: per-tile for gate/up at every batch (2 warps per block, <= 128 registers; at
                        // <= 8 slots 4 warps at <= 85, W4A8 2 warps at the full budget) and for down at
-                       // n * topk <= 256 (1 warp per block: the full budget at <= 8 slots, <= 85 above); PDL at
+                       // n * topk <= 256 (<= 85 registers; 2 warps per block at <= 8 slots, 1 above); PDL at
                        // <= 8 slots and for down; down above 256 slots as 2 (gemv.cu; where the streaming kernel
                        // refuses the shape: per-tile, 1 warp);
                        // 1: per-tile (warps, minblocks as given); 2: streaming where the shape allows (cols % 512 == 0,

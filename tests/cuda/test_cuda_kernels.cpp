@@ -622,8 +622,8 @@ TEST_F(CudaMoe, StreamingConfigsMatchPerTile) {
     expect_close(tag + " down vs per-tile", run(1, a), ref_dn, D, 1e-5);
   }
   // The per-tile kernel's own variants: warps per block, register budget (minblocks), PDL (the library defaults:
-  // gate/up 4 warps at minblocks 3 at <= 8 slots, 2 at minblocks 2 above; down 1 warp, minblocks 1 at <= 8 slots, 3
-  // above; PDL at <= 8 slots and for down). At minblocks 1, up to 4 warps take the 168-register instantiation
+  // gate/up 4 warps at minblocks 3 at <= 8 slots, 2 at minblocks 2 above; down 2 warps at <= 8 slots, 1 above, both
+  // at minblocks 3; PDL at <= 8 slots and for down). At minblocks 1, up to 4 warps take the 168-register instantiation
   // (gemv.cu, MINB 0), 8 warps the uncapped one.
   struct TileCfg {
     int warps, minb, pdl;
