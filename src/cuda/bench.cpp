@@ -735,9 +735,7 @@ int run_bench(const BenchOptions& opt) {
               moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
             });
             B.add(B.tuning,
-                  {which == 0 ? "moe routed total, gate+up as" : "moe routed total, down as", var, note, n, ue,
-                   uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4},
-                  t);
+                  {which == 0 ? "moe routed total, gate+up as" : "moe routed total, down as", var, note, n, ue, routed_bytes}, t);
           }
       }
 

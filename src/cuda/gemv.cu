@@ -139,9 +139,10 @@ __device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned
 // U8: a single FP8 matrix's chunks in flight (GemvArgs::fp8_unroll). NP: groups of 8 tokens per pass (FP8 / BF16
 // dense only).
 // MINB 0 (MXFP4 per-tile launches of <= 4 warps with minblocks 1, see gemv_for): the full budget capped at 168
-// registers (bounds of 4 warps x 3 blocks), which keeps 12 warps per SM: the batch-1 down grid (1536 one-warp blocks)
-// fits one wave on 132 SMs. Uncapped, down took 172 registers after session 28's decode change (11 warps per SM, two
-// waves: 12.3 -> 15.2 us).
+// registers (bounds of 4 warps x 3 blocks), which keeps 12 warps per SM: a batch-1 grid of 1536 one-warp blocks
+// (down's default until session 29) fits one wave on 132 SMs. Uncapped, that down took 172 registers after session
+// 28's decode change (11 warps per SM, two waves: 12.3 -> 15.2 us). The automatic choice now takes it for the W4A8
+// gate/up at <= 8 slots.
 constexpr int bound_threads(int minb) { return minb == 0 ? 128 : kMaxWarps * 32; }
 constexpr int bound_blocks(int minb) { return minb == 0 ? 3 : minb; }
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1>

@@ -658,7 +658,7 @@ TEST_F(CudaMoe, EarlyRoutingReadMatchesBitForBit) {
     cuda::DeviceBuffer di = cuda::to_device(idx), pw = cuda::to_device(rng.floats(size_t(S), 0.1f, 1.0f));
     const Fp4MoeCase mc{m, di, pw, x, h, n, K};
     for (int warps : {1, 2})
-      for (int minb : {1, 2, 3}) {  // (3: down's default above 8 slots)
+      for (int minb : {1, 2, 3}) {  // (3: down's default budget, with 2 warps at <= 8 slots and 1 above)
         d::GemvArgs a;
         a.fp4_kernel = 1, a.warps = warps, a.minblocks = minb, a.pdl = 1;
         const std::vector<float> ref = mc.run(1, a);
