@@ -56,6 +56,9 @@ struct LayerBenchOptions {
   std::string csv;      // and the decode and prefill rows as CSV here ("" = no)
   bool keep = false;    // keep the temp dir (its path is printed)
   bool timeline = false;  // also each decode batch's op regions as a timeline of one replayed step (streams kept)
+  // --skeleton: also time each decode batch's steps with the weight-streaming launches skipped (CUDA only): the
+  // forward's chain of latency-bound work without its weight bytes, against the batch's roofline.
+  bool skeleton = false;
   // --ab PATCHES: also load the checkpoint with these patches (model B) and, per decode batch, time A's and B's steps
   // in pairs (alternating which goes first) on sessions of their own: the median paired difference with a 95 %
   // interval resolves a few percent where separate runs differ by up to 10 %.

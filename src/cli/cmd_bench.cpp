@@ -70,6 +70,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--timeline", lo->timeline,
                 "--layers: also print, per decode batch, when each op region starts and ends in one step as the forward "
                 "runs it (CUDA graph and side streams kept; events in the graph)");
+  cmd->add_flag("--skeleton", lo->skeleton,
+                "--layers (CUDA): also time each decode batch with the weight-streaming launches skipped (the GEMVs and one-token "
+                "linears; outputs left stale): the chain of latency-bound work alone, against the time of the layer's weight bytes");
   cmd->add_option("--batches", *batches, "--layers: decode batches, comma-separated (default 1,8,32,128)");
   cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
   cmd->add_option("--context", lo->context,

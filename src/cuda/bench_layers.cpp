@@ -588,6 +588,7 @@ struct DecodeRow {
   double us_step = NAN, us_step_min = NAN, us_non_layer = NAN, us_layer = NAN, tok_s = NAN;
   double layer_bytes = NAN, gbps = NAN, pct = NAN, implied = NAN, experts_expected = NAN, experts_measured = NAN;
   double context_s = NAN;
+  double us_step_skeleton = NAN, us_layer_skeleton = NAN;  // --skeleton: without the weight-streaming launches
   int64_t pos_first = 0, pos_last = 0;
   bool split_measured = false;
   std::vector<std::pair<std::string, double>> breakdown;  // per-op region: us per step over all layers
@@ -879,7 +880,7 @@ int run(const LayerBenchOptions& o) {
       // --timeline: one step as the forward runs it (graph replay, side streams), each region's start and end.
       // The first step here is eager (a graph apart from the timed one: its events are nodes), the second captures
       // it, the third replays it; without cuda.graph each step is eager and the last one's regions count.
-      if (st.dev && o.timeline) {
+      auto timeline = [&](const char* what) {
         auto& timer = st.dev->scratch.timer;
         timer.on = timer.timeline = true;
         step(nullptr, nullptr);
@@ -887,13 +888,15 @@ int run(const LayerBenchOptions& o) {
         step(nullptr, nullptr);
         const size_t k = timer.count();
         step(nullptr, nullptr);
-        r.timeline = timer.collect_timeline(timer.count() > k ? k : 0);
+        auto spans = timer.collect_timeline(timer.count() > k ? k : 0);
         timer.on = timer.timeline = false;
-        out(fmt::format("  batch {} timeline (us from the first region's start; region: start - end):\n", B));
-        for (const auto& s : r.timeline)  // (steps inside an op region, "op/step", indented)
+        out(fmt::format("  batch {} timeline{} (us from the first region's start; region: start - end):\n", B, what));
+        for (const auto& s : spans)  // (steps inside an op region, "op/step", indented)
           out(fmt::format("    {:>8.1f} - {:>8.1f}  {:>7.1f}  {}{}\n", s.start_us, s.end_us, s.end_us - s.start_us,
                           s.name.find('/') != std::string::npos ? "  " : "", s.name));
-      }
+        return spans;
+      };
+      if (st.dev && o.timeline) r.timeline = timeline("");
       // The part outside the layers. On the GPU: the device time of the "embed" and "head" op regions (CUDA events
       // on an untapped step; the LM head dominates). The step's upload, the logits download and the host work between
       // launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on
@@ -923,6 +926,22 @@ int run(const LayerBenchOptions& o) {
       out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; context {} s\n", B,
                       fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
                       fmt_num(r.context_s, 2)));
+      // --skeleton: the same steps with every weight-streaming launch skipped (a graph of their own), against the
+      // time the batch's weight bytes take at the copy rate and the 80 % target's budget (1.25x that).
+      if (o.skeleton && st.dev) {
+        detail::SkipWeightsScope skip(true);
+        for (int w = 0; w < o.warmup + 1; ++w) step(nullptr, nullptr);  // (the eager step, then the capture)
+        std::vector<double> sk;
+        for (int i = 0; i < std::max(3, r.steps); ++i) sk.push_back(step(nullptr, nullptr) * 1e6);
+        r.us_step_skeleton = median(sk);
+        r.us_layer_skeleton = (r.us_step_skeleton - r.us_non_layer) / L;
+        const double bytes_us = r.layer_bytes / (copy_gbps * 1e3);
+        out(fmt::format("  batch {} without weight bytes (--skeleton: the GEMVs and one-token linears skipped, {} steps): {} us/step, "
+                        "{} us/layer; the layer's weight bytes take {} us at the copy rate, the 80 % target allows {} us per layer\n",
+                        B, sk.size(), fmt_num(r.us_step_skeleton), fmt_num(r.us_layer_skeleton), fmt_num(bytes_us),
+                        fmt_num(1.25 * bytes_us)));
+        if (o.timeline) timeline(" without weight bytes");
+      }
       if (model_b) {
         // --ab: fresh sessions of both models with the same context and tokens; each pair times one step of each, the
         // order alternating, so drifts of the machine (clocks, other work) fall on both sides of the difference.
@@ -1084,6 +1103,8 @@ int run(const LayerBenchOptions& o) {
                                       for (const auto& s : r.timeline) t.push_back({s.name, s.start_us, s.end_us});
                                       return t;
                                     }()},
+                                   {"skeleton_us_per_step", jnum(r.us_step_skeleton)},  // --skeleton
+                                   {"skeleton_us_per_layer", jnum(r.us_layer_skeleton)},
                                    {"tokens_per_s", jnum(r.tok_s)},
                                    {"layer_bytes", jnum(r.layer_bytes)},
                                    {"gbps", jnum(r.gbps)},

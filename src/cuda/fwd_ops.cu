@@ -529,6 +529,7 @@ namespace {
 // dtype-specialized kernel where every segment has plain rows of one dtype, a grid of at most the blocks that fit
 // at once (queried once per kernel and row length).
 void launch_linear_one(LinearSegs g, const float* x, Stream s) {
+  if (weights_skipped()) return;  // bench --skeleton (kernels.h)
   int64_t pairs = 0;
   bool same = true;
   for (int i = 0; i < g.count; ++i) {
@@ -562,7 +563,7 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
 }  // namespace
 
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s) {
-  if (n <= 0 || nr <= 0) return;
+  if (n <= 0 || nr <= 0 || weights_skipped()) return;  // (weights_skipped: bench --skeleton, kernels.h)
   // One token: linear16_one_kernel where it fits. More, with plain rows of a multiple of 32 columns and 16-byte
   // aligned rows of x: linear_dmma_kernel (fp64 tensor cores). Otherwise linear_kernel: rows split over warps where
   // a warp per row would give few blocks (measured when the router gate ran here, before linear_dmma_kernel: its 256

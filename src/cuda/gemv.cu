@@ -643,7 +643,7 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     throw_arg("gemv: matrix rows must be a multiple of 16 and columns of 128, got [" + std::to_string(a.rows) + ", " +
               std::to_string(a.cols) + "]");
   if (a.warps < 1 || a.warps > kMaxWarps) throw_arg("gemv: warps per block must be 1..8");
-  if (a.n <= 0) return;
+  if (a.n <= 0 || weights_skipped()) return;  // (weights_skipped: bench --skeleton, kernels.h)
   const bool bf16 = a.fmt == kBf16;
   if (bf16 && (a.act != kBF16 || a.mode != kDense || a.nmat != 1 || a.epi != kStore || a.out_half))
     throw_arg("gemv: bf16 weights take bf16 activations, one dense matrix and an fp32 output");

@@ -352,8 +352,9 @@ class GpuForward : public DeviceForward {
     for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
     step.bounds = true;
     // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
-    // timeline's (OpTimer: its events are nodes of the graph).
-    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0) + (indexer_skips(step.pos0 + n) << 21)];
+    // timeline's (OpTimer: its events are nodes of the graph) and bench --skeleton's (weights_skipped).
+    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0) + (indexer_skips(step.pos0 + n) << 21) +
+                        (weights_skipped() ? 1 << 30 : 0)];
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
       return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),

@@ -42,6 +42,19 @@ struct PdlScope {
   bool prev;
 };
 
+// Bench only (`plumb bench --layers --skeleton`): while a SkipWeightsScope lives, this thread's weight-streaming
+// launches (launch_gemv: the FP8, MXFP4 and BF16 GEMVs; the one-token linear) return without launching, so a step
+// times the rest of the forward's chain without the weights' bytes. Their outputs keep what the last real step
+// wrote: the numbers are meaningless, the launches and their order are the forward's.
+bool weights_skipped();
+struct SkipWeightsScope {
+  explicit SkipWeightsScope(bool on);
+  ~SkipWeightsScope();
+  SkipWeightsScope(const SkipWeightsScope&) = delete;
+  SkipWeightsScope& operator=(const SkipWeightsScope&) = delete;
+  bool prev;
+};
+
 // cuda.streams: a side branch of the forward. While a StreamScope lives, launches given a null stream go to its
 // stream (stream_of) instead of the thread's default stream. branch_fork makes `side` wait for everything the
 // thread's current stream has enqueued so far (event `ev`); branch_join makes the current stream wait for

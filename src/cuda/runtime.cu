@@ -136,6 +136,12 @@ thread_local bool t_pdl = false;  // per thread: two models with different patch
 bool pdl_enabled() { return t_pdl; }
 PdlScope::PdlScope(bool on) : prev(t_pdl) { t_pdl = on; }
 PdlScope::~PdlScope() { t_pdl = prev; }
+namespace {
+thread_local bool t_skip_weights = false;
+}  // namespace
+bool weights_skipped() { return t_skip_weights; }
+SkipWeightsScope::SkipWeightsScope(bool on) : prev(t_skip_weights) { t_skip_weights = on; }
+SkipWeightsScope::~SkipWeightsScope() { t_skip_weights = prev; }
 
 Stream stream_create() {
   cudaStream_t s;

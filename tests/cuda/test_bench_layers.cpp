@@ -1,8 +1,8 @@
 // `plumb bench --layers` (src/cuda/bench_layers.cpp) on a tiny model: the synthetic checkpoint is valid in the
 // official formats, deterministic whatever the thread count, loads and runs on the CPU reference with finite,
 // O(1) logits, and the whole bench flow runs on the CPU backend (no GPU needed); on a GPU the bench runs, writes
-// its JSON and reuses a folder it wrote, and --timeline lists a replayed step's regions; a --dir folder that is not its
-// own is never written into.
+// its JSON and reuses a folder it wrote, --timeline lists a replayed step's regions and --skeleton times the steps
+// without their weight launches; a --dir folder that is not its own is never written into.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -243,6 +243,7 @@ TEST_F(BenchLayersGpu, RunsWritesJsonAndReusesItsFolder) {
   std::ifstream(o.json) >> j;
   EXPECT_FALSE(j["checkpoint_reused"].get<bool>());
   check_results(j, true);
+  for (const auto& r : j["layer_decode"]) EXPECT_TRUE(r["skeleton_us_per_step"].is_null()) << "no --skeleton, yet " << r.dump();
 
   // Same options and folder: the checkpoint is reused.
   o.decode_batches = {2};
@@ -261,6 +262,7 @@ TEST_F(BenchLayersGpu, TimelineListsEveryRegionOfAReplayedStep) {
   o.decode_batches = {1, 3};
   o.prefill = {};
   o.timeline = true;
+  o.skeleton = true;  // (and the steps without weight bytes: their own graph, a number per batch)
   o.patches = "cuda.graph,cuda.streams";
   o.json = (t.path() / "out.json").string();
   ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
@@ -281,6 +283,8 @@ TEST_F(BenchLayersGpu, TimelineListsEveryRegionOfAReplayedStep) {
     for (const char* name : {"attn.q_kv", "attn.compressor", "attn.core", "attn.out_proj", "moe.router", "moe.routed", "moe.shared", "head"})
       EXPECT_GT(count[name], 0) << name << " missing from " << tl.dump();
     EXPECT_FALSE(r["breakdown_us"].empty());
+    EXPECT_GT(r["skeleton_us_per_step"].get<double>(), 0.0) << r.dump();
+    EXPECT_TRUE(r["skeleton_us_per_layer"].is_number()) << r.dump();
   }
 }
 

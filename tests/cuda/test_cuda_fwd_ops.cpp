@@ -565,6 +565,41 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
 // exactly. Shapes: fewer pairs of rows than blocks, several pairs per block (3001 rows), three and six rounds per
 // lane (12288 columns) with a row offset and an odd row count. Then several bf16 matrices in one launch
 // (fwd_linear_one_multi) bit for bit against fwd_linear per matrix.
+// bench --skeleton's SkipWeightsScope: fwd_linear (the one-token kernel at 1 token, the fp64 tensor cores at 8) launches
+// nothing while it lives, nested scopes restore the outer setting, and after it the same call writes its rows.
+TEST_F(GpuTest, SkipWeightsScopeSkipsTheLinears) {
+  Rng rng(5);
+  const int64_t rows = 64, cols = 256;
+  std::vector<float> wv;
+  DeviceBuffer w = plain_weights(rng, 1, rows, cols, &wv);
+  d::DMat m;
+  m.w = w.get(), m.rows = rows, m.cols = cols, m.layout = 0, m.dtype = 1;
+  for (int n : {1, 8}) {
+    DeviceBuffer x = to_device(rng.floats(size_t(n * cols), -1.0f, 1.0f)), y(size_t(n * rows) * 4);
+    y.fill_byte(0xFF);
+    auto run = [&] { d::fwd_linear(m, x.as<float>(), n, cols, 0, rows, y.as<float>(), rows, nullptr); };
+    {
+      d::SkipWeightsScope skip(true);
+      run();
+      {
+        d::SkipWeightsScope inner(false);
+        EXPECT_FALSE(d::weights_skipped());
+      }
+      EXPECT_TRUE(d::weights_skipped());
+      run();
+    }
+    EXPECT_FALSE(d::weights_skipped());
+    plumb::cuda::synchronize();
+    auto words = to_host<uint32_t>(y, size_t(n * rows));
+    EXPECT_EQ(std::count(words.begin(), words.end(), 0xFFFFFFFFu), std::ptrdiff_t(words.size())) << n << " tokens: written while skipped";
+    run();
+    plumb::cuda::synchronize();
+    const auto vals = to_host<float>(y, size_t(n * rows));
+    EXPECT_EQ(std::count_if(vals.begin(), vals.end(), [](float v) { return std::isfinite(v); }), std::ptrdiff_t(vals.size()))
+        << n << " tokens: not written after the scope";
+  }
+}
+
 TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   Rng rng(97);
   struct Case {

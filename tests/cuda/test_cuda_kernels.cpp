@@ -211,6 +211,17 @@ TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
         cuda::DeviceBuffer y(size_t(n * fc.rows) * 4);
         y.fill_byte(0xFF);
         a.out = y.get(), a.o_tok_stride = fc.rows;
+        if (warps == 1) {  // bench --skeleton's scope: no launch, the output untouched
+          {
+            d::SkipWeightsScope skip(true);
+            d::launch_gemv(a, nullptr);
+          }
+          cuda::synchronize();
+          const auto untouched = cuda::to_host<uint32_t>(y, size_t(n * fc.rows));
+          EXPECT_EQ(std::count(untouched.begin(), untouched.end(), 0xFFFFFFFFu), std::ptrdiff_t(untouched.size()))
+              << "launch_gemv wrote its output under SkipWeightsScope";
+          EXPECT_FALSE(d::weights_skipped());
+        }
         d::launch_gemv(a, nullptr);
         cuda::synchronize();
         expect_close("fp8 [1040, 1024] n=8 x f16, " + std::to_string(warps) + " warps per block vs twin",
