@@ -236,7 +236,8 @@ ncu_step=("$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --pat
 
 if [ -n "${NCU:-}" ]; then  # kernel time of one eager decode step at batch 1 (ncu, one metric), by launch and by kernel
   note "ncu: one decode step"
-  timeout "${T_NCU:-240}" ncu --csv --metrics gpu__time_duration.sum "${ncu_step[@]}" >/tmp/ncu.csv 2>&1
+  # (NCU_ARGS: more ncu options, e.g. "--clock-control none" to keep the GPU's own clocks instead of ncu's base clocks)
+  timeout "${T_NCU:-240}" ncu --csv --metrics gpu__time_duration.sum ${NCU_ARGS:-} "${ncu_step[@]}" >/tmp/ncu.csv 2>&1
   note "ncu rc=$?"
   python3 bench/kernel_times.py /tmp/ncu.csv >"$OUT/ncu-step.txt" 2>&1
   gzip -c /tmp/ncu.csv >"$OUT/ncu.csv.gz"
