@@ -592,7 +592,6 @@ struct DecodeRow {
   int64_t pos_first = 0, pos_last = 0;
   bool split_measured = false;
   std::vector<std::pair<std::string, double>> breakdown;  // per-op region: us per step over all layers
-  std::vector<std::pair<std::string, double>> breakdown_skeleton;  // --skeleton: the same without weight launches
   std::vector<OpTimer::Span> timeline;                    // --timeline: one replayed step's regions
   PairedStats ab;                                          // --ab: us per step
   std::string ab_error;
@@ -864,23 +863,20 @@ int run(const LayerBenchOptions& o) {
       }
       // Where a step's time goes: one more untapped step with CUDA events around each op region (the events
       // add a little time; the regions' sum is below the step time by the launch gaps and host work between them).
-      auto per_op = [&](const char* what) {
+      if (st.dev) {
         auto& timer = st.dev->scratch.timer;
         timer.on = true;
         step(nullptr, nullptr);
         timer.on = false;
         std::string line;
         double sum = 0;
-        std::vector<std::pair<std::string, double>> ops;
         for (const auto& [name, ms] : timer.collect()) {
           line += fmt::format("{}{} {}", line.empty() ? "" : ", ", name, fmt_num(ms * 1e3));
-          ops.push_back({name, ms * 1e3});
+          r.breakdown.push_back({name, ms * 1e3});
           sum += ms * 1e3;
         }
-        out(fmt::format("  batch {} per-op us per step{} (all layers): {}; sum {}\n", B, what, line, fmt_num(sum)));
-        return ops;
-      };
-      if (st.dev) r.breakdown = per_op("");
+        out(fmt::format("  batch {} per-op us per step (all layers): {}; sum {}\n", B, line, fmt_num(sum)));
+      }
       // --timeline: one step as the forward runs it (graph replay, side streams), each region's start and end.
       // The first step here is eager (a graph apart from the timed one: its events are nodes), the second captures
       // it, the third replays it; without cuda.graph each step is eager and the last one's regions count.
@@ -944,7 +940,6 @@ int run(const LayerBenchOptions& o) {
                         "{} us/layer; the layer's weight bytes take {} us at the copy rate, the 80 % target allows {} us per layer\n",
                         B, sk.size(), fmt_num(r.us_step_skeleton), fmt_num(r.us_layer_skeleton), fmt_num(bytes_us),
                         fmt_num(1.25 * bytes_us)));
-        r.breakdown_skeleton = per_op(" without weight bytes");
         if (o.timeline) timeline(" without weight bytes");
       }
       if (model_b) {
@@ -1092,19 +1087,17 @@ int run(const LayerBenchOptions& o) {
     j["prefill_chunk"] = o.prefill_chunk;
     j["batch_meaning"] = "B consecutive new tokens of one sequence per forward step";
     j["layer_decode"] = ojson::array();
-    auto ops_json = [](const std::vector<std::pair<std::string, double>>& ops) {  // per-op region -> us per step
-      nlohmann::json b = nlohmann::json::object();
-      for (const auto& [k, v] : ops) b[k] = v;
-      return b;
-    };
     for (const auto& r : dec)
       j["layer_decode"].push_back({{"batch", r.batch},
                                    {"us_per_step", jnum(r.us_step)},
                                    {"us_per_step_min", jnum(r.us_step_min)},
                                    {"us_non_layer", jnum(r.us_non_layer)},
                                    {"us_per_layer", jnum(r.us_layer)},
-                                   {"breakdown_us", ops_json(r.breakdown)},
-                                   {"skeleton_breakdown_us", ops_json(r.breakdown_skeleton)},
+                                   {"breakdown_us", [&] {
+                                      nlohmann::json b = nlohmann::json::object();
+                                      for (const auto& [k, v] : r.breakdown) b[k] = v;
+                                      return b;
+                                    }()},
                                    {"timeline_us", [&] {  // --timeline: [name, start, end] per region
                                       nlohmann::json t = nlohmann::json::array();
                                       for (const auto& s : r.timeline) t.push_back({s.name, s.start_us, s.end_us});
