@@ -140,14 +140,15 @@ fi
 fi
 
 # The layer bench's batch-1 (LAYER_BATCHES) table rows and per-op lines for variants "BINARY PATCHES", alternately,
-# AB_ROUNDS times each, on one machine (machines differ by a few %).
+# AB_ROUNDS times each, on one machine (machines differ by a few %). LAYER_AB_EXTRA: more bench options for every
+# variant, e.g. --skeleton (its "without weight bytes" lines are kept too).
 layer_ab() {
   for r in $(seq "${AB_ROUNDS:-2}"); do
     for v in "$@"; do
       read -r bin patches <<<"$v"
       echo "### $bin [$patches], round $r" >>"$OUT/layers-ab.txt"
       timeout 150 "$C/$bin" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$patches" --batches "${LAYER_BATCHES:-1}" \
-        --prefill 0 2>&1 | grep -E '^\| [0-9]|per-op' >>"$OUT/layers-ab.txt"
+        --prefill 0 ${LAYER_AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|per-op|without weight' >>"$OUT/layers-ab.txt"
     done
   done
 }

@@ -32,28 +32,29 @@ void dmemset(void* p, int value, size_t bytes);
 void dsync();
 void check_launch(const char* what);  // cudaGetLastError after a launch
 
-// Programmatic dependent launch (cuda.pdl, see launch.cuh): on for this thread's launches while a PdlScope lives.
-bool pdl_enabled();
-struct PdlScope {
-  explicit PdlScope(bool on);
-  ~PdlScope();
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
+// A per-thread switch of this thread's launches, set while a scope lives and restored after it (per thread: two
+// models with different patches may run in one process).
+enum class ThreadSwitch { kPdl, kSkipWeights };
+bool thread_switch(ThreadSwitch which);
+template <ThreadSwitch W>
+struct ThreadSwitchScope {
+  explicit ThreadSwitchScope(bool on);
+  ~ThreadSwitchScope();
+  ThreadSwitchScope(const ThreadSwitchScope&) = delete;
+  ThreadSwitchScope& operator=(const ThreadSwitchScope&) = delete;
   bool prev;
 };
+
+// Programmatic dependent launch (cuda.pdl, see launch.cuh): on for this thread's launches while a PdlScope lives.
+inline bool pdl_enabled() { return thread_switch(ThreadSwitch::kPdl); }
+using PdlScope = ThreadSwitchScope<ThreadSwitch::kPdl>;
 
 // Bench only (`plumb bench --layers --skeleton`): while a SkipWeightsScope lives, this thread's weight-streaming
 // launches (launch_gemv: the FP8, MXFP4 and BF16 GEMVs; the one-token linear) return without launching, so a step
 // times the rest of the forward's chain without the weights' bytes. Their outputs keep what the last real step
 // wrote: the numbers are meaningless, the launches and their order are the forward's.
-bool weights_skipped();
-struct SkipWeightsScope {
-  explicit SkipWeightsScope(bool on);
-  ~SkipWeightsScope();
-  SkipWeightsScope(const SkipWeightsScope&) = delete;
-  SkipWeightsScope& operator=(const SkipWeightsScope&) = delete;
-  bool prev;
-};
+inline bool weights_skipped() { return thread_switch(ThreadSwitch::kSkipWeights); }
+using SkipWeightsScope = ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
 
 // cuda.streams: a side branch of the forward. While a StreamScope lives, launches given a null stream go to its
 // stream (stream_of) instead of the thread's default stream. branch_fork makes `side` wait for everything the

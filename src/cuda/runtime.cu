@@ -131,17 +131,19 @@ void branch_join(Stream side, void* ev) {
 }
 
 namespace {
-thread_local bool t_pdl = false;  // per thread: two models with different patches may run in one process
+thread_local bool t_switch[2] = {false, false};  // ThreadSwitch: kPdl, kSkipWeights
 }  // namespace
-bool pdl_enabled() { return t_pdl; }
-PdlScope::PdlScope(bool on) : prev(t_pdl) { t_pdl = on; }
-PdlScope::~PdlScope() { t_pdl = prev; }
-namespace {
-thread_local bool t_skip_weights = false;
-}  // namespace
-bool weights_skipped() { return t_skip_weights; }
-SkipWeightsScope::SkipWeightsScope(bool on) : prev(t_skip_weights) { t_skip_weights = on; }
-SkipWeightsScope::~SkipWeightsScope() { t_skip_weights = prev; }
+bool thread_switch(ThreadSwitch which) { return t_switch[int(which)]; }
+template <ThreadSwitch W>
+ThreadSwitchScope<W>::ThreadSwitchScope(bool on) : prev(t_switch[int(W)]) {
+  t_switch[int(W)] = on;
+}
+template <ThreadSwitch W>
+ThreadSwitchScope<W>::~ThreadSwitchScope() {
+  t_switch[int(W)] = prev;
+}
+template struct ThreadSwitchScope<ThreadSwitch::kPdl>;
+template struct ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
 
 Stream stream_create() {
   cudaStream_t s;
