@@ -81,6 +81,9 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->callback([opt, lo, layers, batches, prefill, model, ab] {
     if (*layers == 0 && ab->count()) fail("--ab compares two patch sets of the layer bench: it needs --layers N");
+    if (*layers == 0 && (lo->timeline || lo->skeleton))
+      fail("--{} times the layer bench's decode steps: it needs --layers N", lo->timeline ? "timeline" : "skeleton");
+    if (lo->skeleton && lo->backend != "cuda") fail("--skeleton skips the CUDA forward's weight launches: it needs --backend cuda");
     lo->ab = ab->count() > 0;
     if (*layers == 0 && *model != "flash") fail("--model {}: the kernel bench runs V4-Flash's sizes; --model applies to --layers", *model);
     if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));

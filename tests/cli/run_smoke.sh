@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `plumb run` end to end on the bundled model: streamed output and the summary line, seeded determinism, chat
-# mode, stop strings, the loading lines, and every user error as one "error:" line with exit status 1 (no crash).
+# mode, stop strings, the loading lines, and every user error as one "error:" line with exit status 1 (no crash;
+# status 2 for option errors, such as plumb bench's layer-only options without --layers).
 # Usage: tests/cli/run_smoke.sh [PLUMB_BINARY]   (run from anywhere; it works in the repository root)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -61,7 +62,7 @@ check_error() {  # name, expected text in the message, then the command (exit st
   "$@" >"$tmp/e.out" 2>"$tmp/e.err"
   local rc=$? lines
   lines=$(wc -l <"$tmp/e.err")
-  if [ $rc -eq "${EXPECT_RC:-1}" ] && [ "$lines" -eq 1 ] && grep -qF "$want" "$tmp/e.err" && grep -q '^error: ' "$tmp/e.err"; then
+  if [ $rc -eq "${EXPECT_RC:-1}" ] && [ "$lines" -eq 1 ] && grep -qF -- "$want" "$tmp/e.err" && grep -q '^error: ' "$tmp/e.err"; then
     ok "$name: $(cat "$tmp/e.err")"
   else
     bad "$name: exit status $rc, stderr: $(cat "$tmp/e.err")"
@@ -81,6 +82,12 @@ check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q 
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
 check_error "a CUDA patch on the CPU backend" "cuda.fp8_gemv is a CUDA kernel: it needs --backend cuda" \
   "$plumb" run -q -p hi --patches cuda.fp8_gemv
+EXPECT_RC=2 check_error "bench --skeleton without --layers" "--skeleton times the layer bench's decode steps: it needs --layers N" \
+  "$plumb" bench --skeleton
+EXPECT_RC=2 check_error "bench --timeline without --layers" "--timeline times the layer bench's decode steps: it needs --layers N" \
+  "$plumb" bench --timeline
+EXPECT_RC=2 check_error "bench --skeleton on the CPU backend" "--skeleton skips the CUDA forward's weight launches: it needs --backend cuda" \
+  "$plumb" bench --layers 1 --backend cpu --skeleton
 EXPECT_RC=2 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
   "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
 # --backend cuda: on a machine without a usable GPU (or a build without CUDA) one error line that says why;
