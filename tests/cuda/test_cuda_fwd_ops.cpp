@@ -559,12 +559,6 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
   }
 }
 
-// The one-token GEMV (fwd_linear with one token; its persistent grid, the pair-major staged row, the rounds and
-// their prefetch) against the host: fp64 sums of the exact products, rounded to float. The sums' orders differ,
-// so a row may differ by one ulp where its sum lies next to a rounding boundary; nearly every row must match
-// exactly. Shapes: fewer pairs of rows than blocks, several pairs per block (3001 rows), three and six rounds per
-// lane (12288 columns) with a row offset and an odd row count. Then several bf16 matrices in one launch
-// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix.
 // bench --skeleton's SkipWeightsScope: fwd_linear (the one-token kernel at 1 token, the fp64 tensor cores at 8) launches
 // nothing while it lives, nested scopes restore the outer setting, and after it the same call writes its rows.
 TEST_F(GpuTest, SkipWeightsScopeSkipsTheLinears) {
@@ -600,6 +594,12 @@ TEST_F(GpuTest, SkipWeightsScopeSkipsTheLinears) {
   }
 }
 
+// The one-token GEMV (fwd_linear with one token; its persistent grid, the pair-major staged row, the rounds and
+// their prefetch) against the host: fp64 sums of the exact products, rounded to float. The sums' orders differ,
+// so a row may differ by one ulp where its sum lies next to a rounding boundary; nearly every row must match
+// exactly. Shapes: fewer pairs of rows than blocks, several pairs per block (3001 rows), three and six rounds per
+// lane (12288 columns) with a row offset and an odd row count. Then several bf16 matrices in one launch
+// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix.
 TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   Rng rng(97);
   struct Case {
