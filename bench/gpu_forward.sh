@@ -9,7 +9,7 @@
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
-# SANITIZE=GTEST_FILTER (compute-sanitizer memcheck over those CUDA tests, sanitizer.txt),
+# SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests: SANITIZE_TOOLS, default memcheck, sanitizer-TOOL.txt),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
@@ -96,11 +96,14 @@ else
 fi
 note "cuda tests rc=$rc"
 
-if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer memcheck over the CUDA tests matching this gtest filter
-  note "compute-sanitizer memcheck: $SANITIZE"
-  timeout "${T_SANITIZE:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 "$C/plumb_cuda_tests" --gtest_color=no \
-    --gtest_filter="$SANITIZE" >"$OUT/sanitizer.txt" 2>&1
-  note "compute-sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.txt" | tail -n 1)"
+if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer over the CUDA tests matching this gtest filter: each tool of
+  # SANITIZE_TOOLS (default memcheck; racecheck and synccheck also work) with T_SANITIZE seconds, sanitizer-TOOL.txt
+  for tool in ${SANITIZE_TOOLS:-memcheck}; do
+    note "compute-sanitizer $tool: $SANITIZE"
+    timeout "${T_SANITIZE:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$C/plumb_cuda_tests" --gtest_color=no \
+      --gtest_filter="$SANITIZE" >"$OUT/sanitizer-$tool.txt" 2>&1
+    note "compute-sanitizer $tool rc=$? (124: out of time), tests passed $(grep -c '^\[       OK \]' "$OUT/sanitizer-$tool.txt"), failed $(grep -c '^\[  FAILED  \]' "$OUT/sanitizer-$tool.txt"); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.txt" | head -n 1)"
+  done
 fi
 
 if [ -z "${SKIP_CHECKS:-}" ]; then  # SKIP_CHECKS=1: tests and benches only

@@ -767,10 +767,13 @@ constexpr int kFusedMaxCluster = 16, kFusedMaxThreads = 1024;
 constexpr size_t kFusedMaxSmem = 160 * 1024;  // 512 entries over 8 blocks: 135 KiB at V4's 64 x 128
 
 __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs a, int eb, int ib, int passes) {
-  pdl_begin();
   extern __shared__ __align__(16) unsigned char smem[];
   namespace cg = cooperative_groups;
   const cg::cluster_group cl = cg::this_cluster();
+  // Every block of the cluster must be running before another writes its shared memory (block 0's keys, below):
+  // arrive here, wait before the first remote write (compute-sanitizer's racecheck flagged those writes without it).
+  cl.barrier_arrive();
+  pdl_begin();
   const int r = int(cl.block_rank()), t = int(blockIdx.y);
   uint64_t* keys = reinterpret_cast<uint64_t*>(smem);  // [pow2_ceil(ne_cap)]: block 0's are the token's
   const ScoresSmem L(eb, a.nh, int(a.dh), size_t(pow2_ceil(int(a.ne_cap))) * 8);
@@ -779,6 +782,7 @@ __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs
   const SelSizes z(a);
   float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
   uint64_t* keys0 = cl.map_shared_rank(keys, 0);
+  cl.barrier_wait();
   index_scores_block<1>(a, smem, L, t, e0, nb, visible, [&](int el, float v) {
     sc[el] = v;
     if (e0 + el < z.ne) keys0[e0 + el] = sel_key(v, e0 + el, ib);
