@@ -10,6 +10,7 @@
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
 # SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests: SANITIZE_TOOLS, default memcheck, sanitizer-TOOL.txt),
+# SANITIZE_EACH=GTEST_FILTER (the same, one process per test and tool, in parallel: bench/sanitize_each.py),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
@@ -104,6 +105,17 @@ if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer over the CUDA tests matchin
       --gtest_filter="$SANITIZE" >"$OUT/sanitizer-$tool.txt" 2>&1
     note "compute-sanitizer $tool rc=$? (124: out of time), tests passed $(grep -c '^\[       OK \]' "$OUT/sanitizer-$tool.txt"), failed $(grep -c '^\[  FAILED  \]' "$OUT/sanitizer-$tool.txt"); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.txt" | head -n 1)"
   done
+fi
+
+if [ -n "${SANITIZE_EACH:-}" ]; then  # compute-sanitizer, one process per (tool, test) of this gtest filter, several at
+  # once (bench/sanitize_each.py): SANITIZE_TOOLS, SANITIZE_JOBS (12), T_SANITIZE per pair (300), T_SANITIZE_ALL (480),
+  # SANITIZE_FIRST (a regex: the tests started first; default the long ones)
+  note "compute-sanitizer per test: ${SANITIZE_TOOLS:-memcheck} over $SANITIZE_EACH"
+  python3 bench/sanitize_each.py --bin "$C/plumb_cuda_tests" --tools "${SANITIZE_TOOLS:-memcheck}" --filter="$SANITIZE_EACH" \
+    --first "${SANITIZE_FIRST:-Forward|Golden|Bench|Graph|Replay}" --jobs "${SANITIZE_JOBS:-12}" --per-test "${T_SANITIZE:-300}" \
+    --deadline "${T_SANITIZE_ALL:-480}" --out "$OUT" >"$OUT/sanitize.txt" 2>&1
+  note "compute-sanitizer per test rc=$?"
+  tail -n 40 "$OUT/sanitize.txt"
 fi
 
 if [ -z "${SKIP_CHECKS:-}" ]; then  # SKIP_CHECKS=1: tests and benches only
