@@ -98,13 +98,15 @@ void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const Co
   fwd_compress(a, nullptr);
 }
 
+// The state buffers start as zeros, like the caches (grow_keep): defined bytes wherever a kernel reads ahead of
+// what was written.
 void init_comp(const GpuComp& w, GpuCompState& st) {
   const size_t m = size_t(w.rate), row = size_t(comp_width(w)) * 4;
-  st.pend_kv = DeviceBuffer(m * row);
-  st.pend_gate = DeviceBuffer(m * row);
+  st.pend_kv = zeroed(m * row);
+  st.pend_gate = zeroed(m * row);
   if (w.overlap) {
-    st.prev_kv = DeviceBuffer(m * size_t(w.dim) * 4);
-    st.prev_gate = DeviceBuffer(m * size_t(w.dim) * 4);
+    st.prev_kv = zeroed(m * size_t(w.dim) * 4);
+    st.prev_gate = zeroed(m * size_t(w.dim) * 4);
   }
 }
 
@@ -119,7 +121,7 @@ void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, Scratch& 
 }  // namespace
 
 void init_attention_state(const GpuAttn& w, const ModelConfig& c, GpuLayerState& st) {
-  st.ring = DeviceBuffer(size_t(c.window) * size_t(c.head_dim) * 4);
+  st.ring = zeroed(size_t(c.window) * size_t(c.head_dim) * 4);
   if (w.comp) init_comp(*w.comp, st.comp);
   if (w.icomp) init_comp(*w.icomp, st.icomp);
 }

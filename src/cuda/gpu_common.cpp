@@ -228,9 +228,17 @@ void* Scratch::get(const std::string& name, size_t bytes) {
   return b.get();
 }
 
+DeviceBuffer zeroed(size_t bytes) {
+  DeviceBuffer b(bytes);
+  b.fill_byte(0);
+  return b;
+}
+
 bool grow_keep(DeviceBuffer& b, size_t bytes, size_t keep) {
   if (b.get() && b.bytes() >= bytes) return false;
-  DeviceBuffer nb(std::max<size_t>({bytes, 2 * b.bytes(), 256}));
+  // Zeros first: the caches' rows past those written are read and not used (the indexer stages every row below
+  // the capacity), and they are copied on the next growth; zeros keep them defined (compute-sanitizer's initcheck).
+  DeviceBuffer nb = zeroed(std::max<size_t>({bytes, 2 * b.bytes(), 256}));
   if (keep) detail::copy_d2d(nb.get(), b.get(), keep);
   b = std::move(nb);
   return true;

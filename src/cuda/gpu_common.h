@@ -231,9 +231,11 @@ Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems);  // its bf16 x (coun
 // activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).
 Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems = 0, size_t h_elems = 0);
 
-// Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized). Returns
-// whether it reallocated.
+// Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized); the rest
+// is zeros. Returns whether it reallocated.
 bool grow_keep(DeviceBuffer& b, size_t bytes, size_t keep);
+// A buffer of `bytes` zeros (session state that kernels may read before every byte is written).
+DeviceBuffer zeroed(size_t bytes);
 
 // Device tensors at tap points: put copies to the host; io also lets the sink substitute (teacher forcing) and
 // copies the substitute back.
