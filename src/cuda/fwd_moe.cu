@@ -97,6 +97,9 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
   float my_score = 0.0f;  // lane k < K: choice k's score
   int my_idx = 0;
   if (a.hash) {
+    // softmax's sum (lane 0) read score_s: a shuffle orders the lanes but not their shared-memory accesses
+    // (racecheck's write-after-read hazard), so the lanes meet here before they overwrite it.
+    __syncwarp();
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int e = i * 32 + lane;
