@@ -109,10 +109,11 @@ fi
 
 if [ -n "${SANITIZE_EACH:-}" ]; then  # compute-sanitizer, one process per (tool, test) of this gtest filter, several at
   # once (bench/sanitize_each.py): SANITIZE_TOOLS, SANITIZE_JOBS (12), T_SANITIZE per pair (300), T_SANITIZE_ALL (480),
-  # SANITIZE_FIRST (a regex: the tests started first; default the long ones)
+  # SANITIZE_FIRST / SANITIZE_LAST (regexes: the tests started first / last; default last: the long forward tests, so
+  # that a deadline leaves them out rather than the op-level tests, as session 32's first racecheck run did)
   note "compute-sanitizer per test: ${SANITIZE_TOOLS:-memcheck} over $SANITIZE_EACH"
   python3 bench/sanitize_each.py --bin "$C/plumb_cuda_tests" --tools "${SANITIZE_TOOLS:-memcheck}" --filter="$SANITIZE_EACH" \
-    --first "${SANITIZE_FIRST:-Forward|Golden|Bench|Graph|Replay}" --jobs "${SANITIZE_JOBS:-12}" --per-test "${T_SANITIZE:-300}" \
+    --first "${SANITIZE_FIRST:-}" --last "${SANITIZE_LAST:-Forward|Golden|Bench|Graph|Steps|Generate|Chunking}" --jobs "${SANITIZE_JOBS:-12}" --per-test "${T_SANITIZE:-300}" \
     --deadline "${T_SANITIZE_ALL:-480}" --out "$OUT" >"$OUT/sanitize.txt" 2>&1
   note "compute-sanitizer per test rc=$?"
   tail -n 40 "$OUT/sanitize.txt"

@@ -85,7 +85,9 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tools", default="memcheck")
     ap.add_argument("--filter", default="*")
-    ap.add_argument("--first", default="", help="regex: tests run first (the long ones)")
+    ap.add_argument("--first", default="", help="regex: tests started first")
+    ap.add_argument("--last", default="", help="regex: tests started last (the long ones, so that a deadline costs them, "
+                    "not every short test)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--per-test", type=float, default=300, help="seconds per (tool, test)")
     ap.add_argument("--deadline", type=float, default=540, help="seconds for everything")
@@ -93,9 +95,8 @@ def main():
     args = ap.parse_args()
     t_end = time.monotonic() + args.deadline
     tests = list_tests(args.bin, args.filter)
-    if args.first:
-        first = re.compile(args.first)
-        tests.sort(key=lambda t: 0 if first.search(t) else 1)
+    first, last = re.compile(args.first or "(?!)"), re.compile(args.last or "(?!)")
+    tests.sort(key=lambda t: 0 if first.search(t) else 2 if last.search(t) else 1)  # stable: gtest's order within
     pairs = [(tool, t) for t in tests for tool in args.tools.split()]
     print(f"sanitize: {len(tests)} tests x {len(args.tools.split())} tools, {args.jobs} at once, "
           f"{args.per_test:.0f} s each, {args.deadline:.0f} s in all", flush=True)
