@@ -514,8 +514,10 @@ int hc_cluster_size(Kern kern) {
 
 // Clusters of Sv blocks (16 where the GPU schedules them, else 8), each block one slice of D, each cluster M tokens
 // (HcArgs::tokens_per_cluster, or hc_pre_split's rule): the same arithmetic in the same order for
-// every M (the Sv-way split), so a token's bits do not depend on the batch. M > 1 only on the vector path (V4's
-// shapes; the scalar path serves odd hidden sizes at one token per cluster).
+// every M (the Sv-way split), so a token's bits do not depend on the batch. M > 1 only on the vector path with
+// hc_mult 4 (V4's shapes, Flash and Pro): other hc_mult values and the scalar path (odd hidden sizes) take one token
+// per cluster, whatever tokens_per_cluster asks, with the same bits; their M = 2 and 4 kernels, 22 of the 36
+// instantiations, are not compiled (this file was the build's longest, 88 s on one core).
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
@@ -524,7 +526,9 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   int M = 1, clusters = a.n;
-  if constexpr (VEC) {
+  if (a.tokens_per_cluster != 0 && a.tokens_per_cluster != 1 && a.tokens_per_cluster != 2 && a.tokens_per_cluster != 4)
+    throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
+  if constexpr (VEC && H == 4) {
     // The M > 1 kernels at the M = 1 kernel's cluster size (their split must be the same); one that the GPU does not
     // schedule at that size is not used.
     // (The M = 4 kernel's count, the most static shared memory, is the launch rule's count of resident clusters.)
@@ -532,7 +536,6 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     static const bool many = resident > 0 && max_active_clusters(hc_pre_kernel<H, VEC, 2>, Sv, kHcThreads, kHcMaxSmem) > 0;
     if (a.tokens_per_cluster > 0) {
       M = a.tokens_per_cluster;
-      if (M != 1 && M != 2 && M != 4) throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
       clusters = (a.n + M - 1) / M;
     } else {
       const HcSplit sp = hc_pre_split(a.n, resident);
@@ -540,9 +543,12 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     }
     // (an M that the GPU or the shared memory does not take: halved, in ceil(n / M) clusters)
     while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2, clusters = (a.n + M - 1) / M;
+    auto kern = M == 4 ? hc_pre_kernel<H, VEC, 4> : M == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>;
+    launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
+  } else {
+    launch_cluster("fwd_hc_pre", hc_pre_kernel<H, VEC, 1>, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), slice_smem, s, a,
+                   mix_out);
   }
-  auto kern = M == 4 ? hc_pre_kernel<H, VEC, 4> : M == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>;
-  launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
 }
 
 }  // namespace
