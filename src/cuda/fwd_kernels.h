@@ -139,7 +139,7 @@ struct HcArgs {
   double norm_eps = 0;
   uint16_t* collapsed16 = nullptr;
   // Tokens per cluster (1, 2 or 4, in ceil(n / M) clusters; 0: hc_pre_split's rule): the launch's shape, never its
-  // bits. The bench and the tests set it; the scalar path (odd D) always takes 1.
+  // bits. The bench and the tests set it; only hc_mult 4 on the vector path takes more than 1 (launch_hc_pre).
   int tokens_per_cluster = 0;
 };
 // The launch's default split of n tokens: M tokens at most per cluster (1, 2 or 4) over `clusters` clusters (n spread
