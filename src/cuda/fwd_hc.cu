@@ -526,6 +526,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   int M = 1, clusters = a.n;
+  auto kern = hc_pre_kernel<H, VEC, 1>;
   if (a.tokens_per_cluster != 0 && a.tokens_per_cluster != 1 && a.tokens_per_cluster != 2 && a.tokens_per_cluster != 4)
     throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
   if constexpr (VEC && H == 4) {
@@ -543,12 +544,10 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     }
     // (an M that the GPU or the shared memory does not take: halved, in ceil(n / M) clusters)
     while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2, clusters = (a.n + M - 1) / M;
-    auto kern = M == 4 ? hc_pre_kernel<H, VEC, 4> : M == 2 ? hc_pre_kernel<H, VEC, 2> : hc_pre_kernel<H, VEC, 1>;
-    launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
-  } else {
-    launch_cluster("fwd_hc_pre", hc_pre_kernel<H, VEC, 1>, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), slice_smem, s, a,
-                   mix_out);
+    if (M == 4) kern = hc_pre_kernel<H, VEC, 4>;
+    if (M == 2) kern = hc_pre_kernel<H, VEC, 2>;
   }
+  launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
 }
 
 }  // namespace
