@@ -9,8 +9,8 @@
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
-# SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests: SANITIZE_TOOLS, default memcheck, sanitizer-TOOL.txt),
-# SANITIZE_EACH=GTEST_FILTER (the same, one process per test and tool, in parallel: bench/sanitize_each.py),
+# SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests, one process per test and tool of SANITIZE_TOOLS, in
+# parallel: bench/sanitize_each.py, sanitize-summary.tsv and sanitize-logs.txt.gz),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
@@ -97,22 +97,13 @@ else
 fi
 note "cuda tests rc=$rc"
 
-if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer over the CUDA tests matching this gtest filter: each tool of
-  # SANITIZE_TOOLS (default memcheck; racecheck and synccheck also work) with T_SANITIZE seconds, sanitizer-TOOL.txt
-  for tool in ${SANITIZE_TOOLS:-memcheck}; do
-    note "compute-sanitizer $tool: $SANITIZE"
-    timeout "${T_SANITIZE:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$C/plumb_cuda_tests" --gtest_color=no \
-      --gtest_filter="$SANITIZE" >"$OUT/sanitizer-$tool.txt" 2>&1
-    note "compute-sanitizer $tool rc=$? (124: out of time), tests passed $(grep -c '^\[       OK \]' "$OUT/sanitizer-$tool.txt"), failed $(grep -c '^\[  FAILED  \]' "$OUT/sanitizer-$tool.txt"); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.txt" | head -n 1)"
-  done
-fi
-
-if [ -n "${SANITIZE_EACH:-}" ]; then  # compute-sanitizer, one process per (tool, test) of this gtest filter, several at
-  # once (bench/sanitize_each.py): SANITIZE_TOOLS, SANITIZE_JOBS (12), T_SANITIZE per pair (300), T_SANITIZE_ALL (480),
+if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer, one process per (tool, test) of this gtest filter, several at once
+  # (bench/sanitize_each.py; a tool that aborts a launch fails that test only): SANITIZE_TOOLS (default memcheck;
+  # racecheck, synccheck, initcheck), SANITIZE_JOBS (12), T_SANITIZE per pair (300), T_SANITIZE_ALL (480),
   # SANITIZE_FIRST / SANITIZE_LAST (regexes: the tests started first / last; default last: the long forward tests, so
   # that a deadline leaves them out rather than the op-level tests, as session 32's first racecheck run did)
-  note "compute-sanitizer per test: ${SANITIZE_TOOLS:-memcheck} over $SANITIZE_EACH"
-  python3 bench/sanitize_each.py --bin "$C/plumb_cuda_tests" --tools "${SANITIZE_TOOLS:-memcheck}" --filter="$SANITIZE_EACH" \
+  note "compute-sanitizer per test: ${SANITIZE_TOOLS:-memcheck} over $SANITIZE"
+  python3 bench/sanitize_each.py --bin "$C/plumb_cuda_tests" --tools "${SANITIZE_TOOLS:-memcheck}" --filter="$SANITIZE" \
     --first "${SANITIZE_FIRST:-}" --last "${SANITIZE_LAST:-Forward|Golden|Bench|Graph|Steps|Generate|Chunking}" --jobs "${SANITIZE_JOBS:-12}" --per-test "${T_SANITIZE:-300}" \
     --deadline "${T_SANITIZE_ALL:-480}" --out "$OUT" >"$OUT/sanitize.txt" 2>&1
   note "compute-sanitizer per test rc=$?"
