@@ -59,6 +59,10 @@ struct LayerBenchOptions {
   // --skeleton: also time each decode batch's steps with the weight-streaming launches skipped (CUDA only): the
   // forward's chain of latency-bound work without its weight bytes, against the batch's roofline.
   bool skeleton = false;
+  // --cold-l2: overwrite a buffer of twice the L2's size before each timed decode step (outside its time), so what a
+  // step reuses from the one before (hc_pre's fn, the norms' weights, the caches, the kernels' code) comes from DRAM, as
+  // in a 43-layer model, where each layer's ~5 MB of such data is evicted by the other layers' weights in between.
+  bool cold_l2 = false;
   // --ab PATCHES: also load the checkpoint with these patches (model B) and, per decode batch, time A's and B's steps
   // in pairs (alternating which goes first) on sessions of their own: the median paired difference with a 95 %
   // interval resolves a few percent where separate runs differ by up to 10 %.

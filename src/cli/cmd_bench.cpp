@@ -73,6 +73,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--skeleton", lo->skeleton,
                 "--layers (CUDA): also time each decode batch with the weight-streaming launches skipped (the GEMVs and one-token "
                 "linears; outputs left stale): the chain of latency-bound work alone, against the time of the layer's weight bytes");
+  cmd->add_flag("--cold-l2", lo->cold_l2,
+                "--layers (CUDA): overwrite twice the L2's size before each timed decode step (not timed), so data a step "
+                "reuses from the previous one comes from DRAM, as between one layer's steps in a full-depth model");
   cmd->add_option("--batches", *batches, "--layers: decode batches, comma-separated (default 1,8,32,128)");
   cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
   cmd->add_option("--context", lo->context,
@@ -84,6 +87,7 @@ void register_bench(CLI::App& app) {
     if (*layers == 0 && (lo->timeline || lo->skeleton))
       fail("--{} times the layer bench's decode steps: it needs --layers N", lo->timeline ? "timeline" : "skeleton");
     if (lo->skeleton && lo->backend != "cuda") fail("--skeleton skips the CUDA forward's weight launches: it needs --backend cuda");
+    if (lo->cold_l2 && (*layers == 0 || lo->backend != "cuda")) fail("--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda");
     lo->ab = ab->count() > 0;
     if (*layers == 0 && *model != "flash") fail("--model {}: the kernel bench runs V4-Flash's sizes; --model applies to --layers", *model);
     if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));

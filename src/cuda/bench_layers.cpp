@@ -32,6 +32,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -771,8 +772,9 @@ int run(const LayerBenchOptions& o) {
   std::vector<DecodeRow> dec;
   out(fmt::format("decode: \"batch B\" = B consecutive new tokens of one sequence per forward step (after a {}-token prefill), "
                   "which reads the weights once per step as B-sequence decode would; the last row's logits come back (a server "
-                  "samples its rows on the device); median of up to {} steps after {} warm-up steps\n",
-                  o.context, o.iters, o.warmup));
+                  "samples its rows on the device); median of up to {} steps after {} warm-up steps{}\n",
+                  o.context, o.iters, o.warmup,
+                  o.cold_l2 && gpu ? fmt::format("; --cold-l2: {} MB overwritten before each timed step", (2 * dev.l2_bytes) >> 20) : ""));
   bool sane_checked = false;
   for (int B : o.decode_batches) {
     DecodeRow r;
@@ -802,9 +804,13 @@ int run(const LayerBenchOptions& o) {
     try {
       SessionState st = model->new_state();
       if (o.context > 0) r.context_s = feed(st, o.context, nullptr, nullptr);
+      std::optional<DeviceBuffer> l2_flush;
+      int flushes = 0;
+      if (o.cold_l2 && gpu) l2_flush.emplace(2 * dev.l2_bytes);
       r.pos_first = st.pos;
       auto step = [&](TapSink* taps, Tensor* keep) {
         const auto toks = random_tokens(rng, B, dm.vocab);
+        if (l2_flush) l2_flush->fill_byte(++flushes & 0xFF), d::dsync();  // --cold-l2 (not timed)
         const auto t0 = Clock::now();
         // The last row's logits only: B-sequence decode samples its B rows on the device, so downloading [B, vocab]
         // (16 MB at B = 32) would time a copy no server makes. With taps every row is computed.
@@ -1084,6 +1090,7 @@ int run(const LayerBenchOptions& o) {
     j["generate_seconds"] = gen_s;
     j["load_seconds"] = load_s;
     j["context"] = o.context;
+    j["cold_l2"] = o.cold_l2 && gpu;
     j["prefill_chunk"] = o.prefill_chunk;
     j["batch_meaning"] = "B consecutive new tokens of one sequence per forward step";
     j["layer_decode"] = ojson::array();

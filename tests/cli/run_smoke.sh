@@ -88,6 +88,10 @@ EXPECT_RC=2 check_error "bench --timeline without --layers" "--timeline times th
   "$plumb" bench --timeline
 EXPECT_RC=2 check_error "bench --skeleton on the CPU backend" "--skeleton skips the CUDA forward's weight launches: it needs --backend cuda" \
   "$plumb" bench --layers 1 --backend cpu --skeleton
+EXPECT_RC=2 check_error "bench --cold-l2 without --layers" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
+  "$plumb" bench --cold-l2
+EXPECT_RC=2 check_error "bench --cold-l2 on the CPU backend" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
+  "$plumb" bench --layers 1 --backend cpu --cold-l2
 EXPECT_RC=2 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
   "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
 # --backend cuda: on a machine without a usable GPU (or a build without CUDA) one error line that says why;
