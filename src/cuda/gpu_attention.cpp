@@ -232,7 +232,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);
     tap_put(tap, "attn.q", q, {n, H, Dh});
   }
-  sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
+  if (sc.pf_weights) sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
 
   if (run_indexer) {
     region.emplace(tm, "attn.indexer");

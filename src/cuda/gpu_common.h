@@ -179,6 +179,7 @@ class Scratch {
   // cuda.l2_prefetch: the prefetch stream and its events (enable_prefetch, once, outside any capture); `prefetch`:
   // the stream this forward may prefetch on (null: no prefetches).
   Stream pf = nullptr, prefetch = nullptr;
+  bool pf_weights = false;  // cuda.l2_prefetch (the weights and hc_pre's fn); without it cuda.hc_prefetch: the fn alone
   void* ev_pf_fork = nullptr;
   void* ev_pf_join = nullptr;
   bool pf_forked = false;  // this forward forked the prefetch stream (only then may it join: a capture cannot wait

@@ -323,7 +323,7 @@ class GpuForward : public DeviceForward {
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
-    if (opt_.cuda_l2_prefetch) sc.enable_prefetch();
+    if (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) sc.enable_prefetch();
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
@@ -409,8 +409,10 @@ class GpuForward : public DeviceForward {
     const bool serial_timer = sc.timer.on && !sc.timer.timeline;
     sc.branch = opt_.cuda_streams && !taps && !serial_timer ? sc.side : nullptr;
     sc.branch2 = sc.branch ? sc.side2 : nullptr;
-    // cuda.l2_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are compute-bound).
-    sc.prefetch = opt_.cuda_l2_prefetch && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
+    // cuda.l2_prefetch, cuda.hc_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are
+    // compute-bound, and their hc_pre launches read fn from L2 many times over).
+    sc.prefetch = (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
+    sc.pf_weights = opt_.cuda_l2_prefetch;
     sc.pf_forked = false;
 
     float* X = sc.f("X", n * H * D);
@@ -490,14 +492,18 @@ class GpuForward : public DeviceForward {
       // cuda.l2_prefetch: while hc_pre runs (latency-bound), the second hc_pre's fn (1.5 MB at V4-Flash's size, read
       // by that launch's 16 blocks alone, so their SMs' bandwidth bounds it when it comes from HBM), then the
       // attention's first weights in order of use; the output projections follow from gpu_attention, the router, the
-      // shared expert and the next hc_pre's fn before the second hc_pre.
+      // shared expert and the next hc_pre's fn before the second hc_pre. cuda.hc_prefetch: the two fn alone (evict_last:
+      // they stay in L2 while the sublayer's ~100 MB of weights stream past).
       const auto comp = [](const std::unique_ptr<GpuComp>& cp, bool gate) {
         return cp ? weight_bytes(gate ? cp->wgate : cp->wkv) : ByteRange{};
       };
       const auto fn = [](const GpuHc& h) { return ByteRange{h.fn.get(), int64_t(h.fn.bytes())}; };
-      sc.prefetch_l2({fn(L.hc_ffn), weight_bytes(L.attn.wq_a), weight_bytes(L.attn.wkv), comp(L.attn.comp, false), comp(L.attn.comp, true),
-                      comp(L.attn.icomp, false), comp(L.attn.icomp, true), weight_bytes(L.attn.iweights), weight_bytes(L.attn.iwq_b),
-                      weight_bytes(L.attn.wq_b)});
+      if (sc.pf_weights)
+        sc.prefetch_l2({fn(L.hc_ffn), weight_bytes(L.attn.wq_a), weight_bytes(L.attn.wkv), comp(L.attn.comp, false), comp(L.attn.comp, true),
+                        comp(L.attn.icomp, false), comp(L.attn.icomp, true), weight_bytes(L.attn.iweights), weight_bytes(L.attn.iwq_b),
+                        weight_bytes(L.attn.wq_b)});
+      else
+        sc.prefetch_l2({fn(L.hc_ffn)});
       const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
                     ds.layers[size_t(i)], sc, nm_, tap, y);
@@ -512,7 +518,8 @@ class GpuForward : public DeviceForward {
         return g ? weight_bytes(*g) : ByteRange{};
       };
       const GpuHc& next_hc = i + 1 < c.n_layers ? g_.layers[size_t(i) + 1].hc_attn : g_.hc_head;
-      sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2), fn(next_hc)});
+      if (sc.pf_weights) sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2), fn(next_hc)});
+      else sc.prefetch_l2({fn(next_hc)});
       x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm));
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y, fuse_post ? &moe_y : nullptr);
       hc_post();

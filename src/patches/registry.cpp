@@ -113,6 +113,15 @@ std::vector<Patch> make_registry() {
                // Prefetches only: the same kernels on the same data, bit-identical (tests/cuda). The tolerance is the
                // reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_l2_prefetch = true; }, false, "cuda"});
+  r.push_back({"cuda.hc_prefetch", "each hc_pre reads its fn (the mixes' weights) from HBM when it runs",
+               "decode: cuda.l2_prefetch's stream prefetches only the next hc_pre's fn (1.5 MB at V4-Flash's size) into L2 "
+               "(evict_last) a sublayer ahead, beside the hc_pre before it: the latency-bound hc_pre, whose 16 blocks "
+               "alone read fn, then finds it in L2; off with taps or per-op timing; with cuda.l2_prefetch the weights "
+               "are prefetched too",
+               "none for the results (a prefetch writes nothing): bit-identical to running without it; its risk is "
+               "speed (the prefetch's bandwidth, 3 MB per layer)",
+               // Prefetches only: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_prefetch = true; }, false, "cuda"});
   r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (up to 32 or 64 tokens per pass over the weights)",
                "chunks of >= 32 tokens (80 for single projections of >= 8M weights, 64 for the shared expert's) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
                "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "

@@ -259,13 +259,15 @@ TEST_F(GpuTest, IndexerSkipShortMatchesTheIndexer) {
   expect_graph_matches_eager(dir, "attn.splitk_decode,indexer.skip_short", "cuda.streams");
 }
 
-// cuda.l2_prefetch: a stream of its own prefetching the coming weights into L2 writes nothing, so the logits must be
-// the bits without it, graphed (a third branch of the graph) and eager, alone and beside cuda.streams' side stream,
-// with the fp32 twin's plain weights and the fast kernels' FP8 codes.
+// cuda.l2_prefetch (and cuda.hc_prefetch, hc_pre's fn alone): a stream of its own prefetching the coming weights into
+// L2 writes nothing, so the logits must be the bits without it, graphed (a third branch of the graph) and eager, alone
+// and beside cuda.streams' side stream, with the fp32 twin's plain weights and the fast kernels' FP8 codes.
 TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
   const std::string data = PLUMB_TEST_DATA;
   expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.l2_prefetch");
   expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams", "cuda.l2_prefetch");
+  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.hc_prefetch");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams", "cuda.hc_prefetch");
   // Eager decode-sized chunks (the prefetches run only for chunks of up to 32 tokens).
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams";
   auto a_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base).options, {}, "cuda");
