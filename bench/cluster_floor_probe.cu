@@ -2,7 +2,8 @@
 // cluster of 16 blocks x 256 threads (2 per SM, 40 KB of shared memory each) with three cluster barriers and ~12 us
 // per launch in graph replay (`plumb bench --only hc`). This probe times launch shapes with no work, in graph replay
 // of 32 dependent launches (the forward's chain), to split that time into the launch's floor, the cluster barriers
-// and the work.
+// and the work, and to time the alternative to a barrier + remote-read round: all-to-all stores signalled on
+// mbarriers (`exchange`, session 33; not yet run).
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/cluster_floor bench/cluster_floor_probe.cu && /tmp/cluster_floor
 #include <cooperative_groups.h>
 
@@ -43,6 +44,61 @@ __global__ void __launch_bounds__(256, 2) shape(float* out) {
   }
   if (tid == 0) out[blockIdx.x] = v;
   if constexpr (kCluster && kRemote) cg::this_cluster().sync();  // (the last remote read done before any block exits)
+}
+
+// kRounds all-to-all exchanges of one double per block without cluster barriers (the alternative to hc_pre's
+// barrier + remote-read rounds): warp 0's lane q stores this block's value into block q's slot for this rank with
+// st.async, which counts its bytes on block q's mbarrier; each block waits on its own mbarrier for the S values, sums
+// them in rank order (the same bits everywhere) and shares the total through a block barrier. Two mbarriers and two
+// slot arrays alternate by round, so a block one round ahead cannot disturb a round another block is still reading.
+// One cluster barrier at the start (the mbarriers initialized before any remote store), none at the end (each block
+// has received every store meant for it before it exits).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+template <int kRounds>
+__global__ void __launch_bounds__(256, 2) exchange(float* out) {
+  __shared__ alignas(8) unsigned long long bar[2];
+  __shared__ double slot[2][16];
+  __shared__ double total;
+  cg::cluster_group cl = cg::this_cluster();
+  const int tid = int(threadIdx.x), S = int(cl.num_blocks()), rank = int(cl.block_rank());
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[b])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cl.sync();
+  double v = double(rank + 1);
+  for (int r = 0; r < kRounds; ++r) {
+    const int b = r & 1;
+    const uint32_t parity = uint32_t(r >> 1) & 1u;
+    if (tid == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[b])), "r"(S * 8) : "memory");
+    if (tid < S) {
+      uint32_t dst, dbar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(smem_u32(&slot[b][rank])), "r"(tid));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dbar) : "r"(smem_u32(&bar[b])), "r"(tid));
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(dst),
+                   "l"(__double_as_longlong(v)), "r"(dbar)
+                   : "memory");
+    }
+    if (tid < 32) {
+      uint32_t done = 0;
+      while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(&bar[b])), "r"(parity)
+                     : "memory");
+      if (tid == 0) {
+        double t = 0;
+        for (int q = 0; q < S; ++q) t += slot[b][q];
+        total = t;
+      }
+    }
+    __syncthreads();
+    v = total * 0.5;
+    __syncthreads();  // (total read by every thread before the next round's write)
+  }
+  if (tid == 0) out[blockIdx.x] = float(v);
 }
 
 // One block of 1024 threads, kSyncs block barriers with a shared-memory exchange (the single-block alternative).
@@ -115,6 +171,8 @@ int main() {
   rows.push_back({"cluster 16, 1 cluster barrier", time_chain(shape<true, 1, false, false>, 16, 256, 16, sm40, out)});
   rows.push_back({"cluster 16, 3 cluster barriers", time_chain(shape<true, 3, false, false>, 16, 256, 16, sm40, out)});
   rows.push_back({"cluster 16, 3 barriers + remote reads", time_chain(shape<true, 3, false, true>, 16, 256, 16, sm40, out)});
+  rows.push_back({"cluster 16, 3 exchanges by st.async + mbarrier", time_chain(exchange<3>, 16, 256, 16, sm40, out)});
+  rows.push_back({"cluster 16, 1 exchange by st.async + mbarrier", time_chain(exchange<1>, 16, 256, 16, sm40, out)});
   rows.push_back({"cluster 16, 3 barriers after global stores", time_chain(shape<true, 3, true, false>, 16, 256, 16, sm40, out)});
   rows.push_back({"cluster 16, 6 cluster barriers", time_chain(shape<true, 6, false, false>, 16, 256, 16, sm40, out)});
   rows.push_back({"cluster 8 x 256, 3 cluster barriers", time_chain(shape<true, 3, false, false>, 8, 256, 8, sm40, out)});
