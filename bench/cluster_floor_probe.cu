@@ -5,6 +5,7 @@
 // and the work, and to time the alternative to a barrier + remote-read round: all-to-all stores signalled on
 // mbarriers (`exchange`, session 33; not yet run).
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/cluster_floor bench/cluster_floor_probe.cu && /tmp/cluster_floor
+// (a CUDA build, -DPLUMB_CUDA=ON, also builds it as build/cluster_floor_probe)
 #include <cooperative_groups.h>
 
 #include <algorithm>

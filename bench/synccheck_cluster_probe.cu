@@ -3,7 +3,7 @@
 // __syncthreads() whose SASS has every divergent region closed (BSYNC) before the BAR.SYNC, and only in blocks with
 // blockIdx.y >= 2. This probe has no divergence at all: each variant is a fixed sequence of block barriers (and, in the
 // cluster variants, cluster barriers and a distributed shared memory read) over a 2-D grid of several waves.
-//   nvcc -O3 -arch=sm_90a -o /tmp/probe bench/synccheck_cluster_probe.cu
+//   nvcc -O3 -arch=sm_90a -o /tmp/probe bench/synccheck_cluster_probe.cu   (a CUDA build also makes build/synccheck_cluster_probe)
 //   compute-sanitizer --tool synccheck /tmp/probe VARIANT   (VARIANT: plain, cluster, cluster-early-warp)
 // plain: no cluster; cluster: clusters of 16 (2 blocks per SM, as hc_pre); cluster-early-warp: as cluster, and warp 0
 // leaves after the last cluster barrier's wait while the other warps store (hc_pre's warp 0 returns likewise).

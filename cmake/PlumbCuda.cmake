@@ -59,3 +59,16 @@ else()
   message(STATUS "plumb: cuBLASLt OFF (not found or disabled): bf16 GEMMs and the bench's GEMM rate unavailable")
 endif()
 message(STATUS "plumb: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90a)")
+
+# The standalone device probes (bench/*_probe.cu: each answers one question about the GPU, run by hand on the GPU
+# machine, see its header): built with the backend, so that CI, which has nvcc, keeps them compiling.
+file(GLOB PLUMB_CUDA_PROBES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/bench/*_probe.cu)
+foreach(probe ${PLUMB_CUDA_PROBES})
+  get_filename_component(probe_name ${probe} NAME_WE)
+  add_executable(${probe_name} ${probe})
+  set_property(TARGET ${probe_name} PROPERTY COMPILE_OPTIONS "")
+  target_compile_options(${probe_name} PRIVATE -gencode=arch=compute_90a,code=sm_90a)
+  set_target_properties(${probe_name} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_RUNTIME_LIBRARY Static
+                                                 UNITY_BUILD OFF)
+  target_link_libraries(${probe_name} PRIVATE CUDA::cudart_static)
+endforeach()
