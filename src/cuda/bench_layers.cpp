@@ -805,12 +805,11 @@ int run(const LayerBenchOptions& o) {
       SessionState st = model->new_state();
       if (o.context > 0) r.context_s = feed(st, o.context, nullptr, nullptr);
       std::optional<DeviceBuffer> l2_flush;
-      int flushes = 0;
       if (o.cold_l2 && gpu) l2_flush.emplace(2 * dev.l2_bytes);
       r.pos_first = st.pos;
       auto step = [&](TapSink* taps, Tensor* keep) {
         const auto toks = random_tokens(rng, B, dm.vocab);
-        if (l2_flush) l2_flush->fill_byte(++flushes & 0xFF), d::dsync();  // --cold-l2 (not timed)
+        if (l2_flush) l2_flush->fill_byte(0), d::dsync();  // --cold-l2 (not timed; a memset writes every byte each time)
         const auto t0 = Clock::now();
         // The last row's logits only: B-sequence decode samples its B rows on the device, so downloading [B, vocab]
         // (16 MB at B = 32) would time a copy no server makes. With taps every row is computed.
