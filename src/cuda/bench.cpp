@@ -982,7 +982,8 @@ int run_bench(const BenchOptions& opt) {
   // ---- hc_pre at V4-Flash's size (hc_mult 4, hidden 4096, 20 Sinkhorn iterations): a latency-bound launch of the
   // decode chain (two per layer) ----
   // As the forward runs it (the previous sublayer's hc_post and the RMSNorm fused), and without each fused part; the
-  // one-iteration row is a diagnostic of the Sinkhorn's share of the launch (its comb differs), not a configuration.
+  // one-iteration row is a diagnostic of the Sinkhorn's share of the launch (its comb differs), not a configuration;
+  // the last row is the launch numerics.official makes (its mix mode, bf16 activations, the norm a launch of its own).
   // Bytes: fn (24 x 16384 fp32) and the rows read and written.
   if (B.want("hc")) {
     const int H = 4, nm = (2 + H) * H, hn = 128;  // tokens at most
@@ -998,11 +999,13 @@ int run_bench(const BenchOptions& opt) {
       const char* name;
       bool post, norm;
       int iters;
+      bool official = false;  // numerics.official's launch: x . fn times r afterwards, bf16 activations, no fused norm
     };
     const HcVar vars[] = {{"hc_pre + fused hc_post + norm (the forward's)", true, true, 20},
                           {"hc_pre + norm (X loaded)", false, true, 20},
                           {"hc_pre alone", false, false, 20},
-                          {"hc_pre + fused hc_post + norm, 1 Sinkhorn iteration (diagnostic)", true, true, 1}};
+                          {"hc_pre + fused hc_post + norm, 1 Sinkhorn iteration (diagnostic)", true, true, 1},
+                          {"hc_pre + fused hc_post, numerics.official", true, false, 20, true}};
     // 1 and 8 tokens: every variant at the launch's rule; 8-128 (batched decode): the forward's variant with the
     // rule and with each tokens-per-cluster choice.
     for (int n : {1, 8, 16, 32, 64, 128})
@@ -1019,6 +1022,7 @@ int run_bench(const BenchOptions& opt) {
             a.y = yv.as<float>(), a.X_prev = Xp.as<float>(), a.post_prev = postp.as<float>(), a.comb_prev = combp.as<float>(),
             a.X_out = X.as<float>();
           if (v.norm) a.norm_w = nw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = col16.as<uint16_t>();
+          if (v.official) a.mix_mode = 2, a.act_bf16 = 1;
           const double bytes = double(fn.bytes()) + double(n) * double(Dh) * 4 * (H + (v.post ? H + 1 + H : 0) + 1);
           const std::string how = per_cluster ? fmt::format("{} Sinkhorn iterations, {} tokens per cluster", v.iters, per_cluster)
                                               : fmt::format("{} Sinkhorn iterations", v.iters);
