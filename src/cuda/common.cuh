@@ -142,6 +142,32 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
+// cuda.l2_evict_first: the L2 policy of a decode kernel's weight loads, created once per thread. Evict-first lets the
+// weights (read once per step, ~230 MB per V4-Flash layer) pass through L2 without evicting what the latency-bound
+// kernels between them reuse (their code, the residual streams, activations, caches); evict-normal is a plain load's.
+__device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
+  uint64_t p;
+  if (evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// ldg_stream with that policy (sm_90's ld takes `.L2::evict_first` itself only on 256-bit loads: hence the policy
+// operand).
+template <int HINT>
+__device__ __forceinline__ uint4 ldg_stream(const void* p, uint64_t policy) {
+  uint4 v;
+  if constexpr (HINT == 1) {
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+  } else {
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+  }
+  return v;
+}
+
 // ---- MXFP4 on the f16 tensor cores (the decode kernels, gemv.cu and gemv_fp4s.cuh, and the prefill kernels,
 // moe_prefill.cu): codes in the decode layout (repack_fp4_decode), E8M0 scales per 32 ----
 
@@ -280,6 +306,10 @@ __device__ __forceinline__ uint32_t xor_stream(const uint4* __restrict__ p, size
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+// cp16 with an L2 cache policy (weight_policy: cuda.l2_evict_first).
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy) : "memory");
 }
 // valid false: writes 16 zero bytes and reads nothing.
 __device__ __forceinline__ void cp16_zfill(uint32_t dst, const void* src, bool valid) {

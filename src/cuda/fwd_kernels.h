@@ -41,6 +41,7 @@ struct LinearSegs {
     int64_t block0 = 0;      // the first pair of rows of this segment (set by the launch)
   } seg[kMax];
   int count = 0;
+  int evict_first = 0;  // cuda.l2_evict_first: the weights' loads evict-first in L2 (set by the launch)
   void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, seg[count].r0 = 0, seg[count].nr = w.rows, ++count; }
 };
 bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns

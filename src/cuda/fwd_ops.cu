@@ -368,6 +368,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
   } else {
     constexpr int per = DT == 0 ? 4 : 8;  // elements per chunk
     const double2* xs2 = reinterpret_cast<const double2*>(xs);
+    const uint64_t wpol = weight_policy(g.evict_first);  // cuda.l2_evict_first
     stage_row_pairs<per>(x, cols, reinterpret_cast<double2*>(xs));
     // This warp's chunks of every row (every segment has this row size: same columns and dtype), in rounds of
     // kOneLoads per lane; the next round (of this row, or round 0 of the next pair's) is loaded before this one's
@@ -381,7 +382,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
 #pragma unroll
       for (int u = 0; u < kOneLoads; ++u) {
         const int c = cb + lane + j * kRound + u * 32;
-        if (c < ce) v[u] = ldg_stream<0>(row.w + c);
+        if (c < ce) v[u] = ldg_stream<0>(row.w + c, wpol);
       }
     };
     uint4 v[kOneLoads];
@@ -530,6 +531,7 @@ namespace {
 // at once (queried once per kernel and row length).
 void launch_linear_one(LinearSegs g, const float* x, Stream s) {
   if (weights_skipped()) return;  // bench --skeleton (kernels.h)
+  g.evict_first = evict_first_enabled() ? 1 : 0;  // cuda.l2_evict_first
   int64_t pairs = 0;
   bool same = true;
   for (int i = 0; i < g.count; ++i) {

@@ -92,16 +92,16 @@ __device__ __forceinline__ float epilogue(const GemvArgs& a, float r, float up, 
 // ps[q]). Shared by both FP8 GEMV kernels (gemv_kernel, gemv_xs.cuh).
 template <int UU, int NMAT>
 __device__ __forceinline__ void load_fp8_chunks(const uint8_t* const (&pa)[NMAT], const uint8_t* const (&pb)[NMAT],
-                                                const uint8_t* const (&ps)[NMAT], bool s_f32, int c, uint4 (&A)[UU][NMAT][2],
-                                                uint4 (&B)[UU][NMAT][2], float (&S)[UU][NMAT]) {
+                                                const uint8_t* const (&ps)[NMAT], bool s_f32, int c, uint64_t wpol,
+                                                uint4 (&A)[UU][NMAT][2], uint4 (&B)[UU][NMAT][2], float (&S)[UU][NMAT]) {
 #pragma unroll
   for (int u = 0; u < UU; ++u)
 #pragma unroll
     for (int q = 0; q < NMAT; ++q) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        A[u][q][h] = ldg_stream<1>(pa[q] + (c + u) * 128 + h * 16);
-        B[u][q][h] = ldg_stream<1>(pb[q] + (c + u) * 128 + h * 16);
+        A[u][q][h] = ldg_stream<1>(pa[q] + (c + u) * 128 + h * 16, wpol);
+        B[u][q][h] = ldg_stream<1>(pb[q] + (c + u) * 128 + h * 16, wpol);
       }
       S[u][q] = s_f32 ? __ldg(reinterpret_cast<const float*>(ps[q]) + (c + u)) : e8m0_to_f32(__ldg(ps[q] + (c + u)));
     }
@@ -161,6 +161,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   const int warps = int(blockDim.x >> 5);
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int tile = int(blockIdx.x);
+  const uint64_t wpol = weight_policy(a.l2_evict_first);  // cuda.l2_evict_first
   // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute, see launch.cuh): wait for the previous
   // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
   // reads the routing first; dense blocks first request their first weight chunks (weights are never written during
@@ -331,8 +332,8 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
         for (int u = 0; u < UU; ++u)
 #pragma unroll
           for (int q = 0; q < NMAT; ++q) {
-            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB);
-            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * CB);
+            A[u][q] = ldg_stream<1>(pa[q] + (c + u) * CB, wpol);
+            B[u][q] = ldg_stream<1>(pb[q] + (c + u) * CB, wpol);
             SA[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][0]) + (c + u));
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
@@ -397,8 +398,8 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            A[u][h] = ldg_stream<1>(pa[0] + (c + u) * 128 + h * 16);
-            B[u][h] = ldg_stream<1>(pb[0] + (c + u) * 128 + h * 16);
+            A[u][h] = ldg_stream<1>(pa[0] + (c + u) * 128 + h * 16, wpol);
+            B[u][h] = ldg_stream<1>(pb[0] + (c + u) * 128 + h * 16, wpol);
             X[u][h] = xp8 ? __ldg(reinterpret_cast<const uint4*>(xp8 + (c + u) * 128 + h * 16)) : make_uint4(0, 0, 0, 0);
           }
           S[u] = a.s_f32 ? __ldg(reinterpret_cast<const float*>(ps[0][0]) + (c + u)) : e8m0_to_f32(__ldg(ps[0][0] + (c + u)));
@@ -421,8 +422,8 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
           for (int h = 0; h < 4; ++h) {
-            A[u][h] = ldg_stream<1>(pa[0] + (c + u) * CB + h * 16);
-            B[u][h] = ldg_stream<1>(pb[0] + (c + u) * CB + h * 16);
+            A[u][h] = ldg_stream<1>(pa[0] + (c + u) * CB + h * 16, wpol);
+            B[u][h] = ldg_stream<1>(pb[0] + (c + u) * CB + h * 16, wpol);
           }
 #pragma unroll
           for (int jg = 0; jg < NP; ++jg)
@@ -446,7 +447,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
         const uint8_t* ps0[NMAT];
 #pragma unroll
         for (int q = 0; q < NMAT; ++q) ps0[q] = ps[q][0];
-        load_fp8_chunks<UU, NMAT>(pa, pb, ps0, a.s_f32, c, A, B, S);
+        load_fp8_chunks<UU, NMAT>(pa, pb, ps0, a.s_f32, c, wpol, A, B, S);
         if (early_dense && p0 == 0 && c == 0) pdl_begin();  // the activations are the previous kernel's output
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
@@ -639,6 +640,7 @@ GemvWorkspace gemv_workspace(const GemvArgs& a) {
 void launch_gemv(const GemvArgs& a0, Stream s) {
   GemvArgs a = a0;
   if (a.pdl < 0 && pdl_enabled()) a.pdl = 1;  // cuda.pdl: every GEMV of the forward
+  if (evict_first_enabled()) a.l2_evict_first = 1;  // cuda.l2_evict_first
   if (a.rows <= 0 || a.rows % 16 || a.cols <= 0 || a.cols % 128)
     throw_arg("gemv: matrix rows must be a multiple of 16 and columns of 128, got [" + std::to_string(a.rows) + ", " +
               std::to_string(a.cols) + "]");

@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
   uint8_t* ring = dsm + size_t(warp) * DEPTH * SB;
   float* red = reinterpret_cast<float*>(dsm + size_t(warps) * DEPTH * SB);  // [2][warps][NMAT * 4][32], KS > 1
   const int64_t tile_bytes = a.cols * 8;
+  const uint64_t wpol = weight_policy(a.l2_evict_first);  // cuda.l2_evict_first
 
   // Producer state: the next position to issue, as (unit, stage).
   int iss_unit = first, iss_st = 0;
@@ -203,13 +204,13 @@ __global__ void __launch_bounds__(kMaxWarpsS * 32, 1) fp4_stream_kernel(const Ge
       // The stage is 4 KB contiguous in the decode layout: 512 contiguous bytes per instruction.
       const uint8_t* src = wq + int64_t(tile) * tile_bytes + int64_t(stg) * 4096 + lane * 16;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) cp16(buf + q * 4096 + i * 512 + lane * 16, src + i * 512);
+      for (int i = 0; i < 8; ++i) cp16(buf + q * 4096 + i * 512 + lane * 16, src + i * 512, wpol);
     }
     if (t < 2 * NMAT) {  // lane t of group g: the scale row (matrix t / 2, half t % 2)
       const int q = t >> 1, h = t & 1;
       const uint8_t* sc = static_cast<const uint8_t*>(q ? a.s[NMAT - 1] : a.s[0]);
       cp16(buf + NMAT * 4096 + (q * 2 + h) * 128 + g * 16,
-           sc + int64_t(e) * a.s_prob_stride + (int64_t(tile) * 16 + g + 8 * h) * a.s_ld + int64_t(stg) * 16);
+           sc + int64_t(e) * a.s_prob_stride + (int64_t(tile) * 16 + g + 8 * h) * a.s_ld + int64_t(stg) * 16, wpol);
     }
     if (++iss_st == PK) iss_st = 0, iss_unit += stride;
   };

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_xs_kernel(const GemvAr
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int prob = int(blockIdx.y);
   const int tile = int(blockIdx.x) * warps + warp;
+  const uint64_t wpol = weight_policy(a.l2_evict_first);  // cuda.l2_evict_first
   const bool live = int64_t(tile) * 16 < a.rows;  // (a warp past the rows still stages and meets the barriers)
   const int total = int(a.cols / 128), Z = int(gridDim.z), z = int(blockIdx.z);
   const int cb = int(int64_t(total) * z / Z), ce = int(int64_t(total) * (z + 1) / Z), nch = ce - cb;
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_xs_kernel(const GemvAr
       constexpr int UU = decltype(uconst)::value;
       uint4 A[UU][NMAT][2], B[UU][NMAT][2];
       float S[UU][NMAT];
-      if (live) load_fp8_chunks<UU, NMAT>(pa, pb, ps, a.s_f32, c, A, B, S);
+      if (live) load_fp8_chunks<UU, NMAT>(pa, pb, ps, a.s_f32, c, wpol, A, B, S);
       if (!staged) {  // the first weights are in flight: now wait for the activations
         cp_wait<0>();
         __syncthreads();

@@ -322,6 +322,7 @@ class GpuForward : public DeviceForward {
     h2d(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
+    const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     if (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) sc.enable_prefetch();
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;

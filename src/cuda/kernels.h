@@ -34,7 +34,7 @@ void check_launch(const char* what);  // cudaGetLastError after a launch
 
 // A per-thread switch of this thread's launches, set while a scope lives and restored after it (per thread: two
 // models with different patches may run in one process).
-enum class ThreadSwitch { kPdl, kSkipWeights };
+enum class ThreadSwitch { kPdl, kSkipWeights, kEvictFirst };
 bool thread_switch(ThreadSwitch which);
 template <ThreadSwitch W>
 struct ThreadSwitchScope {
@@ -55,6 +55,11 @@ using PdlScope = ThreadSwitchScope<ThreadSwitch::kPdl>;
 // wrote: the numbers are meaningless, the launches and their order are the forward's.
 inline bool weights_skipped() { return thread_switch(ThreadSwitch::kSkipWeights); }
 using SkipWeightsScope = ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
+
+// cuda.l2_evict_first: while an EvictFirstScope lives, this thread's decode GEMVs (launch_gemv, the one-token linear)
+// load their weights with an L2 evict-first policy (GemvArgs::l2_evict_first, LinearSegs::evict_first).
+inline bool evict_first_enabled() { return thread_switch(ThreadSwitch::kEvictFirst); }
+using EvictFirstScope = ThreadSwitchScope<ThreadSwitch::kEvictFirst>;
 
 // cuda.streams: a side branch of the forward. While a StreamScope lives, launches given a null stream go to its
 // stream (stream_of) instead of the thread's default stream. branch_fork makes `side` wait for everything the
@@ -233,6 +238,9 @@ struct GemvArgs {
   // token_groups 2, 4 or 8 (0: enough for up to 64 tokens, at least 2); fp8_unroll 1 or 2 (0) chunks in flight
   // (gate/up: 1).
   int shared_x = 0;
+  // cuda.l2_evict_first (set by launch_gemv while an EvictFirstScope lives): the weights' 16-byte loads carry an L2
+  // evict-first policy (else evict-normal); every decode GEMV kernel (per-tile, shared-activation, FP4 streaming).
+  int l2_evict_first = 0;
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).

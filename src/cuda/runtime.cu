@@ -131,7 +131,7 @@ void branch_join(Stream side, void* ev) {
 }
 
 namespace {
-thread_local bool t_switch[2] = {false, false};  // ThreadSwitch: kPdl, kSkipWeights
+thread_local bool t_switch[3] = {false, false, false};  // ThreadSwitch: kPdl, kSkipWeights, kEvictFirst
 }  // namespace
 bool thread_switch(ThreadSwitch which) { return t_switch[int(which)]; }
 template <ThreadSwitch W>
@@ -144,6 +144,7 @@ ThreadSwitchScope<W>::~ThreadSwitchScope() {
 }
 template struct ThreadSwitchScope<ThreadSwitch::kPdl>;
 template struct ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
+template struct ThreadSwitchScope<ThreadSwitch::kEvictFirst>;
 
 Stream stream_create() {
   cudaStream_t s;

@@ -122,6 +122,16 @@ std::vector<Patch> make_registry() {
                "speed (the prefetch's bandwidth, 3 MB per layer)",
                // Prefetches only: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_prefetch = true; }, false, "cuda"});
+  r.push_back({"cuda.l2_evict_first", "the decode GEMVs' weight loads at L2's default (evict-normal) priority",
+               "the weight loads of the FP8, MXFP4 and bf16 GEMVs and of the one-token linear (the compressors' projections "
+               "at one token) carry an L2 evict-first policy (createpolicy + .L2::cache_hint): the ~230 MB a V4-Flash layer "
+               "streams once per step pass through L2 without evicting what the latency-bound kernels between them reuse "
+               "(their code, the residual streams, activations, caches); the LM head (cuBLASLt) and prefill GEMMs unchanged",
+               "none for the results (a cache hint changes no value): bit-identical to running without it; its risk is "
+               "speed (weights a later kernel of the same step would have found in L2)",
+               // A cache policy only: the same loads of the same bytes, bit-identical (tests/cuda). The tolerance is the
+               // reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_l2_evict_first = true; }, false, "cuda"});
   r.push_back({"cuda.prefill_gemm", "FP8 projections of prefill chunks on the W8A16 GEMV (up to 32 or 64 tokens per pass over the weights)",
                "chunks of >= 32 tokens (80 for single projections of >= 8M weights, 64 for the shared expert's) run the FP8 block-scaled projections (attention, compressors, indexer wq_b, grouped "
                "wo_a, shared expert) as cuBLASLt bf16 tensor-core GEMMs: the weight dequantized into bf16 scratch (exact: "

@@ -284,6 +284,21 @@ TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
   }
 }
 
+// cuda.l2_evict_first: the decode GEMVs' and the one-token linear's weight loads with an L2 evict-first policy (else
+// evict-normal) change no value: the logits must be the bits without it, graphed and eager, with the fp32 twin's
+// plain weights (the one-token linear), the fast kernels (FP8, MXFP4 and, with cuda.bf16_gemv, bf16 GEMVs; the
+// shared-activation FP8 kernel from 9 tokens, MoE down on the FP4 streaming kernel above 256 slots: kernel-dims' 150-token
+// chunks, top-2) and side streams.
+TEST_F(GpuTest, L2EvictFirstStepsMatchLaunchesWithout) {
+  const std::string data = PLUMB_TEST_DATA;
+  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.l2_evict_first");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams,cuda.bf16_gemv",
+                             "cuda.l2_evict_first");
+  for (int chunk : {1, 8, 16, 150})
+    expect_eager_chunks_match(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.bf16_gemv,cuda.pdl",
+                              "cuda.l2_evict_first", chunk);
+}
+
 // Without taps, each sublayer's hc_post runs inside the next hc_pre (or hc_head) launch, which first computes the new
 // streams of its slice (after the FP4 routed experts at decode also their combine: gpu_moe's defer, the kernel-dims
 // case), and the RMSNorm after hc_pre (attn_norm, ffn_norm, the final norm) runs at its end; with a
