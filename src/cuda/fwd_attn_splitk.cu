@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   __shared__ double fac[kHeads], lfin[kHeads];
   __shared__ float mfin[kHeads];
   __shared__ int kvalid[2][kTile];
+  pdl_begin();  // (cuda.pdl_hc_attn) the keys, queries and positions come from earlier kernels
   const int Dh = int(a.Dh), nsl = Dh / kSlice;
   float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]
   double* part = reinterpret_cast<double*>(split_smem + size_t(2 * kTile) * size_t(Dh) * 4);  // [nsl][kHeads][kPart]
@@ -255,6 +256,7 @@ constexpr int kMergeThreads = 256;
 __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
   __shared__ float ms[kMergeThreads];
   __shared__ double ls[kMergeThreads], ws[kMergeThreads];
+  pdl_begin();  // (cuda.pdl_hc_attn) the partials come from the split launch
   const int64_t row = blockIdx.x;
   const int h = int(row % a.Hq), tid = int(threadIdx.x);
   const float* m = P.m + row * S;
@@ -370,11 +372,11 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
-  attend_split_kernel<<<dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, stream_of(s)>>>(a, P, plan, S == 1);
-  check_launch("fwd_attend_split");
+  const bool pdl = pdl_hc_attn_enabled();  // cuda.pdl_hc_attn
+  launch_as(pdl, "fwd_attend_split", attend_split_kernel, dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s, a, P, plan,
+            int(S == 1));
   if (S == 1) return;
-  attend_merge_kernel<<<unsigned(a.n * a.Hq), kMergeThreads, 0, stream_of(s)>>>(a, P, S);
-  check_launch("fwd_attend_merge");
+  launch_as(pdl, "fwd_attend_merge", attend_merge_kernel, dim3(unsigned(a.n * a.Hq)), kMergeThreads, 0, s, a, P, S);
 }
 
 }  // namespace plumb::cuda::detail

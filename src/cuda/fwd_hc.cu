@@ -256,6 +256,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     }
   }
+  pdl_begin();  // (cuda.pdl_hc_attn) everything below reads or writes what earlier kernels write or read; fn is a weight
 
   // 0. This block's slice of each token's streams into shared memory: the fused hc_post of the previous sublayer
   // (a.y, or the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X. Elementwise,
@@ -547,7 +548,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     if (M == 4) kern = hc_pre_kernel<H, VEC, 4>;
     if (M == 2) kern = hc_pre_kernel<H, VEC, 2>;
   }
-  launch_cluster("fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
+  launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
 }
 
 }  // namespace

@@ -870,7 +870,7 @@ void fwd_index_topk(const IndexArgs& a, int path, Stream s) {
     const int C = topk_cluster_size();
     const int per = int((a.ne_cap + C - 1) / C);
     const int kpow = pow2_ceil(a.k_cap);
-    launch_cluster("fwd_indexer_topk cluster", cluster_select_kernel, unsigned(C), unsigned(a.n), unsigned(kClusterThreads),
+    launch_cluster(false, "fwd_indexer_topk cluster", cluster_select_kernel, unsigned(C), unsigned(a.n), unsigned(kClusterThreads),
                    size_t(per + kpow) * 8, s, a, per, ib, passes, kpow);
     return;
   }
@@ -921,7 +921,7 @@ void fwd_indexer(const IndexArgs& a, Stream s, int path) {
     FusedPlan p(a, index_cluster_size());
     if (!p.fits) p = FusedPlan(a, 8);
     const int ib = index_bits(a.ne_cap), passes = sel_passes(ib);
-    launch_cluster("fwd_indexer fused", index_fused_kernel, unsigned(p.C), unsigned(a.n), unsigned(p.threads), p.smem, s, a, p.eb,
+    launch_cluster(false, "fwd_indexer fused", index_fused_kernel, unsigned(p.C), unsigned(a.n), unsigned(p.threads), p.smem, s, a, p.eb,
                    ib, passes);
     return;
   }

@@ -73,6 +73,8 @@ void check_options(const ModelOptions& o) {
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
+  // PDL for hc_pre and the split-K attention extends cuda.pdl's launches; alone it would launch nothing with PDL.
+  PLUMB_CHECK(!o.cuda_pdl_hc_attn || o.cuda_pdl, "backend cuda: cuda.pdl_hc_attn extends cuda.pdl to more launches and needs it: add cuda.pdl");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
               o.prefill_gemm_min_tokens);
 }
@@ -323,6 +325,7 @@ class GpuForward : public DeviceForward {
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads
+    const PdlHcAttnScope pdl_hc_attn(opt_.cuda_pdl_hc_attn);    // cuda.pdl_hc_attn (under the PdlScope above)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     if (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) sc.enable_prefetch();
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;

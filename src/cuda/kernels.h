@@ -34,7 +34,7 @@ void check_launch(const char* what);  // cudaGetLastError after a launch
 
 // A per-thread switch of this thread's launches, set while a scope lives and restored after it (per thread: two
 // models with different patches may run in one process).
-enum class ThreadSwitch { kPdl, kSkipWeights, kEvictFirst };
+enum class ThreadSwitch { kPdl, kSkipWeights, kEvictFirst, kPdlHcAttn };
 bool thread_switch(ThreadSwitch which);
 template <ThreadSwitch W>
 struct ThreadSwitchScope {
@@ -60,6 +60,12 @@ using SkipWeightsScope = ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
 // load their weights with an L2 evict-first policy (GemvArgs::l2_evict_first, LinearSegs::evict_first).
 inline bool evict_first_enabled() { return thread_switch(ThreadSwitch::kEvictFirst); }
 using EvictFirstScope = ThreadSwitchScope<ThreadSwitch::kEvictFirst>;
+
+// cuda.pdl_hc_attn: while a PdlHcAttnScope lives (and cuda.pdl's PdlScope), hc_pre's cluster launch and the split-K
+// attention's split and merge launches take the PDL attribute too (each kernel waits in pdl_begin before touching
+// memory another kernel writes; hc_pre first prefetches its fn, a weight, into L2).
+inline bool pdl_hc_attn_enabled() { return thread_switch(ThreadSwitch::kPdl) && thread_switch(ThreadSwitch::kPdlHcAttn); }
+using PdlHcAttnScope = ThreadSwitchScope<ThreadSwitch::kPdlHcAttn>;
 
 // cuda.streams: a side branch of the forward. While a StreamScope lives, launches given a null stream go to its
 // stream (stream_of) instead of the thread's default stream. branch_fork makes `side` wait for everything the

@@ -45,18 +45,21 @@ void launch(const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_
   launch_as(pdl_enabled(), what, kernel, grid, block, smem, s, std::forward<A>(args)...);
 }
 
-// A cluster launch: grid (cluster, rows), clusters of `cluster` blocks along x (no PDL attribute: the cluster kernels
-// call pdl_begin, a no-op then).
+// A cluster launch: grid (cluster, rows), clusters of `cluster` blocks along x; the PDL attribute only where the
+// caller asks (hc_pre under cuda.pdl_hc_attn; the kernel then calls pdl_begin before touching memory another kernel
+// writes or reads; elsewhere the cluster kernels' pdl_begin is a no-op).
 template <class... P, class... A>
-void launch_cluster(const char* what, void (*kernel)(P...), unsigned cluster, unsigned rows, unsigned threads, size_t smem, Stream s,
-                    A&&... args) {
+void launch_cluster(bool pdl, const char* what, void (*kernel)(P...), unsigned cluster, unsigned rows, unsigned threads, size_t smem,
+                    Stream s, A&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(cluster, rows, 1), cfg.blockDim = dim3(threads, 1, 1), cfg.dynamicSmemBytes = smem;
   cfg.stream = stream_of(s);
-  cudaLaunchAttribute at[1];
+  cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = cluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-  cfg.attrs = at, cfg.numAttrs = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at, cfg.numAttrs = pdl ? 2 : 1;
   PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
   check_launch(what);
 }

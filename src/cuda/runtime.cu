@@ -131,7 +131,7 @@ void branch_join(Stream side, void* ev) {
 }
 
 namespace {
-thread_local bool t_switch[3] = {false, false, false};  // ThreadSwitch: kPdl, kSkipWeights, kEvictFirst
+thread_local bool t_switch[4] = {false, false, false, false};  // ThreadSwitch: kPdl, kSkipWeights, kEvictFirst, kPdlHcAttn
 }  // namespace
 bool thread_switch(ThreadSwitch which) { return t_switch[int(which)]; }
 template <ThreadSwitch W>
@@ -145,6 +145,7 @@ ThreadSwitchScope<W>::~ThreadSwitchScope() {
 template struct ThreadSwitchScope<ThreadSwitch::kPdl>;
 template struct ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
 template struct ThreadSwitchScope<ThreadSwitch::kEvictFirst>;
+template struct ThreadSwitchScope<ThreadSwitch::kPdlHcAttn>;
 
 Stream stream_create() {
   cudaStream_t s;

@@ -122,6 +122,16 @@ std::vector<Patch> make_registry() {
                "speed (the prefetch's bandwidth, 3 MB per layer)",
                // Prefetches only: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_prefetch = true; }, false, "cuda"});
+  r.push_back({"cuda.pdl_hc_attn", "hc_pre's cluster launch and the split-K attention's split and merge launches without PDL",
+               "with cuda.pdl (steps of at most 8 tokens), those three launches take the programmatic-dependent-launch "
+               "attribute too: hc_pre prefetches its fn (a weight) into L2 and the attention kernels start, then each "
+               "waits for the previous kernel in pdl_begin before touching its inputs, and lets the next one launch; "
+               "needs cuda.pdl",
+               "a read of an input before the wait would race with its producer and change results from run to run: "
+               "tested bit-identical to plain launches over graph and eager steps",
+               // Launch attributes only: the same kernels on the same data, bit-identical (tests/cuda). The tolerance
+               // is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_pdl_hc_attn = true; }, false, "cuda"});
   r.push_back({"cuda.l2_evict_first", "the decode GEMVs' weight loads at L2's default (evict-normal) priority",
                "the weight loads of the FP8, MXFP4 and bf16 GEMVs and of the one-token linear (the compressors' projections "
                "at one token) carry an L2 evict-first policy (createpolicy + .L2::cache_hint): the ~230 MB a V4-Flash layer "

@@ -231,6 +231,21 @@ TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
   expect_eager_chunks_match(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl", 8);
 }
 
+// cuda.pdl_hc_attn: hc_pre's cluster launch and the split-K attention's two launches under PDL as well. Each waits in
+// pdl_begin before touching an input: the logits must be the bits of plain launches, graphed and eager (1-8 tokens),
+// with the fused hc_post / MoE combine in hc_pre, the split-K attention (split and merge) and side streams; without
+// cuda.pdl it is refused.
+TEST_F(GpuTest, PdlHcAttnStepsMatchPlainLaunches) {
+  const std::string data = PLUMB_TEST_DATA;
+  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode", "cuda.pdl,cuda.pdl_hc_attn");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,cuda.streams",
+                             "cuda.pdl,cuda.pdl_hc_attn");
+  for (int chunk : {1, 3, 8})
+    expect_eager_chunks_match(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,attn.splitk_decode", "cuda.pdl,cuda.pdl_hc_attn",
+                              chunk);
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.pdl_hc_attn").options, {}, "cuda"), plumb::Error);
+}
+
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
 // beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
