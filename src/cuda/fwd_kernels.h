@@ -42,6 +42,7 @@ struct LinearSegs {
   } seg[kMax];
   int count = 0;
   int evict_first = 0;  // cuda.l2_evict_first: the weights' loads evict-first in L2 (set by the launch)
+  int early = 0;        // cuda.linear_early: plain rows' first round of weights requested before the PDL wait (set by the launch)
   void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, seg[count].r0 = 0, seg[count].nr = w.rows, ++count; }
 };
 bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns

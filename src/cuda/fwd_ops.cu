@@ -349,7 +349,9 @@ __device__ __forceinline__ void one_finish(double acc, double (&part)[2][kRowsPe
 }
 template <int DT>
 __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(LinearSegs g, const float* x, int64_t pairs) {
-  pdl_begin();
+  // (g.early, plain rows only: the wait comes after the first round of weight loads below; weights are never
+  // written during a forward, x is the previous kernel's output and is staged after the wait)
+  if (DT < 0 || !g.early) pdl_begin();
   extern __shared__ double xs[];
   __shared__ double part[2][kRowsPerBlock];
   const int cols = int(g.seg[0].w.cols);
@@ -369,7 +371,6 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     constexpr int per = DT == 0 ? 4 : 8;  // elements per chunk
     const double2* xs2 = reinterpret_cast<const double2*>(xs);
     const uint64_t wpol = weight_policy(g.evict_first);  // cuda.l2_evict_first
-    stage_row_pairs<per>(x, cols, reinterpret_cast<double2*>(xs));
     // This warp's chunks of every row (every segment has this row size: same columns and dtype), in rounds of
     // kOneLoads per lane; the next round (of this row, or round 0 of the next pair's) is loaded before this one's
     // products.
@@ -388,6 +389,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     uint4 v[kOneLoads];
     OneRow row = iters > 0 ? one_row(g, blockIdx.x, slot) : OneRow{};
     load(row, 0, v);
+    if (g.early) pdl_begin();  // cuda.linear_early
+    stage_row_pairs<per>(x, cols, reinterpret_cast<double2*>(xs));  // (after the first loads: plain loads, after any wait)
     for (int64_t it = 0; it < iters; ++it) {
       const OneRow next = it + 1 < iters ? one_row(g, blockIdx.x + (it + 1) * gridDim.x, slot) : OneRow{};
       double acc = 0;
@@ -532,6 +535,7 @@ namespace {
 void launch_linear_one(LinearSegs g, const float* x, Stream s) {
   if (weights_skipped()) return;  // bench --skeleton (kernels.h)
   g.evict_first = evict_first_enabled() ? 1 : 0;  // cuda.l2_evict_first
+  g.early = linear_early_enabled() ? 1 : 0;        // cuda.linear_early
   int64_t pairs = 0;
   bool same = true;
   for (int i = 0; i < g.count; ++i) {

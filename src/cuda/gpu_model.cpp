@@ -75,6 +75,7 @@ void check_options(const ModelOptions& o) {
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
   // PDL for hc_pre and the split-K attention extends cuda.pdl's launches; alone it would launch nothing with PDL.
   PLUMB_CHECK(!o.cuda_pdl_hc_attn || o.cuda_pdl, "backend cuda: cuda.pdl_hc_attn extends cuda.pdl to more launches and needs it: add cuda.pdl");
+  PLUMB_CHECK(!o.cuda_linear_early || o.cuda_pdl, "backend cuda: cuda.linear_early acts before cuda.pdl's wait and needs it: add cuda.pdl");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
               o.prefill_gemm_min_tokens);
 }
@@ -326,6 +327,7 @@ class GpuForward : public DeviceForward {
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads
     const PdlHcAttnScope pdl_hc_attn(opt_.cuda_pdl_hc_attn);    // cuda.pdl_hc_attn (under the PdlScope above)
+    const LinearEarlyScope linear_early(opt_.cuda_linear_early);  // cuda.linear_early (likewise)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     if (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) sc.enable_prefetch();
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;

@@ -34,7 +34,7 @@ void check_launch(const char* what);  // cudaGetLastError after a launch
 
 // A per-thread switch of this thread's launches, set while a scope lives and restored after it (per thread: two
 // models with different patches may run in one process).
-enum class ThreadSwitch { kPdl, kSkipWeights, kEvictFirst, kPdlHcAttn };
+enum class ThreadSwitch { kPdl, kSkipWeights, kEvictFirst, kPdlHcAttn, kLinearEarly };
 bool thread_switch(ThreadSwitch which);
 template <ThreadSwitch W>
 struct ThreadSwitchScope {
@@ -66,6 +66,10 @@ using EvictFirstScope = ThreadSwitchScope<ThreadSwitch::kEvictFirst>;
 // memory another kernel writes; hc_pre first prefetches its fn, a weight, into L2).
 inline bool pdl_hc_attn_enabled() { return thread_switch(ThreadSwitch::kPdl) && thread_switch(ThreadSwitch::kPdlHcAttn); }
 using PdlHcAttnScope = ThreadSwitchScope<ThreadSwitch::kPdlHcAttn>;
+// cuda.linear_early: while a LinearEarlyScope lives (and the PdlScope), the one-token linear requests its first round
+// of weights before its PDL wait (LinearSegs::early).
+inline bool linear_early_enabled() { return thread_switch(ThreadSwitch::kPdl) && thread_switch(ThreadSwitch::kLinearEarly); }
+using LinearEarlyScope = ThreadSwitchScope<ThreadSwitch::kLinearEarly>;
 
 // cuda.streams: a side branch of the forward. While a StreamScope lives, launches given a null stream go to its
 // stream (stream_of) instead of the thread's default stream. branch_fork makes `side` wait for everything the

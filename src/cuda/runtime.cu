@@ -131,7 +131,7 @@ void branch_join(Stream side, void* ev) {
 }
 
 namespace {
-thread_local bool t_switch[4] = {false, false, false, false};  // ThreadSwitch: kPdl, kSkipWeights, kEvictFirst, kPdlHcAttn
+thread_local bool t_switch[5] = {};  // ThreadSwitch: kPdl, kSkipWeights, kEvictFirst, kPdlHcAttn, kLinearEarly
 }  // namespace
 bool thread_switch(ThreadSwitch which) { return t_switch[int(which)]; }
 template <ThreadSwitch W>
@@ -146,6 +146,7 @@ template struct ThreadSwitchScope<ThreadSwitch::kPdl>;
 template struct ThreadSwitchScope<ThreadSwitch::kSkipWeights>;
 template struct ThreadSwitchScope<ThreadSwitch::kEvictFirst>;
 template struct ThreadSwitchScope<ThreadSwitch::kPdlHcAttn>;
+template struct ThreadSwitchScope<ThreadSwitch::kLinearEarly>;
 
 Stream stream_create() {
   cudaStream_t s;

@@ -132,6 +132,15 @@ std::vector<Patch> make_registry() {
                // Launch attributes only: the same kernels on the same data, bit-identical (tests/cuda). The tolerance
                // is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_pdl_hc_attn = true; }, false, "cuda"});
+  r.push_back({"cuda.linear_early", "the one-token linear waiting for the previous kernel before it loads anything",
+               "with cuda.pdl (steps of at most 8 tokens), the one-token linear (the router gate and the compressors' "
+               "projections at one token) requests its first round of weights (plain rows) before its PDL wait and "
+               "stages the token's row after it, so its weight stream starts while the previous kernel finishes; needs "
+               "cuda.pdl",
+               "a read of the row before the wait would race with its producer: tested bit-identical to plain launches "
+               "over graph and eager steps",
+               // The same loads and sums, earlier: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_linear_early = true; }, false, "cuda"});
   r.push_back({"cuda.l2_evict_first", "the decode GEMVs' weight loads at L2's default (evict-normal) priority",
                "the weight loads of the FP8, MXFP4 and bf16 GEMVs and of the one-token linear (the compressors' projections "
                "at one token) carry an L2 evict-first policy (createpolicy + .L2::cache_hint): the ~230 MB a V4-Flash layer "

@@ -246,6 +246,19 @@ TEST_F(GpuTest, PdlHcAttnStepsMatchPlainLaunches) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.pdl_hc_attn").options, {}, "cuda"), plumb::Error);
 }
 
+// cuda.linear_early: the one-token linear's first weights before its PDL wait, the row staged after it (the fp32
+// twin's plain f32 rows on csa-long; the router gate and the compressors' bf16 rows on kernel-dims): the logits must
+// be the bits of plain launches, graphed and eager; without cuda.pdl it is refused.
+TEST_F(GpuTest, LinearEarlyStepsMatchPlainLaunches) {
+  const std::string data = PLUMB_TEST_DATA;
+  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.pdl,cuda.linear_early");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams",
+                             "cuda.pdl,cuda.linear_early,cuda.pdl_hc_attn");
+  for (int chunk : {1, 5})
+    expect_eager_chunks_match(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl,cuda.linear_early", chunk);
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.linear_early").options, {}, "cuda"), plumb::Error);
+}
+
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
 // beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
