@@ -9,9 +9,10 @@
 // Every layer uses learned routing (sqrtsoftplus + bias; the models' 3 hash layers are not modeled).
 //
 // Measures, in one process: the device's copy bandwidth; load time; decode steps of B tokens of one sequence
-// (prefilled with `context` tokens first) for each batch B: median wall time of a Model::forward call (returning
-// the last row's logits on the host, so it synchronizes), the part outside the layers (the device time of the embedding and
-// LM head op regions; without an op timer, the host clock at two taps), hence the time per layer (an upper bound:
+// (prefilled with `context` tokens first) for each batch B: median (and mean) wall time of a step as generation runs it
+// (GPU: Model::forward_sample, the last row sampled on the device with the default sampling parameters, only the
+// token coming back; CPU: Model::forward of the last row), the part outside the layers (the device time of the
+// embedding, LM head and sampling op regions; without an op timer, the host clock at two taps), hence the time per layer (an upper bound:
 // the step's host work counts as layer time), the bytes a layer must read at that batch, GB/s and % of the copy
 // bandwidth, and
 // the implied whole-model tokens/s (43 layers for Flash, 61 for Pro); prefill of N tokens on a fresh session in chunks of at most prefill_chunk.
@@ -32,12 +33,14 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "core/error.h"
+#include "plumb/text.h"
 #include "core/strings.h"
 #include "cuda/api.h"
 #include "cuda/gpu_common.h"
@@ -586,7 +589,7 @@ PairedStats paired_stats(const std::vector<double>& a, const std::vector<double>
 
 struct DecodeRow {
   int batch = 0, steps = 0;
-  double us_step = NAN, us_step_min = NAN, us_non_layer = NAN, us_layer = NAN, tok_s = NAN;
+  double us_step = NAN, us_step_min = NAN, us_step_mean = NAN, us_non_layer = NAN, us_layer = NAN, tok_s = NAN;
   double layer_bytes = NAN, gbps = NAN, pct = NAN, implied = NAN, experts_expected = NAN, experts_measured = NAN;
   double context_s = NAN;
   double us_step_skeleton = NAN, us_layer_skeleton = NAN;  // --skeleton: without the weight-streaming launches
@@ -771,9 +774,13 @@ int run(const LayerBenchOptions& o) {
   // ---- decode ----
   std::vector<DecodeRow> dec;
   out(fmt::format("decode: \"batch B\" = B consecutive new tokens of one sequence per forward step (after a {}-token prefill), "
-                  "which reads the weights once per step as B-sequence decode would; the last row's logits come back (a server "
-                  "samples its rows on the device); median of up to {} steps after {} warm-up steps{}\n",
-                  o.context, o.iters, o.warmup,
+                  "which reads the weights once per step as B-sequence decode would; {}; median (and mean) of up to {} steps after {} "
+                  "warm-up steps{}\n",
+                  o.context,
+                  gpu ? "each step as generation runs it: the last row sampled on the device (plumb run's default sampling), "
+                        "only the token coming back (a server samples its B rows there too)"
+                      : "the last row's logits come back",
+                  o.iters, o.warmup,
                   o.cold_l2 && gpu ? fmt::format("; --cold-l2: {} MB overwritten before each timed step", (2 * dev.l2_bytes) >> 20) : ""));
   bool sane_checked = false;
   for (int B : o.decode_batches) {
@@ -807,13 +814,18 @@ int run(const LayerBenchOptions& o) {
       std::optional<DeviceBuffer> l2_flush;
       if (o.cold_l2 && gpu) l2_flush.emplace(2 * dev.l2_bytes);
       r.pos_first = st.pos;
-      auto step = [&](TapSink* taps, Tensor* keep) {
+      Sampler sampler(SamplingParams{}, dm.vocab);  // plumb run's defaults (temperature 0.8, top-k 40, top-p, min-p)
+      auto step = [&](TapSink* taps, Tensor* keep, bool sample = true) {
         const auto toks = random_tokens(rng, B, dm.vocab);
         if (l2_flush) l2_flush->fill_byte(0), d::dsync();  // --cold-l2 (not timed; a memset writes every byte each time)
         const auto t0 = Clock::now();
-        // The last row's logits only: B-sequence decode samples its B rows on the device, so downloading [B, vocab]
-        // (16 MB at B = 32) would time a copy no server makes. With taps every row is computed.
-        Tensor lg = model->forward(st, toks, taps, LogitRows::Last);
+        // As generation steps: the last row sampled on the device, only the token downloaded (B-sequence decode would
+        // sample its B rows there too). Downloading the row's logits instead (517 KB at V4-Flash's vocabulary, from
+        // pageable memory) put ~100 us of PCIe copy per step in the layers' share. The sanity check's step (keep) and
+        // tapped steps (every row computed) download the logits.
+        Tensor lg;
+        if (gpu && sample && !keep && !taps) model->forward_sample(st, toks, sampler, {});
+        else lg = model->forward(st, toks, taps, LogitRows::Last);
         const double s = secs(t0, Clock::now());
         if (keep) *keep = std::move(lg);
         return s;
@@ -849,6 +861,9 @@ int run(const LayerBenchOptions& o) {
                               st.dev->graph_launches, st.dev->graph_captures);
       r.us_step = median(us);
       r.us_step_min = *std::min_element(us.begin(), us.end());
+      // The mean too: a generation's tokens/s follows it, and steps that complete a compression window (every 4th
+      // on CSA layers, every 128th on HCA ones) run longer than the median step.
+      r.us_step_mean = std::accumulate(us.begin(), us.end(), 0.0) / double(us.size());
       // Tapped steps: the distinct experts each layer routes to (and, without an op timer, the outside part).
       SplitSink sink(L);
       std::vector<double> nl;
@@ -887,12 +902,13 @@ int run(const LayerBenchOptions& o) {
       // it, the third replays it; without cuda.graph each step is eager and the last one's regions count.
       auto timeline = [&](const char* what) {
         auto& timer = st.dev->scratch.timer;
+        // (The forward alone: the sampling after it is eager, so its region would be the replayed step's only new one.)
         timer.on = timer.timeline = true;
-        step(nullptr, nullptr);
+        step(nullptr, nullptr, false);
         timer.clear();
-        step(nullptr, nullptr);
+        step(nullptr, nullptr, false);
         const size_t k = timer.count();
-        step(nullptr, nullptr);
+        step(nullptr, nullptr, false);
         auto spans = timer.collect_timeline(timer.count() > k ? k : 0);
         timer.on = timer.timeline = false;
         out(fmt::format("  batch {} timeline{} (us from the first region's start; region: start - end):\n", B, what));
@@ -902,15 +918,15 @@ int run(const LayerBenchOptions& o) {
         return spans;
       };
       if (st.dev && o.timeline) r.timeline = timeline("");
-      // The part outside the layers. On the GPU: the device time of the "embed" and "head" op regions (CUDA events
-      // on an untapped step; the LM head dominates). The step's upload, the logits download and the host work between
+      // The part outside the layers. On the GPU: the device time of the "embed", "head" and "sample" op regions (CUDA
+      // events on an untapped step; the LM head dominates). The step's uploads, the token's download and the host work between
       // launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on
       // tapped steps, as the bench did before, counted the taps' downloads and the eager launch gaps outside the
       // layers: 464-546 us at batch 1 against ~320 us of embed + head, a per-layer time up to 40 % too low.)
       double regions = 0;
       int seen = 0;
       for (const auto& [name, us_op] : r.breakdown)
-        if (name == "embed" || name == "head") regions += us_op, ++seen;
+        if (name == "embed" || name == "head" || name == "sample") regions += us_op, ++seen;
       if (seen > 0) {
         r.split_measured = true;
         r.us_non_layer = std::min(regions, r.us_step);
@@ -928,9 +944,9 @@ int run(const LayerBenchOptions& o) {
       r.gbps = r.layer_bytes / (r.us_layer * 1e-6) / 1e9;
       r.pct = 100.0 * r.gbps / copy_gbps;
       r.implied = B / ((double(dm.model_layers) * r.us_layer + r.us_non_layer) * 1e-6);
-      out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; context {} s\n", B,
-                      fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
-                      fmt_num(r.context_s, 2)));
+      out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; mean {} us/step over {} steps; "
+                      "context {} s\n", B, fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
+                      fmt_num(r.us_step_mean), r.steps, fmt_num(r.context_s, 2)));
       // --skeleton: the same steps with every weight-streaming launch skipped (a graph of their own), against the
       // time the batch's weight bytes take at the copy rate and the 80 % target's budget (1.25x that).
       if (o.skeleton && st.dev) {
@@ -958,7 +974,8 @@ int run(const LayerBenchOptions& o) {
           feed_with(*model_b, sb, o.context, nullptr, nullptr);
           auto timed = [&](const Model& m, SessionState& st, const std::vector<int32_t>& toks) {
             const auto t0 = Clock::now();
-            m.forward(st, toks, nullptr, LogitRows::Last);
+            if (gpu) m.forward_sample(st, toks, sampler, {});  // (as the timed steps above)
+            else m.forward(st, toks, nullptr, LogitRows::Last);
             return secs(t0, Clock::now()) * 1e6;
           };
           for (int w = 0; w < o.warmup; ++w) {
@@ -1049,7 +1066,7 @@ int run(const LayerBenchOptions& o) {
     out(fmt::format("| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |\n", r.batch, fmt_num(r.us_step), fmt_num(r.us_non_layer),
                     fmt_num(r.us_layer), fmt_num(r.tok_s, 2), fmt_num(r.layer_bytes / 1e6), fmt_num(r.experts_expected),
                     fmt_num(r.experts_measured), fmt_num(r.gbps), fmt_num(r.pct), fmt_num(r.implied, 2)));
-  out("us/layer = (step - the part outside the layers: the embed and head regions' device time) / layers (an upper bound: host work in the step counts as layer time), averaged over the stack's layer types; MB/layer = the weights a "
+  out("us/layer = (step - the part outside the layers: the embed, head and sample regions' device time) / layers (an upper bound: host work in the step counts as layer time), averaged over the stack's layer types; MB/layer = the weights a "
       "layer must read at that batch (attention, compressor, indexer (with indexer.skip_short, while every measured step skips it: without its wq_b), router, shared expert, and the routed experts "
       "E(1-(1-k/E)^B) expected under uniform routing); implied = B / (" + std::to_string(dm.model_layers) +
       " x us/layer + us outside layers), " + dm.model + "'s layer count.\n");
@@ -1097,6 +1114,7 @@ int run(const LayerBenchOptions& o) {
       j["layer_decode"].push_back({{"batch", r.batch},
                                    {"us_per_step", jnum(r.us_step)},
                                    {"us_per_step_min", jnum(r.us_step_min)},
+                                   {"us_per_step_mean", jnum(r.us_step_mean)},
                                    {"us_non_layer", jnum(r.us_non_layer)},
                                    {"us_per_layer", jnum(r.us_layer)},
                                    {"breakdown_us", [&] {

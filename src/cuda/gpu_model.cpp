@@ -295,14 +295,17 @@ class GpuForward : public DeviceForward {
     size_t in_bytes = size_t(16) << 10;
     while (in_bytes < in.size() * 4) in_bytes *= 2;
     auto* dev_in = static_cast<int32_t*>(sc.get("sample.in", in_bytes));
-    h2d(dev_in, in.data(), in.size() * 4);
     auto* out = static_cast<int32_t*>(sc.get("sample.out", 8));
     const size_t scratch_bytes = fwd_sample_scratch_bytes(1, cfg_.vocab, &p);
     void* scratch = sc.get("sample.scratch", scratch_bytes);
-    SampleOut o;
-    o.token = out, o.n = out + 1;
-    fwd_sample(logits, 1, cfg_.vocab, p, dev_in + 2, dev_in + 2 + window.size(), int(window.size()),
-               reinterpret_cast<const double*>(dev_in), o, scratch, scratch_bytes, nullptr);
+    {
+      OpRegion region(sc.timer, "sample");  // (plumb bench counts it outside the layers, as the head)
+      h2d(dev_in, in.data(), in.size() * 4);
+      SampleOut o;
+      o.token = out, o.n = out + 1;
+      fwd_sample(logits, 1, cfg_.vocab, p, dev_in + 2, dev_in + 2 + window.size(), int(window.size()),
+                 reinterpret_cast<const double*>(dev_in), o, scratch, scratch_bytes, nullptr);
+    }
     int32_t got[2];
     d2h(got, out, 8);  // synchronizes
     if (got[1] > 1) sampler.commit_draw();  // the distribution kept more than one token: sample() would have drawn

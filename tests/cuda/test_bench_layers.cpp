@@ -119,12 +119,19 @@ void check_results(const nlohmann::json& j, bool gpu) {
   for (const auto& r : j["layer_decode"]) {
     SCOPED_TRACE(r.dump());
     EXPECT_EQ(r["error"], "");
-    std::vector<const char*> keys = {"us_per_step", "us_per_layer", "tokens_per_s", "layer_bytes", "implied_model_tokens_per_s",
-                                     "us_non_layer"};
+    std::vector<const char*> keys = {"us_per_step", "us_per_step_min", "us_per_step_mean", "us_per_layer", "tokens_per_s", "layer_bytes",
+                                     "implied_model_tokens_per_s", "us_non_layer"};
     if (gpu) keys.push_back("gbps"), keys.push_back("pct_copy");
     for (const char* k : keys) {
       ASSERT_TRUE(r[k].is_number()) << k;
       EXPECT_GT(r[k].get<double>(), 0) << k;
+    }
+    EXPECT_LE(r["us_per_step_min"].get<double>(), r["us_per_step"].get<double>());
+    EXPECT_LE(r["us_per_step_min"].get<double>(), r["us_per_step_mean"].get<double>());
+    // On the GPU a step samples on the device (as generation does); its region is part of the outside share.
+    if (gpu) {
+      ASSERT_TRUE(r["breakdown_us"].contains("sample")) << "no sampling region: the steps did not run forward_sample";
+      EXPECT_GT(r["breakdown_us"]["sample"].get<double>(), 0);
     }
     EXPECT_TRUE(r["non_layer_measured"].get<bool>());
     EXPECT_LT(r["us_non_layer"].get<double>(), r["us_per_step"].get<double>());
