@@ -9,13 +9,13 @@
 // Every layer uses learned routing (sqrtsoftplus + bias; the models' 3 hash layers are not modeled).
 //
 // Measures, in one process: the device's copy bandwidth; load time; decode steps of B tokens of one sequence
-// (prefilled with `context` tokens first) for each batch B: median (and mean) wall time of a step as generation runs it
-// (GPU: Model::forward_sample, the last row sampled on the device with the default sampling parameters, only the
+// (prefilled with `context` tokens first) for each batch B: median (and mean) wall time of a step as generation runs
+// it (GPU: Model::forward_sample, the last row sampled on the device with the default sampling parameters, only the
 // token coming back; CPU: Model::forward of the last row), the part outside the layers (the device time of the
-// embedding, LM head and sampling op regions; without an op timer, the host clock at two taps), hence the time per layer (an upper bound:
-// the step's host work counts as layer time), the bytes a layer must read at that batch, GB/s and % of the copy
-// bandwidth, and
-// the implied whole-model tokens/s (43 layers for Flash, 61 for Pro); prefill of N tokens on a fresh session in chunks of at most prefill_chunk.
+// embedding, LM head and sampling op regions; without an op timer, the host clock at two taps), hence the time per
+// layer (an upper bound: the step's host work counts as layer time), the bytes a layer must read at that batch, GB/s
+// and % of the copy bandwidth, and the implied whole-model tokens/s (43 layers for Flash, 61 for Pro); prefill of N
+// tokens on a fresh session in chunks of at most prefill_chunk.
 #ifdef PLUMB_WITH_CUDA
 #include "cuda/bench_layers.h"
 
@@ -40,7 +40,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "plumb/text.h"
 #include "core/strings.h"
 #include "cuda/api.h"
 #include "cuda/gpu_common.h"
@@ -50,6 +49,7 @@
 #include "model/attention.h"
 #include "model/model.h"
 #include "patches/registry.h"
+#include "plumb/text.h"
 
 namespace plumb::cuda {
 
@@ -919,8 +919,8 @@ int run(const LayerBenchOptions& o) {
       };
       if (st.dev && o.timeline) r.timeline = timeline("");
       // The part outside the layers. On the GPU: the device time of the "embed", "head" and "sample" op regions (CUDA
-      // events on an untapped step; the LM head dominates). The step's uploads, the token's download and the host work between
-      // launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on
+      // events on an untapped step; the LM head dominates). The step's uploads, the token's download and the host work
+      // between launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on
       // tapped steps, as the bench did before, counted the taps' downloads and the eager launch gaps outside the
       // layers: 464-546 us at batch 1 against ~320 us of embed + head, a per-layer time up to 40 % too low.)
       double regions = 0;
