@@ -814,17 +814,23 @@ int run(const LayerBenchOptions& o) {
       std::optional<DeviceBuffer> l2_flush;
       if (o.cold_l2 && gpu) l2_flush.emplace(2 * dev.l2_bytes);
       r.pos_first = st.pos;
+      // One decode step as generation runs it, the form every timed step (and --ab's pairs) takes: on the GPU the last
+      // row sampled on the device, only the token downloaded (B-sequence decode would sample its B rows there too).
+      // Downloading the row's logits instead (517 KB at V4-Flash's vocabulary, from pageable memory) put ~100 us of
+      // PCIe copy per step in the layers' share.
       Sampler sampler(SamplingParams{}, dm.vocab);  // plumb run's defaults (temperature 0.8, top-k 40, top-p, min-p)
+      auto generation_step = [&](const Model& m, SessionState& s, const std::vector<int32_t>& toks) {
+        if (gpu) m.forward_sample(s, toks, sampler, {});
+        else m.forward(s, toks, nullptr, LogitRows::Last);
+      };
       auto step = [&](TapSink* taps, Tensor* keep, bool sample = true) {
         const auto toks = random_tokens(rng, B, dm.vocab);
         if (l2_flush) l2_flush->fill_byte(0), d::dsync();  // --cold-l2 (not timed; a memset writes every byte each time)
         const auto t0 = Clock::now();
-        // As generation steps: the last row sampled on the device, only the token downloaded (B-sequence decode would
-        // sample its B rows there too). Downloading the row's logits instead (517 KB at V4-Flash's vocabulary, from
-        // pageable memory) put ~100 us of PCIe copy per step in the layers' share. The sanity check's step (keep) and
-        // tapped steps (every row computed) download the logits.
+        // The sanity check's step (keep) and tapped steps (every row computed) download the logits; the timeline's
+        // (sample false) runs the forward alone.
         Tensor lg;
-        if (gpu && sample && !keep && !taps) model->forward_sample(st, toks, sampler, {});
+        if (sample && !keep && !taps) generation_step(*model, st, toks);
         else lg = model->forward(st, toks, taps, LogitRows::Last);
         const double s = secs(t0, Clock::now());
         if (keep) *keep = std::move(lg);
@@ -974,8 +980,7 @@ int run(const LayerBenchOptions& o) {
           feed_with(*model_b, sb, o.context, nullptr, nullptr);
           auto timed = [&](const Model& m, SessionState& st, const std::vector<int32_t>& toks) {
             const auto t0 = Clock::now();
-            if (gpu) m.forward_sample(st, toks, sampler, {});  // (as the timed steps above)
-            else m.forward(st, toks, nullptr, LogitRows::Last);
+            generation_step(m, st, toks);
             return secs(t0, Clock::now()) * 1e6;
           };
           for (int w = 0; w < o.warmup; ++w) {
