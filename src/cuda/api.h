@@ -66,6 +66,29 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// Host-to-device uploads that do not block the host: the bytes are copied into pinned memory and an asynchronous
+// copy is enqueued on the calling thread's stream, ordered before the launches that follow. A pageable cudaMemcpy
+// waits for everything queued before it (a decode step's sampling inputs waited for the whole forward, then the
+// sampling kernels were launched onto an idle GPU). Two pinned slots used in turn; a slot is refilled only after its
+// last copy has run (an event), so a step may upload twice without waiting for the GPU. Move-free, one per session.
+class HostStage {
+ public:
+  HostStage() = default;
+  ~HostStage();
+  HostStage(const HostStage&) = delete;
+  HostStage& operator=(const HostStage&) = delete;
+  void upload(void* dst, const void* src, size_t bytes);
+
+ private:
+  struct Slot {
+    void* host = nullptr;  // pinned (cudaMallocHost)
+    size_t cap = 0;
+    void* done = nullptr;  // event after the slot's last copy
+  };
+  Slot slots_[2];
+  int next_ = 0;
+};
+
 template <class T>
 DeviceBuffer to_device(const std::vector<T>& v) {
   DeviceBuffer b(v.size() * sizeof(T));

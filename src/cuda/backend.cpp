@@ -33,6 +33,35 @@ void synchronize() { d::dsync(); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : p_(d::dmalloc(bytes)), n_(bytes) {}
 DeviceBuffer::~DeviceBuffer() { d::dfree(p_); }
+
+HostStage::~HostStage() {
+  for (Slot& sl : slots_) {
+    if (sl.done) {
+      try {
+        d::event_sync(sl.done);  // (its copy reads the pinned bytes freed below)
+      } catch (...) {
+      }
+      d::event_destroy(sl.done);
+    }
+    d::hfree_pinned(sl.host);
+  }
+}
+void HostStage::upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  Slot& sl = slots_[next_];
+  next_ ^= 1;
+  if (sl.done) d::event_sync(sl.done);  // the slot's last copy has run: its bytes may be overwritten
+  else sl.done = d::event_create_sync();
+  if (sl.cap < bytes) {
+    d::hfree_pinned(sl.host);
+    sl.host = nullptr, sl.cap = 0;
+    sl.cap = std::max<size_t>(bytes, 4096);
+    sl.host = d::hmalloc_pinned(sl.cap);
+  }
+  std::memcpy(sl.host, src, bytes);
+  d::h2d_async(dst, sl.host, bytes, nullptr);
+  d::event_record(sl.done, d::stream_of(nullptr));
+}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     d::dfree(p_);

@@ -279,6 +279,7 @@ struct DeviceSessionState {
   std::map<int, std::unique_ptr<GpuGraph>> graphs;  // by chunk size
   bool graphs_failed = false;                        // a capture failed: eager launches from then on
   int64_t graph_launches = 0, graph_captures = 0;    // for tests and the bench
+  cuda::HostStage stage;  // each step's inputs (tokens, position, sampling) uploaded without blocking the host
 };
 
 }  // namespace plumb

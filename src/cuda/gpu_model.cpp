@@ -300,7 +300,7 @@ class GpuForward : public DeviceForward {
     void* scratch = sc.get("sample.scratch", scratch_bytes);
     {
       OpRegion region(sc.timer, "sample");  // (plumb bench counts it outside the layers, as the head)
-      h2d(dev_in, in.data(), in.size() * 4);
+      st.dev->stage.upload(dev_in, in.data(), in.size() * 4);  // queued behind the forward: no host wait
       SampleOut o;
       o.token = out, o.n = out + 1;
       fwd_sample(logits, 1, cfg_.vocab, p, dev_in + 2, dev_in + 2 + window.size(), int(window.size()),
@@ -325,7 +325,7 @@ class GpuForward : public DeviceForward {
     std::memcpy(host.data(), &st.pos, 8);
     std::copy(tokens.begin(), tokens.end(), host.begin() + 2);
     auto* buf = static_cast<int32_t*>(sc.get("step", host.size() * 4));
-    h2d(buf, host.data(), host.size() * 4);
+    ds.stage.upload(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads

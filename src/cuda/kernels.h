@@ -29,6 +29,10 @@ void dfree(void* p) noexcept;
 void h2d(void* dst, const void* src, size_t bytes);
 void d2h(void* dst, const void* src, size_t bytes);
 void dmemset(void* p, int value, size_t bytes);
+void* hmalloc_pinned(size_t bytes);  // page-locked host memory (cudaMallocHost)
+void hfree_pinned(void* p) noexcept;
+void h2d_async(void* dst, const void* src, size_t bytes, Stream s);  // src pinned; on stream_of(s)
+void event_sync(void* e);                                           // waits for the event's work
 void dsync();
 void check_launch(const char* what);  // cudaGetLastError after a launch
 

@@ -66,6 +66,18 @@ void h2d(void* dst, const void* src, size_t bytes) {
 void d2h(void* dst, const void* src, size_t bytes) {
   if (bytes) PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
+void* hmalloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  PLUMB_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+void hfree_pinned(void* p) noexcept {
+  if (p) cudaFreeHost(p);
+}
+void h2d_async(void* dst, const void* src, size_t bytes, Stream s) {
+  if (bytes) PLUMB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(s)));
+}
+void event_sync(void* e) { PLUMB_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
 void dmemset(void* p, int value, size_t bytes) {
   if (bytes) PLUMB_CUDA_CHECK(cudaMemset(p, value, bytes));
 }
