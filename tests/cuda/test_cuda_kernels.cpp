@@ -169,6 +169,34 @@ struct Fp8TokenMats {
   }
 };
 
+// HostStage (the decode step's and the sampler's uploads): each upload lands in stream order, from the stage's own
+// copy of the bytes (the caller's buffer is free once upload returns), through slot reuse and growth.
+TEST_F(GpuTest, HostStageUploadsLandInStreamOrder) {
+  constexpr size_t kInts = 16384;
+  cuda::DeviceBuffer dst(kInts * 4);
+  dst.fill_byte(0);
+  cuda::HostStage stage;
+  auto seq = [](size_t n, int32_t mul, int32_t add) {
+    std::vector<int32_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = int32_t(i) * mul + add;
+    return v;
+  };
+  std::vector<int32_t> want(kInts, 0);
+  auto put = [&](size_t at, std::vector<int32_t> v) {  // (by value: scribbled over once uploaded)
+    stage.upload(dst.as<int32_t>() + at, v.data(), v.size() * 4);
+    std::copy(v.begin(), v.end(), want.begin() + std::ptrdiff_t(at));
+    std::fill(v.begin(), v.end(), -1);
+  };
+  put(0, seq(1000, 1, 0));         // slot 0
+  put(4000, seq(3000, 7, 1));      // slot 1
+  put(0, seq(12000, 3, 5));        // slot 0 again, grown past 4 KiB; overwrites the first upload
+  put(13000, seq(500, -2, 9));     // slot 1 again
+  put(100, seq(20, 11, 0));        // several uploads queued without a wait between them
+  plumb::cuda::synchronize();
+  const auto got = cuda::to_host<int32_t>(dst, kInts);
+  for (size_t i = 0; i < kInts; ++i) ASSERT_EQ(got[i], want[i]) << "int " << i;
+}
+
 TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
   const Fp8Case cases[] = {{1024, 4096, false}, {512, 4096, true}, {1040, 1024, false}, {4096, 8192, false}};
   Rng rng(2);
