@@ -35,6 +35,7 @@ class ModelSession : public Session {
     if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens), sampler, history);
     return Session::forward_sample(tokens, sampler, history);
   }
+  void reserve(int64_t positions) override { m_->reserve(st_, positions); }
   int64_t position() const override { return st_.pos; }
   void reset() override { st_ = m_->new_state(); }
 

@@ -65,6 +65,9 @@ class Session {
   // runs on the GPU (the logits never leave it), drawing from the sampler's RNG exactly as sample() would. The
   // default samples on the host.
   virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
+  // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
+  // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.
+  virtual void reserve(int64_t positions) { (void)positions; }
   virtual int64_t position() const = 0;  // tokens consumed so far
   virtual void reset() = 0;               // back to an empty cache
 };

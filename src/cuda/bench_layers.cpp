@@ -589,6 +589,7 @@ PairedStats paired_stats(const std::vector<double>& a, const std::vector<double>
 
 struct DecodeRow {
   int batch = 0, steps = 0;
+  std::vector<double> steps_us;  // every timed step, in order (positions pos_first, pos_first + B, ...)
   double us_step = NAN, us_step_min = NAN, us_step_mean = NAN, us_non_layer = NAN, us_layer = NAN, tok_s = NAN;
   double layer_bytes = NAN, gbps = NAN, pct = NAN, implied = NAN, experts_expected = NAN, experts_measured = NAN;
   double context_s = NAN;
@@ -790,7 +791,7 @@ int run(const LayerBenchOptions& o) {
     // indexer.skip_short: the CSA layers do not read the indexer's wq_b when every measured step (at most warm-up +
     // iters steps of B tokens after the context) ends where the top-k would select all entries (the engine's rule).
     const bool skip = patches.options.indexer_skip_short && std::count(types.begin(), types.end(), AttnType::CSA) > 0;
-    const int64_t first_end = o.context + B, last_end = o.context + int64_t(o.warmup + o.iters) * B;
+    const int64_t first_end = o.context + B, last_end = o.context + int64_t(o.warmup + 6 + o.iters) * B;  // (+ up to 6 steps warming the graph)
     const bool no_index_q = skip && indexer_skippable(model->config(), dm.csa_rate, last_end);
     if (no_index_q)
       r.note = "indexer.skip_short: the CSA layers skip their indexer in every step (bytes without its wq_b)";
@@ -810,6 +811,11 @@ int run(const LayerBenchOptions& o) {
     }
     try {
       SessionState st = model->new_state();
+      // Every position this batch's steps reach (warm-up, timed, tapped, --skeleton's and --ab's), reserved as
+      // generation reserves its prompt and --max-tokens: otherwise the caches' doubling (at 256 + 4 tokens on the CSA
+      // layers) re-captured the decode graph during the timed steps, one eager step and one capture among them.
+      const int64_t reach = o.context + int64_t(B) * (o.warmup + 4 * o.iters + 16);
+      model->reserve(st, reach);
       if (o.context > 0) r.context_s = feed(st, o.context, nullptr, nullptr);
       std::optional<DeviceBuffer> l2_flush;
       if (o.cold_l2 && gpu) l2_flush.emplace(2 * dev.l2_bytes);
@@ -849,26 +855,40 @@ int run(const LayerBenchOptions& o) {
           break;
         }
       }
+      // Under cuda.graph, warm up until a step replays the captured graph (a first step runs eagerly, the next
+      // captures; an allocation between them starts over), so that the timed steps are the steady state.
+      auto replayed = [&](auto&& run_step) {
+        const int64_t launches = st.dev ? st.dev->graph_launches : 0, captures = st.dev ? st.dev->graph_captures : 0;
+        run_step();
+        return !st.dev || (st.dev->graph_launches != launches && st.dev->graph_captures == captures);
+      };
+      if (patches.options.cuda_graph && st.dev && min_steps > 1)
+        for (int extra = 0; extra < 6 && !replayed([&] { step(nullptr, nullptr); }); ++extra) {
+        }
       std::vector<double> us;
       double spent = 0, last = 0;
+      int not_replayed = 0;  // timed steps that ran eagerly or captured the graph (memory moved): not steady state
       for (int i = 0; i < o.iters; ++i) {
         if (i >= min_steps && spent + last > budget) {
           r.note += fmt::format("{}stopped after {} of {} steps (batch budget {:.0f} s)", r.note.empty() ? "" : "; ", i, o.iters,
                                 budget);
           break;
         }
-        last = step(nullptr, nullptr);
+        if (!replayed([&] { last = step(nullptr, nullptr); })) ++not_replayed;
         spent += last;
         us.push_back(last * 1e6);
       }
       r.steps = int(us.size());
+      r.steps_us = us;
+      if (not_replayed > 0 && patches.options.cuda_graph)
+        r.note += fmt::format("{}{} of the timed steps ran eagerly or captured the graph", r.note.empty() ? "" : "; ", not_replayed);
       if (st.dev && st.dev->graph_launches > 0)
         r.note += fmt::format("{}cuda.graph: {} steps replayed, {} captured in this session", r.note.empty() ? "" : "; ",
                               st.dev->graph_launches, st.dev->graph_captures);
       r.us_step = median(us);
       r.us_step_min = *std::min_element(us.begin(), us.end());
       // The mean too: a generation's tokens/s follows it, and steps that complete a compression window (every 4th
-      // on CSA layers, every 128th on HCA ones) run longer than the median step.
+      // on CSA layers, every 128th on HCA ones) may run longer than the median step (JSON: every step's time).
       r.us_step_mean = std::accumulate(us.begin(), us.end(), 0.0) / double(us.size());
       // Tapped steps: the distinct experts each layer routes to (and, without an op timer, the outside part).
       SplitSink sink(L);
@@ -974,6 +994,7 @@ int run(const LayerBenchOptions& o) {
         // order alternating, so drifts of the machine (clocks, other work) fall on both sides of the difference.
         try {
           SessionState sa = model->new_state(), sb = model_b->new_state();
+          model->reserve(sa, reach), model_b->reserve(sb, reach);
           const std::mt19937 saved = rng;
           feed_with(*model, sa, o.context, nullptr, nullptr);
           rng = saved;  // the same context tokens for B
@@ -1120,6 +1141,7 @@ int run(const LayerBenchOptions& o) {
                                    {"us_per_step", jnum(r.us_step)},
                                    {"us_per_step_min", jnum(r.us_step_min)},
                                    {"us_per_step_mean", jnum(r.us_step_mean)},
+                                   {"steps_us", r.steps_us},
                                    {"us_non_layer", jnum(r.us_non_layer)},
                                    {"us_per_layer", jnum(r.us_layer)},
                                    {"breakdown_us", [&] {

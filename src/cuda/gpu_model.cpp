@@ -278,7 +278,6 @@ class GpuForward : public DeviceForward {
   // parameters, penalty window and uniform draw, and only the token comes back.
   int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                          std::span<const int32_t> history) const override {
-    const float* logits = run(st, tokens, nullptr, LogitRows::Last);
     Scratch& sc = st.dev->scratch;
     const SamplingParams& sp = sampler.params();
     SampleParams p;
@@ -298,6 +297,9 @@ class GpuForward : public DeviceForward {
     auto* out = static_cast<int32_t*>(sc.get("sample.out", 8));
     const size_t scratch_bytes = fwd_sample_scratch_bytes(1, cfg_.vocab, &p);
     void* scratch = sc.get("sample.scratch", scratch_bytes);
+    // (Its buffers are taken before the forward: an allocation moves the session's memory, and after the forward it
+    // would make the next step run eagerly again instead of capturing the graph this one warmed.)
+    const float* logits = run(st, tokens, nullptr, LogitRows::Last);
     {
       OpRegion region(sc.timer, "sample");  // (plumb bench counts it outside the layers, as the head)
       st.dev->stage.upload(dev_in, in.data(), in.size() * 4);  // queued behind the forward: no host wait
@@ -310,6 +312,16 @@ class GpuForward : public DeviceForward {
     d2h(got, out, 8);  // synchronizes
     if (got[1] > 1) sampler.commit_draw();  // the distribution kept more than one token: sample() would have drawn
     return got[0];
+  }
+
+  // At most kReserveMax positions up front (V4-Flash: ~13 KB of compressed entries per position over its CSA
+  // layers, 0.8 GB at 64K): a long --max-tokens must not take memory a generation that stops early never uses;
+  // past it the caches double as before, each growth (and re-capture) rarer than the last.
+  static constexpr int64_t kReserveMax = 65536;
+  void reserve(SessionState& st, int64_t positions) const override {
+    DeviceSessionState& ds = *st.dev;
+    positions = std::min(positions, kReserveMax);
+    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, positions, ds.layers[i], ds.scratch);
   }
 
  private:

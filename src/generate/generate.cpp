@@ -47,6 +47,7 @@ GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer
                 "the prompt is {} tokens{} but the model's context is {} tokens (max_position_embeddings)",
                 prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
 
+  session.reserve(start + int64_t(prompt.size()) + opt.max_tokens);  // no cache growth on the way (backend cuda)
   Sampler sampler(opt.sampling, info.vocab_size);
   StopMatcher stops(opt.stop_strings);
   TextStream stream(tok, opt.skip_special);

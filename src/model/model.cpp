@@ -64,6 +64,12 @@ int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens,
   return id;
 }
 
+void Model::reserve(SessionState& st, int64_t positions) const {
+  PLUMB_CHECK(positions >= 0, "reserve: {} positions (must be >= 0)", positions);
+  if (cfg_.max_positions > 0) positions = std::min<int64_t>(positions, cfg_.max_positions);
+  if (device_ && st.dev) device_->reserve(st, positions);
+}
+
 Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const {
   const auto& c = cfg_;
   const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;

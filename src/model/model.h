@@ -31,6 +31,8 @@ class DeviceForward {
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
   virtual int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                                  std::span<const int32_t> history) const = 0;
+  // Sizes the session's growing caches for positions [0, positions) (see Model::reserve).
+  virtual void reserve(SessionState& st, int64_t positions) const = 0;
 };
 // The CUDA backend for a loaded model (uploads its weights); throws Error when this build or machine has no
 // usable GPU, or an option is not implemented there. Defined in src/cuda (stub.cpp without CUDA).
@@ -57,6 +59,12 @@ class Model {
   // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there.
   int32_t forward_sample(SessionState& state, std::span<const int32_t> tokens, Sampler& sampler,
                          std::span<const int32_t> history) const;
+  // Sizes the session's growing caches (backend cuda: the compressed entries, which otherwise double as the
+  // positions pass 256, 512, ... tokens, each growth re-capturing the decode graph with one eager step) for
+  // positions [0, positions) up front. Optional, a hint: the caches still grow past it, and a backend may reserve
+  // less (cuda: at most 65536 positions); no-op on the CPU backend, whose caches cost nothing to grow. positions is
+  // clamped to the model's context.
+  void reserve(SessionState& state, int64_t positions) const;
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }

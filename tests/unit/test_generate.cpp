@@ -360,6 +360,17 @@ TEST_F(TinyModel, AnswersInChatFormat) {
   EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
 }
 
+// Session::reserve is a hint: on the CPU backend it changes nothing (the same logits after it), and a negative count
+// is refused by name.
+TEST_F(TinyModel, ReserveIsAHintThatChangesNoLogits) {
+  auto a = engine()->new_session(), b = engine()->new_session();
+  a->reserve(100000);  // past the model's context: clamped, not refused
+  const auto ids = tok.encode("Once upon a time");
+  EXPECT_EQ(a->forward(ids), b->forward(ids));
+  EXPECT_THROW(a->reserve(-1), plumb::Error);
+  EXPECT_EQ(a->position(), int64_t(ids.size()));
+}
+
 TEST_F(TinyModel, ChatTurnsOnOneSessionMatchTheWholeConversation) {
   // Turn 2 prefilled on the kept cache (the previous reply's EOS + the new user turn) must leave the session in
   // the state a fresh session reaches by prefilling the whole conversation as encode_chat renders it.
