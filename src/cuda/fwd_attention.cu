@@ -235,6 +235,49 @@ __device__ __forceinline__ float softmax_pool(int ns, At at) {
   return acc;
 }
 
+// softmax_pool's arithmetic (the same operations in the same order) for long windows read from memory: each pass
+// loads its slots in batches of kPoolBatch, every load of a batch issued before any is used (ld: branch-free
+// addresses, no calls; past the last slot the batch reloads it, unused, since a guarded load waits behind its
+// branch), then folds them in slot order. softmax_pool<0> through CompRows on an HCA window (128 slots, 3 passes)
+// waited on ~400 dependent memory round trips per channel (each behind a 64-bit modulo's call): the pool took
+// ~150 us at batch 8 under ncu and the step that completes an HCA window ~190 us longer in graph replay (session
+// 37, `plumb bench --layers` steps_us); at one token, two channels per thread, ~400 us.
+constexpr int kPoolBatch = 16;
+template <class Ld>
+__device__ __forceinline__ float softmax_pool_batched(int ns, Ld ld) {
+  float mx = -INFINITY, acc = 0;
+  for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
+    float g[kPoolBatch], v[kPoolBatch];
+#pragma unroll
+    for (int k = 0; k < kPoolBatch; ++k) ld(min(s0 + k, ns - 1), g[k], v[k]);  // unguarded: all in flight
+#pragma unroll
+    for (int k = 0; k < kPoolBatch; ++k)
+      if (s0 + k < ns) mx = fmaxf(mx, g[k]);
+  }
+  if (mx == -INFINITY) return acc;
+  double sum = 0;
+  for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
+    float g[kPoolBatch], v[kPoolBatch];
+#pragma unroll
+    for (int k = 0; k < kPoolBatch; ++k) ld(min(s0 + k, ns - 1), g[k], v[k]);  // unguarded: all in flight
+#pragma unroll
+    for (int k = 0; k < kPoolBatch; ++k)
+      if (s0 + k < ns) sum += double(expf(g[k] - mx));
+  }
+  for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
+    float g[kPoolBatch], v[kPoolBatch];
+#pragma unroll
+    for (int k = 0; k < kPoolBatch; ++k) ld(min(s0 + k, ns - 1), g[k], v[k]);  // unguarded: all in flight
+#pragma unroll
+    for (int k = 0; k < kPoolBatch; ++k)
+      if (s0 + k < ns) {
+        const float wt = float(double(expf(g[k] - mx)) / sum);
+        acc = __fadd_rn(acc, __fmul_rn(wt, v[k]));
+      }
+  }
+  return acc;
+}
+
 // One thread per (window, channel). Series of window w: optionally the previous window's first half, then its own
 // (CSA: second half), pooled by softmax_pool. Windows of at most kPoolRegSlots slots (the overlapping CSA
 // compressor's 2m = 8) are loaded into registers first, every slot once with all loads in flight together; longer
@@ -270,6 +313,21 @@ __device__ __forceinline__ void pool_channel(const CompressArgs& a, int64_t pos0
     for (int s = 0; s < kPoolRegSlots; ++s)
       if (s < ns) slot(s, gs[s], vs[s]);
     a.entries[w * a.c + ch] = softmax_pool<kPoolRegSlots>(ns, [&](int s, float& g, float& v) { g = gs[s], v = vs[s]; });
+  } else if (!prev) {  // a long window without the previous one's series (HCA): batched, branch-free loads
+    // Slot s is position w * m + s: this chunk's row w * m + s - pos0 from slot `fresh` on, else pending row s (the
+    // ring's (w * m + s) % m; CompRows's 64-bit modulo is a call, which no load may pass, so it is not used here).
+    const float* ape = a.ape + off + ch;
+    const int64_t fresh = pos0 - w * m;
+    const float* new_kv = a.rows_kv + (w * m - pos0) * width + off + ch;  // + s * width: row s - fresh
+    const float* new_gate = a.rows_gate + (w * m - pos0) * width + off + ch;
+    a.entries[w * a.c + ch] = softmax_pool_batched(ns, [&](int s, float& g, float& v) {
+      const int64_t at = int64_t(s) * width;
+      const bool is_new = s >= fresh;  // (the pointers are selected, then read: a valid address either way)
+      const float* gp = is_new ? new_gate + at : a.pend_gate + at + off + ch;
+      const float* kp = is_new ? new_kv + at : a.pend_kv + at + off + ch;
+      g = __fadd_rn(*gp, ape[at]);
+      v = *kp;
+    });
   } else {
     a.entries[w * a.c + ch] = softmax_pool<0>(ns, slot);
   }

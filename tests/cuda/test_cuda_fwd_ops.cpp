@@ -425,7 +425,8 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
 }
 
 // The compressor's one-token launch against the four launches it replaces (pool, finish, carry, stash), bit for bit:
-// single-token steps through several windows (CSA's overlapping series with m 4, HCA's with m 8; the official
+// single-token steps through several windows (CSA's overlapping series with m 4, HCA's with m 8 and with m 40, whose
+// windows the batched pool reads from memory, 16 slots per batch and a partial last one; the official
 // numerics' bf16 stores, with the indexer's rotation and with the FP8 KV simulation), the entries, the pending ring
 // and the previous window's series compared after every step.
 TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
@@ -435,7 +436,8 @@ TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
     int64_t c;
     int official, rotate, kv_fp8;
   };
-  for (const Case& k : {Case{1, 4, 64, 0, 0, 0}, Case{0, 8, 32, 0, 0, 0}, Case{1, 4, 128, 1, 1, 0}, Case{0, 4, 128, 1, 0, 1}}) {
+  for (const Case& k : {Case{1, 4, 64, 0, 0, 0}, Case{0, 8, 32, 0, 0, 0}, Case{0, 40, 32, 0, 0, 0}, Case{1, 4, 128, 1, 1, 0},
+                        Case{0, 4, 128, 1, 0, 1}}) {
     const int64_t width = k.overlap ? 2 * k.c : k.c, steps = 3 * k.m + 2, cap = steps / k.m + 1;
     const int rope_half = 8;
     DeviceBuffer ape = to_device(rng.floats(size_t(k.m * width), -0.5f, 0.5f)), norm = to_device(rng.floats(size_t(k.c), 0.5f, 1.5f));
