@@ -54,9 +54,10 @@ void HostStage::upload(void* dst, const void* src, size_t bytes) {
   else sl.done = d::event_create_sync();
   if (sl.cap < bytes) {
     d::hfree_pinned(sl.host);
-    sl.host = nullptr, sl.cap = 0;
-    sl.cap = std::max<size_t>(bytes, 4096);
-    sl.host = d::hmalloc_pinned(sl.cap);
+    sl.host = nullptr, sl.cap = 0;  // (empty until the allocation succeeds: a throw leaves no slot claiming bytes)
+    const size_t cap = std::max<size_t>(bytes, 4096);
+    sl.host = d::hmalloc_pinned(cap);
+    sl.cap = cap;
   }
   std::memcpy(sl.host, src, bytes);
   d::h2d_async(dst, sl.host, bytes, nullptr);

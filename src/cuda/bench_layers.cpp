@@ -865,7 +865,7 @@ int run(const LayerBenchOptions& o) {
       if (patches.options.cuda_graph && st.dev && min_steps > 1)
         for (int extra = 0; extra < 6 && !replayed([&] { step(nullptr, nullptr); }); ++extra) {
         }
-      std::vector<double> us;
+      std::vector<double>& us = r.steps_us;  // every timed step, in order
       double spent = 0, last = 0;
       int not_replayed = 0;  // timed steps that ran eagerly or captured the graph (memory moved): not steady state
       for (int i = 0; i < o.iters; ++i) {
@@ -879,7 +879,6 @@ int run(const LayerBenchOptions& o) {
         us.push_back(last * 1e6);
       }
       r.steps = int(us.size());
-      r.steps_us = us;
       if (not_replayed > 0 && patches.options.cuda_graph)
         r.note += fmt::format("{}{} of the timed steps ran eagerly or captured the graph", r.note.empty() ? "" : "; ", not_replayed);
       if (st.dev && st.dev->graph_launches > 0)
