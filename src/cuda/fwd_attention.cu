@@ -192,152 +192,92 @@ __global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, const int6
   ring[((*pos + r) % W) * Dh + d] = kv[r * Dh + d];
 }
 
-// Row q of the compressor's timeline (see CompressArgs): this chunk's projection, or a pending row of the ring.
-struct CompRows {
-  const CompressArgs& a;
-  int64_t pos0, width;
-  __device__ const float* kv(int64_t q) const { return q >= pos0 ? a.rows_kv + (q - pos0) * width : a.pend_kv + (q % a.m) * width; }
-  __device__ const float* gate(int64_t q) const {
-    return q >= pos0 ? a.rows_gate + (q - pos0) * width : a.pend_gate + (q % a.m) * width;
-  }
-};
-
 // The window that block row j handles: w = pos/m + j when it completes in this chunk, else -1.
 __device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64_t pos0, int j) {
   const int64_t w = pos0 / a.m + j;
   return w < (pos0 + a.n) / a.m ? w : -1;
 }
 
-// The softmax-weighted sum of slots [0, ns), at(s, g, v) giving slot s's gate and value: the gates' max, an fp64 sum
-// of exp(g - max), then the fp32 weighted sum in slot order (ops::softmax's arithmetic). N > 0: ns <= N and the loops
-// unrolled over N, so that `at` may index registers; N = 0: plain loops (at is then called once per slot and pass).
-template <int N, class At>
-__device__ __forceinline__ float softmax_pool(int ns, At at) {
-  constexpr int U = N > 0 ? N : 1;
-  const int bound = N > 0 ? N : ns;
-  float mx = -INFINITY, g, v, acc = 0;
-#pragma unroll U
-  for (int s = 0; s < bound; ++s)
-    if (s < ns) at(s, g, v), mx = fmaxf(mx, g);
-  if (mx != -INFINITY) {
-    double sum = 0;
-#pragma unroll U
-    for (int s = 0; s < bound; ++s)
-      if (s < ns) at(s, g, v), sum += double(expf(g - mx));
-#pragma unroll U
-    for (int s = 0; s < bound; ++s)
-      if (s < ns) {
-        at(s, g, v);
-        const float wt = float(double(expf(g - mx)) / sum);
-        acc = __fadd_rn(acc, __fmul_rn(wt, v));
-      }
-  }
-  return acc;
+// Where slot s of window w's series lives: channel 0 of its gate, kv and ape rows (channel ch at + ch), and whether
+// the gate already holds the ape (carried). The series is the previous window's first half (CSA, w > 0: slots
+// [0, m)) and then the window's own slots (CSA: second half). Position p = v*m + r of window v is this chunk's row
+// p - pos0 when p >= pos0, else pending ring row p % m = r, the slot's index in its window (no modulo). The previous
+// window's series, once completed in an earlier chunk, was carried with its ape added (prev_gate, prev_kv).
+struct SlotSrc {
+  const float *g, *v, *ape;
+  int carried;
+};
+__device__ __forceinline__ SlotSrc slot_src(const CompressArgs& a, int64_t pos0, int64_t w, int s) {
+  const int m = a.m;
+  const int64_t width = a.overlap ? 2 * a.c : a.c;
+  const bool in_prev = a.overlap && w > 0 && s < m;
+  const int r = a.overlap && w > 0 && !in_prev ? s - m : s;
+  const int64_t p0 = (in_prev ? w - 1 : w) * m;  // the window's first position
+  const int64_t at = int64_t(r) * width + (a.overlap && !in_prev ? a.c : 0);  // in ring and ape rows
+  const bool fresh = p0 + r >= pos0;
+  if (in_prev && w * m - 1 < pos0) return {a.prev_gate + int64_t(r) * a.c, a.prev_kv + int64_t(r) * a.c, a.ape + at, 1};
+  return {fresh ? a.rows_gate + (p0 - pos0) * width + at : a.pend_gate + at, fresh ? a.rows_kv + (p0 - pos0) * width + at : a.pend_kv + at,
+          a.ape + at, 0};
+}
+// Slot (gate + ape, kv) of channel ch. The loads' addresses do not depend on any load, so a caller can issue many
+// slots' loads before using any.
+__device__ __forceinline__ void slot_load(const SlotSrc& p, int64_t ch, float& g, float& v) {
+  const float ape = p.ape[ch], gr = p.g[ch];
+  g = p.carried ? gr : __fadd_rn(gr, ape);
+  v = p.v[ch];
+}
+__device__ __forceinline__ void series_slot(const CompressArgs& a, int64_t pos0, int64_t w, int s, int64_t ch, float& g, float& v) {
+  slot_load(slot_src(a, pos0, w, s), ch, g, v);
 }
 
-// softmax_pool's arithmetic (the same operations in the same order) for long windows read from memory: each pass
-// loads its slots in batches of kPoolBatch, every load of a batch issued before any is used (ld: branch-free
-// addresses, no calls; past the last slot the batch reloads it, unused, since a guarded load waits behind its
-// branch), then folds them in slot order. softmax_pool<0> through CompRows on an HCA window (128 slots, 3 passes)
-// waited on ~400 dependent memory round trips per channel (each behind a 64-bit modulo's call): the pool took
-// ~150 us at batch 8 under ncu and the step that completes an HCA window ~190 us longer in graph replay (session
-// 37, `plumb bench --layers` steps_us); at one token, two channels per thread, ~400 us.
-constexpr int kPoolBatch = 16;
-template <class Ld>
-__device__ __forceinline__ float softmax_pool_batched(int ns, Ld ld) {
+// The softmax-weighted sum of a window's slots with ops::softmax's arithmetic: the gates' max, an fp64 sum of
+// exp(g - max), then the fp32 weighted sum in slot order. each(fold) calls fold(g, v) on every slot in slot order.
+template <class Each>
+__device__ __forceinline__ float softmax_pool(Each each) {
   float mx = -INFINITY, acc = 0;
-  for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
-    float g[kPoolBatch], v[kPoolBatch];
-#pragma unroll
-    for (int k = 0; k < kPoolBatch; ++k) ld(min(s0 + k, ns - 1), g[k], v[k]);  // unguarded: all in flight
-#pragma unroll
-    for (int k = 0; k < kPoolBatch; ++k)
-      if (s0 + k < ns) mx = fmaxf(mx, g[k]);
-  }
+  each([&](float g, float) { mx = fmaxf(mx, g); });
   if (mx == -INFINITY) return acc;
   double sum = 0;
-  for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
-    float g[kPoolBatch], v[kPoolBatch];
-#pragma unroll
-    for (int k = 0; k < kPoolBatch; ++k) ld(min(s0 + k, ns - 1), g[k], v[k]);  // unguarded: all in flight
-#pragma unroll
-    for (int k = 0; k < kPoolBatch; ++k)
-      if (s0 + k < ns) sum += double(expf(g[k] - mx));
-  }
-  for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
-    float g[kPoolBatch], v[kPoolBatch];
-#pragma unroll
-    for (int k = 0; k < kPoolBatch; ++k) ld(min(s0 + k, ns - 1), g[k], v[k]);  // unguarded: all in flight
-#pragma unroll
-    for (int k = 0; k < kPoolBatch; ++k)
-      if (s0 + k < ns) {
-        const float wt = float(double(expf(g[k] - mx)) / sum);
-        acc = __fadd_rn(acc, __fmul_rn(wt, v[k]));
-      }
-  }
+  each([&](float g, float) { sum += double(expf(g - mx)); });
+  each([&](float g, float v) { acc = __fadd_rn(acc, __fmul_rn(float(double(expf(g - mx)) / sum), v)); });
   return acc;
 }
 
-// One thread per (window, channel). Series of window w: optionally the previous window's first half, then its own
-// (CSA: second half), pooled by softmax_pool. Windows of at most kPoolRegSlots slots (the overlapping CSA
-// compressor's 2m = 8) are loaded into registers first, every slot once with all loads in flight together; longer
-// ones (HCA) are read from memory on each of the three passes.
-constexpr int kPoolRegSlots = 8;
-__device__ __forceinline__ void pool_channel(const CompressArgs& a, int64_t pos0, int64_t w, int64_t ch) {
-  const int64_t width = a.overlap ? 2 * a.c : a.c, off = a.overlap ? a.c : 0;
-  const CompRows rows{a, pos0, width};
-  const int m = a.m;
-  const bool prev = a.overlap && w > 0;
-  const bool prev_stored = (w - 1) * m + m - 1 < pos0;  // window w-1 completed in an earlier chunk
-  auto slot = [&](int s, float& g, float& v) {
-    if (prev && s < m) {
-      if (prev_stored) {
-        g = a.prev_gate[int64_t(s) * a.c + ch];
-        v = a.prev_kv[int64_t(s) * a.c + ch];
-      } else {
-        const int64_t q = (w - 1) * m + s;
-        g = __fadd_rn(rows.gate(q)[ch], a.ape[int64_t(s) * width + ch]);
-        v = rows.kv(q)[ch];
-      }
-      return;
-    }
-    const int r = prev ? s - m : s;
-    const int64_t q = w * m + r;
-    g = __fadd_rn(rows.gate(q)[off + ch], a.ape[int64_t(r) * width + off + ch]);
-    v = rows.kv(q)[off + ch];
-  };
-  const int ns = prev ? 2 * m : m;
+// Window w's pooled channel ch. Series of at most kPoolRegSlots slots (the overlapping CSA compressor's 2m = 8) are
+// loaded into registers once, every load in flight together; longer ones (HCA's 128) are read on each of the three
+// passes in batches of kPoolBatch, every load of a batch issued before any is used (past the last slot a batch
+// reloads it, unused: a guarded load would wait behind its branch). Session 37 measured the HCA pool's slot-by-slot
+// loads, each behind a 64-bit modulo's call: ~150 us at 8 tokens and ~400 us at one token under ncu.
+constexpr int kPoolRegSlots = 8, kPoolBatch = 16;
+__device__ __forceinline__ float pool_channel(const CompressArgs& a, int64_t pos0, int64_t w, int64_t ch) {
+  const int ns = a.overlap && w > 0 ? 2 * a.m : a.m;
   if (ns <= kPoolRegSlots) {
-    float gs[kPoolRegSlots], vs[kPoolRegSlots];
+    float g[kPoolRegSlots], v[kPoolRegSlots];
 #pragma unroll
-    for (int s = 0; s < kPoolRegSlots; ++s)
-      if (s < ns) slot(s, gs[s], vs[s]);
-    a.entries[w * a.c + ch] = softmax_pool<kPoolRegSlots>(ns, [&](int s, float& g, float& v) { g = gs[s], v = vs[s]; });
-  } else if (!prev) {  // a long window without the previous one's series (HCA): batched, branch-free loads
-    // Slot s is position w * m + s: this chunk's row w * m + s - pos0 from slot `fresh` on, else pending row s (the
-    // ring's (w * m + s) % m; CompRows's 64-bit modulo is a call, which no load may pass, so it is not used here).
-    const float* ape = a.ape + off + ch;
-    const int64_t fresh = pos0 - w * m;
-    const float* new_kv = a.rows_kv + (w * m - pos0) * width + off + ch;  // + s * width: row s - fresh
-    const float* new_gate = a.rows_gate + (w * m - pos0) * width + off + ch;
-    a.entries[w * a.c + ch] = softmax_pool_batched(ns, [&](int s, float& g, float& v) {
-      const int64_t at = int64_t(s) * width;
-      const bool is_new = s >= fresh;  // (the pointers are selected, then read: a valid address either way)
-      const float* gp = is_new ? new_gate + at : a.pend_gate + at + off + ch;
-      const float* kp = is_new ? new_kv + at : a.pend_kv + at + off + ch;
-      g = __fadd_rn(*gp, ape[at]);
-      v = *kp;
+    for (int s = 0; s < kPoolRegSlots; ++s) series_slot(a, pos0, w, min(s, ns - 1), ch, g[s], v[s]);
+    return softmax_pool([&](auto fold) {
+#pragma unroll
+      for (int s = 0; s < kPoolRegSlots; ++s)
+        if (s < ns) fold(g[s], v[s]);
     });
-  } else {
-    a.entries[w * a.c + ch] = softmax_pool<0>(ns, slot);
   }
+  return softmax_pool([&](auto fold) {
+    for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
+      float g[kPoolBatch], v[kPoolBatch];
+#pragma unroll
+      for (int k = 0; k < kPoolBatch; ++k) series_slot(a, pos0, w, min(s0 + k, ns - 1), ch, g[k], v[k]);
+#pragma unroll
+      for (int k = 0; k < kPoolBatch; ++k)
+        if (s0 + k < ns) fold(g[k], v[k]);
+    }
+  });
 }
 __global__ void pool_kernel(CompressArgs a) {
   pdl_begin();
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (w < 0 || ch >= a.c) return;
-  pool_channel(a, pos0, w, ch);
+  a.entries[w * a.c + ch] = pool_channel(a, pos0, w, ch);
 }
 
 // One block of kFinishThreads (256, as the norm kernel, so the entry's norm sums alike) per completed window: RMSNorm
@@ -376,56 +316,110 @@ __global__ void compress_finish_kernel(CompressArgs a) {
   finish_entry(a, w);
 }
 
-// CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window. Runs
-// before stash, which may overwrite pending rows this reads.
-__device__ __forceinline__ void carry_elem(const CompressArgs& a, int64_t pos0, int64_t i) {
+// CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window: slot
+// r < m of window last + 1's series. Runs before stash, which may overwrite pending rows this reads.
+__device__ __forceinline__ void carry_elem(const CompressArgs& a, int64_t pos0, int i) {
   const int64_t last = (pos0 + a.n) / a.m - 1;
-  if (last < pos0 / a.m || i >= int64_t(a.m) * a.c) return;  // no window completed in this chunk
-  const int64_t r = i / a.c, ch = i % a.c, width = 2 * a.c;
-  const CompRows rows{a, pos0, width};
-  const int64_t q = last * a.m + r;
-  a.prev_gate[i] = __fadd_rn(rows.gate(q)[ch], a.ape[r * width + ch]);
-  a.prev_kv[i] = rows.kv(q)[ch];
+  const int c = int(a.c);
+  if (last < pos0 / a.m || i >= a.m * c) return;  // no window completed in this chunk
+  series_slot(a, pos0, last + 1, i / c, i % c, a.prev_gate[i], a.prev_kv[i]);
 }
 __global__ void compress_carry_kernel(CompressArgs a) {
   pdl_begin();
-  carry_elem(a, *a.pos, int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
+  carry_elem(a, *a.pos, int(blockIdx.x * blockDim.x + threadIdx.x));
 }
 
-// The rows of the incomplete window (positions from the last window boundary, and from pos, to pos + n) into the
-// pending ring.
-__device__ __forceinline__ void stash_elem(const CompressArgs& a, int64_t pos0, int64_t i, int64_t rows_bound) {
-  const int64_t width = a.overlap ? 2 * a.c : a.c;
-  const int64_t end = pos0 + a.n, begin = max(pos0, end / a.m * a.m);
+// The rows of the incomplete window (positions from the last window boundary `base`, and from pos0, to pos0 + n)
+// into the pending ring: position q to ring row q % m = q - base.
+__device__ __forceinline__ void stash_elem(const CompressArgs& a, int64_t pos0, int i, int rows_bound) {
+  const int width = int(a.overlap ? 2 * a.c : a.c);
   if (i >= rows_bound * width) return;
-  const int64_t q = begin + i / width, ch = i % width;
+  const int64_t end = pos0 + a.n, base = end / a.m * a.m, q = max(pos0, base) + i / width;
   if (q >= end) return;
-  a.pend_kv[(q % a.m) * width + ch] = a.rows_kv[(q - pos0) * width + ch];
-  a.pend_gate[(q % a.m) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
+  const int ch = i % width;
+  a.pend_kv[(q - base) * width + ch] = a.rows_kv[(q - pos0) * width + ch];
+  a.pend_gate[(q - base) * width + ch] = a.rows_gate[(q - pos0) * width + ch];
 }
-__global__ void compress_stash_kernel(CompressArgs a, int64_t rows_bound) {
+__global__ void compress_stash_kernel(CompressArgs a, int rows_bound) {
   pdl_begin();
-  stash_elem(a, *a.pos, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, rows_bound);
+  stash_elem(a, *a.pos, int(blockIdx.x * blockDim.x + threadIdx.x), rows_bound);
+}
+
+// Elements [0, ns * c) of the slots src[0, ns) (slot i / c, channel i % c) as (gate + ape, kv) into dg[i], dv[i],
+// kGatherU of each thread's elements loaded before any is stored.
+constexpr int kGatherU = 4;
+__device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, float* dg, float* dv) {
+  const int n = ns * c, bd = int(blockDim.x);
+  for (int i0 = int(threadIdx.x); i0 < n; i0 += kGatherU * bd) {
+    float g[kGatherU], v[kGatherU];
+#pragma unroll
+    for (int u = 0; u < kGatherU; ++u) {
+      const int i = min(i0 + u * bd, n - 1), sl = i / c;
+      slot_load(src[sl], i - sl * c, g[u], v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherU; ++u)
+      if (i0 + u * bd < n) dg[i0 + u * bd] = g[u], dv[i0 + u * bd] = v[u];
+  }
 }
 
 // One token (decode): the pool, finish and carry of the window this token completes, or else its row into the
-// pending ring, in one block of kFinishThreads (so the norm sums alike): the four launches' device code in their
+// pending ring, in one block of kFinishThreads (so the norm sums alike): the four launches' arithmetic in their
 // order, one launch instead of up to four. (Their launches were most of the CSA layer's side stream, which the
 // query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
+// One block runs it once per layer and step, so its code is cold: under ncu (session 38) the completing step's
+// launch took 35-40 us, two thirds of its warps' time waiting for instructions (no_inst), with ~3500 instructions
+// per warp of unrolled slot loads and pooling. So the completing path stages the window's slots in shared memory
+// (a table of the slots' rows, then one short loop of loads) and pools from there in plain loops.
+constexpr int kStageC = 512;  // channels staged in shared memory (V4's head and indexer dims: 512, 128)
 __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressArgs a) {
   pdl_begin();
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, 0);
-  if (w < 0) {
-    const int64_t width = a.overlap ? 2 * a.c : a.c;
-    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) stash_elem(a, pos0, i, 1);
+  const int bd = int(blockDim.x), tid = int(threadIdx.x), c = int(a.c);
+  if (w < 0) {  // this token's row into ring row pos0 % m
+    const int width = a.overlap ? 2 * c : c;
+    const int64_t dst = (pos0 - pos0 / a.m * a.m) * width;  // (the division completed_window made)
+    constexpr int kU = 8;
+    for (int i0 = tid; i0 < width; i0 += kU * bd) {
+      float kv[kU], g[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int i = min(i0 + u * bd, width - 1);
+        kv[u] = a.rows_kv[i], g[u] = a.rows_gate[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (i0 + u * bd < width) a.pend_kv[dst + i0 + u * bd] = kv[u], a.pend_gate[dst + i0 + u * bd] = g[u];
+    }
     return;
   }
-  for (int64_t ch = threadIdx.x; ch < a.c; ch += blockDim.x) pool_channel(a, pos0, w, ch);
+  __shared__ SlotSrc src[kPoolRegSlots];
+  __shared__ float sg[kPoolRegSlots * kStageC], sv[kPoolRegSlots * kStageC];
+  const int ns = a.overlap && w > 0 ? 2 * a.m : a.m;
+  if (ns <= kPoolRegSlots && c <= kStageC) {
+    if (tid < ns) src[tid] = slot_src(a, pos0, w, tid);
+    __syncthreads();
+    gather_slots(src, ns, c, sg, sv);
+    __syncthreads();
+    for (int ch = tid; ch < c; ch += bd)
+      a.entries[w * c + ch] = softmax_pool([&](auto fold) {
+#pragma unroll 1
+        for (int s = 0; s < ns; ++s) fold(sg[s * c + ch], sv[s * c + ch]);
+      });
+  } else {
+    for (int ch = tid; ch < c; ch += bd) a.entries[w * c + ch] = pool_channel(a, pos0, w, ch);
+  }
   __syncthreads();  // the pooled entry, and every read of the previous window's series (carry rewrites it)
   finish_entry(a, w);
-  if (a.overlap)
-    for (int64_t i = threadIdx.x; i < int64_t(a.m) * a.c; i += blockDim.x) carry_elem(a, pos0, i);
-  // (No stash: the token ends its window, so no row of an incomplete one remains.)
+  if (!a.overlap) return;  // (No stash: the token ends its window, so no row of an incomplete one remains.)
+  if (a.m <= kPoolRegSlots) {  // window w's first-half series: slots [0, m) of window w + 1's
+    __syncthreads();  // (src's readers are done)
+    if (tid < a.m) src[tid] = slot_src(a, pos0, w + 1, tid);
+    __syncthreads();
+    gather_slots(src, a.m, c, a.prev_gate, a.prev_kv);
+  } else {
+    for (int i = tid; i < a.m * c; i += bd) carry_elem(a, pos0, i);
+  }
 }
 
 }  // namespace
@@ -478,7 +472,7 @@ void fwd_compress(const CompressArgs& a, Stream s) {
   // At most min(n, m - 1) rows stay pending.
   const int64_t rows = std::min<int64_t>(a.n, a.m - 1), width = a.overlap ? 2 * a.c : a.c;
   if (rows <= 0) return;
-  launch("fwd_compress_stash", compress_stash_kernel, fwd_blocks(rows * width, 256), 256, 0, s, a, rows);
+  launch("fwd_compress_stash", compress_stash_kernel, fwd_blocks(rows * width, 256), 256, 0, s, a, int(rows));
 }
 
 }  // namespace plumb::cuda::detail
