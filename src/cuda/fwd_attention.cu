@@ -243,18 +243,24 @@ __device__ __forceinline__ float softmax_pool(Each each) {
   return acc;
 }
 
-// Window w's pooled channel ch. Series of at most kPoolRegSlots slots (the overlapping CSA compressor's 2m = 8) are
-// loaded into registers once, every load in flight together; longer ones (HCA's 128) are read on each of the three
-// passes in batches of kPoolBatch, every load of a batch issued before any is used (past the last slot a batch
-// reloads it, unused: a guarded load would wait behind its branch). Session 37 measured the HCA pool's slot-by-slot
-// loads, each behind a 64-bit modulo's call: ~150 us at 8 tokens and ~400 us at one token under ncu.
+// The slots of window w's series: 2m with the previous window's (CSA, w > 0), else m.
+__device__ __forceinline__ int series_slots(const CompressArgs& a, int64_t w) { return a.overlap && w > 0 ? 2 * a.m : a.m; }
+
+// A window's pooled channel ch, slot s of its series at src(s) (s < ns). Series of at most kPoolRegSlots slots (the
+// overlapping CSA compressor's 2m = 8) are loaded into registers once, every load in flight together; longer ones
+// (HCA's 128) are read on each of the three passes in batches of kPoolBatch, every load of a batch issued before
+// any is used (past the last slot a batch reloads it, unused: a guarded load would wait behind its branch). Session
+// 37 measured the HCA pool's slot-by-slot loads, each behind a 64-bit modulo's call: ~150 us at 8 tokens and ~400
+// us at one token under ncu. The kernels look the slots' sources up in a table in shared memory (SlotTable):
+// computed per slot and pass, they cost more than the loads (session 38: the step that completes an HCA window at
+// batch 8 took ~60 us longer).
 constexpr int kPoolRegSlots = 8, kPoolBatch = 16;
-__device__ __forceinline__ float pool_channel(const CompressArgs& a, int64_t pos0, int64_t w, int64_t ch) {
-  const int ns = a.overlap && w > 0 ? 2 * a.m : a.m;
+template <class Src>
+__device__ __forceinline__ float pool_channel(const Src& src, int ns, int64_t ch) {
   if (ns <= kPoolRegSlots) {
     float g[kPoolRegSlots], v[kPoolRegSlots];
 #pragma unroll
-    for (int s = 0; s < kPoolRegSlots; ++s) series_slot(a, pos0, w, min(s, ns - 1), ch, g[s], v[s]);
+    for (int s = 0; s < kPoolRegSlots; ++s) slot_load(src(min(s, ns - 1)), ch, g[s], v[s]);
     return softmax_pool([&](auto fold) {
 #pragma unroll
       for (int s = 0; s < kPoolRegSlots; ++s)
@@ -265,19 +271,43 @@ __device__ __forceinline__ float pool_channel(const CompressArgs& a, int64_t pos
     for (int s0 = 0; s0 < ns; s0 += kPoolBatch) {
       float g[kPoolBatch], v[kPoolBatch];
 #pragma unroll
-      for (int k = 0; k < kPoolBatch; ++k) series_slot(a, pos0, w, min(s0 + k, ns - 1), ch, g[k], v[k]);
+      for (int k = 0; k < kPoolBatch; ++k) slot_load(src(min(s0 + k, ns - 1)), ch, g[k], v[k]);
 #pragma unroll
       for (int k = 0; k < kPoolBatch; ++k)
         if (s0 + k < ns) fold(g[k], v[k]);
     }
   });
 }
+
+// The sources of the slots of window w's series, in shared memory, written by the whole block (ends with a barrier:
+// every thread must call it). A series longer than kTableSlots (a compress ratio above 256, or 128 overlapping) is
+// not tabled: its slots' sources are computed where they are loaded.
+constexpr int kTableSlots = 256;
+struct SlotTable {
+  SlotSrc* t;
+  const CompressArgs& a;
+  int64_t pos0, w;
+  int ns;
+  __device__ SlotTable(SlotSrc* table, const CompressArgs& args, int64_t p, int64_t win) : t(table), a(args), pos0(p), w(win), ns(series_slots(args, win)) {
+    if (ns <= kTableSlots)
+      for (int s = int(threadIdx.x); s < ns; s += int(blockDim.x)) t[s] = slot_src(a, pos0, w, s);
+    __syncthreads();
+  }
+  __device__ bool tabled() const { return ns <= kTableSlots; }
+  __device__ float pool(int64_t ch) const {
+    if (tabled()) return pool_channel([&](int s) -> const SlotSrc& { return t[s]; }, ns, ch);
+    return pool_channel([&](int s) { return slot_src(a, pos0, w, s); }, ns, ch);
+  }
+};
+
 __global__ void pool_kernel(CompressArgs a) {
   pdl_begin();
+  __shared__ SlotSrc table[kTableSlots];
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, blockIdx.y);
+  if (w < 0) return;  // (the whole block)
+  const SlotTable slots(table, a, pos0, w);
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (w < 0 || ch >= a.c) return;
-  a.entries[w * a.c + ch] = pool_channel(a, pos0, w, ch);
+  if (ch < a.c) a.entries[w * a.c + ch] = slots.pool(ch);
 }
 
 // One block of kFinishThreads (256, as the norm kernel, so the entry's norm sums alike) per completed window: RMSNorm
@@ -292,7 +322,7 @@ __device__ __forceinline__ void finish_entry(const CompressArgs& a, int64_t w) {
     for (int64_t i = threadIdx.x; i < a.c; i += blockDim.x) e[i] = bf16r(e[i]);
     __syncthreads();
   }
-  rms_norm_row(e, a.c, a.norm, a.eps, sh);
+  rms_norm_row<2>(e, a.c, a.norm, a.eps, sh);  // (2 elements per thread at V4's 512 channels: less code, cold here)
   __syncthreads();
   if (a.official) {
     for (int64_t i = threadIdx.x; i < a.c; i += blockDim.x) e[i] = bf16r(e[i]);
@@ -393,30 +423,30 @@ __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressAr
     }
     return;
   }
-  __shared__ SlotSrc src[kPoolRegSlots];
+  __shared__ SlotSrc table[kTableSlots];
   __shared__ float sg[kPoolRegSlots * kStageC], sv[kPoolRegSlots * kStageC];
-  const int ns = a.overlap && w > 0 ? 2 * a.m : a.m;
-  if (ns <= kPoolRegSlots && c <= kStageC) {
-    if (tid < ns) src[tid] = slot_src(a, pos0, w, tid);
-    __syncthreads();
-    gather_slots(src, ns, c, sg, sv);
-    __syncthreads();
-    for (int ch = tid; ch < c; ch += bd)
-      a.entries[w * c + ch] = softmax_pool([&](auto fold) {
+  {
+    const SlotTable slots(table, a, pos0, w);
+    if (slots.ns <= kPoolRegSlots && c <= kStageC) {
+      gather_slots(table, slots.ns, c, sg, sv);
+      __syncthreads();
+      for (int ch = tid; ch < c; ch += bd)
+        a.entries[w * c + ch] = softmax_pool([&](auto fold) {
 #pragma unroll 1
-        for (int s = 0; s < ns; ++s) fold(sg[s * c + ch], sv[s * c + ch]);
-      });
-  } else {
-    for (int ch = tid; ch < c; ch += bd) a.entries[w * c + ch] = pool_channel(a, pos0, w, ch);
+          for (int s = 0; s < slots.ns; ++s) fold(sg[s * c + ch], sv[s * c + ch]);
+        });
+    } else {
+      for (int ch = tid; ch < c; ch += bd) a.entries[w * c + ch] = slots.pool(ch);
+    }
   }
   __syncthreads();  // the pooled entry, and every read of the previous window's series (carry rewrites it)
   finish_entry(a, w);
   if (!a.overlap) return;  // (No stash: the token ends its window, so no row of an incomplete one remains.)
-  if (a.m <= kPoolRegSlots) {  // window w's first-half series: slots [0, m) of window w + 1's
-    __syncthreads();  // (src's readers are done)
-    if (tid < a.m) src[tid] = slot_src(a, pos0, w + 1, tid);
+  if (a.m <= kTableSlots) {  // window w's first-half series: slots [0, m) of window w + 1's
+    __syncthreads();  // (the table's readers are done)
+    for (int s = tid; s < a.m; s += bd) table[s] = slot_src(a, pos0, w + 1, s);
     __syncthreads();
-    gather_slots(src, a.m, c, a.prev_gate, a.prev_kv);
+    gather_slots(table, a.m, c, a.prev_gate, a.prev_kv);
   } else {
     for (int i = tid; i < a.m * c; i += bd) carry_elem(a, pos0, i);
   }

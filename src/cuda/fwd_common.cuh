@@ -99,12 +99,13 @@ __device__ __forceinline__ void load_strided(const float* v, int64_t b, int64_t 
 __device__ __forceinline__ float rms_inv(double ss, int64_t dim, double eps) { return float(1.0 / sqrt(ss / double(dim) + eps)); }
 __device__ __forceinline__ float rms_scaled(float x, float inv, float g) { return g * (x * inv); }
 
-// bf16_out (the official numerics' rms_norm then act): each result rounded to bf16 as it is stored.
+// bf16_out (the official numerics' rms_norm then act): each result rounded to bf16 as it is stored. kU: a thread's
+// elements loaded together (any kU sums in the same order: the same bits).
+template <int kU = 8>
 __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float* w, double eps, double* sh, __half* h16 = nullptr,
                                              bool bf16_out = false) {
   // kU of a thread's elements are loaded before any is used (clamped indices, no early exit): one block per row is
   // latency-bound at decode, and a plain strided loop waited for each load in turn. Same order of accumulation.
-  constexpr int kU = 8;
   const int64_t step = blockDim.x;
   double ss = 0;
   for (int64_t b = threadIdx.x; b < dim; b += kU * step) {

@@ -424,11 +424,51 @@ TEST_F(GpuTest, FusedDecodeOpsMatchSeparateLaunches) {
   }
 }
 
-// The compressor's one-token launch against the four launches it replaces (pool, finish, carry, stash), bit for bit:
-// single-token steps through several windows (CSA's overlapping series with m 4, HCA's with m 8 and with m 40, whose
-// windows the batched pool reads from memory, 16 slots per batch and a partial last one; the official
-// numerics' bf16 stores, with the indexer's rotation and with the FP8 KV simulation), the entries, the pending ring
-// and the previous window's series compared after every step.
+// Window w's entry as compressor.h defines it, on the host from every position's rows (kv, gate: [width] each):
+// softmax pooling over the series (the previous window's first half with CSA's overlap, then the window's own
+// slots, gate + ape), RMSNorm with `norm`, RoPE of the last 2 * rope_half dims at position w * m (reference numerics).
+std::vector<float> host_compressed_entry(const std::vector<std::vector<float>>& kv, const std::vector<std::vector<float>>& gate,
+                                         const std::vector<float>& ape, const std::vector<float>& norm, const std::vector<float>& inv,
+                                         int overlap, int m, int64_t c, int64_t w, int rope_half, double eps) {
+  const int64_t width = overlap ? 2 * c : c;
+  std::vector<float> e(static_cast<size_t>(c));
+  for (int64_t ch = 0; ch < c; ++ch) {
+    std::vector<float> g, v;
+    if (overlap && w > 0)
+      for (int s = 0; s < m; ++s) {
+        const size_t q = size_t((w - 1) * m + s);
+        g.push_back(gate[q][size_t(ch)] + ape[size_t(s * width + ch)]), v.push_back(kv[q][size_t(ch)]);
+      }
+    const int64_t off = overlap ? c : 0;
+    for (int r = 0; r < m; ++r) {
+      const size_t q = size_t(w * m + r);
+      g.push_back(gate[q][size_t(off + ch)] + ape[size_t(r * width + off + ch)]), v.push_back(kv[q][size_t(off + ch)]);
+    }
+    const float mx = *std::max_element(g.begin(), g.end());
+    double sum = 0;
+    for (const float x : g) sum += double(std::exp(x - mx));
+    float acc = 0;
+    for (size_t s = 0; s < g.size(); ++s) acc += float(double(std::exp(g[s] - mx)) / sum) * v[s];
+    e[size_t(ch)] = acc;
+  }
+  double ss = 0;
+  for (const float x : e) ss += double(x) * x;
+  const float inv_rms = float(1.0 / std::sqrt(ss / double(c) + eps));
+  for (int64_t ch = 0; ch < c; ++ch) e[size_t(ch)] = norm[size_t(ch)] * (e[size_t(ch)] * inv_rms);
+  for (int k = 0; k < rope_half; ++k) {
+    const size_t i = size_t(c - 2 * rope_half + 2 * k);
+    const float ang = float(w * m) * inv[size_t(k)], co = std::cos(ang), si = std::sin(ang), a = e[i], b = e[i + 1];
+    e[i] = a * co - b * si, e[i + 1] = b * co + a * si;
+  }
+  return e;
+}
+
+// The compressor's one-token launch against the four launches it replaces (pool, finish, carry, stash), bit for bit,
+// and (reference numerics) each completed entry against the host's: single-token steps through several windows
+// (CSA's overlapping series with m 4, HCA's with m 8 and with m 40, whose windows the batched pool reads from
+// memory, 16 slots per batch and a partial last one; series longer than the kernels' slot table: m 300, and 130
+// overlapping; the official numerics' bf16 stores, with the indexer's rotation and with the FP8 KV simulation), the
+// entries, the pending ring and the previous window's series compared after every step.
 TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
   Rng rng(77);
   struct Case {
@@ -437,11 +477,13 @@ TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
     int official, rotate, kv_fp8;
   };
   for (const Case& k : {Case{1, 4, 64, 0, 0, 0}, Case{0, 8, 32, 0, 0, 0}, Case{0, 40, 32, 0, 0, 0}, Case{1, 4, 128, 1, 1, 0},
-                        Case{0, 4, 128, 1, 0, 1}}) {
+                        Case{0, 4, 128, 1, 0, 1}, Case{0, 300, 32, 0, 0, 0}, Case{1, 130, 32, 0, 0, 0}, Case{1, 4, 512, 0, 0, 0}}) {
     const int64_t width = k.overlap ? 2 * k.c : k.c, steps = 3 * k.m + 2, cap = steps / k.m + 1;
     const int rope_half = 8;
-    DeviceBuffer ape = to_device(rng.floats(size_t(k.m * width), -0.5f, 0.5f)), norm = to_device(rng.floats(size_t(k.c), 0.5f, 1.5f));
-    DeviceBuffer inv = to_device(rng.floats(size_t(rope_half), 0.01f, 1.0f)), pos(8);
+    const auto ape_h = rng.floats(size_t(k.m * width), -0.5f, 0.5f), norm_h = rng.floats(size_t(k.c), 0.5f, 1.5f);
+    const auto inv_h = rng.floats(size_t(rope_half), 0.01f, 1.0f);
+    DeviceBuffer ape = to_device(ape_h), norm = to_device(norm_h), inv = to_device(inv_h), pos(8);
+    std::vector<std::vector<float>> kv_h, gate_h;  // every position's rows
     struct State {
       DeviceBuffer pk, pg, vk, vg, e;
     };
@@ -452,7 +494,8 @@ TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
       for (DeviceBuffer* b : {&s.pk, &s.pg, &s.vk, &s.vg, &s.e}) b->fill_byte(0);
     }
     for (int64_t t = 0; t < steps; ++t) {
-      DeviceBuffer kv = to_device(rng.floats(size_t(width), -2.0f, 2.0f)), gate = to_device(rng.floats(size_t(width), -2.0f, 2.0f));
+      kv_h.push_back(rng.floats(size_t(width), -2.0f, 2.0f)), gate_h.push_back(rng.floats(size_t(width), -2.0f, 2.0f));
+      DeviceBuffer kv = to_device(kv_h.back()), gate = to_device(gate_h.back());
       pos.upload(&t, 8);
       for (int i = 0; i < 2; ++i) {
         d::CompressArgs a;
@@ -471,6 +514,15 @@ TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
                                        {&st[0].pg, &st[1].pg, "pending gate"}, {&st[0].vk, &st[1].vk, "previous kv"},
                                        {&st[0].vg, &st[1].vg, "previous gate"}})
         expect_same_bytes(*x, *y, x->bytes(), what + ": " + name);
+      if ((t + 1) % k.m == 0 && !k.official) {  // window w completed: its entry against the host's (sums in other orders)
+        const int64_t w = (t + 1) / k.m - 1;
+        const auto want = host_compressed_entry(kv_h, gate_h, ape_h, norm_h, inv_h, k.overlap, k.m, k.c, w, rope_half, 1e-6);
+        const auto got = to_host<float>(st[0].e, size_t((w + 1) * k.c));
+        for (int64_t ch = 0; ch < k.c; ++ch) {
+          const float g = got[size_t(w * k.c + ch)], r = want[size_t(ch)];
+          ASSERT_LE(std::fabs(g - r), 2e-5 * std::max(1.0f, std::fabs(r))) << what << ": entry " << w << ", channel " << ch << " got " << g << " want " << r;
+        }
+      }
     }
     // The windows were pooled: three entries written, the fourth slot untouched.
     const auto e = to_host<float>(st[0].e, size_t(cap * k.c));
