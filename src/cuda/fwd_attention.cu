@@ -398,7 +398,7 @@ __device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, 
 // order, one launch instead of up to four. (Their launches were most of the CSA layer's side stream, which the
 // query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
 // One block runs it once per layer and step, so its code is cold: under ncu (session 38) the completing step's
-// launch took 35-40 us, two thirds of its warps' time waiting for instructions (no_inst), with ~3500 instructions
+// launch took 35-41 us, two thirds of its warps' time waiting for instructions (no_inst), with ~3500 instructions
 // per warp of unrolled slot loads and pooling. So the completing path stages the window's slots in shared memory
 // (a table of the slots' rows, then one short loop of loads) and pools from there in plain loops.
 constexpr int kStageC = 512;  // channels staged in shared memory (V4's head and indexer dims: 512, 128)
