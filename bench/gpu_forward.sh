@@ -6,7 +6,7 @@
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
 # only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
-# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
+# decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), NCU_STALLS=1 (every kernel of a replayed FAST step: warp stalls, bench/ncu_stalls.py), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
 # SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests, one process per test and tool of SANITIZE_TOOLS, in
@@ -282,6 +282,18 @@ if [ -n "${NCU_PIPES:-}" ]; then  # per-pipe issue rates (ALU, FMA, LSU, XU, FP6
   timeout "${T_NCU:-240}" ncu --metrics "$m" --section WarpStateStats --section InstructionStats --kernel-name-base demangled \
     -k "regex:${NCU_PIPES}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-12}" "${ncu_step[@]}" >"$OUT/ncu-pipes.txt" 2>&1
   note "ncu pipes rc=$?"
+fi
+
+if [ -n "${NCU_STALLS:-}" ]; then  # every kernel of one replayed decode step of the FAST layer bench (LAYERS, default 4;
+  # NCU_BATCH): time, instructions per warp and warp stalls, ranked by time waiting for instructions (bench/ncu_stalls.py;
+  # NCU_ARGS as above, e.g. "--clock-control none")
+  note "ncu stalls"
+  timeout "${T_NCU:-300}" ncu --csv --metrics "$(python3 bench/ncu_stalls.py --metrics)" ${NCU_ARGS:-} "$C/plumb" bench \
+    --layers "${LAYERS:-4}" --dir /tmp/plumb-layers --patches "$FAST" --batches "${NCU_BATCH:-1}" --prefill 0 --iters 4 --warmup 1 \
+    >/tmp/ncu-stalls.csv 2>&1
+  note "ncu stalls rc=$?"
+  python3 bench/ncu_stalls.py /tmp/ncu-stalls.csv >"$OUT/ncu-stalls.txt" 2>&1
+  gzip -c /tmp/ncu-stalls.csv >"$OUT/ncu-stalls.csv.gz"
 fi
 
 if [ -n "${BENCH:-}" ]; then
