@@ -774,6 +774,8 @@ int run(const LayerBenchOptions& o) {
 
   // ---- decode ----
   std::vector<DecodeRow> dec;
+  // Under cuda.graph, at most this many steps beyond o.warmup warm the graph until a step replays it (below).
+  constexpr int kGraphWarmups = 6;
   out(fmt::format("decode: \"batch B\" = B consecutive new tokens of one sequence per forward step (after a {}-token prefill), "
                   "which reads the weights once per step as B-sequence decode would; {}; median (and mean) of up to {} steps after {} "
                   "warm-up steps{}\n",
@@ -791,7 +793,7 @@ int run(const LayerBenchOptions& o) {
     // indexer.skip_short: the CSA layers do not read the indexer's wq_b when every measured step (at most warm-up +
     // iters steps of B tokens after the context) ends where the top-k would select all entries (the engine's rule).
     const bool skip = patches.options.indexer_skip_short && std::count(types.begin(), types.end(), AttnType::CSA) > 0;
-    const int64_t first_end = o.context + B, last_end = o.context + int64_t(o.warmup + 6 + o.iters) * B;  // (+ up to 6 steps warming the graph)
+    const int64_t first_end = o.context + B, last_end = o.context + int64_t(o.warmup + kGraphWarmups + o.iters) * B;
     const bool no_index_q = skip && indexer_skippable(model->config(), dm.csa_rate, last_end);
     if (no_index_q)
       r.note = "indexer.skip_short: the CSA layers skip their indexer in every step (bytes without its wq_b)";
@@ -863,7 +865,7 @@ int run(const LayerBenchOptions& o) {
         return !st.dev || (st.dev->graph_launches != launches && st.dev->graph_captures == captures);
       };
       if (patches.options.cuda_graph && st.dev && min_steps > 1)
-        for (int extra = 0; extra < 6 && !replayed([&] { step(nullptr, nullptr); }); ++extra) {
+        for (int extra = 0; extra < kGraphWarmups && !replayed([&] { step(nullptr, nullptr); }); ++extra) {
         }
       std::vector<double>& us = r.steps_us;  // every timed step, in order
       double spent = 0, last = 0;
