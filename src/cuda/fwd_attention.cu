@@ -283,14 +283,17 @@ __device__ __forceinline__ float pool_channel(const Src& src, int ns, int64_t ch
 // every thread must call it). A series longer than kTableSlots (a compress ratio above 256, or 128 overlapping) is
 // not tabled: its slots' sources are computed where they are loaded.
 constexpr int kTableSlots = 256;
+// The sources of slots [0, ns) of window w's series into t (ns <= kTableSlots), by the whole block; no barrier.
+__device__ __forceinline__ void fill_slots(SlotSrc* t, const CompressArgs& a, int64_t pos0, int64_t w, int ns) {
+  for (int s = int(threadIdx.x); s < ns; s += int(blockDim.x)) t[s] = slot_src(a, pos0, w, s);
+}
 struct SlotTable {
   SlotSrc* t;
   const CompressArgs& a;
   int64_t pos0, w;
   int ns;
   __device__ SlotTable(SlotSrc* table, const CompressArgs& args, int64_t p, int64_t win) : t(table), a(args), pos0(p), w(win), ns(series_slots(args, win)) {
-    if (ns <= kTableSlots)
-      for (int s = int(threadIdx.x); s < ns; s += int(blockDim.x)) t[s] = slot_src(a, pos0, w, s);
+    if (ns <= kTableSlots) fill_slots(t, a, pos0, w, ns);
     __syncthreads();
   }
   __device__ bool tabled() const { return ns <= kTableSlots; }
@@ -444,7 +447,7 @@ __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressAr
   if (!a.overlap) return;  // (No stash: the token ends its window, so no row of an incomplete one remains.)
   if (a.m <= kTableSlots) {  // window w's first-half series: slots [0, m) of window w + 1's
     __syncthreads();  // (the table's readers are done)
-    for (int s = tid; s < a.m; s += bd) table[s] = slot_src(a, pos0, w + 1, s);
+    fill_slots(table, a, pos0, w + 1, a.m);
     __syncthreads();
     gather_slots(table, a.m, c, a.prev_gate, a.prev_kv);
   } else {
