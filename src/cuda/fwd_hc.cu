@@ -215,7 +215,11 @@ __device__ __forceinline__ void hc_cluster_totals(const cooperative_groups::clus
 // M tokens per cluster (launch_hc_pre): block s holds slice s of each of its tokens, and every phase runs for the M
 // tokens between the same barriers, so the launch's chain of cluster barriers is paid once per M tokens. A token's
 // arithmetic is the one-token launch's (the same items per thread, in the same order): its bits do not depend on M.
-template <int H, bool VEC, int M>
+// F (the forward's launch with the reference numerics: HcArgs::mix_mode 0, fp32 activations, the warp's Sinkhorn):
+// those choices compile-time constants, so the kernel holds only their path (hc_mult 4 on the vector path: 5168
+// instructions against 8736 with every mode's; the launch runs from a cold instruction cache, and ncu's source
+// pages found it waiting for instructions at every phase, session 38). The same arithmetic: the bits of F = false.
+template <int H, bool VEC, int M, bool F = false>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
   constexpr int W = VEC ? 4 : 1;   // elements per item
@@ -235,7 +239,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // This cluster's tokens t0 .. t0 + mt - 1 (mt <= M): the n tokens split evenly over the grid's clusters.
   const int t0 = int(int64_t(blockIdx.y) * a.n / gridDim.y), mt = int(int64_t(blockIdx.y + 1) * a.n / gridDim.y) - t0;
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int nm = a.head ? H : NM, mode = a.mix_mode;
+  const int nm = a.head ? H : NM, mode = F ? 0 : a.mix_mode;
+  const bool act_bf16 = !F && a.act_bf16;
   const int64_t D = a.D, hd = int64_t(H) * D;
   const int64_t per = ((D + S - 1) / S + W - 1) / W * W;
   const int64_t d0 = min(D, int64_t(s0) * per);
@@ -270,7 +275,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
                                                  a.untransposed, a.X_out, xs(m) + q * W, nq * W);
         }
       };
-      if (a.act_bf16) post_all(std::true_type{});
+      if constexpr (F) post_all(std::false_type{});
+      else if (act_bf16) post_all(std::true_type{});
       else post_all(std::false_type{});
     } else {
       for (int i = tid; i < mt * H * nq; i += kHcThreads) {
@@ -338,7 +344,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
         }
       }
     };
-    if (mode == 0) dots(std::integral_constant<int, 0>{});
+    if constexpr (F) dots(std::integral_constant<int, 0>{});
+    else if (mode == 0) dots(std::integral_constant<int, 0>{});
     else if (mode == 1) dots(std::integral_constant<int, 1>{});
     else dots(std::integral_constant<int, 2>{});
     if (m > 0) __syncthreads();  // (the previous token's red_s read)
@@ -384,17 +391,19 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // norm sums over warps 1.. with named barrier 1) and arrives at the norm's cluster barrier (B) before its
   // Sinkhorn, waiting at the end. (S >= 8 >= M: every token has its block.)
   const int ms = s0;  // the token whose gates this block computes, if any
-  const bool full = !a.head && ms < mt, warp_sinkhorn = full && H * H <= 32 && !a.serial_sinkhorn;
+  const bool full = !a.head && ms < mt, warp_sinkhorn = full && H * H <= 32 && (F || !a.serial_sinkhorn);
   if (warp == 0) {
     if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (A), then this warp's arrival at (B)
     if constexpr (H * H <= 32) {
       if (warp_sinkhorn) sinkhorn_warp<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t0 + ms) * H * H);
     }
-    if (full && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
-      float pre[H], post[H], C[H * H];
-      hc_math::weights_h<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
-      for (int i = 0; i < H * H; ++i) a.comb[int64_t(t0 + ms) * H * H + i] = C[i];
-      for (int j = 0; j < H; ++j) a.post[int64_t(t0 + ms) * H + j] = post[j];
+    if constexpr (!F) {
+      if (full && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
+        float pre[H], post[H], C[H * H];
+        hc_math::weights_h<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
+        for (int i = 0; i < H * H; ++i) a.comb[int64_t(t0 + ms) * H * H + i] = C[i];
+        for (int j = 0; j < H; ++j) a.post[int64_t(t0 + ms) * H + j] = post[j];
+      }
     }
     if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (B), then (C)
     cl.barrier_wait();                                      // (C), or (A) without the norm
@@ -437,7 +446,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       }
     }
   };
-  if (a.act_bf16) collapse(std::true_type{});
+  if constexpr (F) collapse(std::false_type{});
+  else if (act_bf16) collapse(std::true_type{});
   else collapse(std::false_type{});
   if (!a.norm_w) {
     cl.barrier_wait();  // (A)
@@ -545,8 +555,15 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     }
     // (an M that the GPU or the shared memory does not take: halved, in ceil(n / M) clusters)
     while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2, clusters = (a.n + M - 1) / M;
-    if (M == 4) kern = hc_pre_kernel<H, VEC, 4>;
-    if (M == 2) kern = hc_pre_kernel<H, VEC, 2>;
+    // The forward's numerics (the reference's mixes, fp32 activations, the warp's Sinkhorn): the kernels compiled
+    // for them alone (F), where the GPU schedules them at this cluster size (the query also allows the size).
+    static const bool f_ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true>, Sv, kHcThreads, kHcMaxSmem) > 0 &&
+                             max_active_clusters(hc_pre_kernel<H, VEC, 2, true>, Sv, kHcThreads, kHcMaxSmem) > 0 &&
+                             max_active_clusters(hc_pre_kernel<H, VEC, 4, true>, Sv, kHcThreads, kHcMaxSmem) > 0;
+    const bool fast = f_ok && a.mix_mode == 0 && !a.act_bf16 && !a.serial_sinkhorn;
+    if (M == 4) kern = fast ? hc_pre_kernel<H, VEC, 4, true> : hc_pre_kernel<H, VEC, 4>;
+    if (M == 2) kern = fast ? hc_pre_kernel<H, VEC, 2, true> : hc_pre_kernel<H, VEC, 2>;
+    if (M == 1 && fast) kern = hc_pre_kernel<H, VEC, 1, true>;
   }
   launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
 }

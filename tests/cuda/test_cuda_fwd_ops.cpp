@@ -21,7 +21,7 @@ using namespace plumb_cuda_test::kernels;
 
 // fwd_hc.cu's scratch: the fp32 mixes [n, nmix] (as doubles) that the gates and the Sinkhorn read.
 struct HcOut {
-  std::vector<float> post, comb;
+  std::vector<float> post, comb, col;
   std::vector<double> mixes;
 };
 
@@ -43,7 +43,7 @@ HcOut run_hc(int H, int iters, float mix_scale, uint32_t seed, bool serial, std:
   a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
   a.serial_sinkhorn = serial ? 1 : 0;
   d::fwd_hc_pre(a, scratch.as<double>(), nullptr);
-  return {to_host<float>(post, size_t(n * H)), to_host<float>(comb, size_t(n * H * H)),
+  return {to_host<float>(post, size_t(n * H)), to_host<float>(comb, size_t(n * H * H)), to_host<float>(col, size_t(n * D)),
           to_host<double>(scratch, d::fwd_hc_scratch_doubles(n, H))};
 }
 
@@ -52,6 +52,10 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
   std::vector<float> scale, base;
   const HcOut warp = run_hc(H, iters, mix_scale, seed, false, &scale, &base);
   const HcOut serial = run_hc(H, iters, mix_scale, seed, true, &scale, &base);
+  // (At hc_mult 4 the warp's run takes the kernel compiled for the forward's numerics alone and the serial twin the
+  // general one: the mixes and the collapsed rows must be the same bits too.)
+  ASSERT_EQ(std::memcmp(warp.mixes.data(), serial.mixes.data(), warp.mixes.size() * 8), 0) << "H " << H << ": the mixes differ";
+  ASSERT_EQ(std::memcmp(warp.col.data(), serial.col.data(), warp.col.size() * 4), 0) << "H " << H << ": the collapsed rows differ";
   ASSERT_EQ(std::memcmp(warp.post.data(), serial.post.data(), warp.post.size() * 4), 0) << "H " << H << ": post differs";
   for (size_t i = 0; i < warp.comb.size(); ++i)
     ASSERT_EQ(std::memcmp(&warp.comb[i], &serial.comb[i], 4), 0)
