@@ -13,16 +13,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace cg = cooperative_groups;
+#include "probe_check.cuh"
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+namespace cg = cooperative_groups;
 
 // kSyncs cluster barriers (or block barriers without a cluster); kStore: every thread stores to global memory before
 // each barrier (a release barrier then waits for the store); kRemote: a distributed shared memory read after each.
