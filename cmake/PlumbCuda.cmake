@@ -72,3 +72,15 @@ foreach(probe ${PLUMB_CUDA_PROBES})
                                                  UNITY_BUILD OFF)
   target_link_libraries(${probe_name} PRIVATE CUDA::cudart_static)
 endforeach()
+
+# bench/ktrace: a CUPTI injection library recording every kernel's start and end in replayed steps, without
+# serializing them (nsys is not on the GPU machine): see its header. Built when the toolkit has CUPTI, so that CI
+# keeps it compiling; the GPU run carries it with libcupti beside it (its RUNPATH is its own folder first).
+if(TARGET CUDA::cupti)
+  add_library(plumb_ktrace SHARED ${CMAKE_SOURCE_DIR}/bench/ktrace/ktrace.cpp)
+  set_target_properties(plumb_ktrace PROPERTIES UNITY_BUILD OFF OUTPUT_NAME ktrace BUILD_RPATH "$ORIGIN"
+                                                INSTALL_RPATH "$ORIGIN")
+  target_link_libraries(plumb_ktrace PRIVATE CUDA::cupti)
+else()
+  message(STATUS "plumb: CUPTI not found: bench/ktrace not built")
+endif()

@@ -253,14 +253,58 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
 // thread then walks the splits in s order, as the one-split path does. The even thread of each pair of dims
 // stores both (store_out_pair; Dh % 32 == 0, so every lane reaches the shuffle).
 constexpr int kMergeThreads = 256;
+template <int kU>
+__device__ __forceinline__ void store_merged(const AttendArgs& a, int64_t row, int tid, const Merge& mg, const double (&o)[kU]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t d = tid + int64_t(u) * kMergeThreads;
+    const float v = mg.out(o[u]), odd = __shfl_down_sync(0xFFFFFFFFu, v, 1);
+    if (d < a.Dh && (tid & 1) == 0) store_out_pair(a, row, d, v, odd);
+  }
+}
 __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
   __shared__ float ms[kMergeThreads];
   __shared__ double ls[kMergeThreads], ws[kMergeThreads];
-  pdl_begin();  // (cuda.pdl_hc_attn) the partials come from the split launch
   const int64_t row = blockIdx.x;
   const int h = int(row % a.Hq), tid = int(threadIdx.x);
+  const float sink = a.sink[h];  // (a weight: read before the wait)
+  pdl_begin();  // (cuda.pdl_hc_attn) the partials come from the split launch
   const float* m = P.m + row * S;
   const double* l = P.l + row * S;
+  const float* acc = P.acc + row * S * a.Dh;
+  constexpr int kU = kMaxDh / kMergeThreads;
+  constexpr int kB = 8;  // splits whose partials are loaded together
+  double o[kU] = {};
+  if (S <= kB) {
+    // Few splits (one token at a short context: 6-8): every load issued at once, one round of load latency after
+    // the wait instead of three (m, then l, then acc); the arithmetic below in the general path's order.
+    float mv[kB], av[kU][kB];
+    double lv[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) mv[j] = j < S ? m[j] : -INFINITY, lv[j] = j < S ? l[j] : 0.0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t d = tid + int64_t(u) * kMergeThreads;
+#pragma unroll
+      for (int j = 0; j < kB; ++j) av[u][j] = d < a.Dh && j < S ? acc[int64_t(j) * a.Dh + d] : 0.0f;
+    }
+    float mmax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (j < S) mmax = fmaxf(mmax, mv[j]);
+    Merge mg(sink, mmax);
+    double w[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (j < S) w[j] = mg.weight(mv[j]), mg.add_split(lv[j], w[j]);
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (j < S)
+#pragma unroll
+        for (int u = 0; u < kU; ++u) o[u] = Merge::add(o[u], av[u][j], w[j]);
+    store_merged(a, row, tid, mg, o);
+    return;
+  }
   float mmax = -INFINITY;
   for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
     const int ns = min(kMergeThreads, S - s0);
@@ -269,10 +313,7 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
     __syncthreads();
     for (int s = 0; s < ns; ++s) mmax = fmaxf(mmax, ms[s]);
   }
-  Merge mg(a.sink[h], mmax);
-  const float* acc = P.acc + row * S * a.Dh;
-  constexpr int kU = kMaxDh / kMergeThreads;
-  double o[kU] = {};
+  Merge mg(sink, mmax);
   for (int s0 = 0; s0 < S; s0 += kMergeThreads) {
     const int ns = min(kMergeThreads, S - s0);
     __syncthreads();
@@ -281,7 +322,6 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
     for (int s = 0; s < ns; ++s) mg.add_split(ls[s], ws[s]);
     // kB splits' partials loaded together (one round of load latency per kB splits, not per split), then added in
     // split order.
-    constexpr int kB = 8;
     for (int sb = 0; sb < ns; sb += kB) {
       float v[kU][kB];
 #pragma unroll
@@ -298,12 +338,7 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
           for (int u = 0; u < kU; ++u) o[u] = Merge::add(o[u], v[u][j], ws[sb + j]);
     }
   }
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    const int64_t d = tid + int64_t(u) * kMergeThreads;
-    const float v = mg.out(o[u]), odd = __shfl_down_sync(0xFFFFFFFFu, v, 1);
-    if (d < a.Dh && (tid & 1) == 0) store_out_pair(a, row, d, v, odd);
-  }
+  store_merged(a, row, tid, mg, o);
 }
 
 }  // namespace
