@@ -21,10 +21,10 @@ __device__ __forceinline__ uint64_t gtime() {
   return t;
 }
 
-// One thread follows next[] for `hops` dependent loads (ld.global.cg: L2, never L1), after `warm` hops not timed;
-// writes ns per hop.
-__global__ void chase_kernel(const uint32_t* next, int warm, int hops, double* ns_per_hop, uint32_t* sink) {
-  uint32_t i = 0;
+// One thread follows next[] from slot `start` for `hops` dependent loads (ld.global.cg: L2, never L1), after `warm`
+// hops not timed; writes ns per hop.
+__global__ void chase_kernel(const uint32_t* next, uint32_t start, int warm, int hops, double* ns_per_hop, uint32_t* sink) {
+  uint32_t i = start;
   for (int k = 0; k < warm; ++k) i = __ldcg(next + i);
   const uint64_t t0 = gtime();
   for (int k = 0; k < hops; ++k) i = __ldcg(next + i);
@@ -123,8 +123,11 @@ int main() {
           CK(cudaEventRecord(e1, s_stream));
         }
         // Let the stream reach its rate, then chase beside it, then stop the stream.
-        chase_kernel<<<1, 32, 0, s_chase>>>(chain, 200, 50, d_ns, sink);  // (a short warm-up chase: ~50 us)
-        chase_kernel<<<1, 32, 0, s_chase>>>(chain, 100, hops, d_ns, sink);
+        // Each trial walks a part of the cycle no earlier trial walked (the HBM cycle's lines are then not in L2: a
+        // hop reads one 32-byte sector, so a cycle walked again would be L2-resident).
+        const uint32_t start = which == 0 ? 0u : uint32_t((size_t(S + 1) * 7919 + size_t(t) * 9973) % (size_t(1) << 20) * 128);
+        chase_kernel<<<1, 32, 0, s_chase>>>(chain, start, 200, 50, d_ns, sink);  // (a short warm-up chase: ~50 us)
+        chase_kernel<<<1, 32, 0, s_chase>>>(chain, start, 300, hops, d_ns, sink);  // (past the warm-up's hops)
         CK(cudaGetLastError());
         set_flag<<<1, 1, 0, s_chase>>>(stop, 1);
         CK(cudaDeviceSynchronize());
