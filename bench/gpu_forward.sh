@@ -15,6 +15,8 @@
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
 # the matching kernels with opcode counts, SASS_BINS),
+# KTRACE=1,8 (the kernel timeline of the FAST layer bench's replayed steps at those batches: bench/ktrace; carry
+# libktrace.so, and libcupti.so.13 from the toolkit beside it),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
 # layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
 set -u
@@ -294,6 +296,20 @@ if [ -n "${NCU_STALLS:-}" ]; then  # every kernel of one replayed decode step of
   note "ncu stalls rc=$?"
   python3 bench/ncu_stalls.py /tmp/ncu-stalls.csv >"$OUT/ncu-stalls.txt" 2>&1
   gzip -c /tmp/ncu-stalls.csv >"$OUT/ncu-stalls.csv.gz"
+fi
+
+if [ -n "${KTRACE:-}" ]; then  # KTRACE=1,8: the kernel timeline of the FAST layer bench's replayed steps per batch
+  # (LAYERS, default 4; KTRACE_PATCHES: more patches), from the carried libktrace.so (bench/ktrace; libcupti.so.13
+  # beside it when the image lacks one): ktrace-step-b<B>.txt, the raw records in ktrace-csv.tar.gz
+  for b in ${KTRACE//,/ }; do
+    note "ktrace batch $b"
+    CUDA_INJECTION64_PATH="$C/libktrace.so" PLUMB_KTRACE_OUT="/tmp/ktrace-b$b.csv" timeout 200 "$C/plumb" bench \
+      --layers "${LAYERS:-4}" --dir /tmp/plumb-layers --patches "$FAST${KTRACE_PATCHES:+,$KTRACE_PATCHES}" --batches "$b" --prefill 0 \
+      >/dev/null 2>"/tmp/ktrace-b$b.log"
+    note "ktrace batch $b rc=$? $(tail -n 1 "/tmp/ktrace-b$b.log")"
+    python3 bench/ktrace/ktrace_step.py "/tmp/ktrace-b$b.csv" --last 30 >"$OUT/ktrace-step-b$b.txt" 2>&1
+  done
+  (cd /tmp && tar -czf "$OUT/ktrace-csv.tar.gz" ktrace-b*.csv 2>/dev/null)
 fi
 
 if [ -n "${BENCH:-}" ]; then

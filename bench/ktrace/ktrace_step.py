@@ -97,6 +97,8 @@ def main():
           f"{statistics.median(busies) / 1e3:.1f} us, idle {statistics.median(spans) / 1e3 - statistics.median(busies) / 1e3:.1f} us")
     ks = [keyed(s) for s in same]
     common = [k for k in ks[-1] if all(k in d for d in ks)]
+    if not common:
+        sys.exit("no kernel is common to the selected steps")
     rowsout = []
     for k in common:
         starts = [d[k]["start_ns"] - s[0]["start_ns"] for d, s in zip(ks, same)]
@@ -112,7 +114,7 @@ def main():
         prev_end = max((x[0] + x[1] for x in rowsout[:i]), default=0.0)
         gap = st - prev_end
         conc = sum(1 for x in rowsout if x[0] < en and x[0] + x[1] > st and x is not rowsout[i])
-        mark = "  <-- sublayer" if r["name"].startswith("hc_pre") or "hc_pre" in r["name"][:30] else ""
+        mark = "  <-- sublayer" if r["name"].startswith("hc_pre") else ""
         print(f"{st:8.1f} {du:7.1f} {en:8.1f} {gap:6.1f} {conc:4d} s{srank}  {r['grid']:6d}x{r['block']:<4d} "
               f"{r['cluster']:2d} {r['regs']:3d}  {short(r['name'])}{mark}")
     # Per kernel name: total time and count.
