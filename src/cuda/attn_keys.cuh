@@ -12,16 +12,18 @@ namespace plumb::cuda::detail {
 // in place instead of being compacted, so a graph's wider selection (-1 slots at the end) sums the same values in
 // the same order as an eager launch. numerics.official: the window takes wslots slots as the official index list
 // lays it out (official_math::window_slots, as model/attention.cpp), slots nwin .. wslots-1 holes; they decide which
-// keys share a block while the window is not yet full.
-struct KeyList {
+// keys share a block while the window is not yet full. kOfficial false: a kernel that never runs the official
+// numerics (the split-K attention, whose launch refuses them) compiles without that layout.
+template <bool kOfficial = true>
+struct KeyListT {
   const AttendArgs& a;
   int t;
   int64_t pos0, wstart, nwin, wslots, count;  // count: window slots + entry slots
-  __device__ KeyList(const AttendArgs& args, int tok) : a(args), t(tok) {
+  __device__ KeyListT(const AttendArgs& args, int tok) : a(args), t(tok) {
     pos0 = *a.pos;
     const int64_t p = pos0 + t;
     wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
-    wslots = a.official ? official_math::window_slots(pos0, a.n, a.window) : nwin;
+    wslots = kOfficial && a.official ? official_math::window_slots(pos0, a.n, a.window) : nwin;
     count = wslots + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
   }
   // The key/value row of slot j, or null for a hole.
@@ -35,6 +37,7 @@ struct KeyList {
     return e < 0 ? nullptr : a.entries + e * a.Dh;
   }
 };
+using KeyList = KeyListT<true>;
 
 // The logit of one key for one head: the fp64 dot product q . k over Dh (lanes strided, warp-reduced), times
 // the scale, as the reference computes it; every lane of the warp gets it.

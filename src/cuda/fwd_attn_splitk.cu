@@ -87,8 +87,13 @@ __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 //           m) (0 for a hole); each lane keeps its keys' share of l (l = l * f + p, fp64), summed at the end;
 //   P.V:    warp w rescales its fp64 accumulators (16 heads x its 32 dims) by f and adds P (fp64) x V (the same rows
 //           as the keys, converted to fp64) on DMMA.
-// direct: S == 1, so the block also merges with the sink and writes the output.
-__global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, SplitPlan plan, int direct) {
+// kDirect: S == 1, so the block also merges with the sink and writes the output (else it stores its partials).
+// kQNorm: the query heads' norm + RoPE here (AttendArgs::q_inv_freq). Both compile-time, as is the official layout's
+// absence (KeyListT<false>): the kernel runs once per layer and step from cold instruction caches, and session 40's
+// phase stamps put ~8 of its ~13 us at one token in steps whose work is a few loads (the key list and the copies'
+// issue ~2.5 us, the queries' norm ~2.5, the partials' stores ~3.3), so it holds only the code its launch runs.
+template <bool kDirect, bool kQNorm>
+__global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, SplitPlan plan) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ double Ps[kHeads * kPStride];
   __shared__ double fac[kHeads], lfin[kHeads];
@@ -103,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   const int tid = int(threadIdx.x), lane = tid & 31, wid = tid >> 5, g = lane >> 2, r = lane & 3;
   const bool mma_warp = wid < nsl;
   const int S = plan.splits;
-  const KeyList keys(a, t);
+  const KeyListT<false> keys(a, t);
   const int64_t per = plan.keys_per_split(keys.count), j0 = int64_t(s) * per, j1 = min(j0 + per, keys.count);
   const int ntiles = j1 > j0 ? int((j1 - j0 + kTile - 1) / kTile) : 0;
 
@@ -126,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   // q_inv_freq: warp w normalizes and rotates head h0 + w into `part` ([kHeads][Dh] floats: part is free until the
   // first tile's products, after the loop's first barrier), where the fragments below read it.
   float* qs = reinterpret_cast<float*>(part);
-  if (a.q_inv_freq) {
+  if constexpr (kQNorm) {
     if (h0 + wid < a.Hq)
       rms_norm_rope_row_warp(a.q + (int64_t(t) * a.Hq + h0 + wid) * a.Dh, qs + size_t(wid) * size_t(Dh), Dh, nullptr, a.q_eps,
                              a.q_rope_off, a.q_rope_half, a.q_inv_freq, a.q_af, *a.pos + t);
@@ -138,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
 #pragma unroll
   for (int ho = 0; ho < 2; ++ho) {
     const int h = h0 + 8 * ho + g;
-    const float* qh = (a.q_inv_freq ? qs + size_t(8 * ho + g) * size_t(Dh) : a.q + (int64_t(t) * a.Hq + h) * a.Dh) + kSlice * wid + r;
+    const float* qh = (kQNorm ? qs + size_t(8 * ho + g) * size_t(Dh) : a.q + (int64_t(t) * a.Hq + h) * a.Dh) + kSlice * wid + r;
 #pragma unroll
     for (int b = 0; b < kSlice / 4; ++b) qa[b][ho] = mma_warp && h < a.Hq ? double(qh[4 * b]) : 0.0;
   }
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   l = warp_sum(l);
   if (lane == 0) mfin[wid] = m, lfin[wid] = l;
   __syncthreads();
-  if (!direct && lane == 0 && h0 + wid < a.Hq) {
+  if (!kDirect && lane == 0 && h0 + wid < a.Hq) {
     const int64_t ps = (int64_t(t) * a.Hq + h0 + wid) * S + s;
     P.m[ps] = m, P.l[ps] = l;
   }
@@ -230,20 +235,22 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
     const int hl = 8 * ho + g, h = h0 + hl;
     if (h >= a.Hq) continue;
     const int64_t row = int64_t(t) * a.Hq + h;
-    Merge mg(a.sink[h], mfin[hl]);
-    const double w = mg.weight(mfin[hl]);
-    mg.add_split(lfin[hl], w);
+    if constexpr (kDirect) {
+      Merge mg(a.sink[h], mfin[hl]);
+      const double w = mg.weight(mfin[hl]);
+      mg.add_split(lfin[hl], w);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t d = kSlice * wid + 8 * e + 2 * r;
-      float ov[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float av = float(acc[e][2 * ho + u]);
-        if (direct) ov[u] = mg.out(Merge::add(0.0, av, w));
-        else P.acc[(row * S + s) * a.Dh + d + u] = av;
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = kSlice * wid + 8 * e + 2 * r;
+        store_out_pair(a, row, d, mg.out(Merge::add(0.0, float(acc[e][2 * ho]), w)), mg.out(Merge::add(0.0, float(acc[e][2 * ho + 1]), w)));
       }
-      if (direct) store_out_pair(a, row, d, ov[0], ov[1]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t d = kSlice * wid + 8 * e + 2 * r;
+        float* pa = P.acc + (row * S + s) * a.Dh + d;  // (4-byte aligned only: P.acc follows rows x S floats)
+        pa[0] = float(acc[e][2 * ho]), pa[1] = float(acc[e][2 * ho + 1]);
+      }
     }
   }
 }
@@ -385,6 +392,7 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s) {
   if (a.n <= 0) return;
   if (a.Dh % kSlice != 0 || a.Dh > kMaxDh) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
+  if (a.official) throw_arg("attention (split-K): the official numerics' key layout is the unsplit attention's only");
   if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
     throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
   for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})
@@ -402,14 +410,18 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     P.acc = P.m + rows * size_t(S);
   }
   const size_t smem = size_t(2 * kTile) * size_t(a.Dh) * 4 + size_t(a.Dh / kSlice) * kHeads * kPart * 8;
-  static size_t raised = 48 * 1024;  // per process: the attribute is per kernel
-  if (smem > raised) {
-    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    raised = smem;
-  }
   const bool pdl = pdl_hc_attn_enabled();  // cuda.pdl_hc_attn
-  launch_as(pdl, "fwd_attend_split", attend_split_kernel, dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s, a, P, plan,
-            int(S == 1));
+  auto go = [&](auto kern, size_t& raised) {  // (per process and kernel: the attribute is per kernel)
+    if (smem > raised) {
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      raised = smem;
+    }
+    launch_as(pdl, "fwd_attend_split", kern, dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s, a, P, plan);
+  };
+  static size_t raised[4] = {48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024};
+  const bool qnorm = a.q_inv_freq != nullptr;
+  if (S == 1) qnorm ? go(attend_split_kernel<true, true>, raised[0]) : go(attend_split_kernel<true, false>, raised[1]);
+  else qnorm ? go(attend_split_kernel<false, true>, raised[2]) : go(attend_split_kernel<false, false>, raised[3]);
   if (S == 1) return;
   launch_as(pdl, "fwd_attend_merge", attend_merge_kernel, dim3(unsigned(a.n * a.Hq)), kMergeThreads, 0, s, a, P, S);
 }
