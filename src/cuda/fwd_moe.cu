@@ -39,33 +39,39 @@ __device__ __forceinline__ float group_score(const float* sel, int g, int per) {
 // order by lane 0 (shared memory); the grouped mask per group by the same serial scan, one lane per group;
 // top-k as K rounds of (warp max key, then the lowest expert id holding it), which is the rank order of beats();
 // the weights' float sum in choice order. Shared: per warp score[E], sel[E], group scores and flags.
-template <int P>
+// kV4: V4's learned routing only (sqrtsoftplus, no groups, the floored renormalization, no fault), as compile-time
+// constants, so the other paths fold away: the kernel runs once per layer and step from cold instruction caches
+// (the launch chooses it when the arguments say so; the same code on that path, the same bits).
+template <int P, bool kV4>
 __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs a) {
   extern __shared__ float smw[];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t = int(blockIdx.x) * kRouteWarps + warp;
   if (t >= a.n) return;  // whole warps only: no block barrier below
   const int E = a.E, K = a.K;
+  const int score_fn = kV4 ? 0 : a.score;
+  const bool hash = !kV4 && a.hash, naive = !kV4 && a.softplus_naive, grouped = !kV4 && a.n_group > 1 && a.topk_group < a.n_group;
+  const bool renorm = kV4 || a.renorm, unfloored = !kV4 && a.unfloored;
   float* score_s = smw + warp * (2 * E + 2 * kRouteMaxGroups);
   float* sel_s = score_s + E;
   float* gs_s = sel_s + E;
   int* kept_s = reinterpret_cast<int*>(gs_s + kRouteMaxGroups);
   // Every global load of the token first, all independent (the hash row's index waits only for the token id).
   int tok = 0;
-  if (a.hash) tok = __ldg(a.tokens + t);
+  if (hash) tok = __ldg(a.tokens + t);
   const float* lg = a.logits + int64_t(t) * E;
   float x[P], b[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) {
     const int e = i * 32 + lane;
     x[i] = e < E ? __ldg(lg + e) : -INFINITY;
-    b[i] = (!a.hash && e < E) ? __ldg(a.bias + e) : 0.0f;
+    b[i] = (!hash && e < E) ? __ldg(a.bias + e) : 0.0f;
   }
   int hidx = 0;
-  if (a.hash && lane < K) hidx = __ldg(a.tid2eid + int64_t(tok) * K + lane);
+  if (hash && lane < K) hidx = __ldg(a.tid2eid + int64_t(tok) * K + lane);
 
   float score[P];
-  if (a.score == 2) {  // hc_math::softmax
+  if (score_fn == 2) {  // hc_math::softmax
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < P; ++i) m = fmaxf(m, x[i]);
@@ -91,12 +97,12 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
   } else {
 #pragma unroll
     for (int i = 0; i < P; ++i)
-      score[i] = a.score == 1 ? 1.0f / (1.0f + expf(-x[i])) : sqrtf(a.softplus_naive ? logf(1.0f + expf(x[i])) : softplus_stable(x[i]));
+      score[i] = score_fn == 1 ? 1.0f / (1.0f + expf(-x[i])) : sqrtf(naive ? logf(1.0f + expf(x[i])) : softplus_stable(x[i]));
   }
 
   float my_score = 0.0f;  // lane k < K: choice k's score
   int my_idx = 0;
-  if (a.hash) {
+  if (hash) {
     // softmax's sum (lane 0) read score_s: a shuffle orders the lanes but not their shared-memory accesses
     // (racecheck's write-after-read hazard), so the lanes meet here before they overwrite it.
     __syncwarp();
@@ -112,7 +118,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
     float sel[P];
 #pragma unroll
     for (int i = 0; i < P; ++i) sel[i] = score[i] + b[i];
-    if (a.n_group > 1 && a.topk_group < a.n_group) {  // mask_groups, as the block kernel does it
+    if (grouped) {  // mask_groups, as the block kernel does it
       const int G = a.n_group, per = E / G;
 #pragma unroll
       for (int i = 0; i < P; ++i) {
@@ -168,7 +174,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
   // The weights: the float sum of the chosen scores in choice order, the floor, the factor.
   float sum = 0;
   for (int k = 0; k < K; ++k) sum += __shfl_sync(0xFFFFFFFFu, my_score, k);
-  const float denom = !a.renorm ? 1.0f : a.unfloored ? sum : sum + 1e-20f;
+  const float denom = !renorm ? 1.0f : unfloored ? sum : sum + 1e-20f;
   if (lane < K) {
     a.idx[int64_t(t) * K + lane] = my_idx;
     a.weight[int64_t(t) * K + lane] = (my_score / denom) * a.fold;
@@ -289,11 +295,14 @@ void fwd_route(const RouteArgs& a, Stream s) {
     const size_t smem = size_t(warps) * size_t(2 * a.E + 2 * kRouteMaxGroups) * 4;
     const unsigned blocks = unsigned((a.n + kRouteWarps - 1) / kRouteWarps);
     auto go = [&](auto kern) { kern<<<blocks, 32 * warps, smem, stream_of(s)>>>(a); };
-    if (P <= 1) go(route_warp_kernel<1>);
-    else if (P <= 2) go(route_warp_kernel<2>);
-    else if (P <= 4) go(route_warp_kernel<4>);
-    else if (P <= 8) go(route_warp_kernel<8>);
-    else go(route_warp_kernel<16>);
+    // V4's learned routing (route_warp_kernel's kV4) at V4's 256 experts; every other case the general kernel.
+    const bool v4 = a.score == 0 && !a.hash && !(a.n_group > 1 && a.topk_group < a.n_group) && a.renorm && !a.unfloored &&
+                    !a.softplus_naive;
+    if (P <= 1) go(route_warp_kernel<1, false>);
+    else if (P <= 2) go(route_warp_kernel<2, false>);
+    else if (P <= 4) go(route_warp_kernel<4, false>);
+    else if (P <= 8) v4 ? go(route_warp_kernel<8, true>) : go(route_warp_kernel<8, false>);
+    else go(route_warp_kernel<16, false>);
     check_launch("fwd_route");
     return;
   }
