@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "probe_check.cuh"
+#include "probe_common.cuh"
 
 namespace cg = cooperative_groups;
 

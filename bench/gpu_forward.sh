@@ -309,7 +309,7 @@ if [ -n "${KTRACE:-}" ]; then  # KTRACE=1,8: the kernel timeline of the FAST lay
     note "ktrace batch $b rc=$? $(tail -n 1 "/tmp/ktrace-b$b.log")"
     python3 bench/ktrace/ktrace_step.py "/tmp/ktrace-b$b.csv" --last 30 >"$OUT/ktrace-step-b$b.txt" 2>&1
   done
-  (cd /tmp && tar -czf "$OUT/ktrace-csv.tar.gz" ktrace-b*.csv 2>/dev/null)
+  tar -czf "$OUT/ktrace-csv.tar.gz" -C /tmp $(cd /tmp && ls ktrace-b*.csv 2>/dev/null)
 fi
 
 if [ -n "${BENCH:-}" ]; then

@@ -11,13 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "probe_check.cuh"
-
-__device__ __forceinline__ uint64_t gtime() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
+#include "probe_common.cuh"
 
 // B blocks: thread 0 of each prefetches its share of [p, p + bytes) in chunks (0 bytes: none), then the block spins
 // for ns nanoseconds.

@@ -13,13 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "probe_check.cuh"
-
-__device__ __forceinline__ uint64_t gtime() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
+#include "probe_common.cuh"
 
 // One thread follows next[] from slot `start` for `hops` dependent loads (ld.global.cg: L2, never L1), after `warm`
 // hops not timed; writes ns per hop.

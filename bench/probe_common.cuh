@@ -1,6 +1,7 @@
-// The standalone device probes' (bench/*_probe.cu) check of a CUDA runtime call: prints the call and the error,
-// then exits.
+// What the standalone device probes (bench/*_probe.cu) share: the check of a CUDA runtime call (prints the call and
+// the error, then exits) and the GPU's global timer.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -12,3 +13,10 @@
       std::exit(1);                                                                   \
     }                                                                                 \
   } while (0)
+
+// The GPU's global timer in ns (it advances in steps of ~0.26 us on the H200).
+__device__ __forceinline__ uint64_t gtime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
