@@ -18,14 +18,17 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 
 // hc_pre in one launch: a cluster of S blocks (16 where the GPU schedules it, else 8) per token, block s owning
 // the slice d in [s * per, (s + 1) * per) of all H streams, which it keeps in shared memory (the fused hc_post's
-// output, or loaded once). Between the cluster barriers (distributed shared memory, no global scratch, no counters):
-//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2); every warp of
-//      every block then sums the S partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere;
+// output, or loaded once). Three cluster reductions, each pushed (hc_push: every block stores its partials into the
+// inbox of each block that needs them, and waits on its own mbarrier for the bytes it expects; no global scratch,
+// no counters, no cluster barrier after the prologue's):
+//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2); every block sums
+//      the S partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere;
 //   2. each block's fp64 partial dots of the (2+H)*H mixes over its slice (per thread, a warp reduce-scatter,
-//      the warps in order);
-//   3. each block sums the S partials of every mix in rank order (fp32 mix; official: times float(r)), then
-//      collapses its slice with the pre gates (every collapsing thread runs hc_math::gates itself); block m's
-//      first warp runs token m's Sinkhorn meanwhile (one thread for H*H > 32), its warp 1 the post gates;
+//      the warps in order), pushed: the H pre mixes to every block, the others to the token's block;
+//   3. each block sums the S partials of the mixes it holds in rank order (fp32 mix; official: times float(r)),
+//      then collapses its slice with the pre gates (every collapsing thread runs hc_math::gates itself); block m's
+//      first warp runs token m's Sinkhorn meanwhile (one thread for H*H > 32), its warp 1 the post gates (unless
+//      HcArgs::gates_apart leaves both to fwd_hc_gates, beside the next kernels);
 //   4. (HcArgs::norm_w) the RMSNorm of the collapsed row, its sum of squares over the cluster like r's, while
 //      the first warps may still be in their Sinkhorns.
 // The fp64 sums are the twin's (exact products, fp64 accumulation); their order is this split's: per thread in
@@ -176,11 +179,11 @@ __device__ __forceinline__ T pick(const T (&v)[M], int m) {
   return x;
 }
 
-// Each token's v[m] (m < mt) summed over the warps [w0, kWarps) of the block into out[m]: each warp's lanes first,
-// then the warps in order (block_sum's order), meeting at `sync` (the whole block's barrier, or a named barrier of the
-// warps taking part); lane 0 of each warp leaves its sums in sh. Phase 1's and phase 4's sums of squares.
-template <int M, int kWarps, class Sync>
-__device__ __forceinline__ void hc_token_sums(double (&v)[M], double (&sh)[M][kWarps], double* out, int mt, int w0, Sync sync) {
+// Each token's v[m] (m < mt) summed over the warps [w0, kWarps) of the block, handed to emit(m, sum): each warp's
+// lanes first, then the warps in order (block_sum's order), meeting at `sync` (the whole block's barrier, or a named
+// barrier of the warps taking part); lane 0 of each warp leaves its sums in sh. Phase 1's and phase 4's sums of squares.
+template <int M, int kWarps, class Sync, class Emit>
+__device__ __forceinline__ void hc_token_sums(double (&v)[M], double (&sh)[M][kWarps], int mt, int w0, Sync sync, Emit emit) {
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), i = int(threadIdx.x) - 32 * w0;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -191,22 +194,45 @@ __device__ __forceinline__ void hc_token_sums(double (&v)[M], double (&sh)[M][kW
   if (i >= 0 && i < mt) {
     double tot = 0;
     for (int w = w0; w < kWarps; ++w) tot += sh[i][w];
-    out[i] = tot;
+    emit(i, tot);
   }
 }
 
-// A cluster's total of one value per block (part[m] at every rank), for each token m < mt: the S partials in rank
-// order, so every warp of every block gets the same bits. Call after a cluster barrier that follows the writes.
-template <int M>
-__device__ __forceinline__ void hc_cluster_totals(const cooperative_groups::cluster_group& cl, double* part, int S, int mt,
-                                                  double (&tot)[M]) {
-  const int lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const double p = lane < S && m < mt ? *cl.map_shared_rank(&part[m], lane) : 0.0;
-    tot[m] = 0;
-    for (int q = 0; q < S; ++q) tot[m] += __shfl_sync(0xFFFFFFFFu, p, q);
-  }
+// The cluster's reductions by push (sm_90 distributed shared memory). Each receiving block's mbarrier is initialized
+// in the prologue expecting the bytes its inbox will get (one phase per launch), before a cluster barrier that every
+// block passes before its first push; st.async stores a value into rank q's inbox and counts its bytes on rank q's
+// mbarrier; the receiver's threads wait on their own mbarrier (acquire at cluster scope: the stores are then
+// visible) and read the inbox in rank order. One one-way trip per reduction instead of a cluster barrier and a round
+// trip of remote loads, and no barrier before exit: a block's inbox is written only while it waits for it.
+__device__ __forceinline__ void hc_bar_init(uint64_t* bar, uint32_t bytes) {
+  const uint32_t b = smem_u32(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void hc_bar_wait(uint64_t* bar) {
+  const uint32_t b = smem_u32(bar);
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(b)
+        : "memory");
+}
+// v into rank q's copy of *dst (this block's shared-memory address of it), counted on rank q's copy of *bar.
+__device__ __forceinline__ void hc_push(double* dst, uint64_t* bar, int q, double v) {
+  uint32_t rd, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(q));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(q));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(rd), "l"(__double_as_longlong(v)), "r"(rb)
+               : "memory");
+}
+// The S partials of an inbox column in rank order (the order of every earlier split of these sums).
+template <class F>
+__device__ __forceinline__ double hc_rank_sum(int S, F part) {
+  double t = 0;
+  for (int q = 0; q < S; ++q) t += part(q);
+  return t;
 }
 
 // 2 blocks per SM: a cluster of 16 fits in 8 SMs. (Session 8 measured a variant with one block per SM, all
@@ -219,15 +245,24 @@ __device__ __forceinline__ void hc_cluster_totals(const cooperative_groups::clus
 // those choices compile-time constants, so the kernel holds only their path (hc_mult 4 on the vector path: 5168
 // instructions against 8736 with every mode's; the launch runs from a cold instruction cache, and ncu's source
 // pages found it waiting for instructions at every phase, session 38). The same arithmetic: the bits of F = false.
-template <int H, bool VEC, int M, bool F = false>
+// SF (one token per cluster, the vector path): each thread copies the fn values of its own items (all nm rows) into
+// shared memory before the PDL wait (fn is a weight), where phase 2 reads them; without SF phase 2 reads them from
+// L2 (prefetched there at the start): the stamps of session 41 put ~1.8 us of the launch in that phase, its 16 blocks
+// reading 1.5 MB through the L2 ports of 8 SMs. The same values in the same order: the same bits.
+template <int H, bool VEC, int M, bool F = false, bool SF = false>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
   constexpr int W = VEC ? 4 : 1;   // elements per item
+  static_assert(!SF || (VEC && M == 1), "fn staged for one token's vector launch");
   constexpr int kWarps = kHcThreads / 32;
   static_assert(M <= 4 && NM <= 64, "phase 3 gives each token 64 threads");
   __shared__ double red_s[kWarps][NM];
   __shared__ double sh[M][kWarps];
-  __shared__ double ss_s[M], mixp_s[M][NM], ss2_s[M];
+  // The pushed reductions' inboxes, [source rank]...: each token's sums of squares (phase 1, phase 4), its H pre
+  // mixes, and the other mixes of this block's own token (block m < mt: token m's gates). Their mbarriers: 0 the
+  // sums of squares, 1 the mixes, 2 the collapsed rows' sums.
+  __shared__ double in_ss[kHcMaxCluster][M], in_ss2[kHcMaxCluster][M], in_pre[kHcMaxCluster][M][H], in_own[kHcMaxCluster][NM];
+  __shared__ __align__(8) uint64_t bars[3];
   __shared__ float mix_s[M][NM];
   // This block's slice of the H streams of each token m, item-major (item it at xs(m) + it * W: stream it / nq, quad
   // it % nq), and of the collapsed row (cs(m) + q * W): written once, then read from shared memory by every phase.
@@ -242,6 +277,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // (F: mode, act_bf16 and, below, warp_sinkhorn constants, so the other paths' branches compile to nothing: the
   // cubin's kernel sizes above were measured with this form.)
   const int nm = a.head ? H : NM, mode = F ? 0 : a.mix_mode;
+  const int ms = s0;                     // the token whose gates this block computes, if any
+  const bool own = !a.head && ms < mt;  // (S >= 8 >= M: every token has its block)
   const bool act_bf16 = !F && a.act_bf16;
   const int64_t D = a.D, hd = int64_t(H) * D;
   const int64_t per = ((D + S - 1) / S + W - 1) / W * W;
@@ -255,7 +292,13 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // The fn rows of this block's slice on their way to L2 (once for the M tokens): H * nm contiguous rows of nq * W
   // floats each, a 128-byte line per thread and step (per-lane addresses: the bulk prefetch takes a uniform operand,
   // which the compiler served lane by lane, a 32-step loop on the critical path).
-  {
+  // (SF: this block's fn values, [o][item] float4s after the slices, each thread's own items.)
+  float* const fs = hc_smem + (H + 1) * per;
+  if constexpr (SF) {
+    for (int it = tid; it < H * nq; it += kHcThreads)
+      for (int o = 0; o < nm; ++o) cp16(smem_u32(fs + (int64_t(o) * H * nq + it) * 4), a.fn + o * hd + off(it));
+    cp_commit();
+  } else {
     const int lines = int((int64_t(nq) * W * 4 + 127) / 128), n = H * nm * lines;
     for (int i = tid; i < n; i += kHcThreads) {
       const int row = i / lines, l = i - row * lines;
@@ -263,6 +306,13 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     }
   }
+  if (tid == 0) {
+    hc_bar_init(&bars[0], uint32_t(S * mt * 8));
+    hc_bar_init(&bars[1], uint32_t(S * mt * H * 8 + (own ? S * (nm - H) * 8 : 0)));
+    hc_bar_init(&bars[2], uint32_t(a.norm_w ? S * mt * 8 : 0));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cl.barrier_arrive();  // every block's mbarriers in place before any push (waited before phase 1's)
   pdl_begin();  // (cuda.pdl_hc_attn) everything below reads or writes what earlier kernels write or read; fn is a weight
 
   // 0. This block's slice of each token's streams into shared memory: the fused hc_post of the previous sublayer
@@ -305,17 +355,20 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
           for (int w = 0; w < W; ++w) ss[m] += double(xs(m)[it * W + w]) * xs(m)[it * W + w];
         }
     }
-    hc_token_sums(ss, sh, ss_s, mt, 0, [] { __syncthreads(); });
+    cl.barrier_wait();
+    hc_token_sums(ss, sh, mt, 0, [] { __syncthreads(); }, [&](int m, double v) {
+      for (int q = 0; q < S; ++q) hc_push(&in_ss[s0][m], &bars[0], q, v);
+    });
   }
-  cl.sync();
+  hc_bar_wait(&bars[0]);
   double r[M];
-  hc_cluster_totals(cl, ss_s, S, mt, r);
 #pragma unroll
-  for (int m = 0; m < M; ++m) r[m] = 1.0 / sqrt(r[m] / double(hd) + a.rms_eps);
+  for (int m = 0; m < M; ++m) r[m] = m < mt ? 1.0 / sqrt(hc_rank_sum(S, [&](int q) { return in_ss[q][m]; }) / double(hd) + a.rms_eps) : 0.0;
 
   // 2. Each token's partial dots over the slice: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
   // bf16(x * r) . bf16(fn); 2 official, x . fn. One token at a time (fn's slice is read from L1/L2 again per
   // token: its NM accumulators per token are what the registers hold).
+  if constexpr (SF) cp_wait<0>();  // (this thread's own fn copies)
 #pragma unroll 1
   for (int m = 0; m < mt; ++m) {
     const double rm = pick(r, m);
@@ -328,7 +381,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     auto dots = [&](auto mode_c) {
       constexpr int md = decltype(mode_c)::value;
       for (int it = tid; it < H * nq; it += kHcThreads) {
-        const int64_t oi = off(it);
+        [[maybe_unused]] const int64_t oi = off(it);
         double xr[W];
 #pragma unroll
         for (int w = 0; w < W; ++w) {
@@ -339,7 +392,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
         for (int o = 0; o < NM; ++o) {
           if (o >= nm) break;
           float f[W];
-          hc_load<VEC>(a.fn + o * hd + oi, f);
+          if constexpr (SF) hc_load<VEC>(fs + (int64_t(o) * H * nq + it) * 4, f);
+          else hc_load<VEC>(a.fn + o * hd + oi, f);
 #pragma unroll
           for (int w = 0; w < W; ++w) acc[o] += xr[w] * (md == 1 ? double(bf16r(f[w])) : double(f[w]));
         }
@@ -360,51 +414,43 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       double s = 0;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) s += red_s[w][tid];
-      mixp_s[m][tid] = s;
+      if (tid < H) {
+        for (int q = 0; q < S; ++q) hc_push(&in_pre[s0][m][tid], &bars[1], q, s);
+      } else {
+        hc_push(&in_own[s0][tid], &bars[1], m, s);  // (nm > H: not hc_head) to token m's block
+      }
     }
   }
-  cl.sync();
+  hc_bar_wait(&bars[1]);
 
-  // 3. The mixes from the S partials in rank order, 64 threads per token; this block's remote reads end at the
-  // arrive (A) (it waits before exiting: its shared memory must outlive the other blocks' reads).
+  // 3. The mixes this block holds from the S partials in rank order, 64 threads per token: every token's pre mixes,
+  // its own token's others (block m writes token m's mixes out).
   {
     const int m = tid >> 6, o = tid & 63;
-    if (m < mt && o < nm) {
-      double part[kHcMaxCluster];
-#pragma unroll
-      for (int q = 0; q < kHcMaxCluster; ++q) part[q] = q < S ? *cl.map_shared_rank(&mixp_s[m][o], q) : 0.0;
-      double s = 0;
-#pragma unroll
-      for (int q = 0; q < kHcMaxCluster; ++q)
-        if (q < S) s += part[q];
+    if (m < mt && o < nm && (o < H || m == ms)) {
+      const double s = o < H ? hc_rank_sum(S, [&](int q) { return in_pre[q][m][o]; }) : hc_rank_sum(S, [&](int q) { return in_own[q][o]; });
       float mv = float(s);
       if (mode == 2) mv = __fmul_rn(mv, float(pick(r, m)));  // official: float(x . fn) * float(r)
       mix_s[m][o] = mv;
-      if (s0 == 0 && mix_out) mix_out[int64_t(t0 + m) * nm + o] = double(mv);
+      if (m == ms && mix_out) mix_out[int64_t(t0 + m) * nm + o] = double(mv);
     }
   }
-  cl.barrier_arrive();  // (A)
   __syncthreads();
 
   // Warp 0 of each block takes no part in the collapse and the norm: in block m < mt it runs token m's Sinkhorn (the
   // warp, or its lane 0 for H * H > 32 and the tests' serial twin) meanwhile. It stays out of their barriers (the
-  // norm sums over warps 1.. with named barrier 1) and arrives at the norm's cluster barrier (B) before its
-  // Sinkhorn, waiting at the end. (S >= 8 >= M: every token has its block.)
-  const int ms = s0;  // the token whose gates this block computes, if any
-  const bool full = !a.head && ms < mt, warp_sinkhorn = full && H * H <= 32 && (F || !a.serial_sinkhorn);
+  // norm sums over warps 1.. with named barrier 1).
+  const bool gates = own && !a.gates_apart, warp_sinkhorn = gates && H * H <= 32 && (F || !a.serial_sinkhorn);
   if (warp == 0) {
-    if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (A), then this warp's arrival at (B)
     if constexpr (H * H <= 32) {
       if (warp_sinkhorn) sinkhorn_warp<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t0 + ms) * H * H);
     }
-    if (full && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
+    if (gates && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
       float pre[H], post[H], C[H * H];
       hc_math::weights_h<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t0 + ms) * H * H + i] = C[i];
       for (int j = 0; j < H; ++j) a.post[int64_t(t0 + ms) * H + j] = post[j];
     }
-    if (a.norm_w) cl.barrier_wait(), cl.barrier_arrive();  // (B), then (C)
-    cl.barrier_wait();                                      // (C), or (A) without the norm
     return;
   }
   if (warp_sinkhorn && tid == 32) {  // the post gates beside the warp's Sinkhorn
@@ -446,10 +492,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   };
   if (act_bf16) collapse(std::true_type{});
   else collapse(std::false_type{});
-  if (!a.norm_w) {
-    cl.barrier_wait();  // (A)
-    return;
-  }
+  if (!a.norm_w) return;
 
   // 4. Fused RMSNorm of the collapsed rows (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
   // the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv, rms_scaled) with the
@@ -467,16 +510,14 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
           for (int w = 0; w < W; ++w) ss2[m] += double(cs(m)[q * W + w]) * cs(m)[q * W + w];
         }
     }
-    hc_token_sums(ss2, sh, ss2_s, mt, first / 32, [] { asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory"); });
+    hc_token_sums(ss2, sh, mt, first / 32, [] { asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory"); }, [&](int m, double v) {
+      for (int q = 0; q < S; ++q) hc_push(&in_ss2[s0][m], &bars[2], q, v);
+    });
   }
-  cl.barrier_wait();  // (A)
-  cl.sync();          // (B): every block's partials in place
-  double tot2[M];
-  hc_cluster_totals(cl, ss2_s, S, mt, tot2);
+  hc_bar_wait(&bars[2]);
   float inv[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) inv[m] = rms_inv(tot2[m], D, a.norm_eps);
-  cl.barrier_arrive();  // (C): this block's remote reads are done (its own shared memory must outlive the others' reads)
+  for (int m = 0; m < M; ++m) inv[m] = m < mt ? rms_inv(hc_rank_sum(S, [&](int q) { return in_ss2[q][m]; }), D, a.norm_eps) : 0.0f;
   // The rows out, elementwise: the M tokens' columns over the collapsing warps at once.
   for (int i = tid - first; i < mt * nq; i += kCollapse) {
     const int m = i / nq, q = i - m * nq;
@@ -491,7 +532,6 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[t * D + d + w] = __float2half_rn(y);
     }
   }
-  cl.barrier_wait();  // (C)
 }
 // hc_post, one thread per (token, W consecutive d) writing all H streams (hc_post_cols).
 constexpr int kPostThreads = 128;
@@ -507,14 +547,44 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* y, c
   else hc_post_cols<VEC, false>(HcY{y}, X, post, comb, t, H, D, d, untransposed, out);
 }
 
+// The gates hc_pre left apart: one warp per token, from the fp32 mixes hc_pre wrote (as doubles, exactly), the
+// code hc_pre's warp 0 and thread 32 run.
+template <int H>
+__global__ void __launch_bounds__(32) hc_gates_kernel(const HcArgs a, const double* mix) {
+  constexpr int NM = (2 + H) * H;
+  __shared__ float mix_s[NM];
+  const int64_t t = blockIdx.x;
+  const int lane = int(threadIdx.x);
+  for (int o = lane; o < NM; o += 32) mix_s[o] = float(mix[t * NM + o]);
+  __syncwarp();
+  if constexpr (H * H <= 32) {
+    if (!a.serial_sinkhorn) {
+      sinkhorn_warp<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, a.comb + t * H * H);
+      if (lane == 0) {
+        float pre[H], post[H];
+        hc_math::gates(mix_s, a.scale, a.base, H, a.hc_eps, pre, post);
+        for (int j = 0; j < H; ++j) a.post[t * H + j] = post[j];
+      }
+      return;
+    }
+  }
+  if (lane == 0) {
+    float pre[H], post[H], C[H * H];
+    hc_math::weights_h<H>(mix_s, a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
+    for (int i = 0; i < H * H; ++i) a.comb[t * H * H + i] = C[i];
+    for (int j = 0; j < H; ++j) a.post[t * H + j] = post[j];
+  }
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Blocks per token: 16 where the GPU co-schedules a cluster of 16 (a non-portable size), else the portable 8.
 // Fixed per kernel for the process, so every launch splits the sums the same way.
-// The slices of the streams and of the collapsed row: at most 40 KiB, so that with the static shared memory a block
-// stays under the 48 KiB that needs no opt-in (the cluster-size query at 48 KiB found no cluster of 16 and fell
-// back to 8 blocks per token).
-constexpr size_t kHcMaxSmem = 40 * 1024;
+// The slices of the streams and of the collapsed row: at most 36 KiB, so that with the static shared memory (up to
+// ~10.5 KiB with the push reductions' inboxes, hc_mult 6) a block stays under the 48 KiB that needs no opt-in (the
+// cluster-size query at 48 KiB found no cluster of 16 and fell back to 8 blocks per token). V4-Pro's slices at 4
+// tokens per cluster: 35 KiB.
+constexpr size_t kHcMaxSmem = 36 * 1024;
 template <class Kern>
 int hc_cluster_size(Kern kern) {
   return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, kHcMaxSmem);
@@ -526,6 +596,26 @@ int hc_cluster_size(Kern kern) {
 // hc_mult 4 (V4's shapes, Flash and Pro): other hc_mult values and the scalar path (odd hidden sizes) take one token
 // per cluster, whatever tokens_per_cluster asks, with the same bits; their M = 2 and 4 kernels, 22 of the 36
 // instantiations, are not compiled (this file was the build's longest, 88 s on one core).
+// The fn values of a block's items (SF): all (2 + H) * H rows of its slice, at most kHcMaxStaged bytes of dynamic
+// shared memory with the slice (two blocks per SM: 2 x (104 + ~6.5 static and reserved) KiB of the SM's 228). V4-Flash:
+// 96 KiB + 5 KiB; V4-Pro's 7168-wide rows do not fit and take the L2 path.
+constexpr size_t kHcMaxStaged = 104 * 1024;
+size_t hc_fn_stage_bytes(int H, int64_t per) { return size_t((2 + H) * H) * size_t(H) * size_t(per) * sizeof(float); }
+// Whether the GPU schedules the staged kernel's clusters of Sv blocks at kHcMaxStaged (asked once; a smaller launch
+// fits where the largest does). Opts the kernel in to that much shared memory.
+template <int H>
+bool hc_staged_ok(int Sv) {
+  static const bool ok = [&] {
+    auto k = hc_pre_kernel<H, true, 1, true, true>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kHcMaxStaged)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return max_active_clusters(k, Sv, kHcThreads, kHcMaxStaged) > 0;
+  }();
+  return ok;
+}
+
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
@@ -535,6 +625,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   int M = 1, clusters = a.n;
   auto kern = hc_pre_kernel<H, VEC, 1>;
+  size_t smem = slice_smem;
   if (a.tokens_per_cluster != 0 && a.tokens_per_cluster != 1 && a.tokens_per_cluster != 2 && a.tokens_per_cluster != 4)
     throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
   if constexpr (VEC && H == 4) {
@@ -552,6 +643,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     }
     // (an M that the GPU or the shared memory does not take: halved, in ceil(n / M) clusters)
     while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2, clusters = (a.n + M - 1) / M;
+    smem = size_t(M) * slice_smem;
     // The forward's numerics (the reference's mixes, fp32 activations, the warp's Sinkhorn): the kernels compiled
     // for them alone (F), where the GPU schedules them at this cluster size (the query also allows the size).
     static const bool f_ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true>, Sv, kHcThreads, kHcMaxSmem) > 0 &&
@@ -560,9 +652,16 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     const bool fast = f_ok && a.mix_mode == 0 && !a.act_bf16 && !a.serial_sinkhorn;
     if (M == 4) kern = fast ? hc_pre_kernel<H, VEC, 4, true> : hc_pre_kernel<H, VEC, 4>;
     if (M == 2) kern = fast ? hc_pre_kernel<H, VEC, 2, true> : hc_pre_kernel<H, VEC, 2>;
-    if (M == 1 && fast) kern = hc_pre_kernel<H, VEC, 1, true>;
+    if (M == 1 && fast) {
+      kern = hc_pre_kernel<H, VEC, 1, true>;
+      const size_t staged = slice_smem + hc_fn_stage_bytes(H, per);
+      if (staged <= kHcMaxStaged && hc_staged_ok<H>(Sv)) {
+        kern = hc_pre_kernel<H, VEC, 1, true, true>;
+        smem = staged;
+      }
+    }
   }
-  launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), size_t(M) * slice_smem, s, a, mix_out);
+  launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), smem, s, a, mix_out);
 }
 
 }  // namespace
@@ -582,6 +681,12 @@ HcSplit hc_pre_split(int n, int resident) {
   return {need > 2 ? 4 : need, c};
 }
 
+bool fwd_hc_pre_staged(int64_t D) {
+  static const int Sv = hc_cluster_size(hc_pre_kernel<4, true, 1>);
+  const int64_t per = ((D + Sv - 1) / Sv + 3) / 4 * 4;
+  return size_t(5) * size_t(per) * sizeof(float) + hc_fn_stage_bytes(4, per) <= kHcMaxStaged && hc_staged_ok<4>(Sv);
+}
+
 size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * size_t((2 + H) * H); }
 
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
@@ -593,6 +698,7 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
                    (!a.y || (aligned16(a.y) && aligned16(a.X_prev))) && (!a.norm_w || aligned16(a.norm_w)) &&
                    (!a.y_slots || (aligned16(a.y_slots) && aligned16(a.X_prev) && (!a.y_add || aligned16(a.y_add))));
   if (a.norm_w && a.act_bf16) throw_arg("hc_pre: the fused norm is the fp32 twin's (not the official numerics')");
+  if (a.gates_apart && (a.head || !scratch)) throw_arg("hc_pre: gates_apart needs the mixes' scratch, and not hc_head");
   if (a.y && a.y_slots) throw_arg("hc_pre: y and y_slots are exclusive");
   if (a.y_slots && a.y_k < 1) throw_arg("hc_pre: y_slots needs y_k >= 1");
   if ((a.y || a.y_slots) && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
@@ -610,6 +716,25 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
     case 5: go(std::integral_constant<int, 5>{}); break;
     default: go(std::integral_constant<int, 6>{}); break;
   }
+}
+
+void fwd_hc_gates(const HcArgs& a, const double* scratch, Stream s) {
+  if (a.head || !a.gates_apart) throw_arg("hc_gates: only for an hc_pre launch with gates_apart");
+  if (a.n <= 0) return;
+  if (a.H < 1 || a.H > 6) throw_arg("hc_gates: hc_mult > 6 is not supported on the GPU");
+  auto go = [&](auto h) {
+    constexpr int H = decltype(h)::value;
+    hc_gates_kernel<H><<<unsigned(a.n), 32, 0, stream_of(s)>>>(a, scratch);
+  };
+  switch (a.H) {
+    case 1: go(std::integral_constant<int, 1>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    case 3: go(std::integral_constant<int, 3>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    case 5: go(std::integral_constant<int, 5>{}); break;
+    default: go(std::integral_constant<int, 6>{}); break;
+  }
+  check_launch("fwd_hc_gates");
 }
 
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,

@@ -143,6 +143,10 @@ struct HcArgs {
   // Tokens per cluster (1, 2 or 4, in ceil(n / M) clusters; 0: hc_pre_split's rule): the launch's shape, never its
   // bits. The bench and the tests set it; only hc_mult 4 on the vector path takes more than 1 (launch_hc_pre).
   int tokens_per_cluster = 0;
+  // The post gates and the Sinkhorn (post, comb) left to fwd_hc_gates, from the mixes hc_pre writes to its scratch:
+  // cuda.streams runs them beside the sublayer (they are read only by the next hc_pre's fused hc_post), so the
+  // Sinkhorn's 20 dependent iterations (~3 us) leave the launch's critical path. Not with hc_head (no gates).
+  int gates_apart = 0;
 };
 // The launch's default split of n tokens: M tokens at most per cluster (1, 2 or 4) over `clusters` clusters (n spread
 // evenly), given how many clusters the GPU keeps resident at once.
@@ -153,6 +157,12 @@ HcSplit hc_pre_split(int n, int resident);
 // scratch: fwd_hc_scratch_doubles(n, H) doubles; hc_pre leaves the fp32 mixes there ([n, nmix], for tests).
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
+// Whether one token's hc_pre at hidden size D (hc_mult 4, the forward's numerics) runs the kernel with fn staged in
+// shared memory (the GPU schedules its clusters, and the slice's fn fits).
+bool fwd_hc_pre_staged(int64_t D);
+// The gates hc_pre left apart (HcArgs::gates_apart): post and comb of a's n tokens from the mixes in scratch, the
+// same code and bits as hc_pre's (one warp per token: hc_math's gates and the warp's Sinkhorn, or the serial twin).
+void fwd_hc_gates(const HcArgs& a, const double* scratch, Stream s);
 // out[t, k, :] = post[t, k] * y[t, :] + sum_j comb[t, j, k] * X[t, j, :] (untransposed: comb[t, k, j], a fault);
 // act_bf16 (numerics.official): stored as bf16.
 void fwd_hc_post(const float* y, const float* X, const float* post, const float* comb, int n, int H, int64_t D, int untransposed,

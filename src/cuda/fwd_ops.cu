@@ -437,9 +437,38 @@ __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int 
   if (lane == 0) y[int64_t(slot) * ldy + r] = float(acc);
 }
 
+// w is a weight (written once at load), so a row of at most kU * blockDim values (one pass: q_norm's 1024 at decode)
+// loads its share of it before the PDL wait and keeps its values in registers: after the wait one round of loads,
+// the block's sum and the stores, where rms_norm_row loads the row again with the weights after the sum. The same
+// arithmetic in the same order (rms_norm_row's, one pass).
 __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, uint16_t* out16, int round_bf16) {
-  pdl_begin();
   __shared__ double sh[32];
+  constexpr int kU = 8;  // rms_norm_row's default
+  const int64_t step = blockDim.x, b = threadIdx.x;
+  if (dim <= kU * step) {
+    float g[kU], xv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) g[u] = w ? w[min(b + u * step, dim - 1)] : 1.0f;
+    pdl_begin();
+    float* v = x + int64_t(blockIdx.x) * ld;
+    load_strided(v, b, step, dim, xv);
+    double ss = 0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (b + u * step < dim) ss += double(xv[u]) * xv[u];
+    const float inv = rms_inv(block_sum(ss, sh), dim, eps);
+    __half* h16 = out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (b + u * step < dim) {
+        float r = w ? rms_scaled(xv[u], inv, g[u]) : xv[u] * inv;
+        if (round_bf16) r = bf16r(r);
+        v[b + u * step] = r;
+        if (h16) h16[b + u * step] = __float2half_rn(r);
+      }
+    return;
+  }
+  pdl_begin();
   rms_norm_row(x + int64_t(blockIdx.x) * ld, dim, w, eps, sh,
                out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr, round_bf16 != 0);
 }

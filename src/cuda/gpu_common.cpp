@@ -186,14 +186,23 @@ Scratch::~Scratch() {
   detail::event_destroy(ev_fork);
   detail::event_destroy(ev_join);
   detail::event_destroy(ev_entries);
+  detail::event_destroy(ev_gates_fork);
+  detail::event_destroy(ev_gates_join);
+  detail::event_destroy(ev_pf_fork);
+  detail::event_destroy(ev_pf_join);
   detail::stream_destroy(side);
   detail::stream_destroy(side2);
+  detail::stream_destroy(side3);
+  detail::stream_destroy(pf);
 }
 
 void Scratch::enable_side() {
   if (side) return;
   side = detail::stream_create();
   side2 = detail::stream_create();
+  side3 = detail::stream_create();
+  ev_gates_fork = detail::event_create_sync();
+  ev_gates_join = detail::event_create_sync();
   ev_fork = detail::event_create_sync();
   ev_join = detail::event_create_sync();
   ev_entries = detail::event_create_sync();

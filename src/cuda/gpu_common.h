@@ -175,6 +175,10 @@ class Scratch {
   // The second side stream (lane 2; the attention's compressors beside its KV row on the first) and its workspace.
   Workspace ws_side2;
   Stream side2 = nullptr, branch2 = nullptr;
+  // The third (hc_pre's gates apart: fwd_hc_gates beside the sublayer, joined before the next hc_pre) and its events.
+  Stream side3 = nullptr, gates = nullptr;
+  void* ev_gates_fork = nullptr;
+  void* ev_gates_join = nullptr;
   void enable_side();
   // cuda.l2_prefetch: the prefetch stream and its events (enable_prefetch, once, outside any capture); `prefetch`:
   // the stream this forward may prefetch on (null: no prefetches).

@@ -430,6 +430,7 @@ class GpuForward : public DeviceForward {
     const bool serial_timer = sc.timer.on && !sc.timer.timeline;
     sc.branch = opt_.cuda_streams && !taps && !serial_timer ? sc.side : nullptr;
     sc.branch2 = sc.branch ? sc.side2 : nullptr;
+    sc.gates = sc.branch ? sc.side3 : nullptr;
     // cuda.l2_prefetch, cuda.hc_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are
     // compute-bound, and their hc_pre launches read fn from L2 many times over).
     sc.prefetch = (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
@@ -457,6 +458,12 @@ class GpuForward : public DeviceForward {
     // slice first (HcArgs::y: the same arithmetic, one launch fewer); serial with taps, which read X in between.
     const bool fuse_post = !taps;
     bool post_pending = false;
+    // cuda.streams: each hc_pre's post gates and Sinkhorn run apart on sc.gates (HcArgs::gates_apart), joined before
+    // the next launch that reads them (the next hc_pre's fused hc_post, hc_head) or the forward's end.
+    bool gates_pending = false;
+    auto join_gates = [&] {
+      if (gates_pending) branch_join(sc.gates, sc.ev_gates_join), gates_pending = false;
+    };
     GpuCombine moe_y;  // the MoE sublayer's combine, left to the next launch's fused hc_post (gpu_moe's defer)
     auto take_post = [&](HcArgs& a, int64_t r0) {  // the pending hc_post into this launch, rows from r0
       if (!post_pending) return;
@@ -479,15 +486,22 @@ class GpuForward : public DeviceForward {
     auto hc_pre_norm = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w) -> const uint16_t* {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
+      join_gates();
       take_post(a, 0);
       if (fuse_norm) a.norm_w = norm_w, a.norm_eps = c.rms_eps, a.collapsed16 = col16;
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
       a.post = post, a.comb = comb, a.collapsed = col;
       a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
+      a.gates_apart = sc.gates != nullptr;
       {
         OpRegion r(tm, "hc_pre");
         fwd_hc_pre(a, mixbuf, nullptr);
+      }
+      if (a.gates_apart) {
+        branch_fork(sc.gates, sc.ev_gates_fork);
+        fwd_hc_gates(a, mixbuf, sc.gates);
+        gates_pending = true;
       }
       tap_io(tap, (site + ".post").c_str(), post, {n, H});
       tap_io(tap, (site + ".comb").c_str(), comb, {n, H, H});
@@ -546,6 +560,7 @@ class GpuForward : public DeviceForward {
       hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }
+    join_gates();
     if (sc.pf_forked) branch_join(sc.prefetch, sc.ev_pf_join);  // (a graph's branches must all join)
 
     if (taps) rows = LogitRows::All;

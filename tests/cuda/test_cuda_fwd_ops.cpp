@@ -25,8 +25,10 @@ struct HcOut {
   std::vector<double> mixes;
 };
 
+// apart: the gates left to fwd_hc_gates (HcArgs::gates_apart), as the forward runs them under cuda.streams (there
+// on a stream of their own).
 HcOut run_hc(int H, int iters, float mix_scale, uint32_t seed, bool serial, std::vector<float>* scale_out,
-             std::vector<float>* base_out) {
+             std::vector<float>* base_out, bool apart = false) {
   const int n = 5, nmix = (2 + H) * H;
   const int64_t D = 256, hd = H * D;
   Rng rng(seed);
@@ -42,7 +44,9 @@ HcOut run_hc(int H, int iters, float mix_scale, uint32_t seed, bool serial, std:
   a.n = n, a.H = H, a.iters = iters, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
   a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
   a.serial_sinkhorn = serial ? 1 : 0;
+  a.gates_apart = apart ? 1 : 0;
   d::fwd_hc_pre(a, scratch.as<double>(), nullptr);
+  if (apart) d::fwd_hc_gates(a, scratch.as<double>(), nullptr);
   return {to_host<float>(post, size_t(n * H)), to_host<float>(comb, size_t(n * H * H)), to_host<float>(col, size_t(n * D)),
           to_host<double>(scratch, d::fwd_hc_scratch_doubles(n, H))};
 }
@@ -52,6 +56,15 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
   std::vector<float> scale, base;
   const HcOut warp = run_hc(H, iters, mix_scale, seed, false, &scale, &base);
   const HcOut serial = run_hc(H, iters, mix_scale, seed, true, &scale, &base);
+  // The gates apart (warp and one-thread Sinkhorn): the same bits as in the launch.
+  for (bool ser : {false, true}) {
+    const HcOut apart = run_hc(H, iters, mix_scale, seed, ser, &scale, &base, true);
+    const HcOut& in = ser ? serial : warp;
+    ASSERT_EQ(std::memcmp(apart.mixes.data(), in.mixes.data(), in.mixes.size() * 8), 0) << "H " << H << " apart: the mixes differ";
+    ASSERT_EQ(std::memcmp(apart.col.data(), in.col.data(), in.col.size() * 4), 0) << "H " << H << " apart: the collapsed rows differ";
+    ASSERT_EQ(std::memcmp(apart.post.data(), in.post.data(), in.post.size() * 4), 0) << "H " << H << " apart: post differs";
+    ASSERT_EQ(std::memcmp(apart.comb.data(), in.comb.data(), in.comb.size() * 4), 0) << "H " << H << " apart: comb differs";
+  }
   // (At hc_mult 4 the warp's run takes the kernel compiled for the forward's numerics alone and the serial twin the
   // general one: the mixes and the collapsed rows must be the same bits too.)
   ASSERT_EQ(std::memcmp(warp.mixes.data(), serial.mixes.data(), warp.mixes.size() * 8), 0) << "H " << H << ": the mixes differ";
@@ -86,6 +99,13 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
 // uneven), against each token alone, bit for bit: the new streams (fused hc_post), the mixes, post,
 // comb, the collapsed row and its fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
 // scalar path, empty slices), H = 6 (the one-thread Sinkhorn), the official and bf16 mixing modes and hc_head.
+// One token's launch at V4-Flash's hidden size takes the kernel with fn staged in shared memory (so the test below
+// compares it, single tokens, with the L2 path of 2 and 4 tokens per cluster); V4-Pro's slices do not fit.
+TEST_F(GpuTest, HcPreStagesFnAtFlashSize) {
+  EXPECT_TRUE(d::fwd_hc_pre_staged(4096)) << "the GPU does not schedule the staged hc_pre's clusters";
+  EXPECT_FALSE(d::fwd_hc_pre_staged(7168));
+}
+
 TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
   Rng rng(77);
   struct Shape {
