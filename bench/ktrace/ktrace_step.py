@@ -3,8 +3,9 @@
 stream, the median over the last steps, with the GPU's idle time and how many kernels ran at once.
 
 A step starts at each kernel whose name matches --step-start (the embedding gather, the forward's first kernel). Steps
-are matched kernel by kernel through (stream rank, name, occurrence on that stream), so the table's row is one kernel
-node of the replayed graph; --last N takes the last N steps (steady state: warm-up and prefill come first).
+are matched kernel by kernel through (name, occurrence in the step), so the table's row is one kernel node of the
+replayed graph; --last N takes the last N steps (steady state: warm-up and prefill come first), of which those with
+the most common kernel count and set.
 
 Usage: ktrace_step.py k.csv [--last 20] [--step-start embed_kernel] [--min-kernels 20]
 """
@@ -45,12 +46,13 @@ def split_steps(rows, start_re, min_kernels):
 
 
 def keyed(step):
-    """(stream rank, name, occurrence) -> kernel; stream rank by first appearance in the step."""
-    ranks, occ, out = {}, {}, {}
+    """(name, occurrence in the step by start) -> kernel. Not by stream: a graph's replays run a node on different
+    streams from step to step once branches fork (CUPTI reports the executor's streams), and concurrent branches
+    start in a different order; two launches of one kernel that start together may swap rows, which moves little."""
+    occ, out = {}, {}
     for r in step:
-        s = ranks.setdefault(r["stream"], len(ranks))
-        k = (s, r["name"], occ.get((s, r["name"]), 0))
-        occ[(s, r["name"])] = k[2] + 1
+        k = (r["name"], occ.get(r["name"], 0))
+        occ[r["name"]] = k[1] + 1
         out[k] = r
     return out
 
@@ -87,15 +89,23 @@ def main():
     counts = statistics.multimode(len(s) for s in tail)
     n_main = max(counts)
     same = [s for s in tail if len(s) == n_main]
+    # Of those, the steps with the most common set of kernels (an eager step of the same count, e.g. the bench's
+    # per-op timing after its replays, runs other kernels).
+    ks = [keyed(s) for s in same]
+    sets = [frozenset(d) for d in ks]
+    mode = statistics.mode(sets)
+    other = len(sets) - sets.count(mode)
+    same = [s for s, k in zip(same, sets) if k == mode]
+    ks = [d for d, k in zip(ks, sets) if k == mode]
     print(f"{len(steps)} steps in the trace; the last {len(tail)}: kernel counts "
           + ", ".join(f"{n} x{sum(1 for s in tail if len(s) == n)}" for n in sorted({len(s) for s in tail}))
-          + f"; the table: the {len(same)} steps of {n_main} kernels")
+          + f"; the table: the {len(same)} steps of {n_main} kernels"
+          + (f" ({other} more of that count ran another set of kernels: left out)" if other else ""))
     spans = [max(r["end_ns"] for r in s) - s[0]["start_ns"] for s in same]
     busies = [busy_union(s) for s in same]
     print(f"step (first start to last end): median {statistics.median(spans) / 1e3:.1f} us "
           f"(min {min(spans) / 1e3:.1f}, max {max(spans) / 1e3:.1f}); GPU busy (any kernel running) median "
           f"{statistics.median(busies) / 1e3:.1f} us, idle {statistics.median(spans) / 1e3 - statistics.median(busies) / 1e3:.1f} us")
-    ks = [keyed(s) for s in same]
     common = [k for k in ks[-1] if all(k in d for d in ks)]
     if not common:
         sys.exit("no kernel is common to the selected steps")
@@ -104,8 +114,12 @@ def main():
         starts = [d[k]["start_ns"] - s[0]["start_ns"] for d, s in zip(ks, same)]
         durs = [d[k]["end_ns"] - d[k]["start_ns"] for d in ks]
         r = ks[-1][k]
-        rowsout.append((statistics.median(starts) / 1e3, statistics.median(durs) / 1e3, k[0], r))
+        rowsout.append((statistics.median(starts) / 1e3, statistics.median(durs) / 1e3, None, r))
     rowsout.sort(key=lambda x: x[0])
+    srank = {}  # the last step's streams, numbered in the order of their first kernel in the table
+    for x in rowsout:
+        srank.setdefault(x[3]["stream"], len(srank))
+    rowsout = [(st, du, srank[r["stream"]], r) for st, du, _, r in rowsout]
     print(f"{'start':>8} {'us':>7} {'end':>8} {'gap':>6} {'conc':>4} st  {'grid':>6}x{'blk':<4} {'cl':>2} {'reg':>3}  kernel")
     for i, (st, du, srank, r) in enumerate(rowsout):
         en = st + du

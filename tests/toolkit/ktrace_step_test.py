@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""bench/ktrace/ktrace_step.py on a synthetic trace: three steps of four kernels on two streams (one step slower,
-one warm-up step of another shape first); the table must hold the median of the matching steps, kernel by kernel."""
+"""bench/ktrace/ktrace_step.py on a synthetic trace: three steps of five kernels on three streams (one step slower,
+one warm-up step of another shape first, a side kernel on a stream and at a start that change from step to step, an
+eager step of another set last); the table must hold the median of the matching steps, kernel by kernel."""
 import os
 import subprocess
 import sys
@@ -11,10 +12,13 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "ktrace", 
 HEADER = "start_ns,end_ns,stream,graph,node,grid,block,cluster,regs,smem,name\n"
 
 
-def step(t0, scale):
-    # embed (stream 7), hc_pre (stream 7), a GEMV on stream 9 overlapping hc_pre, then route (stream 7)
+def step(t0, scale, side_stream, side_start):
+    # embed (stream 7), hc_pre (stream 7), a GEMV on stream 9 overlapping hc_pre, then route (stream 7); a side
+    # branch's one kernel (hc_gates) on a stream and at a start that change from step to step, as a graph's replays
+    # run it (it must still be one row of the table)
     rows = [(0, 2000, 7, "embed_kernel"), (3000, 13000, 7, "hc_pre_kernel<4; true; 1; true>"),
-            (5000, 20000, 9, "gemv_kernel<1; 2>"), (21000, 25000, 7, "route_warp_kernel<8>")]
+            (5000, 20000, 9, "gemv_kernel<1; 2>"), (side_start, side_start + 1000, side_stream, "hc_gates_kernel<4>"),
+            (21000, 25000, 7, "route_warp_kernel<8>")]
     return [f"{t0 + int(a * scale)},{t0 + int(b * scale)},{s},1,{i},16,256,0,64,0,{n}\n" for i, (a, b, s, n) in enumerate(rows)]
 
 
@@ -23,9 +27,13 @@ def main():
     lines += [f"{100 + i},{200 + i},7,1,0,1,32,0,16,0,warmup_kernel\n" for i in range(3)]
     lines += [f"500,900,7,1,0,1,32,0,16,0,embed_kernel\n"]  # a step of one kernel: too short to count
     t = 10_000
-    for scale in (1.0, 1.0, 2.0):
-        lines += step(t, scale)
+    for scale, side_stream, side_start in ((1.0, 11, 4000), (1.0, 12, 14000), (2.0, 13, 6000)):
+        lines += step(t, scale, side_stream, side_start)
         t += 100_000
+    # an eager step of as many kernels, another set (the bench's per-op timing): left out of the table
+    lines += [f"{t + a},{t + a + 500},7,0,0,1,32,0,16,0,{n}\n"
+              for a, n in ((0, "embed_kernel"), (1000, "hc_pre_kernel<4>"), (2000, "hc_post_kernel"), (3000, "gemv_kernel<1; 2>"),
+                           (4000, "route_warp_kernel<8>"))]
     with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
         f.write(HEADER)
         f.writelines(reversed(lines[1:]))  # unsorted on purpose: the script sorts by start
@@ -35,8 +43,8 @@ def main():
     print(text)
     checks = [
         out.returncode == 0,
-        "3 steps in the trace" in text,
-        "the 3 steps of 4 kernels" in text,
+        "4 steps in the trace" in text,
+        "the 3 steps of 5 kernels (1 more of that count ran another set of kernels: left out)" in text,
         "median 25.0 us (min 25.0, max 50.0)" in text,  # span of a step: 0 .. 25000 ns, the slow one 50000
         "GPU busy (any kernel running) median 23.0 us, idle 2.0 us" in text,  # idle 2..3 and 20..21 us
     ]
@@ -47,6 +55,9 @@ def main():
     gemv = next((l for l in rows if "gemv_kernel" in l), "")
     checks.append(gemv.split()[:4] == ["5.0", "15.0", "20.0", "-8.0"])  # start, length, end, gap (from hc_pre's end)
     checks.append("<-- sublayer" in next((l for l in rows if "hc_pre" in l), ""))
+    gates = [l for l in text.splitlines() if "hc_gates_kernel" in l]
+    checks.append(len(gates) == 2 and gates[0].split()[:2] == ["12.0", "1.0"])  # one row (median of starts 4, 14, 12 us) + the total
+    checks.append("hc_post_kernel" not in text)
     if not all(checks):
         print("FAILED checks:", [i for i, c in enumerate(checks) if not c])
         return 1
