@@ -99,6 +99,21 @@ __device__ __forceinline__ void load_strided(const float* v, int64_t b, int64_t 
 __device__ __forceinline__ float rms_inv(double ss, int64_t dim, double eps) { return float(1.0 / sqrt(ss / double(dim) + eps)); }
 __device__ __forceinline__ float rms_scaled(float x, float inv, float g) { return g * (x * inv); }
 
+// A thread's kU normalized elements b, b + step, ... of the row stored (weights g unless unweighted; bf16_out: each
+// rounded to bf16 as it is stored; h16: also as f16). rms_norm_row's stores and rms_norm_kernel's one-pass path.
+template <int kU>
+__device__ __forceinline__ void rms_store(float* v, int64_t b, int64_t step, int64_t dim, const float (&x)[kU], const float (&g)[kU],
+                                          bool weighted, float inv, bool bf16_out, __half* h16) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u)
+    if (b + u * step < dim) {
+      float r = weighted ? rms_scaled(x[u], inv, g[u]) : x[u] * inv;
+      if (bf16_out) r = bf16r(r);
+      v[b + u * step] = r;
+      if (h16) h16[b + u * step] = __float2half_rn(r);
+    }
+}
+
 // bf16_out (the official numerics' rms_norm then act): each result rounded to bf16 as it is stored. kU: a thread's
 // elements loaded together (any kU sums in the same order: the same bits).
 template <int kU = 8>
@@ -124,14 +139,7 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
       const int64_t i = min(b + u * step, dim - 1);
       x[u] = v[i], g[u] = w ? w[i] : 1.0f;
     }
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      if (b + u * step < dim) {
-        float r = w ? rms_scaled(x[u], inv, g[u]) : x[u] * inv;
-        if (bf16_out) r = bf16r(r);
-        v[b + u * step] = r;
-        if (h16) h16[b + u * step] = __float2half_rn(r);
-      }
+    rms_store(v, b, step, dim, x, g, w != nullptr, inv, bf16_out, h16);
   }
 }
 

@@ -578,6 +578,19 @@ __global__ void __launch_bounds__(32) hc_gates_kernel(const HcArgs a, const doub
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// f(std::integral_constant<int, H>) for hc_mult H in 1..6 (the kernels are templated on it).
+template <class F>
+void with_hc_mult(int H, F f) {
+  switch (H) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    default: f(std::integral_constant<int, 6>{}); break;
+  }
+}
+
 // Blocks per token: 16 where the GPU co-schedules a cluster of 16 (a non-portable size), else the portable 8.
 // Fixed per kernel for the process, so every launch splits the sums the same way.
 // The slices of the streams and of the collapsed row: at most 36 KiB, so that with the static shared memory (up to
@@ -703,37 +716,21 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if (a.y_slots && a.y_k < 1) throw_arg("hc_pre: y_slots needs y_k >= 1");
   if ((a.y || a.y_slots) && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
     throw_arg("hc_pre: the fused hc_post needs X_out == X, X_prev and the previous gates");
-  auto go = [&](auto h) {
+  with_hc_mult(a.H, [&](auto h) {
     constexpr int H = decltype(h)::value;
     if (vec) launch_hc_pre<H, true>(a, scratch, s);
     else launch_hc_pre<H, false>(a, scratch, s);
-  };
-  switch (a.H) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 3: go(std::integral_constant<int, 3>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    case 5: go(std::integral_constant<int, 5>{}); break;
-    default: go(std::integral_constant<int, 6>{}); break;
-  }
+  });
 }
 
 void fwd_hc_gates(const HcArgs& a, const double* scratch, Stream s) {
   if (a.head || !a.gates_apart) throw_arg("hc_gates: only for an hc_pre launch with gates_apart");
   if (a.n <= 0) return;
   if (a.H < 1 || a.H > 6) throw_arg("hc_gates: hc_mult > 6 is not supported on the GPU");
-  auto go = [&](auto h) {
+  with_hc_mult(a.H, [&](auto h) {
     constexpr int H = decltype(h)::value;
     hc_gates_kernel<H><<<unsigned(a.n), 32, 0, stream_of(s)>>>(a, scratch);
-  };
-  switch (a.H) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 3: go(std::integral_constant<int, 3>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    case 5: go(std::integral_constant<int, 5>{}); break;
-    default: go(std::integral_constant<int, 6>{}); break;
-  }
+  });
   check_launch("fwd_hc_gates");
 }
 

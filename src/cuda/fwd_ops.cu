@@ -457,15 +457,8 @@ __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* 
     for (int u = 0; u < kU; ++u)
       if (b + u * step < dim) ss += double(xv[u]) * xv[u];
     const float inv = rms_inv(block_sum(ss, sh), dim, eps);
-    __half* h16 = out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr;
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      if (b + u * step < dim) {
-        float r = w ? rms_scaled(xv[u], inv, g[u]) : xv[u] * inv;
-        if (round_bf16) r = bf16r(r);
-        v[b + u * step] = r;
-        if (h16) h16[b + u * step] = __float2half_rn(r);
-      }
+    rms_store(v, b, step, dim, xv, g, w != nullptr, inv, round_bf16 != 0,
+              out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr);
     return;
   }
   pdl_begin();
