@@ -1,0 +1,155 @@
+// When do a PDL-launched kernel's blocks become resident after the kernel before it? Session 41 aligned hc_pre's
+// per-block global-timer stamps with the kernel timeline: its grid is launched before the GEMV ahead of it ends, but
+// its cluster's 16 blocks enter 1.4-3.3 us after that GEMV's end. One reading: the GEMV keeps two blocks of 256 threads
+// x 120 registers per SM (61K of 64K registers) until its last tiles, so no block of hc_pre (256 x 128 registers)
+// fits beside them, and a cluster needs 8 such SMs in one GPC. This probe times the dependent's first and last block
+// entry and its PDL wait's return against the predecessor's last block exit, for dependents of several shapes (a
+// cluster of 16 like hc_pre, with few or many registers, with 101 KB of shared memory, plain blocks) after
+// predecessors that fill or leave room in the SMs' registers. Medians of 25 trials, in us after the predecessor's end.
+//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/pdlr bench/pdl_residency_probe.cu && /tmp/pdlr
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "probe_common.cuh"
+
+__device__ unsigned long long g_pred_end, g_dep_first, g_dep_last, g_dep_wait;
+
+// Registers held: NR floats per thread kept live through a spin of `ns` nanoseconds (the predecessor), or through
+// the dependent's body. The values reach memory only if *never (always 0) is set, so the compiler keeps them.
+template <int NR>
+__device__ __forceinline__ void hold(float (&r)[NR], uint64_t until, const int* never, float* sink) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) r[i] = float(threadIdx.x + i);
+  while (gtime() < until) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) r[i] = fmaf(r[i], 1.0001f, 0.5f);
+  }
+  if (*never) {
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < NR; ++i) s += r[i];
+    sink[threadIdx.x] = s;
+  }
+}
+
+// The predecessor: as the forward's GEMVs, it waits on its own predecessor and lets its dependent launch at once
+// (pdl_begin), then works (spins) for ns nanoseconds; the last block's exit time is kept.
+template <int NR>
+__global__ void __launch_bounds__(256) pred_kernel(uint64_t ns, const int* never, float* sink) {
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  float r[NR];
+  hold(r, gtime() + ns, never, sink);
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(&g_pred_end, gtime());
+}
+
+// The dependent: its entry (first and last block), then its PDL wait's return (last block), then a short body.
+template <int NR>
+__global__ void dep_kernel(const int* never, float* sink) {
+  extern __shared__ float dsm[];
+  const uint64_t entry = gtime();
+  if (threadIdx.x == 0) atomicMin(&g_dep_first, entry), atomicMax(&g_dep_last, entry);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (threadIdx.x == 0) atomicMax(&g_dep_wait, gtime());
+  float r[NR];
+  hold(r, gtime() + 1000, never, sink);
+  if (*never) dsm[threadIdx.x] = r[0];
+}
+
+struct Dep {
+  const char* name;
+  void (*kern)(const int*, float*);
+  int cluster, blocks, threads;
+  size_t smem;
+};
+
+int regs_of(const void* k) {
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, k));
+  return fa.numRegs;
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int* never;
+  float* sink;
+  CK(cudaMalloc(&never, 4));
+  CK(cudaMemset(never, 0, 4));
+  CK(cudaMalloc(&sink, 1024 * 4));
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+
+  // Predecessors: 2 blocks per SM of 256 threads with many registers (the GEMV before hc_pre) or few; and one block
+  // per SM with many (room for a dependent block beside it).
+  struct Pred {
+    const char* name;
+    void (*kern)(uint64_t, const int*, float*);
+    int blocks;
+  };
+  const Pred preds[] = {{"2/SM x 256 thr, many regs", pred_kernel<112>, 2 * sms},
+                        {"2/SM x 256 thr, few regs", pred_kernel<8>, 2 * sms},
+                        {"1/SM x 256 thr, many regs", pred_kernel<112>, sms}};
+  const Dep deps[] = {{"cluster 16 x 256 thr, many regs (hc_pre)", dep_kernel<112>, 16, 16, 256, 5 * 1024},
+                      {"cluster 16 x 256 thr, many regs, 101 KB smem", dep_kernel<112>, 16, 16, 256, 101 * 1024},
+                      {"cluster 16 x 256 thr, few regs", dep_kernel<8>, 16, 16, 256, 5 * 1024},
+                      {"16 plain blocks x 256 thr, many regs", dep_kernel<112>, 1, 16, 256, 5 * 1024},
+                      {"1 block x 32 thr, few regs (a one-warp top-k)", dep_kernel<8>, 1, 1, 32, 0}};
+  CK(cudaFuncSetAttribute(dep_kernel<112>, cudaFuncAttributeMaxDynamicSharedMemorySize, 101 * 1024));
+  CK(cudaFuncSetAttribute(dep_kernel<112>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(cudaFuncSetAttribute(dep_kernel<8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  std::printf("%d SMs; registers per thread: predecessor many %d, few %d; dependent many %d, few %d\n", sms,
+              regs_of(reinterpret_cast<const void*>(pred_kernel<112>)), regs_of(reinterpret_cast<const void*>(pred_kernel<8>)),
+              regs_of(reinterpret_cast<const void*>(dep_kernel<112>)), regs_of(reinterpret_cast<const void*>(dep_kernel<8>)));
+  std::printf("us after the predecessor's last block exit (medians of 25; the predecessor works 20 us):\n");
+  std::printf("  %-28s %-46s %9s %9s %9s\n", "predecessor", "dependent", "1st entry", "last entry", "wait ret");
+  for (const Pred& p : preds)
+    for (const Dep& d : deps) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(d.blocks)), cfg.blockDim = dim3(unsigned(d.threads)), cfg.dynamicSmemBytes = d.smem, cfg.stream = s;
+      cudaLaunchAttribute at[2];
+      int na = 0;
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization, at[na++].val.programmaticStreamSerializationAllowed = 1;
+      if (d.cluster > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = unsigned(d.cluster), at[na].val.clusterDim.y = 1, at[na++].val.clusterDim.z = 1;
+        cudaLaunchConfig_t q = cfg;
+        cudaLaunchAttribute qa = at[1];
+        q.attrs = &qa, q.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, d.kern, &q) != cudaSuccess || clusters == 0) {
+          (void)cudaGetLastError();
+          std::printf("  %-28s %-46s not schedulable\n", p.name, d.name);
+          continue;
+        }
+      }
+      cfg.attrs = at, cfg.numAttrs = na;
+      std::vector<double> fe, le, wr;
+      for (int t = 0; t < 27; ++t) {
+        const unsigned long long zero = 0, big = ~0ull;
+        CK(cudaMemcpyToSymbolAsync(g_pred_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyToSymbolAsync(g_dep_last, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyToSymbolAsync(g_dep_wait, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyToSymbolAsync(g_dep_first, &big, 8, 0, cudaMemcpyHostToDevice, s));
+        p.kern<<<p.blocks, 256, 0, s>>>(20000, never, sink);
+        CK(cudaGetLastError());
+        CK(cudaLaunchKernelEx(&cfg, d.kern, static_cast<const int*>(never), sink));
+        CK(cudaStreamSynchronize(s));
+        unsigned long long pe, f, l, w;
+        CK(cudaMemcpyFromSymbol(&pe, g_pred_end, 8));
+        CK(cudaMemcpyFromSymbol(&f, g_dep_first, 8));
+        CK(cudaMemcpyFromSymbol(&l, g_dep_last, 8));
+        CK(cudaMemcpyFromSymbol(&w, g_dep_wait, 8));
+        if (t < 2) continue;  // warm-up
+        fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
+      }
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      std::printf("  %-28s %-46s %9.2f %9.2f %9.2f\n", p.name, d.name, med(fe), med(le), med(wr));
+    }
+  return 0;
+}
