@@ -93,10 +93,12 @@ std::vector<Patch> make_registry() {
                // the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_pdl = true; }, false, "cuda"});
   r.push_back({"cuda.streams", "every kernel of a forward on one stream, one after another",
-               "independent chains of a sublayer on a second stream, forked and joined with events (parallel branches "
+               "independent chains of a sublayer on side streams, forked and joined with events (parallel branches "
                "of the decode graph): the KV row and the compressors (projections, cache steps) beside the query path, "
                "joined before the indexer; the shared expert beside the router and routed experts, joined before the "
-               "sum; each stream has its own workspace and scratch; serial while taps or per-op timing are on",
+               "sum; each hc_pre's post gates and Sinkhorn (fwd_hc_gates) on a third stream beside the sublayer, "
+               "joined before the next hc_pre; each stream has its own workspace and scratch; serial while taps or "
+               "per-op timing are on",
                "a branch that reads a buffer before its producer on the other stream has finished, or two branches "
                "sharing a scratch buffer, gives results that change from run to run: tested bit-identical to the "
                "serial launches over graph and eager steps",
