@@ -21,8 +21,9 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 // output, or loaded once). Three cluster reductions, each pushed (hc_push: every block stores its partials into the
 // inbox of each block that needs them, and waits on its own mbarrier for the bytes it expects; no global scratch,
 // no counters, no cluster barrier after the prologue's):
-//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2); every block sums
-//      the S partials in rank order, so r = rsqrt(mean + eps) has the same bits everywhere;
+//   1. each block's fp64 sum of squares of its slice (its fn rows already on their way to L2, or with SF into its
+//      shared memory); every block sums the S partials in rank order, so r = rsqrt(mean + eps) has the same bits
+//      everywhere;
 //   2. each block's fp64 partial dots of the (2+H)*H mixes over its slice (per thread, a warp reduce-scatter,
 //      the warps in order), pushed: the H pre mixes to every block, the others to the token's block;
 //   3. each block sums the S partials of the mixes it holds in rank order (fp32 mix; official: times float(r)),
