@@ -39,6 +39,10 @@ constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
 constexpr int kHcThreads = 256;
 constexpr int kHcMaxCluster = 16;
 
+// The width of a block's slice of D (a multiple of the item width W), for the launch's shared memory and the staging
+// rule; the kernel writes the same expression inline (through this function its code came out different, session 41).
+__host__ __device__ constexpr int64_t hc_slice_width(int64_t D, int S, int W) { return ((D + S - 1) / S + W - 1) / W * W; }
+
 __host__ __device__ constexpr int pow2_at_least(int v) { return v <= 1 ? 1 : 2 * pow2_at_least((v + 1) / 2); }
 __host__ __device__ constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
 
@@ -619,7 +623,7 @@ size_t hc_fn_stage_bytes(int H, int64_t per) { return size_t((2 + H) * H) * size
 // fits where the largest does). Opts the kernel in to that much shared memory.
 template <int H>
 bool hc_staged_ok(int Sv) {
-  static const bool ok = [&] {
+  static const bool ok = [Sv] {
     auto k = hc_pre_kernel<H, true, 1, true, true>;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kHcMaxStaged)) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -629,12 +633,19 @@ bool hc_staged_ok(int Sv) {
   }();
   return ok;
 }
+// Whether one token's launch (hc_mult H, the vector path, the forward's numerics) stages fn: its slice and fn's fit
+// in kHcMaxStaged and the GPU schedules the staged kernel's clusters. Returns the dynamic shared memory it takes.
+template <int H>
+size_t hc_staged_smem(int Sv, int64_t per) {
+  const size_t bytes = size_t(H + 1) * size_t(per) * sizeof(float) + hc_fn_stage_bytes(H, per);
+  return bytes <= kHcMaxStaged && hc_staged_ok<H>(Sv) ? bytes : 0;
+}
 
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
   constexpr int W = VEC ? 4 : 1;
-  const int64_t per = ((a.D + Sv - 1) / Sv + W - 1) / W * W;  // the kernel's slice width
+  const int64_t per = hc_slice_width(a.D, Sv, W);
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   int M = 1, clusters = a.n;
@@ -668,8 +679,7 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     if (M == 2) kern = fast ? hc_pre_kernel<H, VEC, 2, true> : hc_pre_kernel<H, VEC, 2>;
     if (M == 1 && fast) {
       kern = hc_pre_kernel<H, VEC, 1, true>;
-      const size_t staged = slice_smem + hc_fn_stage_bytes(H, per);
-      if (staged <= kHcMaxStaged && hc_staged_ok<H>(Sv)) {
+      if (const size_t staged = hc_staged_smem<H>(Sv, per)) {
         kern = hc_pre_kernel<H, VEC, 1, true, true>;
         smem = staged;
       }
@@ -697,8 +707,7 @@ HcSplit hc_pre_split(int n, int resident) {
 
 bool fwd_hc_pre_staged(int64_t D) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<4, true, 1>);
-  const int64_t per = ((D + Sv - 1) / Sv + 3) / 4 * 4;
-  return size_t(5) * size_t(per) * sizeof(float) + hc_fn_stage_bytes(4, per) <= kHcMaxStaged && hc_staged_ok<4>(Sv);
+  return hc_staged_smem<4>(Sv, hc_slice_width(D, Sv, 4)) > 0;
 }
 
 size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * size_t((2 + H) * H); }
