@@ -16,6 +16,11 @@
 
 __device__ unsigned long long g_pred_end, g_dep_first, g_dep_last, g_dep_wait;
 
+// A side branch's kernel (as the forward's hc gates on their own stream): short, done long before the predecessor.
+__global__ void side_kernel(float* sink) {
+  if (threadIdx.x == 0) sink[1000] = 1.f;
+}
+
 // Registers held: NR floats per thread kept live through a spin of `ns` nanoseconds (the predecessor), or through
 // the dependent's body. The values reach memory only if *never (always 0) is set, so the compiler keeps them.
 template <int NR>
@@ -71,6 +76,11 @@ int regs_of(const void* k) {
   return fa.numRegs;
 }
 
+double med(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -104,14 +114,17 @@ int main() {
               regs_of(reinterpret_cast<const void*>(pred_kernel<112>)), regs_of(reinterpret_cast<const void*>(pred_kernel<8>)),
               regs_of(reinterpret_cast<const void*>(dep_kernel<112>)), regs_of(reinterpret_cast<const void*>(dep_kernel<8>)));
   std::printf("us after the predecessor's last block exit (medians of 25; the predecessor works 20 us):\n");
-  std::printf("  %-28s %-46s %9s %9s %9s\n", "predecessor", "dependent", "1st entry", "last entry", "wait ret");
+  std::printf("  %-4s %-28s %-46s %9s %9s %9s\n", "pdl", "predecessor", "dependent", "1st entry", "last entry", "wait ret");
+  // Each pair with PDL (the dependent launched early, waiting in griddepcontrol.wait) and without (stream order: the
+  // dependent launches once the predecessor completes), the latter the baseline a launch without PDL would see.
+  for (int pdl = 1; pdl >= 0; --pdl)
   for (const Pred& p : preds)
     for (const Dep& d : deps) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(unsigned(d.blocks)), cfg.blockDim = dim3(unsigned(d.threads)), cfg.dynamicSmemBytes = d.smem, cfg.stream = s;
       cudaLaunchAttribute at[2];
       int na = 0;
-      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization, at[na++].val.programmaticStreamSerializationAllowed = 1;
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization, at[na++].val.programmaticStreamSerializationAllowed = pdl;
       if (d.cluster > 1) {
         at[na].id = cudaLaunchAttributeClusterDimension;
         at[na].val.clusterDim.x = unsigned(d.cluster), at[na].val.clusterDim.y = 1, at[na++].val.clusterDim.z = 1;
@@ -121,7 +134,7 @@ int main() {
         int clusters = 0;
         if (cudaOccupancyMaxActiveClusters(&clusters, d.kern, &q) != cudaSuccess || clusters == 0) {
           (void)cudaGetLastError();
-          std::printf("  %-28s %-46s not schedulable\n", p.name, d.name);
+          std::printf("  %-4s %-28s %-46s not schedulable\n", pdl ? "pdl" : "-", p.name, d.name);
           continue;
         }
       }
@@ -145,11 +158,84 @@ int main() {
         if (t < 2) continue;  // warm-up
         fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
       }
-      auto med = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
+      std::printf("  %-4s %-28s %-46s %9.2f %9.2f %9.2f\n", pdl ? "pdl" : "-", p.name, d.name, med(fe), med(le), med(wr));
+    }
+
+  // The same in a CUDA graph, as the forward's step runs: the dependent's edge from the predecessor is programmatic
+  // (captured from a PDL launch), alone or with a second incoming edge from a side branch (a kernel on another
+  // stream, joined by an event just before the dependent, or before the predecessor), and without PDL.
+  std::printf("in a CUDA graph, after \"%s\" (us after its last block exit, medians of 25):\n", preds[2].name);
+  std::printf("  %-44s %-46s %9s %9s %9s\n", "graph", "dependent", "1st entry", "last entry", "wait ret");
+  cudaStream_t s2;
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t evf, evj;
+  CK(cudaEventCreateWithFlags(&evf, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&evj, cudaEventDisableTiming));
+  struct GCase {
+    const char* name;
+    // join: 0 no side branch, 1 joined just before the dependent, 2 joined before the predecessor, 3 forked between
+    // the predecessor and the dependent (joined after the dependent), 4 forked before the predecessor (joined after)
+    int pdl, join;
+  };
+  const GCase gcases[] = {{"PDL edge only", 1, 0},
+                          {"PDL edge + side branch joined before dep", 1, 1},
+                          {"PDL edge + side branch joined before pred", 1, 2},
+                          {"PDL edge + side branch forked before dep", 1, 3},
+                          {"PDL edge + side branch forked before pred", 1, 4},
+                          {"no PDL", 0, 0},
+                          {"no PDL + side branch joined before dep", 0, 1}};
+  for (const GCase& g : gcases)
+    for (int di : {0, 3}) {
+      const Dep& d = deps[di];
+      const Pred& p = preds[2];
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(d.blocks)), cfg.blockDim = dim3(unsigned(d.threads)), cfg.dynamicSmemBytes = d.smem, cfg.stream = s;
+      cudaLaunchAttribute at[2];
+      int na = 0;
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization, at[na++].val.programmaticStreamSerializationAllowed = g.pdl;
+      if (d.cluster > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = unsigned(d.cluster), at[na].val.clusterDim.y = 1, at[na++].val.clusterDim.z = 1;
+      }
+      cfg.attrs = at, cfg.numAttrs = na;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      auto fork = [&] {
+        CK(cudaEventRecord(evf, s));
+        CK(cudaStreamWaitEvent(s2, evf, 0));
+        side_kernel<<<1, 32, 0, s2>>>(sink);
+        CK(cudaEventRecord(evj, s2));
       };
-      std::printf("  %-28s %-46s %9.2f %9.2f %9.2f\n", p.name, d.name, med(fe), med(le), med(wr));
+      if (g.join == 1 || g.join == 2 || g.join == 4) fork();
+      if (g.join == 2) CK(cudaStreamWaitEvent(s, evj, 0));
+      p.kern<<<p.blocks, 256, 0, s>>>(20000, never, sink);
+      if (g.join == 3) fork();
+      if (g.join == 1) CK(cudaStreamWaitEvent(s, evj, 0));
+      CK(cudaLaunchKernelEx(&cfg, d.kern, static_cast<const int*>(never), sink));
+      if (g.join >= 3) CK(cudaStreamWaitEvent(s, evj, 0));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamEndCapture(s, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      std::vector<double> fe, le, wr;
+      for (int t = 0; t < 27; ++t) {
+        const unsigned long long zero = 0, big = ~0ull;
+        CK(cudaMemcpyToSymbolAsync(g_pred_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyToSymbolAsync(g_dep_last, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyToSymbolAsync(g_dep_wait, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaMemcpyToSymbolAsync(g_dep_first, &big, 8, 0, cudaMemcpyHostToDevice, s));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        unsigned long long pe, f, l, w;
+        CK(cudaMemcpyFromSymbol(&pe, g_pred_end, 8));
+        CK(cudaMemcpyFromSymbol(&f, g_dep_first, 8));
+        CK(cudaMemcpyFromSymbol(&l, g_dep_last, 8));
+        CK(cudaMemcpyFromSymbol(&w, g_dep_wait, 8));
+        if (t < 2) continue;
+        fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
+      }
+      std::printf("  %-44s %-46s %9.2f %9.2f %9.2f\n", g.name, d.name, med(fe), med(le), med(wr));
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
     }
   return 0;
 }
