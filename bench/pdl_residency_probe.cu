@@ -81,6 +81,33 @@ double med(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The dependent's first and last block entry and its wait's return, us after the predecessor's last block exit:
+// medians of 25 runs of `launch` (after 2 warm-up runs) on stream s.
+struct Medians {
+  double first, last, wait;
+};
+template <class Launch>
+Medians trials(cudaStream_t s, Launch launch) {
+  std::vector<double> fe, le, wr;
+  for (int t = 0; t < 27; ++t) {
+    const unsigned long long zero = 0, big = ~0ull;
+    CK(cudaMemcpyToSymbolAsync(g_pred_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyToSymbolAsync(g_dep_last, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyToSymbolAsync(g_dep_wait, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyToSymbolAsync(g_dep_first, &big, 8, 0, cudaMemcpyHostToDevice, s));
+    launch();
+    CK(cudaStreamSynchronize(s));
+    unsigned long long pe, f, l, w;
+    CK(cudaMemcpyFromSymbol(&pe, g_pred_end, 8));
+    CK(cudaMemcpyFromSymbol(&f, g_dep_first, 8));
+    CK(cudaMemcpyFromSymbol(&l, g_dep_last, 8));
+    CK(cudaMemcpyFromSymbol(&w, g_dep_wait, 8));
+    if (t < 2) continue;  // warm-up
+    fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
+  }
+  return {med(fe), med(le), med(wr)};
+}
+
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -139,26 +166,12 @@ int main() {
         }
       }
       cfg.attrs = at, cfg.numAttrs = na;
-      std::vector<double> fe, le, wr;
-      for (int t = 0; t < 27; ++t) {
-        const unsigned long long zero = 0, big = ~0ull;
-        CK(cudaMemcpyToSymbolAsync(g_pred_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaMemcpyToSymbolAsync(g_dep_last, &zero, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaMemcpyToSymbolAsync(g_dep_wait, &zero, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaMemcpyToSymbolAsync(g_dep_first, &big, 8, 0, cudaMemcpyHostToDevice, s));
+      const Medians m = trials(s, [&] {
         p.kern<<<p.blocks, 256, 0, s>>>(20000, never, sink);
         CK(cudaGetLastError());
         CK(cudaLaunchKernelEx(&cfg, d.kern, static_cast<const int*>(never), sink));
-        CK(cudaStreamSynchronize(s));
-        unsigned long long pe, f, l, w;
-        CK(cudaMemcpyFromSymbol(&pe, g_pred_end, 8));
-        CK(cudaMemcpyFromSymbol(&f, g_dep_first, 8));
-        CK(cudaMemcpyFromSymbol(&l, g_dep_last, 8));
-        CK(cudaMemcpyFromSymbol(&w, g_dep_wait, 8));
-        if (t < 2) continue;  // warm-up
-        fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
-      }
-      std::printf("  %-4s %-28s %-46s %9.2f %9.2f %9.2f\n", pdl ? "pdl" : "-", p.name, d.name, med(fe), med(le), med(wr));
+      });
+      std::printf("  %-4s %-28s %-46s %9.2f %9.2f %9.2f\n", pdl ? "pdl" : "-", p.name, d.name, m.first, m.last, m.wait);
     }
 
   // The same in a CUDA graph, as the forward's step runs: the dependent's edge from the predecessor is programmatic
@@ -216,24 +229,8 @@ int main() {
       cudaGraphExec_t exec;
       CK(cudaStreamEndCapture(s, &graph));
       CK(cudaGraphInstantiate(&exec, graph, 0));
-      std::vector<double> fe, le, wr;
-      for (int t = 0; t < 27; ++t) {
-        const unsigned long long zero = 0, big = ~0ull;
-        CK(cudaMemcpyToSymbolAsync(g_pred_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaMemcpyToSymbolAsync(g_dep_last, &zero, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaMemcpyToSymbolAsync(g_dep_wait, &zero, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaMemcpyToSymbolAsync(g_dep_first, &big, 8, 0, cudaMemcpyHostToDevice, s));
-        CK(cudaGraphLaunch(exec, s));
-        CK(cudaStreamSynchronize(s));
-        unsigned long long pe, f, l, w;
-        CK(cudaMemcpyFromSymbol(&pe, g_pred_end, 8));
-        CK(cudaMemcpyFromSymbol(&f, g_dep_first, 8));
-        CK(cudaMemcpyFromSymbol(&l, g_dep_last, 8));
-        CK(cudaMemcpyFromSymbol(&w, g_dep_wait, 8));
-        if (t < 2) continue;
-        fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
-      }
-      std::printf("  %-44s %-46s %9.2f %9.2f %9.2f\n", g.name, d.name, med(fe), med(le), med(wr));
+      const Medians m = trials(s, [&] { CK(cudaGraphLaunch(exec, s)); });
+      std::printf("  %-44s %-46s %9.2f %9.2f %9.2f\n", g.name, d.name, m.first, m.last, m.wait);
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(graph));
     }

@@ -458,6 +458,7 @@ __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressAr
 }  // namespace
 
 void fwd_attend(const AttendArgs& a, Stream s) {
+  if (a.wait.sync) throw_arg("attention: in-kernel branch waits (AttendArgs::wait) are the split-K launch's only");
   if (a.n <= 0) return;
   if (a.out_inv_freq) throw_arg("attention: the fused output rotation (AttendArgs::out_inv_freq) is split-K only");
   if (a.ld_logits < a.window + (a.type == 2 ? a.ne : a.type == 1 ? a.ksel : 0)) throw_arg("attention: logits scratch too narrow");

@@ -99,7 +99,9 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   __shared__ double fac[kHeads], lfin[kHeads];
   __shared__ float mfin[kHeads];
   __shared__ int kvalid[2][kTile];
-  pdl_begin();  // (cuda.pdl_hc_attn) the keys, queries and positions come from earlier kernels
+  // (cuda.pdl_hc_attn) the keys, queries and positions come from earlier kernels; the KV row and the entries maybe
+  // from side branches (cuda.branch_flags: a.wait, waited between the PDL wait and the trigger)
+  pdl_begin_after(a.wait, "attend_split");
   const int Dh = int(a.Dh), nsl = Dh / kSlice;
   float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]
   double* part = reinterpret_cast<double*>(split_smem + size_t(2 * kTile) * size_t(Dh) * 4);  // [nsl][kHeads][kPart]
@@ -385,6 +387,7 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   int64_t S = (max_keys + p.chunk - 1) / p.chunk;
   if (p.cap > 0) S = std::min(S, p.cap);
   p.splits = int(std::max<int64_t>(1, S));
+  p.blocks = int64_t(n) * ((Hq + kHeads - 1) / kHeads) * p.splits;
   p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
   return p;
 }
@@ -401,6 +404,9 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     throw_arg("attention (split-K): the output's rotation needs an f16 output and an even first rotated dim within head_dim");
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
   const int S = plan.splits;
+  if (a.wait.sync && !branch_wait_fits(int64_t(a.n) * ngroups * S))
+    throw_arg("attention (split-K): " + std::to_string(int64_t(a.n) * ngroups * S) +
+              " blocks are too many to wait in-kernel for side branches (branch_wait_fits): join them instead");
   Partials P{};
   if (S > 1) {
     if (!scratch) throw_arg("attention (split-K): no scratch for the partials");

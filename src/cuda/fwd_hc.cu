@@ -318,7 +318,9 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cl.barrier_arrive();  // every block's mbarriers in place before any push (waited before phase 1's)
-  pdl_begin();  // (cuda.pdl_hc_attn) everything below reads or writes what earlier kernels write or read; fn is a weight
+  // (cuda.pdl_hc_attn) everything below reads or writes what earlier kernels write or read; fn is a weight. Between
+  // the wait and the trigger, cuda.branch_flags' wait for the side branches this launch reads (a.wait).
+  pdl_begin_after(a.wait, "hc_pre");
 
   // 0. This block's slice of each token's streams into shared memory: the fused hc_post of the previous sublayer
   // (a.y, or the MoE combine a.y_slots; also written to a.X_out = a.X, the new residual streams), or a.X. Elementwise,
@@ -641,16 +643,20 @@ size_t hc_staged_smem(int Sv, int64_t per) {
   return bytes <= kHcMaxStaged && hc_staged_ok<H>(Sv) ? bytes : 0;
 }
 
+// The launch's shape: clusters of Sv blocks, M tokens per cluster, `clusters` clusters; `slice_smem` a token's slices.
+struct HcShape {
+  int Sv, M, clusters;
+  int64_t per;
+  size_t slice_smem;
+};
 template <int H, bool VEC>
-void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
+HcShape hc_pre_shape(const HcArgs& a) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
   constexpr int W = VEC ? 4 : 1;
   const int64_t per = hc_slice_width(a.D, Sv, W);
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
   if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   int M = 1, clusters = a.n;
-  auto kern = hc_pre_kernel<H, VEC, 1>;
-  size_t smem = slice_smem;
   if (a.tokens_per_cluster != 0 && a.tokens_per_cluster != 1 && a.tokens_per_cluster != 2 && a.tokens_per_cluster != 4)
     throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
   if constexpr (VEC && H == 4) {
@@ -668,7 +674,20 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     }
     // (an M that the GPU or the shared memory does not take: halved, in ceil(n / M) clusters)
     while (M > 1 && (!many || size_t(M) * slice_smem > kHcMaxSmem)) M /= 2, clusters = (a.n + M - 1) / M;
-    smem = size_t(M) * slice_smem;
+  }
+  return {Sv, M, clusters, per, slice_smem};
+}
+
+template <int H, bool VEC>
+void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
+  const HcShape sh = hc_pre_shape<H, VEC>(a);
+  if (a.wait.sync && !branch_wait_fits(int64_t(sh.clusters) * sh.Sv))
+    throw_arg("hc_pre: " + std::to_string(int64_t(sh.clusters) * sh.Sv) +
+              " blocks are too many to wait in-kernel for side branches (branch_wait_fits): join them instead");
+  const int M = sh.M, Sv = sh.Sv;
+  auto kern = hc_pre_kernel<H, VEC, 1>;
+  size_t smem = size_t(M) * sh.slice_smem;
+  if constexpr (VEC && H == 4) {
     // The forward's numerics (the reference's mixes, fp32 activations, the warp's Sinkhorn): the kernels compiled
     // for them alone (F), where the GPU schedules them at this cluster size (the query also allows the size).
     static const bool f_ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true>, Sv, kHcThreads, kHcMaxSmem) > 0 &&
@@ -679,13 +698,19 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     if (M == 2) kern = fast ? hc_pre_kernel<H, VEC, 2, true> : hc_pre_kernel<H, VEC, 2>;
     if (M == 1 && fast) {
       kern = hc_pre_kernel<H, VEC, 1, true>;
-      if (const size_t staged = hc_staged_smem<H>(Sv, per)) {
+      if (const size_t staged = hc_staged_smem<H>(Sv, sh.per)) {
         kern = hc_pre_kernel<H, VEC, 1, true, true>;
         smem = staged;
       }
     }
   }
-  launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(clusters), unsigned(kHcThreads), smem, s, a, mix_out);
+  launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(sh.clusters), unsigned(kHcThreads), smem, s, a, mix_out);
+}
+
+// Whether the vector kernels take a's rows (16-byte aligned, D a multiple of 4).
+bool hc_vec(const HcArgs& a) {
+  return a.D % 4 == 0 && aligned16(a.X) && aligned16(a.fn) && aligned16(a.collapsed) && (!a.y || (aligned16(a.y) && aligned16(a.X_prev))) &&
+         (!a.norm_w || aligned16(a.norm_w)) && (!a.y_slots || (aligned16(a.y_slots) && aligned16(a.X_prev) && (!a.y_add || aligned16(a.y_add))));
 }
 
 }  // namespace
@@ -710,6 +735,17 @@ bool fwd_hc_pre_staged(int64_t D) {
   return hc_staged_smem<4>(Sv, hc_slice_width(D, Sv, 4)) > 0;
 }
 
+int64_t fwd_hc_pre_blocks(const HcArgs& a) {
+  if (a.n <= 0) return 0;
+  int64_t blocks = 0;
+  with_hc_mult(a.H, [&](auto h) {
+    constexpr int H = decltype(h)::value;
+    const HcShape sh = hc_vec(a) ? hc_pre_shape<H, true>(a) : hc_pre_shape<H, false>(a);
+    blocks = int64_t(sh.clusters) * sh.Sv;
+  });
+  return blocks;
+}
+
 size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * size_t((2 + H) * H); }
 
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
@@ -717,9 +753,7 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if (a.H < 1 || a.H > 6 || nmix > kMaxMix) throw_arg("hc_pre: hc_mult > 6 is not supported on the GPU");
   if (a.n <= 0) return;
   if (a.n > 65535) throw_arg("hc_pre: more than 65535 tokens in one launch");
-  const bool vec = a.D % 4 == 0 && aligned16(a.X) && aligned16(a.fn) && aligned16(a.collapsed) &&
-                   (!a.y || (aligned16(a.y) && aligned16(a.X_prev))) && (!a.norm_w || aligned16(a.norm_w)) &&
-                   (!a.y_slots || (aligned16(a.y_slots) && aligned16(a.X_prev) && (!a.y_add || aligned16(a.y_add))));
+  const bool vec = hc_vec(a);
   if (a.norm_w && a.act_bf16) throw_arg("hc_pre: the fused norm is the fp32 twin's (not the official numerics')");
   if (a.gates_apart && (a.head || !scratch)) throw_arg("hc_pre: gates_apart needs the mixes' scratch, and not hc_head");
   if (a.y && a.y_slots) throw_arg("hc_pre: y and y_slots are exclusive");

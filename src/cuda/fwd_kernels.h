@@ -27,7 +27,8 @@ struct DMat {
 
 // ---- dense ops (fwd_ops.cu) ----
 // X[t, j, :] = embed[tokens[t]] for j < H (the hc_mult residual streams); D = embed.cols.
-void fwd_embed(const DMat& embed, const int32_t* tokens, int n, int H, float* X, Stream s);
+// epoch (optional): the forward's epoch of cuda.branch_flags (BranchWait::sync[0]), advanced by one.
+void fwd_embed(const DMat& embed, const int32_t* tokens, int n, int H, float* X, Stream s, unsigned* epoch = nullptr);
 // y[t * ldy + r] = sum_c x[t * ldx + c] * W[r0 + r, c], r < nr, t < n (fp64 accumulation, fp32 out).
 void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, int64_t nr, float* y, int64_t ldy, Stream s);
 // One token through several matrices that share its input row (all of w's rows each), in one launch: the same bits
@@ -147,6 +148,9 @@ struct HcArgs {
   // cuda.streams runs them beside the sublayer (they are read only by the next hc_pre's fused hc_post), so the
   // Sinkhorn's 20 dependent iterations (~3 us) leave the launch's critical path. Not with hc_head (no gates).
   int gates_apart = 0;
+  // cuda.branch_flags: the side branches whose results this launch reads (the gates apart of the hc_pre before, the
+  // shared expert the fused combine adds), waited for in-kernel instead of joined (BranchWait).
+  BranchWait wait;
 };
 // The launch's default split of n tokens: M tokens at most per cluster (1, 2 or 4) over `clusters` clusters (n spread
 // evenly), given how many clusters the GPU keeps resident at once.
@@ -160,6 +164,9 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
 // Whether one token's hc_pre at hidden size D (hc_mult 4, the forward's numerics) runs the kernel with fn staged in
 // shared memory (the GPU schedules its clusters, and the slice's fn fits).
 bool fwd_hc_pre_staged(int64_t D);
+// The blocks of a's hc_pre launch (clusters x blocks per cluster), as fwd_hc_pre would launch it.
+int64_t fwd_hc_pre_blocks(const HcArgs& a);
+
 // The gates hc_pre left apart (HcArgs::gates_apart): post and comb of a's n tokens from the mixes in scratch, the
 // same code and bits as hc_pre's (one warp per token: hc_math's gates and the warp's Sinkhorn, or the serial twin).
 void fwd_hc_gates(const HcArgs& a, const double* scratch, Stream s);
@@ -207,6 +214,9 @@ struct AttendArgs {
   // bf16 before P.V, the output stored as bf16 (model/attention.cpp attend()).
   int official = 0;
   int official_serial = 0;  // tests: one thread computes each key block's max and probabilities (the kernel's twin)
+  // fwd_attend_splitk only: the side branches whose writes the split launch reads (the KV row, the compressor's
+  // entries), waited for in-kernel instead of joined (cuda.branch_flags, BranchWait).
+  BranchWait wait;
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
 // Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and
@@ -221,6 +231,7 @@ struct SplitPlan {
   int64_t chunk = 0;  // keys per split, at least (a multiple of 32)
   int64_t cap = 0;    // > 0: a query takes at most cap splits (its keys per split grow past chunk)
   int splits = 1;     // the grid: splits per query, enough for every query of up to max_keys keys
+  int64_t blocks = 0;  // the split launch's grid: n x ceil(Hq / 16) x splits blocks
   size_t scratch_bytes = 0;
   // Keys per split of a query with `count` keys: chunk, or count / cap rounded up to 32 if larger. It depends on the
   // query and on chunk and cap (functions of n alone up to 256 tokens), never on the grid, so an eager launch and a

@@ -56,16 +56,23 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
   float* sel_s = score_s + E;
   float* gs_s = sel_s + E;
   int* kept_s = reinterpret_cast<int*>(gs_s + kRouteMaxGroups);
-  // Every global load of the token first, all independent (the hash row's index waits only for the token id).
-  int tok = 0;
-  if (hash) tok = __ldg(a.tokens + t);
-  const float* lg = a.logits + int64_t(t) * E;
+  // Every global load of the token first, all independent (the hash row's index waits only for the token id): the
+  // bias (a weight) before the PDL wait (cuda.pdl), the logits and the token id after it, as plain loads (an __ldg of
+  // an address known before the wait may be hoisted above it: launch.cuh).
   float x[P], b[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) {
     const int e = i * 32 + lane;
-    x[i] = e < E ? __ldg(lg + e) : -INFINITY;
     b[i] = (!hash && e < E) ? __ldg(a.bias + e) : 0.0f;
+  }
+  pdl_begin();
+  int tok = 0;
+  if (hash) tok = a.tokens[t];
+  const float* lg = a.logits + int64_t(t) * E;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int e = i * 32 + lane;
+    x[i] = e < E ? lg[e] : -INFINITY;
   }
   int hidx = 0;
   if (hash && lane < K) hidx = __ldg(a.tid2eid + int64_t(tok) * K + lane);
@@ -294,7 +301,7 @@ void fwd_route(const RouteArgs& a, Stream s) {
     const int P = (a.E + 31) / 32, warps = std::min(a.n, kRouteWarps);
     const size_t smem = size_t(warps) * size_t(2 * a.E + 2 * kRouteMaxGroups) * 4;
     const unsigned blocks = unsigned((a.n + kRouteWarps - 1) / kRouteWarps);
-    auto go = [&](auto kern) { kern<<<blocks, 32 * warps, smem, stream_of(s)>>>(a); };
+    auto go = [&](auto kern) { launch("fwd_route", kern, dim3(blocks), dim3(unsigned(32 * warps)), smem, s, a); };  // (cuda.pdl)
     // V4's learned routing (route_warp_kernel's kV4) at V4's 256 experts; every other case the general kernel.
     const bool v4 = a.score == 0 && !a.hash && !(a.n_group > 1 && a.topk_group < a.n_group) && a.renorm && !a.unfloored &&
                     !a.softplus_naive;
@@ -303,7 +310,6 @@ void fwd_route(const RouteArgs& a, Stream s) {
     else if (P <= 4) go(route_warp_kernel<4, false>);
     else if (P <= 8) v4 ? go(route_warp_kernel<8, true>) : go(route_warp_kernel<8, false>);
     else go(route_warp_kernel<16, false>);
-    check_launch("fwd_route");
     return;
   }
   const size_t smem = size_t(2 * a.E) * 4;

@@ -13,8 +13,10 @@ namespace {
 
 // A thread per (token, d), the tokens strided over gridDim.y: one block per token walked its row with a load per
 // step, a latency chain (11 us per decode step under ncu).
-__global__ void embed_kernel(DMat e, const int32_t* tokens, int n, int H, float* X) {
+// epoch (cuda.branch_flags, BranchWait): advanced once, by the forward's first kernel.
+__global__ void embed_kernel(DMat e, const int32_t* tokens, int n, int H, float* X, unsigned* epoch) {
   pdl_begin();
+  if (epoch && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *epoch += 1u;
   const int64_t D = e.cols, d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d >= D) return;
   for (int t = int(blockIdx.y); t < n; t += int(gridDim.y)) {
@@ -544,10 +546,10 @@ __global__ void add_kernel(float* y, const float* x, int64_t n, int round_bf16) 
 
 }  // namespace
 
-void fwd_embed(const DMat& e, const int32_t* tokens, int n, int H, float* X, Stream s) {
+void fwd_embed(const DMat& e, const int32_t* tokens, int n, int H, float* X, Stream s, unsigned* epoch) {
   if (n <= 0) return;
   launch("fwd_embed", embed_kernel, dim3(unsigned((e.cols + 255) / 256), unsigned(std::min(n, 65535))), 256, 0, s, e, tokens, n, H,
-         X);
+         X, epoch);
 }
 
 namespace {

@@ -186,6 +186,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
     if (n == 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
   }
+
   {
     const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");
@@ -305,9 +306,15 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       tap.index("attn.indexer.topk", all_entries_selection(c, n, pos0, w.icomp->rate, (pos0 + n) / w.icomp->rate));
   }
 
-  if (keys_later) branch_await(side2, sc.ev_entries);   // the compressor's entries (the indexer's keys: below)
-  else if (!run_indexer) branch_join(side2, sc.ev_join);  // the compressor's entries
-  branch_join(side, sc.ev_join);                              // the KV row (and its ring slot)
+  // The compressor's entries (the indexer's keys: below) and the KV row (and its ring slot). cuda.branch_flags: the
+  // split launch waits for them in-kernel where its grid leaves room to their kernels (the entries of HCA; CSA's
+  // indexer keys follow them on their stream, so they stay an await), else they join here.
+  std::optional<SplitPlan> plan;
+  if (w.splitk) plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
+  const bool in_kernel = sc.flags && plan && !nm.official() && branch_wait_fits(plan->blocks);
+  if (keys_later) branch_await(side2, sc.ev_entries);
+  else if (!run_indexer) sc.wait_or_join(a.wait, in_kernel, side2, sc.ev_join);
+  sc.wait_or_join(a.wait, in_kernel, side, sc.ev_join);
   region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
   a.q = q;
@@ -341,8 +348,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   }
   if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
                    // when a query's keys span splits
-    const SplitPlan plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
-    fwd_attend_splitk(a, plan, plan.scratch_bytes ? sc.get("attn.split", plan.scratch_bytes) : nullptr, nullptr);
+    fwd_attend_splitk(a, *plan, plan->scratch_bytes ? sc.get("attn.split", plan->scratch_bytes) : nullptr, nullptr);
   } else {
     a.ld_logits = max_keys;
     a.logits = sc.f("attn.logits", n * H * max_keys);
@@ -378,7 +384,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   }
   d.emplace(tm, "out/wo_b", true);
   nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
-  if (keys_later) branch_join(side2, sc.ev_join);  // the indexer's keys (beside the attention and its projections)
+  // The indexer's keys (beside the attention and its projections); cuda.branch_flags: at the forward's end instead
+  // (nothing reads them before the next step).
+  if (keys_later) sc.join_later(side2, sc.ev_join);
   d.reset();
   region.reset();
   tap_io(tap, "attn.out", out, {n, D});

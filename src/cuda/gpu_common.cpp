@@ -206,6 +206,53 @@ void Scratch::enable_side() {
   ev_fork = detail::event_create_sync();
   ev_join = detail::event_create_sync();
   ev_entries = detail::event_create_sync();
+  sync_words = DeviceBuffer(size_t(kSyncSlots) * sizeof(unsigned));
+  sync_words.fill_byte(0);
+}
+
+namespace {
+// s's entry in a list of streams, else the first free one (null: the list is full).
+Stream* stream_entry(Stream (&list)[4], Stream s) {
+  Stream* entry = nullptr;
+  for (Stream& x : list) {
+    if (x == s) return &x;
+    if (!x && !entry) entry = &x;
+  }
+  return entry;
+}
+}  // namespace
+
+void Scratch::wait_or_join(detail::BranchWait& w, bool in_kernel, Stream side, void* ev) {
+  if (!side) return;
+  Stream* entry = stream_entry(signalled_, side);
+  if (flags && in_kernel && entry && sync_used + 1 < kSyncSlots) {
+    const int slot = sync_used + 1;
+    if (w.add(sync(), slot)) {
+      *entry = side, sync_used = slot;
+      detail::branch_signal(side, sync(), slot);
+      ++branch_signals;
+      return;
+    }
+  }
+  detail::branch_join(side, ev);
+}
+
+void Scratch::join_later(Stream side, void* ev) {
+  if (!side) return;
+  Stream* entry = flags ? stream_entry(signalled_, side) : nullptr;
+  if (entry) *entry = side;
+  else detail::branch_join(side, ev);
+}
+
+void Scratch::start_signals(bool on) {
+  flags = on && sync_words.get();
+  sync_used = 0;
+  for (Stream& x : signalled_) x = nullptr;
+}
+
+void Scratch::join_signalled() {
+  for (Stream& x : signalled_)
+    if (x) detail::branch_join(x, ev_join), x = nullptr;
 }
 
 void Scratch::enable_prefetch() {

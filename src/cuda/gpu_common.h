@@ -180,6 +180,28 @@ class Scratch {
   void* ev_gates_fork = nullptr;
   void* ev_gates_join = nullptr;
   void enable_side();
+  // cuda.branch_flags (BranchWait, kernels.h): the flags' device words (zeroed by enable_side), the slots this forward
+  // took, and `flags`: whether this forward may leave branches to their readers' in-kernel waits (set by the forward;
+  // false: every branch joins).
+  static constexpr int kSyncSlots = 1024;
+  DeviceBuffer sync_words;
+  unsigned* sync() const { return sync_words.as<unsigned>(); }
+  int sync_used = 0;
+  bool flags = false;
+  int64_t branch_signals = 0;  // signal launches (host count of eager calls and captures; tests)
+  // At the forward's start: whether it uses the flags, no slot taken, no stream to join (a forward that threw left
+  // them: a capture must not join a stream it never forked).
+  void start_signals(bool on);
+  // The end of `side`'s work enqueued so far, for the launch about to read it: with `flags` and `in_kernel` (that
+  // launch waits in-kernel: branch_wait_fits of its grid), a signal launched on `side` and its slot added to `w`, the
+  // stream noted for the forward's final join; else (or with every slot taken) `side` joined here with event `ev`.
+  // A null `side` does nothing.
+  void wait_or_join(detail::BranchWait& w, bool in_kernel, Stream side, void* ev);
+  // With `flags`: `side` is left unjoined until the forward's end (its remaining work is read by no launch of this
+  // forward); without, joined here with event `ev`.
+  void join_later(Stream side, void* ev);
+  // At the forward's end: joins every stream left unjoined (a graph's branches must all join).
+  void join_signalled();
   // cuda.l2_prefetch: the prefetch stream and its events (enable_prefetch, once, outside any capture); `prefetch`:
   // the stream this forward may prefetch on (null: no prefetches).
   Stream pf = nullptr, prefetch = nullptr;
@@ -209,6 +231,7 @@ class Scratch {
 
  private:
   std::map<std::string, DeviceBuffer> bufs_;
+  Stream signalled_[4] = {};  // the streams join_signalled joins
 };
 
 // Where a forward chunk sits in the timeline. Kernels read the position from `dpos` (device memory, written before

@@ -76,6 +76,8 @@ void check_options(const ModelOptions& o) {
   // PDL for hc_pre and the split-K attention extends cuda.pdl's launches; alone it would launch nothing with PDL.
   PLUMB_CHECK(!o.cuda_pdl_hc_attn || o.cuda_pdl, "backend cuda: cuda.pdl_hc_attn extends cuda.pdl to more launches and needs it: add cuda.pdl");
   PLUMB_CHECK(!o.cuda_linear_early || o.cuda_pdl, "backend cuda: cuda.linear_early acts before cuda.pdl's wait and needs it: add cuda.pdl");
+  PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
+              "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
               o.prefill_gemm_min_tokens);
 }
@@ -431,6 +433,9 @@ class GpuForward : public DeviceForward {
     sc.branch = opt_.cuda_streams && !taps && !serial_timer ? sc.side : nullptr;
     sc.branch2 = sc.branch ? sc.side2 : nullptr;
     sc.gates = sc.branch ? sc.side3 : nullptr;
+    // cuda.branch_flags: branches whose reader can wait in-kernel (hc_pre, the split-K attention) signal instead of
+    // joining (Scratch::signal); they join once, before hc_head.
+    sc.start_signals(opt_.cuda_branch_flags && sc.branch != nullptr);
     // cuda.l2_prefetch, cuda.hc_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are
     // compute-bound, and their hc_pre launches read fn from L2 many times over).
     sc.prefetch = (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
@@ -447,7 +452,7 @@ class GpuForward : public DeviceForward {
     OpTimer& tm = sc.timer;
     {
       OpRegion r(tm, "embed");
-      fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr);
+      fwd_embed(g_.embed.d, tok, n, int(H), X, nullptr, sc.flags ? sc.sync() : nullptr);
       nm_.act(X, int64_t(n) * H * D);
     }
 
@@ -465,11 +470,14 @@ class GpuForward : public DeviceForward {
       if (gates_pending) branch_join(sc.gates, sc.ev_gates_join), gates_pending = false;
     };
     GpuCombine moe_y;  // the MoE sublayer's combine, left to the next launch's fused hc_post (gpu_moe's defer)
-    auto take_post = [&](HcArgs& a, int64_t r0) {  // the pending hc_post into this launch, rows from r0
+    Stream shared_pending = nullptr;  // (cuda.branch_flags) the shared expert of the combine taken, not yet joined
+    // take_post: the pending hc_post into this launch, rows from r0 (and its shared expert's branch to shared_pending)
+    auto take_post = [&](HcArgs& a, int64_t r0) {
       if (!post_pending) return;
       if (moe_y.ys) {
         a.y_slots = moe_y.ys + r0 * moe_y.K * D, a.y_w = moe_y.w ? moe_y.w + r0 * moe_y.K : nullptr;
         a.y_add = moe_y.add ? moe_y.add + r0 * D : nullptr, a.y_k = moe_y.K, a.y_scale = moe_y.scale;
+        shared_pending = moe_y.branch;
         moe_y = GpuCombine{};
       } else {
         a.y = y + r0 * D;
@@ -486,7 +494,6 @@ class GpuForward : public DeviceForward {
     auto hc_pre_norm = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w) -> const uint16_t* {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
-      join_gates();
       take_post(a, 0);
       if (fuse_norm) a.norm_w = norm_w, a.norm_eps = c.rms_eps, a.collapsed16 = col16;
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
@@ -494,6 +501,11 @@ class GpuForward : public DeviceForward {
       a.post = post, a.comb = comb, a.collapsed = col;
       a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
       a.gates_apart = sc.gates != nullptr;
+      // The branches this launch reads (the previous gates, the shared expert of the combine it takes): with
+      // cuda.branch_flags waited for in-kernel where its grid leaves room to them, else joined.
+      const bool in_kernel = sc.flags && branch_wait_fits(fwd_hc_pre_blocks(a));
+      if (gates_pending) sc.wait_or_join(a.wait, in_kernel, sc.gates, sc.ev_gates_join), gates_pending = false;
+      sc.wait_or_join(a.wait, in_kernel, shared_pending, sc.ev_join), shared_pending = nullptr;
       {
         OpRegion r(tm, "hc_pre");
         fwd_hc_pre(a, mixbuf, nullptr);
@@ -561,6 +573,8 @@ class GpuForward : public DeviceForward {
       tap_io(tap, "out", X, {n, H, D});
     }
     join_gates();
+    if (moe_y.branch) branch_join(moe_y.branch, sc.ev_join), moe_y.branch = nullptr;  // (taken or not: before hc_head)
+    sc.join_signalled();
     if (sc.pf_forked) branch_join(sc.prefetch, sc.ev_pf_join);  // (a graph's branches must all join)
 
     if (taps) rows = LogitRows::All;

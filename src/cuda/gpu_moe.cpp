@@ -249,11 +249,14 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         const OpRegion d(m.sc.timer, "routed/down", true);
         moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
       }
-      join_for_add();
       // One chunk, nothing after the combine (no shared expert to add separately, no fault scale, no bf16 rounding of
-      // the output): the combine is left to the reader of `out` (gpu_moe's defer), one launch fewer at decode.
-      if (m.defer && nc == r.n && (!has_shared || add) && total_scale == 1.0f) {  // (never the official numerics: above)
-        *m.defer = GpuCombine{ys, before ? nullptr : wt, add, r.K, Runner::output_scale(c)};
+      // the output): the combine is left to the reader of `out` (gpu_moe's defer), one launch fewer at decode. With
+      // cuda.branch_flags the shared expert's branch is left to that reader too, which waits for it in-kernel or joins.
+      const bool defer = m.defer && nc == r.n && (!has_shared || add) && total_scale == 1.0f;  // (never official: above)
+      const Stream leave = defer && add && !joined && m.sc.flags ? m.shared_side : nullptr;
+      if (!leave) join_for_add();
+      if (defer) {
+        *m.defer = GpuCombine{ys, before ? nullptr : wt, add, r.K, Runner::output_scale(c), leave};
         return;
       }
       moe_combine(ys, before ? nullptr : wt, nc, r.K, D, Runner::output_scale(c), add ? add + int64_t(t0) * D : nullptr,

@@ -13,6 +13,9 @@ struct GpuCombine {
   const float* add = nullptr;  // [n, D] (the shared expert) or null
   int K = 0;
   float scale = 1.0f;
+  // cuda.branch_flags: the shared expert's stream, not joined yet (add's producer): the reader waits for it in-kernel
+  // or joins it (Scratch::wait_or_join); null if joined.
+  Stream branch = nullptr;
 };
 
 // x: [n, D] device (ffn_norm-ed); x16: the same as f16 or null (then the tensor-core kernels convert x

@@ -107,6 +107,42 @@ void branch_join(Stream side, void* ev);
 // branch_mark issued on `side` (inside its StreamScope) records `ev` there, branch_await makes the current stream
 // wait for that record (when `side` is non-null); a later branch_join joins the rest.
 void branch_await(Stream side, void* ev);
+// cuda.branch_flags: a side branch's end signalled in device memory instead of joined. A graph node with a second
+// incoming edge (a join) loses its PDL edge: its blocks enter ~2 us after the kernel before it ends, against ~0.5 us
+// for its PDL wait to return without the join (bench/pdl_residency_probe.cu, session 42), and a decode layer had
+// three such joins on its critical path. Instead, where the reader's grid leaves room to the branch (branch_wait_fits
+// below), the branch ends with branch_signal and the main-chain kernel that reads its results waits in-kernel
+// (pdl_begin_after, launch.cuh) for the flag, after its PDL wait and before it lets its dependents launch; the branch
+// joins the graph once, at the forward's end (Scratch::wait_or_join).
+// `sync` (device, zeroed once): [0] the forward's epoch, advanced by the forward's first kernel (fwd_embed); [slot]
+// the epoch at which that slot's branch last signalled. A slot serves one branch end per forward, so a flag from an
+// earlier forward (an older epoch) or from another branch never satisfies a wait.
+struct BranchWait {
+  static constexpr int kMax = 2;
+  const unsigned* sync = nullptr;  // null: no wait
+  int slot[kMax] = {0, 0};         // 0: none
+  // Adds a slot (0 is ignored); false when all kMax are taken (the caller then joins instead).
+  bool add(const unsigned* s, int sl) {
+    if (sl == 0) return true;
+    for (int& x : slot) {
+      if (x != 0) continue;
+      sync = s, x = sl;
+      return true;
+    }
+    return false;
+  }
+};
+// Launches, on `side` after everything enqueued there, the kernel that stores the epoch into sync[slot] (release:
+// after the branch's writes are visible).
+void branch_signal(Stream side, unsigned* sync, int slot);
+// Whether a launch of `blocks` blocks may wait in-kernel for side branches: its blocks, all resident and waiting, must
+// leave SMs to the branches' kernels (and their clusters), so they may take at most half of the device's SMs (one
+// block each at worst). A larger launch (hc_pre of many tokens, a split-K attention sized to fill the GPU) joins its
+// branches instead: waiting, it could hold every SM a branch needs and never be released (a split-K attention of 256
+// blocks did, at 8 tokens of V4-Flash, in session 42's first run).
+bool branch_wait_fits(int64_t blocks);
+// Tests: a one-thread kernel that holds stream `s` for `ns` nanoseconds (a branch made late on purpose).
+void device_delay(Stream s, uint64_t ns);
 
 // Events for timing (bench).
 void* event_create();

@@ -22,6 +22,46 @@ namespace plumb::cuda::detail {
 
 __device__ __forceinline__ void pdl_begin() { asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory"); }
 
+// cuda.branch_flags (BranchWait, kernels.h): thread 0 waits until every slot of `w` holds the forward's epoch, then
+// fences, so the branches' writes are visible to the block after the barrier that follows. Traps with a message after
+// kBranchWaitLimitNs: a branch that never signals is a bug to see, not a hang. The flagged buffers are read after it
+// with coherent loads (plain ld.global, cp.async.cg), never ld.global.nc: their producer may finish while this
+// kernel is resident.
+constexpr unsigned long long kBranchWaitLimitNs = 10'000'000'000ull;
+static __device__ __noinline__ void branch_flags_wait(const BranchWait w, const char* who) {
+  const unsigned epoch = *reinterpret_cast<const volatile unsigned*>(w.sync);
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (int i = 0; i < BranchWait::kMax; ++i) {
+    if (w.slot[i] == 0) continue;
+    for (;;) {
+      unsigned v;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(w.sync + w.slot[i]) : "memory");
+      if (v == epoch) break;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t - t0 > kBranchWaitLimitNs) {
+        printf("plumb: %s (block %d) waited 10 s for branch slot %d (holds %u, epoch %u): its branch never signalled\n", who,
+               int(blockIdx.x + blockIdx.y * gridDim.x), w.slot[i], v, epoch);
+        __trap();
+      }
+    }
+  }
+  __threadfence();
+}
+
+// pdl_begin with cuda.branch_flags' waits between its two steps: the PDL wait, then (when w.sync is set) thread 0
+// waits for the branches' flags and the block meets at a barrier (so every thread of the block must call it), then
+// the trigger. The dependents launch only once every block has seen the flags, so no later kernel of the chain holds
+// SMs while this one waits: the branches' kernels always find room.
+__device__ __forceinline__ void pdl_begin_after(const BranchWait& w, const char* who) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (w.sync) {
+    if (threadIdx.x == 0) branch_flags_wait(w, who);
+    __syncthreads();
+  }
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // L2 prefetch of weights (read-only for the whole forward), for use before pdl_begin.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

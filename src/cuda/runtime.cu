@@ -1,6 +1,7 @@
 // Device management, memory, events and the bench's device-side fills and bandwidth probes.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace plumb::cuda::detail {
 
@@ -140,6 +141,31 @@ void branch_join(Stream side, void* ev) {
   if (!side) return;
   PLUMB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), side));
   PLUMB_CUDA_CHECK(cudaStreamWaitEvent(stream_of(nullptr), static_cast<cudaEvent_t>(ev), 0));
+}
+
+namespace {
+// cuda.branch_flags: the branch's previous kernel complete and its writes visible (the PDL wait), then the epoch
+// into the slot with release semantics, which a consumer's acquire load (branch_flags_wait) pairs with.
+__global__ void branch_signal_kernel(unsigned* sync, int slot) {
+  pdl_begin();
+  const unsigned epoch = *reinterpret_cast<const volatile unsigned*>(sync);
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + slot), "r"(epoch) : "memory");
+}
+__global__ void delay_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  while (t - t0 < ns);
+}
+}  // namespace
+
+void branch_signal(Stream side, unsigned* sync, int slot) {
+  launch("branch_signal", branch_signal_kernel, dim3(1), dim3(1), 0, side, sync, slot);
+}
+bool branch_wait_fits(int64_t blocks) { return blocks > 0 && 2 * blocks <= sm_count(); }
+void device_delay(Stream s, uint64_t ns) {
+  delay_kernel<<<1, 1, 0, stream_of(s)>>>(ns);
+  check_launch("device_delay");
 }
 
 namespace {

@@ -143,6 +143,21 @@ std::vector<Patch> make_registry() {
                "over graph and eager steps",
                // The same loads and sums, earlier: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_linear_early = true; }, false, "cuda"});
+  r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
+               "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
+               "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "
+               "forward's epoch into a device flag (release) and the reader waits for it after its PDL wait and "
+               "before it lets the next kernel launch, instead of behind a graph join: hc_pre for the gates apart and "
+               "the shared expert, the split-K attention for the KV row and HCA's entries; those branches join once, "
+               "before hc_head. A node with a join loses its PDL edge: its blocks entered ~2 us after the kernel "
+               "before it ended, against ~0.5 us for a PDL wait without it (session 42's probe); needs cuda.streams",
+               "a reader that loads a branch's output before the flag (or with a non-coherent load) would race with the "
+               "branch and change results from run to run; a reader whose waiting blocks fill the GPU would starve "
+               "the branch and hang (a missing signal likewise: the reader traps after 10 s, naming itself): tested "
+               "against a branch delayed on purpose, and bit-identical to the joins over graph and eager steps",
+               // The same kernels on the same data; only how the reader waits changes: bit-identical (tests/cuda).
+               // The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_branch_flags = true; }, false, "cuda"});
   r.push_back({"cuda.l2_evict_first", "the decode GEMVs' weight loads at L2's default (evict-normal) priority",
                "the weight loads of the FP8, MXFP4 and bf16 GEMVs and of the one-token linear (the compressors' projections "
                "at one token) carry an L2 evict-first policy (createpolicy + .L2::cache_hint): the ~230 MB a V4-Flash layer "

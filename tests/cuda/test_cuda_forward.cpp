@@ -282,6 +282,28 @@ TEST_F(GpuTest, LinearEarlyStepsMatchPlainLaunches) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.linear_early").options, {}, "cuda"), plumb::Error);
 }
 
+// cuda.branch_flags: the branches of cuda.streams that hc_pre (the gates apart, the shared expert of the fused
+// combine) and the split-K attention (the KV row, HCA's entries) read end with a signal, and those launches wait for
+// it in-kernel instead of behind a join. Over the three attention types, the indexer skipped and run, and the
+// deferred MoE combine: the logits must be the bits of the joins, graphed (with PDL) and eager (1 and 3 tokens per
+// step), with signals launched; without cuda.streams it is refused.
+TEST_F(GpuTest, BranchFlagsStepsMatchJoins) {
+  const std::string data = PLUMB_TEST_DATA;
+  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
+  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.branch_flags,cuda.pdl,cuda.pdl_hc_attn");
+  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode,indexer.skip_short,cuda.streams", "cuda.branch_flags");
+  for (int chunk : {1, 3}) expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.branch_flags", chunk);
+  auto m = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(fast + ",cuda.branch_flags").options, {}, "cuda");
+  auto st = m->new_state();
+  const auto toks = test_prompt(4, m->config().vocab);
+  for (const int32_t t : toks) (void)m->forward(st, std::span<const int32_t>(&t, 1));
+  ASSERT_TRUE(st.dev);
+  // Per one-token step: the gates of the first 5 of 6 hc_pre and the shared experts of the first 2 of 3 layers (the
+  // last ones join before hc_head), 3 KV rows, HCA's entries (CSA's await: its indexer keys follow on that stream).
+  EXPECT_EQ(st.dev->scratch.branch_signals, int64_t(toks.size()) * 11);
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.branch_flags").options, {}, "cuda"), plumb::Error);
+}
+
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
 // beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,

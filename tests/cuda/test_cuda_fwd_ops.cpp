@@ -723,4 +723,69 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   }
 }
 
+// cuda.branch_flags: hc_pre waits in-kernel for branches that signal late. On another stream a branch spins 20 ms,
+// then copies the previous sublayer's gates (post, comb) over NaN-filled buffers and signals slot 1, then the shared
+// expert's rows (the combine's add) and signals slot 2; both slots start at an older epoch (6; the forward's is 7),
+// which must not satisfy the wait. The launch (one token at V4-Flash's size: the forward's kernel, fused hc_post and
+// MoE combine) reads them after its wait: every output must be the bits of the same launch given them up front. Read
+// before the signals, the NaNs would reach every stream, the mixes and the gates.
+TEST_F(GpuTest, BranchFlagsWaitForALateBranch) {
+  Rng rng(5);
+  const int H = 4, K = 6, nmix = (2 + H) * H;
+  const int64_t D = 4096, hd = H * D;
+  DeviceBuffer fn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), base = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
+  DeviceBuffer scale = to_device(rng.floats(3, 0.5f, 2.0f)), Xp = to_device(rng.floats(size_t(hd), -2.0f, 2.0f));
+  DeviceBuffer ys = to_device(rng.floats(size_t(K * D), -1.0f, 1.0f)), w = to_device(rng.floats(size_t(K), 0.0f, 1.0f));
+  DeviceBuffer pp = to_device(rng.floats(size_t(H), 0.0f, 2.0f)), cp = to_device(rng.floats(size_t(H * H), 0.0f, 1.0f));
+  DeviceBuffer add = to_device(rng.floats(size_t(D), -1.0f, 1.0f));
+  struct Out {
+    std::vector<float> X, post, comb, col;
+  };
+  const auto run = [&](bool late) {
+    DeviceBuffer X(size_t(hd) * 4), post(size_t(H) * 4), comb(size_t(H * H) * 4), col(size_t(D) * 4);
+    DeviceBuffer mix(d::fwd_hc_scratch_doubles(1, H) * 8), pp_in(pp.bytes()), cp_in(cp.bytes()), add_in(add.bytes());
+    const std::vector<unsigned> words = {7u, 6u, 6u};
+    DeviceBuffer sync = to_device(words);
+    d::Stream side = nullptr;
+    if (late) {
+      for (DeviceBuffer* b : {&pp_in, &cp_in, &add_in}) b->fill_byte(0xFF);  // NaN until the branch copies
+      side = d::stream_create();
+      d::device_delay(side, 20'000'000);
+      d::copy_d2d(pp_in.get(), pp.get(), pp.bytes(), side);
+      d::copy_d2d(cp_in.get(), cp.get(), cp.bytes(), side);
+      d::branch_signal(side, sync.as<unsigned>(), 1);
+      d::copy_d2d(add_in.get(), add.get(), add.bytes(), side);
+      d::branch_signal(side, sync.as<unsigned>(), 2);
+    } else {
+      d::copy_d2d(pp_in.get(), pp.get(), pp.bytes());
+      d::copy_d2d(cp_in.get(), cp.get(), cp.bytes());
+      d::copy_d2d(add_in.get(), add.get(), add.bytes());
+    }
+    d::HcArgs a;
+    a.X = X.as<float>(), a.fn = fn.as<float>(), a.base = base.as<float>(), a.scale = scale.as<float>();
+    a.n = 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
+    a.post = post.as<float>(), a.comb = comb.as<float>(), a.collapsed = col.as<float>();
+    a.y_slots = ys.as<float>(), a.y_w = w.as<float>(), a.y_add = add_in.as<float>(), a.y_k = K, a.y_scale = 1.5f;
+    a.X_prev = Xp.as<float>(), a.post_prev = pp_in.as<float>(), a.comb_prev = cp_in.as<float>(), a.X_out = X.as<float>();
+    if (late) {
+      EXPECT_TRUE(a.wait.add(sync.as<unsigned>(), 1) && a.wait.add(sync.as<unsigned>(), 2));
+    }
+    d::fwd_hc_pre(a, mix.as<double>(), nullptr);
+    d::dsync();
+    if (side) d::stream_destroy(side);
+    return Out{to_host<float>(X, size_t(hd)), to_host<float>(post, size_t(H)), to_host<float>(comb, size_t(H * H)), to_host<float>(col, size_t(D))};
+  };
+  const Out ref = run(false), late = run(true);
+  const auto same = [](const std::vector<float>& u, const std::vector<float>& v, const char* what) {
+    size_t i = 0;
+    while (i < u.size() && std::memcmp(&u[i], &v[i], 4) == 0) ++i;
+    EXPECT_EQ(i, u.size()) << what << " differs first at element " << i << ": after the late branch " << v[i] << ", given up front "
+                           << u[i];
+  };
+  same(ref.X, late.X, "the new streams");
+  same(ref.post, late.post, "post");
+  same(ref.comb, late.comb, "comb");
+  same(ref.col, late.col, "the collapsed row");
+}
+
 }  // namespace
