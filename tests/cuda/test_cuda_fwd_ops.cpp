@@ -786,6 +786,15 @@ TEST_F(GpuTest, BranchFlagsWaitForALateBranch) {
   same(ref.post, late.post, "post");
   same(ref.comb, late.comb, "comb");
   same(ref.col, late.col, "the collapsed row");
+  // A launch whose waiting blocks could fill the GPU is refused (its branches must join): 137 tokens of V4-Flash's
+  // hc_pre take one cluster of 16 blocks per 1-4 tokens, far more than half of any GPU's SMs.
+  d::HcArgs big;
+  big.n = 137, big.H = H, big.iters = 20, big.D = D;
+  DeviceBuffer sync = to_device(std::vector<unsigned>{7u, 7u});
+  ASSERT_TRUE(big.wait.add(sync.as<unsigned>(), 1));
+  EXPECT_FALSE(d::branch_wait_fits(d::fwd_hc_pre_blocks(big)));
+  EXPECT_THROW(d::fwd_hc_pre(big, nullptr, nullptr), std::runtime_error);
+  EXPECT_TRUE(d::branch_wait_fits(16));
 }
 
 }  // namespace
