@@ -186,7 +186,6 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
     if (n == 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
   }
-
   {
     const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");

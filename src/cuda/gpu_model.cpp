@@ -434,7 +434,7 @@ class GpuForward : public DeviceForward {
     sc.branch2 = sc.branch ? sc.side2 : nullptr;
     sc.gates = sc.branch ? sc.side3 : nullptr;
     // cuda.branch_flags: branches whose reader can wait in-kernel (hc_pre, the split-K attention) signal instead of
-    // joining (Scratch::signal); they join once, before hc_head.
+    // joining (Scratch::wait_or_join); they join once, before hc_head.
     sc.start_signals(opt_.cuda_branch_flags && sc.branch != nullptr);
     // cuda.l2_prefetch, cuda.hc_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are
     // compute-bound, and their hc_pre launches read fn from L2 many times over).
