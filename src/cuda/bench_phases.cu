@@ -13,16 +13,6 @@ namespace {
 
 constexpr int kPhaseThreads = 1024;
 
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void wait_ns(unsigned ns) {
-  const uint64_t t0 = global_ns();
-  while (global_ns() - t0 < ns) {
-  }
-}
 
 // Every block arrives (after its threads' memory operations, fenced), then waits for all gridDim.x arrivals of this
 // barrier: `target` counts them up over the launch.

@@ -404,9 +404,7 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     throw_arg("attention (split-K): the output's rotation needs an f16 output and an even first rotated dim within head_dim");
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
   const int S = plan.splits;
-  if (a.wait.sync && !branch_wait_fits(int64_t(a.n) * ngroups * S))
-    throw_arg("attention (split-K): " + std::to_string(int64_t(a.n) * ngroups * S) +
-              " blocks are too many to wait in-kernel for side branches (branch_wait_fits): join them instead");
+  check_branch_wait(a.wait, int64_t(a.n) * ngroups * S, "attention (split-K)");
   Partials P{};
   if (S > 1) {
     if (!scratch) throw_arg("attention (split-K): no scratch for the partials");

@@ -681,9 +681,7 @@ HcShape hc_pre_shape(const HcArgs& a) {
 template <int H, bool VEC>
 void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
   const HcShape sh = hc_pre_shape<H, VEC>(a);
-  if (a.wait.sync && !branch_wait_fits(int64_t(sh.clusters) * sh.Sv))
-    throw_arg("hc_pre: " + std::to_string(int64_t(sh.clusters) * sh.Sv) +
-              " blocks are too many to wait in-kernel for side branches (branch_wait_fits): join them instead");
+  check_branch_wait(a.wait, int64_t(sh.clusters) * sh.Sv, "hc_pre");
   const int M = sh.M, Sv = sh.Sv;
   auto kern = hc_pre_kernel<H, VEC, 1>;
   size_t smem = size_t(M) * sh.slice_smem;

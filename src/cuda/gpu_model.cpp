@@ -503,7 +503,7 @@ class GpuForward : public DeviceForward {
       a.gates_apart = sc.gates != nullptr;
       // The branches this launch reads (the previous gates, the shared expert of the combine it takes): with
       // cuda.branch_flags waited for in-kernel where its grid leaves room to them, else joined.
-      const bool in_kernel = sc.flags && branch_wait_fits(fwd_hc_pre_blocks(a));
+      const bool in_kernel = sc.flags && (gates_pending || shared_pending) && branch_wait_fits(fwd_hc_pre_blocks(a));
       if (gates_pending) sc.wait_or_join(a.wait, in_kernel, sc.gates, sc.ev_gates_join), gates_pending = false;
       sc.wait_or_join(a.wait, in_kernel, shared_pending, sc.ev_join), shared_pending = nullptr;
       {

@@ -141,6 +141,8 @@ void branch_signal(Stream side, unsigned* sync, int slot);
 // branches instead: waiting, it could hold every SM a branch needs and never be released (a split-K attention of 256
 // blocks did, at 8 tokens of V4-Flash, in session 42's first run).
 bool branch_wait_fits(int64_t blocks);
+// A launch's check before it waits in-kernel (w.sync set): throws, naming `who`, unless branch_wait_fits(blocks).
+void check_branch_wait(const BranchWait& w, int64_t blocks, const char* who);
 // Tests: a one-thread kernel that holds stream `s` for `ns` nanoseconds (a branch made late on purpose).
 void device_delay(Stream s, uint64_t ns);
 

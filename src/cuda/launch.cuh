@@ -22,24 +22,34 @@ namespace plumb::cuda::detail {
 
 __device__ __forceinline__ void pdl_begin() { asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory"); }
 
+// The GPU's global timer in ns (it advances in steps of ~0.26 us on the H200), and a spin of at least `ns` on it.
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void wait_ns(uint64_t ns) {
+  const uint64_t t0 = global_ns();
+  while (global_ns() - t0 < ns) {
+  }
+}
+
 // cuda.branch_flags (BranchWait, kernels.h): thread 0 waits until every slot of `w` holds the forward's epoch, then
 // fences, so the branches' writes are visible to the block after the barrier that follows. Traps with a message after
 // kBranchWaitLimitNs: a branch that never signals is a bug to see, not a hang. The flagged buffers are read after it
 // with coherent loads (plain ld.global, cp.async.cg), never ld.global.nc: their producer may finish while this
 // kernel is resident.
-constexpr unsigned long long kBranchWaitLimitNs = 10'000'000'000ull;
+constexpr uint64_t kBranchWaitLimitNs = 10'000'000'000ull;
 static __device__ __noinline__ void branch_flags_wait(const BranchWait w, const char* who) {
   const unsigned epoch = *reinterpret_cast<const volatile unsigned*>(w.sync);
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const uint64_t t0 = global_ns();
   for (int i = 0; i < BranchWait::kMax; ++i) {
     if (w.slot[i] == 0) continue;
     for (;;) {
       unsigned v;
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(w.sync + w.slot[i]) : "memory");
       if (v == epoch) break;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t - t0 > kBranchWaitLimitNs) {
+      if (global_ns() - t0 > kBranchWaitLimitNs) {
         printf("plumb: %s (block %d) waited 10 s for branch slot %d (holds %u, epoch %u): its branch never signalled\n", who,
                int(blockIdx.x + blockIdx.y * gridDim.x), w.slot[i], v, epoch);
         __trap();

@@ -151,18 +151,18 @@ __global__ void branch_signal_kernel(unsigned* sync, int slot) {
   const unsigned epoch = *reinterpret_cast<const volatile unsigned*>(sync);
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + slot), "r"(epoch) : "memory");
 }
-__global__ void delay_kernel(uint64_t ns) {
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  while (t - t0 < ns);
-}
+__global__ void delay_kernel(uint64_t ns) { wait_ns(ns); }
 }  // namespace
 
 void branch_signal(Stream side, unsigned* sync, int slot) {
   launch("branch_signal", branch_signal_kernel, dim3(1), dim3(1), 0, side, sync, slot);
 }
 bool branch_wait_fits(int64_t blocks) { return blocks > 0 && 2 * blocks <= sm_count(); }
+void check_branch_wait(const BranchWait& w, int64_t blocks, const char* who) {
+  if (w.sync && !branch_wait_fits(blocks))
+    throw_arg(std::string(who) + ": " + std::to_string(blocks) +
+              " blocks are too many to wait in-kernel for side branches (branch_wait_fits): join them instead");
+}
 void device_delay(Stream s, uint64_t ns) {
   delay_kernel<<<1, 1, 0, stream_of(s)>>>(ns);
   check_launch("device_delay");
