@@ -6,19 +6,32 @@
 // entry and its PDL wait's return against the predecessor's last block exit, for dependents of several shapes (a
 // cluster of 16 like hc_pre, with few or many registers, with 101 KB of shared memory, plain blocks) after
 // predecessors that fill or leave room in the SMs' registers. Medians of 25 trials, in us after the predecessor's end.
+// Then the same in CUDA graphs (session 42: a node that also joins a side stream loses its PDL edge), and with that
+// join made a programmatic edge after the capture (session 43: graph_edges.h, cuda.pdl_joins), with a side branch
+// done early or ending late, the dependent checking that its wait returned only after the branch's end was visible.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/pdlr bench/pdl_residency_probe.cu && /tmp/pdlr
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
+#include "../src/cuda/graph_edges.h"
 #include "probe_common.cuh"
 
-__device__ unsigned long long g_pred_end, g_dep_first, g_dep_last, g_dep_wait;
+__device__ unsigned long long g_pred_end, g_dep_first, g_dep_last, g_dep_wait, g_side_end, g_dep_seen;
 
-// A side branch's kernel (as the forward's hc gates on their own stream): short, done long before the predecessor.
-__global__ void side_kernel(float* sink) {
-  if (threadIdx.x == 0) sink[1000] = 1.f;
+// A side branch's kernel (as the forward's hc gates on their own stream): spins `ns` (0: done long before the
+// predecessor ends; more than the predecessor's 20 us: a late branch), then stamps its end. kTrigger: it lets its
+// dependents launch at its start, as the forward's kernels do in pdl_begin, so a dependent joined to it through a
+// programmatic edge is scheduled early and must wait for it in griddepcontrol.wait.
+template <bool kTrigger>
+__global__ void side_kernel(float* sink, uint64_t ns) {
+  if (kTrigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const uint64_t t0 = gtime();
+  while (gtime() - t0 < ns) {
+  }
+  if (threadIdx.x == 0) sink[1000] = 1.f, atomicMax(&g_side_end, gtime());
 }
 
 // Registers held: NR floats per thread kept live through a spin of `ns` nanoseconds (the predecessor), or through
@@ -57,7 +70,8 @@ __global__ void dep_kernel(const int* never, float* sink) {
   const uint64_t entry = gtime();
   if (threadIdx.x == 0) atomicMin(&g_dep_first, entry), atomicMax(&g_dep_last, entry);
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (threadIdx.x == 0) atomicMax(&g_dep_wait, gtime());
+  // What the wait returned to: its time, and the side branch's end stamp as this block sees it (0: not written yet).
+  if (threadIdx.x == 0) atomicMax(&g_dep_wait, gtime()), atomicMax(&g_dep_seen, *reinterpret_cast<volatile unsigned long long*>(&g_side_end));
   float r[NR];
   hold(r, gtime() + 1000, never, sink);
   if (*never) dsm[threadIdx.x] = r[0];
@@ -85,27 +99,36 @@ double med(std::vector<double> v) {
 // medians of 25 runs of `launch` (after 2 warm-up runs) on stream s.
 struct Medians {
   double first, last, wait;
+  double side;  // the side branch's end (0 where none ran)
+  int unseen;   // trials whose dependent passed its wait before the side branch's end was visible to it
 };
 template <class Launch>
 Medians trials(cudaStream_t s, Launch launch) {
-  std::vector<double> fe, le, wr;
+  std::vector<double> fe, le, wr, se;
+  int unseen = 0;
   for (int t = 0; t < 27; ++t) {
     const unsigned long long zero = 0, big = ~0ull;
+    CK(cudaMemcpyToSymbolAsync(g_side_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyToSymbolAsync(g_dep_seen, &zero, 8, 0, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyToSymbolAsync(g_pred_end, &zero, 8, 0, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyToSymbolAsync(g_dep_last, &zero, 8, 0, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyToSymbolAsync(g_dep_wait, &zero, 8, 0, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyToSymbolAsync(g_dep_first, &big, 8, 0, cudaMemcpyHostToDevice, s));
     launch();
     CK(cudaStreamSynchronize(s));
-    unsigned long long pe, f, l, w;
+    unsigned long long pe, f, l, w, side, seen;
+    CK(cudaMemcpyFromSymbol(&side, g_side_end, 8));
+    CK(cudaMemcpyFromSymbol(&seen, g_dep_seen, 8));
     CK(cudaMemcpyFromSymbol(&pe, g_pred_end, 8));
     CK(cudaMemcpyFromSymbol(&f, g_dep_first, 8));
     CK(cudaMemcpyFromSymbol(&l, g_dep_last, 8));
     CK(cudaMemcpyFromSymbol(&w, g_dep_wait, 8));
     if (t < 2) continue;  // warm-up
     fe.push_back((double(f) - double(pe)) / 1e3), le.push_back((double(l) - double(pe)) / 1e3), wr.push_back((double(w) - double(pe)) / 1e3);
+    se.push_back(side ? (double(side) - double(pe)) / 1e3 : 0.0);
+    unseen += side != 0 && seen != side;
   }
-  return {med(fe), med(le), med(wr)};
+  return {med(fe), med(le), med(wr), med(se), unseen};
 }
 
 int main() {
@@ -187,16 +210,25 @@ int main() {
   struct GCase {
     const char* name;
     // join: 0 no side branch, 1 joined just before the dependent, 2 joined before the predecessor, 3 forked between
-    // the predecessor and the dependent (joined after the dependent), 4 forked before the predecessor (joined after)
-    int pdl, join;
+    // the predecessor and the dependent (joined after the dependent), 4 forked before the predecessor (joined after).
+    // prog: the joins made programmatic after the capture (programmatic_joins, cuda.pdl_joins). side_ns: how long
+    // the side kernel works (25 us: it ends after the predecessor's 20), trigger: it lets dependents launch at once.
+    int pdl, join, prog;
+    uint64_t side_ns;
+    bool trigger;
   };
-  const GCase gcases[] = {{"PDL edge only", 1, 0},
-                          {"PDL edge + side branch joined before dep", 1, 1},
-                          {"PDL edge + side branch joined before pred", 1, 2},
-                          {"PDL edge + side branch forked before dep", 1, 3},
-                          {"PDL edge + side branch forked before pred", 1, 4},
-                          {"no PDL", 0, 0},
-                          {"no PDL + side branch joined before dep", 0, 1}};
+  const GCase gcases[] = {{"PDL edge only", 1, 0, 0, 0, false},
+                          {"PDL edge + side branch joined before dep", 1, 1, 0, 0, false},
+                          {"PDL edge + side branch joined before pred", 1, 2, 0, 0, false},
+                          {"PDL edge + side branch forked before dep", 1, 3, 0, 0, false},
+                          {"PDL edge + side branch forked before pred", 1, 4, 0, 0, false},
+                          {"no PDL", 0, 0, 0, 0, false},
+                          {"no PDL + side branch joined before dep", 0, 1, 0, 0, false},
+                          {"PDL edge + programmatic join before dep", 1, 1, 1, 0, false},
+                          {"PDL + prog. join, side late", 1, 1, 1, 25000, false},
+                          {"PDL + prog. join, side late, triggers early", 1, 1, 1, 25000, true},
+                          {"PDL + ordinary join, side late", 1, 1, 0, 25000, false}};
+  std::printf("  (side end: the side kernel's end; unseen: trials whose dependent passed its wait before seeing it)\n");
   for (const GCase& g : gcases)
     for (int di : {0, 3}) {
       const Dep& d = deps[di];
@@ -215,7 +247,8 @@ int main() {
       auto fork = [&] {
         CK(cudaEventRecord(evf, s));
         CK(cudaStreamWaitEvent(s2, evf, 0));
-        side_kernel<<<1, 32, 0, s2>>>(sink);
+        if (g.trigger) side_kernel<true><<<1, 32, 0, s2>>>(sink, g.side_ns);
+        else side_kernel<false><<<1, 32, 0, s2>>>(sink, g.side_ns);
         CK(cudaEventRecord(evj, s2));
       };
       if (g.join == 1 || g.join == 2 || g.join == 4) fork();
@@ -224,13 +257,31 @@ int main() {
       if (g.join == 3) fork();
       if (g.join == 1) CK(cudaStreamWaitEvent(s, evj, 0));
       CK(cudaLaunchKernelEx(&cfg, d.kern, static_cast<const int*>(never), sink));
+      cudaGraphNode_t dep_node = nullptr;
+      CK(plumb::cuda::detail::last_captured_node(s, &dep_node));
       if (g.join >= 3) CK(cudaStreamWaitEvent(s, evj, 0));
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       CK(cudaStreamEndCapture(s, &graph));
+      // The dependent's incoming edges as captured (type: 0 ordinary, 1 programmatic; the upstream port).
+      std::string captured;
+      {
+        size_t nd = 0;
+        CK(cudaGraphNodeGetDependencies(dep_node, nullptr, nullptr, &nd));
+        std::vector<cudaGraphNode_t> up(nd);
+        std::vector<cudaGraphEdgeData> ed(nd);
+        if (nd) CK(cudaGraphNodeGetDependencies(dep_node, up.data(), ed.data(), &nd));
+        for (size_t i = 0; i < nd; ++i) captured += " t" + std::to_string(ed[i].type) + "p" + std::to_string(ed[i].from_port);
+      }
+      plumb::cuda::detail::JoinEdges je;
+      if (g.prog) CK(plumb::cuda::detail::programmatic_joins(graph, {dep_node}, &je));
       CK(cudaGraphInstantiate(&exec, graph, 0));
       const Medians m = trials(s, [&] { CK(cudaGraphLaunch(exec, s)); });
-      std::printf("  %-44s %-46s %9.2f %9.2f %9.2f\n", g.name, d.name, m.first, m.last, m.wait);
+      std::printf("  %-44s %-46s %9.2f %9.2f %9.2f", g.name, d.name, m.first, m.last, m.wait);
+      if (g.join) std::printf("  side end %6.2f unseen %d", m.side, m.unseen);
+      std::printf("  edges in:%s", captured.c_str());
+      if (g.prog) std::printf(" (%d made programmatic)", je.converted);
+      std::printf("\n");
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(graph));
     }
