@@ -6,9 +6,10 @@
 // entry and its PDL wait's return against the predecessor's last block exit, for dependents of several shapes (a
 // cluster of 16 like hc_pre, with few or many registers, with 101 KB of shared memory, plain blocks) after
 // predecessors that fill or leave room in the SMs' registers. Medians of 25 trials, in us after the predecessor's end.
-// Then the same in CUDA graphs (session 42: a node that also joins a side stream loses its PDL edge), and with that
-// join made a programmatic edge after the capture (session 43: graph_edges.h, cuda.pdl_joins), with a side branch
-// done early or ending late, the dependent checking that its wait returned only after the branch's end was visible.
+// Then the same in CUDA graphs (session 42: a node that also joins a side stream loses its PDL edge), with the
+// dependent's incoming edges as the capture made them (session 43: the join's edge is programmatic too, yet the node
+// is launched only once both upstream kernels have completed) and a side branch that ends late, the dependent
+// checking that its wait returned only after the branch's end was visible.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/pdlr bench/pdl_residency_probe.cu && /tmp/pdlr
 #include <algorithm>
 #include <cstdint>
@@ -16,15 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "../src/cuda/graph_edges.h"
 #include "probe_common.cuh"
 
 __device__ unsigned long long g_pred_end, g_dep_first, g_dep_last, g_dep_wait, g_side_end, g_dep_seen;
 
 // A side branch's kernel (as the forward's hc gates on their own stream): spins `ns` (0: done long before the
 // predecessor ends; more than the predecessor's 20 us: a late branch), then stamps its end. kTrigger: it lets its
-// dependents launch at its start, as the forward's kernels do in pdl_begin, so a dependent joined to it through a
-// programmatic edge is scheduled early and must wait for it in griddepcontrol.wait.
+// dependents launch at its start, as the forward's kernels do in pdl_begin (whether a dependent joined to it is then
+// scheduled before it ends).
 template <bool kTrigger>
 __global__ void side_kernel(float* sink, uint64_t ns) {
   if (kTrigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -211,24 +211,24 @@ int main() {
     const char* name;
     // join: 0 no side branch, 1 joined just before the dependent, 2 joined before the predecessor, 3 forked between
     // the predecessor and the dependent (joined after the dependent), 4 forked before the predecessor (joined after).
-    // prog: the joins made programmatic after the capture (programmatic_joins, cuda.pdl_joins). side_ns: how long
-    // the side kernel works (25 us: it ends after the predecessor's 20), trigger: it lets dependents launch at once.
-    int pdl, join, prog;
+    // side_ns: how long the side kernel works (25 us: it ends after the predecessor's 20), trigger: it lets its
+    // dependents launch at its start.
+    int pdl, join;
     uint64_t side_ns;
     bool trigger;
   };
-  const GCase gcases[] = {{"PDL edge only", 1, 0, 0, 0, false},
-                          {"PDL edge + side branch joined before dep", 1, 1, 0, 0, false},
-                          {"PDL edge + side branch joined before pred", 1, 2, 0, 0, false},
-                          {"PDL edge + side branch forked before dep", 1, 3, 0, 0, false},
-                          {"PDL edge + side branch forked before pred", 1, 4, 0, 0, false},
-                          {"no PDL", 0, 0, 0, 0, false},
-                          {"no PDL + side branch joined before dep", 0, 1, 0, 0, false},
-                          {"PDL edge + programmatic join before dep", 1, 1, 1, 0, false},
-                          {"PDL + prog. join, side late", 1, 1, 1, 25000, false},
-                          {"PDL + prog. join, side late, triggers early", 1, 1, 1, 25000, true},
-                          {"PDL + ordinary join, side late", 1, 1, 0, 25000, false}};
-  std::printf("  (side end: the side kernel's end; unseen: trials whose dependent passed its wait before seeing it)\n");
+  const GCase gcases[] = {{"PDL edge only", 1, 0, 0, false},
+                          {"PDL edge + side branch joined before dep", 1, 1, 0, false},
+                          {"PDL edge + side branch joined before pred", 1, 2, 0, false},
+                          {"PDL edge + side branch forked before dep", 1, 3, 0, false},
+                          {"PDL edge + side branch forked before pred", 1, 4, 0, false},
+                          {"no PDL", 0, 0, 0, false},
+                          {"no PDL + side branch joined before dep", 0, 1, 0, false},
+                          {"PDL edge + join before dep, side late", 1, 1, 25000, false},
+                          {"PDL + join, side late, triggers at start", 1, 1, 25000, true}};
+  std::printf("  (side end: the side kernel's end; unseen: trials whose dependent passed its wait before seeing it, a\n"
+              "   check that applies where the side branch joins before the dependent; edges in: the dependent's\n"
+              "   incoming edges as captured, t<type: 0 ordinary, 1 programmatic>p<upstream port>)\n");
   for (const GCase& g : gcases)
     for (int di : {0, 3}) {
       const Dep& d = deps[di];
@@ -257,15 +257,19 @@ int main() {
       if (g.join == 3) fork();
       if (g.join == 1) CK(cudaStreamWaitEvent(s, evj, 0));
       CK(cudaLaunchKernelEx(&cfg, d.kern, static_cast<const int*>(never), sink));
-      cudaGraphNode_t dep_node = nullptr;
-      CK(plumb::cuda::detail::last_captured_node(s, &dep_node));
+      // The dependent's node: the capture's one dependency right after its launch.
+      cudaStreamCaptureStatus cst = cudaStreamCaptureStatusNone;
+      const cudaGraphNode_t* cdeps = nullptr;
+      size_t ncd = 0;
+      CK(cudaStreamGetCaptureInfo(s, &cst, nullptr, nullptr, &cdeps, nullptr, &ncd));
+      const cudaGraphNode_t dep_node = ncd == 1 ? cdeps[0] : nullptr;
       if (g.join >= 3) CK(cudaStreamWaitEvent(s, evj, 0));
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       CK(cudaStreamEndCapture(s, &graph));
       // The dependent's incoming edges as captured (type: 0 ordinary, 1 programmatic; the upstream port).
       std::string captured;
-      {
+      if (dep_node) {
         size_t nd = 0;
         CK(cudaGraphNodeGetDependencies(dep_node, nullptr, nullptr, &nd));
         std::vector<cudaGraphNode_t> up(nd);
@@ -273,14 +277,11 @@ int main() {
         if (nd) CK(cudaGraphNodeGetDependencies(dep_node, up.data(), ed.data(), &nd));
         for (size_t i = 0; i < nd; ++i) captured += " t" + std::to_string(ed[i].type) + "p" + std::to_string(ed[i].from_port);
       }
-      plumb::cuda::detail::JoinEdges je;
-      if (g.prog) CK(plumb::cuda::detail::programmatic_joins(graph, {dep_node}, &je));
       CK(cudaGraphInstantiate(&exec, graph, 0));
       const Medians m = trials(s, [&] { CK(cudaGraphLaunch(exec, s)); });
       std::printf("  %-44s %-46s %9.2f %9.2f %9.2f", g.name, d.name, m.first, m.last, m.wait);
       if (g.join) std::printf("  side end %6.2f unseen %d", m.side, m.unseen);
       std::printf("  edges in:%s", captured.c_str());
-      if (g.prog) std::printf(" (%d made programmatic)", je.converted);
       std::printf("\n");
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(graph));

@@ -886,8 +886,6 @@ int run(const LayerBenchOptions& o) {
       if (st.dev && st.dev->graph_launches > 0)
         r.note += fmt::format("{}cuda.graph: {} steps replayed, {} captured in this session", r.note.empty() ? "" : "; ",
                               st.dev->graph_launches, st.dev->graph_captures);
-      if (st.dev && st.dev->pdl_joins > 0)
-        r.note += fmt::format("; cuda.pdl_joins: {} joins made programmatic over the captures", st.dev->pdl_joins);
       r.us_step = median(us);
       r.us_step_min = *std::min_element(us.begin(), us.end());
       // The mean too: a generation's tokens/s follows it, and steps that complete a compression window (every 4th

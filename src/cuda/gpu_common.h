@@ -306,8 +306,6 @@ struct DeviceSessionState {
   std::map<int, std::unique_ptr<GpuGraph>> graphs;  // by chunk size
   bool graphs_failed = false;                        // a capture failed: eager launches from then on
   int64_t graph_launches = 0, graph_captures = 0;    // for tests and the bench
-  int64_t pdl_joins = 0;                    // cuda.pdl_joins: joins made programmatic, over all captures
-  std::vector<std::string> pdl_join_nodes;  // the last capture's: the kernel each such join enters (tests)
   cuda::HostStage stage;  // each step's inputs (tokens, position, sampling) uploaded without blocking the host
 };
 

@@ -76,10 +76,6 @@ void check_options(const ModelOptions& o) {
   // PDL for hc_pre and the split-K attention extends cuda.pdl's launches; alone it would launch nothing with PDL.
   PLUMB_CHECK(!o.cuda_pdl_hc_attn || o.cuda_pdl, "backend cuda: cuda.pdl_hc_attn extends cuda.pdl to more launches and needs it: add cuda.pdl");
   PLUMB_CHECK(!o.cuda_linear_early || o.cuda_pdl, "backend cuda: cuda.linear_early acts before cuda.pdl's wait and needs it: add cuda.pdl");
-  PLUMB_CHECK(!o.cuda_pdl_joins || (o.cuda_pdl && o.cuda_graph),
-              "backend cuda: cuda.pdl_joins changes the joins of captured decode steps into PDL-launched kernels and needs "
-              "cuda.pdl and cuda.graph: add {}",
-              o.cuda_pdl ? "cuda.graph" : o.cuda_graph ? "cuda.pdl" : "both");
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
               "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
@@ -401,14 +397,12 @@ class GpuForward : public DeviceForward {
       return out;
     };
     if (!g->warm || !same) return warm_up();
-    capture_begin(nullptr, opt_.cuda_pdl_joins);
+    capture_begin(nullptr);
     const float* out = nullptr;
     void* exec = nullptr;
     try {
       out = body(ds, n, step, tok, nullptr, rows);
-      std::vector<std::string> joins;
-      exec = capture_end_instantiate(nullptr, opt_.cuda_pdl_joins ? &joins : nullptr);  // cuda.pdl_joins
-      ds.pdl_joins += int64_t(joins.size()), ds.pdl_join_nodes = std::move(joins);
+      exec = capture_end_instantiate(nullptr);
     } catch (const std::exception& e) {
       capture_abort(nullptr);
       ds.graphs_failed = true;

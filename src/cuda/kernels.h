@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 struct CUstream_st;
 
@@ -146,9 +145,6 @@ bool branch_wait_fits(int64_t blocks);
 void check_branch_wait(const BranchWait& w, int64_t blocks, const char* who);
 // Tests: a one-thread kernel that holds stream `s` for `ns` nanoseconds (a branch made late on purpose).
 void device_delay(Stream s, uint64_t ns);
-// Tests: one block that lets its dependents launch at once (pdl_begin, under PdlScope), spins `ns` nanoseconds, then
-// copies `bytes` (a multiple of 4) from src to dst: a branch end that is late after its dependents were scheduled.
-void device_delay_copy(Stream s, uint64_t ns, void* dst, const void* src, size_t bytes);
 
 // Events for timing (bench).
 void* event_create();
@@ -163,13 +159,8 @@ float event_elapsed_ms(void* start, void* stop);  // synchronizes on stop
 // per-thread), which can be captured.
 Stream stream_create();
 void stream_destroy(Stream s) noexcept;
-// note_pdl (cuda.pdl_joins): the capture notes the node of each launch made with PDL (launch.cuh), for
-// capture_end_instantiate's pdl_joins.
-void capture_begin(Stream s, bool note_pdl = false);
-// A cudaGraphExec_t. With `pdl_joins` (cuda.pdl_joins, graph_edges.h; the capture begun with note_pdl), the captured
-// graph's ordinary edges from a kernel into a kernel launched with PDL are made programmatic first, and the kernels
-// they enter stored there.
-void* capture_end_instantiate(Stream s, std::vector<std::string>* pdl_joins = nullptr);
+void capture_begin(Stream s);
+void* capture_end_instantiate(Stream s);  // a cudaGraphExec_t
 void capture_abort(Stream s) noexcept;    // ends a capture that failed, dropping what it recorded
 void graph_launch(void* exec, Stream s);
 void graph_destroy(void* exec) noexcept;

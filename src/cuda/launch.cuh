@@ -75,9 +75,6 @@ __device__ __forceinline__ void pdl_begin_after(const BranchWait& w, const char*
 // L2 prefetch of weights (read-only for the whole forward), for use before pdl_begin.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// cuda.pdl_joins: while a capture notes PDL launches (capture_begin's note_pdl), the node this launch on `s` added.
-void note_pdl_launch(cudaStream_t s);
-
 // A launch with the PDL attribute iff `pdl` (kernels whose own arguments decide, such as the GEMVs' GemvArgs::pdl).
 template <class... P, class... A>
 void launch_as(bool pdl, const char* what, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A&&... args) {
@@ -90,7 +87,6 @@ void launch_as(bool pdl, const char* what, void (*kernel)(P...), dim3 grid, dim3
   cfg.attrs = attr, cfg.numAttrs = pdl ? 1 : 0;
   PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
   check_launch(what);
-  if (pdl) note_pdl_launch(cfg.stream);
 }
 
 // A launch with the PDL attribute while cuda.pdl is on for this thread (PdlScope).
@@ -116,7 +112,6 @@ void launch_cluster(bool pdl, const char* what, void (*kernel)(P...), unsigned c
   cfg.attrs = at, cfg.numAttrs = pdl ? 2 : 1;
   PLUMB_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
   check_launch(what);
-  if (pdl) note_pdl_launch(cfg.stream);
 }
 
 // How many clusters of `cluster` blocks (`threads` threads, `smem` bytes of dynamic shared memory each) of a kernel

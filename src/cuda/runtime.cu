@@ -1,6 +1,5 @@
 // Device management, memory, events and the bench's device-side fills and bandwidth probes.
 #include "cuda/common.cuh"
-#include "cuda/graph_edges.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 
@@ -153,11 +152,6 @@ __global__ void branch_signal_kernel(unsigned* sync, int slot) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + slot), "r"(epoch) : "memory");
 }
 __global__ void delay_kernel(uint64_t ns) { wait_ns(ns); }
-__global__ void delay_copy_kernel(uint64_t ns, unsigned* dst, const unsigned* src, size_t words) {
-  pdl_begin();
-  wait_ns(ns);
-  for (size_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
-}
 }  // namespace
 
 void branch_signal(Stream side, unsigned* sync, int slot) {
@@ -168,9 +162,6 @@ void check_branch_wait(const BranchWait& w, int64_t blocks, const char* who) {
   if (w.sync && !branch_wait_fits(blocks))
     throw_arg(std::string(who) + ": " + std::to_string(blocks) +
               " blocks are too many to wait in-kernel for side branches (branch_wait_fits): join them instead");
-}
-void device_delay_copy(Stream s, uint64_t ns, void* dst, const void* src, size_t bytes) {
-  launch("device_delay_copy", delay_copy_kernel, 1, 256, 0, s, ns, static_cast<unsigned*>(dst), static_cast<const unsigned*>(src), bytes / 4);
 }
 void device_delay(Stream s, uint64_t ns) {
   delay_kernel<<<1, 1, 0, stream_of(s)>>>(ns);
@@ -208,40 +199,17 @@ cudaStream_t capture_stream(Stream s) { return s ? s : cudaStreamPerThread; }  /
 }  // namespace
 // Thread-local mode: an unsafe call from this thread during the capture (an allocation, a synchronous copy)
 // fails the capture instead of silently leaving it out of the graph.
-namespace {
-// cuda.pdl_joins: while a capture of this thread notes them, the nodes of its PDL launches (note_pdl_launch).
-thread_local bool t_note_pdl = false;
-thread_local std::vector<cudaGraphNode_t> t_pdl_nodes;
-}  // namespace
-void note_pdl_launch(cudaStream_t s) {
-  if (!t_note_pdl) return;
-  cudaGraphNode_t node = nullptr;
-  PLUMB_CUDA_CHECK(last_captured_node(s, &node));
-  if (node) t_pdl_nodes.push_back(node);
-}
-void capture_begin(Stream s, bool note_pdl) {
-  t_pdl_nodes.clear(), t_note_pdl = note_pdl;
-  PLUMB_CUDA_CHECK(cudaStreamBeginCapture(capture_stream(s), cudaStreamCaptureModeThreadLocal));
-}
-void* capture_end_instantiate(Stream s, std::vector<std::string>* pdl_joins) {
-  t_note_pdl = false;
+void capture_begin(Stream s) { PLUMB_CUDA_CHECK(cudaStreamBeginCapture(capture_stream(s), cudaStreamCaptureModeThreadLocal)); }
+void* capture_end_instantiate(Stream s) {
   cudaGraph_t g;
   PLUMB_CUDA_CHECK(cudaStreamEndCapture(capture_stream(s), &g));
-  cudaGraphExec_t e = nullptr;
-  cudaError_t err = cudaSuccess;
-  if (pdl_joins) {
-    JoinEdges j;
-    err = programmatic_joins(g, t_pdl_nodes, &j);
-    *pdl_joins = std::move(j.nodes);
-  }
-  t_pdl_nodes.clear();
-  if (err == cudaSuccess) err = cudaGraphInstantiate(&e, g, 0);
+  cudaGraphExec_t e;
+  const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
   cudaGraphDestroy(g);
   PLUMB_CUDA_CHECK(err);
   return e;
 }
 void capture_abort(Stream s) noexcept {
-  t_note_pdl = false, t_pdl_nodes.clear();
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(capture_stream(s), &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
     cudaGraph_t g = nullptr;

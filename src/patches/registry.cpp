@@ -143,19 +143,6 @@ std::vector<Patch> make_registry() {
                "over graph and eager steps",
                // The same loads and sums, earlier: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_linear_early = true; }, false, "cuda"});
-  r.push_back({"cuda.pdl_joins", "a captured decode step's side branches joined by ordinary graph edges",
-               "in a captured decode step (cuda.graph), each ordinary edge from a kernel into a kernel launched with "
-               "PDL (a join from a cuda.streams branch into hc_pre or the split-K attention) becomes a programmatic "
-               "edge: the node is scheduled once both upstream kernels have let their dependents launch, and its "
-               "griddepcontrol.wait waits for both to complete. A node with an ordinary join loses its PDL edge: its "
-               "blocks entered ~2 us after the kernel before it ended, against ~0.5 us for a PDL wait without it "
-               "(session 42's probe); needs cuda.pdl and cuda.graph",
-               "a kernel that read a side branch's output before its wait would race with that branch: tested "
-               "bit-identical to the ordinary joins over graph steps, and the probe checks that the wait returns only "
-               "after a late branch ends",
-               // The graph's edges only: the same kernels on the same data, bit-identical (tests/cuda). The
-               // tolerance is the reference's.
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_pdl_joins = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <numeric>
 #include <set>
 
@@ -303,41 +302,6 @@ TEST_F(GpuTest, BranchFlagsStepsMatchJoins) {
   // last ones join before hc_head), 3 KV rows, HCA's entries (CSA's await: its indexer keys follow on that stream).
   EXPECT_EQ(st.dev->scratch.branch_signals, int64_t(toks.size()) * 11);
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.branch_flags").options, {}, "cuda"), plumb::Error);
-}
-
-// cuda.pdl_joins: the captured steps' joins from cuda.streams' branches into PDL-launched kernels (hc_pre, the
-// split-K attention) made programmatic edges. Over the three attention types, the indexer skipped and run, and the
-// deferred MoE combine: the logits must be the bits of eager launches with ordinary joins; joins into hc_pre and the
-// attention must have been converted; without cuda.pdl or cuda.graph it is refused.
-TEST_F(GpuTest, PdlJoinsStepsMatchJoins) {
-  const std::string data = PLUMB_TEST_DATA;
-  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
-  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.pdl,cuda.pdl_hc_attn,cuda.pdl_joins");
-  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode,indexer.skip_short,cuda.streams",
-                             "cuda.pdl,cuda.pdl_hc_attn,cuda.pdl_joins");
-  auto m = plumb::Model::load(data + "/golden/kernel-dims",
-                              plumb::parse_patches(fast + ",cuda.graph,cuda.pdl,cuda.pdl_hc_attn,cuda.pdl_joins").options, {}, "cuda");
-  auto st = m->new_state();
-  const auto toks = test_prompt(4, m->config().vocab);
-  for (const int32_t t : toks) (void)m->forward(st, std::span<const int32_t>(&t, 1));
-  ASSERT_TRUE(st.dev);
-  std::map<std::string, int> into;
-  for (const std::string& k : st.dev->pdl_join_nodes) ++into[k];
-  for (const auto& [k, c] : into) std::printf("  %d join(s) made programmatic into %s\n", c, k.c_str());
-  EXPECT_GT(st.dev->pdl_joins, 0);
-  EXPECT_GT(st.dev->graph_launches, 0);
-  // The joins the patch is for (hc_pre's and the split-K attention's); others (the indexer's, hc_head's) are
-  // converted by the same rule and waited for the same way.
-  const auto any = [&](const char* what) {
-    for (const auto& [k, c] : into)
-      if (k.find(what) != std::string::npos) return true;
-    return false;
-  };
-  EXPECT_TRUE(any("hc_pre"));
-  EXPECT_TRUE(any("attend"));
-  const std::string tiny = data + "/golden/tiny";
-  EXPECT_THROW(plumb::Model::load(tiny, plumb::parse_patches("cuda.pdl_joins,cuda.graph").options, {}, "cuda"), plumb::Error);
-  EXPECT_THROW(plumb::Model::load(tiny, plumb::parse_patches("cuda.pdl_joins,cuda.pdl").options, {}, "cuda"), plumb::Error);
 }
 
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
