@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   __shared__ float mfin[kHeads];
   __shared__ int kvalid[2][kTile];
   // (cuda.pdl_hc_attn) the keys, queries and positions come from earlier kernels; the KV row and the entries maybe
-  // from side branches (cuda.branch_flags: a.wait, waited between the PDL wait and the trigger)
+  // from side branches (cuda.branch_flags: a.wait, waited before the PDL wait)
   pdl_begin_after(a.wait, "attend_split");
   const int Dh = int(a.Dh), nsl = Dh / kSlice;
   float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]

@@ -318,8 +318,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cl.barrier_arrive();  // every block's mbarriers in place before any push (waited before phase 1's)
-  // (cuda.pdl_hc_attn) everything below reads or writes what earlier kernels write or read; fn is a weight. Between
-  // the wait and the trigger, cuda.branch_flags' wait for the side branches this launch reads (a.wait).
+  // (cuda.pdl_hc_attn) everything below reads or writes what earlier kernels write or read; fn is a weight. Before
+  // the wait, cuda.branch_flags' wait for the side branches this launch reads (a.wait).
   pdl_begin_after(a.wait, "hc_pre");
 
   // 0. This block's slice of each token's streams into shared memory: the fused hc_post of the previous sublayer

@@ -112,7 +112,7 @@ void branch_await(Stream side, void* ev);
 // for its PDL wait to return without the join (bench/pdl_residency_probe.cu, session 42), and a decode layer had
 // three such joins on its critical path. Instead, where the reader's grid leaves room to the branch (branch_wait_fits
 // below), the branch ends with branch_signal and the main-chain kernel that reads its results waits in-kernel
-// (pdl_begin_after, launch.cuh) for the flag, after its PDL wait and before it lets its dependents launch; the branch
+// (pdl_begin_after, launch.cuh) for the flag, before its PDL wait and before it lets its dependents launch; the branch
 // joins the graph once, at the forward's end (Scratch::wait_or_join).
 // `sync` (device, zeroed once): [0] the forward's epoch, advanced by the forward's first kernel (fwd_embed); [slot]
 // the epoch at which that slot's branch last signalled. A slot serves one branch end per forward, so a flag from an

@@ -59,17 +59,21 @@ static __device__ __noinline__ void branch_flags_wait(const BranchWait w, const 
   __threadfence();
 }
 
-// pdl_begin with cuda.branch_flags' waits between its two steps: the PDL wait, then (when w.sync is set) thread 0
-// waits for the branches' flags and the block meets at a barrier (so every thread of the block must call it), then
-// the trigger. The dependents launch only once every block has seen the flags, so no later kernel of the chain holds
-// SMs while this one waits: the branches' kernels always find room.
+// pdl_begin with cuda.branch_flags' waits before its two steps: (when w.sync is set) thread 0 waits for the
+// branches' flags and the block meets at a barrier (so every thread of the block must call it), then the PDL wait, then
+// the trigger. The flags are waited for first so that a branch that ended while the previous kernel still ran costs
+// nothing after that kernel's end (the flags' L2 round trips overlap it). That early wait reads the forward's epoch
+// before the PDL wait: it is current because the reader runs at least two launches after the forward's first kernel
+// on its stream (the kernel before it passed its own PDL wait before letting this one launch), true of both readers
+// (hc_pre with pending branches is never the forward's first, the attention follows the query projections). The
+// dependents launch only once every block has seen the flags, so no later kernel of the chain holds SMs while this
+// one waits: the branches' kernels always find room.
 __device__ __forceinline__ void pdl_begin_after(const BranchWait& w, const char* who) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (w.sync) {
     if (threadIdx.x == 0) branch_flags_wait(w, who);
     __syncthreads();
   }
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // L2 prefetch of weights (read-only for the whole forward), for use before pdl_begin.
