@@ -314,6 +314,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   if (keys_later) branch_await(side2, sc.ev_entries);
   else if (!run_indexer) sc.wait_or_join(a.wait, in_kernel, side2, sc.ev_join);
   sc.wait_or_join(a.wait, in_kernel, side, sc.ev_join);
+  if (side) sc.join_deferred_gates();  // cuda.early_joins: this launch joins anyway (early_joins excludes the flags)
   region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
   a.q = q;

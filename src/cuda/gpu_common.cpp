@@ -239,9 +239,13 @@ void Scratch::wait_or_join(detail::BranchWait& w, bool in_kernel, Stream side, v
 
 void Scratch::join_later(Stream side, void* ev) {
   if (!side) return;
-  Stream* entry = flags ? stream_entry(signalled_, side) : nullptr;
+  Stream* entry = flags || early_joins ? stream_entry(signalled_, side) : nullptr;
   if (entry) *entry = side;
   else detail::branch_join(side, ev);
+}
+
+void Scratch::join_deferred_gates() {
+  if (gates_to_join) detail::branch_join(gates_to_join, ev_gates_join), gates_to_join = nullptr;
 }
 
 void Scratch::start_signals(bool on) {

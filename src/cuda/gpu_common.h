@@ -197,9 +197,17 @@ class Scratch {
   // stream noted for the forward's final join; else (or with every slot taken) `side` joined here with event `ev`.
   // A null `side` does nothing.
   void wait_or_join(detail::BranchWait& w, bool in_kernel, Stream side, void* ev);
-  // With `flags`: `side` is left unjoined until the forward's end (its remaining work is read by no launch of this
-  // forward); without, joined here with event `ev`.
+  // With `flags` or `early_joins`: `side` is left unjoined until the forward's end (its remaining work is read by no
+  // launch of this forward); without, joined here with event `ev`.
   void join_later(Stream side, void* ev);
+  // cuda.early_joins (set by the forward, without `flags`): a graph node that joins a side stream loses its PDL edge
+  // (launched ~2 us after its upstream kernels end, session 42), so branches are joined where a launch joins anyway.
+  // The gates apart of the hc_pre before the attention (`gates_to_join`, left by the forward) are joined with the
+  // attention's own branches (join_deferred_gates, just before its launch), and CSA's indexer keys at the forward's
+  // end (join_later): the FFN's hc_pre then joins nothing and keeps its PDL edge.
+  bool early_joins = false;
+  Stream gates_to_join = nullptr;
+  void join_deferred_gates();
   // At the forward's end: joins every stream left unjoined (a graph's branches must all join).
   void join_signalled();
   // cuda.l2_prefetch: the prefetch stream and its events (enable_prefetch, once, outside any capture); `prefetch`:

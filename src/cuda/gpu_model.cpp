@@ -76,6 +76,8 @@ void check_options(const ModelOptions& o) {
   // PDL for hc_pre and the split-K attention extends cuda.pdl's launches; alone it would launch nothing with PDL.
   PLUMB_CHECK(!o.cuda_pdl_hc_attn || o.cuda_pdl, "backend cuda: cuda.pdl_hc_attn extends cuda.pdl to more launches and needs it: add cuda.pdl");
   PLUMB_CHECK(!o.cuda_linear_early || o.cuda_pdl, "backend cuda: cuda.linear_early acts before cuda.pdl's wait and needs it: add cuda.pdl");
+  PLUMB_CHECK(!o.cuda_early_joins || o.cuda_streams,
+              "backend cuda: cuda.early_joins moves cuda.streams' joins and needs it: add cuda.streams");
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
               "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
@@ -436,6 +438,9 @@ class GpuForward : public DeviceForward {
     // cuda.branch_flags: branches whose reader can wait in-kernel (hc_pre, the split-K attention) signal instead of
     // joining (Scratch::wait_or_join); they join once, before hc_head.
     sc.start_signals(opt_.cuda_branch_flags && sc.branch != nullptr);
+    // cuda.early_joins (joins only: with the flags the readers wait in-kernel): see Scratch::early_joins.
+    sc.early_joins = opt_.cuda_early_joins && sc.branch != nullptr && !sc.flags;
+    sc.gates_to_join = nullptr;
     // cuda.l2_prefetch, cuda.hc_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are
     // compute-bound, and their hc_pre launches read fn from L2 many times over).
     sc.prefetch = (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
@@ -552,8 +557,11 @@ class GpuForward : public DeviceForward {
       else
         sc.prefetch_l2({fn(L.hc_ffn)});
       const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
+      // cuda.early_joins: these gates (read by the FFN's hc_pre) join with the attention's branches instead.
+      if (sc.early_joins && gates_pending) sc.gates_to_join = sc.gates, gates_pending = false;
       gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
                     ds.layers[size_t(i)], sc, nm_, tap, y);
+      sc.join_deferred_gates();  // (where the attention had no join to share: here, as before)
       hc_post();
       const auto& M = L.moe;
       const auto shared = [&](int k) {  // the shared expert's w1, w3, w2 as its kernels read them

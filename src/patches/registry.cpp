@@ -143,6 +143,18 @@ std::vector<Patch> make_registry() {
                "over graph and eager steps",
                // The same loads and sums, earlier: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_linear_early = true; }, false, "cuda"});
+  r.push_back({"cuda.early_joins", "cuda.streams' branches joined right before the launch that reads them",
+               "with cuda.streams, a branch whose reader is not the next launch joins where a launch joins anyway: "
+               "the gates apart of the hc_pre before the attention (read by the FFN's hc_pre) join with the "
+               "attention's KV row before its launch, and CSA's indexer keys (read at the next step) at the forward's "
+               "end, so the FFN's hc_pre joins no branch. A graph node that joins a side stream is launched only once "
+               "all its upstream kernels have completed, ~2 us after the kernel before it (even with both edges "
+               "programmatic, sessions 42-43), where a PDL launch alone waits ~0.5 us; needs cuda.streams",
+               "a branch joined after its reader would race with it: tested bit-identical to the joins in place over "
+               "graph and eager steps",
+               // Where the joins sit only: the same kernels on the same data, bit-identical (tests/cuda). The
+               // tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_early_joins = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

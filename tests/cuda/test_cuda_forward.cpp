@@ -304,6 +304,21 @@ TEST_F(GpuTest, BranchFlagsStepsMatchJoins) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.branch_flags").options, {}, "cuda"), plumb::Error);
 }
 
+// cuda.early_joins: the gates of the hc_pre before the attention joined with the attention's branches, CSA's indexer
+// keys at the forward's end. Over the three attention types, the indexer skipped and run, the deferred MoE combine
+// and the official numerics: the logits must be the bits of the joins in place, graphed (with PDL) and eager (1 and
+// 3 tokens per step); without cuda.streams it is refused.
+TEST_F(GpuTest, EarlyJoinsStepsMatchJoinsInPlace) {
+  const std::string data = PLUMB_TEST_DATA;
+  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
+  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.early_joins,cuda.pdl,cuda.pdl_hc_attn");
+  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode,cuda.streams", "cuda.early_joins,cuda.pdl");
+  expect_graph_matches_eager(data + "/golden/official-mixed", "numerics.official,cuda.streams", "cuda.early_joins");
+  for (int chunk : {1, 3}) expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.early_joins", chunk);
+  expect_eager_chunks_match(data + "/golden/csa-long", "cuda.streams", "cuda.early_joins", 1);
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.early_joins").options, {}, "cuda"), plumb::Error);
+}
+
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
 // beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
