@@ -200,8 +200,9 @@ class Scratch {
   // With `flags` or `early_joins`: `side` is left unjoined until the forward's end (its remaining work is read by no
   // launch of this forward); without, joined here with event `ev`.
   void join_later(Stream side, void* ev);
-  // cuda.early_joins (set by the forward, without `flags`): a graph node that joins a side stream loses its PDL edge
-  // (launched ~2 us after its upstream kernels end, session 42), so branches are joined where a launch joins anyway.
+  // cuda.early_joins (set by the forward, without `flags`): a graph node that joins a side stream is launched only once
+  // all its upstream kernels have completed, ~2 us after the kernel before it, even though the capture makes both edges
+  // programmatic (sessions 42-43), so branches are joined where a launch joins anyway.
   // The gates apart of the hc_pre before the attention (`gates_to_join`, left by the forward) are joined with the
   // attention's own branches (join_deferred_gates, just before its launch), and CSA's indexer keys at the forward's
   // end (join_later): the FFN's hc_pre then joins nothing and keeps its PDL edge.
