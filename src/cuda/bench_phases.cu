@@ -13,7 +13,6 @@ namespace {
 
 constexpr int kPhaseThreads = 1024;
 
-
 // Every block arrives (after its threads' memory operations, fenced), then waits for all gridDim.x arrivals of this
 // barrier: `target` counts them up over the launch.
 __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target) {

@@ -110,10 +110,11 @@ void branch_await(Stream side, void* ev);
 // cuda.branch_flags: a side branch's end signalled in device memory instead of joined. A graph node with a second
 // incoming edge (a join; programmatic too, as captured) is launched only once both upstream kernels have completed:
 // its blocks enter ~2 us after the kernel before it ends, against ~0.5 us for its PDL wait to return without the
-// join (bench/pdl_residency_probe.cu, sessions 42-43), and a decode layer had three such joins on its critical path. Instead, where the reader's grid leaves room to the branch (branch_wait_fits
-// below), the branch ends with branch_signal and the main-chain kernel that reads its results waits in-kernel
-// (pdl_begin_after, launch.cuh) for the flag, before its PDL wait and before it lets its dependents launch; the branch
-// joins the graph once, at the forward's end (Scratch::wait_or_join).
+// join (bench/pdl_residency_probe.cu, sessions 42-43), and a decode layer had three such joins on its critical path.
+// Instead, where the reader's grid leaves room to the branch (branch_wait_fits below), the branch ends with
+// branch_signal and the main-chain kernel that reads its results waits in-kernel (pdl_begin_after, launch.cuh) for
+// the flag, before its PDL wait and before it lets its dependents launch; the branch joins the graph once, at the
+// forward's end (Scratch::wait_or_join).
 // `sync` (device, zeroed once): [0] the forward's epoch, advanced by the forward's first kernel (fwd_embed); [slot]
 // the epoch at which that slot's branch last signalled. A slot serves one branch end per forward, so a flag from an
 // earlier forward (an older epoch) or from another branch never satisfies a wait.
