@@ -119,12 +119,15 @@ std::vector<float> run_twin(const AttnCase& c, Device& dv) {
   return dv.result();
 }
 
-std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr) {
-  const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count());
+// cluster: attn.cluster_merge asked for (*clustered: whether the plan took it).
+std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr, bool cluster = false,
+                             bool* clustered = nullptr) {
+  const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count(), cluster);
   DeviceBuffer scratch(std::max<size_t>(plan.scratch_bytes, 8));
   dv.a.logits = nullptr, dv.a.ld_logits = 0;
   d::fwd_attend_splitk(dv.a, plan, scratch.get(), nullptr);
   if (splits) *splits = plan.splits;
+  if (clustered) *clustered = plan.cluster;
   return dv.result();
 }
 
@@ -238,6 +241,42 @@ TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
   DeviceBuffer o16(size_t(c.n * c.Hq * c.Dh) * 2), logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
   dv.a.out_inv_freq = dv.a.sink, dv.a.out16 = o16.as<uint16_t>(), dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
   EXPECT_THROW(d::fwd_attend(dv.a, nullptr), std::runtime_error);
+}
+
+// attn.cluster_merge: the splits merged inside their cluster against the merge launch, bit for bit (fp32 rows, and the
+// fused output rotation's f16 copy), for every case the plan clusters (2-16 splits, every cluster resident: the
+// decode cases at short contexts, a partly empty head group, head_dim 192, 10 splits in a non-portable cluster) and
+// under a wider key bound (a graph's: empty splits in the cluster); the others fall back to the merge launch.
+TEST_F(GpuTest, AttentionClusterMergeMatchesTheMergeLaunch) {
+  int clustered_cases = 0, above8 = 0;
+  for (const AttnCase& c : kCases)
+    for (const int64_t bound : {max_keys(c), max_keys(c) * 2 + 100}) {
+      const Data x = make_data(c, 21u + unsigned(c.n * 3 + c.type));
+      const int64_t rd = std::min<int64_t>(64, c.Dh / 2);
+      Rng rng(3u + unsigned(c.Dh));
+      DeviceBuffer inv = to_device(rng.floats(size_t(rd / 2), 1e-4f, 1.0f));
+      const size_t elems = size_t(c.n) * size_t(c.Hq) * size_t(c.Dh);
+      DeviceBuffer ref16(elems * 2), out16(elems * 2);
+      Device ref(c, x), got(c, x);
+      for (Device* dv : {&ref, &got}) {
+        dv->a.out_inv_freq = inv.as<float>(), dv->a.out_rope_off = c.Dh - rd, dv->a.out_af = 1.25f;
+        dv->a.out16 = (dv == &ref ? ref16 : out16).as<uint16_t>();
+      }
+      int splits = 0;
+      bool clustered = false, plain = true;
+      run_split(c, ref, bound, nullptr, false, &plain);
+      ASSERT_FALSE(plain) << c.name;
+      run_split(c, got, bound, &splits, true, &clustered);
+      if (clustered) {
+        ASSERT_TRUE(splits >= 2 && splits <= 16) << c.name;
+        ++clustered_cases, above8 += splits > 8;
+      }
+      expect_same_bytes(got.out, ref.out, elems * 4, std::string(c.name) + ": cluster merge, fp32 rows");
+      expect_same_bytes(out16, ref16, elems * 2, std::string(c.name) + ": cluster merge, f16 copy");
+    }
+  std::printf("%d of %zu runs clustered (%d with more than 8 splits)\n", clustered_cases, 2 * std::size(kCases), above8);
+  EXPECT_GE(clustered_cases, 6);
+  EXPECT_GE(above8, 1);
 }
 
 // Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K
