@@ -150,7 +150,9 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   __shared__ int kvalid[2][kTile];
   // (cuda.pdl_hc_attn) the keys, queries and positions come from earlier kernels; the KV row and the entries maybe
   // from side branches (cuda.branch_flags: a.wait, waited before the PDL wait)
-  pdl_begin_after(a.wait, "attend_split");
+  // (kCluster: its dependent is the output projection, whose weight-streaming blocks, launched early, would slow the
+  // keys' loads; they launch once the splits are done, as they did after the merge launch's wait.)
+  pdl_begin_after(a.wait, "attend_split", !kCluster);
   const int Dh = int(a.Dh), nsl = Dh / kSlice;
   float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]
   double* part = reinterpret_cast<double*>(split_smem + size_t(2 * kTile) * size_t(Dh) * 4);  // [nsl][kHeads][kPart]
@@ -291,6 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
         }
     namespace cg = cooperative_groups;
     const cg::cluster_group cl = cg::this_cluster();
+    pdl_trigger();
     cl.sync();  // every split's m, l and acc stored (release / acquire across the cluster)
     // Block s merges heads s, s + S, ... of the group: thread d takes dim d of the head from every split's shared
     // memory (one round of distributed loads), then the merge kernel's arithmetic (merge_loaded).

@@ -282,7 +282,8 @@ TEST_F(GpuTest, AttentionClusterMergeMatchesTheMergeLaunch) {
 // Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K
 // kernel with the plan and with fixed keys per split, at the model's shape (64 heads x 512, HCA) for a short and a long
 // context, decode of 1 and 8 tokens; and the split kernel's error against the twin there. For the notes: the
-// kernel bench (`plumb bench --only attention`) is the reference measurement.
+// kernel bench (`plumb bench --only attention`) is the reference measurement. At the short context, the cluster
+// merge (attn.cluster_merge) too.
 TEST_F(GpuTest, AttentionSplitKTimes) {
   auto time_us = [](auto&& fn) {
     for (int i = 0; i < 3; ++i) fn();
@@ -293,7 +294,7 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
     plumb::cuda::synchronize();
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
   };
-  for (const int64_t ne : {int64_t(576), int64_t(8192)})
+  for (const int64_t ne : {int64_t(64), int64_t(576), int64_t(8192)})
     for (const int n : {1, 8}) {
       const AttnCase c{"timing", 2, n, 64, 512, 128, ne * 128 - n, 128, ne, 0, 1.0f};
       const Data x = make_data(c, 5u + unsigned(n));
@@ -318,6 +319,10 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
         const double t = time_us([&] { d::fwd_attend_splitk(sa, p, scratch.get(), nullptr); });
         if (chunk) std::printf(" %lld per split %.1f us", (long long)chunk, t);
         else std::printf(" plan %.1f us", t);
+        if (!chunk && d::fwd_attend_splitk_plan(n, c.Hq, c.Dh, keys, d::sm_count(), true).cluster) {  // attn.cluster_merge
+          const d::SplitPlan cp = d::fwd_attend_splitk_plan(n, c.Hq, c.Dh, keys, d::sm_count(), true);
+          std::printf(" (cluster merge %.1f us)", time_us([&] { d::fwd_attend_splitk(sa, cp, nullptr, nullptr); }));
+        }
         const Cmp e = compare(dv.result().data(), twin.data(), int64_t(twin.size()));
         EXPECT_LE(e.norm, 1e-6) << "chunk " << chunk;
         std::printf(" [%.1e]", e.norm);
