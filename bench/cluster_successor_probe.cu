@@ -10,8 +10,8 @@
 // kernels' spans and of the gaps after each predecessor's end; and each step's whole span.
 // Answer (session 44, one H200, two trials): no. Plain or in clusters of 8 or 4, the latency-bound kernel spans 8.19 us,
 // the first streaming kernel ends 10.50 us after it, the second 9.73 us after the first, and the steps take 463-465 us;
-// the attention's slowdown under attn.cluster_merge came from that kernel, not from the cluster launch
-// (bench/results/h200-session44/).
+// so the cluster launch as such does not explain why wo_a and wo_b ran slower after attn.cluster_merge's kernel
+// (bench/results/h200-session44/: left open).
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/csp bench/cluster_successor_probe.cu && /tmp/csp
 #include <algorithm>
 #include <cstdint>
