@@ -8,15 +8,9 @@
 // products summed in the tensor cores' order instead of key_logit's lane order, then rounded to float as the twin
 // does, so they can differ from the twin's by a float rounding; the normalization order differs too (see
 // docs/cuda.md for the measured error).
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "cuda/attn_keys.cuh"
-#include "cuda/launch.cuh"
 
 namespace plumb::cuda::detail {
 
@@ -56,33 +50,6 @@ struct Merge {
   __device__ float out(double o) const { return float(o / L); }
 };
 
-// The merge of up to kB splits whose m, l and kU dims of acc per thread are in registers (splits past S ignored), in
-// the general merge's order: M from every m, then the weights and L in split order, then o in split order (the merge
-// kernel's few-splits path; attn.cluster_merge's in-cluster merge runs the same steps from shared memory).
-template <int kU, int kB>
-__device__ __forceinline__ Merge merge_loaded(float sink, int S, const float (&mv)[kB], const double (&lv)[kB],
-                                              const float (&av)[kU][kB], double (&o)[kU]) {
-  float mmax = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kB; ++j)
-    if (j < S) mmax = fmaxf(mmax, mv[j]);
-  Merge mg(sink, mmax);
-  double w[kB];
-#pragma unroll
-  for (int j = 0; j < kB; ++j)
-    if (j < S) w[j] = mg.weight(mv[j]), mg.add_split(lv[j], w[j]);
-#pragma unroll
-  for (int j = 0; j < kB; ++j)
-    if (j < S)
-#pragma unroll
-      for (int u = 0; u < kU; ++u) o[u] = Merge::add(o[u], av[u][j], w[j]);
-  return mg;
-}
-
-// attn.cluster_merge: at most this many splits per query merge inside their cluster (a non-portable cluster size
-// above 8, where the GPU co-schedules it).
-constexpr int kMaxClusterSplits = 16;
-
 // The fp64 tensor-core step is common.cuh's dmma_m16n8k8 (measured on the H200 at 8320 keys, batch 8: 272 us
 // against 276 us for two 16x8x4 steps and 399 us for four 8x8x4 steps, the sm_80 shape).
 
@@ -97,18 +64,6 @@ __device__ __forceinline__ void store_out_pair(const AttendArgs& a, int64_t row,
   *reinterpret_cast<float2*>(a.out + row * a.Dh + d) = make_float2(p[0], p[1]);
 }
 
-// Merged rows are stored by threads tid, tid + kMergeThreads, ... of a row (one dim each): the even thread of each pair
-// of dims stores both (store_out_pair; Dh % 32 == 0, so every lane reaches the shuffle).
-constexpr int kMergeThreads = 256;
-template <int kU>
-__device__ __forceinline__ void store_merged(const AttendArgs& a, int64_t row, int tid, const Merge& mg, const double (&o)[kU]) {
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    const int64_t d = tid + int64_t(u) * kMergeThreads;
-    const float v = mg.out(o[u]), odd = __shfl_down_sync(0xFFFFFFFFu, v, 1);
-    if (d < a.Dh && (tid & 1) == 0) store_out_pair(a, row, d, v, odd);
-  }
-}
 // 16 bytes global -> shared without registers; src_bytes 0 writes zeros (a hole's row).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   const unsigned s = unsigned(__cvta_generic_to_shared(dst));
@@ -137,12 +92,8 @@ __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 // absence (KeyListT<false>): the kernel runs once per layer and step from cold instruction caches, and session 40's
 // phase stamps put ~8 of its ~13 us at one token in steps whose work is a few loads (the key list and the copies'
 // issue ~2.5 us, the queries' norm ~2.5, the partials' stores ~3.3), so it holds only the code its launch runs.
-// kCluster (attn.cluster_merge): the grid is (S, groups) in clusters of the S splits of one (token, head group); the
-// blocks keep their partials in shared memory and merge them there after a cluster barrier (below), so no merge
-// launch follows and no partials go through global memory.
-template <bool kDirect, bool kQNorm, bool kCluster>
+template <bool kDirect, bool kQNorm>
 __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, SplitPlan plan) {
-  static_assert(!(kDirect && kCluster), "one split has nothing to merge");
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ double Ps[kHeads * kPStride];
   __shared__ double fac[kHeads], lfin[kHeads];
@@ -150,15 +101,12 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   __shared__ int kvalid[2][kTile];
   // (cuda.pdl_hc_attn) the keys, queries and positions come from earlier kernels; the KV row and the entries maybe
   // from side branches (cuda.branch_flags: a.wait, waited before the PDL wait)
-  // (kCluster: its dependent is the output projection, whose weight-streaming blocks, launched early, would slow the
-  // keys' loads; they launch once the splits are done, as they did after the merge launch's wait.)
-  pdl_begin_after(a.wait, "attend_split", !kCluster);
+  pdl_begin_after(a.wait, "attend_split");
   const int Dh = int(a.Dh), nsl = Dh / kSlice;
   float* Ks = reinterpret_cast<float*>(split_smem);                                           // [2][kTile][Dh]
   double* part = reinterpret_cast<double*>(split_smem + size_t(2 * kTile) * size_t(Dh) * 4);  // [nsl][kHeads][kPart]
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
-  const int gi = kCluster ? int(blockIdx.y) : int(blockIdx.x), s = kCluster ? int(blockIdx.x) : int(blockIdx.y);
-  const int t = gi / ngroups, h0 = (gi % ngroups) * kHeads;
+  const int t = int(blockIdx.x) / ngroups, h0 = (int(blockIdx.x) % ngroups) * kHeads, s = int(blockIdx.y);
   const int tid = int(threadIdx.x), lane = tid & 31, wid = tid >> 5, g = lane >> 2, r = lane & 3;
   const bool mma_warp = wid < nsl;
   const int S = plan.splits;
@@ -277,47 +225,6 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   }
 
   l = warp_sum(l);
-  if constexpr (kCluster) {
-    // Head hl is merged by the block of rank hl % S, at its slot hl / S: every split pushes its partials there (stores
-    // into that block's shared memory, which need not wait for a reply): m and l into inbox_m / inbox_l [slot][split],
-    // acc as floats (the values the merge kernel reads) into the key tiles' buffer as [slot][split][Dh].
-    __shared__ float inbox_m[kHeads / 2][kMaxClusterSplits];
-    __shared__ double inbox_l[kHeads / 2][kMaxClusterSplits];
-    float* inbox = Ks;  // (slot * S + split) rows of Dh: at most 16 + S - 1 <= 31 of the buffer's 2 * kTile rows
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cl = cg::this_cluster();
-    pdl_trigger();
-    cl.sync();  // every block of the cluster is past its last tile: the key buffers may receive
-    if (lane == 0) {
-      *cl.map_shared_rank(&inbox_m[wid / S][s], wid % S) = m;
-      *cl.map_shared_rank(&inbox_l[wid / S][s], wid % S) = l;
-    }
-    if (mma_warp)
-#pragma unroll
-      for (int ho = 0; ho < 2; ++ho) {
-        const int hl = 8 * ho + g;
-        float* dst = cl.map_shared_rank(inbox + (size_t(hl / S) * size_t(S) + size_t(s)) * size_t(Dh), hl % S);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          *reinterpret_cast<float2*>(dst + kSlice * wid + 8 * e + 2 * r) = make_float2(float(acc[e][2 * ho]), float(acc[e][2 * ho + 1]));
-      }
-    cl.sync();  // every push has landed (release / acquire); no block touches another's shared memory after this
-    // Block s merges heads s, s + S, ... from its own shared memory, thread d dim d, in the merge kernel's order: M
-    // from every m, then the weights and L in split order, then o in split order (bit-identical to that kernel).
-    for (int slot = 0, hl = s; hl < kHeads && h0 + hl < a.Hq; ++slot, hl += S) {
-      const float* im = inbox_m[slot];
-      const double* il = inbox_l[slot];
-      float mmax = -INFINITY;
-      for (int j = 0; j < S; ++j) mmax = fmaxf(mmax, im[j]);
-      Merge mg(a.sink[h0 + hl], mmax);
-      for (int j = 0; j < S; ++j) mg.add_split(il[j], mg.weight(im[j]));
-      double o[1] = {0.0};
-      if (tid < Dh)
-        for (int j = 0; j < S; ++j) o[0] = Merge::add(o[0], inbox[(size_t(slot) * size_t(S) + size_t(j)) * size_t(Dh) + tid], mg.weight(im[j]));
-      store_merged(a, int64_t(t) * a.Hq + h0 + hl, tid, mg, o);
-    }
-    return;
-  }
   if (lane == 0) mfin[wid] = m, lfin[wid] = l;
   __syncthreads();
   if (!kDirect && lane == 0 && h0 + wid < a.Hq) {
@@ -352,7 +259,18 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
 
 // Block = one (token, head) row: merges its S splits with the sink (Merge), thread per dim. The splits' m and l
 // are staged in shared memory 256 at a time (loaded in parallel), their weights computed once per block; every
-// thread then walks the splits in s order, as the one-split path does.
+// thread then walks the splits in s order, as the one-split path does. The even thread of each pair of dims
+// stores both (store_out_pair; Dh % 32 == 0, so every lane reaches the shuffle).
+constexpr int kMergeThreads = 256;
+template <int kU>
+__device__ __forceinline__ void store_merged(const AttendArgs& a, int64_t row, int tid, const Merge& mg, const double (&o)[kU]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t d = tid + int64_t(u) * kMergeThreads;
+    const float v = mg.out(o[u]), odd = __shfl_down_sync(0xFFFFFFFFu, v, 1);
+    if (d < a.Dh && (tid & 1) == 0) store_out_pair(a, row, d, v, odd);
+  }
+}
 __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs a, Partials P, int S) {
   __shared__ float ms[kMergeThreads];
   __shared__ double ls[kMergeThreads], ws[kMergeThreads];
@@ -379,7 +297,21 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
 #pragma unroll
       for (int j = 0; j < kB; ++j) av[u][j] = d < a.Dh && j < S ? acc[int64_t(j) * a.Dh + d] : 0.0f;
     }
-    store_merged(a, row, tid, merge_loaded(sink, S, mv, lv, av, o), o);
+    float mmax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (j < S) mmax = fmaxf(mmax, mv[j]);
+    Merge mg(sink, mmax);
+    double w[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (j < S) w[j] = mg.weight(mv[j]), mg.add_split(lv[j], w[j]);
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (j < S)
+#pragma unroll
+        for (int u = 0; u < kU; ++u) o[u] = Merge::add(o[u], av[u][j], w[j]);
+    store_merged(a, row, tid, mg, o);
     return;
   }
   float mmax = -INFINITY;
@@ -420,26 +352,7 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
 
 }  // namespace
 
-// attn.cluster_merge: whether clusters of S split blocks (kThreads threads, `smem` bytes of shared memory each) of
-// `groups` (token, head group) pairs are all resident at once on this GPU: the merge waits on a cluster barrier, and a
-// grid of clusters in two waves would run the second after the first (slower than the merge launch). Queried once
-// per (S, smem) and kept (the kernels differ in kQNorm only, which leaves one block per SM either way).
-static bool cluster_merge_fits(int S, size_t smem, int64_t groups) {
-  static std::mutex mu;
-  static std::map<std::pair<int, size_t>, int> active;
-  const std::lock_guard<std::mutex> lock(mu);
-  auto it = active.find({S, smem});
-  if (it == active.end()) {
-    auto kern = attend_split_kernel<false, false, true>;
-    PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    it = active.emplace(std::make_pair(S, smem), max_active_clusters(kern, S, kThreads, smem)).first;
-  }
-  return groups <= it->second;
-}
-
-static size_t split_smem_bytes(int64_t Dh) { return size_t(2 * kTile) * size_t(Dh) * 4 + size_t(Dh / kSlice) * kHeads * kPart * 8; }
-
-SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms, bool cluster_merge) {
+SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
   // Up to 256 tokens (the graph-captured chunks) chunk and cap depend on n only, so an eager step (S from this
@@ -475,10 +388,7 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   if (p.cap > 0) S = std::min(S, p.cap);
   p.splits = int(std::max<int64_t>(1, S));
   p.blocks = int64_t(n) * ((Hq + kHeads - 1) / kHeads) * p.splits;
-  // attn.cluster_merge where the splits fit one cluster and every cluster is resident at once (one wave).
-  p.cluster = cluster_merge && p.splits >= 2 && p.splits <= kMaxClusterSplits && Dh % kSlice == 0 && Dh <= kMaxDh &&
-              cluster_merge_fits(p.splits, split_smem_bytes(Dh), p.blocks / p.splits);
-  p.scratch_bytes = p.splits > 1 && !p.cluster ? size_t(bytes_per_split) * size_t(p.splits) : 0;
+  p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
   return p;
 }
 
@@ -495,17 +405,15 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
   const int ngroups = (a.Hq + kHeads - 1) / kHeads;
   const int S = plan.splits;
   check_branch_wait(a.wait, int64_t(a.n) * ngroups * S, "attention (split-K)");
-  if (plan.cluster && (S < 2 || S > kMaxClusterSplits))
-    throw_arg("attention (split-K): a cluster merge takes 2 to 16 splits");
   Partials P{};
-  if (S > 1 && !plan.cluster) {
+  if (S > 1) {
     if (!scratch) throw_arg("attention (split-K): no scratch for the partials");
     const size_t rows = size_t(a.n) * size_t(a.Hq);
     P.l = static_cast<double*>(scratch);  // doubles first: 8-byte aligned
     P.m = reinterpret_cast<float*>(P.l + rows * size_t(S));
     P.acc = P.m + rows * size_t(S);
   }
-  const size_t smem = split_smem_bytes(a.Dh);
+  const size_t smem = size_t(2 * kTile) * size_t(a.Dh) * 4 + size_t(a.Dh / kSlice) * kHeads * kPart * 8;
   const bool pdl = pdl_hc_attn_enabled();  // cuda.pdl_hc_attn
   auto go = [&](auto kern, size_t& raised) {  // (per process and kernel: the attribute is per kernel)
     if (smem > raised) {
@@ -514,23 +422,10 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     }
     launch_as(pdl, "fwd_attend_split", kern, dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s, a, P, plan);
   };
-  // attn.cluster_merge: grid (S, token x head group), a cluster per query group's splits; no merge launch.
-  auto go_cluster = [&](auto kern, size_t& raised) {
-    if (smem > raised) {
-      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));  // S > 8
-      raised = smem;
-    }
-    launch_cluster(pdl, "fwd_attend_split", kern, unsigned(S), unsigned(a.n * ngroups), kThreads, smem, s, a, P, plan);
-  };
-  static size_t raised[6] = {48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024};
+  static size_t raised[4] = {48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024};
   const bool qnorm = a.q_inv_freq != nullptr;
-  if (plan.cluster) {
-    qnorm ? go_cluster(attend_split_kernel<false, true, true>, raised[4]) : go_cluster(attend_split_kernel<false, false, true>, raised[5]);
-    return;
-  }
-  if (S == 1) qnorm ? go(attend_split_kernel<true, true, false>, raised[0]) : go(attend_split_kernel<true, false, false>, raised[1]);
-  else qnorm ? go(attend_split_kernel<false, true, false>, raised[2]) : go(attend_split_kernel<false, false, false>, raised[3]);
+  if (S == 1) qnorm ? go(attend_split_kernel<true, true>, raised[0]) : go(attend_split_kernel<true, false>, raised[1]);
+  else qnorm ? go(attend_split_kernel<false, true>, raised[2]) : go(attend_split_kernel<false, false>, raised[3]);
   if (S == 1) return;
   launch_as(pdl, "fwd_attend_merge", attend_merge_kernel, dim3(unsigned(a.n * a.Hq)), kMergeThreads, 0, s, a, P, S);
 }

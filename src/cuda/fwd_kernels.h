@@ -232,9 +232,6 @@ struct SplitPlan {
   int64_t cap = 0;    // > 0: a query takes at most cap splits (its keys per split grow past chunk)
   int splits = 1;     // the grid: splits per query, enough for every query of up to max_keys keys
   int64_t blocks = 0;  // the split launch's grid: n x ceil(Hq / 16) x splits blocks
-  // attn.cluster_merge: each query group's splits run as one thread-block cluster and merge in it (no merge launch,
-  // no scratch); set where asked, 2-16 splits, and every cluster resident at once.
-  bool cluster = false;
   size_t scratch_bytes = 0;
   // Keys per split of a query with `count` keys: chunk, or count / cap rounded up to 32 if larger. It depends on the
   // query and on chunk and cap (functions of n alone up to 256 tokens), never on the grid, so an eager launch and a
@@ -245,9 +242,8 @@ struct SplitPlan {
     return spread > chunk ? spread : chunk;
   }
 };
-// sms: the device's SM count (sm_count()), which sizes the decode splits to fill it. cluster_merge
-// (attn.cluster_merge) asks for the cluster merge where it fits (a query on the GPU; none without it).
-SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms, bool cluster_merge = false);
+// sms: the device's SM count (sm_count()), which sizes the decode splits to fill it.
+SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms);
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);

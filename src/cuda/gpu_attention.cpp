@@ -309,7 +309,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // split launch waits for them in-kernel where its grid leaves room to their kernels (the entries of HCA; CSA's
   // indexer keys follow them on their stream, so they stay an await), else they join here.
   std::optional<SplitPlan> plan;
-  if (w.splitk) plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count(), w.cluster_merge);
+  if (w.splitk) plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
   const bool in_kernel = sc.flags && plan && !nm.official() && branch_wait_fits(plan->blocks);
   if (keys_later) branch_await(side2, sc.ev_entries);
   else if (!run_indexer) sc.wait_or_join(a.wait, in_kernel, side2, sc.ev_join);

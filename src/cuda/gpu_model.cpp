@@ -76,8 +76,6 @@ void check_options(const ModelOptions& o) {
   // PDL for hc_pre and the split-K attention extends cuda.pdl's launches; alone it would launch nothing with PDL.
   PLUMB_CHECK(!o.cuda_pdl_hc_attn || o.cuda_pdl, "backend cuda: cuda.pdl_hc_attn extends cuda.pdl to more launches and needs it: add cuda.pdl");
   PLUMB_CHECK(!o.cuda_linear_early || o.cuda_pdl, "backend cuda: cuda.linear_early acts before cuda.pdl's wait and needs it: add cuda.pdl");
-  PLUMB_CHECK(!o.attn_cluster_merge || o.attn_splitk_decode,
-              "backend cuda: attn.cluster_merge merges attn.splitk_decode's splits and needs it: add attn.splitk_decode");
   PLUMB_CHECK(!o.cuda_early_joins || o.cuda_streams,
               "backend cuda: cuda.early_joins moves cuda.streams' joins and needs it: add cuda.streams");
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
@@ -185,7 +183,6 @@ class GpuForward : public DeviceForward {
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
       gl.attn.sink = upload_tensor(a.sink);
       gl.attn.splitk = opt_.attn_splitk_decode;
-      gl.attn.cluster_merge = opt_.attn_cluster_merge;
       gl.attn.index_tc = opt_.indexer_tc_scores;
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
       gl.attn.skip_short = opt_.indexer_skip_short;

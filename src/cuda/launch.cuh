@@ -68,17 +68,13 @@ static __device__ __noinline__ void branch_flags_wait(const BranchWait w, const 
 // (hc_pre with pending branches is never the forward's first, the attention follows the query projections). The
 // dependents launch only once every block has seen the flags, so no later kernel of the chain holds SMs while this
 // one waits: the branches' kernels always find room.
-// trigger = false: the wait only; the kernel lets its dependents launch later (pdl_trigger), where their early
-// blocks would otherwise take SMs and bandwidth from its own work.
-__device__ __forceinline__ void pdl_begin_after(const BranchWait& w, const char* who, bool trigger = true) {
+__device__ __forceinline__ void pdl_begin_after(const BranchWait& w, const char* who) {
   if (w.sync) {
     if (threadIdx.x == 0) branch_flags_wait(w, who);
     __syncthreads();
   }
-  if (trigger) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
-  else asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // L2 prefetch of weights (read-only for the whole forward), for use before pdl_begin.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

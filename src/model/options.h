@@ -18,7 +18,6 @@ struct ModelOptions {
   bool cuda_head_bf16 = false;      // cuda.head_bf16: LM head as a cuBLASLt bf16 GEMM (backend cuda)
   bool cuda_graph = false;          // cuda.graph: decode steps replayed as CUDA graphs (backend cuda)
   bool attn_splitk_decode = false;  // attn.splitk_decode: sparse attention split over keys (backend cuda)
-  bool attn_cluster_merge = false;  // attn.cluster_merge: attn.splitk_decode's splits merged in a thread-block cluster (backend cuda)
   bool indexer_tc_scores = false;   // indexer.tc_scores: the indexer's scores on the f16 tensor cores (backend cuda)
   bool indexer_dmma_scores = false;  // indexer.dmma_scores: the indexer's fp64 dots on the fp64 tensor cores (backend cuda)
   bool indexer_skip_short = false;  // indexer.skip_short: no indexer while its top-k would select every entry

@@ -217,17 +217,6 @@ std::vector<Patch> make_registry() {
                // own order and the softmax is normalized per chunk: measured <= 1.2e-7 normalized against the unsplit
                // twin (tests/cuda, key lists up to 8K entries, 4 to 64 heads). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.attn_splitk_decode = true; }, false, "cuda"});
-  r.push_back({"attn.cluster_merge", "attn.splitk_decode's splits merged by a second launch (partials through global memory)",
-               "the blocks of one query group's splits run as a thread-block cluster (2-16 splits, where every cluster is "
-               "resident at once: decode at short contexts, the sliding-window layers always): each keeps its partials in "
-               "shared memory, and after a cluster barrier each block merges some of the group's heads from every "
-               "split's shared memory with the merge kernel's arithmetic, so one launch fewer per attention and no "
-               "partials stored; elsewhere the merge launch as before; needs attn.splitk_decode",
-               "a block that reads another's partials before they are stored, or leaves before they are read, merges "
-               "garbage: tested bit-identical to the merge launch",
-               // The same partials (as floats) merged in the same order by the same code (merge_loaded): bit-identical
-               // (tests/cuda). The tolerance is the reference's.
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.attn_cluster_merge = true; }, false, "cuda"});
   r.push_back({"indexer.tc_scores", "lightning indexer scores: fp64 dots in dim order, summed over heads in head order",
                "the scores on the f16 tensor cores: the token's queries and the compressed keys rounded to f16, "
                "mma.m16n8k16 with fp32 accumulation, relu and the head weights in fp32, heads summed in a fixed tree; "

@@ -119,15 +119,12 @@ std::vector<float> run_twin(const AttnCase& c, Device& dv) {
   return dv.result();
 }
 
-// cluster: attn.cluster_merge asked for (*clustered: whether the plan took it).
-std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr, bool cluster = false,
-                             bool* clustered = nullptr) {
-  const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count(), cluster);
+std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr) {
+  const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count());
   DeviceBuffer scratch(std::max<size_t>(plan.scratch_bytes, 8));
   dv.a.logits = nullptr, dv.a.ld_logits = 0;
   d::fwd_attend_splitk(dv.a, plan, scratch.get(), nullptr);
   if (splits) *splits = plan.splits;
-  if (clustered) *clustered = plan.cluster;
   return dv.result();
 }
 
@@ -243,47 +240,10 @@ TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
   EXPECT_THROW(d::fwd_attend(dv.a, nullptr), std::runtime_error);
 }
 
-// attn.cluster_merge: the splits merged inside their cluster against the merge launch, bit for bit (fp32 rows, and the
-// fused output rotation's f16 copy), for every case the plan clusters (2-16 splits, every cluster resident: the
-// decode cases at short contexts, a partly empty head group, head_dim 192, 10 splits in a non-portable cluster) and
-// under a wider key bound (a graph's: empty splits in the cluster); the others fall back to the merge launch.
-TEST_F(GpuTest, AttentionClusterMergeMatchesTheMergeLaunch) {
-  int clustered_cases = 0, above8 = 0;
-  for (const AttnCase& c : kCases)
-    for (const int64_t bound : {max_keys(c), max_keys(c) * 2 + 100}) {
-      const Data x = make_data(c, 21u + unsigned(c.n * 3 + c.type));
-      const int64_t rd = std::min<int64_t>(64, c.Dh / 2);
-      Rng rng(3u + unsigned(c.Dh));
-      DeviceBuffer inv = to_device(rng.floats(size_t(rd / 2), 1e-4f, 1.0f));
-      const size_t elems = size_t(c.n) * size_t(c.Hq) * size_t(c.Dh);
-      DeviceBuffer ref16(elems * 2), out16(elems * 2);
-      Device ref(c, x), got(c, x);
-      for (Device* dv : {&ref, &got}) {
-        dv->a.out_inv_freq = inv.as<float>(), dv->a.out_rope_off = c.Dh - rd, dv->a.out_af = 1.25f;
-        dv->a.out16 = (dv == &ref ? ref16 : out16).as<uint16_t>();
-      }
-      int splits = 0;
-      bool clustered = false, plain = true;
-      run_split(c, ref, bound, nullptr, false, &plain);
-      ASSERT_FALSE(plain) << c.name;
-      run_split(c, got, bound, &splits, true, &clustered);
-      if (clustered) {
-        ASSERT_TRUE(splits >= 2 && splits <= 16) << c.name;
-        ++clustered_cases, above8 += splits > 8;
-      }
-      expect_same_bytes(got.out, ref.out, elems * 4, std::string(c.name) + ": cluster merge, fp32 rows");
-      expect_same_bytes(out16, ref16, elems * 2, std::string(c.name) + ": cluster merge, f16 copy");
-    }
-  std::printf("%d of %zu runs clustered (%d with more than 8 splits)\n", clustered_cases, 2 * std::size(kCases), above8);
-  EXPECT_GE(clustered_cases, 6);
-  EXPECT_GE(above8, 1);
-}
-
 // Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K
 // kernel with the plan and with fixed keys per split, at the model's shape (64 heads x 512, HCA) for a short and a long
 // context, decode of 1 and 8 tokens; and the split kernel's error against the twin there. For the notes: the
-// kernel bench (`plumb bench --only attention`) is the reference measurement. At the short context, the cluster
-// merge (attn.cluster_merge) too.
+// kernel bench (`plumb bench --only attention`) is the reference measurement.
 TEST_F(GpuTest, AttentionSplitKTimes) {
   auto time_us = [](auto&& fn) {
     for (int i = 0; i < 3; ++i) fn();
@@ -294,7 +254,7 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
     plumb::cuda::synchronize();
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
   };
-  for (const int64_t ne : {int64_t(64), int64_t(576), int64_t(8192)})
+  for (const int64_t ne : {int64_t(576), int64_t(8192)})
     for (const int n : {1, 8}) {
       const AttnCase c{"timing", 2, n, 64, 512, 128, ne * 128 - n, 128, ne, 0, 1.0f};
       const Data x = make_data(c, 5u + unsigned(n));
@@ -319,10 +279,6 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
         const double t = time_us([&] { d::fwd_attend_splitk(sa, p, scratch.get(), nullptr); });
         if (chunk) std::printf(" %lld per split %.1f us", (long long)chunk, t);
         else std::printf(" plan %.1f us", t);
-        if (!chunk && d::fwd_attend_splitk_plan(n, c.Hq, c.Dh, keys, d::sm_count(), true).cluster) {  // attn.cluster_merge
-          const d::SplitPlan cp = d::fwd_attend_splitk_plan(n, c.Hq, c.Dh, keys, d::sm_count(), true);
-          std::printf(" (cluster merge %.1f us)", time_us([&] { d::fwd_attend_splitk(sa, cp, nullptr, nullptr); }));
-        }
         const Cmp e = compare(dv.result().data(), twin.data(), int64_t(twin.size()));
         EXPECT_LE(e.norm, 1e-6) << "chunk " << chunk;
         std::printf(" [%.1e]", e.norm);

@@ -319,20 +319,6 @@ TEST_F(GpuTest, EarlyJoinsStepsMatchJoinsInPlace) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.early_joins").options, {}, "cuda"), plumb::Error);
 }
 
-// attn.cluster_merge: the split-K attention's splits merged inside their cluster instead of by the merge launch, in
-// the forward: the logits must be the bits of the merge launch, graphed (the grid sized by the caches' capacity) and
-// eager (by each step's keys), with PDL on the attention's launch, side streams and the fast kernels; refused without
-// attn.splitk_decode.
-TEST_F(GpuTest, ClusterMergeStepsMatchTheMergeLaunch) {
-  const std::string data = PLUMB_TEST_DATA;
-  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
-  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "attn.cluster_merge,cuda.pdl,cuda.pdl_hc_attn");
-  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode", "attn.cluster_merge");
-  for (int chunk : {1, 3, 8}) expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "attn.cluster_merge", chunk);
-  expect_eager_chunks_match(data + "/golden/csa-long", "attn.splitk_decode", "attn.cluster_merge", 1);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("attn.cluster_merge").options, {}, "cuda"), plumb::Error);
-}
-
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
 // beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
