@@ -103,6 +103,7 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
 // compares it, single tokens, with the L2 path of 2 and 4 tokens per cluster); V4-Pro's slices do not fit.
 TEST_F(GpuTest, HcPreStagesFnAtFlashSize) {
   EXPECT_TRUE(d::fwd_hc_pre_staged(4096)) << "the GPU does not schedule the staged hc_pre's clusters";
+  EXPECT_TRUE(d::fwd_hc_pre_staged(4096, 1)) << "the GPU does not schedule cuda.hc_one_reduction's staged hc_pre";
   EXPECT_FALSE(d::fwd_hc_pre_staged(7168));
 }
 
@@ -231,6 +232,83 @@ TEST_F(GpuTest, HcPreCombinesMoeSlotsLikeTheCombineLaunch) {
     expect_same_bytes(b.col, s.col, size_t(n * D) * 4, tag + "the collapsed row");
     expect_same_bytes(b.col16, s.col16, size_t(n * D) * 2, tag + "its f16 copy");
   }
+}
+
+// cuda.hc_one_reduction (HcArgs::one_reduction): hc_pre's one-reduction kernel against the exact one on the same
+// inputs. The new streams (the fused hc_post, untouched) must be the same bits; the mixes, post, comb and the
+// collapsed row (with its fused norm: pre^T G pre for its sum of squares) within 1e-6 of max(1, max|ref|), and the
+// mixes must differ somewhere (else the test compared the exact kernel with itself). V4-Flash's hidden size (fn
+// staged) and V4-Pro's (fn from L2), with and without the fused hc_post and norm, hc_head; one token per launch and
+// 5 in one launch (one per cluster). Streams 1 and 2 of one token are nearly -stream 0, so G has large negative
+// entries and part of pre^T G pre cancels.
+TEST_F(GpuTest, HcOneReductionMatchesExact) {
+  Rng rng(123);
+  struct Shape {
+    int64_t D;
+    bool fused;
+    int head;
+  };
+  const int H = 4, nmix = (2 + H) * H, n = 5;
+  for (const Shape sh : {Shape{4096, true, 0}, Shape{4096, false, 0}, Shape{4096, true, 1}, Shape{7168, true, 0}, Shape{256, true, 0}})
+    for (const bool batch : {false, true}) {
+      const int64_t D = sh.D, hd = H * D;
+      const int nm = sh.head ? H : nmix;
+      auto X = rng.floats(size_t(n * hd), -2.0f, 2.0f);
+      for (int64_t d = 0; d < D; ++d)  // token 2: streams 1 and 2 within 1e-3 of -stream 0
+        for (int j : {1, 2}) X[size_t(2 * hd + j * D + d)] = -X[size_t(2 * hd + d)] * (1.0f + 1e-3f * float(j));
+      const auto Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f), y = rng.floats(size_t(n * D), -1.0f, 1.0f);
+      const auto pp = rng.floats(size_t(n * H), 0.0f, 2.0f), cp = rng.floats(size_t(n * H * H), 0.0f, 1.0f);
+      DeviceBuffer dfn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), dbase = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
+      DeviceBuffer dscale = to_device(rng.floats(3, 0.5f, 2.0f)), dy = to_device(y), dXp = to_device(Xp), dpp = to_device(pp);
+      DeviceBuffer dcp = to_device(cp), dnw = to_device(rng.floats(size_t(D), 0.5f, 1.5f));
+      struct Out {
+        DeviceBuffer X, post, comb, col, col16, mix;
+      };
+      auto run = [&](bool one) {
+        Out o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
+              DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
+        for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
+          d::HcArgs a;
+          a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
+          a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.head = sh.head;
+          a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
+          a.tokens_per_cluster = 1, a.one_reduction = one ? 1 : 0;
+          if (sh.fused) {
+            a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
+            a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
+            a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>() + t0 * D;
+          }
+          d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nm), nullptr);
+        }
+        return o;
+      };
+      const Out e = run(false), o = run(true);
+      const std::string tag = fmt::format("D {}{}{}{}: ", D, sh.fused ? " fused" : "", sh.head ? " hc_head" : "", batch ? ", 5 tokens in one launch" : "");
+      expect_same_bytes(o.X, e.X, size_t(n * hd) * 4, tag + "the streams");
+      // Worst |got - want| / max(1, max|want|) over a tensor, with where it is.
+      auto expect_close = [&](const auto& got, const auto& want, int64_t row, const char* what, bool must_differ) {
+        double scale = 1, worst = 0;
+        size_t at = 0, differ = 0;
+        for (size_t i = 0; i < want.size(); ++i) scale = std::max(scale, std::fabs(double(want[i])));
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double err = std::fabs(double(got[i]) - double(want[i])) / scale;
+          differ += got[i] != want[i];
+          if (!(err <= worst)) worst = err, at = i;
+        }
+        EXPECT_LE(worst, 1e-6) << tag << what << ": worst error " << worst << " at token " << at / size_t(row) << ", element " << at % size_t(row)
+                               << " (" << got[at] << " against " << want[at] << ")";
+        if (must_differ) {
+          EXPECT_GT(differ, 0u) << tag << what << ": the same bits as the exact kernel (the one-reduction kernel did not run)";
+        }
+        std::printf("%s%s: worst %.3g, %zu of %zu differ\n", tag.c_str(), what, worst, differ, want.size());
+      };
+      expect_close(to_host<double>(o.mix, size_t(n * nm)), to_host<double>(e.mix, size_t(n * nm)), nm, "the mixes", true);
+      if (!sh.head) {
+        expect_close(to_host<float>(o.post, size_t(n * H)), to_host<float>(e.post, size_t(n * H)), H, "post", false);
+        expect_close(to_host<float>(o.comb, size_t(n * H * H)), to_host<float>(e.comb, size_t(n * H * H)), H * H, "comb", false);
+      }
+      expect_close(to_host<float>(o.col, size_t(n * D)), to_host<float>(e.col, size_t(n * D)), D, "the collapsed row", false);
+    }
 }
 
 // ---- router (fwd_route): the warp-per-token kernel bit for bit against the block-per-token kernel ----
