@@ -985,7 +985,7 @@ int run_bench(const BenchOptions& opt) {
   // one-iteration row is a diagnostic of the Sinkhorn's share of the launch (its comb differs), not a configuration;
   // then the launch numerics.official makes (its mix mode, bf16 activations, the norm a launch of its own); the last
   // two the forward's under cuda.streams (the gates and Sinkhorn apart: that launch is not timed), exact and with
-  // cuda.hc_one_reduction. Bytes: fn (24 x 16384 fp32) and the rows read and written.
+  // cuda.hc_norm_after_mix. Bytes: fn (24 x 16384 fp32) and the rows read and written.
   if (B.want("hc")) {
     const int H = 4, nm = (2 + H) * H, hn = 128;  // tokens at most
     const int64_t Dh = D;  // hidden
@@ -1002,7 +1002,7 @@ int run_bench(const BenchOptions& opt) {
       int iters;
       bool official = false;  // numerics.official's launch: x . fn times r afterwards, bf16 activations, no fused norm
       bool apart = false;     // the gates left to fwd_hc_gates (cuda.streams runs them beside the sublayer; not timed)
-      int one = 0;            // cuda.hc_one_reduction (HcArgs::one_reduction: 1; 2 r deferred alone)
+      bool after = false;     // cuda.hc_norm_after_mix
     };
     const HcVar vars[] = {{"hc_pre + fused hc_post + norm (the forward's)", true, true, 20},
                           {"hc_pre + norm (X loaded)", false, true, 20},
@@ -1010,8 +1010,7 @@ int run_bench(const BenchOptions& opt) {
                           {"hc_pre + fused hc_post + norm, 1 Sinkhorn iteration (diagnostic)", true, true, 1},
                           {"hc_pre + fused hc_post, numerics.official", true, false, 20, true},
                           {"hc_pre + fused hc_post + norm, gates apart", true, true, 20, false, true},
-                          {"hc_pre + fused hc_post + norm, gates apart, cuda.hc_one_reduction", true, true, 20, false, true, 1},
-                          {"hc_pre + fused hc_post + norm, gates apart, r deferred alone", true, true, 20, false, true, 2}};
+                          {"hc_pre + fused hc_post + norm, gates apart, cuda.hc_norm_after_mix", true, true, 20, false, true, true}};
     // 1 and 8 tokens: every variant at the launch's rule; 8-128 (batched decode): the forward's variant with the
     // rule and with each tokens-per-cluster choice.
     for (int n : {1, 8, 16, 32, 64, 128})
@@ -1029,7 +1028,7 @@ int run_bench(const BenchOptions& opt) {
             a.X_out = X.as<float>();
           if (v.norm) a.norm_w = nw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = col16.as<uint16_t>();
           if (v.official) a.mix_mode = 2, a.act_bf16 = 1;
-          a.gates_apart = v.apart, a.one_reduction = v.one;
+          a.gates_apart = v.apart, a.norm_after_mix = v.after;
           const double bytes = double(fn.bytes()) + double(n) * double(Dh) * 4 * (H + (v.post ? H + 1 + H : 0) + 1);
           const std::string how = per_cluster ? fmt::format("{} Sinkhorn iterations, {} tokens per cluster", v.iters, per_cluster)
                                               : fmt::format("{} Sinkhorn iterations", v.iters);

@@ -232,35 +232,12 @@ __device__ __forceinline__ void hc_push(double* dst, uint64_t* bar, int q, doubl
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(rd), "l"(__double_as_longlong(v)), "r"(rb)
                : "memory");
 }
-// v0, v1 into rank q's copy of dst[0], dst[1] (16-byte aligned) in one store, counted on rank q's copy of *bar.
-__device__ __forceinline__ void hc_push2(double* dst, uint64_t* bar, int q, double v0, double v1) {
-  uint32_t rd, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(q));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(q));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b64 [%0], {%1, %2}, [%3];" ::"r"(rd),
-               "l"(__double_as_longlong(v0)), "l"(__double_as_longlong(v1)), "r"(rb)
-               : "memory");
-}
 // The S partials of an inbox column in rank order (the order of every earlier split of these sums).
 template <class F>
 __device__ __forceinline__ double hc_rank_sum(int S, F part) {
   double t = 0;
   for (int q = 0; q < S; ++q) t += part(q);
   return t;
-}
-
-// The fused norm's output of W collapsed values c at (token t, column d): rms_norm_row's rms_scaled with the norm
-// weights, into a.collapsed and its f16 copy (a.collapsed16, when set).
-template <int W>
-__device__ __forceinline__ void hc_store_normed(const HcArgs& a, int64_t t, int64_t d, const float* c, float inv) {
-  float gv[W];
-  hc_load<W == 4>(a.norm_w + d, gv);
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    const float y = rms_scaled(c[w], inv, gv[w]);
-    a.collapsed[t * a.D + d + w] = y;
-    if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[t * a.D + d + w] = __float2half_rn(y);
-  }
 }
 
 // 2 blocks per SM: a cluster of 16 fits in 8 SMs. (Session 8 measured a variant with one block per SM, all
@@ -277,24 +254,16 @@ __device__ __forceinline__ void hc_store_normed(const HcArgs& a, int64_t t, int6
 // shared memory before the PDL wait (fn is a weight), where phase 2 reads them; without SF phase 2 reads them from
 // L2 (prefetched there at the start): the stamps of session 41 put ~1.8 us of the launch in that phase, its 16 blocks
 // reading 1.5 MB through the L2 ports of 8 SMs. The same values in the same order: the same bits.
-// OR (cuda.hc_one_reduction; with F, one token per cluster): two cluster reductions instead of three, and no wait
-// before the dots. Phase 2's dots take the raw streams, x . fn (the official order, the norm after the GEMM), so they
-// start while r's sums travel, and phase 3 scales them, mix = float(r * (x . fn)) in fp64, where the reference takes
-// float(x * r) . fn. After its dots each block also sums the streams' Gram matrix G[j][k] = sum_d x_j[d] x_k[d]
-// (fp64, the upper triangle) and pushes it with the mixes; the fused norm's sum of squares is then pre^T G pre
-// (fp64), where the reference sums the squares of the fp32 collapsed row, so the rows are stored as they are
-// collapsed, without phase 4's reduction. Both differ from the twin by the fp32 roundings they skip (~1e-7
-// relative; tests/cuda: HcOneReductionMatchesExact). (ORM 2, a measurement: the deferred r alone.)
-template <int H, bool VEC, int M, bool F = false, bool SF = false, int ORM = 0>
+// NA (cuda.hc_norm_after_mix; with F, one token per cluster): phase 2's dots take the raw streams, x . fn (the
+// official order: the norm after the mixing GEMM), so they start while phase 1's sums travel, and phase 3 scales them,
+// mix = float(r * (x . fn)) in fp64, where the reference takes float(x * r) . fn: the fp32 rounding of x * r skipped
+// (~1e-7 relative; tests/cuda: HcNormAfterMixMatchesExact).
+template <int H, bool VEC, int M, bool F = false, bool SF = false, bool NA = false>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
   constexpr int W = VEC ? 4 : 1;   // elements per item
-  // ORM 1: OR below; 2 (measurement): r deferred alone (the dots on the raw streams), the norm's reduction kept.
-  constexpr bool OR = ORM == 1, DR = ORM != 0;
-  constexpr int NG = H * (H + 1) / 2;      // OR: G's upper triangle row by row
-  constexpr int NGP = (NG + 1) / 2 * 2;     // (pushed in pairs: 16-byte stores)
   static_assert(!SF || (VEC && M == 1), "fn staged for one token's vector launch");
-  static_assert(!DR || (F && M == 1 && NGP <= 32), "one reduction: the forward's numerics, one token per cluster");
+  static_assert(!NA || (F && M == 1), "the norm after the mix: the forward's numerics, one token per cluster");
   constexpr int kWarps = kHcThreads / 32;
   static_assert(M <= 4 && NM <= 64, "phase 3 gives each token 64 threads");
   __shared__ double red_s[kWarps][NM];
@@ -303,9 +272,6 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // mixes, and the other mixes of this block's own token (block m < mt: token m's gates). Their mbarriers: 0 the
   // sums of squares, 1 the mixes, 2 the collapsed rows' sums.
   __shared__ double in_ss[kHcMaxCluster][M], in_ss2[kHcMaxCluster][M], in_pre[kHcMaxCluster][M][H], in_own[kHcMaxCluster][NM];
-  // OR: G's sums (inbox, the block's warps, the cluster's totals)
-  __shared__ __align__(16) double in_g[OR ? kHcMaxCluster : 1][OR ? NGP : 2];
-  __shared__ double red_g[OR ? kWarps : 1][OR ? 32 : 1], g_tot[OR ? NG : 1];
   __shared__ __align__(8) uint64_t bars[3];
   __shared__ float mix_s[M][NM];
   // This block's slice of the H streams of each token m, item-major (item it at xs(m) + it * W: stream it / nq, quad
@@ -352,8 +318,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   }
   if (tid == 0) {
     hc_bar_init(&bars[0], uint32_t(S * mt * 8));
-    hc_bar_init(&bars[1], uint32_t(S * mt * H * 8 + (own ? S * (nm - H) * 8 : 0) + (OR ? S * NGP * 8 : 0)));
-    hc_bar_init(&bars[2], uint32_t(!OR && a.norm_w ? S * mt * 8 : 0));
+    hc_bar_init(&bars[1], uint32_t(S * mt * H * 8 + (own ? S * (nm - H) * 8 : 0)));
+    hc_bar_init(&bars[2], uint32_t(a.norm_w ? S * mt * 8 : 0));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cl.barrier_arrive();  // every block's mbarriers in place before any push (waited before phase 1's)
@@ -407,13 +373,12 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     });
   }
   double r[M];
-  auto take_r = [&] {
+  auto take_r = [&] {  // (NA: after the dots)
     hc_bar_wait(&bars[0]);
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      r[m] = m < mt ? 1.0 / sqrt(hc_rank_sum(S, [&](int q) { return in_ss[q][m]; }) / double(hd) + a.rms_eps) : 0.0;
+    for (int m = 0; m < M; ++m) r[m] = m < mt ? 1.0 / sqrt(hc_rank_sum(S, [&](int q) { return in_ss[q][m]; }) / double(hd) + a.rms_eps) : 0.0;
   };
-  if constexpr (!DR) take_r();
+  if constexpr (!NA) take_r();
 
   // 2. Each token's partial dots over the slice: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
   // bf16(x * r) . bf16(fn); 2 official, x . fn. One token at a time (fn's slice is read from L1/L2 again per
@@ -421,7 +386,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   if constexpr (SF) cp_wait<0>();  // (this thread's own fn copies)
 #pragma unroll 1
   for (int m = 0; m < mt; ++m) {
-    const double rm = DR ? 0.0 : pick(r, m);
+    const double rm = NA ? 0.0 : pick(r, m);
     double acc[NM];
 #pragma unroll
     for (int o = 0; o < NM; ++o) acc[o] = 0.0;
@@ -449,7 +414,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
         }
       }
     };
-    if (DR) dots(std::integral_constant<int, 2>{});  // the raw streams; r comes in phase 3
+    if (NA) dots(std::integral_constant<int, 2>{});  // the raw streams; r comes in phase 3
     else if (mode == 0) dots(std::integral_constant<int, 0>{});
     else if (mode == 1) dots(std::integral_constant<int, 1>{});
     else dots(std::integral_constant<int, 2>{});
@@ -472,32 +437,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       }
     }
   }
-  // OR: the streams' Gram matrix over the slice (fp64, per column), reduced over the block (a warp reduce-scatter,
-  // the warps in order) and pushed to every block with the mixes (bars[1]): it fills the wait for them.
-  if constexpr (OR) {
-    double v[NG];
-#pragma unroll
-    for (int i = 0; i < NG; ++i) v[i] = 0;
-    for (int c = tid; c < nq * W; c += kHcThreads) {  // column c of the slice: stream j's at xs(0)[j * nq * W + c]
-      double x[H];
-#pragma unroll
-      for (int j = 0; j < H; ++j) x[j] = xs(0)[j * nq * W + c];
-      int i = 0;
-#pragma unroll
-      for (int j = 0; j < H; ++j)
-#pragma unroll
-        for (int k = j; k < H; ++k) v[i++] += x[j] * x[k];
-    }
-    hc_warp_reduce<NG, 0, pow2_at_least(NG)>(v, lane, red_g[warp]);
-    __syncthreads();
-    if (tid < NGP / 2) {  // values 2 tid and 2 tid + 1 in one 16-byte store per block (past NG: 0)
-      double t0 = 0, t1 = 0;
-      for (int w = 0; w < kWarps; ++w) t0 += red_g[w][2 * tid], t1 += 2 * tid + 1 < NG ? red_g[w][2 * tid + 1] : 0.0;
-      for (int q = 0; q < S; ++q) hc_push2(&in_g[s0][2 * tid], &bars[1], q, t0, t1);
-    }
-  }
   hc_bar_wait(&bars[1]);
-  if constexpr (DR) take_r();
+  if constexpr (NA) take_r();
 
   // 3. The mixes this block holds from the S partials in rank order, 64 threads per token: every token's pre mixes,
   // its own token's others (block m writes token m's mixes out).
@@ -506,13 +447,11 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     if (m < mt && o < nm && (o < H || m == ms)) {
       const double s = o < H ? hc_rank_sum(S, [&](int q) { return in_pre[q][m][o]; }) : hc_rank_sum(S, [&](int q) { return in_own[q][o]; });
       float mv = float(s);
-      if (DR) mv = float(s * pick(r, m));  // fp64: r * (x . fn)
+      if (NA) mv = float(s * pick(r, m));  // fp64: r * (x . fn)
       else if (mode == 2) mv = __fmul_rn(mv, float(pick(r, m)));  // official: float(x . fn) * float(r)
       mix_s[m][o] = mv;
       if (m == ms && mix_out) mix_out[int64_t(t0 + m) * nm + o] = double(mv);
     }
-    if constexpr (OR)  // (M = 1: threads 64.. are free) G's totals for the norm, in rank order
-      if (tid >= 64 && tid < 64 + NG) g_tot[tid - 64] = hc_rank_sum(S, [&](int q) { return in_g[q][tid - 64]; });
   }
   __syncthreads();
 
@@ -545,19 +484,6 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     for (int m = 0; m < mt; ++m) {
       float pre[H];
       hc_math::gates(mix_s[m], a.scale, a.base, H, a.hc_eps, pre, nullptr);
-      // OR with the norm: the collapsed row's sum of squares from G (the S partials in rank order), pre^T G pre.
-      [[maybe_unused]] float inv = 0.0f;
-      if constexpr (OR) {
-        if (a.norm_w) {
-          double ss = 0;
-          int i = 0;
-#pragma unroll
-          for (int j = 0; j < H; ++j)
-#pragma unroll
-            for (int k = j; k < H; ++k, ++i) ss += (j == k ? 1.0 : 2.0) * double(pre[j]) * double(pre[k]) * g_tot[i];
-          inv = rms_inv(ss, D, a.norm_eps);
-        }
-      }
       for (int q = tid - first; q < nq; q += kCollapse) {
         float acc2[W];
 #pragma unroll
@@ -571,9 +497,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
 #pragma unroll
           for (int w = 0; w < W; ++w) acc2[w] = bf16r(acc2[w]);
         }
-        if (OR && a.norm_w) {
-          hc_store_normed<W>(a, t0 + m, d0 + int64_t(q) * W, acc2, inv);
-        } else if (a.norm_w) {
+        if (a.norm_w) {
 #pragma unroll
           for (int w = 0; w < W; ++w) cs(m)[q * W + w] = acc2[w];
         } else {
@@ -586,38 +510,44 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   };
   if (act_bf16) collapse(std::true_type{});
   else collapse(std::false_type{});
-  if constexpr (!OR) {  // (OR: the rows are stored)
-    if (!a.norm_w) return;
+  if (!a.norm_w) return;
 
-    // 4. Fused RMSNorm of the collapsed rows (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
-    // the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv, rms_scaled) with the
-    // sum in this split's order (per thread, its warp, the warps 1.. in order, the blocks in rank order): the products
-    // are exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by
-    // one ulp with probability ~1e-8 per row.
-    {
-      double ss2[M];
+  // 4. Fused RMSNorm of the collapsed rows (a.norm_w: attn_norm / ffn_norm, or the final norm after hc_head), with
+  // the f16 copy: rms_norm_row's arithmetic (fp64 sum of squares of the fp32 values, rms_inv, rms_scaled) with the
+  // sum in this split's order (per thread, its warp, the warps 1.. in order, the blocks in rank order): the products
+  // are exact, so only the fp64 rounding of the sum can differ from the norm kernel's, and it moves the fp32 inv by
+  // one ulp with probability ~1e-8 per row.
+  {
+    double ss2[M];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        ss2[m] = 0;
-        if (m < mt)
-          for (int q = tid - first; q < nq; q += kCollapse) {
+    for (int m = 0; m < M; ++m) {
+      ss2[m] = 0;
+      if (m < mt)
+        for (int q = tid - first; q < nq; q += kCollapse) {
 #pragma unroll
-            for (int w = 0; w < W; ++w) ss2[m] += double(cs(m)[q * W + w]) * cs(m)[q * W + w];
-          }
-      }
-      hc_token_sums(ss2, sh, mt, first / 32, [] { asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory"); }, [&](int m, double v) {
-        for (int q = 0; q < S; ++q) hc_push(&in_ss2[s0][m], &bars[2], q, v);
-      });
+          for (int w = 0; w < W; ++w) ss2[m] += double(cs(m)[q * W + w]) * cs(m)[q * W + w];
+        }
     }
-    hc_bar_wait(&bars[2]);
-    float inv[M];
+    hc_token_sums(ss2, sh, mt, first / 32, [] { asm volatile("bar.sync 1, %0;" ::"r"(kCollapse) : "memory"); }, [&](int m, double v) {
+      for (int q = 0; q < S; ++q) hc_push(&in_ss2[s0][m], &bars[2], q, v);
+    });
+  }
+  hc_bar_wait(&bars[2]);
+  float inv[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) inv[m] = m < mt ? rms_inv(hc_rank_sum(S, [&](int q) { return in_ss2[q][m]; }), D, a.norm_eps) : 0.0f;
-    // The rows out, elementwise: the M tokens' columns over the collapsing warps at once.
-    for (int i = tid - first; i < mt * nq; i += kCollapse) {
-      const int m = i / nq, q = i - m * nq;
-      const int64_t t = t0 + m, d = d0 + int64_t(q) * W;
-      hc_store_normed<W>(a, t, d, cs(m) + q * W, pick(inv, m));
+  for (int m = 0; m < M; ++m) inv[m] = m < mt ? rms_inv(hc_rank_sum(S, [&](int q) { return in_ss2[q][m]; }), D, a.norm_eps) : 0.0f;
+  // The rows out, elementwise: the M tokens' columns over the collapsing warps at once.
+  for (int i = tid - first; i < mt * nq; i += kCollapse) {
+    const int m = i / nq, q = i - m * nq;
+    const int64_t t = t0 + m, d = d0 + int64_t(q) * W;
+    const float im = pick(inv, m);
+    float gv[W];
+    hc_load<VEC>(a.norm_w + d, gv);
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const float y = rms_scaled(cs(m)[q * W + w], im, gv[w]);
+      a.collapsed[t * D + d + w] = y;
+      if (a.collapsed16) reinterpret_cast<__half*>(a.collapsed16)[t * D + d + w] = __float2half_rn(y);
     }
   }
 }
@@ -704,10 +634,10 @@ constexpr size_t kHcMaxStaged = 104 * 1024;
 size_t hc_fn_stage_bytes(int H, int64_t per) { return size_t((2 + H) * H) * size_t(H) * size_t(per) * sizeof(float); }
 // Whether the GPU schedules the staged kernel's clusters of Sv blocks at kHcMaxStaged (asked once; a smaller launch
 // fits where the largest does). Opts the kernel in to that much shared memory.
-template <int H, int ORM = 0>
+template <int H, bool NA = false>
 bool hc_staged_ok(int Sv) {
   static const bool ok = [Sv] {
-    auto k = hc_pre_kernel<H, true, 1, true, true, ORM>;
+    auto k = hc_pre_kernel<H, true, 1, true, true, NA>;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kHcMaxStaged)) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
@@ -718,10 +648,10 @@ bool hc_staged_ok(int Sv) {
 }
 // Whether one token's launch (hc_mult H, the vector path, the forward's numerics) stages fn: its slice and fn's fit
 // in kHcMaxStaged and the GPU schedules the staged kernel's clusters. Returns the dynamic shared memory it takes.
-template <int H, int ORM = 0>
+template <int H, bool NA = false>
 size_t hc_staged_smem(int Sv, int64_t per) {
   const size_t bytes = size_t(H + 1) * size_t(per) * sizeof(float) + hc_fn_stage_bytes(H, per);
-  return bytes <= kHcMaxStaged && hc_staged_ok<H, ORM>(Sv) ? bytes : 0;
+  return bytes <= kHcMaxStaged && hc_staged_ok<H, NA>(Sv) ? bytes : 0;
 }
 
 // The launch's shape: clusters of Sv blocks, M tokens per cluster, `clusters` clusters; `slice_smem` a token's slices.
@@ -775,29 +705,19 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
     const bool fast = f_ok && a.mix_mode == 0 && !a.act_bf16 && !a.serial_sinkhorn;
     if (M == 4) kern = fast ? hc_pre_kernel<H, VEC, 4, true> : hc_pre_kernel<H, VEC, 4>;
     if (M == 2) kern = fast ? hc_pre_kernel<H, VEC, 2, true> : hc_pre_kernel<H, VEC, 2>;
-    // cuda.hc_one_reduction: the kernel with one cluster reduction (ORM 1; 2: r deferred alone), where the GPU
-    // schedules it at this size.
-    auto one = [&](auto orm) {
-      constexpr int O = decltype(orm)::value;
-      static const bool ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true, false, O>, Sv, kHcThreads, kHcMaxSmem) > 0;
-      if (!ok) return false;
-      kern = hc_pre_kernel<H, VEC, 1, true, false, O>;
-      if (const size_t staged = hc_staged_smem<H, O>(Sv, sh.per)) {
-        kern = hc_pre_kernel<H, VEC, 1, true, true, O>;
+    // One token per cluster: the kernel for the forward's numerics, with fn staged where it fits; under
+    // cuda.hc_norm_after_mix (HcArgs::norm_after_mix) its NA form.
+    auto one = [&](auto na) {
+      constexpr bool NA = decltype(na)::value;
+      kern = hc_pre_kernel<H, VEC, 1, true, false, NA>;
+      if (const size_t staged = hc_staged_smem<H, NA>(Sv, sh.per)) {
+        kern = hc_pre_kernel<H, VEC, 1, true, true, NA>;
         smem = staged;
       }
-      return true;
     };
-    if (a.one_reduction != 0 && a.one_reduction != 1 && a.one_reduction != 2) throw_arg("hc_pre: one_reduction must be 0, 1 or 2");
-    if (M == 1 && fast && a.one_reduction == 1 && one(std::integral_constant<int, 1>{})) {
-    } else if (M == 1 && fast && a.one_reduction == 2 && one(std::integral_constant<int, 2>{})) {
-    } else if (M == 1 && fast) {
-      kern = hc_pre_kernel<H, VEC, 1, true>;
-      if (const size_t staged = hc_staged_smem<H>(Sv, sh.per)) {
-        kern = hc_pre_kernel<H, VEC, 1, true, true>;
-        smem = staged;
-      }
-    }
+    static const bool na_ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true, false, true>, Sv, kHcThreads, kHcMaxSmem) > 0;
+    if (M == 1 && fast && a.norm_after_mix && na_ok) one(std::true_type{});
+    else if (M == 1 && fast) one(std::false_type{});
   }
   launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(sh.clusters), unsigned(kHcThreads), smem, s, a, mix_out);
 }
@@ -825,12 +745,10 @@ HcSplit hc_pre_split(int n, int resident) {
   return {need > 2 ? 4 : need, c};
 }
 
-bool fwd_hc_pre_staged(int64_t D, int one_reduction) {
+bool fwd_hc_pre_staged(int64_t D, bool norm_after_mix) {
   static const int Sv = hc_cluster_size(hc_pre_kernel<4, true, 1>);
   const int64_t per = hc_slice_width(D, Sv, 4);
-  if (one_reduction == 1) return hc_staged_smem<4, 1>(Sv, per) > 0;
-  if (one_reduction == 2) return hc_staged_smem<4, 2>(Sv, per) > 0;
-  return hc_staged_smem<4>(Sv, per) > 0;
+  return (norm_after_mix ? hc_staged_smem<4, true>(Sv, per) : hc_staged_smem<4>(Sv, per)) > 0;
 }
 
 int64_t fwd_hc_pre_blocks(const HcArgs& a) {

@@ -148,11 +148,10 @@ struct HcArgs {
   // cuda.streams runs them beside the sublayer (they are read only by the next hc_pre's fused hc_post), so the
   // Sinkhorn's 20 dependent iterations (~3 us) leave the launch's critical path. Not with hc_head (no gates).
   int gates_apart = 0;
-  // cuda.hc_one_reduction: one token per cluster with the forward's numerics (mix_mode 0, fp32 activations) takes
-  // hc_pre_kernel's OR form: one cluster reduction, the mixes as float(r * (x . fn)) and the fused norm's sum of
-  // squares from the streams' Gram matrix (within ~1e-7 of the exact kernel); elsewhere ignored. 2 (bench): r
-  // deferred alone, the norm's reduction kept.
-  int one_reduction = 0;
+  // cuda.hc_norm_after_mix: one token per cluster with the forward's numerics (mix_mode 0, fp32 activations) takes
+  // hc_pre_kernel's NA form: the dots on the raw streams without waiting for r, the mixes as float(r * (x . fn)) in
+  // fp64 (within ~1e-7 of the exact kernel's); elsewhere ignored.
+  int norm_after_mix = 0;
   // cuda.branch_flags: the side branches whose results this launch reads (the gates apart of the hc_pre before, the
   // shared expert the fused combine adds), waited for in-kernel instead of joined (BranchWait).
   BranchWait wait;
@@ -167,9 +166,9 @@ HcSplit hc_pre_split(int n, int resident);
 size_t fwd_hc_scratch_doubles(int n, int H);
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s);
 // Whether one token's hc_pre at hidden size D (hc_mult 4, the forward's numerics) runs the kernel with fn staged in
-// shared memory (the GPU schedules its clusters, and the slice's fn fits); one_reduction: that of cuda.hc_one_reduction's
-// kernel (HcArgs::one_reduction).
-bool fwd_hc_pre_staged(int64_t D, int one_reduction = 0);
+// shared memory (the GPU schedules its clusters, and the slice's fn fits); norm_after_mix: that of
+// cuda.hc_norm_after_mix's kernel (HcArgs::norm_after_mix).
+bool fwd_hc_pre_staged(int64_t D, bool norm_after_mix = false);
 // The blocks of a's hc_pre launch (clusters x blocks per cluster), as fwd_hc_pre would launch it.
 int64_t fwd_hc_pre_blocks(const HcArgs& a);
 

@@ -70,10 +70,10 @@ void check_options(const ModelOptions& o) {
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
-  refuse(o.cuda_hc_one_reduction, "cuda.hc_one_reduction");
+  refuse(o.cuda_hc_norm_after_mix, "cuda.hc_norm_after_mix");
   // Its kernel computes the reference's mixes from fp32 streams: with bf16 mixing it would silently not apply.
-  PLUMB_CHECK(!o.cuda_hc_one_reduction || !o.mhc_bf16_mix,
-              "backend cuda: cuda.hc_one_reduction computes the reference's fp32 mixes and does not combine with mhc.bf16_mix: drop one of "
+  PLUMB_CHECK(!o.cuda_hc_norm_after_mix || !o.mhc_bf16_mix,
+              "backend cuda: cuda.hc_norm_after_mix computes the reference's fp32 mixes and does not combine with mhc.bf16_mix: drop one of "
               "the two");
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
@@ -511,7 +511,7 @@ class GpuForward : public DeviceForward {
       a.post = post, a.comb = comb, a.collapsed = col;
       a.mix_mode = mix_mode(), a.act_bf16 = nm_.official();
       a.gates_apart = sc.gates != nullptr;
-      a.one_reduction = opt_.cuda_hc_one_reduction;
+      a.norm_after_mix = opt_.cuda_hc_norm_after_mix;
       // The branches this launch reads (the previous gates, the shared expert of the combine it takes): with
       // cuda.branch_flags waited for in-kernel where its grid leaves room to them, else joined.
       const bool in_kernel = sc.flags && (gates_pending || shared_pending) && branch_wait_fits(fwd_hc_pre_blocks(a));
@@ -601,7 +601,7 @@ class GpuForward : public DeviceForward {
     HcArgs a;
     a.X = X + int64_t(n - m) * H * D, a.fn = f32(g_.hc_head.fn), a.base = f32(g_.hc_head.base), a.scale = f32(g_.hc_head.scale);
     a.n = m, a.H = int(H), a.D = D, a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps, a.head = 1;
-    a.mix_mode = mix_mode(), a.act_bf16 = nm_.official(), a.one_reduction = opt_.cuda_hc_one_reduction;
+    a.mix_mode = mix_mode(), a.act_bf16 = nm_.official(), a.norm_after_mix = opt_.cuda_hc_norm_after_mix;
     a.collapsed = hx;
     take_post(a, n - m);  // the last layer's hc_post, on these rows only
     if (fuse_norm) a.norm_w = f32(g_.norm), a.norm_eps = c.rms_eps;  // the final norm in the same launch

@@ -155,19 +155,18 @@ std::vector<Patch> make_registry() {
                // Where the joins sit only: the same kernels on the same data, bit-identical (tests/cuda). The
                // tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_early_joins = true; }, false, "cuda"});
-  r.push_back({"cuda.hc_one_reduction", "hc_pre's three cluster reductions (the streams' sum of squares, the mixes, the fused norm's sum)",
+  r.push_back({"cuda.hc_norm_after_mix", "hc_pre's mixes of the normalized streams, float(x * r) . fn (its dots wait for r)",
                "hc_pre (and hc_head) with one token per cluster: the 24 dots of the raw streams with fn start without "
-               "waiting for the cluster's sum of squares (the mixes are then float(r * (x . fn)) in fp64 where the "
-               "reference takes float(x * r) . fn), and each block's 4x4 Gram matrix of the streams G travels with "
-               "them, so the fused RMSNorm's sum of squares is pre^T G pre where the reference sums the squares of the "
-               "fp32 collapsed row, and the rows are stored as they are collapsed: two reductions across the cluster "
-               "instead of three; forwards with the reference's mixes (not mhc.bf16_mix, not the official numerics)",
-               "the fp32 roundings it skips move the mixes and the norm's scale by ~1e-7 relative; pre^T G pre "
-               "loses fp32 precision to cancellation only for a collapsed row ~1e4 times smaller than its streams; a wrong "
-               "index into G shows as a wrong norm scale on every row: tested against the exact kernel element by element",
-               // Measured <= 2.2e-7 normalized against the exact kernel (tests/cuda: HcOneReductionMatchesExact); the
-               // fp32 twin's forward within 4e-7 of the exact one's logits over 300 tokens; 1e-4 is the reference's.
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_one_reduction = true; }, false, "cuda"});
+               "waiting for the cluster's sum of squares (the norm after the mixing GEMM, the official code's order), "
+               "and the mixes are float(r * (x . fn)) in fp64, where the reference takes float(x * r) . fn; forwards "
+               "with the reference's mixes (not mhc.bf16_mix, not the official numerics)",
+               "skipping the fp32 rounding of x * r moves the mixes by ~1e-7 relative; r applied twice or not at all "
+               "would scale every mix (by r ~ 1 / rms of the streams): tested against the exact kernel element by "
+               "element",
+               // Measured <= 1e-7 normalized on the mixes and <= 2.2e-7 on the collapsed rows against the exact kernel
+               // (tests/cuda: HcNormAfterMixMatchesExact); the fp32 twin's forward within 4.2e-7 of the exact one's
+               // logits over 300 tokens; 1e-4 is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_norm_after_mix = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

@@ -46,8 +46,8 @@ std::vector<std::string> fp32_fixtures() {
 // elsewhere), the split-K attention on the fp32 twin, the prefill GEMMs (chunks of >= 32 tokens: kernel-dims'
 // 40-token prefill, csa-long's, legacy-config's), the indexer's scores on the f16 and on the fp64 tensor cores, and
 // the indexer skipped at short contexts (beside the split-K attention), the plain bf16 projections of 2-32
-// tokens on the bf16 GEMV (kernel-dims' compressors), and hc_pre in one cluster reduction, each at its registered
-// tolerance.
+// tokens on the bf16 GEMV (kernel-dims' compressors), and hc_pre's mixes normalized after the GEMM, each at its
+// registered tolerance.
 class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
                                          "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm", "indexer.tc_scores",
                                          "indexer.dmma_scores", "attn.splitk_decode,indexer.skip_short",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.bf16_gemv", "cuda.hc_one_reduction")),
+                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.bf16_gemv", "cuda.hc_norm_after_mix")),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
                       std::to_string(info.index % 10);
@@ -320,17 +320,17 @@ TEST_F(GpuTest, EarlyJoinsStepsMatchJoinsInPlace) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.early_joins").options, {}, "cuda"), plumb::Error);
 }
 
-// cuda.hc_one_reduction: hc_pre and hc_head in one cluster reduction (their kernel against the exact one:
-// test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free running over 300
+// cuda.hc_norm_after_mix: hc_pre's and hc_head's dots on the raw streams, r applied after them (their kernel against
+// the exact one: test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free running over 300
 // tokens (steps of 1 and 7) its logits near the exact kernel's, and not all the same bits: on the fp32 twin within
 // 1e-5 of max(1, max|logit|); with the tensor-core kernels within their own tolerance (1e-2), since their inputs are
 // rounded to f16 and a change of ~1e-7 moves an input element by a whole f16 ulp (2^-11) where it crosses a rounding
 // boundary, which free running then carries on (measured 3.3e-4 at kernel-dims' first step, 2.1e-3 at its 70th).
 // Refused with the official numerics and with mhc.bf16_mix.
-TEST_F(GpuTest, HcOneReductionForwardMatchesExact) {
+TEST_F(GpuTest, HcNormAfterMixForwardMatchesExact) {
   const std::string data = PLUMB_TEST_DATA;
   const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
-  expect_graph_matches_eager(data + "/golden/kernel-dims", fast + ",cuda.hc_one_reduction", "cuda.pdl,cuda.pdl_hc_attn,cuda.early_joins");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", fast + ",cuda.hc_norm_after_mix", "cuda.pdl,cuda.pdl_hc_attn,cuda.early_joins");
   struct Cfg {
     std::string patches;
     double tol;
@@ -339,7 +339,7 @@ TEST_F(GpuTest, HcOneReductionForwardMatchesExact) {
     for (const std::string& dir : {data + "/golden/kernel-dims", data + "/golden/csa-long"})
       for (const int chunk : {1, 7}) {
         auto exact = plumb::Model::load(dir, plumb::parse_patches(cfg.patches).options, {}, "cuda");
-        auto one = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.hc_one_reduction").options, {}, "cuda");
+        auto one = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.hc_norm_after_mix").options, {}, "cuda");
         const auto toks = test_prompt(300, exact->config().vocab);
         auto se = exact->new_state(), so = one->new_state();
         double worst = 0;
@@ -357,12 +357,12 @@ TEST_F(GpuTest, HcOneReductionForwardMatchesExact) {
         }
         std::printf("%s [%s], steps of %d: worst logit error %.3g, %zu steps not bit-identical\n", dir.c_str(), cfg.patches.c_str(), chunk,
                     worst, differ);
-        EXPECT_GT(differ, 0u) << dir << ": every step bit-identical (the one-reduction kernel did not run)";
+        EXPECT_GT(differ, 0u) << dir << ": every step bit-identical (the patch's kernel did not run)";
       }
-  EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.hc_one_reduction").options, {},
+  EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.hc_norm_after_mix").options, {},
                                   "cuda"),
                plumb::Error);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("mhc.bf16_mix,cuda.hc_one_reduction").options, {}, "cuda"),
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("mhc.bf16_mix,cuda.hc_norm_after_mix").options, {}, "cuda"),
                plumb::Error);
 }
 

@@ -103,7 +103,7 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
 // compares it, single tokens, with the L2 path of 2 and 4 tokens per cluster); V4-Pro's slices do not fit.
 TEST_F(GpuTest, HcPreStagesFnAtFlashSize) {
   EXPECT_TRUE(d::fwd_hc_pre_staged(4096)) << "the GPU does not schedule the staged hc_pre's clusters";
-  EXPECT_TRUE(d::fwd_hc_pre_staged(4096, 1)) << "the GPU does not schedule cuda.hc_one_reduction's staged hc_pre";
+  EXPECT_TRUE(d::fwd_hc_pre_staged(4096, true)) << "the GPU does not schedule cuda.hc_norm_after_mix's staged hc_pre";
   EXPECT_FALSE(d::fwd_hc_pre_staged(7168));
 }
 
@@ -234,14 +234,13 @@ TEST_F(GpuTest, HcPreCombinesMoeSlotsLikeTheCombineLaunch) {
   }
 }
 
-// cuda.hc_one_reduction (HcArgs::one_reduction): hc_pre's one-reduction kernel against the exact one on the same
-// inputs. The new streams (the fused hc_post, untouched) must be the same bits; the mixes, post, comb and the
-// collapsed row (with its fused norm: pre^T G pre for its sum of squares) within 1e-6 of max(1, max|ref|), and the
-// mixes must differ somewhere (else the test compared the exact kernel with itself). V4-Flash's hidden size (fn
-// staged) and V4-Pro's (fn from L2), with and without the fused hc_post and norm, hc_head; one token per launch and
-// 5 in one launch (one per cluster). Streams 1 and 2 of one token are nearly -stream 0, so G has large negative
-// entries and part of pre^T G pre cancels.
-TEST_F(GpuTest, HcOneReductionMatchesExact) {
+// cuda.hc_norm_after_mix (HcArgs::norm_after_mix): hc_pre's kernel with r applied after the dots against the exact
+// one on the same inputs. The new streams (the fused hc_post, untouched) must be the same bits; the mixes, post, comb
+// and the collapsed row (with its fused norm) within 1e-6 of max(1, max|ref|), and the mixes must differ somewhere
+// (else the test compared the exact kernel with itself). V4-Flash's hidden size (fn staged) and V4-Pro's (fn from
+// L2), with and without the fused hc_post and norm, hc_head; one token per launch and 5 in one launch (one per
+// cluster); one token's streams 1 and 2 nearly -stream 0.
+TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
   Rng rng(123);
   struct Shape {
     int64_t D;
@@ -272,7 +271,7 @@ TEST_F(GpuTest, HcOneReductionMatchesExact) {
           a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
           a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.head = sh.head;
           a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
-          a.tokens_per_cluster = 1, a.one_reduction = one ? 1 : 0;
+          a.tokens_per_cluster = 1, a.norm_after_mix = one ? 1 : 0;
           if (sh.fused) {
             a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
             a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
@@ -298,7 +297,7 @@ TEST_F(GpuTest, HcOneReductionMatchesExact) {
         EXPECT_LE(worst, 1e-6) << tag << what << ": worst error " << worst << " at token " << at / size_t(row) << ", element " << at % size_t(row)
                                << " (" << got[at] << " against " << want[at] << ")";
         if (must_differ) {
-          EXPECT_GT(differ, 0u) << tag << what << ": the same bits as the exact kernel (the one-reduction kernel did not run)";
+          EXPECT_GT(differ, 0u) << tag << what << ": the same bits as the exact kernel (the patch's kernel did not run)";
         }
         std::printf("%s%s: worst %.3g, %zu of %zu differ\n", tag.c_str(), what, worst, differ, want.size());
       };
