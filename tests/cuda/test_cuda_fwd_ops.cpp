@@ -94,6 +94,51 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
     }
 }
 
+// hc_pre's inputs for n tokens (random, drawn from rng in a fixed order), and runs of them: one token per launch or
+// all in one, with options set on each launch's arguments. `fused`: the previous sublayer's hc_post (y) and the
+// RMSNorm with its f16 copy in the launch. X is uploaded at each run (a test may edit it first).
+struct HcRun {
+  DeviceBuffer X, post, comb, col, col16, mix;
+};
+struct HcInputs {
+  int n, H, nm;
+  int64_t D, hd;
+  bool fused;
+  int head;
+  std::vector<float> X;
+  DeviceBuffer dfn, dbase, dscale, dy, dXp, dpp, dcp, dnw;
+  HcInputs(Rng& rng, int n_, int H_, int64_t D_, bool fused_, int head_)
+      : n(n_), H(H_), nm(head_ ? H_ : (2 + H_) * H_), D(D_), hd(H_ * D_), fused(fused_), head(head_) {
+    const int nmix = (2 + H) * H;
+    X = rng.floats(size_t(n * hd), -2.0f, 2.0f);
+    const auto Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f);
+    const auto y = rng.floats(size_t(n * D), -1.0f, 1.0f), pp = rng.floats(size_t(n * H), 0.0f, 2.0f);
+    const auto cp = rng.floats(size_t(n * H * H), 0.0f, 1.0f), nw = rng.floats(size_t(D), 0.5f, 1.5f);
+    dfn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), dbase = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
+    dscale = to_device(rng.floats(3, 0.5f, 2.0f)), dy = to_device(y), dXp = to_device(Xp), dpp = to_device(pp);
+    dcp = to_device(cp), dnw = to_device(nw);
+  }
+  template <class Opts>
+  HcRun run(bool batch, Opts opts) const {
+    HcRun o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
+            DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
+    for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
+      d::HcArgs a;
+      a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
+      a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.head = head;
+      a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
+      if (fused) {
+        a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
+        a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
+        a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>() + t0 * D;
+      }
+      opts(a);
+      d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nm), nullptr);
+    }
+    return o;
+  }
+};
+
 // A token's hc_pre does not depend on the batch: 137 and 30 tokens in one launch, with the launch's rule (30: 2-3
 // tokens in each of the clusters the GPU keeps resident) and with 1, 2 and 4 tokens per cluster (the clusters' shares
 // uneven), against each token alone, bit for bit: the new streams (fused hc_post), the mixes, post,
@@ -118,38 +163,15 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
   for (const int n : {137, 30})
   for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{4, 4096, false, 2},
                          Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
-    const int H = sh.H, nmix = (2 + H) * H, nm = sh.head ? H : nmix;  // nm: the mixes hc_pre leaves per token
-    const int64_t D = sh.D, hd = H * D;
-    const auto X = rng.floats(size_t(n * hd), -2.0f, 2.0f), Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f);
-    const auto y = rng.floats(size_t(n * D), -1.0f, 1.0f), pp = rng.floats(size_t(n * H), 0.0f, 2.0f);
-    const auto cp = rng.floats(size_t(n * H * H), 0.0f, 1.0f), nw = rng.floats(size_t(D), 0.5f, 1.5f);
-    DeviceBuffer dfn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), dbase = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
-    DeviceBuffer dscale = to_device(rng.floats(3, 0.5f, 2.0f)), dy = to_device(y), dXp = to_device(Xp), dpp = to_device(pp);
-    DeviceBuffer dcp = to_device(cp), dnw = to_device(nw);
-    struct Out {
-      DeviceBuffer X, post, comb, col, col16, mix;
-    };
+    const HcInputs in(rng, n, sh.H, sh.D, sh.fused, sh.head);
+    const int H = in.H, nm = in.nm;  // nm: the mixes hc_pre leaves per token
+    const int64_t D = in.D, hd = in.hd;
     auto run = [&](bool batch, int per_cluster) {
-      Out o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
-            DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
-      for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
-        d::HcArgs a;
-        a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
-        a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6;
-        a.tokens_per_cluster = per_cluster, a.mix_mode = sh.mix_mode, a.head = sh.head;
-        a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
-        if (sh.fused) {
-          a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
-          a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
-          a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>() + t0 * D;
-        }
-        d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nm), nullptr);
-      }
-      return o;
+      return in.run(batch, [&](d::HcArgs& a) { a.tokens_per_cluster = per_cluster, a.mix_mode = sh.mix_mode; });
     };
-    const Out s = run(false, 1);
+    const HcRun s = run(false, 1);
     for (int per_cluster : {0, 1, 2, 4}) {
-      const Out b = run(true, per_cluster);
+      const HcRun b = run(true, per_cluster);
       auto same = [&](const DeviceBuffer& p, const DeviceBuffer& q, size_t bytes, size_t row, const char* what) {
         const auto u = to_host<uint8_t>(p, bytes), v = to_host<uint8_t>(q, bytes);
         size_t i = 0;
@@ -247,41 +269,18 @@ TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
     bool fused;
     int head;
   };
-  const int H = 4, nmix = (2 + H) * H, n = 5;
+  const int H = 4, n = 5;
   for (const Shape sh : {Shape{4096, true, 0}, Shape{4096, false, 0}, Shape{4096, true, 1}, Shape{7168, true, 0}, Shape{256, true, 0}})
     for (const bool batch : {false, true}) {
-      const int64_t D = sh.D, hd = H * D;
-      const int nm = sh.head ? H : nmix;
-      auto X = rng.floats(size_t(n * hd), -2.0f, 2.0f);
+      HcInputs in(rng, n, H, sh.D, sh.fused, sh.head);
+      const int64_t D = in.D, hd = in.hd;
+      const int nm = in.nm;
       for (int64_t d = 0; d < D; ++d)  // token 2: streams 1 and 2 within 1e-3 of -stream 0
-        for (int j : {1, 2}) X[size_t(2 * hd + j * D + d)] = -X[size_t(2 * hd + d)] * (1.0f + 1e-3f * float(j));
-      const auto Xp = rng.floats(size_t(n * hd), -2.0f, 2.0f), y = rng.floats(size_t(n * D), -1.0f, 1.0f);
-      const auto pp = rng.floats(size_t(n * H), 0.0f, 2.0f), cp = rng.floats(size_t(n * H * H), 0.0f, 1.0f);
-      DeviceBuffer dfn = to_device(rng.floats(size_t(nmix * hd), -0.05f, 0.05f)), dbase = to_device(rng.floats(size_t(nmix), -1.0f, 1.0f));
-      DeviceBuffer dscale = to_device(rng.floats(3, 0.5f, 2.0f)), dy = to_device(y), dXp = to_device(Xp), dpp = to_device(pp);
-      DeviceBuffer dcp = to_device(cp), dnw = to_device(rng.floats(size_t(D), 0.5f, 1.5f));
-      struct Out {
-        DeviceBuffer X, post, comb, col, col16, mix;
+        for (int j : {1, 2}) in.X[size_t(2 * hd + j * D + d)] = -in.X[size_t(2 * hd + d)] * (1.0f + 1e-3f * float(j));
+      auto run = [&](bool after) {
+        return in.run(batch, [&](d::HcArgs& a) { a.tokens_per_cluster = 1, a.norm_after_mix = after ? 1 : 0; });
       };
-      auto run = [&](bool one) {
-        Out o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
-              DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
-        for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
-          d::HcArgs a;
-          a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();
-          a.n = batch ? n : 1, a.H = H, a.iters = 20, a.D = D, a.hc_eps = 1e-6f, a.rms_eps = 1e-6, a.head = sh.head;
-          a.post = o.post.as<float>() + t0 * H, a.comb = o.comb.as<float>() + t0 * H * H, a.collapsed = o.col.as<float>() + t0 * D;
-          a.tokens_per_cluster = 1, a.norm_after_mix = one ? 1 : 0;
-          if (sh.fused) {
-            a.y = dy.as<float>() + t0 * D, a.X_prev = dXp.as<float>() + t0 * hd, a.post_prev = dpp.as<float>() + t0 * H;
-            a.comb_prev = dcp.as<float>() + t0 * H * H, a.X_out = o.X.as<float>() + t0 * hd;
-            a.norm_w = dnw.as<float>(), a.norm_eps = 1e-6, a.collapsed16 = o.col16.as<uint16_t>() + t0 * D;
-          }
-          d::fwd_hc_pre(a, o.mix.as<double>() + size_t(t0) * size_t(nm), nullptr);
-        }
-        return o;
-      };
-      const Out e = run(false), o = run(true);
+      const HcRun e = run(false), o = run(true);
       const std::string tag = fmt::format("D {}{}{}{}: ", D, sh.fused ? " fused" : "", sh.head ? " hc_head" : "", batch ? ", 5 tokens in one launch" : "");
       expect_same_bytes(o.X, e.X, size_t(n * hd) * 4, tag + "the streams");
       // Worst |got - want| / max(1, max|want|) over a tensor, with where it is.
