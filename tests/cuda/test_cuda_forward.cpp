@@ -321,12 +321,12 @@ TEST_F(GpuTest, EarlyJoinsStepsMatchJoinsInPlace) {
 }
 
 // cuda.hc_norm_after_mix: hc_pre's and hc_head's dots on the raw streams, r applied after them (their kernel against
-// the exact one: test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free running over 300
-// tokens (steps of 1 and 7) its logits near the exact kernel's, and not all the same bits: on the fp32 twin within
-// 1e-5 of max(1, max|logit|); with the tensor-core kernels within their own tolerance (1e-2), since their inputs are
-// rounded to f16 and a change of ~1e-7 moves an input element by a whole f16 ulp (2^-11) where it crosses a rounding
-// boundary, which free running then carries on (measured 3.3e-4 at kernel-dims' first step, 2.1e-3 at its 70th).
-// Refused with the official numerics and with mhc.bf16_mix.
+// the exact one: test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free
+// running over 300 tokens (steps of 1 and 7) its logits near the exact kernel's, and not all the same bits: on the
+// fp32 twin within 1e-5 of max(1, max|logit|); with the tensor-core kernels within their own tolerance (1e-2), since
+// their inputs are rounded to f16 and a change of ~1e-7 moves an input element by a whole f16 ulp (2^-11) where it
+// crosses a rounding boundary, which free running then carries on (measured 3.3e-4 at kernel-dims' first step,
+// 2.1e-3 at its 70th). Refused with the official numerics and with mhc.bf16_mix.
 TEST_F(GpuTest, HcNormAfterMixForwardMatchesExact) {
   const std::string data = PLUMB_TEST_DATA;
   const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
@@ -339,14 +339,14 @@ TEST_F(GpuTest, HcNormAfterMixForwardMatchesExact) {
     for (const std::string& dir : {data + "/golden/kernel-dims", data + "/golden/csa-long"})
       for (const int chunk : {1, 7}) {
         auto exact = plumb::Model::load(dir, plumb::parse_patches(cfg.patches).options, {}, "cuda");
-        auto one = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.hc_norm_after_mix").options, {}, "cuda");
+        auto after = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.hc_norm_after_mix").options, {}, "cuda");
         const auto toks = test_prompt(300, exact->config().vocab);
-        auto se = exact->new_state(), so = one->new_state();
+        auto se = exact->new_state(), sa = after->new_state();
         double worst = 0;
         size_t differ = 0;
         for (size_t pos = 0; pos < toks.size(); pos += size_t(chunk)) {
           const std::span<const int32_t> part(toks.data() + pos, std::min(size_t(chunk), toks.size() - pos));
-          const auto a = exact->forward(se, part), b = one->forward(so, part);
+          const auto a = exact->forward(se, part), b = after->forward(sa, part);
           ASSERT_EQ(a.data.size(), b.data.size());
           size_t where = 0;
           const double e = max_rel(b.data, a.data, &where);

@@ -281,7 +281,8 @@ TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
         return in.run(batch, [&](d::HcArgs& a) { a.tokens_per_cluster = 1, a.norm_after_mix = after ? 1 : 0; });
       };
       const HcRun e = run(false), o = run(true);
-      const std::string tag = fmt::format("D {}{}{}{}: ", D, sh.fused ? " fused" : "", sh.head ? " hc_head" : "", batch ? ", 5 tokens in one launch" : "");
+      const std::string tag =
+          fmt::format("D {}{}{}{}: ", D, sh.fused ? " fused" : "", sh.head ? " hc_head" : "", batch ? ", 5 tokens in one launch" : "");
       expect_same_bytes(o.X, e.X, size_t(n * hd) * 4, tag + "the streams");
       // Worst |got - want| / max(1, max|want|) over a tensor, with where it is.
       auto expect_close = [&](const auto& got, const auto& want, int64_t row, const char* what, bool must_differ) {
