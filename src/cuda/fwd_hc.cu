@@ -715,8 +715,11 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
         smem = staged;
       }
     };
-    static const bool na_ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true, false, true>, Sv, kHcThreads, kHcMaxSmem) > 0;
-    if (M == 1 && fast && a.norm_after_mix && na_ok) one(std::true_type{});
+    auto na_ok = [&] {  // (asked once, and only where the patch is on)
+      static const bool ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true, false, true>, Sv, kHcThreads, kHcMaxSmem) > 0;
+      return ok;
+    };
+    if (M == 1 && fast && a.norm_after_mix && na_ok()) one(std::true_type{});
     else if (M == 1 && fast) one(std::false_type{});
   }
   launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(sh.clusters), unsigned(kHcThreads), smem, s, a, mix_out);
