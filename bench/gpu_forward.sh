@@ -178,12 +178,13 @@ if [ -n "${LAYER_AB_VARIANTS:-}" ]; then  # any variants "BINARY PATCHES" separa
 fi
 if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round: A = FAST, B = LAYER_AB_PAIRED with FAST
   # standing for the FAST patches (e.g. "FAST,cuda.x", or "FAST" for the noise floor), `plumb bench --layers --ab`:
-  # pairs of steps alternating A and B, the median difference with its 95 % interval (layers-ab-paired.txt)
+  # pairs of steps alternating A and B, the median difference with its 95 % interval (layers-ab-paired.txt);
+  # AB_EXTRA: more bench options (e.g. "--warmup 16 --iters 60")
   note "layer A/B (paired, in process): FAST vs ${LAYER_AB_PAIRED}"
   for r in $(seq "${AB_ROUNDS:-2}"); do
     echo "### round $r: A [$FAST], B [${LAYER_AB_PAIRED//FAST/$FAST}]" >>"$OUT/layers-ab-paired.txt"
     timeout 300 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${LAYER_AB_PAIRED//FAST/$FAST}" \
-      --batches "${LAYER_BATCHES:-1}" --prefill 0 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
+      --batches "${LAYER_BATCHES:-1}" --prefill 0 ${AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
   done
   note "layer A/B (paired) done"
 fi

@@ -192,6 +192,15 @@ __global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, const int6
   ring[((*pos + r) % W) * Dh + d] = kv[r * Dh + d];
 }
 
+__global__ void comp_defer_kernel(const float* x, int64_t D, const int64_t* pos, int m, float* ring, int64_t back, int64_t* wpos) {
+  pdl_begin();
+  const int64_t p = *pos;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *wpos = p - back;
+  if (!ring) return;
+  float* row = ring + (p % m) * D;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < D; i += int64_t(gridDim.x) * blockDim.x) row[i] = x[i];
+}
+
 // The window that block row j handles: w = pos/m + j when it completes in this chunk, else -1.
 __device__ __forceinline__ int64_t completed_window(const CompressArgs& a, int64_t pos0, int j) {
   const int64_t w = pos0 / a.m + j;
@@ -487,6 +496,10 @@ void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos
   if (rows <= 0) return;
   launch("fwd_ring_store", ring_store_kernel, fwd_blocks(rows * Dh, 256), 256, 0, s, chunk_kv, n, Dh, pos, window,
          ring);
+}
+
+void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float* ring, int64_t back, int64_t* wpos, Stream s) {
+  launch("fwd_comp_defer", comp_defer_kernel, ring ? fwd_blocks(D, 256) : 1, 256, 0, s, x, D, pos, m, ring, back, wpos);
 }
 
 void fwd_compress(const CompressArgs& a, Stream s) {

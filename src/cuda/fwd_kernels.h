@@ -252,6 +252,9 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);
+// cuda.comp_deferred: *wpos = *pos - back (the first position of a chunk of deferred rows, on the device) and, with a
+// ring, the one token's row x [D] into ring slot *pos % m.
+void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float* ring, int64_t back, int64_t* wpos, Stream s);
 
 // One compressor step for a chunk of n rows at positions pos .. pos+n-1 (pos on the device). Row q of the
 // timeline is rows_*[q - pos] for q >= pos (this chunk's projections), pend_*[q % m] for earlier rows of the

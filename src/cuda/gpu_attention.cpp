@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 
 namespace plumb::cuda {
@@ -118,12 +119,44 @@ void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, Scratch& 
   st.capacity = int64_t(st.entries.bytes()) / row;
 }
 
+// cuda.comp_deferred's chunk of k rows kept in st.xring (positions *xpos .. *xpos + k - 1, slots 0 .. k - 1 of the
+// window), projected as one chunk and stepped through the main compressor; returns the indexer compressor's step
+// (CSA), which the caller runs after marking the main one's entries. The indexer's head weights are not in it.
+std::function<void()> project_kept(const GpuAttn& w, const GpuRope& rope, double eps, int64_t k, int64_t pos0, bool bounds,
+                                   GpuLayerState& st, Scratch& sc, const GpuNumerics& nm) {
+  const int kn = int(k);
+  const CompRows cr = comp_rows(*w.comp, "comp.kept", kn, sc);
+  std::optional<CompRows> ir;
+  if (w.icomp) ir = comp_rows(*w.icomp, "icomp.kept", kn, sc);
+  project_comps(w, st.xring.as<float>(), kn, cr, ir ? &*ir : nullptr, sc);
+  const Step chunk{st.xpos.as<int64_t>(), pos0, bounds};
+  compressor_step(*w.comp, rope, eps, cr, kn, chunk, st.comp, nm, /*rotate=*/false);
+  if (!ir) return {};
+  return [&w, &rope, eps, rows = *ir, kn, chunk, &st, &nm] {
+    compressor_step(*w.icomp, rope, eps, rows, kn, chunk, st.icomp, nm, /*rotate=*/true);
+  };
+}
+
 }  // namespace
+
+bool comp_deferrable(const GpuAttn& w) { return w.comp_deferred && w.comp && (!w.icomp || w.icomp->rate == w.comp->rate); }
+
+CompDeferMode comp_defer_mode(const GpuAttn& w, const Step& step, int n, int64_t* pending) {
+  if (pending) *pending = 0;
+  if (!comp_deferrable(w)) return kCompNormal;
+  // The window of the step's first token starts at s; its rows before pos0 were kept iff every step from s on
+  // deferred (s >= defer_from).
+  const int64_t m = w.comp->rate, s = step.pos0 - step.pos0 % m, kept = s >= step.defer_from ? step.pos0 - s : 0;
+  if (pending) *pending = kept;
+  if (!step.defer || n != 1 || s < step.defer_from) return kCompNormal;
+  return (step.pos0 + 1) % m == 0 ? kCompProject : kCompStore;
+}
 
 void init_attention_state(const GpuAttn& w, const ModelConfig& c, GpuLayerState& st) {
   st.ring = zeroed(size_t(c.window) * size_t(c.head_dim) * 4);
   if (w.comp) init_comp(*w.comp, st.comp);
   if (w.icomp) init_comp(*w.icomp, st.icomp);
+  if (comp_deferrable(w)) st.xring = zeroed(size_t(w.comp->rate) * size_t(c.hidden) * 4), st.xpos = zeroed(8);
 }
 
 void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& st, Scratch& sc) {
@@ -186,9 +219,44 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
     if (n == 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
   }
-  {
+  int64_t kept = 0;
+  const CompDeferMode defer = comp_defer_mode(w, step, n, &kept);
+  if (defer != kCompNormal) {  // cuda.comp_deferred: x kept; at the window's last token its rows projected and pooled
     const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");
+    const int64_t m = w.comp->rate;
+    {
+      const OpRegion d(tm, "comp/keep", true);
+      fwd_comp_defer(x, D, dpos, int(m), st.xring.as<float>(), m - 1, st.xpos.as<int64_t>(), nullptr);
+    }
+    std::function<void()> index_step;
+    if (defer == kCompProject) {
+      const OpRegion d(tm, "comp/step", true);
+      index_step = project_kept(w, rope, c.rms_eps, m, pos0 - (m - 1), step.bounds, st, sc, nm);
+    }
+    a.entries = st.comp.entries.as<float>();
+    a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / m;
+    a.rate = m;
+    if (type == AttnType::HCA) max_keys += a.ne;
+    if (keys_later) branch_mark(side2, sc.ev_entries);
+    if (index_step) index_step();
+    // The indexer's head weights, which the fused projection would have computed (the same one-token kernel).
+    if (type == AttnType::CSA && run_indexer && !nm.official() && !w.iweights.fp8 && fwd_linear_one_fits(w.iweights.d)) {
+      hw = sc.f("attn.index.w", n * c.index_heads);
+      fwd_linear(w.iweights.d, x, n, D, 0, c.index_heads, hw, c.index_heads, nullptr);
+      hw_done = true;
+    } else if (type == AttnType::CSA) {
+      hw = sc.f("attn.index.w", n * c.index_heads);
+    }
+  } else {
+    const StreamScope on_side2(side2, 2);
+    region.emplace(tm, "attn.compressor");
+    if (kept > 0) {  // cuda.comp_deferred: a step that does not defer after steps that did: their rows first
+      const OpRegion d(tm, "comp/kept", true);
+      fwd_comp_defer(nullptr, D, dpos, int(w.comp->rate), nullptr, kept, st.xpos.as<int64_t>(), nullptr);
+      const auto index_step = project_kept(w, rope, c.rms_eps, kept, pos0 - kept, step.bounds, st, sc, nm);
+      if (index_step) index_step();
+    }
     // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
     if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
     if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);

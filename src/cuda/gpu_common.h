@@ -2,6 +2,7 @@
 // device caches and scratch, and taps that copy device tensors to the host (and back, for teacher forcing).
 #pragma once
 #include <array>
+#include <cstdint>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -73,6 +74,7 @@ struct GpuAttn {
   bool index_tc = false;                 // indexer.tc_scores: the indexer's scores on the tensor cores where they fit
   bool index_dmma = false;               // indexer.dmma_scores: its dots on the fp64 tensor cores where they fit
   bool skip_short = false;               // indexer.skip_short: every visible entry while the top-k would take them all
+  bool comp_deferred = false;            // cuda.comp_deferred: one-token steps project the compressors' rows per window
   bool iweights_gemv = false;            // cuda.bf16_gemv under the official numerics: weights_proj on the bf16 GEMV
 };
 struct GpuExperts {           // E matrices each of w1, w2, w3 and their descriptors as device arrays
@@ -250,6 +252,10 @@ struct Step {
   const int64_t* dpos = nullptr;
   int64_t pos0 = 0;  // the same position on the host: exact sizes, capacity checks
   bool bounds = false;
+  // cuda.comp_deferred (comp_defer_mode): whether this step may defer its compressors' projections (one token), and
+  // the position from which every earlier step did (INT64_MAX: none).
+  bool defer = false;
+  int64_t defer_from = INT64_MAX;
 };
 
 // y[t * ldy + r] = W x[t * ldx], all rows: the W8A16 kernel when the matrix has one (cuda.fp8_gemv), the bf16 GEMM
@@ -295,6 +301,9 @@ struct GpuCompState {
 struct GpuLayerState {
   cuda::DeviceBuffer ring;  // [window, head_dim]: key of position p at slot p % window
   GpuCompState comp, icomp;
+  // cuda.comp_deferred (comp_defer_mode): the one-token steps' attention inputs x [rate, hidden] at slot p % rate,
+  // until the window's last token projects them; xpos: the first position of the rows projected (device int64).
+  cuda::DeviceBuffer xring, xpos;
 };
 // A captured forward for chunks of n tokens (cuda.graph): valid while the session's memory generation and the
 // fast kernels' workspace are what they were at capture.
@@ -312,7 +321,8 @@ struct GpuGraph {
 struct DeviceSessionState {
   std::vector<GpuLayerState> layers;
   cuda::Scratch scratch;
-  std::map<int, std::unique_ptr<GpuGraph>> graphs;  // by chunk size
+  std::map<int64_t, std::unique_ptr<GpuGraph>> graphs;  // by chunk size (and what else changes the launches)
+  int64_t defer_from = 0;  // cuda.comp_deferred: every step from this position on was a deferring one-token step
   bool graphs_failed = false;                        // a capture failed: eager launches from then on
   int64_t graph_launches = 0, graph_captures = 0;    // for tests and the bench
   cuda::HostStage stage;  // each step's inputs (tokens, position, sampling) uploaded without blocking the host

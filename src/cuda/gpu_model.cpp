@@ -11,6 +11,7 @@
 #include "model/attention.h"
 #include "plumb/text.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace plumb {
@@ -71,6 +72,7 @@ void check_options(const ModelOptions& o) {
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
   refuse(o.cuda_hc_norm_after_mix, "cuda.hc_norm_after_mix");
+  refuse(o.cuda_comp_deferred, "cuda.comp_deferred");
   // Its kernel computes the reference's mixes from fp32 streams: with bf16 mixing it would silently not apply.
   PLUMB_CHECK(!o.cuda_hc_norm_after_mix || !o.mhc_bf16_mix,
               "backend cuda: cuda.hc_norm_after_mix computes the reference's fp32 mixes and does not combine with mhc.bf16_mix: drop one of "
@@ -191,6 +193,7 @@ class GpuForward : public DeviceForward {
       gl.attn.index_tc = opt_.indexer_tc_scores;
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
       gl.attn.skip_short = opt_.indexer_skip_short;
+      gl.attn.comp_deferred = opt_.cuda_comp_deferred;
       if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8_rest), set_gemm(*gl.attn.comp);
       if (a.indexer) {
         gl.attn.icomp = upload_comp(a.indexer->comp, fp8_rest);
@@ -348,13 +351,23 @@ class GpuForward : public DeviceForward {
     auto* buf = static_cast<int32_t*>(sc.get("step", host.size() * 4));
     ds.stage.upload(buf, host.data(), host.size() * 4);
     Step step{reinterpret_cast<const int64_t*>(buf), st.pos, false};
+    // cuda.comp_deferred: one-token steps may keep their compressor rows (comp_defer_mode); a step that does not
+    // projects the rows kept before it first, eagerly (a transition: graphs are for the steady states).
+    step.defer = opt_.cuda_comp_deferred && n == 1;
+    step.defer_from = opt_.cuda_comp_deferred ? ds.defer_from : INT64_MAX;
+    bool flush = false;
+    for (const auto& l : g_.layers) {
+      int64_t kept = 0;
+      flush = flush || (comp_defer_mode(l.attn, step, n, &kept) == kCompNormal && kept > 0);
+    }
+    if (!step.defer) ds.defer_from = st.pos + n;
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads
     const PdlHcAttnScope pdl_hc_attn(opt_.cuda_pdl_hc_attn);    // cuda.pdl_hc_attn (under the PdlScope above)
     const LinearEarlyScope linear_early(opt_.cuda_linear_early);  // cuda.linear_early (likewise)
     if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
     if (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) sc.enable_prefetch();
-    const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens;
+    const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens && !flush;
     return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
   }
 
@@ -366,6 +379,21 @@ class GpuForward : public DeviceForward {
     if (opt_.indexer_skip_short)
       for (const auto& l : g_.layers) k += l.attn.icomp && indexer_skippable(cfg_, l.attn.icomp->rate, pos_end);
     return k;
+  }
+
+  // cuda.comp_deferred: the layers' modes (comp_defer_mode) as one number, a base-3 digit per compressor rate (the
+  // layers that can defer take their rate's mode), so a captured step replays only where each layer keeps, projects
+  // or neither as it did.
+  int64_t comp_defer_modes(const Step& step, int n) const {
+    int64_t code = 0;
+    std::vector<int64_t> rates;
+    if (step.defer)
+      for (const auto& l : g_.layers)
+        if (comp_deferrable(l.attn) && std::find(rates.begin(), rates.end(), l.attn.comp->rate) == rates.end()) {
+          rates.push_back(l.attn.comp->rate);
+          code = code * 3 + comp_defer_mode(l.attn, step, n);
+        }
+    return code;
   }
 
   // cuda.pdl applies to forwards of at most this many tokens. H200 A/B of FAST with and without it (layer bench,
@@ -384,7 +412,7 @@ class GpuForward : public DeviceForward {
     // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
     // timeline's (OpTimer: its events are nodes of the graph) and bench --skeleton's (weights_skipped).
     auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0) + (indexer_skips(step.pos0 + n) << 21) +
-                        (weights_skipped() ? 1 << 30 : 0)];
+                        (weights_skipped() ? 1 << 30 : 0) + (comp_defer_modes(step, n) << 32)];
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
       return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),

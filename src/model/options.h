@@ -29,6 +29,7 @@ struct ModelOptions {
   bool cuda_branch_flags = false;  // cuda.branch_flags: with cuda.streams, branch ends signalled in device memory, waited in-kernel (backend cuda)
   bool cuda_early_joins = false;  // cuda.early_joins: with cuda.streams, branches joined where a launch joins anyway, so the FFN's hc_pre joins none (backend cuda)
   bool cuda_linear_early = false;  // cuda.linear_early: with cuda.pdl, the one-token linear's first weights loaded before its wait (backend cuda)
+  bool cuda_comp_deferred = false;  // cuda.comp_deferred: one-token steps project the compressors' rows once per window (backend cuda)
   bool cuda_hc_norm_after_mix = false;  // cuda.hc_norm_after_mix: hc_pre's mixes normalized after the mixing GEMM, its dots not waiting for r (backend cuda)
   bool cuda_l2_evict_first = false;  // cuda.l2_evict_first: decode GEMVs' weight loads marked evict-first in L2 (backend cuda)
   bool cuda_prefill_gemm = false;   // cuda.prefill_gemm: FP8 projections of prefill chunks as bf16 GEMMs (backend cuda)

@@ -167,6 +167,18 @@ std::vector<Patch> make_registry() {
                // (tests/cuda: HcNormAfterMixMatchesExact); the fp32 twin's forward within 4.2e-7 of the exact one's
                // logits over 300 tokens; 1e-4 is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_norm_after_mix = true; }, false, "cuda"});
+  r.push_back({"cuda.comp_deferred", "the compressors' projections of each one-token step (the one-token kernel)",
+               "one-token steps keep their attention input x (a ring of `rate` rows per compressed layer) and, at a "
+               "window's last token, project its rows as one chunk of `rate` tokens and pool them, so the compressors' "
+               "weights are read once per window instead of once per token (V4-Flash: CSA's and its indexer's 21 MB of "
+               "bf16 per layer, HCA's 8 MB); a window begun otherwise (after a prefill chunk) projects per token, and a "
+               "step of several tokens projects the rows kept before it first. The chunk's projection is that of any "
+               "chunk of as many tokens: the fp32 twin's fp64 sums in another order, or cuda.bf16_gemv's bf16 "
+               "activations where it is on",
+               "a row kept in the wrong slot or projected twice would pool the wrong tokens into an entry: O(1) errors "
+               "from the window's end on; tested against per-token projections over graph and eager steps, with "
+               "several-token steps between",
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_comp_deferred = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

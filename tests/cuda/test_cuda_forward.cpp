@@ -366,6 +366,52 @@ TEST_F(GpuTest, HcNormAfterMixForwardMatchesExact) {
                plumb::Error);
 }
 
+// cuda.comp_deferred: one-token steps keep their compressor rows and project each window's rows as one chunk at its
+// last token (csa-long and kernel-dims: CSA windows of 4, HCA windows of 8). Against per-token projections over a
+// schedule with several-token steps: a first chunk of 6 tokens (its window begun, so the next one-token steps project
+// per token until a window starts), runs of one-token steps, and 3-token and 2-token steps starting mid-window (the
+// rows kept before them projected first). The chunk's projection is any chunk's: on the fp32 twin its fp64 sums in
+// another order (within 1e-5 of max(1, max|logit|)), with the fast kernels cuda.bf16_gemv's bf16 activations (1e-2,
+// that patch's tolerance); some steps must differ, or nothing was deferred. Graph steps bit-identical to eager ones.
+TEST_F(GpuTest, CompDeferredMatchesPerTokenProjections) {
+  const std::string data = PLUMB_TEST_DATA;
+  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.bf16_gemv,attn.splitk_decode,indexer.skip_short,cuda.streams";
+  expect_graph_matches_eager(data + "/golden/csa-long", "cuda.comp_deferred", "cuda.streams");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", fast + ",cuda.comp_deferred", "cuda.pdl,cuda.pdl_hc_attn,cuda.early_joins");
+  struct Cfg {
+    std::string patches;
+    double tol;
+  };
+  for (const Cfg& cfg : {Cfg{"attn.splitk_decode,cuda.streams", 1e-5}, Cfg{fast, 1e-2}})
+    for (const std::string& dir : {data + "/golden/kernel-dims", data + "/golden/csa-long"}) {
+      auto per_token = plumb::Model::load(dir, plumb::parse_patches(cfg.patches).options, {}, "cuda");
+      auto deferred = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.comp_deferred").options, {}, "cuda");
+      const auto toks = test_prompt(200, per_token->config().vocab);
+      auto sp = per_token->new_state(), sd = deferred->new_state();
+      double worst = 0;
+      size_t differ = 0, steps = 0;
+      for (size_t pos = 0; pos < toks.size(); ++steps) {
+        const size_t n = pos == 0 ? 6 : pos == 61 ? 3 : pos == 130 ? 2 : 1;
+        const std::span<const int32_t> part(toks.data() + pos, std::min(n, toks.size() - pos));
+        const auto a = per_token->forward(sp, part), b = deferred->forward(sd, part);
+        ASSERT_EQ(a.data.size(), b.data.size());
+        size_t where = 0;
+        const double e = max_rel(b.data, a.data, &where);
+        ASSERT_LE(e, cfg.tol) << dir << " [" << cfg.patches << "] step at position " << pos << " (" << part.size() << " tokens): logit "
+                              << where << " " << b.data[where] << " against the per-token projections' " << a.data[where];
+        worst = std::max(worst, e);
+        differ += std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4) != 0;
+        pos += part.size();
+      }
+      std::printf("%s [%s]: worst logit error %.3g, %zu of %zu steps not bit-identical\n", dir.c_str(), cfg.patches.c_str(), worst, differ,
+                  steps);
+      EXPECT_GT(differ, 0u) << dir << ": every step bit-identical (nothing was deferred)";
+    }
+  EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.comp_deferred").options, {},
+                                  "cuda"),
+               plumb::Error);
+}
+
 // cuda.streams: the KV row and the compressors beside the query path (each on a stream of its own), the shared expert
 // beside the router and the routed experts. A branch that read a buffer before the other stream wrote it, or shared a
 // scratch buffer with it, would change the logits (and from run to run): they must be the bits of serial launches,
