@@ -1027,6 +1027,9 @@ int run(const LayerBenchOptions& o) {
                           "{} .. {}), {} us per layer; mean B - A {} us/step, {} per layer\n",
                           B, r.ab.pairs, fmt_num(r.ab.a), fmt_num(r.ab.b), fmt_num(r.ab.diff), fmt_num(r.ab.lo), fmt_num(r.ab.hi),
                           fmt_num(r.ab.diff / L), fmt_num(r.ab.mean_diff), fmt_num(r.ab.mean_diff / L)));
+          std::string ds;
+          for (size_t i = 0; i < ua.size() && i < ub.size(); ++i) ds += fmt::format(" {:.0f}", ub[i] - ua[i]);
+          out(fmt::format("  A/B batch {}: B - A per pair in step order (us):{}\n", B, ds));
         } catch (const std::exception& e) {
           r.ab_error = e.what();
           failed = true;

@@ -40,13 +40,17 @@ struct LinearSegs {
     float* y = nullptr;
     int64_t r0 = 0, nr = 0;  // rows [r0, r0 + nr) of w (add: all of them)
     int64_t block0 = 0;      // the first pair of rows of this segment (set by the launch)
+    int64_t ldy = 0;         // ntok > 1: token t's outputs at y + t * ldy
   } seg[kMax];
   int count = 0;
+  int ntok = 1;      // tokens (at most kOneMaxTokens): rows of x, ldx apart; each token's sums as one token's
+  int64_t ldx = 0;
   int evict_first = 0;  // cuda.l2_evict_first: the weights' loads evict-first in L2 (set by the launch)
   int early = 0;        // cuda.linear_early: plain rows' first round of weights requested before the PDL wait (set by the launch)
   void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, seg[count].r0 = 0, seg[count].nr = w.rows, ++count; }
 };
 bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns
+constexpr int kOneMaxTokens = 4;  // fwd_linear_one_multi's tokens per launch (plain rows of one dtype for more than one)
 // cuda.l2_prefetch: the 128-byte lines of up to kMax byte ranges prefetched into L2 (evict_last), in order; writes
 // nothing. A few blocks, meant for a stream of its own beside latency-bound launches.
 struct PrefetchRanges {

@@ -320,6 +320,7 @@ struct OneRow {
   float* y = nullptr;
   int seg = 0;
   int64_t row = 0;  // in w: the segment's r0 + its row
+  int64_t ldy = 0;  // the segment's output stride between tokens
 };
 __device__ __forceinline__ OneRow one_row(const LinearSegs& g, int64_t p, int slot) {
   OneRow o;
@@ -332,6 +333,7 @@ __device__ __forceinline__ OneRow one_row(const LinearSegs& g, int64_t p, int sl
       o.w = in ? reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(g.seg[k].w.w) + o.row * dmat_row_bytes(g.seg[k].w))
                : nullptr;
       o.y = in ? g.seg[k].y + r : nullptr;
+      o.ldy = g.seg[k].ldy;
     }
   }
   return o;
@@ -349,7 +351,10 @@ __device__ __forceinline__ void one_finish(double acc, double (&part)[2][kRowsPe
     *y = float(o);
   }
 }
-template <int DT>
+// T > 1 (plain rows, DT >= 0): up to T tokens (g.ntok) over the same weights, each token's products and sums in the
+// one-token order (its own staged row and fp64 accumulator, its own finish), so each token's outputs are the bits of
+// a launch for it alone.
+template <int DT, int T>
 __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(LinearSegs g, const float* x, int64_t pairs) {
   // (g.early, plain rows only: the wait comes after the first round of weight loads below; weights are never
   // written during a forward, x is the previous kernel's output and is staged after the wait)
@@ -392,10 +397,13 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     OneRow row = iters > 0 ? one_row(g, blockIdx.x, slot) : OneRow{};
     load(row, 0, v);
     if (g.early) pdl_begin();  // cuda.linear_early
-    stage_row_pairs<per>(x, cols, reinterpret_cast<double2*>(xs));  // (after the first loads: plain loads, after any wait)
+    const int nt = T == 1 ? 1 : g.ntok;
+    const int xstride = cols / 2;  // double2 per staged row
+    for (int t = 0; t < nt; ++t)  // (after the first loads: plain loads, after any wait)
+      stage_row_pairs<per>(x + t * g.ldx, cols, reinterpret_cast<double2*>(xs) + t * xstride);
     for (int64_t it = 0; it < iters; ++it) {
       const OneRow next = it + 1 < iters ? one_row(g, blockIdx.x + (it + 1) * gridDim.x, slot) : OneRow{};
-      double acc = 0;
+      double acc[T] = {};
       for (int j = 0; j < rounds; ++j) {
         uint4 nv[kOneLoads];
         if (j + 1 < rounds) load(row, j + 1, nv);
@@ -404,13 +412,17 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
 #pragma unroll
           for (int u = 0; u < kOneLoads; ++u) {
             const int c = cb + lane + j * kRound + u * 32;
-            if (c < ce) one_chunk<DT>(v[u], xs2, chunks, c, acc);
+#pragma unroll
+            for (int t = 0; t < T; ++t)
+              if (c < ce && t < nt) one_chunk<DT>(v[u], xs2 + t * xstride, chunks, c, acc[t]);
           }
         }
 #pragma unroll
         for (int u = 0; u < kOneLoads; ++u) v[u] = nv[u];
       }
-      one_finish(acc, part, it, row.y);
+#pragma unroll
+      for (int t = 0; t < T; ++t)
+        if (t < nt) one_finish(acc[t], part, it * T + t, row.y ? row.y + t * row.ldy : nullptr);
       row = next;
     }
   }
@@ -557,6 +569,7 @@ namespace {
 // dtype-specialized kernel where every segment has plain rows of one dtype, a grid of at most the blocks that fit
 // at once (queried once per kernel and row length).
 void launch_linear_one(LinearSegs g, const float* x, Stream s) {
+  if (g.ntok < 1 || g.ntok > kOneMaxTokens) throw_arg("fwd_linear_one_multi: 1 to 4 tokens per launch");
   if (weights_skipped()) return;  // bench --skeleton (kernels.h)
   g.evict_first = evict_first_enabled() ? 1 : 0;  // cuda.l2_evict_first
   g.early = linear_early_enabled() ? 1 : 0;        // cuda.linear_early
@@ -571,9 +584,16 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
   if (pairs <= 0) return;
   using Kern = void (*)(LinearSegs, const float*, int64_t);
   const int dt = same ? g.seg[0].w.dtype : -1;
-  const Kern kern = dt == 0 ? linear16_one_kernel<0> : dt == 1 ? linear16_one_kernel<1> : dt == 2 ? linear16_one_kernel<2>
-                                                                                               : linear16_one_kernel<-1>;
-  const size_t smem = size_t(g.seg[0].w.cols) * sizeof(double);
+  const bool multi = g.ntok > 1;
+  if (multi && (dt < 0 || g.ldx % 4 != 0)) throw_arg("fwd_linear_one_multi: several tokens need plain rows of one dtype and 16-byte rows of x");
+  const Kern kern = multi ? (dt == 0 ? linear16_one_kernel<0, kOneMaxTokens> : dt == 1 ? linear16_one_kernel<1, kOneMaxTokens>
+                                                                                        : linear16_one_kernel<2, kOneMaxTokens>)
+                          : (dt == 0 ? linear16_one_kernel<0, 1> : dt == 1 ? linear16_one_kernel<1, 1> : dt == 2 ? linear16_one_kernel<2, 1>
+                                                                                                              : linear16_one_kernel<-1, 1>);
+  const size_t smem = size_t(g.ntok) * size_t(g.seg[0].w.cols) * sizeof(double);
+  // (One token: at most kOneMaxCols doubles. More: up to kMultiSmem.)
+  constexpr size_t kMultiSmem = 200 << 10;  // (with the static shared memory, within the 227 KiB a block may take)
+  if (smem > (multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double))) throw_arg("fwd_linear_one_multi: the tokens' rows exceed shared memory");
   static std::mutex mu;
   static std::map<std::pair<Kern, size_t>, int> per_sm;  // blocks per SM by kernel and staged row size
   int per = 0;
@@ -581,7 +601,8 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
     std::lock_guard<std::mutex> lock(mu);
     int& slot = per_sm[{kern, smem}];
     if (slot == 0) {
-      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOneMaxCols * sizeof(double))));
+      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double))));
       PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&slot, kern, 32 * kRowsPerBlock, smem));
       slot = std::max(slot, 1);
     }

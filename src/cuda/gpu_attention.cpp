@@ -121,14 +121,42 @@ void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, Scratch& 
 
 // cuda.comp_deferred's chunk of k rows kept in st.xring (positions *xpos .. *xpos + k - 1, slots 0 .. k - 1 of the
 // window), projected as one chunk and stepped through the main compressor; returns the indexer compressor's step
-// (CSA), which the caller runs after marking the main one's entries. The indexer's head weights are not in it.
+// (CSA), which the caller runs after marking the main one's entries. The indexer's head weights are not in it. The
+// projection is the fp32 twin's whatever the patches, so that keeping the rows changes when the weights are read,
+// not the numbers (cuda.bf16_gemv's bf16 activations here moved kernel-dims' logits by up to 0.2 where the indexer's
+// top-k flipped): up to kOneMaxTokens rows (CSA's windows of 4) the one-token kernel over all of them in one launch,
+// each row's sums in its one-token order (the bits of projecting each token when it came); more (HCA's 128) the
+// twin's chunk linear (fp64 sums in another order).
 std::function<void()> project_kept(const GpuAttn& w, const GpuRope& rope, double eps, int64_t k, int64_t pos0, bool bounds,
                                    GpuLayerState& st, Scratch& sc, const GpuNumerics& nm) {
   const int kn = int(k);
   const CompRows cr = comp_rows(*w.comp, "comp.kept", kn, sc);
   std::optional<CompRows> ir;
   if (w.icomp) ir = comp_rows(*w.icomp, "icomp.kept", kn, sc);
-  project_comps(w, st.xring.as<float>(), kn, cr, ir ? &*ir : nullptr, sc);
+  const float* x = st.xring.as<float>();
+  const int64_t D = w.comp->wkv.d.cols;
+  LinearSegs g;
+  g.ntok = kn, g.ldx = D;
+  bool one = kn <= kOneMaxTokens && D % 4 == 0;
+  auto add = [&](const GpuComp& c, const CompRows& r) {
+    for (const auto& [m, y] : {std::pair{&c.wkv, r.kv}, std::pair{&c.wgate, r.gate}}) {
+      one = one && !m->fp8 && fwd_linear_one_fits(m->d) && m->d.cols == D && m->d.layout == 0 && m->d.dtype == w.comp->wkv.d.dtype;
+      if (one) g.add(m->d, y), g.seg[g.count - 1].ldy = comp_width(c);
+    }
+  };
+  add(*w.comp, cr);
+  if (ir) add(*w.icomp, *ir);
+  if (one) {
+    fwd_linear_one_multi(g, x, nullptr);
+  } else {
+    auto project = [&](const GpuComp& c, const CompRows& r) {
+      const int64_t width = comp_width(c);
+      fwd_linear(c.wkv.d, x, kn, D, 0, width, r.kv, width, nullptr);
+      fwd_linear(c.wgate.d, x, kn, D, 0, width, r.gate, width, nullptr);
+    };
+    project(*w.comp, cr);
+    if (ir) project(*w.icomp, *ir);
+  }
   const Step chunk{st.xpos.as<int64_t>(), pos0, bounds};
   compressor_step(*w.comp, rope, eps, cr, kn, chunk, st.comp, nm, /*rotate=*/false);
   if (!ir) return {};

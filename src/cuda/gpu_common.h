@@ -323,6 +323,7 @@ struct DeviceSessionState {
   cuda::Scratch scratch;
   std::map<int64_t, std::unique_ptr<GpuGraph>> graphs;  // by chunk size (and what else changes the launches)
   int64_t defer_from = 0;  // cuda.comp_deferred: every step from this position on was a deferring one-token step
+  int64_t comp_windows_projected = 0;  // cuda.comp_deferred: steps that projected a window's kept rows (tests)
   bool graphs_failed = false;                        // a capture failed: eager launches from then on
   int64_t graph_launches = 0, graph_captures = 0;    // for tests and the bench
   cuda::HostStage stage;  // each step's inputs (tokens, position, sampling) uploaded without blocking the host

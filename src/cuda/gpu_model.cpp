@@ -355,11 +355,14 @@ class GpuForward : public DeviceForward {
     // projects the rows kept before it first, eagerly (a transition: graphs are for the steady states).
     step.defer = opt_.cuda_comp_deferred && n == 1;
     step.defer_from = opt_.cuda_comp_deferred ? ds.defer_from : INT64_MAX;
-    bool flush = false;
+    bool flush = false, project = false;
     for (const auto& l : g_.layers) {
       int64_t kept = 0;
-      flush = flush || (comp_defer_mode(l.attn, step, n, &kept) == kCompNormal && kept > 0);
+      const CompDeferMode mode = comp_defer_mode(l.attn, step, n, &kept);
+      flush = flush || (mode == kCompNormal && kept > 0);
+      project = project || mode == kCompProject;
     }
+    ds.comp_windows_projected += project;
     if (!step.defer) ds.defer_from = st.pos + n;
     const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
     const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads

@@ -746,7 +746,9 @@ TEST_F(GpuTest, SkipWeightsScopeSkipsTheLinears) {
 // so a row may differ by one ulp where its sum lies next to a rounding boundary; nearly every row must match
 // exactly. Shapes: fewer pairs of rows than blocks, several pairs per block (3001 rows), three and six rounds per
 // lane (12288 columns) with a row offset and an odd row count. Then several bf16 matrices in one launch
-// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix.
+// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix, for one token and for 2-4 tokens in one launch
+// (cuda.comp_deferred's windows: each token's outputs the bits of its own one-token launch, at V4-Flash's 4096
+// columns too).
 TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   Rng rng(97);
   struct Case {
@@ -790,6 +792,40 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
       ASSERT_EQ(std::memcmp(&a[size_t(r)], &b[size_t(r)], 4), 0) << "bf16 segment " << i << " row " << r << ": one launch "
                                                                    << a[size_t(r)] << ", per matrix " << b[size_t(r)];
   }
+
+  for (const int64_t cols : {int64_t(1024), int64_t(4096)})
+    for (const int ntok : {2, 3, 4}) {
+      const int64_t mrows[2] = {1024, 37};
+      std::vector<DeviceBuffer> mw(2), my(2);
+      d::LinearSegs mg;
+      mg.ntok = ntok, mg.ldx = cols;
+      for (int i = 0; i < 2; ++i) {
+        std::vector<float> vals;
+        mw[size_t(i)] = plain_weights(rng, 1, mrows[i], cols, &vals);
+        my[size_t(i)] = DeviceBuffer(size_t(ntok) * size_t(mrows[i]) * 4);
+        d::DMat m;
+        m.w = mw[size_t(i)].get(), m.rows = mrows[i], m.cols = cols, m.layout = 0, m.dtype = 1;
+        mg.add(m, my[size_t(i)].as<float>());
+        mg.seg[i].ldy = mrows[i];
+      }
+      DeviceBuffer xs = to_device(rng.floats(size_t(ntok) * size_t(cols), -2.0f, 2.0f));
+      d::fwd_linear_one_multi(mg, xs.as<float>(), nullptr);
+      for (int i = 0; i < 2; ++i) {
+        const auto all = to_host<float>(my[size_t(i)], size_t(ntok) * size_t(mrows[i]));
+        DeviceBuffer one(size_t(mrows[i]) * 4);
+        for (int t = 0; t < ntok; ++t) {
+          d::fwd_linear(mg.seg[i].w, xs.as<float>() + t * cols, 1, cols, 0, mrows[i], one.as<float>(), mrows[i], nullptr);
+          const auto b = to_host<float>(one, size_t(mrows[i]));
+          for (int64_t r = 0; r < mrows[i]; ++r)
+            ASSERT_EQ(std::memcmp(&all[size_t(t * mrows[i] + r)], &b[size_t(r)], 4), 0)
+                << ntok << " tokens, " << cols << " columns, segment " << i << ", token " << t << ", row " << r << ": one launch "
+                << all[size_t(t * mrows[i] + r)] << ", the token alone " << b[size_t(r)];
+        }
+      }
+    }
+  d::LinearSegs bad = g;  // 5 tokens: more than a launch takes
+  bad.ntok = 5, bad.ldx = K;
+  EXPECT_THROW(d::fwd_linear_one_multi(bad, x.as<float>(), nullptr), std::runtime_error);
 }
 
 // cuda.branch_flags: hc_pre waits in-kernel for branches that signal late. On another stream a branch spins 20 ms,
