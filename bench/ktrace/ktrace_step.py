@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--last", type=int, default=20)
     ap.add_argument("--step-start", default=r"^embed_kernel")
     ap.add_argument("--min-kernels", type=int, default=20)
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="the steps of this many kernels instead of the most common count (e.g. a compressor window's last step)")
     a = ap.parse_args()
     rows = load(a.csv)
     steps = split_steps(rows, a.step_start, a.min_kernels)
@@ -87,7 +89,9 @@ def main():
     # other kernels; those are reported separately by count).
     tail = steps[-a.last:]
     counts = statistics.multimode(len(s) for s in tail)
-    n_main = max(counts)
+    n_main = a.kernels or max(counts)
+    if not any(len(s) == n_main for s in tail):
+        sys.exit(f"no step of {n_main} kernels among the last {len(tail)}")
     same = [s for s in tail if len(s) == n_main]
     # Of those, the steps with the most common set of kernels (an eager step of the same count, e.g. the bench's
     # per-op timing after its replays, runs other kernels).
