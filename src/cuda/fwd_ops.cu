@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/fwd_common.cuh"
@@ -270,8 +271,10 @@ __device__ __forceinline__ void stage_row(const float* x, int cols, double* xs) 
   }
   __syncthreads();
 }
-template <int PER>
-__device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double2* xs2) {
+// XP: double2, or float2 for several tokens (half the shared memory per row, so more blocks per SM; converted to
+// double at use, exactly, so the products are the same).
+template <int PER, class XP>
+__device__ __forceinline__ void stage_row_pairs(const float* x, int cols, XP* xs2) {
   constexpr int kU = 2, kQ = PER / 4;  // chunks per thread and step; 16-byte loads per chunk
   const int step = blockDim.x, C = cols / PER;
   const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -287,8 +290,13 @@ __device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double
       if (c >= C) continue;
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
-        xs2[(2 * q) * C + c] = make_double2(double(v[u][q].x), double(v[u][q].y));
-        xs2[(2 * q + 1) * C + c] = make_double2(double(v[u][q].z), double(v[u][q].w));
+        if constexpr (std::is_same_v<XP, double2>) {
+          xs2[(2 * q) * C + c] = make_double2(double(v[u][q].x), double(v[u][q].y));
+          xs2[(2 * q + 1) * C + c] = make_double2(double(v[u][q].z), double(v[u][q].w));
+        } else {
+          xs2[(2 * q) * C + c] = make_float2(v[u][q].x, v[u][q].y);
+          xs2[(2 * q + 1) * C + c] = make_float2(v[u][q].z, v[u][q].w);
+        }
       }
     }
   }
@@ -296,20 +304,20 @@ __device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double
 }
 // The products of chunk c (16 bytes of a plain DT row: 4 f32, 8 bf16 or 8 f16) with the pair-major staged row, in
 // element order, the activation already a double (the weight converted exactly).
-template <int DT>
-__device__ __forceinline__ void one_chunk(const uint4& v, const double2* xs2, int C, int c, double& acc) {
+template <int DT, class XP>
+__device__ __forceinline__ void one_chunk(const uint4& v, const XP* xs2, int C, int c, double& acc) {
   const uint32_t q[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int j = 0; j < (DT == 0 ? 2 : 4); ++j) {
-    const double2 xv = xs2[j * C + c];
+    const XP xv = xs2[j * C + c];
     float lo, hi;
     if constexpr (DT == 0) {
       lo = __uint_as_float(q[2 * j]), hi = __uint_as_float(q[2 * j + 1]);
     } else {
       half_pair<DT>(q[j], lo, hi);
     }
-    acc += xv.x * double(lo);
-    acc += xv.y * double(hi);
+    acc += double(xv.x) * double(lo);
+    acc += double(xv.y) * double(hi);
   }
 }
 // Pair p's row for the warps of `slot`: its segment and row of w, where its 16-byte chunks start and where its
@@ -376,7 +384,10 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     }
   } else {
     constexpr int per = DT == 0 ? 4 : 8;  // elements per chunk
-    const double2* xs2 = reinterpret_cast<const double2*>(xs);
+    // Several tokens stage their rows as floats (stage_row_pairs): 64 KB for 4 rows of 4096, so 3 blocks per SM
+    // instead of 1 (session 46's timeline: 54 us for a CSA layer's 21 MB with the rows as doubles).
+    using XP = std::conditional_t<T == 1, double2, float2>;
+    XP* xs2 = reinterpret_cast<XP*>(xs);
     const uint64_t wpol = weight_policy(g.evict_first);  // cuda.l2_evict_first
     // This warp's chunks of every row (every segment has this row size: same columns and dtype), in rounds of
     // kOneLoads per lane; the next round (of this row, or round 0 of the next pair's) is loaded before this one's
@@ -398,9 +409,9 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     load(row, 0, v);
     if (g.early) pdl_begin();  // cuda.linear_early
     const int nt = T == 1 ? 1 : g.ntok;
-    const int xstride = cols / 2;  // double2 per staged row
+    const int xstride = cols / 2;  // pairs per staged row
     for (int t = 0; t < nt; ++t)  // (after the first loads: plain loads, after any wait)
-      stage_row_pairs<per>(x + t * g.ldx, cols, reinterpret_cast<double2*>(xs) + t * xstride);
+      stage_row_pairs<per>(x + t * g.ldx, cols, xs2 + t * xstride);
     for (int64_t it = 0; it < iters; ++it) {
       const OneRow next = it + 1 < iters ? one_row(g, blockIdx.x + (it + 1) * gridDim.x, slot) : OneRow{};
       double acc[T] = {};
@@ -590,7 +601,7 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
                                                                                         : linear16_one_kernel<2, kOneMaxTokens>)
                           : (dt == 0 ? linear16_one_kernel<0, 1> : dt == 1 ? linear16_one_kernel<1, 1> : dt == 2 ? linear16_one_kernel<2, 1>
                                                                                                               : linear16_one_kernel<-1, 1>);
-  const size_t smem = size_t(g.ntok) * size_t(g.seg[0].w.cols) * sizeof(double);
+  const size_t smem = size_t(g.ntok) * size_t(g.seg[0].w.cols) * (multi ? sizeof(float) : sizeof(double));
   // (One token: at most kOneMaxCols doubles. More: up to kMultiSmem.)
   constexpr size_t kMultiSmem = 200 << 10;  // (with the static shared memory, within the 227 KiB a block may take)
   if (smem > (multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double))) throw_arg("fwd_linear_one_multi: the tokens' rows exceed shared memory");
