@@ -303,7 +303,7 @@ __device__ __forceinline__ void stage_row_pairs(const float* x, int cols, XP* xs
   __syncthreads();
 }
 // The products of chunk c (16 bytes of a plain DT row: 4 f32, 8 bf16 or 8 f16) with the pair-major staged row, in
-// element order, the activation already a double (the weight converted exactly).
+// element order, in fp64 (the staged activation, double or float, and the weight converted exactly).
 template <int DT, class XP>
 __device__ __forceinline__ void one_chunk(const uint4& v, const XP* xs2, int C, int c, double& acc) {
   const uint32_t q[4] = {v.x, v.y, v.z, v.w};

@@ -249,6 +249,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   }
   int64_t kept = 0;
   const CompDeferMode defer = comp_defer_mode(w, step, n, &kept);
+  if (type == AttnType::CSA) hw = sc.f("attn.index.w", n * c.index_heads);
   if (defer != kCompNormal) {  // cuda.comp_deferred: x kept; at the window's last token its rows projected and pooled
     const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");
@@ -262,19 +263,12 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const OpRegion d(tm, "comp/step", true);
       index_step = project_kept(w, rope, c.rms_eps, m, pos0 - (m - 1), step.bounds, st, sc, nm);
     }
-    a.entries = st.comp.entries.as<float>();
-    a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / m;
-    a.rate = m;
-    if (type == AttnType::HCA) max_keys += a.ne;
     if (keys_later) branch_mark(side2, sc.ev_entries);
     if (index_step) index_step();
     // The indexer's head weights, which the fused projection would have computed (the same one-token kernel).
     if (type == AttnType::CSA && run_indexer && !nm.official() && !w.iweights.fp8 && fwd_linear_one_fits(w.iweights.d)) {
-      hw = sc.f("attn.index.w", n * c.index_heads);
       fwd_linear(w.iweights.d, x, n, D, 0, c.index_heads, hw, c.index_heads, nullptr);
       hw_done = true;
-    } else if (type == AttnType::CSA) {
-      hw = sc.f("attn.index.w", n * c.index_heads);
     }
   } else {
     const StreamScope on_side2(side2, 2);
@@ -287,7 +281,7 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     }
     // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
     if (type != AttnType::Sliding) crows = comp_rows(*w.comp, "comp", n, sc);
-    if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc), hw = sc.f("attn.index.w", n * c.index_heads);
+    if (type == AttnType::CSA) irows = comp_rows(*w.icomp, "icomp", n, sc);
     if (crows) {
       const OpRegion d(tm, "comp/proj", true);
       if (!(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done)))
@@ -296,13 +290,15 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     if (type != AttnType::Sliding) {
       const OpRegion d(tm, "comp/step", true);
       compressor_step(*w.comp, rope, c.rms_eps, *crows, n, step, st.comp, nm, /*rotate=*/false);
-      a.entries = st.comp.entries.as<float>();
-      a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
-      a.rate = w.comp->rate;
-      if (type == AttnType::HCA) max_keys += a.ne;
     }
     if (keys_later) branch_mark(side2, sc.ev_entries);  // (recorded on side2: the current stream here)
     if (type == AttnType::CSA) compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
+  }
+  if (type != AttnType::Sliding) {  // the compressor's entries, as the attention reads them
+    a.entries = st.comp.entries.as<float>();
+    a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
+    a.rate = w.comp->rate;
+    if (type == AttnType::HCA) max_keys += a.ne;
   }
 
   // Query: q_norm(wq_a x) (wq_a above) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.

@@ -11,15 +11,16 @@ namespace plumb::cuda {
 void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
                    int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out);
 
+// The layers whose compressors can defer (cuda.comp_deferred): one rate for both (CSA's indexer compressor shares the
+// kept x rows).
+bool comp_deferrable(const GpuAttn& w);
 // cuda.comp_deferred: what a one-token step does with this layer's compressor rows. A window whose tokens all came
 // in one-token steps keeps their x rows (GpuLayerState::xring) and projects them as one chunk of `rate` rows at its
 // last token, so the compressors' weights (V4-Flash CSA: 21 MB of bf16, HCA: 8 MB) are read once per window
-// instead of once per token; the chunk's projection is the path of any chunk of that many tokens (its sums in
-// another order than the one-token kernel's). Modes: kCompNormal (projected now), kCompStore (kept),
-// kCompProject (the window's last token: its rows projected and pooled). *pending: rows kept from earlier steps of
-// this window, which a step that does not defer projects first (comp_defer's flush).
-// The layers whose compressors can defer: one rate for both (CSA's indexer compressor shares the kept x rows).
-bool comp_deferrable(const GpuAttn& w);
+// instead of once per token; the chunk runs on the fp32 twin (project_kept: up to 4 rows each with its one-token
+// bits). Modes: kCompNormal (projected now), kCompStore (kept), kCompProject (the window's last token: its rows
+// projected and pooled). *pending: rows kept from earlier steps of this window, which a step that does not defer
+// projects first.
 enum CompDeferMode { kCompNormal = 0, kCompStore = 1, kCompProject = 2 };
 CompDeferMode comp_defer_mode(const GpuAttn& w, const Step& step, int n, int64_t* pending = nullptr);
 
