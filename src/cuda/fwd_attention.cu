@@ -407,7 +407,8 @@ __device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, 
 
 // One token (decode): the pool, finish and carry of the window this token completes, or else its row into the
 // pending ring, in one block of kFinishThreads (so the norm sums alike): the four launches' arithmetic in their
-// order, one launch instead of up to four. (Their launches were most of the CSA layer's side stream, which the
+// order, one launch instead of up to four. A whole-window chunk (a.whole_window: n == m rows from a window
+// boundary) always completes its window and leaves no row pending, so it runs the completing path alike. (Their launches were most of the CSA layer's side stream, which the
 // query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
 // One block runs it once per layer and step, so its code is cold: under ncu (session 38) the completing step's
 // launch took 35-41 us, two thirds of its warps' time waiting for instructions (no_inst), with ~3500 instructions
@@ -505,8 +506,9 @@ void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float*
 void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
-  if (a.n == 1 && a.one_launch) {  // (nw_max <= 1 at one token)
-    launch("fwd_compress (one token)", compress_one_kernel, 1, kFinishThreads, 0, s, a);
+  if (a.whole_window && a.n != a.m) throw_arg("compressor: a whole-window chunk of " + std::to_string(a.n) + " rows, window " + std::to_string(a.m));
+  if (a.one_launch && (a.n == 1 || a.whole_window)) {  // (nw_max <= 1 at one token; exactly 1 for a whole window)
+    launch(a.n == 1 ? "fwd_compress (one token)" : "fwd_compress (one window)", compress_one_kernel, 1, kFinishThreads, 0, s, a);
     return;
   }
   if (a.nw_max > 0) {

@@ -286,8 +286,12 @@ struct CompressArgs {
   // indexer's rotation (rotate: Hadamard + FP4) or the FP8 KV simulation of the nope dims (kv_fp8).
   int official = 0, rotate = 0, kv_fp8 = 0;
   int one_launch = 1;  // one token: the four steps in one launch (0: as for more tokens; the same bits)
+  // The chunk is exactly one window (n == m rows from a window boundary: cuda.comp_deferred's kept rows): it takes the
+  // one launch too (one window completes, no row stays pending). The caller vouches for the alignment (pos is device).
+  int whole_window = 0;
 };
-// Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash; one token: all in one launch.
+// Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash; one token or one whole window: all in
+// one launch.
 void fwd_compress(const CompressArgs& a, Stream s);
 
 // Indexer scores: s[t, e] = sum_h relu(q[t,h] . key[e]) * qscale * (hw[t,h] * wscale) for e < (pos+t+1)/m,

@@ -82,7 +82,7 @@ bool project_fused(const GpuAttn& w, const float* x, const CompRows& cr, const C
 // Runs the compressor step on the device (CompressArgs) on this chunk's projected rows: completed windows become
 // entries (pooled, RMS-normed, rotated at position entry * m), the rest stay pending.
 void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const CompRows& r, int n, const Step& step, GpuCompState& st,
-                     const GpuNumerics& nm, bool rotate) {
+                     const GpuNumerics& nm, bool rotate, bool whole_window = false) {
   const int64_t m = w.rate, c = w.dim;
   CompressArgs a;
   a.rows_kv = r.kv, a.rows_gate = r.gate;
@@ -96,6 +96,7 @@ void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const Co
   a.entries = st.entries.as<float>();
   // Official: the entries' bf16 storage, then the indexer's rotation (its keys) or the FP8 KV simulation.
   a.official = nm.official(), a.rotate = rotate, a.kv_fp8 = nm.official() && !nm.official_initial();
+  a.whole_window = whole_window;
   fwd_compress(a, nullptr);
 }
 
@@ -158,10 +159,12 @@ std::function<void()> project_kept(const GpuAttn& w, const GpuRope& rope, double
     if (ir) project(*w.icomp, *ir);
   }
   const Step chunk{st.xpos.as<int64_t>(), pos0, bounds};
-  compressor_step(*w.comp, rope, eps, cr, kn, chunk, st.comp, nm, /*rotate=*/false);
+  // The kept rows start at their window's first position (xpos), so m of them are the whole window: pooled in one launch.
+  const bool whole = k == w.comp->rate;
+  compressor_step(*w.comp, rope, eps, cr, kn, chunk, st.comp, nm, /*rotate=*/false, whole);
   if (!ir) return {};
-  return [&w, &rope, eps, rows = *ir, kn, chunk, &st, &nm] {
-    compressor_step(*w.icomp, rope, eps, rows, kn, chunk, st.icomp, nm, /*rotate=*/true);
+  return [&w, &rope, eps, rows = *ir, kn, chunk, &st, &nm, whole] {
+    compressor_step(*w.icomp, rope, eps, rows, kn, chunk, st.icomp, nm, /*rotate=*/true, whole);
   };
 }
 

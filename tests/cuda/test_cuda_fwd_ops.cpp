@@ -561,7 +561,8 @@ std::vector<float> host_compressed_entry(const std::vector<std::vector<float>>& 
 // (CSA's overlapping series with m 4, HCA's with m 8 and with m 40, whose windows the batched pool reads from
 // memory, 16 slots per batch and a partial last one; series longer than the kernels' slot table: m 300, and 130
 // overlapping; the official numerics' bf16 stores, with the indexer's rotation and with the FP8 KV simulation), the
-// entries, the pending ring and the previous window's series compared after every step.
+// entries, the pending ring and the previous window's series compared after every step. Then the same windows fed
+// as whole-window chunks (m rows from a window boundary, cuda.comp_deferred's chunks), which take the one launch too.
 TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
   Rng rng(77);
   struct Case {
@@ -577,52 +578,63 @@ TEST_F(GpuTest, CompressOneLaunchMatchesSeparateLaunches) {
     const auto inv_h = rng.floats(size_t(rope_half), 0.01f, 1.0f);
     DeviceBuffer ape = to_device(ape_h), norm = to_device(norm_h), inv = to_device(inv_h), pos(8);
     std::vector<std::vector<float>> kv_h, gate_h;  // every position's rows
-    struct State {
-      DeviceBuffer pk, pg, vk, vg, e;
-    };
-    std::vector<State> st(2);
-    for (State& s : st) {
-      s.pk = DeviceBuffer(size_t(k.m * width) * 4), s.pg = DeviceBuffer(size_t(k.m * width) * 4);
-      s.vk = DeviceBuffer(size_t(k.m * k.c) * 4), s.vg = DeviceBuffer(size_t(k.m * k.c) * 4), s.e = DeviceBuffer(size_t(cap * k.c) * 4);
-      for (DeviceBuffer* b : {&s.pk, &s.pg, &s.vk, &s.vg, &s.e}) b->fill_byte(0);
-    }
-    for (int64_t t = 0; t < steps; ++t) {
+    for (int64_t t = 0; t < steps; ++t)
       kv_h.push_back(rng.floats(size_t(width), -2.0f, 2.0f)), gate_h.push_back(rng.floats(size_t(width), -2.0f, 2.0f));
-      DeviceBuffer kv = to_device(kv_h.back()), gate = to_device(gate_h.back());
-      pos.upload(&t, 8);
-      for (int i = 0; i < 2; ++i) {
-        d::CompressArgs a;
-        a.rows_kv = kv.as<float>(), a.rows_gate = gate.as<float>();
-        a.pend_kv = st[size_t(i)].pk.as<float>(), a.pend_gate = st[size_t(i)].pg.as<float>();
-        a.prev_kv = st[size_t(i)].vk.as<float>(), a.prev_gate = st[size_t(i)].vg.as<float>();
-        a.ape = ape.as<float>(), a.norm = norm.as<float>(), a.inv_freq = inv.as<float>(), a.pos = pos.as<int64_t>();
-        a.n = 1, a.overlap = k.overlap, a.m = k.m, a.nw_max = (t + 1) % k.m == 0 ? 1 : 0, a.rope_half = rope_half;
-        a.c = k.c, a.eps = 1e-6, a.attention_factor = 1.0f, a.entries = st[size_t(i)].e.as<float>();
-        a.official = k.official, a.rotate = k.rotate, a.kv_fp8 = k.kv_fp8, a.one_launch = i == 0;
-        d::fwd_compress(a, nullptr);
+    for (const int chunk : {1, k.m}) {
+      struct State {
+        DeviceBuffer pk, pg, vk, vg, e;
+      };
+      std::vector<State> st(2);
+      for (State& s : st) {
+        s.pk = DeviceBuffer(size_t(k.m * width) * 4), s.pg = DeviceBuffer(size_t(k.m * width) * 4);
+        s.vk = DeviceBuffer(size_t(k.m * k.c) * 4), s.vg = DeviceBuffer(size_t(k.m * k.c) * 4), s.e = DeviceBuffer(size_t(cap * k.c) * 4);
+        for (DeviceBuffer* b : {&s.pk, &s.pg, &s.vk, &s.vg, &s.e}) b->fill_byte(0);
       }
-      const std::string what = "overlap " + std::to_string(k.overlap) + ", m " + std::to_string(k.m) + ", official " +
-                               std::to_string(k.official) + ", step " + std::to_string(t);
-      for (const auto& [x, y, name] : {std::tuple{&st[0].e, &st[1].e, "entries"}, {&st[0].pk, &st[1].pk, "pending kv"},
-                                       {&st[0].pg, &st[1].pg, "pending gate"}, {&st[0].vk, &st[1].vk, "previous kv"},
-                                       {&st[0].vg, &st[1].vg, "previous gate"}})
-        expect_same_bytes(*x, *y, x->bytes(), what + ": " + name);
-      if ((t + 1) % k.m == 0 && !k.official) {  // window w completed: its entry against the host's (sums in other orders)
-        const int64_t w = (t + 1) / k.m - 1;
-        const auto want = host_compressed_entry(kv_h, gate_h, ape_h, norm_h, inv_h, k.overlap, k.m, k.c, w, rope_half, 1e-6);
-        const auto got = to_host<float>(st[0].e, size_t((w + 1) * k.c));
-        for (int64_t ch = 0; ch < k.c; ++ch) {
-          const float g = got[size_t(w * k.c + ch)], r = want[size_t(ch)];
-          ASSERT_LE(std::fabs(g - r), 2e-5 * std::max(1.0f, std::fabs(r))) << what << ": entry " << w << ", channel " << ch << " got " << g << " want " << r;
+      // (whole windows only: the two rows past the third window are single-token steps' alone)
+      for (int64_t t = 0; t + chunk <= steps; t += chunk) {
+        std::vector<float> kv_rows, gate_rows;
+        for (int64_t q = t; q < t + chunk; ++q) {
+          kv_rows.insert(kv_rows.end(), kv_h[size_t(q)].begin(), kv_h[size_t(q)].end());
+          gate_rows.insert(gate_rows.end(), gate_h[size_t(q)].begin(), gate_h[size_t(q)].end());
+        }
+        DeviceBuffer kv = to_device(kv_rows), gate = to_device(gate_rows);
+        pos.upload(&t, 8);
+        for (int i = 0; i < 2; ++i) {
+          d::CompressArgs a;
+          a.rows_kv = kv.as<float>(), a.rows_gate = gate.as<float>();
+          a.pend_kv = st[size_t(i)].pk.as<float>(), a.pend_gate = st[size_t(i)].pg.as<float>();
+          a.prev_kv = st[size_t(i)].vk.as<float>(), a.prev_gate = st[size_t(i)].vg.as<float>();
+          a.ape = ape.as<float>(), a.norm = norm.as<float>(), a.inv_freq = inv.as<float>(), a.pos = pos.as<int64_t>();
+          a.n = chunk, a.overlap = k.overlap, a.m = k.m, a.nw_max = (t + chunk) % k.m == 0 ? 1 : 0, a.rope_half = rope_half;
+          a.c = k.c, a.eps = 1e-6, a.attention_factor = 1.0f, a.entries = st[size_t(i)].e.as<float>();
+          a.official = k.official, a.rotate = k.rotate, a.kv_fp8 = k.kv_fp8, a.one_launch = i == 0;
+          a.whole_window = chunk == k.m && i == 0;
+          d::fwd_compress(a, nullptr);
+        }
+        const int64_t last = t + chunk - 1;
+        const std::string what = "overlap " + std::to_string(k.overlap) + ", m " + std::to_string(k.m) + ", official " +
+                                 std::to_string(k.official) + ", chunk " + std::to_string(chunk) + ", step " + std::to_string(last);
+        for (const auto& [x, y, name] : {std::tuple{&st[0].e, &st[1].e, "entries"}, {&st[0].pk, &st[1].pk, "pending kv"},
+                                         {&st[0].pg, &st[1].pg, "pending gate"}, {&st[0].vk, &st[1].vk, "previous kv"},
+                                         {&st[0].vg, &st[1].vg, "previous gate"}})
+          expect_same_bytes(*x, *y, x->bytes(), what + ": " + name);
+        if ((last + 1) % k.m == 0 && !k.official) {  // window w completed: its entry against the host's (sums in other orders)
+          const int64_t w = (last + 1) / k.m - 1;
+          const auto want = host_compressed_entry(kv_h, gate_h, ape_h, norm_h, inv_h, k.overlap, k.m, k.c, w, rope_half, 1e-6);
+          const auto got = to_host<float>(st[0].e, size_t((w + 1) * k.c));
+          for (int64_t ch = 0; ch < k.c; ++ch) {
+            const float g = got[size_t(w * k.c + ch)], r = want[size_t(ch)];
+            ASSERT_LE(std::fabs(g - r), 2e-5 * std::max(1.0f, std::fabs(r))) << what << ": entry " << w << ", channel " << ch << " got " << g << " want " << r;
+          }
         }
       }
+      // The windows were pooled: three entries written, the fourth slot untouched.
+      const auto e = to_host<float>(st[0].e, size_t(cap * k.c));
+      double mag = 0, rest = 0;
+      for (int64_t j = 0; j < cap * k.c; ++j) (j < 3 * k.c ? mag : rest) += std::fabs(double(e[size_t(j)]));
+      EXPECT_GT(mag, 0.0) << "no entry was written (chunk " << chunk << ")";
+      EXPECT_EQ(rest, 0.0) << "an entry past the completed windows was written (chunk " << chunk << ")";
     }
-    // The windows were pooled: three entries written, the fourth slot untouched.
-    const auto e = to_host<float>(st[0].e, size_t(cap * k.c));
-    double mag = 0, rest = 0;
-    for (int64_t j = 0; j < cap * k.c; ++j) (j < 3 * k.c ? mag : rest) += std::fabs(double(e[size_t(j)]));
-    EXPECT_GT(mag, 0.0) << "no entry was written";
-    EXPECT_EQ(rest, 0.0) << "an entry past the completed windows was written";
   }
 }
 
