@@ -243,9 +243,10 @@ if [ -n "${COMPARE:-}" ] && [ -f "$OUT/layers-fast.json" ]; then  # transformers
 fi
 
 # The program the ncu steps below profile: one eager decode step at NCU_BATCH (default 1) of the layer bench, with
-# NCU_PATCHES (default the tensor-core GEMV patches, no graph: ncu sees each launch).
+# NCU_PATCHES (default the tensor-core GEMV patches, no graph: ncu sees each launch); NCU_ITERS steps (default 2: more
+# to reach a step that only some positions run, e.g. cuda.comp_deferred's window end every 4th).
 ncu_step=("$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "${NCU_PATCHES:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16}"
-  --batches "${NCU_BATCH:-1}" --prefill 0 --iters 2 --warmup 1)
+  --batches "${NCU_BATCH:-1}" --prefill 0 --iters "${NCU_ITERS:-2}" --warmup 1)
 
 if [ -n "${NCU:-}" ]; then  # kernel time of one eager decode step at batch 1 (ncu, one metric), by launch and by kernel
   note "ncu: one decode step"
@@ -261,7 +262,8 @@ if [ -n "${NCU_DETAIL:-}" ]; then  # ncu's full sections (stalls, memory, source
   note "ncu detail: $NCU_DETAIL"
   # (NCU_SKIP=K: skip the first K matching launches, e.g. the context's prefill; NCU_SOURCE=1: also the report's
   # source page, SASS with its stall samples per instruction, as CSV)
-  timeout "${T_NCU:-240}" ncu --set full --import-source yes -o /tmp/ncu-detail -f -k "regex:${NCU_DETAIL}" \
+  # (NCU_NAME_BASE=demangled: the regex sees template arguments, e.g. "linear16_one_kernel<1, 4>")
+  timeout "${T_NCU:-240}" ncu --set full --import-source yes -o /tmp/ncu-detail -f --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:${NCU_DETAIL}" \
     --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-2}" "${ncu_step[@]}" >"$OUT/ncu-detail.txt" 2>&1
   note "ncu detail rc=$?"
   ncu -i /tmp/ncu-detail.ncu-rep --print-details all >>"$OUT/ncu-detail.txt" 2>&1

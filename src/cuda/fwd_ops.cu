@@ -271,10 +271,9 @@ __device__ __forceinline__ void stage_row(const float* x, int cols, double* xs) 
   }
   __syncthreads();
 }
-// XP: double2, or float2 for several tokens (half the shared memory per row, so more blocks per SM; converted to
-// double at use, exactly, so the products are the same).
-template <int PER, class XP>
-__device__ __forceinline__ void stage_row_pairs(const float* x, int cols, XP* xs2) {
+// The row pair-major as double2 (see stage_row).
+template <int PER>
+__device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double2* xs2) {
   constexpr int kU = 2, kQ = PER / 4;  // chunks per thread and step; 16-byte loads per chunk
   const int step = blockDim.x, C = cols / PER;
   const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -290,34 +289,37 @@ __device__ __forceinline__ void stage_row_pairs(const float* x, int cols, XP* xs
       if (c >= C) continue;
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
-        if constexpr (std::is_same_v<XP, double2>) {
-          xs2[(2 * q) * C + c] = make_double2(double(v[u][q].x), double(v[u][q].y));
-          xs2[(2 * q + 1) * C + c] = make_double2(double(v[u][q].z), double(v[u][q].w));
-        } else {
-          xs2[(2 * q) * C + c] = make_float2(v[u][q].x, v[u][q].y);
-          xs2[(2 * q + 1) * C + c] = make_float2(v[u][q].z, v[u][q].w);
-        }
+        xs2[(2 * q) * C + c] = make_double2(double(v[u][q].x), double(v[u][q].y));
+        xs2[(2 * q + 1) * C + c] = make_double2(double(v[u][q].z), double(v[u][q].w));
       }
     }
   }
   __syncthreads();
 }
-// The products of chunk c (16 bytes of a plain DT row: 4 f32, 8 bf16 or 8 f16) with the pair-major staged row, in
-// element order, in fp64 (the staged activation, double or float, and the weight converted exactly).
-template <int DT, class XP>
-__device__ __forceinline__ void one_chunk(const uint4& v, const XP* xs2, int C, int c, double& acc) {
+// The elements of a 16-byte chunk of a plain DT row (4 f32, 8 bf16 or 8 f16) as doubles, exactly.
+template <int DT>
+__device__ __forceinline__ void chunk_doubles(const uint4& v, double (&w)[8]) {
   const uint32_t q[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int j = 0; j < (DT == 0 ? 2 : 4); ++j) {
-    const XP xv = xs2[j * C + c];
     float lo, hi;
     if constexpr (DT == 0) {
       lo = __uint_as_float(q[2 * j]), hi = __uint_as_float(q[2 * j + 1]);
     } else {
       half_pair<DT>(q[j], lo, hi);
     }
-    acc += double(xv.x) * double(lo);
-    acc += double(xv.y) * double(hi);
+    w[2 * j] = double(lo), w[2 * j + 1] = double(hi);
+  }
+}
+// The products of chunk c's elements w (chunk_doubles) with the pair-major staged row, in element order, in fp64
+// (exact: a bf16, f16 or f32 weight times an f32 activation has at most 48 significant bits).
+template <int DT>
+__device__ __forceinline__ void chunk_dot(const double (&w)[8], const double2* xs2, int C, int c, double& acc) {
+#pragma unroll
+  for (int j = 0; j < (DT == 0 ? 2 : 4); ++j) {
+    const double2 xv = xs2[j * C + c];
+    acc += xv.x * w[2 * j];
+    acc += xv.y * w[2 * j + 1];
   }
 }
 // Pair p's row for the warps of `slot`: its segment and row of w, where its 16-byte chunks start and where its
@@ -359,10 +361,30 @@ __device__ __forceinline__ void one_finish(double acc, double (&part)[2][kRowsPe
     *y = float(o);
   }
 }
-// T > 1 (plain rows, DT >= 0): up to T tokens (g.ntok) over the same weights, each token's products and sums in the
-// one-token order (its own staged row and fp64 accumulator, its own finish), so each token's outputs are the bits of
-// a launch for it alone.
-template <int DT, int T>
+// A warp's share of a plain row of `chunks` 16-byte chunks: split `split` of kOneSplit, its lanes lane-strided,
+// N chunks per lane and round (chunk cb + lane + 32 k is the lane's k-th, whatever N: rounds only group the loads,
+// so the sums' order is the same for every N).
+template <int N>
+struct SplitChunks {
+  int cb, ce, rounds;
+  __device__ SplitChunks(int chunks, int split) {
+    const int per_split = (chunks + kOneSplit - 1) / kOneSplit;
+    cb = min(chunks, split * per_split), ce = min(chunks, (split + 1) * per_split);
+    rounds = (ce - cb + N * 32 - 1) / (N * 32);
+  }
+  __device__ int chunk(int lane, int j, int u) const { return cb + lane + (j * N + u) * 32; }
+  // Round j's chunks of row w (nothing where w is null or past the split).
+  __device__ void load(const uint4* w, int lane, int j, uint64_t pol, uint4 (&v)[N]) const {
+    if (!w) return;
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      const int c = chunk(lane, j, u);
+      if (c < ce) v[u] = ldg_stream<0>(w + c, pol);
+    }
+  }
+};
+
+template <int DT>
 __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(LinearSegs g, const float* x, int64_t pairs) {
   // (g.early, plain rows only: the wait comes after the first round of weight loads below; weights are never
   // written during a forward, x is the previous kernel's output and is staged after the wait)
@@ -384,58 +406,137 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     }
   } else {
     constexpr int per = DT == 0 ? 4 : 8;  // elements per chunk
-    // Several tokens stage their rows as floats (stage_row_pairs): 64 KB for 4 rows of 4096, so 3 blocks per SM
-    // instead of 1 (session 46's timeline: 54 us for a CSA layer's 21 MB with the rows as doubles).
-    using XP = std::conditional_t<T == 1, double2, float2>;
-    XP* xs2 = reinterpret_cast<XP*>(xs);
+    double2* xs2 = reinterpret_cast<double2*>(xs);
     const uint64_t wpol = weight_policy(g.evict_first);  // cuda.l2_evict_first
     // This warp's chunks of every row (every segment has this row size: same columns and dtype), in rounds of
     // kOneLoads per lane; the next round (of this row, or round 0 of the next pair's) is loaded before this one's
     // products.
-    const int chunks = cols / per, per_split = (chunks + kOneSplit - 1) / kOneSplit;
-    const int cb = min(chunks, split * per_split), ce = min(chunks, (split + 1) * per_split);
-    constexpr int kRound = kOneLoads * 32;
-    const int rounds = (ce - cb + kRound - 1) / kRound;
-    auto load = [&](const OneRow& row, int j, uint4(&v)[kOneLoads]) {
-      if (!row.w) return;
-#pragma unroll
-      for (int u = 0; u < kOneLoads; ++u) {
-        const int c = cb + lane + j * kRound + u * 32;
-        if (c < ce) v[u] = ldg_stream<0>(row.w + c, wpol);
-      }
-    };
+    const int chunks = cols / per;
+    const SplitChunks<kOneLoads> sc(chunks, split);
     uint4 v[kOneLoads];
     OneRow row = iters > 0 ? one_row(g, blockIdx.x, slot) : OneRow{};
-    load(row, 0, v);
+    sc.load(row.w, lane, 0, wpol, v);
     if (g.early) pdl_begin();  // cuda.linear_early
-    const int nt = T == 1 ? 1 : g.ntok;
-    const int xstride = cols / 2;  // pairs per staged row
-    for (int t = 0; t < nt; ++t)  // (after the first loads: plain loads, after any wait)
-      stage_row_pairs<per>(x + t * g.ldx, cols, xs2 + t * xstride);
+    stage_row_pairs<per>(x, cols, xs2);  // (after the first loads: plain loads, after any wait)
     for (int64_t it = 0; it < iters; ++it) {
       const OneRow next = it + 1 < iters ? one_row(g, blockIdx.x + (it + 1) * gridDim.x, slot) : OneRow{};
-      double acc[T] = {};
-      for (int j = 0; j < rounds; ++j) {
+      double acc = 0;
+      for (int j = 0; j < sc.rounds; ++j) {
         uint4 nv[kOneLoads];
-        if (j + 1 < rounds) load(row, j + 1, nv);
-        else load(next, 0, nv);
+        if (j + 1 < sc.rounds) sc.load(row.w, lane, j + 1, wpol, nv);
+        else sc.load(next.w, lane, 0, wpol, nv);
         if (row.w) {
 #pragma unroll
           for (int u = 0; u < kOneLoads; ++u) {
-            const int c = cb + lane + j * kRound + u * 32;
-#pragma unroll
-            for (int t = 0; t < T; ++t)
-              if (c < ce && t < nt) one_chunk<DT>(v[u], xs2 + t * xstride, chunks, c, acc[t]);
+            const int c = sc.chunk(lane, j, u);
+            if (c < sc.ce) {
+              double w[8];
+              chunk_doubles<DT>(v[u], w);
+              chunk_dot<DT>(w, xs2, chunks, c, acc);
+            }
           }
         }
 #pragma unroll
         for (int u = 0; u < kOneLoads; ++u) v[u] = nv[u];
       }
-#pragma unroll
-      for (int t = 0; t < T; ++t)
-        if (t < nt) one_finish(acc[t], part, it * T + t, row.y ? row.y + t * row.ldy : nullptr);
+      one_finish(acc, part, it, row.y);
       row = next;
     }
+  }
+}
+
+// Several tokens (g.ntok <= kOneMaxTokens, plain rows of one dtype) over the same weights, one read of them: each
+// token's products and sums in linear16_one_kernel's order (the same splits, each lane's chunks in the same order,
+// the same warp sum, the splits added in order), so each token's outputs are the bits of a one-token launch for it.
+// Laid out for the products, not the loads: session 46's form (linear16_one_kernel with a token loop) took 50-54 us
+// for a CSA layer's 4-row window (21 MB), its fp64 conversions (both operands, per token: ncu, 19 % of its
+// instructions and a third of its stall samples) and 64-register spills the bound. Here the tokens' rows are staged
+// as doubles (no conversion at use), each warp takes both rows of a pair (each staged value read once for two
+// rows), each weight chunk is converted once for every token, and a block of kMultiWarps warps takes kMultiPairs
+// pairs at once (128 registers a thread, one block per SM with up to 200 KB of staged rows).
+constexpr int kMultiPairs = 4, kMultiWarps = kMultiPairs * kOneSplit, kMultiLoads = 2;
+template <int DT>
+__global__ void __launch_bounds__(32 * kMultiWarps, 1) linear16_multi_kernel(LinearSegs g, const float* x, int64_t pairs) {
+  if (!g.early) pdl_begin();
+  extern __shared__ double xs[];
+  __shared__ double part[2][kMultiPairs][kOneRows][kOneSplit][kOneMaxTokens];
+  __shared__ float* outs[2][kMultiPairs][kOneRows];
+  __shared__ int64_t out_ld[2][kMultiPairs][kOneRows];
+  constexpr int per = DT == 0 ? 4 : 8;
+  const int cols = int(g.seg[0].w.cols), chunks = cols / per, nt = g.ntok;
+  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit, ps = wid / kOneSplit;
+  const int64_t quads = (pairs + kMultiPairs - 1) / kMultiPairs;
+  const int64_t iters = quads > blockIdx.x ? (quads - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  double2* xs2 = reinterpret_cast<double2*>(xs);
+  const uint64_t wpol = weight_policy(g.evict_first);
+  const SplitChunks<kMultiLoads> sc(chunks, split);
+  auto rows_of = [&](int64_t it, OneRow (&r)[kOneRows]) {
+    const int64_t p = (blockIdx.x + it * gridDim.x) * kMultiPairs + ps;
+#pragma unroll
+    for (int k = 0; k < kOneRows; ++k) r[k] = it < iters && p < pairs ? one_row(g, p, k) : OneRow{};
+  };
+  auto load = [&](const OneRow (&r)[kOneRows], int j, uint4 (&v)[kOneRows][kMultiLoads]) {
+#pragma unroll
+    for (int k = 0; k < kOneRows; ++k) sc.load(r[k].w, lane, j, wpol, v[k]);
+  };
+  OneRow row[kOneRows];
+  rows_of(0, row);
+  uint4 v[kOneRows][kMultiLoads];
+  load(row, 0, v);
+  if (g.early) pdl_begin();  // cuda.linear_early
+  for (int t = 0; t < nt; ++t) stage_row_pairs<per>(x + t * g.ldx, cols, xs2 + t * (cols / 2));
+  for (int64_t it = 0; it < iters; ++it) {
+    OneRow next[kOneRows];
+    rows_of(it + 1, next);
+    double acc[kOneRows][kOneMaxTokens] = {};
+    for (int j = 0; j < sc.rounds; ++j) {
+      uint4 nv[kOneRows][kMultiLoads];
+      if (j + 1 < sc.rounds) load(row, j + 1, nv);
+      else load(next, 0, nv);
+#pragma unroll
+      for (int u = 0; u < kMultiLoads; ++u) {
+        const int c = sc.chunk(lane, j, u);
+        if (c >= sc.ce) continue;
+        double w[kOneRows][8];
+#pragma unroll
+        for (int k = 0; k < kOneRows; ++k) chunk_doubles<DT>(v[k][u], w[k]);
+#pragma unroll
+        for (int t = 0; t < kOneMaxTokens; ++t) {
+          if (t >= nt) break;
+#pragma unroll
+          for (int k = 0; k < kOneRows; ++k)
+            if (row[k].w) chunk_dot<DT>(w[k], xs2 + t * (cols / 2), chunks, c, acc[k][t]);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kOneRows; ++k)
+#pragma unroll
+        for (int u = 0; u < kMultiLoads; ++u) v[k][u] = nv[k][u];
+    }
+    // The splits' sums, added in split order by the pair's first split warp (one_finish's arithmetic).
+    const int b = int(it & 1);
+#pragma unroll
+    for (int k = 0; k < kOneRows; ++k)
+#pragma unroll
+      for (int t = 0; t < kOneMaxTokens; ++t) {
+        const double sum = warp_sum(acc[k][t]);  // (every lane: warp_sum shuffles the whole warp)
+        if (lane == 0) part[b][ps][k][split][t] = sum;
+      }
+    if (split == 0 && lane == 0)
+#pragma unroll
+      for (int k = 0; k < kOneRows; ++k) outs[b][ps][k] = row[k].y, out_ld[b][ps][k] = row[k].ldy;
+    __syncthreads();  // (part[b] and outs[b] are written again two iterations later, after the next barrier)
+    if (split == 0 && lane < kOneRows * kOneMaxTokens) {
+      const int k = lane / kOneMaxTokens, t = lane % kOneMaxTokens;
+      float* y = outs[b][ps][k];
+      if (y && t < nt) {
+        double o = part[b][ps][k][0][t];
+        for (int q = 1; q < kOneSplit; ++q) o += part[b][ps][k][q][t];
+        y[t * out_ld[b][ps][k]] = float(o);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kOneRows; ++k) row[k] = next[k];
   }
 }
 
@@ -597,30 +698,41 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
   const int dt = same ? g.seg[0].w.dtype : -1;
   const bool multi = g.ntok > 1;
   if (multi && (dt < 0 || g.ldx % 4 != 0)) throw_arg("fwd_linear_one_multi: several tokens need plain rows of one dtype and 16-byte rows of x");
-  const Kern kern = multi ? (dt == 0 ? linear16_one_kernel<0, kOneMaxTokens> : dt == 1 ? linear16_one_kernel<1, kOneMaxTokens>
-                                                                                        : linear16_one_kernel<2, kOneMaxTokens>)
-                          : (dt == 0 ? linear16_one_kernel<0, 1> : dt == 1 ? linear16_one_kernel<1, 1> : dt == 2 ? linear16_one_kernel<2, 1>
-                                                                                                              : linear16_one_kernel<-1, 1>);
-  const size_t smem = size_t(g.ntok) * size_t(g.seg[0].w.cols) * (multi ? sizeof(float) : sizeof(double));
-  // (One token: at most kOneMaxCols doubles. More: up to kMultiSmem.)
+  const Kern kern = multi ? (dt == 0 ? linear16_multi_kernel<0> : dt == 1 ? linear16_multi_kernel<1> : linear16_multi_kernel<2>)
+                          : (dt == 0 ? linear16_one_kernel<0> : dt == 1 ? linear16_one_kernel<1> : dt == 2 ? linear16_one_kernel<2>
+                                                                                                     : linear16_one_kernel<-1>);
+  // Staged rows as doubles: one token at most kOneMaxCols (96 KiB); several, as many tokens per launch as fit in
+  // kMultiSmem (every token of V4-Flash's 4096 columns in one launch; V4-Pro's 7168: 3, then 1), each launch over
+  // all the weights.
   constexpr size_t kMultiSmem = 200 << 10;  // (with the static shared memory, within the 227 KiB a block may take)
-  if (smem > (multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double))) throw_arg("fwd_linear_one_multi: the tokens' rows exceed shared memory");
+  const size_t row_bytes = size_t(g.seg[0].w.cols) * sizeof(double), cap = multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double);
+  if (row_bytes > cap) throw_arg("fwd_linear_one_multi: the input row exceeds shared memory");
+  const int group = int(std::min<size_t>(size_t(g.ntok), cap / row_bytes));
+  const unsigned threads = 32 * (multi ? kMultiWarps : kRowsPerBlock);
+  const int64_t work = multi ? (pairs + kMultiPairs - 1) / kMultiPairs : pairs;  // blocks' units: quads of pairs, or pairs
   static std::mutex mu;
-  static std::map<std::pair<Kern, size_t>, int> per_sm;  // blocks per SM by kernel and staged row size
-  int per = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    int& slot = per_sm[{kern, smem}];
-    if (slot == 0) {
-      PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double))));
-      PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&slot, kern, 32 * kRowsPerBlock, smem));
-      slot = std::max(slot, 1);
+  static std::map<std::pair<Kern, size_t>, int> per_sm;  // blocks per SM by kernel and staged size
+  const int ntok = g.ntok;
+  for (int t0 = 0; t0 < ntok; t0 += group) {
+    LinearSegs gt = g;
+    gt.ntok = std::min(group, ntok - t0);
+    for (int i = 0; i < g.count; ++i) gt.seg[i].y += t0 * g.seg[i].ldy;
+    const size_t smem = size_t(gt.ntok) * row_bytes;
+    int per = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      int& slot = per_sm[{kern, smem}];
+      if (slot == 0) {
+        PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cap)));
+        PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&slot, kern, int(threads), smem));
+        slot = std::max(slot, 1);
+      }
+      per = slot;
     }
-    per = slot;
+    const int64_t blocks = std::min<int64_t>(work, int64_t(per) * sm_count());
+    launch(multi ? "fwd_linear (several tokens)" : "fwd_linear (one token)", kern, unsigned(blocks), threads, smem, s, gt,
+           x + t0 * g.ldx, pairs);
   }
-  const int64_t blocks = std::min<int64_t>(pairs, int64_t(per) * sm_count());
-  launch("fwd_linear (one token)", kern, unsigned(blocks), 32 * kRowsPerBlock, smem, s, g, x, pairs);
 }
 }  // namespace
 

@@ -805,24 +805,30 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
                                                                    << a[size_t(r)] << ", per matrix " << b[size_t(r)];
   }
 
-  for (const int64_t cols : {int64_t(1024), int64_t(4096)})
+  // (bf16 at 1024 and 4096 columns, V4-Pro's 7168 (3 tokens per launch, then 1) and 12288 (2 and 2); f32 and f16
+  // at 4096; three segments: pairs of rows of one block's step span segments, and a segment ends in half a pair)
+  struct Multi {
+    int dtype;
+    int64_t cols;
+  };
+  for (const Multi mc : {Multi{1, 1024}, Multi{1, 4096}, Multi{1, 7168}, Multi{1, 12288}, Multi{0, 4096}, Multi{2, 4096}})
     for (const int ntok : {2, 3, 4}) {
-      const int64_t mrows[2] = {1024, 37};
-      std::vector<DeviceBuffer> mw(2), my(2);
+      const int64_t cols = mc.cols, mrows[3] = {1024, 37, 6};
+      std::vector<DeviceBuffer> mw(3), my(3);
       d::LinearSegs mg;
       mg.ntok = ntok, mg.ldx = cols;
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < 3; ++i) {
         std::vector<float> vals;
-        mw[size_t(i)] = plain_weights(rng, 1, mrows[i], cols, &vals);
+        mw[size_t(i)] = plain_weights(rng, mc.dtype, mrows[i], cols, &vals);
         my[size_t(i)] = DeviceBuffer(size_t(ntok) * size_t(mrows[i]) * 4);
         d::DMat m;
-        m.w = mw[size_t(i)].get(), m.rows = mrows[i], m.cols = cols, m.layout = 0, m.dtype = 1;
+        m.w = mw[size_t(i)].get(), m.rows = mrows[i], m.cols = cols, m.layout = 0, m.dtype = mc.dtype;
         mg.add(m, my[size_t(i)].as<float>());
         mg.seg[i].ldy = mrows[i];
       }
       DeviceBuffer xs = to_device(rng.floats(size_t(ntok) * size_t(cols), -2.0f, 2.0f));
       d::fwd_linear_one_multi(mg, xs.as<float>(), nullptr);
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < 3; ++i) {
         const auto all = to_host<float>(my[size_t(i)], size_t(ntok) * size_t(mrows[i]));
         DeviceBuffer one(size_t(mrows[i]) * 4);
         for (int t = 0; t < ntok; ++t) {
@@ -830,7 +836,7 @@ TEST_F(GpuTest, OneTokenLinearMatchesHost) {
           const auto b = to_host<float>(one, size_t(mrows[i]));
           for (int64_t r = 0; r < mrows[i]; ++r)
             ASSERT_EQ(std::memcmp(&all[size_t(t * mrows[i] + r)], &b[size_t(r)], 4), 0)
-                << ntok << " tokens, " << cols << " columns, segment " << i << ", token " << t << ", row " << r << ": one launch "
+                << ntok << " tokens, dtype " << mc.dtype << ", " << cols << " columns, segment " << i << ", token " << t << ", row " << r << ": one launch "
                 << all[size_t(t * mrows[i] + r)] << ", the token alone " << b[size_t(r)];
         }
       }
