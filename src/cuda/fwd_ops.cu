@@ -296,30 +296,32 @@ __device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double
   }
   __syncthreads();
 }
-// The elements of a 16-byte chunk of a plain DT row (4 f32, 8 bf16 or 8 f16) as doubles, exactly.
+// Elements 2j and 2j + 1 of a 16-byte chunk of a plain DT row (4 f32, 8 bf16 or 8 f16: j < kChunkPairs) as doubles,
+// exactly.
 template <int DT>
-__device__ __forceinline__ void chunk_doubles(const uint4& v, double (&w)[8]) {
+constexpr int kChunkPairs = DT == 0 ? 2 : 4;
+template <int DT>
+__device__ __forceinline__ void chunk_pair(const uint4& v, int j, double& lo, double& hi) {
   const uint32_t q[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int j = 0; j < (DT == 0 ? 2 : 4); ++j) {
-    float lo, hi;
-    if constexpr (DT == 0) {
-      lo = __uint_as_float(q[2 * j]), hi = __uint_as_float(q[2 * j + 1]);
-    } else {
-      half_pair<DT>(q[j], lo, hi);
-    }
-    w[2 * j] = double(lo), w[2 * j + 1] = double(hi);
+  float l, h;
+  if constexpr (DT == 0) {
+    l = __uint_as_float(q[2 * j]), h = __uint_as_float(q[2 * j + 1]);
+  } else {
+    half_pair<DT>(q[j], l, h);
   }
+  lo = double(l), hi = double(h);
 }
-// The products of chunk c's elements w (chunk_doubles) with the pair-major staged row, in element order, in fp64
-// (exact: a bf16, f16 or f32 weight times an f32 activation has at most 48 significant bits).
+// The products of chunk c with the pair-major staged row, in element order, in fp64 (exact: a bf16, f16 or f32
+// weight times an f32 activation has at most 48 significant bits).
 template <int DT>
-__device__ __forceinline__ void chunk_dot(const double (&w)[8], const double2* xs2, int C, int c, double& acc) {
+__device__ __forceinline__ void chunk_dot(const uint4& v, const double2* xs2, int C, int c, double& acc) {
 #pragma unroll
-  for (int j = 0; j < (DT == 0 ? 2 : 4); ++j) {
+  for (int j = 0; j < kChunkPairs<DT>; ++j) {
     const double2 xv = xs2[j * C + c];
-    acc += xv.x * w[2 * j];
-    acc += xv.y * w[2 * j + 1];
+    double lo, hi;
+    chunk_pair<DT>(v, j, lo, hi);
+    acc += xv.x * lo;
+    acc += xv.y * hi;
   }
 }
 // Pair p's row for the warps of `slot`: its segment and row of w, where its 16-byte chunks start and where its
@@ -429,11 +431,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
 #pragma unroll
           for (int u = 0; u < kOneLoads; ++u) {
             const int c = sc.chunk(lane, j, u);
-            if (c < sc.ce) {
-              double w[8];
-              chunk_doubles<DT>(v[u], w);
-              chunk_dot<DT>(w, xs2, chunks, c, acc);
-            }
+            if (c < sc.ce) chunk_dot<DT>(v[u], xs2, chunks, c, acc);
           }
         }
 #pragma unroll
@@ -445,25 +443,29 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
   }
 }
 
-// Several tokens (g.ntok <= kOneMaxTokens, plain rows of one dtype) over the same weights, one read of them: each
-// token's products and sums in linear16_one_kernel's order (the same splits, each lane's chunks in the same order,
-// the same warp sum, the splits added in order), so each token's outputs are the bits of a one-token launch for it.
-// Laid out for the products, not the loads: session 46's form (linear16_one_kernel with a token loop) took 50-54 us
-// for a CSA layer's 4-row window (21 MB), its fp64 conversions (both operands, per token: ncu, 19 % of its
-// instructions and a third of its stall samples) and 64-register spills the bound. Here the tokens' rows are staged
-// as doubles (no conversion at use), each warp takes both rows of a pair (each staged value read once for two
-// rows), each weight chunk is converted once for every token, and a block of kMultiWarps warps takes kMultiPairs
-// pairs at once (128 registers a thread, one block per SM with up to 200 KB of staged rows).
+// NT tokens (2 to kOneMaxTokens, plain rows of one dtype) over the same weights, one read of them: each token's
+// products and sums in linear16_one_kernel's order (the same splits, each lane's chunks in the same order and each
+// chunk's elements in order, the same warp sum, the splits added in order), so each token's outputs are the bits of
+// a one-token launch for it. Laid out for the products, not the loads: session 46's form (linear16_one_kernel with a
+// token loop) took 50-54 us for a CSA layer's 4-row window (21 MB), its fp64 conversions (both operands, per token:
+// ncu, 19 % of its instructions and a third of its stall samples) and 64-register spills the bound; session 47's
+// first form of this kernel 37.6 us (ncu), each accumulator's 8 products of a chunk back to back (stalls on the
+// dependent fp64 FMAs) and per-chunk branches (rows past the end, chunks past the split, tokens past nt) in ~85 %
+// of its instructions. Here the tokens' rows are staged as doubles (no conversion at use), each warp takes both rows
+// of a pair (each staged value read once for two rows, each weight converted once for every token), the products
+// run element by element over all the warp's 2 x NT accumulators (independent FMAs back to back), rows past the end
+// compute on zeros and are not written, and only a split's last round checks its chunks. A block of kMultiWarps
+// warps takes kMultiPairs pairs at once (128 registers a thread, one block per SM with up to 200 KB of staged rows).
 constexpr int kMultiPairs = 4, kMultiWarps = kMultiPairs * kOneSplit, kMultiLoads = 2;
-template <int DT>
+template <int DT, int NT>
 __global__ void __launch_bounds__(32 * kMultiWarps, 1) linear16_multi_kernel(LinearSegs g, const float* x, int64_t pairs) {
   if (!g.early) pdl_begin();
   extern __shared__ double xs[];
-  __shared__ double part[2][kMultiPairs][kOneRows][kOneSplit][kOneMaxTokens];
+  __shared__ double part[2][kMultiPairs][kOneRows][kOneSplit][NT];
   __shared__ float* outs[2][kMultiPairs][kOneRows];
   __shared__ int64_t out_ld[2][kMultiPairs][kOneRows];
   constexpr int per = DT == 0 ? 4 : 8;
-  const int cols = int(g.seg[0].w.cols), chunks = cols / per, nt = g.ntok;
+  const int cols = int(g.seg[0].w.cols), chunks = cols / per, xstride = cols / 2;
   const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31, split = wid % kOneSplit, ps = wid / kOneSplit;
   const int64_t quads = (pairs + kMultiPairs - 1) / kMultiPairs;
   const int64_t iters = quads > blockIdx.x ? (quads - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
@@ -475,38 +477,54 @@ __global__ void __launch_bounds__(32 * kMultiWarps, 1) linear16_multi_kernel(Lin
 #pragma unroll
     for (int k = 0; k < kOneRows; ++k) r[k] = it < iters && p < pairs ? one_row(g, p, k) : OneRow{};
   };
+  // Round j's chunks of both rows; zeros for a row past the end (computed on, never written).
   auto load = [&](const OneRow (&r)[kOneRows], int j, uint4 (&v)[kOneRows][kMultiLoads]) {
 #pragma unroll
-    for (int k = 0; k < kOneRows; ++k) sc.load(r[k].w, lane, j, wpol, v[k]);
+    for (int k = 0; k < kOneRows; ++k) {
+#pragma unroll
+      for (int u = 0; u < kMultiLoads; ++u) v[k][u] = make_uint4(0, 0, 0, 0);
+      sc.load(r[k].w, lane, j, wpol, v[k]);
+    }
+  };
+  // Chunk c's products: element by element, for each the 2 x NT accumulators (each accumulator's elements in order).
+  auto products = [&](const uint4 (&v)[kOneRows], int c, double (&acc)[kOneRows][NT]) {
+#pragma unroll
+    for (int j = 0; j < kChunkPairs<DT>; ++j) {
+      double2 xv[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) xv[t] = xs2[t * xstride + j * chunks + c];
+      double lo[kOneRows], hi[kOneRows];
+#pragma unroll
+      for (int k = 0; k < kOneRows; ++k) chunk_pair<DT>(v[k], j, lo[k], hi[k]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int k = 0; k < kOneRows; ++k) acc[k][t] += xv[t].x * lo[k];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int k = 0; k < kOneRows; ++k) acc[k][t] += xv[t].y * hi[k];
+    }
   };
   OneRow row[kOneRows];
   rows_of(0, row);
   uint4 v[kOneRows][kMultiLoads];
   load(row, 0, v);
   if (g.early) pdl_begin();  // cuda.linear_early
-  for (int t = 0; t < nt; ++t) stage_row_pairs<per>(x + t * g.ldx, cols, xs2 + t * (cols / 2));
+  for (int t = 0; t < NT; ++t) stage_row_pairs<per>(x + t * g.ldx, cols, xs2 + t * xstride);
   for (int64_t it = 0; it < iters; ++it) {
     OneRow next[kOneRows];
     rows_of(it + 1, next);
-    double acc[kOneRows][kOneMaxTokens] = {};
+    double acc[kOneRows][NT] = {};
     for (int j = 0; j < sc.rounds; ++j) {
       uint4 nv[kOneRows][kMultiLoads];
       if (j + 1 < sc.rounds) load(row, j + 1, nv);
       else load(next, 0, nv);
+      const bool full = sc.chunk(31, j, kMultiLoads - 1) < sc.ce;  // (uniform: every lane's chunks of the round exist)
 #pragma unroll
       for (int u = 0; u < kMultiLoads; ++u) {
         const int c = sc.chunk(lane, j, u);
-        if (c >= sc.ce) continue;
-        double w[kOneRows][8];
-#pragma unroll
-        for (int k = 0; k < kOneRows; ++k) chunk_doubles<DT>(v[k][u], w[k]);
-#pragma unroll
-        for (int t = 0; t < kOneMaxTokens; ++t) {
-          if (t >= nt) break;
-#pragma unroll
-          for (int k = 0; k < kOneRows; ++k)
-            if (row[k].w) chunk_dot<DT>(w[k], xs2 + t * (cols / 2), chunks, c, acc[k][t]);
-        }
+        if (full || c < sc.ce) products({v[0][u], v[1][u]}, c, acc);
       }
 #pragma unroll
       for (int k = 0; k < kOneRows; ++k)
@@ -518,7 +536,7 @@ __global__ void __launch_bounds__(32 * kMultiWarps, 1) linear16_multi_kernel(Lin
 #pragma unroll
     for (int k = 0; k < kOneRows; ++k)
 #pragma unroll
-      for (int t = 0; t < kOneMaxTokens; ++t) {
+      for (int t = 0; t < NT; ++t) {
         const double sum = warp_sum(acc[k][t]);  // (every lane: warp_sum shuffles the whole warp)
         if (lane == 0) part[b][ps][k][split][t] = sum;
       }
@@ -526,10 +544,9 @@ __global__ void __launch_bounds__(32 * kMultiWarps, 1) linear16_multi_kernel(Lin
 #pragma unroll
       for (int k = 0; k < kOneRows; ++k) outs[b][ps][k] = row[k].y, out_ld[b][ps][k] = row[k].ldy;
     __syncthreads();  // (part[b] and outs[b] are written again two iterations later, after the next barrier)
-    if (split == 0 && lane < kOneRows * kOneMaxTokens) {
-      const int k = lane / kOneMaxTokens, t = lane % kOneMaxTokens;
-      float* y = outs[b][ps][k];
-      if (y && t < nt) {
+    if (split == 0 && lane < kOneRows * NT) {
+      const int k = lane / NT, t = lane % NT;
+      if (float* y = outs[b][ps][k]) {
         double o = part[b][ps][k][0][t];
         for (int q = 1; q < kOneSplit; ++q) o += part[b][ps][k][q][t];
         y[t * out_ld[b][ps][k]] = float(o);
@@ -698,18 +715,21 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
   const int dt = same ? g.seg[0].w.dtype : -1;
   const bool multi = g.ntok > 1;
   if (multi && (dt < 0 || g.ldx % 4 != 0)) throw_arg("fwd_linear_one_multi: several tokens need plain rows of one dtype and 16-byte rows of x");
-  const Kern kern = multi ? (dt == 0 ? linear16_multi_kernel<0> : dt == 1 ? linear16_multi_kernel<1> : linear16_multi_kernel<2>)
-                          : (dt == 0 ? linear16_one_kernel<0> : dt == 1 ? linear16_one_kernel<1> : dt == 2 ? linear16_one_kernel<2>
-                                                                                                     : linear16_one_kernel<-1>);
+  const Kern one = dt == 0 ? linear16_one_kernel<0> : dt == 1 ? linear16_one_kernel<1> : dt == 2 ? linear16_one_kernel<2>
+                                                                                                 : linear16_one_kernel<-1>;
+  auto multi_kern = [&](int nt) -> Kern {
+    constexpr Kern k[3][3] = {{linear16_multi_kernel<0, 2>, linear16_multi_kernel<0, 3>, linear16_multi_kernel<0, 4>},
+                              {linear16_multi_kernel<1, 2>, linear16_multi_kernel<1, 3>, linear16_multi_kernel<1, 4>},
+                              {linear16_multi_kernel<2, 2>, linear16_multi_kernel<2, 3>, linear16_multi_kernel<2, 4>}};
+    return k[dt][nt - 2];
+  };
   // Staged rows as doubles: one token at most kOneMaxCols (96 KiB); several, as many tokens per launch as fit in
-  // kMultiSmem (every token of V4-Flash's 4096 columns in one launch; V4-Pro's 7168: 3, then 1), each launch over
-  // all the weights.
+  // kMultiSmem (every token of V4-Flash's 4096 columns in one launch; V4-Pro's 7168: 3, then 1 on the one-token
+  // kernel), each launch over all the weights.
   constexpr size_t kMultiSmem = 200 << 10;  // (with the static shared memory, within the 227 KiB a block may take)
-  const size_t row_bytes = size_t(g.seg[0].w.cols) * sizeof(double), cap = multi ? kMultiSmem : size_t(kOneMaxCols) * sizeof(double);
-  if (row_bytes > cap) throw_arg("fwd_linear_one_multi: the input row exceeds shared memory");
-  const int group = int(std::min<size_t>(size_t(g.ntok), cap / row_bytes));
-  const unsigned threads = 32 * (multi ? kMultiWarps : kRowsPerBlock);
-  const int64_t work = multi ? (pairs + kMultiPairs - 1) / kMultiPairs : pairs;  // blocks' units: quads of pairs, or pairs
+  const size_t row_bytes = size_t(g.seg[0].w.cols) * sizeof(double), one_cap = size_t(kOneMaxCols) * sizeof(double);
+  if (row_bytes > (multi ? kMultiSmem : one_cap)) throw_arg("fwd_linear_one_multi: the input row exceeds shared memory");
+  const int group = int(std::min<size_t>(size_t(g.ntok), kMultiSmem / row_bytes));
   static std::mutex mu;
   static std::map<std::pair<Kern, size_t>, int> per_sm;  // blocks per SM by kernel and staged size
   const int ntok = g.ntok;
@@ -717,20 +737,24 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
     LinearSegs gt = g;
     gt.ntok = std::min(group, ntok - t0);
     for (int i = 0; i < g.count; ++i) gt.seg[i].y += t0 * g.seg[i].ldy;
+    const bool m = gt.ntok > 1;
+    const Kern kern = m ? multi_kern(gt.ntok) : one;
     const size_t smem = size_t(gt.ntok) * row_bytes;
+    const unsigned threads = 32 * (m ? kMultiWarps : kRowsPerBlock);
     int per = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       int& slot = per_sm[{kern, smem}];
       if (slot == 0) {
-        PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cap)));
+        PLUMB_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m ? kMultiSmem : one_cap)));
         PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&slot, kern, int(threads), smem));
         slot = std::max(slot, 1);
       }
       per = slot;
     }
+    const int64_t work = m ? (pairs + kMultiPairs - 1) / kMultiPairs : pairs;  // the blocks' units: quads of pairs, or pairs
     const int64_t blocks = std::min<int64_t>(work, int64_t(per) * sm_count());
-    launch(multi ? "fwd_linear (several tokens)" : "fwd_linear (one token)", kern, unsigned(blocks), threads, smem, s, gt,
+    launch(m ? "fwd_linear (several tokens)" : "fwd_linear (one token)", kern, unsigned(blocks), threads, smem, s, gt,
            x + t0 * g.ldx, pairs);
   }
 }
