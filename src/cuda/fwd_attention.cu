@@ -388,8 +388,10 @@ __global__ void compress_stash_kernel(CompressArgs a, int rows_bound) {
 }
 
 // Elements [0, ns * c) of the slots src[0, ns) (slot i / c, channel i % c) as (gate + ape, kv) into dg[i], dv[i],
-// kGatherU of each thread's elements loaded before any is stored.
-constexpr int kGatherU = 4;
+// kGatherU of each thread's elements loaded before any is stored: 16, every element of CSA's 8 slots of 512
+// channels over the block's 256 threads in one round of loads (4 took four dependent rounds on the window step's
+// chain; a smaller series reloads its last element, unused).
+constexpr int kGatherU = 16;
 __device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, float* dg, float* dv) {
   const int n = ns * c, bd = int(blockDim.x);
   for (int i0 = int(threadIdx.x); i0 < n; i0 += kGatherU * bd) {

@@ -271,28 +271,34 @@ __device__ __forceinline__ void stage_row(const float* x, int cols, double* xs) 
   }
   __syncthreads();
 }
-// The row pair-major as double2 (see stage_row).
-template <int PER>
-__device__ __forceinline__ void stage_row_pairs(const float* x, int cols, double2* xs2) {
-  constexpr int kU = 2, kQ = PER / 4;  // chunks per thread and step; 16-byte loads per chunk
+// NT rows (ldx apart) pair-major as double2 (see stage_row), row t at xs2 + t * cols / 2; every row's loads of a
+// step issued before any store (staged one row after another, with a barrier each, 4 rows took ~4 us of
+// linear16_multi_kernel's 28 under ncu).
+template <int PER, int NT = 1>
+__device__ __forceinline__ void stage_row_pairs(const float* x, int64_t ldx, int cols, double2* xs2) {
+  constexpr int kU = NT == 1 ? 2 : 1, kQ = PER / 4;  // chunks per thread, row and step; 16-byte loads per chunk
   const int step = blockDim.x, C = cols / PER;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
   for (int b = threadIdx.x; b < C; b += kU * step) {
-    float4 v[kU][kQ];
+    float4 v[NT][kU][kQ];
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int q = 0; q < kQ; ++q) v[u][q] = x4[min(b + u * step, C - 1) * kQ + q];
+      for (int u = 0; u < kU; ++u)
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int c = b + u * step;
-      if (c >= C) continue;
+        for (int q = 0; q < kQ; ++q) v[t][u][q] = reinterpret_cast<const float4*>(x + t * ldx)[min(b + u * step, C - 1) * kQ + q];
 #pragma unroll
-      for (int q = 0; q < kQ; ++q) {
-        xs2[(2 * q) * C + c] = make_double2(double(v[u][q].x), double(v[u][q].y));
-        xs2[(2 * q + 1) * C + c] = make_double2(double(v[u][q].z), double(v[u][q].w));
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int c = b + u * step;
+        if (c >= C) continue;
+        double2* row = xs2 + t * (cols / 2);
+#pragma unroll
+        for (int q = 0; q < kQ; ++q) {
+          row[(2 * q) * C + c] = make_double2(double(v[t][u][q].x), double(v[t][u][q].y));
+          row[(2 * q + 1) * C + c] = make_double2(double(v[t][u][q].z), double(v[t][u][q].w));
+        }
       }
-    }
   }
   __syncthreads();
 }
@@ -419,7 +425,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
     OneRow row = iters > 0 ? one_row(g, blockIdx.x, slot) : OneRow{};
     sc.load(row.w, lane, 0, wpol, v);
     if (g.early) pdl_begin();  // cuda.linear_early
-    stage_row_pairs<per>(x, cols, xs2);  // (after the first loads: plain loads, after any wait)
+    stage_row_pairs<per>(x, cols, cols, xs2);  // (after the first loads: plain loads, after any wait)
     for (int64_t it = 0; it < iters; ++it) {
       const OneRow next = it + 1 < iters ? one_row(g, blockIdx.x + (it + 1) * gridDim.x, slot) : OneRow{};
       double acc = 0;
@@ -511,7 +517,7 @@ __global__ void __launch_bounds__(32 * kMultiWarps, 1) linear16_multi_kernel(Lin
   uint4 v[kOneRows][kMultiLoads];
   load(row, 0, v);
   if (g.early) pdl_begin();  // cuda.linear_early
-  for (int t = 0; t < NT; ++t) stage_row_pairs<per>(x + t * g.ldx, cols, xs2 + t * xstride);
+  stage_row_pairs<per, NT>(x, g.ldx, cols, xs2);
   for (int64_t it = 0; it < iters; ++it) {
     OneRow next[kOneRows];
     rows_of(it + 1, next);
