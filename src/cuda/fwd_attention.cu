@@ -409,9 +409,10 @@ __device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, 
 
 // One token (decode): the pool, finish and carry of the window this token completes, or else its row into the
 // pending ring, in one block of kFinishThreads (so the norm sums alike): the four launches' arithmetic in their
-// order, one launch instead of up to four. A whole-window chunk (a.whole_window: n == m rows from a window
-// boundary) always completes its window and leaves no row pending, so it runs the completing path alike. (Their launches were most of the CSA layer's side stream, which the
-// query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.)
+// order, one launch instead of up to four. (Their launches were most of the CSA layer's side stream, which the
+// query path waits for before the indexer: `h200-session10/ncu-step-b1-plain.txt`.) A whole-window chunk
+// (a.whole_window: n == m rows from a window boundary, cuda.comp_deferred's) always completes its window and leaves
+// no row pending, so it runs the completing path alike.
 // One block runs it once per layer and step, so its code is cold: under ncu (session 38) the completing step's
 // launch took 35-41 us, two thirds of its warps' time waiting for instructions (no_inst), with ~3500 instructions
 // per warp of unrolled slot loads and pooling. So the completing path stages the window's slots in shared memory

@@ -272,8 +272,8 @@ __device__ __forceinline__ void stage_row(const float* x, int cols, double* xs) 
   __syncthreads();
 }
 // NT rows (ldx apart) pair-major as double2 (see stage_row), row t at xs2 + t * cols / 2; every row's loads of a
-// step issued before any store (staged one row after another, with a barrier each, 4 rows took ~4 us of
-// linear16_multi_kernel's 28 under ncu).
+// step issued before any store, one barrier (staged one row after another, linear16_multi_kernel began with four
+// dependent rounds of loads, each behind a barrier).
 template <int PER, int NT = 1>
 __device__ __forceinline__ void stage_row_pairs(const float* x, int64_t ldx, int cols, double2* xs2) {
   constexpr int kU = NT == 1 ? 2 : 1, kQ = PER / 4;  // chunks per thread, row and step; 16-byte loads per chunk
@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock, 4) linear16_one_kernel(Lin
 // token loop) took 50-54 us for a CSA layer's 4-row window (21 MB), its fp64 conversions (both operands, per token:
 // ncu, 19 % of its instructions and a third of its stall samples) and 64-register spills the bound; session 47's
 // first form of this kernel 37.6 us (ncu), each accumulator's 8 products of a chunk back to back (stalls on the
-// dependent fp64 FMAs) and per-chunk branches (rows past the end, chunks past the split, tokens past nt) in ~85 %
-// of its instructions. Here the tokens' rows are staged as doubles (no conversion at use), each warp takes both rows
+// dependent fp64 FMAs), its FMAs 16 % of its instructions beside addressing, conversions and per-chunk branches
+// (rows past the end, chunks past the split, tokens past nt); this form 28.1 us. Here the tokens' rows are staged as doubles (no conversion at use), each warp takes both rows
 // of a pair (each staged value read once for two rows, each weight converted once for every token), the products
 // run element by element over all the warp's 2 x NT accumulators (independent FMAs back to back), rows past the end
 // compute on zeros and are not written, and only a split's last round checks its chunks. A block of kMultiWarps
