@@ -758,9 +758,10 @@ TEST_F(GpuTest, SkipWeightsScopeSkipsTheLinears) {
 // so a row may differ by one ulp where its sum lies next to a rounding boundary; nearly every row must match
 // exactly. Shapes: fewer pairs of rows than blocks, several pairs per block (3001 rows), three and six rounds per
 // lane (12288 columns) with a row offset and an odd row count. Then several bf16 matrices in one launch
-// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix, for one token and for 2-4 tokens in one launch
-// (cuda.comp_deferred's windows: each token's outputs the bits of its own one-token launch, at V4-Flash's 4096
-// columns too).
+// (fwd_linear_one_multi) bit for bit against fwd_linear per matrix for one token, and 2-4 tokens over three
+// matrices (linear16_multi_kernel: cuda.comp_deferred's windows) against a one-token launch per token, bit for bit:
+// bf16 at 1024, 4096, 7168 and 12288 columns (the last two in launches of 3 + 1 and 2 + 2 tokens), f32 and f16 at
+// 4096.
 TEST_F(GpuTest, OneTokenLinearMatchesHost) {
   Rng rng(97);
   struct Case {
