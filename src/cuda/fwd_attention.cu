@@ -323,11 +323,11 @@ __global__ void pool_kernel(CompressArgs a) {
 }
 
 // One block of kFinishThreads (256, as the norm kernel, so the entry's norm sums alike) per completed window: RMSNorm
-// and RoPE of its entry, in place, with the arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
+// and RoPE of its entry e (entries row w, or compress_one_kernel's copy in shared memory), in place, with the
+// arithmetic of fwd_rms_norm and fwd_rope (the shared device functions).
 constexpr int kFinishThreads = 256;
-__device__ __forceinline__ void finish_entry(const CompressArgs& a, int64_t w) {
+__device__ __forceinline__ void finish_entry(const CompressArgs& a, int64_t w, float* e) {
   __shared__ double sh[32];
-  float* e = a.entries + w * a.c;
   // numerics.official: the pooled entry, the normed entry and its rotated dims stored as bf16 (Numerics::act,
   // rms_norm, rope), then the indexer rotation or the FP8 KV simulation of the nope dims.
   if (a.official) {
@@ -355,7 +355,7 @@ __global__ void compress_finish_kernel(CompressArgs a) {
   pdl_begin();
   const int64_t w = completed_window(a, *a.pos, blockIdx.x);
   if (w < 0) return;
-  finish_entry(a, w);
+  finish_entry(a, w, a.entries + w * a.c);
 }
 
 // CSA: the last completed window's first-half series (gate + ape) becomes the next chunk's previous window: slot
@@ -441,22 +441,30 @@ __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressAr
   }
   __shared__ SlotSrc table[kTableSlots];
   __shared__ float sg[kPoolRegSlots * kStageC], sv[kPoolRegSlots * kStageC];
+  // The entry is pooled, normed and rotated in shared memory (up to kStageC channels), then stored once: its norm
+  // and RoPE read it back twice, each an L2 round trip on the window step's chain when it lived in `entries`.
+  __shared__ __align__(16) float se[kStageC];
+  float* const e = c <= kStageC ? se : a.entries + w * c;
   {
     const SlotTable slots(table, a, pos0, w);
     if (slots.ns <= kPoolRegSlots && c <= kStageC) {
       gather_slots(table, slots.ns, c, sg, sv);
       __syncthreads();
       for (int ch = tid; ch < c; ch += bd)
-        a.entries[w * c + ch] = softmax_pool([&](auto fold) {
+        e[ch] = softmax_pool([&](auto fold) {
 #pragma unroll 1
           for (int s = 0; s < slots.ns; ++s) fold(sg[s * c + ch], sv[s * c + ch]);
         });
     } else {
-      for (int ch = tid; ch < c; ch += bd) a.entries[w * c + ch] = slots.pool(ch);
+      for (int ch = tid; ch < c; ch += bd) e[ch] = slots.pool(ch);
     }
   }
   __syncthreads();  // the pooled entry, and every read of the previous window's series (carry rewrites it)
-  finish_entry(a, w);
+  finish_entry(a, w, e);
+  if (e == se) {
+    __syncthreads();  // (the entry's last writes: RoPE's pairs, or the official rotation's)
+    for (int ch = tid; ch < c; ch += bd) a.entries[w * c + ch] = se[ch];
+  }
   if (!a.overlap) return;  // (No stash: the token ends its window, so no row of an incomplete one remains.)
   if (a.m <= kTableSlots) {  // window w's first-half series: slots [0, m) of window w + 1's
     __syncthreads();  // (the table's readers are done)
