@@ -125,9 +125,9 @@ void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, Scratch& 
 // (CSA), which the caller runs after marking the main one's entries. The indexer's head weights are not in it. The
 // projection is the fp32 twin's whatever the patches, so that keeping the rows changes when the weights are read,
 // not the numbers (cuda.bf16_gemv's bf16 activations here moved kernel-dims' logits by up to 0.2 where the indexer's
-// top-k flipped): up to kOneMaxTokens rows (CSA's windows of 4) the one-token kernel over all of them in one launch,
-// each row's sums in its one-token order (the bits of projecting each token when it came); more (HCA's 128) the
-// twin's chunk linear (fp64 sums in another order).
+// top-k flipped): up to kOneMaxTokens rows (CSA's windows of 4) in one launch of fwd_linear_one_multi (its
+// multi-token kernel), each row's sums in the one-token kernel's order (the bits of projecting each token when it
+// came); more (HCA's 128) the twin's chunk linear (fp64 sums in another order).
 std::function<void()> project_kept(const GpuAttn& w, const GpuRope& rope, double eps, int64_t k, int64_t pos0, bool bounds,
                                    GpuLayerState& st, Scratch& sc, const GpuNumerics& nm) {
   const int kn = int(k);

@@ -173,10 +173,10 @@ std::vector<Patch> make_registry() {
                "weights are read once per window instead of once per token (V4-Flash: CSA's and its indexer's 21 MB of "
                "bf16 per layer, HCA's 8 MB); a window begun otherwise (after a prefill chunk) projects per token, and a "
                "step of several tokens projects the rows kept before it first. The chunk's projection is the fp32 "
-               "twin's whatever the patches: up to 4 rows (CSA) the one-token kernel over all of them in one launch, "
-               "each row's bits those of its own launch; more (HCA) the twin's chunk linear (fp64 sums in another "
-               "order). Off by default: on the H200 the steps that keep are ~20 us faster on a 4-layer stack, the "
-               "window's last ~55-69 us slower, about even on average (session 46)",
+               "twin's whatever the patches: up to 4 rows (CSA) in one launch over the weights, each row's sums in the "
+               "one-token kernel's order (its bits those of a one-token launch); more (HCA) the twin's chunk linear "
+               "(fp64 sums in another order). On the H200 (paired A/B, 4-layer stack, batch 1) the steps that keep "
+               "are ~24 us faster, each CSA window's last step ~12-17 us slower: -3.6 us per layer on average",
                "a row kept in the wrong slot or projected twice would pool the wrong tokens into an entry: O(1) errors "
                "from the window's end on; tested against per-token projections over graph and eager steps, with "
                "several-token steps between",

@@ -370,10 +370,10 @@ TEST_F(GpuTest, HcNormAfterMixForwardMatchesExact) {
 // last token (csa-long and kernel-dims: CSA windows of 4, HCA windows of 8). Against per-token projections over a
 // schedule with several-token steps: a first chunk of 6 tokens (its window begun, so the next one-token steps project
 // per token until a window starts), runs of one-token steps, and 3-token and 2-token steps starting mid-window (the
-// rows kept before them projected first). The chunk's projection is the fp32 twin's whatever the patches (fp64 sums
-// in another order than the one-token kernel's): within 1e-5 of max(1, max|logit|) on the twin and with the fast
-// kernels (measured bit-identical at these sizes, whose sums are exact in fp64); windows must have been projected
-// (comp_windows_projected), or nothing was kept. Graph steps bit-identical to eager ones.
+// rows kept before them projected first). The chunk's projection is the fp32 twin's whatever the patches (CSA's
+// windows of 4 in the one-token kernel's order, HCA's in another order of fp64 sums): within 1e-5 of max(1,
+// max|logit|) on the twin and with the fast kernels (measured bit-identical at these sizes); windows must have been
+// projected (comp_windows_projected), or nothing was kept. Graph steps bit-identical to eager ones.
 TEST_F(GpuTest, CompDeferredMatchesPerTokenProjections) {
   const std::string data = PLUMB_TEST_DATA;
   const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.bf16_gemv,attn.splitk_decode,indexer.skip_short,cuda.streams";
