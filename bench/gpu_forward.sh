@@ -38,7 +38,7 @@ export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${CUB:+:
 built=$(grep -aoE -m1 '/[[:alnum:]_./-]*/tests/data' "$C/plumb_cuda_tests" | head -n 1 | sed 's#/tests/data$##')
 if [ -n "$built" ] && [ ! -e "$built" ]; then mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"; fi
 note() { echo "== $*" | tee -a "$OUT/run.log"; }
-FAST=${FAST:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.graph,attn.splitk_decode,cuda.streams,cuda.prefill_gemm,indexer.skip_short,cuda.pdl,cuda.bf16_gemv,cuda.l2_evict_first,cuda.pdl_hc_attn,cuda.linear_early,cuda.early_joins,cuda.hc_norm_after_mix,cuda.comp_deferred}
+FAST=${FAST:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.graph,attn.splitk_decode,cuda.streams,cuda.prefill_gemm,indexer.skip_short,cuda.pdl,cuda.bf16_gemv,cuda.l2_evict_first,cuda.pdl_hc_attn,cuda.linear_early,cuda.early_joins,cuda.hc_norm_after_mix,cuda.comp_deferred,cuda.shared_first}
 
 # Optional: a fixture at kernel-friendly dims, made here by transformers (tools/golden/make_golden.py), returned as
 # $OUT/kernel-dims.tar and verified below with the fast-kernel patches.
@@ -176,15 +176,19 @@ if [ -n "${LAYER_AB_VARIANTS:-}" ]; then  # any variants "BINARY PATCHES" separa
   layer_ab "${vs[@]}"
   note "layer A/B (variants) done"
 fi
-if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round: A = FAST, B = LAYER_AB_PAIRED with FAST
+if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round and variant: A = FAST, B = LAYER_AB_PAIRED with FAST
   # standing for the FAST patches (e.g. "FAST,cuda.x", or "FAST" for the noise floor), `plumb bench --layers --ab`:
   # pairs of steps alternating A and B, the median difference with its 95 % interval (layers-ab-paired.txt);
   # AB_EXTRA: more bench options (e.g. "--warmup 16 --iters 60")
-  note "layer A/B (paired, in process): FAST vs ${LAYER_AB_PAIRED}"
+  # Several B variants separated by ';' ("FAST,cuda.x;FAST,cuda.y"): each its AB_ROUNDS rounds, in turn.
+  IFS=';' read -r -a ab_variants <<<"$LAYER_AB_PAIRED"
   for r in $(seq "${AB_ROUNDS:-2}"); do
-    echo "### round $r: A [$FAST], B [${LAYER_AB_PAIRED//FAST/$FAST}]" >>"$OUT/layers-ab-paired.txt"
-    timeout 300 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${LAYER_AB_PAIRED//FAST/$FAST}" \
-      --batches "${LAYER_BATCHES:-1}" --prefill 0 ${AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
+    for v in "${ab_variants[@]}"; do
+      note "layer A/B (paired, in process) round $r: FAST vs $v"
+      echo "### round $r: A [$FAST], B [${v//FAST/$FAST}]" >>"$OUT/layers-ab-paired.txt"
+      timeout 300 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${v//FAST/$FAST}" \
+        --batches "${LAYER_BATCHES:-1}" --prefill 0 ${AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
+    done
   done
   note "layer A/B (paired) done"
 fi

@@ -85,6 +85,8 @@ void check_options(const ModelOptions& o) {
   PLUMB_CHECK(!o.cuda_linear_early || o.cuda_pdl, "backend cuda: cuda.linear_early acts before cuda.pdl's wait and needs it: add cuda.pdl");
   PLUMB_CHECK(!o.cuda_early_joins || o.cuda_streams,
               "backend cuda: cuda.early_joins moves cuda.streams' joins and needs it: add cuda.streams");
+  PLUMB_CHECK(!o.cuda_shared_first || o.cuda_streams,
+              "backend cuda: cuda.shared_first moves cuda.streams' fork of the shared expert and needs it: add cuda.streams");
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
               "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",

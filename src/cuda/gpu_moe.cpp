@@ -299,11 +299,14 @@ void fork_shared(const MoeCtx& m) {
 // V4-Flash, us per layer, forked before against after; bench/results/h200-session22/): batch 1 +5.2 / +5.9 (the
 // router's gate GEMV shares the SMs and the bandwidth with the shared expert's GEMVs: session 13's timeline put the
 // router at 20-28 us of the critical path instead of 13-14), batch 2 -2.6 / -1.4, 4 -0.9 / -0.5, 8 -4.6 / -4.5 /
-// -6.5 / -2.7, 32 +1.4 / +2.4, 128 +25.0 / +28.8. Either order gives the same bits.
+// -6.5 / -2.7, 32 +1.4 / +2.4, 128 +25.0 / +28.8. Either order gives the same bits. cuda.shared_first forks before
+// the router at one token too: on session 48's kernels (the router's gate on the one-token linear) that order is
+// 1.4-1.7 us per layer faster at batch 1 (paired A/B, 3 rounds).
 constexpr int kSharedBeforeRouterMin = 2, kSharedBeforeRouterMax = 8;
 template <Rsf P>
 GpuRouted<P> route_and_shared(const MoeCtx& m) {
-  const bool before = m.n >= kSharedBeforeRouterMin && m.n <= kSharedBeforeRouterMax;
+  // (cuda.shared_first: one token too)
+  const bool before = m.n <= kSharedBeforeRouterMax && (m.n >= kSharedBeforeRouterMin || m.opt.cuda_shared_first);
   if (m.shared_side && before) fork_shared(m);
   GpuRouted<P> r = route<P>(m);
   if (m.shared_side && !before) fork_shared(m);

@@ -155,6 +155,18 @@ std::vector<Patch> make_registry() {
                // Where the joins sit only: the same kernels on the same data, bit-identical (tests/cuda). The
                // tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_early_joins = true; }, false, "cuda"});
+  r.push_back({"cuda.shared_first", "the shared expert forked after the router at one token",
+               "with cuda.streams, one-token steps fork the shared expert onto its side stream before the router, as "
+               "steps of 2-8 tokens do, so its 25 MB (V4-Flash) stream beside the router's gate and top-k instead of "
+               "beside the routed experts. Session 22 measured that order 5-6 us per layer slower at one token (the "
+               "router's gate then shared the SMs and the bandwidth); on session 48's kernels (paired A/B, 4-layer "
+               "stack, batch 1, 3 rounds) it is 1.4-1.7 us per layer faster (median step; mean 2.0-2.2); needs "
+               "cuda.streams",
+               "none for the results (the same kernels on the same data, in another order on two streams): a missing "
+               "join would race with the combine; tested bit-identical to the fork after the router over graph and "
+               "eager steps",
+               // Where the fork sits only: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_shared_first = true; }, false, "cuda"});
   r.push_back({"cuda.hc_norm_after_mix", "hc_pre's mixes of the normalized streams, float(x * r) . fn (its dots wait for r)",
                "hc_pre (and hc_head) with one token per cluster: the 24 dots of the raw streams with fn start without "
                "waiting for the cluster's sum of squares (the norm after the mixing GEMM, the official code's order), "

@@ -320,6 +320,18 @@ TEST_F(GpuTest, EarlyJoinsStepsMatchJoinsInPlace) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.early_joins").options, {}, "cuda"), plumb::Error);
 }
 
+// cuda.shared_first: the shared expert forked before the router at one token (the kernel-dims model's shared
+// expert on its side stream, FP8 and fp32 twin): the logits must be the bits of the fork after the router, graphed
+// (with PDL and the early joins) and eager at one token per step; without cuda.streams it is refused.
+TEST_F(GpuTest, SharedFirstStepsMatchTheForkAfterTheRouter) {
+  const std::string data = PLUMB_TEST_DATA;
+  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
+  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.shared_first,cuda.early_joins,cuda.pdl,cuda.pdl_hc_attn");
+  expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.shared_first", 1);
+  expect_eager_chunks_match(data + "/golden/kernel-dims", "cuda.streams", "cuda.shared_first", 1);
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.shared_first").options, {}, "cuda"), plumb::Error);
+}
+
 // cuda.hc_norm_after_mix: hc_pre's and hc_head's dots on the raw streams, r applied after them (their kernel against
 // the exact one: test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free
 // running over 300 tokens (steps of 1 and 7) its logits near the exact kernel's, and not all the same bits: on the
