@@ -326,6 +326,7 @@ struct DeviceSessionState {
   int64_t comp_windows_projected = 0;  // cuda.comp_deferred: steps that projected a window's kept rows (tests)
   bool graphs_failed = false;                        // a capture failed: eager launches from then on
   int64_t graph_launches = 0, graph_captures = 0;    // for tests and the bench
+  int64_t prefetch_steps = 0;  // cuda.l2_prefetch: forwards run eagerly or captured with the weights' prefetch (tests)
   cuda::HostStage stage;  // each step's inputs (tokens, position, sampling) uploaded without blocking the host
 };
 

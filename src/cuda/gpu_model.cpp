@@ -406,6 +406,10 @@ class GpuForward : public DeviceForward {
   // batch 32 965 / 980 -> 1031 / 1035, batch 128 1933 / 1962 against 1953 / 1953 (2 rounds, session 16): at 32
   // tokens the waiting blocks of the next kernel take SM slots from the running one.
   static constexpr int kPdlMaxTokens = 8;
+  // cuda.l2_prefetch's steps. Paired A/B on the H200 (session 48, 4-layer stack, FAST, us per layer, 2-3 rounds):
+  // 1 token -0.1 to -1.1 (within noise), 2 +0.5 / +0.7, 4 -1.9 / -2.7, 8 -6.0 to -7.4, 16 +8.2 / +8.7, 32 +9.0 to +9.5
+  // (session 9, before the evict-first loads and the other FAST patches: slower at 1, 8 and 32).
+  static constexpr int kL2PrefetchMinTokens = 4, kL2PrefetchMaxTokens = 8;
   static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
 
   // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;
@@ -479,11 +483,13 @@ class GpuForward : public DeviceForward {
     // cuda.early_joins (joins only: with the flags the readers wait in-kernel): see Scratch::early_joins.
     sc.early_joins = opt_.cuda_early_joins && sc.branch != nullptr && !sc.flags;
     sc.gates_to_join = nullptr;
-    // cuda.l2_prefetch, cuda.hc_prefetch: decode-sized chunks (their GEMVs stream the weights; larger ones are
-    // compute-bound, and their hc_pre launches read fn from L2 many times over).
-    sc.prefetch = (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) && !taps && !serial_timer && n <= 32 ? sc.pf : nullptr;
-    sc.pf_weights = opt_.cuda_l2_prefetch;
+    // cuda.hc_prefetch: decode-sized chunks (larger ones are compute-bound, and their hc_pre launches read fn from L2
+    // many times over). cuda.l2_prefetch: steps of kL2PrefetchMinTokens-kL2PrefetchMaxTokens tokens, where it pays.
+    const bool pf_weights = opt_.cuda_l2_prefetch && n >= kL2PrefetchMinTokens && n <= kL2PrefetchMaxTokens;
+    sc.prefetch = (pf_weights || (opt_.cuda_hc_prefetch && n <= 32)) && !taps && !serial_timer ? sc.pf : nullptr;
+    sc.pf_weights = pf_weights;
     sc.pf_forked = false;
+    if (sc.prefetch && pf_weights) ++ds.prefetch_steps;
 
     float* X = sc.f("X", n * H * D);
     float* X2 = sc.f("X2", n * H * D);

@@ -164,7 +164,8 @@ TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
 // a prefill, hundreds of decode steps (compressor windows completing, the window ring wrapping, the entry buffers
 // outgrowing their first capacity of 64 so the graph is captured again) and chunks of another size in between.
 // graph_extra: patches of the graphed model only (cuda.pdl: the same bits as plain eager launches).
-void expect_graph_matches_eager(const std::string& dir, const std::string& patches, const std::string& graph_extra = "") {
+// multi: the size of the several-token steps at positions 200-230 (3; cuda.l2_prefetch's tests take 5, a size it runs at).
+void expect_graph_matches_eager(const std::string& dir, const std::string& patches, const std::string& graph_extra = "", size_t multi = 3) {
   const auto model = [&](bool graph) {
     std::string names = patches;
     if (graph)
@@ -179,7 +180,7 @@ void expect_graph_matches_eager(const std::string& dir, const std::string& patch
   size_t pos = 0;
   int steps = 0;
   while (pos < toks.size()) {
-    const size_t n = pos == 0 ? 7 : (pos >= 200 && pos < 230) ? 3 : 1;
+    const size_t n = pos == 0 ? 7 : (pos >= 200 && pos < 230) ? multi : 1;
     const std::span<const int32_t> chunk(toks.data() + pos, std::min(n, toks.size() - pos));
     const auto a = eager->forward(se, chunk);
     const auto b = graphed->forward(sg, chunk);
@@ -195,7 +196,7 @@ void expect_graph_matches_eager(const std::string& dir, const std::string& patch
               (long long)sg.dev->graph_launches, (long long)sg.dev->graph_captures);
   EXPECT_FALSE(sg.dev->graphs_failed);
   EXPECT_GT(sg.dev->graph_launches, 250);
-  EXPECT_GE(sg.dev->graph_captures, 3);  // n = 1, n = 3, n = 1 again after the entries grew
+  EXPECT_GE(sg.dev->graph_captures, 3);  // n = 1, n = multi, n = 1 again after the entries grew
   EXPECT_EQ(se.dev->graph_launches, 0);
 }
 
@@ -460,24 +461,28 @@ TEST_F(GpuTest, IndexerSkipShortMatchesTheIndexer) {
 // and beside cuda.streams' side stream, with the fp32 twin's plain weights and the fast kernels' FP8 codes.
 TEST_F(GpuTest, L2PrefetchStepsMatchLaunchesWithout) {
   const std::string data = PLUMB_TEST_DATA;
-  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.l2_prefetch");
-  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams", "cuda.l2_prefetch");
+  // (graphed: 5-token steps at positions 200-230, where cuda.l2_prefetch runs; cuda.hc_prefetch at every step size)
+  expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.l2_prefetch", 5);
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams", "cuda.l2_prefetch", 5);
   expect_graph_matches_eager(data + "/golden/csa-long", "", "cuda.hc_prefetch");
   expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.streams", "cuda.hc_prefetch");
-  // Eager decode-sized chunks (the prefetches run only for chunks of up to 32 tokens).
+  // Eager chunks of 1-8 tokens (cuda.l2_prefetch runs at 4-8; cuda.hc_prefetch up to 32).
   const std::string base = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.streams";
   auto a_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base).options, {}, "cuda");
   auto b_model = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(base + ",cuda.l2_prefetch").options, {}, "cuda");
-  const auto toks = test_prompt(60, a_model->config().vocab);
+  const auto toks = test_prompt(90, a_model->config().vocab);
   auto sa = a_model->new_state(), sb = b_model->new_state();
   for (size_t pos = 0, step = 0; pos < toks.size(); ++step) {
-    const size_t len = std::min<size_t>(step == 0 ? 20 : 1 + step % 3, toks.size() - pos);
+    const size_t len = std::min<size_t>(step == 0 ? 20 : 1 + step % 8, toks.size() - pos);
     const std::span<const int32_t> chunk(toks.data() + pos, len);
     const auto a = a_model->forward(sa, chunk), b = b_model->forward(sb, chunk);
     ASSERT_EQ(a.data.size(), b.data.size());
     EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "eager step " << step << " (position " << pos << ")";
     pos += len;
   }
+  // The prefetch ran (steps of 4-8 tokens: 5 of the 1-8 cycle's steps), and never without the patch.
+  EXPECT_GE(sb.dev->prefetch_steps, 5);
+  EXPECT_EQ(sa.dev->prefetch_steps, 0);
 }
 
 // cuda.l2_evict_first: the decode GEMVs' and the one-token linear's weight loads with an L2 evict-first policy (else
