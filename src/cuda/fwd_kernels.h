@@ -50,6 +50,9 @@ struct LinearSegs {
   void add(const DMat& w, float* y) { seg[count].w = w, seg[count].y = y, seg[count].r0 = 0, seg[count].nr = w.rows, ++count; }
 };
 bool fwd_linear_one_fits(const DMat& w);  // plain 16-byte rows, at most 12288 columns
+// w can join `first` (a launch's first matrix) in a several-token launch of fwd_linear_one_multi: it fits the one-token
+// kernel, has first's columns, and both have plain rows of one dtype (what the multi-token kernel reads).
+bool fwd_linear_multi_fits(const DMat& w, const DMat& first);
 constexpr int kOneMaxTokens = 4;  // fwd_linear_one_multi's tokens per launch (plain rows of one dtype for more than one)
 // cuda.l2_prefetch: the 128-byte lines of up to kMax byte ranges prefetched into L2 (evict_last), in order; writes
 // nothing. A few blocks, meant for a stream of its own beside latency-bound launches.

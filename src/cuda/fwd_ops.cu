@@ -713,7 +713,7 @@ void launch_linear_one(LinearSegs g, const float* x, Stream s) {
   for (int i = 0; i < g.count; ++i) {
     g.seg[i].block0 = pairs;
     pairs += (g.seg[i].nr + kOneRows - 1) / kOneRows;
-    same = same && g.seg[i].w.layout == 0 && g.seg[i].w.dtype == g.seg[0].w.dtype;
+    same = same && fwd_linear_multi_fits(g.seg[i].w, g.seg[0].w);  // (its callers checked the fit and the columns)
   }
   same = same && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // (the pair-major staging loads x four floats at a time)
   if (pairs <= 0) return;
@@ -797,6 +797,10 @@ void fwd_linear(const DMat& w, const float* x, int n, int64_t ldx, int64_t r0, i
 
 bool fwd_linear_one_fits(const DMat& w) {
   return dmat_row_bytes(w) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && w.cols <= kOneMaxCols;
+}
+
+bool fwd_linear_multi_fits(const DMat& w, const DMat& first) {
+  return fwd_linear_one_fits(w) && w.cols == first.cols && w.layout == 0 && first.layout == 0 && w.dtype == first.dtype;
 }
 
 void fwd_linear_one_multi(LinearSegs g, const float* x, Stream s) {

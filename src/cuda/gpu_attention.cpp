@@ -141,7 +141,7 @@ std::function<void()> project_kept(const GpuAttn& w, const GpuRope& rope, double
   bool one = kn <= kOneMaxTokens && D % 4 == 0;
   auto add = [&](const GpuComp& c, const CompRows& r) {
     for (const auto& [m, y] : {std::pair{&c.wkv, r.kv}, std::pair{&c.wgate, r.gate}}) {
-      one = one && !m->fp8 && fwd_linear_one_fits(m->d) && m->d.cols == D && m->d.layout == 0 && m->d.dtype == w.comp->wkv.d.dtype;
+      one = one && !m->fp8 && fwd_linear_multi_fits(m->d, w.comp->wkv.d);  // (else fwd_linear_one_multi would refuse them)
       if (one) g.add(m->d, y), g.seg[g.count - 1].ldy = comp_width(c);
     }
   };
