@@ -301,7 +301,8 @@ void fork_shared(const MoeCtx& m) {
 // router at 20-28 us of the critical path instead of 13-14), batch 2 -2.6 / -1.4, 4 -0.9 / -0.5, 8 -4.6 / -4.5 /
 // -6.5 / -2.7, 32 +1.4 / +2.4, 128 +25.0 / +28.8. Either order gives the same bits. cuda.shared_first forks before
 // the router at one token too: on session 48's kernels (the router's gate on the one-token linear) that order is
-// 1.4-1.7 us per layer faster at batch 1 (paired A/B, 3 rounds).
+// 1.2-2.1 us per layer faster at batch 1 (paired A/B, 6 rounds in two runs, one beside a FAST-vs-FAST control of 0.0
+// to -0.6); at 9-32 tokens it was much slower (+9.5 to +10.2 at 16, +17.8 at 32: bench/results/h200-session48/).
 constexpr int kSharedBeforeRouterMin = 2, kSharedBeforeRouterMax = 8;
 template <Rsf P>
 GpuRouted<P> route_and_shared(const MoeCtx& m) {

@@ -162,8 +162,8 @@ std::vector<Patch> make_registry() {
                "steps of 2-8 tokens do, so its 25 MB (V4-Flash) stream beside the router's gate and top-k instead of "
                "beside the routed experts. Session 22 measured that order 5-6 us per layer slower at one token (the "
                "router's gate then shared the SMs and the bandwidth); on session 48's kernels (paired A/B, 4-layer "
-               "stack, batch 1, 3 rounds) it is 1.4-1.7 us per layer faster (median step; mean 2.0-2.2); needs "
-               "cuda.streams",
+               "stack, batch 1, 6 rounds in two runs, one beside a FAST-against-FAST control of 0.0 to -0.6) it is "
+               "1.2-2.1 us per layer faster; needs cuda.streams",
                "none for the results (the same kernels on the same data, in another order on two streams): a missing "
                "join would race with the combine; tested bit-identical to the fork after the router over graph and "
                "eager steps",
