@@ -25,6 +25,10 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers
 
 namespace plumb::cuda {
 
+namespace detail {
+struct RouteArgs;  // kernels.h (fwd_route's arguments)
+}  // namespace detail
+
 using Stream = CUstream_st*;  // nullptr: the default stream
 
 // ---- device and memory ----
@@ -305,6 +309,17 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 // launch (GemvArgs::pdl_early).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
+// cuda.topk_in_experts: moe_gate_up and moe_down for one token whose routing the launches rank themselves from the
+// gate's logits (`route`: fwd_route's arguments for that token, route.n == 1), one warp per block with the router's
+// own device code, so the same bits as fwd_route then moe_gate_up / moe_down; the router's launch is left out. Gate/up
+// waits for the logits' producer (the launch before it) and stores route.idx, route.weight and route.select as
+// fwd_route would; down ranks before its PDL wait, so the logits must have been written before the launch that
+// precedes it (gate/up's, as the forward calls them). moe_ranks_in_experts: whether they take these arguments and K
+// (one token, K <= 8, E <= 256 and the router's warp kernel; no weight before W2).
+bool moe_ranks_in_experts(const detail::RouteArgs& route, const MoeExperts& m);
+void moe_gate_up_ranked(const MoeExperts& m, const detail::RouteArgs& route, const void* x, Act xt, double limit, uint16_t* h16,
+                        Workspace& ws, Stream s = nullptr);
+void moe_down_ranked(const MoeExperts& m, const detail::RouteArgs& route, const uint16_t* h16, float* ys, Stream s = nullptr);
 // The official numerics' routed experts (DeepSeek's fp4_gemm, numerics.official): activations quantized to E4M3 per
 // row and 128-block by act_quant_e4m3 (official::fp8_quant_block: amax floored at 1e-4, the power-of-two scale
 // 2^ceil(log2(amax / 448)), RNE; codes [rows, K], scales [rows, K/128]); experts uploaded in the A8 layout; E4M3 x

@@ -608,6 +608,39 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
   d::launch_gemv(a, s);
 }
 
+bool moe_ranks_in_experts(const d::RouteArgs& r, const MoeExperts& m) {
+  const int v = d::route_warp_variant(r);
+  return r.n == 1 && r.K <= 8 && r.E == m.E && v >= 1 && v <= 5 && m.w1.layout == Fp4Layout::F16;
+}
+
+static d::GemvArgs ranked_args(const Fp4Matrices& w, const d::RouteArgs& r, const MoeExperts& m, const char* what) {
+  PLUMB_CHECK(moe_ranks_in_experts(r, m), "{}: the routed experts rank the gate's logits for one token, K <= 8 of <= 256 experts ({} "
+              "tokens, K {} of {})", what, r.n, r.K, r.E);
+  d::GemvArgs a = moe_args(w, nullptr, 1, r.K, m.E);
+  a.route = r, a.route_variant = d::route_warp_variant(r);
+  return a;
+}
+
+void moe_gate_up_ranked(const MoeExperts& m, const d::RouteArgs& r, const void* x, Act xt, double limit, uint16_t* h16, Workspace& ws,
+                        Stream s) {
+  d::GemvArgs a = ranked_args(m.w1, r, m, "moe_gate_up_ranked");
+  a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit);
+  a.w[1] = m.w3.codes.as<uint8_t>(), a.s[1] = m.w3.scales.get();
+  int64_t ldx = m.D;
+  a.x = as_f16(x, xt, 1, m.D, ldx, ws, s);
+  a.x_tok_stride = ldx, a.x_by_token = 1;
+  a.out = h16, a.out_half = 1, a.o_tok_stride = m.I;
+  d::launch_gemv(a, s);
+}
+
+void moe_down_ranked(const MoeExperts& m, const d::RouteArgs& r, const uint16_t* h16, float* ys, Stream s) {
+  d::GemvArgs a = ranked_args(m.w2, r, m, "moe_down_ranked");
+  a.x = h16, a.x_tok_stride = m.I, a.x_by_token = 0;
+  a.out = ys, a.o_tok_stride = m.D;
+  a.pdl_early = 1;  // (the logits were written before gate/up's launch: down ranks them before its PDL wait)
+  d::launch_gemv(a, s);
+}
+
 void act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* codes, float* scales, Stream s) {
   d::fwd_act_quant_e4m3(x, rows, K, ldx, codes, scales, s);
 }

@@ -394,18 +394,7 @@ void fwd_fp8_roundtrip(float* x, int64_t rows, int64_t ld, int64_t n, int block,
 void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s);
 
 // ---- MoE (fwd_moe.cu) ----
-struct RouteArgs {
-  const float* logits = nullptr;  // [n, E] fp32
-  const float* bias = nullptr;    // [E] learned layers
-  const int32_t* tid2eid = nullptr, *tokens = nullptr;  // hash layers: [V, K], [n]
-  int n = 0, E = 0, K = 0, score = 0, hash = 0, n_group = 1, topk_group = 1;
-  int renorm = 1, unfloored = 0, softplus_naive = 0;
-  int twin = 0;  // tests: the block-per-token kernel (the warp kernel's twin) whatever the sizes
-  float fold = 1.0f;
-  int32_t* idx = nullptr;  // [n, K]
-  float* weight = nullptr; // [n, K]
-  float* select = nullptr; // [n, E] learned layers
-};
+// RouteArgs: kernels.h (the routed experts' one-token launches take one too: cuda.topk_in_experts).
 // One warp per token when E <= 512 and K <= 32 (else, or with `twin`, one block per token): the same bits.
 void fwd_route(const RouteArgs& a, Stream s);
 // h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L <= 0: no clamp);

@@ -5,187 +5,22 @@
 #include <cstdint>
 
 #include "cuda/fwd_common.cuh"
-#include "cuda/radix_select.cuh"
+#include "cuda/route_warp.cuh"
 #include "model/hc_math.h"
 
 namespace plumb::cuda::detail {
 
 namespace {
 
-__device__ float softplus_stable(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
-
-// Selection scores as unsigned keys in the top-k order (NaN largest, -0 == +0; every non-NaN value above 0, so 0
-// means "no candidate"): radix::order_key_nan_first, the indexer's order.
-
-constexpr int kRouteWarps = 4;     // tokens per block of the warp kernel
-constexpr int kRouteMaxK = 32;     // one lane per choice
-constexpr int kRouteMaxGroups = 64;
-
-// DeepSeek-V3 grouped selection: a group's score is the sum of its two best selection scores (one expert per
-// group: the best alone). Shared by the warp kernel and its block twin, so both rank groups alike.
-__device__ __forceinline__ float group_score(const float* sel, int g, int per) {
-  float b0 = -INFINITY, b1 = -INFINITY;
-  for (int e = g * per; e < (g + 1) * per; ++e) {
-    const float v = sel[e];
-    if (v > b0) b1 = b0, b0 = v;
-    else if (v > b1) b1 = v;
-  }
-  return b0 + (per > 1 ? b1 : 0.0f);
-}
-
-// One warp per token (the fast path: E <= 32 * P, K <= 32): lane l holds experts l, l + 32, ... in registers.
-// Every value is the block kernel's below, bit for bit: the same score expressions; softmax's max by a fmaxf tree
-// (the same value: max ignores order, and a +0 / -0 max gives the same exponentials) and its fp64 sum in expert
-// order by lane 0 (shared memory); the grouped mask per group by the same serial scan, one lane per group;
-// top-k as K rounds of (warp max key, then the lowest expert id holding it), which is the rank order of beats();
-// the weights' float sum in choice order. Shared: per warp score[E], sel[E], group scores and flags.
-// kV4: V4's learned routing only (sqrtsoftplus, no groups, the floored renormalization, no fault), as compile-time
-// constants, so the other paths fold away: the kernel runs once per layer and step from cold instruction caches
-// (the launch chooses it when the arguments say so; the same code on that path, the same bits).
+// The warp kernel: one warp per token (route_token_warp, route_warp.cuh), the bias requested before the PDL wait
+// (cuda.pdl), the logits and token ids read after it. Shared: route_warp_smem_floats(E) per warp.
 template <int P, bool kV4>
 __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs a) {
   extern __shared__ float smw[];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t = int(blockIdx.x) * kRouteWarps + warp;
   if (t >= a.n) return;  // whole warps only: no block barrier below
-  const int E = a.E, K = a.K;
-  const int score_fn = kV4 ? 0 : a.score;
-  const bool hash = !kV4 && a.hash, naive = !kV4 && a.softplus_naive, grouped = !kV4 && a.n_group > 1 && a.topk_group < a.n_group;
-  const bool renorm = kV4 || a.renorm, unfloored = !kV4 && a.unfloored;
-  float* score_s = smw + warp * (2 * E + 2 * kRouteMaxGroups);
-  float* sel_s = score_s + E;
-  float* gs_s = sel_s + E;
-  int* kept_s = reinterpret_cast<int*>(gs_s + kRouteMaxGroups);
-  // Every global load of the token first, all independent (the hash row's index waits only for the token id): the
-  // bias (a weight) before the PDL wait (cuda.pdl), the logits and the token id after it, as plain loads (an __ldg of
-  // an address known before the wait may be hoisted above it: launch.cuh).
-  float x[P], b[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) {
-    const int e = i * 32 + lane;
-    b[i] = (!hash && e < E) ? __ldg(a.bias + e) : 0.0f;
-  }
-  pdl_begin();
-  int tok = 0;
-  if (hash) tok = a.tokens[t];
-  const float* lg = a.logits + int64_t(t) * E;
-#pragma unroll
-  for (int i = 0; i < P; ++i) {
-    const int e = i * 32 + lane;
-    x[i] = e < E ? lg[e] : -INFINITY;
-  }
-  int hidx = 0;
-  if (hash && lane < K) hidx = __ldg(a.tid2eid + int64_t(tok) * K + lane);
-
-  float score[P];
-  if (score_fn == 2) {  // hc_math::softmax
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < P; ++i) m = fmaxf(m, x[i]);
-    m = warp_max(m);
-    if (m == -INFINITY) {
-#pragma unroll
-      for (int i = 0; i < P; ++i) score[i] = 0.0f;
-    } else {
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const int e = i * 32 + lane;
-        score[i] = expf(x[i] - m);
-        if (e < E) score_s[e] = score[i];
-      }
-      __syncwarp();
-      double s = 0;
-      if (lane == 0)
-        for (int e = 0; e < E; ++e) s += score_s[e];
-      s = __shfl_sync(0xFFFFFFFFu, s, 0);
-#pragma unroll
-      for (int i = 0; i < P; ++i) score[i] = float(double(score[i]) / s);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < P; ++i)
-      score[i] = score_fn == 1 ? 1.0f / (1.0f + expf(-x[i])) : sqrtf(naive ? logf(1.0f + expf(x[i])) : softplus_stable(x[i]));
-  }
-
-  float my_score = 0.0f;  // lane k < K: choice k's score
-  int my_idx = 0;
-  if (hash) {
-    // softmax's sum (lane 0) read score_s: a shuffle orders the lanes but not their shared-memory accesses
-    // (racecheck's write-after-read hazard), so the lanes meet here before they overwrite it.
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < P; ++i) {
-      const int e = i * 32 + lane;
-      if (e < E) score_s[e] = score[i];
-    }
-    __syncwarp();
-    my_idx = hidx;
-    if (lane < K) my_score = score_s[hidx];
-  } else {
-    float sel[P];
-#pragma unroll
-    for (int i = 0; i < P; ++i) sel[i] = score[i] + b[i];
-    if (grouped) {  // mask_groups, as the block kernel does it
-      const int G = a.n_group, per = E / G;
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const int e = i * 32 + lane;
-        if (e < E) sel_s[e] = sel[i];
-      }
-      __syncwarp();
-      for (int g = lane; g < G; g += 32) gs_s[g] = group_score(sel_s, g, per);
-      __syncwarp();
-      for (int g = lane; g < G; g += 32) {
-        int rank = 0;
-        for (int o = 0; o < G; ++o) rank += beats(gs_s[o], o, gs_s[g], g);
-        kept_s[g] = rank < a.topk_group;
-      }
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const int e = i * 32 + lane;
-        if (e < E && !kept_s[e / per]) sel[i] = -INFINITY;
-      }
-    }
-    unsigned key[P];
-#pragma unroll
-    for (int i = 0; i < P; ++i) {
-      const int e = i * 32 + lane;
-      key[i] = 0u;
-      if (e >= E) continue;
-      a.select[int64_t(t) * E + e] = sel[i];
-      key[i] = radix::order_key_nan_first(sel[i]);
-    }
-    // K rounds: each lane's best remaining key (the lowest of its experts on equal keys: i upwards, strict >), the
-    // warp's largest key, and among the lanes holding it the lowest expert id. Every expert has a key > 0 and
-    // K <= E, so each round finds one.
-    for (int kk = 0; kk < K; ++kk) {
-      unsigned bk = 0u;
-      float bs = 0.0f;
-      int bi = 0;
-#pragma unroll
-      for (int i = 0; i < P; ++i)
-        if (key[i] > bk) bk = key[i], bs = score[i], bi = i;
-      const unsigned mk = __reduce_max_sync(0xFFFFFFFFu, bk);
-      const unsigned cand = bk == mk ? unsigned(bi * 32 + lane) : 0xFFFFFFFFu;
-      const unsigned ce = __reduce_min_sync(0xFFFFFFFFu, cand);
-      const float cs = __shfl_sync(0xFFFFFFFFu, bs, int(ce & 31u));
-      if (lane == kk) my_idx = int(ce), my_score = cs;
-      if (cand == ce) {  // this lane owns the chosen expert: take it out
-#pragma unroll
-        for (int i = 0; i < P; ++i)
-          if (i == bi) key[i] = 0u;
-      }
-    }
-  }
-  // The weights: the float sum of the chosen scores in choice order, the floor, the factor.
-  float sum = 0;
-  for (int k = 0; k < K; ++k) sum += __shfl_sync(0xFFFFFFFFu, my_score, k);
-  const float denom = !renorm ? 1.0f : unfloored ? sum : sum + 1e-20f;
-  if (lane < K) {
-    a.idx[int64_t(t) * K + lane] = my_idx;
-    a.weight[int64_t(t) * K + lane] = (my_score / denom) * a.fold;
-  }
+  (void)route_token_warp<P, kV4>(a, t, lane, smw + warp * route_warp_smem_floats(a.E), false, true, [] { pdl_begin(); });
 }
 
 // The twin (any E up to shared memory, any K): one block per token, ranks by counting.
@@ -294,22 +129,30 @@ __global__ void combine_kernel(const float* ys, const float* w, int K, int64_t D
 
 }  // namespace
 
+int route_warp_variant(const RouteArgs& a) {
+  if (a.twin || a.E > 32 * 16 || a.K > kRouteMaxK || a.K > a.E || a.n_group > kRouteMaxGroups) return 0;
+  const int P = (a.E + 31) / 32;
+  // V4's learned routing (route_token_warp's kV4) at V4's 256 experts; every other case the general code.
+  const bool v4 = a.score == 0 && !a.hash && !(a.n_group > 1 && a.topk_group < a.n_group) && a.renorm && !a.unfloored && !a.softplus_naive;
+  return P <= 1 ? 1 : P <= 2 ? 2 : P <= 4 ? 3 : P <= 8 ? (v4 ? 5 : 4) : 6;
+}
+
 void fwd_route(const RouteArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.n_group > kRouteMaxGroups) throw_arg("router: more than 64 expert groups is not supported on the GPU");
-  if (!a.twin && a.E <= 32 * 16 && a.K <= kRouteMaxK && a.K <= a.E) {
-    const int P = (a.E + 31) / 32, warps = std::min(a.n, kRouteWarps);
-    const size_t smem = size_t(warps) * size_t(2 * a.E + 2 * kRouteMaxGroups) * 4;
+  if (const int variant = route_warp_variant(a)) {
+    const int warps = std::min(a.n, kRouteWarps);
+    const size_t smem = size_t(warps) * size_t(route_warp_smem_floats(a.E)) * 4;
     const unsigned blocks = unsigned((a.n + kRouteWarps - 1) / kRouteWarps);
     auto go = [&](auto kern) { launch("fwd_route", kern, dim3(blocks), dim3(unsigned(32 * warps)), smem, s, a); };  // (cuda.pdl)
-    // V4's learned routing (route_warp_kernel's kV4) at V4's 256 experts; every other case the general kernel.
-    const bool v4 = a.score == 0 && !a.hash && !(a.n_group > 1 && a.topk_group < a.n_group) && a.renorm && !a.unfloored &&
-                    !a.softplus_naive;
-    if (P <= 1) go(route_warp_kernel<1, false>);
-    else if (P <= 2) go(route_warp_kernel<2, false>);
-    else if (P <= 4) go(route_warp_kernel<4, false>);
-    else if (P <= 8) v4 ? go(route_warp_kernel<8, true>) : go(route_warp_kernel<8, false>);
-    else go(route_warp_kernel<16, false>);
+    switch (variant) {
+      case 1: go(route_warp_kernel<1, false>); break;
+      case 2: go(route_warp_kernel<2, false>); break;
+      case 3: go(route_warp_kernel<4, false>); break;
+      case 4: go(route_warp_kernel<8, false>); break;
+      case 5: go(route_warp_kernel<8, true>); break;
+      default: go(route_warp_kernel<16, false>); break;
+    }
     return;
   }
   const size_t smem = size_t(2 * a.E) * 4;

@@ -40,6 +40,7 @@
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
+#include "cuda/route_warp.cuh"
 
 namespace plumb::cuda::detail {
 
@@ -178,7 +179,11 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   constexpr bool kEarlyKind = kEarlyMoe || kEarlyDense;
   const bool early = kEarlyMoe && a.pdl_early > 0 && !a.groups && a.pdl > 0;
   const bool early_dense = kEarlyDense && a.pdl > 0 && a.pdl_early != 0;
-  if (MODE == kMoe && a.pdl > 0 && !early) pdl_begin();
+  // cuda.topk_in_experts (GemvArgs::route): warp 0 ranks the gate's logits (below) and waits inside (after
+  // requesting the bias), or not at all when early.
+  constexpr bool kRouteKind = FMT == kFp4 && MODE == kMoe && MINB == 3;
+  const bool routed_here = kRouteKind && a.route_variant > 0;
+  if (MODE == kMoe && a.pdl > 0 && !early && !(routed_here && warp == 0)) pdl_begin();
 
   int prob, m;
   if constexpr (MODE == kMoe) {
@@ -198,6 +203,30 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
       if (m_s <= 0 || e_s < 0 || e_s >= a.problems) return;  // past the table's tiles
       prob = e_s;
       m = m_s;
+    } else if (routed_here) {
+      if constexpr (kRouteKind) {
+        // One token: slot y is choice y; the block serves its expert's slots (those the scan below would find), and
+        // exits unless y is the first of them. Gate/up's block (0, 0) stores the routing (down never). Warp 0's
+        // shared floats (the ranking's) are red's, which the block uses only at its end.
+        static_assert(sizeof(red) / 4 >= route_warp_smem_floats(32 * 8), "gemv: red holds the routing's shared floats");
+        __shared__ int e_s;
+        const int slot = int(blockIdx.y);
+        if (warp == 0) {
+          const bool write = NMAT == 2 && blockIdx.x == 0 && slot == 0 && blockIdx.z == 0;
+          const RouteChoice ch = route_token_warp_v(a.route_variant, a.route, 0, lane, &red[0][0][0], early, write, [&] {
+            if (a.pdl > 0 && !early) pdl_begin();
+          });
+          const int e = __shfl_sync(0xFFFFFFFFu, ch.idx, slot);
+          const bool match = lane < a.topk && ch.idx == e;
+          const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
+          if (match) cols_s[__popc(mask & ((1u << lane) - 1u))] = lane;
+          if (lane == 0) m_s = __popc(mask), e_s = e;
+        }
+        __syncthreads();
+        if (cols_s[0] != slot || e_s < 0 || e_s >= a.problems) return;  // another block serves this expert
+        prob = e_s;
+        m = m_s;
+      }
     } else {
       const int slot = int(blockIdx.y), nslots = a.n * a.topk;
       const int e = early ? __ldcg(a.idx + slot) : a.idx[slot];
@@ -675,7 +704,17 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const int xb = a8 ? 1 : 2;  // bytes per activation
   if (!aligned16(a.x) || (a.x_tok_stride * xb) % 16 || (a.x_prob_stride * xb) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
-  if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) throw_arg("gemv: moe needs idx and n * topk <= 1024");
+  if (a.route_variant) {  // cuda.topk_in_experts: the per-tile W4A16 kernel at <= 8 slots (its MINB 3 instantiations)
+    const RouteArgs& r = a.route;
+    if (a.fmt != kFp4 || a.mode != kMoe || a.n != 1 || a.topk > 8 || a.groups || a.fp4_kernel != 0 || a.kblocks != 1 ||
+        a.route_variant < 1 || a.route_variant > 5 || a.route_variant != route_warp_variant(r) || r.n != 1 || r.E != a.problems ||
+        r.K != a.topk || !r.logits || (a.nmat == 2 && (!r.idx || !r.weight || (!r.hash && !r.select))) || (!r.hash && !r.bias) ||
+        (r.hash && (!r.tid2eid || !r.tokens)))
+      throw_arg("gemv: the routed experts rank the gate's logits themselves only for one token, <= 8 choices, <= 256 experts, "
+                "the per-tile W4A16 kernel, with the router's buffers");
+  } else if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) {
+    throw_arg("gemv: moe needs idx and n * topk <= 1024");
+  }
   if (a.shared_x) {
     if (a.fmt != kFp8 || a.mode != kDense || a.ntab)
       throw_arg("gemv: shared activations (shared_x) are for dense FP8 (W8A16) launches only");

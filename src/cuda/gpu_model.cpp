@@ -87,6 +87,14 @@ void check_options(const ModelOptions& o) {
               "backend cuda: cuda.early_joins moves cuda.streams' joins and needs it: add cuda.streams");
   PLUMB_CHECK(!o.cuda_shared_first || o.cuda_streams,
               "backend cuda: cuda.shared_first moves cuda.streams' fork of the shared expert and needs it: add cuda.streams");
+  // The top-k moves into the W4A16 experts' launches; the official numerics' W4A8 launches and a weight applied
+  // before W2 need the routing before gate/up, so there it would silently not apply.
+  PLUMB_CHECK(!o.cuda_topk_in_experts || o.cuda_moe_mxfp4,
+              "backend cuda: cuda.topk_in_experts ranks the routing inside cuda.moe_mxfp4's launches and needs it: add cuda.moe_mxfp4");
+  PLUMB_CHECK(!o.cuda_topk_in_experts || !(o.official || o.weight_before_down),
+              "backend cuda: cuda.topk_in_experts does not combine with {} (gate/up then needs the routing's weights before it "
+              "starts): drop one of the two",
+              o.official ? mode : "moe.weight_before_down");
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
               "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",

@@ -22,6 +22,10 @@ struct GpuRouted {
   float* logits = nullptr;  // [n, E]
   float* select = nullptr;  // [n, E] learned layers, else null
   int n = 0, K = 0, E = 0;
+  // cuda.topk_in_experts: the top-k left to the routed experts' launches (fwd_route's arguments, never launched);
+  // idx, weight and select hold the routing once gate/up has run.
+  detail::RouteArgs ranked;
+  bool in_experts = false;
 };
 
 struct MoeCtx {
@@ -62,7 +66,7 @@ GpuRouted<P> route(const MoeCtx& m) {
   } else {
     fwd_linear(m.w.gate.d, m.x, m.n, c.hidden, 0, r.E, r.logits, r.E, nullptr);
   }
-  d.emplace(m.sc.timer, "router/topk", true);
+  d.reset();
   RouteArgs a;
   a.logits = r.logits;
   a.bias = m.type == MlpType::Learned ? f32(m.w.bias) : nullptr;
@@ -77,6 +81,14 @@ GpuRouted<P> route(const MoeCtx& m) {
   a.softplus_naive = m.opt.fault_softplus_naive;
   a.fold = P == Rsf::Folded ? float(c.routed_scaling) : 1.0f;
   a.idx = r.idx, a.weight = r.weight, a.select = r.select;
+  // cuda.topk_in_experts: at one token the routed experts' launches rank the logits themselves (combine), one
+  // dependent launch fewer on the chain; the routing is the same bits (the same device code).
+  const bool before = m.opt.weight_before_down || m.nm.official();
+  if (m.opt.cuda_topk_in_experts && m.w.fp4 && !before && moe_ranks_in_experts(a, *m.w.fp4)) {
+    r.ranked = a, r.in_experts = true;
+    return r;
+  }
+  const OpRegion topk(m.sc.timer, "router/topk", true);
   fwd_route(a, nullptr);
   return r;
 }
@@ -84,7 +96,7 @@ GpuRouted<P> route(const MoeCtx& m) {
 // Reinterprets a placement without changing the numbers: the mechanism of every "missing" bug (fault only).
 template <Rsf To, Rsf From>
 GpuRouted<To> fault_relabel(const GpuRouted<From>& r) {
-  return GpuRouted<To>{r.idx, r.weight, r.logits, r.select, r.n, r.K, r.E};
+  return GpuRouted<To>{r.idx, r.weight, r.logits, r.select, r.n, r.K, r.E, r.ranked, r.in_experts};
 }
 // A runner that consumes Folded weights but scales its output anyway: the double application (fault only).
 struct FaultRunnerScalesFoldedAgain {
@@ -168,7 +180,7 @@ template <class Runner, Rsf P>
 void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, float total_scale = 1.0f) {
   const auto& c = m.c;
   const int64_t D = c.hidden, I = c.moe_inter;
-  tap_routes(m, r);
+  if (!r.in_experts) tap_routes(m, r);  // (else after gate/up, which stores the routing)
   const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
   const bool before = m.opt.weight_before_down || m.nm.official();  // the official order: weight applied before W2
   const int slots = r.n * r.K;
@@ -240,12 +252,20 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
       const float* wt = r.weight + int64_t(t0) * r.K;
       const void* xc = m.x16 ? static_cast<const void*>(m.x16 + int64_t(t0) * D) : m.x + int64_t(t0) * D;
       void* g = decode_groups(idx, nc);
-      {
-        const OpRegion d(m.sc.timer, "routed/gate_up", true);
-        moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, m.x16 ? cuda::Act::F16 : cuda::Act::F32, limit, before ? wt : nullptr, h16, nullptr,
-                    m.sc.ws, nullptr, g);
-      }
-      {
+      const cuda::Act xt = m.x16 ? cuda::Act::F16 : cuda::Act::F32;
+      if (r.in_experts) {  // cuda.topk_in_experts (one token, one chunk, no weight before W2: route)
+        {
+          const OpRegion d(m.sc.timer, "routed/gate_up", true);
+          moe_gate_up_ranked(*m.w.fp4, r.ranked, xc, xt, limit, h16, m.sc.ws);
+        }
+        tap_routes(m, r);
+        const OpRegion d(m.sc.timer, "routed/down", true);
+        moe_down_ranked(*m.w.fp4, r.ranked, h16, ys);
+      } else {
+        {
+          const OpRegion d(m.sc.timer, "routed/gate_up", true);
+          moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, xt, limit, before ? wt : nullptr, h16, nullptr, m.sc.ws, nullptr, g);
+        }
         const OpRegion d(m.sc.timer, "routed/down", true);
         moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
       }

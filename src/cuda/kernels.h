@@ -215,6 +215,23 @@ enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2, kFp4A8 = 3, kFp8A8 = 4 };
 enum Mode : int { kDense = 0, kMoe = 1 };
 enum Epi : int { kStore = 0, kSwiglu = 1 };
 
+// ---- the router's arguments (fwd_moe.cu's fwd_route; gemv.cu's one-token MoE launches with GemvArgs::route) ----
+struct RouteArgs {
+  const float* logits = nullptr;  // [n, E] fp32
+  const float* bias = nullptr;    // [E] learned layers
+  const int32_t* tid2eid = nullptr, *tokens = nullptr;  // hash layers: [V, K], [n]
+  int n = 0, E = 0, K = 0, score = 0, hash = 0, n_group = 1, topk_group = 1;
+  int renorm = 1, unfloored = 0, softplus_naive = 0;
+  int twin = 0;  // tests: the block-per-token kernel (the warp kernel's twin) whatever the sizes
+  float fold = 1.0f;
+  int32_t* idx = nullptr;  // [n, K]
+  float* weight = nullptr; // [n, K]
+  float* select = nullptr; // [n, E] learned layers
+};
+// The warp kernel's variant for these arguments (route_warp.cuh: 1-5 experts per lane 1, 2, 4, 8, 8 with V4's
+// routing; 6: 16), or 0 where the block kernel runs (the twin, E > 512, K > 32 or > E, more than 64 groups).
+int route_warp_variant(const RouteArgs& a);
+
 constexpr int kGemvTab = 4;  // matrices of one BF16 table launch (GemvArgs::ntab)
 struct GemvArgs {
   int fmt = kFp4, nmat = 1, epi = kStore, mode = kDense, act = kF32, out_half = 0;
@@ -294,6 +311,12 @@ struct GemvArgs {
   // cuda.l2_evict_first (set by launch_gemv while an EvictFirstScope lives): the weights' 16-byte loads carry an L2
   // evict-first policy (else evict-normal); every decode GEMV kernel (per-tile, shared-activation, FP4 streaming).
   int l2_evict_first = 0;
+  // cuda.topk_in_experts (MXFP4 W4A16 MoE, one token, n * topk <= 8, the per-tile kernel; idx unused): each block
+  // ranks the gate's logits itself (route_token_warp at route_variant, one warp) and serves the expert of its slot.
+  // Gate/up waits for the gate (its bias requested before the wait), and its block (0, 0) stores idx, the weights
+  // and the selection scores; down (pdl_early) ranks before its wait, the logits being two launches back.
+  RouteArgs route;
+  int route_variant = 0;  // 0: idx as given; 1-5: route_warp_variant(route)
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).

@@ -169,6 +169,19 @@ std::vector<Patch> make_registry() {
                "eager steps",
                // Where the fork sits only: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_shared_first = true; }, false, "cuda"});
+  r.push_back({"cuda.topk_in_experts", "the router's top-k as a launch of its own between the gate and the routed experts",
+               "one-token steps with cuda.moe_mxfp4: the routed experts' gate/up and down launches rank the gate's "
+               "logits themselves (one warp per block, the router kernel's own device code), so the top-k's dependent "
+               "launch leaves the chain; gate/up waits for the gate and one of its blocks stores the routing for the "
+               "combine and the taps, down ranks before its PDL wait (the logits are two launches back) and requests "
+               "its first weights there as before. Not with the official numerics or moe.weight_before_down (gate/up "
+               "would need the weights before it starts); needs cuda.moe_mxfp4",
+               "a block that ranked other logits than the router would stream another expert: wrong outputs of O(1) "
+               "for that token; tested bit-identical to the router's launch (kernels: indices, weights, selection "
+               "scores and both outputs over scoring functions, hash and grouped routing; the forward over graph and "
+               "eager steps)",
+               // The same device code on the same logits: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_topk_in_experts = true; }, false, "cuda"});
   r.push_back({"cuda.hc_norm_after_mix", "hc_pre's mixes of the normalized streams, float(x * r) . fn (its dots wait for r)",
                "hc_pre (and hc_head) with one token per cluster: the 24 dots of the raw streams with fn start without "
                "waiting for the cluster's sum of squares (the norm after the mixing GEMM, the official code's order), "

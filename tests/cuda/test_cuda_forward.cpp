@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -331,6 +332,47 @@ TEST_F(GpuTest, SharedFirstStepsMatchTheForkAfterTheRouter) {
   expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.shared_first", 1);
   expect_eager_chunks_match(data + "/golden/kernel-dims", "cuda.streams", "cuda.shared_first", 1);
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.shared_first").options, {}, "cuda"), plumb::Error);
+}
+
+// cuda.topk_in_experts: at one token the routed experts' launches rank the gate's logits themselves (kernel-dims:
+// a hash layer and two learned ones, 8 experts, top-2; with its shared expert beside them on cuda.streams, and
+// without): the logits must be the bits of the router's launch, graphed (with PDL, so down ranks before its wait)
+// and eager; the routing taps the same; without cuda.moe_mxfp4, or with the official numerics, it is refused.
+TEST_F(GpuTest, TopkInExpertsStepsMatchTheRouterLaunch) {
+  const std::string data = PLUMB_TEST_DATA;
+  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
+  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.topk_in_experts,cuda.shared_first,cuda.early_joins,cuda.pdl,cuda.pdl_hc_attn");
+  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.moe_mxfp4", "cuda.topk_in_experts,cuda.pdl");
+  expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.topk_in_experts", 1);
+  expect_eager_chunks_match(data + "/golden/kernel-dims", fast + ",cuda.pdl", "cuda.topk_in_experts", 1);
+  // The routing taps (stored by gate/up's block, read after it) against the router's, at one token: every layer's
+  // logits, selection scores (learned), indices and weights.
+  struct RouteSink : plumb::TapSink {
+    std::map<std::string, std::vector<double>> got;
+    bool wants(const std::string& name) const override { return name.find("ffn.gate.") != std::string::npos; }
+    void put(const std::string& name, const plumb::Tensor& t) override { got[name].assign(t.data.begin(), t.data.end()); }
+    void put_index(const std::string& name, const plumb::IndexTensor& t) override { got[name].assign(t.data.begin(), t.data.end()); }
+  };
+  auto a = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(fast).options, {}, "cuda");
+  auto b = plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(fast + ",cuda.topk_in_experts").options, {}, "cuda");
+  const auto toks = test_prompt(6, a->config().vocab);
+  auto sa = a->new_state(), sb = b->new_state();
+  for (size_t pos = 0; pos < toks.size(); ++pos) {
+    RouteSink ta, tb;
+    const std::span<const int32_t> one(toks.data() + pos, 1);
+    const auto la = a->forward(sa, one, &ta, plumb::LogitRows::All), lb = b->forward(sb, one, &tb, plumb::LogitRows::All);
+    EXPECT_EQ(0, std::memcmp(la.data.data(), lb.data.data(), la.data.size() * 4)) << "logits with the routing taps, position " << pos;
+    EXPECT_GE(ta.got.size(), size_t(3 * 3)) << "routing taps (logits, indices, weights) of 3 layers";
+    EXPECT_EQ(ta.got.size(), tb.got.size());
+    for (const auto& [name, v] : ta.got) {
+      ASSERT_TRUE(tb.got.count(name)) << name;
+      EXPECT_EQ(v, tb.got.at(name)) << name << " at position " << pos;
+    }
+  }
+  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.topk_in_experts").options, {}, "cuda"), plumb::Error);
+  EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.moe_mxfp4,cuda.topk_in_experts").options,
+                                  {}, "cuda"),
+               plumb::Error);
 }
 
 // cuda.hc_norm_after_mix: hc_pre's and hc_head's dots on the raw streams, r applied after them (their kernel against

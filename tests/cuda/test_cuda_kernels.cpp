@@ -14,8 +14,11 @@
 #include <numeric>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "core/parallel.h"
 #include "cuda/fp4_layout.h"
+#include "cuda/fwd_kernels.h"
 #include "cuda/kernels.h"
 #include "cuda_test_util.h"
 #include "model/experts.h"
@@ -774,6 +777,96 @@ TEST_F(CudaMoe, GroupTableMatchesScan) {
     std::memcpy(&bits, &y1[size_t(203) * size_t(D)], 4);
     EXPECT_EQ(bits, 0xFFFFFFFFu) << "a slot with expert id -1 was written";
   }
+}
+
+// cuda.topk_in_experts: one token's gate/up and down launches that rank the gate's logits themselves against the
+// router's launch then the launches given its indices. Every routing the ranked launches take (experts per lane 1,
+// 2, 4, 8 and V4's code; the three scores, hash tables with repeats, groups, the faults' renormalizations, a fold)
+// on ordinary logits and on rows with exact ties, NaN and infinities; with PDL (down ranks before its wait) and
+// without. The routing stored by gate/up, h and the outputs must be the same bits; arguments they do not take are
+// refused.
+TEST_F(CudaMoe, RankedInExpertsMatchesRouterLaunch) {
+  namespace d = cuda::detail;
+  Rng rng(31);
+  const int64_t D = 256, I = 128;
+  struct Case {
+    int E, K, score, hash, groups, topk_groups, variant;  // variant: 0 plain, 1 no renorm, 2 unfloored, 3 naive softplus
+    float fold;
+  };
+  const Case cases[] = {{256, 6, 0, 0, 1, 1, 0, 2.5f},  {256, 8, 1, 0, 8, 4, 0, 1.0f}, {64, 6, 2, 0, 1, 1, 1, 1.0f},
+                        {40, 4, 0, 0, 1, 1, 2, 1.5f},   {8, 2, 0, 1, 1, 1, 0, 1.5f},   {200, 6, 0, 1, 1, 1, 0, 1.0f},
+                        {100, 5, 0, 0, 1, 1, 3, 1.0f}, {16, 8, 2, 0, 4, 2, 0, 1.0f}};
+  std::set<int> variants;
+  for (const Case& c : cases) {
+    auto f = make_moe(rng, c.E, D, I);
+    const cuda::MoeExperts m = cuda::upload_experts(f->w);
+    for (int row = 0; row < 3; ++row)
+      for (const bool pdl : {false, true}) {
+        std::vector<float> lg = rng.floats(size_t(c.E), -3.0f, 3.0f);
+        if (row == 1)
+          for (auto& v : lg) v = 0.5f * float(rng.integer(0, 3));  // exact ties
+        if (row == 2) lg[size_t(c.E / 3)] = NAN, lg[size_t(c.E / 2)] = INFINITY, lg[size_t(c.E - 1)] = -INFINITY, lg[1] = -0.0f;
+        std::vector<float> bias(size_t(c.E));
+        for (auto& v : bias) v = row == 1 ? 0.01f * float(rng.integer(0, 3)) : rng.uniform(-0.05f, 0.05f);
+        std::vector<int32_t> tid2eid(size_t(50 * c.K));
+        for (auto& v : tid2eid) v = rng.integer(0, 2) == 0 ? 1 : rng.integer(0, c.E - 1);  // repeats within a token
+        const std::vector<int32_t> tok = {rng.integer(0, 49)};
+        const Acts x = make_acts(Act::F16, rng.floats(size_t(D), -2.0f, 2.0f));
+        cuda::DeviceBuffer dl = cuda::to_device(lg), db = cuda::to_device(bias), dm = cuda::to_device(tid2eid), dt = cuda::to_device(tok);
+        struct Out {
+          std::vector<int32_t> idx;
+          std::vector<float> weight, select, ys;
+          std::vector<uint16_t> h;
+        };
+        d::RouteArgs a;
+        a.n = 1, a.E = c.E, a.K = c.K, a.score = c.score, a.hash = c.hash, a.n_group = c.groups, a.topk_group = c.topk_groups;
+        a.renorm = c.variant != 1, a.unfloored = c.variant == 2, a.softplus_naive = c.variant == 3, a.fold = c.fold;
+        a.logits = dl.as<float>(), a.tokens = dt.as<int32_t>();
+        a.bias = c.hash ? nullptr : db.as<float>();
+        a.tid2eid = c.hash ? dm.as<int32_t>() : nullptr;
+        auto run = [&](bool ranked) {
+          cuda::DeviceBuffer di(size_t(c.K) * 4), dw(size_t(c.K) * 4), ds(size_t(c.E) * 4), dh(size_t(c.K * I) * 2), dy(size_t(c.K * D) * 4);
+          for (auto* b : {&di, &dw, &ds, &dh, &dy}) b->fill_byte(0xAB);
+          d::RouteArgs r = a;
+          r.idx = di.as<int32_t>(), r.weight = dw.as<float>(), r.select = c.hash ? nullptr : ds.as<float>();
+          cuda::Workspace ws;
+          {
+            const d::PdlScope on(pdl);
+            if (ranked) {
+              EXPECT_TRUE(cuda::moe_ranks_in_experts(r, m));
+              cuda::moe_gate_up_ranked(m, r, x.dev.get(), Act::F16, 7.0, dh.as<uint16_t>(), ws);
+              cuda::moe_down_ranked(m, r, dh.as<uint16_t>(), dy.as<float>());
+            } else {
+              d::fwd_route(r, nullptr);
+              cuda::moe_gate_up(m, r.idx, 1, c.K, x.dev.get(), Act::F16, 7.0, nullptr, dh.as<uint16_t>(), nullptr, ws);
+              cuda::moe_down(m, r.idx, 1, c.K, dh.as<uint16_t>(), nullptr, dy.as<float>(), ws);
+            }
+          }
+          cuda::synchronize();
+          variants.insert(d::route_warp_variant(r));
+          return Out{cuda::to_host<int32_t>(di, size_t(c.K)), cuda::to_host<float>(dw, size_t(c.K)), cuda::to_host<float>(ds, size_t(c.E)),
+                     cuda::to_host<float>(dy, size_t(c.K * D)), cuda::to_host<uint16_t>(dh, size_t(c.K * I))};
+        };
+        const Out want = run(false), got = run(true);
+        const std::string tag = fmt::format("E {} K {} score {} hash {} groups {}/{} variant {} row {}{}", c.E, c.K, c.score, c.hash, c.groups,
+                                            c.topk_groups, c.variant, row, pdl ? " (PDL)" : "");
+        ASSERT_EQ(got.idx, want.idx) << tag << ": indices";
+        ASSERT_EQ(0, std::memcmp(got.weight.data(), want.weight.data(), got.weight.size() * 4)) << tag << ": weights";
+        if (!c.hash) {
+          ASSERT_EQ(0, std::memcmp(got.select.data(), want.select.data(), got.select.size() * 4)) << tag << ": selection scores";
+        }
+        for (int s = 0; s < c.K * I; ++s) ASSERT_EQ(got.h[size_t(s)], want.h[size_t(s)]) << tag << ": h at slot " << s / I << ", column " << s % I;
+        for (int s = 0; s < c.K * D; ++s)
+          ASSERT_EQ(0, std::memcmp(&got.ys[size_t(s)], &want.ys[size_t(s)], 4)) << tag << ": ys at slot " << s / D << ", column " << s % D;
+      }
+    // Not taken: more than one token, another expert count than the experts'.
+    d::RouteArgs bad;
+    bad.n = 2, bad.E = c.E, bad.K = c.K;
+    EXPECT_FALSE(cuda::moe_ranks_in_experts(bad, m));
+    bad.n = 1, bad.E = c.E + 1;
+    EXPECT_FALSE(cuda::moe_ranks_in_experts(bad, m));
+  }
+  EXPECT_EQ(variants, (std::set<int>{1, 2, 3, 4, 5})) << "not every variant of the warp code ran";
 }
 
 // The real V4-Flash expert shapes (D 4096, I 2048), 8 tokens x top-6 over 8 experts; sampled rows on the CPU.
