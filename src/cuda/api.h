@@ -305,21 +305,20 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
                  const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
 // ys[t*K + k, :] = W2_e h[t*K + k, :] (fp32, [n*K, D]); h as f16 (h16) or fp32 (h32, converted first). idx must
 // have been written before the launch that precedes this one on the stream (moe_gate_up's, as the forward calls
-// them): under PDL (cuda.pdl) the per-tile kernel reads it, and requests its first weights, before it waits for that
-// launch (GemvArgs::pdl_early).
+// them), or by that launch before it lets this one start (moe_gate_up_ranked's): under PDL (cuda.pdl) the per-tile
+// kernel reads it, and requests its first weights, before it waits for that launch (GemvArgs::pdl_early).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
-// cuda.topk_in_experts: moe_gate_up and moe_down for one token whose routing the launches rank themselves from the
-// gate's logits (`route`: fwd_route's arguments for that token, route.n == 1), one warp per block with the router's
-// own device code, so the same bits as fwd_route then moe_gate_up / moe_down; the router's launch is left out. Gate/up
-// waits for the logits' producer (the launch before it) and stores route.idx, route.weight and route.select as
-// fwd_route would; down ranks before its PDL wait, so the logits must have been written before the launch that
-// precedes it (gate/up's, as the forward calls them). moe_ranks_in_experts: whether they take these arguments and K
-// (one token, K <= 8, E <= 256 and the router's warp kernel; no weight before W2).
+// cuda.topk_in_experts: moe_gate_up for one token whose routing the launch ranks itself from the gate's logits
+// (`route`: fwd_route's arguments for that token, route.n == 1), one warp per block with the router's own device
+// code, so the same bits as fwd_route then moe_gate_up; the router's launch is left out. The launch waits for the
+// logits' producer (the launch before it) and stores route.idx, route.weight and route.select as fwd_route would,
+// before it lets the next launch start (cuda.pdl), so moe_down may follow it as it follows moe_gate_up.
+// moe_ranks_in_experts: whether it takes these arguments (one token, K <= 8, the experts' E <= 256, the router's
+// warp kernel).
 bool moe_ranks_in_experts(const detail::RouteArgs& route, const MoeExperts& m);
 void moe_gate_up_ranked(const MoeExperts& m, const detail::RouteArgs& route, const void* x, Act xt, double limit, uint16_t* h16,
                         Workspace& ws, Stream s = nullptr);
-void moe_down_ranked(const MoeExperts& m, const detail::RouteArgs& route, const uint16_t* h16, float* ys, Stream s = nullptr);
 // The official numerics' routed experts (DeepSeek's fp4_gemm, numerics.official): activations quantized to E4M3 per
 // row and 128-block by act_quant_e4m3 (official::fp8_quant_block: amax floored at 1e-4, the power-of-two scale
 // 2^ceil(log2(amax / 448)), RNE; codes [rows, K], scales [rows, K/128]); experts uploaded in the A8 layout; E4M3 x

@@ -633,14 +633,6 @@ void moe_gate_up_ranked(const MoeExperts& m, const d::RouteArgs& r, const void* 
   d::launch_gemv(a, s);
 }
 
-void moe_down_ranked(const MoeExperts& m, const d::RouteArgs& r, const uint16_t* h16, float* ys, Stream s) {
-  d::GemvArgs a = ranked_args(m.w2, r, m, "moe_down_ranked");
-  a.x = h16, a.x_tok_stride = m.I, a.x_by_token = 0;
-  a.out = ys, a.o_tok_stride = m.D;
-  a.pdl_early = 1;  // (the logits were written before gate/up's launch: down ranks them before its PDL wait)
-  d::launch_gemv(a, s);
-}
-
 void act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, uint8_t* codes, float* scales, Stream s) {
   d::fwd_act_quant_e4m3(x, rows, K, ldx, codes, scales, s);
 }

@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t = int(blockIdx.x) * kRouteWarps + warp;
   if (t >= a.n) return;  // whole warps only: no block barrier below
-  (void)route_token_warp<P, kV4>(a, t, lane, smw + warp * route_warp_smem_floats(a.E), false, true, [] { pdl_begin(); });
+  (void)route_token_warp<P, kV4>(a, t, lane, smw + warp * route_warp_smem_floats(a.E), true, [] { pdl_begin(); });
 }
 
 // The twin (any E up to shared memory, any K): one block per token, ranks by counting.

@@ -179,11 +179,14 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   constexpr bool kEarlyKind = kEarlyMoe || kEarlyDense;
   const bool early = kEarlyMoe && a.pdl_early > 0 && !a.groups && a.pdl > 0;
   const bool early_dense = kEarlyDense && a.pdl > 0 && a.pdl_early != 0;
-  // cuda.topk_in_experts (GemvArgs::route): warp 0 ranks the gate's logits (below) and waits inside (after
-  // requesting the bias), or not at all when early.
-  constexpr bool kRouteKind = FMT == kFp4 && MODE == kMoe && MINB == 3;
+  // cuda.topk_in_experts (GemvArgs::route, gate/up): warp 0 ranks the gate's logits (below) and waits inside, after
+  // requesting the bias.
+  constexpr bool kRouteKind = FMT == kFp4 && MODE == kMoe && MINB == 3 && NMAT == 2;
   const bool routed_here = kRouteKind && a.route_variant > 0;
-  if (MODE == kMoe && a.pdl > 0 && !early && !(routed_here && warp == 0)) pdl_begin();
+  // Block (0, 0) of such a launch stores the routing and lets the next kernel launch only after that (below): its
+  // other warps wait without letting it (a block lets it at its first thread's trigger).
+  const bool route_writer = routed_here && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+  if (MODE == kMoe && a.pdl > 0 && !early && !(routed_here && warp == 0)) route_writer ? pdl_wait() : pdl_begin();
 
   int prob, m;
   if constexpr (MODE == kMoe) {
@@ -206,16 +209,20 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
     } else if (routed_here) {
       if constexpr (kRouteKind) {
         // One token: slot y is choice y; the block serves its expert's slots (those the scan below would find), and
-        // exits unless y is the first of them. Gate/up's block (0, 0) stores the routing (down never). Warp 0's
-        // shared floats (the ranking's) are red's, which the block uses only at its end.
+        // exits unless y is the first of them. Block (0, 0) stores the routing (idx and the weights for down and the
+        // combine, the selection scores for the taps), fences, and only then lets the next kernel launch: down reads
+        // idx before its own wait (pdl_early), as after the router's launch. (That read relies on the fence: the
+        // stores are performed at the device's scope before the trigger, so before down's first instruction; PDL
+        // itself promises visibility only after the wait.) Warp 0's shared floats (the ranking's) are red's, which
+        // the block uses only at its end.
         static_assert(sizeof(red) / 4 >= route_warp_smem_floats(32 * 8), "gemv: red holds the routing's shared floats");
         __shared__ int e_s;
         const int slot = int(blockIdx.y);
         if (warp == 0) {
-          const bool write = NMAT == 2 && blockIdx.x == 0 && slot == 0 && blockIdx.z == 0;
-          const RouteChoice ch = route_token_warp_v(a.route_variant, a.route, 0, lane, &red[0][0][0], early, write, [&] {
-            if (a.pdl > 0 && !early) pdl_begin();
+          const RouteChoice ch = route_token_warp_v(a.route_variant, a.route, 0, lane, &red[0][0][0], route_writer, [&] {
+            if (a.pdl > 0) route_writer ? pdl_wait() : pdl_begin();
           });
+          if (route_writer) __threadfence(), pdl_trigger();
           const int e = __shfl_sync(0xFFFFFFFFu, ch.idx, slot);
           const bool match = lane < a.topk && ch.idx == e;
           const unsigned mask = __ballot_sync(0xFFFFFFFFu, match);
@@ -706,12 +713,12 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
   if (a.route_variant) {  // cuda.topk_in_experts: the per-tile W4A16 kernel at <= 8 slots (its MINB 3 instantiations)
     const RouteArgs& r = a.route;
-    if (a.fmt != kFp4 || a.mode != kMoe || a.n != 1 || a.topk > 8 || a.groups || a.fp4_kernel != 0 || a.kblocks != 1 ||
-        a.route_variant < 1 || a.route_variant > 5 || a.route_variant != route_warp_variant(r) || r.n != 1 || r.E != a.problems ||
-        r.K != a.topk || !r.logits || (a.nmat == 2 && (!r.idx || !r.weight || (!r.hash && !r.select))) || (!r.hash && !r.bias) ||
+    if (a.fmt != kFp4 || a.mode != kMoe || a.nmat != 2 || a.epi != kSwiglu || a.n != 1 || a.topk > 8 || a.groups ||
+        a.fp4_kernel != 0 || a.kblocks != 1 || a.route_variant < 1 || a.route_variant > 5 || a.route_variant != route_warp_variant(r) ||
+        r.n != 1 || r.E != a.problems || r.K != a.topk || !r.logits || !r.idx || !r.weight || (!r.hash && (!r.select || !r.bias)) ||
         (r.hash && (!r.tid2eid || !r.tokens)))
-      throw_arg("gemv: the routed experts rank the gate's logits themselves only for one token, <= 8 choices, <= 256 experts, "
-                "the per-tile W4A16 kernel, with the router's buffers");
+      throw_arg("gemv: gate/up ranks the gate's logits itself only for one token, <= 8 choices, <= 256 experts, the per-tile "
+                "W4A16 kernel, with the router's buffers");
   } else if (a.mode == kMoe && (a.n * a.topk > kMaxSlots || !a.idx)) {
     throw_arg("gemv: moe needs idx and n * topk <= 1024");
   }

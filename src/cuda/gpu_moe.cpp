@@ -260,7 +260,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         }
         tap_routes(m, r);
         const OpRegion d(m.sc.timer, "routed/down", true);
-        moe_down_ranked(*m.w.fp4, r.ranked, h16, ys);
+        moe_down(*m.w.fp4, r.idx, 1, r.K, h16, nullptr, ys, m.sc.ws);
       } else {
         {
           const OpRegion d(m.sc.timer, "routed/gate_up", true);

@@ -311,10 +311,10 @@ struct GemvArgs {
   // cuda.l2_evict_first (set by launch_gemv while an EvictFirstScope lives): the weights' 16-byte loads carry an L2
   // evict-first policy (else evict-normal); every decode GEMV kernel (per-tile, shared-activation, FP4 streaming).
   int l2_evict_first = 0;
-  // cuda.topk_in_experts (MXFP4 W4A16 MoE, one token, n * topk <= 8, the per-tile kernel; idx unused): each block
-  // ranks the gate's logits itself (route_token_warp at route_variant, one warp) and serves the expert of its slot.
-  // Gate/up waits for the gate (its bias requested before the wait), and its block (0, 0) stores idx, the weights
-  // and the selection scores; down (pdl_early) ranks before its wait, the logits being two launches back.
+  // cuda.topk_in_experts (MXFP4 W4A16 gate/up, one token, n * topk <= 8, the per-tile kernel; idx unused): each
+  // block ranks the gate's logits itself after its wait (route_token_warp at route_variant, one warp; the bias
+  // requested before it) and serves the expert of its slot; block (0, 0) stores idx, the weights and the selection
+  // scores before it lets the next kernel launch (gemv.cu).
   RouteArgs route;
   int route_variant = 0;  // 0: idx as given; 1-5: route_warp_variant(route)
 };

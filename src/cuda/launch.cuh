@@ -21,6 +21,11 @@
 namespace plumb::cuda::detail {
 
 __device__ __forceinline__ void pdl_begin() { asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory"); }
+// pdl_begin's two steps apart, for a block that stores something the next kernel reads before its own wait: wait,
+// store, __threadfence (the stores performed at the device's scope), then let the next kernel launch. The next
+// kernel launches only once every block has let it (or exited), so those stores precede its first instruction.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // The GPU's global timer in ns (it advances in steps of ~0.26 us on the H200), and a spin of at least `ns` on it.
 __device__ __forceinline__ uint64_t global_ns() {

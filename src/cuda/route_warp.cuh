@@ -30,18 +30,6 @@ __device__ __forceinline__ float group_score(const float* sel, int g, int per) {
   return b0 + (per > 1 ? b1 : 0.0f);
 }
 
-// A load of another kernel's output: plain (after the caller's PDL wait), or, `early`, before it (the producer two
-// or more launches back, see gemv.cu's pdl_early): ld.global.cg (no stale L1 line) in a volatile asm, which the
-// compiler keeps in order with pdl_begin's (an __ldcg may be hoisted across it: launch.cuh).
-template <class T>
-__device__ __forceinline__ T route_load(const T* p, bool early) {
-  static_assert(sizeof(T) == 4);
-  if (!early) return *p;
-  uint32_t v;
-  asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(v) : "l"(p));
-  return __builtin_bit_cast(T, v);
-}
-
 struct RouteChoice {
   int idx = 0;         // lanes k < K: choice k's expert
   float weight = 0.f;  // and its weight (the floor, the factor)
@@ -54,12 +42,11 @@ struct RouteChoice {
 // serial scan, one lane per group; top-k as K rounds of (warp max key, then the lowest expert id holding it), which
 // is the rank order of beats(); the weights' float sum in choice order. `smw`: route_warp_smem_floats(E) floats of
 // this warp. `wait()` runs after the bias (a weight) is requested and before the logits and token ids are read (the
-// caller's PDL wait, or nothing when `early`). `write`: store idx, weight and (learned layers) the selection scores.
+// caller's PDL wait). `write`: store idx, weight and (learned layers) the selection scores.
 // kV4: V4's learned routing only (sqrtsoftplus, no groups, the floored renormalization, no fault), as compile-time
 // constants, so the other paths fold away (the launches choose it when the arguments say so: route_warp_variant).
 template <int P, bool kV4, class Wait>
-__device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int t, int lane, float* smw, bool early, bool write,
-                                                        Wait&& wait) {
+__device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int t, int lane, float* smw, bool write, Wait&& wait) {
   const int E = a.E, K = a.K;
   const int score_fn = kV4 ? 0 : a.score;
   const bool hash = !kV4 && a.hash, naive = !kV4 && a.softplus_naive, grouped = !kV4 && a.n_group > 1 && a.topk_group < a.n_group;
@@ -69,7 +56,8 @@ __device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int 
   float* gs_s = sel_s + E;
   int* kept_s = reinterpret_cast<int*>(gs_s + kRouteMaxGroups);
   // Every global load of the token first, all independent (the hash row's index waits only for the token id): the
-  // bias before the wait, the logits and the token id after it.
+  // bias (a weight) before the wait, the logits and the token id after it, as plain loads (an __ldg of an address
+  // known before the wait may be hoisted above it: launch.cuh).
   float x[P], b[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) {
@@ -78,12 +66,12 @@ __device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int 
   }
   wait();
   int tok = 0;
-  if (hash) tok = route_load(a.tokens + t, early);
+  if (hash) tok = a.tokens[t];
   const float* lg = a.logits + int64_t(t) * E;
 #pragma unroll
   for (int i = 0; i < P; ++i) {
     const int e = i * 32 + lane;
-    x[i] = e < E ? route_load(lg + e, early) : -INFINITY;
+    x[i] = e < E ? lg[e] : -INFINITY;
   }
   int hidx = 0;
   if (hash && lane < K) hidx = __ldg(a.tid2eid + int64_t(tok) * K + lane);
@@ -208,14 +196,14 @@ __device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int 
 // route_token_warp at the host's route_warp_variant (1-5: experts per lane 1, 2, 4, 8, and 8 with V4's routing;
 // the routed experts' launches take E <= 256, so not 6).
 template <class Wait>
-__device__ __forceinline__ RouteChoice route_token_warp_v(int variant, const RouteArgs& a, int t, int lane, float* smw, bool early,
-                                                          bool write, Wait&& wait) {
+__device__ __forceinline__ RouteChoice route_token_warp_v(int variant, const RouteArgs& a, int t, int lane, float* smw, bool write,
+                                                          Wait&& wait) {
   switch (variant) {
-    case 1: return route_token_warp<1, false>(a, t, lane, smw, early, write, wait);
-    case 2: return route_token_warp<2, false>(a, t, lane, smw, early, write, wait);
-    case 3: return route_token_warp<4, false>(a, t, lane, smw, early, write, wait);
-    case 4: return route_token_warp<8, false>(a, t, lane, smw, early, write, wait);
-    default: return route_token_warp<8, true>(a, t, lane, smw, early, write, wait);
+    case 1: return route_token_warp<1, false>(a, t, lane, smw, write, wait);
+    case 2: return route_token_warp<2, false>(a, t, lane, smw, write, wait);
+    case 3: return route_token_warp<4, false>(a, t, lane, smw, write, wait);
+    case 4: return route_token_warp<8, false>(a, t, lane, smw, write, wait);
+    default: return route_token_warp<8, true>(a, t, lane, smw, write, wait);
   }
 }
 

@@ -170,16 +170,17 @@ std::vector<Patch> make_registry() {
                // Where the fork sits only: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_shared_first = true; }, false, "cuda"});
   r.push_back({"cuda.topk_in_experts", "the router's top-k as a launch of its own between the gate and the routed experts",
-               "one-token steps with cuda.moe_mxfp4: the routed experts' gate/up and down launches rank the gate's "
-               "logits themselves (one warp per block, the router kernel's own device code), so the top-k's dependent "
-               "launch leaves the chain; gate/up waits for the gate and one of its blocks stores the routing for the "
-               "combine and the taps, down ranks before its PDL wait (the logits are two launches back) and requests "
-               "its first weights there as before. Not with the official numerics or moe.weight_before_down (gate/up "
-               "would need the weights before it starts); needs cuda.moe_mxfp4",
-               "a block that ranked other logits than the router would stream another expert: wrong outputs of O(1) "
-               "for that token; tested bit-identical to the router's launch (kernels: indices, weights, selection "
-               "scores and both outputs over scoring functions, hash and grouped routing; the forward over graph and "
-               "eager steps)",
+               "one-token steps with cuda.moe_mxfp4: each block of the routed experts' gate/up launch ranks the gate's "
+               "logits itself (one warp, the router kernel's own device code) and streams the expert of its slot, so "
+               "the top-k's dependent launch leaves the chain; one block stores the routing (indices and weights for "
+               "down and the combine, selection scores for the taps), fences, and only then lets down launch, which "
+               "reads the indices before its PDL wait as it does after the router's launch. Not with the official "
+               "numerics or moe.weight_before_down (gate/up would need the weights before it starts); needs "
+               "cuda.moe_mxfp4",
+               "a block that ranked other logits than the router would stream another expert, and a down that read "
+               "the indices before they were stored would too: O(1) errors for that token; tested bit-identical to "
+               "the router's launch (the kernel over scoring functions, hash and grouped routing, with and without "
+               "PDL; the forward over graph and eager steps, taps included)",
                // The same device code on the same logits: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_topk_in_experts = true; }, false, "cuda"});
   r.push_back({"cuda.hc_norm_after_mix", "hc_pre's mixes of the normalized streams, float(x * r) . fn (its dots wait for r)",

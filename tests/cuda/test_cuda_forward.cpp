@@ -334,10 +334,11 @@ TEST_F(GpuTest, SharedFirstStepsMatchTheForkAfterTheRouter) {
   EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.shared_first").options, {}, "cuda"), plumb::Error);
 }
 
-// cuda.topk_in_experts: at one token the routed experts' launches rank the gate's logits themselves (kernel-dims:
+// cuda.topk_in_experts: at one token the routed experts' gate/up launch ranks the gate's logits itself (kernel-dims:
 // a hash layer and two learned ones, 8 experts, top-2; with its shared expert beside them on cuda.streams, and
-// without): the logits must be the bits of the router's launch, graphed (with PDL, so down ranks before its wait)
-// and eager; the routing taps the same; without cuda.moe_mxfp4, or with the official numerics, it is refused.
+// without): the logits must be the bits of the router's launch, graphed (with PDL, so down reads the indices gate/up
+// stored before its wait) and eager; the routing taps the same; without cuda.moe_mxfp4, or with the official
+// numerics, it is refused.
 TEST_F(GpuTest, TopkInExpertsStepsMatchTheRouterLaunch) {
   const std::string data = PLUMB_TEST_DATA;
   const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";

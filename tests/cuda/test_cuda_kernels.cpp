@@ -779,12 +779,11 @@ TEST_F(CudaMoe, GroupTableMatchesScan) {
   }
 }
 
-// cuda.topk_in_experts: one token's gate/up and down launches that rank the gate's logits themselves against the
-// router's launch then the launches given its indices. Every routing the ranked launches take (experts per lane 1,
-// 2, 4, 8 and V4's code; the three scores, hash tables with repeats, groups, the faults' renormalizations, a fold)
-// on ordinary logits and on rows with exact ties, NaN and infinities; with PDL (down ranks before its wait) and
-// without. The routing stored by gate/up, h and the outputs must be the same bits; arguments they do not take are
-// refused.
+// cuda.topk_in_experts: one token's gate/up launch that ranks the gate's logits itself, then down on the indices it
+// stored, against the router's launch then gate/up and down. Every routing it takes (experts per lane 1, 2, 4, 8 and
+// V4's code; the three scores, hash tables with repeats, groups, the faults' renormalizations, a fold) on ordinary
+// logits and on rows with exact ties, NaN and infinities; with PDL (down reads the indices before its wait) and
+// without. The routing, h and the outputs must be the same bits; arguments it does not take are refused.
 TEST_F(CudaMoe, RankedInExpertsMatchesRouterLaunch) {
   namespace d = cuda::detail;
   Rng rng(31);
@@ -835,7 +834,7 @@ TEST_F(CudaMoe, RankedInExpertsMatchesRouterLaunch) {
             if (ranked) {
               EXPECT_TRUE(cuda::moe_ranks_in_experts(r, m));
               cuda::moe_gate_up_ranked(m, r, x.dev.get(), Act::F16, 7.0, dh.as<uint16_t>(), ws);
-              cuda::moe_down_ranked(m, r, dh.as<uint16_t>(), dy.as<float>());
+              cuda::moe_down(m, r.idx, 1, c.K, dh.as<uint16_t>(), nullptr, dy.as<float>(), ws);
             } else {
               d::fwd_route(r, nullptr);
               cuda::moe_gate_up(m, r.idx, 1, c.K, x.dev.get(), Act::F16, 7.0, nullptr, dh.as<uint16_t>(), nullptr, ws);
