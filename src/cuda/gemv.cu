@@ -146,7 +146,7 @@ __device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned
 // gate/up at <= 8 slots.
 constexpr int bound_threads(int minb) { return minb == 0 ? 128 : kMaxWarps * 32; }
 constexpr int bound_blocks(int minb) { return minb == 0 ? 3 : minb; }
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1>
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1, bool ROUTE = false>
 __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_kernel(const GemvArgs a) {
   static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
   // Chunks whose loads are issued before the first is used (MXFP4 at MINB 3, <= 85 registers: half as many, which
@@ -179,9 +179,10 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   constexpr bool kEarlyKind = kEarlyMoe || kEarlyDense;
   const bool early = kEarlyMoe && a.pdl_early > 0 && !a.groups && a.pdl > 0;
   const bool early_dense = kEarlyDense && a.pdl > 0 && a.pdl_early != 0;
-  // cuda.topk_in_experts (GemvArgs::route, gate/up): warp 0 ranks the gate's logits (below) and waits inside, after
-  // requesting the bias.
-  constexpr bool kRouteKind = FMT == kFp4 && MODE == kMoe && MINB == 3 && NMAT == 2;
+  // cuda.topk_in_experts (GemvArgs::route, gate/up; an instantiation of its own, ROUTE, so that the others keep
+  // their code and registers): warp 0 ranks the gate's logits (below) and waits inside, after requesting the bias.
+  static_assert(!ROUTE || (FMT == kFp4 && MODE == kMoe && MINB == 3 && NMAT == 2 && NP == 1), "gemv: ROUTE is gate/up's at <= 8 slots");
+  constexpr bool kRouteKind = ROUTE;
   const bool routed_here = kRouteKind && a.route_variant > 0;
   // Block (0, 0) of such a launch stores the routing and lets the next kernel launch only after that (below): its
   // other warps wait without letting it (a block lets it at its first thread's trigger).
@@ -630,6 +631,12 @@ void launch_t(const GemvArgs& a, Stream s) {
                   unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
   auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
+  if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
+    if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
+      if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
+      kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, true>;
+    }
+  }
   if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
     if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
   if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
