@@ -198,14 +198,6 @@ RouterWeights upload_router(const MoeWeights& w, int64_t E, int64_t D);
 // rows % 16 == 0, cols % 128 == 0.
 void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws,
                 Stream s = nullptr);
-// cuda.q_norm_fused: fp8_linear into y [n, w.rows] (rows contiguous), then RMSNorm of each row in place with weights
-// norm_w (null: unweighted) and eps, also as f16 into y16 ([n, w.rows], optional): the last block of the GEMV's
-// launch normalizes as the norm kernel's 256 threads would, so the bits of fp8_linear then fwd_rms_norm, one launch
-// fewer. fp8_linear_norm_fits: whether the GEMV's launch for n tokens has that form (n <= 8, no split of K across
-// blocks, at most 2048 rows: one pass of the norm).
-bool fp8_linear_norm_fits(const Fp8Matrix& w, int n);
-void fp8_linear_norm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, const float* norm_w, double eps,
-                     uint16_t* y16, Workspace& ws, Stream s = nullptr);
 // The official numerics' FP8 linear (DeepSeek's fp8_gemm): y[t, :] = bf16(sum over 128-blocks b of (the E4M3 products
 // of x's codes and W's, summed in fp32) * (xs[t, b] * W's block scale)), x quantized by act_quant_e4m3 (codes [n,
 // cols], scales [n, cols/128]); y rows `ldy` floats apart. The E4M3 tensor cores take both as stored.

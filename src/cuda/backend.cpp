@@ -466,27 +466,6 @@ void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, f
   d::launch_gemv(a, s);
 }
 
-bool fp8_linear_norm_fits(const Fp8Matrix& w, int n) {
-  d::GemvArgs a = base_args(d::kFp8);
-  fill_fp8(a, 0, w);
-  a.n = n;
-  dense_split(a, n);
-  return n >= 1 && n <= 8 && a.kblocks == 1 && !a.shared_x && a.token_groups <= 1 && a.minblocks == 1 && w.rows <= 8 * 256;
-}
-
-void fp8_linear_norm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, const float* norm_w, double eps,
-                     uint16_t* y16, Workspace& ws, Stream s) {
-  PLUMB_CHECK(fp8_linear_norm_fits(w, n), "fp8_linear_norm: [{}, {}] at {} tokens is not in the fused form (<= 8 tokens, <= 2048 rows)",
-              w.rows, w.cols, n);
-  d::GemvArgs a = base_args(d::kFp8);
-  fill_fp8(a, 0, w);
-  a.x = as_f16(x, xt, n, w.cols, ldx, ws, s);
-  a.x_tok_stride = ldx, a.out = y, a.o_tok_stride = w.rows, a.n = n;
-  dense_split(a, n);
-  a.norm_w = norm_w, a.norm_eps = eps, a.norm_h16 = y16, a.norm_counter = ws.counters(1);
-  d::launch_gemv(a, s);
-}
-
 void fp8_linear_a8(const Fp8Matrix& w, const uint8_t* x8, const float* xs, int n, float* y, int64_t ldy, Workspace& ws, Stream s) {
   d::GemvArgs a = base_args(d::kFp8A8);
   fill_fp8(a, 0, w);

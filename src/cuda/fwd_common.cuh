@@ -114,66 +114,6 @@ __device__ __forceinline__ void rms_store(float* v, int64_t b, int64_t step, int
     }
 }
 
-// rms_norm_kernel's one pass over a row of dim <= kU * blockDim.x values: the thread's weights g (rms_weights,
-// loaded beforehand: the kernel requests them before its PDL wait), its kU values, the block's fp64 sum of squares,
-// the stores (rms_store).
-template <int kU>
-__device__ __forceinline__ void rms_weights(const float* w, int64_t dim, float (&g)[kU]) {
-#pragma unroll
-  for (int u = 0; u < kU; ++u) g[u] = w ? w[min(int64_t(threadIdx.x) + u * int64_t(blockDim.x), dim - 1)] : 1.0f;
-}
-template <int kU>
-__device__ __forceinline__ void rms_norm_pass(float* v, int64_t dim, const float (&g)[kU], bool weighted, double eps, double* sh,
-                                              __half* h16, bool bf16_out) {
-  const int64_t step = blockDim.x, b = threadIdx.x;
-  float xv[kU];
-  load_strided(v, b, step, dim, xv);
-  double ss = 0;
-#pragma unroll
-  for (int u = 0; u < kU; ++u)
-    if (b + u * step < dim) ss += double(xv[u]) * xv[u];
-  const float inv = rms_inv(block_sum(ss, sh), dim, eps);
-  rms_store(v, b, step, dim, xv, g, weighted, inv, bf16_out, h16);
-}
-
-// rms_norm_pass as rms_norm_kernel's kT = 256 threads compute it (fwd_rms_norm's launch), by a block of any multiple
-// of 32 threads up to kT, each real thread taking the virtual threads t, t + blockDim.x, ...: each virtual thread's
-// kU values and fp64 sum of squares, each virtual warp's butterfly (a virtual warp's lanes are one real warp's),
-// the kT / 32 warp sums in order (block_sum's), the stores: the same bits (cuda.q_norm_fused: a GEMV's last block,
-// whatever its warps). The row was written by other blocks of the running kernel, so it is read from L2
-// (ld.global.cg in a volatile asm with a memory clobber: never a stale L1 line, never above the caller's
-// synchronization). `sh`: kT / 32 doubles. Ends with a barrier (sh may be reused at once).
-template <int kU>
-__device__ __forceinline__ void rms_norm_pass_as256(float* v, int64_t dim, const float* w, double eps, double* sh, __half* h16) {
-  constexpr int kT = 256;
-  auto load = [&](int vt, float (&xv)[kU]) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(xv[u]) : "l"(v + min(int64_t(vt) + u * kT, dim - 1)) : "memory");
-  };
-  for (int vt = threadIdx.x; vt < kT; vt += blockDim.x) {
-    float xv[kU];
-    load(vt, xv);
-    double ss = 0;
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      if (vt + u * kT < dim) ss += double(xv[u]) * xv[u];
-    ss = warp_sum(ss);
-    if ((vt & 31) == 0) sh[vt >> 5] = ss;
-  }
-  __syncthreads();
-  double t = 0;
-  for (int i = 0; i < kT / 32; ++i) t += sh[i];  // block_sum's fixed order
-  const float inv = rms_inv(t, dim, eps);
-  for (int vt = threadIdx.x; vt < kT; vt += blockDim.x) {  // (each virtual thread stores only the elements it loaded)
-    float xv[kU], g[kU];
-    load(vt, xv);
-#pragma unroll
-    for (int u = 0; u < kU; ++u) g[u] = w ? w[min(int64_t(vt) + u * kT, dim - 1)] : 1.0f;
-    rms_store(v, vt, kT, dim, xv, g, w != nullptr, inv, false, h16);
-  }
-  __syncthreads();
-}
-
 // bf16_out (the official numerics' rms_norm then act): each result rounded to bf16 as it is stored. kU: a thread's
 // elements loaded together (any kU sums in the same order: the same bits).
 template <int kU = 8>

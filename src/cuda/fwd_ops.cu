@@ -593,12 +593,21 @@ __global__ void linear_indexed_kernel(const DMat* mats, const int32_t* idx, int 
 __global__ void rms_norm_kernel(float* x, int64_t dim, int64_t ld, const float* w, double eps, uint16_t* out16, int round_bf16) {
   __shared__ double sh[32];
   constexpr int kU = 8;  // rms_norm_row's default
-  if (dim <= kU * int64_t(blockDim.x)) {
-    float g[kU];
-    rms_weights(w, dim, g);
+  const int64_t step = blockDim.x, b = threadIdx.x;
+  if (dim <= kU * step) {
+    float g[kU], xv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) g[u] = w ? w[min(b + u * step, dim - 1)] : 1.0f;
     pdl_begin();
-    rms_norm_pass(x + int64_t(blockIdx.x) * ld, dim, g, w != nullptr, eps, sh,
-                  out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr, round_bf16 != 0);
+    float* v = x + int64_t(blockIdx.x) * ld;
+    load_strided(v, b, step, dim, xv);
+    double ss = 0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (b + u * step < dim) ss += double(xv[u]) * xv[u];
+    const float inv = rms_inv(block_sum(ss, sh), dim, eps);
+    rms_store(v, b, step, dim, xv, g, w != nullptr, inv, round_bf16 != 0,
+              out16 ? reinterpret_cast<__half*>(out16) + int64_t(blockIdx.x) * dim : nullptr);
     return;
   }
   pdl_begin();

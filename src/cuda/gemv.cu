@@ -146,10 +146,7 @@ __device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned
 // gate/up at <= 8 slots.
 constexpr int bound_threads(int minb) { return minb == 0 ? 128 : kMaxWarps * 32; }
 constexpr int bound_blocks(int minb) { return minb == 0 ? 3 : minb; }
-// FUSE: kFuseNone, or an instantiation of its own for a fused step, so that the others keep their code and registers:
-// kFuseRoute (cuda.topk_in_experts, MXFP4 gate/up) or kFuseNorm (cuda.q_norm_fused, one FP8 matrix).
-enum Fuse : int { kFuseNone = 0, kFuseRoute = 1, kFuseNorm = 2 };
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1, int FUSE = kFuseNone>
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1, bool ROUTE = false>
 __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_kernel(const GemvArgs a) {
   static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
   // Chunks whose loads are issued before the first is used (MXFP4 at MINB 3, <= 85 registers: half as many, which
@@ -182,20 +179,10 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   constexpr bool kEarlyKind = kEarlyMoe || kEarlyDense;
   const bool early = kEarlyMoe && a.pdl_early > 0 && !a.groups && a.pdl > 0;
   const bool early_dense = kEarlyDense && a.pdl > 0 && a.pdl_early != 0;
-  // cuda.topk_in_experts (GemvArgs::route, gate/up, kFuseRoute): warp 0 ranks the gate's logits (below) and waits
-  // inside, after requesting the bias.
-  static_assert(FUSE != kFuseRoute || (FMT == kFp4 && MODE == kMoe && MINB == 3 && NMAT == 2 && NP == 1),
-                "gemv: kFuseRoute is gate/up's at <= 8 slots");
-  static_assert(FUSE != kFuseNorm || (FMT == kFp8 && MODE == kDense && NMAT == 1 && EPI == kStore && NP == 1),
-                "gemv: kFuseNorm is one FP8 matrix's");
-  constexpr bool kRouteKind = FUSE == kFuseRoute;
-  // A dense launch's PDL wait: with its trigger, except under kFuseNorm, whose next kernel launches only when the
-  // last block starts the norm (the others exit first): the next kernel's blocks (wq_b's early weight loads) would
-  // otherwise stream beside this GEMV instead of beside the norm.
-  auto dense_enter = [&] {
-    if constexpr (FUSE == kFuseNorm) pdl_wait();
-    else pdl_begin();
-  };
+  // cuda.topk_in_experts (GemvArgs::route, gate/up; an instantiation of its own, ROUTE, so that the others keep
+  // their code and registers): warp 0 ranks the gate's logits (below) and waits inside, after requesting the bias.
+  static_assert(!ROUTE || (FMT == kFp4 && MODE == kMoe && MINB == 3 && NMAT == 2 && NP == 1), "gemv: ROUTE is gate/up's at <= 8 slots");
+  constexpr bool kRouteKind = ROUTE;
   const bool routed_here = kRouteKind && a.route_variant > 0;
   // Block (0, 0) of such a launch stores the routing and lets the next kernel launch only after that (below): its
   // other warps wait without letting it (a block lets it at its first thread's trigger).
@@ -323,7 +310,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
 #pragma unroll
         for (int q = 0; q < NMAT; ++q)
           for (int c = 0; c < min(nch, U); ++c) prefetch_l2(pa[q] + c * CB), prefetch_l2(pb[q] + c * CB);
-      dense_enter();
+      pdl_begin();
     }
   }
 
@@ -498,7 +485,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
 #pragma unroll
         for (int q = 0; q < NMAT; ++q) ps0[q] = ps[q][0];
         load_fp8_chunks<UU, NMAT>(pa, pb, ps0, a.s_f32, c, wpol, A, B, S);
-        if (early_dense && p0 == 0 && c == 0) dense_enter();  // the activations are the previous kernel's output
+        if (early_dense && p0 == 0 && c == 0) pdl_begin();  // the activations are the previous kernel's output
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
 #pragma unroll
@@ -543,7 +530,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
     } else {
       run(std::false_type{});
     }
-    if ((early || early_dense) && nch == 0 && p0 == 0) dense_enter();  // (a warp with no chunks waits here)
+    if ((early || early_dense) && nch == 0 && p0 == 0) pdl_begin();  // (a warp with no chunks waits here)
 
     // Reduce the block's K split (fixed order), then optionally across blocks.
 #pragma unroll
@@ -595,25 +582,6 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
     }
     __syncthreads();
   }
-  if constexpr (FUSE == kFuseNorm) {
-    // cuda.q_norm_fused: the last block to finish normalizes the n output rows in place (and as f16) as
-    // rms_norm_kernel's 256 threads would (rms_norm_pass_as256), so the bits of the separate launch. Each block's
-    // stores, then a fence, then its count (the last one counts after every other block's rows), then the last
-    // block's fence and its reads of the rows from L2; it leaves the counter at zero for the next launch.
-    __shared__ int last_s;
-    __shared__ double norm_sh[8];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_s = atomicAdd(a.norm_counter, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
-    __syncthreads();
-    if (!last_s) return;
-    if (a.pdl > 0) pdl_trigger();
-    __threadfence();
-    for (int r = 0; r < a.n; ++r)
-      rms_norm_pass_as256<8>(static_cast<float*>(a.out) + int64_t(r) * a.o_tok_stride, a.rows, a.norm_w, a.norm_eps, norm_sh,
-                             a.norm_h16 ? reinterpret_cast<__half*>(a.norm_h16) + int64_t(r) * a.rows : nullptr);
-    if (threadIdx.x == 0) *a.norm_counter = 0;
-  }
 }
 
 __global__ void combine_kernel(const float* __restrict__ ys, const float* __restrict__ w, int K, int64_t D, float out_scale,
@@ -663,6 +631,12 @@ void launch_t(const GemvArgs& a, Stream s) {
                   unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
   auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
+  if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
+    if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
+      if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
+      kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, true>;
+    }
+  }
   if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
     if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
   if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
@@ -676,20 +650,6 @@ void launch_t(const GemvArgs& a, Stream s) {
     const bool u1 = a.fp8_unroll == 1;
     if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;
     if (np == 4) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 4>;
-  }
-  // The fused steps' instantiations (FUSE), last: they replace whatever was chosen above.
-  if constexpr (FMT == kFp8 && NMAT == 1 && MODE == kDense && EPI == kStore) {
-    if (a.norm_counter) {  // cuda.q_norm_fused (launch_gemv checked the rest)
-      if (a.minblocks != 1 || a.kblocks != 1 || a.token_groups > 1)
-        throw_arg("gemv: the fused RMSNorm takes the register path's one-pass form (minblocks 1, no split of K across blocks)");
-      kern = a.fp8_unroll == 4 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 4, 1, kFuseNorm> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 2, 1, kFuseNorm>;
-    }
-  }
-  if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
-    if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
-      if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
-      kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, kFuseRoute>;
-    }
   }
   launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
@@ -758,11 +718,6 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   const int xb = a8 ? 1 : 2;  // bytes per activation
   if (!aligned16(a.x) || (a.x_tok_stride * xb) % 16 || (a.x_prob_stride * xb) % 16)
     throw_arg("gemv: activations must be 16-byte aligned, rows included");
-  if (a.norm_counter) {  // cuda.q_norm_fused: rows within one pass of rms_norm_kernel's 256 threads (8 each)
-    if (a.fmt != kFp8 || a.mode != kDense || a.nmat != 1 || a.epi != kStore || a.out_half || a.ntab || a.shared_x || a.n > 8 ||
-        a.rows > 8 * 256 || a.o_tok_stride < a.rows)
-      throw_arg("gemv: the fused RMSNorm takes one FP8 matrix of at most 2048 rows and at most 8 tokens");
-  }
   if (a.route_variant) {  // cuda.topk_in_experts: the per-tile W4A16 kernel at <= 8 slots (its MINB 3 instantiations)
     const RouteArgs& r = a.route;
     if (a.fmt != kFp4 || a.mode != kMoe || a.nmat != 2 || a.epi != kSwiglu || a.n != 1 || a.topk > 8 || a.groups ||

@@ -220,15 +220,9 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
-  // cuda.q_norm_fused: q_norm in wq_a's launch (its last block), the bits of the separate launch below; with x16, so
-  // that the normalized qr's f16 copy is made there too (qr16 below).
-  auto* qr16 = x16 ? static_cast<uint16_t*>(sc.get("attn.qr16", size_t(n) * size_t(QL) * 2)) : nullptr;
-  const bool q_norm_fused = w.q_norm_fused && qr16 && !nm.official() && w.wq_a.fp8 && !(w.wq_a.gemm_min && n >= w.wq_a.gemm_min) &&
-                            fp8_linear_norm_fits(*w.wq_a.fp8, n);
   {
     const OpRegion d(tm, "q/wq_a", true);
-    if (q_norm_fused) fp8_linear_norm(*w.wq_a.fp8, x16, cuda::Act::F16, D, n, qr, f32(w.q_norm), c.rms_eps, qr16, sc.work());
-    else nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
+    nm.proj(w.wq_a, x, n, D, qr, QL, sc, x16);
   }
   branch_wait(side, sc.ev_fork);
   branch_wait(side2, sc.ev_fork);
@@ -314,7 +308,8 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // With x16 (the FP8 GEMVs' f16 input, made by the norms), qr is normalized into an f16 copy too: wq_b and the
   // indexer's wq_b read it without a conversion launch each.
   region.emplace(tm, "attn.q_kv");
-  if (!q_norm_fused) {
+  auto* qr16 = x16 ? static_cast<uint16_t*>(sc.get("attn.qr16", size_t(n) * size_t(QL) * 2)) : nullptr;
+  {
     const OpRegion d(tm, "q/norm", true);
     if (!nm.rms_norm(qr, n, QL, f32(w.q_norm), c.rms_eps, qr16)) qr16 = nullptr;
   }

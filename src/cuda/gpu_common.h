@@ -75,7 +75,6 @@ struct GpuAttn {
   bool index_dmma = false;               // indexer.dmma_scores: its dots on the fp64 tensor cores where they fit
   bool skip_short = false;               // indexer.skip_short: every visible entry while the top-k would take them all
   bool comp_deferred = false;            // cuda.comp_deferred: one-token steps project the compressors' rows per window
-  bool q_norm_fused = false;             // cuda.q_norm_fused: q_norm in wq_a's launch where its FP8 GEMV fits
   bool iweights_gemv = false;            // cuda.bf16_gemv under the official numerics: weights_proj on the bf16 GEMV
 };
 struct GpuExperts {           // E matrices each of w1, w2, w3 and their descriptors as device arrays

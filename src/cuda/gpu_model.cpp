@@ -73,10 +73,6 @@ void check_options(const ModelOptions& o) {
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
   refuse(o.cuda_hc_norm_after_mix, "cuda.hc_norm_after_mix");
   refuse(o.cuda_comp_deferred, "cuda.comp_deferred");
-  refuse(o.cuda_q_norm_fused, "cuda.q_norm_fused");
-  // Its GEMV is cuda.fp8_gemv's W8A16 kernel; without it there is no launch to fuse into.
-  PLUMB_CHECK(!o.cuda_q_norm_fused || o.cuda_fp8_gemv,
-              "backend cuda: cuda.q_norm_fused normalizes inside cuda.fp8_gemv's wq_a launch and needs it: add cuda.fp8_gemv");
   // Its kernel computes the reference's mixes from fp32 streams: with bf16 mixing it would silently not apply.
   PLUMB_CHECK(!o.cuda_hc_norm_after_mix || !o.mhc_bf16_mix,
               "backend cuda: cuda.hc_norm_after_mix computes the reference's fp32 mixes and does not combine with mhc.bf16_mix: drop one of "
@@ -208,7 +204,6 @@ class GpuForward : public DeviceForward {
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
       gl.attn.skip_short = opt_.indexer_skip_short;
       gl.attn.comp_deferred = opt_.cuda_comp_deferred;
-      gl.attn.q_norm_fused = opt_.cuda_q_norm_fused;
       if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8_rest), set_gemm(*gl.attn.comp);
       if (a.indexer) {
         gl.attn.icomp = upload_comp(a.indexer->comp, fp8_rest);

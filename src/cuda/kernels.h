@@ -317,14 +317,6 @@ struct GemvArgs {
   // scores before it lets the next kernel launch (gemv.cu).
   RouteArgs route;
   int route_variant = 0;  // 0: idx as given; 1-5: route_warp_variant(route)
-  // cuda.q_norm_fused (one FP8 matrix, fp32 output, <= 2048 rows, <= 8 tokens, 8 warps per block): the launch's last
-  // block normalizes each output row in place, RMSNorm with weights norm_w (null: unweighted) and norm_eps, and
-  // writes it as f16 to norm_h16 ([n, rows], optional), the bits of fwd_rms_norm after the GEMV. norm_counter: one
-  // unsigned, zero on entry, left zero (non-null turns it on).
-  const float* norm_w = nullptr;
-  double norm_eps = 0;
-  uint16_t* norm_h16 = nullptr;
-  unsigned* norm_counter = nullptr;
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).

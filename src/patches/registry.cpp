@@ -176,24 +176,16 @@ std::vector<Patch> make_registry() {
                "down and the combine, selection scores for the taps), fences, and only then lets down launch, which "
                "reads the indices before its PDL wait as it does after the router's launch. Not with the official "
                "numerics or moe.weight_before_down (gate/up would need the weights before it starts); needs "
-               "cuda.moe_mxfp4",
+               "cuda.moe_mxfp4. On the H200 (paired A/B, 4-layer stack, batch 1, session 49) it is 2.0-3.4 us per "
+               "layer slower beside FAST: gate/up's blocks, resident while the gate runs, take the SMs before "
+               "cuda.shared_first's shared expert, whose GEMV then ends after down; without cuda.shared_first it is "
+               "1.0-1.2 us faster than that stack, which is itself ~4 us slower than FAST",
                "a block that ranked other logits than the router would stream another expert, and a down that read "
                "the indices before they were stored would too: O(1) errors for that token; tested bit-identical to "
                "the router's launch (the kernel over scoring functions, hash and grouped routing, with and without "
                "PDL; the forward over graph and eager steps, taps included)",
                // The same device code on the same logits: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_topk_in_experts = true; }, false, "cuda"});
-  r.push_back({"cuda.q_norm_fused", "the query's q_norm (RMSNorm of wq_a's output) as a launch of its own",
-               "steps of at most 8 tokens with cuda.fp8_gemv: the last block of wq_a's FP8 GEMV to finish (a counter "
-               "after each block's stores and fence) normalizes the output rows in place and as f16, with the norm "
-               "kernel's own code at its thread count (256), so the bits of the separate launch and one dependent "
-               "launch fewer on every layer's query path. Not with the official numerics (their own projection); "
-               "needs cuda.fp8_gemv",
-               "a last block that read a row before another block's stores would normalize stale values: wrong "
-               "queries for that step; tested bit-identical to the GEMV then the norm (the kernel at 1-8 tokens, "
-               "weighted and not, with and without PDL, launch after launch; the forward over graph and eager steps)",
-               // The norm kernel's code on the same values: bit-identical (tests/cuda). The tolerance is the reference's.
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_q_norm_fused = true; }, false, "cuda"});
   r.push_back({"cuda.hc_norm_after_mix", "hc_pre's mixes of the normalized streams, float(x * r) . fn (its dots wait for r)",
                "hc_pre (and hc_head) with one token per cluster: the 24 dots of the raw streams with fn start without "
                "waiting for the cluster's sum of squares (the norm after the mixing GEMM, the official code's order), "

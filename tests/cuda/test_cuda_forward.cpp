@@ -376,22 +376,6 @@ TEST_F(GpuTest, TopkInExpertsStepsMatchTheRouterLaunch) {
                plumb::Error);
 }
 
-// cuda.q_norm_fused: the query's q_norm inside wq_a's FP8 GEMV launch (kernel-dims, csa-long has no FP8): the logits
-// must be the bits of the separate norm launch, graphed (with PDL) and eager, at 1-8 tokens per step and in a
-// prefill chunk past 8 tokens (the separate launch there); without cuda.fp8_gemv, or with the official numerics, it
-// is refused.
-TEST_F(GpuTest, QNormFusedStepsMatchTheNormLaunch) {
-  const std::string data = PLUMB_TEST_DATA;
-  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
-  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.q_norm_fused,cuda.pdl,cuda.pdl_hc_attn,cuda.linear_early");
-  for (const int chunk : {1, 5, 8, 20}) expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.q_norm_fused", chunk);
-  expect_eager_chunks_match(data + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.pdl", "cuda.q_norm_fused", 1);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.q_norm_fused").options, {}, "cuda"), plumb::Error);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.fp8_gemv,cuda.q_norm_fused").options,
-                                  {}, "cuda"),
-               plumb::Error);
-}
-
 // cuda.hc_norm_after_mix: hc_pre's and hc_head's dots on the raw streams, r applied after them (their kernel against
 // the exact one: test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free
 // running over 300 tokens (steps of 1 and 7) its logits near the exact kernel's, and not all the same bits: on the

@@ -200,65 +200,6 @@ TEST_F(GpuTest, HostStageUploadsLandInStreamOrder) {
   for (size_t i = 0; i < kInts; ++i) ASSERT_EQ(got[i], want[i]) << "int " << i;
 }
 
-// cuda.q_norm_fused: the FP8 GEMV whose last block normalizes its output rows (RMSNorm, weighted or not, in place
-// and as f16) against the GEMV then the norm kernel: the same bits, y and its f16 copy, at 1-8 tokens, with PDL and
-// without, launch after launch (the block counter is left at zero: five launches in a row, then another shape on the
-// same workspace). V4-Flash's wq_a [1024, 4096] (8 warps per block), a 2048-row matrix (the most one pass of the
-// norm takes) and kernel-dims' wq_a [128, 256] (2 warps: the last block computes as the norm's 256 threads).
-TEST_F(CudaFp8, LinearNormMatchesLinearThenNorm) {
-  namespace d = cuda::detail;
-  Rng rng(23);
-  cuda::Workspace ws;
-  struct Shape {
-    int64_t rows, cols;
-  };
-  for (const Shape sh : {Shape{1024, 4096}, Shape{2048, 1024}, Shape{128, 256}}) {
-    TempDir dir;
-    std::vector<OwnedTensor> ts;
-    add_fp8(ts, rng, "w", sh.rows, sh.cols, false);
-    const Checkpoint ck = write_checkpoint(dir, ts);
-    const cuda::Fp8Matrix dw = cuda::upload_fp8(Matrix::bind(ck, "w.weight", sh.rows, sh.cols));
-    const cuda::DeviceBuffer gw = cuda::to_device(rng.floats(size_t(sh.rows), 0.5f, 1.5f));
-    for (const int n : {1, 3, 8}) {
-      ASSERT_TRUE(cuda::fp8_linear_norm_fits(dw, n)) << sh.rows << " rows, " << n << " tokens";
-      for (const bool weighted : {true, false})
-        for (const bool pdl : {false, true}) {
-          const Acts x = make_acts(Act::F16, rng.floats(size_t(n * sh.cols), -2.0f, 2.0f));
-          const float* g = weighted ? gw.as<float>() : nullptr;
-          const size_t count = size_t(n * sh.rows);
-          cuda::DeviceBuffer y0(count * 4), y1(count * 4), h0(count * 2), h1(count * 2);
-          for (auto* b : {&y0, &y1, &h0, &h1}) b->fill_byte(0xAB);
-          {
-            const d::PdlScope on(pdl);
-            cuda::fp8_linear(dw, x.dev.get(), Act::F16, sh.cols, n, y0.as<float>(), sh.rows, ws);
-            d::fwd_rms_norm(y0.as<float>(), n, sh.rows, sh.rows, g, 1e-6, nullptr, h0.as<uint16_t>());
-            for (int rep = 0; rep < 5; ++rep)
-              cuda::fp8_linear_norm(dw, x.dev.get(), Act::F16, sh.cols, n, y1.as<float>(), g, 1e-6, h1.as<uint16_t>(), ws);
-          }
-          cuda::synchronize();
-          const std::string tag = fmt::format("[{}, {}] n {}{}{}", sh.rows, sh.cols, n, weighted ? " weighted" : "", pdl ? " (PDL)" : "");
-          const auto a = cuda::to_host<float>(y0, count), b = cuda::to_host<float>(y1, count);
-          const auto ah = cuda::to_host<uint16_t>(h0, count), bh = cuda::to_host<uint16_t>(h1, count);
-          for (size_t i = 0; i < count; ++i) {
-            ASSERT_EQ(0, std::memcmp(&a[i], &b[i], 4)) << tag << ": row " << i / size_t(sh.rows) << ", element " << i % size_t(sh.rows)
-                                                       << ": " << b[i] << " against " << a[i];
-            ASSERT_EQ(ah[i], bh[i]) << tag << ": f16 copy, row " << i / size_t(sh.rows) << ", element " << i % size_t(sh.rows);
-          }
-        }
-    }
-  }
-  // Outside the fused form: more than 8 tokens, more rows than one pass of the norm takes.
-  TempDir dir;
-  std::vector<OwnedTensor> ts;
-  add_fp8(ts, rng, "w", 4096, 1024, false);
-  const Checkpoint ck = write_checkpoint(dir, ts);
-  const cuda::Fp8Matrix big = cuda::upload_fp8(Matrix::bind(ck, "w.weight", 4096, 1024));
-  EXPECT_FALSE(cuda::fp8_linear_norm_fits(big, 1));
-  cuda::DeviceBuffer y(4096 * 4);
-  const Acts x = make_acts(Act::F16, rng.floats(1024, -1.0f, 1.0f));
-  EXPECT_THROW(cuda::fp8_linear_norm(big, x.dev.get(), Act::F16, 1024, 1, y.as<float>(), nullptr, 1e-6, nullptr, ws), plumb::Error);
-}
-
 TEST_F(CudaFp8, LinearMatchesTwinAndReference) {
   const Fp8Case cases[] = {{1024, 4096, false}, {512, 4096, true}, {1040, 1024, false}, {4096, 8192, false}};
   Rng rng(2);
