@@ -182,8 +182,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   // cuda.topk_in_experts (GemvArgs::route, gate/up; an instantiation of its own, ROUTE, so that the others keep
   // their code and registers): warp 0 ranks the gate's logits (below) and waits inside, after requesting the bias.
   static_assert(!ROUTE || (FMT == kFp4 && MODE == kMoe && MINB == 3 && NMAT == 2 && NP == 1), "gemv: ROUTE is gate/up's at <= 8 slots");
-  constexpr bool kRouteKind = ROUTE;
-  const bool routed_here = kRouteKind && a.route_variant > 0;
+  const bool routed_here = ROUTE && a.route_variant > 0;
   // Block (0, 0) of such a launch stores the routing and lets the next kernel launch only after that (below): its
   // other warps wait without letting it (a block lets it at its first thread's trigger).
   const bool route_writer = routed_here && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
@@ -208,7 +207,7 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
       prob = e_s;
       m = m_s;
     } else if (routed_here) {
-      if constexpr (kRouteKind) {
+      if constexpr (ROUTE) {
         // One token: slot y is choice y; the block serves its expert's slots (those the scan below would find), and
         // exits unless y is the first of them. Block (0, 0) stores the routing (idx and the weights for down and the
         // combine, the selection scores for the taps), fences, and only then lets the next kernel launch: down reads

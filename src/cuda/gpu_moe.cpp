@@ -44,6 +44,9 @@ struct MoeCtx {
   GpuCombine* defer = nullptr;   // gpu_moe's: the combine may be left to the output's reader
 };
 
+// The official order (and moe.weight_before_down): each routing weight applied before W2, inside gate/up.
+bool weight_before_w2(const MoeCtx& m) { return m.opt.weight_before_down || m.nm.official(); }
+
 template <Rsf P>
 GpuRouted<P> route(const MoeCtx& m) {
   OpRegion region(m.sc.timer, "moe.router");
@@ -83,8 +86,7 @@ GpuRouted<P> route(const MoeCtx& m) {
   a.idx = r.idx, a.weight = r.weight, a.select = r.select;
   // cuda.topk_in_experts: at one token the routed experts' launches rank the logits themselves (combine), one
   // dependent launch fewer on the chain; the routing is the same bits (the same device code).
-  const bool before = m.opt.weight_before_down || m.nm.official();
-  if (m.opt.cuda_topk_in_experts && m.w.fp4 && !before && moe_ranks_in_experts(a, *m.w.fp4)) {
+  if (m.opt.cuda_topk_in_experts && m.w.fp4 && !weight_before_w2(m) && moe_ranks_in_experts(a, *m.w.fp4)) {
     r.ranked = a, r.in_experts = true;
     return r;
   }
@@ -182,7 +184,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const int64_t D = c.hidden, I = c.moe_inter;
   if (!r.in_experts) tap_routes(m, r);  // (else after gate/up, which stores the routing)
   const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
-  const bool before = m.opt.weight_before_down || m.nm.official();  // the official order: weight applied before W2
+  const bool before = weight_before_w2(m);
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);
   // The shared expert (shared_expert): on the side stream with cuda.streams (route_and_shared; joined here),
