@@ -179,14 +179,14 @@ fi
 if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round and variant: A = FAST, B = LAYER_AB_PAIRED with FAST
   # standing for the FAST patches (e.g. "FAST,cuda.x", or "FAST" for the noise floor), `plumb bench --layers --ab`:
   # pairs of steps alternating A and B, the median difference with its 95 % interval (layers-ab-paired.txt);
-  # AB_EXTRA: more bench options (e.g. "--warmup 16 --iters 60")
+  # AB_EXTRA: more bench options (e.g. "--warmup 16 --iters 60"); AB_LAYERS: the stack's layers (LAYERS, else 2)
   # Several B variants separated by ';' ("FAST,cuda.x;FAST,cuda.y"): each its AB_ROUNDS rounds, in turn.
   IFS=';' read -r -a ab_variants <<<"$LAYER_AB_PAIRED"
   for r in $(seq "${AB_ROUNDS:-2}"); do
     for v in "${ab_variants[@]}"; do
       note "layer A/B (paired, in process) round $r: FAST vs $v"
       echo "### round $r: A [$FAST], B [${v//FAST/$FAST}]" >>"$OUT/layers-ab-paired.txt"
-      timeout 300 "$C/plumb" bench --layers "${LAYERS:-2}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${v//FAST/$FAST}" \
+      timeout 300 "$C/plumb" bench --layers "${AB_LAYERS:-${LAYERS:-2}}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${v//FAST/$FAST}" \
         --batches "${LAYER_BATCHES:-1}" --prefill 0 ${AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
     done
   done

@@ -608,6 +608,19 @@ int run_bench(const BenchOptions& opt) {
       t = B.time(routed);
       B.add(B.rows, {"moe routed total (gate+up, down, combine)", "3 launches, cuda.pdl", note, n, ue, routed_bytes}, t);
     }
+    // cuda.moe_one_launch (<= 8 slots): gate/up and down as one launch, alone and with the combine, under cuda.pdl.
+    if (moe_one_launch_fits(moe, n, K)) {
+      const d::PdlScope pdl(true);
+      auto one = [&](int i) { moe_routed_one_launch(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, ys, ws, S); };
+      t = B.time(one);
+      B.add(B.rows, {"moe gate+up + down (one launch)", "cuda.moe_one_launch, cuda.pdl", note, n, ue,
+                     uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + ysb}, t);
+      t = B.time([&](int i) {
+        one(i);
+        moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
+      });
+      B.add(B.rows, {"moe routed total (one launch + combine)", "cuda.moe_one_launch, cuda.pdl", note, n, ue, routed_bytes}, t);
+    }
 
     // What a plain read of the experts' weight bytes reaches in the same harness (read_stream over the expert
     // weights, a different region per call where they fit): the ceiling for kernels of this size, launch, ramp and

@@ -868,6 +868,79 @@ TEST_F(CudaMoe, RankedInExpertsMatchesRouterLaunch) {
   EXPECT_EQ(variants, (std::set<int>{1, 2, 3, 4, 5})) << "not every variant of the warp code ran";
 }
 
+// cuda.moe_one_launch: gate/up and down as one launch (work items from a counter, down waiting in-kernel for its
+// expert's h) against moe_gate_up then moe_down: the same bits for h and ys. Shapes small and real (V4-Flash's D 4096,
+// I 2048: 128 gate/up tiles per slot, so down's items do wait), one token's top-k with distinct and repeated experts
+// (a repeat's slot is served by its first one), 2 tokens, a weight before W2, SwiGLU clamped and not; with PDL and
+// without; each configuration launched several times in a row (the counters reset themselves) with other data.
+// Arguments it does not take are refused.
+TEST_F(CudaMoe, OneLaunchMatchesTwoLaunches) {
+  Rng rng(41);
+  struct Case {
+    int64_t E, D, I;
+    int n, K;
+    bool repeats, pre_weight;
+    double limit;
+  };
+  const Case cases[] = {{16, 256, 128, 1, 6, false, false, 7.0}, {16, 384, 256, 1, 6, true, false, 7.0},
+                        {8, 256, 384, 2, 4, true, true, 0.0},    {12, 512, 128, 1, 8, false, true, 3.0},
+                        {8, 4096, 2048, 1, 6, false, false, 10.0}, {8, 4096, 2048, 1, 6, true, false, 10.0}};
+  for (const Case& c : cases) {
+    auto f = make_moe(rng, c.E, c.D, c.I);
+    const cuda::MoeExperts m = cuda::upload_experts(f->w);
+    const int S = c.n * c.K;
+    ASSERT_TRUE(cuda::moe_one_launch_fits(m, c.n, c.K));
+    for (const bool pdl : {false, true})
+      for (int rep = 0; rep < 3; ++rep) {
+        std::vector<int32_t> idx = random_distinct_routing(rng, c.n, c.K, int(c.E));
+        if (c.repeats) idx[1] = idx[0], idx[size_t(S - 1)] = idx[2];
+        const Acts x = make_acts(Act::F16, rng.floats(size_t(c.n * c.D), -2.0f, 2.0f));
+        const std::vector<float> wt = rng.floats(size_t(S), 0.1f, 1.0f);
+        cuda::DeviceBuffer di = cuda::to_device(idx), dw = cuda::to_device(wt);
+        auto run = [&](bool one) {
+          cuda::DeviceBuffer dh(size_t(S * c.I) * 2), dy(size_t(S * c.D) * 4);
+          dh.fill_byte(0xAB), dy.fill_byte(0xAB);
+          cuda::Workspace ws;
+          const float* pw = c.pre_weight ? dw.as<float>() : nullptr;
+          {
+            const cuda::detail::PdlScope on(pdl);
+            if (one) {
+              cuda::moe_routed_one_launch(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::F16, c.limit, pw, dh.as<uint16_t>(),
+                                          dy.as<float>(), ws);
+            } else {
+              cuda::moe_gate_up(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::F16, c.limit, pw, dh.as<uint16_t>(), nullptr, ws);
+              cuda::moe_down(m, di.as<int32_t>(), c.n, c.K, dh.as<uint16_t>(), nullptr, dy.as<float>(), ws);
+            }
+          }
+          cuda::synchronize();
+          return std::pair{cuda::to_host<uint16_t>(dh, size_t(S * c.I)), cuda::to_host<float>(dy, size_t(S * c.D))};
+        };
+        // (A repeated expert's slot: its h and ys rows are written by the first slot's blocks, as in two launches.)
+        const auto want = run(false), got = run(true);
+        const std::string tag = fmt::format("E {} D {} I {} n {} K {}{}{} limit {}{} round {}", c.E, c.D, c.I, c.n, c.K,
+                                            c.repeats ? " repeats" : "", c.pre_weight ? " weight before W2" : "", c.limit,
+                                            pdl ? " (PDL)" : "", rep);
+        for (size_t i = 0; i < want.first.size(); ++i)
+          ASSERT_EQ(got.first[i], want.first[i]) << tag << ": h at slot " << i / size_t(c.I) << ", column " << i % size_t(c.I);
+        for (size_t i = 0; i < want.second.size(); ++i)
+          ASSERT_EQ(0, std::memcmp(&got.second[i], &want.second[i], 4))
+              << tag << ": ys at slot " << i / size_t(c.D) << ", column " << i % size_t(c.D) << ": " << got.second[i] << " against "
+              << want.second[i];
+      }
+  }
+  // Not taken (and refused if asked): more than 8 slots.
+  auto f = make_moe(rng, 8, 256, 128);
+  const cuda::MoeExperts m = cuda::upload_experts(f->w);
+  EXPECT_FALSE(cuda::moe_one_launch_fits(m, 2, 6));
+  EXPECT_FALSE(cuda::moe_one_launch_fits(m, 1, 9));
+  EXPECT_TRUE(cuda::moe_one_launch_fits(m, 1, 8));
+  cuda::DeviceBuffer di = cuda::to_device(std::vector<int32_t>(12, 0)), dh(size_t(12 * 128) * 2), dy(size_t(12 * 256) * 4);
+  const Acts x = make_acts(Act::F16, rng.floats(size_t(2 * 256), -2.0f, 2.0f));
+  cuda::Workspace ws;
+  EXPECT_THROW(cuda::moe_routed_one_launch(m, di.as<int32_t>(), 2, 6, x.dev.get(), Act::F16, 7.0, nullptr, dh.as<uint16_t>(), dy.as<float>(), ws),
+               plumb::Error);
+}
+
 // The real V4-Flash expert shapes (D 4096, I 2048), 8 tokens x top-6 over 8 experts; sampled rows on the CPU.
 TEST_F(CudaMoe, RealShapesSampledRows) {
   Rng rng(6);
