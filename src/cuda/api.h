@@ -315,10 +315,11 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
 // cuda.moe_one_launch: moe_gate_up (f16 h, no group table) then moe_down as one launch, the same bits: each block
 // takes the next work item, gate/up's tiles first, and down's tiles wait in-kernel for their expert's h (launch_moe_one
 // in kernels.h). moe_one_launch_fits: whether it takes these arguments (n * K <= 8 slots, W4A16 layout, D and I
-// multiples of 128).
+// multiples of 128). `blocks`: the grid (0: what is resident at once, each block looping over items; the bench
+// also times one block per item).
 bool moe_one_launch_fits(const MoeExperts& m, int n, int K);
 void moe_routed_one_launch(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                           const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s = nullptr);
+                           const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s = nullptr, int blocks = 0);
 // cuda.topk_in_experts: moe_gate_up for one token whose routing the launch ranks itself from the gate's logits
 // (`route`: fwd_route's arguments for that token, route.n == 1), one warp per block with the router's own device
 // code, so the same bits as fwd_route then moe_gate_up; the router's launch is left out. The launch waits for the

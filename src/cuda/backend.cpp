@@ -638,12 +638,12 @@ bool moe_one_launch_fits(const MoeExperts& m, int n, int K) {
 }
 
 void moe_routed_one_launch(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                           const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s) {
+                           const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s, int blocks) {
   PLUMB_CHECK(moe_one_launch_fits(m, n, K), "moe_routed_one_launch: takes 1..{} slots of W4A16 experts with D and I multiples of 128 "
               "({} tokens x {} choices, D {}, I {})", d::kMoeOneSlots, n, K, m.D, m.I);
   PLUMB_CHECK(h16 && ys, "moe_routed_one_launch: null h16 or ys");
   const d::GemvArgs gu = gate_up_args(m, idx, n, K, x, xt, limit, pre_weight, h16, nullptr, ws, s, nullptr);
-  d::launch_moe_one(gu, down_args(m, idx, n, K, h16, nullptr, ys, ws, s, nullptr), ws.moe_counters(d::kMoeOneCounters), s);
+  d::launch_moe_one(gu, down_args(m, idx, n, K, h16, nullptr, ys, ws, s, nullptr), ws.moe_counters(d::kMoeOneCounters), s, blocks);
 }
 
 bool moe_ranks_in_experts(const d::RouteArgs& r, const MoeExperts& m) {

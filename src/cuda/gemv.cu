@@ -847,7 +847,11 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");
 }
 
-void launch_moe_one(const GemvArgs& gate_up, const GemvArgs& down, unsigned* counters, Stream s) {
+int moe_one_items(const GemvArgs& gate_up, const GemvArgs& down) {
+  return gate_up.n * gate_up.topk * int(gate_up.rows / 16 + down.rows / 32);
+}
+
+void launch_moe_one(const GemvArgs& gate_up, const GemvArgs& down, unsigned* counters, Stream s, int blocks) {
   static_assert(moe1::kSlots == kMoeOneSlots && kMoeOneCounters == 2 + kMoeOneSlots, "gemv: the one-launch MoE's counters");
   GemvArgs gu = gate_up, dn = down;
   const int slots = gu.n * gu.topk;
@@ -879,8 +883,17 @@ void launch_moe_one(const GemvArgs& gate_up, const GemvArgs& down, unsigned* cou
     a->warps = moe1::kWarps, a->minblocks = 3, a->pdl_early = 0;
   }
   if (gu.pdl != dn.pdl) throw_arg("gemv: the one-launch MoE's halves must agree on PDL");
-  const unsigned items = unsigned(slots) * unsigned(gu.rows / 16 + dn.rows / 32);
-  launch_as(gu.pdl > 0, "moe_one_kernel", moe1::moe_one_kernel, dim3(items), dim3(moe1::kWarps * 32), 0, s, gu, dn, counters);
+  if (blocks < 0) throw_arg("gemv: the one-launch MoE's grid must be 0 (resident) or a block count");
+  if (blocks == 0) {
+    static const int per_sm = [] {
+      int n = 0;
+      PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe1::moe_one_kernel, moe1::kWarps * 32, 0));
+      return std::max(n, 1);
+    }();
+    blocks = per_sm * sm_count();
+  }
+  const int grid = std::min(blocks, moe_one_items(gu, dn));
+  launch_as(gu.pdl > 0, "moe_one_kernel", moe1::moe_one_kernel, dim3(unsigned(grid)), dim3(moe1::kWarps * 32), 0, s, gu, dn, counters);
 }
 
 void launch_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,

@@ -872,7 +872,8 @@ TEST_F(CudaMoe, RankedInExpertsMatchesRouterLaunch) {
 // expert's h) against moe_gate_up then moe_down: the same bits for h and ys. Shapes small and real (V4-Flash's D 4096,
 // I 2048: 128 gate/up tiles per slot, so down's items do wait), one token's top-k with distinct and repeated experts
 // (a repeat's slot is served by its first one), 2 tokens, a weight before W2, SwiGLU clamped and not; with PDL and
-// without; each configuration launched several times in a row (the counters reset themselves) with other data.
+// without; grids of resident blocks looping over items, one block per item, and 1 or 3 blocks; each configuration
+// launched several times in a row (the counters reset themselves) with other data.
 // Arguments it does not take are refused.
 TEST_F(CudaMoe, OneLaunchMatchesTwoLaunches) {
   Rng rng(41);
@@ -897,7 +898,7 @@ TEST_F(CudaMoe, OneLaunchMatchesTwoLaunches) {
         const Acts x = make_acts(Act::F16, rng.floats(size_t(c.n * c.D), -2.0f, 2.0f));
         const std::vector<float> wt = rng.floats(size_t(S), 0.1f, 1.0f);
         cuda::DeviceBuffer di = cuda::to_device(idx), dw = cuda::to_device(wt);
-        auto run = [&](bool one) {
+        auto run = [&](bool one, int blocks = 0) {
           cuda::DeviceBuffer dh(size_t(S * c.I) * 2), dy(size_t(S * c.D) * 4);
           dh.fill_byte(0xAB), dy.fill_byte(0xAB);
           cuda::Workspace ws;
@@ -905,8 +906,11 @@ TEST_F(CudaMoe, OneLaunchMatchesTwoLaunches) {
           {
             const cuda::detail::PdlScope on(pdl);
             if (one) {
-              cuda::moe_routed_one_launch(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::F16, c.limit, pw, dh.as<uint16_t>(),
-                                          dy.as<float>(), ws);
+              // (Twice back to back: under PDL the second launch's blocks start while the first one's run; each must
+              // take only its own items. The same inputs, so the same outputs.)
+              for (int twice = 0; twice < 2; ++twice)
+                cuda::moe_routed_one_launch(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::F16, c.limit, pw, dh.as<uint16_t>(),
+                                            dy.as<float>(), ws, nullptr, blocks);
             } else {
               cuda::moe_gate_up(m, di.as<int32_t>(), c.n, c.K, x.dev.get(), Act::F16, c.limit, pw, dh.as<uint16_t>(), nullptr, ws);
               cuda::moe_down(m, di.as<int32_t>(), c.n, c.K, dh.as<uint16_t>(), nullptr, dy.as<float>(), ws);
@@ -916,10 +920,12 @@ TEST_F(CudaMoe, OneLaunchMatchesTwoLaunches) {
           return std::pair{cuda::to_host<uint16_t>(dh, size_t(S * c.I)), cuda::to_host<float>(dy, size_t(S * c.D))};
         };
         // (A repeated expert's slot: its h and ys rows are written by the first slot's blocks, as in two launches.)
-        const auto want = run(false), got = run(true);
-        const std::string tag = fmt::format("E {} D {} I {} n {} K {}{}{} limit {}{} round {}", c.E, c.D, c.I, c.n, c.K,
+        // The grid: resident blocks looping over items (the forward's), one block per item, one block, 3 blocks.
+        const int blocks = rep == 0 ? 0 : rep == 1 ? 1 << 30 : pdl ? 3 : 1;
+        const auto want = run(false), got = run(true, blocks);
+        const std::string tag = fmt::format("E {} D {} I {} n {} K {}{}{} limit {}{} grid {} round {}", c.E, c.D, c.I, c.n, c.K,
                                             c.repeats ? " repeats" : "", c.pre_weight ? " weight before W2" : "", c.limit,
-                                            pdl ? " (PDL)" : "", rep);
+                                            pdl ? " (PDL)" : "", blocks, rep);
         for (size_t i = 0; i < want.first.size(); ++i)
           ASSERT_EQ(got.first[i], want.first[i]) << tag << ": h at slot " << i / size_t(c.I) << ", column " << i % size_t(c.I);
         for (size_t i = 0; i < want.second.size(); ++i)
