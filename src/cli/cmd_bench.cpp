@@ -15,8 +15,8 @@ namespace plumb::cli {
 namespace {
 
 // The kernel bench's sections (src/cuda/bench.cpp's B.want names), for --only's help, check and error.
-constexpr std::array<std::string_view, 12> kSections = {"router", "moe",       "moesweep", "prefill", "fp8", "fp8xs",
-                                                        "fp8prefill", "bf16", "attention", "indexer", "phases", "hc"};
+constexpr std::array<std::string_view, 11> kSections = {"router", "moe",       "prefill", "fp8",    "fp8xs", "fp8prefill",
+                                                        "bf16",   "attention", "indexer", "phases", "hc"};
 
 std::string section_list() {
   std::string s;
@@ -34,7 +34,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
   cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file");
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
-  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (" + section_list() + "; prefill includes fp8prefill; moesweep: the MXFP4 kernels' tuning sweep, left out of moe)")
+  cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (" + section_list() + "; prefill includes fp8prefill)")
       ->check([](const std::string& v) {
         std::istringstream in(v);
         for (std::string s; std::getline(in, s, ',');)

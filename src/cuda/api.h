@@ -117,11 +117,8 @@ class Workspace {
   float* partial(size_t floats);        // >= floats of scratch
   unsigned* counters(size_t count);     // >= count zeroed counters
   uint16_t* half(size_t count);         // >= count f16 (activations converted for the kernels)
-  // >= count zeroed counters apart from counters()'s (moe_routed_one_launch's: it takes its first work item before
-  // its PDL wait, while the launch before it, which may use counters(), can still run)
-  unsigned* moe_counters(size_t count);
  private:
-  DeviceBuffer partial_, counters_, half_, moe_counters_;
+  DeviceBuffer partial_, counters_, half_;
 };
 
 // ---- weights ----
@@ -312,14 +309,6 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 // kernel reads it, and requests its first weights, before it waits for that launch (GemvArgs::pdl_early).
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
               Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
-// cuda.moe_one_launch: moe_gate_up (f16 h, no group table) then moe_down as one launch, the same bits: each block
-// takes the next work item, gate/up's tiles first, and down's tiles wait in-kernel for their expert's h (launch_moe_one
-// in kernels.h). moe_one_launch_fits: whether it takes these arguments (n * K <= 8 slots, W4A16 layout, D and I
-// multiples of 128). `blocks`: the grid (0: what is resident at once, each block looping over items; the bench
-// also times one block per item).
-bool moe_one_launch_fits(const MoeExperts& m, int n, int K);
-void moe_routed_one_launch(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                           const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s = nullptr, int blocks = 0);
 // cuda.topk_in_experts: moe_gate_up for one token whose routing the launch ranks itself from the gate's logits
 // (`route`: fwd_route's arguments for that token, route.n == 1), one warp per block with the router's own device
 // code, so the same bits as fwd_route then moe_gate_up; the router's launch is left out. The launch waits for the

@@ -99,15 +99,6 @@ uint16_t* Workspace::half(size_t count) {
   return half_.as<uint16_t>();
 }
 
-unsigned* Workspace::moe_counters(size_t count) {
-  if (moe_counters_.bytes() < count * sizeof(unsigned)) {
-    d::dsync();  // (as counters(): a launch may still use the old ones)
-    moe_counters_ = DeviceBuffer(count * sizeof(unsigned));
-    moe_counters_.fill_byte(0);
-  }
-  return moe_counters_.as<unsigned>();
-}
-
 unsigned* Workspace::counters(size_t count) {
   if (counters_.bytes() < count * sizeof(unsigned)) {
     d::dsync();
@@ -590,11 +581,9 @@ d::GroupedArgs grouped_args(const Fp4Matrices& w, const void* groups, int n, int
 
 }  // namespace
 
-namespace {
-
-// The launch arguments of moe_gate_up and moe_down (also the two halves of moe_routed_one_launch).
-d::GemvArgs gate_up_args(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                         const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
+void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
+                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
+  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w1, idx, n, K, m.E);
   set_groups(a, groups);
   a.nmat = 2, a.epi = d::kSwiglu, a.limit = float(limit), a.pre_weight = pre_weight;
@@ -603,47 +592,20 @@ d::GemvArgs gate_up_args(const MoeExperts& m, const int32_t* idx, int n, int K, 
   a.x = as_f16(x, xt, n, m.D, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 1;
   a.out = h16 ? static_cast<void*>(h16) : static_cast<void*>(h32), a.out_half = h16 ? 1 : 0, a.o_tok_stride = m.I;
-  return a;
+  d::launch_gemv(a, s);
 }
 
-d::GemvArgs down_args(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-                      Workspace& ws, Stream s, const void* groups) {
+void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
+              Workspace& ws, Stream s, const void* groups) {
+  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
   set_groups(a, groups);
   int64_t ldx = m.I;
   a.x = h16 ? static_cast<const void*>(h16) : as_f16(h32, Act::F32, n * K, m.I, ldx, ws, s);
   a.x_tok_stride = ldx, a.x_by_token = 0;
   a.out = ys, a.o_tok_stride = m.D;
-  return a;
-}
-
-}  // namespace
-
-void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                 const float* pre_weight, uint16_t* h16, float* h32, Workspace& ws, Stream s, const void* groups) {
-  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_gate_up: exactly one of h16 and h32");
-  d::launch_gemv(gate_up_args(m, idx, n, K, x, xt, limit, pre_weight, h16, h32, ws, s, groups), s);
-}
-
-void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Workspace& ws, Stream s, const void* groups) {
-  PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
-  d::GemvArgs a = down_args(m, idx, n, K, h16, h32, ys, ws, s, groups);
   a.pdl_early = 1;  // (idx is gate/up's routing, written before that launch: down reads it before its PDL wait)
   d::launch_gemv(a, s);
-}
-
-bool moe_one_launch_fits(const MoeExperts& m, int n, int K) {
-  return n >= 1 && int64_t(n) * K <= d::kMoeOneSlots && m.w1.layout == Fp4Layout::F16 && m.D % 128 == 0 && m.I % 128 == 0;
-}
-
-void moe_routed_one_launch(const MoeExperts& m, const int32_t* idx, int n, int K, const void* x, Act xt, double limit,
-                           const float* pre_weight, uint16_t* h16, float* ys, Workspace& ws, Stream s, int blocks) {
-  PLUMB_CHECK(moe_one_launch_fits(m, n, K), "moe_routed_one_launch: takes 1..{} slots of W4A16 experts with D and I multiples of 128 "
-              "({} tokens x {} choices, D {}, I {})", d::kMoeOneSlots, n, K, m.D, m.I);
-  PLUMB_CHECK(h16 && ys, "moe_routed_one_launch: null h16 or ys");
-  const d::GemvArgs gu = gate_up_args(m, idx, n, K, x, xt, limit, pre_weight, h16, nullptr, ws, s, nullptr);
-  d::launch_moe_one(gu, down_args(m, idx, n, K, h16, nullptr, ys, ws, s, nullptr), ws.moe_counters(d::kMoeOneCounters), s, blocks);
 }
 
 bool moe_ranks_in_experts(const d::RouteArgs& r, const MoeExperts& m) {

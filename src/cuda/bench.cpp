@@ -608,22 +608,6 @@ int run_bench(const BenchOptions& opt) {
       t = B.time(routed);
       B.add(B.rows, {"moe routed total (gate+up, down, combine)", "3 launches, cuda.pdl", note, n, ue, routed_bytes}, t);
     }
-    // cuda.moe_one_launch (<= 8 slots): gate/up and down as one launch, alone and with the combine, under cuda.pdl.
-    // The grid as the forward launches it (the blocks resident at once, each looping over items), and one block per
-    // work item.
-    for (const int blocks : {0, 1 << 30}) {
-      if (!moe_one_launch_fits(moe, n, K)) break;
-      const d::PdlScope pdl(true);
-      const char* grid = blocks ? "cuda.moe_one_launch, a block per item, cuda.pdl" : "cuda.moe_one_launch, cuda.pdl";
-      auto one = [&](int i) { moe_routed_one_launch(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, ys, ws, S, blocks); };
-      t = B.time(one);
-      B.add(B.rows, {"moe gate+up (w1,w3) + down (w2), one launch", grid, note, n, ue, uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + ysb}, t);
-      t = B.time([&](int i) {
-        one(i);
-        moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
-      });
-      B.add(B.rows, {"moe routed total (one launch + combine)", grid, note, n, ue, routed_bytes}, t);
-    }
 
     // What a plain read of the experts' weight bytes reaches in the same harness (read_stream over the expert
     // weights, a different region per call where they fit): the ceiling for kernels of this size, launch, ramp and
@@ -709,7 +693,7 @@ int run_bench(const BenchOptions& opt) {
       }
       return a;
     };
-    for (int which = 0; which < 2 && B.want("moesweep"); ++which)  // (`--only moe` leaves the sweep out: ~3 minutes)
+    for (int which = 0; which < 2; ++which)
       for (const Fp4Cfg& fc : fcfgs) {
           if (fc.early && which == 0) continue;  // (gate/up's routing is its predecessor's output)
           d::GemvArgs a = fp4_base(which);

@@ -146,25 +146,8 @@ __device__ __forceinline__ bool splitk_last(float (&v)[N], float* base, unsigned
 // gate/up at <= 8 slots.
 constexpr int bound_threads(int minb) { return minb == 0 ? 128 : kMaxWarps * 32; }
 constexpr int bound_blocks(int minb) { return minb == 0 ? 3 : minb; }
-// Where a block's work sits (gemv_kernel: its blockIdx and gridDim; the one-launch MoE: its work item): tile x
-// (NG tiles from x * NG), grid row y (a problem or slot), K part z of nz, nx tiles per row in the item space.
-struct BlockAt {
-  int x, y, z, nx, nz;
-};
-// No wait before the activations (gemv_kernel); the one-launch MoE's down waits there for its h (XReady).
-struct NoWait {
-  __device__ void operator()(int) const {}
-};
-
-// One block's work: the body of gemv_kernel (below), also called per work item by the one-launch MoE
-// (moe_one_kernel). NG: tiles per block, each taken by warps / NG warps that split its K as a block of that many
-// warps would (the same sums: moe_one_kernel runs down's 2-warp tiles in pairs in its 4-warp blocks). ready(s):
-// called by each warp with its first chunk's weights requested and before its first activation load (a warp
-// without chunks: after its loop), s being the MoE block's first slot. Returns false where the block had nothing
-// to do (another block serves its expert, or past a table's tiles).
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8, int NP, bool ROUTE, int NG = 1, class Ready = NoWait>
-__device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, const Ready& ready = {}) {
-  static_assert(NG == 1 || (MODE == kMoe && !ROUTE), "gemv: tile groups per block are MoE's");
+template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1, bool ROUTE = false>
+__global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_kernel(const GemvArgs a) {
   static_assert(NP == 1 || ((FMT == kFp8 || FMT == kBf16) && MODE == kDense), "gemv: token groups per pass are FP8 / BF16 dense only");
   // Chunks whose loads are issued before the first is used (MXFP4 at MINB 3, <= 85 registers: half as many, which
   // fit without spilling the loop; session 28: down at 8 tokens 72.0 -> 60.9 us with 4 -> 2).
@@ -176,12 +159,9 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
   __shared__ int m_s;
 
-  // warps: those splitting one tile's K (the block's when NG is 1); warp: this one's index among them (bwarp: in
-  // the block), grp: its tile group.
-  const int bwarp = int(threadIdx.x >> 5), warps = int(blockDim.x >> 5) / NG;
-  const int warp = NG == 1 ? bwarp : bwarp % warps, grp = NG == 1 ? 0 : bwarp / warps;
-  const int lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-  const int tile = at.x * NG + grp;
+  const int warps = int(blockDim.x >> 5);
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+  const int tile = int(blockIdx.x);
   const uint64_t wpol = weight_policy(a.l2_evict_first);  // cuda.l2_evict_first
   // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute, see launch.cuh): wait for the previous
   // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
@@ -205,15 +185,15 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
   const bool routed_here = ROUTE && a.route_variant > 0;
   // Block (0, 0) of such a launch stores the routing and lets the next kernel launch only after that (below): its
   // other warps wait without letting it (a block lets it at its first thread's trigger).
-  const bool route_writer = routed_here && at.x == 0 && at.y == 0 && at.z == 0;
-  if (MODE == kMoe && a.pdl > 0 && !early && !(routed_here && bwarp == 0)) route_writer ? pdl_wait() : pdl_begin();
+  const bool route_writer = routed_here && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+  if (MODE == kMoe && a.pdl > 0 && !early && !(routed_here && warp == 0)) route_writer ? pdl_wait() : pdl_begin();
 
   int prob, m;
   if constexpr (MODE == kMoe) {
     if (a.groups) {  // block y: tile y of launch_moe_group's table (an expert and up to kGroupTokens of its slots)
       __shared__ int e_s;
-      if (bwarp == 0) {
-        const int y = at.y;
+      if (warp == 0) {
+        const int y = int(blockIdx.y);
         int cnt = 0, e = -1, p0 = 0;
         if (y < a.groups[0]) {
           e = a.groups[a.g_tiles + 2 * y], p0 = a.groups[a.g_tiles + 2 * y + 1];
@@ -223,7 +203,7 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
         if (lane == 0) m_s = cnt, e_s = e;
       }
       __syncthreads();
-      if (m_s <= 0 || e_s < 0 || e_s >= a.problems) return false;  // past the table's tiles
+      if (m_s <= 0 || e_s < 0 || e_s >= a.problems) return;  // past the table's tiles
       prob = e_s;
       m = m_s;
     } else if (routed_here) {
@@ -237,8 +217,8 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
         // the block uses only at its end.
         static_assert(sizeof(red) / 4 >= route_warp_smem_floats(32 * 8), "gemv: red holds the routing's shared floats");
         __shared__ int e_s;
-        const int slot = at.y;
-        if (bwarp == 0) {
+        const int slot = int(blockIdx.y);
+        if (warp == 0) {
           const RouteChoice ch = route_token_warp_v(a.route_variant, a.route, 0, lane, &red[0][0][0], route_writer, [&] {
             if (a.pdl > 0) route_writer ? pdl_wait() : pdl_begin();
           });
@@ -250,14 +230,14 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
           if (lane == 0) m_s = __popc(mask), e_s = e;
         }
         __syncthreads();
-        if (cols_s[0] != slot || e_s < 0 || e_s >= a.problems) return false;  // another block serves this expert
+        if (cols_s[0] != slot || e_s < 0 || e_s >= a.problems) return;  // another block serves this expert
         prob = e_s;
         m = m_s;
       }
     } else {
-      const int slot = at.y, nslots = a.n * a.topk;
+      const int slot = int(blockIdx.y), nslots = a.n * a.topk;
       const int e = early ? __ldcg(a.idx + slot) : a.idx[slot];
-      if (bwarp == 0) {
+      if (warp == 0) {
         int cnt = 0;
         for (int base = 0; base < nslots; base += 32) {
           const int s = base + lane;
@@ -269,15 +249,15 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
         if (lane == 0) m_s = cnt;
       }
       __syncthreads();
-      if (cols_s[0] != slot || e < 0 || e >= a.problems) return false;  // another block serves this expert
+      if (cols_s[0] != slot || e < 0 || e >= a.problems) return;  // another block serves this expert
       prob = e;
       m = m_s;
     }
   } else {
-    prob = at.y;
+    prob = int(blockIdx.y);
     m = a.n;
   }
-  // This block's matrices, output and output strides (a BF16 table launch: matrix y of the table).
+  // This block's matrices, output and output strides (a BF16 table launch: matrix blockIdx.y of the table).
   const uint8_t* wsel[NMAT];
 #pragma unroll
   for (int q = 0; q < NMAT; ++q) wsel[q] = a.w[q] + int64_t(prob) * a.w_prob_stride;
@@ -285,7 +265,7 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
   int64_t o_tok = a.o_tok_stride, o_prob = a.o_prob_stride;
   if constexpr (FMT == kBf16 && MODE == kDense) {
     if (a.ntab) {
-      if (int64_t(tile) * 16 >= a.tab_rows[prob]) return false;  // past this matrix's rows (the whole block: no barrier yet)
+      if (int64_t(tile) * 16 >= a.tab_rows[prob]) return;  // past this matrix's rows (the whole block: no barrier yet)
       wsel[0] = static_cast<const uint8_t*>(a.tab_w[prob]);
       out = a.tab_out[prob], o_tok = a.tab_ld[prob], o_prob = 0;
     }
@@ -293,7 +273,7 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
 
   // This warp's K chunks and per-lane base pointers at its first chunk.
   const int total = int(a.cols / 128);
-  const int wtot = at.nz * warps, wi = at.z * warps + warp;
+  const int wtot = int(gridDim.z) * warps, wi = int(blockIdx.z) * warps + warp;
   const int cb = int(int64_t(total) * wi / wtot), ce = int(int64_t(total) * (wi + 1) / wtot), nch = ce - cb;
   const int64_t row_a = int64_t(tile) * 16 + g, row_b = row_a + 8;
   // Bytes from one 128-column chunk to the next: FP8 / BF16 row-major rows; FP4 tile-major decode layout (a 16-row
@@ -394,7 +374,6 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
             SB[u][q] = __ldg(reinterpret_cast<const uint32_t*>(ps[q][1]) + (c + u));
           }
         if (early && p0 == 0 && c == 0) pdl_begin();  // pdl_early: the activations are the previous kernel's output
-        if (p0 == 0 && c == 0) ready(cols_s[0]);
 #pragma unroll
         for (int u = 0; u < UU; ++u) {
           if constexpr (FMT == kFp4) {
@@ -551,7 +530,6 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
       run(std::false_type{});
     }
     if ((early || early_dense) && nch == 0 && p0 == 0) pdl_begin();  // (a warp with no chunks waits here)
-    if (F4 && nch == 0 && p0 == 0) ready(cols_s[0]);
 
     // Reduce the block's K split (fixed order), then optionally across blocks.
 #pragma unroll
@@ -559,20 +537,20 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
 #pragma unroll
       for (int q = 0; q < NMAT; ++q)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) red[bwarp][jg * NV + q * 4 + k][lane] = accg[jg][q][k];
+        for (int k = 0; k < 4; ++k) red[warp][jg * NV + q * 4 + k][lane] = accg[jg][q][k];
     __syncthreads();
     if (warp == 0) {
       float v[NV * NP];
 #pragma unroll
       for (int i = 0; i < NV * NP; ++i) {
         v[i] = 0.0f;
-        for (int w = 0; w < warps; ++w) v[i] += red[grp * warps + w][i][lane];
+        for (int w = 0; w < warps; ++w) v[i] += red[w][i][lane];
       }
       bool last = true;
       if (NP == 1 && a.kblocks > 1) {  // (launch_t runs token groups without a split of K across blocks)
-        const size_t key = size_t(prob) * size_t(at.nx) + tile;
+        const size_t key = size_t(prob) * gridDim.x + tile;
         last = splitk_last(v, a.partial + key * size_t(a.kblocks) * (NV * NP * 32), a.counters + key, a.kblocks,
-                           at.z, lane);
+                           int(blockIdx.z), lane);
       }
       if (last) {
         // FP4 codes entered the MMA as value * 2^-14 (f16) or * 2^-6 (E4M3).
@@ -603,13 +581,6 @@ __device__ __forceinline__ bool gemv_block(const GemvArgs& a, const BlockAt at, 
     }
     __syncthreads();
   }
-  return true;
-}
-
-template <int FMT, int NMAT, int EPI, int MODE, class OT, int MINB, int U8 = 2, int NP = 1, bool ROUTE = false>
-__global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_kernel(const GemvArgs a) {
-  gemv_block<FMT, NMAT, EPI, MODE, OT, MINB, U8, NP, ROUTE>(
-      a, BlockAt{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), int(gridDim.x), int(gridDim.z)});
 }
 
 __global__ void combine_kernel(const float* __restrict__ ys, const float* __restrict__ w, int K, int64_t D, float out_scale,
@@ -639,7 +610,6 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 }
 
 #include "cuda/gemv_fp4s.cuh"
-#include "cuda/gemv_moe_one.cuh"
 #include "cuda/gemv_xs.cuh"
 
 // The instantiation for a register budget (minblocks) and, for one FP8 matrix, chunks in flight (U8); MXFP4 with the
@@ -845,55 +815,6 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
     return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");
-}
-
-int moe_one_items(const GemvArgs& gate_up, const GemvArgs& down) {
-  return gate_up.n * gate_up.topk * int(gate_up.rows / 16 + down.rows / 32);
-}
-
-void launch_moe_one(const GemvArgs& gate_up, const GemvArgs& down, unsigned* counters, Stream s, int blocks) {
-  static_assert(moe1::kSlots == kMoeOneSlots && kMoeOneCounters == 2 + kMoeOneSlots, "gemv: the one-launch MoE's counters");
-  GemvArgs gu = gate_up, dn = down;
-  const int slots = gu.n * gu.topk;
-  if (gu.fmt != kFp4 || gu.mode != kMoe || gu.nmat != 2 || gu.epi != kSwiglu || !gu.out_half || gu.act != kF16 ||
-      dn.fmt != kFp4 || dn.mode != kMoe || dn.nmat != 1 || dn.epi != kStore || dn.out_half || dn.act != kF16)
-    throw_arg("gemv: the one-launch MoE runs W4A16 gate/up (SwiGLU, f16 h) then down (fp32 ys) on f16 activations");
-  if (gu.n != dn.n || gu.topk != dn.topk || gu.idx != dn.idx || !gu.idx || slots < 1 || slots > kMoeOneSlots ||
-      gu.problems != dn.problems)
-    throw_arg("gemv: the one-launch MoE takes 1.." + std::to_string(kMoeOneSlots) + " slots, the same routing for both halves (got " +
-              std::to_string(slots) + ")");
-  if (gu.groups || dn.groups || gu.route_variant || dn.route_variant || gu.kblocks != 1 || dn.kblocks != 1 || gu.x_by_token != 1 ||
-      dn.x_by_token != 0)
-    throw_arg("gemv: the one-launch MoE takes no group table, no in-launch ranking, no split of K across blocks");
-  if (gu.rows != dn.cols || gu.cols != dn.rows || gu.rows % 16 || gu.cols % 128 || dn.rows % 32 || dn.cols % 128 || gu.rows <= 0 ||
-      gu.cols <= 0 || dn.x != gu.out || dn.x_tok_stride != gu.o_tok_stride)
-    throw_arg("gemv: the one-launch MoE needs gate/up [I, D] (I % 128, D % 128) and down [D, I] (D % 32) reading gate/up's h, got [" +
-              std::to_string(gu.rows) + ", " + std::to_string(gu.cols) + "] and [" + std::to_string(dn.rows) + ", " +
-              std::to_string(dn.cols) + "]");
-  if (!gu.x || !gu.out || !dn.out || !gu.w[0] || !gu.w[1] || !gu.s[0] || !gu.s[1] || !dn.w[0] || !dn.s[0] || !counters)
-    throw_arg("gemv: the one-launch MoE: null pointer argument");
-  if (!aligned16(gu.x) || !aligned16(dn.x) || (gu.x_tok_stride * 2) % 16 || (dn.x_tok_stride * 2) % 16)
-    throw_arg("gemv: activations must be 16-byte aligned, rows included");
-  if (weights_skipped()) return;  // (bench --skeleton)
-  // The default per-tile split at <= 8 slots (launch_gemv's per_tile_auto): 4 warps per gate/up tile, 2 per down
-  // tile, both at <= 85 registers; down's h is this launch's, so it never reads it before its wait (pdl_early 0).
-  for (GemvArgs* a : {&gu, &dn}) {
-    if (a->pdl < 0 && pdl_enabled()) a->pdl = 1;
-    if (evict_first_enabled()) a->l2_evict_first = 1;
-    a->warps = moe1::kWarps, a->minblocks = 3, a->pdl_early = 0;
-  }
-  if (gu.pdl != dn.pdl) throw_arg("gemv: the one-launch MoE's halves must agree on PDL");
-  if (blocks < 0) throw_arg("gemv: the one-launch MoE's grid must be 0 (resident) or a block count");
-  if (blocks == 0) {
-    static const int per_sm = [] {
-      int n = 0;
-      PLUMB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe1::moe_one_kernel, moe1::kWarps * 32, 0));
-      return std::max(n, 1);
-    }();
-    blocks = per_sm * sm_count();
-  }
-  const int grid = std::min(blocks, moe_one_items(gu, dn));
-  launch_as(gu.pdl > 0, "moe_one_kernel", moe1::moe_one_kernel, dim3(unsigned(grid)), dim3(moe1::kWarps * 32), 0, s, gu, dn, counters);
 }
 
 void launch_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, const float* add, float* y,

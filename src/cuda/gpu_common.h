@@ -311,7 +311,7 @@ struct GpuGraph {
   void* exec = nullptr;  // cudaGraphExec_t
   const float* logits = nullptr;  // where the graph leaves them
   uint64_t generation = 0;
-  std::array<const void*, 10> workspace{};
+  std::array<const void*, 9> workspace{};
   bool warm = false;  // ran once eagerly with graph bounds at `generation`: the next step may capture
   GpuGraph() = default;
   GpuGraph(const GpuGraph&) = delete;

@@ -95,13 +95,6 @@ void check_options(const ModelOptions& o) {
               "backend cuda: cuda.topk_in_experts does not combine with {} (gate/up then needs the routing's weights before it "
               "starts): drop one of the two",
               o.official ? mode : "moe.weight_before_down");
-  // The one launch is cuda.moe_mxfp4's two W4A16 launches; the official numerics' W4A8 ones stay apart.
-  PLUMB_CHECK(!o.cuda_moe_one_launch || o.cuda_moe_mxfp4,
-              "backend cuda: cuda.moe_one_launch joins cuda.moe_mxfp4's gate/up and down launches and needs it: add cuda.moe_mxfp4");
-  PLUMB_CHECK(!o.cuda_moe_one_launch || !o.official,
-              "backend cuda: cuda.moe_one_launch joins the W4A16 launches; {} runs the W4A8 ones: drop one of the two", mode);
-  PLUMB_CHECK(!o.cuda_moe_one_launch || !o.cuda_topk_in_experts,
-              "backend cuda: cuda.moe_one_launch and cuda.topk_in_experts both replace the one-token gate/up launch: take one");
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
               "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
@@ -439,7 +432,7 @@ class GpuForward : public DeviceForward {
                         (weights_skipped() ? 1 << 30 : 0) + (comp_defer_modes(step, n) << 32)];
     if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
-      return std::array<const void*, 10>{sc.ws.partial(0),      sc.ws.half(0),       sc.ws.counters(0),       sc.ws.moe_counters(0),
+      return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),
                                         sc.ws_side.partial(0),  sc.ws_side.half(0),  sc.ws_side.counters(0),
                                         sc.ws_side2.partial(0), sc.ws_side2.half(0), sc.ws_side2.counters(0)};
     };

@@ -263,10 +263,6 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         tap_routes(m, r);
         const OpRegion d(m.sc.timer, "routed/down", true);
         moe_down(*m.w.fp4, r.idx, 1, r.K, h16, nullptr, ys, m.sc.ws);
-      } else if (m.opt.cuda_moe_one_launch && !g && nc == r.n && moe_one_launch_fits(*m.w.fp4, nc, r.K)) {
-        // cuda.moe_one_launch (<= 8 slots: one token at V4's top-6): gate/up and down as one launch, the same bits
-        const OpRegion d(m.sc.timer, "routed/gate_up+down", true);
-        moe_routed_one_launch(*m.w.fp4, idx, nc, r.K, xc, xt, limit, before ? wt : nullptr, h16, ys, m.sc.ws);
       } else {
         {
           const OpRegion d(m.sc.timer, "routed/gate_up", true);

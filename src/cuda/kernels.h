@@ -332,17 +332,6 @@ int gemv_xs_token_groups(int n);
 size_t gemv_xs_smem(const GemvArgs& a);
 constexpr size_t kGemvXsMaxSmem = size_t(200) * 1024;
 void launch_gemv(const GemvArgs& a, Stream s);  // activations must be f16 (act == kF16); BF16 weights: bf16 (kBF16)
-// cuda.moe_one_launch: MXFP4 W4A16 gate/up + SwiGLU (f16 h) and down (fp32 ys) at <= kMoeOneSlots slots in one
-// launch (gemv_moe_one.cuh), the same bits as launch_gemv of each with fp4_kernel 0. `gate_up` and `down` as
-// moe_gate_up / moe_down build them (no group table, no in-launch ranking; down's x is gate_up's out);
-// `counters`: kMoeOneCounters of its own, zero before the first launch (they reset themselves after each), never
-// shared with a launch that may run beside it.
-// `blocks`: the grid (0: as many as are resident at once on the GPU; each block loops over work items; capped at
-// the items, which is also the grid of one block per item).
-constexpr int kMoeOneSlots = 8, kMoeOneCounters = 2 + kMoeOneSlots;
-void launch_moe_one(const GemvArgs& gate_up, const GemvArgs& down, unsigned* counters, Stream s, int blocks = 0);
-// The one-launch MoE's work items for these arguments (its grid with one block per item).
-int moe_one_items(const GemvArgs& gate_up, const GemvArgs& down);
 // out[r, k] = f16(x[r * ldx + k]) for r < n, k < cols (x an Act).
 void launch_to_f16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
 // ---- FP8 prefill GEMMs' helpers (fp8_gemm.cu) ----

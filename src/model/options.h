@@ -29,7 +29,6 @@ struct ModelOptions {
   bool cuda_branch_flags = false;  // cuda.branch_flags: with cuda.streams, branch ends signalled in device memory, waited in-kernel (backend cuda)
   bool cuda_shared_first = false;  // cuda.shared_first: with cuda.streams, the shared expert forked before the router at one token too (backend cuda)
   bool cuda_topk_in_experts = false;  // cuda.topk_in_experts: at one token the routed experts' launches rank the gate's logits themselves (backend cuda)
-  bool cuda_moe_one_launch = false;  // cuda.moe_one_launch: the routed experts' gate/up and down as one launch at <= 8 slots (backend cuda)
   bool cuda_early_joins = false;  // cuda.early_joins: with cuda.streams, branches joined where a launch joins anyway, so the FFN's hc_pre joins none (backend cuda)
   bool cuda_linear_early = false;  // cuda.linear_early: with cuda.pdl, the one-token linear's first weights loaded before its wait (backend cuda)
   bool cuda_comp_deferred = false;  // cuda.comp_deferred: one-token steps project the compressors' rows once per window (backend cuda)

@@ -186,20 +186,6 @@ std::vector<Patch> make_registry() {
                "PDL; the forward over graph and eager steps, taps included)",
                // The same device code on the same logits: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_topk_in_experts = true; }, false, "cuda"});
-  r.push_back({"cuda.moe_one_launch", "the routed experts' gate/up and down as two launches",
-               "steps of <= 8 routed slots (one token at V4's top-6) with cuda.moe_mxfp4: gate/up + SwiGLU and down run "
-               "as one launch whose blocks take work items in order from a counter, gate/up's tiles first, so down's "
-               "weights start streaming on the SMs that gate/up's early tiles leave instead of after its last tile "
-               "and a launch's ramp and tail go; each down tile waits in-kernel (acquire) for a per-slot count of its "
-               "expert's stored gate/up tiles. The per-tile code and splits are the two launches' (gate/up 4 warps "
-               "per tile, down 2), so the same bits. Not with the official numerics (their W4A8 launches) or "
-               "cuda.topk_in_experts",
-               "a down tile that read h before its expert's gate/up tiles had stored it would use a previous step's "
-               "h: wrong outputs for that expert, varying from run to run; tested bit-identical to the two launches "
-               "(the kernel over repeated experts, SwiGLU clamps, weights before W2, with and without PDL; the forward "
-               "over graph and eager steps)",
-               // The same per-tile code on the same splits: bit-identical (tests/cuda). The tolerance is the reference's.
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_moe_one_launch = true; }, false, "cuda"});
   r.push_back({"cuda.hc_norm_after_mix", "hc_pre's mixes of the normalized streams, float(x * r) . fn (its dots wait for r)",
                "hc_pre (and hc_head) with one token per cluster: the 24 dots of the raw streams with fn start without "
                "waiting for the cluster's sum of squares (the norm after the mixing GEMM, the official code's order), "

@@ -376,26 +376,6 @@ TEST_F(GpuTest, TopkInExpertsStepsMatchTheRouterLaunch) {
                plumb::Error);
 }
 
-// cuda.moe_one_launch: at one token (kernel-dims: top-2, a hash layer and two learned ones) the routed experts'
-// gate/up and down as one launch: the logits the bits of the two launches, graphed (with PDL and the shared expert
-// beside it on cuda.streams) and eager; refused without cuda.moe_mxfp4, with the official numerics or with
-// cuda.topk_in_experts.
-TEST_F(GpuTest, MoeOneLaunchStepsMatchTwoLaunches) {
-  const std::string data = PLUMB_TEST_DATA;
-  const std::string fast = "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,attn.splitk_decode,indexer.skip_short,cuda.streams";
-  expect_graph_matches_eager(data + "/golden/kernel-dims", fast, "cuda.moe_one_launch,cuda.shared_first,cuda.early_joins,cuda.pdl,cuda.pdl_hc_attn");
-  expect_graph_matches_eager(data + "/golden/kernel-dims", "cuda.moe_mxfp4", "cuda.moe_one_launch,cuda.pdl");
-  expect_eager_chunks_match(data + "/golden/kernel-dims", fast, "cuda.moe_one_launch", 1);
-  expect_eager_chunks_match(data + "/golden/kernel-dims", fast + ",cuda.pdl,moe.weight_before_down", "cuda.moe_one_launch", 1);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/tiny", plumb::parse_patches("cuda.moe_one_launch").options, {}, "cuda"), plumb::Error);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.moe_mxfp4,cuda.moe_one_launch").options,
-                                  {}, "cuda"),
-               plumb::Error);
-  EXPECT_THROW(plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(fast + ",cuda.moe_one_launch,cuda.topk_in_experts").options,
-                                  {}, "cuda"),
-               plumb::Error);
-}
-
 // cuda.hc_norm_after_mix: hc_pre's and hc_head's dots on the raw streams, r applied after them (their kernel against
 // the exact one: test_cuda_fwd_ops.cpp). The forward with it: graphed (PDL) and eager steps the same bits; free
 // running over 300 tokens (steps of 1 and 7) its logits near the exact kernel's, and not all the same bits: on the
