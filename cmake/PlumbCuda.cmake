@@ -70,6 +70,7 @@ foreach(probe ${PLUMB_CUDA_PROBES})
   target_compile_options(${probe_name} PRIVATE -gencode=arch=compute_90a,code=sm_90a)
   set_target_properties(${probe_name} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_RUNTIME_LIBRARY Static
                                                  UNITY_BUILD OFF)
+  target_include_directories(${probe_name} PRIVATE ${CMAKE_SOURCE_DIR}/src)  # (probes may use the kernels' device helpers)
   target_link_libraries(${probe_name} PRIVATE CUDA::cudart_static)
 endforeach()
 

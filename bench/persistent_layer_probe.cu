@@ -1,0 +1,629 @@
+// Could a persistent layer kernel meet issue 6's batch-1 target? Session 30's skeleton and session 40's timelines
+// say the separate-launch forward cannot: its chain of latency-bound kernels (hc_pre twice, q_norm, the attention,
+// the router's top-k) takes ~47 us of a ~120 us layer, and the weight kernels between them stream at ~72 % of copy.
+// What was left (docs/cuda.md, "What remains") is one kernel per SM that streams the layer's weights without launch
+// boundaries, keeps streaming while the chain runs and hides the chain behind the bytes. This probe measures the
+// upper bound of that design before anyone builds it: how fast the layer's weight bytes go through such a kernel with
+// the layer's dependencies in place, with and without the decode kernels' arithmetic, beside chains of given latency.
+//
+// The kernel (cooperative: one block per SM, all resident). Each block has 1-4 producer warps, a chain warp and C
+// consumer warps. The producers copy the block's share of every weight op (24 KB stages, stage s of an op to block
+// s % G) into a ring of 2-8 stages in shared memory, by bulk copies (cp.async.bulk on an mbarrier, one lane) or by
+// cp.async (16 bytes per lane), in op order, without waiting for the op's inputs (weights do not depend on
+// activations): the ring is the prefetch. The routed experts' copies wait for the top-k (their addresses are the
+// routing). The consumers take the stages in the same order, each op only once the ops it depends on are done in
+// every block (a counter per op: every block adds one after its share; acquire loads), and run on each 1 KB per warp
+// the arithmetic the decode kernels run on it (FP8: 8 conversions + 4 f16 MMAs + 2 scale FMAs; MXFP4: 4 groups of
+// fp4_group, i.e. common.cuh's E2M1 decode and 8 MMAs, one live token column as at batch 1; or a sum). Block 0's
+// chain warp stands for the latency-bound ops: once their inputs are done it follows `hops` dependent L2 loads (a
+// pointer chase, slowed by the stream beside it as every chain kernel is) and marks the op done for everyone.
+//
+// One V4-Flash layer at batch 1 (CSA attention, learned routing; MB = the weights read), op by op:
+//   hc fn 1.6 | hc_pre (chain, 12 hops) | wq_a + wkv 6.3 | compressors 12.9 (the 4 layer types' mean; beside) |
+//   q_norm (chain, 4) | wq_b 33.5 | attention (chain, 14) | wo_a 33.5 | wo_b 33.5 | hc fn 1.6 | hc_pre (chain, 12) |
+//   router gate 2.1 | shared gate/up 16.8 | shared down 8.4 | top-k (chain, 5) | routed gate/up 53.5 (6 experts) |
+//   routed down 26.7
+// = 230.5 MB, `plumb bench --layers`' bytes per layer (its 4-layer stack's mean). The next layer's hc_pre waits for
+// both downs. Eight layers (1.8 GB, no L2 reuse) per launch; us per layer = launch time / 8; the hops scaled by a
+// chain factor (1.0: ~15 us of chain per layer beside the stream, a third of today's). Printed: the copy rate (1 GiB
+// D2D, as `plumb bench`), plain loads of the same bytes (the LSU path, no arithmetic) on 132 / 66 / 33 SMs, then per
+// configuration us per layer, % of the copy rate, the chain's own time, the SM clock (block 0, clock64 against the
+// global timer) and the waits per block and layer (the producers' for free slots, summed over producer warps;
+// consumer warp 0's for data; the dependency waits); and block 0's timeline of one layer for a few rows.
+//
+// Answer (session 51, one H200, several machines, bench/results/h200-session51/): no, not in this form.
+// * Filling a ring is capped per SM: 82-91 % of copy on 132 SMs with trivial consumers (one bulk-copy lane, 2 or 4
+//   of them, or 1-4 cp.async warps; 2 to 8 stages alike), 49-61 % on 66 SMs and 28-34 % on 33 (~28-44 GB/s per SM),
+//   where plain loads of the same bytes reach 102-109 % / 102-107 % / 81-95 %.
+// * The decode arithmetic alone (no copies) reaches 75-89 % of copy with 8 warps and 85-99 % with 12-24 (the SM at
+//   ~1800 MHz, the MMAs' power; ~1980 with FMAs in their place: 99.6 %): not what limits.
+// * Both together, no dependencies: 57-67 % (the consumers wait ~12-16 us per layer for data while the producers
+//   wait for slots): the per-tile kernels' 64-67 % again; the arithmetic on register words instead of the ring's
+//   bytes changes nothing.
+// * The layer's dependencies with no chain latency: 73-85 % with sums, 58-63 % (87-94 us per layer) with the
+//   arithmetic; ~15 us of chain per layer adds 11-15 us (little hidden: the consumers are the bottleneck, so the
+//   ring is full whenever they stall), ~7 us adds 7.4-7.9; loads that start only once the op may run cost 14-17 us
+//   more than the prefetch.
+// So with a third of today's chain the design's bound is 101-107 us per layer, against today's ~120 and the target's
+// ~69: the weights would have to reach the tensor cores faster than any feeding path measured here allows.
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/plp bench/persistent_layer_probe.cu && /tmp/plp
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "probe_common.cuh"
+
+using namespace plumb::cuda::detail;
+
+constexpr int kStage = 24576, kStages = 8, kMaxOps = 20, kMaxDeps = 3, kLayers = 8, kMaxConsumers = 24,
+              kMaxProducers = 4, kThreads = 32 * (kMaxProducers + 1 + kMaxConsumers);
+enum Kind : int { kChain = 0, kSum = 1, kFp8 = 2, kFp4 = 3 };
+
+struct Op {
+  int kind;
+  int64_t off, bytes;  // within the layer's weights (stream ops)
+  int hops;            // chain ops: dependent L2 loads
+  int ndep, dep[kMaxDeps];  // op indices; negative: -(k+1) = op k of the previous layer
+  int addr_dep;        // stream ops whose addresses come from an op (the routed experts: the top-k), else -1
+};
+struct Plan {
+  Op ops[kMaxOps];
+  int nops;
+  int64_t layer_bytes;
+  int prefetch;   // 1: the producer waits only for addr_dep; 0: for every dependency
+  int consumers;  // C
+  int math;       // 0: sums only; 1: the decode arithmetic per kind
+  int deps;       // 0: no dependency is waited for and no chain runs (the ring's and the arithmetic's own rate)
+  int copy;       // 0: no copies: the consumers run their arithmetic on whatever the ring holds (its ceiling)
+  int stages;     // ring stages in use (<= kStages)
+  int nowait;     // diagnosis: the consumers do not wait for the copies (they read whatever the ring holds)
+  int spin;       // the consumers poll the ring's barriers (test_wait) instead of try_wait's suspending wait
+  int lsu;        // the producer warp copies with cp.async (16 bytes per lane, the LSU path) instead of bulk copies
+  int noload;     // diagnosis: the consumers' arithmetic on register words (no shared-memory reads of the weights)
+  int nomma;      // diagnosis: the decode without the tensor cores (each MMA replaced by two FMAs on the fragments)
+  int producers;  // producer warps (stage k by warp k % producers): more copy issuers per SM
+};
+
+// Block 0's timeline of layer kLayers / 2 (ns, global timer): per op, when its inputs were done (consumers: the
+// dependency wait's end; chain: the chase's start), when it ended in block 0, and when block 0's producer issued
+// its first and last copy; and the SM clock over the launch (block 0).
+constexpr int kTimedLayer = kLayers / 2;
+__device__ unsigned long long g_ready[kMaxOps], g_end[kMaxOps], g_issue0[kMaxOps], g_issue1[kMaxOps], g_t0;
+__device__ long long g_clk[2];
+// Cycles spent waiting, summed over the blocks: the producer for free ring slots, consumer warp 0 for filled ones,
+// and consumer thread 0 for the ops' inputs (the dependency waits).
+__device__ unsigned long long g_wait[3];
+__device__ unsigned long long g_gt[2];
+
+__device__ __forceinline__ uint32_t su32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mb_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint64_t* b, int parity) {
+  asm volatile(
+      "{ .reg .pred p;\n"
+      "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra W; }" ::"r"(su32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mb_spin(uint64_t* b, int parity) {
+  asm volatile(
+      "{ .reg .pred p;\n"
+      "S: mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra S; }" ::"r"(su32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(su32(dst)),
+               "l"(src), "r"(bytes), "r"(su32(bar))
+               : "memory");
+}
+// The LSU path into the ring: the warp's lanes copy 16 bytes each per step (cp.async.cg: L2 only), then each lane
+// arrives on the stage's barrier once its copies have landed (32 arrivals complete it).
+__device__ __forceinline__ void lsu_copy(void* dst, const void* src, int bytes, uint64_t* bar, int lane) {
+  for (int k = lane; k < bytes / 16; k += 32)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(static_cast<uint8_t*>(dst) + 16 * k)),
+                 "l"(static_cast<const uint8_t*>(src) + 16 * k)
+                 : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(su32(bar)) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Op `i` of layer `l` done in every block (G arrivals).
+__device__ __forceinline__ void wait_done(const unsigned* cnt, const Plan& P, int l, int d, unsigned G) {
+  int idx;
+  if (d >= 0) idx = l * P.nops + d;
+  else if (l == 0) return;  // the previous layer's op: none before the first layer
+  else idx = (l - 1) * P.nops + (-d - 1);
+  while (ld_acquire(cnt + idx) < G) {
+  }
+}
+__device__ __forceinline__ void wait_deps(const unsigned* cnt, const Plan& P, const Op& o, int l, unsigned G) {
+  if (!P.deps) return;
+  for (int k = 0; k < o.ndep; ++k) wait_done(cnt, P, l, o.dep[k], G);
+}
+
+// Stage s of an op (16 KB, the last one shorter) belongs to block s % G.
+__device__ __forceinline__ int64_t op_stages(const Op& o) { return (o.bytes + kStage - 1) / kStage; }
+
+// The decode kernels' arithmetic on one 1 KB unit of a warp (lane: 16 bytes at +16 lane and +512 + 16 lane, i.e. a
+// lane's A and B words of 16 rows as the per-tile kernels load them).
+// (diagnosis) fp4_group's decode with FMAs in place of its two MMAs.
+__device__ __forceinline__ void fp4_group_fma(uint32_t wa, uint32_t wb, const uint4& X, float sa, float sb, float (&acc)[4]) {
+  uint32_t f[8];
+  fp4_frag(wa, wb, f);
+  float d0 = 0.f, d2 = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) d0 = fmaf(__uint_as_float(f[k] ^ X.x), __uint_as_float(f[k + 4]), d0);
+  d2 = fmaf(__uint_as_float(X.y), d0, d2);
+  acc[0] = fmaf(d0, sa, acc[0]);
+  acc[2] = fmaf(d2, sb, acc[2]);
+}
+
+__device__ __forceinline__ void unit_math(int kind, const uint8_t* u, int lane, const uint4 (&X)[4], float (&acc)[4], bool noload,
+                                          uint32_t salt, bool nomma) {
+  uint4 A, B;
+  uint32_t sw;
+  if (noload) {  // (diagnosis) words from registers, salted so the decode cannot be hoisted out of the loop
+    A = make_uint4(X[2].x ^ salt, X[2].y + salt, X[3].x ^ salt, X[3].y + salt);
+    B = make_uint4(X[2].z ^ salt, X[2].w + salt, X[3].z ^ salt, X[3].w + salt);
+    sw = 0x7F7F7F7Fu ^ (salt & 0x01010101u);
+  } else {
+    A = *reinterpret_cast<const uint4*>(u + lane * 16);
+    B = *reinterpret_cast<const uint4*>(u + 512 + lane * 16);
+    sw = *reinterpret_cast<const uint32_t*>(u + (lane & 7) * 4);
+  }
+  if (kind == kFp4 && nomma) {
+    const float sa = e8m0_byte<0>(sw), sb = e8m0_byte<1>(sw);
+    fp4_group_fma(A.x, B.x, X[0], sa, sb, acc);
+    fp4_group_fma(A.y, B.y, X[1], sa, sb, acc);
+    fp4_group_fma(A.z, B.z, X[2], sa, sb, acc);
+    fp4_group_fma(A.w, B.w, X[3], sa, sb, acc);
+  } else if (kind == kFp8 && nomma) {
+    const uint32_t aw[4] = {A.x, A.y, A.z, A.w}, bw[4] = {B.x, B.y, B.z, B.w};
+    float d = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t a0, a1, a2, a3;
+      e4m3x4_to_f16x2(aw[i], a0, a2);
+      e4m3x4_to_f16x2(bw[i], a1, a3);
+      d = fmaf(__uint_as_float(a0 ^ a1), __uint_as_float(a2 ^ X[i].x), d);
+      d = fmaf(__uint_as_float(a3), __uint_as_float(X[i].y), d);
+    }
+    acc[0] = fmaf(d, 1.5f, acc[0]);
+  } else if (kind == kFp4) {
+    const float sa = e8m0_byte<0>(sw), sb = e8m0_byte<1>(sw);
+    fp4_group<true>(A.x, B.x, X[0], sa, sb, acc);
+    fp4_group<true>(A.y, B.y, X[1], sa, sb, acc);
+    fp4_group<true>(A.z, B.z, X[2], sa, sb, acc);
+    fp4_group<true>(A.w, B.w, X[3], sa, sb, acc);
+  } else if (kind == kFp8) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t aw[4] = {A.x, A.y, A.z, A.w}, bw[4] = {B.x, B.y, B.z, B.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t a0, a1, a2, a3;
+      e4m3x4_to_f16x2(aw[i], a0, a2);
+      e4m3x4_to_f16x2(bw[i], a1, a3);
+      const uint4& x = X[i];
+      mma_f16(d, a0, a1, a2, a3, x.x, x.y);
+    }
+    acc[0] = fmaf(d[0], 1.5f, acc[0]);
+    acc[2] = fmaf(d[2], 1.5f, acc[2]);
+  } else {
+    acc[0] += __uint_as_float((A.x ^ B.y) & 0x3F00FFFFu);
+    acc[2] += __uint_as_float((A.z ^ B.w) & 0x3F00FFFFu);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    layer_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
+  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ uint64_t full[kStages], empty[kStages];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, C = P.consumers;
+  const unsigned G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x == 0 && b == 0) g_clk[0] = clock64(), g_gt[0] = gtime(), g_t0 = g_gt[0];
+  if (!P.copy) {  // the ring holds real weight bytes (the arithmetic's rate may depend on the values: power, clocks)
+    for (int64_t k = threadIdx.x; k < int64_t(P.stages) * kStage / 16; k += blockDim.x)
+      reinterpret_cast<uint4*>(ring)[k] = reinterpret_cast<const uint4*>(w)[int64_t(b) * P.stages * kStage / 16 + k];
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mb_init(&full[s], P.lsu ? 32 : 1), mb_init(&empty[s], C);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int NP = P.producers;
+  if (warp < NP) {  // producers
+    if ((lane != 0 && !P.lsu) || !P.copy) return;
+    int64_t it = 0;
+    unsigned long long pwait = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      const uint8_t* lw = w + int64_t(l) * P.layer_bytes;
+      for (int i = 0; i < P.nops; ++i) {
+        const Op& o = P.ops[i];
+        if (o.kind == kChain) continue;
+        if (!P.prefetch) wait_deps(cnt, P, o, l, G);
+        else if (o.addr_dep >= 0 && P.deps) wait_done(cnt, P, l, o.addr_dep, G);
+        const int64_t n = op_stages(o);
+        const bool stamp = b == 0 && l == kTimedLayer;
+        for (int64_t s = b; s < n; s += G, ++it) {
+          if (it % NP != warp) continue;
+          if (stamp && s == b && lane == 0) g_issue0[i] = gtime();
+          const int slot = int(it % P.stages);
+          const int64_t use = it / P.stages;
+          if (use > 0) {
+            const long long c0 = clock64();
+            mb_wait(&empty[slot], int((use - 1) & 1));
+            pwait += clock64() - c0;
+          }
+          const int64_t left = o.bytes - s * kStage;
+          const int bytes = int(left < kStage ? left : kStage);
+          if (P.lsu) lsu_copy(ring + size_t(slot) * kStage, lw + o.off + s * kStage, bytes, &full[slot], lane);
+          else bulk_copy(ring + size_t(slot) * kStage, lw + o.off + s * kStage, bytes, &full[slot]);
+          if (stamp && lane == 0) g_issue1[i] = gtime();
+        }
+      }
+    }
+    if (lane == 0) atomicAdd(&g_wait[0], pwait);
+    return;
+  }
+  if (warp == NP) {  // chain (block 0 only)
+    if (b != 0 || lane != 0 || !P.deps) return;
+    unsigned long long total = 0;
+    uint32_t j = 0;
+    for (int l = 0; l < kLayers; ++l)
+      for (int i = 0; i < P.nops; ++i) {
+        const Op& o = P.ops[i];
+        if (o.kind != kChain) continue;
+        wait_deps(cnt, P, o, l, G);
+        const uint64_t t0 = gtime();
+        for (int h = 0; h < o.hops; ++h) j = __ldcg(next + j);
+        const uint64_t t1 = gtime();
+        total += t1 - t0;
+        if (l == kTimedLayer) g_ready[i] = t0, g_end[i] = t1;
+        __threadfence();
+        atomicAdd(cnt + l * P.nops + i, G + (j == 0xFFFFFFFFu));  // (j: the chase is not dead code)
+      }
+    *chain_ns = total;
+    return;
+  }
+  if (warp >= NP + 1 + C) return;
+  // consumers
+  const int cw = warp - (NP + 1), ct = int(threadIdx.x) - 32 * (NP + 1);
+  uint4 X[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)  // one token: only column 0 (lanes 0-3) nonzero, as the one-token kernels' B fragments
+    X[k] = lane < 4 ? make_uint4(0x3C003C00u + lane, 0x3C003C01u, 0x3C003C02u, 0x3C003C03u + k) : make_uint4(0, 0, 0, 0);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  unsigned long long cwait = 0, dwait = 0;
+  const int units = kStage / 1024 / C;  // 1 KB units per warp and stage
+  int64_t it = 0;
+  for (int l = 0; l < kLayers; ++l)
+    for (int i = 0; i < P.nops; ++i) {
+      const Op& o = P.ops[i];
+      if (o.kind == kChain) continue;
+      if (ct == 0) {
+        const long long c0 = clock64();
+        wait_deps(cnt, P, o, l, G);
+        dwait += clock64() - c0;
+        if (b == 0 && l == kTimedLayer) g_ready[i] = gtime();
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
+      const int kind = P.math ? o.kind : kSum;
+      const int64_t n = op_stages(o);
+      for (int64_t s = b; s < n; s += G, ++it) {
+        const int slot = int(it % P.stages);
+        if (P.copy && !P.nowait) {
+          const long long c0 = clock64();
+          if (P.spin) mb_spin(&full[slot], int((it / P.stages) & 1));
+          else mb_wait(&full[slot], int((it / P.stages) & 1));
+          cwait += clock64() - c0;
+        }
+        const uint8_t* st = ring + size_t(slot) * kStage + size_t(cw) * units * 1024;
+        for (int u = 0; u < units; ++u) unit_math(kind, st + u * 1024, lane, X, acc, P.noload, uint32_t(it * 8 + u), P.nomma);
+        __syncwarp();
+        if (lane == 0 && P.copy) mb_arrive(&empty[slot]);
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
+      if (ct == 0) {
+        __threadfence();
+        atomicAdd(cnt + l * P.nops + i, 1u);
+        if (b == 0 && l == kTimedLayer) g_end[i] = gtime();
+      }
+    }
+  if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
+  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
+  if (ct == 0) atomicAdd(&g_wait[1], cwait), atomicAdd(&g_wait[2], dwait);
+}
+
+// The LSU path for comparison: blocks of 1024 threads read [p, p + n16) once with 16-byte evict-first loads, 8 in
+// flight per thread (the decode kernels' loads without their arithmetic).
+__global__ void __launch_bounds__(1024) plain_read_kernel(const uint4* p, int64_t n16, float* sink) {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  uint32_t x = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (i + k * stride < n16) v[k] = ldg_stream<0>(p + i + k * stride, pol);
+      else v[k] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x ^= v[k].x ^ v[k].w;
+  }
+  if (x == 0x12345678u) sink[0] = float(x);
+}
+
+namespace {
+
+Plan v4_flash_layer(int prefetch, int consumers, int math, double chain_scale, int deps = 1, int copy = 1, int stages = kStages) {
+  Plan P{};
+  P.prefetch = prefetch, P.consumers = consumers, P.math = math, P.deps = deps, P.copy = copy, P.stages = stages;
+  P.producers = 1;
+  int64_t off = 0;
+  auto stream = [&](int kind, double mb, std::initializer_list<int> deps, int addr_dep = -1) {
+    Op& o = P.ops[P.nops++];
+    o.kind = kind, o.off = off, o.bytes = (int64_t(mb * 1e6) + 15) / 16 * 16, o.addr_dep = addr_dep;
+    for (int d : deps) o.dep[o.ndep++] = d;
+    off += (o.bytes + 4095) / 4096 * 4096;
+    return P.nops - 1;
+  };
+  auto chain = [&](int hops, std::initializer_list<int> deps) {
+    Op& o = P.ops[P.nops++];
+    o.kind = kChain, o.hops = int(hops * chain_scale + 0.5), o.addr_dep = -1;
+    for (int d : deps) o.dep[o.ndep++] = d;
+    return P.nops - 1;
+  };
+  // Hops per chain op (at ~0.2-0.35 us per hop beside the stream): hc_pre ~3 cluster reductions and its loads,
+  // q_norm a load and a block sum, the attention's key list, keys, two products and a merge, the top-k a load, the
+  // ranking and a store. Scaled by chain_scale.
+  constexpr int kRoutedDown = 16, kSharedDown = 13;  // (the router gate first after hc_pre: the top-k runs while the
+                                                     // shared expert streams)
+  const int fn_a = stream(kSum, 1.57, {});
+  const int hc_a = chain(12, {fn_a, -(kRoutedDown + 1), -(kSharedDown + 1)});
+  const int qa = stream(kFp8, 6.29, {hc_a});
+  const int comp = stream(kSum, 12.9, {hc_a});
+  const int qn = chain(4, {qa});
+  const int qb = stream(kFp8, 33.55, {qn});
+  const int at = chain(14, {qb});
+  const int oa = stream(kFp8, 33.55, {at});
+  const int ob = stream(kFp8, 33.55, {oa});
+  const int fn_f = stream(kSum, 1.57, {});
+  const int hc_f = chain(12, {ob, fn_f, comp});
+  const int gate = stream(kSum, 2.1, {hc_f});
+  const int sgu = stream(kFp8, 16.78, {hc_f});
+  const int sdn = stream(kFp8, 8.39, {sgu});
+  const int tk = chain(5, {gate});
+  const int rgu = stream(kFp4, 53.5, {tk}, tk);
+  const int rdn = stream(kFp4, 26.7, {rgu}, tk);
+  if (sdn != kSharedDown || rdn != kRoutedDown) std::printf("plan: op indices moved\n"), std::exit(1);
+  P.layer_bytes = off;
+  return P;
+}
+
+double copy_gbps() {
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMemset(a, 0x5A, bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 18; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * double(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double copy = copy_gbps();
+  std::printf("device: %d SMs; D2D copy %.0f GB/s (read + write, 1 GiB, median of 15)\n", sms, copy);
+
+  const Plan base = v4_flash_layer(1, 8, 1, 1.0);
+  double stream_mb = 0;
+  int nstream = 0;
+  for (int i = 0; i < base.nops; ++i)
+    if (base.ops[i].kind != kChain) stream_mb += base.ops[i].bytes / 1e6, ++nstream;
+  const int64_t total = base.layer_bytes * kLayers;
+  uint8_t* w;
+  CK(cudaMalloc(&w, total));
+  {  // random bytes (the math's values do not matter; no zero pages)
+    std::vector<uint8_t> h(size_t(64) << 20);
+    std::mt19937 rng(7);
+    for (auto& x : h) x = uint8_t(rng());
+    for (int64_t o = 0; o < total; o += int64_t(h.size()))
+      CK(cudaMemcpy(w + o, h.data(), size_t(std::min<int64_t>(int64_t(h.size()), total - o)), cudaMemcpyHostToDevice));
+  }
+  // The chase: a random cycle over 1 MB (stays in L2).
+  const int nslots = 1 << 18;
+  std::vector<uint32_t> perm(nslots), nxt(nslots);
+  std::iota(perm.begin(), perm.end(), 0u);
+  std::shuffle(perm.begin() + 1, perm.end(), std::mt19937(11));
+  for (int i = 0; i < nslots; ++i) nxt[perm[i]] = perm[(i + 1) % nslots];
+  uint32_t* next;
+  CK(cudaMalloc(&next, nslots * 4));
+  CK(cudaMemcpy(next, nxt.data(), nslots * 4, cudaMemcpyHostToDevice));
+  unsigned* cnt;
+  CK(cudaMalloc(&cnt, kLayers * kMaxOps * 4));
+  unsigned long long* chain_ns;
+  CK(cudaMalloc(&chain_ns, 8));
+  float* sink;
+  CK(cudaMalloc(&sink, sms * 4));
+  const size_t smem = size_t(kStages) * kStage;
+  CK(cudaFuncSetAttribute(layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_kernel, kThreads, smem));
+  if (per_sm < 1) std::printf("the kernel does not fit an SM\n"), std::exit(1);
+  std::printf("layer: %.1f MB of weights in %d ops (%d stream, the rest chain), %d layers per launch; "
+              "bytes at the copy rate %.1f us per layer, the 80 %% target 1.25x that = %.1f us\n",
+              stream_mb, base.nops, nstream, kLayers, stream_mb * 1e6 / (copy * 1e9) * 1e6, 1.25 * stream_mb * 1e6 / (copy * 1e9) * 1e6);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  double waits_us[3];  // the last run's waits per block and layer, in us at the measured clock
+  auto run = [&](const Plan& P, int grid, double& us_layer, double& chain_us, double& mhz) {
+    std::vector<double> t, c;
+    for (int r = 0; r < 6; ++r) {
+      CK(cudaMemset(cnt, 0, kLayers * kMaxOps * 4));
+      CK(cudaMemset(chain_ns, 0, 8));
+      const unsigned long long zero3[3] = {0, 0, 0};
+      CK(cudaMemcpyToSymbol(g_wait, zero3, sizeof zero3));
+      void* args[] = {const_cast<Plan*>(&P), &w, &cnt, &next, &chain_ns, &sink};
+      CK(cudaEventRecord(e0));
+      CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      unsigned long long ns;
+      CK(cudaMemcpy(&ns, chain_ns, 8, cudaMemcpyDeviceToHost));
+      if (r > 0) t.push_back(ms * 1e3 / kLayers), c.push_back(double(ns) / 1e3 / kLayers);
+    }
+    std::sort(t.begin(), t.end());
+    std::sort(c.begin(), c.end());
+    us_layer = t[t.size() / 2], chain_us = c[c.size() / 2];
+    long long clk[2];
+    unsigned long long gt[2];
+    CK(cudaMemcpyFromSymbol(clk, g_clk, sizeof clk));
+    CK(cudaMemcpyFromSymbol(gt, g_gt, sizeof gt));
+    mhz = double(clk[1] - clk[0]) / double(gt[1] - gt[0]) * 1e3;
+    unsigned long long wt[3];
+    CK(cudaMemcpyFromSymbol(wt, g_wait, sizeof wt));
+    for (int k = 0; k < 3; ++k) waits_us[k] = double(wt[k]) / double(grid) / kLayers / mhz;
+  };
+  const char* names[] = {"hc fn (attn)", "hc_pre (attn)", "wq_a + wkv", "compressors", "q_norm", "wq_b", "attention",
+                         "wo_a", "wo_b", "hc fn (ffn)", "hc_pre (ffn)", "router gate", "shared gate/up", "shared down",
+                         "top-k", "routed gate/up", "routed down"};
+  // Block 0's view of the timed layer (the last run), in us from the layer's first event.
+  auto timeline = [&](const Plan& P) {
+    unsigned long long rd[kMaxOps], en[kMaxOps], i0[kMaxOps], i1[kMaxOps];
+    CK(cudaMemcpyFromSymbol(rd, g_ready, sizeof rd));
+    CK(cudaMemcpyFromSymbol(en, g_end, sizeof en));
+    CK(cudaMemcpyFromSymbol(i0, g_issue0, sizeof i0));
+    CK(cudaMemcpyFromSymbol(i1, g_issue1, sizeof i1));
+    unsigned long long t0 = ~0ull;
+    for (int i = 0; i < P.nops; ++i) {
+      t0 = std::min(t0, rd[i]);
+      if (P.ops[i].kind != kChain && P.prefetch) t0 = std::min(t0, i0[i]);
+    }
+    std::printf("  block 0, layer %d (us from its first event): op, MB, inputs done, end in block 0, producer's first and last copy\n", kTimedLayer);
+    for (int i = 0; i < P.nops; ++i) {
+      const bool ch = P.ops[i].kind == kChain;
+      std::printf("  %-16s %6.1f %8.2f %8.2f", names[i], ch ? 0.0 : P.ops[i].bytes / 1e6, (rd[i] - t0) / 1e3, (en[i] - t0) / 1e3);
+      if (!ch) std::printf(" %8.2f %8.2f", (double(i0[i]) - double(t0)) / 1e3, (double(i1[i]) - double(t0)) / 1e3);
+      std::printf("\n");
+    }
+  };
+  for (int div : {1, 2, 4}) {  // the LSU path over the same bytes
+    std::vector<float> t;
+    for (int r = 0; r < 6; ++r) {
+      CK(cudaEventRecord(e0));
+      plain_read_kernel<<<sms / div, 1024>>>(reinterpret_cast<const uint4*>(w), total / 16, sink);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r > 0) t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    const double us = t[t.size() / 2] * 1e3 / kLayers;
+    std::printf("plain loads (LSU, 1024 threads x 8 x 16 B in flight per block) on %d SMs: %.1f us per layer's bytes, %.1f %% of copy\n",
+                sms / div, us, 100.0 * stream_mb * 1e6 / (us * 1e-6) / (copy * 1e9));
+  }
+  std::printf("\n| mode | ring stages | consumer warps | arithmetic | chain scale | us/layer | %% of copy | chain us/layer (block 0's chases) | SM MHz | waits per block and layer, us: producer (slots) / consumers (data) / inputs |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  struct Cfg {
+    int prefetch, consumers, math;
+    double scale;
+    int deps = 1, copy = 1, stages = kStages;
+    bool tl = false;  // print block 0's timeline after the table row
+    int nowait = 0, spin = 0;
+    int grid_div = 1;  // blocks = SMs / grid_div (the copies' rate per SM: does half the GPU stream as fast?)
+    int lsu = 0, noload = 0, nomma = 0, producers = 1;
+  };
+  const Cfg cfgs[] = {
+      // the arithmetic alone (no copies, no dependencies): its ceiling with 8, 12, 24 warps
+      {1, 8, 1, 0.0, 0, 0}, {1, 12, 1, 0.0, 0, 0}, {1, 24, 1, 0.0, 0, 0},
+      // the ring without dependencies: sums, the arithmetic, polling, and (diagnosis) not waiting for the copies
+      {1, 8, 0, 0.0, 0}, {1, 8, 1, 0.0, 0}, {1, 24, 1, 0.0, 0}, {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 1},
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 1},
+      {1, 24, 1, 0.0, 0, 0, kStages, false, 0, 0, 1, 0, 1},  // (diagnosis) the arithmetic on registers: no copies,
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 1, 0, 1, 0, 1},  // beside the copies (not waiting for them),
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 1},  // and waiting for them
+      {1, 24, 1, 0.0, 0, 0, kStages, false, 0, 0, 1, 0, 0, 1},  // (diagnosis) the decode without the tensor cores: no copies,
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 1, 0, 1, 0, 0, 1},  // beside the copies,
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 1},  // and waiting for them
+      {1, 8, 0, 0.0, 0, 1, kStages, false, 0, 0, 2}, {1, 8, 0, 0.0, 0, 1, kStages, false, 0, 0, 4},  // sums on 66 / 33 SMs
+      // the layer's dependencies without chain latency, then with the chain, prefetching across dependencies
+      {1, 8, 0, 0.0, 1, 1, kStages, true}, {1, 8, 0, 1.0, 1, 1, kStages, true}, {1, 8, 0, 2.0},
+      {1, 24, 1, 0.0, 1, 1, kStages, true}, {1, 24, 1, 0.5}, {1, 24, 1, 1.0, 1, 1, kStages, true}, {1, 24, 1, 2.0},
+      {1, 8, 1, 0.0}, {1, 8, 1, 1.0},
+      {1, 24, 1, 1.0, 1, 1, 4}, {1, 24, 1, 1.0, 1, 1, 2},  // a smaller ring
+      // more copy issuers per SM: 2 / 4 producer warps (bulk copies; then cp.async), 12 consumer warps
+      {1, 12, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1}, {1, 12, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 2},
+      {1, 12, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4}, {1, 12, 0, 0.0, 0, 1, kStages, false, 0, 0, 2, 0, 0, 0, 4},
+      {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4}, {1, 12, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4},
+      {1, 12, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4},
+      {1, 12, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 1, 0, 0, 4}, {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 1, 0, 0, 4},
+      // the LSU path into the ring (cp.async by the producer warp's 32 lanes)
+      {1, 8, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 1}, {1, 8, 0, 0.0, 0, 1, kStages, false, 0, 0, 2, 1},
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 1},
+      {1, 8, 0, 0.0, 1, 1, kStages, false, 0, 0, 1, 1}, {1, 8, 0, 1.0, 1, 1, kStages, false, 0, 0, 1, 1},
+      {1, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 1}, {1, 24, 1, 1.0, 1, 1, kStages, true, 0, 0, 1, 1},
+      {0, 24, 1, 0.0}, {0, 24, 1, 1.0},                    // serial: loads start when the op may run
+  };
+
+  for (const Cfg& c : cfgs) {
+    Plan P = v4_flash_layer(c.prefetch, c.consumers, c.math, c.scale, c.deps, c.copy, c.stages);
+    P.nowait = c.nowait, P.spin = c.spin, P.lsu = c.lsu, P.noload = c.noload, P.nomma = c.nomma, P.producers = c.producers;
+    double us, chain, mhz;
+    run(P, sms / c.grid_div, us, chain, mhz);
+    const char* mode = c.nomma ? (!c.copy ? "no copies, FMAs for MMAs" : c.nowait ? "no deps, no waits, FMAs for MMAs" : "no deps, FMAs for MMAs")
+                       : c.noload ? (!c.copy ? "no copies, register words" : c.nowait ? "no deps, no waits, register words" : "no deps, register words")
+                       : !c.copy     ? "no copies"
+                       : c.nowait  ? "no deps, no waits"
+                       : c.spin    ? "no deps, polling"
+                       : !c.deps   ? "no deps"
+                       : c.prefetch ? "prefetch"
+                                    : "serial";
+    std::printf("| %s%s%s%s | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f / %.1f / %.1f |\n", mode,
+                c.grid_div == 1 ? "" : c.grid_div == 2 ? ", on half the SMs" : ", on a quarter of the SMs", c.lsu ? ", cp.async" : "",
+                c.producers == 1 ? "" : c.producers == 2 ? ", 2 producer warps" : ", 4 producer warps", c.stages, c.consumers,
+                c.math ? "decode" : "sum", c.deps ? c.scale : 0.0, us, 100.0 * stream_mb * 1e6 / (us * 1e-6) / (copy * 1e9), chain,
+                mhz, waits_us[0], waits_us[1], waits_us[2]);
+    if (c.tl) timeline(P);
+    std::fflush(stdout);
+  }
+  return 0;
+}
