@@ -6,17 +6,17 @@
 // upper bound of that design before anyone builds it: how fast the layer's weight bytes go through such a kernel with
 // the layer's dependencies in place, with and without the decode kernels' arithmetic, beside chains of given latency.
 //
-// The kernel (cooperative: one block per SM, all resident). Each block has 1-4 producer warps, a chain warp and C
-// consumer warps. The producers copy the block's share of every weight op (24 KB stages, stage s of an op to block
-// s % G) into a ring of 2-8 stages in shared memory, by bulk copies (cp.async.bulk on an mbarrier, one lane) or by
-// cp.async (16 bytes per lane), in op order, without waiting for the op's inputs (weights do not depend on
+// The kernel (layer_kernel; cooperative: one block per SM, all resident). Each block has 1-4 producer warps, a chain
+// warp and C consumer warps. The producers copy the block's share of every weight op (24 KB stages, stage s of an op to
+// block s % G) into a ring of 2-8 stages in shared memory, by bulk copies (cp.async.bulk on an mbarrier, one lane) or
+// by cp.async (16 bytes per lane), in op order, without waiting for the op's inputs (weights do not depend on
 // activations): the ring is the prefetch. The routed experts' copies wait for the top-k (their addresses are the
-// routing). The consumers take the stages in the same order, each op only once the ops it depends on are done in
-// every block (a counter per op: every block adds one after its share; acquire loads), and run on each 1 KB per warp
-// the arithmetic the decode kernels run on it (FP8: 8 conversions + 4 f16 MMAs + 2 scale FMAs; MXFP4: 4 groups of
-// fp4_group, i.e. common.cuh's E2M1 decode and 8 MMAs, one live token column as at batch 1; or a sum). Block 0's
-// chain warp stands for the latency-bound ops: once their inputs are done it follows `hops` dependent L2 loads (a
-// pointer chase, slowed by the stream beside it as every chain kernel is) and marks the op done for everyone.
+// routing). The consumers take the stages in the same order, each op only once the ops it depends on are done in every
+// block (a counter per op: every block adds one after its share; acquire loads), and run on each 1 KB per warp the
+// arithmetic the decode kernels run on it (FP8: 8 conversions + 4 f16 MMAs + 2 scale FMAs; MXFP4: 4 groups of
+// fp4_group, i.e. common.cuh's E2M1 decode and 8 MMAs, one live token column as at batch 1; or a sum). Block 0's chain
+// warp stands for the latency-bound ops: once their inputs are done it follows `hops` dependent L2 loads (a pointer
+// chase, slowed by the stream beside it as every chain kernel is) and marks the op done for everyone.
 //
 // One V4-Flash layer at batch 1 (CSA attention, learned routing; MB = the weights read), op by op:
 //   hc fn 1.6 | hc_pre (chain, 12 hops) | wq_a + wkv 6.3 | compressors 12.9 (the 4 layer types' mean; beside) |
@@ -44,8 +44,12 @@
 //   arithmetic; ~15 us of chain per layer adds 11-15 us (little hidden: the consumers are the bottleneck, so the
 //   ring is full whenever they stall), ~7 us adds 7.4-7.9; loads that start only once the op may run cost 14-17 us
 //   more than the prefetch.
-// So with a third of today's chain the design's bound is 101-107 us per layer, against today's ~120 and the target's
-// ~69: the weights would have to reach the tensor cores faster than any feeding path measured here allows.
+// * Without a ring (direct_kernel: each of 24 consumer warps loads its own units 1-4 ahead into registers, the
+//   per-tile kernels' way): 67-69 % without dependencies (sums 82 % at 48 KB in flight per SM), 57-61 % (90-96 us)
+//   with them; its chain runs faster beside plain loads than beside the ring (47 hops in 7.9-10 us instead of ~15)
+//   and adds 5.4-5.7 us per layer.
+// So with a chain a fifth to a third of today's the design's bound is 95-107 us per layer, against today's ~120 and
+// the target's ~69: the weights would have to reach the tensor cores faster than any feeding path measured here.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/plp bench/persistent_layer_probe.cu && /tmp/plp
 #include <algorithm>
 #include <cstdint>
@@ -86,6 +90,7 @@ struct Plan {
   int noload;     // diagnosis: the consumers' arithmetic on register words (no shared-memory reads of the weights)
   int nomma;      // diagnosis: the decode without the tensor cores (each MMA replaced by two FMAs on the fragments)
   int producers;  // producer warps (stage k by warp k % producers): more copy issuers per SM
+  int direct;     // > 0: direct_kernel<direct> (each consumer warp loads its own units, `direct` ahead), no ring
 };
 
 // Block 0's timeline of layer kLayers / 2 (ns, global timer): per op, when its inputs were done (consumers: the
@@ -174,19 +179,9 @@ __device__ __forceinline__ void fp4_group_fma(uint32_t wa, uint32_t wb, const ui
   acc[2] = fmaf(d2, sb, acc[2]);
 }
 
-__device__ __forceinline__ void unit_math(int kind, const uint8_t* u, int lane, const uint4 (&X)[4], float (&acc)[4], bool noload,
-                                          uint32_t salt, bool nomma) {
-  uint4 A, B;
-  uint32_t sw;
-  if (noload) {  // (diagnosis) words from registers, salted so the decode cannot be hoisted out of the loop
-    A = make_uint4(X[2].x ^ salt, X[2].y + salt, X[3].x ^ salt, X[3].y + salt);
-    B = make_uint4(X[2].z ^ salt, X[2].w + salt, X[3].z ^ salt, X[3].w + salt);
-    sw = 0x7F7F7F7Fu ^ (salt & 0x01010101u);
-  } else {
-    A = *reinterpret_cast<const uint4*>(u + lane * 16);
-    B = *reinterpret_cast<const uint4*>(u + 512 + lane * 16);
-    sw = *reinterpret_cast<const uint32_t*>(u + (lane & 7) * 4);
-  }
+// The arithmetic on a lane's words of one unit: A (rows g) and B (rows g + 8), sw a word of E8M0 scales.
+__device__ __forceinline__ void words_math(int kind, const uint4& A, const uint4& B, uint32_t sw, const uint4 (&X)[4],
+                                           float (&acc)[4], bool nomma) {
   if (kind == kFp4 && nomma) {
     const float sa = e8m0_byte<0>(sw), sb = e8m0_byte<1>(sw);
     fp4_group_fma(A.x, B.x, X[0], sa, sb, acc);
@@ -228,6 +223,43 @@ __device__ __forceinline__ void unit_math(int kind, const uint8_t* u, int lane, 
     acc[0] += __uint_as_float((A.x ^ B.y) & 0x3F00FFFFu);
     acc[2] += __uint_as_float((A.z ^ B.w) & 0x3F00FFFFu);
   }
+}
+
+__device__ __forceinline__ void unit_math(int kind, const uint8_t* u, int lane, const uint4 (&X)[4], float (&acc)[4], bool noload,
+                                          uint32_t salt, bool nomma) {
+  uint4 A, B;
+  uint32_t sw;
+  if (noload) {  // (diagnosis) words from registers, salted so the decode cannot be hoisted out of the loop
+    A = make_uint4(X[2].x ^ salt, X[2].y + salt, X[3].x ^ salt, X[3].y + salt);
+    B = make_uint4(X[2].z ^ salt, X[2].w + salt, X[3].z ^ salt, X[3].w + salt);
+    sw = 0x7F7F7F7Fu ^ (salt & 0x01010101u);
+  } else {
+    A = *reinterpret_cast<const uint4*>(u + lane * 16);
+    B = *reinterpret_cast<const uint4*>(u + 512 + lane * 16);
+    sw = *reinterpret_cast<const uint32_t*>(u + (lane & 7) * 4);
+  }
+  words_math(kind, A, B, sw, X, acc, nomma);
+}
+
+// Block 0's chain warp (lane 0): every chain op of every layer in order, once its inputs are done everywhere.
+__device__ __forceinline__ void chain_warp(const Plan& P, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns,
+                                           unsigned G) {
+  unsigned long long total = 0;
+  uint32_t j = 0;
+  for (int l = 0; l < kLayers; ++l)
+    for (int i = 0; i < P.nops; ++i) {
+      const Op& o = P.ops[i];
+      if (o.kind != kChain) continue;
+      wait_deps(cnt, P, o, l, G);
+      const uint64_t t0 = gtime();
+      for (int h = 0; h < o.hops; ++h) j = __ldcg(next + j);
+      const uint64_t t1 = gtime();
+      total += t1 - t0;
+      if (l == kTimedLayer) g_ready[i] = t0, g_end[i] = t1;
+      __threadfence();
+      atomicAdd(cnt + l * P.nops + i, G + (j == 0xFFFFFFFFu));  // (j: the chase is not dead code)
+    }
+  *chain_ns = total;
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -283,23 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   if (warp == NP) {  // chain (block 0 only)
-    if (b != 0 || lane != 0 || !P.deps) return;
-    unsigned long long total = 0;
-    uint32_t j = 0;
-    for (int l = 0; l < kLayers; ++l)
-      for (int i = 0; i < P.nops; ++i) {
-        const Op& o = P.ops[i];
-        if (o.kind != kChain) continue;
-        wait_deps(cnt, P, o, l, G);
-        const uint64_t t0 = gtime();
-        for (int h = 0; h < o.hops; ++h) j = __ldcg(next + j);
-        const uint64_t t1 = gtime();
-        total += t1 - t0;
-        if (l == kTimedLayer) g_ready[i] = t0, g_end[i] = t1;
-        __threadfence();
-        atomicAdd(cnt + l * P.nops + i, G + (j == 0xFFFFFFFFu));  // (j: the chase is not dead code)
-      }
-    *chain_ns = total;
+    if (b == 0 && lane == 0 && P.deps) chain_warp(P, cnt, next, chain_ns, G);
     return;
   }
   if (warp >= NP + 1 + C) return;
@@ -349,6 +365,77 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
   if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
   if (ct == 0) atomicAdd(&g_wait[1], cwait), atomicAdd(&g_wait[2], dwait);
+}
+
+// The direct form (no ring): each consumer warp loads its own units from global memory into registers (16-byte
+// evict-first loads, as the decode GEMVs), D units ahead of its arithmetic, the first D of each op before the op's
+// dependency wait (so across the wait, as pdl_early does between launches); warp 0 is the chain warp. The same units
+// per warp as the ring's (stage s of an op to block s % G, the stage's 1 KB units over the C warps).
+template <int D>
+__global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
+    direct_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, C = P.consumers;
+  const unsigned G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x == 0 && b == 0) g_clk[0] = clock64(), g_gt[0] = gtime(), g_t0 = g_gt[0];
+  if (warp == 0) {
+    if (b == 0 && lane == 0 && P.deps) chain_warp(P, cnt, next, chain_ns, G);
+    return;
+  }
+  if (warp > C) return;
+  const int cw = warp - 1, ct = int(threadIdx.x) - 32;
+  const uint64_t pol = weight_policy(true);
+  uint4 X[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    X[k] = lane < 4 ? make_uint4(0x3C003C00u + lane, 0x3C003C01u, 0x3C003C02u, 0x3C003C03u + k) : make_uint4(0, 0, 0, 0);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  unsigned long long dwait = 0;
+  const int units = kStage / 1024 / C;
+  for (int l = 0; l < kLayers; ++l)
+    for (int i = 0; i < P.nops; ++i) {
+      const Op& o = P.ops[i];
+      if (o.kind == kChain) continue;
+      const uint8_t* base = w + int64_t(l) * P.layer_bytes + o.off;
+      const int64_t n = op_stages(o), nsb = int64_t(b) < n ? (n - 1 - b) / G + 1 : 0, nu = nsb * units;
+      auto unit = [&](int64_t m) { return base + (int64_t(b) + (m / units) * G) * kStage + (int64_t(cw) * units + m % units) * 1024; };
+      const int kind = P.math ? o.kind : kSum;
+      auto wait = [&](bool all) {
+        if (ct == 0) {
+          const long long c0 = clock64();
+          if (all) wait_deps(cnt, P, o, l, G);
+          else wait_done(cnt, P, l, o.addr_dep, G);
+          dwait += clock64() - c0;
+          if (all && b == 0 && l == kTimedLayer) g_ready[i] = gtime();
+        }
+        asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
+      };
+      if (P.deps && o.addr_dep >= 0) wait(false);  // the routed experts: no address before the top-k
+      if (!P.prefetch) wait(true);
+      uint4 RA[D], RB[D];
+#pragma unroll
+      for (int d = 0; d < D; ++d)
+        if (d < nu) RA[d] = ldg_stream<1>(unit(d) + lane * 16, pol), RB[d] = ldg_stream<1>(unit(d) + 512 + lane * 16, pol);
+      if (P.prefetch) wait(true);
+      for (int64_t m0 = 0; m0 < nu; m0 += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+          const int64_t m = m0 + d;
+          if (m < nu) {
+            words_math(kind, RA[d], RB[d], RA[d].w | 0x40404040u, X, acc, P.nomma);
+            if (m + D < nu) RA[d] = ldg_stream<1>(unit(m + D) + lane * 16, pol), RB[d] = ldg_stream<1>(unit(m + D) + 512 + lane * 16, pol);
+          }
+        }
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
+      if (ct == 0) {
+        __threadfence();
+        atomicAdd(cnt + l * P.nops + i, 1u);
+        if (b == 0 && l == kTimedLayer) g_end[i] = gtime();
+      }
+    }
+  if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
+  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
+  if (ct == 0) atomicAdd(&g_wait[2], dwait);
 }
 
 // The LSU path for comparison: blocks of 1024 threads read [p, p + n16) once with 16-byte evict-first loads, 8 in
@@ -501,7 +588,13 @@ int main() {
       CK(cudaMemcpyToSymbol(g_wait, zero3, sizeof zero3));
       void* args[] = {const_cast<Plan*>(&P), &w, &cnt, &next, &chain_ns, &sink};
       CK(cudaEventRecord(e0));
-      CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
+      if (P.direct == 0)
+        CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
+      else
+        CK(cudaLaunchCooperativeKernel(P.direct == 1   ? reinterpret_cast<void*>(direct_kernel<1>)
+                                       : P.direct == 2 ? reinterpret_cast<void*>(direct_kernel<2>)
+                                                       : reinterpret_cast<void*>(direct_kernel<4>),
+                                       dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, 0, 0));
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float ms;
@@ -535,13 +628,13 @@ int main() {
     unsigned long long t0 = ~0ull;
     for (int i = 0; i < P.nops; ++i) {
       t0 = std::min(t0, rd[i]);
-      if (P.ops[i].kind != kChain && P.prefetch) t0 = std::min(t0, i0[i]);
+      if (P.ops[i].kind != kChain && P.prefetch && !P.direct) t0 = std::min(t0, i0[i]);
     }
     std::printf("  block 0, layer %d (us from its first event): op, MB, inputs done, end in block 0, producer's first and last copy\n", kTimedLayer);
     for (int i = 0; i < P.nops; ++i) {
       const bool ch = P.ops[i].kind == kChain;
       std::printf("  %-16s %6.1f %8.2f %8.2f", names[i], ch ? 0.0 : P.ops[i].bytes / 1e6, (rd[i] - t0) / 1e3, (en[i] - t0) / 1e3);
-      if (!ch) std::printf(" %8.2f %8.2f", (double(i0[i]) - double(t0)) / 1e3, (double(i1[i]) - double(t0)) / 1e3);
+      if (!ch && !P.direct) std::printf(" %8.2f %8.2f", (double(i0[i]) - double(t0)) / 1e3, (double(i1[i]) - double(t0)) / 1e3);
       std::printf("\n");
     }
   };
@@ -570,7 +663,7 @@ int main() {
     bool tl = false;  // print block 0's timeline after the table row
     int nowait = 0, spin = 0;
     int grid_div = 1;  // blocks = SMs / grid_div (the copies' rate per SM: does half the GPU stream as fast?)
-    int lsu = 0, noload = 0, nomma = 0, producers = 1;
+    int lsu = 0, noload = 0, nomma = 0, producers = 1, direct = 0;
   };
   const Cfg cfgs[] = {
       // the arithmetic alone (no copies, no dependencies): its ceiling with 8, 12, 24 warps
@@ -596,6 +689,13 @@ int main() {
       {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4}, {1, 12, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4},
       {1, 12, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 4},
       {1, 12, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 1, 0, 0, 4}, {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 1, 0, 0, 4},
+      // no ring: each consumer warp loads its own units 1 / 2 / 4 ahead (the per-tile kernels' way), 12 or 24 warps
+      {1, 24, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2}, {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 1},
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2}, {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 4},
+      {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 4},
+      {1, 24, 1, 0.0, 1, 1, kStages, true, 0, 0, 1, 0, 0, 0, 1, 2}, {1, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 4},
+      {1, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2}, {1, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 4},
+      {1, 24, 0, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2}, {0, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2},
       // the LSU path into the ring (cp.async by the producer warp's 32 lanes)
       {1, 8, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 1}, {1, 8, 0, 0.0, 0, 1, kStages, false, 0, 0, 2, 1},
       {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 1},
@@ -607,9 +707,13 @@ int main() {
   for (const Cfg& c : cfgs) {
     Plan P = v4_flash_layer(c.prefetch, c.consumers, c.math, c.scale, c.deps, c.copy, c.stages);
     P.nowait = c.nowait, P.spin = c.spin, P.lsu = c.lsu, P.noload = c.noload, P.nomma = c.nomma, P.producers = c.producers;
+    P.direct = c.direct;
     double us, chain, mhz;
     run(P, sms / c.grid_div, us, chain, mhz);
-    const char* mode = c.nomma ? (!c.copy ? "no copies, FMAs for MMAs" : c.nowait ? "no deps, no waits, FMAs for MMAs" : "no deps, FMAs for MMAs")
+    char dmode[64];
+    std::snprintf(dmode, sizeof dmode, "%s, direct loads %d ahead", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial", c.direct);
+    const char* mode = c.direct ? dmode
+                       : c.nomma ? (!c.copy ? "no copies, FMAs for MMAs" : c.nowait ? "no deps, no waits, FMAs for MMAs" : "no deps, FMAs for MMAs")
                        : c.noload ? (!c.copy ? "no copies, register words" : c.nowait ? "no deps, no waits, register words" : "no deps, register words")
                        : !c.copy     ? "no copies"
                        : c.nowait  ? "no deps, no waits"
