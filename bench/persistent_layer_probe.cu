@@ -531,7 +531,17 @@ double copy_gbps() {
 
 }  // namespace
 
-int main() {
+// Usage: persistent_layer_probe [i,j,...]: only those rows of the table (0-based, in the order of cfgs below), e.g.
+// to profile them under ncu.
+int main(int argc, char** argv) {
+  std::vector<int> only;
+  if (argc > 1)
+    for (const char* p = argv[1]; *p;) {
+      char* end;
+      only.push_back(int(std::strtol(p, &end, 10)));
+      if (end == p) std::printf("usage: %s [row,row,...]\n", argv[0]), std::exit(2);
+      p = *end == ',' ? end + 1 : end;
+    }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const double copy = copy_gbps();
@@ -704,7 +714,9 @@ int main() {
       {0, 24, 1, 0.0}, {0, 24, 1, 1.0},                    // serial: loads start when the op may run
   };
 
-  for (const Cfg& c : cfgs) {
+  for (int ci = 0; ci < int(sizeof cfgs / sizeof cfgs[0]); ++ci) {
+    const Cfg& c = cfgs[ci];
+    if (!only.empty() && std::find(only.begin(), only.end(), ci) == only.end()) continue;
     Plan P = v4_flash_layer(c.prefetch, c.consumers, c.math, c.scale, c.deps, c.copy, c.stages);
     P.nowait = c.nowait, P.spin = c.spin, P.lsu = c.lsu, P.noload = c.noload, P.nomma = c.nomma, P.producers = c.producers;
     P.direct = c.direct;
