@@ -108,21 +108,13 @@ __device__ __forceinline__ uint32_t su32(const void* p) { return uint32_t(__cvta
 __device__ __forceinline__ void mb_init(uint64_t* b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(count) : "memory");
 }
+// Waits for the completion of the mbarrier's phase of the given parity: kPoll tests in a loop (test_wait), else
+// try_wait, which may suspend the thread until the phase completes (or a time limit passes).
+#define PLP_MB_WAIT_LOOP(op) "{ .reg .pred p;\nL: mbarrier." op ".parity.shared::cta.b64 p, [%0], %1;\n@!p bra L; }"
+template <bool kPoll = false>
 __device__ __forceinline__ void mb_wait(uint64_t* b, int parity) {
-  asm volatile(
-      "{ .reg .pred p;\n"
-      "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra W; }" ::"r"(su32(b)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mb_spin(uint64_t* b, int parity) {
-  asm volatile(
-      "{ .reg .pred p;\n"
-      "S: mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra S; }" ::"r"(su32(b)),
-      "r"(parity)
-      : "memory");
+  if constexpr (kPoll) asm volatile(PLP_MB_WAIT_LOOP("test_wait") ::"r"(su32(b)), "r"(parity) : "memory");
+  else asm volatile(PLP_MB_WAIT_LOOP("try_wait") ::"r"(su32(b)), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void mb_arrive(uint64_t* b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
@@ -262,6 +254,30 @@ __device__ __forceinline__ void chain_warp(const Plan& P, unsigned* cnt, const u
   *chain_ns = total;
 }
 
+// A consumer's end of op i (every consumer warp): the block's share is done once all of them are, then thread 0
+// publishes it (release: fence, then the counter) and stamps the timed layer.
+__device__ __forceinline__ void op_done(unsigned* cnt, const Plan& P, int l, int i, int C, int ct, unsigned b) {
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
+  if (ct == 0) {
+    __threadfence();
+    atomicAdd(cnt + l * P.nops + i, 1u);
+    if (b == 0 && l == kTimedLayer) g_end[i] = gtime();
+  }
+}
+// The activations of one token: only the B fragments' column 0 (lanes 0-3) nonzero, as in the one-token kernels.
+__device__ __forceinline__ void one_token_x(uint4 (&X)[4], int lane) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    X[k] = lane < 4 ? make_uint4(0x3C003C00u + lane, 0x3C003C01u, 0x3C003C02u, 0x3C003C03u + k) : make_uint4(0, 0, 0, 0);
+}
+// A consumer's end of the launch: the sums kept alive, block 0's clock stamp, the waits added up.
+__device__ __forceinline__ void consumer_end(const float (&acc)[4], float* sink, unsigned b, int ct, unsigned long long cwait,
+                                             unsigned long long dwait) {
+  if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
+  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
+  if (ct == 0) atomicAdd(&g_wait[1], cwait), atomicAdd(&g_wait[2], dwait);
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     layer_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
   extern __shared__ __align__(128) uint8_t ring[];
@@ -322,9 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // consumers
   const int cw = warp - (NP + 1), ct = int(threadIdx.x) - 32 * (NP + 1);
   uint4 X[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k)  // one token: only column 0 (lanes 0-3) nonzero, as the one-token kernels' B fragments
-    X[k] = lane < 4 ? make_uint4(0x3C003C00u + lane, 0x3C003C01u, 0x3C003C02u, 0x3C003C03u + k) : make_uint4(0, 0, 0, 0);
+  one_token_x(X, lane);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   unsigned long long cwait = 0, dwait = 0;
   const int units = kStage / 1024 / C;  // 1 KB units per warp and stage
@@ -346,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot = int(it % P.stages);
         if (P.copy && !P.nowait) {
           const long long c0 = clock64();
-          if (P.spin) mb_spin(&full[slot], int((it / P.stages) & 1));
+          if (P.spin) mb_wait<true>(&full[slot], int((it / P.stages) & 1));
           else mb_wait(&full[slot], int((it / P.stages) & 1));
           cwait += clock64() - c0;
         }
@@ -355,16 +369,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (lane == 0 && P.copy) mb_arrive(&empty[slot]);
       }
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
-      if (ct == 0) {
-        __threadfence();
-        atomicAdd(cnt + l * P.nops + i, 1u);
-        if (b == 0 && l == kTimedLayer) g_end[i] = gtime();
-      }
+      op_done(cnt, P, l, i, C, ct, b);
     }
-  if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
-  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
-  if (ct == 0) atomicAdd(&g_wait[1], cwait), atomicAdd(&g_wait[2], dwait);
+  consumer_end(acc, sink, b, ct, cwait, dwait);
 }
 
 // The direct form (no ring): each consumer warp loads its own units from global memory into registers (16-byte
@@ -385,9 +392,7 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
   const int cw = warp - 1, ct = int(threadIdx.x) - 32;
   const uint64_t pol = weight_policy(true);
   uint4 X[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    X[k] = lane < 4 ? make_uint4(0x3C003C00u + lane, 0x3C003C01u, 0x3C003C02u, 0x3C003C03u + k) : make_uint4(0, 0, 0, 0);
+  one_token_x(X, lane);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   unsigned long long dwait = 0;
   const int units = kStage / 1024 / C;
@@ -426,16 +431,9 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
           }
         }
       }
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
-      if (ct == 0) {
-        __threadfence();
-        atomicAdd(cnt + l * P.nops + i, 1u);
-        if (b == 0 && l == kTimedLayer) g_end[i] = gtime();
-      }
+      op_done(cnt, P, l, i, C, ct, b);
     }
-  if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
-  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
-  if (ct == 0) atomicAdd(&g_wait[2], dwait);
+  consumer_end(acc, sink, b, ct, 0, dwait);
 }
 
 // The LSU path for comparison: blocks of 1024 threads read [p, p + n16) once with 16-byte evict-first loads, 8 in
