@@ -91,6 +91,7 @@ struct Plan {
   int nomma;      // diagnosis: the decode without the tensor cores (each MMA replaced by two FMAs on the fragments)
   int producers;  // producer warps (stage k by warp k % producers): more copy issuers per SM
   int direct;     // > 0: direct_kernel<direct> (each consumer warp loads its own units, `direct` ahead), no ring
+  int ilp;        // with direct 2: two accumulation chains per warp (direct_kernel's kTwo)
 };
 
 // Block 0's timeline of layer kLayers / 2 (ns, global timer): per op, when its inputs were done (consumers: the
@@ -378,7 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // evict-first loads, as the decode GEMVs), D units ahead of its arithmetic, the first D of each op before the op's
 // dependency wait (so across the wait, as pdl_early does between launches); warp 0 is the chain warp. The same units
 // per warp as the ring's (stage s of an op to block s % G, the stage's 1 KB units over the C warps).
-template <int D>
+// kTwo: the units alternate between two accumulator sets (two tiles' chains per warp, each tile's sums in their own
+// order, as a kernel giving each warp two tiles would).
+template <int D, bool kTwo>
 __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
     direct_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, C = P.consumers;
@@ -393,7 +396,7 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
   const uint64_t pol = weight_policy(true);
   uint4 X[4];
   one_token_x(X, lane);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
   unsigned long long dwait = 0;
   const int units = kStage / 1024 / C;
   for (int l = 0; l < kLayers; ++l)
@@ -426,13 +429,14 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
         for (int d = 0; d < D; ++d) {
           const int64_t m = m0 + d;
           if (m < nu) {
-            words_math(kind, RA[d], RB[d], RA[d].w | 0x40404040u, X, acc, P.nomma);
+            words_math(kind, RA[d], RB[d], RA[d].w | 0x40404040u, X, kTwo && (d & 1) ? acc2 : acc, P.nomma);
             if (m + D < nu) RA[d] = ldg_stream<1>(unit(m + D) + lane * 16, pol), RB[d] = ldg_stream<1>(unit(m + D) + 512 + lane * 16, pol);
           }
         }
       }
       op_done(cnt, P, l, i, C, ct, b);
     }
+  if (kTwo) acc[0] += acc2[0], acc[2] += acc2[2];
   consumer_end(acc, sink, b, ct, 0, dwait);
 }
 
@@ -529,6 +533,13 @@ double copy_gbps() {
 
 }  // namespace
 
+// direct_kernel's instantiation for a plan (two chains with 2 units ahead only).
+void* direct_entry(const Plan& P) {
+  if (P.direct == 1) return reinterpret_cast<void*>(direct_kernel<1, false>);
+  if (P.direct == 4) return reinterpret_cast<void*>(direct_kernel<4, false>);
+  return P.ilp ? reinterpret_cast<void*>(direct_kernel<2, true>) : reinterpret_cast<void*>(direct_kernel<2, false>);
+}
+
 // Usage: persistent_layer_probe [i,j,...]: only those rows of the table (0-based, in the order of cfgs below), e.g.
 // to profile them under ncu.
 int main(int argc, char** argv) {
@@ -599,9 +610,7 @@ int main(int argc, char** argv) {
       if (P.direct == 0)
         CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
       else
-        CK(cudaLaunchCooperativeKernel(P.direct == 1   ? reinterpret_cast<void*>(direct_kernel<1>)
-                                       : P.direct == 2 ? reinterpret_cast<void*>(direct_kernel<2>)
-                                                       : reinterpret_cast<void*>(direct_kernel<4>),
+        CK(cudaLaunchCooperativeKernel(direct_entry(P),
                                        dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, 0, 0));
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
@@ -671,7 +680,7 @@ int main(int argc, char** argv) {
     bool tl = false;  // print block 0's timeline after the table row
     int nowait = 0, spin = 0;
     int grid_div = 1;  // blocks = SMs / grid_div (the copies' rate per SM: does half the GPU stream as fast?)
-    int lsu = 0, noload = 0, nomma = 0, producers = 1, direct = 0;
+    int lsu = 0, noload = 0, nomma = 0, producers = 1, direct = 0, ilp = 0;
   };
   const Cfg cfgs[] = {
       // the arithmetic alone (no copies, no dependencies): its ceiling with 8, 12, 24 warps
@@ -710,6 +719,9 @@ int main(int argc, char** argv) {
       {1, 8, 0, 0.0, 1, 1, kStages, false, 0, 0, 1, 1}, {1, 8, 0, 1.0, 1, 1, kStages, false, 0, 0, 1, 1},
       {1, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 1}, {1, 24, 1, 1.0, 1, 1, kStages, true, 0, 0, 1, 1},
       {0, 24, 1, 0.0}, {0, 24, 1, 1.0},                    // serial: loads start when the op may run
+      // direct loads 2 ahead with two accumulation chains per warp (against one: the rows above), 24 and 12 warps
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 1}, {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 0},
+      {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 1}, {1, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 1},
   };
 
   for (int ci = 0; ci < int(sizeof cfgs / sizeof cfgs[0]); ++ci) {
@@ -717,11 +729,12 @@ int main(int argc, char** argv) {
     if (!only.empty() && std::find(only.begin(), only.end(), ci) == only.end()) continue;
     Plan P = v4_flash_layer(c.prefetch, c.consumers, c.math, c.scale, c.deps, c.copy, c.stages);
     P.nowait = c.nowait, P.spin = c.spin, P.lsu = c.lsu, P.noload = c.noload, P.nomma = c.nomma, P.producers = c.producers;
-    P.direct = c.direct;
+    P.direct = c.direct, P.ilp = c.ilp;
     double us, chain, mhz;
     run(P, sms / c.grid_div, us, chain, mhz);
     char dmode[64];
-    std::snprintf(dmode, sizeof dmode, "%s, direct loads %d ahead", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial", c.direct);
+    std::snprintf(dmode, sizeof dmode, "%s, direct loads %d ahead%s", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial",
+                  c.direct, c.ilp ? ", two chains per warp" : "");
     const char* mode = c.direct ? dmode
                        : c.nomma ? (!c.copy ? "no copies, FMAs for MMAs" : c.nowait ? "no deps, no waits, FMAs for MMAs" : "no deps, FMAs for MMAs")
                        : c.noload ? (!c.copy ? "no copies, register words" : c.nowait ? "no deps, no waits, register words" : "no deps, register words")
