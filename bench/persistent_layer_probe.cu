@@ -47,7 +47,8 @@
 // * Without a ring (direct_kernel: each of 24 consumer warps loads its own units 1-4 ahead into registers, the
 //   per-tile kernels' way): 67-69 % without dependencies (sums 82 % at 48 KB in flight per SM), 57-61 % (90-96 us)
 //   with them; its chain runs faster beside plain loads than beside the ring (47 hops in 7.9-10 us instead of ~15)
-//   and adds 5.4-5.7 us per layer.
+//   and adds 5.4-5.7 us per layer. Two accumulation chains per warp there (kTwo) change nothing (69.6-70.3 against
+//   69.9-70.5 %); half the warps, so half the loads in flight per SM, lose a third.
 // So with a chain a fifth to a third of today's the design's bound is 95-107 us per layer, against today's ~120 and
 // the target's ~69: the weights would have to reach the tensor cores faster than any feeding path measured here.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/plp bench/persistent_layer_probe.cu && /tmp/plp
