@@ -45,7 +45,7 @@
 //   ring is full whenever they stall), ~7 us adds 7.4-7.9; loads that start only once the op may run cost 14-17 us
 //   more than the prefetch.
 // * Without a ring (direct_kernel: each of 24 consumer warps loads its own units 1-4 ahead into registers, the
-//   per-tile kernels' way): 67-69 % without dependencies (sums 82 % at 48 KB in flight per SM), 57-61 % (90-96 us)
+//   per-tile kernels' way): 67-70 % without dependencies (sums 82 % at 48 KB in flight per SM), 57-61 % (90-96 us)
 //   with them; its chain runs faster beside plain loads than beside the ring (47 hops in 7.9-10 us instead of ~15)
 //   and adds 5.4-5.7 us per layer. Two accumulation chains per warp there (kTwo) change nothing (69.6-70.3 against
 //   69.9-70.5 %); half the warps, so half the loads in flight per SM, lose a third.
