@@ -16,7 +16,9 @@
 // arithmetic the decode kernels run on it (FP8: 8 conversions + 4 f16 MMAs + 2 scale FMAs; MXFP4: 4 groups of
 // fp4_group, i.e. common.cuh's E2M1 decode and 8 MMAs, one live token column as at batch 1; or a sum). Block 0's chain
 // warp stands for the latency-bound ops: once their inputs are done it follows `hops` dependent L2 loads (a pointer
-// chase, slowed by the stream beside it as every chain kernel is) and marks the op done for everyone.
+// chase, slowed by the stream beside it as every chain kernel is) and marks the op done for everyone. Two more forms
+// of the consumers, defined below: direct_kernel (each warp loads its own units into registers) and
+// warp_ring_kernel (each warp copies its own units into a small ring of its own).
 //
 // One V4-Flash layer at batch 1 (CSA attention, learned routing; MB = the weights read), op by op:
 //   hc fn 1.6 | hc_pre (chain, 12 hops) | wq_a + wkv 6.3 | compressors 12.9 (the 4 layer types' mean; beside) |
@@ -31,7 +33,7 @@
 // global timer) and the waits per block and layer (the producers' for free slots, summed over producer warps;
 // consumer warp 0's for data; the dependency waits); and block 0's timeline of one layer for a few rows.
 //
-// Answer (session 51, one H200, several machines, bench/results/h200-session51/): no, not in this form.
+// Answer (session 51, one H200, several machines, bench/results/h200-session51/): not as such.
 // * Filling a ring is capped per SM: 82-91 % of copy on 132 SMs with trivial consumers (one bulk-copy lane, 2 or 4
 //   of them, or 1-4 cp.async warps; 2 to 8 stages alike), 49-61 % on 66 SMs and 28-34 % on 33 (~28-44 GB/s per SM),
 //   where plain loads of the same bytes reach 102-109 % / 102-107 % / 81-95 %.
@@ -49,8 +51,13 @@
 //   with them; its chain runs faster beside plain loads than beside the ring (47 hops in 7.9-10 us instead of ~15)
 //   and adds 5.4-5.7 us per layer. Two accumulation chains per warp there (kTwo) change nothing (69.6-70.3 against
 //   69.9-70.5 %); half the warps, so half the loads in flight per SM, lose a third.
-// So with a chain a fifth to a third of today's the design's bound is 95-107 us per layer, against today's ~120 and
-// the target's ~69: the weights would have to reach the tensor cores faster than any feeding path measured here.
+// * Each consumer warp with its own cp.async ring of 1 KB slots (warp_ring_kernel; no producer, no registers holding
+//   bytes in flight; 24 warps): sums 95-98 %; the arithmetic 82.5-84.0 % with 4 slots (3 units ahead), 79.6-80.8 %
+//   with 8, 69 % with 12 warps: the fastest feeding path here, 13 points above each warp's own register loads. With
+//   the layer's dependencies 79.0-79.2 us per layer (69.5-69.7 %); an ~18 us chain beside it adds ~13 us.
+// So with a chain a fifth to a third of today's the design's bound is 92-107 us per layer depending on the feeding
+// path (79 us with no chain at all), against today's ~120 and the target's ~69: the chain must also shrink, and the
+// per-warp ring is the feeding path to try in the real batch-1 kernels first (docs/cuda.md, "What remains").
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/plp bench/persistent_layer_probe.cu && /tmp/plp
 #include <algorithm>
 #include <cstdint>
@@ -93,6 +100,7 @@ struct Plan {
   int producers;  // producer warps (stage k by warp k % producers): more copy issuers per SM
   int direct;     // > 0: direct_kernel<direct> (each consumer warp loads its own units, `direct` ahead), no ring
   int ilp;        // with direct 2: two accumulation chains per warp (direct_kernel's kTwo)
+  int wring;      // > 0: warp_ring_kernel<wring> (each consumer warp's own cp.async ring of `wring` 1 KB slots)
 };
 
 // Block 0's timeline of layer kLayers / 2 (ns, global timer): per op, when its inputs were done (consumers: the
@@ -376,6 +384,54 @@ __global__ void __launch_bounds__(kThreads, 1)
   consumer_end(acc, sink, b, ct, cwait, dwait);
 }
 
+// A consumer warp's units of op o in layer l in the forms without a shared ring: unit m (1 KB) of the block's stages
+// (stage s of the op to block s % G), `units` per stage and warp.
+struct WarpUnits {
+  const uint8_t* base;
+  int64_t nu;  // units of this warp
+  int units, cw;
+  __device__ WarpUnits(const Plan& P, const uint8_t* w, const Op& o, int l, int cw_, int units_)
+      : base(w + int64_t(l) * P.layer_bytes + o.off), units(units_), cw(cw_) {
+    const int64_t n = op_stages(o);
+    nu = (int64_t(blockIdx.x) < n ? (n - 1 - blockIdx.x) / gridDim.x + 1 : 0) * units;
+  }
+  __device__ const uint8_t* at(int64_t m) const {
+    return base + (int64_t(blockIdx.x) + (m / units) * gridDim.x) * kStage + (int64_t(cw) * units + m % units) * 1024;
+  }
+};
+// Calls f(l, i, o, U) for every stream op of every layer in order, U this warp's units of it.
+template <class F>
+__device__ __forceinline__ void for_each_unit_op(const Plan& P, const uint8_t* w, int cw, int units, F&& f) {
+  for (int l = 0; l < kLayers; ++l)
+    for (int i = 0; i < P.nops; ++i) {
+      const Op& o = P.ops[i];
+      if (o.kind != kChain) f(l, i, o, WarpUnits(P, w, o, l, cw, units));
+    }
+}
+// Those forms' wait before op i (thread 0, then the consumers' barrier): for all its inputs, or (all false) for the
+// op its addresses come from; the timed layer's stamp.
+__device__ __forceinline__ void consumer_wait(const unsigned* cnt, const Plan& P, const Op& o, int l, int i, bool all, int ct,
+                                              unsigned long long& dwait) {
+  if (ct == 0) {
+    const long long c0 = clock64();
+    if (all) wait_deps(cnt, P, o, l, gridDim.x);
+    else wait_done(cnt, P, l, o.addr_dep, gridDim.x);
+    dwait += clock64() - c0;
+    if (all && blockIdx.x == 0 && l == kTimedLayer) g_ready[i] = gtime();
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * P.consumers) : "memory");
+}
+// Those forms' start: block 0's clock stamp, warp 0 the chain (block 0); true for the C consumer warps (1 .. C).
+__device__ __forceinline__ bool consumers_start(const Plan& P, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0 && blockIdx.x == 0) g_clk[0] = clock64(), g_gt[0] = gtime(), g_t0 = g_gt[0];
+  if (warp == 0) {
+    if (blockIdx.x == 0 && lane == 0 && P.deps) chain_warp(P, cnt, next, chain_ns, gridDim.x);
+    return false;
+  }
+  return warp <= P.consumers;
+}
+
 // The direct form (no ring): each consumer warp loads its own units from global memory into registers (16-byte
 // evict-first loads, as the decode GEMVs), D units ahead of its arithmetic, the first D of each op before the op's
 // dependency wait (so across the wait, as pdl_early does between launches); warp 0 is the chain warp. The same units
@@ -385,46 +441,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int D, bool kTwo>
 __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
     direct_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, C = P.consumers;
-  const unsigned G = gridDim.x, b = blockIdx.x;
-  if (threadIdx.x == 0 && b == 0) g_clk[0] = clock64(), g_gt[0] = gtime(), g_t0 = g_gt[0];
-  if (warp == 0) {
-    if (b == 0 && lane == 0 && P.deps) chain_warp(P, cnt, next, chain_ns, G);
-    return;
-  }
-  if (warp > C) return;
-  const int cw = warp - 1, ct = int(threadIdx.x) - 32;
+  const int lane = threadIdx.x & 31, C = P.consumers;
+  const unsigned b = blockIdx.x;
+  if (!consumers_start(P, cnt, next, chain_ns)) return;
+  const int cw = int(threadIdx.x >> 5) - 1, ct = int(threadIdx.x) - 32;
   const uint64_t pol = weight_policy(true);
   uint4 X[4];
   one_token_x(X, lane);
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
   unsigned long long dwait = 0;
   const int units = kStage / 1024 / C;
-  for (int l = 0; l < kLayers; ++l)
-    for (int i = 0; i < P.nops; ++i) {
-      const Op& o = P.ops[i];
-      if (o.kind == kChain) continue;
-      const uint8_t* base = w + int64_t(l) * P.layer_bytes + o.off;
-      const int64_t n = op_stages(o), nsb = int64_t(b) < n ? (n - 1 - b) / G + 1 : 0, nu = nsb * units;
-      auto unit = [&](int64_t m) { return base + (int64_t(b) + (m / units) * G) * kStage + (int64_t(cw) * units + m % units) * 1024; };
+  for_each_unit_op(P, w, cw, units, [&](int l, int i, const Op& o, const WarpUnits& U) {
+      const int64_t nu = U.nu;
+      auto unit = [&](int64_t m) { return U.at(m); };
       const int kind = P.math ? o.kind : kSum;
-      auto wait = [&](bool all) {
-        if (ct == 0) {
-          const long long c0 = clock64();
-          if (all) wait_deps(cnt, P, o, l, G);
-          else wait_done(cnt, P, l, o.addr_dep, G);
-          dwait += clock64() - c0;
-          if (all && b == 0 && l == kTimedLayer) g_ready[i] = gtime();
-        }
-        asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
-      };
-      if (P.deps && o.addr_dep >= 0) wait(false);  // the routed experts: no address before the top-k
-      if (!P.prefetch) wait(true);
+      if (P.deps && o.addr_dep >= 0) consumer_wait(cnt, P, o, l, i, false, ct, dwait);  // no address before the top-k
+      if (!P.prefetch) consumer_wait(cnt, P, o, l, i, true, ct, dwait);
       uint4 RA[D], RB[D];
 #pragma unroll
       for (int d = 0; d < D; ++d)
         if (d < nu) RA[d] = ldg_stream<1>(unit(d) + lane * 16, pol), RB[d] = ldg_stream<1>(unit(d) + 512 + lane * 16, pol);
-      if (P.prefetch) wait(true);
+      if (P.prefetch) consumer_wait(cnt, P, o, l, i, true, ct, dwait);
       for (int64_t m0 = 0; m0 < nu; m0 += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
@@ -436,8 +473,57 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
         }
       }
       op_done(cnt, P, l, i, C, ct, b);
-    }
+  });
   if (kTwo) acc[0] += acc2[0], acc[2] += acc2[2];
+  consumer_end(acc, sink, b, ct, 0, dwait);
+}
+
+// The per-warp ring form: no producer, no registers holding bytes in flight. Each consumer warp copies its own
+// units with cp.async (each lane its own 2 x 16 bytes; cp.async.cg: the LSU path, through L2 only) into a ring of R
+// 1 KB slots of its own in shared memory, R - 1 units ahead (the first R - 1 of an op before the op's dependency
+// wait), and reads back only what its lanes copied (so no barrier between lanes). The same units per warp as the
+// other forms; 24 consumer warps (one unit per warp and stage).
+template <int R>
+__global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
+    warp_ring_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
+  extern __shared__ __align__(16) uint8_t wring[];
+  const int lane = threadIdx.x & 31, C = P.consumers;
+  const unsigned b = blockIdx.x;
+  if (!consumers_start(P, cnt, next, chain_ns)) return;
+  const int cw = int(threadIdx.x >> 5) - 1, ct = int(threadIdx.x) - 32;
+  uint8_t* my = wring + size_t(cw) * R * 1024;
+  uint4 X[4];
+  one_token_x(X, lane);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  unsigned long long dwait = 0;
+  const int units = kStage / 1024 / C;
+  auto copy16 = [&](uint8_t* dst, const uint8_t* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(dst)), "l"(src) : "memory");
+  };
+  for_each_unit_op(P, w, cw, units, [&](int l, int i, const Op& o, const WarpUnits& U) {
+      const int64_t nu = U.nu;
+      auto issue = [&](int64_t m) {  // unit m into slot m % R (an empty group past the op's end keeps the count)
+        if (m < nu) {
+          uint8_t* d = my + (m % R) * 1024 + lane * 16;
+          copy16(d, U.at(m) + lane * 16), copy16(d + 512, U.at(m) + 512 + lane * 16);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+      };
+      const int kind = P.math ? o.kind : kSum;
+      if (P.deps && o.addr_dep >= 0) consumer_wait(cnt, P, o, l, i, false, ct, dwait);
+      if (!P.prefetch) consumer_wait(cnt, P, o, l, i, true, ct, dwait);
+      for (int d = 0; d < R - 1; ++d) issue(d);
+      if (P.prefetch) consumer_wait(cnt, P, o, l, i, true, ct, dwait);
+      for (int64_t m = 0; m < nu; ++m) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(R - 2) : "memory");  // unit m has landed (R - 2 younger groups)
+        const uint8_t* u = my + (m % R) * 1024 + lane * 16;
+        const uint4 A = *reinterpret_cast<const uint4*>(u), B = *reinterpret_cast<const uint4*>(u + 512);
+        words_math(kind, A, B, A.w | 0x40404040u, X, acc, P.nomma);
+        issue(m + R - 1);  // after the math used A and B: the slot it refills is m - 1's
+      }
+      asm volatile("cp.async.wait_all;" ::: "memory");
+      op_done(cnt, P, l, i, C, ct, b);
+  });
   consumer_end(acc, sink, b, ct, 0, dwait);
 }
 
@@ -589,6 +675,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&sink, sms * 4));
   const size_t smem = size_t(kStages) * kStage;
   CK(cudaFuncSetAttribute(layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CK(cudaFuncSetAttribute(warp_ring_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxConsumers * 4 * 1024));
+  CK(cudaFuncSetAttribute(warp_ring_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxConsumers * 8 * 1024));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_kernel, kThreads, smem));
   if (per_sm < 1) std::printf("the kernel does not fit an SM\n"), std::exit(1);
@@ -608,7 +696,10 @@ int main(int argc, char** argv) {
       CK(cudaMemcpyToSymbol(g_wait, zero3, sizeof zero3));
       void* args[] = {const_cast<Plan*>(&P), &w, &cnt, &next, &chain_ns, &sink};
       CK(cudaEventRecord(e0));
-      if (P.direct == 0)
+      if (P.wring)
+        CK(cudaLaunchCooperativeKernel(P.wring == 4 ? reinterpret_cast<void*>(warp_ring_kernel<4>) : reinterpret_cast<void*>(warp_ring_kernel<8>),
+                                       dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, size_t(P.consumers) * P.wring * 1024, 0));
+      else if (P.direct == 0)
         CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
       else
         CK(cudaLaunchCooperativeKernel(direct_entry(P),
@@ -681,7 +772,7 @@ int main(int argc, char** argv) {
     bool tl = false;  // print block 0's timeline after the table row
     int nowait = 0, spin = 0;
     int grid_div = 1;  // blocks = SMs / grid_div (the copies' rate per SM: does half the GPU stream as fast?)
-    int lsu = 0, noload = 0, nomma = 0, producers = 1, direct = 0, ilp = 0;
+    int lsu = 0, noload = 0, nomma = 0, producers = 1, direct = 0, ilp = 0, wring = 0;
   };
   const Cfg cfgs[] = {
       // the arithmetic alone (no copies, no dependencies): its ceiling with 8, 12, 24 warps
@@ -723,6 +814,13 @@ int main(int argc, char** argv) {
       // direct loads 2 ahead with two accumulation chains per warp (against one: the rows above), 24 and 12 warps
       {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 1}, {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 0},
       {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 1}, {1, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 2, 1},
+      // each consumer warp's own cp.async ring of 4 / 8 slots (3 / 7 units ahead): sums, the arithmetic, the layer
+      {1, 24, 0, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 8}, {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 4},
+      {1, 24, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 8}, {1, 24, 1, 0.0, 1, 1, kStages, true, 0, 0, 1, 0, 0, 0, 1, 0, 0, 8},
+      {1, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 8}, {0, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 8},
+      {1, 12, 1, 0.0, 0, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 4}, {1, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 4},
+      {1, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 4}, {0, 24, 1, 0.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 4},
+      {0, 24, 1, 1.0, 1, 1, kStages, false, 0, 0, 1, 0, 0, 0, 1, 0, 0, 4},
   };
 
   for (int ci = 0; ci < int(sizeof cfgs / sizeof cfgs[0]); ++ci) {
@@ -730,13 +828,15 @@ int main(int argc, char** argv) {
     if (!only.empty() && std::find(only.begin(), only.end(), ci) == only.end()) continue;
     Plan P = v4_flash_layer(c.prefetch, c.consumers, c.math, c.scale, c.deps, c.copy, c.stages);
     P.nowait = c.nowait, P.spin = c.spin, P.lsu = c.lsu, P.noload = c.noload, P.nomma = c.nomma, P.producers = c.producers;
-    P.direct = c.direct, P.ilp = c.ilp;
+    P.direct = c.direct, P.ilp = c.ilp, P.wring = c.wring;
     double us, chain, mhz;
     run(P, sms / c.grid_div, us, chain, mhz);
     char dmode[64];
     std::snprintf(dmode, sizeof dmode, "%s, direct loads %d ahead%s", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial",
                   c.direct, c.ilp ? ", two chains per warp" : "");
-    const char* mode = c.direct ? dmode
+    if (c.wring)
+      std::snprintf(dmode, sizeof dmode, "%s, per-warp cp.async ring of %d", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial", c.wring);
+    const char* mode = c.direct || c.wring ? dmode
                        : c.nomma ? (!c.copy ? "no copies, FMAs for MMAs" : c.nowait ? "no deps, no waits, FMAs for MMAs" : "no deps, FMAs for MMAs")
                        : c.noload ? (!c.copy ? "no copies, register words" : c.nowait ? "no deps, no waits, register words" : "no deps, register words")
                        : !c.copy     ? "no copies"
