@@ -55,6 +55,9 @@
 //   bytes in flight; 24 warps): sums 95-98 %; the arithmetic 82.5-84.0 % with 4 slots (3 units ahead), 79.6-80.8 %
 //   with 8, 69 % with 12 warps: the fastest feeding path here, 13 points above each warp's own register loads. With
 //   the layer's dependencies 79.0-79.2 us per layer (69.5-69.7 %); an ~18 us chain beside it adds ~13 us.
+// * One op per launch (the last section; gate/up's 53.5 MB of MXFP4, launches back to back, no PDL): the per-warp
+//   ring 66.8-67.2 % against 56.2-56.7 % for register loads and 83.6-84.6 % for plain loads (down's 26.7 MB: 52.5-53.4
+//   against 44.7-44.8, plain 72.4-72.9): the ring's lead holds at the real launches' size.
 // So with a chain a fifth to a third of today's the design's bound is 92-107 us per layer depending on the feeding
 // path (79 us with no chain at all), against today's ~120 and the target's ~69: the chain must also shrink, and the
 // per-warp ring is the feeding path to try in the real batch-1 kernels first (docs/cuda.md, "What remains").
@@ -101,6 +104,7 @@ struct Plan {
   int direct;     // > 0: direct_kernel<direct> (each consumer warp loads its own units, `direct` ahead), no ring
   int ilp;        // with direct 2: two accumulation chains per warp (direct_kernel's kTwo)
   int wring;      // > 0: warp_ring_kernel<wring> (each consumer warp's own cp.async ring of `wring` 1 KB slots)
+  int layers;     // layers per launch (<= kLayers): kLayers, or 1 for the one-op launches
 };
 
 // Block 0's timeline of layer kLayers / 2 (ns, global timer): per op, when its inputs were done (consumers: the
@@ -248,7 +252,7 @@ __device__ __forceinline__ void chain_warp(const Plan& P, unsigned* cnt, const u
                                            unsigned G) {
   unsigned long long total = 0;
   uint32_t j = 0;
-  for (int l = 0; l < kLayers; ++l)
+  for (int l = 0; l < P.layers; ++l)
     for (int i = 0; i < P.nops; ++i) {
       const Op& o = P.ops[i];
       if (o.kind != kChain) continue;
@@ -310,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if ((lane != 0 && !P.lsu) || !P.copy) return;
     int64_t it = 0;
     unsigned long long pwait = 0;
-    for (int l = 0; l < kLayers; ++l) {
+    for (int l = 0; l < P.layers; ++l) {
       const uint8_t* lw = w + int64_t(l) * P.layer_bytes;
       for (int i = 0; i < P.nops; ++i) {
         const Op& o = P.ops[i];
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned long long cwait = 0, dwait = 0;
   const int units = kStage / 1024 / C;  // 1 KB units per warp and stage
   int64_t it = 0;
-  for (int l = 0; l < kLayers; ++l)
+  for (int l = 0; l < P.layers; ++l)
     for (int i = 0; i < P.nops; ++i) {
       const Op& o = P.ops[i];
       if (o.kind == kChain) continue;
@@ -402,7 +406,7 @@ struct WarpUnits {
 // Calls f(l, i, o, U) for every stream op of every layer in order, U this warp's units of it.
 template <class F>
 __device__ __forceinline__ void for_each_unit_op(const Plan& P, const uint8_t* w, int cw, int units, F&& f) {
-  for (int l = 0; l < kLayers; ++l)
+  for (int l = 0; l < P.layers; ++l)
     for (int i = 0; i < P.nops; ++i) {
       const Op& o = P.ops[i];
       if (o.kind != kChain) f(l, i, o, WarpUnits(P, w, o, l, cw, units));
@@ -551,7 +555,7 @@ namespace {
 Plan v4_flash_layer(int prefetch, int consumers, int math, double chain_scale, int deps = 1, int copy = 1, int stages = kStages) {
   Plan P{};
   P.prefetch = prefetch, P.consumers = consumers, P.math = math, P.deps = deps, P.copy = copy, P.stages = stages;
-  P.producers = 1;
+  P.producers = 1, P.layers = kLayers;
   int64_t off = 0;
   auto stream = [&](int kind, double mb, std::initializer_list<int> deps, int addr_dep = -1) {
     Op& o = P.ops[P.nops++];
@@ -628,7 +632,7 @@ void* direct_entry(const Plan& P) {
 }
 
 // Usage: persistent_layer_probe [i,j,...]: only those rows of the table (0-based, in the order of cfgs below), e.g.
-// to profile them under ncu.
+// to profile them under ncu; -1 among them: the one-op launches at the end too.
 int main(int argc, char** argv) {
   std::vector<int> only;
   if (argc > 1)
@@ -686,6 +690,15 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
+  auto launch = [&](const Plan& P, int grid, void** args) {
+    if (P.wring)
+      CK(cudaLaunchCooperativeKernel(P.wring == 4 ? reinterpret_cast<void*>(warp_ring_kernel<4>) : reinterpret_cast<void*>(warp_ring_kernel<8>),
+                                     dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, size_t(P.consumers) * P.wring * 1024, 0));
+    else if (P.direct == 0)
+      CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
+    else
+      CK(cudaLaunchCooperativeKernel(direct_entry(P), dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, 0, 0));
+  };
   double waits_us[3];  // the last run's waits per block and layer, in us at the measured clock
   auto run = [&](const Plan& P, int grid, double& us_layer, double& chain_us, double& mhz) {
     std::vector<double> t, c;
@@ -696,14 +709,7 @@ int main(int argc, char** argv) {
       CK(cudaMemcpyToSymbol(g_wait, zero3, sizeof zero3));
       void* args[] = {const_cast<Plan*>(&P), &w, &cnt, &next, &chain_ns, &sink};
       CK(cudaEventRecord(e0));
-      if (P.wring)
-        CK(cudaLaunchCooperativeKernel(P.wring == 4 ? reinterpret_cast<void*>(warp_ring_kernel<4>) : reinterpret_cast<void*>(warp_ring_kernel<8>),
-                                       dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, size_t(P.consumers) * P.wring * 1024, 0));
-      else if (P.direct == 0)
-        CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(layer_kernel), dim3(grid), dim3(kThreads), args, smem, 0));
-      else
-        CK(cudaLaunchCooperativeKernel(direct_entry(P),
-                                       dim3(grid), dim3(32 * (1 + kMaxConsumers)), args, 0, 0));
+      launch(P, grid, args);
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float ms;
@@ -851,6 +857,54 @@ int main(int argc, char** argv) {
                 c.math ? "decode" : "sum", c.deps ? c.scale : 0.0, us, 100.0 * stream_mb * 1e6 / (us * 1e-6) / (copy * 1e9), chain,
                 mhz, waits_us[0], waits_us[1], waits_us[2]);
     if (c.tl) timeline(P);
+    std::fflush(stdout);
+  }
+  if (!only.empty() && std::find(only.begin(), only.end(), -1) == only.end()) return 0;
+
+  // One op per launch, as today's kernels: the routed experts' gate/up at batch 1 (53.5 MB, MXFP4) or down (26.7 MB)
+  // alone, 16 launches back to back, each on its own copy of the bytes (per launch: its ramp and tail included; no
+  // dependencies, no chain).
+  std::printf("\none op per launch (16 launches back to back, per launch; no dependencies):\n");
+  for (const double mb : {53.5, 26.7}) {
+    Plan P{};
+    P.nops = 1, P.layers = 1, P.prefetch = 1, P.math = 1, P.deps = 0, P.copy = 1, P.stages = kStages, P.producers = 1;
+    P.ops[0].kind = kFp4, P.ops[0].off = 0, P.ops[0].bytes = (int64_t(mb * 1e6) + 15) / 16 * 16, P.ops[0].addr_dep = -1;
+    P.layer_bytes = (P.ops[0].bytes + 4095) / 4096 * 4096;
+    struct Form {
+      const char* name;
+      int direct, wring;
+    };
+    const Form forms[] = {{"shared ring (bulk copies)", 0, 0}, {"direct loads 2 ahead", 2, 0}, {"per-warp ring of 4", 0, 4},
+                          {"per-warp ring of 8", 0, 8}};
+    auto per_launch = [&](auto&& go) {
+      std::vector<double> t;
+      for (int r = 0; r < 6; ++r) {
+        CK(cudaEventRecord(e0));
+        for (int k = 0; k < 16; ++k) go(k);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r > 0) t.push_back(ms * 1e3 / 16);
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    const double plain = per_launch([&](int k) {
+      plain_read_kernel<<<sms, 1024>>>(reinterpret_cast<const uint4*>(w + int64_t(k) * P.layer_bytes), P.ops[0].bytes / 16, sink);
+    });
+    std::printf("  %.1f MB: plain loads %.1f us (%.1f %% of copy)", mb, plain, 100.0 * mb * 1e6 / (plain * 1e-6) / (copy * 1e9));
+    for (const Form& f : forms) {
+      Plan Q = P;
+      Q.consumers = 24, Q.direct = f.direct, Q.wring = f.wring;
+      const double us = per_launch([&](int k) {
+        const uint8_t* wk = w + int64_t(k) * P.layer_bytes;
+        void* args[] = {&Q, const_cast<uint8_t**>(&wk), &cnt, &next, &chain_ns, &sink};
+        launch(Q, sms, args);
+      });
+      std::printf("; %s, 24 warps %.1f us (%.1f %%)", f.name, us, 100.0 * mb * 1e6 / (us * 1e-6) / (copy * 1e9));
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;
