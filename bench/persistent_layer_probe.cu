@@ -111,7 +111,7 @@ struct Plan {
 // dependency wait's end; chain: the chase's start), when it ended in block 0, and when block 0's producer issued
 // its first and last copy; and the SM clock over the launch (block 0).
 constexpr int kTimedLayer = kLayers / 2;
-__device__ unsigned long long g_ready[kMaxOps], g_end[kMaxOps], g_issue0[kMaxOps], g_issue1[kMaxOps], g_t0;
+__device__ unsigned long long g_ready[kMaxOps], g_end[kMaxOps], g_issue0[kMaxOps], g_issue1[kMaxOps];
 __device__ long long g_clk[2];
 // Cycles spent waiting, summed over the blocks: the producer for free ring slots, consumer warp 0 for filled ones,
 // and consumer thread 0 for the ops' inputs (the dependency waits).
@@ -168,11 +168,9 @@ __device__ __forceinline__ void wait_deps(const unsigned* cnt, const Plan& P, co
   for (int k = 0; k < o.ndep; ++k) wait_done(cnt, P, l, o.dep[k], G);
 }
 
-// Stage s of an op (16 KB, the last one shorter) belongs to block s % G.
+// Stage s of an op (kStage bytes, the last one shorter) belongs to block s % G.
 __device__ __forceinline__ int64_t op_stages(const Op& o) { return (o.bytes + kStage - 1) / kStage; }
 
-// The decode kernels' arithmetic on one 1 KB unit of a warp (lane: 16 bytes at +16 lane and +512 + 16 lane, i.e. a
-// lane's A and B words of 16 rows as the per-tile kernels load them).
 // (diagnosis) fp4_group's decode with FMAs in place of its two MMAs.
 __device__ __forceinline__ void fp4_group_fma(uint32_t wa, uint32_t wb, const uint4& X, float sa, float sb, float (&acc)[4]) {
   uint32_t f[8];
@@ -231,6 +229,8 @@ __device__ __forceinline__ void words_math(int kind, const uint4& A, const uint4
   }
 }
 
+// The decode kernels' arithmetic on one 1 KB unit of a warp in the ring (lane: 16 bytes at +16 lane and +512 + 16
+// lane, i.e. a lane's A and B words of 16 rows as the per-tile kernels load them).
 __device__ __forceinline__ void unit_math(int kind, const uint8_t* u, int lane, const uint4 (&X)[4], float (&acc)[4], bool noload,
                                           uint32_t salt, bool nomma) {
   uint4 A, B;
@@ -284,6 +284,23 @@ __device__ __forceinline__ void one_token_x(uint4 (&X)[4], int lane) {
   for (int k = 0; k < 4; ++k)
     X[k] = lane < 4 ? make_uint4(0x3C003C00u + lane, 0x3C003C01u, 0x3C003C02u, 0x3C003C03u + k) : make_uint4(0, 0, 0, 0);
 }
+// Block 0's clock and timer at the launch's start (consumer_end stamps the end).
+__device__ __forceinline__ void launch_stamp() {
+  if (threadIdx.x == 0 && blockIdx.x == 0) g_clk[0] = clock64(), g_gt[0] = gtime();
+}
+// A consumer's wait before op i (thread 0, then the consumers' barrier): for all its inputs, or (all false) for the
+// op its addresses come from; the timed layer's stamp.
+__device__ __forceinline__ void consumer_wait(const unsigned* cnt, const Plan& P, const Op& o, int l, int i, bool all, int ct,
+                                              unsigned long long& dwait) {
+  if (ct == 0) {
+    const long long c0 = clock64();
+    if (all) wait_deps(cnt, P, o, l, gridDim.x);
+    else wait_done(cnt, P, l, o.addr_dep, gridDim.x);
+    dwait += clock64() - c0;
+    if (all && blockIdx.x == 0 && l == kTimedLayer) g_ready[i] = gtime();
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * P.consumers) : "memory");
+}
 // A consumer's end of the launch: the sums kept alive, block 0's clock stamp, the waits added up.
 __device__ __forceinline__ void consumer_end(const float (&acc)[4], float* sink, unsigned b, int ct, unsigned long long cwait,
                                              unsigned long long dwait) {
@@ -298,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t full[kStages], empty[kStages];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, C = P.consumers;
   const unsigned G = gridDim.x, b = blockIdx.x;
-  if (threadIdx.x == 0 && b == 0) g_clk[0] = clock64(), g_gt[0] = gtime(), g_t0 = g_gt[0];
+  launch_stamp();
   if (!P.copy) {  // the ring holds real weight bytes (the arithmetic's rate may depend on the values: power, clocks)
     for (int64_t k = threadIdx.x; k < int64_t(P.stages) * kStage / 16; k += blockDim.x)
       reinterpret_cast<uint4*>(ring)[k] = reinterpret_cast<const uint4*>(w)[int64_t(b) * P.stages * kStage / 16 + k];
@@ -361,13 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < P.nops; ++i) {
       const Op& o = P.ops[i];
       if (o.kind == kChain) continue;
-      if (ct == 0) {
-        const long long c0 = clock64();
-        wait_deps(cnt, P, o, l, G);
-        dwait += clock64() - c0;
-        if (b == 0 && l == kTimedLayer) g_ready[i] = gtime();
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * C) : "memory");
+      consumer_wait(cnt, P, o, l, i, true, ct, dwait);
       const int kind = P.math ? o.kind : kSum;
       const int64_t n = op_stages(o);
       for (int64_t s = b; s < n; s += G, ++it) {
@@ -412,23 +423,10 @@ __device__ __forceinline__ void for_each_unit_op(const Plan& P, const uint8_t* w
       if (o.kind != kChain) f(l, i, o, WarpUnits(P, w, o, l, cw, units));
     }
 }
-// Those forms' wait before op i (thread 0, then the consumers' barrier): for all its inputs, or (all false) for the
-// op its addresses come from; the timed layer's stamp.
-__device__ __forceinline__ void consumer_wait(const unsigned* cnt, const Plan& P, const Op& o, int l, int i, bool all, int ct,
-                                              unsigned long long& dwait) {
-  if (ct == 0) {
-    const long long c0 = clock64();
-    if (all) wait_deps(cnt, P, o, l, gridDim.x);
-    else wait_done(cnt, P, l, o.addr_dep, gridDim.x);
-    dwait += clock64() - c0;
-    if (all && blockIdx.x == 0 && l == kTimedLayer) g_ready[i] = gtime();
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(32 * P.consumers) : "memory");
-}
 // Those forms' start: block 0's clock stamp, warp 0 the chain (block 0); true for the C consumer warps (1 .. C).
 __device__ __forceinline__ bool consumers_start(const Plan& P, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0 && blockIdx.x == 0) g_clk[0] = clock64(), g_gt[0] = gtime(), g_t0 = g_gt[0];
+  launch_stamp();
   if (warp == 0) {
     if (blockIdx.x == 0 && lane == 0 && P.deps) chain_warp(P, cnt, next, chain_ns, gridDim.x);
     return false;
@@ -457,14 +455,13 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
   const int units = kStage / 1024 / C;
   for_each_unit_op(P, w, cw, units, [&](int l, int i, const Op& o, const WarpUnits& U) {
       const int64_t nu = U.nu;
-      auto unit = [&](int64_t m) { return U.at(m); };
       const int kind = P.math ? o.kind : kSum;
       if (P.deps && o.addr_dep >= 0) consumer_wait(cnt, P, o, l, i, false, ct, dwait);  // no address before the top-k
       if (!P.prefetch) consumer_wait(cnt, P, o, l, i, true, ct, dwait);
       uint4 RA[D], RB[D];
 #pragma unroll
       for (int d = 0; d < D; ++d)
-        if (d < nu) RA[d] = ldg_stream<1>(unit(d) + lane * 16, pol), RB[d] = ldg_stream<1>(unit(d) + 512 + lane * 16, pol);
+        if (d < nu) RA[d] = ldg_stream<1>(U.at(d) + lane * 16, pol), RB[d] = ldg_stream<1>(U.at(d) + 512 + lane * 16, pol);
       if (P.prefetch) consumer_wait(cnt, P, o, l, i, true, ct, dwait);
       for (int64_t m0 = 0; m0 < nu; m0 += D) {
 #pragma unroll
@@ -472,7 +469,7 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
           const int64_t m = m0 + d;
           if (m < nu) {
             words_math(kind, RA[d], RB[d], RA[d].w | 0x40404040u, X, kTwo && (d & 1) ? acc2 : acc, P.nomma);
-            if (m + D < nu) RA[d] = ldg_stream<1>(unit(m + D) + lane * 16, pol), RB[d] = ldg_stream<1>(unit(m + D) + 512 + lane * 16, pol);
+            if (m + D < nu) RA[d] = ldg_stream<1>(U.at(m + D) + lane * 16, pol), RB[d] = ldg_stream<1>(U.at(m + D) + 512 + lane * 16, pol);
           }
         }
       }
@@ -486,7 +483,7 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
 // units with cp.async (each lane its own 2 x 16 bytes; cp.async.cg: the LSU path, through L2 only) into a ring of R
 // 1 KB slots of its own in shared memory, R - 1 units ahead (the first R - 1 of an op before the op's dependency
 // wait), and reads back only what its lanes copied (so no barrier between lanes). The same units per warp as the
-// other forms; 24 consumer warps (one unit per warp and stage).
+// other forms (24 / C per warp and stage).
 template <int R>
 __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
     warp_ring_kernel(const Plan P, const uint8_t* w, unsigned* cnt, const uint32_t* next, unsigned long long* chain_ns, float* sink) {
