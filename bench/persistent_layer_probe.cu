@@ -52,7 +52,7 @@
 //   and adds 5.4-5.7 us per layer. Two accumulation chains per warp there (kTwo) change nothing (69.6-70.3 against
 //   69.9-70.5 %); half the warps, so half the loads in flight per SM, lose a third.
 // * Each consumer warp with its own cp.async ring of 1 KB slots (warp_ring_kernel; no producer, no registers holding
-//   bytes in flight; 24 warps): sums 95-98 %; the arithmetic 82.5-84.0 % with 4 slots (3 units ahead), 79.6-80.8 %
+//   bytes in flight; 24 warps): sums 95-98 %; the arithmetic 81.9-84.0 % with 4 slots (3 units ahead), 79.6-80.8 %
 //   with 8, 69 % with 12 warps: the fastest feeding path here, 13 points above each warp's own register loads. With
 //   the layer's dependencies 79.0-79.2 us per layer (69.5-69.7 %); an ~18 us chain beside it adds ~13 us.
 // * One op per launch (the last section; gate/up's 53.5 MB of MXFP4, launches back to back, no PDL): the per-warp
