@@ -59,8 +59,11 @@
 //   ring 66.8-67.2 % against 56.2-56.7 % for register loads and 83.6-84.6 % for plain loads (down's 26.7 MB: 52.5-53.4
 //   against 44.7-44.8, plain 72.4-72.9): the ring's lead holds at the real launches' size.
 // So with a chain a fifth to a third of today's the design's bound is 92-107 us per layer depending on the feeding
-// path (79 us with no chain at all), against today's ~120 and the target's ~69: the chain must also shrink, and the
-// per-warp ring is the feeding path to try in the real batch-1 kernels first (docs/cuda.md, "What remains").
+// path (79 us with no chain at all), against today's ~120 and the target's ~69: the chain must also shrink.
+// Session 52 built the per-warp ring into the streaming MXFP4 kernel (one-chunk stages, ~24 warps per SM): 52.6 % for
+// gate/up and 41.4 % for down at batch 1 against the per-tile kernels' 67.3 / 65.7 %, because the real kernel's
+// per-unit work (scales, activations, addresses) is not this probe's; and the per-tile kernels fed from L2 reach
+// only 81 % / 69 % of the copy rate on their own (bench/results/h200-session52/).
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/plp bench/persistent_layer_probe.cu && /tmp/plp
 #include <algorithm>
 #include <cstdint>
