@@ -121,35 +121,34 @@ __device__ long long g_clk[2];
 __device__ unsigned long long g_wait[3];
 __device__ unsigned long long g_gt[2];
 
-__device__ __forceinline__ uint32_t su32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mb_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(b)), "r"(count) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
 }
 // Waits for the completion of the mbarrier's phase of the given parity: kPoll tests in a loop (test_wait), else
 // try_wait, which may suspend the thread until the phase completes (or a time limit passes).
 #define PLP_MB_WAIT_LOOP(op) "{ .reg .pred p;\nL: mbarrier." op ".parity.shared::cta.b64 p, [%0], %1;\n@!p bra L; }"
 template <bool kPoll = false>
 __device__ __forceinline__ void mb_wait(uint64_t* b, int parity) {
-  if constexpr (kPoll) asm volatile(PLP_MB_WAIT_LOOP("test_wait") ::"r"(su32(b)), "r"(parity) : "memory");
-  else asm volatile(PLP_MB_WAIT_LOOP("try_wait") ::"r"(su32(b)), "r"(parity) : "memory");
+  if constexpr (kPoll) asm volatile(PLP_MB_WAIT_LOOP("test_wait") ::"r"(smem_u32(b)), "r"(parity) : "memory");
+  else asm volatile(PLP_MB_WAIT_LOOP("try_wait") ::"r"(smem_u32(b)), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void mb_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(b)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(bar)), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(su32(dst)),
-               "l"(src), "r"(bytes), "r"(su32(bar))
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
 // The LSU path into the ring: the warp's lanes copy 16 bytes each per step (cp.async.cg: L2 only), then each lane
 // arrives on the stage's barrier once its copies have landed (32 arrivals complete it).
 __device__ __forceinline__ void lsu_copy(void* dst, const void* src, int bytes, uint64_t* bar, int lane) {
   for (int k = lane; k < bytes / 16; k += 32)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(static_cast<uint8_t*>(dst) + 16 * k)),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(static_cast<uint8_t*>(dst) + 16 * k)),
                  "l"(static_cast<const uint8_t*>(src) + 16 * k)
                  : "memory");
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(su32(bar)) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
@@ -502,7 +501,7 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
   unsigned long long dwait = 0;
   const int units = kStage / 1024 / C;
   auto copy16 = [&](uint8_t* dst, const uint8_t* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(dst)), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
   };
   for_each_unit_op(P, w, cw, units, [&](int l, int i, const Op& o, const WarpUnits& U) {
       const int64_t nu = U.nu;
@@ -534,8 +533,7 @@ __global__ void __launch_bounds__(32 * (1 + kMaxConsumers), 1)
 // The LSU path for comparison: blocks of 1024 threads read [p, p + n16) once with 16-byte evict-first loads, 8 in
 // flight per thread (the decode kernels' loads without their arithmetic).
 __global__ void __launch_bounds__(1024) plain_read_kernel(const uint4* p, int64_t n16, float* sink) {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = weight_policy(true);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   uint32_t x = 0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += 8 * stride) {
@@ -838,10 +836,9 @@ int main(int argc, char** argv) {
     double us, chain, mhz;
     run(P, sms / c.grid_div, us, chain, mhz);
     char dmode[64];
-    std::snprintf(dmode, sizeof dmode, "%s, direct loads %d ahead%s", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial",
-                  c.direct, c.ilp ? ", two chains per warp" : "");
-    if (c.wring)
-      std::snprintf(dmode, sizeof dmode, "%s, per-warp cp.async ring of %d", !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial", c.wring);
+    const char* deps = !c.deps ? "no deps" : c.prefetch ? "prefetch" : "serial";
+    if (c.wring) std::snprintf(dmode, sizeof dmode, "%s, per-warp cp.async ring of %d", deps, c.wring);
+    else std::snprintf(dmode, sizeof dmode, "%s, direct loads %d ahead%s", deps, c.direct, c.ilp ? ", two chains per warp" : "");
     const char* mode = c.direct || c.wring ? dmode
                        : c.nomma ? (!c.copy ? "no copies, FMAs for MMAs" : c.nowait ? "no deps, no waits, FMAs for MMAs" : "no deps, FMAs for MMAs")
                        : c.noload ? (!c.copy ? "no copies, register words" : c.nowait ? "no deps, no waits, register words" : "no deps, register words")
