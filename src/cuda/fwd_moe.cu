@@ -13,7 +13,8 @@ namespace plumb::cuda::detail {
 namespace {
 
 // The warp kernel: one warp per token (route_token_warp, route_warp.cuh), the bias requested before the PDL wait
-// (cuda.pdl), the logits and token ids read after it. Shared: route_warp_smem_floats(E) per warp.
+// (cuda.pdl), the logits and token ids read after it. Shared: route_warp_smem_floats(E) per warp. (Variants 4 and 5
+// with an elementwise score and no groups run route_wide_kernel instead.)
 template <int P, bool kV4>
 __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs a) {
   extern __shared__ float smw[];
@@ -21,6 +22,16 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_warp_kernel(RouteArgs 
   const int t = int(blockIdx.x) * kRouteWarps + warp;
   if (t >= a.n) return;  // whole warps only: no block barrier below
   (void)route_token_warp<P, kV4>(a, t, lane, smw + warp * route_warp_smem_floats(a.E), true, [] { pdl_begin(); });
+}
+
+// The wide kernel, for the warp variants of 8 experts per lane with an elementwise score and no groups (V4's 256
+// experts, learned or hash-routed): a block of 32 P threads per token, a thread per expert (route_token_wide, the
+// same bits as the warp kernel).
+template <int P, bool kV4>
+__global__ void __launch_bounds__(32 * P) route_wide_kernel(RouteArgs a) {
+  __shared__ float score_s[32 * P];
+  __shared__ unsigned key_s[32 * P];
+  (void)route_token_wide<P, kV4>(a, int(blockIdx.x), score_s, key_s);
 }
 
 // The twin (any E up to shared memory, any K): one block per token, ranks by counting.
@@ -137,10 +148,20 @@ int route_warp_variant(const RouteArgs& a) {
   return P <= 1 ? 1 : P <= 2 ? 2 : P <= 4 ? 3 : P <= 8 ? (v4 ? 5 : 4) : 6;
 }
 
+bool route_wide_form(const RouteArgs& a) {
+  const int v = route_warp_variant(a);
+  return (v == 4 || v == 5) && a.score != 2 && !(a.n_group > 1 && a.topk_group < a.n_group);
+}
+
 void fwd_route(const RouteArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.n_group > kRouteMaxGroups) throw_arg("router: more than 64 expert groups is not supported on the GPU");
   if (const int variant = route_warp_variant(a)) {
+    if (route_wide_form(a)) {
+      auto go = [&](auto kern) { launch("fwd_route", kern, dim3(unsigned(a.n)), dim3(32u * 8u), 0, s, a); };  // (cuda.pdl)
+      variant == 5 ? go(route_wide_kernel<8, true>) : go(route_wide_kernel<8, false>);
+      return;
+    }
     const int warps = std::min(a.n, kRouteWarps);
     const size_t smem = size_t(warps) * size_t(route_warp_smem_floats(a.E)) * 4;
     const unsigned blocks = unsigned((a.n + kRouteWarps - 1) / kRouteWarps);

@@ -228,9 +228,13 @@ struct RouteArgs {
   float* weight = nullptr; // [n, K]
   float* select = nullptr; // [n, E] learned layers
 };
-// The warp kernel's variant for these arguments (route_warp.cuh: 1-5 experts per lane 1, 2, 4, 8, 8 with V4's
-// routing; 6: 16), or 0 where the block kernel runs (the twin, E > 512, K > 32 or > E, more than 64 groups).
+// The warp code's variant for these arguments (route_warp.cuh: 1-5 experts per lane 1, 2, 4, 8, 8 with V4's
+// routing; 6: 16), or 0 where the block-per-token twin runs (the twin, E > 512, K > 32 or > E, more than 64
+// groups).
 int route_warp_variant(const RouteArgs& a);
+// Whether fwd_route runs these arguments as a block per token that scores a thread per expert (route_wide_kernel:
+// warp variants 4 and 5 with an elementwise score and no groups; the same bits as the warp kernel).
+bool route_wide_form(const RouteArgs& a);
 
 constexpr int kGemvTab = 4;  // matrices of one BF16 table launch (GemvArgs::ntab)
 struct GemvArgs {

@@ -1,6 +1,7 @@
-// One token's routing by one warp: the router's fast kernel (fwd_moe.cu's route_warp_kernel) and the routed
-// experts' one-token launches that rank the gate's logits themselves (cuda.topk_in_experts, gemv.cu) call the same
-// device function, so every path computes the same indices and weights bit for bit.
+// One token's routing by one warp or by one block: the router's fast kernels (fwd_moe.cu's route_warp_kernel and
+// route_wide_kernel) and the routed experts' one-token launches that rank the gate's logits themselves
+// (cuda.topk_in_experts, gemv.cu) share the score, the top-k and the weights below, so every path computes the same
+// indices and weights bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,55 @@ struct RouteChoice {
   int idx = 0;         // lanes k < K: choice k's expert
   float weight = 0.f;  // and its weight (the floor, the factor)
 };
+
+// One expert's score from its logit (every score function but softmax, which is not elementwise).
+__device__ __forceinline__ float route_score(int score_fn, bool naive, float x) {
+  return score_fn == 1 ? 1.0f / (1.0f + expf(-x)) : sqrtf(naive ? logf(1.0f + expf(x)) : softplus_stable(x));
+}
+
+// Top-k in rank order over the warp's keys (lane l holds experts l, l + 32, ...: key[i] of expert 32 i + l, 0 for
+// none; every expert's key > 0 and K <= E, so each round finds one): K rounds of each lane's best remaining key (the
+// lowest of its experts on equal keys: i upwards, strict >), the warp's largest key, and among the lanes holding it
+// the lowest expert id, which is the rank order of beats(). Lane k < K gets choice k's expert and score.
+template <int P>
+__device__ __forceinline__ void route_topk(int K, unsigned (&key)[P], const float (&score)[P], int lane, int& my_idx, float& my_score) {
+  for (int kk = 0; kk < K; ++kk) {
+    unsigned bk = 0u;
+    float bs = 0.0f;
+    int bi = 0;
+#pragma unroll
+    for (int i = 0; i < P; ++i)
+      if (key[i] > bk) bk = key[i], bs = score[i], bi = i;
+    const unsigned mk = __reduce_max_sync(0xFFFFFFFFu, bk);
+    const unsigned cand = bk == mk ? unsigned(bi * 32 + lane) : 0xFFFFFFFFu;
+    const unsigned ce = __reduce_min_sync(0xFFFFFFFFu, cand);
+    const float cs = __shfl_sync(0xFFFFFFFFu, bs, int(ce & 31u));
+    if (lane == kk) my_idx = int(ce), my_score = cs;
+    if (cand == ce) {  // this lane owns the chosen expert: take it out
+#pragma unroll
+      for (int i = 0; i < P; ++i)
+        if (i == bi) key[i] = 0u;
+    }
+  }
+}
+
+// The weights of the warp's choices (lane k < K: expert my_idx, score my_score): the float sum of the chosen scores
+// in choice order, the floor, the factor; stored (idx and weight) when `write`.
+__device__ __forceinline__ RouteChoice route_weights(const RouteArgs& a, int t, int lane, int my_idx, float my_score, bool renorm,
+                                                     bool unfloored, bool write) {
+  const int K = a.K;
+  float sum = 0;
+  for (int k = 0; k < K; ++k) sum += __shfl_sync(0xFFFFFFFFu, my_score, k);
+  const float denom = !renorm ? 1.0f : unfloored ? sum : sum + 1e-20f;
+  RouteChoice c;
+  c.idx = my_idx;
+  c.weight = (my_score / denom) * a.fold;
+  if (write && lane < K) {
+    a.idx[int64_t(t) * K + lane] = c.idx;
+    a.weight[int64_t(t) * K + lane] = c.weight;
+  }
+  return c;
+}
 
 // Token t's routing by the calling warp (every lane; the fast path: E <= 32 * P, K <= 32). Lane l holds experts l,
 // l + 32, ... in registers. Every value is the block kernel's (route_kernel), bit for bit: the same score
@@ -102,8 +152,7 @@ __device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int 
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < P; ++i)
-      score[i] = score_fn == 1 ? 1.0f / (1.0f + expf(-x[i])) : sqrtf(naive ? logf(1.0f + expf(x[i])) : softplus_stable(x[i]));
+    for (int i = 0; i < P; ++i) score[i] = route_score(score_fn, naive, x[i]);
   }
 
   float my_score = 0.0f;  // lane k < K: choice k's score
@@ -157,40 +206,54 @@ __device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int 
       if (write) a.select[int64_t(t) * E + e] = sel[i];
       key[i] = radix::order_key_nan_first(sel[i]);
     }
-    // K rounds: each lane's best remaining key (the lowest of its experts on equal keys: i upwards, strict >), the
-    // warp's largest key, and among the lanes holding it the lowest expert id. Every expert has a key > 0 and
-    // K <= E, so each round finds one.
-    for (int kk = 0; kk < K; ++kk) {
-      unsigned bk = 0u;
-      float bs = 0.0f;
-      int bi = 0;
-#pragma unroll
-      for (int i = 0; i < P; ++i)
-        if (key[i] > bk) bk = key[i], bs = score[i], bi = i;
-      const unsigned mk = __reduce_max_sync(0xFFFFFFFFu, bk);
-      const unsigned cand = bk == mk ? unsigned(bi * 32 + lane) : 0xFFFFFFFFu;
-      const unsigned ce = __reduce_min_sync(0xFFFFFFFFu, cand);
-      const float cs = __shfl_sync(0xFFFFFFFFu, bs, int(ce & 31u));
-      if (lane == kk) my_idx = int(ce), my_score = cs;
-      if (cand == ce) {  // this lane owns the chosen expert: take it out
-#pragma unroll
-        for (int i = 0; i < P; ++i)
-          if (i == bi) key[i] = 0u;
-      }
-    }
+    route_topk<P>(K, key, score, lane, my_idx, my_score);
   }
-  // The weights: the float sum of the chosen scores in choice order, the floor, the factor.
-  float sum = 0;
-  for (int k = 0; k < K; ++k) sum += __shfl_sync(0xFFFFFFFFu, my_score, k);
-  const float denom = !renorm ? 1.0f : unfloored ? sum : sum + 1e-20f;
-  RouteChoice c;
-  c.idx = my_idx;
-  c.weight = (my_score / denom) * a.fold;
-  if (write && lane < K) {
-    a.idx[int64_t(t) * K + lane] = c.idx;
-    a.weight[int64_t(t) * K + lane] = c.weight;
+  return route_weights(a, t, lane, my_idx, my_score, renorm, unfloored, write);
+}
+
+// Token t's routing by a block of 32 * P threads, for an elementwise score without groups (fwd_route's
+// route_wide_form): thread e scores expert e with the warp code's expression (route_score: the same bits), then warp
+// 0 reads the keys and scores back as route_token_warp holds them (lane l: experts l, l + 32, ...) and ranks and
+// weighs them with the same code. Why: one warp scoring its P experts in turn took ~4.4 of the router's ~9.6 us per
+// layer at one token beside the shared expert's stream, ~2.3 without it (session 53's stamps: the scores' exp,
+// log1p and sqrt chains waiting for issue slots on busy SMs); a thread per expert waits for one chain. Every thread
+// calls it (a block barrier); the choices are stored (idx, weight and, for learned layers, the selection scores)
+// and warp 0 returns them. `score_s`, `key_s`: 32 * P words each.
+template <int P, bool kV4>
+__device__ __forceinline__ RouteChoice route_token_wide(const RouteArgs& a, int t, float* score_s, unsigned* key_s) {
+  const int E = a.E, K = a.K, e = int(threadIdx.x), lane = e & 31;
+  const int score_fn = kV4 ? 0 : a.score;
+  const bool hash = !kV4 && a.hash, naive = !kV4 && a.softplus_naive;
+  const bool renorm = kV4 || a.renorm, unfloored = !kV4 && a.unfloored;
+  // The bias (a weight) requested before the PDL wait; the logits and the token id after it, as plain loads.
+  const float b = (!hash && e < E) ? __ldg(a.bias + e) : 0.0f;
+  pdl_begin();
+  int hidx = 0;
+  if (hash && e < K) hidx = __ldg(a.tid2eid + int64_t(a.tokens[t]) * K + e);
+  const float x = e < E ? a.logits[int64_t(t) * E + e] : -INFINITY;
+  const float sc = route_score(score_fn, naive, x);
+  unsigned key = 0u;  // radix::order_key_nan_first of the selection score, 0 for no expert (route_token_warp's keys)
+  if (!hash && e < E) {
+    const float sel = sc + b;
+    a.select[int64_t(t) * E + e] = sel;
+    key = radix::order_key_nan_first(sel);
   }
-  return c;
+  score_s[e] = sc, key_s[e] = key;
+  __syncthreads();
+  if (e >= 32) return RouteChoice{};
+  int my_idx = 0;
+  float my_score = 0.0f;
+  if (hash) {
+    my_idx = hidx;
+    if (lane < K) my_score = score_s[hidx];
+  } else {
+    float score[P];
+    unsigned keys[P];
+#pragma unroll
+    for (int i = 0; i < P; ++i) score[i] = score_s[i * 32 + lane], keys[i] = key_s[i * 32 + lane];
+    route_topk<P>(K, keys, score, lane, my_idx, my_score);
+  }
+  return route_weights(a, t, lane, my_idx, my_score, renorm, unfloored, true);
 }
 
 // route_token_warp at the host's route_warp_variant (1-5: experts per lane 1, 2, 4, 8, and 8 with V4's routing;

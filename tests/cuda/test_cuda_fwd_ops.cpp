@@ -302,7 +302,8 @@ TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
     }
 }
 
-// ---- router (fwd_route): the warp-per-token kernel bit for bit against the block-per-token kernel ----
+// ---- router (fwd_route): the fast kernels (a warp per token, or at 8 experts per lane a thread per expert) bit for
+// bit against the block-per-token twin ----
 
 struct RouteOut {
   std::vector<int32_t> idx;
@@ -363,7 +364,7 @@ TEST_F(GpuTest, OfficialCombineSumsInExpertIdOrder) {
 
 TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
   Rng rng(4242);
-  int cases = 0;
+  int cases = 0, wide = 0;  // wide: the fast kernel's wide form (route_wide_kernel: a thread per expert)
   struct Shape {
     int E, K, groups, topk_groups;
   };
@@ -406,6 +407,7 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
           std::vector<int32_t> tid2eid(static_cast<size_t>(V * K)), toks(static_cast<size_t>(n));
           for (auto& v : tid2eid) v = rng.integer(0, E - 1);
           for (auto& v : toks) v = rng.integer(0, V - 1);
+          wide += d::route_wide_form(a) ? 1 : 0;
           const RouteOut w = run_route(a, lg, bias, tid2eid, toks, false), b = run_route(a, lg, bias, tid2eid, toks, true);
           const std::string tag = "E " + std::to_string(E) + " K " + std::to_string(K) + " groups " + std::to_string(a.n_group) + "/" +
                                   std::to_string(a.topk_group) + " n " + std::to_string(n) + " score " + std::to_string(score) +
@@ -417,7 +419,9 @@ TEST_F(GpuTest, RouterWarpMatchesBlockTwin) {
           }
           ++cases;
         }
-  std::printf("  router warp kernel vs block kernel: %d cases bit-identical\n", cases);
+  std::printf("  router warp kernel vs block kernel: %d cases bit-identical (%d of them on the fast kernel's wide form)\n", cases,
+              wide);
+  EXPECT_GT(wide, 0) << "no case ran the fast kernel's wide form (a thread per expert)";
 }
 
 // The decode launches fused in session 5 against the separate launches they replace, bit for bit: several matrices
