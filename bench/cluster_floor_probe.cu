@@ -4,7 +4,7 @@
 // of 32 dependent launches (the forward's chain), to split that time into the launch's floor, the cluster barriers
 // and the work, and to time the alternative to a barrier + remote-read round: all-to-all stores signalled on
 // mbarriers (`exchange`, session 33; not yet run).
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/cluster_floor bench/cluster_floor_probe.cu && /tmp/cluster_floor
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/cluster_floor bench/cluster_floor_probe.cu && /tmp/cluster_floor
 // (a CUDA build, -DPLUMB_CUDA=ON, also builds it as build/cluster_floor_probe)
 #include <cooperative_groups.h>
 
@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "probe_common.cuh"
 
 namespace cg = cooperative_groups;
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(256, 2) shape(float* out) {
 // slot arrays alternate by round, so a block one round ahead cannot disturb a round another block is still reading.
 // One cluster barrier at the start (the mbarriers initialized before any remote store), none at the end (each block
 // has received every store meant for it before it exits).
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+using plumb::cuda::detail::smem_u32;  // (src/cuda/common.cuh)
 
 template <int kRounds>
 __global__ void __launch_bounds__(256, 2) exchange(float* out) {

@@ -4,13 +4,14 @@
 // would) followed by a "GEMV" (every SM reading S MB once, evict-first loads as the decode GEMVs make), with and
 // without the chain kernel's blocks first issuing bulk L2 prefetches (cp.async.bulk.prefetch.L2, one instruction per
 // chunk from one thread per block) of the bytes the reader will read. L2 is overwritten before each trial.
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/l2_bulk_prefetch bench/l2_bulk_prefetch_probe.cu && /tmp/l2_bulk_prefetch
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/l2_bulk_prefetch bench/l2_bulk_prefetch_probe.cu && /tmp/l2_bulk_prefetch
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "probe_common.cuh"
 
 // B blocks: thread 0 of each prefetches its share of [p, p + bytes) in chunks (0 bytes: none), then the block spins
@@ -31,8 +32,7 @@ __global__ void chain_kernel(const char* p, int64_t bytes, int64_t chunk, int64_
 
 // Every SM reads [p, p + bytes) once with evict-first 16-byte loads (the decode GEMVs' policy).
 __global__ void __launch_bounds__(256) read_kernel(const int4* p, int64_t n16, int* sink) {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = plumb::cuda::detail::weight_policy(true);  // the decode GEMVs' evict-first policy
   int acc = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += stride * 4) {

@@ -5,7 +5,7 @@
 // expert's GEMV, even with an SM of its own. This probe measures the latency of one thread's dependent loads (a
 // pointer chase over a buffer that stays in L2, and over one in HBM) alone and while a streaming kernel on S SMs reads
 // a 2 GB buffer (evict-first 16-byte loads, as the decode GEMVs), with the stream's achieved bandwidth.
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/lul bench/latency_under_load_probe.cu && /tmp/lul
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I src -o /tmp/lul bench/latency_under_load_probe.cu && /tmp/lul
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/common.cuh"
 #include "probe_common.cuh"
 
 // One thread follows next[] from slot `start` for `hops` dependent loads (ld.global.cg: L2, never L1), after `warm`
@@ -31,8 +32,7 @@ __global__ void chase_kernel(const uint32_t* next, uint32_t start, int warm, int
 // per thread, until *stop is set; each block counts the bytes it read.
 __global__ void __launch_bounds__(1024) stream_kernel(const int4* p, int64_t n16, const volatile int* stop, unsigned long long* bytes,
                                                       int* sink) {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = plumb::cuda::detail::weight_policy(true);  // the decode GEMVs' evict-first policy
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int acc = 0;
   unsigned long long got = 0;
