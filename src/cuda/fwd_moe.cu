@@ -62,7 +62,7 @@ __global__ void route_kernel(RouteArgs a) {
   } else {
     for (int e = threadIdx.x; e < E; e += blockDim.x) sel[e] = score[e] + a.bias[e];
     __syncthreads();
-    if (a.n_group > 1 && a.topk_group < a.n_group && threadIdx.x == 0) {
+    if (route_grouped(a) && threadIdx.x == 0) {
       // DeepSeek-V3 grouped selection (mask_groups): groups ranked by the sum of their two best scores.
       const int per = E / a.n_group;
       float gs[64];
@@ -144,20 +144,19 @@ int route_warp_variant(const RouteArgs& a) {
   if (a.twin || a.E > 32 * 16 || a.K > kRouteMaxK || a.K > a.E || a.n_group > kRouteMaxGroups) return 0;
   const int P = (a.E + 31) / 32;
   // V4's learned routing (route_token_warp's kV4) at V4's 256 experts; every other case the general code.
-  const bool v4 = a.score == 0 && !a.hash && !(a.n_group > 1 && a.topk_group < a.n_group) && a.renorm && !a.unfloored && !a.softplus_naive;
+  const bool v4 = a.score == 0 && !a.hash && !route_grouped(a) && a.renorm && !a.unfloored && !a.softplus_naive;
   return P <= 1 ? 1 : P <= 2 ? 2 : P <= 4 ? 3 : P <= 8 ? (v4 ? 5 : 4) : 6;
 }
 
-bool route_wide_form(const RouteArgs& a) {
-  const int v = route_warp_variant(a);
-  return (v == 4 || v == 5) && a.score != 2 && !(a.n_group > 1 && a.topk_group < a.n_group);
-}
+// The wide kernel's form for warp variant v of these arguments (route_wide_form, fwd_route).
+static bool wide_form(const RouteArgs& a, int v) { return (v == 4 || v == 5) && a.score != 2 && !route_grouped(a); }
+bool route_wide_form(const RouteArgs& a) { return wide_form(a, route_warp_variant(a)); }
 
 void fwd_route(const RouteArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.n_group > kRouteMaxGroups) throw_arg("router: more than 64 expert groups is not supported on the GPU");
   if (const int variant = route_warp_variant(a)) {
-    if (route_wide_form(a)) {
+    if (wide_form(a, variant)) {
       auto go = [&](auto kern) { launch("fwd_route", kern, dim3(unsigned(a.n)), dim3(32u * 8u), 0, s, a); };  // (cuda.pdl)
       variant == 5 ? go(route_wide_kernel<8, true>) : go(route_wide_kernel<8, false>);
       return;

@@ -17,6 +17,9 @@ constexpr int kRouteMaxGroups = 64;
 // Shared floats per warp: score[E], sel[E], group scores and flags (only softmax, hash and grouped routing use them).
 __host__ __device__ constexpr int route_warp_smem_floats(int E) { return 2 * E + 2 * kRouteMaxGroups; }
 
+// Whether the routing selects groups first (DeepSeek-V3's grouped top-k): more than one group, fewer kept.
+__host__ __device__ inline bool route_grouped(const RouteArgs& a) { return a.n_group > 1 && a.topk_group < a.n_group; }
+
 __device__ __forceinline__ float softplus_stable(float x) { return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 
 // DeepSeek-V3 grouped selection: a group's score is the sum of its two best selection scores (one expert per
@@ -99,7 +102,7 @@ template <int P, bool kV4, class Wait>
 __device__ __forceinline__ RouteChoice route_token_warp(const RouteArgs& a, int t, int lane, float* smw, bool write, Wait&& wait) {
   const int E = a.E, K = a.K;
   const int score_fn = kV4 ? 0 : a.score;
-  const bool hash = !kV4 && a.hash, naive = !kV4 && a.softplus_naive, grouped = !kV4 && a.n_group > 1 && a.topk_group < a.n_group;
+  const bool hash = !kV4 && a.hash, naive = !kV4 && a.softplus_naive, grouped = !kV4 && route_grouped(a);
   const bool renorm = kV4 || a.renorm, unfloored = !kV4 && a.unfloored;
   float* score_s = smw;
   float* sel_s = score_s + E;
