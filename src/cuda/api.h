@@ -26,7 +26,8 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers
 namespace plumb::cuda {
 
 namespace detail {
-struct RouteArgs;  // kernels.h (fwd_route's arguments)
+struct RouteArgs;   // kernels.h (fwd_route's arguments)
+struct HcPartArgs;  // kernels.h (cuda.hc_fold's epilogue)
 }  // namespace detail
 
 using Stream = CUstream_st*;  // nullptr: the default stream
@@ -198,6 +199,11 @@ RouterWeights upload_router(const MoeWeights& w, int64_t E, int64_t D);
 // rows % 16 == 0, cols % 128 == 0.
 void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, float* y, int64_t ldy, Workspace& ws,
                 Stream s = nullptr);
+// cuda.hc_fold: fp8_linear of one token (f16 x), whose blocks then run the next hc_pre's fused hc_post on their rows
+// of y and leave that hc_pre's partial sums (detail::HcPartArgs, kernels.h). w.rows == hc.D, hc.H == 4, D % 16 == 0;
+// throws otherwise.
+void fp8_linear_hc_part(const Fp8Matrix& w, const uint16_t* x16, float* y, const detail::HcPartArgs& hc, Workspace& ws,
+                        Stream s = nullptr);
 // The official numerics' FP8 linear (DeepSeek's fp8_gemm): y[t, :] = bf16(sum over 128-blocks b of (the E4M3 products
 // of x's codes and W's, summed in fp32) * (xs[t, b] * W's block scale)), x quantized by act_quant_e4m3 (codes [n,
 // cols], scales [n, cols/128]); y rows `ldy` floats apart. The E4M3 tensor cores take both as stored.

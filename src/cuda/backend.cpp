@@ -466,6 +466,16 @@ void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, f
   d::launch_gemv(a, s);
 }
 
+void fp8_linear_hc_part(const Fp8Matrix& w, const uint16_t* x16, float* y, const d::HcPartArgs& hc, Workspace& ws, Stream s) {
+  d::GemvArgs a = base_args(d::kFp8);
+  fill_fp8(a, 0, w);
+  a.x = x16, a.act = d::kF16, a.x_tok_stride = w.cols, a.out = y, a.o_tok_stride = w.rows, a.n = 1;
+  dense_split(a, 1);  // (one token: no split of K across blocks)
+  attach_workspace(a, ws);
+  a.epi = d::kHcPart, a.hc = hc;
+  d::launch_gemv(a, s);
+}
+
 void fp8_linear_a8(const Fp8Matrix& w, const uint8_t* x8, const float* xs, int n, float* y, int64_t ldy, Workspace& ws, Stream s) {
   d::GemvArgs a = base_args(d::kFp8A8);
   fill_fp8(a, 0, w);

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/hc_fold.cuh"
 #include "cuda/official.cuh"
 #include "model/hc_math.h"
 
@@ -87,8 +88,8 @@ __device__ __forceinline__ void hc_y(const HcY& src, int64_t t, int64_t D, int64
 __host__ __device__ inline HcY hc_y_of(const HcArgs& a) { return HcY{a.y, a.y_slots, a.y_w, a.y_add, a.y_k, a.y_scale}; }
 
 // hc_post of the W columns at d of token t, for every stream k: out[t, k, d..] = post_k * y + sum_j comb[j][k] * x_j
-// in the reference's order (post * y first, then the streams: it reproduced the official golden bit for bit); the
-// H inputs are loaded once for the H outputs. The one implementation of hc_post: its kernel and hc_pre's fused
+// (hc_post_stream, hc_fold.cuh: the same arithmetic in cuda.hc_fold's GEMV epilogue); the H inputs are loaded once
+// for the H outputs. The one implementation of hc_post: its kernel and hc_pre's fused
 // prologue (HcArgs::y or y_slots), which also keeps the outputs in shared memory (sm: stream k's at sm[k * sm_ld]).
 // BF (the official numerics' bf16 activations) a template parameter and the comb's strides chosen once: per element,
 // the rounding and the untransposed fault's choice were if-converted into selects and conversions in every mode
@@ -106,17 +107,8 @@ __device__ __forceinline__ void hc_post_cols(const HcY& ysrc, const float* X, co
   const float* C = comb + t * H * H;
   const int sj = untransposed ? 1 : H, sk = untransposed ? H : 1;  // comb[j][k], or fault.comb_untransposed's comb[k][j]
   for (int k = 0; k < H; ++k) {
-    const float p = post[t * H + k];
     float acc[W];
-#pragma unroll
-    for (int w = 0; w < W; ++w) acc[w] = __fmul_rn(p, yv[w]);
-#pragma unroll
-    for (int j = 0; j < kPostMaxH; ++j) {
-      if (j >= H) break;
-      const float c = C[j * sj + k * sk];
-#pragma unroll
-      for (int w = 0; w < W; ++w) acc[w] = __fadd_rn(acc[w], __fmul_rn(c, xv[j][w]));
-    }
+    hc_post_stream<W, kPostMaxH>(yv, xv, post[t * H + k], C, H, sj, sk, k, acc);
     if constexpr (BF) {
 #pragma unroll
       for (int w = 0; w < W; ++w) acc[w] = bf16r(acc[w]);
@@ -258,12 +250,15 @@ __device__ __forceinline__ double hc_rank_sum(int S, F part) {
 // official order: the norm after the mixing GEMM), so they start while phase 1's sums travel, and phase 3 scales them,
 // mix = float(r * (x . fn)) in fp64, where the reference takes float(x * r) . fn: the fp32 rounding of x * r skipped
 // (~1e-7 relative; tests/cuda: HcNormAfterMixMatchesExact).
-template <int H, bool VEC, int M, bool F = false, bool SF = false, bool NA = false>
+// PP (cuda.hc_fold; NA's form, one token): the streams' slice is the previous GEMV's hc_post (HcArgs::part's launch
+// wrote X), and its partial sums replace phases 1 and 2: every block totals them itself (phase 3).
+template <int H, bool VEC, int M, bool F = false, bool SF = false, bool NA = false, bool PP = false>
 __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, double* mix_out) {
   constexpr int NM = (2 + H) * H;  // mixes (hc_head: the first H)
   constexpr int W = VEC ? 4 : 1;   // elements per item
   static_assert(!SF || (VEC && M == 1), "fn staged for one token's vector launch");
   static_assert(!NA || (F && M == 1), "the norm after the mix: the forward's numerics, one token per cluster");
+  static_assert(!PP || (NA && VEC && !SF && H == kHcFoldH), "the GEMV's partials: NA's numerics, hc_mult 4, fn not read here");
   constexpr int kWarps = kHcThreads / 32;
   static_assert(M <= 4 && NM <= 64, "phase 3 gives each token 64 threads");
   __shared__ double red_s[kWarps][NM];
@@ -308,7 +303,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     for (int it = tid; it < H * nq; it += kHcThreads)
       for (int o = 0; o < nm; ++o) cp16(smem_u32(fs + (int64_t(o) * H * nq + it) * 4), a.fn + o * hd + off(it));
     cp_commit();
-  } else {
+  } else if constexpr (!PP) {
     const int lines = int((int64_t(nq) * W * 4 + 127) / 128), n = H * nm * lines;
     for (int i = tid; i < n; i += kHcThreads) {
       const int row = i / lines, l = i - row * lines;
@@ -317,8 +312,8 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     }
   }
   if (tid == 0) {
-    hc_bar_init(&bars[0], uint32_t(S * mt * 8));
-    hc_bar_init(&bars[1], uint32_t(S * mt * H * 8 + (own ? S * (nm - H) * 8 : 0)));
+    hc_bar_init(&bars[0], uint32_t(PP ? 0 : S * mt * 8));  // (PP: phases 1 and 2 push nothing)
+    hc_bar_init(&bars[1], uint32_t(PP ? 0 : S * mt * H * 8 + (own ? S * (nm - H) * 8 : 0)));
     hc_bar_init(&bars[2], uint32_t(a.norm_w ? S * mt * 8 : 0));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -356,7 +351,9 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   // 1. Each token's sum of squares over the slice (per thread, its warp, the warps in order: block_sum's order), then
   // over the split (every warp of every block sums the S partials in rank order, so r = rsqrt(mean + eps) has the
   // same bits everywhere).
-  {
+  if constexpr (PP) {
+    cl.barrier_wait();  // (the prologue's: every block's mbarriers in place before phase 4's pushes)
+  } else {
     double ss[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -378,14 +375,14 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
 #pragma unroll
     for (int m = 0; m < M; ++m) r[m] = m < mt ? 1.0 / sqrt(hc_rank_sum(S, [&](int q) { return in_ss[q][m]; }) / double(hd) + a.rms_eps) : 0.0;
   };
-  if constexpr (!NA) take_r();
+  if constexpr (!NA && !PP) take_r();
 
   // 2. Each token's partial dots over the slice: 0 the reference, float(x * r) . fn; 1 mhc.bf16_mix,
   // bf16(x * r) . bf16(fn); 2 official, x . fn. One token at a time (fn's slice is read from L1/L2 again per
   // token: its NM accumulators per token are what the registers hold).
   if constexpr (SF) cp_wait<0>();  // (this thread's own fn copies)
 #pragma unroll 1
-  for (int m = 0; m < mt; ++m) {
+  for (int m = 0; m < (PP ? 0 : mt); ++m) {
     const double rm = NA ? 0.0 : pick(r, m);
     double acc[NM];
 #pragma unroll
@@ -437,12 +434,36 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       }
     }
   }
-  hc_bar_wait(&bars[1]);
-  if constexpr (NA) take_r();
+  if constexpr (!PP) hc_bar_wait(&bars[1]);
+  if constexpr (NA && !PP) take_r();
 
   // 3. The mixes this block holds from the S partials in rank order, 64 threads per token: every token's pre mixes,
   // its own token's others (block m writes token m's mixes out).
-  {
+  if constexpr (PP) {
+    // (cuda.hc_fold) The GEMV tiles' partials (tile b: its NM dots, then its sum of squares), totalled in one fixed
+    // order in every block: per thread its tiles tid, tid + 256, ... in order (one tile each at V4-Flash's 256: the
+    // 25 loads in flight together), warp_reduce_scatter's tree, then the warps in order. r and the mixes then have
+    // the same bits in every block: float(r * (x . fn)), NA's.
+    constexpr int NV = NM + 1;
+    static_assert(NV <= 32, "a lane per partial sum");
+    __shared__ double wsum_s[kWarps][NV];
+    double v[32];
+#pragma unroll
+    for (int o = 0; o < 32; ++o) v[o] = 0.0;
+    for (int b = tid; b < a.part_tiles; b += kHcThreads)
+#pragma unroll
+      for (int o = 0; o < NV; ++o) v[o] += a.part[int64_t(b) * NV + o];
+    warp_reduce_scatter<32>(v, lane);
+    if (lane < NV) wsum_s[warp][lane] = v[0];
+    __syncthreads();
+    if (tid < NM) {
+      double dot = 0, ss = 0;
+      for (int w = 0; w < kWarps; ++w) dot += wsum_s[w][tid], ss += wsum_s[w][NM];
+      const float mv = float(dot * (1.0 / sqrt(ss / double(hd) + a.rms_eps)));  // (take_r's r)
+      mix_s[0][tid] = mv;
+      if (own && mix_out) mix_out[int64_t(t0) * NM + tid] = double(mv);
+    }
+  } else {
     const int m = tid >> 6, o = tid & 63;
     if (m < mt && o < nm && (o < H || m == ms)) {
       const double s = o < H ? hc_rank_sum(S, [&](int q) { return in_pre[q][m][o]; }) : hc_rank_sum(S, [&](int q) { return in_own[q][o]; });
@@ -719,8 +740,17 @@ void launch_hc_pre(const HcArgs& a, double* mix_out, Stream s) {
       static const bool ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true, false, true>, Sv, kHcThreads, kHcMaxSmem) > 0;
       return ok;
     };
-    if (M == 1 && fast && a.norm_after_mix && na_ok()) one(std::true_type{});
-    else if (M == 1 && fast) one(std::false_type{});
+    if (a.part) {  // cuda.hc_fold (fwd_hc_pre checked the rest)
+      static const bool pp_ok = max_active_clusters(hc_pre_kernel<H, VEC, 1, true, false, true, true>, Sv, kHcThreads, kHcMaxSmem) > 0;
+      if (M != 1 || !fast || !pp_ok) throw_arg("hc_pre: the GEMV's partials need one token per cluster in the forward's numerics");
+      kern = hc_pre_kernel<H, VEC, 1, true, false, true, true>;
+    } else if (M == 1 && fast && a.norm_after_mix && na_ok()) {
+      one(std::true_type{});
+    } else if (M == 1 && fast) {
+      one(std::false_type{});
+    }
+  } else {
+    if (a.part) throw_arg("hc_pre: the GEMV's partials need hc_mult 4 and the vector path");
   }
   launch_cluster(pdl_hc_attn_enabled(), "fwd_hc_pre", kern, unsigned(Sv), unsigned(sh.clusters), unsigned(kHcThreads), smem, s, a, mix_out);
 }
@@ -779,6 +809,10 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if (a.y_slots && a.y_k < 1) throw_arg("hc_pre: y_slots needs y_k >= 1");
   if ((a.y || a.y_slots) && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
     throw_arg("hc_pre: the fused hc_post needs X_out == X, X_prev and the previous gates");
+  if (a.part && (a.y || a.y_slots || a.head || a.n != 1 || a.H != kHcFoldH || !a.norm_after_mix || a.mix_mode != 0 || a.act_bf16 ||
+                 a.part_tiles != a.D / 16 || a.D % 16))
+    throw_arg("hc_pre: the GEMV's partials (cuda.hc_fold) are one token's, hc_mult 4, cuda.hc_norm_after_mix's numerics, a tile per 16 "
+              "columns, without a fused hc_post");
   with_hc_mult(a.H, [&](auto h) {
     constexpr int H = decltype(h)::value;
     if (vec) launch_hc_pre<H, true>(a, scratch, s);

@@ -38,6 +38,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/hc_fold.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
 #include "cuda/route_warp.cuh"
@@ -158,11 +159,15 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   __shared__ float red[kMaxWarps][NV * NP][32];
   __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
   __shared__ int m_s;
+  // cuda.hc_fold (kHcPart): fn's values at the tile's columns, the streams, gates and outputs (hc_fold.cuh).
+  __shared__ std::conditional_t<EPI == kHcPart, HcFoldSmem, char> hcs;
 
   const int warps = int(blockDim.x >> 5);
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   const int tile = int(blockIdx.x);
   const uint64_t wpol = weight_policy(a.l2_evict_first);  // cuda.l2_evict_first
+  static_assert(EPI != kHcPart || (FMT == kFp8 && NMAT == 1 && MODE == kDense && NP == 1), "gemv: kHcPart is one FP8 matrix, dense");
+  if constexpr (EPI == kHcPart) hc_fold_stage_fn(a.hc, tile, hcs, int(threadIdx.x), int(blockDim.x));  // (fn: a weight)
   // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute, see launch.cuh): wait for the previous
   // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
   // reads the routing first; dense blocks first request their first weight chunks (weights are never written during
@@ -530,6 +535,10 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
       run(std::false_type{});
     }
     if ((early || early_dense) && nch == 0 && p0 == 0) pdl_begin();  // (a warp with no chunks waits here)
+    if constexpr (EPI == kHcPart) {  // (past the wait: the streams and gates come from earlier launches)
+      if (warp == 0) hc_fold_stage_x(a.hc, tile, hcs, lane);
+      cp_wait<0>();  // every thread's copies, before the barrier below
+    }
 
     // Reduce the block's K split (fixed order), then optionally across blocks.
 #pragma unroll
@@ -574,8 +583,14 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
           for (int rr = 0; rr < 2; ++rr) {
             const int64_t row = int64_t(tile) * 16 + g + 8 * rr;
             const float up = EPI == kSwiglu ? vg[4 + rr * 2 + cc] * wmul : 0.0f;
-            store_out<OT>(static_cast<OT*>(out) + orow + row, epilogue<EPI>(a, vg[rr * 2 + cc] * wmul, up, slot));
+            const float o = epilogue<EPI>(a, vg[rr * 2 + cc] * wmul, up, slot);
+            store_out<OT>(static_cast<OT*>(out) + orow + row, o);
+            if constexpr (EPI == kHcPart) hcs.y[g + 8 * rr] = o;  // (one token: column 0)
           }
+        }
+        if constexpr (EPI == kHcPart) {
+          __syncwarp();
+          hc_fold_tile(a.hc, tile, hcs, lane);
         }
       }
     }
@@ -629,28 +644,34 @@ void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? (a.groups ? a.g_max_tiles : a.n * a.topk) : a.problems),
                   unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
-  if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
-    if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
-      if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
-      kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, true>;
+  if constexpr (EPI == kHcPart) {  // (one token: the full register budget, 2 or 4 chunks in flight)
+    if (a.minblocks != 1) throw_arg("gemv: the hc_pre partials' epilogue takes the full register budget (minblocks 1)");
+    const auto kern = a.fp8_unroll == 4 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 2>;
+    launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
+  } else {
+    auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
+    if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
+      if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
+        if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
+        kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, true>;
+      }
     }
+    if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
+      if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
+    if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
+      // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
+      // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
+      const int np = a.token_groups > 0 ? a.token_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
+      if (np != 1 && np != 2 && np != 4) throw_arg("gemv: token groups per pass must be 1, 2 or 4");
+      if (np > 1 && (a.kblocks != 1 || a.minblocks != 1))
+        throw_arg("gemv: token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
+      constexpr int U2 = NMAT == 1 && FMT == kFp8 ? 2 : 1;  // (two FP8 matrices, or BF16, take one chunk per step)
+      const bool u1 = a.fp8_unroll == 1;
+      if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;
+      if (np == 4) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 4>;
+    }
+    launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
   }
-  if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
-    if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
-  if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
-    // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
-    // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
-    const int np = a.token_groups > 0 ? a.token_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
-    if (np != 1 && np != 2 && np != 4) throw_arg("gemv: token groups per pass must be 1, 2 or 4");
-    if (np > 1 && (a.kblocks != 1 || a.minblocks != 1))
-      throw_arg("gemv: token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
-    constexpr int U2 = NMAT == 1 && FMT == kFp8 ? 2 : 1;  // (two FP8 matrices, or BF16, take one chunk per step)
-    const bool u1 = a.fp8_unroll == 1;
-    if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;
-    if (np == 4) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 4>;
-  }
-  launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -812,6 +833,18 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
   if (bf16) return launch_t<kBf16, 1, kStore, kDense, float>(a, s);
   if (a.fmt == kFp8 && a.nmat == 1 && a.epi == kStore && a.mode == kDense)
     return a.out_half ? launch_t<kFp8, 1, kStore, kDense, __half>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
+  if (a.epi == kHcPart) {  // cuda.hc_fold
+    const HcPartArgs& h = a.hc;
+    if (a.fmt != kFp8 || a.nmat != 1 || a.mode != kDense || a.n != 1 || a.problems != 1 || a.kblocks != 1 || a.out_half ||
+        a.o_tok_stride != a.rows || a.out_scale != 1.0f || a.round_bf16)
+      throw_arg("gemv: the hc_pre partials' epilogue takes one FP8 matrix, one token, fp32 rows, no split of K across blocks");
+    if (h.H != kHcFoldH || h.D != a.rows || h.D % 16 || !h.X_prev || !h.post || !h.comb || !h.X_out || !h.fn || !h.part)
+      throw_arg("gemv: the hc_pre partials' epilogue needs hc_mult 4, D == the matrix's rows (a multiple of 16) and every buffer");
+    for (const void* p : {static_cast<const void*>(h.X_prev), static_cast<const void*>(h.post), static_cast<const void*>(h.comb),
+                          static_cast<const void*>(h.fn)})
+      if (!aligned16(p)) throw_arg("gemv: the hc_pre partials' inputs must be 16-byte aligned");
+    return launch_t<kFp8, 1, kHcPart, kDense, float>(a, s);
+  }
   if (a.fmt == kFp8 && a.nmat == 2 && a.epi == kSwiglu && a.mode == kDense && a.out_half)
     return launch_t<kFp8, 2, kSwiglu, kDense, __half>(a, s);
   throw_arg("gemv: this combination of format, matrices, epilogue and mode is not instantiated");

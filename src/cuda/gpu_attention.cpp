@@ -195,8 +195,9 @@ void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& s
   if (w.icomp) reserve_comp(*w.icomp, pos_end, st.icomp, sc);
 }
 
-void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
-                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out) {
+bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
+                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
+                   const detail::HcPartArgs* fold) {
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora, pos0 = step.pos0;
   const int64_t* dpos = step.dpos;
   reserve_attention_state(w, pos0 + n, st, sc);  // no-op when the step was prepared (graph mode)
@@ -478,13 +479,21 @@ void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
   }
   d.emplace(tm, "out/wo_b", true);
-  nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
+  // cuda.hc_fold: the FFN hc_pre's hc_post and sums in this launch (mid16: wo_b on the FP8 GEMV, not the official numerics).
+  const bool folded = fold && n == 1 && mid16 && fold->D == D;
+  if (folded) {
+    fp8_linear_hc_part(*w.wo_b.fp8, mid16, out, *fold, sc.work());
+    ++sc.hc_folds;
+  } else {
+    nm.proj(w.wo_b, mid, n, G * R, out, D, sc, mid16);
+  }
   // The indexer's keys (beside the attention and its projections); cuda.branch_flags: at the forward's end instead
   // (nothing reads them before the next step).
   if (keys_later) sc.join_later(side2, sc.ev_join);
   d.reset();
   region.reset();
   tap_io(tap, "attn.out", out, {n, D});
+  return folded;
 }
 
 }  // namespace plumb::cuda

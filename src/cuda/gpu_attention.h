@@ -7,9 +7,12 @@ namespace plumb::cuda {
 
 // x: [n, D] device (attn_norm-ed collapsed streams); x16: the same as f16 or null (then the FP8 GEMVs convert
 // x themselves); out: [n, D] device. Taps attn.q, attn.kv, attn.indexer.*, attn.out (substitutable). Updates the
-// layer's window ring and compressor caches. nm: the numerics policy.
-void gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
-                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out);
+// layer's window ring and compressor caches. nm: the numerics policy. fold (cuda.hc_fold, or null): the FFN hc_pre's
+// start, which wo_b's launch runs on its rows where it can (one token, wo_b on the FP8 GEMV with an f16 input);
+// returns whether it did (else the caller runs hc_post as usual).
+bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
+                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
+                   const detail::HcPartArgs* fold = nullptr);
 
 // The layers whose compressors can defer (cuda.comp_deferred): one rate for both (CSA's indexer compressor shares the
 // kept x rows).

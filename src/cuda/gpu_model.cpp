@@ -72,11 +72,16 @@ void check_options(const ModelOptions& o) {
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
   refuse(o.cuda_hc_norm_after_mix, "cuda.hc_norm_after_mix");
+  refuse(o.cuda_hc_fold, "cuda.hc_fold");
   refuse(o.cuda_comp_deferred, "cuda.comp_deferred");
   // Its kernel computes the reference's mixes from fp32 streams: with bf16 mixing it would silently not apply.
   PLUMB_CHECK(!o.cuda_hc_norm_after_mix || !o.mhc_bf16_mix,
               "backend cuda: cuda.hc_norm_after_mix computes the reference's fp32 mixes and does not combine with mhc.bf16_mix: drop one of "
               "the two");
+  // The fold computes NA's mixes (the norm after the mixing GEMM) in cuda.fp8_gemv's wo_b launch: without either it
+  // would silently not apply.
+  PLUMB_CHECK(!o.cuda_hc_fold || (o.cuda_hc_norm_after_mix && o.cuda_fp8_gemv),
+              "backend cuda: cuda.hc_fold folds cuda.hc_norm_after_mix's hc_pre into cuda.fp8_gemv's wo_b launch and needs both: add them");
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
@@ -548,10 +553,13 @@ class GpuForward : public DeviceForward {
     // unless taps want the collapsed row before it or the official numerics round it their way. Returns the normed x
     // as f16 for the tensor-core kernels (col16, when they run), else null.
     const bool fuse_norm = !taps && !nm_.official();
-    auto hc_pre_norm = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w) -> const uint16_t* {
+    // part (cuda.hc_fold): the sums wo_b's launch left, which also ran this hc_pre's hc_post (nothing pending).
+    auto hc_pre_norm = [&](const GpuHc& w, const Tap& tap, const std::string& site, const float* norm_w,
+                           const double* part = nullptr) -> const uint16_t* {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
       take_post(a, 0);
+      a.part = part, a.part_tiles = part ? int(D / 16) : 0;
       if (fuse_norm) a.norm_w = norm_w, a.norm_eps = c.rms_eps, a.collapsed16 = col16;
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
@@ -590,6 +598,12 @@ class GpuForward : public DeviceForward {
       std::swap(X, X2);
     };
 
+    // cuda.hc_fold: at one token wo_b's launch runs the FFN hc_pre's hc_post and leaves its sums (HcPartArgs), where
+    // hc_pre runs NA's kernel with its hc_post fused (no taps, the fp32 twin's numerics), hc_mult 4, whole 16-row
+    // tiles, and no in-kernel branch waits (cuda.branch_flags would leave the gates wo_b reads to hc_pre's wait).
+    const bool fold_hc = opt_.cuda_hc_fold && opt_.cuda_hc_norm_after_mix && n == 1 && fuse_post && fuse_norm && H == 4 && D % 16 == 0 &&
+                         mix_mode() == 0 && !sc.flags;
+    auto* hc_part = fold_hc ? static_cast<double*>(sc.get("hc.part", size_t(D / 16) * size_t((2 + H) * H + 1) * 8)) : nullptr;
     for (int i = 0; i < c.n_layers; ++i) {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
@@ -612,10 +626,19 @@ class GpuForward : public DeviceForward {
       const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
       // cuda.early_joins: these gates (read by the FFN's hc_pre) join with the attention's branches instead.
       if (sc.early_joins && gates_pending) sc.gates_to_join = sc.gates, gates_pending = false;
-      gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
-                    ds.layers[size_t(i)], sc, nm_, tap, y);
+      HcPartArgs fold;
+      if (fold_hc) {
+        // wo_b reads these gates (post, comb): joined before the attention's launch (cuda.early_joins, with its side
+        // stream), else here.
+        if (gates_pending || (sc.gates_to_join && !sc.branch)) join_gates(), sc.join_deferred_gates();
+        fold.X_prev = X, fold.post = post, fold.comb = comb, fold.X_out = X2, fold.fn = f32(L.hc_ffn.fn), fold.part = hc_part;
+        fold.D = D, fold.H = int(H), fold.untransposed = opt_.fault_comb_untransposed;
+      }
+      const bool folded = gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
+                                        ds.layers[size_t(i)], sc, nm_, tap, y, fold_hc ? &fold : nullptr);
       sc.join_deferred_gates();  // (where the attention had no join to share: here, as before)
-      hc_post();
+      if (folded) std::swap(X, X2);  // (the new streams, which wo_b's launch wrote into X2)
+      else hc_post();
       const auto& M = L.moe;
       const auto shared = [&](int k) {  // the shared expert's w1, w3, w2 as its kernels read them
         if (M.sfp8) {
@@ -628,7 +651,7 @@ class GpuForward : public DeviceForward {
       const GpuHc& next_hc = i + 1 < c.n_layers ? g_.layers[size_t(i) + 1].hc_attn : g_.hc_head;
       if (sc.pf_weights) sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2), fn(next_hc)});
       else sc.prefetch_l2({fn(next_hc)});
-      x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm));
+      x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm), folded ? hc_part : nullptr);
       gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y, fuse_post ? &moe_y : nullptr);
       hc_post();
       tap_io(tap, "out", X, {n, H, D});

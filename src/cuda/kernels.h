@@ -213,7 +213,24 @@ enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2, kE4M3 = 3 };  // kE4M3: codes [r
 // dense matrix).
 enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2, kFp4A8 = 3, kFp8A8 = 4 };
 enum Mode : int { kDense = 0, kMoe = 1 };
-enum Epi : int { kStore = 0, kSwiglu = 1 };
+// kHcPart (cuda.hc_fold): kStore, then the next hc_pre's start on the block's rows (GemvArgs::hc).
+enum Epi : int { kStore = 0, kSwiglu = 1, kHcPart = 2 };
+
+// cuda.hc_fold's epilogue (GemvArgs::hc, epi kHcPart: an FP8 dense GEMV of one token, one block per 16-row tile, y
+// its sublayer's output row): block `tile` runs the next hc_pre's fused hc_post on its rows d (X_out[k * D + d] =
+// hc_post(y, X_prev, post, comb), hc_post_cols's arithmetic, the same bits) and leaves that hc_pre's sums over them
+// in part[tile * (nm + 1) + o]: for o < nm = (2 + H) * H the dot of the new streams with fn row o, then (o = nm)
+// their sum of squares, fp64 (hc_fold.cuh). hc_pre then takes the totals (HcArgs::part) instead of its own.
+struct HcPartArgs {
+  const float* X_prev = nullptr;  // [H, D] the streams before this sublayer
+  const float* post = nullptr;    // [H] the post gates of the hc_pre before the sublayer
+  const float* comb = nullptr;    // [H, H]
+  float* X_out = nullptr;         // [H, D] the new streams
+  const float* fn = nullptr;      // [nm, H * D] the next hc_pre's mixing weights
+  double* part = nullptr;         // [D / 16, nm + 1]
+  int64_t D = 0;
+  int H = 0, untransposed = 0;    // H <= 4; untransposed: fault.comb_untransposed
+};
 
 // ---- the router's arguments (fwd_moe.cu's fwd_route; gemv.cu's one-token MoE launches with GemvArgs::route) ----
 struct RouteArgs {
@@ -321,6 +338,7 @@ struct GemvArgs {
   // scores before it lets the next kernel launch (gemv.cu).
   RouteArgs route;
   int route_variant = 0;  // 0: idx as given; 1-5: route_warp_variant(route)
+  HcPartArgs hc;          // epi kHcPart (cuda.hc_fold)
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).

@@ -198,6 +198,18 @@ std::vector<Patch> make_registry() {
                // (tests/cuda: HcNormAfterMixMatchesExact); the fp32 twin's forward within 4.2e-7 of the exact one's
                // logits over 300 tokens; 1e-4 is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_norm_after_mix = true; }, false, "cuda"});
+  r.push_back({"cuda.hc_fold", "the FFN's hc_pre computing its fused hc_post and its mixes' sums itself",
+               "at one token with cuda.hc_norm_after_mix, the attention's last GEMV (wo_b on cuda.fp8_gemv's kernel) "
+               "runs the FFN hc_pre's fused hc_post on each 16-row tile of its output as soon as the tile is done (the "
+               "same arithmetic) and leaves that tile's fp64 sums for the hc_pre: the 24 dots of the new streams with fn "
+               "and their sum of squares; the hc_pre launch then totals them (its own slice's sums and two cluster "
+               "reductions fewer). The mixes' fp64 sums are taken in another order (tiles of 16 columns, then the "
+               "tiles), so a mix can move by an fp32 ulp; hc_mult 4 only (V4's), elsewhere the hc_pre runs as before",
+               "a tile's hc_post with the wrong gates or streams, or a sum taken twice or not at all, would change the "
+               "FFN's input and the residual streams: O(1) errors from that layer on; tested against the unfolded "
+               "forward over graph and eager steps",
+               // The same products in another fp64 order, rounded to fp32 once (tests/cuda: HcFoldForwardMatchesUnfolded).
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_fold = true; }, false, "cuda"});
   r.push_back({"cuda.comp_deferred", "the compressors' projections of each one-token step (the one-token kernel)",
                "one-token steps keep their attention input x (a ring of `rate` rows per compressed layer) and, at a "
                "window's last token, project its rows as one chunk of `rate` tokens and pool them, so the compressors' "

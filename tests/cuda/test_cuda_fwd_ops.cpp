@@ -302,6 +302,63 @@ TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
     }
 }
 
+// cuda.hc_fold (GemvArgs::hc, HcArgs::part): wo_b's launch with the hc_pre partials' epilogue, then hc_pre on those
+// partials, against wo_b's plain launch, then cuda.hc_norm_after_mix's hc_pre with the hc_post fused, on the same
+// inputs. wo_b's output and the new streams must be the same bits (the same arithmetic); the mixes, post, comb and
+// the collapsed row (with its fused norm) within 1e-6 of max|ref| (the mixes' fp64 sums in another order: at most an
+// fp32 ulp). V4-Flash's wo_b [4096, 8192] and a small [256, 512]; the comb untransposed (the fault) as well.
+TEST_F(GpuTest, HcFoldMatchesFusedHcPre) {
+  Rng rng(321);
+  for (const auto& [D, K, untransposed] : {std::tuple<int64_t, int64_t, int>{4096, 8192, 0}, {256, 512, 0}, {256, 512, 1}}) {
+    const int H = 4, nm = (2 + H) * H;
+    const HcInputs in(rng, 1, H, D, true, 0);
+    plumb_test::TempDir dir;
+    std::vector<plumb::OwnedTensor> ts;
+    add_fp8(ts, rng, "w", D, K);
+    const plumb::Checkpoint ck = write_checkpoint(dir, ts);
+    const plumb::cuda::Fp8Matrix w = plumb::cuda::upload_fp8(plumb::Matrix::bind(ck, "w.weight", D, K));
+    std::vector<uint16_t> xh(static_cast<size_t>(K));
+    for (auto& b : xh) b = f16_bits(round_f16(rng.floats(1, -1.0f, 1.0f)[0]));
+    const DeviceBuffer x16 = to_device(xh), y_ref(static_cast<size_t>(D) * 4), y_fold(static_cast<size_t>(D) * 4);
+    DeviceBuffer part(size_t(D / 16) * size_t(nm + 1) * 8);
+    plumb::cuda::Workspace ws;
+    plumb::cuda::fp8_linear(w, x16.get(), plumb::cuda::Act::F16, K, 1, y_ref.as<float>(), D, ws);
+    const HcRun e = in.run(false, [&](d::HcArgs& a) {
+      a.y = y_ref.as<float>(), a.untransposed = untransposed, a.norm_after_mix = 1, a.tokens_per_cluster = 1;
+    });
+    const HcRun o = in.run(false, [&](d::HcArgs& a) {
+      d::HcPartArgs h;
+      h.X_prev = a.X_prev, h.post = a.post_prev, h.comb = a.comb_prev, h.X_out = const_cast<float*>(a.X), h.fn = a.fn, h.part = part.as<double>();
+      h.D = D, h.H = H, h.untransposed = untransposed;
+      plumb::cuda::fp8_linear_hc_part(w, x16.as<uint16_t>(), y_fold.as<float>(), h, ws);
+      a.y = nullptr, a.X_prev = nullptr, a.post_prev = nullptr, a.comb_prev = nullptr, a.X_out = nullptr;
+      a.part = part.as<double>(), a.part_tiles = int(D / 16), a.norm_after_mix = 1, a.tokens_per_cluster = 1;
+    });
+    const std::string tag = fmt::format("[{}, {}]{}: ", D, K, untransposed ? " comb untransposed" : "");
+    expect_same_bytes(y_fold, y_ref, size_t(D) * 4, tag + "wo_b's output");
+    expect_same_bytes(o.X, e.X, size_t(H * D) * 4, tag + "the new streams");
+    const auto mo = to_host<double>(o.mix, size_t(nm)), me = to_host<double>(e.mix, size_t(nm));
+    expect_close(tag + "the mixes", std::vector<float>(mo.begin(), mo.end()), std::vector<float>(me.begin(), me.end()), nm, 1e-6);
+    expect_close(tag + "post", to_host<float>(o.post, size_t(H)), to_host<float>(e.post, size_t(H)), H, 1e-6);
+    expect_close(tag + "comb", to_host<float>(o.comb, size_t(H * H)), to_host<float>(e.comb, size_t(H * H)), H * H, 1e-6);
+    expect_close(tag + "the collapsed row", to_host<float>(o.col, size_t(D)), to_host<float>(e.col, size_t(D)), D, 1e-6);
+    size_t differ = 0;
+    for (int i = 0; i < nm; ++i) differ += mo[size_t(i)] != me[size_t(i)];
+    std::printf("%s%zu of %d mixes not bit-identical to the unfolded kernel's\n", tag.c_str(), differ, nm);
+    // Refused: hc_mult other than 4, rows other than the streams' width, a missing buffer.
+    d::HcPartArgs h;
+    h.X_prev = in.dXp.as<float>(), h.post = in.dpp.as<float>(), h.comb = in.dcp.as<float>(), h.X_out = o.X.as<float>();
+    h.fn = in.dfn.as<float>(), h.part = part.as<double>(), h.D = D, h.H = H;
+    for (int bad = 0; bad < 3; ++bad) {
+      d::HcPartArgs b = h;
+      if (bad == 0) b.H = 2;
+      if (bad == 1) b.D = D / 2;
+      if (bad == 2) b.part = nullptr;
+      EXPECT_ANY_THROW(plumb::cuda::fp8_linear_hc_part(w, x16.as<uint16_t>(), y_fold.as<float>(), b, ws)) << tag << "case " << bad;
+    }
+  }
+}
+
 // ---- router (fwd_route): the fast kernels (a warp per token, or at 8 experts per lane a thread per expert) bit for
 // bit against the block-per-token twin ----
 
