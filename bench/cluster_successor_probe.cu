@@ -27,11 +27,11 @@ constexpr size_t kLatSmem = 200 * 1024, kStreamBytes = size_t(32) << 20;
 __device__ unsigned long long g_first[kKernels], g_last[kKernels];
 
 __device__ __forceinline__ void enter(int k) {
-  if (threadIdx.x == 0) atomicMin(&g_first[k], gtime());
+  if (threadIdx.x == 0) atomicMin(&g_first[k], global_ns());
 }
 __device__ __forceinline__ void leave(int k) {
   __syncthreads();
-  if (threadIdx.x == 0) atomicMax(&g_last[k], gtime());
+  if (threadIdx.x == 0) atomicMax(&g_last[k], global_ns());
 }
 
 // The attention's shape: waits for its predecessor, lets its dependents launch, spins `ns`, stores a value.
@@ -39,9 +39,9 @@ __global__ void __launch_bounds__(kLatThreads, 1) lat_kernel(int k, uint64_t ns,
   extern __shared__ float sm[];
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
   enter(k);
-  const uint64_t t0 = gtime();
+  const uint64_t t0 = global_ns();
   sm[threadIdx.x] = float(threadIdx.x);
-  while (gtime() - t0 < ns) {
+  while (global_ns() - t0 < ns) {
   }
   __syncthreads();
   if (threadIdx.x == 0) out[blockIdx.x] = sm[(threadIdx.x + 1) % kLatThreads];

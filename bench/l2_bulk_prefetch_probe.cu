@@ -25,8 +25,8 @@ __global__ void chain_kernel(const char* p, int64_t bytes, int64_t chunk, int64_
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(sz) : "memory");
     }
   }
-  const uint64_t t0 = gtime();
-  while (int64_t(gtime() - t0) < ns) {
+  const uint64_t t0 = global_ns();
+  while (int64_t(global_ns() - t0) < ns) {
   }
 }
 

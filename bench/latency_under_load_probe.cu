@@ -21,9 +21,9 @@
 __global__ void chase_kernel(const uint32_t* next, uint32_t start, int warm, int hops, double* ns_per_hop, uint32_t* sink) {
   uint32_t i = start;
   for (int k = 0; k < warm; ++k) i = __ldcg(next + i);
-  const uint64_t t0 = gtime();
+  const uint64_t t0 = global_ns();
   for (int k = 0; k < hops; ++k) i = __ldcg(next + i);
-  const uint64_t t1 = gtime();
+  const uint64_t t1 = global_ns();
   *ns_per_hop = double(t1 - t0) / hops;
   *sink = i;
 }

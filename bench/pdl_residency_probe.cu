@@ -28,10 +28,10 @@ __device__ unsigned long long g_pred_end, g_dep_first, g_dep_last, g_dep_wait, g
 template <bool kTrigger>
 __global__ void side_kernel(float* sink, uint64_t ns) {
   if (kTrigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const uint64_t t0 = gtime();
-  while (gtime() - t0 < ns) {
+  const uint64_t t0 = global_ns();
+  while (global_ns() - t0 < ns) {
   }
-  if (threadIdx.x == 0) sink[1000] = 1.f, atomicMax(&g_side_end, gtime());
+  if (threadIdx.x == 0) sink[1000] = 1.f, atomicMax(&g_side_end, global_ns());
 }
 
 // Registers held: NR floats per thread kept live through a spin of `ns` nanoseconds (the predecessor), or through
@@ -40,7 +40,7 @@ template <int NR>
 __device__ __forceinline__ void hold(float (&r)[NR], uint64_t until, const int* never, float* sink) {
 #pragma unroll
   for (int i = 0; i < NR; ++i) r[i] = float(threadIdx.x + i);
-  while (gtime() < until) {
+  while (global_ns() < until) {
 #pragma unroll
     for (int i = 0; i < NR; ++i) r[i] = fmaf(r[i], 1.0001f, 0.5f);
   }
@@ -58,22 +58,22 @@ template <int NR>
 __global__ void __launch_bounds__(256) pred_kernel(uint64_t ns, const int* never, float* sink) {
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
   float r[NR];
-  hold(r, gtime() + ns, never, sink);
+  hold(r, global_ns() + ns, never, sink);
   __syncthreads();
-  if (threadIdx.x == 0) atomicMax(&g_pred_end, gtime());
+  if (threadIdx.x == 0) atomicMax(&g_pred_end, global_ns());
 }
 
 // The dependent: its entry (first and last block), then its PDL wait's return (last block), then a short body.
 template <int NR>
 __global__ void dep_kernel(const int* never, float* sink) {
   extern __shared__ float dsm[];
-  const uint64_t entry = gtime();
+  const uint64_t entry = global_ns();
   if (threadIdx.x == 0) atomicMin(&g_dep_first, entry), atomicMax(&g_dep_last, entry);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // What the wait returned to: its time, and the side branch's end stamp as this block sees it (0: not written yet).
-  if (threadIdx.x == 0) atomicMax(&g_dep_wait, gtime()), atomicMax(&g_dep_seen, *reinterpret_cast<volatile unsigned long long*>(&g_side_end));
+  if (threadIdx.x == 0) atomicMax(&g_dep_wait, global_ns()), atomicMax(&g_dep_seen, *reinterpret_cast<volatile unsigned long long*>(&g_side_end));
   float r[NR];
-  hold(r, gtime() + 1000, never, sink);
+  hold(r, global_ns() + 1000, never, sink);
   if (*never) dsm[threadIdx.x] = r[0];
 }
 

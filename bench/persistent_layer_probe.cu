@@ -259,9 +259,9 @@ __device__ __forceinline__ void chain_warp(const Plan& P, unsigned* cnt, const u
       const Op& o = P.ops[i];
       if (o.kind != kChain) continue;
       wait_deps(cnt, P, o, l, G);
-      const uint64_t t0 = gtime();
+      const uint64_t t0 = global_ns();
       for (int h = 0; h < o.hops; ++h) j = __ldcg(next + j);
-      const uint64_t t1 = gtime();
+      const uint64_t t1 = global_ns();
       total += t1 - t0;
       if (l == kTimedLayer) g_ready[i] = t0, g_end[i] = t1;
       __threadfence();
@@ -277,7 +277,7 @@ __device__ __forceinline__ void op_done(unsigned* cnt, const Plan& P, int l, int
   if (ct == 0) {
     __threadfence();
     atomicAdd(cnt + l * P.nops + i, 1u);
-    if (b == 0 && l == kTimedLayer) g_end[i] = gtime();
+    if (b == 0 && l == kTimedLayer) g_end[i] = global_ns();
   }
 }
 // The activations of one token: only the B fragments' column 0 (lanes 0-3) nonzero, as in the one-token kernels.
@@ -288,7 +288,7 @@ __device__ __forceinline__ void one_token_x(uint4 (&X)[4], int lane) {
 }
 // Block 0's clock and timer at the launch's start (consumer_end stamps the end).
 __device__ __forceinline__ void launch_stamp() {
-  if (threadIdx.x == 0 && blockIdx.x == 0) g_clk[0] = clock64(), g_gt[0] = gtime();
+  if (threadIdx.x == 0 && blockIdx.x == 0) g_clk[0] = clock64(), g_gt[0] = global_ns();
 }
 // A consumer's wait before op i (thread 0, then the consumers' barrier): for all its inputs, or (all false) for the
 // op its addresses come from; the timed layer's stamp.
@@ -299,7 +299,7 @@ __device__ __forceinline__ void consumer_wait(const unsigned* cnt, const Plan& P
     if (all) wait_deps(cnt, P, o, l, gridDim.x);
     else wait_done(cnt, P, l, o.addr_dep, gridDim.x);
     dwait += clock64() - c0;
-    if (all && blockIdx.x == 0 && l == kTimedLayer) g_ready[i] = gtime();
+    if (all && blockIdx.x == 0 && l == kTimedLayer) g_ready[i] = global_ns();
   }
   asm volatile("bar.sync 1, %0;" ::"r"(32 * P.consumers) : "memory");
 }
@@ -307,7 +307,7 @@ __device__ __forceinline__ void consumer_wait(const unsigned* cnt, const Plan& P
 __device__ __forceinline__ void consumer_end(const float (&acc)[4], float* sink, unsigned b, int ct, unsigned long long cwait,
                                              unsigned long long dwait) {
   if (acc[0] + acc[2] == 1234.5f) sink[b] = acc[0];
-  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = gtime();
+  if (b == 0 && ct == 0) g_clk[1] = clock64(), g_gt[1] = global_ns();
   if (ct == 0) atomicAdd(&g_wait[1], cwait), atomicAdd(&g_wait[2], dwait);
 }
 
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool stamp = b == 0 && l == kTimedLayer;
         for (int64_t s = b; s < n; s += G, ++it) {
           if (it % NP != warp) continue;
-          if (stamp && s == b && lane == 0) g_issue0[i] = gtime();
+          if (stamp && s == b && lane == 0) g_issue0[i] = global_ns();
           const int slot = int(it % P.stages);
           const int64_t use = it / P.stages;
           if (use > 0) {
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int bytes = int(left < kStage ? left : kStage);
           if (P.lsu) lsu_copy(ring + size_t(slot) * kStage, lw + o.off + s * kStage, bytes, &full[slot], lane);
           else bulk_copy(ring + size_t(slot) * kStage, lw + o.off + s * kStage, bytes, &full[slot]);
-          if (stamp && lane == 0) g_issue1[i] = gtime();
+          if (stamp && lane == 0) g_issue1[i] = global_ns();
         }
       }
     }

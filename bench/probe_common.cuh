@@ -1,9 +1,13 @@
 // What the standalone device probes (bench/*_probe.cu) share: the check of a CUDA runtime call (prints the call and
-// the error, then exits) and the GPU's global timer.
+// the error, then exits); the GPU's global timer is common.cuh's global_ns.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+#include "cuda/common.cuh"
+
+using plumb::cuda::detail::global_ns;
 
 #define CK(x)                                                                         \
   do {                                                                                \
@@ -13,10 +17,3 @@
       std::exit(1);                                                                   \
     }                                                                                 \
   } while (0)
-
-// The GPU's global timer in ns (it advances in steps of ~0.26 us on the H200).
-__device__ __forceinline__ uint64_t gtime() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}

@@ -318,6 +318,13 @@ __device__ __forceinline__ uint32_t xor_stream(const uint4* __restrict__ p, size
   return acc;
 }
 
+// The GPU's global timer in ns (it advances in steps of ~0.26 us on the H200): launch.cuh's waits, the probes' stamps.
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // ---- cp.async (16 bytes, global to shared) ----
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }

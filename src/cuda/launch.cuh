@@ -27,12 +27,7 @@ __device__ __forceinline__ void pdl_begin() { asm volatile("griddepcontrol.wait;
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// The GPU's global timer in ns (it advances in steps of ~0.26 us on the H200), and a spin of at least `ns` on it.
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+// A spin of at least `ns` on the GPU's global timer (common.cuh's global_ns).
 __device__ __forceinline__ void wait_ns(uint64_t ns) {
   const uint64_t t0 = global_ns();
   while (global_ns() - t0 < ns) {
