@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     for (int o = 0; o < 32; ++o) v[o] = 0.0;
     for (int b = tid; b < a.part_tiles; b += kHcThreads)
 #pragma unroll
-      for (int o = 0; o < NV; ++o) v[o] += a.part[int64_t(b) * NV + o];
+      for (int o = 0; o < NV; ++o) v[o] += a.part[int64_t(o) * a.part_tiles + b];  // (value-major: coalesced over b)
     warp_reduce_scatter<32>(v, lane);
     if (lane < NV) wsum_s[warp][lane] = v[0];
     __syncthreads();

@@ -59,7 +59,8 @@ __device__ __forceinline__ void hc_fold_stage_x(const HcPartArgs& h, int64_t til
 // One warp, once the staged values and sm.y are in place: lane (row r = lane % 16, streams 2 (lane / 16) and the
 // next) writes its two new streams at column tile * 16 + r, and the warp's 25 fp64 sums over the tile (the 24 dots of
 // the new streams with fn, then their sum of squares; per lane in stream order, then warp_reduce_scatter's fixed
-// tree) go to part[tile], lane o holding value o. hc_pre (HcArgs::part) sums the tiles' partials in a fixed order.
+// tree) go to part[o * tiles + tile], lane o holding value o (value-major: hc_pre's totals then read consecutive
+// tiles with consecutive lanes). hc_pre (HcArgs::part) sums the tiles' partials in a fixed order.
 __device__ __forceinline__ void hc_fold_tile(const HcPartArgs& h, int64_t tile, const HcFoldSmem& sm, int lane) {
   constexpr int H = kHcFoldH, NM = kHcFoldMix;
   const int r = lane & 15, k0 = 2 * (lane >> 4);
@@ -84,7 +85,7 @@ __device__ __forceinline__ void hc_fold_tile(const HcPartArgs& h, int64_t tile, 
     acc[NM] += sv * sv;
   }
   warp_reduce_scatter<32>(acc, lane);
-  if (lane <= NM) h.part[tile * (NM + 1) + lane] = acc[0];
+  if (lane <= NM) h.part[int64_t(lane) * (h.D / 16) + tile] = acc[0];
 }
 
 }  // namespace plumb::cuda::detail

@@ -219,7 +219,7 @@ enum Epi : int { kStore = 0, kSwiglu = 1, kHcPart = 2 };
 // cuda.hc_fold's epilogue (GemvArgs::hc, epi kHcPart: an FP8 dense GEMV of one token, one block per 16-row tile, y
 // its sublayer's output row): block `tile` runs the next hc_pre's fused hc_post on its rows d (X_out[k * D + d] =
 // hc_post(y, X_prev, post, comb), hc_post_cols's arithmetic, the same bits) and leaves that hc_pre's sums over them
-// in part[tile * (nm + 1) + o]: for o < nm = (2 + H) * H the dot of the new streams with fn row o, then (o = nm)
+// in part[o * (D / 16) + tile]: for o < nm = (2 + H) * H the dot of the new streams with fn row o, then (o = nm)
 // their sum of squares, fp64 (hc_fold.cuh). hc_pre then takes the totals (HcArgs::part) instead of its own.
 struct HcPartArgs {
   const float* X_prev = nullptr;  // [H, D] the streams before this sublayer
@@ -227,7 +227,7 @@ struct HcPartArgs {
   const float* comb = nullptr;    // [H, H]
   float* X_out = nullptr;         // [H, D] the new streams
   const float* fn = nullptr;      // [nm, H * D] the next hc_pre's mixing weights
-  double* part = nullptr;         // [D / 16, nm + 1]
+  double* part = nullptr;         // [nm + 1, D / 16] (value-major)
   int64_t D = 0;
   int H = 0, untransposed = 0;    // H <= 4; untransposed: fault.comb_untransposed
 };
