@@ -229,7 +229,7 @@ struct HcPartArgs {
   const float* fn = nullptr;      // [nm, H * D] the next hc_pre's mixing weights
   double* part = nullptr;         // [nm + 1, D / 16] (value-major)
   int64_t D = 0;
-  int H = 0, untransposed = 0;    // H <= 4; untransposed: fault.comb_untransposed
+  int H = 0, untransposed = 0;    // H == 4 (hc_fold.cuh); untransposed: fault.comb_untransposed
 };
 
 // ---- the router's arguments (fwd_moe.cu's fwd_route; gemv.cu's one-token MoE launches with GemvArgs::route) ----
