@@ -444,15 +444,15 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     // order in every block: per thread its tiles tid, tid + 256, ... in order (one tile each at V4-Flash's 256: the
     // 25 loads in flight together), warp_reduce_scatter's tree, then the warps in order. r and the mixes then have
     // the same bits in every block: float(r * (x . fn)), NA's.
-    constexpr int NV = NM + 1;
-    static_assert(NV <= 32, "a lane per partial sum");
+    constexpr int NV = kHcFoldSums;
     __shared__ double wsum_s[kWarps][NV];
+    const int64_t tiles = D / 16;
     double v[32];
 #pragma unroll
     for (int o = 0; o < 32; ++o) v[o] = 0.0;
-    for (int b = tid; b < a.part_tiles; b += kHcThreads)
+    for (int64_t b = tid; b < tiles; b += kHcThreads)
 #pragma unroll
-      for (int o = 0; o < NV; ++o) v[o] += a.part[int64_t(o) * a.part_tiles + b];  // (value-major: coalesced over b)
+      for (int o = 0; o < NV; ++o) v[o] += a.part[o * tiles + b];  // (value-major: coalesced over b)
     warp_reduce_scatter<32>(v, lane);
     if (lane < NV) wsum_s[warp][lane] = v[0];
     __syncthreads();
@@ -810,7 +810,7 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   if ((a.y || a.y_slots) && (a.X_out != a.X || !a.X_prev || !a.post_prev || !a.comb_prev || a.H > kPostMaxH))
     throw_arg("hc_pre: the fused hc_post needs X_out == X, X_prev and the previous gates");
   if (a.part && (a.y || a.y_slots || a.head || a.n != 1 || a.H != kHcFoldH || !a.norm_after_mix || a.mix_mode != 0 || a.act_bf16 ||
-                 a.part_tiles != a.D / 16 || a.D % 16))
+                 a.D % 16))
     throw_arg("hc_pre: the GEMV's partials (cuda.hc_fold) are one token's, hc_mult 4, cuda.hc_norm_after_mix's numerics, a tile per 16 "
               "columns, without a fused hc_post");
   with_hc_mult(a.H, [&](auto h) {

@@ -160,9 +160,8 @@ struct HcArgs {
   // fp64 (within ~1e-7 of the exact kernel's); elsewhere ignored.
   int norm_after_mix = 0;
   // cuda.hc_fold: the previous GEMV ran this launch's fused hc_post (X holds its new streams; y and y_slots null) and
-  // left its sums over each of its part_tiles 16-row tiles (HcPartArgs::part); one token, hc_mult 4, NA's numerics.
+  // left its sums over each of its D / 16 16-row tiles (HcPartArgs::part); one token, hc_mult 4, NA's numerics.
   const double* part = nullptr;
-  int part_tiles = 0;
   // cuda.branch_flags: the side branches whose results this launch reads (the gates apart of the hc_pre before, the
   // shared expert the fused combine adds), waited for in-kernel instead of joined (BranchWait).
   BranchWait wait;

@@ -632,6 +632,7 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
 auto gemv_for(int minblocks, int warps) {
   constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;
+  if constexpr (EPI == kHcPart) return gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U8>;  // (one token: the full budget)
   if constexpr (F4)
     if (minblocks <= 1 && warps <= 4) return gemv_kernel<FMT, NMAT, EPI, MODE, OT, 0, U8>;
   return minblocks >= 3   ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, U8>
@@ -644,34 +645,28 @@ void launch_t(const GemvArgs& a, Stream s) {
   const dim3 grid(unsigned(a.rows / 16), unsigned(MODE == kMoe ? (a.groups ? a.g_max_tiles : a.n * a.topk) : a.problems),
                   unsigned(a.kblocks));
   const dim3 block(unsigned(a.warps * 32));
-  if constexpr (EPI == kHcPart) {  // (one token: the full register budget, 2 or 4 chunks in flight)
-    if (a.minblocks != 1) throw_arg("gemv: the hc_pre partials' epilogue takes the full register budget (minblocks 1)");
-    const auto kern = a.fp8_unroll == 4 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 2>;
-    launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
-  } else {
-    auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
-    if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
-      if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
-        if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
-        kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, true>;
-      }
+  auto kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 2>(a.minblocks, a.warps);
+  if constexpr (FMT == kFp4 && NMAT == 2 && MODE == kMoe) {
+    if (a.route_variant) {  // cuda.topk_in_experts (launch_gemv checked the rest)
+      if (a.minblocks != 3) throw_arg("gemv: gate/up ranks the routing itself only in its <= 8-slot form (minblocks 3)");
+      kern = gemv_kernel<FMT, NMAT, EPI, MODE, OT, 3, 2, 1, true>;
     }
-    if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
-      if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
-    if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense) {
-      // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
-      // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
-      const int np = a.token_groups > 0 ? a.token_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
-      if (np != 1 && np != 2 && np != 4) throw_arg("gemv: token groups per pass must be 1, 2 or 4");
-      if (np > 1 && (a.kblocks != 1 || a.minblocks != 1))
-        throw_arg("gemv: token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
-      constexpr int U2 = NMAT == 1 && FMT == kFp8 ? 2 : 1;  // (two FP8 matrices, or BF16, take one chunk per step)
-      const bool u1 = a.fp8_unroll == 1;
-      if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;
-      if (np == 4) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 4>;
-    }
-    launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
   }
+  if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
+    if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
+  if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense && EPI != kHcPart) {
+    // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
+    // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
+    const int np = a.token_groups > 0 ? a.token_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
+    if (np != 1 && np != 2 && np != 4) throw_arg("gemv: token groups per pass must be 1, 2 or 4");
+    if (np > 1 && (a.kblocks != 1 || a.minblocks != 1))
+      throw_arg("gemv: token groups per pass take the full register budget (minblocks 1) and no split of K across blocks");
+    constexpr int U2 = NMAT == 1 && FMT == kFp8 ? 2 : 1;  // (two FP8 matrices, or BF16, take one chunk per step)
+    const bool u1 = a.fp8_unroll == 1;
+    if (np == 2) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 2> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 2>;
+    if (np == 4) kern = u1 ? gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, 1, 4> : gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U2, 4>;
+  }
+  launch_as(a.pdl > 0, "gemv_kernel", kern, grid, block, 0, s, a);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -835,9 +830,10 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     return a.out_half ? launch_t<kFp8, 1, kStore, kDense, __half>(a, s) : launch_t<kFp8, 1, kStore, kDense, float>(a, s);
   if (a.epi == kHcPart) {  // cuda.hc_fold
     const HcPartArgs& h = a.hc;
-    if (a.fmt != kFp8 || a.nmat != 1 || a.mode != kDense || a.n != 1 || a.problems != 1 || a.kblocks != 1 || a.out_half ||
-        a.o_tok_stride != a.rows || a.out_scale != 1.0f || a.round_bf16)
-      throw_arg("gemv: the hc_pre partials' epilogue takes one FP8 matrix, one token, fp32 rows, no split of K across blocks");
+    if (a.fmt != kFp8 || a.nmat != 1 || a.mode != kDense || a.n != 1 || a.problems != 1 || a.kblocks != 1 || a.minblocks != 1 ||
+        a.out_half || a.o_tok_stride != a.rows || a.out_scale != 1.0f || a.round_bf16)
+      throw_arg("gemv: the hc_pre partials' epilogue takes one FP8 matrix, one token, fp32 rows, the full register budget and no "
+                "split of K across blocks");
     if (h.H != kHcFoldH || h.D != a.rows || h.D % 16 || !h.X_prev || !h.post || !h.comb || !h.X_out || !h.fn || !h.part)
       throw_arg("gemv: the hc_pre partials' epilogue needs hc_mult 4, D == the matrix's rows (a multiple of 16) and every buffer");
     for (const void* p : {static_cast<const void*>(h.X_prev), static_cast<const void*>(h.post), static_cast<const void*>(h.comb),

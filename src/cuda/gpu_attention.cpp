@@ -480,7 +480,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   }
   d.emplace(tm, "out/wo_b", true);
   // cuda.hc_fold: the FFN hc_pre's hc_post and sums in this launch (mid16: wo_b on the FP8 GEMV, not the official numerics).
-  const bool folded = fold && n == 1 && mid16 && fold->D == D;
+  const bool folded = fold && n == 1 && mid16;
   if (folded) {
     fp8_linear_hc_part(*w.wo_b.fp8, mid16, out, *fold, sc.work());
     ++sc.hc_folds;

@@ -559,7 +559,7 @@ class GpuForward : public DeviceForward {
       HcArgs a;
       a.X = X, a.fn = f32(w.fn), a.base = f32(w.base), a.scale = f32(w.scale);
       take_post(a, 0);
-      a.part = part, a.part_tiles = part ? int(D / 16) : 0;
+      a.part = part;
       if (fuse_norm) a.norm_w = norm_w, a.norm_eps = c.rms_eps, a.collapsed16 = col16;
       a.n = n, a.H = int(H), a.iters = c.hc_sinkhorn_iters, a.D = D;
       a.hc_eps = float(c.hc_eps), a.rms_eps = c.rms_eps;
@@ -601,9 +601,9 @@ class GpuForward : public DeviceForward {
     // cuda.hc_fold: at one token wo_b's launch runs the FFN hc_pre's hc_post and leaves its sums (HcPartArgs), where
     // hc_pre runs NA's kernel with its hc_post fused (no taps, the fp32 twin's numerics), hc_mult 4, whole 16-row
     // tiles, and no in-kernel branch waits (cuda.branch_flags would leave the gates wo_b reads to hc_pre's wait).
-    const bool fold_hc = opt_.cuda_hc_fold && opt_.cuda_hc_norm_after_mix && n == 1 && fuse_post && fuse_norm && H == 4 && D % 16 == 0 &&
+    const bool fold_hc = opt_.cuda_hc_fold && opt_.cuda_hc_norm_after_mix && n == 1 && fuse_post && fuse_norm && H == kHcFoldH && D % 16 == 0 &&
                          mix_mode() == 0 && !sc.flags;
-    auto* hc_part = fold_hc ? static_cast<double*>(sc.get("hc.part", size_t(D / 16) * size_t((2 + H) * H + 1) * 8)) : nullptr;
+    auto* hc_part = fold_hc ? static_cast<double*>(sc.get("hc.part", size_t(D / 16) * size_t(kHcFoldSums) * 8)) : nullptr;
     for (int i = 0; i < c.n_layers; ++i) {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};

@@ -24,10 +24,9 @@ __device__ __forceinline__ void hc_post_stream(const float (&yv)[W], const float
   }
 }
 
-// The fold: hc_mult 4 (V4's) and one 16-row tile per block; nm = 24 mixes, each block's 24 dots and its sum of
-// squares reduced by one warp (25 values, one per lane).
-constexpr int kHcFoldH = 4, kHcFoldMix = (2 + kHcFoldH) * kHcFoldH;
-static_assert(kHcFoldMix + 1 <= 32, "a lane per partial sum");
+// The fold (kernels.h's kHcFoldH, kHcFoldMix, kHcFoldSums): one 16-row tile per block, its 25 sums reduced by one
+// warp, a lane each.
+static_assert(kHcFoldSums <= 32, "a lane per partial sum");
 
 // A folding block's shared memory: fn's values at the tile's columns [mix][stream][row] (staged by every thread at
 // the start: fn is a weight), the streams before the sublayer at those columns, the post gates and comb (staged by

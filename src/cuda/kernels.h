@@ -220,16 +220,18 @@ enum Epi : int { kStore = 0, kSwiglu = 1, kHcPart = 2 };
 // its sublayer's output row): block `tile` runs the next hc_pre's fused hc_post on its rows d (X_out[k * D + d] =
 // hc_post(y, X_prev, post, comb), hc_post_cols's arithmetic, the same bits) and leaves that hc_pre's sums over them
 // in part[o * (D / 16) + tile]: for o < nm = (2 + H) * H the dot of the new streams with fn row o, then (o = nm)
-// their sum of squares, fp64 (hc_fold.cuh). hc_pre then takes the totals (HcArgs::part) instead of its own.
+// their sum of squares, fp64 (hc_fold.cuh). hc_pre then takes the totals (HcArgs::part) instead of its own. The
+// shape: hc_mult 4 (V4's), nm = 24 mixes, 25 sums per tile.
+constexpr int kHcFoldH = 4, kHcFoldMix = (2 + kHcFoldH) * kHcFoldH, kHcFoldSums = kHcFoldMix + 1;
 struct HcPartArgs {
   const float* X_prev = nullptr;  // [H, D] the streams before this sublayer
   const float* post = nullptr;    // [H] the post gates of the hc_pre before the sublayer
   const float* comb = nullptr;    // [H, H]
   float* X_out = nullptr;         // [H, D] the new streams
   const float* fn = nullptr;      // [nm, H * D] the next hc_pre's mixing weights
-  double* part = nullptr;         // [nm + 1, D / 16] (value-major)
+  double* part = nullptr;         // [kHcFoldSums, D / 16] (value-major)
   int64_t D = 0;
-  int H = 0, untransposed = 0;    // H == 4 (hc_fold.cuh); untransposed: fault.comb_untransposed
+  int H = 0, untransposed = 0;    // H == kHcFoldH; untransposed: fault.comb_untransposed
 };
 
 // ---- the router's arguments (fwd_moe.cu's fwd_route; gemv.cu's one-token MoE launches with GemvArgs::route) ----

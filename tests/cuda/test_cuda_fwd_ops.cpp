@@ -320,7 +320,7 @@ TEST_F(GpuTest, HcFoldMatchesFusedHcPre) {
     std::vector<uint16_t> xh(static_cast<size_t>(K));
     for (auto& b : xh) b = f16_bits(round_f16(rng.floats(1, -1.0f, 1.0f)[0]));
     const DeviceBuffer x16 = to_device(xh), y_ref(static_cast<size_t>(D) * 4), y_fold(static_cast<size_t>(D) * 4);
-    DeviceBuffer part(size_t(D / 16) * size_t(nm + 1) * 8);
+    DeviceBuffer part(size_t(D / 16) * size_t(d::kHcFoldSums) * 8);
     plumb::cuda::Workspace ws;
     plumb::cuda::fp8_linear(w, x16.get(), plumb::cuda::Act::F16, K, 1, y_ref.as<float>(), D, ws);
     const HcRun e = in.run(false, [&](d::HcArgs& a) {
@@ -332,7 +332,7 @@ TEST_F(GpuTest, HcFoldMatchesFusedHcPre) {
       h.D = D, h.H = H, h.untransposed = untransposed;
       plumb::cuda::fp8_linear_hc_part(w, x16.as<uint16_t>(), y_fold.as<float>(), h, ws);
       a.y = nullptr, a.X_prev = nullptr, a.post_prev = nullptr, a.comb_prev = nullptr, a.X_out = nullptr;
-      a.part = part.as<double>(), a.part_tiles = int(D / 16), a.norm_after_mix = 1, a.tokens_per_cluster = 1;
+      a.part = part.as<double>(), a.norm_after_mix = 1, a.tokens_per_cluster = 1;
     });
     const std::string tag = fmt::format("[{}, {}]{}: ", D, K, untransposed ? " comb untransposed" : "");
     expect_same_bytes(y_fold, y_ref, size_t(D) * 4, tag + "wo_b's output");
