@@ -201,8 +201,7 @@ void fp8_linear(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int n, f
                 Stream s = nullptr);
 // cuda.hc_fold: fp8_linear of one token (f16 x), whose blocks then run the next hc_pre's fused hc_post on their rows
 // of y and leave that hc_pre's partial sums (detail::HcPartArgs, kernels.h). w.rows == hc.D, hc.H == 4, D % 16 == 0;
-// throws otherwise. With hc.counters (cuda.hc_fold_moe: the shared expert's down, y == hc.add) each block counts its
-// rows in at their tile instead, and the tile's last producer (this launch or moe_down's) does that work.
+// throws otherwise.
 void fp8_linear_hc_part(const Fp8Matrix& w, const uint16_t* x16, float* y, const detail::HcPartArgs& hc, Workspace& ws,
                         Stream s = nullptr);
 // The official numerics' FP8 linear (DeepSeek's fp8_gemm): y[t, :] = bf16(sum over 128-blocks b of (the E4M3 products
@@ -217,11 +216,9 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
                         Stream s = nullptr, uint16_t* y16 = nullptr);
 
 // The shared expert: h = silu(min(W1 x, L)) * clamp(W3 x, -L, L) (fp16, [n, I] in `h`), y = W2 h (fp32 [n, D]).
-// limit <= 0: no clamp. fp8_expert_gate_up: its first launch alone (h), for a caller that runs W2 its own way.
+// limit <= 0: no clamp.
 void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
                     Stream s = nullptr);
-void fp8_expert_gate_up(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, Workspace& ws,
-                        Stream s = nullptr);
 
 // ---- FP8 projections at prefill (patch cuda.prefill_gemm, src/cuda/fp8_gemm.cpp) ----
 // The decode GEMVs above read every weight once per 8 tokens; at prefill the same products run as bf16 tensor-core
@@ -316,10 +313,8 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 // have been written before the launch that precedes this one on the stream (moe_gate_up's, as the forward calls
 // them), or by that launch before it lets this one start (moe_gate_up_ranked's): under PDL (cuda.pdl) the per-tile
 // kernel reads it, and requests its first weights, before it waits for that launch (GemvArgs::pdl_early).
-// fold (cuda.hc_fold_moe, one token, ys == fold->slots): each block counts its rows in at their tile, and the tile's
-// last producer (this launch or the shared expert's fp8_linear_hc_part) runs the next hc_pre's start on it.
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Workspace& ws, Stream s = nullptr, const void* groups = nullptr, const detail::HcPartArgs* fold = nullptr);
+              Workspace& ws, Stream s = nullptr, const void* groups = nullptr);
 // cuda.topk_in_experts: moe_gate_up for one token whose routing the launch ranks itself from the gate's logits
 // (`route`: fwd_route's arguments for that token, route.n == 1), one warp per block with the router's own device
 // code, so the same bits as fwd_route then moe_gate_up; the router's launch is left out. The launch waits for the

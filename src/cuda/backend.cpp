@@ -472,8 +472,7 @@ void fp8_linear_hc_part(const Fp8Matrix& w, const uint16_t* x16, float* y, const
   a.x = x16, a.act = d::kF16, a.x_tok_stride = w.cols, a.out = y, a.o_tok_stride = w.rows, a.n = 1;
   dense_split(a, 1);  // (one token: no split of K across blocks)
   attach_workspace(a, ws);
-  a.epi = hc.counters ? d::kHcArrive : d::kHcPart, a.hc = hc;
-  if (hc.counters) a.minblocks = 2;  // (the MoE fold's shared down: <= 128 registers, see gemv.cu's gemv_for)
+  a.epi = d::kHcPart, a.hc = hc;
   d::launch_gemv(a, s);
 }
 
@@ -507,10 +506,11 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
   d::launch_gemv(a, s);
 }
 
-void fp8_expert_gate_up(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, Workspace& ws, Stream s) {
+void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
+                    Stream s) {
   const int64_t I = e.w1.rows, D = e.w1.cols;
   PLUMB_CHECK(e.w3.rows == I && e.w3.cols == D && e.w2.rows == D && e.w2.cols == I && e.w1.scale_f32 == e.w3.scale_f32,
-              "FP8 expert: inconsistent shapes w1 [{}, {}], w3 [{}, {}], w2 [{}, {}]", I, D, e.w3.rows, e.w3.cols,
+              "fp8_expert_ffn: inconsistent expert shapes w1 [{}, {}], w3 [{}, {}], w2 [{}, {}]", I, D, e.w3.rows, e.w3.cols,
               e.w2.rows, e.w2.cols);
   d::GemvArgs a = base_args(d::kFp8);
   fill_fp8(a, 0, e.w1);
@@ -522,12 +522,7 @@ void fp8_expert_gate_up(const Fp8Expert& e, const void* x, Act xt, int n, double
   dense_split(a, n);
   attach_workspace(a, ws);
   d::launch_gemv(a, s);
-}
-
-void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
-                    Stream s) {
-  fp8_expert_gate_up(e, x, xt, n, limit, h, ws, s);
-  fp8_linear(e.w2, h, Act::F16, e.w2.cols, n, y, e.w2.rows, ws, s);
+  fp8_linear(e.w2, h, Act::F16, I, n, y, D, ws, s);
 }
 
 RouterConfig router_config(const ModelConfig& c, MlpType type) {
@@ -611,7 +606,7 @@ void moe_gate_up(const MoeExperts& m, const int32_t* idx, int n, int K, const vo
 }
 
 void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint16_t* h16, const float* h32, float* ys,
-              Workspace& ws, Stream s, const void* groups, const d::HcPartArgs* fold) {
+              Workspace& ws, Stream s, const void* groups) {
   PLUMB_CHECK((h16 == nullptr) != (h32 == nullptr), "moe_down: exactly one of h16 and h32");
   d::GemvArgs a = moe_args(m.w2, idx, n, K, m.E);
   set_groups(a, groups);
@@ -620,7 +615,6 @@ void moe_down(const MoeExperts& m, const int32_t* idx, int n, int K, const uint1
   a.x_tok_stride = ldx, a.x_by_token = 0;
   a.out = ys, a.o_tok_stride = m.D;
   a.pdl_early = 1;  // (idx is gate/up's routing, written before that launch: down reads it before its PDL wait)
-  if (fold) a.epi = d::kHcArrive, a.hc = *fold;
   d::launch_gemv(a, s);
 }
 

@@ -96,21 +96,19 @@ __device__ __forceinline__ void dmma_m8n8k4(double (&c)[2], double a, double b) 
 // y[0, W) = scale * sum_k w[t, k] * ys[t * K + k, d ..] (+ add[t, d ..]) for W (1 or 4, then 16-byte aligned)
 // consecutive columns d of token t: fmaf in k order, then the scale and the add each rounded alone (no contraction,
 // so it is also the combine without `add` followed by an add). The one arithmetic of launch_combine's kernel and of
-// hc_pre's fused hc_post when the MoE combine is left to it (HcArgs::y_slots), and of cuda.hc_fold_moe's finishing
-// block (CG: loads from L2, the rows having been written by other blocks of running launches): the same bits.
-template <int W, bool CG = false>
+// hc_pre's fused hc_post when the MoE combine is left to it (HcArgs::y_slots): the two give the same bits.
+template <int W>
 __device__ __forceinline__ void moe_combine_cols(const float* ys, const float* w, const float* add, int K, float scale, int64_t D,
                                                  int64_t t, int64_t d, float (&y)[W]) {
   static_assert(W == 1 || W == 4, "one column or a 16-byte group of four");
   auto load = [](const float* p, float (&v)[W]) {
     if constexpr (W == 4) {
-      const float4 q = CG ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+      const float4 q = *reinterpret_cast<const float4*>(p);
       v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     } else {
-      v[0] = CG ? __ldcg(p) : *p;
+      v[0] = *p;
     }
   };
-  auto weight = [&](int k) { return w ? (CG ? __ldcg(w + t * K + k) : w[t * K + k]) : 1.0f; };
 #pragma unroll
   for (int i = 0; i < W; ++i) y[i] = 0.0f;
   float av[W] = {};
@@ -123,7 +121,7 @@ __device__ __forceinline__ void moe_combine_cols(const float* ys, const float* w
     float wk[kTogether], v[kTogether][W];
 #pragma unroll
     for (int k = 0; k < kTogether; ++k)
-      if (k < K) wk[k] = weight(k), load(ys + (t * K + k) * D + d, v[k]);
+      if (k < K) wk[k] = w ? w[t * K + k] : 1.0f, load(ys + (t * K + k) * D + d, v[k]);
 #pragma unroll
     for (int k = 0; k < kTogether; ++k)
       if (k < K) {
@@ -132,7 +130,7 @@ __device__ __forceinline__ void moe_combine_cols(const float* ys, const float* w
       }
   } else {
     for (int k = 0; k < K; ++k) {
-      const float wk = weight(k);
+      const float wk = w ? w[t * K + k] : 1.0f;
       float v[W];
       load(ys + (t * K + k) * D + d, v);
 #pragma unroll

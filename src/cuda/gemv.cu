@@ -156,23 +156,10 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   constexpr int U4 = MINB == 3 ? (NMAT == 2 ? 1 : 2) : (NMAT == 2 ? 2 : 4);  // MXFP4
   constexpr int U = F4 ? U4 : FMT == kBf16 ? (NP > 1 ? 1 : 2) : (NMAT == 2 ? 1 : U8);
   constexpr int NV = NMAT * 4;  // accumulators per lane and token group
-  // The K split's reduction and the block's MoE slots; cuda.hc_fold_moe (kHcArrive) stages the fold's values (fn at
-  // the tile's columns, the streams, gates and outputs: hc_fold.cuh) in the same bytes once the block's rows are
-  // stored. (Apart, they took 14.8 KB per routed-down block instead of 8.3: fewer resident beside gate/up, and the
-  // next hc_pre's cluster found no room until they left: +4 us per layer.)
-  struct RedCols {
-    float red[kMaxWarps][NV * NP][32];
-    int cols[MODE == kMoe ? kMaxSlots : 1];
-  };
-  union alignas(16) GemvSmem {
-    RedCols rc;
-    std::conditional_t<EPI == kHcArrive, HcFoldSmem, char> fold;
-  };
-  __shared__ GemvSmem gsm;
-  auto& red = gsm.rc.red;
-  auto& cols_s = gsm.rc.cols;
+  __shared__ float red[kMaxWarps][NV * NP][32];
+  __shared__ int cols_s[MODE == kMoe ? kMaxSlots : 1];
   __shared__ int m_s;
-  // cuda.hc_fold (kHcPart): the same values, fn staged at the block's start (hc_fold.cuh).
+  // cuda.hc_fold (kHcPart): fn's values at the tile's columns, the streams, gates and outputs (hc_fold.cuh).
   __shared__ std::conditional_t<EPI == kHcPart, HcFoldSmem, char> hcs;
 
   const int warps = int(blockDim.x >> 5);
@@ -180,8 +167,6 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
   const int tile = int(blockIdx.x);
   const uint64_t wpol = weight_policy(a.l2_evict_first);  // cuda.l2_evict_first
   static_assert(EPI != kHcPart || (FMT == kFp8 && NMAT == 1 && MODE == kDense && NP == 1), "gemv: kHcPart is one FP8 matrix, dense");
-  static_assert(EPI != kHcArrive || (NMAT == 1 && NP == 1 && ((FMT == kFp8 && MODE == kDense) || (FMT == kFp4 && MODE == kMoe))),
-                "gemv: kHcArrive is the shared expert's FP8 down or the routed experts' MXFP4 down");
   if constexpr (EPI == kHcPart) hc_fold_stage_fn(a.hc, tile, hcs, int(threadIdx.x), int(blockDim.x));  // (fn: a weight)
   // Programmatic dependent launch (a.pdl > 0, the launch sets the attribute, see launch.cuh): wait for the previous
   // kernel of the stream before touching memory it writes, and let the next one launch (it waits likewise). MoE
@@ -607,10 +592,6 @@ __global__ void __launch_bounds__(bound_threads(MINB), bound_blocks(MINB)) gemv_
           __syncwarp();
           hc_fold_tile(a.hc, tile, hcs, lane);
         }
-        // (one token, one pass: the block's m slots, or the shared expert's row, are all stored; the other warps are
-        // past their last use of red and cols_s, which the fold's staging overwrites)
-        if constexpr (EPI == kHcArrive)
-          if (hc_arrive(a.hc, tile, MODE == kMoe ? m : 1, lane)) hc_fold_finish(a.hc, tile, gsm.fold, lane);
       }
     }
     __syncthreads();
@@ -651,14 +632,8 @@ __global__ void to_f16_kernel(const void* __restrict__ x, int act, int64_t cols,
 template <int FMT, int NMAT, int EPI, int MODE, class OT, int U8>
 auto gemv_for(int minblocks, int warps) {
   constexpr bool F4 = FMT == kFp4 || FMT == kFp4A8;
-  // (the fold epilogues: one instantiation each, the others discarded)
-  if constexpr (EPI == kHcPart) {
-    return gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U8>;  // (one token: the full budget)
-  } else if constexpr (EPI == kHcArrive) {
-    // cuda.hc_fold_moe: the routed down's budget at one token (<= 85); the shared expert's <= 128, two blocks of 8
-    // warps per SM as without the fold (the full budget took 196 registers with the finishing code). launch_gemv
-    // checks them.
-    return gemv_kernel<FMT, NMAT, EPI, MODE, OT, F4 ? 3 : 2, U8>;
+  if constexpr (EPI == kHcPart) {  // (one token: the full budget; the other budgets not instantiated)
+    return gemv_kernel<FMT, NMAT, EPI, MODE, OT, 1, U8>;
   } else {
     if constexpr (F4)
       if (minblocks <= 1 && warps <= 4) return gemv_kernel<FMT, NMAT, EPI, MODE, OT, 0, U8>;
@@ -682,7 +657,7 @@ void launch_t(const GemvArgs& a, Stream s) {
   }
   if constexpr ((FMT == kFp8 || FMT == kFp8A8) && NMAT == 1)
     if (a.fp8_unroll == 4) kern = gemv_for<FMT, NMAT, EPI, MODE, OT, 4>(a.minblocks, a.warps);
-  if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense && EPI != kHcPart && EPI != kHcArrive) {
+  if constexpr ((FMT == kFp8 || FMT == kBf16) && MODE == kDense && EPI != kHcPart) {
     // Token groups per pass (GemvArgs::token_groups; 0: enough for up to 32 tokens), with the full register budget,
     // 1 or 2 chunks in flight (FP8; BF16 takes 1), and no split of K across blocks (n > 8 has none).
     const int np = a.token_groups > 0 ? a.token_groups : a.n > 16 ? 4 : a.n > 8 ? 2 : 1;
@@ -831,29 +806,6 @@ void launch_gemv(const GemvArgs& a0, Stream s) {
     if (slots > kDownTileSlots || b.pdl_early < 0) b.pdl_early = 0;
   };
   if (a.fmt == kFp8A8) return launch_t<kFp8A8, 1, kStore, kDense, float>(a, s);
-  if (a.epi == kHcArrive) {  // cuda.hc_fold_moe: the routed experts' down (per-tile kernel) or the shared expert's
-    const HcPartArgs& h = a.hc;
-    const bool routed = a.fmt == kFp4 && a.mode == kMoe, shared = a.fmt == kFp8 && a.mode == kDense;
-    if ((!routed && !shared) || a.nmat != 1 || a.n != 1 || a.kblocks != 1 || a.out_half || a.out_scale != 1.0f || a.round_bf16 ||
-        a.o_tok_stride != a.rows || (routed && (a.groups || a.fp4_kernel != 0 || a.topk != h.K || a.out != h.slots)) ||
-        (shared && (a.problems != 1 || a.out != h.add)))
-      throw_arg("gemv: the MoE fold's epilogue takes one token's routed down (MXFP4, per-tile kernel, its output the "
-                "fold's slots) or shared expert's down (one FP8 matrix, its output the fold's add), fp32 rows, no split of K");
-    if (h.H != kHcFoldH || h.D != a.rows || h.D % 16 || !h.X_prev || !h.post || !h.comb || !h.X_out || !h.fn || !h.part || !h.slots ||
-        !h.add || !h.counters || h.K < 1 || h.K > 8 || h.arrivals != h.K + 1)
-      throw_arg("gemv: the MoE fold's epilogue needs hc_mult 4, D == the matrix's rows (a multiple of 16), 1..8 routed slots "
-                "plus the shared expert's row as its arrivals, and every buffer");
-    for (const void* p : {static_cast<const void*>(h.X_prev), static_cast<const void*>(h.post), static_cast<const void*>(h.comb),
-                          static_cast<const void*>(h.fn)})
-      if (!aligned16(p)) throw_arg("gemv: the MoE fold's inputs must be 16-byte aligned");
-    if (shared) {
-      if (a.minblocks != 2) throw_arg("gemv: the shared expert's down with the MoE fold takes two blocks' register budget (minblocks 2)");
-      return launch_t<kFp8, 1, kHcArrive, kDense, float>(a, s);
-    }
-    GemvArgs b = a;
-    per_tile_auto(b, true);
-    return launch_t<kFp4, 1, kHcArrive, kMoe, float>(b, s);
-  }
   if (a.fmt == kFp4A8) {  // the per-tile kernel (no streaming twin)
     const bool gate_up = a.nmat == 2 && a.epi == kSwiglu, down = a.nmat == 1 && a.epi == kStore;
     if (!gate_up && !down) throw_arg("gemv: FP4 A8 runs gate/up (2 matrices, SwiGLU) or down (1 matrix, store)");

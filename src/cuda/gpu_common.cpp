@@ -188,7 +188,6 @@ Scratch::~Scratch() {
   detail::event_destroy(ev_entries);
   detail::event_destroy(ev_gates_fork);
   detail::event_destroy(ev_gates_join);
-  detail::event_destroy(ev_gates_shared);
   detail::event_destroy(ev_pf_fork);
   detail::event_destroy(ev_pf_join);
   detail::stream_destroy(side);
@@ -204,7 +203,6 @@ void Scratch::enable_side() {
   side3 = detail::stream_create();
   ev_gates_fork = detail::event_create_sync();
   ev_gates_join = detail::event_create_sync();
-  ev_gates_shared = detail::event_create_sync();
   ev_fork = detail::event_create_sync();
   ev_join = detail::event_create_sync();
   ev_entries = detail::event_create_sync();
@@ -288,16 +286,6 @@ void* Scratch::get(const std::string& name, size_t bytes) {
     ++generation;
   }
   return b.get();
-}
-
-unsigned* Scratch::counters(const std::string& name, size_t count) {
-  auto& b = bufs_["counters:" + name];
-  if (b.bytes() < count * sizeof(unsigned) || !b.get()) {
-    b = DeviceBuffer(std::max<size_t>(count * sizeof(unsigned), 4));
-    b.fill_byte(0);
-    ++generation;
-  }
-  return b.as<unsigned>();
 }
 
 DeviceBuffer zeroed(size_t bytes) {

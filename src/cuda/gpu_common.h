@@ -181,7 +181,6 @@ class Scratch {
   Stream side3 = nullptr, gates = nullptr;
   void* ev_gates_fork = nullptr;
   void* ev_gates_join = nullptr;
-  void* ev_gates_shared = nullptr;  // cuda.hc_fold_moe: the shared expert's down waits for the FFN hc_pre's gates
   void enable_side();
   // cuda.branch_flags (BranchWait, kernels.h): the flags' device words (zeroed by enable_side), the slots this forward
   // took, and `flags`: whether this forward may leave branches to their readers' in-kernel waits (set by the forward;
@@ -238,13 +237,9 @@ class Scratch {
   // (cuda.moe_mxfp4, cuda.fp8_gemv; host count of eager calls; tests).
   int64_t official_tc_calls = 0;
   int64_t hc_folds = 0;  // cuda.hc_fold: wo_b launches that ran the FFN hc_pre's start (host count of eager calls and captures; tests)
-  int64_t hc_folds_moe = 0;  // cuda.hc_fold_moe: MoE sublayers whose downs ran the next hc_pre's start (likewise)
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
-  // Counters zeroed when allocated (kernels that use them leave them zero), one buffer for every stream (launches
-  // on two streams count into it; get's names are per stream). Allocated before a capture, as get's buffers are.
-  unsigned* counters(const std::string& name, size_t count);
 
  private:
   std::map<std::string, DeviceBuffer> bufs_;

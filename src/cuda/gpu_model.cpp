@@ -73,7 +73,6 @@ void check_options(const ModelOptions& o) {
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
   refuse(o.cuda_hc_norm_after_mix, "cuda.hc_norm_after_mix");
   refuse(o.cuda_hc_fold, "cuda.hc_fold");
-  refuse(o.cuda_hc_fold_moe, "cuda.hc_fold_moe");
   refuse(o.cuda_comp_deferred, "cuda.comp_deferred");
   // Its kernel computes the reference's mixes from fp32 streams: with bf16 mixing it would silently not apply.
   PLUMB_CHECK(!o.cuda_hc_norm_after_mix || !o.mhc_bf16_mix,
@@ -83,11 +82,6 @@ void check_options(const ModelOptions& o) {
   // would silently not apply.
   PLUMB_CHECK(!o.cuda_hc_fold || (o.cuda_hc_norm_after_mix && o.cuda_fp8_gemv),
               "backend cuda: cuda.hc_fold folds cuda.hc_norm_after_mix's hc_pre into cuda.fp8_gemv's wo_b launch and needs both: add them");
-  // The MoE's fold is cuda.hc_fold's epilogue in the W4A16 routed experts' and the FP8 shared expert's downs, the latter on
-  // cuda.streams' side stream (where the combine takes its row): without any of them it would silently not apply.
-  PLUMB_CHECK(!o.cuda_hc_fold_moe || (o.cuda_hc_fold && o.cuda_hc_norm_after_mix && o.cuda_fp8_gemv && o.cuda_moe_mxfp4 && o.cuda_streams),
-              "backend cuda: cuda.hc_fold_moe extends cuda.hc_fold to the MoE's down launches and needs cuda.hc_fold, "
-              "cuda.hc_norm_after_mix, cuda.fp8_gemv, cuda.moe_mxfp4 and cuda.streams: add them");
   // The prefill GEMMs take over the FP8 matrices that cuda.fp8_gemv holds in its form; alone they would have none.
   PLUMB_CHECK(!o.cuda_prefill_gemm || o.cuda_fp8_gemv,
               "backend cuda: cuda.prefill_gemm is the prefill half of the FP8 tensor-core path and needs cuda.fp8_gemv: add it");
@@ -610,13 +604,6 @@ class GpuForward : public DeviceForward {
     const bool fold_hc = opt_.cuda_hc_fold && opt_.cuda_hc_norm_after_mix && n == 1 && fuse_post && fuse_norm && H == kHcFoldH && D % 16 == 0 &&
                          mix_mode() == 0 && !sc.flags;
     auto* hc_part = fold_hc ? static_cast<double*>(sc.get("hc.part", size_t(D / 16) * size_t(kHcFoldSums) * 8)) : nullptr;
-    // cuda.hc_fold_moe: likewise the MoE's downs for the next attention's hc_pre (not hc_head's), where gpu_moe finds
-    // its kernels (MoeFold); their tiles' counters and sums, the sums apart from wo_b's (both are in flight around
-    // the FFN's hc_pre).
-    const bool fold_moe = fold_hc && opt_.cuda_hc_fold_moe;
-    auto* moe_part = fold_moe ? static_cast<double*>(sc.get("hc.part.moe", size_t(D / 16) * size_t(kHcFoldSums) * 8)) : nullptr;
-    unsigned* moe_arrive = fold_moe ? sc.counters("hc.arrive.moe", size_t(D / 16)) : nullptr;
-    const double* attn_part = nullptr;  // the previous layer's MoE folded: the sums for this layer's attention hc_pre
     for (int i = 0; i < c.n_layers; ++i) {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
@@ -636,8 +623,7 @@ class GpuForward : public DeviceForward {
                         weight_bytes(L.attn.wq_b)});
       else
         sc.prefetch_l2({fn(L.hc_ffn)});
-      const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm), attn_part);
-      attn_part = nullptr;
+      const uint16_t* x16 = hc_pre_norm(L.hc_attn, tap, "hc_attn", f32(L.attn_norm));
       // cuda.early_joins: these gates (read by the FFN's hc_pre) join with the attention's branches instead.
       if (sc.early_joins && gates_pending) sc.gates_to_join = sc.gates, gates_pending = false;
       HcPartArgs fold;
@@ -666,20 +652,8 @@ class GpuForward : public DeviceForward {
       if (sc.pf_weights) sc.prefetch_l2({weight_bytes(M.gate), shared(0), shared(1), shared(2), fn(next_hc)});
       else sc.prefetch_l2({fn(next_hc)});
       x16 = hc_pre_norm(L.hc_ffn, tap, "hc_ffn", f32(L.ffn_norm), folded ? hc_part : nullptr);
-      MoeFold mf;
-      const bool try_fold = fold_moe && i + 1 < c.n_layers;
-      if (try_fold) {
-        mf.hc.X_prev = X, mf.hc.post = post, mf.hc.comb = comb, mf.hc.X_out = X2, mf.hc.fn = f32(next_hc.fn), mf.hc.part = moe_part;
-        mf.hc.D = D, mf.hc.H = int(H), mf.hc.untransposed = opt_.fault_comb_untransposed, mf.hc.counters = moe_arrive;
-        mf.gates = gates_pending ? sc.gates : nullptr;
-      }
-      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y, fuse_post ? &moe_y : nullptr, try_fold ? &mf : nullptr);
-      if (moe_y.folded) {
-        std::swap(X, X2), attn_part = moe_part;  // (the new streams, which the finishing tiles wrote into X2)
-        moe_y = GpuCombine{};
-      } else {
-        hc_post();
-      }
+      gpu_moe(L.moe, c, c.mlp[size_t(i)], opt_, col, x16, n, tok, sc, tap, y, fuse_post ? &moe_y : nullptr);
+      hc_post();
       tap_io(tap, "out", X, {n, H, D});
     }
     join_gates();

@@ -42,10 +42,6 @@ struct MoeCtx {
   GpuNumerics nm;
   Stream shared_side = nullptr;  // cuda.streams: the shared expert already runs on this stream (joined in combine)
   GpuCombine* defer = nullptr;   // gpu_moe's: the combine may be left to the output's reader
-  // cuda.hc_fold_moe (gpu_moe's, complete): both downs count their rows in and finish the tiles; fold_gates: the
-  // stream of the gates it reads, which the shared expert's down waits for.
-  const detail::HcPartArgs* fold = nullptr;
-  Stream fold_gates = nullptr;
 };
 
 // The official order (and moe.weight_before_down): each routing weight applied before W2, inside gate/up.
@@ -158,15 +154,8 @@ void shared_expert(const MoeCtx& m, float* shared) {
     official_fp8_linear(m.w.sfp8->w2, h, m.n, I, shared, D, m.sc);
   } else if (m.w.sfp8) {  // cuda.fp8_gemv: gate/up + SwiGLU fused, then down
     auto* h16 = static_cast<uint16_t*>(m.sc.get("moe.shared.h16", size_t(m.n) * size_t(m.w.sfp8->w1.rows) * 2));
-    const void* x = m.x16 ? static_cast<const void*>(m.x16) : m.x;
-    const cuda::Act xt = m.x16 ? cuda::Act::F16 : cuda::Act::F32;
-    if (m.fold) {  // cuda.hc_fold_moe (on the side stream): down may finish tiles, which read the FFN hc_pre's gates
-      fp8_expert_gate_up(*m.w.sfp8, x, xt, m.n, limit, h16, m.sc.work());
-      branch_join(m.fold_gates, m.sc.ev_gates_shared);
-      fp8_linear_hc_part(m.w.sfp8->w2, h16, shared, *m.fold, m.sc.work());
-    } else {
-      fp8_expert_ffn(*m.w.sfp8, x, xt, m.n, limit, h16, shared, m.sc.work());
-    }
+    fp8_expert_ffn(*m.w.sfp8, m.x16 ? static_cast<const void*>(m.x16) : m.x, m.x16 ? cuda::Act::F16 : cuda::Act::F32, m.n, limit,
+                   h16, shared, m.sc.work());
   } else {
     // The release-day official code's shared expert had no SwiGLU clamp.
     const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
@@ -273,23 +262,14 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
         }
         tap_routes(m, r);
         const OpRegion d(m.sc.timer, "routed/down", true);
-        moe_down(*m.w.fp4, r.idx, 1, r.K, h16, nullptr, ys, m.sc.ws, nullptr, nullptr, m.fold);
+        moe_down(*m.w.fp4, r.idx, 1, r.K, h16, nullptr, ys, m.sc.ws);
       } else {
         {
           const OpRegion d(m.sc.timer, "routed/gate_up", true);
           moe_gate_up(*m.w.fp4, idx, nc, r.K, xc, xt, limit, before ? wt : nullptr, h16, nullptr, m.sc.ws, nullptr, g);
         }
         const OpRegion d(m.sc.timer, "routed/down", true);
-        moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g, m.fold);
-      }
-      if (m.fold) {  // cuda.hc_fold_moe: the downs finished the next hc_pre's start; the shared expert joins here
-        PLUMB_CHECK(ys == m.fold->slots && add == m.fold->add && nc == r.n && !before == (m.fold->w != nullptr),
-                    "MoE fold: its buffers are not the combine's (an internal error)");
-        join_for_add();
-        *m.defer = GpuCombine{};
-        m.defer->folded = true;
-        ++m.sc.hc_folds_moe;
-        return;
+        moe_down(*m.w.fp4, idx, nc, r.K, h16, nullptr, ys, m.sc.ws, nullptr, g);
       }
       // One chunk, nothing after the combine (no shared expert to add separately, no fault scale, no bf16 rounding of
       // the output): the combine is left to the reader of `out` (gpu_moe's defer), one launch fewer at decode. With
@@ -364,44 +344,19 @@ void moe_with(const Runner& runner, const MoeCtx& m, float* out) {
 }  // namespace
 
 void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, const uint16_t* x16,
-             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out, GpuCombine* defer, const MoeFold* fold) {
+             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out, GpuCombine* defer) {
   MoeCtx m{w, c, type, opt, x, x16, n, tokens, sc, tap, GpuNumerics(opt)};
   if (defer) *defer = GpuCombine{};
   if (defer && !tap.on("ffn.routed") && !tap.on("ffn.out")) m.defer = defer;  // taps read out
   // cuda.streams: the shared expert on the side stream, beside the routed experts (route_and_shared).
   if ((w.s1 || w.sfp8) && sc.branch) m.shared_side = sc.branch;
-  // cuda.hc_fold_moe, decided here once for both downs (each counts into the tiles' counters, so either both fold or
-  // neither): one token, the W4A16 routed experts (combine's decode branch, one chunk, the combine deferrable) and the
-  // FP8 shared expert's GEMVs on the side stream (whose row the combine adds). The buffers are the ones combine and
-  // the shared expert look up (launch_gemv checks each down's output against them).
-  detail::HcPartArgs fa;
-  auto fold_with = [&](float out_scale) {
-    const bool shared_gemv = w.sfp8 && !(w.shared_gemm_min && n >= w.shared_gemm_min);
-    if (!fold || !m.defer || n != 1 || !w.fp4 || !shared_gemv || !m.shared_side || m.nm.official() || c.top_k > 8) return;
-    fa = fold->hc;
-    fa.slots = sc.f("moe.ys", int64_t(n) * c.top_k * c.hidden);
-    fa.w = weight_before_w2(m) ? nullptr : sc.f("moe.weight", int64_t(n) * c.top_k);
-    fa.add = sc.f("moe.shared", int64_t(n) * c.hidden);
-    fa.K = c.top_k, fa.scale = out_scale, fa.arrivals = c.top_k + 1;
-    m.fold = &fa, m.fold_gates = fold->gates;
-  };
-  if (opt.fault_rsf_twice) {
-    fold_with(FaultRunnerScalesFoldedAgain::output_scale(c));
-    return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
-  }
-  if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash)) {
-    fold_with(RunnerFoldedWeights::output_scale(c));
+  if (opt.fault_rsf_twice) return moe_with(FaultRunnerScalesFoldedAgain{}, m, out);
+  if (opt.fault_rsf_missing || (opt.fault_rsf_missing_hash_layers && type == MlpType::Hash))
     return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_and_shared<Rsf::Unfolded>(m)), out);
-  }
-  if (opt.fault_shared_scaled)  // (its scale follows the combine: no fold)
+  if (opt.fault_shared_scaled)
     return combine(RunnerFoldedWeights{}, m, fault_relabel<Rsf::Folded>(route_and_shared<Rsf::Unfolded>(m)), out,
                    float(c.routed_scaling));
-  if (opt.rsf_on_output) {
-    fold_with(RunnerScalesOutput::output_scale(c));
-    return moe_with(RunnerScalesOutput{}, m, out);
-  }
-  fold_with(RunnerFoldedWeights::output_scale(c));
-  return moe_with(RunnerFoldedWeights{}, m, out);
+  return opt.rsf_on_output ? moe_with(RunnerScalesOutput{}, m, out) : moe_with(RunnerFoldedWeights{}, m, out);
 }
 
 }  // namespace plumb::cuda

@@ -16,28 +16,14 @@ struct GpuCombine {
   // cuda.branch_flags: the shared expert's stream, not joined yet (add's producer): the reader waits for it in-kernel
   // or joins it (Scratch::wait_or_join); null if joined.
   Stream branch = nullptr;
-  // cuda.hc_fold_moe: nothing deferred, the downs ran the next hc_pre's hc_post (its new streams in fold's X_out) and
-  // left its sums (fold's part).
-  bool folded = false;
-};
-
-// cuda.hc_fold_moe: the next hc_pre's half of the fold (detail::HcPartArgs without the combine's fields, which
-// gpu_moe fills: slots, w, add, K, scale, arrivals) and the stream that computes the gates it reads (post, comb),
-// or null when they were written on the thread's stream before this sublayer.
-struct MoeFold {
-  detail::HcPartArgs hc;
-  Stream gates = nullptr;
 };
 
 // x: [n, D] device (ffn_norm-ed); x16: the same as f16 or null (then the tensor-core kernels convert x
 // themselves); tokens: [n] device int32 (hash routing); out: [n, D] device = routed + shared. Taps ffn.gate.*,
 // ffn.routed, ffn.shared, ffn.out as the reference does. defer (optional, no taps): where the routed experts run
 // on the decode kernels and nothing follows their combine (fp32 twin numerics, no fault scale), the combine is not
-// launched but described in *defer, and out is not written; else defer->ys is null. fold (with defer; cuda.hc_fold_moe):
-// where one token's routed experts run on the W4A16 decode kernels and the FP8 shared expert on the side stream, their
-// downs run the next hc_pre's start instead (defer->folded; neither out nor the combine); elsewhere it is ignored.
+// launched but described in *defer, and out is not written; else defer->ys is null.
 void gpu_moe(const GpuMoe& w, const ModelConfig& c, MlpType type, const ModelOptions& opt, const float* x, const uint16_t* x16,
-             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out, GpuCombine* defer = nullptr,
-             const MoeFold* fold = nullptr);
+             int n, const int32_t* tokens, Scratch& sc, const Tap& tap, float* out, GpuCombine* defer = nullptr);
 
 }  // namespace plumb::cuda

@@ -1,6 +1,5 @@
-// cuda.hc_fold's device code: a sublayer's last FP8 GEMV (wo_b) starts the next hc_pre on the rows it produces;
-// cuda.hc_fold_moe's: the MoE's down launches, whichever ends a tile last. Also the one hc_post arithmetic
-// (hc_post_stream), which fwd_hc.cu's hc_post_cols runs too.
+// cuda.hc_fold's device code: a sublayer's last FP8 GEMV (wo_b) starts the next hc_pre on the rows it produces.
+// Also the one hc_post arithmetic (hc_post_stream), which fwd_hc.cu's hc_post_cols runs too.
 #pragma once
 
 #include "cuda/common.cuh"
@@ -32,7 +31,7 @@ static_assert(kHcFoldSums <= 32, "a lane per partial sum");
 // A folding block's shared memory: fn's values at the tile's columns [mix][stream][row] (staged by every thread at
 // the start: fn is a weight), the streams before the sublayer at those columns, the post gates and comb (staged by
 // warp 0 after its K loop, past the PDL wait), and the tile's 16 outputs y.
-struct alignas(16) HcFoldSmem {  // (cp.async writes 16-byte groups)
+struct HcFoldSmem {
   float fn[kHcFoldMix][kHcFoldH][16];
   float x[kHcFoldH][16];
   float post[kHcFoldH], comb[kHcFoldH * kHcFoldH];
@@ -86,41 +85,6 @@ __device__ __forceinline__ void hc_fold_tile(const HcPartArgs& h, int64_t tile, 
   }
   warp_reduce_scatter<32>(acc, lane);
   if (lane <= NM) h.part[int64_t(lane) * (h.D / 16) + tile] = acc[0];
-}
-
-// cuda.hc_fold_moe (kHcArrive): one warp of a block whose rows of tile `tile` are stored (by this warp's lanes) counts
-// `count` rows of the tile's K + 1 in; true, in every lane, in the warp that completes the tile, which resets the
-// counter for the next launch. Every producer fences its stores before it counts and the last one fences after it,
-// so the last one then reads every producer's rows (the pattern of gemv.cu's splitk_last).
-__device__ __forceinline__ bool hc_arrive(const HcPartArgs& h, int64_t tile, int count, int lane) {
-  __threadfence();
-  __syncwarp();
-  unsigned prev = 0;
-  if (lane == 0) prev = atomicAdd(h.counters + tile, unsigned(count));
-  prev = __shfl_sync(0xFFFFFFFFu, prev, 0);
-  const bool last = prev + unsigned(count) == unsigned(h.arrivals);
-  if (last) {
-    if (lane == 0) h.counters[tile] = 0u;
-    __threadfence();
-  }
-  return last;
-}
-
-// The tile's last producer (one warp): fn, the streams and the gates staged as the FFN fold stages them, y = the MoE
-// combine of the tile's 16 columns (moe_combine_cols from L2: the same bits as the combine launch and hc_pre's fused
-// hc_post), then hc_fold_tile. fn is requested only here: one producer per tile finishes it (at V4-Flash's size 256 of
-// the 1792 blocks).
-__device__ __forceinline__ void hc_fold_finish(const HcPartArgs& h, int64_t tile, HcFoldSmem& sm, int lane) {
-  hc_fold_stage_fn(h, tile, sm, lane, 32);
-  hc_fold_stage_x(h, tile, sm, lane);
-  if (lane < 16) {
-    float y[1];
-    moe_combine_cols<1, true>(h.slots, h.w, h.add, h.K, h.scale, h.D, 0, tile * 16 + lane, y);
-    sm.y[lane] = y[0];
-  }
-  cp_wait<0>();
-  __syncwarp();
-  hc_fold_tile(h, tile, sm, lane);
 }
 
 }  // namespace plumb::cuda::detail

@@ -213,10 +213,8 @@ enum Act : int { kF32 = 0, kBF16 = 1, kF16 = 2, kE4M3 = 3 };  // kE4M3: codes [r
 // dense matrix).
 enum Fmt : int { kFp4 = 0, kFp8 = 1, kBf16 = 2, kFp4A8 = 3, kFp8A8 = 4 };
 enum Mode : int { kDense = 0, kMoe = 1 };
-// kHcPart (cuda.hc_fold): kStore, then the next hc_pre's start on the block's rows (GemvArgs::hc). kHcArrive
-// (cuda.hc_fold_moe): kStore, then the block counts its rows in at their tile; the tile's last producer starts the
-// next hc_pre there (below).
-enum Epi : int { kStore = 0, kSwiglu = 1, kHcPart = 2, kHcArrive = 3 };
+// kHcPart (cuda.hc_fold): kStore, then the next hc_pre's start on the block's rows (GemvArgs::hc).
+enum Epi : int { kStore = 0, kSwiglu = 1, kHcPart = 2 };
 
 // cuda.hc_fold's epilogue (GemvArgs::hc, epi kHcPart: an FP8 dense GEMV of one token, one block per 16-row tile, y
 // its sublayer's output row): block `tile` runs the next hc_pre's fused hc_post on its rows d (X_out[k * D + d] =
@@ -234,20 +232,6 @@ struct HcPartArgs {
   double* part = nullptr;         // [kHcFoldSums, D / 16] (value-major)
   int64_t D = 0;
   int H = 0, untransposed = 0;    // H == kHcFoldH; untransposed: fault.comb_untransposed
-  // cuda.hc_fold_moe (epi kHcArrive): y is the MoE combine of one token, moe_combine_cols(slots, w, add, K, scale),
-  // whose rows come from several launches (the routed experts' down: a block per (tile, expert), the shared expert's
-  // down: a block per tile; possibly on two streams). Each producing block, once its rows are stored, adds the slots
-  // it wrote (the routed block: those that chose its expert; the shared block: 1) to counters[tile]; the one that
-  // brings it to `arrivals` (K + 1) resets it and runs the fold above on the tile (hc_fold_finish). Nothing waits:
-  // whichever launch ends a tile last finishes it. post and comb must be visible to both launches (the forward makes
-  // the shared expert's down wait for the gates' stream: the routed down, when last, sees them through its count).
-  const float* slots = nullptr;   // [K, D] the routed down's rows (that launch's output)
-  const float* w = nullptr;       // [K] routing weights, or null (applied before W2)
-  const float* add = nullptr;     // [D] the shared expert's row (that launch's output)
-  int K = 0;                      // routed slots of the token, <= 8
-  float scale = 1.0f;             // the runner's output scale
-  unsigned* counters = nullptr;   // [D / 16], zero before the launches, zero again after the last
-  int arrivals = 0;               // K + 1
 };
 
 // ---- the router's arguments (fwd_moe.cu's fwd_route; gemv.cu's one-token MoE launches with GemvArgs::route) ----
@@ -356,7 +340,7 @@ struct GemvArgs {
   // scores before it lets the next kernel launch (gemv.cu).
   RouteArgs route;
   int route_variant = 0;  // 0: idx as given; 1-5: route_warp_variant(route)
-  HcPartArgs hc;          // epi kHcPart (cuda.hc_fold), kHcArrive (cuda.hc_fold_moe)
+  HcPartArgs hc;          // epi kHcPart (cuda.hc_fold)
 };
 // Warps per block of a dense decode GEMV over `tiles` 16-row tiles of `chunks` 128-column chunks: the fewest in {1,
 // 2, 4, 8} that put >= 2048 warps on the GPU, at most one per chunk (the rule dense_split in backend.cpp explains).

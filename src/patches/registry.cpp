@@ -210,19 +210,6 @@ std::vector<Patch> make_registry() {
                "forward over graph and eager steps",
                // The same products in another fp64 order, rounded to fp32 once (tests/cuda: HcFoldForwardMatchesUnfolded).
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_fold = true; }, false, "cuda"});
-  r.push_back({"cuda.hc_fold_moe", "the attention's hc_pre after the MoE computing its fused hc_post, the MoE's combine and its mixes' sums itself",
-               "cuda.hc_fold at the other boundary: at one token each 16-row tile of the MoE's output has K + 1 "
-               "producers (the routed experts' down blocks of that tile, one per expert, and the shared expert's down "
-               "block, on another stream); each counts its rows in, and the last one combines the tile (the combine's "
-               "arithmetic), runs the next hc_pre's fused hc_post on it and leaves the tile's fp64 sums, which that "
-               "hc_pre totals. The mixes' fp64 sums are taken in another order, so a mix can move by an fp32 ulp; "
-               "hc_mult 4, the W4A16 routed experts and the FP8 shared expert on cuda.streams' side stream only, "
-               "elsewhere (and before hc_head) the hc_pre runs as before",
-               "a tile finished before all its producers had stored their rows, or by two of them, or a counter left "
-               "non-zero, would combine stale rows into the residual streams: O(1) errors from that layer on; tested "
-               "against the unfolded forward over graph and eager steps, and each launch order of the two downs",
-               // The same products in another fp64 order, rounded to fp32 once (tests/cuda: HcFoldMoeForwardMatchesUnfolded).
-               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_hc_fold_moe = true; }, false, "cuda"});
   r.push_back({"cuda.comp_deferred", "the compressors' projections of each one-token step (the one-token kernel)",
                "one-token steps keep their attention input x (a ring of `rate` rows per compressed layer) and, at a "
                "window's last token, project its rows as one chunk of `rate` tokens and pool them, so the compressors' "
