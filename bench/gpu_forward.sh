@@ -179,7 +179,8 @@ fi
 if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round and variant: A = FAST, B = LAYER_AB_PAIRED with FAST
   # standing for the FAST patches (e.g. "FAST,cuda.x", or "FAST" for the noise floor), `plumb bench --layers --ab`:
   # pairs of steps alternating A and B, the median difference with its 95 % interval (layers-ab-paired.txt);
-  # AB_EXTRA: more bench options (e.g. "--warmup 16 --iters 60"); AB_LAYERS: the stack's layers (LAYERS, else 2)
+  # AB_EXTRA: more bench options (e.g. "--warmup 16 --iters 60"; the batches are LAYER_BATCHES, default 1: not
+  # --batches here); AB_LAYERS: the stack's layers (LAYERS, else 2)
   # Several B variants separated by ';' ("FAST,cuda.x;FAST,cuda.y"): each its AB_ROUNDS rounds, in turn.
   IFS=';' read -r -a ab_variants <<<"$LAYER_AB_PAIRED"
   for r in $(seq "${AB_ROUNDS:-2}"); do
@@ -187,7 +188,8 @@ if [ -n "${LAYER_AB_PAIRED:-}" ]; then  # one build, one process per round and v
       note "layer A/B (paired, in process) round $r: FAST vs $v"
       echo "### round $r: A [$FAST], B [${v//FAST/$FAST}]" >>"$OUT/layers-ab-paired.txt"
       timeout 300 "$C/plumb" bench --layers "${AB_LAYERS:-${LAYERS:-2}}" --dir /tmp/plumb-layers --patches "$FAST" --ab "${v//FAST/$FAST}" \
-        --batches "${LAYER_BATCHES:-1}" --prefill 0 ${AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|A/B|FAILED' >>"$OUT/layers-ab-paired.txt"
+        --batches "${LAYER_BATCHES:-1}" --prefill 0 ${AB_EXTRA:-} 2>&1 | grep -E '^\| [0-9]|A/B|FAILED|[Ee]rror|required|--help' >>"$OUT/layers-ab-paired.txt"
+      # (the errors too: session 55 lost a run to an option given twice, "--batches" in AB_EXTRA, which printed nothing here)
     done
   done
   note "layer A/B (paired) done"
