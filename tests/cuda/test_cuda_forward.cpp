@@ -96,6 +96,31 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b, size_t*
   return worst;
 }
 
+// Two models free running side by side over `toks`, step_tokens(pos) tokens per step: every step's logits of b within
+// `tol` of a's (max_rel; asserted, the message naming `what` and the step, `ref` what a is), the worst error, and the
+// steps whose logits differ in any bit. Callers wrap it in ASSERT_NO_FATAL_FAILURE.
+struct FreeRun {
+  double worst = 0;
+  size_t differ = 0, steps = 0;
+};
+template <class StepTokens>
+void free_run(const plumb::Model& ma, plumb::SessionState& sa, const plumb::Model& mb, plumb::SessionState& sb,
+              const std::vector<int32_t>& toks, StepTokens step_tokens, double tol, const std::string& what, const char* ref,
+              FreeRun& r) {
+  for (size_t pos = 0; pos < toks.size(); ++r.steps) {
+    const std::span<const int32_t> part(toks.data() + pos, std::min(size_t(step_tokens(pos)), toks.size() - pos));
+    const auto a = ma.forward(sa, part), b = mb.forward(sb, part);
+    ASSERT_EQ(a.data.size(), b.data.size());
+    size_t where = 0;
+    const double e = max_rel(b.data, a.data, &where);
+    ASSERT_LE(e, tol) << what << ", step at position " << pos << " (" << part.size() << " tokens): logit " << where << " "
+                      << b.data[where] << " against " << ref << " " << a.data[where];
+    r.worst = std::max(r.worst, e);
+    r.differ += std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4) != 0;
+    pos += part.size();
+  }
+}
+
 // GPU vs CPU on the bundled trained model: 300 tokens (window filled many times over, compressed entries in the
 // CSA/HCA layers, the indexer selecting 8 of up to 75 entries), prefill in chunks of 97 then 20 decode steps.
 // Teacher forced (diff --local: every op fed the CPU's inputs), no op may exceed the fp32 tolerance: the two
@@ -398,22 +423,12 @@ TEST_F(GpuTest, HcNormAfterMixForwardMatchesExact) {
         auto after = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.hc_norm_after_mix").options, {}, "cuda");
         const auto toks = test_prompt(300, exact->config().vocab);
         auto se = exact->new_state(), sa = after->new_state();
-        double worst = 0;
-        size_t differ = 0;
-        for (size_t pos = 0; pos < toks.size(); pos += size_t(chunk)) {
-          const std::span<const int32_t> part(toks.data() + pos, std::min(size_t(chunk), toks.size() - pos));
-          const auto a = exact->forward(se, part), b = after->forward(sa, part);
-          ASSERT_EQ(a.data.size(), b.data.size());
-          size_t where = 0;
-          const double e = max_rel(b.data, a.data, &where);
-          ASSERT_LE(e, cfg.tol) << dir << " [" << cfg.patches << "] steps of " << chunk << ", position " << pos << ": logit " << where << " "
-                                << b.data[where] << " against the exact kernel's " << a.data[where];
-          worst = std::max(worst, e);
-          differ += std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4) != 0;
-        }
+        FreeRun r;
+        ASSERT_NO_FATAL_FAILURE(free_run(*exact, se, *after, sa, toks, [&](size_t) { return chunk; }, cfg.tol,
+                                         fmt::format("{} [{}] steps of {}", dir, cfg.patches, chunk), "the exact kernel's", r));
         std::printf("%s [%s], steps of %d: worst logit error %.3g, %zu steps not bit-identical\n", dir.c_str(), cfg.patches.c_str(), chunk,
-                    worst, differ);
-        EXPECT_GT(differ, 0u) << dir << ": every step bit-identical (the patch's kernel did not run)";
+                    r.worst, r.differ);
+        EXPECT_GT(r.differ, 0u) << dir << ": every step bit-identical (the patch's kernel did not run)";
       }
   EXPECT_THROW(plumb::Model::load(data + "/golden/official-mixed", plumb::parse_patches("numerics.official,cuda.hc_norm_after_mix").options, {},
                                   "cuda"),
@@ -441,29 +456,19 @@ TEST_F(GpuTest, HcFoldForwardMatchesUnfolded) {
         auto fold = plumb::Model::load(dir, plumb::parse_patches(patches + ",cuda.hc_fold").options, {}, "cuda");
         const auto toks = test_prompt(300, plain->config().vocab);
         auto sp = plain->new_state(), sf = fold->new_state();
-        double worst = 0;
-        size_t differ = 0, steps = 0;
-        for (size_t pos = 0; pos < toks.size(); pos += size_t(chunk), ++steps) {
-          const std::span<const int32_t> part(toks.data() + pos, std::min(size_t(chunk), toks.size() - pos));
-          const auto a = plain->forward(sp, part), b = fold->forward(sf, part);
-          ASSERT_EQ(a.data.size(), b.data.size());
-          size_t where = 0;
-          const double e = max_rel(b.data, a.data, &where);
-          ASSERT_LE(e, 1e-2) << dir << " [" << patches << "] steps of " << chunk << ", position " << pos << ": logit " << where << " "
-                             << b.data[where] << " against the unfolded forward's " << a.data[where];
-          worst = std::max(worst, e);
-          differ += std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4) != 0;
-        }
+        FreeRun r;
+        ASSERT_NO_FATAL_FAILURE(free_run(*plain, sp, *fold, sf, toks, [&](size_t) { return chunk; }, 1e-2,
+                                         fmt::format("{} [{}] steps of {}", dir, patches, chunk), "the unfolded forward's", r));
         const int64_t folds = sf.dev->scratch.hc_folds, layers = plain->config().n_layers;
         std::printf("%s [%s], steps of %d: %lld folds, worst logit error %.3g, %zu of %zu steps not bit-identical\n", dir.c_str(),
-                    patches.c_str(), chunk, (long long)folds, worst, differ, steps);
+                    patches.c_str(), chunk, (long long)folds, r.worst, r.differ, r.steps);
         // (tiny-official's wo_a rank, 16, keeps its wo_a off the FP8 GEMV, so wo_b takes fp32 rows: no fold, as designed)
         const bool folding = dir.find("kernel-dims") != std::string::npos;
         if (chunk == 1 && folding) {
-          EXPECT_EQ(folds, layers * int64_t(steps)) << dir << ": the fold did not run in every layer of every one-token step";
+          EXPECT_EQ(folds, layers * int64_t(r.steps)) << dir << ": the fold did not run in every layer of every one-token step";
         } else {
           EXPECT_EQ(folds, 0) << dir;
-          EXPECT_EQ(differ, 0u) << dir << ": steps of 7 tokens do not fold, so they must be the unfolded forward's bits";
+          EXPECT_EQ(r.differ, 0u) << dir << ": steps of 7 tokens do not fold, so they must be the unfolded forward's bits";
         }
       }
   EXPECT_THROW(plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches("cuda.fp8_gemv,cuda.hc_fold").options, {}, "cuda"),
@@ -493,24 +498,13 @@ TEST_F(GpuTest, CompDeferredMatchesPerTokenProjections) {
       auto deferred = plumb::Model::load(dir, plumb::parse_patches(cfg.patches + ",cuda.comp_deferred").options, {}, "cuda");
       const auto toks = test_prompt(200, per_token->config().vocab);
       auto sp = per_token->new_state(), sd = deferred->new_state();
-      double worst = 0;
-      size_t differ = 0, steps = 0;
-      for (size_t pos = 0; pos < toks.size(); ++steps) {
-        const size_t n = pos == 0 ? 6 : pos == 61 ? 3 : pos == 130 ? 2 : 1;
-        const std::span<const int32_t> part(toks.data() + pos, std::min(n, toks.size() - pos));
-        const auto a = per_token->forward(sp, part), b = deferred->forward(sd, part);
-        ASSERT_EQ(a.data.size(), b.data.size());
-        size_t where = 0;
-        const double e = max_rel(b.data, a.data, &where);
-        ASSERT_LE(e, cfg.tol) << dir << " [" << cfg.patches << "] step at position " << pos << " (" << part.size() << " tokens): logit "
-                              << where << " " << b.data[where] << " against the per-token projections' " << a.data[where];
-        worst = std::max(worst, e);
-        differ += std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4) != 0;
-        pos += part.size();
-      }
+      FreeRun r;
+      const auto step_tokens = [](size_t pos) -> size_t { return pos == 0 ? 6 : pos == 61 ? 3 : pos == 130 ? 2 : 1; };
+      ASSERT_NO_FATAL_FAILURE(free_run(*per_token, sp, *deferred, sd, toks, step_tokens, cfg.tol, fmt::format("{} [{}]", dir, cfg.patches),
+                                       "the per-token projections'", r));
       ASSERT_TRUE(sp.dev && sd.dev);
       std::printf("%s [%s]: worst logit error %.3g, %zu of %zu steps not bit-identical, %lld windows projected from kept rows\n", dir.c_str(),
-                  cfg.patches.c_str(), worst, differ, steps, (long long)sd.dev->comp_windows_projected);
+                  cfg.patches.c_str(), r.worst, r.differ, r.steps, (long long)sd.dev->comp_windows_projected);
       EXPECT_EQ(sp.dev->comp_windows_projected, 0);
       EXPECT_GT(sd.dev->comp_windows_projected, 30) << dir << ": (nearly) nothing was kept";
     }
