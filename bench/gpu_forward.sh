@@ -4,7 +4,7 @@
 # reference. Uses the binaries built on the development machine and carried in build-carry/ (see gpu_run.sh).
 # Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
 # Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
-# only), SKIP_KLD=1 (no kld), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
+# only), SKIP_KLD=1 (no kld; KLD_A / KLD_B: its two configurations, default '' and 'cuda:', FAST standing for FAST's), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), NCU_STALLS=1 (every kernel of a replayed FAST step: warp stalls, bench/ncu_stalls.py), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
 # TEST_SHARDS, NCU_SKIP, NCU_SOURCE, LAYER_AB, LAYER_AB_PATCHES, LAYER_AB_VARIANTS, LAYER_AB_PAIRED, AB_ROUNDS, AB_LAYERS (see there), CARRY=DIR (binaries from DIR instead of build-carry/), LAYER_ALT=PATCHES (the layer bench again with FAST + these),
@@ -141,11 +141,12 @@ timeout "${T_SELF:-120}" "$C/plumb" selftest --backend cuda >"$OUT/selftest.txt"
 note "selftest rc=$? $(tail -n 1 "$OUT/selftest.txt")"
 
 if [ -z "${SKIP_KLD:-}" ]; then  # SKIP_KLD=1: verify-golden and selftest only
+KLD_A=${KLD_A:-} KLD_B=${KLD_B:-cuda:}
 head -c "${KLD_BYTES:-8000}" README.md >/tmp/kld.txt
 note "kld text: ${KLD_BYTES:-8000} bytes of README.md, prefill chunks of ${KLD_CHUNK:-0}"
-note "kld cpu vs cuda"
+note "kld [${KLD_A//FAST/$FAST}] vs [${KLD_B//FAST/$FAST}]"
 timeout "${T_KLD:-120}" "$C/plumb" kld -m models/tiny --text "${KLD_TEXT:-/tmp/kld.txt}" --tokenizer models/tiny/tokenizer.json \
-  --chunk "${KLD_CHUNK:-0}" --a '' --b 'cuda:' >"$OUT/kld.txt" 2>&1
+  --chunk "${KLD_CHUNK:-0}" --a "${KLD_A//FAST/$FAST}" --b "${KLD_B//FAST/$FAST}" >"$OUT/kld.txt" 2>&1
 note "kld rc=$?"
 fi
 fi

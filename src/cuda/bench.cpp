@@ -1038,7 +1038,7 @@ int run_bench(const BenchOptions& opt) {
   }
   d::dsync();
 
-  // ---- sparse attention at a long context: the unsplit twin vs attn.splitk_decode ----
+  // ---- sparse attention at a long context: the unsplit twin vs attn.splitk_decode (fp64, and attn.splitk_f16) ----
   // An HCA layer at 1M tokens (8192 compressed entries + the 128-key window, 64 heads x 512): the bytes are the keys
   // (read once by an ideal kernel), the queries and the outputs.
   if (B.want("attention")) {
@@ -1063,6 +1063,10 @@ int run_bench(const BenchOptions& opt) {
       DeviceBuffer part(std::max<size_t>(plan.scratch_bytes, 8));
       B.add(B.rows, {"attention (attn.splitk_decode)", shape, fmt::format("{} splits of {} keys", plan.splits, plan.keys_per_split(maxk)), n, 0, bytes},
             B.time([&](int) { d::fwd_attend_splitk(a, plan, part.get(), S); }));
+      d::AttendArgs ah = a;
+      ah.f16 = 1;
+      B.add(B.rows, {"attention (attn.splitk_f16)", shape, fmt::format("{} splits of {} keys, f16 products", plan.splits, plan.keys_per_split(maxk)), n, 0, bytes},
+            B.time([&](int) { d::fwd_attend_splitk(ah, plan, part.get(), S); }));
     }
   }
   d::dsync();

@@ -7,8 +7,11 @@
 // Same keys in the same order as the unsplit twin (attn_keys.cuh's KeyList); the logits are the same fp64 dot
 // products summed in the tensor cores' order instead of key_logit's lane order, then rounded to float as the twin
 // does, so they can differ from the twin's by a float rounding; the normalization order differs too (see
-// docs/cuda.md for the measured error).
+// docs/cuda.md for the measured error). attn.splitk_f16 (AttendArgs::f16, a patch with its own tolerance) runs both
+// products on the f16 tensor cores instead (mma.m16n8k16, fp32 accumulation): q, the keys and the probabilities
+// rounded to f16 as their fragments are read, as production engines' bf16 attention does (f16: 3 more mantissa bits).
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/attn_keys.cuh"
 
@@ -88,12 +91,16 @@ __device__ __forceinline__ int swz(int k) { return ((k & 3) << 3) | (k & 4); }
 //   P.V:    warp w rescales its fp64 accumulators (16 heads x its 32 dims) by f and adds P (fp64) x V (the same rows
 //           as the keys, converted to fp64) on DMMA.
 // kDirect: S == 1, so the block also merges with the sink and writes the output (else it stores its partials).
-// kQNorm: the query heads' norm + RoPE here (AttendArgs::q_inv_freq). Both compile-time, as is the official layout's
+// kQNorm: the query heads' norm + RoPE here (AttendArgs::q_inv_freq). kF16 (attn.splitk_f16): both products as
+// mma.m16n8k16 on f16 fragments (the same C layout as the DMMA's: the partial logits' and P.V's bookkeeping is
+// shared), a slice's logits and P.V summed in fp32 (P.V across the split's tiles too; the slices' sum, l and the
+// merge stay fp64). All three compile-time, as is the official layout's
 // absence (KeyListT<false>): the kernel runs once per layer and step from cold instruction caches, and session 40's
 // phase stamps put ~8 of its ~13 us at one token in steps whose work is a few loads (the key list and the copies'
 // issue ~2.5 us, the queries' norm ~2.5, the partials' stores ~3.3), so it holds only the code its launch runs.
-template <bool kDirect, bool kQNorm>
+template <bool kDirect, bool kQNorm, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a, Partials P, SplitPlan plan) {
+  using Acc = std::conditional_t<kF16, float, double>;  // the products' accumulators
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ double Ps[kHeads * kPStride];
   __shared__ double fac[kHeads], lfin[kHeads];
@@ -140,19 +147,33 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
     __syncthreads();
   }
   // q fragments (A of the logits): qa[b][half] = q[head 8 * half + g][dim 32 * wid + 4 * b + r]; heads past Hq
-  // are zeros.
-  double qa[kSlice / 4][2];
+  // are zeros. kF16: qh16[kc] is m16n8k16's A for dims 32 * wid + 16 * kc + [0, 16): f16 pairs (dims 2r, 2r + 1
+  // and 2r + 8, 2r + 9) of heads g and g + 8.
+  double qa[kF16 ? 1 : kSlice / 4][2];
+  uint32_t qh16[kF16 ? 2 : 1][4];
 #pragma unroll
   for (int ho = 0; ho < 2; ++ho) {
     const int h = h0 + 8 * ho + g;
-    const float* qh = (kQNorm ? qs + size_t(8 * ho + g) * size_t(Dh) : a.q + (int64_t(t) * a.Hq + h) * a.Dh) + kSlice * wid + r;
+    const bool live = mma_warp && h < a.Hq;
+    const float* qrow = (kQNorm ? qs + size_t(8 * ho + g) * size_t(Dh) : a.q + (int64_t(t) * a.Hq + h) * a.Dh) + kSlice * wid;
+    if constexpr (kF16) {
 #pragma unroll
-    for (int b = 0; b < kSlice / 4; ++b) qa[b][ho] = mma_warp && h < a.Hq ? double(qh[4 * b]) : 0.0;
+      for (int kc = 0; kc < 2; ++kc)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const float2 v = live ? *reinterpret_cast<const float2*>(qrow + 16 * kc + 8 * hi + 2 * r) : make_float2(0.0f, 0.0f);
+          qh16[kc][2 * hi + ho] = f32x2_to_f16x2(v.x, v.y);
+        }
+    } else {
+#pragma unroll
+      for (int b = 0; b < kSlice / 4; ++b) qa[b][ho] = live ? double(qrow[4 * b + r]) : 0.0;
+    }
   }
   // Warp wid's softmax state is head wid's (m the same in every lane, l each lane's share); acc[e]: dims
   // 32 * wid + 8 * e + 2 * r (+ 1) of head g (acc[e][0], [1]) and head g + 8 ([2], [3]).
   float m = -INFINITY;
-  double l = 0, acc[4][4] = {};
+  double l = 0;
+  Acc acc[4][4] = {};
 
   for (int i = 0; i < ntiles; ++i) {
     cp_async_wait_all();
@@ -167,17 +188,26 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
       const int sw = swz(g);
 #pragma unroll
       for (int kb = 0; kb < kTile / 8; ++kb) {  // keys 8 * kb + g
-        double c[4] = {0.0, 0.0, 0.0, 0.0};
+        Acc c[4] = {};
         const float* kr = kw + size_t(8 * kb) * size_t(Dh);
+        if constexpr (kF16) {
 #pragma unroll
-        for (int b2 = 0; b2 < kSlice / 8; ++b2) {  // dims 8 * b2 + 4 * kh + r
-          const double qf[2][2] = {{qa[2 * b2][0], qa[2 * b2][1]}, {qa[2 * b2 + 1][0], qa[2 * b2 + 1][1]}};
-          const double kf[2] = {double(kr[(8 * b2 + r) ^ sw]), double(kr[(8 * b2 + 4 + r) ^ sw])};
-          dmma_m16n8k8(c, qf, kf);
+          for (int kc = 0; kc < 2; ++kc) {  // B: key g's dims 16 * kc + 2r (+1) and + 8 (the swizzle keeps pairs whole)
+            const float2 k0 = *reinterpret_cast<const float2*>(kr + ((16 * kc + 2 * r) ^ sw));
+            const float2 k1 = *reinterpret_cast<const float2*>(kr + ((16 * kc + 8 + 2 * r) ^ sw));
+            mma_f16(c, qh16[kc][0], qh16[kc][1], qh16[kc][2], qh16[kc][3], f32x2_to_f16x2(k0.x, k0.y), f32x2_to_f16x2(k1.x, k1.y));
+          }
+        } else {
+#pragma unroll
+          for (int b2 = 0; b2 < kSlice / 8; ++b2) {  // dims 8 * b2 + 4 * kh + r
+            const double qf[2][2] = {{qa[2 * b2][0], qa[2 * b2][1]}, {qa[2 * b2 + 1][0], qa[2 * b2 + 1][1]}};
+            const double kf[2] = {double(kr[(8 * b2 + r) ^ sw]), double(kr[(8 * b2 + 4 + r) ^ sw])};
+            dmma_m16n8k8(c, qf, kf);
+          }
         }
         double* pp = part + (wid * kHeads + g) * kPart + 8 * kb + 2 * r;
-        *reinterpret_cast<double2*>(pp) = make_double2(c[0], c[1]);
-        *reinterpret_cast<double2*>(pp + 8 * kPart) = make_double2(c[2], c[3]);
+        *reinterpret_cast<double2*>(pp) = make_double2(double(c[0]), double(c[1]));
+        *reinterpret_cast<double2*>(pp + 8 * kPart) = make_double2(double(c[2]), double(c[3]));
       }
     }
     __syncthreads();
@@ -205,20 +235,44 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
     }
     __syncthreads();
     if (mma_warp) {
-      const double f0 = fac[g], f1 = fac[8 + g];
+      const Acc f0 = Acc(fac[g]), f1 = Acc(fac[8 + g]);  // (float values: exact as either type)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e][0] *= f0, acc[e][1] *= f0, acc[e][2] *= f1, acc[e][3] *= f1;
+      if constexpr (kF16) {
 #pragma unroll
-      for (int c2 = 0; c2 < kTile / 8; ++c2) {  // keys 8 * c2 + 4 * kh + r
-        const int k0 = 8 * c2 + r, k1 = k0 + 4, sw0 = swz(k0 & 7), sw1 = swz(k1 & 7);
-        const double pf[2][2] = {{Ps[g * kPStride + k0], Ps[(8 + g) * kPStride + k0]},
-                                 {Ps[g * kPStride + k1], Ps[(8 + g) * kPStride + k1]}};
-        const float* v0 = K + size_t(k0) * size_t(Dh) + kSlice * wid;
-        const float* v1 = K + size_t(k1) * size_t(Dh) + kSlice * wid;
+        for (int kc = 0; kc < kTile / 16; ++kc) {  // keys 16 * kc + [0, 16)
+          // The MMA's k slots 2r, 2r + 1, 2r + 8, 2r + 9 take keys r, r + 4, r + 8, r + 12 of the chunk (any order
+          // that A and B share sums the same products): V's rows then fall in distinct bank groups, as for DMMA.
+          // A: P of heads g, g + 8 at those keys; B: their rows at dim 32 * wid + 8e + g.
+          const int k0 = 16 * kc + r;
+          const double* pg = Ps + g * kPStride + k0;
+          const double* pg8 = Ps + (8 + g) * kPStride + k0;
+          const uint32_t pa0 = f32x2_to_f16x2(float(pg[0]), float(pg[4])), pa1 = f32x2_to_f16x2(float(pg8[0]), float(pg8[4]));
+          const uint32_t pa2 = f32x2_to_f16x2(float(pg[8]), float(pg[12])), pa3 = f32x2_to_f16x2(float(pg8[8]), float(pg8[12]));
+          const float* v0 = K + size_t(k0) * size_t(Dh) + kSlice * wid;
+          const size_t dh = size_t(Dh);
+          const int s0 = swz(r), s4 = swz(r + 4);  // (keys k0 + 8 and k0 + 12 share k0's and k0 + 4's swizzle)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const double vf[2] = {double(v0[(8 * e + g) ^ sw0]), double(v1[(8 * e + g) ^ sw1])};
-          dmma_m16n8k8(acc[e], pf, vf);
+          for (int e = 0; e < 4; ++e) {
+            const int d = 8 * e + g;
+            const uint32_t b0 = f32x2_to_f16x2(v0[d ^ s0], v0[4 * dh + (d ^ s4)]);
+            const uint32_t b1 = f32x2_to_f16x2(v0[8 * dh + (d ^ s0)], v0[12 * dh + (d ^ s4)]);
+            mma_f16(acc[e], pa0, pa1, pa2, pa3, b0, b1);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int c2 = 0; c2 < kTile / 8; ++c2) {  // keys 8 * c2 + 4 * kh + r
+          const int k0 = 8 * c2 + r, k1 = k0 + 4, sw0 = swz(k0 & 7), sw1 = swz(k1 & 7);
+          const double pf[2][2] = {{Ps[g * kPStride + k0], Ps[(8 + g) * kPStride + k0]},
+                                   {Ps[g * kPStride + k1], Ps[(8 + g) * kPStride + k1]}};
+          const float* v0 = K + size_t(k0) * size_t(Dh) + kSlice * wid;
+          const float* v1 = K + size_t(k1) * size_t(Dh) + kSlice * wid;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const double vf[2] = {double(v0[(8 * e + g) ^ sw0]), double(v1[(8 * e + g) ^ sw1])};
+            dmma_m16n8k8(acc[e], pf, vf);
+          }
         }
       }
     }
@@ -422,10 +476,16 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
     }
     launch_as(pdl, "fwd_attend_split", kern, dim3(unsigned(a.n * ngroups), unsigned(S)), kThreads, smem, s, a, P, plan);
   };
-  static size_t raised[4] = {48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024};
+  static size_t raised[8] = {48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024, 48 * 1024};
   const bool qnorm = a.q_inv_freq != nullptr;
-  if (S == 1) qnorm ? go(attend_split_kernel<true, true>, raised[0]) : go(attend_split_kernel<true, false>, raised[1]);
-  else qnorm ? go(attend_split_kernel<false, true>, raised[2]) : go(attend_split_kernel<false, false>, raised[3]);
+  auto pick = [&](auto f16) {  // attn.splitk_f16's kernels take the second four
+    constexpr bool kH = decltype(f16)::value;
+    size_t* r = raised + (kH ? 4 : 0);
+    if (S == 1) qnorm ? go(attend_split_kernel<true, true, kH>, r[0]) : go(attend_split_kernel<true, false, kH>, r[1]);
+    else qnorm ? go(attend_split_kernel<false, true, kH>, r[2]) : go(attend_split_kernel<false, false, kH>, r[3]);
+  };
+  if (a.f16) pick(std::true_type{});
+  else pick(std::false_type{});
   if (S == 1) return;
   launch_as(pdl, "fwd_attend_merge", attend_merge_kernel, dim3(unsigned(a.n * a.Hq)), kMergeThreads, 0, s, a, P, S);
 }

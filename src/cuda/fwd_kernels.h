@@ -229,6 +229,8 @@ struct AttendArgs {
   // bf16 before P.V, the output stored as bf16 (model/attention.cpp attend()).
   int official = 0;
   int official_serial = 0;  // tests: one thread computes each key block's max and probabilities (the kernel's twin)
+  // fwd_attend_splitk only: attn.splitk_f16, the logits and P.V on the f16 tensor cores (q, keys, P rounded to f16).
+  int f16 = 0;
   // fwd_attend_splitk only: the side branches whose writes the split launch reads (the KV row, the compressor's
   // entries), waited for in-kernel instead of joined (cuda.branch_flags, BranchWait).
   BranchWait wait;

@@ -425,6 +425,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   a.scale = 1.0f / std::sqrt(float(Dh));
   a.out = o;
   a.official = nm.official();
+  a.f16 = w.splitk_f16;
   // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position. The FP8
   // output projection reads o as f16: written by the same launch (the split-K attention's own stores where it runs,
   // else fwd_rope_f16 below).

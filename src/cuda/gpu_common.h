@@ -71,6 +71,7 @@ struct GpuAttn {
   std::unique_ptr<GpuComp> comp, icomp;  // CSA / HCA; CSA's indexer keys
   GMat iwq_b, iweights;                  // CSA indexer: wq_b, weights_proj
   bool splitk = false;                   // attn.splitk_decode: fwd_attend_splitk instead of fwd_attend
+  bool splitk_f16 = false;               // attn.splitk_f16: its products on the f16 tensor cores
   bool index_tc = false;                 // indexer.tc_scores: the indexer's scores on the tensor cores where they fit
   bool index_dmma = false;               // indexer.dmma_scores: its dots on the fp64 tensor cores where they fit
   bool skip_short = false;               // indexer.skip_short: every visible entry while the top-k would take them all

@@ -68,6 +68,10 @@ void check_options(const ModelOptions& o) {
                 mode, patch);
   };
   refuse(o.attn_splitk_decode, "attn.splitk_decode");
+  refuse(o.attn_splitk_f16, "attn.splitk_f16");
+  // The f16 products are the split-K kernel's: without it the attention would silently stay fp64.
+  PLUMB_CHECK(!o.attn_splitk_f16 || o.attn_splitk_decode,
+              "backend cuda: attn.splitk_f16 changes attn.splitk_decode's products and needs it: add attn.splitk_decode");
   refuse(o.indexer_tc_scores, "indexer.tc_scores");
   refuse(o.indexer_dmma_scores, "indexer.dmma_scores");
   refuse(o.cuda_prefill_gemm, "cuda.prefill_gemm");
@@ -205,6 +209,7 @@ class GpuForward : public DeviceForward {
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
       gl.attn.sink = upload_tensor(a.sink);
       gl.attn.splitk = opt_.attn_splitk_decode;
+      gl.attn.splitk_f16 = opt_.attn_splitk_f16;
       gl.attn.index_tc = opt_.indexer_tc_scores;
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
       gl.attn.skip_short = opt_.indexer_skip_short;

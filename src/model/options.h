@@ -18,6 +18,7 @@ struct ModelOptions {
   bool cuda_head_bf16 = false;      // cuda.head_bf16: LM head as a cuBLASLt bf16 GEMM (backend cuda)
   bool cuda_graph = false;          // cuda.graph: decode steps replayed as CUDA graphs (backend cuda)
   bool attn_splitk_decode = false;  // attn.splitk_decode: sparse attention split over keys (backend cuda)
+  bool attn_splitk_f16 = false;     // attn.splitk_f16: its products on the f16 tensor cores (backend cuda)
   bool indexer_tc_scores = false;   // indexer.tc_scores: the indexer's scores on the f16 tensor cores (backend cuda)
   bool indexer_dmma_scores = false;  // indexer.dmma_scores: the indexer's fp64 dots on the fp64 tensor cores (backend cuda)
   bool indexer_skip_short = false;  // indexer.skip_short: no indexer while its top-k would select every entry

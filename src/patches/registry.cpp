@@ -286,6 +286,17 @@ std::vector<Patch> make_registry() {
                // own order and the softmax is normalized per chunk: measured <= 1.2e-7 normalized against the unsplit
                // twin (tests/cuda, key lists up to 8K entries, 4 to 64 heads). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.attn_splitk_decode = true; }, false, "cuda"});
+  r.push_back({"attn.splitk_f16", "attn.splitk_decode's fp64 logits and P.V (fp64 tensor cores)",
+               "the split-K attention's two products on the f16 tensor cores (mma.m16n8k16, fp32 accumulation): the "
+               "queries, the keys and the probabilities rounded to f16 as their fragments are read (as production "
+               "engines run attention in bf16; f16 keeps 3 more mantissa bits), a 32-dim slice's logits and a split's "
+               "P.V summed in fp32; the slices' sum, the softmax's sum and the merge stay fp64; needs attn.splitk_decode",
+               "a query or key above 65504 becomes inf (RMS-normed rows stay far below); f16 rounding moves each logit by "
+               "~2^-11 of |q||k|, so near-equal keys can trade a little weight",
+               // f16 inputs (2^-11 relative each), fp32 sums: measured <= 4.9e-4 normalized against the host's fp64
+               // attention over tests/cuda's 12 cases (AttentionSplitKF16MatchesFp64); the bound is cuda.fp8_gemv's,
+               // whose activations take the same f16 rounding.
+               {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.attn_splitk_f16 = true; }, false, "cuda"});
   r.push_back({"indexer.tc_scores", "lightning indexer scores: fp64 dots in dim order, summed over heads in head order",
                "the scores on the f16 tensor cores: the token's queries and the compressed keys rounded to f16, "
                "mma.m16n8k16 with fp32 accumulation, relu and the head weights in fp32, heads summed in a fixed tree; "

@@ -3,7 +3,8 @@
 // (selection holes) key lists, decode and prefill sizes, head counts that fill or leave part of a 16-head block,
 // logits large enough that the running max moves; the split plan's invariance: a query gives the same bits whether
 // its splits are sized by this step's keys or by a larger bound (what a captured graph uses); and (printed, not
-// asserted) the kernels' times at the model's decode shape.
+// asserted) the kernels' times at the model's decode shape. attn.splitk_f16 (f16 tensor-core products) against
+// the host and the fp64 split kernel, and its plan invariance.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -143,6 +144,30 @@ const AttnCase kCases[] = {
     {"CSA, 8 tokens of 64 heads, short context (decode at batch 8)", 1, 8, 64, 512, 128, 250, 4, 64, 64, 2.0f},
 };
 
+// attn.splitk_f16 against the host's fp64 softmax, every case: q, keys and probabilities rounded to f16 (2^-11
+// relative each) and fp32 sums put the outputs within ~1e-3 of the largest, measured per case and bounded at 4e-3
+// (the registry allows 1e-2 for the whole forward); and not the fp64 kernel's bits (the patch applied). A wrong
+// fragment (a transposed operand, keys paired with the wrong probabilities) moves outputs by O(1) of their size.
+TEST_F(GpuTest, AttentionSplitKF16MatchesFp64) {
+  double worst = 0;
+  int64_t differ = 0, total = 0;
+  for (const AttnCase& c : kCases) {
+    const Data x = make_data(c, 7u + unsigned(c.n * 131 + c.type));
+    Device dv(c, x);
+    const auto ref = host_attention(c, x);
+    const auto fp64 = run_split(c, dv, max_keys(c));
+    dv.a.f16 = 1;
+    const auto h = run_split(c, dv, max_keys(c));
+    expect_close(std::string(c.name) + ", f16 split-K vs host fp64", h, ref, c.Dh, 4e-3);
+    worst = std::max(worst, compare(h.data(), ref.data(), int64_t(ref.size())).norm);
+    for (size_t i = 0; i < h.size(); ++i) differ += std::memcmp(&h[i], &fp64[i], 4) != 0;
+    total += int64_t(h.size());
+  }
+  std::printf("attn.splitk_f16: worst normalized error against the host %.3e; %lld of %lld outputs differ from the fp64 kernel's\n",
+              worst, (long long)differ, (long long)total);
+  EXPECT_GT(differ, total / 2) << "attn.splitk_f16 gave the fp64 kernel's bits: did it run?";
+}
+
 TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
   for (const AttnCase& c : kCases) {
     const Data x = make_data(c, 7u + unsigned(c.n * 131 + c.type));
@@ -189,20 +214,23 @@ TEST(AttentionSplitPlan, EveryQueryFitsAndAWiderBoundSplitsAlike) {
 // the plan's cap keeps its splits under a wider bound: those cases check the same bits trivially.)
 TEST_F(GpuTest, AttentionSplitKIsInvariantToTheKeyBound) {
   int grew = 0;
+  for (const int f16 : {0, 1})  // both products' kernels (attn.splitk_f16)
   for (const AttnCase& c : kCases) {
     if (c.n > 256) continue;  // longer chunks never run as graphs (their plan depends on the bound)
     const Data x = make_data(c, 99u + unsigned(c.n));
     Device dv(c, x);
+    dv.a.f16 = f16;
     int s_exact = 0, s_wide = 0;
     const auto exact = run_split(c, dv, max_keys(c), &s_exact);
     const auto wide = run_split(c, dv, max_keys(c) * 3 + 700, &s_wide);
     ASSERT_GE(s_wide, s_exact) << c.name;
     grew += s_wide > s_exact;
     for (size_t i = 0; i < exact.size(); ++i)
-      ASSERT_EQ(std::memcmp(&exact[i], &wide[i], 4), 0) << c.name << ": element " << i << " " << exact[i] << " (" << s_exact
-                                                        << " splits) vs " << wide[i] << " (" << s_wide << " splits)";
+      ASSERT_EQ(std::memcmp(&exact[i], &wide[i], 4), 0) << c.name << (f16 ? " (f16)" : "") << ": element " << i << " "
+                                                        << exact[i] << " (" << s_exact << " splits) vs " << wide[i] << " (" << s_wide
+                                                        << " splits)";
   }
-  EXPECT_GE(grew, 8);
+  EXPECT_GE(grew, 16);
 }
 
 // The output's inverse RoPE and f16 copy stored by the split-K kernels themselves (AttendArgs::out_inv_freq: the
@@ -282,6 +310,13 @@ TEST_F(GpuTest, AttentionSplitKTimes) {
         const Cmp e = compare(dv.result().data(), twin.data(), int64_t(twin.size()));
         EXPECT_LE(e.norm, 1e-6) << "chunk " << chunk;
         std::printf(" [%.1e]", e.norm);
+        if (chunk == 0) {  // the plan again with attn.splitk_f16
+          sa.f16 = 1;
+          const double th = time_us([&] { d::fwd_attend_splitk(sa, p, scratch.get(), nullptr); });
+          const Cmp eh = compare(dv.result().data(), twin.data(), int64_t(twin.size()));
+          EXPECT_LE(eh.norm, 4e-3);
+          std::printf(" f16 %.1f us [%.1e];", th, eh.norm);
+        }
       }
       std::printf("\n");
     }

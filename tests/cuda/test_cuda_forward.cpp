@@ -47,8 +47,14 @@ std::vector<std::string> fp32_fixtures() {
 // elsewhere), the split-K attention on the fp32 twin, the prefill GEMMs (chunks of >= 32 tokens: kernel-dims'
 // 40-token prefill, csa-long's, legacy-config's), the indexer's scores on the f16 and on the fp64 tensor cores, and
 // the indexer skipped at short contexts (beside the split-K attention), the plain bf16 projections of 2-32
-// tokens on the bf16 GEMV (kernel-dims' compressors), and hc_pre's mixes normalized after the GEMM, each at its
-// registered tolerance.
+// tokens on the bf16 GEMV (kernel-dims' compressors), hc_pre's mixes normalized after the GEMM, and the split-K
+// attention's products on the f16 tensor cores, each at its registered tolerance.
+const std::vector<std::string> kGoldenPatchSets = {"", "moe.rsf_on_output,moe.weight_before_down",
+                                                   "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
+                                                   "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm", "indexer.tc_scores",
+                                                   "indexer.dmma_scores", "attn.splitk_decode,indexer.skip_short",
+                                                   "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.bf16_gemv", "cuda.hc_norm_after_mix",
+                                                   "attn.splitk_decode,attn.splitk_f16"};
 class GpuGolden : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(GpuGolden, VerifyGoldenPasses) {
@@ -62,15 +68,10 @@ TEST_P(GpuGolden, VerifyGoldenPasses) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, GpuGolden,
-    ::testing::Combine(::testing::ValuesIn(fp32_fixtures()),
-                       ::testing::Values("", "moe.rsf_on_output,moe.weight_before_down",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16", "attn.splitk_decode",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.prefill_gemm", "indexer.tc_scores",
-                                         "indexer.dmma_scores", "attn.splitk_decode,indexer.skip_short",
-                                         "cuda.fp8_gemv,cuda.moe_mxfp4,cuda.bf16_gemv", "cuda.hc_norm_after_mix")),
+    ::testing::Combine(::testing::ValuesIn(fp32_fixtures()), ::testing::ValuesIn(kGoldenPatchSets)),
     [](const auto& info) {
       std::string n = fs::path(std::get<0>(info.param)).filename().string() + "_" +
-                      std::to_string(info.index % 10);
+                      std::to_string(info.index % kGoldenPatchSets.size());
       for (auto& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
@@ -473,6 +474,16 @@ TEST_F(GpuTest, HcFoldForwardMatchesUnfolded) {
       }
   EXPECT_THROW(plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches("cuda.fp8_gemv,cuda.hc_fold").options, {}, "cuda"),
                plumb::Error);
+}
+
+// attn.splitk_f16 in the forward (its kernel against the host: test_cuda_attention.cpp; every fp32 fixture within its
+// tolerance: GpuGolden): graphed (PDL) and eager steps the same bits; refused without attn.splitk_decode (it would
+// silently stay fp64) and with the official numerics.
+TEST_F(GpuTest, SplitKF16Forward) {
+  const std::string data = PLUMB_TEST_DATA;
+  expect_graph_matches_eager(data + "/golden/csa-long", "attn.splitk_decode,attn.splitk_f16,cuda.streams", "cuda.pdl,cuda.pdl_hc_attn");
+  for (const char* patches : {"attn.splitk_f16", "numerics.official,attn.splitk_decode,attn.splitk_f16"})
+    EXPECT_THROW(plumb::Model::load(data + "/golden/kernel-dims", plumb::parse_patches(patches).options, {}, "cuda"), plumb::Error) << patches;
 }
 
 // cuda.comp_deferred: one-token steps keep their compressor rows and project each window's rows as one chunk at its
