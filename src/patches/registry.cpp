@@ -384,6 +384,48 @@ const Patch* find_patch(const std::string& name) {
   return nullptr;
 }
 
+const std::vector<PatchPreset>& patch_presets() {
+  // FAST: every patch that measured faster at the forward's batches and keeps the bf16 tolerances (docs/cuda.md's
+  // patch table says why each is in; attn.splitk_f16 and the indexer's patches are left out there). Checked against
+  // bench/gpu_forward.sh's FAST by a test, so the two lists cannot drift.
+  static const std::vector<PatchPreset> presets = {
+      {"cuda.fast", "the CUDA backend's fast configuration (FAST in docs/cuda.md and plumb bench's figures)",
+       {"cuda.fp8_gemv", "cuda.moe_mxfp4", "cuda.head_bf16", "cuda.graph", "attn.splitk_decode", "cuda.streams", "cuda.prefill_gemm",
+        "indexer.skip_short", "cuda.pdl", "cuda.bf16_gemv", "cuda.l2_evict_first", "cuda.pdl_hc_attn", "cuda.linear_early",
+        "cuda.early_joins", "cuda.hc_norm_after_mix", "cuda.comp_deferred", "cuda.shared_first", "cuda.l2_prefetch", "cuda.hc_fold"}},
+  };
+  return presets;
+}
+
+const PatchPreset* find_preset(const std::string& name) {
+  for (const auto& p : patch_presets())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> expand_patch_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::set<std::string> written;
+  auto add = [&](const std::string& name) {
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  };
+  for (const auto& name : split_list(list)) {
+    PLUMB_CHECK(written.insert(name).second, "patch '{}' is listed twice", name);
+    if (const PatchPreset* pr = find_preset(name)) {
+      for (const auto& member : pr->patches) add(member);
+      continue;
+    }
+    if (!find_patch(name)) {
+      std::string known;
+      for (const auto& q : patch_registry()) known += (known.empty() ? "" : ", ") + q.name;
+      for (const auto& q : patch_presets()) known += ", " + q.name + " (a preset)";
+      fail("unknown patch '{}' (known: {}); `plumb patches` lists them", name, known);
+    }
+    add(name);
+  }
+  return out;
+}
+
 double PatchSet::tolerance_fp32() const {
   double t = kRefTol;
   for (auto* p : active)
@@ -411,14 +453,9 @@ bool PatchSet::has_fault() const {
 PatchSet parse_patches(const std::string& list) {
   PatchSet ps;
   std::set<std::string> seen;
-  for (const auto& name : split_list(list)) {
+  for (const auto& name : expand_patch_list(list)) {
     const Patch* p = find_patch(name);
-    if (!p) {
-      std::string known;
-      for (const auto& q : patch_registry()) known += (known.empty() ? "" : ", ") + q.name;
-      fail("unknown patch '{}' (known: {}); `plumb patches` lists them", name, known);
-    }
-    PLUMB_CHECK(seen.insert(name).second, "patch '{}' is listed twice", name);
+    seen.insert(name);
     ps.active.push_back(p);
     p->enable(ps.options);
   }

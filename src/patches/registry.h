@@ -33,6 +33,19 @@ struct Patch {
 const std::vector<Patch>& patch_registry();
 const Patch* find_patch(const std::string& name);
 
+// A named list of patches, accepted wherever a patch name is (`plumb patches` lists them): `cuda.fast` is the CUDA
+// backend's fast configuration, the one `plumb bench` figures and docs/cuda.md call FAST.
+struct PatchPreset {
+  std::string name;
+  std::string description;
+  std::vector<std::string> patches;
+};
+const std::vector<PatchPreset>& patch_presets();
+const PatchPreset* find_preset(const std::string& name);
+// "a,b,P" with each preset P replaced by its patches: names in order, each kept once where it first comes (a patch
+// also in a preset, or in two presets, is one patch); a name written twice is an Error, as is an unknown one.
+std::vector<std::string> expand_patch_list(const std::string& list);
+
 struct PatchSet {
   std::vector<const Patch*> active;
   ModelOptions options;
@@ -43,8 +56,8 @@ struct PatchSet {
   bool has_fault() const;
 };
 
-// Parses "a,b,c" (spaces ignored, "" = reference). Unknown names are an Error listing the known ones; a fault
-// must be named exactly (no wildcard ever enables one). Names may repeat only once each.
+// Parses "a,b,c" (spaces ignored, "" = reference; presets expanded: expand_patch_list). Unknown names are an Error
+// listing the known ones; a fault must be named exactly (no wildcard or preset ever enables one).
 PatchSet parse_patches(const std::string& list);
 
 // A run configuration as the toolkit (trace, diff, kld, selftest) names one: "[BACKEND:]PATCHES". No prefix is

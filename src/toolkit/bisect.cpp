@@ -184,13 +184,7 @@ std::vector<std::vector<std::string>> valid_configs(const std::vector<std::strin
 }  // namespace
 
 std::vector<std::string> split_patch_list(const std::string& list) {
-  std::vector<std::string> out;
-  for (const auto& name : split_list(list)) {
-    PLUMB_CHECK(std::find(out.begin(), out.end(), name) == out.end(), "patch '{}' is listed twice", name);
-    parse_patches(name);  // an unknown name is an Error listing the known ones
-    out.push_back(name);
-  }
-  return out;
+  return expand_patch_list(list);  // a preset is bisected over its patches; unknown or twice-written names are Errors
 }
 
 BisectResult bisect(const BisectOptions& opt) {

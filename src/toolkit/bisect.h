@@ -37,6 +37,7 @@ struct BisectResult {
 };
 
 BisectResult bisect(const BisectOptions& opt);
+// The patches bisect searches: the list's names, presets expanded (expand_patch_list).
 std::vector<std::string> split_patch_list(const std::string& list);
 
 }  // namespace plumb::toolkit

@@ -143,6 +143,12 @@ void print_patches() {
                                     : "",
                "", p.description, "", p.risk);
   }
+  fmt::print("\npresets (accepted wherever a patch name is; a patch also named beside its preset counts once):\n");
+  for (const auto& pr : patch_presets()) {
+    std::string members;
+    for (const auto& m : pr.patches) members += (members.empty() ? "" : ",") + m;
+    fmt::print("{:<24} {}\n{:<24} = {}\n", pr.name, pr.description, "", members);
+  }
   fmt::print("\nbuilt-in faults (deliberate bugs for testing the toolkit; enabled only when named):\n");
   for (const auto& p : patch_registry())
     if (p.fault) fmt::print("{:<30}  {}: {}\n", p.name, p.replaces, p.description);
