@@ -55,7 +55,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--model", *model, "--layers: the dimensions: flash (V4-Flash, 43 layers) or pro (V4-Pro, 61 layers)")
       ->check(CLI::IsMember({"flash", "pro"}))
       ->capture_default_str();
-  cmd->add_option("--patches", lo->patches, "--layers: patches of the GPU forward pass (e.g. cuda.fp8_gemv,cuda.moe_mxfp4)");
+  cmd->add_option("--patches", lo->patches, "--layers: patches of the GPU forward pass (cuda.fast: the fast configuration; none: the fp32 twin)");
   cmd->add_option("--backend", lo->backend,
                   "--layers: cuda, or cpu: the same checkpoint and steps on the reference backend, to time it at real "
                   "dimensions (no bandwidth figures; slow: V4-Flash on 2 cores ~0.15 s per layer and ~0.16 s for the embedding and LM head per token, so use e.g. --batches 1 --prefill 0 --context 8)")

@@ -9,7 +9,7 @@ void register_bisect(CLI::App& app) {
   auto o = std::make_shared<tools::BisectOptions>();
   auto* cmd = app.add_subcommand("bisect", "Find the smallest subsets of a patch list that still diverge (ddmin)");
   add_input_options(cmd, o->in);
-  cmd->add_option("--patches", o->patches, "comma-separated patches that together diverge")->required();
+  cmd->add_option("--patches", o->patches, "comma-separated patches (or presets: their patches) that together diverge")->required();
   cmd->add_option("--criterion", o->criterion,
                   "local (default): an op's teacher-forced error beyond the registry's local tolerance; free: a "
                   "free-running tap beyond the fp32 tolerance; kld: mean KL divergence beyond --threshold-kld");

@@ -129,7 +129,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("-m,--model", a.dir,
                   fmt::format("model folder: config.json, safetensors weights, tokenizer.json (default: the bundled {}, "
                               "relative to the current directory)", kDefaultModel));
-  cmd->add_option("--patches", a.patches, "comma-separated speed patches / numerics mode (see `plumb patches`)");
+  cmd->add_option("--patches", a.patches, "comma-separated speed patches / numerics mode / presets such as cuda.fast (see `plumb patches`)");
   cmd->add_option("--backend", a.backend, "cpu (the fp32 reference) or cuda (every op on the GPU; needs a Hopper GPU)")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", a.prefill_chunk, "feed longer prompts in forward passes of at most this many tokens "
