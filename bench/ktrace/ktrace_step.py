@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """The timeline of replayed decode steps from ktrace's CSV (bench/ktrace/ktrace.cpp): each kernel's start, length and
-stream, the median over the last steps, with the GPU's idle time and how many kernels ran at once.
+stream, the median over the last steps, with the GPU's idle time and how many kernels ran at once, and how far each
+kernel pushed the end of the step's work (ext: its end minus the latest end among the kernels that started before it,
+if later). The exts sum to the step's span, idle time included. They are not the critical path: the trace has no
+graph edges, and a side kernel that ends last for a while (a one-block norm beside a GEMV) takes that time from the
+chain kernel it runs beside. Read that as slack: the chain kernel ends only its own ext after the side kernel, so a
+faster chain kernel would leave the side kernel on the path.
 
 A step starts at each kernel whose name matches --step-start (the embedding gather, the forward's first kernel). Steps
 are matched kernel by kernel through (name, occurrence in the step), so the table's row is one kernel node of the
@@ -124,26 +129,28 @@ def main():
     for x in rowsout:
         srank.setdefault(x[3]["stream"], len(srank))
     rowsout = [(st, du, srank[r["stream"]], r) for st, du, _, r in rowsout]
-    print(f"{'start':>8} {'us':>7} {'end':>8} {'gap':>6} {'conc':>4} st  {'grid':>6}x{'blk':<4} {'cl':>2} {'reg':>3}  kernel")
+    print(f"{'start':>8} {'us':>7} {'end':>8} {'gap':>6} {'ext':>6} {'conc':>4} st  {'grid':>6}x{'blk':<4} {'cl':>2} {'reg':>3}  kernel")
+    exts = []
     for i, (st, du, srank, r) in enumerate(rowsout):
         en = st + du
         # gap: from the latest end among the kernels that started before this one (negative: it started while one
-        # of them still ran, e.g. a PDL launch or another stream's kernel)
+        # of them still ran, e.g. a PDL launch or another stream's kernel); ext: how far past that end this one ends
         prev_end = max((x[0] + x[1] for x in rowsout[:i]), default=0.0)
-        gap = st - prev_end
+        gap, ext = st - prev_end, max(0.0, en - prev_end)
+        exts.append(ext)
         conc = sum(1 for x in rowsout if x[0] < en and x[0] + x[1] > st and x is not rowsout[i])
         mark = "  <-- sublayer" if r["name"].startswith("hc_pre") else ""
-        print(f"{st:8.1f} {du:7.1f} {en:8.1f} {gap:6.1f} {conc:4d} s{srank}  {r['grid']:6d}x{r['block']:<4d} "
+        print(f"{st:8.1f} {du:7.1f} {en:8.1f} {gap:6.1f} {ext:6.1f} {conc:4d} s{srank}  {r['grid']:6d}x{r['block']:<4d} "
               f"{r['cluster']:2d} {r['regs']:3d}  {short(r['name'])}{mark}")
-    # Per kernel name: total time and count.
+    # Per kernel name: total time, count and the step's time it accounts for (the sum of its ext).
     agg = {}
-    for st, du, srank, r in rowsout:
+    for (st, du, srank, r), ext in zip(rowsout, exts):
         n = short(r["name"])
-        t, c = agg.get(n, (0.0, 0))
-        agg[n] = (t + du, c + 1)
-    print("\nper kernel (median step): total us, launches")
-    for n, (t, c) in sorted(agg.items(), key=lambda x: -x[1][0]):
-        print(f"{t:8.1f} {c:4d}  {n}")
+        t, c, e = agg.get(n, (0.0, 0, 0.0))
+        agg[n] = (t + du, c + 1, e + ext)
+    print(f"\nper kernel (median step): total us, launches, us of the step's span (ext; all kernels: {sum(exts):.1f})")
+    for n, (t, c, e) in sorted(agg.items(), key=lambda x: -x[1][0]):
+        print(f"{t:8.1f} {c:4d} {e:8.1f}  {n}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/ktrace/ktrace_step.py on a synthetic trace: three steps of five kernels on three streams (one step slower,
 one warm-up step of another shape first, a side kernel on a stream and at a start that change from step to step, an
-eager step of another set last); the table must hold the median of the matching steps, kernel by kernel."""
+eager step of another set last); the table must hold the median of the matching steps, kernel by kernel, and each
+kernel's ext (how far it pushed the step's end) must sum to the step's span."""
 import os
 import subprocess
 import sys
@@ -53,10 +54,13 @@ def main():
     order = ["embed_kernel", "hc_pre_kernel", "gemv_kernel", "route_warp_kernel"]
     checks.append(len(rows) >= 4 and all(k in r for k, r in zip(order, rows[:4])))  # in start order
     gemv = next((l for l in rows if "gemv_kernel" in l), "")
-    checks.append(gemv.split()[:4] == ["5.0", "15.0", "20.0", "-8.0"])  # start, length, end, gap (from hc_pre's end)
+    checks.append(gemv.split()[:5] == ["5.0", "15.0", "20.0", "-8.0", "7.0"])  # start, length, end, gap (from hc_pre's end), ext
+    ext = {k: next((l.split()[4] for l in rows if k in l), "") for k in ("embed_kernel", "hc_pre_kernel", "route_warp_kernel")}
+    checks.append(ext == {"embed_kernel": "2.0", "hc_pre_kernel": "11.0", "route_warp_kernel": "5.0"})
+    checks.append("all kernels: 25.0)" in text)  # 2 + 11 + 7 + 0 (hc_gates, inside gemv's time) + 5: the span
     checks.append("<-- sublayer" in next((l for l in rows if "hc_pre" in l), ""))
     gates = [l for l in text.splitlines() if "hc_gates_kernel" in l]
-    checks.append(len(gates) == 2 and gates[0].split()[:2] == ["12.0", "1.0"])  # one row (median of starts 4, 14, 12 us) + the total
+    checks.append(len(gates) == 2 and gates[0].split()[:2] == ["12.0", "1.0"] and gates[0].split()[4] == "0.0")  # one row (median of starts 4, 14, 12 us) + the total
     checks.append("hc_post_kernel" not in text)
     if not all(checks):
         print("FAILED checks:", [i for i, c in enumerate(checks) if not c])
