@@ -175,6 +175,11 @@ LoadedModel load_model(const ModelArgs& a) {
     m.dir = a.dir;
   }
   m.tok.emplace(Tokenizer::load(m.dir));
+  // The GPU without patches is the fp32 twin (the reference's arithmetic on the device): exact and slow, a fine
+  // check but rarely what a user who asked for the GPU wants; say how to get the fast kernels.
+  if (a.backend == "cuda" && a.patches.empty() && !a.quiet)
+    fmt::print(stderr, "note: --backend cuda without --patches runs the GPU's fp32 twin of the reference (exact, slow); "
+                       "--patches cuda.fast runs the fast kernels\n");
 
   const auto files = weight_files(m.dir);
   uint64_t total = 0;

@@ -105,6 +105,12 @@ elif [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/g.err")" -eq 1 ] && grep -q '^error: bac
 else
   bad "backend cuda: exit status $rc, stderr: $(cat "$tmp/g.err")"
 fi
+# Without --patches (and without -q) it says that this is the fp32 twin and names the fast preset; with patches not.
+"$plumb" run -p hi -n 1 --seed 1 --backend cuda >/dev/null 2>"$tmp/n.err"
+grep -q '^note: --backend cuda without --patches runs the GPU.s fp32 twin.*--patches cuda.fast' "$tmp/n.err" &&
+  ok "backend cuda without patches: the note" || bad "backend cuda without patches, no note: $(cat "$tmp/n.err")"
+"$plumb" run -p hi -n 1 --seed 1 --backend cuda --patches cuda.fast >/dev/null 2>"$tmp/n2.err"
+grep -q '^note: ' "$tmp/n2.err" && bad "a note with --patches: $(cat "$tmp/n2.err")" || ok "backend cuda with patches: no note"
 
 echo "run_smoke: $passes passed, $fails failed"
 exit $((fails > 0))
