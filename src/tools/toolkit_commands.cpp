@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/strings.h"
 #include "patches/registry.h"
 #include "plumb/tools.h"
 #include "toolkit/bisect.h"
@@ -146,7 +147,7 @@ void print_patches() {
   fmt::print("\npresets (accepted wherever a patch name is; a patch also named beside its preset counts once):\n");
   for (const auto& pr : patch_presets()) {
     std::string members;
-    for (const auto& m : pr.patches) members += (members.empty() ? "" : ",") + m;
+    for (const auto& m : pr.patches) append_item(members, m);
     fmt::print("{:<24} {}\n{:<24} = {}\n", pr.name, pr.description, "", members);
   }
   fmt::print("\nbuilt-in faults (deliberate bugs for testing the toolkit; enabled only when named):\n");

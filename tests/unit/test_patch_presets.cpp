@@ -18,7 +18,7 @@ namespace {
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  for (const auto& x : v) plumb::append_item(s, x);
   return s;
 }
 
