@@ -2,7 +2,8 @@
 // with V4-Flash's (or V4-Pro's) dimensions, weights random but in the official checkpoint formats (FP8 E4M3 + E8M0 128x128 block
 // scales, packed MXFP4 experts + E8M0 per 32, bf16/f32 small tensors), written to a synthetic checkpoint folder
 // first. Reports decode tokens/s per batch with per-layer time, bytes per layer, GB/s and % of the copy bandwidth
-// measured in the same run, the implied whole-model figure, and prefill tokens/s. See src/cuda/bench_layers.cpp.
+// measured in the same run, the implied whole-model figure, and prefill tokens/s. See src/cuda/bench_layers.cpp
+// (the checkpoint in bench_layers_checkpoint.cpp, the report in bench_layers_report.cpp).
 #pragma once
 #include <cstdint>
 #include <string>

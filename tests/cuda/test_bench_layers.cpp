@@ -1,4 +1,4 @@
-// `plumb bench --layers` (src/cuda/bench_layers.cpp) on a tiny model: the synthetic checkpoint is valid in the
+// `plumb bench --layers` (src/cuda/bench_layers*.cpp) on a tiny model: the synthetic checkpoint is valid in the
 // official formats, deterministic whatever the thread count, loads and runs on the CPU reference with finite,
 // O(1) logits, and the whole bench flow runs on the CPU backend (no GPU needed); on a GPU the bench runs, writes
 // its JSON and reuses a folder it wrote, --timeline lists a replayed step's regions and --skeleton times the steps
