@@ -14,7 +14,7 @@ namespace plumb::cli {
 
 namespace {
 
-// The kernel bench's sections (src/cuda/bench.cpp's B.want names), for --only's help, check and error.
+// The kernel bench's sections (the B.want names of src/cuda/bench_*.cpp), for --only's help, check and error.
 constexpr std::array<std::string_view, 11> kSections = {"router", "moe",       "prefill", "fp8",    "fp8xs", "fp8prefill",
                                                         "bf16",   "attention", "indexer", "phases", "hc"};
 
