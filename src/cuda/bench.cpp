@@ -111,8 +111,7 @@ void profile_launches(Bench& B, Synth& W) {
   d::fill(w.codes.get(), w.codes.bytes(), d::kFillE4M3, 5, 0, 0);
   d::fill(w.scales.get(), w.scales.bytes(), d::kFillE8M0, 6, 112, 118);
   fp8_linear(w, W.x16.get(), Act::F16, 8192, 8, W.y.as<float>(), 4096, ws, S);
-  DeviceRouting<Rsf::Folded> r{W.ridx.as<int32_t>(), W.rwt.as<float>(), W.rlog.as<float>(), W.rsel.as<float>(), 8, K};
-  route(W.rws[0], W.rc, W.x32.get(), Act::F32, 8, nullptr, r, ws, S, scratch.x16.as<uint16_t>());
+  W.route_with(0, 8, false, W.routing(8), S);
   d::dsync();
   fmt::print("profile launches done: moe gate+up n=1, down n=1, gate+up n=8, down n=8, fp8 [4096, 8192] n=8, router n=8\n");
 }

@@ -144,6 +144,16 @@ struct Synth {
   uint64_t seed = 10;
 
   explicit Synth(const Bench& B);
+  // The router's outputs for n <= maxn tokens (ridx, rwt, rlog, rsel).
+  DeviceRouting<Rsf::Folded> routing(int n) {
+    return {ridx.as<int32_t>(), rwt.as<float>(), rlog.as<float>(), rsel.as<float>(), n, K};
+  }
+  // Routes n tokens of x (xb16 as the forward's bf16 rows, or x32) into r with router copy i of rws (a different copy
+  // per call: cold weights); also writes x as f16 into scratch.x16, as the forward's router does.
+  void route_with(int i, int n, bool bf16, const DeviceRouting<Rsf::Folded>& r, Stream s) {
+    route(rws[size_t(i) % rws.size()], rc, bf16 ? xb16.get() : x32.get(), bf16 ? Act::BF16 : Act::F32, n, nullptr, r, ws, s,
+          scratch.x16.as<uint16_t>());
+  }
   // One expert's bytes (codes and E8M0 scales): w1 + w3, and w2.
   static double fp4_w13() { return 2.0 * double(I * D / 2 + I * D / 32); }
   static double fp4_w2() { return double(D * I / 2 + D * I / 32); }

@@ -18,26 +18,12 @@ namespace plumb::cuda::kbench {
 
 // The router (sqrtsoftplus, top-6, the routed scaling factor folded in) at 1 and 8 tokens.
 void bench_router(Bench& B, Synth& W) {
-  const Stream S = B.s;
-  const int E = W.E;
-  const int K = W.K;
+  const int E = W.E, K = W.K;
   const int64_t D = W.D;
-  const std::vector<RouterWeights>& rws = W.rws;
-  const int ngate = int(W.rws.size());
-  DeviceBuffer& xb16 = W.xb16;
-  DeviceBuffer& ridx = W.ridx;
-  DeviceBuffer& rwt = W.rwt;
-  DeviceBuffer& rlog = W.rlog;
-  DeviceBuffer& rsel = W.rsel;
-  Workspace& ws = W.ws;
-  MoeScratch& scratch = W.scratch;
-  const RouterConfig& rc = W.rc;
   for (int n : {1, 8}) {
     if (!B.want("router")) break;
-    DeviceRouting<Rsf::Folded> r{ridx.as<int32_t>(), rwt.as<float>(), rlog.as<float>(), rsel.as<float>(), n, K};
-    const Timing t = B.time([&](int i) {
-      route(rws[size_t(i % ngate)], rc, xb16.get(), Act::BF16, n, nullptr, r, ws, S, scratch.x16.as<uint16_t>());
-    });
+    const DeviceRouting<Rsf::Folded> r = W.routing(n);
+    const Timing t = B.time([&](int i) { W.route_with(i, n, true, r, B.s); });
     const double bytes = double(E * D * 2 + E * 4 + n * D * 2 + n * D * 2 + n * E * 8 + n * K * 8);
     B.add(B.rows, {"router (sqrtsoftplus, top-6, fold 1.5)", "gate [256, 4096] bf16, x bf16", "also writes x f16", n, 0, bytes}, t);
   }
@@ -266,38 +252,21 @@ void bench_moe_decode(Bench& B, Synth& W) {
 // The MoE layer with the router choosing (router + gate/up + down + combine): 4 launches.
 void bench_moe_layer(Bench& B, Synth& W) {
   const Stream S = B.s;
-  const int E = W.E;
-  const int K = W.K;
-  const int64_t D = W.D;
-  const int64_t I = W.I;
-  const double rsf = W.rsf;
-  MoeExperts& moe = W.moe;
-  const std::vector<RouterWeights>& rws = W.rws;
-  const int ngate = int(W.rws.size());
-  DeviceBuffer& xb16 = W.xb16;
-  DeviceBuffer& y = W.y;
-  DeviceBuffer& ridx = W.ridx;
-  DeviceBuffer& rwt = W.rwt;
-  DeviceBuffer& rlog = W.rlog;
-  DeviceBuffer& rsel = W.rsel;
-  Workspace& ws = W.ws;
-  MoeScratch& scratch = W.scratch;
-  const RouterConfig& rc = W.rc;
-  const double fp4_w13 = W.fp4_w13();
-  const double fp4_w2 = W.fp4_w2();
+  const int E = W.E, K = W.K;
+  const int64_t D = W.D, I = W.I;
   for (int n : {1, 8}) {
     if (!B.want("moe")) break;
-    DeviceRouting<Rsf::Folded> r{ridx.as<int32_t>(), rwt.as<float>(), rlog.as<float>(), rsel.as<float>(), n, K};
+    const DeviceRouting<Rsf::Folded> r = W.routing(n);
     ModelConfig mc;
-    mc.n_experts = E, mc.top_k = K, mc.hidden = int(D), mc.moe_inter = int(I), mc.routed_scaling = rsf, mc.swiglu_limit = 10.0;
+    mc.n_experts = E, mc.top_k = K, mc.hidden = int(D), mc.moe_inter = int(I), mc.routed_scaling = W.rsf, mc.swiglu_limit = 10.0;
     const Timing t = B.time([&](int i) {  // a different router copy each time: different experts, cold weights
-      route(rws[size_t(i % ngate)], rc, xb16.get(), Act::BF16, n, nullptr, r, ws, S, scratch.x16.as<uint16_t>());
-      moe_routed(GpuRunnerFolded{}, mc, moe, r, scratch.x16.as<uint16_t>(), scratch, ws, nullptr, y.as<float>(), S);
+      W.route_with(i, n, true, r, S);
+      moe_routed(GpuRunnerFolded{}, mc, W.moe, r, W.scratch.x16.as<uint16_t>(), W.scratch, W.ws, nullptr, W.y.as<float>(), S);
     });
     d::dsync();
-    const auto idx = to_host<int32_t>(ridx, size_t(n * K));
+    const auto idx = to_host<int32_t>(W.ridx, size_t(n * K));
     const int ue = int(std::set<int32_t>(idx.begin(), idx.end()).size());
-    const double bytes = double(E * D * 2) + ue * (fp4_w13 + fp4_w2) + double(n * K) * double(I + D) * 8;
+    const double bytes = double(E * D * 2) + ue * (W.fp4_w13() + W.fp4_w2()) + double(n * K) * double(I + D) * 8;
     B.add(B.rows, {"moe layer: router + routed experts", "4 launches, x bf16", fmt::format("{} active experts (last run)", ue), n, ue, bytes}, t);
   }
 }

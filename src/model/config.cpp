@@ -39,6 +39,8 @@ int ModelConfig::n_hash_layers() const {
 
 namespace {
 
+constexpr int kMaxLayers = 1024;
+
 struct Reader {
   const json& j;
   const std::string& src;
@@ -69,8 +71,9 @@ struct Reader {
     if (!j.contains(k)) return def;
     const auto& v = j[k].is_array() && !j[k].empty() ? j[k][0] : j[k];
     if (v.is_null()) return -1;
-    PLUMB_CHECK(v.is_number_integer(), "{}: field '{}' must be a token id, got {}", src, k, j[k].dump());
-    return v.get<int>();
+    PLUMB_CHECK(v.is_number_integer() && v.get<int64_t>() >= -1 && v.get<int64_t>() <= INT32_MAX,
+                "{}: field '{}' must be a token id, got {}", src, k, j[k].dump());
+    return int(v.get<int64_t>());
   }
   double number(const char* k, std::optional<double> def = std::nullopt) const {
     if (!has(k)) {
@@ -180,7 +183,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
     const auto& cr = j["compress_rates"];
     PLUMB_CHECK(cr.is_object(), "{}: compress_rates must be an object", src);
     for (auto& [k, v] : cr.items()) {
-      PLUMB_CHECK(v.is_number_integer() && v.get<int>() > 0, "{}: compress_rates.{} must be a positive integer", src, k);
+      PLUMB_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= INT32_MAX,
+                  "{}: compress_rates.{} must be a positive integer", src, k);
       if (k == "compressed_sparse_attention") csa_rate = v.get<int>();
       else if (k == "heavily_compressed_attention") hca_rate = v.get<int>();
       else fail("{}: compress_rates has unknown layer type '{}'", src, k);
@@ -188,11 +192,15 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   }
   if (r.has("compress_rate_csa")) csa_rate = r.integer("compress_rate_csa");
   if (r.has("compress_rate_hca")) hca_rate = r.integer("compress_rate_hca");
+  PLUMB_CHECK(csa_rate > 0 && hca_rate > 0, "{}: the compression rates must be positive, got CSA {} and HCA {}", src, csa_rate,
+              hca_rate);
 
   // Attention schedule: layer_types, else legacy compress_ratios (n_layers or n_layers+1 entries, the
   // extra one being the MTP block), else transformers' default (2 x HCA, then HCA/CSA interleaved).
   const int n = c.n_layers;
-  PLUMB_CHECK(n > 0, "{}: num_hidden_layers must be positive", src);
+  // (Bounded before the per-layer tables below are sized by it: a corrupt count must not allocate gigabytes.)
+  PLUMB_CHECK(n > 0 && n <= kMaxLayers, "{}: num_hidden_layers must be from 1 to {} (DeepSeek-V4 has 43 or 61), got {}", src,
+              kMaxLayers, n);
   c.attn.resize(static_cast<size_t>(n));
   c.compress_rate.assign(size_t(n), 0);
   if (r.has("layer_types")) {
@@ -212,8 +220,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
                 "{}: compress_ratios must have num_hidden_layers ({}) or num_hidden_layers + 1 entries, has {}", src, n,
                 cr.is_array() ? cr.size() : 0);
     for (int i = 0; i < n; ++i) {
-      PLUMB_CHECK(cr[size_t(i)].is_number_integer(), "{}: compress_ratios[{}] must be an integer", src, i);
-      int v = cr[size_t(i)].get<int>();
+      PLUMB_CHECK(cr[size_t(i)].is_number_integer() && cr[size_t(i)].get<int64_t>() >= 0 && cr[size_t(i)].get<int64_t>() <= INT32_MAX,
+                  "{}: compress_ratios[{}] must be a non-negative integer", src, i);
+      const int v = int(cr[size_t(i)].get<int64_t>());
       if (v == 0) c.attn[size_t(i)] = AttnType::Sliding;
       else if (v == csa_rate) c.attn[size_t(i)] = AttnType::CSA;
       else if (v == hca_rate) c.attn[size_t(i)] = AttnType::HCA;
@@ -244,9 +253,11 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   }
 
   // Partial RoPE: partial_rotary_factor, else legacy qk_rope_head_dim, else 64/512.
+  PLUMB_CHECK(c.head_dim > 0, "{}: head_dim must be positive, got {}", src, c.head_dim);
   double prf = 64.0 / 512.0;
   if (r.has("partial_rotary_factor")) prf = r.number("partial_rotary_factor");
   else if (r.has("qk_rope_head_dim")) prf = double(r.integer("qk_rope_head_dim")) / c.head_dim;
+  PLUMB_CHECK(prf > 0 && prf <= 1, "{}: the rotary part of head_dim must be a fraction in (0, 1], got {}", src, prf);
   c.rope_dim = int(c.head_dim * prf);
   if (r.has("qk_rope_head_dim"))
     PLUMB_CHECK(r.integer("qk_rope_head_dim") == c.rope_dim, "{}: qk_rope_head_dim {} disagrees with partial_rotary_factor {} x head_dim {}",
@@ -255,6 +266,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   // RoPE tables: nested {"main", "compress"} or a flat dict (rope_parameters / legacy rope_scaling) whose
   // yarn keys apply to the compress table only.
   const double max_pos = r.number("max_position_embeddings", 1048576);
+  PLUMB_CHECK(max_pos >= 1 && max_pos <= 0x1p62, "{}: max_position_embeddings must be from 1 to 2^62, got {}", src, max_pos);
   c.max_positions = int64_t(max_pos);
   const double rope_theta = r.number("rope_theta", 10000.0), compress_theta = r.number("compress_rope_theta", 160000.0);
   json rp = json::object();
@@ -263,7 +275,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   PLUMB_CHECK(rp.is_object(), "{}: rope_parameters must be an object", src);
   auto check_prf = [&](const json& d, const char* label) {
     if (d.contains("partial_rotary_factor") && d["partial_rotary_factor"].is_number())
-      PLUMB_CHECK(int(c.head_dim * d["partial_rotary_factor"].get<double>()) == c.rope_dim,
+      PLUMB_CHECK(std::fabs(d["partial_rotary_factor"].get<double>()) <= 1 &&
+                      int(c.head_dim * d["partial_rotary_factor"].get<double>()) == c.rope_dim,
                   "{}: rope_parameters.{}.partial_rotary_factor disagrees with the model's rope dims ({})", src, label, c.rope_dim);
   };
   for (const char* k : {"main", "compress"})
@@ -290,6 +303,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   pos(c.window, "sliding_window"); pos(c.n_experts, "n_routed_experts"); pos(c.top_k, "num_experts_per_tok");
   pos(c.moe_inter, "moe_intermediate_size"); pos(c.hc_mult, "hc_mult"); pos(c.hc_sinkhorn_iters, "hc_sinkhorn_iters");
   PLUMB_CHECK(c.hc_mult <= 8, "{}: hc_mult {} is not supported (at most 8; DeepSeek-V4 uses 4)", src, c.hc_mult);
+  PLUMB_CHECK(c.hc_sinkhorn_iters <= 1000, "{}: hc_sinkhorn_iters {} is not supported (at most 1000; DeepSeek-V4 uses 20)", src,
+              c.hc_sinkhorn_iters);
   PLUMB_CHECK(c.n_shared == 0 || c.n_shared == 1, "{}: n_shared_experts must be 0 or 1, got {}", src, c.n_shared);
   PLUMB_CHECK(c.top_k <= c.n_experts, "{}: num_experts_per_tok {} exceeds n_routed_experts {}", src, c.top_k, c.n_experts);
   PLUMB_CHECK(c.n_group >= 1 && c.n_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group &&

@@ -133,7 +133,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of range (out_of_range 406)
     fail("tokenizer: {} is not valid JSON: {}", path, e.what());
   }
   if (!j.is_object()) fail("tokenizer: {}: top level must be an object", path);
@@ -169,6 +169,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
     }
     impl->added.add(added, *impl->model);
     parse_post_processor(j.value("post_processor", json()), path + ": post_processor", impl->prefix, impl->suffix);
+    // The ids the post-processor adds must be tokens of this file: the model would otherwise receive an id outside
+    // the tokenizer's vocabulary (found by tests/fuzz/fuzz_tokenizer_json: a template naming an id that no added
+    // token defines).
+    for (const auto* ids : {&impl->prefix, &impl->suffix})
+      for (int32_t id : *ids)
+        if (!impl->token_string(id, false))
+          fail("{}: post_processor adds id {}, which is neither in the vocabulary nor an added token", path, id);
   } catch (const json::exception& e) {
     // A field of the wrong JSON type somewhere we did not check explicitly.
     fail("{}: malformed tokenizer.json: {}", path, e.what());

@@ -18,35 +18,39 @@ GoldenFixture GoldenFixture::load(const std::string& dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range
     // (A bare NaN, as Python's json writes a NaN value, is not JSON: the message says where it stops.)
     fail("{}: not valid JSON: {}", jpath, e.what());
   }
-  PLUMB_CHECK(j.is_object(), "{}: not a JSON object", jpath);
-  if (j.contains("format"))
-    PLUMB_CHECK(j["format"] == "dsv4-golden/1", "{}: unsupported format {}", jpath, j["format"].dump());
-  g.reference = j.value("reference", std::string("(unknown)"));
-  PLUMB_CHECK(j.contains("steps") && j["steps"].is_array(), "{}: missing 'steps' array", jpath);
-  for (const auto& s : j["steps"]) {
-    GoldenStep st;
-    PLUMB_CHECK(s.is_object() && s.contains("name") && s.contains("kind") && s.contains("start_pos") && s.contains("tokens"),
-                "{}: each step needs name, kind, start_pos and tokens: {}", jpath, s.dump());
-    st.name = s["name"].get<std::string>();
-    st.kind = s["kind"].get<std::string>();
-    st.start_pos = s["start_pos"].get<int64_t>();
-    for (const auto& t : s["tokens"]) {
-      PLUMB_CHECK(t.is_number_integer(), "{}: step {} has a non-integer token {}", jpath, st.name, t.dump());
-      const auto v = t.get<int64_t>();
-      PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: step {} token {} out of range", jpath, st.name, v);
-      st.tokens.push_back(int32_t(v));
+  try {  // (a field of another JSON type than the format says: nlohmann's type_error, named below with the file)
+    PLUMB_CHECK(j.is_object(), "{}: not a JSON object", jpath);
+    if (j.contains("format"))
+      PLUMB_CHECK(j["format"] == "dsv4-golden/1", "{}: unsupported format {}", jpath, j["format"].dump());
+    g.reference = j.value("reference", std::string("(unknown)"));
+    PLUMB_CHECK(j.contains("steps") && j["steps"].is_array(), "{}: missing 'steps' array", jpath);
+    for (const auto& s : j["steps"]) {
+      GoldenStep st;
+      PLUMB_CHECK(s.is_object() && s.contains("name") && s.contains("kind") && s.contains("start_pos") && s.contains("tokens"),
+                  "{}: each step needs name, kind, start_pos and tokens: {}", jpath, s.dump());
+      st.name = s["name"].get<std::string>();
+      st.kind = s["kind"].get<std::string>();
+      st.start_pos = s["start_pos"].get<int64_t>();
+      for (const auto& t : s["tokens"]) {
+        PLUMB_CHECK(t.is_number_integer(), "{}: step {} has a non-integer token {}", jpath, st.name, t.dump());
+        const auto v = t.get<int64_t>();
+        PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: step {} token {} out of range", jpath, st.name, v);
+        st.tokens.push_back(int32_t(v));
+      }
+      PLUMB_CHECK(st.kind == "prefill" || st.kind == "decode", "{}: step {} has unknown kind '{}'", jpath, st.name, st.kind);
+      PLUMB_CHECK(!st.tokens.empty(), "{}: step {} has no tokens", jpath, st.name);
+      PLUMB_CHECK(st.kind != "decode" || st.tokens.size() == 1, "{}: decode step {} must have exactly one token", jpath, st.name);
+      g.steps.push_back(std::move(st));
     }
-    PLUMB_CHECK(st.kind == "prefill" || st.kind == "decode", "{}: step {} has unknown kind '{}'", jpath, st.name, st.kind);
-    PLUMB_CHECK(!st.tokens.empty(), "{}: step {} has no tokens", jpath, st.name);
-    PLUMB_CHECK(st.kind != "decode" || st.tokens.size() == 1, "{}: decode step {} must have exactly one token", jpath, st.name);
-    g.steps.push_back(std::move(st));
+    if (j.contains("taps") && j["taps"].is_array())
+      for (const auto& t : j["taps"]) g.taps.push_back(t.get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: malformed golden.json: {}", jpath, e.what());
   }
-  if (j.contains("taps") && j["taps"].is_array())
-    for (const auto& t : j["taps"]) g.taps.push_back(t.get<std::string>());
   g.data = SafetensorsFile::open((fs::path(dir) / "golden.safetensors").string());
   return g;
 }

@@ -274,6 +274,31 @@ TEST(ModelConfigParse, OtherInconsistenciesAreRefused) {
   expect_refused(j, {"original_max_position_embeddings"}, "yarn without its original length");
 }
 
+// Values that would make the parser allocate gigabytes, convert an out-of-range double to an integer (undefined
+// behaviour) or wrap an integer are refused by name (the first found by tests/fuzz/fuzz_config: 331,333,328 layers).
+TEST(ModelConfigParse, OutOfRangeValuesAreRefusedBeforeUse) {
+  const std::vector<std::pair<std::function<void(json&)>, const char*>> cases = {
+      {[](json& j) { j["num_hidden_layers"] = 331333328; }, "num_hidden_layers"},
+      {[](json& j) { j["head_dim"] = 0; j.erase("partial_rotary_factor"); j["qk_rope_head_dim"] = 8; }, "head_dim"},
+      {[](json& j) { j["partial_rotary_factor"] = 1e300; }, "rotary"},
+      {[](json& j) { j["rope_parameters"]["main"]["partial_rotary_factor"] = 1e300; }, "partial_rotary_factor"},
+      {[](json& j) { j["max_position_embeddings"] = 1e300; }, "max_position_embeddings"},
+      {[](json& j) { j["compress_rates"]["compressed_sparse_attention"] = 4294967300LL; }, "compress_rates"},
+      {[](json& j) {
+         j.erase("layer_types");
+         j["compress_ratios"] = {0, 4294967424LL, 4, 128};
+       }, "compress_ratios[1]"},
+      {[](json& j) { j.erase("compress_rates"); j["compress_rate_csa"] = 0; }, "compression rates"},
+      {[](json& j) { j["eos_token_id"] = 1099511627776LL; }, "eos_token_id"},
+      {[](json& j) { j["hc_sinkhorn_iters"] = 2000000000; }, "hc_sinkhorn_iters"},
+  };
+  for (const auto& [edit, field] : cases) {
+    json j = current_config();
+    edit(j);
+    expect_refused(j, {field}, field);
+  }
+}
+
 TEST(ModelConfigParse, LoadRefusesMissingAndMalformedFiles) {
   plumb_test::TempDir dir;
   EXPECT_THROW(ModelConfig::load(dir.file("absent.json")), plumb::Error);

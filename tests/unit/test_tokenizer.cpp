@@ -240,6 +240,13 @@ TEST(TokenizerErrors, NameTheFileAndField) {
   expect_load_error(temp_json("normalizer", tiny_with("\"normalizers\": []", "\"normalizers\": [{\"type\": \"NFKC\"}]")),
                     {"plumb_tok_normalizer.json", "normalizer", "NFKC"});
   expect_load_error(temp_json("vocab", tiny_with("\"hello\": 261", "\"hello\": \"x\"")), {"model.vocab", "hello"});
+  // An id that would size the id table at 2^31 entries (tens of GB) instead of a clear error.
+  expect_load_error(temp_json("hugeid", tiny_with("\"hello\": 261", "\"hello\": 2147483647")),
+                    {"plumb_tok_hugeid.json", "model.vocab", "hello", "2147483647"});
+  // A post-processor adding an id no token has (tests/fuzz/fuzz_tokenizer_json: the template's BOS without the
+  // added_tokens that define it): encode(..., add_special) gave the model an id outside the vocabulary.
+  expect_load_error(temp_json("template", tiny_with("\"added_tokens\"", "\"no_added_tokens\"")),
+                    {"plumb_tok_template.json", "post_processor", "270"});
 }
 
 TEST(TokenizerRegex, OnigurumaTranslation) {
