@@ -47,11 +47,13 @@ IntRanges IntRanges::parse(const std::string& text, const std::string& option) {
 bool glob_match(const std::string& p, const std::string& t) {
   // Iterative matcher with one backtrack point for the last '*': linear for the patterns we see.
   size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  // ('*' is tested first: a '*' in the text is an ordinary character, matched by the pattern's '*' as a wildcard;
+  // tests/fuzz/fuzz_options found the pattern's '*' consumed as a literal there.)
   while (j < t.size()) {
-    if (i < p.size() && (p[i] == '?' || p[i] == t[j])) {
-      ++i, ++j;
-    } else if (i < p.size() && p[i] == '*') {
+    if (i < p.size() && p[i] == '*') {
       star = i++, mark = j;
+    } else if (i < p.size() && (p[i] == '?' || p[i] == t[j])) {
+      ++i, ++j;
     } else if (star != std::string::npos) {
       i = star + 1, j = ++mark;
     } else {

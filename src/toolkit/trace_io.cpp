@@ -105,8 +105,10 @@ Trace read_trace(const std::string& path) {
   PLUMB_CHECK(f.good(), "cannot open trace index {} (written next to the .safetensors by `plumb trace`)", ipath);
   const auto j = nlohmann::json::parse(f, nullptr, false);
   PLUMB_CHECK(!j.is_discarded() && j.is_object(), "{}: not a JSON object", ipath);
-  PLUMB_CHECK(j.value("format", std::string()) == kFormat, "{}: format is not {}", ipath, kFormat);
-  if (tpath.empty()) tpath = (fs::path(ipath).parent_path() / j.value("tensors", std::string())).string();
+  // (value() throws nlohmann's type_error for a field of another type: checked first, so the message names the file.)
+  auto text = [&](const char* key) { return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(); };
+  PLUMB_CHECK(text("format") == kFormat, "{}: format is not {}", ipath, kFormat);
+  if (tpath.empty()) tpath = (fs::path(ipath).parent_path() / text("tensors")).string();
   Trace t;
   try {
     t.model_dir = j.at("model").get<std::string>();

@@ -127,6 +127,11 @@ TEST(ToolkitFilter, GlobsLayersStepsPositions) {
   EXPECT_TRUE(glob_match("*.ffn.*", "L0.ffn.gate.weights"));
   EXPECT_TRUE(glob_match("L?.out", "L7.out"));
   EXPECT_FALSE(glob_match("L?.out", "L17.out"));
+  // A '*' in the text is an ordinary character: the pattern's '*' still matches any run (tests/fuzz found it taken
+  // as a literal match, so "*" failed to match "*x").
+  EXPECT_TRUE(glob_match("*", "*x"));
+  EXPECT_TRUE(glob_match("a*", "a*b"));
+  EXPECT_FALSE(glob_match("a*c", "a*b"));
   const TapFilter f = TapFilter::parse("*.ffn.*,hc_head.out", "0-1,3", "s0,2", "0-5,9");
   EXPECT_TRUE(f.keeps_tap("L1.ffn.routed"));
   EXPECT_FALSE(f.keeps_tap("L2.ffn.routed"));  // layer 2 is not kept

@@ -1,0 +1,72 @@
+// Fuzz harness for the option parsers the toolkit and every command take, chosen by the first byte:
+// - glob_match (`--taps`): against a plain dynamic-programming matcher ('*' any run, '?' one character);
+// - IntRanges::parse (`--layers`, `--positions`): plumb::Error or ranges of non-negative a <= b, and contains()
+//   agreeing with them;
+// - parse_config (`--patches`, the toolkit's `[cpu:|cuda:]PATCHES`): plumb::Error or a patch set whose names parse
+//   back to the same set (presets expanded).
+// Other exceptions, crashes and sanitizer reports are bugs.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "fuzz_util.h"
+#include "patches/registry.h"
+#include "toolkit/tap_filter.h"
+
+namespace {
+
+bool glob_reference(const std::string& p, const std::string& t) {
+  // m[i][j]: p[0..i) matches t[0..j).
+  std::vector<std::vector<char>> m(p.size() + 1, std::vector<char>(t.size() + 1, 0));
+  m[0][0] = 1;
+  for (size_t i = 1; i <= p.size(); ++i)
+    for (size_t j = 0; j <= t.size(); ++j) {
+      if (p[i - 1] == '*') m[i][j] = m[i - 1][j] || (j > 0 && m[i][j - 1]);
+      else m[i][j] = j > 0 && m[i - 1][j - 1] && (p[i - 1] == '?' || p[i - 1] == t[j - 1]);
+    }
+  return m[p.size()][t.size()];
+}
+
+void globs(plumb_fuzz::Reader& in) {
+  const size_t np = in.byte() % 16;
+  std::string p(in.bytes(np)), t(in.rest());
+  if (t.size() > 64) t.resize(64);
+  PLUMB_FUZZ_CHECK(plumb::toolkit::glob_match(p, t) == glob_reference(p, t));
+}
+
+void ranges(plumb_fuzz::Reader& in) {
+  const std::string text(in.rest());
+  try {
+    const auto r = plumb::toolkit::IntRanges::parse(text, "--layers");
+    for (const auto& [a, b] : r.ranges) {
+      PLUMB_FUZZ_CHECK(a >= 0 && a <= b);
+      PLUMB_FUZZ_CHECK(r.contains(a) && r.contains(b));
+    }
+  } catch (const plumb::Error&) {
+  }
+}
+
+void patches(plumb_fuzz::Reader& in) {
+  const std::string text(in.rest());
+  try {
+    const plumb::RunConfig c = plumb::parse_config(text);
+    PLUMB_FUZZ_CHECK(c.backend == "cpu" || c.backend == "cuda");
+    const plumb::PatchSet again = plumb::parse_patches(c.patches.names());
+    PLUMB_FUZZ_CHECK(again.names() == c.patches.names() && again.options == c.patches.options);
+  } catch (const plumb::Error&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  plumb_fuzz::Reader in(data, size);
+  switch (in.byte() % 3) {
+    case 0: globs(in); break;
+    case 1: ranges(in); break;
+    default: patches(in); break;
+  }
+  return 0;
+}
