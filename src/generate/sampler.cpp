@@ -85,6 +85,10 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const flo
               impl_->vocab);
   std::vector<float> l = penalized(p, logits, history);
   if (p.temperature <= 0.0f || p.top_k == 1) return {{argmax(l), 1.0f}};
+  // A NaN logit counts as -inf (probability 0), as the GPU sampler reads it (src/cuda/fwd_sample.cu): the sort below
+  // needs ordered values, which a NaN is not.
+  for (float& x : l)
+    if (std::isnan(x)) x = -INFINITY;
 
   // Candidates in decreasing logit order (ties by id, so the order never depends on the sort's stability).
   std::vector<int32_t> ids(l.size());

@@ -10,7 +10,8 @@
 //     when u lies within 1e-12 of one of the CPU's cumulative boundaries (counted, printed); probabilities within
 //     2 float ulps.
 // On a mismatch the row, both tokens, both sizes, u and the CPU's cumulative values around both tokens are
-// printed. NaN logits are used only in greedy rows (elsewhere the CPU's std::sort order is undefined).
+// printed. NaN logits are used only in greedy rows (the CPU sampler ranked a NaN by std::sort's undefined order
+// until session 57; it now counts as -inf, the GPU's rule, so non-greedy NaN rows could join once run on a GPU).
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>

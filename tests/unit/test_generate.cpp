@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -56,6 +57,24 @@ TEST(Sampler, TemperatureSoftmax) {
   expect_dist(Sampler(plain(1.0f), 3).distribution(logits_of({1, 2, 4}), {}), {{2, 4.0 / 7}, {1, 2.0 / 7}, {0, 1.0 / 7}});
   const std::vector<float> l = {0.0f, float(std::log(4.0)), float(std::log(16.0))};
   expect_dist(Sampler(plain(2.0f), 3).distribution(l, {}), {{2, 4.0 / 7}, {1, 2.0 / 7}, {0, 1.0 / 7}});
+}
+
+// A NaN logit is a probability 0 outside greedy decoding (ranked last, as the GPU sampler ranks it); greedy keeps its
+// rule (the scan never moves to a NaN and never leaves a NaN at id 0).
+TEST(Sampler, NanLogitsHaveProbabilityZero) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> l = {nan, float(std::log(1.0)), nan, float(std::log(3.0))};
+  expect_dist(Sampler(plain(1.0f), 4).distribution(l, {}), {{3, 0.75}, {1, 0.25}, {0, 0.0}, {2, 0.0}});
+  SamplingParams k = plain();
+  k.top_k = 3;
+  expect_dist(Sampler(k, 4).distribution(l, {}), {{3, 0.75}, {1, 0.25}, {0, 0.0}});
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    SamplingParams q = plain();
+    q.seed = seed;
+    const int32_t t = Sampler(q, 4).sample(l, {});
+    EXPECT_TRUE(t == 1 || t == 3) << "seed " << seed << " sampled " << t;
+  }
+  EXPECT_EQ(Sampler(plain(0.0f), 4).sample(l, {}), 0);  // greedy: NaN at id 0 stays
 }
 
 TEST(Sampler, TopK) {
