@@ -2,6 +2,7 @@
 #include "toolkit/kld.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -167,8 +168,7 @@ void save_kld_ref(const RunInput& in, const std::string& a, const std::string& p
              a.empty() ? "reference" : a, n, V, in.source, path);
 }
 
-KldReport kld_against_ref(const std::string& path, const std::string& model_dir, const std::string& b, const RunInput* in) {
-  const auto t0 = std::chrono::steady_clock::now();
+KldRef read_kld_ref(const std::string& path) {
   const auto f = SafetensorsFile::open(path);
   const auto& md = f->metadata();
   auto meta = [&](const char* key) {
@@ -177,28 +177,67 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
     return it->second;
   };
   PLUMB_CHECK(meta("format") == "plumb-kld-ref/1", "{}: format '{}' is not plumb-kld-ref/1", path, meta("format"));
-  auto need = [&](const char* name) {
+  auto count = [&](const char* key) {
+    const std::string v = meta(key);
+    int64_t x = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    PLUMB_CHECK(ec == std::errc() && end == v.data() + v.size() && x > 0 && x <= INT32_MAX,
+                "{}: metadata '{}' = '{}' is not a positive count", path, key, v);
+    return x;
+  };
+  KldRef r;
+  r.patches = meta("patches"), r.model = meta("model"), r.source = meta("source");
+  r.vocab = count("vocab"), r.topk = count("topk");
+  PLUMB_CHECK(r.topk <= r.vocab, "{}: top-{} of a vocabulary of {}", path, r.topk, r.vocab);
+  auto need = [&](const char* name, size_t dims) {
     const TensorView* v = f->find(name);
     PLUMB_CHECK(v, "{}: missing tensor {}", path, name);
+    PLUMB_CHECK(v->shape.size() == dims, "{}: tensor {} has shape {}, expected {} dimensions", path, name,
+                shape_str(v->shape), dims);
     return v;
   };
-  const IndexTensor tokens = to_i64(*need("tokens")), ids = to_i64(*need("topk.ids"));
-  const Tensor lps = to_f32(*need("topk.logprobs")), next_lp = to_f32(*need("next.logprob"));
-  RunInput ri;
-  ri.model_dir = model_dir.empty() ? meta("model") : model_dir;
-  ri.source = meta("source");
+  const IndexTensor tokens = to_i64(*need("tokens", 1));
+  r.ids = to_i64(*need("topk.ids", 2));
+  r.logprobs = to_f32(*need("topk.logprobs", 2));
+  r.next_logprob = to_f32(*need("next.logprob", 1));
+  const int64_t n = tokens.numel();
+  const Shape rows_k = {n, r.topk};
+  PLUMB_CHECK(n > 0 && r.ids.shape == rows_k && r.logprobs.shape == rows_k && r.next_logprob.numel() == n,
+              "{}: tensors of {} tokens and top-{} disagree: topk.ids {}, topk.logprobs {}, next.logprob {}", path, n, r.topk,
+              shape_str(r.ids.shape), shape_str(r.logprobs.shape), shape_str(r.next_logprob.shape));
+  for (int64_t i = 0; i < r.ids.numel(); ++i)
+    PLUMB_CHECK(r.ids[i] >= 0 && r.ids[i] < r.vocab, "{}: topk.ids holds {}, outside the vocabulary of {}", path, r.ids[i],
+                r.vocab);
+  for (int64_t i = 0; i < n; ++i)
+    PLUMB_CHECK(tokens[i] >= 0 && tokens[i] <= INT32_MAX, "{}: token {} is not a token id", path, tokens[i]);
   const auto steps = nlohmann::json::parse(meta("steps"), nullptr, false);
   PLUMB_CHECK(steps.is_array(), "{}: malformed 'steps' metadata", path);
   int64_t pos = 0;
   for (const auto& s : steps) {
+    PLUMB_CHECK(s.is_object() && s.contains("name") && s["name"].is_string() && s.contains("n") && s["n"].is_number_integer() &&
+                    (!s.contains("kind") || s["kind"].is_string()) && (!s.contains("start_pos") || s["start_pos"].is_number_integer()),
+                "{}: malformed step in the 'steps' metadata: {}", path, s.dump());
     GoldenStep g;
-    g.name = s.value("name", ""), g.kind = s.value("kind", "prefill"), g.start_pos = s.value("start_pos", int64_t(0));
-    const int64_t n = s.value("n", int64_t(0));
-    PLUMB_CHECK(g.start_pos == pos && n > 0 && pos + n <= tokens.numel(), "{}: step {} does not fit the token list", path, g.name);
-    for (int64_t i = 0; i < n; ++i) g.tokens.push_back(int32_t(tokens[pos + i]));
-    pos += n;
-    ri.steps.push_back(std::move(g));
+    g.name = s["name"].get<std::string>(), g.kind = s.value("kind", "prefill"), g.start_pos = s.value("start_pos", int64_t(0));
+    const int64_t k = s["n"].get<int64_t>();
+    PLUMB_CHECK(g.start_pos == pos && k > 0 && k <= n - pos, "{}: step {} does not fit the token list", path, g.name);
+    PLUMB_CHECK(g.kind == "prefill" || (g.kind == "decode" && k == 1), "{}: step {} has kind '{}' for {} tokens", path, g.name,
+                g.kind, k);
+    for (int64_t i = 0; i < k; ++i) g.tokens.push_back(int32_t(tokens[pos + i]));
+    pos += k;
+    r.steps.push_back(std::move(g));
   }
+  PLUMB_CHECK(pos == n, "{}: the steps cover {} of its {} tokens", path, pos, n);
+  return r;
+}
+
+KldReport kld_against_ref(const std::string& path, const std::string& model_dir, const std::string& b, const RunInput* in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const KldRef ref = read_kld_ref(path);
+  RunInput ri;
+  ri.model_dir = model_dir.empty() ? ref.model : model_dir;
+  ri.source = ref.source;
+  ri.steps = ref.steps;
   if (in) {
     std::vector<int32_t> x, y;
     for (const auto& s : in->steps) x.insert(x.end(), s.tokens.begin(), s.tokens.end());
@@ -206,10 +245,13 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
     PLUMB_CHECK(x == y, "{} was saved for other tokens than {} (the saved file holds its input: drop the input options)",
                 path, in->source);
   }
+  const IndexTensor& ids = ref.ids;
+  const Tensor &lps = ref.logprobs, &next_lp = ref.next_logprob;
   KldReport r;
-  r.a = (meta("patches").empty() ? std::string("reference") : meta("patches")) + ", saved", r.b = b, r.source = ri.source, r.model_dir = ri.model_dir, r.ref_file = path;
-  r.vocab = std::stoll(meta("vocab"));
-  const int64_t k = ids.dim(1);
+  r.a = (ref.patches.empty() ? std::string("reference") : ref.patches) + ", saved", r.b = b, r.source = ri.source;
+  r.model_dir = ri.model_dir, r.ref_file = path;
+  r.vocab = ref.vocab;
+  const int64_t k = ref.topk;
   r.topk = k;
   const Trace tb = logits_only(ri, b);
   const Rows rb = rows_of(tb);

@@ -40,6 +40,17 @@ KldReport kld_of_traces(const Trace& a, const Trace& b);
 Trace logits_trace(const RunInput& in, const std::string& patches);
 // Runs A and writes its top-k log-probabilities (and the input, so the compare step needs none) to `path`.
 void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk);
+// A saved reference read back and checked (shapes, ids inside the vocabulary, the steps covering the tokens); throws
+// plumb::Error naming the file for anything a corrupt or foreign file could hold.
+struct KldRef {
+  std::string patches, model, source;
+  int64_t vocab = 0, topk = 0;
+  std::vector<GoldenStep> steps;  // the input, with its tokens
+  IndexTensor ids;                // [n, topk], inside [0, vocab)
+  Tensor logprobs;                // [n, topk]
+  Tensor next_logprob;            // [n]
+};
+KldRef read_kld_ref(const std::string& path);
 // Compares configuration B against a saved reference. `model_dir` overrides the folder recorded in the file;
 // `in` (may be null) must then hold the same tokens as the file.
 KldReport kld_against_ref(const std::string& path, const std::string& model_dir, const std::string& b, const RunInput* in);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "io/safetensors.h"
 #include "toolkit/bisect.h"
 #include "toolkit/diff.h"
 #include "toolkit/kld.h"
@@ -340,6 +341,43 @@ TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
   ASSERT_EQ(s.kld.size(), 38u);
   for (double k : s.kld) EXPECT_EQ(k, 0.0);
   for (char t : s.same_top) EXPECT_TRUE(t);
+}
+
+// A corrupt or foreign --ref file is refused by name before anything indexes with it (read_kld_ref): an id outside
+// the vocabulary used to index B's log-probabilities, a 1-D topk.ids read a dimension it does not have, a vocab that
+// is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error.
+TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
+  const std::string path = (fs::temp_directory_path() / fmt::format("plumb_kldbad_{}.safetensors", ::getpid())).string();
+  const std::string steps = R"([{"name":"s0","kind":"prefill","start_pos":0,"n":2}])";
+  struct Case {
+    const char* what;
+    IndexTensor ids;
+    std::string vocab, steps;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"id outside the vocabulary", IndexTensor({2, 2}, {0, 1, 2, 300}), "256", steps, "outside the vocabulary"},
+      {"1-D ids", IndexTensor({4}, {0, 1, 2, 3}), "256", steps, "topk.ids"},
+      {"vocab not a number", IndexTensor({2, 2}, {0, 1, 2, 3}), "lots", steps, "'vocab'"},
+      {"step not an object", IndexTensor({2, 2}, {0, 1, 2, 3}), "256", "[3]", "malformed step"},
+      {"steps short of the tokens", IndexTensor({2, 2}, {0, 1, 2, 3}), "256",
+       R"([{"name":"s0","kind":"prefill","start_pos":0,"n":1}])", "cover 1 of its 2"},
+  };
+  for (const Case& c : cases) {
+    plumb::write_safetensors(path,
+                             {plumb::owned_i64("tokens", IndexTensor({2}, {5, 6})), plumb::owned_i64("topk.ids", c.ids),
+                              plumb::owned_f32("topk.logprobs", Tensor({2, 2}, -1.0f)), plumb::owned_f32("next.logprob", Tensor({2}, -1.0f))},
+                             {{"format", "plumb-kld-ref/1"}, {"patches", ""}, {"model", "m"}, {"source", "s"},
+                              {"vocab", c.vocab}, {"topk", "2"}, {"steps", c.steps}});
+    try {
+      (void)plumb::toolkit::read_kld_ref(path);
+      ADD_FAILURE() << c.what << ": accepted";
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << c.what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << c.what << ": the message names the file";
+    }
+  }
+  fs::remove(path);
 }
 
 TEST(ToolkitKld, FaultDivergesAndStatisticsFollowLlamaCpp) {
