@@ -19,6 +19,10 @@ namespace plumb {
 // other control bytes and DEL, and every byte of an ill-formed UTF-8 sequence (as \xHH).
 std::string unescape_line(std::string_view line);
 std::string escape_line(std::string_view bytes);
+// Token ids written as "0 15 27" (whitespace or commas between them), as `plumb run --ids`, `plumb tokenize
+// --decode` and token files take them: each a non-negative integer below 2^31. Throws plumb::Error naming `what` and
+// the column of the first item that is not one.
+std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& what);
 
 // ---------------------------------------------------------------------------------------------------------
 // Tokenizer: a Hugging Face tokenizer.json (byte-level BPE, exact parity with the `tokenizers` library) plus

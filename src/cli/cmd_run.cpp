@@ -22,23 +22,6 @@ struct RunOptions {
   ChatModeArgs mode;
 };
 
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  const char *p = s.data(), *end = p + s.size();
-  while (p < end) {
-    if (*p == ' ' || *p == ',' || *p == '\t') {
-      ++p;
-      continue;
-    }
-    int64_t v = 0;
-    const auto [q, ec] = std::from_chars(p, end, v);
-    PLUMB_CHECK(ec == std::errc() && (q == end || *q == ' ' || *q == ',' || *q == '\t') && v >= INT32_MIN && v <= INT32_MAX,
-                "--ids: \"{}\" is not a list of token ids (integers separated by spaces)", s);
-    ids.push_back(int32_t(v));
-    p = q;
-  }
-  return ids;
-}
 
 int run(const RunOptions& o) {
   const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || !o.mode.effort.empty();
@@ -46,7 +29,7 @@ int run(const RunOptions& o) {
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // Checked before the model loads: an empty prompt is a usage error, not something to load 100 GB for.
   PLUMB_CHECK(!o.prompt.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT");
-  const std::vector<int32_t> given_ids = parse_ids(o.ids);
+  const std::vector<int32_t> given_ids = parse_token_ids(o.ids, "--ids");
   PLUMB_CHECK(o.ids.empty() || !given_ids.empty(), "empty prompt: --ids lists no token ids");
 
   const LoadedModel m = load_model(o.model);

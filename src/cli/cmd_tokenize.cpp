@@ -20,24 +20,6 @@ struct TokenizeOptions {
   bool skip_special = false;
 };
 
-std::vector<int32_t> parse_ids(const std::string& line) {
-  std::vector<int32_t> ids;
-  const char* p = line.data();
-  const char* end = p + line.size();
-  while (p < end) {
-    if (*p == ' ' || *p == '\t') {
-      ++p;
-      continue;
-    }
-    int32_t v = 0;
-    const auto [q, ec] = std::from_chars(p, end, v);
-    if (ec != std::errc() || v < 0 || (q < end && *q != ' ' && *q != '\t'))
-      fail("bad token id at column {}: expected non-negative integers separated by spaces", p - line.data() + 1);
-    ids.push_back(v);
-    p = q;
-  }
-  return ids;
-}
 
 int run_tokenize(const TokenizeOptions& opt) {
   const auto tok = Tokenizer::load(opt.tokenizer);
@@ -48,7 +30,7 @@ int run_tokenize(const TokenizeOptions& opt) {
     try {
       out.clear();
       if (opt.decode) {
-        out = escape_line(tok.decode(parse_ids(line), opt.skip_special));
+        out = escape_line(tok.decode(parse_token_ids(line, "--decode"), opt.skip_special));
       } else {
         const auto ids = tok.encode(unescape_line(line), opt.add_special);
         for (size_t k = 0; k < ids.size(); ++k) {

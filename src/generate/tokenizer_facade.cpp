@@ -1,5 +1,6 @@
 // plumb::Tokenizer / TextStream (plumb/text.h): the public face of text::Tokenizer, plus the BOS/EOS settings of
 // tokenizer_config.json, which transformers (not tokenizer.json) uses to add BOS.
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 
@@ -60,6 +61,28 @@ void read_tokenizer_config(const fs::path& path, Tokenizer::Impl& impl) {
 
 std::string unescape_line(std::string_view line) { return text::unescape_line(line); }
 std::string escape_line(std::string_view bytes) { return text::escape_line(bytes); }
+
+std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& what) {
+  std::vector<int32_t> ids;
+  const char *p = text.data(), *end = p + text.size();
+  auto separator = [](char c) { return c == ',' || c == ' ' || (c >= '\t' && c <= '\r'); };  // , or whitespace
+  while (p < end) {
+    if (separator(*p)) {
+      ++p;
+      continue;
+    }
+    const char* q = p;
+    while (q < end && !separator(*q)) ++q;
+    int64_t v = -1;
+    const auto [stop, ec] = std::from_chars(p, q, v);
+    PLUMB_CHECK(ec == std::errc() && stop == q && v >= 0 && v <= INT32_MAX,
+                "{}: '{}' at column {} is not a token id (non-negative integers separated by spaces or commas)", what,
+                text::escape_line(std::string_view(p, size_t(q - p))), p - text.data() + 1);
+    ids.push_back(int32_t(v));
+    p = q;
+  }
+  return ids;
+}
 
 Tokenizer Tokenizer::load(const std::string& path) {
   fs::path json_path = path, dir = path;

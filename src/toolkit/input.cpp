@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "plumb/text.h"
 #include "text/escape.h"
 #include "text/tokenizer.h"
 #include "toolkit/trace.h"
@@ -41,21 +42,7 @@ RunInput input_from_tokens(const std::string& model_dir, const std::string& file
   while (std::getline(f, line)) {
     ++lineno;
     if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
-    std::istringstream ss(line);
-    std::vector<int32_t> toks;
-    std::string word;
-    while (ss >> word) {
-      int64_t v = -1;
-      try {
-        size_t used = 0;
-        v = std::stoll(word, &used);
-        if (used != word.size()) v = -1;
-      } catch (const std::exception&) {
-        v = -1;
-      }
-      PLUMB_CHECK(v >= 0 && v <= INT32_MAX, "{}:{}: '{}' is not a token id (non-negative integer)", file, lineno, text::escape_line(word));
-      toks.push_back(int32_t(v));
-    }
+    std::vector<int32_t> toks = parse_token_ids(line, fmt::format("{}:{}", file, lineno));
     if (!toks.empty()) add_step(in, std::move(toks));
   }
   PLUMB_CHECK(!in.steps.empty(), "token file {} holds no token ids", file);

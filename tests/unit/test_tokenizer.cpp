@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "plumb/text.h"
 #include "text/byte_level.h"
 #include "text/escape.h"
 #include "text/regex.h"
@@ -278,6 +279,23 @@ TEST(TokenizerEscape, RoundTripAndErrors) {
   EXPECT_THROW(unescape_line("bad\\q"), plumb::Error);
   EXPECT_THROW(unescape_line("bad\\x4"), plumb::Error);
   EXPECT_THROW(unescape_line("bad\\"), plumb::Error);
+}
+
+// The one parser of written token ids (`run --ids`, `tokenize --decode`, token files; three copies before session 57).
+TEST(TokenIds, ParseAndNameTheBadItem) {
+  using Ids = std::vector<int32_t>;
+  EXPECT_EQ(plumb::parse_token_ids("0 15,27\t3 ", "--ids"), Ids({0, 15, 27, 3}));
+  EXPECT_EQ(plumb::parse_token_ids(" , \r\n", "--ids"), Ids());
+  EXPECT_EQ(plumb::parse_token_ids("2147483647", "--ids"), Ids({2147483647}));
+  for (const char* bad : {"1 -2", "1 2147483648", "3 x", "4 5a", "99999999999999999999"}) {
+    try {
+      (void)plumb::parse_token_ids(bad, "f.txt:3");
+      ADD_FAILURE() << bad << ": accepted";
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("f.txt:3"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("at column"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Every tests/data/tokenizer/parity/<name>/ holds tokenizer.json, corpus.txt (escaped lines) and expected.txt
