@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace plumb_fuzz {
 
@@ -31,6 +34,21 @@ class Reader {
   size_t n_;
 };
 
+// The paths temp_file made (and the folders the harnesses make beside them, `<path>ir` / `<path>.d`), removed when
+// the process exits normally, so a corpus replay in CTest leaves nothing in the temporary folder.
+struct TempPaths {
+  std::set<std::string> paths;
+  ~TempPaths() {
+    std::error_code ec;
+    for (const auto& p : paths)
+      for (const std::string& q : {p, p + "ir", p + ".d"}) std::filesystem::remove_all(q, ec);
+  }
+};
+inline TempPaths& temp_paths() {
+  static TempPaths t;
+  return t;
+}
+
 // A file of this process's own holding the bytes (the loaders open paths): rewritten for every input.
 inline std::string temp_file(std::string_view suffix, std::string_view bytes) {
   static const std::string dir = [] {
@@ -38,6 +56,7 @@ inline std::string temp_file(std::string_view suffix, std::string_view bytes) {
     return std::string(t && *t ? t : "/tmp");
   }();
   const std::string path = dir + "/plumb-fuzz-" + std::to_string(::getpid()) + std::string(suffix);
+  temp_paths().paths.insert(path);
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() || std::fclose(f) != 0) {
     std::fprintf(stderr, "fuzz: cannot write %s\n", path.c_str());
