@@ -41,6 +41,16 @@ namespace {
 
 constexpr int kMaxLayers = 1024;
 
+// v when it is a JSON integer that fits an int: get<int> would wrap a larger one, and get<int64_t> an unsigned one
+// above INT64_MAX (18446744073709551615 read as -1).
+std::optional<int> int32_of(const json& v) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() <= uint64_t(INT32_MAX) ? std::optional<int>(int(v.get<uint64_t>())) : std::nullopt;
+  if (!v.is_number_integer()) return std::nullopt;
+  const int64_t x = v.get<int64_t>();
+  return x >= INT32_MIN && x <= INT32_MAX ? std::optional<int>(int(x)) : std::nullopt;
+}
+
 struct Reader {
   const json& j;
   const std::string& src;
@@ -52,9 +62,9 @@ struct Reader {
       return *def;
     }
     PLUMB_CHECK(j[k].is_number_integer(), "{}: field '{}' must be an integer, got {}", src, k, j[k].dump());
-    auto v = j[k].get<int64_t>();
-    PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: field '{}' out of range: {}", src, k, v);
-    return int(v);
+    const std::optional<int> v = int32_of(j[k]);
+    PLUMB_CHECK(v, "{}: field '{}' out of range: {}", src, k, j[k].dump());
+    return *v;
   }
   bool boolean(const char* k, bool def) const {
     if (!has(k)) return def;
@@ -71,9 +81,9 @@ struct Reader {
     if (!j.contains(k)) return def;
     const auto& v = j[k].is_array() && !j[k].empty() ? j[k][0] : j[k];
     if (v.is_null()) return -1;
-    PLUMB_CHECK(v.is_number_integer() && v.get<int64_t>() >= -1 && v.get<int64_t>() <= INT32_MAX,
-                "{}: field '{}' must be a token id, got {}", src, k, j[k].dump());
-    return int(v.get<int64_t>());
+    const std::optional<int> id = int32_of(v);
+    PLUMB_CHECK(id && *id >= -1, "{}: field '{}' must be a token id, got {}", src, k, j[k].dump());
+    return *id;
   }
   double number(const char* k, std::optional<double> def = std::nullopt) const {
     if (!has(k)) {
@@ -183,10 +193,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
     const auto& cr = j["compress_rates"];
     PLUMB_CHECK(cr.is_object(), "{}: compress_rates must be an object", src);
     for (auto& [k, v] : cr.items()) {
-      PLUMB_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= INT32_MAX,
-                  "{}: compress_rates.{} must be a positive integer", src, k);
-      if (k == "compressed_sparse_attention") csa_rate = v.get<int>();
-      else if (k == "heavily_compressed_attention") hca_rate = v.get<int>();
+      const std::optional<int> rate = int32_of(v);
+      PLUMB_CHECK(rate && *rate > 0, "{}: compress_rates.{} must be a positive integer", src, k);
+      if (k == "compressed_sparse_attention") csa_rate = *rate;
+      else if (k == "heavily_compressed_attention") hca_rate = *rate;
       else fail("{}: compress_rates has unknown layer type '{}'", src, k);
     }
   }
@@ -220,9 +230,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
                 "{}: compress_ratios must have num_hidden_layers ({}) or num_hidden_layers + 1 entries, has {}", src, n,
                 cr.is_array() ? cr.size() : 0);
     for (int i = 0; i < n; ++i) {
-      PLUMB_CHECK(cr[size_t(i)].is_number_integer() && cr[size_t(i)].get<int64_t>() >= 0 && cr[size_t(i)].get<int64_t>() <= INT32_MAX,
-                  "{}: compress_ratios[{}] must be a non-negative integer", src, i);
-      const int v = int(cr[size_t(i)].get<int64_t>());
+      const std::optional<int> ratio = int32_of(cr[size_t(i)]);
+      PLUMB_CHECK(ratio && *ratio >= 0, "{}: compress_ratios[{}] must be a non-negative integer", src, i);
+      const int v = *ratio;
       if (v == 0) c.attn[size_t(i)] = AttnType::Sliding;
       else if (v == csa_rate) c.attn[size_t(i)] = AttnType::CSA;
       else if (v == hca_rate) c.attn[size_t(i)] = AttnType::HCA;

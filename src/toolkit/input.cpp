@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "plumb/text.h"
-#include "text/escape.h"
 #include "text/tokenizer.h"
 #include "toolkit/trace.h"
 

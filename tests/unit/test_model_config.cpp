@@ -290,6 +290,8 @@ TEST(ModelConfigParse, OutOfRangeValuesAreRefusedBeforeUse) {
        }, "compress_ratios[1]"},
       {[](json& j) { j.erase("compress_rates"); j["compress_rate_csa"] = 0; }, "compression rates"},
       {[](json& j) { j["eos_token_id"] = 1099511627776LL; }, "eos_token_id"},
+      {[](json& j) { j["eos_token_id"] = 18446744073709551615ULL; }, "eos_token_id"},  // (read as -1 by get<int64_t>)
+      {[](json& j) { j["num_hidden_layers"] = 18446744073709551615ULL; }, "num_hidden_layers"},
       {[](json& j) { j["hc_sinkhorn_iters"] = 2000000000; }, "hc_sinkhorn_iters"},
   };
   for (const auto& [edit, field] : cases) {
