@@ -462,7 +462,7 @@ void op_breakdown(Batch& b, DecodeRow& r) {
 // launches stay in the layers' share, so the per-layer time is an upper bound. (Timing the outside part on tapped
 // steps, as the bench did before, counted the taps' downloads and the eager launch gaps outside the layers: 464-546 us
 // at batch 1 against ~320 us of embed + head, a per-layer time up to 40 % too low.)
-void split_layers(const Run& R, DecodeRow& r, const std::vector<double>& outside_tapped, int tapped, double copy_gbps) {
+void split_layers(const Run& R, DecodeRow& r, const std::vector<double>& outside_tapped, int tapped) {
   const int L = R.layers();
   double regions = 0;
   int seen = 0;
@@ -481,20 +481,20 @@ void split_layers(const Run& R, DecodeRow& r, const std::vector<double>& outside
   r.us_layer = (r.us_step - r.us_non_layer) / L;
   r.tok_s = r.batch / (r.us_step * 1e-6);
   r.gbps = r.layer_bytes / (r.us_layer * 1e-6) / 1e9;
-  r.pct = 100.0 * r.gbps / copy_gbps;
+  r.pct = 100.0 * r.gbps / R.res.copy_gbps;
   r.implied = r.batch / ((double(R.o.dims.model_layers) * r.us_layer + r.us_non_layer) * 1e-6);
 }
 
 // --skeleton: the same steps with every weight-streaming launch skipped (a graph of their own), against the time the
 // batch's weight bytes take at the copy rate and the 80 % target's budget (1.25x that).
-void skeleton(Batch& b, DecodeRow& r, double copy_gbps) {
+void skeleton(Batch& b, DecodeRow& r) {
   detail::SkipWeightsScope skip(true);
   for (int w = 0; w < b.R.o.warmup + 1; ++w) b.step(nullptr, nullptr);  // (the eager step, then the capture)
   std::vector<double> sk;
   for (int i = 0; i < std::max(3, r.steps); ++i) sk.push_back(b.step(nullptr, nullptr) * 1e6);
   r.us_step_skeleton = median(sk);
   r.us_layer_skeleton = (r.us_step_skeleton - r.us_non_layer) / b.R.layers();
-  const double bytes_us = r.layer_bytes / (copy_gbps * 1e3);
+  const double bytes_us = r.layer_bytes / (b.R.res.copy_gbps * 1e3);
   out(fmt::format("  batch {} without weight bytes (--skeleton: the GEMVs and one-token linears skipped, {} steps): {} us/step, "
                   "{} us/layer; the layer's weight bytes take {} us at the copy rate, the 80 % target allows {} us per layer\n",
                   b.B, sk.size(), fmt_num(r.us_step_skeleton), fmt_num(r.us_layer_skeleton), fmt_num(bytes_us),
@@ -562,11 +562,11 @@ DecodeRow decode_batch(Run& R, int B) {
     const std::vector<double> outside = tapped_steps(b, r);
     if (b.st.dev) op_breakdown(b, r);
     if (b.st.dev && R.o.timeline) r.timeline = b.timeline("");
-    split_layers(R, r, outside, b.tapped, R.res.copy_gbps);
+    split_layers(R, r, outside, b.tapped);
     out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; mean {} us/step over {} steps; "
                     "context {} s\n", B, fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
                     fmt_num(r.us_step_mean), r.steps, fmt_num(r.context_s, 2)));
-    if (R.o.skeleton && b.st.dev) skeleton(b, r, R.res.copy_gbps);
+    if (R.o.skeleton && b.st.dev) skeleton(b, r);
     if (R.model_b) {
       try {
         ab_pairs(b, r);
