@@ -15,6 +15,7 @@
 #include "cuda/gpu_common.h"
 #include "cuda/kernels.h"
 #include "cuda_test_util.h"
+#include "kernel_twins.h"
 
 using namespace plumb;
 using namespace plumb_cuda_test;
@@ -22,12 +23,6 @@ using namespace plumb_cuda_test;
 namespace {
 
 namespace d = cuda::detail;
-
-float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
-float swiglu_f(float g, float u, float limit) {
-  if (limit > 0) g = std::min(g, limit), u = std::clamp(u, -limit, limit);
-  return silu_f(g) * u;
-}
 
 // Host twin of act_quant_e4m3's values: the codes decoded, times their block scale.
 std::vector<double> dequant(const std::vector<uint8_t>& q, const std::vector<float>& s, int64_t rows, int64_t K) {

@@ -62,7 +62,7 @@ cd::SampleParams to_gpu(const SamplingParams& s) {
   return g;
 }
 
-const char* path_name(int path) { return path == cd::kSampleGreedy ? "greedy" : path == cd::kSampleTopK ? "top-k" : "sorted"; }
+const char* sample_path_name(int path) { return path == cd::kSampleGreedy ? "greedy" : path == cd::kSampleTopK ? "top-k" : "sorted"; }
 
 // Sampler::sample's draw for a fresh Sampler with this seed.
 double first_draw(uint64_t seed) {
@@ -270,7 +270,7 @@ struct SampleCase {
   SamplingParams sp;
 };
 
-std::vector<SampleCase> cases() {
+std::vector<SampleCase> sample_cases() {
   return {
       {"greedy(T=0)", params(0.0f, 40, 0.95f, 0.05f)},
       {"greedy(top_k=1)", params(0.8f, 1, 0.95f, 0.05f)},
@@ -314,7 +314,7 @@ Tally run_case(const SampleCase& c, int V, int rows, uint32_t seed, bool print =
   if (print)
     std::printf("%-22s V=%-6d %-6s rows %3" PRId64 ": tokens equal %3" PRId64 ", near-boundary %" PRId64 ", failures %" PRId64
                 ", u consumed %3" PRId64 ", probs %5" PRId64 " (not bit-identical %" PRId64 ", max %" PRId64 " ulp)\n",
-                c.name, V, path_name(cd::fwd_sample_path(to_gpu(c.sp), V)), t.rows, t.tok_equal, t.near_boundary, t.failures,
+                c.name, V, sample_path_name(cd::fwd_sample_path(to_gpu(c.sp), V)), t.rows, t.tok_equal, t.near_boundary, t.failures,
                 t.draws, t.probs, t.probs_not_bitwise, t.max_ulp);
   return t;
 }
@@ -327,7 +327,7 @@ TEST_F(CudaSample, MatchesSamplerOnRandomRows) {
   Tally all;
   uint32_t seed = 1;
   for (int V : {1000, 32000, 129280})
-    for (const auto& c : cases()) {
+    for (const auto& c : sample_cases()) {
       const Tally t = run_case(c, V, 24, seed++);
       all.rows += t.rows, all.tok_equal += t.tok_equal, all.near_boundary += t.near_boundary, all.failures += t.failures;
       all.probs += t.probs, all.probs_not_bitwise += t.probs_not_bitwise, all.max_ulp = std::max(all.max_ulp, t.max_ulp);
@@ -444,7 +444,7 @@ TEST_F(CudaSample, GraphCaptureAndTiming) {
       cd::event_record(e1, s);
       const float ms = cd::event_elapsed_ms(e0, e1);
       std::printf("timing V=%d rows %d %-20s %-6s: %7.1f us per launch (graph replay)\n", V, rows, c.name,
-                  path_name(cd::fwd_sample_path(p, V)), 1000.0 * ms / reps);
+                  sample_path_name(cd::fwd_sample_path(p, V)), 1000.0 * ms / reps);
       cd::graph_destroy(exec);
     }
   }
