@@ -10,8 +10,9 @@
 //     when u lies within 1e-12 of one of the CPU's cumulative boundaries (counted, printed); probabilities within
 //     2 float ulps.
 // On a mismatch the row, both tokens, both sizes, u and the CPU's cumulative values around both tokens are
-// printed. NaN logits are used only in greedy rows (the CPU sampler ranked a NaN by std::sort's undefined order
-// until session 57; it now counts as -inf, the GPU's rule, so non-greedy NaN rows could join once run on a GPU).
+// printed. Rows with NaN logits go through every case (until session 57 only the greedy ones: the CPU sampler ranked
+// NaN by std::sort's undefined order): outside greedy a NaN is -inf (probability zero) for both samplers; greedy's
+// argmax compares with > from id 0, so a NaN is never taken unless it is at id 0 (both samplers).
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -82,8 +83,8 @@ void penalty_window(const std::vector<int32_t>& hist, int last_n, std::vector<in
 // Row kinds: 0 normal(0, 3); 1 uniform in [-10, 10] on a 1/4 grid (many exact ties); 2 normal with 30% -inf;
 // 3 peaked (one logit at 25: usually a single-token distribution); 4 all -inf but 5; 5 values in {-1, -0, +0,
 // 1, 2} (huge tie groups, -0 vs +0); 6 normal with the maximum repeated at 6 more ids; 7 all -inf; 8 one +inf;
-// 9 (greedy only) normal with 5% NaN, NaN at index 0 in every other such row.
-constexpr int kKinds = 9;
+// 9 normal with 5% NaN, NaN at index 0 in every other such row.
+constexpr int kKinds = 10;
 std::vector<float> make_row(int kind, int V, std::mt19937& g, int row) {
   std::vector<float> l(static_cast<size_t>(V));
   std::normal_distribution<float> nd(0.0f, 3.0f), n1(0.0f, 1.0f);
@@ -290,14 +291,13 @@ std::vector<SampleCase> sample_cases() {
   };
 }
 
-// Rows of every kind (the NaN kind only for greedy), sampled on both sides and compared.
+// Rows of every kind, sampled on both sides and compared.
 Tally run_case(const SampleCase& c, int V, int rows, uint32_t seed, bool print = true) {
   std::mt19937 g(seed);
-  const bool greedy = c.sp.temperature <= 0.0f || c.sp.top_k == 1;
   std::vector<float> logits;
   std::vector<int> kinds;
   for (int r = 0; r < rows; ++r) {
-    const int kind = greedy ? r % (kKinds + 1) : r % kKinds;
+    const int kind = r % kKinds;
     kinds.push_back(kind);
     auto l = make_row(kind, V, g, r);
     logits.insert(logits.end(), l.begin(), l.end());
