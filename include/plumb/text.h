@@ -71,6 +71,13 @@ class TextStream {
   std::unique_ptr<Impl> impl_;
 };
 
+// A plain (not chat) prompt's ids as transformers' tokenizer(text) gives them for DeepSeek: BOS first when
+// tokenizer_config.json says add_bos_token (its default is true), or, with no tokenizer_config.json naming a BOS, when
+// the model's config.json does (`config_bos` >= 0); then the text without tokenizer.json's post-processor tokens
+// (transformers replaces that post-processor by the BOS rule, so BOS is never added twice). `plumb run` and the
+// toolkit's --text inputs both use it.
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, int32_t config_bos);
+
 // ---------------------------------------------------------------------------------------------------------
 // Chat encoding: the DeepSeek-V4 prompt format (the model repository's encoding/encoding_dsv4.py rules, see
 // docs/generation.md). Roles: system, user, assistant, developer.

@@ -27,7 +27,8 @@ struct VerifyGoldenOptions {
 int verify_golden(const VerifyGoldenOptions& opt);
 
 // An input: a golden fixture's steps (its folder is the model unless `model`), or `model` with a token file (one
-// step per line) or a text file tokenized with `tokenizer` (`chunk` > 0: prefill chunks of that many tokens).
+// step per line) or a text file tokenized as `plumb run` tokenizes a prompt, with `tokenizer` (a tokenizer.json or
+// its folder; "": the model folder's) (`chunk` > 0: prefill chunks of that many tokens).
 struct InputSpec {
   std::string fixture, model, tokens, text, tokenizer;
   int64_t chunk = 0;

@@ -45,12 +45,7 @@ int run(const RunOptions& o) {
     msgs.push_back({"user", o.prompt, ""});
     prompt = tok.encode(encode_chat(msgs, ChatOptions{o.mode.think, true, true, o.mode.effort}));
   } else {
-    // As transformers does for DeepSeek: BOS first when tokenizer_config.json says add_bos_token (or, without
-    // one, when config.json names a BOS).
-    const int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : info.bos_token;
-    if (bos >= 0 && (tok.bos_id() >= 0 ? tok.add_bos() : true)) prompt.push_back(bos);
-    const auto ids = tok.encode(o.prompt);
-    prompt.insert(prompt.end(), ids.begin(), ids.end());
+    prompt = encode_prompt(tok, o.prompt, info.bos_token);  // BOS as transformers adds it for DeepSeek
   }
 
   uint64_t seed = 0;

@@ -117,6 +117,15 @@ int32_t Tokenizer::eos_id() const { return impl_->eos; }
 bool Tokenizer::add_bos() const { return impl_->add_bos; }
 const std::string& Tokenizer::path() const { return impl_->path; }
 
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, int32_t config_bos) {
+  const int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : config_bos;
+  std::vector<int32_t> ids;
+  if (bos >= 0 && (tok.bos_id() >= 0 ? tok.add_bos() : true)) ids.push_back(bos);
+  const std::vector<int32_t> body = tok.encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
 struct TextStream::Impl {
   std::shared_ptr<const Tokenizer::Impl> keep;  // the decoder points into it
   text::StreamDecoder dec;

@@ -158,8 +158,7 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
   }
   PLUMB_CHECK(!model.empty(), "--tokens / --text need -m MODEL_DIR (a folder with config.json and model.safetensors)");
   if (!tokens.empty()) return input_from_tokens(model, tokens);
-  PLUMB_CHECK(!tokenizer.empty(), "--text needs --tokenizer tokenizer.json");
-  return input_from_text(model, text, tokenizer, chunk, /*add_special=*/true);  // BOS first, as the model was trained
+  return input_from_text(model, text, tokenizer, chunk);
 }
 
 DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol_override) {

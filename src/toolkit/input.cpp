@@ -1,10 +1,11 @@
 // Run inputs: fixture steps, token files and tokenized text, each checked with messages naming the file.
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "model/config.h"
 #include "plumb/text.h"
-#include "text/tokenizer.h"
 #include "toolkit/trace.h"
 
 namespace plumb::toolkit {
@@ -49,13 +50,15 @@ RunInput input_from_tokens(const std::string& model_dir, const std::string& file
 }
 
 RunInput input_from_text(const std::string& model_dir, const std::string& text_file, const std::string& tokenizer,
-                         int64_t chunk, bool add_special) {
+                         int64_t chunk) {
   std::ifstream f(text_file, std::ios::binary);
   PLUMB_CHECK(f.good(), "cannot open text file {}", text_file);
   std::stringstream ss;
   ss << f.rdbuf();
-  const auto tok = text::Tokenizer::load(tokenizer);
-  const auto ids = tok.encode(ss.str(), add_special);
+  // The tokenizer (and its tokenizer_config.json) first: a bad one fails before the text's bytes are read.
+  const Tokenizer tok = Tokenizer::load(tokenizer.empty() ? model_dir : tokenizer);
+  const int32_t config_bos = ModelConfig::load((std::filesystem::path(model_dir) / "config.json").string()).bos_token;
+  const auto ids = encode_prompt(tok, ss.str(), config_bos);  // BOS as `plumb run` adds it
   PLUMB_CHECK(!ids.empty(), "text file {} tokenizes to nothing", text_file);
   RunInput in{model_dir, "text " + text_file, {}};
   const size_t n = chunk > 0 ? size_t(chunk) : ids.size();

@@ -24,10 +24,11 @@ RunInput input_from_fixture(const std::string& dir);
 // A token file: whitespace-separated ids, one step per non-empty line ('#' starts a comment); a one-token line
 // after the first step is a decode step, anything else a prefill chunk.
 RunInput input_from_tokens(const std::string& model_dir, const std::string& file);
-// A text file tokenized with a tokenizer.json (add_special: its post-processor tokens, e.g. BOS); chunk > 0 splits
-// it into prefill chunks of that many tokens.
+// A text file tokenized as `plumb run` tokenizes a prompt (plumb::encode_prompt: BOS as transformers adds it) with
+// `tokenizer` (a tokenizer.json, or a folder holding one; "": model_dir's); chunk > 0 splits it into prefill chunks
+// of that many tokens.
 RunInput input_from_text(const std::string& model_dir, const std::string& text_file, const std::string& tokenizer,
-                         int64_t chunk, bool add_special);
+                         int64_t chunk);
 
 // One step's recorded tensors. `positions` are the absolute positions of the rows kept (dim 0 of every tap).
 struct StepTaps {

@@ -94,6 +94,13 @@ EXPECT_RC=2 check_error "bench --cold-l2 on the CPU backend" "--cold-l2 flushes 
   "$plumb" bench --layers 1 --backend cpu --cold-l2
 EXPECT_RC=2 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
   "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
+# The toolkit's --text input: the tokenizer comes from the model folder unless --tokenizer names one.
+printf 'Once upon a time there was a fox.' >"$tmp/story.txt"
+"$plumb" kld -m models/tiny --text "$tmp/story.txt" --a '' --b '' >"$tmp/k.out" 2>"$tmp/k.err" &&
+  grep -q 'KL divergence statistics' "$tmp/k.out" && ok "kld --text without --tokenizer: $(grep -m1 '^input' "$tmp/k.out")" ||
+  bad "kld --text without --tokenizer: $(cat "$tmp/k.err")"
+EXPECT_RC=2 check_error "--text with a model folder without a tokenizer" "has no tokenizer.json" \
+  "$plumb" kld -m "$tmp/notok" --text "$tmp/story.txt" --a '' --b ''
 # --backend cuda: on a machine without a usable GPU (or a build without CUDA) one error line that says why;
 # with a GPU it runs.
 "$plumb" run -q -p hi -n 3 --seed 1 --backend cuda >"$tmp/g.out" 2>"$tmp/g.err"

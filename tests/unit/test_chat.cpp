@@ -1,7 +1,11 @@
 // Chat encoding tests: DeepSeek-V4 prompts written out by hand from the rules of the model repository's
 // encoding/encoding_dsv4.py (docs/generation.md), compared with plumb::encode_chat; the incremental pieces
-// `plumb chat` feeds; reply parsing; and the tokens the bundled model's tokenizer makes of a rendered prompt.
+// `plumb chat` feeds; reply parsing; the tokens the bundled model's tokenizer makes of a rendered prompt; a plain
+// prompt's BOS.
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "plumb/text.h"
@@ -152,6 +156,40 @@ TEST(ChatEncoding, SpecialStringsAreSingleTokensOfTheBundledTokenizer) {
   EXPECT_EQ(tok.eos_id(), 1);
   EXPECT_TRUE(tok.add_bos());
   EXPECT_EQ(tok.decode(ids), encode_chat({{"user", "Hi", ""}}, chat_mode()));
+}
+
+// A plain prompt's BOS, as transformers' tokenizer(text) adds it for DeepSeek: tokenizer_config.json decides where
+// it names a BOS (add_bos_token, default true), else config.json's bos_token_id; tokenizer.json's own post-processor
+// (tests/data/tokenizer/tiny.json: a template adding BOS 270) never adds a second one.
+TEST(PromptEncoding, BosAsTransformersAddsIt) {
+  namespace fs = std::filesystem;
+  using Ids = std::vector<int32_t>;
+  const auto cat = [](Ids a, const Ids& b) { return a.insert(a.end(), b.begin(), b.end()), a; };
+  const auto bundled = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  const Ids once = bundled.encode("Once upon a time");
+  EXPECT_EQ(plumb::encode_prompt(bundled, "Once upon a time", -1), cat({0}, once));  // its tokenizer_config: BOS 0
+  EXPECT_EQ(plumb::encode_prompt(bundled, "Once upon a time", 5), cat({0}, once));   // tokenizer_config wins
+
+  const std::string tiny_json = std::string(PLUMB_TEST_DATA) + "/tokenizer/tiny.json";
+  const auto bare = plumb::Tokenizer::load(tiny_json);  // no tokenizer_config.json beside it
+  const Ids hi = bare.encode("hi");
+  ASSERT_EQ(bare.encode("hi", true), cat({270}, hi));  // the post-processor's BOS (what the rule must not double)
+  EXPECT_EQ(plumb::encode_prompt(bare, "hi", -1), hi);
+  EXPECT_EQ(plumb::encode_prompt(bare, "hi", 270), cat({270}, hi));
+
+  const fs::path dir = fs::temp_directory_path() / "plumb_prompt_bos";
+  fs::create_directories(dir);
+  fs::copy_file(tiny_json, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const auto with_config = [&](const std::string& json) {
+    std::ofstream(dir / "tokenizer_config.json") << json;
+    return plumb::Tokenizer::load(dir.string());
+  };
+  EXPECT_EQ(plumb::encode_prompt(with_config("{\"bos_token\": \"" + BOS + "\"}"), "hi", -1), cat({270}, hi));
+  EXPECT_EQ(plumb::encode_prompt(with_config("{\"bos_token\": \"" + BOS + "\", \"add_bos_token\": false}"), "hi", 270), hi);
+  EXPECT_EQ(plumb::encode_prompt(with_config("{\"bos_token\": {\"content\": \"" + BOS + "\"}, \"add_bos_token\": true}"), "hi", -1),
+            cat({270}, hi));
+  EXPECT_EQ(plumb::encode_prompt(with_config("{}"), "hi", 270), cat({270}, hi));  // no BOS named there: config.json's
+  fs::remove_all(dir);
 }
 
 TEST(ChatEncoding, TokenizerWithoutChatTokensIsRejected) {

@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
+#include "core/error.h"
 #include "io/safetensors.h"
+#include "plumb/text.h"
 #include "toolkit/bisect.h"
 #include "toolkit/diff.h"
 #include "toolkit/kld.h"
@@ -235,6 +238,40 @@ TEST(ToolkitDiagnosis, AllZeroRoutedWeights) {
   EXPECT_EQ(d.kind, "scores_underflow");
   EXPECT_NE(d.text.find("routed weights all zero on 1 tokens"), std::string::npos) << d.text;
   EXPECT_NE(d.text.find("naive softplus"), std::string::npos) << d.text;
+}
+
+// --text inputs are tokenized as `plumb run` tokenizes a prompt: on the bundled model (its tokenizer.json's
+// post-processor adds nothing, its tokenizer_config.json says add_bos_token) BOS first, with the tokenizer taken
+// from the model folder by default, and split into chunks with their positions.
+TEST(ToolkitInput, TextIsTokenizedAsPlumbRunTokenizesAPrompt) {
+  const std::string model = std::string(PLUMB_TEST_DATA) + "/../../models/tiny";
+  const fs::path file = fs::temp_directory_path() / "plumb_toolkit_text.txt";
+  const std::string text = "Once upon a time, there was a little fox.";
+  std::ofstream(file, std::ios::binary) << text;
+  const auto tok = plumb::Tokenizer::load(model);
+  std::vector<int32_t> want = {0};
+  const auto body = tok.encode(text);
+  want.insert(want.end(), body.begin(), body.end());
+  for (const std::string& t : {std::string(), model, model + "/tokenizer.json"}) {
+    const RunInput in = input_from_text(model, file.string(), t, 0);
+    ASSERT_EQ(in.steps.size(), 1u) << t;
+    EXPECT_EQ(in.steps[0].tokens, want) << "--tokenizer '" << t << "'";
+  }
+  const RunInput chunks = input_from_text(model, file.string(), "", 4);
+  std::vector<int32_t> joined;
+  for (const auto& s : chunks.steps) {
+    EXPECT_EQ(s.start_pos, int64_t(joined.size())) << s.name;
+    EXPECT_LE(s.tokens.size(), 4u) << s.name;
+    joined.insert(joined.end(), s.tokens.begin(), s.tokens.end());
+  }
+  EXPECT_EQ(joined, want);
+  try {
+    input_from_text(model, file.string(), "/nonexistent/tokenizer.json", 0);
+    ADD_FAILURE() << "a missing tokenizer was accepted";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/tokenizer.json"), std::string::npos) << e.what();
+  }
+  fs::remove(file);
 }
 
 // --- live diff, faults, bisect, kld on the bundled fixtures -------------------------------------------------
