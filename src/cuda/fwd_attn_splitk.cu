@@ -446,9 +446,11 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   return p;
 }
 
+bool fwd_attend_splitk_fits(int64_t head_dim) { return head_dim > 0 && head_dim % kSlice == 0 && head_dim <= kMaxDh; }
+
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s) {
   if (a.n <= 0) return;
-  if (a.Dh % kSlice != 0 || a.Dh > kMaxDh) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
+  if (!fwd_attend_splitk_fits(a.Dh)) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
   if (a.official) throw_arg("attention (split-K): the official numerics' key layout is the unsplit attention's only");
   if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
     throw_arg("attention (split-K): keys per split must be a positive multiple of 32");

@@ -261,6 +261,8 @@ struct SplitPlan {
 };
 // sms: the device's SM count (sm_count()), which sizes the decode splits to fill it.
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms);
+// A warp per 32 dims of a head, 16 warps: head_dim a multiple of 32 up to 512 (other layers keep fwd_attend).
+bool fwd_attend_splitk_fits(int64_t head_dim);
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);

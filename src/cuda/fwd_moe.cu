@@ -141,7 +141,7 @@ __global__ void combine_kernel(const float* ys, const float* w, int K, int64_t D
 }  // namespace
 
 int route_warp_variant(const RouteArgs& a) {
-  if (a.twin || a.E > 32 * 16 || a.K > kRouteMaxK || a.K > a.E || a.n_group > kRouteMaxGroups) return 0;
+  if (a.twin || a.E > 32 * 16 || a.K > kRouteMaxK || a.K > a.E || (route_grouped(a) && a.n_group > kRouteMaxGroups)) return 0;
   const int P = (a.E + 31) / 32;
   // V4's learned routing (route_token_warp's kV4) at V4's 256 experts; every other case the general code.
   const bool v4 = a.score == 0 && !a.hash && !route_grouped(a) && a.renorm && !a.unfloored && !a.softplus_naive;
@@ -154,7 +154,9 @@ bool route_wide_form(const RouteArgs& a) { return wide_form(a, route_warp_varian
 
 void fwd_route(const RouteArgs& a, Stream s) {
   if (a.n <= 0) return;
-  if (a.n_group > kRouteMaxGroups) throw_arg("router: more than 64 expert groups is not supported on the GPU");
+  // (Groups matter only where they limit the selection: n_group > 64 with topk_group == n_group routes ungrouped.)
+  if (route_grouped(a) && a.n_group > kRouteMaxGroups)
+    throw_arg("router: a grouped selection over more than 64 expert groups is not supported on the GPU");
   if (const int variant = route_warp_variant(a)) {
     if (wide_form(a, variant)) {
       auto go = [&](auto kern) { launch("fwd_route", kern, dim3(unsigned(a.n)), dim3(32u * 8u), 0, s, a); };  // (cuda.pdl)

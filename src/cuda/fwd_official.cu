@@ -189,9 +189,25 @@ void fwd_act_quant_e4m3(const float* x, int64_t rows, int64_t K, int64_t ldx, ui
 void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {
   if (a.nslots <= 0 || a.nr <= 0) return;
   if (!a.bf16 && (!a.q || !a.sa)) throw_arg("linear_official: the block-scaled GEMM needs the quantized activations");
+  if (a.x_div < 1) throw_arg("linear_official: x_div must be positive");
   const int per = a.mats ? 1 : kSlots;
-  const dim3 grid(unsigned((a.nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((a.nslots + per - 1) / per));
-  launch("fwd_linear_official", linear_official_kernel, grid, 32 * kRowsPerBlock, 0, s, a, per);
+  // Launches of at most 65535 grid rows of `per` slots (a step of n tokens x top-k experts can pass it), each chunk a
+  // multiple of x_div and of per: slot / x_div stays the input row within the chunk.
+  const int unit = a.x_div * per, chunk = (65535 * per / unit) * unit;
+  // q and sa: [input rows, K] and [input rows, K / 128], K = a.w.cols (with mats too: every matrix's width).
+  const int64_t K = a.w.cols, nab = (K + official_math::kActBlock - 1) / official_math::kActBlock;
+  for (int s0 = 0; s0 < a.nslots; s0 += chunk) {
+    OfficialLinearArgs c = a;
+    const int64_t xr = s0 / a.x_div;  // the chunk's first input row
+    c.nslots = std::min(chunk, a.nslots - s0);
+    c.idx = a.idx ? a.idx + s0 : nullptr;
+    c.x = a.x ? a.x + xr * a.ldx : nullptr;
+    c.q = a.q ? a.q + xr * K : nullptr;
+    c.sa = a.sa ? a.sa + xr * nab : nullptr;
+    c.y = a.y + int64_t(s0) * a.ldy;
+    const dim3 grid(unsigned((a.nr + kRowsPerBlock - 1) / kRowsPerBlock), unsigned((c.nslots + per - 1) / per));
+    launch("fwd_linear_official", linear_official_kernel, grid, 32 * kRowsPerBlock, 0, s, c, per);
+  }
 }
 
 void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s, const HeadRope* rope) {

@@ -820,8 +820,15 @@ void fwd_prefetch_l2(const PrefetchRanges& r, Stream s) {
 void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_div, const float* x, int64_t ldx, int64_t rows,
                         int64_t cols, float* y, int64_t ldy, Stream s) {
   if (nslots <= 0 || rows <= 0) return;
-  const dim3 grid(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(nslots));
-  launch("fwd_linear_indexed", linear_indexed_kernel, grid, 32 * kRowsPerBlock, 0, s, mats, idx, x_div, x, ldx, rows, y, ldy);
+  if (x_div < 1) throw_arg("fwd_linear_indexed: x_div must be positive");
+  // A slot per grid row, so launches of at most 65535 slots (grid.y's limit; a step of n tokens x top-k experts can
+  // pass it), each a multiple of x_div so that slot / x_div stays the input row within the chunk.
+  const int chunk = (65535 / x_div) * x_div;
+  for (int s0 = 0; s0 < nslots; s0 += chunk) {
+    const dim3 grid(unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(std::min(chunk, nslots - s0)));
+    launch("fwd_linear_indexed", linear_indexed_kernel, grid, 32 * kRowsPerBlock, 0, s, mats, idx ? idx + s0 : nullptr, x_div,
+           x + int64_t(s0 / x_div) * ldx, ldx, rows, y + int64_t(s0) * ldy, ldy);
+  }
 }
 
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16,

@@ -208,8 +208,9 @@ class GpuForward : public DeviceForward {
       gl.attn.q_norm = upload_tensor(a.q_norm);
       gl.attn.kv_norm = upload_tensor(a.kv_norm);
       gl.attn.sink = upload_tensor(a.sink);
-      gl.attn.splitk = opt_.attn_splitk_decode;
-      gl.attn.splitk_f16 = opt_.attn_splitk_f16;
+      // The split-K kernel's head_dim rule holds for every layer or none (one head_dim per model).
+      gl.attn.splitk = opt_.attn_splitk_decode && fwd_attend_splitk_fits(c.head_dim);
+      gl.attn.splitk_f16 = gl.attn.splitk && opt_.attn_splitk_f16;
       gl.attn.index_tc = opt_.indexer_tc_scores;
       gl.attn.index_dmma = opt_.indexer_dmma_scores;
       gl.attn.skip_short = opt_.indexer_skip_short;
@@ -260,6 +261,9 @@ class GpuForward : public DeviceForward {
       g_.layers.push_back(std::move(gl));
     }
     synchronize();
+    if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
+      fmt::print(stderr, "backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
+                 "unsplit attention runs)\n", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim);
     if (opt_.cuda_head_bf16) {
       head_bf16_ = w.head.layout() == Matrix::Layout::Plain && w.head.values().dtype == DType::BF16 && have_cublaslt();
       fmt::print(stderr, "backend cuda: cuda.head_bf16 {}\n",

@@ -439,6 +439,46 @@ TEST_F(GpuTest, SmallBatchLinearMatchesHost) {
   }
 }
 
+// The indexed linear (the routed experts' twin: a slot per grid row) past grid.y's 65535: a step of n tokens x
+// top-k slots can have more (8192 tokens x top-8), so the launcher splits the slots into launches of whole input
+// rows. 70001 slots over 3 f32 matrices, 7 slots per input row (a chunk of 65534 slots: 9362 rows), every slot
+// against the host's fp64 sum, and nothing written past the last slot.
+TEST_F(GpuTest, IndexedLinearTakesMoreSlotsThanAGridRow) {
+  Rng rng(99);
+  const int E = 3, x_div = 7, nslots = 70001, xrows = (nslots + x_div - 1) / x_div;
+  const int64_t rows = 5, cols = 24;
+  std::vector<std::vector<float>> wv(E);
+  std::vector<DeviceBuffer> w;
+  std::vector<d::DMat> mats(E);
+  for (int e = 0; e < E; ++e) {
+    w.push_back(plain_weights(rng, 0, rows, cols, &wv[size_t(e)]));
+    mats[size_t(e)].w = w.back().get(), mats[size_t(e)].rows = rows, mats[size_t(e)].cols = cols;
+  }
+  std::vector<int32_t> idx(static_cast<size_t>(nslots));
+  for (auto& i : idx) i = rng.integer(0, E - 1);
+  const auto xv = rng.floats(size_t(xrows) * size_t(cols), -2.0f, 2.0f);
+  DeviceBuffer dm = to_device(mats), di = to_device(idx), x = to_device(xv), y(size_t(nslots + 1) * size_t(rows) * 4);
+  y.fill_byte(0xFF);
+  d::fwd_linear_indexed(dm.as<d::DMat>(), di.as<int32_t>(), nslots, x_div, x.as<float>(), cols, rows, cols, y.as<float>(), rows,
+                        nullptr);
+  const auto got = to_host<float>(y, size_t(nslots + 1) * size_t(rows));
+  int64_t bad = 0;
+  for (int sl = 0; sl < nslots; ++sl)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* W = wv[size_t(idx[size_t(sl)])].data() + r * cols;
+      const float* xs = xv.data() + int64_t(sl / x_div) * cols;
+      double acc = 0;
+      for (int64_t c = 0; c < cols; ++c) acc += double(xs[c]) * double(W[c]);
+      const float g = got[size_t(sl) * size_t(rows) + size_t(r)];
+      if (std::fabs(double(g) - acc) > 1e-5 * std::max(1.0, std::fabs(acc)) && bad++ < 5)
+        ADD_FAILURE() << "slot " << sl << " (chunk " << sl / 65534 << ") row " << r << ": " << g << " vs " << acc;
+    }
+  EXPECT_EQ(bad, 0);
+  uint32_t bits;
+  std::memcpy(&bits, &got[size_t(nslots) * size_t(rows)], 4);
+  EXPECT_EQ(bits, 0xFFFFFFFFu) << "written past the last slot";
+}
+
 // bench --skeleton's SkipWeightsScope: fwd_linear (the one-token kernel at 1 token, the fp64 tensor cores at 8) launches
 // nothing while it lives, nested scopes restore the outer setting, and after it the same call writes its rows.
 TEST_F(GpuTest, SkipWeightsScopeSkipsTheLinears) {

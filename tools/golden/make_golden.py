@@ -314,6 +314,23 @@ preset(
     expect_sparse=True,
 )
 
+# Dimensions off every tile rule of the CUDA kernels (head_dim 48: not a multiple of 32, so the split-K attention
+# does not apply and cuda.fast must fall back to the unsplit one; hc_mult 3; 12 experts, top-4; odd head and group
+# counts): each fast path must route itself to its twin here, never refuse or misread.
+preset(
+    "odd-dims",
+    seed=909,
+    covers=["head_dim 48 (split-K attention does not apply)", "hc_mult 3", "6 heads in 3 output groups",
+            "12 experts, top-4", "hidden 96, moe_intermediate 40 (off the GEMV tiles)", "HCA (m'=16)", "indexer of 3 heads x 24",
+            "vocab 200", "window 6", "prefill after decodes", "both SwiGLU clamps"],
+    config=dict(num_hidden_layers=3, vocab_size=200, hidden_size=96, q_lora_rank=40, num_attention_heads=6, head_dim=48,
+                o_groups=3, o_lora_rank=24, moe_intermediate_size=40, n_routed_experts=12, num_experts_per_tok=4,
+                hc_mult=3, sliding_window=6, index_n_heads=3, index_head_dim=24, compress_rates={CSA: 4, HCA: 16},
+                layer_types=[CSA, HCA, SWA], mlp_layer_types=["hash_moe", "moe", "moe"]),
+    schedule=[P(23), D, D, P(9), D, D, P(40), D],
+    expect_sparse=True,
+)
+
 
 # --------------------------------------------------------------------------------------------
 # torch / transformers (imported lazily so --list works anywhere)
