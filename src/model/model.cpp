@@ -30,8 +30,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->cfg_ = ModelConfig::load(cfg_path);
   m->ck_ = Checkpoint::open(dir);
   m->w_ = ModelWeights::bind(m->ck_, m->cfg_, on_layer);
-  m->rope_main_ = ops::Rope(m->cfg_.rope_main, m->cfg_.rope_dim);
-  m->rope_compress_ = ops::Rope(m->cfg_.rope_compress, m->cfg_.rope_dim);
+  // The official code has no YaRN magnitude scaling (dsv4-spec.md 5.3): its cos and sin are never multiplied by an
+  // attention factor, whatever config.json says; transformers multiplies them by rope_parameters' attention_factor
+  // (by default 0.1 ln(factor) + 1 in the nested form, 1 in the legacy flat form).
+  auto rope = [&](RopeConfig rc) {
+    if (opt.official) rc.attention_factor = 1.0;
+    return ops::Rope(rc, m->cfg_.rope_dim);
+  };
+  m->rope_main_ = rope(m->cfg_.rope_main);
+  m->rope_compress_ = rope(m->cfg_.rope_compress);
   m->opt_ = opt;
   m->backend_ = backend;
   if (backend == "cuda") m->device_ = make_cuda_forward(*m);

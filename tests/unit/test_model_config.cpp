@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model_test_util.h"
 
 namespace {
@@ -311,6 +313,31 @@ TEST(ModelConfigParse, LoadRefusesMissingAndMalformedFiles) {
   } catch (const plumb::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("bad.json"));
   }
+}
+
+// The nested yarn form without attention_factor: transformers multiplies cos and sin by 0.1 ln(factor) + 1 (its
+// get_mscale default), the official code by nothing (dsv4-spec.md 5.3: no YaRN magnitude scaling), so the reference
+// numerics and numerics.official build different ropes from the same config. (yarn-sigmoid's model, its config's
+// attention_factor 1.0 removed.)
+TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
+  namespace fs = std::filesystem;
+  const std::string src = std::string(PLUMB_TEST_DATA) + "/golden/yarn-sigmoid";
+  const fs::path dir = fs::temp_directory_path() / "plumb_yarn_no_af";
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(src) / "model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+  json j = json::parse(std::ifstream(fs::path(src) / "config.json"));
+  ASSERT_TRUE(j["rope_parameters"]["compress"].contains("attention_factor"));
+  j["rope_parameters"]["compress"].erase("attention_factor");
+  std::ofstream(dir / "config.json") << j.dump(2);
+  const double factor = j["rope_parameters"]["compress"]["factor"].get<double>();
+  plumb::ModelOptions official;
+  official.official = true;
+  const auto ref = plumb::Model::load(dir.string()), off = plumb::Model::load(dir.string(), official);
+  EXPECT_FLOAT_EQ(ref->rope_compress().attention_factor(), float(0.1 * std::log(factor) + 1.0));
+  EXPECT_FLOAT_EQ(off->rope_compress().attention_factor(), 1.0f);
+  EXPECT_FLOAT_EQ(ref->rope_main().attention_factor(), 1.0f);  // "default" rope: no factor either way
+  EXPECT_FLOAT_EQ(off->rope_main().attention_factor(), 1.0f);
+  fs::remove_all(dir);
 }
 
 }  // namespace
