@@ -172,13 +172,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   c.bos_token = r.token_id("bos_token_id", 0);
   c.eos_token = r.token_id("eos_token_id", 1);
 
-  const int kv_heads = r.integer("num_key_value_heads", 1);
-  PLUMB_CHECK(kv_heads == 1, "{}: num_key_value_heads must be 1 (shared K=V MQA), got {}", src, kv_heads);
+  // num_key_value_heads is not read: V4's attention is one shared K=V head whatever it says (transformers' V4
+  // ignores it too). Biases on the shared expert (transformers' mlp_bias) are not in V4 checkpoints.
+  PLUMB_CHECK(!r.boolean("mlp_bias", false), "{}: mlp_bias true (biases on the shared expert) is not supported", src);
+  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
   if (r.has("hidden_act"))
     PLUMB_CHECK(j["hidden_act"] == "silu", "{}: hidden_act {} is not supported (expected \"silu\")", src, j["hidden_act"].dump());
-  // Grouped top-k (DeepSeek-V3's noaux_tc with groups): V4 checkpoints have none, transformers' V4 ignores it.
-  c.n_group = r.integer("n_group", 1);
-  c.topk_group = r.integer("topk_group", c.n_group);
+  // n_group / topk_group (DeepSeek-V3's group-limited top-k, left in some converted configs) are not read: V4 routes
+  // over all experts (config.h).
 
   // Scoring function.
   const std::string sf = r.string("scoring_func", "sqrtsoftplus");
@@ -233,9 +234,13 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
       const std::optional<int> ratio = int32_of(cr[size_t(i)]);
       PLUMB_CHECK(ratio && *ratio >= 0, "{}: compress_ratios[{}] must be a non-negative integer", src, i);
       const int v = *ratio;
+      // A ratio names its layer's rate (the official code's meaning); transformers maps 4 and 128 to the two types
+      // whatever compress_rates says, so those two do too when they match neither rate.
       if (v == 0) c.attn[size_t(i)] = AttnType::Sliding;
       else if (v == csa_rate) c.attn[size_t(i)] = AttnType::CSA;
       else if (v == hca_rate) c.attn[size_t(i)] = AttnType::HCA;
+      else if (v == 4) c.attn[size_t(i)] = AttnType::CSA;
+      else if (v == 128) c.attn[size_t(i)] = AttnType::HCA;
       else fail("{}: compress_ratios[{}] = {} matches neither the CSA rate {} nor the HCA rate {}", src, i, v, csa_rate, hca_rate);
     }
   } else {
@@ -268,10 +273,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   if (r.has("partial_rotary_factor")) prf = r.number("partial_rotary_factor");
   else if (r.has("qk_rope_head_dim")) prf = double(r.integer("qk_rope_head_dim")) / c.head_dim;
   PLUMB_CHECK(prf > 0 && prf <= 1, "{}: the rotary part of head_dim must be a fraction in (0, 1], got {}", src, prf);
-  c.rope_dim = int(c.head_dim * prf);
-  if (r.has("qk_rope_head_dim"))
-    PLUMB_CHECK(r.integer("qk_rope_head_dim") == c.rope_dim, "{}: qk_rope_head_dim {} disagrees with partial_rotary_factor {} x head_dim {}",
-                src, r.integer("qk_rope_head_dim"), prf, c.head_dim);
+  c.rope_dim = int(c.head_dim * prf);  // (transformers drops a qk_rope_head_dim given beside partial_rotary_factor)
 
   // RoPE tables: nested {"main", "compress"} or a flat dict (rope_parameters / legacy rope_scaling) whose
   // yarn keys apply to the compress table only.
@@ -315,13 +317,11 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   PLUMB_CHECK(c.hc_mult <= 8, "{}: hc_mult {} is not supported (at most 8; DeepSeek-V4 uses 4)", src, c.hc_mult);
   PLUMB_CHECK(c.hc_sinkhorn_iters <= 1000, "{}: hc_sinkhorn_iters {} is not supported (at most 1000; DeepSeek-V4 uses 20)", src,
               c.hc_sinkhorn_iters);
-  PLUMB_CHECK(c.n_shared == 0 || c.n_shared == 1, "{}: n_shared_experts must be 0 or 1, got {}", src, c.n_shared);
+  PLUMB_CHECK(c.n_shared >= 0, "{}: n_shared_experts must be >= 0, got {}", src, c.n_shared);
   PLUMB_CHECK(c.top_k <= c.n_experts, "{}: num_experts_per_tok {} exceeds n_routed_experts {}", src, c.top_k, c.n_experts);
-  PLUMB_CHECK(c.n_group >= 1 && c.n_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group &&
-                  c.top_k <= c.topk_group * (c.n_experts / c.n_group),
-              "{}: grouped routing n_group {} / topk_group {} does not fit {} experts with top-{}", src, c.n_group, c.topk_group,
-              c.n_experts, c.top_k);
-  PLUMB_CHECK(c.n_heads % c.o_groups == 0, "{}: num_attention_heads {} is not divisible by o_groups {}", src, c.n_heads, c.o_groups);
+  // The grouped output projection splits the heads' concatenated outputs into o_groups equal slices.
+  PLUMB_CHECK((int64_t(c.n_heads) * c.head_dim) % c.o_groups == 0,
+              "{}: num_attention_heads x head_dim ({} x {}) is not divisible by o_groups {}", src, c.n_heads, c.head_dim, c.o_groups);
   PLUMB_CHECK(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim,
               "{}: rope dims {} must be even and within head_dim {}", src, c.rope_dim, c.head_dim);
   bool any_csa = false;

@@ -28,11 +28,17 @@ struct ModelConfig {
   int n_heads = 0, head_dim = 0, rope_dim = 0;  // rope on the LAST rope_dim dims of each head
   int q_lora = 0, o_groups = 0, o_lora = 0;
   int window = 0;  // sliding window, keys [p - window + 1, p]
+  // n_shared: config.json's n_shared_experts, informational: transformers' V4 always has one shared expert (of
+  // moe_intermediate_size) and ignores the field; the official code asserts 1. The weights decide (ModelWeights::bind).
   int n_experts = 0, top_k = 0, n_shared = 0, moe_inter = 0;
   double routed_scaling = 1.0;
-  int n_group = 1, topk_group = 1;  // grouped top-k (DeepSeek-V3 style); V4 is ungrouped (1, 1)
+  // Grouped top-k (DeepSeek-V3's group-limited selection). V4 routes over all experts: transformers' V4 and the
+  // official code ignore config.json's n_group / topk_group (dsv4-spec 6.2, pitfall P-R4), so from_json leaves these
+  // at 1 / 1; the grouped code paths are reached only by configs built in code.
+  int n_group = 1, topk_group = 1;
   ScoreFunc score = ScoreFunc::SqrtSoftplus;
-  bool norm_topk_prob = true;
+  bool norm_topk_prob = true;  // parsed, not consulted: V4 renormalizes regardless (transformers and the official code)
+  bool tie_embeddings = false;  // tie_word_embeddings: the LM head is the embedding matrix
   double swiglu_limit = 0;  // <= 0: no clamp
   int hc_mult = 0, hc_sinkhorn_iters = 0;
   double hc_eps = 1e-6, rms_eps = 1e-6;

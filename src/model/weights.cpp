@@ -70,9 +70,21 @@ CompressorWeights compressor(const Checkpoint& ck, const std::string& p, const M
   return w;
 }
 
-ExpertWeights expert(const Checkpoint& ck, const std::string& p, const ModelConfig& c) {
-  return {Matrix::bind(ck, p + ".w1.weight", c.moe_inter, c.hidden), Matrix::bind(ck, p + ".w2.weight", c.hidden, c.moe_inter),
-          Matrix::bind(ck, p + ".w3.weight", c.moe_inter, c.hidden)};
+// An expert of `inter` hidden units (moe_intermediate_size for the routed ones).
+ExpertWeights expert(const Checkpoint& ck, const std::string& p, const ModelConfig& c, int64_t inter) {
+  return {Matrix::bind(ck, p + ".w1.weight", inter, c.hidden), Matrix::bind(ck, p + ".w2.weight", c.hidden, inter),
+          Matrix::bind(ck, p + ".w3.weight", inter, c.hidden)};
+}
+
+// The shared expert: present when its tensors are (transformers' V4 always builds one of moe_intermediate_size,
+// whatever n_shared_experts says); its width is w1's row count (DeepSeek-V3's convention would be n_shared x
+// moe_intermediate_size). Without its tensors, a config asking for one is refused by the missing tensor's name.
+std::unique_ptr<ExpertWeights> shared_expert(const Checkpoint& ck, const std::string& p, const ModelConfig& c) {
+  const TensorView* w1 = ck.find(p + ".w1.weight");
+  if (!w1 && c.n_shared == 0) return nullptr;
+  const int64_t inter = w1 && w1->shape.size() == 2 ? w1->shape[0] : c.moe_inter;
+  PLUMB_CHECK(inter > 0, "tensor {}.w1.weight in {} has no rows", p, w1 ? w1->file : std::string());
+  return std::make_unique<ExpertWeights>(expert(ck, p, c, inter));
 }
 
 }  // namespace
@@ -201,7 +213,8 @@ ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c, cons
   ModelWeights m;
   const int64_t D = c.hidden, hcd = int64_t(c.hc_mult) * D;
   m.embed = Matrix::bind(ck, "embed.weight", c.vocab, D);
-  m.head = Matrix::bind(ck, "head.weight", c.vocab, D);
+  // tie_word_embeddings: the head is the embedding (transformers ties lm_head to it, whatever head.weight holds).
+  m.head = c.tie_embeddings ? m.embed : Matrix::bind(ck, "head.weight", c.vocab, D);
   m.norm = small(ck, "norm.weight", {D});
   m.hc_head = hyper_conn(ck, "hc_head", c.hc_mult, hcd, 1);
   m.layers.resize(size_t(c.n_layers));
@@ -251,8 +264,8 @@ ModelWeights ModelWeights::bind(const Checkpoint& ck, const ModelConfig& c, cons
       M.bias = small(ck, f + "gate.bias", {c.n_experts});
     }
     M.experts.reserve(size_t(c.n_experts));
-    for (int e = 0; e < c.n_experts; ++e) M.experts.push_back(expert(ck, f + fmt::format("experts.{}", e), c));
-    if (c.n_shared) M.shared = std::make_unique<ExpertWeights>(expert(ck, f + "shared_experts", c));
+    for (int e = 0; e < c.n_experts; ++e) M.experts.push_back(expert(ck, f + fmt::format("experts.{}", e), c, c.moe_inter));
+    M.shared = shared_expert(ck, f + "shared_experts", c);
     if (on_layer) on_layer(i + 1, c.n_layers);
   }
   return m;

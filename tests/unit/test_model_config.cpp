@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "plumb/tools.h"
 #include "model_test_util.h"
 
 namespace {
@@ -191,15 +192,46 @@ TEST(ModelConfigParse, MismatchedCompressRatiosAreRefused) {
   j.erase("layer_types");
   j["compress_ratios"] = {0, 64, 4, 128};  // 64 is neither the CSA rate (4) nor the HCA rate (128)
   expect_refused(j, {"compress_ratios[1]", "64"}, "compress_ratios value");
+  // 4 and 128 name the two types whatever the rates are (transformers' mapping), the rates then from compress_rates.
+  j["compress_ratios"] = {0, 128, 4, 128};
+  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 16}};
+  const ModelConfig c = ModelConfig::from_json(j, "cfg");
+  EXPECT_EQ(c.attn[1], AttnType::HCA);
+  EXPECT_EQ(c.compress_rate[1], 16);
+  EXPECT_EQ(c.attn[2], AttnType::CSA);
   j = current_config();
   j["layer_types"] = {"sliding_attention", "compressed_sparse_attention"};  // fewer than num_hidden_layers
   expect_refused(j, {"layer_types"}, "short layer_types");
 }
 
-TEST(ModelConfigParse, SeveralKeyValueHeadsAreRefused) {
+// Fields transformers' DeepseekV4 does not read are not read here either: num_key_value_heads (one shared K=V head
+// regardless), n_group / topk_group (V4 routes over all experts: DeepSeek-V3's grouped selection on V4 is pitfall
+// P-R4), n_shared_experts (one shared expert whenever its tensors are there), a qk_rope_head_dim beside
+// partial_rotary_factor (the factor wins). mlp_bias true (biases V4 checkpoints do not have) is refused.
+TEST(ModelConfigParse, FieldsTransformersIgnoresAreIgnored) {
+  const ModelConfig base = ModelConfig::from_json(current_config(), "cfg");
   json j = current_config();
   j["num_key_value_heads"] = 2;
-  expect_refused(j, {"num_key_value_heads", "2"}, "num_key_value_heads");
+  j["n_group"] = 4;
+  j["topk_group"] = 2;
+  j["n_shared_experts"] = 2;
+  j["qk_rope_head_dim"] = 8;  // partial_rotary_factor 0.125 x head_dim 32 = 4 rotary dims
+  const ModelConfig c = ModelConfig::from_json(j, "cfg");
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_EQ(c.rope_dim, base.rope_dim);
+  EXPECT_EQ(c.rope_dim, 4);
+  EXPECT_EQ(c.n_shared, 2);  // recorded, informational (the weights decide)
+  j = current_config();
+  j["n_group"] = 3;  // no longer checked against the 8 experts
+  EXPECT_EQ(ModelConfig::from_json(j, "cfg").n_group, 1);
+  j = current_config();
+  j["mlp_bias"] = true;
+  expect_refused(j, {"mlp_bias"}, "biases on the shared expert");
+  j["mlp_bias"] = false;
+  EXPECT_FALSE(ModelConfig::from_json(j, "cfg").tie_embeddings);
+  j["tie_word_embeddings"] = true;
+  EXPECT_TRUE(ModelConfig::from_json(j, "cfg").tie_embeddings);
 }
 
 TEST(ModelConfigParse, UnknownScoringFunctionIsRefused) {
@@ -254,15 +286,10 @@ TEST(ModelConfigParse, OtherInconsistenciesAreRefused) {
   j["num_experts_per_tok"] = 9;
   expect_refused(j, {"num_experts_per_tok"}, "top-k above the expert count");
   j = current_config();
-  j["num_attention_heads"] = 3;
-  expect_refused(j, {"o_groups"}, "heads not divisible by o_groups");
-  j = current_config();
-  j["n_group"] = 3;  // 8 experts do not split into 3 groups
-  expect_refused(j, {"n_group"}, "grouped routing that does not fit the experts");
-  j = current_config();
-  j["n_group"] = 4;
-  j["topk_group"] = 2;  // DeepSeek-V3-style grouped top-k is accepted
-  EXPECT_EQ(ModelConfig::from_json(j, "cfg").n_group, 4);
+  j["num_attention_heads"] = 3;  // 3 x 32 output dims split into o_groups 2 slices of 48: as transformers takes it
+  EXPECT_EQ(ModelConfig::from_json(j, "cfg").n_heads, 3);
+  j["o_groups"] = 5;
+  expect_refused(j, {"o_groups"}, "heads x head_dim not divisible by o_groups");
   j = current_config();
   j.erase("partial_rotary_factor");
   j["qk_rope_head_dim"] = 8;
@@ -337,6 +364,47 @@ TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
   EXPECT_FLOAT_EQ(off->rope_compress().attention_factor(), 1.0f);
   EXPECT_FLOAT_EQ(ref->rope_main().attention_factor(), 1.0f);  // "default" rope: no factor either way
   EXPECT_FLOAT_EQ(off->rope_main().attention_factor(), 1.0f);
+  fs::remove_all(dir);
+}
+
+// Config fields transformers' V4 ignores change nothing on a real model: the tiny fixture with n_shared_experts 0 or 2
+// (its shared expert's tensors are there: one shared expert), n_group / topk_group (V3's grouped selection would pick
+// other experts on its learned layers), num_key_value_heads 4 still passes verify-golden; with tie_word_embeddings
+// the head is the embedding.
+TEST(ModelConfigFields, IgnoredFieldsKeepTheFixturePassing) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "tiny";
+  const fs::path dir = fs::temp_directory_path() / "plumb_cfg_fields";
+  fs::create_directories(dir);
+  for (const char* f : {"model.safetensors", "golden.json", "golden.safetensors"})
+    fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
+  const json base = json::parse(std::ifstream(src / "config.json"));
+  const auto with = [&](const std::function<void(json&)>& edit) {
+    json j = base;
+    edit(j);
+    std::ofstream(dir / "config.json") << j.dump(2);
+  };
+  const std::vector<std::pair<const char*, std::function<void(json&)>>> cases = {
+      {"n_shared_experts 0", [](json& j) { j["n_shared_experts"] = 0; }},
+      {"n_shared_experts 2", [](json& j) { j["n_shared_experts"] = 2; }},
+      {"n_group 4 / topk_group 1", [](json& j) { j["n_group"] = 4, j["topk_group"] = 1; }},
+      {"num_key_value_heads 4", [](json& j) { j["num_key_value_heads"] = 4; }},
+  };
+  for (const auto& [name, edit] : cases) {
+    with(edit);
+    plumb::tools::VerifyGoldenOptions o;
+    o.dir = dir.string(), o.quiet = true;
+    EXPECT_EQ(plumb::tools::verify_golden(o), 0) << name;
+  }
+  with([](json& j) { j["tie_word_embeddings"] = true; });
+  const auto m = plumb::Model::load(dir.string());
+  const auto& w = m->weights();
+  const int64_t D = w.embed.cols();
+  std::vector<float> e(static_cast<size_t>(D)), h(static_cast<size_t>(D));
+  for (int64_t r : {int64_t(0), w.embed.rows() / 2, w.embed.rows() - 1}) {
+    w.embed.row(r, e.data()), w.head.row(r, h.data());
+    EXPECT_EQ(e, h) << "head row " << r << " is not the embedding's";
+  }
   fs::remove_all(dir);
 }
 
