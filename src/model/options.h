@@ -51,6 +51,7 @@ struct ModelOptions {
   bool fault_softplus_naive = false;
   bool fault_renorm_unfloored = false;
   bool fault_swiglu_unclamped = false;
+  bool fault_v3_grouped_topk = false;  // the learned top-k limited to DeepSeek-V3's best expert groups (model.cpp)
 
   bool operator==(const ModelOptions&) const = default;
 };

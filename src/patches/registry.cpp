@@ -368,6 +368,9 @@ std::vector<Patch> make_registry() {
         [](ModelOptions& o) { o.fault_renorm_unfloored = true; });
   fault("fault.swiglu_unclamped", "expert SwiGLU", "swiglu_limit not passed to the activation: no gate/up clamps",
         [](ModelOptions& o) { o.fault_swiglu_unclamped = true; });
+  fault("fault.v3_grouped_topk", "learned top-k",
+        "DeepSeek-V3's grouped top-k on a V4 router: only the best groups' experts selectable (V4 selects over all)",
+        [](ModelOptions& o) { o.fault_v3_grouped_topk = true; });
   return r;
 }
 

@@ -288,6 +288,34 @@ Diagnosis hc_diagnosis(const DiagnosisInput& in, const Trace& src, bool forced, 
   return d;
 }
 
+// Selection scores with whole groups of experts at -inf (check_grouped_topk), on every layer that shows it.
+Diagnosis grouped_topk_diagnosis(const DiagnosisInput& in, const Trace& src) {
+  Diagnosis d;
+  const int n_layers = in.cfg ? in.cfg->n_layers : 0;
+  std::vector<int> layers, learned;
+  GroupedCheck first;
+  for (int l = 0; l < n_layers; ++l) {
+    if (in.cfg->mlp[size_t(l)] != MlpType::Learned) continue;
+    learned.push_back(l);
+    const GroupedCheck g = check_grouped_topk(in.a, src, l);
+    if (!g.matches) continue;
+    if (layers.empty()) first = g;
+    layers.push_back(l);
+  }
+  if (layers.empty()) return d;
+  d.kind = "grouped_topk";
+  d.layers = layers;
+  const std::string kept = first.kept_min == first.kept_max ? fmt::format("{}", first.kept_min)
+                                                            : fmt::format("{}-{}", first.kept_min, first.kept_max);
+  d.text = fmt::format("expert selection limited to the best groups of experts {}: at layer {}, on {} of {} tokens, the "
+                       "selection scores are the reference's but for whole groups of {} experts set to -inf ({} of {} "
+                       "groups kept): DeepSeek-V3's grouped top-k (n_group / topk_group) on a V4 router, which selects "
+                       "over all {} experts",
+                       layer_phrase(layers, learned, in.cfg), layers.front(), first.masked_rows, first.rows, first.per, kept,
+                       first.groups, first.per * first.groups);
+  return d;
+}
+
 Diagnosis index_diagnosis(const DiagnosisInput& in, const Trace& src, const TapName& t, const std::string& tap) {
   Diagnosis d;
   const bool router = t.suffix == "ffn.gate.indices";
@@ -373,6 +401,10 @@ Diagnosis diagnose(const DiagnosisInput& in) {
     if (o.tap == tap && parse_tap(o.tap).suffix == "ffn.gate.weights") {
       Diagnosis m = moe_diagnosis(in, src, forced, t.layer);
       if (!m.kind.empty()) return m;
+    }
+    if (o.tap == tap && parse_tap(o.tap).suffix == "ffn.gate.scores") {
+      Diagnosis g = grouped_topk_diagnosis(in, src);
+      if (!g.kind.empty()) return g;
     }
     if (o.tap == tap) {
       d.kind = "nonfinite";

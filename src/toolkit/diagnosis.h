@@ -1,6 +1,6 @@
 // Diagnosis of a divergence: what kind of bug the first diverging tap looks like (routed scaling factor twice
 // or missing and on which layers, shared expert scaled, transposed mHC comb, NaN origin, underflowed router
-// scores, unfloored renormalization, missing SwiGLU clamps, near-tie versus real selection flips).
+// scores, unfloored renormalization, missing SwiGLU clamps, grouped top-k, near-tie versus real selection flips).
 #pragma once
 #include <memory>
 #include <string>

@@ -195,4 +195,39 @@ MoeLayer analyze_moe_layer(const Trace& a, const Trace& b, bool b_forced, int la
   return m;
 }
 
+GroupedCheck check_grouped_topk(const Trace& a, const Trace& b, int layer) {
+  GroupedCheck g;
+  Tensor ta, tb;
+  if (!cat_pair(a, b, fmt::format("L{}.ffn.gate.scores", layer), ta, tb) || ta.shape.size() != 2) return g;
+  const int64_t n = ta.dim(0), E = ta.dim(1);
+  // Per row: which experts B masked (-inf where A is finite); every other score must be A's.
+  std::vector<std::vector<char>> masked(static_cast<size_t>(n), std::vector<char>(static_cast<size_t>(E), 0));
+  for (int64_t r = 0; r < n; ++r) {
+    bool any = false;
+    for (int64_t e = 0; e < E; ++e) {
+      const float x = ta[r * E + e], y = tb[r * E + e];
+      if (std::isinf(y) && y < 0 && std::isfinite(x)) masked[size_t(r)][size_t(e)] = 1, any = true;
+      else if (!(x == y || std::abs(double(x) - y) <= 1e-6 * std::max(1.0, std::abs(double(x))))) return g;
+    }
+    g.masked_rows += any;
+  }
+  if (g.masked_rows == 0) return g;
+  // The largest aligned group size whose groups are masked whole on every row.
+  for (int64_t per = E / 2; per >= 2 && !g.matches; --per) {
+    if (E % per) continue;
+    bool whole = true;
+    for (int64_t r = 0; r < n && whole; ++r)
+      for (int64_t e = 0; e < E && whole; ++e) whole = masked[size_t(r)][size_t(e)] == masked[size_t(r)][size_t(e - e % per)];
+    if (!whole) continue;
+    g.matches = true, g.per = per, g.groups = E / per, g.rows = n;
+    g.kept_min = g.groups, g.kept_max = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t kept = 0;
+      for (int64_t q = 0; q < g.groups; ++q) kept += !masked[size_t(r)][size_t(q * per)];
+      if (kept < g.groups) g.kept_min = std::min(g.kept_min, kept), g.kept_max = std::max(g.kept_max, kept);
+    }
+  }
+  return g;
+}
+
 }  // namespace plumb::toolkit::detail

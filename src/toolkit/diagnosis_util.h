@@ -59,6 +59,16 @@ struct SwigluCheck {
 };
 SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer);
 
+// Grouped top-k hypothesis (fault.v3_grouped_topk, pitfall P-R4): B's selection scores of a learned layer
+// (ffn.gate.scores) are A's but for whole aligned groups of `per` experts set to -inf (DeepSeek-V3's group-limited
+// top-k masks the groups it does not keep). `per`: the largest group size that explains every row (>= 2).
+struct GroupedCheck {
+  bool matches = false;
+  int64_t per = 0, groups = 0, rows = 0, masked_rows = 0;
+  int64_t kept_min = 0, kept_max = 0;  // groups kept on the masked rows
+};
+GroupedCheck check_grouped_topk(const Trace& a, const Trace& b, int layer);
+
 // hc_post hypothesis: does B's tap (L<i>.out or L<i>.hc_ffn.*) equal what A's taps give with comb applied
 // untransposed (C.R instead of C^T.R)?
 struct HcCheck {

@@ -185,6 +185,19 @@ void run_fixture(const std::string& dir, const std::vector<std::string>& which, 
       else
         skip(f, "no token of " + dir + " has all its selected router scores at 0, even with a naive softplus (use the "
                 "negative-router or router-underflow fixture)");
+    } else if (f == "fault.v3_grouped_topk") {
+      // Shows on the learned layers, first at the first one's selection scores (whole groups at -inf).
+      std::vector<int> learned;
+      for (int l : all)
+        if (cfg.mlp[size_t(l)] == MlpType::Learned) learned.push_back(l);
+      const int E = cfg.n_experts;
+      if (learned.empty()) skip(f, "no learned-routing layer in " + dir);
+      else if (E % 2 || cfg.top_k * 2 > E) skip(f, fmt::format("{} experts with top-{} cannot be grouped in {}", E, cfg.top_k, dir));
+      else
+        add(run_case(in, f, f,
+                     Expect{"grouped_topk", "grouped top-k",
+                            [l = learned.front()](const TapName& t) { return t.layer == l && t.suffix.rfind("ffn.gate.", 0) == 0; },
+                            fmt::format("an L{}.ffn.gate.* tap (the first learned-routing layer)", learned.front()), learned}));
     } else {
       skip(f, "no expectation written for this fault: add one to src/toolkit/selftest.cpp");
     }
