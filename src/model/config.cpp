@@ -137,6 +137,15 @@ RopeConfig parse_rope(const json& d, double default_theta, double max_pos, bool 
 
 }  // namespace
 
+bool ModelConfig::set_v3_groups() {
+  int g = 0, tg = 0;
+  if (n_experts % 8 == 0 && n_experts >= 16) g = 8, tg = 4;
+  else if (n_experts % 2 == 0) g = n_experts / 2, tg = (top_k + 1) / 2;
+  if (g < 2 || tg >= g || top_k > tg * (n_experts / g)) return false;
+  n_group = g, topk_group = tg;
+  return true;
+}
+
 ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   PLUMB_CHECK(j.is_object(), "{}: config must be a JSON object", src);
   Reader r{j, src};

@@ -55,6 +55,10 @@ struct ModelConfig {
     return attn[size_t(layer)] == AttnType::Sliding ? rope_main : rope_compress;
   }
   int n_hash_layers() const;
+  // fault.v3_grouped_topk (pitfall P-R4 of dsv4-spec.md: V4 routed as DeepSeek-V3): sets n_group / topk_group to
+  // V3's 8 groups keeping 4 where the experts split into 8 groups of at least 2, else to groups of 2 keeping the
+  // fewest that hold top-k; false (unchanged) when no grouping would limit the selection.
+  bool set_v3_groups();
 
   // Throws Error naming `source` and the field at fault for anything missing, unknown or inconsistent.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);

@@ -11,23 +11,6 @@
 
 namespace plumb {
 
-namespace {
-
-// fault.v3_grouped_topk (pitfall P-R4 of dsv4-spec.md: V4 routed as DeepSeek-V3): the learned layers' top-k
-// limited to the experts of the best groups (ranked by the sum of their two best selection scores). V3's grouping
-// where the layer splits into 8 groups of at least 2 experts (the best 4 kept); on smaller test models groups of 2,
-// keeping the fewest that hold top-k. Both backends read the grouping from the config.
-void set_v3_groups(ModelConfig& c, const std::string& dir) {
-  const int E = c.n_experts, K = c.top_k;
-  if (E % 8 == 0 && E >= 16) c.n_group = 8, c.topk_group = 4;
-  else if (E % 2 == 0) c.n_group = E / 2, c.topk_group = (K + 1) / 2;
-  PLUMB_CHECK(c.n_group > 1 && c.topk_group < c.n_group && c.top_k <= c.topk_group * (E / c.n_group),
-              "fault.v3_grouped_topk: the {} experts (top-{}) of {} cannot be grouped so that the grouping limits the "
-              "selection", E, K, dir);
-}
-
-}  // namespace
-
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt,
                                    const std::function<void(int64_t, int64_t)>& on_layer, const std::string& backend) {
   PLUMB_CHECK(backend == "cpu" || backend == "cuda", "unknown backend '{}' (available: {})", backend, kBackends);
@@ -45,7 +28,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
   PLUMB_CHECK(std::filesystem::exists(cfg_path), "model folder {} has no config.json", dir);
   m->cfg_ = ModelConfig::load(cfg_path);
-  if (opt.fault_v3_grouped_topk) set_v3_groups(m->cfg_, dir);
+  if (opt.fault_v3_grouped_topk)
+    PLUMB_CHECK(m->cfg_.set_v3_groups(), "fault.v3_grouped_topk: the {} experts (top-{}) of {} cannot be grouped so that the "
+                "grouping limits the selection", m->cfg_.n_experts, m->cfg_.top_k, dir);
   m->ck_ = Checkpoint::open(dir);
   m->w_ = ModelWeights::bind(m->ck_, m->cfg_, on_layer);
   // The official code has no YaRN magnitude scaling (dsv4-spec.md 5.3): its cos and sin are never multiplied by an

@@ -190,9 +190,10 @@ void run_fixture(const std::string& dir, const std::vector<std::string>& which, 
       std::vector<int> learned;
       for (int l : all)
         if (cfg.mlp[size_t(l)] == MlpType::Learned) learned.push_back(l);
-      const int E = cfg.n_experts;
+      ModelConfig grouped = cfg;
       if (learned.empty()) skip(f, "no learned-routing layer in " + dir);
-      else if (E % 2 || cfg.top_k * 2 > E) skip(f, fmt::format("{} experts with top-{} cannot be grouped in {}", E, cfg.top_k, dir));
+      else if (!grouped.set_v3_groups())
+        skip(f, fmt::format("{} experts with top-{} cannot be grouped in {}", cfg.n_experts, cfg.top_k, dir));
       else
         add(run_case(in, f, f,
                      Expect{"grouped_topk", "grouped top-k",
