@@ -27,7 +27,7 @@ namespace plumb_cuda_test {
 
 
 // The names the forward-kernel tests use (`using namespace plumb_cuda_test::kernels;`): device buffers and the
-// kernels' namespace.
+// kernels' namespace; the test fixture and helpers below join it at the end of this file.
 namespace kernels {
 namespace d = ::plumb::cuda::detail;
 using plumb::cuda::DeviceBuffer;
@@ -288,5 +288,12 @@ inline void expect_same_bytes(const plumb::cuda::DeviceBuffer& a, const plumb::c
   while (first < n && u[first] == v[first]) ++first;
   EXPECT_EQ(first, n) << what << ": first differing byte " << first << " of " << n;
 }
+
+namespace kernels {
+using plumb_cuda_test::expect_close;
+using plumb_cuda_test::expect_same_bytes;
+using plumb_cuda_test::GpuTest;
+using plumb_cuda_test::Rng;
+}  // namespace kernels
 
 }  // namespace plumb_cuda_test

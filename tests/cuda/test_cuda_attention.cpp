@@ -17,10 +17,6 @@ namespace {
 
 using plumb_cuda_test::Cmp;
 using plumb_cuda_test::compare;
-using plumb_cuda_test::expect_close;
-using plumb_cuda_test::expect_same_bytes;
-using plumb_cuda_test::GpuTest;
-using plumb_cuda_test::Rng;
 using namespace plumb_cuda_test::kernels;
 
 struct AttnCase {

@@ -15,11 +15,7 @@
 
 namespace {
 
-using plumb_cuda_test::GpuTest;
-using plumb_cuda_test::Rng;
-using plumb_cuda_test::expect_close;
-using plumb_cuda_test::expect_same_bytes;
-using namespace plumb_cuda_test::kernels;
+using namespace plumb_cuda_test::kernels;  // (GpuTest, Rng, expect_close, expect_same_bytes too)
 
 // fwd_hc.cu's scratch: the fp32 mixes [n, nmix] (as doubles) that the gates and the Sinkhorn read.
 struct HcOut {

@@ -13,11 +13,7 @@
 
 namespace {
 
-using plumb_cuda_test::GpuTest;
-using plumb_cuda_test::Rng;
-using plumb_cuda_test::expect_close;
-using plumb_cuda_test::expect_same_bytes;
-using namespace plumb_cuda_test::kernels;
+using namespace plumb_cuda_test::kernels;  // (GpuTest, Rng, expect_close, expect_same_bytes too)
 
 // ---- router (fwd_route): the fast kernels (a warp per token, or at 8 experts per lane a thread per expert) bit for
 // bit against the block-per-token twin ----

@@ -15,8 +15,6 @@
 
 namespace {
 
-using plumb_cuda_test::GpuTest;
-using plumb_cuda_test::Rng;
 using namespace plumb_cuda_test::kernels;
 
 enum Pattern { kUniform, kFewValues, kRelu, kSpecial, kAllZero };
