@@ -3,7 +3,8 @@
 # --backend cuda on every committed fixture and the bundled model, selftest on the GPU, and kld GPU vs the CPU
 # reference. Uses the binaries built on the development machine and carried in build-carry/ (see gpu_run.sh).
 # Logs go to $OUT; the last lines printed are the summaries. Each step has its own time limit.
-# Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), SKIP_CHECKS=1 (tests and benches
+# Steps by variable: GEN_PRESET=NAME (make a fixture with tools/golden first), GEN_VARIANTS=1 (every variant preset,
+# see there), SKIP_CHECKS=1 (tests and benches
 # only), SKIP_KLD=1 (no kld; KLD_A / KLD_B: its two configurations, default '' and 'cuda:', FAST standing for FAST's), LAYERS=N (bench --layers with FAST patches, then the fp32 twin), COMPARE=1 (with LAYERS: transformers on
 # the same dimensions, bench/compare_transformers.py), BENCH=1 (the kernel bench; BENCH_ONLY=router,moe,prefill,fp8,attention for some sections), NCU=1 (kernel times of one
 # decode step, bench/kernel_times.py), NCU_DETAIL=REGEX (ncu's full sections for those kernels), NCU_PIPES=REGEX (per-pipe issue rates of those kernels), NCU_STALLS=1 (every kernel of a replayed FAST step: warp stalls, bench/ncu_stalls.py), GOLDEN_ALT=PATCHES (verify-golden also with these), OFFICIAL=1 (also the official-code fixtures in their numerics mode),
@@ -57,6 +58,22 @@ for gp in ${GEN_PRESET:-}; do
   done
   [ $rc -eq 0 ] && tar -C /tmp -cf "$OUT/$gp.tar" "$gp" && extra="$extra /tmp/$gp/"
 done
+
+# Optional: GEN_VARIANTS=1 makes every variant preset (make_golden.py --variants: one configuration field or the
+# schedule changed from a common base), returned as $OUT/variants.tar and verified below like the committed
+# fixtures; the installed transformers' DeepseekV4 source comes back beside them ($OUT/transformers-v4.tar), for
+# reading what the version that made them does.
+if [ -n "${GEN_VARIANTS:-}" ]; then
+  note "make_golden --variants"
+  rm -rf /tmp/variants
+  timeout 300 python3 tools/golden/make_golden.py --variants /tmp/variants >"$OUT/variants.log" 2>&1
+  note "make_golden --variants rc=$? ($(grep -c '^== v-' "$OUT/variants.log") made)"
+  cp "$OUT/variants.log" /tmp/variants/ 2>/dev/null
+  tar -C /tmp -cf "$OUT/variants.tar" variants
+  for d in /tmp/variants/*/; do [ -f "$d/golden.json" ] && extra="$extra $d"; done
+  src=$(python3 -c "import os, transformers.models.deepseek_v4 as m; print(os.path.dirname(m.__file__))" 2>/dev/null)
+  [ -n "$src" ] && tar -C "$src" -cf "$OUT/transformers-v4.tar" .
+fi
 
 # Optional: an official-code golden of a committed fixture's model (ORACLE=NAME): DeepSeek's model.py (.ref/current/,
 # ignored) run by the oracle (../shared/oracle copied into the ignored .oracle/; both carried), returned as
