@@ -139,7 +139,9 @@ class GpuForward : public DeviceForward {
     const auto& c = cfg_;
     PLUMB_CHECK(c.hc_mult <= 6, "backend cuda: hc_mult {} > 6 is not supported", c.hc_mult);
     g_.embed = upload_matrix(w.embed);
-    g_.head = upload_matrix(w.head);
+    // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
+    if (c.tie_embeddings) g_.head.d = g_.embed.d;
+    else g_.head = upload_matrix(w.head);
     g_.norm = upload_tensor(w.norm);
     g_.hc_head = upload_hc(w.hc_head);
     g_.rope_main = upload_rope(m.rope_main());

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "cuda_test_util.h"
 #include "cuda/gpu_common.h"
 #include "indexer_skip_check.h"
@@ -185,6 +187,29 @@ TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
     size_t where = 0;
     EXPECT_LT(max_rel(got, all.data, &where), 1e-5) << "chunk " << chunk << " at logit " << where;
   }
+}
+
+// tie_word_embeddings: the GPU's head is the embedding's uploaded matrix (a view, not a second copy): the logits
+// match the CPU reference of the same tied model, and differ from the untied model's (tiny's own head.weight,
+// which a tied load ignores).
+TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
+  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "tiny";
+  plumb_test::TempDir tmp;
+  const fs::path dir = tmp.file("tied");
+  fs::create_directories(dir);
+  fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  j["tie_word_embeddings"] = true;
+  std::ofstream(dir / "config.json") << j.dump(2);
+  auto cpu = plumb::Model::load(dir.string());
+  auto gpu = plumb::Model::load(dir.string(), {}, {}, "cuda");
+  auto untied = plumb::Model::load(src.string(), {}, {}, "cuda");
+  const auto toks = test_prompt(40, gpu->config().vocab);
+  auto sc = cpu->new_state(), sg = gpu->new_state(), su = untied->new_state();
+  const auto a = cpu->forward(sc, toks), b = gpu->forward(sg, toks), u = untied->forward(su, toks);
+  size_t where = 0;
+  EXPECT_LT(max_rel(b.data, a.data, &where), 1e-5) << "tied GPU vs CPU at logit " << where;
+  EXPECT_GT(max_rel(u.data, b.data, &where), 1e-2) << "the tied model's logits equal the untied model's";
 }
 
 // cuda.graph replays captured steps: the logits must be bit-identical to eager launches on every step, across
