@@ -216,7 +216,7 @@ void fp8_linear_grouped(const Fp8Matrix& w, int groups, const void* x, Act xt, i
                         Stream s = nullptr, uint16_t* y16 = nullptr);
 
 // The shared expert: h = silu(min(W1 x, L)) * clamp(W3 x, -L, L) (fp16, [n, I] in `h`), y = W2 h (fp32 [n, D]).
-// limit <= 0: no clamp.
+// limit +inf: no clamp (swiglu_clamped's rule).
 void fp8_expert_ffn(const Fp8Expert& e, const void* x, Act xt, int n, double limit, uint16_t* h, float* y, Workspace& ws,
                     Stream s = nullptr);
 

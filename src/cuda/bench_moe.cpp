@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <cmath>
 #include <set>
 
@@ -216,7 +217,8 @@ void bench_moe_decode(Bench& B, Synth& W) {
     // Spot check at the real size: sampled gate/up outputs for every token, against the CPU.
     {
       DeviceBuffer h32(size_t(n * K) * size_t(I) * 4);
-      moe_gate_up(moe, idx_at(0), n, K, x32.get(), Act::F32, 0.0, nullptr, nullptr, h32.as<float>(), ws, S);
+      moe_gate_up(moe, idx_at(0), n, K, x32.get(), Act::F32, std::numeric_limits<double>::infinity(), nullptr, nullptr,
+                  h32.as<float>(), ws, S);  // (no clamp: the check below has none)
       d::dsync();
       const auto hg = to_host<float>(h32, size_t(n * K) * size_t(I));
       const auto xs = to_host<float>(x32, size_t(n) * size_t(D));

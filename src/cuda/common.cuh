@@ -278,9 +278,10 @@ __device__ __forceinline__ void warp_reduce_scatter(double (&v)[C], int lane) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
-// silu(min(gate, L)) * clamp(up, -L, L); no clamp for L <= 0 (gate: upper bound only; up: both sides).
+// silu(min(gate, L)) * min(max(up, -L), L) (gate: upper bound only; up: both sides, torch's order), no clamp for
+// L = +inf (kSwigluNoClamp; every other L clamps, 0 and below too: transformers' semantics, swiglu_clamp_limit).
 __device__ __forceinline__ float swiglu_clamped(float gate, float up, float limit) {
-  if (limit > 0.0f) {
+  if (limit != INFINITY) {
     gate = fminf(gate, limit);
     up = fminf(fmaxf(up, -limit), limit);
   }

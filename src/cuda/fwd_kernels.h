@@ -404,7 +404,7 @@ void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s);
 // RouteArgs: kernels.h (the routed experts' one-token launches take one too: cuda.topk_in_experts).
 // One warp per token when E <= 512 and K <= 32 (else, or with `twin`, one block per token): the same bits.
 void fwd_route(const RouteArgs& a, Stream s);
-// h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L <= 0: no clamp);
+// h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L +inf: no clamp);
 // round_bf16: h rounded to bf16 (the official numerics' act after it, in the same launch).
 void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s,
                 int round_bf16 = 0);

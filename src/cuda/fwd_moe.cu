@@ -105,7 +105,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int ns
   if (i >= int64_t(nslots) * I) return;
   const int64_t sl = i / I, c = i % I;
   float gv = g[sl * ld + c], uv = u[sl * ld + c];
-  if (L > 0) {
+  if (L != INFINITY) {  // (swiglu_clamped's rule)
     gv = fminf(gv, L);
     uv = fminf(fmaxf(uv, -L), L);
   }

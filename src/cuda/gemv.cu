@@ -73,7 +73,7 @@ __device__ __forceinline__ float scale_by_group(uint32_t w, int j) {
   return j == 0 ? scale_of<0>(w) : j == 1 ? scale_of<1>(w) : j == 2 ? scale_of<2>(w) : scale_of<3>(w);
 }
 
-// The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L <= 0), times the
+// The output of one (row, slot): kSwiglu: silu(min(gate, L)) * clamp(up, -L, L) (no clamp for L +inf), times the
 // slot's routing weight when a.pre_weight is set; kStore: gate * out_scale. Shared by both GEMV kernels.
 // a.round_bf16 (the official numerics): gate and up rounded to bf16 as the official linear stores them, the result
 // too (fwd_swiglu then the activation rounding; the linear's bf16 output).

@@ -6,6 +6,7 @@
 #include "cuda/gpu_moe.h"
 
 #include "cuda/gpu_numerics.h"
+#include "model/experts.h"
 
 #include <optional>
 
@@ -135,14 +136,14 @@ void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3,
 
 // The shared expert into `shared` [n, D]: weight 1, never scaled by routed_scaling_factor. It reads only x.
 void shared_expert(const MoeCtx& m, float* shared) {
-  const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : m.c.swiglu_limit;
+  const double limit = m.opt.fault_swiglu_unclamped ? kSwigluNoClamp : swiglu_clamp_limit(m.c, m.nm.official());
   const OpRegion region(m.sc.timer, "moe.shared");
   if (m.w.sfp8 && m.w.shared_gemm_min && m.n >= m.w.shared_gemm_min) {  // cuda.prefill_gemm: bf16 GEMMs from the fp32 x
     const size_t I = size_t(m.w.sfp8->w1.rows), n = size_t(m.n), D = size_t(m.c.hidden);
     fp8_expert_ffn_gemm(*m.w.sfp8, m.x, cuda::Act::F32, m.n, limit, shared, gemm_buffers(m.sc, n * D, 2 * I * D, n * 2 * I, n * I));
   } else if (m.w.sfp8 && m.nm.official()) {
     // cuda.fp8_gemv under the official numerics: expert_ffn's steps with each projection on the E4M3 tensor cores.
-    const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
+    const double shared_limit = m.nm.official_initial() ? kSwigluNoClamp : limit;
     const int64_t I = m.w.sfp8->w1.rows, D = m.c.hidden;
     float* g = m.sc.f("moe.g", m.n * I);
     float* u = m.sc.f("moe.u", m.n * I);
@@ -158,7 +159,7 @@ void shared_expert(const MoeCtx& m, float* shared) {
                    h16, shared, m.sc.work());
   } else {
     // The release-day official code's shared expert had no SwiGLU clamp.
-    const double shared_limit = m.nm.official_initial() ? 0.0 : limit;
+    const double shared_limit = m.nm.official_initial() ? kSwigluNoClamp : limit;
     expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, m.n, 1,
                m.w.s1->d.rows, shared_limit, nullptr, shared);
   }
@@ -183,7 +184,7 @@ void combine(const Runner&, const MoeCtx& m, const GpuRouted<P>& r, float* out, 
   const auto& c = m.c;
   const int64_t D = c.hidden, I = c.moe_inter;
   if (!r.in_experts) tap_routes(m, r);  // (else after gate/up, which stores the routing)
-  const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
+  const double limit = m.opt.fault_swiglu_unclamped ? kSwigluNoClamp : swiglu_clamp_limit(c, m.nm.official());
   const bool before = weight_before_w2(m);
   const int slots = r.n * r.K;
   float* ys = m.sc.f("moe.ys", slots * D);

@@ -365,7 +365,7 @@ void launch_fp8_dequant_bf16(const uint8_t* codes, const uint8_t* scales, int64_
                              Stream s);
 // out[r, k] = bf16(x[r * ldx + k]) for r < n, k < cols (x an Act), round to nearest even.
 void launch_to_bf16(const void* x, int act, int n, int64_t cols, int64_t ldx, uint16_t* out, Stream s);
-// h[t, c] = bf16(silu(min(gu[t, c], L)) * clamp(gu[t, I + c], -L, L)) (gu [n, 2I] fp32; L <= 0: no clamp).
+// h[t, c] = bf16(silu(min(gu[t, c], L)) * clamp(gu[t, I + c], -L, L)) (gu [n, 2I] fp32; L +inf: no clamp).
 void launch_swiglu_bf16(const float* gu, int n, int64_t I, float limit, uint16_t* h, Stream s);
 
 // y[t, :] = out_scale * sum_k weight[t, k] * ys[t*K + k, :] (+ add[t, :])

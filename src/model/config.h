@@ -39,7 +39,7 @@ struct ModelConfig {
   ScoreFunc score = ScoreFunc::SqrtSoftplus;
   bool norm_topk_prob = true;  // parsed, not consulted: V4 renormalizes regardless (transformers and the official code)
   bool tie_embeddings = false;  // tie_word_embeddings: the LM head is the embedding matrix
-  double swiglu_limit = 0;  // <= 0: no clamp
+  double swiglu_limit = 0;  // as config.json gives it; what it means per numerics mode: swiglu_clamp_limit (experts.h)
   int hc_mult = 0, hc_sinkhorn_iters = 0;
   double hc_eps = 1e-6, rms_eps = 1e-6;
   int index_heads = 0, index_head_dim = 0, index_topk = 0;

@@ -13,12 +13,13 @@ Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const N
   Tensor g = nm.proj(x, e.w1), u = nm.proj(x, e.w3);
   const int64_t n = x.dim(0), I = g.dim(1);
   const float L = float(limit);
+  const bool clamp = limit != kSwigluNoClamp;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < I; ++i) {
       float gv = g[t * I + i], uv = u[t * I + i];
-      if (L > 0) {  // gate: upper bound only; up: both sides
+      if (clamp) {  // gate: upper bound only; up: both sides, torch's order (std::clamp is undefined for L < 0)
         gv = std::min(gv, L);
-        uv = std::clamp(uv, -L, L);
+        uv = std::min(std::max(uv, -L), L);
       }
       g[t * I + i] = nm.act(ops::silu(gv) * uv * (pre_scale ? pre_scale[t] : 1.0f));
     }
@@ -65,7 +66,7 @@ template <class Runner>
 Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::consumes>& r) {
   const auto& c = m.c;
   const int64_t n = m.x.dim(0), D = c.hidden, K = r.idx.dim(1);
-  const double limit = m.opt.fault_swiglu_unclamped ? 0.0 : c.swiglu_limit;
+  const double limit = m.opt.fault_swiglu_unclamped ? kSwigluNoClamp : swiglu_clamp_limit(c, m.nm.official());
   Tensor out({n, D});
   // Gather, per expert, the tokens routed to it (a token may list an expert twice in a hash table: each
   // listing counts, as in the official code).
@@ -101,7 +102,7 @@ Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r,
   m.tap.io("ffn.routed", out);
   if (m.w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
     const bool unclamped = m.opt.fault_swiglu_unclamped || m.nm.official_initial();
-    Tensor shared = expert_ffn(*m.w.shared, unclamped ? 0.0 : m.c.swiglu_limit, m.x, m.nm);
+    Tensor shared = expert_ffn(*m.w.shared, unclamped ? kSwigluNoClamp : swiglu_clamp_limit(m.c, m.nm.official()), m.x, m.nm);
     m.tap.io("ffn.shared", shared);
     for (int64_t i = 0; i < out.numel(); ++i) out[i] += shared[i];
   }
@@ -128,7 +129,7 @@ Tensor moe_forward_ep_simulated(const MoeWeights& w, const ModelConfig& c, MlpTy
   const RouterOptions ropt = router_options(opt);
   const Tap none;
   const auto r = route<RunnerFoldedWeights::consumes>(w, c, type, RouterInputs{x, tokens}, ropt);
-  const Tensor shared = w.shared ? expert_ffn(*w.shared, c.swiglu_limit, x, nm) : Tensor({x.dim(0), c.hidden});
+  const Tensor shared = w.shared ? expert_ffn(*w.shared, swiglu_clamp_limit(c, nm.official()), x, nm) : Tensor({x.dim(0), c.hidden});
   const float share = fault_shared_unscaled ? 1.0f : 1.0f / float(ep_size);
   const int64_t per_rank = c.n_experts / ep_size;
   Tensor total({x.dim(0), c.hidden});

@@ -1,6 +1,8 @@
 // Routed and shared experts (SwiGLU with clamps) and the MoE block that composes router and expert runner
 // under the routed-scaling contract (router.h).
 #pragma once
+#include <limits>
+
 #include "core/tensor.h"
 #include "model/numerics.h"
 #include "model/options.h"
@@ -8,10 +10,19 @@
 
 namespace plumb {
 
-// y = W2( silu(min(W1 x, L)) * clamp(W3 x, -L, L) ) for the rows of x; L = swiglu_limit (no clamp if <= 0).
-// `pre_scale` (per row, optional) multiplies the activation before W2 (the official code's order). Official
-// numerics: FP8/FP4 GEMMs with bf16 outputs, SwiGLU in fp32, the W2 input rounded to bf16.
+// y = W2( silu(min(W1 x, L)) * min(max(W3 x, -L), L) ) for the rows of x (torch's clamp order: for L < 0 up is L);
+// L = kSwigluNoClamp: no clamp. `pre_scale` (per row, optional) multiplies the activation before W2 (the official
+// code's order). Official numerics: FP8/FP4 GEMMs with bf16 outputs, SwiGLU in fp32, the W2 input rounded to bf16.
 Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const Numerics& nm, const float* pre_scale = nullptr);
+
+// expert_ffn's limit for no clamp: the release-day official shared expert, fault.swiglu_unclamped.
+inline constexpr double kSwigluNoClamp = std::numeric_limits<double>::infinity();
+// The clamp a config's swiglu_limit means, per numerics mode. transformers (the default numerics) clamps gate and up
+// at the value whatever it is (swiglu_limit 0 makes every expert output 0); the official code clamps only when it is
+// positive (`if swiglu_limit > 0`), so numerics.official takes 0 or less as no clamp.
+inline double swiglu_clamp_limit(const ModelConfig& c, bool official) {
+  return official && !(c.swiglu_limit > 0) ? kSwigluNoClamp : c.swiglu_limit;
+}
 
 // The routed-expert runner's and router's choices that ModelOptions makes (patches and faults).
 RouterOptions router_options(const ModelOptions& o);

@@ -132,8 +132,8 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
   Tensor sa, sb;
   if (L.moe.shared && cat_pair(in.a, b, p + "ffn.shared", sa, sb)) {
     One o{p + "ffn.shared", {}, {}, {}};
-    o.eu.add(sb, expert_ffn(*L.moe.shared, 0.0, x, nm));
-    o.ea.add(sa, expert_ffn(*L.moe.shared, cfg.swiglu_limit, x, nm));
+    o.eu.add(sb, expert_ffn(*L.moe.shared, kSwigluNoClamp, x, nm));
+    o.ea.add(sa, expert_ffn(*L.moe.shared, swiglu_clamp_limit(cfg, nm.official()), x, nm));
     o.eb.add(sb, sa);
     cands.push_back(std::move(o));
   }
@@ -149,8 +149,8 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
         const int64_t e = ia[t * K + k];
         if (e < 0 || e >= int64_t(L.moe.experts.size())) continue;
         Tensor xt({1, D}, std::vector<float>(x.row(t), x.row(t) + D));
-        const Tensor yc = expert_ffn(L.moe.experts[size_t(e)], cfg.swiglu_limit, xt, nm);
-        const Tensor yu = expert_ffn(L.moe.experts[size_t(e)], 0.0, xt, nm);
+        const Tensor yc = expert_ffn(L.moe.experts[size_t(e)], swiglu_clamp_limit(cfg, nm.official()), xt, nm);
+        const Tensor yu = expert_ffn(L.moe.experts[size_t(e)], kSwigluNoClamp, xt, nm);
         for (int64_t d = 0; d < D; ++d) {
           clamped[t * D + d] += wa[t * K + k] * yc[d];
           unclamped[t * D + d] += wa[t * K + k] * yu[d];

@@ -24,9 +24,11 @@ inline std::vector<float> linear_cpu(const std::vector<float>& x, int n, const p
 
 inline float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
 
-// The SwiGLU of the experts with V4's clamps (limit > 0): gate min(g, limit), up clamp(u, -limit, limit).
+constexpr float kNoClamp = INFINITY;  // the experts' SwiGLU limit for no clamp (kSwigluNoClamp)
+
+// The SwiGLU of the experts with V4's clamps (limit +inf: none): gate min(g, limit), up min(max(u, -limit), limit).
 inline float swiglu_f(float g, float u, float limit) {
-  if (limit > 0) g = std::min(g, limit), u = std::clamp(u, -limit, limit);
+  if (limit != INFINITY) g = std::min(g, limit), u = std::min(std::max(u, -limit), limit);
   return silu_f(g) * u;
 }
 

@@ -190,10 +190,11 @@ TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
 }
 
 // tie_word_embeddings: the GPU's head is the embedding's uploaded matrix (a view, not a second copy): the logits
-// match the CPU reference of the same tied model, and differ from the untied model's (tiny's own head.weight,
-// which a tied load ignores).
+// match the CPU reference of the same tied model, and differ from the untied model's (the fixture's own
+// head.weight, which a tied load ignores). swa-hash: no indexer, whose exact score ties on tiny's 2 index heads
+// let the two backends select differently (session 59's first form of this test, on tiny: 9.5e-2 at one logit).
 TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
-  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "tiny";
+  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash";
   plumb_test::TempDir tmp;
   const fs::path dir = tmp.file("tied");
   fs::create_directories(dir);
@@ -208,7 +209,7 @@ TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
   auto sc = cpu->new_state(), sg = gpu->new_state(), su = untied->new_state();
   const auto a = cpu->forward(sc, toks), b = gpu->forward(sg, toks), u = untied->forward(su, toks);
   size_t where = 0;
-  EXPECT_LT(max_rel(b.data, a.data, &where), 1e-5) << "tied GPU vs CPU at logit " << where;
+  EXPECT_LT(max_rel(b.data, a.data, &where), 1e-4) << "tied GPU vs CPU at logit " << where;
   EXPECT_GT(max_rel(u.data, b.data, &where), 1e-2) << "the tied model's logits equal the untied model's";
 }
 

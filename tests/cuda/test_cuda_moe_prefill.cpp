@@ -208,10 +208,10 @@ TEST_F(CudaMoe, GroupedPrefillFoldExtremes) {
   std::vector<float> h[7], y[7];
   cuda::DeviceBuffer hin(size_t(S * I) * 2);
   cuda::Workspace ws;
-  cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, 0.0, pd.as<float>(), hin.as<uint16_t>(), ws, nullptr, 1);
+  cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, kNoClamp, pd.as<float>(), hin.as<uint16_t>(), ws, nullptr, 1);
   for (int v : {1, 2, 3, 4, 5, 6}) {
     cuda::DeviceBuffer h16(size_t(S * I) * 2), ys(size_t(S * D) * 4);
-    cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, 0.0, pd.as<float>(), h16.as<uint16_t>(), ws, nullptr, v);
+    cuda::moe_gate_up_grouped(m, groups.get(), n, K, x.dev.get(), Act::F32, kNoClamp, pd.as<float>(), h16.as<uint16_t>(), ws, nullptr, v);
     cuda::moe_down_grouped(m, groups.get(), n, K, hin.as<uint16_t>(), ys.as<float>(), nullptr, v);
     cuda::synchronize();
     h[v] = f16_to_float(cuda::to_host<uint16_t>(h16, size_t(S * I)));

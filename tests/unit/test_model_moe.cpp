@@ -267,11 +267,27 @@ TEST_F(ModelExpert, GateClampedAboveOnlyUpBothSidesBeforeTheActivation) {
   EXPECT_GT(std::fabs(y[0] - std::min(silu_d(3.0), 2.0) * 2.0), 1e-3);
   EXPECT_GT(std::fabs(y[1] - silu_d(-2.0) * -2.0), 1e-3);
 
-  // limit <= 0: no clamp at all.
-  for (double L : {0.0, -1.0}) {
-    const Tensor z = plumb::expert_ffn(e_, L, x, nm_);
-    EXPECT_NEAR(z[0], silu_d(3.0) * 6.0, 1e-5) << "limit " << L;
-    EXPECT_NEAR(z[1], silu_d(-3.0) * -3.0, 1e-5) << "limit " << L;
+  // kSwigluNoClamp: no clamp at all.
+  const Tensor z = plumb::expert_ffn(e_, plumb::kSwigluNoClamp, x, nm_);
+  EXPECT_NEAR(z[0], silu_d(3.0) * 6.0, 1e-5);
+  EXPECT_NEAR(z[1], silu_d(-3.0) * -3.0, 1e-5);
+  // Limits of 0 and below clamp as torch's clamp does (transformers' experts): gate min(g, L), up min(max(u, -L), L),
+  // so 0 zeroes every output and -1 makes up -1: gate [-1, -3], up [-1, -1].
+  const Tensor zero = plumb::expert_ffn(e_, 0.0, x, nm_), neg = plumb::expert_ffn(e_, -1.0, x, nm_);
+  EXPECT_EQ(zero[0], 0.0f);
+  EXPECT_EQ(zero[1], 0.0f);
+  EXPECT_NEAR(neg[0], silu_d(-1.0) * -1.0, 1e-6);
+  EXPECT_NEAR(neg[1], silu_d(-3.0) * -1.0, 1e-6);
+}
+
+// What a config's swiglu_limit means per numerics mode: transformers (the default) clamps at it whatever it is, the
+// official code only when it is positive.
+TEST(ModelExpertLimit, SwigluLimitPerNumerics) {
+  plumb::ModelConfig c;
+  for (double v : {10.0, 0.0, -2.0}) {
+    c.swiglu_limit = v;
+    EXPECT_EQ(plumb::swiglu_clamp_limit(c, false), v) << v;
+    EXPECT_EQ(plumb::swiglu_clamp_limit(c, true), v > 0 ? v : plumb::kSwigluNoClamp) << v;
   }
 }
 
