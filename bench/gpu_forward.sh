@@ -77,23 +77,28 @@ fi
 
 # Optional: an official-code golden of a committed fixture's model (ORACLE=NAME): DeepSeek's model.py (.ref/current/,
 # ignored) run by the oracle (../shared/oracle copied into the ignored .oracle/; both carried), returned as
-# $OUT/NAME-ref.tar and verified on the GPU in the official numerics, alone and with cuda.moe_mxfp4 (its W4A8 kernels).
-# ORACLE may name several (space-separated); a name that is not committed is taken from GEN_PRESET's /tmp/NAME.
+# $OUT/oracle-refs.tar and verified on the GPU in the official numerics, alone and with cuda.moe_mxfp4 (its W4A8 kernels).
+# ORACLE may name several (space-separated); a name that is not committed is taken from GEN_PRESET's /tmp/NAME, or
+# from GEN_VARIANTS' /tmp/variants/NAME. Every NAME-ref folder goes into one $OUT/oracle-refs.tar (the tool returns at
+# most 8 files).
+orefs=()
 for orc in ${ORACLE:-}; do
   src="tests/data/golden/$orc"
   [ -d "$src" ] || src="/tmp/$orc"
+  [ -d "$src" ] || src="/tmp/variants/$orc"
   note "oracle $orc ($src)"
   rm -rf "/tmp/$orc-ref" /tmp/oracle-out
   PYTHONDONTWRITEBYTECODE=1 timeout 300 python3 .oracle/run_ref.py .ref/current "$src" /tmp/oracle-out >>"$OUT/run.log" 2>&1
   note "oracle rc=$?"
   mkdir -p "/tmp/$orc-ref"
   cp "$src/config.json" "$src/model.safetensors" /tmp/oracle-out/golden.* "/tmp/$orc-ref/"
-  tar -C /tmp -cf "$OUT/$orc-ref.tar" "$orc-ref"
+  orefs+=("$orc-ref")
   for p in numerics.official numerics.official,cuda.moe_mxfp4; do
     timeout 120 "$C/plumb" verify-golden --backend cuda --patches "$p" "/tmp/$orc-ref" >>"$OUT/oracle-verify.txt" 2>&1
     note "verify-golden $orc-ref [$p] rc=$?"
   done
 done
+[ ${#orefs[@]} -gt 0 ] && tar -C /tmp -cf "$OUT/oracle-refs.tar" "${orefs[@]}"
 
 note "cuda tests"
 if [ -n "${GTEST_FILTER:-}" ] || [ "${TEST_SHARDS:-4}" -le 1 ]; then
