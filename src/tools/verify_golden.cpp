@@ -174,7 +174,12 @@ int verify_golden(const VerifyGoldenOptions& opt) {
           continue;
         }
         const IndexTensor refi = to_i64(*ref);
-        if (refi.shape != it->second.shape) {
+        // The indexer's top-k is a set per row with -1 for none (FORMAT.md): transformers cuts a row to the entries
+        // visible (min(index_topk, entries) wide), the official code pads it to index_topk with -1, so its width may
+        // differ while the rows' sets agree.
+        const bool width_free = tap.ends_with("attn.indexer.topk") && refi.shape.size() == 2 &&
+                                it->second.shape.size() == 2 && refi.shape[0] == it->second.shape[0];
+        if (refi.shape != it->second.shape && !width_free) {
           report(tap, false, fmt::format("FAIL: shape {} vs reference {}", shape_str(it->second.shape), shape_str(refi.shape)));
           continue;
         }
