@@ -60,13 +60,13 @@ for gp in ${GEN_PRESET:-}; do
 done
 
 # Optional: GEN_VARIANTS=1 makes every variant preset (make_golden.py --variants: one configuration field or the
-# schedule changed from a common base), returned as $OUT/variants.tar and verified below like the committed
+# schedule changed from a common base; VARIANT_FORMAT=official: in the official checkpoint formats), returned as $OUT/variants.tar and verified below like the committed
 # fixtures; the installed transformers' DeepseekV4 source comes back beside them ($OUT/transformers-v4.tar), for
 # reading what the version that made them does.
 if [ -n "${GEN_VARIANTS:-}" ]; then
   note "make_golden --variants"
   rm -rf /tmp/variants
-  timeout 300 python3 tools/golden/make_golden.py --variants /tmp/variants >"$OUT/variants.log" 2>&1
+  timeout 300 python3 tools/golden/make_golden.py --variants /tmp/variants ${VARIANT_FORMAT:+--format $VARIANT_FORMAT} >"$OUT/variants.log" 2>&1
   note "make_golden --variants rc=$? ($(grep -c '^== v-' "$OUT/variants.log") made)"
   cp "$OUT/variants.log" /tmp/variants/ 2>/dev/null
   tar -C /tmp -cf "$OUT/variants.tar" variants

@@ -1435,7 +1435,8 @@ def main(argv=None):
                    help="rebuild model + steps from existing fixture directories and compare with their golden")
     ap.add_argument("--out", help="output directory for --preset")
     ap.add_argument("--seed", type=int, help="override the preset's seed (--preset only)")
-    ap.add_argument("--format", choices=("f32", "official"), help="override the preset's weight format (--preset only)")
+    ap.add_argument("--format", choices=("f32", "official"),
+                    help="override the preset's weight format (--preset, or every variant with --variants)")
     a = ap.parse_args(argv)
     if a.list:
         for k, v in PRESETS.items():
@@ -1452,8 +1453,8 @@ def main(argv=None):
             ap.error("--preset needs --out")
         generate(a.preset, a.out, seed=a.seed, fmt=a.format)
         return 0
-    if a.seed is not None or a.format is not None or a.out:
-        ap.error("--seed/--format/--out apply to --preset only")
+    if a.seed is not None or a.out or (a.format is not None and not a.variants):
+        ap.error("--seed/--out apply to --preset only, --format to --preset and --variants")
     root = a.all or a.variants
     names = [k for k, v in PRESETS.items() if v["variant"] == bool(a.variants)]
     failed = []
@@ -1465,7 +1466,8 @@ def main(argv=None):
             # two more seeds before it counts as failed.
             for attempt in range(3 if a.variants else 1):
                 try:
-                    generate(name, out, seed=None if attempt == 0 else PRESETS[name]["seed"] + 100 * attempt)
+                    generate(name, out, seed=None if attempt == 0 else PRESETS[name]["seed"] + 100 * attempt,
+                             fmt=a.format)
                     break
                 except GoldenError as e:
                     if attempt == 2 or not a.variants or "tie" not in str(e):
