@@ -114,14 +114,15 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
   SwigluCheck c;
   if (!in.model) return c.why_not = "needs the checkpoint's expert weights (model folder not readable)", c;
   const auto& cfg = in.model->cfg;
-  if (cfg.swiglu_limit <= 0) return c.why_not = "the config has no swiglu_limit", c;
+  const Numerics nm(in.a_options);
+  const double limit = swiglu_clamp_limit(cfg, nm.official());
+  if (limit == kSwigluNoClamp) return c.why_not = "the config's swiglu_limit means no clamp in A's numerics", c;
   const auto& L = in.model->w.layers[size_t(layer)];
   const std::string p = fmt::format("L{}.", layer);
   Tensor xa, xb;
   if (!cat_pair(in.a, b, p + "hc_ffn.collapsed", xa, xb)) return c.why_not = "no hc_ffn.collapsed tap", c;
   // The experts of the layer ran on A's input: substituted when teacher-forced, within tolerance when free-running.
   Tensor x = xa;
-  const Numerics nm(in.a_options);
   nm.rms_norm(x.ptr(), x.dim(0), L.ffn_norm, cfg.rms_eps);
   // One candidate per expert output tap: B against the unclamped recompute, A against the clamped one.
   struct One {
@@ -133,7 +134,7 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
   if (L.moe.shared && cat_pair(in.a, b, p + "ffn.shared", sa, sb)) {
     One o{p + "ffn.shared", {}, {}, {}};
     o.eu.add(sb, expert_ffn(*L.moe.shared, kSwigluNoClamp, x, nm));
-    o.ea.add(sa, expert_ffn(*L.moe.shared, swiglu_clamp_limit(cfg, nm.official()), x, nm));
+    o.ea.add(sa, expert_ffn(*L.moe.shared, limit, x, nm));
     o.eb.add(sb, sa);
     cands.push_back(std::move(o));
   }
@@ -149,7 +150,7 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
         const int64_t e = ia[t * K + k];
         if (e < 0 || e >= int64_t(L.moe.experts.size())) continue;
         Tensor xt({1, D}, std::vector<float>(x.row(t), x.row(t) + D));
-        const Tensor yc = expert_ffn(L.moe.experts[size_t(e)], swiglu_clamp_limit(cfg, nm.official()), xt, nm);
+        const Tensor yc = expert_ffn(L.moe.experts[size_t(e)], limit, xt, nm);
         const Tensor yu = expert_ffn(L.moe.experts[size_t(e)], kSwigluNoClamp, xt, nm);
         for (int64_t d = 0; d < D; ++d) {
           clamped[t * D + d] += wa[t * K + k] * yc[d];

@@ -161,12 +161,11 @@ void run_fixture(const std::string& dir, const std::vector<std::string>& which, 
                             },
                             "a tap that depends on hc_post (hc_ffn.*, L<i>.out, next layer's hc_attn.*)", {}}));
     } else if (f == "fault.swiglu_unclamped") {
-      if (cfg.swiglu_limit <= 0) skip(f, "no swiglu_limit in " + dir);
-      else
-        add(run_case(in, f, f,
-                     Expect{"expert_swiglu", "SwiGLU clamps missing",
-                            [](const TapName& t) { return t.suffix == "ffn.routed" || t.suffix == "ffn.shared" || t.suffix == "ffn.out"; },
-                            "an expert output tap (ffn.routed / ffn.shared / ffn.out)", {}}));
+      // (no skip: selftest runs the reference numerics, where every swiglu_limit clamps, transformers' reading)
+      add(run_case(in, f, f,
+                   Expect{"expert_swiglu", "SwiGLU clamps missing",
+                          [](const TapName& t) { return t.suffix == "ffn.routed" || t.suffix == "ffn.shared" || t.suffix == "ffn.out"; },
+                          "an expert output tap (ffn.routed / ffn.shared / ffn.out)", {}}));
     } else if (f == "fault.softplus_naive") {
       auto gate = [](const TapName& t) { return t.suffix == "ffn.gate.weights"; };
       if (!softplus) skip(f, "the router of " + dir + " does not use sqrtsoftplus");
