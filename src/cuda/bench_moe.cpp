@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "cuda/bench_harness.h"
