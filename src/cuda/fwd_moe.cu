@@ -104,13 +104,8 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int ns
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(nslots) * I) return;
   const int64_t sl = i / I, c = i % I;
-  float gv = g[sl * ld + c], uv = u[sl * ld + c];
-  if (L != INFINITY) {  // (swiglu_clamped's rule)
-    gv = fminf(gv, L);
-    uv = fminf(fmaxf(uv, -L), L);
-  }
-  const float silu = gv / (1.0f + expf(-gv));
-  const float v = __fmul_rn(__fmul_rn(silu, uv), pre ? pre[sl] : 1.0f);
+  // (swiglu_clamped's product is one rounded multiply, as __fmul_rn(silu, up) was here: the same bits)
+  const float v = __fmul_rn(swiglu_clamped(g[sl * ld + c], u[sl * ld + c], L), pre ? pre[sl] : 1.0f);
   h[sl * I + c] = round_bf16 ? bf16r(v) : v;
 }
 
