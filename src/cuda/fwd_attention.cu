@@ -32,13 +32,20 @@ __global__ void attend_logits_kernel(AttendArgs a) {
 // no value): float exponentials, fp64 sum (thread-strided partials, the sink in thread 0's, then the block's fixed
 // order), p = float(e / sum); the probabilities and key rows go to shared memory (a hole: p = 0 on a dummy row,
 // which adds exactly nothing); then P.V for the slice: thread (g, d) sums keys j = g (mod 4) in fp64, kU rows loaded
-// before their products, the four partials added in g order.
+// before their products, the four partials added in g order. A query with more keys than one round stages
+// (AttendArgs::stage_keys, a multiple of kU * kAttnGroups) takes rounds of them: each thread's keys and their order
+// are the same, so are the bits.
 constexpr int kAttnDims = 64, kAttnGroups = 4;  // blockDim = kAttnDims * kAttnGroups
+constexpr int kAttnU = 4;                       // rows loaded before their products
+constexpr int64_t kAttnRound = kAttnU * kAttnGroups;
+// The most keys one round stages: a row pointer and a probability each in 200 KiB of shared memory, whole rounds.
+constexpr int64_t kAttnMaxStage = 200 * 1024 / (sizeof(float*) + sizeof(float)) / kAttnRound * kAttnRound;
 __global__ void attend_out_kernel(AttendArgs a) {
   pdl_begin();
   extern __shared__ unsigned char attn_smem[];
-  const float** rows = reinterpret_cast<const float**>(attn_smem);  // [ld_logits]
-  float* ps = reinterpret_cast<float*>(rows + a.ld_logits);          // [ld_logits]
+  const int64_t stage = a.stage_keys;
+  const float** rows = reinterpret_cast<const float**>(attn_smem);  // [stage]
+  float* ps = reinterpret_cast<float*>(rows + stage);                // [stage]
   __shared__ float wmax[32];
   __shared__ double wsum[32];
   __shared__ double part[kAttnGroups][kAttnDims];
@@ -56,26 +63,29 @@ __global__ void attend_out_kernel(AttendArgs a) {
   double s = threadIdx.x == 0 ? double(expf(sink - m)) : 0.0;
   for (int64_t j = threadIdx.x; j < keys.count; j += blockDim.x) s += double(expf(lg[j] - m));
   s = block_sum(s, wsum);
-  for (int64_t j = threadIdx.x; j < keys.count; j += blockDim.x) {
-    const float* k = keys.row(j);
-    rows[j] = k ? k : a.q;  // the dummy row: any Dh readable floats
-    ps[j] = k ? float(double(expf(lg[j] - m)) / s) : 0.0f;
-  }
-  __syncthreads();
   const int d = threadIdx.x % kAttnDims, g = threadIdx.x / kAttnDims;
   const int64_t dim = int64_t(blockIdx.y) * kAttnDims + d;
   double acc = 0;
-  if (dim < a.Dh) {
-    constexpr int kU = 4;
-    const int64_t last = keys.count - 1;
-    for (int64_t j0 = g; j0 < keys.count; j0 += kU * kAttnGroups) {
-      float v[kU];
+  for (int64_t r0 = 0; r0 < keys.count; r0 += stage) {  // (one round unless the query has more keys than stage)
+    const int64_t r1 = min(keys.count, r0 + stage);
+    if (r0 > 0) __syncthreads();  // (the previous round's reads)
+    for (int64_t j = r0 + threadIdx.x; j < r1; j += blockDim.x) {
+      const float* k = keys.row(j);
+      rows[j - r0] = k ? k : a.q;  // the dummy row: any Dh readable floats
+      ps[j - r0] = k ? float(double(expf(lg[j] - m)) / s) : 0.0f;
+    }
+    __syncthreads();
+    if (dim < a.Dh) {
+      const int64_t last = r1 - r0 - 1;
+      for (int64_t j0 = g; j0 <= last; j0 += kAttnRound) {
+        float v[kAttnU];
 #pragma unroll
-      for (int u = 0; u < kU; ++u) v[u] = rows[min(j0 + u * kAttnGroups, last)][dim];
+        for (int u = 0; u < kAttnU; ++u) v[u] = rows[min(j0 + u * kAttnGroups, last)][dim];
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t j = j0 + u * kAttnGroups;
-        if (j < keys.count) acc += double(ps[j]) * v[u];
+        for (int u = 0; u < kAttnU; ++u) {
+          const int64_t j = j0 + u * kAttnGroups;
+          if (j <= last) acc += double(ps[j]) * v[u];
+        }
       }
     }
   }
@@ -490,9 +500,12 @@ void fwd_attend(const AttendArgs& a, Stream s) {
            0, s, a);
     return;
   }
-  const size_t smem = size_t(a.ld_logits) * (sizeof(float*) + sizeof(float));
+  if (a.stage_keys < 0 || a.stage_keys % kAttnRound || a.stage_keys > kAttnMaxStage)
+    throw_arg("attention: stage_keys " + std::to_string(a.stage_keys) + " is not a multiple of 16 in [0, " + std::to_string(kAttnMaxStage) + "]");
+  AttendArgs b = a;
+  if (b.stage_keys == 0) b.stage_keys = std::min(kAttnMaxStage, std::max(kAttnRound, (a.ld_logits + kAttnRound - 1) / kAttnRound * kAttnRound));
+  const size_t smem = size_t(b.stage_keys) * (sizeof(float*) + sizeof(float));
   if (smem > 48 * 1024) {
-    if (smem > 200 * 1024) throw_arg("attention: too many keys per query for one block's shared memory");
     static bool raised = false;  // per process: the attribute is per kernel
     if (!raised) {
       PLUMB_CUDA_CHECK(cudaFuncSetAttribute(attend_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
@@ -500,7 +513,7 @@ void fwd_attend(const AttendArgs& a, Stream s) {
     }
   }
   launch("fwd_attend_out", attend_out_kernel, dim3(rows, unsigned(fwd_blocks(a.Dh, kAttnDims))), kAttnDims * kAttnGroups, smem,
-         s, a);
+         s, b);
 }
 
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s) {

@@ -15,7 +15,8 @@ namespace plumb::cuda::detail {
 
 namespace {
 
-constexpr int kMaxMix = 64;  // (2 + H) * H for H <= 6
+constexpr int kMaxHc = 8;                      // hc_mult 1..8, as the config reader (model/config.cpp)
+constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;  // 80
 
 // hc_pre in one launch: a cluster of S blocks (16 where the GPU schedules it, else 8) per token, block s owning
 // the slice d in [s * per, (s + 1) * per) of all H streams, which it keeps in shared memory (the fused hc_post's
@@ -58,6 +59,13 @@ __device__ __forceinline__ void hc_warp_reduce(const double (&acc)[NM], int lane
   constexpr int shift = 5 - log2_of(C);
   if ((lane & ((1 << shift) - 1)) == 0 && B + (lane >> shift) < NM) red[B + (lane >> shift)] = v[0];
 }
+// All NM values in chunks of 32 (the last one's width the next power of two): one chunk up to hc_mult 4 (24 mixes),
+// two up to 6 (48), three at 8 (80).
+template <int NM, int B = 0>
+__device__ __forceinline__ void hc_warp_reduce_all(const double (&acc)[NM], int lane, double* red) {
+  hc_warp_reduce<NM, B, (NM - B >= 32 ? 32 : pow2_at_least(NM - B))>(acc, lane, red);
+  if constexpr (B + 32 < NM) hc_warp_reduce_all<NM, B + 32>(acc, lane, red);
+}
 
 template <bool VEC>
 __device__ __forceinline__ void hc_load(const float* p, float (&v)[VEC ? 4 : 1]) {
@@ -94,7 +102,7 @@ __host__ __device__ inline HcY hc_y_of(const HcArgs& a) { return HcY{a.y, a.y_sl
 // BF (the official numerics' bf16 activations) a template parameter and the comb's strides chosen once: per element,
 // the rounding and the untransposed fault's choice were if-converted into selects and conversions in every mode
 // (FSEL 8.6 % and F2F 7.5 % of hc_pre's instructions at 32 tokens under ncu, session 25).
-constexpr int kPostMaxH = 8;
+constexpr int kPostMaxH = kMaxHc;
 template <bool VEC, bool BF>
 __device__ __forceinline__ void hc_post_cols(const HcY& ysrc, const float* X, const float* post, const float* comb, int64_t t, int H,
                                              int64_t D, int64_t d, int untransposed, float* out, float* sm = nullptr, int sm_ld = 0) {
@@ -260,7 +268,9 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   static_assert(!NA || (F && M == 1), "the norm after the mix: the forward's numerics, one token per cluster");
   static_assert(!PP || (NA && VEC && !SF && H == kHcFoldH), "the GEMV's partials: NA's numerics, hc_mult 4, fn not read here");
   constexpr int kWarps = kHcThreads / 32;
-  static_assert(M <= 4 && NM <= 64, "phase 3 gives each token 64 threads");
+  // Phase 3's threads per token: 64 (M <= 4 tokens; hc_mult <= 6), the whole block for hc_mult 7 and 8 (one token).
+  constexpr int kPerToken = NM <= 64 ? 64 : kHcThreads / M;
+  static_assert(M <= 4 && NM <= kPerToken && M * kPerToken <= kHcThreads, "phase 3 gives each token kPerToken threads");
   __shared__ double red_s[kWarps][NM];
   __shared__ double sh[M][kWarps];
   // The pushed reductions' inboxes, [source rank]...: each token's sums of squares (phase 1, phase 4), its H pre
@@ -416,12 +426,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     else if (mode == 1) dots(std::integral_constant<int, 1>{});
     else dots(std::integral_constant<int, 2>{});
     if (m > 0) __syncthreads();  // (the previous token's red_s read)
-    if constexpr (NM <= 32) {
-      hc_warp_reduce<NM, 0, pow2_at_least(NM)>(acc, lane, red_s[warp]);
-    } else {
-      hc_warp_reduce<NM, 0, 32>(acc, lane, red_s[warp]);
-      hc_warp_reduce<NM, 32, pow2_at_least(NM - 32)>(acc, lane, red_s[warp]);
-    }
+    hc_warp_reduce_all<NM>(acc, lane, red_s[warp]);
     __syncthreads();
     if (tid < nm) {
       double s = 0;
@@ -437,7 +442,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
   if constexpr (!PP) hc_bar_wait(&bars[1]);
   if constexpr (NA && !PP) take_r();
 
-  // 3. The mixes this block holds from the S partials in rank order, 64 threads per token: every token's pre mixes,
+  // 3. The mixes this block holds from the S partials in rank order, kPerToken threads per token: every token's pre mixes,
   // its own token's others (block m writes token m's mixes out).
   if constexpr (PP) {
     // (cuda.hc_fold) The GEMV tiles' partials (tile b: its NM dots, then its sum of squares), totalled in one fixed
@@ -464,7 +469,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
       if (own && mix_out) mix_out[int64_t(t0) * NM + tid] = double(mv);
     }
   } else {
-    const int m = tid >> 6, o = tid & 63;
+    const int m = tid >> log2_of(kPerToken), o = tid & (kPerToken - 1);  // (kPerToken a power of 2)
     if (m < mt && o < nm && (o < H || m == ms)) {
       const double s = o < H ? hc_rank_sum(S, [&](int q) { return in_pre[q][m][o]; }) : hc_rank_sum(S, [&](int q) { return in_own[q][o]; });
       float mv = float(s);
@@ -484,7 +489,7 @@ __global__ void __launch_bounds__(kHcThreads, 2) hc_pre_kernel(const HcArgs a, d
     if constexpr (H * H <= 32) {
       if (warp_sinkhorn) sinkhorn_warp<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, a.comb + int64_t(t0 + ms) * H * H);
     }
-    if (gates && !warp_sinkhorn && lane == 0) {  // H = 6 (36 > 32 lanes), or the test's serial twin: one thread
+    if (gates && !warp_sinkhorn && lane == 0) {  // H >= 6 (36+ > 32 lanes), or the test's serial twin: one thread
       float pre[H], post[H], C[H * H];
       hc_math::weights_h<H>(mix_s[ms], a.scale, a.base, a.hc_eps, a.iters, pre, post, C);
       for (int i = 0; i < H * H; ++i) a.comb[int64_t(t0 + ms) * H * H + i] = C[i];
@@ -617,7 +622,7 @@ __global__ void __launch_bounds__(32) hc_gates_kernel(const HcArgs a, const doub
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// f(std::integral_constant<int, H>) for hc_mult H in 1..6 (the kernels are templated on it).
+// f(std::integral_constant<int, H>) for hc_mult H in 1..8 (the kernels are templated on it).
 template <class F>
 void with_hc_mult(int H, F f) {
   switch (H) {
@@ -626,7 +631,9 @@ void with_hc_mult(int H, F f) {
     case 3: f(std::integral_constant<int, 3>{}); break;
     case 4: f(std::integral_constant<int, 4>{}); break;
     case 5: f(std::integral_constant<int, 5>{}); break;
-    default: f(std::integral_constant<int, 6>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
   }
 }
 
@@ -637,9 +644,12 @@ void with_hc_mult(int H, F f) {
 // cluster-size query at 48 KiB found no cluster of 16 and fell back to 8 blocks per token). V4-Pro's slices at 4
 // tokens per cluster: 35 KiB.
 constexpr size_t kHcMaxSmem = 36 * 1024;
-template <class Kern>
+// hc_mult 7 and 8: their inboxes and reductions take up to ~16.7 KiB of static shared memory (80 mixes), so their
+// slices get less (hidden sizes up to ~12K at 16 blocks per token).
+constexpr size_t hc_max_smem(int H) { return H <= 6 ? kHcMaxSmem : 28 * 1024; }
+template <int H, class Kern>
 int hc_cluster_size(Kern kern) {
-  return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, kHcMaxSmem);
+  return cluster_size_or_8(kern, kHcMaxCluster, kHcThreads, hc_max_smem(H));
 }
 
 // Clusters of Sv blocks (16 where the GPU schedules them, else 8), each block one slice of D, each cluster M tokens
@@ -683,11 +693,11 @@ struct HcShape {
 };
 template <int H, bool VEC>
 HcShape hc_pre_shape(const HcArgs& a) {
-  static const int Sv = hc_cluster_size(hc_pre_kernel<H, VEC, 1>);
+  static const int Sv = hc_cluster_size<H>(hc_pre_kernel<H, VEC, 1>);
   constexpr int W = VEC ? 4 : 1;
   const int64_t per = hc_slice_width(a.D, Sv, W);
   const size_t slice_smem = size_t(H + 1) * size_t(per) * sizeof(float);
-  if (slice_smem > kHcMaxSmem) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
+  if (slice_smem > hc_max_smem(H)) throw_arg("hc_pre: hidden size " + std::to_string(a.D) + " too large for the GPU kernel's slices");
   int M = 1, clusters = a.n;
   if (a.tokens_per_cluster != 0 && a.tokens_per_cluster != 1 && a.tokens_per_cluster != 2 && a.tokens_per_cluster != 4)
     throw_arg("hc_pre: tokens_per_cluster must be 1, 2 or 4");
@@ -779,7 +789,7 @@ HcSplit hc_pre_split(int n, int resident) {
 }
 
 bool fwd_hc_pre_staged(int64_t D, bool norm_after_mix) {
-  static const int Sv = hc_cluster_size(hc_pre_kernel<4, true, 1>);
+  static const int Sv = hc_cluster_size<4>(hc_pre_kernel<4, true, 1>);
   const int64_t per = hc_slice_width(D, Sv, 4);
   return (norm_after_mix ? hc_staged_smem<4, true>(Sv, per) : hc_staged_smem<4>(Sv, per)) > 0;
 }
@@ -799,7 +809,7 @@ size_t fwd_hc_scratch_doubles(int n, int H) { return size_t(n) * size_t((2 + H) 
 
 void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
   const int nmix = a.head ? a.H : (2 + a.H) * a.H;
-  if (a.H < 1 || a.H > 6 || nmix > kMaxMix) throw_arg("hc_pre: hc_mult > 6 is not supported on the GPU");
+  if (a.H < 1 || a.H > kMaxHc || nmix > kMaxMix) throw_arg("hc_pre: hc_mult " + std::to_string(a.H) + " is not in 1..8");
   if (a.n <= 0) return;
   if (a.n > 65535) throw_arg("hc_pre: more than 65535 tokens in one launch");
   const bool vec = hc_vec(a);
@@ -823,7 +833,7 @@ void fwd_hc_pre(const HcArgs& a, double* scratch, Stream s) {
 void fwd_hc_gates(const HcArgs& a, const double* scratch, Stream s) {
   if (a.head || !a.gates_apart) throw_arg("hc_gates: only for an hc_pre launch with gates_apart");
   if (a.n <= 0) return;
-  if (a.H < 1 || a.H > 6) throw_arg("hc_gates: hc_mult > 6 is not supported on the GPU");
+  if (a.H < 1 || a.H > kMaxHc) throw_arg("hc_gates: hc_mult " + std::to_string(a.H) + " is not in 1..8");
   with_hc_mult(a.H, [&](auto h) {
     constexpr int H = decltype(h)::value;
     hc_gates_kernel<H><<<unsigned(a.n), 32, 0, stream_of(s)>>>(a, scratch);

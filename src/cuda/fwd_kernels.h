@@ -208,6 +208,9 @@ struct AttendArgs {
   float scale = 1.0f;
   float* logits = nullptr;  // scratch [n * Hq, ld_logits]; ld_logits >= window + (HCA: ne, CSA: ksel)
   int64_t ld_logits = 0;
+  // fwd_attend (not official): the keys whose rows and probabilities one round stages in shared memory, a multiple
+  // of 16 (0: as many as fit, up to ~16.6K; a longer query takes rounds, with the same bits). Tests set it smaller.
+  int64_t stage_keys = 0;
   float* out = nullptr;  // [n, Hq, Dh]; the rope dims are not yet un-rotated (unless out_inv_freq below)
   // fwd_attend_splitk only (optional): with out_inv_freq the output's dims from out_rope_off on are rotated back at
   // the query's position (inverse RoPE, fwd_rope_f16's arithmetic) as they are written, and out16 [n, Hq, Dh] gets

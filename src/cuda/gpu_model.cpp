@@ -137,7 +137,6 @@ class GpuForward : public DeviceForward {
     check_options(opt_);
     const auto& w = m.weights();
     const auto& c = cfg_;
-    PLUMB_CHECK(c.hc_mult <= 6, "backend cuda: hc_mult {} > 6 is not supported", c.hc_mult);
     g_.embed = upload_matrix(w.embed);
     // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
     if (c.tie_embeddings) g_.head.d = g_.embed.d;

@@ -1,7 +1,7 @@
 // Sparse decode attention on the GPU: the split-K patch (attn.splitk_decode, fwd_attn_splitk.cu) against the unsplit
-// twin (fwd_attend) and both against an fp64 softmax on the host, over sliding, HCA (long: 8K entries) and CSA
-// (selection holes) key lists, decode and prefill sizes, head counts that fill or leave part of a 16-head block,
-// logits large enough that the running max moves; the split plan's invariance: a query gives the same bits whether
+// twin (fwd_attend) and both against an fp64 softmax on the host, over sliding, HCA (long: 8K entries; the twin's
+// rounds: 40K) and CSA (selection holes) key lists, decode and prefill sizes, head counts that fill or leave part
+// of a 16-head block, logits large enough that the running max moves; the split plan's invariance: a query gives the same bits whether
 // its splits are sized by this step's keys or by a larger bound (what a captured graph uses); and (printed, not
 // asserted) the kernels' times at the model's decode shape. attn.splitk_f16 (f16 tensor-core products) against
 // the host and the fp64 split kernel, and its plan invariance.
@@ -178,6 +178,34 @@ TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
     expect_close(std::string(c.name) + ", split-K vs host fp64", split, ref, c.Dh, 2e-6);
     expect_close(std::string(c.name) + ", unsplit twin vs host fp64", twin, ref, c.Dh, 2e-6);
   }
+}
+
+// The unsplit twin stages a query's key rows and probabilities in shared memory, in rounds where a query has more
+// keys than one round takes (AttendArgs::stage_keys; ~16.6K keys by default): rounds of 16 and 48 keys give the
+// default's bits on every case (each thread's keys in the same order), and a query of 40K keys (HCA over 160K
+// positions at rate 4: more than one round at the default) matches the host's fp64 softmax and the split-K kernel.
+TEST_F(GpuTest, AttentionUnsplitTakesLongKeyListsInRounds) {
+  for (const AttnCase& c : kCases) {
+    const Data x = make_data(c, 11u + unsigned(c.n * 7 + c.type));
+    Device dv(c, x);
+    const auto whole = run_twin(c, dv);
+    for (const int64_t stage : {16, 48}) {
+      dv.a.stage_keys = stage;
+      const auto rounds = run_twin(c, dv);
+      for (size_t i = 0; i < whole.size(); ++i)
+        ASSERT_EQ(std::memcmp(&whole[i], &rounds[i], 4), 0) << c.name << ", rounds of " << stage << " keys: element " << i << " "
+                                                             << rounds[i] << " against " << whole[i] << " in one round";
+    }
+  }
+  const AttnCase c{"HCA, 40K entries, decode", 2, 1, 2, 64, 16, 4 * 40000 + 3, 4, 40000, 0, 2.0f};
+  const Data x = make_data(c, 5u);
+  Device dv(c, x);
+  dv.a.stage_keys = 5000;
+  EXPECT_THROW(run_twin(c, dv), std::runtime_error);  // (not a multiple of 16: refused by name)
+  dv.a.stage_keys = 0;
+  const auto twin = run_twin(c, dv);
+  expect_close(std::string(c.name) + ", unsplit twin vs host fp64", twin, host_attention(c, x), c.Dh, 2e-6);
+  expect_close(std::string(c.name) + ", split-K vs unsplit twin", run_split(c, dv, max_keys(c)), twin, c.Dh, 1e-6);
 }
 
 // The plan on the host: every query of up to max_keys keys fits the grid, keys per split are whole tiles, and up

@@ -85,7 +85,8 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
 }
 
 TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
-  for (int H : {1, 2, 4, 5, 6})  // H = 6: both runs take the one-thread path (36 > 32 lanes)
+  for (int H : {1, 2, 4, 5, 6, 7, 8})  // H >= 6: both runs take the one-thread path (36+ > 32 lanes); 7 and 8: 63 and 80
+                                     // mixes, three chunks of the warps' reduction and the whole block in phase 3
     for (int iters : {1, 20}) {
       check_hc(H, iters, 0.05f, 100u + unsigned(H * 31 + iters));
       check_hc(H, iters, 2.0f, 200u + unsigned(H * 31 + iters));  // large mixes: saturated softmax rows
@@ -141,7 +142,7 @@ struct HcInputs {
 // tokens in each of the clusters the GPU keeps resident) and with 1, 2 and 4 tokens per cluster (the clusters' shares
 // uneven), against each token alone, bit for bit: the new streams (fused hc_post), the mixes, post,
 // comb, the collapsed row and its fused norm with the f16 copy. V4's shape with the fused hc_post and norm, the same without them, an odd D (the
-// scalar path, empty slices), H = 6 (the one-thread Sinkhorn), the official and bf16 mixing modes and hc_head.
+// scalar path, empty slices), H = 6 and 8 (the one-thread Sinkhorn; 8: 80 mixes), the official and bf16 mixing modes and hc_head.
 // One token's launch at V4-Flash's hidden size takes the kernel with fn staged in shared memory (so the test below
 // compares it, single tokens, with the L2 path of 2 and 4 tokens per cluster); V4-Pro's slices do not fit.
 TEST_F(GpuTest, HcPreStagesFnAtFlashSize) {
@@ -159,7 +160,7 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
     int mix_mode = 0, head = 0;
   };
   for (const int n : {137, 30})
-  for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{4, 4096, false, 2},
+  for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{8, 64, true}, Shape{4, 4096, false, 2},
                          Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
     const HcInputs in(rng, n, sh.H, sh.D, sh.fused, sh.head);
     const int H = in.H, nm = in.nm;  // nm: the mixes hc_pre leaves per token

@@ -286,7 +286,7 @@ TEST_F(CudaNumerics, IndexerRotateMatches) {
 
 // hc_pre / hc_head's mixing modes (0 the reference; official: the norm after the GEMM, bf16 collapse; mhc.bf16_mix:
 // bf16 operands) against the CPU's hc_pre / hc_head, at V4's shape and at others (odd D: the scalar path; D smaller
-// than the cluster's slices: empty blocks; H 1, 2, 6). post and comb go through expf (CUDA's is not libm's): a
+// than the cluster's slices: empty blocks; H 1, 2, 5, 6, 7, 8: 8 is the config's largest, 80 mixes). post and comb go through expf (CUDA's is not libm's): a
 // few ulps. hc_post against the CPU's bit for bit (vector and scalar paths).
 TEST_F(CudaNumerics, HcMixModesMatch) {
   Rng rng(7);
@@ -295,7 +295,8 @@ TEST_F(CudaNumerics, HcMixModesMatch) {
     int H;
     int64_t D;
   };
-  for (const Shape sh : {Shape{4, 256}, Shape{4, 4096}, Shape{2, 102}, Shape{6, 64}, Shape{1, 8}, Shape{5, 36}})
+  for (const Shape sh : {Shape{4, 256}, Shape{4, 4096}, Shape{2, 102}, Shape{6, 64}, Shape{1, 8}, Shape{5, 36}, Shape{7, 100},
+                          Shape{8, 4096}})
     for (int mode : {0, 1, 2}) {
       const int H = sh.H;
       const int64_t D = sh.D, hd = H * D, nmix = (2 + H) * H;
