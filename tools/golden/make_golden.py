@@ -386,6 +386,32 @@ variant("v-five-layers", 1030, "5 layers: HCA, sliding, CSA, CSA, HCA", num_hidd
         layer_types=[HCA, SWA, CSA, CSA, HCA], mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe", "moe"])
 variant("v-small-vocab", 1031, "vocab 37", vocab_size=37)
 variant("v-index-dims", 1032, "index_n_heads 16 of 8 dims", index_n_heads=16, index_head_dim=8)
+# (session 60: fields and schedules the first 32 leave at the base's values)
+ROPE_DEFAULT_MAIN = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+variant("v-yarn-both", 1033, "YaRN on both ropes, attention factors derived (none given): main factor 4 over 16 "
+        "positions with beta 8/2, compress factor 16 over 16; rope over half the dims", partial_rotary_factor=0.5,
+        rope_parameters={
+            "main": {"rope_type": "yarn", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "factor": 4.0,
+                     "original_max_position_embeddings": 16, "beta_fast": 8.0, "beta_slow": 2.0},
+            "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "partial_rotary_factor": 0.5, "factor": 16.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0}})
+variant("v-yarn-mscale", 1034, "YaRN on the compress rope with mscale 1 and mscale_all_dim 0.7 (the attention factor "
+        "their ratio)", partial_rotary_factor=0.5,
+        rope_parameters={
+            "main": dict(ROPE_DEFAULT_MAIN),
+            "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "partial_rotary_factor": 0.5, "factor": 8.0,
+                         "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 0.7}})
+variant("v-o-lora-wide", 1035, "o_lora_rank 48 in 4 groups (wider than hidden)", o_lora_rank=48, o_groups=4)
+variant("v-experts-32", 1036, "32 routed experts, top-6 (V4's top-k)", n_routed_experts=32, num_experts_per_tok=6)
+variant("v-moe-inter-odd", 1037, "moe_intermediate_size 20 (off every tile)", moe_intermediate_size=20)
+variant("v-hidden-odd", 1038, "hidden_size 42, q_lora_rank 24 (the hc and norm kernels' scalar paths)", hidden_size=42,
+        q_lora_rank=24)
+variant("v-window-odd", 1039, "sliding_window 5 (off the compress rates)", sliding_window=5)
+variant("v-long-prompt", 1040, "a 200-token prompt, two decodes, a 70-token chunk, a decode",
+        schedule=[P(200), D, D, P(70), D])
+variant("v-hca-128", 1041, "HCA at V4-Flash's rate 128 over 300 tokens in two prompts (entries at 128 and 256)",
+        compress_rates={CSA: 4, HCA: 128}, schedule=[P(150), D, P(150), D, D])
 
 
 # --------------------------------------------------------------------------------------------
