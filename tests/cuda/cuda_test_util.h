@@ -163,6 +163,26 @@ inline std::unique_ptr<MoeFixture> make_moe(Rng& rng, int64_t E, int64_t D, int6
   return f;
 }
 
+struct Fp8ExpertFixture {
+  TempDir dir;
+  plumb::Checkpoint ck;
+  plumb::ExpertWeights e;
+};
+
+// A random FP8 expert (the shared expert's form: w1, w3 [I, D], w2 [D, I], E8M0 128x128 scales) in a temporary
+// checkpoint, bound as ExpertWeights. Scale bytes in [lo13, hi13] for w1 and w3, [lo2, hi2] for w2.
+inline std::unique_ptr<Fp8ExpertFixture> make_fp8_expert(Rng& rng, int64_t D, int64_t I, int lo13, int hi13, int lo2, int hi2) {
+  auto f = std::make_unique<Fp8ExpertFixture>();
+  std::vector<plumb::OwnedTensor> ts;
+  add_fp8(ts, rng, "se.w1", I, D, false, lo13, hi13);
+  add_fp8(ts, rng, "se.w2", D, I, false, lo2, hi2);
+  add_fp8(ts, rng, "se.w3", I, D, false, lo13, hi13);
+  f->ck = write_checkpoint(f->dir, ts);
+  f->e = {plumb::Matrix::bind(f->ck, "se.w1.weight", I, D), plumb::Matrix::bind(f->ck, "se.w2.weight", D, I),
+          plumb::Matrix::bind(f->ck, "se.w3.weight", I, D)};
+  return f;
+}
+
 // Every 32-bit word of an FP4 matrix [rows, cols] in the decode layout (repack_fp4_decode: tile-major, [tile][chunk]
 // [row half][lane 4g + t][16 B]): f(r, c, t, j, w) for row r, 128-column chunk c, lane part t and group word j, the
 // word holding the elements [32 (4c + j) + 8t, +8) of row r.

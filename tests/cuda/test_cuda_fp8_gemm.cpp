@@ -401,13 +401,8 @@ TEST_F(CudaFp8Gemm, SharedExpertMatchesTwinAndGemv) {
   Rng rng(24);
   const int64_t D = 4096, I = 2048;
   const float limit = 10.0f;
-  TempDir dir;
-  std::vector<OwnedTensor> ts;
-  add_fp8(ts, rng, "se.w1", I, D, false, 117, 119);
-  add_fp8(ts, rng, "se.w2", D, I, false, 116, 118);
-  add_fp8(ts, rng, "se.w3", I, D, false, 117, 119);
-  const Checkpoint ck = write_checkpoint(dir, ts);
-  ExpertWeights e{Matrix::bind(ck, "se.w1.weight", I, D), Matrix::bind(ck, "se.w2.weight", D, I), Matrix::bind(ck, "se.w3.weight", I, D)};
+  const auto fx = make_fp8_expert(rng, D, I, 117, 119, 116, 118);
+  const ExpertWeights& e = fx->e;
   const auto de = cuda::upload_expert_fp8(e);
   cuda::Workspace ws;
   const int n = 48;
