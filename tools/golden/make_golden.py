@@ -412,6 +412,8 @@ variant("v-long-prompt", 1040, "a 200-token prompt, two decodes, a 70-token chun
         schedule=[P(200), D, D, P(70), D])
 variant("v-hca-128", 1041, "HCA at V4-Flash's rate 128 over 300 tokens in two prompts (entries at 128 and 256)",
         compress_rates={CSA: 4, HCA: 128}, schedule=[P(150), D, P(150), D, D])
+variant("v-window-one-decodes", 1042, "sliding_window 1 over one-token steps only (v-window-one's multi-token "
+        "steps fail inside transformers 5.17)", sliding_window=1, schedule=[P(1)] + [D] * 23)
 
 
 # --------------------------------------------------------------------------------------------
