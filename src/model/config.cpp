@@ -185,8 +185,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   // ignores it too). Biases on the shared expert (transformers' mlp_bias) are not in V4 checkpoints.
   PLUMB_CHECK(!r.boolean("mlp_bias", false), "{}: mlp_bias true (biases on the shared expert) is not supported", src);
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  // hidden_act: transformers' ACT2FN maps "silu" and "swish" to the same SiLU; V4 (and the official code) has no other.
   if (r.has("hidden_act"))
-    PLUMB_CHECK(j["hidden_act"] == "silu", "{}: hidden_act {} is not supported (expected \"silu\")", src, j["hidden_act"].dump());
+    PLUMB_CHECK(j["hidden_act"] == "silu" || j["hidden_act"] == "swish", "{}: hidden_act {} is not supported (expected \"silu\")", src,
+                j["hidden_act"].dump());
   // n_group / topk_group (DeepSeek-V3's group-limited top-k, left in some converted configs) are not read: V4 routes
   // over all experts (config.h).
 
