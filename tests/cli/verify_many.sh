@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `plumb verify-golden` over several fixtures: folders named one by one or through a root whose subfolders hold
+# them (a folder without golden.json there is skipped); a summary line with the counts, every fixture that failed
+# or could not be loaded named, exit 0 only when all pass; a folder with no fixture at all is one clear error.
+# Usage: verify_many.sh PLUMB_BINARY GOLDEN_DIR (tests/data/golden)
+set -u
+plumb=$1
+golden=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0 passes=0
+
+check() {  # check NAME COND: COND is a shell test on the last run's rc and files
+  if eval "$2"; then
+    passes=$((passes + 1))
+    echo "ok    $1"
+  else
+    fails=$((fails + 1))
+    echo "FAIL  $1 (exit $rc); stdout tail:"
+    tail -5 "$work/out"
+    echo "stderr:"
+    cat "$work/err"
+  fi
+}
+run() {
+  "$plumb" verify-golden -q "$@" >"$work/out" 2>"$work/err"
+  rc=$?
+}
+
+run "$golden/tiny" "$golden/swa-hash"
+check "two fixtures pass" '[ $rc -eq 0 ] && grep -q "^verify-golden: 2 fixtures, 2 pass, 0 fail, 0 could not run" "$work/out"'
+
+mkdir -p "$work/root/notes"
+cp -r "$golden/tiny" "$work/root/a-tiny"
+cp -r "$golden/tiny" "$work/root/b-broken"
+chmod -R u+w "$work/root"
+rm "$work/root/b-broken/model.safetensors"
+cp -r "$golden/swa-hash" "$work/root/c-swa"
+run "$work/root"
+check "a root: its fixtures in name order, the broken one reported, the others run" \
+  '[ $rc -eq 1 ] && grep -q "^verify-golden: 3 fixtures, 2 pass, 0 fail, 1 could not run" "$work/out" &&
+   grep -q "ERROR  .*b-broken: .*model.safetensors" "$work/out" && grep -q "^error: .*model.safetensors" "$work/err" &&
+   [ "$(grep -c "^=== \[" "$work/out")" -eq 3 ] && grep -n "^=== \[" "$work/out" | head -1 | grep -q "a-tiny"'
+
+run --patches fault.rsf_twice "$work/root/a-tiny" "$work/root/c-swa"
+check "a fault fails every fixture, each named" \
+  '[ $rc -eq 1 ] && grep -q "2 fixtures, 0 pass, 2 fail, 0 could not run (patches \[fault.rsf_twice\])" "$work/out" &&
+   [ "$(grep -c "^  FAIL   " "$work/out")" -eq 2 ]'
+
+mkdir -p "$work/empty/sub"
+run "$work/empty"
+check "no fixture: one error line" \
+  '[ $rc -eq 2 ] && [ "$(grep -c . "$work/err")" -eq 1 ] && grep -q "^error: .*empty: no golden.json" "$work/err"'
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
