@@ -137,6 +137,11 @@ class GpuForward : public DeviceForward {
     check_options(opt_);
     const auto& w = m.weights();
     const auto& c = cfg_;
+    // The GPU's SwiGLU kernels apply SiLU (V4's and the official code's); transformers' other hidden_act values run on
+    // the CPU reference.
+    PLUMB_CHECK(expert_activation(c, nm_.official()) == ExpertAct::Silu,
+                "backend cuda: hidden_act {} is not supported on the GPU (its expert kernels apply SiLU); use --backend cpu",
+                expert_act_name(c.act));
     g_.embed = upload_matrix(w.embed);
     // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
     if (c.tie_embeddings) g_.head.d = g_.embed.d;

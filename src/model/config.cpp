@@ -31,6 +31,16 @@ const char* score_func_name(ScoreFunc f) {
   return "?";
 }
 
+const char* expert_act_name(ExpertAct a) {
+  switch (a) {
+    case ExpertAct::Silu: return "silu";
+    case ExpertAct::Gelu: return "gelu";
+    case ExpertAct::GeluTanh: return "gelu_pytorch_tanh";
+    case ExpertAct::Relu: return "relu";
+  }
+  return "?";
+}
+
 int ModelConfig::n_hash_layers() const {
   int n = 0;
   for (auto m : mlp) n += m == MlpType::Hash;
@@ -185,10 +195,17 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   // ignores it too). Biases on the shared expert (transformers' mlp_bias) are not in V4 checkpoints.
   PLUMB_CHECK(!r.boolean("mlp_bias", false), "{}: mlp_bias true (biases on the shared expert) is not supported", src);
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
-  // hidden_act: transformers' ACT2FN maps "silu" and "swish" to the same SiLU; V4 (and the official code) has no other.
-  if (r.has("hidden_act"))
-    PLUMB_CHECK(j["hidden_act"] == "silu" || j["hidden_act"] == "swish", "{}: hidden_act {} is not supported (expected \"silu\")", src,
-                j["hidden_act"].dump());
+  // hidden_act as transformers' ACT2FN reads it ("silu" and "swish" are the same SiLU; "gelu_new" and
+  // "gelu_pytorch_tanh" the same tanh form); the official code has SiLU only (expert_activation, experts.h).
+  if (r.has("hidden_act")) {
+    const json& a = j["hidden_act"];
+    if (a == "silu" || a == "swish") c.act = ExpertAct::Silu;
+    else if (a == "gelu") c.act = ExpertAct::Gelu;
+    else if (a == "gelu_pytorch_tanh" || a == "gelu_new") c.act = ExpertAct::GeluTanh;
+    else if (a == "relu") c.act = ExpertAct::Relu;
+    else
+      fail("{}: hidden_act {} is not supported (silu, swish, gelu, gelu_pytorch_tanh, gelu_new, relu)", src, a.dump());
+  }
   // n_group / topk_group (DeepSeek-V3's group-limited top-k, left in some converted configs) are not read: V4 routes
   // over all experts (config.h).
 
@@ -357,9 +374,9 @@ std::string ModelConfig::summary() const {
   int nc = 0, nh = 0;
   for (auto a : attn) nc += a == AttnType::CSA, nh += a == AttnType::HCA;
   return fmt::format("{} layers ({} sliding, {} CSA, {} HCA), hidden {}, {} heads x {}, {} experts top-{} ({} hash layers), "
-                     "hc_mult {}, vocab {}, scoring {}",
+                     "hc_mult {}, vocab {}, scoring {}{}",
                      n_layers, n_layers - nc - nh, nc, nh, hidden, n_heads, head_dim, n_experts, top_k, n_hash_layers(),
-                     hc_mult, vocab, score_func_name(score));
+                     hc_mult, vocab, score_func_name(score), act == ExpertAct::Silu ? "" : fmt::format(", hidden_act {}", expert_act_name(act)));
 }
 
 }  // namespace plumb

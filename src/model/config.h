@@ -9,9 +9,14 @@ namespace plumb {
 enum class AttnType { Sliding, CSA, HCA };  // CSA: overlapping m=4 windows + indexer; HCA: plain windows, all visible
 enum class MlpType { Hash, Learned };
 enum class ScoreFunc { SqrtSoftplus, Sigmoid, Softmax };
+// The experts' activation as transformers applies it (config.json's hidden_act through its ACT2FN): SiLU ("silu",
+// "swish"), GELU ("gelu": erf), GELU's tanh form ("gelu_pytorch_tanh", "gelu_new"), ReLU. DeepSeek-V4 and the
+// official code use SiLU only: expert_activation (experts.h) picks per numerics mode.
+enum class ExpertAct { Silu, Gelu, GeluTanh, Relu };
 
 const char* attn_type_name(AttnType t);  // the transformers layer_types spelling
 const char* score_func_name(ScoreFunc f);
+const char* expert_act_name(ExpertAct a);  // hidden_act's first spelling
 
 // One RoPE table ("main" for sliding layers, "compress" for CSA/HCA layers and their compressors/indexer).
 struct RopeConfig {
@@ -40,6 +45,7 @@ struct ModelConfig {
   bool norm_topk_prob = true;  // parsed, not consulted: V4 renormalizes regardless (transformers and the official code)
   bool tie_embeddings = false;  // tie_word_embeddings: the LM head is the embedding matrix
   double swiglu_limit = 0;  // as config.json gives it; what it means per numerics mode: swiglu_clamp_limit (experts.h)
+  ExpertAct act = ExpertAct::Silu;  // hidden_act; what it means per numerics mode: expert_activation (experts.h)
   int hc_mult = 0, hc_sinkhorn_iters = 0;
   double hc_eps = 1e-6, rms_eps = 1e-6;
   int index_heads = 0, index_head_dim = 0, index_topk = 0;

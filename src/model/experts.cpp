@@ -9,7 +9,7 @@
 
 namespace plumb {
 
-Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const Numerics& nm, const float* pre_scale) {
+Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const Numerics& nm, const float* pre_scale, ExpertAct act) {
   Tensor g = nm.proj(x, e.w1), u = nm.proj(x, e.w3);
   const int64_t n = x.dim(0), I = g.dim(1);
   const float L = float(limit);
@@ -21,7 +21,7 @@ Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const N
         gv = std::min(gv, L);
         uv = std::min(std::max(uv, -L), L);
       }
-      g[t * I + i] = nm.act(ops::silu(gv) * uv * (pre_scale ? pre_scale[t] : 1.0f));
+      g[t * I + i] = nm.act(ops::expert_act(act, gv) * uv * (pre_scale ? pre_scale[t] : 1.0f));
     }
   return nm.proj(g, e.w2);
 }
@@ -67,6 +67,7 @@ Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::co
   const auto& c = m.c;
   const int64_t n = m.x.dim(0), D = c.hidden, K = r.idx.dim(1);
   const double limit = m.opt.fault_swiglu_unclamped ? kSwigluNoClamp : swiglu_clamp_limit(c, m.nm.official());
+  const ExpertAct act = expert_activation(c, m.nm.official());
   Tensor out({n, D});
   // Gather, per expert, the tokens routed to it (a token may list an expert twice in a hash table: each
   // listing counts, as in the official code).
@@ -81,7 +82,7 @@ Tensor run_routed(const Runner&, const MoeCtx& m, const RoutedWeights<Runner::co
     Tensor xe({int64_t(rows.size()), D});
     for (size_t i = 0; i < rows.size(); ++i) std::copy(m.x.row(rows[i]), m.x.row(rows[i]) + D, xe.row(int64_t(i)));
     const bool before = m.opt.weight_before_down || m.nm.official();  // the official order
-    const Tensor ye = expert_ffn(m.w.experts[size_t(e)], limit, xe, m.nm, before ? wts.data() : nullptr);
+    const Tensor ye = expert_ffn(m.w.experts[size_t(e)], limit, xe, m.nm, before ? wts.data() : nullptr, act);
     for (size_t i = 0; i < rows.size(); ++i) {
       const float wt = before ? 1.0f : wts[i];
       for (int64_t d = 0; d < D; ++d) out[rows[i] * D + d] += wt * ye[int64_t(i) * D + d];
@@ -102,7 +103,8 @@ Tensor combine(const Runner& runner, const MoeCtx& m, const RoutedWeights<P>& r,
   m.tap.io("ffn.routed", out);
   if (m.w.shared) {  // the shared expert: weight 1, never scaled by routed_scaling_factor
     const bool unclamped = m.opt.fault_swiglu_unclamped || m.nm.official_initial();
-    Tensor shared = expert_ffn(*m.w.shared, unclamped ? kSwigluNoClamp : swiglu_clamp_limit(m.c, m.nm.official()), m.x, m.nm);
+    Tensor shared = expert_ffn(*m.w.shared, unclamped ? kSwigluNoClamp : swiglu_clamp_limit(m.c, m.nm.official()), m.x, m.nm, nullptr,
+                               expert_activation(m.c, m.nm.official()));
     m.tap.io("ffn.shared", shared);
     for (int64_t i = 0; i < out.numel(); ++i) out[i] += shared[i];
   }
@@ -129,7 +131,8 @@ Tensor moe_forward_ep_simulated(const MoeWeights& w, const ModelConfig& c, MlpTy
   const RouterOptions ropt = router_options(opt);
   const Tap none;
   const auto r = route<RunnerFoldedWeights::consumes>(w, c, type, RouterInputs{x, tokens}, ropt);
-  const Tensor shared = w.shared ? expert_ffn(*w.shared, swiglu_clamp_limit(c, nm.official()), x, nm) : Tensor({x.dim(0), c.hidden});
+  const Tensor shared = w.shared ? expert_ffn(*w.shared, swiglu_clamp_limit(c, nm.official()), x, nm, nullptr, expert_activation(c, nm.official()))
+                                  : Tensor({x.dim(0), c.hidden});
   const float share = fault_shared_unscaled ? 1.0f : 1.0f / float(ep_size);
   const int64_t per_rank = c.n_experts / ep_size;
   Tensor total({x.dim(0), c.hidden});

@@ -10,10 +10,12 @@
 
 namespace plumb {
 
-// y = W2( silu(min(W1 x, L)) * min(max(W3 x, -L), L) ) for the rows of x (torch's clamp order: for L < 0 up is L);
-// L = kSwigluNoClamp: no clamp. `pre_scale` (per row, optional) multiplies the activation before W2 (the official
-// code's order). Official numerics: FP8/FP4 GEMMs with bf16 outputs, SwiGLU in fp32, the W2 input rounded to bf16.
-Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const Numerics& nm, const float* pre_scale = nullptr);
+// y = W2( act(min(W1 x, L)) * min(max(W3 x, -L), L) ) for the rows of x (torch's clamp order: for L < 0 up is L);
+// L = kSwigluNoClamp: no clamp; act SiLU unless a config's hidden_act says otherwise (expert_activation). `pre_scale`
+// (per row, optional) multiplies the activation before W2 (the official code's order). Official numerics: FP8/FP4
+// GEMMs with bf16 outputs, SwiGLU in fp32, the W2 input rounded to bf16.
+Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const Numerics& nm, const float* pre_scale = nullptr,
+                  ExpertAct act = ExpertAct::Silu);
 
 // expert_ffn's limit for no clamp: the release-day official shared expert, fault.swiglu_unclamped.
 inline constexpr double kSwigluNoClamp = std::numeric_limits<double>::infinity();
@@ -23,6 +25,9 @@ inline constexpr double kSwigluNoClamp = std::numeric_limits<double>::infinity()
 inline double swiglu_clamp_limit(const ModelConfig& c, bool official) {
   return official && !(c.swiglu_limit > 0) ? kSwigluNoClamp : c.swiglu_limit;
 }
+// The experts' activation per numerics mode: transformers (the default numerics) applies config.json's hidden_act,
+// the official code SiLU whatever the config says.
+inline ExpertAct expert_activation(const ModelConfig& c, bool official) { return official ? ExpertAct::Silu : c.act; }
 
 // The routed-expert runner's and router's choices that ModelOptions makes (patches and faults).
 RouterOptions router_options(const ModelOptions& o);

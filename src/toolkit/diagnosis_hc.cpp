@@ -116,6 +116,7 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
   const auto& cfg = in.model->cfg;
   const Numerics nm(in.a_options);
   const double limit = swiglu_clamp_limit(cfg, nm.official());
+  const ExpertAct act = expert_activation(cfg, nm.official());
   if (limit == kSwigluNoClamp) return c.why_not = "the config's swiglu_limit means no clamp in A's numerics", c;
   const auto& L = in.model->w.layers[size_t(layer)];
   const std::string p = fmt::format("L{}.", layer);
@@ -133,8 +134,8 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
   Tensor sa, sb;
   if (L.moe.shared && cat_pair(in.a, b, p + "ffn.shared", sa, sb)) {
     One o{p + "ffn.shared", {}, {}, {}};
-    o.eu.add(sb, expert_ffn(*L.moe.shared, kSwigluNoClamp, x, nm));
-    o.ea.add(sa, expert_ffn(*L.moe.shared, limit, x, nm));
+    o.eu.add(sb, expert_ffn(*L.moe.shared, kSwigluNoClamp, x, nm, nullptr, act));
+    o.ea.add(sa, expert_ffn(*L.moe.shared, limit, x, nm, nullptr, act));
     o.eb.add(sb, sa);
     cands.push_back(std::move(o));
   }
@@ -150,8 +151,8 @@ SwigluCheck check_swiglu(const DiagnosisInput& in, const Trace& b, int layer) {
         const int64_t e = ia[t * K + k];
         if (e < 0 || e >= int64_t(L.moe.experts.size())) continue;
         Tensor xt({1, D}, std::vector<float>(x.row(t), x.row(t) + D));
-        const Tensor yc = expert_ffn(L.moe.experts[size_t(e)], limit, xt, nm);
-        const Tensor yu = expert_ffn(L.moe.experts[size_t(e)], kSwigluNoClamp, xt, nm);
+        const Tensor yc = expert_ffn(L.moe.experts[size_t(e)], limit, xt, nm, nullptr, act);
+        const Tensor yu = expert_ffn(L.moe.experts[size_t(e)], kSwigluNoClamp, xt, nm, nullptr, act);
         for (int64_t d = 0; d < D; ++d) {
           clamped[t * D + d] += wa[t * K + k] * yc[d];
           unclamped[t * D + d] += wa[t * K + k] * yu[d];

@@ -213,6 +213,26 @@ TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
   EXPECT_GT(max_rel(u.data, b.data, &where), 1e-2) << "the tied model's logits equal the untied model's";
 }
 
+// A hidden_act other than SiLU (transformers' GELU, ...) runs on the CPU reference only: the GPU refuses it at load,
+// naming the field, in the default numerics; under numerics.official (SiLU whatever the config says) it loads.
+TEST_F(GpuTest, OtherHiddenActIsRefusedByName) {
+  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash";
+  plumb_test::TempDir tmp;
+  const fs::path dir = tmp.file("gelu");
+  fs::create_directories(dir);
+  fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  j["hidden_act"] = "gelu";
+  std::ofstream(dir / "config.json") << j.dump(2);
+  try {
+    plumb::Model::load(dir.string(), {}, {}, "cuda");
+    ADD_FAILURE() << "hidden_act gelu loaded on the GPU";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden_act gelu"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(plumb::Model::load(dir.string(), plumb::parse_patches("numerics.official").options, {}, "cuda"));
+}
+
 // cuda.graph replays captured steps: the logits must be bit-identical to eager launches on every step, across
 // a prefill, hundreds of decode steps (compressor windows completing, the window ring wrapping, the entry buffers
 // outgrowing their first capacity of 64 so the graph is captured again) and chunks of another size in between.

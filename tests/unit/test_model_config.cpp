@@ -207,8 +207,8 @@ TEST(ModelConfigParse, MismatchedCompressRatiosAreRefused) {
 // Fields transformers' DeepseekV4 does not read are not read here either: num_key_value_heads (one shared K=V head
 // regardless), n_group / topk_group (V4 routes over all experts: DeepSeek-V3's grouped selection on V4 is pitfall
 // P-R4), n_shared_experts (one shared expert whenever its tensors are there), a qk_rope_head_dim beside
-// partial_rotary_factor (the factor wins). mlp_bias true (biases V4 checkpoints do not have) is refused; hidden_act
-// "swish" is SiLU (transformers' ACT2FN), any other activation is refused.
+// partial_rotary_factor (the factor wins). mlp_bias true (biases V4 checkpoints do not have) is refused; hidden_act is
+// read as transformers' ACT2FN reads it (SiLU, GELU, GELU's tanh form, ReLU; another activation is refused).
 TEST(ModelConfigParse, FieldsTransformersIgnoresAreIgnored) {
   const ModelConfig base = ModelConfig::from_json(current_config(), "cfg");
   json j = current_config();
@@ -230,10 +230,16 @@ TEST(ModelConfigParse, FieldsTransformersIgnoresAreIgnored) {
   j["mlp_bias"] = true;
   expect_refused(j, {"mlp_bias"}, "biases on the shared expert");
   j["mlp_bias"] = false;
-  j["hidden_act"] = "swish";  // transformers' other name for SiLU
-  EXPECT_NO_THROW(ModelConfig::from_json(j, "cfg"));
-  j["hidden_act"] = "gelu";
-  expect_refused(j, {"hidden_act", "gelu"}, "an activation other than SiLU");
+  // hidden_act as transformers' ACT2FN reads it: two spellings of SiLU, two of GELU's tanh form.
+  const std::pair<const char*, plumb::ExpertAct> acts[] = {
+      {"silu", plumb::ExpertAct::Silu},          {"swish", plumb::ExpertAct::Silu},    {"gelu", plumb::ExpertAct::Gelu},
+      {"gelu_pytorch_tanh", plumb::ExpertAct::GeluTanh}, {"gelu_new", plumb::ExpertAct::GeluTanh}, {"relu", plumb::ExpertAct::Relu}};
+  for (const auto& [name, act] : acts) {
+    j["hidden_act"] = name;
+    EXPECT_EQ(ModelConfig::from_json(j, "cfg").act, act) << name;
+  }
+  j["hidden_act"] = "mish";
+  expect_refused(j, {"hidden_act", "mish"}, "an activation plumb does not have");
   j["hidden_act"] = "silu";
   EXPECT_FALSE(ModelConfig::from_json(j, "cfg").tie_embeddings);
   j["tie_word_embeddings"] = true;

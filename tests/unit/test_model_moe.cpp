@@ -280,6 +280,35 @@ TEST_F(ModelExpert, GateClampedAboveOnlyUpBothSidesBeforeTheActivation) {
   EXPECT_NEAR(neg[1], silu_d(-3.0) * -1.0, 1e-6);
 }
 
+// transformers' other expert activations (config.json's hidden_act) in place of SiLU, the clamps unchanged, against
+// their formulas in double: GELU with erf, GELU's tanh form, ReLU. x = [3, -3], L = 2: gate [2, -3], up [2, -2].
+TEST_F(ModelExpert, HiddenActReplacesSiluBeforeTheProduct) {
+  const Tensor x({1, 2}, std::vector<float>{3.0f, -3.0f});
+  auto gelu = [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); };
+  auto gelu_tanh = [](double v) { return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v))); };
+  auto relu = [](double v) { return v > 0 ? v : 0.0; };
+  const struct {
+    plumb::ExpertAct act;
+    double (*f)(double);
+  } cases[] = {{plumb::ExpertAct::Gelu, +gelu}, {plumb::ExpertAct::GeluTanh, +gelu_tanh}, {plumb::ExpertAct::Relu, +relu}};
+  for (const auto& c : cases) {
+    const Tensor y = plumb::expert_ffn(e_, 2.0, x, nm_, nullptr, c.act);
+    EXPECT_NEAR(y[0], c.f(2.0) * 2.0, 2e-6) << plumb::expert_act_name(c.act);
+    EXPECT_NEAR(y[1], c.f(-3.0) * -2.0, 2e-6) << plumb::expert_act_name(c.act);
+  }
+  // The default is SiLU, and GELU's two forms differ (by ~1e-4 at -3: the test tells them apart).
+  EXPECT_EQ(plumb::expert_ffn(e_, 2.0, x, nm_)[1], plumb::expert_ffn(e_, 2.0, x, nm_, nullptr, plumb::ExpertAct::Silu)[1]);
+  EXPECT_GT(std::fabs(gelu(-3.0) - gelu_tanh(-3.0)) * 2.0, 1e-4);
+}
+
+// hidden_act per numerics mode: transformers applies it, the official code has SiLU only.
+TEST(ModelExpertLimit, HiddenActPerNumerics) {
+  plumb::ModelConfig c;
+  c.act = plumb::ExpertAct::Gelu;
+  EXPECT_EQ(plumb::expert_activation(c, false), plumb::ExpertAct::Gelu);
+  EXPECT_EQ(plumb::expert_activation(c, true), plumb::ExpertAct::Silu);
+}
+
 // What a config's swiglu_limit means per numerics mode: transformers (the default) clamps at it whatever it is, the
 // official code only when it is positive.
 TEST(ModelExpertLimit, SwigluLimitPerNumerics) {

@@ -416,6 +416,8 @@ variant("v-window-one-decodes", 1042, "sliding_window 1 over one-token steps onl
         "steps fail inside transformers 5.17)", sliding_window=1, schedule=[P(1)] + [D] * 23)
 variant("v-max-pos-small", 1043, "max_position_embeddings 32, run to position 49 (nothing may stop at the field)",
         max_position_embeddings=32)
+variant("v-gelu", 1044, "hidden_act gelu (transformers' ACT2FN; the official code has SiLU only)", hidden_act="gelu")
+variant("v-gelu-tanh", 1045, "hidden_act gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh")
 
 
 # --------------------------------------------------------------------------------------------
