@@ -421,3 +421,92 @@ TEST(ModelConfigFields, IgnoredFieldsKeepTheFixturePassing) {
 }
 
 }  // namespace
+
+namespace {
+
+// The released checkpoints' root config.json (dsv4-spec.md 1.1, its legacy spellings: compress_ratios with the MTP
+// block's entry last, num_hash_layers, a flat rope_scaling, qk_rope_head_dim, quantization_config, ...), V4-Flash or
+// V4-Pro.
+json hub_config(bool pro) {
+  json j = json::parse(R"({
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+    "vocab_size": 129280, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "o_lora_rank": 1024,
+    "num_experts_per_tok": 6, "n_shared_experts": 1, "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc",
+    "norm_topk_prob": true, "num_hash_layers": 3, "swiglu_limit": 10.0, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "sliding_window": 128, "index_n_heads": 64, "index_head_dim": 128,
+    "rope_theta": 10000, "compress_rope_theta": 160000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32,
+                     "beta_slow": 1},
+    "max_position_embeddings": 1048576, "num_nextn_predict_layers": 1, "hidden_act": "silu",
+    "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",
+    "attention_bias": false, "expert_dtype": "fp4",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]}
+  })");
+  const int layers = pro ? 61 : 43;
+  j["hidden_size"] = pro ? 7168 : 4096;
+  j["num_hidden_layers"] = layers;
+  j["num_attention_heads"] = pro ? 128 : 64;
+  j["q_lora_rank"] = pro ? 1536 : 1024;
+  j["o_groups"] = pro ? 16 : 8;
+  j["n_routed_experts"] = pro ? 384 : 256;
+  j["moe_intermediate_size"] = pro ? 3072 : 2048;
+  j["routed_scaling_factor"] = pro ? 2.5 : 1.5;
+  j["index_topk"] = pro ? 1024 : 512;
+  // Flash: [0, 0, 4, 128, ..., 4, 0]; Pro: [128, 128, 4, 128, ..., 4, 0] (the last entry is the MTP block's).
+  std::vector<int> ratios = {pro ? 128 : 0, pro ? 128 : 0};
+  for (int l = 2; l < layers; ++l) ratios.push_back(l % 2 == 0 ? 4 : 128);
+  ratios.push_back(0);
+  j["compress_ratios"] = ratios;
+  return j;
+}
+
+}  // namespace
+
+// The released V4-Flash and V4-Pro configs give the schedule of dsv4-spec.md 1.2: Flash layers 0-1 sliding, the even
+// layers from 2 CSA (21), the odd ones HCA (20); Pro layers 0-1 HCA, 30 CSA, 31 HCA; the MTP block's ratio ignored;
+// layers 0-2 hash-routed; rope on the last 64 dims, YaRN (factor 16 over 65536, no attention factor: the flat form)
+// on the compressed layers only.
+TEST(ModelConfigParse, ReleasedFlashAndProConfigsGiveTheirSchedules) {
+  for (const bool pro : {false, true}) {
+    const std::string what = pro ? "V4-Pro" : "V4-Flash";
+    const ModelConfig c = ModelConfig::from_json(hub_config(pro), what);
+    ASSERT_EQ(c.n_layers, pro ? 61 : 43) << what;
+    EXPECT_EQ(c.hidden, pro ? 7168 : 4096) << what;
+    EXPECT_EQ(c.n_heads, pro ? 128 : 64) << what;
+    EXPECT_EQ(c.head_dim, 512) << what;
+    EXPECT_EQ(c.rope_dim, 64) << what;
+    EXPECT_EQ(c.q_lora, pro ? 1536 : 1024) << what;
+    EXPECT_EQ(c.o_groups, pro ? 16 : 8) << what;
+    EXPECT_EQ(c.o_lora, 1024) << what;
+    EXPECT_EQ(c.n_experts, pro ? 384 : 256) << what;
+    EXPECT_EQ(c.top_k, 6) << what;
+    EXPECT_EQ(c.moe_inter, pro ? 3072 : 2048) << what;
+    EXPECT_DOUBLE_EQ(c.routed_scaling, pro ? 2.5 : 1.5) << what;
+    EXPECT_EQ(c.index_topk, pro ? 1024 : 512) << what;
+    EXPECT_EQ(c.index_heads, 64) << what;
+    EXPECT_EQ(c.index_head_dim, 128) << what;
+    EXPECT_EQ(c.window, 128) << what;
+    EXPECT_EQ(c.n_group, 1) << what;  // noaux_tc without groups: ungrouped top-k
+    EXPECT_EQ(c.act, plumb::ExpertAct::Silu) << what;
+    int sliding = 0, csa = 0, hca = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const AttnType want = l < 2 ? (pro ? AttnType::HCA : AttnType::Sliding) : l % 2 == 0 ? AttnType::CSA : AttnType::HCA;
+      EXPECT_EQ(c.attn[size_t(l)], want) << what << " layer " << l;
+      EXPECT_EQ(c.compress_rate[size_t(l)], want == AttnType::CSA ? 4 : want == AttnType::HCA ? 128 : 0) << what << " layer " << l;
+      EXPECT_EQ(c.mlp[size_t(l)], l < 3 ? MlpType::Hash : MlpType::Learned) << what << " layer " << l;
+      sliding += c.attn[size_t(l)] == AttnType::Sliding, csa += c.attn[size_t(l)] == AttnType::CSA, hca += c.attn[size_t(l)] == AttnType::HCA;
+    }
+    EXPECT_EQ(sliding, pro ? 0 : 2) << what;
+    EXPECT_EQ(csa, pro ? 30 : 21) << what;
+    EXPECT_EQ(hca, pro ? 31 : 20) << what;
+    EXPECT_FALSE(c.rope_main.yarn) << what;
+    EXPECT_DOUBLE_EQ(c.rope_main.theta, 10000.0) << what;
+    EXPECT_TRUE(c.rope_compress.yarn) << what;
+    EXPECT_DOUBLE_EQ(c.rope_compress.theta, 160000.0) << what;
+    EXPECT_DOUBLE_EQ(c.rope_compress.factor, 16.0) << what;
+    EXPECT_DOUBLE_EQ(c.rope_compress.original_max_pos, 65536.0) << what;
+    EXPECT_DOUBLE_EQ(c.rope_compress.attention_factor, 1.0) << what;
+    EXPECT_EQ(c.max_positions, int64_t(1) << 20) << what;
+  }
+}
