@@ -78,7 +78,10 @@ void register_verify_golden(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--backend", opt->backend, "backend to verify")->default_val("cpu");
-  cmd->add_option("--patches", opt->patches, "comma-separated speed patches or presets to enable (empty: the reference; `plumb patches` lists them)");
+  cmd->add_option("--patches", opt->patches,
+                  "comma-separated speed patches or presets to enable (empty: the reference; `plumb patches` lists them); "
+                  "numerics.fixture: each fixture's own numerics (numerics.official where DeepSeek's official code made "
+                  "the golden, the reference otherwise)");
   cmd->add_flag("-q,--quiet", opt->quiet, "print only failing taps and the per-step summaries");
   cmd->add_option("--mode", opt->mode,
                   "free: run on the engine's own outputs; forced: teacher forcing (each sublayer fed the fixture's "

@@ -418,6 +418,8 @@ std::vector<std::string> expand_patch_list(const std::string& list) {
       for (const auto& member : pr->patches) add(member);
       continue;
     }
+    PLUMB_CHECK(name != kFixtureNumerics, "{} is verify-golden's (each fixture's own numerics), not a patch of this command",
+                kFixtureNumerics);
     if (!find_patch(name)) {
       std::string known;
       for (const auto& q : patch_registry()) known += (known.empty() ? "" : ", ") + q.name;

@@ -12,7 +12,7 @@ namespace plumb {
 struct Tolerance {
   double fp32;   // the patch on the fp32 reference path (CPU), free running (errors accumulate over layers)
   double bf16;   // the patch on a bf16 backend (GPU)
-  double local;  // teacher forced (verify-golden --teacher-forcing): each op's own error only
+  double local;  // teacher forced (verify-golden --mode forced): each op's own error only
 };
 
 struct Patch {
@@ -42,6 +42,10 @@ struct PatchPreset {
 };
 const std::vector<PatchPreset>& patch_presets();
 const PatchPreset* find_preset(const std::string& name);
+// verify-golden's stand-in for a numerics mode: each fixture's own (numerics.official, or numerics.official_initial
+// for the release-day revision, where DeepSeek's official code computed the golden; the reference otherwise). Every
+// other command refuses it by name.
+inline constexpr const char* kFixtureNumerics = "numerics.fixture";
 // "a,b,P" with each preset P replaced by its patches: names in order, each kept once where it first comes (a patch
 // also in a preset, or in two presets, is one patch); a name written twice is an Error, as is an unknown one.
 std::vector<std::string> expand_patch_list(const std::string& list);

@@ -153,8 +153,11 @@ void print_patches() {
   fmt::print("\nbuilt-in faults (deliberate bugs for testing the toolkit; enabled only when named):\n");
   for (const auto& p : patch_registry())
     if (p.fault) fmt::print("{:<30}  {}: {}\n", p.name, p.replaces, p.description);
-  fmt::print("\ntolerances: |err| <= tol x max(1, max|ref|) per tensor; fp32: free-running on the CPU reference, local: with\n"
-             "--teacher-forcing (each op fed the golden's inputs), bf16: on a bf16 backend. With several patches the loosest applies.\n");
+  fmt::print("\ntolerances: |err| <= tol x max(1, max|ref|) per tensor; fp32: free-running on the CPU reference, local: teacher\n"
+             "forced (verify-golden --mode forced: each op fed the golden's inputs), bf16: on a bf16 backend. With several patches\n"
+             "the loosest applies.\n"
+             "verify-golden also takes {}: each fixture's own numerics (numerics.official where DeepSeek's official code made\n"
+             "the golden, the reference otherwise).\n", kFixtureNumerics);
 }
 
 }  // namespace plumb::tools

@@ -93,6 +93,19 @@ std::vector<std::string> dependents_of(const std::string& index_tap) {
   return {};
 }
 
+// --patches with numerics.fixture (kFixtureNumerics) replaced by the fixture's own numerics mode: the official code's
+// revision its reference string names, or none (the fp32 reference) for any other golden.
+std::string with_fixture_numerics(const std::string& patches, const GoldenFixture& fx) {
+  const bool official = fx.reference.find("official inference") != std::string::npos;
+  const std::string mode = !official ? "" : fx.reference.find("initial revision") != std::string::npos ? "numerics.official_initial" : "numerics.official";
+  std::string out;
+  for (const auto& name : split_list(patches)) {
+    const std::string n = name == kFixtureNumerics ? mode : name;
+    if (!n.empty()) out += (out.empty() ? "" : ",") + n;
+  }
+  return out;
+}
+
 std::string selection_scores_of(const std::string& index_tap) {
   if (index_tap.ends_with("attn.indexer.topk")) return index_tap.substr(0, index_tap.size() - 4) + "scores";
   if (index_tap.ends_with("ffn.gate.indices")) return index_tap.substr(0, index_tap.size() - 7) + "scores";
@@ -104,8 +117,8 @@ std::string selection_scores_of(const std::string& index_tap) {
 int verify_golden(const VerifyGoldenOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
   PLUMB_CHECK(opt.mode == "auto" || opt.mode == "free" || opt.mode == "forced", "unknown mode '{}' (auto, free, forced)", opt.mode);
-  const PatchSet ps = parse_patches(opt.patches);
   const auto fx = GoldenFixture::load(opt.dir);
+  const PatchSet ps = parse_patches(with_fixture_numerics(opt.patches, fx));
   const auto model = Model::load(opt.dir, ps.options, {}, opt.backend);
   const bool approximate = ps.tolerance_fp32() > 1e-4;  // an approximate patch: its errors compound when free running
   // The GPU resolves exactly equal top-k scores to the lower index (PyTorch's CUDA order), the fixtures come from

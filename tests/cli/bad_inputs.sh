@@ -68,5 +68,8 @@ expect "missing weights" "model.safetensors" "$plumb" verify-golden "$work/fx"
 fresh
 expect "unknown patch" "unknown patch" "$plumb" verify-golden --patches moe.nonexistent "$work/fx"
 
+fresh
+expect "numerics.fixture outside verify-golden" "numerics.fixture is verify-golden's" "$plumb" diff --a numerics.fixture --fixture "$work/fx"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

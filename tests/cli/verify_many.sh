@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `plumb verify-golden` over several fixtures: folders named one by one or through a root whose subfolders hold
 # them (a folder without golden.json there is skipped); a summary line with the counts, every fixture that failed
-# or could not be loaded named, exit 0 only when all pass; a folder with no fixture at all is one clear error.
+# or could not be loaded named, exit 0 only when all pass; a folder with no fixture at all is one clear error;
+# `--patches numerics.fixture` runs each fixture in its own numerics.
 # Usage: verify_many.sh PLUMB_BINARY GOLDEN_DIR (tests/data/golden)
 set -u
 plumb=$1
@@ -46,6 +47,16 @@ run --patches fault.rsf_twice "$work/root/a-tiny" "$work/root/c-swa"
 check "a fault fails every fixture, each named" \
   '[ $rc -eq 1 ] && grep -q "2 fixtures, 0 pass, 2 fail, 0 could not run (patches \[fault.rsf_twice\])" "$work/out" &&
    [ "$(grep -c "^  FAIL   " "$work/out")" -eq 2 ]'
+
+# numerics.fixture: each fixture in its own numerics, so an official-code golden passes beside a transformers one
+# (in the reference numerics the official one fails: the gap between the two numerics).
+run "$golden/tiny" "$golden/tiny-official-ref"
+check "official-code golden in the reference numerics: fails, named" \
+  '[ $rc -eq 1 ] && grep -q "2 fixtures, 1 pass, 1 fail" "$work/out" && grep -q "FAIL   .*tiny-official-ref" "$work/out"'
+run --patches numerics.fixture "$golden/tiny" "$golden/tiny-official-ref" "$golden/tiny-official-initial-ref"
+check "numerics.fixture: each in its own numerics" \
+  '[ $rc -eq 0 ] && grep -q "3 fixtures, 3 pass, 0 fail" "$work/out" && grep -q "patches \[numerics.official\]" "$work/out" &&
+   grep -q "patches \[numerics.official_initial\]" "$work/out"'
 
 mkdir -p "$work/empty/sub"
 run "$work/empty"
