@@ -193,15 +193,21 @@ TEST_F(GpuTest, ChunkingDoesNotChangeLogits) {
 // match the CPU reference of the same tied model, and differ from the untied model's (the fixture's own
 // head.weight, which a tied load ignores). swa-hash: no indexer, whose exact score ties on tiny's 2 index heads
 // let the two backends select differently (session 59's first form of this test, on tiny: 9.5e-2 at one logit).
-TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
-  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash";
-  plumb_test::TempDir tmp;
-  const fs::path dir = tmp.file("tied");
+// A model folder in tmp: the fixture src's weights with one config.json field set to `value`.
+fs::path with_config_field(const plumb_test::TempDir& tmp, const fs::path& src, const std::string& field, const nlohmann::json& value) {
+  const fs::path dir = tmp.file(field);
   fs::create_directories(dir);
   fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
   nlohmann::json j = nlohmann::json::parse(std::ifstream(src / "config.json"));
-  j["tie_word_embeddings"] = true;
+  j[field] = value;
   std::ofstream(dir / "config.json") << j.dump(2);
+  return dir;
+}
+
+TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
+  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash";
+  plumb_test::TempDir tmp;
+  const fs::path dir = with_config_field(tmp, src, "tie_word_embeddings", true);
   auto cpu = plumb::Model::load(dir.string());
   auto gpu = plumb::Model::load(dir.string(), {}, {}, "cuda");
   auto untied = plumb::Model::load(src.string(), {}, {}, "cuda");
@@ -216,14 +222,8 @@ TEST_F(GpuTest, TiedHeadIsTheEmbedding) {
 // A hidden_act other than SiLU (transformers' GELU, ...) runs on the CPU reference only: the GPU refuses it at load,
 // naming the field, in the default numerics; under numerics.official (SiLU whatever the config says) it loads.
 TEST_F(GpuTest, OtherHiddenActIsRefusedByName) {
-  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash";
   plumb_test::TempDir tmp;
-  const fs::path dir = tmp.file("gelu");
-  fs::create_directories(dir);
-  fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
-  nlohmann::json j = nlohmann::json::parse(std::ifstream(src / "config.json"));
-  j["hidden_act"] = "gelu";
-  std::ofstream(dir / "config.json") << j.dump(2);
+  const fs::path dir = with_config_field(tmp, fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash", "hidden_act", "gelu");
   try {
     plumb::Model::load(dir.string(), {}, {}, "cuda");
     ADD_FAILURE() << "hidden_act gelu loaded on the GPU";
