@@ -192,8 +192,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& src) {
   c.eos_token = r.token_id("eos_token_id", 1);
 
   // num_key_value_heads is not read: V4's attention is one shared K=V head whatever it says (transformers' V4
-  // ignores it too). Biases on the shared expert (transformers' mlp_bias) are not in V4 checkpoints.
-  PLUMB_CHECK(!r.boolean("mlp_bias", false), "{}: mlp_bias true (biases on the shared expert) is not supported", src);
+  // ignores it too).
+  c.mlp_bias = r.boolean("mlp_bias", false);
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
   // hidden_act as transformers' ACT2FN reads it ("silu" and "swish" are the same SiLU; "gelu_new" and
   // "gelu_pytorch_tanh" the same tanh form); the official code has SiLU only (expert_activation, experts.h).

@@ -46,6 +46,9 @@ struct ModelConfig {
   bool tie_embeddings = false;  // tie_word_embeddings: the LM head is the embedding matrix
   double swiglu_limit = 0;  // as config.json gives it; what it means per numerics mode: swiglu_clamp_limit (experts.h)
   ExpertAct act = ExpertAct::Silu;  // hidden_act; what it means per numerics mode: expert_activation (experts.h)
+  // mlp_bias: transformers' shared MLP with biases on its three projections (ffn.shared_experts.w{1,2,3}.bias; no V4
+  // checkpoint has them). The official code has none: expert_ffn leaves them out under numerics.official.
+  bool mlp_bias = false;
   int hc_mult = 0, hc_sinkhorn_iters = 0;
   double hc_eps = 1e-6, rms_eps = 1e-6;
   int index_heads = 0, index_head_dim = 0, index_topk = 0;

@@ -14,16 +14,24 @@ Tensor expert_ffn(const ExpertWeights& e, double limit, const Tensor& x, const N
   const int64_t n = x.dim(0), I = g.dim(1);
   const float L = float(limit);
   const bool clamp = limit != kSwigluNoClamp;
+  const bool bias = !e.b1.data.empty() && !nm.official();  // (F.linear's: the product in fp32, then + b)
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < I; ++i) {
       float gv = g[t * I + i], uv = u[t * I + i];
+      if (bias) gv += e.b1[i], uv += e.b3[i];
       if (clamp) {  // gate: upper bound only; up: both sides, torch's order (std::clamp is undefined for L < 0)
         gv = std::min(gv, L);
         uv = std::min(std::max(uv, -L), L);
       }
       g[t * I + i] = nm.act(ops::expert_act(act, gv) * uv * (pre_scale ? pre_scale[t] : 1.0f));
     }
-  return nm.proj(g, e.w2);
+  Tensor y = nm.proj(g, e.w2);
+  if (bias) {
+    const int64_t D = y.dim(1);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t d = 0; d < D; ++d) y[t * D + d] += e.b2[d];
+  }
+  return y;
 }
 
 RouterOptions router_options(const ModelOptions& o) {

@@ -11,6 +11,8 @@
 namespace plumb {
 
 // y = W2( act(min(W1 x, L)) * min(max(W3 x, -L), L) ) for the rows of x (torch's clamp order: for L < 0 up is L);
+// with e's biases (mlp_bias: W1 x + b1 and W3 x + b3 before the clamps, + b2 after W2; left out under the official
+// numerics, whose code has none).
 // L = kSwigluNoClamp: no clamp; act SiLU unless a config's hidden_act says otherwise (expert_activation). `pre_scale`
 // (per row, optional) multiplies the activation before W2 (the official code's order). Official numerics: FP8/FP4
 // GEMMs with bf16 outputs, SwiGLU in fp32, the W2 input rounded to bf16.

@@ -84,7 +84,13 @@ std::unique_ptr<ExpertWeights> shared_expert(const Checkpoint& ck, const std::st
   if (!w1 && c.n_shared == 0) return nullptr;
   const int64_t inter = w1 && w1->shape.size() == 2 ? w1->shape[0] : c.moe_inter;
   PLUMB_CHECK(inter > 0, "tensor {}.w1.weight in {} has no rows", p, w1 ? w1->file : std::string());
-  return std::make_unique<ExpertWeights>(expert(ck, p, c, inter));
+  auto e = std::make_unique<ExpertWeights>(expert(ck, p, c, inter));
+  if (c.mlp_bias) {  // transformers' nn.Linear biases of the shared MLP
+    e->b1 = small(ck, p + ".w1.bias", {inter});
+    e->b2 = small(ck, p + ".w2.bias", {c.hidden});
+    e->b3 = small(ck, p + ".w3.bias", {inter});
+  }
+  return e;
 }
 
 }  // namespace

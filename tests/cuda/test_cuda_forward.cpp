@@ -233,6 +233,22 @@ TEST_F(GpuTest, OtherHiddenActIsRefusedByName) {
   EXPECT_NO_THROW(plumb::Model::load(dir.string(), plumb::parse_patches("numerics.official").options, {}, "cuda"));
 }
 
+// mlp_bias (transformers' biases on the shared MLP) likewise: refused on the GPU by name, loaded under the official
+// numerics (which leave the biases out, as the official code has none).
+TEST_F(GpuTest, MlpBiasIsRefusedByName) {
+  plumb_test::TempDir tmp;
+  const std::string src = (fs::path(PLUMB_TEST_DATA) / "golden" / "swa-hash").string();
+  plumb_test::write_with_shared_biases(src, tmp, std::vector<float>(size_t(plumb::Model::load(src)->config().hidden), 0.5f));
+  EXPECT_NO_THROW(plumb::Model::load(tmp.path().string()));  // the CPU reference takes it
+  try {
+    plumb::Model::load(tmp.path().string(), {}, {}, "cuda");
+    ADD_FAILURE() << "mlp_bias loaded on the GPU";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mlp_bias"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(plumb::Model::load(tmp.path().string(), plumb::parse_patches("numerics.official").options, {}, "cuda"));
+}
+
 // cuda.graph replays captured steps: the logits must be bit-identical to eager launches on every step, across
 // a prefill, hundreds of decode steps (compressor windows completing, the window ring wrapping, the entry buffers
 // outgrowing their first capacity of 64 so the graph is captured again) and chunks of another size in between.

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,6 +84,33 @@ inline plumb::Checkpoint write_checkpoint(const TempDir& dir, const std::vector<
   const std::string path = dir.file(name);
   plumb::write_safetensors(path, tensors);
   return plumb::Checkpoint::open(path);
+}
+
+// A model folder in `dir`: fixture `src`'s weights with biases added to every shared expert (transformers' mlp_bias:
+// b1 = b3 = 0 [I], b2 = `b2` [D]) and its config.json with mlp_bias true.
+inline void write_with_shared_biases(const std::string& src, const TempDir& dir, const std::vector<float>& b2) {
+  const plumb::Checkpoint ck = plumb::Checkpoint::open(src);
+  auto bytes = [](const std::vector<float>& v) {
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  std::vector<plumb::OwnedTensor> ts;
+  for (const auto& name : ck.names()) {
+    const auto& v = ck.get(name);
+    ts.push_back(plumb::OwnedTensor{name, v.dtype, v.shape, std::vector<uint8_t>(v.data, v.data + v.nbytes)});
+    if (name.ends_with("ffn.shared_experts.w1.weight")) {
+      const std::string p = name.substr(0, name.size() - std::string("w1.weight").size());
+      const std::vector<float> zero(size_t(v.shape[0]), 0.0f);
+      ts.push_back(raw(p + "w1.bias", plumb::DType::F32, {v.shape[0]}, bytes(zero)));
+      ts.push_back(raw(p + "w3.bias", plumb::DType::F32, {v.shape[0]}, bytes(zero)));
+      ts.push_back(raw(p + "w2.bias", plumb::DType::F32, {int64_t(b2.size())}, bytes(b2)));
+    }
+  }
+  plumb::write_safetensors(dir.file("model.safetensors"), ts);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(fs::path(src) / "config.json"));
+  j["mlp_bias"] = true;
+  std::ofstream(dir.file("config.json")) << j.dump(2);
 }
 
 // ---- naive double-precision formulas ----

@@ -207,8 +207,8 @@ TEST(ModelConfigParse, MismatchedCompressRatiosAreRefused) {
 // Fields transformers' DeepseekV4 does not read are not read here either: num_key_value_heads (one shared K=V head
 // regardless), n_group / topk_group (V4 routes over all experts: DeepSeek-V3's grouped selection on V4 is pitfall
 // P-R4), n_shared_experts (one shared expert whenever its tensors are there), a qk_rope_head_dim beside
-// partial_rotary_factor (the factor wins). mlp_bias true (biases V4 checkpoints do not have) is refused; hidden_act is
-// read as transformers' ACT2FN reads it (SiLU, GELU, GELU's tanh form, ReLU; another activation is refused).
+// partial_rotary_factor (the factor wins). mlp_bias and hidden_act are read as transformers reads them (the shared
+// MLP's biases; SiLU, GELU, GELU's tanh form, ReLU; another activation is refused).
 TEST(ModelConfigParse, FieldsTransformersIgnoresAreIgnored) {
   const ModelConfig base = ModelConfig::from_json(current_config(), "cfg");
   json j = current_config();
@@ -227,8 +227,8 @@ TEST(ModelConfigParse, FieldsTransformersIgnoresAreIgnored) {
   j["n_group"] = 3;  // no longer checked against the 8 experts
   EXPECT_EQ(ModelConfig::from_json(j, "cfg").n_group, 1);
   j = current_config();
-  j["mlp_bias"] = true;
-  expect_refused(j, {"mlp_bias"}, "biases on the shared expert");
+  j["mlp_bias"] = true;  // read (the shared MLP's biases then must be in the checkpoint)
+  EXPECT_TRUE(ModelConfig::from_json(j, "cfg").mlp_bias);
   j["mlp_bias"] = false;
   // hidden_act as transformers' ACT2FN reads it: two spellings of SiLU, two of GELU's tanh form.
   const std::pair<const char*, plumb::ExpertAct> acts[] = {
@@ -407,6 +407,14 @@ TEST(ModelConfigFields, IgnoredFieldsKeepTheFixturePassing) {
     plumb::tools::VerifyGoldenOptions o;
     o.dir = dir.string(), o.quiet = true;
     EXPECT_EQ(plumb::tools::verify_golden(o), 0) << name;
+  }
+  // mlp_bias true: the shared MLP's biases must be in the checkpoint, and the first missing one is named.
+  with([](json& j) { j["mlp_bias"] = true; });
+  try {
+    plumb::Model::load(dir.string());
+    ADD_FAILURE() << "mlp_bias true loaded a checkpoint without the shared MLP's biases";
+  } catch (const plumb::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("layers.0.ffn.shared_experts.w1.bias")) << e.what();
   }
   with([](json& j) { j["tie_word_embeddings"] = true; });
   const auto m = plumb::Model::load(dir.string());

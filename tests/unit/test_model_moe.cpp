@@ -301,6 +301,26 @@ TEST_F(ModelExpert, HiddenActReplacesSiluBeforeTheProduct) {
   EXPECT_GT(std::fabs(gelu(-3.0) - gelu_tanh(-3.0)) * 2.0, 1e-4);
 }
 
+// mlp_bias (transformers' shared MLP): W1 x + b1 and W3 x + b3 before the clamps, + b2 after W2; the official
+// numerics leave them out (the official code has none). x = [3, -3], b1 = [-0.5, 1], b3 = [1, -4], b2 = [0.25, -1],
+// L = 2: gate [2.5, -2] -> [2, -2], up [7, -7] -> [2, -2].
+TEST_F(ModelExpert, MlpBiasesGoBeforeTheClampsAndAfterW2) {
+  plumb::ExpertWeights e = e_;
+  e.b1 = Tensor({2}, std::vector<float>{-0.5f, 1.0f});
+  e.b3 = Tensor({2}, std::vector<float>{1.0f, -4.0f});
+  e.b2 = Tensor({2}, std::vector<float>{0.25f, -1.0f});
+  const Tensor x({1, 2}, std::vector<float>{3.0f, -3.0f});
+  const Tensor y = plumb::expert_ffn(e, 2.0, x, nm_);
+  using plumb_test::silu_d;
+  EXPECT_NEAR(y[0], silu_d(2.0) * 2.0 + 0.25, 1e-6);
+  EXPECT_NEAR(y[1], silu_d(-2.0) * -2.0 - 1.0, 1e-6);
+  // Biases after the clamps instead would give gate [1.5, -2], up [3, -6]: other values.
+  EXPECT_GT(std::fabs(y[0] - (silu_d(1.5) * 3.0 + 0.25)), 1e-3);
+  const plumb::Numerics official{plumb::parse_patches("numerics.official").options};
+  const Tensor yo = plumb::expert_ffn(e, 2.0, x, official), yn = plumb::expert_ffn(e_, 2.0, x, official);
+  EXPECT_EQ(yo.data, yn.data) << "the official numerics applied the biases";
+}
+
 // hidden_act per numerics mode: transformers applies it, the official code has SiLU only.
 TEST(ModelExpertLimit, HiddenActPerNumerics) {
   plumb::ModelConfig c;

@@ -12,8 +12,11 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model/weights.h"
+#include "patches/registry.h"
 #include "model_test_util.h"
+#include "tools/golden_fixture.h"
 
 namespace {
 
@@ -247,6 +250,36 @@ TEST_F(ModelWeightsFixture, Tid2eidOutOfRangeAndInt32Tables) {
   const auto b = plumb::ModelWeights::bind(src_, cfg_);
   EXPECT_EQ(a.layers[0].moe.tid2eid.data, b.layers[0].moe.tid2eid.data);
   EXPECT_EQ(a.layers[1].moe.tid2eid.data, b.layers[1].moe.tid2eid.data);
+}
+
+// mlp_bias (transformers' shared MLP with biases): the tiny model with every layer's shared-expert biases added, b1 =
+// b3 = 0 and b2 a pattern, under a config with mlp_bias true: the biases bind and the first layer's shared output
+// is the bias-free model's plus b2, bit for bit (layer 0's FFN input is the same in both); numerics.official (no
+// biases in the official code) gives the bias-free model's logits exactly.
+TEST_F(ModelWeightsFixture, MlpBiasesBindAndShiftTheSharedOutput) {
+  const int64_t D = cfg_.hidden;
+  std::vector<float> b2(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) b2[size_t(d)] = 0.125f * float(d % 7) - 0.375f;
+  const std::string src = std::string(PLUMB_TEST_DATA) + "/golden/tiny";
+  plumb_test::write_with_shared_biases(src, dir_, b2);
+
+  const auto biased = plumb::Model::load(dir_.path().string()), plain = plumb::Model::load(src);
+  const std::vector<int32_t> toks = {1, 5, 9, 2, 7};
+  auto run = [&](const plumb::Model& m, plumb::TapRecorder& rec) {
+    auto st = m.new_state();
+    return m.forward(st, toks, &rec);
+  };
+  plumb::TapRecorder rb({"L0.ffn.shared"}), rp({"L0.ffn.shared"});
+  const auto lb = run(*biased, rb), lp = run(*plain, rp);
+  ASSERT_TRUE(rb.f32.count("L0.ffn.shared") && rp.f32.count("L0.ffn.shared"));
+  const auto &sb = rb.f32["L0.ffn.shared"], &sp = rp.f32["L0.ffn.shared"];
+  ASSERT_EQ(sb.shape, sp.shape);
+  for (int64_t i = 0; i < sb.numel(); ++i) ASSERT_EQ(sb[i], sp[i] + b2[size_t(i % D)]) << "element " << i;
+  EXPECT_NE(lb.data, lp.data) << "the biases changed nothing downstream";
+  const auto off = plumb::parse_patches("numerics.official").options;
+  const auto bo = plumb::Model::load(dir_.path().string(), off), po = plumb::Model::load(src, off);
+  plumb::TapRecorder r1({"none"}), r2({"none"});
+  EXPECT_EQ(run(*bo, r1).data, run(*po, r2).data) << "numerics.official applied the biases";
 }
 
 }  // namespace

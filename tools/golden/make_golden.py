@@ -418,6 +418,8 @@ variant("v-max-pos-small", 1043, "max_position_embeddings 32, run to position 49
         max_position_embeddings=32)
 variant("v-gelu", 1044, "hidden_act gelu (transformers' ACT2FN; the official code has SiLU only)", hidden_act="gelu")
 variant("v-gelu-tanh", 1045, "hidden_act gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh")
+variant("v-mlp-bias", 1046, "mlp_bias true (biases on the shared MLP's three projections; no V4 checkpoint has them)",
+        mlp_bias=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,6 +646,8 @@ def init_weights(model, cfg, gen):
                 new = 0.5 * randn(*shape)
             elif name.endswith("_hc.scale") or name.endswith("hc_head.hc_scale"):
                 new = 1.0 + 0.2 * randn(*shape)
+            elif re.search(r"mlp\.shared_experts\.(gate|up|down)_proj\.bias$", name):  # mlp_bias
+                new = 0.5 * randn(*shape)
             elif name.endswith("mlp.gate.e_score_correction_bias"):
                 new = 0.25 * randn(*shape)
             elif name.endswith("mlp.gate.tid2eid"):
@@ -703,6 +707,9 @@ LAYER_MAP = {
     "mlp.shared_experts.gate_proj.weight": "ffn.shared_experts.w1.weight",
     "mlp.shared_experts.up_proj.weight": "ffn.shared_experts.w3.weight",
     "mlp.shared_experts.down_proj.weight": "ffn.shared_experts.w2.weight",
+    "mlp.shared_experts.gate_proj.bias": "ffn.shared_experts.w1.bias",  # mlp_bias only
+    "mlp.shared_experts.up_proj.bias": "ffn.shared_experts.w3.bias",
+    "mlp.shared_experts.down_proj.bias": "ffn.shared_experts.w2.bias",
 }
 TOP_MAP = {
     "model.embed_tokens.weight": "embed.weight",
@@ -765,6 +772,7 @@ OFFICIAL_KIND = [
     (re.compile(r"^layers\.\d+\.attn\.attn_sink$"), "f32"),
     (re.compile(r"^layers\.\d+\.attn\.(indexer\.)?compressor\.ape$"), "f32"),
     (re.compile(r"^layers\.\d+\.ffn\.gate\.bias$"), "f32"),
+    (re.compile(r"^layers\.\d+\.ffn\.shared_experts\.w[123]\.bias$"), "f32"),  # (mlp_bias: not in V4's format)
     (re.compile(r"^layers\.\d+\.ffn\.gate\.tid2eid$"), "i32"),
     (re.compile(r"^(embed|head|norm)\.weight$"), "bf16"),
     (re.compile(r"^layers\.\d+\.(attn_norm|ffn_norm)\.weight$"), "bf16"),
@@ -1033,8 +1041,10 @@ class Recorder:
             x = args[0]
             lim = float(mod.limit)
             need(lim == float(self.cfg.swiglu_limit), f"L{i}: shared limit {lim}")
-            gate = F.linear(x.float(), mod.gate_proj.weight.float())
-            up = F.linear(x.float(), mod.up_proj.weight.float())
+            def bias(lin):
+                return None if lin.bias is None else lin.bias.float()
+            gate = F.linear(x.float(), mod.gate_proj.weight.float(), bias(mod.gate_proj))
+            up = F.linear(x.float(), mod.up_proj.weight.float(), bias(mod.up_proj))
             s = self.stats
             s["shared_gate_hi"] += int((gate > lim).sum())
             s["shared_up_hi"] += int((up > lim).sum())
