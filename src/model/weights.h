@@ -74,7 +74,7 @@ struct AttentionWeights {
 
 struct ExpertWeights {
   Matrix w1, w2, w3;  // gate [I, D], down [D, I], up [I, D]
-  Tensor b1, b2, b3;  // their biases [I], [D], [I]: the shared MLP under mlp_bias only, else empty
+  Tensor b1{}, b2{}, b3{};  // their biases [I], [D], [I]: the shared MLP under mlp_bias only, else empty
 };
 
 struct MoeWeights {
