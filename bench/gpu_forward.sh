@@ -71,6 +71,10 @@ if [ -n "${GEN_VARIANTS:-}" ]; then
   cp "$OUT/variants.log" /tmp/variants/ 2>/dev/null
   tar -C /tmp -cf "$OUT/variants.tar" variants
   for d in /tmp/variants/*/; do [ -f "$d/golden.json" ] && extra="$extra $d"; done
+  # The CPU reference on every variant here too (16 cores; the tar may be too large to bring back): one summary,
+  # each fixture in its own numerics (official-format variants are still transformers' goldens: the reference).
+  timeout 300 "$C/plumb" verify-golden -q --patches numerics.fixture /tmp/variants >"$OUT/variants-cpu.txt" 2>&1
+  note "variants on the CPU reference rc=$?: $(grep '^verify-golden: [0-9]* fixtures' "$OUT/variants-cpu.txt")"
   src=$(python3 -c "import os, transformers.models.deepseek_v4 as m; print(os.path.dirname(m.__file__))" 2>/dev/null)
   [ -n "$src" ] && tar -C "$src" -cf "$OUT/transformers-v4.tar" .
 fi
