@@ -418,6 +418,8 @@ variant("v-max-pos-small", 1043, "max_position_embeddings 32, run to position 49
         max_position_embeddings=32)
 variant("v-gelu", 1044, "hidden_act gelu (transformers' ACT2FN; the official code has SiLU only)", hidden_act="gelu")
 variant("v-gelu-tanh", 1045, "hidden_act gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh")
+variant("v-decode-first", 1047, "decodes from position 0 (no prompt), then a 9-token chunk and decodes",
+        schedule=[D] * 20 + [P(9)] + [D] * 3)
 variant("v-mlp-bias", 1046, "mlp_bias true (biases on the shared MLP's three projections; no V4 checkpoint has them)",
         mlp_bias=True)
 
