@@ -501,8 +501,9 @@ void fwd_attend(const AttendArgs& a, Stream s) {
     return;
   }
   if (a.stage_keys < 0 || a.stage_keys % kAttnRound || a.stage_keys > kAttnMaxStage)
-    throw_arg("attention: stage_keys " + std::to_string(a.stage_keys) + " is not a multiple of 16 in [0, " + std::to_string(kAttnMaxStage) + "]");
-  AttendArgs b = a;
+    throw_arg("attention: stage_keys " + std::to_string(a.stage_keys) + " is not a multiple of 16 in [0, " +
+              std::to_string(kAttnMaxStage) + "]");
+  AttendArgs b = a;  // (0: the query's keys, whole rounds, at most kAttnMaxStage)
   if (b.stage_keys == 0) b.stage_keys = std::min(kAttnMaxStage, std::max(kAttnRound, (a.ld_logits + kAttnRound - 1) / kAttnRound * kAttnRound));
   const size_t smem = size_t(b.stage_keys) * (sizeof(float*) + sizeof(float));
   if (smem > 48 * 1024) {

@@ -142,7 +142,8 @@ class GpuForward : public DeviceForward {
     PLUMB_CHECK(expert_activation(c, nm_.official()) == ExpertAct::Silu,
                 "backend cuda: hidden_act {} is not supported on the GPU (its expert kernels apply SiLU); use --backend cpu",
                 expert_act_name(c.act));
-    PLUMB_CHECK(!c.mlp_bias || nm_.official(), "backend cuda: mlp_bias (biases on the shared MLP) is not supported on the GPU; use --backend cpu");
+    PLUMB_CHECK(!c.mlp_bias || nm_.official(),
+                "backend cuda: mlp_bias (biases on the shared MLP) is not supported on the GPU; use --backend cpu");
     g_.embed = upload_matrix(w.embed);
     // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
     if (c.tie_embeddings) g_.head.d = g_.embed.d;
