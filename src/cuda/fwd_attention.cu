@@ -493,6 +493,10 @@ void fwd_attend(const AttendArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.out_inv_freq) throw_arg("attention: the fused output rotation (AttendArgs::out_inv_freq) is split-K only");
   if (a.ld_logits < a.window + (a.type == 2 ? a.ne : a.type == 1 ? a.ksel : 0)) throw_arg("attention: logits scratch too narrow");
+  // Checked before the first launch: a refused call must leave nothing in flight (nor half a captured graph).
+  if (!a.official && (a.stage_keys < 0 || a.stage_keys % kAttnRound || a.stage_keys > kAttnMaxStage))
+    throw_arg("attention: stage_keys " + std::to_string(a.stage_keys) + " is not a multiple of 16 in [0, " +
+              std::to_string(kAttnMaxStage) + "]");
   const unsigned rows = unsigned(a.n * a.Hq);
   launch("fwd_attend_logits", attend_logits_kernel, dim3(rows, kAttnSplit), 256, 0, s, a);
   if (a.official) {
@@ -500,9 +504,6 @@ void fwd_attend(const AttendArgs& a, Stream s) {
            0, s, a);
     return;
   }
-  if (a.stage_keys < 0 || a.stage_keys % kAttnRound || a.stage_keys > kAttnMaxStage)
-    throw_arg("attention: stage_keys " + std::to_string(a.stage_keys) + " is not a multiple of 16 in [0, " +
-              std::to_string(kAttnMaxStage) + "]");
   AttendArgs b = a;  // (0: the query's keys, whole rounds, at most kAttnMaxStage)
   if (b.stage_keys == 0) b.stage_keys = std::min(kAttnMaxStage, std::max(kAttnRound, (a.ld_logits + kAttnRound - 1) / kAttnRound * kAttnRound));
   const size_t smem = size_t(b.stage_keys) * (sizeof(float*) + sizeof(float));

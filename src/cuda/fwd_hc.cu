@@ -633,7 +633,8 @@ void with_hc_mult(int H, F f) {
     case 5: f(std::integral_constant<int, 5>{}); break;
     case 6: f(std::integral_constant<int, 6>{}); break;
     case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    default: throw_arg("hc: hc_mult " + std::to_string(H) + " is not in 1..8");
   }
 }
 

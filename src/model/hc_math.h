@@ -70,7 +70,7 @@ PLUMB_HD inline void weights_h(const float* mix, const float* scale, const float
   for (int i = 0; i < H * H; ++i) comb[i] = C[i];
 }
 
-// H = hc_mult, 1 to 8 (the config loader refuses others; the GPU forward takes up to 6).
+// H = hc_mult, 1 to 8 (the config loader refuses others; the GPU's kernels are instantiated for the same range).
 PLUMB_HD inline void weights(const float* mix, const float* scale, const float* base, int H, float eps, int iters, float* pre,
                              float* post, float* comb) {
   switch (H) {

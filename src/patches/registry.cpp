@@ -330,6 +330,14 @@ std::vector<Patch> make_registry() {
                // (plumb diff), logits within 1e-6 on the GPU (tests/unit/indexer_skip_check.h, both backends).
                // The tolerance is the reference's.
                {kRefTol, kRefTol, kRefTol}, false, [](ModelOptions& o) { o.indexer_skip_short = true; }});
+  // The default numerics, named: verify-golden otherwise runs each golden in its own numerics (numerics.fixture), so
+  // this is how the fp32 reference is run on a golden of DeepSeek's official code (to see the gap between the two).
+  r.push_back({"numerics.reference", "nothing (the default numerics)",
+               "the fp32 reference: fp32 activations and weights dequantized exactly, the config read as transformers "
+               "reads it (swiglu_limit, hidden_act, mlp_bias, YaRN's attention factor); what runs when no numerics "
+               "mode is named",
+               "none: it is the reference every other patch is measured against",
+               {kRefTol, kRefTol, kRefTol}, false, [](ModelOptions&) {}, true});
   r.push_back({"numerics.official", "all ops: fp32 reference numerics",
                "DeepSeek's inference code numerics: bf16 activations, FP8 E4M3 activation quantization (128-blocks, "
                "pow2 scales) before FP8/FP4 GEMMs, FP8 simulation of KV nope dims, indexer Hadamard + FP4 simulation",
@@ -466,6 +474,9 @@ PatchSet parse_patches(const std::string& list) {
   }
   PLUMB_CHECK(!(seen.count("numerics.official") && seen.count("numerics.official_initial")),
               "numerics.official and numerics.official_initial are two revisions of the same code: choose one");
+  PLUMB_CHECK(!(seen.count("numerics.reference") && (seen.count("numerics.official") || seen.count("numerics.official_initial"))),
+              "numerics.reference and {} are two numerics modes: choose one",
+              seen.count("numerics.official") ? "numerics.official" : "numerics.official_initial");
   PLUMB_CHECK(!(seen.count("moe.rsf_on_output") && seen.count("moe.rsf_in_topk")),
               "moe.rsf_in_topk and moe.rsf_on_output are two placements of the same factor: choose one");
   return ps;

@@ -43,8 +43,8 @@ struct PatchPreset {
 const std::vector<PatchPreset>& patch_presets();
 const PatchPreset* find_preset(const std::string& name);
 // verify-golden's stand-in for a numerics mode: each fixture's own (numerics.official, or numerics.official_initial
-// for the release-day revision, where DeepSeek's official code computed the golden; the reference otherwise). Every
-// other command refuses it by name.
+// for the release-day revision, where DeepSeek's official code computed the golden; numerics.reference otherwise),
+// which verify-golden also takes when --patches names no numerics mode. Every other command refuses it by name.
 inline constexpr const char* kFixtureNumerics = "numerics.fixture";
 // "a,b,P" with each preset P replaced by its patches: names in order, each kept once where it first comes (a patch
 // also in a preset, or in two presets, is one patch); a name written twice is an Error, as is an unknown one.

@@ -93,17 +93,26 @@ std::vector<std::string> dependents_of(const std::string& index_tap) {
   return {};
 }
 
-// --patches with numerics.fixture (kFixtureNumerics) replaced by the fixture's own numerics mode: the official code's
-// revision its reference string names, or none (the fp32 reference) for any other golden.
-std::string with_fixture_numerics(const std::string& patches, const GoldenFixture& fx) {
-  const bool official = fx.reference.find("official inference") != std::string::npos;
-  const std::string mode = !official ? "" : fx.reference.find("initial revision") != std::string::npos ? "numerics.official_initial" : "numerics.official";
+// The fixture's own numerics mode: the official code's revision its reference string names, or numerics.reference
+// (the fp32 reference) for any other golden.
+std::string fixture_numerics(const GoldenFixture& fx) {
+  if (fx.reference.find("official inference") == std::string::npos) return "numerics.reference";
+  return fx.reference.find("initial revision") != std::string::npos ? "numerics.official_initial" : "numerics.official";
+}
+
+// --patches as verify-golden runs them: numerics.fixture (kFixtureNumerics) replaced by the fixture's own numerics
+// mode, which is also put first when the list names no numerics mode: a golden is checked in the numerics of the code
+// that computed it unless told otherwise (numerics.reference runs the fp32 reference on an official-code golden).
+// `implied` is set when the mode was added, not named.
+std::string with_fixture_numerics(const std::string& patches, const GoldenFixture& fx, bool& implied) {
+  const std::string mode = fixture_numerics(fx);
   std::string out;
-  for (const auto& name : split_list(patches)) {
-    const std::string n = name == kFixtureNumerics ? mode : name;
-    if (!n.empty()) out += (out.empty() ? "" : ",") + n;
-  }
-  return out;
+  for (const auto& name : split_list(patches)) out += (out.empty() ? "" : ",") + (name == kFixtureNumerics ? mode : name);
+  implied = false;
+  for (const auto& n : expand_patch_list(out))  // presets expanded: a numerics mode inside one counts
+    if (const Patch* p = find_patch(n); p && p->numerics_mode) return out;
+  implied = true;
+  return out.empty() ? mode : mode + "," + out;
 }
 
 std::string selection_scores_of(const std::string& index_tap) {
@@ -118,7 +127,8 @@ int verify_golden(const VerifyGoldenOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
   PLUMB_CHECK(opt.mode == "auto" || opt.mode == "free" || opt.mode == "forced", "unknown mode '{}' (auto, free, forced)", opt.mode);
   const auto fx = GoldenFixture::load(opt.dir);
-  const PatchSet ps = parse_patches(with_fixture_numerics(opt.patches, fx));
+  bool implied_numerics = false;
+  const PatchSet ps = parse_patches(with_fixture_numerics(opt.patches, fx, implied_numerics));
   const auto model = Model::load(opt.dir, ps.options, {}, opt.backend);
   const bool approximate = ps.tolerance_fp32() > 1e-4;  // an approximate patch: its errors compound when free running
   // The GPU resolves exactly equal top-k scores to the lower index (PyTorch's CUDA order), the fixtures come from
@@ -132,11 +142,17 @@ int verify_golden(const VerifyGoldenOptions& opt) {
   const double tie_eps = std::max(kTieEps, ps.tolerance_fp32() > 1e-4 ? tol : kTieEps);
   fmt::print("fixture  {}\nreference {}\nmodel    {}\nbackend  {} ({}), patches [{}], tolerance {:g} x max(1, max|ref|)\n",
              opt.dir, fx.reference, model->config().summary(), opt.backend,
-             gpu ? "every op on the GPU, fp32, top-k ties to the lower index" : "fp32 reference", ps.names(), tol);
+             gpu                      ? "every op on the GPU, fp32, top-k ties to the lower index"
+             : ps.numerics_official() ? "the CPU in the official code's roundings"
+                                      : "fp32 reference",
+             ps.names(), tol);
   fmt::print("mode     {}\n", forced ? "teacher forcing: each sublayer is fed the fixture's inputs, each tap shows its op's "
                                        "local error (--mode free runs on the engine's own outputs)"
                                      : "free running: the engine runs on its own outputs");
   const bool official_golden = fx.reference.find("official inference") != std::string::npos;
+  if (implied_numerics)
+    fmt::print("numerics {}, the fixture's own ({}; name a numerics mode in --patches to choose another)\n",
+               fixture_numerics(fx), official_golden ? "DeepSeek's official code computed it" : "an fp32 reference computed it");
   if (official_golden != ps.numerics_official())
     fmt::print("note     this fixture was computed by {}, the engine runs {} numerics: expect the gap between the two "
                "numerics, not an engine error (compare them with plumb kld)\n",

@@ -71,5 +71,9 @@ expect "unknown patch" "unknown patch" "$plumb" verify-golden --patches moe.none
 fresh
 expect "numerics.fixture outside verify-golden" "numerics.fixture is verify-golden's" "$plumb" diff --a numerics.fixture --fixture "$work/fx"
 
+fresh
+expect "two numerics modes" "numerics.reference and numerics.official are two numerics modes: choose one" \
+  "$plumb" verify-golden --patches numerics.reference,numerics.official "$work/fx"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -2,7 +2,7 @@
 # `plumb verify-golden` over several fixtures: folders named one by one or through a root whose subfolders hold
 # them (a folder without golden.json there is skipped); a summary line with the counts, every fixture that failed
 # or could not be loaded named, exit 0 only when all pass; a folder with no fixture at all is one clear error;
-# `--patches numerics.fixture` runs each fixture in its own numerics.
+# each fixture runs in its own numerics unless `--patches` names a numerics mode (`numerics.fixture` says so).
 # Usage: verify_many.sh PLUMB_BINARY GOLDEN_DIR (tests/data/golden)
 set -u
 plumb=$1
@@ -48,11 +48,20 @@ check "a fault fails every fixture, each named" \
   '[ $rc -eq 1 ] && grep -q "2 fixtures, 0 pass, 2 fail, 0 could not run (patches \[fault.rsf_twice\])" "$work/out" &&
    [ "$(grep -c "^  FAIL   " "$work/out")" -eq 2 ]'
 
-# numerics.fixture: each fixture in its own numerics, so an official-code golden passes beside a transformers one
-# (in the reference numerics the official one fails: the gap between the two numerics).
+# Each fixture in its own numerics unless --patches names a numerics mode: an official-code golden passes beside a
+# transformers one; in the reference numerics (numerics.reference) the official one fails: the gap between the two.
 run "$golden/tiny" "$golden/tiny-official-ref"
+check "no numerics named: each fixture's own, said in its header" \
+  '[ $rc -eq 0 ] && grep -q "2 fixtures, 2 pass, 0 fail" "$work/out" &&
+   grep -q "^numerics numerics.official, the fixture.s own (DeepSeek.s official code computed it" "$work/out" &&
+   grep -q "^numerics numerics.reference, the fixture.s own (an fp32 reference computed it" "$work/out"'
+run --patches numerics.reference "$golden/tiny" "$golden/tiny-official-ref"
 check "official-code golden in the reference numerics: fails, named" \
-  '[ $rc -eq 1 ] && grep -q "2 fixtures, 1 pass, 1 fail" "$work/out" && grep -q "FAIL   .*tiny-official-ref" "$work/out"'
+  '[ $rc -eq 1 ] && grep -q "2 fixtures, 1 pass, 1 fail" "$work/out" && grep -q "FAIL   .*tiny-official-ref" "$work/out" &&
+   ! grep -q "^numerics " "$work/out"'
+run --patches fault.rsf_twice "$golden/tiny-official-ref"
+check "a patch without a numerics mode runs in the fixture's numerics (a fault still fails there)" \
+  '[ $rc -eq 1 ] && grep -q "patches \[numerics.official,fault.rsf_twice\]" "$work/out"'
 run --patches numerics.fixture "$golden/tiny" "$golden/tiny-official-ref" "$golden/tiny-official-initial-ref"
 check "numerics.fixture: each in its own numerics" \
   '[ $rc -eq 0 ] && grep -q "3 fixtures, 3 pass, 0 fail" "$work/out" && grep -q "patches \[numerics.official\]" "$work/out" &&

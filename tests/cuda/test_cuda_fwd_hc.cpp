@@ -21,6 +21,7 @@ using namespace plumb_cuda_test::kernels;  // (GpuTest, Rng, expect_close, expec
 struct HcOut {
   std::vector<float> post, comb, col;
   std::vector<double> mixes;
+  std::vector<float> X, fn;  // the inputs drawn
 };
 
 // apart: the gates left to fwd_hc_gates (HcArgs::gates_apart), as the forward runs them under cuda.streams (there
@@ -46,7 +47,7 @@ HcOut run_hc(int H, int iters, float mix_scale, uint32_t seed, bool serial, std:
   d::fwd_hc_pre(a, scratch.as<double>(), nullptr);
   if (apart) d::fwd_hc_gates(a, scratch.as<double>(), nullptr);
   return {to_host<float>(post, size_t(n * H)), to_host<float>(comb, size_t(n * H * H)), to_host<float>(col, size_t(n * D)),
-          to_host<double>(scratch, d::fwd_hc_scratch_doubles(n, H))};
+          to_host<double>(scratch, d::fwd_hc_scratch_doubles(n, H)), X, fn};
 }
 
 void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
@@ -71,6 +72,23 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
   for (size_t i = 0; i < warp.comb.size(); ++i)
     ASSERT_EQ(std::memcmp(&warp.comb[i], &serial.comb[i], 4), 0)
         << "H " << H << " iters " << iters << " comb element " << i << ": warp " << warp.comb[i] << " one thread " << serial.comb[i];
+  // The mixes themselves against the host in fp64 (x . fn[o] * rsqrt(mean(x^2) + eps)): the comparisons above and
+  // below start from the GPU's own mixes, so a reduction that lost a chunk of them (hc_mult 7-8: mixes 64-79 in the
+  // third) would pass them. Within fp32 rounding of the sum of |terms|.
+  const int64_t hd = int64_t(warp.X.size()) / n;
+  for (int t = 0; t < n; ++t) {
+    const float* x = warp.X.data() + t * hd;
+    double ss = 0;
+    for (int64_t k = 0; k < hd; ++k) ss += double(x[k]) * x[k];
+    const double r = 1.0 / std::sqrt(ss / double(hd) + 1e-6);
+    for (int o = 0; o < nmix; ++o) {
+      const float* f = warp.fn.data() + o * hd;
+      double dot = 0, mag = 0;
+      for (int64_t k = 0; k < hd; ++k) dot += double(f[k]) * x[k], mag += std::fabs(double(f[k]) * x[k]);
+      ASSERT_NEAR(warp.mixes[size_t(t * nmix + o)], dot * r, 1e-5 * std::max(1.0, mag * r))
+          << "H " << H << " token " << t << " mix " << o << " of " << nmix;
+    }
+  }
   for (int t = 0; t < n; ++t) {
     std::vector<float> mix(static_cast<size_t>(nmix));
     for (int o = 0; o < nmix; ++o) mix[size_t(o)] = float(warp.mixes[size_t(t * nmix + o)]);
@@ -85,8 +103,10 @@ void check_hc(int H, int iters, float mix_scale, uint32_t seed) {
 }
 
 TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
-  for (int H : {1, 2, 4, 5, 6, 7, 8})  // H >= 6: both runs take the one-thread path (36+ > 32 lanes); 7 and 8: 63 and 80
-                                     // mixes, three chunks of the warps' reduction and the whole block in phase 3
+  // H >= 6: both runs take the one-thread path (36+ > 32 lanes), so there the mixes' host check and HcMixModesMatch
+  // carry the test; 7 and 8: 63 and 80 mixes (two and three chunks of the warps' reduction; at 8 the whole block in
+  // phase 3).
+  for (int H : {1, 2, 4, 5, 6, 7, 8})
     for (int iters : {1, 20}) {
       check_hc(H, iters, 0.05f, 100u + unsigned(H * 31 + iters));
       check_hc(H, iters, 2.0f, 200u + unsigned(H * 31 + iters));  // large mixes: saturated softmax rows

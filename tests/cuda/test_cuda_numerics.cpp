@@ -296,7 +296,7 @@ TEST_F(CudaNumerics, HcMixModesMatch) {
     int64_t D;
   };
   for (const Shape sh : {Shape{4, 256}, Shape{4, 4096}, Shape{2, 102}, Shape{6, 64}, Shape{1, 8}, Shape{5, 36}, Shape{7, 100},
-                          Shape{8, 4096}})
+                          Shape{8, 4096}, Shape{8, 101}})  // (101: the scalar path at hc_mult 8)
     for (int mode : {0, 1, 2}) {
       const int H = sh.H;
       const int64_t D = sh.D, hd = H * D, nmix = (2 + H) * H;
