@@ -260,6 +260,11 @@ int verify_golden(const VerifyGoldenOptions& opt) {
              tokens / std::max(seconds, 1e-9), gpu ? "" : fmt::format(", up to {} CPU threads", threads()));
   const std::string flip_note = flips ? fmt::format(", {} near-tie selection flips", flips) : "";
   if (failed) {
+    // The toolkit's diagnosis of the same run (diff names the first diverging op and what it looks like).
+    const std::string cfg = (gpu ? opt.backend + ":" : "") + ps.names();
+    fmt::print("diagnose: plumb trace --fixture {} --patches '{}' -o run.safetensors && plumb diff --trace-a {} --trace-b "
+               "run.safetensors\n",
+               opt.dir, cfg, opt.dir);
     fmt::print("verify-golden: FAIL: {} of {} tensors out of tolerance; first failing tap: {}\n", failed, checked, first_fail);
     return 1;
   }

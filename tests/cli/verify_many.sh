@@ -67,6 +67,14 @@ check "numerics.fixture: each in its own numerics" \
   '[ $rc -eq 0 ] && grep -q "3 fixtures, 3 pass, 0 fail" "$work/out" && grep -q "patches \[numerics.official\]" "$work/out" &&
    grep -q "patches \[numerics.official_initial\]" "$work/out"'
 
+# A failure prints the toolkit's diagnosis command; run as printed, it names the fault's first diverging op.
+run --patches fault.rsf_twice "$golden/tiny"
+diag=$(sed -n 's/^diagnose: //p' "$work/out" | sed "s#plumb #$plumb #g; s#run.safetensors#$work/run.safetensors#g")
+eval "$diag" >"$work/diag" 2>&1
+check "the diagnose line runs and names the fault" \
+  '[ -n "$diag" ] && grep -q "^first divergence: L0.ffn.routed" "$work/diag" &&
+   grep -q "^diagnosis: routed_scaling_factor applied twice" "$work/diag"'
+
 mkdir -p "$work/empty/sub"
 run "$work/empty"
 check "no fixture: one error line" \
