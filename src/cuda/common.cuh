@@ -278,14 +278,26 @@ __device__ __forceinline__ void warp_reduce_scatter(double (&v)[C], int lane) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
-// silu(min(gate, L)) * min(max(up, -L), L) (gate: upper bound only; up: both sides, torch's order), no clamp for
+// The experts' activation by ExpertAct's value (model/config.h: 0 SiLU, 1 GELU with erf, 2 GELU's tanh form, 3 ReLU),
+// the CPU's ops::expert_act formulas. Only the fp32 twin kernels (swiglu_kernel) take others than SiLU: the fused
+// tensor-core epilogues pass the default 0, for which this is silu() and the switch compiles away.
+__device__ __forceinline__ float expert_act(int act, float x) {
+  switch (act) {
+    case 1: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case 2: return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case 3: return x < 0.0f ? 0.0f : x;  // (NaN stays NaN, as torch's)
+    default: return silu(x);
+  }
+}
+
+// act(min(gate, L)) * min(max(up, -L), L) (gate: upper bound only; up: both sides, torch's order), no clamp for
 // L = +inf (kSwigluNoClamp; every other L clamps, 0 and below too: transformers' semantics, swiglu_clamp_limit).
-__device__ __forceinline__ float swiglu_clamped(float gate, float up, float limit) {
+__device__ __forceinline__ float swiglu_clamped(float gate, float up, float limit, int act = 0) {
   if (limit != INFINITY) {
     gate = fminf(gate, limit);
     up = fminf(fmaxf(up, -limit), limit);
   }
-  return silu(gate) * up;
+  return expert_act(act, gate) * up;
 }
 
 template <class OT>

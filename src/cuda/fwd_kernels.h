@@ -407,10 +407,14 @@ void fwd_indexer_rotate(float* x, int64_t rows, int64_t n, Stream s);
 // RouteArgs: kernels.h (the routed experts' one-token launches take one too: cuda.topk_in_experts).
 // One warp per token when E <= 512 and K <= 32 (else, or with `twin`, one block per token): the same bits.
 void fwd_route(const RouteArgs& a, Stream s);
-// h[i, :] = silu(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L +inf: no clamp);
-// round_bf16: h rounded to bf16 (the official numerics' act after it, in the same launch).
+// h[i, :] = act(min(g, L)) * clamp(u, -L, L) (* pre[i] if pre) from g = gu[i, 0:I], u = gu[i, I:2I] (L +inf: no clamp);
+// round_bf16: h rounded to bf16 (the official numerics' act after it, in the same launch). act: ExpertAct's value
+// (0 SiLU, 1 GELU, 2 GELU tanh, 3 ReLU; transformers' hidden_act); bias_gate / bias_up [I] (mlp_bias: the shared
+// MLP's b1 / b3), added to g and u before the clamps, both or neither.
 void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s,
-                int round_bf16 = 0);
+                int round_bf16 = 0, int act = 0, const float* bias_gate = nullptr, const float* bias_up = nullptr);
+// y[t, :] += b for t < n (rows of D): the shared MLP's b2 after its down projection (mlp_bias).
+void fwd_add_row(float* y, int64_t n, int64_t D, const float* b, Stream s);
 // y[t, :] = out_scale * sum_k (weight ? weight[t, k] : 1) * ys[t*K + k, :], summed in slot order, or with ids
 // ([n, K] expert ids) in ascending (id, slot) order: the official code's (and the CPU's) per-expert loop, which adds
 // each expert's output to an fp32 y expert by expert (fp32 sums of 3 or more terms depend on the order).

@@ -100,13 +100,20 @@ __global__ void route_kernel(RouteArgs a) {
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float L, const float* pre, float* h,
-                              int round_bf16) {
+                              int round_bf16, int act, const float* bg, const float* bu) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(nslots) * I) return;
   const int64_t sl = i / I, c = i % I;
+  float gv = g[sl * ld + c], uv = u[sl * ld + c];
+  if (bg) gv = __fadd_rn(gv, bg[c]), uv = __fadd_rn(uv, bu[c]);  // mlp_bias: F.linear's + b, before the clamps
   // (swiglu_clamped's product is one rounded multiply, as __fmul_rn(silu, up) was here: the same bits)
-  const float v = __fmul_rn(swiglu_clamped(g[sl * ld + c], u[sl * ld + c], L), pre ? pre[sl] : 1.0f);
+  const float v = __fmul_rn(swiglu_clamped(gv, uv, L, act), pre ? pre[sl] : 1.0f);
   h[sl * I + c] = round_bf16 ? bf16r(v) : v;
+}
+
+__global__ void add_row_kernel(float* y, int64_t n, int64_t D, const float* b) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n * D) y[i] = __fadd_rn(y[i], b[i % D]);
 }
 
 // Block (x: a chunk of d, y: token t). ids (the official numerics, as its combine): the token's slots summed in
@@ -179,11 +186,20 @@ void fwd_route(const RouteArgs& a, Stream s) {
 }
 
 void fwd_swiglu(const float* g, const float* u, int64_t ld, int nslots, int64_t I, float limit, const float* pre, float* h, Stream s,
-                int round_bf16) {
+                int round_bf16, int act, const float* bias_gate, const float* bias_up) {
   const int64_t total = int64_t(nslots) * I;
   if (total <= 0) return;
-  swiglu_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(g, u, ld, nslots, I, limit, pre, h, round_bf16);
+  if (act < 0 || act > 3) throw_arg("fwd_swiglu: activation " + std::to_string(act) + " is not 0..3 (ExpertAct)");
+  if (!bias_gate != !bias_up) throw_arg("fwd_swiglu: the gate's and the up projection's biases come together");
+  swiglu_kernel<<<fwd_blocks(total, 256), 256, 0, stream_of(s)>>>(g, u, ld, nslots, I, limit, pre, h, round_bf16, act, bias_gate,
+                                                                  bias_up);
   check_launch("fwd_swiglu");
+}
+
+void fwd_add_row(float* y, int64_t n, int64_t D, const float* b, Stream s) {
+  if (n * D <= 0) return;
+  add_row_kernel<<<fwd_blocks(n * D, 256), 256, 0, stream_of(s)>>>(y, n, D, b);
+  check_launch("fwd_add_row");
 }
 
 void fwd_moe_combine(const float* ys, const float* weight, int n, int K, int64_t D, float out_scale, float* y, Stream s,

@@ -88,6 +88,7 @@ struct GpuMoe {
   GpuExperts routed;
   std::unique_ptr<GMat> s1, s2, s3;  // the shared expert
   DeviceBuffer shared_desc;          // detail::DMat[3]: s1, s2, s3
+  DeviceBuffer sb1, sb2, sb3;        // mlp_bias (not under the official numerics): the shared MLP's biases, f32 [I] [D] [I]
   std::unique_ptr<MoeExperts> fp4;   // cuda.moe_mxfp4: the routed experts in the decode layout (instead of `routed`)
   std::unique_ptr<Fp8Expert> sfp8;   // cuda.fp8_gemv: the shared expert for the fused kernel (instead of s1..s3)
   int shared_gemm_min = 0;           // cuda.prefill_gemm: chunks of at least this many tokens run fp8_expert_ffn_gemm

@@ -137,13 +137,6 @@ class GpuForward : public DeviceForward {
     check_options(opt_);
     const auto& w = m.weights();
     const auto& c = cfg_;
-    // The GPU's SwiGLU kernels apply SiLU (V4's and the official code's); transformers' other hidden_act values run on
-    // the CPU reference.
-    PLUMB_CHECK(expert_activation(c, nm_.official()) == ExpertAct::Silu,
-                "backend cuda: hidden_act {} is not supported on the GPU (its expert kernels apply SiLU); use --backend cpu",
-                expert_act_name(c.act));
-    PLUMB_CHECK(!c.mlp_bias || nm_.official(),
-                "backend cuda: mlp_bias (biases on the shared MLP) is not supported on the GPU; use --backend cpu");
     g_.embed = upload_matrix(w.embed);
     // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
     if (c.tie_embeddings) g_.head.d = g_.embed.d;
@@ -152,7 +145,19 @@ class GpuForward : public DeviceForward {
     g_.hc_head = upload_hc(w.hc_head);
     g_.rope_main = upload_rope(m.rope_main());
     g_.rope_compress = upload_rope(m.rope_compress());
+    // transformers' hidden_act other than SiLU and mlp_bias (the shared MLP's biases; both SiLU and none under the
+    // official numerics, as the official code has neither) run on the fp32 twin kernels (swiglu_kernel takes the
+    // activation and the biases): the fused SwiGLU epilogues of cuda.moe_mxfp4 and cuda.fp8_gemv apply SiLU with no
+    // bias, so they do not apply to those experts (said once below).
+    const bool other_act = expert_activation(c, nm_.official()) != ExpertAct::Silu;
+    const bool shared_bias = c.mlp_bias && !nm_.official();
     const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
+    if ((fp4 && other_act) || (fp8 && (other_act || shared_bias)))
+      fmt::print(stderr, "backend cuda: {} {} not apply to the experts ({}: their fused SwiGLU applies SiLU with no bias); "
+                 "those run on the fp32 twin kernels\n",
+                 fp4 && other_act && fp8 ? "cuda.moe_mxfp4 and cuda.fp8_gemv" : fp4 && other_act ? "cuda.moe_mxfp4" : "cuda.fp8_gemv",
+                 fp4 && other_act && fp8 ? "do" : "does",
+                 other_act ? fmt::format("hidden_act {}", expert_act_name(c.act)) : std::string("mlp_bias"));
     FastCount fc;
     const bool gemm = opt_.cuda_prefill_gemm;
     // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact, from
@@ -242,7 +247,7 @@ class GpuForward : public DeviceForward {
         gl.moe.tid2eid = to_device(t);
       }
       ++fc.fp4_of;
-      if (fp4 && fp4_fits(M)) {
+      if (fp4 && !other_act && fp4_fits(M)) {
         // The official numerics quantize the experts' activations to E4M3 (DeepSeek's fp4_gemm): the W4A8 kernels'
         // layout; else the W4A16 kernels'.
         gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M, opt_.official ? Fp4Layout::A8 : Fp4Layout::F16));
@@ -251,7 +256,7 @@ class GpuForward : public DeviceForward {
         gl.moe.routed = upload_routed(M.experts);
       }
       const auto& S = M.shared;
-      if (S && fp8 && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
+      if (S && fp8 && !other_act && !shared_bias && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
         gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
         fc.fp8 += 3, fc.fp8_of += 3;
         const Fp8Expert& e = *gl.moe.sfp8;
@@ -265,6 +270,11 @@ class GpuForward : public DeviceForward {
         gl.moe.s2 = std::make_unique<GMat>(upload_matrix(M.shared->w2));
         gl.moe.s3 = std::make_unique<GMat>(upload_matrix(M.shared->w3));
         gl.moe.shared_desc = to_device(std::vector<DMat>{gl.moe.s1->d, gl.moe.s2->d, gl.moe.s3->d});
+        if (shared_bias) {  // bound at load with the config (ModelWeights: a missing one is named there)
+          gl.moe.sb1 = upload_tensor(M.shared->b1);
+          gl.moe.sb2 = upload_tensor(M.shared->b2);
+          gl.moe.sb3 = upload_tensor(M.shared->b3);
+        }
       }
       g_.layers.push_back(std::move(gl));
     }

@@ -121,17 +121,24 @@ void tap_routes(const MoeCtx& m, const GpuRouted<P>& r) {
 }
 
 // SwiGLU expert FFN for `slots` rows: W1/W3 from mats1/mats3 (indexed by idx, or the single matrix when idx is
-// null), input row slot / x_div, optional per-slot weight before W2; ys [slots, D].
+// null), input row slot / x_div, optional per-slot weight before W2; ys [slots, D]. The activation is the config's
+// (expert_activation); `bias` (the shared MLP under mlp_bias): b1, b2, b3 as F.linear adds them, b1 / b3 before the
+// clamps, b2 after W2.
 void expert_ffn(const MoeCtx& m, const DMat* d1, const DMat* d2, const DMat* d3, const int32_t* idx, int slots, int x_div, int64_t I,
-                double limit, const float* pre, float* ys) {
+                double limit, const float* pre, float* ys, const GpuMoe* bias = nullptr) {
+  static_assert(int(ExpertAct::Silu) == 0 && int(ExpertAct::Gelu) == 1 && int(ExpertAct::GeluTanh) == 2 && int(ExpertAct::Relu) == 3,
+                "swiglu_kernel's activation codes are ExpertAct's values");
   const int64_t D = m.c.hidden;
   float* g = m.sc.f("moe.g", slots * I);
   float* u = m.sc.f("moe.u", slots * I);
   float* h = m.sc.f("moe.h", slots * I);
+  const bool b = bias && bias->sb1.get();
   m.nm.proj_slots(d1, idx, slots, x_div, m.x, D, I, D, g, I, m.sc);
   m.nm.proj_slots(d3, idx, slots, x_div, m.x, D, I, D, u, I, m.sc);
-  fwd_swiglu(g, u, I, slots, I, float(limit), pre, h, nullptr, m.nm.official() ? 1 : 0);  // (official: act in the launch)
+  fwd_swiglu(g, u, I, slots, I, float(limit), pre, h, nullptr, m.nm.official() ? 1 : 0,  // (official: act in the launch)
+             int(expert_activation(m.c, m.nm.official())), b ? bias->sb1.as<float>() : nullptr, b ? bias->sb3.as<float>() : nullptr);
   m.nm.proj_slots(d2, idx, slots, 1, h, I, D, I, ys, D, m.sc);
+  if (b) fwd_add_row(ys, slots, D, bias->sb2.as<float>(), nullptr);
 }
 
 // The shared expert into `shared` [n, D]: weight 1, never scaled by routed_scaling_factor. It reads only x.
@@ -161,7 +168,7 @@ void shared_expert(const MoeCtx& m, float* shared) {
     // The release-day official code's shared expert had no SwiGLU clamp.
     const double shared_limit = m.nm.official_initial() ? kSwigluNoClamp : limit;
     expert_ffn(m, m.w.shared_desc.as<DMat>(), m.w.shared_desc.as<DMat>() + 1, m.w.shared_desc.as<DMat>() + 2, nullptr, m.n, 1,
-               m.w.s1->d.rows, shared_limit, nullptr, shared);
+               m.w.s1->d.rows, shared_limit, nullptr, shared, &m.w);
   }
 }
 

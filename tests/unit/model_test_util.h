@@ -87,8 +87,9 @@ inline plumb::Checkpoint write_checkpoint(const TempDir& dir, const std::vector<
 }
 
 // A model folder in `dir`: fixture `src`'s weights with biases added to every shared expert (transformers' mlp_bias:
-// b1 = b3 = 0 [I], b2 = `b2` [D]) and its config.json with mlp_bias true.
-inline void write_with_shared_biases(const std::string& src, const TempDir& dir, const std::vector<float>& b2) {
+// b1 and b3 [I] of the values given (0 by default), b2 = `b2` [D]) and its config.json with mlp_bias true.
+inline void write_with_shared_biases(const std::string& src, const TempDir& dir, const std::vector<float>& b2, float b1 = 0.0f,
+                                     float b3 = 0.0f) {
   const plumb::Checkpoint ck = plumb::Checkpoint::open(src);
   auto bytes = [](const std::vector<float>& v) {
     std::vector<uint8_t> b(v.size() * 4);
@@ -101,9 +102,8 @@ inline void write_with_shared_biases(const std::string& src, const TempDir& dir,
     ts.push_back(plumb::OwnedTensor{name, v.dtype, v.shape, std::vector<uint8_t>(v.data, v.data + v.nbytes)});
     if (name.ends_with("ffn.shared_experts.w1.weight")) {
       const std::string p = name.substr(0, name.size() - std::string("w1.weight").size());
-      const std::vector<float> zero(size_t(v.shape[0]), 0.0f);
-      ts.push_back(raw(p + "w1.bias", plumb::DType::F32, {v.shape[0]}, bytes(zero)));
-      ts.push_back(raw(p + "w3.bias", plumb::DType::F32, {v.shape[0]}, bytes(zero)));
+      ts.push_back(raw(p + "w1.bias", plumb::DType::F32, {v.shape[0]}, bytes(std::vector<float>(size_t(v.shape[0]), b1))));
+      ts.push_back(raw(p + "w3.bias", plumb::DType::F32, {v.shape[0]}, bytes(std::vector<float>(size_t(v.shape[0]), b3))));
       ts.push_back(raw(p + "w2.bias", plumb::DType::F32, {int64_t(b2.size())}, bytes(b2)));
     }
   }
