@@ -128,8 +128,21 @@ int verify_golden(const VerifyGoldenOptions& opt) {
   PLUMB_CHECK(opt.mode == "auto" || opt.mode == "free" || opt.mode == "forced", "unknown mode '{}' (auto, free, forced)", opt.mode);
   const auto fx = GoldenFixture::load(opt.dir);
   bool implied_numerics = false;
-  const PatchSet ps = parse_patches(with_fixture_numerics(opt.patches, fx, implied_numerics));
-  const auto model = Model::load(opt.dir, ps.options, {}, opt.backend);
+  const std::string patches = with_fixture_numerics(opt.patches, fx, implied_numerics);
+  // A combination refused because of the numerics mode verify-golden added says where that mode came from.
+  auto load = [&](PatchSet& ps) {
+    try {
+      ps = parse_patches(patches);
+      return Model::load(opt.dir, ps.options, {}, opt.backend);
+    } catch (const Error& e) {
+      const std::string mode = fixture_numerics(fx);
+      if (!implied_numerics || mode == "numerics.reference" || std::string(e.what()).find(mode) == std::string::npos) throw;
+      fail("{} ({} is this fixture's own numerics, taken because --patches names no numerics mode; name one, e.g. "
+           "numerics.reference for the fp32 reference)", e.what(), mode);
+    }
+  };
+  PatchSet ps;
+  const auto model = load(ps);
   const bool approximate = ps.tolerance_fp32() > 1e-4;  // an approximate patch: its errors compound when free running
   // The GPU resolves exactly equal top-k scores to the lower index (PyTorch's CUDA order), the fixtures come from
   // PyTorch's CPU order: a tie decided the other way changes everything downstream unless each sublayer is fed

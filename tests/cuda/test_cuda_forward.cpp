@@ -89,6 +89,26 @@ TEST_F(GpuTest, FaultFailsVerifyGolden) {
   EXPECT_EQ(plumb::tools::verify_golden(o), 1);
 }
 
+// verify-golden takes an official-code golden's own numerics when --patches names none; a patch the GPU refuses
+// beside them (the split-K attention does not reproduce the official roundings) is refused with where the mode came
+// from, and with a numerics mode named the golden runs in it.
+TEST_F(GpuTest, VerifyGoldenNamesTheNumericsItTook) {
+  plumb::tools::VerifyGoldenOptions o;
+  o.dir = std::string(PLUMB_TEST_DATA) + "/golden/tiny-official-ref";
+  o.backend = "cuda", o.patches = "attn.splitk_decode", o.quiet = true;
+  try {
+    plumb::tools::verify_golden(o);
+    ADD_FAILURE() << "attn.splitk_decode ran beside numerics.official";
+  } catch (const plumb::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("does not combine with attn.splitk_decode"), std::string::npos) << m;
+    EXPECT_NE(m.find("numerics.official is this fixture's own numerics, taken because --patches names no numerics mode"),
+              std::string::npos) << m;
+  }
+  o.patches = "";
+  EXPECT_EQ(plumb::tools::verify_golden(o), 0);
+}
+
 double max_rel(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
   double worst = 0, scale = 1;
   for (float v : b) scale = std::max(scale, double(std::fabs(v)));
