@@ -498,6 +498,24 @@ def expected_inv_freq(rp, head_dim):
     return [f / factor * (1 - x) + f * x for f, x in zip(inv, extrap)], extrap
 
 
+def expected_attention_scaling(rp, max_pos):
+    """The factor transformers multiplies cos and sin by (its YaRN rule, computed here independently): 1 for the
+    default rope; for YaRN the given attention_factor, else get_mscale(factor, mscale) / get_mscale(factor,
+    mscale_all_dim) when both are given, else get_mscale(factor), with get_mscale(s, m) = 0.1 m ln s + 1 (1 for s <= 1)
+    and factor max_position_embeddings / original_max_position_embeddings when absent."""
+    if rp["rope_type"] == "default":
+        return 1.0
+    if rp.get("attention_factor") is not None:
+        return float(rp["attention_factor"])
+    factor = rp.get("factor")
+    factor = float(max_pos) / float(rp["original_max_position_embeddings"]) if factor is None else float(factor)
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+    ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
+    return get_mscale(factor, ms) / get_mscale(factor, msa) if ms and msa else get_mscale(factor)
+
+
 def check_rotary(model, cfg):
     """Every rotary module must hold exactly the frequencies the config describes (YaRN really applied)."""
     head_dim = cfg.head_dim
@@ -515,8 +533,10 @@ def check_rotary(model, cfg):
                 need(abs(g - e) <= 1e-6 * abs(e) + 1e-30,
                      f"{name}.{label}_inv_freq = {got}, expected {exp} (rope_parameters {cfg.rope_parameters[label]})")
             scal = float(getattr(mod, f"{label}_attention_scaling"))
-            need(scal == 1.0, f"{name}.{label}_attention_scaling = {scal}, expected 1.0 (no YaRN mscale)")
-            info[label] = dict(inv_freq=exp, extrapolation_weight=extrap)
+            exp_scal = expected_attention_scaling(cfg.rope_parameters[label], cfg.max_position_embeddings)
+            need(abs(scal - exp_scal) <= 1e-12 * exp_scal,
+                 f"{name}.{label}_attention_scaling = {scal}, expected {exp_scal} (rope_parameters {cfg.rope_parameters[label]})")
+            info[label] = dict(inv_freq=exp, extrapolation_weight=extrap, attention_scaling=exp_scal)
     need(n > 0, "no DeepseekV4RotaryEmbedding module found")
     return info
 
