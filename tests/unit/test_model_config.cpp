@@ -105,6 +105,36 @@ std::vector<Legacy> legacy_spellings() {
   };
 }
 
+// The nested yarn form's cos/sin factor as transformers' _compute_yarn_parameters derives it (computed here from the
+// formula, not from plumb): the given attention_factor; else get_mscale(factor, mscale) / get_mscale(factor,
+// mscale_all_dim) when both are given (make_golden's v-yarn-mscale); else get_mscale(factor); and a missing factor is
+// max_position_embeddings / original_max_position_embeddings (transformers since its PR 40320: the ratio only when
+// factor is absent). get_mscale(s, m) = 0.1 m ln s + 1, 1 for s <= 1.
+TEST(ModelConfigParse, YarnAttentionFactorFollowsTransformersRule) {
+  auto mscale = [](double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; };
+  auto parse = [](const std::function<void(json&)>& edit) {
+    json j = current_config();
+    j["rope_parameters"]["compress"].erase("attention_factor");
+    edit(j["rope_parameters"]["compress"]);
+    return ModelConfig::from_json(j, "cfg").rope_compress;
+  };
+  const auto with_ratio = parse([](json& r) { r["mscale"] = 1.0, r["mscale_all_dim"] = 0.7; });
+  EXPECT_DOUBLE_EQ(with_ratio.attention_factor, mscale(16, 1.0) / mscale(16, 0.7));
+  const auto one_only = parse([](json& r) { r["mscale"] = 0.5; });  // (both or neither: get_mscale(factor) alone)
+  EXPECT_DOUBLE_EQ(one_only.attention_factor, mscale(16, 1.0));
+  const auto given = parse([](json& r) { r["mscale"] = 1.0, r["mscale_all_dim"] = 0.7, r["attention_factor"] = 1.25; });
+  EXPECT_DOUBLE_EQ(given.attention_factor, 1.25);
+  json j = current_config();
+  j["max_position_embeddings"] = 262144;  // 4 x original_max_position_embeddings 65536
+  j["rope_parameters"]["compress"].erase("attention_factor");
+  j["rope_parameters"]["compress"].erase("factor");
+  const auto derived = ModelConfig::from_json(j, "cfg").rope_compress;
+  EXPECT_DOUBLE_EQ(derived.factor, 4.0);
+  EXPECT_DOUBLE_EQ(derived.attention_factor, mscale(4, 1.0));
+  j["rope_parameters"]["compress"]["factor"] = 16.0;  // a given factor is used as given, whatever the ratio
+  EXPECT_DOUBLE_EQ(ModelConfig::from_json(j, "cfg").rope_compress.factor, 16.0);
+}
+
 TEST(ModelConfigParse, CurrentSpellingsGiveTheExpectedValues) {
   const ModelConfig c = ModelConfig::from_json(current_config(), "cfg");
   EXPECT_EQ(c.attn, (std::vector<AttnType>{AttnType::Sliding, AttnType::HCA, AttnType::CSA, AttnType::HCA}));
