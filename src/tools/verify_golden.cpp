@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <set>
 
 #include "core/parallel.h"
@@ -103,9 +104,8 @@ std::string fixture_numerics(const GoldenFixture& fx) {
 // --patches as verify-golden runs them: numerics.fixture (kFixtureNumerics) replaced by the fixture's own numerics
 // mode, which is also put first when the list names no numerics mode: a golden is checked in the numerics of the code
 // that computed it unless told otherwise (numerics.reference runs the fp32 reference on an official-code golden).
-// `implied` is set when the mode was added, not named.
-std::string with_fixture_numerics(const std::string& patches, const GoldenFixture& fx, bool& implied) {
-  const std::string mode = fixture_numerics(fx);
+// `mode` is the fixture's (fixture_numerics); `implied` is set when it was added, not named.
+std::string with_fixture_numerics(const std::string& patches, const std::string& mode, bool& implied) {
   std::string out;
   for (const auto& name : split_list(patches)) out += (out.empty() ? "" : ",") + (name == kFixtureNumerics ? mode : name);
   implied = false;
@@ -127,22 +127,20 @@ int verify_golden(const VerifyGoldenOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
   PLUMB_CHECK(opt.mode == "auto" || opt.mode == "free" || opt.mode == "forced", "unknown mode '{}' (auto, free, forced)", opt.mode);
   const auto fx = GoldenFixture::load(opt.dir);
+  const std::string own = fixture_numerics(fx);
+  const bool official_golden = own != "numerics.reference";
   bool implied_numerics = false;
-  const std::string patches = with_fixture_numerics(opt.patches, fx, implied_numerics);
-  // A combination refused because of the numerics mode verify-golden added says where that mode came from.
-  auto load = [&](PatchSet& ps) {
-    try {
-      ps = parse_patches(patches);
-      return Model::load(opt.dir, ps.options, {}, opt.backend);
-    } catch (const Error& e) {
-      const std::string mode = fixture_numerics(fx);
-      if (!implied_numerics || mode == "numerics.reference" || std::string(e.what()).find(mode) == std::string::npos) throw;
-      fail("{} ({} is this fixture's own numerics, taken because --patches names no numerics mode; name one, e.g. "
-           "numerics.reference for the fp32 reference)", e.what(), mode);
-    }
-  };
+  const std::string patches = with_fixture_numerics(opt.patches, own, implied_numerics);
   PatchSet ps;
-  const auto model = load(ps);
+  std::unique_ptr<Model> model;
+  try {
+    ps = parse_patches(patches);
+    model = Model::load(opt.dir, ps.options, {}, opt.backend);
+  } catch (const Error& e) {  // a combination refused beside the mode verify-golden added says where that mode came from
+    if (!implied_numerics || !official_golden || std::string(e.what()).find(own) == std::string::npos) throw;
+    fail("{} ({} is this fixture's own numerics, taken because --patches names no numerics mode; name one, e.g. "
+         "numerics.reference for the fp32 reference)", e.what(), own);
+  }
   const bool approximate = ps.tolerance_fp32() > 1e-4;  // an approximate patch: its errors compound when free running
   // The GPU resolves exactly equal top-k scores to the lower index (PyTorch's CUDA order), the fixtures come from
   // PyTorch's CPU order: a tie decided the other way changes everything downstream unless each sublayer is fed
@@ -162,10 +160,9 @@ int verify_golden(const VerifyGoldenOptions& opt) {
   fmt::print("mode     {}\n", forced ? "teacher forcing: each sublayer is fed the fixture's inputs, each tap shows its op's "
                                        "local error (--mode free runs on the engine's own outputs)"
                                      : "free running: the engine runs on its own outputs");
-  const bool official_golden = fx.reference.find("official inference") != std::string::npos;
   if (implied_numerics)
     fmt::print("numerics {}, the fixture's own ({}; name a numerics mode in --patches to choose another)\n",
-               fixture_numerics(fx), official_golden ? "DeepSeek's official code computed it" : "an fp32 reference computed it");
+               own, official_golden ? "DeepSeek's official code computed it" : "an fp32 reference computed it");
   if (official_golden != ps.numerics_official())
     fmt::print("note     this fixture was computed by {}, the engine runs {} numerics: expect the gap between the two "
                "numerics, not an engine error (compare them with plumb kld)\n",
