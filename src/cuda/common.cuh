@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/fp4_layout.h"
+#include "model/act_math.h"
 
 namespace plumb::cuda::detail {
 
@@ -279,13 +280,13 @@ __device__ __forceinline__ void warp_reduce_scatter(double (&v)[C], int lane) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // The experts' activation by ExpertAct's value (model/config.h: 0 SiLU, 1 GELU with erf, 2 GELU's tanh form, 3 ReLU),
-// the CPU's ops::expert_act formulas. Only the fp32 twin kernels (swiglu_kernel) take others than SiLU: the fused
+// the CPU's formulas (model/act_math.h). Only the fp32 twin kernels (swiglu_kernel) take others than SiLU: the fused
 // tensor-core epilogues pass the default 0, for which this is silu() and the switch compiles away.
 __device__ __forceinline__ float expert_act(int act, float x) {
   switch (act) {
-    case 1: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case 2: return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    case 3: return x < 0.0f ? 0.0f : x;  // (NaN stays NaN, as torch's)
+    case 1: return act_math::gelu(x);
+    case 2: return act_math::gelu_tanh(x);
+    case 3: return act_math::relu(x);
     default: return silu(x);
   }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/tensor.h"
+#include "model/act_math.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -25,16 +26,12 @@ void rms_norm_plain(float* x, int64_t groups, int64_t dim, double eps);
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
-// transformers' other expert activations (ModelConfig::act), in fp32 as torch computes them: GELU with erf, GELU's
-// tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), ReLU.
-inline float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
-inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x))); }
-inline float relu(float x) { return x < 0.0f ? 0.0f : x; }  // (NaN stays NaN, as torch's)
+// The experts' activation (ModelConfig::act; the others than SiLU in model/act_math.h, shared with the GPU).
 inline float expert_act(ExpertAct a, float x) {
   switch (a) {
-    case ExpertAct::Gelu: return gelu(x);
-    case ExpertAct::GeluTanh: return gelu_tanh(x);
-    case ExpertAct::Relu: return relu(x);
+    case ExpertAct::Gelu: return act_math::gelu(x);
+    case ExpertAct::GeluTanh: return act_math::gelu_tanh(x);
+    case ExpertAct::Relu: return act_math::relu(x);
     case ExpertAct::Silu: break;
   }
   return silu(x);
