@@ -91,20 +91,16 @@ inline plumb::Checkpoint write_checkpoint(const TempDir& dir, const std::vector<
 inline void write_with_shared_biases(const std::string& src, const TempDir& dir, const std::vector<float>& b2, float b1 = 0.0f,
                                      float b3 = 0.0f) {
   const plumb::Checkpoint ck = plumb::Checkpoint::open(src);
-  auto bytes = [](const std::vector<float>& v) {
-    std::vector<uint8_t> b(v.size() * 4);
-    std::memcpy(b.data(), v.data(), b.size());
-    return b;
-  };
   std::vector<plumb::OwnedTensor> ts;
   for (const auto& name : ck.names()) {
     const auto& v = ck.get(name);
-    ts.push_back(plumb::OwnedTensor{name, v.dtype, v.shape, std::vector<uint8_t>(v.data, v.data + v.nbytes)});
+    ts.push_back(raw(name, v.dtype, v.shape, std::vector<uint8_t>(v.data, v.data + v.nbytes)));
     if (name.ends_with("ffn.shared_experts.w1.weight")) {
       const std::string p = name.substr(0, name.size() - std::string("w1.weight").size());
-      ts.push_back(raw(p + "w1.bias", plumb::DType::F32, {v.shape[0]}, bytes(std::vector<float>(size_t(v.shape[0]), b1))));
-      ts.push_back(raw(p + "w3.bias", plumb::DType::F32, {v.shape[0]}, bytes(std::vector<float>(size_t(v.shape[0]), b3))));
-      ts.push_back(raw(p + "w2.bias", plumb::DType::F32, {int64_t(b2.size())}, bytes(b2)));
+      const int64_t I = v.shape[0];
+      ts.push_back(f32(p + "w1.bias", {I}, std::vector<float>(size_t(I), b1)));
+      ts.push_back(f32(p + "w3.bias", {I}, std::vector<float>(size_t(I), b3)));
+      ts.push_back(f32(p + "w2.bias", {int64_t(b2.size())}, b2));
     }
   }
   plumb::write_safetensors(dir.file("model.safetensors"), ts);
