@@ -48,6 +48,15 @@ def need(cond, msg):
         raise GoldenError(msg)
 
 
+def need_or_note(cond, msg, notes):
+    """need(cond, msg), or with `notes` (a variant's warnings list: a check that only warns there) the message noted
+    once instead."""
+    if notes is None:
+        need(cond, msg)
+    elif not cond and msg not in notes:
+        notes.append(msg)
+
+
 # --------------------------------------------------------------------------------------------
 # presets
 # --------------------------------------------------------------------------------------------
@@ -474,11 +483,7 @@ def check_rope_parameters(cfg, expect, what, soft=None):
          f"{what}: rope_parameters keys {sorted(got) if isinstance(got, dict) else got}")
     for label in ("main", "compress"):
         g, e = norm_rope(got[label]), norm_rope(expect[label])
-        msg = f"{what}: rope_parameters[{label!r}] = {got[label]} but expected {expect[label]}"
-        if soft is not None and g != e:
-            soft.append(msg)
-        else:
-            need(g == e, msg)
+        need_or_note(g == e, f"{what}: rope_parameters[{label!r}] = {got[label]} but expected {expect[label]}", soft)
 
 
 def expected_inv_freq(rp, head_dim):
@@ -543,12 +548,9 @@ def check_rotary(model, cfg, soft=None):
                      f"{name}.{label}_inv_freq = {got}, expected {exp} (rope_parameters {cfg.rope_parameters[label]})")
             scal = float(getattr(mod, f"{label}_attention_scaling"))
             exp_scal = expected_attention_scaling(cfg.rope_parameters[label], cfg.max_position_embeddings)
-            msg = f"{name}.{label}_attention_scaling = {scal}, expected {exp_scal} (rope_parameters {cfg.rope_parameters[label]})"
-            if soft is not None and abs(scal - exp_scal) > 1e-12 * exp_scal:
-                if msg not in soft:
-                    soft.append(msg)
-            else:
-                need(abs(scal - exp_scal) <= 1e-12 * exp_scal, msg)
+            need_or_note(abs(scal - exp_scal) <= 1e-12 * exp_scal,
+                         f"{name}.{label}_attention_scaling = {scal}, expected {exp_scal} (rope_parameters "
+                         f"{cfg.rope_parameters[label]})", soft)
             info[label] = dict(inv_freq=exp, extrapolation_weight=extrap, attention_scaling=scal)
     need(n > 0, "no DeepseekV4RotaryEmbedding module found")
     return info
@@ -1284,11 +1286,7 @@ def generate(name, out_dir, seed=None, fmt=None):
     warnings = list(rope_warnings or [])
 
     def covers(cond, msg):  # a coverage check: refuses for a preset, warns for a variant
-        if spec["variant"]:
-            if not cond:
-                warnings.append(msg)
-        else:
-            need(cond, msg)
+        need_or_note(cond, msg, warnings if spec["variant"] else None)
 
     for k in ("routed_gate_hi", "routed_up_hi", "routed_up_lo", "shared_gate_hi", "shared_up_hi", "shared_up_lo"):
         covers(s[k] > 0, f"SwiGLU clamp never fired: {k} = 0 (stats {s})")
