@@ -936,7 +936,7 @@ class Recorder:
             if cfg.layer_types[i] == CSA:
                 self._hook(comp.indexer.scorer, self._scorer_hook(i))
                 self._hook(comp.indexer, self._indexer_hook(i))
-                self.indexer[i] = dict(rows=0, sparse_rows=0, no_entry_rows=0, min_rel_gap=None)
+                self.indexer[i] = dict(rows=0, sparse_rows=0, no_entry_rows=0, empty_steps=0, min_rel_gap=None)
             else:
                 need(cfg.layer_types[i] == SWA or not hasattr(comp, "indexer"), f"L{i}: unexpected indexer")
             need((comp is None) == (cfg.layer_types[i] == SWA), f"L{i}: compressor presence vs layer type")
@@ -1105,12 +1105,14 @@ class Recorder:
             n = self.n
             need(topk.dim() == 2 and topk.shape[0] == n, f"L{i}: indexer output {tuple(out.shape)}")
             width = topk.shape[1]
-            need(1 <= width <= cfg.index_topk, f"{self.step['name']} L{i}: indexer width {width} (no compressed "
-                                               "entries yet: make the first step longer)")
+            # Width 0: a step before the first compressed entry (a decode from position 0, say); each row's set is
+            # then empty (checked below: nothing visible). A preset refuses it as lost coverage, a variant notes it.
+            need(width <= cfg.index_topk, f"{self.step['name']} L{i}: indexer width {width} > {cfg.index_topk}")
             scores = self._scores.get(i)
             need(scores is not None and scores.shape[0] == n, f"L{i}: missing indexer scores")
             T_ = scores.shape[1]
             st = self.indexer[i]
+            st["empty_steps"] += width == 0
             for row in range(n):
                 p = int(self.pos[row])
                 visible = min((p + 1) // m, T_)
@@ -1121,6 +1123,8 @@ class Recorder:
                 st["rows"] += 1
                 if visible == 0:
                     st["no_entry_rows"] += 1
+                need(width > 0 or visible == 0, f"{self.step['name']} L{i} row {row}: indexer width 0 with {visible} "
+                                                "entries visible")
                 if visible <= width:
                     need(chosen == list(range(visible)), f"{self.step['name']} L{i} row {row}: picks {chosen} "
                                                          f"but all {visible} visible entries should be chosen")
@@ -1211,7 +1215,7 @@ def apply_gate_shift(model, rec, steps, spec, gen):
     for k in rec.stats:
         rec.stats[k] = 0
     for st in rec.indexer.values():
-        st.update(rows=0, sparse_rows=0, no_entry_rows=0, min_rel_gap=None)
+        st.update(rows=0, sparse_rows=0, no_entry_rows=0, empty_steps=0, min_rel_gap=None)
     return info
 
 
@@ -1299,6 +1303,9 @@ def generate(name, out_dir, seed=None, fmt=None):
     if spec["expect_sparse"]:
         covers(any(v["sparse_rows"] > 0 for v in rec.indexer.values()),
                f"indexer never had more visible entries than it selects: {rec.indexer}")
+    for i, v in rec.indexer.items():
+        covers(v["empty_steps"] == 0, f"L{i}: {v['empty_steps']} step(s) before the first compressed entry (indexer "
+                                      "width 0): make the first step longer")
     for i, r in rec.router.items():
         # Denormal exp() results differ between libms; only the underflow preset goes (deliberately) past them,
         # to where softplus is exactly 0 in fp32 (logit < -104) on every implementation.
