@@ -35,13 +35,18 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->w_ = ModelWeights::bind(m->ck_, m->cfg_, on_layer);
   // The official code has no YaRN magnitude scaling (dsv4-spec.md 5.3): its cos and sin are never multiplied by an
   // attention factor, whatever config.json says; transformers multiplies them by rope_parameters' attention_factor
-  // (by default 0.1 ln(factor) + 1 in the nested form, 1 in the legacy flat form).
-  auto rope = [&](RopeConfig rc) {
-    if (opt.official) rc.attention_factor = 1.0;
+  // (by default 0.1 ln(factor) + 1 in the nested form, 1 in the legacy flat form). Nor does it have YaRN on the
+  // sliding-window layers' table (dsv4-spec.md 5.3, P-A1: built with original_seq_len 0, its ModelArgs holds one
+  // YaRN, the compressed layers'): a YaRN main rope in config.json (transformers applies it) is plain RoPE there.
+  auto rope = [&](RopeConfig rc, bool main) {
+    if (opt.official) {
+      rc.attention_factor = 1.0;
+      if (main) rc.yarn = false;
+    }
     return ops::Rope(rc, m->cfg_.rope_dim);
   };
-  m->rope_main_ = rope(m->cfg_.rope_main);
-  m->rope_compress_ = rope(m->cfg_.rope_compress);
+  m->rope_main_ = rope(m->cfg_.rope_main, true);
+  m->rope_compress_ = rope(m->cfg_.rope_compress, false);
   m->opt_ = opt;
   m->backend_ = backend;
   if (backend == "cuda") m->device_ = make_cuda_forward(*m);

@@ -409,6 +409,43 @@ TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
   fs::remove_all(dir);
 }
 
+// A YaRN main rope (transformers applies it to the sliding-window layers): the official code builds those layers'
+// table with original_seq_len 0, plain RoPE at the main theta (dsv4-spec.md 5.3, P-A1), so numerics.official does
+// too, while the reference numerics take the YaRN frequencies and their attention factor. The expected plain
+// frequencies are the RoPE definition, 1 / theta^(2i / dim) in fp32. (yarn-sigmoid's model, its main rope made YaRN
+// as make_golden's v-yarn-both does; session 62's oracle run of v-yarn-both failed at L0.attn.out before.)
+TEST(ModelConfigRope, YarnMainRopeIsPlainUnderOfficialNumerics) {
+  namespace fs = std::filesystem;
+  const std::string src = std::string(PLUMB_TEST_DATA) + "/golden/yarn-sigmoid";
+  const fs::path dir = fs::temp_directory_path() / "plumb_yarn_main";
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(src) / "model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+  json j = json::parse(std::ifstream(fs::path(src) / "config.json"));
+  json& main = j["rope_parameters"]["main"];
+  ASSERT_EQ(main["rope_type"], "default");
+  const double theta = main["rope_theta"].get<double>(), factor = 4.0;
+  main["rope_type"] = "yarn", main["factor"] = factor, main["original_max_position_embeddings"] = 16;
+  main["beta_fast"] = 8.0, main["beta_slow"] = 2.0;
+  std::ofstream(dir / "config.json") << j.dump(2);
+  plumb::ModelOptions official;
+  official.official = true;
+  const auto ref = plumb::Model::load(dir.string()), off = plumb::Model::load(dir.string(), official);
+  const auto& plain = off->rope_main().inv_freq();
+  const int dim = off->rope_main().dim();
+  ASSERT_EQ(plain.size(), size_t(dim / 2));
+  int yarn_changed = 0;
+  for (int i = 0; i < dim / 2; ++i) {
+    EXPECT_EQ(plain[size_t(i)], 1.0f / std::pow(float(theta), float(2 * i) / float(dim))) << "dim pair " << i;
+    yarn_changed += ref->rope_main().inv_freq()[size_t(i)] != plain[size_t(i)];
+  }
+  EXPECT_GT(yarn_changed, 0) << "the reference numerics should take the main rope's YaRN";
+  EXPECT_FLOAT_EQ(ref->rope_main().attention_factor(), float(0.1 * std::log(factor) + 1.0));
+  EXPECT_FLOAT_EQ(off->rope_main().attention_factor(), 1.0f);
+  // The compressed layers' YaRN is the official code's one YaRN: the same frequencies in both numerics.
+  EXPECT_EQ(ref->rope_compress().inv_freq(), off->rope_compress().inv_freq());
+  fs::remove_all(dir);
+}
+
 // Config fields transformers' V4 ignores change nothing on a real model: the tiny fixture with n_shared_experts 0 or 2
 // (its shared expert's tensors are there: one shared expert), n_group / topk_group (V3's grouped selection would pick
 // other experts on its learned layers), num_key_value_heads 4 still passes verify-golden; with tie_word_embeddings
