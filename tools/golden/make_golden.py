@@ -1148,7 +1148,9 @@ class Recorder:
                                   "index heads")
                 need(chosen == exp, f"{self.step['name']} L{i} row {row}: indexer picks {chosen} != top-{width} of "
                                     f"scores {exp}")
-            self.put(f"L{i}.attn.indexer.topk", topk)
+            # A width-0 selection is written [n, 1] of -1 (FORMAT.md: -1 = none, the rows' sets unchanged): a
+            # safetensors file holds no zero-sized tensor.
+            self.put(f"L{i}.attn.indexer.topk", topk if width > 0 else torch.full((n, 1), -1, dtype=torch.long))
         return fn
 
 
