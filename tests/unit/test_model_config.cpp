@@ -388,25 +388,40 @@ TEST(ModelConfigParse, LoadRefusesMissingAndMalformedFiles) {
 // get_mscale default), the official code by nothing (dsv4-spec.md 5.3: no YaRN magnitude scaling), so the reference
 // numerics and numerics.official build different ropes from the same config. (yarn-sigmoid's model, its config's
 // attention_factor 1.0 removed.)
-TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
+// yarn-sigmoid's model with its config edited, loaded in the reference numerics and in numerics.official.
+struct BothNumerics {
+  json config;
+  std::unique_ptr<plumb::Model> ref, off;
+};
+BothNumerics yarn_sigmoid_with(const char* tmp_name, const std::function<void(json&)>& edit) {
   namespace fs = std::filesystem;
-  const std::string src = std::string(PLUMB_TEST_DATA) + "/golden/yarn-sigmoid";
-  const fs::path dir = fs::temp_directory_path() / "plumb_yarn_no_af";
+  const fs::path src = fs::path(PLUMB_TEST_DATA) / "golden" / "yarn-sigmoid";
+  const fs::path dir = fs::temp_directory_path() / tmp_name;
   fs::create_directories(dir);
-  fs::copy_file(fs::path(src) / "model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
-  json j = json::parse(std::ifstream(fs::path(src) / "config.json"));
-  ASSERT_TRUE(j["rope_parameters"]["compress"].contains("attention_factor"));
-  j["rope_parameters"]["compress"].erase("attention_factor");
-  std::ofstream(dir / "config.json") << j.dump(2);
-  const double factor = j["rope_parameters"]["compress"]["factor"].get<double>();
+  fs::copy_file(src / "model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+  BothNumerics b;
+  b.config = json::parse(std::ifstream(src / "config.json"));
+  edit(b.config);
+  std::ofstream(dir / "config.json") << b.config.dump(2);
   plumb::ModelOptions official;
   official.official = true;
-  const auto ref = plumb::Model::load(dir.string()), off = plumb::Model::load(dir.string(), official);
+  b.ref = plumb::Model::load(dir.string());
+  b.off = plumb::Model::load(dir.string(), official);
+  fs::remove_all(dir);
+  return b;
+}
+
+TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
+  const auto b = yarn_sigmoid_with("plumb_yarn_no_af", [](json& j) {
+    ASSERT_TRUE(j["rope_parameters"]["compress"].contains("attention_factor"));
+    j["rope_parameters"]["compress"].erase("attention_factor");
+  });
+  const double factor = b.config["rope_parameters"]["compress"]["factor"].get<double>();
+  const auto &ref = b.ref, &off = b.off;
   EXPECT_FLOAT_EQ(ref->rope_compress().attention_factor(), float(0.1 * std::log(factor) + 1.0));
   EXPECT_FLOAT_EQ(off->rope_compress().attention_factor(), 1.0f);
   EXPECT_FLOAT_EQ(ref->rope_main().attention_factor(), 1.0f);  // "default" rope: no factor either way
   EXPECT_FLOAT_EQ(off->rope_main().attention_factor(), 1.0f);
-  fs::remove_all(dir);
 }
 
 // A YaRN main rope (transformers applies it to the sliding-window layers): the official code builds those layers'
@@ -415,21 +430,15 @@ TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
 // frequencies are the RoPE definition, 1 / theta^(2i / dim) in fp32. (yarn-sigmoid's model, its main rope made YaRN
 // as make_golden's v-yarn-both does; session 62's oracle run of v-yarn-both failed at L0.attn.out before.)
 TEST(ModelConfigRope, YarnMainRopeIsPlainUnderOfficialNumerics) {
-  namespace fs = std::filesystem;
-  const std::string src = std::string(PLUMB_TEST_DATA) + "/golden/yarn-sigmoid";
-  const fs::path dir = fs::temp_directory_path() / "plumb_yarn_main";
-  fs::create_directories(dir);
-  fs::copy_file(fs::path(src) / "model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
-  json j = json::parse(std::ifstream(fs::path(src) / "config.json"));
-  json& main = j["rope_parameters"]["main"];
-  ASSERT_EQ(main["rope_type"], "default");
-  const double theta = main["rope_theta"].get<double>(), factor = 4.0;
-  main["rope_type"] = "yarn", main["factor"] = factor, main["original_max_position_embeddings"] = 16;
-  main["beta_fast"] = 8.0, main["beta_slow"] = 2.0;
-  std::ofstream(dir / "config.json") << j.dump(2);
-  plumb::ModelOptions official;
-  official.official = true;
-  const auto ref = plumb::Model::load(dir.string()), off = plumb::Model::load(dir.string(), official);
+  const double factor = 4.0;
+  const auto b = yarn_sigmoid_with("plumb_yarn_main", [&](json& j) {
+    json& main = j["rope_parameters"]["main"];
+    ASSERT_EQ(main["rope_type"], "default");
+    main["rope_type"] = "yarn", main["factor"] = factor, main["original_max_position_embeddings"] = 16;
+    main["beta_fast"] = 8.0, main["beta_slow"] = 2.0;
+  });
+  const double theta = b.config["rope_parameters"]["main"]["rope_theta"].get<double>();
+  const auto &ref = b.ref, &off = b.off;
   const auto& plain = off->rope_main().inv_freq();
   const int dim = off->rope_main().dim();
   ASSERT_EQ(plain.size(), size_t(dim / 2));
@@ -443,7 +452,6 @@ TEST(ModelConfigRope, YarnMainRopeIsPlainUnderOfficialNumerics) {
   EXPECT_FLOAT_EQ(off->rope_main().attention_factor(), 1.0f);
   // The compressed layers' YaRN is the official code's one YaRN: the same frequencies in both numerics.
   EXPECT_EQ(ref->rope_compress().inv_freq(), off->rope_compress().inv_freq());
-  fs::remove_all(dir);
 }
 
 // Config fields transformers' V4 ignores change nothing on a real model: the tiny fixture with n_shared_experts 0 or 2
