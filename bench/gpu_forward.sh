@@ -13,7 +13,7 @@
 # SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests, one process per test and tool of SANITIZE_TOOLS, in
 # parallel: bench/sanitize_each.py, sanitize-summary.tsv and sanitize-logs.txt.gz),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
-# ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there),
+# ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there; ORACLE=variants: every variant made),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
 # the matching kernels with opcode counts, SASS_BINS),
 # KTRACE=1,8 (the kernel timeline of the FAST layer bench's replayed steps at those batches: bench/ktrace; carry
@@ -84,9 +84,16 @@ fi
 # $OUT/oracle-refs.tar and verified on the GPU in the official numerics, alone and with cuda.moe_mxfp4 (its W4A8 kernels).
 # ORACLE may name several (space-separated); a name that is not committed is taken from GEN_PRESET's /tmp/NAME, or
 # from GEN_VARIANTS' /tmp/variants/NAME. Every NAME-ref folder goes into one $OUT/oracle-refs.tar (the tool returns at
-# most 8 files).
+# most 8 files). ORACLE=variants: every variant GEN_VARIANTS made (one oracle run of ~5-15 s and two verify-goldens
+# each; the tar then holds only the refs that failed a verify-golden: all of them would pass the 16 MB a file returns).
 orefs=()
-for orc in ${ORACLE:-}; do
+orc_names=${ORACLE:-}
+only_failed=
+if [ "$orc_names" = variants ]; then
+  orc_names=$(for d in /tmp/variants/*/; do [ -f "$d/golden.json" ] && basename "$d"; done)
+  only_failed=1
+fi
+for orc in $orc_names; do
   src="tests/data/golden/$orc"
   [ -d "$src" ] || src="/tmp/$orc"
   [ -d "$src" ] || src="/tmp/variants/$orc"
@@ -96,12 +103,16 @@ for orc in ${ORACLE:-}; do
   note "oracle rc=$?"
   mkdir -p "/tmp/$orc-ref"
   cp "$src/config.json" "$src/model.safetensors" /tmp/oracle-out/golden.* "/tmp/$orc-ref/"
-  orefs+=("$orc-ref")
+  failed=
   for p in numerics.official numerics.official,cuda.moe_mxfp4; do
     timeout 120 "$C/plumb" verify-golden --backend cuda --patches "$p" "/tmp/$orc-ref" >>"$OUT/oracle-verify.txt" 2>&1
-    note "verify-golden $orc-ref [$p] rc=$?"
+    rc=$?
+    note "verify-golden $orc-ref [$p] rc=$rc"
+    [ $rc -ne 0 ] && failed=1
   done
+  [ -z "$only_failed" ] || [ -n "$failed" ] && orefs+=("$orc-ref")
 done
+[ -n "$orc_names" ] && note "oracle: $(grep -c '^== verify-golden .*-ref .* rc=0' "$OUT/run.log") verify-goldens pass, $(grep -c '^== verify-golden .*-ref .* rc=[1-9]' "$OUT/run.log") fail"
 [ ${#orefs[@]} -gt 0 ] && tar -C /tmp -cf "$OUT/oracle-refs.tar" "${orefs[@]}"
 
 note "cuda tests"
