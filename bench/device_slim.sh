@@ -10,14 +10,15 @@ cd "$(dirname "$0")/.."
 SLIM=${SLIM:-/tmp/plumb-slim}
 paths=(bench/results tests/data/tokenizer)
 # SLIM_REF=1: also the official-code fixtures that only OFFICIAL=1 runs read (the CUDA tests read csa-long-ref,
-# tiny-official-ref, wide-window-ref and wide-prefill-ref: they stay), for a carry with a third binary; gpu_forward.sh
+# tiny-official-ref, wide-window-ref and wide-prefill-ref: they stay; v-yarn-both-ref stays too, for GpuNumericsGolden's
+# glob: the official numerics' plain sliding-window rope on the GPU, 0.9 MB), for a carry with a third binary; gpu_forward.sh
 # then reports the moved ones' verify-golden as failures (no golden.json). `back` returns them whether SLIM_REF is set
 # or not (session 49 once left them out by calling `back` without it).
 if [ -n "${SLIM_REF:-}" ] || [ "${1:-}" = back ]; then
   for d in tests/data/golden/*-ref "$SLIM"/tests/data/golden/*-ref; do  # in the tree (out) or moved (back)
     [ -e "$d" ] || continue
     d=tests/data/golden/$(basename "$d")
-    case "$d" in */csa-long-ref | */tiny-official-ref | */wide-window-ref | */wide-prefill-ref) ;; *) paths+=("$d") ;; esac
+    case "$d" in */csa-long-ref | */tiny-official-ref | */wide-window-ref | */wide-prefill-ref | */v-yarn-both-ref) ;; *) paths+=("$d") ;; esac
   done
 fi
 case "${1:-}" in
