@@ -528,10 +528,10 @@ def expected_attention_scaling(rp, max_pos):
 
 
 def check_rotary(model, cfg, soft=None):
-    """`soft` (a list, for variants): a cos/sin factor other than expected_attention_scaling's is appended there (and
-    recorded in checks.rope as transformers computed it) instead of refused: such a variant is the probe of that
-    reading, so the golden is worth more than the check."""
-    """Every rotary module must hold exactly the frequencies the config describes (YaRN really applied)."""
+    """Every rotary module must hold exactly the frequencies the config describes (YaRN really applied). `soft` (a
+    list, for variants): a cos/sin factor other than expected_attention_scaling's is appended there (and recorded in
+    checks.rope as transformers computed it) instead of refused: such a variant is the probe of that reading, so the
+    golden is worth more than the check."""
     head_dim = cfg.head_dim
     n = 0
     info = {}
@@ -906,6 +906,11 @@ def make_steps(spec, gen, vocab):
     return steps
 
 
+def indexer_stats():
+    """A CSA layer's indexer counters, fresh (Recorder's per-layer dict, reset after the probe runs)."""
+    return dict(rows=0, sparse_rows=0, no_entry_rows=0, empty_steps=0, min_rel_gap=None)
+
+
 class Recorder:
     """Forward hooks: taps (when `record`), clamp counters, router / indexer consistency and tie checks."""
 
@@ -936,7 +941,7 @@ class Recorder:
             if cfg.layer_types[i] == CSA:
                 self._hook(comp.indexer.scorer, self._scorer_hook(i))
                 self._hook(comp.indexer, self._indexer_hook(i))
-                self.indexer[i] = dict(rows=0, sparse_rows=0, no_entry_rows=0, empty_steps=0, min_rel_gap=None)
+                self.indexer[i] = indexer_stats()
             else:
                 need(cfg.layer_types[i] == SWA or not hasattr(comp, "indexer"), f"L{i}: unexpected indexer")
             need((comp is None) == (cfg.layer_types[i] == SWA), f"L{i}: compressor presence vs layer type")
@@ -1217,7 +1222,7 @@ def apply_gate_shift(model, rec, steps, spec, gen):
     for k in rec.stats:
         rec.stats[k] = 0
     for st in rec.indexer.values():
-        st.update(rows=0, sparse_rows=0, no_entry_rows=0, empty_steps=0, min_rel_gap=None)
+        st.update(indexer_stats())
     return info
 
 
