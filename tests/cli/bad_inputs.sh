@@ -8,7 +8,7 @@ plumb=$1
 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fails=0 passes=0
+. "$(dirname "$0")/lib.sh"
 
 # expect NAME PATTERN CMD...: exit status in 1..127 (not a signal), exactly one stderr line "error: ...PATTERN..."
 expect() {
@@ -19,11 +19,9 @@ expect() {
   local lines
   lines=$(grep -c . "$work/err")
   if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$pattern" "$work/err"; then
-    passes=$((passes + 1))
-    echo "ok    $name: $(cat "$work/err")"
+    ok "$name: $(cat "$work/err")"
   else
-    fails=$((fails + 1))
-    echo "FAIL  $name: exit $rc, stderr:"
+    bad "$name: exit $rc, stderr:"
     cat "$work/err"
   fi
 }
@@ -75,5 +73,4 @@ fresh
 expect "two numerics modes" "numerics.reference and numerics.official are two numerics modes: choose one" \
   "$plumb" verify-golden --patches numerics.reference,numerics.official "$work/fx"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish bad_inputs

@@ -14,9 +14,7 @@ sess=chat
 tmp=$(mktemp -d)
 cleanup() { tmux -L "$sock" kill-server 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-fails=0 passes=0
-ok() { echo "ok   $1"; passes=$((passes + 1)); }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+. "$root/tests/cli/lib.sh"
 
 # A private tmux server (-L) so a user's own sessions are never touched; a wide pane so nothing wraps.
 tmux -L "$sock" -f /dev/null new-session -d -s "$sess" -x 250 -y 60 \
@@ -86,5 +84,4 @@ for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
 pane | grep -q CHAT-EXITED && ok "/quit leaves" || bad "/quit did not leave"
 if pane | grep -qiE 'error|terminate|abort|segmentation'; then bad "errors in the pane"; pane; fi
 
-echo "chat_tmux: $passes passed, $fails failed"
-exit $((fails > 0))
+finish chat_tmux

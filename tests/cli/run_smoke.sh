@@ -9,9 +9,7 @@ plumb=$(realpath "${1:-$root/build/plumb}")
 cd "$root"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fails=0 passes=0
-ok() { echo "ok   $1"; passes=$((passes + 1)); }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+. "$root/tests/cli/lib.sh"
 
 # --- generation ---------------------------------------------------------------------------------------------
 "$plumb" run -p "Once upon a time" --seed 7 --max-tokens 40 >"$tmp/a.out" 2>"$tmp/a.err"
@@ -119,5 +117,4 @@ grep -q '^note: --backend cuda without --patches runs the GPU.s fp32 twin.*--pat
 "$plumb" run -p hi -n 1 --seed 1 --backend cuda --patches cuda.fast >/dev/null 2>"$tmp/n2.err"
 grep -q '^note: ' "$tmp/n2.err" && bad "a note with --patches: $(cat "$tmp/n2.err")" || ok "backend cuda with patches: no note"
 
-echo "run_smoke: $passes passed, $fails failed"
-exit $((fails > 0))
+finish run_smoke

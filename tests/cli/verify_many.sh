@@ -9,15 +9,13 @@ plumb=$1
 golden=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fails=0 passes=0
+. "$(dirname "$0")/lib.sh"
 
 check() {  # check NAME COND: COND is a shell test on the last run's rc and files
   if eval "$2"; then
-    passes=$((passes + 1))
-    echo "ok    $1"
+    ok "$1"
   else
-    fails=$((fails + 1))
-    echo "FAIL  $1 (exit $rc); stdout tail:"
+    bad "$1 (exit $rc); stdout tail:"
     tail -5 "$work/out"
     echo "stderr:"
     cat "$work/err"
@@ -80,5 +78,4 @@ run "$work/empty"
 check "no fixture: one error line" \
   '[ $rc -eq 2 ] && [ "$(grep -c . "$work/err")" -eq 1 ] && grep -q "^error: .*empty: no golden.json" "$work/err"'
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish verify_many
