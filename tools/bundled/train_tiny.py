@@ -42,8 +42,7 @@ for p in (HERE, os.path.join(ROOT, "tools", "golden"), os.path.join(ROOT, "tools
 
 import corpus  # noqa: E402
 import make_golden as mg  # noqa: E402  (model construction, hub names, recorder, writer, replay)
-from make_parity import (BOS, CHAT_TOKENS, EOS, NON_SPECIAL, PAD, SPLIT_CJK, SPLIT_DIGITS,  # noqa: E402
-                         SPLIT_MAIN)
+from make_parity import BOS, CHAT_TOKENS, EOS, NON_SPECIAL, PAD, bpe_setup  # noqa: E402
 
 T0 = time.time()
 SWA, CSA, HCA = mg.SWA, mg.CSA, mg.HCA
@@ -98,21 +97,8 @@ def log(msg):
 # --------------------------------------------------------------------------------------------------------
 
 def train_tokenizer(texts, path):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, \
-        trainers
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.Sequence([])
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_DIGITS), behavior="isolated", invert=False),
-        pre_tokenizers.Split(Regex(SPLIT_CJK), behavior="isolated", invert=False),
-        pre_tokenizers.Split(Regex(SPLIT_MAIN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB, min_frequency=2, show_progress=False,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in (BOS, EOS, PAD)],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    from tokenizers import AddedToken, processors
+    tok, trainer = bpe_setup(TOKENIZER_VOCAB)
 
     def plain():  # the tokenizer learns text, not the markup around it
         for t in texts:

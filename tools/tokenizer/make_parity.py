@@ -189,10 +189,10 @@ def write_corpus(path, tests):
 
 
 # --- training + reference outputs (Python tokenizers) -----------------------------------------------------------
-def build(variant, train_lines):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, \
-        processors, trainers
-    vocab_size = {"a": 1000, "b": 2000, "c": 3000}[variant]
+def bpe_setup(vocab_size):
+    """An untrained byte-level BPE tokenizer with DeepSeek's normalizer, pre-tokenizer and decoder, and the trainer
+    that makes BOS, EOS, PAD ids 0, 1, 2 (also tools/bundled/train_tiny.py's tokenizer)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.Sequence([])
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -206,6 +206,12 @@ def build(variant, train_lines):
         vocab_size=vocab_size, min_frequency=2, show_progress=False,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in (BOS, EOS, PAD)],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return tok, trainer
+
+
+def build(variant, train_lines):
+    from tokenizers import AddedToken, processors
+    tok, trainer = bpe_setup({"a": 1000, "b": 2000, "c": 3000}[variant])
     tok.train_from_iterator(train_lines, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=t not in NON_SPECIAL, normalized=False) for t in CHAT_TOKENS])
     if variant == "c":
