@@ -95,8 +95,9 @@ if [ "$orc_names" = variants ]; then
   orc_names=$(for d in /tmp/variants/*/; do [ -f "$d/golden.json" ] && basename "$d"; done)
   only_failed=1
 fi
-oracle_src() {
+oracle_src() {  # (ORACLE=variants: the variant just made, in VARIANT_FORMAT, before a committed fixture of that name)
   local s="tests/data/golden/$1"
+  [ -n "$only_failed" ] && [ -d "/tmp/variants/$1" ] && s="/tmp/variants/$1"
   [ -d "$s" ] || s="/tmp/$1"
   [ -d "$s" ] || s="/tmp/variants/$1"
   echo "$s"
