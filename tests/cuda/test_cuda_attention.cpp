@@ -118,7 +118,8 @@ std::vector<float> run_twin(const AttnCase& c, Device& dv) {
 
 std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr) {
   const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count());
-  DeviceBuffer scratch(std::max<size_t>(plan.scratch_bytes, 8));
+  // The partials' scratch starts as NaNs (all bits set): the merge reads only what the split launch wrote.
+  DeviceBuffer scratch = to_device(std::vector<uint8_t>(std::max<size_t>(plan.scratch_bytes, 8), 0xFF));
   dv.a.logits = nullptr, dv.a.ld_logits = 0;
   d::fwd_attend_splitk(dv.a, plan, scratch.get(), nullptr);
   if (splits) *splits = plan.splits;
@@ -178,6 +179,28 @@ TEST_F(GpuTest, AttentionSplitKMatchesUnsplitTwin) {
     expect_close(std::string(c.name) + ", split-K vs host fp64", split, ref, c.Dh, 2e-6);
     expect_close(std::string(c.name) + ", unsplit twin vs host fp64", twin, ref, c.Dh, 2e-6);
   }
+}
+
+// Keyless splits between live ones: one token of a CSA layer whose selection has a run of 96 holes (slots 64-159,
+// keys 192-287: splits 6, 7 and 8 of 32 keys see no key, m = -inf, and must add exact zeros in the merge, as the
+// empty splits of a graph's wider grid do). The output matches the unsplit twin and the host's fp64 softmax, and is
+// the same bits under the exact bound and a graph's wider one.
+TEST_F(GpuTest, AttentionSplitKKeylessSplitsAddNothing) {
+  const AttnCase c{"CSA, a run of holes", 1, 1, 64, 512, 128, 4000, 4, 1000, 512, 3.0f};
+  Data x = make_data(c, 4242u);
+  for (int64_t j = 0; j < c.ksel; ++j)  // every slot a distinct entry but for the run
+    x.sel[size_t(j)] = j >= 64 && j < 160 ? -1 : (j * 7) % c.ne;
+  Device dv(c, x);
+  int splits = 0;
+  const auto split = run_split(c, dv, max_keys(c), &splits);
+  ASSERT_GE(splits, 10) << "the case needs splits past the holes";
+  ASSERT_EQ(d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, max_keys(c), d::sm_count()).keys_per_split(max_keys(c)), 32);
+  const auto wide = run_split(c, dv, max_keys(c) * 3 + 700);
+  const auto twin = run_twin(c, dv);
+  expect_close("keyless splits, split-K vs unsplit twin", split, twin, c.Dh, 1e-6);
+  expect_close("keyless splits, split-K vs host fp64", split, host_attention(c, x), c.Dh, 2e-6);
+  for (size_t i = 0; i < split.size(); ++i)
+    ASSERT_EQ(std::memcmp(&split[i], &wide[i], 4), 0) << "element " << i << ": " << split[i] << " vs " << wide[i];
 }
 
 // The unsplit twin stages a query's key rows and probabilities in shared memory, in rounds where a query has more

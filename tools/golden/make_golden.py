@@ -422,7 +422,8 @@ variant("v-long-prompt", 1040, "a 200-token prompt, two decodes, a 70-token chun
 variant("v-hca-128", 1041, "HCA at V4-Flash's rate 128 over 300 tokens in two prompts (entries at 128 and 256)",
         compress_rates={CSA: 4, HCA: 128}, schedule=[P(150), D, P(150), D, D])
 variant("v-window-one-decodes", 1042, "sliding_window 1 over one-token steps only (v-window-one's multi-token "
-        "steps fail inside transformers 5.17)", sliding_window=1, schedule=[P(1)] + [D] * 23)
+        "steps fail inside transformers 5.17; so do these, session 63: a mask 2 wide for 5 keys)", sliding_window=1,
+        schedule=[P(1)] + [D] * 23)
 variant("v-max-pos-small", 1043, "max_position_embeddings 32, run to position 49 (nothing may stop at the field)",
         max_position_embeddings=32)
 variant("v-gelu", 1044, "hidden_act gelu (transformers' ACT2FN; the official code has SiLU only)", hidden_act="gelu")
