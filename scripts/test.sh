@@ -10,9 +10,13 @@ phase() { echo "test.sh: $1 took $((SECONDS - t0)) s" >&2; t0=$SECONDS; }
 t0=$SECONDS
 
 # With nvcc present (CI has it, without a GPU) the CUDA backend is compiled too and its GPU tests skip cleanly.
-cuda=OFF
+# Without a visible GPU no kernel can run, so the kernels are compiled for checking only (PLUMB_CUDA_CHECK_ONLY:
+# every compiler stage, the device optimizers low: ~4x faster to build); with one they are built optimized and
+# their tests run.
+cuda=OFF check_only=OFF
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; fi
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPLUMB_CUDA=$cuda >/dev/null
+if [ $cuda = ON ] && ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then check_only=ON; fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPLUMB_CUDA=$cuda -DPLUMB_CUDA_CHECK_ONLY=$check_only >/dev/null
 cmake --build build -j "$jobs"
 phase "the Release build"
 ctest --test-dir build --output-on-failure -j "$jobs"

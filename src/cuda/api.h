@@ -39,7 +39,12 @@ struct DeviceInfo {
   int cc_major = 0, cc_minor = 0, sm_count = 0;
   size_t l2_bytes = 0, mem_bytes = 0;
   int driver = 0, runtime = 0;
+  bool check_only = false;  // the kernels were compiled with PLUMB_CUDA_CHECK_ONLY (device optimizers off)
 };
+// The line `plumb bench` prints for such a build (its timings are not the engine's).
+inline constexpr const char* kCheckOnlyWarning =
+    "warning: this build's kernels were compiled with -DPLUMB_CUDA_CHECK_ONLY=ON (device optimizers off, for machines "
+    "without a GPU): these timings are not the engine's; rebuild with -DPLUMB_CUDA_CHECK_ONLY=OFF\n";
 
 // True when a CUDA device of compute capability 9.x can run this build's kernels; otherwise false and `why`
 // says what is missing (no driver, no device, another architecture, or a build without CUDA).

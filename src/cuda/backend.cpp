@@ -26,6 +26,7 @@ DeviceInfo device_info() {
   r.name = i.name;
   r.cc_major = i.cc_major, r.cc_minor = i.cc_minor, r.sm_count = i.sm_count;
   r.l2_bytes = i.l2_bytes, r.mem_bytes = i.mem_bytes, r.driver = i.driver, r.runtime = i.runtime;
+  r.check_only = i.check_only;
   return r;
 }
 

@@ -139,6 +139,7 @@ int run_bench(const BenchOptions& opt) {
   const Stream S = B.s;
   fmt::print("device: {} (sm_{}{}, {} SMs, L2 {} MB, {:.1f} GB), driver {}, runtime {}\n", B.dev.name, B.dev.cc_major,
              B.dev.cc_minor, B.dev.sm_count, B.dev.l2_bytes >> 20, double(B.dev.mem_bytes) / 1e9, B.dev.driver, B.dev.runtime);
+  if (B.dev.check_only) fmt::print(stderr, "{}", kCheckOnlyWarning), fmt::print("{}", kCheckOnlyWarning);
 
   // ---- measured bandwidth (1 GiB, far beyond L2) ----
   {

@@ -251,6 +251,7 @@ void print_header(const Run& R) {
                     dev.l2_bytes >> 20, double(dev.mem_bytes) / 1e9));
   else
     out("backend cpu: the reference backend (no bandwidth measurement)\n");
+  if (R.gpu && dev.check_only) fmt::print(stderr, "{}", kCheckOnlyWarning), out(kCheckOnlyWarning);
   out(fmt::format("model: {} dimensions ({} layers in the whole model)\n", dm.model, dm.model_layers));
   out(fmt::format("layer stack: {} layer{} [{}]; learned routing (sqrtsoftplus + bias, top-{} of {}) on every layer; "
                   "patches: {}\n",

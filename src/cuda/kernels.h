@@ -20,6 +20,7 @@ struct Info {
   int cc_major = 0, cc_minor = 0, sm_count = 0;
   size_t l2_bytes = 0, mem_bytes = 0;
   int driver = 0, runtime = 0;
+  bool check_only = false;  // built with PLUMB_CUDA_CHECK_ONLY: the device code unoptimized (timings mean nothing)
 };
 bool probe(std::string* why);  // a usable sm_90 device?
 Info info();

@@ -41,6 +41,9 @@ Info info() {
   r.l2_bytes = size_t(p.l2CacheSize), r.mem_bytes = p.totalGlobalMem;
   PLUMB_CUDA_CHECK(cudaDriverGetVersion(&r.driver));
   PLUMB_CUDA_CHECK(cudaRuntimeGetVersion(&r.runtime));
+#ifdef PLUMB_CUDA_CHECK_ONLY
+  r.check_only = true;
+#endif
   return r;
 }
 
