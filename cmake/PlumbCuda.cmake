@@ -37,8 +37,7 @@ target_compile_options(plumb_cuda PRIVATE
 # PLUMB_CUDA_CHECK_ONLY (scripts/test.sh sets it where no GPU is visible, as in CI): every kernel still goes through
 # nvcc, NVVM and ptxas for sm_90a, with the device optimizers low (NVVM -O1, ptxas -O0): plumb_cuda's compile falls
 # from ~280 to ~160 CPU-seconds (gemv.cu 59 -> 29 s, fwd_hc.cu 50 -> 25; the rest is nvcc's host pass), and no kernel
-# runs there. Such a build's kernels
-# are correct but slow: `plumb bench` says so. Host code keeps the build type's flags.
+# runs there. Such kernels are correct but slow: `plumb bench` says so. Host code keeps the build type's flags.
 option(PLUMB_CUDA_CHECK_ONLY "Compile the CUDA kernels without device optimization (machines without a GPU)" OFF)
 set(PLUMB_CUDA_DEVICE_OPT "")
 if(PLUMB_CUDA_CHECK_ONLY)

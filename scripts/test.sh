@@ -11,8 +11,8 @@ t0=$SECONDS
 
 # With nvcc present (CI has it, without a GPU) the CUDA backend is compiled too and its GPU tests skip cleanly.
 # Without a visible GPU no kernel can run, so the kernels are compiled for checking only (PLUMB_CUDA_CHECK_ONLY:
-# every compiler stage, the device optimizers low: the kernels build in ~60 % of the time); with one they are built optimized and
-# their tests run.
+# every compiler stage, the device optimizers low: they build in ~60 % of the time); with a GPU they are built
+# optimized and their tests run.
 cuda=OFF check_only=OFF
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; fi
 if [ $cuda = ON ] && ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then check_only=ON; fi
