@@ -384,10 +384,6 @@ TEST(ModelConfigParse, LoadRefusesMissingAndMalformedFiles) {
   }
 }
 
-// The nested yarn form without attention_factor: transformers multiplies cos and sin by 0.1 ln(factor) + 1 (its
-// get_mscale default), the official code by nothing (dsv4-spec.md 5.3: no YaRN magnitude scaling), so the reference
-// numerics and numerics.official build different ropes from the same config. (yarn-sigmoid's model, its config's
-// attention_factor 1.0 removed.)
 // yarn-sigmoid's model with its config edited, loaded in the reference numerics and in numerics.official.
 struct BothNumerics {
   json config;
@@ -411,6 +407,10 @@ BothNumerics yarn_sigmoid_with(const char* tmp_name, const std::function<void(js
   return b;
 }
 
+// The nested yarn form without attention_factor: transformers multiplies cos and sin by 0.1 ln(factor) + 1 (its
+// get_mscale default), the official code by nothing (dsv4-spec.md 5.3: no YaRN magnitude scaling), so the reference
+// numerics and numerics.official build different ropes from the same config. (yarn-sigmoid's model, its config's
+// attention_factor 1.0 removed.)
 TEST(ModelConfigRope, NestedYarnWithoutAttentionFactorPerNumerics) {
   const auto b = yarn_sigmoid_with("plumb_yarn_no_af", [](json& j) {
     ASSERT_TRUE(j["rope_parameters"]["compress"].contains("attention_factor"));
