@@ -134,10 +134,14 @@ __device__ __forceinline__ void rms_norm_row(float* v, int64_t dim, const float*
   const float inv = rms_inv(ss, dim, eps);
   for (int64_t b = threadIdx.x; b < dim; b += kU * step) {
     float x[kU], g[kU];
+    // Only this thread's own elements (not load_strided's clamped indices): v is written in place by these very
+    // loops, and a clamped read of v[dim - 1] raced with its owner's store (compute-sanitizer racecheck, session 64;
+    // the value was never used, so the results are the same bits). Still every load before any use.
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int64_t i = min(b + u * step, dim - 1);
-      x[u] = v[i], g[u] = w ? w[i] : 1.0f;
+      const int64_t i = b + u * step;
+      const bool in = i < dim;
+      x[u] = in ? v[i] : 0.0f, g[u] = w && in ? w[i] : 1.0f;
     }
     rms_store(v, b, step, dim, x, g, w != nullptr, inv, bf16_out, h16);
   }
