@@ -60,6 +60,10 @@ TEST_F(CudaBlas, Bf16GemmMatchesCpu) {
 TEST_F(CudaBlas, MeasuresRate) {
   const cuda::GemmRate r = cuda::measure_bf16_gemm(1024, 1024, 1024, 1, 3);
   ASSERT_TRUE(r.measured) << r.why;
-  EXPECT_GT(r.tflops, 1.0);
+  // A plausible measurement, not a speed target (those are plumb bench's): finite, positive and below any GPU's
+  // dense bf16 rate. Under compute-sanitizer the same call runs at ~0.4 TFLOP/s and must still pass.
+  EXPECT_TRUE(std::isfinite(r.tflops));
+  EXPECT_GT(r.tflops, 0.0);
+  EXPECT_LT(r.tflops, 1.0e4);
   std::printf("  bf16 gemm 1024^3: %.1f TFLOP/s (median of 3)\n", r.tflops);
 }
