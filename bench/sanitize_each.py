@@ -5,8 +5,9 @@ One process per (tool, test): a tool that aborts a launch (synccheck does) then 
 test after it, and the tests run in parallel on the machine's cores (the tools are slow on the host side).
 Writes OUT/sanitize-summary.tsv (tool, test, verdict, tool errors, gtest result, seconds) and
 OUT/sanitize-logs.txt.gz (the output of every pair that was not clean, first lines only), and prints a summary.
-Verdicts: clean, ERRORS (the tool reported something), FAILED (gtest failed without a tool report), TIMEOUT,
-NOT-RUN (the deadline came first), SKIPPED (the test skipped itself), no-gpu (it passed without a CUDA call).
+Verdicts: clean, ERRORS (the tool reported something), FAILED (gtest failed without a tool report), TIMEOUT
+(over its own time), CUT (started so late that the run's deadline stopped it first), NOT-RUN (the deadline came
+before it started), SKIPPED (the test skipped itself), no-gpu (it passed without a CUDA call).
 """
 import argparse
 import concurrent.futures as cf
@@ -71,7 +72,8 @@ def run_one(args, tool, test, t_end):
     if errs:
         verdict = "ERRORS"
     elif timed_out:
-        verdict = "TIMEOUT"
+        # CUT: stopped by the run's deadline before its own time was up (it started late), not over its time
+        verdict = "TIMEOUT" if budget >= args.per_test else "CUT"
     elif gres == "failed":
         verdict = "FAILED"
     elif gres == "skipped":
