@@ -297,12 +297,11 @@ TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
     (splits == 1 ? direct : merged)++;
     DeviceBuffer ref16(elems * 2);
     d::fwd_rope_f16(dv.a.out, int64_t(rows), c.Dh, off, inv.as<float>(), 1.25f, dv.a.pos, c.Hq, 1, ref16.as<uint16_t>(), nullptr);
-    DeviceBuffer out(elems * 4), out16(elems * 2);
+    DeviceBuffer out16(elems * 2);
     Device fused(c, x);
-    fused.a.out = out.as<float>();
     fused.a.out_inv_freq = inv.as<float>(), fused.a.out_rope_off = off, fused.a.out_af = 1.25f, fused.a.out16 = out16.as<uint16_t>();
     run_split(c, fused, max_keys(c));
-    expect_same_bytes(out, dv.out, elems * 4, std::string(c.name) + ": fused rotation, fp32 rows");
+    expect_same_bytes(fused.out, dv.out, elems * 4, std::string(c.name) + ": fused rotation, fp32 rows");
     expect_same_bytes(out16, ref16, elems * 2, std::string(c.name) + ": fused rotation, f16 copy");
   }
   EXPECT_GE(direct, 1);

@@ -148,7 +148,10 @@ GpuOut run_gpu(const std::vector<float>& logits, int rows, int V, const cd::Samp
   cd::SampleOut out;
   out.token = dtok.as<int32_t>(), out.n = dn.as<int32_t>(), out.ids = dids.as<int32_t>(), out.probs = dpr.as<float>();
   out.cap = kCap;
+  // Slots past each row's n stay unwritten by the kernel: all bits set (ids -1, probs NaN), so that the whole
+  // arrays come back defined (compute-sanitizer's initcheck reads every downloaded byte).
   cd::dmemset(dids.p, 0xFF, size_t(rows) * kCap * 4);
+  cd::dmemset(dpr.p, 0xFF, size_t(rows) * kCap * 4);
   cd::fwd_sample(dl.as<float>(), rows, V, p, dpi.as<int32_t>(), dpc.as<int32_t>(), int(pen_ids.size()), du.as<double>(), out,
                  scratch.p, sb, nullptr);
   cd::dsync();
