@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_int.h"
 
 namespace plumb {
 
@@ -54,11 +55,8 @@ constexpr int kMaxLayers = 1024;
 // v when it is a JSON integer that fits an int: get<int> would wrap a larger one, and get<int64_t> an unsigned one
 // above INT64_MAX (18446744073709551615 read as -1).
 std::optional<int> int32_of(const json& v) {
-  if (v.is_number_unsigned())
-    return v.get<uint64_t>() <= uint64_t(INT32_MAX) ? std::optional<int>(int(v.get<uint64_t>())) : std::nullopt;
-  if (!v.is_number_integer()) return std::nullopt;
-  const int64_t x = v.get<int64_t>();
-  return x >= INT32_MIN && x <= INT32_MAX ? std::optional<int>(int(x)) : std::nullopt;
+  const std::optional<int64_t> x = json_int(v, INT32_MIN, INT32_MAX);
+  return x ? std::optional<int>(int(*x)) : std::nullopt;
 }
 
 struct Reader {

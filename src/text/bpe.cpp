@@ -6,6 +6,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "io/json_int.h"
 #include "text/utf8.h"
 
 namespace plumb::text {
@@ -69,9 +70,9 @@ Bpe::Bpe(const nlohmann::json& model, const std::string& what) {
   // vocabularies hold well under a million tokens, numbered from 0 (seen while reading this loader for tests/fuzz).
   constexpr int64_t kMaxId = (int64_t(1) << 24) - 1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > kMaxId)
-      fail("{}: model.vocab[\"{}\"] must be an integer id from 0 to {}, got {}", what, it.key(), kMaxId, it.value().dump());
-    const auto id = int32_t(it.value().get<int64_t>());
+    const std::optional<int64_t> v = json_int(it.value(), 0, kMaxId);
+    if (!v) fail("{}: model.vocab[\"{}\"] must be an integer id from 0 to {}, got {}", what, it.key(), kMaxId, it.value().dump());
+    const auto id = int32_t(*v);
     vocab_.emplace(it.key(), id);
     if (size_t(id) >= id_to_token_.size()) {
       id_to_token_.resize(size_t(id) + 1);

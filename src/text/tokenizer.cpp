@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_int.h"
 #include "text/added_vocab.h"
 #include "text/bpe.h"
 #include "text/byte_level.h"
@@ -86,9 +87,10 @@ void parse_post_processor(const json& j, const std::string& what, std::vector<in
   }
   if (type == "RobertaProcessing" || type == "BertProcessing") {
     const auto id_of = [&](const char* key) {
-      if (!j.contains(key) || !j[key].is_array() || j[key].size() != 2 || !j[key][1].is_number_integer())
-        fail("{}.{}: expected [token, id]", what, key);
-      return j[key][1].get<int32_t>();
+      const std::optional<int64_t> id =
+          j.contains(key) && j[key].is_array() && j[key].size() == 2 ? json_int(j[key][1], 0, INT32_MAX) : std::nullopt;
+      if (!id) fail("{}.{}: expected [token, id] with an id from 0 to {}", what, key, INT32_MAX);
+      return int32_t(*id);
     };
     prefix.insert(prefix.begin(), id_of("cls"));
     suffix.push_back(id_of("sep"));
@@ -109,7 +111,11 @@ void parse_post_processor(const json& j, const std::string& what, std::vector<in
         if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
           fail("{}: special token \"{}\" is not in {}.special_tokens", pwhat, name, what);
         auto& dst = seen_seq ? after : before;
-        for (const auto& id : specials[name]["ids"]) dst.push_back(id.get<int32_t>());
+        for (const auto& id : specials[name]["ids"]) {
+          const std::optional<int64_t> v = json_int(id, 0, INT32_MAX);
+          if (!v) fail("{}: special token \"{}\" has id {}, not an integer from 0 to {}", pwhat, name, id.dump(), INT32_MAX);
+          dst.push_back(int32_t(*v));
+        }
       } else {
         fail("{}: expected {{\"Sequence\": ...}} or {{\"SpecialToken\": ...}}", pwhat);
       }

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/json_int.h"
 #include "io/safetensors.h"
 #include "toolkit/tap_names.h"
 #include "toolkit/trace.h"
@@ -121,10 +122,23 @@ Trace read_trace(const std::string& path) {
       GoldenStep st;
       st.name = s.at("name").get<std::string>();
       st.kind = s.at("kind").get<std::string>();
-      st.start_pos = s.at("start_pos").get<int64_t>();
-      st.tokens = s.at("tokens").get<std::vector<int32_t>>();
+      // (integers checked one by one: get<> would static_cast a float or an out-of-range value)
+      const auto integer = [&](const nlohmann::json& v, const char* field, int64_t lo, int64_t hi) {
+        const std::optional<int64_t> x = json_int(v, lo, hi);
+        PLUMB_CHECK(x, "{}: step {}: {} {} is not an integer in [{}, {}]", ipath, st.name, field, v.dump(), lo, hi);
+        return *x;
+      };
+      const auto integers = [&](const char* field, int64_t lo, int64_t hi) {
+        const nlohmann::json& a = s.at(field);
+        PLUMB_CHECK(a.is_array(), "{}: step {}: {} is not an array", ipath, st.name, field);
+        std::vector<int64_t> out;
+        for (const auto& v : a) out.push_back(integer(v, field, lo, hi));
+        return out;
+      };
+      st.start_pos = integer(s.at("start_pos"), "start_pos", 0, INT64_MAX);
+      for (const int64_t t : integers("tokens", INT32_MIN, INT32_MAX)) st.tokens.push_back(int32_t(t));
       StepTaps d;
-      d.positions = s.at("positions").get<std::vector<int64_t>>();
+      d.positions = integers("positions", 0, INT64_MAX);
       load_step(*file, st.name, order, d);
       t.steps.push_back(std::move(st));
       t.data.push_back(std::move(d));

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/json_int.h"
+
 namespace plumb {
 
 GoldenFixture GoldenFixture::load(const std::string& dir) {
@@ -34,12 +36,14 @@ GoldenFixture GoldenFixture::load(const std::string& dir) {
                   "{}: each step needs name, kind, start_pos and tokens: {}", jpath, s.dump());
       st.name = s["name"].get<std::string>();
       st.kind = s["kind"].get<std::string>();
-      st.start_pos = s["start_pos"].get<int64_t>();
+      const std::optional<int64_t> start = json_int(s["start_pos"], 0);
+      PLUMB_CHECK(start, "{}: step {} has start_pos {}, not a non-negative integer", jpath, st.name, s["start_pos"].dump());
+      st.start_pos = *start;
+      PLUMB_CHECK(s["tokens"].is_array(), "{}: step {} has tokens {}, not an array", jpath, st.name, s["tokens"].dump());
       for (const auto& t : s["tokens"]) {
-        PLUMB_CHECK(t.is_number_integer(), "{}: step {} has a non-integer token {}", jpath, st.name, t.dump());
-        const auto v = t.get<int64_t>();
-        PLUMB_CHECK(v >= INT32_MIN && v <= INT32_MAX, "{}: step {} token {} out of range", jpath, st.name, v);
-        st.tokens.push_back(int32_t(v));
+        const std::optional<int64_t> v = json_int(t, INT32_MIN, INT32_MAX);
+        PLUMB_CHECK(v, "{}: step {} has token {}, not an integer of 32 bits", jpath, st.name, t.dump());
+        st.tokens.push_back(int32_t(*v));
       }
       PLUMB_CHECK(st.kind == "prefill" || st.kind == "decode", "{}: step {} has unknown kind '{}'", jpath, st.name, st.kind);
       PLUMB_CHECK(!st.tokens.empty(), "{}: step {} has no tokens", jpath, st.name);

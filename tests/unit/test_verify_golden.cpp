@@ -1,13 +1,17 @@
-// verify-golden's comparison rules on real fixtures: the indexer top-k is a set per row whatever the tap's width.
+// verify-golden's comparison rules on real fixtures (the indexer top-k is a set per row whatever the tap's width), and
+// the fixture loader's refusals of integers that are not integers.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/safetensors.h"
 #include "plumb/tools.h"
+#include "tools/golden_fixture.h"
 #include "model_test_util.h"
 
 namespace {
@@ -52,6 +56,47 @@ TEST(VerifyGoldenIndexer, TopkWidthMayDifferButTheSetsMustAgree) {
   ASSERT_TRUE(changed);
   plumb::write_safetensors((dir / "golden.safetensors").string(), out);
   EXPECT_EQ(verify(dir), 1);
+}
+
+// A golden.json whose step fields are numbers but not integers of their range is refused by name. nlohmann's get<>
+// would static_cast them: 1e119 as an int64 is undefined behaviour (tests/fuzz found it), 2^32 + 5 as a token
+// wrapped to 5. Each case is one step's fields; the fixture's tensors are never read.
+TEST(GoldenFixtureLoad, RefusesNumbersThatAreNotIntegersOfTheirRange) {
+  plumb_test::TempDir tmp;
+  const fs::path dir = tmp.path() / "fixture";
+  fs::create_directories(dir);
+  const auto write = [&](const std::string& step) {
+    std::ofstream(dir / "golden.json") << R"({"format": "dsv4-golden/1", "steps": [)" << step << "]}";
+  };
+  const struct {
+    const char* step;
+    const char* says;
+  } cases[] = {
+      {R"({"name": "s0", "kind": "prefill", "start_pos": 1.1e119, "tokens": [1, 2]})", "start_pos 1.1e+119"},
+      {R"({"name": "s0", "kind": "prefill", "start_pos": 0.5, "tokens": [1, 2]})", "start_pos 0.5"},
+      {R"({"name": "s0", "kind": "prefill", "start_pos": -1, "tokens": [1, 2]})", "start_pos -1"},
+      {R"({"name": "s0", "kind": "prefill", "start_pos": 0, "tokens": [1, 3.5e40]})", "token 3.5e+40"},
+      {R"({"name": "s0", "kind": "prefill", "start_pos": 0, "tokens": [1, 4294967301]})", "token 4294967301"},
+      {R"({"name": "s0", "kind": "prefill", "start_pos": 0, "tokens": 7})", "tokens 7, not an array"},
+  };
+  for (const auto& c : cases) {
+    write(c.step);
+    try {
+      (void)plumb::GoldenFixture::load(dir.string());
+      ADD_FAILURE() << "accepted " << c.step;
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("golden.json"), std::string::npos) << e.what();
+    }
+  }
+  // The same step with integers passes the step checks and stops only at the missing tensors' file.
+  write(R"({"name": "s0", "kind": "prefill", "start_pos": 0, "tokens": [1, 2]})");
+  try {
+    (void)plumb::GoldenFixture::load(dir.string());
+    ADD_FAILURE() << "no golden.safetensors, yet loaded";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("golden.safetensors"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
