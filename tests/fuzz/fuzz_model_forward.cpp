@@ -2,12 +2,14 @@
 // run on one session. Most config.json fields fix tensor shapes, so a changed one is refused when the weights are
 // bound; the others (sliding window, index top-k, rope, eps, scoring, clamps, Sinkhorn iterations, routed scaling,
 // context length) leave the weights valid and change only the computation, including to values no checkpoint uses
-// (eps 0, a window of 1, a clamp of 0, thetas of 1e-3 or 1e30). Two input forms:
+// (an hc_eps of 0, a window of 1, a clamp of 0, thetas of 1e-3 or 1e30; the config reader refuses some, such as an
+// rms_norm_eps of 0 or an index_topk of 0, by name). Two input forms:
 // - text starting with '{': the whole config.json (the committed seeds are the tiny model's and a few variants);
 // - anything else: bytes choosing those fields' values from lists of ordinary and extreme ones over the tiny model's
 //   config, then the step schedule (prefill and chunk sizes, token ids), so every input reaches the forward.
 // Model::load and forward may refuse with a plumb::Error naming the field; any other exception (nlohmann's type
-// errors included), a crash or a sanitizer report is a bug. Logits need not be finite (eps 0 on a zero row is NaN).
+// errors included), a crash or a sanitizer report is a bug. Logits need not be finite (a routed scaling of 1e30 or
+// a clamp of 1e300 may overflow).
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
