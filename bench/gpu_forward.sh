@@ -12,6 +12,7 @@
 # LAYER_FAST_EXTRA="--timeline ..." (more options of the FAST layer bench: --timeline lists each batch's op regions in one replayed step),
 # SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests, one process per test and tool of SANITIZE_TOOLS, in
 # parallel: bench/sanitize_each.py, sanitize-summary.tsv and sanitize-logs.txt.gz),
+# SANITIZE_LAYERS=N (compute-sanitizer's tools over the FAST layer bench of N layers at V4-Flash dimensions: see there),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there; ORACLE=variants: every variant made),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
@@ -175,6 +176,46 @@ if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer, one process per (tool, tes
     --deadline "${T_SANITIZE_ALL:-480}" --out "$OUT" >"$OUT/sanitize.txt" 2>&1
   note "compute-sanitizer per test rc=$?"
   tail -n 40 "$OUT/sanitize.txt"
+fi
+
+if [ -n "${SANITIZE_LAYERS:-}" ]; then  # compute-sanitizer over the layer bench at V4-Flash dimensions with FAST: every
+  # kernel of a prefill and of decode steps at the real shapes, which the op-level tests reach only in part. The stack
+  # of SANITIZE_LAYERS layers (2: CSA and HCA; 4 adds a sliding-window layer) is written once by a plain run (its rows
+  # show that it runs); then each run of SANITIZE_LAYERS_RUNS ("tool:context:batches ...": the tool over a prefill of
+  # that many tokens, then one decode step per batch) in its own process, all at once, T_SANITIZE_LAYERS each (default
+  # 480 s; the bench's own budget of 480 s may skip a late batch). The default's sizes finished on an H100 in session
+  # 66 (racecheck took 190 s for a 16-token prefill and batch 8; a 256-token prefill, past the grouped MoE's 192,
+  # needs more than 420 s under racecheck and initcheck). racecheck and
+  # initcheck run without cuda.prefill_gemm and cuda.head_bf16, so without cuBLASLt's kernels: racecheck does not
+  # model their TMA and mbarrier pipelines (its reports there would use up the print limit, and leaving them
+  # uninstrumented with --kernel-name-exclude kns=nvjet made compute-sanitizer 2025.3 fail on a hardware exception,
+  # session 66), and initcheck does not see their TMA stores as writes (it would report every read of their outputs,
+  # session 65).
+  # sanitize-layers.txt gets each run's summary and its first reports.
+  note "compute-sanitizer over bench --layers $SANITIZE_LAYERS"
+  sl=(bench --layers "$SANITIZE_LAYERS" --dir /tmp/plumb-san-layers --prefill 0)
+  timeout 240 "$C/plumb" "${sl[@]}" --patches "$FAST" --batches 1 --context 16 --iters 3 --warmup 1 >"$OUT/sanitize-layers.txt" 2>&1
+  note "plain run rc=$?"
+  no_lt=$(echo ",$FAST," | sed 's/,cuda.prefill_gemm,/,/; s/,cuda.head_bf16,/,/; s/^,//; s/,$//')
+  pids=()
+  i=0
+  for r in ${SANITIZE_LAYERS_RUNS:-racecheck:16:1,8 initcheck:8:1,8 memcheck:256:1,8}; do
+    IFS=: read -r tool ctx bs <<<"$r"
+    patches=$FAST
+    case $tool in racecheck | initcheck) patches=$no_lt ;; esac
+    timeout "${T_SANITIZE_LAYERS:-480}" compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 9 \
+      "$C/plumb" "${sl[@]}" --patches "$patches" --batches "$bs" --context "$ctx" --iters 1 --warmup 0 >"/tmp/sanitize-layers-$i.txt" 2>&1 &
+    pids+=("$i:$!:$r")
+    i=$((i + 1))
+  done
+  for p in "${pids[@]}"; do
+    IFS=: read -r i pid r <<<"$p"
+    wait "$pid"
+    rc=$?
+    note "compute-sanitizer $r over the layer bench rc=$rc ($([ $rc = 124 ] && echo 'over its time' || echo 'finished'))"
+    { echo "##### $r rc=$rc"; grep -E "SUMMARY|^\| [0-9]|^  batch [0-9]+: [0-9]" "/tmp/sanitize-layers-$i.txt"
+      grep -vE "^\| |^$" "/tmp/sanitize-layers-$i.txt" | head -n 400; } >>"$OUT/sanitize-layers.txt"
+  done
 fi
 
 if [ -z "${SKIP_CHECKS:-}" ]; then  # SKIP_CHECKS=1: tests and benches only
@@ -417,7 +458,7 @@ fi
 
 echo "==== summaries"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|worst error' "$OUT/tests.txt" | tail -30
-grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
+[ -f "$OUT/golden.txt" ] && grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
 [ -f "$OUT/selftest.txt" ] && tail -n 25 "$OUT/selftest.txt"
 [ -f "$OUT/kld.txt" ] && tail -n 20 "$OUT/kld.txt"
 [ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"
