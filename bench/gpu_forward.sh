@@ -13,6 +13,7 @@
 # SANITIZE=GTEST_FILTER (compute-sanitizer over those CUDA tests, one process per test and tool of SANITIZE_TOOLS, in
 # parallel: bench/sanitize_each.py, sanitize-summary.tsv and sanitize-logs.txt.gz),
 # SANITIZE_LAYERS=N (compute-sanitizer's tools over the FAST layer bench of N layers at V4-Flash dimensions: see there),
+# MBARRIER_PROBE=1 (bench/synccheck_mbarrier_probe.cu's variants under synccheck),
 # PRO=1 (the layer bench at V4-Pro's dimensions, its fp32 twin, kld CPU / GPU twin vs FAST on that checkpoint),
 # ORACLE=NAME (an official-code golden of tests/data/golden/NAME's model, made here and verified: see there; ORACLE=variants: every variant made),
 # BENCH_AB=BINARY (the kernel bench with that carried binary and plumb, alternating), SASS=REGEX (cuobjdump's SASS of
@@ -176,6 +177,20 @@ if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer, one process per (tool, tes
     --deadline "${T_SANITIZE_ALL:-480}" --out "$OUT" >"$OUT/sanitize.txt" 2>&1
   note "compute-sanitizer per test rc=$?"
   tail -n 40 "$OUT/sanitize.txt"
+fi
+
+if [ -n "${MBARRIER_PROBE:-}" ]; then  # bench/synccheck_mbarrier_probe.cu's variants, plain and under synccheck (its
+  # header: which change of hc_pre's mbarrier pattern synccheck stops reporting), into mbarrier-probe.txt
+  note "mbarrier probe under synccheck"
+  nvcc -O3 -arch=sm_90a -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu >"$OUT/mbarrier-probe.txt" 2>&1
+  for v in push push-one-wave push-inval push-early-warp push-token local; do
+    timeout 60 /tmp/mbprobe "$v" >>"$OUT/mbarrier-probe.txt" 2>&1
+    timeout 120 compute-sanitizer --tool synccheck --print-limit 4 --error-exitcode 9 /tmp/mbprobe "$v" >"/tmp/mbprobe-$v.txt" 2>&1
+    r=$?
+    { echo "== $v under synccheck rc=$r: $(grep -c 'Barrier error\|Divergent' "/tmp/mbprobe-$v.txt") reports shown"
+      grep -v "Host Frame" "/tmp/mbprobe-$v.txt" | head -n 40; } >>"$OUT/mbarrier-probe.txt"
+  done
+  note "mbarrier probe: $(grep -c '^== .* rc=0' "$OUT/mbarrier-probe.txt") of 6 variants clean under synccheck"
 fi
 
 if [ -n "${SANITIZE_LAYERS:-}" ]; then  # compute-sanitizer over the layer bench at V4-Flash dimensions with FAST: every
