@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "io/json_int.h"
 #include "io/safetensors.h"
 
 namespace plumb::toolkit {
@@ -214,12 +215,13 @@ KldRef read_kld_ref(const std::string& path) {
   PLUMB_CHECK(steps.is_array(), "{}: malformed 'steps' metadata", path);
   int64_t pos = 0;
   for (const auto& s : steps) {
-    PLUMB_CHECK(s.is_object() && s.contains("name") && s["name"].is_string() && s.contains("n") && s["n"].is_number_integer() &&
-                    (!s.contains("kind") || s["kind"].is_string()) && (!s.contains("start_pos") || s["start_pos"].is_number_integer()),
-                "{}: malformed step in the 'steps' metadata: {}", path, s.dump());
+    const std::optional<int64_t> kn = s.is_object() && s.contains("n") ? json_int(s["n"], 1, n) : std::nullopt;
+    const std::optional<int64_t> sp = s.is_object() && s.contains("start_pos") ? json_int(s["start_pos"], 0, n) : std::optional<int64_t>(0);
+    PLUMB_CHECK(s.is_object() && s.contains("name") && s["name"].is_string() && kn && sp && (!s.contains("kind") || s["kind"].is_string()),
+                "{}: malformed step in the 'steps' metadata (n and start_pos: integers within the {} tokens): {}", path, n, s.dump());
     GoldenStep g;
-    g.name = s["name"].get<std::string>(), g.kind = s.value("kind", "prefill"), g.start_pos = s.value("start_pos", int64_t(0));
-    const int64_t k = s["n"].get<int64_t>();
+    g.name = s["name"].get<std::string>(), g.kind = s.value("kind", "prefill"), g.start_pos = *sp;
+    const int64_t k = *kn;
     PLUMB_CHECK(g.start_pos == pos && k > 0 && k <= n - pos, "{}: step {} does not fit the token list", path, g.name);
     PLUMB_CHECK(g.kind == "prefill" || (g.kind == "decode" && k == 1), "{}: step {} has kind '{}' for {} tokens", path, g.name,
                 g.kind, k);

@@ -382,7 +382,8 @@ TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
 
 // A corrupt or foreign --ref file is refused by name before anything indexes with it (read_kld_ref): an id outside
 // the vocabulary used to index B's log-probabilities, a 1-D topk.ids read a dimension it does not have, a vocab that
-// is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error.
+// is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error; a step's n or
+// start_pos that is not an integer within the tokens is refused as a malformed step.
 TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
   const std::string path = (fs::temp_directory_path() / fmt::format("plumb_kldbad_{}.safetensors", ::getpid())).string();
   const std::string steps = R"([{"name":"s0","kind":"prefill","start_pos":0,"n":2}])";
@@ -399,6 +400,12 @@ TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
       {"step not an object", IndexTensor({2, 2}, {0, 1, 2, 3}), "256", "[3]", "malformed step"},
       {"steps short of the tokens", IndexTensor({2, 2}, {0, 1, 2, 3}), "256",
        R"([{"name":"s0","kind":"prefill","start_pos":0,"n":1}])", "cover 1 of its 2"},
+      // Integers through json_int: a float, one above INT64_MAX (get<int64_t> read it as -1) and one past the tokens.
+      {"n a float", IndexTensor({2, 2}, {0, 1, 2, 3}), "256", R"([{"name":"s0","start_pos":0,"n":2.0}])", "malformed step"},
+      {"n above INT64_MAX", IndexTensor({2, 2}, {0, 1, 2, 3}), "256", R"([{"name":"s0","start_pos":0,"n":18446744073709551615}])",
+       "malformed step"},
+      {"start_pos past the tokens", IndexTensor({2, 2}, {0, 1, 2, 3}), "256", R"([{"name":"s0","start_pos":1e300,"n":2}])",
+       "malformed step"},
   };
   for (const Case& c : cases) {
     plumb::write_safetensors(path,
