@@ -16,6 +16,8 @@
 // push-token: thread 0 waits with the state token its arrival returned (try_wait with the token), the others by parity;
 // local: no cluster and no transactions: every thread arrives on its block's mbarrier (count 256), then waits by parity.
 // Each prints the launch's status and a checksum of the values (the pushes' sums are checked against the host's).
+// The helpers restate fwd_hc.cu's hc_bar_init / hc_bar_wait / hc_push (the same PTX) so that the probe builds alone
+// with nvcc on the GPU machine; bar_arm returns the arrival's state for the token variant.
 #include <cooperative_groups.h>
 
 #include <cstdint>
