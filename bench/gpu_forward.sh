@@ -170,11 +170,12 @@ if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer, one process per (tool, tes
   # (bench/sanitize_each.py; a tool that aborts a launch fails that test only): SANITIZE_TOOLS (default memcheck;
   # racecheck, synccheck, initcheck), SANITIZE_JOBS (12), T_SANITIZE per pair (300), T_SANITIZE_ALL (480),
   # SANITIZE_FIRST / SANITIZE_LAST (regexes: the tests started first / last; default last: the long forward tests, so
-  # that a deadline leaves them out rather than the op-level tests, as session 32's first racecheck run did)
+  # that a deadline leaves them out rather than the op-level tests, as session 32's first racecheck run did),
+  # SANITIZE_FULL=1 (every test's whole shape list: by default the longest kernel tests take their sanitizer subset)
   note "compute-sanitizer per test: ${SANITIZE_TOOLS:-memcheck} over $SANITIZE"
   python3 bench/sanitize_each.py --bin "$C/plumb_cuda_tests" --tools "${SANITIZE_TOOLS:-memcheck}" --filter="$SANITIZE" \
     --first "${SANITIZE_FIRST:-}" --last "${SANITIZE_LAST:-Forward|Golden|Bench|Graph|Steps|Generate|Chunking}" --jobs "${SANITIZE_JOBS:-12}" --per-test "${T_SANITIZE:-300}" \
-    --deadline "${T_SANITIZE_ALL:-480}" --out "$OUT" >"$OUT/sanitize.txt" 2>&1
+    --deadline "${T_SANITIZE_ALL:-480}" ${SANITIZE_FULL:+--full-sizes} --out "$OUT" >"$OUT/sanitize.txt" 2>&1
   note "compute-sanitizer per test rc=$?"
   tail -n 40 "$OUT/sanitize.txt"
 fi

@@ -8,6 +8,8 @@ OUT/sanitize-logs.txt.gz (the output of every pair that was not clean, first lin
 Verdicts: clean, ERRORS (the tool reported something), FAILED (gtest failed without a tool report), TIMEOUT
 (over its own time), CUT (started so late that the run's deadline stopped it first), NOT-RUN (the deadline came
 before it started), SKIPPED (the test skipped itself), no-gpu (it passed without a CUDA call).
+The tests run with PLUMB_TEST_SANITIZER_SIZES=1 (unless --full-sizes): the longest kernel tests then take a subset of
+their shapes that keeps every kernel path (each test says which), so that racecheck finishes them.
 """
 import argparse
 import concurrent.futures as cf
@@ -56,8 +58,10 @@ def run_one(args, tool, test, t_end):
            "--gtest_color=no", f"--gtest_filter={test}"]
     t0 = time.monotonic()
     # A session of its own, so that a timeout kills the tool and the test process it started.
+    # PLUMB_TEST_SANITIZER_SIZES: the longest kernel tests take their subset of shapes (tests/cuda/cuda_test_util.h)
+    env = dict(os.environ, PLUMB_TEST_SANITIZER_SIZES="0" if args.full_sizes else "1")
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                         start_new_session=True)
+                         start_new_session=True, env=env)
     try:
         text, _ = p.communicate(timeout=budget)
         timed_out = False
@@ -98,6 +102,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--per-test", type=float, default=300, help="seconds per (tool, test)")
     ap.add_argument("--deadline", type=float, default=540, help="seconds for everything")
+    ap.add_argument("--full-sizes", action="store_true", help="every test's whole shape list (by default the longest "
+                    "kernel tests take their sanitizer subset: PLUMB_TEST_SANITIZER_SIZES)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     t_end = time.monotonic() + args.deadline

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -50,6 +51,18 @@ class GpuTest : public ::testing::Test {
     if (!plumb::cuda::available(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
   }
 };
+
+// Whether the longest kernel tests take their sanitizer subset: under compute-sanitizer (bench/sanitize_each.py sets
+// PLUMB_TEST_SANITIZER_SIZES=1 unless told --full-sizes) racecheck took more than 400-540 s over their whole shape
+// lists (sessions 64-65). The subset keeps every kernel path and template of the list at smaller sizes (each test says
+// which it leaves out); without the variable every test runs its whole list.
+inline bool sanitizer_sizes() {
+  static const bool on = [] {
+    const char* v = std::getenv("PLUMB_TEST_SANITIZER_SIZES");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
 
 // Temporary folders and checkpoints: the same helpers as the CPU model tests.
 using plumb_test::TempDir;
@@ -314,6 +327,7 @@ using plumb_cuda_test::expect_close;
 using plumb_cuda_test::expect_same_bytes;
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
+using plumb_cuda_test::sanitizer_sizes;
 }  // namespace kernels
 
 }  // namespace plumb_cuda_test

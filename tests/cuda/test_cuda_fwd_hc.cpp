@@ -106,10 +106,13 @@ TEST_F(GpuTest, HcPreWarpSinkhornMatchesSerial) {
   // H >= 6: both runs take the one-thread path (36+ > 32 lanes), so there the mixes' host check and HcMixModesMatch
   // carry the test; 7 and 8: 63 and 80 mixes (two and three chunks of the warps' reduction; at 8 the whole block in
   // phase 3).
+  // (sanitizer subset: every hc_mult, 20 iterations of ordinary mixes; the one-iteration and saturated runs take the
+  // same kernels)
   for (int H : {1, 2, 4, 5, 6, 7, 8})
     for (int iters : {1, 20}) {
+      if (sanitizer_sizes() && iters == 1) continue;
       check_hc(H, iters, 0.05f, 100u + unsigned(H * 31 + iters));
-      check_hc(H, iters, 2.0f, 200u + unsigned(H * 31 + iters));  // large mixes: saturated softmax rows
+      if (!sanitizer_sizes()) check_hc(H, iters, 2.0f, 200u + unsigned(H * 31 + iters));  // large mixes: saturated softmax rows
     }
 }
 
@@ -179,9 +182,11 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
     bool fused;
     int mix_mode = 0, head = 0;
   };
+  // (sanitizer subset: 30 tokens, every shape and split; 137 tokens, the only launch of several waves, is left out)
   for (const int n : {137, 30})
   for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{8, 64, true}, Shape{4, 4096, false, 2},
                          Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
+    if (sanitizer_sizes() && n == 137) continue;
     const HcInputs in(rng, n, sh.H, sh.D, sh.fused, sh.head);
     const int H = in.H, nm = in.nm;  // nm: the mixes hc_pre leaves per token
     const int64_t D = in.D, hd = in.hd;
@@ -289,9 +294,11 @@ TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
     int head;
   };
   const int H = 4, n = 5;
+  // (sanitizer subset: V4-Flash's and V4-Pro's hidden sizes with the fused hc_post and norm: fn staged and from L2)
   for (const Shape sh : {Shape{4096, true, 0}, Shape{4096, false, 0}, Shape{4096, true, 1}, Shape{7168, true, 0}, Shape{256, true, 0}})
     for (const bool batch : {false, true}) {
       HcInputs in(rng, n, H, sh.D, sh.fused, sh.head);
+      if (sanitizer_sizes() && !(sh.fused && !sh.head && sh.D != 256)) continue;
       const int64_t D = in.D, hd = in.hd;
       const int nm = in.nm;
       for (int64_t d = 0; d < D; ++d)  // token 2: streams 1 and 2 within 1e-3 of -stream 0
