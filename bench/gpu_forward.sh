@@ -197,8 +197,8 @@ fi
 if [ -n "${SANITIZE_LAYERS:-}" ]; then  # compute-sanitizer over the layer bench at V4-Flash dimensions with FAST: every
   # kernel of a prefill and of decode steps at the real shapes, which the op-level tests reach only in part. The stack
   # of SANITIZE_LAYERS layers (2: CSA and HCA; 4 adds a sliding-window layer) is written once by a plain run (its rows
-  # show that it runs); then each run of SANITIZE_LAYERS_RUNS ("tool:context:batches ...": the tool over a prefill of
-  # that many tokens, then one decode step per batch) in its own process, all at once, T_SANITIZE_LAYERS each (default
+  # show that it runs); then each run of SANITIZE_LAYERS_RUNS ("tool:context:batches[:patches] ...": the tool over a
+  # prefill of that many tokens, then one decode step per batch) in its own process, all at once, T_SANITIZE_LAYERS each (default
   # 480 s; the bench's own budget of 480 s may skip a late batch). The default's sizes finished on an H100 in session
   # 66 (racecheck took 190 s for a 16-token prefill and batch 8; a 256-token prefill, past the grouped MoE's 192,
   # needs more than 420 s under racecheck and initcheck). racecheck and
@@ -216,9 +216,11 @@ if [ -n "${SANITIZE_LAYERS:-}" ]; then  # compute-sanitizer over the layer bench
   pids=()
   i=0
   for r in ${SANITIZE_LAYERS_RUNS:-racecheck:16:1,8 initcheck:8:1,8 memcheck:256:1,8}; do
-    IFS=: read -r tool ctx bs <<<"$r"
+    IFS=: read -r tool ctx bs pset <<<"$r"
     patches=$FAST
     case $tool in racecheck | initcheck) patches=$no_lt ;; esac
+    # (a fourth field: the patches instead, FAST standing for FAST's, e.g. "racecheck:16:1:numerics.official,cuda.fp8_gemv")
+    [ -n "$pset" ] && patches=${pset//FAST/$FAST}
     timeout "${T_SANITIZE_LAYERS:-480}" compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 9 \
       "$C/plumb" "${sl[@]}" --patches "$patches" --batches "$bs" --context "$ctx" --iters 1 --warmup 0 >"/tmp/sanitize-layers-$i.txt" 2>&1 &
     pids+=("$i:$!:$r")
