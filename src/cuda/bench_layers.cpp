@@ -473,9 +473,9 @@ void split_layers(const Run& R, DecodeRow& r, const std::vector<double>& outside
     r.split_measured = true;
     r.us_non_layer = std::min(regions, r.us_step);
   } else if (!outside_tapped.empty() && int(outside_tapped.size()) == tapped) {
-    // No op timer (CPU backend): the tapped steps' host clock, the least of their (up to 3) outside parts: a host clock only gains time from other work on the
-    // machine, and their median of 3 once exceeded the step's median on a loaded 2-core machine (session 66: a
-    // fuzzer beside CI), which left the layers 0 us.
+    // No op timer (CPU backend): the tapped steps' host clock, the least of their (up to 3) outside parts. A host
+    // clock only gains time from other work on the machine, and their median of 3 once exceeded the step's median on
+    // a loaded 2-core machine (session 66: a fuzzer beside CI), which left the layers 0 us.
     r.split_measured = true;
     r.us_non_layer = std::min(*std::min_element(outside_tapped.begin(), outside_tapped.end()), r.us_step);
   } else {
