@@ -183,7 +183,7 @@ fi
 if [ -n "${MBARRIER_PROBE:-}" ]; then  # bench/synccheck_mbarrier_probe.cu's variants, plain and under synccheck (its
   # header: which change of hc_pre's mbarrier pattern synccheck stops reporting), into mbarrier-probe.txt
   note "mbarrier probe under synccheck"
-  nvcc -O3 -arch=sm_90a -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu >"$OUT/mbarrier-probe.txt" 2>&1
+  nvcc -O3 -arch=sm_90a -std=c++17 -Isrc -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu >"$OUT/mbarrier-probe.txt" 2>&1
   for v in push push-one-wave push-inval push-early-warp push-token local; do
     timeout 60 /tmp/mbprobe "$v" >>"$OUT/mbarrier-probe.txt" 2>&1
     timeout 120 compute-sanitizer --tool synccheck --print-limit 4 --error-exitcode 9 /tmp/mbprobe "$v" >"/tmp/mbprobe-$v.txt" 2>&1

@@ -6,7 +6,7 @@
 // every thread waits on its own block's mbarrier with try_wait.parity. Arming from a thread that waits on the barrier
 // did not change the report (bench/results/h100-session66/). Each variant below is that pattern with one thing
 // changed, so the variants that synccheck reports and the ones it does not name the cause.
-//   nvcc -O3 -arch=sm_90a -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu   (a CUDA build also makes build/synccheck_mbarrier_probe)
+//   nvcc -O3 -arch=sm_90a -std=c++17 -Isrc -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu   (a CUDA build also makes build/synccheck_mbarrier_probe)
 //   for v in push push-one-wave push-inval push-early-warp push-token local; do
 //     compute-sanitizer --tool synccheck /tmp/mbprobe $v; done
 // push: hc_pre's pattern, clusters of 16 (2 blocks per SM), a 16 x 128 grid (several waves on 132 SMs);
@@ -16,8 +16,8 @@
 // push-token: thread 0 waits with the state token its arrival returned (try_wait with the token), the others by parity;
 // local: no cluster and no transactions: every thread arrives on its block's mbarrier (count 256), then waits by parity.
 // Each prints the launch's status and a checksum of the values (the pushes' sums are checked against the host's).
-// The helpers restate fwd_hc.cu's hc_bar_init / hc_bar_wait / hc_push (the same PTX) so that the probe builds alone
-// with nvcc on the GPU machine; bar_arm returns the arrival's state for the token variant.
+// It arms, waits and pushes with hc_pre's own helpers (src/cuda/cluster_push.cuh); its own are only for what the
+// variants change.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -25,13 +25,21 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/cluster_push.cuh"
+
 namespace cg = cooperative_groups;
 
 namespace {
 
 constexpr int kS = 16, kThreads = 256;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+using plumb::cuda::detail::hc_bar_init;  // (hc_pre's own helpers: the pattern under test is theirs)
+using plumb::cuda::detail::hc_bar_wait;
+using plumb::cuda::detail::hc_push;
+using plumb::cuda::detail::smem_u32;
+
+// What the variants change: an mbarrier of another arrival count, an arming that keeps its state, a plain arrival,
+// a wait on that state.
 __device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
@@ -40,19 +48,8 @@ __device__ __forceinline__ uint64_t bar_arm(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(state) : "r"(smem_u32(bar)), "r"(bytes) : "memory");
   return state;
 }
-__device__ __forceinline__ uint64_t bar_arrive(uint64_t* bar) {
-  uint64_t state;
-  asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
-  return state;
-}
-__device__ __forceinline__ void bar_wait_parity(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void bar_wait_token(uint64_t* bar, uint64_t state) {
   uint32_t done = 0;
@@ -61,14 +58,6 @@ __device__ __forceinline__ void bar_wait_token(uint64_t* bar, uint64_t state) {
                  : "=r"(done)
                  : "r"(smem_u32(bar)), "l"(state)
                  : "memory");
-}
-// v into rank q's copy of *dst, counted on rank q's copy of *bar (hc_pre's hc_push).
-__device__ __forceinline__ void push(double* dst, uint64_t* bar, int q, double v) {
-  uint32_t rd, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rd) : "r"(smem_u32(dst)), "r"(q));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(q));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(rd), "l"(__double_as_longlong(v)), "r"(rb)
-               : "memory");
 }
 
 enum Variant { kPush, kPushInval, kPushEarlyWarp, kPushToken, kLocal };
@@ -84,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 2) probe(double* out) {
     __syncthreads();
     inbox[0][tid % kS] = mine;  // (every thread of a residue class writes the same value)
     bar_arrive(&bars[0]);
-    bar_wait_parity(&bars[0], 0);
+    hc_bar_wait(&bars[0]);
     if (tid == 0) out[blockIdx.y * gridDim.x + blockIdx.x] = inbox[0][0];
     return;
   } else {
@@ -93,26 +82,28 @@ __global__ void __launch_bounds__(kThreads, 2) probe(double* out) {
     constexpr int nb = V == kPushEarlyWarp ? 2 : 1;
     uint64_t state = 0;
     if (tid == 0) {
-      for (int b = 0; b < nb; ++b) {
-        bar_init(&bars[b], 1);
-        state = bar_arm(&bars[b], uint32_t(S * 8));
+      if constexpr (V == kPushToken) {
+        bar_init(&bars[0], 1);
+        state = bar_arm(&bars[0], uint32_t(S * 8));
+      } else {
+        for (int b = 0; b < nb; ++b) hc_bar_init(&bars[b], uint32_t(S * 8));
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     cl.barrier_arrive();
     cl.barrier_wait();
-    if (tid < S) push(&inbox[0][s0], &bars[0], tid, mine);
+    if (tid < S) hc_push(&inbox[0][s0], &bars[0], tid, mine);
     if (V == kPushToken && tid == 0) bar_wait_token(&bars[0], state);
-    else bar_wait_parity(&bars[0], 0);
+    else hc_bar_wait(&bars[0]);
     double t = 0;
     for (int q = 0; q < S; ++q) t += inbox[0][q];
     if constexpr (V == kPushEarlyWarp) {
-      if (tid >= 32 && tid < 32 + S) push(&inbox[1][s0], &bars[1], tid - 32, mine + 1);
+      if (tid >= 32 && tid < 32 + S) hc_push(&inbox[1][s0], &bars[1], tid - 32, mine + 1);
       if (tid < 32) {  // warp 0 leaves: it armed bars[1] (thread 0) but never waits on it
         if (tid == 0) out[blockIdx.y * gridDim.x + blockIdx.x] = t;
         return;
       }
-      bar_wait_parity(&bars[1], 0);
+      hc_bar_wait(&bars[1]);
       if (tid == 32) out[gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x] = inbox[1][(s0 + 1) % S];
       return;
     }
