@@ -184,14 +184,14 @@ if [ -n "${MBARRIER_PROBE:-}" ]; then  # bench/synccheck_mbarrier_probe.cu's var
   # header: which change of hc_pre's mbarrier pattern synccheck stops reporting), into mbarrier-probe.txt
   note "mbarrier probe under synccheck"
   nvcc -O3 -arch=sm_90a -std=c++17 -Isrc -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu >"$OUT/mbarrier-probe.txt" 2>&1
-  for v in push push-one-wave push-inval push-early-warp push-token local; do
+  for v in push push-one-wave push-inval push-early-warp push-token local push-c8 push-c9 push-c12; do
     timeout 60 /tmp/mbprobe "$v" >>"$OUT/mbarrier-probe.txt" 2>&1
     timeout 120 compute-sanitizer --tool synccheck --print-limit 4 --error-exitcode 9 /tmp/mbprobe "$v" >"/tmp/mbprobe-$v.txt" 2>&1
     r=$?
     { echo "== $v under synccheck rc=$r: $(grep -c 'Barrier error\|Divergent' "/tmp/mbprobe-$v.txt") reports shown"
       grep -v "Host Frame" "/tmp/mbprobe-$v.txt" | head -n 40; } >>"$OUT/mbarrier-probe.txt"
   done
-  note "mbarrier probe: $(grep -c '^== .* rc=0' "$OUT/mbarrier-probe.txt") of 6 variants clean under synccheck"
+  note "mbarrier probe: $(grep -c '^== .* rc=0' "$OUT/mbarrier-probe.txt") of 9 variants clean under synccheck"
 fi
 
 if [ -n "${SANITIZE_LAYERS:-}" ]; then  # compute-sanitizer over the layer bench at V4-Flash dimensions with FAST: every

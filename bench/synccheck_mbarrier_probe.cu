@@ -7,14 +7,18 @@
 // did not change the report (bench/results/h100-session66/). Each variant below is that pattern with one thing
 // changed, so the variants that synccheck reports and the ones it does not name the cause.
 //   nvcc -O3 -arch=sm_90a -std=c++17 -Isrc -o /tmp/mbprobe bench/synccheck_mbarrier_probe.cu   (a CUDA build also makes build/synccheck_mbarrier_probe)
-//   for v in push push-one-wave push-inval push-early-warp push-token local; do
+//   for v in push push-one-wave push-inval push-early-warp push-token local push-c8 push-c9 push-c12; do
 //     compute-sanitizer --tool synccheck /tmp/mbprobe $v; done
 // push: hc_pre's pattern, clusters of 16 (2 blocks per SM), a 16 x 128 grid (several waves on 132 SMs);
 // push-one-wave: the same on a 16 x 8 grid (one wave, as the one-token launches synccheck finds clean);
 // push-inval: each block invalidates its mbarrier (mbarrier.inval) after a block barrier once every thread waited;
 // push-early-warp: a second barrier the same way, waited by warps 1.. only (warp 0 leaves first, as in hc_pre);
 // push-token: thread 0 waits with the state token its arrival returned (try_wait with the token), the others by parity;
-// local: no cluster and no transactions: every thread arrives on its block's mbarrier (count 256), then waits by parity.
+// local: no cluster and no transactions: every thread arrives on its block's mbarrier (count 256), then waits by parity;
+// push-c8, push-c9, push-c12: push with clusters of 8 (the portable size), 9 and 12 blocks. Session 67: synccheck
+// reported every push variant, the one-wave one too, always in blocks of rank 8 or 9 (ranks a portable cluster does
+// not have), and stopped the launch with an illegal address that the plain runs do not hit; local was clean. These
+// ask whether synccheck's tracking stops at the portable cluster size.
 // Each prints the launch's status and a checksum of the values (the pushes' sums are checked against the host's).
 // It arms, waits and pushes with hc_pre's own helpers (src/cuda/cluster_push.cuh); its own are only for what the
 // variants change.
@@ -120,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, 2) probe(double* out) {
 int main(int argc, char** argv) {
   const char* v = argc > 1 ? argv[1] : "push";
   const bool one_wave = !strcmp(v, "push-one-wave");
-  const dim3 grid(kS, one_wave ? 8 : 128), block(kThreads);
+  const int cs = !strcmp(v, "push-c8") ? 8 : !strcmp(v, "push-c9") ? 9 : !strcmp(v, "push-c12") ? 12 : kS;
+  const dim3 grid(cs, one_wave ? 8 : 128), block(kThreads);
   const size_t n = size_t(grid.x) * grid.y;
   double* out = nullptr;
   cudaMalloc(&out, 2 * n * sizeof(double));
@@ -129,16 +134,16 @@ int main(int argc, char** argv) {
   cfg.gridDim = grid, cfg.blockDim = block;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kS, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  attr[0].val.clusterDim.x = unsigned(cs), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr, cfg.numAttrs = 1;
   void (*k)(double*) = nullptr;
-  if (!strcmp(v, "push") || one_wave) k = probe<kPush>;
+  if (!strcmp(v, "push") || one_wave || cs != kS) k = probe<kPush>;
   else if (!strcmp(v, "push-inval")) k = probe<kPushInval>;
   else if (!strcmp(v, "push-early-warp")) k = probe<kPushEarlyWarp>;
   else if (!strcmp(v, "push-token")) k = probe<kPushToken>;
   else if (!strcmp(v, "local")) k = probe<kLocal>, cfg.numAttrs = 0;
   if (!k) {
-    std::fprintf(stderr, "unknown variant %s (push, push-one-wave, push-inval, push-early-warp, push-token, local)\n", v);
+    std::fprintf(stderr, "unknown variant %s (push, push-one-wave, push-inval, push-early-warp, push-token, local, push-c8, push-c9, push-c12)\n", v);
     return 2;
   }
   cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);

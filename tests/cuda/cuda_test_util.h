@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <memory>
 #include <random>
@@ -63,6 +64,20 @@ inline bool sanitizer_sizes() {
   }();
   return on;
 }
+// Under the sanitizer subset, a line on stderr (unbuffered, so a test killed at its time limit still shows it) per
+// case a long test starts, with the seconds since the first: which case a TIMEOUT stopped in and what each costs
+// under the tool, to size the subsets. Silent otherwise.
+inline void sanitizer_progress(const std::string& what) {
+  if (!sanitizer_sizes()) return;
+  static const auto t0 = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "[sanitizer subset] %7.1f s: %s\n", s, what.c_str());
+}
+// Timing tests measure the tool under compute-sanitizer, not the kernels: they skip themselves there.
+#define PLUMB_SKIP_TIMING_UNDER_SANITIZER() \
+  do {                                      \
+    if (::plumb_cuda_test::sanitizer_sizes()) GTEST_SKIP() << "a timing test: under compute-sanitizer it would time the tool"; \
+  } while (0)
 
 // Temporary folders and checkpoints: the same helpers as the CPU model tests.
 using plumb_test::TempDir;
@@ -327,6 +342,7 @@ using plumb_cuda_test::expect_close;
 using plumb_cuda_test::expect_same_bytes;
 using plumb_cuda_test::GpuTest;
 using plumb_cuda_test::Rng;
+using plumb_cuda_test::sanitizer_progress;
 using plumb_cuda_test::sanitizer_sizes;
 }  // namespace kernels
 

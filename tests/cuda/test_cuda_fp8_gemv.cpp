@@ -215,6 +215,7 @@ TEST_F(CudaFp8, SharedActivationsGiveOneWarpBlocksBits) {
   for (int n : {9, 12, 17, 32, 40, 64, 70}) {
     // (sanitizer subset: 9, 17 and 70 tokens: the smallest count, one pass of 17, and several passes with a remainder)
     if (sanitizer_sizes() && n != 9 && n != 17 && n != 70) continue;
+    sanitizer_progress(std::to_string(n) + " tokens");
     for (const Mat& m : mats) {
       const int64_t mr = m.w->rows / m.probs, pc = m.w->cols, in_w = pc * m.probs, out_w = m.w->rows;
       const bool gu = m.w3 != nullptr;

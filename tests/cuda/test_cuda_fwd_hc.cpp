@@ -187,6 +187,8 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
   for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{8, 64, true}, Shape{4, 4096, false, 2},
                          Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
     if (sanitizer_sizes() && n == 137) continue;
+    sanitizer_progress("n " + std::to_string(n) + ", H " + std::to_string(sh.H) + ", D " + std::to_string(sh.D) + ", fused " +
+                       std::to_string(sh.fused) + ", mix_mode " + std::to_string(sh.mix_mode) + ", head " + std::to_string(sh.head));
     const HcInputs in(rng, n, sh.H, sh.D, sh.fused, sh.head);
     const int H = in.H, nm = in.nm;  // nm: the mixes hc_pre leaves per token
     const int64_t D = in.D, hd = in.hd;
@@ -298,6 +300,7 @@ TEST_F(GpuTest, HcNormAfterMixMatchesExact) {
   for (const Shape sh : {Shape{4096, true, 0}, Shape{4096, false, 0}, Shape{4096, true, 1}, Shape{7168, true, 0}, Shape{256, true, 0}})
     for (const bool batch : {false, true}) {
       if (sanitizer_sizes() && !(sh.fused && !sh.head && sh.D != 256)) continue;
+      sanitizer_progress("D " + std::to_string(sh.D) + ", batch " + std::to_string(batch));
       HcInputs in(rng, n, H, sh.D, sh.fused, sh.head);
       const int64_t D = in.D, hd = in.hd;
       const int nm = in.nm;

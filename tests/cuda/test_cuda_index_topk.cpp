@@ -173,6 +173,7 @@ TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
     // (sanitizer subset: up to 1e5 score slots, every path and pattern; leaves out the 32K- to 262K-entry cases and
     // the 64-token prefill chunks)
     if (sanitizer_sizes() && int64_t(c.n) * c.ne_cap() > 100000) continue;
+    sanitizer_progress(c.name());
     const auto s = make_scores(c, seed++);
     const auto want = host_topk(c, s);
     std::vector<int> paths{d::kIndexTopkSelect};
@@ -275,6 +276,7 @@ TEST_F(GpuTest, IndexScoresMatchHost) {
   uint32_t seed = 3;
   for (const S& c : shapes) {
     if (sanitizer_skips(int64_t(c.n) * c.nh * c.ne_cap)) continue;
+    sanitizer_progress("n " + std::to_string(c.n) + ", nh " + std::to_string(c.nh) + ", ne_cap " + std::to_string(c.ne_cap));
     Rng r(seed++);
     IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, 512, c.official, false);
     const std::vector<float>&q = in.q, &keys = in.keys, &hw = in.hw;
@@ -460,6 +462,8 @@ TEST_F(GpuTest, IndexerDmmaScoresMatchExact) {
   uint32_t seed = 91;
   for (const PatchShape& c : shapes) {
     if (sanitizer_skips(int64_t(c.n) * c.nh * c.ne_cap)) continue;
+    sanitizer_progress("n " + std::to_string(c.n) + ", nh " + std::to_string(c.nh) + ", ne_cap " + std::to_string(c.ne_cap) +
+                       ", topk " + std::to_string(c.topk));
     Rng r(seed++);
     IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, c.topk, 0, false);
     ASSERT_TRUE(d::fwd_indexer_dmma_fits(in.a)) << "dh " << c.dh;
@@ -513,6 +517,8 @@ TEST_F(GpuTest, IndexerPathsMatch) {
   int checked = 0;
   for (const S& c : shapes) {
     if (sanitizer_skips(int64_t(c.n) * c.nh * c.ne_cap)) continue;
+    sanitizer_progress("n " + std::to_string(c.n) + ", nh " + std::to_string(c.nh) + ", ne_cap " + std::to_string(c.ne_cap) +
+                       ", topk " + std::to_string(c.topk));
     Rng r(seed++);
     IndexerInputs in(r, c.n, c.nh, c.dh, c.pos0, c.rate, c.ne_cap, c.topk, c.official, c.ties != 0);
     d::IndexArgs& a = in.a;
@@ -568,6 +574,7 @@ double graph_us_per_call(d::Stream st, void* e0, void* e1, F&& launch) {
 // Time per call, graph-replayed (a decode step's launches; the twin beyond 2048 entries: one eager call), scores as
 // a ReLU'd indexer leaves them. The twin is not timed at 262144 entries (5.5 s at topk 512 on the H200).
 TEST_F(GpuTest, IndexTopkTiming) {
+  PLUMB_SKIP_TIMING_UNDER_SANITIZER();
   d::Stream st = d::stream_create();
   void* e0 = d::event_create();
   void* e1 = d::event_create();
@@ -606,6 +613,7 @@ TEST_F(GpuTest, IndexTopkTiming) {
 // ne_cap = ne (eager sizes), graph-replayed (20 calls, best of 3), each path (fused where it applies), printed:
 // short contexts are latency-bound, long ones bound by the fp64 dots.
 TEST_F(GpuTest, IndexerTiming) {
+  PLUMB_SKIP_TIMING_UNDER_SANITIZER();
   const int nh = 64, topk = 512;
   const int64_t dh = 128, rate = 4;
   d::Stream st = d::stream_create();
