@@ -182,11 +182,13 @@ TEST_F(GpuTest, HcPreBatchMatchesSingleTokens) {
     bool fused;
     int mix_mode = 0, head = 0;
   };
-  // (sanitizer subset: 30 tokens, every shape and split; 137 tokens, the only launch of several waves, is left out)
-  for (const int n : {137, 30})
+  // (sanitizer subset: 5 tokens, every shape and split (M = 4: a cluster of 4 and one of 1; M = 2: 2 + 2 + 1); 30
+  // tokens (322 s under racecheck for the first shape alone, session 67) and 137, the only launch of several waves,
+  // are left out)
+  for (const int n : {137, 30, 5})
   for (const Shape sh : {Shape{4, 4096, true}, Shape{4, 4096, false}, Shape{4, 102, false}, Shape{6, 64, true}, Shape{8, 64, true}, Shape{4, 4096, false, 2},
                          Shape{4, 4096, false, 1}, Shape{4, 4096, false, 0, 1}}) {
-    if (sanitizer_sizes() && n == 137) continue;
+    if (sanitizer_sizes() != (n == 5)) continue;
     sanitizer_progress("n " + std::to_string(n) + ", H " + std::to_string(sh.H) + ", D " + std::to_string(sh.D) + ", fused " +
                        std::to_string(sh.fused) + ", mix_mode " + std::to_string(sh.mix_mode) + ", head " + std::to_string(sh.head));
     const HcInputs in(rng, n, sh.H, sh.D, sh.fused, sh.head);
