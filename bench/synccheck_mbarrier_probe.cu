@@ -15,10 +15,11 @@
 // push-early-warp: a second barrier the same way, waited by warps 1.. only (warp 0 leaves first, as in hc_pre);
 // push-token: thread 0 waits with the state token its arrival returned (try_wait with the token), the others by parity;
 // local: no cluster and no transactions: every thread arrives on its block's mbarrier (count 256), then waits by parity;
-// push-c8, push-c9, push-c12: push with clusters of 8 (the portable size), 9 and 12 blocks. Session 67: synccheck
-// reported every push variant, the one-wave one too, always in blocks of rank 8 or 9 (ranks a portable cluster does
-// not have), and stopped the launch with an illegal address that the plain runs do not hit; local was clean. These
-// ask whether synccheck's tracking stops at the portable cluster size.
+// push-c8, push-c9, push-c12: push with clusters of 8 (the portable size), 9 and 12 blocks.
+// Answer (session 67, H100, compute-sanitizer 2025.3: bench/results/h100-session67/): every push variant with clusters
+// of 16 is reported, one wave too, always in a block of rank 8 or 9, and the tool then stops the launch with an
+// illegal address the plain runs never hit; push-c8 is clean; push-c9 and push-c12 are reported at rank 8; local is
+// clean. synccheck mis-tracks mbarriers at ranks >= 8 of a non-portable cluster; the pattern is clean where it works.
 // Each prints the launch's status and a checksum of the values (the pushes' sums are checked against the host's).
 // It arms, waits and pushes with hc_pre's own helpers (src/cuda/cluster_push.cuh); its own are only for what the
 // variants change.
