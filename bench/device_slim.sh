@@ -2,7 +2,8 @@
 # Before and after a device-tool run, on the development machine: the tool copies the tracked tree plus `carry`, at
 # most 64 MiB, and the tracked tree (fixtures, logs) plus build-carry/ is over that. `out` moves what the GPU machine
 # never reads (bench/results/, tests/data/tokenizer/) to $SLIM (default /tmp/plumb-slim) and prints the size that
-# will travel; `back` returns them. Nothing is deleted: `back` refuses to overwrite a folder that is there again.
+# will travel; `back` returns them. Nothing is deleted: `back` merges into a folder that is there again and refuses to overwrite
+# an entry of it.
 #
 #   bench/device_slim.sh out && <run the device command> ; bench/device_slim.sh back   (the same SLIM_REF both times)
 set -euo pipefail
@@ -35,8 +36,19 @@ case "${1:-}" in
     echo "device_slim: moved to $SLIM; tracked files present $((bytes / 1000000)) MB + build-carry $((carry / 1000000)) MB (limit 67 MB)"
     ;;
   back)
+    # A folder made again meanwhile (a new bench/results/<run>/ written while the rest was out) is merged entry by
+    # entry; only an entry that exists on both sides is refused (and left in $SLIM).
     for p in "${paths[@]}"; do
       [ -e "$SLIM/$p" ] || continue
+      if [ -d "$p" ] && [ -d "$SLIM/$p" ]; then
+        for e in "$SLIM/$p"/* "$SLIM/$p"/.[!.]*; do
+          [ -e "$e" ] || continue
+          [ ! -e "$p/$(basename "$e")" ] || { echo "device_slim: $p/$(basename "$e") exists in the tree; $e left where it is" >&2; exit 1; }
+          mv "$e" "$p/"
+        done
+        rmdir "$SLIM/$p"
+        continue
+      fi
       [ ! -e "$p" ] || { echo "device_slim: $p exists in the tree; $SLIM/$p left where it is" >&2; exit 1; }
       mkdir -p "$(dirname "$p")" && mv "$SLIM/$p" "$p"
     done
