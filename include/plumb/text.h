@@ -126,6 +126,10 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+// Throws plumb::Error naming the option at fault (--temperature, --top-k, ...) for parameters out of range. The
+// Sampler checks them too; a front end calls it before loading a model, so a typo does not wait for the load.
+void check_sampling(const SamplingParams& p);
+
 // Deterministic: the same seed, logits and history give the same tokens on every run and machine.
 class Sampler {
  public:
@@ -162,6 +166,9 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens;       // e.g. EOS; the stop token's text is not emitted
   bool skip_special = false;              // drop special tokens from the emitted text
 };
+
+// The sampling parameters (check_sampling) and --max-tokens; generate() checks them too (before any forward).
+void check_generate_options(const GenerateOptions& opt);
 
 enum class StopReason { Token, String, Length, Context };
 const char* stop_reason_name(StopReason r);  // "eos/stop token", "stop string", "max tokens", "context full"

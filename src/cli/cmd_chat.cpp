@@ -202,6 +202,7 @@ void register_chat(CLI::App& app) {
   add_sampling_options(cmd, o->gen);
   cmd->callback([o] {
     try {
+      check_generate_options(o->gen.gen);  // before the load: a bad option should not wait for it
       ChatLoop loop(*o, load_model(o->model));
       set_exit_code(loop.run());
     } catch (const std::exception& e) {

@@ -27,10 +27,12 @@ int run(const RunOptions& o) {
   const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
-  // Checked before the model loads: an empty prompt is a usage error, not something to load 100 GB for.
+  // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
+  // something to load 100 GB for.
   PLUMB_CHECK(!o.prompt.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT");
   const std::vector<int32_t> given_ids = parse_token_ids(o.ids, "--ids");
   PLUMB_CHECK(o.ids.empty() || !given_ids.empty(), "empty prompt: --ids lists no token ids");
+  check_generate_options(o.gen.gen);
 
   const LoadedModel m = load_model(o.model);
   const Tokenizer& tok = *m.tok;

@@ -35,10 +35,15 @@ void check_tokens(std::span<const int32_t> ids, int32_t vocab, const Tokenizer& 
 
 }  // namespace
 
+void check_generate_options(const GenerateOptions& opt) {
+  check_sampling(opt.sampling);
+  PLUMB_CHECK(opt.max_tokens >= 1, "--max-tokens must be at least 1, got {}", opt.max_tokens);
+}
+
 GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
                         const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text) {
   PLUMB_CHECK(!prompt.empty(), "empty prompt: there is nothing to generate from");
-  PLUMB_CHECK(opt.max_tokens >= 1, "--max-tokens must be at least 1, got {}", opt.max_tokens);
+  check_generate_options(opt);
   check_tokens(prompt, info.vocab_size, tok, "prompt");
   check_tokens(opt.stop_tokens, info.vocab_size, tok, "stop");
   const int64_t start = session.position(), ctx = info.max_positions;

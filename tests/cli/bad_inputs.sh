@@ -73,4 +73,13 @@ fresh
 expect "two numerics modes" "numerics.reference and numerics.official are two numerics modes: choose one" \
   "$plumb" verify-golden --patches numerics.reference,numerics.official "$work/fx"
 
+# Sampling options are checked before the model loads: with a model folder that does not exist, the option is what
+# the error names (a typo in --top-p must not wait for a 100 GB load to be reported).
+expect "run: --top-p before the load" "--top-p must be in (0, 1\]" "$plumb" run --model "$work/no-such-model" -p hi --top-p 0
+expect "run: NaN --presence-penalty" "--presence-penalty must be a finite number" \
+  "$plumb" run --model "$work/no-such-model" -p hi --presence-penalty nan
+expect "run: --max-tokens before the load" "--max-tokens must be at least 1" "$plumb" run --model "$work/no-such-model" -p hi --max-tokens 0
+expect "chat: --temperature before the load" "--temperature must be a number >= 0" \
+  "$plumb" chat --model "$work/no-such-model" --temperature -1 </dev/null
+
 finish bad_inputs

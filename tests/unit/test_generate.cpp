@@ -208,6 +208,36 @@ TEST(Sampler, RejectsBadParameters) {
   p.temperature = -1.0f;  // not silently greedy
   EXPECT_THROW(Sampler(p, 3), plumb::Error);
   EXPECT_THROW(Sampler(plain(), 3).distribution(std::vector<float>{1, 2}, {}), plumb::Error);
+  // Penalties that would make every recent token's logit NaN or -inf (the draw then undefined).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (float v : {nan, inf, -inf}) {
+    p = plain();
+    p.presence_penalty = v;
+    EXPECT_THROW(plumb::check_sampling(p), plumb::Error) << "presence " << v;
+    p = plain();
+    p.frequency_penalty = v;
+    EXPECT_THROW(plumb::check_sampling(p), plumb::Error) << "frequency " << v;
+    p = plain();
+    p.repeat_penalty = v;
+    EXPECT_THROW(Sampler(p, 3), plumb::Error) << "repeat " << v;
+  }
+  EXPECT_NO_THROW(plumb::check_sampling(plain()));
+}
+
+// What generate() refuses before any forward, also callable before a model loads (the CLI does).
+TEST(Generate, CheckOptionsNamesTheOption) {
+  plumb::GenerateOptions g;
+  EXPECT_NO_THROW(plumb::check_generate_options(g));
+  g.max_tokens = 0;
+  try {
+    plumb::check_generate_options(g);
+    ADD_FAILURE() << "max_tokens 0 accepted";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--max-tokens"), std::string::npos) << e.what();
+  }
+  g = {};
+  g.sampling.top_p = 2.0f;
+  EXPECT_THROW(plumb::check_generate_options(g), plumb::Error);
 }
 
 TEST(StopMatcher, MatchesAcrossPiecesAndHoldsBackPrefixes) {
