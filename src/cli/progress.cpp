@@ -5,9 +5,11 @@
 // half of the available memory: then pages come in on demand and reading ahead would only evict them again.
 #include "cli/progress.h"
 
+#include <limits>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -142,7 +144,18 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
 void add_sampling_options(CLI::App* cmd, GenArgs& a) {
   SamplingParams& s = a.gen.sampling;
   cmd->add_option("-n,--max-tokens", a.gen.max_tokens, "most tokens to generate")->capture_default_str();
-  cmd->add_option("--seed", a.seed, "sampling seed (default: a random one, printed in the summary)");
+  // Parsed here: CLI11 wrapped -1 into the unsigned seed 2^64 - 1, and into a signed one saturates 2^64 - 1 to
+  // 2^63 - 1, both silently. -1 means random, as llama.cpp reads it.
+  cmd->add_option_function<std::string>(
+      "--seed",
+      [&a](const std::string& v) {
+        int64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (ec != std::errc() || end != v.data() + v.size() || x < -1)
+          throw CLI::ValidationError("--seed", "expected an integer from 0 to 9223372036854775807 (or -1: random), got '" + v + "'");
+        a.seed = x;
+      },
+      "sampling seed, 0 to 2^63 - 1 (default, or -1: a random one, printed in the summary)");
   cmd->add_option("--temperature", s.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "keep the smallest set of tokens whose probability reaches p; 1 = off")
@@ -225,7 +238,7 @@ LoadedModel load_model(const ModelArgs& a) {
 
 GenerateOptions generate_options(const GenArgs& a, const LoadedModel& m, uint64_t& seed) {
   GenerateOptions g = a.gen;
-  seed = a.seed ? *a.seed : std::random_device{}();
+  seed = a.seed && *a.seed >= 0 ? uint64_t(*a.seed) : std::random_device{}();
   g.sampling.seed = seed;
   g.stop_tokens = a.stop_token_ids;
   if (m.eos >= 0) g.stop_tokens.push_back(m.eos);

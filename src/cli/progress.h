@@ -26,7 +26,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a);
 
 struct GenArgs {
   GenerateOptions gen;
-  std::optional<uint64_t> seed;
+  std::optional<int64_t> seed;  // -1 (or none): a random seed
   std::vector<int32_t> stop_token_ids;
 };
 void add_sampling_options(CLI::App* cmd, GenArgs& a);

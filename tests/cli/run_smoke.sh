@@ -75,6 +75,16 @@ check_error "stop token outside the vocabulary" "outside the model's vocabulary"
 check_error "missing model folder" "does not exist" "$plumb" run -q -m "$tmp/nothing" -p hi
 check_error "bad sampling option" "top-p" "$plumb" run -q -p hi --top-p 2
 check_error "negative prefill chunk" "prefill-chunk" "$plumb" run -q -p hi --prefill-chunk -1
+# --seed: -1 is a random seed (llama.cpp's reading); a seed that does not fit was wrapped or saturated by the parser
+for bad_seed in -2 18446744073709551615 1e3; do
+  "$plumb" run -q -p hi -n 1 --seed "$bad_seed" >/dev/null 2>"$tmp/seed.err"
+  rc=$?
+  [ $rc -ne 0 ] && grep -qF -- "--seed: expected an integer from 0 to 9223372036854775807 (or -1: random), got '$bad_seed'" "$tmp/seed.err" &&
+    ok "--seed $bad_seed refused" || bad "--seed $bad_seed: exit status $rc, stderr: $(cat "$tmp/seed.err")"
+done
+"$plumb" run -p hi -n 1 --seed -1 >/dev/null 2>"$tmp/seed.err" && grep -q 'seed [0-9]' "$tmp/seed.err" &&
+  ! grep -q 'seed 18446744073709551615' "$tmp/seed.err" && ok "--seed -1: $(grep -o 'seed [0-9]*' "$tmp/seed.err")" ||
+  bad "--seed -1: $(cat "$tmp/seed.err")"
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
