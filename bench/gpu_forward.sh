@@ -219,7 +219,8 @@ if [ -n "${SANITIZE_LAYERS:-}" ]; then  # compute-sanitizer over the layer bench
     IFS=: read -r tool ctx bs pset <<<"$r"
     patches=$FAST
     case $tool in racecheck | initcheck) patches=$no_lt ;; esac
-    # (a fourth field: the patches instead, FAST standing for FAST's, e.g. "racecheck:16:1:numerics.official,cuda.fp8_gemv")
+    # (a fourth field: the patches instead, FAST standing for FAST's, e.g. "racecheck:16:1:numerics.official,cuda.fp8_gemv";
+    # the fp32 twin is "numerics.reference", since the field cannot be empty; session 67 ran both clean)
     [ -n "$pset" ] && patches=${pset//FAST/$FAST}
     timeout "${T_SANITIZE_LAYERS:-480}" compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 9 \
       "$C/plumb" "${sl[@]}" --patches "$patches" --batches "$bs" --context "$ctx" --iters 1 --warmup 0 >"/tmp/sanitize-layers-$i.txt" 2>&1 &
