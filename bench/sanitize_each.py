@@ -4,7 +4,8 @@
 One process per (tool, test): a tool that aborts a launch (synccheck does) then fails only that test, not every
 test after it, and the tests run in parallel on the machine's cores (the tools are slow on the host side).
 Writes OUT/sanitize-summary.tsv (tool, test, verdict, tool errors, gtest result, seconds) and
-OUT/sanitize-logs.txt.gz (the output of every pair that was not clean, first lines only), and prints a summary.
+OUT/sanitize-logs.txt.gz (the output of every pair that was not clean, first lines only), and prints a summary (for a
+test stopped by a time limit, the last case its progress lines name).
 Verdicts: clean, ERRORS (the tool reported something), FAILED (gtest failed without a tool report), TIMEOUT
 (over its own time), CUT (started so late that the run's deadline stopped it first), NOT-RUN (the deadline came
 before it started), SKIPPED (the test skipped itself), no-gpu (it passed without a CUDA call).
@@ -91,6 +92,15 @@ def run_one(args, tool, test, t_end):
     return tool, test, verdict, "" if errs is None else str(errs), gres, dt, text
 
 
+def stopped_in(r):
+    """For a test stopped by its time or the deadline: the last case it had started, from the progress lines the
+    long tests print under the sanitizer subset (tests/cuda/cuda_test_util.h, sanitizer_progress)."""
+    if r[2] not in ("TIMEOUT", "CUT"):
+        return ""
+    started = [ln for ln in r[6].splitlines() if ln.startswith("[sanitizer subset]")]
+    return f"; stopped in: {started[-1][len('[sanitizer subset]'):].strip()}" if started else ""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", required=True)
@@ -136,7 +146,7 @@ def main():
         print(f"{tool}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
         for r in rs:
             if r[2] not in QUIET:
-                print(f"  {r[2]:8s} {r[1]} ({r[3] or 0} tool errors, gtest {r[4]}, {r[5]:.0f} s)")
+                print(f"  {r[2]:8s} {r[1]} ({r[3] or 0} tool errors, gtest {r[4]}, {r[5]:.0f} s){stopped_in(r)}")
     return 0 if all(r[2] in PASSING for r in results) else 1
 
 
