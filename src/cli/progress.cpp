@@ -5,7 +5,6 @@
 // half of the available memory: then pages come in on demand and reading ahead would only evict them again.
 #include "cli/progress.h"
 
-#include <limits>
 #include <fcntl.h>
 #include <unistd.h>
 
