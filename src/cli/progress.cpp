@@ -154,7 +154,8 @@ void add_sampling_options(CLI::App* cmd, GenArgs& a) {
           throw CLI::ValidationError("--seed", "expected an integer from 0 to 9223372036854775807 (or -1: random), got '" + v + "'");
         a.seed = x;
       },
-      "sampling seed, 0 to 2^63 - 1 (default, or -1: a random one, printed in the summary)");
+      "sampling seed, 0 to 2^63 - 1 (default, or -1: a random one, printed in the summary)")
+      ->type_name("INT");  // (parsed from text above; --help names what it takes)
   cmd->add_option("--temperature", s.temperature, "softmax temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "keep the smallest set of tokens whose probability reaches p; 1 = off")
