@@ -21,11 +21,6 @@ namespace plumb::cuda::kbench {
 // check of wq_a against the CPU.
 void bench_fp8_projections(Bench& B, Synth& W) {
   const Stream S = B.s;
-  DeviceBuffer& x32 = W.x32;
-  DeviceBuffer& x16 = W.x16;
-  DeviceBuffer& y = W.y;
-  Workspace& ws = W.ws;
-  uint64_t& seed = W.seed;
   struct Proj {
     const char* name;
     int64_t rows, cols;
@@ -39,8 +34,8 @@ void bench_fp8_projections(Bench& B, Synth& W) {
     std::vector<Fp8Matrix> ws8;
     for (int c = 0; c < nc; ++c) {
       ws8.push_back(alloc_fp8(p.rows, p.cols));
-      d::fill(ws8.back().codes.get(), ws8.back().codes.bytes(), d::kFillE4M3, seed++, 0, 0);
-      d::fill(ws8.back().scales.get(), ws8.back().scales.bytes(), d::kFillE8M0, seed++, 112, 118);
+      d::fill(ws8.back().codes.get(), ws8.back().codes.bytes(), d::kFillE4M3, W.seed++, 0, 0);
+      d::fill(ws8.back().scales.get(), ws8.back().scales.bytes(), d::kFillE8M0, W.seed++, 112, 118);
     }
     const Fp8Matrix& w = ws8[0];
     const int64_t gr = p.rows / p.groups, in_w = p.cols * p.groups;
@@ -49,8 +44,8 @@ void bench_fp8_projections(Bench& B, Synth& W) {
       d::GemvArgs a;
       a.fmt = d::kFp8, a.act = d::kF16, a.rows = gr, a.cols = p.cols, a.problems = p.groups;
       a.w_prob_stride = gr * p.cols, a.s_prob_stride = (gr / 128) * w.scale_cols();
-      a.s_ld = w.scale_cols(), a.x = x16.get(), a.x_tok_stride = in_w, a.x_prob_stride = p.groups > 1 ? p.cols : 0;
-      a.out = y.get(), a.o_tok_stride = p.rows, a.o_prob_stride = gr, a.n = n, a.warps = warps, a.kblocks = kb;
+      a.s_ld = w.scale_cols(), a.x = W.x16.get(), a.x_tok_stride = in_w, a.x_prob_stride = p.groups > 1 ? p.cols : 0;
+      a.out = W.y.get(), a.o_tok_stride = p.rows, a.o_prob_stride = gr, a.n = n, a.warps = warps, a.kblocks = kb;
       a.fp8_unroll = unroll;
       return a;
     };
@@ -58,7 +53,7 @@ void bench_fp8_projections(Bench& B, Synth& W) {
       d::GemvArgs a = a0;
       if (a.kblocks > 1) {
         const d::GemvWorkspace need = d::gemv_workspace(a);
-        a.partial = ws.partial(need.floats), a.counters = ws.counters(need.counters);
+        a.partial = W.ws.partial(need.floats), a.counters = W.ws.counters(need.counters);
       }
       return B.time([&](int i) {
         d::GemvArgs b = a;
@@ -72,9 +67,9 @@ void bench_fp8_projections(Bench& B, Synth& W) {
       if (n <= 32) {  // the default path's row and the register-path kernel's sweep
         Timing t;
         if (p.groups > 1)
-          t = B.time([&](int i) { fp8_linear_grouped(ws8[size_t(i % nc)], p.groups, x16.get(), Act::F16, n, y.as<float>(), ws, S); });
+          t = B.time([&](int i) { fp8_linear_grouped(ws8[size_t(i % nc)], p.groups, W.x16.get(), Act::F16, n, W.y.as<float>(), W.ws, S); });
         else
-          t = B.time([&](int i) { fp8_linear(ws8[size_t(i % nc)], x16.get(), Act::F16, p.cols, n, y.as<float>(), p.rows, ws, S); });
+          t = B.time([&](int i) { fp8_linear(ws8[size_t(i % nc)], W.x16.get(), Act::F16, p.cols, n, W.y.as<float>(), p.rows, W.ws, S); });
         B.add(B.rows, {fmt::format("FP8 {}", p.name), fmt::format("[{}, {}] E4M3, x f16", p.rows, p.cols), "", n, 0, bytes}, t);
         // Sweep: warps per block x blocks along K x register budget x chunks in flight per warp (above 8 tokens, one
         // pass of token groups: the full register budget, no split of K, 1 or 2 chunks in flight).
@@ -119,10 +114,10 @@ void bench_fp8_projections(Bench& B, Synth& W) {
     }
     if (std::string(p.name) == "attn wq_a") {  // spot check at the real size
       const int n = 8;
-      fp8_linear(w, x32.get(), Act::F32, p.cols, n, y.as<float>(), p.rows, ws, S);
+      fp8_linear(w, W.x32.get(), Act::F32, p.cols, n, W.y.as<float>(), p.rows, W.ws, S);
       d::dsync();
-      const auto yg = to_host<float>(y, size_t(n * p.rows));
-      const auto xs = to_host<float>(x32, size_t(n * p.cols));
+      const auto yg = to_host<float>(W.y, size_t(n * p.rows));
+      const auto xs = to_host<float>(W.x32, size_t(n * p.cols));
       std::vector<uint8_t> codes(size_t(p.rows * p.cols)), sc(w.scales.bytes());
       w.codes.download(codes.data(), codes.size());
       w.scales.download(sc.data(), sc.size());
@@ -148,23 +143,18 @@ void bench_shared_expert(Bench& B, Synth& W) {
   const Stream S = B.s;
   const int64_t D = W.D;
   const int64_t I = W.I;
-  DeviceBuffer& x16 = W.x16;
-  DeviceBuffer& y = W.y;
-  Workspace& ws = W.ws;
-  MoeScratch& scratch = W.scratch;
-  uint64_t& seed = W.seed;
   const int nc = B.copies_for(3.0 * double(I * D));
   std::vector<Fp8Expert> ses(static_cast<size_t>(nc));
   for (auto& se : ses) {
     se.w1 = alloc_fp8(I, D), se.w3 = alloc_fp8(I, D), se.w2 = alloc_fp8(D, I);
     for (Fp8Matrix* m : {&se.w1, &se.w3, &se.w2}) {
-      d::fill(m->codes.get(), m->codes.bytes(), d::kFillE4M3, seed++, 0, 0);
-      d::fill(m->scales.get(), m->scales.bytes(), d::kFillE8M0, seed++, 112, 118);
+      d::fill(m->codes.get(), m->codes.bytes(), d::kFillE4M3, W.seed++, 0, 0);
+      d::fill(m->scales.get(), m->scales.bytes(), d::kFillE8M0, W.seed++, 112, 118);
     }
   }
   for (int n : {1, 8, 16, 32}) {
     const Timing t = B.time([&](int i) {
-      fp8_expert_ffn(ses[size_t(i % nc)], x16.get(), Act::F16, n, 10.0, scratch.h.as<uint16_t>(), y.as<float>(), ws, S);
+      fp8_expert_ffn(ses[size_t(i % nc)], W.x16.get(), Act::F16, n, 10.0, W.scratch.h.as<uint16_t>(), W.y.as<float>(), W.ws, S);
     });
     const double bytes = 3.0 * double(I * D) + 3.0 * double(ses[0].w1.scale_bytes()) + double(n * D * 2) +
                          2.0 * double(n * I * 2) + double(n * D * 4);
@@ -178,8 +168,6 @@ void bench_shared_expert(Bench& B, Synth& W) {
 void bench_bf16_compressors(Bench& B, Synth& W) {
   const Stream S = B.s;
   const int64_t D = W.D;
-  DeviceBuffer& x32 = W.x32;
-  uint64_t& seed = W.seed;
   if (B.want("bf16")) {
     const int64_t cols = D, prow[4] = {1024, 1024, 256, 256};
     double wbytes = 0;
@@ -189,7 +177,7 @@ void bench_bf16_compressors(Bench& B, Synth& W) {
     for (int c = 0; c < nc; ++c)
       for (int64_t r : prow) {
         wsets.emplace_back(size_t(r * cols) * 2);
-        d::fill(wsets.back().get(), size_t(r * cols), d::kFillBF16, seed++, -0.05f, 0.05f);
+        d::fill(wsets.back().get(), size_t(r * cols), d::kFillBF16, W.seed++, -0.05f, 0.05f);
       }
     const int most = 32;
     DeviceBuffer bx(size_t(most * cols) * 2), yb(size_t(most) * 2560 * 4);
@@ -210,13 +198,13 @@ void bench_bf16_compressors(Bench& B, Synth& W) {
       if (have_cublaslt()) {
         const Timing t = B.time([&](int i) {
           const auto p = projs(i);
-          bf16_linear_gemm_multi(p.data(), 4, cols, x32.get(), Act::F32, cols, n, fb, S);
+          bf16_linear_gemm_multi(p.data(), 4, cols, W.x32.get(), Act::F32, cols, n, fb, S);
         });
         B.add(B.rows, {"bf16 compressor projections, cuBLASLt", shape, "cuda.prefill_gemm: 1 + 4 launches", n, 0, bytes}, t);
       }
       const Timing t = B.time([&](int i) {
         const auto p = projs(i);
-        bf16_linear_gemv_multi(p.data(), 4, cols, x32.get(), Act::F32, cols, n, fb, S);
+        bf16_linear_gemv_multi(p.data(), 4, cols, W.x32.get(), Act::F32, cols, n, fb, S);
       });
       B.add(B.rows, {"bf16 compressor projections, GEMV", shape, "cuda.bf16_gemv: 1 + 1 launches", n, 0, bytes}, t);
     }

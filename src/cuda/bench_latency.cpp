@@ -85,7 +85,6 @@ void bench_phases(Bench& B) {
 void bench_hc(Bench& B, Synth& W) {
   const Stream S = B.s;
   const int64_t D = W.D;
-  uint64_t& seed = W.seed;
   if (B.want("hc")) {
     const int H = 4, nm = (2 + H) * H, hn = 128;  // tokens at most
     const int64_t Dh = D;  // hidden
@@ -93,9 +92,9 @@ void bench_hc(Bench& B, Synth& W) {
         base(size_t(nm) * 4), scl(3 * 4), post(size_t(hn) * H * 4), comb(size_t(hn) * H * H * 4), postp(size_t(hn) * H * 4),
         combp(size_t(hn) * H * H * 4), col(size_t(hn) * size_t(Dh) * 4), col16(size_t(hn) * size_t(Dh) * 2),
         yv(size_t(hn) * size_t(Dh) * 4), nw(size_t(Dh) * 4), mix(d::fwd_hc_scratch_doubles(hn, H) * 8);
-    for (DeviceBuffer* b : {&X, &Xp, &yv}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f, S);
-    d::fill(fn.get(), fn.bytes() / 4, d::kFillF32, seed++, -0.01f, 0.01f, S);
-    for (DeviceBuffer* b : {&base, &scl, &postp, &combp, &nw}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, 0.1f, 1.0f, S);
+    for (DeviceBuffer* b : {&X, &Xp, &yv}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, W.seed++, -1.0f, 1.0f, S);
+    d::fill(fn.get(), fn.bytes() / 4, d::kFillF32, W.seed++, -0.01f, 0.01f, S);
+    for (DeviceBuffer* b : {&base, &scl, &postp, &combp, &nw}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, W.seed++, 0.1f, 1.0f, S);
     struct HcVar {
       const char* name;
       bool post, norm;
@@ -144,19 +143,18 @@ void bench_hc(Bench& B, Synth& W) {
 void bench_attention(Bench& B, Synth& W) {
   const Stream S = B.s;
   const int maxn = W.maxn;
-  uint64_t& seed = W.seed;
   if (B.want("attention")) {
     const int Hq = 64;
-    const int64_t Dh = 512, W = 128, rate = 128, ne = 8192, maxk = W + ne;
-    DeviceBuffer q(size_t(maxn) * Hq * Dh * 4), kv(size_t(maxn) * Dh * 4), ring(size_t(W * Dh) * 4), ent(size_t(ne * Dh) * 4);
+    const int64_t Dh = 512, win = 128, rate = 128, ne = 8192, maxk = win + ne;
+    DeviceBuffer q(size_t(maxn) * Hq * Dh * 4), kv(size_t(maxn) * Dh * 4), ring(size_t(win * Dh) * 4), ent(size_t(ne * Dh) * 4);
     DeviceBuffer sink(size_t(Hq) * 4), pos = to_device(std::vector<int64_t>{ne * rate - maxn});
-    for (DeviceBuffer* b : {&q, &kv, &ring, &ent, &sink}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f);
+    for (DeviceBuffer* b : {&q, &kv, &ring, &ent, &sink}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, W.seed++, -1.0f, 1.0f);
     DeviceBuffer logits(size_t(maxn) * Hq * maxk * 4), out(size_t(maxn) * Hq * Dh * 4);
     for (int n : {1, 8}) {
       d::AttendArgs a;
       a.q = q.as<float>(), a.chunk_kv = kv.as<float>(), a.ring = ring.as<float>(), a.entries = ent.as<float>();
       a.sink = sink.as<float>(), a.pos = pos.as<int64_t>(), a.out = out.as<float>();
-      a.n = n, a.Hq = Hq, a.type = 2, a.Dh = Dh, a.window = W, a.ne = ne, a.rate = rate, a.scale = 1.0f / std::sqrt(float(Dh));
+      a.n = n, a.Hq = Hq, a.type = 2, a.Dh = Dh, a.window = win, a.ne = ne, a.rate = rate, a.scale = 1.0f / std::sqrt(float(Dh));
       const double bytes = double(maxk * Dh * 4) + 2.0 * double(n * Hq * Dh * 4);
       const std::string shape = fmt::format("HCA {} keys, {} heads x {}", maxk, Hq, Dh);
       d::AttendArgs tw = a;
@@ -180,12 +178,11 @@ void bench_attention(Bench& B, Synth& W) {
 // the bytes are the keys (read once by an ideal kernel), the queries and the scores.
 void bench_indexer(Bench& B, Synth& W) {
   const Stream S = B.s;
-  uint64_t& seed = W.seed;
   if (B.want("indexer")) {
     const int nh = 64, topk = 512;
     const int64_t dh = 128, rate = 4, ne = 65536;
     DeviceBuffer iq(size_t(8) * nh * dh * 4), keys(size_t(ne * dh) * 4), hw(size_t(8) * nh * 4);
-    for (DeviceBuffer* b : {&iq, &keys, &hw}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, seed++, -1.0f, 1.0f);
+    for (DeviceBuffer* b : {&iq, &keys, &hw}) d::fill(b->get(), b->bytes() / 4, d::kFillF32, W.seed++, -1.0f, 1.0f);
     for (int n : {1, 8}) {
       DeviceBuffer pos = to_device(std::vector<int64_t>{ne * rate - n}), scores(size_t(n) * size_t(ne) * 4),
                    sel(size_t(n) * topk * 8);

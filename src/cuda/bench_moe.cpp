@@ -38,13 +38,6 @@ void bench_moe_decode(Bench& B, Synth& W) {
   const int K = W.K;
   const int64_t D = W.D;
   const int64_t I = W.I;
-  MoeExperts& moe = W.moe;
-  DeviceBuffer& x32 = W.x32;
-  DeviceBuffer& x16 = W.x16;
-  DeviceBuffer& xb16 = W.xb16;
-  DeviceBuffer& y = W.y;
-  Workspace& ws = W.ws;
-  MoeScratch& scratch = W.scratch;
   const double fp4_w13 = W.fp4_w13();
   const double fp4_w2 = W.fp4_w2();
   const int runs = B.o.warmup + B.o.iters + Bench::kGraph;
@@ -60,20 +53,20 @@ void bench_moe_decode(Bench& B, Synth& W) {
     const int ue = int(std::lround(uavg));
     const double xin = double(n) * double(D) * 2, hbytes = double(n * K) * double(I) * 2, ysb = double(n * K) * double(D) * 4;
     const std::string note = fmt::format("{:.1f} active experts (mean)", uavg);
-    auto h16 = scratch.h.as<uint16_t>();
-    auto ys = scratch.ys.as<float>();
-    Timing t = B.time([&](int i) { moe_gate_up(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, nullptr, ws, S); });
+    auto h16 = W.scratch.h.as<uint16_t>();
+    auto ys = W.scratch.ys.as<float>();
+    Timing t = B.time([&](int i) { moe_gate_up(W.moe, idx_at(i), n, K, W.x16.get(), Act::F16, 10.0, nullptr, h16, nullptr, W.ws, S); });
     B.add(B.rows, {"moe gate+up (w1,w3 FP4) + SwiGLU", "E256 [2048, 4096] x2, x f16", note, n, ue, uavg * fp4_w13 + xin + hbytes}, t);
-    t = B.time([&](int i) { moe_gate_up(moe, idx_at(i), n, K, xb16.get(), Act::BF16, 10.0, nullptr, h16, nullptr, ws, S); });
+    t = B.time([&](int i) { moe_gate_up(W.moe, idx_at(i), n, K, W.xb16.get(), Act::BF16, 10.0, nullptr, h16, nullptr, W.ws, S); });
     B.add(B.rows, {"moe gate+up, x bf16 (+ f16 conversion launch)", "E256 [2048, 4096] x2", note, n, ue, uavg * fp4_w13 + 3 * xin + hbytes}, t);
-    t = B.time([&](int i) { moe_down(moe, idx_at(i), n, K, h16, nullptr, ys, ws, S); });
+    t = B.time([&](int i) { moe_down(W.moe, idx_at(i), n, K, h16, nullptr, ys, W.ws, S); });
     B.add(B.rows, {"moe down (w2 FP4)", "E256 [4096, 2048], h f16", note, n, ue, uavg * fp4_w2 + hbytes + ysb}, t);
-    t = B.time([&](int i) { moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S); });
+    t = B.time([&](int i) { moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, W.y.as<float>(), S); });
     B.add(B.rows, {"moe combine (weights, sum over k)", "[n*6, 4096] f32", "", n, 0, ysb + double(n) * double(D) * 4}, t);
     auto routed = [&](int i) {
-      moe_gate_up(moe, idx_at(i), n, K, x16.get(), Act::F16, 10.0, nullptr, h16, nullptr, ws, S);
-      moe_down(moe, idx_at(i), n, K, h16, nullptr, ys, ws, S);
-      moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
+      moe_gate_up(W.moe, idx_at(i), n, K, W.x16.get(), Act::F16, 10.0, nullptr, h16, nullptr, W.ws, S);
+      moe_down(W.moe, idx_at(i), n, K, h16, nullptr, ys, W.ws, S);
+      moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, W.y.as<float>(), S);
     };
     const double routed_bytes = uavg * (fp4_w13 + fp4_w2) + xin + 2 * hbytes + 2 * ysb + double(n) * double(D) * 4;
     t = B.time(routed);
@@ -94,10 +87,10 @@ void bench_moe_decode(Bench& B, Synth& W) {
                                                     {uavg * fp4_w13, "reference: gate+up's bytes"},
                                                     {uavg * fp4_w2, "reference: down's bytes"}};
     for (const auto& [bytes, what] : refs) {
-      if (size_t(bytes) > moe.w1.codes.bytes()) continue;
+      if (size_t(bytes) > W.moe.w1.codes.bytes()) continue;
       const size_t rb = size_t(bytes) / 256 * 256;
-      const size_t slots = std::max<size_t>(1, moe.w1.codes.bytes() / rb);
-      t = B.time([&](int i) { d::read_stream(moe.w1.codes.as<uint8_t>() + size_t(i) % slots * rb, rb, B.sink.as<unsigned>(), S); });
+      const size_t slots = std::max<size_t>(1, W.moe.w1.codes.bytes() / rb);
+      t = B.time([&](int i) { d::read_stream(W.moe.w1.codes.as<uint8_t>() + size_t(i) % slots * rb, rb, B.sink.as<unsigned>(), S); });
       B.add(B.rows, {"read-only stream of the same weight bytes", what, "", n, 0, double(rb)}, t);
     }
 
@@ -105,30 +98,30 @@ void bench_moe_decode(Bench& B, Synth& W) {
     // FP8 tensor cores, bf16 outputs) on the same weights read as the A8 layout (random codes are random in either):
     // gate+up from x's codes, down from h's, and the whole routed path with both quantizations and the combine.
     {
-      moe.w1.layout = moe.w3.layout = moe.w2.layout = Fp4Layout::A8;
+      W.moe.w1.layout = W.moe.w3.layout = W.moe.w2.layout = Fp4Layout::A8;
       const int64_t S8 = int64_t(n) * K;
       DeviceBuffer x8(size_t(n * D)), xsc(size_t(n * D / 128) * 4), h32(size_t(S8 * I) * 4), h8(size_t(S8 * I)),
           hsc(size_t(S8 * I / 128) * 4);
-      act_quant_e4m3(x32.as<float>(), n, D, D, x8.as<uint8_t>(), xsc.as<float>(), S);
-      moe_gate_up_a8(moe, idx_at(0), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S);
+      act_quant_e4m3(W.x32.as<float>(), n, D, D, x8.as<uint8_t>(), xsc.as<float>(), S);
+      moe_gate_up_a8(W.moe, idx_at(0), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S);
       act_quant_e4m3(h32.as<float>(), S8, I, I, h8.as<uint8_t>(), hsc.as<float>(), S);
       const double x8b = double(n * D) * (1.0 + 4.0 / 128), h8b = double(S8 * I) * (1.0 + 4.0 / 128), h32b = double(S8 * I) * 4;
-      t = B.time([&](int i) { moe_gate_up_a8(moe, idx_at(i), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S); });
+      t = B.time([&](int i) { moe_gate_up_a8(W.moe, idx_at(i), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S); });
       B.add(B.rows, {"moe gate+up W4A8 (official numerics)", "E256 [2048, 4096] x2, x E4M3", note, n, ue, uavg * fp4_w13 + x8b + h32b}, t);
-      t = B.time([&](int i) { moe_down_a8(moe, idx_at(i), n, K, h8.as<uint8_t>(), hsc.as<float>(), ys, S); });
+      t = B.time([&](int i) { moe_down_a8(W.moe, idx_at(i), n, K, h8.as<uint8_t>(), hsc.as<float>(), ys, S); });
       B.add(B.rows, {"moe down W4A8 (official numerics)", "E256 [4096, 2048], h E4M3", note, n, ue, uavg * fp4_w2 + h8b + ysb}, t);
       t = B.time([&](int i) {
-        act_quant_e4m3(x32.as<float>(), n, D, D, x8.as<uint8_t>(), xsc.as<float>(), S);
-        moe_gate_up_a8(moe, idx_at(i), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S);
+        act_quant_e4m3(W.x32.as<float>(), n, D, D, x8.as<uint8_t>(), xsc.as<float>(), S);
+        moe_gate_up_a8(W.moe, idx_at(i), n, K, x8.as<uint8_t>(), xsc.as<float>(), 10.0, nullptr, h32.as<float>(), S);
         act_quant_e4m3(h32.as<float>(), S8, I, I, h8.as<uint8_t>(), hsc.as<float>(), S);
-        moe_down_a8(moe, idx_at(i), n, K, h8.as<uint8_t>(), hsc.as<float>(), ys, S);
-        moe_combine(ys, nullptr, n, K, D, 1.0f, nullptr, y.as<float>(), S);
+        moe_down_a8(W.moe, idx_at(i), n, K, h8.as<uint8_t>(), hsc.as<float>(), ys, S);
+        moe_combine(ys, nullptr, n, K, D, 1.0f, nullptr, W.y.as<float>(), S);
       });
       B.add(B.rows,
             {"moe routed total W4A8 (official numerics)", "5 launches: 2 quantizations", note, n, ue,
              uavg * (fp4_w13 + fp4_w2) + double(n * D) * 4 + x8b + 2 * h32b + h8b + 2 * ysb + double(n * D) * 4},
             t);
-      moe.w1.layout = moe.w3.layout = moe.w2.layout = Fp4Layout::F16;
+      W.moe.w1.layout = W.moe.w3.layout = W.moe.w2.layout = Fp4Layout::F16;
     }
 
     // Tuning sweep of the two FP4 kernels: the per-tile kernel (warps per block) and the streaming kernel (warps
@@ -156,13 +149,13 @@ void bench_moe_decode(Bench& B, Synth& W) {
     auto fp4_base = [&](int which) {
       d::GemvArgs a;
       a.fmt = d::kFp4, a.mode = d::kMoe, a.n = n, a.topk = K, a.problems = E, a.act = d::kF16;
-      const Fp4Matrices& w = which == 0 ? moe.w1 : moe.w2;
+      const Fp4Matrices& w = which == 0 ? W.moe.w1 : W.moe.w2;
       a.w[0] = w.codes.as<uint8_t>(), a.s[0] = w.scales.get();
       a.w_prob_stride = int64_t(w.code_bytes()), a.s_prob_stride = int64_t(w.scale_bytes());
       a.rows = w.rows, a.cols = w.cols, a.s_ld = w.cols / 32;
       if (which == 0) {
-        a.nmat = 2, a.epi = d::kSwiglu, a.limit = 10.0f, a.w[1] = moe.w3.codes.as<uint8_t>(), a.s[1] = moe.w3.scales.get();
-        a.x = x16.get(), a.x_tok_stride = D, a.x_by_token = 1, a.out = h16, a.out_half = 1, a.o_tok_stride = I;
+        a.nmat = 2, a.epi = d::kSwiglu, a.limit = 10.0f, a.w[1] = W.moe.w3.codes.as<uint8_t>(), a.s[1] = W.moe.w3.scales.get();
+        a.x = W.x16.get(), a.x_tok_stride = D, a.x_by_token = 1, a.out = h16, a.out_half = 1, a.o_tok_stride = I;
       } else {
         a.x = h16, a.x_tok_stride = I, a.out = ys, a.o_tok_stride = D;
       }
@@ -205,9 +198,9 @@ void bench_moe_decode(Bench& B, Synth& W) {
               d::GemvArgs g2 = gu, d2 = a;
               g2.idx = d2.idx = idx_at(i);
               d::launch_gemv(g2, S);
-              if (which == 0) moe_down(moe, idx_at(i), n, K, h16, nullptr, ys, ws, S);
+              if (which == 0) moe_down(W.moe, idx_at(i), n, K, h16, nullptr, ys, W.ws, S);
               else d::launch_gemv(d2, S);
-              moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, y.as<float>(), S);
+              moe_combine(ys, w_at(i), n, K, D, 1.0f, nullptr, W.y.as<float>(), S);
             });
             B.add(B.tuning,
                   {which == 0 ? "moe routed total, gate+up as" : "moe routed total, down as", var, note, n, ue, routed_bytes}, t);
@@ -217,11 +210,11 @@ void bench_moe_decode(Bench& B, Synth& W) {
     // Spot check at the real size: sampled gate/up outputs for every token, against the CPU.
     {
       DeviceBuffer h32(size_t(n * K) * size_t(I) * 4);
-      moe_gate_up(moe, idx_at(0), n, K, x32.get(), Act::F32, std::numeric_limits<double>::infinity(), nullptr, nullptr,
-                  h32.as<float>(), ws, S);  // (no clamp: the check below has none)
+      moe_gate_up(W.moe, idx_at(0), n, K, W.x32.get(), Act::F32, std::numeric_limits<double>::infinity(), nullptr, nullptr,
+                  h32.as<float>(), W.ws, S);  // (no clamp: the check below has none)
       d::dsync();
       const auto hg = to_host<float>(h32, size_t(n * K) * size_t(I));
-      const auto xs = to_host<float>(x32, size_t(n) * size_t(D));
+      const auto xs = to_host<float>(W.x32, size_t(n) * size_t(D));
       double max_err = 0, max_ref = 0;
       for (int slot = 0; slot < n * K; slot += std::max(1, n * K / 4)) {
         const int e = R.idx[size_t(slot)], tok = slot / K;
@@ -231,10 +224,10 @@ void bench_moe_decode(Bench& B, Synth& W) {
           // The decode layout keeps a 16-row tile together: download the row's tile and unpack it.
           const int64_t t0 = r / 16 * 16;
           std::vector<uint8_t> rp(size_t(8 * D)), sc1(size_t(D / 32)), sc3(size_t(D / 32)), rp3(size_t(8 * D));
-          moe.w1.codes.download(rp.data(), rp.size(), size_t(e) * moe.w1.code_bytes() + size_t(t0 * D / 2));
-          moe.w3.codes.download(rp3.data(), rp3.size(), size_t(e) * moe.w3.code_bytes() + size_t(t0 * D / 2));
-          moe.w1.scales.download(sc1.data(), sc1.size(), size_t(e) * moe.w1.scale_bytes() + size_t(r * D / 32));
-          moe.w3.scales.download(sc3.data(), sc3.size(), size_t(e) * moe.w3.scale_bytes() + size_t(r * D / 32));
+          W.moe.w1.codes.download(rp.data(), rp.size(), size_t(e) * W.moe.w1.code_bytes() + size_t(t0 * D / 2));
+          W.moe.w3.codes.download(rp3.data(), rp3.size(), size_t(e) * W.moe.w3.code_bytes() + size_t(t0 * D / 2));
+          W.moe.w1.scales.download(sc1.data(), sc1.size(), size_t(e) * W.moe.w1.scale_bytes() + size_t(r * D / 32));
+          W.moe.w3.scales.download(sc3.data(), sc3.size(), size_t(e) * W.moe.w3.scale_bytes() + size_t(r * D / 32));
           const auto c1 = unpack_fp4_decode(rp.data(), 16, D), c3 = unpack_fp4_decode(rp3.data(), 16, D);
           const double g = fp4_row_dot(c1.data() + (r - t0) * D / 2, sc1.data(), xr, D);
           const double u = fp4_row_dot(c3.data() + (r - t0) * D / 2, sc3.data(), xr, D);
