@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "formats/numeric.h"
+#include "io/json_int.h"
 
 namespace plumb {
 
@@ -68,19 +69,6 @@ struct FdGuard {
   }
 };
 
-// JSON integers arrive as unsigned when non-negative and signed when negative; floats never qualify.
-bool as_u64(const json& j, uint64_t& out) {
-  if (!j.is_number_integer()) return false;
-  if (j.is_number_unsigned()) {
-    out = j.get<uint64_t>();
-    return true;
-  }
-  const int64_t v = j.get<int64_t>();
-  if (v < 0) return false;
-  out = uint64_t(v);
-  return true;
-}
-
 // Parses the header, rejecting duplicate keys at any depth: nlohmann keeps only the last value of a
 // repeated key, which would silently hide a conflicting tensor entry.
 json parse_header_json(const std::string& path, const char* begin, const char* end) {
@@ -125,20 +113,21 @@ TensorView parse_entry(const std::string& path, const std::string& name, const j
 
   int64_t numel = 1;
   for (const json& d : *shape_it) {
-    uint64_t dim;
-    if (!as_u64(d, dim) || dim > uint64_t(std::numeric_limits<int64_t>::max()))
-      bad_tensor(path, name, fmt::format("shape entry {} is not a non-negative 64-bit integer", d.dump()));
-    if (__builtin_mul_overflow(numel, int64_t(dim), &numel))
+    const std::optional<int64_t> dim = json_int(d, 0);
+    if (!dim) bad_tensor(path, name, fmt::format("shape entry {} is not a non-negative 64-bit integer", d.dump()));
+    if (__builtin_mul_overflow(numel, *dim, &numel))
       bad_tensor(path, name, fmt::format("shape {} has more elements than fit in 64 bits", shape_it->dump()));
-    v.shape.push_back(int64_t(dim));
+    v.shape.push_back(*dim);
   }
   uint64_t need;
   if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(v.dtype)), &need))
     bad_tensor(path, name, fmt::format("shape {} needs more bytes than fit in 64 bits", shape_it->dump()));
 
-  uint64_t begin, end;
-  if (!as_u64((*offs_it)[0], begin) || !as_u64((*offs_it)[1], end))
-    bad_tensor(path, name, fmt::format("data_offsets {} are not non-negative integers", offs_it->dump()));
+  // Offsets above INT64_MAX are refused here: no mappable buffer is that large.
+  const std::optional<int64_t> b0 = json_int((*offs_it)[0], 0), e0 = json_int((*offs_it)[1], 0);
+  if (!b0 || !e0)
+    bad_tensor(path, name, fmt::format("data_offsets {} are not non-negative 64-bit integers", offs_it->dump()));
+  const uint64_t begin = uint64_t(*b0), end = uint64_t(*e0);
   if (end < begin) bad_tensor(path, name, fmt::format("data_offsets end {} is before begin {}", end, begin));
   if (end > buffer_size)
     bad_tensor(path, name,
