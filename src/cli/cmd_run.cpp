@@ -2,6 +2,9 @@
 // one-line summary on stderr (prompt / generated tokens, prefill and decode tokens per second).
 #include <charconv>
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -17,19 +20,39 @@ struct RunOptions {
   ModelArgs model;
   GenArgs gen;
   std::string prompt;
+  std::string file; // -f: the prompt's text from a file ("-": stdin)
   std::string ids;  // --ids: raw token ids instead of text
   bool chat = false, raw = false;
   ChatModeArgs mode;
 };
 
+// The prompt text of -f FILE ("-": all of stdin), byte for byte: a long prompt or one with quotes and newlines
+// does not fit a shell argument well.
+std::string read_prompt_file(const std::string& file) {
+  std::ostringstream ss;
+  if (file == "-") {
+    ss << std::cin.rdbuf();
+    PLUMB_CHECK(!std::cin.bad(), "-f -: reading the prompt from stdin failed");
+  } else {
+    std::ifstream f(file, std::ios::binary);
+    PLUMB_CHECK(f.good(), "-f: cannot open prompt file {}", file);
+    ss << f.rdbuf();
+    PLUMB_CHECK(!f.bad(), "-f: reading prompt file {} failed", file);
+  }
+  return ss.str();
+}
 
-int run(const RunOptions& o) {
+int run(RunOptions o) {
   const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
   // something to load 100 GB for.
-  PLUMB_CHECK(!o.prompt.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT");
+  if (!o.file.empty()) {
+    o.prompt = read_prompt_file(o.file);
+    PLUMB_CHECK(!o.prompt.empty(), "empty prompt: {} holds no text", o.file == "-" ? "stdin" : o.file);
+  }
+  PLUMB_CHECK(!o.prompt.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT or -f FILE");
   const std::vector<int32_t> given_ids = parse_token_ids(o.ids, "--ids");
   PLUMB_CHECK(o.ids.empty() || !given_ids.empty(), "empty prompt: --ids lists no token ids");
   check_generate_options(o.gen.gen);
@@ -76,7 +99,9 @@ void register_run(CLI::App& app) {
                                         "models/tiny)");
   add_model_options(cmd, o->model);
   auto* p = cmd->add_option("-p,--prompt", o->prompt, "the prompt text");
-  cmd->add_option("--ids", o->ids, "the prompt as token ids (\"0 15 27\"), fed as they are")->excludes(p);
+  auto* f = cmd->add_option("-f,--file", o->file, "read the prompt text from this file (-: from stdin), as it is")
+                ->excludes(p);
+  cmd->add_option("--ids", o->ids, "the prompt as token ids (\"0 15 27\"), fed as they are")->excludes(p)->excludes(f);
   auto* c = cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn in the DeepSeek-V4 chat format");
   cmd->add_flag("--raw", o->raw, "use the prompt as it is, after BOS (the default)")->excludes(c);
   add_chat_mode_options(cmd, o->mode, "system prompt (implies --chat)",

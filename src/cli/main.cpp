@@ -1,5 +1,7 @@
 // plumb: command-line entry point; each subcommand registers itself from its own cli/cmd_*.cpp.
+#include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "cli/commands.h"
 #include "plumb/engine.h"
@@ -30,7 +32,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help and --version
+    // A usage error is one "error:" line and status 2, as plumb's own option checks give (CLI11 would print two
+    // lines and exit with its own codes, 101-115), naming the help of the subcommand that was being parsed.
+    std::string msg = e.what(), where = "plumb";
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    std::fprintf(stderr, "error: %s (%s --help lists the options)\n", msg.c_str(), where.c_str());
+    return 2;
   } catch (const plumb::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

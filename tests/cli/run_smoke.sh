@@ -34,6 +34,13 @@ cmp -s "$tmp/a.out" "$tmp/c.out" && bad "another seed gave the same output" || o
 [ -s "$tmp/p1.out" ] && cmp -s "$tmp/p1.out" "$tmp/p3.out" && ok "--prefill-chunk 3: same continuation" \
   || bad "--prefill-chunk 3 changed the continuation: $(cat "$tmp/p1.out") / $(cat "$tmp/p3.out")"
 
+# -f FILE and -f - (stdin) give the prompt's bytes as -p does: the same seeded output.
+printf 'Once upon a time' >"$tmp/prompt.txt"
+"$plumb" run -q -f "$tmp/prompt.txt" --seed 7 --max-tokens 40 >"$tmp/f.out" 2>/dev/null
+printf 'Once upon a time' | "$plumb" run -q -f - --seed 7 --max-tokens 40 >"$tmp/fs.out" 2>/dev/null
+[ -s "$tmp/f.out" ] && cmp -s "$tmp/a.out" "$tmp/f.out" && cmp -s "$tmp/a.out" "$tmp/fs.out" &&
+  ok "-f FILE and -f -: the output of -p" || bad "-f: $(cat "$tmp/f.out") / $(cat "$tmp/fs.out")"
+
 out=$("$plumb" run -q --chat -p "What color is the sky?" --temperature 0 2>/dev/null)
 [[ "$out" == *blue* ]] && ok "chat mode answers: $out" || bad "chat mode: $out"
 out=$("$plumb" run -q --think -p "What is 3 plus 4?" --temperature 0 --max-tokens 60 2>/dev/null)
@@ -79,12 +86,21 @@ check_error "negative prefill chunk" "prefill-chunk" "$plumb" run -q -p hi --pre
 for bad_seed in -2 18446744073709551615 1e3; do
   "$plumb" run -q -p hi -n 1 --seed "$bad_seed" >/dev/null 2>"$tmp/seed.err"
   rc=$?
-  [ $rc -ne 0 ] && grep -qF -- "--seed: expected an integer from 0 to 9223372036854775807 (or -1: random), got '$bad_seed'" "$tmp/seed.err" &&
+  [ $rc -eq 2 ] && grep -qF -- "--seed: expected an integer from 0 to 9223372036854775807 (or -1: random), got '$bad_seed'" "$tmp/seed.err" &&
     ok "--seed $bad_seed refused" || bad "--seed $bad_seed: exit status $rc, stderr: $(cat "$tmp/seed.err")"
 done
 "$plumb" run -p hi -n 1 --seed -1 >/dev/null 2>"$tmp/seed.err" && grep -q 'seed [0-9]' "$tmp/seed.err" &&
   ! grep -q 'seed 18446744073709551615' "$tmp/seed.err" && ok "--seed -1: $(grep -o 'seed [0-9]*' "$tmp/seed.err")" ||
   bad "--seed -1: $(cat "$tmp/seed.err")"
+: >"$tmp/empty.txt"
+check_error "empty prompt file" "empty prompt: $tmp/empty.txt holds no text" "$plumb" run -q -f "$tmp/empty.txt"
+check_error "missing prompt file" "-f: cannot open prompt file $tmp/nothing.txt" "$plumb" run -q -f "$tmp/nothing.txt"
+# Usage errors found by the option parser: one "error:" line naming the subcommand's help, status 2.
+EXPECT_RC=2 check_error "-f with -p" "error: --prompt excludes --file (plumb run --help lists the options)" \
+  "$plumb" run -q -f "$tmp/prompt.txt" -p hi
+EXPECT_RC=2 check_error "an unknown option" "not expected: --bogus (plumb run --help lists the options)" "$plumb" run --bogus
+EXPECT_RC=2 check_error "a number that is not one" "--top-k = abc" "$plumb" run -p hi --top-k abc
+EXPECT_RC=2 check_error "no subcommand" "A subcommand is required (plumb --help lists the options)" "$plumb"
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
