@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `plumb run` end to end on the bundled model: streamed output and the summary line, seeded determinism, chat
-# mode, stop strings, the loading lines, and every user error as one "error:" line with exit status 1 (no crash;
-# status 2 for option errors, such as plumb bench's layer-only options without --layers).
+# `plumb run` end to end on the bundled model: streamed output and the summary line, seeded determinism, the prompt
+# from a file or stdin, chat mode, stop strings, the loading lines, and every user error as one "error:" line with
+# exit status 1 (no crash; status 2 for option errors: the parser's, and plumb bench's layer-only options without
+# --layers).
 # Usage: tests/cli/run_smoke.sh [PLUMB_BINARY]   (run from anywhere; it works in the repository root)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
