@@ -2,6 +2,7 @@
 // one-line summary on stderr (prompt / generated tokens, prefill and decode tokens per second).
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -34,6 +35,8 @@ std::string read_prompt_file(const std::string& file) {
     ss << std::cin.rdbuf();
     PLUMB_CHECK(!std::cin.bad(), "-f -: reading the prompt from stdin failed");
   } else {
+    std::error_code ec;
+    PLUMB_CHECK(!std::filesystem::is_directory(file, ec), "-f: prompt file {} is a directory", file);
     std::ifstream f(file, std::ios::binary);
     PLUMB_CHECK(f.good(), "-f: cannot open prompt file {}", file);
     ss << f.rdbuf();
