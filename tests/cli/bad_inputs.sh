@@ -82,4 +82,10 @@ expect "run: --max-tokens before the load" "--max-tokens must be at least 1" "$p
 expect "chat: --temperature before the load" "--temperature must be a number >= 0" \
   "$plumb" chat --model "$work/no-such-model" --temperature -1 </dev/null
 
+# The toolkit's input files: a directory is refused by name (it read as an empty file: --text DIR ran on BOS alone).
+fresh
+expect "kld: --text a directory" "text file $work is a directory" "$plumb" kld -m "$work/fx" --text "$work"
+expect "trace: --tokens a directory" "token file $work is a directory" "$plumb" trace -m "$work/fx" --tokens "$work" -o "$work/t"
+expect "kld: --text missing" "cannot open text file $work/none.txt" "$plumb" kld -m "$work/fx" --text "$work/none.txt"
+
 finish bad_inputs
