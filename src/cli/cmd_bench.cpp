@@ -2,6 +2,7 @@
 // with --layers N, the whole GPU forward pass on an N-layer V4-Flash stack (src/cuda/bench_layers.cpp).
 // Without a usable GPU (or in a build without CUDA) it says why and exits non-zero.
 #include "cli/commands.h"
+#include "cli/input_options.h"
 #include <algorithm>
 #include <array>
 #include <sstream>
@@ -31,8 +32,8 @@ void register_bench(CLI::App& app) {
   auto opt = std::make_shared<cuda::BenchOptions>();
   cmd->add_option("--iters", opt->iters, "timed runs per kernel (the median is reported)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opt->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
-  cmd->add_option("--json", opt->json, "also write the results as JSON to this file");
-  cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file");
+  cmd->add_option("--json", opt->json, "also write the results as JSON to this file")->check(output_file());
+  cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file")->check(output_file());
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
   cmd->add_option("--only", opt->only, "kernel bench: only these sections, comma-separated (" + section_list() + "; prefill includes fp8prefill)")
       ->check([](const std::string& v) {

@@ -21,8 +21,8 @@ void register_diff(CLI::App& app) {
   cmd->add_option("--tol", o->tol, "override the registry tolerance (|err| <= tol x max(1, max|A|))");
   cmd->add_option("--taps", o->taps, "show only taps matching these comma-separated globs (e.g. 'L0.*,*.ffn.out')");
   cmd->add_option("--layers", o->layers, "show only these layers (e.g. 0-3)");
-  cmd->add_option("--json", o->json, "write the report as JSON to this file");
-  cmd->add_option("--html", o->html, "write a self-contained HTML report (error-growth chart + tap table) to this file");
+  cmd->add_option("--json", o->json, "write the report as JSON to this file")->check(output_file());
+  cmd->add_option("--html", o->html, "write a self-contained HTML report (error-growth chart + tap table) to this file")->check(output_file());
   cmd->callback([o] { set_exit_code(tools::diff(*o)); });
 }
 

@@ -14,7 +14,7 @@ void register_trace(CLI::App& app) {
   cmd->add_option("--layers", o->layers, "keep L<i>.* taps of these layers only, e.g. 0-3");
   cmd->add_option("--steps", o->steps, "keep these steps, by name or index, e.g. s0,s2");
   cmd->add_option("--positions", o->positions, "keep these token positions (rows), e.g. 0-5");
-  cmd->add_option("-o,--out", o->out, "output .safetensors (the index goes next to it as .json)")->required();
+  cmd->add_option("-o,--out", o->out, "output .safetensors (the index goes next to it as .json)")->required()->check(output_file());
   cmd->callback([o] { set_exit_code(tools::trace(*o)); });
 }
 

@@ -1,5 +1,9 @@
-// The input options shared by trace, diff, bisect and kld.
+// The file options shared by several commands (input_options.h).
 #include "cli/input_options.h"
+
+#include <unistd.h>
+
+#include <filesystem>
 
 namespace plumb::cli {
 
@@ -11,6 +15,22 @@ void add_input_options(CLI::App* cmd, tools::InputSpec& in) {
   cmd->add_option("--tokenizer", in.tokenizer, "tokenizer.json (or its folder) for --text; default: the model folder's");
   cmd->add_option("--chunk", in.chunk, "split --text into prefill chunks of this many tokens (0: one chunk)")
       ->check(CLI::NonNegativeNumber);
+}
+
+CLI::Validator output_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        namespace fs = std::filesystem;
+        if (path.empty()) return {};
+        std::error_code ec;
+        if (fs::is_directory(path, ec)) return path + " is a folder: give a file name";
+        const fs::path parent = fs::path(path).parent_path();
+        const std::string folder = parent.empty() ? "." : parent.string();
+        if (!fs::is_directory(folder, ec)) return "folder " + folder + " (of " + path + ") does not exist";
+        if (::access(folder.c_str(), W_OK) != 0) return "folder " + folder + " (of " + path + ") is not writable";
+        return {};
+      },
+      "", "output file");
 }
 
 }  // namespace plumb::cli

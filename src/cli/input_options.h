@@ -1,4 +1,5 @@
-// The input options shared by trace, diff, bisect and kld: a golden fixture, a token file or a text file.
+// The file options shared by several commands: the inputs of trace, diff, bisect and kld (a golden fixture, a token
+// file or a text file), and the check every output file option takes.
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -8,5 +9,10 @@ namespace plumb::cli {
 
 // Adds --fixture, -m/--model, --tokens, --text, --tokenizer and --chunk to `cmd`.
 void add_input_options(CLI::App* cmd, tools::InputSpec& in);
+
+// For an option naming a file the command writes at its end (a report, a trace, a saved reference): checked when
+// the options are parsed, so a long run does not end in "cannot write". Its folder must exist and be writable and
+// the name must not be a folder; the file itself is created or replaced only when written.
+CLI::Validator output_file();
 
 }  // namespace plumb::cli

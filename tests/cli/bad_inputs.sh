@@ -87,5 +87,9 @@ fresh
 expect "kld: --text a directory" "text file $work is a directory" "$plumb" kld -m "$work/fx" --text "$work"
 expect "trace: --tokens a directory" "token file $work is a directory" "$plumb" trace -m "$work/fx" --tokens "$work" -o "$work/t"
 expect "kld: --text missing" "cannot open text file $work/none.txt" "$plumb" kld -m "$work/fx" --text "$work/none.txt"
+# Output files are checked when the options are parsed, before any run (a long kld must not end in "cannot write").
+expect "trace: -o a folder" "--out: $work is a folder" "$plumb" trace -m "$work/fx" --tokens "$work/none" -o "$work"
+expect "kld: --json in a missing folder" "--json: folder $work/none (of $work/none/k.json) does not exist" \
+  "$plumb" kld -m "$work/fx" --text "$work/none.txt" --json "$work/none/k.json"
 
 finish bad_inputs
