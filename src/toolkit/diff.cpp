@@ -157,6 +157,9 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
     return in;
   }
   PLUMB_CHECK(!model.empty(), "--tokens / --text need -m MODEL_DIR (a folder with config.json and model.safetensors)");
+  std::error_code ec;
+  PLUMB_CHECK(std::filesystem::is_directory(model, ec), "-m {} is not a folder (the model folder: config.json and model.safetensors)",
+              model);
   if (!tokens.empty()) return input_from_tokens(model, tokens);
   return input_from_text(model, text, tokenizer, chunk);
 }
