@@ -36,7 +36,7 @@ std::string read_prompt_file(const std::string& file) {
     PLUMB_CHECK(!std::cin.bad(), "-f -: reading the prompt from stdin failed");
   } else {
     std::error_code ec;
-    PLUMB_CHECK(!std::filesystem::is_directory(file, ec), "-f: prompt file {} is a directory", file);
+    PLUMB_CHECK(!std::filesystem::is_directory(file, ec), "-f: prompt file {} is a folder", file);
     std::ifstream f(file, std::ios::binary);
     PLUMB_CHECK(f.good(), "-f: cannot open prompt file {}", file);
     ss << f.rdbuf();

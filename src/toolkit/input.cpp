@@ -21,11 +21,11 @@ void add_step(RunInput& in, std::vector<int32_t> tokens) {
   in.steps.push_back(std::move(s));
 }
 
-// The whole of a user's input file. A directory is refused by name: an ifstream opens one and reads it as empty,
+// The whole of a user's input file. A folder is refused by name: an ifstream opens one and reads it as empty,
 // which made `--text DIR` a run on BOS alone.
 std::string read_input_file(const std::string& path, const char* what) {
   std::error_code ec;
-  PLUMB_CHECK(!std::filesystem::is_directory(path, ec), "{} {} is a directory", what, path);
+  PLUMB_CHECK(!std::filesystem::is_directory(path, ec), "{} {} is a folder", what, path);
   std::ifstream f(path, std::ios::binary);
   PLUMB_CHECK(f.good(), "cannot open {} {}", what, path);
   std::ostringstream ss;

@@ -84,8 +84,8 @@ expect "chat: --temperature before the load" "--temperature must be a number >= 
 
 # The toolkit's input files: a directory is refused by name (it read as an empty file: --text DIR ran on BOS alone).
 fresh
-expect "kld: --text a directory" "text file $work is a directory" "$plumb" kld -m "$work/fx" --text "$work"
-expect "trace: --tokens a directory" "token file $work is a directory" "$plumb" trace -m "$work/fx" --tokens "$work" -o "$work/t"
+expect "kld: --text a directory" "text file $work is a folder" "$plumb" kld -m "$work/fx" --text "$work"
+expect "trace: --tokens a directory" "token file $work is a folder" "$plumb" trace -m "$work/fx" --tokens "$work" -o "$work/t"
 expect "kld: -m a file" "-m $work/fx/config.json is not a folder" "$plumb" kld -m "$work/fx/config.json" --text "$work/fx/config.json"
 expect "kld: --text missing" "cannot open text file $work/none.txt" "$plumb" kld -m "$work/fx" --text "$work/none.txt"
 # Output files are checked when the options are parsed, before any run (a long kld must not end in "cannot write").
