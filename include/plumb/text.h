@@ -23,6 +23,10 @@ std::string escape_line(std::string_view bytes);
 // --decode` and token files take them: each a non-negative integer below 2^31. Throws plumb::Error naming `what` and
 // the column of the first item that is not one.
 std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& what);
+// The whole of a text file a user names (a prompt, a token file, a text to trace), byte for byte. Throws plumb::Error
+// "<what> <path> is a folder" (an ifstream opens a folder and reads it as empty), "cannot open <what> <path>" or
+// "cannot read <what> <path>".
+std::string read_text_file(const std::string& path, std::string_view what);
 
 // ---------------------------------------------------------------------------------------------------------
 // Tokenizer: a Hugging Face tokenizer.json (byte-level BPE, exact parity with the `tokenizers` library) plus

@@ -2,8 +2,6 @@
 // one-line summary on stderr (prompt / generated tokens, prefill and decode tokens per second).
 #include <charconv>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -30,32 +28,22 @@ struct RunOptions {
 // The prompt text of -f FILE ("-": all of stdin), byte for byte: a long prompt or one with quotes and newlines
 // does not fit a shell argument well.
 std::string read_prompt_file(const std::string& file) {
+  if (file != "-") return read_text_file(file, "prompt file");
   std::ostringstream ss;
-  if (file == "-") {
-    ss << std::cin.rdbuf();
-    PLUMB_CHECK(!std::cin.bad(), "-f -: reading the prompt from stdin failed");
-  } else {
-    std::error_code ec;
-    PLUMB_CHECK(!std::filesystem::is_directory(file, ec), "-f: prompt file {} is a folder", file);
-    std::ifstream f(file, std::ios::binary);
-    PLUMB_CHECK(f.good(), "-f: cannot open prompt file {}", file);
-    ss << f.rdbuf();
-    PLUMB_CHECK(!f.bad(), "-f: reading prompt file {} failed", file);
-  }
+  ss << std::cin.rdbuf();
+  PLUMB_CHECK(!std::cin.bad(), "-f -: reading the prompt from stdin failed");
   return ss.str();
 }
 
-int run(RunOptions o) {
+int run(const RunOptions& o) {
   const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
   // something to load 100 GB for.
-  if (!o.file.empty()) {
-    o.prompt = read_prompt_file(o.file);
-    PLUMB_CHECK(!o.prompt.empty(), "empty prompt: {} holds no text", o.file == "-" ? "stdin" : o.file);
-  }
-  PLUMB_CHECK(!o.prompt.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT or -f FILE");
+  const std::string text = o.file.empty() ? o.prompt : read_prompt_file(o.file);
+  PLUMB_CHECK(o.file.empty() || !text.empty(), "empty prompt: {} holds no text", o.file == "-" ? "stdin" : o.file);
+  PLUMB_CHECK(!text.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT or -f FILE");
   const std::vector<int32_t> given_ids = parse_token_ids(o.ids, "--ids");
   PLUMB_CHECK(o.ids.empty() || !given_ids.empty(), "empty prompt: --ids lists no token ids");
   check_generate_options(o.gen.gen);
@@ -70,10 +58,10 @@ int run(RunOptions o) {
     require_chat_tokens(tok);
     std::vector<ChatMessage> msgs;
     if (!o.mode.system.empty()) msgs.push_back({"system", o.mode.system, ""});
-    msgs.push_back({"user", o.prompt, ""});
+    msgs.push_back({"user", text, ""});
     prompt = tok.encode(encode_chat(msgs, ChatOptions{o.mode.think, true, true, o.mode.effort}));
   } else {
-    prompt = encode_prompt(tok, o.prompt, info.bos_token);  // BOS as transformers adds it for DeepSeek
+    prompt = encode_prompt(tok, text, info.bos_token);  // BOS as transformers adds it for DeepSeek
   }
 
   uint64_t seed = 0;

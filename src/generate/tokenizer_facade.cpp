@@ -1,8 +1,10 @@
 // plumb::Tokenizer / TextStream (plumb/text.h): the public face of text::Tokenizer, plus the BOS/EOS settings of
-// tokenizer_config.json, which transformers (not tokenizer.json) uses to add BOS.
+// tokenizer_config.json, which transformers (not tokenizer.json) uses to add BOS; and the public text helpers beside
+// it (escaped lines, token id lists, the text files a user names).
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +63,17 @@ void read_tokenizer_config(const fs::path& path, Tokenizer::Impl& impl) {
 
 std::string unescape_line(std::string_view line) { return text::unescape_line(line); }
 std::string escape_line(std::string_view bytes) { return text::escape_line(bytes); }
+
+std::string read_text_file(const std::string& path, std::string_view what) {
+  std::error_code ec;
+  PLUMB_CHECK(!fs::is_directory(path, ec), "{} {} is a folder", what, path);
+  std::ifstream f(path, std::ios::binary);
+  PLUMB_CHECK(f.good(), "cannot open {} {}", what, path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  PLUMB_CHECK(!f.bad(), "cannot read {} {}", what, path);
+  return ss.str();
+}
 
 std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& what) {
   std::vector<int32_t> ids;

@@ -21,19 +21,6 @@ void add_step(RunInput& in, std::vector<int32_t> tokens) {
   in.steps.push_back(std::move(s));
 }
 
-// The whole of a user's input file. A folder is refused by name: an ifstream opens one and reads it as empty,
-// which made `--text DIR` a run on BOS alone.
-std::string read_input_file(const std::string& path, const char* what) {
-  std::error_code ec;
-  PLUMB_CHECK(!std::filesystem::is_directory(path, ec), "{} {} is a folder", what, path);
-  std::ifstream f(path, std::ios::binary);
-  PLUMB_CHECK(f.good(), "cannot open {} {}", what, path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  PLUMB_CHECK(!f.bad(), "cannot read {} {}", what, path);
-  return ss.str();
-}
-
 }  // namespace
 
 RunInput input_from_fixture(const std::string& dir) {
@@ -47,7 +34,7 @@ RunInput input_from_fixture(const std::string& dir) {
 }
 
 RunInput input_from_tokens(const std::string& model_dir, const std::string& file) {
-  std::istringstream f(read_input_file(file, "token file"));
+  std::istringstream f(read_text_file(file, "token file"));
   RunInput in{model_dir, "tokens " + file, {}};
   std::string line;
   int lineno = 0;
@@ -63,7 +50,7 @@ RunInput input_from_tokens(const std::string& model_dir, const std::string& file
 
 RunInput input_from_text(const std::string& model_dir, const std::string& text_file, const std::string& tokenizer,
                          int64_t chunk) {
-  const std::string text = read_input_file(text_file, "text file");
+  const std::string text = read_text_file(text_file, "text file");
   // The tokenizer (and its tokenizer_config.json) after the file: a missing file is the likelier mistake.
   const Tokenizer tok = Tokenizer::load(tokenizer.empty() ? model_dir : tokenizer);
   const int32_t config_bos = ModelConfig::load((std::filesystem::path(model_dir) / "config.json").string()).bos_token;

@@ -95,8 +95,8 @@ done
   bad "--seed -1: $(cat "$tmp/seed.err")"
 : >"$tmp/empty.txt"
 check_error "empty prompt file" "empty prompt: $tmp/empty.txt holds no text" "$plumb" run -q -f "$tmp/empty.txt"
-check_error "prompt file a directory" "-f: prompt file $tmp is a folder" "$plumb" run -q -f "$tmp"
-check_error "missing prompt file" "-f: cannot open prompt file $tmp/nothing.txt" "$plumb" run -q -f "$tmp/nothing.txt"
+check_error "prompt file a directory" "prompt file $tmp is a folder" "$plumb" run -q -f "$tmp"
+check_error "missing prompt file" "cannot open prompt file $tmp/nothing.txt" "$plumb" run -q -f "$tmp/nothing.txt"
 # Usage errors found by the option parser: one "error:" line naming the subcommand's help, status 2.
 EXPECT_RC=2 check_error "-f with -p" "error: --prompt excludes --file (plumb run --help lists the options)" \
   "$plumb" run -q -f "$tmp/prompt.txt" -p hi
