@@ -174,7 +174,7 @@ TEST_F(GpuTest, IndexTopkPathsMatchRankTwinAndHost) {
   uint32_t seed = 11;
   int checked = 0, twin = 0, block = 0, cluster = 0, large = 0;
   for (const TopkCase& c : cases()) {
-    // (sanitizer subset: every path; the cases of up to 105 score slots in every pattern, the five of 2048 to 24400
+    // (sanitizer subset: every path; the cases of up to 1000 score slots in every pattern, the five of 2048 to 24400
     // slots each in one pattern, in turn (each took 30-70 s per pattern under racecheck, session 67); leaves out the
     // 32K- to 262K-entry cases, the 64-token prefill chunks and the 256-token rate-16 case)
     if (sanitizer_sizes() && int64_t(c.n) * c.ne_cap() > 100000) continue;
