@@ -201,13 +201,9 @@ void register_chat(CLI::App& app) {
   add_chat_mode_options(cmd, o->mode, "system prompt", "thinking mode: each reply opens with <think>");
   add_sampling_options(cmd, o->gen);
   cmd->callback([o] {
-    try {
-      check_generate_options(o->gen.gen);  // before the load: a bad option should not wait for it
-      ChatLoop loop(*o, load_model(o->model));
-      set_exit_code(loop.run());
-    } catch (const std::exception& e) {
-      set_exit_code(report_error(e));
-    }
+    check_generate_options(o->gen.gen);  // before the load: a bad option should not wait for it
+    ChatLoop loop(*o, load_model(o->model));
+    set_exit_code(loop.run());
   });
 }
 

@@ -98,13 +98,7 @@ void register_run(CLI::App& app) {
   add_chat_mode_options(cmd, o->mode, "system prompt (implies --chat)",
                         "thinking mode: the reply opens with <think> (implies --chat)");
   add_sampling_options(cmd, o->gen);
-  cmd->callback([o] {
-    try {
-      set_exit_code(run(*o));
-    } catch (const std::exception& e) {
-      set_exit_code(report_error(e));
-    }
-  });
+  cmd->callback([o] { set_exit_code(run(*o)); });
 }
 
 }  // namespace plumb::cli

@@ -30,7 +30,12 @@ int run_tokenize(const TokenizeOptions& opt) {
     try {
       out.clear();
       if (opt.decode) {
-        out = escape_line(tok.decode(parse_token_ids(line, "--decode"), opt.skip_special));
+        const auto ids = parse_token_ids(line, "--decode");
+        // tokenizers' decode skips an id it does not know; a user decoding ids by hand wants to hear of it.
+        for (size_t k = 0; k < ids.size(); ++k)
+          PLUMB_CHECK(ids[k] < tok.vocab_size(), "--decode: id {} (number {} on the line) is outside the tokenizer's "
+                      "vocabulary [0, {})", ids[k], k + 1, tok.vocab_size());
+        out = escape_line(tok.decode(ids, opt.skip_special));
       } else {
         const auto ids = tok.encode(unescape_line(line), opt.add_special);
         for (size_t k = 0; k < ids.size(); ++k) {
@@ -58,16 +63,7 @@ void register_tokenize(CLI::App& app) {
   cmd->add_flag("--decode", opt->decode, "read space-separated ids per line, print the escaped text");
   cmd->add_flag("--add-special", opt->add_special, "add the post-processor's special tokens (e.g. BOS) when encoding");
   cmd->add_flag("--skip-special", opt->skip_special, "drop special tokens when decoding");
-  cmd->callback([opt] {
-    // Errors are reported here, as one line and exit status 1, rather than by main's generic handler.
-    try {
-      set_exit_code(run_tokenize(*opt));
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      std::fprintf(stderr, "error: %s\n", e.what());
-      set_exit_code(1);
-    }
-  });
+  cmd->callback([opt] { set_exit_code(run_tokenize(*opt)); });
 }
 
 }  // namespace plumb::cli

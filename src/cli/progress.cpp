@@ -246,12 +246,6 @@ GenerateOptions generate_options(const GenArgs& a, const LoadedModel& m, uint64_
   return g;
 }
 
-int report_error(const std::exception& e) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "error: %s\n", e.what());
-  return 1;
-}
-
 void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_help, const char* think_help) {
   cmd->add_option("--system", a.system, system_help);
   auto* t = cmd->add_flag("--think", a.think, think_help);

@@ -56,7 +56,4 @@ std::string human_bytes(double bytes);
 // "RSS 12.3 MB = 8.1 MB anonymous + 4.2 MB file-backed" from /proc/self/status ("" where unavailable).
 std::string memory_report();
 
-// Prints "error: <what>" on stderr (after flushing stdout) and returns the exit status 1.
-int report_error(const std::exception& e);
-
 }  // namespace plumb::cli

@@ -125,7 +125,7 @@ using namespace kbench;
 int run_bench(const BenchOptions& opt) {
   std::string why;
   if (!available(&why)) {
-    std::fprintf(stderr, "plumb bench: no usable GPU: %s\n", why.c_str());
+    std::fprintf(stderr, "error: plumb bench: no usable GPU: %s\n", why.c_str());
     return 3;
   }
   Bench B;

@@ -273,7 +273,7 @@ bool load_models(Run& R, const std::string& dir) {
   try {
     R.model = Model::load(dir, R.patches.options, {}, R.o.backend);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "plumb bench --layers: loading failed: %s\n", e.what());
+    std::fprintf(stderr, "error: plumb bench --layers: loading failed: %s\n", e.what());
     return false;
   }
   R.res.load_s = secs(tl, Clock::now());
@@ -285,7 +285,7 @@ bool load_models(Run& R, const std::string& dir) {
     R.model_b = Model::load(dir, R.patches_b.options, {}, R.o.backend);
     out(fmt::format("loaded model B (patches: {}) in {:.1f} s\n", shown(R.patches_b), secs(tb, Clock::now())));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "plumb bench --layers: loading model B (--ab) failed: %s\n", e.what());
+    std::fprintf(stderr, "error: plumb bench --layers: loading model B (--ab) failed: %s\n", e.what());
     return false;
   }
   return true;
@@ -694,7 +694,7 @@ int run(const LayerBenchOptions& o) {
 int run_layer_bench(const LayerBenchOptions& o) {
   std::string why;
   if (o.backend == "cuda" && !available(&why)) {
-    std::fprintf(stderr, "plumb bench --layers: no usable GPU: %s\n", why.c_str());
+    std::fprintf(stderr, "error: plumb bench --layers: no usable GPU: %s\n", why.c_str());
     return 3;
   }
   try {
@@ -705,7 +705,7 @@ int run_layer_bench(const LayerBenchOptions& o) {
     for (int n : o.prefill) PLUMB_CHECK(n >= 1, "prefill sizes must be positive, got {}", n);
     return bench_layers::run(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "plumb bench --layers: %s\n", e.what());
+    std::fprintf(stderr, "error: plumb bench --layers: %s\n", e.what());
     return 2;
   }
 }

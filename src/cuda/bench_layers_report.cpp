@@ -127,7 +127,7 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
   std::ofstream f(o.json);
   f << j.dump(2) << "\n";
   if (!f) {
-    std::fprintf(stderr, "plumb bench --layers: cannot write %s\n", o.json.c_str());
+    std::fprintf(stderr, "error: plumb bench --layers: cannot write %s\n", o.json.c_str());
     return false;
   }
   out(fmt::format("wrote {}\n", o.json));
@@ -149,7 +149,7 @@ bool write_csv(const LayerBenchOptions& o, const LayerBenchResult& r) {
     f << csv_row({"prefill", std::to_string(p.tokens), "", "", "", num(p.tok_s), "", "", "", "", num(p.seconds), layers, r.patches,
                   !p.skipped.empty() ? p.skipped : p.error});
   if (!f) {
-    std::fprintf(stderr, "plumb bench --layers: cannot write %s\n", o.csv.c_str());
+    std::fprintf(stderr, "error: plumb bench --layers: cannot write %s\n", o.csv.c_str());
     return false;
   }
   out(fmt::format("wrote {}\n", o.csv));

@@ -18,7 +18,7 @@ uint64_t write_layer_bench_checkpoint(const std::string&, const LayerBenchOption
 }
 
 int run_layer_bench(const LayerBenchOptions&) {
-  std::fprintf(stderr, "plumb bench --layers: %s\n", kNoCuda);
+  std::fprintf(stderr, "error: plumb bench --layers: %s\n", kNoCuda);
   return 3;
 }
 

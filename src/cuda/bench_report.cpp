@@ -114,7 +114,7 @@ int report(Bench& B, const std::vector<PrefillRow>& prefill, const std::vector<P
     std::ofstream f(B.o.json);
     f << j.dump(2) << "\n";
     if (!f) {
-      std::fprintf(stderr, "plumb bench: cannot write %s\n", B.o.json.c_str());
+      std::fprintf(stderr, "error: plumb bench: cannot write %s\n", B.o.json.c_str());
       return 2;
     }
     fmt::print("wrote {}\n", B.o.json);
@@ -136,7 +136,7 @@ int report(Bench& B, const std::vector<PrefillRow>& prefill, const std::vector<P
       f << csv_row({"prefill_fp8", r.kernel, "V4-Flash", std::to_string(r.tokens), "", "", num(r.us), "", num(r.us_graph), "", "",
                     num(B.copy_gbps), "", num(r.flops), num(tflops(r)), num(pct_bf16(r))});
     if (!f) {
-      std::fprintf(stderr, "plumb bench: cannot write %s\n", B.o.csv.c_str());
+      std::fprintf(stderr, "error: plumb bench: cannot write %s\n", B.o.csv.c_str());
       return 2;
     }
     fmt::print("wrote {}\n", B.o.csv);

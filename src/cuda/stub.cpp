@@ -17,7 +17,7 @@ bool available(std::string* why) {
 }
 
 int run_bench(const BenchOptions&) {
-  std::fprintf(stderr, "plumb bench: %s\n", kNoCuda);
+  std::fprintf(stderr, "error: plumb bench: %s\n", kNoCuda);
   return 3;
 }
 

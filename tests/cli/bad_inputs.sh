@@ -10,7 +10,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . "$(dirname "$0")/lib.sh"
 
-# expect NAME PATTERN CMD...: exit status in 1..127 (not a signal), exactly one stderr line "error: ...PATTERN..."
+# expect NAME PATTERN CMD...: exit status 2 (an error, not a check that failed, nor a signal), exactly one stderr
+# line "error: ...PATTERN..."
 expect() {
   local name=$1 pattern=$2
   shift 2
@@ -18,7 +19,7 @@ expect() {
   local rc=$?
   local lines
   lines=$(grep -c . "$work/err")
-  if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$pattern" "$work/err"; then
+  if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$pattern" "$work/err"; then
     ok "$name: $(cat "$work/err")"
   else
     bad "$name: exit $rc, stderr:"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `plumb run` end to end on the bundled model: streamed output and the summary line, seeded determinism, the prompt
 # from a file or stdin, chat mode, stop strings, the loading lines, and every user error as one "error:" line with
-# exit status 1 (no crash; status 2 for option errors: the parser's, and plumb bench's layer-only options without
-# --layers).
+# exit status 2 (no crash; the option parser's errors, plumb's own checks and errors in the input or the model alike),
+# and plumb bench without a usable GPU as one with status 3.
 # Usage: tests/cli/run_smoke.sh [PLUMB_BINARY]   (run from anywhere; it works in the repository root)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -56,19 +56,19 @@ fi
 "$plumb" run -q -p "Once upon a time" --max-tokens 5 >/dev/null 2>"$tmp/m.err"
 grep -q '5 generated tokens (max tokens)' "$tmp/m.err" && ok "max tokens" || bad "max tokens: $(cat "$tmp/m.err")"
 
-# --- errors: one line, "error: ...", exit status 1 ---------------------------------------------------------
+# --- errors: one line, "error: ...", exit status 2 ---------------------------------------------------------
 mkdir -p "$tmp/notok" "$tmp/badtok"
 cp models/tiny/config.json models/tiny/model.safetensors "$tmp/notok/"
 cp models/tiny/config.json models/tiny/model.safetensors "$tmp/badtok/"
 printf '{"model": {"type": "BPE", "vocab": {' >"$tmp/badtok/tokenizer.json"
 long=$(python3 -c 'print("Once upon a time " * 700)' 2>/dev/null || printf 'Once upon a time %.0s' $(seq 700))
-check_error() {  # name, expected text in the message, then the command (exit status 1; EXPECT_RC overrides)
+check_error() {  # name, expected text in the message, then the command (exit status 2; EXPECT_RC overrides)
   local name=$1 want=$2
   shift 2
   "$@" >"$tmp/e.out" 2>"$tmp/e.err"
   local rc=$? lines
   lines=$(wc -l <"$tmp/e.err")
-  if [ $rc -eq "${EXPECT_RC:-1}" ] && [ "$lines" -eq 1 ] && grep -qF -- "$want" "$tmp/e.err" && grep -q '^error: ' "$tmp/e.err"; then
+  if [ $rc -eq "${EXPECT_RC:-2}" ] && [ "$lines" -eq 1 ] && grep -qF -- "$want" "$tmp/e.err" && grep -q '^error: ' "$tmp/e.err"; then
     ok "$name: $(cat "$tmp/e.err")"
   else
     bad "$name: exit status $rc, stderr: $(cat "$tmp/e.err")"
@@ -98,34 +98,41 @@ check_error "empty prompt file" "empty prompt: $tmp/empty.txt holds no text" "$p
 check_error "prompt file a directory" "prompt file $tmp is a folder" "$plumb" run -q -f "$tmp"
 check_error "missing prompt file" "cannot open prompt file $tmp/nothing.txt" "$plumb" run -q -f "$tmp/nothing.txt"
 # Usage errors found by the option parser: one "error:" line naming the subcommand's help, status 2.
-EXPECT_RC=2 check_error "-f with -p" "error: --prompt excludes --file (plumb run --help lists the options)" \
+check_error "-f with -p" "error: --prompt excludes --file (plumb run --help lists the options)" \
   "$plumb" run -q -f "$tmp/prompt.txt" -p hi
-EXPECT_RC=2 check_error "an unknown option" "not expected: --bogus (plumb run --help lists the options)" "$plumb" run --bogus
-EXPECT_RC=2 check_error "a number that is not one" "--top-k = abc" "$plumb" run -p hi --top-k abc
-EXPECT_RC=2 check_error "no subcommand" "A subcommand is required (plumb --help lists the options)" "$plumb"
+check_error "an unknown option" "not expected: --bogus (plumb run --help lists the options)" "$plumb" run --bogus
+check_error "a number that is not one" "--top-k = abc" "$plumb" run -p hi --top-k abc
+check_error "no subcommand" "A subcommand is required (plumb --help lists the options)" "$plumb"
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
+check_error "tokenize with a malformed tokenizer.json" "badtok/tokenizer.json is not valid JSON" \
+  "$plumb" tokenize -t "$tmp/badtok/tokenizer.json" <<<"hi"
+check_error "tokenize --decode of an id outside the vocabulary" \
+  "stdin line 2: --decode: id 99999 (number 2 on the line) is outside the tokenizer's vocabulary [0, 1185)" \
+  "$plumb" tokenize -t models/tiny/tokenizer.json --decode <<<$'1 2\n1 99999'
+check_error "tokenize --decode of a word" "stdin line 1: --decode: 'x' at column 3 is not a token id" \
+  "$plumb" tokenize -t models/tiny/tokenizer.json --decode <<<"1 x"
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
 check_error "a CUDA patch on the CPU backend" "cuda.fp8_gemv is a CUDA kernel: it needs --backend cuda" \
   "$plumb" run -q -p hi --patches cuda.fp8_gemv
-EXPECT_RC=2 check_error "bench --skeleton without --layers" "--skeleton times the layer bench's decode steps: it needs --layers N" \
+check_error "bench --skeleton without --layers" "--skeleton times the layer bench's decode steps: it needs --layers N" \
   "$plumb" bench --skeleton
-EXPECT_RC=2 check_error "bench --timeline without --layers" "--timeline times the layer bench's decode steps: it needs --layers N" \
+check_error "bench --timeline without --layers" "--timeline times the layer bench's decode steps: it needs --layers N" \
   "$plumb" bench --timeline
-EXPECT_RC=2 check_error "bench --skeleton on the CPU backend" "--skeleton skips the CUDA forward's weight launches: it needs --backend cuda" \
+check_error "bench --skeleton on the CPU backend" "--skeleton skips the CUDA forward's weight launches: it needs --backend cuda" \
   "$plumb" bench --layers 1 --backend cpu --skeleton
-EXPECT_RC=2 check_error "bench --cold-l2 without --layers" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
+check_error "bench --cold-l2 without --layers" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
   "$plumb" bench --cold-l2
-EXPECT_RC=2 check_error "bench --cold-l2 on the CPU backend" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
+check_error "bench --cold-l2 on the CPU backend" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
   "$plumb" bench --layers 1 --backend cpu --cold-l2
-EXPECT_RC=2 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
+check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
   "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
 # The toolkit's --text input: the tokenizer comes from the model folder unless --tokenizer names one.
 printf 'Once upon a time there was a fox.' >"$tmp/story.txt"
 "$plumb" kld -m models/tiny --text "$tmp/story.txt" --a '' --b '' >"$tmp/k.out" 2>"$tmp/k.err" &&
   grep -q 'KL divergence statistics' "$tmp/k.out" && ok "kld --text without --tokenizer: $(grep -m1 '^input' "$tmp/k.out")" ||
   bad "kld --text without --tokenizer: $(cat "$tmp/k.err")"
-EXPECT_RC=2 check_error "--text with a model folder without a tokenizer" "has no tokenizer.json" \
+check_error "--text with a model folder without a tokenizer" "has no tokenizer.json" \
   "$plumb" kld -m "$tmp/notok" --text "$tmp/story.txt" --a '' --b ''
 # --backend cuda: on a machine without a usable GPU (or a build without CUDA) one error line that says why;
 # with a GPU it runs.
@@ -133,8 +140,11 @@ EXPECT_RC=2 check_error "--text with a model folder without a tokenizer" "has no
 rc=$?
 if [ $rc -eq 0 ]; then
   ok "backend cuda runs here: $(head -c 60 "$tmp/g.out" | tr '\n' ' ')"
-elif [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/g.err")" -eq 1 ] && grep -q '^error: backend cuda: ' "$tmp/g.err"; then
+elif [ $rc -eq 2 ] && [ "$(wc -l <"$tmp/g.err")" -eq 1 ] && grep -q '^error: backend cuda: ' "$tmp/g.err"; then
   ok "backend cuda without a GPU: $(cat "$tmp/g.err")"
+  # Then plumb bench has no GPU either: it says why in one error line, with status 3 (scripts tell it from a failure).
+  EXPECT_RC=3 check_error "bench without a usable GPU" "error: plumb bench: " "$plumb" bench
+  EXPECT_RC=3 check_error "bench --layers without a usable GPU" "error: plumb bench --layers: " "$plumb" bench --layers 1
 else
   bad "backend cuda: exit status $rc, stderr: $(cat "$tmp/g.err")"
 fi
