@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/input_options.h"
 #include "cli/progress.h"
 #include "plumb/error.h"
 
@@ -168,9 +169,14 @@ class ChatLoop {
       msgs.push_back(j);
     }
     const nlohmann::ordered_json doc = {{"model", m_.dir}, {"thinking", o_.mode.think}, {"seed", seed_}, {"messages", msgs}};
+    // An error line like any other, but the conversation goes on (the transcript is still there to save elsewhere).
+    if (const std::string why = output_file_problem(path); !why.empty()) {
+      fmt::print(stderr, "error: /save: {}\n", why);
+      return;
+    }
     std::ofstream out(path);
     if (!out || !(out << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n")) {
-      fmt::print("cannot write {}\n", path);
+      fmt::print(stderr, "error: /save: cannot write {}\n", path);
       return;
     }
     fmt::print("saved {} messages to {}\n", transcript_.size(), path);

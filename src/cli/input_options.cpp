@@ -17,20 +17,20 @@ void add_input_options(CLI::App* cmd, tools::InputSpec& in) {
       ->check(CLI::NonNegativeNumber);
 }
 
+std::string output_file_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return {};
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return path + " is a folder: give a file name";
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
+  if (!fs::is_directory(folder, ec)) return "folder " + folder + " (of " + path + ") does not exist";
+  if (::access(folder.c_str(), W_OK) != 0) return "folder " + folder + " (of " + path + ") is not writable";
+  return {};
+}
+
 CLI::Validator output_file() {
-  return CLI::Validator(
-      [](std::string& path) -> std::string {
-        namespace fs = std::filesystem;
-        if (path.empty()) return {};
-        std::error_code ec;
-        if (fs::is_directory(path, ec)) return path + " is a folder: give a file name";
-        const fs::path parent = fs::path(path).parent_path();
-        const std::string folder = parent.empty() ? "." : parent.string();
-        if (!fs::is_directory(folder, ec)) return "folder " + folder + " (of " + path + ") does not exist";
-        if (::access(folder.c_str(), W_OK) != 0) return "folder " + folder + " (of " + path + ") is not writable";
-        return {};
-      },
-      "", "output file");
+  return CLI::Validator([](std::string& path) { return output_file_problem(path); }, "", "output file");
 }
 
 }  // namespace plumb::cli

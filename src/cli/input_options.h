@@ -15,4 +15,7 @@ void add_input_options(CLI::App* cmd, tools::InputSpec& in);
 // the name must not be a folder; the file itself is created or replaced only when written.
 CLI::Validator output_file();
 
+// output_file()'s check on its own, for a file named later (chat's /save): "" when `path` can be written, else why not.
+std::string output_file_problem(const std::string& path);
+
 }  // namespace plumb::cli

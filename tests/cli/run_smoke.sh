@@ -105,6 +105,13 @@ check_error "a number that is not one" "--top-k = abc" "$plumb" run -p hi --top-
 check_error "no subcommand" "A subcommand is required (plumb --help lists the options)" "$plumb"
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
+# An error inside a chat (a /save that cannot be written) is an error line, and the conversation goes on.
+printf 'hi\n/save %s\n/save %s\n/quit\n' "$tmp/nothing/t.json" "$tmp/t.json" |
+  "$plumb" chat -q -n 3 --seed 1 >"$tmp/c.out" 2>"$tmp/c.err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(cat "$tmp/c.err")" = "error: /save: folder $tmp/nothing (of $tmp/nothing/t.json) does not exist" ] &&
+  grep -q "saved 2 messages to $tmp/t.json" "$tmp/c.out" && ok "chat: a /save that fails, then one that works" ||
+  bad "chat /save: exit status $rc, stderr: $(cat "$tmp/c.err"), stdout: $(cat "$tmp/c.out")"
 check_error "tokenize with a malformed tokenizer.json" "badtok/tokenizer.json is not valid JSON" \
   "$plumb" tokenize -t "$tmp/badtok/tokenizer.json" <<<"hi"
 check_error "tokenize --decode of an id outside the vocabulary" \
