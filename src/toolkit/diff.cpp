@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "model/config.h"
 #include "patches/registry.h"
 #include "toolkit/tap_names.h"
 
@@ -160,8 +161,16 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
   std::error_code ec;
   PLUMB_CHECK(std::filesystem::is_directory(model, ec), "-m {} is not a folder (the model folder: config.json and model.safetensors)",
               model);
-  if (!tokens.empty()) return input_from_tokens(model, tokens);
-  return input_from_text(model, text, tokenizer, chunk);
+  RunInput in = !tokens.empty() ? input_from_tokens(model, tokens) : input_from_text(model, text, tokenizer, chunk);
+  // Past the model's context the comparison still holds (both configurations see the same positions), but the
+  // model itself is outside what it was made for: a perplexity there says little about the model. Said, not refused.
+  int64_t n = 0;
+  for (const auto& s : in.steps) n += int64_t(s.tokens.size());
+  const int64_t ctx = ModelConfig::load((std::filesystem::path(model) / "config.json").string()).max_positions;
+  if (ctx > 0 && n > ctx)
+    fmt::print(stderr, "note: {} is {} tokens, beyond the model's context of {} (max_position_embeddings): positions "
+               "from {} on are outside what the model was made for\n", in.source, n, ctx, ctx);
+  return in;
 }
 
 DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol_override) {

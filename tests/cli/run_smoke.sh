@@ -139,6 +139,11 @@ printf 'Once upon a time there was a fox.' >"$tmp/story.txt"
 "$plumb" kld -m models/tiny --text "$tmp/story.txt" --a '' --b '' >"$tmp/k.out" 2>"$tmp/k.err" &&
   grep -q 'KL divergence statistics' "$tmp/k.out" && ok "kld --text without --tokenizer: $(grep -m1 '^input' "$tmp/k.out")" ||
   bad "kld --text without --tokenizer: $(cat "$tmp/k.err")"
+# A text longer than the model's context runs (both configurations see the same positions), with a note saying so.
+printf '%s' "$long" >"$tmp/long.txt"
+"$plumb" trace -m models/tiny --text "$tmp/long.txt" -o "$tmp/long.safetensors" --taps logits >/dev/null 2>"$tmp/l.err" &&
+  grep -q "^note: text .* is [0-9]* tokens, beyond the model's context of 2048 (max_position_embeddings)" "$tmp/l.err" &&
+  ok "a text beyond the context: $(cat "$tmp/l.err")" || bad "a text beyond the context: $(cat "$tmp/l.err")"
 check_error "--text with a model folder without a tokenizer" "has no tokenizer.json" \
   "$plumb" kld -m "$tmp/notok" --text "$tmp/story.txt" --a '' --b ''
 # --backend cuda: on a machine without a usable GPU (or a build without CUDA) one error line that says why;
