@@ -241,6 +241,9 @@ DiffReport run_diff(const DiffOptions& opt) {
     r = diff_live(in, opt.a, opt.b, opt.local, opt.tol);
   }
   if (opt.has_filter) {
+    std::vector<std::string> names;
+    for (const auto& row : r.rows) names.push_back(row.name);
+    opt.filter.check_matches(names);
     std::vector<TapRow> kept;
     for (auto& row : r.rows)
       if (opt.filter.keeps_tap(row.name)) kept.push_back(std::move(row));

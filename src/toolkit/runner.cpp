@@ -18,8 +18,12 @@ namespace {
 // substitutable tap) and hands back the forcing run's value wherever the shapes agree.
 class RecordingSink : public TapSink {
  public:
-  RecordingSink(const TapFilter* filter, const StepTaps* force) : filter_(filter), force_(force) {}
-  bool wants(const std::string& name) const override { return force_ || !filter_ || filter_->keeps_tap(name); }
+  RecordingSink(const TapFilter* filter, const StepTaps* force, std::set<std::string>* offered)
+      : filter_(filter), force_(force), offered_(offered) {}
+  bool wants(const std::string& name) const override {
+    offered_->insert(name);
+    return force_ || !filter_ || filter_->keeps_tap(name);
+  }
   void put(const std::string& name, const Tensor& t) override {
     if (rec.f32.emplace(name, t).second) rec.order.push_back(name);
   }
@@ -40,6 +44,7 @@ class RecordingSink : public TapSink {
  private:
   const TapFilter* filter_;
   const StepTaps* force_;
+  std::set<std::string>* offered_;
 };
 
 template <typename T>
@@ -86,7 +91,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const std::string& pat
 
 Trace run_trace(const Model& model, const RunInput& in, const std::string& patches, const TapFilter* filter,
                 const Trace* force) {
-  Trace tr{in.model_dir, patches, in.source, filter ? filter->describe() : "", {}, {}};
+  Trace tr{in.model_dir, patches, in.source, filter ? filter->describe() : "", {}, {}, {}};
   if (force)
     PLUMB_CHECK(force->steps.size() == in.steps.size() && force->filter.empty(),
                 "teacher forcing needs an unfiltered trace of all {} steps of {} (it has {} steps{})", in.steps.size(),
@@ -97,6 +102,7 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
   const auto t0 = Clock::now();
   auto last = t0;
   int64_t total = 0, done = 0;
+  std::set<std::string> offered{"logits"};
   for (const auto& s : in.steps) total += int64_t(s.tokens.size());
   for (size_t si = 0; si < in.steps.size(); ++si) {
     if (const auto now = Clock::now(); si > 0 && now - last >= std::chrono::seconds(5)) {
@@ -110,7 +116,7 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
     const GoldenStep& step = in.steps[si];
     PLUMB_CHECK(step.start_pos == state.pos, "{}: step {} starts at position {}, but the session is at {}", in.source,
                 step.name, step.start_pos, state.pos);
-    RecordingSink sink(filter, force ? &force->data[si] : nullptr);
+    RecordingSink sink(filter, force ? &force->data[si] : nullptr, &offered);
     Tensor logits = model.forward(state, step.tokens, &sink);
     if (filter && !filter->keeps_step(step.name, si)) continue;
     StepTaps rec = std::move(sink.rec);
@@ -137,6 +143,7 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
     tr.steps.push_back(step);
     tr.data.push_back(std::move(rec));
   }
+  tr.offered.assign(offered.begin(), offered.end());
   return tr;
 }
 

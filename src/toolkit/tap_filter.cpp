@@ -91,6 +91,25 @@ bool TapFilter::keeps_step(const std::string& name, size_t index) const {
   return false;
 }
 
+void TapFilter::check_matches(const std::vector<std::string>& names) const {
+  for (const auto& [a, b] : layers.ranges) {
+    bool hit = false;
+    for (const auto& n : names) {
+      const int l = parse_tap(n).layer;
+      hit = hit || (l >= a && l <= b);
+    }
+    PLUMB_CHECK(hit, "--layers: no tap of layer{} {} in this run", a == b ? "" : "s", a == b ? fmt::format("{}", a)
+                : fmt::format("{}-{}", a, b));
+  }
+  for (const auto& g : globs) {
+    bool hit = false;
+    for (const auto& n : names) hit = hit || ((layers.empty() || parse_tap(n).layer < 0 || layers.contains(parse_tap(n).layer)) &&
+                                              glob_match(g, n));
+    PLUMB_CHECK(hit, "--taps: '{}' matches no tap of this run{} (`plumb trace` without --taps records every tap, "
+                "and its .json index lists them)", g, layers.empty() ? "" : " in the layers --layers keeps");
+  }
+}
+
 std::string TapFilter::describe() const {
   auto ranges = [](const IntRanges& r) {
     std::string s;

@@ -31,6 +31,10 @@ struct TapFilter {
   bool keeps_step(const std::string& name, size_t index) const;
   bool keeps_position(int64_t pos) const { return positions.empty() || positions.contains(pos); }
   std::string describe() const;
+  // Throws Error when the filter names what `names` (a run's taps) do not have: a --taps glob that matches none of
+  // the names --layers keeps, or a --layers range with no tap in it. A filter that keeps nothing of what it names
+  // is a typo far more often than a wish.
+  void check_matches(const std::vector<std::string>& names) const;
 };
 
 }  // namespace plumb::toolkit

@@ -46,6 +46,9 @@ struct Trace {
   std::string model_dir, patches, source, filter;
   std::vector<GoldenStep> steps;  // the steps kept, parallel to `data`
   std::vector<StepTaps> data;
+  // Every tap name the model offered in the run, kept by the filter or not, sorted (not written to trace files:
+  // what checks a filter against the run uses).
+  std::vector<std::string> offered;
 
   // Every tap name over all steps, in execution order (a step's order, then names only later steps have).
   std::vector<std::string> tap_order() const;

@@ -11,6 +11,7 @@
 #include "toolkit/diff.h"
 #include "toolkit/kld.h"
 #include "toolkit/selftest.h"
+#include "toolkit/tap_filter.h"
 #include "toolkit/trace.h"
 
 namespace plumb::tools {
@@ -34,13 +35,31 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// Each --layers, --steps and --positions item must reach the model's layers or the input's steps and positions:
+// checked before the run, which may be long (the --taps globs are checked against the taps the run produced).
+void check_filter_reaches(const toolkit::TapFilter& f, const toolkit::RunInput& in, int64_t n_layers) {
+  for (const auto& [a, b] : f.layers.ranges)
+    PLUMB_CHECK(a < n_layers, "--layers: layer {} is beyond the model's {} layers (0-{})", a, n_layers, n_layers - 1);
+  for (const auto& want : f.steps) {
+    bool found = false;
+    for (size_t i = 0; i < in.steps.size() && !found; ++i) found = want == in.steps[i].name || want == std::to_string(i);
+    PLUMB_CHECK(found, "--steps: {} names no step of {} (its {} steps: {} to {}, or indices 0 to {})", want, in.source,
+                in.steps.size(), in.steps.front().name, in.steps.back().name, in.steps.size() - 1);
+  }
+  const int64_t end = in.steps.back().start_pos + int64_t(in.steps.back().tokens.size());
+  for (const auto& [a, b] : f.positions.ranges)
+    PLUMB_CHECK(a < end, "--positions: position {} is beyond the {} positions of {} (0-{})", a, end, in.source, end - 1);
+}
+
 }  // namespace
 
 int trace(const TraceOptions& o) {
   const auto in = resolve(o.in);
   const auto filter = toolkit::TapFilter::parse(o.taps, o.layers, o.steps, o.positions);
   const auto model = toolkit::load_model(in.model_dir, o.patches);
+  check_filter_reaches(filter, in, model->config().n_layers);
   const auto t = toolkit::run_trace(*model, in, o.patches, &filter);
+  filter.check_matches(t.offered);
   toolkit::write_trace(t, o.out);
   size_t tensors = 0;
   for (const auto& d : t.data) tensors += d.order.size();

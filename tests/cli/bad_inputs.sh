@@ -94,4 +94,19 @@ expect "trace: -o a folder" "--out: $work is a folder" "$plumb" trace -m "$work/
 expect "kld: --json in a missing folder" "--json: folder $work/none (of $work/none/k.json) does not exist" \
   "$plumb" kld -m "$work/fx" --text "$work/none.txt" --json "$work/none/k.json"
 
+# A filter that names what the run does not have is refused, not traced as (almost) nothing: the layers, steps and
+# positions before the run, the --taps globs against the taps the model offered (trace) or the table (diff).
+fresh
+expect "trace: --layers past the model" "--layers: layer 9 is beyond the model's 4 layers (0-3)" \
+  "$plumb" trace --fixture "$work/fx" --layers 9 -o "$work/t.safetensors"
+expect "trace: --steps naming no step" "--steps: s99 names no step of fixture $work/fx" \
+  "$plumb" trace --fixture "$work/fx" --steps s0,s99 -o "$work/t.safetensors"
+expect "trace: --positions past the input" "--positions: position 500 is beyond the" \
+  "$plumb" trace --fixture "$work/fx" --positions 500-600 -o "$work/t.safetensors"
+expect "trace: a --taps typo" "--taps: 'L0.atn.\*' matches no tap of this run" \
+  "$plumb" trace --fixture "$work/fx" --taps 'L0.atn.*' -o "$work/t.safetensors"
+expect "diff: --taps outside --layers" "--taps: 'L0.\*' matches no tap of this run in the layers --layers keeps" \
+  "$plumb" diff --fixture "$work/fx" --a '' --b '' --taps 'L0.*' --layers 1
+[ ! -e "$work/t.safetensors" ] && ok "no trace file written by a refused filter" || bad "a refused filter wrote $work/t.safetensors"
+
 finish bad_inputs

@@ -152,6 +152,25 @@ TEST(ToolkitFilter, GlobsLayersStepsPositions) {
   EXPECT_THROW(TapFilter::parse("", "", "", "x"), Error);
 }
 
+TEST(ToolkitFilter, CheckMatchesNamesWhatAFilterMissed) {
+  const std::vector<std::string> names = {"L0.attn.out", "L0.ffn.routed", "L1.attn.out", "hc_head.out", "logits"};
+  TapFilter::parse("*.ffn.*,logits", "0-1", "", "").check_matches(names);  // each item reaches a name
+  TapFilter::parse("hc_head.out", "1", "", "").check_matches(names);       // model-level taps ignore --layers
+  auto message = [&](const TapFilter& f) {
+    try {
+      f.check_matches(names);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(message(TapFilter::parse("L0.atn.*", "", "", "")).rfind("--taps: 'L0.atn.*' matches no tap of this run (", 0), 0u);
+  // The glob names layer 0's taps, but --layers keeps only layer 1: that combination keeps nothing of the glob.
+  EXPECT_EQ(message(TapFilter::parse("L0.*", "1", "", "")).rfind("--taps: 'L0.*' matches no tap of this run in the layers --layers keeps", 0), 0u);
+  EXPECT_EQ(message(TapFilter::parse("", "2-5", "", "")), "--layers: no tap of layers 2-5 in this run");
+  EXPECT_EQ(message(TapFilter::parse("", "7", "", "")), "--layers: no tap of layer 7 in this run");
+}
+
 TEST(ToolkitFilter, TapNames) {
   EXPECT_EQ(parse_tap("L12.ffn.gate.weights").layer, 12);
   EXPECT_EQ(parse_tap("L12.ffn.gate.weights").suffix, "ffn.gate.weights");
@@ -335,6 +354,9 @@ TEST(ToolkitDiff, TraceFilesRoundTripAndCompare) {
   EXPECT_EQ(ta.data[1].positions, (std::vector<int64_t>{32}));
   EXPECT_EQ(ta.data[0].f("L0.attn.out")->dim(0), 4);
   EXPECT_EQ(ta.data[0].f("L1.attn.out"), nullptr);
+  // What the model offered, filtered or not: the filter's check runs against it (a --taps typo, a --layers past them).
+  EXPECT_TRUE(std::binary_search(ta.offered.begin(), ta.offered.end(), "L1.attn.out"));
+  EXPECT_TRUE(std::binary_search(ta.offered.begin(), ta.offered.end(), "logits"));
   const fs::path dir = fs::temp_directory_path() / fmt::format("plumb_toolkit_{}", ::getpid());
   fs::create_directories(dir);
   write_trace(ta, (dir / "a.safetensors").string());
