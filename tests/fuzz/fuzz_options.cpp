@@ -1,7 +1,7 @@
 // Fuzz harness for the option parsers the toolkit and every command take, chosen by the first byte:
 // - glob_match (`--taps`): against a plain dynamic-programming matcher ('*' any run, '?' one character);
 // - IntRanges::parse (`--layers`, `--positions`): plumb::Error or ranges of non-negative a <= b, and contains()
-//   agreeing with them;
+//   agreeing with them; TapFilter::check_matches refusing exactly the --layers with a range that reaches no tap;
 // - parse_config (`--patches`, the toolkit's `[cpu:|cuda:]PATCHES`): plumb::Error or a patch set whose names parse
 //   back to the same set (presets expanded).
 // Other exceptions, crashes and sanitizer reports are bugs.
@@ -38,14 +38,29 @@ void globs(plumb_fuzz::Reader& in) {
 
 void ranges(plumb_fuzz::Reader& in) {
   const std::string text(in.rest());
+  plumb::toolkit::IntRanges r;
   try {
-    const auto r = plumb::toolkit::IntRanges::parse(text, "--layers");
-    for (const auto& [a, b] : r.ranges) {
-      PLUMB_FUZZ_CHECK(a >= 0 && a <= b);
-      PLUMB_FUZZ_CHECK(r.contains(a) && r.contains(b));
-    }
+    r = plumb::toolkit::IntRanges::parse(text, "--layers");
   } catch (const plumb::Error&) {
+    return;
   }
+  for (const auto& [a, b] : r.ranges) {
+    PLUMB_FUZZ_CHECK(a >= 0 && a <= b);
+    PLUMB_FUZZ_CHECK(r.contains(a) && r.contains(b));
+  }
+  // TapFilter::check_matches as --layers: it refuses exactly the filters with a range holding none of the run's
+  // layers (here 0, 2 and 7).
+  plumb::toolkit::TapFilter f;
+  f.layers = r;
+  bool every_range_hits = true;
+  for (const auto& [a, b] : r.ranges) every_range_hits = every_range_hits && ((a <= 0 && 0 <= b) || (a <= 2 && 2 <= b) || (a <= 7 && 7 <= b));
+  bool accepted = true;
+  try {
+    f.check_matches({"L0.attn.out", "L2.ffn.routed", "L7.out", "hc_head.out", "logits"});
+  } catch (const plumb::Error&) {
+    accepted = false;
+  }
+  PLUMB_FUZZ_CHECK(accepted == every_range_hits);
 }
 
 void patches(plumb_fuzz::Reader& in) {
