@@ -87,8 +87,12 @@ bool TapFilter::keeps_tap(const std::string& name) const {
 bool TapFilter::keeps_step(const std::string& name, size_t index) const {
   if (steps.empty()) return true;
   for (const auto& s : steps)
-    if (s == name || s == std::to_string(index)) return true;
+    if (step_item_names(s, name, index)) return true;
   return false;
+}
+
+bool TapFilter::step_item_names(const std::string& item, const std::string& name, size_t index) {
+  return item == name || item == std::to_string(index);
 }
 
 void TapFilter::check_matches(const std::vector<std::string>& names) const {
@@ -103,8 +107,10 @@ void TapFilter::check_matches(const std::vector<std::string>& names) const {
   }
   for (const auto& g : globs) {
     bool hit = false;
-    for (const auto& n : names) hit = hit || ((layers.empty() || parse_tap(n).layer < 0 || layers.contains(parse_tap(n).layer)) &&
-                                              glob_match(g, n));
+    for (const auto& n : names) {
+      const int l = parse_tap(n).layer;  // model-level taps (-1) are not restricted by --layers
+      hit = hit || ((layers.empty() || l < 0 || layers.contains(l)) && glob_match(g, n));
+    }
     PLUMB_CHECK(hit, "--taps: '{}' matches no tap of this run{} (`plumb trace` without --taps records every tap, "
                 "and its .json index lists them)", g, layers.empty() ? "" : " in the layers --layers keeps");
   }

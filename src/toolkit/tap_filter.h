@@ -29,6 +29,8 @@ struct TapFilter {
                          const std::string& positions);
   bool keeps_tap(const std::string& name) const;  // "logits" is always kept
   bool keeps_step(const std::string& name, size_t index) const;
+  // One --steps item names a step by its name ("s0") or its index ("0").
+  static bool step_item_names(const std::string& item, const std::string& name, size_t index);
   bool keeps_position(int64_t pos) const { return positions.empty() || positions.contains(pos); }
   std::string describe() const;
   // Throws Error when the filter names what `names` (a run's taps) do not have: a --taps glob that matches none of

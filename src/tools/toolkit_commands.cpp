@@ -38,11 +38,12 @@ std::string join(const std::vector<std::string>& v) {
 // Each --layers, --steps and --positions item must reach the model's layers or the input's steps and positions:
 // checked before the run, which may be long (the --taps globs are checked against the taps the run produced).
 void check_filter_reaches(const toolkit::TapFilter& f, const toolkit::RunInput& in, int64_t n_layers) {
+  if (in.steps.empty()) return;
   for (const auto& [a, b] : f.layers.ranges)
     PLUMB_CHECK(a < n_layers, "--layers: layer {} is beyond the model's {} layers (0-{})", a, n_layers, n_layers - 1);
   for (const auto& want : f.steps) {
     bool found = false;
-    for (size_t i = 0; i < in.steps.size() && !found; ++i) found = want == in.steps[i].name || want == std::to_string(i);
+    for (size_t i = 0; i < in.steps.size() && !found; ++i) found = toolkit::TapFilter::step_item_names(want, in.steps[i].name, i);
     PLUMB_CHECK(found, "--steps: {} names no step of {} (its {} steps: {} to {}, or indices 0 to {})", want, in.source,
                 in.steps.size(), in.steps.front().name, in.steps.back().name, in.steps.size() - 1);
   }
