@@ -12,9 +12,11 @@ void register_bisect(CLI::App& app) {
   cmd->add_option("--patches", o->patches, "comma-separated patches (or presets: their patches) that together diverge")->required();
   cmd->add_option("--criterion", o->criterion,
                   "local (default): an op's teacher-forced error beyond the registry's local tolerance; free: a "
-                  "free-running tap beyond the fp32 tolerance; kld: mean KL divergence beyond --threshold-kld");
+                  "free-running tap beyond the fp32 tolerance; kld: mean KL divergence beyond --threshold-kld")
+      ->check(CLI::IsMember({"local", "free", "kld"}));
   cmd->add_option("--threshold-kld", o->kld_threshold,
-                  "diverge when the mean KL(P_reference || P_S) exceeds this (implies --criterion kld)");
+                  "diverge when the mean KL(P_reference || P_S) exceeds this (implies --criterion kld)")
+      ->check(finite_number(false));
   cmd->add_flag("-q,--quiet", o->quiet, "do not print every test");
   cmd->callback([o] { set_exit_code(tools::bisect(*o)); });
 }

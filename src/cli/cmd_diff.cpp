@@ -18,7 +18,8 @@ void register_diff(CLI::App& app) {
   cmd->add_flag("--local", o->local,
                 "teacher forcing: also run B on A's values at every sublayer boundary and report each op's own error "
                 "(the first divergence then comes from these local errors)");
-  cmd->add_option("--tol", o->tol, "override the registry tolerance (|err| <= tol x max(1, max|A|))");
+  cmd->add_option("--tol", o->tol, "override the registry tolerance (|err| <= tol x max(1, max|A|))")
+      ->check(finite_number(true));
   cmd->add_option("--taps", o->taps, "show only taps matching these comma-separated globs (e.g. 'L0.*,*.ffn.out')");
   cmd->add_option("--layers", o->layers, "show only these layers (e.g. 0-3)");
   cmd->add_option("--json", o->json, "write the report as JSON to this file")->check(output_file());

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
 namespace plumb::cli {
@@ -27,6 +28,17 @@ std::string output_file_problem(const std::string& path) {
   if (!fs::is_directory(folder, ec)) return "folder " + folder + " (of " + path + ") does not exist";
   if (::access(folder.c_str(), W_OK) != 0) return "folder " + folder + " (of " + path + ") is not writable";
   return {};
+}
+
+CLI::Validator finite_number(bool positive) {
+  return CLI::Validator(
+      [positive](std::string& v) -> std::string {
+        double x = 0;
+        if (!CLI::detail::lexical_cast(v, x) || !std::isfinite(x) || (positive ? !(x > 0) : !(x >= 0)))
+          return std::string("expected a finite number ") + (positive ? "above 0" : ">= 0") + ", got '" + v + "'";
+        return {};
+      },
+      positive ? "NUMBER > 0" : "NUMBER >= 0", "finite number");
 }
 
 CLI::Validator output_file() {

@@ -187,10 +187,14 @@ std::vector<std::string> split_patch_list(const std::string& list) {
   return expand_patch_list(list);  // a preset is bisected over its patches; unknown or twice-written names are Errors
 }
 
-BisectResult bisect(const BisectOptions& opt) {
+void check_options(const BisectOptions& opt) {
   PLUMB_CHECK(opt.criterion == "local" || opt.criterion == "free" || opt.criterion == "kld",
               "unknown bisect criterion '{}' (local, free, kld)", opt.criterion);
   PLUMB_CHECK(!opt.patches.empty(), "bisect needs a non-empty --patches list");
+}
+
+BisectResult bisect(const BisectOptions& opt) {
+  check_options(opt);
   const auto t0 = std::chrono::steady_clock::now();
   BisectResult res;
   Tester t(opt);

@@ -36,6 +36,9 @@ struct BisectResult {
   double seconds = 0;
 };
 
+// The options' own checks (a known criterion, a non-empty patch list), which bisect() makes first too: a command
+// makes them before printing anything about the run.
+void check_options(const BisectOptions& opt);
 BisectResult bisect(const BisectOptions& opt);
 // The patches bisect searches: the list's names, presets expanded (expand_patch_list).
 std::vector<std::string> split_patch_list(const std::string& list);

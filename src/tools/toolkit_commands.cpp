@@ -118,6 +118,7 @@ int bisect(const BisectOptions& opt) {
   o.kld_threshold = opt.kld_threshold;
   PLUMB_CHECK(o.criterion != "kld" || opt.kld_threshold >= 0, "--criterion kld needs --threshold-kld X");
   o.verbose = !opt.quiet;
+  toolkit::check_options(o);
   fmt::print("plumb bisect: {} patches on {}, criterion: {}\n", o.patches.size(), o.input.source,
              o.criterion == "kld"    ? fmt::format("mean KLD against the reference > {:g}", o.kld_threshold)
              : o.criterion == "free" ? std::string("free-running taps beyond the registry's fp32 tolerance")

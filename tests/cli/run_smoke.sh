@@ -103,6 +103,13 @@ check_error "-f with -p" "error: --prompt excludes --file (plumb run --help list
 check_error "an unknown option" "not expected: --bogus (plumb run --help lists the options)" "$plumb" run --bogus
 check_error "a number that is not one" "--top-k = abc" "$plumb" run -p hi --top-k abc
 check_error "no subcommand" "A subcommand is required (plumb --help lists the options)" "$plumb"
+# Numbers that would read as "not given" downstream (NaN compares false; the tolerance overrides only above 0).
+check_error "diff --tol nan" "--tol: expected a finite number above 0, got 'nan'" \
+  "$plumb" diff --fixture tests/data/golden/tiny --a '' --b '' --tol nan
+check_error "bisect --threshold-kld -1" "--threshold-kld: expected a finite number >= 0, got '-1'" \
+  "$plumb" bisect --fixture tests/data/golden/tiny --patches fault.rsf_twice --threshold-kld -1
+check_error "bisect --criterion bogus" "--criterion: bogus not in {local,free,kld}" \
+  "$plumb" bisect --fixture tests/data/golden/tiny --patches fault.rsf_twice --criterion bogus
 (cd "$tmp" && check_error "no bundled model in the current directory" "models/tiny" "$plumb" run -q -p hi)
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
 # An error inside a chat (a /save that cannot be written) is an error line, and the conversation goes on.
