@@ -71,7 +71,7 @@ void register_verify_golden(CLI::App& app) {
   auto opt = std::make_shared<tools::VerifyGoldenOptions>();
   auto dirs = std::make_shared<std::vector<std::string>>();
   auto* cmd = app.add_subcommand("verify-golden", "Run golden fixtures' steps and compare logits and every tap");
-  cmd->add_option("dirs", *dirs,
+  cmd->add_option("DIR", *dirs,
                   "fixture folders (config.json, model.safetensors, golden.json, golden.safetensors); a folder without "
                   "golden.json stands for its subfolders that have one. With several, a summary follows; exit 0 only "
                   "if all pass")
