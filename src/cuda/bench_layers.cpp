@@ -280,7 +280,6 @@ bool load_models(Run& R, const std::string& dir) {
   out(fmt::format("loaded in {:.1f} s: {}\n", R.res.load_s, R.model->config().summary()));
   if (!R.o.ab) return true;
   try {
-    R.patches_b = parse_patches(R.o.ab_patches);
     const auto tb = Clock::now();
     R.model_b = Model::load(dir, R.patches_b.options, {}, R.o.backend);
     out(fmt::format("loaded model B (patches: {}) in {:.1f} s\n", shown(R.patches_b), secs(tb, Clock::now())));
@@ -644,6 +643,7 @@ int run(const LayerBenchOptions& o) {
   for (auto t : R.types) res.type_names.push_back(attn_type_name(t));
   res.device = R.dev.name;
   R.patches = parse_patches(o.patches);
+  if (o.ab) R.patches_b = parse_patches(o.ab_patches);  // before the checkpoint is written: a typo costs no minutes
   print_header(R);
 
   // ---- checkpoint ----
