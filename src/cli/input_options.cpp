@@ -1,4 +1,4 @@
-// The file options shared by several commands (input_options.h).
+// The options shared by several commands: inputs, output files, finite numbers (input_options.h).
 #include "cli/input_options.h"
 
 #include <unistd.h>
