@@ -19,9 +19,9 @@ namespace plumb {
 // other control bytes and DEL, and every byte of an ill-formed UTF-8 sequence (as \xHH).
 std::string unescape_line(std::string_view line);
 std::string escape_line(std::string_view bytes);
-// Token ids written as "0 15 27" (whitespace or commas between them), as `plumb run --ids`, `plumb tokenize
+// Token ids written as "0 15 27" (whitespace or single commas between them), as `plumb run --ids`, `plumb tokenize
 // --decode` and token files take them: each a non-negative integer below 2^31. Throws plumb::Error naming `what` and
-// the column of the first item that is not one.
+// the column of the first item that is not one, or of a comma with no id on one side.
 std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& what);
 // The whole of a text file a user names (a prompt, a token file, a text to trace), byte for byte. Throws plumb::Error
 // "<what> <path> is a folder" (an ifstream opens a folder and reads it as empty), "cannot open <what> <path>" or

@@ -78,22 +78,35 @@ std::string read_text_file(const std::string& path, std::string_view what) {
 std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& what) {
   std::vector<int32_t> ids;
   const char *p = text.data(), *end = p + text.size();
-  auto separator = [](char c) { return c == ',' || c == ' ' || (c >= '\t' && c <= '\r'); };  // , or whitespace
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  auto column = [&](const char* at) { return at - text.data() + 1; };
+  // A comma separates two ids; one with no id on a side ("1,,2", ",1", "1,") is refused rather than skipped: it
+  // usually marks an id lost in editing, and skipping it would shift every position after it.
+  const char* comma = nullptr;  // the comma since the last id, if any
   while (p < end) {
-    if (separator(*p)) {
+    if (space(*p)) {
       ++p;
       continue;
     }
+    if (*p == ',') {
+      PLUMB_CHECK(!ids.empty() && !comma, "{}: the comma at column {} has no token id before it (ids are separated by "
+                  "spaces or single commas)", what, column(p));
+      comma = p++;
+      continue;
+    }
     const char* q = p;
-    while (q < end && !separator(*q)) ++q;
+    while (q < end && !space(*q) && *q != ',') ++q;
     int64_t v = -1;
     const auto [stop, ec] = std::from_chars(p, q, v);
     PLUMB_CHECK(ec == std::errc() && stop == q && v >= 0 && v <= INT32_MAX,
                 "{}: '{}' at column {} is not a token id (non-negative integers separated by spaces or commas)", what,
-                text::escape_line(std::string_view(p, size_t(q - p))), p - text.data() + 1);
+                text::escape_line(std::string_view(p, size_t(q - p))), column(p));
     ids.push_back(int32_t(v));
+    comma = nullptr;
     p = q;
   }
+  PLUMB_CHECK(!comma, "{}: the comma at column {} has no token id after it (ids are separated by spaces or single "
+              "commas)", what, comma ? column(comma) : 0);
   return ids;
 }
 

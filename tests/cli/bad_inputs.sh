@@ -80,6 +80,8 @@ expect "run: --top-p before the load" "--top-p must be in (0, 1\]" "$plumb" run 
 expect "run: NaN --presence-penalty" "--presence-penalty must be a finite number" \
   "$plumb" run --model "$work/no-such-model" -p hi --presence-penalty nan
 expect "run: --max-tokens before the load" "--max-tokens must be at least 1" "$plumb" run --model "$work/no-such-model" -p hi --max-tokens 0
+expect "run: an empty item in --ids" "--ids: the comma at column 3 has no token id before it" \
+  "$plumb" run --model "$work/no-such-model" --ids '1,,2'
 expect "chat: --temperature before the load" "--temperature must be a number >= 0" \
   "$plumb" chat --model "$work/no-such-model" --temperature -1 </dev/null
 

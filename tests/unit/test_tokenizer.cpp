@@ -285,7 +285,8 @@ TEST(TokenizerEscape, RoundTripAndErrors) {
 TEST(TokenIds, ParseAndNameTheBadItem) {
   using Ids = std::vector<int32_t>;
   EXPECT_EQ(plumb::parse_token_ids("0 15,27\t3 ", "--ids"), Ids({0, 15, 27, 3}));
-  EXPECT_EQ(plumb::parse_token_ids(" , \r\n", "--ids"), Ids());
+  EXPECT_EQ(plumb::parse_token_ids(" 1 , 2,3 ,4", "--ids"), Ids({1, 2, 3, 4}));
+  EXPECT_EQ(plumb::parse_token_ids(" \t\r\n", "--ids"), Ids());
   EXPECT_EQ(plumb::parse_token_ids("2147483647", "--ids"), Ids({2147483647}));
   for (const char* bad : {"1 -2", "1 2147483648", "3 x", "4 5a", "99999999999999999999"}) {
     try {
@@ -294,6 +295,16 @@ TEST(TokenIds, ParseAndNameTheBadItem) {
     } catch (const plumb::Error& e) {
       EXPECT_NE(std::string(e.what()).find("f.txt:3"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("at column"), std::string::npos) << e.what();
+    }
+  }
+  // A comma with no id on one side is an id lost, not a separator to skip: each names the comma's column.
+  for (const auto& [bad, col] : std::vector<std::pair<std::string, std::string>>{
+           {"1,,2", "column 3"}, {"1, ,2", "column 4"}, {",1", "column 1"}, {"1 2,", "column 4"}, {" , ", "column 2"}}) {
+    try {
+      (void)plumb::parse_token_ids(bad, "--ids");
+      ADD_FAILURE() << bad << ": accepted";
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("comma at " + col), std::string::npos) << bad << ": " << e.what();
     }
   }
 }
