@@ -96,9 +96,10 @@ std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& w
     }
     const char* q = p;
     while (q < end && !space(*q) && *q != ',') ++q;
-    int64_t v = -1;
+    // Unsigned, so that from_chars takes no sign ("-0" was read as id 0).
+    uint64_t v = 0;
     const auto [stop, ec] = std::from_chars(p, q, v);
-    PLUMB_CHECK(ec == std::errc() && stop == q && v >= 0 && v <= INT32_MAX,
+    PLUMB_CHECK(ec == std::errc() && stop == q && v <= uint64_t(INT32_MAX),
                 "{}: '{}' at column {} is not a token id (non-negative integers separated by spaces or commas)", what,
                 text::escape_line(std::string_view(p, size_t(q - p))), column(p));
     ids.push_back(int32_t(v));

@@ -288,7 +288,7 @@ TEST(TokenIds, ParseAndNameTheBadItem) {
   EXPECT_EQ(plumb::parse_token_ids(" 1 , 2,3 ,4", "--ids"), Ids({1, 2, 3, 4}));
   EXPECT_EQ(plumb::parse_token_ids(" \t\r\n", "--ids"), Ids());
   EXPECT_EQ(plumb::parse_token_ids("2147483647", "--ids"), Ids({2147483647}));
-  for (const char* bad : {"1 -2", "1 2147483648", "3 x", "4 5a", "99999999999999999999"}) {
+  for (const char* bad : {"1 -2", "-0", "+1", "1 2147483648", "3 x", "4 5a", "99999999999999999999"}) {
     try {
       (void)plumb::parse_token_ids(bad, "f.txt:3");
       ADD_FAILURE() << bad << ": accepted";
