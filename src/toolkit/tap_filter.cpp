@@ -2,6 +2,7 @@
 #include "toolkit/tap_filter.h"
 
 #include <charconv>
+#include <cstdint>
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -13,11 +14,11 @@ namespace plumb::toolkit {
 namespace {
 
 int64_t parse_int(const std::string& s, const std::string& option, const std::string& whole) {
-  int64_t v = 0;
+  uint64_t v = 0;  // unsigned, so that from_chars takes no sign ("0--0" was the range 0-0)
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  PLUMB_CHECK(ec == std::errc() && p == s.data() + s.size() && v >= 0 && !s.empty(),
+  PLUMB_CHECK(ec == std::errc() && p == s.data() + s.size() && v <= uint64_t(INT64_MAX) && !s.empty(),
               "{} '{}': '{}' is not a non-negative integer (expected e.g. 0-3,7)", option, whole, s);
-  return v;
+  return int64_t(v);
 }
 
 }  // namespace

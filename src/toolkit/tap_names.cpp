@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <climits>
 #include <fmt/format.h>
 #include <tuple>
 
@@ -26,10 +27,10 @@ TapName parse_tap(const std::string& name) {
   if (name.size() < 3 || name[0] != 'L') return t;
   const auto dot = name.find('.');
   if (dot == std::string::npos || dot == 1) return t;
-  int v = 0;
+  unsigned v = 0;  // unsigned: "L-0.x" is no layer's tap
   const auto [p, ec] = std::from_chars(name.data() + 1, name.data() + dot, v);
-  if (ec != std::errc() || p != name.data() + dot) return t;
-  t.layer = v;
+  if (ec != std::errc() || p != name.data() + dot || v > unsigned(INT_MAX)) return t;
+  t.layer = int(v);
   t.suffix = name.substr(dot + 1);
   return t;
 }

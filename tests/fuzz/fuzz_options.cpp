@@ -2,12 +2,16 @@
 // - glob_match (`--taps`): against a plain dynamic-programming matcher ('*' any run, '?' one character);
 // - IntRanges::parse (`--layers`, `--positions`): plumb::Error or ranges of non-negative a <= b, and contains()
 //   agreeing with them; TapFilter::check_matches refusing exactly the --layers with a range that reaches no tap;
+//   over a small alphabet, accepted exactly when a rule written here says so, with the rule's ranges;
 // - parse_config (`--patches`, the toolkit's `[cpu:|cuda:]PATCHES`): plumb::Error or a patch set whose names parse
 //   back to the same set (presets expanded).
 // Other exceptions, crashes and sanitizer reports are bugs.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -36,14 +40,60 @@ void globs(plumb_fuzz::Reader& in) {
   PLUMB_FUZZ_CHECK(plumb::toolkit::glob_match(p, t) == glob_reference(p, t));
 }
 
+// The --layers / --positions rule, written apart from IntRanges::parse: items between commas, blanks (spaces, tabs)
+// around them dropped, empty items skipped; an item is N or A-B (at its first '-'), each an unsigned decimal below
+// 2^63, A <= B. nullopt where the text must be refused.
+std::optional<std::vector<std::pair<int64_t, int64_t>>> ranges_by_rule(const std::string& text) {
+  auto number = [](const std::string& s) -> std::optional<int64_t> {
+    constexpr uint64_t kPast = uint64_t(INT64_MAX) + 1;  // saturated there: leading zeros may make it long
+    if (s.empty()) return std::nullopt;
+    uint64_t v = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v >= kPast / 10 + 1 ? kPast : std::min(kPast, v * 10 + uint64_t(c - '0'));
+    }
+    if (v == kPast) return std::nullopt;
+    return int64_t(v);
+  };
+  std::vector<std::pair<int64_t, int64_t>> out;
+  std::string item;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] != ',') {
+      item += text[i];
+      continue;
+    }
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.pop_back();
+    size_t b = 0;
+    while (b < item.size() && (item[b] == ' ' || item[b] == '\t')) ++b;
+    item = item.substr(b);
+    if (!item.empty()) {
+      const size_t dash = item.find('-');
+      const auto a = number(item.substr(0, dash));
+      const auto z = dash == std::string::npos ? a : number(item.substr(dash + 1));
+      if (!a || !z || *a > *z) return std::nullopt;
+      out.emplace_back(*a, *z);
+    }
+    item.clear();
+  }
+  return out;
+}
+
 void ranges(plumb_fuzz::Reader& in) {
-  const std::string text(in.rest());
+  const bool small = in.byte() & 1;
+  std::string text(in.rest());
+  if (small) {  // an alphabet where the rule's cases are common
+    static constexpr char kAlphabet[] = "0179-, \t+x";
+    for (auto& c : text) c = kAlphabet[uint8_t(c) % (sizeof(kAlphabet) - 1)];
+  }
+  const auto want = ranges_by_rule(text);
   plumb::toolkit::IntRanges r;
   try {
     r = plumb::toolkit::IntRanges::parse(text, "--layers");
   } catch (const plumb::Error&) {
+    PLUMB_FUZZ_CHECK(!want);
     return;
   }
+  PLUMB_FUZZ_CHECK(want && r.ranges == *want);
   for (const auto& [a, b] : r.ranges) {
     PLUMB_FUZZ_CHECK(a >= 0 && a <= b);
     PLUMB_FUZZ_CHECK(r.contains(a) && r.contains(b));

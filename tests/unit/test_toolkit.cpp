@@ -150,6 +150,8 @@ TEST(ToolkitFilter, GlobsLayersStepsPositions) {
   EXPECT_TRUE(f.keeps_position(9));
   EXPECT_THROW(TapFilter::parse("", "3-1", "", ""), Error);
   EXPECT_THROW(TapFilter::parse("", "", "", "x"), Error);
+  for (const char* signed_item : {"0--0", "-0", "+1", "1-+2"})  // no sign: "0--0" was the range 0-0
+    EXPECT_THROW(TapFilter::parse("", signed_item, "", ""), Error) << signed_item;
 }
 
 TEST(ToolkitFilter, CheckMatchesNamesWhatAFilterMissed) {
