@@ -55,11 +55,11 @@ class ChatLoop {
       if (!std::getline(std::cin, line)) break;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      if (line[0] == '/') {
+      if (line[0] == '/' && line.compare(0, 2, "//") != 0) {
         if (!command(line)) break;
         continue;
       }
-      turn(line);
+      turn(line[0] == '/' ? line.substr(1) : line);  // "//..." is a message that starts with "/"
     }
     if (tty) std::fputc('\n', stdout);
     return 0;
@@ -135,9 +135,11 @@ class ChatLoop {
       fmt::print("/reset       start a new conversation (clears the cache)\n"
                  "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
                  "/save FILE   write the transcript as JSON messages\n"
-                 "/quit        leave (also /exit, or end of input)\n");
+                 "/quit        leave (also /exit, or end of input)\n"
+                 "//TEXT       send the message /TEXT (a message that starts with a slash)\n");
     } else {
-      fmt::print("unknown command {} (try /help)\n", cmd);
+      std::fflush(stdout);
+      fmt::print(stderr, "error: unknown command {} (/help lists them; a message that starts with / is written //...)\n", cmd);
     }
     std::fflush(stdout);
     return true;
@@ -159,7 +161,7 @@ class ChatLoop {
 
   void save(const std::string& path) {
     if (path.empty()) {
-      fmt::print("usage: /save FILE\n");
+      fmt::print(stderr, "error: /save needs a file name: /save FILE\n");
       return;
     }
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();

@@ -119,6 +119,14 @@ rc=$?
 [ $rc -eq 0 ] && [ "$(cat "$tmp/c.err")" = "error: /save: folder $tmp/nothing (of $tmp/nothing/t.json) does not exist" ] &&
   grep -q "saved 2 messages to $tmp/t.json" "$tmp/c.out" && ok "chat: a /save that fails, then one that works" ||
   bad "chat /save: exit status $rc, stderr: $(cat "$tmp/c.err"), stdout: $(cat "$tmp/c.out")"
+# A line starting with "//" is a message starting with "/" (in the transcript as typed, less one slash); any other
+# "/word" that is no command is an error line, and the chat goes on.
+printf '/usr\n//usr is a folder\n/save %s\n' "$tmp/slash.json" | "$plumb" chat -q -n 2 --seed 1 >"$tmp/c.out" 2>"$tmp/c.err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(cat "$tmp/c.err")" = "error: unknown command /usr (/help lists them; a message that starts with / is written //...)" ] &&
+  python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"]; sys.exit(m[0]["content"] != "/usr is a folder")' "$tmp/slash.json" &&
+  ok "chat: //text sends /text, /usr is an unknown command" ||
+  bad "chat slash lines: exit status $rc, stderr: $(cat "$tmp/c.err"), transcript: $(cat "$tmp/slash.json" 2>&1)"
 check_error "tokenize with a malformed tokenizer.json" "badtok/tokenizer.json is not valid JSON" \
   "$plumb" tokenize -t "$tmp/badtok/tokenizer.json" <<<"hi"
 check_error "tokenize --decode of an id outside the vocabulary" \
