@@ -2,7 +2,7 @@
 // - glob_match (`--taps`): against a plain dynamic-programming matcher ('*' any run, '?' one character);
 // - IntRanges::parse (`--layers`, `--positions`): plumb::Error or ranges of non-negative a <= b, and contains()
 //   agreeing with them; TapFilter::check_matches refusing exactly the --layers with a range that reaches no tap;
-//   over a small alphabet, accepted exactly when a rule written here says so, with the rule's ranges;
+//   accepted exactly when a rule written here says so, with the rule's ranges (over a small alphabet, and any bytes);
 // - parse_config (`--patches`, the toolkit's `[cpu:|cuda:]PATCHES`): plumb::Error or a patch set whose names parse
 //   back to the same set (presets expanded).
 // Other exceptions, crashes and sanitizer reports are bugs.
