@@ -10,8 +10,14 @@ void register_diff(CLI::App& app) {
   auto* cmd = app.add_subcommand("diff",
                                  "Compare two configurations tap by tap: first diverging tap and a diagnosis "
                                  "(exit 0: no divergence, 1: divergence)");
-  cmd->add_option("--trace-a", o->trace_a, "trace A (.safetensors from `plumb trace`, or a golden fixture folder)");
-  cmd->add_option("--trace-b", o->trace_b, "trace B");
+  auto* ta = cmd->add_option("--trace-a", o->trace_a, "trace A (.safetensors from `plumb trace`, or a golden fixture folder)");
+  auto* tb = cmd->add_option("--trace-b", o->trace_b, "trace B");
+  // Two traces may also be named as diff(1) takes its files.
+  auto traces = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("TRACES", *traces, "TRACE_A TRACE_B: the same as --trace-a TRACE_A --trace-b TRACE_B")
+      ->expected(2)
+      ->excludes(ta)
+      ->excludes(tb);
   add_input_options(cmd, o->in);
   cmd->add_option("--a", o->a, "configuration A: [cpu:|cuda:]PATCHES (empty: the fp32 reference on the CPU)");
   cmd->add_option("--b", o->b, "configuration B: [cpu:|cuda:]PATCHES (empty: the fp32 reference on the CPU)");
@@ -24,7 +30,10 @@ void register_diff(CLI::App& app) {
   cmd->add_option("--layers", o->layers, "show only these layers (e.g. 0-3)");
   cmd->add_option("--json", o->json, "write the report as JSON to this file")->check(output_file());
   cmd->add_option("--html", o->html, "write a self-contained HTML report (error-growth chart + tap table) to this file")->check(output_file());
-  cmd->callback([o] { set_exit_code(tools::diff(*o)); });
+  cmd->callback([o, traces] {
+    if (!traces->empty()) o->trace_a = (*traces)[0], o->trace_b = (*traces)[1];
+    set_exit_code(tools::diff(*o));
+  });
 }
 
 }  // namespace plumb::cli

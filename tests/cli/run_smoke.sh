@@ -104,6 +104,14 @@ check_error "an unknown option" "not expected: --bogus (plumb run --help lists t
 check_error "a number that is not one" "--top-k = abc" "$plumb" run -p hi --top-k abc
 check_error "no subcommand" "A subcommand is required (plumb --help lists the options)" "$plumb"
 # Numbers that would read as "not given" downstream (NaN compares false; the tolerance overrides only above 0).
+# Two traces named as diff(1) names its files: a trace against its own fixture agrees (exit 0), one with a planted
+# fault diverges (exit 1) at a layer tap.
+"$plumb" trace --fixture tests/data/golden/tiny -o "$tmp/tr.safetensors" >/dev/null 2>&1
+"$plumb" trace --fixture tests/data/golden/tiny --patches fault.rsf_twice -o "$tmp/tr2.safetensors" >/dev/null 2>&1
+out=$("$plumb" diff "$tmp/tr.safetensors" tests/data/golden/tiny 2>&1); rc=$?
+out2=$("$plumb" diff "$tmp/tr.safetensors" "$tmp/tr2.safetensors" 2>&1); rc2=$?
+[ $rc -eq 0 ] && [[ "$out" == *"first divergence: none"* ]] && [ $rc2 -eq 1 ] && [[ "$out2" == *"first divergence: L"* ]] &&
+  ok "diff TRACE_A TRACE_B: none (0), then a divergence (1)" || bad "diff positional: $rc / $rc2: $out / $out2"
 check_error "diff --tol nan" "--tol: expected a finite number above 0, got 'nan'" \
   "$plumb" diff --fixture tests/data/golden/tiny --a '' --b '' --tol nan
 check_error "bisect --threshold-kld -1" "--threshold-kld: expected a finite number >= 0, got '-1'" \
