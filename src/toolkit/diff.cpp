@@ -219,7 +219,8 @@ DiffReport run_diff(const DiffOptions& opt) {
   const bool traces = !opt.trace_a.empty() || !opt.trace_b.empty();
   DiffReport r;
   if (traces) {
-    PLUMB_CHECK(!opt.trace_a.empty() && !opt.trace_b.empty(), "trace mode needs both --trace-a and --trace-b");
+    PLUMB_CHECK(!opt.trace_a.empty() && !opt.trace_b.empty(), "trace mode needs both traces (plumb diff A B, or --trace-a "
+                "and --trace-b)");
     PLUMB_CHECK(opt.fixture.empty() && opt.tokens.empty() && opt.text.empty() && !opt.local,
                 "--trace-a/--trace-b compare recorded traces: --fixture, --tokens, --text and --local need a live run");
     const auto t0 = std::chrono::steady_clock::now();
@@ -237,6 +238,9 @@ DiffReport run_diff(const DiffOptions& opt) {
                                                                                           : parse_config(ta.patches).patches.options});
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } else {
+    PLUMB_CHECK(!opt.fixture.empty() || !opt.tokens.empty() || !opt.text.empty(),
+                "give two traces to compare (plumb diff A B) or one input to run --a and --b on: --fixture DIR, or -m "
+                "MODEL_DIR with --tokens FILE or --text FILE");
     const RunInput in = resolve_input(opt.fixture, opt.model, opt.tokens, opt.text, opt.tokenizer, opt.chunk);
     r = diff_live(in, opt.a, opt.b, opt.local, opt.tol);
   }
