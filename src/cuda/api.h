@@ -50,6 +50,7 @@ inline constexpr const char* kCheckOnlyWarning =
 // says what is missing (no driver, no device, another architecture, or a build without CUDA).
 bool available(std::string* why = nullptr);
 DeviceInfo device_info();
+void memory_info(size_t& free_bytes, size_t& total_bytes);  // the current device's free and total memory, now
 void synchronize();  // waits for the device; throws plumb::Error on any pending CUDA error
 
 // Owning device allocation (cudaMalloc). Move-only.

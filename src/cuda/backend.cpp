@@ -30,6 +30,8 @@ DeviceInfo device_info() {
   return r;
 }
 
+void memory_info(size_t& free_bytes, size_t& total_bytes) { d::mem_info(&free_bytes, &total_bytes); }
+
 void synchronize() { d::dsync(); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : p_(d::dmalloc(bytes)), n_(bytes) {}

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "cuda/kernels.h"
 
 namespace plumb::cuda {
@@ -15,6 +17,14 @@ DeviceBuffer upload_bytes(const void* p, size_t n) {
   return b;
 }
 }  // namespace
+
+std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu) {
+  if (weight_bytes <= free_bytes) return {};
+  return fmt::format("the model's weights take {:.2f} GB in their checkpoint formats, more than the {:.2f} GB free of the "
+                     "{:.2f} GB of this GPU ({}): the model does not fit one GPU, and plumb runs on one (--backend cpu "
+                     "runs it from the mapped files)", double(weight_bytes) / 1e9, double(free_bytes) / 1e9,
+                     double(total_bytes) / 1e9, gpu);
+}
 
 bool fp8_fast_fits(const Matrix& m) {
   return m.layout() == Matrix::Layout::FP8Block && m.rows() % 16 == 0 && m.cols() % 128 == 0;

@@ -15,6 +15,10 @@
 
 namespace plumb::cuda {
 
+// Why a model whose bound weights take `weight_bytes` in their checkpoint formats (a lower bound of what the
+// backend uploads) cannot go onto a GPU with `free_bytes` free of `total_bytes`; empty when they fit.
+std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu);
+
 // A weight matrix on the device exactly as the checkpoint stores it (FP8 / packed FP4 codes, scales, or plain).
 // With `fp8_fast` (patch cuda.fp8_gemv) an FP8 matrix whose shape the W8A16 kernels take is held as an Fp8Matrix
 // (the same bytes) and `d` points into it, so both paths read one copy.

@@ -135,6 +135,13 @@ class GpuForward : public DeviceForward {
     std::string why;
     PLUMB_CHECK(available(&why), "backend cuda: {}", why);
     check_options(opt_);
+    // The weights go up in their checkpoint formats, so the bytes the model bound of its checkpoint are a lower bound
+    // of what the upload needs: refuse before the first upload, naming both sizes, rather than fail in cudaMalloc
+    // minutes into it (DeepSeek-V4-Flash's ~155 GB does not fit one 141 GB H200).
+    size_t free_b = 0, total_b = 0;
+    memory_info(free_b, total_b);
+    const std::string no_fit = weights_fit_problem(m.checkpoint().found_bytes(), free_b, total_b, device_info().name);
+    PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);
     const auto& w = m.weights();
     const auto& c = cfg_;
     g_.embed = upload_matrix(w.embed);

@@ -25,7 +25,8 @@ struct Info {
 bool probe(std::string* why);  // a usable sm_90 device?
 Info info();
 int sm_count();  // the current device's SMs (queried once per device)
-void* dmalloc(size_t bytes);
+void* dmalloc(size_t bytes);  // an out-of-memory failure says how much was asked and what was free
+void mem_info(size_t* free_bytes, size_t* total_bytes);  // cudaMemGetInfo on the current device
 void dfree(void* p) noexcept;
 void h2d(void* dst, const void* src, size_t bytes);
 void d2h(void* dst, const void* src, size_t bytes);

@@ -58,9 +58,21 @@ int sm_count() {
 
 void* dmalloc(size_t bytes) {
   void* p = nullptr;
-  if (bytes) PLUMB_CUDA_CHECK(cudaMalloc(&p, bytes));
+  if (!bytes) return p;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // (not sticky: clear it, so that the caller's next CUDA call does not report it again)
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "the GPU is out of memory: %.3f GB more asked for with %.3f GB free of %.3f GB",
+                  double(bytes) / 1e9, double(free_b) / 1e9, double(total_b) / 1e9);
+    throw std::runtime_error(buf);
+  }
+  PLUMB_CUDA_CHECK(e);
   return p;
 }
+void mem_info(size_t* free_bytes, size_t* total_bytes) { PLUMB_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 void dfree(void* p) noexcept {
   if (p) cudaFree(p);
 }

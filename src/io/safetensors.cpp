@@ -317,7 +317,15 @@ Checkpoint Checkpoint::open(const std::string& path) {
 
 const TensorView* Checkpoint::find(const std::string& name) const {
   const auto it = index_.find(name);
-  return it == index_.end() ? nullptr : it->second;
+  if (it == index_.end()) return nullptr;
+  found_.insert(it->second);
+  return it->second;
+}
+
+uint64_t Checkpoint::found_bytes() const {
+  uint64_t n = 0;
+  for (const TensorView* v : found_) n += uint64_t(v->nbytes);
+  return n;
 }
 
 const TensorView& Checkpoint::get(const std::string& name) const {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,11 +62,16 @@ class Checkpoint {
   const TensorView& get(const std::string& name) const;  // throws Error "missing tensor NAME in PATH"
   std::vector<std::string> names() const;
   const std::string& path() const { return path_; }
+  // The bytes of the tensors find() has returned, each counted once: once a model has bound its weights, the part
+  // of the checkpoint it uses (an MTP module or other extra tensors left out), which the CUDA backend uploads in
+  // these formats. (find() records what it returns: not for concurrent use while a model binds.)
+  uint64_t found_bytes() const;
 
  private:
   std::string path_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
+  mutable std::set<const TensorView*> found_;
 };
 
 // Decode any float-typed view (F32, BF16, F16, F8_E4M3, F8_E8M0) to fp32; integer views (I8,U8,I32,I64) to

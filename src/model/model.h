@@ -70,6 +70,7 @@ class Model {
   const std::string& dir() const { return dir_; }
   const ModelOptions& options() const { return opt_; }
   const ModelWeights& weights() const { return w_; }
+  const Checkpoint& checkpoint() const { return ck_; }  // found_bytes(): what the weights bound of it
   const ops::Rope& rope_main() const { return rope_main_; }
   const ops::Rope& rope_compress() const { return rope_compress_; }
   const std::string& backend() const { return backend_; }

@@ -175,6 +175,11 @@ check_error "--text with a model folder without a tokenizer" "has no tokenizer.j
 rc=$?
 if [ $rc -eq 0 ]; then
   ok "backend cuda runs here: $(head -c 60 "$tmp/g.out" | tr '\n' ' ')"
+  # A model whose weights cannot fit the GPU (~160 GB declared in a sparse file) is refused before the upload.
+  python3 "$(dirname "$0")/oversize_model.py" models/tiny "$tmp/huge" >/dev/null &&
+    check_error "a model larger than the GPU" "does not fit one GPU" \
+      "$plumb" run -q -m "$tmp/huge" -p hi -n 1 --backend cuda --patches cuda.fast
+  rm -rf "$tmp/huge"
 elif [ $rc -eq 2 ] && [ "$(wc -l <"$tmp/g.err")" -eq 1 ] && grep -q '^error: backend cuda: ' "$tmp/g.err"; then
   ok "backend cuda without a GPU: $(cat "$tmp/g.err")"
   # Then plumb bench has no GPU either: it says why in one error line, with status 3 (scripts tell it from a failure).

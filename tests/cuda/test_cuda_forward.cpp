@@ -80,6 +80,15 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // A planted fault must fail on the GPU too (the backend implements the faults so that selftest can run there).
+// The check before the weights go up (GpuForward's constructor: the bytes the model bound against the GPU's free
+// memory); no GPU needed for the arithmetic and the message. V4-Flash's ~155 GB against an H200's ~139 GB free.
+TEST(GpuWeightsFit, RefusesWeightsOverTheFreeMemoryNamingBoth) {
+  EXPECT_EQ(plumb::cuda::weights_fit_problem(100, 100, 200, "GPU"), "");
+  const std::string why = plumb::cuda::weights_fit_problem(155'000'000'000ull, 139'000'000'000ull, 150'000'000'000ull, "NVIDIA H200");
+  for (const char* part : {"155.00 GB", "139.00 GB free", "150.00 GB", "NVIDIA H200", "does not fit one GPU"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
+}
+
 TEST_F(GpuTest, FaultFailsVerifyGolden) {
   plumb::tools::VerifyGoldenOptions o;
   o.dir = std::string(PLUMB_TEST_DATA) + "/golden/tiny";

@@ -189,6 +189,29 @@ TEST_F(ModelWeightsFixture, TheUneditedCopyBinds) {
   EXPECT_NO_THROW(plumb::ModelWeights::bind(copy([](OwnedTensor&) { return true; }), cfg_));
 }
 
+// Checkpoint::found_bytes is what the CUDA backend checks against the GPU's free memory before uploading: the
+// tensors the model bound, each once, and not a tensor it has no use for (an MTP module's, here a stand-in).
+TEST_F(ModelWeightsFixture, FoundBytesAreWhatTheModelBound) {
+  const Checkpoint plain = copy([](OwnedTensor&) { return true; });
+  plumb::ModelWeights::bind(plain, cfg_);
+  const uint64_t used = plain.found_bytes();
+  uint64_t all = 0;
+  for (const auto& name : src_.names()) all += src_.get(name).nbytes;
+  EXPECT_GT(used, 0u);
+  EXPECT_LE(used, all);
+  std::vector<OwnedTensor> ts;  // the same tensors and one the model never binds, 1 MB
+  for (const auto& name : src_.names()) {
+    const auto& v = src_.get(name);
+    ts.push_back(OwnedTensor{name, v.dtype, v.shape, std::vector<uint8_t>(v.data, v.data + v.nbytes)});
+  }
+  ts.push_back(OwnedTensor{"mtp.0.extra.weight", plumb::DType::BF16, {512, 1024}, std::vector<uint8_t>(1 << 20, 0)});
+  const Checkpoint with_extra = plumb_test::write_checkpoint(dir_, ts, "extra.safetensors");
+  plumb::ModelWeights::bind(with_extra, cfg_);
+  EXPECT_EQ(with_extra.found_bytes(), used);
+  plumb::ModelWeights::bind(with_extra, cfg_);  // binding again counts nothing twice
+  EXPECT_EQ(with_extra.found_bytes(), used);
+}
+
 TEST_F(ModelWeightsFixture, AModelPrefixIsAccepted) {
   EXPECT_NO_THROW(plumb::ModelWeights::bind(copy([](OwnedTensor& t) {
                                               t.name = "model." + t.name;
