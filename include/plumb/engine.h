@@ -33,6 +33,7 @@ struct ModelInfo {
   int bos_token = -1, eos_token = -1;  // -1: none in config.json
   int64_t max_positions = 0;           // max_position_embeddings
   std::string summary;                 // one line: layers, attention types, experts, ...
+  std::string device_memory;           // backend cuda: what loading took of the GPU's memory ("" on the CPU)
 };
 
 class Session;

@@ -231,6 +231,7 @@ LoadedModel load_model(const ModelArgs& a) {
     const std::string mem = memory_report();
     if (!mem.empty())
       std::fprintf(stderr, "memory: %s (the weights are mapped from the files, not copied)\n", mem.c_str());
+    if (!info.device_memory.empty()) std::fprintf(stderr, "gpu memory: %s\n", info.device_memory.c_str());
   }
   m.eos = info.eos_token >= 0 ? info.eos_token : m.tok->eos_id();
   return m;

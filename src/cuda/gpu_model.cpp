@@ -286,6 +286,13 @@ class GpuForward : public DeviceForward {
       g_.layers.push_back(std::move(gl));
     }
     synchronize();
+    // What the upload took (the weights, their fast-path copies and the backend's first buffers), for the CLI's
+    // memory line: the free memory before and after it.
+    size_t free_after = 0;
+    memory_info(free_after, total_b);
+    memory_note_ = fmt::format("the weights took {:.2f} GB of the GPU ({}); {:.2f} GB free of {:.2f} GB for the caches",
+                               double(free_b > free_after ? free_b - free_after : 0) / 1e9, device_info().name,
+                               double(free_after) / 1e9, double(total_b) / 1e9);
     if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
       fmt::print(stderr, "backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
                  "unsplit attention runs)\n", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim);
@@ -317,6 +324,8 @@ class GpuForward : public DeviceForward {
       fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}{}\n", fc.fp4, fc.fp4_of,
                  opt_.official ? " as W4A8 (the official numerics' E4M3 activations)" : "", fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
   }
+
+  std::string memory_note() const override { return memory_note_; }
 
   std::shared_ptr<DeviceSessionState> new_state() const override {
     auto s = std::make_shared<DeviceSessionState>();
@@ -737,6 +746,7 @@ class GpuForward : public DeviceForward {
   GpuNumerics nm_;
   GpuWeights g_;
   bool head_bf16_ = false;  // cuda.head_bf16 applies
+  std::string memory_note_;  // memory_note(): what the upload took of the GPU
   size_t gemm_w_elems_ = 0; // cuda.prefill_gemm: the largest bf16 weight (each session's scratch holds one)
 };
 
