@@ -290,9 +290,10 @@ class GpuForward : public DeviceForward {
     // memory line: the free memory before and after it.
     size_t free_after = 0;
     memory_info(free_after, total_b);
-    memory_note_ = fmt::format("the weights took {:.2f} GB of the GPU ({}); {:.2f} GB free of {:.2f} GB for the caches",
-                               double(free_b > free_after ? free_b - free_after : 0) / 1e9, device_info().name,
-                               double(free_after) / 1e9, double(total_b) / 1e9);
+    const double took = double(free_b > free_after ? free_b - free_after : 0);
+    memory_note_ = fmt::format("the weights took {} of the GPU ({}); {:.2f} GB free of {:.2f} GB for the caches",
+                               took >= 1e9 ? fmt::format("{:.2f} GB", took / 1e9) : fmt::format("{:.1f} MB", took / 1e6),
+                               device_info().name, double(free_after) / 1e9, double(total_b) / 1e9);
     if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
       fmt::print(stderr, "backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
                  "unsplit attention runs)\n", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim);

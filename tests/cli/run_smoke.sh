@@ -177,7 +177,7 @@ if [ $rc -eq 0 ]; then
   ok "backend cuda runs here: $(head -c 60 "$tmp/g.out" | tr '\n' ' ')"
   # The loading lines say what the upload took of the GPU.
   "$plumb" run -p hi -n 1 --backend cuda --patches cuda.fast >/dev/null 2>"$tmp/m.err"
-  grep -q '^gpu memory: the weights took [0-9.]* GB of the GPU (.*); [0-9.]* GB free of [0-9.]* GB for the caches$' "$tmp/m.err" &&
+  grep -q '^gpu memory: the weights took [0-9.]* [MG]B of the GPU (.*); [0-9.]* GB free of [0-9.]* GB for the caches$' "$tmp/m.err" &&
     ok "backend cuda: $(grep '^gpu memory' "$tmp/m.err")" || bad "backend cuda, no gpu memory line: $(cat "$tmp/m.err")"
   # A model whose weights cannot fit the GPU (~160 GB declared in a sparse file) is refused before the upload.
   python3 "$(dirname "$0")/oversize_model.py" models/tiny "$tmp/huge" >/dev/null &&
