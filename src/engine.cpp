@@ -70,7 +70,9 @@ class ModelEngine : public Engine {
     info_.eos_token = c.eos_token;
     info_.max_positions = c.max_positions;
     info_.summary = c.summary();
-    info_.device_memory = m_->device_memory_note();
+    const DeviceForward::Memory dm = m_->device_memory();
+    info_.device = dm.device;
+    info_.device_loaded_bytes = dm.loaded, info_.device_free_bytes = dm.free, info_.device_total_bytes = dm.total;
   }
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Session> new_session() const override { return std::make_unique<ModelSession>(m_, chunk_); }

@@ -33,7 +33,10 @@ struct ModelInfo {
   int bos_token = -1, eos_token = -1;  // -1: none in config.json
   int64_t max_positions = 0;           // max_position_embeddings
   std::string summary;                 // one line: layers, attention types, experts, ...
-  std::string device_memory;           // backend cuda: what loading took of the GPU's memory ("" on the CPU)
+  // Backend cuda: the GPU, the device memory loading took (the weights, their fast-path copies, the first
+  // buffers) and what it left free of the total; empty and 0 on the CPU.
+  std::string device;
+  int64_t device_loaded_bytes = 0, device_free_bytes = 0, device_total_bytes = 0;
 };
 
 class Session;

@@ -140,7 +140,8 @@ class GpuForward : public DeviceForward {
     // minutes into it (DeepSeek-V4-Flash's ~155 GB does not fit one 141 GB H200).
     size_t free_b = 0, total_b = 0;
     memory_info(free_b, total_b);
-    const std::string no_fit = weights_fit_problem(m.checkpoint().found_bytes(), free_b, total_b, device_info().name);
+    memory_.device = device_info().name;
+    const std::string no_fit = weights_fit_problem(m.checkpoint().found_bytes(), free_b, total_b, memory_.device);
     PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);
     const auto& w = m.weights();
     const auto& c = cfg_;
@@ -290,10 +291,8 @@ class GpuForward : public DeviceForward {
     // memory line: the free memory before and after it.
     size_t free_after = 0;
     memory_info(free_after, total_b);
-    const double took = double(free_b > free_after ? free_b - free_after : 0);
-    memory_note_ = fmt::format("the weights took {} of the GPU ({}); {:.2f} GB free of {:.2f} GB for the caches",
-                               took >= 1e9 ? fmt::format("{:.2f} GB", took / 1e9) : fmt::format("{:.1f} MB", took / 1e6),
-                               device_info().name, double(free_after) / 1e9, double(total_b) / 1e9);
+    memory_.loaded = int64_t(free_b > free_after ? free_b - free_after : 0);
+    memory_.free = int64_t(free_after), memory_.total = int64_t(total_b);
     if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
       fmt::print(stderr, "backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
                  "unsplit attention runs)\n", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim);
@@ -326,7 +325,7 @@ class GpuForward : public DeviceForward {
                  opt_.official ? " as W4A8 (the official numerics' E4M3 activations)" : "", fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
   }
 
-  std::string memory_note() const override { return memory_note_; }
+  Memory memory() const override { return memory_; }
 
   std::shared_ptr<DeviceSessionState> new_state() const override {
     auto s = std::make_shared<DeviceSessionState>();
@@ -747,7 +746,7 @@ class GpuForward : public DeviceForward {
   GpuNumerics nm_;
   GpuWeights g_;
   bool head_bf16_ = false;  // cuda.head_bf16 applies
-  std::string memory_note_;  // memory_note(): what the upload took of the GPU
+  Memory memory_;  // memory(): what the upload took of the GPU
   size_t gemm_w_elems_ = 0; // cuda.prefill_gemm: the largest bf16 weight (each session's scratch holds one)
 };
 

@@ -33,8 +33,12 @@ class DeviceForward {
                                  std::span<const int32_t> history) const = 0;
   // Sizes the session's growing caches for positions [0, positions) (see Model::reserve).
   virtual void reserve(SessionState& st, int64_t positions) const = 0;
-  // One line on what loading took of the device's memory ("" if the backend has nothing to say).
-  virtual std::string memory_note() const { return {}; }
+  // What loading took of the device's memory (ModelInfo's device fields; empty if the backend has nothing to say).
+  struct Memory {
+    std::string device;
+    int64_t loaded = 0, free = 0, total = 0;
+  };
+  virtual Memory memory() const { return {}; }
 };
 // The CUDA backend for a loaded model (uploads its weights); throws Error when this build or machine has no
 // usable GPU, or an option is not implemented there. Defined in src/cuda (stub.cpp without CUDA).
@@ -76,7 +80,7 @@ class Model {
   const ops::Rope& rope_main() const { return rope_main_; }
   const ops::Rope& rope_compress() const { return rope_compress_; }
   const std::string& backend() const { return backend_; }
-  std::string device_memory_note() const { return device_ ? device_->memory_note() : std::string(); }
+  DeviceForward::Memory device_memory() const { return device_ ? device_->memory() : DeviceForward::Memory{}; }
 
  private:
   std::string dir_;
