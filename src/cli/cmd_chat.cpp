@@ -164,6 +164,11 @@ class ChatLoop {
       fmt::print(stderr, "error: /save needs a file name: /save FILE\n");
       return;
     }
+    // An error line like any other, but the conversation goes on (the transcript is still there to save elsewhere).
+    if (const std::string why = output_file_problem(path); !why.empty()) {
+      fmt::print(stderr, "error: /save: {}\n", why);
+      return;
+    }
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     for (const auto& m : transcript_) {
       nlohmann::ordered_json j = {{"role", m.role}, {"content", m.content}};
@@ -171,11 +176,6 @@ class ChatLoop {
       msgs.push_back(j);
     }
     const nlohmann::ordered_json doc = {{"model", m_.dir}, {"thinking", o_.mode.think}, {"seed", seed_}, {"messages", msgs}};
-    // An error line like any other, but the conversation goes on (the transcript is still there to save elsewhere).
-    if (const std::string why = output_file_problem(path); !why.empty()) {
-      fmt::print(stderr, "error: /save: {}\n", why);
-      return;
-    }
     std::ofstream out(path);
     if (!out || !(out << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n")) {
       fmt::print(stderr, "error: /save: cannot write {}\n", path);

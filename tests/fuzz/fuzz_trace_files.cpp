@@ -1,6 +1,6 @@
 // Fuzz harness for the toolkit's input files, chosen by the first byte:
-// - a token file (`--tokens`: whitespace-separated ids, one step per line, '#' comments): input_from_tokens throws
-//   plumb::Error or returns steps with tokens, a decode step (after the first) holding one;
+// - a token file (`--tokens`: ids separated by whitespace or single commas, one step per line, '#' comments):
+//   input_from_tokens throws plumb::Error or returns steps with tokens, a decode step (after the first) holding one;
 // - a trace index (`plumb trace`'s OUT.json, beside a valid trace OUT.safetensors written once per process):
 //   read_trace throws plumb::Error or returns one tap set per step.
 // Other exceptions (nlohmann's type errors included), crashes and sanitizer reports are bugs.
