@@ -5,6 +5,7 @@
 #include "cli/input_options.h"
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <sstream>
 #include <string_view>
 
@@ -31,7 +32,7 @@ void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time the CUDA kernels at V4-Flash sizes against the measured bandwidth, or with --layers N the whole GPU forward pass");
   auto opt = std::make_shared<cuda::BenchOptions>();
   cmd->add_option("--iters", opt->iters, "timed runs per kernel (the median is reported)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--warmup", opt->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
+  cmd->add_option("--warmup", opt->warmup, "untimed runs first (the kernel bench: runs of each kernel, default 3; --layers: decode steps of each batch, default 2)")->check(CLI::Range(0, 100000));
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file")->check(output_file());
   cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file")->check(output_file());
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
@@ -83,37 +84,49 @@ void register_bench(CLI::App& app) {
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->callback([opt, lo, layers, batches, prefill, model, ab] {
-    if (*layers == 0 && ab->count()) fail("--ab compares two patch sets of the layer bench: it needs --layers N");
-    if (*layers == 0 && (lo->timeline || lo->skeleton))
-      fail("--{} times the layer bench's decode steps: it needs --layers N", lo->timeline ? "timeline" : "skeleton");
+  cmd->callback([cmd, opt, lo, layers, batches, prefill, model, ab] {
+    // The two benches take different options; one given to the other is refused by name rather than ignored.
+    auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+    if (*layers == 0)
+      for (const char* name : {"--ab", "--timeline", "--skeleton", "--cold-l2", "--batches", "--prefill", "--context",
+                               "--patches", "--backend", "--dir", "--keep", "--model"})
+        if (given(name)) fail("{} applies to the layer bench: it needs --layers N", name);
+    if (*layers > 0)
+      for (const char* name : {"--only", "--profile", "--no-flush"})
+        if (given(name)) fail("{} applies to the kernel bench, which runs without --layers", name);
     if (lo->skeleton && lo->backend != "cuda") fail("--skeleton skips the CUDA forward's weight launches: it needs --backend cuda");
-    if (lo->cold_l2 && (*layers == 0 || lo->backend != "cuda")) fail("--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda");
+    if (lo->cold_l2 && lo->backend != "cuda") fail("--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --backend cuda");
     lo->ab = ab->count() > 0;
-    if (*layers == 0 && *model != "flash") fail("--model {}: the kernel bench runs V4-Flash's sizes; --model applies to --layers", *model);
     if (*layers == 0) return set_exit_code(cuda::run_bench(*opt));
     if (*model == "pro") lo->dims = cuda::v4_pro_dims();
     if (*layers > lo->dims.model_layers) fail("--layers {}: {} has {} layers", *layers, lo->dims.model, lo->dims.model_layers);
     lo->layers = *layers;
     lo->iters = opt->iters;
+    if (given("--warmup")) lo->warmup = opt->warmup;  // (the layer bench's own default is 2 steps, the kernel bench's 3 runs)
     lo->json = opt->json;
     lo->csv = opt->csv;
-    auto ints = [](const std::string& s, const char* what) {  // "1,8,32"
+    // "1,8,32": each item a non-negative integer, spaces around it allowed. An empty item ("1,,8", "8,") or a sign is
+    // refused by name, as in written token ids, rather than skipped or read leniently.
+    auto ints = [](const std::string& s, const char* what) {
       std::vector<int> v;
-      std::stringstream ss(s);
-      for (std::string x; std::getline(ss, x, ',');) {
-        if (x.find_first_not_of(' ') == std::string::npos) continue;
-        size_t used = 0;
-        try {
-          v.push_back(std::stoi(x, &used));
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || x.find_first_not_of(' ', used) != std::string::npos) fail("--{}: '{}' is not a number", what, x);
+      std::string item;
+      std::istringstream in(s + ",");  // the extra comma ends the last item, so a trailing "8," leaves an empty one
+      while (std::getline(in, item, ',')) {
+        const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ') + 1;
+        if (a == std::string::npos) fail("--{} '{}': an empty item (sizes are separated by single commas)", what, s);
+        unsigned n = 0;
+        const auto [stop, ec] = std::from_chars(item.data() + a, item.data() + b, n);
+        if (ec != std::errc() || stop != item.data() + b || n > (1u << 24))
+          fail("--{} '{}': '{}' is not a size (a non-negative integer up to 2^24)", what, s, item.substr(a, b - a));
+        v.push_back(int(n));
       }
       return v;
     };
-    if (!batches->empty()) lo->decode_batches = ints(*batches, "batches");
+    if (!batches->empty()) {
+      lo->decode_batches = ints(*batches, "batches");
+      for (int b : lo->decode_batches)
+        if (b < 1) fail("--batches '{}': a decode batch has at least one sequence", *batches);
+    }
     if (!prefill->empty()) {
       lo->prefill.clear();
       for (int v : ints(*prefill, "prefill"))

@@ -292,8 +292,13 @@ void* Scratch::get(const std::string& name, size_t bytes) {
   const int lane = detail::stream_lane();
   auto& b = bufs_[lane == 2 ? name + "@side2" : lane == 1 ? name + "@side" : name];
   if (b.bytes() < bytes || !b.get()) {
-    b = DeviceBuffer(std::max<size_t>(bytes, 4));
-    ++generation;
+    ++generation;        // (first: a graph must not replay with the old buffer even if the new one fails)
+    b = DeviceBuffer();  // (the old buffer goes first: the new one may need its memory)
+    try {
+      b = DeviceBuffer(std::max<size_t>(bytes, 4));
+    } catch (const std::exception& e) {  // name what was being allocated (dmalloc's message has the sizes)
+      throw std::runtime_error(fmt::format("the forward's scratch buffer '{}' ({} bytes): {}", name, bytes, e.what()));
+    }
   }
   return b.get();
 }

@@ -391,7 +391,11 @@ class GpuForward : public DeviceForward {
   void reserve(SessionState& st, int64_t positions) const override {
     DeviceSessionState& ds = *st.dev;
     positions = std::min(positions, kReserveMax);
-    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, positions, ds.layers[i], ds.scratch);
+    try {
+      for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, positions, ds.layers[i], ds.scratch);
+    } catch (const std::exception& e) {  // (an out-of-memory message names the sizes; say what they were for)
+      throw std::runtime_error(fmt::format("reserving the GPU's caches for {} positions: {}", positions, e.what()));
+    }
   }
 
  private:

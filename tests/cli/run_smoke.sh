@@ -145,16 +145,22 @@ check_error "tokenize --decode of a word" "stdin line 1: --decode: 'x' at column
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
 check_error "a CUDA patch on the CPU backend" "cuda.fp8_gemv is a CUDA kernel: it needs --backend cuda" \
   "$plumb" run -q -p hi --patches cuda.fp8_gemv
-check_error "bench --skeleton without --layers" "--skeleton times the layer bench's decode steps: it needs --layers N" \
+check_error "bench --skeleton without --layers" "--skeleton applies to the layer bench: it needs --layers N" \
   "$plumb" bench --skeleton
-check_error "bench --timeline without --layers" "--timeline times the layer bench's decode steps: it needs --layers N" \
-  "$plumb" bench --timeline
+check_error "bench --batches without --layers" "--batches applies to the layer bench: it needs --layers N" \
+  "$plumb" bench --batches 8
+check_error "bench --only with --layers" "--only applies to the kernel bench, which runs without --layers" \
+  "$plumb" bench --layers 1 --only moe
 check_error "bench --skeleton on the CPU backend" "--skeleton skips the CUDA forward's weight launches: it needs --backend cuda" \
   "$plumb" bench --layers 1 --backend cpu --skeleton
-check_error "bench --cold-l2 without --layers" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
-  "$plumb" bench --cold-l2
-check_error "bench --cold-l2 on the CPU backend" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --layers N and --backend cuda" \
+check_error "bench --cold-l2 on the CPU backend" "--cold-l2 flushes the GPU's L2 between the layer bench's steps: it needs --backend cuda" \
   "$plumb" bench --layers 1 --backend cpu --cold-l2
+check_error "bench --batches with an empty item" "--batches '1,,8': an empty item (sizes are separated by single commas)" \
+  "$plumb" bench --layers 1 --backend cpu --batches 1,,8
+check_error "bench --batches with a sign" "--batches '+8': '+8' is not a size" \
+  "$plumb" bench --layers 1 --backend cpu --batches +8
+check_error "bench --batches 0" "--batches '1,0': a decode batch has at least one sequence" \
+  "$plumb" bench --layers 1 --backend cpu --batches 1,0
 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
   "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
 # The toolkit's --text input: the tokenizer comes from the model folder unless --tokenizer names one.

@@ -79,7 +79,6 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-// A planted fault must fail on the GPU too (the backend implements the faults so that selftest can run there).
 // The check before the weights go up (GpuForward's constructor: the bytes the model bound against the GPU's free
 // memory); no GPU needed for the arithmetic and the message. V4-Flash's ~155 GB against an H200's ~139 GB free.
 TEST(GpuWeightsFit, RefusesWeightsOverTheFreeMemoryNamingBoth) {
@@ -89,6 +88,23 @@ TEST(GpuWeightsFit, RefusesWeightsOverTheFreeMemoryNamingBoth) {
     EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
 }
 
+// An allocation the GPU cannot hold after that check (a session's scratch or caches) names what it was for beside
+// dmalloc's sizes, instead of a bare out-of-memory error. (A terabyte: more than any GPU has.)
+TEST_F(GpuTest, OutOfMemoryNamesTheScratchBuffer) {
+  plumb::cuda::Scratch sc;
+  try {
+    sc.get("probe", size_t(1) << 40);
+    ADD_FAILURE() << "a 1 TB scratch buffer was allocated";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    for (const char* part : {"the forward's scratch buffer 'probe' (1099511627776 bytes)", "the GPU is out of memory",
+                             "1099.512 GB more asked for"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+  }
+  EXPECT_NE(sc.get("probe", 64), nullptr);  // the session goes on: nothing sticky was left behind
+}
+
+// A planted fault must fail on the GPU too (the backend implements the faults so that selftest can run there).
 TEST_F(GpuTest, FaultFailsVerifyGolden) {
   plumb::tools::VerifyGoldenOptions o;
   o.dir = std::string(PLUMB_TEST_DATA) + "/golden/tiny";
