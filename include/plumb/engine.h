@@ -12,7 +12,8 @@ namespace plumb {
 
 class Sampler;  // plumb/text.h
 
-// Loading progress: stage "layers" reports the layers whose weights are bound and validated so far.
+// Loading progress: stage "layers" reports the layers whose weights are bound and validated so far, then (backend
+// cuda) stage "upload" the layers whose weights are on the GPU.
 struct LoadProgress {
   const char* stage;
   int64_t done, total;

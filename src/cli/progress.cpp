@@ -15,6 +15,7 @@
 #include <fstream>
 #include <atomic>
 #include <future>
+#include <string_view>
 #include <random>
 #include <set>
 #include <thread>
@@ -203,14 +204,24 @@ LoadedModel load_model(const ModelArgs& a) {
   StatusLine line(a.quiet);
   const auto t0 = Clock::now();
   // Mapping runs on a worker so the line can show that something is happening on a slow (network) disk.
-  std::atomic<int64_t> layers_done{0}, layers_total{0};
-  EngineOptions eo{a.patches, a.backend, [&](const LoadProgress& p) { layers_done = p.done, layers_total = p.total; },
+  std::atomic<int64_t> layers_done{0}, layers_total{0}, uploaded{0};
+  std::atomic<bool> uploading{false};
+  EngineOptions eo{a.patches, a.backend,
+                   [&](const LoadProgress& p) {
+                     if (std::string_view(p.stage) == "upload") uploading = true, uploaded = p.done;
+                     else layers_done = p.done, layers_total = p.total;
+                   },
                    a.prefill_chunk};
   auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, eo); });
+  // Binding reaches n/n before the GPU backend uploads the layers (`--backend cuda`), counting them again.
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
     const int64_t done = layers_done, n = layers_total;
-    line.update(n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
-                  : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));
+    if (a.backend == "cuda" && n && done == n)
+      line.update(fmt::format("{}: {}, uploading to the GPU: layer {}/{}, {:.1f} s", what, weights,
+                              uploading ? int64_t(uploaded) : 0, n, since(t0)));
+    else
+      line.update(n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
+                    : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));
   }
   m.engine = fut.get();
   const double map_s = since(t0);
@@ -226,7 +237,8 @@ LoadedModel load_model(const ModelArgs& a) {
     }
   }
   const auto& info = m.engine->info();
-  line.finish(fmt::format("loaded {}: {}; {}, mapped in {:.2f} s, {}", m.dir, info.summary, weights, map_s, paged));
+  line.finish(fmt::format("loaded {}: {}; {}, mapped{} in {:.2f} s, {}", m.dir, info.summary, weights,
+                          info.device.empty() ? "" : " and uploaded to the GPU", map_s, paged));
   if (!a.quiet) {
     const std::string mem = memory_report();
     if (!mem.empty())

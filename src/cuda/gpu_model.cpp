@@ -131,7 +131,8 @@ struct FastCount {
 
 class GpuForward : public DeviceForward {
  public:
-  explicit GpuForward(const Model& m) : cfg_(m.config()), opt_(m.options()), nm_(opt_) {
+  GpuForward(const Model& m, const std::function<void(int64_t, int64_t)>& on_layer)
+      : cfg_(m.config()), opt_(m.options()), nm_(opt_) {
     std::string why;
     PLUMB_CHECK(available(&why), "backend cuda: {}", why);
     check_options(opt_);
@@ -285,6 +286,7 @@ class GpuForward : public DeviceForward {
         }
       }
       g_.layers.push_back(std::move(gl));
+      if (on_layer) on_layer(int64_t(g_.layers.size()), int64_t(w.layers.size()));  // (the uploads are synchronous copies)
     }
     synchronize();
     // What the upload took (the weights, their fast-path copies and the backend's first buffers), for the CLI's
@@ -757,7 +759,9 @@ class GpuForward : public DeviceForward {
 }  // namespace
 }  // namespace cuda
 
-std::unique_ptr<DeviceForward> make_cuda_forward(const Model& m) { return std::make_unique<cuda::GpuForward>(m); }
+std::unique_ptr<DeviceForward> make_cuda_forward(const Model& m, const std::function<void(int64_t, int64_t)>& on_layer) {
+  return std::make_unique<cuda::GpuForward>(m, on_layer);
+}
 
 }  // namespace plumb
 #endif  // PLUMB_WITH_CUDA

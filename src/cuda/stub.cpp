@@ -24,6 +24,6 @@ int run_bench(const BenchOptions&) {
 }  // namespace plumb::cuda
 
 namespace plumb {
-std::unique_ptr<DeviceForward> make_cuda_forward(const Model&) { fail("backend cuda: {}", cuda::kNoCuda); }
+std::unique_ptr<DeviceForward> make_cuda_forward(const Model&, const std::function<void(int64_t, int64_t)>&) { fail("backend cuda: {}", cuda::kNoCuda); }
 }  // namespace plumb
 #endif  // !PLUMB_WITH_CUDA

@@ -12,7 +12,8 @@
 namespace plumb {
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt,
-                                   const std::function<void(int64_t, int64_t)>& on_layer, const std::string& backend) {
+                                   const std::function<void(int64_t, int64_t)>& on_layer, const std::string& backend,
+                                   const std::function<void(int64_t, int64_t)>& on_upload) {
   PLUMB_CHECK(backend == "cpu" || backend == "cuda", "unknown backend '{}' (available: {})", backend, kBackends);
   // A patch of one backend (Patch::backend) is refused on the others, by name: it is on in `opt` when enabling it
   // again changes nothing. (Covers every such patch the registry will hold, not a list kept here.)
@@ -49,7 +50,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->rope_compress_ = rope(m->cfg_.rope_compress, false);
   m->opt_ = opt;
   m->backend_ = backend;
-  if (backend == "cuda") m->device_ = make_cuda_forward(*m);
+  if (backend == "cuda") m->device_ = make_cuda_forward(*m, on_upload);
   return m;
 }
 

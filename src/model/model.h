@@ -40,9 +40,10 @@ class DeviceForward {
   };
   virtual Memory memory() const { return {}; }
 };
-// The CUDA backend for a loaded model (uploads its weights); throws Error when this build or machine has no
-// usable GPU, or an option is not implemented there. Defined in src/cuda (stub.cpp without CUDA).
-std::unique_ptr<DeviceForward> make_cuda_forward(const Model& m);
+// The CUDA backend for a loaded model (uploads its weights; `on_layer(done, total)`, if set, after each layer's are on
+// the device); throws Error when this build or machine has no usable GPU, or an option is not implemented there.
+// Defined in src/cuda (stub.cpp without CUDA).
+std::unique_ptr<DeviceForward> make_cuda_forward(const Model& m, const std::function<void(int64_t, int64_t)>& on_layer = {});
 
 // Backends: "cpu" (the reference, always) and "cuda" (with -DPLUMB_CUDA=ON and a Hopper GPU).
 inline const char* kBackends = "cpu, cuda";
@@ -50,9 +51,12 @@ inline const char* kBackends = "cpu, cuda";
 class Model {
  public:
   // dir: a folder with config.json and model.safetensors (or a sharded index). backend: "cpu" or "cuda".
+  // on_layer(done, total): after each layer is bound; on_upload(done, total): after each layer's weights are on the
+  // GPU (backend cuda).
   static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opt = {},
                                      const std::function<void(int64_t, int64_t)>& on_layer = {},
-                                     const std::string& backend = "cpu");
+                                     const std::string& backend = "cpu",
+                                     const std::function<void(int64_t, int64_t)>& on_upload = {});
 
   SessionState new_state() const;
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns

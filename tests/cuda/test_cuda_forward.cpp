@@ -917,9 +917,13 @@ TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
   }
 }
 
+// The load reports its binding (stage "layers") and then the copy onto the GPU (stage "upload"), each layer once and
+// in order, so the CLI's line can say where a long upload is.
 TEST_F(GpuTest, EngineApiRunsOnCuda) {
   plumb::EngineOptions o;
   o.backend = "cuda";
+  std::vector<std::string> seen;
+  o.on_progress = [&](const plumb::LoadProgress& p) { seen.push_back(fmt::format("{} {}/{}", p.stage, p.done, p.total)); };
   const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
   auto s = engine->new_session();
   const auto toks = test_prompt(12, engine->info().vocab_size);
@@ -927,6 +931,8 @@ TEST_F(GpuTest, EngineApiRunsOnCuda) {
   EXPECT_EQ(int(l.size()), engine->info().vocab_size);
   EXPECT_EQ(s->position(), 12);
   for (float v : l) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(seen, (std::vector<std::string>{"layers 1/4", "layers 2/4", "layers 3/4", "layers 4/4", "upload 1/4", "upload 2/4",
+                                            "upload 3/4", "upload 4/4"}));
 }
 
 }  // namespace

@@ -481,4 +481,14 @@ TEST(EngineChunking, PassesGiveTheOnePassLogits) {
   EXPECT_THROW(plumb::Engine::load(dir, neg), plumb::Error);
 }
 
+// EngineOptions::on_progress on the CPU: each layer once as it is bound, in order, and no "upload" stage (that is
+// the GPU's copy, test_cuda_forward.cpp).
+TEST(EngineProgress, ReportsEachLayerBound) {
+  plumb::EngineOptions o;
+  std::vector<std::string> seen;
+  o.on_progress = [&](const plumb::LoadProgress& p) { seen.push_back(fmt::format("{} {}/{}", p.stage, p.done, p.total)); };
+  plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
+  EXPECT_EQ(seen, (std::vector<std::string>{"layers 1/4", "layers 2/4", "layers 3/4", "layers 4/4"}));
+}
+
 }  // namespace
