@@ -306,11 +306,16 @@ void print_kld(const KldReport& r) {
     return m.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", m.mean * scale, prec, m.unc * scale, prec)
                      : fmt::format("{:.{}f} ± n/a (N <= 10)", m.mean * scale, prec);
   };
+  // KL divergences below 1e-3 in three significant digits (1.234e-07): two fast paths at 1e-9 and 1e-6 nats differ
+  // by a thousand, and six decimals would print both as 0.000000. (A rounding of the fp64 sums can leave a value a
+  // few ulps below 0: printed as it is.)
+  auto kl = [](double v) { return v != 0 && std::fabs(v) < 1e-3 ? fmt::format("{:.3e}", v) : fmt::format("{:.6f}", v); };
   fmt::print("====== KL divergence statistics (KL(P_A || P_B), nats per token) ======\n");
-  fmt::print("Mean    KLD: {}\n", unc(mean_unc(r.kld), 1, 6));
+  const MeanUnc mk = mean_unc(r.kld);
+  fmt::print("Mean    KLD: {} ± {}\n", kl(mk.mean), mk.has_unc ? kl(mk.unc) : std::string("n/a (N <= 10)"));
   const std::pair<const char*, double> ps[] = {{"Maximum", 1.0}, {"99.9%  ", 0.999}, {"99.0%  ", 0.99}, {"95.0%  ", 0.95},
                                                {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
-  for (const auto& [name, p] : ps) fmt::print("{} KLD: {:.6f}\n", name, percentile(r.kld, p));
+  for (const auto& [name, p] : ps) fmt::print("{} KLD: {}\n", name, kl(percentile(r.kld, p)));
   fmt::print("====== Token probability statistics ======\n");
   std::vector<double> same(r.same_top.begin(), r.same_top.end());
   const double p = n ? mean_unc(same).mean : 0;
