@@ -51,7 +51,7 @@ struct LayerBenchOptions {
                         // given here is kept, and reused when it already holds this exact synthetic checkpoint.
   std::vector<int> decode_batches = {1, 8, 32, 128};
   std::vector<int> prefill = {1024, 8192};
-  int iters = 10;       // timed decode steps per batch (median reported), after `warmup` steps
+  int iters = 10;       // timed decode steps per batch (median reported), after `warmup` steps (the CLI passes its --iters, default 30)
   std::string json;     // write the results here too ("" = no)
   std::string csv;      // and the decode and prefill rows as CSV here ("" = no)
   bool keep = false;    // keep the temp dir (its path is printed)
@@ -69,8 +69,8 @@ struct LayerBenchOptions {
   bool ab = false;
   std::string ab_patches;
 
-  // Beyond the CLI's flags (the defaults are what `plumb bench --layers N` runs):
-  int warmup = 2;
+  // The defaults are what `plumb bench --layers N` runs (warmup and context are CLI flags too, the rest not):
+  int warmup = 2;                    // untimed decode steps per batch first (>= 1 from the CLI: the first checks the logits)
   int context = 256;                 // tokens prefilled on each decode batch's session before timing
   int prefill_chunk = 2048;          // a prefill feeds at most this many tokens per forward call
   double max_seconds = 480;          // the whole run; phases that would not fit are skipped, and say so

@@ -31,8 +31,8 @@ std::string section_list() {
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time the CUDA kernels at V4-Flash sizes against the measured bandwidth, or with --layers N the whole GPU forward pass");
   auto opt = std::make_shared<cuda::BenchOptions>();
-  cmd->add_option("--iters", opt->iters, "timed runs per kernel (the median is reported)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--warmup", opt->warmup, "untimed runs first (the kernel bench: runs of each kernel, default 3; --layers: decode steps of each batch, default 2)")->check(CLI::Range(0, 100000));
+  cmd->add_option("--iters", opt->iters, "timed runs (the median is reported): the kernel bench's of each kernel, --layers' decode steps of each batch (default 30)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opt->warmup, "untimed runs first (the kernel bench: runs of each kernel, default 3; --layers: decode steps of each batch, default 2, at least 1: the first checks the logits)")->check(CLI::Range(0, 100000));
   cmd->add_option("--json", opt->json, "also write the results as JSON to this file")->check(output_file());
   cmd->add_option("--csv", opt->csv, "also write the result rows as CSV to this file")->check(output_file());
   cmd->add_flag("!--no-flush", opt->flush_l2, "keep L2 warm between timed runs (default: flush, as decode reads weights cold)");
@@ -102,7 +102,12 @@ void register_bench(CLI::App& app) {
     if (*layers > lo->dims.model_layers) fail("--layers {}: {} has {} layers", *layers, lo->dims.model, lo->dims.model_layers);
     lo->layers = *layers;
     lo->iters = opt->iters;
-    if (given("--warmup")) lo->warmup = opt->warmup;  // (the layer bench's own default is 2 steps, the kernel bench's 3 runs)
+    if (given("--warmup")) {  // (the layer bench's own default is 2 steps, the kernel bench's 3 runs)
+      // The layer bench's first warm-up step checks the logits (its "sanity" line) and times the step for its budget;
+      // under --skeleton the warm-up also keeps the graph's capture out of the timed steps.
+      if (opt->warmup < 1) fail("--warmup {}: the layer bench takes at least 1 warm-up step (its first checks the logits)", opt->warmup);
+      lo->warmup = opt->warmup;
+    }
     lo->json = opt->json;
     lo->csv = opt->csv;
     // "1,8,32": each item a non-negative integer, spaces around it allowed. An empty item ("1,,8", "8,") or a sign is
@@ -122,12 +127,12 @@ void register_bench(CLI::App& app) {
       }
       return v;
     };
-    if (!batches->empty()) {
+    if (given("--batches")) {
       lo->decode_batches = ints(*batches, "batches");
       for (int b : lo->decode_batches)
         if (b < 1) fail("--batches '{}': a decode batch has at least one sequence", *batches);
     }
-    if (!prefill->empty()) {
+    if (given("--prefill")) {
       lo->prefill.clear();
       for (int v : ints(*prefill, "prefill"))
         if (v > 0) lo->prefill.push_back(v);

@@ -294,6 +294,11 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
   return r;
 }
 
+std::string format_kl(double v) {
+  if (v == 0) return "0.000000";  // (-0.0 too)
+  return std::fabs(v) < 1e-3 ? fmt::format("{:.3e}", v) : fmt::format("{:.6f}", v);
+}
+
 void print_kld(const KldReport& r) {
   const size_t n = r.kld.size();
   fmt::print("plumb kld: P_A [{}] vs P_B [{}]\n", r.a.empty() ? "reference" : r.a, r.b.empty() ? "reference" : r.b);
@@ -306,10 +311,7 @@ void print_kld(const KldReport& r) {
     return m.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", m.mean * scale, prec, m.unc * scale, prec)
                      : fmt::format("{:.{}f} ± n/a (N <= 10)", m.mean * scale, prec);
   };
-  // KL divergences below 1e-3 in three significant digits (1.234e-07): two fast paths at 1e-9 and 1e-6 nats differ
-  // by a thousand, and six decimals would print both as 0.000000. (A rounding of the fp64 sums can leave a value a
-  // few ulps below 0: printed as it is.)
-  auto kl = [](double v) { return v != 0 && std::fabs(v) < 1e-3 ? fmt::format("{:.3e}", v) : fmt::format("{:.6f}", v); };
+  const auto& kl = format_kl;
   fmt::print("====== KL divergence statistics (KL(P_A || P_B), nats per token) ======\n");
   const MeanUnc mk = mean_unc(r.kld);
   fmt::print("Mean    KLD: {} ± {}\n", kl(mk.mean), mk.has_unc ? kl(mk.unc) : std::string("n/a (N <= 10)"));

@@ -161,6 +161,9 @@ check_error "bench --batches with a sign" "--batches '+8': '+8' is not a size" \
   "$plumb" bench --layers 1 --backend cpu --batches +8
 check_error "bench --batches 0" "--batches '1,0': a decode batch has at least one sequence" \
   "$plumb" bench --layers 1 --backend cpu --batches 1,0
+check_error "bench --prefill ''" "--prefill '': an empty item" "$plumb" bench --layers 1 --backend cpu --prefill ''
+check_error "bench --layers --warmup 0" "--warmup 0: the layer bench takes at least 1 warm-up step" \
+  "$plumb" bench --layers 1 --backend cpu --warmup 0
 check_error "unknown backend in a toolkit configuration" "unknown backend 'tpu' in 'tpu:'" \
   "$plumb" kld --fixture tests/data/golden/tiny --a '' --b tpu:
 # The toolkit's --text input: the tokenizer comes from the model folder unless --tokenizer names one.
@@ -185,6 +188,8 @@ if [ $rc -eq 0 ]; then
   "$plumb" run -p hi -n 1 --backend cuda --patches cuda.fast >/dev/null 2>"$tmp/m.err"
   grep -q '^gpu memory: the weights took [0-9.]* [MG]B of the GPU (.*); [0-9.]* GB free of [0-9.]* GB for the caches$' "$tmp/m.err" &&
     ok "backend cuda: $(grep '^gpu memory' "$tmp/m.err")" || bad "backend cuda, no gpu memory line: $(cat "$tmp/m.err")"
+  grep -q '^loaded models/tiny: .*, mapped and uploaded to the GPU in ' "$tmp/m.err" &&
+    ok "backend cuda: the loaded line names the upload" || bad "backend cuda, loaded line: $(grep '^loaded' "$tmp/m.err")"
   # A model whose weights cannot fit the GPU (~160 GB declared in a sparse file) is refused before the upload.
   python3 "$(dirname "$0")/oversize_model.py" models/tiny "$tmp/huge" >/dev/null &&
     check_error "a model larger than the GPU" "does not fit one GPU" \

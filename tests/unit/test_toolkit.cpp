@@ -408,6 +408,17 @@ TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
 // the vocabulary used to index B's log-probabilities, a 1-D topk.ids read a dimension it does not have, a vocab that
 // is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error; a step's n or
 // start_pos that is not an integer within the tokens is refused as a malformed step.
+// How print_kld shows a KL value: small ones keep three significant digits, so that 1e-9 and 1e-6 differ on screen.
+TEST(ToolkitKld, SmallValuesKeepSignificantDigits) {
+  EXPECT_EQ(plumb::toolkit::format_kl(0.0), "0.000000");
+  EXPECT_EQ(plumb::toolkit::format_kl(-0.0), "0.000000");
+  EXPECT_EQ(plumb::toolkit::format_kl(1e-9), "1.000e-09");
+  EXPECT_EQ(plumb::toolkit::format_kl(1.8974e-7), "1.897e-07");
+  EXPECT_EQ(plumb::toolkit::format_kl(-1.21e-14), "-1.210e-14");  // a rounding below 0, shown as it is
+  EXPECT_EQ(plumb::toolkit::format_kl(0.002737), "0.002737");
+  EXPECT_EQ(plumb::toolkit::format_kl(0.174771), "0.174771");
+}
+
 TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
   const std::string path = (fs::temp_directory_path() / fmt::format("plumb_kldbad_{}.safetensors", ::getpid())).string();
   const std::string steps = R"([{"name":"s0","kind":"prefill","start_pos":0,"n":2}])";
