@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/notice.h"
 #include "core/parallel.h"
 #include "model/model.h"
 #include "patches/registry.h"
@@ -87,6 +88,7 @@ class ModelEngine : public Engine {
 }  // namespace
 
 void set_cpu_threads(int n) { set_threads(n); }
+void set_notice_sink(std::function<void(std::string_view)> sink) { set_notice_sink_impl(std::move(sink)); }
 
 std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);

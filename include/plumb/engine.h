@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace plumb {
@@ -46,6 +47,13 @@ class Session;
 // (0: every core, 1: serial). Each output row, head or entry is one thread's work, so the results are the same bits
 // for any count.
 void set_cpu_threads(int n);
+
+// Where the library's one-line notes go, process-wide: which patch applies where as a model loads ("backend cuda:
+// cuda.fp8_gemv runs 34 of 34 FP8 matrices"), a CUDA graph capture that failed. Each call of `sink` is one line
+// without its newline, from whichever thread loads or runs the model (calls are serialized). An empty function
+// (the default): each note is printed on stderr. `plumb run` / `chat` set one while their loading line is live, so
+// the line is redrawn below each note instead of being run into.
+void set_notice_sink(std::function<void(std::string_view)> sink);
 
 class Engine {
  public:

@@ -8,16 +8,17 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
 #include <future>
-#include <string_view>
+#include <mutex>
 #include <random>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -73,22 +74,41 @@ std::vector<fs::path> weight_files(const fs::path& dir) {
 // One status line on stderr: rewritten in place on a terminal, printed once (final) otherwise.
 class StatusLine {
  public:
-  explicit StatusLine(bool quiet) : quiet_(quiet), tty_(isatty(2)) {}
+  explicit StatusLine(bool quiet) : quiet_(quiet), tty_(isatty(2)) {
+    // While the line is live on a terminal, the library's notes (the GPU backend's "backend cuda: ..." lines, from
+    // the loading thread) go above it: the line cleared, the note, the line again.
+    if (live())
+      set_notice_sink([this](std::string_view note) {
+        std::lock_guard<std::mutex> lock(m_);
+        std::fprintf(stderr, "%s%.*s\n%s", shown_ ? "\r\033[K" : "", int(note.size()), note.data(), shown_ ? last_.c_str() : "");
+        std::fflush(stderr);
+      });
+  }
+  ~StatusLine() {
+    if (live()) set_notice_sink({});
+  }
+  StatusLine(const StatusLine&) = delete;
+  StatusLine& operator=(const StatusLine&) = delete;
   void update(const std::string& s) {
-    if (quiet_ || !tty_) return;
+    if (!live()) return;
+    std::lock_guard<std::mutex> lock(m_);
     std::fprintf(stderr, "\r\033[K%s", s.c_str());
     std::fflush(stderr);
-    shown_ = true;
+    last_ = s, shown_ = true;
   }
   void finish(const std::string& s) {
     if (quiet_) return;
+    std::lock_guard<std::mutex> lock(m_);
     if (shown_) std::fprintf(stderr, "\r\033[K");
     std::fprintf(stderr, "%s\n", s.c_str());
     shown_ = false;
   }
 
  private:
+  bool live() const { return !quiet_ && tty_; }
   bool quiet_, tty_, shown_ = false;
+  std::mutex m_;
+  std::string last_;
 };
 
 // Reads every file once (8 MB at a time), reporting bytes, rate and ETA. Returns the seconds it took.

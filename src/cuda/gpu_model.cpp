@@ -2,6 +2,7 @@
 // caches resident on the device per session, every op a kernel (src/cuda/fwd_*.cu), the same taps as the
 // reference (copied to the host only when a sink asks). Twin of src/model/model.cpp.
 #ifdef PLUMB_WITH_CUDA
+#include "core/notice.h"
 #include "cuda/blas.h"
 #include "cuda/gpu_attention.h"
 #include "cuda/gpu_common.h"
@@ -162,11 +163,11 @@ class GpuForward : public DeviceForward {
     const bool shared_bias = c.mlp_bias && !nm_.official();
     const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
     if ((fp4 && other_act) || (fp8 && (other_act || shared_bias)))
-      fmt::print(stderr, "backend cuda: {} {} not apply to the experts ({}: their fused SwiGLU applies SiLU with no bias); "
-                 "those run on the fp32 twin kernels\n",
-                 fp4 && other_act && fp8 ? "cuda.moe_mxfp4 and cuda.fp8_gemv" : fp4 && other_act ? "cuda.moe_mxfp4" : "cuda.fp8_gemv",
-                 fp4 && other_act && fp8 ? "do" : "does",
-                 other_act ? fmt::format("hidden_act {}", expert_act_name(c.act)) : std::string("mlp_bias"));
+      notice(fmt::format("backend cuda: {} {} not apply to the experts ({}: their fused SwiGLU applies SiLU with no bias); "
+                         "those run on the fp32 twin kernels",
+                         fp4 && other_act && fp8 ? "cuda.moe_mxfp4 and cuda.fp8_gemv" : fp4 && other_act ? "cuda.moe_mxfp4" : "cuda.fp8_gemv",
+                         fp4 && other_act && fp8 ? "do" : "does",
+                         other_act ? fmt::format("hidden_act {}", expert_act_name(c.act)) : std::string("mlp_bias")));
     FastCount fc;
     const bool gemm = opt_.cuda_prefill_gemm;
     // cuda.prefill_gemm: FP8 matrices on the fast path whose block scales make the bf16 dequantization exact, from
@@ -296,35 +297,35 @@ class GpuForward : public DeviceForward {
     memory_.loaded = int64_t(free_b > free_after ? free_b - free_after : 0);
     memory_.free = int64_t(free_after), memory_.total = int64_t(total_b);
     if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
-      fmt::print(stderr, "backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
-                 "unsplit attention runs)\n", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim);
+      notice(fmt::format("backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
+                         "unsplit attention runs)", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim));
     if (opt_.cuda_head_bf16) {
       head_bf16_ = w.head.layout() == Matrix::Layout::Plain && w.head.values().dtype == DType::BF16 && have_cublaslt();
-      fmt::print(stderr, "backend cuda: cuda.head_bf16 {}\n",
-                 head_bf16_ ? "runs the LM head" : have_cublaslt() ? "does not apply: the head is not BF16 in the checkpoint"
-                                                                  : "does not apply: built without cuBLASLt");
+      notice(fmt::format("backend cuda: cuda.head_bf16 {}",
+                         head_bf16_ ? "runs the LM head" : have_cublaslt() ? "does not apply: the head is not BF16 in the checkpoint"
+                                                                          : "does not apply: built without cuBLASLt"));
     }
     if (fp8)
-      fmt::print(stderr, "backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}{}\n", fc.fp8, fc.fp8_of,
-                 opt_.official ? " as W8A8 (the official numerics' E4M3 activations; wo_a as its bf16 copy, as DeepSeek's convert.py "
-                                 "makes it)"
-                               : "",
-                 fc.fp8 >= fc.fp8_of ? ""
-                 : opt_.official   ? " (the others have shapes or block scales the kernels do not take: the official twin runs them)"
-                                   : " (the others have shapes the kernel does not take: the fp32 twin runs them)");
+      notice(fmt::format("backend cuda: cuda.fp8_gemv runs {} of {} FP8 matrices{}{}", fc.fp8, fc.fp8_of,
+                         opt_.official ? " as W8A8 (the official numerics' E4M3 activations; wo_a as its bf16 copy, as DeepSeek's convert.py "
+                                         "makes it)"
+                                       : "",
+                         fc.fp8 >= fc.fp8_of ? ""
+                         : opt_.official   ? " (the others have shapes or block scales the kernels do not take: the official twin runs them)"
+                                           : " (the others have shapes the kernel does not take: the fp32 twin runs them)"));
     if (gemm)
-      fmt::print(stderr, "backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
-                 "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens\n", fc.gemm,
-                 opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
-                                              : std::string("32 tokens, 80 for projections of >= 8M weights, 64 for the shared expert's"),
-                 fc.gemm_bf16, bf16_gemm_min);
+      notice(fmt::format("backend cuda: cuda.prefill_gemm runs {} FP8 matrices in chunks of >= {} (matrices with F32 or out-of-range "
+                         "block scales stay on the GEMV), and {} bf16 compressor matrices from {} tokens", fc.gemm,
+                         opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
+                                                      : std::string("32 tokens, 80 for projections of >= 8M weights, 64 for the shared expert's"),
+                         fc.gemm_bf16, bf16_gemm_min));
     gemm_w_elems_ = fc.gemm_w;
     if (opt_.cuda_bf16_gemv)
-      fmt::print(stderr, "backend cuda: cuda.bf16_gemv runs {} bf16 compressor matrices at 2 to {} tokens{}\n", fc.gemv_bf16,
-                 kBf16GemvMaxTokens, fc.gemv_bf16 ? "" : " (none is a plain bf16 matrix of rows % 16 == 0 and columns % 128 == 0)");
+      notice(fmt::format("backend cuda: cuda.bf16_gemv runs {} bf16 compressor matrices at 2 to {} tokens{}", fc.gemv_bf16,
+                         kBf16GemvMaxTokens, fc.gemv_bf16 ? "" : " (none is a plain bf16 matrix of rows % 16 == 0 and columns % 128 == 0)"));
     if (fp4)
-      fmt::print(stderr, "backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}{}\n", fc.fp4, fc.fp4_of,
-                 opt_.official ? " as W4A8 (the official numerics' E4M3 activations)" : "", fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : "");
+      notice(fmt::format("backend cuda: cuda.moe_mxfp4 runs the routed experts of {} of {} layers{}{}", fc.fp4, fc.fp4_of,
+                         opt_.official ? " as W4A8 (the official numerics' E4M3 activations)" : "", fc.fp4 < fc.fp4_of ? " (the others are not FP4 with dims multiple of 128: the fp32 twin runs them)" : ""));
   }
 
   Memory memory() const override { return memory_; }
@@ -512,7 +513,7 @@ class GpuForward : public DeviceForward {
     } catch (const std::exception& e) {
       capture_abort(nullptr);
       ds.graphs_failed = true;
-      fmt::print(stderr, "backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on\n", e.what());
+      notice(fmt::format("backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on", e.what()));
       return body(ds, n, step, tok, nullptr, rows);
     }
     if (sc.generation != g->generation || g->workspace != marks()) {  // memory moved during the capture: not valid

@@ -190,6 +190,23 @@ if [ $rc -eq 0 ]; then
     ok "backend cuda: $(grep '^gpu memory' "$tmp/m.err")" || bad "backend cuda, no gpu memory line: $(cat "$tmp/m.err")"
   grep -q '^loaded models/tiny: .*, mapped and uploaded to the GPU in ' "$tmp/m.err" &&
     ok "backend cuda: the loaded line names the upload" || bad "backend cuda, loaded line: $(grep '^loaded' "$tmp/m.err")"
+  # On a terminal (script(1) gives it one) the live loading line is redrawn below the backend's notes ("backend
+  # cuda: ..."), which must each start a line of their own, not run on after the line's text.
+  if command -v script >/dev/null 2>&1; then
+    script -qfc "$plumb run -p hi -n 1 --backend cuda --patches cuda.fast" "$tmp/tty.txt" >/dev/null 2>&1
+    if python3 - "$tmp/tty.txt" <<'PY'; then
+import re, sys
+text = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+# What each terminal line shows last: the text after its last carriage return, the clear-line sequence removed.
+shown = [re.sub(r"\x1b\[K", "", line.rstrip("\r").split("\r")[-1]) for line in text.split("\n")]
+notes = [s for s in shown if "backend cuda:" in s]
+sys.exit(0 if notes and all(s.startswith("backend cuda:") for s in notes) else 1)
+PY
+      ok "backend cuda on a terminal: each note on a line of its own"
+    else
+      bad "backend cuda on a terminal, a note run into the loading line: $(tr '\r' '|' <"$tmp/tty.txt" | head -c 600)"
+    fi
+  fi
   # A model whose weights cannot fit the GPU (~160 GB declared in a sparse file) is refused before the upload.
   python3 "$(dirname "$0")/oversize_model.py" models/tiny "$tmp/huge" >/dev/null &&
     check_error "a model larger than the GPU" "does not fit one GPU" \

@@ -933,6 +933,15 @@ TEST_F(GpuTest, EngineApiRunsOnCuda) {
   for (float v : l) ASSERT_TRUE(std::isfinite(v));
   EXPECT_EQ(seen, (std::vector<std::string>{"layers 1/4", "layers 2/4", "layers 3/4", "layers 4/4", "upload 1/4", "upload 2/4",
                                             "upload 3/4", "upload 4/4"}));
+  // The backend's notes on where its patches apply go through plumb::set_notice_sink (the CLI redraws its live
+  // loading line below them), not straight to stderr.
+  std::vector<std::string> notes;
+  plumb::set_notice_sink([&](std::string_view line) { notes.emplace_back(line); });
+  o.patches = "cuda.fast", o.on_progress = nullptr;
+  plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
+  plumb::set_notice_sink({});
+  EXPECT_NE(std::find(notes.begin(), notes.end(), "backend cuda: cuda.head_bf16 runs the LM head"), notes.end())
+      << ::testing::PrintToString(notes);
 }
 
 }  // namespace

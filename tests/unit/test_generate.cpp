@@ -8,8 +8,10 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
+#include "core/notice.h"
 #include "plumb/engine.h"
 #include "plumb/text.h"
 
@@ -489,6 +491,20 @@ TEST(EngineProgress, ReportsEachLayerBound) {
   o.on_progress = [&](const plumb::LoadProgress& p) { seen.push_back(fmt::format("{} {}/{}", p.stage, p.done, p.total)); };
   plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
   EXPECT_EQ(seen, (std::vector<std::string>{"layers 1/4", "layers 2/4", "layers 3/4", "layers 4/4"}));
+}
+
+// plumb::set_notice_sink: the library's one-line notes reach the sink whole, one call per line and without its
+// newline, from any thread; an empty sink gives them back to stderr.
+TEST(EngineNotices, GoToTheSinkThatIsSet) {
+  std::vector<std::string> got;
+  plumb::set_notice_sink([&](std::string_view line) { got.emplace_back(line); });
+  plumb::notice("backend x: first");
+  std::thread([] { plumb::notice("backend x: from another thread"); }).join();
+  plumb::set_notice_sink({});
+  testing::internal::CaptureStderr();
+  plumb::notice("backend x: on stderr");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "backend x: on stderr\n");
+  EXPECT_EQ(got, (std::vector<std::string>{"backend x: first", "backend x: from another thread"}));
 }
 
 }  // namespace
