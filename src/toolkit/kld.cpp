@@ -294,6 +294,13 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
   return r;
 }
 
+int64_t max_position(const KldReport& r) {
+  int64_t at = -1;
+  for (size_t i = 0; i < r.kld.size(); ++i)
+    if (!std::isnan(r.kld[i]) && (at < 0 || r.kld[i] > r.kld[size_t(at)])) at = int64_t(i);
+  return at;
+}
+
 std::string format_kl(double v) {
   if (v == 0) return "0.000000";  // (-0.0 too)
   return std::fabs(v) < 1e-3 ? fmt::format("{:.3e}", v) : fmt::format("{:.6f}", v);
@@ -317,7 +324,12 @@ void print_kld(const KldReport& r) {
   fmt::print("Mean    KLD: {} ± {}\n", kl(mk.mean), mk.has_unc ? kl(mk.unc) : std::string("n/a (N <= 10)"));
   const std::pair<const char*, double> ps[] = {{"Maximum", 1.0}, {"99.9%  ", 0.999}, {"99.0%  ", 0.99}, {"95.0%  ", 0.95},
                                                {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
-  for (const auto& [name, p] : ps) fmt::print("{} KLD: {}\n", name, kl(percentile(r.kld, p)));
+  for (const auto& [name, p] : ps) {
+    // The maximum says where it is (the row of every step's tokens in order: the position from the session's start),
+    // the place to point `plumb trace --positions` or a teacher-forced `plumb diff --local` at.
+    const int64_t at = p == 1.0 ? max_position(r) : -1;
+    fmt::print("{} KLD: {}{}\n", name, kl(percentile(r.kld, p)), at >= 0 ? fmt::format(" (position {})", at) : "");
+  }
   fmt::print("====== Token probability statistics ======\n");
   std::vector<double> same(r.same_top.begin(), r.same_top.end());
   const double p = n ? mean_unc(same).mean : 0;
@@ -358,7 +370,7 @@ std::string kld_json(const KldReport& r) {
   j["format"] = "plumb-kld/1";
   j["a"] = r.a, j["b"] = r.b, j["input"] = r.source, j["model"] = r.model_dir, j["tokens"] = r.kld.size();
   j["vocab"] = r.vocab, j["topk"] = r.topk, j["ref_file"] = r.ref_file;
-  j["kld"] = {{"mean", num(m.mean)}, {"unc", m.has_unc ? num(m.unc) : nullptr}, {"max", num(percentile(r.kld, 1))},
+  j["kld"] = {{"mean", num(m.mean)}, {"unc", m.has_unc ? num(m.unc) : nullptr}, {"max", num(percentile(r.kld, 1))}, {"max_position", max_position(r)},
               {"p99.9", num(percentile(r.kld, 0.999))}, {"p99", num(percentile(r.kld, 0.99))},
               {"p95", num(percentile(r.kld, 0.95))}, {"p90", num(percentile(r.kld, 0.9))},
               {"median", num(percentile(r.kld, 0.5))}, {"min", num(percentile(r.kld, 0))}};

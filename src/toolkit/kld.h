@@ -60,6 +60,9 @@ void print_kld(const KldReport& r);
 // 1e-6 nats differ by a thousand, which six decimals would print alike as 0.000000), else six decimals; zero (either
 // sign) as 0.000000. A rounding's value a few ulps below 0 is printed as it is.
 std::string format_kl(double v);
+// The position (index into the report's per-token values) of the largest KL divergence, the first of equal ones;
+// -1 when there is none.
+int64_t max_position(const KldReport& r);
 std::string kld_json(const KldReport& r);
 
 }  // namespace plumb::toolkit

@@ -417,6 +417,13 @@ TEST(ToolkitKld, SmallValuesKeepSignificantDigits) {
   EXPECT_EQ(plumb::toolkit::format_kl(-1.21e-14), "-1.210e-14");  // a rounding below 0, shown as it is
   EXPECT_EQ(plumb::toolkit::format_kl(0.002737), "0.002737");
   EXPECT_EQ(plumb::toolkit::format_kl(0.174771), "0.174771");
+  // The maximum's position (the first of equal ones; NaN never, infinity first of all).
+  KldReport r;
+  EXPECT_EQ(max_position(r), -1);
+  r.kld = {0.1, 2.0, NAN, 2.0};
+  EXPECT_EQ(max_position(r), 1);
+  r.kld.push_back(INFINITY);
+  EXPECT_EQ(max_position(r), 4);
 }
 
 TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
