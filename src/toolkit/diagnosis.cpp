@@ -338,9 +338,17 @@ Diagnosis index_diagnosis(const DiagnosisInput& in, const Trace& src, const TapN
   const std::string what = router ? "experts" : "compressed entries";
   if (s.real == 0 && s.ties > 0) {
     d.kind = "selection_tie";
-    d.text = fmt::format("selection flip near a tie (benign): {} of {} tokens at {} swapped {} whose scores moved by at "
-                         "most {} (within tolerance); the divergence after it follows from the flip",
-                         s.ties, s.rows, tap, what, fmt_g(s.max_tie_move));
+    // Scores that did not move at all are exact ties broken in another order, which two runs may do by design.
+    const std::string exact = "exact ties broken in another order (the CPU reference breaks them as PyTorch's CPU topk "
+                              "does, the GPU and numerics.official lowest index first)";
+    const std::string how =
+        s.exact_ties == s.ties ? "whose scores are the same in both runs: " + exact
+        : s.exact_ties == 0    ? fmt::format("whose scores moved by at most {} (within tolerance)", fmt_g(s.max_tie_move))
+                               : fmt::format("whose scores moved by at most {} (within tolerance), or on {} of those tokens "
+                                             "are the same in both runs: {}", fmt_g(s.max_tie_move), s.exact_ties, exact);
+    d.text = fmt::format("selection flip near a tie (benign): {} of {} tokens at {} swapped {} {}; the divergence after "
+                         "it follows from the flip",
+                         s.ties, s.rows, tap, what, how);
   } else {
     std::string why = hash ? "hash routing is a table lookup (tid2eid[token]): any change is a bug"
                       : s.unscored ? "no selection-score tap to tell a near tie from a real change"

@@ -115,6 +115,7 @@ void IndexStats::merge(const IndexStats& o) {
   if (first_bad.empty() && !o.first_bad.empty()) first_bad = o.first_bad, first_bad_step = o.first_bad_step;
   rows += o.rows, agree += o.agree, ties += o.ties, real += o.real, unscored += o.unscored;
   max_tie_move = std::max(max_tie_move, o.max_tie_move);
+  exact_ties += o.exact_ties;
 }
 
 IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tensor* sa, const Tensor* sb, bool table_lookup,
@@ -174,6 +175,7 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
     const bool boundary_tie = in_range && !only_x.empty() && !only_y.empty() && gap == 0;
     if (in_range && ((move > 0 && move <= tol * scale) || boundary_tie)) {
       ++s.ties;
+      s.exact_ties += move == 0;
       s.max_tie_move = std::max(s.max_tie_move, move);
     } else {
       ++s.real;

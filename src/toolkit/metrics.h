@@ -44,11 +44,14 @@ ScaleFit fit_scale(const Tensor& a, const Tensor& b);
 inline bool near(double c, double target, double rel = 0.02) { return target != 0 && std::abs(c / target - 1) <= rel; }
 
 // Per-row set agreement of two index tensors [rows, k] (negative entries = none). A row whose sets differ is a
-// near tie when the selection scores of the swapped entries moved by at most tol * max(1, max|row of sa|) and
-// by more than zero (rounding moved a score across the boundary); otherwise it is a real change (scores moved
-// beyond tolerance, identical scores selected differently, or a table lookup such as hash routing).
+// near tie when the selection scores of the swapped entries moved by at most tol * max(1, max|row of sa|) and by
+// more than zero (rounding moved a score across the boundary), or when they are exactly equal on both sides (an
+// exact tie, which two implementations may break in different orders: `exact_ties` counts those rows); otherwise it
+// is a real change (scores moved beyond tolerance, unequal unchanged scores selected differently, or a table lookup
+// such as hash routing).
 struct IndexStats {
   int64_t rows = 0, agree = 0, ties = 0, real = 0;
+  int64_t exact_ties = 0;      // near-tie rows whose swapped entries' scores are exactly equal (and unmoved)
   int64_t unscored = 0;        // differing rows without scores to classify (counted as real)
   double max_tie_move = 0;     // largest score move among near-tie rows
   std::string first_bad;       // "row 3: A {1,4} B {1,5}"

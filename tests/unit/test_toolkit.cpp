@@ -104,6 +104,7 @@ TEST(ToolkitMetrics, IndexTiesVersusRealFlips) {
   EXPECT_EQ(s.rows, 2);
   EXPECT_EQ(s.agree, 1);
   EXPECT_EQ(s.ties, 1);
+  EXPECT_EQ(s.exact_ties, 0);
   EXPECT_EQ(s.real, 0);
   // Identical scores but a different selection: the top-k itself is wrong.
   s = compare_index(a, b, &sa, &sa, false, 1e-4);
@@ -113,6 +114,7 @@ TEST(ToolkitMetrics, IndexTiesVersusRealFlips) {
   se[2] = 1.0f;
   s = compare_index(a, b, &se, &se, false, 1e-4);
   EXPECT_EQ(s.ties, 1);
+  EXPECT_EQ(s.exact_ties, 1);
   EXPECT_EQ(s.real, 0);
   // A hash layer never has ties.
   s = compare_index(a, b, &sa, &sb, true, 1e-4);
@@ -223,6 +225,34 @@ TEST(ToolkitDiagnosis, NanOrigin) {
   EXPECT_EQ(d.kind, "nonfinite");
   EXPECT_NE(d.text.find("NaN first appears at L0.ffn.shared"), std::string::npos) << d.text;
   EXPECT_NE(d.text.find("shared expert"), std::string::npos) << d.text;
+}
+
+// A selection flip on exactly tied scores is named as ties broken in another order (the CPU reference and the GPU
+// break them differently by design); one on scores rounding moved is named with how far they moved.
+TEST(ToolkitDiagnosis, SelectionTiesExactOrMoved) {
+  const Tensor scores({2, 4}, std::vector<float>{3, 0, 0, -1, 0, 0, 2, 2});
+  auto with_topk = [&](const Tensor& s, std::vector<int64_t> sel) {
+    Trace t = synthetic({{"L1.attn.indexer.scores", s}});
+    t.data[0].idx["L1.attn.indexer.topk"] = IndexTensor({2, 2}, std::move(sel));
+    t.data[0].order.push_back("L1.attn.indexer.topk");
+    return t;
+  };
+  // Row 0: entries 1 and 2 both score exactly 0; A takes 1, B takes 2.
+  const Trace a = with_topk(scores, {0, 1, 2, 3}), b = with_topk(scores, {0, 2, 2, 3});
+  DiffReport r = compare_traces(a, b, nullptr, PairTolerance{1e-4, 1e-4, "test"}, nullptr);
+  ASSERT_EQ(r.first.tap, "L1.attn.indexer.topk");
+  Diagnosis d = diagnose(DiagnosisInput{a, b, nullptr, r.first, 1e-4, nullptr, nullptr, {}});
+  EXPECT_EQ(d.kind, "selection_tie");
+  EXPECT_NE(d.text.find("1 of 2 tokens"), std::string::npos) << d.text;
+  EXPECT_NE(d.text.find("the same in both runs: exact ties broken in another order"), std::string::npos) << d.text;
+  // B's score of entry 2 moved up by 1e-6 (rounding): a near tie that moved.
+  Tensor moved = scores;
+  moved[2] = 1e-6f;
+  const Trace c = with_topk(moved, {0, 2, 2, 3});
+  r = compare_traces(a, c, nullptr, PairTolerance{1e-4, 1e-4, "test"}, nullptr);
+  d = diagnose(DiagnosisInput{a, c, nullptr, r.first, 1e-4, nullptr, nullptr, {}});
+  EXPECT_EQ(d.kind, "selection_tie");
+  EXPECT_NE(d.text.find("whose scores moved by at most 1e-06"), std::string::npos) << d.text;
 }
 
 TEST(ToolkitDiagnosis, PureScaleOutsideTheMoe) {
