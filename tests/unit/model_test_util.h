@@ -190,7 +190,11 @@ inline ::testing::AssertionResult same_config(const plumb::ModelConfig& a, const
   PLUMB_TEST_FIELD(norm_topk_prob) PLUMB_TEST_FIELD(swiglu_limit) PLUMB_TEST_FIELD(hc_mult)
   PLUMB_TEST_FIELD(hc_sinkhorn_iters) PLUMB_TEST_FIELD(hc_eps) PLUMB_TEST_FIELD(rms_eps) PLUMB_TEST_FIELD(index_heads)
   PLUMB_TEST_FIELD(index_head_dim) PLUMB_TEST_FIELD(index_topk) PLUMB_TEST_FIELD(bos_token) PLUMB_TEST_FIELD(eos_token)
+  PLUMB_TEST_FIELD(mlp_bias) PLUMB_TEST_FIELD(tie_embeddings) PLUMB_TEST_FIELD(max_positions) PLUMB_TEST_FIELD(n_group)
+  PLUMB_TEST_FIELD(topk_group)
 #undef PLUMB_TEST_FIELD
+  if (a.act != b.act) return ::testing::AssertionFailure() << "hidden_act differs: " << plumb::expert_act_name(a.act) << " vs "
+                                                           << plumb::expert_act_name(b.act);
   if (a.score != b.score) return ::testing::AssertionFailure() << "scoring function differs";
   if (a.attn != b.attn) return ::testing::AssertionFailure() << "attention schedule (attn) differs";
   if (a.compress_rate != b.compress_rate) return ::testing::AssertionFailure() << "compress_rate differs";

@@ -44,8 +44,21 @@ TEST_F(ExpertParallel, RanksSumToTheSingleProcessOutput) {
     std::vector<plumb::Tensor> ranks;
     const auto ep_out = plumb::moe_forward_ep_simulated(moe_->w, moe_->c, plumb::MlpType::Learned, x_, tokens_, opt, ep, &ranks);
     ASSERT_EQ(int(ranks.size()), ep);
-    for (int64_t i = 0; i < single.numel(); ++i)
+    // The all-reduce done here, from each rank's own partial output: their sum is the single-process output.
+    for (int64_t i = 0; i < single.numel(); ++i) {
+      double sum = 0;
+      for (const auto& r : ranks) {
+        ASSERT_EQ(r.numel(), single.numel());
+        sum += r[i];
+      }
+      EXPECT_NEAR(sum, single[i], 1e-5 * std::max(1.0f, std::fabs(single[i]))) << "ep_size " << ep << " element " << i;
       EXPECT_NEAR(ep_out[i], single[i], 1e-5 * std::max(1.0f, std::fabs(single[i]))) << "ep_size " << ep << " element " << i;
+    }
+    if (ep > 1) {  // the work is split: no single rank holds the whole output
+      double max_gap = 0;
+      for (int64_t i = 0; i < single.numel(); ++i) max_gap = std::max(max_gap, double(std::fabs(ranks[0][i] - single[i])));
+      EXPECT_GT(max_gap, 1e-3) << "ep_size " << ep << ": rank 0 alone already holds the whole output";
+    }
   }
 }
 

@@ -340,12 +340,23 @@ TEST(ModelExpertLimit, SwigluLimitPerNumerics) {
   }
 }
 
+// With a W2 bias (b2 = [1, -2]) scaling before W2 and after it differ: W2 (s h) + b2 against s (W2 h + b2). W2 is
+// the identity, so the expected rows are s h + b2, h computed by hand.
 TEST_F(ModelExpert, PreScaleMultipliesTheActivationBeforeW2) {
+  plumb::ExpertWeights e{e_.w1, e_.w2, e_.w3, Tensor({2}, std::vector<float>{0, 0}),
+                         Tensor({2}, std::vector<float>{1.0f, -2.0f}), Tensor({2}, std::vector<float>{0, 0})};
   const Tensor x({2, 2}, std::vector<float>{3.0f, -3.0f, 0.5f, 1.0f});
   const float scale[2] = {0.25f, 3.0f};
-  const Tensor a = plumb::expert_ffn(e_, 2.0, x, nm_), b = plumb::expert_ffn(e_, 2.0, x, nm_, scale);
+  const Tensor y = plumb::expert_ffn(e, 2.0, x, nm_, scale);
+  using plumb_test::silu_d;
+  // Token 0: gate [3, -3] -> [2, -3] (clamped above), up [6, -3] -> [2, -2]. Token 1: gate [0.5, 1], up [1, 1].
+  const double h[2][2] = {{silu_d(2.0) * 2.0, silu_d(-3.0) * -2.0}, {silu_d(0.5), silu_d(1.0)}};
+  const double b2[2] = {1.0, -2.0};
   for (int t = 0; t < 2; ++t)
-    for (int d = 0; d < 2; ++d) EXPECT_NEAR(b[t * 2 + d], scale[t] * a[t * 2 + d], 1e-6);
+    for (int d = 0; d < 2; ++d) {
+      EXPECT_NEAR(y[t * 2 + d], scale[t] * h[t][d] + b2[d], 1e-6) << t << "," << d;
+      EXPECT_GT(std::fabs(y[t * 2 + d] - scale[t] * (h[t][d] + b2[d])), 1e-2) << "scaled after W2 at " << t << "," << d;
+    }
 }
 
 // ---------------------------------------------------------------- compile-time contract

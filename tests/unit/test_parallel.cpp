@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/parallel.h"
@@ -58,12 +59,17 @@ TEST(ParallelFor, RethrowsARangesExceptionAndStaysUsable) {
 
 TEST(ParallelFor, NestedLoopsRunInTheirCallersThread) {
   const ThreadSettings s(4, 0);
-  std::atomic<int64_t> count{0};
+  std::atomic<int64_t> count{0}, elsewhere{0};
   plumb::parallel_for(8, 1e9, [&](int64_t a, int64_t b) {
+    const auto outer = std::this_thread::get_id();
     for (int64_t i = a; i < b; ++i)
-      plumb::parallel_for(10, 1e9, [&](int64_t c, int64_t d) { count += d - c; });
+      plumb::parallel_for(10, 1e9, [&](int64_t c, int64_t d) {
+        count += d - c;
+        elsewhere += std::this_thread::get_id() != outer;  // every inner range on the thread that called it
+      });
   });
   EXPECT_EQ(count.load(), 80);
+  EXPECT_EQ(elsewhere.load(), 0);
 }
 
 // The fixtures' models with every parallel loop threaded: logits the same bits as one thread, over a prefill, a

@@ -253,7 +253,14 @@ TEST(TokenizerErrors, NameTheFileAndField) {
 TEST(TokenizerRegex, OnigurumaTranslation) {
   using plumb::text::translate_onig_to_pcre2;
   // \s is onig's White_Space set (PCRE2's would add U+180E); \h is a hex digit; (?m) is dot-all.
-  EXPECT_EQ(translate_onig_to_pcre2("a\\sb", "t").find("\\x{180E}"), std::string::npos);
+  EXPECT_EQ(translate_onig_to_pcre2("a\\sb", "t"),
+            "a[\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]b");
+  // and so the compiled \s does not match U+180E (MONGOLIAN VOWEL SEPARATOR), which PCRE2's own \s would.
+  std::vector<plumb::text::Span> spans;
+  plumb::text::Regex::onig("\\s", "t").find_matches("a\u180Eb c", spans);
+  ASSERT_EQ(spans.size(), 3u);  // "a\u180Eb", " ", "c"
+  EXPECT_EQ(spans[1].begin, 5u);
+  EXPECT_TRUE(spans[1].match);
   EXPECT_NE(translate_onig_to_pcre2("\\s+(?!\\S)", "t").find("[^\\t"), std::string::npos);
   EXPECT_EQ(translate_onig_to_pcre2("\\h", "t"), "[0-9A-Fa-f]");
   EXPECT_EQ(translate_onig_to_pcre2("(?m:.)", "t"), "(?s:.)");
@@ -262,7 +269,7 @@ TEST(TokenizerRegex, OnigurumaTranslation) {
   EXPECT_THROW(translate_onig_to_pcre2("[a-z&&[^aeiou]]", "t"), plumb::Error);
   // Newer-Unicode letters are added to \p{L} (U+2EBF0, CJK extension I, is a letter to onig).
   const auto re = plumb::text::Regex::onig("\\p{L}+", "t");
-  std::vector<plumb::text::Span> spans;
+  spans.clear();
   re.find_matches("a\xF0\xAE\xAF\xB0" "b", spans);
   ASSERT_EQ(spans.size(), 1u);
   EXPECT_TRUE(spans[0].match);

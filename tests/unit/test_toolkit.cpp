@@ -420,6 +420,8 @@ TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
   const RunInput in = input_from_fixture(kTiny);
   const KldReport r = kld_live(in, "", "");
   ASSERT_EQ(r.kld.size(), 38u);
+  ASSERT_EQ(r.same_top.size(), 38u);
+  ASSERT_EQ(r.dp_top.size(), 38u);
   for (double k : r.kld) EXPECT_EQ(k, 0.0);
   for (char s : r.same_top) EXPECT_TRUE(s);
   for (double d : r.dp_top) EXPECT_EQ(d, 0.0);
@@ -430,14 +432,11 @@ TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
   const KldReport s = kld_against_ref(path, "", "", &in);
   fs::remove(path);
   ASSERT_EQ(s.kld.size(), 38u);
+  ASSERT_EQ(s.same_top.size(), 38u);
   for (double k : s.kld) EXPECT_EQ(k, 0.0);
   for (char t : s.same_top) EXPECT_TRUE(t);
 }
 
-// A corrupt or foreign --ref file is refused by name before anything indexes with it (read_kld_ref): an id outside
-// the vocabulary used to index B's log-probabilities, a 1-D topk.ids read a dimension it does not have, a vocab that
-// is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error; a step's n or
-// start_pos that is not an integer within the tokens is refused as a malformed step.
 // How print_kld shows a KL value: small ones keep three significant digits, so that 1e-9 and 1e-6 differ on screen.
 TEST(ToolkitKld, SmallValuesKeepSignificantDigits) {
   EXPECT_EQ(plumb::toolkit::format_kl(0.0), "0.000000");
@@ -456,6 +455,10 @@ TEST(ToolkitKld, SmallValuesKeepSignificantDigits) {
   EXPECT_EQ(max_position(r), 4);
 }
 
+// A corrupt or foreign --ref file is refused by name before anything indexes with it (read_kld_ref): an id outside
+// the vocabulary used to index B's log-probabilities, a 1-D topk.ids read a dimension it does not have, a vocab that
+// is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error; a step's n or
+// start_pos that is not an integer within the tokens is refused as a malformed step.
 TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
   const std::string path = (fs::temp_directory_path() / fmt::format("plumb_kldbad_{}.safetensors", ::getpid())).string();
   const std::string steps = R"([{"name":"s0","kind":"prefill","start_pos":0,"n":2}])";
@@ -500,13 +503,14 @@ TEST(ToolkitKld, FaultDivergesAndStatisticsFollowLlamaCpp) {
   const RunInput in = input_from_fixture(kTiny);
   const KldReport r = kld_live(in, "", "fault.rsf_twice");
   const MeanUnc m = mean_unc(r.kld);
-  EXPECT_GT(m.mean, 1e-3);
   ASSERT_TRUE(m.has_unc);
-  // The uncertainty formula: sqrt((S2/N - mean^2) / (N - 1)).
-  double s2 = 0;
-  for (double k : r.kld) s2 += k * k;
-  const double n = double(r.kld.size());
-  EXPECT_NEAR(m.unc, std::sqrt((s2 / n - m.mean * m.mean) / (n - 1)), 1e-15);
+  // The mean and the uncertainty formula sqrt((S2/N - mean^2) / (N - 1)), both summed here.
+  double s1 = 0, s2 = 0;
+  for (double k : r.kld) s1 += k, s2 += k * k;
+  const double n = double(r.kld.size()), mean = s1 / n;
+  EXPECT_GT(mean, 1e-3);
+  EXPECT_DOUBLE_EQ(m.mean, mean);
+  EXPECT_NEAR(m.unc, std::sqrt((s2 / n - mean * mean) / (n - 1)), 1e-15);
   EXPECT_EQ(percentile({1, 2, 3, 4}, 0.5), 2.5);  // linear interpolation
   EXPECT_EQ(percentile({1, 2, 3, 4}, 1.0), 4.0);
   EXPECT_FALSE(mean_unc({1, 2, 3}).has_unc);       // N <= 10: no uncertainty, as llama.cpp
