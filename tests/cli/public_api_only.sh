@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The CLI depends only on the public API (include/plumb/*) and its own files (src/cli/*): no quoted include of an
-# internal header (src/model, src/toolkit, src/cuda, ...).
+# The CLI depends only on the public API (include/plumb/*) and its own files (src/cli/*): no include of an internal
+# header (src/model, src/toolkit, src/cuda, ...), quoted or angled (plumb_core exports src/ as an include directory,
+# so <model/model.h> would compile too). Angled includes of the libraries (<fmt/...>, <CLI/...>, <vector>) are fine.
 cd "$(dirname "$0")/../.."
-bad=$(grep -n '#include "' src/cli/*.cpp src/cli/*.h | grep -v '#include "cli/\|#include "plumb/')
+internal=$(cd src && find . -mindepth 1 -maxdepth 1 -type d ! -name cli -printf '%f\n' | paste -sd'|')
+bad=$({
+  grep -n '#include "' src/cli/*.cpp src/cli/*.h | grep -v '#include "cli/\|#include "plumb/'
+  grep -nE "#include <($internal)/" src/cli/*.cpp src/cli/*.h
+})
 if [ -n "$bad" ]; then
   echo "src/cli includes internal headers:"
   echo "$bad"

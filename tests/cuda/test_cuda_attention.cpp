@@ -109,7 +109,10 @@ struct Device {
 
 int64_t max_keys(const AttnCase& c) { return c.window + (c.type == 2 ? c.ne : c.type == 1 ? c.ksel : 0); }
 
+// Each run starts from an output of NaNs (all bits set), so a path that leaves a row unwritten cannot pass on the
+// previous run's values.
 std::vector<float> run_twin(const AttnCase& c, Device& dv) {
+  dv.out.fill_byte(0xFF);
   DeviceBuffer logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
   dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
   d::fwd_attend(dv.a, nullptr);
@@ -118,6 +121,7 @@ std::vector<float> run_twin(const AttnCase& c, Device& dv) {
 
 std::vector<float> run_split(const AttnCase& c, Device& dv, int64_t bound, int* splits = nullptr) {
   const d::SplitPlan plan = d::fwd_attend_splitk_plan(c.n, c.Hq, c.Dh, bound, d::sm_count());
+  dv.out.fill_byte(0xFF);
   // The partials' scratch starts as NaNs (all bits set): the merge reads only what the split launch wrote.
   DeviceBuffer scratch = to_device(std::vector<uint8_t>(std::max<size_t>(plan.scratch_bytes, 8), 0xFF));
   dv.a.logits = nullptr, dv.a.ld_logits = 0;

@@ -144,6 +144,9 @@ struct HcInputs {
   HcRun run(bool batch, Opts opts) const {
     HcRun o{to_device(X), DeviceBuffer(size_t(n * H) * 4), DeviceBuffer(size_t(n * H * H) * 4), DeviceBuffer(size_t(n * D) * 4),
             DeviceBuffer(size_t(n * D) * 2), DeviceBuffer(d::fwd_hc_scratch_doubles(n, H) * 8)};
+    // Outputs start as NaNs (all bits set): a launch that leaves a token unwritten cannot pass on what a previous
+    // run's buffer (cudaMalloc often hands the same block back) still holds.
+    for (DeviceBuffer* b : {&o.post, &o.comb, &o.col, &o.col16, &o.mix}) b->fill_byte(0xFF);
     for (int t0 = 0; t0 < n; t0 += batch ? n : 1) {
       d::HcArgs a;
       a.X = o.X.as<float>() + t0 * hd, a.fn = dfn.as<float>(), a.base = dbase.as<float>(), a.scale = dscale.as<float>();

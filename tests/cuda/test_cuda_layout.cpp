@@ -74,9 +74,9 @@ TEST(CudaAvailability, ReportsWhy) {
   std::string why;
   const bool ok = cuda::available(&why);
   std::printf("  cuda::available() = %s%s%s\n", ok ? "true" : "false", ok ? "" : ": ", why.c_str());
-  if (!ok) {
-    EXPECT_FALSE(why.empty());
-  }
+  // Either usable and nothing to explain, or not and a reason (the CLI prints it as "backend cuda: <why>").
+  if (!ok) EXPECT_FALSE(why.empty());
+  else EXPECT_TRUE(why.empty()) << why;
 }
 
 // HostStage (the decode step's and the sampler's uploads): each upload lands in stream order, from the stage's own
