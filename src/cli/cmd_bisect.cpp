@@ -18,7 +18,12 @@ void register_bisect(CLI::App& app) {
                   "diverge when the mean KL(P_reference || P_S) exceeds this (implies --criterion kld)")
       ->check(finite_number(false));
   cmd->add_flag("-q,--quiet", o->quiet, "do not print every test");
-  cmd->callback([o] { set_exit_code(tools::bisect(*o)); });
+  cmd->callback([cmd, o] {
+    // A threshold with another criterion named would silently be the KL test: refused instead.
+    if (cmd->get_option("--threshold-kld")->count() && cmd->get_option("--criterion")->count() && o->criterion != "kld")
+      fail("--threshold-kld is the kld criterion's: it cannot be combined with --criterion {}", o->criterion);
+    set_exit_code(tools::bisect(*o));
+  });
 }
 
 }  // namespace plumb::cli

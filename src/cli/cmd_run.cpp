@@ -36,8 +36,9 @@ std::string read_prompt_file(const std::string& file) {
 }
 
 int run(const RunOptions& o) {
-  const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || !o.mode.effort.empty();
-  PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think or --reasoning-effort");
+  // Every chat-mode option implies --chat (--no-think too: it names chat's non-thinking mode).
+  const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || o.mode.no_think || !o.mode.effort.empty();
+  PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think, --no-think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
   // something to load 100 GB for.

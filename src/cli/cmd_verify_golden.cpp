@@ -80,8 +80,9 @@ void register_verify_golden(CLI::App& app) {
   cmd->add_option("--backend", opt->backend, "backend to verify")->default_val("cpu");
   cmd->add_option("--patches", opt->patches,
                   "comma-separated speed patches or presets to enable (`plumb patches` lists them). Without a numerics "
-                  "mode among them each fixture runs in its own (numerics.official where DeepSeek's official code made "
-                  "the golden, numerics.reference otherwise; numerics.fixture says so explicitly); "
+                  "mode among them each fixture runs in its own (numerics.official or numerics.official_initial where "
+                  "DeepSeek's official code made the golden (its current or its release-day revision), numerics.reference "
+                  "otherwise; numerics.fixture says so explicitly); "
                   "numerics.reference runs the fp32 reference on an official-code golden");
   cmd->add_flag("-q,--quiet", opt->quiet, "print only failing taps and the per-step summaries");
   cmd->add_option("--mode", opt->mode,

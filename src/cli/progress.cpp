@@ -286,8 +286,10 @@ void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_he
   cmd->add_option("--system", a.system, system_help);
   auto* t = cmd->add_flag("--think", a.think, think_help);
   cmd->add_flag("--no-think", a.no_think, "non-thinking chat mode (the default)")->excludes(t);
-  cmd->add_option("--reasoning-effort", a.effort, "thinking mode's effort prompt: high (none) or max")
-      ->check(CLI::IsMember({"high", "max"}));
+  // (thinking mode's alone: without --think it changed nothing, silently)
+  cmd->add_option("--reasoning-effort", a.effort, "thinking mode's effort prompt: high (none) or max; needs --think")
+      ->check(CLI::IsMember({"high", "max"}))
+      ->needs(t);
 }
 
 }  // namespace plumb::cli

@@ -177,8 +177,9 @@ void print_patches() {
   fmt::print("\ntolerances: |err| <= tol x max(1, max|ref|) per tensor; fp32: free-running on the CPU reference, local: teacher\n"
              "forced (verify-golden --mode forced: each op fed the golden's inputs), bf16: on a bf16 backend. With several patches\n"
              "the loosest applies.\n"
-             "verify-golden runs each fixture in its own numerics (numerics.official where DeepSeek's official code made the\n"
-             "golden, numerics.reference otherwise) unless --patches names a numerics mode; {} names that choice.\n",
+             "verify-golden runs each fixture in its own numerics (numerics.official, or numerics.official_initial for a golden\n"
+             "of the official code's release-day revision, where DeepSeek's official code made it; numerics.reference\n"
+             "otherwise) unless --patches names a numerics mode; {} names that choice.\n",
              kFixtureNumerics);
 }
 

@@ -155,6 +155,12 @@ check_error "tokenize --decode of a word" "stdin line 1: --decode: 'x' at column
 check_error "unknown backend" "unknown backend 'tpu' (available: cpu, cuda)" "$plumb" run -q -p hi --backend tpu
 check_error "a CUDA patch on the CPU backend" "cuda.fp8_gemv is a CUDA kernel: it needs --backend cuda" \
   "$plumb" run -q -p hi --patches cuda.fp8_gemv
+check_error "run --raw --no-think" "--raw cannot be combined with --chat, --system, --think, --no-think" \
+  "$plumb" run -q -p hi --raw --no-think
+check_error "run --reasoning-effort without --think" "--reasoning-effort requires --think" \
+  "$plumb" run -q -p hi --reasoning-effort max
+check_error "bisect --threshold-kld beside another criterion" "--threshold-kld is the kld criterion's: it cannot be combined with --criterion local" \
+  "$plumb" bisect --fixture tests/data/golden/tiny --patches fault.rsf_twice --criterion local --threshold-kld 1
 check_error "bench --skeleton without --layers" "--skeleton applies to the layer bench: it needs --layers N" \
   "$plumb" bench --skeleton
 check_error "bench --batches without --layers" "--batches applies to the layer bench: it needs --layers N" \
