@@ -95,13 +95,14 @@ std::shared_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   PLUMB_CHECK(opt.prefill_chunk >= 0, "the prefill chunk (--prefill-chunk) must be >= 0 tokens (0: one pass), got {}",
               opt.prefill_chunk);
   const PatchSet ps = parse_patches(opt.patches);
-  std::function<void(int64_t, int64_t)> on_layer, on_upload;
-  if (opt.on_progress) {
-    on_layer = [&opt](int64_t done, int64_t total) { opt.on_progress(LoadProgress{"layers", done, total}); };
-    on_upload = [&opt](int64_t done, int64_t total) { opt.on_progress(LoadProgress{"upload", done, total}); };
-  }
+  // One stage's (done, total) reports as LoadProgress (none without a callback).
+  auto report = [&opt](const char* stage) -> std::function<void(int64_t, int64_t)> {
+    if (!opt.on_progress) return {};
+    return [&opt, stage](int64_t done, int64_t total) { opt.on_progress(LoadProgress{stage, done, total}); };
+  };
   return std::make_shared<ModelEngine>(
-      std::shared_ptr<const Model>(Model::load(dir, ps.options, on_layer, opt.backend, on_upload)), opt.prefill_chunk);
+      std::shared_ptr<const Model>(Model::load(dir, ps.options, report("layers"), opt.backend, report("upload"))),
+      opt.prefill_chunk);
 }
 
 }  // namespace plumb

@@ -224,10 +224,10 @@ LoadedModel load_model(const ModelArgs& a) {
   StatusLine line(a.quiet);
   const auto t0 = Clock::now();
   // Mapping runs on a worker so the line can show that something is happening on a slow (network) disk.
-  std::atomic<int64_t> layers_done{0}, layers_total{0}, uploaded{0}, upload_total{0};
+  std::atomic<int64_t> layers_done{0}, layers_total{0}, uploaded{0};  // (the upload counts the same layers)
   EngineOptions eo{a.patches, a.backend,
                    [&](const LoadProgress& p) {
-                     if (std::string_view(p.stage) == "upload") uploaded = p.done, upload_total = p.total;
+                     if (std::string_view(p.stage) == "upload") uploaded = p.done;
                      else layers_done = p.done, layers_total = p.total;
                    },
                    a.prefill_chunk};
@@ -235,10 +235,10 @@ LoadedModel load_model(const ModelArgs& a) {
   // Binding reaches n/n before the GPU backend uploads the layers (`--backend cuda`), counting them again (the
   // embedding and head go up first, while the line says layer 0).
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    const int64_t done = layers_done, n = layers_total, up_n = upload_total;
+    const int64_t done = layers_done, n = layers_total;
     if (a.backend == "cuda" && n && done == n)
-      line.update(fmt::format("{}: {}, uploading to the GPU: layer {}/{}, {:.1f} s", what, weights, int64_t(uploaded),
-                              up_n ? up_n : n, since(t0)));
+      line.update(fmt::format("{}: {}, uploading to the GPU: layer {}/{}, {:.1f} s", what, weights, int64_t(uploaded), n,
+                              since(t0)));
     else
       line.update(n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
                     : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));

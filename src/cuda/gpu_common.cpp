@@ -26,6 +26,16 @@ std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t
                      double(total_bytes) / 1e9, gpu);
 }
 
+void rethrow_for(const std::string& what) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    throw Error(what + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(what + ": " + e.what());
+  }
+}
+
 bool fp8_fast_fits(const Matrix& m) {
   return m.layout() == Matrix::Layout::FP8Block && m.rows() % 16 == 0 && m.cols() % 128 == 0;
 }
@@ -296,8 +306,8 @@ void* Scratch::get(const std::string& name, size_t bytes) {
     b = DeviceBuffer();  // (the old buffer goes first: the new one may need its memory)
     try {
       b = DeviceBuffer(std::max<size_t>(bytes, 4));
-    } catch (const std::exception& e) {  // name what was being allocated (dmalloc's message has the sizes)
-      throw std::runtime_error(fmt::format("the forward's scratch buffer '{}' ({} bytes): {}", name, bytes, e.what()));
+    } catch (...) {
+      rethrow_for(fmt::format("the forward's scratch buffer '{}' ({} bytes)", name, bytes));
     }
   }
   return b.get();

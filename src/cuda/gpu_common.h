@@ -19,6 +19,12 @@ namespace plumb::cuda {
 // backend uploads) cannot go onto a GPU with `free_bytes` free of `total_bytes`; empty when they fit.
 std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu);
 
+// Inside a catch block: rethrows the exception being handled with `what` (what the failed work was for: "the
+// forward's scratch buffer 'x' (N bytes)") in front of its message, a plumb::Error still an Error (callers that go on
+// after a bad input catch that type), any other std::exception as std::runtime_error. dmalloc's out-of-memory message
+// names the sizes; this names their purpose.
+[[noreturn]] void rethrow_for(const std::string& what);
+
 // A weight matrix on the device exactly as the checkpoint stores it (FP8 / packed FP4 codes, scales, or plain).
 // With `fp8_fast` (patch cuda.fp8_gemv) an FP8 matrix whose shape the W8A16 kernels take is held as an Fp8Matrix
 // (the same bytes) and `d` points into it, so both paths read one copy.

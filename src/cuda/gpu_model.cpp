@@ -396,8 +396,8 @@ class GpuForward : public DeviceForward {
     positions = std::min(positions, kReserveMax);
     try {
       for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, positions, ds.layers[i], ds.scratch);
-    } catch (const std::exception& e) {  // (an out-of-memory message names the sizes; say what they were for)
-      throw std::runtime_error(fmt::format("reserving the GPU's caches for {} positions: {}", positions, e.what()));
+    } catch (...) {
+      rethrow_for(fmt::format("reserving the GPU's caches for {} positions", positions));
     }
   }
 

@@ -318,17 +318,16 @@ void print_kld(const KldReport& r) {
     return m.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", m.mean * scale, prec, m.unc * scale, prec)
                      : fmt::format("{:.{}f} ± n/a (N <= 10)", m.mean * scale, prec);
   };
-  const auto& kl = format_kl;
   fmt::print("====== KL divergence statistics (KL(P_A || P_B), nats per token) ======\n");
   const MeanUnc mk = mean_unc(r.kld);
-  fmt::print("Mean    KLD: {} ± {}\n", kl(mk.mean), mk.has_unc ? kl(mk.unc) : std::string("n/a (N <= 10)"));
+  fmt::print("Mean    KLD: {} ± {}\n", format_kl(mk.mean), mk.has_unc ? format_kl(mk.unc) : std::string("n/a (N <= 10)"));
   const std::pair<const char*, double> ps[] = {{"Maximum", 1.0}, {"99.9%  ", 0.999}, {"99.0%  ", 0.99}, {"95.0%  ", 0.95},
                                                {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
   for (const auto& [name, p] : ps) {
     // The maximum says where it is (the row of every step's tokens in order: the position from the session's start),
     // the place to point `plumb trace --positions` or a teacher-forced `plumb diff --local` at.
     const int64_t at = p == 1.0 ? max_position(r) : -1;
-    fmt::print("{} KLD: {}{}\n", name, kl(percentile(r.kld, p)), at >= 0 ? fmt::format(" (position {})", at) : "");
+    fmt::print("{} KLD: {}{}\n", name, format_kl(percentile(r.kld, p)), at >= 0 ? fmt::format(" (position {})", at) : "");
   }
   fmt::print("====== Token probability statistics ======\n");
   std::vector<double> same(r.same_top.begin(), r.same_top.end());

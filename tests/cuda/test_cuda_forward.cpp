@@ -88,6 +88,30 @@ TEST(GpuWeightsFit, RefusesWeightsOverTheFreeMemoryNamingBoth) {
     EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
 }
 
+// What a failure was for goes in front of its message (rethrow_for: the scratch buffers, the cache reserve), and a
+// plumb::Error stays one, so that callers that go on after a bad input still catch it. No GPU needed.
+TEST(GpuRethrowFor, NamesThePurposeAndKeepsTheType) {
+  auto rethrown = [](auto thrown) -> std::pair<std::string, bool> {
+    try {
+      try {
+        throw thrown;
+      } catch (...) {
+        plumb::cuda::rethrow_for("the forward's scratch buffer 'x' (8 bytes)");
+      }
+    } catch (const plumb::Error& e) {
+      return {e.what(), true};
+    } catch (const std::exception& e) {
+      return {e.what(), false};
+    }
+  };
+  const auto [oom, oom_is_error] = rethrown(std::runtime_error("the GPU is out of memory: 1.000 GB more asked for"));
+  EXPECT_EQ(oom, "the forward's scratch buffer 'x' (8 bytes): the GPU is out of memory: 1.000 GB more asked for");
+  EXPECT_FALSE(oom_is_error);
+  const auto [bad, bad_is_error] = rethrown(plumb::Error("a bad input"));
+  EXPECT_EQ(bad, "the forward's scratch buffer 'x' (8 bytes): a bad input");
+  EXPECT_TRUE(bad_is_error);
+}
+
 // An allocation the GPU cannot hold after that check (a session's scratch or caches) names what it was for beside
 // dmalloc's sizes, instead of a bare out-of-memory error. (A terabyte: more than any GPU has.)
 TEST_F(GpuTest, OutOfMemoryNamesTheScratchBuffer) {
