@@ -50,6 +50,7 @@ struct DiffOptions {
   bool local = false;   // teacher-forced columns (each op fed A's values)
   double tol = -1;      // > 0 overrides the registry tolerance
   std::string taps, layers;  // show only these rows
+  std::string positions;     // compare only these token positions' rows ("0-3,7"; every position still runs)
   std::string json, html;    // also write the report here
 };
 int diff(const DiffOptions& o);

@@ -28,6 +28,9 @@ void register_diff(CLI::App& app) {
       ->check(finite_number(true));
   cmd->add_option("--taps", o->taps, "show only taps matching these comma-separated globs (e.g. 'L0.*,*.ffn.out')");
   cmd->add_option("--layers", o->layers, "show only these layers (e.g. 0-3)");
+  cmd->add_option("--positions", o->positions,
+                  "compare only these token positions' rows, e.g. 33 or 0-5 (the first divergence and the diagnosis too; "
+                  "every position still runs), such as the position `plumb kld` names for its maximum");
   cmd->add_option("--json", o->json, "write the report as JSON to this file")->check(output_file());
   cmd->add_option("--html", o->html, "write a self-contained HTML report (error-growth chart + tap table) to this file")->check(output_file());
   cmd->callback([o, traces] {

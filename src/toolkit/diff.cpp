@@ -54,6 +54,9 @@ bool compare_step(const StepTaps& A, const StepTaps& B, const std::string& name,
   }
   FloatStats s = compare_f32(*x, *y);
   s.at_step = step;
+  // Every tap's rows are the step's kept positions (a trace filtered by --positions keeps some of them).
+  if (s.at >= 0 && x->dim(0) > 0 && x->dim(0) == int64_t(A.positions.size()))
+    s.at_pos = A.positions[size_t(s.at / (x->numel() / x->dim(0)))];
   fs.merge(s);
   return s.nonfinite_mismatch > 0 || s.err_scaled() > tol;
 }
@@ -69,6 +72,20 @@ Divergence first_of(const DiffReport& r, bool local) {
 }
 
 bool is_reference_label(const std::string& p) { return p.empty() || p.front() == '('; }
+
+// A recorded trace may have been recorded with --positions itself: every range asked for must meet a row it kept.
+void check_traces_hold(const Trace& t, const std::string& path, const IntRanges& positions) {
+  std::vector<int64_t> held;
+  for (const auto& d : t.data) held.insert(held.end(), d.positions.begin(), d.positions.end());
+  for (const auto& [lo, hi] : positions.ranges) {
+    bool any = false;
+    for (int64_t p : held) any |= p >= lo && p <= hi;
+    PLUMB_CHECK(any, "--positions: trace {} holds no row of position{} {}{} (it holds {} rows{})", path,
+                lo == hi ? "" : "s", lo, lo == hi ? "" : fmt::format("-{}", hi), held.size(),
+                held.empty() ? "" : fmt::format(", positions {} to {}", *std::min_element(held.begin(), held.end()),
+                                                *std::max_element(held.begin(), held.end())));
+  }
+}
 
 }  // namespace
 
@@ -173,13 +190,20 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
   return in;
 }
 
-DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol_override) {
+DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol_override,
+                     const IntRanges& positions) {
   const auto t0 = std::chrono::steady_clock::now();
   const PatchSet pa = parse_config(a).patches;
   parse_config(b);  // validate both configurations before running anything
+  check_positions_reach(positions, in);
   const auto ma = load_model(in.model_dir, a);
   const auto mb = load_model(in.model_dir, b);
-  const Trace ta = run_trace(*ma, in, a), tb = run_trace(*mb, in, b);
+  // A runs whole: teacher forcing feeds B A's values at every row. What is compared (ta) is A's kept rows.
+  const Trace ta_all = run_trace(*ma, in, a);
+  Trace tb = run_trace(*mb, in, b), ta_kept;
+  keep_positions(tb, positions);
+  if (!positions.empty()) ta_kept = ta_all, keep_positions(ta_kept, positions);
+  const Trace& ta = positions.empty() ? ta_all : ta_kept;
   PairTolerance tol = pair_tolerance(a, b);
   if (tol_override > 0) tol = {tol_override, tol_override, "--tol"};
   const ModelConfig& cfg = ma->config();
@@ -189,7 +213,8 @@ DiffReport diff_live(const RunInput& in, const std::string& a, const std::string
   Trace tl;
   const bool have_local = local || !r.first_free.none();
   if (have_local) {
-    tl = run_trace(*mb, in, b, nullptr, &ta);
+    tl = run_trace(*mb, in, b, nullptr, &ta_all);
+    keep_positions(tl, positions);
     r = compare_traces(ta, tb, &tl, tol, &cfg);
   }
   r.show_local = local;
@@ -224,7 +249,10 @@ DiffReport run_diff(const DiffOptions& opt) {
     PLUMB_CHECK(opt.fixture.empty() && opt.tokens.empty() && opt.text.empty() && !opt.local,
                 "--trace-a/--trace-b compare recorded traces: --fixture, --tokens, --text and --local need a live run");
     const auto t0 = std::chrono::steady_clock::now();
-    const Trace ta = read_trace(opt.trace_a), tb = read_trace(opt.trace_b);
+    Trace ta = read_trace(opt.trace_a), tb = read_trace(opt.trace_b);
+    check_traces_hold(ta, opt.trace_a, opt.positions);
+    keep_positions(ta, opt.positions);
+    keep_positions(tb, opt.positions);
     std::string why;
     PairTolerance tol = pair_tolerance(ta.patches, tb.patches);
     if (opt.tol > 0) tol = {opt.tol, opt.tol, "--tol"};
@@ -242,8 +270,12 @@ DiffReport run_diff(const DiffOptions& opt) {
                 "give two traces to compare (plumb diff A B) or one input to run --a and --b on: --fixture DIR, or -m "
                 "MODEL_DIR with --tokens FILE or --text FILE");
     const RunInput in = resolve_input(opt.fixture, opt.model, opt.tokens, opt.text, opt.tokenizer, opt.chunk);
-    r = diff_live(in, opt.a, opt.b, opt.local, opt.tol);
+    r = diff_live(in, opt.a, opt.b, opt.local, opt.tol, opt.positions);
   }
+  if (!opt.positions.empty())
+    r.notes.push_back(fmt::format("positions {} only: the table, the first divergence and the diagnosis cover these rows{}; "
+                                  "a coordinate's first index counts the step's kept rows",
+                                  opt.positions.describe(), traces ? "" : " (every position ran: the earlier ones feed them)"));
   if (opt.has_filter) {
     std::vector<std::string> names;
     for (const auto& row : r.rows) names.push_back(row.name);

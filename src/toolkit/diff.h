@@ -73,6 +73,9 @@ struct DiffOptions {
   double tol = -1;      // > 0 overrides the registry tolerance
   TapFilter filter;     // rows shown (the diagnosis always sees every tap)
   bool has_filter = false;
+  // Token positions compared (empty: all). Every position still runs (the earlier ones feed the later); the table,
+  // the first divergence and the diagnosis see only these rows. A recorded trace must hold them.
+  IntRanges positions;
 };
 
 // Resolves the input of a live run from fixture / model + tokens / text options (shared by diff, kld, bisect).
@@ -80,8 +83,10 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
                        const std::string& text, const std::string& tokenizer, int64_t chunk);
 
 DiffReport run_diff(const DiffOptions& opt);
-// Live diff of two patch lists on a prepared input (selftest, bisect and tests use this).
-DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol = -1);
+// Live diff of two patch lists on a prepared input (selftest, bisect and tests use this); `positions` as in
+// DiffOptions.
+DiffReport diff_live(const RunInput& in, const std::string& a, const std::string& b, bool local, double tol = -1,
+                     const IntRanges& positions = {});
 
 // Renderers. print_report ends with exactly one "first divergence: <tap>" line and one "diagnosis: <text>" line.
 void print_report(const DiffReport& r);

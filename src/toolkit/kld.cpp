@@ -102,7 +102,7 @@ KldReport kld_live(const RunInput& in, const std::string& a, const std::string& 
 
 KldReport kld_of_traces(const Trace& ta, const Trace& tb) {
   KldReport r;
-  r.a = ta.patches, r.b = tb.patches, r.source = ta.source, r.model_dir = ta.model_dir;
+  r.a = r.a_config = ta.patches, r.b = tb.patches, r.source = ta.source, r.model_dir = ta.model_dir;
   const Rows ra = rows_of(ta), rb = rows_of(tb);
   PLUMB_CHECK(ra.row.size() == rb.row.size() && ra.vocab == rb.vocab, "kld: the runs have {} and {} logits rows",
               ra.row.size(), rb.row.size());
@@ -251,6 +251,7 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
   const Tensor &lps = ref.logprobs, &next_lp = ref.next_logprob;
   KldReport r;
   r.a = (ref.patches.empty() ? std::string("reference") : ref.patches) + ", saved", r.b = b, r.source = ri.source;
+  r.a_config = ref.patches;
   r.model_dir = ri.model_dir, r.ref_file = path;
   r.vocab = ref.vocab;
   const int64_t k = ref.topk;
@@ -325,7 +326,7 @@ void print_kld(const KldReport& r) {
                                                {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
   for (const auto& [name, p] : ps) {
     // The maximum says where it is (the row of every step's tokens in order: the position from the session's start),
-    // the place to point `plumb trace --positions` or a teacher-forced `plumb diff --local` at.
+    // the place to point `plumb diff --positions` at (the command is printed at the end).
     const int64_t at = p == 1.0 ? max_position(r) : -1;
     fmt::print("{} KLD: {}{}\n", name, format_kl(percentile(r.kld, p)), at >= 0 ? fmt::format(" (position {})", at) : "");
   }
@@ -352,6 +353,10 @@ void print_kld(const KldReport& r) {
     fmt::print("Mean ln(PPL(B)/PPL(A)): {}\n", unc(mean_unc(d), 1, 6));
     fmt::print("Mean Δp of the next token: {} %\n", unc(mean_unc(r.dp_next), 100, 3));
   }
+  // What comes next when the two disagree: the first op that diverges at the worst token, teacher forced.
+  if (const int64_t at = max_position(r); at >= 0 && percentile(r.kld, 1) > 0)
+    fmt::print("examine   the maximum's first diverging op: plumb diff with this input and --a '{}' --b '{}' --positions {} "
+               "--local\n", r.a_config, r.b, at);
   fmt::print("computed in {:.3f} s\n", r.seconds);
   std::fflush(stdout);
 }

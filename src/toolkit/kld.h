@@ -12,6 +12,7 @@ namespace plumb::toolkit {
 
 struct KldReport {
   std::string a, b, source, model_dir, ref_file;
+  std::string a_config;  // A's configuration as --a takes it (a is its label: "..., saved" against a --ref file)
   int64_t vocab = 0;
   int64_t topk = 0;  // 0: full vocabulary; k: against a saved top-k file (the rest of A's mass as one bin)
   // Per scored token (every position of every step, in order).

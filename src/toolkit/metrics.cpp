@@ -37,7 +37,8 @@ std::string FloatStats::coord() const {
 
 void FloatStats::merge(const FloatStats& o) {
   if (o.at >= 0 && (at < 0 || o.max_abs > max_abs)) {
-    max_abs = o.max_abs, at = o.at, at_shape = o.at_shape, at_step = o.at_step, a_at = o.a_at, b_at = o.b_at;
+    max_abs = o.max_abs, at = o.at, at_shape = o.at_shape, at_step = o.at_step, at_pos = o.at_pos, a_at = o.a_at;
+    b_at = o.b_at;
   }
   numel += o.numel;
   ref_max = std::max(ref_max, o.ref_max);

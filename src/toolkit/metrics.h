@@ -14,6 +14,7 @@ struct FloatStats {
   int64_t at = -1;                // flat index of max_abs inside the tensor it came from
   Shape at_shape;                 // that tensor's shape (for the coordinate)
   int at_step = -1;               // set by the caller when merging steps
+  int64_t at_pos = -1;            // the token position of that row, where the caller knows it (diff: A's positions)
   double a_at = 0, b_at = 0;      // both values there
   double ref_max = 0;             // max |a| over finite a
   double saa = 0, sbb = 0, sab = 0, sdd = 0;

@@ -21,7 +21,8 @@ json float_stats(const FloatStats& f, const std::vector<std::string>& steps) {
   j["max_abs"] = number(f.max_abs);
   j["err_scaled"] = number(f.err_scaled());
   if (f.at >= 0)
-    j["at"] = {{"step", steps[size_t(f.at_step)]}, {"coord", f.coord()}, {"a", number(f.a_at)}, {"b", number(f.b_at)}};
+    j["at"] = {{"step", steps[size_t(f.at_step)]}, {"coord", f.coord()}, {"position", f.at_pos >= 0 ? json(f.at_pos) : json(nullptr)},
+               {"a", number(f.a_at)}, {"b", number(f.b_at)}};
   j["rel_l2"] = number(f.rel_l2());
   j["cosine"] = number(f.cosine());
   j["max_ulp_bf16"] = f.max_ulp;

@@ -81,10 +81,11 @@ void print_report(const DiffReport& r) {
     const TapRow* row = r.row(r.first.tap);
     if (row && !row->is_index) {
       const FloatStats& f = L ? row->lf : row->f;
-      fmt::print("where: {} first exceeds tolerance {:g} at step {}; its largest error is at step {} {}: A {} vs B {} "
+      fmt::print("where: {} first exceeds tolerance {:g} at step {}; its largest error is at step {} {}{}: A {} vs B {} "
                  "(err/scale {}){}\n",
                  r.first.tap, L ? r.tol_local : r.tol, r.first.step_name,
-                 f.at >= 0 ? r.step_names[size_t(f.at_step)] : "-", f.coord(), val(f.a_at), val(f.b_at),
+                 f.at >= 0 ? r.step_names[size_t(f.at_step)] : "-", f.coord(),
+                 f.at_pos >= 0 ? fmt::format(" (position {})", f.at_pos) : "", val(f.a_at), val(f.b_at),
                  err_text(f.err_scaled()),
                  f.nonfinite_mismatch ? fmt::format(", {} NaN/Inf mismatches", f.nonfinite_mismatch) : "");
     } else if (row) {

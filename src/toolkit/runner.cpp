@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <set>
 
 #include "patches/registry.h"
@@ -56,6 +57,22 @@ BasicTensor<T> keep_rows(const BasicTensor<T>& t, const std::vector<int64_t>& ro
   for (size_t r = 0; r < rows.size(); ++r)
     std::copy(t.data.begin() + rows[r] * w, t.data.begin() + (rows[r] + 1) * w, out.data.begin() + int64_t(r) * w);
   return out;
+}
+
+// Keeps the rows of `rec` (now rec.positions.size() of them, one per position) whose position `keep` holds. Every
+// tap's dim 0 is the step's token rows (the model's taps are all per token; the indexer's scores are [rows,
+// entries]), so a tensor with that many rows is sliced.
+void keep_step_rows(StepTaps& rec, const std::function<bool(int64_t)>& keep) {
+  const int64_t n = int64_t(rec.positions.size());
+  std::vector<int64_t> rows, kept;
+  for (int64_t r = 0; r < n; ++r)
+    if (keep(rec.positions[size_t(r)])) rows.push_back(r), kept.push_back(rec.positions[size_t(r)]);
+  if (int64_t(rows.size()) == n) return;
+  for (auto& [name, t] : rec.f32)
+    if (t.dim(0) == n) t = keep_rows(t, rows);
+  for (auto& [name, t] : rec.idx)
+    if (t.dim(0) == n) t = keep_rows(t, rows);
+  rec.positions = std::move(kept);
 }
 
 }  // namespace
@@ -130,21 +147,25 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
         else rec.f32.erase(name), rec.idx.erase(name);
       rec.order = std::move(kept);
     }
-    std::vector<int64_t> rows;
-    for (int64_t r = 0; r < n; ++r)
-      if (!filter || filter->keeps_position(step.start_pos + r)) rows.push_back(r);
-    for (int64_t r : rows) rec.positions.push_back(step.start_pos + r);
-    if (int64_t(rows.size()) != n) {
-      for (auto& [name, t] : rec.f32)
-        if (t.dim(0) == n) t = keep_rows(t, rows);
-      for (auto& [name, t] : rec.idx)
-        if (t.dim(0) == n) t = keep_rows(t, rows);
-    }
+    for (int64_t r = 0; r < n; ++r) rec.positions.push_back(step.start_pos + r);
+    if (filter) keep_step_rows(rec, [&](int64_t pos) { return filter->keeps_position(pos); });
     tr.steps.push_back(step);
     tr.data.push_back(std::move(rec));
   }
   tr.offered.assign(offered.begin(), offered.end());
   return tr;
+}
+
+void keep_positions(Trace& t, const IntRanges& positions) {
+  if (positions.empty()) return;
+  for (auto& d : t.data) keep_step_rows(d, [&](int64_t pos) { return positions.contains(pos); });
+}
+
+void check_positions_reach(const IntRanges& positions, const RunInput& in) {
+  if (in.steps.empty()) return;
+  const int64_t end = in.steps.back().start_pos + int64_t(in.steps.back().tokens.size());
+  for (const auto& [a, b] : positions.ranges)
+    PLUMB_CHECK(a < end, "--positions: position {} is beyond the {} positions of {} (0-{})", a, end, in.source, end - 1);
 }
 
 }  // namespace plumb::toolkit

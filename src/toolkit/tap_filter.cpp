@@ -117,17 +117,18 @@ void TapFilter::check_matches(const std::vector<std::string>& names) const {
   }
 }
 
+std::string IntRanges::describe() const {
+  std::string s;
+  for (const auto& [a, b] : ranges) append_item(s, a == b ? fmt::format("{}", a) : fmt::format("{}-{}", a, b));
+  return s.empty() ? std::string("all") : s;
+}
+
 std::string TapFilter::describe() const {
-  auto ranges = [](const IntRanges& r) {
-    std::string s;
-    for (const auto& [a, b] : r.ranges) append_item(s, a == b ? fmt::format("{}", a) : fmt::format("{}-{}", a, b));
-    return s.empty() ? std::string("all") : s;
-  };
   std::string g, st;
   for (const auto& x : globs) g += (g.empty() ? "" : ",") + x;
   for (const auto& x : steps) st += (st.empty() ? "" : ",") + x;
-  return fmt::format("taps {}, layers {}, steps {}, positions {}", g.empty() ? "all" : g, ranges(layers),
-                     st.empty() ? "all" : st, ranges(positions));
+  return fmt::format("taps {}, layers {}, steps {}, positions {}", g.empty() ? "all" : g, layers.describe(),
+                     st.empty() ? "all" : st, positions.describe());
 }
 
 }  // namespace plumb::toolkit

@@ -12,6 +12,7 @@ struct IntRanges {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   bool empty() const { return ranges.empty(); }
   bool contains(int64_t v) const;
+  std::string describe() const;  // "0-3,7" as parsed; "all" when empty
   // Throws Error naming `option` for anything but non-negative integers and ranges a-b with a <= b.
   static IntRanges parse(const std::string& text, const std::string& option);
 };

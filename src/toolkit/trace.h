@@ -64,6 +64,13 @@ std::unique_ptr<Model> load_model(const std::string& dir, const std::string& pat
 Trace run_trace(const Model& model, const RunInput& in, const std::string& patches, const TapFilter* filter = nullptr,
                 const Trace* force = nullptr);
 
+// Keeps only the rows of `positions` (absolute token positions; empty: every row) in every step of `t`, as a
+// `--positions` filter would have kept them in the run: what `plumb diff --positions` compares. Steps stay, with no
+// rows where none of theirs is kept.
+void keep_positions(Trace& t, const IntRanges& positions);
+// Throws Error naming `in` when a --positions range starts past the input's last position.
+void check_positions_reach(const IntRanges& positions, const RunInput& in);
+
 // Trace files: OUT.safetensors holds "<step>.<tap>" (F32 / I64) and "<step>.logits"; OUT.json is the index
 // (format plumb-trace/1: model, patches, source, filter, steps with tokens and kept positions, taps in
 // execution order). index_path_for("x.safetensors") == "x.json".

@@ -47,9 +47,7 @@ void check_filter_reaches(const toolkit::TapFilter& f, const toolkit::RunInput& 
     PLUMB_CHECK(found, "--steps: {} names no step of {} (its {} steps: {} to {}, or indices 0 to {})", want, in.source,
                 in.steps.size(), in.steps.front().name, in.steps.back().name, in.steps.size() - 1);
   }
-  const int64_t end = in.steps.back().start_pos + int64_t(in.steps.back().tokens.size());
-  for (const auto& [a, b] : f.positions.ranges)
-    PLUMB_CHECK(a < end, "--positions: position {} is beyond the {} positions of {} (0-{})", a, end, in.source, end - 1);
+  toolkit::check_positions_reach(f.positions, in);
 }
 
 }  // namespace
@@ -76,6 +74,7 @@ int diff(const DiffOptions& o) {
   d.fixture = o.in.fixture, d.model = o.in.model, d.tokens = o.in.tokens, d.text = o.in.text;
   d.tokenizer = o.in.tokenizer, d.chunk = o.in.chunk;
   d.a = o.a, d.b = o.b, d.local = o.local, d.tol = o.tol;
+  d.positions = toolkit::IntRanges::parse(o.positions, "--positions");
   if (!o.taps.empty() || !o.layers.empty()) {
     d.filter = toolkit::TapFilter::parse(o.taps, o.layers, "", "");
     d.has_filter = true;

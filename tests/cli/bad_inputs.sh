@@ -109,6 +109,14 @@ expect "trace: a --taps typo" "--taps: 'L0.atn.\*' matches no tap of this run" \
   "$plumb" trace --fixture "$work/fx" --taps 'L0.atn.*' -o "$work/t.safetensors"
 expect "diff: --taps outside --layers" "--taps: 'L0.\*' matches no tap of this run in the layers --layers keeps" \
   "$plumb" diff --fixture "$work/fx" --a '' --b '' --taps 'L0.*' --layers 1
+expect "diff: --positions past the input" "--positions: position 500 is beyond the" \
+  "$plumb" diff --fixture "$work/fx" --a '' --b '' --positions 500
+expect "diff: --positions not a number" "--positions 'x': 'x' is not" \
+  "$plumb" diff --fixture "$work/fx" --a '' --b '' --positions x
+"$plumb" trace --fixture "$work/fx" --positions 0-1 -o "$work/p.safetensors" >/dev/null 2>&1
+expect "diff: --positions a recorded trace did not keep" "--positions: trace $work/p.safetensors holds no row of position 5" \
+  "$plumb" diff "$work/p.safetensors" "$work/p.safetensors" --positions 5
+rm -f "$work/p.safetensors" "$work/p.json"
 [ ! -e "$work/t.safetensors" ] && ok "no trace file written by a refused filter" || bad "a refused filter wrote $work/t.safetensors"
 
 finish bad_inputs

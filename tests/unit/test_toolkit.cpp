@@ -31,6 +31,17 @@ Tensor vec(std::vector<float> v) {
   return Tensor({n}, std::move(v));
 }
 
+// Runs f, which must throw plumb::Error with `want` in its message.
+template <typename F>
+void expect_error(F f, const std::string& want) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one saying: " << want;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
 // --- metrics ---------------------------------------------------------------------------------------------------
 
 TEST(ToolkitMetrics, HandComputedValues) {
@@ -399,6 +410,56 @@ TEST(ToolkitDiff, TraceFilesRoundTripAndCompare) {
   EXPECT_EQ(ra.data[0].i("L0.ffn.gate.indices")->data, ta.data[0].i("L0.ffn.gate.indices")->data);
   const DiffReport r = compare_traces(ra, rb, nullptr, pair_tolerance(ra.patches, rb.patches), nullptr);
   EXPECT_EQ(r.first.tap, "L0.ffn.routed");
+  fs::remove_all(dir);
+}
+
+// --positions: every position runs, only the named rows are compared, so the first divergence moves to the step
+// that holds them and names its position; a range past the input, or outside what a recorded trace kept, is refused.
+TEST(ToolkitDiff, PositionsNarrowTheComparison) {
+  const RunInput in = input_from_fixture(kTiny);  // steps s0 (positions 0-18), s1 (19-31), s2..s7 (32..37)
+  const DiffReport all = diff_live(in, "", "fault.rsf_twice", false);
+  ASSERT_EQ(all.first.tap, "L0.ffn.routed");
+  EXPECT_EQ(all.first.step_name, "s0");
+  const TapRow* routed_all = all.row("L0.ffn.routed");
+  ASSERT_NE(routed_all, nullptr);
+  const DiffReport one = diff_live(in, "", "fault.rsf_twice", false, -1, IntRanges::parse("33", "--positions"));
+  EXPECT_EQ(one.first.tap, "L0.ffn.routed");
+  EXPECT_EQ(one.first.step_name, "s3");
+  EXPECT_EQ(one.first_local.step_name, "s3");  // teacher forcing ran on A's whole trace, compared at s3 only
+  EXPECT_NE(one.diagnosis.text.find("applied twice"), std::string::npos) << one.diagnosis.text;
+  for (const auto& row : one.rows) {
+    if (row.is_index || row.only_a || row.only_b || row.f.at < 0) continue;
+    EXPECT_EQ(row.f.at_pos, 33) << row.name;
+    EXPECT_EQ(row.f.at_shape[0], 1) << row.name;  // the one kept row of step s3
+  }
+  // A range across steps: s1's last rows and s2; the largest error is among them and names its position.
+  const DiffReport span = diff_live(in, "", "fault.rsf_twice", false, -1, IntRanges::parse("30-32", "--positions"));
+  EXPECT_EQ(span.first.step_name, "s1");
+  const TapRow* routed = span.row("L0.ffn.routed");
+  ASSERT_NE(routed, nullptr);
+  EXPECT_GE(routed->f.at_pos, 30);
+  EXPECT_LE(routed->f.at_pos, 32);
+  EXPECT_LT(routed->f.numel, routed_all->f.numel);
+  // Without --positions the largest error's position is its row's: start_pos + row.
+  EXPECT_GE(routed_all->f.at_pos, 0);
+  expect_error([&] { diff_live(in, "", "fault.rsf_twice", false, -1, IntRanges::parse("38", "--positions")); },
+               "--positions: position 38 is beyond the 38 positions");
+  // Recorded traces: the rows they kept are what --positions can ask for.
+  const auto ref = load_model(kTiny, ""), bad = load_model(kTiny, "fault.rsf_twice");
+  const TapFilter f = TapFilter::parse("", "", "", "0-3,33");
+  const fs::path dir = fs::temp_directory_path() / fmt::format("plumb_toolkit_pos_{}", ::getpid());
+  fs::create_directories(dir);
+  write_trace(run_trace(*ref, in, "", &f), (dir / "a.safetensors").string());
+  write_trace(run_trace(*bad, in, "fault.rsf_twice", &f), (dir / "b.safetensors").string());
+  DiffOptions o;
+  o.trace_a = (dir / "a.safetensors").string(), o.trace_b = (dir / "b.safetensors").string();
+  o.positions = IntRanges::parse("33", "--positions");
+  const DiffReport tr = run_diff(o);
+  EXPECT_EQ(tr.first.tap, "L0.ffn.routed");
+  EXPECT_EQ(tr.first.step_name, "s3");
+  EXPECT_EQ(tr.row("L0.ffn.routed")->f.at_pos, 33);
+  o.positions = IntRanges::parse("10-20", "--positions");
+  expect_error([&] { run_diff(o); }, "holds no row of positions 10-20 (it holds 5 rows, positions 0 to 33)");
   fs::remove_all(dir);
 }
 
