@@ -212,79 +212,91 @@ class GpuForward : public DeviceForward {
         fc.gemm_mat(*gm);
       }
     };
+    // An allocation that fails past the fit check (another process took the memory, or the fast paths' copies
+    // did not fit beside the weights) names the layer and what is already up, beside dmalloc's sizes.
+    auto uploading = [&](size_t layer) {
+      size_t free_now = 0, total_now = 0;
+      memory_info(free_now, total_now);
+      return fmt::format("backend cuda: uploading layer {} of {} ({:.3f} GB on the GPU so far)", layer + 1, w.layers.size(),
+                         double(free_b > free_now ? free_b - free_now : 0) / 1e9);
+    };
     for (const auto& L : w.layers) {
       GpuLayer gl;
-      gl.attn_norm = upload_tensor(L.attn_norm);
-      gl.ffn_norm = upload_tensor(L.ffn_norm);
-      gl.hc_attn = upload_hc(L.hc_attn);
-      gl.hc_ffn = upload_hc(L.hc_ffn);
-      const auto& a = L.attn;
-      gl.attn.wq_a = mat(a.wq_a);
-      gl.attn.wq_b = mat(a.wq_b);
-      gl.attn.wkv = mat(a.wkv);
-      gl.attn.wo_a = mat(a.wo_a, fp8_rest);
-      if (fp8 && opt_.official) {  // its bf16 copy (where exact), as DeepSeek's convert.py makes it
-        gl.attn.wo_a.w16 = bf16_copy_if_exact(a.wo_a);
-        if (gl.attn.wo_a.w16.get()) ++fc.fp8;
-      }
-      gl.attn.wo_b = mat(a.wo_b);
-      gl.attn.q_norm = upload_tensor(a.q_norm);
-      gl.attn.kv_norm = upload_tensor(a.kv_norm);
-      gl.attn.sink = upload_tensor(a.sink);
-      // The split-K kernel's head_dim rule holds for every layer or none (one head_dim per model).
-      gl.attn.splitk = opt_.attn_splitk_decode && fwd_attend_splitk_fits(c.head_dim);
-      gl.attn.splitk_f16 = gl.attn.splitk && opt_.attn_splitk_f16;
-      gl.attn.index_tc = opt_.indexer_tc_scores;
-      gl.attn.index_dmma = opt_.indexer_dmma_scores;
-      gl.attn.skip_short = opt_.indexer_skip_short;
-      gl.attn.comp_deferred = opt_.cuda_comp_deferred;
-      if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8_rest), set_gemm(*gl.attn.comp);
-      if (a.indexer) {
-        gl.attn.icomp = upload_comp(a.indexer->comp, fp8_rest);
-        set_gemm(*gl.attn.icomp);
-        gl.attn.iwq_b = mat(a.indexer->wq_b);
-        gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
-        // cuda.bf16_gemv under the official numerics: weights_proj (a bf16 Linear there, x stored as bf16) on the
-        // bf16 GEMV at every token count (its twin: a warp per output row, 64 rows at V4-Flash's size).
-        const GMat& iw = gl.attn.iweights;
-        gl.attn.iweights_gemv = opt_.official && opt_.cuda_bf16_gemv && plain_bf16(iw) && iw.d.rows % 16 == 0 && iw.d.cols % 128 == 0;
-      }
-      const auto& M = L.moe;
-      gl.moe.gate = upload_matrix(M.gate);
-      if (M.bias.numel()) gl.moe.bias = upload_tensor(M.bias);
-      if (M.tid2eid.numel()) {
-        std::vector<int32_t> t(M.tid2eid.data.begin(), M.tid2eid.data.end());  // validated against E at load
-        gl.moe.tid2eid = to_device(t);
-      }
-      ++fc.fp4_of;
-      if (fp4 && !other_act && fp4_fits(M)) {
-        // The official numerics quantize the experts' activations to E4M3 (DeepSeek's fp4_gemm): the W4A8 kernels'
-        // layout; else the W4A16 kernels'.
-        gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M, opt_.official ? Fp4Layout::A8 : Fp4Layout::F16));
-        ++fc.fp4;
-      } else {
-        gl.moe.routed = upload_routed(M.experts);
-      }
-      const auto& S = M.shared;
-      if (S && fp8 && !other_act && !shared_bias && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
-        gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
-        fc.fp8 += 3, fc.fp8_of += 3;
-        const Fp8Expert& e = *gl.moe.sfp8;
-        const int g1 = gemm_min(e.w1, false), g3 = gemm_min(e.w3, false), g2 = gemm_min(e.w2, false);  // each downloads its scales
-        if (g1 && g3 && g2) {
-          gl.moe.shared_gemm_min = std::max({g1, g3, g2});
-          fc.gemm += 3, fc.gemm_w = std::max(fc.gemm_w, size_t(2 * e.w1.rows * e.w1.cols));
+      try {
+        gl.attn_norm = upload_tensor(L.attn_norm);
+        gl.ffn_norm = upload_tensor(L.ffn_norm);
+        gl.hc_attn = upload_hc(L.hc_attn);
+        gl.hc_ffn = upload_hc(L.hc_ffn);
+        const auto& a = L.attn;
+        gl.attn.wq_a = mat(a.wq_a);
+        gl.attn.wq_b = mat(a.wq_b);
+        gl.attn.wkv = mat(a.wkv);
+        gl.attn.wo_a = mat(a.wo_a, fp8_rest);
+        if (fp8 && opt_.official) {  // its bf16 copy (where exact), as DeepSeek's convert.py makes it
+          gl.attn.wo_a.w16 = bf16_copy_if_exact(a.wo_a);
+          if (gl.attn.wo_a.w16.get()) ++fc.fp8;
         }
-      } else if (M.shared) {
-        gl.moe.s1 = std::make_unique<GMat>(upload_matrix(M.shared->w1));
-        gl.moe.s2 = std::make_unique<GMat>(upload_matrix(M.shared->w2));
-        gl.moe.s3 = std::make_unique<GMat>(upload_matrix(M.shared->w3));
-        gl.moe.shared_desc = to_device(std::vector<DMat>{gl.moe.s1->d, gl.moe.s2->d, gl.moe.s3->d});
-        if (shared_bias) {  // bound at load with the config (ModelWeights: a missing one is named there)
-          gl.moe.sb1 = upload_tensor(M.shared->b1);
-          gl.moe.sb2 = upload_tensor(M.shared->b2);
-          gl.moe.sb3 = upload_tensor(M.shared->b3);
+        gl.attn.wo_b = mat(a.wo_b);
+        gl.attn.q_norm = upload_tensor(a.q_norm);
+        gl.attn.kv_norm = upload_tensor(a.kv_norm);
+        gl.attn.sink = upload_tensor(a.sink);
+        // The split-K kernel's head_dim rule holds for every layer or none (one head_dim per model).
+        gl.attn.splitk = opt_.attn_splitk_decode && fwd_attend_splitk_fits(c.head_dim);
+        gl.attn.splitk_f16 = gl.attn.splitk && opt_.attn_splitk_f16;
+        gl.attn.index_tc = opt_.indexer_tc_scores;
+        gl.attn.index_dmma = opt_.indexer_dmma_scores;
+        gl.attn.skip_short = opt_.indexer_skip_short;
+        gl.attn.comp_deferred = opt_.cuda_comp_deferred;
+        if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8_rest), set_gemm(*gl.attn.comp);
+        if (a.indexer) {
+          gl.attn.icomp = upload_comp(a.indexer->comp, fp8_rest);
+          set_gemm(*gl.attn.icomp);
+          gl.attn.iwq_b = mat(a.indexer->wq_b);
+          gl.attn.iweights = upload_matrix(a.indexer->weights_proj);
+          // cuda.bf16_gemv under the official numerics: weights_proj (a bf16 Linear there, x stored as bf16) on the
+          // bf16 GEMV at every token count (its twin: a warp per output row, 64 rows at V4-Flash's size).
+          const GMat& iw = gl.attn.iweights;
+          gl.attn.iweights_gemv = opt_.official && opt_.cuda_bf16_gemv && plain_bf16(iw) && iw.d.rows % 16 == 0 && iw.d.cols % 128 == 0;
         }
+        const auto& M = L.moe;
+        gl.moe.gate = upload_matrix(M.gate);
+        if (M.bias.numel()) gl.moe.bias = upload_tensor(M.bias);
+        if (M.tid2eid.numel()) {
+          std::vector<int32_t> t(M.tid2eid.data.begin(), M.tid2eid.data.end());  // validated against E at load
+          gl.moe.tid2eid = to_device(t);
+        }
+        ++fc.fp4_of;
+        if (fp4 && !other_act && fp4_fits(M)) {
+          // The official numerics quantize the experts' activations to E4M3 (DeepSeek's fp4_gemm): the W4A8 kernels'
+          // layout; else the W4A16 kernels'.
+          gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M, opt_.official ? Fp4Layout::A8 : Fp4Layout::F16));
+          ++fc.fp4;
+        } else {
+          gl.moe.routed = upload_routed(M.experts);
+        }
+        const auto& S = M.shared;
+        if (S && fp8 && !other_act && !shared_bias && fp8_fast_fits(S->w1) && fp8_fast_fits(S->w2) && fp8_fast_fits(S->w3)) {
+          gl.moe.sfp8 = std::make_unique<Fp8Expert>(upload_expert_fp8(*S));
+          fc.fp8 += 3, fc.fp8_of += 3;
+          const Fp8Expert& e = *gl.moe.sfp8;
+          const int g1 = gemm_min(e.w1, false), g3 = gemm_min(e.w3, false), g2 = gemm_min(e.w2, false);  // each downloads its scales
+          if (g1 && g3 && g2) {
+            gl.moe.shared_gemm_min = std::max({g1, g3, g2});
+            fc.gemm += 3, fc.gemm_w = std::max(fc.gemm_w, size_t(2 * e.w1.rows * e.w1.cols));
+          }
+        } else if (M.shared) {
+          gl.moe.s1 = std::make_unique<GMat>(upload_matrix(M.shared->w1));
+          gl.moe.s2 = std::make_unique<GMat>(upload_matrix(M.shared->w2));
+          gl.moe.s3 = std::make_unique<GMat>(upload_matrix(M.shared->w3));
+          gl.moe.shared_desc = to_device(std::vector<DMat>{gl.moe.s1->d, gl.moe.s2->d, gl.moe.s3->d});
+          if (shared_bias) {  // bound at load with the config (ModelWeights: a missing one is named there)
+            gl.moe.sb1 = upload_tensor(M.shared->b1);
+            gl.moe.sb2 = upload_tensor(M.shared->b2);
+            gl.moe.sb3 = upload_tensor(M.shared->b3);
+          }
+        }
+      } catch (...) {
+        rethrow_for(uploading(g_.layers.size()));
       }
       g_.layers.push_back(std::move(gl));
       if (on_layer) on_layer(int64_t(g_.layers.size()), int64_t(w.layers.size()));  // (the uploads are synchronous copies)

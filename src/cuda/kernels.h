@@ -26,6 +26,10 @@ bool probe(std::string* why);  // a usable sm_90 device?
 Info info();
 int sm_count();  // the current device's SMs (queried once per device)
 void* dmalloc(size_t bytes);  // an out-of-memory failure says how much was asked and what was free
+// Tests: from now on dmalloc fails as out of memory once the bytes it hands out would pass `bytes` (-1: no budget,
+// the default); allocated_under_budget() counts them. One process's allocations only, frees not given back.
+void set_alloc_budget_for_testing(int64_t bytes);
+int64_t allocated_under_budget();
 void mem_info(size_t* free_bytes, size_t* total_bytes);  // cudaMemGetInfo on the current device
 void dfree(void* p) noexcept;
 void h2d(void* dst, const void* src, size_t bytes);

@@ -1,4 +1,6 @@
 // Device management, memory, events and the bench's device-side fills and bandwidth probes.
+#include <atomic>
+
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
@@ -56,9 +58,29 @@ int sm_count() {
   return cache[dev];
 }
 
+namespace {
+std::atomic<int64_t> g_alloc_budget{-1}, g_alloc_counted{0};
+}  // namespace
+
+void set_alloc_budget_for_testing(int64_t bytes) {
+  g_alloc_counted = 0;
+  g_alloc_budget = bytes;
+}
+int64_t allocated_under_budget() { return g_alloc_counted; }
+
 void* dmalloc(size_t bytes) {
   void* p = nullptr;
   if (!bytes) return p;
+  if (const int64_t budget = g_alloc_budget; budget >= 0) {
+    const int64_t used = g_alloc_counted.fetch_add(int64_t(bytes)) + int64_t(bytes);
+    if (used > budget) {
+      g_alloc_counted -= int64_t(bytes);
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "the GPU is out of memory: %.3f GB more asked for beyond a test's budget of %.3f GB",
+                    double(bytes) / 1e9, double(budget) / 1e9);
+      throw std::runtime_error(buf);
+    }
+  }
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // (not sticky: clear it, so that the caller's next CUDA call does not report it again)

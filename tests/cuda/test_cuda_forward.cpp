@@ -128,6 +128,32 @@ TEST_F(GpuTest, OutOfMemoryNamesTheScratchBuffer) {
   EXPECT_NE(sc.get("probe", 64), nullptr);  // the session goes on: nothing sticky was left behind
 }
 
+// An allocation that fails during the upload itself (after the fit check passed) names the layer it was for and
+// what was already up. The failure comes from a test budget on this process's allocations (other test processes
+// sharing the GPU keep their memory): the first load counts each layer's bytes, the second stops part way through
+// layer 2 (of 4). The budget is reset before any assertion can return.
+TEST_F(GpuTest, UploadOutOfMemoryNamesTheLayer) {
+  namespace d = plumb::cuda::detail;
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/tiny";
+  std::vector<int64_t> after;  // bytes allocated when each layer was up
+  d::set_alloc_budget_for_testing(int64_t(1) << 60);
+  { Model::load(dir, {}, {}, "cuda", [&](int64_t, int64_t) { after.push_back(d::allocated_under_budget()); }); }
+  ASSERT_EQ(after.size(), 4u);
+  ASSERT_LT(after[0], after[1]);
+  d::set_alloc_budget_for_testing(after[0] + (after[1] - after[0]) / 2);
+  std::string msg;
+  try {
+    Model::load(dir, {}, {}, "cuda");
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  d::set_alloc_budget_for_testing(-1);
+  for (const char* part : {"backend cuda: uploading layer 2 of 4 (", " GB on the GPU so far): the GPU is out of memory: ",
+                           "beyond a test's budget"})
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " in: '" << msg << "'";
+  EXPECT_NE(Model::load(dir, {}, {}, "cuda"), nullptr);  // without the budget the same load goes through
+}
+
 // A planted fault must fail on the GPU too (the backend implements the faults so that selftest can run there).
 TEST_F(GpuTest, FaultFailsVerifyGolden) {
   plumb::tools::VerifyGoldenOptions o;
