@@ -147,14 +147,18 @@ class GpuForward : public DeviceForward {
     PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);
     const auto& w = m.weights();
     const auto& c = cfg_;
-    g_.embed = upload_matrix(w.embed);
-    // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
-    if (c.tie_embeddings) g_.head.d = g_.embed.d;
-    else g_.head = upload_matrix(w.head);
-    g_.norm = upload_tensor(w.norm);
-    g_.hc_head = upload_hc(w.hc_head);
-    g_.rope_main = upload_rope(m.rope_main());
-    g_.rope_compress = upload_rope(m.rope_compress());
+    try {
+      g_.embed = upload_matrix(w.embed);
+      // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
+      if (c.tie_embeddings) g_.head.d = g_.embed.d;
+      else g_.head = upload_matrix(w.head);
+      g_.norm = upload_tensor(w.norm);
+      g_.hc_head = upload_hc(w.hc_head);
+      g_.rope_main = upload_rope(m.rope_main());
+      g_.rope_compress = upload_rope(m.rope_compress());
+    } catch (...) {
+      rethrow_for("backend cuda: uploading the embedding, the head and the rope tables");
+    }
     // transformers' hidden_act other than SiLU and mlp_bias (the shared MLP's biases; both SiLU and none under the
     // official numerics, as the official code has neither) run on the fp32 twin kernels (swiglu_kernel takes the
     // activation and the biases): the fused SwiGLU epilogues of cuda.moe_mxfp4 and cuda.fp8_gemv apply SiLU with no
