@@ -330,7 +330,7 @@ Diagnosis index_diagnosis(const DiagnosisInput& in, const Trace& src, const TapN
     if (!x || !y || x->dim(0) != y->dim(0)) continue;
     const Tensor* sa = scores.empty() ? nullptr : in.a.data[si].f(scores);
     const Tensor* sb = scores.empty() ? nullptr : src.data[si].f(scores);
-    IndexStats one = compare_index(*x, *y, sa, sb, hash, in.tol);
+    IndexStats one = compare_index(*x, *y, sa, sb, hash, in.tol, &in.a.data[si].positions);
     if (!one.first_bad.empty()) one.first_bad_step = int(si);
     s.merge(one);
   }

@@ -40,7 +40,8 @@ bool compare_step(const StepTaps& A, const StepTaps& B, const std::string& name,
     }
     const TapName t = parse_tap(name);
     const auto [sa, sb] = scores_of(A, B, name);
-    IndexStats s = compare_index(*x, *y, sa, sb, t.suffix == "ffn.gate.indices" && is_hash_layer(cfg, t.layer), tol);
+    IndexStats s = compare_index(*x, *y, sa, sb, t.suffix == "ffn.gate.indices" && is_hash_layer(cfg, t.layer), tol,
+                                 &A.positions);
     if (!s.first_bad.empty()) s.first_bad_step = step;
     is.merge(s);
     return s.diverges();

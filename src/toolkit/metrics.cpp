@@ -120,7 +120,7 @@ void IndexStats::merge(const IndexStats& o) {
 }
 
 IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tensor* sa, const Tensor* sb, bool table_lookup,
-                         double tol) {
+                         double tol, const std::vector<int64_t>* positions) {
   IndexStats s;
   s.rows = a.dim(0);
   const int64_t ka = a.numel() / std::max<int64_t>(1, a.dim(0)), kb = b.numel() / std::max<int64_t>(1, b.dim(0));
@@ -142,7 +142,10 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
       ++s.agree;
       continue;
     }
-    if (s.first_bad.empty()) s.first_bad = fmt::format("row {}: A {} B {}", r, str(x), str(y));
+    if (s.first_bad.empty())
+      s.first_bad = positions && int64_t(positions->size()) == s.rows
+                        ? fmt::format("position {}: A {} B {}", (*positions)[size_t(r)], str(x), str(y))
+                        : fmt::format("row {}: A {} B {}", r, str(x), str(y));
     if (table_lookup) {
       ++s.real;
       continue;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -55,13 +56,14 @@ struct IndexStats {
   int64_t exact_ties = 0;      // near-tie rows whose swapped entries' scores are exactly equal (and unmoved)
   int64_t unscored = 0;        // differing rows without scores to classify (counted as real)
   double max_tie_move = 0;     // largest score move among near-tie rows
-  std::string first_bad;       // "row 3: A {1,4} B {1,5}"
+  std::string first_bad;       // "position 3: A {1,4} B {1,5}" ("row 3" where the rows' positions are not known)
   int first_bad_step = -1;
   void merge(const IndexStats& o);
   bool diverges() const { return agree != rows; }
 };
+// `positions` (may be null): the token position of each row, named in first_bad.
 IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tensor* scores_a, const Tensor* scores_b,
-                         bool table_lookup, double tol);
+                         bool table_lookup, double tol, const std::vector<int64_t>* positions = nullptr);
 
 // Relative L2 distance ||x - y|| / ||y|| of two equally shaped tensors (0 when both are zero).
 double rel_l2(const Tensor& x, const Tensor& y);

@@ -134,6 +134,10 @@ TEST(ToolkitMetrics, IndexTiesVersusRealFlips) {
   sb[2] = 5.0f;
   s = compare_index(a, b, &sa, &sb, false, 1e-4);
   EXPECT_EQ(s.real, 1);
+  // The first differing row is named by its token position where the caller knows the rows' positions.
+  EXPECT_EQ(s.first_bad, "row 0: A {0,1} B {0,2}");
+  const std::vector<int64_t> pos{964, 965};
+  EXPECT_EQ(compare_index(a, b, &sa, &sb, false, 1e-4, &pos).first_bad, "position 964: A {0,1} B {0,2}");
 }
 
 // --- filter and names --------------------------------------------------------------------------------------------
