@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <random>
@@ -77,9 +78,11 @@ class StatusLine {
   explicit StatusLine(bool quiet) : quiet_(quiet), tty_(isatty(2)) {
     // While the line is live on a terminal, the library's notes (the GPU backend's "backend cuda: ..." lines, from
     // the loading thread) go above it: the line cleared, the note, the line again.
+    // The line is redrawn as its source says it now (the last drawn text may be up to a poll behind).
     if (live())
       set_notice_sink([this](std::string_view note) {
         std::lock_guard<std::mutex> lock(m_);
+        if (shown_ && source_) last_ = source_();
         std::fprintf(stderr, "%s%.*s\n%s", shown_ ? "\r\033[K" : "", int(note.size()), note.data(), shown_ ? last_.c_str() : "");
         std::fflush(stderr);
       });
@@ -89,6 +92,11 @@ class StatusLine {
   }
   StatusLine(const StatusLine&) = delete;
   StatusLine& operator=(const StatusLine&) = delete;
+  // What the line says at any moment (callable from another thread), for a redraw between updates.
+  void set_source(std::function<std::string()> f) {
+    std::lock_guard<std::mutex> lock(m_);
+    source_ = std::move(f);
+  }
   void update(const std::string& s) {
     if (!live()) return;
     std::lock_guard<std::mutex> lock(m_);
@@ -109,6 +117,7 @@ class StatusLine {
   bool quiet_, tty_, shown_ = false;
   std::mutex m_;
   std::string last_;
+  std::function<std::string()> source_;
 };
 
 // Reads every file once (8 MB at a time), reporting bytes, rate and ETA. Returns the seconds it took.
@@ -234,15 +243,16 @@ LoadedModel load_model(const ModelArgs& a) {
   auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, eo); });
   // Binding reaches n/n before the GPU backend uploads the layers (`--backend cuda`), counting them again (the
   // embedding and head go up first, while the line says layer 0).
-  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+  auto loading_text = [&] {
     const int64_t done = layers_done, n = layers_total;
     if (a.backend == "cuda" && n && done == n)
-      line.update(fmt::format("{}: {}, uploading to the GPU: layer {}/{}, {:.1f} s", what, weights, int64_t(uploaded), n,
-                              since(t0)));
-    else
-      line.update(n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
-                    : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0)));
-  }
+      return fmt::format("{}: {}, uploading to the GPU: layer {}/{}, {:.1f} s", what, weights, int64_t(uploaded), n, since(t0));
+    return n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
+             : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0));
+  };
+  line.set_source(loading_text);
+  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) line.update(loading_text());
+  line.set_source({});
   m.engine = fut.get();
   const double map_s = since(t0);
 
