@@ -68,6 +68,7 @@ int kld(const KldOptions& o);
 struct BisectOptions {
   InputSpec in;
   std::string patches, criterion = "local";
+  std::string backend = "cpu";  // cpu or cuda: where every configuration runs
   double kld_threshold = -1;
   bool quiet = false;
 };

@@ -17,6 +17,10 @@ void register_bisect(CLI::App& app) {
   cmd->add_option("--threshold-kld", o->kld_threshold,
                   "diverge when the mean KL(P_reference || P_S) exceeds this (implies --criterion kld)")
       ->check(finite_number(false));
+  cmd->add_option("--backend", o->backend, "where every configuration runs: cpu (the reference backend) or cuda (each "
+                  "subset against the GPU's fp32 twin)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "do not print every test");
   cmd->callback([cmd, o] {
     // A threshold with another criterion named would silently be the KL test: refused instead.

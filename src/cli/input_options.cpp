@@ -15,7 +15,12 @@ void add_input_options(CLI::App* cmd, tools::InputSpec& in) {
   cmd->add_option("--text", in.text, "text file, tokenized as `plumb run` tokenizes a prompt (BOS first where the model wants it)");
   cmd->add_option("--tokenizer", in.tokenizer, "tokenizer.json (or its folder) for --text; default: the model folder's");
   cmd->add_option("--chunk", in.chunk, "split --text into prefill chunks of this many tokens (0: one chunk)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            int64_t x = 0;
+            return CLI::detail::lexical_cast(v, x) && x >= 0 ? "" : "expected a whole number >= 0, got '" + v + "'";
+          },
+          "INT >= 0", "non-negative integer"));
 }
 
 std::string output_file_problem(const std::string& path) {

@@ -240,7 +240,6 @@ LoadedModel load_model(const ModelArgs& a) {
                      else layers_done = p.done, layers_total = p.total;
                    },
                    a.prefill_chunk};
-  auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, eo); });
   // Binding reaches n/n before the GPU backend uploads the layers (`--backend cuda`), counting them again (the
   // embedding and head go up first, while the line says layer 0).
   auto loading_text = [&] {
@@ -250,7 +249,8 @@ LoadedModel load_model(const ModelArgs& a) {
     return n ? fmt::format("{}: mapping {}, layer {}/{} bound, {:.1f} s", what, weights, done, n, since(t0))
              : fmt::format("{}: mapping {}, {:.1f} s", what, weights, since(t0));
   };
-  line.set_source(loading_text);
+  line.set_source(loading_text);  // (declared before the load's future, so it outlives the loading thread)
+  auto fut = std::async(std::launch::async, [&] { return Engine::load(m.dir, eo); });
   while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) line.update(loading_text());
   line.set_source({});
   m.engine = fut.get();

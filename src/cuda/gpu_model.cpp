@@ -217,12 +217,19 @@ class GpuForward : public DeviceForward {
       }
     };
     // An allocation that fails past the fit check (another process took the memory, or the fast paths' copies
-    // did not fit beside the weights) names the layer and what is already up, beside dmalloc's sizes.
+    // did not fit beside the weights) names the layer and how far free memory fell since the upload began (this
+    // upload's and any other process's allocations), beside dmalloc's sizes. (No second error from here: a failing
+    // memory query leaves the figure out.)
     auto uploading = [&](size_t layer) {
-      size_t free_now = 0, total_now = 0;
-      memory_info(free_now, total_now);
-      return fmt::format("backend cuda: uploading layer {} of {} ({:.3f} GB on the GPU so far)", layer + 1, w.layers.size(),
-                         double(free_b > free_now ? free_b - free_now : 0) / 1e9);
+      std::string fell;
+      try {
+        size_t free_now = 0, total_now = 0;
+        memory_info(free_now, total_now);
+        fell = fmt::format(" (the GPU's free memory fell by {:.3f} GB since the upload began)",
+                           double(free_b > free_now ? free_b - free_now : 0) / 1e9);
+      } catch (...) {
+      }
+      return fmt::format("backend cuda: uploading layer {} of {}{}", layer + 1, w.layers.size(), fell);
     };
     for (const auto& L : w.layers) {
       GpuLayer gl;

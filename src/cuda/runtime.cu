@@ -82,6 +82,7 @@ void* dmalloc(size_t bytes) {
     }
   }
   const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess && g_alloc_budget >= 0) g_alloc_counted -= int64_t(bytes);  // (counted above, not handed out)
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // (not sticky: clear it, so that the caller's next CUDA call does not report it again)
     size_t free_b = 0, total_b = 0;

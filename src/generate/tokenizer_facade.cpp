@@ -115,8 +115,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   fs::path json_path = path, dir = path;
   if (fs::is_directory(path)) {
     json_path = fs::path(path) / "tokenizer.json";
-    PLUMB_CHECK(fs::exists(json_path), "model folder {} has no tokenizer.json (the Hugging Face tokenizer file that "
-                "ships with the weights)", path);
+    PLUMB_CHECK(fs::exists(json_path), "folder {} has no tokenizer.json (the Hugging Face tokenizer file that ships with "
+                "the weights)", path);
   } else {
     PLUMB_CHECK(fs::exists(json_path), "tokenizer file {} does not exist", path);
     dir = json_path.parent_path();

@@ -21,8 +21,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     if (p.backend.empty() || p.backend == backend) continue;
     ModelOptions again = opt;
     p.enable(again);
-    PLUMB_CHECK(!(again == opt), "patch {} is a {} kernel: it needs --backend {}", p.name,
-                p.backend == "cuda" ? "CUDA" : p.backend, p.backend);
+    PLUMB_CHECK(!(again == opt), "patch {} is a {} kernel: it needs --backend {} (in diff, kld and trace configurations "
+                "the prefix {}:, as in {}:{})", p.name, p.backend == "cuda" ? "CUDA" : p.backend, p.backend, p.backend,
+                p.backend, p.name);
   }
   auto m = std::make_unique<Model>();
   m->dir_ = dir;

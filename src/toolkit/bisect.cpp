@@ -45,7 +45,7 @@ std::vector<std::string> numerics_of(const std::vector<std::string>& s) {
 
 class Tester {
  public:
-  explicit Tester(const BisectOptions& o) : o_(o) {}
+  explicit Tester(const BisectOptions& o) : o_(o), prefix_(o.backend == "cuda" ? "cuda:" : "") {}
 
   struct Outcome {
     bool valid = true, diverges = false;
@@ -66,11 +66,14 @@ class Tester {
   int runs = 0;
 
  private:
+  // A patch list as the configuration of the chosen backend.
+  std::string config(const std::string& patches) const { return prefix_ + patches; }
+
   const Trace& baseline(const std::string& patches) {
     auto it = base_.find(patches);
     if (it != base_.end()) return it->second;
-    const auto m = load_model(o_.input.model_dir, patches);
-    return base_[patches] = run_trace(*m, o_.input, patches);
+    const auto m = load_model(o_.input.model_dir, config(patches));
+    return base_[patches] = run_trace(*m, o_.input, config(patches));
   }
 
   Outcome run(const std::vector<std::string>& s) {
@@ -80,7 +83,7 @@ class Tester {
     const std::string all = join(s);
     if (o_.criterion == "kld") {
       const Trace& a = baseline("");
-      const KldReport k = kld_of_traces(a, logits_trace(o_.input, all));
+      const KldReport k = kld_of_traces(a, logits_trace(o_.input, config(all)));
       const double mean = mean_unc(k.kld).mean;
       r.diverges = !(mean <= o_.kld_threshold);  // NaN/inf diverge
       r.detail = fmt::format("mean KLD {:.6g} {} {:g}", mean, r.diverges ? ">" : "<=", o_.kld_threshold);
@@ -89,10 +92,10 @@ class Tester {
     const std::string base = join(numerics_of(s));
     if (base == all) return r.detail = "numerics modes only: the baseline itself", r;
     const Trace& a = baseline(base);
-    const auto m = load_model(o_.input.model_dir, all);
+    const auto m = load_model(o_.input.model_dir, config(all));
     const bool local = o_.criterion == "local";
-    const Trace b = run_trace(*m, o_.input, all, nullptr, local ? &a : nullptr);
-    PairTolerance tol = pair_tolerance(base, all);
+    const Trace b = run_trace(*m, o_.input, config(all), nullptr, local ? &a : nullptr);
+    PairTolerance tol = pair_tolerance(config(base), config(all));
     if (local) tol.free = tol.local;  // b is teacher-forced: compare it with the local tolerance
     const ModelConfig& cfg = m->config();
     const DiffReport d = compare_traces(a, b, nullptr, tol, &cfg);
@@ -102,6 +105,7 @@ class Tester {
   }
 
   const BisectOptions& o_;
+  const std::string prefix_;
   std::map<std::string, Outcome> cache_;
   std::map<std::string, Trace> base_;
 };
@@ -191,6 +195,12 @@ void check_options(const BisectOptions& opt) {
   PLUMB_CHECK(opt.criterion == "local" || opt.criterion == "free" || opt.criterion == "kld",
               "unknown bisect criterion '{}' (local, free, kld)", opt.criterion);
   PLUMB_CHECK(!opt.patches.empty(), "bisect needs a non-empty --patches list");
+  PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (cpu, cuda)", opt.backend);
+  // A patch of another backend would fail each test that holds it: named before the first.
+  for (const auto& p : opt.patches)
+    if (const Patch* q = find_patch(p); q && !q->backend.empty() && q->backend != opt.backend)
+      PLUMB_CHECK(false, "patch {} is a {} kernel: bisect it with --backend {}", p, q->backend == "cuda" ? "CUDA" : q->backend,
+                  q->backend);
 }
 
 BisectResult bisect(const BisectOptions& opt) {

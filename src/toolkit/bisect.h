@@ -19,6 +19,9 @@ struct BisectOptions {
   std::string criterion = "local";
   double kld_threshold = 0;
   bool verbose = true;  // print every test
+  // Where every configuration runs, the baselines too ("cuda": each subset S as the configuration "cuda:S", against
+  // the GPU's own fp32 twin and numerics modes).
+  std::string backend = "cpu";
 };
 
 struct Culprit {

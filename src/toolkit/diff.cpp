@@ -81,10 +81,9 @@ void check_traces_hold(const Trace& t, const std::string& path, const IntRanges&
   for (const auto& [lo, hi] : positions.ranges) {
     bool any = false;
     for (int64_t p : held) any |= p >= lo && p <= hi;
-    PLUMB_CHECK(any, "--positions: trace {} holds no row of position{} {}{} (it holds {} rows{})", path,
-                lo == hi ? "" : "s", lo, lo == hi ? "" : fmt::format("-{}", hi), held.size(),
-                held.empty() ? "" : fmt::format(", positions {} to {}", *std::min_element(held.begin(), held.end()),
-                                                *std::max_element(held.begin(), held.end())));
+    PLUMB_CHECK(any, "--positions: trace {} holds no row of position{} {}{} (it holds {} row{}{})", path,
+                lo == hi ? "" : "s", lo, lo == hi ? "" : fmt::format("-{}", hi), held.size(), held.size() == 1 ? "" : "s",
+                held.empty() ? "" : ", of positions " + IntRanges::of(held).describe());
   }
 }
 
@@ -130,6 +129,10 @@ DiffReport compare_traces(const Trace& a, const Trace& b, const Trace* local, co
   r.a_patches = a.patches, r.b_patches = b.patches, r.source = a.source, r.model_dir = a.model_dir;
   r.tol = tol.free, r.tol_local = tol.local, r.tol_source = tol.how;
   for (const auto& s : a.steps) r.step_names.push_back(s.name);
+  for (const auto& d : a.data) {
+    r.compared_positions.insert(r.compared_positions.end(), d.positions.begin(), d.positions.end());
+    r.steps_with_rows += !d.positions.empty();
+  }
   // A's execution order; taps only B has go right after their predecessor in B's order.
   std::vector<std::string> order = a.tap_order();
   const std::vector<std::string> ob = b.tap_order();
@@ -170,6 +173,11 @@ RunInput resolve_input(const std::string& fixture, const std::string& model, con
                        const std::string& text, const std::string& tokenizer, int64_t chunk) {
   const int given = !fixture.empty() + !tokens.empty() + !text.empty();
   PLUMB_CHECK(given == 1, "give exactly one input: --fixture DIR, or -m MODEL_DIR with --tokens FILE or --text FILE");
+  // Options of the text input only: elsewhere they would be ignored.
+  PLUMB_CHECK(text.empty() ? chunk == 0 : true, "--chunk splits a --text input into prefill chunks; {} has its own steps",
+              !fixture.empty() ? "--fixture" : "--tokens");
+  PLUMB_CHECK(text.empty() ? tokenizer.empty() : true, "--tokenizer tokenizes a --text input; {} holds token ids",
+              !fixture.empty() ? "--fixture" : "--tokens");
   if (!fixture.empty()) {
     RunInput in = input_from_fixture(fixture);
     if (!model.empty()) in.model_dir = model;  // the fixture's steps on another model folder
@@ -247,11 +255,14 @@ DiffReport run_diff(const DiffOptions& opt) {
   if (traces) {
     PLUMB_CHECK(!opt.trace_a.empty() && !opt.trace_b.empty(), "trace mode needs both traces (plumb diff A B, or --trace-a "
                 "and --trace-b)");
-    PLUMB_CHECK(opt.fixture.empty() && opt.tokens.empty() && opt.text.empty() && !opt.local,
-                "--trace-a/--trace-b compare recorded traces: --fixture, --tokens, --text and --local need a live run");
+    PLUMB_CHECK(opt.fixture.empty() && opt.tokens.empty() && opt.text.empty() && !opt.local && opt.a.empty() &&
+                    opt.b.empty() && opt.model.empty() && opt.tokenizer.empty() && opt.chunk == 0,
+                "two recorded traces are compared as they are: --fixture, -m, --tokens, --text, --tokenizer, --chunk, --a, "
+                "--b and --local belong to a live run");
     const auto t0 = std::chrono::steady_clock::now();
     Trace ta = read_trace(opt.trace_a), tb = read_trace(opt.trace_b);
     check_traces_hold(ta, opt.trace_a, opt.positions);
+    check_traces_hold(tb, opt.trace_b, opt.positions);
     keep_positions(ta, opt.positions);
     keep_positions(tb, opt.positions);
     std::string why;
@@ -273,10 +284,16 @@ DiffReport run_diff(const DiffOptions& opt) {
     const RunInput in = resolve_input(opt.fixture, opt.model, opt.tokens, opt.text, opt.tokenizer, opt.chunk);
     r = diff_live(in, opt.a, opt.b, opt.local, opt.tol, opt.positions);
   }
-  if (!opt.positions.empty())
-    r.notes.push_back(fmt::format("positions {} only: the table, the first divergence and the diagnosis cover these rows{}; "
-                                  "a coordinate's first index counts the step's kept rows",
-                                  opt.positions.describe(), traces ? "" : " (every position ran: the earlier ones feed them)"));
+  if (!opt.positions.empty()) {
+    // The positions compared, as the input has them (a range may reach past the input's end, or a trace hold part of it).
+    r.positions_filtered = true;
+    r.notes.push_back(fmt::format("positions {} only ({} row{} in {} of {} steps): the table, the first divergence and the "
+                                  "diagnosis cover these rows{}; a coordinate's first index counts the step's kept rows",
+                                  r.compared_positions.empty() ? "none" : IntRanges::of(r.compared_positions).describe(),
+                                  r.compared_positions.size(),
+                                  r.compared_positions.size() == 1 ? "" : "s", r.steps_with_rows, r.step_names.size(),
+                                  traces ? "" : " (every position ran: the earlier ones feed them)"));
+  }
   if (opt.has_filter) {
     std::vector<std::string> names;
     for (const auto& row : r.rows) names.push_back(row.name);

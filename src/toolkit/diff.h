@@ -37,6 +37,10 @@ struct DiffReport {
   bool show_local = false;  // --local: print the local columns, first divergence from teacher forcing
   std::vector<TapRow> rows;  // execution order
   std::vector<std::string> step_names;
+  // --positions: the token positions whose rows were compared (A's kept rows) and how many steps had any.
+  bool positions_filtered = false;
+  std::vector<int64_t> compared_positions;
+  int steps_with_rows = 0;
   Divergence first;         // the reported one (local when show_local, else free-running)
   Divergence first_free, first_local;
   Diagnosis diagnosis;

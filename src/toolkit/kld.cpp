@@ -5,6 +5,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "io/json_int.h"
@@ -67,12 +68,13 @@ std::string pct(double v) { return fmt::format("{:.3f}", 100 * v); }
 
 MeanUnc mean_unc(const std::vector<double>& v) {
   MeanUnc m;
+  m.n = v.size();
   if (v.empty()) return m;
   double s = 0, s2 = 0;
   for (double x : v) s += x, s2 += x * x;
   const double n = double(v.size());
   m.mean = s / n;
-  if (v.size() > 10) {
+  if (v.size() > 10 && std::isfinite(m.mean)) {  // (an infinite mean has no spread to speak of)
     m.has_unc = true;
     m.unc = std::sqrt(std::max(0.0, s2 / n - m.mean * m.mean) / (n - 1));
   }
@@ -84,6 +86,8 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const double pos = p * double(v.size() - 1);
   const size_t lo = size_t(std::floor(pos)), hi = std::min(v.size() - 1, lo + 1);
+  // (Equal ends are that value: two infinite KLDs, B's NaN rows, would interpolate to inf - inf = NaN.)
+  if (pos == double(lo) || v[hi] == v[lo]) return v[lo];
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
 }
 
@@ -114,6 +118,7 @@ KldReport kld_of_traces(const Trace& ta, const Trace& tb) {
     log_softmax(xa, r.vocab, la);
     if (!finite_row(xb, r.vocab)) {
       ++r.nonfinite_rows;
+      r.next_skipped += ra.next[t] >= 0 && ra.next[t] < r.vocab;
       r.kld.push_back(INFINITY), r.same_top.push_back(0), r.dp_top.push_back(NAN);
       continue;
     }
@@ -163,7 +168,9 @@ void save_kld_ref(const RunInput& in, const std::string& a, const std::string& p
   write_safetensors(path,
                     {owned_i64("tokens", tokens), owned_i64("topk.ids", ids), owned_f32("topk.logprobs", lps),
                      owned_f32("next.logprob", next_lp)},
-                    {{"format", "plumb-kld-ref/1"}, {"patches", a}, {"model", in.model_dir}, {"source", in.source},
+                    {{"format", "plumb-kld-ref/1"}, {"patches", a},
+                     // (absolute: --ref is run from other folders too)
+                     {"model", std::filesystem::absolute(in.model_dir).lexically_normal().string()}, {"source", in.source},
                      {"vocab", std::to_string(V)}, {"topk", std::to_string(k)}, {"steps", steps.dump()}});
   fmt::print("kld: saved the top-{} log-probabilities of [{}] for {} tokens (vocab {}) of {} to {}\n", k,
              a.empty() ? "reference" : a, n, V, in.source, path);
@@ -256,6 +263,13 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
   r.vocab = ref.vocab;
   const int64_t k = ref.topk;
   r.topk = k;
+  // Another model's vocabulary is named before the run, which would otherwise stop at the first saved token id
+  // outside it.
+  if (const auto cfg = std::filesystem::path(ri.model_dir) / "config.json"; std::filesystem::exists(cfg)) {
+    const int64_t v = ModelConfig::load(cfg.string()).vocab;
+    PLUMB_CHECK(v == r.vocab, "{}: saved for a vocabulary of {} ({}), but {} has {}: another model than the one the file "
+                "was saved with", path, r.vocab, ref.model, ri.model_dir, v);
+  }
   const Trace tb = logits_only(ri, b);
   const Rows rb = rows_of(tb);
   PLUMB_CHECK(rb.vocab == r.vocab, "{}: saved for a vocabulary of {}, but {} has {}", path, r.vocab, ri.model_dir, rb.vocab);
@@ -265,6 +279,7 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
     const float* xb = rb.row[size_t(t)];
     if (!finite_row(xb, r.vocab)) {
       ++r.nonfinite_rows;
+      r.next_skipped += std::isfinite(next_lp[t]) && rb.next[size_t(t)] >= 0;
       r.kld.push_back(INFINITY), r.same_top.push_back(0), r.dp_top.push_back(NAN);
       continue;
     }
@@ -302,6 +317,15 @@ int64_t max_position(const KldReport& r) {
   return at;
 }
 
+std::string shell_quote(const std::string& s) {
+  const bool plain = !s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:=,+-@") ==
+                                       std::string::npos;
+  if (plain) return s;
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
 std::string format_kl(double v) {
   if (v == 0) return "0.000000";  // (-0.0 too)
   return std::fabs(v) < 1e-3 ? fmt::format("{:.3e}", v) : fmt::format("{:.6f}", v);
@@ -315,13 +339,14 @@ void print_kld(const KldReport& r) {
                                                        "(a lower bound of the full KL), fp32-rounded on both sides", r.ref_file, r.topk)
                                         : std::string("full vocabulary, fp64 log-softmax of both configurations' logits"));
   if (r.nonfinite_rows) fmt::print("warning   {} rows of B's logits hold NaN/Inf (KLD inf)\n", r.nonfinite_rows);
-  auto unc = [](const MeanUnc& m, double scale, int prec) {
+  auto no_unc = [](const MeanUnc& m) { return std::string(m.n <= 10 ? "n/a (N <= 10)" : "n/a (not finite)"); };
+  auto unc = [&](const MeanUnc& m, double scale, int prec) {
     return m.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", m.mean * scale, prec, m.unc * scale, prec)
-                     : fmt::format("{:.{}f} ± n/a (N <= 10)", m.mean * scale, prec);
+                     : fmt::format("{:.{}f} ± {}", m.mean * scale, prec, no_unc(m));
   };
   fmt::print("====== KL divergence statistics (KL(P_A || P_B), nats per token) ======\n");
   const MeanUnc mk = mean_unc(r.kld);
-  fmt::print("Mean    KLD: {} ± {}\n", format_kl(mk.mean), mk.has_unc ? format_kl(mk.unc) : std::string("n/a (N <= 10)"));
+  fmt::print("Mean    KLD: {} ± {}\n", format_kl(mk.mean), mk.has_unc ? format_kl(mk.unc) : no_unc(mk));
   const std::pair<const char*, double> ps[] = {{"Maximum", 1.0}, {"99.9%  ", 0.999}, {"99.0%  ", 0.99}, {"95.0%  ", 0.95},
                                                {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
   for (const auto& [name, p] : ps) {
@@ -345,7 +370,8 @@ void print_kld(const KldReport& r) {
   fmt::print("RMS  Δp of A's top token: {:.3f}{} %\n", 100 * rms,
              ms.has_unc ? fmt::format(" ± {:.3f}", rms > 0 ? 100 * ms.unc / (2 * rms) : 0.0) : " ± n/a");
   if (!r.nll_a.empty()) {
-    fmt::print("====== Next-token statistics ({} tokens followed by a token of the input) ======\n", r.nll_a.size());
+    fmt::print("====== Next-token statistics ({} tokens followed by a token of the input{}) ======\n", r.nll_a.size(),
+               r.next_skipped ? fmt::format("; {} more left out: B's row holds NaN/Inf", r.next_skipped) : "");
     const MeanUnc a = mean_unc(r.nll_a), b = mean_unc(r.nll_b);
     std::vector<double> d;
     for (size_t i = 0; i < r.nll_a.size(); ++i) d.push_back(r.nll_b[i] - r.nll_a[i]);
@@ -353,10 +379,15 @@ void print_kld(const KldReport& r) {
     fmt::print("Mean ln(PPL(B)/PPL(A)): {}\n", unc(mean_unc(d), 1, 6));
     fmt::print("Mean Δp of the next token: {} %\n", unc(mean_unc(r.dp_next), 100, 3));
   }
-  // What comes next when the two disagree: the first op that diverges at the worst token, teacher forced.
-  if (const int64_t at = max_position(r); at >= 0 && percentile(r.kld, 1) > 0)
-    fmt::print("examine   the maximum's first diverging op: plumb diff with this input and --a '{}' --b '{}' --positions {} "
-               "--local\n", r.a_config, r.b, at);
+  // What comes next when the two disagree beyond rounding: the diff that names the first op diverging at the worst
+  // token, teacher forced, as a command to run (the input's options as given; a --ref file's input is its own).
+  if (const int64_t at = max_position(r); at >= 0 && percentile(r.kld, 1) > kExamineKld) {
+    const std::string rest = fmt::format("--a {} --b {} --positions {} --local", shell_quote(r.a_config), shell_quote(r.b), at);
+    if (!r.input_args.empty())
+      fmt::print("examine   plumb diff {} {}\n", r.input_args, rest);
+    else
+      fmt::print("examine   plumb diff with the input {} was saved for ({}) and {}\n", r.ref_file, r.source, rest);
+  }
   fmt::print("computed in {:.3f} s\n", r.seconds);
   std::fflush(stdout);
 }

@@ -22,13 +22,18 @@ struct KldReport {
   // Per token whose next token is in the input (llama.cpp's protocol scores the actual next token).
   std::vector<double> nll_a, nll_b, dp_next;
   int64_t nonfinite_rows = 0;    // rows of B's logits holding NaN/Inf (their KLD is inf)
+  int64_t next_skipped = 0;      // of those, rows followed by a token of the input (left out of the next-token figures)
+  // The input's options as the command took them ("--fixture DIR", "-m M --text F --chunk 512"), for the diff command
+  // printed after the statistics; empty against a --ref file without input options.
+  std::string input_args;
   double seconds = 0;
 };
 
 // mean +- uncertainty as llama.cpp computes them: sqrt((S2/N - mean^2) / (N - 1)); no uncertainty for N <= 10.
 struct MeanUnc {
   double mean = 0, unc = 0;
-  bool has_unc = false;
+  bool has_unc = false;  // N > 10 and a finite mean
+  size_t n = 0;
 };
 MeanUnc mean_unc(const std::vector<double>& v);
 // Linear interpolation over the sorted values at fraction p in [0, 1].
@@ -64,6 +69,11 @@ std::string format_kl(double v);
 // The position (index into the report's per-token values) of the largest KL divergence, the first of equal ones;
 // -1 when there is none.
 int64_t max_position(const KldReport& r);
+// print_kld prints the diff that examines the maximum when it is above this (nats): below, two configurations differ
+// by fp32 rounding (a few ulps of a log-probability), which no op-level diff explains.
+inline constexpr double kExamineKld = 1e-6;
+// s as one shell word: as it is when it is plain (letters, digits and _./:=,+-@), else in single quotes.
+std::string shell_quote(const std::string& s);
 std::string kld_json(const KldReport& r);
 
 }  // namespace plumb::toolkit

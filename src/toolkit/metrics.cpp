@@ -157,14 +157,18 @@ IndexStats compare_index(const IndexTensor& a, const IndexTensor& b, const Tenso
     const int64_t E = sa->dim(-1);
     const float* ra = sa->row(r);
     const float* rb = sb->row(r);
+    // The scale of the tolerance: the row's largest finite score (the indexer's masked entries are -inf, which
+    // would make any move "within" an infinite tolerance). A swapped entry without a finite score on both sides is
+    // no tie.
     double scale = 1, move = 0;
-    for (int64_t e = 0; e < E; ++e) scale = std::max(scale, double(std::fabs(ra[e])));
+    for (int64_t e = 0; e < E; ++e)
+      if (std::isfinite(ra[e])) scale = std::max(scale, double(std::fabs(ra[e])));
     bool in_range = true;
     std::vector<int64_t> only_x, only_y;  // the swapped entries
     auto account = [&](const std::multiset<int64_t>& p, const std::multiset<int64_t>& q, std::vector<int64_t>& only) {
       for (auto e : p)
         if (!q.count(e)) {
-          if (e >= E) in_range = false;
+          if (e >= E || !std::isfinite(ra[e]) || !std::isfinite(rb[e])) in_range = false;
           else move = std::max(move, std::fabs(double(rb[e]) - ra[e])), only.push_back(e);
         }
     };

@@ -176,7 +176,8 @@ std::string report_html(const DiffReport& r) {
       h += fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.6f}</td>"
                        "<td>{}</td><td>{}/{}</td>",
                        err_text(f.max_abs), err_text(f.err_scaled()), f.at >= 0 ? esc(r.step_names[size_t(f.at_step)]) : "-",
-                       esc(f.coord()), f.at >= 0 ? fmt::format("{:.6g}", f.a_at) : "-",
+                       esc(f.coord()) + (f.at_pos >= 0 ? fmt::format(" (position {})", f.at_pos) : ""),
+                       f.at >= 0 ? fmt::format("{:.6g}", f.a_at) : "-",
                        f.at >= 0 ? fmt::format("{:.6g}", f.b_at) : "-", err_text(f.rel_l2()), f.cosine(), f.max_ulp,
                        f.nan_a + f.inf_a, f.nan_b + f.inf_b);
     }

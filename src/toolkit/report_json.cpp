@@ -50,6 +50,8 @@ std::string report_json(const DiffReport& r) {
   j["a"] = r.a_patches, j["b"] = r.b_patches, j["input"] = r.source, j["model"] = r.model_dir;
   j["tolerance"] = r.tol, j["tolerance_local"] = r.tol_local, j["tolerance_source"] = r.tol_source, j["local"] = r.show_local;
   j["steps"] = r.step_names;
+  // --positions: the token positions compared ("30-37"); null when every position was.
+  j["positions"] = r.positions_filtered ? json(IntRanges::of(r.compared_positions).describe()) : json(nullptr);
   json taps = json::array();
   for (const auto& row : r.rows) {
     json t;

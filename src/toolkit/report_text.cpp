@@ -97,7 +97,12 @@ void print_report(const DiffReport& r) {
     fmt::print("evidence:\n");
     for (const auto& e : r.diagnosis.evidence) fmt::print("  {}\n", e);
   }
-  fmt::print("compared {} taps over {} steps in {:.3f} s\n", r.rows.size(), r.step_names.size(), r.seconds);
+  size_t one_sided = 0;
+  for (const auto& row : r.rows) one_sided += row.only_a || row.only_b;
+  fmt::print("compared {} taps{} over {} steps{} in {:.3f} s\n", r.rows.size() - one_sided,
+             one_sided ? fmt::format(" ({} more in one run only)", one_sided) : "", r.step_names.size(),
+             r.positions_filtered ? fmt::format(" ({} with rows at the positions compared)", r.steps_with_rows) : "",
+             r.seconds);
   fmt::print("first divergence: {}\n", r.first.none() ? "none" : r.first.tap);
   fmt::print("diagnosis: {}\n", r.diagnosis.text);
   std::fflush(stdout);

@@ -61,17 +61,20 @@ BasicTensor<T> keep_rows(const BasicTensor<T>& t, const std::vector<int64_t>& ro
 
 // Keeps the rows of `rec` (now rec.positions.size() of them, one per position) whose position `keep` holds. Every
 // tap's dim 0 is the step's token rows (the model's taps are all per token; the indexer's scores are [rows,
-// entries]), so a tensor with that many rows is sliced.
+// entries]); one that is not is an Error rather than compared whole.
 void keep_step_rows(StepTaps& rec, const std::function<bool(int64_t)>& keep) {
   const int64_t n = int64_t(rec.positions.size());
   std::vector<int64_t> rows, kept;
   for (int64_t r = 0; r < n; ++r)
     if (keep(rec.positions[size_t(r)])) rows.push_back(r), kept.push_back(rec.positions[size_t(r)]);
   if (int64_t(rows.size()) == n) return;
-  for (auto& [name, t] : rec.f32)
-    if (t.dim(0) == n) t = keep_rows(t, rows);
-  for (auto& [name, t] : rec.idx)
-    if (t.dim(0) == n) t = keep_rows(t, rows);
+  auto slice = [&](const std::string& name, auto& t) {
+    PLUMB_CHECK(t.dim(0) == n, "tap {} has {} rows where the step has {} token rows: it cannot be cut to positions", name,
+                t.dim(0), n);
+    t = keep_rows(t, rows);
+  };
+  for (auto& [name, t] : rec.f32) slice(name, t);
+  for (auto& [name, t] : rec.idx) slice(name, t);
   rec.positions = std::move(kept);
 }
 

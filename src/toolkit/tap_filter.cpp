@@ -1,6 +1,7 @@
 // Tap filter parsing and matching (globs over tap names, integer ranges for layers and positions).
 #include "toolkit/tap_filter.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <fmt/format.h>
@@ -37,6 +38,9 @@ IntRanges IntRanges::parse(const std::string& text, const std::string& option) {
       const int64_t v = parse_int(item, option, text);
       r.ranges.emplace_back(v, v);
     } else {
+      // (A sign is no range: "-1" names its item, not the empty text before the dash.)
+      PLUMB_CHECK(dash > 0 && dash + 1 < item.size(), "{} '{}': '{}' is not a non-negative integer or a range a-b (expected "
+                  "e.g. 0-3,7)", option, text, item);
       const int64_t a = parse_int(item.substr(0, dash), option, text), b = parse_int(item.substr(dash + 1), option, text);
       PLUMB_CHECK(a <= b, "{} '{}': range {}-{} is empty", option, text, a, b);
       r.ranges.emplace_back(a, b);
@@ -115,6 +119,16 @@ void TapFilter::check_matches(const std::vector<std::string>& names) const {
     PLUMB_CHECK(hit, "--taps: '{}' matches no tap of this run{} (`plumb trace` without --taps records every tap, "
                 "and its .json index lists them)", g, layers.empty() ? "" : " in the layers --layers keeps");
   }
+}
+
+IntRanges IntRanges::of(std::vector<int64_t> values) {
+  std::sort(values.begin(), values.end());
+  IntRanges r;
+  for (int64_t v : values) {
+    if (!r.ranges.empty() && v <= r.ranges.back().second + 1) r.ranges.back().second = std::max(r.ranges.back().second, v);
+    else r.ranges.emplace_back(v, v);
+  }
+  return r;
 }
 
 std::string IntRanges::describe() const {

@@ -13,6 +13,7 @@ struct IntRanges {
   bool empty() const { return ranges.empty(); }
   bool contains(int64_t v) const;
   std::string describe() const;  // "0-3,7" as parsed; "all" when empty
+  static IntRanges of(std::vector<int64_t> values);  // the runs of these values ({0,1,2,7} -> 0-2,7)
   // Throws Error naming `option` for anything but non-negative integers and ranges a-b with a <= b.
   static IntRanges parse(const std::string& text, const std::string& option);
 };

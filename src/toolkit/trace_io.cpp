@@ -77,7 +77,8 @@ void write_trace(const Trace& t, const std::string& path) {
   nlohmann::ordered_json j;
   j["format"] = kFormat;
   j["tensors"] = fs::path(path).filename().string();
-  j["model"] = t.model_dir;
+  // Absolute: the file is read from other folders too (the diagnosis reads the checkpoint through it).
+  j["model"] = t.model_dir.empty() ? t.model_dir : std::filesystem::absolute(t.model_dir).lexically_normal().string();
   j["patches"] = t.patches;
   j["source"] = t.source;
   j["filter"] = t.filter;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include "core/strings.h"
 #include "patches/registry.h"
@@ -35,6 +36,18 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// The input options as a command line takes them (the diff that kld prints for its maximum).
+std::string input_args(const InputSpec& in) {
+  using toolkit::shell_quote;
+  std::string s = !in.fixture.empty() ? "--fixture " + shell_quote(in.fixture) : std::string();
+  if (!in.model.empty()) append_item(s, "-m " + shell_quote(in.model), ' ');
+  if (!in.tokens.empty()) append_item(s, "--tokens " + shell_quote(in.tokens), ' ');
+  if (!in.text.empty()) append_item(s, "--text " + shell_quote(in.text), ' ');
+  if (!in.tokenizer.empty()) append_item(s, "--tokenizer " + shell_quote(in.tokenizer), ' ');
+  if (in.chunk > 0) append_item(s, fmt::format("--chunk {}", in.chunk), ' ');
+  return s;
+}
+
 // Each --layers, --steps and --positions item must reach the model's layers or the input's steps and positions:
 // checked before the run, which may be long (the --taps globs are checked against the taps the run produced).
 void check_filter_reaches(const toolkit::TapFilter& f, const toolkit::RunInput& in, int64_t n_layers) {
@@ -48,6 +61,15 @@ void check_filter_reaches(const toolkit::TapFilter& f, const toolkit::RunInput& 
                 in.steps.size(), in.steps.front().name, in.steps.back().name, in.steps.size() - 1);
   }
   toolkit::check_positions_reach(f.positions, in);
+  // The steps and positions together must keep a row: a trace of [0, ...] tensors compares equal to anything.
+  int64_t rows = 0;
+  for (size_t i = 0; i < in.steps.size(); ++i)
+    if (f.keeps_step(in.steps[i].name, i))
+      for (int64_t p = in.steps[i].start_pos; p < in.steps[i].start_pos + int64_t(in.steps[i].tokens.size()); ++p)
+        rows += f.keeps_position(p);
+  PLUMB_CHECK(rows > 0, "--steps {} and --positions {} keep no row of {}: no kept step holds one of those positions",
+              f.steps.empty() ? std::string("(all)") : join(f.steps), f.positions.describe(),
+              in.source);
 }
 
 }  // namespace
@@ -80,9 +102,10 @@ int diff(const DiffOptions& o) {
     d.has_filter = true;
   }
   const auto r = toolkit::run_diff(d);
+  toolkit::print_report(r);  // first: a file that cannot be written (a full disk) does not take the report with it
+  std::fflush(stdout);
   if (!o.json.empty()) write_file(o.json, toolkit::report_json(r));
   if (!o.html.empty()) write_file(o.html, toolkit::report_html(r));
-  toolkit::print_report(r);
   return r.first.none() ? 0 : 1;
 }
 
@@ -104,6 +127,7 @@ int kld(const KldOptions& o) {
   } else {
     r = toolkit::kld_live(resolve(o.in), o.a, o.b);
   }
+  if (o.in.given()) r.input_args = input_args(o.in);
   toolkit::print_kld(r);
   if (!o.json.empty()) write_file(o.json, toolkit::kld_json(r));
   return 0;
@@ -112,13 +136,18 @@ int kld(const KldOptions& o) {
 int bisect(const BisectOptions& opt) {
   toolkit::BisectOptions o;
   o.input = resolve(opt.in);
+  for (const char* b : {"cpu:", "cuda:"})
+    PLUMB_CHECK(opt.patches.rfind(b, 0) != 0, "--patches {}: bisect takes patch names; the backend is --backend {}",
+                opt.patches, std::string_view(b).substr(0, std::string_view(b).size() - 1));
   o.patches = toolkit::split_patch_list(opt.patches);
   o.criterion = opt.kld_threshold >= 0 ? "kld" : opt.criterion;
   o.kld_threshold = opt.kld_threshold;
   PLUMB_CHECK(o.criterion != "kld" || opt.kld_threshold >= 0, "--criterion kld needs --threshold-kld X");
   o.verbose = !opt.quiet;
+  o.backend = opt.backend;
   toolkit::check_options(o);
-  fmt::print("plumb bisect: {} patches on {}, criterion: {}\n", o.patches.size(), o.input.source,
+  fmt::print("plumb bisect: {} patches on {}{}, criterion: {}\n", o.patches.size(), o.input.source,
+             o.backend == "cuda" ? " (backend cuda)" : "",
              o.criterion == "kld"    ? fmt::format("mean KLD against the reference > {:g}", o.kld_threshold)
              : o.criterion == "free" ? std::string("free-running taps beyond the registry's fp32 tolerance")
                                      : std::string("teacher-forced (local) op errors beyond the registry's local tolerance"));

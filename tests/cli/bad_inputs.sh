@@ -114,9 +114,29 @@ expect "diff: --positions past the input" "--positions: position 500 is beyond t
 expect "diff: --positions not a number" "--positions 'x': 'x' is not" \
   "$plumb" diff --fixture "$work/fx" --a '' --b '' --positions x
 "$plumb" trace --fixture "$work/fx" --positions 0-1 -o "$work/p.safetensors" >/dev/null 2>&1
-expect "diff: --positions a recorded trace did not keep" "--positions: trace $work/p.safetensors holds no row of position 5" \
+expect "diff: --positions a recorded trace did not keep" "--positions: trace $work/p.safetensors holds no row of position 5 (it holds 2 rows, of positions 0-1)" \
   "$plumb" diff "$work/p.safetensors" "$work/p.safetensors" --positions 5
 rm -f "$work/p.safetensors" "$work/p.json"
+expect "trace: --steps and --positions that keep no row" "--steps s0 and --positions 20 keep no row of fixture $work/fx" \
+  "$plumb" trace --fixture "$work/fx" --steps s0 --positions 20 -o "$work/t.safetensors"
+expect "--positions with a sign" "--positions '-1': '-1' is not a non-negative integer or a range a-b" \
+  "$plumb" diff --fixture "$work/fx" --positions -1
+# Options that the run would ignore are refused by name.
+expect "kld: --topk without --save-ref" "--topk requires --save-ref" "$plumb" kld --fixture "$work/fx" --topk 5
+expect "kld: --save-ref beside --b" "--b excludes --save-ref" "$plumb" kld --fixture "$work/fx" --save-ref "$work/r.st" --b ''
+expect "kld: --chunk with a fixture" "--chunk splits a --text input into prefill chunks; --fixture has its own steps" \
+  "$plumb" kld --fixture "$work/fx" --chunk 5
+expect "diff: two traces beside a configuration" "two recorded traces are compared as they are" \
+  "$plumb" diff "$work/fx" "$work/fx" --b fault.rsf_twice
+expect "bisect: a backend prefix on the patches" "bisect takes patch names; the backend is --backend cuda" \
+  "$plumb" bisect --fixture "$work/fx" --patches cuda:cuda.fp8_gemv
+expect "bisect: a CUDA patch on the CPU" "patch cuda.fp8_gemv is a CUDA kernel: bisect it with --backend cuda" \
+  "$plumb" bisect --fixture "$work/fx" --patches cuda.fp8_gemv
+# A saved kld reference run against another model's folder names the vocabularies before running.
+"$plumb" kld --fixture "$work/fx" --save-ref "$work/r.st" >/dev/null 2>&1
+bundled=$(cd "$(dirname "$0")/../.." && pwd)/models/tiny
+expect "kld --ref against another model" "saved for a vocabulary of 256 .* but $bundled has 1216: another model" \
+  "$plumb" kld --ref "$work/r.st" -m "$bundled"
 [ ! -e "$work/t.safetensors" ] && ok "no trace file written by a refused filter" || bad "a refused filter wrote $work/t.safetensors"
 
 finish bad_inputs

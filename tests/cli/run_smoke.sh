@@ -187,18 +187,20 @@ printf 'Once upon a time there was a fox.' >"$tmp/story.txt"
 "$plumb" kld -m models/tiny --text "$tmp/story.txt" --a '' --b '' >"$tmp/k.out" 2>"$tmp/k.err" &&
   grep -q 'KL divergence statistics' "$tmp/k.out" && ok "kld --text without --tokenizer: $(grep -m1 '^input' "$tmp/k.out")" ||
   bad "kld --text without --tokenizer: $(cat "$tmp/k.err")"
-# kld names its maximum's position and the diff that examines it; that diff, run as printed, compares that
-# position's rows alone and names the position of the largest error (the fault scales every row: the one kept).
-"$plumb" kld --fixture tests/data/golden/tiny --b fault.rsf_twice >"$tmp/km.out" 2>&1
+# kld names its maximum's position and the diff that examines it, as a command with the input's own options; that
+# command, run as printed, compares that position's rows alone and names the position of the largest error (the
+# fault scales every row: the one kept).
+"$plumb" kld -m models/tiny --text "$tmp/story.txt" --chunk 4 --b fault.rsf_twice >"$tmp/km.out" 2>&1
 pos=$(sed -n "s/^Maximum KLD: .* (position \([0-9]*\))$/\1/p" "$tmp/km.out")
-hint=$(grep "^examine .*plumb diff with this input and --a '' --b 'fault.rsf_twice' --positions $pos --local$" "$tmp/km.out")
-"$plumb" diff --fixture tests/data/golden/tiny --a '' --b 'fault.rsf_twice' --positions "$pos" --local >"$tmp/dp.out" 2>&1
+hint=$(sed -n 's/^examine   plumb //p' "$tmp/km.out")
+want="diff -m models/tiny --text $tmp/story.txt --chunk 4 --a '' --b fault.rsf_twice --positions $pos --local"
+eval "\"\$plumb\" $hint" >"$tmp/dp.out" 2>&1
 rc=$?
-[ -n "$pos" ] && [ -n "$hint" ] && [ "$rc" -eq 1 ] && grep -q "^note: positions $pos only:" "$tmp/dp.out" &&
+[ -n "$pos" ] && [ "$hint" = "$want" ] && [ "$rc" -eq 1 ] && grep -q "^note: positions $pos only (1 row in 1 of " "$tmp/dp.out" &&
   grep -q "^where: L0.ffn.routed first exceeds tolerance .*(position $pos): " "$tmp/dp.out" &&
   grep -q "^diagnosis: routed_scaling_factor applied twice" "$tmp/dp.out" &&
-  ok "kld's maximum (position $pos) examined by the diff it names: $(grep '^where' "$tmp/dp.out")" ||
-  bad "kld -> diff --positions: pos '$pos', hint '$hint', rc $rc: $(cat "$tmp/km.out" "$tmp/dp.out")"
+  ok "kld's maximum (position $pos) examined by the diff it prints: $(grep '^where' "$tmp/dp.out")" ||
+  bad "kld -> diff --positions: pos '$pos', hint '$hint' (want '$want'), rc $rc: $(cat "$tmp/km.out" "$tmp/dp.out")"
 # A text longer than the model's context runs (both configurations see the same positions), with a note saying so.
 printf '%s' "$long" >"$tmp/long.txt"
 "$plumb" trace -m models/tiny --text "$tmp/long.txt" -o "$tmp/long.safetensors" --taps logits >/dev/null 2>"$tmp/l.err" &&

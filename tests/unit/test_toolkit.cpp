@@ -134,6 +134,16 @@ TEST(ToolkitMetrics, IndexTiesVersusRealFlips) {
   sb[2] = 5.0f;
   s = compare_index(a, b, &sa, &sb, false, 1e-4);
   EXPECT_EQ(s.real, 1);
+  // Masked entries (-inf, the indexer's invisible ones) do not set the tolerance's scale: a move of 0.45 stays real.
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const Tensor ma({2, 4}, std::vector<float>{3, 1.0f, 0.55f, ninf, 0, 0, 2, 2});
+  Tensor mb = ma;
+  mb[1] = 0.55f, mb[2] = 1.0f;
+  EXPECT_EQ(compare_index(a, b, &ma, &mb, false, 1e-4).real, 1);
+  // A swapped-in entry that is masked on one side is no tie either.
+  mb = ma;
+  mb[1] = ninf;
+  EXPECT_EQ(compare_index(a, b, &ma, &mb, false, 1e-4).real, 1);
   // The first differing row is named by its token position where the caller knows the rows' positions.
   EXPECT_EQ(s.first_bad, "row 0: A {0,1} B {0,2}");
   const std::vector<int64_t> pos{964, 965};
@@ -169,6 +179,13 @@ TEST(ToolkitFilter, GlobsLayersStepsPositions) {
   EXPECT_THROW(TapFilter::parse("", "", "", "x"), Error);
   for (const char* signed_item : {"0--0", "-0", "+1", "1-+2"})  // no sign: "0--0" was the range 0-0
     EXPECT_THROW(TapFilter::parse("", signed_item, "", ""), Error) << signed_item;
+}
+
+TEST(ToolkitFilter, RangesOfValues) {
+  EXPECT_EQ(IntRanges::of({7, 0, 2, 1, 2, 9, 8}).describe(), "0-2,7-9");
+  EXPECT_EQ(IntRanges::of({}).describe(), "all");
+  EXPECT_EQ(IntRanges::parse("3,3,1-4", "--positions").describe(), "3,3,1-4");  // as written
+  EXPECT_TRUE(IntRanges::of({5}).contains(5));
 }
 
 TEST(ToolkitFilter, CheckMatchesNamesWhatAFilterMissed) {
@@ -431,10 +448,13 @@ TEST(ToolkitDiff, PositionsNarrowTheComparison) {
   EXPECT_EQ(one.first.step_name, "s3");
   EXPECT_EQ(one.first_local.step_name, "s3");  // teacher forcing ran on A's whole trace, compared at s3 only
   EXPECT_NE(one.diagnosis.text.find("applied twice"), std::string::npos) << one.diagnosis.text;
+  EXPECT_EQ(one.compared_positions, std::vector<int64_t>{33});
+  EXPECT_EQ(one.steps_with_rows, 1);
   for (const auto& row : one.rows) {
     if (row.is_index || row.only_a || row.only_b || row.f.at < 0) continue;
     EXPECT_EQ(row.f.at_pos, 33) << row.name;
     EXPECT_EQ(row.f.at_shape[0], 1) << row.name;  // the one kept row of step s3
+    if (row.has_local && row.lf.at >= 0) EXPECT_EQ(row.lf.at_pos, 33) << row.name;  // the teacher-forced run's rows too
   }
   // A range across steps: s1's last rows and s2; the largest error is among them and names its position.
   const DiffReport span = diff_live(in, "", "fault.rsf_twice", false, -1, IntRanges::parse("30-32", "--positions"));
@@ -445,12 +465,15 @@ TEST(ToolkitDiff, PositionsNarrowTheComparison) {
   EXPECT_LE(routed->f.at_pos, 32);
   EXPECT_LT(routed->f.numel, routed_all->f.numel);
   // Without --positions the largest error's position is its row's: start_pos + row.
-  EXPECT_GE(routed_all->f.at_pos, 0);
+  const FloatStats& fa = routed_all->f;
+  ASSERT_GE(fa.at, 0);
+  const int64_t row_width = fa.at_shape.size() > 1 ? fa.at_shape[1] * (fa.at_shape.size() > 2 ? fa.at_shape[2] : 1) : 1;
+  EXPECT_EQ(fa.at_pos, in.steps[size_t(fa.at_step)].start_pos + fa.at / row_width);
   expect_error([&] { diff_live(in, "", "fault.rsf_twice", false, -1, IntRanges::parse("38", "--positions")); },
                "--positions: position 38 is beyond the 38 positions");
   // Recorded traces: the rows they kept are what --positions can ask for.
   const auto ref = load_model(kTiny, ""), bad = load_model(kTiny, "fault.rsf_twice");
-  const TapFilter f = TapFilter::parse("", "", "", "0-3,33");
+  const TapFilter f = TapFilter::parse("", "", "", "0-3,33"), f2 = TapFilter::parse("", "", "", "0-3");
   const fs::path dir = fs::temp_directory_path() / fmt::format("plumb_toolkit_pos_{}", ::getpid());
   fs::create_directories(dir);
   write_trace(run_trace(*ref, in, "", &f), (dir / "a.safetensors").string());
@@ -462,8 +485,13 @@ TEST(ToolkitDiff, PositionsNarrowTheComparison) {
   EXPECT_EQ(tr.first.tap, "L0.ffn.routed");
   EXPECT_EQ(tr.first.step_name, "s3");
   EXPECT_EQ(tr.row("L0.ffn.routed")->f.at_pos, 33);
+  // Trace B must hold the rows too.
+  write_trace(run_trace(*bad, in, "fault.rsf_twice", &f2), (dir / "b2.safetensors").string());
+  o.trace_b = (dir / "b2.safetensors").string();
+  expect_error([&] { run_diff(o); }, "b2.safetensors holds no row of position 33 (it holds 4 rows, of positions 0-3)");
+  o.trace_b = (dir / "b.safetensors").string();
   o.positions = IntRanges::parse("10-20", "--positions");
-  expect_error([&] { run_diff(o); }, "holds no row of positions 10-20 (it holds 5 rows, positions 0 to 33)");
+  expect_error([&] { run_diff(o); }, "holds no row of positions 10-20 (it holds 5 rows, of positions 0-3,33)");
   fs::remove_all(dir);
 }
 
@@ -524,6 +552,23 @@ TEST(ToolkitKld, SmallValuesKeepSignificantDigits) {
 // the vocabulary used to index B's log-probabilities, a 1-D topk.ids read a dimension it does not have, a vocab that
 // is not a number threw std::invalid_argument and a step of another JSON type nlohmann's type_error; a step's n or
 // start_pos that is not an integer within the tokens is refused as a malformed step.
+// B's NaN rows give infinite KL values: the percentiles between two of them are infinite, not NaN (0 x (inf - inf)),
+// and an infinite mean has no uncertainty.
+TEST(ToolkitKld, InfiniteValuesKeepTheirPercentiles) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(percentile({0.0, inf, inf, inf}, 0.5), inf);
+  EXPECT_EQ(percentile({0.0, 1.0, inf}, 0.75), inf);
+  EXPECT_EQ(percentile({0.0, 1.0, 2.0}, 0.25), 0.5);
+  std::vector<double> v(12, inf);
+  const MeanUnc m = mean_unc(v);
+  EXPECT_EQ(m.mean, inf);
+  EXPECT_FALSE(m.has_unc);
+  EXPECT_EQ(m.n, 12u);
+  EXPECT_EQ(shell_quote("models/tiny"), "models/tiny");
+  EXPECT_EQ(shell_quote(""), "''");
+  EXPECT_EQ(shell_quote("my file's.txt"), "'my file'\\''s.txt'");
+}
+
 TEST(ToolkitKld, CorruptReferenceFilesAreRefused) {
   const std::string path = (fs::temp_directory_path() / fmt::format("plumb_kldbad_{}.safetensors", ::getpid())).string();
   const std::string steps = R"([{"name":"s0","kind":"prefill","start_pos":0,"n":2}])";
