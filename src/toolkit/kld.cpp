@@ -331,63 +331,77 @@ std::string format_kl(double v) {
   return std::fabs(v) < 1e-3 ? fmt::format("{:.3e}", v) : fmt::format("{:.6f}", v);
 }
 
-void print_kld(const KldReport& r) {
+KldSummary summarize(const KldReport& r) {
+  KldSummary m;
+  m.kld = mean_unc(r.kld);
+  for (size_t i = 0; i < std::size(m.percentiles); ++i) m.percentiles[i] = percentile(r.kld, KldSummary::kFractions[i]);
+  m.max_position = max_position(r);
   const size_t n = r.kld.size();
+  std::vector<double> same(r.same_top.begin(), r.same_top.end());
+  m.same_top = n ? mean_unc(same).mean : 0;
+  m.same_top_unc = n > 1 ? std::sqrt(m.same_top * (1 - m.same_top) / double(n - 1)) : NAN;
+  std::vector<double> dp, sq;
+  for (double v : r.dp_top)
+    if (std::isfinite(v)) dp.push_back(v), sq.push_back(v * v);
+  m.dp_top = mean_unc(dp);
+  const MeanUnc ms = mean_unc(sq);
+  m.rms_dp_top = std::sqrt(ms.mean);
+  m.rms_dp_top_unc = ms.has_unc ? (m.rms_dp_top > 0 ? ms.unc / (2 * m.rms_dp_top) : 0.0) : NAN;
+  m.next_tokens = r.nll_a.size();
+  if (m.next_tokens) {
+    std::vector<double> d;
+    for (size_t i = 0; i < r.nll_a.size(); ++i) d.push_back(r.nll_b[i] - r.nll_a[i]);
+    m.ppl_a = std::exp(mean_unc(r.nll_a).mean), m.ppl_b = std::exp(mean_unc(r.nll_b).mean);
+    m.ln_ppl_ratio = mean_unc(d);
+    m.dp_next = mean_unc(r.dp_next);
+  }
+  // What comes next when the two disagree beyond rounding: the diff that names the first op diverging at the worst
+  // token, teacher forced, as a command to run (the input's options as given; a --ref file's input is its own).
+  if (m.max_position >= 0 && m.percentiles[0] > kExamineKld) {
+    const std::string rest =
+        fmt::format("--a {} --b {} --positions {} --local", shell_quote(r.a_config), shell_quote(r.b), m.max_position);
+    m.examine = !r.input_args.empty()
+                    ? fmt::format("plumb diff {} {}", r.input_args, rest)
+                    : fmt::format("plumb diff with the input {} was saved for ({}) and {}", r.ref_file, r.source, rest);
+  }
+  return m;
+}
+
+void print_kld(const KldReport& r) {
+  const KldSummary m = summarize(r);
   fmt::print("plumb kld: P_A [{}] vs P_B [{}]\n", r.a.empty() ? "reference" : r.a, r.b.empty() ? "reference" : r.b);
-  fmt::print("input     {}, {} tokens, vocab {}\n", r.source, n, r.vocab);
+  fmt::print("input     {}, {} tokens, vocab {}\n", r.source, r.kld.size(), r.vocab);
   fmt::print("method    {}\n", r.topk ? fmt::format("against {}: A's top-{} log-probs + the rest of A's mass as one bin "
                                                        "(a lower bound of the full KL), fp32-rounded on both sides", r.ref_file, r.topk)
                                         : std::string("full vocabulary, fp64 log-softmax of both configurations' logits"));
   if (r.nonfinite_rows) fmt::print("warning   {} rows of B's logits hold NaN/Inf (KLD inf)\n", r.nonfinite_rows);
-  auto no_unc = [](const MeanUnc& m) { return std::string(m.n <= 10 ? "n/a (N <= 10)" : "n/a (not finite)"); };
-  auto unc = [&](const MeanUnc& m, double scale, int prec) {
-    return m.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", m.mean * scale, prec, m.unc * scale, prec)
-                     : fmt::format("{:.{}f} ± {}", m.mean * scale, prec, no_unc(m));
+  auto no_unc = [](const MeanUnc& u) { return std::string(u.n <= 10 ? "n/a (N <= 10)" : "n/a (not finite)"); };
+  auto unc = [&](const MeanUnc& u, double scale, int prec) {
+    return u.has_unc ? fmt::format("{:.{}f} ± {:.{}f}", u.mean * scale, prec, u.unc * scale, prec)
+                     : fmt::format("{:.{}f} ± {}", u.mean * scale, prec, no_unc(u));
   };
   fmt::print("====== KL divergence statistics (KL(P_A || P_B), nats per token) ======\n");
-  const MeanUnc mk = mean_unc(r.kld);
-  fmt::print("Mean    KLD: {} ± {}\n", format_kl(mk.mean), mk.has_unc ? format_kl(mk.unc) : no_unc(mk));
-  const std::pair<const char*, double> ps[] = {{"Maximum", 1.0}, {"99.9%  ", 0.999}, {"99.0%  ", 0.99}, {"95.0%  ", 0.95},
-                                               {"90.0%  ", 0.90}, {"Median ", 0.5},   {"10.0%  ", 0.10}, {"Minimum", 0.0}};
-  for (const auto& [name, p] : ps) {
-    // The maximum says where it is (the row of every step's tokens in order: the position from the session's start),
-    // the place to point `plumb diff --positions` at (the command is printed at the end).
-    const int64_t at = p == 1.0 ? max_position(r) : -1;
-    fmt::print("{} KLD: {}{}\n", name, format_kl(percentile(r.kld, p)), at >= 0 ? fmt::format(" (position {})", at) : "");
-  }
+  fmt::print("Mean    KLD: {} ± {}\n", format_kl(m.kld.mean), m.kld.has_unc ? format_kl(m.kld.unc) : no_unc(m.kld));
+  const char* names[] = {"Maximum", "99.9%  ", "99.0%  ", "95.0%  ", "90.0%  ", "Median ", "10.0%  ", "Minimum"};
+  static_assert(std::size(names) == std::size(KldSummary::kFractions));
+  for (size_t i = 0; i < std::size(names); ++i)
+    // The maximum says where it is (the row of every step's tokens in order: the position from the session's
+    // start), the place to point `plumb diff --positions` at (the command is printed at the end).
+    fmt::print("{} KLD: {}{}\n", names[i], format_kl(m.percentiles[i]),
+               i == 0 && m.max_position >= 0 ? fmt::format(" (position {})", m.max_position) : "");
   fmt::print("====== Token probability statistics ======\n");
-  std::vector<double> same(r.same_top.begin(), r.same_top.end());
-  const double p = n ? mean_unc(same).mean : 0;
-  fmt::print("Same top p: {} ± {} %\n", pct(p), n > 1 ? pct(std::sqrt(p * (1 - p) / double(n - 1))) : "n/a");
-  std::vector<double> dp;
-  for (double v : r.dp_top)
-    if (std::isfinite(v)) dp.push_back(v);
-  fmt::print("Mean Δp of A's top token: {} %\n", unc(mean_unc(dp), 100, 3));
-  std::vector<double> sq;
-  for (double v : dp) sq.push_back(v * v);
-  const MeanUnc ms = mean_unc(sq);
-  const double rms = std::sqrt(ms.mean);
-  fmt::print("RMS  Δp of A's top token: {:.3f}{} %\n", 100 * rms,
-             ms.has_unc ? fmt::format(" ± {:.3f}", rms > 0 ? 100 * ms.unc / (2 * rms) : 0.0) : " ± n/a");
-  if (!r.nll_a.empty()) {
-    fmt::print("====== Next-token statistics ({} tokens followed by a token of the input{}) ======\n", r.nll_a.size(),
+  fmt::print("Same top p: {} ± {} %\n", pct(m.same_top), std::isnan(m.same_top_unc) ? "n/a" : pct(m.same_top_unc));
+  fmt::print("Mean Δp of A's top token: {} %\n", unc(m.dp_top, 100, 3));
+  fmt::print("RMS  Δp of A's top token: {:.3f}{} %\n", 100 * m.rms_dp_top,
+             std::isnan(m.rms_dp_top_unc) ? " ± n/a" : fmt::format(" ± {:.3f}", 100 * m.rms_dp_top_unc));
+  if (m.next_tokens) {
+    fmt::print("====== Next-token statistics ({} tokens followed by a token of the input{}) ======\n", m.next_tokens,
                r.next_skipped ? fmt::format("; {} more left out: B's row holds NaN/Inf", r.next_skipped) : "");
-    const MeanUnc a = mean_unc(r.nll_a), b = mean_unc(r.nll_b);
-    std::vector<double> d;
-    for (size_t i = 0; i < r.nll_a.size(); ++i) d.push_back(r.nll_b[i] - r.nll_a[i]);
-    fmt::print("PPL(A): {:.4f}   PPL(B): {:.4f}\n", std::exp(a.mean), std::exp(b.mean));
-    fmt::print("Mean ln(PPL(B)/PPL(A)): {}\n", unc(mean_unc(d), 1, 6));
-    fmt::print("Mean Δp of the next token: {} %\n", unc(mean_unc(r.dp_next), 100, 3));
+    fmt::print("PPL(A): {:.4f}   PPL(B): {:.4f}\n", m.ppl_a, m.ppl_b);
+    fmt::print("Mean ln(PPL(B)/PPL(A)): {}\n", unc(m.ln_ppl_ratio, 1, 6));
+    fmt::print("Mean Δp of the next token: {} %\n", unc(m.dp_next, 100, 3));
   }
-  // What comes next when the two disagree beyond rounding: the diff that names the first op diverging at the worst
-  // token, teacher forced, as a command to run (the input's options as given; a --ref file's input is its own).
-  if (const int64_t at = max_position(r); at >= 0 && percentile(r.kld, 1) > kExamineKld) {
-    const std::string rest = fmt::format("--a {} --b {} --positions {} --local", shell_quote(r.a_config), shell_quote(r.b), at);
-    if (!r.input_args.empty())
-      fmt::print("examine   plumb diff {} {}\n", r.input_args, rest);
-    else
-      fmt::print("examine   plumb diff with the input {} was saved for ({}) and {}\n", r.ref_file, r.source, rest);
-  }
+  if (!m.examine.empty()) fmt::print("examine   {}\n", m.examine);
   fmt::print("computed in {:.3f} s\n", r.seconds);
   std::fflush(stdout);
 }
@@ -395,23 +409,30 @@ void print_kld(const KldReport& r) {
 std::string kld_json(const KldReport& r) {
   nlohmann::ordered_json j;
   auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(std::isnan(v) ? "nan" : "inf"); };
-  const MeanUnc m = mean_unc(r.kld);
-  std::vector<double> same(r.same_top.begin(), r.same_top.end());
-  const double p = same.empty() ? 0 : mean_unc(same).mean;
-  std::vector<double> dp;
-  for (double v : r.dp_top)
-    if (std::isfinite(v)) dp.push_back(v);
-  const MeanUnc d = mean_unc(dp);
+  auto mean = [&](const MeanUnc& u) {
+    return nlohmann::ordered_json{{"mean", num(u.mean)}, {"unc", u.has_unc ? num(u.unc) : nullptr}};
+  };
+  const KldSummary m = summarize(r);
   j["format"] = "plumb-kld/1";
   j["a"] = r.a, j["b"] = r.b, j["input"] = r.source, j["model"] = r.model_dir, j["tokens"] = r.kld.size();
   j["vocab"] = r.vocab, j["topk"] = r.topk, j["ref_file"] = r.ref_file;
-  j["kld"] = {{"mean", num(m.mean)}, {"unc", m.has_unc ? num(m.unc) : nullptr}, {"max", num(percentile(r.kld, 1))}, {"max_position", max_position(r)},
-              {"p99.9", num(percentile(r.kld, 0.999))}, {"p99", num(percentile(r.kld, 0.99))},
-              {"p95", num(percentile(r.kld, 0.95))}, {"p90", num(percentile(r.kld, 0.9))},
-              {"median", num(percentile(r.kld, 0.5))}, {"min", num(percentile(r.kld, 0))}};
-  j["same_top"] = {{"p", p}, {"unc", r.kld.size() > 1 ? num(std::sqrt(p * (1 - p) / double(r.kld.size() - 1))) : nullptr}};
-  j["dp_top"] = {{"mean", num(d.mean)}, {"unc", d.has_unc ? num(d.unc) : nullptr}};
+  j["kld"] = mean(m.kld);
+  const char* keys[] = {"max", "p99.9", "p99", "p95", "p90", "median", "p10", "min"};
+  static_assert(std::size(keys) == std::size(KldSummary::kFractions));
+  for (size_t i = 0; i < std::size(keys); ++i) {
+    j["kld"][keys[i]] = num(m.percentiles[i]);
+    if (i == 0) j["kld"]["max_position"] = m.max_position;
+  }
+  j["same_top"] = {{"p", m.same_top}, {"unc", std::isnan(m.same_top_unc) ? nullptr : num(m.same_top_unc)}};
+  j["dp_top"] = mean(m.dp_top);
+  j["rms_dp_top"] = {{"value", num(m.rms_dp_top)}, {"unc", std::isnan(m.rms_dp_top_unc) ? nullptr : num(m.rms_dp_top_unc)}};
+  if (m.next_tokens)
+    j["next_token"] = {{"tokens", m.next_tokens}, {"left_out", r.next_skipped}, {"ppl_a", num(m.ppl_a)},
+                       {"ppl_b", num(m.ppl_b)}, {"ln_ppl_ratio", mean(m.ln_ppl_ratio)}, {"dp", mean(m.dp_next)}};
+  else
+    j["next_token"] = nullptr;
   j["nonfinite_rows"] = r.nonfinite_rows;
+  j["examine"] = m.examine.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(m.examine);
   j["per_token_kld"] = nlohmann::ordered_json::array();
   for (double v : r.kld) j["per_token_kld"].push_back(num(v));
   return j.dump(1) + "\n";

@@ -3,6 +3,7 @@
 // uncertainty formulas (reference notes, precision-and-formats.md section 5.1). A's top-k log-probabilities can
 // be saved once and candidates compared against the file later.
 #pragma once
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,22 @@ KldRef read_kld_ref(const std::string& path);
 // Compares configuration B against a saved reference. `model_dir` overrides the folder recorded in the file;
 // `in` (may be null) must then hold the same tokens as the file.
 KldReport kld_against_ref(const std::string& path, const std::string& model_dir, const std::string& b, const RunInput* in);
+
+// Every statistic print_kld and kld_json report, computed once.
+struct KldSummary {
+  static constexpr double kFractions[] = {1.0, 0.999, 0.99, 0.95, 0.90, 0.5, 0.10, 0.0};  // max ... min
+  MeanUnc kld;
+  double percentiles[std::size(kFractions)] = {};
+  int64_t max_position = -1;
+  double same_top = 0, same_top_unc = 0;  // unc NaN: n/a
+  MeanUnc dp_top;
+  double rms_dp_top = 0, rms_dp_top_unc = 0;
+  size_t next_tokens = 0;  // rows followed by a token of the input (B finite): the figures below
+  double ppl_a = 0, ppl_b = 0;
+  MeanUnc ln_ppl_ratio, dp_next;
+  std::string examine;  // the diff command for the maximum ("" below kExamineKld)
+};
+KldSummary summarize(const KldReport& r);
 
 void print_kld(const KldReport& r);
 // One KL value as print_kld shows it: below 1e-3 in three significant digits ("1.897e-07": fast paths at 1e-9 and

@@ -32,9 +32,10 @@ json float_stats(const FloatStats& f, const std::vector<std::string>& steps) {
   return j;
 }
 
-json index_stats(const IndexStats& s) {
+json index_stats(const IndexStats& s, const std::vector<std::string>& steps) {
   return {{"rows", s.rows}, {"agree", s.agree}, {"near_ties", s.ties}, {"real_flips", s.real},
-          {"max_tie_score_move", number(s.max_tie_move)}, {"first_bad", s.first_bad}};
+          {"max_tie_score_move", number(s.max_tie_move)}, {"first_bad", s.first_bad},
+          {"first_bad_step", s.first_bad_step >= 0 ? json(steps[size_t(s.first_bad_step)]) : json(nullptr)}};
 }
 
 json divergence(const Divergence& d) {
@@ -61,10 +62,10 @@ std::string report_json(const DiffReport& r) {
     if (!row.shape_note.empty()) t["shape_mismatch"] = row.shape_note;
     t["diverges"] = row.diverges;
     t["first_step"] = row.first_step >= 0 ? json(r.step_names[size_t(row.first_step)]) : json(nullptr);
-    t["free"] = row.is_index ? index_stats(row.ix) : float_stats(row.f, r.step_names);
+    t["free"] = row.is_index ? index_stats(row.ix, r.step_names) : float_stats(row.f, r.step_names);
     if (row.has_local) {
       t["local_diverges"] = row.local_diverges;
-      t["local"] = row.is_index ? index_stats(row.lix) : float_stats(row.lf, r.step_names);
+      t["local"] = row.is_index ? index_stats(row.lix, r.step_names) : float_stats(row.lf, r.step_names);
     }
     taps.push_back(std::move(t));
   }

@@ -454,7 +454,9 @@ TEST(ToolkitDiff, PositionsNarrowTheComparison) {
     if (row.is_index || row.only_a || row.only_b || row.f.at < 0) continue;
     EXPECT_EQ(row.f.at_pos, 33) << row.name;
     EXPECT_EQ(row.f.at_shape[0], 1) << row.name;  // the one kept row of step s3
-    if (row.has_local && row.lf.at >= 0) EXPECT_EQ(row.lf.at_pos, 33) << row.name;  // the teacher-forced run's rows too
+    if (row.has_local && row.lf.at >= 0) {
+      EXPECT_EQ(row.lf.at_pos, 33) << row.name;  // the teacher-forced run's rows too
+    }
   }
   // A range across steps: s1's last rows and s2; the largest error is among them and names its position.
   const DiffReport span = diff_live(in, "", "fault.rsf_twice", false, -1, IntRanges::parse("30-32", "--positions"));
