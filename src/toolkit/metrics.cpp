@@ -40,7 +40,7 @@ void FloatStats::merge(const FloatStats& o) {
     max_abs = o.max_abs, at = o.at, at_shape = o.at_shape, at_step = o.at_step, at_pos = o.at_pos, a_at = o.a_at;
     b_at = o.b_at;
   }
-  numel += o.numel;
+  numel += o.numel, finite_pairs += o.finite_pairs;
   ref_max = std::max(ref_max, o.ref_max);
   saa += o.saa, sbb += o.sbb, sab += o.sab, sdd += o.sdd;
   nan_a += o.nan_a, nan_b += o.nan_b, inf_a += o.inf_a, inf_b += o.inf_b;
@@ -72,6 +72,7 @@ FloatStats compare_f32(const Tensor& a, const Tensor& b) {
       if (!same) ++s.nonfinite_mismatch;
       continue;
     }
+    ++s.finite_pairs;
     const double dx = x, dy = y, d = dx - dy;
     s.ref_max = std::max(s.ref_max, std::fabs(dx));
     s.saa += dx * dx, s.sbb += dy * dy, s.sab += dx * dy, s.sdd += d * d;

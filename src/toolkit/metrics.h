@@ -11,6 +11,7 @@ namespace plumb::toolkit {
 
 struct FloatStats {
   int64_t numel = 0;
+  int64_t finite_pairs = 0;       // elements finite on both sides: what max|err|, rel L2 and cosine are over
   double max_abs = 0;             // max |a - b| over positions finite on both sides
   int64_t at = -1;                // flat index of max_abs inside the tensor it came from
   Shape at_shape;                 // that tensor's shape (for the coordinate)

@@ -171,6 +171,9 @@ std::string report_html(const DiffReport& r) {
     } else if (row.only_a || row.only_b || !row.shape_note.empty()) {
       h += fmt::format("<td colspan=10 style='text-align:left'>{}</td>",
                        esc(!row.shape_note.empty() ? row.shape_note : row.only_a ? "only in A" : "only in B"));
+    } else if (row.f.finite_pairs == 0) {
+      h += fmt::format("<td colspan=10 style='text-align:left'>no element finite on both sides ({}/{} NaN+Inf in A/B)</td>",
+                       row.f.nan_a + row.f.inf_a, row.f.nan_b + row.f.inf_b);
     } else {
       const FloatStats& f = row.f;
       h += fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.6f}</td>"

@@ -23,8 +23,9 @@ json float_stats(const FloatStats& f, const std::vector<std::string>& steps) {
   if (f.at >= 0)
     j["at"] = {{"step", steps[size_t(f.at_step)]}, {"coord", f.coord()}, {"position", f.at_pos >= 0 ? json(f.at_pos) : json(nullptr)},
                {"a", number(f.a_at)}, {"b", number(f.b_at)}};
-  j["rel_l2"] = number(f.rel_l2());
-  j["cosine"] = number(f.cosine());
+  j["finite_pairs"] = f.finite_pairs;  // 0: the error figures below measure nothing
+  j["rel_l2"] = f.finite_pairs ? number(f.rel_l2()) : json(nullptr);
+  j["cosine"] = f.finite_pairs ? number(f.cosine()) : json(nullptr);
   j["max_ulp_bf16"] = f.max_ulp;
   j["nan_a"] = f.nan_a, j["nan_b"] = f.nan_b, j["inf_a"] = f.inf_a, j["inf_b"] = f.inf_b;
   j["nonfinite_mismatch"] = f.nonfinite_mismatch;

@@ -56,6 +56,10 @@ void print_report(const DiffReport& r) {
       if (!row.ix.first_bad.empty())
         cell += fmt::format("; first: step {} {}", r.step_names[size_t(std::max(0, row.ix.first_bad_step))], row.ix.first_bad);
       line += fmt::format("{:<107}  {:<9}", cell, status(row, false));
+    } else if (row.f.finite_pairs == 0) {  // (B all NaN where A is finite, or no rows): no error to measure
+      line += fmt::format("{:<107}  {:<9}", fmt::format("no element finite on both sides ({}/{} NaN+Inf in A/B)",
+                                                          row.f.nan_a + row.f.inf_a, row.f.nan_b + row.f.inf_b),
+                          status(row, false));
     } else {
       const FloatStats& f = row.f;
       const std::string step = f.at >= 0 ? r.step_names[size_t(f.at_step)] : "-";

@@ -76,6 +76,11 @@ TEST(ToolkitMetrics, NonFiniteCounts) {
   EXPECT_EQ(s.inf_b, 2);
   EXPECT_EQ(s.nonfinite_mismatch, 2);  // 2 vs NaN, -inf vs +inf; NaN/NaN and inf/inf agree
   EXPECT_EQ(s.max_abs, 0.0);
+  EXPECT_EQ(s.finite_pairs, 1);  // only the first element is finite on both sides
+  // B all NaN: nothing finite on both sides, so the error figures (0, cosine 1) measure nothing; the reports say so.
+  const FloatStats all_nan = compare_f32(vec({1, 2}), vec({nan, nan}));
+  EXPECT_EQ(all_nan.finite_pairs, 0);
+  EXPECT_EQ(all_nan.nonfinite_mismatch, 2);
 }
 
 TEST(ToolkitMetrics, ScaleFitFindsPowersOfRsf) {
