@@ -239,6 +239,11 @@ PY
       bad "backend cuda on a terminal, a note run into the loading line: $(tr '\r' '|' <"$tmp/tty.txt" | head -c 600)"
     fi
   fi
+  # bisect on the GPU: every subset against the GPU's own fp32 twin, so the fast kernels beside a planted fault
+  # leave the fault alone as the culprit.
+  "$plumb" bisect --fixture tests/data/golden/tiny --patches cuda.fast,fault.rsf_twice --backend cuda -q >"$tmp/bi.out" 2>&1
+  grep -q '^plumb bisect: .* (backend cuda), criterion: ' "$tmp/bi.out" && grep -q '^bisect: 1 culprit: fault.rsf_twice ' "$tmp/bi.out" &&
+    ok "bisect --backend cuda: $(grep '^bisect:' "$tmp/bi.out")" || bad "bisect --backend cuda: $(cat "$tmp/bi.out")"
   # A model whose weights cannot fit the GPU (~160 GB declared in a sparse file) is refused before the upload.
   if python3 "$(dirname "$0")/oversize_model.py" models/tiny "$tmp/huge" >"$tmp/huge.log" 2>&1; then
     check_error "a model larger than the GPU" "does not fit one GPU" \
