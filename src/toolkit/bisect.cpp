@@ -81,9 +81,24 @@ class Tester {
     std::string why;
     if (!valid_set(s, &why)) return r.valid = false, r.detail = why, r;
     const std::string all = join(s);
+    // The backend may refuse a subset at load that the registry takes (cuda.hc_fold without the patches it folds
+    // into): such a subset is invalid too. The baseline loads first, so a backend that cannot run at all (no GPU)
+    // stops bisect with its own error instead.
+    auto load = [&](std::unique_ptr<Model>& m) {
+      try {
+        m = load_model(o_.input.model_dir, config(all));
+        return true;
+      } catch (const Error& e) {
+        r.valid = false, r.detail = e.what();
+        return false;
+      }
+    };
+    std::unique_ptr<Model> m;
     if (o_.criterion == "kld") {
       const Trace& a = baseline("");
-      const KldReport k = kld_of_traces(a, logits_trace(o_.input, config(all)));
+      if (!load(m)) return r;
+      const TapFilter logits = TapFilter::parse("-", "", "", "");  // a glob no tap name matches: logits only
+      const KldReport k = kld_of_traces(a, run_trace(*m, o_.input, config(all), &logits));
       const double mean = mean_unc(k.kld).mean;
       r.diverges = !(mean <= o_.kld_threshold);  // NaN/inf diverge
       r.detail = fmt::format("mean KLD {:.6g} {} {:g}", mean, r.diverges ? ">" : "<=", o_.kld_threshold);
@@ -92,7 +107,7 @@ class Tester {
     const std::string base = join(numerics_of(s));
     if (base == all) return r.detail = "numerics modes only: the baseline itself", r;
     const Trace& a = baseline(base);
-    const auto m = load_model(o_.input.model_dir, config(all));
+    if (!load(m)) return r;
     const bool local = o_.criterion == "local";
     const Trace b = run_trace(*m, o_.input, config(all), nullptr, local ? &a : nullptr);
     PairTolerance tol = pair_tolerance(config(base), config(all));
