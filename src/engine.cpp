@@ -12,7 +12,10 @@
 namespace plumb {
 
 int32_t Session::forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) {
-  return sampler.sample(forward(tokens), history);
+  std::vector<float> logits = forward(tokens);
+  PLUMB_CHECK(int64_t(logits.size()) == sampler.vocab(), "forward_sample: a sampler for a vocabulary of {} given {} logits",
+              sampler.vocab(), logits.size());
+  return sampler.sample(logits, history);
 }
 
 namespace {
@@ -33,6 +36,8 @@ class ModelSession : public Session {
     return out;
   }
   int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override {
+    PLUMB_CHECK(sampler.vocab() == m_->config().vocab, "forward_sample: the sampler was made for a vocabulary of {}, the "
+                "model's is {}", sampler.vocab(), m_->config().vocab);
     if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens), sampler, history);
     return Session::forward_sample(tokens, sampler, history);
   }
@@ -45,8 +50,14 @@ class ModelSession : public Session {
   SessionState st_;
   int chunk_;
 
-  // Token ids are checked before any pass runs, so an error leaves the session unchanged.
-  void check(std::span<const int32_t> tokens) const { m_->check_tokens(st_, tokens); }
+  // Token ids and the context are checked before any pass runs, so an error leaves the session unchanged. (The
+  // toolkit runs the model past its context on purpose, through Model; a Session does not.)
+  void check(std::span<const int32_t> tokens) const {
+    m_->check_tokens(st_, tokens);
+    const int64_t ctx = m_->config().max_positions, end = st_.pos + int64_t(tokens.size());
+    PLUMB_CHECK(ctx <= 0 || end <= ctx, "{} tokens at position {} would reach position {}, past the model's context of {} "
+                "tokens (max_position_embeddings)", tokens.size(), st_.pos, end, ctx);
+  }
   std::vector<std::span<const int32_t>> pieces(std::span<const int32_t> tokens) const {
     std::vector<std::span<const int32_t>> out;
     const size_t step = chunk_ > 0 ? size_t(chunk_) : tokens.size();

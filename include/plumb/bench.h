@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "plumb/error.h"
+
 namespace plumb::cuda {
 
 struct BenchOptions {

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "plumb/error.h"
+
 namespace plumb {
 
 class Sampler;  // plumb/text.h
@@ -55,11 +57,19 @@ void set_cpu_threads(int n);
 // the line is redrawn below each note instead of being run into.
 void set_notice_sink(std::function<void(std::string_view)> sink);
 
+// Threads: an Engine is immutable once loaded, and its sessions may run on different threads, one thread at a time
+// per Session (a Session is not thread-safe). On the CPU backend the process-wide thread pool (set_cpu_threads) runs
+// one parallel loop at a time, so sessions driven from several threads take their turns, with the same results as
+// run one after another; on backend cuda the sessions of one engine share its GPU streams and scratch buffers:
+// drive them from one thread at a time. A Session keeps its Engine's model alive (it may outlive the Engine object).
 class Engine {
  public:
   // dir: a model folder (config.json + model.safetensors or a sharded index). Throws plumb::Error naming the
   // file or tensor at fault.
   static std::shared_ptr<Engine> load(const std::string& dir, const EngineOptions& opt = {});
+  Engine() = default;
+  Engine(const Engine&) = delete;  // (a loaded model is shared through the shared_ptr, never copied)
+  Engine& operator=(const Engine&) = delete;
   virtual ~Engine() = default;
   virtual const ModelInfo& info() const = 0;
   virtual std::unique_ptr<Session> new_session() const = 0;
@@ -68,15 +78,19 @@ class Engine {
 
 class Session {
  public:
+  Session() = default;
+  Session(const Session&) = delete;  // (one cache timeline: move the unique_ptr)
+  Session& operator=(const Session&) = delete;
   virtual ~Session() = default;
   // Feeds tokens at positions position() .. position()+n-1 and returns the logits of the LAST token (vocab floats).
-  // All token ids are validated before anything is computed; on error the session is unchanged.
+  // The tokens are validated before anything is computed (ids in the vocabulary, and position()+n within the
+  // model's context, max_position_embeddings, where it names one); on error the session is unchanged.
   virtual std::vector<float> forward(std::span<const int32_t> tokens) = 0;
   // Same, but the logits of every token: n * vocab floats, row-major.
   virtual std::vector<float> forward_all(std::span<const int32_t> tokens) = 0;
   // Feeds tokens like forward() and returns sampler.sample(last logits, history). On backend cuda the sampling
   // runs on the GPU (the logits never leave it), drawing from the sampler's RNG exactly as sample() would. The
-  // default samples on the host.
+  // default samples on the host. A sampler made for another vocabulary is refused before anything is fed.
   virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.

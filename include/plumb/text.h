@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "plumb/error.h"
+
 #include "plumb/engine.h"
 
 namespace plumb {
@@ -140,6 +142,7 @@ class Sampler {
   Sampler(const SamplingParams& p, int32_t vocab);
   ~Sampler();
   Sampler(Sampler&&) noexcept;
+  int32_t vocab() const;  // the logits per row it takes
   // Picks a token from one row of logits; `history` are the tokens so far (for the penalties).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
   // The distribution sample() draws from: (id, probability) in decreasing probability, after penalties,
@@ -167,15 +170,21 @@ struct GenerateOptions {
   SamplingParams sampling;
   int max_tokens = 256;                   // sampled tokens, a final stop token included
   std::vector<std::string> stop_strings;  // matched on the decoded text, across token boundaries
-  std::vector<int32_t> stop_tokens;       // e.g. EOS; the stop token's text is not emitted
+  std::vector<int32_t> stop_tokens;       // more stop tokens (EOS stops already, see stop_at_eos); not emitted
+  bool stop_at_eos = true;                // the model's EOS (ModelInfo::eos_token, where it names one) stops too
   bool skip_special = false;              // drop special tokens from the emitted text
+  // Asked after each sampled token (its text emitted): true stops the generation there, as a stop would
+  // (StopReason::Cancelled, the held-back text flushed, the result complete: `unfed` continues the session). May
+  // be empty. A front end's Ctrl-C, a client gone, a deadline.
+  std::function<bool()> should_stop;
 };
 
 // The sampling parameters (check_sampling) and --max-tokens; generate() checks them too (before any forward).
 void check_generate_options(const GenerateOptions& opt);
 
-enum class StopReason { Token, String, Length, Context };
-const char* stop_reason_name(StopReason r);  // "eos/stop token", "stop string", "max tokens", "context full"
+enum class StopReason { Token, String, Length, Context, Cancelled };
+// "stop token" (EOS or another), "stop string", "max tokens", "context full", "cancelled"
+const char* stop_reason_name(StopReason r);
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // every sampled token, in order

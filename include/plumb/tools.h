@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "plumb/error.h"
+
 namespace plumb::tools {
 
 struct VerifyGoldenOptions {
@@ -21,6 +23,10 @@ struct VerifyGoldenOptions {
   std::string mode = "auto";
   bool quiet = false;           // print only failing taps and the per-step summary lines
 };
+
+// The options alone (a known backend that can run here, a known mode, a patch list the registry takes): what
+// verify_golden() checks before loading a fixture, for a caller about to verify many.
+void check_verify_options(const VerifyGoldenOptions& opt);
 
 // Runs the fixture's steps on one session and compares logits and taps. Prints the per-step tables and a
 // final one-line verdict. Returns 0 when everything passes, 1 when something fails.

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "plumb/bench.h"
-#include "plumb/error.h"
+#include "plumb/check.h"
 
 namespace plumb::cli {
 

@@ -2,6 +2,7 @@
 // each with its first diverging tap and diagnosis.
 #include "cli/commands.h"
 #include "cli/input_options.h"
+#include "plumb/check.h"
 
 namespace plumb::cli {
 

@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "cli/input_options.h"
 #include "cli/progress.h"
-#include "plumb/error.h"
+#include "plumb/check.h"
 
 namespace plumb::cli {
 

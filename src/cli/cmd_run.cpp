@@ -9,7 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "plumb/error.h"
+#include "plumb/check.h"
 
 namespace plumb::cli {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "plumb/error.h"
+#include "plumb/check.h"
 #include "plumb/text.h"
 
 namespace plumb::cli {

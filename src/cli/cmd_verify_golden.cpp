@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "plumb/error.h"
+#include "plumb/check.h"
 #include "plumb/tools.h"
 
 namespace plumb::cli {
@@ -40,8 +40,11 @@ std::vector<std::string> expand_fixtures(const std::vector<std::string>& dirs) {
 }
 
 // Several fixtures: each verified in turn (a fixture that cannot be loaded is reported and the others still run),
-// then one summary line per fixture that did not pass and the totals. 0 only when every fixture passes.
+// then one summary line per fixture that did not pass and the totals. Exit 0 when every fixture passes, 1 when one
+// failed its check, else 2 (one could not run). The options are checked first (an unknown patch, a backend this
+// build or machine lacks): one error, not one per fixture.
 int verify_many(tools::VerifyGoldenOptions opt, const std::vector<std::string>& fixtures) {
+  tools::check_verify_options(opt);
   std::vector<std::string> failed, errors;
   for (size_t i = 0; i < fixtures.size(); ++i) {
     opt.dir = fixtures[i];
@@ -50,6 +53,7 @@ int verify_many(tools::VerifyGoldenOptions opt, const std::vector<std::string>& 
     try {
       if (tools::verify_golden(opt) != 0) failed.push_back(opt.dir);
     } catch (const Error& e) {
+      std::fflush(stdout);  // (the fixture's lines before its error)
       fmt::print(stderr, "error: {}\n", e.what());
       errors.push_back(fmt::format("{}: {}", opt.dir, e.what()));
     }
@@ -59,7 +63,7 @@ int verify_many(tools::VerifyGoldenOptions opt, const std::vector<std::string>& 
              errors.size(), opt.patches.empty() ? "" : fmt::format(" (patches [{}])", opt.patches));
   for (const auto& f : failed) fmt::print("  FAIL   {}\n", f);
   for (const auto& e : errors) fmt::print("  ERROR  {}\n", e);
-  return failed.empty() && errors.empty() ? 0 : 1;
+  return !failed.empty() ? 1 : !errors.empty() ? 2 : 0;
 }
 
 }  // namespace

@@ -25,7 +25,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "plumb/error.h"
+#include "plumb/check.h"
 
 namespace plumb::cli {
 

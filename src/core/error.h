@@ -1,4 +1,3 @@
-// plumb::Error, fail() and PLUMB_CHECK live in the public header (code built on plumb's API throws and catches
-// the same type).
+// plumb::Error (public: code built on plumb's API throws and catches the same type), fail() and PLUMB_CHECK.
 #pragma once
-#include "plumb/error.h"
+#include "plumb/check.h"

@@ -14,6 +14,7 @@ const char* stop_reason_name(StopReason r) {
     case StopReason::String: return "stop string";
     case StopReason::Length: return "max tokens";
     case StopReason::Context: return "context full";
+    case StopReason::Cancelled: return "cancelled";
   }
   return "?";
 }
@@ -75,7 +76,8 @@ GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer
     r.tokens.push_back(id);
     history.push_back(id);
     r.unfed = id;
-    if (std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) != opt.stop_tokens.end()) {
+    if (std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) != opt.stop_tokens.end() ||
+        (opt.stop_at_eos && info.eos_token >= 0 && id == info.eos_token)) {
       r.stop = StopReason::Token;
       break;
     }
@@ -86,6 +88,10 @@ GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer
     }
     if (int64_t(r.tokens.size()) >= opt.max_tokens) {
       r.stop = StopReason::Length;
+      break;
+    }
+    if (opt.should_stop && opt.should_stop()) {
+      r.stop = StopReason::Cancelled;
       break;
     }
     if (ctx > 0 && session.position() >= ctx) {  // no room to feed the token just sampled

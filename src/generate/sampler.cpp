@@ -85,6 +85,7 @@ Sampler::Sampler(const SamplingParams& p, int32_t vocab) : impl_(std::make_uniqu
 }
 Sampler::~Sampler() = default;
 Sampler::Sampler(Sampler&&) noexcept = default;
+int32_t Sampler::vocab() const { return impl_->vocab; }
 
 std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const float> logits,
                                                              std::span<const int32_t> history) const {

@@ -28,6 +28,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   auto m = std::make_unique<Model>();
   m->dir_ = dir;
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
+  PLUMB_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir),
+              "{} is a file: give its folder (a model folder holds config.json and model.safetensors)", dir);
   PLUMB_CHECK(std::filesystem::exists(cfg_path), "model folder {} has no config.json", dir);
   m->cfg_ = ModelConfig::load(cfg_path);
   if (opt.fault_v3_grouped_topk)

@@ -9,6 +9,7 @@
 #include "core/strings.h"
 #include "model/model.h"
 #include "patches/registry.h"
+#include "cuda/api.h"
 #include "plumb/tools.h"
 #include "tools/golden_fixture.h"
 
@@ -123,9 +124,20 @@ std::string selection_scores_of(const std::string& index_tap) {
 
 }  // namespace
 
-int verify_golden(const VerifyGoldenOptions& opt) {
+void check_verify_options(const VerifyGoldenOptions& opt) {
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (available: {})", opt.backend, kBackends);
   PLUMB_CHECK(opt.mode == "auto" || opt.mode == "free" || opt.mode == "forced", "unknown mode '{}' (auto, free, forced)", opt.mode);
+  std::string why;
+  PLUMB_CHECK(opt.backend != "cuda" || cuda::available(&why), "backend cuda: {}", why);
+  // Known names (combinations are checked with each fixture's own numerics mode, which joins the list there).
+  std::string names;
+  for (const auto& name : split_list(opt.patches))
+    if (name != kFixtureNumerics) append_item(names, name);
+  expand_patch_list(names);
+}
+
+int verify_golden(const VerifyGoldenOptions& opt) {
+  check_verify_options(opt);
   const auto fx = GoldenFixture::load(opt.dir);
   const std::string own = fixture_numerics(fx);
   const bool official_golden = own != "numerics.reference";
@@ -187,9 +199,16 @@ int verify_golden(const VerifyGoldenOptions& opt) {
     rec.f32["logits"] = logits;
     rec.order.push_back("logits");
 
-    fmt::print("\nstep {} ({}, {} token{}, start_pos {})\n", step.name, step.kind, step.tokens.size(),
-               step.tokens.size() == 1 ? "" : "s", step.start_pos);
-    fmt::print("  {:<28} {:>11} {:>11}  {}\n", "tap", "max|err|", "err/max|ref|", "status");
+    // The step's heading and table header; with --quiet only above a failing tap (the step's summary line stays).
+    bool headed = false;
+    auto heading = [&] {
+      if (headed) return;
+      headed = true;
+      fmt::print("\nstep {} ({}, {} token{}, start_pos {})\n", step.name, step.kind, step.tokens.size(),
+                 step.tokens.size() == 1 ? "" : "s", step.start_pos);
+      fmt::print("  {:<28} {:>11} {:>11}  {}\n", "tap", "max|err|", "err/max|ref|", "status");
+    };
+    if (!opt.quiet) heading();
     std::set<std::string> seen;
     std::map<std::string, std::set<int64_t>> excluded;  // tap -> rows changed by a near-tie flip upstream
     int64_t step_fail = 0;
@@ -199,7 +218,7 @@ int verify_golden(const VerifyGoldenOptions& opt) {
         ++failed, ++step_fail;
         if (first_fail.empty()) first_fail = step.name + "." + tap;
       }
-      if (!ok || !opt.quiet) fmt::print("  {:<28} {}\n", tap, line);
+      if (!ok || !opt.quiet) heading(), fmt::print("  {:<28} {}\n", tap, line);
     };
     for (const auto& tap : rec.order) {
       if (!seen.insert(tap).second) continue;
@@ -227,7 +246,7 @@ int verify_golden(const VerifyGoldenOptions& opt) {
         if (forced)  // only teacher forcing confines a flip to its own sublayer
           for (const auto& dep : dependents_of(tap)) excluded[dep].insert(a.flipped.begin(), a.flipped.end());
         else if (!a.flipped.empty() && ps.tolerance_fp32() > 1e-4)
-          fmt::print("  (near-tie flips change everything downstream when free running: use --mode forced)\n");
+          heading(), fmt::print("  (near-tie flips change everything downstream when free running: use --mode forced)\n");
         flips += a.ties;
         report(tap, a.ok(), fmt::format("{:>11} {:>11}  sets agree {}/{} rows{}{}", "", "", a.agree, a.rows,
                                         a.ties ? fmt::format(", {} near-tie flips", a.ties) : "",
@@ -263,7 +282,7 @@ int verify_golden(const VerifyGoldenOptions& opt) {
     // Taps the fixture declares but the engine never produced.
     for (const auto& tap : fx.taps)
       if (!seen.count(tap) && fx.find(step.name, tap)) report(tap, false, "FAIL: not produced by the engine");
-    if (!fx.find(step.name, "logits")) fmt::print("  (fixture has no {}.logits)\n", step.name);
+    if (!fx.find(step.name, "logits")) heading(), fmt::print("  (fixture has no {}.logits)\n", step.name);
     fmt::print("  step {}: {}\n", step.name, step_fail ? fmt::format("{} FAILED", step_fail) : std::string("all ok"));
   }
   fmt::print("\nran {} steps, {} tokens in {:.3f} s ({:.1f} tokens/s{})\n", fx.steps.size(), tokens, seconds,

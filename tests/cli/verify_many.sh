@@ -36,10 +36,19 @@ chmod -R u+w "$work/root"
 rm "$work/root/b-broken/model.safetensors"
 cp -r "$golden/swa-hash" "$work/root/c-swa"
 run "$work/root"
-check "a root: its fixtures in name order, the broken one reported, the others run" \
-  '[ $rc -eq 1 ] && grep -q "^verify-golden: 3 fixtures, 2 pass, 0 fail, 1 could not run" "$work/out" &&
+check "a root: its fixtures in name order, the broken one reported, the others run (exit 2: one could not run)" \
+  '[ $rc -eq 2 ] && grep -q "^verify-golden: 3 fixtures, 2 pass, 0 fail, 1 could not run" "$work/out" &&
    grep -q "ERROR  .*b-broken: .*model.safetensors" "$work/out" && grep -q "^error: .*model.safetensors" "$work/err" &&
    [ "$(grep -c "^=== \[" "$work/out")" -eq 3 ] && grep -n "^=== \[" "$work/out" | head -1 | grep -q "a-tiny"'
+
+# Options that no fixture could run with are one error, not one per fixture.
+run --patches bogus "$work/root"
+check "an unknown patch: one error line before any fixture" \
+  '[ $rc -eq 2 ] && [ "$(grep -c . "$work/err")" -eq 1 ] && grep -q "^error: unknown patch .bogus." "$work/err" &&
+   ! grep -q "^=== \[" "$work/out"'
+run -q "$work/root/a-tiny" "$work/root/c-swa"
+check "-q: no step heading or tap table where every tap passes" \
+  '[ $rc -eq 0 ] && ! grep -q "^step s0 (" "$work/out" && ! grep -q "max|err|" "$work/out" && grep -q "^  step s0: all ok" "$work/out"'
 
 run --patches fault.rsf_twice "$work/root/a-tiny" "$work/root/c-swa"
 check "a fault fails every fixture, each named" \

@@ -3,6 +3,8 @@
 // session (stop token, stop string, max tokens, context end, the errors checked before the session is touched).
 #include <gtest/gtest.h>
 
+#include <type_traits>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -377,6 +379,43 @@ TEST_F(GenerateFixture, ErrorsLeaveTheSessionUntouched) {
   expect_error({0}, info, greedy(0), "--max-tokens");
 }
 
+// The model's EOS stops without being listed (stop_at_eos), unless switched off; should_stop ends the generation
+// as a stop does, the result whole (its unfed token continues the session).
+TEST_F(GenerateFixture, EosStopsByDefaultAndShouldStopCancels) {
+  auto script = tok.encode(" one two");
+  script.push_back(1);  // info.eos_token
+  script.push_back(20);
+  plumb::GenerateOptions g;
+  g.sampling = plain(0.0f);
+  {
+    ScriptedSession s(script, info.vocab_size);
+    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g);  // no stop_tokens given
+    EXPECT_EQ(r.stop, plumb::StopReason::Token);
+    EXPECT_EQ(r.tokens.back(), 1);
+  }
+  {
+    ScriptedSession s(script, info.vocab_size);
+    g.stop_at_eos = false, g.max_tokens = int(script.size());
+    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g);
+    EXPECT_EQ(r.stop, plumb::StopReason::Length);
+    EXPECT_EQ(r.tokens, script);
+  }
+  {
+    ScriptedSession s(script, info.vocab_size);
+    int asked = 0;
+    g.stop_at_eos = true, g.max_tokens = 100;
+    g.should_stop = [&] { return ++asked == 2; };
+    std::string streamed;
+    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g, [&](std::string_view p) { streamed += p; });
+    EXPECT_EQ(r.stop, plumb::StopReason::Cancelled);
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(script.begin(), script.begin() + 2));
+    EXPECT_EQ(r.unfed, script[1]);
+    EXPECT_EQ(s.position(), 2);  // the prompt and the first token: the second is unfed
+    EXPECT_EQ(streamed, tok.decode(r.tokens));
+    EXPECT_EQ(std::string(plumb::stop_reason_name(r.stop)), "cancelled");
+  }
+}
+
 TEST_F(GenerateFixture, SkipSpecialDropsSpecialTokensFromTheText) {
   auto script = tok.encode("Hi");
   script.push_back(0);  // BOS: special, not a stop token here
@@ -413,6 +452,33 @@ TEST_F(TinyModel, AnswersInChatFormat) {
 
 // Session::reserve is a hint: on the CPU backend it changes nothing (the same logits after it), and a negative count
 // is refused by name.
+// A Session refuses to pass the model's context and a sampler of another vocabulary before anything is fed; it
+// cannot be copied (one cache timeline).
+TEST_F(TinyModel, SessionRefusesThePastContextAndAnotherVocabulary) {
+  static_assert(!std::is_copy_constructible_v<plumb::Session> && !std::is_copy_assignable_v<plumb::Session>);
+  static_assert(!std::is_copy_constructible_v<plumb::Engine> && !std::is_copy_assignable_v<plumb::Engine>);
+  auto s = engine()->new_session();
+  const int64_t ctx = engine()->info().max_positions;
+  ASSERT_EQ(ctx, 2048);
+  const std::vector<int32_t> ids(size_t(ctx) + 1, 5);
+  try {
+    s->forward(ids);
+    ADD_FAILURE() << "a forward past the context ran";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2049 tokens at position 0 would reach position 2049, past the model's context "
+                                         "of 2048"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s->position(), 0);
+  plumb::Sampler other(plain(0.0f), 10);
+  EXPECT_EQ(other.vocab(), 10);
+  const std::vector<int32_t> p = {0, 5, 6};
+  EXPECT_THROW(s->forward_sample(p, other, p), plumb::Error);
+  EXPECT_EQ(s->position(), 0);
+  plumb::Sampler right(plain(0.0f), engine()->info().vocab_size);
+  s->forward_sample(p, right, p);
+  EXPECT_EQ(s->position(), 3);
+}
+
 TEST_F(TinyModel, ReserveIsAHintThatChangesNoLogits) {
   auto a = engine()->new_session(), b = engine()->new_session();
   a->reserve(100000);  // past the model's context: clamped, not refused
