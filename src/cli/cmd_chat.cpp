@@ -1,8 +1,10 @@
 // `plumb chat [-m DIR]`: a multi-turn conversation on one Session. The cache is kept between turns, so each
 // turn prefills only its own tokens (the reply's closing EOS, the user turn, the assistant opening), never the
 // history. Commands: /reset, /stats, /save FILE, /quit, /help. Works on a terminal and on piped stdin.
+#include <signal.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -16,6 +18,31 @@
 #include "plumb/check.h"
 
 namespace plumb::cli {
+
+namespace {
+// Ctrl-C while a reply streams stops that reply (GenerateOptions::should_stop), not the chat; at the prompt it
+// ends the program as usual. The handler is installed for the reply's generation only.
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_interrupt(int) { g_interrupted = 1; }
+
+class InterruptStopsReply {
+ public:
+  InterruptStopsReply() {
+    g_interrupted = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_);
+  }
+  ~InterruptStopsReply() { sigaction(SIGINT, &old_, nullptr); }
+  InterruptStopsReply(const InterruptStopsReply&) = delete;
+  InterruptStopsReply& operator=(const InterruptStopsReply&) = delete;
+  static bool interrupted() { return g_interrupted != 0; }
+
+ private:
+  struct sigaction old_ {};
+};
+}  // namespace
 
 namespace {
 
@@ -90,6 +117,8 @@ class ChatLoop {
     bool newline = true;
     GenerateResult r;
     try {
+      const InterruptStopsReply ctrl_c;
+      g.should_stop = &InterruptStopsReply::interrupted;
       r = generate(*session_, m_.engine->info(), tok_, prompt, g, [&](std::string_view s) {
         std::fwrite(s.data(), 1, s.size(), stdout);
         std::fflush(stdout);
@@ -103,6 +132,7 @@ class ChatLoop {
     }
     if (!newline) std::fputc('\n', stdout);
     std::fflush(stdout);
+    if (r.stop == StopReason::Cancelled) std::fprintf(stderr, "(reply stopped: Ctrl-C; the conversation goes on)\n");
     started_ = true;
     ++turns_;
     carry_.clear();
@@ -132,7 +162,8 @@ class ChatLoop {
     } else if (cmd == "/save") {
       save(arg);
     } else if (cmd == "/help") {
-      fmt::print("/reset       start a new conversation (clears the cache)\n"
+      fmt::print("Ctrl-C       while a reply streams: stop that reply (at the prompt: leave)\n"
+                 "/reset       start a new conversation (clears the cache)\n"
                  "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
                  "/save FILE   write the transcript as JSON messages\n"
                  "/quit        leave (also /exit, or end of input)\n"
@@ -151,12 +182,11 @@ class ChatLoop {
       fmt::print("no turn yet; session: {} tokens cached (context {})\n", session_->position(), info.max_positions);
       return;
     }
-    fmt::print("last turn: prefill tokens: {}, generated tokens: {} ({}), prefill {:.1f} tok/s, decode {:.1f} tok/s\n",
-               last_.prefill, last_.generated, stop_reason_name(last_.stop),
-               double(last_.prefill) / std::max(last_.prefill_s, 1e-9),
-               double(last_.generated) / std::max(last_.decode_s, 1e-9));
-    fmt::print("session: {} turns, {} tokens cached (context {}), prefill tokens total: {}, generated tokens total: {}\n",
-               turns_, session_->position(), info.max_positions, total_prefill_, total_generated_);
+    fmt::print("last turn: prefill tokens: {}, generated tokens: {} ({}), {}\n", last_.prefill, last_.generated,
+               stop_reason_name(last_.stop), rates_text(last_.prefill, last_.prefill_s, last_.generated, last_.decode_s));
+    fmt::print("session: {}, {} cached (context {}), prefill tokens total: {}, generated tokens total: {}\n",
+               count_text(turns_, "turn"), count_text(session_->position(), "token"), info.max_positions, total_prefill_,
+               total_generated_);
   }
 
   void save(const std::string& path) {

@@ -37,7 +37,7 @@ std::string read_prompt_file(const std::string& file) {
 
 int run(const RunOptions& o) {
   // Every chat-mode option implies --chat (--no-think too: it names chat's non-thinking mode).
-  const bool chat = o.chat || !o.mode.system.empty() || o.mode.think || o.mode.no_think || !o.mode.effort.empty();
+  const bool chat = o.chat || o.mode.system_given || o.mode.think || o.mode.no_think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think, --no-think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
@@ -76,10 +76,10 @@ int run(const RunOptions& o) {
   });
   if (!newline) std::fputc('\n', stdout);
   std::fflush(stdout);
-  const size_t n = r.tokens.size();
-  fmt::print(stderr, "{} prompt tokens, {} generated tokens ({}), prefill {:.1f} tok/s, decode {:.1f} tok/s, seed {}\n",
-             r.prompt_tokens, n, stop_reason_name(r.stop), double(r.prompt_tokens) / std::max(r.prefill_seconds, 1e-9),
-             double(n) / std::max(r.decode_seconds, 1e-9), seed);
+  const int64_t n = int64_t(r.tokens.size());
+  fmt::print(stderr, "{}, {} ({}), {}{}\n", count_text(r.prompt_tokens, "prompt token"), count_text(n, "generated token"),
+             stop_reason_name(r.stop), rates_text(r.prompt_tokens, r.prefill_seconds, n, r.decode_seconds),
+             gopt.sampling.temperature > 0 ? fmt::format(", seed {}", seed) : std::string(", greedy"));
   return 0;
 }
 

@@ -27,6 +27,7 @@ int run_tokenize(const TokenizeOptions& opt) {
   size_t lineno = 0;
   while (std::getline(std::cin, line)) {
     ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a CRLF file's line end (a \r to encode is written \r)
     try {
       out.clear();
       if (opt.decode) {
@@ -60,9 +61,11 @@ void register_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "tokenize", "Encode stdin lines to token ids (or --decode ids back to text); \\n \\t \\r \\\\ \\xHH escapes");
   cmd->add_option("-t,--tokenizer", opt->tokenizer, "path to tokenizer.json")->required();
-  cmd->add_flag("--decode", opt->decode, "read space-separated ids per line, print the escaped text");
-  cmd->add_flag("--add-special", opt->add_special, "add the post-processor's special tokens (e.g. BOS) when encoding");
-  cmd->add_flag("--skip-special", opt->skip_special, "drop special tokens when decoding");
+  auto* decode = cmd->add_flag("--decode", opt->decode, "read space-separated ids per line, print the escaped text (decoded "
+                               "as the tokenizers library does: bytes that are not UTF-8 become U+FFFD)");
+  cmd->add_flag("--add-special", opt->add_special, "add the post-processor's special tokens (e.g. BOS) when encoding")
+      ->excludes(decode);
+  cmd->add_flag("--skip-special", opt->skip_special, "drop special tokens when decoding (with --decode)")->needs(decode);
   cmd->callback([opt] { set_exit_code(run_tokenize(*opt)); });
 }
 

@@ -36,7 +36,19 @@ int main(int argc, char** argv) {
     // lines and exit with its own codes, 101-115), naming the help of the subcommand that was being parsed.
     std::string msg = e.what(), where = "plumb";
     std::replace(msg.begin(), msg.end(), '\n', ' ');
-    for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    // --threads is plumb's own option (before or after the command): its help is plumb --help.
+    if (msg.rfind("--threads", 0) != 0)
+      for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    // No command parsed: a word that is none is named (CLI11 says only that one is required).
+    if (app.get_subcommands().empty())
+      for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--threads") ++i;  // (its value)
+        else if (!a.empty() && a[0] != '-') {
+          msg = "unknown command '" + a + "'";
+          break;
+        }
+      }
     std::fprintf(stderr, "error: %s (%s --help lists the options)\n", msg.c_str(), where.c_str());
     return 2;
   } catch (const std::exception& e) {

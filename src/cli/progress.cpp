@@ -147,6 +147,14 @@ double page_in(const std::vector<fs::path>& files, uint64_t total, StatusLine& l
 
 }  // namespace
 
+std::string rates_text(int64_t prompt_tokens, double prefill_seconds, int64_t generated, double decode_seconds) {
+  return fmt::format("prefill {:.1f} tok/s, decode {}", double(prompt_tokens) / std::max(prefill_seconds, 1e-9),
+                     generated > 1 ? fmt::format("{:.1f} tok/s", double(generated - 1) / std::max(decode_seconds, 1e-9))
+                                   : std::string("n/a (the one token came with the prefill)"));
+}
+
+std::string count_text(int64_t n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
+
 std::string memory_report() {
   const int64_t rss = proc_kb("/proc/self/status", "VmRSS"), anon = proc_kb("/proc/self/status", "RssAnon"),
                 file = proc_kb("/proc/self/status", "RssFile");
@@ -200,8 +208,13 @@ void add_sampling_options(CLI::App* cmd, GenArgs& a) {
       ->capture_default_str();
   cmd->add_option("--repeat-last-n", s.penalty_last_n, "how many recent tokens the penalties look at; -1 = all")
       ->capture_default_str();
-  cmd->add_option("--stop", a.gen.stop_strings, "stop when the output contains this text (repeatable; not printed)");
-  cmd->add_option("--stop-token", a.stop_token_ids, "stop at this token id (repeatable; EOS always stops)");
+  // One value per flag: `--stop "the end" brave` would otherwise take the stray word as a second stop string.
+  cmd->add_option("--stop", a.gen.stop_strings, "stop when the output contains this text (repeatable; not printed)")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--stop-token", a.stop_token_ids, "stop at this token id (repeatable; EOS always stops)")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 LoadedModel load_model(const ModelArgs& a) {
@@ -218,11 +231,6 @@ LoadedModel load_model(const ModelArgs& a) {
     m.dir = a.dir;
   }
   m.tok.emplace(Tokenizer::load(m.dir));
-  // The GPU without patches is the fp32 twin (the reference's arithmetic on the device): exact and slow, a fine
-  // check but rarely what a user who asked for the GPU wants; say how to get the fast kernels.
-  if (a.backend == "cuda" && a.patches.empty() && !a.quiet)
-    fmt::print(stderr, "note: --backend cuda without --patches runs the GPU's fp32 twin of the reference (exact, slow); "
-                       "--patches cuda.fast runs the fast kernels\n");
 
   const auto files = weight_files(m.dir);
   uint64_t total = 0;
@@ -255,6 +263,12 @@ LoadedModel load_model(const ModelArgs& a) {
   line.set_source({});
   m.engine = fut.get();
   const double map_s = since(t0);
+  // The GPU without patches is the fp32 twin (the reference's arithmetic on the device): exact and slow, a fine
+  // check but rarely what a user who asked for the GPU wants; say how to get the fast kernels. (After the load: a
+  // machine without a GPU gets the one error line alone.)
+  if (a.backend == "cuda" && a.patches.empty() && !a.quiet)
+    line.finish("note: --backend cuda without --patches runs the GPU's fp32 twin of the reference (exact, slow); "
+                "--patches cuda.fast runs the fast kernels");
 
   std::string paged = "not paged in (--no-preload)";
   if (!a.no_preload) {
@@ -287,13 +301,17 @@ GenerateOptions generate_options(const GenArgs& a, const LoadedModel& m, uint64_
   seed = a.seed && *a.seed >= 0 ? uint64_t(*a.seed) : std::random_device{}();
   g.sampling.seed = seed;
   g.stop_tokens = a.stop_token_ids;
+  // Checked once, after the load (chat would otherwise refuse every turn and go on).
+  for (const int32_t id : a.stop_token_ids)
+    PLUMB_CHECK(id >= 0 && id < m.engine->info().vocab_size, "--stop-token {}: outside the model's vocabulary [0, {})", id,
+                m.engine->info().vocab_size);
   if (m.eos >= 0) g.stop_tokens.push_back(m.eos);
   if (m.tok->eos_id() >= 0 && m.tok->eos_id() != m.eos) g.stop_tokens.push_back(m.tok->eos_id());
   return g;
 }
 
 void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_help, const char* think_help) {
-  cmd->add_option("--system", a.system, system_help);
+  cmd->add_option("--system", a.system, system_help)->each([&a](const std::string&) { a.system_given = true; });
   auto* t = cmd->add_flag("--think", a.think, think_help);
   cmd->add_flag("--no-think", a.no_think, "non-thinking chat mode (the default)")->excludes(t);
   // (thinking mode's alone: without --think it changed nothing, silently)

@@ -34,6 +34,7 @@ void add_sampling_options(CLI::App* cmd, GenArgs& a);
 // The chat-mode options run and chat share: system prompt, thinking or not, reasoning effort.
 struct ChatModeArgs {
   std::string system, effort;
+  bool system_given = false;  // --system, even as "" (an empty system prompt is still a chat)
   bool think = false, no_think = false;
 };
 void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_help, const char* think_help);
@@ -53,6 +54,11 @@ LoadedModel load_model(const ModelArgs& a);
 GenerateOptions generate_options(const GenArgs& a, const LoadedModel& m, uint64_t& seed);
 
 std::string human_bytes(double bytes);
+// "prefill 884.7 tok/s, decode 324.0 tok/s" of a generation: the first sampled token comes from the prefill's pass,
+// so decode is (generated - 1) tokens over the time after it (no rate for a single token).
+std::string rates_text(int64_t prompt_tokens, double prefill_seconds, int64_t generated, double decode_seconds);
+// "1 token", "2 tokens"
+std::string count_text(int64_t n, const char* noun);
 // "RSS 12.3 MB = 8.1 MB anonymous + 4.2 MB file-backed" from /proc/self/status ("" where unavailable).
 std::string memory_report();
 

@@ -84,4 +84,25 @@ for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
 pane | grep -q CHAT-EXITED && ok "/quit leaves" || bad "/quit did not leave"
 if pane | grep -qiE 'error|terminate|abort|segmentation'; then bad "errors in the pane"; pane; fi
 
+# Ctrl-C while a reply streams stops the reply, not the chat. A hot, untruncated sampler keeps the reply long
+# (seed 1: 1343 tokens before a stop token, seconds on any machine); Ctrl-C goes once its text has started.
+sess=chat2
+tmux -L "$sock" new-session -d -s "$sess" -x 250 -y 60 \
+  "cd '$root' && '$plumb' chat -q --temperature 5 --top-k 0 --top-p 1 --min-p 0 -n 1500 --seed 1; echo CHAT-EXITED; sleep 60"
+wait_prompts 1 || exit 1
+say "Tell me a story"
+for _ in $(seq 300); do [ -n "$(reply 1)" ] && break; sleep 0.1; done
+tmux -L "$sock" send-keys -t "$sess" C-c
+wait_prompts 2 || exit 1
+pane | grep -q '^(reply stopped: Ctrl-C; the conversation goes on)$' && ok "Ctrl-C stopped the reply" ||
+  { bad "Ctrl-C during a reply:"; pane | tail -5; }
+say "/stats"
+wait_prompts 3 || exit 1
+generated=$(reply 2 | sed -n 's/^last turn: .*generated tokens: \([0-9]*\) (cancelled).*/\1/p')
+[ -n "$generated" ] && [ "$generated" -lt 1343 ] && ok "/stats: the reply was cancelled after $generated tokens" ||
+  bad "/stats after Ctrl-C: $(reply 2)"
+say "/quit"
+for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
+pane | grep -q CHAT-EXITED && ok "the chat went on and /quit left" || bad "after Ctrl-C the chat did not /quit"
+
 finish chat_tmux

@@ -25,6 +25,10 @@ grep -q 'error' "$tmp/a.err" && bad "an error on a good run: $(cat "$tmp/a.err")
 
 "$plumb" run -q -p "Once upon a time" --seed 7 --max-tokens 40 >"$tmp/b.out" 2>/dev/null
 cmp -s "$tmp/a.out" "$tmp/b.out" && ok "same seed, same output" || bad "same seed gave different outputs"
+# One token comes with the prefill: no decode rate to give; a greedy run names no seed.
+"$plumb" run -q -p "Once upon a time" -n 1 --temperature 0 >/dev/null 2>"$tmp/one.err"
+grep -qE '^[0-9]+ prompt tokens, 1 generated token \(max tokens\), prefill [0-9.]+ tok/s, decode n/a \(the one token came with the prefill\), greedy$' "$tmp/one.err" &&
+  ok "one token: $(cat "$tmp/one.err")" || bad "one-token summary: $(cat "$tmp/one.err")"
 # Only the seed differs: the run must succeed, print text, and sample another continuation.
 "$plumb" run -q -p "Once upon a time" --seed 8 --max-tokens 40 >"$tmp/c.out" 2>"$tmp/c.err"
 rc=$?
@@ -239,6 +243,13 @@ PY
       bad "backend cuda on a terminal, a note run into the loading line: $(tr '\r' '|' <"$tmp/tty.txt" | head -c 600)"
     fi
   fi
+  # Without --patches (and without -q) it says that this is the fp32 twin and names the fast preset; with patches
+  # not. (After the load: without a GPU the error line stands alone, checked below.)
+  "$plumb" run -p hi -n 1 --seed 1 --backend cuda >/dev/null 2>"$tmp/n.err"
+  grep -q '^note: --backend cuda without --patches runs the GPU.s fp32 twin.*--patches cuda.fast' "$tmp/n.err" &&
+    ok "backend cuda without patches: the note" || bad "backend cuda without patches, no note: $(cat "$tmp/n.err")"
+  "$plumb" run -p hi -n 1 --seed 1 --backend cuda --patches cuda.fast >/dev/null 2>"$tmp/n2.err"
+  grep -q '^note: ' "$tmp/n2.err" && bad "a note with --patches: $(cat "$tmp/n2.err")" || ok "backend cuda with patches: no note"
   # bisect on the GPU: every subset against the GPU's own fp32 twin, so the fast kernels beside a planted fault
   # leave the fault alone as the culprit.
   "$plumb" bisect --fixture tests/data/golden/tiny --patches cuda.fast,fault.rsf_twice --backend cuda -q >"$tmp/bi.out" 2>&1
@@ -260,11 +271,5 @@ elif [ $rc -eq 2 ] && [ "$(wc -l <"$tmp/g.err")" -eq 1 ] && grep -q '^error: bac
 else
   bad "backend cuda: exit status $rc, stderr: $(cat "$tmp/g.err")"
 fi
-# Without --patches (and without -q) it says that this is the fp32 twin and names the fast preset; with patches not.
-"$plumb" run -p hi -n 1 --seed 1 --backend cuda >/dev/null 2>"$tmp/n.err"
-grep -q '^note: --backend cuda without --patches runs the GPU.s fp32 twin.*--patches cuda.fast' "$tmp/n.err" &&
-  ok "backend cuda without patches: the note" || bad "backend cuda without patches, no note: $(cat "$tmp/n.err")"
-"$plumb" run -p hi -n 1 --seed 1 --backend cuda --patches cuda.fast >/dev/null 2>"$tmp/n2.err"
-grep -q '^note: ' "$tmp/n2.err" && bad "a note with --patches: $(cat "$tmp/n2.err")" || ok "backend cuda with patches: no note"
 
 finish run_smoke
