@@ -71,8 +71,9 @@ class ChatLoop {
   int run() {
     const bool tty = isatty(0);
     if (!o_.model.quiet)
-      fmt::print(stderr, "plumb chat: {} ({} mode, seed {}). Commands: /reset /stats /save FILE /quit /help\n", m_.dir,
-                 o_.mode.think ? "thinking" : "chat", seed_);
+      fmt::print(stderr, "plumb chat: {} ({} mode, {}). Commands: /reset /stats /save FILE /quit /help\n", m_.dir,
+                 o_.mode.think ? "thinking" : "chat",
+                 gopt_.sampling.temperature > 0 ? fmt::format("seed {}", seed_) : std::string("greedy"));
     std::string line;
     for (;;) {
       if (tty) {
@@ -184,9 +185,9 @@ class ChatLoop {
     }
     fmt::print("last turn: prefill tokens: {}, generated tokens: {} ({}), {}\n", last_.prefill, last_.generated,
                stop_reason_name(last_.stop), rates_text(last_.prefill, last_.prefill_s, last_.generated, last_.decode_s));
-    fmt::print("session: {}, {} cached (context {}), prefill tokens total: {}, generated tokens total: {}\n",
+    fmt::print("session: {}, {} cached (context {}), prefill tokens total: {}, generated tokens total: {}, {}\n",
                count_text(turns_, "turn"), count_text(session_->position(), "token"), info.max_positions, total_prefill_,
-               total_generated_);
+               total_generated_, gopt_.sampling.temperature > 0 ? fmt::format("seed {}", seed_) : std::string("greedy"));
   }
 
   void save(const std::string& path) {

@@ -25,6 +25,10 @@ grep -q 'error' "$tmp/a.err" && bad "an error on a good run: $(cat "$tmp/a.err")
 
 "$plumb" run -q -p "Once upon a time" --seed 7 --max-tokens 40 >"$tmp/b.out" 2>/dev/null
 cmp -s "$tmp/a.out" "$tmp/b.out" && ok "same seed, same output" || bad "same seed gave different outputs"
+# A built-in fault in a model that generates text is said (its output is wrong on purpose).
+"$plumb" run -q -p hi -n 2 --patches fault.rsf_twice >/dev/null 2>"$tmp/fault.err"
+grep -q '^warning: fault.rsf_twice is a built-in fault, a deliberate bug for testing the precision toolkit' "$tmp/fault.err" &&
+  ok "a fault in run is said: $(head -n 1 "$tmp/fault.err")" || bad "run with a fault, no warning: $(cat "$tmp/fault.err")"
 # One token comes with the prefill: no decode rate to give; a greedy run names no seed.
 "$plumb" run -q -p "Once upon a time" -n 1 --temperature 0 >/dev/null 2>"$tmp/one.err"
 grep -qE '^[0-9]+ prompt tokens, 1 generated token \(max tokens\), prefill [0-9.]+ tok/s, decode n/a \(the one token came with the prefill\), greedy$' "$tmp/one.err" &&
