@@ -414,12 +414,22 @@ const PatchPreset* find_preset(const std::string& name) {
   return nullptr;
 }
 
+void check_patch_list_items(const std::string& list) {
+  // "a,,b", ",a" and "a," hold an empty item: a typo, refused as the token id lists refuse it ("" is the reference).
+  std::string packed;
+  for (char c : list)
+    if (c != ' ' && c != '\t') packed += c;
+  PLUMB_CHECK(packed.empty() || (packed.front() != ',' && packed.back() != ',' && packed.find(",,") == std::string::npos),
+              "patch list '{}': an empty item (names are separated by single commas)", list);
+}
+
 std::vector<std::string> expand_patch_list(const std::string& list) {
   std::vector<std::string> out;
   std::set<std::string> written;
   auto add = [&](const std::string& name) {
     if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   };
+  check_patch_list_items(list);
   for (const auto& name : split_list(list)) {
     PLUMB_CHECK(written.insert(name).second, "patch '{}' is listed twice", name);
     if (const PatchPreset* pr = find_preset(name)) {

@@ -49,6 +49,8 @@ inline constexpr const char* kFixtureNumerics = "numerics.fixture";
 // "a,b,P" with each preset P replaced by its patches: names in order, each kept once where it first comes (a patch
 // also in a preset, or in two presets, is one patch); a name written twice is an Error, as is an unknown one.
 std::vector<std::string> expand_patch_list(const std::string& list);
+// Throws Error for an empty item ("a,,b", ",a", "a,"); expand_patch_list checks it first.
+void check_patch_list_items(const std::string& list);
 
 struct PatchSet {
   std::vector<const Patch*> active;

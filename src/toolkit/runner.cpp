@@ -137,7 +137,12 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
     PLUMB_CHECK(step.start_pos == state.pos, "{}: step {} starts at position {}, but the session is at {}", in.source,
                 step.name, step.start_pos, state.pos);
     RecordingSink sink(filter, force ? &force->data[si] : nullptr, &offered);
-    Tensor logits = model.forward(state, step.tokens, &sink);
+    Tensor logits;
+    try {
+      logits = model.forward(state, step.tokens, &sink);
+    } catch (const Error& e) {  // (a token id outside the vocabulary, ...): which input and step
+      fail("{}: step {}: {}", in.source, step.name, e.what());
+    }
     if (filter && !filter->keeps_step(step.name, si)) continue;
     StepTaps rec = std::move(sink.rec);
     rec.f32["logits"] = std::move(logits);

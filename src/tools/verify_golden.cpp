@@ -130,6 +130,7 @@ void check_verify_options(const VerifyGoldenOptions& opt) {
   std::string why;
   PLUMB_CHECK(opt.backend != "cuda" || cuda::available(&why), "backend cuda: {}", why);
   // Known names (combinations are checked with each fixture's own numerics mode, which joins the list there).
+  check_patch_list_items(opt.patches);
   std::string names;
   for (const auto& name : split_list(opt.patches))
     if (name != kFixtureNumerics) append_item(names, name);
@@ -193,7 +194,12 @@ int verify_golden(const VerifyGoldenOptions& opt) {
     TapRecorder plain;
     TapRecorder& rec = forced ? forcer : plain;
     const auto t0 = std::chrono::steady_clock::now();
-    const Tensor logits = model->forward(state, step.tokens, &rec);
+    Tensor logits;
+    try {
+      logits = model->forward(state, step.tokens, &rec);
+    } catch (const Error& e) {  // (a token id outside the vocabulary in golden.json, ...): which fixture and step
+      fail("{}: step {}: {}", opt.dir, step.name, e.what());
+    }
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tokens += int64_t(step.tokens.size());
     rec.f32["logits"] = logits;

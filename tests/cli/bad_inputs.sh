@@ -54,7 +54,12 @@ python3 - "$work/fx/golden.json" <<'PY'
 import json, sys
 p = sys.argv[1]; g = json.load(open(p)); g["steps"][0]["tokens"][2] = 100000; json.dump(g, open(p, "w"))
 PY
-expect "token outside the vocabulary" "token 100000" "$plumb" verify-golden "$work/fx"
+expect "token outside the vocabulary, with its fixture and step" "$work/fx: step s0: token 100000 at position 2" \
+  "$plumb" verify-golden "$work/fx"
+expect "an empty item in a patch list" "patch list 'moe.rsf_in_topk,,router.bf16': an empty item" \
+  "$plumb" verify-golden "$work/fx" --patches 'moe.rsf_in_topk,,router.bf16'
+expect "trace: the same token, with its input and step" "fixture $work/fx: step s0: token 100000 at position 2" \
+  "$plumb" trace --fixture "$work/fx" -o "$work/t.safetensors"
 
 fresh
 sed -i '0,/"seed": [0-9]*/s//"seed": NaN/' "$work/fx/golden.json"  # what Python's json writes for a NaN
