@@ -90,7 +90,8 @@ class Session {
   virtual std::vector<float> forward_all(std::span<const int32_t> tokens) = 0;
   // Feeds tokens like forward() and returns sampler.sample(last logits, history). On backend cuda the sampling
   // runs on the GPU (the logits never leave it), drawing from the sampler's RNG exactly as sample() would. The
-  // default samples on the host. A sampler made for another vocabulary is refused before anything is fed.
+  // default samples on the host. The library's sessions refuse a sampler made for another vocabulary before anything
+  // is fed (this default, for a Session of your own, checks after its forward()).
   virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.

@@ -27,12 +27,17 @@ extern "C" void on_interrupt(int) { g_interrupted = 1; }
 
 class InterruptStopsReply {
  public:
+  // SA_RESETHAND: a second Ctrl-C (a long prefill, asked only after its first token) ends the program as usual;
+  // SA_RESTART: the reply's writes are not cut by the signal. A process started with Ctrl-C ignored keeps that.
   InterruptStopsReply() {
     g_interrupted = 0;
+    sigaction(SIGINT, nullptr, &old_);
+    if (old_.sa_handler == SIG_IGN) return;
     struct sigaction sa {};
     sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_);
+    sigaction(SIGINT, &sa, nullptr);
   }
   ~InterruptStopsReply() { sigaction(SIGINT, &old_, nullptr); }
   InterruptStopsReply(const InterruptStopsReply&) = delete;

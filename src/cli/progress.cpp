@@ -210,9 +210,11 @@ void add_sampling_options(CLI::App* cmd, GenArgs& a) {
       ->capture_default_str();
   // One value per flag: `--stop "the end" brave` would otherwise take the stray word as a second stop string.
   cmd->add_option("--stop", a.gen.stop_strings, "stop when the output contains this text (repeatable; not printed)")
+      ->type_name("TEXT")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--stop-token", a.stop_token_ids, "stop at this token id (repeatable; EOS always stops)")
+      ->type_name("INT")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }

@@ -49,6 +49,7 @@ class Tester {
 
   struct Outcome {
     bool valid = true, diverges = false;
+    bool load_refused = false;  // invalid because the backend refused it at load (detail: its reason)
     std::string detail;
   };
 
@@ -89,7 +90,7 @@ class Tester {
         m = load_model(o_.input.model_dir, config(all));
         return true;
       } catch (const Error& e) {
-        r.valid = false, r.detail = e.what();
+        r.valid = false, r.load_refused = true, r.detail = e.what();
         return false;
       }
     };
@@ -225,6 +226,9 @@ BisectResult bisect(const BisectOptions& opt) {
   Tester t(opt);
   std::set<std::vector<std::string>> found;
   for (auto cfg : valid_configs(opt.patches, res.notes)) {
+    // The whole list refused by the backend (cuda.hc_fold without its partners) is the user's to mend, not a list
+    // that "does not diverge"; its subsets the backend refuses are only invalid.
+    if (const auto whole = t.test(cfg); whole.load_refused) fail("{}", whole.detail);
     // Peel off one minimal set at a time, until what is left no longer diverges.
     while (!cfg.empty() && t.test(cfg).diverges) {
       res.full_diverges = true;
@@ -236,11 +240,13 @@ BisectResult bisect(const BisectOptions& opt) {
       if (found.insert(m).second) res.culprits.push_back(Culprit{m, {}, {}, {}});
     }
   }
-  // Each culprit's first divergence and diagnosis, from a full live diff against its baseline.
+  // Each culprit's first divergence and diagnosis, from a full live diff against its baseline (on the backend the
+  // search ran on).
+  const std::string px = opt.backend == "cuda" ? "cuda:" : "";
   for (auto& c : res.culprits) {
     const std::string all = join(c.patches);
     const std::string base = opt.criterion == "kld" ? "" : join(numerics_of(c.patches));
-    const DiffReport d = diff_live(opt.input, base, all, opt.criterion == "local");
+    const DiffReport d = diff_live(opt.input, px + base, px + all, opt.criterion == "local");
     c.first = d.first;
     c.diagnosis = d.diagnosis.text;
     if (c.patches.size() > 1)

@@ -132,9 +132,14 @@ void check_verify_options(const VerifyGoldenOptions& opt) {
   // Known names (combinations are checked with each fixture's own numerics mode, which joins the list there).
   check_patch_list_items(opt.patches);
   std::string names;
+  int fixture_numerics = 0;
   for (const auto& name : split_list(opt.patches))
     if (name != kFixtureNumerics) append_item(names, name);
-  expand_patch_list(names);
+    else ++fixture_numerics;
+  PLUMB_CHECK(fixture_numerics <= 1, "patch '{}' is listed twice", kFixtureNumerics);
+  for (const auto& name : expand_patch_list(names))  // a kernel of the other backend would fail every fixture
+    if (const Patch* p = find_patch(name); p && !p->backend.empty() && p->backend != opt.backend)
+      fail("patch {} is a {} kernel: it needs --backend {}", name, p->backend == "cuda" ? "CUDA" : p->backend, p->backend);
 }
 
 int verify_golden(const VerifyGoldenOptions& opt) {

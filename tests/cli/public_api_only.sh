@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CLI depends only on the public API (include/plumb/*) and its own files (src/cli/*): no include of an internal
-# header (src/model, src/toolkit, src/cuda, ...), quoted or angled (plumb_core exports src/ as an include directory,
-# so <model/model.h> would compile too). Angled includes of the libraries (<fmt/...>, <CLI/...>, <vector>) are fine.
+# header (src/model, src/toolkit, src/cuda, ...), quoted or angled (the CLI has src/ on its include path for its own
+# cli/ headers, so <model/model.h> would compile too). Angled includes of the libraries (<fmt/...>, <CLI/...>, <vector>) are fine.
 cd "$(dirname "$0")/../.."
 internal=$(cd src && find . -mindepth 1 -maxdepth 1 -type d ! -name cli -printf '%f\n' | paste -sd'|')
 bad=$({

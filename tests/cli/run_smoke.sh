@@ -259,6 +259,13 @@ PY
   "$plumb" bisect --fixture tests/data/golden/tiny --patches cuda.fast,fault.rsf_twice --backend cuda -q >"$tmp/bi.out" 2>&1
   grep -q '^plumb bisect: .* (backend cuda), criterion: ' "$tmp/bi.out" && grep -q '^bisect: 1 culprit: fault.rsf_twice ' "$tmp/bi.out" &&
     ok "bisect --backend cuda: $(grep '^bisect:' "$tmp/bi.out")" || bad "bisect --backend cuda: $(cat "$tmp/bi.out")"
+  # A whole list the backend refuses at load is an error naming why, not a list that "does not diverge" (the
+  # backend's load notes come before it on stderr).
+  "$plumb" bisect --fixture tests/data/golden/tiny --patches cuda.hc_fold,fault.rsf_twice --backend cuda -q >"$tmp/br.out" 2>"$tmp/br.err"
+  rc=$?
+  [ $rc -eq 2 ] && tail -n 1 "$tmp/br.err" | grep -q '^error: backend cuda: cuda.hc_fold folds' &&
+    ok "bisect --backend cuda, a list the backend refuses: $(tail -n 1 "$tmp/br.err")" ||
+    bad "bisect --backend cuda, a refused list: exit $rc: $(cat "$tmp/br.out" "$tmp/br.err")"
   # A model whose weights cannot fit the GPU (~160 GB declared in a sparse file) is refused before the upload.
   if python3 "$(dirname "$0")/oversize_model.py" models/tiny "$tmp/huge" >"$tmp/huge.log" 2>&1; then
     check_error "a model larger than the GPU" "does not fit one GPU" \

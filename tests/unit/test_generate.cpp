@@ -450,8 +450,6 @@ TEST_F(TinyModel, AnswersInChatFormat) {
   EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
 }
 
-// Session::reserve is a hint: on the CPU backend it changes nothing (the same logits after it), and a negative count
-// is refused by name.
 // A Session refuses to pass the model's context and a sampler of another vocabulary before anything is fed; it
 // cannot be copied (one cache timeline).
 TEST_F(TinyModel, SessionRefusesThePastContextAndAnotherVocabulary) {
@@ -479,6 +477,8 @@ TEST_F(TinyModel, SessionRefusesThePastContextAndAnotherVocabulary) {
   EXPECT_EQ(s->position(), 3);
 }
 
+// Session::reserve is a hint: on the CPU backend it changes nothing (the same logits after it), and a negative count
+// is refused by name.
 TEST_F(TinyModel, ReserveIsAHintThatChangesNoLogits) {
   auto a = engine()->new_session(), b = engine()->new_session();
   a->reserve(100000);  // past the model's context: clamped, not refused
