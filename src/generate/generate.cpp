@@ -43,6 +43,7 @@ void check_generate_options(const GenerateOptions& opt) {
 
 GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
                         const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text) {
+  PLUMB_CHECK(info.vocab_size > 0, "generate: the ModelInfo names no vocabulary (pass the engine's: engine->info())");
   PLUMB_CHECK(!prompt.empty(), "empty prompt: there is nothing to generate from");
   check_generate_options(opt);
   check_tokens(prompt, info.vocab_size, tok, "prompt");

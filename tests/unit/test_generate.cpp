@@ -369,6 +369,7 @@ TEST_F(GenerateFixture, ErrorsLeaveTheSessionUntouched) {
     EXPECT_EQ(s.position(), 0);
   };
   expect_error({}, info, greedy(), "empty prompt");
+  expect_error({0}, plumb::ModelInfo{}, greedy(), "the ModelInfo names no vocabulary (pass the engine's");
   expect_error({0, 5000}, info, greedy(), "outside the model's vocabulary");
   plumb::ModelInfo small = info;
   small.max_positions = 2;
