@@ -21,6 +21,7 @@ struct RunOptions {
   std::string prompt;
   std::string file; // -f: the prompt's text from a file ("-": stdin)
   std::string ids;  // --ids: raw token ids instead of text
+  bool ids_given = false, prompt_given = false;  // (--ids "" / -p "": given, and empty)
   bool chat = false, raw = false;
   ChatModeArgs mode;
 };
@@ -44,9 +45,10 @@ int run(const RunOptions& o) {
   // something to load 100 GB for.
   const std::string text = o.file.empty() ? o.prompt : read_prompt_file(o.file);
   PLUMB_CHECK(o.file.empty() || !text.empty(), "empty prompt: {} holds no text", o.file == "-" ? "stdin" : o.file);
-  PLUMB_CHECK(!text.empty() || !o.ids.empty(), "empty prompt: give the text to continue with -p TEXT or -f FILE");
+  PLUMB_CHECK(!o.prompt_given || !text.empty(), "empty prompt: -p gives no text");
   const std::vector<int32_t> given_ids = parse_token_ids(o.ids, "--ids");
-  PLUMB_CHECK(o.ids.empty() || !given_ids.empty(), "empty prompt: --ids lists no token ids");
+  PLUMB_CHECK(!o.ids_given || !given_ids.empty(), "empty prompt: --ids lists no token ids");
+  PLUMB_CHECK(!text.empty() || !given_ids.empty(), "empty prompt: give the text to continue with -p TEXT or -f FILE");
   check_generate_options(o.gen.gen);
 
   const LoadedModel m = load_model(o.model);
@@ -90,10 +92,13 @@ void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout (default model: the bundled "
                                         "models/tiny)");
   add_model_options(cmd, o->model);
-  auto* p = cmd->add_option("-p,--prompt", o->prompt, "the prompt text");
+  auto* p = cmd->add_option("-p,--prompt", o->prompt, "the prompt text")->each([o](const std::string&) { o->prompt_given = true; });
   auto* f = cmd->add_option("-f,--file", o->file, "read the prompt text from this file (-: from stdin), as it is")
                 ->excludes(p);
-  cmd->add_option("--ids", o->ids, "the prompt as token ids (\"0 15 27\"), fed as they are")->excludes(p)->excludes(f);
+  cmd->add_option("--ids", o->ids, "the prompt as token ids (\"0 15 27\"), fed as they are")
+      ->each([o](const std::string&) { o->ids_given = true; })
+      ->excludes(p)
+      ->excludes(f);
   auto* c = cmd->add_flag("--chat", o->chat, "wrap the prompt as a user turn in the DeepSeek-V4 chat format");
   cmd->add_flag("--raw", o->raw, "use the prompt as it is, after BOS (the default)")->excludes(c);
   add_chat_mode_options(cmd, o->mode, "system prompt (implies --chat)",

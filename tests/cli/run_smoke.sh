@@ -92,7 +92,8 @@ check_error() {  # name, expected text in the message, then the command (exit st
 }
 check_error "no tokenizer.json" "has no tokenizer.json" "$plumb" run -q -m "$tmp/notok" -p hi
 check_error "malformed tokenizer.json" "badtok/tokenizer.json" "$plumb" run -q -m "$tmp/badtok" -p hi
-check_error "empty prompt" "empty prompt" "$plumb" run -q -p ""
+check_error "empty prompt" "empty prompt: -p gives no text" "$plumb" run -q -p ""
+check_error "empty --ids" "empty prompt: --ids lists no token ids" "$plumb" run -q --ids ""
 check_error "prompt longer than the context" "context is 2048 tokens" "$plumb" run -q -p "$long"
 check_error "token id outside the vocabulary" "outside the model's vocabulary" "$plumb" run -q --ids "0 99999"
 check_error "stop token outside the vocabulary" "outside the model's vocabulary" "$plumb" run -q -p hi --stop-token 70000
