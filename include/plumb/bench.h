@@ -16,8 +16,8 @@ struct BenchOptions {
   std::string csv;         // and the kernel rows as CSV here ("" = no)
   bool flush_l2 = true;    // read a buffer larger than L2 before each timed run (cold weights, as in decode)
   bool profile = false;    // only launch each main kernel once (for a profiler such as ncu), no timing
-  std::string only;        // comma-separated sections to run (router, moe, prefill, fp8, fp8prefill, attention;
-                           // prefill includes fp8prefill); "" = all
+  std::string only;        // comma-separated sections to run (router, moe, prefill, fp8, fp8xs, fp8prefill, bf16,
+                           // attention, indexer, phases, hc; prefill includes fp8prefill); "" = all
 };
 // Runs the bench on the first device; prints the table to stdout. Returns the process exit code (non-zero
 // without a usable GPU, with the reason on stderr).

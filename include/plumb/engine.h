@@ -1,5 +1,6 @@
 // plumb's public API: an Engine holds a loaded model (weights mapped, never copied); a Session is one cache
-// timeline (prefill chunks, decode steps, further turns). The CLI and any server depend only on this header.
+// timeline (prefill chunks, decode steps, further turns). With plumb/text.h it is all a program that generates
+// text needs (tests/api/embed_example.cpp); the CLI uses the public headers only.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -59,8 +60,8 @@ void set_notice_sink(std::function<void(std::string_view)> sink);
 
 // Threads: an Engine is immutable once loaded, and its sessions may run on different threads, one thread at a time
 // per Session (a Session is not thread-safe). On the CPU backend the process-wide thread pool (set_cpu_threads) runs
-// one parallel loop at a time, so sessions driven from several threads take their turns, with the same results as
-// run one after another; on backend cuda the sessions of one engine share its GPU streams and scratch buffers:
+// one parallel loop at a time: a session whose loop finds it busy runs that loop serially on its own thread, at the
+// same time as the other (the same bits either way, each output row being one thread's work); on backend cuda the sessions of one engine share its GPU streams and scratch buffers:
 // drive them from one thread at a time. A Session keeps its Engine's model alive (it may outlive the Engine object).
 class Engine {
  public:

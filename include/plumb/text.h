@@ -1,5 +1,6 @@
 // plumb's public text API: tokenizer, DeepSeek-V4 chat encoding, sampling and the generation loop, over the
-// Engine/Session of plumb/engine.h. The CLI (`plumb run`, `plumb chat`) and any server use only this and engine.h.
+// Engine/Session of plumb/engine.h. `plumb run` and `plumb chat` are built on these two (plus plumb/check.h for their
+// own option checks); so is tests/api/embed_example.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -198,8 +199,9 @@ struct GenerateResult {
 };
 
 // Prefills `prompt` at the session's position, then samples until a stop. `on_text` receives each piece of
-// text as soon as it is final (streaming). Throws plumb::Error before touching the session for an empty
-// prompt, a token outside the model's vocabulary, or a prompt that does not fit the context.
+// text as soon as it is final (streaming). Throws plumb::Error before touching the session for a ModelInfo without a
+// vocabulary (pass the engine's), an empty prompt, a prompt or stop token outside the model's vocabulary, options out
+// of range, or a prompt that does not fit the context.
 GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
                         const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text = {});
 

@@ -61,7 +61,7 @@ void register_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "tokenize", "Encode stdin lines to token ids (or --decode ids back to text); \\n \\t \\r \\\\ \\xHH escapes");
   cmd->add_option("-t,--tokenizer", opt->tokenizer, "path to tokenizer.json")->required();
-  auto* decode = cmd->add_flag("--decode", opt->decode, "read space-separated ids per line, print the escaped text (decoded "
+  auto* decode = cmd->add_flag("--decode", opt->decode, "read ids per line (separated by spaces or single commas), print the escaped text (decoded "
                                "as the tokenizers library does: bytes that are not UTF-8 become U+FFFD)");
   cmd->add_flag("--add-special", opt->add_special, "add the post-processor's special tokens (e.g. BOS) when encoding")
       ->excludes(decode);

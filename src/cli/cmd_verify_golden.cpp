@@ -77,8 +77,8 @@ void register_verify_golden(CLI::App& app) {
   auto* cmd = app.add_subcommand("verify-golden", "Run golden fixtures' steps and compare logits and every tap");
   cmd->add_option("DIR", *dirs,
                   "fixture folders (config.json, model.safetensors, golden.json, golden.safetensors); a folder without "
-                  "golden.json stands for its subfolders that have one. With several, a summary follows; exit 0 only "
-                  "if all pass")
+                  "golden.json stands for its subfolders that have one. With several, a summary follows; exit 0 when all "
+                  "pass, 2 when one could not run, else 1 when one failed")
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--backend", opt->backend, "backend to verify")->default_val("cpu");

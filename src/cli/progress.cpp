@@ -209,11 +209,13 @@ void add_sampling_options(CLI::App* cmd, GenArgs& a) {
   cmd->add_option("--repeat-last-n", s.penalty_last_n, "how many recent tokens the penalties look at; -1 = all")
       ->capture_default_str();
   // One value per flag: `--stop "the end" brave` would otherwise take the stray word as a second stop string.
-  cmd->add_option("--stop", a.gen.stop_strings, "stop when the output contains this text (repeatable; not printed)")
+  cmd->add_option("--stop", a.gen.stop_strings, "stop when the output contains this text (one per flag: repeat the flag "
+                  "for more; not printed)")
       ->type_name("TEXT")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--stop-token", a.stop_token_ids, "stop at this token id (repeatable; EOS always stops)")
+  cmd->add_option("--stop-token", a.stop_token_ids, "stop at this token id (one per flag: repeat the flag for more; EOS "
+                  "always stops)")
       ->type_name("INT")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

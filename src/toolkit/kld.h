@@ -79,7 +79,7 @@ struct KldSummary {
 KldSummary summarize(const KldReport& r);
 
 void print_kld(const KldReport& r);
-// One KL value as print_kld shows it: below 1e-3 in three significant digits ("1.897e-07": fast paths at 1e-9 and
+// One KL value as print_kld shows it: below 1e-3 in scientific notation with three decimals ("1.897e-07": fast paths at 1e-9 and
 // 1e-6 nats differ by a thousand, which six decimals would print alike as 0.000000), else six decimals; zero (either
 // sign) as 0.000000. A rounding's value a few ulps below 0 is printed as it is.
 std::string format_kl(double v);

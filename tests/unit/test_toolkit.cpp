@@ -537,7 +537,7 @@ TEST(ToolkitKld, ReferenceAgainstItselfIsExactlyZero) {
   for (char t : s.same_top) EXPECT_TRUE(t);
 }
 
-// How print_kld shows a KL value: small ones keep three significant digits, so that 1e-9 and 1e-6 differ on screen.
+// How print_kld shows a KL value: small ones in scientific notation, so that 1e-9 and 1e-6 differ on screen.
 TEST(ToolkitKld, SmallValuesKeepSignificantDigits) {
   EXPECT_EQ(plumb::toolkit::format_kl(0.0), "0.000000");
   EXPECT_EQ(plumb::toolkit::format_kl(-0.0), "0.000000");
