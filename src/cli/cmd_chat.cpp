@@ -47,9 +47,6 @@ class InterruptStopsReply {
  private:
   struct sigaction old_ {};
 };
-}  // namespace
-
-namespace {
 
 struct ChatCliOptions {
   ModelArgs model;

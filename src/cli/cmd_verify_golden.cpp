@@ -41,8 +41,8 @@ std::vector<std::string> expand_fixtures(const std::vector<std::string>& dirs) {
 
 // Several fixtures: each verified in turn (a fixture that cannot be loaded is reported and the others still run),
 // then one summary line per fixture that did not pass and the totals. Exit 0 when every fixture passes, 2 when one
-// could not run (an error, as for every command), else 1 when one failed its check. The options are checked first (an unknown patch, a backend this
-// build or machine lacks): one error, not one per fixture.
+// could not run (an error, as for every command), else 1 when one failed its check. The options are checked first
+// (an unknown patch, a backend this build or machine lacks): one error, not one per fixture.
 int verify_many(tools::VerifyGoldenOptions opt, const std::vector<std::string>& fixtures) {
   tools::check_verify_options(opt);
   std::vector<std::string> failed, errors;

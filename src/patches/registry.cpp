@@ -423,6 +423,12 @@ void check_patch_list_items(const std::string& list) {
               "patch list '{}': an empty item (names are separated by single commas)", list);
 }
 
+void check_patches_run_on(const std::vector<std::string>& names, const std::string& backend, const std::string& how) {
+  for (const auto& name : names)
+    if (const Patch* p = find_patch(name); p && !p->backend.empty() && p->backend != backend)
+      fail("patch {} is a {} kernel: {} {}", name, p->backend == "cuda" ? "CUDA" : p->backend, how, p->backend);
+}
+
 std::vector<std::string> expand_patch_list(const std::string& list) {
   std::vector<std::string> out;
   std::set<std::string> written;

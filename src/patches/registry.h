@@ -51,6 +51,10 @@ inline constexpr const char* kFixtureNumerics = "numerics.fixture";
 std::vector<std::string> expand_patch_list(const std::string& list);
 // Throws Error for an empty item ("a,,b", ",a", "a,"); expand_patch_list checks it first.
 void check_patch_list_items(const std::string& list);
+// Throws Error naming the first of `names` that is a kernel of another backend than `backend` ("patch cuda.fp8_gemv
+// is a CUDA kernel: <how> cuda"), for a command that checks its patch list before it loads anything (Model::load
+// refuses such a patch too, from the options).
+void check_patches_run_on(const std::vector<std::string>& names, const std::string& backend, const std::string& how);
 
 struct PatchSet {
   std::vector<const Patch*> active;

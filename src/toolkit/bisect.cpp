@@ -35,6 +35,11 @@ bool valid_set(const std::vector<std::string>& s, std::string* why = nullptr) {
   }
 }
 
+// A patch list as a configuration of the backend bisect runs on ("cuda:S" on the GPU).
+std::string on_backend(const BisectOptions& o, const std::string& patches) {
+  return (o.backend == "cuda" ? "cuda:" : "") + patches;
+}
+
 // The numerics modes of a set: the reference its other patches are measured against.
 std::vector<std::string> numerics_of(const std::vector<std::string>& s) {
   std::vector<std::string> out;
@@ -45,7 +50,7 @@ std::vector<std::string> numerics_of(const std::vector<std::string>& s) {
 
 class Tester {
  public:
-  explicit Tester(const BisectOptions& o) : o_(o), prefix_(o.backend == "cuda" ? "cuda:" : "") {}
+  explicit Tester(const BisectOptions& o) : o_(o) {}
 
   struct Outcome {
     bool valid = true, diverges = false;
@@ -67,8 +72,7 @@ class Tester {
   int runs = 0;
 
  private:
-  // A patch list as the configuration of the chosen backend.
-  std::string config(const std::string& patches) const { return prefix_ + patches; }
+  std::string config(const std::string& patches) const { return on_backend(o_, patches); }
 
   const Trace& baseline(const std::string& patches) {
     auto it = base_.find(patches);
@@ -98,8 +102,7 @@ class Tester {
     if (o_.criterion == "kld") {
       const Trace& a = baseline("");
       if (!load(m)) return r;
-      const TapFilter logits = TapFilter::parse("-", "", "", "");  // a glob no tap name matches: logits only
-      const KldReport k = kld_of_traces(a, run_trace(*m, o_.input, config(all), &logits));
+      const KldReport k = kld_of_traces(a, logits_trace(*m, o_.input, config(all)));
       const double mean = mean_unc(k.kld).mean;
       r.diverges = !(mean <= o_.kld_threshold);  // NaN/inf diverge
       r.detail = fmt::format("mean KLD {:.6g} {} {:g}", mean, r.diverges ? ">" : "<=", o_.kld_threshold);
@@ -121,7 +124,6 @@ class Tester {
   }
 
   const BisectOptions& o_;
-  const std::string prefix_;
   std::map<std::string, Outcome> cache_;
   std::map<std::string, Trace> base_;
 };
@@ -213,10 +215,7 @@ void check_options(const BisectOptions& opt) {
   PLUMB_CHECK(!opt.patches.empty(), "bisect needs a non-empty --patches list");
   PLUMB_CHECK(opt.backend == "cpu" || opt.backend == "cuda", "unknown backend '{}' (cpu, cuda)", opt.backend);
   // A patch of another backend would fail each test that holds it: named before the first.
-  for (const auto& p : opt.patches)
-    if (const Patch* q = find_patch(p); q && !q->backend.empty() && q->backend != opt.backend)
-      PLUMB_CHECK(false, "patch {} is a {} kernel: bisect it with --backend {}", p, q->backend == "cuda" ? "CUDA" : q->backend,
-                  q->backend);
+  check_patches_run_on(opt.patches, opt.backend, "bisect it with --backend");
 }
 
 BisectResult bisect(const BisectOptions& opt) {
@@ -242,11 +241,10 @@ BisectResult bisect(const BisectOptions& opt) {
   }
   // Each culprit's first divergence and diagnosis, from a full live diff against its baseline (on the backend the
   // search ran on).
-  const std::string px = opt.backend == "cuda" ? "cuda:" : "";
   for (auto& c : res.culprits) {
     const std::string all = join(c.patches);
     const std::string base = opt.criterion == "kld" ? "" : join(numerics_of(c.patches));
-    const DiffReport d = diff_live(opt.input, px + base, px + all, opt.criterion == "local");
+    const DiffReport d = diff_live(opt.input, on_backend(opt, base), on_backend(opt, all), opt.criterion == "local");
     c.first = d.first;
     c.diagnosis = d.diagnosis.text;
     if (c.patches.size() > 1)

@@ -60,8 +60,6 @@ Rows rows_of(const Trace& t) {
   return r;
 }
 
-Trace logits_only(const RunInput& in, const std::string& patches) { return logits_trace(in, patches); }
-
 std::string pct(double v) { return fmt::format("{:.3f}", 100 * v); }
 
 }  // namespace
@@ -91,15 +89,18 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
 }
 
-Trace logits_trace(const RunInput& in, const std::string& patches) {
-  const auto m = load_model(in.model_dir, patches);
+Trace logits_trace(const Model& model, const RunInput& in, const std::string& patches) {
   const TapFilter none = TapFilter::parse("-", "", "", "");  // a glob no tap name matches: logits only
-  return run_trace(*m, in, patches, &none);
+  return run_trace(model, in, patches, &none);
+}
+
+Trace logits_trace(const RunInput& in, const std::string& patches) {
+  return logits_trace(*load_model(in.model_dir, patches), in, patches);
 }
 
 KldReport kld_live(const RunInput& in, const std::string& a, const std::string& b) {
   const auto t0 = std::chrono::steady_clock::now();
-  KldReport r = kld_of_traces(logits_only(in, a), logits_only(in, b));
+  KldReport r = kld_of_traces(logits_trace(in, a), logits_trace(in, b));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -141,7 +142,7 @@ KldReport kld_of_traces(const Trace& ta, const Trace& tb) {
 
 void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk) {
   PLUMB_CHECK(topk > 0, "--topk must be positive (got {})", topk);
-  const Trace ta = logits_only(in, a);
+  const Trace ta = logits_trace(in, a);
   const Rows ra = rows_of(ta);
   const int64_t n = int64_t(ra.row.size()), V = ra.vocab, k = std::min(topk, V);
   IndexTensor ids({n, k}), tokens({n});
@@ -270,9 +271,8 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
     PLUMB_CHECK(v == r.vocab, "{}: saved for a vocabulary of {} ({}), but {} has {}: another model than the one the file "
                 "was saved with", path, r.vocab, ref.model, ri.model_dir, v);
   }
-  const Trace tb = logits_only(ri, b);
+  const Trace tb = logits_trace(ri, b);
   const Rows rb = rows_of(tb);
-  PLUMB_CHECK(rb.vocab == r.vocab, "{}: saved for a vocabulary of {}, but {} has {}", path, r.vocab, ri.model_dir, rb.vocab);
   PLUMB_CHECK(int64_t(rb.row.size()) == ids.dim(0), "{}: {} saved rows, {} computed", path, ids.dim(0), rb.row.size());
   std::vector<double> lb;
   for (int64_t t = 0; t < ids.dim(0); ++t) {

@@ -43,7 +43,8 @@ double percentile(std::vector<double> v, double p);
 KldReport kld_live(const RunInput& in, const std::string& a, const std::string& b);
 // The same statistics from two traces of one input (their logits).
 KldReport kld_of_traces(const Trace& a, const Trace& b);
-// A run that records the logits only.
+// A run that records the logits only (of `model`, loaded with `patches`, or of the model `patches` loads).
+Trace logits_trace(const Model& model, const RunInput& in, const std::string& patches);
 Trace logits_trace(const RunInput& in, const std::string& patches);
 // Runs A and writes its top-k log-probabilities (and the input, so the compare step needs none) to `path`.
 void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk);

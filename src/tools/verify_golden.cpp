@@ -7,9 +7,9 @@
 
 #include "core/parallel.h"
 #include "core/strings.h"
+#include "cuda/api.h"
 #include "model/model.h"
 #include "patches/registry.h"
-#include "cuda/api.h"
 #include "plumb/tools.h"
 #include "tools/golden_fixture.h"
 
@@ -137,9 +137,7 @@ void check_verify_options(const VerifyGoldenOptions& opt) {
     if (name != kFixtureNumerics) append_item(names, name);
     else ++fixture_numerics;
   PLUMB_CHECK(fixture_numerics <= 1, "patch '{}' is listed twice", kFixtureNumerics);
-  for (const auto& name : expand_patch_list(names))  // a kernel of the other backend would fail every fixture
-    if (const Patch* p = find_patch(name); p && !p->backend.empty() && p->backend != opt.backend)
-      fail("patch {} is a {} kernel: it needs --backend {}", name, p->backend == "cuda" ? "CUDA" : p->backend, p->backend);
+  check_patches_run_on(expand_patch_list(names), opt.backend, "it needs --backend");  // (else every fixture fails)
 }
 
 int verify_golden(const VerifyGoldenOptions& opt) {
