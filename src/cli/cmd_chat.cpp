@@ -84,9 +84,12 @@ class ChatLoop {
       }
       if (!std::getline(std::cin, line)) break;
       if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      if (line[0] == '/' && line.compare(0, 2, "//") != 0) {
-        if (!command(line)) break;
+      const size_t first = line.find_first_not_of(" \t");
+      if (first == std::string::npos) continue;
+      // A command may follow blanks (" /quit" leaves, as a user typing it means); a message never starts with "/"
+      // unless written "//".
+      if (line[first] == '/' && line.compare(first, 2, "//") != 0) {
+        if (!command(line.substr(first))) break;
         continue;
       }
       turn(line[0] == '/' ? line.substr(1) : line);  // "//..." is a message that starts with "/"
@@ -152,10 +155,11 @@ class ChatLoop {
 
   // Returns false to quit.
   bool command(const std::string& line) {
-    const size_t sp = line.find(' ');
+    const size_t sp = line.find_first_of(" \t");
     const std::string cmd = line.substr(0, sp);
-    std::string arg = sp == std::string::npos ? "" : line.substr(line.find_first_not_of(' ', sp) == std::string::npos
-                                                                      ? line.size() : line.find_first_not_of(' ', sp));
+    const size_t a = sp == std::string::npos ? std::string::npos : line.find_first_not_of(" \t", sp);
+    std::string arg = a == std::string::npos ? "" : line.substr(a);
+    while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t')) arg.pop_back();
     if (cmd == "/quit" || cmd == "/exit") return false;
     if (cmd == "/reset") {
       reset();

@@ -154,6 +154,12 @@ rc=$?
   python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"]; sys.exit(m[0]["content"] != "/usr is a folder")' "$tmp/slash.json" &&
   ok "chat: //text sends /text, /usr is an unknown command" ||
   bad "chat slash lines: exit status $rc, stderr: $(cat "$tmp/c.err"), transcript: $(cat "$tmp/slash.json" 2>&1)"
+# A command after blanks is still a command: "  /quit" leaves before the message after it (which would print a reply).
+printf '  /save %s \n\t/quit\nhi\n' "$tmp/blank.json" | "$plumb" chat -q -n 2 --seed 1 >"$tmp/c.out" 2>"$tmp/c.err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(cat "$tmp/c.out")" = "saved 0 messages to $tmp/blank.json" ] && [ ! -s "$tmp/c.err" ] &&
+  ok "chat: '  /save F ' and a tab before /quit are commands" ||
+  bad "chat commands after blanks: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
 check_error "tokenize with a malformed tokenizer.json" "badtok/tokenizer.json is not valid JSON" \
   "$plumb" tokenize -t "$tmp/badtok/tokenizer.json" <<<"hi"
 check_error "tokenize --decode of an id outside the vocabulary" \
