@@ -22,7 +22,8 @@ namespace {
 
 class ModelSession : public Session {
  public:
-  ModelSession(std::shared_ptr<const Model> m, int chunk) : m_(std::move(m)), st_(m_->new_state()), chunk_(chunk) {}
+  ModelSession(std::shared_ptr<const Model> m, std::shared_ptr<const ModelInfo> info, int chunk)
+      : m_(std::move(m)), info_(std::move(info)), st_(m_->new_state()), chunk_(chunk) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
     return std::move(m_->forward(st_, feed_all_but_last(tokens), nullptr, LogitRows::Last).data);
   }
@@ -44,9 +45,11 @@ class ModelSession : public Session {
   void reserve(int64_t positions) override { m_->reserve(st_, positions); }
   int64_t position() const override { return st_.pos; }
   void reset() override { st_ = m_->new_state(); }
+  const ModelInfo& info() const override { return *info_; }
 
  private:
   std::shared_ptr<const Model> m_;
+  std::shared_ptr<const ModelInfo> info_;  // shared with the engine (a session may outlive it)
   SessionState st_;
   int chunk_;
 
@@ -77,22 +80,24 @@ class ModelEngine : public Engine {
  public:
   ModelEngine(std::shared_ptr<const Model> m, int chunk) : m_(std::move(m)), chunk_(chunk) {
     const auto& c = m_->config();
-    info_.vocab_size = c.vocab;
-    info_.bos_token = c.bos_token;
-    info_.eos_token = c.eos_token;
-    info_.max_positions = c.max_positions;
-    info_.summary = c.summary();
+    ModelInfo info;
+    info.vocab_size = c.vocab;
+    info.bos_token = c.bos_token;
+    info.eos_token = c.eos_token;
+    info.max_positions = c.max_positions;
+    info.summary = c.summary();
     const DeviceForward::Memory dm = m_->device_memory();
-    info_.device = dm.device;
-    info_.device_loaded_bytes = dm.loaded, info_.device_free_bytes = dm.free, info_.device_total_bytes = dm.total;
+    info.device = dm.device;
+    info.device_loaded_bytes = dm.loaded, info.device_free_bytes = dm.free, info.device_total_bytes = dm.total;
+    info_ = std::make_shared<const ModelInfo>(std::move(info));
   }
-  const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<Session> new_session() const override { return std::make_unique<ModelSession>(m_, chunk_); }
+  const ModelInfo& info() const override { return *info_; }
+  std::unique_ptr<Session> new_session() const override { return std::make_unique<ModelSession>(m_, info_, chunk_); }
   const std::string& dir() const override { return m_->dir(); }
 
  private:
   std::shared_ptr<const Model> m_;
-  ModelInfo info_;
+  std::shared_ptr<const ModelInfo> info_;
   int chunk_;
 };
 

@@ -99,6 +99,8 @@ class Session {
   virtual void reserve(int64_t positions) { (void)positions; }
   virtual int64_t position() const = 0;  // tokens consumed so far
   virtual void reset() = 0;               // back to an empty cache
+  // The model this session runs: its Engine's info() (what generate() reads for the vocabulary, EOS and context).
+  virtual const ModelInfo& info() const = 0;
 };
 
 }  // namespace plumb

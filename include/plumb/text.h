@@ -198,12 +198,13 @@ struct GenerateResult {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Prefills `prompt` at the session's position, then samples until a stop. `on_text` receives each piece of
-// text as soon as it is final (streaming). Throws plumb::Error before touching the session for a ModelInfo without a
-// vocabulary (pass the engine's), an empty prompt, a prompt or stop token outside the model's vocabulary, options out
-// of range, or a prompt that does not fit the context.
-GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
-                        const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text = {});
+// Prefills `prompt` at the session's position, then samples until a stop. The vocabulary, EOS and context are the
+// session's model's (Session::info()). `on_text` receives each piece of text as soon as it is final (streaming).
+// Throws plumb::Error before touching the session for a session whose info() names no vocabulary, an empty prompt, a
+// prompt or stop token outside the model's vocabulary, options out of range, or a prompt that does not fit the
+// context.
+GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                        const std::function<void(std::string_view)>& on_text = {});
 
 // Holds back text that may be the start of a stop string (the piece of generate() that does the matching).
 class StopMatcher {

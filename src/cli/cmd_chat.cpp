@@ -125,7 +125,7 @@ class ChatLoop {
     try {
       const InterruptStopsReply ctrl_c;
       g.should_stop = &InterruptStopsReply::interrupted;
-      r = generate(*session_, m_.engine->info(), tok_, prompt, g, [&](std::string_view s) {
+      r = generate(*session_, tok_, prompt, g, [&](std::string_view s) {
         std::fwrite(s.data(), 1, s.size(), stdout);
         std::fflush(stdout);
         newline = s.back() == '\n';

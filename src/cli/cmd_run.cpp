@@ -71,7 +71,7 @@ int run(const RunOptions& o) {
   const GenerateOptions gopt = generate_options(o.gen, m, seed);
   auto session = m.engine->new_session();
   bool newline = true;
-  const GenerateResult r = generate(*session, info, tok, prompt, gopt, [&](std::string_view s) {
+  const GenerateResult r = generate(*session, tok, prompt, gopt, [&](std::string_view s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);  // stream: every piece as soon as it is final
     newline = s.back() == '\n';

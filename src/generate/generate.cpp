@@ -38,12 +38,14 @@ void check_tokens(std::span<const int32_t> ids, int32_t vocab, const Tokenizer& 
 
 void check_generate_options(const GenerateOptions& opt) {
   check_sampling(opt.sampling);
-  PLUMB_CHECK(opt.max_tokens >= 1, "--max-tokens must be at least 1, got {}", opt.max_tokens);
+  PLUMB_CHECK(opt.max_tokens >= 1, "max_tokens (--max-tokens) must be at least 1, got {}", opt.max_tokens);
 }
 
-GenerateResult generate(Session& session, const ModelInfo& info, const Tokenizer& tok, std::span<const int32_t> prompt,
-                        const GenerateOptions& opt, const std::function<void(std::string_view)>& on_text) {
-  PLUMB_CHECK(info.vocab_size > 0, "generate: the ModelInfo names no vocabulary (pass the engine's: engine->info())");
+GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                        const std::function<void(std::string_view)>& on_text) {
+  const ModelInfo& info = session.info();
+  PLUMB_CHECK(info.vocab_size > 0, "generate: the session's info() names no vocabulary (a Session of your own returns "
+              "its model's ModelInfo there)");
   PLUMB_CHECK(!prompt.empty(), "empty prompt: there is nothing to generate from");
   check_generate_options(opt);
   check_tokens(prompt, info.vocab_size, tok, "prompt");

@@ -63,17 +63,17 @@ int32_t argmax(const std::vector<float>& l) {
 }  // namespace
 
 void check_sampling(const SamplingParams& p) {
-  PLUMB_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "--temperature must be a number >= 0 (0 = greedy), got {}",
+  PLUMB_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature (--temperature) must be a number >= 0 (0 = greedy), got {}",
               p.temperature);
-  PLUMB_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = off), got {}", p.top_k);
-  PLUMB_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "--top-p must be in (0, 1], got {}", p.top_p);
-  PLUMB_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "--min-p must be in [0, 1], got {}", p.min_p);
-  PLUMB_CHECK(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f, "--repeat-penalty must be a positive number (1 = off), got {}",
+  PLUMB_CHECK(p.top_k >= 0, "top_k (--top-k) must be >= 0 (0 = off), got {}", p.top_k);
+  PLUMB_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p (--top-p) must be in (0, 1], got {}", p.top_p);
+  PLUMB_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p (--min-p) must be in [0, 1], got {}", p.min_p);
+  PLUMB_CHECK(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f, "repeat_penalty (--repeat-penalty) must be a positive number (1 = off), got {}",
               p.repeat_penalty);
   // (a NaN or infinite penalty would turn every recent token's logit into NaN or -inf: the draw would be undefined)
-  PLUMB_CHECK(std::isfinite(p.presence_penalty), "--presence-penalty must be a finite number (0 = off), got {}", p.presence_penalty);
-  PLUMB_CHECK(std::isfinite(p.frequency_penalty), "--frequency-penalty must be a finite number (0 = off), got {}", p.frequency_penalty);
-  PLUMB_CHECK(p.penalty_last_n >= -1, "--repeat-last-n must be >= -1 (-1 = whole history), got {}", p.penalty_last_n);
+  PLUMB_CHECK(std::isfinite(p.presence_penalty), "presence_penalty (--presence-penalty) must be a finite number (0 = off), got {}", p.presence_penalty);
+  PLUMB_CHECK(std::isfinite(p.frequency_penalty), "frequency_penalty (--frequency-penalty) must be a finite number (0 = off), got {}", p.frequency_penalty);
+  PLUMB_CHECK(p.penalty_last_n >= -1, "penalty_last_n (--repeat-last-n) must be >= -1 (-1 = whole history), got {}", p.penalty_last_n);
 }
 
 Sampler::Sampler(const SamplingParams& p, int32_t vocab) : impl_(std::make_unique<Impl>()) {

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
     opt.should_stop = [&] { return pieces >= 5; };  // a front end's Ctrl-C, a client gone
     std::string streamed;
     const auto prompt = plumb::encode_prompt(tok, "Once upon a time", engine->info().bos_token);
-    const auto r = plumb::generate(*session, engine->info(), tok, prompt, opt, [&](std::string_view piece) {
+    const auto r = plumb::generate(*session, tok, prompt, opt, [&](std::string_view piece) {
       streamed += piece;
       ++pieces;
     });
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     // The same session goes on: the last sampled token first (nothing needed its logits yet), then more text.
     opt.should_stop = {};
     opt.max_tokens = 8;
-    const auto r2 = plumb::generate(*session, engine->info(), tok, std::vector<int32_t>{r.unfed}, opt);
+    const auto r2 = plumb::generate(*session, tok, std::vector<int32_t>{r.unfed}, opt);
     std::printf("...%s [%s]\n", r2.text.c_str(), plumb::stop_reason_name(r2.stop));
     if (r2.tokens.empty()) return 1;
 

@@ -81,13 +81,13 @@ expect "two numerics modes" "numerics.reference and numerics.official are two nu
 
 # Sampling options are checked before the model loads: with a model folder that does not exist, the option is what
 # the error names (a typo in --top-p must not wait for a 100 GB load to be reported).
-expect "run: --top-p before the load" "--top-p must be in (0, 1\]" "$plumb" run --model "$work/no-such-model" -p hi --top-p 0
-expect "run: NaN --presence-penalty" "--presence-penalty must be a finite number" \
+expect "run: --top-p before the load" "top_p (--top-p) must be in (0, 1\]" "$plumb" run --model "$work/no-such-model" -p hi --top-p 0
+expect "run: NaN --presence-penalty" "presence_penalty (--presence-penalty) must be a finite number" \
   "$plumb" run --model "$work/no-such-model" -p hi --presence-penalty nan
-expect "run: --max-tokens before the load" "--max-tokens must be at least 1" "$plumb" run --model "$work/no-such-model" -p hi --max-tokens 0
+expect "run: --max-tokens before the load" "max_tokens (--max-tokens) must be at least 1" "$plumb" run --model "$work/no-such-model" -p hi --max-tokens 0
 expect "run: an empty item in --ids" "--ids: the comma at column 3 has no token id before it" \
   "$plumb" run --model "$work/no-such-model" --ids '1,,2'
-expect "chat: --temperature before the load" "--temperature must be a number >= 0" \
+expect "chat: --temperature before the load" "temperature (--temperature) must be a number >= 0" \
   "$plumb" chat --model "$work/no-such-model" --temperature -1 </dev/null
 
 # The toolkit's input files: a directory is refused by name (it read as an empty file: --text DIR ran on BOS alone).

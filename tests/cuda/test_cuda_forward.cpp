@@ -961,7 +961,7 @@ TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
       plumb::GenerateOptions g;
       g.sampling = sp, g.max_tokens = 60;
       auto s = engine->new_session();
-      const auto r = plumb::generate(*s, engine->info(), tok, prompt, g, {});
+      const auto r = plumb::generate(*s, tok, prompt, g, {});
       // The host twin: the same model's logits downloaded, sampled by plumb::Sampler.
       auto h = engine->new_session();
       plumb::Sampler sampler(sp, engine->info().vocab_size);

@@ -263,10 +263,12 @@ TEST(StopMatcher, MatchesAcrossPiecesAndHoldsBackPrefixes) {
   EXPECT_THROW(plumb::StopMatcher({""}), plumb::Error);
 }
 
-// A session that "predicts" a fixed script: the logits after the k-th forward call peak at script[k].
+// A session that "predicts" a fixed script: the logits after the k-th forward call peak at script[k]. `info` is the
+// model it claims to run (generate() reads the vocabulary, EOS and context there).
 class ScriptedSession : public plumb::Session {
  public:
-  ScriptedSession(std::vector<int32_t> script, int32_t vocab) : script_(std::move(script)), vocab_(vocab) {}
+  ScriptedSession(std::vector<int32_t> script, plumb::ModelInfo info)
+      : script_(std::move(script)), info_(std::move(info)), vocab_(info_.vocab_size) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
     fed.insert(fed.end(), tokens.begin(), tokens.end());
     pos_ += int64_t(tokens.size());
@@ -277,11 +279,13 @@ class ScriptedSession : public plumb::Session {
   std::vector<float> forward_all(std::span<const int32_t> tokens) override { return forward(tokens); }
   int64_t position() const override { return pos_; }
   void reset() override { pos_ = 0, fed.clear(), calls = 0; }
+  const plumb::ModelInfo& info() const override { return info_; }
   std::vector<int32_t> fed;
   size_t calls = 0;
 
  private:
   std::vector<int32_t> script_;
+  plumb::ModelInfo info_;
   int32_t vocab_;
   int64_t pos_ = 0;
 };
@@ -308,10 +312,10 @@ TEST_F(GenerateFixture, StopsAtTheStopTokenAndStreamsEveryPiece) {
   const std::string text = " there was a café ☕ by the river.";
   auto script = tok.encode(text);
   script.push_back(1);  // EOS
-  ScriptedSession s(script, info.vocab_size);
+  ScriptedSession s(script, info);
   const std::vector<int32_t> prompt = {0, 20, 21};
   std::string streamed;
-  const auto r = plumb::generate(s, info, tok, prompt, greedy(), [&](std::string_view p) { streamed += p; });
+  const auto r = plumb::generate(s, tok, prompt, greedy(), [&](std::string_view p) { streamed += p; });
   EXPECT_EQ(r.text, text);
   EXPECT_EQ(streamed, text);
   EXPECT_EQ(r.stop, plumb::StopReason::Token);
@@ -326,11 +330,11 @@ TEST_F(GenerateFixture, StopsAtTheStopTokenAndStreamsEveryPiece) {
 
 TEST_F(GenerateFixture, StopStringAcrossTokens) {
   const auto script = tok.encode(" there was a cat. The end.");
-  ScriptedSession s(script, info.vocab_size);
+  ScriptedSession s(script, info);
   auto g = greedy();
   g.stop_strings = {"cat. T"};
   std::string streamed;
-  const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g, [&](std::string_view p) { streamed += p; });
+  const auto r = plumb::generate(s, tok, std::vector<int32_t>{0}, g, [&](std::string_view p) { streamed += p; });
   EXPECT_EQ(r.stop, plumb::StopReason::String);
   EXPECT_EQ(r.text, " there was a ");
   EXPECT_EQ(streamed, r.text);
@@ -339,17 +343,17 @@ TEST_F(GenerateFixture, StopStringAcrossTokens) {
 TEST_F(GenerateFixture, MaxTokensAndContextEnd) {
   const auto script = tok.encode(" one two three four five six");
   {
-    ScriptedSession s(script, info.vocab_size);
-    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, greedy(3));
+    ScriptedSession s(script, info);
+    const auto r = plumb::generate(s, tok, std::vector<int32_t>{0}, greedy(3));
     EXPECT_EQ(r.stop, plumb::StopReason::Length);
     EXPECT_EQ(r.tokens.size(), 3u);
     EXPECT_EQ(s.position(), 3);  // prompt + 2 fed; the third token is unfed
   }
   {
-    ScriptedSession s(script, info.vocab_size);
     plumb::ModelInfo small = info;
     small.max_positions = 3;  // prompt 1 + 2 fed tokens fill it
-    const auto r = plumb::generate(s, small, tok, std::vector<int32_t>{0}, greedy());
+    ScriptedSession s(script, small);
+    const auto r = plumb::generate(s, tok, std::vector<int32_t>{0}, greedy());
     EXPECT_EQ(r.stop, plumb::StopReason::Context);
     EXPECT_EQ(r.tokens.size(), 3u);
     EXPECT_EQ(s.position(), 3);
@@ -357,10 +361,10 @@ TEST_F(GenerateFixture, MaxTokensAndContextEnd) {
 }
 
 TEST_F(GenerateFixture, ErrorsLeaveTheSessionUntouched) {
-  ScriptedSession s({1, 1, 1}, info.vocab_size);
   auto expect_error = [&](std::vector<int32_t> prompt, plumb::ModelInfo mi, plumb::GenerateOptions g, const char* part) {
+    ScriptedSession s({1, 1, 1}, mi);
     try {
-      plumb::generate(s, mi, tok, prompt, g);
+      plumb::generate(s, tok, prompt, g);
       FAIL() << "no error for " << part;
     } catch (const plumb::Error& e) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
@@ -369,7 +373,7 @@ TEST_F(GenerateFixture, ErrorsLeaveTheSessionUntouched) {
     EXPECT_EQ(s.position(), 0);
   };
   expect_error({}, info, greedy(), "empty prompt");
-  expect_error({0}, plumb::ModelInfo{}, greedy(), "the ModelInfo names no vocabulary (pass the engine's");
+  expect_error({0}, plumb::ModelInfo{}, greedy(), "the session's info() names no vocabulary");
   expect_error({0, 5000}, info, greedy(), "outside the model's vocabulary");
   plumb::ModelInfo small = info;
   small.max_positions = 2;
@@ -389,25 +393,25 @@ TEST_F(GenerateFixture, EosStopsByDefaultAndShouldStopCancels) {
   plumb::GenerateOptions g;
   g.sampling = plain(0.0f);
   {
-    ScriptedSession s(script, info.vocab_size);
-    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g);  // no stop_tokens given
+    ScriptedSession s(script, info);
+    const auto r = plumb::generate(s, tok, std::vector<int32_t>{0}, g);  // no stop_tokens given
     EXPECT_EQ(r.stop, plumb::StopReason::Token);
     EXPECT_EQ(r.tokens.back(), 1);
   }
   {
-    ScriptedSession s(script, info.vocab_size);
+    ScriptedSession s(script, info);
     g.stop_at_eos = false, g.max_tokens = int(script.size());
-    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g);
+    const auto r = plumb::generate(s, tok, std::vector<int32_t>{0}, g);
     EXPECT_EQ(r.stop, plumb::StopReason::Length);
     EXPECT_EQ(r.tokens, script);
   }
   {
-    ScriptedSession s(script, info.vocab_size);
+    ScriptedSession s(script, info);
     int asked = 0;
     g.stop_at_eos = true, g.max_tokens = 100;
     g.should_stop = [&] { return ++asked == 2; };
     std::string streamed;
-    const auto r = plumb::generate(s, info, tok, std::vector<int32_t>{0}, g, [&](std::string_view p) { streamed += p; });
+    const auto r = plumb::generate(s, tok, std::vector<int32_t>{0}, g, [&](std::string_view p) { streamed += p; });
     EXPECT_EQ(r.stop, plumb::StopReason::Cancelled);
     EXPECT_EQ(r.tokens, std::vector<int32_t>(script.begin(), script.begin() + 2));
     EXPECT_EQ(r.unfed, script[1]);
@@ -421,10 +425,10 @@ TEST_F(GenerateFixture, SkipSpecialDropsSpecialTokensFromTheText) {
   auto script = tok.encode("Hi");
   script.push_back(0);  // BOS: special, not a stop token here
   script.push_back(1);
-  ScriptedSession s(script, info.vocab_size);
+  ScriptedSession s(script, info);
   auto g = greedy();
   g.skip_special = true;
-  EXPECT_EQ(plumb::generate(s, info, tok, std::vector<int32_t>{0}, g).text, "Hi");
+  EXPECT_EQ(plumb::generate(s, tok, std::vector<int32_t>{0}, g).text, "Hi");
 }
 
 // The bundled model end to end through the public API (plumb/engine.h + plumb/text.h).
@@ -446,8 +450,23 @@ struct TinyModel : ::testing::Test {
 TEST_F(TinyModel, AnswersInChatFormat) {
   auto s = engine()->new_session();
   const auto prompt = tok.encode(plumb::encode_chat({{"user", "What color is the sky?", ""}}, plumb::ChatOptions{}));
-  const auto r = plumb::generate(*s, engine()->info(), tok, prompt, greedy());
+  const auto r = plumb::generate(*s, tok, prompt, greedy());
   EXPECT_EQ(r.stop, plumb::StopReason::Token);
+  EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
+}
+
+// A session carries its model: info() is the engine's, and it stays valid (and generates) after the last reference
+// to the Engine is gone.
+TEST_F(TinyModel, SessionOutlivesItsEngine) {
+  auto e = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  auto s = e->new_session();
+  EXPECT_EQ(&s->info(), &e->info());
+  const plumb::ModelInfo expect = e->info();
+  e.reset();
+  EXPECT_EQ(s->info().vocab_size, expect.vocab_size);
+  EXPECT_EQ(s->info().eos_token, expect.eos_token);
+  EXPECT_EQ(s->info().summary, expect.summary);
+  const auto r = plumb::generate(*s, tok, tok.encode(plumb::encode_chat({{"user", "What color is the sky?", ""}}, {})), greedy());
   EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
 }
 
@@ -495,7 +514,7 @@ TEST_F(TinyModel, ChatTurnsOnOneSessionMatchTheWholeConversation) {
   const plumb::ChatOptions co{false, false, true, ""};
   auto s = engine()->new_session();
   const auto p1 = tok.encode(plumb::chat_prefix("", co) + plumb::chat_user_turn("My name is Tom.", false));
-  const auto r1 = plumb::generate(*s, engine()->info(), tok, p1, greedy());
+  const auto r1 = plumb::generate(*s, tok, p1, greedy());
   ASSERT_EQ(r1.stop, plumb::StopReason::Token);
   std::vector<int32_t> p2 = {r1.unfed};
   const auto turn2 = tok.encode(plumb::chat_user_turn("What is my name?", false));
