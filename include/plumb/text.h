@@ -44,6 +44,8 @@ class Tokenizer {
   // Like tokenizers' encode(text, add_special_tokens=add_special). Added tokens such as "<｜User｜>" are
   // matched before BPE and come out as one id.
   std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  // Ids the tokenizer has no token for (a model's vocabulary is often padded past the tokenizer's) decode to nothing,
+  // as the `tokenizers` library skips them; `plumb tokenize --decode` refuses ids outside [0, vocab_size()).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   int32_t token_id(std::string_view token) const;  // -1 if the tokenizer has no such (single) token
   std::string token_text(int32_t id) const;        // "" for an unknown id

@@ -6,7 +6,7 @@
 // K largest keys" is one well-defined set, in one well-defined order.
 //
 // Paths (host picks one, fwd_sample_path):
-//  greedy  k_argmax: per-slice maximum key, atomicMax into one word per row; k_greedy_out applies the NaN-at-0 rule.
+//  greedy  k_argmax: per-slice maximum key, atomicMax into one word per row; k_greedy_out writes its id.
 //  top-k   radix select of the K largest keys: k_hist0 (many blocks per row) counts the top 11 bits of every key
 //          into a histogram per row; k_split0 finds the bin holding the K-th key and writes the keys above it
 //          to `sel` and those in it to `surv`; k_topk_final (one block per row) refines the survivors over the
@@ -122,12 +122,17 @@ __global__ void k_argmax(const float* __restrict__ src, int vocab, unsigned long
   }
 }
 
-__global__ void k_greedy_out(const float* __restrict__ src, int rows, int vocab, const unsigned long long* best, SampleOut out) {
+__global__ void k_greedy_out(int rows, const unsigned long long* best, SampleOut out) {
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= rows) return;
-  // Sampler's scan (best = 0; best = i when l[i] > l[best]) never leaves index 0 when l[0] is NaN, and never
-  // moves to a NaN otherwise: the maximum key, since a non-NaN l[0] outranks every NaN.
-  const int32_t tok = isnan(src[int64_t(row) * vocab]) ? 0 : key_id(best[row]);
+  // The maximum key is the largest non-NaN logit (NaN keys rank below -inf), lowest id on ties, as Sampler's scan
+  // over the row with NaN read as -inf. A top that is not finite: no token (see kSampleNoFinite).
+  if (!isfinite(key_logit(uint32_t(best[row] >> 32)))) {
+    out.token[row] = kSampleNoFinite;
+    if (out.n) out.n[row] = 0;
+    return;
+  }
+  const int32_t tok = key_id(best[row]);
   out.token[row] = tok;
   if (out.n) out.n[row] = 1;
   write_dist(out, row, 1, 0, tok, 1.0f);
@@ -230,6 +235,15 @@ __global__ void __launch_bounds__(kFinalThreads) k_topk_final(const float* __res
   bitonic_sort_desc(keys, P);
   for (int i = threadIdx.x; i < K; i += blockDim.x) ids[i] = key_id(keys[i]);
   __syncthreads();
+  // The top candidate's logit not finite: no token (kSampleNoFinite). Every thread reads the same ids[0], so the
+  // whole block returns.
+  if (!isfinite(sample_logit(src[base + ids[0]]))) {
+    if (threadIdx.x == 0) {
+      out.token[row] = kSampleNoFinite;
+      if (out.n) out.n[row] = 0;
+    }
+    return;
+  }
 
   // Sampler::distribution from here, step by step (its fp64 loops: sums in index order, IEEE roundings).
   double* prob = reinterpret_cast<double*>(raw);                       // [kMaxK]
@@ -331,6 +345,14 @@ __global__ void __launch_bounds__(kFinalThreads) k_sorted_final(int vocab, int K
   const int n = K;
   const int ch = (n + int(blockDim.x) - 1) / int(blockDim.x);
   const int lo = min(n, int(threadIdx.x) * ch), hi = min(n, lo + ch);
+  // The top candidate's logit not finite: no token (kSampleNoFinite); uniform over the block.
+  if (!isfinite(key_logit(~uint32_t(kr[0])))) {
+    if (threadIdx.x == 0) {
+      out.token[row] = kSampleNoFinite;
+      if (out.n) out.n[row] = 0;
+    }
+    return;
+  }
   const double T = double(p.temperature);
   const double top = __ddiv_rn(double(key_logit(~uint32_t(kr[0]))), T);
   double loc = 0, tot = 0;
@@ -533,7 +555,7 @@ void fwd_sample(const float* logits, int rows, int vocab, const SampleParams& p,
     auto* best = reinterpret_cast<unsigned long long*>(at(L.best));
     PLUMB_CUDA_CHECK(cudaMemsetAsync(best, 0, size_t(rows) * sizeof(unsigned long long), s));
     k_argmax<<<row_grid, kRowThreads, 0, s>>>(src, vocab, best);
-    k_greedy_out<<<(rows + 127) / 128, 128, 0, s>>>(src, rows, vocab, best, out);
+    k_greedy_out<<<(rows + 127) / 128, 128, 0, s>>>(rows, best, out);
     check_launch("fwd_sample greedy");
     return;
   }

@@ -373,7 +373,7 @@ class GpuForward : public DeviceForward {
   // The last token's logits never leave the device: fwd_sample (sample.h) draws with the host sampler's
   // parameters, penalty window and uniform draw, and only the token comes back.
   int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
-                         std::span<const int32_t> history) const override {
+                         std::span<const int32_t> history, std::vector<float>& no_finite_row) const override {
     Scratch& sc = st.dev->scratch;
     const SamplingParams& sp = sampler.params();
     SampleParams p;
@@ -406,6 +406,11 @@ class GpuForward : public DeviceForward {
     }
     int32_t got[2];
     d2h(got, out, 8);  // synchronizes
+    if (got[0] == kSampleNoFinite) {  // an error path: the row comes back for the host sampler's message
+      no_finite_row.resize(size_t(cfg_.vocab));
+      d2h(no_finite_row.data(), logits, no_finite_row.size() * sizeof(float));
+      return -1;
+    }
     if (got[1] > 1) sampler.commit_draw();  // the distribution kept more than one token: sample() would have drawn
     return got[0];
   }

@@ -13,9 +13,8 @@
 // parameters never draw: u may be null then.)
 //
 // Exactness (what the CUDA tests check against plumb::Sampler, tests/cuda/test_cuda_sample.cpp):
-//  * greedy (temperature <= 0 or top_k == 1): exact. NaN as on the CPU, whose `>` scan keeps index 0 if it is
-//    NaN and otherwise never lets a NaN win: the token is 0 if logit[0] is NaN, else the largest non-NaN logit,
-//    lowest id on ties (-0 and +0 are equal).
+//  * greedy (temperature <= 0 or top_k == 1): exact. The largest non-NaN logit, lowest id on ties (-0 and +0 are
+//    equal); a NaN is never picked.
 //  * top-k path (1 < K <= kSampleMaxExactK candidates, K = top_k, or the vocabulary when top_k is 0 or >= it):
 //    the candidates and their order are exact; the softmax sum, the top-p scan, the renormalizing sum and the
 //    walk are the CPU's sequential fp64 loops in the CPU's order (one thread), every operation IEEE-rounded as
@@ -28,9 +27,12 @@
 //    vocabulary are computed in parallel (fixed order, deterministic run to run), not as the CPU's sequential
 //    left fold. The token can then differ from the CPU only when u (or the top-p cumulative, or a min-p ratio)
 //    lies within ~1e-12 relative of a boundary; the test tolerates a token difference only there.
-//  * NaN outside greedy: the CPU's std::sort with NaN logits is undefined behaviour; here a NaN ranks below -inf
-//    (lower id first among NaNs) and counts as -inf (probability 0). Infinite logits follow the CPU's fp64
-//    arithmetic (an all -inf row, or a +inf logit, gives NaN probabilities exactly as the CPU computes them).
+//  * NaN outside greedy: a NaN ranks below -inf (lower id first among NaNs) and counts as -inf (probability 0), as
+//    Sampler reads it.
+//  * A row whose largest non-NaN logit (after the penalties) is not finite (all NaN or -inf, or a +inf) has no
+//    distribution: Sampler::distribution throws for it, and every path here writes token kSampleNoFinite and n 0
+//    (no distribution entries); the caller raises Sampler's error (gpu_model.cpp downloads the row and lets
+//    Sampler::distribution say what it held).
 //
 // Measured on one H200 (2026-11-29, tests/cuda/test_cuda_sample.cpp): 1632 rows over all three paths (vocab 1000,
 // 5000, 32000, 129280; ties, -0/+0, -inf, +inf, NaN in greedy rows) plus a 300-step generation: every token,
@@ -60,9 +62,12 @@ struct SampleParams {
   float frequency_penalty = 0.0f;  // 0: off
 };
 
+// The token of a row without a finite logit to sample from (see Exactness).
+inline constexpr int32_t kSampleNoFinite = -1;
+
 // Outputs per row. token is required; the rest optional (null / cap 0).
 struct SampleOut {
-  int32_t* token = nullptr;  // [rows] the sampled token
+  int32_t* token = nullptr;  // [rows] the sampled token, or kSampleNoFinite
   int32_t* n = nullptr;      // [rows] size of the final distribution: > 1 means the row's u was consumed
   int32_t* ids = nullptr;    // [rows, cap] the first min(n, cap) entries of the final distribution, in order:
   float* probs = nullptr;    // [rows, cap]   what Sampler::distribution returns (greedy: {token, 1})

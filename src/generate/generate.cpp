@@ -68,10 +68,20 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
     if (on_text) on_text(s);
   };
   std::vector<int32_t> history(prompt.begin(), prompt.end());
+  // One feed + sample; an error from there (a backend failure, a row with no finite logit) says which token of the
+  // generation it was, from which position's logits.
+  auto feed_sample = [&](std::span<const int32_t> tokens) {
+    const int64_t at = session.position() + int64_t(tokens.size()) - 1;
+    try {
+      return session.forward_sample(tokens, sampler, history);
+    } catch (const Error& e) {
+      fail("generating token {} (from the logits of position {}): {}", r.tokens.size() + 1, at, e.what());
+    }
+  };
 
   // forward_sample: the logits stay on the device where the backend has one (the first sample counts as prefill).
   auto t0 = std::chrono::steady_clock::now();
-  int32_t id = session.forward_sample(prompt, sampler, history);
+  int32_t id = feed_sample(prompt);
   r.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   bool stopped_by_string = false;
@@ -101,7 +111,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
       r.stop = StopReason::Context;
       break;
     }
-    id = session.forward_sample(std::span<const int32_t>(&id, 1), sampler, history);
+    id = feed_sample(std::span<const int32_t>(&id, 1));
   }
   if (!stopped_by_string) {
     emit(stops.push(stream.flush(), stopped_by_string));

@@ -60,6 +60,19 @@ int32_t argmax(const std::vector<float>& l) {
   return best;
 }
 
+// A row with no finite logit (all NaN or -inf, or a +inf) has no distribution: softmax(x - max) is NaN throughout.
+// It comes from a broken model or patch, never from sampling options, so it is an error that says what the row held,
+// not a token (it used to be id 0, which hid the fault behind plausible-looking output).
+void check_finite_top(const std::vector<float>& l) {
+  float top = -INFINITY;
+  for (float x : l) top = x > top ? x : top;  // (NaN compares false: skipped)
+  if (std::isfinite(top)) return;
+  size_t nan = 0, neg = 0, pos = 0;
+  for (float x : l) nan += std::isnan(x), neg += x == -INFINITY, pos += x == INFINITY;
+  fail("sampler: no finite logit to sample from ({} of {} logits NaN, {} -inf, {} +inf after the penalties): the "
+       "model's output is broken (plumb diff names the op where it first goes wrong)", nan, l.size(), neg, pos);
+}
+
 }  // namespace
 
 void check_sampling(const SamplingParams& p) {
@@ -93,11 +106,12 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const flo
   PLUMB_CHECK(int64_t(logits.size()) == impl_->vocab, "sampler: {} logits for a vocabulary of {}", logits.size(),
               impl_->vocab);
   std::vector<float> l = penalized(p, logits, history);
-  if (p.temperature <= 0.0f || p.top_k == 1) return {{argmax(l), 1.0f}};
-  // A NaN logit counts as -inf (probability 0), as the GPU sampler reads it (src/cuda/fwd_sample.cu): the sort below
-  // needs ordered values, which a NaN is not.
+  check_finite_top(l);
+  // A NaN logit counts as -inf (probability 0; greedy never picks one), as the GPU sampler reads it
+  // (src/cuda/fwd_sample.cu): the sort below needs ordered values, which a NaN is not.
   for (float& x : l)
     if (std::isnan(x)) x = -INFINITY;
+  if (p.temperature <= 0.0f || p.top_k == 1) return {{argmax(l), 1.0f}};
 
   // Candidates in decreasing logit order (ties by id, so the order never depends on the sort's stability).
   std::vector<int32_t> ids(l.size());

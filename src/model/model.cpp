@@ -8,6 +8,7 @@
 #include "model/hyper_connection.h"
 #include "model/numerics.h"
 #include "patches/registry.h"
+#include "plumb/text.h"  // Sampler (forward_sample)
 
 namespace plumb {
 
@@ -78,8 +79,13 @@ int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens,
                               std::span<const int32_t> history) const {
   check_tokens(st, tokens);
   PLUMB_CHECK(device_ && st.dev, "forward_sample: backend {} samples on the host (Session::forward_sample)", backend_);
-  const int32_t id = device_->forward_sample(st, tokens, sampler, history);
-  st.pos += int64_t(tokens.size());
+  std::vector<float> row;
+  const int32_t id = device_->forward_sample(st, tokens, sampler, history, row);
+  st.pos += int64_t(tokens.size());  // (fed, as on the host, even when the sampling fails below)
+  if (id < 0) {
+    (void)sampler.distribution(row, history);  // throws: no finite logit (the message says what the row held)
+    fail("forward_sample: the device found no finite logit at position {} but the host sampler did", st.pos - 1);
+  }
   return id;
 }
 

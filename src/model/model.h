@@ -29,8 +29,10 @@ class DeviceForward {
   virtual std::shared_ptr<DeviceSessionState> new_state() const = 0;
   virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const = 0;
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
+  // Returns -1 when that row has no finite logit to sample from (after the penalties), with the row in `no_finite_row`
+  // for the caller's error (Sampler::distribution's).
   virtual int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
-                                 std::span<const int32_t> history) const = 0;
+                                 std::span<const int32_t> history, std::vector<float>& no_finite_row) const = 0;
   // Sizes the session's growing caches for positions [0, positions) (see Model::reserve).
   virtual void reserve(SessionState& st, int64_t positions) const = 0;
   // What loading took of the device's memory (ModelInfo's device fields; empty if the backend has nothing to say).

@@ -977,6 +977,33 @@ TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
   }
 }
 
+// A row with no finite logit (the planted fault that drops the router's renormalization floor makes every logit NaN
+// on the fixture whose scores underflow) is an error on the GPU as on the CPU, for greedy and the default sampling
+// (the device's greedy and top-k paths), with the host sampler's message, and the tokens count as fed.
+TEST_F(GpuTest, NoFiniteLogitIsTheHostSamplersError) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/router-underflow";
+  const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  for (const char* backend : {"cpu", "cuda"})
+    for (float t : {0.0f, 0.8f}) {
+      plumb::EngineOptions o;
+      o.backend = backend, o.patches = "fault.renorm_unfloored";
+      const auto engine = plumb::Engine::load(dir, o);
+      auto s = engine->new_session();
+      plumb::GenerateOptions g;
+      g.sampling.temperature = t, g.max_tokens = 4;
+      try {
+        plumb::generate(*s, tok, std::vector<int32_t>{0, 5, 7, 9}, g);
+        ADD_FAILURE() << backend << ": tokens sampled from NaN logits";
+      } catch (const plumb::Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("generating token 1 (from the logits of position 3): sampler: no finite logit to sample from ("),
+                  std::string::npos) << backend << ": " << m;
+        EXPECT_NE(m.find(" logits NaN"), std::string::npos) << backend << ": " << m;
+      }
+      EXPECT_EQ(s->position(), 4) << backend;
+    }
+}
+
 // The load reports its binding (stage "layers") and then the copy onto the GPU (stage "upload"), each layer once and
 // in order, so the CLI's line can say where a long upload is.
 TEST_F(GpuTest, EngineApiRunsOnCuda) {

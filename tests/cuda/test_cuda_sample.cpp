@@ -11,8 +11,8 @@
 //     2 float ulps.
 // On a mismatch the row, both tokens, both sizes, u and the CPU's cumulative values around both tokens are
 // printed. Rows with NaN logits go through every case (until session 57 only the greedy ones: the CPU sampler ranked
-// NaN by std::sort's undefined order): outside greedy a NaN is -inf (probability zero) for both samplers; greedy's
-// argmax compares with > from id 0, so a NaN is never taken unless it is at id 0 (both samplers).
+// NaN by std::sort's undefined order): a NaN is -inf (probability zero, never greedy's pick) for both samplers. A row
+// with no finite logit (all -inf, or a +inf: kinds 7 and 8) is Sampler's error and the GPU's kSampleNoFinite with n 0.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -175,7 +175,7 @@ int64_t ulp_diff(float a, float b) {
 }
 
 struct Tally {
-  int64_t rows = 0, tok_equal = 0, near_boundary = 0, failures = 0, draws = 0, probs = 0, probs_not_bitwise = 0;
+  int64_t rows = 0, tok_equal = 0, near_boundary = 0, failures = 0, draws = 0, probs = 0, probs_not_bitwise = 0, no_finite = 0;
   int64_t max_ulp = 0;
 };
 
@@ -191,8 +191,15 @@ int64_t compare_rows(const char* name, const SamplingParams& sp, int V, int rows
     s.seed = seeds[size_t(r)];
     Sampler sampler(s, V);
     std::span<const float> row(logits.data() + size_t(r) * size_t(V), size_t(V));
-    const auto dist = sampler.distribution(row, hist);
-    const int32_t cpu = sampler.sample(row, hist);
+    // A row with no finite logit: Sampler throws, the GPU writes kSampleNoFinite and n 0 (no distribution).
+    std::vector<std::pair<int32_t, float>> dist;
+    int32_t cpu = cd::kSampleNoFinite;
+    try {
+      dist = sampler.distribution(row, hist);
+      cpu = sampler.sample(row, hist);
+    } catch (const plumb::Error&) {
+      ++t.no_finite;
+    }
     const int32_t gpu = g.tok[size_t(r)];
     const int gn = g.n[size_t(r)];
     ++t.rows;
@@ -315,10 +322,10 @@ Tally run_case(const SampleCase& c, int V, int rows, uint32_t seed, bool print =
   Tally t;
   compare_rows(c.name, c.sp, V, rows, logits, kinds, hist, seeds, u, go, t);
   if (print)
-    std::printf("%-22s V=%-6d %-6s rows %3" PRId64 ": tokens equal %3" PRId64 ", near-boundary %" PRId64 ", failures %" PRId64
-                ", u consumed %3" PRId64 ", probs %5" PRId64 " (not bit-identical %" PRId64 ", max %" PRId64 " ulp)\n",
-                c.name, V, sample_path_name(cd::fwd_sample_path(to_gpu(c.sp), V)), t.rows, t.tok_equal, t.near_boundary, t.failures,
-                t.draws, t.probs, t.probs_not_bitwise, t.max_ulp);
+    std::printf("%-22s V=%-6d %-6s rows %3" PRId64 ": tokens equal %3" PRId64 " (no finite logit %" PRId64 "), near-boundary %" PRId64
+                ", failures %" PRId64 ", u consumed %3" PRId64 ", probs %5" PRId64 " (not bit-identical %" PRId64 ", max %" PRId64 " ulp)\n",
+                c.name, V, sample_path_name(cd::fwd_sample_path(to_gpu(c.sp), V)), t.rows, t.tok_equal, t.no_finite, t.near_boundary,
+                t.failures, t.draws, t.probs, t.probs_not_bitwise, t.max_ulp);
   return t;
 }
 
@@ -334,11 +341,14 @@ TEST_F(CudaSample, MatchesSamplerOnRandomRows) {
       const Tally t = run_case(c, V, 24, seed++);
       all.rows += t.rows, all.tok_equal += t.tok_equal, all.near_boundary += t.near_boundary, all.failures += t.failures;
       all.probs += t.probs, all.probs_not_bitwise += t.probs_not_bitwise, all.max_ulp = std::max(all.max_ulp, t.max_ulp);
+      all.no_finite += t.no_finite;
     }
-  std::printf("all: rows %" PRId64 ", tokens equal %" PRId64 ", near-boundary (sorted path) %" PRId64 ", failures %" PRId64
-              ", probabilities %" PRId64 " (not bit-identical %" PRId64 ", max %" PRId64 " ulp)\n",
-              all.rows, all.tok_equal, all.near_boundary, all.failures, all.probs, all.probs_not_bitwise, all.max_ulp);
+  std::printf("all: rows %" PRId64 ", tokens equal %" PRId64 " (rows without a finite logit %" PRId64 "), near-boundary "
+              "(sorted path) %" PRId64 ", failures %" PRId64 ", probabilities %" PRId64 " (not bit-identical %" PRId64 ", max %" PRId64
+              " ulp)\n", all.rows, all.tok_equal, all.no_finite, all.near_boundary, all.failures, all.probs, all.probs_not_bitwise,
+              all.max_ulp);
   EXPECT_EQ(all.failures, 0);
+  EXPECT_GT(all.no_finite, 0);  // (kinds 7 and 8 in every case: each path's refusal compared)
 }
 
 // Many rows in one launch (each its own u): the exact path at V4's vocabulary and a wide top-k at 32K.

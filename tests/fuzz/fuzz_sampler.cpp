@@ -1,13 +1,15 @@
 // Fuzz harness: the CPU sampler with any parameters, logits (NaN, infinities and extremes included) and history (ids
-// outside the vocabulary included). Sampler's constructor throws plumb::Error for invalid parameters; otherwise the
-// distribution is non-empty with distinct ids inside the vocabulary, and with logits of a model's range (|l| <= 1e4)
-// its probabilities are finite, in decreasing order and sum to 1; sample() returns one of its ids, the same for the same seed.
+// outside the vocabulary included). Sampler's constructor throws plumb::Error for invalid parameters; distribution()
+// only for a row with no finite logit after the penalties, never for logits of a model's range (|l| <= 1e4); otherwise
+// the distribution is non-empty with distinct ids inside the vocabulary, and with logits of a model's range its
+// probabilities are finite, in decreasing order and sum to 1; sample() returns one of its ids, the same for the same seed.
 // Crashes and sanitizer reports are bugs (a NaN logit must not reach std::sort's comparator as an unordered value).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -51,9 +53,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (auto& l : logits) l = any_float(in), finite = finite && std::fabs(l) <= 1e4f;  // (false for NaN)
   std::vector<int32_t> history;
   while (!in.empty()) history.push_back(int32_t(in.byte()) - 8);
+  std::optional<plumb::Sampler> a, b;
   try {
-    plumb::Sampler a(p, vocab), b(p, vocab);
-    const auto dist = a.distribution(logits, history);
+    a.emplace(p, vocab), b.emplace(p, vocab);
+  } catch (const plumb::Error&) {
+    return 0;  // parameters out of range
+  }
+  std::vector<std::pair<int32_t, float>> dist;
+  try {
+    dist = a->distribution(logits, history);
+  } catch (const plumb::Error&) {
+    PLUMB_FUZZ_CHECK(!finite);  // (the penalties keep a model's range finite: at most 1e4 * 64 + 4 * 70)
+    return 0;
+  }
+  {
     PLUMB_FUZZ_CHECK(!dist.empty());
     std::set<int32_t> ids;
     double sum = 0;
@@ -64,10 +77,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       sum += pr;
     }
     if (finite) PLUMB_FUZZ_CHECK(std::fabs(sum - 1.0) < 1e-4);
-    const int32_t s = a.sample(logits, history);
+    const int32_t s = a->sample(logits, history);
     PLUMB_FUZZ_CHECK(ids.count(s) == 1);
-    PLUMB_FUZZ_CHECK(b.sample(logits, history) == s);
-  } catch (const plumb::Error&) {
+    PLUMB_FUZZ_CHECK(b->sample(logits, history) == s);
   }
   return 0;
 }

@@ -63,8 +63,8 @@ TEST(Sampler, TemperatureSoftmax) {
   expect_dist(Sampler(plain(2.0f), 3).distribution(l, {}), {{2, 4.0 / 7}, {1, 2.0 / 7}, {0, 1.0 / 7}});
 }
 
-// A NaN logit is a probability 0 outside greedy decoding (ranked last, as the GPU sampler ranks it); greedy keeps its
-// rule (the scan never moves to a NaN and never leaves a NaN at id 0).
+// A NaN logit is a probability 0 (ranked last, as the GPU sampler ranks it), and greedy decoding never picks one, at id
+// 0 either.
 TEST(Sampler, NanLogitsHaveProbabilityZero) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> l = {nan, float(std::log(1.0)), nan, float(std::log(3.0))};
@@ -78,7 +78,33 @@ TEST(Sampler, NanLogitsHaveProbabilityZero) {
     const int32_t t = Sampler(q, 4).sample(l, {});
     EXPECT_TRUE(t == 1 || t == 3) << "seed " << seed << " sampled " << t;
   }
-  EXPECT_EQ(Sampler(plain(0.0f), 4).sample(l, {}), 0);  // greedy: NaN at id 0 stays
+  EXPECT_EQ(Sampler(plain(0.0f), 4).sample(l, {}), 3);  // greedy: the largest finite logit
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(Sampler(plain(0.0f), 4).sample(std::vector<float>{nan, -inf, 2.0f, -inf}, {}), 2);
+}
+
+// A row with no finite logit (a broken model: all NaN, all -inf, or a +inf) is an error that says what the row held,
+// in every mode: it used to give id 0 (greedy) or a distribution of NaN probabilities.
+TEST(Sampler, RowWithoutAFiniteLogitIsAnError) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::vector<float>, std::string>> rows = {
+      {{nan, nan, nan}, "(3 of 3 logits NaN, 0 -inf, 0 +inf after the penalties)"},
+      {{-inf, nan, -inf}, "(1 of 3 logits NaN, 2 -inf, 0 +inf after the penalties)"},
+      {{0.0f, inf, 1.0f}, "(0 of 3 logits NaN, 0 -inf, 1 +inf after the penalties)"},
+  };
+  for (const auto& [row, counts] : rows)
+    for (float t : {0.0f, 1.0f}) {
+      Sampler s(plain(t), 3);
+      for (int call = 0; call < 2; ++call) {
+        try {
+          if (call == 0) (void)s.distribution(row, {});
+          else (void)s.sample(row, {});
+          ADD_FAILURE() << "no error for " << counts << " at temperature " << t;
+        } catch (const plumb::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("no finite logit to sample from " + counts), std::string::npos) << e.what();
+        }
+      }
+    }
 }
 
 TEST(Sampler, TopK) {
@@ -273,7 +299,9 @@ class ScriptedSession : public plumb::Session {
     fed.insert(fed.end(), tokens.begin(), tokens.end());
     pos_ += int64_t(tokens.size());
     std::vector<float> l(size_t(vocab_), 0.0f);
-    l[size_t(script_.at(calls++))] = 10.0f;
+    const int32_t next = script_.at(calls++);
+    if (next < 0) std::fill(l.begin(), l.end(), std::numeric_limits<float>::quiet_NaN());  // a broken model's row
+    else l[size_t(next)] = 10.0f;
     return l;
   }
   std::vector<float> forward_all(std::span<const int32_t> tokens) override { return forward(tokens); }
@@ -453,6 +481,37 @@ TEST_F(TinyModel, AnswersInChatFormat) {
   const auto r = plumb::generate(*s, tok, prompt, greedy());
   EXPECT_EQ(r.stop, plumb::StopReason::Token);
   EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
+}
+
+// A row without a finite logit stops the generation with an error naming the token and the position whose logits
+// they were: from a scripted session, and from the bundled fixture whose router underflows under the planted fault
+// that drops the renormalization's floor (0/0: NaN through the rest of the model).
+TEST_F(GenerateFixture, NoFiniteLogitIsAnErrorNamingThePosition) {
+  ScriptedSession s({5, -1}, info);
+  try {
+    plumb::generate(s, tok, std::vector<int32_t>{0, 20, 21}, greedy());
+    ADD_FAILURE() << "NaN logits sampled";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("generating token 2 (from the logits of position 3): sampler: no finite logit to "
+                                         "sample from (1216 of 1216 logits NaN"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.position(), 4);  // the tokens were fed
+}
+
+TEST_F(GenerateFixture, NanFromAPlantedFaultIsAnError) {
+  plumb::EngineOptions eo;
+  eo.patches = "fault.renorm_unfloored";
+  auto e = plumb::Engine::load(PLUMB_TEST_DATA "/golden/router-underflow", eo);
+  auto s = e->new_session();
+  plumb::GenerateOptions g = greedy(4);
+  g.stop_tokens.clear();
+  try {
+    const auto r = plumb::generate(*s, tok, std::vector<int32_t>{0, 5, 7, 9}, g);
+    ADD_FAILURE() << "generated " << r.tokens.size() << " tokens from the faulty model";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("from the logits of position 3): sampler: no finite logit"), std::string::npos)
+        << e.what();
+  }
 }
 
 // A session carries its model: info() is the engine's, and it stays valid (and generates) after the last reference
