@@ -30,9 +30,11 @@ class ModelSession : public Session {
   std::vector<float> forward_all(std::span<const int32_t> tokens) override {
     check(tokens);
     std::vector<float> out;
-    for (const auto& piece : pieces(tokens)) {
-      const Tensor l = m_->forward(st_, piece);
+    const auto ps = pieces(tokens);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Tensor l = m_->forward(st_, ps[i]);
       out.insert(out.end(), l.data.begin(), l.data.end());
+      if (i + 1 < ps.size()) report(ps, i, tokens.size());
     }
     return out;
   }
@@ -42,6 +44,7 @@ class ModelSession : public Session {
     if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens), sampler, history);
     return Session::forward_sample(tokens, sampler, history);
   }
+  void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override { progress_ = std::move(fn); }
   void reserve(int64_t positions) override { m_->reserve(st_, positions); }
   int64_t position() const override { return st_.pos; }
   void reset() override { st_ = m_->new_state(); }
@@ -52,6 +55,15 @@ class ModelSession : public Session {
   std::shared_ptr<const ModelInfo> info_;  // shared with the engine (a session may outlive it)
   SessionState st_;
   int chunk_;
+  std::function<void(int64_t, int64_t)> progress_;
+
+  // After pass i of `ps` (not the last): the tokens of the call fed so far.
+  void report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) const {
+    if (!progress_) return;
+    int64_t done = 0;
+    for (size_t k = 0; k <= i; ++k) done += int64_t(ps[k].size());
+    progress_(done, int64_t(total));
+  }
 
   // Token ids and the context are checked before any pass runs, so an error leaves the session unchanged. (The
   // toolkit runs the model past its context on purpose, through Model; a Session does not.)
@@ -71,7 +83,10 @@ class ModelSession : public Session {
   std::span<const int32_t> feed_all_but_last(std::span<const int32_t> tokens) {
     check(tokens);
     const auto ps = pieces(tokens);
-    for (size_t i = 0; i + 1 < ps.size(); ++i) m_->forward(st_, ps[i], nullptr, LogitRows::None);
+    for (size_t i = 0; i + 1 < ps.size(); ++i) {
+      m_->forward(st_, ps[i], nullptr, LogitRows::None);
+      report(ps, i, tokens.size());
+    }
     return ps.back();
   }
 };

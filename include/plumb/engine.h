@@ -94,6 +94,10 @@ class Session {
   // default samples on the host. The library's sessions refuse a sampler made for another vocabulary before anything
   // is fed (this default, for a Session of your own, checks after its forward()).
   virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
+  // Progress of a call that feeds more tokens than one pass (EngineOptions::prefill_chunk): `fn(done, total)` after
+  // each pass but the last, on the calling thread (this call's tokens fed so far, and its tokens in all), so a long
+  // prompt can show how far its prefill is. Empty (the default): no calls. The default ignores it.
+  virtual void set_prefill_progress(std::function<void(int64_t done, int64_t total)> fn) { (void)fn; }
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.
   virtual void reserve(int64_t positions) { (void)positions; }

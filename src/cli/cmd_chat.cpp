@@ -125,7 +125,9 @@ class ChatLoop {
     try {
       const InterruptStopsReply ctrl_c;
       g.should_stop = &InterruptStopsReply::interrupted;
+      PrefillLine prefill(*session_, o_.model.quiet);  // (a long message's passes, on a terminal)
       r = generate(*session_, tok_, prompt, g, [&](std::string_view s) {
+        prefill.done();
         std::fwrite(s.data(), 1, s.size(), stdout);
         std::fflush(stdout);
         newline = s.back() == '\n';

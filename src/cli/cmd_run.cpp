@@ -70,12 +70,15 @@ int run(const RunOptions& o) {
   uint64_t seed = 0;
   const GenerateOptions gopt = generate_options(o.gen, m, seed);
   auto session = m.engine->new_session();
+  PrefillLine prefill(*session, o.model.quiet);  // (a long prompt's passes, on a terminal)
   bool newline = true;
   const GenerateResult r = generate(*session, tok, prompt, gopt, [&](std::string_view s) {
+    prefill.done();
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);  // stream: every piece as soon as it is final
     newline = s.back() == '\n';
   });
+  prefill.done();  // (a reply with no text)
   if (!newline) std::fputc('\n', stdout);
   std::fflush(stdout);
   const int64_t n = int64_t(r.tokens.size());

@@ -72,7 +72,10 @@ std::vector<fs::path> weight_files(const fs::path& dir) {
   return {};
 }
 
-// One status line on stderr: rewritten in place on a terminal, printed once (final) otherwise.
+}  // namespace
+
+// One status line on stderr: rewritten in place on a terminal, printed once (final) otherwise. (Outside the
+// anonymous namespace: PrefillLine::Impl holds one.)
 class StatusLine {
  public:
   explicit StatusLine(bool quiet) : quiet_(quiet), tty_(isatty(2)) {
@@ -104,6 +107,12 @@ class StatusLine {
     std::fflush(stderr);
     last_ = s, shown_ = true;
   }
+  void clear() {  // the live line erased, nothing in its place
+    std::lock_guard<std::mutex> lock(m_);
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    shown_ = false;
+  }
   void finish(const std::string& s) {
     if (quiet_) return;
     std::lock_guard<std::mutex> lock(m_);
@@ -119,6 +128,8 @@ class StatusLine {
   std::string last_;
   std::function<std::string()> source_;
 };
+
+namespace {
 
 // Reads every file once (8 MB at a time), reporting bytes, rate and ETA. Returns the seconds it took.
 double page_in(const std::vector<fs::path>& files, uint64_t total, StatusLine& line, const std::string& what) {
@@ -151,6 +162,36 @@ std::string rates_text(int64_t prompt_tokens, double prefill_seconds, int64_t ge
   return fmt::format("prefill {:.1f} tok/s, decode {}", double(prompt_tokens) / std::max(prefill_seconds, 1e-9),
                      generated > 1 ? fmt::format("{:.1f} tok/s", double(generated - 1) / std::max(decode_seconds, 1e-9))
                                    : std::string("n/a (the one token came with the prefill)"));
+}
+
+struct PrefillLine::Impl {
+  Impl(Session& s, bool quiet) : session(s), line(quiet) {}
+  Session& session;
+  StatusLine line;
+  Clock::time_point t0 = Clock::now(), drawn;
+  bool shown = false;
+};
+
+PrefillLine::PrefillLine(Session& session, bool quiet) : impl_(std::make_unique<Impl>(session, quiet)) {
+  Impl* p = impl_.get();
+  session.set_prefill_progress([p](int64_t done, int64_t total) {
+    if (p->shown && since(p->drawn) < 0.1) return;  // at most 10 redraws a second (passes can be milliseconds)
+    p->drawn = Clock::now();
+    const double s = since(p->t0), rate = double(done) / std::max(s, 1e-9);
+    p->line.update(fmt::format("prefill: {} / {} tokens ({:.0f} %), {:.1f} tok/s, about {:.0f} s left", done, total,
+                               100.0 * double(done) / double(total), rate, double(total - done) / std::max(rate, 1e-9)));
+    p->shown = true;
+  });
+}
+PrefillLine::~PrefillLine() {
+  impl_->session.set_prefill_progress({});
+  done();
+}
+
+void PrefillLine::done() {
+  if (!impl_->shown) return;
+  impl_->line.clear();
+  impl_->shown = false;
 }
 
 std::string count_text(int64_t n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }

@@ -514,6 +514,32 @@ TEST_F(GenerateFixture, NanFromAPlantedFaultIsAnError) {
   }
 }
 
+// A call longer than one pass reports each pass but the last (the tokens of the call fed so far), through
+// forward, forward_all and forward_sample, until the progress is cleared; the results are those of a session without.
+TEST_F(TinyModel, PrefillProgressReportsEachPassButTheLast) {
+  plumb::EngineOptions o;
+  o.prefill_chunk = 4;
+  const auto e = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
+  auto s = e->new_session(), ref = e->new_session();
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  s->set_prefill_progress([&](int64_t done, int64_t total) { seen.push_back({done, total}); });
+  const std::vector<int32_t> ten = {0, 5, 6, 7, 8, 9, 10, 11, 12, 13}, six = {14, 15, 16, 17, 18, 19};
+  EXPECT_EQ(s->forward(ten), ref->forward(ten));
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{4, 10}, {8, 10}}));
+  seen.clear();
+  EXPECT_EQ(s->forward_all(six), ref->forward_all(six));
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{4, 6}}));
+  seen.clear();
+  plumb::Sampler a(plain(0.0f), e->info().vocab_size), b(plain(0.0f), e->info().vocab_size);
+  EXPECT_EQ(s->forward_sample(ten, a, ten), ref->forward_sample(ten, b, ten));
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{4, 10}, {8, 10}}));
+  seen.clear();
+  s->forward(std::vector<int32_t>{5, 6, 7});  // one pass: no report
+  s->set_prefill_progress({});
+  s->forward(ten);
+  EXPECT_TRUE(seen.empty());
+}
+
 // A session carries its model: info() is the engine's, and it stays valid (and generates) after the last reference
 // to the Engine is gone.
 TEST_F(TinyModel, SessionOutlivesItsEngine) {
