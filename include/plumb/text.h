@@ -57,9 +57,8 @@ class Tokenizer {
   bool add_bos() const;
   const std::string& path() const;  // the tokenizer.json read
 
-  struct Impl;
-
  private:
+  struct Impl;
   Tokenizer() = default;
   std::shared_ptr<const Impl> impl_;
   friend class TextStream;

@@ -20,6 +20,8 @@ struct Tokenizer::Impl {
   std::string path;
   int32_t bos = -1, eos = -1;
   bool add_bos = false;
+  // bos / eos / add_bos from tokenizer_config.json.
+  void read_config(const std::filesystem::path& file);
 };
 
 namespace {
@@ -36,7 +38,10 @@ std::string token_field(const json& j, const char* key) {
   return {};
 }
 
-void read_tokenizer_config(const fs::path& path, Tokenizer::Impl& impl) {
+}  // namespace
+
+void Tokenizer::Impl::read_config(const std::filesystem::path& path) {
+  Impl& impl = *this;
   std::ifstream in(path);
   PLUMB_CHECK(in.good(), "cannot read {}", path.string());
   json j;
@@ -58,8 +63,6 @@ void read_tokenizer_config(const fs::path& path, Tokenizer::Impl& impl) {
   // transformers' LlamaTokenizerFast (what DeepSeek's config names) adds BOS unless told otherwise.
   impl.add_bos = impl.bos >= 0 && (!j.contains("add_bos_token") || j["add_bos_token"] == true);
 }
-
-}  // namespace
 
 std::string unescape_line(std::string_view line) { return text::unescape_line(line); }
 std::string escape_line(std::string_view bytes) { return text::escape_line(bytes); }
@@ -123,7 +126,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   auto impl = std::make_shared<Impl>(Impl{text::Tokenizer::load(json_path.string()), json_path.string()});
   const fs::path cfg = dir / "tokenizer_config.json";
-  if (fs::exists(cfg)) read_tokenizer_config(cfg, *impl);
+  if (fs::exists(cfg)) impl->read_config(cfg);
   Tokenizer t;
   t.impl_ = std::move(impl);
   return t;
