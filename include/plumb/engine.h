@@ -92,7 +92,8 @@ class Session {
   // Feeds tokens like forward() and returns sampler.sample(last logits, history). On backend cuda the sampling
   // runs on the GPU (the logits never leave it), drawing from the sampler's RNG exactly as sample() would. The
   // default samples on the host. The library's sessions refuse a sampler made for another vocabulary before anything
-  // is fed (this default, for a Session of your own, checks after its forward()).
+  // is fed (this default, for a Session of your own, checks after its forward()). When the sampler refuses the row
+  // (no finite logit: Sampler::sample) the tokens stay fed: position() counts them.
   virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
   // Progress of a call that feeds more tokens than one pass (EngineOptions::prefill_chunk): `fn(done, total)` after
   // each pass but the last, on the calling thread (this call's tokens fed so far, and its tokens in all), so a long

@@ -134,8 +134,9 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-// Throws plumb::Error naming the option at fault (--temperature, --top-k, ...) for parameters out of range. The
-// Sampler checks them too; a front end calls it before loading a model, so a typo does not wait for the load.
+// Throws plumb::Error naming the field and its CLI flag at fault ("top_p (--top-p) must be in (0, 1], got 2") for
+// parameters out of range. The Sampler checks them too; a front end calls it before loading a model, so a typo does
+// not wait for the load.
 void check_sampling(const SamplingParams& p);
 
 // Deterministic: the same seed, logits and history give the same tokens on every run and machine.
@@ -145,10 +146,12 @@ class Sampler {
   ~Sampler();
   Sampler(Sampler&&) noexcept;
   int32_t vocab() const;  // the logits per row it takes
-  // Picks a token from one row of logits; `history` are the tokens so far (for the penalties).
+  // Picks a token from one row of logits; `history` are the tokens so far (for the penalties). A NaN logit counts as
+  // -inf. Throws plumb::Error for a row with no finite logit after the penalties (all NaN or -inf, or a +inf), saying
+  // what it held and whether the penalties made it so: a broken model's output is an error, never a token.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
   // The distribution sample() draws from: (id, probability) in decreasing probability, after penalties,
-  // temperature, top-k, top-p and min-p, renormalized. Greedy: the argmax with probability 1.
+  // temperature, top-k, top-p and min-p, renormalized. Greedy: the argmax with probability 1. Throws as sample().
   std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits,
                                                       std::span<const int32_t> history) const;
 
@@ -203,7 +206,10 @@ struct GenerateResult {
 // session's model's (Session::info()). `on_text` receives each piece of text as soon as it is final (streaming).
 // Throws plumb::Error before touching the session for a session whose info() names no vocabulary, an empty prompt, a
 // prompt or stop token outside the model's vocabulary, options out of range, or a prompt that does not fit the
-// context.
+// context. An error during the generation (a backend failure, logits without a finite value: Sampler) is thrown as it
+// happens, naming the token and position ("generating token 3 (from the logits of position 41): ..."); the session
+// then holds what was fed (the prompt and the tokens before), and the text already passed to on_text is all of the
+// result there is.
 GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(std::string_view)>& on_text = {});
 

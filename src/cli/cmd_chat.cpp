@@ -92,7 +92,8 @@ class ChatLoop {
         if (!command(line.substr(first))) break;
         continue;
       }
-      turn(line[0] == '/' ? line.substr(1) : line);  // "//..." is a message that starts with "/"
+      if (line[first] == '/') line.erase(first, 1);  // "//..." is a message that starts with "/"
+      turn(line);
     }
     if (tty) std::fputc('\n', stdout);
     return 0;
@@ -105,12 +106,18 @@ class ChatLoop {
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
     carry_.clear();
     started_ = false;
+    failed_ = false;
     turns_ = 0;
     last_ = {};
     total_prefill_ = total_generated_ = 0;
   }
 
   void turn(const std::string& user) {
+    if (failed_) {  // the cache holds a failed turn's tokens, which the transcript does not: no turn can follow them
+      std::fprintf(stderr, "error: the last reply failed after its tokens were fed: /save FILE keeps the transcript, "
+                   "/reset starts a new conversation\n");
+      return;
+    }
     const ChatOptions co{o_.mode.think, false, true, o_.mode.effort};
     std::string text = started_ ? std::string() : chat_prefix(o_.mode.system, co);
     text += chat_user_turn(user, o_.mode.think);
@@ -122,6 +129,7 @@ class ChatLoop {
     g.sampling.seed = seed_ + uint64_t(turns_);  // reproducible per turn, not the same draws every turn
     bool newline = true;
     GenerateResult r;
+    const int64_t before = session_->position();
     try {
       const InterruptStopsReply ctrl_c;
       g.should_stop = &InterruptStopsReply::interrupted;
@@ -132,10 +140,15 @@ class ChatLoop {
         std::fflush(stdout);
         newline = s.back() == '\n';
       });
-    } catch (const Error& e) {  // validated before the session is touched: the conversation goes on
+    } catch (const Error& e) {
+      if (!newline) std::fputc('\n', stdout);  // (a reply cut by the error: the error on a line of its own)
       std::fflush(stdout);
       std::fprintf(stderr, "error: %s\n", e.what());
-      if (session_->position() > 0) std::fprintf(stderr, "(use /reset to start a new conversation)\n");
+      // An error found before the session was touched (a turn past the context) leaves the conversation as it was; one
+      // after (a backend failure, logits without a finite value) leaves tokens in the cache that the transcript lacks.
+      failed_ = session_->position() != before;
+      if (failed_) std::fprintf(stderr, "(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a new one)\n");
+      else if (session_->position() > 0) std::fprintf(stderr, "(use /reset to start a new conversation)\n");
       return;
     }
     if (!newline) std::fputc('\n', stdout);
@@ -233,6 +246,7 @@ class ChatLoop {
   std::vector<ChatMessage> transcript_;
   std::vector<int32_t> carry_;
   bool started_ = false;
+  bool failed_ = false;  // a turn failed after feeding the session (see turn())
   int turns_ = 0;
   TurnStats last_;
   int64_t total_prefill_ = 0, total_generated_ = 0;

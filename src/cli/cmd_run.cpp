@@ -72,12 +72,20 @@ int run(const RunOptions& o) {
   auto session = m.engine->new_session();
   PrefillLine prefill(*session, o.model.quiet);  // (a long prompt's passes, on a terminal)
   bool newline = true;
-  const GenerateResult r = generate(*session, tok, prompt, gopt, [&](std::string_view s) {
+  GenerateResult r;
+  try {
+    r = generate(*session, tok, prompt, gopt, [&](std::string_view s) {
+      prefill.done();
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);  // stream: every piece as soon as it is final
+      newline = s.back() == '\n';
+    });
+  } catch (const Error&) {
     prefill.done();
-    std::fwrite(s.data(), 1, s.size(), stdout);
-    std::fflush(stdout);  // stream: every piece as soon as it is final
-    newline = s.back() == '\n';
-  });
+    if (!newline) std::fputc('\n', stdout);  // (a reply cut by the error: the error line on a line of its own)
+    std::fflush(stdout);
+    throw;
+  }
   prefill.done();  // (a reply with no text)
   if (!newline) std::fputc('\n', stdout);
   std::fflush(stdout);

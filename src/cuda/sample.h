@@ -37,7 +37,8 @@
 // Measured on one H200 (2026-11-29, tests/cuda/test_cuda_sample.cpp): 1632 rows over all three paths (vocab 1000,
 // 5000, 32000, 129280; ties, -0/+0, -inf, +inf, NaN in greedy rows) plus a 300-step generation: every token,
 // every distribution size and all 162403 compared probabilities bit-identical to plumb::Sampler (the sorted path
-// included). Device time per launch at vocab 129280 (graph replay), 1 / 8 rows: greedy 7 / 8 us (with
+// included). Since session 73 the rows without a finite logit are refused by both (an H100: 180 of 1080 rows in
+// MatchesSamplerOnRandomRows, every token and size equal). Device time per launch at vocab 129280 (graph replay), 1 / 8 rows: greedy 7 / 8 us (with
 // penalties 12 / 13), top_k 40 24 / 26 us (penalties 28 / 30), top_k 1024 90 / 102 us, sorted 307 / 391 us.
 //
 // Launches are asynchronous on `s` and capturable in a CUDA graph (no allocation, no copy, no host sync; the

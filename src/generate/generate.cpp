@@ -69,12 +69,15 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   };
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   // One feed + sample; an error from there (a backend failure, a row with no finite logit) says which token of the
-  // generation it was, from which position's logits.
+  // generation it was, from which position's logits (the first: after the prompt's prefill, which may be what failed).
   auto feed_sample = [&](std::span<const int32_t> tokens) {
-    const int64_t at = session.position() + int64_t(tokens.size()) - 1;
+    const int64_t from = session.position(), at = from + int64_t(tokens.size()) - 1;
     try {
       return session.forward_sample(tokens, sampler, history);
     } catch (const Error& e) {
+      if (r.tokens.empty())
+        fail("prefilling the prompt's {} tokens (positions {}-{}) and sampling token 1 from the last one's logits: {}",
+             tokens.size(), from, at, e.what());
       fail("generating token {} (from the logits of position {}): {}", r.tokens.size() + 1, at, e.what());
     }
   };

@@ -60,17 +60,27 @@ int32_t argmax(const std::vector<float>& l) {
   return best;
 }
 
-// A row with no finite logit (all NaN or -inf, or a +inf) has no distribution: softmax(x - max) is NaN throughout.
-// It comes from a broken model or patch, never from sampling options, so it is an error that says what the row held,
-// not a token (it used to be id 0, which hid the fault behind plausible-looking output).
-void check_finite_top(const std::vector<float>& l) {
+float finite_top(std::span<const float> l) {
   float top = -INFINITY;
   for (float x : l) top = x > top ? x : top;  // (NaN compares false: skipped)
-  if (std::isfinite(top)) return;
+  return top;
+}
+
+// A row with no finite logit (all NaN or -inf, or a +inf) has no distribution: softmax(x - max) is NaN throughout.
+// It is an error that says what the row held and what made it so, not a token (it used to be id 0, which hid a broken
+// model behind plausible-looking output): the model's logits themselves, or penalties that overflowed a finite row
+// (a repeat penalty of 1e-40 divides a logit past the float range).
+void check_finite_top(const SamplingParams& p, std::span<const float> raw, const std::vector<float>& l) {
+  if (std::isfinite(finite_top(l))) return;
   size_t nan = 0, neg = 0, pos = 0;
   for (float x : l) nan += std::isnan(x), neg += x == -INFINITY, pos += x == INFINITY;
-  fail("sampler: no finite logit to sample from ({} of {} logits NaN, {} -inf, {} +inf after the penalties): the "
-       "model's output is broken (plumb diff names the op where it first goes wrong)", nan, l.size(), neg, pos);
+  const std::string held = fmt::format("{} of {} logits NaN, {} -inf, {} +inf after the penalties", nan, l.size(), neg, pos);
+  if (std::isfinite(finite_top(raw)))
+    fail("sampler: no finite logit to sample from ({}): the penalties made the model's finite logits so (repeat_penalty "
+         "(--repeat-penalty) {}, presence_penalty {}, frequency_penalty {})", held, p.repeat_penalty, p.presence_penalty,
+         p.frequency_penalty);
+  fail("sampler: no finite logit to sample from ({}): the model's output is broken (plumb diff names the op where it "
+       "first goes wrong)", held);
 }
 
 }  // namespace
@@ -106,7 +116,7 @@ std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const flo
   PLUMB_CHECK(int64_t(logits.size()) == impl_->vocab, "sampler: {} logits for a vocabulary of {}", logits.size(),
               impl_->vocab);
   std::vector<float> l = penalized(p, logits, history);
-  check_finite_top(l);
+  check_finite_top(p, logits, l);
   // A NaN logit counts as -inf (probability 0; greedy never picks one), as the GPU sampler reads it
   // (src/cuda/fwd_sample.cu): the sort below needs ordered values, which a NaN is not.
   for (float& x : l)

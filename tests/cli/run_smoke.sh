@@ -160,6 +160,22 @@ rc=$?
 [ $rc -eq 0 ] && [ "$(cat "$tmp/c.out")" = "saved 0 messages to $tmp/blank.json" ] && [ ! -s "$tmp/c.err" ] &&
   ok "chat: '  /save F ' and a tab before /quit are commands" ||
   bad "chat commands after blanks: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+# Logits without a finite value are an error (never a token); here a repeat penalty overflows the bundled model's
+# finite logits, which the message says. In a chat the failed turn's tokens are in the cache but not the transcript:
+# further messages are refused until /reset; the blanks before an escaped slash stay ("  //x" sends "  /x").
+check_error "run: a penalty that overflows the logits" "the penalties made the model's finite logits so (repeat_penalty (--repeat-penalty) 1e-40" \
+  "$plumb" run -q -p "Once upon a time" --repeat-penalty 1e-40 -n 5 --temperature 0
+printf 'hi\nhello\n/save %s\n/reset\n/stats\n' "$tmp/failed.json" |
+  "$plumb" chat -q -n 3 --repeat-penalty 1e-40 --seed 1 >"$tmp/c.out" 2>"$tmp/c.err"
+rc=$?
+[ $rc -eq 0 ] && grep -q "^(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a new one)$" "$tmp/c.err" &&
+  grep -q "^error: the last reply failed after its tokens were fed" "$tmp/c.err" &&
+  grep -q "no turn yet; session: 0 tokens cached" "$tmp/c.out" && grep -q "saved 0 messages" "$tmp/c.out" &&
+  ok "chat: a reply that fails after feeding refuses the next message until /reset" ||
+  bad "chat after a failed reply: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+printf '  //hi there\n/save %s\n' "$tmp/esc.json" | "$plumb" chat -q -n 2 --seed 1 >/dev/null 2>&1
+python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"]; sys.exit(m[0]["content"] != "  /hi there")' "$tmp/esc.json" &&
+  ok "chat: '  //hi there' sends '  /hi there'" || bad "chat escaped slash after blanks: $(cat "$tmp/esc.json" 2>&1)"
 check_error "tokenize with a malformed tokenizer.json" "badtok/tokenizer.json is not valid JSON" \
   "$plumb" tokenize -t "$tmp/badtok/tokenizer.json" <<<"hi"
 check_error "tokenize --decode of an id outside the vocabulary" \

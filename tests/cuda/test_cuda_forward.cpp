@@ -979,10 +979,12 @@ TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
 
 // A row with no finite logit (the planted fault that drops the router's renormalization floor makes every logit NaN
 // on the fixture whose scores underflow) is an error on the GPU as on the CPU, for greedy and the default sampling
-// (the device's greedy and top-k paths), with the host sampler's message, and the tokens count as fed.
+// (the device's greedy and top-k paths), with the host sampler's message (the same words and counts as the CPU's),
+// and the tokens count as fed. (The sorted path's refusal: CudaSample's all-NaN rows.)
 TEST_F(GpuTest, NoFiniteLogitIsTheHostSamplersError) {
   const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/router-underflow";
   const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  std::map<float, std::string> cpu_message;
   for (const char* backend : {"cpu", "cuda"})
     for (float t : {0.0f, 0.8f}) {
       plumb::EngineOptions o;
@@ -996,9 +998,11 @@ TEST_F(GpuTest, NoFiniteLogitIsTheHostSamplersError) {
         ADD_FAILURE() << backend << ": tokens sampled from NaN logits";
       } catch (const plumb::Error& e) {
         const std::string m = e.what();
-        EXPECT_NE(m.find("generating token 1 (from the logits of position 3): sampler: no finite logit to sample from ("),
-                  std::string::npos) << backend << ": " << m;
+        EXPECT_NE(m.find("prefilling the prompt's 4 tokens (positions 0-3) and sampling token 1 from the last one's "
+                         "logits: sampler: no finite logit to sample from ("), std::string::npos) << backend << ": " << m;
         EXPECT_NE(m.find(" logits NaN"), std::string::npos) << backend << ": " << m;
+        if (std::string(backend) == "cpu") cpu_message[t] = m;
+        else EXPECT_EQ(m, cpu_message[t]) << "temperature " << t;
       }
       EXPECT_EQ(s->position(), 4) << backend;
     }

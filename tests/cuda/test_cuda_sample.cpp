@@ -12,7 +12,8 @@
 // On a mismatch the row, both tokens, both sizes, u and the CPU's cumulative values around both tokens are
 // printed. Rows with NaN logits go through every case (until session 57 only the greedy ones: the CPU sampler ranked
 // NaN by std::sort's undefined order): a NaN is -inf (probability zero, never greedy's pick) for both samplers. A row
-// with no finite logit (all -inf, or a +inf: kinds 7 and 8) is Sampler's error and the GPU's kSampleNoFinite with n 0.
+// with no finite logit (all -inf, a +inf, all NaN: kinds 7, 8 and 10) is Sampler's error and the GPU's kSampleNoFinite
+// with n 0, on every path.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -83,8 +84,8 @@ void penalty_window(const std::vector<int32_t>& hist, int last_n, std::vector<in
 // Row kinds: 0 normal(0, 3); 1 uniform in [-10, 10] on a 1/4 grid (many exact ties); 2 normal with 30% -inf;
 // 3 peaked (one logit at 25: usually a single-token distribution); 4 all -inf but 5; 5 values in {-1, -0, +0,
 // 1, 2} (huge tie groups, -0 vs +0); 6 normal with the maximum repeated at 6 more ids; 7 all -inf; 8 one +inf;
-// 9 normal with 5% NaN, NaN at index 0 in every other such row.
-constexpr int kKinds = 10;
+// 9 normal with 5% NaN, NaN at index 0 in every other such row; 10 all NaN.
+constexpr int kKinds = 11;
 std::vector<float> make_row(int kind, int V, std::mt19937& g, int row) {
   std::vector<float> l(static_cast<size_t>(V));
   std::normal_distribution<float> nd(0.0f, 3.0f), n1(0.0f, 1.0f);
@@ -118,6 +119,7 @@ std::vector<float> make_row(int kind, int V, std::mt19937& g, int row) {
       for (auto& x : l) x = nd(g);
       l[size_t(id(g))] = kInf;
       break;
+    case 10: for (auto& x : l) x = std::numeric_limits<float>::quiet_NaN(); break;
     default:
       for (auto& x : l) x = u01(g) < 0.05f ? std::numeric_limits<float>::quiet_NaN() : nd(g);
       if (row % 2) l[0] = std::numeric_limits<float>::quiet_NaN();
@@ -348,7 +350,7 @@ TEST_F(CudaSample, MatchesSamplerOnRandomRows) {
               " ulp)\n", all.rows, all.tok_equal, all.no_finite, all.near_boundary, all.failures, all.probs, all.probs_not_bitwise,
               all.max_ulp);
   EXPECT_EQ(all.failures, 0);
-  EXPECT_GT(all.no_finite, 0);  // (kinds 7 and 8 in every case: each path's refusal compared)
+  EXPECT_GT(all.no_finite, 0);  // (kinds 7, 8 and 10 in every case: each path's refusal compared)
 }
 
 // Many rows in one launch (each its own u): the exact path at V4's vocabulary and a wide top-k at 32K.

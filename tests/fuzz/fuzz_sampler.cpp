@@ -1,6 +1,8 @@
 // Fuzz harness: the CPU sampler with any parameters, logits (NaN, infinities and extremes included) and history (ids
 // outside the vocabulary included). Sampler's constructor throws plumb::Error for invalid parameters; distribution()
-// only for a row with no finite logit after the penalties, never for logits of a model's range (|l| <= 1e4); otherwise
+// for a row with no finite logit after the penalties: always when the row itself has none (penalties cannot make it
+// finite: +-inf and NaN stay so), naming the model then and the penalties otherwise, and never for logits of a model's
+// range (|l| <= 1e4); otherwise
 // the distribution is non-empty with distinct ids inside the vocabulary, and with logits of a model's range its
 // probabilities are finite, in decreasing order and sum to 1; sample() returns one of its ids, the same for the same seed.
 // Crashes and sanitizer reports are bugs (a NaN logit must not reach std::sort's comparator as an unordered value).
@@ -11,6 +13,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -59,13 +62,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const plumb::Error&) {
     return 0;  // parameters out of range
   }
+  float top = -INFINITY;
+  for (float l : logits) top = l > top ? l : top;  // the largest non-NaN logit
+  const bool raw_finite = std::isfinite(top);
   std::vector<std::pair<int32_t, float>> dist;
   try {
     dist = a->distribution(logits, history);
-  } catch (const plumb::Error&) {
+  } catch (const plumb::Error& e) {
     PLUMB_FUZZ_CHECK(!finite);  // (the penalties keep a model's range finite: at most 1e4 * 64 + 4 * 70)
+    const std::string m = e.what();
+    PLUMB_FUZZ_CHECK(m.find(raw_finite ? "the penalties made" : "the model's output is broken") != std::string::npos);
     return 0;
   }
+  PLUMB_FUZZ_CHECK(raw_finite);  // a row without a finite logit must be refused
   {
     PLUMB_FUZZ_CHECK(!dist.empty());
     std::set<int32_t> ids;

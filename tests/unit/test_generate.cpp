@@ -102,9 +102,21 @@ TEST(Sampler, RowWithoutAFiniteLogitIsAnError) {
           ADD_FAILURE() << "no error for " << counts << " at temperature " << t;
         } catch (const plumb::Error& e) {
           EXPECT_NE(std::string(e.what()).find("no finite logit to sample from " + counts), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("the model's output is broken"), std::string::npos) << e.what();
         }
       }
     }
+  // A finite row that the penalties overflow (a repeat penalty of 1e-40 divides 2 to +inf) names the penalties.
+  SamplingParams p = plain(0.0f);
+  p.repeat_penalty = 1e-40f;
+  try {
+    (void)Sampler(p, 3).sample(std::vector<float>{0.5f, 2.0f, -1.0f}, std::vector<int32_t>{1});
+    ADD_FAILURE() << "no error for an overflowing penalty";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(0 of 3 logits NaN, 0 -inf, 1 +inf after the penalties): the penalties made the "
+                                         "model's finite logits so (repeat_penalty (--repeat-penalty) 1e-40"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Sampler, TopK) {
@@ -509,8 +521,10 @@ TEST_F(GenerateFixture, NanFromAPlantedFaultIsAnError) {
     const auto r = plumb::generate(*s, tok, std::vector<int32_t>{0, 5, 7, 9}, g);
     ADD_FAILURE() << "generated " << r.tokens.size() << " tokens from the faulty model";
   } catch (const plumb::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("from the logits of position 3): sampler: no finite logit"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("prefilling the prompt's 4 tokens (positions 0-3) and sampling token 1 from the last "
+                                         "one's logits: sampler: no finite logit to sample from (256 of 256 logits NaN, 0 "
+                                         "-inf, 0 +inf after the penalties): the model's output is broken"),
+              std::string::npos) << e.what();
   }
 }
 
