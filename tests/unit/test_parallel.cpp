@@ -1,5 +1,6 @@
 // core/parallel.h: every index exactly once for any thread count, exceptions and nested loops, and the reference
-// model's outputs bit-identical with 1 and 4 threads (the pool forced on for the tiny fixtures' shapes).
+// model's outputs bit-identical with 1 and 4 threads (the pool forced on for the tiny fixtures' shapes), and sessions
+// of one Engine on several threads at once.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include "core/parallel.h"
 #include "model/model.h"
 #include "patches/registry.h"
+#include "plumb/engine.h"
 
 namespace {
 
@@ -102,6 +104,38 @@ TEST(ParallelFor, ModelOutputsDoNotDependOnTheThreadCount) {
     ASSERT_EQ(one.size(), four.size());
     for (size_t i = 0; i < one.size(); ++i)
       ASSERT_EQ(std::memcmp(&one[i], &four[i], 4), 0) << fixture << " [" << patches << "] logit " << i << ": " << one[i] << " vs " << four[i];
+  }
+}
+
+// engine.h's thread promise: one Engine, sessions on different threads at the same time (the pool contended: a loop
+// that finds it busy runs serially on its own thread), each session's logits bit-identical to the same session run
+// alone. Four sessions with different prompts, each a prefill and decodes, on four threads at once.
+TEST(ParallelFor, SessionsOnThreadsMatchThemAlone) {
+  const ThreadSettings s(4, 0);  // the pool forced on for the fixture's shapes, so the sessions contend for it
+  plumb::EngineOptions o;
+  o.prefill_chunk = 7;
+  const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+  auto run = [&](int k) {
+    auto session = engine->new_session();
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 24; ++i) prompt.push_back(int32_t((i * 7 + k * 13) % 200 + 2));
+    std::vector<float> out = session->forward_all(prompt);
+    for (int i = 0; i < 6; ++i) {
+      const std::vector<float> l = session->forward(std::vector<int32_t>{int32_t((k + i * 5) % 200 + 2)});
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    return out;
+  };
+  std::vector<std::vector<float>> alone(4), together(4);
+  for (int k = 0; k < 4; ++k) alone[size_t(k)] = run(k);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) threads.emplace_back([&, k] { together[size_t(k)] = run(k); });
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_EQ(alone[size_t(k)].size(), together[size_t(k)].size()) << "session " << k;
+    for (size_t i = 0; i < alone[size_t(k)].size(); ++i)
+      ASSERT_EQ(std::memcmp(&alone[size_t(k)][i], &together[size_t(k)][i], 4), 0)
+          << "session " << k << " logit " << i << ": alone " << alone[size_t(k)][i] << ", on a thread " << together[size_t(k)][i];
   }
 }
 
