@@ -25,14 +25,15 @@ class ModelSession : public Session {
   ModelSession(std::shared_ptr<const Model> m, std::shared_ptr<const ModelInfo> info, int chunk)
       : m_(std::move(m)), info_(std::move(info)), st_(m_->new_state()), chunk_(chunk) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
-    return std::move(m_->forward(st_, feed_all_but_last(tokens), nullptr, LogitRows::Last).data);
+    const auto ps = feed_all_but_last(tokens);
+    return std::move(m_->forward(st_, ps.back(), nullptr, LogitRows::Last, layer_report(ps, ps.size() - 1, tokens.size())).data);
   }
   std::vector<float> forward_all(std::span<const int32_t> tokens) override {
     check(tokens);
     std::vector<float> out;
     const auto ps = pieces(tokens);
     for (size_t i = 0; i < ps.size(); ++i) {
-      const Tensor l = m_->forward(st_, ps[i]);
+      const Tensor l = m_->forward(st_, ps[i], nullptr, LogitRows::All, layer_report(ps, i, tokens.size()));
       out.insert(out.end(), l.data.begin(), l.data.end());
       if (i + 1 < ps.size()) report(ps, i, tokens.size());
     }
@@ -41,7 +42,7 @@ class ModelSession : public Session {
   int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override {
     PLUMB_CHECK(sampler.vocab() == m_->config().vocab, "forward_sample: the sampler was made for a vocabulary of {}, the "
                 "model's is {}", sampler.vocab(), m_->config().vocab);
-    if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens), sampler, history);
+    if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens).back(), sampler, history);
     return Session::forward_sample(tokens, sampler, history);
   }
   void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override { progress_ = std::move(fn); }
@@ -64,6 +65,17 @@ class ModelSession : public Session {
     for (size_t k = 0; k <= i; ++k) done += int64_t(ps[k].size());
     progress_(done, int64_t(total));
   }
+  // Inside pass i (the CPU backend calls it after each layer): the passes before plus this one's share by layers, so
+  // a single long pass reports too. Its last layer is not reported (the pass's end is, or the call's return).
+  std::function<void(int)> layer_report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) const {
+    if (!progress_ || total < 2) return {};  // (a decode step is no prefill)
+    int64_t before = 0;
+    for (size_t k = 0; k < i; ++k) before += int64_t(ps[k].size());
+    const int64_t n = int64_t(ps[i].size()), layers = m_->config().n_layers;
+    return [this, before, n, layers, total](int k) {
+      if (k < layers) progress_(before + n * k / layers, int64_t(total));
+    };
+  }
 
   // Token ids and the context are checked before any pass runs, so an error leaves the session unchanged. (The
   // toolkit runs the model past its context on purpose, through Model; a Session does not.)
@@ -79,15 +91,15 @@ class ModelSession : public Session {
     for (size_t p = 0; p < tokens.size(); p += step) out.push_back(tokens.subspan(p, std::min(step, tokens.size() - p)));
     return out;
   }
-  // Runs every pass but the last without logits (the LM head is skipped) and returns the last.
-  std::span<const int32_t> feed_all_but_last(std::span<const int32_t> tokens) {
+  // Runs every pass but the last without logits (the LM head is skipped) and returns the passes (the last to run).
+  std::vector<std::span<const int32_t>> feed_all_but_last(std::span<const int32_t> tokens) {
     check(tokens);
     const auto ps = pieces(tokens);
     for (size_t i = 0; i + 1 < ps.size(); ++i) {
-      m_->forward(st_, ps[i], nullptr, LogitRows::None);
+      m_->forward(st_, ps[i], nullptr, LogitRows::None, layer_report(ps, i, tokens.size()));
       report(ps, i, tokens.size());
     }
-    return ps.back();
+    return ps;
   }
 };
 

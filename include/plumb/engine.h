@@ -95,9 +95,11 @@ class Session {
   // is fed (this default, for a Session of your own, checks after its forward()). When the sampler refuses the row
   // (no finite logit: Sampler::sample) the tokens stay fed: position() counts them.
   virtual int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history);
-  // Progress of a call that feeds more tokens than one pass (EngineOptions::prefill_chunk): `fn(done, total)` after
-  // each pass but the last, on the calling thread (this call's tokens fed so far, and its tokens in all), so a long
-  // prompt can show how far its prefill is. Empty (the default): no calls. The default ignores it.
+  // Progress of a call that feeds several tokens (a prefill), so a long prompt can show how far it is: `fn(done,
+  // total)` on the calling thread, `done` the call's tokens fed so far (fractional passes rounded down), `total` its
+  // tokens. Backend cpu: after each layer of each pass but the last layer of the last; backend cuda (whose passes are
+  // queued whole): after each pass but the last (EngineOptions::prefill_chunk). Not for one-token calls. Empty (the
+  // default): no calls. The default implementation ignores it.
   virtual void set_prefill_progress(std::function<void(int64_t done, int64_t total)> fn) { (void)fn; }
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.

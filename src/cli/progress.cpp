@@ -169,13 +169,13 @@ struct PrefillLine::Impl {
   Session& session;
   StatusLine line;
   Clock::time_point t0 = Clock::now(), drawn;
-  bool shown = false;
+  bool shown = false, finished = false;  // finished: done() was called (the reply has begun)
 };
 
 PrefillLine::PrefillLine(Session& session, bool quiet) : impl_(std::make_unique<Impl>(session, quiet)) {
   Impl* p = impl_.get();
   session.set_prefill_progress([p](int64_t done, int64_t total) {
-    if (p->shown && since(p->drawn) < 0.1) return;  // at most 10 redraws a second (passes can be milliseconds)
+    if (p->finished || (p->shown && since(p->drawn) < 0.1)) return;  // at most 10 redraws a second
     p->drawn = Clock::now();
     const double s = since(p->t0), rate = double(done) / std::max(s, 1e-9);
     p->line.update(fmt::format("prefill: {} / {} tokens ({:.0f} %), {:.1f} tok/s, about {:.0f} s left", done, total,
@@ -189,6 +189,7 @@ PrefillLine::~PrefillLine() {
 }
 
 void PrefillLine::done() {
+  impl_->finished = true;
   if (!impl_->shown) return;
   impl_->line.clear();
   impl_->shown = false;

@@ -57,9 +57,10 @@ std::string human_bytes(double bytes);
 // "prefill 884.7 tok/s, decode 324.0 tok/s" of a generation: the first sampled token comes from the prefill's pass,
 // so decode is (generated - 1) tokens over the time after it (no rate for a single token).
 std::string rates_text(int64_t prompt_tokens, double prefill_seconds, int64_t generated, double decode_seconds);
-// A live "prefill: 4096 / 10000 tokens" line on stderr (a terminal only, and not with -q) while a prompt longer than
-// one pass (--prefill-chunk) prefills on `session`, whose prefill progress it is while it lives (cleared after). Call
-// done() before the first reply text is written (the line is cleared; also on destruction).
+// A live "prefill: 4096 / 10000 tokens" line on stderr (a terminal only, and not with -q) while a prompt prefills on
+// `session` (Session::set_prefill_progress: by layers on the CPU, by passes of --prefill-chunk on the GPU), whose
+// prefill progress it is while it lives (cleared after). Call done() before the first reply text is written (the line
+// is cleared and stays so; also on destruction).
 class PrefillLine {
  public:
   PrefillLine(Session& session, bool quiet);

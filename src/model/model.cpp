@@ -95,7 +95,8 @@ void Model::reserve(SessionState& st, int64_t positions) const {
   if (device_ && st.dev) device_->reserve(st, positions);
 }
 
-Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const {
+Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows,
+                      const std::function<void(int)>& on_layer) const {
   const auto& c = cfg_;
   const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
   check_tokens(st, tokens);
@@ -134,6 +135,7 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     const Tensor moe = moe_forward(L.moe, c, c.mlp[size_t(i)], f.collapsed, tokens, opt_, nm, tap);
     X = hc_post(moe, X, f, opt_);
     tap.io("out", X);
+    if (on_layer) on_layer(i + 1);
   }
 
   st.pos += n;

@@ -64,8 +64,10 @@ class Model {
   // Consumes tokens at positions state.pos .. state.pos+n-1 (prefill chunk or one decode token) and returns
   // their logits [n, vocab] (rows Last: [1, vocab], the last token's; None: an empty tensor). Token ids are checked
   // against the vocabulary before anything is computed. With taps every row is computed (hc_head.out is a tap).
+  // `on_layer(k)`, if set, after each of the first k layers on the CPU backend (a long pass's progress; the GPU's pass
+  // is queued whole and does not call it).
   Tensor forward(SessionState& state, std::span<const int32_t> tokens, TapSink* taps = nullptr,
-                 LogitRows rows = LogitRows::All) const;
+                 LogitRows rows = LogitRows::All, const std::function<void(int)>& on_layer = {}) const;
   // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).
   void check_tokens(const SessionState& state, std::span<const int32_t> tokens) const;
   // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there.

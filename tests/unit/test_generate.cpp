@@ -528,27 +528,33 @@ TEST_F(GenerateFixture, NanFromAPlantedFaultIsAnError) {
   }
 }
 
-// A call longer than one pass reports each pass but the last (the tokens of the call fed so far), through
-// forward, forward_all and forward_sample, until the progress is cleared; the results are those of a session without.
-TEST_F(TinyModel, PrefillProgressReportsEachPassButTheLast) {
+// A prefill reports its progress: on the CPU after each layer of each pass (the passes done plus this one's share by
+// layers) but the last layer of the last pass, through forward, forward_all and forward_sample; never for a one-token
+// call, nor after the progress is cleared; the results are those of a session without it.
+TEST_F(TinyModel, PrefillProgressReportsByLayers) {
   plumb::EngineOptions o;
   o.prefill_chunk = 4;
   const auto e = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny", o);
+  ASSERT_NE(e->info().summary.find("4 layers"), std::string::npos) << e->info().summary;
   auto s = e->new_session(), ref = e->new_session();
-  std::vector<std::pair<int64_t, int64_t>> seen;
+  using Seen = std::vector<std::pair<int64_t, int64_t>>;
+  Seen seen;
   s->set_prefill_progress([&](int64_t done, int64_t total) { seen.push_back({done, total}); });
   const std::vector<int32_t> ten = {0, 5, 6, 7, 8, 9, 10, 11, 12, 13}, six = {14, 15, 16, 17, 18, 19};
+  // Passes of 4, 4 and 2 tokens over 4 layers: 4 * k / 4 within the first two, 2 * k / 4 within the last.
+  const Seen ten_seen = {{1, 10}, {2, 10}, {3, 10}, {4, 10}, {5, 10}, {6, 10}, {7, 10}, {8, 10}, {8, 10}, {9, 10}, {9, 10}};
   EXPECT_EQ(s->forward(ten), ref->forward(ten));
-  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{4, 10}, {8, 10}}));
+  EXPECT_EQ(seen, ten_seen);
   seen.clear();
   EXPECT_EQ(s->forward_all(six), ref->forward_all(six));
-  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{4, 6}}));
+  EXPECT_EQ(seen, (Seen{{1, 6}, {2, 6}, {3, 6}, {4, 6}, {4, 6}, {5, 6}, {5, 6}}));
   seen.clear();
   plumb::Sampler a(plain(0.0f), e->info().vocab_size), b(plain(0.0f), e->info().vocab_size);
   EXPECT_EQ(s->forward_sample(ten, a, ten), ref->forward_sample(ten, b, ten));
-  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{4, 10}, {8, 10}}));
+  EXPECT_EQ(seen, ten_seen);
   seen.clear();
-  s->forward(std::vector<int32_t>{5, 6, 7});  // one pass: no report
+  s->forward(std::vector<int32_t>{5});  // a decode step: no report
+  EXPECT_TRUE(seen.empty());
   s->set_prefill_progress({});
   s->forward(ten);
   EXPECT_TRUE(seen.empty());
