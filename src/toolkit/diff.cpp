@@ -208,8 +208,8 @@ DiffReport diff_live(const RunInput& in, const std::string& a, const std::string
   const auto ma = load_model(in.model_dir, a);
   const auto mb = load_model(in.model_dir, b);
   // A runs whole: teacher forcing feeds B A's values at every row. What is compared (ta) is A's kept rows.
-  const Trace ta_all = run_trace(*ma, in, a);
-  Trace tb = run_trace(*mb, in, b), ta_kept;
+  const Trace ta_all = run_trace(*ma, in, a, nullptr, nullptr, "A");
+  Trace tb = run_trace(*mb, in, b, nullptr, nullptr, "B"), ta_kept;
   keep_positions(tb, positions);
   if (!positions.empty()) ta_kept = ta_all, keep_positions(ta_kept, positions);
   const Trace& ta = positions.empty() ? ta_all : ta_kept;
@@ -222,7 +222,7 @@ DiffReport diff_live(const RunInput& in, const std::string& a, const std::string
   Trace tl;
   const bool have_local = local || !r.first_free.none();
   if (have_local) {
-    tl = run_trace(*mb, in, b, nullptr, &ta_all);
+    tl = run_trace(*mb, in, b, nullptr, &ta_all, "B teacher forced");
     keep_positions(tl, positions);
     r = compare_traces(ta, tb, &tl, tol, &cfg);
   }

@@ -89,18 +89,19 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
 }
 
-Trace logits_trace(const Model& model, const RunInput& in, const std::string& patches) {
+Trace logits_trace(const Model& model, const RunInput& in, const std::string& patches, const char* role) {
   const TapFilter none = TapFilter::parse("-", "", "", "");  // a glob no tap name matches: logits only
-  return run_trace(model, in, patches, &none);
+  return run_trace(model, in, patches, &none, nullptr, role);
 }
 
-Trace logits_trace(const RunInput& in, const std::string& patches) {
-  return logits_trace(*load_model(in.model_dir, patches), in, patches);
+Trace logits_trace(const RunInput& in, const std::string& patches, const char* role) {
+  return logits_trace(*load_model(in.model_dir, patches), in, patches, role);
 }
 
 KldReport kld_live(const RunInput& in, const std::string& a, const std::string& b) {
   const auto t0 = std::chrono::steady_clock::now();
-  KldReport r = kld_of_traces(logits_trace(in, a), logits_trace(in, b));
+  const Trace ta = logits_trace(in, a, "A");  // (A runs first: the order of an expression's arguments is unspecified)
+  KldReport r = kld_of_traces(ta, logits_trace(in, b, "B"));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -142,7 +143,7 @@ KldReport kld_of_traces(const Trace& ta, const Trace& tb) {
 
 void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk) {
   PLUMB_CHECK(topk > 0, "--topk must be positive (got {})", topk);
-  const Trace ta = logits_trace(in, a);
+  const Trace ta = logits_trace(in, a, "A");
   const Rows ra = rows_of(ta);
   const int64_t n = int64_t(ra.row.size()), V = ra.vocab, k = std::min(topk, V);
   IndexTensor ids({n, k}), tokens({n});
@@ -271,7 +272,7 @@ KldReport kld_against_ref(const std::string& path, const std::string& model_dir,
     PLUMB_CHECK(v == r.vocab, "{}: saved for a vocabulary of {} ({}), but {} has {}: another model than the one the file "
                 "was saved with", path, r.vocab, ref.model, ri.model_dir, v);
   }
-  const Trace tb = logits_trace(ri, b);
+  const Trace tb = logits_trace(ri, b, "B");
   const Rows rb = rows_of(tb);
   PLUMB_CHECK(int64_t(rb.row.size()) == ids.dim(0), "{}: {} saved rows, {} computed", path, ids.dim(0), rb.row.size());
   std::vector<double> lb;

@@ -44,8 +44,8 @@ KldReport kld_live(const RunInput& in, const std::string& a, const std::string& 
 // The same statistics from two traces of one input (their logits).
 KldReport kld_of_traces(const Trace& a, const Trace& b);
 // A run that records the logits only (of `model`, loaded with `patches`, or of the model `patches` loads).
-Trace logits_trace(const Model& model, const RunInput& in, const std::string& patches);
-Trace logits_trace(const RunInput& in, const std::string& patches);
+Trace logits_trace(const Model& model, const RunInput& in, const std::string& patches, const char* role = nullptr);
+Trace logits_trace(const RunInput& in, const std::string& patches, const char* role = nullptr);
 // Runs A and writes its top-k log-probabilities (and the input, so the compare step needs none) to `path`.
 void save_kld_ref(const RunInput& in, const std::string& a, const std::string& path, int64_t topk);
 // A saved reference read back and checked (shapes, ids inside the vocabulary, the steps covering the tokens); throws

@@ -154,14 +154,15 @@ std::unique_ptr<Model> load_model(const std::string& dir, const std::string& pat
 }
 
 Trace run_trace(const Model& model, const RunInput& in, const std::string& patches, const TapFilter* filter,
-                const Trace* force) {
+                const Trace* force, const char* role) {
   Trace tr{in.model_dir, patches, in.source, filter ? filter->describe() : "", {}, {}, {}};
   if (force)
     PLUMB_CHECK(force->steps.size() == in.steps.size() && force->filter.empty(),
                 "teacher forcing needs an unfiltered trace of all {} steps of {} (it has {} steps{})", in.steps.size(),
                 in.source, force->steps.size(), force->filter.empty() ? "" : ", filtered");
   auto state = model.new_state();
-  RunProgress progress(patches.empty() ? "reference" : patches, in, model.config().n_layers);
+  const std::string config = patches.empty() ? "reference" : patches;
+  RunProgress progress(role ? fmt::format("{}: {}", role, config) : config, in, model.config().n_layers);
   std::set<std::string> offered{"logits"};
   for (size_t si = 0; si < in.steps.size(); ++si) {
     progress.step(si);

@@ -60,9 +60,10 @@ std::unique_ptr<Model> load_model(const std::string& dir, const std::string& pat
 // Runs every step of `in` on one session. `filter` (may be null) selects what is kept; `force` (may be null,
 // an unfiltered trace of the same input) turns on teacher forcing: every substitutable tap (Tap::io) is
 // recorded as this configuration computes it, then replaced by force's value, so each op starts from the
-// forcing run's inputs and what is recorded is that op's own (local) error.
+// forcing run's inputs and what is recorded is that op's own (local) error. `role` ("A", "B", "B teacher forced";
+// may be null) heads the progress line's label, so the two sides of a comparison can be told apart there.
 Trace run_trace(const Model& model, const RunInput& in, const std::string& patches, const TapFilter* filter = nullptr,
-                const Trace* force = nullptr);
+                const Trace* force = nullptr, const char* role = nullptr);
 
 // Keeps only the rows of `positions` (absolute token positions; empty: every row) in every step of `t`, as a
 // `--positions` filter would have kept them in the run: what `plumb diff --positions` compares. Steps stay, with no
