@@ -99,7 +99,8 @@ class Session {
   // total)` on the calling thread, `done` the call's tokens fed so far (fractional passes rounded down), `total` its
   // tokens. Backend cpu: after each layer of each pass but the last layer of the last; backend cuda (whose passes are
   // queued whole): after each pass but the last (EngineOptions::prefill_chunk). Not for one-token calls. Empty (the
-  // default): no calls. The default implementation ignores it.
+  // default): no calls. The default implementation ignores it. `fn` must not throw: a pass it stopped halfway would
+  // leave the session's caches part-written.
   virtual void set_prefill_progress(std::function<void(int64_t done, int64_t total)> fn) { (void)fn; }
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.
