@@ -2,60 +2,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
 #include <functional>
 #include <set>
 
 #include "patches/registry.h"
+#include "toolkit/progress.h"
 #include "toolkit/tap_names.h"
 #include "toolkit/trace.h"
 
 namespace plumb::toolkit {
 
 namespace {
-
-// Progress on stderr for long runs (the reference at real dimensions takes seconds a token, and a --text input is
-// one step unless chunked): a line every 5 s, at a step's start or when the forward reaches another layer, so a long
-// single pass reports too. Tokens done count a step's share by its layers reached.
-class RunProgress {
- public:
-  RunProgress(std::string label, const RunInput& in, int64_t n_layers)
-      : label_(std::move(label)), in_(in), n_layers_(std::max<int64_t>(n_layers, 1)), t0_(Clock::now()), last_(t0_) {
-    for (const auto& s : in.steps) total_ += int64_t(s.tokens.size());
-  }
-  void step(size_t si) {
-    if (si > 0) done_ += int64_t(in_.steps[si - 1].tokens.size());
-    si_ = si, layer_ = -1;
-    maybe_print();
-  }
-  // A tap name the forward offers: "L<k>." names the layer it is in.
-  void tap(const std::string& name) {
-    if (name.size() < 3 || name[0] != 'L' || name[1] < '0' || name[1] > '9') return;
-    layer_ = std::atoll(name.c_str() + 1);
-    maybe_print();  // (a clock read per tap offered: a few dozen a layer)
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  void maybe_print() {
-    const auto now = Clock::now();
-    if (now - last_ < std::chrono::seconds(5)) return;
-    last_ = now;
-    const int64_t n = int64_t(in_.steps[si_].tokens.size());
-    const double done = double(done_) + (layer_ >= 0 ? double(n) * double(layer_) / double(n_layers_) : 0.0);
-    const double sec = std::chrono::duration<double>(now - t0_).count();
-    const std::string where = layer_ >= 0 ? fmt::format(", in layer {} of {}", layer_ + 1, n_layers_) : "";
-    const std::string left = done > 0 ? fmt::format(", about {:.0f} s left", (double(total_) - done) * sec / done) : "";
-    std::fprintf(stderr, "%s", fmt::format("[{}] {:.0f} of {} tokens (step {} of {}: {} tokens{}), {:.1f} tokens/s{}\n",
-                                           label_, done, total_, si_ + 1, in_.steps.size(), n, where, done / sec, left).c_str());
-  }
-  std::string label_;
-  const RunInput& in_;
-  int64_t n_layers_, total_ = 0, done_ = 0, layer_ = -1;
-  size_t si_ = 0;
-  Clock::time_point t0_, last_;
-};
 
 // Records what the filter keeps; with a forcing step, records everything (the forced values must reach every
 // substitutable tap) and hands back the forcing run's value wherever the shapes agree.
@@ -162,7 +119,9 @@ Trace run_trace(const Model& model, const RunInput& in, const std::string& patch
                 in.source, force->steps.size(), force->filter.empty() ? "" : ", filtered");
   auto state = model.new_state();
   const std::string config = patches.empty() ? "reference" : patches;
-  RunProgress progress(role ? fmt::format("{}: {}", role, config) : config, in, model.config().n_layers);
+  std::vector<int64_t> step_tokens;
+  for (const auto& s : in.steps) step_tokens.push_back(int64_t(s.tokens.size()));
+  RunProgress progress(role ? fmt::format("{}: {}", role, config) : config, std::move(step_tokens), model.config().n_layers);
   std::set<std::string> offered{"logits"};
   for (size_t si = 0; si < in.steps.size(); ++si) {
     progress.step(si);

@@ -13,6 +13,7 @@
 #include "toolkit/bisect.h"
 #include "toolkit/diff.h"
 #include "toolkit/kld.h"
+#include "toolkit/progress.h"
 #include "toolkit/selftest.h"
 #include "toolkit/tap_filter.h"
 #include "toolkit/tap_names.h"
@@ -43,6 +44,32 @@ void expect_error(F f, const std::string& want) {
 }
 
 // --- metrics ---------------------------------------------------------------------------------------------------
+
+// The progress line on a fake clock: nothing before the interval; a step's tokens counted done by the layers before
+// the one a tap names; the rate and the estimate from them; other tap names ignored; a new step counts the ones before.
+TEST(ToolkitProgress, CountsStepsAndLayerShares) {
+  using namespace std::chrono_literals;
+  plumb::toolkit::RunProgress::Clock::time_point t{};
+  std::vector<std::string> lines;
+  plumb::toolkit::RunProgress p("A: reference", {100, 50}, 4, 5s, [&](const std::string& l) { lines.push_back(l); },
+                                [&] { return t; });
+  p.step(0);
+  t += 4s;
+  p.tap("L0.hc_attn.mix");  // within the interval: no line
+  EXPECT_TRUE(lines.empty());
+  t += 2s;
+  p.tap("logits");  // not a layer's tap
+  EXPECT_TRUE(lines.empty());
+  p.tap("L1.attn.q");  // 6 s: step 1 of 2 is a quarter done (layer 2 of 4 begun)
+  t += 6s;
+  p.step(1);  // 12 s: the first step done
+  t += 5s;
+  p.tap("L3.ffn.out");  // 17 s: 100 + 50 * 3 / 4
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "[A: reference] 25 of 150 tokens (step 1 of 2: 100 tokens, in layer 2 of 4), 4.2 tokens/s, about 30 s left");
+  EXPECT_EQ(lines[1], "[A: reference] 100 of 150 tokens (step 2 of 2: 50 tokens), 8.3 tokens/s, about 6 s left");
+  EXPECT_EQ(lines[2], "[A: reference] 138 of 150 tokens (step 2 of 2: 50 tokens, in layer 4 of 4), 8.1 tokens/s, about 2 s left");
+}
 
 TEST(ToolkitMetrics, HandComputedValues) {
   const FloatStats s = compare_f32(vec({1, 2, 3}), vec({1, 2, 4}));
