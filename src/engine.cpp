@@ -58,20 +58,17 @@ class ModelSession : public Session {
   int chunk_;
   std::function<void(int64_t, int64_t)> progress_;
 
+  // The call's tokens before pass i: the passes are consecutive spans of the call's tokens.
+  static int64_t fed_before(const std::vector<std::span<const int32_t>>& ps, size_t i) { return ps[i].data() - ps[0].data(); }
   // After pass i of `ps` (not the last): the tokens of the call fed so far.
   void report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) const {
-    if (!progress_) return;
-    int64_t done = 0;
-    for (size_t k = 0; k <= i; ++k) done += int64_t(ps[k].size());
-    progress_(done, int64_t(total));
+    if (progress_) progress_(fed_before(ps, i) + int64_t(ps[i].size()), int64_t(total));
   }
   // Inside pass i (the CPU backend calls it after each layer): the passes before plus this one's share by layers, so
   // a single long pass reports too. Its last layer is not reported (the pass's end is, or the call's return).
   std::function<void(int)> layer_report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) const {
     if (!progress_ || total < 2) return {};  // (a decode step is no prefill)
-    int64_t before = 0;
-    for (size_t k = 0; k < i; ++k) before += int64_t(ps[k].size());
-    const int64_t n = int64_t(ps[i].size()), layers = m_->config().n_layers;
+    const int64_t before = fed_before(ps, i), n = int64_t(ps[i].size()), layers = m_->config().n_layers;
     return [this, before, n, layers, total](int k) {
       if (k < layers) progress_(before + n * k / layers, int64_t(total));
     };

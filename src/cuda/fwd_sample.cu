@@ -70,6 +70,12 @@ __device__ __forceinline__ int digit_of(uint64_t k, int d) { return int((k >> di
 // The logit as the non-greedy paths read it: NaN counts as -inf.
 __device__ __forceinline__ float sample_logit(float v) { return isnan(v) ? -INFINITY : v; }
 
+// A row with no finite logit to sample from: no token, no distribution (cuda/sample.h, kSampleNoFinite).
+__device__ __forceinline__ void write_no_finite(const SampleOut& out, int row) {
+  out.token[row] = kSampleNoFinite;
+  if (out.n) out.n[row] = 0;
+}
+
 __device__ __forceinline__ void write_dist(const SampleOut& out, int row, int n, int i, int32_t id, float pr) {
   if (out.ids && out.probs && i < n && i < out.cap) {
     out.ids[int64_t(row) * out.cap + i] = id;
@@ -127,11 +133,7 @@ __global__ void k_greedy_out(int rows, const unsigned long long* best, SampleOut
   if (row >= rows) return;
   // The maximum key is the largest non-NaN logit (NaN keys rank below -inf), lowest id on ties, as Sampler's scan
   // over the row with NaN read as -inf. A top that is not finite: no token (see kSampleNoFinite).
-  if (!isfinite(key_logit(uint32_t(best[row] >> 32)))) {
-    out.token[row] = kSampleNoFinite;
-    if (out.n) out.n[row] = 0;
-    return;
-  }
+  if (!isfinite(key_logit(uint32_t(best[row] >> 32)))) return write_no_finite(out, row);
   const int32_t tok = key_id(best[row]);
   out.token[row] = tok;
   if (out.n) out.n[row] = 1;
@@ -238,10 +240,7 @@ __global__ void __launch_bounds__(kFinalThreads) k_topk_final(const float* __res
   // The top candidate's logit not finite: no token (kSampleNoFinite). Every thread reads the same ids[0], so the
   // whole block returns.
   if (!isfinite(sample_logit(src[base + ids[0]]))) {
-    if (threadIdx.x == 0) {
-      out.token[row] = kSampleNoFinite;
-      if (out.n) out.n[row] = 0;
-    }
+    if (threadIdx.x == 0) write_no_finite(out, row);
     return;
   }
 
@@ -347,10 +346,7 @@ __global__ void __launch_bounds__(kFinalThreads) k_sorted_final(int vocab, int K
   const int lo = min(n, int(threadIdx.x) * ch), hi = min(n, lo + ch);
   // The top candidate's logit not finite: no token (kSampleNoFinite); uniform over the block.
   if (!isfinite(key_logit(~uint32_t(kr[0])))) {
-    if (threadIdx.x == 0) {
-      out.token[row] = kSampleNoFinite;
-      if (out.n) out.n[row] = 0;
-    }
+    if (threadIdx.x == 0) write_no_finite(out, row);
     return;
   }
   const double T = double(p.temperature);
