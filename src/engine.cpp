@@ -2,6 +2,7 @@
 #include "plumb/engine.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/notice.h"
 #include "core/parallel.h"
@@ -25,27 +26,37 @@ class ModelSession : public Session {
   ModelSession(std::shared_ptr<const Model> m, std::shared_ptr<const ModelInfo> info, int chunk)
       : m_(std::move(m)), info_(std::move(info)), st_(m_->new_state()), chunk_(chunk) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
-    const auto ps = feed_all_but_last(tokens);
-    return std::move(m_->forward(st_, ps.back(), nullptr, LogitRows::Last, layer_report(ps, ps.size() - 1, tokens.size())).data);
+    check(tokens);
+    return guarded(tokens.size(), [&] {
+      const auto ps = feed_all_but_last(tokens);
+      return std::move(m_->forward(st_, ps.back(), nullptr, LogitRows::Last, layer_report(ps, ps.size() - 1, tokens.size())).data);
+    });
   }
   std::vector<float> forward_all(std::span<const int32_t> tokens) override {
     check(tokens);
-    std::vector<float> out;
-    const auto ps = pieces(tokens);
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const Tensor l = m_->forward(st_, ps[i], nullptr, LogitRows::All, layer_report(ps, i, tokens.size()));
-      out.insert(out.end(), l.data.begin(), l.data.end());
-      if (i + 1 < ps.size()) report(ps, i, tokens.size());
-    }
-    return out;
+    return guarded(tokens.size(), [&] {
+      std::vector<float> out;
+      const auto ps = pieces(tokens);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const Tensor l = m_->forward(st_, ps[i], nullptr, LogitRows::All, layer_report(ps, i, tokens.size()));
+        out.insert(out.end(), l.data.begin(), l.data.end());
+        if (i + 1 < ps.size()) report(ps, i, tokens.size());
+      }
+      return out;
+    });
   }
   int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override {
     PLUMB_CHECK(sampler.vocab() == m_->config().vocab, "forward_sample: the sampler was made for a vocabulary of {}, the "
                 "model's is {}", sampler.vocab(), m_->config().vocab);
-    if (m_->backend() == "cuda") return m_->forward_sample(st_, feed_all_but_last(tokens).back(), sampler, history);
-    return Session::forward_sample(tokens, sampler, history);
+    if (m_->backend() != "cuda") return Session::forward_sample(tokens, sampler, history);  // (forward() guards the feed)
+    check(tokens);
+    // The feed is guarded; a sampler refusing the row after it (Model::forward_sample) leaves the tokens fed.
+    std::span<const int32_t> last;
+    guarded(tokens.size(), [&] { last = feed_all_but_last(tokens).back(); return 0; });
+    return m_->forward_sample(st_, last, sampler, history);
   }
   void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override { progress_ = std::move(fn); }
+  std::function<bool()> set_prefill_stop(std::function<bool()> fn) override { return std::exchange(stop_, std::move(fn)); }
   void reserve(int64_t positions) override { m_->reserve(st_, positions); }
   int64_t position() const override { return st_.pos; }
   void reset() override { st_ = m_->new_state(); }
@@ -57,20 +68,54 @@ class ModelSession : public Session {
   SessionState st_;
   int chunk_;
   std::function<void(int64_t, int64_t)> progress_;
+  std::function<bool()> stop_;
+  bool unwinding_ = false;  // an exception (a stop) left a callback of the call in progress: roll it back
+
+  // Runs a call's passes so that a stop, or an exception from the progress function, leaves the session as it was
+  // before the call: with either function set, a multi-token call marks the session first (Model::mark) and the
+  // callbacks' exceptions roll it back. Other errors (a backend's) propagate as they are.
+  template <class F>
+  auto guarded(size_t n, F&& passes) -> decltype(passes()) {
+    if (n < 2 || (!progress_ && !stop_)) return passes();
+    ask_stop(0, int64_t(n));  // (nothing fed yet: nothing to put back)
+    const StateMark mark = m_->mark(st_);
+    try {
+      return passes();
+    } catch (...) {
+      if (!std::exchange(unwinding_, false)) throw;
+      m_->rollback(st_, mark);
+      throw;
+    }
+  }
+  void ask_stop(int64_t done, int64_t total) const {
+    if (stop_ && stop_())
+      throw Stopped(fmt::format("stopped after {} of the call's {} tokens (Session::set_prefill_stop): the session is as it "
+                                "was before the call", done, total));
+  }
+  // At a reporting point (`done` of the call's `total` tokens): the progress, then the stop.
+  void at_point(int64_t done, int64_t total) {
+    try {
+      if (progress_) progress_(done, total);
+      ask_stop(done, total);
+    } catch (...) {
+      unwinding_ = true;
+      throw;
+    }
+  }
 
   // The call's tokens before pass i: the passes are consecutive spans of the call's tokens.
   static int64_t fed_before(const std::vector<std::span<const int32_t>>& ps, size_t i) { return ps[i].data() - ps[0].data(); }
   // After pass i of `ps` (not the last): the tokens of the call fed so far.
-  void report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) const {
-    if (progress_) progress_(fed_before(ps, i) + int64_t(ps[i].size()), int64_t(total));
+  void report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) {
+    if (total >= 2 && (progress_ || stop_)) at_point(fed_before(ps, i) + int64_t(ps[i].size()), int64_t(total));
   }
   // Inside pass i (the CPU backend calls it after each layer): the passes before plus this one's share by layers, so
   // a single long pass reports too. Its last layer is not reported (the pass's end is, or the call's return).
-  std::function<void(int)> layer_report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) const {
-    if (!progress_ || total < 2) return {};  // (a decode step is no prefill)
+  std::function<void(int)> layer_report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) {
+    if ((!progress_ && !stop_) || total < 2) return {};  // (a decode step is no prefill)
     const int64_t before = fed_before(ps, i), n = int64_t(ps[i].size()), layers = m_->config().n_layers;
     return [this, before, n, layers, total](int k) {
-      if (k < layers) progress_(before + n * k / layers, int64_t(total));
+      if (k < layers) at_point(before + n * k / layers, int64_t(total));
     };
   }
 
@@ -89,8 +134,8 @@ class ModelSession : public Session {
     return out;
   }
   // Runs every pass but the last without logits (the LM head is skipped) and returns the passes (the last to run).
+  // The tokens are checked (check()) before.
   std::vector<std::span<const int32_t>> feed_all_but_last(std::span<const int32_t> tokens) {
-    check(tokens);
     const auto ps = pieces(tokens);
     for (size_t i = 0; i + 1 < ps.size(); ++i) {
       m_->forward(st_, ps[i], nullptr, LogitRows::None, layer_report(ps, i, tokens.size()));

@@ -99,9 +99,21 @@ class Session {
   // total)` on the calling thread, `done` the call's tokens fed so far (fractional passes rounded down), `total` its
   // tokens. Backend cpu: after each layer of each pass but the last layer of the last; backend cuda (whose passes are
   // queued whole): after each pass but the last (EngineOptions::prefill_chunk). Not for one-token calls. Empty (the
-  // default): no calls. The default implementation ignores it. `fn` must not throw: a pass it stopped halfway would
-  // leave the session's caches part-written.
+  // default): no calls. The default implementation ignores it. Should `fn` throw, the call ends with that exception
+  // and the session is put back as it was before the call (as a stop, below).
   virtual void set_prefill_progress(std::function<void(int64_t done, int64_t total)> fn) { (void)fn; }
+  // Stopping a call that feeds several tokens (a long prompt, a front end's Ctrl-C): `should_stop()` is asked on the
+  // calling thread before the call's first pass and wherever the progress above is reported (backend cpu: after
+  // each layer; cuda: after each pass); true ends the call with plumb::Stopped and the session as it was before the
+  // call (position() unchanged, its caches restored: the next call gives the logits it would have given). One-token
+  // calls are not asked. The session saves what a call may overwrite before its first pass while a stop or a
+  // progress function is set (the window's rows and the compressors' pending rows of each layer, not the whole
+  // cache). Returns the function set before (empty: none), so a caller can set one for a while and put it back.
+  // The default implementation ignores it and returns an empty function.
+  virtual std::function<bool()> set_prefill_stop(std::function<bool()> should_stop) {
+    (void)should_stop;
+    return {};
+  }
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.
   virtual void reserve(int64_t positions) { (void)positions; }

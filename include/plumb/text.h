@@ -179,8 +179,11 @@ struct GenerateOptions {
   bool stop_at_eos = true;                // the model's EOS (ModelInfo::eos_token, where it names one) stops too
   bool skip_special = false;              // drop special tokens from the emitted text
   // Asked after each sampled token (its text emitted): true stops the generation there, as a stop would
-  // (StopReason::Cancelled, the held-back text flushed, the result complete: `unfed` continues the session). May
-  // be empty. A front end's Ctrl-C, a client gone, a deadline.
+  // (StopReason::Cancelled, the held-back text flushed, the result complete: `unfed` continues the session). Also
+  // asked while the prompt prefills, as the session's prefill stop (Session::set_prefill_stop; the library's
+  // sessions ask it after each layer on the CPU, each pass on the GPU): true there returns StopReason::Cancelled
+  // with no token (`unfed` -1) and the session as it was before the call. May be empty. A front end's Ctrl-C, a
+  // client gone, a deadline.
   std::function<bool()> should_stop;
 };
 

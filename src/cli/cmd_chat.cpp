@@ -20,14 +20,16 @@
 namespace plumb::cli {
 
 namespace {
-// Ctrl-C while a reply streams stops that reply (GenerateOptions::should_stop), not the chat; at the prompt it
-// ends the program as usual. The handler is installed for the reply's generation only.
+// Ctrl-C while a reply streams stops that reply (GenerateOptions::should_stop), not the chat; while the message
+// prefills it stops the prefill and the message is not sent (the session is put back); at the prompt it ends the
+// program as usual. The handler is installed for the turn's generation only.
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_interrupt(int) { g_interrupted = 1; }
 
 class InterruptStopsReply {
  public:
-  // SA_RESETHAND: a second Ctrl-C (a long prefill, asked only after its first token) ends the program as usual;
+  // SA_RESETHAND: a second Ctrl-C (before the first is answered: the prefill asks after each layer on the CPU, after
+  // each pass of --prefill-chunk tokens on the GPU) ends the program as usual;
   // SA_RESTART: the reply's writes are not cut by the signal. A process started with Ctrl-C ignored keeps that.
   InterruptStopsReply() {
     g_interrupted = 0;
@@ -153,6 +155,10 @@ class ChatLoop {
     }
     if (!newline) std::fputc('\n', stdout);
     std::fflush(stdout);
+    if (r.stop == StopReason::Cancelled && r.tokens.empty()) {  // stopped while prefilling: the session is as before
+      std::fprintf(stderr, "(message not sent: Ctrl-C stopped its prefill; the conversation is as it was)\n");
+      return;
+    }
     if (r.stop == StopReason::Cancelled) std::fprintf(stderr, "(reply stopped: Ctrl-C; the conversation goes on)\n");
     started_ = true;
     ++turns_;
@@ -184,7 +190,8 @@ class ChatLoop {
     } else if (cmd == "/save") {
       save(arg);
     } else if (cmd == "/help") {
-      fmt::print("Ctrl-C       while a reply streams: stop that reply (at the prompt: leave)\n"
+      fmt::print("Ctrl-C       while a reply streams: stop that reply; while a message prefills: take it back\n"
+                 "             (at the prompt: leave)\n"
                  "/reset       start a new conversation (clears the cache)\n"
                  "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
                  "/save FILE   write the transcript as JSON messages\n"

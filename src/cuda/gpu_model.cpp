@@ -429,6 +429,47 @@ class GpuForward : public DeviceForward {
     }
   }
 
+  // StateMark::dev: what a forward overwrites in the session's device caches (the window's key ring, the compressors'
+  // pending rows and CSA's previous series, cuda.comp_deferred's kept inputs and where they start), copied to the
+  // host: a few windows of rows per layer. The entries only grow and their count follows from the position, so they
+  // are kept as they are (rows past the restored count are rewritten before any kernel reads them).
+  struct DeviceMark {
+    std::vector<std::vector<char>> bufs;  // marked_buffers' contents, in their order
+    int64_t defer_from = 0;
+  };
+  template <class State>
+  static auto marked_buffers(State& ds) {
+    std::vector<decltype(&ds.layers[0].ring)> out;
+    for (auto& l : ds.layers)
+      for (auto* b : {&l.ring, &l.comp.pend_kv, &l.comp.pend_gate, &l.comp.prev_kv, &l.comp.prev_gate, &l.icomp.pend_kv,
+                      &l.icomp.pend_gate, &l.icomp.prev_kv, &l.icomp.prev_gate, &l.xring, &l.xpos})
+        if (b->bytes() > 0) out.push_back(b);
+    return out;
+  }
+  std::shared_ptr<void> mark(const SessionState& st) const override {
+    synchronize();  // (the forwards queued before the mark have written what it copies)
+    auto m = std::make_shared<DeviceMark>();
+    m->defer_from = st.dev->defer_from;
+    for (const DeviceBuffer* b : marked_buffers(*st.dev)) {
+      m->bufs.emplace_back(b->bytes());
+      b->download(m->bufs.back().data(), b->bytes());
+    }
+    return m;
+  }
+  void rollback(SessionState& st, const void* mark) const override {
+    const auto& m = *static_cast<const DeviceMark*>(mark);
+    synchronize();  // (a pass stopped or failed may still be running: it must not write after the restore)
+    const auto bufs = marked_buffers(*st.dev);
+    PLUMB_CHECK(bufs.size() == m.bufs.size(), "rollback: the mark holds {} device buffers, the session {} (not this session's mark)",
+                m.bufs.size(), bufs.size());
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      PLUMB_CHECK(bufs[i]->bytes() == m.bufs[i].size(), "rollback: device buffer {} is {} bytes, its mark {}", i,
+                  bufs[i]->bytes(), m.bufs[i].size());
+      bufs[i]->upload(m.bufs[i].data(), m.bufs[i].size());
+    }
+    st.dev->defer_from = m.defer_from;
+  }
+
  private:
   // Runs the forward pass for these tokens and returns the device logits [n or 1 or 0, vocab] (valid until the next
   // call).

@@ -74,6 +74,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
     const int64_t from = session.position(), at = from + int64_t(tokens.size()) - 1;
     try {
       return session.forward_sample(tokens, sampler, history);
+    } catch (const Stopped&) {
+      throw;  // (not a failure: the prompt's feed was stopped, below)
     } catch (const Error& e) {
       if (r.tokens.empty())
         fail("prefilling the prompt's {} tokens (positions {}-{}) and sampling token 1 from the last one's logits: {}",
@@ -83,8 +85,28 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   };
 
   // forward_sample: the logits stay on the device where the backend has one (the first sample counts as prefill).
+  // should_stop is the session's prefill stop meanwhile: a stop there ends the generation before its first token,
+  // the session as it was (Session::set_prefill_stop).
   auto t0 = std::chrono::steady_clock::now();
-  int32_t id = feed_sample(prompt);
+  int32_t id = -1;
+  {
+    struct PutBack {  // the session's own stop function back, however the feed ends (none set here: nothing to do)
+      Session* s;
+      std::function<bool()> before;
+      ~PutBack() {
+        if (s) s->set_prefill_stop(std::move(before));
+      }
+    };
+    const PutBack put_back{opt.should_stop ? &session : nullptr,
+                           opt.should_stop ? session.set_prefill_stop(opt.should_stop) : std::function<bool()>()};
+    try {
+      id = feed_sample(prompt);
+    } catch (const Stopped&) {
+      r.stop = StopReason::Cancelled;
+      r.prefill_seconds = seconds_since(t0);
+      return r;
+    }
+  }
   r.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   bool stopped_by_string = false;

@@ -95,6 +95,62 @@ void Model::reserve(SessionState& st, int64_t positions) const {
   if (device_ && st.dev) device_->reserve(st, positions);
 }
 
+namespace {
+
+// A compressor's state without its entries (StateMark::layers), and the restore of one, whose entries are cut back
+// to the mark's count (rows appended since are dropped; the rows before are never rewritten).
+CompressorState without_entries(const CompressorState& s) {
+  CompressorState m;
+  m.pend_kv = s.pend_kv, m.pend_gate = s.pend_gate, m.pending = s.pending;
+  m.prev_kv = s.prev_kv, m.prev_gate = s.prev_gate, m.has_prev = s.has_prev;
+  m.n_entries = s.n_entries;
+  return m;
+}
+void restore(CompressorState& s, const CompressorState& m) {
+  PLUMB_CHECK(m.n_entries <= s.n_entries, "rollback: the mark has {} compressed entries, the session {} (not this session's mark)",
+              m.n_entries, s.n_entries);
+  const size_t row = s.n_entries > 0 ? s.entries.size() / size_t(s.n_entries) : 0;
+  std::vector<float> entries = std::move(s.entries);
+  entries.resize(size_t(m.n_entries) * row);
+  s = m;
+  s.entries = std::move(entries);
+}
+
+}  // namespace
+
+StateMark Model::mark(const SessionState& st) const {
+  StateMark m;
+  m.pos = st.pos;
+  if (st.dev) {
+    m.dev = device_->mark(st);
+    return m;
+  }
+  m.layers.reserve(st.layers.size());
+  for (const LayerState& l : st.layers) {
+    LayerState c;
+    c.win_kv = l.win_kv, c.win_pos = l.win_pos;
+    c.comp = without_entries(l.comp), c.index_comp = without_entries(l.index_comp);
+    m.layers.push_back(std::move(c));
+  }
+  return m;
+}
+
+void Model::rollback(SessionState& st, const StateMark& m) const {
+  PLUMB_CHECK(m.pos <= st.pos && bool(m.dev) == bool(st.dev) && m.layers.size() == st.layers.size(),
+              "rollback: a mark at position {} does not fit this session (at position {})", m.pos, st.pos);
+  if (st.dev) {
+    device_->rollback(st, m.dev.get());
+  } else {
+    for (size_t i = 0; i < st.layers.size(); ++i) {
+      LayerState& l = st.layers[i];
+      l.win_kv = m.layers[i].win_kv, l.win_pos = m.layers[i].win_pos;
+      restore(l.comp, m.layers[i].comp);
+      restore(l.index_comp, m.layers[i].index_comp);
+    }
+  }
+  st.pos = m.pos;
+}
+
 Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows,
                       const std::function<void(int)>& on_layer) const {
   const auto& c = cfg_;

@@ -35,6 +35,10 @@ class DeviceForward {
                                  std::span<const int32_t> history, std::vector<float>& no_finite_row) const = 0;
   // Sizes the session's growing caches for positions [0, positions) (see Model::reserve).
   virtual void reserve(SessionState& st, int64_t positions) const = 0;
+  // StateMark::dev: a copy of what a forward overwrites in the session's device caches, and its restore (after the
+  // forwards queued since the mark have run).
+  virtual std::shared_ptr<void> mark(const SessionState& st) const = 0;
+  virtual void rollback(SessionState& st, const void* mark) const = 0;
   // What loading took of the device's memory (ModelInfo's device fields; empty if the backend has nothing to say).
   struct Memory {
     std::string device;
@@ -79,6 +83,10 @@ class Model {
   // less (cuda: at most 65536 positions); no-op on the CPU backend, whose caches cost nothing to grow. positions is
   // clamped to the model's context.
   void reserve(SessionState& state, int64_t positions) const;
+  // What rollback() needs to put `state` back as it is now, after any forwards (StateMark). A forward stopped
+  // halfway (an exception from its on_layer) may leave part of its layers written: rollback restores them all.
+  StateMark mark(const SessionState& state) const;
+  void rollback(SessionState& state, const StateMark& mark) const;
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }

@@ -36,4 +36,14 @@ struct SessionState {
   int64_t pos = 0;  // tokens consumed so far = position of the next token
 };
 
+// A session's state before a call, enough to put it back (Model::mark / Model::rollback: a stopped prefill leaves
+// the session as it was). What later positions overwrite is copied (the window's keys, the compressors' pending
+// rows and CSA's previous series); the compressed entries, which only grow, are kept by their count. So a mark
+// costs a few windows of rows per layer, whatever the context.
+struct StateMark {
+  int64_t pos = 0;
+  std::vector<LayerState> layers;  // the CPU reference's, without entries (CompressorState::n_entries: how many to keep)
+  std::shared_ptr<void> dev;       // the CUDA backend's (DeviceForward::mark), opaque here
+};
+
 }  // namespace plumb

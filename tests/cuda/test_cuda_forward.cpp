@@ -1008,6 +1008,62 @@ TEST_F(GpuTest, NoFiniteLogitIsTheHostSamplersError) {
     }
 }
 
+// Session::set_prefill_stop on the GPU: a prefill (passes of 7 tokens) stopped before its first pass or after any
+// pass but its last is put back: the window's key ring, the compressors' pending rows and CSA's previous series, and
+// under cuda.fast cuda.comp_deferred's kept inputs (the session decodes 3 one-token steps first, so rows are kept),
+// so the calls after give the logits of a session never stopped, bit for bit, eager or graph-replayed. csa-long: CSA
+// and HCA windows of 4 and 8, a sliding window of 8; the stopped call starts mid-window.
+TEST_F(GpuTest, AStoppedPrefillLeavesTheDeviceCachesAsTheyWere) {
+  auto ids = [](size_t n, int salt) {
+    std::vector<int32_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
+    return t;
+  };
+  const auto head = ids(10, 1), body = ids(60, 2), tail = ids(9, 3);
+  for (const char* patches : {"", "cuda.fast"}) {
+    plumb::EngineOptions o;
+    o.backend = "cuda", o.patches = patches, o.prefill_chunk = 7;
+    const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    auto started = [&] {
+      auto s = engine->new_session();
+      s->forward(head);
+      for (int32_t t : {5, 6, 7}) s->forward(std::vector<int32_t>{t});
+      return s;
+    };
+    auto ref = started();
+    const auto want_body = ref->forward_all(body), want_tail = ref->forward_all(tail);
+    std::vector<float> want_steps;
+    for (int32_t t : {8, 9, 10, 11, 12}) {
+      const auto l = ref->forward(std::vector<int32_t>{t});
+      want_steps.insert(want_steps.end(), l.begin(), l.end());
+    }
+    int asks = 0;
+    {
+      auto s = started();
+      s->set_prefill_stop([&] { return ++asks, false; });
+      EXPECT_EQ(s->forward_all(body), want_body) << patches;
+    }
+    ASSERT_EQ(asks, 9) << patches;  // before the first of 9 passes, then after each but the last
+    for (int k = 1; k <= asks; ++k) {
+      auto s = started();
+      int n = 0;
+      s->set_prefill_stop([&] { return ++n == k; });
+      EXPECT_THROW(s->forward_all(body), plumb::Stopped) << patches << " point " << k;
+      ASSERT_EQ(s->position(), 13) << patches << " point " << k;
+      const auto got_body = s->forward_all(body), got_tail = s->forward_all(tail);
+      std::vector<float> got_steps;
+      for (int32_t t : {8, 9, 10, 11, 12}) {
+        const auto l = s->forward(std::vector<int32_t>{t});
+        got_steps.insert(got_steps.end(), l.begin(), l.end());
+      }
+      ASSERT_EQ(got_body.size(), want_body.size());
+      EXPECT_EQ(std::memcmp(got_body.data(), want_body.data(), 4 * got_body.size()), 0) << patches << ": the call again, point " << k;
+      EXPECT_EQ(std::memcmp(got_tail.data(), want_tail.data(), 4 * got_tail.size()), 0) << patches << ": the next call, point " << k;
+      EXPECT_EQ(std::memcmp(got_steps.data(), want_steps.data(), 4 * got_steps.size()), 0) << patches << ": decode after, point " << k;
+    }
+  }
+}
+
 // The load reports its binding (stage "layers") and then the copy onto the GPU (stage "upload"), each layer once and
 // in order, so the CLI's line can say where a long upload is.
 TEST_F(GpuTest, EngineApiRunsOnCuda) {

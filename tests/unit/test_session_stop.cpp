@@ -1,0 +1,138 @@
+// Session::set_prefill_stop: a multi-token call stopped at any of its points (or by its progress function throwing)
+// leaves the session as it was before the call, caches and all; generate() stops a prompt's prefill the same way.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "plumb/engine.h"
+#include "plumb/text.h"
+
+namespace {
+
+// n token ids of the fixture's 256-token vocabulary, a different run for each salt.
+std::vector<int32_t> ids(size_t n, int salt) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
+  return t;
+}
+
+// csa-long: 3 layers, CSA and HCA windows of 4 and 8 tokens, a sliding window of 8, so a call of 60 tokens in passes
+// of 7 crosses every kind of cache boundary (window keys overwritten, pending rows completing entries, CSA's previous
+// series replaced) between any two of its points. The session starts mid-window: 13 tokens fed.
+struct StopFixture : ::testing::Test {
+  static std::shared_ptr<plumb::Engine> engine() {
+    static auto e = [] {
+      plumb::EngineOptions o;
+      o.prefill_chunk = 7;
+      return plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    }();
+    return e;
+  }
+  const std::vector<int32_t> head = ids(13, 1), body = ids(60, 2), tail = ids(9, 3);
+  std::unique_ptr<plumb::Session> started() {
+    auto s = engine()->new_session();
+    s->forward(head);
+    return s;
+  }
+};
+
+// A stop at each of the call's points: before its first pass, then after each layer of each of its 9 passes (8 of 7
+// tokens and one of 4) but the last layer of the last. After each, the session is at its position before the call and
+// its next calls give the logits of a session never stopped, bit for bit (the caches were put back whole).
+TEST_F(StopFixture, AStopAtAnyPointLeavesTheSessionAsItWas) {
+  auto ref = started();
+  const auto want_body = ref->forward_all(body), want_tail = ref->forward_all(tail);
+  int asks = 0;
+  {
+    auto s = started();
+    s->set_prefill_stop([&] { return ++asks, false; });
+    EXPECT_EQ(s->forward_all(body), want_body);  // asked, never stopping: the results of a session without it
+  }
+  ASSERT_EQ(asks, 1 + 9 * 3 - 1);
+  for (int k = 1; k <= asks; ++k) {
+    auto s = started();
+    int n = 0;
+    s->set_prefill_stop([&] { return ++n == k; });
+    try {
+      s->forward_all(body);
+      ADD_FAILURE() << "not stopped at point " << k;
+    } catch (const plumb::Stopped& e) {
+      EXPECT_NE(std::string(e.what()).find("of the call's 60 tokens (Session::set_prefill_stop): the session is as it was "
+                                           "before the call"), std::string::npos) << e.what();
+    }
+    ASSERT_EQ(s->position(), 13) << "stopped at point " << k;
+    EXPECT_EQ(s->forward_all(body), want_body) << "after a stop at point " << k;  // (asked again, not stopping)
+    EXPECT_EQ(s->forward_all(tail), want_tail) << "after a stop at point " << k;
+  }
+}
+
+// Every call that feeds several tokens is stoppable (forward, forward_all, forward_sample), one-token calls are not
+// asked, and set_prefill_stop returns the function it replaces.
+TEST_F(StopFixture, EveryMultiTokenCallIsStoppableAndOneTokenCallsAreNotAsked) {
+  auto ref = started();
+  auto s = started();
+  int asked = 0;
+  const auto always = [&] { return ++asked, true; };
+  EXPECT_FALSE(s->set_prefill_stop(always));  // none before
+  EXPECT_THROW(s->forward(body), plumb::Stopped);
+  plumb::Sampler sampler(plumb::SamplingParams{}, engine()->info().vocab_size);
+  EXPECT_THROW(s->forward_sample(body, sampler, body), plumb::Stopped);
+  EXPECT_EQ(asked, 2);  // each stopped before its first pass
+  EXPECT_EQ(s->position(), 13);
+  s->forward(std::vector<int32_t>{7});  // one token: not asked
+  EXPECT_EQ(asked, 2);
+  auto previous = s->set_prefill_stop({});
+  ASSERT_TRUE(previous);
+  previous();
+  EXPECT_EQ(asked, 3);  // the function given back is the one set
+  ref->forward(std::vector<int32_t>{7});
+  EXPECT_EQ(s->forward(tail), ref->forward(tail));
+}
+
+// A progress function that throws ends the call with its exception, and the session is put back as for a stop
+// (the pass it interrupted had written part of its layers).
+TEST_F(StopFixture, AProgressFunctionThatThrowsLeavesTheSessionAsItWas) {
+  auto ref = started();
+  const auto want = ref->forward(body);
+  auto s = started();
+  s->set_prefill_progress([](int64_t done, int64_t) {
+    if (done >= 30) throw std::runtime_error("the front end went away");
+  });
+  EXPECT_THROW(s->forward(body), std::runtime_error);
+  EXPECT_EQ(s->position(), 13);
+  s->set_prefill_progress({});
+  EXPECT_EQ(s->forward(body), want);
+}
+
+// generate(): should_stop is asked while the prompt prefills; a stop there returns Cancelled with no token and the
+// session as it was, and the session's own stop function is back afterwards (also when generate() ran to the end).
+TEST_F(StopFixture, GenerateStopsAPrefillAndPutsTheSessionsStopBack) {
+  const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  auto s = started();
+  int own = 0;
+  s->set_prefill_stop([&] { return ++own, false; });
+  plumb::GenerateOptions g;
+  g.sampling.temperature = 0, g.max_tokens = 3, g.stop_at_eos = false;
+  int asked = 0;
+  g.should_stop = [&] { return ++asked == 4; };  // at the end of the first pass
+  const auto r = plumb::generate(*s, tok, body, g);
+  EXPECT_EQ(r.stop, plumb::StopReason::Cancelled);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_TRUE(r.text.empty());
+  EXPECT_EQ(r.unfed, -1);
+  EXPECT_EQ(s->position(), 13);
+  EXPECT_EQ(asked, 4);
+  EXPECT_EQ(own, 0);  // replaced while generate() ran
+  s->forward(tail);
+  EXPECT_GT(own, 0);  // and back after it
+  const int before = own;
+  g.should_stop = [] { return false; };
+  const auto full = plumb::generate(*s, tok, body, g);
+  EXPECT_EQ(full.stop, plumb::StopReason::Length);
+  EXPECT_EQ(full.tokens.size(), 3u);
+  EXPECT_EQ(own, before);
+  s->forward(tail);
+  EXPECT_GT(own, before);
+}
+
+}  // namespace
