@@ -2,7 +2,7 @@
 # `plumb chat` in a real pseudo-terminal (tmux): three turns on the bundled model, checking that each reply
 # appears, that the model remembers the first turn in the third (the cache is kept), and that /stats after the
 # second turn reports a prefill of exactly that turn's own tokens (the previous reply's closing EOS + the user
-# turn + the assistant opening), not the whole history. Exit 77 (CTest SKIP_RETURN_CODE) without tmux.
+# turn + the assistant opening), not the whole history; then Ctrl-C during a reply and during a prefill. Exit 77 (CTest SKIP_RETURN_CODE) without tmux.
 # Usage: tests/cli/chat_tmux.sh [PLUMB_BINARY]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -104,5 +104,35 @@ generated=$(reply 2 | sed -n 's/^last turn: .*generated tokens: \([0-9]*\) (canc
 say "/quit"
 for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
 pane | grep -q CHAT-EXITED && ok "the chat went on and /quit left" || bad "after Ctrl-C the chat did not /quit"
+
+# Ctrl-C while a message prefills takes the message back: the session is put back (/stats: no turn, 0 tokens
+# cached) and the chat goes on. A prefill of ~1700 tokens in one-token passes (--prefill-chunk 1: a stop point after
+# each layer of each) takes seconds; Ctrl-C goes once its progress line shows. The pane's terminal is non-canonical
+# (stty -icanon) so that a line may pass the 4095 bytes a canonical tty line holds; Ctrl-C still raises SIGINT.
+sess=chat3
+long=$(python3 -c "
+import random
+random.seed(1)
+w = ['the', 'fox', 'river', 'stone', 'blue', 'quick', 'small', 'house', 'tree', 'sky']
+print(' '.join(random.choice(w) for _ in range(1600)))")
+tmux -L "$sock" new-session -d -s "$sess" -x 250 -y 60 \
+  "cd '$root' && stty -icanon && '$plumb' chat --temperature 0 -n 1 --prefill-chunk 1; echo CHAT-EXITED; sleep 60"
+wait_prompts 1 || exit 1
+say "$long"
+for _ in $(seq 300); do pane | grep -q 'prefill: [0-9]* / [0-9]* tokens' && break; sleep 0.1; done
+tmux -L "$sock" send-keys -t "$sess" C-c
+wait_prompts 2 || exit 1
+pane | grep -q '^(message not sent: Ctrl-C stopped its prefill; the conversation is as it was)$' &&
+  ok "Ctrl-C during the prefill took the message back" || { bad "Ctrl-C during a prefill:"; pane | tail -5; }
+say "/stats"
+wait_prompts 3 || exit 1
+reply 2 | grep -q '^no turn yet; session: 0 tokens cached' && ok "/stats: no turn, nothing cached" ||
+  bad "/stats after a stopped prefill: $(reply 2)"
+say "Hello!"
+wait_prompts 4 || exit 1
+[ -n "$(reply 3)" ] && ok "the next message is answered: $(reply 3)" || bad "no reply after a stopped prefill"
+say "/quit"
+for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
+pane | grep -q CHAT-EXITED && ok "/quit left" || bad "after a stopped prefill the chat did not /quit"
 
 finish chat_tmux
