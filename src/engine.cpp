@@ -2,6 +2,7 @@
 #include "plumb/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "core/notice.h"
@@ -19,7 +20,16 @@ int32_t Session::forward_sample(std::span<const int32_t> tokens, Sampler& sample
   return sampler.sample(logits, history);
 }
 
+std::shared_ptr<const SessionCheckpoint> Session::checkpoint() const {
+  fail("checkpoint: this Session takes no checkpoints (only the library's sessions do: Engine::new_session)");
+}
+void Session::restore(const SessionCheckpoint&) {
+  fail("restore: this Session takes no checkpoints (only the library's sessions do: Engine::new_session)");
+}
+
 namespace {
+
+std::atomic<uint64_t> g_session_ids{0};
 
 class ModelSession : public Session {
  public:
@@ -59,7 +69,25 @@ class ModelSession : public Session {
   std::function<bool()> set_prefill_stop(std::function<bool()> fn) override { return std::exchange(stop_, std::move(fn)); }
   void reserve(int64_t positions) override { m_->reserve(st_, positions); }
   int64_t position() const override { return st_.pos; }
-  void reset() override { st_ = m_->new_state(); }
+  void reset() override {
+    st_ = m_->new_state();
+    rewound(0);
+  }
+  std::shared_ptr<const SessionCheckpoint> checkpoint() const override {
+    auto cp = std::make_shared<Checkpoint>();
+    cp->session = id_, cp->serial = ++serial_, cp->mark = m_->mark(st_);
+    return cp;
+  }
+  void restore(const SessionCheckpoint& base) override {
+    const auto* cp = dynamic_cast<const Checkpoint*>(&base);
+    PLUMB_CHECK(cp && cp->session == id_, "restore: the checkpoint (at position {}) is another session's", base.position());
+    for (const auto& [serial, pos] : rewinds_)
+      PLUMB_CHECK(serial < cp->serial || pos >= cp->mark.pos, "restore: the checkpoint at position {} was left behind when "
+                  "the session went back to position {} ({}): the positions after that were fed anew",
+                  cp->mark.pos, pos, pos == 0 ? "reset() or a restore" : "a restore");
+    m_->rollback(st_, cp->mark);
+    rewound(cp->mark.pos);
+  }
   const ModelInfo& info() const override { return *info_; }
 
  private:
@@ -70,6 +98,25 @@ class ModelSession : public Session {
   std::function<void(int64_t, int64_t)> progress_;
   std::function<bool()> stop_;
   bool unwinding_ = false;  // an exception (a stop) left a callback of the call in progress: roll it back
+
+  // Checkpoints: each names its session and where it sits among the timeline's events (serial); each time the
+  // session goes back (reset, restore, a stopped call), the position it went back to is kept, and a checkpoint made
+  // before a rewind below its position is refused (the entries it counts were fed anew).
+  struct Checkpoint : SessionCheckpoint {
+    uint64_t session = 0;
+    int64_t serial = 0;
+    StateMark mark;
+    int64_t position() const override { return mark.pos; }
+  };
+  const uint64_t id_ = ++g_session_ids;
+  mutable int64_t serial_ = 0;
+  // (serial, position gone back to), positions increasing: a rewind makes the earlier ones at or past its position
+  // redundant (a checkpoint they would refuse, it refuses too), so a reset() empties the list but for itself.
+  std::vector<std::pair<int64_t, int64_t>> rewinds_;
+  void rewound(int64_t pos) {
+    while (!rewinds_.empty() && rewinds_.back().second >= pos) rewinds_.pop_back();
+    rewinds_.push_back({++serial_, pos});
+  }
 
   // Runs a call's passes so that a stop, or an exception from the progress function, leaves the session as it was
   // before the call: with either function set, a multi-token call marks the session first (Model::mark) and the
@@ -84,6 +131,7 @@ class ModelSession : public Session {
     } catch (...) {
       if (!std::exchange(unwinding_, false)) throw;
       m_->rollback(st_, mark);
+      rewound(mark.pos);
       throw;
     }
   }

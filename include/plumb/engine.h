@@ -46,6 +46,18 @@ struct ModelInfo {
 
 class Session;
 
+// A point of one session's timeline (Session::checkpoint) to come back to with Session::restore: to score several
+// continuations of one prefix, or to take back a chat turn. It holds what later calls overwrite (each layer's window
+// rows and its compressors' pending rows, on the host; the compressed entries, which only grow, by their count), not
+// the cache: the same size at any context (V4-Flash: up to ~22 MB on the CPU, ~14 MB on the GPU, ~63 MB under
+// cuda.fast, whose one-token steps keep their compressor inputs until a window completes). Shared and immutable; it
+// may outlive its session.
+class SessionCheckpoint {
+ public:
+  virtual ~SessionCheckpoint() = default;
+  virtual int64_t position() const = 0;  // the session's position() when it was taken
+};
+
 // The CPU threads of the reference backend's matrix products, attention heads and indexer entries, process-wide
 // (0: every core, 1: serial). Each output row, head or entry is one thread's work, so the results are the same bits
 // for any count.
@@ -114,6 +126,15 @@ class Session {
     (void)should_stop;
     return {};
   }
+  // Where the session is now, to come back to (SessionCheckpoint). The library's sessions on either backend; the
+  // default throws plumb::Error (a Session of your own has no caches this API knows).
+  virtual std::shared_ptr<const SessionCheckpoint> checkpoint() const;
+  // Back to a checkpoint of this session: position() is its position and the next calls give the logits they gave
+  // after it (on the GPU, whose graphs stay captured, bit for bit too). Refused with plumb::Error, the session
+  // unchanged, for another session's checkpoint or one the session has left behind since: by reset(), or by a
+  // restore() to an earlier point (the positions after that were fed anew, so the entries the checkpoint counts are
+  // gone). A checkpoint stays usable for any number of restores to it.
+  virtual void restore(const SessionCheckpoint& cp);
   // A hint that the session will reach `positions` tokens: backends with device caches size them now, so that
   // generation does not pause to grow them (and re-capture its decode graph) on the way. Default: nothing.
   virtual void reserve(int64_t positions) { (void)positions; }

@@ -1,6 +1,8 @@
 // `plumb chat [-m DIR]`: a multi-turn conversation on one Session. The cache is kept between turns, so each
 // turn prefills only its own tokens (the reply's closing EOS, the user turn, the assistant opening), never the
-// history. Commands: /reset, /stats, /save FILE, /quit, /help. Works on a terminal and on piped stdin.
+// history. Commands: /undo, /retry, /reset, /stats, /save FILE, /quit, /help. Works on a terminal and on piped stdin.
+// Each turn starts from a session checkpoint (Session::checkpoint): /undo and /retry go back to it, and so does a
+// turn that fails after its tokens were fed.
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -104,6 +107,8 @@ class ChatLoop {
  private:
   void reset() {
     session_->reset();
+    undo_.reset();
+    retries_ = 0;
     transcript_.clear();
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
     carry_.clear();
@@ -114,7 +119,30 @@ class ChatLoop {
     total_prefill_ = total_generated_ = 0;
   }
 
-  void turn(const std::string& user) {
+  // The loop's state before a turn, with the session's checkpoint then: what /undo and /retry go back to.
+  struct TurnStart {
+    std::shared_ptr<const SessionCheckpoint> cp;
+    std::string user;
+    std::vector<int32_t> carry;
+    bool started = false;
+    int turns = 0;
+    size_t transcript = 0;
+    TurnStats last;
+    int64_t total_prefill = 0, total_generated = 0;
+  };
+  TurnStart turn_start(const std::string& user) const {
+    return {session_->checkpoint(), user, carry_, started_, turns_, transcript_.size(), last_, total_prefill_, total_generated_};
+  }
+  // Back to before a turn (the session restored first: if that fails, nothing else changes).
+  void go_back(const TurnStart& t) {
+    session_->restore(*t.cp);
+    carry_ = t.carry, started_ = t.started, turns_ = t.turns, last_ = t.last;
+    transcript_.resize(t.transcript);
+    total_prefill_ = t.total_prefill, total_generated_ = t.total_generated;
+  }
+
+  // `retry`: the turn again (after /retry's go_back), drawing with the next retry's seed.
+  void turn(const std::string& user, bool retry = false) {
     if (failed_) {  // the cache holds a failed turn's tokens, which the transcript does not: no turn can follow them
       std::fprintf(stderr, "error: the last reply failed after its tokens were fed: /save FILE keeps the transcript, "
                    "/reset starts a new conversation\n");
@@ -128,7 +156,10 @@ class ChatLoop {
     const auto ids = tok_.encode(text);
     prompt.insert(prompt.end(), ids.begin(), ids.end());
     GenerateOptions g = gopt_;
-    g.sampling.seed = seed_ + uint64_t(turns_);  // reproducible per turn, not the same draws every turn
+    retries_ = retry ? retries_ + 1 : 0;
+    // Reproducible per turn, not the same draws every turn, nor on each /retry of one.
+    g.sampling.seed = seed_ + uint64_t(turns_) + kRetrySeedStep * uint64_t(retries_);
+    TurnStart start = turn_start(user);
     bool newline = true;
     GenerateResult r;
     const int64_t before = session_->position();
@@ -147,10 +178,20 @@ class ChatLoop {
       std::fflush(stdout);
       std::fprintf(stderr, "error: %s\n", e.what());
       // An error found before the session was touched (a turn past the context) leaves the conversation as it was; one
-      // after (a backend failure, logits without a finite value) leaves tokens in the cache that the transcript lacks.
-      failed_ = session_->position() != before;
-      if (failed_) std::fprintf(stderr, "(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a new one)\n");
-      else if (session_->position() > 0) std::fprintf(stderr, "(use /reset to start a new conversation)\n");
+      // after (a backend failure, logits without a finite value) left tokens in the cache that the transcript lacks:
+      // the turn's checkpoint takes them back (should that fail too, the chat cannot go on).
+      if (session_->position() != before) {
+        try {
+          go_back(start);
+          std::fprintf(stderr, "(the turn was taken back: the conversation is as it was before it)\n");
+        } catch (const Error& e2) {
+          failed_ = true;
+          std::fprintf(stderr, "error: %s\n(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a "
+                       "new one)\n", e2.what());
+        }
+      } else if (session_->position() > 0) {
+        std::fprintf(stderr, "(use /reset to start a new conversation)\n");
+      }
       return;
     }
     if (!newline) std::fputc('\n', stdout);
@@ -168,6 +209,7 @@ class ChatLoop {
     transcript_.push_back({"user", user, ""});
     transcript_.push_back(parse_reply(r.text, o_.mode.think));
     last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
+    undo_ = std::move(start);
     total_prefill_ += last_.prefill;
     total_generated_ += last_.generated;
     if (r.stop == StopReason::Context)
@@ -185,6 +227,8 @@ class ChatLoop {
     if (cmd == "/reset") {
       reset();
       fmt::print("(conversation reset)\n");
+    } else if (cmd == "/undo" || cmd == "/retry") {
+      undo_or_retry(cmd == "/retry");
     } else if (cmd == "/stats") {
       stats();
     } else if (cmd == "/save") {
@@ -192,6 +236,8 @@ class ChatLoop {
     } else if (cmd == "/help") {
       fmt::print("Ctrl-C       while a reply streams: stop that reply; while a message prefills: take it back\n"
                  "             (at the prompt: leave)\n"
+                 "/undo        take back the last turn (your message and its reply; one turn)\n"
+                 "/retry       draw the last reply again (the next seed; greedy gives the same reply)\n"
                  "/reset       start a new conversation (clears the cache)\n"
                  "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
                  "/save FILE   write the transcript as JSON messages\n"
@@ -203,6 +249,30 @@ class ChatLoop {
     }
     std::fflush(stdout);
     return true;
+  }
+
+  void undo_or_retry(bool retry) {
+    if (!undo_ || failed_) {
+      fmt::print(stderr, "error: {}: no turn to {} (only the last turn can be; /reset starts over)\n", retry ? "/retry" : "/undo",
+                 retry ? "draw again" : "take back");
+      return;
+    }
+    const TurnStart t = std::move(*undo_);
+    undo_.reset();
+    try {
+      go_back(t);
+    } catch (const Error& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return;
+    }
+    if (!retry) {
+      fmt::print("(took back the last turn; the conversation is as it was before it)\n");
+      return;
+    }
+    std::fflush(stdout);
+    fmt::print(stderr, "(drawing the reply again)\n");
+    turn(t.user, true);
+    if (!undo_) undo_ = t;  // (a retry stopped in its prefill or failed: the turn can still be retried)
   }
 
   void stats() {
@@ -253,7 +323,10 @@ class ChatLoop {
   std::vector<ChatMessage> transcript_;
   std::vector<int32_t> carry_;
   bool started_ = false;
-  bool failed_ = false;  // a turn failed after feeding the session (see turn())
+  bool failed_ = false;  // a turn failed after feeding the session and its checkpoint could not be restored (turn())
+  std::optional<TurnStart> undo_;  // the last turn's start (/undo, /retry), if it can be gone back to
+  int retries_ = 0;                // /retry's of the last turn
+  static constexpr uint64_t kRetrySeedStep = 1000003;  // each /retry's seed: + this (a turn's: the session seed + its number)
   int turns_ = 0;
   TurnStats last_;
   int64_t total_prefill_ = 0, total_generated_ = 0;

@@ -161,18 +161,36 @@ rc=$?
   ok "chat: '  /save F ' and a tab before /quit are commands" ||
   bad "chat commands after blanks: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
 # Logits without a finite value are an error (never a token); here a repeat penalty overflows the bundled model's
-# finite logits, which the message says. In a chat the failed turn's tokens are in the cache but not the transcript:
-# further messages are refused until /reset; the blanks before an escaped slash stay ("  //x" sends "  /x").
+# finite logits, which the message says. In a chat the failed turn's tokens were fed: the turn's checkpoint takes
+# them back, so the cache matches the transcript again (/stats: nothing cached) and the chat goes on; the blanks
+# before an escaped slash stay ("  //x" sends "  /x").
 check_error "run: a penalty that overflows the logits" "the penalties made the model's finite logits so (repeat_penalty (--repeat-penalty) 1e-40" \
   "$plumb" run -q -p "Once upon a time" --repeat-penalty 1e-40 -n 5 --temperature 0
-printf 'hi\nhello\n/save %s\n/reset\n/stats\n' "$tmp/failed.json" |
+printf 'hi\nhello\n/stats\n/save %s\n' "$tmp/failed.json" |
   "$plumb" chat -q -n 3 --repeat-penalty 1e-40 --seed 1 >"$tmp/c.out" 2>"$tmp/c.err"
 rc=$?
-[ $rc -eq 0 ] && grep -q "^(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a new one)$" "$tmp/c.err" &&
-  grep -q "^error: the last reply failed after its tokens were fed" "$tmp/c.err" &&
+[ $rc -eq 0 ] && [ "$(grep -c "^(the turn was taken back: the conversation is as it was before it)$" "$tmp/c.err")" = 2 ] &&
+  [ "$(grep -c "^error: prefilling the prompt's .* the penalties made the model's finite logits so" "$tmp/c.err")" = 2 ] &&
   grep -q "no turn yet; session: 0 tokens cached" "$tmp/c.out" && grep -q "saved 0 messages" "$tmp/c.out" &&
-  ok "chat: a reply that fails after feeding refuses the next message until /reset" ||
+  ok "chat: a reply that fails after feeding is taken back and the chat goes on" ||
   bad "chat after a failed reply: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+# /undo takes back the last turn: the session goes back to its checkpoint, so the same message again gets the same
+# greedy reply (the cache as it was), and the transcript loses the turn; /retry draws the last reply again (greedy:
+# the same reply); with no turn to go back to, both are error lines and the chat goes on.
+printf '/undo\nMy name is Tom.\nWhat is my name?\n/undo\n/stats\n/save %s\nWhat is my name?\n/retry\n/save %s\n' \
+  "$tmp/undo.json" "$tmp/retry.json" | "$plumb" chat -q -n 12 --temperature 0 >"$tmp/c.out" 2>"$tmp/c.err"
+rc=$?
+n_msgs() { python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["messages"]))' "$1" 2>/dev/null; }
+last_reply() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["messages"][-1]["content"])' "$1" 2>/dev/null; }
+mapfile -t lines <"$tmp/c.out"
+# stdout: reply 1, reply 2, "(took back ...)", 2 /stats lines, "saved", reply 2 again, the retry's reply, "saved"
+[ $rc -eq 0 ] && [ "$(head -1 "$tmp/c.err")" = "error: /undo: no turn to take back (only the last turn can be; /reset starts over)" ] &&
+  [ "${lines[2]}" = "(took back the last turn; the conversation is as it was before it)" ] &&
+  [[ "${lines[4]}" == "session: 1 turn, "* ]] && [ "$(n_msgs "$tmp/undo.json")" = 2 ] &&
+  [ "${lines[1]}" = "${lines[6]}" ] && [ "${lines[6]}" = "${lines[7]}" ] && [ "$(n_msgs "$tmp/retry.json")" = 4 ] &&
+  [ "$(last_reply "$tmp/retry.json")" = "${lines[7]}" ] && grep -q "^(drawing the reply again)$" "$tmp/c.err" &&
+  ok "chat: /undo takes back the last turn (the same reply after it), /retry draws it again" ||
+  bad "chat /undo and /retry: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
 printf '  //hi there\n/save %s\n' "$tmp/esc.json" | "$plumb" chat -q -n 2 --seed 1 >/dev/null 2>&1
 python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"]; sys.exit(m[0]["content"] != "  /hi there")' "$tmp/esc.json" &&
   ok "chat: '  //hi there' sends '  /hi there'" || bad "chat escaped slash after blanks: $(cat "$tmp/esc.json" 2>&1)"

@@ -1064,6 +1064,50 @@ TEST_F(GpuTest, AStoppedPrefillLeavesTheDeviceCachesAsTheyWere) {
   }
 }
 
+// Session::checkpoint / restore on the GPU: going back to a checkpoint (taken mid-window, after one-token steps that
+// cuda.comp_deferred keeps rows of) gives the logits the session gave after it, bit for bit, for prefill passes and
+// decode steps (graph-replayed under cuda.fast), as often as asked.
+TEST_F(GpuTest, CheckpointsComeBackBitForBit) {
+  auto ids = [](size_t n, int salt) {
+    std::vector<int32_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
+    return t;
+  };
+  const auto head = ids(10, 1), body = ids(60, 2), tail = ids(9, 3);
+  for (const char* patches : {"", "cuda.fast"}) {
+    plumb::EngineOptions o;
+    o.backend = "cuda", o.patches = patches, o.prefill_chunk = 7;
+    const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    auto s = engine->new_session();
+    s->forward(head);
+    auto steps = [&](int n) {
+      std::vector<float> out;
+      for (int i = 0; i < n; ++i) {
+        const auto l = s->forward(std::vector<int32_t>{int32_t(5 + i)});
+        out.insert(out.end(), l.begin(), l.end());
+      }
+      return out;
+    };
+    steps(3);
+    const auto at13 = s->checkpoint();
+    const auto l_body = s->forward_all(body), l_steps = steps(5);
+    const auto at78 = s->checkpoint();
+    const auto l_tail = s->forward_all(tail), l_after = steps(4);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
+    };
+    for (int i = 0; i < 2; ++i) {
+      s->restore(*at78);
+      ASSERT_EQ(s->position(), 78) << patches;
+      EXPECT_TRUE(same(s->forward_all(tail), l_tail)) << patches << ": the prefill after the checkpoint at 78, restore " << i;
+      EXPECT_TRUE(same(steps(4), l_after)) << patches << ": the steps after it, restore " << i;
+    }
+    s->restore(*at13);
+    EXPECT_TRUE(same(s->forward_all(body), l_body)) << patches << ": the prefill after the checkpoint at 13";
+    EXPECT_TRUE(same(steps(5), l_steps)) << patches << ": the steps after it";
+  }
+}
+
 // The load reports its binding (stage "layers") and then the copy onto the GPU (stage "upload"), each layer once and
 // in order, so the CLI's line can say where a long upload is.
 TEST_F(GpuTest, EngineApiRunsOnCuda) {

@@ -1,5 +1,6 @@
-// Session::set_prefill_stop: a multi-token call stopped at any of its points (or by its progress function throwing)
-// leaves the session as it was before the call, caches and all; generate() stops a prompt's prefill the same way.
+// A session going back: Session::set_prefill_stop (a multi-token call stopped at any of its points, or by its progress
+// function throwing, leaves the session as it was before the call, caches and all; generate() stops a prompt's
+// prefill the same way) and Session::checkpoint / restore.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -133,6 +134,78 @@ TEST_F(StopFixture, GenerateStopsAPrefillAndPutsTheSessionsStopBack) {
   EXPECT_EQ(own, before);
   s->forward(tail);
   EXPECT_GT(own, before);
+}
+
+// Checkpoints: restoring one gives the logits a session gave after that point, bit for bit, as often as asked; one
+// taken before the session went back below its position (a restore, a reset) is refused by name, the session
+// unchanged; a checkpoint survives a stopped call; another session's checkpoint is refused.
+TEST_F(StopFixture, CheckpointsComeBackBitForBitAndStaleOnesAreRefused) {
+  auto s = started();
+  const auto at13 = s->checkpoint();
+  EXPECT_EQ(at13->position(), 13);
+  const auto l_body = s->forward_all(body);
+  const auto at73 = s->checkpoint();
+  const auto l_tail = s->forward_all(tail);
+  for (int i = 0; i < 2; ++i) {
+    s->restore(*at73);
+    EXPECT_EQ(s->position(), 73);
+    EXPECT_EQ(s->forward_all(tail), l_tail) << "restore " << i;
+  }
+  int asked = 0;
+  s->set_prefill_stop([&] { return ++asked == 5; });  // within the call's second pass
+  EXPECT_THROW(s->forward(body), plumb::Stopped);  // (the session goes back to 82: both checkpoints stay usable)
+  EXPECT_EQ(s->position(), 82);
+  s->set_prefill_stop({});
+  s->restore(*at73);
+  EXPECT_EQ(s->forward_all(tail), l_tail);
+  s->restore(*at13);
+  EXPECT_EQ(s->forward_all(body), l_body);
+  EXPECT_EQ(s->position(), 73);
+  try {
+    s->restore(*at73);  // the session went back to 13 after it: positions 13-72 were fed anew
+    ADD_FAILURE() << "a checkpoint left behind was restored";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("restore: the checkpoint at position 73 was left behind when the session went "
+                                         "back to position 13"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s->position(), 73);
+  const auto again = s->checkpoint();
+  s->forward(tail);
+  s->restore(*again);
+  EXPECT_EQ(s->forward_all(tail), l_tail);
+  auto other = started();
+  try {
+    other->restore(*again);
+    ADD_FAILURE() << "another session's checkpoint was restored";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another session's"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(other->position(), 13);
+  // reset(): the empty session's checkpoint still comes back, later ones do not.
+  auto fresh = engine()->new_session();
+  const auto empty = fresh->checkpoint();
+  const auto l_head = fresh->forward_all(head);
+  const auto after_head = fresh->checkpoint();
+  fresh->reset();
+  EXPECT_THROW(fresh->restore(*after_head), plumb::Error);
+  fresh->forward(body);
+  fresh->restore(*empty);
+  EXPECT_EQ(fresh->position(), 0);
+  EXPECT_EQ(fresh->forward_all(head), l_head);
+}
+
+// A Session of one's own has no checkpoints: the defaults refuse by name.
+TEST(SessionCheckpoint, ASessionOfOnesOwnRefuses) {
+  struct Own : plumb::Session {
+    std::vector<float> forward(std::span<const int32_t>) override { return {}; }
+    std::vector<float> forward_all(std::span<const int32_t>) override { return {}; }
+    int64_t position() const override { return 0; }
+    void reset() override {}
+    const plumb::ModelInfo& info() const override { return info_; }
+    plumb::ModelInfo info_;
+  } own;
+  EXPECT_THROW(own.checkpoint(), plumb::Error);
+  EXPECT_FALSE(own.set_prefill_stop([] { return true; }));
 }
 
 }  // namespace
