@@ -95,6 +95,7 @@ class StatusLine {
   }
   StatusLine(const StatusLine&) = delete;
   StatusLine& operator=(const StatusLine&) = delete;
+  bool live() const { return !quiet_ && tty_; }  // whether the line is drawn at all
   // What the line says at any moment (callable from another thread), for a redraw between updates.
   void set_source(std::function<std::string()> f) {
     std::lock_guard<std::mutex> lock(m_);
@@ -122,7 +123,6 @@ class StatusLine {
   }
 
  private:
-  bool live() const { return !quiet_ && tty_; }
   bool quiet_, tty_, shown_ = false;
   std::mutex m_;
   std::string last_;
@@ -174,6 +174,9 @@ struct PrefillLine::Impl {
 
 PrefillLine::PrefillLine(Session& session, bool quiet) : impl_(std::make_unique<Impl>(session, quiet)) {
   Impl* p = impl_.get();
+  // No line to draw (-q, or stderr is no terminal): no progress function, whose presence makes each prefill save
+  // the session's window rows first (Session::set_prefill_stop) where nothing else (a stop) asks for it.
+  if (!p->line.live()) return;
   session.set_prefill_progress([p](int64_t done, int64_t total) {
     if (p->finished || (p->shown && since(p->drawn) < 0.1)) return;  // at most 10 redraws a second
     p->drawn = Clock::now();
