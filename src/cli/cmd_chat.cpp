@@ -1,11 +1,14 @@
 // `plumb chat [-m DIR]`: a multi-turn conversation on one Session. The cache is kept between turns, so each
 // turn prefills only its own tokens (the reply's closing EOS, the user turn, the assistant opening), never the
-// history. Commands: /undo, /retry, /reset, /stats, /save FILE, /quit, /help. Works on a terminal and on piped stdin.
+// history. Commands: /undo, /retry, /reset, /stats, /save FILE, /load FILE, /quit, /help. Works on a terminal and on
+// piped stdin.
 // Each turn starts from a session checkpoint (Session::checkpoint): /undo and /retry go back to it, and so does a
 // turn that fails after its tokens were fed.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -57,12 +60,14 @@ struct ChatCliOptions {
   ModelArgs model;
   GenArgs gen;
   ChatModeArgs mode;
+  std::string load;  // --load FILE: a conversation /save wrote, to go on with
 };
 
 struct TurnStats {
   int64_t prefill = 0, generated = 0;
   double prefill_s = 0, decode_s = 0;
   StopReason stop = StopReason::Token;
+  bool loaded = false;  // the "turn" was /load's prefill of a transcript
 };
 
 class ChatLoop {
@@ -78,9 +83,10 @@ class ChatLoop {
   int run() {
     const bool tty = isatty(0);
     if (!o_.model.quiet)
-      fmt::print(stderr, "plumb chat: {} ({} mode, {}). Commands: /reset /stats /save FILE /quit /help\n", m_.dir,
-                 o_.mode.think ? "thinking" : "chat",
+      fmt::print(stderr, "plumb chat: {} ({} mode, {}). Commands: /undo /retry /reset /stats /save FILE /load FILE /quit /help\n",
+                 m_.dir, o_.mode.think ? "thinking" : "chat",
                  gopt_.sampling.temperature > 0 ? fmt::format("seed {}", seed_) : std::string("greedy"));
+    if (!o_.load.empty() && !load(o_.load, "--load")) return 2;  // (its error line said why)
     std::string line;
     for (;;) {
       if (tty) {
@@ -233,6 +239,8 @@ class ChatLoop {
       stats();
     } else if (cmd == "/save") {
       save(arg);
+    } else if (cmd == "/load") {
+      load(arg);
     } else if (cmd == "/help") {
       fmt::print("Ctrl-C       while a reply streams: stop that reply; while a message prefills: take it back\n"
                  "             (at the prompt: leave)\n"
@@ -241,6 +249,7 @@ class ChatLoop {
                  "/reset       start a new conversation (clears the cache)\n"
                  "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
                  "/save FILE   write the transcript as JSON messages\n"
+                 "/load FILE   go on with a conversation /save wrote (its messages replace this one's)\n"
                  "/quit        leave (also /exit, or end of input)\n"
                  "//TEXT       send the message /TEXT (a message that starts with a slash)\n");
     } else {
@@ -275,14 +284,106 @@ class ChatLoop {
     if (!undo_) undo_ = t;  // (a retry stopped in its prefill or failed: the turn can still be retried)
   }
 
+  // /load FILE (and --load): a conversation /save wrote becomes this chat's. Its messages are rendered in the chat
+  // format as the turns feed them (earlier reasoning kept) and prefilled on a new session, which replaces this one
+  // only once the whole transcript is in: a bad file, a Ctrl-C during the prefill or an error leave the conversation
+  // as it was. Returns whether it loaded.
+  bool load(const std::string& path, const char* what = "/load") {
+    std::vector<ChatMessage> msgs;
+    if (const std::string why = read_transcript(path, msgs); !why.empty()) {
+      fmt::print(stderr, "error: {}: {}\n", what, why);
+      return false;
+    }
+    const ChatOptions co{o_.mode.think, false, true, o_.mode.effort};
+    const std::vector<int32_t> ids = tok_.encode(encode_chat(msgs, co));
+    const int64_t ctx = m_.engine->info().max_positions;
+    if (ctx > 0 && int64_t(ids.size()) >= ctx) {  // (the next turn needs room too)
+      fmt::print(stderr, "error: {}: {} is {} in the chat format; the model's context is {} tokens\n", what, path,
+                 count_text(int64_t(ids.size()), "token"), ctx);
+      return false;
+    }
+    std::unique_ptr<Session> fresh = m_.engine->new_session();
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      const InterruptStopsReply ctrl_c;
+      fresh->set_prefill_stop(&InterruptStopsReply::interrupted);
+      PrefillLine prefill(*fresh, o_.model.quiet);
+      fresh->forward(ids);
+    } catch (const Stopped&) {
+      fmt::print(stderr, "(not loaded: Ctrl-C stopped its prefill; the conversation is as it was)\n");
+      return false;
+    } catch (const Error& e) {
+      fmt::print(stderr, "error: {}: prefilling {}: {}\n", what, path, e.what());
+      return false;
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    session_ = std::move(fresh);
+    undo_.reset();
+    retries_ = 0;
+    failed_ = false;
+    transcript_ = std::move(msgs);
+    carry_.clear();  // (the rendering closes the last reply with its EOS)
+    started_ = true;
+    turns_ = int(std::count_if(transcript_.begin(), transcript_.end(), [](const ChatMessage& m) { return m.role == "assistant"; }));
+    last_ = {int64_t(ids.size()), 0, secs, 0, StopReason::Token, true};
+    total_prefill_ = int64_t(ids.size()), total_generated_ = 0;
+    fmt::print("loaded {} from {} ({} prefilled)\n", count_text(int64_t(transcript_.size()), "message"), path,
+               count_text(int64_t(ids.size()), "token"));
+    std::fflush(stdout);
+    return true;
+  }
+  // A transcript as /save writes it: {"thinking": bool, "messages": [{"role", "content", "reasoning_content"?}]},
+  // a system message first if any, then user and assistant turns by turns, ending with a reply. Returns "" or why not.
+  std::string read_transcript(const std::string& path, std::vector<ChatMessage>& out) const {
+    if (path.empty()) return "a file name is needed: /load FILE";
+    std::ifstream in(path);
+    if (!in) return fmt::format("cannot read {}", path);
+    nlohmann::json doc;
+    try {
+      doc = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      return fmt::format("{} is not valid JSON: {}", path, e.what());
+    }
+    if (!doc.is_object() || !doc.contains("messages") || !doc["messages"].is_array())
+      return fmt::format("{} has no \"messages\" array (a file /save wrote has one)", path);
+    if (doc.contains("thinking") && doc["thinking"].is_boolean() && doc["thinking"].get<bool>() != o_.mode.think)
+      return fmt::format("{} was saved in {} mode and this chat is in {} mode ({})", path,
+                         o_.mode.think ? "chat" : "thinking", o_.mode.think ? "thinking" : "chat",
+                         o_.mode.think ? "start plumb chat without --think" : "start plumb chat --think");
+    const auto& ms = doc["messages"];
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const auto& m = ms[i];
+      auto text = [&](const char* key) -> const nlohmann::json* {
+        return m.is_object() && m.contains(key) && m[key].is_string() ? &m[key] : nullptr;
+      };
+      if (!text("role") || !text("content"))
+        return fmt::format("{}: message {} needs \"role\" and \"content\" strings", path, i + 1);
+      ChatMessage c{m["role"].get<std::string>(), m["content"].get<std::string>(), ""};
+      if (const auto* r = text("reasoning_content")) c.reasoning = r->get<std::string>();
+      // The order the turns make: [system] user assistant user assistant ...
+      const size_t k = i - (!out.empty() && out[0].role == "system" ? 1 : 0);
+      const char* want = i == 0 && c.role == "system" ? "system" : k % 2 == 0 ? "user" : "assistant";
+      if (c.role != want)
+        return fmt::format("{}: message {} is a \"{}\" message where the turns need \"{}\"", path, i + 1, c.role, want);
+      out.push_back(std::move(c));
+    }
+    if (out.empty() || out.back().role != "assistant")
+      return fmt::format("{}: the conversation must end with a reply (an \"assistant\" message)", path);
+    return "";
+  }
+
   void stats() {
     const ModelInfo& info = m_.engine->info();
     if (turns_ == 0) {
       fmt::print("no turn yet; session: {} tokens cached (context {})\n", session_->position(), info.max_positions);
       return;
     }
-    fmt::print("last turn: prefill tokens: {}, generated tokens: {} ({}), {}\n", last_.prefill, last_.generated,
-               stop_reason_name(last_.stop), rates_text(last_.prefill, last_.prefill_s, last_.generated, last_.decode_s));
+    if (last_.loaded)
+      fmt::print("last turn: /load of a transcript, prefill tokens: {}, prefill {:.1f} tok/s\n", last_.prefill,
+                 double(last_.prefill) / std::max(last_.prefill_s, 1e-9));
+    else
+      fmt::print("last turn: prefill tokens: {}, generated tokens: {} ({}), {}\n", last_.prefill, last_.generated,
+                 stop_reason_name(last_.stop), rates_text(last_.prefill, last_.prefill_s, last_.generated, last_.decode_s));
     fmt::print("session: {}, {} cached (context {}), prefill tokens total: {}, generated tokens total: {}, {}\n",
                count_text(turns_, "turn"), count_text(session_->position(), "token"), info.max_positions, total_prefill_,
                total_generated_, gopt_.sampling.temperature > 0 ? fmt::format("seed {}", seed_) : std::string("greedy"));
@@ -341,6 +442,7 @@ void register_chat(CLI::App& app) {
   add_model_options(cmd, o->model);
   add_chat_mode_options(cmd, o->mode, "system prompt", "thinking mode: each reply opens with <think>");
   add_sampling_options(cmd, o->gen);
+  cmd->add_option("--load", o->load, "go on with a conversation /save wrote (as /load FILE)")->check(CLI::ExistingFile);
   cmd->callback([o] {
     check_generate_options(o->gen.gen);  // before the load: a bad option should not wait for it
     ChatLoop loop(*o, load_model(o->model));

@@ -191,6 +191,30 @@ mapfile -t lines <"$tmp/c.out"
   [ "$(last_reply "$tmp/retry.json")" = "${lines[7]}" ] && grep -q "^(drawing the reply again)$" "$tmp/c.err" &&
   ok "chat: /undo takes back the last turn (the same reply after it), /retry draws it again" ||
   bad "chat /undo and /retry: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+# /load (and --load) goes on with a conversation /save wrote: the next turn's greedy reply is the one the saved chat
+# gave (the same tokens in the cache); a file that is no transcript, or of the other mode, is an error line and the
+# conversation stays as it was; --load of such a file ends the chat with exit status 2.
+printf 'My name is Tom.\n/save %s\nWhat is my name?\n' "$tmp/tom.json" | "$plumb" chat -q -n 12 --temperature 0 >"$tmp/c1.out" 2>&1
+printf 'What is my name?\n/stats\n' | "$plumb" chat -q -n 12 --temperature 0 --load "$tmp/tom.json" >"$tmp/c2.out" 2>"$tmp/c.err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(sed -n 3p "$tmp/c1.out")" = "$(sed -n 2p "$tmp/c2.out")" ] && [ -n "$(sed -n 2p "$tmp/c2.out")" ] &&
+  grep -q "^loaded 2 messages from $tmp/tom.json (" "$tmp/c2.out" && grep -q "^session: 2 turns, " "$tmp/c2.out" &&
+  ok "chat --load: the next turn's reply is the saved chat's ($(sed -n 2p "$tmp/c2.out"))" ||
+  bad "chat --load: exit status $rc, first chat: $(cat "$tmp/c1.out"), loaded: $(cat "$tmp/c2.out"), stderr: $(cat "$tmp/c.err")"
+printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi"}]}' >"$tmp/order.json"
+printf 'not json' >"$tmp/notjson.json"
+printf '/load %s\n/load %s\n/load %s/none.json\n/load %s\n/stats\n' "$tmp/order.json" "$tmp/notjson.json" "$tmp" "$tmp/tom.json" |
+  "$plumb" chat -q -n 2 --think >"$tmp/c.out" 2>"$tmp/c.err"
+rc=$?
+[ $rc -eq 0 ] && sed -n 1p "$tmp/c.err" | grep -q '^error: /load: .*order.json: message 2 is a "user" message where the turns need "assistant"$' &&
+  sed -n 2p "$tmp/c.err" | grep -q '^error: /load: .*notjson.json is not valid JSON' &&
+  sed -n 3p "$tmp/c.err" | grep -q '^error: /load: cannot read .*/none.json$' &&
+  sed -n 4p "$tmp/c.err" | grep -q '^error: /load: .*tom.json was saved in chat mode and this chat is in thinking mode (start plumb chat without --think)$' &&
+  grep -q "no turn yet; session: 0 tokens cached" "$tmp/c.out" &&
+  ok "chat /load: a file that is no transcript (or of the other mode) is an error line; nothing changes" ||
+  bad "chat /load errors: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+check_error "chat --load of a file that is no transcript" '--load: '"$tmp"'/order.json: message 2 is a "user" message' \
+  "$plumb" chat -q --load "$tmp/order.json" </dev/null
 printf '  //hi there\n/save %s\n' "$tmp/esc.json" | "$plumb" chat -q -n 2 --seed 1 >/dev/null 2>&1
 python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"]; sys.exit(m[0]["content"] != "  /hi there")' "$tmp/esc.json" &&
   ok "chat: '  //hi there' sends '  /hi there'" || bad "chat escaped slash after blanks: $(cat "$tmp/esc.json" 2>&1)"
