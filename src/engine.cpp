@@ -31,11 +31,24 @@ namespace {
 
 std::atomic<uint64_t> g_session_ids{0};
 
+// An exception's message: `e`'s, or (null) the one being handled.
+std::string message(std::exception_ptr e) {
+  try {
+    if (e) std::rethrow_exception(e);
+    throw;
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is no std::exception";
+  }
+}
+
 class ModelSession : public Session {
  public:
   ModelSession(std::shared_ptr<const Model> m, std::shared_ptr<const ModelInfo> info, int chunk)
       : m_(std::move(m)), info_(std::move(info)), st_(m_->new_state()), chunk_(chunk) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
+    const CallScope call(*this, "forward");
     check(tokens);
     return guarded(tokens.size(), [&] {
       const auto ps = feed_all_but_last(tokens);
@@ -43,6 +56,7 @@ class ModelSession : public Session {
     });
   }
   std::vector<float> forward_all(std::span<const int32_t> tokens) override {
+    const CallScope call(*this, "forward_all");
     check(tokens);
     return guarded(tokens.size(), [&] {
       std::vector<float> out;
@@ -59,33 +73,49 @@ class ModelSession : public Session {
     PLUMB_CHECK(sampler.vocab() == m_->config().vocab, "forward_sample: the sampler was made for a vocabulary of {}, the "
                 "model's is {}", sampler.vocab(), m_->config().vocab);
     if (m_->backend() != "cuda") return Session::forward_sample(tokens, sampler, history);  // (forward() guards the feed)
+    const CallScope call(*this, "forward_sample");
     check(tokens);
     // The feed is guarded; a sampler refusing the row after it (Model::forward_sample) leaves the tokens fed.
     std::span<const int32_t> last;
     guarded(tokens.size(), [&] { last = feed_all_but_last(tokens).back(); return 0; });
     return m_->forward_sample(st_, last, sampler, history);
   }
-  void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override { progress_ = std::move(fn); }
-  std::function<bool()> set_prefill_stop(std::function<bool()> fn) override { return std::exchange(stop_, std::move(fn)); }
-  void reserve(int64_t positions) override { m_->reserve(st_, positions); }
+  void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override {
+    not_in_call("set_prefill_progress");
+    progress_ = std::move(fn);
+  }
+  std::function<bool()> set_prefill_stop(std::function<bool()> fn) override {
+    not_in_call("set_prefill_stop");
+    return std::exchange(stop_, std::move(fn));
+  }
+  void reserve(int64_t positions) override {
+    not_in_call("reserve");
+    m_->reserve(st_, positions);
+  }
   int64_t position() const override { return st_.pos; }
   void reset() override {
+    not_in_call("reset");
     st_ = m_->new_state();
+    broken_.clear();
     rewound(0);
   }
   std::shared_ptr<const SessionCheckpoint> checkpoint() const override {
+    not_in_call("checkpoint");
+    usable();
     auto cp = std::make_shared<Checkpoint>();
     cp->session = id_, cp->serial = ++serial_, cp->mark = m_->mark(st_);
     return cp;
   }
   void restore(const SessionCheckpoint& base) override {
+    not_in_call("restore");
     const auto* cp = dynamic_cast<const Checkpoint*>(&base);
     PLUMB_CHECK(cp && cp->session == id_, "restore: the checkpoint (at position {}) is another session's", base.position());
     for (const auto& [serial, pos] : rewinds_)
       PLUMB_CHECK(serial < cp->serial || pos >= cp->mark.pos, "restore: the checkpoint at position {} was left behind when "
-                  "the session went back to position {} ({}): the positions after that were fed anew",
-                  cp->mark.pos, pos, pos == 0 ? "reset() or a restore" : "a restore");
-    m_->rollback(st_, cp->mark);
+                  "the session went back to position {} (a reset(), a restore or a stopped call): the positions after that "
+                  "were fed anew", cp->mark.pos, pos);
+    m_->rollback(st_, cp->mark);  // (should it fail part way, broken_ stays or becomes set: only a reset() then)
+    broken_.clear();
     rewound(cp->mark.pos);
   }
   const ModelInfo& info() const override { return *info_; }
@@ -97,7 +127,29 @@ class ModelSession : public Session {
   int chunk_;
   std::function<void(int64_t, int64_t)> progress_;
   std::function<bool()> stop_;
-  bool unwinding_ = false;  // an exception (a stop) left a callback of the call in progress: roll it back
+  bool in_call_ = false;  // a forward is running: its callbacks may not call the session (their pass is half done)
+  std::string broken_;    // why the session could not be put back after an error ("": it is usable)
+
+  // The session's own calls while one runs (from its progress or stop function) would act on a pass half done, or
+  // destroy the function running: refused by name.
+  void not_in_call(const char* what) const {
+    PLUMB_CHECK(!in_call_, "Session::{} called from inside a call's progress or stop function (the call is half done)", what);
+  }
+  struct CallScope {
+    ModelSession& s;
+    CallScope(ModelSession& session, const char* what) : s(session) {
+      s.not_in_call(what);
+      s.usable();
+      s.in_call_ = true;
+    }
+    ~CallScope() { s.in_call_ = false; }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+  };
+  void usable() const {
+    PLUMB_CHECK(broken_.empty(), "the session could not be put back after an error ({}): reset() it, or restore() a "
+                "checkpoint", broken_);
+  }
 
   // Checkpoints: each names its session and where it sits among the timeline's events (serial); each time the
   // session goes back (reset, restore, a stopped call), the position it went back to is kept, and a checkpoint made
@@ -118,20 +170,26 @@ class ModelSession : public Session {
     rewinds_.push_back({++serial_, pos});
   }
 
-  // Runs a call's passes so that a stop, or an exception from the progress function, leaves the session as it was
-  // before the call: with either function set, a multi-token call marks the session first (Model::mark) and the
-  // callbacks' exceptions roll it back. Other errors (a backend's) propagate as they are.
+  // Runs a call's passes so that a stop, or any exception from them (the progress function's, a backend's), leaves
+  // the session as it was before the call: with a stop or progress function set, a multi-token call with points
+  // inside it (backend cpu: after each layer; cuda: between passes) marks the session first (Model::mark) and rolls
+  // it back. (On the GPU a call of one pass has no such point: no mark, whose device copy would cost a sync.)
   template <class F>
   auto guarded(size_t n, F&& passes) -> decltype(passes()) {
     if (n < 2 || (!progress_ && !stop_)) return passes();
     ask_stop(0, int64_t(n));  // (nothing fed yet: nothing to put back)
+    if (m_->backend() == "cuda" && (chunk_ <= 0 || n <= size_t(chunk_))) return passes();
     const StateMark mark = m_->mark(st_);
     try {
       return passes();
     } catch (...) {
-      if (!std::exchange(unwinding_, false)) throw;
-      m_->rollback(st_, mark);
-      rewound(mark.pos);
+      const std::exception_ptr first = std::current_exception();
+      try {
+        m_->rollback(st_, mark);
+        rewound(mark.pos);
+      } catch (...) {
+        broken_ = fmt::format("{}; then, putting the session back: {}", message(first), message(nullptr));
+      }
       throw;
     }
   }
@@ -142,13 +200,8 @@ class ModelSession : public Session {
   }
   // At a reporting point (`done` of the call's `total` tokens): the progress, then the stop.
   void at_point(int64_t done, int64_t total) {
-    try {
-      if (progress_) progress_(done, total);
-      ask_stop(done, total);
-    } catch (...) {
-      unwinding_ = true;
-      throw;
-    }
+    if (progress_) progress_(done, total);
+    ask_stop(done, total);
   }
 
   // The call's tokens before pass i: the passes are consecutive spans of the call's tokens.

@@ -97,7 +97,12 @@ class Session {
   virtual ~Session() = default;
   // Feeds tokens at positions position() .. position()+n-1 and returns the logits of the LAST token (vocab floats).
   // The tokens are validated before anything is computed (ids in the vocabulary, and position()+n within the
-  // model's context, max_position_embeddings, where it names one); on error the session is unchanged.
+  // model's context, max_position_embeddings, where it names one); on error the session is unchanged. An error from
+  // the computation itself (a backend failure) may leave the caches part-written whatever position() says, unless
+  // the call saved the session first (a multi-token call with a stop or progress function set: see
+  // set_prefill_stop), which then puts it back: restore() a checkpoint taken before the call, or reset(). Should
+  // putting it back fail too, every call but restore() and reset() refuses, naming both errors. The session's calls
+  // from inside its own progress or stop function are refused (the call running is half done).
   virtual std::vector<float> forward(std::span<const int32_t> tokens) = 0;
   // Same, but the logits of every token: n * vocab floats, row-major.
   virtual std::vector<float> forward_all(std::span<const int32_t> tokens) = 0;

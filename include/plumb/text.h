@@ -182,8 +182,9 @@ struct GenerateOptions {
   // (StopReason::Cancelled, the held-back text flushed, the result complete: `unfed` continues the session). Also
   // asked while the prompt prefills, as the session's prefill stop (Session::set_prefill_stop; the library's
   // sessions ask it after each layer on the CPU, each pass on the GPU): true there returns StopReason::Cancelled
-  // with no token (`unfed` -1) and the session as it was before the call. May be empty. A front end's Ctrl-C, a
-  // client gone, a deadline.
+  // with no token (`unfed` -1: nothing to feed) and the session as it was before the call. (So a predicate that counts
+  // its calls is asked during the prefill too; the session's own prefill stop, if it has one, is asked beside it.)
+  // May be empty. A front end's Ctrl-C, a client gone, a deadline.
   std::function<bool()> should_stop;
 };
 
@@ -211,8 +212,10 @@ struct GenerateResult {
 // prompt or stop token outside the model's vocabulary, options out of range, or a prompt that does not fit the
 // context. An error during the generation (a backend failure, logits without a finite value: Sampler) is thrown as it
 // happens, naming the token and position ("generating token 3 (from the logits of position 41): ..."); the session
-// then holds what was fed (the prompt and the tokens before), and the text already passed to on_text is all of the
-// result there is.
+// then holds what was fed (the prompt and the tokens before; see Session::forward for a failure inside a pass, after
+// which a checkpoint taken before the call is the way back), and the text already passed to on_text is all of the
+// result there is. A stop during the prompt's prefill (should_stop) is no error: StopReason::Cancelled with no token
+// and `unfed` -1, the session as it was before the call.
 GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(std::string_view)>& on_text = {});
 

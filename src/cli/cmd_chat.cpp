@@ -115,6 +115,7 @@ class ChatLoop {
     session_->reset();
     undo_.reset();
     retries_ = 0;
+    retry_pending_ = false;
     transcript_.clear();
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
     carry_.clear();
@@ -162,14 +163,16 @@ class ChatLoop {
     const auto ids = tok_.encode(text);
     prompt.insert(prompt.end(), ids.begin(), ids.end());
     GenerateOptions g = gopt_;
-    retries_ = retry ? retries_ + 1 : 0;
-    // Reproducible per turn, not the same draws every turn, nor on each /retry of one.
-    g.sampling.seed = seed_ + uint64_t(turns_) + kRetrySeedStep * uint64_t(retries_);
-    TurnStart start = turn_start(user);
+    // Reproducible per turn, not the same draws every turn, nor on each /retry of one (counted where a turn ends).
+    const int retry_no = retry ? retries_ + 1 : 0;
+    g.sampling.seed = seed_ + uint64_t(turns_) + kRetrySeedStep * uint64_t(retry_no);
+    const char* what = retry ? "the retry" : "the turn";
+    std::optional<TurnStart> start;
     bool newline = true;
     GenerateResult r;
     const int64_t before = session_->position();
     try {
+      start = turn_start(user);
       const InterruptStopsReply ctrl_c;
       g.should_stop = &InterruptStopsReply::interrupted;
       PrefillLine prefill(*session_, o_.model.quiet);  // (a long message's passes, on a terminal)
@@ -183,13 +186,16 @@ class ChatLoop {
       if (!newline) std::fputc('\n', stdout);  // (a reply cut by the error: the error on a line of its own)
       std::fflush(stdout);
       std::fprintf(stderr, "error: %s\n", e.what());
-      // An error found before the session was touched (a turn past the context) leaves the conversation as it was; one
-      // after (a backend failure, logits without a finite value) left tokens in the cache that the transcript lacks:
-      // the turn's checkpoint takes them back (should that fail too, the chat cannot go on).
-      if (session_->position() != before) {
+      // An error before the session was touched (a turn past the context) leaves the conversation as it was. One
+      // after (a backend failure, logits without a finite value) may have written the caches, even inside a pass
+      // that did not count its tokens: the turn's checkpoint puts them back (should that fail, the chat cannot go on).
+      if (start) {
+        const bool fed = session_->position() != before;
         try {
-          go_back(start);
-          std::fprintf(stderr, "(the turn was taken back: the conversation is as it was before it)\n");
+          go_back(*start);
+          if (fed || retry)
+            std::fprintf(stderr, "(%s was taken back: the conversation is as it was before it%s)\n", what,
+                         retry ? "; the last turn stays taken back: /retry draws it again" : "");
         } catch (const Error& e2) {
           failed_ = true;
           std::fprintf(stderr, "error: %s\n(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a "
@@ -203,7 +209,10 @@ class ChatLoop {
     if (!newline) std::fputc('\n', stdout);
     std::fflush(stdout);
     if (r.stop == StopReason::Cancelled && r.tokens.empty()) {  // stopped while prefilling: the session is as before
-      std::fprintf(stderr, "(message not sent: Ctrl-C stopped its prefill; the conversation is as it was)\n");
+      if (retry)
+        std::fprintf(stderr, "(retry stopped: Ctrl-C during its prefill; the last turn stays taken back: /retry draws it again)\n");
+      else
+        std::fprintf(stderr, "(message not sent: Ctrl-C stopped its prefill; the conversation is as it was)\n");
       return;
     }
     if (r.stop == StopReason::Cancelled) std::fprintf(stderr, "(reply stopped: Ctrl-C; the conversation goes on)\n");
@@ -216,10 +225,12 @@ class ChatLoop {
     transcript_.push_back(parse_reply(r.text, o_.mode.think));
     last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
     undo_ = std::move(start);
+    retries_ = retry_no;
+    retry_pending_ = false;
     total_prefill_ += last_.prefill;
     total_generated_ += last_.generated;
     if (r.stop == StopReason::Context)
-      std::fprintf(stderr, "(the context is full: /reset to start a new conversation)\n");
+      std::fprintf(stderr, "(the context is full: /undo takes the last turn back, /reset starts a new conversation)\n");
   }
 
   // Returns false to quit.
@@ -260,20 +271,28 @@ class ChatLoop {
     return true;
   }
 
+  // /undo: back to the last turn's start. /retry: that, then the turn again with the next retry's seed; a retry that
+  // does not finish (Ctrl-C in its prefill, an error) leaves the turn taken back, and /retry can draw it again.
   void undo_or_retry(bool retry) {
+    const char* cmd = retry ? "/retry" : "/undo";
     if (!undo_ || failed_) {
-      fmt::print(stderr, "error: {}: no turn to {} (only the last turn can be; /reset starts over)\n", retry ? "/retry" : "/undo",
+      fmt::print(stderr, "error: {}: no turn to {} (only the last turn can be; /reset starts over)\n", cmd,
                  retry ? "draw again" : "take back");
       return;
     }
-    const TurnStart t = std::move(*undo_);
-    undo_.reset();
+    if (!retry && retry_pending_) {
+      fmt::print(stderr, "error: /undo: the last turn is taken back already (its /retry did not finish): /retry draws its "
+                 "reply again\n");
+      return;
+    }
+    const TurnStart t = *undo_;
     try {
       go_back(t);
     } catch (const Error& e) {
-      fmt::print(stderr, "error: {}\n", e.what());
+      fmt::print(stderr, "error: {}: {}\n", cmd, e.what());
       return;
     }
+    undo_.reset();
     if (!retry) {
       fmt::print("(took back the last turn; the conversation is as it was before it)\n");
       return;
@@ -281,7 +300,7 @@ class ChatLoop {
     std::fflush(stdout);
     fmt::print(stderr, "(drawing the reply again)\n");
     turn(t.user, true);
-    if (!undo_) undo_ = t;  // (a retry stopped in its prefill or failed: the turn can still be retried)
+    if (!undo_) undo_ = t, retry_pending_ = true;  // (it did not finish: the turn can still be retried)
   }
 
   // /load FILE (and --load): a conversation /save wrote becomes this chat's. Its messages are rendered in the chat
@@ -320,6 +339,7 @@ class ChatLoop {
     session_ = std::move(fresh);
     undo_.reset();
     retries_ = 0;
+    retry_pending_ = false;
     failed_ = false;
     transcript_ = std::move(msgs);
     carry_.clear();  // (the rendering closes the last reply with its EOS)
@@ -426,7 +446,8 @@ class ChatLoop {
   bool started_ = false;
   bool failed_ = false;  // a turn failed after feeding the session and its checkpoint could not be restored (turn())
   std::optional<TurnStart> undo_;  // the last turn's start (/undo, /retry), if it can be gone back to
-  int retries_ = 0;                // /retry's of the last turn
+  int retries_ = 0;                // /retry's of the last turn (its seed's offset)
+  bool retry_pending_ = false;     // a /retry did not finish: the last turn is taken back, /retry may draw it again
   static constexpr uint64_t kRetrySeedStep = 1000003;  // each /retry's seed: + this (a turn's: the session seed + its number)
   int turns_ = 0;
   TurnStats last_;

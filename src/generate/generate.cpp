@@ -85,20 +85,26 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   };
 
   // forward_sample: the logits stay on the device where the backend has one (the first sample counts as prefill).
-  // should_stop is the session's prefill stop meanwhile: a stop there ends the generation before its first token,
-  // the session as it was (Session::set_prefill_stop).
+  // should_stop joins the session's prefill stop meanwhile (either stops it): a stop there ends the generation before
+  // its first token, the session as it was (Session::set_prefill_stop).
   auto t0 = std::chrono::steady_clock::now();
   int32_t id = -1;
   {
     struct PutBack {  // the session's own stop function back, however the feed ends (none set here: nothing to do)
-      Session* s;
-      std::function<bool()> before;
+      Session* s = nullptr;
+      std::function<bool()> own;
       ~PutBack() {
-        if (s) s->set_prefill_stop(std::move(before));
+        try {
+          if (s) s->set_prefill_stop(std::move(own));
+        } catch (...) {  // (a Session of one's own that throws here: its stop stays ours, which outlives nothing)
+        }
       }
-    };
-    const PutBack put_back{opt.should_stop ? &session : nullptr,
-                           opt.should_stop ? session.set_prefill_stop(opt.should_stop) : std::function<bool()>()};
+    } put_back;
+    if (opt.should_stop) {
+      put_back.own = session.set_prefill_stop({});
+      put_back.s = &session;
+      session.set_prefill_stop([stop = opt.should_stop, own = put_back.own] { return stop() || (own && own()); });
+    }
     try {
       id = feed_sample(prompt);
     } catch (const Stopped&) {

@@ -191,6 +191,14 @@ mapfile -t lines <"$tmp/c.out"
   [ "$(last_reply "$tmp/retry.json")" = "${lines[7]}" ] && grep -q "^(drawing the reply again)$" "$tmp/c.err" &&
   ok "chat: /undo takes back the last turn (the same reply after it), /retry draws it again" ||
   bad "chat /undo and /retry: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+# /retry's draws: the k-th retry of turn t samples with the seed + t + 1000003 k, so the first retry of a chat's first
+# turn is what a chat seeded 1000003 further draws for it (and, here, another reply than the first draw).
+printf 'Tell me a story\n/retry\n' | "$plumb" chat -q -n 10 --seed 5 --temperature 1 >"$tmp/r1.out" 2>/dev/null
+printf 'Tell me a story\n' | "$plumb" chat -q -n 10 --seed 1000008 --temperature 1 >"$tmp/r2.out" 2>/dev/null
+[ -n "$(sed -n 2p "$tmp/r1.out")" ] && [ "$(sed -n 2p "$tmp/r1.out")" = "$(sed -n 1p "$tmp/r2.out")" ] &&
+  [ "$(sed -n 1p "$tmp/r1.out")" != "$(sed -n 2p "$tmp/r1.out")" ] &&
+  ok "chat /retry: a new draw, with the seed + 1000003" ||
+  bad "chat /retry's seed: seed 5 and its retry: $(cat "$tmp/r1.out"); seed 1000008: $(cat "$tmp/r2.out")"
 # /load (and --load) goes on with a conversation /save wrote: the next turn's greedy reply is the one the saved chat
 # gave (the same tokens in the cache); a file that is no transcript, or of the other mode, is an error line and the
 # conversation stays as it was; --load of such a file ends the chat with exit status 2.

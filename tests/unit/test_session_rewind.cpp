@@ -105,8 +105,37 @@ TEST_F(StopFixture, AProgressFunctionThatThrowsLeavesTheSessionAsItWas) {
   EXPECT_EQ(s->forward(body), want);
 }
 
-// generate(): should_stop is asked while the prompt prefills; a stop there returns Cancelled with no token and the
-// session as it was, and the session's own stop function is back afterwards (also when generate() ran to the end).
+// The session's own calls from inside its progress or stop function would act on a pass half done (a checkpoint
+// there would hold some layers of the call and not others): refused by name, and the call is put back.
+TEST_F(StopFixture, CallsFromInsideACallbackAreRefused) {
+  auto ref = started();
+  const auto want = ref->forward(body);
+  auto s = started();
+  plumb::Session* self = s.get();
+  for (int what = 0; what < 4; ++what) {
+    s->set_prefill_progress([&, what](int64_t done, int64_t) {
+      if (done < 20) return;
+      if (what == 0) self->checkpoint();
+      if (what == 1) self->forward(std::vector<int32_t>{5});
+      if (what == 2) self->set_prefill_stop({});
+      if (what == 3) self->reset();
+    });
+    try {
+      s->forward(body);
+      ADD_FAILURE() << "call " << what << " from inside the progress function ran";
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("called from inside a call's progress or stop function"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(s->position(), 13) << what;
+  }
+  s->set_prefill_progress({});
+  EXPECT_EQ(s->forward(body), want);
+}
+
+// generate(): should_stop is asked while the prompt prefills, beside the session's own stop function (either stops);
+// a stop there returns Cancelled with no token and the session as it was, and the session's own stop function alone
+// is back afterwards (also when generate() ran to the end).
 TEST_F(StopFixture, GenerateStopsAPrefillAndPutsTheSessionsStopBack) {
   const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
   auto s = started();
@@ -123,17 +152,19 @@ TEST_F(StopFixture, GenerateStopsAPrefillAndPutsTheSessionsStopBack) {
   EXPECT_EQ(r.unfed, -1);
   EXPECT_EQ(s->position(), 13);
   EXPECT_EQ(asked, 4);
-  EXPECT_EQ(own, 0);  // replaced while generate() ran
+  EXPECT_EQ(own, 3);  // asked too, at the points before the stop
   s->forward(tail);
-  EXPECT_GT(own, 0);  // and back after it
-  const int before = own;
-  g.should_stop = [] { return false; };
+  EXPECT_EQ(own, 3 + 6);  // back alone after it: 9 tokens in passes of 7 and 2 over 3 layers make 1 + 3 + 2 points
+  asked = 0;
+  g.should_stop = [&] { return ++asked, false; };
   const auto full = plumb::generate(*s, tok, body, g);
   EXPECT_EQ(full.stop, plumb::StopReason::Length);
   EXPECT_EQ(full.tokens.size(), 3u);
-  EXPECT_EQ(own, before);
+  EXPECT_EQ(own, 9 + 27);  // the 60-token prompt's 27 points (as the first test counts them)
+  EXPECT_EQ(asked, 27 + 2);  // and after the first 2 tokens (the third is the last: max_tokens)
   s->forward(tail);
-  EXPECT_GT(own, before);
+  EXPECT_EQ(own, 36 + 6);
+  EXPECT_EQ(asked, 29);
 }
 
 // Checkpoints: restoring one gives the logits a session gave after that point, bit for bit, as often as asked; one
