@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -1105,6 +1106,52 @@ TEST_F(GpuTest, CheckpointsComeBackBitForBit) {
     s->restore(*at13);
     EXPECT_TRUE(same(s->forward_all(body), l_body)) << patches << ": the prefill after the checkpoint at 13";
     EXPECT_TRUE(same(steps(5), l_steps)) << patches << ": the steps after it";
+  }
+}
+
+// The GPU's sampling path (Session::forward_sample, what generate() runs there: the passes but the last guarded, the
+// last pass and the sampling on the device) stopped during a prompt's prefill, and a progress function that throws
+// between passes: the session goes back as it was, and what follows is what a session never stopped gives, bit for
+// bit (the same tokens, the same logits).
+TEST_F(GpuTest, AStoppedGenerateAndAThrowingProgressLeaveTheSessionAsItWas) {
+  auto ids = [](size_t n, int salt) {
+    std::vector<int32_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
+    return t;
+  };
+  const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
+  const auto head = ids(13, 1), body = ids(60, 2);
+  for (const char* patches : {"", "cuda.fast"}) {
+    plumb::EngineOptions o;
+    o.backend = "cuda", o.patches = patches, o.prefill_chunk = 7;
+    const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    plumb::GenerateOptions g;
+    g.sampling.seed = 3, g.max_tokens = 8, g.stop_at_eos = false;
+    auto ref = engine->new_session();
+    ref->forward(head);
+    const auto want = plumb::generate(*ref, tok, body, g);
+    const auto want_logits = ref->forward(body);
+    auto s = engine->new_session();
+    s->forward(head);
+    int asked = 0;
+    g.should_stop = [&] { return ++asked == 3; };  // after the second of 9 passes
+    const auto stopped = plumb::generate(*s, tok, body, g);
+    EXPECT_EQ(stopped.stop, plumb::StopReason::Cancelled) << patches;
+    EXPECT_TRUE(stopped.tokens.empty()) << patches;
+    EXPECT_EQ(s->position(), 13) << patches;
+    g.should_stop = {};
+    const auto again = plumb::generate(*s, tok, body, g);
+    EXPECT_EQ(again.tokens, want.tokens) << patches;
+    s->set_prefill_progress([](int64_t done, int64_t) {
+      if (done >= 21) throw std::runtime_error("the front end went away");
+    });
+    const int64_t at = s->position();
+    EXPECT_THROW(s->forward(body), std::runtime_error) << patches;
+    EXPECT_EQ(s->position(), at) << patches;
+    s->set_prefill_progress({});
+    const auto got = s->forward(body);
+    ASSERT_EQ(got.size(), want_logits.size());
+    EXPECT_EQ(std::memcmp(got.data(), want_logits.data(), 4 * got.size()), 0) << patches;
   }
 }
 
