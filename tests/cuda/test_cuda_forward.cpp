@@ -15,6 +15,7 @@
 #include "cuda_test_util.h"
 #include "cuda/gpu_common.h"
 #include "indexer_skip_check.h"
+#include "session_test_util.h"
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/engine.h"
@@ -1015,16 +1016,10 @@ TEST_F(GpuTest, NoFiniteLogitIsTheHostSamplersError) {
 // so the calls after give the logits of a session never stopped, bit for bit, eager or graph-replayed. csa-long: CSA
 // and HCA windows of 4 and 8, a sliding window of 8; the stopped call starts mid-window.
 TEST_F(GpuTest, AStoppedPrefillLeavesTheDeviceCachesAsTheyWere) {
-  auto ids = [](size_t n, int salt) {
-    std::vector<int32_t> t(n);
-    for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
-    return t;
-  };
+  const auto ids = plumb_test::csa_long_ids;
   const auto head = ids(10, 1), body = ids(60, 2), tail = ids(9, 3);
   for (const char* patches : {"", "cuda.fast"}) {
-    plumb::EngineOptions o;
-    o.backend = "cuda", o.patches = patches, o.prefill_chunk = 7;
-    const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    const auto engine = plumb_test::csa_long_engine("cuda", patches);
     auto started = [&] {
       auto s = engine->new_session();
       s->forward(head);
@@ -1069,16 +1064,10 @@ TEST_F(GpuTest, AStoppedPrefillLeavesTheDeviceCachesAsTheyWere) {
 // cuda.comp_deferred keeps rows of) gives the logits the session gave after it, bit for bit, for prefill passes and
 // decode steps (graph-replayed under cuda.fast), as often as asked.
 TEST_F(GpuTest, CheckpointsComeBackBitForBit) {
-  auto ids = [](size_t n, int salt) {
-    std::vector<int32_t> t(n);
-    for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
-    return t;
-  };
+  const auto ids = plumb_test::csa_long_ids;
   const auto head = ids(10, 1), body = ids(60, 2), tail = ids(9, 3);
   for (const char* patches : {"", "cuda.fast"}) {
-    plumb::EngineOptions o;
-    o.backend = "cuda", o.patches = patches, o.prefill_chunk = 7;
-    const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    const auto engine = plumb_test::csa_long_engine("cuda", patches);
     auto s = engine->new_session();
     s->forward(head);
     auto steps = [&](int n) {
@@ -1114,17 +1103,11 @@ TEST_F(GpuTest, CheckpointsComeBackBitForBit) {
 // between passes: the session goes back as it was, and what follows is what a session never stopped gives, bit for
 // bit (the same tokens, the same logits).
 TEST_F(GpuTest, AStoppedGenerateAndAThrowingProgressLeaveTheSessionAsItWas) {
-  auto ids = [](size_t n, int salt) {
-    std::vector<int32_t> t(n);
-    for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
-    return t;
-  };
+  const auto ids = plumb_test::csa_long_ids;
   const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/../../models/tiny");
   const auto head = ids(13, 1), body = ids(60, 2);
   for (const char* patches : {"", "cuda.fast"}) {
-    plumb::EngineOptions o;
-    o.backend = "cuda", o.patches = patches, o.prefill_chunk = 7;
-    const auto engine = plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+    const auto engine = plumb_test::csa_long_engine("cuda", patches);
     plumb::GenerateOptions g;
     g.sampling.seed = 3, g.max_tokens = 8, g.stop_at_eos = false;
     auto ref = engine->new_session();

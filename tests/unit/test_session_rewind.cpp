@@ -7,29 +7,21 @@
 
 #include "plumb/engine.h"
 #include "plumb/text.h"
+#include "session_test_util.h"
 
 namespace {
 
-// n token ids of the fixture's 256-token vocabulary, a different run for each salt.
-std::vector<int32_t> ids(size_t n, int salt) {
-  std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = int32_t((i * 37 + 11 + size_t(salt) * 101) % 256);
-  return t;
-}
+using plumb_test::csa_long_ids;
 
 // csa-long: 3 layers, CSA and HCA windows of 4 and 8 tokens, a sliding window of 8, so a call of 60 tokens in passes
 // of 7 crosses every kind of cache boundary (window keys overwritten, pending rows completing entries, CSA's previous
 // series replaced) between any two of its points. The session starts mid-window: 13 tokens fed.
 struct StopFixture : ::testing::Test {
   static std::shared_ptr<plumb::Engine> engine() {
-    static auto e = [] {
-      plumb::EngineOptions o;
-      o.prefill_chunk = 7;
-      return plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
-    }();
+    static auto e = plumb_test::csa_long_engine("cpu");
     return e;
   }
-  const std::vector<int32_t> head = ids(13, 1), body = ids(60, 2), tail = ids(9, 3);
+  const std::vector<int32_t> head = csa_long_ids(13, 1), body = csa_long_ids(60, 2), tail = csa_long_ids(9, 3);
   std::unique_ptr<plumb::Session> started() {
     auto s = engine()->new_session();
     s->forward(head);
