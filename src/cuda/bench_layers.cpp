@@ -548,6 +548,26 @@ void ab_pairs(Batch& b, DecodeRow& r) {
 }
 
 // One decode batch: B consecutive new tokens of one sequence per step, after a `context`-token prefill.
+// A session checkpoint where the batch's steps left the session (its window rows and pending compressor rows: what
+// Session::checkpoint holds and a stopped prefill puts back): its size and the median time to take and to restore it,
+// over 5 rounds; each restore puts the session back where it is, so the steps after are unchanged.
+void checkpoint_cost(Batch& b, DecodeRow& r) {
+  std::vector<double> mark_s, back_s;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    const StateMark m = b.R.model->mark(b.st);
+    mark_s.push_back(secs(t0, Clock::now()));
+    t0 = Clock::now();
+    b.R.model->rollback(b.st, m);
+    back_s.push_back(secs(t0, Clock::now()));
+    r.checkpoint_mb = double(m.bytes) / 1e6;
+  }
+  r.mark_ms = median(mark_s) * 1e3, r.rollback_ms = median(back_s) * 1e3;
+  out(fmt::format("  batch {}: a session checkpoint at position {} holds {:.1f} MB ({:.2f} MB per layer); taking it {:.2f} ms, "
+                  "restoring it {:.2f} ms (median of 5)\n", b.B, b.st.pos, r.checkpoint_mb,
+                  r.checkpoint_mb / double(b.R.o.layers), r.mark_ms, r.rollback_ms));
+}
+
 DecodeRow decode_batch(Run& R, int B) {
   DecodeRow r;
   r.batch = B;
@@ -569,6 +589,7 @@ DecodeRow decode_batch(Run& R, int B) {
     out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; mean {} us/step over {} steps; "
                     "context {} s\n", B, fmt_num(r.us_step), fmt_num(r.us_non_layer), fmt_num(r.us_layer), fmt_num(r.tok_s, 2),
                     fmt_num(r.us_step_mean), r.steps, fmt_num(r.context_s, 2)));
+    if (B == R.o.decode_batches.front()) checkpoint_cost(b, r);
     if (R.o.skeleton && b.st.dev) skeleton(b, r);
     if (R.model_b) {
       try {

@@ -66,6 +66,9 @@ struct DecodeRow {
   double us_step = NAN, us_step_min = NAN, us_step_mean = NAN, us_non_layer = NAN, us_layer = NAN, tok_s = NAN;
   double layer_bytes = NAN, gbps = NAN, pct = NAN, implied = NAN, experts_expected = NAN, experts_measured = NAN;
   double context_s = NAN;
+  // A session checkpoint at the batch's last position (Model::mark / rollback: Session::checkpoint / restore and a
+  // stopped prefill's cost): what it holds and the median time of each (5 rounds).
+  double checkpoint_mb = NAN, mark_ms = NAN, rollback_ms = NAN;
   double us_step_skeleton = NAN, us_layer_skeleton = NAN;  // --skeleton: without the weight-streaming launches
   int64_t pos_first = 0, pos_last = 0;
   bool split_measured = false;

@@ -100,6 +100,8 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
                                  {"steps", d.steps},
                                  {"positions", {d.pos_first, d.pos_last}},
                                  {"context_prefill_seconds", jnum(d.context_s)},
+                                 {"checkpoint", {{"mb", jnum(d.checkpoint_mb)}, {"mark_ms", jnum(d.mark_ms)},
+                                                 {"rollback_ms", jnum(d.rollback_ms)}}},
                                  {"non_layer_measured", d.split_measured},
                                  {"ab", r.ab ? ojson{{"pairs", d.ab.pairs},
                                                      {"a_us_per_step", jnum(d.ab.a)},

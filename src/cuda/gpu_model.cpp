@@ -446,13 +446,14 @@ class GpuForward : public DeviceForward {
         if (b->bytes() > 0) out.push_back(b);
     return out;
   }
-  std::shared_ptr<void> mark(const SessionState& st) const override {
+  std::shared_ptr<void> mark(const SessionState& st, int64_t& bytes) const override {
     synchronize();  // (the forwards queued before the mark have written what it copies)
     auto m = std::make_shared<DeviceMark>();
     m->defer_from = st.dev->defer_from;
     for (const DeviceBuffer* b : marked_buffers(*st.dev)) {
       m->bufs.emplace_back(b->bytes());
       b->download(m->bufs.back().data(), b->bytes());
+      bytes += int64_t(b->bytes());
     }
     return m;
   }

@@ -122,7 +122,7 @@ StateMark Model::mark(const SessionState& st) const {
   StateMark m;
   m.pos = st.pos;
   if (st.dev) {
-    m.dev = device_->mark(st);
+    m.dev = device_->mark(st, m.bytes);
     return m;
   }
   m.layers.reserve(st.layers.size());
@@ -130,6 +130,10 @@ StateMark Model::mark(const SessionState& st) const {
     LayerState c;
     c.win_kv = l.win_kv, c.win_pos = l.win_pos;
     c.comp = without_entries(l.comp), c.index_comp = without_entries(l.index_comp);
+    for (const auto* v : {&c.win_kv, &c.comp.pend_kv, &c.comp.pend_gate, &c.comp.prev_kv, &c.comp.prev_gate,
+                          &c.index_comp.pend_kv, &c.index_comp.pend_gate, &c.index_comp.prev_kv, &c.index_comp.prev_gate})
+      m.bytes += int64_t(v->size() * sizeof(float));
+    m.bytes += int64_t(c.win_pos.size() * sizeof(int64_t));
     m.layers.push_back(std::move(c));
   }
   return m;

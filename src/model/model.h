@@ -37,7 +37,7 @@ class DeviceForward {
   virtual void reserve(SessionState& st, int64_t positions) const = 0;
   // StateMark::dev: a copy of what a forward overwrites in the session's device caches, and its restore (after the
   // forwards queued since the mark have run).
-  virtual std::shared_ptr<void> mark(const SessionState& st) const = 0;
+  virtual std::shared_ptr<void> mark(const SessionState& st, int64_t& bytes) const = 0;
   virtual void rollback(SessionState& st, const void* mark) const = 0;
   // What loading took of the device's memory (ModelInfo's device fields; empty if the backend has nothing to say).
   struct Memory {

@@ -44,6 +44,7 @@ struct StateMark {
   int64_t pos = 0;
   std::vector<LayerState> layers;  // the CPU reference's, without entries (CompressorState::n_entries: how many to keep)
   std::shared_ptr<void> dev;       // the CUDA backend's (DeviceForward::mark), opaque here
+  int64_t bytes = 0;               // what it holds (plumb bench --layers reports it)
 };
 
 }  // namespace plumb
