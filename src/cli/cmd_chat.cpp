@@ -11,13 +11,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <optional>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "cli/chat_transcript.h"
 #include "cli/commands.h"
 #include "cli/input_options.h"
 #include "cli/progress.h"
@@ -309,7 +308,7 @@ class ChatLoop {
   // as it was. Returns whether it loaded.
   bool load(const std::string& path, const char* what = "/load") {
     std::vector<ChatMessage> msgs;
-    if (const std::string why = read_transcript(path, msgs); !why.empty()) {
+    if (const std::string why = read_transcript(path, o_.mode.think, msgs); !why.empty()) {
       fmt::print(stderr, "error: {}: {}\n", what, why);
       return false;
     }
@@ -352,46 +351,6 @@ class ChatLoop {
     std::fflush(stdout);
     return true;
   }
-  // A transcript as /save writes it: {"thinking": bool, "messages": [{"role", "content", "reasoning_content"?}]},
-  // a system message first if any, then user and assistant turns by turns, ending with a reply. Returns "" or why not.
-  std::string read_transcript(const std::string& path, std::vector<ChatMessage>& out) const {
-    if (path.empty()) return "a file name is needed: /load FILE";
-    std::ifstream in(path);
-    if (!in) return fmt::format("cannot read {}", path);
-    nlohmann::json doc;
-    try {
-      doc = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      return fmt::format("{} is not valid JSON: {}", path, e.what());
-    }
-    if (!doc.is_object() || !doc.contains("messages") || !doc["messages"].is_array())
-      return fmt::format("{} has no \"messages\" array (a file /save wrote has one)", path);
-    if (doc.contains("thinking") && doc["thinking"].is_boolean() && doc["thinking"].get<bool>() != o_.mode.think)
-      return fmt::format("{} was saved in {} mode and this chat is in {} mode ({})", path,
-                         o_.mode.think ? "chat" : "thinking", o_.mode.think ? "thinking" : "chat",
-                         o_.mode.think ? "start plumb chat without --think" : "start plumb chat --think");
-    const auto& ms = doc["messages"];
-    for (size_t i = 0; i < ms.size(); ++i) {
-      const auto& m = ms[i];
-      auto text = [&](const char* key) -> const nlohmann::json* {
-        return m.is_object() && m.contains(key) && m[key].is_string() ? &m[key] : nullptr;
-      };
-      if (!text("role") || !text("content"))
-        return fmt::format("{}: message {} needs \"role\" and \"content\" strings", path, i + 1);
-      ChatMessage c{m["role"].get<std::string>(), m["content"].get<std::string>(), ""};
-      if (const auto* r = text("reasoning_content")) c.reasoning = r->get<std::string>();
-      // The order the turns make: [system] user assistant user assistant ...
-      const size_t k = i - (!out.empty() && out[0].role == "system" ? 1 : 0);
-      const char* want = i == 0 && c.role == "system" ? "system" : k % 2 == 0 ? "user" : "assistant";
-      if (c.role != want)
-        return fmt::format("{}: message {} is a \"{}\" message where the turns need \"{}\"", path, i + 1, c.role, want);
-      out.push_back(std::move(c));
-    }
-    if (out.empty() || out.back().role != "assistant")
-      return fmt::format("{}: the conversation must end with a reply (an \"assistant\" message)", path);
-    return "";
-  }
-
   void stats() {
     const ModelInfo& info = m_.engine->info();
     if (turns_ == 0) {
@@ -410,25 +369,9 @@ class ChatLoop {
   }
 
   void save(const std::string& path) {
-    if (path.empty()) {
-      fmt::print(stderr, "error: /save needs a file name: /save FILE\n");
-      return;
-    }
     // An error line like any other, but the conversation goes on (the transcript is still there to save elsewhere).
-    if (const std::string why = output_file_problem(path); !why.empty()) {
+    if (const std::string why = write_transcript(path, {m_.dir, o_.mode.think, seed_, transcript_}); !why.empty()) {
       fmt::print(stderr, "error: /save: {}\n", why);
-      return;
-    }
-    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-    for (const auto& m : transcript_) {
-      nlohmann::ordered_json j = {{"role", m.role}, {"content", m.content}};
-      if (!m.reasoning.empty()) j["reasoning_content"] = m.reasoning;
-      msgs.push_back(j);
-    }
-    const nlohmann::ordered_json doc = {{"model", m_.dir}, {"thinking", o_.mode.think}, {"seed", seed_}, {"messages", msgs}};
-    std::ofstream out(path);
-    if (!out || !(out << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n")) {
-      fmt::print(stderr, "error: /save: cannot write {}\n", path);
       return;
     }
     fmt::print("saved {} messages to {}\n", transcript_.size(), path);
