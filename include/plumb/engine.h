@@ -49,7 +49,7 @@ class Session;
 // A point of one session's timeline (Session::checkpoint) to come back to with Session::restore: to score several
 // continuations of one prefix, or to take back a chat turn. It holds what later calls overwrite (each layer's window
 // rows and its compressors' pending rows, on the host; the compressed entries, which only grow, by their count), not
-// the cache: the same size at any context (V4-Flash: up to ~22 MB on the CPU, ~14 MB on the GPU, ~63 MB under
+// the cache: the same size at any context (V4-Flash: up to ~22 MB on the CPU, ~23 MB on the GPU, ~66 MB under
 // cuda.fast, whose one-token steps keep their compressor inputs until a window completes). Shared and immutable; it
 // may outlive its session.
 class SessionCheckpoint {
