@@ -75,10 +75,12 @@ class ModelSession : public Session {
     if (m_->backend() != "cuda") return Session::forward_sample(tokens, sampler, history);  // (forward() guards the feed)
     const CallScope call(*this, "forward_sample");
     check(tokens);
-    // The feed is guarded; a sampler refusing the row after it (Model::forward_sample) leaves the tokens fed.
-    std::span<const int32_t> last;
-    guarded(tokens.size(), [&] { last = feed_all_but_last(tokens).back(); return 0; });
-    return m_->forward_sample(st_, last, sampler, history);
+    // Guarded as the other calls, but for the sampler's refusal of the last row (no finite logit), which comes once
+    // every token is fed (Model::forward_sample counts them first): the tokens stay fed, as on the host.
+    const int64_t fed = st_.pos + int64_t(tokens.size());
+    return guarded(
+        tokens.size(), [&] { return m_->forward_sample(st_, feed_all_but_last(tokens).back(), sampler, history); },
+        [&] { return st_.pos == fed; });
   }
   void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override {
     not_in_call("set_prefill_progress");
@@ -174,8 +176,9 @@ class ModelSession : public Session {
   // the session as it was before the call: with a stop or progress function set, a multi-token call with points
   // inside it (backend cpu: after each layer; cuda: between passes) marks the session first (Model::mark) and rolls
   // it back. (On the GPU a call of one pass has no such point: no mark, whose device copy would cost a sync.)
+  // `all_fed` (optional): true where an exception comes after every token was fed, which then keeps them.
   template <class F>
-  auto guarded(size_t n, F&& passes) -> decltype(passes()) {
+  auto guarded(size_t n, F&& passes, const std::function<bool()>& all_fed = {}) -> decltype(passes()) {
     if (n < 2 || (!progress_ && !stop_)) return passes();
     ask_stop(0, int64_t(n));  // (nothing fed yet: nothing to put back)
     if (m_->backend() == "cuda" && (chunk_ <= 0 || n <= size_t(chunk_))) return passes();
@@ -183,6 +186,7 @@ class ModelSession : public Session {
     try {
       return passes();
     } catch (...) {
+      if (all_fed && all_fed()) throw;
       const std::exception_ptr first = std::current_exception();
       try {
         m_->rollback(st_, mark);
