@@ -123,9 +123,10 @@ class Session {
   // calling thread before the call's first pass and wherever the progress above is reported (backend cpu: after
   // each layer; cuda: after each pass); true ends the call with plumb::Stopped and the session as it was before the
   // call (position() unchanged, its caches restored: the next call gives the logits it would have given). One-token
-  // calls are not asked. The session saves what a call may overwrite before its first pass while a stop or a
-  // progress function is set (the window's rows and the compressors' pending rows of each layer, not the whole
-  // cache). Returns the function set before (empty: none), so a caller can set one for a while and put it back.
+  // calls are not asked. While a stop or a progress function is set, a call with such points after its start (on the
+  // CPU every multi-token call; on the GPU one of more than one pass) first saves what it may overwrite (each layer's
+  // window rows and compressors' pending rows, as a checkpoint holds: not the whole cache). Returns the function set
+  // before (empty: none), so a caller can set one for a while and put it back.
   // The default implementation ignores it and returns an empty function.
   virtual std::function<bool()> set_prefill_stop(std::function<bool()> should_stop) {
     (void)should_stop;
