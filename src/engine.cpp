@@ -116,7 +116,12 @@ class ModelSession : public Session {
       PLUMB_CHECK(serial < cp->serial || pos >= cp->mark.pos, "restore: the checkpoint at position {} was left behind when "
                   "the session went back to position {} (a reset(), a restore or a stopped call): the positions after that "
                   "were fed anew", cp->mark.pos, pos);
-    m_->rollback(st_, cp->mark);  // (should it fail part way, broken_ stays or becomes set: only a reset() then)
+    try {
+      m_->rollback(st_, cp->mark);
+    } catch (...) {  // (part way: the session is neither here nor there until a restore() or reset() succeeds)
+      broken_ = fmt::format("restoring the checkpoint at position {}: {}", cp->mark.pos, message(nullptr));
+      throw;
+    }
     broken_.clear();
     rewound(cp->mark.pos);
   }
