@@ -184,7 +184,7 @@ class ModelSession : public Session {
   // `all_fed` (optional): true where an exception comes after every token was fed, which then keeps them.
   template <class F>
   auto guarded(size_t n, F&& passes, const std::function<bool()>& all_fed = {}) -> decltype(passes()) {
-    if (n < 2 || (!progress_ && !stop_)) return passes();
+    if (n < 2 || !watched()) return passes();
     ask_stop(0, int64_t(n));  // (nothing fed yet: nothing to put back)
     if (m_->backend() == "cuda" && (chunk_ <= 0 || n <= size_t(chunk_))) return passes();
     const StateMark mark = m_->mark(st_);
@@ -202,6 +202,7 @@ class ModelSession : public Session {
       throw;
     }
   }
+  bool watched() const { return progress_ || stop_; }  // a progress or stop function: calls have points to ask at
   void ask_stop(int64_t done, int64_t total) const {
     if (stop_ && stop_())
       throw Stopped(fmt::format("stopped after {} of the call's {} tokens (Session::set_prefill_stop): the session is as it "
@@ -217,12 +218,12 @@ class ModelSession : public Session {
   static int64_t fed_before(const std::vector<std::span<const int32_t>>& ps, size_t i) { return ps[i].data() - ps[0].data(); }
   // After pass i of `ps` (not the last): the tokens of the call fed so far.
   void report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) {
-    if (total >= 2 && (progress_ || stop_)) at_point(fed_before(ps, i) + int64_t(ps[i].size()), int64_t(total));
+    if (total >= 2 && watched()) at_point(fed_before(ps, i) + int64_t(ps[i].size()), int64_t(total));
   }
   // Inside pass i (the CPU backend calls it after each layer): the passes before plus this one's share by layers, so
   // a single long pass reports too. Its last layer is not reported (the pass's end is, or the call's return).
   std::function<void(int)> layer_report(const std::vector<std::span<const int32_t>>& ps, size_t i, size_t total) {
-    if ((!progress_ && !stop_) || total < 2) return {};  // (a decode step is no prefill)
+    if (!watched() || total < 2) return {};  // (a decode step is no prefill)
     const int64_t before = fed_before(ps, i), n = int64_t(ps[i].size()), layers = m_->config().n_layers;
     return [this, before, n, layers, total](int k) {
       if (k < layers) at_point(before + n * k / layers, int64_t(total));

@@ -125,6 +125,9 @@ class ChatLoop {
     total_prefill_ = total_generated_ = 0;
   }
 
+  // The chat format as the turns feed it (earlier reasoning kept in the cache, not dropped), for turns and /load alike.
+  ChatOptions chat_options() const { return {o_.mode.think, false, true, o_.mode.effort}; }
+
   // The loop's state before a turn, with the session's checkpoint then: what /undo and /retry go back to.
   struct TurnStart {
     std::shared_ptr<const SessionCheckpoint> cp;
@@ -154,7 +157,7 @@ class ChatLoop {
                    "/reset starts a new conversation\n");
       return;
     }
-    const ChatOptions co{o_.mode.think, false, true, o_.mode.effort};
+    const ChatOptions co = chat_options();
     std::string text = started_ ? std::string() : chat_prefix(o_.mode.system, co);
     text += chat_user_turn(user, o_.mode.think);
     // The previous reply's unfed tokens (its last token and the closing EOS) lead this turn's prefill.
@@ -312,8 +315,7 @@ class ChatLoop {
       fmt::print(stderr, "error: {}: {}\n", what, why);
       return false;
     }
-    const ChatOptions co{o_.mode.think, false, true, o_.mode.effort};
-    const std::vector<int32_t> ids = tok_.encode(encode_chat(msgs, co));
+    const std::vector<int32_t> ids = tok_.encode(encode_chat(msgs, chat_options()));
     const int64_t ctx = m_.engine->info().max_positions;
     if (ctx > 0 && int64_t(ids.size()) >= ctx) {  // (the next turn needs room too)
       fmt::print(stderr, "error: {}: {} is {} in the chat format; the model's context is {} tokens\n", what, path,

@@ -547,7 +547,6 @@ void ab_pairs(Batch& b, DecodeRow& r) {
   out(fmt::format("  A/B batch {}: B - A per pair in step order (us):{}\n", B, ds));
 }
 
-// One decode batch: B consecutive new tokens of one sequence per step, after a `context`-token prefill.
 // A session checkpoint where the batch's steps left the session (its window rows and pending compressor rows: what
 // Session::checkpoint holds and a stopped prefill puts back): its size and the median time to take and to restore it,
 // over 5 rounds; each restore puts the session back where it is, so the steps after are unchanged.
@@ -568,6 +567,7 @@ void checkpoint_cost(Batch& b, DecodeRow& r) {
                   r.checkpoint_mb / double(b.R.o.layers), r.mark_ms, r.rollback_ms));
 }
 
+// One decode batch: B consecutive new tokens of one sequence per step, after a `context`-token prefill.
 DecodeRow decode_batch(Run& R, int B) {
   DecodeRow r;
   r.batch = B;
