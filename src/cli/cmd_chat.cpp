@@ -3,7 +3,9 @@
 // history. Commands: /undo, /retry, /reset, /stats, /save FILE, /load FILE, /quit, /help. Works on a terminal and on
 // piped stdin.
 // Each turn starts from a session checkpoint (Session::checkpoint): /undo and /retry go back to it, and so does a
-// turn that fails after its tokens were fed.
+// turn that fails after its tokens were fed. The last --undo-depth turns' checkpoints are kept, so /undo can take
+// back one turn after another (each checkpoint stays valid: going back to a later one never rewinds below an
+// earlier one).
 #include <signal.h>
 #include <unistd.h>
 
@@ -60,6 +62,7 @@ struct ChatCliOptions {
   GenArgs gen;
   ChatModeArgs mode;
   std::string load;  // --load FILE: a conversation /save wrote, to go on with
+  int undo_depth = 8;  // --undo-depth N: the turns /undo can take back, one session checkpoint kept for each
 };
 
 struct TurnStats {
@@ -112,8 +115,7 @@ class ChatLoop {
  private:
   void reset() {
     session_->reset();
-    undo_.reset();
-    retries_ = 0;
+    undo_.clear();
     retry_pending_ = false;
     transcript_.clear();
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
@@ -132,6 +134,7 @@ class ChatLoop {
   struct TurnStart {
     std::shared_ptr<const SessionCheckpoint> cp;
     std::string user;
+    int retries = 0;  // /retry's of the turn that starts here (the next one's seed offset), set as the turn ends
     std::vector<int32_t> carry;
     bool started = false;
     int turns = 0;
@@ -140,7 +143,7 @@ class ChatLoop {
     int64_t total_prefill = 0, total_generated = 0;
   };
   TurnStart turn_start(const std::string& user) const {
-    return {session_->checkpoint(), user, carry_, started_, turns_, transcript_.size(), last_, total_prefill_, total_generated_};
+    return {session_->checkpoint(), user, 0, carry_, started_, turns_, transcript_.size(), last_, total_prefill_, total_generated_};
   }
   // Back to before a turn (the session restored first: if that fails, nothing else changes).
   void go_back(const TurnStart& t) {
@@ -150,8 +153,9 @@ class ChatLoop {
     total_prefill_ = t.total_prefill, total_generated_ = t.total_generated;
   }
 
-  // `retry`: the turn again (after /retry's go_back), drawing with the next retry's seed.
-  void turn(const std::string& user, bool retry = false) {
+  // retry_no > 0: the turn again (after /retry's go_back), drawing with that retry's seed.
+  void turn(const std::string& user, int retry_no = 0) {
+    const bool retry = retry_no > 0;
     if (failed_) {  // the cache holds a failed turn's tokens, which the transcript does not: no turn can follow them
       std::fprintf(stderr, "error: the last reply failed after its tokens were fed: /save FILE keeps the transcript, "
                    "/reset starts a new conversation\n");
@@ -166,7 +170,6 @@ class ChatLoop {
     prompt.insert(prompt.end(), ids.begin(), ids.end());
     GenerateOptions g = gopt_;
     // Reproducible per turn, not the same draws every turn, nor on each /retry of one (counted where a turn ends).
-    const int retry_no = retry ? retries_ + 1 : 0;
     g.sampling.seed = seed_ + uint64_t(turns_) + kRetrySeedStep * uint64_t(retry_no);
     const char* what = retry ? "the retry" : "the turn";
     std::optional<TurnStart> start;
@@ -226,8 +229,9 @@ class ChatLoop {
     transcript_.push_back({"user", user, ""});
     transcript_.push_back(parse_reply(r.text, o_.mode.think));
     last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
-    undo_ = std::move(start);
-    retries_ = retry_no;
+    start->retries = retry_no;
+    undo_.push_back(std::move(*start));
+    if (int(undo_.size()) > o_.undo_depth) undo_.erase(undo_.begin());  // (the oldest checkpoint goes)
     retry_pending_ = false;
     total_prefill_ += last_.prefill;
     total_generated_ += last_.generated;
@@ -257,14 +261,16 @@ class ChatLoop {
     } else if (cmd == "/help") {
       fmt::print("Ctrl-C       while a reply streams: stop that reply; while a message prefills: take it back\n"
                  "             (at the prompt: leave)\n"
-                 "/undo        take back the last turn (your message and its reply; one turn)\n"
+                 "/undo        take back the last turn (your message and its reply); again: the one before it\n"
+                 "             (the last {}, --undo-depth)\n"
                  "/retry       draw the last reply again (the next seed; greedy gives the same reply)\n"
                  "/reset       start a new conversation (clears the cache)\n"
                  "/stats       tokens prefilled and generated (last turn and totals), speeds\n"
                  "/save FILE   write the transcript as JSON messages\n"
                  "/load FILE   go on with a conversation /save wrote (its messages replace this one's)\n"
                  "/quit        leave (also /exit, or end of input)\n"
-                 "//TEXT       send the message /TEXT (a message that starts with a slash)\n");
+                 "//TEXT       send the message /TEXT (a message that starts with a slash)\n",
+                 count_text(o_.undo_depth, "turn"));
     } else {
       std::fflush(stdout);
       fmt::print(stderr, "error: unknown command {} (/help lists them; a message that starts with / is written //...)\n", cmd);
@@ -273,36 +279,45 @@ class ChatLoop {
     return true;
   }
 
-  // /undo: back to the last turn's start. /retry: that, then the turn again with the next retry's seed; a retry that
-  // does not finish (Ctrl-C in its prefill, an error) leaves the turn taken back, and /retry can draw it again.
+  // /undo: back to the last turn's start (again: to the one before it, while checkpoints are kept). /retry: back to
+  // the last turn's start, then the turn again with its next retry's seed; a retry that does not finish (Ctrl-C in
+  // its prefill, an error) leaves the turn taken back, and /retry can draw it again (/undo then takes back the turn
+  // before it).
   void undo_or_retry(bool retry) {
     const char* cmd = retry ? "/retry" : "/undo";
-    if (!undo_ || failed_) {
-      fmt::print(stderr, "error: {}: no turn to {} (only the last turn can be; /reset starts over)\n", cmd,
-                 retry ? "draw again" : "take back");
+    if (!retry && retry_pending_) {  // the last turn is taken back already: its entry goes, the session is at its start
+      if (undo_.size() < 2) {
+        fmt::print(stderr, "error: /undo: no earlier turn to take back (the last one is taken back already: /retry draws "
+                   "its reply again)\n");
+        return;
+      }
+      undo_.pop_back();
+      retry_pending_ = false;
+    }
+    if (undo_.empty() || failed_) {
+      fmt::print(stderr, "error: {}: no turn to {} ({}; /reset starts over)\n", cmd, retry ? "draw again" : "take back",
+                 turns_ == 0 ? "none yet"
+                 : failed_   ? "the last reply failed and could not be taken back"
+                             : fmt::format("at most the last {} (--undo-depth), none before a /load", count_text(o_.undo_depth, "turn")));
       return;
     }
-    if (!retry && retry_pending_) {
-      fmt::print(stderr, "error: /undo: the last turn is taken back already (its /retry did not finish): /retry draws its "
-                 "reply again\n");
-      return;
-    }
-    const TurnStart t = *undo_;
+    const TurnStart t = undo_.back();
     try {
       go_back(t);
     } catch (const Error& e) {
       fmt::print(stderr, "error: {}: {}\n", cmd, e.what());
       return;
     }
-    undo_.reset();
+    undo_.pop_back();
     if (!retry) {
       fmt::print("(took back the last turn; the conversation is as it was before it)\n");
       return;
     }
     std::fflush(stdout);
     fmt::print(stderr, "(drawing the reply again)\n");
-    turn(t.user, true);
-    if (!undo_) undo_ = t, retry_pending_ = true;  // (it did not finish: the turn can still be retried)
+    const size_t kept = undo_.size();
+    turn(t.user, t.retries + 1);
+    if (undo_.size() == kept) undo_.push_back(t), retry_pending_ = true;  // (it did not finish: it can still be retried)
   }
 
   // /load FILE (and --load): a conversation /save wrote becomes this chat's. Its messages are rendered in the chat
@@ -338,8 +353,7 @@ class ChatLoop {
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     session_ = std::move(fresh);
-    undo_.reset();
-    retries_ = 0;
+    undo_.clear();
     retry_pending_ = false;
     failed_ = false;
     transcript_ = std::move(msgs);
@@ -390,9 +404,8 @@ class ChatLoop {
   std::vector<int32_t> carry_;
   bool started_ = false;
   bool failed_ = false;  // a turn failed after feeding the session and its checkpoint could not be restored (turn())
-  std::optional<TurnStart> undo_;  // the last turn's start (/undo, /retry), if it can be gone back to
-  int retries_ = 0;                // /retry's of the last turn (its seed's offset)
-  bool retry_pending_ = false;     // a /retry did not finish: the last turn is taken back, /retry may draw it again
+  std::vector<TurnStart> undo_;  // the last turns' starts, oldest first (/undo, /retry), at most --undo-depth
+  bool retry_pending_ = false;   // a /retry did not finish: the last turn is taken back (undo_'s last), /retry may draw it again
   static constexpr uint64_t kRetrySeedStep = 1000003;  // each /retry's seed: + this (a turn's: the session seed + its number)
   int turns_ = 0;
   TurnStats last_;
@@ -409,6 +422,11 @@ void register_chat(CLI::App& app) {
   add_chat_mode_options(cmd, o->mode, "system prompt", "thinking mode: each reply opens with <think>");
   add_sampling_options(cmd, o->gen);
   cmd->add_option("--load", o->load, "go on with a conversation /save wrote (as /load FILE)")->check(CLI::ExistingFile);
+  cmd->add_option("--undo-depth", o->undo_depth,
+                  "turns /undo can take back, one after another; each keeps a session checkpoint (V4-Flash: ~22 MB, "
+                  "~66 MB on the GPU under cuda.fast)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
   cmd->callback([o] {
     check_generate_options(o->gen.gen);  // before the load: a bad option should not wait for it
     ChatLoop loop(*o, load_model(o->model));

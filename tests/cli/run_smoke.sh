@@ -184,13 +184,31 @@ n_msgs() { python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["
 last_reply() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["messages"][-1]["content"])' "$1" 2>/dev/null; }
 mapfile -t lines <"$tmp/c.out"
 # stdout: reply 1, reply 2, "(took back ...)", 2 /stats lines, "saved", reply 2 again, the retry's reply, "saved"
-[ $rc -eq 0 ] && [ "$(head -1 "$tmp/c.err")" = "error: /undo: no turn to take back (only the last turn can be; /reset starts over)" ] &&
+[ $rc -eq 0 ] && [ "$(head -1 "$tmp/c.err")" = "error: /undo: no turn to take back (none yet; /reset starts over)" ] &&
   [ "${lines[2]}" = "(took back the last turn; the conversation is as it was before it)" ] &&
   [[ "${lines[4]}" == "session: 1 turn, "* ]] && [ "$(n_msgs "$tmp/undo.json")" = 2 ] &&
   [ "${lines[1]}" = "${lines[6]}" ] && [ "${lines[6]}" = "${lines[7]}" ] && [ "$(n_msgs "$tmp/retry.json")" = 4 ] &&
   [ "$(last_reply "$tmp/retry.json")" = "${lines[7]}" ] && grep -q "^(drawing the reply again)$" "$tmp/c.err" &&
   ok "chat: /undo takes back the last turn (the same reply after it), /retry draws it again" ||
   bad "chat /undo and /retry: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+# /undo again takes back the turn before (each turn's checkpoint kept, up to --undo-depth): after two turns, two
+# /undo leave no turn and an empty cache, and the first message again gets the first reply; a third is an error line.
+# With --undo-depth 1 the second /undo is refused: only the last turn's checkpoint was kept.
+printf 'My name is Tom.\nWhat is my name?\n/undo\n/undo\n/stats\n/undo\nMy name is Tom.\n' |
+  "$plumb" chat -q -n 12 --temperature 0 >"$tmp/u.out" 2>"$tmp/u.err"
+rc=$?
+printf 'My name is Tom.\nWhat is my name?\n/undo\n/undo\n/stats\n' | "$plumb" chat -q -n 12 --temperature 0 --undo-depth 1 \
+  >"$tmp/u1.out" 2>"$tmp/u1.err"
+rc1=$?
+mapfile -t lines <"$tmp/u.out"
+[ $rc -eq 0 ] && [ $rc1 -eq 0 ] && [ "${lines[2]}" = "(took back the last turn; the conversation is as it was before it)" ] &&
+  [ "${lines[3]}" = "${lines[2]}" ] && [[ "${lines[4]}" == "no turn yet; session: 0 tokens cached"* ]] &&
+  [ -n "${lines[0]}" ] && [ "${lines[5]}" = "${lines[0]}" ] &&
+  [ "$(cat "$tmp/u.err")" = "error: /undo: no turn to take back (none yet; /reset starts over)" ] &&
+  [ "$(cat "$tmp/u1.err")" = "error: /undo: no turn to take back (at most the last 1 turn (--undo-depth), none before a /load; /reset starts over)" ] &&
+  grep -q "^session: 1 turn, " "$tmp/u1.out" &&
+  ok "chat: /undo twice takes back two turns (the first reply again after them); --undo-depth 1 keeps one" ||
+  bad "chat /undo twice: exit status $rc / $rc1, stdout: $(cat "$tmp/u.out") / $(cat "$tmp/u1.out"), stderr: $(cat "$tmp/u.err") / $(cat "$tmp/u1.err")"
 # /retry's draws: the k-th retry of turn t samples with the seed + t + 1000003 k, so the first retry of a chat's first
 # turn is what a chat seeded 1000003 further draws for it (and, here, another reply than the first draw).
 printf 'Tell me a story\n/retry\n' | "$plumb" chat -q -n 10 --seed 5 --temperature 1 >"$tmp/r1.out" 2>/dev/null
