@@ -230,6 +230,8 @@ class ChatLoop {
     transcript_.push_back(parse_reply(r.text, o_.mode.think));
     last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
     start->retries = retry_no;
+    // (After a /retry that did not finish, the taken-back turn's start is this turn's: the one entry stands for both.)
+    if (retry_pending_) undo_.pop_back();
     undo_.push_back(std::move(*start));
     if (int(undo_.size()) > o_.undo_depth) undo_.erase(undo_.begin());  // (the oldest checkpoint goes)
     retry_pending_ = false;
@@ -309,6 +311,7 @@ class ChatLoop {
       return;
     }
     undo_.pop_back();
+    retry_pending_ = false;
     if (!retry) {
       fmt::print("(took back the last turn; the conversation is as it was before it)\n");
       return;
