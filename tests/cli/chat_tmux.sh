@@ -2,7 +2,8 @@
 # `plumb chat` in a real pseudo-terminal (tmux): three turns on the bundled model, checking that each reply
 # appears, that the model remembers the first turn in the third (the cache is kept), and that /stats after the
 # second turn reports a prefill of exactly that turn's own tokens (the previous reply's closing EOS + the user
-# turn + the assistant opening), not the whole history; then Ctrl-C during a reply and during a prefill. Exit 77 (CTest SKIP_RETURN_CODE) without tmux.
+# turn + the assistant opening), not the whole history; then Ctrl-C during a reply, during a prefill and during a
+# /retry's prefill (then /undo). Exit 77 (CTest SKIP_RETURN_CODE) without tmux.
 # Usage: tests/cli/chat_tmux.sh [PLUMB_BINARY]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -131,6 +132,27 @@ reply 2 | grep -q '^no turn yet; session: 0 tokens cached' && ok "/stats: no tur
 say "Hello!"
 wait_prompts 4 || exit 1
 [ -n "$(reply 3)" ] && ok "the next message is answered: $(reply 3)" || bad "no reply after a stopped prefill"
+# A /retry stopped in its prefill leaves its turn taken back; /undo then takes back the turn before it (the undo
+# list's entry of the taken-back turn goes first), so /stats shows no turn and nothing cached. The long message is
+# sent in full this time, then drawn again and stopped once the retry's own progress line shows.
+say "$long"
+wait_prompts 5 || exit 1
+say "/retry"
+for _ in $(seq 300); do
+  pane | awk '/^\(drawing the reply again\)$/ {d = 1} d && /prefill: [0-9]* \/ [0-9]* tokens/ {f = 1} END {exit !f}' && break
+  sleep 0.1
+done
+tmux -L "$sock" send-keys -t "$sess" C-c
+wait_prompts 6 || exit 1
+pane | grep -q '^(retry stopped: Ctrl-C during its prefill; the last turn stays taken back: /retry draws it again)$' &&
+  ok "Ctrl-C during a /retry's prefill left the turn taken back" || { bad "Ctrl-C during a retry's prefill:"; pane | tail -5; }
+say "/undo"
+wait_prompts 7 || exit 1
+say "/stats"
+wait_prompts 8 || exit 1
+[ "$(reply 6)" = "(took back the last turn; the conversation is as it was before it)" ] &&
+  reply 7 | grep -q '^no turn yet; session: 0 tokens cached' && ok "/undo after it took back the turn before: no turn, nothing cached" ||
+  bad "/undo after a stopped retry: $(reply 6) / $(reply 7)"
 say "/quit"
 for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
 pane | grep -q CHAT-EXITED && ok "/quit left" || bad "after a stopped prefill the chat did not /quit"
