@@ -116,6 +116,7 @@ class ChatLoop {
   void reset() {
     session_->reset();
     undo_.clear();
+    trimmed_ = loaded_ = false;
     retry_pending_ = false;
     transcript_.clear();
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
@@ -153,13 +154,14 @@ class ChatLoop {
     total_prefill_ = t.total_prefill, total_generated_ = t.total_generated;
   }
 
-  // retry_no > 0: the turn again (after /retry's go_back), drawing with that retry's seed.
-  void turn(const std::string& user, int retry_no = 0) {
+  // retry_no > 0: the turn again (after /retry's go_back), drawing with that retry's seed. Returns whether the turn
+  // failed after its tokens were fed (its draws were made: a retry of it should not repeat them).
+  bool turn(const std::string& user, int retry_no = 0) {
     const bool retry = retry_no > 0;
     if (failed_) {  // the cache holds a failed turn's tokens, which the transcript does not: no turn can follow them
       std::fprintf(stderr, "error: the last reply failed after its tokens were fed: /save FILE keeps the transcript, "
-                   "/reset starts a new conversation\n");
-      return;
+                   "/reset or /load starts a new conversation\n");
+      return false;
     }
     const ChatOptions co = chat_options();
     std::string text = started_ ? std::string() : chat_prefix(o_.mode.system, co);
@@ -194,8 +196,9 @@ class ChatLoop {
       // An error before the session was touched (a turn past the context) leaves the conversation as it was. One
       // after (a backend failure, logits without a finite value) may have written the caches, even inside a pass
       // that did not count its tokens: the turn's checkpoint puts them back (should that fail, the chat cannot go on).
+      bool fed = false;
       if (start) {
-        const bool fed = session_->position() != before;
+        fed = session_->position() != before;
         try {
           go_back(*start);
           if (fed || retry)
@@ -203,13 +206,13 @@ class ChatLoop {
                          retry ? "; the last turn stays taken back: /retry draws it again" : "");
         } catch (const Error& e2) {
           failed_ = true;
-          std::fprintf(stderr, "error: %s\n(the conversation cannot go on: /save FILE keeps the transcript, /reset starts a "
-                       "new one)\n", e2.what());
+          std::fprintf(stderr, "error: %s\n(the conversation cannot go on: /save FILE keeps the transcript, /reset or "
+                       "/load starts a new one)\n", e2.what());
         }
       } else if (session_->position() > 0) {
         std::fprintf(stderr, "(use /reset to start a new conversation)\n");
       }
-      return;
+      return fed;
     }
     if (!newline) std::fputc('\n', stdout);
     std::fflush(stdout);
@@ -218,7 +221,7 @@ class ChatLoop {
         std::fprintf(stderr, "(retry stopped: Ctrl-C during its prefill; the last turn stays taken back: /retry draws it again)\n");
       else
         std::fprintf(stderr, "(message not sent: Ctrl-C stopped its prefill; the conversation is as it was)\n");
-      return;
+      return false;
     }
     if (r.stop == StopReason::Cancelled) std::fprintf(stderr, "(reply stopped: Ctrl-C; the conversation goes on)\n");
     started_ = true;
@@ -233,12 +236,13 @@ class ChatLoop {
     // (After a /retry that did not finish, the taken-back turn's start is this turn's: the one entry stands for both.)
     if (retry_pending_) undo_.pop_back();
     undo_.push_back(std::move(*start));
-    if (int(undo_.size()) > o_.undo_depth) undo_.erase(undo_.begin());  // (the oldest checkpoint goes)
+    if (int(undo_.size()) > o_.undo_depth) undo_.erase(undo_.begin()), trimmed_ = true;  // (the oldest checkpoint goes)
     retry_pending_ = false;
     total_prefill_ += last_.prefill;
     total_generated_ += last_.generated;
     if (r.stop == StopReason::Context)
       std::fprintf(stderr, "(the context is full: /undo takes the last turn back, /reset starts a new conversation)\n");
+    return false;
   }
 
   // Returns false to quit.
@@ -287,20 +291,31 @@ class ChatLoop {
   // before it).
   void undo_or_retry(bool retry) {
     const char* cmd = retry ? "/retry" : "/undo";
-    if (!retry && retry_pending_) {  // the last turn is taken back already: its entry goes, the session is at its start
+    if (failed_) {
+      fmt::print(stderr, "error: {}: the last reply failed and could not be taken back (/save FILE keeps the transcript; "
+                 "/reset or /load starts over)\n", cmd);
+      return;
+    }
+    // Why no (earlier) turn is kept: none yet, or the ones before were let go (--undo-depth) or came with a /load.
+    auto why_none = [&] {
+      if (turns_ == 0) return std::string("none yet");
+      std::string w = trimmed_ ? fmt::format("--undo-depth keeps the last {}", count_text(o_.undo_depth, "turn")) : "";
+      if (loaded_) w += std::string(w.empty() ? "" : "; ") + "none before a /load";
+      return w.empty() ? std::string("none kept") : w;
+    };
+    bool earlier = false;  // the last turn was taken back already (an unfinished /retry): /undo goes to the one before
+    if (!retry && retry_pending_) {  // (its entry goes: the session is at its start already)
       if (undo_.size() < 2) {
-        fmt::print(stderr, "error: /undo: no earlier turn to take back (the last one is taken back already: /retry draws "
-                   "its reply again)\n");
+        fmt::print(stderr, "error: /undo: no earlier turn to take back ({}); the last one is taken back already: /retry "
+                   "draws its reply again\n", why_none());
         return;
       }
       undo_.pop_back();
       retry_pending_ = false;
+      earlier = true;
     }
-    if (undo_.empty() || failed_) {
-      fmt::print(stderr, "error: {}: no turn to {} ({}; /reset starts over)\n", cmd, retry ? "draw again" : "take back",
-                 turns_ == 0 ? "none yet"
-                 : failed_   ? "the last reply failed and could not be taken back"
-                             : fmt::format("at most the last {} (--undo-depth), none before a /load", count_text(o_.undo_depth, "turn")));
+    if (undo_.empty()) {
+      fmt::print(stderr, "error: {}: no turn to {} ({}; /reset starts over)\n", cmd, retry ? "draw again" : "take back", why_none());
       return;
     }
     const TurnStart t = undo_.back();
@@ -313,14 +328,20 @@ class ChatLoop {
     undo_.pop_back();
     retry_pending_ = false;
     if (!retry) {
-      fmt::print("(took back the last turn; the conversation is as it was before it)\n");
+      fmt::print("(took back {}; the conversation is as it was before it)\n",
+                 earlier ? "the turn before the one taken back already" : "the last turn");
       return;
     }
     std::fflush(stdout);
     fmt::print(stderr, "(drawing the reply again)\n");
     const size_t kept = undo_.size();
-    turn(t.user, t.retries + 1);
-    if (undo_.size() == kept) undo_.push_back(t), retry_pending_ = true;  // (it did not finish: it can still be retried)
+    const bool drawn = turn(t.user, t.retries + 1);
+    if (undo_.size() == kept) {  // it did not finish: the turn stays taken back and can be retried
+      TurnStart back = t;
+      if (drawn) back.retries = t.retries + 1;  // (its draws were made: the next /retry takes the next seed)
+      undo_.push_back(std::move(back));
+      retry_pending_ = true;
+    }
   }
 
   // /load FILE (and --load): a conversation /save wrote becomes this chat's. Its messages are rendered in the chat
@@ -357,6 +378,7 @@ class ChatLoop {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     session_ = std::move(fresh);
     undo_.clear();
+    trimmed_ = false, loaded_ = true;
     retry_pending_ = false;
     failed_ = false;
     transcript_ = std::move(msgs);
@@ -408,6 +430,8 @@ class ChatLoop {
   bool started_ = false;
   bool failed_ = false;  // a turn failed after feeding the session and its checkpoint could not be restored (turn())
   std::vector<TurnStart> undo_;  // the last turns' starts, oldest first (/undo, /retry), at most --undo-depth
+  bool trimmed_ = false;         // undo_ let its oldest entries go (--undo-depth)
+  bool loaded_ = false;          // the conversation began with a /load (no entries for its turns)
   bool retry_pending_ = false;   // a /retry did not finish: the last turn is taken back (undo_'s last), /retry may draw it again
   static constexpr uint64_t kRetrySeedStep = 1000003;  // each /retry's seed: + this (a turn's: the session seed + its number)
   int turns_ = 0;
@@ -426,8 +450,8 @@ void register_chat(CLI::App& app) {
   add_sampling_options(cmd, o->gen);
   cmd->add_option("--load", o->load, "go on with a conversation /save wrote (as /load FILE)")->check(CLI::ExistingFile);
   cmd->add_option("--undo-depth", o->undo_depth,
-                  "turns /undo can take back, one after another; each keeps a session checkpoint (V4-Flash: ~22 MB, "
-                  "~66 MB on the GPU under cuda.fast)")
+                  "turns /undo can take back, one after another; each keeps a session checkpoint in host memory "
+                  "(V4-Flash: ~22 MB, ~66 MB with the GPU's cuda.fast)")
       ->capture_default_str()
       ->check(CLI::Range(1, 10000));
   cmd->callback([o] {

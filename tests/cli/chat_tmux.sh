@@ -150,9 +150,37 @@ say "/undo"
 wait_prompts 7 || exit 1
 say "/stats"
 wait_prompts 8 || exit 1
-[ "$(reply 6)" = "(took back the last turn; the conversation is as it was before it)" ] &&
+[ "$(reply 6)" = "(took back the turn before the one taken back already; the conversation is as it was before it)" ] &&
   reply 7 | grep -q '^no turn yet; session: 0 tokens cached' && ok "/undo after it took back the turn before: no turn, nothing cached" ||
   bad "/undo after a stopped retry: $(reply 6) / $(reply 7)"
+# A new message after such a stopped retry takes the taken-back turn's place: /undo then goes back to before it (one
+# turn left), and again to before the first.
+say "Hello!"
+wait_prompts 9 || exit 1
+say "$long"
+wait_prompts 10 || exit 1
+say "/retry"
+for _ in $(seq 300); do
+  pane | awk '/^\(drawing the reply again\)$/ {d++} d == 2 && /prefill: [0-9]* \/ [0-9]* tokens/ {f = 1} END {exit !f}' && break
+  sleep 0.1
+done
+tmux -L "$sock" send-keys -t "$sess" C-c
+wait_prompts 11 || exit 1
+say "What is my name?"
+wait_prompts 12 || exit 1
+say "/undo"
+wait_prompts 13 || exit 1
+say "/stats"
+wait_prompts 14 || exit 1
+say "/undo"
+wait_prompts 15 || exit 1
+say "/stats"
+wait_prompts 16 || exit 1
+[ "$(pane | grep -c '^(retry stopped: Ctrl-C during its prefill; the last turn stays taken back: /retry draws it again)$')" = 2 ] &&
+  [ "$(reply 12)" = "(took back the last turn; the conversation is as it was before it)" ] &&
+  reply 13 | grep -q '^session: 1 turn, ' && reply 15 | grep -q '^no turn yet; session: 0 tokens cached' &&
+  ok "a message after a stopped retry took its place: /undo twice went back one turn, then to none" ||
+  bad "a message after a stopped retry: $(reply 12) / $(reply 13) / $(reply 15)"
 say "/quit"
 for _ in $(seq 100); do pane | grep -q CHAT-EXITED && break; sleep 0.1; done
 pane | grep -q CHAT-EXITED && ok "/quit left" || bad "after a stopped prefill the chat did not /quit"

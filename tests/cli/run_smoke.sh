@@ -205,7 +205,7 @@ mapfile -t lines <"$tmp/u.out"
   [ "${lines[3]}" = "${lines[2]}" ] && [[ "${lines[4]}" == "no turn yet; session: 0 tokens cached"* ]] &&
   [ -n "${lines[0]}" ] && [ "${lines[5]}" = "${lines[0]}" ] &&
   [ "$(cat "$tmp/u.err")" = "error: /undo: no turn to take back (none yet; /reset starts over)" ] &&
-  [ "$(cat "$tmp/u1.err")" = "error: /undo: no turn to take back (at most the last 1 turn (--undo-depth), none before a /load; /reset starts over)" ] &&
+  [ "$(cat "$tmp/u1.err")" = "error: /undo: no turn to take back (--undo-depth keeps the last 1 turn; /reset starts over)" ] &&
   grep -q "^session: 1 turn, " "$tmp/u1.out" &&
   ok "chat: /undo twice takes back two turns (the first reply again after them); --undo-depth 1 keeps one" ||
   bad "chat /undo twice: exit status $rc / $rc1, stdout: $(cat "$tmp/u.out") / $(cat "$tmp/u1.out"), stderr: $(cat "$tmp/u.err") / $(cat "$tmp/u1.err")"
@@ -221,11 +221,14 @@ printf 'Tell me a story\n' | "$plumb" chat -q -n 10 --seed 1000008 --temperature
 # gave (the same tokens in the cache); a file that is no transcript, or of the other mode, is an error line and the
 # conversation stays as it was; --load of such a file ends the chat with exit status 2.
 printf 'My name is Tom.\n/save %s\nWhat is my name?\n' "$tmp/tom.json" | "$plumb" chat -q -n 12 --temperature 0 >"$tmp/c1.out" 2>&1
-printf 'What is my name?\n/stats\n' | "$plumb" chat -q -n 12 --temperature 0 --load "$tmp/tom.json" >"$tmp/c2.out" 2>"$tmp/c.err"
+printf 'What is my name?\n/stats\n/undo\n/undo\n' | "$plumb" chat -q -n 12 --temperature 0 --load "$tmp/tom.json" >"$tmp/c2.out" 2>"$tmp/c.err"
 rc=$?
+# (the turn after the load can be taken back, the loaded ones not: the second /undo names the /load)
 [ $rc -eq 0 ] && [ "$(sed -n 3p "$tmp/c1.out")" = "$(sed -n 2p "$tmp/c2.out")" ] && [ -n "$(sed -n 2p "$tmp/c2.out")" ] &&
   grep -q "^loaded 2 messages from $tmp/tom.json (" "$tmp/c2.out" && grep -q "^session: 2 turns, " "$tmp/c2.out" &&
-  ok "chat --load: the next turn's reply is the saved chat's ($(sed -n 2p "$tmp/c2.out"))" ||
+  grep -q "^(took back the last turn; the conversation is as it was before it)$" "$tmp/c2.out" &&
+  [ "$(cat "$tmp/c.err")" = "error: /undo: no turn to take back (none before a /load; /reset starts over)" ] &&
+  ok "chat --load: the next turn's reply is the saved chat's ($(sed -n 2p "$tmp/c2.out")); /undo stops at the load" ||
   bad "chat --load: exit status $rc, first chat: $(cat "$tmp/c1.out"), loaded: $(cat "$tmp/c2.out"), stderr: $(cat "$tmp/c.err")"
 printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi"}]}' >"$tmp/order.json"
 printf 'not json' >"$tmp/notjson.json"
