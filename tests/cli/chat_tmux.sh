@@ -135,15 +135,20 @@ wait_prompts 4 || exit 1
 # A /retry stopped in its prefill leaves its turn taken back; /undo then takes back the turn before it (the undo
 # list's entry of the taken-back turn goes first), so /stats shows no turn and nothing cached. The long message is
 # sent in full this time, then drawn again and stopped once the retry's own progress line shows.
-say "$long"
-wait_prompts 5 || exit 1
-say "/retry"
-for _ in $(seq 300); do
-  pane | awk '/^\(drawing the reply again\)$/ {d = 1} d && /prefill: [0-9]* \/ [0-9]* tokens/ {f = 1} END {exit !f}' && break
-  sleep 0.1
-done
-tmux -L "$sock" send-keys -t "$sess" C-c
-wait_prompts 6 || exit 1
+# The long message in full at prompt N, then /retry, stopped by Ctrl-C once the K-th "(drawing the reply again)"
+# has a live progress line after it (the retry's own prefill): the chat is back at prompt N + 2 after it.
+long_then_stopped_retry() {
+  say "$long"
+  wait_prompts $(($1 + 1)) || exit 1
+  say "/retry"
+  for _ in $(seq 300); do
+    pane | awk -v k="$2" '/^\(drawing the reply again\)$/ {d++} d == k && /prefill: [0-9]* \/ [0-9]* tokens/ {f = 1} END {exit !f}' && break
+    sleep 0.1
+  done
+  tmux -L "$sock" send-keys -t "$sess" C-c
+  wait_prompts $(($1 + 2)) || exit 1
+}
+long_then_stopped_retry 4 1
 pane | grep -q '^(retry stopped: Ctrl-C during its prefill; the last turn stays taken back: /retry draws it again)$' &&
   ok "Ctrl-C during a /retry's prefill left the turn taken back" || { bad "Ctrl-C during a retry's prefill:"; pane | tail -5; }
 say "/undo"
@@ -157,15 +162,7 @@ wait_prompts 8 || exit 1
 # turn left), and again to before the first.
 say "Hello!"
 wait_prompts 9 || exit 1
-say "$long"
-wait_prompts 10 || exit 1
-say "/retry"
-for _ in $(seq 300); do
-  pane | awk '/^\(drawing the reply again\)$/ {d++} d == 2 && /prefill: [0-9]* \/ [0-9]* tokens/ {f = 1} END {exit !f}' && break
-  sleep 0.1
-done
-tmux -L "$sock" send-keys -t "$sess" C-c
-wait_prompts 11 || exit 1
+long_then_stopped_retry 9 2
 say "What is my name?"
 wait_prompts 12 || exit 1
 say "/undo"
