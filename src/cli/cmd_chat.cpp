@@ -117,7 +117,6 @@ class ChatLoop {
     session_->reset();
     undo_.clear();
     trimmed_ = loaded_ = false;
-    retry_pending_ = false;
     transcript_.clear();
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
     carry_.clear();
@@ -158,6 +157,7 @@ class ChatLoop {
   // failed after its tokens were fed (its draws were made: a retry of it should not repeat them).
   bool turn(const std::string& user, int retry_no = 0) {
     const bool retry = retry_no > 0;
+    const bool replaces = taken_back();  // (after a /retry that did not finish: its turn's entry, see below)
     if (failed_) {  // the cache holds a failed turn's tokens, which the transcript does not: no turn can follow them
       std::fprintf(stderr, "error: the last reply failed after its tokens were fed: /save FILE keeps the transcript, "
                    "/reset or /load starts a new conversation\n");
@@ -234,10 +234,9 @@ class ChatLoop {
     last_ = {int64_t(prompt.size()), int64_t(r.tokens.size()), r.prefill_seconds, r.decode_seconds, r.stop};
     start->retries = retry_no;
     // (After a /retry that did not finish, the taken-back turn's start is this turn's: the one entry stands for both.)
-    if (retry_pending_) undo_.pop_back();
+    if (replaces) undo_.pop_back();
     undo_.push_back(std::move(*start));
     if (int(undo_.size()) > o_.undo_depth) undo_.erase(undo_.begin()), trimmed_ = true;  // (the oldest checkpoint goes)
-    retry_pending_ = false;
     total_prefill_ += last_.prefill;
     total_generated_ += last_.generated;
     if (r.stop == StopReason::Context)
@@ -304,14 +303,13 @@ class ChatLoop {
       return w.empty() ? std::string("none kept") : w;
     };
     bool earlier = false;  // the last turn was taken back already (an unfinished /retry): /undo goes to the one before
-    if (!retry && retry_pending_) {  // (its entry goes: the session is at its start already)
+    if (!retry && taken_back()) {  // (its entry goes: the session is at its start already)
       if (undo_.size() < 2) {
         fmt::print(stderr, "error: /undo: no earlier turn to take back ({}); the last one is taken back already: /retry "
                    "draws its reply again\n", why_none());
         return;
       }
       undo_.pop_back();
-      retry_pending_ = false;
       earlier = true;
     }
     if (undo_.empty()) {
@@ -326,7 +324,6 @@ class ChatLoop {
       return;
     }
     undo_.pop_back();
-    retry_pending_ = false;
     if (!retry) {
       fmt::print("(took back {}; the conversation is as it was before it)\n",
                  earlier ? "the turn before the one taken back already" : "the last turn");
@@ -336,11 +333,10 @@ class ChatLoop {
     fmt::print(stderr, "(drawing the reply again)\n");
     const size_t kept = undo_.size();
     const bool drawn = turn(t.user, t.retries + 1);
-    if (undo_.size() == kept) {  // it did not finish: the turn stays taken back and can be retried
+    if (undo_.size() == kept) {  // it did not finish: the turn stays taken back (taken_back()) and can be retried
       TurnStart back = t;
       if (drawn) back.retries = t.retries + 1;  // (its draws were made: the next /retry takes the next seed)
       undo_.push_back(std::move(back));
-      retry_pending_ = true;
     }
   }
 
@@ -379,7 +375,6 @@ class ChatLoop {
     session_ = std::move(fresh);
     undo_.clear();
     trimmed_ = false, loaded_ = true;
-    retry_pending_ = false;
     failed_ = false;
     transcript_ = std::move(msgs);
     carry_.clear();  // (the rendering closes the last reply with its EOS)
@@ -432,7 +427,9 @@ class ChatLoop {
   std::vector<TurnStart> undo_;  // the last turns' starts, oldest first (/undo, /retry), at most --undo-depth
   bool trimmed_ = false;         // undo_ let its oldest entries go (--undo-depth)
   bool loaded_ = false;          // the conversation began with a /load (no entries for its turns)
-  bool retry_pending_ = false;   // a /retry did not finish: the last turn is taken back (undo_'s last), /retry may draw it again
+  // A /retry did not finish: the last turn is taken back already (the session is at undo_'s last start; after a turn
+  // that finished it is past it, every turn feeding tokens), and /retry may draw it again.
+  bool taken_back() const { return !undo_.empty() && session_->position() == undo_.back().cp->position(); }
   static constexpr uint64_t kRetrySeedStep = 1000003;  // each /retry's seed: + this (a turn's: the session seed + its number)
   int turns_ = 0;
   TurnStats last_;
