@@ -269,6 +269,7 @@ class ModelEngine : public Engine {
     const DeviceForward::Memory dm = m_->device_memory();
     info.device = dm.device;
     info.device_loaded_bytes = dm.loaded, info.device_free_bytes = dm.free, info.device_total_bytes = dm.total;
+    info.host_weight_bytes = dm.host;
     info_ = std::make_shared<const ModelInfo>(std::move(info));
   }
   const ModelInfo& info() const override { return *info_; }

@@ -42,6 +42,7 @@ struct ModelInfo {
   // buffers) and what it left free of the total; empty and 0 on the CPU.
   std::string device;
   int64_t device_loaded_bytes = 0, device_free_bytes = 0, device_total_bytes = 0;
+  int64_t host_weight_bytes = 0;  // cuda.host_experts: the routed experts' weights kept in pinned host memory
 };
 
 class Session;

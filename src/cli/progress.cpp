@@ -337,9 +337,10 @@ LoadedModel load_model(const ModelArgs& a) {
     if (!mem.empty())
       std::fprintf(stderr, "memory: %s (the weights are mapped from the files, not copied)\n", mem.c_str());
     if (!info.device.empty())
-      fmt::print(stderr, "gpu memory: the weights took {} of the GPU ({}); {} free of {} for the caches\n",
-                 human_bytes(double(info.device_loaded_bytes)), info.device, human_bytes(double(info.device_free_bytes)),
-                 human_bytes(double(info.device_total_bytes)));
+      fmt::print(stderr, "gpu memory: the weights took {} of the GPU ({}){}; {} free of {} for the caches\n",
+                 human_bytes(double(info.device_loaded_bytes)), info.device,
+                 info.host_weight_bytes ? fmt::format(" and {} of pinned host memory", human_bytes(double(info.host_weight_bytes))) : "",
+                 human_bytes(double(info.device_free_bytes)), human_bytes(double(info.device_total_bytes)));
   }
   m.eos = info.eos_token >= 0 ? info.eos_token : m.tok->eos_id();
   return m;

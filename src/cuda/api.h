@@ -56,10 +56,13 @@ void synchronize();  // waits for the device; throws plumb::Error on any pending
 // Owning device allocation (cudaMalloc). Move-only.
 class DeviceBuffer {
  public:
+  // Where the bytes live: device memory, or pinned host memory mapped for the device (cuda.host_experts), which
+  // kernels read over PCIe at the same address.
+  enum class Place { Device, HostMapped };
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
+  explicit DeviceBuffer(size_t bytes, Place place = Place::Device);
   ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_), host_(o.host_) { o.p_ = nullptr, o.n_ = 0, o.host_ = false; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -71,10 +74,13 @@ class DeviceBuffer {
   void upload(const void* src, size_t bytes, size_t offset = 0);
   void download(void* dst, size_t bytes, size_t offset = 0) const;
   void fill_byte(int value);  // cudaMemset (tests poison outputs with 0xFF: NaN in fp16/fp32)
+  bool in_host() const { return host_; }
 
  private:
+  void release() noexcept;
   void* p_ = nullptr;
   size_t n_ = 0;
+  bool host_ = false;
 };
 
 // Host-to-device uploads that do not block the host: the bytes are copied into pinned memory and an asynchronous
@@ -155,10 +161,11 @@ std::vector<uint8_t> repack_fp4_decode(const uint8_t* packed, int64_t rows, int6
 std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, int64_t cols,
                                        Fp4Layout layout = Fp4Layout::F16);  // the inverse
 // Uploads `count` matrices given in the checkpoint layout (codes [rows, cols/2] and E8M0 scales [rows, cols/32]).
+// codes_at: where the codes go (HostMapped: cuda.host_experts); the scales always go to the device.
 Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vector<const uint8_t*>& scales, int64_t rows,
-                       int64_t cols, Fp4Layout layout = Fp4Layout::F16);
+                       int64_t cols, Fp4Layout layout = Fp4Layout::F16, DeviceBuffer::Place codes_at = DeviceBuffer::Place::Device);
 // Allocation only (the bench fills it with random codes on the device).
-Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols);
+Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols, DeviceBuffer::Place codes_at = DeviceBuffer::Place::Device);
 
 // An FP8 E4M3 matrix [rows, cols] with 128x128 block scales [ceil(rows/128), ceil(cols/128)], E8M0 or F32.
 struct Fp8Matrix {
@@ -189,9 +196,14 @@ struct RouterWeights {
 
 // From the reference backend's views of a checkpoint (model/weights.h): the codes and scales are recovered
 // exactly from Matrix::row_raw. FP8 scales are kept as E8M0 when every one is a power of two, else as F32.
-Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout = Fp4Layout::F16);  // FP4Group, one shape
+Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout = Fp4Layout::F16,
+                       DeviceBuffer::Place codes_at = DeviceBuffer::Place::Device);  // FP4Group, one shape
 Fp8Matrix upload_fp8(const Matrix& m);                                                             // FP8Block
-MoeExperts upload_experts(const MoeWeights& w, Fp4Layout layout = Fp4Layout::F16);                 // routed experts (FP4)
+MoeExperts upload_experts(const MoeWeights& w, Fp4Layout layout = Fp4Layout::F16,
+                          DeviceBuffer::Place codes_at = DeviceBuffer::Place::Device);  // routed experts (FP4)
+// The bytes upload_experts places with codes_at (every expert's w1, w3 and w2 codes): what cuda.host_experts keeps
+// in host memory per layer.
+size_t expert_code_bytes(const MoeWeights& w);
 Fp8Expert upload_expert_fp8(const ExpertWeights& e);             // e.g. the shared expert (FP8)
 // Gate rounded to bf16 (exact for a bf16 checkpoint; the official code's bf16 parameter otherwise), bias and
 // tid2eid (validated against E) when present.

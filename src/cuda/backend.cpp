@@ -34,8 +34,13 @@ void memory_info(size_t& free_bytes, size_t& total_bytes) { d::mem_info(&free_by
 
 void synchronize() { d::dsync(); }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : p_(d::dmalloc(bytes)), n_(bytes) {}
-DeviceBuffer::~DeviceBuffer() { d::dfree(p_); }
+DeviceBuffer::DeviceBuffer(size_t bytes, Place place)
+    : p_(place == Place::HostMapped ? d::hmalloc_mapped(bytes) : d::dmalloc(bytes)), n_(bytes), host_(place == Place::HostMapped) {}
+DeviceBuffer::~DeviceBuffer() { release(); }
+void DeviceBuffer::release() noexcept {
+  if (host_) d::hfree_pinned(p_);
+  else d::dfree(p_);
+}
 
 HostStage::~HostStage() {
   for (Slot& sl : slots_) {
@@ -68,21 +73,26 @@ void HostStage::upload(void* dst, const void* src, size_t bytes) {
 }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    d::dfree(p_);
-    p_ = o.p_, n_ = o.n_;
-    o.p_ = nullptr, o.n_ = 0;
+    release();
+    p_ = o.p_, n_ = o.n_, host_ = o.host_;
+    o.p_ = nullptr, o.n_ = 0, o.host_ = false;
   }
   return *this;
 }
 void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
   PLUMB_CHECK(offset + bytes <= n_, "device upload of {} bytes at {} overflows a buffer of {}", bytes, offset, n_);
-  d::h2d(static_cast<char*>(p_) + offset, src, bytes);
+  if (host_) std::memcpy(static_cast<char*>(p_) + offset, src, bytes);  // (no kernel reads it before the upload returns)
+  else d::h2d(static_cast<char*>(p_) + offset, src, bytes);
 }
 void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
   PLUMB_CHECK(offset + bytes <= n_, "device download of {} bytes at {} overflows a buffer of {}", bytes, offset, n_);
-  d::d2h(dst, static_cast<const char*>(p_) + offset, bytes);
+  if (host_) d::dsync(), std::memcpy(dst, static_cast<const char*>(p_) + offset, bytes);  // (after the kernels that write it)
+  else d::d2h(dst, static_cast<const char*>(p_) + offset, bytes);
 }
-void DeviceBuffer::fill_byte(int value) { d::dmemset(p_, value, n_); }
+void DeviceBuffer::fill_byte(int value) {
+  if (host_) d::dsync(), std::memset(p_, value, n_);
+  else d::dmemset(p_, value, n_);
+}
 
 size_t act_size(Act a) { return a == Act::F32 ? 4 : 2; }
 
@@ -217,21 +227,21 @@ std::vector<uint8_t> unpack_fp4_decode(const uint8_t* repacked, int64_t rows, in
   return out;
 }
 
-Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols) {
+Fp4Matrices alloc_fp4(int64_t count, int64_t rows, int64_t cols, DeviceBuffer::Place codes_at) {
   PLUMB_CHECK(rows % 16 == 0 && cols % 128 == 0, "FP4 matrices [{}, {}]: rows must be a multiple of 16, columns of 128", rows,
               cols);
   Fp4Matrices m;
   m.count = count, m.rows = rows, m.cols = cols;
-  m.codes = DeviceBuffer(size_t(count) * m.code_bytes());
+  m.codes = DeviceBuffer(size_t(count) * m.code_bytes(), codes_at);
   m.scales = DeviceBuffer(size_t(count) * m.scale_bytes());
   return m;
 }
 
 Fp4Matrices upload_fp4(const std::vector<const uint8_t*>& codes, const std::vector<const uint8_t*>& scales, int64_t rows,
-                       int64_t cols, Fp4Layout layout) {
+                       int64_t cols, Fp4Layout layout, DeviceBuffer::Place codes_at) {
   PLUMB_CHECK(codes.size() == scales.size() && !codes.empty(), "upload_fp4: {} code and {} scale tensors", codes.size(),
               scales.size());
-  Fp4Matrices m = alloc_fp4(int64_t(codes.size()), rows, cols);
+  Fp4Matrices m = alloc_fp4(int64_t(codes.size()), rows, cols, codes_at);
   m.layout = layout;
   int lo = 255, hi = 0;
   for (size_t i = 0; i < codes.size(); ++i) {
@@ -264,7 +274,7 @@ int e8m0_code(float s) {
 
 // A packed FP4 Matrix holds exactly the checkpoint's E2M1 bytes and E8M0 scales: upload them as stored (the
 // raw overload checks the scales and applies the decode-layout permutation).
-Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout) {
+Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout, DeviceBuffer::Place codes_at) {
   PLUMB_CHECK(!mats.empty(), "upload_fp4: no matrices");
   const int64_t rows = mats[0]->rows(), cols = mats[0]->cols();
   std::vector<const uint8_t*> codes, scales;
@@ -274,7 +284,7 @@ Fp4Matrices upload_fp4(const std::vector<const Matrix*>& mats, Fp4Layout layout)
     codes.push_back(w->values().data);
     scales.push_back(w->scales()->data);
   }
-  return upload_fp4(codes, scales, rows, cols, layout);
+  return upload_fp4(codes, scales, rows, cols, layout, codes_at);
 }
 
 Fp8Matrix alloc_fp8(int64_t rows, int64_t cols, bool scale_f32) {
@@ -318,12 +328,19 @@ Fp8Matrix upload_fp8(const Matrix& w) {
   return upload_fp8(codes.data(), s8.data(), false, rows, cols);
 }
 
-MoeExperts upload_experts(const MoeWeights& w, Fp4Layout layout) {
+size_t expert_code_bytes(const MoeWeights& w) {
+  size_t b = 0;
+  for (const auto& e : w.experts)
+    for (const Matrix* m : {&e.w1, &e.w3, &e.w2}) b += size_t(m->rows() * m->cols() / 2);
+  return b;
+}
+
+MoeExperts upload_experts(const MoeWeights& w, Fp4Layout layout, DeviceBuffer::Place codes_at) {
   MoeExperts m;
   PLUMB_CHECK(!w.experts.empty(), "upload_experts: no routed experts");
   std::vector<const Matrix*> w1, w2, w3;
   for (const auto& e : w.experts) w1.push_back(&e.w1), w2.push_back(&e.w2), w3.push_back(&e.w3);
-  m.w1 = upload_fp4(w1, layout), m.w3 = upload_fp4(w3, layout), m.w2 = upload_fp4(w2, layout);
+  m.w1 = upload_fp4(w1, layout, codes_at), m.w3 = upload_fp4(w3, layout, codes_at), m.w2 = upload_fp4(w2, layout, codes_at);
   m.E = int64_t(w.experts.size()), m.I = m.w1.rows, m.D = m.w1.cols;
   PLUMB_CHECK(m.w2.rows == m.D && m.w2.cols == m.I, "upload_experts: w2 is [{}, {}], expected [{}, {}]", m.w2.rows, m.w2.cols, m.D,
               m.I);

@@ -21,9 +21,39 @@ DeviceBuffer upload_bytes(const void* p, size_t n) {
 std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu) {
   if (weight_bytes <= free_bytes) return {};
   return fmt::format("the model's weights take {:.2f} GB in their checkpoint formats, more than the {:.2f} GB free of the "
-                     "{:.2f} GB of this GPU ({}): the model does not fit one GPU, and plumb runs on one (--backend cpu "
-                     "runs it from the mapped files)", double(weight_bytes) / 1e9, double(free_bytes) / 1e9,
-                     double(total_bytes) / 1e9, gpu);
+                     "{:.2f} GB of this GPU ({}): the model does not fit one GPU (the patch cuda.host_experts, with "
+                     "cuda.moe_mxfp4, keeps the last layers' routed experts in host memory; --backend cpu runs it from "
+                     "the mapped files)", double(weight_bytes) / 1e9, double(free_bytes) / 1e9, double(total_bytes) / 1e9,
+                     gpu);
+}
+
+uint64_t host_experts_reserve(size_t total_bytes) { return uint64_t(4'000'000'000ull) + uint64_t(total_bytes / 50); }
+
+HostExpertPlan plan_host_experts(uint64_t weight_bytes, const std::vector<uint64_t>& expert_bytes, size_t free_bytes,
+                                 size_t total_bytes, int requested, const std::string& gpu) {
+  HostExpertPlan p;
+  p.host.assign(expert_bytes.size(), 0);
+  const uint64_t reserve = host_experts_reserve(total_bytes);
+  const uint64_t need = weight_bytes + reserve > free_bytes ? weight_bytes + reserve - free_bytes : 0;
+  // From the last layer back: which layers go is a choice without effect on the results; the last ones keep the
+  // first layers' steps (a prefill's progress) as fast as without the patch.
+  for (size_t i = expert_bytes.size(); i-- > 0;) {
+    const bool more = requested > 0 ? p.layers < requested : (p.layers == 0 || p.host_bytes < need);
+    if (!more) break;
+    if (!expert_bytes[i]) continue;
+    p.host[i] = 1, ++p.layers, p.host_bytes += expert_bytes[i];
+  }
+  if (!p.layers) {
+    p.problem = "cuda.host_experts has no layer to place: no layer's routed experts run on cuda.moe_mxfp4's kernels";
+    return p;
+  }
+  const uint64_t rest = weight_bytes > p.host_bytes ? weight_bytes - p.host_bytes : 0;
+  if (rest > free_bytes)
+    p.problem = fmt::format("with the routed experts of {} layers in host memory ({:.2f} GB{}), the rest of the weights take "
+                            "{:.2f} GB, more than the {:.2f} GB free of the {:.2f} GB of this GPU ({})", p.layers,
+                            double(p.host_bytes) / 1e9, requested > 0 ? "" : ", every layer that can", double(rest) / 1e9,
+                            double(free_bytes) / 1e9, double(total_bytes) / 1e9, gpu);
+  return p;
 }
 
 void rethrow_for(const std::string& what) {

@@ -19,6 +19,23 @@ namespace plumb::cuda {
 // backend uploads) cannot go onto a GPU with `free_bytes` free of `total_bytes`; empty when they fit.
 std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu);
 
+// cuda.host_experts' placement: the last `layers` layers with routed experts on cuda.moe_mxfp4's path keep their
+// codes (`host_bytes`) in pinned host memory. `expert_bytes[i]`: layer i's code bytes (expert_code_bytes), 0 for a
+// layer whose experts take another path. requested > 0 takes that many such layers (all there are if fewer); 0 as
+// many as the weights need to fit beside host_experts_reserve(total_bytes), at least one. `problem`: why the rest
+// still does not fit (empty when it does).
+struct HostExpertPlan {
+  std::vector<char> host;  // per layer: its experts' codes in host memory
+  int layers = 0;
+  uint64_t host_bytes = 0;
+  std::string problem;
+};
+// What the automatic count leaves free beside the weights: the caches, the forward's scratch (a 2048-token prefill
+// pass's activations) and the fast paths' copies, ~2-3 GB on V4-Flash at a 64K context; 4 GB + 2 % of the GPU.
+uint64_t host_experts_reserve(size_t total_bytes);
+HostExpertPlan plan_host_experts(uint64_t weight_bytes, const std::vector<uint64_t>& expert_bytes, size_t free_bytes,
+                                 size_t total_bytes, int requested, const std::string& gpu);
+
 // Inside a catch block: rethrows the exception being handled with `what` (what the failed work was for: "the
 // forward's scratch buffer 'x' (N bytes)") in front of its message, a plumb::Error still an Error (callers that go on
 // after a bad input catch that type), any other std::exception as std::runtime_error. dmalloc's out-of-memory message

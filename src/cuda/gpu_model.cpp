@@ -55,6 +55,26 @@ bool fp4_fits(const MoeWeights& M) {
   return !M.experts.empty();
 }
 
+// cuda.host_experts' notice: "layers 40-43" (1-based, as the upload's progress counts them), or a list.
+std::string host_layers_text(const std::vector<char>& host) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < host.size();) {
+    if (!host[i]) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j + 1 < host.size() && host[j + 1]) ++j;
+    parts.push_back(i == j ? fmt::format("{}", i + 1) : fmt::format("{}-{}", i + 1, j + 1));
+    i = j + 1;
+  }
+  size_t n = 0;
+  for (char h : host) n += h != 0;
+  std::string r = n == 1 ? "layer " : "layers ";
+  for (size_t k = 0; k < parts.size(); ++k) r += (k ? ", " : "") + parts[k];
+  return r + fmt::format(" of {}", host.size());
+}
+
 // Every option runs on the GPU (the numerics modes through GpuNumerics, every built-in fault so that the toolkit's
 // selftest runs here too), but the official numerics emulate DeepSeek's GEMMs, which most tensor-core kernels do
 // not: those pairs are refused by name rather than computing something else. cuda.moe_mxfp4 and cuda.fp8_gemv have
@@ -105,6 +125,11 @@ void check_options(const ModelOptions& o) {
               "backend cuda: cuda.topk_in_experts does not combine with {} (gate/up then needs the routing's weights before it "
               "starts): drop one of the two",
               o.official ? mode : "moe.weight_before_down");
+  // The host placement is of cuda.moe_mxfp4's FP4 copies: without them it would silently place nothing.
+  PLUMB_CHECK(!o.cuda_host_experts || o.cuda_moe_mxfp4,
+              "backend cuda: cuda.host_experts keeps cuda.moe_mxfp4's expert weights in host memory and needs it: add cuda.moe_mxfp4");
+  PLUMB_CHECK(o.host_expert_layers >= 0, "backend cuda: cuda.host_experts' layer count ({}) must be 0 (as the fit needs) or more",
+              o.host_expert_layers);
   PLUMB_CHECK(!o.cuda_branch_flags || o.cuda_streams,
               "backend cuda: cuda.branch_flags changes how cuda.streams' branches end and needs it: add cuda.streams");
   PLUMB_CHECK(o.prefill_gemm_min_tokens >= 0, "backend cuda: cuda.prefill_gemm's minimum chunk ({}) must be 0 (the default) or more",
@@ -143,10 +168,29 @@ class GpuForward : public DeviceForward {
     size_t free_b = 0, total_b = 0;
     memory_info(free_b, total_b);
     memory_.device = device_info().name;
-    const std::string no_fit = weights_fit_problem(m.checkpoint().found_bytes(), free_b, total_b, memory_.device);
-    PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);
     const auto& w = m.weights();
     const auto& c = cfg_;
+    // transformers' hidden_act other than SiLU and mlp_bias (the shared MLP's biases; both SiLU and none under the
+    // official numerics, as the official code has neither) run on the fp32 twin kernels (swiglu_kernel takes the
+    // activation and the biases): the fused SwiGLU epilogues of cuda.moe_mxfp4 and cuda.fp8_gemv apply SiLU with no
+    // bias, so they do not apply to those experts (said once below).
+    const bool other_act = expert_activation(c, nm_.official()) != ExpertAct::Silu;
+    const bool shared_bias = c.mlp_bias && !nm_.official();
+    const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
+    auto fp4_path = [&](const MoeWeights& M) { return fp4 && !other_act && fp4_fits(M); };
+    const uint64_t weight_bytes = m.checkpoint().found_bytes();
+    HostExpertPlan host_plan;
+    if (opt_.cuda_host_experts) {
+      std::vector<uint64_t> eb;
+      for (const auto& L : w.layers) eb.push_back(fp4_path(L.moe) ? expert_code_bytes(L.moe) : 0);
+      host_plan = plan_host_experts(weight_bytes, eb, free_b, total_b, opt_.host_expert_layers, memory_.device);
+      PLUMB_CHECK(host_plan.problem.empty(), "backend cuda: {}", host_plan.problem);
+      notice(fmt::format("backend cuda: cuda.host_experts keeps the routed experts of {} in pinned host memory ({:.2f} GB, read "
+                         "over PCIe at each step)", host_layers_text(host_plan.host), double(host_plan.host_bytes) / 1e9));
+    } else {
+      const std::string no_fit = weights_fit_problem(weight_bytes, free_b, total_b, memory_.device);
+      PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);
+    }
     try {
       g_.embed = upload_matrix(w.embed);
       // A tied head (tie_word_embeddings) is the embedding's matrix: its view, not a second upload of vocab x hidden.
@@ -159,13 +203,6 @@ class GpuForward : public DeviceForward {
     } catch (...) {
       rethrow_for("backend cuda: uploading the embedding, the head and the rope tables");
     }
-    // transformers' hidden_act other than SiLU and mlp_bias (the shared MLP's biases; both SiLU and none under the
-    // official numerics, as the official code has neither) run on the fp32 twin kernels (swiglu_kernel takes the
-    // activation and the biases): the fused SwiGLU epilogues of cuda.moe_mxfp4 and cuda.fp8_gemv apply SiLU with no
-    // bias, so they do not apply to those experts (said once below).
-    const bool other_act = expert_activation(c, nm_.official()) != ExpertAct::Silu;
-    const bool shared_bias = c.mlp_bias && !nm_.official();
-    const bool fp8 = opt_.cuda_fp8_gemv, fp4 = opt_.cuda_moe_mxfp4;
     if ((fp4 && other_act) || (fp8 && (other_act || shared_bias)))
       notice(fmt::format("backend cuda: {} {} not apply to the experts ({}: their fused SwiGLU applies SiLU with no bias); "
                          "those run on the fp32 twin kernels",
@@ -277,10 +314,12 @@ class GpuForward : public DeviceForward {
           gl.moe.tid2eid = to_device(t);
         }
         ++fc.fp4_of;
-        if (fp4 && !other_act && fp4_fits(M)) {
+        if (fp4_path(M)) {
           // The official numerics quantize the experts' activations to E4M3 (DeepSeek's fp4_gemm): the W4A8 kernels'
           // layout; else the W4A16 kernels'.
-          gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M, opt_.official ? Fp4Layout::A8 : Fp4Layout::F16));
+          const bool host = !host_plan.host.empty() && host_plan.host[g_.layers.size()];
+          gl.moe.fp4 = std::make_unique<MoeExperts>(upload_experts(M, opt_.official ? Fp4Layout::A8 : Fp4Layout::F16,
+                                                                   host ? DeviceBuffer::Place::HostMapped : DeviceBuffer::Place::Device));
           ++fc.fp4;
         } else {
           gl.moe.routed = upload_routed(M.experts);
@@ -319,6 +358,7 @@ class GpuForward : public DeviceForward {
     memory_info(free_after, total_b);
     memory_.loaded = int64_t(free_b > free_after ? free_b - free_after : 0);
     memory_.free = int64_t(free_after), memory_.total = int64_t(total_b);
+    memory_.host = int64_t(host_plan.host_bytes);
     if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
       notice(fmt::format("backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
                          "unsplit attention runs)", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim));

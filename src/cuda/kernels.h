@@ -37,6 +37,9 @@ void d2h(void* dst, const void* src, size_t bytes);
 void dmemset(void* p, int value, size_t bytes);
 void* hmalloc_pinned(size_t bytes);  // page-locked host memory (cudaMallocHost)
 void hfree_pinned(void* p) noexcept;
+// Page-locked host memory mapped into the device's address space (cudaHostAlloc, mapped and portable): kernels read
+// it over PCIe at the same address the host writes. Out of memory is an Error naming the size.
+void* hmalloc_mapped(size_t bytes);
 void h2d_async(void* dst, const void* src, size_t bytes, Stream s);  // src pinned; on stream_of(s)
 void event_sync(void* e);                                           // waits for the event's work
 void dsync();

@@ -113,6 +113,28 @@ void* hmalloc_pinned(size_t bytes) {
 void hfree_pinned(void* p) noexcept {
   if (p) cudaFreeHost(p);
 }
+void* hmalloc_mapped(size_t bytes) {
+  void* p = nullptr;
+  if (!bytes) return p;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // (not sticky)
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "pinning %.3f GB of host memory failed (the host is out of memory or limits locked pages)",
+                  double(bytes) / 1e9);
+    throw std::runtime_error(buf);
+  }
+  PLUMB_CUDA_CHECK(e);
+  // Unified addressing (every 64-bit Hopper process): the device sees the allocation at its host address, which the
+  // buffers hand to kernels as they do device pointers.
+  void* dp = nullptr;
+  PLUMB_CUDA_CHECK(cudaHostGetDevicePointer(&dp, p, 0));
+  if (dp != p) {
+    cudaFreeHost(p);
+    throw std::runtime_error("mapped host memory has another address on the device (no unified addressing)");
+  }
+  return p;
+}
 void h2d_async(void* dst, const void* src, size_t bytes, Stream s) {
   if (bytes) PLUMB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(s)));
 }

@@ -43,6 +43,7 @@ class DeviceForward {
   struct Memory {
     std::string device;
     int64_t loaded = 0, free = 0, total = 0;
+    int64_t host = 0;  // cuda.host_experts: the weights kept in pinned host memory
   };
   virtual Memory memory() const { return {}; }
 };

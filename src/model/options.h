@@ -41,6 +41,11 @@ struct ModelOptions {
   // cuda.prefill_gemm takes chunks of at least this many tokens; 0: the measured crossover with the GEMV (32 tokens,
   // 80 for single projections of 8M weights or more, 64 for the shared expert's; docs/cuda.md). Not a patch of its own: tests set 1 to run every chunk on it.
   int prefill_gemm_min_tokens = 0;
+  // cuda.host_experts: the routed experts (their E2M1 codes) of this many layers, counted from the last, stay in
+  // pinned host memory that the kernels read over PCIe; 0: as many as the model needs to fit the GPU, at least one.
+  // Not a patch of its own: tests set every layer.
+  bool cuda_host_experts = false;
+  int host_expert_layers = 0;
 
   // Built-in faults: real bugs, for testing the toolkit. Never on unless named.
   bool fault_rsf_twice = false;

@@ -66,6 +66,17 @@ std::vector<Patch> make_registry() {
                // Measured 7.9e-4 normalized vs the fp32 reference (tests/cuda, V4-Flash shapes), 4.0e-4 for the
                // whole routed MoE.
                {1e-2, 1e-2, 1e-2}, false, [](ModelOptions& o) { o.cuda_moe_mxfp4 = true; }, false, "cuda"});
+  r.push_back({"cuda.host_experts", "routed experts in GPU memory",
+               "cuda.moe_mxfp4's routed experts (their E2M1 codes; the E8M0 scales stay on the GPU) of the last layers "
+               "kept in pinned host memory, which the same kernels read over PCIe: as many layers as the model needs to "
+               "fit the GPU beside a reserve for the caches and buffers, at least one. So a model larger than the GPU "
+               "runs on one (DeepSeek-V4-Flash's ~155 GB on a 141 GB H200), each such layer's active experts crossing "
+               "PCIe at every step instead of streaming from HBM; needs cuda.moe_mxfp4",
+               "none for the results (the same kernels read the same bytes from another memory); a layer's experts "
+               "uploaded to the wrong place would fail at load, not compute otherwise: tested bit-identical to device "
+               "memory over graph and eager steps",
+               // Where the codes live only: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_host_experts = true; }, false, "cuda"});
   r.push_back({"cuda.head_bf16", "LM head: fp32 twin GEMV (fp64 accumulation)",
                "the LM head as a cuBLASLt bf16 tensor-core GEMM: the normed hidden state rounded to bf16, the bf16 "
                "head weight as stored, fp32 accumulation and output; used when the head is BF16 in the checkpoint",

@@ -86,8 +86,47 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(GpuWeightsFit, RefusesWeightsOverTheFreeMemoryNamingBoth) {
   EXPECT_EQ(plumb::cuda::weights_fit_problem(100, 100, 200, "GPU"), "");
   const std::string why = plumb::cuda::weights_fit_problem(155'000'000'000ull, 139'000'000'000ull, 150'000'000'000ull, "NVIDIA H200");
-  for (const char* part : {"155.00 GB", "139.00 GB free", "150.00 GB", "NVIDIA H200", "does not fit one GPU"})
+  for (const char* part : {"155.00 GB", "139.00 GB free", "150.00 GB", "NVIDIA H200", "does not fit one GPU", "cuda.host_experts"})
     EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
+}
+
+// cuda.host_experts' count (no GPU needed): the automatic one takes layers from the last back until the rest fits
+// beside the reserve, skipping layers whose experts take another path, at least one; a requested count takes that
+// many; what still does not fit is named with the sizes.
+TEST(GpuWeightsFit, HostExpertsPlanTakesTheLastLayersTheFitNeeds) {
+  using plumb::cuda::plan_host_experts;
+  const uint64_t GB = 1'000'000'000ull, reserve = plumb::cuda::host_experts_reserve(150 * GB);
+  EXPECT_EQ(reserve, 7 * GB);
+  // V4-Flash-like: 43 layers of 3.2 GB of expert codes, 155 GB in all, 139 GB free of 150: 155 + 7 - 139 = 23 GB must
+  // go, so 8 layers (25.6 GB).
+  std::vector<uint64_t> eb(43, 3'200'000'000ull);
+  auto p = plan_host_experts(155 * GB, eb, 139 * GB, 150 * GB, 0, "H200");
+  EXPECT_TRUE(p.problem.empty()) << p.problem;
+  EXPECT_EQ(p.layers, 8);
+  EXPECT_EQ(p.host_bytes, 8 * 3'200'000'000ull);
+  for (size_t i = 0; i < eb.size(); ++i) EXPECT_EQ(p.host[i] != 0, i >= 35) << "layer " << i;
+  // A layer on another path is skipped (its bytes stay on the device); the next one back is taken instead.
+  eb[40] = 0;
+  p = plan_host_experts(155 * GB, eb, 139 * GB, 150 * GB, 0, "H200");
+  EXPECT_EQ(p.layers, 8);
+  EXPECT_FALSE(p.host[40]);
+  EXPECT_TRUE(p.host[34] && !p.host[33]);
+  // A model that fits: one layer, the last.
+  p = plan_host_experts(10 * GB, std::vector<uint64_t>(4, GB), 100 * GB, 150 * GB, 0, "H200");
+  EXPECT_EQ(p.layers, 1);
+  EXPECT_TRUE(p.host[3] && !p.host[2]);
+  // A requested count, more than there are: every layer.
+  p = plan_host_experts(10 * GB, std::vector<uint64_t>(4, GB), 100 * GB, 150 * GB, 1000, "H200");
+  EXPECT_EQ(p.layers, 4);
+  EXPECT_EQ(p.host_bytes, 4 * GB);
+  // Too large even with every layer's experts in host memory: named with the sizes.
+  p = plan_host_experts(300 * GB, std::vector<uint64_t>(4, 10 * GB), 139 * GB, 150 * GB, 0, "H200");
+  for (const char* part : {"4 layers", "40.00 GB", "every layer that can", "260.00 GB", "139.00 GB free", "H200"})
+    EXPECT_NE(p.problem.find(part), std::string::npos) << part << " in: " << p.problem;
+  // No layer on cuda.moe_mxfp4's path: nothing to place.
+  p = plan_host_experts(10 * GB, std::vector<uint64_t>(4, 0), 100 * GB, 150 * GB, 0, "H200");
+  EXPECT_EQ(p.layers, 0);
+  EXPECT_NE(p.problem.find("no layer"), std::string::npos) << p.problem;
 }
 
 // What a failure was for goes in front of its message (rethrow_for: the scratch buffers, the cache reserve), and a
@@ -481,6 +520,51 @@ TEST_F(GpuTest, PdlStepsMatchPlainLaunches) {
   expect_graph_matches_eager(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", "attn.splitk_decode", "cuda.pdl");
   // Eager launches with PDL against plain ones, in chunks of 8 tokens (the most it applies to; gpu_model.cpp).
   expect_eager_chunks_match(std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims", "cuda.fp8_gemv,cuda.moe_mxfp4", "cuda.pdl", 8);
+}
+
+// cuda.host_experts: the routed experts' codes in pinned host memory, read over PCIe by the same kernels, so the
+// logits must be the bits of device memory: eager in chunks that take each expert kernel (the grouped prefill kernels
+// at >= 192 tokens, the per-tile decode kernels at 1-8, the table-fed ones between) and graphed under FAST, in both
+// numerics' layouts (W4A16, and the official W4A8). Every layer placed (host_expert_layers), and by default the
+// fit's count (at least one layer: this model fits); without cuda.moe_mxfp4 it is refused.
+TEST_F(GpuTest, HostExpertsMatchDeviceMemory) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
+  for (const std::string& base : {std::string("cuda.fast"), std::string("cuda.fp8_gemv,cuda.moe_mxfp4"),
+                                 std::string("numerics.official,cuda.fp8_gemv,cuda.moe_mxfp4")}) {
+    for (int layers : {0, 1000}) {
+      plumb::ModelOptions on = plumb::parse_patches(base + ",cuda.host_experts").options;
+      on.host_expert_layers = layers;
+      auto a_model = plumb::Model::load(dir, plumb::parse_patches(base).options, {}, "cuda");
+      auto b_model = plumb::Model::load(dir, on, {}, "cuda");
+      const int64_t nl = int64_t(b_model->weights().layers.size());
+      const int64_t host = b_model->device_memory().host;
+      // Every layer's experts, or the one the fit count takes at least (each layer's the same size here).
+      int64_t per_layer = int64_t(plumb::cuda::expert_code_bytes(b_model->weights().layers[0].moe));
+      EXPECT_EQ(host, layers ? nl * per_layer : per_layer) << base << ", host_expert_layers " << layers;
+      EXPECT_EQ(a_model->device_memory().host, 0);
+      const auto toks = test_prompt(330, a_model->config().vocab);
+      auto sa = a_model->new_state(), sb = b_model->new_state();
+      size_t pos = 0;
+      int step = 0;
+      const size_t sizes[] = {200, 1, 1, 8, 3, 1, 64, 1, 1, 2, 1};
+      while (pos < toks.size()) {
+        const size_t n = step < int(std::size(sizes)) ? sizes[step] : 1;
+        const std::span<const int32_t> part(toks.data() + pos, std::min(n, toks.size() - pos));
+        const auto a = a_model->forward(sa, part);
+        const auto b = b_model->forward(sb, part);
+        ASSERT_EQ(a.data.size(), b.data.size());
+        ASSERT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0)
+            << base << " [+cuda.host_experts, host_expert_layers " << layers << "] step " << step << " at position " << pos
+            << " (" << part.size() << " tokens)";
+        pos += part.size(), ++step;
+      }
+      if (base == "cuda.fast") {
+        EXPECT_GT(sb.dev->graph_launches, 50) << "FAST's one-token steps replay graphs";
+        EXPECT_FALSE(sb.dev->graphs_failed);
+      }
+    }
+  }
+  EXPECT_THROW(plumb::Model::load(dir, plumb::parse_patches("cuda.host_experts").options, {}, "cuda"), plumb::Error);
 }
 
 // cuda.pdl_hc_attn: hc_pre's cluster launch and the split-K attention's two launches under PDL as well. Each waits in
