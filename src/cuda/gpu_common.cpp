@@ -43,8 +43,8 @@ HostExpertPlan plan_host_experts(uint64_t weight_bytes, const std::vector<uint64
     if (!expert_bytes[i]) continue;
     p.host[i] = 1, ++p.layers, p.host_bytes += expert_bytes[i];
   }
-  if (!p.layers) {
-    p.problem = "cuda.host_experts has no layer to place: no layer's routed experts run on cuda.moe_mxfp4's kernels";
+  if (!p.layers) {  // nothing to place (the patch does not apply): the plain check
+    p.problem = weights_fit_problem(weight_bytes, free_bytes, total_bytes, gpu);
     return p;
   }
   const uint64_t rest = weight_bytes > p.host_bytes ? weight_bytes - p.host_bytes : 0;

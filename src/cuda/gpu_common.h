@@ -22,8 +22,8 @@ std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t
 // cuda.host_experts' placement: the last `layers` layers with routed experts on cuda.moe_mxfp4's path keep their
 // codes (`host_bytes`) in pinned host memory. `expert_bytes[i]`: layer i's code bytes (expert_code_bytes), 0 for a
 // layer whose experts take another path. requested > 0 takes that many such layers (all there are if fewer); 0 as
-// many as the weights need to fit beside host_experts_reserve(total_bytes), at least one. `problem`: why the rest
-// still does not fit (empty when it does).
+// many as the weights need to fit beside host_experts_reserve(total_bytes), at least one; none where no layer's
+// experts take that path (the patch does not apply). `problem`: why the rest still does not fit (empty when it does).
 struct HostExpertPlan {
   std::vector<char> host;  // per layer: its experts' codes in host memory
   int layers = 0;

@@ -185,8 +185,12 @@ class GpuForward : public DeviceForward {
       for (const auto& L : w.layers) eb.push_back(fp4_path(L.moe) ? expert_code_bytes(L.moe) : 0);
       host_plan = plan_host_experts(weight_bytes, eb, free_b, total_b, opt_.host_expert_layers, memory_.device);
       PLUMB_CHECK(host_plan.problem.empty(), "backend cuda: {}", host_plan.problem);
-      notice(fmt::format("backend cuda: cuda.host_experts keeps the routed experts of {} in pinned host memory ({:.2f} GB, read "
-                         "over PCIe at each step)", host_layers_text(host_plan.host), double(host_plan.host_bytes) / 1e9));
+      const double hb = double(host_plan.host_bytes);
+      notice(host_plan.layers ? fmt::format("backend cuda: cuda.host_experts keeps the routed experts of {} in pinned host memory "
+                                            "({:.2f} {}, read over PCIe at each step)", host_layers_text(host_plan.host),
+                                            hb >= 1e9 ? hb / 1e9 : hb / 1e6, hb >= 1e9 ? "GB" : "MB")
+                              : std::string("backend cuda: cuda.host_experts does not apply: no layer's routed experts run on "
+                                            "cuda.moe_mxfp4's kernels (FP4 with dims multiple of 128)"));
     } else {
       const std::string no_fit = weights_fit_problem(weight_bytes, free_b, total_b, memory_.device);
       PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);

@@ -123,10 +123,13 @@ TEST(GpuWeightsFit, HostExpertsPlanTakesTheLastLayersTheFitNeeds) {
   p = plan_host_experts(300 * GB, std::vector<uint64_t>(4, 10 * GB), 139 * GB, 150 * GB, 0, "H200");
   for (const char* part : {"4 layers", "40.00 GB", "every layer that can", "260.00 GB", "139.00 GB free", "H200"})
     EXPECT_NE(p.problem.find(part), std::string::npos) << part << " in: " << p.problem;
-  // No layer on cuda.moe_mxfp4's path: nothing to place.
+  // No layer on cuda.moe_mxfp4's path: nothing to place (the patch does not apply), and the plain fit check.
   p = plan_host_experts(10 * GB, std::vector<uint64_t>(4, 0), 100 * GB, 150 * GB, 0, "H200");
   EXPECT_EQ(p.layers, 0);
-  EXPECT_NE(p.problem.find("no layer"), std::string::npos) << p.problem;
+  EXPECT_TRUE(p.problem.empty()) << p.problem;
+  p = plan_host_experts(155 * GB, std::vector<uint64_t>(4, 0), 139 * GB, 150 * GB, 0, "H200");
+  EXPECT_EQ(p.layers, 0);
+  EXPECT_NE(p.problem.find("does not fit one GPU"), std::string::npos) << p.problem;
 }
 
 // What a failure was for goes in front of its message (rethrow_for: the scratch buffers, the cache reserve), and a
@@ -567,6 +570,11 @@ TEST_F(GpuTest, HostExpertsMatchDeviceMemory) {
     }
   }
   EXPECT_THROW(plumb::Model::load(dir, plumb::parse_patches("cuda.host_experts").options, {}, "cuda"), plumb::Error);
+  // A model whose experts take no FP4 kernel (tiny's dims): the patch does not apply, and the model loads as without it.
+  std::unique_ptr<plumb::Model> tiny;
+  EXPECT_NO_THROW(tiny = plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny",
+                                            plumb::parse_patches("cuda.moe_mxfp4,cuda.host_experts").options, {}, "cuda"));
+  if (tiny) EXPECT_EQ(tiny->device_memory().host, 0);
 }
 
 // cuda.pdl_hc_attn: hc_pre's cluster launch and the split-K attention's two launches under PDL as well. Each waits in
