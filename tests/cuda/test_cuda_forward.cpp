@@ -574,7 +574,9 @@ TEST_F(GpuTest, HostExpertsMatchDeviceMemory) {
   std::unique_ptr<plumb::Model> tiny;
   EXPECT_NO_THROW(tiny = plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/tiny",
                                             plumb::parse_patches("cuda.moe_mxfp4,cuda.host_experts").options, {}, "cuda"));
-  if (tiny) EXPECT_EQ(tiny->device_memory().host, 0);
+  if (tiny) {
+    EXPECT_EQ(tiny->device_memory().host, 0);
+  }
 }
 
 // cuda.pdl_hc_attn: hc_pre's cluster launch and the split-K attention's two launches under PDL as well. Each waits in
