@@ -53,7 +53,8 @@ DeviceInfo device_info();
 void memory_info(size_t& free_bytes, size_t& total_bytes);  // the current device's free and total memory, now
 void synchronize();  // waits for the device; throws plumb::Error on any pending CUDA error
 
-// Owning device allocation (cudaMalloc). Move-only.
+// Owning device allocation (cudaMalloc, or mapped pinned host memory: Place). Move-only. A host-mapped buffer's
+// upload, download and fill synchronize the device and copy on the host: not while a graph is being captured.
 class DeviceBuffer {
  public:
   // Where the bytes live: device memory, or pinned host memory mapped for the device (cuda.host_experts), which

@@ -81,7 +81,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
   PLUMB_CHECK(offset + bytes <= n_, "device upload of {} bytes at {} overflows a buffer of {}", bytes, offset, n_);
-  if (host_) std::memcpy(static_cast<char*>(p_) + offset, src, bytes);  // (no kernel reads it before the upload returns)
+  if (host_) d::dsync(), std::memcpy(static_cast<char*>(p_) + offset, src, bytes);  // (after the kernels queued before it, as cudaMemcpy)
   else d::h2d(static_cast<char*>(p_) + offset, src, bytes);
 }
 void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {

@@ -18,13 +18,15 @@ DeviceBuffer upload_bytes(const void* p, size_t n) {
 }
 }  // namespace
 
-std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu) {
+std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu,
+                                bool suggest_host_experts) {
   if (weight_bytes <= free_bytes) return {};
   return fmt::format("the model's weights take {:.2f} GB in their checkpoint formats, more than the {:.2f} GB free of the "
-                     "{:.2f} GB of this GPU ({}): the model does not fit one GPU (the patch cuda.host_experts, with "
-                     "cuda.moe_mxfp4, keeps the last layers' routed experts in host memory; --backend cpu runs it from "
-                     "the mapped files)", double(weight_bytes) / 1e9, double(free_bytes) / 1e9, double(total_bytes) / 1e9,
-                     gpu);
+                     "{:.2f} GB of this GPU ({}): the model does not fit one GPU ({}--backend cpu runs it from the mapped "
+                     "files)", double(weight_bytes) / 1e9, double(free_bytes) / 1e9, double(total_bytes) / 1e9, gpu,
+                     suggest_host_experts ? "the patch cuda.host_experts, with cuda.moe_mxfp4, keeps the last layers' "
+                                            "routed-expert weights in host memory; "
+                                          : "");
 }
 
 uint64_t host_experts_reserve(size_t total_bytes) { return uint64_t(4'000'000'000ull) + uint64_t(total_bytes / 50); }
@@ -44,7 +46,7 @@ HostExpertPlan plan_host_experts(uint64_t weight_bytes, const std::vector<uint64
     p.host[i] = 1, ++p.layers, p.host_bytes += expert_bytes[i];
   }
   if (!p.layers) {  // nothing to place (the patch does not apply): the plain check
-    p.problem = weights_fit_problem(weight_bytes, free_bytes, total_bytes, gpu);
+    p.problem = weights_fit_problem(weight_bytes, free_bytes, total_bytes, gpu, false);
     return p;
   }
   const uint64_t rest = weight_bytes > p.host_bytes ? weight_bytes - p.host_bytes : 0;

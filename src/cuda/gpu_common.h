@@ -17,7 +17,9 @@ namespace plumb::cuda {
 
 // Why a model whose bound weights take `weight_bytes` in their checkpoint formats (a lower bound of what the
 // backend uploads) cannot go onto a GPU with `free_bytes` free of `total_bytes`; empty when they fit.
-std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu);
+// suggest_host_experts: name cuda.host_experts as a way out (not where it is on and places nothing).
+std::string weights_fit_problem(uint64_t weight_bytes, size_t free_bytes, size_t total_bytes, const std::string& gpu,
+                                bool suggest_host_experts = true);
 
 // cuda.host_experts' placement: the last `layers` layers with routed experts on cuda.moe_mxfp4's path keep their
 // codes (`host_bytes`) in pinned host memory. `expert_bytes[i]`: layer i's code bytes (expert_code_bytes), 0 for a

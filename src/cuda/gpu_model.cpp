@@ -190,7 +190,7 @@ class GpuForward : public DeviceForward {
                                             "({:.2f} {}, read over PCIe at each step)", host_layers_text(host_plan.host),
                                             hb >= 1e9 ? hb / 1e9 : hb / 1e6, hb >= 1e9 ? "GB" : "MB")
                               : std::string("backend cuda: cuda.host_experts does not apply: no layer's routed experts run on "
-                                            "cuda.moe_mxfp4's kernels (FP4 with dims multiple of 128)"));
+                                            "cuda.moe_mxfp4's kernels (FP4 with dims multiple of 128, SiLU)"));
     } else {
       const std::string no_fit = weights_fit_problem(weight_bytes, free_b, total_b, memory_.device);
       PLUMB_CHECK(no_fit.empty(), "backend cuda: {}", no_fit);
@@ -362,7 +362,12 @@ class GpuForward : public DeviceForward {
     memory_info(free_after, total_b);
     memory_.loaded = int64_t(free_b > free_after ? free_b - free_after : 0);
     memory_.free = int64_t(free_after), memory_.total = int64_t(total_b);
-    memory_.host = int64_t(host_plan.host_bytes);
+    // The bytes the buffers hold in host memory (measured, not the plan's: a placement lost on the way shows here).
+    memory_.host = 0;
+    for (const GpuLayer& gl : g_.layers)
+      if (gl.moe.fp4)
+        for (const Fp4Matrices* f : {&gl.moe.fp4->w1, &gl.moe.fp4->w3, &gl.moe.fp4->w2})
+          if (f->codes.in_host()) memory_.host += int64_t(f->codes.bytes());
     if (opt_.attn_splitk_decode && !fwd_attend_splitk_fits(c.head_dim))
       notice(fmt::format("backend cuda: attn.splitk_decode{} does not apply: head_dim {} is not a multiple of 32 up to 512 (the "
                          "unsplit attention runs)", opt_.attn_splitk_f16 ? " (and attn.splitk_f16)" : "", c.head_dim));

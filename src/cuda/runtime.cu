@@ -128,9 +128,10 @@ void* hmalloc_mapped(size_t bytes) {
   // Unified addressing (every 64-bit Hopper process): the device sees the allocation at its host address, which the
   // buffers hand to kernels as they do device pointers.
   void* dp = nullptr;
-  PLUMB_CUDA_CHECK(cudaHostGetDevicePointer(&dp, p, 0));
-  if (dp != p) {
+  const cudaError_t de = cudaHostGetDevicePointer(&dp, p, 0);
+  if (de != cudaSuccess || dp != p) {
     cudaFreeHost(p);
+    if (de != cudaSuccess) PLUMB_CUDA_CHECK(de);
     throw std::runtime_error("mapped host memory has another address on the device (no unified addressing)");
   }
   return p;

@@ -72,9 +72,9 @@ std::vector<Patch> make_registry() {
                "fit the GPU beside a reserve for the caches and buffers, at least one. So a model larger than the GPU "
                "runs on one (DeepSeek-V4-Flash's ~155 GB on a 141 GB H200), each such layer's active experts crossing "
                "PCIe at every step instead of streaming from HBM; needs cuda.moe_mxfp4",
-               "none for the results (the same kernels read the same bytes from another memory); a layer's experts "
-               "uploaded to the wrong place would fail at load, not compute otherwise: tested bit-identical to device "
-               "memory over graph and eager steps",
+               "none for the results (the same kernels read the same bytes from another memory); a layer placed "
+               "wrongly computes the same bits, so the test counts the bytes the buffers hold in host memory: tested "
+               "bit-identical to device memory over graph and eager steps",
                // Where the codes live only: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_host_experts = true; }, false, "cuda"});
   r.push_back({"cuda.head_bf16", "LM head: fp32 twin GEMV (fp64 accumulation)",

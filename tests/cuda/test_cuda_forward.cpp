@@ -541,9 +541,14 @@ TEST_F(GpuTest, HostExpertsMatchDeviceMemory) {
       auto b_model = plumb::Model::load(dir, on, {}, "cuda");
       const int64_t nl = int64_t(b_model->weights().layers.size());
       const int64_t host = b_model->device_memory().host;
-      // Every layer's experts, or the one the fit count takes at least (each layer's the same size here).
+      // Every layer's experts, or the fit's count (one layer on an idle GPU: at least one; more where the GPU is
+      // busy), as the buffers hold them (each layer's the same size here).
       int64_t per_layer = int64_t(plumb::cuda::expert_code_bytes(b_model->weights().layers[0].moe));
-      EXPECT_EQ(host, layers ? nl * per_layer : per_layer) << base << ", host_expert_layers " << layers;
+      if (layers) {
+        EXPECT_EQ(host, nl * per_layer) << base << ", host_expert_layers " << layers;
+      } else {
+        EXPECT_TRUE(host > 0 && host % per_layer == 0) << base << ": " << host << " bytes in host memory";
+      }
       EXPECT_EQ(a_model->device_memory().host, 0);
       const auto toks = test_prompt(330, a_model->config().vocab);
       auto sa = a_model->new_state(), sb = b_model->new_state();
