@@ -278,6 +278,11 @@ bool load_models(Run& R, const std::string& dir) {
   }
   R.res.load_s = secs(tl, Clock::now());
   out(fmt::format("loaded in {:.1f} s: {}\n", R.res.load_s, R.model->config().summary()));
+  // cuda.host_experts: those bytes cross PCIe, not HBM, though the table's % copy counts every byte at the copy rate.
+  if (const int64_t host = R.model->device_memory().host)
+    out(fmt::format("cuda.host_experts: {:.2f} GB of routed-expert codes in pinned host memory: their layers' active experts "
+                    "cross PCIe at each step, and the table's GB/s and % copy count them as HBM bytes\n",
+                    double(host) / 1e9));
   if (!R.o.ab) return true;
   try {
     const auto tb = Clock::now();
