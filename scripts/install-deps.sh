@@ -10,6 +10,7 @@ pkgs=(
   libcli11-dev                     # the command line
   libfmt-dev                       # formatting of messages and tables
   libpcre2-dev                     # Unicode regex for the tokenizer's pre-tokenizer
+  libcpp-httplib-dev               # plumb serve's HTTP server (OpenAI-compatible API)
   python3                          # test scripts that edit fixture copies (tests/cli, tests/toolkit)
 )
 if [ "${1:-}" = "--test" ]; then

@@ -19,5 +19,6 @@ void register_bench(CLI::App& app);
 void register_selftest(CLI::App& app);
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
+void register_serve(CLI::App& app);
 
 }  // namespace plumb::cli

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   plumb::cli::register_selftest(app);
   plumb::cli::register_run(app);
   plumb::cli::register_chat(app);
+  plumb::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,359 @@
+// `plumb serve`'s request checks and response bodies (openai.h): OpenAI's field names and shapes, plumb's rules.
+#include "server/openai.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+#include <random>
+
+namespace plumb::server {
+
+void bad_request(const std::string& param, const std::string& message) {
+  throw RequestError(400, "invalid_request_error", param, message);
+}
+
+json error_body(const std::string& message, const std::string& type, const std::string& param) {
+  return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", nullptr}}}};
+}
+
+json parse_body(const std::string& text) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    bad_request("", fmt::format("the body is not valid JSON (at byte {}): {}", e.byte, e.what()));
+  }
+  if (!body.is_object()) bad_request("", fmt::format("the body must be a JSON object, got {}", body.type_name()));
+  return body;
+}
+
+namespace {
+
+// A present, non-null field (OpenAI's clients send null for "not given").
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number(const json& body, const char* name, double fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad_request(name, fmt::format("{} must be a number, got {}", name, v->type_name()));
+  return v->get<double>();
+}
+
+// An integer within [lo, hi]; JSON numbers like 5.0 are accepted, 5.5 is not.
+int64_t integer(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  if (!v.is_number()) bad_request(name, fmt::format("{} must be an integer, got {}", name, v.type_name()));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    bad_request(name, fmt::format("{} must be at most {}, got {}", name, hi, v.dump()));
+  const double d = v.get<double>();
+  if (!v.is_number_integer() && d != double(int64_t(d)))
+    bad_request(name, fmt::format("{} must be an integer, got {}", name, v.dump()));
+  const int64_t x = v.is_number_integer() ? v.get<int64_t>() : int64_t(d);
+  if (x < lo || x > hi) bad_request(name, fmt::format("{} must be in [{}, {}], got {}", name, lo, hi, x));
+  return x;
+}
+
+bool boolean(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad_request(name, fmt::format("{} must be true or false, got {}", name, v->type_name()));
+  return v->get<bool>();
+}
+
+std::string string_field(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (!v) return {};
+  if (!v->is_string()) bad_request(name, fmt::format("{} must be a string, got {}", name, v->type_name()));
+  return v->get<std::string>();
+}
+
+// Fields of OpenAI's API that plumb does not implement: refused by name rather than ignored, so a client does not
+// take plain text for what it asked (log probabilities, tools, JSON mode, several choices).
+void refuse_unsupported(const json& body) {
+  for (const char* name : {"logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "functions", "function_call",
+                           "suffix", "audio", "modalities", "prediction"}) {
+    const json* v = field(body, name);
+    // (false, 0, "", [] and {} ask for nothing: clients send them as defaults)
+    const bool asks = v && !(v->is_boolean() && !v->get<bool>()) && !(v->is_number() && v->get<double>() == 0) &&
+                      !((v->is_string() || v->is_array() || v->is_object()) && v->empty());
+    if (asks) bad_request(name, fmt::format("{} is not supported by plumb serve", name));
+  }
+  if (const json* v = field(body, "n"); v && integer(*v, "n", 1, std::numeric_limits<int>::max()) != 1)
+    bad_request("n", "n must be 1: plumb serve returns one choice per request");
+  if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, std::numeric_limits<int>::max()) != 1)
+    bad_request("best_of", "best_of must be 1: plumb serve returns one choice per request");
+  if (boolean(body, "echo", false)) bad_request("echo", "echo is not supported by plumb serve");
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object() || v->value("type", std::string()) != "text")
+      bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
+  }
+}
+
+std::vector<std::string> stop_strings(const json& body, const Defaults& d) {
+  std::vector<std::string> out = d.stop_strings;
+  const json* v = field(body, "stop");
+  if (!v) return out;
+  auto add = [&](const json& s, const std::string& name) {
+    if (!s.is_string()) bad_request(name, fmt::format("{} must be a string, got {}", name, s.type_name()));
+    if (s.get<std::string>().empty()) bad_request(name, fmt::format("{} is empty: a stop string needs text", name));
+    out.push_back(s.get<std::string>());
+  };
+  if (v->is_array()) {
+    for (size_t i = 0; i < v->size(); ++i) add((*v)[i], fmt::format("stop[{}]", i));
+  } else {
+    add(*v, "stop");
+  }
+  return out;
+}
+
+// The fields both endpoints share: stream, sampling, stop, max tokens (cut to the context after the prompt).
+void common_fields(const json& body, const Defaults& d, const char* max_tokens_name, Request& r) {
+  refuse_unsupported(body);
+  r.model = string_field(body, "model");
+  r.stream = boolean(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!r.stream) bad_request("stream_options", "stream_options needs \"stream\": true");
+    if (!so->is_object()) bad_request("stream_options", fmt::format("stream_options must be an object, got {}", so->type_name()));
+    r.include_usage = boolean(*so, "include_usage", false);
+  }
+  SamplingParams& s = r.gen.sampling;
+  s = d.sampling;
+  s.temperature = float(number(body, "temperature", s.temperature));
+  s.top_p = float(number(body, "top_p", s.top_p));
+  s.min_p = float(number(body, "min_p", s.min_p));
+  s.presence_penalty = float(number(body, "presence_penalty", s.presence_penalty));
+  s.frequency_penalty = float(number(body, "frequency_penalty", s.frequency_penalty));
+  // (vLLM names it repetition_penalty, llama.cpp's server repeat_penalty: both are read)
+  s.repeat_penalty = float(number(body, "repetition_penalty", number(body, "repeat_penalty", s.repeat_penalty)));
+  if (const json* v = field(body, "top_k")) {
+    const int64_t k = integer(*v, "top_k", -1, std::numeric_limits<int32_t>::max());
+    s.top_k = k < 0 ? 0 : int(k);  // (-1: off, as vLLM reads it)
+  }
+  if (const json* v = field(body, "seed")) s.seed = uint64_t(integer(*v, "seed", 0, std::numeric_limits<int64_t>::max()));
+  else if (!d.fixed_seed) s.seed = std::random_device{}();
+  try {
+    check_sampling(s);
+  } catch (const Error& e) {
+    // Its message names the field as the body does, then the CLI's flag: "top_p (--top-p) must be in (0, 1], got 7".
+    std::string m = e.what();
+    const size_t flag = m.find(" (--");
+    std::string param = m.substr(0, m.find(' '));
+    if (flag != std::string::npos) m.erase(flag, m.find(')', flag) + 1 - flag);
+    if (param == "repeat_penalty" && body.contains("repetition_penalty")) param = "repetition_penalty";
+    if (!body.contains(param)) param.clear();
+    bad_request(param, m);
+  }
+  r.gen.stop_strings = stop_strings(body, d);
+  r.gen.stop_tokens = d.stop_tokens;
+  r.gen.stop_at_eos = true;
+  // vLLM's ignore_eos (benchmarks, tests): EOS no longer stops; --stop-token ids and stop strings still do.
+  if (boolean(body, "ignore_eos", false)) {
+    r.gen.stop_at_eos = false;
+    std::erase_if(r.gen.stop_tokens, [&](int32_t id) { return id == d.eos_token || id == d.tokenizer_eos; });
+  }
+  r.gen.skip_special = true;  // (a reply's text; BOS/EOS are not part of it)
+
+  const int64_t n = int64_t(r.prompt.size());
+  const int64_t room = d.context > 0 ? d.context - n : std::numeric_limits<int32_t>::max();
+  if (room <= 0)
+    bad_request(r.chat ? "messages" : "prompt", fmt::format("the prompt is {} tokens, but the model's context is {} tokens: "
+                "no room to generate", n, d.context));
+  const json* mt = field(body, max_tokens_name);
+  if (!mt && r.chat) mt = field(body, "max_tokens");  // (chat: the older name too)
+  if (mt) {
+    const int64_t want = integer(*mt, max_tokens_name, 1, std::numeric_limits<int32_t>::max());
+    if (want > room)
+      bad_request(max_tokens_name, fmt::format("the model's context is {} tokens, but {} tokens were requested ({} in the "
+                  "prompt, {} to generate)", d.context, n + want, n, want));
+    r.gen.max_tokens = int(want);
+  } else {
+    r.gen.max_tokens = int(std::min<int64_t>(d.max_tokens, room));
+  }
+}
+
+void check_ids(const std::vector<int32_t>& ids, const Defaults& d, const std::string& name) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= d.vocab) bad_request(name, fmt::format("{}: token {} at index {} is outside the model's vocabulary [0, {})",
+                                                         name, ids[i], i, d.vocab));
+}
+
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts, joined.
+std::string content_text(const json& m, const std::string& name) {
+  const auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array())
+    bad_request(name + ".content", fmt::format("{}.content must be a string or an array of text parts, got {}", name, it->type_name()));
+  std::string out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& p = (*it)[i];
+    const std::string pn = fmt::format("{}.content[{}]", name, i);
+    if (!p.is_object() || p.value("type", std::string()) != "text" || !p.contains("text") || !p["text"].is_string())
+      bad_request(pn, fmt::format("{}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported", pn));
+    out += p["text"].get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+Request parse_completion(const json& body, const Tokenizer& tok, const Defaults& d) {
+  Request r;
+  const json* p = field(body, "prompt");
+  if (!p) bad_request("prompt", "prompt is required");
+  // A string; an array of one string; an array of token ids (or of one such array).
+  const json* one = p;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) one = &(*p)[0];
+  if (one->is_string()) {
+    if (one->get<std::string>().empty()) bad_request("prompt", "prompt is empty: there is nothing to continue");
+    r.prompt = encode_prompt(tok, one->get<std::string>(), d.config_bos);
+  } else if (one->is_array() && !one->empty() && (*one)[0].is_number()) {
+    for (size_t i = 0; i < one->size(); ++i)
+      r.prompt.push_back(int32_t(integer((*one)[i], fmt::format("prompt[{}]", i), 0, std::numeric_limits<int32_t>::max())));
+    check_ids(r.prompt, d, "prompt");
+  } else if (p->is_array() && p->size() > 1) {
+    bad_request("prompt", "prompt: one prompt per request (plumb serve returns one choice)");
+  } else {
+    bad_request("prompt", "prompt must be a string, or an array of token ids");
+  }
+  if (r.prompt.empty()) bad_request("prompt", "prompt is empty: there is nothing to continue");
+  common_fields(body, d, "max_tokens", r);
+  return r;
+}
+
+Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
+  Request r;
+  r.chat = true;
+  const json* ms = field(body, "messages");
+  if (!ms) bad_request("messages", "messages is required");
+  if (!ms->is_array() || ms->empty()) bad_request("messages", "messages must be a non-empty array of {role, content} objects");
+  std::vector<ChatMessage> msgs;
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const json& m = (*ms)[i];
+    const std::string name = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad_request(name, fmt::format("{} must be an object, got {}", name, m.type_name()));
+    const std::string role = string_field(m, "role");
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      bad_request(name + ".role", fmt::format("{}.role \"{}\" is not supported (system, user, assistant, developer)", name, role));
+    if (field(m, "tool_calls")) bad_request(name + ".tool_calls", "tool calls are not supported by plumb serve");
+    ChatMessage c{role, content_text(m, name), string_field(m, "reasoning_content")};
+    if (role == "developer" && c.content.empty()) bad_request(name + ".content", fmt::format("{}: a developer message needs content", name));
+    msgs.push_back(std::move(c));
+  }
+  if (msgs.back().role != "user" && msgs.back().role != "developer")
+    bad_request(fmt::format("messages[{}].role", msgs.size() - 1), fmt::format("the last message must be a user turn for "
+                "the assistant to answer, got role \"{}\"", msgs.back().role));
+  ChatOptions co;
+  r.thinking = boolean(body, "thinking", false);
+  if (const json* k = field(body, "chat_template_kwargs")) {
+    if (!k->is_object()) bad_request("chat_template_kwargs", "chat_template_kwargs must be an object");
+    r.thinking = boolean(*k, "thinking", r.thinking);
+  }
+  co.thinking = r.thinking;
+  const std::string effort = string_field(body, "reasoning_effort");
+  if (!effort.empty()) {
+    if (effort != "high" && effort != "max")
+      bad_request("reasoning_effort", fmt::format("reasoning_effort must be \"high\" or \"max\" (DeepSeek-V4's), got \"{}\"", effort));
+    if (!r.thinking) bad_request("reasoning_effort", "reasoning_effort needs thinking mode (\"thinking\": true)");
+    co.reasoning_effort = effort;
+  }
+  try {
+    require_chat_tokens(tok);
+  } catch (const Error& e) {
+    bad_request("messages", e.what());
+  }
+  r.prompt = tok.encode(encode_chat(msgs, co));
+  common_fields(body, d, "max_completion_tokens", r);
+  return r;
+}
+
+const char* finish_reason(StopReason r) {
+  switch (r) {
+    case StopReason::Token:
+    case StopReason::String: return "stop";
+    case StopReason::Length:
+    case StopReason::Context: return "length";
+    case StopReason::Cancelled: return "cancelled";
+  }
+  return "stop";
+}
+
+void ReasoningSplit::push(std::string_view piece, std::string& reasoning, std::string& content) {
+  if (!in_reasoning_) {
+    content += piece;
+    return;
+  }
+  held_ += piece;
+  constexpr std::string_view end = "</think>";
+  if (const size_t at = held_.find(end); at != std::string::npos) {
+    reasoning += held_.substr(0, at);
+    content += held_.substr(at + end.size());
+    held_.clear();
+    in_reasoning_ = false;
+    return;
+  }
+  // Hold back the longest tail that may still become "</think>".
+  size_t keep = std::min(held_.size(), end.size() - 1);
+  while (keep && held_.compare(held_.size() - keep, keep, end.substr(0, keep)) != 0) --keep;
+  reasoning += held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+}
+
+void ReasoningSplit::flush(std::string& reasoning, std::string& content) {
+  (in_reasoning_ ? reasoning : content) += held_;
+  held_.clear();
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+namespace {
+json head(const ResponseIds& ids, const char* object) {
+  return {{"id", ids.id}, {"object", object}, {"created", ids.created}, {"model", ids.model}};
+}
+json finish_json(const char* finish) { return finish ? json(finish) : json(); }
+}  // namespace
+
+json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage) {
+  json r = head(ids, "text_completion");
+  r["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  r["usage"] = usage;
+  return r;
+}
+
+json chat_response(const ResponseIds& ids, const std::string& reasoning, const std::string& content, bool thinking,
+                   const char* finish, const json& usage) {
+  json msg = {{"role", "assistant"}, {"content", content}};
+  if (thinking) msg["reasoning_content"] = reasoning;
+  json r = head(ids, "chat.completion");
+  r["choices"] = json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  r["usage"] = usage;
+  return r;
+}
+
+json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish) {
+  json r = head(ids, "text_completion");
+  r["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  return r;
+}
+
+json chat_chunk(const ResponseIds& ids, const json& delta, const char* finish) {
+  json r = head(ids, "chat.completion.chunk");
+  r["choices"] = json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  return r;
+}
+
+json usage_chunk(const ResponseIds& ids, bool chat, const json& usage) {
+  json r = head(ids, chat ? "chat.completion.chunk" : "text_completion");
+  r["choices"] = json::array();
+  r["usage"] = usage;
+  return r;
+}
+
+}  // namespace plumb::server

@@ -1,0 +1,107 @@
+// The OpenAI-compatible request and response bodies of `plumb serve` (/v1/completions, /v1/chat/completions): a
+// request's JSON checked field by field into a prompt and GenerateOptions, and the responses and stream chunks built
+// from a generation. No sockets here (server.cpp has them), so every rule is testable on its own. Built on the public
+// API only (plumb/engine.h, plumb/text.h), as the CLI is.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plumb/text.h"
+
+namespace plumb::server {
+
+using json = nlohmann::ordered_json;  // (fields in OpenAI's order: "id" first)
+
+// A request the server refuses: the HTTP status, OpenAI's error type and the field at fault ("" for the body).
+struct RequestError : std::runtime_error {
+  RequestError(int status, std::string type, std::string param, const std::string& message)
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)) {}
+  int status;
+  std::string type;   // "invalid_request_error", "authentication_error", "server_busy", "server_error"
+  std::string param;  // "temperature", "messages[2].content", ...
+};
+// 400 invalid_request_error naming `param`.
+[[noreturn]] void bad_request(const std::string& param, const std::string& message);
+// {"error": {"message", "type", "param", "code"}}, as OpenAI's API answers.
+json error_body(const std::string& message, const std::string& type, const std::string& param);
+
+// What every request starts from: the server's command line (`plumb serve`'s sampling options), the model's
+// tokens. A request's fields override the sampling parameters and max tokens.
+struct Defaults {
+  SamplingParams sampling;            // the seed is drawn per request unless `fixed_seed`
+  bool fixed_seed = false;            // --seed given: requests without "seed" use sampling.seed
+  int max_tokens = 2048;              // a request without max_tokens; cut to the context left in any case
+  std::vector<int32_t> stop_tokens;   // EOS (the model's and the tokenizer's) and --stop-token ids
+  std::vector<std::string> stop_strings;
+  std::string model_id;               // what /v1/models lists and responses name
+  int32_t config_bos = -1;            // config.json's BOS (encode_prompt)
+  int64_t context = 0;                // the model's max_position_embeddings (0: none named)
+  int32_t vocab = 0;                  // the model's vocab_size: token-id prompts are checked against it
+  int32_t eos_token = -1, tokenizer_eos = -1;  // config.json's and tokenizer_config.json's EOS (ignore_eos drops them)
+};
+
+// A checked request, ready to generate.
+struct Request {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool thinking = false;       // chat: thinking mode (the reply's reasoning comes back as reasoning_content)
+  std::vector<int32_t> prompt;
+  GenerateOptions gen;         // max_tokens already cut to the context left after the prompt
+  std::string model;           // the request's "model", echoed (the server has one model)
+};
+
+// POST /v1/completions: "prompt" a string (or an array of one string, or of token ids), as `plumb run` encodes it
+// (BOS as transformers adds it). Throws RequestError naming the field.
+Request parse_completion(const json& body, const Tokenizer& tok, const Defaults& d);
+// POST /v1/chat/completions: "messages" rendered in DeepSeek-V4's chat format (encode_chat; roles system, user,
+// assistant, developer; content a string or text parts; an assistant turn's reasoning_content), the last one a user
+// (or developer) turn. Thinking mode with "thinking": true or "chat_template_kwargs": {"thinking": true}; the
+// reasoning effort with "reasoning_effort": "high" or "max".
+Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d);
+// The body as JSON: 400 naming the offset of a syntax error, or that it is not an object.
+json parse_body(const std::string& text);
+
+// OpenAI's finish_reason: "stop" (a stop token or string), "length" (max tokens or the context full).
+const char* finish_reason(StopReason r);
+
+// Splits a thinking-mode reply as it streams: text before "</think>" is reasoning, after it content. A piece that may
+// be the start of "</think>" is held back until it is decided.
+class ReasoningSplit {
+ public:
+  explicit ReasoningSplit(bool thinking) : in_reasoning_(thinking) {}
+  // Appends to `reasoning` / `content` the text of `piece` that is final now.
+  void push(std::string_view piece, std::string& reasoning, std::string& content);
+  void flush(std::string& reasoning, std::string& content);  // at the end: what is held back
+
+ private:
+  bool in_reasoning_;
+  std::string held_;
+};
+
+// The usage object: prompt, completion and total tokens, and the prompt tokens the server's cache already held
+// (prompt_tokens_details.cached_tokens).
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
+
+// Whole responses (stream false) and stream chunks ("data: <chunk>\n\n" lines of an event stream).
+struct ResponseIds {
+  std::string id;   // "cmpl-..." / "chatcmpl-..."
+  int64_t created;  // Unix seconds
+  std::string model;
+};
+json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage);
+json chat_response(const ResponseIds& ids, const std::string& reasoning, const std::string& content, bool thinking,
+                   const char* finish, const json& usage);
+// A completion chunk: `text`, and `finish` (nullptr: null) on the last.
+json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish);
+// A chat chunk's delta: {"role": "assistant"} first, then reasoning_content / content pieces, then {} with `finish`.
+json chat_chunk(const ResponseIds& ids, const json& delta, const char* finish);
+// The chunk with the usage after the last (stream_options.include_usage): "choices": [].
+json usage_chunk(const ResponseIds& ids, bool chat, const json& usage);
+
+}  // namespace plumb::server

@@ -1,0 +1,358 @@
+// `plumb serve`'s HTTP server (server.h): routes, the one-at-a-time generation with its queue, the prefix cache, and
+// the event streams. Request checks and bodies are openai.cpp's.
+#include "server/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <random>
+
+namespace plumb::server {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string random_id(const char* prefix) {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  return fmt::format("{}{:016x}{:08x}", prefix, rng(), uint32_t(rng()));
+}
+
+void send_error(httplib::Response& res, const RequestError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e.what(), e.type, e.param).dump(), "application/json");
+}
+
+// One server-sent event: "data: <json>\n\n".
+std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+}  // namespace
+
+struct Server::Impl {
+  std::shared_ptr<Engine> engine;
+  Tokenizer tok;
+  Defaults defaults;
+  ServerOptions opt;
+  httplib::Server http;
+
+  std::mutex run_mu;                 // one generation at a time; the session and the cache below are under it
+  std::atomic<int> in_flight{0};     // requests generating or waiting to
+  std::atomic<bool> stopping{false};
+  std::unique_ptr<Session> session;
+  std::vector<int32_t> fed;          // the tokens the session holds, in order
+  std::shared_ptr<const SessionCheckpoint> cp;  // the last prompt but its last token (prefix cache)
+  std::vector<int32_t> cp_tokens;
+
+  mutable std::mutex stats_mu;
+  Stats stats;
+
+  Impl(std::shared_ptr<Engine> e, Tokenizer t, Defaults d, ServerOptions o)
+      : engine(std::move(e)), tok(std::move(t)), defaults(std::move(d)), opt(std::move(o)) {}
+
+  void log(const std::string& line) {
+    if (opt.log) opt.log(line);
+    else fmt::print(stderr, "{}\n", line);
+  }
+
+  // Puts the session at the longest prefix of `prompt` it can return to, shorter than the prompt (generate() needs a
+  // token to feed); returns its length.
+  int64_t reuse(const std::vector<int32_t>& prompt) {
+    if (!session) session = engine->new_session();
+    auto is_prefix = [&](const std::vector<int32_t>& p) {
+      return p.size() < prompt.size() && std::equal(p.begin(), p.end(), prompt.begin());
+    };
+    if (opt.prefix_cache) {
+      if (!fed.empty() && is_prefix(fed)) return int64_t(fed.size());
+      if (cp && is_prefix(cp_tokens)) {
+        try {
+          session->restore(*cp);
+          fed = cp_tokens;
+          return int64_t(fed.size());
+        } catch (const Error&) {  // (left behind: start over below)
+        }
+      }
+    }
+    session->reset();
+    fed.clear();
+    cp.reset();
+    cp_tokens.clear();
+    return 0;
+  }
+
+  struct Outcome {
+    GenerateResult r;
+    int64_t cached = 0;
+    double seconds = 0;
+  };
+
+  // Runs one request on the session (run_mu held). Any failure drops the session's state: what it holds is then
+  // unknown, and the next request starts on an empty cache.
+  Outcome generate_locked(const Request& q, const std::function<void(std::string_view)>& on_text,
+                          const std::function<bool()>& should_stop) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Outcome out;
+    GenerateOptions gen = q.gen;
+    gen.should_stop = should_stop;
+    try {
+      out.cached = reuse(q.prompt);
+      std::span<const int32_t> rest(q.prompt);
+      rest = rest.subspan(size_t(out.cached));
+      if (opt.prefix_cache && rest.size() > 1) {
+        // All but the last prompt token, then a checkpoint there: a next prompt that shares this one but its end (a
+        // retry, a thinking chat's next turn) comes back to it.
+        const auto head = rest.first(rest.size() - 1);
+        const auto prev = session->set_prefill_stop(should_stop);
+        try {
+          session->forward(head);
+        } catch (const Stopped&) {
+          session->set_prefill_stop(prev);
+          out.r.stop = StopReason::Cancelled;
+          out.r.prompt_tokens = int64_t(q.prompt.size());
+          out.seconds = seconds_since(t0);
+          return out;
+        }
+        session->set_prefill_stop(prev);
+        fed.insert(fed.end(), head.begin(), head.end());
+        cp = session->checkpoint();
+        cp_tokens = fed;
+        rest = rest.last(1);
+      }
+      out.r = generate(*session, tok, rest, gen, on_text);
+      out.r.prompt_tokens = int64_t(q.prompt.size());
+      if (!(out.r.stop == StopReason::Cancelled && out.r.tokens.empty())) {  // (a prefill stopped: nothing fed)
+        fed.insert(fed.end(), rest.begin(), rest.end());
+        fed.insert(fed.end(), out.r.tokens.begin(), out.r.tokens.end() - (out.r.unfed >= 0 ? 1 : 0));
+      }
+      if (!opt.prefix_cache) session->reset(), fed.clear();
+    } catch (...) {
+      session.reset();
+      fed.clear();
+      cp.reset();
+      cp_tokens.clear();
+      throw;
+    }
+    out.seconds = seconds_since(t0);
+    return out;
+  }
+
+  void count(const Outcome& o) {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++stats.requests;
+    stats.generated_tokens += int64_t(o.r.tokens.size());
+    stats.cached_tokens += o.cached;
+    stats.cancelled += o.r.stop == StopReason::Cancelled;
+  }
+
+  void log_done(const char* path, const Request& q, const Outcome& o) {
+    const auto n = int64_t(o.r.tokens.size());
+    log(fmt::format("{} 200{}: {} prompt tokens ({} cached), {} generated ({}), {:.2f} s{}", path, q.stream ? " stream" : "",
+                    q.prompt.size(), o.cached, n, stop_reason_name(o.r.stop), o.seconds,
+                    n > 1 && o.r.decode_seconds > 0 ? fmt::format(", decode {:.1f} tok/s", double(n - 1) / o.r.decode_seconds)
+                                                    : std::string()));
+  }
+
+  ResponseIds ids_for(const Request& q) const {
+    return {random_id(q.chat ? "chatcmpl-" : "cmpl-"), int64_t(std::time(nullptr)), defaults.model_id};
+  }
+
+  void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
+    Request q;
+    try {
+      const json body = parse_body(req.body);
+      q = chat ? parse_chat(body, tok, defaults) : parse_completion(body, tok, defaults);
+      if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
+      // (the one generating counts too: max_queue wait behind it)
+      if (in_flight.fetch_add(1) >= opt.max_queue + 1) {
+        in_flight.fetch_sub(1);
+        res.set_header("Retry-After", "1");
+        throw RequestError(503, "server_busy", "", fmt::format("the server is busy: {} requests are waiting (--max-queue)",
+                                                               opt.max_queue));
+      }
+    } catch (const RequestError& e) {
+      log(fmt::format("{} {}{}: {}", path, e.status, e.param.empty() ? "" : " " + e.param, e.what()));
+      send_error(res, e);
+      return;
+    }
+    if (q.stream) stream(q, res, path);
+    else whole(q, res, path);
+  }
+
+  void whole(const Request& q, httplib::Response& res, const char* path) {
+    struct Release {
+      std::atomic<int>& n;
+      ~Release() { n.fetch_sub(1); }
+    } release{in_flight};
+    std::string text;
+    Outcome o;
+    try {
+      std::lock_guard<std::mutex> lock(run_mu);
+      if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
+      o = generate_locked(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); });
+    } catch (const RequestError& e) {
+      send_error(res, e);
+      return;
+    } catch (const std::exception& e) {
+      log(fmt::format("{} 500: {}", path, e.what()));
+      send_error(res, RequestError(500, "server_error", "", e.what()));
+      return;
+    }
+    count(o);
+    log_done(path, q, o);
+    const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
+    const ResponseIds ids = ids_for(q);
+    json body;
+    if (q.chat) {
+      std::string reasoning, content;
+      ReasoningSplit split(q.thinking);
+      split.push(text, reasoning, content);
+      split.flush(reasoning, content);
+      body = chat_response(ids, reasoning, content, q.thinking, finish_reason(o.r.stop), usage);
+    } else {
+      body = completion_response(ids, text, finish_reason(o.r.stop), usage);
+    }
+    res.set_content(body.dump(), "application/json");
+  }
+
+  void stream(const Request& q, httplib::Response& res, const char* path) {
+    res.set_header("Cache-Control", "no-cache");
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, q, path, done](size_t, httplib::DataSink& sink) {
+          struct Release {
+            std::atomic<int>& n;
+            std::atomic<bool>& done;
+            ~Release() { n.fetch_sub(1), done = true; }
+          } release{in_flight, *done};
+          bool gone = false;
+          auto send = [&](const std::string& s) {
+            if (!gone && !sink.write(s.data(), s.size())) gone = true;
+          };
+          const ResponseIds ids = ids_for(q);
+          ReasoningSplit split(q.thinking);
+          if (q.chat) send(event(chat_chunk(ids, {{"role", "assistant"}, {"content", ""}}, nullptr)));
+          auto piece = [&](std::string_view s, bool last) {
+            if (!q.chat) {
+              if (!s.empty()) send(event(completion_chunk(ids, std::string(s), nullptr)));
+              return;
+            }
+            std::string reasoning, content;
+            split.push(s, reasoning, content);
+            if (last) split.flush(reasoning, content);
+            if (!reasoning.empty()) send(event(chat_chunk(ids, {{"reasoning_content", reasoning}}, nullptr)));
+            if (!content.empty()) send(event(chat_chunk(ids, {{"content", content}}, nullptr)));
+          };
+          Outcome o;
+          try {
+            std::lock_guard<std::mutex> lock(run_mu);
+            if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
+            o = generate_locked(q, [&](std::string_view s) { piece(s, false); },
+                                [&] { return stopping.load() || gone || !sink.is_writable(); });
+          } catch (const std::exception& e) {
+            const auto* re = dynamic_cast<const RequestError*>(&e);
+            log(fmt::format("{} {} stream: {}", path, re ? re->status : 500, e.what()));
+            send(event(error_body(e.what(), re ? re->type : "server_error", "")));
+            sink.done();
+            return true;
+          }
+          piece({}, true);
+          const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
+          send(event(q.chat ? chat_chunk(ids, json::object(), finish_reason(o.r.stop))
+                            : completion_chunk(ids, "", finish_reason(o.r.stop))));
+          if (q.include_usage) send(event(usage_chunk(ids, q.chat, usage)));
+          send("data: [DONE]\n\n");
+          count(o);
+          log_done(path, q, o);
+          sink.done();
+          return true;
+        },
+        [this, done](bool) {
+          if (!done->exchange(true)) in_flight.fetch_sub(1);  // (the provider never ran: the client left first)
+        });
+  }
+
+  void routes() {
+    http.set_payload_max_length(opt.max_body_bytes);
+    // Threads for the requests waiting on the generation, and a few more so /health and /v1/models answer meanwhile.
+    const size_t threads = size_t(opt.max_queue) + 4;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return httplib::Server::HandlerResponse::Unhandled;
+      log(fmt::format("{} 401: no or wrong API key", req.path));
+      send_error(res, RequestError(401, "authentication_error", "", "this server needs an API key: \"Authorization: Bearer <key>\""));
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      const json m = {{"id", defaults.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "plumb"},
+                      {"max_model_len", defaults.context}};
+      res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // (an error a handler already explained)
+      const std::string msg = res.status == 404 ? fmt::format("no such endpoint: {} {} (POST /v1/completions, POST "
+                                                              "/v1/chat/completions, GET /v1/models, GET /health)", req.method, req.path)
+                              : res.status == 413 ? fmt::format("the body is larger than the server takes ({})", res.status)
+                                                  : fmt::format("HTTP {}", res.status);
+      res.set_content(error_body(msg, "invalid_request_error", "").dump(), "application/json");
+    });
+    http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      log(fmt::format("{} 500: {}", req.path, what));
+      send_error(res, RequestError(500, "server_error", "", what));
+    });
+  }
+};
+
+Server::Server(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults, ServerOptions opt)
+    : impl_(std::make_unique<Impl>(std::move(engine), std::move(tok), std::move(defaults), std::move(opt))) {
+  impl_->routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  const auto& o = impl_->opt;
+  errno = 0;
+  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0)
+    throw Error(fmt::format("cannot listen on {}:{}{}", o.host, o.port,
+                            errno ? fmt::format(": {}", std::strerror(errno)) : std::string(" (in use, or not an address of this machine)")));
+  return port;
+}
+
+void Server::run() { impl_->http.listen_after_bind(); }
+
+void Server::stop() {
+  impl_->stopping = true;
+  impl_->http.stop();
+}
+
+Server::Stats Server::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mu);
+  return impl_->stats;
+}
+
+}  // namespace plumb::server

@@ -1,0 +1,62 @@
+// `plumb serve`'s HTTP server: OpenAI-compatible /v1/completions and /v1/chat/completions (whole responses or
+// server-sent event streams), /v1/models and /health, over one Engine. Built on the public API only.
+//
+// One generation runs at a time (a Session is one cache timeline and the GPU backend's sessions share its streams);
+// the others wait in arrival order, up to ServerOptions::max_queue, past which a request gets 503. With the prefix
+// cache the server keeps its session between requests: a prompt that extends what the session holds (the next turn
+// of a chat whose replies came from this server), or that shares all of the previous prompt but its last token (a
+// retry; a thinking-mode chat's next turn, whose history drops the reasoning), is fed from there on, and the usage
+// says how many prompt tokens came from the cache (prompt_tokens_details.cached_tokens).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "plumb/engine.h"
+#include "plumb/text.h"
+#include "server/openai.h"
+
+namespace plumb::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;       // 0: any free port (bind() returns it)
+  std::string api_key;   // not empty: /v1/ requests need "Authorization: Bearer <key>"
+  int max_queue = 16;    // requests waiting behind the one generating; more are refused with 503
+  // Keep the session between requests and feed only what a new prompt adds (false: every request on an empty
+  // cache, the prompt prefilled in one call as `plumb run` does, so a seed gives `plumb run`'s tokens).
+  bool prefix_cache = true;
+  size_t max_body_bytes = size_t(64) << 20;
+  std::function<void(std::string_view)> log;  // one line per request; empty: stderr
+};
+
+class Server {
+ public:
+  Server(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults, ServerOptions opt);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  // Binds host:port; returns the port (the one chosen, for port 0). Throws plumb::Error naming the address.
+  int bind();
+  // Serves until stop(); bind() first.
+  void run();
+  // From any thread (a signal's watcher): the generation running ends as cancelled, waiting requests get 503, run()
+  // returns.
+  void stop();
+
+  struct Stats {
+    int64_t requests = 0;          // completions answered (whole or streamed, cancelled included)
+    int64_t generated_tokens = 0;  // sampled tokens of those
+    int64_t cached_tokens = 0;     // prompt tokens the prefix cache held
+    int64_t cancelled = 0;         // generations ended by a client gone or stop()
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace plumb::server

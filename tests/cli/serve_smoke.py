@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""`plumb serve` as a process on the bundled model: it prints its address (port 0: a free one), answers the
+OpenAI endpoints with the official Python client's shapes (urllib here: no packages needed), a seeded request gives
+`plumb run`'s text with --no-prefix-cache, SIGTERM and SIGINT stop it with status 0 and a summary line, and its
+usage errors are one "error:" line with status 2.
+
+Usage: tests/cli/serve_smoke.py PLUMB_BINARY   (run from the repository root: the default model is models/tiny)
+"""
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+plumb = sys.argv[1] if len(sys.argv) > 1 else "build/plumb"
+passes = fails = 0
+
+
+def check(cond, msg):
+    global passes, fails
+    print(("ok   " if cond else "FAIL ") + msg)
+    if cond:
+        passes += 1
+    else:
+        fails += 1
+
+
+def start(*args):
+    """plumb serve on a free port; returns (process, port) once it listens (its stderr names the port)."""
+    p = subprocess.Popen([plumb, "serve", "--port", "0", "-q", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+        if m:
+            return p, int(m.group(1))
+    p.kill()
+    raise SystemExit("FAIL plumb serve printed no address: " + p.stderr.read())
+
+
+def request(port, path, body=None, key=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def stop(p, sig):
+    p.send_signal(sig)
+    try:
+        rc = p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return -1, ""
+    return rc, p.stderr.read()
+
+
+# --- a seeded completion is plumb run's text (no prefix cache: the prompt prefilled in one call, as run does) ---
+run = subprocess.run([plumb, "run", "-q", "-p", "Once upon a time", "--seed", "7", "-n", "30"], capture_output=True, text=True)
+p, port = start("--no-prefix-cache", "--seed", "7")
+status, ctype, body = request(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 30})
+check(status == 200 and ctype.startswith("application/json"), f"POST /v1/completions: {status} {ctype}")
+text = json.loads(body)["choices"][0]["text"] if status == 200 else ""
+check(text == run.stdout.rstrip("\n") or text + "\n" == run.stdout, f"the server's text is plumb run's for --seed 7: {text[:60]!r}")
+status, _, body = request(port, "/v1/models")
+check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
+status, _, body = request(port, "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 8})
+events = [l[6:] for l in body.split("\n\n") if l.startswith("data: ")]
+check(status == 200 and events[-1] == "[DONE]" and json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant",
+      f"a chat stream: {len(events)} events, the last [DONE]")
+status, _, body = request(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_p": 7})
+check(status == 400 and "top_p" in json.loads(body)["error"]["message"], f"a bad field is a 400 naming it: {body[:100]}")
+rc, err = stop(p, signal.SIGTERM)
+check(rc == 0, f"SIGTERM: exit status {rc}")
+check(re.search(r"^plumb serve: 2 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+                re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
+
+# --- an API key; SIGINT ---
+p, port = start("--api-key", "k1", "--model-id", "my-model")
+check(request(port, "/v1/models")[0] == 401, "no key: 401")
+status, _, body = request(port, "/v1/models", key="k1")
+check(status == 200 and json.loads(body)["data"][0]["id"] == "my-model", "the key and --model-id: " + body[:80])
+check(request(port, "/health")[0] == 200, "/health needs no key")
+rc, err = stop(p, signal.SIGINT)
+check(rc == 0 and "SIGINT, stopping" in err, f"SIGINT: exit status {rc}")
+
+# --- usage errors: one line, status 2, before any load ---
+busy = socket.socket()
+busy.bind(("127.0.0.1", 0))
+busy.listen(1)
+used = busy.getsockname()[1]
+for args, want in [(["--port", "70000"], "--port"),
+                   (["--port", str(used)], f"cannot listen on 127.0.0.1:{used}"),
+                   (["--temperature", "-1"], "temperature"),
+                   (["-m", "/nonexistent"], "model folder /nonexistent does not exist"),
+                   (["--max-queue", "-2"], "--max-queue")]:
+    r = subprocess.run([plumb, "serve", "-q", *args], capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and want in lines[0],
+          f"serve {' '.join(args)}: status {r.returncode}, {r.stderr.strip()[:120]}")
+busy.close()
+
+print(f"serve_smoke: {passes} passed, {fails} failed")
+sys.exit(1 if fails else 0)

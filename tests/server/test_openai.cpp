@@ -1,0 +1,207 @@
+// `plumb serve`'s request checks and bodies (server/openai.h) without sockets: what a request becomes, what is
+// refused and how the refusal names the field, the streamed reasoning split.
+#include <gtest/gtest.h>
+
+#include "plumb/engine.h"
+#include "server/openai.h"
+
+#include "tiny_model.h"
+
+namespace plumb::server {
+namespace {
+
+using testing::tiny_tok;
+
+Defaults tiny_defaults() {
+  Defaults d;
+  d.sampling.temperature = 0.7f;
+  d.sampling.seed = 5;
+  d.fixed_seed = true;
+  d.max_tokens = 100;
+  d.stop_tokens = {1};
+  d.model_id = "tiny";
+  d.config_bos = 0;
+  d.context = 2048;
+  d.vocab = 1216;
+  d.eos_token = 1;
+  d.tokenizer_eos = 1;
+  return d;
+}
+
+// The RequestError a body gets: its status and param, and that its message contains `text`.
+void expect_refused(const json& body, bool chat, const std::string& param, const std::string& text, int status = 400) {
+  SCOPED_TRACE(body.dump());
+  try {
+    if (chat) parse_chat(body, tiny_tok(), tiny_defaults());
+    else parse_completion(body, tiny_tok(), tiny_defaults());
+    ADD_FAILURE() << "accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, status);
+    EXPECT_EQ(e.param, param);
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+TEST(ServeRequests, CompletionTakesTheFieldsOverTheDefaults) {
+  const Tokenizer& tok = tiny_tok();
+  const Defaults d = tiny_defaults();
+  const Request a = parse_completion(json{{"prompt", "Once upon a time"}}, tok, d);
+  EXPECT_EQ(a.prompt, encode_prompt(tok, "Once upon a time", 0));
+  EXPECT_FALSE(a.chat);
+  EXPECT_FALSE(a.stream);
+  EXPECT_EQ(a.gen.sampling.temperature, 0.7f);
+  EXPECT_EQ(a.gen.sampling.seed, 5u);
+  EXPECT_EQ(a.gen.max_tokens, 100);
+  EXPECT_EQ(a.gen.stop_tokens, std::vector<int32_t>{1});
+  EXPECT_TRUE(a.gen.stop_at_eos);
+
+  const json b = {{"prompt", json::array({json::array({5, 6, 7})})}, {"temperature", 0}, {"top_p", 0.5}, {"top_k", -1},
+                  {"min_p", 0.1}, {"seed", 42}, {"max_tokens", 7}, {"stop", json::array({"x", "yz"})}, {"stream", true},
+                  {"stream_options", {{"include_usage", true}}}, {"repetition_penalty", 1.1}, {"presence_penalty", 0.5},
+                  {"frequency_penalty", 0.25}, {"ignore_eos", true}, {"n", 1}, {"logprobs", nullptr}, {"user", "u"}};
+  const Request r = parse_completion(b, tok, d);
+  EXPECT_EQ(r.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(r.gen.sampling.temperature, 0.f);
+  EXPECT_EQ(r.gen.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.gen.sampling.top_k, 0);
+  EXPECT_EQ(r.gen.sampling.min_p, 0.1f);
+  EXPECT_EQ(r.gen.sampling.seed, 42u);
+  EXPECT_EQ(r.gen.sampling.repeat_penalty, 1.1f);
+  EXPECT_EQ(r.gen.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(r.gen.sampling.frequency_penalty, 0.25f);
+  EXPECT_EQ(r.gen.max_tokens, 7);
+  EXPECT_EQ(r.gen.stop_strings, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_FALSE(r.gen.stop_at_eos);  // ignore_eos
+  EXPECT_TRUE(r.gen.stop_tokens.empty());
+}
+
+TEST(ServeRequests, MaxTokensDefaultIsCutToTheContextLeft) {
+  Defaults d = tiny_defaults();
+  d.context = 10;
+  const Request r = parse_completion(json{{"prompt", json::array({5, 6, 7, 8})}}, tiny_tok(), d);
+  EXPECT_EQ(r.gen.max_tokens, 6);
+  // Asked for explicitly, more than fits is refused (OpenAI's rule), naming both counts.
+  try {
+    parse_completion(json{{"prompt", json::array({5, 6, 7, 8})}, {"max_tokens", 7}}, tiny_tok(), d);
+    ADD_FAILURE() << "accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param, "max_tokens");
+    EXPECT_NE(std::string(e.what()).find("11 tokens were requested (4 in the prompt, 7 to generate)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ServeRequests, SeedIsDrawnPerRequestWithoutAFixedOne) {
+  Defaults d = tiny_defaults();
+  d.fixed_seed = false;
+  std::set<uint64_t> seeds;
+  for (int i = 0; i < 8; ++i) seeds.insert(parse_completion(json{{"prompt", "a"}}, tiny_tok(), d).gen.sampling.seed);
+  EXPECT_GT(seeds.size(), 1u);
+}
+
+TEST(ServeRequests, ChatPromptIsTheOfficialEncoding) {
+  const Tokenizer& tok = tiny_tok();
+  const json msgs = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                 {{"role", "user"}, {"content", "Hi"}},
+                                 {{"role", "assistant"}, {"content", "Hello."}, {"reasoning_content", "greet"}},
+                                 {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "How "}},
+                                                                             {{"type", "text"}, {"text", "are you?"}}})}}});
+  const std::vector<ChatMessage> cm = {{"system", "Be brief.", ""}, {"user", "Hi", ""}, {"assistant", "Hello.", "greet"},
+                                       {"user", "How are you?", ""}};
+  const Request plain = parse_chat(json{{"messages", msgs}}, tok, tiny_defaults());
+  EXPECT_TRUE(plain.chat);
+  EXPECT_FALSE(plain.thinking);
+  EXPECT_EQ(plain.prompt, tok.encode(encode_chat(cm, ChatOptions{false, true, true, ""})));
+  const Request think = parse_chat(json{{"messages", msgs}, {"chat_template_kwargs", {{"thinking", true}}},
+                                        {"reasoning_effort", "max"}}, tok, tiny_defaults());
+  EXPECT_TRUE(think.thinking);
+  EXPECT_EQ(think.prompt, tok.encode(encode_chat(cm, ChatOptions{true, true, true, "max"})));
+  EXPECT_NE(think.prompt, plain.prompt);
+  EXPECT_EQ(parse_chat(json{{"messages", msgs}, {"thinking", true}, {"reasoning_effort", "max"}}, tok, tiny_defaults()).prompt,
+            think.prompt);
+}
+
+TEST(ServeRequests, RefusalsNameTheField) {
+  const json user = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  expect_refused(json::object(), false, "prompt", "prompt is required");
+  expect_refused(json{{"prompt", ""}}, false, "prompt", "empty");
+  expect_refused(json{{"prompt", 3}}, false, "prompt", "must be a string");
+  expect_refused(json{{"prompt", json::array({"a", "b"})}}, false, "prompt", "one prompt per request");
+  expect_refused(json{{"prompt", json::array({5, 5000})}}, false, "prompt", "token 5000 at index 1 is outside");
+  expect_refused(json{{"prompt", json::array({5, -1})}}, false, "prompt[1]", "must be in [0,");
+  expect_refused(json{{"prompt", "a"}, {"temperature", "hot"}}, false, "temperature", "must be a number, got string");
+  expect_refused(json{{"prompt", "a"}, {"top_p", 2}}, false, "top_p", "top_p must be in (0, 1], got 2");
+  expect_refused(json{{"prompt", "a"}, {"top_k", 2.5}}, false, "top_k", "must be an integer");
+  expect_refused(json{{"prompt", "a"}, {"seed", -3}}, false, "seed", "must be in [0,");
+  expect_refused(json{{"prompt", "a"}, {"max_tokens", 0}}, false, "max_tokens", "must be in [1,");
+  expect_refused(json{{"prompt", "a"}, {"stream", "yes"}}, false, "stream", "true or false");
+  expect_refused(json{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}}, false, "stream_options", "needs");
+  expect_refused(json{{"prompt", "a"}, {"stop", json::array({"x", 1})}}, false, "stop[1]", "must be a string");
+  expect_refused(json{{"prompt", "a"}, {"stop", ""}}, false, "stop", "empty");
+  expect_refused(json{{"prompt", "a"}, {"n", 2}}, false, "n", "n must be 1");
+  expect_refused(json{{"prompt", "a"}, {"logprobs", 2}}, false, "logprobs", "not supported");
+  expect_refused(json{{"prompt", "a"}, {"echo", true}}, false, "echo", "not supported");
+  expect_refused(json{{"messages", user}, {"logprobs", true}}, true, "logprobs", "not supported");
+  expect_refused(json{{"messages", user}, {"tools", json::array({{{"type", "function"}}})}}, true, "tools", "not supported");
+  expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}}, true, "response_format", "text");
+  expect_refused(json::object(), true, "messages", "messages is required");
+  expect_refused(json{{"messages", json::array()}}, true, "messages", "non-empty array");
+  expect_refused(json{{"messages", json::array({"hi"})}}, true, "messages[0]", "must be an object");
+  expect_refused(json{{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}, true, "messages[0].role", "\"tool\"");
+  expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}}, true,
+                 "messages[0].content[0]", "only text parts");
+  expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", "a"}}, {{"role", "assistant"}, {"content", "b"}}})}},
+                 true, "messages[1].role", "the last message must be a user turn");
+  expect_refused(json{{"messages", user}, {"reasoning_effort", "max"}}, true, "reasoning_effort", "needs thinking mode");
+  expect_refused(json{{"messages", user}, {"thinking", true}, {"reasoning_effort", "low"}}, true, "reasoning_effort", "\"high\" or \"max\"");
+  expect_refused(json{{"messages", user}, {"max_completion_tokens", 5000}}, true, "max_completion_tokens", "context is 2048 tokens");
+  // The body itself.
+  try {
+    parse_body("{\"prompt\": ");
+    ADD_FAILURE() << "accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_body("[1, 2]"), RequestError);
+  const json err = error_body("m", "invalid_request_error", "top_k");
+  EXPECT_EQ(err["error"]["param"], "top_k");
+  EXPECT_TRUE(error_body("m", "t", "")["error"]["param"].is_null());
+}
+
+TEST(ServeRequests, ReasoningSplitHoldsBackAPartialEndTag) {
+  // The same text in pieces of every size splits the same way as whole.
+  const std::string text = "I think </ not yet</thin k></think>The answer</think> stays";
+  for (size_t step = 1; step <= text.size(); ++step) {
+    ReasoningSplit split(true);
+    std::string reasoning, content;
+    for (size_t i = 0; i < text.size(); i += step) {
+      std::string r, c;
+      split.push(std::string_view(text).substr(i, step), r, c);
+      reasoning += r, content += c;
+    }
+    split.flush(reasoning, content);
+    EXPECT_EQ(reasoning, "I think </ not yet</thin k>") << step;
+    EXPECT_EQ(content, "The answer</think> stays") << step;
+  }
+  ReasoningSplit open(true), plain(false);
+  std::string r1, c1, r2, c2;
+  open.push("no end </thi", r1, c1);
+  open.flush(r1, c1);
+  EXPECT_EQ(r1, "no end </thi");  // (no </think>: all reasoning, as parse_reply reads it)
+  EXPECT_EQ(c1, "");
+  plain.push("a</think>b", r2, c2);
+  EXPECT_EQ(r2, "");
+  EXPECT_EQ(c2, "a</think>b");
+}
+
+TEST(ServeRequests, FinishReasonsAreOpenAis) {
+  EXPECT_STREQ(finish_reason(StopReason::Token), "stop");
+  EXPECT_STREQ(finish_reason(StopReason::String), "stop");
+  EXPECT_STREQ(finish_reason(StopReason::Length), "length");
+  EXPECT_STREQ(finish_reason(StopReason::Context), "length");
+}
+
+}  // namespace
+}  // namespace plumb::server

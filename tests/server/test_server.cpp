@@ -1,0 +1,277 @@
+// `plumb serve` over HTTP in process (server/server.h, the bundled tiny model on the CPU): responses equal what
+// generate() gives for the same prompt and options, streams equal whole responses, the prefix cache feeds only what a
+// prompt adds and gives the same tokens, errors are OpenAI's JSON, a client that leaves cancels its generation.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "server/server.h"
+
+#include "tiny_model.h"
+
+namespace plumb::server {
+namespace {
+
+using testing::tiny_engine;
+using testing::tiny_tok;
+
+Defaults defaults() {
+  const ModelInfo& info = tiny_engine()->info();
+  Defaults d;
+  d.sampling.temperature = 0.8f;
+  d.max_tokens = 40;
+  d.stop_tokens = {info.eos_token};
+  d.model_id = "tiny";
+  d.config_bos = info.bos_token;
+  d.context = info.max_positions;
+  d.vocab = info.vocab_size;
+  d.eos_token = info.eos_token;
+  d.tokenizer_eos = tiny_tok().eos_id();
+  return d;
+}
+
+// A server on a free port, serving on its own thread while it lives; its log lines are kept.
+struct Running {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  std::unique_ptr<Server> srv;
+  std::thread thread;
+  int port = 0;
+  explicit Running(ServerOptions o = {}) {
+    o.port = 0;
+    o.log = [this](std::string_view s) {
+      std::lock_guard<std::mutex> lock(log_mu);
+      log.emplace_back(s);
+    };
+    srv = std::make_unique<Server>(tiny_engine(), tiny_tok(), defaults(), o);
+    port = srv->bind();
+    thread = std::thread([this] { srv->run(); });
+  }
+  ~Running() {
+    srv->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  json post(const std::string& path, const json& body, int expect_status = 200) const {
+    auto c = client();
+    auto res = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(res) << httplib::to_string(res.error());
+    if (!res) return {};
+    EXPECT_EQ(res->status, expect_status) << res->body;
+    return json::parse(res->body);
+  }
+};
+
+ServerOptions no_cache() {
+  ServerOptions o;
+  o.prefix_cache = false;
+  return o;
+}
+
+// generate() on a fresh session: what a request must give.
+GenerateResult direct(const std::vector<int32_t>& prompt, const GenerateOptions& g) {
+  auto s = tiny_engine()->new_session();
+  return generate(*s, tiny_tok(), prompt, g);
+}
+
+GenerateOptions greedy(int max_tokens) {
+  GenerateOptions g;
+  g.sampling.temperature = 0;
+  g.max_tokens = max_tokens;
+  g.stop_tokens = {tiny_engine()->info().eos_token};
+  g.skip_special = true;
+  return g;
+}
+
+// The data lines of an event stream, parsed; "[DONE]" as the string "[DONE]".
+std::vector<json> events(const std::string& body) {
+  std::vector<json> out;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
+    at = end;
+  }
+  return out;
+}
+
+TEST(Serve, CompletionEqualsGenerate) {
+  Running s(no_cache());
+  const std::string prompt = "Once upon a time";
+  const json r = s.post("/v1/completions", {{"prompt", prompt}, {"temperature", 0}, {"max_tokens", 24}, {"model", "x"}});
+  const GenerateResult want = direct(encode_prompt(tiny_tok(), prompt, tiny_engine()->info().bos_token), greedy(24));
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "tiny");
+  EXPECT_EQ(r["choices"][0]["text"], want.text);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], want.stop == StopReason::Length ? "length" : "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], want.tokens.size());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], want.prompt_tokens);
+  EXPECT_EQ(r["usage"]["total_tokens"], want.prompt_tokens + int64_t(want.tokens.size()));
+  EXPECT_FALSE(want.text.empty());
+
+  // Sampled with a seed: generate()'s tokens for that seed, every time.
+  GenerateOptions g = greedy(24);
+  g.sampling = SamplingParams{};
+  g.sampling.seed = 77;
+  const GenerateResult sampled = direct(encode_prompt(tiny_tok(), prompt, tiny_engine()->info().bos_token), g);
+  for (int i = 0; i < 2; ++i) {
+    const json q = s.post("/v1/completions", {{"prompt", prompt}, {"seed", 77}, {"max_tokens", 24}, {"temperature", 0.8},
+                                              {"top_k", 40}, {"top_p", 0.95}, {"min_p", 0.05}});
+    EXPECT_EQ(q["choices"][0]["text"], sampled.text) << i;
+  }
+}
+
+TEST(Serve, StreamEqualsTheWholeResponse) {
+  Running s;
+  const json msgs = json::array({{{"role", "user"}, {"content", "Tell me about the sea."}}});
+  const json whole = s.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 30}});
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_FALSE(whole["choices"][0]["message"].contains("reasoning_content"));  // (chat mode)
+
+  auto c = s.client();
+  const json body = {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 30}, {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  const std::vector<json> ev = events(res->body);
+  ASSERT_GE(ev.size(), 4u) << res->body;
+  EXPECT_EQ(ev.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(ev.back(), "[DONE]");
+  const json& usage = ev[ev.size() - 2];
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+  const json& last = ev[ev.size() - 3];
+  EXPECT_EQ(last["choices"][0]["finish_reason"], whole["choices"][0]["finish_reason"]);
+  std::string text;
+  for (size_t i = 1; i + 3 < ev.size(); ++i) {
+    EXPECT_EQ(ev[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(ev[i]["id"], ev.front()["id"]);
+    EXPECT_TRUE(ev[i]["choices"][0]["finish_reason"].is_null());
+    text += ev[i]["choices"][0]["delta"].value("content", std::string());
+  }
+  EXPECT_EQ(text, whole["choices"][0]["message"]["content"]);
+
+  // A completion stream: its pieces are the whole text too.
+  auto rc = c.Post("/v1/completions", json{{"prompt", "The sea"}, {"temperature", 0}, {"max_tokens", 20}, {"stream", true}}.dump(),
+                   "application/json");
+  ASSERT_TRUE(rc);
+  const json wc = s.post("/v1/completions", {{"prompt", "The sea"}, {"temperature", 0}, {"max_tokens", 20}});
+  std::string ct;
+  for (const json& e : events(rc->body))
+    if (e.is_object()) ct += e["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(ct, wc["choices"][0]["text"]);
+}
+
+TEST(Serve, PrefixCacheFeedsWhatThePromptAddsAndGivesTheSameTokens) {
+  Running cached, fresh(no_cache());
+  const Tokenizer& tok = tiny_tok();
+  json msgs = json::array({{{"role", "user"}, {"content", "What is a lighthouse?"}}});
+  const json first = cached.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 16}});
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const int64_t p1 = first["usage"]["prompt_tokens"];
+  // The next turn: the history this server's reply came from, then a new question. The session holds the first
+  // prompt and the reply but its last token: every one of those is cached when the reply re-encodes to its tokens.
+  msgs.push_back({{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+  msgs.push_back({{"role", "user"}, {"content", "And a harbour?"}});
+  const json second = cached.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 16}});
+  const int64_t hit = second["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(hit, p1);
+  const json ref = fresh.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 16}});
+  EXPECT_EQ(ref["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(second["choices"][0]["message"]["content"], ref["choices"][0]["message"]["content"]);
+  // The same prompt again (a retry): all of it but its last token from the checkpoint.
+  const json again = cached.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 16}});
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], second["usage"]["prompt_tokens"].get<int64_t>() - 1);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], ref["choices"][0]["message"]["content"]);
+  // A thinking-mode turn after a thinking turn: the history drops the reasoning, and the prompt leaves the previous
+  // one at its last token (<think> becomes </think>): that checkpoint is the prefix.
+  json tm = json::array({{{"role", "user"}, {"content", "Why is the sky blue?"}}});
+  const json t1 = cached.post("/v1/chat/completions", {{"messages", tm}, {"thinking", true}, {"temperature", 0}, {"max_tokens", 12}});
+  ASSERT_TRUE(t1["choices"][0]["message"].contains("reasoning_content"));
+  tm.push_back({{"role", "assistant"}, {"content", "Rayleigh."}, {"reasoning_content", t1["choices"][0]["message"]["reasoning_content"]}});
+  tm.push_back({{"role", "user"}, {"content", "And at sunset?"}});
+  const json t2 = cached.post("/v1/chat/completions", {{"messages", tm}, {"thinking", true}, {"temperature", 0}, {"max_tokens", 12}});
+  EXPECT_EQ(t2["usage"]["prompt_tokens_details"]["cached_tokens"], t1["usage"]["prompt_tokens"].get<int64_t>() - 1);
+  const json t2ref = fresh.post("/v1/chat/completions", {{"messages", tm}, {"thinking", true}, {"temperature", 0}, {"max_tokens", 12}});
+  EXPECT_EQ(t2["choices"][0]["message"], t2ref["choices"][0]["message"]);
+  // Something else entirely: from an empty cache.
+  const json other = cached.post("/v1/completions", {{"prompt", "Zebras"}, {"temperature", 0}, {"max_tokens", 4}});
+  EXPECT_EQ(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(cached.srv->stats().requests, 6);
+  (void)tok;
+}
+
+TEST(Serve, ErrorsAreOpenAiJson) {
+  ServerOptions o;
+  o.api_key = "sekrit";
+  Running s(o);
+  auto c = s.client();
+  // /health needs no key; /v1/ does.
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto u = c.Get("/v1/models");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->status, 401);
+  EXPECT_EQ(json::parse(u->body)["error"]["type"], "authentication_error");
+  c.set_bearer_token_auth("sekrit");
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "tiny");
+  auto bad = c.Post("/v1/completions", "{\"prompt\": \"a\", \"top_k\": \"many\"}", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "top_k");
+  auto junk = c.Post("/v1/chat/completions", "not json", "application/json");
+  ASSERT_TRUE(junk);
+  EXPECT_EQ(junk->status, 400);
+  EXPECT_NE(json::parse(junk->body)["error"]["message"].get<std::string>().find("not valid JSON"), std::string::npos);
+  auto none = c.Get("/v1/engines");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  EXPECT_NE(json::parse(none->body)["error"]["message"].get<std::string>().find("no such endpoint"), std::string::npos);
+  // A stream refused before it starts is a plain JSON error, not an event stream.
+  auto sb = c.Post("/v1/completions", json{{"prompt", "a"}, {"stream", true}, {"n", 3}}.dump(), "application/json");
+  ASSERT_TRUE(sb);
+  EXPECT_EQ(sb->status, 400);
+  EXPECT_EQ(json::parse(sb->body)["error"]["param"], "n");
+  EXPECT_EQ(s.srv->stats().requests, 0);
+}
+
+TEST(Serve, AClientThatLeavesCancelsItsGeneration) {
+  Running s;
+  httplib::Client c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"prompt", "Once"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  c.send(req, res, err);  // (ends with an error: the receiver stopped it)
+  c.stop();
+  // The server notices at its next writes: the generation ends as cancelled, far before its 1500 tokens.
+  for (int i = 0; i < 600 && s.srv->stats().requests == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto st = s.srv->stats();
+  EXPECT_EQ(st.requests, 1);
+  EXPECT_EQ(st.cancelled, 1);
+  EXPECT_LT(st.generated_tokens, 1500);
+  // And the server goes on.
+  const json after = s.post("/v1/completions", {{"prompt", "Once"}, {"temperature", 0}, {"max_tokens", 3}});
+  EXPECT_EQ(after["usage"]["completion_tokens"], 3);
+}
+
+}  // namespace
+}  // namespace plumb::server
