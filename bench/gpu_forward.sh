@@ -20,6 +20,7 @@
 # the matching kernels with opcode counts, SASS_BINS),
 # KTRACE=1,8 (the kernel timeline of the FAST layer bench's replayed steps at those batches: bench/ktrace; carry
 # libktrace.so, and libcupti.so.13 from the toolkit beside it),
+# SERVE=1 (plumb serve's smoke test, tests/cli/serve_smoke.py, on the GPU with the fp32 twin and with FAST: serve.txt),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
 # layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
 set -u
@@ -165,6 +166,15 @@ else
   cat "$OUT"/tests-shard*.txt "$OUT/tests-timing.txt" >"$OUT/tests.txt" && rm -f "$OUT"/tests-shard*.txt "$OUT/tests-timing.txt"
 fi
 note "cuda tests rc=$rc"
+
+if [ -n "${SERVE:-}" ]; then  # plumb serve on the GPU: tests/cli/serve_smoke.py with the fp32 twin and with FAST (the
+  # requests run on the server's worker threads, not the thread that loaded the model)
+  for patches in "" "$FAST"; do
+    PLUMB_SERVE_ARGS="--backend cuda${patches:+ --patches $patches}" timeout 180 python3 tests/cli/serve_smoke.py "$C/plumb" \
+      >>"$OUT/serve.txt" 2>&1
+    note "serve_smoke --backend cuda [${patches:+FAST}] rc=$? $(tail -n 1 "$OUT/serve.txt")"
+  done
+fi
 
 if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer, one process per (tool, test) of this gtest filter, several at once
   # (bench/sanitize_each.py; a tool that aborts a launch fails that test only): SANITIZE_TOOLS (default memcheck;

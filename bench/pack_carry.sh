@@ -17,6 +17,13 @@ kt=$(find "$build" -name libktrace.so | head -1)
 [ -n "$kt" ] && cp "$kt" "$tmp/" || echo "pack_carry: no libktrace.so in $build (KTRACE runs will lack it)" >&2
 cupti=$(find /usr/local/cuda/ -name 'libcupti.so.13' 2>/dev/null | head -1)
 [ -n "$cupti" ] && cp "$cupti" "$tmp/" || echo "pack_carry: no libcupti.so.13 under /usr/local/cuda (KTRACE runs will lack it)" >&2
+# plumb serve's HTTP library and the compression libraries it links: a GPU machine may lack them (lib/ is first on
+# gpu_forward.sh's LD_LIBRARY_PATH).
+mkdir -p "$tmp/lib"
+for l in libcpp-httplib.so.0.11 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
+  f=$(ldd "$build/plumb" | awk -v l="$l" '$1 == l { print $3 }')
+  [ -n "$f" ] && cp -L "$f" "$tmp/lib/"
+done
 strip "$tmp/plumb" "$tmp/plumb_cuda_tests"
 mkdir -p build-carry
 rm -f build-carry/*

@@ -8,10 +8,14 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <deque>
+#include <future>
 #include <mutex>
 #include <random>
+#include <thread>
 
 namespace plumb::server {
 
@@ -38,6 +42,53 @@ std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
 }  // namespace
 
+// The one thread every generation runs on, in arrival order: the session is created, fed and destroyed there (backend
+// cuda keeps per-thread state, the cuBLASLt workspaces and plans, and its sessions want one thread at a time).
+// run(f) queues f and waits for it; f's exception comes back to the caller.
+class EngineThread {
+ public:
+  EngineThread() : thread_([this] { loop(); }) {}
+  ~EngineThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  template <typename F>
+  void run(F&& f) {
+    std::packaged_task<void()> task(std::forward<F>(f));
+    auto done = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+    done.get();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return quit_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // (quit, and nothing left)
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool quit_ = false;
+  std::thread thread_;  // (last: started once the members above exist)
+};
+
 struct Server::Impl {
   std::shared_ptr<Engine> engine;
   Tokenizer tok;
@@ -45,7 +96,7 @@ struct Server::Impl {
   ServerOptions opt;
   httplib::Server http;
 
-  std::mutex run_mu;                 // one generation at a time; the session and the cache below are under it
+  EngineThread engine_thread;        // one generation at a time; the session and the cache below are its own
   std::atomic<int> in_flight{0};     // requests generating or waiting to
   std::atomic<bool> stopping{false};
   std::unique_ptr<Session> session;
@@ -95,7 +146,7 @@ struct Server::Impl {
     double seconds = 0;
   };
 
-  // Runs one request on the session (run_mu held). Any failure drops the session's state: what it holds is then
+  // Runs one request on the session (on the engine thread). Any failure drops the session's state: what it holds is then
   // unknown, and the next request starts on an empty cache.
   Outcome generate_locked(const Request& q, const std::function<void(std::string_view)>& on_text,
                           const std::function<bool()>& should_stop) {
@@ -196,9 +247,10 @@ struct Server::Impl {
     std::string text;
     Outcome o;
     try {
-      std::lock_guard<std::mutex> lock(run_mu);
-      if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
-      o = generate_locked(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); });
+      engine_thread.run([&] {
+        if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
+        o = generate_locked(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); });
+      });
     } catch (const RequestError& e) {
       send_error(res, e);
       return;
@@ -255,10 +307,12 @@ struct Server::Impl {
           };
           Outcome o;
           try {
-            std::lock_guard<std::mutex> lock(run_mu);
-            if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
-            o = generate_locked(q, [&](std::string_view s) { piece(s, false); },
-                                [&] { return stopping.load() || gone || !sink.is_writable(); });
+            // (the sink is written from the engine thread while this one waits for it)
+            engine_thread.run([&] {
+              if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
+              o = generate_locked(q, [&](std::string_view s) { piece(s, false); },
+                                  [&] { return stopping.load() || gone || !sink.is_writable(); });
+            });
           } catch (const std::exception& e) {
             const auto* re = dynamic_cast<const RequestError*>(&e);
             log(fmt::format("{} {} stream: {}", path, re ? re->status : 500, e.what()));
@@ -331,7 +385,11 @@ Server::Server(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults,
   impl_->routes();
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  // The session goes where it was made (its GPU graphs and buffers with it), before the engine thread ends.
+  impl_->engine_thread.run([this] { impl_->session.reset(), impl_->cp.reset(); });
+}
 
 int Server::bind() {
   const auto& o = impl_->opt;

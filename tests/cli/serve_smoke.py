@@ -5,9 +5,13 @@ OpenAI endpoints with the official Python client's shapes (urllib here: no packa
 usage errors are one "error:" line with status 2.
 
 Usage: tests/cli/serve_smoke.py PLUMB_BINARY   (run from the repository root: the default model is models/tiny)
+PLUMB_SERVE_ARGS: more options for every run and serve ("--backend cuda --patches cuda.fast" on the GPU machine:
+bench/gpu_forward.sh SERVE=1).
 """
 import json
+import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,6 +21,7 @@ import urllib.error
 import urllib.request
 
 plumb = sys.argv[1] if len(sys.argv) > 1 else "build/plumb"
+extra = shlex.split(os.environ.get("PLUMB_SERVE_ARGS", ""))
 passes = fails = 0
 
 
@@ -31,7 +36,7 @@ def check(cond, msg):
 
 def start(*args):
     """plumb serve on a free port; returns (process, port) once it listens (its stderr names the port)."""
-    p = subprocess.Popen([plumb, "serve", "--port", "0", "-q", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    p = subprocess.Popen([plumb, "serve", "--port", "0", "-q", *extra, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -69,7 +74,8 @@ def stop(p, sig):
 
 
 # --- a seeded completion is plumb run's text (no prefix cache: the prompt prefilled in one call, as run does) ---
-run = subprocess.run([plumb, "run", "-q", "-p", "Once upon a time", "--seed", "7", "-n", "30"], capture_output=True, text=True)
+run = subprocess.run([plumb, "run", "-q", *extra, "-p", "Once upon a time", "--seed", "7", "-n", "30"], capture_output=True,
+                     text=True)
 p, port = start("--no-prefix-cache", "--seed", "7")
 status, ctype, body = request(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 30})
 check(status == 200 and ctype.startswith("application/json"), f"POST /v1/completions: {status} {ctype}")
@@ -84,10 +90,26 @@ check(status == 200 and events[-1] == "[DONE]" and json.loads(events[0])["choice
       f"a chat stream: {len(events)} events, the last [DONE]")
 status, _, body = request(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_p": 7})
 check(status == 400 and "top_p" in json.loads(body)["error"]["message"], f"a bad field is a 400 naming it: {body[:100]}")
+turns = [{"role": "user", "content": "What is a lighthouse?"}]
+status, _, body = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
+turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["message"]["content"]},
+          {"role": "user", "content": "And a harbour?"}]
+_, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 2 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 4 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
+
+# --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---
+p, port = start()
+request(port, "/v1/chat/completions", {"messages": turns[:1], "temperature": 0, "max_tokens": 12})
+status, _, body = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
+cached = json.loads(body)
+check(cached["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 and
+      cached["choices"][0]["message"] == json.loads(uncached)["choices"][0]["message"],
+      f"prefix cache: {cached['usage']['prompt_tokens_details']['cached_tokens']} of {cached['usage']['prompt_tokens']} "
+      f"prompt tokens cached, the reply as on an empty cache: {cached['choices'][0]['message']['content'][:50]!r}")
+stop(p, signal.SIGTERM)
 
 # --- an API key; SIGINT ---
 p, port = start("--api-key", "k1", "--model-id", "my-model")
@@ -108,7 +130,7 @@ for args, want in [(["--port", "70000"], "--port"),
                    (["--temperature", "-1"], "temperature"),
                    (["-m", "/nonexistent"], "model folder /nonexistent does not exist"),
                    (["--max-queue", "-2"], "--max-queue")]:
-    r = subprocess.run([plumb, "serve", "-q", *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([plumb, "serve", "-q", *extra, *args], capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
     check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and want in lines[0],
           f"serve {' '.join(args)}: status {r.returncode}, {r.stderr.strip()[:120]}")
