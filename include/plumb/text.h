@@ -186,6 +186,10 @@ struct GenerateOptions {
   // its calls is asked during the prefill too; the session's own prefill stop, if it has one, is asked beside it.)
   // May be empty. A front end's Ctrl-C, a client gone, a deadline.
   std::function<bool()> should_stop;
+  // Tokens the session already holds before `prompt` that the penalties should see, in order (the penalty window is
+  // the last penalty_last_n of these, the prompt and the output): a session continued, such as a server's cached
+  // prefix, samples as if the whole sequence had been its prompt. Empty (the default): the prompt and the output only.
+  std::vector<int32_t> history_before;
 };
 
 // The sampling parameters (check_sampling) and --max-tokens; generate() checks them too (before any forward).

@@ -1,6 +1,8 @@
-// `plumb serve [-m DIR]`: an OpenAI-compatible HTTP server over one loaded model (server/server.h): loads, prints the
-// address, serves until SIGINT or SIGTERM (the generation running ends as cancelled).
+// `plumb serve [-m DIR]`: an OpenAI-compatible HTTP server over one loaded model (server/server.h): listens, loads,
+// serves until SIGINT or SIGTERM (the generation running ends as cancelled; during the load they exit at once).
+#include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -27,13 +29,15 @@ int serve(ServeArgs& o) {
   check_generate_options(o.gen.gen);  // (before the load: a typo does not wait for it)
   PLUMB_CHECK(o.server.port >= 0 && o.server.port <= 65535, "--port must be in [0, 65535], got {}", o.server.port);
   PLUMB_CHECK(o.server.max_queue >= 0, "--max-queue must be at least 0, got {}", o.server.max_queue);
+  model_dir(o.model);  // (a wrong folder is said before the server listens)
 
   // SIGINT / SIGTERM are taken by one watcher thread (sigwait): blocked here, before any thread starts, so that every
-  // thread the load and the server start inherits the mask and none of them is interrupted.
+  // thread the server and the load start inherits the mask. SIGUSR1 wakes the watcher when the server ends by itself.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
   sigset_t old;
   pthread_sigmask(SIG_BLOCK, &sigs, &old);
   struct Restore {
@@ -41,39 +45,60 @@ int serve(ServeArgs& o) {
     ~Restore() { pthread_sigmask(SIG_SETMASK, &old, nullptr); }
   } restore{old};
 
-  const LoadedModel m = load_model(o.model);
-  uint64_t seed = 0;
-  const GenerateOptions g = generate_options(o.gen, m, seed);
-  const ModelInfo& info = m.engine->info();
-  server::Defaults d;
-  d.sampling = g.sampling;
-  d.fixed_seed = o.gen.seed && *o.gen.seed >= 0;
-  d.max_tokens = g.max_tokens;
-  d.stop_tokens = g.stop_tokens;
-  d.stop_strings = g.stop_strings;
-  d.model_id = o.model_id.empty() ? std::filesystem::path(m.dir).filename().string() : o.model_id;
-  if (d.model_id.empty()) d.model_id = std::filesystem::absolute(m.dir).parent_path().filename().string();  // ("dir/")
-  d.config_bos = info.bos_token;
-  d.context = info.max_positions;
-  d.vocab = info.vocab_size;
-  d.eos_token = m.eos;
-  d.tokenizer_eos = m.tok->eos_id();
-
-  server::Server srv(m.engine, *m.tok, d, o.server);
+  // Listening first: a port in use fails now, not after a load of minutes; meanwhile /health answers 503 "loading".
+  server::Server srv(o.server);
   const int port = srv.bind();
-  fmt::print(stderr, "plumb serve: {} on http://{}:{} (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health); "
-             "one generation at a time, {} more may wait{}; Ctrl-C stops\n", d.model_id, o.server.host, port,
-             o.server.max_queue, o.server.prefix_cache ? ", prefix cache on" : "");
+  std::thread http([&] { srv.run(); });
+  std::atomic<bool> loaded{false};
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    if (sig == SIGINT || sig == SIGTERM) fmt::print(stderr, "plumb serve: {}, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (sig == SIGUSR1) return srv.stop();
+    if (!loaded) {  // (a load cannot be stopped part way; nothing to put back: leave as the signal would have)
+      fmt::print(stderr, "plumb serve: {} during the load, exiting\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      std::_Exit(128 + sig);
+    }
+    fmt::print(stderr, "plumb serve: {}, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     srv.stop();
   });
-  srv.run();
-  // run() also returns when the listening socket fails: wake the watcher with a signal of our own.
-  pthread_kill(watcher.native_handle(), SIGTERM);
-  watcher.join();
+  auto finish = [&] {
+    srv.stop();
+    if (http.joinable()) http.join();
+    pthread_kill(watcher.native_handle(), SIGUSR1);  // (a no-op for a watcher that already returned)
+    watcher.join();
+  };
+  fmt::print(stderr, "plumb serve: listening on http://{}:{}, loading the model\n", o.server.host, port);
+  std::string model_id;
+  try {
+    const LoadedModel m = load_model(o.model);
+    uint64_t seed = 0;
+    const GenerateOptions g = generate_options(o.gen, m, seed);
+    const ModelInfo& info = m.engine->info();
+    server::Defaults d;
+    d.sampling = g.sampling;
+    d.fixed_seed = o.gen.seed && *o.gen.seed >= 0;
+    d.max_tokens = g.max_tokens;
+    d.stop_tokens = g.stop_tokens;
+    d.stop_strings = g.stop_strings;
+    d.model_id = o.model_id.empty() ? std::filesystem::path(m.dir).filename().string() : o.model_id;
+    if (d.model_id.empty()) d.model_id = std::filesystem::absolute(m.dir).parent_path().filename().string();  // ("dir/")
+    d.config_bos = info.bos_token;
+    d.context = info.max_positions;
+    d.vocab = info.vocab_size;
+    d.eos_token = m.eos;
+    d.tokenizer_eos = m.tok->eos_id();
+    model_id = d.model_id;
+    srv.set_model(m.engine, *m.tok, std::move(d));
+    loaded = true;
+  } catch (...) {
+    finish();
+    throw;
+  }
+  fmt::print(stderr, "plumb serve: {} on http://{}:{} (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health); "
+             "one generation at a time, {} more may wait{}; Ctrl-C stops\n", model_id, o.server.host, port,
+             o.server.max_queue, o.server.prefix_cache ? ", prefix cache on" : "");
+  http.join();  // (until a signal's stop(), or the listening socket failing)
+  finish();
   const auto s = srv.stats();
   fmt::print(stderr, "plumb serve: {} answered, {} generated tokens, {} prompt tokens from the cache, {} cancelled\n",
              count_text(s.requests, "request"), s.generated_tokens, s.cached_tokens, s.cancelled);

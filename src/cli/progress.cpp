@@ -266,19 +266,22 @@ void add_sampling_options(CLI::App* cmd, GenArgs& a) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
-LoadedModel load_model(const ModelArgs& a) {
-  LoadedModel m;
+std::string model_dir(const ModelArgs& a) {
   if (a.dir.empty()) {
     PLUMB_CHECK(fs::is_directory(kDefaultModel),
                 "no model given (-m DIR) and the bundled default model {} is not in the current directory {}: run "
                 "from the plumb repository root or pass -m DIR", kDefaultModel, fs::current_path().string());
-    m.dir = kDefaultModel;
-  } else {
-    PLUMB_CHECK(fs::exists(a.dir), "model folder {} does not exist", a.dir);
-    PLUMB_CHECK(fs::is_directory(a.dir), "{} is not a folder: -m takes the model folder (config.json, weights, "
-                "tokenizer.json)", a.dir);
-    m.dir = a.dir;
+    return kDefaultModel;
   }
+  PLUMB_CHECK(fs::exists(a.dir), "model folder {} does not exist", a.dir);
+  PLUMB_CHECK(fs::is_directory(a.dir), "{} is not a folder: -m takes the model folder (config.json, weights, "
+              "tokenizer.json)", a.dir);
+  return a.dir;
+}
+
+LoadedModel load_model(const ModelArgs& a) {
+  LoadedModel m;
+  m.dir = model_dir(a);
   m.tok.emplace(Tokenizer::load(m.dir));
 
   const auto files = weight_files(m.dir);

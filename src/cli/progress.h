@@ -45,6 +45,8 @@ struct LoadedModel {
   std::optional<Tokenizer> tok;
   int32_t eos = -1;  // config.json's eos_token_id, else tokenizer_config's
 };
+// The model folder -m names (or the bundled default), checked to be a folder: throws plumb::Error naming it.
+std::string model_dir(const ModelArgs& a);
 // Tokenizer first (a missing or malformed tokenizer.json fails before any weight is touched), then the
 // engine, with a progress line and a memory report on stderr (unless quiet).
 LoadedModel load_model(const ModelArgs& a);

@@ -67,7 +67,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
     r.text += s;
     if (on_text) on_text(s);
   };
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  std::vector<int32_t> history = opt.history_before;
+  history.insert(history.end(), prompt.begin(), prompt.end());
   // One feed + sample; an error from there (a backend failure, a row with no finite logit) says which token of the
   // generation it was, from which position's logits (the first: after the prompt's prefill, which may be what failed).
   auto feed_sample = [&](std::span<const int32_t> tokens) {

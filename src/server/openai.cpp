@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -11,6 +12,8 @@ namespace plumb::server {
 void bad_request(const std::string& param, const std::string& message) {
   throw RequestError(400, "invalid_request_error", param, message);
 }
+
+std::string to_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json error_body(const std::string& message, const std::string& type, const std::string& param) {
   return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", nullptr}}}};
@@ -131,6 +134,16 @@ void common_fields(const json& body, const Defaults& d, const char* max_tokens_n
     const int64_t k = integer(*v, "top_k", -1, std::numeric_limits<int32_t>::max());
     s.top_k = k < 0 ? 0 : int(k);  // (-1: off, as vLLM reads it)
   }
+  // OpenAI's ranges for its two penalties, and a bound on the multiplicative one: beyond them a logit can overflow
+  // to infinity and the generation fail part way (a 500) instead of the request being refused.
+  for (const char* name : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = field(body, name); v && v->is_number() && std::abs(v->get<double>()) > 2)
+      bad_request(name, fmt::format("{} must be in [-2, 2], got {}", name, v->dump()));
+  for (const char* name : {"repetition_penalty", "repeat_penalty"})
+    if (const json* v = field(body, name); v && v->is_number() && !(v->get<double>() > 0 && v->get<double>() <= 100))
+      bad_request(name, fmt::format("{} must be in (0, 100], got {}", name, v->dump()));
+  if (const json* v = field(body, "temperature"); v && v->is_number() && v->get<double>() > 100)
+    bad_request("temperature", fmt::format("temperature must be at most 100, got {}", v->dump()));
   if (const json* v = field(body, "seed")) s.seed = uint64_t(integer(*v, "seed", 0, std::numeric_limits<int64_t>::max()));
   else if (!d.fixed_seed) s.seed = std::random_device{}();
   try {

@@ -27,6 +27,9 @@ struct RequestError : std::runtime_error {
 };
 // 400 invalid_request_error naming `param`.
 [[noreturn]] void bad_request(const std::string& param, const std::string& message);
+// JSON text for a response: bytes that are not UTF-8 (a request's, quoted in an error; a model's partial character)
+// become U+FFFD instead of an exception.
+std::string to_text(const json& j);
 // {"error": {"message", "type", "param", "code"}}, as OpenAI's API answers.
 json error_body(const std::string& message, const std::string& type, const std::string& param);
 

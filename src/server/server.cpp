@@ -14,6 +14,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -34,11 +35,11 @@ std::string random_id(const char* prefix) {
 
 void send_error(httplib::Response& res, const RequestError& e) {
   res.status = e.status;
-  res.set_content(error_body(e.what(), e.type, e.param).dump(), "application/json");
+  res.set_content(to_text(error_body(e.what(), e.type, e.param)), "application/json");
 }
 
 // One server-sent event: "data: <json>\n\n".
-std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string event(const json& j) { return "data: " + to_text(j) + "\n\n"; }
 
 }  // namespace
 
@@ -90,11 +91,15 @@ class EngineThread {
 };
 
 struct Server::Impl {
-  std::shared_ptr<Engine> engine;
-  Tokenizer tok;
-  Defaults defaults;
   ServerOptions opt;
   httplib::Server http;
+  // The model, set once by set_model(); read by the handlers only after `ready` (acquire) says it is there.
+  std::shared_ptr<Engine> engine;
+  std::optional<Tokenizer> tok;
+  Defaults defaults;
+  std::atomic<bool> ready{false};
+  std::atomic<bool> entered{false};  // run() called (stop() before it must not be lost: see stop())
+  std::atomic<bool> left{false};     // run() returned
 
   EngineThread engine_thread;        // one generation at a time; the session and the cache below are its own
   std::atomic<int> in_flight{0};     // requests generating or waiting to
@@ -107,8 +112,7 @@ struct Server::Impl {
   mutable std::mutex stats_mu;
   Stats stats;
 
-  Impl(std::shared_ptr<Engine> e, Tokenizer t, Defaults d, ServerOptions o)
-      : engine(std::move(e)), tok(std::move(t)), defaults(std::move(d)), opt(std::move(o)) {}
+  explicit Impl(ServerOptions o) : opt(std::move(o)) {}
 
   void log(const std::string& line) {
     if (opt.log) opt.log(line);
@@ -178,7 +182,8 @@ struct Server::Impl {
         cp_tokens = fed;
         rest = rest.last(1);
       }
-      out.r = generate(*session, tok, rest, gen, on_text);
+      gen.history_before = fed;  // (the penalties see the cached prefix as if it had been fed with the rest)
+      out.r = generate(*session, *tok, rest, gen, on_text);
       out.r.prompt_tokens = int64_t(q.prompt.size());
       if (!(out.r.stop == StopReason::Cancelled && out.r.tokens.empty())) {  // (a prefill stopped: nothing fed)
         fed.insert(fed.end(), rest.begin(), rest.end());
@@ -220,8 +225,9 @@ struct Server::Impl {
     const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
     Request q;
     try {
+      if (!ready.load(std::memory_order_acquire)) throw RequestError(503, "server_busy", "", "the model is loading");
       const json body = parse_body(req.body);
-      q = chat ? parse_chat(body, tok, defaults) : parse_completion(body, tok, defaults);
+      q = chat ? parse_chat(body, *tok, defaults) : parse_completion(body, *tok, defaults);
       if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
       // (the one generating counts too: max_queue wait behind it)
       if (in_flight.fetch_add(1) >= opt.max_queue + 1) {
@@ -261,6 +267,10 @@ struct Server::Impl {
     }
     count(o);
     log_done(path, q, o);
+    if (o.r.stop == StopReason::Cancelled) {  // (only stop() cancels a whole response: its client cannot be seen)
+      send_error(res, RequestError(503, "server_busy", "", "the generation was cancelled: the server is stopping"));
+      return;
+    }
     const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
     const ResponseIds ids = ids_for(q);
     json body;
@@ -273,7 +283,7 @@ struct Server::Impl {
     } else {
       body = completion_response(ids, text, finish_reason(o.r.stop), usage);
     }
-    res.set_content(body.dump(), "application/json");
+    res.set_content(to_text(body), "application/json");
   }
 
   void stream(const Request& q, httplib::Response& res, const char* path) {
@@ -321,13 +331,18 @@ struct Server::Impl {
             return true;
           }
           piece({}, true);
+          count(o);
+          log_done(path, q, o);
+          if (o.r.stop == StopReason::Cancelled) {  // (its client gone, or stop(): no finish_reason for it in OpenAI's set)
+            send(event(error_body("the generation was cancelled: the server is stopping", "server_busy", "")));
+            sink.done();
+            return true;
+          }
           const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
           send(event(q.chat ? chat_chunk(ids, json::object(), finish_reason(o.r.stop))
                             : completion_chunk(ids, "", finish_reason(o.r.stop))));
           if (q.include_usage) send(event(usage_chunk(ids, q.chat, usage)));
           send("data: [DONE]\n\n");
-          count(o);
-          log_done(path, q, o);
           sink.done();
           return true;
         },
@@ -339,8 +354,10 @@ struct Server::Impl {
   void routes() {
     http.set_payload_max_length(opt.max_body_bytes);
     // Threads for the requests waiting on the generation, and a few more so /health and /v1/models answer meanwhile.
-    const size_t threads = size_t(opt.max_queue) + 4;
+    // (an idle keep-alive connection holds a thread: kept short, so those spare threads stay free)
+    const size_t threads = size_t(opt.max_queue) + 8;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_keep_alive_timeout(2);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return httplib::Server::HandlerResponse::Unhandled;
@@ -348,13 +365,17 @@ struct Server::Impl {
       send_error(res, RequestError(401, "authentication_error", "", "this server needs an API key: \"Authorization: Bearer <key>\""));
       return httplib::Server::HandlerResponse::Handled;
     });
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok"})", "application/json");
+    // 503 while the model loads (as vLLM's and llama.cpp's servers answer), so a client or a load balancer can wait.
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const bool up = ready.load(std::memory_order_acquire);
+      res.status = up ? 200 : 503;
+      res.set_content(up ? R"({"status":"ok"})" : R"({"status":"loading"})", "application/json");
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      if (!ready.load(std::memory_order_acquire)) return send_error(res, RequestError(503, "server_busy", "", "the model is loading"));
       const json m = {{"id", defaults.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "plumb"},
                       {"max_model_len", defaults.context}};
-      res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+      res.set_content(to_text(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
@@ -364,7 +385,7 @@ struct Server::Impl {
                                                               "/v1/chat/completions, GET /v1/models, GET /health)", req.method, req.path)
                               : res.status == 413 ? fmt::format("the body is larger than the server takes ({})", res.status)
                                                   : fmt::format("HTTP {}", res.status);
-      res.set_content(error_body(msg, "invalid_request_error", "").dump(), "application/json");
+      res.set_content(to_text(error_body(msg, "invalid_request_error", "")), "application/json");
     });
     http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown error";
@@ -380,15 +401,21 @@ struct Server::Impl {
   }
 };
 
-Server::Server(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults, ServerOptions opt)
-    : impl_(std::make_unique<Impl>(std::move(engine), std::move(tok), std::move(defaults), std::move(opt))) {
-  impl_->routes();
+Server::Server(ServerOptions opt) : impl_(std::make_unique<Impl>(std::move(opt))) { impl_->routes(); }
+
+void Server::set_model(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults) {
+  if (impl_->ready) throw Error("plumb serve: set_model called twice (the server serves one model)");
+  impl_->engine = std::move(engine);
+  impl_->tok.emplace(std::move(tok));
+  impl_->defaults = std::move(defaults);
+  impl_->ready.store(true, std::memory_order_release);
 }
 
 Server::~Server() {
   stop();
   // The session goes where it was made (its GPU graphs and buffers with it), before the engine thread ends.
   impl_->engine_thread.run([this] { impl_->session.reset(), impl_->cp.reset(); });
+  // (the engine, if this held the last reference, goes after: Impl's members)
 }
 
 int Server::bind() {
@@ -401,11 +428,21 @@ int Server::bind() {
   return port;
 }
 
-void Server::run() { impl_->http.listen_after_bind(); }
+void Server::run() {
+  impl_->entered = true;
+  if (!impl_->stopping) impl_->http.listen_after_bind();
+  impl_->left = true;
+}
 
 void Server::stop() {
-  impl_->stopping = true;
-  impl_->http.stop();
+  auto& i = *impl_;
+  i.stopping = true;
+  // httplib's stop() does nothing until its loop runs: once run() has been entered (and has not seen `stopping`),
+  // wait for the loop, or for run() to return. (entered and stopping are both sequentially consistent: a run() that
+  // starts after this reads stopping and returns at once.)
+  if (i.entered)
+    while (!i.http.is_running() && !i.left) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  i.http.stop();
 }
 
 Server::Stats Server::stats() const {

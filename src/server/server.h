@@ -32,9 +32,12 @@ struct ServerOptions {
   std::function<void(std::string_view)> log;  // one line per request; empty: stderr
 };
 
+// bind(), run() (on a thread of its own) and set_model() in any order after bind(): a server can listen before its
+// model has loaded (`plumb serve` binds first, so a port in use fails before a long load), answering /health with 503
+// "loading" and completions with 503 until set_model().
 class Server {
  public:
-  Server(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults, ServerOptions opt);
+  explicit Server(ServerOptions opt);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -42,8 +45,10 @@ class Server {
   int bind();
   // Serves until stop(); bind() first.
   void run();
-  // From any thread (a signal's watcher): the generation running ends as cancelled, waiting requests get 503, run()
-  // returns.
+  // The one model to serve, once (thread-safe against the handlers).
+  void set_model(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults defaults);
+  // From any thread (a signal's watcher), before or during run(): the generation running ends as cancelled (a whole
+  // response gets 503, a stream a last error event), requests still waiting get 503, run() returns.
   void stop();
 
   struct Stats {

@@ -43,8 +43,8 @@ def start(*args):
         line = p.stderr.readline()
         if not line:
             break
-        m = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
-        if m:
+        m = re.search(r"^plumb serve: .* on http://127\.0\.0\.1:(\d+) \(", line)
+        if m:  # (the ready line: after the load)
             return p, int(m.group(1))
     p.kill()
     raise SystemExit("FAIL plumb serve printed no address: " + p.stderr.read())

@@ -139,6 +139,10 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}}, false, "stream_options", "needs");
   expect_refused(json{{"prompt", "a"}, {"stop", json::array({"x", 1})}}, false, "stop[1]", "must be a string");
   expect_refused(json{{"prompt", "a"}, {"stop", ""}}, false, "stop", "empty");
+  expect_refused(json{{"prompt", "a"}, {"presence_penalty", 2.5}}, false, "presence_penalty", "[-2, 2]");
+  expect_refused(json{{"prompt", "a"}, {"frequency_penalty", -3e38}}, false, "frequency_penalty", "[-2, 2]");
+  expect_refused(json{{"prompt", "a"}, {"repetition_penalty", 0}}, false, "repetition_penalty", "(0, 100]");
+  expect_refused(json{{"prompt", "a"}, {"temperature", 1e9}}, false, "temperature", "at most 100");
   expect_refused(json{{"prompt", "a"}, {"n", 2}}, false, "n", "n must be 1");
   expect_refused(json{{"prompt", "a"}, {"logprobs", 2}}, false, "logprobs", "not supported");
   expect_refused(json{{"prompt", "a"}, {"echo", true}}, false, "echo", "not supported");

@@ -44,8 +44,9 @@ struct Running {
       std::lock_guard<std::mutex> lock(log_mu);
       log.emplace_back(s);
     };
-    srv = std::make_unique<Server>(tiny_engine(), tiny_tok(), defaults(), o);
+    srv = std::make_unique<Server>(o);
     port = srv->bind();
+    srv->set_model(tiny_engine(), tiny_tok(), defaults());
     thread = std::thread([this] { srv->run(); });
   }
   ~Running() {
@@ -271,6 +272,103 @@ TEST(Serve, AClientThatLeavesCancelsItsGeneration) {
   // And the server goes on.
   const json after = s.post("/v1/completions", {{"prompt", "Once"}, {"temperature", 0}, {"max_tokens", 3}});
   EXPECT_EQ(after["usage"]["completion_tokens"], 3);
+}
+
+// The penalties see the whole sequence whatever the cache fed: the same tokens as on an empty cache. The prompt
+// repeats itself, so the penalties decide what greedy picks.
+TEST(Serve, PrefixCacheKeepsThePromptInThePenaltyWindow) {
+  Running cached, fresh(no_cache());
+  const json body = {{"prompt", "1 2 3 1 2 3 1 2 3 1 2"}, {"temperature", 0}, {"max_tokens", 10}, {"repetition_penalty", 3},
+                     {"presence_penalty", 2}};
+  const json want = fresh.post("/v1/completions", body);
+  EXPECT_EQ(cached.post("/v1/completions", body)["choices"][0]["text"], want["choices"][0]["text"]);
+  const json again = cached.post("/v1/completions", body);  // (from the checkpoint this time)
+  EXPECT_GT(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(again["choices"][0]["text"], want["choices"][0]["text"]);
+  json plain = body;
+  plain.erase("repetition_penalty"), plain.erase("presence_penalty");
+  EXPECT_NE(fresh.post("/v1/completions", plain)["choices"][0]["text"], want["choices"][0]["text"]);  // (the premise)
+}
+
+TEST(Serve, AnswersLoadingUntilItHasItsModel) {
+  ServerOptions o;
+  o.port = 0;
+  o.log = [](std::string_view) {};
+  Server srv(o);
+  const int port = srv.bind();
+  std::thread t([&] { srv.run(); });
+  httplib::Client c("127.0.0.1", port);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_EQ(json::parse(h->body)["status"], "loading");
+  auto p = c.Post("/v1/completions", R"({"prompt": "a"})", "application/json");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 503);
+  EXPECT_NE(p->body.find("the model is loading"), std::string::npos);
+  srv.set_model(tiny_engine(), tiny_tok(), defaults());
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_EQ(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 2})", "application/json")->status, 200);
+  EXPECT_THROW(srv.set_model(tiny_engine(), tiny_tok(), defaults()), Error);
+  srv.stop();
+  t.join();
+}
+
+// stop() before run(), or as run() starts, is not lost (httplib's own stop does nothing until its loop runs).
+TEST(Serve, StopBeforeOrAsRunStartsEndsRun) {
+  for (int i = 0; i < 20; ++i) {
+    ServerOptions o;
+    o.port = 0;
+    Server srv(o);
+    srv.bind();
+    if (i == 0) {
+      srv.stop();
+      srv.run();  // (returns at once)
+      continue;
+    }
+    std::thread t([&] { srv.run(); });
+    if (i % 2) std::this_thread::sleep_for(std::chrono::microseconds(50 * i));
+    srv.stop();
+    t.join();
+  }
+}
+
+TEST(Serve, BodiesThatAreNotUtf8AreRefusedAsSuch) {
+  Running s;
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", std::string("{\"prompt\": \"\xff\"}"), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("not valid JSON"), std::string::npos);
+}
+
+// --max-queue 0: one request generating, the next refused with 503 and Retry-After while it runs.
+TEST(Serve, AFullQueueRefusesWith503) {
+  ServerOptions o;
+  o.max_queue = 0;
+  Running s(o);
+  httplib::Client c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"prompt", "Once"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  int second = 0;
+  std::string retry;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    auto c2 = s.client();
+    auto r = c2.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 2})", "application/json");
+    second = r ? r->status : -1;
+    retry = r ? r->get_header_value("Retry-After") : "";
+    return false;  // (then leave: the first generation is cancelled)
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  c.send(req, res, err);
+  EXPECT_EQ(second, 503);
+  EXPECT_EQ(retry, "1");
+  for (int i = 0; i < 600 && s.srv->stats().requests == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}})["usage"]["completion_tokens"], 2);
 }
 
 }  // namespace

@@ -495,6 +495,30 @@ TEST_F(TinyModel, AnswersInChatFormat) {
   EXPECT_NE(r.text.find("blue"), std::string::npos) << r.text;
 }
 
+// A continued session samples with penalties as the whole sequence in one call does once history_before names what
+// it holds (a server's cached prefix); without it the penalties miss those tokens. The prompt repeats itself, so the
+// penalties change what greedy picks (checked: the two uncontinued results differ).
+TEST_F(TinyModel, HistoryBeforeGivesContinuedSessionsTheWholePenaltyWindow) {
+  const auto prompt = plumb::encode_prompt(tok, "1 2 3 1 2 3 1 2 3 1 2", engine()->info().bos_token);
+  plumb::GenerateOptions g = greedy();
+  g.max_tokens = 12;
+  g.sampling.repeat_penalty = 3.0f;
+  g.sampling.presence_penalty = 2.0f;
+  g.sampling.penalty_last_n = -1;
+  auto whole = engine()->new_session();
+  const auto want = plumb::generate(*whole, tok, prompt, g);
+  const std::span<const int32_t> all(prompt), head = all.first(prompt.size() - 1), last = all.last(1);
+  auto continued = [&](bool with_history) {
+    auto s = engine()->new_session();
+    s->forward(head);
+    plumb::GenerateOptions c = g;
+    if (with_history) c.history_before.assign(head.begin(), head.end());
+    return plumb::generate(*s, tok, last, c).tokens;
+  };
+  EXPECT_EQ(continued(true), want.tokens);
+  EXPECT_NE(continued(false), want.tokens);  // (what the window misses without it: the test's premise)
+}
+
 // A row without a finite logit stops the generation with an error naming the token and the position whose logits
 // they were: from a scripted session, and from the bundled fixture whose router underflows under the planted fault
 // that drops the renormalization's floor (0/0: NaN through the rest of the model).
