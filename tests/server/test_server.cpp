@@ -89,6 +89,16 @@ GenerateOptions greedy(int max_tokens) {
   return g;
 }
 
+// A streamed completion of 1500 tokens that EOS does not end: a request still generating when the client acts.
+httplib::Request long_stream() {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"prompt", "Once"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  return req;
+}
+
 // The data lines of an event stream, parsed; "[DONE]" as the string "[DONE]".
 std::vector<json> events(const std::string& body) {
   std::vector<json> out;
@@ -252,11 +262,7 @@ TEST(Serve, ErrorsAreOpenAiJson) {
 TEST(Serve, AClientThatLeavesCancelsItsGeneration) {
   Running s;
   httplib::Client c = s.client();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = json{{"prompt", "Once"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump();
-  req.set_header("Content-Type", "application/json");
+  httplib::Request req = long_stream();
   int chunks = 0;
   req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
   httplib::Response res;
@@ -348,11 +354,7 @@ TEST(Serve, AFullQueueRefusesWith503) {
   o.max_queue = 0;
   Running s(o);
   httplib::Client c = s.client();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = json{{"prompt", "Once"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump();
-  req.set_header("Content-Type", "application/json");
+  httplib::Request req = long_stream();
   int second = 0;
   std::string retry;
   req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
