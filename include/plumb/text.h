@@ -186,6 +186,11 @@ struct GenerateOptions {
   // its calls is asked during the prefill too; the session's own prefill stop, if it has one, is asked beside it.)
   // May be empty. A front end's Ctrl-C, a client gone, a deadline.
   std::function<bool()> should_stop;
+  // Called with each sampled token and the logits it was drawn from (vocab floats: the model's own, before the
+  // penalties and the temperature), before the token's text is emitted. While set, every step's logits come to the host
+  // and the token is drawn there (Sampler::sample, the draws the device sampler makes too): log probabilities, a
+  // front end's inspection. Slower on backend cuda. May be empty (the default).
+  std::function<void(std::span<const float> logits, int32_t token)> on_logits;
   // Tokens the session already holds before `prompt` that the penalties should see, in order (the penalty window is
   // the last penalty_last_n of these, the prompt and the output): a session continued, such as a server's cached
   // prefix, samples as if the whole sequence had been its prompt. Empty (the default): the prompt and the output only.

@@ -74,7 +74,11 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   auto feed_sample = [&](std::span<const int32_t> tokens) {
     const int64_t from = session.position(), at = from + int64_t(tokens.size()) - 1;
     try {
-      return session.forward_sample(tokens, sampler, history);
+      if (!opt.on_logits) return session.forward_sample(tokens, sampler, history);
+      const std::vector<float> logits = session.forward(tokens);
+      const int32_t id = sampler.sample(logits, history);
+      opt.on_logits(logits, id);
+      return id;
     } catch (const Stopped&) {
       throw;  // (not a failure: the prompt's feed was stopped, below)
     } catch (const Error& e) {

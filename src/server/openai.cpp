@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -75,7 +76,7 @@ std::string string_field(const json& body, const char* name) {
 // Fields of OpenAI's API that plumb does not implement: refused by name rather than ignored, so a client does not
 // take plain text for what it asked (log probabilities, tools, JSON mode, several choices).
 void refuse_unsupported(const json& body) {
-  for (const char* name : {"logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice", "functions", "function_call",
+  for (const char* name : {"logit_bias", "tools", "tool_choice", "functions", "function_call",
                            "suffix", "audio", "modalities", "prediction"}) {
     const json* v = field(body, name);
     // (false, 0, "", [] and {} ask for nothing: clients send them as defaults)
@@ -87,7 +88,7 @@ void refuse_unsupported(const json& body) {
     bad_request("n", "n must be 1: plumb serve returns one choice per request");
   if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, std::numeric_limits<int>::max()) != 1)
     bad_request("best_of", "best_of must be 1: plumb serve returns one choice per request");
-  if (boolean(body, "echo", false)) bad_request("echo", "echo is not supported by plumb serve");
+  if (boolean(body, "echo", false)) bad_request("echo", "echo is not supported by plumb serve (nor the prompt's log probabilities)");
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object() || v->value("type", std::string()) != "text")
       bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
@@ -116,6 +117,8 @@ void common_fields(const json& body, const Defaults& d, const char* max_tokens_n
   refuse_unsupported(body);
   r.model = string_field(body, "model");
   r.stream = boolean(body, "stream", false);
+  if (r.stream && r.top_logprobs >= 0)
+    bad_request("logprobs", "logprobs with \"stream\": true is not supported by plumb serve (ask without stream)");
   if (const json* so = field(body, "stream_options")) {
     if (!r.stream) bad_request("stream_options", "stream_options needs \"stream\": true");
     if (!so->is_object()) bad_request("stream_options", fmt::format("stream_options must be an object, got {}", so->type_name()));
@@ -232,6 +235,10 @@ Request parse_completion(const json& body, const Tokenizer& tok, const Defaults&
     bad_request("prompt", "prompt must be a string, or an array of token ids");
   }
   if (r.prompt.empty()) bad_request("prompt", "prompt is empty: there is nothing to continue");
+  if (const json* v = field(body, "logprobs")) {
+    if (v->is_boolean()) bad_request("logprobs", "logprobs (completions) is the number of alternatives, 0 to 20");
+    r.top_logprobs = int(integer(*v, "logprobs", 0, 20));
+  }
   common_fields(body, d, "max_tokens", r);
   return r;
 }
@@ -278,8 +285,78 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     bad_request("messages", e.what());
   }
   r.prompt = tok.encode(encode_chat(msgs, co));
+  if (boolean(body, "logprobs", false)) r.top_logprobs = 0;
+  if (const json* v = field(body, "top_logprobs")) {
+    if (r.top_logprobs < 0) bad_request("top_logprobs", "top_logprobs needs \"logprobs\": true");
+    r.top_logprobs = int(integer(*v, "top_logprobs", 0, 20));
+  }
   common_fields(body, d, "max_completion_tokens", r);
   return r;
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (const float l : logits)
+    if (std::isfinite(l)) m = std::max(m, double(l));
+  double sum = 0;
+  for (const float l : logits)
+    if (std::isfinite(l)) sum += std::exp(double(l) - m);
+  const double lse = m + std::log(sum);
+  auto lp = [&](int32_t i) {
+    const float l = logits[size_t(i)];
+    return std::isfinite(l) ? double(l) - lse : -std::numeric_limits<double>::infinity();
+  };
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = lp(id);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  const size_t k = std::min(order.size(), size_t(std::max(n, 0)));
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
+    const double la = lp(a), lb = lp(b);
+    return la != lb ? la > lb : a < b;
+  });
+  for (size_t i = 0; i < k; ++i) t.top.emplace_back(order[i], lp(order[i]));
+  return t;
+}
+
+namespace {
+// A log probability as JSON: -inf (a token the model gives no chance) as OpenAI's clients can read it.
+json logprob_json(double x) { return std::isfinite(x) ? json(x) : json(-9999.0); }
+}  // namespace
+
+json completion_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& tok, bool with_top) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  int64_t at = 0;
+  for (const TokenLogprob& t : lp) {
+    const std::string text = tok.decode({t.id});
+    tokens.push_back(text);
+    values.push_back(logprob_json(t.logprob));
+    offsets.push_back(at);
+    at += int64_t(text.size());
+    json top = json::object();
+    for (const auto& [id, v] : t.top) top[tok.decode({id})] = logprob_json(v);
+    tops.push_back(with_top ? top : json());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json chat_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& tok) {
+  auto entry = [&](int32_t id, double v) {
+    const std::string text = tok.decode({id});
+    json bytes = json::array();
+    for (const unsigned char c : text) bytes.push_back(int(c));
+    return json{{"token", text}, {"logprob", logprob_json(v)}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const TokenLogprob& t : lp) {
+    json e = entry(t.id, t.logprob);
+    json top = json::array();
+    for (const auto& [id, v] : t.top) top.push_back(entry(id, v));
+    e["top_logprobs"] = top;
+    content.push_back(e);
+  }
+  return {{"content", content}};
 }
 
 const char* finish_reason(StopReason r) {
@@ -333,19 +410,20 @@ json head(const ResponseIds& ids, const char* object) {
 json finish_json(const char* finish) { return finish ? json(finish) : json(); }
 }  // namespace
 
-json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage) {
+json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage,
+                         const json& logprobs) {
   json r = head(ids, "text_completion");
-  r["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  r["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}}});
   r["usage"] = usage;
   return r;
 }
 
 json chat_response(const ResponseIds& ids, const std::string& reasoning, const std::string& content, bool thinking,
-                   const char* finish, const json& usage) {
+                   const char* finish, const json& usage, const json& logprobs) {
   json msg = {{"role", "assistant"}, {"content", content}};
   if (thinking) msg["reasoning_content"] = reasoning;
   json r = head(ids, "chat.completion");
-  r["choices"] = json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  r["choices"] = json::array({{{"index", 0}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}}});
   r["usage"] = usage;
   return r;
 }

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +58,9 @@ struct Request {
   std::vector<int32_t> prompt;
   GenerateOptions gen;         // max_tokens already cut to the context left after the prompt
   std::string model;           // the request's "model", echoed (the server has one model)
+  // Log probabilities of the sampled tokens: -1 none; else with this many alternatives each (completions:
+  // "logprobs": N; chat: "logprobs": true, "top_logprobs": N). Not with stream.
+  int top_logprobs = -1;
 };
 
 // POST /v1/completions: "prompt" a string (or an array of one string, or of token ids), as `plumb run` encodes it
@@ -69,6 +73,20 @@ Request parse_completion(const json& body, const Tokenizer& tok, const Defaults&
 Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d);
 // The body as JSON: 400 naming the offset of a syntax error, or that it is not an object.
 json parse_body(const std::string& text);
+
+// One sampled token's log probability under the model's own distribution (log-softmax of the raw logits, before the
+// penalties and the temperature, as vLLM reports them by default) and the `n` most likely tokens' (ties: lower id
+// first). Non-finite logits count as -inf.
+struct TokenLogprob {
+  int32_t id = -1;
+  double logprob = 0;
+  std::vector<std::pair<int32_t, double>> top;
+};
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int n);
+// The choice's "logprobs" object: completions' {tokens, token_logprobs, top_logprobs, text_offset}, chat's {content:
+// [{token, logprob, bytes, top_logprobs}]}; token texts as the tokenizer decodes each token alone.
+json completion_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& tok, bool with_top);
+json chat_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& tok);
 
 // OpenAI's finish_reason: "stop" (a stop token or string), "length" (max tokens or the context full).
 const char* finish_reason(StopReason r);
@@ -97,9 +115,11 @@ struct ResponseIds {
   int64_t created;  // Unix seconds
   std::string model;
 };
-json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage);
+// `logprobs`: the choice's logprobs object, or null.
+json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage,
+                         const json& logprobs = nullptr);
 json chat_response(const ResponseIds& ids, const std::string& reasoning, const std::string& content, bool thinking,
-                   const char* finish, const json& usage);
+                   const char* finish, const json& usage, const json& logprobs = nullptr);
 // A completion chunk: `text`, and `finish` (nullptr: null) on the last.
 json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish);
 // A chat chunk's delta: {"role": "assistant"} first, then reasoning_content / content pieces, then {} with `finish`.

@@ -153,11 +153,13 @@ struct Server::Impl {
   // Runs one request on the session (on the engine thread). Any failure drops the session's state: what it holds is then
   // unknown, and the next request starts on an empty cache.
   Outcome generate_locked(const Request& q, const std::function<void(std::string_view)>& on_text,
-                          const std::function<bool()>& should_stop) {
+                          const std::function<bool()>& should_stop, std::vector<TokenLogprob>* logprobs = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     Outcome out;
     GenerateOptions gen = q.gen;
     gen.should_stop = should_stop;
+    if (logprobs && q.top_logprobs >= 0)
+      gen.on_logits = [&](std::span<const float> logits, int32_t id) { logprobs->push_back(token_logprob(logits, id, q.top_logprobs)); };
     try {
       out.cached = reuse(q.prompt);
       std::span<const int32_t> rest(q.prompt);
@@ -252,10 +254,11 @@ struct Server::Impl {
     } release{in_flight};
     std::string text;
     Outcome o;
+    std::vector<TokenLogprob> lp;
     try {
       engine_thread.run([&] {
         if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
-        o = generate_locked(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); });
+        o = generate_locked(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); }, &lp);
       });
     } catch (const RequestError& e) {
       send_error(res, e);
@@ -273,15 +276,19 @@ struct Server::Impl {
     }
     const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
     const ResponseIds ids = ids_for(q);
+    // (a stop token ends the reply without being part of it: its log probability is left out, as its text is)
+    if (o.r.stop == StopReason::Token && !lp.empty()) lp.pop_back();
+    json logprobs;
+    if (q.top_logprobs >= 0) logprobs = q.chat ? chat_logprobs(lp, *tok) : completion_logprobs(lp, *tok, q.top_logprobs > 0);
     json body;
     if (q.chat) {
       std::string reasoning, content;
       ReasoningSplit split(q.thinking);
       split.push(text, reasoning, content);
       split.flush(reasoning, content);
-      body = chat_response(ids, reasoning, content, q.thinking, finish_reason(o.r.stop), usage);
+      body = chat_response(ids, reasoning, content, q.thinking, finish_reason(o.r.stop), usage, logprobs);
     } else {
-      body = completion_response(ids, text, finish_reason(o.r.stop), usage);
+      body = completion_response(ids, text, finish_reason(o.r.stop), usage, logprobs);
     }
     res.set_content(to_text(body), "application/json");
   }

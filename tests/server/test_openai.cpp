@@ -144,9 +144,12 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"prompt", "a"}, {"repetition_penalty", 0}}, false, "repetition_penalty", "(0, 100]");
   expect_refused(json{{"prompt", "a"}, {"temperature", 1e9}}, false, "temperature", "at most 100");
   expect_refused(json{{"prompt", "a"}, {"n", 2}}, false, "n", "n must be 1");
-  expect_refused(json{{"prompt", "a"}, {"logprobs", 2}}, false, "logprobs", "not supported");
+  expect_refused(json{{"prompt", "a"}, {"logprobs", 21}}, false, "logprobs", "must be in [0, 20]");
+  expect_refused(json{{"prompt", "a"}, {"logprobs", true}}, false, "logprobs", "number of alternatives");
+  expect_refused(json{{"prompt", "a"}, {"logprobs", 2}, {"stream", true}}, false, "logprobs", "not supported");
   expect_refused(json{{"prompt", "a"}, {"echo", true}}, false, "echo", "not supported");
-  expect_refused(json{{"messages", user}, {"logprobs", true}}, true, "logprobs", "not supported");
+  expect_refused(json{{"messages", user}, {"top_logprobs", 2}}, true, "top_logprobs", "needs \"logprobs\": true");
+  expect_refused(json{{"messages", user}, {"logprobs", "yes"}}, true, "logprobs", "true or false");
   expect_refused(json{{"messages", user}, {"tools", json::array({{{"type", "function"}}})}}, true, "tools", "not supported");
   expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}}, true, "response_format", "text");
   expect_refused(json::object(), true, "messages", "messages is required");
@@ -198,6 +201,44 @@ TEST(ServeRequests, ReasoningSplitHoldsBackAPartialEndTag) {
   plain.push("a</think>b", r2, c2);
   EXPECT_EQ(r2, "");
   EXPECT_EQ(c2, "a</think>b");
+}
+
+TEST(ServeRequests, LogprobsAreTheModelsLogSoftmax) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // p = 1/7, 2/7, 4/7 over the finite logits; -inf and NaN count as no chance.
+  const std::vector<float> l = {0.f, std::log(2.f), std::log(4.f), -inf, nan, std::log(2.f)};
+  const double z = std::log(9.0);  // (1 + 2 + 4 + 2)
+  const TokenLogprob t = token_logprob(l, 1, 3);
+  EXPECT_EQ(t.id, 1);
+  EXPECT_NEAR(t.logprob, std::log(2.0) - z, 1e-7);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].first, 2);
+  EXPECT_EQ(t.top[1].first, 1);  // (a tie with id 5: the lower id first)
+  EXPECT_EQ(t.top[2].first, 5);
+  EXPECT_NEAR(t.top[0].second, std::log(4.0) - z, 1e-7);
+  EXPECT_TRUE(std::isinf(token_logprob(l, 4, 0).logprob));
+  EXPECT_TRUE(token_logprob(l, 0, 0).top.empty());
+
+  const Request c = parse_completion(json{{"prompt", "a"}, {"logprobs", 3}}, tiny_tok(), tiny_defaults());
+  EXPECT_EQ(c.top_logprobs, 3);
+  EXPECT_EQ(parse_completion(json{{"prompt", "a"}}, tiny_tok(), tiny_defaults()).top_logprobs, -1);
+  const json user = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  EXPECT_EQ(parse_chat(json{{"messages", user}, {"logprobs", true}}, tiny_tok(), tiny_defaults()).top_logprobs, 0);
+  EXPECT_EQ(parse_chat(json{{"messages", user}, {"logprobs", true}, {"top_logprobs", 4}}, tiny_tok(), tiny_defaults()).top_logprobs, 4);
+  EXPECT_EQ(parse_chat(json{{"messages", user}, {"logprobs", false}}, tiny_tok(), tiny_defaults()).top_logprobs, -1);
+
+  // The bodies: a token's text, its value, the alternatives (completions: an object per token, null without them).
+  const std::vector<TokenLogprob> lp = {{5, -0.5, {{5, -0.5}, {6, -1.5}}}};
+  const json cl = completion_logprobs(lp, tiny_tok(), true);
+  EXPECT_EQ(cl["tokens"][0], tiny_tok().decode({5}));
+  EXPECT_EQ(cl["token_logprobs"][0], -0.5);
+  EXPECT_EQ(cl["top_logprobs"][0][tiny_tok().decode({6})], -1.5);
+  EXPECT_EQ(cl["text_offset"][0], 0);
+  EXPECT_TRUE(completion_logprobs(lp, tiny_tok(), false)["top_logprobs"][0].is_null());
+  const json ch = chat_logprobs(lp, tiny_tok());
+  EXPECT_EQ(ch["content"][0]["token"], tiny_tok().decode({5}));
+  EXPECT_EQ(ch["content"][0]["top_logprobs"][1]["logprob"], -1.5);
+  EXPECT_EQ(ch["content"][0]["bytes"].size(), tiny_tok().decode({5}).size());
 }
 
 TEST(ServeRequests, FinishReasonsAreOpenAis) {

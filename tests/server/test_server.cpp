@@ -280,6 +280,44 @@ TEST(Serve, AClientThatLeavesCancelsItsGeneration) {
   EXPECT_EQ(after["usage"]["completion_tokens"], 3);
 }
 
+// Log probabilities: the model's log-softmax at each step (the first against the prompt's own forward), greedy's token
+// the most likely, the texts the reply's pieces.
+TEST(Serve, LogprobsAreTheModelsOwn) {
+  Running s(no_cache());
+  const std::string prompt = "Once upon a time";
+  const json r = s.post("/v1/completions", {{"prompt", prompt}, {"temperature", 0}, {"max_tokens", 8}, {"logprobs", 2}});
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 8u);
+  std::string text;
+  for (size_t i = 0; i < 8; ++i) {
+    text += lp["tokens"][i].get<std::string>();
+    const double v = lp["token_logprobs"][i];
+    EXPECT_LE(v, 0.0);
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 2u);
+    EXPECT_EQ(lp["top_logprobs"][i].begin().value().get<double>(), v) << i;  // (greedy: the most likely one)
+  }
+  EXPECT_EQ(text, r["choices"][0]["text"]);
+  auto session = tiny_engine()->new_session();
+  const std::vector<float> l = session->forward(encode_prompt(tiny_tok(), prompt, tiny_engine()->info().bos_token));
+  const float m = *std::max_element(l.begin(), l.end());
+  double sum = 0;
+  for (const float x : l) sum += std::exp(double(x) - m);
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), double(m) - (m + std::log(sum)), 1e-9);
+  // Chat: one entry per content token, EOS (the stop) left out; the same reply as without logprobs.
+  const json msgs = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const json a = s.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 30}, {"logprobs", true},
+                                                 {"top_logprobs", 1}});
+  const json b = s.post("/v1/chat/completions", {{"messages", msgs}, {"temperature", 0}, {"max_tokens", 30}});
+  EXPECT_EQ(a["choices"][0]["message"], b["choices"][0]["message"]);
+  EXPECT_TRUE(b["choices"][0]["logprobs"].is_null());
+  const json& content = a["choices"][0]["logprobs"]["content"];
+  const int64_t n = a["usage"]["completion_tokens"];
+  EXPECT_EQ(int64_t(content.size()), a["choices"][0]["finish_reason"] == "stop" ? n - 1 : n);
+  std::string chat_text;
+  for (const json& e : content) chat_text += e["token"].get<std::string>();
+  EXPECT_EQ(chat_text, a["choices"][0]["message"]["content"]);
+}
+
 // The penalties see the whole sequence whatever the cache fed: the same tokens as on an empty cache. The prompt
 // repeats itself, so the penalties decide what greedy picks.
 TEST(Serve, PrefixCacheKeepsThePromptInThePenaltyWindow) {

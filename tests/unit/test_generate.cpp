@@ -519,6 +519,29 @@ TEST_F(TinyModel, HistoryBeforeGivesContinuedSessionsTheWholePenaltyWindow) {
   EXPECT_NE(continued(false), want.tokens);  // (what the window misses without it: the test's premise)
 }
 
+// on_logits: the logits each token was drawn from, on the host; the same tokens as the sampler on the session's side.
+TEST_F(TinyModel, OnLogitsSeesEachStepAndChangesNoToken) {
+  const auto prompt = plumb::encode_prompt(tok, "Once upon a time", engine()->info().bos_token);
+  plumb::GenerateOptions g = greedy();
+  g.sampling = SamplingParams{};
+  g.sampling.seed = 11;
+  g.max_tokens = 20;
+  auto a = engine()->new_session();
+  const auto want = plumb::generate(*a, tok, prompt, g);
+  std::vector<int32_t> seen;
+  std::vector<float> first;
+  g.on_logits = [&](std::span<const float> logits, int32_t id) {
+    if (seen.empty()) first.assign(logits.begin(), logits.end());
+    seen.push_back(id);
+  };
+  auto b = engine()->new_session();
+  const auto got = plumb::generate(*b, tok, prompt, g);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(seen, got.tokens);
+  auto c = engine()->new_session();
+  EXPECT_EQ(first, c->forward(prompt));
+}
+
 // A row without a finite logit stops the generation with an error naming the token and the position whose logits
 // they were: from a scripted session, and from the bundled fixture whose router underflows under the planted fault
 // that drops the renormalization's floor (0/0: NaN through the rest of the model).
