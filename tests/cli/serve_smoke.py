@@ -81,6 +81,13 @@ status, ctype, body = request(port, "/v1/completions", {"prompt": "Once upon a t
 check(status == 200 and ctype.startswith("application/json"), f"POST /v1/completions: {status} {ctype}")
 text = json.loads(body)["choices"][0]["text"] if status == 200 else ""
 check(text == run.stdout.rstrip("\n") or text + "\n" == run.stdout, f"the server's text is plumb run's for --seed 7: {text[:60]!r}")
+status, _, body = request(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0,
+                                                   "logprobs": 2})
+greedy = json.loads(body)["choices"][0] if status == 200 else {}
+lp = greedy.get("logprobs") or {}
+check(status == 200 and "".join(lp.get("tokens", [])) == greedy["text"] and
+      all(-50 < v <= 0 and v == max(t.values()) for v, t in zip(lp["token_logprobs"], lp["top_logprobs"])),
+      f"logprobs: greedy's tokens the most likely, their texts the reply: {lp.get('token_logprobs', [])[:3]}")
 status, _, body = request(port, "/v1/models")
 check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
 status, _, body = request(port, "/v1/chat/completions",
@@ -97,7 +104,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 4 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 5 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---
