@@ -232,10 +232,12 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
 class StopMatcher {
  public:
   explicit StopMatcher(std::vector<std::string> stops);
-  // Returns the text that can be emitted now; sets `stopped` (and drops the stop string and anything after
-  // it) when a stop string completed.
+  // Returns the text that can be emitted now; sets `stopped` when a stop string completed (the text before it is
+  // returned; the stop string is dropped, and what followed it in the pieces is kept for flush()).
   std::string push(std::string_view piece, bool& stopped);
-  std::string flush();  // the held-back text, at the end of generation
+  // The held-back text: at the end of generation, or after a stop what followed the stop string (generate() drops
+  // it; `plumb serve` splits a thinking reply at "</think>" with it).
+  std::string flush();
 
  private:
   std::vector<std::string> stops_;

@@ -14,13 +14,16 @@ StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stop
 std::string StopMatcher::push(std::string_view piece, bool& stopped) {
   held_ += piece;
   stopped = false;
-  // The earliest completed stop string wins; everything from it on is dropped.
-  size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  // The earliest completed stop string wins (the longest of those starting there); it and what follows are not
+  // emitted, what follows kept for flush().
+  size_t first = std::string::npos, len = 0;
+  for (const auto& s : stops_)
+    if (const size_t at = held_.find(s); at < first || (at == first && at != std::string::npos && s.size() > len))
+      first = at, len = s.size();
   if (first != std::string::npos) {
     stopped = true;
     std::string out = held_.substr(0, first);
-    held_.clear();
+    held_.erase(0, first + len);
     return out;
   }
   // Keep the longest tail of the text that is a proper prefix of some stop string.

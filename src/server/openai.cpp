@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <random>
 
 namespace plumb::server {
@@ -309,9 +310,10 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int n) {
   TokenLogprob t;
   t.id = id;
   t.logprob = lp(id);
+  const size_t k = std::min(logits.size(), size_t(std::max(n, 0)));
+  if (k == 0) return t;  // (no alternatives asked: no pass over the vocabulary for them)
   std::vector<int32_t> order(logits.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
-  const size_t k = std::min(order.size(), size_t(std::max(n, 0)));
+  std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
     const double la = lp(a), lb = lp(b);
     return la != lb ? la > lb : a < b;
@@ -375,25 +377,13 @@ void ReasoningSplit::push(std::string_view piece, std::string& reasoning, std::s
     content += piece;
     return;
   }
-  held_ += piece;
-  constexpr std::string_view end = "</think>";
-  if (const size_t at = held_.find(end); at != std::string::npos) {
-    reasoning += held_.substr(0, at);
-    content += held_.substr(at + end.size());
-    held_.clear();
-    in_reasoning_ = false;
-    return;
-  }
-  // Hold back the longest tail that may still become "</think>".
-  size_t keep = std::min(held_.size(), end.size() - 1);
-  while (keep && held_.compare(held_.size() - keep, keep, end.substr(0, keep)) != 0) --keep;
-  reasoning += held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
+  bool ended = false;
+  reasoning += end_.push(piece, ended);  // (a tail that may still become "</think>" is held back)
+  if (ended) in_reasoning_ = false, content += end_.flush();  // (what followed it in the piece)
 }
 
 void ReasoningSplit::flush(std::string& reasoning, std::string& content) {
-  (in_reasoning_ ? reasoning : content) += held_;
-  held_.clear();
+  (in_reasoning_ ? reasoning : content) += end_.flush();
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {

@@ -102,7 +102,7 @@ class ReasoningSplit {
 
  private:
   bool in_reasoning_;
-  std::string held_;
+  StopMatcher end_{{"</think>"}};  // (the stop strings' matching: "</think>" across pieces)
 };
 
 // The usage object: prompt, completion and total tokens, and the prompt tokens the server's cache already held

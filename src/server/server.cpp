@@ -106,8 +106,9 @@ struct Server::Impl {
   std::atomic<bool> stopping{false};
   std::unique_ptr<Session> session;
   std::vector<int32_t> fed;          // the tokens the session holds, in order
-  std::shared_ptr<const SessionCheckpoint> cp;  // the last prompt but its last token (prefix cache)
-  std::vector<int32_t> cp_tokens;
+  // The last prompt but its last token (prefix cache): always the first cp->position() tokens of `fed` (taken there,
+  // and the session since then only grew from it, came back to it, or dropped it with a reset).
+  std::shared_ptr<const SessionCheckpoint> cp;
 
   mutable std::mutex stats_mu;
   Stats stats;
@@ -123,15 +124,14 @@ struct Server::Impl {
   // token to feed); returns its length.
   int64_t reuse(const std::vector<int32_t>& prompt) {
     if (!session) session = engine->new_session();
-    auto is_prefix = [&](const std::vector<int32_t>& p) {
-      return p.size() < prompt.size() && std::equal(p.begin(), p.end(), prompt.begin());
-    };
+    // Whether fed's first n tokens are a prefix of the prompt, shorter than it.
+    auto is_prefix = [&](size_t n) { return n < prompt.size() && std::equal(fed.begin(), fed.begin() + n, prompt.begin()); };
     if (opt.prefix_cache) {
-      if (!fed.empty() && is_prefix(fed)) return int64_t(fed.size());
-      if (cp && is_prefix(cp_tokens)) {
+      if (!fed.empty() && is_prefix(fed.size())) return int64_t(fed.size());
+      if (cp && is_prefix(size_t(cp->position()))) {
         try {
           session->restore(*cp);
-          fed = cp_tokens;
+          fed.resize(size_t(cp->position()));
           return int64_t(fed.size());
         } catch (const Error&) {  // (left behind: start over below)
         }
@@ -140,7 +140,6 @@ struct Server::Impl {
     session->reset();
     fed.clear();
     cp.reset();
-    cp_tokens.clear();
     return 0;
   }
 
@@ -181,7 +180,6 @@ struct Server::Impl {
         session->set_prefill_stop(prev);
         fed.insert(fed.end(), head.begin(), head.end());
         cp = session->checkpoint();
-        cp_tokens = fed;
         rest = rest.last(1);
       }
       gen.history_before = fed;  // (the penalties see the cached prefix as if it had been fed with the rest)
@@ -191,16 +189,31 @@ struct Server::Impl {
         fed.insert(fed.end(), rest.begin(), rest.end());
         fed.insert(fed.end(), out.r.tokens.begin(), out.r.tokens.end() - (out.r.unfed >= 0 ? 1 : 0));
       }
-      if (!opt.prefix_cache) session->reset(), fed.clear();
     } catch (...) {
       session.reset();
       fed.clear();
       cp.reset();
-      cp_tokens.clear();
       throw;
     }
     out.seconds = seconds_since(t0);
     return out;
+  }
+
+  static RequestError shutting_down() { return RequestError(503, "server_busy", "", "the server is shutting down"); }
+
+  // generate_locked on the engine thread, after the requests queued before this one; refused once stop() was asked.
+  Outcome run_request(const Request& q, const std::function<void(std::string_view)>& on_text,
+                      const std::function<bool()>& should_stop, std::vector<TokenLogprob>* logprobs = nullptr) {
+    Outcome o;
+    engine_thread.run([&] {
+      if (stopping) throw shutting_down();
+      o = generate_locked(q, on_text, should_stop, logprobs);
+    });
+    return o;
+  }
+
+  static json usage_of(const Request& q, const Outcome& o) {
+    return usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
   }
 
   void count(const Outcome& o) {
@@ -230,7 +243,7 @@ struct Server::Impl {
       if (!ready.load(std::memory_order_acquire)) throw RequestError(503, "server_busy", "", "the model is loading");
       const json body = parse_body(req.body);
       q = chat ? parse_chat(body, *tok, defaults) : parse_completion(body, *tok, defaults);
-      if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
+      if (stopping) throw shutting_down();
       // (the one generating counts too: max_queue wait behind it)
       if (in_flight.fetch_add(1) >= opt.max_queue + 1) {
         in_flight.fetch_sub(1);
@@ -256,10 +269,7 @@ struct Server::Impl {
     Outcome o;
     std::vector<TokenLogprob> lp;
     try {
-      engine_thread.run([&] {
-        if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
-        o = generate_locked(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); }, &lp);
-      });
+      o = run_request(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); }, &lp);
     } catch (const RequestError& e) {
       send_error(res, e);
       return;
@@ -274,7 +284,7 @@ struct Server::Impl {
       send_error(res, RequestError(503, "server_busy", "", "the generation was cancelled: the server is stopping"));
       return;
     }
-    const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
+    const json usage = usage_of(q, o);
     const ResponseIds ids = ids_for(q);
     // (a stop token ends the reply without being part of it: its log probability is left out, as its text is)
     if (o.r.stop == StopReason::Token && !lp.empty()) lp.pop_back();
@@ -325,11 +335,8 @@ struct Server::Impl {
           Outcome o;
           try {
             // (the sink is written from the engine thread while this one waits for it)
-            engine_thread.run([&] {
-              if (stopping) throw RequestError(503, "server_busy", "", "the server is shutting down");
-              o = generate_locked(q, [&](std::string_view s) { piece(s, false); },
-                                  [&] { return stopping.load() || gone || !sink.is_writable(); });
-            });
+            o = run_request(q, [&](std::string_view s) { piece(s, false); },
+                            [&] { return stopping.load() || gone || !sink.is_writable(); });
           } catch (const std::exception& e) {
             const auto* re = dynamic_cast<const RequestError*>(&e);
             log(fmt::format("{} {} stream: {}", path, re ? re->status : 500, e.what()));
@@ -345,7 +352,7 @@ struct Server::Impl {
             sink.done();
             return true;
           }
-          const json usage = usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
+          const json usage = usage_of(q, o);
           send(event(q.chat ? chat_chunk(ids, json::object(), finish_reason(o.r.stop))
                             : completion_chunk(ids, "", finish_reason(o.r.stop))));
           if (q.include_usage) send(event(usage_chunk(ids, q.chat, usage)));

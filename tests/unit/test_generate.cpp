@@ -290,6 +290,7 @@ TEST(StopMatcher, MatchesAcrossPiecesAndHoldsBackPrefixes) {
   EXPECT_EQ(m.push("lo", stopped), "l");  // "o" may start "o w": held back
   EXPECT_EQ(m.push(" wor", stopped), "");    // "o w" completed: nothing after it is emitted
   EXPECT_TRUE(stopped);
+  EXPECT_EQ(m.flush(), "or");  // (what followed the stop string, kept for a caller that wants it)
 
   plumb::StopMatcher k({"END"});
   EXPECT_EQ(k.push("abcE", stopped), "abc");
