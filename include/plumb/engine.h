@@ -29,7 +29,10 @@ struct EngineOptions {
   std::function<void(const LoadProgress&)> on_progress;  // called from the loading thread; may be empty
   // A Session call with more tokens runs them as forward passes of at most this many (0: one pass): the passes'
   // activations, attention scores and logits grow with the tokens in a pass. Any chunking gives the same results
-  // (within 1e-5; the sessions' caches carry across passes).
+  // (within 1e-5; the sessions' caches carry across passes), but where the indexer's scores tie exactly at its top-k
+  // boundary (ReLU zeros): the fp32 reference breaks such ties in PyTorch's order, as transformers does, an order
+  // that depends on the entries of the pass, so another chunking can select another entry there (the official
+  // numerics and the GPU take the lowest index first, whatever the pass).
   int prefill_chunk = 2048;
 };
 

@@ -89,7 +89,6 @@ void refuse_unsupported(const json& body) {
     bad_request("n", "n must be 1: plumb serve returns one choice per request");
   if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, std::numeric_limits<int>::max()) != 1)
     bad_request("best_of", "best_of must be 1: plumb serve returns one choice per request");
-  if (boolean(body, "echo", false)) bad_request("echo", "echo is not supported by plumb serve (nor the prompt's log probabilities)");
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object() || v->value("type", std::string()) != "text")
       bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
@@ -174,13 +173,16 @@ void common_fields(const json& body, const Defaults& d, const char* max_tokens_n
 
   const int64_t n = int64_t(r.prompt.size());
   const int64_t room = d.context > 0 ? d.context - n : std::numeric_limits<int32_t>::max();
-  if (room <= 0)
-    bad_request(r.chat ? "messages" : "prompt", fmt::format("the prompt is {} tokens, but the model's context is {} tokens: "
-                "no room to generate", n, d.context));
   const json* mt = field(body, max_tokens_name);
   if (!mt && r.chat) mt = field(body, "max_tokens");  // (chat: the older name too)
+  // (echo with max_tokens 0 only scores the prompt: a prompt that fills the context is fine then)
+  const int64_t want = mt ? integer(*mt, max_tokens_name, r.echo ? 0 : 1, std::numeric_limits<int32_t>::max()) : -1;
+  if (room <= 0 && want != 0)
+    bad_request(r.chat ? "messages" : "prompt", fmt::format("the prompt is {} tokens, but the model's context is {} tokens: "
+                "no room to generate", n, d.context));
+  if (room < 0)
+    bad_request("prompt", fmt::format("the prompt is {} tokens, but the model's context is {} tokens", n, d.context));
   if (mt) {
-    const int64_t want = integer(*mt, max_tokens_name, 1, std::numeric_limits<int32_t>::max());
     if (want > room)
       bad_request(max_tokens_name, fmt::format("the model's context is {} tokens, but {} tokens were requested ({} in the "
                   "prompt, {} to generate)", d.context, n + want, n, want));
@@ -236,6 +238,8 @@ Request parse_completion(const json& body, const Tokenizer& tok, const Defaults&
     bad_request("prompt", "prompt must be a string, or an array of token ids");
   }
   if (r.prompt.empty()) bad_request("prompt", "prompt is empty: there is nothing to continue");
+  r.echo = boolean(body, "echo", false);
+  if (r.echo) r.echo_text = one->is_string() ? one->get<std::string>() : tok.decode(r.prompt, true);
   if (const json* v = field(body, "logprobs")) {
     if (v->is_boolean()) bad_request("logprobs", "logprobs (completions) is the number of alternatives, 0 to 20");
     r.top_logprobs = int(integer(*v, "logprobs", 0, 20));
@@ -286,6 +290,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     bad_request("messages", e.what());
   }
   r.prompt = tok.encode(encode_chat(msgs, co));
+  if (boolean(body, "echo", false)) bad_request("echo", "echo is a field of /v1/completions, not of chat");
   if (boolean(body, "logprobs", false)) r.top_logprobs = 0;
   if (const json* v = field(body, "top_logprobs")) {
     if (r.top_logprobs < 0) bad_request("top_logprobs", "top_logprobs needs \"logprobs\": true");
@@ -331,14 +336,13 @@ json completion_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& t
   json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
   int64_t at = 0;
   for (const TokenLogprob& t : lp) {
-    const std::string text = tok.decode({t.id});
-    tokens.push_back(text);
-    values.push_back(logprob_json(t.logprob));
+    tokens.push_back(tok.decode({t.id}));
+    values.push_back(t.unscored ? json() : logprob_json(t.logprob));
     offsets.push_back(at);
-    at += int64_t(text.size());
+    at += int64_t(tok.decode({t.id}, true).size());
     json top = json::object();
     for (const auto& [id, v] : t.top) top[tok.decode({id})] = logprob_json(v);
-    tops.push_back(with_top ? top : json());
+    tops.push_back(with_top && !t.unscored ? top : json());
   }
   return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }

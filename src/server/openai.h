@@ -61,6 +61,11 @@ struct Request {
   // Log probabilities of the sampled tokens: -1 none; else with this many alternatives each (completions:
   // "logprobs": N; chat: "logprobs": true, "top_logprobs": N). Not with stream.
   int top_logprobs = -1;
+  // Completions' "echo": the reply's text starts with the prompt's (`echo_text`: the prompt string as sent, or its ids
+  // decoded), and with logprobs the prompt's tokens come first in them, each scored by the model (the first null).
+  // max_tokens may then be 0: the prompt scored, nothing generated (how evaluation harnesses score a text).
+  bool echo = false;
+  std::string echo_text;
 };
 
 // POST /v1/completions: "prompt" a string (or an array of one string, or of token ids), as `plumb run` encodes it
@@ -74,17 +79,19 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d);
 // The body as JSON: 400 naming the offset of a syntax error, or that it is not an object.
 json parse_body(const std::string& text);
 
-// One sampled token's log probability under the model's own distribution (log-softmax of the raw logits, before the
+// One token's log probability under the model's own distribution (log-softmax of the raw logits, before the
 // penalties and the temperature, as vLLM reports them by default) and the `n` most likely tokens' (ties: lower id
 // first). Non-finite logits count as -inf.
 struct TokenLogprob {
   int32_t id = -1;
   double logprob = 0;
   std::vector<std::pair<int32_t, double>> top;
+  bool unscored = false;  // an echoed prompt's first token: nothing predicts it (null logprob and alternatives)
 };
 TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int n);
 // The choice's "logprobs" object: completions' {tokens, token_logprobs, top_logprobs, text_offset}, chat's {content:
-// [{token, logprob, bytes, top_logprobs}]}; token texts as the tokenizer decodes each token alone.
+// [{token, logprob, bytes, top_logprobs}]}; token texts as the tokenizer decodes each token alone. text_offset is
+// where each token's text starts in the choice's text, which has no special tokens (BOS, EOS): those count as empty.
 json completion_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& tok, bool with_top);
 json chat_logprobs(const std::vector<TokenLogprob>& lp, const Tokenizer& tok);
 

@@ -137,10 +137,38 @@ struct Server::Impl {
         }
       }
     }
+    return start_over();
+  }
+
+  int64_t start_over() {
+    if (!session) session = engine->new_session();
     session->reset();
     fed.clear();
     cp.reset();
     return 0;
+  }
+
+  // Feeds `head` (the prompt's tokens from fed.size() on, but its last) and appends to `scored` each one's log
+  // probability given the tokens before it but the first's (an echoed prompt's logprobs; nullptr: none): each
+  // position's logits predict the next token, so the rows of head[0..m-1] score prompt[fed.size()+1 .. +m]. In
+  // passes of kScorePass tokens (their logits come to the host: n x vocab floats), fed growing with each, so that
+  // a stop part way leaves fed what the session holds.
+  static constexpr size_t kScorePass = 256;
+  void feed_head(std::span<const int32_t> head, const std::vector<int32_t>& prompt, int top, std::vector<TokenLogprob>* scored) {
+    if (!scored) {
+      session->forward(head);
+      fed.insert(fed.end(), head.begin(), head.end());
+      return;
+    }
+    const size_t vocab = size_t(engine->info().vocab_size);
+    while (!head.empty()) {
+      const auto pass = head.first(std::min(head.size(), kScorePass));
+      const std::vector<float> logits = session->forward_all(pass);
+      for (size_t i = 0; i < pass.size(); ++i)
+        scored->push_back(token_logprob(std::span(logits).subspan(i * vocab, vocab), prompt[fed.size() + i + 1], top));
+      fed.insert(fed.end(), pass.begin(), pass.end());
+      head = head.subspan(pass.size());
+    }
   }
 
   struct Outcome {
@@ -159,29 +187,40 @@ struct Server::Impl {
     gen.should_stop = should_stop;
     if (logprobs && q.top_logprobs >= 0)
       gen.on_logits = [&](std::span<const float> logits, int32_t id) { logprobs->push_back(token_logprob(logits, id, q.top_logprobs)); };
+    // An echoed prompt with logprobs is scored token by token: fed from an empty cache, whose logits it needs.
+    const bool score = q.echo && q.top_logprobs >= 0 && logprobs;
+    auto ended = [&](StopReason why) {
+      out.r.stop = why;
+      out.r.prompt_tokens = int64_t(q.prompt.size());
+      out.seconds = seconds_since(t0);
+      return out;
+    };
+    if (q.gen.max_tokens == 0 && !score) return ended(StopReason::Length);  // (echo alone: nothing to compute)
     try {
-      out.cached = reuse(q.prompt);
+      out.cached = score ? start_over() : reuse(q.prompt);
       std::span<const int32_t> rest(q.prompt);
       rest = rest.subspan(size_t(out.cached));
-      if (opt.prefix_cache && rest.size() > 1) {
+      if (score) {
+        TokenLogprob first;
+        first.id = q.prompt[0];
+        first.unscored = true;
+        logprobs->push_back(first);
+      }
+      if ((opt.prefix_cache || score) && rest.size() > 1) {
         // All but the last prompt token, then a checkpoint there: a next prompt that shares this one but its end (a
         // retry, a thinking chat's next turn) comes back to it.
-        const auto head = rest.first(rest.size() - 1);
         const auto prev = session->set_prefill_stop(should_stop);
         try {
-          session->forward(head);
+          feed_head(rest.first(rest.size() - 1), q.prompt, q.top_logprobs, score ? logprobs : nullptr);
         } catch (const Stopped&) {
           session->set_prefill_stop(prev);
-          out.r.stop = StopReason::Cancelled;
-          out.r.prompt_tokens = int64_t(q.prompt.size());
-          out.seconds = seconds_since(t0);
-          return out;
+          return ended(StopReason::Cancelled);
         }
         session->set_prefill_stop(prev);
-        fed.insert(fed.end(), head.begin(), head.end());
-        cp = session->checkpoint();
+        if (opt.prefix_cache) cp = session->checkpoint();
         rest = rest.last(1);
       }
+      if (q.gen.max_tokens == 0) return ended(StopReason::Length);  // (the prompt scored: the last token's logits did it)
       gen.history_before = fed;  // (the penalties see the cached prefix as if it had been fed with the rest)
       out.r = generate(*session, *tok, rest, gen, on_text);
       out.r.prompt_tokens = int64_t(q.prompt.size());
@@ -286,8 +325,10 @@ struct Server::Impl {
     }
     const json usage = usage_of(q, o);
     const ResponseIds ids = ids_for(q);
-    // (a stop token ends the reply without being part of it: its log probability is left out, as its text is)
-    if (o.r.stop == StopReason::Token && !lp.empty()) lp.pop_back();
+    // (chat: a stop token ends the reply without being part of its content, so its entry is left out as its text is;
+    // completions list every sampled token, as completion_tokens counts them and vLLM lists them: a harness that
+    // scores an echoed prompt by dropping the last entry, the one generated token, must find it there)
+    if (q.chat && o.r.stop == StopReason::Token && !o.r.tokens.empty() && !lp.empty()) lp.pop_back();
     json logprobs;
     if (q.top_logprobs >= 0) logprobs = q.chat ? chat_logprobs(lp, *tok) : completion_logprobs(lp, *tok, q.top_logprobs > 0);
     json body;
@@ -298,7 +339,7 @@ struct Server::Impl {
       split.flush(reasoning, content);
       body = chat_response(ids, reasoning, content, q.thinking, finish_reason(o.r.stop), usage, logprobs);
     } else {
-      body = completion_response(ids, text, finish_reason(o.r.stop), usage, logprobs);
+      body = completion_response(ids, q.echo_text + text, finish_reason(o.r.stop), usage, logprobs);
     }
     res.set_content(to_text(body), "application/json");
   }
@@ -321,6 +362,7 @@ struct Server::Impl {
           const ResponseIds ids = ids_for(q);
           ReasoningSplit split(q.thinking);
           if (q.chat) send(event(chat_chunk(ids, {{"role", "assistant"}, {"content", ""}}, nullptr)));
+          if (q.echo && !q.echo_text.empty()) send(event(completion_chunk(ids, q.echo_text, nullptr)));
           auto piece = [&](std::string_view s, bool last) {
             if (!q.chat) {
               if (!s.empty()) send(event(completion_chunk(ids, std::string(s), nullptr)));

@@ -88,6 +88,17 @@ lp = greedy.get("logprobs") or {}
 check(status == 200 and "".join(lp.get("tokens", [])) == greedy["text"] and
       all(-50 < v <= 0 and v == max(t.values()) for v, t in zip(lp["token_logprobs"], lp["top_logprobs"])),
       f"logprobs: greedy's tokens the most likely, their texts the reply: {lp.get('token_logprobs', [])[:3]}")
+# A prompt scored as lm-evaluation-harness's loglikelihood requests ask (token ids, echo, one generated token): an entry
+# per prompt token (the first null) and one for the generated token, greedy's the most likely.
+ids = [int(x) for x in subprocess.run([plumb, "tokenize", "-t", "models/tiny/tokenizer.json"], input="Once upon a time the",
+                                      capture_output=True, text=True).stdout.split()]
+status, _, body = request(port, "/v1/completions", {"prompt": [ids], "max_tokens": 1, "temperature": 0, "logprobs": 1,
+                                                   "echo": True})
+lp = json.loads(body)["choices"][0]["logprobs"] if status == 200 else {}
+values = lp.get("token_logprobs", [])
+check(status == 200 and len(values) == len(ids) + 1 and values[0] is None and lp["top_logprobs"][0] is None and
+      all(v is not None and -50 < v <= 0 for v in values[1:]) and values[-1] == max(lp["top_logprobs"][-1].values()),
+      f"echo with logprobs scores the {len(ids)} prompt tokens, then the generated one: {values[:3]}")
 status, _, body = request(port, "/v1/models")
 check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
 status, _, body = request(port, "/v1/chat/completions",
@@ -104,7 +115,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 5 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 6 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---

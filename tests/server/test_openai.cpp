@@ -147,7 +147,6 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"prompt", "a"}, {"logprobs", 21}}, false, "logprobs", "must be in [0, 20]");
   expect_refused(json{{"prompt", "a"}, {"logprobs", true}}, false, "logprobs", "number of alternatives");
   expect_refused(json{{"prompt", "a"}, {"logprobs", 2}, {"stream", true}}, false, "logprobs", "not supported");
-  expect_refused(json{{"prompt", "a"}, {"echo", true}}, false, "echo", "not supported");
   expect_refused(json{{"messages", user}, {"top_logprobs", 2}}, true, "top_logprobs", "needs \"logprobs\": true");
   expect_refused(json{{"messages", user}, {"logprobs", "yes"}}, true, "logprobs", "true or false");
   expect_refused(json{{"messages", user}, {"tools", json::array({{{"type", "function"}}})}}, true, "tools", "not supported");
@@ -239,6 +238,55 @@ TEST(ServeRequests, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_EQ(ch["content"][0]["token"], tiny_tok().decode({5}));
   EXPECT_EQ(ch["content"][0]["top_logprobs"][1]["logprob"], -1.5);
   EXPECT_EQ(ch["content"][0]["bytes"].size(), tiny_tok().decode({5}).size());
+}
+
+// echo (completions): the prompt's text kept as sent (ids: decoded without BOS), max_tokens 0 allowed with it alone,
+// refused by chat; the logprobs body's unscored first entry and offsets into a text without special tokens.
+TEST(ServeRequests, EchoKeepsThePromptText) {
+  const Tokenizer& tok = tiny_tok();
+  const Request a = parse_completion(json{{"prompt", "Once upon"}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}}, tok,
+                                     tiny_defaults());
+  EXPECT_TRUE(a.echo);
+  EXPECT_EQ(a.echo_text, "Once upon");
+  EXPECT_EQ(a.gen.max_tokens, 0);
+  const std::vector<int32_t> ids = encode_prompt(tok, "Once upon", 0);
+  ASSERT_EQ(ids.front(), 0);  // (BOS)
+  const Request b = parse_completion(json{{"prompt", json::array({ids})}, {"echo", true}}, tok, tiny_defaults());
+  EXPECT_EQ(b.echo_text, "Once upon");
+  EXPECT_FALSE(parse_completion(json{{"prompt", "a"}}, tok, tiny_defaults()).echo);
+  expect_refused(json{{"prompt", "a"}, {"echo", false}, {"max_tokens", 0}}, false, "max_tokens", "must be in [1,");
+  expect_refused(json{{"prompt", "a"}, {"echo", 1}}, false, "echo", "true or false");
+  const json user = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  expect_refused(json{{"messages", user}, {"echo", true}}, true, "echo", "/v1/completions");
+  // A prompt that fills the context: scored with max_tokens 0, refused with more, or without max_tokens.
+  Defaults d = tiny_defaults();
+  d.context = int64_t(ids.size());
+  EXPECT_EQ(parse_completion(json{{"prompt", "Once upon"}, {"echo", true}, {"max_tokens", 0}}, tok, d).gen.max_tokens, 0);
+  for (const json& extra : {json{{"max_tokens", 1}}, json::object()}) {
+    json body = {{"prompt", "Once upon"}, {"echo", true}};
+    body.update(extra);
+    try {
+      parse_completion(body, tok, d);
+      ADD_FAILURE() << body.dump() << " accepted";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.param, "prompt") << e.what();
+      EXPECT_NE(std::string(e.what()).find("no room to generate"), std::string::npos) << e.what();
+    }
+  }
+
+  std::vector<TokenLogprob> lp(3);
+  lp[0].id = 0, lp[0].unscored = true;  // (BOS)
+  lp[1].id = ids[1], lp[1].logprob = -2, lp[1].top = {{7, -1.0}};
+  lp[2].id = ids[2], lp[2].logprob = -3;
+  const json cl = completion_logprobs(lp, tok, true);
+  EXPECT_TRUE(cl["token_logprobs"][0].is_null());
+  EXPECT_TRUE(cl["top_logprobs"][0].is_null());
+  EXPECT_EQ(cl["token_logprobs"][1], -2.0);
+  EXPECT_EQ(cl["top_logprobs"][1][tok.decode({7})], -1.0);
+  EXPECT_EQ(cl["tokens"][0], tok.decode({0}));  // (BOS's own text in the list: it is a token of the prompt)
+  EXPECT_FALSE(tok.decode({0}).empty());
+  // Offsets into "Once upon": BOS has no text there.
+  EXPECT_EQ(cl["text_offset"], json::array({0, 0, tok.decode({ids[1]}).size()}));
 }
 
 TEST(ServeRequests, FinishReasonsAreOpenAis) {

@@ -318,6 +318,101 @@ TEST(Serve, LogprobsAreTheModelsOwn) {
   EXPECT_EQ(chat_text, a["choices"][0]["message"]["content"]);
 }
 
+// log-softmax of one row of logits at `id`, in fp64: what a logprob must be.
+double log_softmax_at(std::span<const float> row, int32_t id) {
+  const float m = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (const float x : row) sum += std::exp(double(x) - m);
+  return double(row[size_t(id)]) - (m + std::log(sum));
+}
+
+// echo with logprobs (how evaluation harnesses score a text): each prompt token scored by the logits of the
+// position before it (forward_all on a fresh session), the first null, across the server's scoring passes of 256
+// tokens; with max_tokens 1 the generated token follows, as a request without echo samples it; the prefix cache
+// works after it; a stream's first chunk is the prompt.
+TEST(Serve, EchoScoresThePrompt) {
+  Running s;  // (the prefix cache on: scoring starts from an empty cache, then leaves its checkpoint)
+  std::string prompt;
+  for (int i = 0; i < 70; ++i) prompt += i % 2 ? "the sea was calm. " : "Once upon a time ";
+  const std::vector<int32_t> ids = encode_prompt(tiny_tok(), prompt, tiny_engine()->info().bos_token);
+  ASSERT_GT(ids.size(), 300u);  // (more than one scoring pass)
+  const json r = s.post("/v1/completions", {{"prompt", prompt}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}});
+  EXPECT_EQ(r["choices"][0]["text"], prompt);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  const int32_t vocab = tiny_engine()->info().vocab_size;
+  auto fresh = tiny_engine()->new_session();
+  // (in the server's passes of 256 tokens: the reference breaks exact indexer-score ties, ReLU zeros, in PyTorch's
+  // order, which depends on the pass's entries, so another split can differ at such a row: docs/serving.md)
+  std::vector<float> all = fresh->forward_all(std::span(ids).first(256));
+  const std::vector<float> more = fresh->forward_all(std::span(ids).subspan(256, ids.size() - 257));
+  all.insert(all.end(), more.begin(), more.end());
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_EQ(lp["tokens"][i], tiny_tok().decode({ids[i]})) << i;
+    const double want = log_softmax_at(std::span(all).subspan((i - 1) * size_t(vocab), size_t(vocab)), ids[i]);
+    const double d = std::abs(lp["token_logprobs"][i].get<double>() - want);
+    if (d > worst) worst = d, at = i;
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 1u) << i;
+    EXPECT_GE(lp["top_logprobs"][i].begin().value().get<double>(), lp["token_logprobs"][i].get<double>()) << i;
+  }
+  EXPECT_LT(worst, 1e-9) << "at prompt token " << at;
+
+  // max_tokens 1: the prompt's entries, then the generated token, as a request without echo scores it.
+  const std::string shorter = "Once upon a time";
+  const json a = s.post("/v1/completions", {{"prompt", shorter}, {"echo", true}, {"max_tokens", 1}, {"logprobs", 1}, {"temperature", 0}});
+  const json b = s.post("/v1/completions", {{"prompt", shorter}, {"max_tokens", 1}, {"logprobs", 1}, {"temperature", 0}});
+  const size_t n = encode_prompt(tiny_tok(), shorter, tiny_engine()->info().bos_token).size();
+  EXPECT_EQ(a["choices"][0]["text"], shorter + b["choices"][0]["text"].get<std::string>());
+  ASSERT_EQ(a["choices"][0]["logprobs"]["tokens"].size(), n + 1);
+  EXPECT_EQ(a["choices"][0]["logprobs"]["tokens"][n], b["choices"][0]["logprobs"]["tokens"][0]);
+  EXPECT_NEAR(a["choices"][0]["logprobs"]["token_logprobs"][n].get<double>(),
+              b["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(), 1e-4);
+
+  // The cache after scoring: the same reply as an uncached server's, part of the prompt from the cache.
+  Running uncached(no_cache());
+  const json body = {{"prompt", shorter + " there"}, {"temperature", 0}, {"max_tokens", 8}};
+  s.post("/v1/completions", {{"prompt", shorter + " there"}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 0}});
+  const json c = s.post("/v1/completions", body);
+  EXPECT_GT(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(c["choices"][0]["text"], uncached.post("/v1/completions", body)["choices"][0]["text"]);
+
+  // A stream with echo: the prompt first, then the reply's pieces; echo alone with max_tokens 0 is the prompt.
+  auto cl = s.client();
+  auto rs = cl.Post("/v1/completions", json{{"prompt", shorter}, {"echo", true}, {"max_tokens", 6}, {"temperature", 0},
+                                            {"stream", true}}.dump(), "application/json");
+  ASSERT_TRUE(rs);
+  const std::vector<json> ev = events(rs->body);
+  ASSERT_GE(ev.size(), 3u) << rs->body;
+  EXPECT_EQ(ev[0]["choices"][0]["text"], shorter);
+  std::string st;
+  for (const json& e : ev)
+    if (e.is_object()) st += e["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(st, s.post("/v1/completions", {{"prompt", shorter}, {"echo", true}, {"max_tokens", 6}, {"temperature", 0}})["choices"][0]["text"]);
+  const json only = s.post("/v1/completions", {{"prompt", shorter}, {"echo", true}, {"max_tokens", 0}});
+  EXPECT_EQ(only["choices"][0]["text"], shorter);
+  EXPECT_TRUE(only["choices"][0]["logprobs"].is_null());
+}
+
+// A completion that ends at EOS lists it in its logprobs (as completion_tokens counts it), with no text for it.
+TEST(Serve, CompletionLogprobsListTheStopToken) {
+  Running s(no_cache());
+  // (the chat format's prompt as token ids: greedy's reply ends with EOS)
+  const std::vector<int32_t> ids = tiny_tok().encode(encode_chat({ChatMessage{"user", "Hi", ""}}, {}));
+  const json r = s.post("/v1/completions", {{"prompt", ids}, {"temperature", 0}, {"max_tokens", 60}, {"logprobs", 0}});
+  ASSERT_EQ(r["choices"][0]["finish_reason"], "stop") << r.dump();
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), r["usage"]["completion_tokens"].get<size_t>());
+  EXPECT_EQ(lp["tokens"].back(), tiny_tok().decode({tiny_engine()->info().eos_token}));
+  EXPECT_EQ(lp["text_offset"].back(), r["choices"][0]["text"].get<std::string>().size());
+}
+
 // The penalties see the whole sequence whatever the cache fed: the same tokens as on an empty cache. The prompt
 // repeats itself, so the penalties decide what greedy picks.
 TEST(Serve, PrefixCacheKeepsThePromptInThePenaltyWindow) {
