@@ -134,9 +134,18 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-// Throws plumb::Error naming the field and its CLI flag at fault ("top_p (--top-p) must be in (0, 1], got 2") for
-// parameters out of range. The Sampler checks them too; a front end calls it before loading a model, so a typo does
-// not wait for the load.
+// A sampling parameter out of its range. what() names the field and its CLI flag ("top_p (--top-p) must be in (0, 1],
+// got 2"); the parts are kept for a front end that names the field its own way (plumb serve: the request's field).
+struct SamplingError : Error {
+  SamplingError(std::string field, std::string flag, std::string rule)
+      : Error(field + " (" + flag + ") " + rule), field(std::move(field)), flag(std::move(flag)), rule(std::move(rule)) {}
+  std::string field;  // SamplingParams' member: "top_p"
+  std::string flag;   // its CLI option: "--top-p"
+  std::string rule;   // "must be in (0, 1], got 2"
+};
+
+// Throws SamplingError for parameters out of range. The Sampler checks them too; a front end calls it before loading
+// a model, so a typo does not wait for the load.
 void check_sampling(const SamplingParams& p);
 
 // Deterministic: the same seed, logits and history give the same tokens on every run and machine.

@@ -86,17 +86,23 @@ void check_finite_top(const SamplingParams& p, std::span<const float> raw, const
 }  // namespace
 
 void check_sampling(const SamplingParams& p) {
-  PLUMB_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature (--temperature) must be a number >= 0 (0 = greedy), got {}",
-              p.temperature);
-  PLUMB_CHECK(p.top_k >= 0, "top_k (--top-k) must be >= 0 (0 = off), got {}", p.top_k);
-  PLUMB_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p (--top-p) must be in (0, 1], got {}", p.top_p);
-  PLUMB_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p (--min-p) must be in [0, 1], got {}", p.min_p);
-  PLUMB_CHECK(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f, "repeat_penalty (--repeat-penalty) must be a positive number (1 = off), got {}",
-              p.repeat_penalty);
+  auto require = [](bool ok, const char* field, const char* flag, std::string rule) {
+    if (!ok) throw SamplingError(field, flag, std::move(rule));
+  };
+  require(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature", "--temperature",
+          fmt::format("must be a number >= 0 (0 = greedy), got {}", p.temperature));
+  require(p.top_k >= 0, "top_k", "--top-k", fmt::format("must be >= 0 (0 = off), got {}", p.top_k));
+  require(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p", "--top-p", fmt::format("must be in (0, 1], got {}", p.top_p));
+  require(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p", "--min-p", fmt::format("must be in [0, 1], got {}", p.min_p));
+  require(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f, "repeat_penalty", "--repeat-penalty",
+          fmt::format("must be a positive number (1 = off), got {}", p.repeat_penalty));
   // (a NaN or infinite penalty would turn every recent token's logit into NaN or -inf: the draw would be undefined)
-  PLUMB_CHECK(std::isfinite(p.presence_penalty), "presence_penalty (--presence-penalty) must be a finite number (0 = off), got {}", p.presence_penalty);
-  PLUMB_CHECK(std::isfinite(p.frequency_penalty), "frequency_penalty (--frequency-penalty) must be a finite number (0 = off), got {}", p.frequency_penalty);
-  PLUMB_CHECK(p.penalty_last_n >= -1, "penalty_last_n (--repeat-last-n) must be >= -1 (-1 = whole history), got {}", p.penalty_last_n);
+  require(std::isfinite(p.presence_penalty), "presence_penalty", "--presence-penalty",
+          fmt::format("must be a finite number (0 = off), got {}", p.presence_penalty));
+  require(std::isfinite(p.frequency_penalty), "frequency_penalty", "--frequency-penalty",
+          fmt::format("must be a finite number (0 = off), got {}", p.frequency_penalty));
+  require(p.penalty_last_n >= -1, "penalty_last_n", "--repeat-last-n",
+          fmt::format("must be >= -1 (-1 = whole history), got {}", p.penalty_last_n));
 }
 
 Sampler::Sampler(const SamplingParams& p, int32_t vocab) : impl_(std::make_unique<Impl>()) {

@@ -151,15 +151,11 @@ void common_fields(const json& body, const Defaults& d, const char* max_tokens_n
   else if (!d.fixed_seed) s.seed = std::random_device{}();
   try {
     check_sampling(s);
-  } catch (const Error& e) {
-    // Its message names the field as the body does, then the CLI's flag: "top_p (--top-p) must be in (0, 1], got 7".
-    std::string m = e.what();
-    const size_t flag = m.find(" (--");
-    std::string param = m.substr(0, m.find(' '));
-    if (flag != std::string::npos) m.erase(flag, m.find(')', flag) + 1 - flag);
-    if (param == "repeat_penalty" && body.contains("repetition_penalty")) param = "repetition_penalty";
+  } catch (const SamplingError& e) {
+    // (named as the body names it; a value from the server's command line is no field of the request)
+    std::string param = e.field == "repeat_penalty" && body.contains("repetition_penalty") ? "repetition_penalty" : e.field;
     if (!body.contains(param)) param.clear();
-    bad_request(param, m);
+    bad_request(param, fmt::format("{} {}", param.empty() ? e.field : param, e.rule));
   }
   r.gen.stop_strings = stop_strings(body, d);
   r.gen.stop_tokens = d.stop_tokens;

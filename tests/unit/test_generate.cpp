@@ -264,6 +264,21 @@ TEST(Sampler, RejectsBadParameters) {
     EXPECT_THROW(Sampler(p, 3), plumb::Error) << "repeat " << v;
   }
   EXPECT_NO_THROW(plumb::check_sampling(plain()));
+  // The error's parts: the field, its flag, the rule; what() joins them.
+  p = plain();
+  p.top_p = 7.0f;
+  try {
+    plumb::check_sampling(p);
+    ADD_FAILURE() << "top_p 7 accepted";
+  } catch (const plumb::SamplingError& e) {
+    EXPECT_EQ(e.field, "top_p");
+    EXPECT_EQ(e.flag, "--top-p");
+    EXPECT_EQ(e.rule, "must be in (0, 1], got 7");
+    EXPECT_STREQ(e.what(), "top_p (--top-p) must be in (0, 1], got 7");
+  }
+  p = plain();
+  p.penalty_last_n = -2;
+  EXPECT_THROW(plumb::check_sampling(p), plumb::SamplingError);
 }
 
 // What generate() refuses before any forward, also callable before a model loads (the CLI does).
