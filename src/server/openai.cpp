@@ -85,10 +85,10 @@ void refuse_unsupported(const json& body) {
                       !((v->is_string() || v->is_array() || v->is_object()) && v->empty());
     if (asks) bad_request(name, fmt::format("{} is not supported by plumb serve", name));
   }
-  if (const json* v = field(body, "n"); v && integer(*v, "n", 1, std::numeric_limits<int>::max()) != 1)
-    bad_request("n", "n must be 1: plumb serve returns one choice per request");
-  if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, std::numeric_limits<int>::max()) != 1)
-    bad_request("best_of", "best_of must be 1: plumb serve returns one choice per request");
+  // (best_of > n would sample more and return the most likely n: not built)
+  const int64_t n = field(body, "n") ? integer(*field(body, "n"), "n", 1, kMaxChoices) : 1;
+  if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != n)
+    bad_request("best_of", fmt::format("best_of must equal n ({}): plumb serve does not rank extra samples", n));
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object() || v->value("type", std::string()) != "text")
       bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
@@ -112,9 +112,12 @@ std::vector<std::string> stop_strings(const json& body, const Defaults& d) {
   return out;
 }
 
-// The fields both endpoints share: stream, sampling, stop, max tokens (cut to the context after the prompt).
-void common_fields(const json& body, const Defaults& d, const char* max_tokens_name, Request& r) {
+// The fields both endpoints share: stream, sampling, stop, n, max tokens (cut to the context after the prompt, named
+// `prompt_name` in errors).
+void common_fields(const json& body, const Defaults& d, const char* max_tokens_name, const std::string& prompt_name,
+                   Request& r) {
   refuse_unsupported(body);
+  if (const json* v = field(body, "n")) r.n = int(integer(*v, "n", 1, kMaxChoices));
   r.model = string_field(body, "model");
   r.stream = boolean(body, "stream", false);
   if (r.stream && r.top_logprobs >= 0)
@@ -174,14 +177,15 @@ void common_fields(const json& body, const Defaults& d, const char* max_tokens_n
   // (echo with max_tokens 0 only scores the prompt: a prompt that fills the context is fine then)
   const int64_t want = mt ? integer(*mt, max_tokens_name, r.echo ? 0 : 1, std::numeric_limits<int32_t>::max()) : -1;
   if (room <= 0 && want != 0)
-    bad_request(r.chat ? "messages" : "prompt", fmt::format("the prompt is {} tokens, but the model's context is {} tokens: "
-                "no room to generate", n, d.context));
+    bad_request(prompt_name, fmt::format("{}: the prompt is {} tokens, but the model's context is {} tokens: no room to "
+                "generate", prompt_name, n, d.context));
   if (room < 0)
-    bad_request("prompt", fmt::format("the prompt is {} tokens, but the model's context is {} tokens", n, d.context));
+    bad_request(prompt_name, fmt::format("{}: the prompt is {} tokens, but the model's context is {} tokens", prompt_name,
+                                         n, d.context));
   if (mt) {
     if (want > room)
-      bad_request(max_tokens_name, fmt::format("the model's context is {} tokens, but {} tokens were requested ({} in the "
-                  "prompt, {} to generate)", d.context, n + want, n, want));
+      bad_request(max_tokens_name, fmt::format("the model's context is {} tokens, but {} tokens were requested ({} in the {}, "
+                  "{} to generate)", d.context, n + want, n, prompt_name == "messages" ? "prompt" : prompt_name, want));
     r.gen.max_tokens = int(want);
   } else {
     r.gen.max_tokens = int(std::min<int64_t>(d.max_tokens, room));
@@ -214,34 +218,47 @@ std::string content_text(const json& m, const std::string& name) {
 
 }  // namespace
 
-Request parse_completion(const json& body, const Tokenizer& tok, const Defaults& d) {
-  Request r;
+std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, const Defaults& d) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "prompt is required");
-  // A string; an array of one string; an array of token ids (or of one such array).
-  const json* one = p;
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) one = &(*p)[0];
-  if (one->is_string()) {
-    if (one->get<std::string>().empty()) bad_request("prompt", "prompt is empty: there is nothing to continue");
-    r.prompt = encode_prompt(tok, one->get<std::string>(), d.config_bos);
-  } else if (one->is_array() && !one->empty() && (*one)[0].is_number()) {
-    for (size_t i = 0; i < one->size(); ++i)
-      r.prompt.push_back(int32_t(integer((*one)[i], fmt::format("prompt[{}]", i), 0, std::numeric_limits<int32_t>::max())));
-    check_ids(r.prompt, d, "prompt");
-  } else if (p->is_array() && p->size() > 1) {
-    bad_request("prompt", "prompt: one prompt per request (plumb serve returns one choice)");
+  // The prompts: a string or an array of token ids is one; an array of strings, or of arrays of ids, several.
+  std::vector<std::pair<const json*, std::string>> prompts;  // (the prompt, its name in errors)
+  if (p->is_array() && !p->empty() && !(*p)[0].is_number()) {
+    if (p->size() > size_t(kMaxChoices))
+      bad_request("prompt", fmt::format("prompt: {} prompts, more than the {} a request may hold", p->size(), kMaxChoices));
+    for (size_t i = 0; i < p->size(); ++i) prompts.emplace_back(&(*p)[i], fmt::format("prompt[{}]", i));
   } else {
-    bad_request("prompt", "prompt must be a string, or an array of token ids");
+    prompts.emplace_back(p, "prompt");
   }
-  if (r.prompt.empty()) bad_request("prompt", "prompt is empty: there is nothing to continue");
-  r.echo = boolean(body, "echo", false);
-  if (r.echo) r.echo_text = one->is_string() ? one->get<std::string>() : tok.decode(r.prompt, true);
-  if (const json* v = field(body, "logprobs")) {
-    if (v->is_boolean()) bad_request("logprobs", "logprobs (completions) is the number of alternatives, 0 to 20");
-    r.top_logprobs = int(integer(*v, "logprobs", 0, 20));
+  std::vector<Request> out;
+  for (const auto& [one, name] : prompts) {
+    Request r;
+    if (one->is_string()) {
+      if (one->get<std::string>().empty()) bad_request(name, fmt::format("{} is empty: there is nothing to continue", name));
+      r.prompt = encode_prompt(tok, one->get<std::string>(), d.config_bos);
+    } else if (one->is_array() && !one->empty() && (*one)[0].is_number()) {
+      for (size_t i = 0; i < one->size(); ++i)
+        r.prompt.push_back(int32_t(integer((*one)[i], fmt::format("{}[{}]", name, i), 0, std::numeric_limits<int32_t>::max())));
+      check_ids(r.prompt, d, name);
+    } else {
+      bad_request(name, fmt::format("{} must be a string or an array of token ids{}", name,
+                                    name == "prompt" ? " (or an array of several of those)" : ""));
+    }
+    if (r.prompt.empty()) bad_request(name, fmt::format("{} is empty: there is nothing to continue", name));
+    r.echo = boolean(body, "echo", false);
+    if (r.echo) r.echo_text = one->is_string() ? one->get<std::string>() : tok.decode(r.prompt, true);
+    if (const json* v = field(body, "logprobs")) {
+      if (v->is_boolean()) bad_request("logprobs", "logprobs (completions) is the number of alternatives, 0 to 20");
+      r.top_logprobs = int(integer(*v, "logprobs", 0, 20));
+    }
+    common_fields(body, d, "max_tokens", name, r);
+    if (!out.empty()) r.gen.sampling.seed = out.front().gen.sampling.seed;  // (one seed per request: each prompt's choices alike)
+    out.push_back(std::move(r));
   }
-  common_fields(body, d, "max_tokens", r);
-  return r;
+  if (out.size() * size_t(out.front().n) > size_t(kMaxChoices))
+    bad_request("n", fmt::format("{} prompts x n {} = {} choices, more than the {} a request may hold", out.size(),
+                                 out.front().n, out.size() * size_t(out.front().n), kMaxChoices));
+  return out;
 }
 
 Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
@@ -292,7 +309,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (r.top_logprobs < 0) bad_request("top_logprobs", "top_logprobs needs \"logprobs\": true");
     r.top_logprobs = int(integer(*v, "top_logprobs", 0, 20));
   }
-  common_fields(body, d, "max_completion_tokens", r);
+  common_fields(body, d, "max_completion_tokens", "messages", r);
   return r;
 }
 
@@ -400,33 +417,40 @@ json head(const ResponseIds& ids, const char* object) {
 json finish_json(const char* finish) { return finish ? json(finish) : json(); }
 }  // namespace
 
-json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage,
-                         const json& logprobs) {
-  json r = head(ids, "text_completion");
-  r["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}}});
-  r["usage"] = usage;
-  return r;
+json completion_choice(int index, const std::string& text, const char* finish, const json& logprobs) {
+  return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
 }
 
-json chat_response(const ResponseIds& ids, const std::string& reasoning, const std::string& content, bool thinking,
-                   const char* finish, const json& usage, const json& logprobs) {
+json chat_choice(int index, const std::string& reasoning, const std::string& content, bool thinking, const char* finish,
+                 const json& logprobs) {
   json msg = {{"role", "assistant"}, {"content", content}};
   if (thinking) msg["reasoning_content"] = reasoning;
-  json r = head(ids, "chat.completion");
-  r["choices"] = json::array({{{"index", 0}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}}});
+  return {{"index", index}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
+}
+
+json completion_response(const ResponseIds& ids, json choices, const json& usage) {
+  json r = head(ids, "text_completion");
+  r["choices"] = std::move(choices);
   r["usage"] = usage;
   return r;
 }
 
-json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish) {
-  json r = head(ids, "text_completion");
-  r["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+json chat_response(const ResponseIds& ids, json choices, const json& usage) {
+  json r = head(ids, "chat.completion");
+  r["choices"] = std::move(choices);
+  r["usage"] = usage;
   return r;
 }
 
-json chat_chunk(const ResponseIds& ids, const json& delta, const char* finish) {
+json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish, int index) {
+  json r = head(ids, "text_completion");
+  r["choices"] = json::array({completion_choice(index, text, finish)});
+  return r;
+}
+
+json chat_chunk(const ResponseIds& ids, const json& delta, const char* finish, int index) {
   json r = head(ids, "chat.completion.chunk");
-  r["choices"] = json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
+  r["choices"] = json::array({{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}}});
   return r;
 }
 

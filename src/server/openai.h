@@ -66,11 +66,17 @@ struct Request {
   // max_tokens may then be 0: the prompt scored, nothing generated (how evaluation harnesses score a text).
   bool echo = false;
   std::string echo_text;
+  // "n": choices for this prompt, sampled one after another; choice j draws with the seed + j (so a request's choices
+  // differ, and each prompt of a request has the same choices whatever the others are).
+  int n = 1;
 };
+// The most choices (prompts x n) one request may ask for.
+inline constexpr int kMaxChoices = 128;
 
-// POST /v1/completions: "prompt" a string (or an array of one string, or of token ids), as `plumb run` encodes it
-// (BOS as transformers adds it). Throws RequestError naming the field.
-Request parse_completion(const json& body, const Tokenizer& tok, const Defaults& d);
+// POST /v1/completions: "prompt" a string, as `plumb run` encodes it (BOS as transformers adds it), or an array of
+// token ids; or an array of several of those (evaluation harnesses' batches): a Request per prompt, each with the
+// body's other fields, one seed for all. Throws RequestError naming the field ("prompt[2][5]").
+std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, const Defaults& d);
 // POST /v1/chat/completions: "messages" rendered in DeepSeek-V4's chat format (encode_chat; roles system, user,
 // assistant, developer; content a string or text parts; an assistant turn's reasoning_content), the last one a user
 // (or developer) turn. Thinking mode with "thinking": true or "chat_template_kwargs": {"thinking": true}; the
@@ -122,15 +128,17 @@ struct ResponseIds {
   int64_t created;  // Unix seconds
   std::string model;
 };
-// `logprobs`: the choice's logprobs object, or null.
-json completion_response(const ResponseIds& ids, const std::string& text, const char* finish, const json& usage,
-                         const json& logprobs = nullptr);
-json chat_response(const ResponseIds& ids, const std::string& reasoning, const std::string& content, bool thinking,
-                   const char* finish, const json& usage, const json& logprobs = nullptr);
-// A completion chunk: `text`, and `finish` (nullptr: null) on the last.
-json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish);
+// A whole response's choice: its index, text (chat: the message), finish_reason, logprobs object (null: none).
+json completion_choice(int index, const std::string& text, const char* finish, const json& logprobs = nullptr);
+json chat_choice(int index, const std::string& reasoning, const std::string& content, bool thinking, const char* finish,
+                 const json& logprobs = nullptr);
+// Whole responses (stream false) from their choices.
+json completion_response(const ResponseIds& ids, json choices, const json& usage);
+json chat_response(const ResponseIds& ids, json choices, const json& usage);
+// A completion chunk of choice `index`: `text`, and `finish` (nullptr: null) on its last.
+json completion_chunk(const ResponseIds& ids, const std::string& text, const char* finish, int index = 0);
 // A chat chunk's delta: {"role": "assistant"} first, then reasoning_content / content pieces, then {} with `finish`.
-json chat_chunk(const ResponseIds& ids, const json& delta, const char* finish);
+json chat_chunk(const ResponseIds& ids, const json& delta, const char* finish, int index = 0);
 // The chunk with the usage after the last (stream_options.include_usage): "choices": [].
 json usage_chunk(const ResponseIds& ids, bool chat, const json& usage);
 

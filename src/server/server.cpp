@@ -177,18 +177,21 @@ struct Server::Impl {
     double seconds = 0;
   };
 
-  // Runs one request on the session (on the engine thread). Any failure drops the session's state: what it holds is then
-  // unknown, and the next request starts on an empty cache.
+  // Runs one generation on the session (on the engine thread), sampling with the request's seed + `seed_offset`;
+  // `score_prompt`: an echoed prompt with logprobs gets its tokens scored first. Any failure drops the session's
+  // state: what it holds is then unknown, and the next request starts on an empty cache.
   Outcome generate_locked(const Request& q, const std::function<void(std::string_view)>& on_text,
-                          const std::function<bool()>& should_stop, std::vector<TokenLogprob>* logprobs = nullptr) {
+                          const std::function<bool()>& should_stop, std::vector<TokenLogprob>* logprobs,
+                          uint64_t seed_offset, bool score_prompt) {
     const auto t0 = std::chrono::steady_clock::now();
     Outcome out;
     GenerateOptions gen = q.gen;
+    gen.sampling.seed += seed_offset;
     gen.should_stop = should_stop;
     if (logprobs && q.top_logprobs >= 0)
       gen.on_logits = [&](std::span<const float> logits, int32_t id) { logprobs->push_back(token_logprob(logits, id, q.top_logprobs)); };
     // An echoed prompt with logprobs is scored token by token: fed from an empty cache, whose logits it needs.
-    const bool score = q.echo && q.top_logprobs >= 0 && logprobs;
+    const bool score = score_prompt && q.echo && q.top_logprobs >= 0 && logprobs;
     auto ended = [&](StopReason why) {
       out.r.stop = why;
       out.r.prompt_tokens = int64_t(q.prompt.size());
@@ -208,7 +211,7 @@ struct Server::Impl {
       }
       if ((opt.prefix_cache || score) && rest.size() > 1) {
         // All but the last prompt token, then a checkpoint there: a next prompt that shares this one but its end (a
-        // retry, a thinking chat's next turn) comes back to it.
+        // retry, another choice, a thinking chat's next turn) comes back to it.
         const auto prev = session->set_prefill_stop(should_stop);
         try {
           feed_head(rest.first(rest.size() - 1), q.prompt, q.top_logprobs, score ? logprobs : nullptr);
@@ -240,48 +243,91 @@ struct Server::Impl {
 
   static RequestError shutting_down() { return RequestError(503, "server_busy", "", "the server is shutting down"); }
 
-  // generate_locked on the engine thread, after the requests queued before this one; refused once stop() was asked.
-  Outcome run_request(const Request& q, const std::function<void(std::string_view)>& on_text,
-                      const std::function<bool()>& should_stop, std::vector<TokenLogprob>* logprobs = nullptr) {
+  // One choice of a request: its generation, its text (whole responses), its logprobs.
+  struct Choice {
     Outcome o;
+    std::string text;
+    std::vector<TokenLogprob> lp;
+  };
+  static bool cancelled(const std::vector<Choice>& cs) {
+    return std::any_of(cs.begin(), cs.end(), [](const Choice& c) { return c.o.r.stop == StopReason::Cancelled; });
+  }
+
+  // Every choice of a request (`qs`: a Request per prompt, n choices each, choice index = prompt * n + j) on the engine
+  // thread, after the requests queued before it, into `out`; refused once stop() was asked. An echoed prompt is scored
+  // by its first choice, whose scores the others copy (they start from the checkpoint it left). A cancelled choice
+  // cancels those after it.
+  void run_request(const std::vector<Request>& qs, std::vector<Choice>& out,
+                   const std::function<void(size_t, std::string_view)>& on_text, const std::function<bool()>& should_stop,
+                   bool with_logprobs) {
+    const size_t n = size_t(qs.front().n);
+    out.assign(qs.size() * n, {});
     engine_thread.run([&] {
       if (stopping) throw shutting_down();
-      o = generate_locked(q, on_text, should_stop, logprobs);
+      for (size_t c = 0; c < out.size(); ++c) {
+        const Request& q = qs[c / n];
+        const size_t j = c % n;
+        if (c > 0 && out[c - 1].o.r.stop == StopReason::Cancelled) {
+          out[c].o = out[c - 1].o;
+          out[c].o.r.tokens.clear();
+          out[c].o.r.prompt_tokens = int64_t(q.prompt.size());
+          continue;
+        }
+        const bool lp = with_logprobs && q.top_logprobs >= 0;
+        if (lp && q.echo && j > 0) {
+          const auto& first = out[c - j].lp;
+          out[c].lp.assign(first.begin(), first.begin() + std::ptrdiff_t(std::min(first.size(), q.prompt.size())));
+        }
+        out[c].o = generate_locked(q, [&](std::string_view s) { on_text(c, s); }, should_stop, lp ? &out[c].lp : nullptr,
+                                   uint64_t(j), j == 0);
+      }
     });
-    return o;
   }
 
-  static json usage_of(const Request& q, const Outcome& o) {
-    return usage_json(int64_t(q.prompt.size()), int64_t(o.r.tokens.size()), o.cached);
+  // The usage of a request: its prompts once each (their n choices share them), every choice's tokens.
+  static json usage_of(const std::vector<Request>& qs, const std::vector<Choice>& cs) {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (const Request& q : qs) prompt += int64_t(q.prompt.size());
+    for (const Choice& c : cs) completion += int64_t(c.o.r.tokens.size()), cached += c.o.cached;
+    return usage_json(prompt, completion, cached);
   }
 
-  void count(const Outcome& o) {
+  void count(const std::vector<Choice>& cs) {
     std::lock_guard<std::mutex> lock(stats_mu);
     ++stats.requests;
-    stats.generated_tokens += int64_t(o.r.tokens.size());
-    stats.cached_tokens += o.cached;
-    stats.cancelled += o.r.stop == StopReason::Cancelled;
+    for (const Choice& c : cs) stats.generated_tokens += int64_t(c.o.r.tokens.size()), stats.cached_tokens += c.o.cached;
+    stats.cancelled += cancelled(cs);
   }
 
-  void log_done(const char* path, const Request& q, const Outcome& o) {
-    const auto n = int64_t(o.r.tokens.size());
-    log(fmt::format("{} 200{}: {} prompt tokens ({} cached), {} generated ({}), {:.2f} s{}", path, q.stream ? " stream" : "",
-                    q.prompt.size(), o.cached, n, stop_reason_name(o.r.stop), o.seconds,
-                    n > 1 && o.r.decode_seconds > 0 ? fmt::format(", decode {:.1f} tok/s", double(n - 1) / o.r.decode_seconds)
-                                                    : std::string()));
+  void log_done(const char* path, const std::vector<Request>& qs, const std::vector<Choice>& cs, bool stream) {
+    int64_t prompt = 0, cached = 0, n = 0;
+    double seconds = 0, decode = 0;
+    for (const Request& q : qs) prompt += int64_t(q.prompt.size());
+    for (const Choice& c : cs)
+      cached += c.o.cached, n += int64_t(c.o.r.tokens.size()), seconds += c.o.seconds,
+          decode += c.o.r.tokens.size() > 1 ? c.o.r.decode_seconds : 0;
+    std::string why;  // (the choices' stop reasons, each once)
+    for (const Choice& c : cs)
+      if (why.find(stop_reason_name(c.o.r.stop)) == std::string::npos) why += (why.empty() ? "" : ", ") + std::string(stop_reason_name(c.o.r.stop));
+    int64_t decoded = 0;  // (tokens after each choice's first: what decode_seconds timed)
+    for (const Choice& c : cs) decoded += std::max<int64_t>(0, int64_t(c.o.r.tokens.size()) - 1);
+    log(fmt::format("{} 200{}: {}{} prompt tokens ({} cached), {} generated ({}), {:.2f} s{}", path, stream ? " stream" : "",
+                    cs.size() > 1 ? fmt::format("{} choices, ", cs.size()) : std::string(), prompt, cached, n, why, seconds,
+                    decoded > 0 && decode > 0 ? fmt::format(", decode {:.1f} tok/s", double(decoded) / decode) : std::string()));
   }
 
-  ResponseIds ids_for(const Request& q) const {
-    return {random_id(q.chat ? "chatcmpl-" : "cmpl-"), int64_t(std::time(nullptr)), defaults.model_id};
+  ResponseIds ids_for(bool chat) const {
+    return {random_id(chat ? "chatcmpl-" : "cmpl-"), int64_t(std::time(nullptr)), defaults.model_id};
   }
 
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
-    Request q;
+    std::vector<Request> qs;
     try {
       if (!ready.load(std::memory_order_acquire)) throw RequestError(503, "server_busy", "", "the model is loading");
       const json body = parse_body(req.body);
-      q = chat ? parse_chat(body, *tok, defaults) : parse_completion(body, *tok, defaults);
+      if (chat) qs.push_back(parse_chat(body, *tok, defaults));
+      else qs = parse_completion(body, *tok, defaults);
       if (stopping) throw shutting_down();
       // (the one generating counts too: max_queue wait behind it)
       if (in_flight.fetch_add(1) >= opt.max_queue + 1) {
@@ -295,20 +341,18 @@ struct Server::Impl {
       send_error(res, e);
       return;
     }
-    if (q.stream) stream(q, res, path);
-    else whole(q, res, path);
+    if (qs.front().stream) stream(std::move(qs), res, path);
+    else whole(qs, res, path);
   }
 
-  void whole(const Request& q, httplib::Response& res, const char* path) {
+  void whole(const std::vector<Request>& qs, httplib::Response& res, const char* path) {
     struct Release {
       std::atomic<int>& n;
       ~Release() { n.fetch_sub(1); }
     } release{in_flight};
-    std::string text;
-    Outcome o;
-    std::vector<TokenLogprob> lp;
+    std::vector<Choice> cs;
     try {
-      o = run_request(q, [&](std::string_view s) { text += s; }, [&] { return stopping.load(); }, &lp);
+      run_request(qs, cs, [&](size_t c, std::string_view s) { cs[c].text += s; }, [&] { return stopping.load(); }, true);
     } catch (const RequestError& e) {
       send_error(res, e);
       return;
@@ -317,39 +361,47 @@ struct Server::Impl {
       send_error(res, RequestError(500, "server_error", "", e.what()));
       return;
     }
-    count(o);
-    log_done(path, q, o);
-    if (o.r.stop == StopReason::Cancelled) {  // (only stop() cancels a whole response: its client cannot be seen)
+    count(cs);
+    log_done(path, qs, cs, false);
+    if (cancelled(cs)) {  // (only stop() cancels a whole response: its client cannot be seen)
       send_error(res, RequestError(503, "server_busy", "", "the generation was cancelled: the server is stopping"));
       return;
     }
-    const json usage = usage_of(q, o);
-    const ResponseIds ids = ids_for(q);
-    // (chat: a stop token ends the reply without being part of its content, so its entry is left out as its text is;
-    // completions list every sampled token, as completion_tokens counts them and vLLM lists them: a harness that
-    // scores an echoed prompt by dropping the last entry, the one generated token, must find it there)
-    if (q.chat && o.r.stop == StopReason::Token && !o.r.tokens.empty() && !lp.empty()) lp.pop_back();
-    json logprobs;
-    if (q.top_logprobs >= 0) logprobs = q.chat ? chat_logprobs(lp, *tok) : completion_logprobs(lp, *tok, q.top_logprobs > 0);
-    json body;
-    if (q.chat) {
-      std::string reasoning, content;
-      ReasoningSplit split(q.thinking);
-      split.push(text, reasoning, content);
-      split.flush(reasoning, content);
-      body = chat_response(ids, reasoning, content, q.thinking, finish_reason(o.r.stop), usage, logprobs);
-    } else {
-      body = completion_response(ids, q.echo_text + text, finish_reason(o.r.stop), usage, logprobs);
+    const bool chat = qs.front().chat;
+    json choices = json::array();
+    for (size_t c = 0; c < cs.size(); ++c) {
+      const Request& q = qs[c / size_t(qs.front().n)];
+      Choice& ch = cs[c];
+      // (chat: a stop token ends the reply without being part of its content, so its entry is left out as its text
+      // is; completions list every sampled token, as completion_tokens counts them and vLLM lists them: a harness
+      // that scores an echoed prompt by dropping the last entry, the one generated token, must find it there)
+      if (chat && ch.o.r.stop == StopReason::Token && !ch.o.r.tokens.empty() && !ch.lp.empty()) ch.lp.pop_back();
+      json logprobs;
+      if (q.top_logprobs >= 0) logprobs = chat ? chat_logprobs(ch.lp, *tok) : completion_logprobs(ch.lp, *tok, q.top_logprobs > 0);
+      const char* finish = finish_reason(ch.o.r.stop);
+      if (chat) {
+        std::string reasoning, content;
+        ReasoningSplit split(q.thinking);
+        split.push(ch.text, reasoning, content);
+        split.flush(reasoning, content);
+        choices.push_back(chat_choice(int(c), reasoning, content, q.thinking, finish, logprobs));
+      } else {
+        choices.push_back(completion_choice(int(c), q.echo_text + ch.text, finish, logprobs));
+      }
     }
-    res.set_content(to_text(body), "application/json");
+    const json usage = usage_of(qs, cs);
+    const ResponseIds ids = ids_for(chat);
+    res.set_content(to_text(chat ? chat_response(ids, std::move(choices), usage) : completion_response(ids, std::move(choices), usage)),
+                    "application/json");
   }
 
-  void stream(const Request& q, httplib::Response& res, const char* path) {
+  // The choices stream one after another, each its chunks (with its index) and its last chunk with its finish_reason.
+  void stream(std::vector<Request> qs, httplib::Response& res, const char* path) {
     res.set_header("Cache-Control", "no-cache");
     auto done = std::make_shared<std::atomic<bool>>(false);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, q, path, done](size_t, httplib::DataSink& sink) {
+        [this, qs = std::move(qs), path, done](size_t, httplib::DataSink& sink) {
           struct Release {
             std::atomic<int>& n;
             std::atomic<bool>& done;
@@ -359,26 +411,52 @@ struct Server::Impl {
           auto send = [&](const std::string& s) {
             if (!gone && !sink.write(s.data(), s.size())) gone = true;
           };
-          const ResponseIds ids = ids_for(q);
-          ReasoningSplit split(q.thinking);
-          if (q.chat) send(event(chat_chunk(ids, {{"role", "assistant"}, {"content", ""}}, nullptr)));
-          if (q.echo && !q.echo_text.empty()) send(event(completion_chunk(ids, q.echo_text, nullptr)));
-          auto piece = [&](std::string_view s, bool last) {
-            if (!q.chat) {
-              if (!s.empty()) send(event(completion_chunk(ids, std::string(s), nullptr)));
+          const bool chat = qs.front().chat;
+          const size_t n = size_t(qs.front().n);
+          const ResponseIds ids = ids_for(chat);
+          std::vector<ReasoningSplit> splits;
+          for (size_t c = 0; c < qs.size() * n; ++c) splits.emplace_back(qs[c / n].thinking);
+          size_t current = 0;  // the choice streaming now, opened or not
+          bool opened = false;
+          // (a choice opens with the chat role / the echoed prompt, and closes with its finish_reason)
+          auto open = [&](size_t c) {
+            const Request& q = qs[c / n];
+            if (chat) send(event(chat_chunk(ids, {{"role", "assistant"}, {"content", ""}}, nullptr, int(c))));
+            if (q.echo && !q.echo_text.empty()) send(event(completion_chunk(ids, q.echo_text, nullptr, int(c))));
+          };
+          auto piece = [&](size_t c, std::string_view s, bool last) {
+            if (!chat) {
+              if (!s.empty()) send(event(completion_chunk(ids, std::string(s), nullptr, int(c))));
               return;
             }
             std::string reasoning, content;
-            split.push(s, reasoning, content);
-            if (last) split.flush(reasoning, content);
-            if (!reasoning.empty()) send(event(chat_chunk(ids, {{"reasoning_content", reasoning}}, nullptr)));
-            if (!content.empty()) send(event(chat_chunk(ids, {{"content", content}}, nullptr)));
+            splits[c].push(s, reasoning, content);
+            if (last) splits[c].flush(reasoning, content);
+            if (!reasoning.empty()) send(event(chat_chunk(ids, {{"reasoning_content", reasoning}}, nullptr, int(c))));
+            if (!content.empty()) send(event(chat_chunk(ids, {{"content", content}}, nullptr, int(c))));
           };
-          Outcome o;
+          std::vector<Choice> cs;
+          auto close = [&](size_t c) {
+            piece(c, {}, true);
+            const char* finish = finish_reason(cs[c].o.r.stop);
+            send(event(chat ? chat_chunk(ids, json::object(), finish, int(c)) : completion_chunk(ids, "", finish, int(c))));
+          };
+          // Choice c's text: the choices before it are closed first (each opened if it said nothing).
+          auto finish_before = [&](size_t end) {
+            for (; current < end; ++current, opened = false) {
+              if (!opened) open(current);
+              close(current);
+            }
+          };
+          auto on_text = [&](size_t c, std::string_view s) {
+            finish_before(c);
+            if (!opened) open(c), opened = true;
+            piece(c, s, false);
+          };
+          open(0), opened = true;  // (at once: a client sees the stream start before a long prefill)
           try {
             // (the sink is written from the engine thread while this one waits for it)
-            o = run_request(q, [&](std::string_view s) { piece(s, false); },
-                            [&] { return stopping.load() || gone || !sink.is_writable(); });
+            run_request(qs, cs, on_text, [&] { return stopping.load() || gone || !sink.is_writable(); }, false);
           } catch (const std::exception& e) {
             const auto* re = dynamic_cast<const RequestError*>(&e);
             log(fmt::format("{} {} stream: {}", path, re ? re->status : 500, e.what()));
@@ -386,18 +464,15 @@ struct Server::Impl {
             sink.done();
             return true;
           }
-          piece({}, true);
-          count(o);
-          log_done(path, q, o);
-          if (o.r.stop == StopReason::Cancelled) {  // (its client gone, or stop(): no finish_reason for it in OpenAI's set)
+          count(cs);
+          log_done(path, qs, cs, true);
+          if (cancelled(cs)) {  // (its client gone, or stop(): no finish_reason for it in OpenAI's set)
             send(event(error_body("the generation was cancelled: the server is stopping", "server_busy", "")));
             sink.done();
             return true;
           }
-          const json usage = usage_of(q, o);
-          send(event(q.chat ? chat_chunk(ids, json::object(), finish_reason(o.r.stop))
-                            : completion_chunk(ids, "", finish_reason(o.r.stop))));
-          if (q.include_usage) send(event(usage_chunk(ids, q.chat, usage)));
+          finish_before(cs.size());
+          if (qs.front().include_usage) send(event(usage_chunk(ids, chat, usage_of(qs, cs))));
           send("data: [DONE]\n\n");
           sink.done();
           return true;

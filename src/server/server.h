@@ -53,9 +53,9 @@ class Server {
 
   struct Stats {
     int64_t requests = 0;          // completions answered (whole or streamed, cancelled included)
-    int64_t generated_tokens = 0;  // sampled tokens of those
+    int64_t generated_tokens = 0;  // sampled tokens of those (every choice's)
     int64_t cached_tokens = 0;     // prompt tokens the prefix cache held
-    int64_t cancelled = 0;         // generations ended by a client gone or stop()
+    int64_t cancelled = 0;         // requests whose generation a client gone or stop() ended
   };
   Stats stats() const;
 

@@ -99,6 +99,10 @@ values = lp.get("token_logprobs", [])
 check(status == 200 and len(values) == len(ids) + 1 and values[0] is None and lp["top_logprobs"][0] is None and
       all(v is not None and -50 < v <= 0 for v in values[1:]) and values[-1] == max(lp["top_logprobs"][-1].values()),
       f"echo with logprobs scores the {len(ids)} prompt tokens, then the generated one: {values[:3]}")
+status, _, body = request(port, "/v1/completions", {"prompt": ["Once upon a time", "The sea"], "n": 2, "max_tokens": 5})
+choices = json.loads(body)["choices"] if status == 200 else []
+check([c["index"] for c in choices] == [0, 1, 2, 3] and all(c["text"] for c in choices),
+      f"two prompts, n 2: {len(choices)} choices in order")
 status, _, body = request(port, "/v1/models")
 check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
 status, _, body = request(port, "/v1/chat/completions",
@@ -115,7 +119,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 6 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 7 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---

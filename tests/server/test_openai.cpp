@@ -28,12 +28,19 @@ Defaults tiny_defaults() {
   return d;
 }
 
+// A completion body of one prompt: its one Request.
+Request one_completion(const json& body, const Tokenizer& tok, const Defaults& d) {
+  std::vector<Request> r = parse_completion(body, tok, d);
+  EXPECT_EQ(r.size(), 1u) << body.dump();
+  return r.at(0);
+}
+
 // The RequestError a body gets: its status and param, and that its message contains `text`.
 void expect_refused(const json& body, bool chat, const std::string& param, const std::string& text, int status = 400) {
   SCOPED_TRACE(body.dump());
   try {
     if (chat) parse_chat(body, tiny_tok(), tiny_defaults());
-    else parse_completion(body, tiny_tok(), tiny_defaults());
+    else one_completion(body, tiny_tok(), tiny_defaults());
     ADD_FAILURE() << "accepted";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.status, status);
@@ -45,7 +52,7 @@ void expect_refused(const json& body, bool chat, const std::string& param, const
 TEST(ServeRequests, CompletionTakesTheFieldsOverTheDefaults) {
   const Tokenizer& tok = tiny_tok();
   const Defaults d = tiny_defaults();
-  const Request a = parse_completion(json{{"prompt", "Once upon a time"}}, tok, d);
+  const Request a = one_completion(json{{"prompt", "Once upon a time"}}, tok, d);
   EXPECT_EQ(a.prompt, encode_prompt(tok, "Once upon a time", 0));
   EXPECT_FALSE(a.chat);
   EXPECT_FALSE(a.stream);
@@ -59,7 +66,7 @@ TEST(ServeRequests, CompletionTakesTheFieldsOverTheDefaults) {
                   {"min_p", 0.1}, {"seed", 42}, {"max_tokens", 7}, {"stop", json::array({"x", "yz"})}, {"stream", true},
                   {"stream_options", {{"include_usage", true}}}, {"repetition_penalty", 1.1}, {"presence_penalty", 0.5},
                   {"frequency_penalty", 0.25}, {"ignore_eos", true}, {"n", 1}, {"logprobs", nullptr}, {"user", "u"}};
-  const Request r = parse_completion(b, tok, d);
+  const Request r = one_completion(b, tok, d);
   EXPECT_EQ(r.prompt, (std::vector<int32_t>{5, 6, 7}));
   EXPECT_EQ(r.gen.sampling.temperature, 0.f);
   EXPECT_EQ(r.gen.sampling.top_p, 0.5f);
@@ -80,11 +87,11 @@ TEST(ServeRequests, CompletionTakesTheFieldsOverTheDefaults) {
 TEST(ServeRequests, MaxTokensDefaultIsCutToTheContextLeft) {
   Defaults d = tiny_defaults();
   d.context = 10;
-  const Request r = parse_completion(json{{"prompt", json::array({5, 6, 7, 8})}}, tiny_tok(), d);
+  const Request r = one_completion(json{{"prompt", json::array({5, 6, 7, 8})}}, tiny_tok(), d);
   EXPECT_EQ(r.gen.max_tokens, 6);
   // Asked for explicitly, more than fits is refused (OpenAI's rule), naming both counts.
   try {
-    parse_completion(json{{"prompt", json::array({5, 6, 7, 8})}, {"max_tokens", 7}}, tiny_tok(), d);
+    one_completion(json{{"prompt", json::array({5, 6, 7, 8})}, {"max_tokens", 7}}, tiny_tok(), d);
     ADD_FAILURE() << "accepted";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.param, "max_tokens");
@@ -96,7 +103,7 @@ TEST(ServeRequests, SeedIsDrawnPerRequestWithoutAFixedOne) {
   Defaults d = tiny_defaults();
   d.fixed_seed = false;
   std::set<uint64_t> seeds;
-  for (int i = 0; i < 8; ++i) seeds.insert(parse_completion(json{{"prompt", "a"}}, tiny_tok(), d).gen.sampling.seed);
+  for (int i = 0; i < 8; ++i) seeds.insert(one_completion(json{{"prompt", "a"}}, tiny_tok(), d).gen.sampling.seed);
   EXPECT_GT(seeds.size(), 1u);
 }
 
@@ -127,7 +134,10 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json::object(), false, "prompt", "prompt is required");
   expect_refused(json{{"prompt", ""}}, false, "prompt", "empty");
   expect_refused(json{{"prompt", 3}}, false, "prompt", "must be a string");
-  expect_refused(json{{"prompt", json::array({"a", "b"})}}, false, "prompt", "one prompt per request");
+  expect_refused(json{{"prompt", json::array({"a", 5})}}, false, "prompt[1]", "must be a string or an array of token ids");
+  expect_refused(json{{"prompt", json::array({json::array({5}), json::array()})}}, false, "prompt[1]", "must be a string");
+  expect_refused(json{{"prompt", json::array({"a", ""})}}, false, "prompt[1]", "is empty");
+  expect_refused(json{{"prompt", json::array({json::array({5, 9999})})}}, false, "prompt[0]", "outside the model's vocabulary");
   expect_refused(json{{"prompt", json::array({5, 5000})}}, false, "prompt", "token 5000 at index 1 is outside");
   expect_refused(json{{"prompt", json::array({5, -1})}}, false, "prompt[1]", "must be in [0,");
   expect_refused(json{{"prompt", "a"}, {"temperature", "hot"}}, false, "temperature", "must be a number, got string");
@@ -143,7 +153,9 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"prompt", "a"}, {"frequency_penalty", -3e38}}, false, "frequency_penalty", "[-2, 2]");
   expect_refused(json{{"prompt", "a"}, {"repetition_penalty", 0}}, false, "repetition_penalty", "(0, 100]");
   expect_refused(json{{"prompt", "a"}, {"temperature", 1e9}}, false, "temperature", "at most 100");
-  expect_refused(json{{"prompt", "a"}, {"n", 2}}, false, "n", "n must be 1");
+  expect_refused(json{{"prompt", "a"}, {"n", 0}}, false, "n", "must be in [1, 128]");
+  expect_refused(json{{"prompt", "a"}, {"n", 2}, {"best_of", 3}}, false, "best_of", "best_of must equal n (2)");
+  expect_refused(json{{"prompt", json::array({"a", "b", "c"})}, {"n", 50}}, false, "n", "3 prompts x n 50 = 150 choices");
   expect_refused(json{{"prompt", "a"}, {"logprobs", 21}}, false, "logprobs", "must be in [0, 20]");
   expect_refused(json{{"prompt", "a"}, {"logprobs", true}}, false, "logprobs", "number of alternatives");
   expect_refused(json{{"prompt", "a"}, {"logprobs", 2}, {"stream", true}}, false, "logprobs", "not supported");
@@ -218,9 +230,9 @@ TEST(ServeRequests, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_TRUE(std::isinf(token_logprob(l, 4, 0).logprob));
   EXPECT_TRUE(token_logprob(l, 0, 0).top.empty());
 
-  const Request c = parse_completion(json{{"prompt", "a"}, {"logprobs", 3}}, tiny_tok(), tiny_defaults());
+  const Request c = one_completion(json{{"prompt", "a"}, {"logprobs", 3}}, tiny_tok(), tiny_defaults());
   EXPECT_EQ(c.top_logprobs, 3);
-  EXPECT_EQ(parse_completion(json{{"prompt", "a"}}, tiny_tok(), tiny_defaults()).top_logprobs, -1);
+  EXPECT_EQ(one_completion(json{{"prompt", "a"}}, tiny_tok(), tiny_defaults()).top_logprobs, -1);
   const json user = json::array({{{"role", "user"}, {"content", "Hi"}}});
   EXPECT_EQ(parse_chat(json{{"messages", user}, {"logprobs", true}}, tiny_tok(), tiny_defaults()).top_logprobs, 0);
   EXPECT_EQ(parse_chat(json{{"messages", user}, {"logprobs", true}, {"top_logprobs", 4}}, tiny_tok(), tiny_defaults()).top_logprobs, 4);
@@ -244,16 +256,16 @@ TEST(ServeRequests, LogprobsAreTheModelsLogSoftmax) {
 // refused by chat; the logprobs body's unscored first entry and offsets into a text without special tokens.
 TEST(ServeRequests, EchoKeepsThePromptText) {
   const Tokenizer& tok = tiny_tok();
-  const Request a = parse_completion(json{{"prompt", "Once upon"}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}}, tok,
+  const Request a = one_completion(json{{"prompt", "Once upon"}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}}, tok,
                                      tiny_defaults());
   EXPECT_TRUE(a.echo);
   EXPECT_EQ(a.echo_text, "Once upon");
   EXPECT_EQ(a.gen.max_tokens, 0);
   const std::vector<int32_t> ids = encode_prompt(tok, "Once upon", 0);
   ASSERT_EQ(ids.front(), 0);  // (BOS)
-  const Request b = parse_completion(json{{"prompt", json::array({ids})}, {"echo", true}}, tok, tiny_defaults());
+  const Request b = one_completion(json{{"prompt", json::array({ids})}, {"echo", true}}, tok, tiny_defaults());
   EXPECT_EQ(b.echo_text, "Once upon");
-  EXPECT_FALSE(parse_completion(json{{"prompt", "a"}}, tok, tiny_defaults()).echo);
+  EXPECT_FALSE(one_completion(json{{"prompt", "a"}}, tok, tiny_defaults()).echo);
   expect_refused(json{{"prompt", "a"}, {"echo", false}, {"max_tokens", 0}}, false, "max_tokens", "must be in [1,");
   expect_refused(json{{"prompt", "a"}, {"echo", 1}}, false, "echo", "true or false");
   const json user = json::array({{{"role", "user"}, {"content", "Hi"}}});
@@ -261,12 +273,12 @@ TEST(ServeRequests, EchoKeepsThePromptText) {
   // A prompt that fills the context: scored with max_tokens 0, refused with more, or without max_tokens.
   Defaults d = tiny_defaults();
   d.context = int64_t(ids.size());
-  EXPECT_EQ(parse_completion(json{{"prompt", "Once upon"}, {"echo", true}, {"max_tokens", 0}}, tok, d).gen.max_tokens, 0);
+  EXPECT_EQ(one_completion(json{{"prompt", "Once upon"}, {"echo", true}, {"max_tokens", 0}}, tok, d).gen.max_tokens, 0);
   for (const json& extra : {json{{"max_tokens", 1}}, json::object()}) {
     json body = {{"prompt", "Once upon"}, {"echo", true}};
     body.update(extra);
     try {
-      parse_completion(body, tok, d);
+      one_completion(body, tok, d);
       ADD_FAILURE() << body.dump() << " accepted";
     } catch (const RequestError& e) {
       EXPECT_EQ(e.param, "prompt") << e.what();

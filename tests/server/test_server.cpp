@@ -252,10 +252,10 @@ TEST(Serve, ErrorsAreOpenAiJson) {
   EXPECT_EQ(none->status, 404);
   EXPECT_NE(json::parse(none->body)["error"]["message"].get<std::string>().find("no such endpoint"), std::string::npos);
   // A stream refused before it starts is a plain JSON error, not an event stream.
-  auto sb = c.Post("/v1/completions", json{{"prompt", "a"}, {"stream", true}, {"n", 3}}.dump(), "application/json");
+  auto sb = c.Post("/v1/completions", json{{"prompt", "a"}, {"stream", true}, {"logprobs", 1}}.dump(), "application/json");
   ASSERT_TRUE(sb);
   EXPECT_EQ(sb->status, 400);
-  EXPECT_EQ(json::parse(sb->body)["error"]["param"], "n");
+  EXPECT_EQ(json::parse(sb->body)["error"]["param"], "logprobs");
   EXPECT_EQ(s.srv->stats().requests, 0);
 }
 
@@ -398,6 +398,98 @@ TEST(Serve, EchoScoresThePrompt) {
   const json only = s.post("/v1/completions", {{"prompt", shorter}, {"echo", true}, {"max_tokens", 0}});
   EXPECT_EQ(only["choices"][0]["text"], shorter);
   EXPECT_TRUE(only["choices"][0]["logprobs"].is_null());
+}
+
+// Several prompts (an evaluation harness's batch) and n choices each: choice index prompt * n + j, each equal to
+// generate() of its prompt with the seed + j; the usage counts each prompt once; the prefix cache feeds a prompt's later
+// choices from its checkpoint; a stream sends each choice's chunks in order, each ended by its finish_reason.
+TEST(Serve, SeveralPromptsAndChoices) {
+  Running fresh(no_cache()), cached;
+  const std::vector<std::string> prompts = {"Once upon a time", "The sea"};
+  const json body = {{"prompt", prompts}, {"n", 2}, {"seed", 5}, {"temperature", 0.8}, {"max_tokens", 12}};
+  const json r = fresh.post("/v1/completions", body);
+  ASSERT_EQ(r["choices"].size(), 4u) << r.dump();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::vector<std::string> texts;
+  for (size_t p = 0; p < 2; ++p) {
+    const std::vector<int32_t> ids = encode_prompt(tiny_tok(), prompts[p], tiny_engine()->info().bos_token);
+    prompt_tokens += int64_t(ids.size());
+    for (size_t j = 0; j < 2; ++j) {
+      const json& c = r["choices"][p * 2 + j];
+      EXPECT_EQ(c["index"], p * 2 + j);
+      GenerateOptions g = greedy(12);
+      g.sampling = SamplingParams{};
+      g.sampling.temperature = 0.8f;
+      g.sampling.seed = 5 + j;
+      const GenerateResult want = direct(ids, g);
+      EXPECT_EQ(c["text"], want.text) << "prompt " << p << ", choice " << j;
+      completion_tokens += int64_t(want.tokens.size());
+      texts.push_back(c["text"]);
+    }
+  }
+  EXPECT_NE(texts[0], texts[1]);  // (the seeds differ)
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(r["usage"]["completion_tokens"], completion_tokens);
+
+  // The cache: each prompt's second choice from the first's checkpoint (greedy: the same text as without the cache).
+  json g = body;
+  g["temperature"] = 0;
+  const json a = fresh.post("/v1/completions", g), b = cached.post("/v1/completions", g);
+  for (size_t c = 0; c < 4; ++c) EXPECT_EQ(a["choices"][c]["text"], b["choices"][c]["text"]) << c;
+  EXPECT_GE(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), prompt_tokens - 2);
+
+  // The stream: the whole response's choices, in order, one finish_reason each.
+  json sbody = body;
+  sbody["stream"] = true;
+  auto cl = fresh.client();
+  auto res = cl.Post("/v1/completions", sbody.dump(), "application/json");
+  ASSERT_TRUE(res);
+  std::vector<std::string> streamed(4);
+  std::vector<int> finishes(4, 0);
+  int last = 0;
+  for (const json& e : events(res->body)) {
+    if (!e.is_object()) continue;
+    const int i = e["choices"][0]["index"];
+    EXPECT_GE(i, last) << "choice " << i << " after choice " << last;
+    last = i;
+    streamed[size_t(i)] += e["choices"][0]["text"].get<std::string>();
+    finishes[size_t(i)] += !e["choices"][0]["finish_reason"].is_null();
+  }
+  for (size_t c = 0; c < 4; ++c) {
+    EXPECT_EQ(streamed[c], texts[c]) << c;
+    EXPECT_EQ(finishes[c], 1) << c;
+  }
+
+  // Chat with n 2: two messages; streamed, each choice opens with the assistant's role.
+  const json msgs = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const json ch = fresh.post("/v1/chat/completions", {{"messages", msgs}, {"n", 2}, {"seed", 3}, {"max_tokens", 10}});
+  ASSERT_EQ(ch["choices"].size(), 2u);
+  EXPECT_EQ(ch["choices"][1]["index"], 1);
+  EXPECT_EQ(ch["choices"][1]["message"]["role"], "assistant");
+  auto cs = cl.Post("/v1/chat/completions", json{{"messages", msgs}, {"n", 2}, {"seed", 3}, {"max_tokens", 10}, {"stream", true}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(cs);
+  std::vector<std::string> content(2);
+  int roles = 0;
+  for (const json& e : events(cs->body)) {
+    if (!e.is_object()) continue;
+    const json& d = e["choices"][0]["delta"];
+    roles += d.contains("role");
+    content[e["choices"][0]["index"].get<size_t>()] += d.value("content", std::string());
+  }
+  EXPECT_EQ(roles, 2);
+  for (size_t c = 0; c < 2; ++c) EXPECT_EQ(content[c], ch["choices"][c]["message"]["content"]) << c;
+
+  // An echoed prompt's scores, computed once, in every choice.
+  const json e = cached.post("/v1/completions", {{"prompt", "Once upon a time"}, {"n", 2}, {"echo", true}, {"logprobs", 0},
+                                                 {"max_tokens", 2}, {"seed", 1}});
+  const size_t n = encode_prompt(tiny_tok(), "Once upon a time", tiny_engine()->info().bos_token).size();
+  for (size_t c = 0; c < 2; ++c) {
+    const json& lp = e["choices"][c]["logprobs"]["token_logprobs"];
+    ASSERT_GT(lp.size(), n) << c;  // (the prompt's entries, then the generated tokens')
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(lp[i], e["choices"][0]["logprobs"]["token_logprobs"][i]) << c << " " << i;
+    EXPECT_TRUE(lp[0].is_null());
+  }
 }
 
 // A completion that ends at EOS lists it in its logprobs (as completion_tokens counts it), with no text for it.
