@@ -90,17 +90,33 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, 
 // Chat encoding: the DeepSeek-V4 prompt format (the model repository's encoding/encoding_dsv4.py rules, see
 // docs/generation.md). Roles: system, user, assistant, developer.
 // ---------------------------------------------------------------------------------------------------------
+// A function call an assistant turn made (OpenAI's tool_calls[i]): rendered in DeepSeek's DSML markup.
+struct ToolCall {
+  std::string id;         // the client's id ("call_..."): the tool results that answer it are put in call order
+  std::string name;
+  std::string arguments;  // a JSON object, as text (OpenAI's function.arguments)
+};
+
 struct ChatMessage {
-  std::string role;
-  std::string content;
+  ChatMessage() = default;
+  ChatMessage(std::string role, std::string content, std::string reasoning = {})
+      : role(std::move(role)), content(std::move(content)), reasoning(std::move(reasoning)) {}
+  std::string role;       // system, user, assistant, developer, tool
+  std::string content;    // tool: the call's result
   std::string reasoning;  // an assistant turn's thinking (reasoning_content); "" when none
+  std::vector<ToolCall> tool_calls;  // assistant: the calls it made (after its content)
+  std::string tool_call_id;          // tool: the call it answers
 };
 
 struct ChatOptions {
   bool thinking = false;      // thinking_mode "thinking" (the assistant turn opens with <think>) vs "chat"
-  bool drop_thinking = true;  // drop earlier turns' reasoning (the official default)
+  bool drop_thinking = true;  // drop earlier turns' reasoning (the official default; off when tools are given)
   bool add_bos = true;        // start with <｜begin▁of▁sentence｜>
   std::string reasoning_effort;  // "" / "high": nothing; "max": the official effort prompt (thinking only)
+  // The tools the model may call: a JSON array of OpenAI tool objects ({"type": "function", "function": {"name",
+  // "description", "parameters"}}), "" for none. Rendered as the official "## Tools" block after the first system
+  // message's content (an empty system message is put first if there is none).
+  std::string tools;
 };
 
 // The whole conversation as the official encoder renders it. A conversation ending with a user turn ends with
@@ -116,7 +132,10 @@ std::string chat_turn_end();  // <｜end▁of▁sentence｜>
 // Throws plumb::Error naming the first chat-format string (<｜User｜>, <｜Assistant｜>, <think>, ...) that the
 // tokenizer does not hold as one token: such a model cannot be prompted in the chat format.
 void require_chat_tokens(const Tokenizer& tok);
-// Splits a thinking-mode reply "reasoning</think>content" (no </think>: all reasoning if `thinking`).
+// Splits a thinking-mode reply "reasoning</think>content" (no </think>: all reasoning if `thinking`), and takes a
+// complete DSML tool-call block at the end of the content into tool_calls (ids left empty; the content keeps what came
+// before the block). A block that is cut off or malformed stays in the content, as text. `text` must hold the special
+// strings (decoded without skip_special).
 ChatMessage parse_reply(std::string_view text, bool thinking);
 
 // ---------------------------------------------------------------------------------------------------------

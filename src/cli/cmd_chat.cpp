@@ -128,7 +128,7 @@ class ChatLoop {
   }
 
   // The chat format as the turns feed it (earlier reasoning kept in the cache, not dropped), for turns and /load alike.
-  ChatOptions chat_options() const { return {o_.mode.think, false, true, o_.mode.effort}; }
+  ChatOptions chat_options() const { return {o_.mode.think, false, true, o_.mode.effort, {}}; }
 
   // The loop's state before a turn, with the session's checkpoint then: what /undo and /retry go back to.
   struct TurnStart {

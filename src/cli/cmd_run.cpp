@@ -62,7 +62,7 @@ int run(const RunOptions& o) {
     std::vector<ChatMessage> msgs;
     if (!o.mode.system.empty()) msgs.push_back({"system", o.mode.system, ""});
     msgs.push_back({"user", text, ""});
-    prompt = tok.encode(encode_chat(msgs, ChatOptions{o.mode.think, true, true, o.mode.effort}));
+    prompt = tok.encode(encode_chat(msgs, ChatOptions{o.mode.think, true, true, o.mode.effort, {}}));
   } else {
     prompt = encode_prompt(tok, text, info.bos_token);  // BOS as transformers adds it for DeepSeek
   }

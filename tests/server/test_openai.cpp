@@ -119,11 +119,11 @@ TEST(ServeRequests, ChatPromptIsTheOfficialEncoding) {
   const Request plain = parse_chat(json{{"messages", msgs}}, tok, tiny_defaults());
   EXPECT_TRUE(plain.chat);
   EXPECT_FALSE(plain.thinking);
-  EXPECT_EQ(plain.prompt, tok.encode(encode_chat(cm, ChatOptions{false, true, true, ""})));
+  EXPECT_EQ(plain.prompt, tok.encode(encode_chat(cm, ChatOptions{false, true, true, "", {}})));
   const Request think = parse_chat(json{{"messages", msgs}, {"chat_template_kwargs", {{"thinking", true}}},
                                         {"reasoning_effort", "max"}}, tok, tiny_defaults());
   EXPECT_TRUE(think.thinking);
-  EXPECT_EQ(think.prompt, tok.encode(encode_chat(cm, ChatOptions{true, true, true, "max"})));
+  EXPECT_EQ(think.prompt, tok.encode(encode_chat(cm, ChatOptions{true, true, true, "max", {}})));
   EXPECT_NE(think.prompt, plain.prompt);
   EXPECT_EQ(parse_chat(json{{"messages", msgs}, {"thinking", true}, {"reasoning_effort", "max"}}, tok, tiny_defaults()).prompt,
             think.prompt);

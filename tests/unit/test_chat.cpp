@@ -1,11 +1,14 @@
 // Chat encoding tests: DeepSeek-V4 prompts written out by hand from the rules of the model repository's
-// encoding/encoding_dsv4.py (docs/generation.md), compared with plumb::encode_chat; the incremental pieces
+// encoding/encoding_dsv4.py (docs/generation.md), compared with plumb::encode_chat; prompts and parsed replies that
+// encoder itself rendered (tests/data/chat/cases.json: tools, tool calls and results); the incremental pieces
 // `plumb chat` feeds; reply parsing; the tokens the bundled model's tokenizer makes of a rendered prompt; a plain
 // prompt's BOS.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "plumb/text.h"
@@ -22,8 +25,8 @@ const std::string EOS = "<｜end▁of▁sentence｜>";
 const std::string U = "<｜User｜>";
 const std::string A = "<｜Assistant｜>";
 
-ChatOptions chat_mode() { return ChatOptions{false, true, true, ""}; }
-ChatOptions thinking(bool drop = true) { return ChatOptions{true, drop, true, ""}; }
+ChatOptions chat_mode() { return ChatOptions{false, true, true, "", {}}; }
+ChatOptions thinking(bool drop = true) { return ChatOptions{true, drop, true, "", {}}; }
 
 TEST(ChatEncoding, SingleUserTurnChatMode) {
   // Non-thinking mode: the assistant turn opens with </think> (an empty, closed reasoning block).
@@ -69,9 +72,11 @@ TEST(ChatEncoding, ReasoningIgnoredInChatMode) {
 }
 
 TEST(ChatEncoding, ConsecutiveUserMessagesAndDeveloper) {
-  // Only a user turn followed by an assistant turn (or ending the conversation) opens the assistant's turn.
-  // A developer message renders like a user message; with drop_thinking, one before the last user is dropped.
-  EXPECT_EQ(encode_chat({{"user", "a", ""}, {"user", "b", ""}}, chat_mode()), BOS + U + "a" + U + "b" + A + "</think>");
+  // Consecutive user messages are one user turn, their texts a blank line apart (the encoder merges user and tool
+  // messages into one turn's blocks). Only a user turn followed by an assistant turn (or ending the conversation)
+  // opens the assistant's turn. A developer message renders like a user message, unmerged; with drop_thinking, one
+  // before the last user is dropped.
+  EXPECT_EQ(encode_chat({{"user", "a", ""}, {"user", "b", ""}}, chat_mode()), BOS + U + "a\n\nb" + A + "</think>");
   EXPECT_EQ(encode_chat({{"developer", "d", ""}, {"user", "b", ""}}, chat_mode()),
             BOS + U + "d" + U + "b" + A + "</think>");
   EXPECT_EQ(encode_chat({{"developer", "d", ""}, {"user", "b", ""}}, thinking()), BOS + U + "b" + A + "<think>");
@@ -105,17 +110,17 @@ TEST(ChatEncoding, ReasoningEffortMax) {
 
 TEST(ChatEncoding, UnknownRoleIsAnError) {
   try {
-    encode_chat({{"tool", "x", ""}}, chat_mode());
+    encode_chat({{"function", "x", ""}}, chat_mode());
     FAIL() << "no error";
   } catch (const plumb::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"tool\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"function\""), std::string::npos) << e.what();
   }
 }
 
 TEST(ChatEncoding, IncrementalPiecesEqualTheWholeWithoutDrop) {
   // `plumb chat` feeds prefix + per turn (user turn, reply, EOS): exactly encode_chat with drop_thinking off.
   for (bool think : {false, true}) {
-    ChatOptions o{think, false, true, ""};
+    ChatOptions o{think, false, true, "", {}};
     std::vector<ChatMessage> ms = {{"system", "sys", ""}};
     std::string inc = plumb::chat_prefix("sys", o);
     const char* turns[][3] = {{"u1", "r1", "a1"}, {"u2", "r2", "a2"}, {"u3", "r3", "a3"}};
@@ -196,6 +201,85 @@ TEST(ChatEncoding, TokenizerWithoutChatTokensIsRejected) {
   // tests/data/tokenizer/tiny.json has <｜User｜> and <think> but no <｜Assistant｜>.
   const auto tok = plumb::Tokenizer::load(std::string(PLUMB_TEST_DATA) + "/tokenizer/tiny.json");
   EXPECT_THROW(plumb::require_chat_tokens(tok), plumb::Error);
+}
+
+// DeepSeek's own encoder's renderings (tools/chat/make_chat_cases.py ran encoding_dsv4.py on
+// tools/chat/chat_inputs.json): every prompt byte for byte, every reply's parse.
+// (ordered_json: a schema's keys in the order written, as Python's json keeps them)
+std::vector<ChatMessage> openai_messages(const nlohmann::ordered_json& ms) {
+  std::vector<ChatMessage> out;
+  for (const auto& m : ms) {
+    ChatMessage c(m.at("role"), m.value("content", std::string()), m.value("reasoning_content", std::string()));
+    c.tool_call_id = m.value("tool_call_id", std::string());
+    for (const auto& t : m.value("tool_calls", nlohmann::ordered_json::array()))
+      c.tool_calls.push_back({t.at("id"), t.at("function").at("name"), t.at("function").at("arguments")});
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+TEST(ChatEncoding, MatchesTheOfficialEncoderWithTools) {
+  std::ifstream f(std::string(PLUMB_TEST_DATA) + "/chat/cases.json");
+  ASSERT_TRUE(f) << "tests/data/chat/cases.json";
+  const nlohmann::ordered_json data = nlohmann::ordered_json::parse(f);
+  ASSERT_GE(data["cases"].size(), 7u);
+  for (const auto& c : data["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    ChatOptions o{c["thinking"], c.value("drop_thinking", true), true, c.value("reasoning_effort", std::string()), {}};
+    if (c.contains("tools")) o.tools = c["tools"].dump();
+    const std::string got = encode_chat(openai_messages(c["messages"]), o), want = c["prompt"];
+    if (got != want) {
+      size_t at = 0;
+      while (at < got.size() && at < want.size() && got[at] == want[at]) ++at;
+      ADD_FAILURE() << "first difference at byte " << at << ": got ..." << got.substr(at > 40 ? at - 40 : 0, 120)
+                    << "\nwant ..." << want.substr(at > 40 ? at - 40 : 0, 120);
+    }
+  }
+  for (const auto& r : data["replies"]) {
+    SCOPED_TRACE(r["name"].get<std::string>());
+    const ChatMessage m = plumb::parse_reply(r["text"].get<std::string>(), r["thinking"]);
+    EXPECT_EQ(m.content, r["content"]);
+    EXPECT_EQ(m.reasoning, r["reasoning_content"]);
+    ASSERT_EQ(m.tool_calls.size(), r["tool_calls"].size());
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      EXPECT_EQ(m.tool_calls[i].name, r["tool_calls"][i]["name"]);
+      EXPECT_EQ(nlohmann::ordered_json::parse(m.tool_calls[i].arguments), r["tool_calls"][i]["arguments"]) << m.tool_calls[i].arguments;
+    }
+  }
+}
+
+// Replies whose tool-call block is cut off or malformed keep it as text; an assistant turn's calls render back into
+// what parse_reply reads (a round trip); bad inputs are refused naming the message.
+TEST(ChatEncoding, ToolCallBlocksRoundTripAndBrokenOnesStayText) {
+  const std::string block = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  EXPECT_EQ(plumb::parse_reply("a\n\n" + block, false).tool_calls.size(), 1u);
+  for (const std::string& broken : {block.substr(0, block.size() - 5), "a\n\n" + block + "tail",
+                                   std::string("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\nx</｜DSML｜invoke>\n</｜DSML｜tool_calls>")}) {
+    const ChatMessage m = plumb::parse_reply(broken, false);
+    EXPECT_TRUE(m.tool_calls.empty()) << broken;
+    EXPECT_EQ(m.content, broken);
+  }
+  ChatMessage a("assistant", "Sure.");
+  a.tool_calls = {{"c1", "f", R"({"x": 1, "s": "two words", "o": {"k": [true, null]}})"}, {"c2", "g", "{}"}};
+  const std::string prompt = encode_chat({{"user", "go", ""}, a}, chat_mode());
+  const std::string reply = prompt.substr(prompt.find("</think>") + 8, prompt.size() - prompt.find("</think>") - 8 - EOS.size());
+  const ChatMessage back = plumb::parse_reply(reply, false);
+  EXPECT_EQ(back.content, "Sure.");
+  ASSERT_EQ(back.tool_calls.size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse(back.tool_calls[0].arguments), nlohmann::json::parse(a.tool_calls[0].arguments));
+  EXPECT_EQ(back.tool_calls[1].name, "g");
+  EXPECT_EQ(back.tool_calls[1].arguments, "{}");
+  ChatMessage bad("assistant", "");
+  bad.tool_calls = {{"c", "f", "[1, 2]"}};
+  try {
+    encode_chat({{"user", "go", ""}, bad}, chat_mode());
+    ADD_FAILURE() << "accepted";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chat message 1: tool_calls[0].arguments must be a JSON object"), std::string::npos) << e.what();
+  }
+  ChatOptions o = chat_mode();
+  o.tools = R"([{"type": "function"}])";
+  EXPECT_THROW(encode_chat({{"user", "go", ""}}, o), plumb::Error);
 }
 
 }  // namespace

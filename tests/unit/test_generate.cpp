@@ -679,7 +679,7 @@ TEST_F(TinyModel, ReserveIsAHintThatChangesNoLogits) {
 TEST_F(TinyModel, ChatTurnsOnOneSessionMatchTheWholeConversation) {
   // Turn 2 prefilled on the kept cache (the previous reply's EOS + the new user turn) must leave the session in
   // the state a fresh session reaches by prefilling the whole conversation as encode_chat renders it.
-  const plumb::ChatOptions co{false, false, true, ""};
+  const plumb::ChatOptions co{false, false, true, "", {}};
   auto s = engine()->new_session();
   const auto p1 = tok.encode(plumb::chat_prefix("", co) + plumb::chat_user_turn("My name is Tom.", false));
   const auto r1 = plumb::generate(*s, tok, p1, greedy());
