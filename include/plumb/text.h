@@ -132,6 +132,8 @@ std::string chat_turn_end();  // <｜end▁of▁sentence｜>
 // Throws plumb::Error naming the first chat-format string (<｜User｜>, <｜Assistant｜>, <think>, ...) that the
 // tokenizer does not hold as one token: such a model cannot be prompted in the chat format.
 void require_chat_tokens(const Tokenizer& tok);
+// What opens a DSML tool-call block in a reply (the block: "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=...>...").
+inline constexpr std::string_view kToolCallsOpen = "<｜DSML｜tool_calls>";
 // Splits a thinking-mode reply "reasoning</think>content" (no </think>: all reasoning if `thinking`), and takes a
 // complete DSML tool-call block at the end of the content into tool_calls (ids left empty; the content keeps what came
 // before the block). A block that is cut off or malformed stays in the content, as text. `text` must hold the special

@@ -77,7 +77,7 @@ std::string string_field(const json& body, const char* name) {
 // Fields of OpenAI's API that plumb does not implement: refused by name rather than ignored, so a client does not
 // take plain text for what it asked (log probabilities, tools, JSON mode, several choices).
 void refuse_unsupported(const json& body) {
-  for (const char* name : {"logit_bias", "tools", "tool_choice", "functions", "function_call",
+  for (const char* name : {"logit_bias", "functions", "function_call",
                            "suffix", "audio", "modalities", "prediction"}) {
     const json* v = field(body, name);
     // (false, 0, "", [] and {} ask for nothing: clients send them as defaults)
@@ -216,6 +216,27 @@ std::string content_text(const json& m, const std::string& name) {
   return out;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+std::vector<ToolCall> tool_calls(const json& v, const std::string& name) {
+  if (!v.is_array()) bad_request(name, fmt::format("{} must be an array, got {}", name, v.type_name()));
+  std::vector<ToolCall> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string n = fmt::format("{}[{}]", name, i);
+    const json& t = v[i];
+    if (!t.is_object()) bad_request(n, fmt::format("{} must be an object, got {}", n, t.type_name()));
+    const json* f = field(t, "function");
+    if (!f || !f->is_object()) bad_request(n + ".function", fmt::format("{} needs a function object {{name, arguments}}", n));
+    ToolCall c;
+    c.id = string_field(t, "id");
+    c.name = string_field(*f, "name");
+    if (c.name.empty()) bad_request(n + ".function.name", fmt::format("{}.function.name is required", n));
+    c.arguments = string_field(*f, "arguments");
+    if (c.arguments.empty()) c.arguments = "{}";
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, const Defaults& d) {
@@ -273,16 +294,21 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     const std::string name = fmt::format("messages[{}]", i);
     if (!m.is_object()) bad_request(name, fmt::format("{} must be an object, got {}", name, m.type_name()));
     const std::string role = string_field(m, "role");
-    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
-      bad_request(name + ".role", fmt::format("{}.role \"{}\" is not supported (system, user, assistant, developer)", name, role));
-    if (field(m, "tool_calls")) bad_request(name + ".tool_calls", "tool calls are not supported by plumb serve");
-    ChatMessage c{role, content_text(m, name), string_field(m, "reasoning_content")};
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")
+      bad_request(name + ".role", fmt::format("{}.role \"{}\" is not supported (system, user, assistant, developer, tool)",
+                                              name, role));
+    ChatMessage c(role, content_text(m, name), string_field(m, "reasoning_content"));
     if (role == "developer" && c.content.empty()) bad_request(name + ".content", fmt::format("{}: a developer message needs content", name));
+    if (role == "tool") c.tool_call_id = string_field(m, "tool_call_id");
+    if (const json* tc = field(m, "tool_calls")) {
+      if (role != "assistant") bad_request(name + ".tool_calls", fmt::format("{}: only an assistant message has tool_calls", name));
+      c.tool_calls = tool_calls(*tc, name + ".tool_calls");
+    }
     msgs.push_back(std::move(c));
   }
-  if (msgs.back().role != "user" && msgs.back().role != "developer")
-    bad_request(fmt::format("messages[{}].role", msgs.size() - 1), fmt::format("the last message must be a user turn for "
-                "the assistant to answer, got role \"{}\"", msgs.back().role));
+  if (msgs.back().role != "user" && msgs.back().role != "developer" && msgs.back().role != "tool")
+    bad_request(fmt::format("messages[{}].role", msgs.size() - 1), fmt::format("the last message must be a user turn (or a "
+                "tool's result) for the assistant to answer, got role \"{}\"", msgs.back().role));
   ChatOptions co;
   r.thinking = boolean(body, "thinking", false);
   if (const json* k = field(body, "chat_template_kwargs")) {
@@ -297,12 +323,29 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (!r.thinking) bad_request("reasoning_effort", "reasoning_effort needs thinking mode (\"thinking\": true)");
     co.reasoning_effort = effort;
   }
+  // Tools: rendered into the prompt unless tool_choice is "none"; the model decides whether to call one ("auto").
+  if (const json* t = field(body, "tools")) {
+    if (!t->is_array()) bad_request("tools", fmt::format("tools must be an array, got {}", t->type_name()));
+    std::string choice = "auto";
+    if (const json* c = field(body, "tool_choice")) choice = c->is_string() ? c->get<std::string>() : "a named function";
+    if (choice != "auto" && choice != "none")
+      bad_request("tool_choice", "tool_choice: only \"auto\" and \"none\" are supported by plumb serve (the model "
+                  "decides whether to call a tool)");
+    if (choice == "auto" && !t->empty()) co.tools = t->dump(), r.tools = true;
+  } else if (field(body, "tool_choice")) {
+    bad_request("tool_choice", "tool_choice needs tools");
+  }
   try {
     require_chat_tokens(tok);
   } catch (const Error& e) {
     bad_request("messages", e.what());
   }
-  r.prompt = tok.encode(encode_chat(msgs, co));
+  try {
+    r.prompt = tok.encode(encode_chat(msgs, co));
+  } catch (const Error& e) {  // (a tool schema or a call's arguments the encoder cannot render: it names which)
+    const std::string m = e.what();
+    bad_request(m.rfind("tools", 0) == 0 ? "tools" : "messages", m);
+  }
   if (boolean(body, "echo", false)) bad_request("echo", "echo is a field of /v1/completions, not of chat");
   if (boolean(body, "logprobs", false)) r.top_logprobs = 0;
   if (const json* v = field(body, "top_logprobs")) {
@@ -310,6 +353,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     r.top_logprobs = int(integer(*v, "top_logprobs", 0, 20));
   }
   common_fields(body, d, "max_completion_tokens", "messages", r);
+  if (r.tools) r.gen.skip_special = false;  // (the reply is parsed for DSML markup: keep every string the model wrote)
   return r;
 }
 
@@ -403,6 +447,44 @@ void ReasoningSplit::flush(std::string& reasoning, std::string& content) {
   (in_reasoning_ ? reasoning : content) += end_.flush();
 }
 
+void ToolCallSplit::push(std::string_view piece, std::string& content) {
+  text_ += piece;
+  if (block_ != std::string::npos) return;
+  const std::string_view open = kToolCallsOpen;
+  block_ = text_.find(open, sent_ > 2 ? sent_ - 2 : 0);
+  size_t end = block_;  // (what may go out: up to the block, less its blank line)
+  if (block_ == std::string::npos) {
+    // Hold back a tail that may become "\n\n<｜DSML｜tool_calls>" (or the block without the blank line).
+    end = text_.size();
+    for (size_t k = std::min(text_.size(), open.size() + 1); k > 0; --k) {
+      const std::string_view tail = std::string_view(text_).substr(text_.size() - k);
+      const std::string with_blank = "\n\n" + std::string(open);
+      if (with_blank.compare(0, k, tail) == 0 || open.substr(0, k) == tail) {
+        end = text_.size() - k;
+        break;
+      }
+    }
+  } else if (end >= 2 && text_.compare(end - 2, 2, "\n\n") == 0) {
+    end -= 2;
+  }
+  if (end > sent_) content += text_.substr(sent_, end - sent_), sent_ = end;
+}
+
+std::optional<std::vector<ToolCall>> ToolCallSplit::finish(std::string& content) {
+  if (block_ != std::string::npos)
+    if (ChatMessage m = parse_reply(std::string_view(text_).substr(block_), false); !m.tool_calls.empty()) return m.tool_calls;
+  content += text_.substr(sent_);
+  sent_ = text_.size();
+  return std::nullopt;
+}
+
+json tool_calls_json(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const ToolCall& c : calls)
+    out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return out;
+}
+
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
@@ -422,9 +504,10 @@ json completion_choice(int index, const std::string& text, const char* finish, c
 }
 
 json chat_choice(int index, const std::string& reasoning, const std::string& content, bool thinking, const char* finish,
-                 const json& logprobs) {
-  json msg = {{"role", "assistant"}, {"content", content}};
+                 const json& logprobs, const json& tool_calls) {
+  json msg = {{"role", "assistant"}, {"content", tool_calls.is_null() || !content.empty() ? json(content) : json()}};
   if (thinking) msg["reasoning_content"] = reasoning;
+  if (!tool_calls.is_null()) msg["tool_calls"] = tool_calls;
   return {{"index", index}, {"message", msg}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
 }
 

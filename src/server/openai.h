@@ -55,6 +55,7 @@ struct Request {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool thinking = false;       // chat: thinking mode (the reply's reasoning comes back as reasoning_content)
+  bool tools = false;          // chat: tools were rendered into the prompt; the reply is read for tool calls
   std::vector<int32_t> prompt;
   GenerateOptions gen;         // max_tokens already cut to the context left after the prompt
   std::string model;           // the request's "model", echoed (the server has one model)
@@ -118,6 +119,25 @@ class ReasoningSplit {
   StopMatcher end_{{"</think>"}};  // (the stop strings' matching: "</think>" across pieces)
 };
 
+// Takes a tool-call block out of a chat reply's content as it streams (with tools): content before
+// "<｜DSML｜tool_calls>" (less the blank line before it) is final; a piece that may be the start of the block is held
+// back; from the block on nothing is emitted until finish().
+class ToolCallSplit {
+ public:
+  // Appends to `content` the text of `piece` that is final now.
+  void push(std::string_view piece, std::string& content);
+  // At the end: the calls of a complete block ending the reply (ids empty); else nullopt, and the held-back text (a
+  // block cut off or malformed, as text) appended to `content`.
+  std::optional<std::vector<ToolCall>> finish(std::string& content);
+
+ private:
+  std::string text_;                    // the content so far
+  size_t sent_ = 0;                     // how much of it went out
+  size_t block_ = std::string::npos;    // where the block starts
+};
+// The message's tool_calls array: ids, "type": "function", the function's name and arguments.
+json tool_calls_json(const std::vector<ToolCall>& calls);
+
 // The usage object: prompt, completion and total tokens, and the prompt tokens the server's cache already held
 // (prompt_tokens_details.cached_tokens).
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
@@ -130,8 +150,9 @@ struct ResponseIds {
 };
 // A whole response's choice: its index, text (chat: the message), finish_reason, logprobs object (null: none).
 json completion_choice(int index, const std::string& text, const char* finish, const json& logprobs = nullptr);
+// `tool_calls` (tool_calls_json; null: none): the message's calls, its content null when it has none.
 json chat_choice(int index, const std::string& reasoning, const std::string& content, bool thinking, const char* finish,
-                 const json& logprobs = nullptr);
+                 const json& logprobs = nullptr, const json& tool_calls = nullptr);
 // Whole responses (stream false) from their choices.
 json completion_response(const ResponseIds& ids, json choices, const json& usage);
 json chat_response(const ResponseIds& ids, json choices, const json& usage);

@@ -38,6 +38,12 @@ void send_error(httplib::Response& res, const RequestError& e) {
   res.set_content(to_text(error_body(e.what(), e.type, e.param)), "application/json");
 }
 
+// A reply's tool calls as the message's tool_calls, each given an id the client answers with.
+json call_ids(std::vector<ToolCall>& calls) {
+  for (ToolCall& c : calls) c.id = random_id("call_");
+  return tool_calls_json(calls);
+}
+
 // One server-sent event: "data: <json>\n\n".
 std::string event(const json& j) { return "data: " + to_text(j) + "\n\n"; }
 
@@ -380,11 +386,19 @@ struct Server::Impl {
       if (q.top_logprobs >= 0) logprobs = chat ? chat_logprobs(ch.lp, *tok) : completion_logprobs(ch.lp, *tok, q.top_logprobs > 0);
       const char* finish = finish_reason(ch.o.r.stop);
       if (chat) {
-        std::string reasoning, content;
+        std::string reasoning, text, content;
         ReasoningSplit split(q.thinking);
-        split.push(ch.text, reasoning, content);
-        split.flush(reasoning, content);
-        choices.push_back(chat_choice(int(c), reasoning, content, q.thinking, finish, logprobs));
+        split.push(ch.text, reasoning, text);
+        split.flush(reasoning, text);
+        json calls;
+        if (q.tools) {
+          ToolCallSplit tools;
+          tools.push(text, content);
+          if (auto tc = tools.finish(content)) calls = call_ids(*tc), finish = "tool_calls";
+        } else {
+          content = std::move(text);
+        }
+        choices.push_back(chat_choice(int(c), reasoning, content, q.thinking, finish, logprobs, calls));
       } else {
         choices.push_back(completion_choice(int(c), q.echo_text + ch.text, finish, logprobs));
       }
@@ -416,6 +430,8 @@ struct Server::Impl {
           const ResponseIds ids = ids_for(chat);
           std::vector<ReasoningSplit> splits;
           for (size_t c = 0; c < qs.size() * n; ++c) splits.emplace_back(qs[c / n].thinking);
+          std::vector<ToolCallSplit> tool_splits(qs.size() * n);
+          std::vector<const char*> finishes(qs.size() * n, nullptr);  // ("tool_calls" where a choice made calls)
           size_t current = 0;  // the choice streaming now, opened or not
           bool opened = false;
           // (a choice opens with the chat role / the echoed prompt, and closes with its finish_reason)
@@ -429,16 +445,29 @@ struct Server::Impl {
               if (!s.empty()) send(event(completion_chunk(ids, std::string(s), nullptr, int(c))));
               return;
             }
-            std::string reasoning, content;
-            splits[c].push(s, reasoning, content);
-            if (last) splits[c].flush(reasoning, content);
+            std::string reasoning, text, content;
+            splits[c].push(s, reasoning, text);
+            if (last) splits[c].flush(reasoning, text);
+            json calls;
+            if (qs[c / n].tools) {
+              tool_splits[c].push(text, content);
+              if (last)
+                if (auto tc = tool_splits[c].finish(content)) {
+                  calls = call_ids(*tc);
+                  for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                  finishes[c] = "tool_calls";
+                }
+            } else {
+              content = std::move(text);
+            }
             if (!reasoning.empty()) send(event(chat_chunk(ids, {{"reasoning_content", reasoning}}, nullptr, int(c))));
             if (!content.empty()) send(event(chat_chunk(ids, {{"content", content}}, nullptr, int(c))));
+            if (!calls.is_null()) send(event(chat_chunk(ids, {{"tool_calls", calls}}, nullptr, int(c))));
           };
           std::vector<Choice> cs;
           auto close = [&](size_t c) {
             piece(c, {}, true);
-            const char* finish = finish_reason(cs[c].o.r.stop);
+            const char* finish = finishes[c] ? finishes[c] : finish_reason(cs[c].o.r.stop);
             send(event(chat ? chat_chunk(ids, json::object(), finish, int(c)) : completion_chunk(ids, "", finish, int(c))));
           };
           // Choice c's text: the choices before it are closed first (each opened if it said nothing).

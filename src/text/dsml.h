@@ -13,7 +13,7 @@
 
 namespace plumb::dsml {
 
-inline constexpr std::string_view kCallsOpen = "<｜DSML｜tool_calls>";
+inline constexpr std::string_view kCallsOpen = kToolCallsOpen;
 inline constexpr std::string_view kCallsClose = "</｜DSML｜tool_calls>";
 
 // `j` as Python's json.dumps(j, ensure_ascii=False) writes it (key order kept).

@@ -161,12 +161,24 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"prompt", "a"}, {"logprobs", 2}, {"stream", true}}, false, "logprobs", "not supported");
   expect_refused(json{{"messages", user}, {"top_logprobs", 2}}, true, "top_logprobs", "needs \"logprobs\": true");
   expect_refused(json{{"messages", user}, {"logprobs", "yes"}}, true, "logprobs", "true or false");
-  expect_refused(json{{"messages", user}, {"tools", json::array({{{"type", "function"}}})}}, true, "tools", "not supported");
+  expect_refused(json{{"messages", user}, {"tools", json::array({{{"type", "function"}}})}}, true, "tools", "tools[0] must be");
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "required"}}, true, "tool_choice", "only \"auto\" and \"none\"");
+  expect_refused(json{{"messages", user}, {"tool_choice", "auto"}}, true, "tool_choice", "needs tools");
+  const json call = {{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "[1]"}}}};
+  expect_refused(json{{"messages", json::array({user[0], {{"role", "assistant"}, {"tool_calls", json::array({call})}},
+                                                {{"role", "tool"}, {"content", "r"}}})}}, true, "messages", "arguments must be a JSON object");
+  expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"tool_calls", json::array()}}})}}, true,
+                 "messages[0].tool_calls", "only an assistant message");
+  json no_function = json::array({user[0]});
+  no_function.push_back({{"role", "assistant"}, {"tool_calls", json::array({json{{"id", "c"}}})}});
+  no_function.push_back({{"role", "user"}, {"content", "y"}});
+  expect_refused(json{{"messages", no_function}}, true, "messages[1].tool_calls[0].function", "needs a function object");
   expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}}, true, "response_format", "text");
   expect_refused(json::object(), true, "messages", "messages is required");
   expect_refused(json{{"messages", json::array()}}, true, "messages", "non-empty array");
   expect_refused(json{{"messages", json::array({"hi"})}}, true, "messages[0]", "must be an object");
-  expect_refused(json{{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}, true, "messages[0].role", "\"tool\"");
+  expect_refused(json{{"messages", json::array({{{"role", "function"}, {"content", "x"}}})}}, true, "messages[0].role", "\"function\"");
   expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}}, true,
                  "messages[0].content[0]", "only text parts");
   expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", "a"}}, {{"role", "assistant"}, {"content", "b"}}})}},
@@ -299,6 +311,76 @@ TEST(ServeRequests, EchoKeepsThePromptText) {
   EXPECT_FALSE(tok.decode({0}).empty());
   // Offsets into "Once upon": BOS has no text there.
   EXPECT_EQ(cl["text_offset"], json::array({0, 0, tok.decode({ids[1]}).size()}));
+}
+
+// Tools: rendered as encode_chat renders them (with tool_choice "none" not at all); a conversation that ends with a
+// tool's result is answered; the reply is then decoded with its special strings, to find the calls.
+TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
+  const Tokenizer& tok = tiny_tok();
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "now"}, {"description", "The time."},
+                                   {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
+  const json msgs = json::array({{{"role", "user"}, {"content", "Time?"}},
+                                 {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({{{"id", "c1"},
+                                   {"type", "function"}, {"function", {{"name", "now"}, {"arguments", "{}"}}}}})}},
+                                 {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "12:00"}}});
+  const Request r = parse_chat(json{{"messages", msgs}, {"tools", tools}}, tok, tiny_defaults());
+  ChatMessage a("assistant", "");
+  a.tool_calls = {{"c1", "now", "{}"}};
+  ChatMessage t("tool", "12:00");
+  t.tool_call_id = "c1";
+  ChatOptions co;
+  co.tools = tools.dump();
+  EXPECT_EQ(r.prompt, tok.encode(encode_chat({{"user", "Time?"}, a, t}, co)));
+  EXPECT_TRUE(r.tools);
+  EXPECT_FALSE(r.gen.skip_special);
+  const Request none = parse_chat(json{{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}, tok, tiny_defaults());
+  EXPECT_EQ(none.prompt, tok.encode(encode_chat({{"user", "Time?"}, a, t}, {})));
+  EXPECT_FALSE(none.tools);
+  EXPECT_TRUE(none.gen.skip_special);
+}
+
+// The block is taken out of a streamed reply at any split of its pieces: the content before it (less the blank line)
+// streams, then the calls; a block cut off comes back as text, in full.
+TEST(ServeRequests, ToolCallSplitTakesTheBlockOutAtAnyPieceSize) {
+  const std::string block = std::string(kToolCallsOpen) + "\n<｜DSML｜invoke name=\"now\">\n<｜DSML｜parameter name=\"tz\" "
+                            "string=\"true\">UTC</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  for (const std::string& reply : {"Let me check.\n\n" + block, "Checking " + block, block}) {
+    const std::string before = reply.substr(0, reply.find(kToolCallsOpen));
+    const std::string want = before.size() >= 2 && before.substr(before.size() - 2) == "\n\n" ? before.substr(0, before.size() - 2) : before;
+    for (size_t step = 1; step <= reply.size(); step += 3) {
+      ToolCallSplit split;
+      std::string content;
+      for (size_t at = 0; at < reply.size(); at += step) {
+        split.push(std::string_view(reply).substr(at, step), content);
+        EXPECT_EQ(want.compare(0, content.size(), content), 0) << "streamed past the content at step " << step;
+      }
+      const auto calls = split.finish(content);
+      ASSERT_TRUE(calls) << step;
+      ASSERT_EQ(calls->size(), 1u);
+      EXPECT_EQ((*calls)[0].name, "now");
+      EXPECT_EQ(json::parse((*calls)[0].arguments), json({{"tz", "UTC"}}));
+      EXPECT_EQ(content, want) << step;
+    }
+  }
+  ToolCallSplit cut;
+  std::string content;
+  const std::string partial = "Hi.\n\n" + block.substr(0, 40);
+  cut.push(partial, content);
+  EXPECT_FALSE(cut.finish(content));
+  EXPECT_EQ(content, partial);
+  ToolCallSplit plain;
+  std::string text;
+  plain.push("a\n\n<｜DS", text);  // (may become a block: held back)
+  EXPECT_EQ(text, "a");
+  plain.push("ML is a word", text);
+  EXPECT_FALSE(plain.finish(text));
+  EXPECT_EQ(text, "a\n\n<｜DSML is a word");
+  // The message: content null beside calls, "tool_calls" in the shape OpenAI's clients read.
+  const json c = chat_choice(0, "", "", false, "tool_calls", nullptr, tool_calls_json({{"call_1", "now", "{}"}}));
+  EXPECT_TRUE(c["message"]["content"].is_null());
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "now");
+  EXPECT_EQ(c["message"]["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
 }
 
 TEST(ServeRequests, FinishReasonsAreOpenAis) {

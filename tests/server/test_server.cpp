@@ -492,6 +492,46 @@ TEST(Serve, SeveralPromptsAndChoices) {
   }
 }
 
+// A chat with tools and a tool's result to answer: the prompt encode_chat renders (its tokens counted in the usage),
+// from the cache on the next turn; the reply (the tiny model calls no tool) is content with a plain finish_reason,
+// whole and streamed alike.
+TEST(Serve, ToolConversationsAreServed) {
+  Running s;
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "now"}, {"description", "The time."}}}}});
+  const json call = {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "now"}, {"arguments", "{}"}}}};
+  const json msgs = json::array({{{"role", "user"}, {"content", "Time?"}},
+                                 {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}},
+                                 {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "12:00"}}});
+  const json body = {{"messages", msgs}, {"tools", tools}, {"temperature", 0}, {"max_tokens", 12}};
+  const json r = s.post("/v1/chat/completions", body);
+  ChatMessage a("assistant", "");
+  a.tool_calls = {{"c1", "now", "{}"}};
+  ChatMessage t("tool", "12:00");
+  t.tool_call_id = "c1";
+  ChatOptions co;
+  co.tools = tools.dump();
+  EXPECT_EQ(r["usage"]["prompt_tokens"], tiny_tok().encode(encode_chat({{"user", "Time?"}, a, t}, co)).size());
+  const json& m = r["choices"][0]["message"];
+  EXPECT_TRUE(m["content"].is_string());
+  EXPECT_FALSE(m.contains("tool_calls"));
+  EXPECT_NE(r["choices"][0]["finish_reason"], "tool_calls");
+  auto c = s.client();
+  json sb = body;
+  sb["stream"] = true;
+  auto res = c.Post("/v1/chat/completions", sb.dump(), "application/json");
+  ASSERT_TRUE(res);
+  std::string streamed;
+  for (const json& e : events(res->body))
+    if (e.is_object()) streamed += e["choices"][0]["delta"].value("content", std::string());
+  EXPECT_EQ(streamed, m["content"]);
+  // The next turn: the conversation so far from the cache.
+  json next = msgs;
+  next.push_back(m);
+  next.push_back({{"role", "user"}, {"content", "Thanks."}});
+  const json r2 = s.post("/v1/chat/completions", {{"messages", next}, {"tools", tools}, {"temperature", 0}, {"max_tokens", 4}});
+  EXPECT_GT(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), r["usage"]["prompt_tokens"].get<int64_t>() / 2);
+}
+
 // A completion that ends at EOS lists it in its logprobs (as completion_tokens counts it), with no text for it.
 TEST(Serve, CompletionLogprobsListTheStopToken) {
   Running s(no_cache());
