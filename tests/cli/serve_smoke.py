@@ -103,6 +103,14 @@ status, _, body = request(port, "/v1/completions", {"prompt": ["Once upon a time
 choices = json.loads(body)["choices"] if status == 200 else []
 check([c["index"] for c in choices] == [0, 1, 2, 3] and all(c["text"] for c in choices),
       f"two prompts, n 2: {len(choices)} choices in order")
+tools = [{"type": "function", "function": {"name": "now", "description": "The time.", "parameters": {"type": "object", "properties": {}}}}]
+call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+status, _, body = request(port, "/v1/chat/completions", {"tools": tools, "max_tokens": 8, "messages": [
+    {"role": "user", "content": "Time?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+    {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]})
+msg = json.loads(body)["choices"][0]["message"] if status == 200 else {}
+check(status == 200 and (isinstance(msg.get("content"), str) or msg.get("tool_calls")),
+      f"a chat with tools and a tool's result: {status} {str(msg)[:60]}")
 status, _, body = request(port, "/v1/models")
 check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
 status, _, body = request(port, "/v1/chat/completions",
@@ -119,7 +127,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 7 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 8 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---

@@ -317,24 +317,15 @@ TEST(ServeRequests, EchoKeepsThePromptText) {
 // tool's result is answered; the reply is then decoded with its special strings, to find the calls.
 TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   const Tokenizer& tok = tiny_tok();
-  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "now"}, {"description", "The time."},
-                                   {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
-  const json msgs = json::array({{{"role", "user"}, {"content", "Time?"}},
-                                 {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({{{"id", "c1"},
-                                   {"type", "function"}, {"function", {{"name", "now"}, {"arguments", "{}"}}}}})}},
-                                 {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "12:00"}}});
+  const auto tt = testing::tool_turns();
+  const json& tools = tt.tools;
+  const json& msgs = tt.messages;
   const Request r = parse_chat(json{{"messages", msgs}, {"tools", tools}}, tok, tiny_defaults());
-  ChatMessage a("assistant", "");
-  a.tool_calls = {{"c1", "now", "{}"}};
-  ChatMessage t("tool", "12:00");
-  t.tool_call_id = "c1";
-  ChatOptions co;
-  co.tools = tools.dump();
-  EXPECT_EQ(r.prompt, tok.encode(encode_chat({{"user", "Time?"}, a, t}, co)));
+  EXPECT_EQ(r.prompt, tok.encode(encode_chat(tt.chat, tt.options)));
   EXPECT_TRUE(r.tools);
   EXPECT_FALSE(r.gen.skip_special);
   const Request none = parse_chat(json{{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}, tok, tiny_defaults());
-  EXPECT_EQ(none.prompt, tok.encode(encode_chat({{"user", "Time?"}, a, t}, {})));
+  EXPECT_EQ(none.prompt, tok.encode(encode_chat(tt.chat, {})));
   EXPECT_FALSE(none.tools);
   EXPECT_TRUE(none.gen.skip_special);
 }

@@ -497,20 +497,12 @@ TEST(Serve, SeveralPromptsAndChoices) {
 // whole and streamed alike.
 TEST(Serve, ToolConversationsAreServed) {
   Running s;
-  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "now"}, {"description", "The time."}}}}});
-  const json call = {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "now"}, {"arguments", "{}"}}}};
-  const json msgs = json::array({{{"role", "user"}, {"content", "Time?"}},
-                                 {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}},
-                                 {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "12:00"}}});
+  const auto tt = testing::tool_turns();
+  const json& tools = tt.tools;
+  const json& msgs = tt.messages;
   const json body = {{"messages", msgs}, {"tools", tools}, {"temperature", 0}, {"max_tokens", 12}};
   const json r = s.post("/v1/chat/completions", body);
-  ChatMessage a("assistant", "");
-  a.tool_calls = {{"c1", "now", "{}"}};
-  ChatMessage t("tool", "12:00");
-  t.tool_call_id = "c1";
-  ChatOptions co;
-  co.tools = tools.dump();
-  EXPECT_EQ(r["usage"]["prompt_tokens"], tiny_tok().encode(encode_chat({{"user", "Time?"}, a, t}, co)).size());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], tiny_tok().encode(encode_chat(tt.chat, tt.options)).size());
   const json& m = r["choices"][0]["message"];
   EXPECT_TRUE(m["content"].is_string());
   EXPECT_FALSE(m.contains("tool_calls"));
