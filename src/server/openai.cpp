@@ -23,11 +23,21 @@ json error_body(const std::string& message, const std::string& type, const std::
 
 json parse_body(const std::string& text) {
   json body;
+  // (a body nested deeper than any request needs is refused: serializing it again, as a tools array is, recurses)
+  int deepest = 0;
+  const json::parser_callback_t depth = [&](int d, json::parse_event_t, json&) {
+    deepest = std::max(deepest, d);
+    return true;
+  };
   try {
-    body = json::parse(text);
+    body = json::parse(text, depth);
   } catch (const json::parse_error& e) {
     bad_request("", fmt::format("the body is not valid JSON (at byte {}): {}", e.byte, e.what()));
+  } catch (const json::exception& e) {  // (a number beyond a double's range)
+    bad_request("", fmt::format("the body is not valid JSON: {}", e.what()));
   }
+  if (deepest > kMaxJsonDepth)
+    bad_request("", fmt::format("the body is nested {} deep, more than the {} plumb serve reads", deepest, kMaxJsonDepth));
   if (!body.is_object()) bad_request("", fmt::format("the body must be a JSON object, got {}", body.type_name()));
   return body;
 }
@@ -90,7 +100,7 @@ void refuse_unsupported(const json& body) {
   if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != n)
     bad_request("best_of", fmt::format("best_of must equal n ({}): plumb serve does not rank extra samples", n));
   if (const json* v = field(body, "response_format")) {
-    if (!v->is_object() || v->value("type", std::string()) != "text")
+    if (!v->is_object() || !v->contains("type") || (*v)["type"] != "text")
       bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
   }
 }
@@ -198,8 +208,9 @@ void check_ids(const std::vector<int32_t>& ids, const Defaults& d, const std::st
                                                          name, ids[i], i, d.vocab));
 }
 
-// A message's content: a string, or an array of {"type": "text", "text": ...} parts, joined.
-std::string content_text(const json& m, const std::string& name) {
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts, joined by `joint` (a tool's
+// result: a blank line between parts, as DeepSeek's encoder joins them; a user's: nothing).
+std::string content_text(const json& m, const std::string& name, const std::string& joint = {}) {
   const auto it = m.find("content");
   if (it == m.end() || it->is_null()) return {};
   if (it->is_string()) return it->get<std::string>();
@@ -209,8 +220,9 @@ std::string content_text(const json& m, const std::string& name) {
   for (size_t i = 0; i < it->size(); ++i) {
     const json& p = (*it)[i];
     const std::string pn = fmt::format("{}.content[{}]", name, i);
-    if (!p.is_object() || p.value("type", std::string()) != "text" || !p.contains("text") || !p["text"].is_string())
+    if (!p.is_object() || !p.contains("type") || p["type"] != "text" || !p.contains("text") || !p["text"].is_string())
       bad_request(pn, fmt::format("{}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported", pn));
+    if (i) out += joint;
     out += p["text"].get<std::string>();
   }
   return out;
@@ -266,6 +278,8 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
                                     name == "prompt" ? " (or an array of several of those)" : ""));
     }
     if (r.prompt.empty()) bad_request(name, fmt::format("{} is empty: there is nothing to continue", name));
+    for (const char* chat_only : {"tools", "tool_choice"})
+      if (field(body, chat_only)) bad_request(chat_only, fmt::format("{} is a field of /v1/chat/completions", chat_only));
     r.echo = boolean(body, "echo", false);
     if (r.echo) r.echo_text = one->is_string() ? one->get<std::string>() : tok.decode(r.prompt, true);
     if (const json* v = field(body, "logprobs")) {
@@ -297,7 +311,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")
       bad_request(name + ".role", fmt::format("{}.role \"{}\" is not supported (system, user, assistant, developer, tool)",
                                               name, role));
-    ChatMessage c(role, content_text(m, name), string_field(m, "reasoning_content"));
+    ChatMessage c(role, content_text(m, name, role == "tool" ? "\n\n" : ""), string_field(m, "reasoning_content"));
     if (role == "developer" && c.content.empty()) bad_request(name + ".content", fmt::format("{}: a developer message needs content", name));
     if (role == "tool") c.tool_call_id = string_field(m, "tool_call_id");
     if (const json* tc = field(m, "tool_calls")) {
@@ -323,7 +337,8 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (!r.thinking) bad_request("reasoning_effort", "reasoning_effort needs thinking mode (\"thinking\": true)");
     co.reasoning_effort = effort;
   }
-  // Tools: rendered into the prompt unless tool_choice is "none"; the model decides whether to call one ("auto").
+  // Tools: rendered into the prompt; with tool_choice "auto" (the default) the reply is read for calls, with "none" it
+  // is not (the prompt stays the same either way, as vLLM renders it, so the cache and the reasoning kept do too).
   if (const json* t = field(body, "tools")) {
     if (!t->is_array()) bad_request("tools", fmt::format("tools must be an array, got {}", t->type_name()));
     std::string choice = "auto";
@@ -331,7 +346,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (choice != "auto" && choice != "none")
       bad_request("tool_choice", "tool_choice: only \"auto\" and \"none\" are supported by plumb serve (the model "
                   "decides whether to call a tool)");
-    if (choice == "auto" && !t->empty()) co.tools = t->dump(), r.tools = true;
+    if (!t->empty()) co.tools = t->dump(), r.tools = choice == "auto";
   } else if (field(body, "tool_choice")) {
     bad_request("tool_choice", "tool_choice needs tools");
   }

@@ -73,15 +73,18 @@ struct Request {
 };
 // The most choices (prompts x n) one request may ask for.
 inline constexpr int kMaxChoices = 128;
+// The deepest nesting of arrays and objects a body may have.
+inline constexpr int kMaxJsonDepth = 64;
 
 // POST /v1/completions: "prompt" a string, as `plumb run` encodes it (BOS as transformers adds it), or an array of
 // token ids; or an array of several of those (evaluation harnesses' batches): a Request per prompt, each with the
 // body's other fields, one seed for all. Throws RequestError naming the field ("prompt[2][5]").
 std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, const Defaults& d);
 // POST /v1/chat/completions: "messages" rendered in DeepSeek-V4's chat format (encode_chat; roles system, user,
-// assistant, developer; content a string or text parts; an assistant turn's reasoning_content), the last one a user
-// (or developer) turn. Thinking mode with "thinking": true or "chat_template_kwargs": {"thinking": true}; the
-// reasoning effort with "reasoning_effort": "high" or "max".
+// assistant, developer, tool; content a string or text parts; an assistant turn's reasoning_content and tool_calls, a
+// tool's tool_call_id), the last one a user (or developer) turn or a tool's result; "tools" with tool_choice "auto"
+// (the reply read for calls) or "none". Thinking mode with "thinking": true or "chat_template_kwargs":
+// {"thinking": true}; the reasoning effort with "reasoning_effort": "high" or "max".
 Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d);
 // The body as JSON: 400 naming the offset of a syntax error, or that it is not an object.
 json parse_body(const std::string& text);

@@ -274,8 +274,7 @@ struct Server::Impl {
         const Request& q = qs[c / n];
         const size_t j = c % n;
         if (c > 0 && out[c - 1].o.r.stop == StopReason::Cancelled) {
-          out[c].o = out[c - 1].o;
-          out[c].o.r.tokens.clear();
+          out[c].o.r.stop = StopReason::Cancelled;
           out[c].o.r.prompt_tokens = int64_t(q.prompt.size());
           continue;
         }
@@ -290,28 +289,37 @@ struct Server::Impl {
     });
   }
 
-  // The usage of a request: its prompts once each (their n choices share them), every choice's tokens.
-  static json usage_of(const std::vector<Request>& qs, const std::vector<Choice>& cs) {
-    int64_t prompt = 0, completion = 0, cached = 0;
-    for (const Request& q : qs) prompt += int64_t(q.prompt.size());
-    for (const Choice& c : cs) completion += int64_t(c.o.r.tokens.size()), cached += c.o.cached;
-    return usage_json(prompt, completion, cached);
+  // The prompt tokens of a request that came from the cache: each prompt's first choice's (its other choices reuse
+  // what the first fed, a count the usage does not repeat: cached_tokens never exceeds prompt_tokens).
+  static int64_t cached_of(const std::vector<Request>& qs, const std::vector<Choice>& cs) {
+    int64_t cached = 0;
+    for (size_t c = 0; c < cs.size(); c += size_t(qs.front().n)) cached += cs[c].o.cached;
+    return cached;
   }
 
-  void count(const std::vector<Choice>& cs) {
+  // The usage of a request: its prompts once each (their n choices share them), every choice's tokens.
+  static json usage_of(const std::vector<Request>& qs, const std::vector<Choice>& cs) {
+    int64_t prompt = 0, completion = 0;
+    for (const Request& q : qs) prompt += int64_t(q.prompt.size());
+    for (const Choice& c : cs) completion += int64_t(c.o.r.tokens.size());
+    return usage_json(prompt, completion, cached_of(qs, cs));
+  }
+
+  void count(const std::vector<Request>& qs, const std::vector<Choice>& cs) {
     std::lock_guard<std::mutex> lock(stats_mu);
     ++stats.requests;
-    for (const Choice& c : cs) stats.generated_tokens += int64_t(c.o.r.tokens.size()), stats.cached_tokens += c.o.cached;
+    for (const Choice& c : cs) stats.generated_tokens += int64_t(c.o.r.tokens.size());
+    stats.cached_tokens += cached_of(qs, cs);
     stats.cancelled += cancelled(cs);
   }
 
   void log_done(const char* path, const std::vector<Request>& qs, const std::vector<Choice>& cs, bool stream) {
-    int64_t prompt = 0, cached = 0, n = 0;
+    int64_t prompt = 0, n = 0;
+    const int64_t cached = cached_of(qs, cs);
     double seconds = 0, decode = 0;
     for (const Request& q : qs) prompt += int64_t(q.prompt.size());
     for (const Choice& c : cs)
-      cached += c.o.cached, n += int64_t(c.o.r.tokens.size()), seconds += c.o.seconds,
-          decode += c.o.r.tokens.size() > 1 ? c.o.r.decode_seconds : 0;
+      n += int64_t(c.o.r.tokens.size()), seconds += c.o.seconds, decode += c.o.r.tokens.size() > 1 ? c.o.r.decode_seconds : 0;
     std::string why;  // (the choices' stop reasons, each once)
     for (const Choice& c : cs)
       if (why.find(stop_reason_name(c.o.r.stop)) == std::string::npos) why += (why.empty() ? "" : ", ") + std::string(stop_reason_name(c.o.r.stop));
@@ -367,7 +375,7 @@ struct Server::Impl {
       send_error(res, RequestError(500, "server_error", "", e.what()));
       return;
     }
-    count(cs);
+    count(qs, cs);
     log_done(path, qs, cs, false);
     if (cancelled(cs)) {  // (only stop() cancels a whole response: its client cannot be seen)
       send_error(res, RequestError(503, "server_busy", "", "the generation was cancelled: the server is stopping"));
@@ -493,7 +501,7 @@ struct Server::Impl {
             sink.done();
             return true;
           }
-          count(cs);
+          count(qs, cs);
           log_done(path, qs, cs, true);
           if (cancelled(cs)) {  // (its client gone, or stop(): no finish_reason for it in OpenAI's set)
             send(event(error_body("the generation was cancelled: the server is stopping", "server_busy", "")));

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -49,6 +52,55 @@ constexpr std::string_view kParamClose = "</｜DSML｜parameter>";
 
 std::string scalar(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
+// A float as Python's repr writes it: the shortest digits that read back the same, in positional notation for decimal
+// exponents -4 to 15 (with ".0" when integral), else as d.ddde+XX (nlohmann switches at other exponents).
+std::string python_float(double x) {
+  if (!std::isfinite(x)) return std::isnan(x) ? "NaN" : x > 0 ? "Infinity" : "-Infinity";  // (json.dumps' spellings)
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);  // shortest: "-3.25e+02"
+  const std::string sci(buf, res.ptr);
+  const size_t e = sci.find('e');
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string digits;  // the significant digits, without sign and point
+  for (size_t i = 0; i < e; ++i)
+    if (std::isdigit(static_cast<unsigned char>(sci[i]))) digits += sci[i];
+  const std::string sign = std::signbit(x) ? "-" : "";
+  if (exp < -4 || exp >= 16) {
+    std::string m(1, digits[0]);
+    if (digits.size() > 1) m += '.', m.append(digits, 1);
+    return fmt::format("{}{}e{}{:02d}", sign, m, exp < 0 ? '-' : '+', std::abs(exp));
+  }
+  std::string out = sign;
+  if (exp < 0) {
+    out += "0.";
+    out.append(size_t(-exp - 1), '0');
+    out += digits;
+  } else if (size_t(exp) + 1 >= digits.size()) {
+    out += digits;
+    out.append(size_t(exp) + 1 - digits.size(), '0');
+    out += ".0";
+  } else {
+    out.append(digits, 0, size_t(exp) + 1);
+    out += '.';
+    out.append(digits, size_t(exp) + 1);
+  }
+  return out;
+}
+
+// JSON text that a caller gave (a tools array, a call's arguments), parsed with its key order, refused when nested
+// deeper than kMaxDepth (rendering it recurses) or holding a number beyond a double's range.
+constexpr int kMaxDepth = 64;
+ojson parse_checked(const std::string& text, const std::string& what) {
+  int deepest = 0;
+  const ojson::parser_callback_t depth = [&](int d, ojson::parse_event_t, ojson&) {
+    deepest = std::max(deepest, d);
+    return true;
+  };
+  ojson j = ojson::parse(text, depth);  // (a parse_error propagates: the callers decide what text that is not JSON means)
+  PLUMB_CHECK(deepest <= kMaxDepth, "{} is nested {} deep, more than {}", what, deepest, kMaxDepth);
+  return j;
+}
+
 void append_python(const ojson& j, std::string& out) {
   if (j.is_object()) {
     out += '{';
@@ -68,6 +120,8 @@ void append_python(const ojson& j, std::string& out) {
       append_python(j[i], out);
     }
     out += ']';
+  } else if (j.is_number_float()) {
+    out += python_float(j.get<double>());
   } else {
     out += scalar(j);  // (strings escaped as Python escapes them with ensure_ascii off: ", \\ and control characters)
   }
@@ -100,8 +154,8 @@ std::string python_json(const ojson& j) {
 std::string render_tools(const std::string& tools_json) {
   ojson tools;
   try {
-    tools = ojson::parse(tools_json);
-  } catch (const ojson::parse_error& e) {
+    tools = parse_checked(tools_json, "tools");
+  } catch (const ojson::exception& e) {
     fail("tools: not valid JSON: {}", e.what());
   }
   PLUMB_CHECK(tools.is_array(), "tools must be an array of {{\"type\": \"function\", \"function\": {{...}}}} objects");
@@ -128,12 +182,15 @@ std::string render_calls(const std::vector<ToolCall>& calls, const std::string& 
     const ToolCall& c = calls[i];
     PLUMB_CHECK(!c.name.empty(), "{}: tool_calls[{}] has no function name", what, i);
     ojson args;
+    const std::string name = fmt::format("{}: tool_calls[{}].arguments", what, i);
     try {
-      args = ojson::parse(c.arguments);
+      args = parse_checked(c.arguments, name);
     } catch (const ojson::parse_error&) {
       args = ojson{{"arguments", c.arguments}};  // (the official encoder's fallback for text that is not JSON)
+    } catch (const ojson::exception& e) {
+      fail("{}: {}", name, e.what());
     }
-    PLUMB_CHECK(args.is_object(), "{}: tool_calls[{}].arguments must be a JSON object, got {}", what, i, args.type_name());
+    PLUMB_CHECK(args.is_object(), "{} must be a JSON object, got {}", name, args.type_name());
     if (i) out += '\n';
     out += kInvokeOpen;
     out += c.name;

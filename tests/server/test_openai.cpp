@@ -325,9 +325,17 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_TRUE(r.tools);
   EXPECT_FALSE(r.gen.skip_special);
   const Request none = parse_chat(json{{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}, tok, tiny_defaults());
-  EXPECT_EQ(none.prompt, tok.encode(encode_chat(tt.chat, {})));
+  EXPECT_EQ(none.prompt, r.prompt);  // (the same prompt, as vLLM renders it; the reply is not read for calls)
   EXPECT_FALSE(none.tools);
   EXPECT_TRUE(none.gen.skip_special);
+  // A tool's result in text parts: a blank line between them, as DeepSeek's encoder joins a result's parts.
+  json parts = msgs;
+  parts[2]["content"] = json::array({{{"type", "text"}, {"text", "12"}}, {{"type", "text"}, {"text", "00"}}});
+  auto chat = tt.chat;
+  chat[2].content = "12\n\n00";
+  EXPECT_EQ(parse_chat(json{{"messages", parts}, {"tools", tools}}, tok, tiny_defaults()).prompt,
+            tok.encode(encode_chat(chat, tt.options)));
+  expect_refused(json{{"prompt", "a"}, {"tools", tools}}, false, "tools", "a field of /v1/chat/completions");
 }
 
 // The block is taken out of a streamed reply at any split of its pieces: the content before it (less the blank line)
@@ -372,6 +380,30 @@ TEST(ServeRequests, ToolCallSplitTakesTheBlockOutAtAnyPieceSize) {
   EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "now");
   EXPECT_EQ(c["message"]["tool_calls"][0]["id"], "call_1");
   EXPECT_EQ(c["finish_reason"], "tool_calls");
+}
+
+// Bodies a parser would take but the server must not: nesting deeper than any request (rendering it again
+// recurses), a number beyond a double, a call's arguments nested too deep: each a 400, never a crash or a 500.
+TEST(ServeRequests, HostileBodiesAreRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const std::string& body : {"{\"prompt\": " + deep + "}", std::string("{\"prompt\": \"a\", \"seed\": 1e999}")}) {
+    try {
+      parse_body(body);
+      ADD_FAILURE() << body.substr(0, 40) << " accepted";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status, 400) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(parse_body("{\"a\": " + std::string(60, '[') + std::string(60, ']') + "}"));
+  const auto tt = testing::tool_turns();
+  json msgs = tt.messages;
+  msgs[1]["tool_calls"][0]["function"]["arguments"] = "{\"x\": " + std::string(200, '[') + std::string(200, ']') + "}";
+  expect_refused(json{{"messages", msgs}, {"tools", tt.tools}}, true, "messages", "deep, more than 64");
+  msgs[1]["tool_calls"][0]["function"]["arguments"] = "{\"x\": 1e999}";
+  expect_refused(json{{"messages", msgs}, {"tools", tt.tools}}, true, "messages", "arguments");
+  expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", 1}, {"text", "x"}}})}}})}},
+                 true, "messages[0].content[0]", "only text parts");
+  expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", 5}}}}, false, "response_format", "only");
 }
 
 TEST(ServeRequests, FinishReasonsAreOpenAis) {

@@ -436,7 +436,9 @@ TEST(Serve, SeveralPromptsAndChoices) {
   g["temperature"] = 0;
   const json a = fresh.post("/v1/completions", g), b = cached.post("/v1/completions", g);
   for (size_t c = 0; c < 4; ++c) EXPECT_EQ(a["choices"][c]["text"], b["choices"][c]["text"]) << c;
-  EXPECT_GE(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), prompt_tokens - 2);
+  // (cached_tokens counts what each prompt's first choice found in the cache, here nothing, the server's first request:
+  // the later choices' reuse of their prompt is not counted again, so cached_tokens never exceeds prompt_tokens)
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 
   // The stream: the whole response's choices, in order, one finish_reason each.
   json sbody = body;
