@@ -16,7 +16,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// The official encoder's tools block, verbatim (the model was trained on exactly this text); {} is the schemas.
+// The official encoder's tools block, verbatim (the model was trained on exactly this text): head, the schemas, tail.
 constexpr std::string_view kToolsHead = R"(## Tools
 
 You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:
