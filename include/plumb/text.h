@@ -88,7 +88,8 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text, 
 
 // ---------------------------------------------------------------------------------------------------------
 // Chat encoding: the DeepSeek-V4 prompt format (the model repository's encoding/encoding_dsv4.py rules, see
-// docs/generation.md). Roles: system, user, assistant, developer.
+// docs/generation.md). Roles: system, user, assistant, developer, tool (consecutive user and tool messages are one
+// user turn, as the official encoder merges them).
 // ---------------------------------------------------------------------------------------------------------
 // A function call an assistant turn made (OpenAI's tool_calls[i]): rendered in DeepSeek's DSML markup.
 struct ToolCall {
