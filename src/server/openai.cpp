@@ -95,10 +95,6 @@ void refuse_unsupported(const json& body) {
                       !((v->is_string() || v->is_array() || v->is_object()) && v->empty());
     if (asks) bad_request(name, fmt::format("{} is not supported by plumb serve", name));
   }
-  // (best_of > n would sample more and return the most likely n: not built)
-  const int64_t n = field(body, "n") ? integer(*field(body, "n"), "n", 1, kMaxChoices) : 1;
-  if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != n)
-    bad_request("best_of", fmt::format("best_of must equal n ({}): plumb serve does not rank extra samples", n));
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object() || !v->contains("type") || (*v)["type"] != "text")
       bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
@@ -122,12 +118,13 @@ std::vector<std::string> stop_strings(const json& body, const Defaults& d) {
   return out;
 }
 
-// The fields both endpoints share: stream, sampling, stop, n, max tokens (cut to the context after the prompt, named
-// `prompt_name` in errors).
-void common_fields(const json& body, const Defaults& d, const char* max_tokens_name, const std::string& prompt_name,
-                   Request& r) {
+// The fields both endpoints share whatever the prompt: stream, sampling, stop, n.
+void common_fields(const json& body, const Defaults& d, Request& r) {
   refuse_unsupported(body);
   if (const json* v = field(body, "n")) r.n = int(integer(*v, "n", 1, kMaxChoices));
+  // (best_of > n would sample more and return the most likely n: not built)
+  if (const json* v = field(body, "best_of"); v && integer(*v, "best_of", 1, kMaxChoices) != r.n)
+    bad_request("best_of", fmt::format("best_of must equal n ({}): plumb serve does not rank extra samples", r.n));
   r.model = string_field(body, "model");
   r.stream = boolean(body, "stream", false);
   if (r.stream && r.top_logprobs >= 0)
@@ -179,7 +176,12 @@ void common_fields(const json& body, const Defaults& d, const char* max_tokens_n
     std::erase_if(r.gen.stop_tokens, [&](int32_t id) { return id == d.eos_token || id == d.tokenizer_eos; });
   }
   r.gen.skip_special = true;  // (a reply's text; BOS/EOS are not part of it)
+}
 
+// The max tokens of `r`'s prompt (named `prompt_name` in errors): the request's, or the default cut to the context
+// left after the prompt.
+void fit_max_tokens(const json& body, const Defaults& d, const char* max_tokens_name, const std::string& prompt_name,
+                    Request& r) {
   const int64_t n = int64_t(r.prompt.size());
   const int64_t room = d.context > 0 ? d.context - n : std::numeric_limits<int32_t>::max();
   const json* mt = field(body, max_tokens_name);
@@ -263,9 +265,19 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
   } else {
     prompts.emplace_back(p, "prompt");
   }
+  // The fields every prompt's request shares (one seed for all: each prompt's choices alike), then each prompt's own.
+  Request shared;
+  for (const char* chat_only : {"tools", "tool_choice"})
+    if (field(body, chat_only)) bad_request(chat_only, fmt::format("{} is a field of /v1/chat/completions", chat_only));
+  shared.echo = boolean(body, "echo", false);
+  if (const json* v = field(body, "logprobs")) {
+    if (v->is_boolean()) bad_request("logprobs", "logprobs (completions) is the number of alternatives, 0 to 20");
+    shared.top_logprobs = int(integer(*v, "logprobs", 0, 20));
+  }
+  common_fields(body, d, shared);
   std::vector<Request> out;
   for (const auto& [one, name] : prompts) {
-    Request r;
+    Request r = shared;
     if (one->is_string()) {
       if (one->get<std::string>().empty()) bad_request(name, fmt::format("{} is empty: there is nothing to continue", name));
       r.prompt = encode_prompt(tok, one->get<std::string>(), d.config_bos);
@@ -278,16 +290,8 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
                                     name == "prompt" ? " (or an array of several of those)" : ""));
     }
     if (r.prompt.empty()) bad_request(name, fmt::format("{} is empty: there is nothing to continue", name));
-    for (const char* chat_only : {"tools", "tool_choice"})
-      if (field(body, chat_only)) bad_request(chat_only, fmt::format("{} is a field of /v1/chat/completions", chat_only));
-    r.echo = boolean(body, "echo", false);
     if (r.echo) r.echo_text = one->is_string() ? one->get<std::string>() : tok.decode(r.prompt, true);
-    if (const json* v = field(body, "logprobs")) {
-      if (v->is_boolean()) bad_request("logprobs", "logprobs (completions) is the number of alternatives, 0 to 20");
-      r.top_logprobs = int(integer(*v, "logprobs", 0, 20));
-    }
-    common_fields(body, d, "max_tokens", name, r);
-    if (!out.empty()) r.gen.sampling.seed = out.front().gen.sampling.seed;  // (one seed per request: each prompt's choices alike)
+    fit_max_tokens(body, d, "max_tokens", name, r);
     out.push_back(std::move(r));
   }
   if (out.size() * size_t(out.front().n) > size_t(kMaxChoices))
@@ -367,7 +371,8 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (r.top_logprobs < 0) bad_request("top_logprobs", "top_logprobs needs \"logprobs\": true");
     r.top_logprobs = int(integer(*v, "top_logprobs", 0, 20));
   }
-  common_fields(body, d, "max_completion_tokens", "messages", r);
+  common_fields(body, d, r);
+  fit_max_tokens(body, d, "max_completion_tokens", "messages", r);
   if (r.tools) r.gen.skip_special = false;  // (the reply is parsed for DSML markup: keep every string the model wrote)
   return r;
 }
@@ -491,6 +496,24 @@ std::optional<std::vector<ToolCall>> ToolCallSplit::finish(std::string& content)
   content += text_.substr(sent_);
   sent_ = text_.size();
   return std::nullopt;
+}
+
+void ChatReplySplit::push(std::string_view piece, std::string& reasoning, std::string& content) {
+  std::string text;
+  reasoning_.push(piece, reasoning, text);
+  if (tools_) calls_.push(text, content);
+  else content += text;
+}
+
+std::optional<std::vector<ToolCall>> ChatReplySplit::finish(std::string& reasoning, std::string& content) {
+  std::string text;
+  reasoning_.flush(reasoning, text);
+  if (!tools_) {
+    content += text;
+    return std::nullopt;
+  }
+  calls_.push(text, content);
+  return calls_.finish(content);
 }
 
 json tool_calls_json(const std::vector<ToolCall>& calls) {

@@ -138,6 +138,21 @@ class ToolCallSplit {
   size_t sent_ = 0;                     // how much of it went out
   size_t block_ = std::string::npos;    // where the block starts
 };
+// A chat reply as it comes, split: its reasoning (ReasoningSplit), its content, and with tools its tool-call block
+// taken out of the content (ToolCallSplit). One per choice, for whole responses and streams alike.
+class ChatReplySplit {
+ public:
+  ChatReplySplit(bool thinking, bool tools) : reasoning_(thinking), tools_(tools) {}
+  // Appends to `reasoning` / `content` the text of `piece` that is final now.
+  void push(std::string_view piece, std::string& reasoning, std::string& content);
+  // At the end: what was held back, and (with tools) the calls of a complete block ending the reply, else nullopt.
+  std::optional<std::vector<ToolCall>> finish(std::string& reasoning, std::string& content);
+
+ private:
+  ReasoningSplit reasoning_;
+  ToolCallSplit calls_;
+  bool tools_;
+};
 // The message's tool_calls array: ids, "type": "function", the function's name and arguments.
 json tool_calls_json(const std::vector<ToolCall>& calls);
 

@@ -314,17 +314,18 @@ struct Server::Impl {
   }
 
   void log_done(const char* path, const std::vector<Request>& qs, const std::vector<Choice>& cs, bool stream) {
-    int64_t prompt = 0, n = 0;
-    const int64_t cached = cached_of(qs, cs);
+    int64_t prompt = 0, n = 0, decoded = 0;  // (decoded: the tokens after each choice's first, which decode_seconds timed)
     double seconds = 0, decode = 0;
-    for (const Request& q : qs) prompt += int64_t(q.prompt.size());
-    for (const Choice& c : cs)
-      n += int64_t(c.o.r.tokens.size()), seconds += c.o.seconds, decode += c.o.r.tokens.size() > 1 ? c.o.r.decode_seconds : 0;
     std::string why;  // (the choices' stop reasons, each once)
-    for (const Choice& c : cs)
-      if (why.find(stop_reason_name(c.o.r.stop)) == std::string::npos) why += (why.empty() ? "" : ", ") + std::string(stop_reason_name(c.o.r.stop));
-    int64_t decoded = 0;  // (tokens after each choice's first: what decode_seconds timed)
-    for (const Choice& c : cs) decoded += std::max<int64_t>(0, int64_t(c.o.r.tokens.size()) - 1);
+    for (const Request& q : qs) prompt += int64_t(q.prompt.size());
+    for (const Choice& c : cs) {
+      const int64_t k = int64_t(c.o.r.tokens.size());
+      n += k, seconds += c.o.seconds;
+      if (k > 1) decoded += k - 1, decode += c.o.r.decode_seconds;
+      const std::string reason = stop_reason_name(c.o.r.stop);
+      if (why.find(reason) == std::string::npos) why += (why.empty() ? "" : ", ") + reason;
+    }
+    const int64_t cached = cached_of(qs, cs);
     log(fmt::format("{} 200{}: {}{} prompt tokens ({} cached), {} generated ({}), {:.2f} s{}", path, stream ? " stream" : "",
                     cs.size() > 1 ? fmt::format("{} choices, ", cs.size()) : std::string(), prompt, cached, n, why, seconds,
                     decoded > 0 && decode > 0 ? fmt::format(", decode {:.1f} tok/s", double(decoded) / decode) : std::string()));
@@ -394,18 +395,11 @@ struct Server::Impl {
       if (q.top_logprobs >= 0) logprobs = chat ? chat_logprobs(ch.lp, *tok) : completion_logprobs(ch.lp, *tok, q.top_logprobs > 0);
       const char* finish = finish_reason(ch.o.r.stop);
       if (chat) {
-        std::string reasoning, text, content;
-        ReasoningSplit split(q.thinking);
-        split.push(ch.text, reasoning, text);
-        split.flush(reasoning, text);
+        std::string reasoning, content;
+        ChatReplySplit split(q.thinking, q.tools);
+        split.push(ch.text, reasoning, content);
         json calls;
-        if (q.tools) {
-          ToolCallSplit tools;
-          tools.push(text, content);
-          if (auto tc = tools.finish(content)) calls = call_ids(*tc), finish = "tool_calls";
-        } else {
-          content = std::move(text);
-        }
+        if (auto tc = split.finish(reasoning, content)) calls = call_ids(*tc), finish = "tool_calls";
         choices.push_back(chat_choice(int(c), reasoning, content, q.thinking, finish, logprobs, calls));
       } else {
         choices.push_back(completion_choice(int(c), q.echo_text + ch.text, finish, logprobs));
@@ -436,9 +430,8 @@ struct Server::Impl {
           const bool chat = qs.front().chat;
           const size_t n = size_t(qs.front().n);
           const ResponseIds ids = ids_for(chat);
-          std::vector<ReasoningSplit> splits;
-          for (size_t c = 0; c < qs.size() * n; ++c) splits.emplace_back(qs[c / n].thinking);
-          std::vector<ToolCallSplit> tool_splits(qs.size() * n);
+          std::vector<ChatReplySplit> splits;
+          for (size_t c = 0; c < qs.size() * n; ++c) splits.emplace_back(qs[c / n].thinking, qs[c / n].tools);
           std::vector<const char*> finishes(qs.size() * n, nullptr);  // ("tool_calls" where a choice made calls)
           size_t current = 0;  // the choice streaming now, opened or not
           bool opened = false;
@@ -453,21 +446,15 @@ struct Server::Impl {
               if (!s.empty()) send(event(completion_chunk(ids, std::string(s), nullptr, int(c))));
               return;
             }
-            std::string reasoning, text, content;
-            splits[c].push(s, reasoning, text);
-            if (last) splits[c].flush(reasoning, text);
+            std::string reasoning, content;
+            splits[c].push(s, reasoning, content);
             json calls;
-            if (qs[c / n].tools) {
-              tool_splits[c].push(text, content);
-              if (last)
-                if (auto tc = tool_splits[c].finish(content)) {
-                  calls = call_ids(*tc);
-                  for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
-                  finishes[c] = "tool_calls";
-                }
-            } else {
-              content = std::move(text);
-            }
+            if (last)
+              if (auto tc = splits[c].finish(reasoning, content)) {
+                calls = call_ids(*tc);
+                for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                finishes[c] = "tool_calls";
+              }
             if (!reasoning.empty()) send(event(chat_chunk(ids, {{"reasoning_content", reasoning}}, nullptr, int(c))));
             if (!content.empty()) send(event(chat_chunk(ids, {{"content", content}}, nullptr, int(c))));
             if (!calls.is_null()) send(event(chat_chunk(ids, {{"tool_calls", calls}}, nullptr, int(c))));

@@ -32,10 +32,6 @@ std::string effort_prefix(const ChatOptions& opt) {
   return opt.thinking && opt.reasoning_effort == "max" ? std::string(kEffortMax) : std::string();
 }
 
-}  // namespace
-
-namespace {
-
 // A user turn's piece: its text, or a tool's result (consecutive user and tool messages are one user turn).
 struct Block {
   bool tool_result = false;

@@ -374,6 +374,21 @@ TEST(ServeRequests, ToolCallSplitTakesTheBlockOutAtAnyPieceSize) {
   plain.push("ML is a word", text);
   EXPECT_FALSE(plain.finish(text));
   EXPECT_EQ(text, "a\n\n<｜DSML is a word");
+  // A thinking reply through both splits, in 5-byte pieces: its reasoning, its content, its call.
+  ChatReplySplit both(true, true);
+  const std::string thought = "Use the clock.</think>Checking.\n\n" + block;
+  std::string reasoning, said;
+  for (size_t at = 0; at < thought.size(); at += 5) both.push(std::string_view(thought).substr(at, 5), reasoning, said);
+  const auto both_calls = both.finish(reasoning, said);
+  ASSERT_TRUE(both_calls);
+  EXPECT_EQ((*both_calls)[0].name, "now");
+  EXPECT_EQ(reasoning, "Use the clock.");
+  EXPECT_EQ(said, "Checking.");
+  ChatReplySplit no_tools(false, false);  // (without tools a block is only text)
+  std::string none_reasoning, none_said;
+  no_tools.push(thought, none_reasoning, none_said);
+  EXPECT_FALSE(no_tools.finish(none_reasoning, none_said));
+  EXPECT_EQ(none_said, thought);
   // The message: content null beside calls, "tool_calls" in the shape OpenAI's clients read.
   const json c = chat_choice(0, "", "", false, "tool_calls", nullptr, tool_calls_json({{"call_1", "now", "{}"}}));
   EXPECT_TRUE(c["message"]["content"].is_null());
