@@ -51,6 +51,14 @@ class Tokenizer {
   std::string token_text(int32_t id) const;        // "" for an unknown id
   int32_t vocab_size() const;                      // one past the largest id
   bool is_special(int32_t id) const;
+  // A token of tokenizer.json's added_tokens, special or not (DeepSeek's <｜User｜>, <｜Assistant｜> and <think> are
+  // added tokens not marked special: chat markers all the same).
+  bool is_added(int32_t id) const;
+  // The bytes `id` adds to decode()'s output, before its UTF-8 repair (a byte-level token may end inside a character;
+  // special tokens give their text); "" for an id the tokenizer does not know. A tokenizer without a byte-level
+  // decoder (none of DeepSeek's) puts a space between tokens, which these bytes leave out: spaced_tokens() says so.
+  std::string token_bytes(int32_t id) const;
+  bool spaced_tokens() const;
   // From tokenizer_config.json (bos_token / eos_token / add_bos_token); -1 / false when it does not say.
   int32_t bos_id() const;
   int32_t eos_id() const;
@@ -202,8 +210,19 @@ class Sampler {
 // ---------------------------------------------------------------------------------------------------------
 // Generation
 // ---------------------------------------------------------------------------------------------------------
+// What the generated text must be. JsonObject (JSON mode; OpenAI's response_format {"type": "json_object"}): one JSON
+// object, nothing before it but whitespace and nothing after it, ended by EOS (or a stop token) as soon as it closes.
+// At each step every token that cannot continue a valid object (RFC 8259; nesting at most 64 deep, numbers at most 64
+// bytes, whitespace between tokens one space or tab, or one line break and at most 32 spaces or tabs of indentation)
+// gets the logit -inf before the penalties and the sampling; added tokens (is_added: the chat markers) pass only as the
+// end. The logits come to the host for it (on backend cuda: a download per step, the sampling on the host). The text is
+// valid JSON unless a limit (max tokens, a stop string, the context) cuts it first. Ask for JSON in the prompt too: the
+// mask only removes the tokens that would break the syntax.
+enum class OutputFormat { Text, JsonObject };
+
 struct GenerateOptions {
   SamplingParams sampling;
+  OutputFormat format = OutputFormat::Text;
   int max_tokens = 256;                   // sampled tokens, a final stop token included
   std::vector<std::string> stop_strings;  // matched on the decoded text, across token boundaries
   std::vector<int32_t> stop_tokens;       // more stop tokens (EOS stops already, see stop_at_eos); not emitted

@@ -23,6 +23,7 @@ struct RunOptions {
   std::string ids;  // --ids: raw token ids instead of text
   bool ids_given = false, prompt_given = false;  // (--ids "" / -p "": given, and empty)
   bool chat = false, raw = false;
+  bool json = false;  // --json: JSON mode (OutputFormat::JsonObject)
   ChatModeArgs mode;
 };
 
@@ -41,6 +42,8 @@ int run(const RunOptions& o) {
   const bool chat = o.chat || o.mode.system_given || o.mode.think || o.mode.no_think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think, --no-think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
+  // (JSON mode masks every token from the first: a thinking reply's reasoning would have to be JSON too)
+  PLUMB_CHECK(!(o.json && o.mode.think), "--json cannot be combined with --think: the reasoning would be held to JSON too");
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
   // something to load 100 GB for.
   const std::string text = o.file.empty() ? o.prompt : read_prompt_file(o.file);
@@ -68,7 +71,8 @@ int run(const RunOptions& o) {
   }
 
   uint64_t seed = 0;
-  const GenerateOptions gopt = generate_options(o.gen, m, seed);
+  GenerateOptions gopt = generate_options(o.gen, m, seed);
+  if (o.json) gopt.format = OutputFormat::JsonObject;
   auto session = m.engine->new_session();
   PrefillLine prefill(*session, o.model.quiet);  // (a long prompt's passes, on a terminal)
   bool newline = true;
@@ -115,6 +119,8 @@ void register_run(CLI::App& app) {
   add_chat_mode_options(cmd, o->mode, "system prompt (implies --chat)",
                         "thinking mode: the reply opens with <think> (implies --chat)");
   add_sampling_options(cmd, o->gen);
+  cmd->add_flag("--json", o->json, "JSON mode: the reply is one JSON object (each token that would break its syntax is "
+                                   "masked; ask for JSON in the prompt too)");
   cmd->callback([o] { set_exit_code(run(*o)); });
 }
 

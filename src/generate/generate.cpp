@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
+#include <optional>
+
 #include "core/error.h"
+#include "generate/json_mode.h"
 #include "plumb/text.h"
 
 namespace plumb {
@@ -56,6 +59,15 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
                 "the prompt is {} tokens{} but the model's context is {} tokens (max_position_embeddings)",
                 prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
 
+  std::optional<gen::JsonMask> json;  // JSON mode's mask (OutputFormat::JsonObject)
+  if (opt.format == OutputFormat::JsonObject) {
+    std::vector<int32_t> ends = opt.stop_tokens;
+    if (opt.stop_at_eos && info.eos_token >= 0) ends.push_back(info.eos_token);
+    PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the object's text: {} and no stop token is given",
+                info.eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)" : "EOS does not stop (stop_at_eos)");
+    json.emplace(tok, info.vocab_size, std::move(ends));
+  }
+
   session.reserve(start + int64_t(prompt.size()) + opt.max_tokens);  // no cache growth on the way (backend cuda)
   Sampler sampler(opt.sampling, info.vocab_size);
   StopMatcher stops(opt.stop_strings);
@@ -74,10 +86,18 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   auto feed_sample = [&](std::span<const int32_t> tokens) {
     const int64_t from = session.position(), at = from + int64_t(tokens.size()) - 1;
     try {
-      if (!opt.on_logits) return session.forward_sample(tokens, sampler, history);
+      if (!opt.on_logits && !json) return session.forward_sample(tokens, sampler, history);
       const std::vector<float> logits = session.forward(tokens);
-      const int32_t id = sampler.sample(logits, history);
-      opt.on_logits(logits, id);
+      int32_t id;
+      if (json) {  // (the mask on a copy: on_logits sees the model's own logits)
+        std::vector<float> masked = logits;
+        json->apply(masked);
+        id = sampler.sample(masked, history);
+        json->accept(id);
+      } else {
+        id = sampler.sample(logits, history);
+      }
+      if (opt.on_logits) opt.on_logits(logits, id);
       return id;
     } catch (const Stopped&) {
       throw;  // (not a failure: the prompt's feed was stopped, below)

@@ -142,6 +142,12 @@ int32_t Tokenizer::token_id(std::string_view token) const { return impl_->tok.to
 std::string Tokenizer::token_text(int32_t id) const { return std::string(impl_->tok.token_text(id)); }
 int32_t Tokenizer::vocab_size() const { return impl_->tok.vocab_size(); }
 bool Tokenizer::is_special(int32_t id) const { return impl_->tok.is_special(id); }
+
+bool Tokenizer::is_added(int32_t id) const { return impl_->tok.is_added(id); }
+
+std::string Tokenizer::token_bytes(int32_t id) const { return impl_->tok.decode_bytes({id}); }
+
+bool Tokenizer::spaced_tokens() const { return !impl_->tok.byte_level(); }
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
 int32_t Tokenizer::eos_id() const { return impl_->eos; }
 bool Tokenizer::add_bos() const { return impl_->add_bos; }

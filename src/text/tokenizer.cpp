@@ -278,6 +278,10 @@ bool Tokenizer::is_special(int32_t id) const {
   return a && a->special;
 }
 
+bool Tokenizer::is_added(int32_t id) const { return impl_->added.by_id(id) != nullptr; }
+
+bool Tokenizer::byte_level() const { return impl_->byte_level_decoder; }
+
 const std::vector<int32_t>& Tokenizer::special_prefix() const { return impl_->prefix; }
 const std::vector<int32_t>& Tokenizer::special_suffix() const { return impl_->suffix; }
 

@@ -38,6 +38,8 @@ class Tokenizer {
   std::string_view token_text(int32_t id) const;   // the token's string as written in the file; "" if none
   int32_t vocab_size() const;                      // one past the largest id (vocab or added token)
   bool is_special(int32_t id) const;               // an added token marked "special"
+  bool is_added(int32_t id) const;                 // a token of added_tokens, special or not
+  bool byte_level() const;  // a ByteLevel decoder; without one, decode() joins the tokens with spaces
   // Ids the post-processor adds around a single sequence when add_special is true (e.g. {BOS} and {}).
   const std::vector<int32_t>& special_prefix() const;
   const std::vector<int32_t>& special_suffix() const;

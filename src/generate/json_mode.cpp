@@ -1,0 +1,256 @@
+// JSON mode: the recognizer of one JSON object and the token mask built on it (json_mode.h).
+#include "generate/json_mode.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "plumb/text.h"
+
+namespace plumb::gen {
+
+namespace {
+
+bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+constexpr std::string_view kLiterals[3] = {"true", "false", "null"};
+
+}  // namespace
+
+bool JsonRecognizer::feed(std::string_view bytes) {
+  for (char c : bytes)
+    if (!feed(uint8_t(c))) return false;
+  return true;
+}
+
+bool JsonRecognizer::feed(uint8_t c) {
+  switch (mode_) {
+    case Mode::String: return string_byte(c);
+    case Mode::Escape:
+      if (c == 'u') {
+        mode_ = Mode::Unicode, count_ = 4;
+        return true;
+      }
+      if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
+      mode_ = Mode::String;
+      return true;
+    case Mode::Unicode:  // (any 4 hex digits: the grammar allows a lone surrogate escape, as Python's json does)
+      if (!is_hex(c)) return false;
+      if (--count_ == 0) mode_ = Mode::String;
+      return true;
+    case Mode::Number: return number_byte(c);
+    case Mode::Literal: {
+      const std::string_view lit = kLiterals[literal_];
+      if (c != uint8_t(lit[count_])) return false;
+      if (++count_ == lit.size()) after_value();
+      return true;
+    }
+    case Mode::Done: return false;  // nothing after the object: the generation ends there
+    default: return structural(c);
+  }
+}
+
+// Start .. After: whitespace (bounded runs), or the bytes of the structure.
+bool JsonRecognizer::structural(uint8_t c) {
+  if (is_space(c)) return whitespace(c);
+  if (ws_ & kCR) return false;  // a '\r' only as the start of "\r\n"
+  count_ = 0, ws_ = 0;
+  switch (mode_) {
+    case Mode::Start: return c == '{' && open(true);
+    case Mode::ValueOrClose:
+      if (c == ']') return close(false);
+      return begin_value(c);
+    case Mode::Value: return begin_value(c);
+    case Mode::KeyOrClose:
+      if (c == '}') return close(true);
+      [[fallthrough]];
+    case Mode::Key:
+      if (c != '"') return false;
+      mode_ = Mode::String, key_ = true;
+      return true;
+    case Mode::Colon:
+      if (c != ':') return false;
+      mode_ = Mode::Value;
+      return true;
+    case Mode::After:
+      if (c == ',') {
+        mode_ = top_is_object() ? Mode::Key : Mode::Value;
+        return true;
+      }
+      if (c == '}' || c == ']') return close(c == '}');
+      return false;
+    default: return false;
+  }
+}
+
+// One run of whitespace between tokens: " " or "\t" alone, or a line break and its indentation.
+bool JsonRecognizer::whitespace(uint8_t c) {
+  const bool brk = c == '\n' || c == '\r';
+  if (ws_ & kCR) {  // "\r\n" is one line break
+    if (c != '\n') return false;
+    ws_ = kBreak;
+    return true;
+  }
+  if (count_ == 0) {
+    count_ = 1, ws_ = c == '\r' ? kBreak | kCR : brk ? kBreak : 0;
+    return true;
+  }
+  if (brk || !(ws_ & kBreak)) return false;  // a second line break, or more than one space inline
+  return ++count_ <= kMaxIndent + 1;
+}
+
+bool JsonRecognizer::begin_value(uint8_t c) {
+  switch (c) {
+    case '{': return open(true);
+    case '[': return open(false);
+    case '"': mode_ = Mode::String, key_ = false; return true;
+    case 't': mode_ = Mode::Literal, literal_ = 0, count_ = 1; return true;
+    case 'f': mode_ = Mode::Literal, literal_ = 1, count_ = 1; return true;
+    case 'n': mode_ = Mode::Literal, literal_ = 2, count_ = 1; return true;
+    default:
+      if (c != '-' && !is_digit(c)) return false;
+      mode_ = Mode::Number, count_ = 1;
+      num_ = c == '-' ? Num::Minus : c == '0' ? Num::Zero : Num::Int;
+      return true;
+  }
+}
+
+bool JsonRecognizer::open(bool object) {
+  if (depth_ >= kMaxDepth) return false;
+  objects_ = object ? objects_ | (uint64_t(1) << depth_) : objects_ & ~(uint64_t(1) << depth_);
+  ++depth_;
+  mode_ = object ? Mode::KeyOrClose : Mode::ValueOrClose;
+  return true;
+}
+
+bool JsonRecognizer::close(bool object) {
+  if (depth_ == 0 || top_is_object() != object) return false;
+  --depth_;
+  after_value();
+  return true;
+}
+
+bool JsonRecognizer::string_byte(uint8_t c) {
+  if (utf8_need_) {  // a continuation byte, in the range the lead byte allows
+    if (c < utf8_lo_ || c > utf8_hi_) return false;
+    --utf8_need_, utf8_lo_ = 0x80, utf8_hi_ = 0xBF;
+    return true;
+  }
+  if (c == '"') {
+    if (key_) mode_ = Mode::Colon, count_ = 0, ws_ = 0;
+    else after_value();
+    return true;
+  }
+  if (c == '\\') {
+    mode_ = Mode::Escape;
+    return true;
+  }
+  if (c < 0x20) return false;  // control characters must be escaped
+  if (c < 0x80) return true;
+  // A UTF-8 lead byte (Unicode's table of well-formed sequences: no overlong forms, no surrogates, <= U+10FFFF).
+  if (c >= 0xC2 && c <= 0xDF) utf8_need_ = 1;
+  else if (c >= 0xE0 && c <= 0xEF) utf8_need_ = 2, utf8_lo_ = c == 0xE0 ? 0xA0 : 0x80, utf8_hi_ = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) utf8_need_ = 3, utf8_lo_ = c == 0xF0 ? 0x90 : 0x80, utf8_hi_ = c == 0xF4 ? 0x8F : 0xBF;
+  else return false;
+  return true;
+}
+
+// A number ends at the first byte that cannot continue it, which is then read as what follows a value.
+bool JsonRecognizer::number_byte(uint8_t c) {
+  auto next = [&](Num n) {
+    num_ = n;
+    return ++count_ <= kMaxNumber;
+  };
+  switch (num_) {
+    case Num::Minus:
+      if (c == '0') return next(Num::Zero);
+      return is_digit(c) && next(Num::Int);
+    case Num::Int:
+      if (is_digit(c)) return next(Num::Int);
+      [[fallthrough]];
+    case Num::Zero:
+      if (c == '.') return next(Num::Dot);
+      if (c == 'e' || c == 'E') return next(Num::E);
+      break;
+    case Num::Dot: return is_digit(c) && next(Num::Frac);
+    case Num::Frac:
+      if (is_digit(c)) return next(Num::Frac);
+      if (c == 'e' || c == 'E') return next(Num::E);
+      break;
+    case Num::E:
+      if (c == '+' || c == '-') return next(Num::ESign);
+      [[fallthrough]];
+    case Num::ESign: return is_digit(c) && next(Num::Exp);
+    case Num::Exp:
+      if (is_digit(c)) return next(Num::Exp);
+      break;
+  }
+  // Zero, Int, Frac and Exp are complete numbers: the byte belongs to what follows.
+  after_value();  // (a number is never the root, so this is After)
+  return structural(c);
+}
+
+JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends)
+    : bytes_(size_t(vocab)), is_end_(size_t(vocab), 0), spaced_(tok.spaced_tokens()) {
+  const int32_t known = std::min(vocab, tok.vocab_size());
+  for (int32_t id = 0; id < known; ++id) {
+    if (tok.is_added(id)) continue;  // (chat markers, special or not: never text of the object)
+    bytes_[size_t(id)] = tok.token_bytes(id);
+    if (!bytes_[size_t(id)].empty()) by_first_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
+  }
+  PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
+  for (int32_t id : ends) {
+    PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
+    is_end_[size_t(id)] = 1;
+  }
+}
+
+bool JsonMask::passes(int32_t id, const JsonRecognizer& after_space) const {
+  JsonRecognizer s = after_space;
+  return s.feed(bytes_[size_t(id)]);
+}
+
+bool JsonMask::allows(int32_t id) const {
+  if (id < 0 || size_t(id) >= bytes_.size()) return false;
+  if (state_.complete()) return is_end_[size_t(id)];
+  if (bytes_[size_t(id)].empty()) return false;
+  JsonRecognizer s = state_;
+  if (spaced_ && !first_ && !s.feed(uint8_t(' '))) return false;
+  return passes(id, s);
+}
+
+void JsonMask::apply(std::span<float> logits) const {
+  PLUMB_CHECK(logits.size() == bytes_.size(), "JSON mode: {} logits for a vocabulary of {}", logits.size(), bytes_.size());
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> keep(logits.size(), 0);
+  size_t kept = 0;
+  if (state_.complete()) {
+    for (size_t i = 0; i < logits.size(); ++i) keep[i] = is_end_[i], kept += is_end_[i];
+  } else {
+    JsonRecognizer s = state_;
+    const bool space_ok = !(spaced_ && !first_) || s.feed(uint8_t(' '));
+    // Only the tokens whose first byte can come next are tried whole (in most states a handful of the 256 byte values).
+    for (int b = 0; b < 256 && space_ok; ++b) {
+      JsonRecognizer one = s;
+      if (by_first_[size_t(b)].empty() || !one.feed(uint8_t(b))) continue;
+      for (int32_t id : by_first_[size_t(b)])
+        if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
+    }
+  }
+  PLUMB_CHECK(kept > 0, "JSON mode: no token of the vocabulary can continue the output");
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!keep[i]) logits[i] = ninf;
+}
+
+void JsonMask::accept(int32_t id) {
+  PLUMB_CHECK(allows(id), "JSON mode: token {} cannot continue the output", id);
+  if (!state_.complete()) {
+    if (spaced_ && !first_) state_.feed(uint8_t(' '));
+    state_.feed(bytes_[size_t(id)]);
+  }
+  first_ = false;
+}
+
+}  // namespace plumb::gen

@@ -1,0 +1,87 @@
+// JSON mode (GenerateOptions::format = OutputFormat::JsonObject): a byte-level recognizer of one JSON object and the
+// token mask generate() applies with it, so that every sampled token keeps the output a prefix of a valid object.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace plumb {
+class Tokenizer;
+}
+
+namespace plumb::gen {
+
+// Recognizes the text of one JSON object (RFC 8259's grammar, the root an object), a byte at a time: feed() is false
+// at the first byte that no valid object can have there (and the state is then unspecified). Strings must be
+// well-formed UTF-8 (no overlong forms or surrogates) without raw control characters. Bounded so that a model cannot
+// stall inside it (JSON mode's known failure is an endless run of whitespace): nesting at most kMaxDepth containers,
+// numbers at most kMaxNumber bytes, and whitespace between tokens either one space or tab, or one line break ("\n" or
+// "\r\n") and at most kMaxIndent spaces or tabs after it, as pretty-printed JSON has it. The state is a few plain
+// fields, copied to try a token's bytes.
+class JsonRecognizer {
+ public:
+  static constexpr int kMaxDepth = 64, kMaxIndent = 32, kMaxNumber = 64;
+  bool feed(uint8_t c);
+  bool feed(std::string_view bytes);  // every byte, stopping at the first refused
+  bool complete() const { return mode_ == Mode::Done; }
+
+ private:
+  // What the next byte may be. Value / ValueOrClose: a value (after '[': or ']'); KeyOrClose: after '{'; Key: after a
+  // ',' in an object; Colon: after a key; After: after a value (',' or the container's close).
+  enum class Mode : uint8_t { Start, Value, ValueOrClose, KeyOrClose, Key, Colon, After, String, Escape, Unicode,
+                              Number, Literal, Done };
+  // Inside a number: after '-', a leading '0', integer digits, '.', fraction digits, 'e', the exponent's sign, its digits.
+  enum class Num : uint8_t { Minus, Zero, Int, Dot, Frac, E, ESign, Exp };
+  bool structural(uint8_t c);  // Start .. After
+  bool whitespace(uint8_t c);
+  bool begin_value(uint8_t c);
+  bool open(bool object);
+  bool close(bool object);
+  void after_value() { mode_ = depth_ == 0 ? Mode::Done : Mode::After, count_ = 0, ws_ = 0; }
+  bool top_is_object() const { return (objects_ >> (depth_ - 1)) & 1; }
+  bool string_byte(uint8_t c);
+  bool number_byte(uint8_t c);
+
+  Mode mode_ = Mode::Start;
+  Num num_ = Num::Minus;
+  bool key_ = false;        // the string being read is an object key
+  uint8_t depth_ = 0;       // open containers
+  uint64_t objects_ = 0;    // bit i: container i (from the root) is an object, else an array
+  uint8_t utf8_need_ = 0;   // continuation bytes still due in a string
+  uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the next continuation byte's range
+  uint8_t count_ = 0;       // whitespace run, number length, \u hex digits left, or the literal's bytes matched
+  uint8_t ws_ = 0;          // the whitespace run: kBreak after a line break, kCR right after a '\r'
+  static constexpr uint8_t kBreak = 1, kCR = 2;
+  uint8_t literal_ = 0;     // 0 true, 1 false, 2 null
+};
+
+// The mask for one generation: the bytes each token adds to the output (its decode), and the recognizer of what was
+// sampled so far. Added tokens (special or not: DeepSeek's chat markers), ids the tokenizer does not know and tokens
+// that decode to nothing never pass; the
+// end tokens (EOS, the stop tokens) pass only once the object is complete, and then nothing else does.
+class JsonMask {
+ public:
+  // vocab: the model's (its logits per row; ids past the tokenizer's never pass). ends: the tokens that end the
+  // generation; at least one (generate() refuses JSON mode without one).
+  JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends);
+  // Sets the logit of every token that cannot come next to -inf. Throws plumb::Error when no token can.
+  void apply(std::span<float> logits) const;
+  // Whether `id` may come next (what apply() keeps).
+  bool allows(int32_t id) const;
+  // The sampled token: its bytes go to the recognizer. Throws plumb::Error for a token allows() refuses.
+  void accept(int32_t id);
+  bool complete() const { return state_.complete(); }
+
+ private:
+  bool passes(int32_t id, const JsonRecognizer& after_space) const;
+  std::vector<std::string> bytes_;                   // per id; empty: never passes
+  std::array<std::vector<int32_t>, 256> by_first_;  // the ids whose bytes start with each byte
+  std::vector<uint8_t> is_end_;
+  bool spaced_ = false;  // a tokenizer without a byte-level decoder puts a space between tokens
+  bool first_ = true;
+  JsonRecognizer state_;
+};
+
+}  // namespace plumb::gen
