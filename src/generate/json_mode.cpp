@@ -15,6 +15,16 @@ bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r
 bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
+// Text that a string holds from any point between its characters, without leaving it: whole UTF-8 characters and
+// whole escapes, no '"' and no control character (the recognizer decides, byte by byte, from just inside a string).
+bool plain_string_text(std::string_view b) {
+  JsonRecognizer r;
+  r.feed("{\"");
+  for (char c : b)
+    if (!r.feed(uint8_t(c)) || !r.in_string()) return false;
+  return r.between_string_chars();
+}
+
 constexpr std::string_view kLiterals[3] = {"true", "false", "null"};
 
 }  // namespace
@@ -198,7 +208,9 @@ JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> end
   for (int32_t id = 0; id < known; ++id) {
     if (tok.is_added(id)) continue;  // (chat markers, special or not: never text of the object)
     bytes_[size_t(id)] = tok.token_bytes(id);
-    if (!bytes_[size_t(id)].empty()) by_first_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
+    if (bytes_[size_t(id)].empty()) continue;
+    by_first_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
+    (plain_string_text(bytes_[size_t(id)]) ? plain_ : not_plain_).push_back(id);
   }
   PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
   for (int32_t id : ends) {
@@ -231,8 +243,14 @@ void JsonMask::apply(std::span<float> logits) const {
   } else {
     JsonRecognizer s = state_;
     const bool space_ok = !(spaced_ && !first_) || s.feed(uint8_t(' '));
-    // Only the tokens whose first byte can come next are tried whole (in most states a handful of the 256 byte values).
-    for (int b = 0; b < 256 && space_ok; ++b) {
+    if (space_ok && s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
+      for (int32_t id : plain_) keep[size_t(id)] = 1;
+      kept += plain_.size();
+      for (int32_t id : not_plain_)
+        if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
+    }
+    // Elsewhere only the tokens whose first byte can come next are tried whole (in most states a few of the 256).
+    for (int b = 0; b < 256 && space_ok && !s.between_string_chars(); ++b) {
       JsonRecognizer one = s;
       if (by_first_[size_t(b)].empty() || !one.feed(uint8_t(b))) continue;
       for (int32_t id : by_first_[size_t(b)])

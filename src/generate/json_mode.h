@@ -26,6 +26,9 @@ class JsonRecognizer {
   bool feed(uint8_t c);
   bool feed(std::string_view bytes);  // every byte, stopping at the first refused
   bool complete() const { return mode_ == Mode::Done; }
+  // Inside a string, between characters: where any text without '"', control characters and broken UTF-8 passes.
+  bool between_string_chars() const { return mode_ == Mode::String && utf8_need_ == 0; }
+  bool in_string() const { return mode_ == Mode::String || mode_ == Mode::Escape || mode_ == Mode::Unicode; }
 
  private:
   // What the next byte may be. Value / ValueOrClose: a value (after '[': or ']'); KeyOrClose: after '{'; Key: after a
@@ -78,6 +81,8 @@ class JsonMask {
   bool passes(int32_t id, const JsonRecognizer& after_space) const;
   std::vector<std::string> bytes_;                   // per id; empty: never passes
   std::array<std::vector<int32_t>, 256> by_first_;  // the ids whose bytes start with each byte
+  // Inside a string most tokens are plain text, which passes whatever it says: those ids, and the others to try.
+  std::vector<int32_t> plain_, not_plain_;
   std::vector<uint8_t> is_end_;
   bool spaced_ = false;  // a tokenizer without a byte-level decoder puts a space between tokens
   bool first_ = true;

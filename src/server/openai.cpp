@@ -85,7 +85,7 @@ std::string string_field(const json& body, const char* name) {
 }
 
 // Fields of OpenAI's API that plumb does not implement: refused by name rather than ignored, so a client does not
-// take plain text for what it asked (log probabilities, tools, JSON mode, several choices).
+// take plain text for what it asked (token biases, a suffix to fill in, a predicted output, audio).
 void refuse_unsupported(const json& body) {
   for (const char* name : {"logit_bias", "functions", "function_call",
                            "suffix", "audio", "modalities", "prediction"}) {
@@ -95,10 +95,20 @@ void refuse_unsupported(const json& body) {
                       !((v->is_string() || v->is_array() || v->is_object()) && v->empty());
     if (asks) bad_request(name, fmt::format("{} is not supported by plumb serve", name));
   }
-  if (const json* v = field(body, "response_format")) {
-    if (!v->is_object() || !v->contains("type") || (*v)["type"] != "text")
-      bad_request("response_format", "response_format: only {\"type\": \"text\"} is supported by plumb serve");
-  }
+}
+
+// response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode: generate()'s
+// OutputFormat::JsonObject). A schema (json_schema) would need a grammar per request: refused by name.
+OutputFormat response_format(const json& body) {
+  const json* v = field(body, "response_format");
+  if (!v) return OutputFormat::Text;
+  const json* type = v->is_object() ? field(*v, "type") : nullptr;
+  if (!type || !type->is_string())
+    bad_request("response_format", "response_format must be an object with a \"type\": \"text\" or \"json_object\"");
+  if (*type == "text") return OutputFormat::Text;
+  if (*type == "json_object") return OutputFormat::JsonObject;
+  bad_request("response_format", fmt::format("response_format type \"{}\" is not supported by plumb serve (\"text\" and "
+                                             "\"json_object\", JSON mode, are)", type->get<std::string>()));
 }
 
 std::vector<std::string> stop_strings(const json& body, const Defaults& d) {
@@ -176,6 +186,10 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
     std::erase_if(r.gen.stop_tokens, [&](int32_t id) { return id == d.eos_token || id == d.tokenizer_eos; });
   }
   r.gen.skip_special = true;  // (a reply's text; BOS/EOS are not part of it)
+  r.gen.format = response_format(body);
+  if (r.gen.format == OutputFormat::JsonObject && r.gen.stop_tokens.empty())
+    bad_request("response_format", "response_format json_object needs a token to end the object with: the model names no "
+                "EOS or ignore_eos took it, and no --stop-token was given to the server");
 }
 
 // The max tokens of `r`'s prompt (named `prompt_name` in errors): the request's, or the default cut to the context
@@ -374,6 +388,12 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
   common_fields(body, d, r);
   fit_max_tokens(body, d, "max_completion_tokens", "messages", r);
   if (r.tools) r.gen.skip_special = false;  // (the reply is parsed for DSML markup: keep every string the model wrote)
+  // JSON mode masks the reply from its first token: a thinking reply's reasoning, or a tool-call block, could not be
+  // written. (With tool_choice "none" the tools are only in the prompt: JSON mode applies.)
+  if (r.gen.format == OutputFormat::JsonObject && (r.thinking || r.tools))
+    bad_request("response_format", fmt::format("response_format json_object cannot be combined with {}: JSON mode holds the "
+                                               "whole reply to one JSON object", r.thinking ? "thinking mode" : "tools "
+                                               "(tool_choice \"auto\"; \"none\" can)"));
   return r;
 }
 

@@ -60,6 +60,8 @@ printf 'Once upon a time' | "$plumb" run -q -f - --seed 7 --max-tokens 40 >"$tmp
 
 out=$("$plumb" run -q --chat -p "What color is the sky?" --temperature 0 2>/dev/null)
 [[ "$out" == *blue* ]] && ok "chat mode answers: $out" || bad "chat mode: $out"
+out=$("$plumb" run -q --chat --json -p "A cat, as JSON." --temperature 0 --max-tokens 20 2>/dev/null)
+[[ "$out" =~ ^[[:space:]]*\{ && "$out" != *"<｜"* ]] && ok "--json: the reply opens a JSON object: $out" || bad "--json: $out"
 out=$("$plumb" run -q --think -p "What is 3 plus 4?" --temperature 0 --max-tokens 60 2>/dev/null)
 [[ "$out" == *"</think>"* ]] && ok "thinking mode reply has a reasoning block: $out" || bad "thinking mode: $out"
 
@@ -261,6 +263,8 @@ check_error "run --raw --no-think" "--raw cannot be combined with --chat, --syst
   "$plumb" run -q -p hi --raw --no-think
 check_error "run --reasoning-effort without --think" "--reasoning-effort requires --think" \
   "$plumb" run -q -p hi --reasoning-effort max
+check_error "run --json --think" "--json cannot be combined with --think: the reasoning would be held to JSON too" \
+  "$plumb" run -q -p hi --json --think
 check_error "bisect --threshold-kld beside another criterion" "--threshold-kld is the kld criterion's: it cannot be combined with --criterion local" \
   "$plumb" bisect --fixture tests/data/golden/tiny --patches fault.rsf_twice --criterion local --threshold-kld 1
 check_error "bench --skeleton without --layers" "--skeleton applies to the layer bench: it needs --layers N" \

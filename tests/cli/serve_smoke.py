@@ -111,6 +111,11 @@ status, _, body = request(port, "/v1/chat/completions", {"tools": tools, "max_to
 msg = json.loads(body)["choices"][0]["message"] if status == 200 else {}
 check(status == 200 and (isinstance(msg.get("content"), str) or msg.get("tool_calls")),
       f"a chat with tools and a tool's result: {status} {str(msg)[:60]}")
+status, _, body = request(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "A cat, as JSON."}],
+                                                        "response_format": {"type": "json_object"}, "max_tokens": 16})
+text = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else ""
+check(status == 200 and text.lstrip(" \n").startswith("{") and "<｜" not in text,
+      f"JSON mode (response_format json_object): {text[:60]!r}")
 status, _, body = request(port, "/v1/models")
 check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
 status, _, body = request(port, "/v1/chat/completions",
@@ -127,7 +132,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 8 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 9 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---

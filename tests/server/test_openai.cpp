@@ -129,6 +129,22 @@ TEST(ServeRequests, ChatPromptIsTheOfficialEncoding) {
             think.prompt);
 }
 
+// response_format: text by default, json_object sets JSON mode on either endpoint (and with tools only in the prompt).
+TEST(ServeRequests, ResponseFormatSetsJsonMode) {
+  const json user = json::array({{{"role", "user"}, {"content", "Hi, in JSON"}}});
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  const Defaults d = tiny_defaults();
+  EXPECT_EQ(parse_chat({{"messages", user}}, tiny_tok(), d).gen.format, OutputFormat::Text);
+  EXPECT_EQ(parse_chat({{"messages", user}, {"response_format", {{"type", "text"}}}}, tiny_tok(), d).gen.format,
+            OutputFormat::Text);
+  const json js = {{"type", "json_object"}};
+  EXPECT_EQ(parse_chat({{"messages", user}, {"response_format", js}}, tiny_tok(), d).gen.format, OutputFormat::JsonObject);
+  EXPECT_EQ(parse_chat({{"messages", user}, {"response_format", js}, {"tools", tools}, {"tool_choice", "none"}}, tiny_tok(), d)
+                .gen.format,
+            OutputFormat::JsonObject);
+  EXPECT_EQ(one_completion({{"prompt", "a"}, {"response_format", js}}, tiny_tok(), d).gen.format, OutputFormat::JsonObject);
+}
+
 TEST(ServeRequests, RefusalsNameTheField) {
   const json user = json::array({{{"role", "user"}, {"content", "Hi"}}});
   expect_refused(json::object(), false, "prompt", "prompt is required");
@@ -174,7 +190,15 @@ TEST(ServeRequests, RefusalsNameTheField) {
   no_function.push_back({{"role", "assistant"}, {"tool_calls", json::array({json{{"id", "c"}}})}});
   no_function.push_back({{"role", "user"}, {"content", "y"}});
   expect_refused(json{{"messages", no_function}}, true, "messages[1].tool_calls[0].function", "needs a function object");
-  expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}}, true, "response_format", "text");
+  expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_schema"}}}}, true, "response_format",
+                 "\"json_schema\" is not supported");
+  expect_refused(json{{"messages", user}, {"response_format", "json"}}, true, "response_format", "must be an object");
+  expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}, {"thinking", true}}, true,
+                 "response_format", "cannot be combined with thinking mode");
+  expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}, {"tools", tools}}, true,
+                 "response_format", "cannot be combined with tools");
+  expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}, {"ignore_eos", true}}, false,
+                 "response_format", "needs a token to end the object with");
   expect_refused(json::object(), true, "messages", "messages is required");
   expect_refused(json{{"messages", json::array()}}, true, "messages", "non-empty array");
   expect_refused(json{{"messages", json::array({"hi"})}}, true, "messages[0]", "must be an object");

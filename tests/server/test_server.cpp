@@ -526,6 +526,41 @@ TEST(Serve, ToolConversationsAreServed) {
   EXPECT_GT(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), r["usage"]["prompt_tokens"].get<int64_t>() / 2);
 }
 
+// JSON mode: a chat's reply and a completion are what generate() gives with OutputFormat::JsonObject, whole and
+// streamed, and their text a prefix of a JSON object (the bundled model has not learned JSON: it rarely closes one).
+TEST(Serve, JsonModeRepliesAreGeneratesJsonMode) {
+  Running s(no_cache());
+  const json fmt = {{"type", "json_object"}};
+  const std::vector<ChatMessage> chat = {{"user", "Describe a cat in JSON.", ""}};
+  const json body = {{"messages", json::array({{{"role", "user"}, {"content", chat[0].content}}})},
+                     {"temperature", 0}, {"max_tokens", 30}, {"response_format", fmt}};
+  GenerateOptions g = greedy(30);
+  g.format = OutputFormat::JsonObject;
+  const GenerateResult want = direct(tiny_tok().encode(encode_chat(chat, ChatOptions{})), g);
+  const json r = s.post("/v1/chat/completions", body);
+  const std::string text = r["choices"][0]["message"]["content"];
+  EXPECT_EQ(text, want.text);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.find_first_not_of(" \n"), text.find('{'));
+  json sb = body;
+  sb["stream"] = true;
+  auto c = s.client();
+  auto res = c.Post("/v1/chat/completions", sb.dump(), "application/json");
+  ASSERT_TRUE(res);
+  std::string streamed;
+  for (const json& e : events(res->body))
+    if (e.is_object()) streamed += e["choices"][0]["delta"].value("content", std::string());
+  EXPECT_EQ(streamed, text);
+  // A completion, sampled with a seed.
+  const json cr = s.post("/v1/completions", {{"prompt", "A cat as JSON:"}, {"seed", 4}, {"max_tokens", 25},
+                                              {"response_format", fmt}});
+  GenerateOptions gs = greedy(25);
+  gs.sampling = defaults().sampling;
+  gs.sampling.seed = 4;
+  gs.format = OutputFormat::JsonObject;
+  EXPECT_EQ(cr["choices"][0]["text"], direct(encode_prompt(tiny_tok(), "A cat as JSON:", defaults().config_bos), gs).text);
+}
+
 // A completion that ends at EOS lists it in its logprobs (as completion_tokens counts it), with no text for it.
 TEST(Serve, CompletionLogprobsListTheStopToken) {
   Running s(no_cache());

@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "generate/json_mode.h"
 #include "plumb/engine.h"
@@ -219,6 +223,72 @@ TEST_F(JsonMaskTest, ApplyKeepsWhatAllowsSaysAndEndsWithTheEndToken) {
     }
   }
   EXPECT_THROW(mask.accept(5), plumb::Error);  // a token the mask refuses
+}
+
+// A byte-level tokenizer.json (no merges) whose vocabulary holds every byte and `extra` (raw bytes), written to `dir`.
+std::string write_byte_level_tokenizer(const std::filesystem::path& dir, const std::vector<std::string>& extra) {
+  // The ByteLevel alphabet: printable Latin-1 bytes stand for themselves, the others for U+0100 on, in byte order.
+  std::array<std::string, 256> alpha;
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool self = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const uint32_t cp = self ? uint32_t(b) : uint32_t(next++);
+    alpha[size_t(b)] = cp < 0x80 ? std::string(1, char(cp)) : std::string{char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+  }
+  json vocab = json::object();
+  auto add = [&](const std::string& bytes) {
+    std::string k;
+    for (char c : bytes) k += alpha[uint8_t(c)];
+    if (!vocab.contains(k)) vocab[k] = int(vocab.size());
+  };
+  for (int b = 0; b < 256; ++b) add(std::string(1, char(b)));
+  for (const auto& e : extra) add(e);
+  const int n = int(vocab.size());
+  const json added = json::array({{{"id", n}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true}},
+                                  {{"id", n + 1}, {"content", "<｜Assistant｜>"}, {"special", false}}});
+  const json level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const json t = {{"version", "1.0"}, {"added_tokens", added}, {"normalizer", nullptr}, {"pre_tokenizer", level},
+                  {"post_processor", nullptr}, {"decoder", level},
+                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << t.dump();
+  return (dir / "tokenizer.json").string();
+}
+
+// apply()'s shortcuts (the first-byte buckets, the plain-text list inside strings) keep exactly the tokens allows()
+// finds by feeding each token's bytes, in every byte state of random documents, over a vocabulary of tokens that cross
+// string and structure boundaries (": ", "\"}", escapes, partial UTF-8, ...).
+TEST(JsonMaskShortcuts, KeepWhatTheDirectCheckKeepsInEveryState) {
+  std::mt19937 rng(5);
+  const std::vector<std::string> pieces = {"\"", ":", ",", "{", "}", "[", "]", " ", "\n", "  ", "\t", "a", "key", "true", "nu",
+                                           "1", ".5", "e", "-", "\\", "\\n", "\\u", "00", "\xc3\xa9", "\xc3", "\xa9", "\xe2\x98",
+                                           "\x95", "\x01", "0"};
+  std::vector<std::string> extra;
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    for (int k = 1 + int(rng() % 4); k > 0; --k) t += pieces[rng() % pieces.size()];
+    extra.push_back(t);
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_json_tok_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(write_byte_level_tokenizer(dir, extra));
+  std::filesystem::remove_all(dir);
+  const int32_t vocab = tok.vocab_size(), eos = tok.token_id("<｜end▁of▁sentence｜>");
+  ASSERT_GT(vocab, 2000);
+  int states = 0;
+  for (int doc = 0; doc < 40; ++doc) {
+    const std::string text = random_object(rng).dump(doc % 3 == 0 ? 2 : -1, ' ', false);
+    JsonMask mask(tok, vocab, {eos});
+    for (size_t k = 0; k <= text.size(); ++k, ++states) {  // (with no merges every byte is a token: every state)
+      std::vector<float> l(size_t(vocab), 0.0f);
+      mask.apply(l);
+      for (int32_t id = 0; id < vocab; ++id)
+        ASSERT_EQ(std::isfinite(l[size_t(id)]), mask.allows(id))
+            << "token " << id << " '" << tok.token_bytes(id) << "' after '" << text.substr(0, k) << "'";
+      if (k < text.size()) mask.accept(tok.encode(text.substr(k, 1)).at(0));
+    }
+    EXPECT_TRUE(mask.complete());
+  }
+  EXPECT_GT(states, 1000);
 }
 
 // At the start only '{' (or a line break) can begin a token that passes; inside a string almost every text token does.
