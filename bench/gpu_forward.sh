@@ -21,6 +21,8 @@
 # KTRACE=1,8 (the kernel timeline of the FAST layer bench's replayed steps at those batches: bench/ktrace; carry
 # libktrace.so, and libcupti.so.13 from the toolkit beside it),
 # SERVE=1 (plumb serve's smoke test, tests/cli/serve_smoke.py, on the GPU with the fp32 twin and with FAST: serve.txt),
+# LONG_KLD=N (kld of the CPU reference against the GPU's FAST over N tokens on the bundled model, its context raised:
+# see there),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
 # layers-fast.txt: past 4 x index_topk tokens the CSA layers run their indexer, which indexer.skip_short skips below). At most 8 files come back.
 set -u
@@ -174,6 +176,30 @@ if [ -n "${SERVE:-}" ]; then  # plumb serve on the GPU: tests/cli/serve_smoke.py
       >>"$OUT/serve.txt" 2>&1
     note "serve_smoke --backend cuda [${patches:+FAST}] rc=$? $(tail -n 1 "$OUT/serve.txt")"
   done
+fi
+
+if [ -n "${LONG_KLD:-}" ]; then  # long-context agreement of the GPU with the CPU reference (long-kld.txt, long-kld.json)
+  # LONG_KLD=N: the bundled model with its context raised to 65536 (config.json only: the weights are the same, trained
+  # on short texts, so the check is of the two backends' agreement, not of the model's quality) over N tokens of
+  # docs/*.md, A the CPU reference, B LONG_KLD_B (default the GPU's FAST): fed in steps of LONG_KLD_CHUNK tokens (999,
+  # so the passes start at every position mod 4, as the CSA windows do not) and, for the last LONG_KLD_DECODE tokens
+  # (200), one token per step (the decode path: graphs, caches grown past their first sizes).
+  note "long-context kld: $LONG_KLD tokens"
+  rm -rf /tmp/tiny-long && cp -r models/tiny /tmp/tiny-long
+  python3 -c "import json; p='/tmp/tiny-long/config.json'; c=json.load(open(p)); c['max_position_embeddings']=65536; json.dump(c, open(p, 'w'), indent=1)"
+  cat docs/*.md README.md | tr '\n\t\r' '   ' | sed 's/\\/\\\\/g' | "$C/plumb" tokenize -t models/tiny/tokenizer.json >/tmp/long-ids.txt
+  python3 - "$LONG_KLD" "${LONG_KLD_CHUNK:-999}" "${LONG_KLD_DECODE:-200}" <<'PY' >/tmp/long-steps.txt
+import sys
+n, chunk, decode = (int(a) for a in sys.argv[1:])
+ids = (['0'] + open('/tmp/long-ids.txt').read().split())[:n]  # BOS first
+head, tail = ids[:len(ids) - decode], ids[len(ids) - decode:]
+for i in range(0, len(head), chunk): print(' '.join(head[i:i + chunk]))
+for t in tail: print(t)
+PY
+  note "long-context steps: $(wc -l </tmp/long-steps.txt) steps, $(wc -w </tmp/long-steps.txt) tokens"
+  timeout "${T_LONG_KLD:-400}" "$C/plumb" kld -m /tmp/tiny-long --tokens /tmp/long-steps.txt --a "" \
+    --b "${LONG_KLD_B:-cuda:$FAST}" --json "$OUT/long-kld.json" >"$OUT/long-kld.txt" 2>&1
+  note "long-context kld rc=$? $(grep -m1 -i 'mean' "$OUT/long-kld.txt")"
 fi
 
 if [ -n "${SANITIZE:-}" ]; then  # compute-sanitizer, one process per (tool, test) of this gtest filter, several at once
@@ -490,6 +516,7 @@ grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|worst error' "$OUT/te
 [ -f "$OUT/golden.txt" ] && grep -E 'rc=[1-9]' -A 30 "$OUT/golden.txt" | head -60
 [ -f "$OUT/selftest.txt" ] && tail -n 25 "$OUT/selftest.txt"
 [ -f "$OUT/kld.txt" ] && tail -n 20 "$OUT/kld.txt"
+[ -f "$OUT/long-kld.txt" ] && tail -n 20 "$OUT/long-kld.txt"
 [ -f "$OUT/bench.txt" ] && tail -n 60 "$OUT/bench.txt"
 [ -f "$OUT/ncu-step.txt" ] && head -n 200 "$OUT/ncu-step.txt"
 [ -f "$OUT/layers-fast.txt" ] && tail -n 90 "$OUT/layers-fast.txt" && tail -n 25 "$OUT/layers-ref.txt"
