@@ -120,6 +120,7 @@ class ChatLoop {
     transcript_.clear();
     if (!o_.mode.system.empty()) transcript_.push_back({"system", o_.mode.system, ""});
     carry_.clear();
+    held_.clear();
     started_ = false;
     failed_ = false;
     turns_ = 0;
@@ -136,6 +137,7 @@ class ChatLoop {
     std::string user;
     int retries = 0;  // /retry's of the turn that starts here (the next one's seed offset), set as the turn ends
     std::vector<int32_t> carry;
+    size_t held = 0;  // held_'s size (it only grows between turn starts)
     bool started = false;
     int turns = 0;
     size_t transcript = 0;
@@ -143,12 +145,14 @@ class ChatLoop {
     int64_t total_prefill = 0, total_generated = 0;
   };
   TurnStart turn_start(const std::string& user) const {
-    return {session_->checkpoint(), user, 0, carry_, started_, turns_, transcript_.size(), last_, total_prefill_, total_generated_};
+    return {session_->checkpoint(), user, 0, carry_, held_.size(), started_, turns_, transcript_.size(), last_,
+            total_prefill_, total_generated_};
   }
   // Back to before a turn (the session restored first: if that fails, nothing else changes).
   void go_back(const TurnStart& t) {
     session_->restore(*t.cp);
     carry_ = t.carry, started_ = t.started, turns_ = t.turns, last_ = t.last;
+    held_.resize(t.held);
     transcript_.resize(t.transcript);
     total_prefill_ = t.total_prefill, total_generated_ = t.total_generated;
   }
@@ -171,6 +175,7 @@ class ChatLoop {
     const auto ids = tok_.encode(text);
     prompt.insert(prompt.end(), ids.begin(), ids.end());
     GenerateOptions g = gopt_;
+    g.history_before = held_;  // (the penalties see the conversation, as if it were all this turn's prompt)
     // Reproducible per turn, not the same draws every turn, nor on each /retry of one (counted where a turn ends).
     g.sampling.seed = seed_ + uint64_t(turns_) + kRetrySeedStep * uint64_t(retry_no);
     const char* what = retry ? "the retry" : "the turn";
@@ -226,6 +231,8 @@ class ChatLoop {
     if (r.stop == StopReason::Cancelled) std::fprintf(stderr, "(reply stopped: Ctrl-C; the conversation goes on)\n");
     started_ = true;
     ++turns_;
+    held_.insert(held_.end(), prompt.begin(), prompt.end());  // (every sampled token but the unfed last one)
+    held_.insert(held_.end(), r.tokens.begin(), r.tokens.end() - (r.unfed >= 0 ? 1 : 0));
     carry_.clear();
     if (r.unfed >= 0) carry_.push_back(r.unfed);
     if (r.unfed != eos_) carry_.push_back(eos_);  // a reply cut short is still closed as the format requires
@@ -378,6 +385,7 @@ class ChatLoop {
     failed_ = false;
     transcript_ = std::move(msgs);
     carry_.clear();  // (the rendering closes the last reply with its EOS)
+    held_ = ids;
     started_ = true;
     turns_ = int(std::count_if(transcript_.begin(), transcript_.end(), [](const ChatMessage& m) { return m.role == "assistant"; }));
     last_ = {int64_t(ids.size()), 0, secs, 0, StopReason::Token, true};
@@ -422,6 +430,7 @@ class ChatLoop {
   int32_t eos_ = -1;
   std::vector<ChatMessage> transcript_;
   std::vector<int32_t> carry_;
+  std::vector<int32_t> held_;  // the tokens the session holds, in order: what the penalties see before a turn's prompt
   bool started_ = false;
   bool failed_ = false;  // a turn failed after feeding the session and its checkpoint could not be restored (turn())
   std::vector<TurnStart> undo_;  // the last turns' starts, oldest first (/undo, /retry), at most --undo-depth

@@ -193,6 +193,16 @@ mapfile -t lines <"$tmp/c.out"
   [ "$(last_reply "$tmp/retry.json")" = "${lines[7]}" ] && grep -q "^(drawing the reply again)$" "$tmp/c.err" &&
   ok "chat: /undo takes back the last turn (the same reply after it), /retry draws it again" ||
   bad "chat /undo and /retry: exit status $rc, stdout: $(cat "$tmp/c.out"), stderr: $(cat "$tmp/c.err")"
+# The penalties see the whole conversation (what the session holds, GenerateOptions::history_before), and /undo takes
+# the taken-back turn's tokens out of it: with a presence penalty over every token, the same message after an /undo
+# gets the same reply (checked to fail when /undo leaves them in).
+printf 'Tell me a story.\nTell me a story.\n/undo\nTell me a story.\n' |
+  "$plumb" chat -q -n 12 --temperature 0 --presence-penalty 5 --repeat-last-n -1 >"$tmp/p.out" 2>"$tmp/p.err"
+rc=$?
+mapfile -t lines <"$tmp/p.out"
+[ $rc -eq 0 ] && [ -n "${lines[1]}" ] && [ "${lines[1]}" = "${lines[3]}" ] &&
+  ok "chat: penalties over the conversation, /undo takes its turn out of them: ${lines[1]}" ||
+  bad "chat penalties: exit status $rc, stdout: $(cat "$tmp/p.out"), stderr: $(cat "$tmp/p.err")"
 # /undo again takes back the turn before (each turn's checkpoint kept, up to --undo-depth): after two turns, two
 # /undo leave no turn and an empty cache, and the first message again gets the first reply; a third is an error line.
 # With --undo-depth 1 the second /undo is refused: only the last turn's checkpoint was kept.
