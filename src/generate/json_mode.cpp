@@ -208,10 +208,21 @@ JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> end
   for (int32_t id = 0; id < known; ++id) {
     if (tok.is_added(id)) continue;  // (chat markers, special or not: never text of the object)
     bytes_[size_t(id)] = tok.token_bytes(id);
-    if (bytes_[size_t(id)].empty()) continue;
-    by_first_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
-    (plain_string_text(bytes_[size_t(id)]) ? plain_ : not_plain_).push_back(id);
+    const std::string& b = bytes_[size_t(id)];
+    if (b.empty()) continue;
+    if (b.size() == 1) one_byte_[uint8_t(b[0])].push_back(id);
+    (plain_string_text(b) ? plain_ : not_plain_).push_back(id);
   }
+  // (a counting sort of the longer tokens by their first two bytes)
+  auto key = [&](int32_t id) { return size_t(uint8_t(bytes_[size_t(id)][0])) * 256 + uint8_t(bytes_[size_t(id)][1]); };
+  two_at_.assign(256 * 256 + 1, 0);
+  for (int32_t id = 0; id < known; ++id)
+    if (bytes_[size_t(id)].size() >= 2) ++two_at_[key(id) + 1];
+  for (size_t k = 0; k < 256 * 256; ++k) two_at_[k + 1] += two_at_[k];
+  two_ids_.resize(two_at_.back());
+  std::vector<uint32_t> fill(two_at_.begin(), two_at_.end() - 1);
+  for (int32_t id = 0; id < known; ++id)
+    if (bytes_[size_t(id)].size() >= 2) two_ids_[fill[key(id)]++] = id;
   PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
   for (int32_t id : ends) {
     PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
@@ -219,9 +230,9 @@ JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> end
   }
 }
 
-bool JsonMask::passes(int32_t id, const JsonRecognizer& after_space) const {
-  JsonRecognizer s = after_space;
-  return s.feed(bytes_[size_t(id)]);
+bool JsonMask::passes(int32_t id, const JsonRecognizer& from, size_t skip) const {
+  JsonRecognizer s = from;
+  return s.feed(std::string_view(bytes_[size_t(id)]).substr(skip));
 }
 
 bool JsonMask::allows(int32_t id) const {
@@ -249,12 +260,20 @@ void JsonMask::apply(std::span<float> logits) const {
       for (int32_t id : not_plain_)
         if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
     }
-    // Elsewhere only the tokens whose first byte can come next are tried whole (in most states a few of the 256).
+    // Elsewhere only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536
+    // pairs: after a value, the many tokens " word" stop at their second byte without being tried).
     for (int b = 0; b < 256 && space_ok && !s.between_string_chars(); ++b) {
       JsonRecognizer one = s;
-      if (by_first_[size_t(b)].empty() || !one.feed(uint8_t(b))) continue;
-      for (int32_t id : by_first_[size_t(b)])
-        if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
+      if (!one.feed(uint8_t(b))) continue;
+      for (int32_t id : one_byte_[size_t(b)]) keep[size_t(id)] = 1, ++kept;
+      for (int c = 0; c < 256; ++c) {
+        const size_t k = size_t(b) * 256 + size_t(c);
+        if (two_at_[k] == two_at_[k + 1]) continue;
+        JsonRecognizer two = one;
+        if (!two.feed(uint8_t(c))) continue;
+        for (uint32_t i = two_at_[k]; i < two_at_[k + 1]; ++i)
+          if (passes(two_ids_[i], two, 2)) keep[size_t(two_ids_[i])] = 1, ++kept;
+      }
     }
   }
   PLUMB_CHECK(kept > 0, "JSON mode: no token of the vocabulary can continue the output");

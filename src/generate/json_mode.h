@@ -78,9 +78,13 @@ class JsonMask {
   bool complete() const { return state_.complete(); }
 
  private:
-  bool passes(int32_t id, const JsonRecognizer& after_space) const;
+  bool passes(int32_t id, const JsonRecognizer& from, size_t skip = 0) const;  // the bytes of id after `skip` fed
   std::vector<std::string> bytes_;                   // per id; empty: never passes
-  std::array<std::vector<int32_t>, 256> by_first_;  // the ids whose bytes start with each byte
+  // Outside strings the tokens are tried by their first two bytes: the one-byte tokens per byte, and the longer ones
+  // grouped by their first two bytes (ids in two_ids_[two_at_[k] .. two_at_[k + 1]) for k = 256 * first + second).
+  std::array<std::vector<int32_t>, 256> one_byte_;
+  std::vector<int32_t> two_ids_;
+  std::vector<uint32_t> two_at_;
   // Inside a string most tokens are plain text, which passes whatever it says: those ids, and the others to try.
   std::vector<int32_t> plain_, not_plain_;
   std::vector<uint8_t> is_end_;

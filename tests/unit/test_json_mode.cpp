@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -289,6 +292,53 @@ TEST(JsonMaskShortcuts, KeepWhatTheDirectCheckKeepsInEveryState) {
     EXPECT_TRUE(mask.complete());
   }
   EXPECT_GT(states, 1000);
+}
+
+// What a step's mask costs at DeepSeek-V4's vocabulary size (a measurement, not a check: disabled; run it with
+// `build/tests/plumb_tests --gtest_also_run_disabled_tests --gtest_filter='*JsonMaskCost*'`). The vocabulary is
+// synthetic (DeepSeek's tokenizer is not in the repository): 129K byte-level tokens, ~60 % words (most after a space),
+// the rest JSON punctuation runs, digits and CJK / accented / emoji text.
+TEST(JsonMaskShortcuts, DISABLED_JsonMaskCost) {
+  std::mt19937 rng(1);
+  const std::vector<std::string> punct = {"\"", ":", ",", "{", "}", "[", "]", "\":", "\",", "{\"", "\"}", " \"", "\n", "\n  ",
+                                          "  ", ".", "-", "0", "1", "2", "_", "\\", "\xc3\xa9", "\xe4\xb8\xad\xe6\x96\x87"};
+  const std::vector<std::string> wide = {"\xe4\xb8\xad", "\xe6\x96\x87", "\xe7\x9a\x84", "\xc3\xa9", "\xc3\x9f", "\xf0\x9f\x98\x80"};
+  std::set<std::string> seen;
+  std::vector<std::string> extra;
+  while (extra.size() < 128700) {
+    std::string t;
+    const double r = std::uniform_real_distribution<double>(0, 1)(rng);
+    if (r < 0.6) {
+      if (rng() % 10 < 6) t = " ";
+      for (int n = 2 + int(rng() % 8); n > 0; --n) t += char('a' + rng() % 26);
+    } else if (r < 0.75) {
+      for (int n = 1 + int(rng() % 3); n > 0; --n) t += punct[rng() % punct.size()];
+    } else if (r < 0.85) {
+      for (int n = 1 + int(rng() % 3); n > 0; --n) t += char('0' + rng() % 10);
+    } else {
+      for (int n = 1 + int(rng() % 3); n > 0; --n) t += wide[rng() % wide.size()];
+    }
+    if (seen.insert(t).second) extra.push_back(t);
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_json_cost_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(write_byte_level_tokenizer(dir, extra));
+  std::filesystem::remove_all(dir);
+  const int32_t vocab = tok.vocab_size();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  const auto t0 = std::chrono::steady_clock::now();
+  JsonMask mask(tok, vocab, {tok.token_id("<｜end▁of▁sentence｜>")});
+  std::printf("vocabulary %d: tables %.1f ms\n", vocab, ms(t0, std::chrono::steady_clock::now()));
+  std::vector<float> l(static_cast<size_t>(vocab));
+  for (const auto& [text, what] : std::vector<std::pair<std::string, const char*>>{
+           {"", "start"}, {"{\"", "in a key"}, {"name\"", "after a key"}, {": ", "a value"},
+           {"\"Ben the", "in a string value"}, {"\"", "after a value"}, {", \"age\": 12", "in a number"}}) {
+    for (int32_t id : tok.encode(text)) mask.accept(id);
+    const auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) std::fill(l.begin(), l.end(), 0.0f), mask.apply(l);
+    const double per = ms(a, std::chrono::steady_clock::now()) / 20;
+    std::printf("%-20s %.2f ms per step, %ld tokens pass\n", what, per,
+                long(std::count_if(l.begin(), l.end(), [](float v) { return std::isfinite(v); })));
+  }
 }
 
 // At the start only '{' (or a line break) can begin a token that passes; inside a string almost every text token does.
