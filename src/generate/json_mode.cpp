@@ -169,9 +169,12 @@ bool JsonRecognizer::string_byte(uint8_t c) {
 
 // A number ends at the first byte that cannot continue it, which is then read as what follows a value.
 bool JsonRecognizer::number_byte(uint8_t c) {
+  // A state that is not yet a number ('-', '.', 'e', the exponent's sign) must leave room for the digit it needs:
+  // otherwise the length bound would leave no way to finish the object.
   auto next = [&](Num n) {
     num_ = n;
-    return ++count_ <= kMaxNumber;
+    const bool whole = n == Num::Zero || n == Num::Int || n == Num::Frac || n == Num::Exp;
+    return ++count_ <= kMaxNumber - (whole ? 0 : 1);
   };
   switch (num_) {
     case Num::Minus:
@@ -204,9 +207,16 @@ bool JsonRecognizer::number_byte(uint8_t c) {
 
 JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends)
     : bytes_(size_t(vocab)), is_end_(size_t(vocab), 0), spaced_(tok.spaced_tokens()) {
+  PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
+  for (int32_t id : ends) {
+    PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
+    is_end_[size_t(id)] = 1;
+  }
   const int32_t known = std::min(vocab, tok.vocab_size());
   for (int32_t id = 0; id < known; ++id) {
-    if (tok.is_added(id)) continue;  // (chat markers, special or not: never text of the object)
+    // Chat markers (added tokens, special or not) are never text of the object, and an end token is only ever the
+    // end: a stop token that is text ("}", "\n") would otherwise end the generation inside the object.
+    if (tok.is_added(id) || is_end_[size_t(id)]) continue;
     bytes_[size_t(id)] = tok.token_bytes(id);
     const std::string& b = bytes_[size_t(id)];
     if (b.empty()) continue;
@@ -223,16 +233,13 @@ JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> end
   std::vector<uint32_t> fill(two_at_.begin(), two_at_.end() - 1);
   for (int32_t id = 0; id < known; ++id)
     if (bytes_[size_t(id)].size() >= 2) two_ids_[fill[key(id)]++] = id;
-  PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
-  for (int32_t id : ends) {
-    PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
-    is_end_[size_t(id)] = 1;
-  }
 }
 
 bool JsonMask::passes(int32_t id, const JsonRecognizer& from, size_t skip) const {
   JsonRecognizer s = from;
-  return s.feed(std::string_view(bytes_[size_t(id)]).substr(skip));
+  if (!s.feed(std::string_view(bytes_[size_t(id)]).substr(skip))) return false;
+  // A tokenizer that puts a space before each next token: the text must be able to take it (not "tr", "-" or "1.").
+  return !spaced_ || s.complete() || s.feed(uint8_t(' '));
 }
 
 bool JsonMask::allows(int32_t id) const {
@@ -265,7 +272,8 @@ void JsonMask::apply(std::span<float> logits) const {
     for (int b = 0; b < 256 && space_ok && !s.between_string_chars(); ++b) {
       JsonRecognizer one = s;
       if (!one.feed(uint8_t(b))) continue;
-      for (int32_t id : one_byte_[size_t(b)]) keep[size_t(id)] = 1, ++kept;
+      for (int32_t id : one_byte_[size_t(b)])
+        if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
       for (int c = 0; c < 256; ++c) {
         const size_t k = size_t(b) * 256 + size_t(c);
         if (two_at_[k] == two_at_[k + 1]) continue;

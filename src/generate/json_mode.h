@@ -1,5 +1,6 @@
 // JSON mode (GenerateOptions::format = OutputFormat::JsonObject): a byte-level recognizer of one JSON object and the
-// token mask generate() applies with it, so that every sampled token keeps the output a prefix of a valid object.
+// token mask generate() applies with it, so that every sampled token keeps the output a prefix of a valid object
+// (within the recognizer's bounds).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -14,11 +15,12 @@ class Tokenizer;
 namespace plumb::gen {
 
 // Recognizes the text of one JSON object (RFC 8259's grammar, the root an object), a byte at a time: feed() is false
-// at the first byte that no valid object can have there (and the state is then unspecified). Strings must be
-// well-formed UTF-8 (no overlong forms or surrogates) without raw control characters. Bounded so that a model cannot
-// stall inside it (JSON mode's known failure is an endless run of whitespace): nesting at most kMaxDepth containers,
-// numbers at most kMaxNumber bytes, and whitespace between tokens either one space or tab, or one line break ("\n" or
-// "\r\n") and at most kMaxIndent spaces or tabs after it, as pretty-printed JSON has it. The state is a few plain
+// at the first byte that no valid object can have there (and the state is then unspecified), and every state it takes
+// can still be completed (no dead end: tested by a search over the states). Strings must be well-formed UTF-8 (no
+// overlong forms or surrogates) without raw control characters. Bounds: nesting at most kMaxDepth containers, numbers
+// at most kMaxNumber bytes, and whitespace between tokens either one space or tab, or one line break ("\n" or "\r\n")
+// and at most kMaxIndent spaces or tabs after it, as pretty-printed JSON has it (JSON mode's known failure is an
+// endless run of whitespace; strings and arrays stay unbounded: max tokens ends those). The state is a few plain
 // fields, copied to try a token's bytes.
 class JsonRecognizer {
  public:
@@ -29,6 +31,15 @@ class JsonRecognizer {
   // Inside a string, between characters: where any text without '"', control characters and broken UTF-8 passes.
   bool between_string_chars() const { return mode_ == Mode::String && utf8_need_ == 0; }
   bool in_string() const { return mode_ == Mode::String || mode_ == Mode::Escape || mode_ == Mode::Unicode; }
+  // Two states that take the same bytes the same way are equal (a search over the states, tests/unit/test_json_mode.cpp).
+  bool operator==(const JsonRecognizer&) const = default;
+  int depth() const { return depth_; }
+  uint64_t hash() const {
+    uint64_t h = objects_;
+    for (uint8_t v : {uint8_t(mode_), uint8_t(num_), uint8_t(key_), depth_, utf8_need_, utf8_lo_, utf8_hi_, count_, ws_, literal_})
+      h = h * 0x100000001b3ull ^ v;
+    return h;
+  }
 
  private:
   // What the next byte may be. Value / ValueOrClose: a value (after '[': or ']'); KeyOrClose: after '{'; Key: after a

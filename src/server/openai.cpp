@@ -289,6 +289,10 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
     shared.top_logprobs = int(integer(*v, "logprobs", 0, 20));
   }
   common_fields(body, d, shared);
+  // (an echoed completion's text is the prompt and then the object: not JSON)
+  if (shared.echo && shared.gen.format == OutputFormat::JsonObject)
+    bad_request("response_format", "response_format json_object cannot be combined with echo: the text would start with "
+                "the prompt");
   std::vector<Request> out;
   for (const auto& [one, name] : prompts) {
     Request r = shared;

@@ -199,6 +199,8 @@ TEST(ServeRequests, RefusalsNameTheField) {
                  "response_format", "cannot be combined with tools");
   expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}, {"ignore_eos", true}}, false,
                  "response_format", "needs a token to end the object with");
+  expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}, {"echo", true}}, false,
+                 "response_format", "cannot be combined with echo");
   expect_refused(json::object(), true, "messages", "messages is required");
   expect_refused(json{{"messages", json::array()}}, true, "messages", "non-empty array");
   expect_refused(json{{"messages", json::array({"hi"})}}, true, "messages[0]", "must be an object");
@@ -442,7 +444,7 @@ TEST(ServeRequests, HostileBodiesAreRefused) {
   expect_refused(json{{"messages", msgs}, {"tools", tt.tools}}, true, "messages", "arguments");
   expect_refused(json{{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", 1}, {"text", "x"}}})}}})}},
                  true, "messages[0].content[0]", "only text parts");
-  expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", 5}}}}, false, "response_format", "only");
+  expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", 5}}}}, false, "response_format", "must be an object with");
 }
 
 TEST(ServeRequests, FinishReasonsAreOpenAis) {

@@ -1,7 +1,7 @@
 // JSON mode (OutputFormat::JsonObject): the byte recognizer against a table of accepted and refused texts and against
-// nlohmann-json on random documents and their mutations; the token mask (its first-byte shortcut against a direct
-// check of every token, added tokens, the end tokens); generate() with it on a session that prefers a given text and
-// on the bundled model.
+// nlohmann-json on random documents and their mutations, and a search of its states for dead ends; the token mask (its
+// shortcuts against a direct check of every token, added tokens, end tokens, a tokenizer that puts spaces between
+// tokens); generate() with it on a session that prefers a given text and on the bundled model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -97,6 +98,49 @@ TEST(JsonRecognizer, RefusesAtTheFirstImpossibleByte) {
   EXPECT_EQ(refused_at(deep + "["), int(deep.size()));
   EXPECT_EQ(refused_at("{\"a\":" + std::string(64, '1') + "}"), -1);
   EXPECT_EQ(refused_at("{\"a\":" + std::string(65, '1') + "}"), 5 + 64);
+  // A number's last byte under the bound is a digit: '.', 'e' or a sign there could never be finished.
+  EXPECT_EQ(refused_at("{\"a\":" + std::string(63, '1') + "."), 5 + 63);
+  EXPECT_EQ(refused_at("{\"a\":-" + std::string(62, '1') + "e"), 5 + 63);
+  EXPECT_EQ(refused_at("{\"a\":" + std::string(62, '1') + "e+"), 5 + 63);
+  EXPECT_EQ(refused_at("{\"a\":" + std::string(62, '1') + "e1}"), -1);
+}
+
+// No dead end: every state reachable from the start (nesting capped at 2 to keep the search finite; deeper states
+// differ only in the containers still to close) can still reach a complete object. A breadth-first search over
+// every byte from every state, then back from the complete states.
+TEST(JsonRecognizer, EveryReachableStateCanStillComplete) {
+  struct Hash {
+    size_t operator()(const JsonRecognizer& r) const { return size_t(r.hash()); }
+  };
+  std::unordered_map<JsonRecognizer, int, Hash> index;
+  std::vector<JsonRecognizer> states;
+  std::vector<std::vector<int>> into;  // the states each state is reached from
+  auto id_of = [&](const JsonRecognizer& r) {
+    auto [it, fresh] = index.emplace(r, int(states.size()));
+    if (fresh) states.push_back(r), into.emplace_back();
+    return it->second;
+  };
+  id_of(JsonRecognizer());
+  for (size_t i = 0; i < states.size(); ++i)
+    for (int b = 0; b < 256; ++b) {
+      JsonRecognizer next = states[i];
+      if (!next.feed(uint8_t(b)) || next.depth() > 2) continue;
+      const int j = id_of(next);
+      into[size_t(j)].push_back(int(i));
+    }
+  std::vector<uint8_t> finishes(states.size(), 0);
+  std::vector<int> todo;
+  for (size_t i = 0; i < states.size(); ++i)
+    if (states[i].complete()) finishes[i] = 1, todo.push_back(int(i));
+  while (!todo.empty()) {
+    const int j = todo.back();
+    todo.pop_back();
+    for (int i : into[size_t(j)])
+      if (!finishes[size_t(i)]) finishes[size_t(i)] = 1, todo.push_back(i);
+  }
+  const auto dead = std::count(finishes.begin(), finishes.end(), 0);
+  EXPECT_EQ(dead, 0) << "of " << states.size() << " states";
+  EXPECT_GT(states.size(), 1000u);
 }
 
 // A random JSON value of nlohmann's (strings with escapes and UTF-8, numbers of every form it writes).
@@ -229,7 +273,8 @@ TEST_F(JsonMaskTest, ApplyKeepsWhatAllowsSaysAndEndsWithTheEndToken) {
 }
 
 // A byte-level tokenizer.json (no merges) whose vocabulary holds every byte and `extra` (raw bytes), written to `dir`.
-std::string write_byte_level_tokenizer(const std::filesystem::path& dir, const std::vector<std::string>& extra) {
+std::string write_byte_level_tokenizer(const std::filesystem::path& dir, const std::vector<std::string>& extra,
+                                       bool spaced = false) {
   // The ByteLevel alphabet: printable Latin-1 bytes stand for themselves, the others for U+0100 on, in byte order.
   std::array<std::string, 256> alpha;
   int next = 256;
@@ -250,8 +295,9 @@ std::string write_byte_level_tokenizer(const std::filesystem::path& dir, const s
   const json added = json::array({{{"id", n}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true}},
                                   {{"id", n + 1}, {"content", "<｜Assistant｜>"}, {"special", false}}});
   const json level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  // (spaced: no decoder, so decode() joins the tokens' strings with spaces, as word-level tokenizers do)
   const json t = {{"version", "1.0"}, {"added_tokens", added}, {"normalizer", nullptr}, {"pre_tokenizer", level},
-                  {"post_processor", nullptr}, {"decoder", level},
+                  {"post_processor", nullptr}, {"decoder", spaced ? json(nullptr) : level},
                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "tokenizer.json") << t.dump();
@@ -338,6 +384,50 @@ TEST(JsonMaskShortcuts, DISABLED_JsonMaskCost) {
     const double per = ms(a, std::chrono::steady_clock::now()) / 20;
     std::printf("%-20s %.2f ms per step, %ld tokens pass\n", what, per,
                 long(std::count_if(l.begin(), l.end(), [](float v) { return std::isfinite(v); })));
+  }
+}
+
+// Random walks over the allowed tokens never reach a state where no token passes, and the text decoded from the
+// tokens is the recognizer's: on a byte-level vocabulary (walks that favour digits, to reach the number bound) and on
+// one whose decoder puts a space between tokens (where "tr", "-" or "1." would be dead ends).
+TEST(JsonMaskShortcuts, RandomWalksNeverDeadEnd) {
+  const std::vector<std::string> words = {"{", "}", "[", "]", ":", ",", "\"a\"", "\"b", "c\"", "\"", "tr", "ue", "true", "fa",
+                                          "lse", "null", "-", "1", "12", "0", ".", ".5", "e", "e+", "E-", "x", "\\", "\\n",
+                                          "\\u", "00e9", "{\"", "\":", "\",", "\"}", "]}", "1}", "\n", "\t"};
+  for (bool spaced : {false, true}) {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("plumb_json_walk_" + std::to_string(::getpid()) + (spaced ? "_s" : ""));
+    const plumb::Tokenizer tok = plumb::Tokenizer::load(write_byte_level_tokenizer(dir, words, spaced));
+    std::filesystem::remove_all(dir);
+    ASSERT_EQ(tok.spaced_tokens(), spaced);
+    const int32_t vocab = tok.vocab_size(), eos = tok.token_id("<｜end▁of▁sentence｜>");
+    std::vector<int32_t> digits;
+    for (char d : std::string("0123456789")) digits.push_back(tok.token_id(std::string(1, d)));
+    int completed = 0;
+    for (int walk = 0; walk < 200; ++walk) {
+      std::mt19937 rng(static_cast<uint32_t>(walk));
+      JsonMask mask(tok, vocab, {eos});
+      std::vector<int32_t> ids;
+      for (int step = 0; step < 400 && !mask.complete(); ++step) {
+        std::vector<float> l(static_cast<size_t>(vocab), 0.0f);
+        ASSERT_NO_THROW(mask.apply(l)) << (spaced ? "spaced: " : "") << tok.decode(ids);
+        std::vector<int32_t> ok;
+        for (int32_t id = 0; id < vocab; ++id)
+          if (std::isfinite(l[size_t(id)])) ok.push_back(id);
+        int32_t pick = ok[rng() % ok.size()];
+        if (walk % 2 && rng() % 10 < 9)  // (every other walk mostly writes digits where it can)
+          for (int32_t d : digits)
+            if (mask.allows(d)) pick = d;
+        mask.accept(pick);
+        ids.push_back(pick);
+      }
+      JsonRecognizer r;
+      const std::string text = tok.decode(ids);
+      EXPECT_TRUE(r.feed(text)) << text;
+      EXPECT_EQ(r.complete(), mask.complete()) << text;
+      completed += mask.complete();
+    }
+    EXPECT_GT(completed, 10) << (spaced ? "spaced" : "byte-level");
   }
 }
 
@@ -444,6 +534,32 @@ TEST_F(JsonGenerate, KeepsValidTextMendsTheRestAndEndsWhenComplete) {
         EXPECT_EQ(r.stop, plumb::StopReason::Length) << r.text;
       }
       EXPECT_EQ(run(broken, OutputFormat::Text, t).text.find(broken), 0u);  // (unmasked, it is written as it is)
+    }
+  }
+}
+
+// A stop token that is text ("\n", "}") ends the generation only once the object is complete: inside it the mask
+// keeps it out (so the object is written without it), never cutting the object short.
+TEST_F(JsonGenerate, AStopTokenThatIsTextEndsOnlyAWholeObject) {
+  for (const auto& [stop, target] : std::vector<std::pair<std::string, std::string>>{
+           {"\n", "{\n  \"a\": 1\n}"}, {"}", "{\"a\": {\"b\": 1}, \"c\": 2}"}}) {
+    const auto stop_ids = tok.encode(stop);
+    ASSERT_EQ(stop_ids.size(), 1u) << stop;
+    const int32_t stop_id = stop_ids[0];
+    for (float t : {0.0f, 1.0f}) {
+      PreferringSession s(tok, target, info);
+      plumb::GenerateOptions g;
+      g.sampling.temperature = t;
+      g.max_tokens = 80;
+      g.format = plumb::OutputFormat::JsonObject;
+      g.stop_tokens = {stop_id};
+      const std::vector<int32_t> prompt = {0};
+      const auto r = plumb::generate(s, tok, prompt, g);
+      EXPECT_EQ(refused_at(r.text), -1) << r.text;
+      if (r.stop == plumb::StopReason::Token) {
+        EXPECT_TRUE(json::parse(r.text).is_object()) << stop << " -> " << r.text;
+      }
+      for (int32_t id : r.tokens) EXPECT_TRUE(id != stop_id || id == r.tokens.back()) << r.text;
     }
   }
 }
