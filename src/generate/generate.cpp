@@ -2,7 +2,6 @@
 // a stop string, max tokens or the end of the context. Everything is validated before the session is touched.
 #include <algorithm>
 #include <chrono>
-
 #include <optional>
 
 #include "core/error.h"

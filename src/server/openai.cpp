@@ -187,7 +187,8 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
   }
   r.gen.skip_special = true;  // (a reply's text; BOS/EOS are not part of it)
   r.gen.format = response_format(body);
-  if (r.gen.format == OutputFormat::JsonObject && r.gen.stop_tokens.empty())
+  // (generate() ends the object with a stop token, or with the model's EOS while it stops: the same rule)
+  if (r.gen.format == OutputFormat::JsonObject && r.gen.stop_tokens.empty() && !(r.gen.stop_at_eos && d.eos_token >= 0))
     bad_request("response_format", "response_format json_object needs a token to end the object with: the model names no "
                 "EOS or ignore_eos took it, and no --stop-token was given to the server");
 }
