@@ -218,11 +218,20 @@ class Sampler {
 // end. The logits come to the host for it (on backend cuda: a download per step, the sampling on the host). The text is
 // valid JSON unless a limit (max tokens, a stop string, the context) cuts it first. Ask for JSON in the prompt too: the
 // mask only removes the tokens that would break the syntax.
-enum class OutputFormat { Text, JsonObject };
+// JsonSchema (structured outputs; OpenAI's response_format {"type": "json_schema"}): the same, the object also an
+// instance of GenerateOptions::json_schema, a JSON Schema of the subset docs/generation.md lists (type, properties,
+// required, additionalProperties, items, minItems / maxItems, enum / const of scalars, anyOf / oneOf, $ref to $defs);
+// any other constraint keyword is refused (plumb::Error naming it, before the session is touched). Keys are written as
+// the schema spells them, enum values as JSON writes them compactly.
+enum class OutputFormat { Text, JsonObject, JsonSchema };
+// Compiles a schema as OutputFormat::JsonSchema would: throws plumb::Error naming what it does not support (a front end
+// checks a request's schema before queueing it).
+void check_json_schema(std::string_view schema);
 
 struct GenerateOptions {
   SamplingParams sampling;
   OutputFormat format = OutputFormat::Text;
+  std::string json_schema;  // OutputFormat::JsonSchema's schema (JSON text)
   int max_tokens = 256;                   // sampled tokens, a final stop token included
   std::vector<std::string> stop_strings;  // matched on the decoded text, across token boundaries
   std::vector<int32_t> stop_tokens;       // more stop tokens (EOS stops already, see stop_at_eos); not emitted

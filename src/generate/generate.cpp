@@ -2,10 +2,11 @@
 // a stop string, max tokens or the end of the context. Everything is validated before the session is touched.
 #include <algorithm>
 #include <chrono>
-#include <optional>
+#include <memory>
 
 #include "core/error.h"
 #include "generate/json_mode.h"
+#include "generate/json_schema.h"
 #include "plumb/text.h"
 
 namespace plumb {
@@ -38,6 +39,8 @@ void check_tokens(std::span<const int32_t> ids, int32_t vocab, const Tokenizer& 
 
 }  // namespace
 
+void check_json_schema(std::string_view schema) { gen::JsonSchema::compile(schema); }
+
 void check_generate_options(const GenerateOptions& opt) {
   check_sampling(opt.sampling);
   PLUMB_CHECK(opt.max_tokens >= 1, "max_tokens (--max-tokens) must be at least 1, got {}", opt.max_tokens);
@@ -58,13 +61,19 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
                 "the prompt is {} tokens{} but the model's context is {} tokens (max_position_embeddings)",
                 prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
 
-  std::optional<gen::JsonMask> json;  // JSON mode's mask (OutputFormat::JsonObject)
-  if (opt.format == OutputFormat::JsonObject) {
+  std::unique_ptr<gen::OutputMask> json;  // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema)
+  if (opt.format != OutputFormat::Text) {
     std::vector<int32_t> ends = opt.stop_tokens;
     if (opt.stop_at_eos && info.eos_token >= 0) ends.push_back(info.eos_token);
     PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the object's text: {} and no stop token is given",
                 info.eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)" : "EOS does not stop (stop_at_eos)");
-    json.emplace(tok, info.vocab_size, std::move(ends));
+    if (opt.format == OutputFormat::JsonObject) {
+      json = std::make_unique<gen::JsonMask>(tok, info.vocab_size, std::move(ends));
+    } else {
+      PLUMB_CHECK(!opt.json_schema.empty(), "OutputFormat::JsonSchema needs GenerateOptions::json_schema (the schema)");
+      gen::SchemaRecognizer start(gen::JsonSchema::compile(opt.json_schema));
+      json = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, std::move(ends), std::move(start));
+    }
   }
 
   session.reserve(start + int64_t(prompt.size()) + opt.max_tokens);  // no cache growth on the way (backend cuda)

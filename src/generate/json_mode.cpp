@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "generate/json_schema.h"
 #include "plumb/text.h"
 
 namespace plumb::gen {
@@ -36,6 +37,7 @@ bool JsonRecognizer::feed(std::string_view bytes) {
 }
 
 bool JsonRecognizer::feed(uint8_t c) {
+  event_ = {};
   switch (mode_) {
     case Mode::String: return string_byte(c);
     case Mode::Escape:
@@ -54,7 +56,7 @@ bool JsonRecognizer::feed(uint8_t c) {
     case Mode::Literal: {
       const std::string_view lit = kLiterals[literal_];
       if (c != uint8_t(lit[count_])) return false;
-      if (++count_ == lit.size()) after_value();
+      if (++count_ == lit.size()) after_value(), event_.what = JsonEvent::ScalarEnd;
       return true;
     }
     case Mode::Done: return false;  // nothing after the object: the generation ends there
@@ -78,7 +80,7 @@ bool JsonRecognizer::structural(uint8_t c) {
       [[fallthrough]];
     case Mode::Key:
       if (c != '"') return false;
-      mode_ = Mode::String, key_ = true;
+      mode_ = Mode::String, key_ = true, event_.what = JsonEvent::KeyStart;
       return true;
     case Mode::Colon:
       if (c != ':') return false;
@@ -86,7 +88,7 @@ bool JsonRecognizer::structural(uint8_t c) {
       return true;
     case Mode::After:
       if (c == ',') {
-        mode_ = top_is_object() ? Mode::Key : Mode::Value;
+        mode_ = top_is_object() ? Mode::Key : Mode::Value, event_.what = JsonEvent::Comma;
         return true;
       }
       if (c == '}' || c == ']') return close(c == '}');
@@ -115,13 +117,13 @@ bool JsonRecognizer::begin_value(uint8_t c) {
   switch (c) {
     case '{': return open(true);
     case '[': return open(false);
-    case '"': mode_ = Mode::String, key_ = false; return true;
-    case 't': mode_ = Mode::Literal, literal_ = 0, count_ = 1; return true;
-    case 'f': mode_ = Mode::Literal, literal_ = 1, count_ = 1; return true;
-    case 'n': mode_ = Mode::Literal, literal_ = 2, count_ = 1; return true;
+    case '"': mode_ = Mode::String, key_ = false, scalar(JsonEvent::String); return true;
+    case 't': mode_ = Mode::Literal, literal_ = 0, count_ = 1, scalar(JsonEvent::True); return true;
+    case 'f': mode_ = Mode::Literal, literal_ = 1, count_ = 1, scalar(JsonEvent::False); return true;
+    case 'n': mode_ = Mode::Literal, literal_ = 2, count_ = 1, scalar(JsonEvent::Null); return true;
     default:
       if (c != '-' && !is_digit(c)) return false;
-      mode_ = Mode::Number, count_ = 1;
+      mode_ = Mode::Number, count_ = 1, scalar(JsonEvent::Number);
       num_ = c == '-' ? Num::Minus : c == '0' ? Num::Zero : Num::Int;
       return true;
   }
@@ -132,6 +134,7 @@ bool JsonRecognizer::open(bool object) {
   objects_ = object ? objects_ | (uint64_t(1) << depth_) : objects_ & ~(uint64_t(1) << depth_);
   ++depth_;
   mode_ = object ? Mode::KeyOrClose : Mode::ValueOrClose;
+  event_.what = JsonEvent::Open, event_.kind = object ? JsonEvent::Object : JsonEvent::Array;
   return true;
 }
 
@@ -139,6 +142,7 @@ bool JsonRecognizer::close(bool object) {
   if (depth_ == 0 || top_is_object() != object) return false;
   --depth_;
   after_value();
+  event_.what = JsonEvent::Close, event_.kind = object ? JsonEvent::Object : JsonEvent::Array;
   return true;
 }
 
@@ -149,8 +153,8 @@ bool JsonRecognizer::string_byte(uint8_t c) {
     return true;
   }
   if (c == '"') {
-    if (key_) mode_ = Mode::Colon, count_ = 0, ws_ = 0;
-    else after_value();
+    if (key_) mode_ = Mode::Colon, count_ = 0, ws_ = 0, event_.what = JsonEvent::KeyEnd;
+    else after_value(), event_.what = JsonEvent::ScalarEnd;
     return true;
   }
   if (c == '\\') {
@@ -201,12 +205,14 @@ bool JsonRecognizer::number_byte(uint8_t c) {
       break;
   }
   // Zero, Int, Frac and Exp are complete numbers: the byte belongs to what follows.
-  after_value();  // (a number is never the root, so this is After)
+  after_value();
+  event_.number_end = true;  // (a number is never the root, so this is After)
   return structural(c);
 }
 
-JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends)
-    : bytes_(size_t(vocab)), is_end_(size_t(vocab), 0), spaced_(tok.spaced_tokens()) {
+template <class R>
+TokenMask<R>::TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start)
+    : bytes_(size_t(vocab)), is_end_(size_t(vocab), 0), spaced_(tok.spaced_tokens()), state_(std::move(start)) {
   PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
   for (int32_t id : ends) {
     PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
@@ -235,23 +241,26 @@ JsonMask::JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> end
     if (bytes_[size_t(id)].size() >= 2) two_ids_[fill[key(id)]++] = id;
 }
 
-bool JsonMask::passes(int32_t id, const JsonRecognizer& from, size_t skip) const {
-  JsonRecognizer s = from;
+template <class R>
+bool TokenMask<R>::passes(int32_t id, const R& from, size_t skip) const {
+  R s = from;
   if (!s.feed(std::string_view(bytes_[size_t(id)]).substr(skip))) return false;
   // A tokenizer that puts a space before each next token: the text must be able to take it (not "tr", "-" or "1.").
   return !spaced_ || s.complete() || s.feed(uint8_t(' '));
 }
 
-bool JsonMask::allows(int32_t id) const {
+template <class R>
+bool TokenMask<R>::allows(int32_t id) const {
   if (id < 0 || size_t(id) >= bytes_.size()) return false;
   if (state_.complete()) return is_end_[size_t(id)];
   if (bytes_[size_t(id)].empty()) return false;
-  JsonRecognizer s = state_;
+  R s = state_;
   if (spaced_ && !first_ && !s.feed(uint8_t(' '))) return false;
   return passes(id, s);
 }
 
-void JsonMask::apply(std::span<float> logits) const {
+template <class R>
+void TokenMask<R>::apply(std::span<float> logits) const {
   PLUMB_CHECK(logits.size() == bytes_.size(), "JSON mode: {} logits for a vocabulary of {}", logits.size(), bytes_.size());
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<uint8_t> keep(logits.size(), 0);
@@ -259,7 +268,7 @@ void JsonMask::apply(std::span<float> logits) const {
   if (state_.complete()) {
     for (size_t i = 0; i < logits.size(); ++i) keep[i] = is_end_[i], kept += is_end_[i];
   } else {
-    JsonRecognizer s = state_;
+    R s = state_;
     const bool space_ok = !(spaced_ && !first_) || s.feed(uint8_t(' '));
     if (space_ok && s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
       for (int32_t id : plain_) keep[size_t(id)] = 1;
@@ -270,14 +279,14 @@ void JsonMask::apply(std::span<float> logits) const {
     // Elsewhere only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536
     // pairs: after a value, the many tokens " word" stop at their second byte without being tried).
     for (int b = 0; b < 256 && space_ok && !s.between_string_chars(); ++b) {
-      JsonRecognizer one = s;
+      R one = s;
       if (!one.feed(uint8_t(b))) continue;
       for (int32_t id : one_byte_[size_t(b)])
         if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
       for (int c = 0; c < 256; ++c) {
         const size_t k = size_t(b) * 256 + size_t(c);
         if (two_at_[k] == two_at_[k + 1]) continue;
-        JsonRecognizer two = one;
+        R two = one;
         if (!two.feed(uint8_t(c))) continue;
         for (uint32_t i = two_at_[k]; i < two_at_[k + 1]; ++i)
           if (passes(two_ids_[i], two, 2)) keep[size_t(two_ids_[i])] = 1, ++kept;
@@ -289,7 +298,8 @@ void JsonMask::apply(std::span<float> logits) const {
     if (!keep[i]) logits[i] = ninf;
 }
 
-void JsonMask::accept(int32_t id) {
+template <class R>
+void TokenMask<R>::accept(int32_t id) {
   PLUMB_CHECK(allows(id), "JSON mode: token {} cannot continue the output", id);
   if (!state_.complete()) {
     if (spaced_ && !first_) state_.feed(uint8_t(' '));
@@ -297,5 +307,8 @@ void JsonMask::accept(int32_t id) {
   }
   first_ = false;
 }
+
+template class TokenMask<JsonRecognizer>;
+template class TokenMask<SchemaRecognizer>;
 
 }  // namespace plumb::gen

@@ -14,6 +14,18 @@ class Tokenizer;
 
 namespace plumb::gen {
 
+// What one byte did to the structure (JsonRecognizer::event(), for a schema layer reading the same bytes): at most one
+// structural event, after a number that this byte ended (number_end: the byte itself belongs to what follows).
+struct JsonEvent {
+  enum What : uint8_t { None, Open, Close, Comma, KeyStart, KeyEnd, ScalarStart, ScalarEnd };
+  // Open / Close: Object or Array; ScalarStart: String, Number, True, False or Null (ScalarEnd: a string's closing
+  // quote or a literal's last byte; a number ends with number_end on the byte after it).
+  enum Kind : uint8_t { Object, Array, String, Number, True, False, Null };
+  bool number_end = false;
+  What what = None;
+  Kind kind = Object;
+};
+
 // Recognizes the text of one JSON object (RFC 8259's grammar, the root an object), a byte at a time: feed() is false
 // at the first byte that no valid object can have there (and the state is then unspecified), and every state it takes
 // can still be completed (no dead end: tested by a search over the states). Strings must be well-formed UTF-8 (no
@@ -31,8 +43,14 @@ class JsonRecognizer {
   // Inside a string, between characters: where any text without '"', control characters and broken UTF-8 passes.
   bool between_string_chars() const { return mode_ == Mode::String && utf8_need_ == 0; }
   bool in_string() const { return mode_ == Mode::String || mode_ == Mode::Escape || mode_ == Mode::Unicode; }
+  // What the last byte fed did (JsonEvent).
+  const JsonEvent& event() const { return event_; }
   // Two states that take the same bytes the same way are equal (a search over the states, tests/unit/test_json_mode.cpp).
-  bool operator==(const JsonRecognizer&) const = default;
+  bool operator==(const JsonRecognizer& o) const {
+    return mode_ == o.mode_ && num_ == o.num_ && key_ == o.key_ && depth_ == o.depth_ && objects_ == o.objects_ &&
+           utf8_need_ == o.utf8_need_ && utf8_lo_ == o.utf8_lo_ && utf8_hi_ == o.utf8_hi_ && count_ == o.count_ &&
+           ws_ == o.ws_ && literal_ == o.literal_;
+  }
   int depth() const { return depth_; }
   uint64_t hash() const {
     uint64_t h = objects_;
@@ -51,6 +69,7 @@ class JsonRecognizer {
   bool structural(uint8_t c);  // Start .. After
   bool whitespace(uint8_t c);
   bool begin_value(uint8_t c);
+  void scalar(JsonEvent::Kind k) { event_.what = JsonEvent::ScalarStart, event_.kind = k; }
   bool open(bool object);
   bool close(bool object);
   void after_value() { mode_ = depth_ == 0 ? Mode::Done : Mode::After, count_ = 0, ws_ = 0; }
@@ -69,27 +88,38 @@ class JsonRecognizer {
   uint8_t ws_ = 0;          // the whitespace run: kBreak after a line break, kCR right after a '\r'
   static constexpr uint8_t kBreak = 1, kCR = 2;
   uint8_t literal_ = 0;     // 0 true, 1 false, 2 null
+  JsonEvent event_;         // the last byte's (not part of the state: operator== and hash() leave it out)
 };
 
-// The mask for one generation: the bytes each token adds to the output (its decode), and the recognizer of what was
-// sampled so far. Added tokens (special or not: DeepSeek's chat markers), ids the tokenizer does not know and tokens
-// that decode to nothing never pass; the
-// end tokens (EOS, the stop tokens) pass only once the object is complete, and then nothing else does.
-class JsonMask {
+// The mask generate() applies: JSON mode's or a schema's (TokenMask below).
+class OutputMask {
+ public:
+  virtual ~OutputMask() = default;
+  // Sets the logit of every token that cannot come next to -inf. Throws plumb::Error when no token can.
+  virtual void apply(std::span<float> logits) const = 0;
+  virtual bool allows(int32_t id) const = 0;  // whether `id` may come next (what apply() keeps)
+  // The sampled token: its bytes go to the recognizer. Throws plumb::Error for a token allows() refuses.
+  virtual void accept(int32_t id) = 0;
+  virtual bool complete() const = 0;
+};
+
+// The mask for one generation over a recognizer R (JsonRecognizer; SchemaRecognizer, json_schema.h): the bytes each
+// token adds to the output (its decode), and R's state for what was sampled so far. Added tokens (special or not:
+// DeepSeek's chat markers), ids the tokenizer does not know and tokens that decode to nothing never pass; the end
+// tokens (EOS, the stop tokens) pass only once the value is complete, and then nothing else does.
+template <class R>
+class TokenMask final : public OutputMask {
  public:
   // vocab: the model's (its logits per row; ids past the tokenizer's never pass). ends: the tokens that end the
-  // generation; at least one (generate() refuses JSON mode without one).
-  JsonMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends);
-  // Sets the logit of every token that cannot come next to -inf. Throws plumb::Error when no token can.
-  void apply(std::span<float> logits) const;
-  // Whether `id` may come next (what apply() keeps).
-  bool allows(int32_t id) const;
-  // The sampled token: its bytes go to the recognizer. Throws plumb::Error for a token allows() refuses.
-  void accept(int32_t id);
-  bool complete() const { return state_.complete(); }
+  // generation; at least one (generate() refuses JSON mode without one). start: R's state before the first byte.
+  TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start = R());
+  void apply(std::span<float> logits) const override;
+  bool allows(int32_t id) const override;
+  void accept(int32_t id) override;
+  bool complete() const override { return state_.complete(); }
 
  private:
-  bool passes(int32_t id, const JsonRecognizer& from, size_t skip = 0) const;  // the bytes of id after `skip` fed
+  bool passes(int32_t id, const R& from, size_t skip = 0) const;  // the bytes of id after `skip` fed
   std::vector<std::string> bytes_;                   // per id; empty: never passes
   // Outside strings the tokens are tried by their first two bytes: the one-byte tokens per byte, and the longer ones
   // grouped by their first two bytes (ids in two_ids_[two_at_[k] .. two_at_[k + 1]) for k = 256 * first + second).
@@ -101,7 +131,10 @@ class JsonMask {
   std::vector<uint8_t> is_end_;
   bool spaced_ = false;  // a tokenizer without a byte-level decoder puts a space between tokens
   bool first_ = true;
-  JsonRecognizer state_;
+  R state_;
 };
+
+using JsonMask = TokenMask<JsonRecognizer>;
+extern template class TokenMask<JsonRecognizer>;  // (json_mode.cpp instantiates both masks; the schema's: json_schema.h)
 
 }  // namespace plumb::gen

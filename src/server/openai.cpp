@@ -84,6 +84,8 @@ std::string string_field(const json& body, const char* name) {
   return v->get<std::string>();
 }
 
+const char* format_name(OutputFormat f) { return f == OutputFormat::JsonSchema ? "json_schema" : "json_object"; }
+
 // Fields of OpenAI's API that plumb does not implement: refused by name rather than ignored, so a client does not
 // take plain text for what it asked (token biases, a suffix to fill in, a predicted output, audio).
 void refuse_unsupported(const json& body) {
@@ -97,18 +99,33 @@ void refuse_unsupported(const json& body) {
   }
 }
 
-// response_format: {"type": "text"} (the default) or {"type": "json_object"} (JSON mode: generate()'s
-// OutputFormat::JsonObject). A schema (json_schema) would need a grammar per request: refused by name.
-OutputFormat response_format(const json& body) {
+// response_format: {"type": "text"} (the default), {"type": "json_object"} (JSON mode: generate()'s
+// OutputFormat::JsonObject) or {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} (structured
+// output: OutputFormat::JsonSchema; the schema compiled here, so what plumb does not support is a 400 naming it).
+void response_format(const json& body, GenerateOptions& g) {
   const json* v = field(body, "response_format");
-  if (!v) return OutputFormat::Text;
+  if (!v) return;
   const json* type = v->is_object() ? field(*v, "type") : nullptr;
   if (!type || !type->is_string())
-    bad_request("response_format", "response_format must be an object with a \"type\": \"text\" or \"json_object\"");
-  if (*type == "text") return OutputFormat::Text;
-  if (*type == "json_object") return OutputFormat::JsonObject;
-  bad_request("response_format", fmt::format("response_format type \"{}\" is not supported by plumb serve (\"text\" and "
-                                             "\"json_object\", JSON mode, are)", type->get<std::string>()));
+    bad_request("response_format", "response_format must be an object with a \"type\": \"text\", \"json_object\" or "
+                "\"json_schema\"");
+  if (*type == "text") return;
+  if (*type == "json_object") {
+    g.format = OutputFormat::JsonObject;
+    return;
+  }
+  if (*type != "json_schema")
+    bad_request("response_format", fmt::format("response_format type \"{}\" is not supported by plumb serve (\"text\", "
+                                               "\"json_object\" and \"json_schema\" are)", type->get<std::string>()));
+  const json* spec = field(*v, "json_schema");
+  const json* schema = spec && spec->is_object() ? field(*spec, "schema") : nullptr;
+  if (!schema) bad_request("response_format", "response_format json_schema needs \"json_schema\": {\"schema\": {...}}");
+  g.format = OutputFormat::JsonSchema, g.json_schema = schema->dump();
+  try {
+    check_json_schema(g.json_schema);
+  } catch (const Error& e) {
+    bad_request("response_format", e.what());
+  }
 }
 
 std::vector<std::string> stop_strings(const json& body, const Defaults& d) {
@@ -186,11 +203,12 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
     std::erase_if(r.gen.stop_tokens, [&](int32_t id) { return id == d.eos_token || id == d.tokenizer_eos; });
   }
   r.gen.skip_special = true;  // (a reply's text; BOS/EOS are not part of it)
-  r.gen.format = response_format(body);
+  response_format(body, r.gen);
   // (generate() ends the object with a stop token, or with the model's EOS while it stops: the same rule)
-  if (r.gen.format == OutputFormat::JsonObject && r.gen.stop_tokens.empty() && !(r.gen.stop_at_eos && d.eos_token >= 0))
-    bad_request("response_format", "response_format json_object needs a token to end the object with: the model names no "
-                "EOS or ignore_eos took it, and no --stop-token was given to the server");
+  if (r.gen.format != OutputFormat::Text && r.gen.stop_tokens.empty() && !(r.gen.stop_at_eos && d.eos_token >= 0))
+    bad_request("response_format", fmt::format("response_format {} needs a token to end the object with: the model "
+                                               "names no EOS or ignore_eos took it, and no --stop-token was given to the "
+                                               "server", format_name(r.gen.format)));
 }
 
 // The max tokens of `r`'s prompt (named `prompt_name` in errors): the request's, or the default cut to the context
@@ -291,9 +309,9 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
   }
   common_fields(body, d, shared);
   // (an echoed completion's text is the prompt and then the object: not JSON)
-  if (shared.echo && shared.gen.format == OutputFormat::JsonObject)
-    bad_request("response_format", "response_format json_object cannot be combined with echo: the text would start with "
-                "the prompt");
+  if (shared.echo && shared.gen.format != OutputFormat::Text)
+    bad_request("response_format", fmt::format("response_format {} cannot be combined with echo: the text would start "
+                                               "with the prompt", format_name(shared.gen.format)));
   std::vector<Request> out;
   for (const auto& [one, name] : prompts) {
     Request r = shared;
@@ -395,10 +413,10 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
   if (r.tools) r.gen.skip_special = false;  // (the reply is parsed for DSML markup: keep every string the model wrote)
   // JSON mode masks the reply from its first token: a thinking reply's reasoning, or a tool-call block, could not be
   // written. (With tool_choice "none" the tools are only in the prompt: JSON mode applies.)
-  if (r.gen.format == OutputFormat::JsonObject && (r.thinking || r.tools))
-    bad_request("response_format", fmt::format("response_format json_object cannot be combined with {}: JSON mode holds the "
-                                               "whole reply to one JSON object", r.thinking ? "thinking mode" : "tools "
-                                               "(tool_choice \"auto\"; \"none\" can)"));
+  if (r.gen.format != OutputFormat::Text && (r.thinking || r.tools))
+    bad_request("response_format", fmt::format("response_format {} cannot be combined with {}: JSON mode holds the whole "
+                                               "reply to one JSON object", format_name(r.gen.format),
+                                               r.thinking ? "thinking mode" : "tools (tool_choice \"auto\"; \"none\" can)"));
   return r;
 }
 

@@ -143,6 +143,12 @@ TEST(ServeRequests, ResponseFormatSetsJsonMode) {
                 .gen.format,
             OutputFormat::JsonObject);
   EXPECT_EQ(one_completion({{"prompt", "a"}, {"response_format", js}}, tiny_tok(), d).gen.format, OutputFormat::JsonObject);
+  // json_schema: OpenAI's shape, the schema carried as text.
+  const json schema = {{"type", "object"}, {"properties", {{"name", {{"type", "string"}}}}}, {"required", {"name"}}};
+  const Request r = parse_chat({{"messages", user}, {"response_format", {{"type", "json_schema"},
+                                {"json_schema", {{"name", "person"}, {"strict", true}, {"schema", schema}}}}}}, tiny_tok(), d);
+  EXPECT_EQ(r.gen.format, OutputFormat::JsonSchema);
+  EXPECT_EQ(json::parse(r.gen.json_schema), schema);
 }
 
 TEST(ServeRequests, RefusalsNameTheField) {
@@ -191,7 +197,12 @@ TEST(ServeRequests, RefusalsNameTheField) {
   no_function.push_back({{"role", "user"}, {"content", "y"}});
   expect_refused(json{{"messages", no_function}}, true, "messages[1].tool_calls[0].function", "needs a function object");
   expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_schema"}}}}, true, "response_format",
-                 "\"json_schema\" is not supported");
+                 "needs \"json_schema\": {\"schema\"");
+  expect_refused(json{{"messages", user}, {"response_format", {{"type", "xml"}}}}, true, "response_format",
+                 "\"xml\" is not supported");
+  const json pattern = {{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"pattern", "^x"}}}}}};
+  expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", pattern}}}}}},
+                 true, "response_format", "keyword \"pattern\" at #/properties/a is not supported");
   expect_refused(json{{"messages", user}, {"response_format", "json"}}, true, "response_format", "must be an object");
   expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}, {"thinking", true}}, true,
                  "response_format", "cannot be combined with thinking mode");

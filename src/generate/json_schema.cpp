@@ -1,0 +1,419 @@
+// Structured outputs: a JSON Schema's supported subset compiled to SchemaNodes, and the recognizer that holds the
+// bytes of one value to it (json_schema.h).
+#include "generate/json_schema.h"
+
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace plumb::gen {
+
+using json = nlohmann::json;
+
+// Containers open in one alternative; a change makes a new frame (the old one may be another alternative's).
+struct SchemaRecognizer::Frame {
+  const SchemaNode* node;
+  bool object;
+  uint64_t seen = 0;   // objects: the properties written
+  int64_t count = 0;   // arrays: the items begun
+  std::shared_ptr<const Frame> parent;
+};
+
+namespace {
+
+// Keywords that constrain nothing (or whose constraint is another keyword's): passed over.
+const std::set<std::string> kAnnotations = {"title",      "description", "default",  "examples", "format",
+                                            "$schema",    "$id",         "$comment", "deprecated", "readOnly",
+                                            "writeOnly",  "discriminator", "$defs",  "definitions"};
+
+uint8_t type_bits(const std::string& t, const std::string& where) {
+  if (t == "object") return SchemaNode::Obj;
+  if (t == "array") return SchemaNode::Arr;
+  if (t == "string") return SchemaNode::Str;
+  if (t == "integer") return SchemaNode::Int;
+  if (t == "number") return SchemaNode::Int | SchemaNode::Num;
+  if (t == "boolean") return SchemaNode::Bool;
+  if (t == "null") return SchemaNode::Null;
+  fail("JSON schema: type \"{}\" at {} is not a JSON Schema type", t, where);
+}
+
+uint8_t value_type(const json& v) {
+  if (v.is_string()) return SchemaNode::Str;
+  if (v.is_number_integer() || v.is_number_unsigned()) return SchemaNode::Int | SchemaNode::Num;
+  if (v.is_number()) return SchemaNode::Num;
+  if (v.is_boolean()) return SchemaNode::Bool;
+  return SchemaNode::Null;
+}
+
+int64_t count_field(const json& v, const std::string& where) {
+  PLUMB_CHECK(v.is_number_integer() || v.is_number_unsigned(), "JSON schema: {} must be a non-negative integer", where);
+  PLUMB_CHECK(v.get<int64_t>() >= 0, "JSON schema: {} must be a non-negative integer, got {}", where, v.dump());
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+struct JsonSchema::Compiler {
+  JsonSchema& s;
+  const json& doc;
+  std::map<std::string, SchemaNode*> refs;  // "#/$defs/X" -> its node (made before it is filled: recursion)
+
+  SchemaNode* make() {
+    s.nodes_.push_back(std::make_unique<SchemaNode>());
+    return s.nodes_.back().get();
+  }
+  SchemaNode* node(const json& j, const std::string& where) {
+    SchemaNode* n = make();
+    fill(n, j, where);
+    return n;
+  }
+  const SchemaNode* ref(const std::string& r, const std::string& where) {
+    if (r == "#") return s.root_;
+    if (auto it = refs.find(r); it != refs.end()) return it->second;
+    std::string section, name;
+    if (r.rfind("#/$defs/", 0) == 0) section = "$defs", name = r.substr(8);
+    else if (r.rfind("#/definitions/", 0) == 0) section = "definitions", name = r.substr(14);
+    PLUMB_CHECK(!section.empty() && name.find('/') == std::string::npos && name.find('~') == std::string::npos,
+                "JSON schema: $ref \"{}\" at {}: only \"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\" are supported", r, where);
+    PLUMB_CHECK(doc.is_object() && doc.contains(section) && doc[section].is_object() && doc[section].contains(name),
+                "JSON schema: $ref \"{}\" at {} names no schema of the document", r, where);
+    SchemaNode* n = make();
+    refs[r] = n;
+    fill(n, doc[section][name], r.substr(1));
+    return n;
+  }
+
+  void fill(SchemaNode* n, const json& j, const std::string& where) {
+    if (j.is_boolean()) {
+      PLUMB_CHECK(j.get<bool>(), "JSON schema: the schema false at {} allows no value (only additionalProperties may be "
+                  "false)", where);
+      n->additional = s.any_;
+      return;
+    }
+    PLUMB_CHECK(j.is_object(), "JSON schema: the schema at {} must be an object or true, got {}", where, j.type_name());
+    n->additional = s.any_;  // (JSON Schema's default: other keys allowed, any value)
+    bool combined = false, constrained = false;
+    for (const auto& [k, v] : j.items()) {
+      const std::string at = where + "/" + k;
+      if (kAnnotations.count(k)) continue;
+      if (k == "anyOf" || k == "oneOf" || k == "allOf") {
+        PLUMB_CHECK(v.is_array() && !v.empty(), "JSON schema: {} must be a non-empty array", at);
+        PLUMB_CHECK(!combined, "JSON schema: {} beside another of anyOf, oneOf, allOf, $ref is not supported", at);
+        combined = true;
+        if (k == "allOf") {
+          PLUMB_CHECK(v.size() == 1, "JSON schema: allOf of {} schemas at {} is not supported (one is)", v.size(), where);
+          n->any_of.push_back(node(v[0], at + "/0"));
+        } else {
+          for (size_t i = 0; i < v.size(); ++i) n->any_of.push_back(node(v[i], at + "/" + std::to_string(i)));
+        }
+      } else if (k == "$ref") {
+        PLUMB_CHECK(v.is_string(), "JSON schema: {} must be a string", at);
+        PLUMB_CHECK(!combined, "JSON schema: $ref beside anyOf, oneOf or allOf at {} is not supported", where);
+        combined = true;
+        n->ref = ref(v.get<std::string>(), at);
+      } else if (k == "type") {
+        constrained = true;
+        n->types = 0;
+        if (v.is_string()) {
+          n->types = type_bits(v.get<std::string>(), at);
+        } else {
+          PLUMB_CHECK(v.is_array() && !v.empty(), "JSON schema: {} must be a type name or an array of them", at);
+          for (const auto& t : v) {
+            PLUMB_CHECK(t.is_string(), "JSON schema: {} must hold type names", at);
+            n->types |= type_bits(t.get<std::string>(), at);
+          }
+        }
+      } else if (k == "enum" || k == "const") {
+        constrained = true;
+        const json values = k == "const" ? json::array({v}) : v;
+        PLUMB_CHECK(values.is_array() && !values.empty(), "JSON schema: {} must be a non-empty array", at);
+        for (const auto& e : values) {
+          PLUMB_CHECK(!e.is_object() && !e.is_array(), "JSON schema: {} holds an object or array value: only strings, "
+                      "numbers, booleans and null are supported there", at);
+          n->enum_texts.push_back(e.dump());
+        }
+      } else if (k == "properties") {
+        constrained = true;
+        PLUMB_CHECK(v.is_object(), "JSON schema: {} must be an object", at);
+        PLUMB_CHECK(v.size() <= 64, "JSON schema: {} has {} properties, more than the 64 supported", at, v.size());
+        for (const auto& [name, sub] : v.items()) {
+          const std::string key = json(name).dump();  // (the key as written: nlohmann's escaping, quotes cut below)
+          n->props.emplace_back(key.substr(1, key.size() - 2), node(sub, at + "/" + name));
+        }
+      } else if (k == "required" || k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems") {
+        constrained = true;  // (read below, once properties are known)
+      } else {
+        fail("JSON schema: keyword \"{}\" at {} is not supported (plumb would not hold the output to it)", k, where);
+      }
+    }
+    PLUMB_CHECK(!(combined && constrained), "JSON schema: anyOf, oneOf, allOf or $ref beside other constraints at {} is "
+                "not supported", where);
+    if (const auto r = j.find("required"); r != j.end()) {
+      PLUMB_CHECK(r->is_array(), "JSON schema: {}/required must be an array", where);
+      for (const auto& name : *r) {
+        PLUMB_CHECK(name.is_string(), "JSON schema: {}/required must hold property names", where);
+        const std::string key = json(name).dump();
+        size_t i = 0;
+        while (i < n->props.size() && n->props[i].first != key.substr(1, key.size() - 2)) ++i;
+        PLUMB_CHECK(i < n->props.size(), "JSON schema: {}/required names \"{}\", which properties does not define",
+                    where, name.get<std::string>());
+        n->required |= uint64_t(1) << i;
+      }
+    }
+    if (const auto a = j.find("additionalProperties"); a != j.end()) {
+      if (a->is_boolean()) n->additional = a->get<bool>() ? s.any_ : nullptr;
+      else n->additional = node(*a, where + "/additionalProperties");
+    }
+    if (const auto it = j.find("items"); it != j.end()) {
+      PLUMB_CHECK(!it->is_array(), "JSON schema: {}/items as an array (tuples) is not supported", where);
+      n->items = node(*it, where + "/items");
+    }
+    if (const auto mn = j.find("minItems"); mn != j.end()) n->min_items = count_field(*mn, where + "/minItems");
+    if (const auto mx = j.find("maxItems"); mx != j.end()) n->max_items = count_field(*mx, where + "/maxItems");
+    PLUMB_CHECK(n->max_items < 0 || n->max_items >= n->min_items, "JSON schema: maxItems below minItems at {}", where);
+    if (!n->enum_texts.empty()) {  // (the values of other types than `type` allows can never be written)
+      std::erase_if(n->enum_texts, [&](const std::string& t) { return !(value_type(json::parse(t)) & n->types); });
+      PLUMB_CHECK(!n->enum_texts.empty(), "JSON schema: no value of the enum at {} has a type its type allows", where);
+      uint8_t kinds = 0;
+      for (const auto& t : n->enum_texts) kinds |= value_type(json::parse(t));
+      n->types &= kinds;
+    }
+  }
+};
+
+JsonSchema::~JsonSchema() = default;
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(std::string_view text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("JSON schema: not valid JSON: {}", e.what());
+  }
+  std::shared_ptr<JsonSchema> s(new JsonSchema());
+  s->nodes_.push_back(std::make_unique<SchemaNode>());
+  SchemaNode* any = s->nodes_.back().get();
+  any->additional = any;
+  s->any_ = any;
+  s->nodes_.push_back(std::make_unique<SchemaNode>());
+  SchemaNode* root = s->nodes_.back().get();
+  s->root_ = root;
+  Compiler c{*s, doc, {}};
+  c.fill(root, doc, "#");
+  // The root must be able to be an object (what the recognizer's root is), reached through $ref and anyOf.
+  std::vector<const SchemaNode*> todo = {root};
+  std::set<const SchemaNode*> seen;
+  bool object = false;
+  while (!todo.empty() && !object) {
+    const SchemaNode* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (n->ref) todo.push_back(n->ref);
+    else if (!n->any_of.empty()) todo.insert(todo.end(), n->any_of.begin(), n->any_of.end());
+    else object = (n->types & SchemaNode::Obj) && n->enum_texts.empty();
+  }
+  PLUMB_CHECK(object, "JSON schema: the root must allow an object (structured outputs' root is one)");
+  return s;
+}
+
+namespace {
+
+// The nodes a value of `n` may match, with $ref followed and unions spread out (a cycle of them ends the walk).
+void resolve(const SchemaNode* n, const SchemaNode* any, std::vector<const SchemaNode*>& out, int depth = 0) {
+  if (depth > 32) return;
+  if (!n) n = any;
+  if (n->ref) return resolve(n->ref, any, out, depth + 1);
+  if (!n->any_of.empty()) {
+    for (const SchemaNode* a : n->any_of) resolve(a, any, out, depth + 1);
+    return;
+  }
+  out.push_back(n);
+}
+
+bool allows_kind(const SchemaNode* n, JsonEvent::Kind k) {
+  switch (k) {
+    case JsonEvent::Object: return (n->types & SchemaNode::Obj) && n->enum_texts.empty();
+    case JsonEvent::Array: return (n->types & SchemaNode::Arr) && n->enum_texts.empty();
+    case JsonEvent::String: return n->types & SchemaNode::Str;
+    case JsonEvent::Number: return n->types & (SchemaNode::Int | SchemaNode::Num);
+    case JsonEvent::True:
+    case JsonEvent::False: return n->types & SchemaNode::Bool;
+    case JsonEvent::Null: return n->types & SchemaNode::Null;
+  }
+  return false;
+}
+
+bool prefix_of_one(const std::vector<std::string>& texts, const std::string& t) {
+  for (const auto& e : texts)
+    if (e.compare(0, t.size(), t) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+bool SchemaRecognizer::Alt::operator==(const Alt& o) const {
+  return top == o.top && value == o.value && kind == o.kind && phase == o.phase && text == o.text;
+}
+
+SchemaRecognizer::SchemaRecognizer(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
+  alts_[0].value = schema_->root();
+  n_ = 1;
+}
+
+bool SchemaRecognizer::feed(std::string_view bytes) {
+  for (char c : bytes)
+    if (!feed(uint8_t(c))) return false;
+  return true;
+}
+
+bool SchemaRecognizer::feed(uint8_t c) {
+  if (n_ == 0) return false;
+  JsonRecognizer syntax = syntax_;
+  if (!syntax.feed(c)) return false;
+  Alts out{};
+  int m = 0;
+  for (int i = 0; i < n_; ++i) step(alts_[size_t(i)], c, syntax.event(), out, m);
+  if (m == 0) return false;
+  syntax_ = syntax;
+  alts_ = std::move(out);
+  n_ = m;
+  return true;
+}
+
+bool SchemaRecognizer::between_string_chars() const {
+  if (!syntax_.between_string_chars()) return false;
+  for (int i = 0; i < n_; ++i) {
+    const Alt& a = alts_[size_t(i)];
+    const bool free_value = a.phase == Alt::InScalar && a.value->enum_texts.empty();
+    const bool free_key = a.phase == Alt::InKey && a.top->node->additional;
+    if (!free_value && !free_key) return false;
+  }
+  return true;
+}
+
+bool SchemaRecognizer::key_prefix_ok(const Alt& a) const {
+  const SchemaNode* n = a.top->node;
+  if (n->additional) return true;
+  for (size_t i = 0; i < n->props.size(); ++i)
+    if (!((a.top->seen >> i) & 1) && n->props[i].first.compare(0, a.text.size(), a.text) == 0) return true;
+  return false;
+}
+
+// A byte of a scalar (its enum text so far a prefix of one of the values; an integer has no fraction or exponent).
+bool SchemaRecognizer::scalar_byte(Alt& a, uint8_t c) const {
+  if (a.kind == JsonEvent::Number && !(a.value->types & SchemaNode::Num) && (c == '.' || c == 'e' || c == 'E'))
+    return false;
+  if (a.value->enum_texts.empty()) return true;
+  a.text += char(c);
+  return prefix_of_one(a.value->enum_texts, a.text);
+}
+
+bool SchemaRecognizer::end_scalar(const Alt& a) {
+  if (a.value->enum_texts.empty()) return true;
+  for (const auto& e : a.value->enum_texts)
+    if (e == a.text) return true;
+  return false;
+}
+
+void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& out, int& m) const {
+  auto add = [&](Alt&& x) { push(out, m, std::move(x)); };
+  Alt b = a;
+  if (ev.number_end) {  // (the number this byte ended; the byte itself is what follows it)
+    if (!end_scalar(b)) return;
+    b.phase = Alt::After, b.text.clear();
+  }
+  switch (ev.what) {
+    case JsonEvent::None:
+      if (b.phase == Alt::InKey) {
+        b.text += char(c);
+        if (!key_prefix_ok(b)) return;
+      } else if (b.phase == Alt::InScalar && !scalar_byte(b, c)) {
+        return;
+      }
+      return add(std::move(b));
+    case JsonEvent::ScalarStart:
+    case JsonEvent::Open: return begin_value(std::move(b), c, ev, out, m);
+    case JsonEvent::ScalarEnd:
+      if (!scalar_byte(b, c) || !end_scalar(b)) return;
+      b.phase = Alt::After, b.text.clear();
+      return add(std::move(b));
+    case JsonEvent::Close: {
+      const Frame& f = *b.top;
+      if (f.object && (f.seen & f.node->required) != f.node->required) return;  // a required property is missing
+      if (!f.object && f.count < f.node->min_items) return;
+      b.top = f.parent, b.phase = Alt::After;
+      return add(std::move(b));
+    }
+    case JsonEvent::Comma: {
+      const Frame& f = *b.top;
+      if (f.object) {  // (a key must be able to follow)
+        bool more = f.node->additional != nullptr;
+        for (size_t i = 0; i < f.node->props.size() && !more; ++i) more = !((f.seen >> i) & 1);
+        if (!more) return;
+        b.phase = Alt::Key;
+      } else {
+        if (f.node->max_items >= 0 && f.count >= f.node->max_items) return;
+        b.phase = Alt::Value, b.value = f.node->items;
+      }
+      return add(std::move(b));
+    }
+    case JsonEvent::KeyStart:
+      b.phase = Alt::InKey, b.text.clear();
+      return add(std::move(b));
+    case JsonEvent::KeyEnd: {
+      const SchemaNode* n = b.top->node;
+      size_t i = 0;
+      while (i < n->props.size() && n->props[i].first != b.text) ++i;
+      auto f = std::make_shared<Frame>(*b.top);
+      if (i < n->props.size()) {
+        if ((f->seen >> i) & 1) return;  // (a property written twice)
+        f->seen |= uint64_t(1) << i;
+        b.value = n->props[i].second;
+      } else {
+        if (!n->additional) return;
+        b.value = n->additional;
+      }
+      b.top = std::move(f), b.phase = Alt::Value, b.text.clear();
+      return add(std::move(b));
+    }
+  }
+}
+
+// A value begins (its first byte: '{', '[', or a scalar's): each node it may match that allows its kind is one
+// alternative; in an array it counts as an item.
+void SchemaRecognizer::begin_value(Alt b, uint8_t c, const JsonEvent& ev, Alts& out, int& m) const {
+  if (b.top && !b.top->object) {
+    if (b.top->node->max_items >= 0 && b.top->count >= b.top->node->max_items) return;
+    auto f = std::make_shared<Frame>(*b.top);
+    ++f->count;
+    b.top = std::move(f);
+  }
+  std::vector<const SchemaNode*> nodes;
+  resolve(b.value, schema_->any(), nodes);
+  for (const SchemaNode* n : nodes) {
+    if (!allows_kind(n, ev.kind)) continue;
+    Alt x = b;
+    if (ev.what == JsonEvent::Open) {
+      const bool object = ev.kind == JsonEvent::Object;
+      x.top = std::make_shared<Frame>(Frame{n, object, 0, 0, b.top});
+      x.phase = object ? Alt::Key : Alt::Value;
+      x.value = object ? nullptr : n->items;
+    } else {
+      x.phase = Alt::InScalar, x.value = n, x.kind = ev.kind;
+      x.text = n->enum_texts.empty() ? std::string() : std::string(1, char(c));
+      if (!n->enum_texts.empty() && !prefix_of_one(n->enum_texts, x.text)) continue;
+    }
+    push(out, m, std::move(x));
+  }
+}
+
+void SchemaRecognizer::push(Alts& out, int& m, Alt&& x) {
+  for (int i = 0; i < m; ++i)
+    if (out[size_t(i)] == x) return;
+  if (m < kMaxAlternatives) out[size_t(m++)] = std::move(x);  // (past the cap: dropped, the output stays valid)
+}
+
+}  // namespace plumb::gen

@@ -1,0 +1,104 @@
+// Structured outputs (GenerateOptions::format = OutputFormat::JsonSchema): a JSON Schema compiled to the subset a
+// byte-level recognizer can hold generation to, and that recognizer (JsonRecognizer's syntax plus the schema's
+// constraints), which json_mode.h's token mask runs like JSON mode's.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "generate/json_mode.h"
+
+namespace plumb::gen {
+
+// One schema, compiled. Types are a set (a "type" array, or what an enum's values are); anyOf (and oneOf, taken as
+// anyOf: a value matching several branches is not refused) and $ref are resolved when a value starts.
+struct SchemaNode {
+  enum Type : uint8_t { Obj = 1, Arr = 2, Str = 4, Int = 8, Num = 16, Bool = 32, Null = 64, Any = 127 };
+  uint8_t types = Any;
+  std::vector<const SchemaNode*> any_of;  // non-empty: the value matches one of these (the node's other fields unused)
+  const SchemaNode* ref = nullptr;         // $ref: the value matches that node
+  // Objects: each property's key as the model must write it (JSON-escaped as nlohmann writes it, without the quotes).
+  std::vector<std::pair<std::string, const SchemaNode*>> props;
+  uint64_t required = 0;                  // bits over props
+  const SchemaNode* additional = nullptr;  // the schema of other keys' values; nullptr: no other key
+  // Arrays.
+  const SchemaNode* items = nullptr;  // nullptr: any value
+  int64_t min_items = 0, max_items = -1;
+  // enum / const: the values' texts as nlohmann writes them (compact); empty: no enum.
+  std::vector<std::string> enum_texts;
+};
+
+// A compiled schema. Supported: type (one or an array), properties, required, additionalProperties (true, false or a
+// schema), items (a schema), minItems, maxItems, enum and const of scalars, anyOf, oneOf (as anyOf), allOf of one
+// schema, $ref to "#", "#/$defs/..." or "#/definitions/...", true / {} (any value), and the annotations (title,
+// description, default, examples, format, $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator).
+// Any other keyword is refused by name (plumb::Error "... at <path>"), as a constraint plumb would not hold the output
+// to. The root must allow an object (the recognizer's root is one), at most 64 properties per object.
+class JsonSchema {
+ public:
+  static std::shared_ptr<const JsonSchema> compile(std::string_view schema_text);
+  const SchemaNode* root() const { return root_; }
+  const SchemaNode* any() const { return any_; }
+  ~JsonSchema();
+
+ private:
+  JsonSchema() = default;
+  struct Compiler;
+  std::vector<std::unique_ptr<SchemaNode>> nodes_;
+  const SchemaNode* root_ = nullptr;
+  const SchemaNode* any_ = nullptr;
+};
+
+// The bytes of one value that a compiled schema allows, read as JsonRecognizer reads its syntax: feed() is false at the
+// first byte no valid instance can have there. A union is followed as alternative states (at most kMaxAlternatives
+// at a time, duplicates merged; past that the later ones are dropped, which keeps the output valid). Keys must be
+// written as the schema's property names are (nlohmann's escaping), enum values as nlohmann writes them. Copied to try
+// a token's bytes (the containers' frames are shared between copies).
+class SchemaRecognizer {
+ public:
+  static constexpr int kMaxAlternatives = 8;
+  SchemaRecognizer() = default;  // (no schema: takes nothing; JsonMask's default state)
+  explicit SchemaRecognizer(std::shared_ptr<const JsonSchema> schema);
+  bool feed(uint8_t c);
+  bool feed(std::string_view bytes);
+  bool complete() const { return syntax_.complete() && n_ > 0; }
+  // Between the characters of a string whose text the schema leaves free (no enum; a key where any key may come):
+  // where plain text passes (the mask's shortcut).
+  bool between_string_chars() const;
+  bool in_string() const { return syntax_.in_string(); }
+
+  struct Frame;  // an open container, shared by the states that hold it
+
+ private:
+  // One alternative: the open containers, what the next value must match, and the text of a key or of a scalar
+  // with an enum, as far as it has come.
+  struct Alt {
+    enum Phase : uint8_t { Value, Key, InKey, InScalar, After };
+    std::shared_ptr<const Frame> top;
+    const SchemaNode* value = nullptr;   // Value: the next value's schema; InScalar: the scalar's (resolved) node
+    JsonEvent::Kind kind = JsonEvent::String;  // InScalar: what the scalar is
+    Phase phase = Value;
+    std::string text;                    // InKey: the key so far; InScalar with an enum: the value's text so far
+    bool operator==(const Alt& o) const;
+  };
+  using Alts = std::array<Alt, kMaxAlternatives>;
+  void step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& out, int& m) const;  // a's successors
+  void begin_value(Alt a, uint8_t c, const JsonEvent& ev, Alts& out, int& m) const;
+  bool scalar_byte(Alt& a, uint8_t c) const;
+  static bool end_scalar(const Alt& a);
+  bool key_prefix_ok(const Alt& a) const;
+  static void push(Alts& out, int& m, Alt&& x);  // (duplicates merged)
+
+  std::shared_ptr<const JsonSchema> schema_;
+  JsonRecognizer syntax_;
+  Alts alts_{};
+  int n_ = 0;
+};
+
+using SchemaMask = TokenMask<SchemaRecognizer>;
+extern template class TokenMask<SchemaRecognizer>;
+
+}  // namespace plumb::gen

@@ -1,0 +1,203 @@
+// Structured outputs (OutputFormat::JsonSchema): the schema compiler's refusals; the recognizer against cases labelled
+// by Python's jsonschema (tests/data/json_schema/cases.json, tools/json_schema/make_cases.py): every valid text taken
+// whole, no invalid one; hand-written schemas of the shapes pydantic writes; the mask's shortcuts against the direct
+// check; generate() on a session that prefers a given text.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "generate/json_schema.h"
+#include "json_test_util.h"
+#include "plumb/engine.h"
+#include "plumb/text.h"
+
+namespace {
+
+using plumb::gen::JsonSchema;
+using plumb::gen::SchemaRecognizer;
+using json = nlohmann::json;
+using plumb::testing::PreferringSession;
+using plumb::testing::write_byte_level_tokenizer;
+
+SchemaRecognizer recognizer(const json& schema) { return SchemaRecognizer(JsonSchema::compile(schema.dump())); }
+
+// Whether the recognizer takes the whole text as a complete instance.
+bool takes(const json& schema, std::string_view text) {
+  SchemaRecognizer r = recognizer(schema);
+  return r.feed(text) && r.complete();
+}
+
+TEST(JsonSchemaCompile, RefusesWhatItWouldNotHoldTheOutputTo) {
+  const auto refused = [](const json& schema, const std::string& part) {
+    try {
+      JsonSchema::compile(schema.dump());
+      ADD_FAILURE() << schema.dump() << " accepted";
+    } catch (const plumb::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused({{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"maxLength", 3}}}}}},
+          "keyword \"maxLength\" at #/properties/a is not supported");
+  refused({{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}}}}}}, "\"minimum\"");
+  refused({{"type", "array"}}, "the root must allow an object");
+  refused({{"type", "object"}, {"required", {"a"}}}, "names \"a\", which properties does not define");
+  refused({{"type", "object"}, {"properties", {{"a", {{"$ref", "#/$defs/Missing"}}}}}}, "names no schema");
+  refused({{"type", "object"}, {"properties", {{"a", {{"$ref", "other.json#/x"}}}}}}, "only \"#\"");
+  refused({{"type", "object"}, {"properties", {{"a", {{"enum", {json::array({1})}}}}}}}, "only strings, numbers");
+  refused({{"type", "object"}, {"properties", {{"a", {{"type", "list"}}}}}}, "not a JSON Schema type");
+  refused({{"type", "object"}, {"properties", {{"a", {{"type", "array"}, {"items", json::array({{{"type", "string"}}})}}}}}},
+          "tuples");
+  refused({{"type", "object"}, {"properties", {{"a", false}}}}, "allows no value");
+  refused({{"type", "object"}, {"properties", {{"a", {{"anyOf", {{{"type", "string"}}}}, {"type", "string"}}}}}},
+          "beside other constraints");
+  refused({{"type", "object"}, {"properties", {{"a", {{"type", "array"}, {"minItems", 3}, {"maxItems", 2}}}}}},
+          "maxItems below minItems");
+  try {
+    JsonSchema::compile("{\"type\": ");
+    ADD_FAILURE() << "accepted";
+  } catch (const plumb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
+// Every case of the data file: a text jsonschema calls valid is taken whole (and each prefix of it along the way); one
+// it calls invalid never is.
+TEST(JsonSchemaRecognizer, AgreesWithJsonschemaOnItsCases) {
+  std::ifstream in(PLUMB_TEST_DATA "/json_schema/cases.json");
+  ASSERT_TRUE(in.good());
+  const json data = json::parse(in);
+  std::vector<std::shared_ptr<const JsonSchema>> schemas;
+  for (const auto& s : data["schemas"]) schemas.push_back(JsonSchema::compile(s.dump()));
+  int valid = 0, invalid = 0;
+  for (const auto& c : data["cases"]) {
+    const std::string text = c["text"];
+    SchemaRecognizer r(schemas.at(c["schema"].get<size_t>()));
+    const bool whole = r.feed(text) && r.complete();
+    EXPECT_EQ(whole, c["valid"].get<bool>()) << "schema " << c["schema"] << ": " << text << "\n"
+                                             << data["schemas"][c["schema"].get<size_t>()].dump();
+    (c["valid"].get<bool>() ? valid : invalid)++;
+  }
+  EXPECT_GT(valid, 500);
+  EXPECT_GT(invalid, 400);
+}
+
+// The shapes pydantic writes: $defs with $ref, Optional as anyOf with null, enums, nested lists, titles and defaults.
+TEST(JsonSchemaRecognizer, PydanticShapes) {
+  const json schema = json::parse(R"({
+    "$defs": {"Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                                     "age": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": null}},
+                      "required": ["kind"], "title": "Pet", "type": "object"}},
+    "properties": {"name": {"title": "Name", "type": "string"},
+                   "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array", "maxItems": 2},
+                   "score": {"type": "number"}},
+    "required": ["name", "pets"], "title": "Person", "type": "object", "additionalProperties": false})");
+  EXPECT_TRUE(takes(schema, R"({"name":"Ben","pets":[{"kind":"cat","age":3},{"kind":"dog","age":null}]})"));
+  EXPECT_TRUE(takes(schema, "{\n  \"pets\": [],\n  \"name\": \"Amy\",\n  \"score\": -1.5e3\n}"));
+  EXPECT_FALSE(takes(schema, R"({"name":"Ben"})"));                                   // pets required
+  EXPECT_FALSE(takes(schema, R"({"name":"Ben","pets":[],"x":1})"));                   // no other key
+  EXPECT_FALSE(takes(schema, R"({"name":"Ben","pets":[{"kind":"cow"}]})"));           // not in the enum
+  EXPECT_FALSE(takes(schema, R"({"name":"Ben","pets":[{"kind":"cat","age":1.5}]})")); // an integer
+  EXPECT_FALSE(takes(schema, R"({"name":"Ben","pets":[{},{},{}]})"));                 // kind required, 3 > maxItems
+  EXPECT_FALSE(takes(schema, R"({"name":"Ben","name":"Amy","pets":[]})"));            // a key twice
+  EXPECT_FALSE(takes(schema, R"({"name":1,"pets":[]})"));
+  // Refused at the first byte that cannot lead to an instance: the key "nope" at its 'o' ("n" starts "name").
+  SchemaRecognizer r = recognizer(schema);
+  const std::string text = R"({"nope")";
+  size_t k = 0;
+  while (k < text.size() && r.feed(uint8_t(text[k]))) ++k;
+  EXPECT_EQ(k, 3u);
+  // A recursive schema through "#".
+  const json tree = {{"type", "object"},
+                     {"properties", {{"v", {{"type", "integer"}}}, {"kids", {{"type", "array"}, {"items", {{"$ref", "#"}}}}}}},
+                     {"required", {"v"}}};
+  EXPECT_TRUE(takes(tree, R"({"v":1,"kids":[{"v":2,"kids":[{"v":3}]},{"v":4}]})"));
+  EXPECT_FALSE(takes(tree, R"({"v":1,"kids":[{"kids":[]}]})"));
+}
+
+// The mask over a schema keeps exactly what allows() keeps in every byte state of valid texts (its first-two-bytes and
+// plain-text shortcuts), over tokens that cross key, value and structure boundaries; some token always passes.
+TEST(JsonSchemaMask, ShortcutsKeepWhatTheDirectCheckKeeps) {
+  const std::vector<std::string> words = {"{\"", "\":", "\",", "\"}", "name", "nam", "e\"", "pets", "kind", "cat", "dog",
+                                          "\"cat\"", "[{", "}]", "null", "nu", "12", "1.", ".5", "true", " ", "\n  ", "age",
+                                          "\"a", "b\"", "Be", "n", "\":\"", "\":[", "},{", "-", "e3"};
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_schema_tok_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(write_byte_level_tokenizer(dir, words));
+  std::filesystem::remove_all(dir);
+  const int32_t vocab = tok.vocab_size(), eos = tok.token_id("<｜end▁of▁sentence｜>");
+  const json schema = json::parse(R"({"type": "object", "additionalProperties": false, "required": ["name", "pets"],
+    "properties": {"name": {"type": "string"}, "age": {"type": ["integer", "null"]},
+                   "pets": {"type": "array", "items": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                                                         "required": ["kind"]}}}})");
+  int states = 0;
+  for (const std::string text : {R"({"name":"Ben","pets":[{"kind":"cat"},{"kind":"dog","x":[1,{"y":null}]}],"age":12})",
+                                 "{\n  \"pets\": [],\n  \"age\": null,\n  \"name\": \"a \\\"b\\\" \xc3\xa9\"\n}"}) {
+    plumb::gen::SchemaMask mask(tok, vocab, {eos}, recognizer(schema));
+    for (size_t k = 0; k <= text.size(); ++k, ++states) {
+      std::vector<float> l(static_cast<size_t>(vocab), 0.0f);
+      ASSERT_NO_THROW(mask.apply(l)) << text.substr(0, k);
+      for (int32_t id = 0; id < vocab; ++id)
+        ASSERT_EQ(std::isfinite(l[size_t(id)]), mask.allows(id))
+            << "token '" << tok.token_bytes(id) << "' after '" << text.substr(0, k) << "'";
+      if (k < text.size()) mask.accept(tok.encode(text.substr(k, 1)).at(0));
+    }
+    EXPECT_TRUE(mask.complete());
+  }
+  EXPECT_GT(states, 100);
+}
+
+// generate(): a valid instance comes out as the unmasked generation writes it; invalid ones are mended into instances
+// (or cut by max tokens, still a prefix of one); a schema plumb does not support is refused before anything is fed.
+TEST(JsonSchemaGenerate, KeepsValidInstancesAndMendsTheRest) {
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
+  plumb::ModelInfo info;
+  info.vocab_size = 1216, info.bos_token = 0, info.eos_token = 1, info.max_positions = 4096;
+  const json schema = json::parse(R"({"type": "object", "additionalProperties": false, "required": ["name", "age"],
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "pet": {"enum": ["cat", "dog"]}}})");
+  auto run = [&](const std::string& target, plumb::OutputFormat f, float t = 0.0f) {
+    PreferringSession s(tok, target, info);
+    plumb::GenerateOptions g;
+    g.sampling.temperature = t;
+    g.max_tokens = 120;
+    g.format = f;
+    g.json_schema = schema.dump();
+    const std::vector<int32_t> prompt = {0};
+    return plumb::generate(s, tok, prompt, g);
+  };
+  const std::string valid = R"({"name": "Ben", "age": 7, "pet": "cat"})";
+  const auto a = run(valid, plumb::OutputFormat::Text), b = run(valid, plumb::OutputFormat::JsonSchema);
+  EXPECT_EQ(b.text, valid);
+  EXPECT_EQ(b.tokens, a.tokens);
+  EXPECT_EQ(b.stop, plumb::StopReason::Token);
+  for (const std::string broken : {R"({"name": "Ben"})", R"({"name": "Ben", "age": 7.5})", R"({"name": "Ben", "age": 7, "pet": "cow"})",
+                                   R"({"name": "Ben", "age": 7, "owner": "Amy"})", R"({"age": "seven"})"})
+    for (float t : {0.0f, 1.0f}) {
+      const auto r = run(broken, plumb::OutputFormat::JsonSchema, t);
+      SchemaRecognizer check = recognizer(schema);
+      EXPECT_TRUE(check.feed(r.text)) << broken << " -> " << r.text;
+      if (r.stop == plumb::StopReason::Token) {
+        EXPECT_TRUE(check.complete()) << r.text;
+        const json v = json::parse(r.text);
+        EXPECT_TRUE(v.contains("name") && v.contains("age") && v["age"].is_number_integer()) << r.text;
+      } else {
+        EXPECT_EQ(r.stop, plumb::StopReason::Length) << r.text;
+      }
+    }
+  PreferringSession s(tok, valid, info);
+  plumb::GenerateOptions g;
+  g.format = plumb::OutputFormat::JsonSchema;
+  g.json_schema = R"({"type": "object", "properties": {"a": {"pattern": "x"}}})";
+  const std::vector<int32_t> prompt = {0};
+  EXPECT_THROW(plumb::generate(s, tok, prompt, g), plumb::Error);
+  EXPECT_EQ(s.position(), 0);
+}
+
+}  // namespace
