@@ -60,6 +60,12 @@ printf 'Once upon a time' | "$plumb" run -q -f - --seed 7 --max-tokens 40 >"$tmp
 
 out=$("$plumb" run -q --chat -p "What color is the sky?" --temperature 0 2>/dev/null)
 [[ "$out" == *blue* ]] && ok "chat mode answers: $out" || bad "chat mode: $out"
+printf '{"type": "object", "required": ["color"], "additionalProperties": false, "properties": {"color": {"enum": ["blue", "red"]}}}' \
+  >"$tmp/schema.json"
+out=$("$plumb" run -q --chat --json-schema "$tmp/schema.json" -p "What color is the sky? As JSON." --temperature 0 \
+  --max-tokens 30 2>/dev/null)
+python3 -c 'import json, sys; v = json.loads(sys.argv[1]); assert list(v) == ["color"] and v["color"] in ("blue", "red")' "$out" &&
+  ok "--json-schema: the reply is an instance: $out" || bad "--json-schema: $out"
 out=$("$plumb" run -q --chat --json -p "A cat, as JSON." --temperature 0 --max-tokens 20 2>/dev/null)
 [[ "$out" =~ ^[[:space:]]*\{ && "$out" != *"<｜"* ]] && ok "--json: the reply opens a JSON object: $out" || bad "--json: $out"
 out=$("$plumb" run -q --think -p "What is 3 plus 4?" --temperature 0 --max-tokens 60 2>/dev/null)
@@ -275,6 +281,10 @@ check_error "run --reasoning-effort without --think" "--reasoning-effort require
   "$plumb" run -q -p hi --reasoning-effort max
 check_error "run --json --think" "--json cannot be combined with --think: the reasoning would be held to JSON too" \
   "$plumb" run -q -p hi --json --think
+printf '{"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}' >"$tmp/pattern.json"
+check_error "run --json-schema with a keyword plumb does not support" \
+  "JSON schema: keyword \"pattern\" at #/properties/code is not supported" \
+  "$plumb" run -q -p hi --json-schema "$tmp/pattern.json"
 check_error "bisect --threshold-kld beside another criterion" "--threshold-kld is the kld criterion's: it cannot be combined with --criterion local" \
   "$plumb" bisect --fixture tests/data/golden/tiny --patches fault.rsf_twice --criterion local --threshold-kld 1
 check_error "bench --skeleton without --layers" "--skeleton applies to the layer bench: it needs --layers N" \

@@ -116,6 +116,18 @@ status, _, body = request(port, "/v1/chat/completions", {"messages": [{"role": "
 text = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else ""
 check(status == 200 and text.lstrip(" \n").startswith("{") and "<｜" not in text,
       f"JSON mode (response_format json_object): {text[:60]!r}")
+schema = {"type": "object", "required": ["color"], "additionalProperties": False,
+          "properties": {"color": {"enum": ["blue", "red"]}}}
+status, _, body = request(port, "/v1/chat/completions", {
+    "messages": [{"role": "user", "content": "What color is the sky? As JSON."}], "temperature": 0, "max_tokens": 30,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "sky", "schema": schema}}})
+text = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else ""
+try:
+    value = json.loads(text)
+except ValueError:
+    value = None
+check(isinstance(value, dict) and list(value) == ["color"] and value["color"] in ("blue", "red"),
+      f"structured output (response_format json_schema): {text[:60]!r}")
 status, _, body = request(port, "/v1/models")
 check(status == 200 and json.loads(body)["data"][0]["id"] == "tiny", f"GET /v1/models names the folder: {body[:80]}")
 status, _, body = request(port, "/v1/chat/completions",
@@ -132,7 +144,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 9 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 10 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---

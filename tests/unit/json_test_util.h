@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,5 +88,32 @@ class PreferringSession : public plumb::Session {
   int64_t pos_ = 0;
   std::mt19937 rng_{3};
 };
+
+// ~129K byte-level tokens at DeepSeek-V4's vocabulary size (its tokenizer is not in the repository): ~60 % words
+// (most after a space), the rest JSON punctuation runs, digits and CJK / accented / emoji text. For the masks' cost.
+inline std::vector<std::string> synthetic_vocabulary() {
+  std::mt19937 rng(1);
+  const std::vector<std::string> punct = {"\"", ":", ",", "{", "}", "[", "]", "\":", "\",", "{\"", "\"}", " \"", "\n", "\n  ",
+                                          "  ", ".", "-", "0", "1", "2", "_", "\\", "\xc3\xa9", "\xe4\xb8\xad\xe6\x96\x87"};
+  const std::vector<std::string> wide = {"\xe4\xb8\xad", "\xe6\x96\x87", "\xe7\x9a\x84", "\xc3\xa9", "\xc3\x9f", "\xf0\x9f\x98\x80"};
+  std::set<std::string> seen;
+  std::vector<std::string> extra;
+  while (extra.size() < 128700) {
+    std::string t;
+    const double r = std::uniform_real_distribution<double>(0, 1)(rng);
+    if (r < 0.6) {
+      if (rng() % 10 < 6) t = " ";
+      for (int n = 2 + int(rng() % 8); n > 0; --n) t += char('a' + rng() % 26);
+    } else if (r < 0.75) {
+      for (int n = 1 + int(rng() % 3); n > 0; --n) t += punct[rng() % punct.size()];
+    } else if (r < 0.85) {
+      for (int n = 1 + int(rng() % 3); n > 0; --n) t += char('0' + rng() % 10);
+    } else {
+      for (int n = 1 + int(rng() % 3); n > 0; --n) t += wide[rng() % wide.size()];
+    }
+    if (seen.insert(t).second) extra.push_back(t);
+  }
+  return extra;
+}
 
 }  // namespace plumb::testing

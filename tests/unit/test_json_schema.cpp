@@ -6,7 +6,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -152,6 +155,33 @@ TEST(JsonSchemaMask, ShortcutsKeepWhatTheDirectCheckKeeps) {
     EXPECT_TRUE(mask.complete());
   }
   EXPECT_GT(states, 100);
+}
+
+// What a step's mask costs over a schema at DeepSeek-V4's vocabulary size (a measurement: disabled; run it with
+// `build/tests/plumb_tests --gtest_also_run_disabled_tests --gtest_filter='*SchemaMaskCost*'`).
+TEST(JsonSchemaMask, DISABLED_SchemaMaskCost) {
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_schema_cost_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(write_byte_level_tokenizer(dir, plumb::testing::synthetic_vocabulary()));
+  std::filesystem::remove_all(dir);
+  const int32_t vocab = tok.vocab_size();
+  const json schema = json::parse(R"({"type": "object", "additionalProperties": false, "required": ["name", "pets"],
+    "properties": {"name": {"type": "string"}, "age": {"type": ["integer", "null"]},
+                   "pets": {"type": "array", "items": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                                                         "required": ["kind"]}}}})");
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  const auto t0 = std::chrono::steady_clock::now();
+  plumb::gen::SchemaMask mask(tok, vocab, {tok.token_id("<｜end▁of▁sentence｜>")}, recognizer(schema));
+  std::printf("vocabulary %d: tables %.1f ms\n", vocab, ms(t0, std::chrono::steady_clock::now()));
+  std::vector<float> l(static_cast<size_t>(vocab));
+  for (const auto& [text, what] : std::vector<std::pair<std::string, const char*>>{
+           {"", "start"}, {"{\"", "in a key"}, {"name\"", "after a key"}, {": ", "a value"}, {"\"Ben the", "in a string value"},
+           {"\"", "after a value"}, {", \"pets\": [{\"kind\": \"c", "in an enum"}, {"at\"}], \"age\": 1", "in a number"}}) {
+    for (int32_t id : tok.encode(text)) mask.accept(id);
+    const auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) std::fill(l.begin(), l.end(), 0.0f), mask.apply(l);
+    std::printf("%-20s %.2f ms per step, %ld tokens pass\n", what, ms(a, std::chrono::steady_clock::now()) / 10,
+                long(std::count_if(l.begin(), l.end(), [](float v) { return std::isfinite(v); })));
+  }
 }
 
 // generate(): a valid instance comes out as the unmasked generation writes it; invalid ones are mended into instances
