@@ -360,8 +360,9 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
       }
       return add(std::move(b));
     }
-    case JsonEvent::KeyStart:
+    case JsonEvent::KeyStart:  // (after '{' a key may be impossible: no property, none other allowed)
       b.phase = Alt::InKey, b.text.clear();
+      if (!key_prefix_ok(b)) return;
       return add(std::move(b));
     case JsonEvent::KeyEnd: {
       const SchemaNode* n = b.top->node;

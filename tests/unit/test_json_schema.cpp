@@ -93,6 +93,38 @@ TEST(JsonSchemaRecognizer, AgreesWithJsonschemaOnItsCases) {
   EXPECT_GT(invalid, 400);
 }
 
+// No dead end: random walks over the bytes each state lets through, on the data file's schemas, never reach a state
+// that takes no byte before the value is complete (walks lean to closing containers and ending values, so that many
+// complete).
+TEST(JsonSchemaRecognizer, RandomWalksNeverDeadEnd) {
+  std::ifstream in(PLUMB_TEST_DATA "/json_schema/cases.json");
+  const json data = json::parse(in);
+  std::mt19937 rng(9);
+  int completed = 0, walks = 0;
+  for (size_t k = 0; k < data["schemas"].size(); k += 2) {
+    const auto schema = JsonSchema::compile(data["schemas"][k].dump());
+    for (int w = 0; w < 3; ++w, ++walks) {
+      SchemaRecognizer r(schema);
+      std::string text;
+      for (int step = 0; step < 400 && !r.complete(); ++step) {
+        std::vector<uint8_t> ok;
+        for (int b = 0; b < 256; ++b) {
+          SchemaRecognizer t = r;
+          if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
+        }
+        ASSERT_FALSE(ok.empty()) << "dead end after '" << text << "' under " << data["schemas"][k].dump();
+        uint8_t pick = ok[rng() % ok.size()];
+        for (uint8_t lean : {uint8_t('}'), uint8_t(']'), uint8_t('"'), uint8_t(','), uint8_t('0')})
+          if (rng() % 3 == 0 && std::find(ok.begin(), ok.end(), lean) != ok.end()) pick = lean;
+        r.feed(pick);
+        text += char(pick);
+      }
+      completed += r.complete();
+    }
+  }
+  EXPECT_GT(completed, walks / 4);
+}
+
 // The shapes pydantic writes: $defs with $ref, Optional as anyOf with null, enums, nested lists, titles and defaults.
 TEST(JsonSchemaRecognizer, PydanticShapes) {
   const json schema = json::parse(R"({
@@ -118,6 +150,12 @@ TEST(JsonSchemaRecognizer, PydanticShapes) {
   size_t k = 0;
   while (k < text.size() && r.feed(uint8_t(text[k]))) ++k;
   EXPECT_EQ(k, 3u);
+  // An object that can hold no key: only "{}" (the opening quote of a key is refused, not a dead end after it).
+  const json empty = {{"type", "object"}, {"additionalProperties", false}};
+  EXPECT_TRUE(takes(empty, "{}"));
+  SchemaRecognizer e = recognizer(empty);
+  EXPECT_TRUE(e.feed(uint8_t('{')));
+  EXPECT_FALSE(e.feed(uint8_t('"')));
   // A recursive schema through "#".
   const json tree = {{"type", "object"},
                      {"properties", {{"v", {{"type", "integer"}}}, {"kids", {{"type", "array"}, {"items", {{"$ref", "#"}}}}}}},
