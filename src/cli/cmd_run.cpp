@@ -25,6 +25,7 @@ struct RunOptions {
   bool chat = false, raw = false;
   bool json = false;  // --json: JSON mode (OutputFormat::JsonObject)
   std::string json_schema;  // --json-schema FILE: structured output (OutputFormat::JsonSchema)
+  bool json_schema_given = false;  // (--json-schema "": given, and refused as no file)
   ChatModeArgs mode;
 };
 
@@ -44,11 +45,12 @@ int run(const RunOptions& o) {
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think, --no-think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
   // (JSON mode masks every token from the first: a thinking reply's reasoning would have to be JSON too)
-  PLUMB_CHECK(!((o.json || !o.json_schema.empty()) && o.mode.think),
+  PLUMB_CHECK(!((o.json || o.json_schema_given) && o.mode.think),
               "{} cannot be combined with --think: the reasoning would be held to JSON too", o.json ? "--json" : "--json-schema");
   // (the schema read and compiled before the load: a keyword plumb does not support is refused at once)
-  const std::string schema = o.json_schema.empty() ? std::string() : read_text_file(o.json_schema, "--json-schema file");
-  if (!schema.empty()) check_json_schema(schema);
+  const bool structured = o.json_schema_given;
+  const std::string schema = structured ? read_text_file(o.json_schema, "--json-schema file") : std::string();
+  if (structured) check_json_schema(schema);  // (an empty file: "not valid JSON")
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
   // something to load 100 GB for.
   const std::string text = o.file.empty() ? o.prompt : read_prompt_file(o.file);
@@ -78,7 +80,7 @@ int run(const RunOptions& o) {
   uint64_t seed = 0;
   GenerateOptions gopt = generate_options(o.gen, m, seed);
   if (o.json) gopt.format = OutputFormat::JsonObject;
-  if (!schema.empty()) gopt.format = OutputFormat::JsonSchema, gopt.json_schema = schema;
+  if (structured) gopt.format = OutputFormat::JsonSchema, gopt.json_schema = schema;
   auto session = m.engine->new_session();
   PrefillLine prefill(*session, o.model.quiet);  // (a long prompt's passes, on a terminal)
   bool newline = true;
@@ -129,6 +131,7 @@ void register_run(CLI::App& app) {
                                              "syntax is masked; ask for JSON in the prompt too)");
   cmd->add_option("--json-schema", o->json_schema, "structured output: the reply is one JSON object valid under the JSON "
                                                    "Schema in this file (its supported subset: docs/generation.md)")
+      ->each([o](const std::string&) { o->json_schema_given = true; })
       ->excludes(j);
   cmd->callback([o] { set_exit_code(run(*o)); });
 }

@@ -71,6 +71,9 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
       json = std::make_unique<gen::JsonMask>(tok, info.vocab_size, std::move(ends));
     } else {
       PLUMB_CHECK(!opt.json_schema.empty(), "OutputFormat::JsonSchema needs GenerateOptions::json_schema (the schema)");
+      // (keys and enum values must be written byte by byte; a space between every two tokens would split them)
+      PLUMB_CHECK(!tok.spaced_tokens(), "structured output needs a byte-level tokenizer: {} puts a space between tokens",
+                  tok.path());
       gen::SchemaRecognizer start(gen::JsonSchema::compile(opt.json_schema));
       json = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, std::move(ends), std::move(start));
     }

@@ -2,6 +2,9 @@
 // bytes of one value to it (json_schema.h).
 #include "generate/json_schema.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -24,10 +27,16 @@ struct SchemaRecognizer::Frame {
 
 namespace {
 
-// Keywords that constrain nothing (or whose constraint is another keyword's): passed over.
-const std::set<std::string> kAnnotations = {"title",      "description", "default",  "examples", "format",
-                                            "$schema",    "$id",         "$comment", "deprecated", "readOnly",
-                                            "writeOnly",  "discriminator", "$defs",  "definitions"};
+// Keywords that constrain values (JSON Schema 2020-12's and draft 7's, OpenAPI's nullable) that plumb does not hold
+// the output to: refused. Any other keyword not read below is an annotation (2020-12: unknown keywords are).
+const std::set<std::string> kRefused = {
+    "pattern",          "minLength",        "maxLength",         "minimum",           "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf",        "minProperties",     "maxProperties",
+    "patternProperties", "propertyNames",   "dependentRequired", "dependentSchemas",  "dependencies",
+    "if",               "then",             "else",              "not",               "contains",
+    "minContains",      "maxContains",      "uniqueItems",       "prefixItems",       "additionalItems",
+    "unevaluatedItems", "unevaluatedProperties", "nullable",     "$dynamicRef",       "$dynamicAnchor",
+    "$recursiveRef",    "$recursiveAnchor", "$anchor",           "contentSchema"};
 
 uint8_t type_bits(const std::string& t, const std::string& where) {
   if (t == "object") return SchemaNode::Obj;
@@ -48,6 +57,23 @@ uint8_t value_type(const json& v) {
   return SchemaNode::Null;
 }
 
+// The nodes a value of `n` may match, with $ref followed and unions spread out, each once, those without a finite
+// instance left out (compile() refuses cycles of $ref and unions, so the walk ends).
+void resolve(const SchemaNode* n, const SchemaNode* any, std::vector<const SchemaNode*>& out,
+             std::vector<const SchemaNode*>* seen = nullptr) {
+  std::vector<const SchemaNode*> own;
+  if (!seen) seen = &own;
+  if (!n) n = any;
+  if (std::find(seen->begin(), seen->end(), n) != seen->end()) return;
+  seen->push_back(n);
+  if (n->ref) return resolve(n->ref, any, out, seen);
+  if (!n->any_of.empty()) {
+    for (const SchemaNode* a : n->any_of) resolve(a, any, out, seen);
+    return;
+  }
+  if (n->sat) out.push_back(n);
+}
+
 int64_t count_field(const json& v, const std::string& where) {
   PLUMB_CHECK(v.is_number_integer() || v.is_number_unsigned(), "JSON schema: {} must be a non-negative integer", where);
   PLUMB_CHECK(v.get<int64_t>() >= 0, "JSON schema: {} must be a non-negative integer, got {}", where, v.dump());
@@ -60,6 +86,58 @@ struct JsonSchema::Compiler {
   JsonSchema& s;
   const json& doc;
   std::map<std::string, SchemaNode*> refs;  // "#/$defs/X" -> its node (made before it is filled: recursion)
+  std::vector<std::pair<const SchemaNode*, std::string>> one_ofs;  // checked once every node is filled
+
+  // oneOf is followed as anyOf, which is exact where no value can match two branches: refused otherwise. Two branches
+  // cannot overlap when their types differ, when both are enums of different values, or when both are objects that
+  // require a property (a discriminator) whose values are enums of different values.
+  void check_one_of(const SchemaNode* n, const std::string& where) const {
+    auto nodes = [&](const SchemaNode* b) {
+      std::vector<const SchemaNode*> out;
+      resolve(b, s.any_, out);
+      return out;
+    };
+    auto texts = [](const std::vector<const SchemaNode*>& ns, std::set<std::string>& out) {
+      for (const SchemaNode* x : ns) {
+        if (x->enum_texts.empty()) return false;
+        out.insert(x->enum_texts.begin(), x->enum_texts.end());
+      }
+      return true;
+    };
+    auto disjoint_texts = [](const std::set<std::string>& a, const std::set<std::string>& b) {
+      for (const auto& t : a)
+        if (b.count(t)) return false;
+      return true;
+    };
+    auto apart = [&](const SchemaNode* a, const SchemaNode* b) {
+      const auto na = nodes(a), nb = nodes(b);
+      uint8_t ta = 0, tb = 0;
+      for (const SchemaNode* x : na) ta |= x->types;
+      for (const SchemaNode* x : nb) tb |= x->types;
+      if (!(ta & tb)) return true;
+      std::set<std::string> ea, eb;
+      if (texts(na, ea) && texts(nb, eb) && disjoint_texts(ea, eb)) return true;
+      if (ta != SchemaNode::Obj || tb != SchemaNode::Obj || na.empty() || nb.empty()) return false;
+      for (size_t i = 0; i < na[0]->props.size(); ++i) {  // a discriminator: required in every object of both
+        const std::string& key = na[0]->props[i].first;
+        std::set<std::string> va, vb;
+        bool ok = true;
+        for (const auto* side : {&na, &nb})
+          for (const SchemaNode* x : *side) {
+            size_t j = 0;
+            while (j < x->props.size() && x->props[j].first != key) ++j;
+            ok = ok && j < x->props.size() && ((x->required >> j) & 1) && texts(nodes(x->props[j].second), side == &na ? va : vb);
+          }
+        if (ok && disjoint_texts(va, vb)) return true;
+      }
+      return false;
+    };
+    for (size_t i = 0; i < n->any_of.size(); ++i)
+      for (size_t j = i + 1; j < n->any_of.size(); ++j)
+        PLUMB_CHECK(apart(n->any_of[i], n->any_of[j]), "JSON schema: {} has branches {} and {} that a value could match "
+                    "both of (plumb holds oneOf only where the branches' types, enum values or a required "
+                    "discriminator's values differ; anyOf takes any overlap)", where, i, j);
+  }
 
   SchemaNode* make() {
     s.nodes_.push_back(std::make_unique<SchemaNode>());
@@ -98,16 +176,21 @@ struct JsonSchema::Compiler {
     bool combined = false, constrained = false;
     for (const auto& [k, v] : j.items()) {
       const std::string at = where + "/" + k;
-      if (kAnnotations.count(k)) continue;
+      PLUMB_CHECK(!kRefused.count(k), "JSON schema: keyword \"{}\" at {} is not supported (plumb would not hold the "
+                  "output to it)", k, where);
+      // ($id would change what "#" means below it: only the root's, which names the document itself)
+      PLUMB_CHECK(k != "$id" || where == "#", "JSON schema: $id at {} is not supported (only the root's)", where);
       if (k == "anyOf" || k == "oneOf" || k == "allOf") {
         PLUMB_CHECK(v.is_array() && !v.empty(), "JSON schema: {} must be a non-empty array", at);
         PLUMB_CHECK(!combined, "JSON schema: {} beside another of anyOf, oneOf, allOf, $ref is not supported", at);
         combined = true;
+        PLUMB_CHECK(v.size() <= 8, "JSON schema: {} has {} branches, more than the 8 supported", at, v.size());
         if (k == "allOf") {
           PLUMB_CHECK(v.size() == 1, "JSON schema: allOf of {} schemas at {} is not supported (one is)", v.size(), where);
           n->any_of.push_back(node(v[0], at + "/0"));
         } else {
           for (size_t i = 0; i < v.size(); ++i) n->any_of.push_back(node(v[i], at + "/" + std::to_string(i)));
+          if (k == "oneOf") one_ofs.emplace_back(n, at);
         }
       } else if (k == "$ref") {
         PLUMB_CHECK(v.is_string(), "JSON schema: {} must be a string", at);
@@ -133,6 +216,9 @@ struct JsonSchema::Compiler {
         for (const auto& e : values) {
           PLUMB_CHECK(!e.is_object() && !e.is_array(), "JSON schema: {} holds an object or array value: only strings, "
                       "numbers, booleans and null are supported there", at);
+          // (an integer past 2^53 read as a double is not the value written: its text would match another number)
+          PLUMB_CHECK(!e.is_number_float() || std::fabs(e.get<double>()) < 9007199254740992.0,
+                      "JSON schema: {} holds {}, a number beyond 2^53 that plumb cannot match exactly", at, e.dump());
           n->enum_texts.push_back(e.dump());
         }
       } else if (k == "properties") {
@@ -145,8 +231,6 @@ struct JsonSchema::Compiler {
         }
       } else if (k == "required" || k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems") {
         constrained = true;  // (read below, once properties are known)
-      } else {
-        fail("JSON schema: keyword \"{}\" at {} is not supported (plumb would not hold the output to it)", k, where);
       }
     }
     PLUMB_CHECK(!(combined && constrained), "JSON schema: anyOf, oneOf, allOf or $ref beside other constraints at {} is "
@@ -201,37 +285,58 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(std::string_view text) {
   s->nodes_.push_back(std::make_unique<SchemaNode>());
   SchemaNode* root = s->nodes_.back().get();
   s->root_ = root;
-  Compiler c{*s, doc, {}};
+  Compiler c{*s, doc, {}, {}};
   c.fill(root, doc, "#");
-  // The root must be able to be an object (what the recognizer's root is), reached through $ref and anyOf.
-  std::vector<const SchemaNode*> todo = {root};
-  std::set<const SchemaNode*> seen;
-  bool object = false;
-  while (!todo.empty() && !object) {
-    const SchemaNode* n = todo.back();
-    todo.pop_back();
-    if (!seen.insert(n).second) continue;
-    if (n->ref) todo.push_back(n->ref);
-    else if (!n->any_of.empty()) todo.insert(todo.end(), n->any_of.begin(), n->any_of.end());
-    else object = (n->types & SchemaNode::Obj) && n->enum_texts.empty();
+  // No cycle of $ref and unions that reads no byte ({"anyOf": [{"$ref": "#"}, ...]}): following one would never end.
+  std::map<const SchemaNode*, int> color;  // 1 on the walk, 2 done
+  std::function<void(const SchemaNode*)> walk = [&](const SchemaNode* n) {
+    int& k = color[n];
+    PLUMB_CHECK(k != 1, "JSON schema: a cycle of $ref and anyOf / oneOf that never reads a value is not supported");
+    if (k == 2) return;
+    k = 1;
+    if (n->ref) walk(n->ref);
+    for (const SchemaNode* a : n->any_of) walk(a);
+    color[n] = 2;
+  };
+  for (const auto& n : s->nodes_) walk(n.get());
+  // Which nodes have a finite instance (a least fixpoint): a scalar type or an enum always; an object when its required
+  // properties do; an array when it may be empty or its items do; a union when a branch does. A value is never
+  // begun on a node without one (resolve() leaves them out), so a required property of such a schema is no dead end.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& up : s->nodes_) {
+      SchemaNode* n = up.get();
+      if (n->sat) continue;
+      bool sat = false;
+      if (n->ref) {
+        sat = n->ref->sat;
+      } else if (!n->any_of.empty()) {
+        for (const SchemaNode* a : n->any_of) sat = sat || a->sat;
+      } else if (!n->enum_texts.empty() || (n->types & ~(SchemaNode::Obj | SchemaNode::Arr))) {
+        sat = true;
+      } else {
+        if (n->types & SchemaNode::Arr) sat = n->min_items == 0 || !n->items || n->items->sat;
+        if (n->types & SchemaNode::Obj) {
+          bool all = true;
+          for (size_t i = 0; i < n->props.size(); ++i)
+            if ((n->required >> i) & 1) all = all && n->props[i].second->sat;
+          sat = sat || all;
+        }
+      }
+      if (sat) n->sat = true, changed = true;
+    }
   }
-  PLUMB_CHECK(object, "JSON schema: the root must allow an object (structured outputs' root is one)");
+  std::vector<const SchemaNode*> roots;
+  resolve(root, s->any_, roots);
+  PLUMB_CHECK(std::any_of(roots.begin(), roots.end(), [](const SchemaNode* n) {
+                return (n->types & SchemaNode::Obj) && n->enum_texts.empty();
+              }),
+              "JSON schema: the root must allow an object with a finite instance (structured outputs' root is one)");
+  for (const auto& [n, at] : c.one_ofs) c.check_one_of(n, at);
   return s;
 }
 
 namespace {
-
-// The nodes a value of `n` may match, with $ref followed and unions spread out (a cycle of them ends the walk).
-void resolve(const SchemaNode* n, const SchemaNode* any, std::vector<const SchemaNode*>& out, int depth = 0) {
-  if (depth > 32) return;
-  if (!n) n = any;
-  if (n->ref) return resolve(n->ref, any, out, depth + 1);
-  if (!n->any_of.empty()) {
-    for (const SchemaNode* a : n->any_of) resolve(a, any, out, depth + 1);
-    return;
-  }
-  out.push_back(n);
-}
 
 bool allows_kind(const SchemaNode* n, JsonEvent::Kind k) {
   switch (k) {
@@ -254,9 +359,26 @@ bool prefix_of_one(const std::vector<std::string>& texts, const std::string& t) 
 
 }  // namespace
 
+namespace {
+
+// Frames with the same content (alternatives reach equal frames through different copies: merged as equal).
+bool same_frames(const SchemaRecognizer::Frame* a, const SchemaRecognizer::Frame* b);
+
+}  // namespace
+
 bool SchemaRecognizer::Alt::operator==(const Alt& o) const {
-  return top == o.top && value == o.value && kind == o.kind && phase == o.phase && text == o.text;
+  return value == o.value && kind == o.kind && phase == o.phase && text == o.text && same_frames(top.get(), o.top.get());
 }
+
+namespace {
+
+bool same_frames(const SchemaRecognizer::Frame* a, const SchemaRecognizer::Frame* b) {
+  for (; a != b; a = a->parent.get(), b = b->parent.get())
+    if (!a || !b || a->node != b->node || a->object != b->object || a->seen != b->seen || a->count != b->count) return false;
+  return true;
+}
+
+}  // namespace
 
 SchemaRecognizer::SchemaRecognizer(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
   alts_[0].value = schema_->root();
@@ -323,7 +445,7 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
   Alt b = a;
   if (ev.number_end) {  // (the number this byte ended; the byte itself is what follows it)
     if (!end_scalar(b)) return;
-    b.phase = Alt::After, b.text.clear();
+    b.phase = Alt::After, b.text.clear(), b.value = nullptr, b.kind = JsonEvent::String;
   }
   switch (ev.what) {
     case JsonEvent::None:
@@ -338,13 +460,13 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
     case JsonEvent::Open: return begin_value(std::move(b), c, ev, out, m);
     case JsonEvent::ScalarEnd:
       if (!scalar_byte(b, c) || !end_scalar(b)) return;
-      b.phase = Alt::After, b.text.clear();
+      b.phase = Alt::After, b.text.clear(), b.value = nullptr, b.kind = JsonEvent::String;
       return add(std::move(b));
     case JsonEvent::Close: {
       const Frame& f = *b.top;
       if (f.object && (f.seen & f.node->required) != f.node->required) return;  // a required property is missing
       if (!f.object && f.count < f.node->min_items) return;
-      b.top = f.parent, b.phase = Alt::After;
+      b.top = f.parent, b.phase = Alt::After, b.value = nullptr, b.kind = JsonEvent::String;
       return add(std::move(b));
     }
     case JsonEvent::Comma: {
@@ -366,6 +488,15 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
       return add(std::move(b));
     case JsonEvent::KeyEnd: {
       const SchemaNode* n = b.top->node;
+      // A key written with escapes ("\u0061", "\/") is the property it spells: matched in nlohmann's spelling, so
+      // that it takes that property's schema and counts as it (written twice otherwise).
+      if (b.text.find('\\') != std::string::npos) {
+        try {
+          const std::string spelled = json(json::parse("\"" + b.text + "\"").get<std::string>()).dump();
+          b.text = spelled.substr(1, spelled.size() - 2);
+        } catch (const json::exception&) {  // (a lone surrogate escape: no property's name, which is UTF-8)
+        }
+      }
       size_t i = 0;
       while (i < n->props.size() && n->props[i].first != b.text) ++i;
       auto f = std::make_shared<Frame>(*b.top);

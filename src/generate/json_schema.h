@@ -29,14 +29,18 @@ struct SchemaNode {
   int64_t min_items = 0, max_items = -1;
   // enum / const: the values' texts as nlohmann writes them (compact); empty: no enum.
   std::vector<std::string> enum_texts;
+  bool sat = false;  // some finite instance exists (JsonSchema::compile's fixpoint; unions skip nodes without one)
 };
 
 // A compiled schema. Supported: type (one or an array), properties, required, additionalProperties (true, false or a
-// schema), items (a schema), minItems, maxItems, enum and const of scalars, anyOf, oneOf (as anyOf), allOf of one
-// schema, $ref to "#", "#/$defs/..." or "#/definitions/...", true / {} (any value), and the annotations (title,
-// description, default, examples, format, $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator).
-// Any other keyword is refused by name (plumb::Error "... at <path>"), as a constraint plumb would not hold the output
-// to. The root must allow an object (the recognizer's root is one), at most 64 properties per object.
+// schema), items (a schema), minItems, maxItems, enum and const of scalars, anyOf, oneOf whose branches cannot overlap
+// (other types, or objects told apart by a required property's const / enum values: pydantic's discriminated unions),
+// allOf of one schema, $ref to "#", "#/$defs/..." or "#/definitions/...", true / {} (any value), $id at the root only.
+// A keyword that constrains values and is not among these (pattern, minimum, uniqueItems, not, ...) is refused by name
+// (plumb::Error "... at <path>"), as a constraint plumb would not hold the output to; other keywords are annotations,
+// as JSON Schema 2020-12 has it (title, description, examples, x-...). Also refused: a cycle of $ref / anyOf that
+// reads no byte, a union of more than 8 branches, an enum integer beyond 2^53 as a float, a root without a finite
+// instance that is an object. At most 64 properties per object.
 class JsonSchema {
  public:
   static std::shared_ptr<const JsonSchema> compile(std::string_view schema_text);
@@ -54,9 +58,10 @@ class JsonSchema {
 
 // The bytes of one value that a compiled schema allows, read as JsonRecognizer reads its syntax: feed() is false at the
 // first byte no valid instance can have there. A union is followed as alternative states (at most kMaxAlternatives
-// at a time, duplicates merged; past that the later ones are dropped, which keeps the output valid). Keys must be
-// written as the schema's property names are (nlohmann's escaping), enum values as nlohmann writes them. Copied to try
-// a token's bytes (the containers' frames are shared between copies).
+// at a time, duplicates merged; past that the later ones are dropped, which keeps the output valid). A key written
+// with escapes counts as the property it spells; where no other key may come, keys must be written as the schema's
+// property names are (nlohmann's escaping); enum values as nlohmann writes them. Copied to try a token's bytes (the
+// containers' frames are shared between copies).
 class SchemaRecognizer {
  public:
   static constexpr int kMaxAlternatives = 8;

@@ -64,6 +64,20 @@ TEST(JsonSchemaCompile, RefusesWhatItWouldNotHoldTheOutputTo) {
           "beside other constraints");
   refused({{"type", "object"}, {"properties", {{"a", {{"type", "array"}, {"minItems", 3}, {"maxItems", 2}}}}}},
           "maxItems below minItems");
+  // From a helper's review: a nested $id (it changes what "#" means), an enum integer a double cannot hold, a cycle of
+  // $ref / anyOf that reads no byte, a root object with no finite instance, a oneOf whose branches overlap.
+  refused({{"type", "object"}, {"properties", {{"a", {{"$id", "urn:x"}, {"type", "object"}}}}}}, "$id at #/properties/a");
+  refused(json::parse(R"({"type": "object", "properties": {"a": {"enum": [18446744073709551617]}}})"), "beyond 2^53");
+  refused(json::parse(R"({"anyOf": [{"$ref": "#"}, {"type": "object"}]})"), "a cycle of $ref and anyOf");
+  refused(json::parse(R"({"type": "object", "properties": {"k": {"$ref": "#"}}, "required": ["k"]})"),
+          "the root must allow an object with a finite instance");
+  refused(json::parse(R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}})"),
+          "branches 0 and 1 that a value could match both of");
+  refused(json::parse(R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "object"}, {"type": "object"}]}}})"),
+          "branches 0 and 1");
+  refused({{"type", "object"}, {"properties", {{"a", {{"anyOf", json::array({1, 2, 3, 4, 5, 6, 7, 8, 9})}}}}}}, "9 branches");
+  // Keywords outside the known ones are annotations (pydantic's example, OpenAPI's x-...).
+  EXPECT_NO_THROW(JsonSchema::compile(R"({"type": "object", "example": {"a": 1}, "x-order": 3})"));
   try {
     JsonSchema::compile("{\"type\": ");
     ADD_FAILURE() << "accepted";
@@ -150,6 +164,27 @@ TEST(JsonSchemaRecognizer, PydanticShapes) {
   size_t k = 0;
   while (k < text.size() && r.feed(uint8_t(text[k]))) ++k;
   EXPECT_EQ(k, 3u);
+  // Keys written with escapes are the properties they spell (their schema, counted once); a oneOf told apart by
+  // types or by a required discriminator's values is held exactly.
+  const json a_string = json::parse(R"({"type": "object", "required": ["a"], "properties": {"a": {"type": "string"},
+                                       "url/path": {"type": "string"}, "café": {"type": "string"}}})");
+  EXPECT_FALSE(takes(a_string, R"({"\u0061":5})"));
+  EXPECT_FALSE(takes(a_string, R"({"a":"x","\u0061":"y"})"));
+  EXPECT_FALSE(takes(a_string, R"({"a":"x","url\/path":5})"));
+  EXPECT_TRUE(takes(a_string, R"({"\u0061":"x","url\/path":"y","caf\u00e9":"z"})"));
+  const json tagged = json::parse(R"({"type": "object", "properties": {"pet": {"oneOf": [
+      {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind"]},
+      {"type": "object", "properties": {"kind": {"const": "dog"}, "bark": {"type": "string"}}, "required": ["kind"]},
+      {"type": "null"}]}}})");
+  EXPECT_TRUE(takes(tagged, R"({"pet":{"kind":"cat","lives":9}})"));
+  EXPECT_TRUE(takes(tagged, R"({"pet":{"bark":"woof","kind":"dog"}})"));
+  EXPECT_TRUE(takes(tagged, R"({"pet":null})"));
+  EXPECT_FALSE(takes(tagged, R"({"pet":{"kind":"cat","lives":"nine"}})"));
+  // Alternatives that end the same merge: pydantic's int | float three times over does not exhaust the 8.
+  const json n = json::parse(R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})");
+  const json twice = {{"anyOf", {{{"type", "object"}, {"properties", {{"p", n}, {"q", n}, {"r", n}, {"t", {{"const", "a"}}}}}},
+                                 {{"type", "object"}, {"properties", {{"p", n}, {"q", n}, {"r", n}, {"t", {{"const", "b"}}}}}}}}};
+  EXPECT_TRUE(takes(twice, R"({"p":1,"q":1,"r":1,"t":"b"})"));
   // An object that can hold no key: only "{}" (the opening quote of a key is refused, not a dead end after it).
   const json empty = {{"type", "object"}, {"additionalProperties", false}};
   EXPECT_TRUE(takes(empty, "{}"));
