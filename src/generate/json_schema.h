@@ -13,8 +13,8 @@
 
 namespace plumb::gen {
 
-// One schema, compiled. Types are a set (a "type" array, or what an enum's values are); anyOf (and oneOf, taken as
-// anyOf: a value matching several branches is not refused) and $ref are resolved when a value starts.
+// One schema, compiled. Types are a set (a "type" array, or what an enum's values are); anyOf, oneOf (compile() checks
+// that its branches cannot overlap) and $ref are resolved when a value starts.
 struct SchemaNode {
   enum Type : uint8_t { Obj = 1, Arr = 2, Str = 4, Int = 8, Num = 16, Bool = 32, Null = 64, Any = 127 };
   uint8_t types = Any;
