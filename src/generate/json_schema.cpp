@@ -104,9 +104,11 @@ struct JsonSchema::Compiler {
       }
       return true;
     };
+    // (as JSON values: 1 and 1.0 are one number to JSON Schema, though their texts differ)
     auto disjoint_texts = [](const std::set<std::string>& a, const std::set<std::string>& b) {
       for (const auto& t : a)
-        if (b.count(t)) return false;
+        for (const auto& u : b)
+          if (json::parse(t) == json::parse(u)) return false;
       return true;
     };
     auto apart = [&](const SchemaNode* a, const SchemaNode* b) {

@@ -75,6 +75,8 @@ TEST(JsonSchemaCompile, RefusesWhatItWouldNotHoldTheOutputTo) {
           "branches 0 and 1 that a value could match both of");
   refused(json::parse(R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "object"}, {"type": "object"}]}}})"),
           "branches 0 and 1");
+  refused(json::parse(R"({"type": "object", "properties": {"a": {"oneOf": [{"enum": [1]}, {"enum": [1.0]}]}}})"),
+          "branches 0 and 1");  // (1 and 1.0 are one number)
   refused({{"type", "object"}, {"properties", {{"a", {{"anyOf", json::array({1, 2, 3, 4, 5, 6, 7, 8, 9})}}}}}}, "9 branches");
   // Keywords outside the known ones are annotations (pydantic's example, OpenAPI's x-...).
   EXPECT_NO_THROW(JsonSchema::compile(R"({"type": "object", "example": {"a": 1}, "x-order": 3})"));
