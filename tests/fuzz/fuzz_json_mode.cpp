@@ -6,10 +6,15 @@
 //   complete; the state after any accepted prefix still lets some byte through (no dead end);
 // - the mask on the bundled model's tokenizer, driven by token ids from the input: apply() keeps exactly the tokens
 //   allows() keeps, some token always passes, and the decoded text of the accepted tokens is taken by a fresh
-//   recognizer (complete exactly when the mask says so).
+//   recognizer (complete exactly when the mask says so);
+// - a schema of tests/data/json_schema/cases.json (chosen by a byte) and the rest as bytes for its recognizer: what
+//   it takes is taken by JSON mode's recognizer too (the schema only narrows the syntax), and no accepted prefix is a
+//   dead end.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +22,7 @@
 
 #include "fuzz_util.h"
 #include "generate/json_mode.h"
+#include "generate/json_schema.h"
 #include "plumb/text.h"
 
 namespace {
@@ -102,11 +108,42 @@ void mask(plumb_fuzz::Reader& in) {
   PLUMB_FUZZ_CHECK(r.complete() == m.complete());
 }
 
+void schema(plumb_fuzz::Reader& in) {
+  static const std::vector<std::shared_ptr<const plumb::gen::JsonSchema>> schemas = [] {
+    std::ifstream f(PLUMB_SOURCE_DIR "/tests/data/json_schema/cases.json");
+    const nlohmann::json data = nlohmann::json::parse(f);
+    std::vector<std::shared_ptr<const plumb::gen::JsonSchema>> out;
+    for (const auto& s : data["schemas"]) out.push_back(plumb::gen::JsonSchema::compile(s.dump()));
+    return out;
+  }();
+  plumb::gen::SchemaRecognizer r(schemas[in.byte() % schemas.size()]);
+  JsonRecognizer syntax;
+  const std::string_view s = in.rest();
+  for (char c : s) {
+    plumb::gen::SchemaRecognizer next = r;
+    if (!next.feed(uint8_t(c))) break;
+    PLUMB_FUZZ_CHECK(syntax.feed(uint8_t(c)));
+    r = next;
+  }
+  PLUMB_FUZZ_CHECK(r.complete() == syntax.complete());
+  if (!r.complete()) {
+    bool some = false;
+    for (int b = 0; b < 256 && !some; ++b) {
+      plumb::gen::SchemaRecognizer t = r;
+      some = t.feed(uint8_t(b));
+    }
+    PLUMB_FUZZ_CHECK(some);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   plumb_fuzz::Reader in(data, size);
-  if (in.byte() % 2) mask(in);
-  else recognizer(in);
+  switch (in.byte() % 3) {
+    case 0: recognizer(in); break;
+    case 1: mask(in); break;
+    default: schema(in);
+  }
   return 0;
 }
