@@ -254,9 +254,8 @@ bool TokenMask<R>::allows(int32_t id) const {
   if (id < 0 || size_t(id) >= bytes_.size()) return false;
   if (state_.complete()) return is_end_[size_t(id)];
   if (bytes_[size_t(id)].empty()) return false;
-  R s = state_;
-  if (spaced_ && !first_ && !s.feed(uint8_t(' '))) return false;
-  return passes(id, s);
+  R s;
+  return next_start(s) && passes(id, s);
 }
 
 template <class R>
@@ -265,20 +264,20 @@ void TokenMask<R>::apply(std::span<float> logits) const {
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<uint8_t> keep(logits.size(), 0);
   size_t kept = 0;
+  R s;
   if (state_.complete()) {
     for (size_t i = 0; i < logits.size(); ++i) keep[i] = is_end_[i], kept += is_end_[i];
+  } else if (!next_start(s)) {
+    // (no token can start here: the check below names it)
+  } else if (s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
+    for (int32_t id : plain_) keep[size_t(id)] = 1;
+    kept += plain_.size();
+    for (int32_t id : not_plain_)
+      if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
   } else {
-    R s = state_;
-    const bool space_ok = !(spaced_ && !first_) || s.feed(uint8_t(' '));
-    if (space_ok && s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
-      for (int32_t id : plain_) keep[size_t(id)] = 1;
-      kept += plain_.size();
-      for (int32_t id : not_plain_)
-        if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
-    }
-    // Elsewhere only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536
-    // pairs: after a value, the many tokens " word" stop at their second byte without being tried).
-    for (int b = 0; b < 256 && space_ok && !s.between_string_chars(); ++b) {
+    // Only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536 pairs:
+    // after a value, the many tokens " word" stop at their second byte without being tried).
+    for (int b = 0; b < 256; ++b) {
       R one = s;
       if (!one.feed(uint8_t(b))) continue;
       for (int32_t id : one_byte_[size_t(b)])
@@ -302,8 +301,10 @@ template <class R>
 void TokenMask<R>::accept(int32_t id) {
   PLUMB_CHECK(allows(id), "JSON mode: token {} cannot continue the output", id);
   if (!state_.complete()) {
-    if (spaced_ && !first_) state_.feed(uint8_t(' '));
-    state_.feed(bytes_[size_t(id)]);
+    R s;
+    next_start(s);
+    s.feed(bytes_[size_t(id)]);
+    state_ = std::move(s);
   }
   first_ = false;
 }

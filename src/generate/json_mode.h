@@ -120,6 +120,9 @@ class TokenMask final : public OutputMask {
 
  private:
   bool passes(int32_t id, const R& from, size_t skip = 0) const;  // the bytes of id after `skip` fed
+  // The state the next token's bytes start from: the state so far, and the space a spaced tokenizer puts before every
+  // token but the first. False when that space cannot come.
+  bool next_start(R& s) const { return (s = state_, !spaced_ || first_ || s.feed(uint8_t(' '))); }
   std::vector<std::string> bytes_;                   // per id; empty: never passes
   // Outside strings the tokens are tried by their first two bytes: the one-byte tokens per byte, and the longer ones
   // grouped by their first two bytes (ids in two_ids_[two_at_[k] .. two_at_[k + 1]) for k = 256 * first + second).

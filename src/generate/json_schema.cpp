@@ -74,6 +74,12 @@ void resolve(const SchemaNode* n, const SchemaNode* any, std::vector<const Schem
   if (n->sat) out.push_back(n);
 }
 
+// A key as nlohmann writes it (its escaping), without the quotes: how the schema's property names are matched.
+std::string spelled(const std::string& name) {
+  const std::string text = json(name).dump();
+  return text.substr(1, text.size() - 2);
+}
+
 int64_t count_field(const json& v, const std::string& where) {
   PLUMB_CHECK(v.is_number_integer() || v.is_number_unsigned(), "JSON schema: {} must be a non-negative integer", where);
   PLUMB_CHECK(v.get<int64_t>() >= 0, "JSON schema: {} must be a non-negative integer, got {}", where, v.dump());
@@ -126,8 +132,7 @@ struct JsonSchema::Compiler {
         bool ok = true;
         for (const auto* side : {&na, &nb})
           for (const SchemaNode* x : *side) {
-            size_t j = 0;
-            while (j < x->props.size() && x->props[j].first != key) ++j;
+            const size_t j = x->prop(key);
             ok = ok && j < x->props.size() && ((x->required >> j) & 1) && texts(nodes(x->props[j].second), side == &na ? va : vb);
           }
         if (ok && disjoint_texts(va, vb)) return true;
@@ -227,10 +232,7 @@ struct JsonSchema::Compiler {
         constrained = true;
         PLUMB_CHECK(v.is_object(), "JSON schema: {} must be an object", at);
         PLUMB_CHECK(v.size() <= 64, "JSON schema: {} has {} properties, more than the 64 supported", at, v.size());
-        for (const auto& [name, sub] : v.items()) {
-          const std::string key = json(name).dump();  // (the key as written: nlohmann's escaping, quotes cut below)
-          n->props.emplace_back(key.substr(1, key.size() - 2), node(sub, at + "/" + name));
-        }
+        for (const auto& [name, sub] : v.items()) n->props.emplace_back(spelled(name), node(sub, at + "/" + name));
       } else if (k == "required" || k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems") {
         constrained = true;  // (read below, once properties are known)
       }
@@ -241,9 +243,7 @@ struct JsonSchema::Compiler {
       PLUMB_CHECK(r->is_array(), "JSON schema: {}/required must be an array", where);
       for (const auto& name : *r) {
         PLUMB_CHECK(name.is_string(), "JSON schema: {}/required must hold property names", where);
-        const std::string key = json(name).dump();
-        size_t i = 0;
-        while (i < n->props.size() && n->props[i].first != key.substr(1, key.size() - 2)) ++i;
+        const size_t i = n->prop(spelled(name.get<std::string>()));
         PLUMB_CHECK(i < n->props.size(), "JSON schema: {}/required names \"{}\", which properties does not define",
                     where, name.get<std::string>());
         n->required |= uint64_t(1) << i;
@@ -494,13 +494,11 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
       // that it takes that property's schema and counts as it (written twice otherwise).
       if (b.text.find('\\') != std::string::npos) {
         try {
-          const std::string spelled = json(json::parse("\"" + b.text + "\"").get<std::string>()).dump();
-          b.text = spelled.substr(1, spelled.size() - 2);
+          b.text = spelled(json::parse("\"" + b.text + "\"").get<std::string>());
         } catch (const json::exception&) {  // (a lone surrogate escape: no property's name, which is UTF-8)
         }
       }
-      size_t i = 0;
-      while (i < n->props.size() && n->props[i].first != b.text) ++i;
+      const size_t i = n->prop(b.text);
       auto f = std::make_shared<Frame>(*b.top);
       if (i < n->props.size()) {
         if ((f->seen >> i) & 1) return;  // (a property written twice)

@@ -30,6 +30,12 @@ struct SchemaNode {
   // enum / const: the values' texts as nlohmann writes them (compact); empty: no enum.
   std::vector<std::string> enum_texts;
   bool sat = false;  // some finite instance exists (JsonSchema::compile's fixpoint; unions skip nodes without one)
+  // The index of the property whose key is written `key`; props.size() when none is.
+  size_t prop(std::string_view key) const {
+    size_t i = 0;
+    while (i < props.size() && props[i].first != key) ++i;
+    return i;
+  }
 };
 
 // A compiled schema. Supported: type (one or an array), properties, required, additionalProperties (true, false or a
