@@ -7,6 +7,7 @@
 
 #include "core/notice.h"
 #include "core/parallel.h"
+#include "generate/token_bits.h"
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/text.h"
@@ -17,6 +18,18 @@ int32_t Session::forward_sample(std::span<const int32_t> tokens, Sampler& sample
   std::vector<float> logits = forward(tokens);
   PLUMB_CHECK(int64_t(logits.size()) == sampler.vocab(), "forward_sample: a sampler for a vocabulary of {} given {} logits",
               sampler.vocab(), logits.size());
+  return sampler.sample(logits, history);
+}
+
+int32_t Session::forward_sample_masked(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history,
+                                       const std::function<void(std::span<uint32_t>)>& allowed) {
+  if (!allowed) return forward_sample(tokens, sampler, history);
+  std::vector<float> logits = forward(tokens);
+  PLUMB_CHECK(int64_t(logits.size()) == sampler.vocab(), "forward_sample_masked: a sampler for a vocabulary of {} given {} "
+              "logits", sampler.vocab(), logits.size());
+  std::vector<uint32_t> bits(gen::token_bits_words(sampler.vocab()), 0);
+  allowed(bits);
+  gen::mask_logits(logits, bits);
   return sampler.sample(logits, history);
 }
 
@@ -70,17 +83,11 @@ class ModelSession : public Session {
     });
   }
   int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override {
-    PLUMB_CHECK(sampler.vocab() == m_->config().vocab, "forward_sample: the sampler was made for a vocabulary of {}, the "
-                "model's is {}", sampler.vocab(), m_->config().vocab);
-    if (m_->backend() != "cuda") return Session::forward_sample(tokens, sampler, history);  // (forward() guards the feed)
-    const CallScope call(*this, "forward_sample");
-    check(tokens);
-    // Guarded as the other calls, but for the sampler's refusal of the last row (no finite logit), which comes once
-    // every token is fed (Model::forward_sample counts them first): the tokens stay fed, as on the host.
-    const int64_t fed = st_.pos + int64_t(tokens.size());
-    return guarded(
-        tokens.size(), [&] { return m_->forward_sample(st_, feed_all_but_last(tokens).back(), sampler, history); },
-        [&] { return st_.pos == fed; });
+    return sample_call("forward_sample", tokens, sampler, history, nullptr);
+  }
+  int32_t forward_sample_masked(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history,
+                                const TokenFilter& allowed) override {
+    return sample_call("forward_sample_masked", tokens, sampler, history, &allowed);
   }
   void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override {
     not_in_call("set_prefill_progress");
@@ -228,6 +235,25 @@ class ModelSession : public Session {
     return [this, before, n, layers, total](int k) {
       if (k < layers) at_point(before + n * k / layers, int64_t(total));
     };
+  }
+
+  // forward_sample(_masked): the sampler's vocabulary checked before anything is fed; on the host, Session's defaults
+  // (forward() guards the feed); on the GPU the last pass and the sampling there, guarded as the other calls but for
+  // the sampler's refusal of the last row (no finite logit) and an exception from `allowed`, which come once every
+  // token is fed (Model::forward_sample counts them): the tokens stay fed, as on the host.
+  int32_t sample_call(const char* name, std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history,
+                      const TokenFilter* allowed) {
+    PLUMB_CHECK(sampler.vocab() == m_->config().vocab, "{}: the sampler was made for a vocabulary of {}, the model's is {}",
+                name, sampler.vocab(), m_->config().vocab);
+    if (m_->backend() != "cuda")
+      return allowed ? Session::forward_sample_masked(tokens, sampler, history, *allowed)
+                     : Session::forward_sample(tokens, sampler, history);
+    const CallScope call(*this, name);
+    check(tokens);
+    const int64_t fed = st_.pos + int64_t(tokens.size());
+    return guarded(
+        tokens.size(), [&] { return m_->forward_sample(st_, feed_all_but_last(tokens).back(), sampler, history, allowed); },
+        [&] { return st_.pos == fed; });
   }
 
   // Token ids and the context are checked before any pass runs, so an error leaves the session unchanged. (The

@@ -70,6 +70,7 @@ class Tokenizer {
   Tokenizer() = default;
   std::shared_ptr<const Impl> impl_;
   friend class TextStream;
+  friend struct TokenizerCache;  // (the library's tables derived from a tokenizer, kept with it: src/generate)
 };
 
 // Incremental detokenization for streaming: push() returns the text that is complete so far (a token may end

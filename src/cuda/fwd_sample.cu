@@ -425,6 +425,15 @@ __global__ void __launch_bounds__(kFinalThreads) k_sorted_final(int vocab, int K
   }
 }
 
+// ---- the allowed-token mask (fwd_mask_logits) ----
+
+__global__ void k_mask_logits(float* logits, int vocab, const uint32_t* bits, int words) {
+  const int64_t row = blockIdx.y;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= vocab) return;
+  if (!((bits[row * words + i / 32] >> (i % 32)) & 1u)) logits[row * vocab + i] = -INFINITY;
+}
+
 // ---- host side ----
 
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
@@ -520,6 +529,13 @@ size_t fwd_sample_scratch_bytes(int rows, int vocab, const SampleParams* p) {
   size_t m = 0;
   for (int path : {int(kSampleGreedy), int(kSampleTopK), int(kSampleSorted)}) m = std::max(m, layout(rows, vocab, path, true).total);
   return m;
+}
+
+void fwd_mask_logits(float* logits, int rows, int vocab, const uint32_t* bits, Stream s) {
+  check_sizes(rows, vocab);
+  if (!logits || !bits) throw_arg("mask logits: null logits or bits");
+  k_mask_logits<<<dim3(unsigned((vocab + 255) / 256), unsigned(rows)), 256, 0, s>>>(logits, vocab, bits, (vocab + 31) / 32);
+  check_launch("fwd_mask_logits");
 }
 
 void fwd_sample(const float* logits, int rows, int vocab, const SampleParams& p, const int32_t* pen_ids,

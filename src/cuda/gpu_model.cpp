@@ -421,8 +421,11 @@ class GpuForward : public DeviceForward {
 
   // The last token's logits never leave the device: fwd_sample (sample.h) draws with the host sampler's
   // parameters, penalty window and uniform draw, and only the token comes back.
+  // With `allowed`, its bits are asked for once the forward is queued (the host builds them while the GPU runs the
+  // pass), go up behind it and mask the row in place (fwd_mask_logits) before the sampling.
   int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
-                         std::span<const int32_t> history, std::vector<float>& no_finite_row) const override {
+                         std::span<const int32_t> history, const TokenFilter* allowed,
+                         std::vector<float>& no_finite_row) const override {
     Scratch& sc = st.dev->scratch;
     const SamplingParams& sp = sampler.params();
     SampleParams p;
@@ -442,11 +445,29 @@ class GpuForward : public DeviceForward {
     auto* out = static_cast<int32_t*>(sc.get("sample.out", 8));
     const size_t scratch_bytes = fwd_sample_scratch_bytes(1, cfg_.vocab, &p);
     void* scratch = sc.get("sample.scratch", scratch_bytes);
+    const size_t words = (size_t(cfg_.vocab) + 31) / 32;
+    auto* dev_bits = allowed ? static_cast<uint32_t*>(sc.get("sample.mask", words * 4)) : nullptr;
     // (Its buffers are taken before the forward: an allocation moves the session's memory, and after the forward it
     // would make the next step run eagerly again instead of capturing the graph this one warmed.)
     const float* logits = run(st, tokens, nullptr, LogitRows::Last);
+    std::vector<uint32_t> bits;
+    if (allowed) {
+      bits.assign(words, 0);
+      try {
+        (*allowed)(bits);
+      } catch (...) {
+        synchronize();  // (the pass is done before the caller sees the error: the tokens count as fed)
+        throw;
+      }
+    }
     {
       OpRegion region(sc.timer, "sample");  // (plumb bench counts it outside the layers, as the head)
+      if (allowed) {
+        st.dev->stage.upload(dev_bits, bits.data(), words * 4);
+        // (the row is the forward's own output buffer, read by nothing after the sampling but the error path below,
+        // which then shows the masked row the sampler saw)
+        fwd_mask_logits(const_cast<float*>(logits), 1, cfg_.vocab, dev_bits, nullptr);
+      }
       st.dev->stage.upload(dev_in, in.data(), in.size() * 4);  // queued behind the forward: no host wait
       SampleOut o;
       o.token = out, o.n = out + 1;

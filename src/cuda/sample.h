@@ -95,4 +95,10 @@ void fwd_sample(const float* logits, int rows, int vocab, const SampleParams& p,
                 const int32_t* pen_counts, int npen, const double* u, const SampleOut& out, void* scratch,
                 size_t scratch_bytes, Stream s);
 
+// Structured output (Session::forward_sample_masked): every logit of row r whose bit is clear in bits[r, words]
+// (bit id % 32 of word id / 32; words = (vocab + 31) / 32) becomes -inf, in place, before fwd_sample reads the row.
+// The host's twin is gen::mask_logits (src/generate/token_bits.h): the same -inf, so fwd_sample then draws what
+// Sampler draws from the host-masked row (the -inf logits stay -inf through the penalties).
+void fwd_mask_logits(float* logits, int rows, int vocab, const uint32_t* bits, Stream s);
+
 }  // namespace plumb::cuda::detail

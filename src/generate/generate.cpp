@@ -98,6 +98,12 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
     const int64_t from = session.position(), at = from + int64_t(tokens.size()) - 1;
     try {
       if (!opt.on_logits && !json) return session.forward_sample(tokens, sampler, history);
+      if (!opt.on_logits) {  // the mask built while the GPU runs the pass (the host's: after it), the draw there
+        const int32_t id = session.forward_sample_masked(tokens, sampler, history,
+                                                         [&](std::span<uint32_t> bits) { json->allowed(bits); });
+        json->accept(id);
+        return id;
+      }
       const std::vector<float> logits = session.forward(tokens);
       int32_t id;
       if (json) {  // (the mask on a copy: on_logits sees the model's own logits)

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "generate/json_schema.h"
+#include "generate/token_bits.h"
+#include "generate/tokenizer_cache.h"
 #include "plumb/text.h"
 
 namespace plumb::gen {
@@ -210,91 +212,110 @@ bool JsonRecognizer::number_byte(uint8_t c) {
   return structural(c);
 }
 
+std::shared_ptr<const TokenTables> TokenTables::of(const Tokenizer& tok, int32_t vocab) {
+  return TokenizerCache::get_as<TokenTables>(tok, fmt::format("json-mode tables, vocabulary {}", vocab), [&] {
+    auto t = std::make_shared<TokenTables>();
+    t->bytes.resize(size_t(vocab));
+    t->spaced = tok.spaced_tokens();
+    const int32_t known = std::min(vocab, tok.vocab_size());
+    for (int32_t id = 0; id < known; ++id) {
+      // Chat markers (added tokens, special or not) are never text of the object.
+      if (tok.is_added(id)) continue;
+      std::string& b = t->bytes[size_t(id)];
+      b = tok.token_bytes(id);
+      if (b.empty()) continue;
+      if (b.size() == 1) t->one_byte[uint8_t(b[0])].push_back(id);
+      (plain_string_text(b) ? t->plain : t->not_plain).push_back(id);
+    }
+    // (a counting sort of the longer tokens by their first two bytes)
+    auto key = [&](int32_t id) { return size_t(uint8_t(t->bytes[size_t(id)][0])) * 256 + uint8_t(t->bytes[size_t(id)][1]); };
+    t->two_at.assign(256 * 256 + 1, 0);
+    for (int32_t id = 0; id < known; ++id)
+      if (t->bytes[size_t(id)].size() >= 2) ++t->two_at[key(id) + 1];
+    for (size_t k = 0; k < 256 * 256; ++k) t->two_at[k + 1] += t->two_at[k];
+    t->two_ids.resize(t->two_at.back());
+    std::vector<uint32_t> fill(t->two_at.begin(), t->two_at.end() - 1);
+    for (int32_t id = 0; id < known; ++id)
+      if (t->bytes[size_t(id)].size() >= 2) t->two_ids[fill[key(id)]++] = id;
+    return t;
+  });
+}
+
 template <class R>
 TokenMask<R>::TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start)
-    : bytes_(size_t(vocab)), is_end_(size_t(vocab), 0), spaced_(tok.spaced_tokens()), state_(std::move(start)) {
+    : t_(TokenTables::of(tok, vocab)), is_end_(size_t(vocab), 0), state_(std::move(start)) {
   PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
   for (int32_t id : ends) {
     PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
+    if (!is_end_[size_t(id)]) ends_.push_back(id);
     is_end_[size_t(id)] = 1;
   }
-  const int32_t known = std::min(vocab, tok.vocab_size());
-  for (int32_t id = 0; id < known; ++id) {
-    // Chat markers (added tokens, special or not) are never text of the object, and an end token is only ever the
-    // end: a stop token that is text ("}", "\n") would otherwise end the generation inside the object.
-    if (tok.is_added(id) || is_end_[size_t(id)]) continue;
-    bytes_[size_t(id)] = tok.token_bytes(id);
-    const std::string& b = bytes_[size_t(id)];
-    if (b.empty()) continue;
-    if (b.size() == 1) one_byte_[uint8_t(b[0])].push_back(id);
-    (plain_string_text(b) ? plain_ : not_plain_).push_back(id);
-  }
-  // (a counting sort of the longer tokens by their first two bytes)
-  auto key = [&](int32_t id) { return size_t(uint8_t(bytes_[size_t(id)][0])) * 256 + uint8_t(bytes_[size_t(id)][1]); };
-  two_at_.assign(256 * 256 + 1, 0);
-  for (int32_t id = 0; id < known; ++id)
-    if (bytes_[size_t(id)].size() >= 2) ++two_at_[key(id) + 1];
-  for (size_t k = 0; k < 256 * 256; ++k) two_at_[k + 1] += two_at_[k];
-  two_ids_.resize(two_at_.back());
-  std::vector<uint32_t> fill(two_at_.begin(), two_at_.end() - 1);
-  for (int32_t id = 0; id < known; ++id)
-    if (bytes_[size_t(id)].size() >= 2) two_ids_[fill[key(id)]++] = id;
 }
 
 template <class R>
 bool TokenMask<R>::passes(int32_t id, const R& from, size_t skip) const {
   R s = from;
-  if (!s.feed(std::string_view(bytes_[size_t(id)]).substr(skip))) return false;
+  if (!s.feed(std::string_view(t_->bytes[size_t(id)]).substr(skip))) return false;
   // A tokenizer that puts a space before each next token: the text must be able to take it (not "tr", "-" or "1.").
-  return !spaced_ || s.complete() || s.feed(uint8_t(' '));
+  return !t_->spaced || s.complete() || s.feed(uint8_t(' '));
 }
 
 template <class R>
 bool TokenMask<R>::allows(int32_t id) const {
-  if (id < 0 || size_t(id) >= bytes_.size()) return false;
+  if (id < 0 || size_t(id) >= is_end_.size()) return false;
   if (state_.complete()) return is_end_[size_t(id)];
-  if (bytes_[size_t(id)].empty()) return false;
+  if (is_end_[size_t(id)] || t_->bytes[size_t(id)].empty()) return false;
   R s;
   return next_start(s) && passes(id, s);
 }
 
+void OutputMask::apply(std::span<float> logits) const {
+  std::vector<uint32_t> bits(token_bits_words(int64_t(logits.size())), 0);
+  allowed(bits);
+  mask_logits(logits, bits);
+}
+
 template <class R>
-void TokenMask<R>::apply(std::span<float> logits) const {
-  PLUMB_CHECK(logits.size() == bytes_.size(), "JSON mode: {} logits for a vocabulary of {}", logits.size(), bytes_.size());
-  const float ninf = -std::numeric_limits<float>::infinity();
-  std::vector<uint8_t> keep(logits.size(), 0);
+void TokenMask<R>::allowed(std::span<uint32_t> bits) const {
+  PLUMB_CHECK(bits.size() == token_bits_words(int64_t(is_end_.size())), "JSON mode: a mask of {} words for a vocabulary "
+              "of {}", bits.size(), is_end_.size());
+  const TokenTables& t = *t_;
+  // (every id is set at most once below: the lists and the two-byte buckets are disjoint)
+  auto keep = [&](size_t id) { set_token_bit(bits, id); };
   size_t kept = 0;
   R s;
   if (state_.complete()) {
-    for (size_t i = 0; i < logits.size(); ++i) keep[i] = is_end_[i], kept += is_end_[i];
+    for (size_t i = 0; i < is_end_.size(); ++i)
+      if (is_end_[i]) keep(i), ++kept;
   } else if (!next_start(s)) {
     // (no token can start here: the check below names it)
   } else if (s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
-    for (int32_t id : plain_) keep[size_t(id)] = 1;
-    kept += plain_.size();
-    for (int32_t id : not_plain_)
-      if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
+    for (int32_t id : t.plain) keep(size_t(id));
+    kept += t.plain.size();
+    for (int32_t id : t.not_plain)
+      if (passes(id, s)) keep(size_t(id)), ++kept;
   } else {
     // Only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536 pairs:
     // after a value, the many tokens " word" stop at their second byte without being tried).
     for (int b = 0; b < 256; ++b) {
       R one = s;
       if (!one.feed(uint8_t(b))) continue;
-      for (int32_t id : one_byte_[size_t(b)])
-        if (passes(id, s)) keep[size_t(id)] = 1, ++kept;
+      for (int32_t id : t.one_byte[size_t(b)])
+        if (passes(id, s)) keep(size_t(id)), ++kept;
       for (int c = 0; c < 256; ++c) {
         const size_t k = size_t(b) * 256 + size_t(c);
-        if (two_at_[k] == two_at_[k + 1]) continue;
+        if (t.two_at[k] == t.two_at[k + 1]) continue;
         R two = one;
         if (!two.feed(uint8_t(c))) continue;
-        for (uint32_t i = two_at_[k]; i < two_at_[k + 1]; ++i)
-          if (passes(two_ids_[i], two, 2)) keep[size_t(two_ids_[i])] = 1, ++kept;
+        for (uint32_t i = t.two_at[k]; i < t.two_at[k + 1]; ++i)
+          if (passes(t.two_ids[i], two, 2)) keep(size_t(t.two_ids[i])), ++kept;
       }
     }
   }
+  if (!state_.complete())  // (an end token is the end only: the tables keep its bytes, the mask takes it out)
+    for (int32_t id : ends_)
+      if (token_bit(bits, size_t(id))) clear_token_bit(bits, size_t(id)), --kept;
   PLUMB_CHECK(kept > 0, "JSON mode: no token of the vocabulary can continue the output");
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (!keep[i]) logits[i] = ninf;
 }
 
 template <class R>
@@ -303,7 +324,7 @@ void TokenMask<R>::accept(int32_t id) {
   if (!state_.complete()) {
     R s;
     next_start(s);
-    s.feed(bytes_[size_t(id)]);
+    s.feed(t_->bytes[size_t(id)]);
     state_ = std::move(s);
   }
   first_ = false;

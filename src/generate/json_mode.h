@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,12 +96,32 @@ class JsonRecognizer {
 class OutputMask {
  public:
   virtual ~OutputMask() = default;
-  // Sets the logit of every token that cannot come next to -inf. Throws plumb::Error when no token can.
-  virtual void apply(std::span<float> logits) const = 0;
+  // Sets the bit (gen::set_token_bit, token_bits.h) of every token that may come next in `bits` (zeroed, one bit per
+  // id of the vocabulary). Throws plumb::Error when no token can. What Session::forward_sample_masked asks for.
+  virtual void allowed(std::span<uint32_t> bits) const = 0;
+  // The same on a logits row: every token that cannot come next gets -inf (gen::mask_logits).
+  void apply(std::span<float> logits) const;
   virtual bool allows(int32_t id) const = 0;  // whether `id` may come next (what apply() keeps)
   // The sampled token: its bytes go to the recognizer. Throws plumb::Error for a token allows() refuses.
   virtual void accept(int32_t id) = 0;
   virtual bool complete() const = 0;
+};
+
+// What a mask knows of the vocabulary, built once per tokenizer and vocabulary size and kept with the tokenizer
+// (TokenizerCache: 20-30 ms at 129K tokens), shared by every generation's mask: the bytes each token adds to the output
+// (its decode; empty: never passes: added tokens, ids the tokenizer does not know, tokens that decode to nothing) and
+// the two shortcuts' lists.
+struct TokenTables {
+  static std::shared_ptr<const TokenTables> of(const Tokenizer& tok, int32_t vocab);
+  std::vector<std::string> bytes;  // per id of the model's vocabulary
+  // Outside strings the tokens are tried by their first two bytes: the one-byte tokens per byte, and the longer ones
+  // grouped by their first two bytes (ids in two_ids[two_at[k] .. two_at[k + 1]) for k = 256 * first + second).
+  std::array<std::vector<int32_t>, 256> one_byte;
+  std::vector<int32_t> two_ids;
+  std::vector<uint32_t> two_at;
+  // Inside a string most tokens are plain text, which passes whatever it says: those ids, and the others to try.
+  std::vector<int32_t> plain, not_plain;
+  bool spaced = false;  // a tokenizer without a byte-level decoder puts a space between tokens
 };
 
 // The mask for one generation over a recognizer R (JsonRecognizer; SchemaRecognizer, json_schema.h): the bytes each
@@ -113,7 +134,7 @@ class TokenMask final : public OutputMask {
   // vocab: the model's (its logits per row; ids past the tokenizer's never pass). ends: the tokens that end the
   // generation; at least one (generate() refuses JSON mode without one). start: R's state before the first byte.
   TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start = R());
-  void apply(std::span<float> logits) const override;
+  void allowed(std::span<uint32_t> bits) const override;
   bool allows(int32_t id) const override;
   void accept(int32_t id) override;
   bool complete() const override { return state_.complete(); }
@@ -122,17 +143,12 @@ class TokenMask final : public OutputMask {
   bool passes(int32_t id, const R& from, size_t skip = 0) const;  // the bytes of id after `skip` fed
   // The state the next token's bytes start from: the state so far, and the space a spaced tokenizer puts before every
   // token but the first. False when that space cannot come.
-  bool next_start(R& s) const { return (s = state_, !spaced_ || first_ || s.feed(uint8_t(' '))); }
-  std::vector<std::string> bytes_;                   // per id; empty: never passes
-  // Outside strings the tokens are tried by their first two bytes: the one-byte tokens per byte, and the longer ones
-  // grouped by their first two bytes (ids in two_ids_[two_at_[k] .. two_at_[k + 1]) for k = 256 * first + second).
-  std::array<std::vector<int32_t>, 256> one_byte_;
-  std::vector<int32_t> two_ids_;
-  std::vector<uint32_t> two_at_;
-  // Inside a string most tokens are plain text, which passes whatever it says: those ids, and the others to try.
-  std::vector<int32_t> plain_, not_plain_;
+  bool next_start(R& s) const { return (s = state_, !t_->spaced || first_ || s.feed(uint8_t(' '))); }
+  std::shared_ptr<const TokenTables> t_;
+  // The end tokens pass only as the end (a stop token that is text, "}" or "\n", would otherwise end the generation
+  // inside the object): the tables keep their bytes, the mask takes them out.
+  std::vector<int32_t> ends_;
   std::vector<uint8_t> is_end_;
-  bool spaced_ = false;  // a tokenizer without a byte-level decoder puts a space between tokens
   bool first_ = true;
   R state_;
 };

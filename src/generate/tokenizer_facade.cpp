@@ -4,11 +4,14 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "generate/tokenizer_cache.h"
 #include "plumb/text.h"
 #include "text/escape.h"
 #include "text/tokenizer.h"
@@ -22,7 +25,21 @@ struct Tokenizer::Impl {
   bool add_bos = false;
   // bos / eos / add_bos from tokenizer_config.json.
   void read_config(const std::filesystem::path& file);
+  struct Derived {  // TokenizerCache's (behind a pointer: Impl stays movable)
+    std::mutex m;
+    std::map<std::string, std::shared_ptr<const void>> by_key;
+  };
+  std::shared_ptr<Derived> derived = std::make_shared<Derived>();
 };
+
+std::shared_ptr<const void> TokenizerCache::get(const Tokenizer& tok, const std::string& key,
+                                                const std::function<std::shared_ptr<const void>()>& make) {
+  Tokenizer::Impl::Derived& d = *tok.impl_->derived;
+  const std::lock_guard<std::mutex> lock(d.m);
+  auto& slot = d.by_key[key];
+  if (!slot) slot = make();  // (a throw leaves the slot empty: the next call tries again)
+  return slot;
+}
 
 namespace {
 

@@ -76,11 +76,28 @@ void Model::check_tokens(const SessionState& st, std::span<const int32_t> tokens
 }
 
 int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
-                              std::span<const int32_t> history) const {
+                              std::span<const int32_t> history, const TokenFilter* allowed) const {
   check_tokens(st, tokens);
   PLUMB_CHECK(device_ && st.dev, "forward_sample: backend {} samples on the host (Session::forward_sample)", backend_);
   std::vector<float> row;
-  const int32_t id = device_->forward_sample(st, tokens, sampler, history, row);
+  bool filter_threw = false;  // (then the forward has run: the tokens are fed, nothing is drawn)
+  TokenFilter watched;
+  if (allowed && *allowed)
+    watched = [&](std::span<uint32_t> bits) {
+      try {
+        (*allowed)(bits);
+      } catch (...) {
+        filter_threw = true;
+        throw;
+      }
+    };
+  int32_t id;
+  try {
+    id = device_->forward_sample(st, tokens, sampler, history, watched ? &watched : nullptr, row);
+  } catch (...) {
+    if (filter_threw) st.pos += int64_t(tokens.size());
+    throw;
+  }
   st.pos += int64_t(tokens.size());  // (fed, as on the host, even when the sampling fails below)
   if (id < 0) {
     (void)sampler.distribution(row, history);  // throws: no finite logit (the message says what the row held)

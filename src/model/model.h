@@ -1,5 +1,6 @@
 // The DeepSeek-V4 model: config + bound weights + RoPE tables; runs a chunk of tokens on a session state.
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -21,6 +22,10 @@ class Sampler;  // plumb/text.h
 // next token), or none (a prefill pass before the last: the LM head, the largest matrix, is skipped).
 enum class LogitRows { All, Last, None };
 
+// Session::forward_sample_masked's `allowed`: sets the bits of the tokens that may be drawn ((vocab + 31) / 32 words,
+// zeroed; bit id % 32 of word id / 32).
+using TokenFilter = std::function<void(std::span<uint32_t> allowed)>;
+
 // A backend other than the CPU reference runs the whole forward pass itself (src/cuda/gpu_model.cpp): same
 // inputs, outputs and taps as Model::forward, its caches in SessionState::dev.
 class DeviceForward {
@@ -30,9 +35,11 @@ class DeviceForward {
   virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const = 0;
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
   // Returns -1 when that row has no finite logit to sample from (after the penalties), with the row in `no_finite_row`
-  // for the caller's error (Sampler::distribution's).
+  // for the caller's error (Sampler::distribution's). `allowed` (may be null): the row's mask, asked for once the
+  // forward is queued (Session::forward_sample_masked); an exception from it leaves after the forward has run.
   virtual int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
-                                 std::span<const int32_t> history, std::vector<float>& no_finite_row) const = 0;
+                                 std::span<const int32_t> history, const TokenFilter* allowed,
+                                 std::vector<float>& no_finite_row) const = 0;
   // Sizes the session's growing caches for positions [0, positions) (see Model::reserve).
   virtual void reserve(SessionState& st, int64_t positions) const = 0;
   // StateMark::dev: a copy of what a forward overwrites in the session's device caches, and its restore (after the
@@ -75,9 +82,11 @@ class Model {
                  LogitRows rows = LogitRows::All, const std::function<void(int)>& on_layer = {}) const;
   // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).
   void check_tokens(const SessionState& state, std::span<const int32_t> tokens) const;
-  // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there.
+  // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there;
+  // among the tokens `allowed` lets through, if given (Session::forward_sample_masked: the tokens count as fed when it
+  // throws).
   int32_t forward_sample(SessionState& state, std::span<const int32_t> tokens, Sampler& sampler,
-                         std::span<const int32_t> history) const;
+                         std::span<const int32_t> history, const TokenFilter* allowed = nullptr) const;
   // Sizes the session's growing caches (backend cuda: the compressed entries, which otherwise double as the
   // positions pass 256, 512, ... tokens, each growth re-capturing the decode graph with one eager step) for
   // positions [0, positions) up front. Optional, a hint: the caches still grow past it, and a backend may reserve

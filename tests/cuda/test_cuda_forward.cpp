@@ -1080,6 +1080,51 @@ TEST_F(GpuTest, GenerateSamplesOnTheGpuLikeTheHostSampler) {
   }
 }
 
+// Session::forward_sample_masked on the GPU (the mask built on the host while the pass runs, applied on the device
+// before the sampling) draws what plumb::Sampler draws from the host-masked row of the same GPU logits, in every
+// launch mode (session_test_util.h: samplers of the three device paths, masks of 1 token to most of the vocabulary,
+// a multi-pass prompt, a throwing mask).
+TEST_F(GpuTest, ForwardSampleMaskedDrawsFromTheMaskedRow) {
+  for (const char* patches : {"", "cuda.graph", "cuda.fast"})
+    plumb_test::check_masked_sampling(*plumb_test::csa_long_engine("cuda", patches), std::string("cuda [") + patches + "]");
+}
+
+// JSON mode and structured outputs on the GPU: generate() without on_logits (the mask on the device beside the pass)
+// gives the tokens of the host path (with on_logits: the logits downloaded, masked and sampled on the host), and the
+// text is an instance.
+TEST_F(GpuTest, JsonModesSampleOnTheGpuLikeTheHostPath) {
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/../../models/tiny";
+  const auto tok = plumb::Tokenizer::load(dir);
+  const auto prompt = tok.encode(plumb::encode_chat({{"user", "Describe a cat as a JSON object.", ""}}, plumb::ChatOptions{}));
+  const std::string schema = R"({"type": "object", "required": ["name", "legs"], "additionalProperties": false,
+    "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}, "color": {"enum": ["black", "white"]}}})";
+  for (const char* patches : {"", "cuda.fast"}) {
+    plumb::EngineOptions o;
+    o.backend = "cuda", o.patches = patches;
+    const auto engine = plumb::Engine::load(dir, o);
+    for (auto format : {plumb::OutputFormat::JsonObject, plumb::OutputFormat::JsonSchema})
+      for (float t : {0.0f, 0.8f}) {
+        plumb::GenerateOptions g;
+        g.sampling.temperature = t, g.sampling.seed = 5, g.max_tokens = 80;
+        g.format = format, g.json_schema = format == plumb::OutputFormat::JsonSchema ? schema : "";
+        const std::string what = fmt::format("[{}] {} temperature {}", patches,
+                                             format == plumb::OutputFormat::JsonSchema ? "schema" : "json", t);
+        auto s1 = engine->new_session(), s2 = engine->new_session();
+        const auto device = plumb::generate(*s1, tok, prompt, g);
+        g.on_logits = [](std::span<const float>, int32_t) {};
+        const auto host = plumb::generate(*s2, tok, prompt, g);
+        EXPECT_EQ(device.tokens, host.tokens) << what;
+        EXPECT_EQ(device.text, host.text) << what;
+        EXPECT_GT(device.tokens.size(), 3u) << what;
+        if (device.stop == plumb::StopReason::Token) {
+          EXPECT_TRUE(nlohmann::json::accept(device.text)) << what << ": " << device.text;
+        }
+        std::printf("%s: %zu tokens, stop %s: %s\n", what.c_str(), device.tokens.size(), plumb::stop_reason_name(device.stop),
+                    device.text.c_str());
+      }
+  }
+}
+
 // A row with no finite logit (the planted fault that drops the router's renormalization floor makes every logit NaN
 // on the fixture whose scores underflow) is an error on the GPU as on the CPU, for greedy and the default sampling
 // (the device's greedy and top-k paths), with the host sampler's message (the same words and counts as the CPU's),

@@ -353,6 +353,35 @@ TEST_F(CudaSample, MatchesSamplerOnRandomRows) {
   EXPECT_GT(all.no_finite, 0);  // (kinds 7, 8 and 10 in every case: each path's refusal compared)
 }
 
+// fwd_mask_logits (structured output's mask, in place) against the mask written here: every masked logit -inf, every
+// other one the same bits (NaN, infinities and -0 included), per row, for vocabularies that end inside a 32-bit word.
+TEST_F(CudaSample, MaskLogitsSetsExactlyTheMaskedOnesToMinusInf) {
+  std::mt19937 g(17);
+  for (int V : {1, 31, 1000, 129280})
+    for (int rows : {1, 3}) {
+      const int words = (V + 31) / 32;
+      std::vector<float> l(size_t(rows) * V);
+      for (size_t i = 0; i < l.size(); ++i)
+        l[i] = i % 11 == 3 ? std::nanf("") : i % 13 == 5 ? kInf : i % 17 == 2 ? -0.0f : float(int(g() % 2001) - 1000) / 100.0f;
+      std::vector<uint32_t> bits(size_t(rows) * words);
+      for (auto& w : bits) w = uint32_t(g());
+      std::vector<float> want = l;
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < V; ++i)
+          if (!((bits[size_t(r) * words + i / 32] >> (i % 32)) & 1)) want[size_t(r) * V + i] = -kInf;
+      DevBuf dl(l.size() * 4), db(bits.size() * 4);
+      cd::h2d(dl.p, l.data(), l.size() * 4);
+      cd::h2d(db.p, bits.data(), bits.size() * 4);
+      cd::fwd_mask_logits(dl.as<float>(), rows, V, db.as<uint32_t>(), nullptr);
+      cd::dsync();
+      std::vector<float> got(l.size());
+      cd::d2h(got.data(), dl.p, got.size() * 4);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "V " << V << " rows " << rows << ": row " << i / size_t(V)
+                                                         << " id " << i % size_t(V) << " got " << got[i] << " want " << want[i];
+    }
+}
+
 // Many rows in one launch (each its own u): the exact path at V4's vocabulary and a wide top-k at 32K.
 TEST_F(CudaSample, ManyRowsPerLaunch) {
   const Tally a = run_case({"default,256 rows", params(0.8f, 40, 0.95f, 0.05f)}, 129280, 256, 777);

@@ -1,12 +1,18 @@
 // Shared by the session tests of both backends (test_session_rewind.cpp, tests/cuda/test_cuda_forward.cpp): token runs
 // and an engine over csa-long, whose CSA and HCA windows of 4 and 8 and sliding window of 8 put every kind of cache
-// boundary inside a call of a few dozen tokens.
+// boundary inside a call of a few dozen tokens. Also the masked-sampling check both backends run.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <limits>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "plumb/engine.h"
+#include "plumb/text.h"
 
 namespace plumb_test {
 
@@ -22,6 +28,62 @@ inline std::shared_ptr<plumb::Engine> csa_long_engine(const std::string& backend
   plumb::EngineOptions o;
   o.backend = backend, o.patches = patches, o.prefill_chunk = 7;
   return plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+}
+
+// Session::forward_sample_masked against its definition, on `e`: the token is what plumb::Sampler draws from the
+// logits of another session's forward() with every token outside the mask set to -inf (written here, not by the
+// library), over three samplers (greedy; the defaults; no top-k with penalties, the GPU's sorted path) and masks of
+// one token (at ids across the 32-bit words: the bit layout), a few and most of the vocabulary, the first call a
+// 60-token prompt (several passes); an empty `allowed` is forward_sample; an `allowed` that throws ends the call with
+// its exception, the tokens fed and nothing drawn (the sampler's next draw is the one it would have made).
+inline void check_masked_sampling(const plumb::Engine& e, const std::string& what) {
+  SCOPED_TRACE(what);
+  const int32_t V = e.info().vocab_size;
+  std::vector<plumb::SamplingParams> settings(3);
+  settings[0].temperature = 0;
+  settings[1].seed = 7;
+  settings[2].seed = 11, settings[2].top_k = 0, settings[2].top_p = 0.97f, settings[2].min_p = 0,
+  settings[2].repeat_penalty = 1.3f, settings[2].presence_penalty = 0.2f;
+  for (const auto& sp : settings) {
+    SCOPED_TRACE("temperature " + std::to_string(sp.temperature) + ", top_k " + std::to_string(sp.top_k));
+    auto s = e.new_session(), ref = e.new_session();
+    plumb::Sampler a(sp, V), b(sp, V);
+    std::mt19937 g(sp.seed + 1);
+    std::vector<int32_t> feed = csa_long_ids(60, 3), history = feed;
+    for (auto& t : feed) t %= V;
+    for (int step = 0; step < 24; ++step) {
+      std::vector<char> ok(size_t(V), 0);
+      const int kind = step % 4;
+      if (kind == 0) ok[size_t((step * 37 + 31) % V)] = 1;                // one token
+      for (int32_t i = 0; i < V && kind > 0; ++i) ok[size_t(i)] = kind == 1 ? g() % 16 == 0 : kind == 2 ? g() % 8 != 0 : 1;
+      ok[size_t(g() % uint32_t(V))] = 1;  // (never empty)
+      const int32_t got = s->forward_sample_masked(feed, a, history, [&](std::span<uint32_t> bits) {
+        ASSERT_EQ(bits.size(), size_t((V + 31) / 32));
+        for (uint32_t w : bits) ASSERT_EQ(w, 0u) << "the mask's words come zeroed";
+        for (int32_t i = 0; i < V; ++i)
+          if (ok[size_t(i)]) bits[size_t(i) / 32] |= 1u << (i % 32);
+      });
+      std::vector<float> l = ref->forward(feed);
+      for (int32_t i = 0; i < V; ++i)
+        if (!ok[size_t(i)]) l[size_t(i)] = -std::numeric_limits<float>::infinity();
+      const int32_t want = b.sample(l, history);
+      ASSERT_EQ(got, want) << "step " << step << " (mask kind " << kind << ")";
+      ASSERT_TRUE(ok[size_t(got)]) << "step " << step << ": token " << got << " is masked out";
+      history.push_back(got), feed = {got};
+    }
+    // An empty function: forward_sample.
+    EXPECT_EQ(s->forward_sample_masked(feed, a, history, {}), ref->forward_sample(feed, b, history));
+    // A throwing mask: the token fed, no draw made; the session and the sampler go on as the reference's.
+    const int64_t at = s->position();
+    EXPECT_THROW(s->forward_sample_masked(std::vector<int32_t>{5 % V}, a, history,
+                                          [](std::span<uint32_t>) { throw std::runtime_error("no grammar"); }),
+                 std::runtime_error);
+    EXPECT_EQ(s->position(), at + 1);
+    ref->forward(std::vector<int32_t>{5 % V});
+    history.push_back(5 % V);
+    const std::vector<int32_t> next = {7 % V};
+    EXPECT_EQ(s->forward_sample(next, a, history), ref->forward_sample(next, b, history));
+  }
 }
 
 }  // namespace plumb_test

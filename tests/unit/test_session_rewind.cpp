@@ -217,6 +217,16 @@ TEST_F(StopFixture, CheckpointsComeBackBitForBitAndStaleOnesAreRefused) {
   EXPECT_EQ(fresh->forward_all(head), l_head);
 }
 
+// forward_sample_masked draws what the sampler draws from the masked row (session_test_util.h), on the CPU reference,
+// and refuses a sampler of another vocabulary before feeding anything.
+TEST_F(StopFixture, ForwardSampleMaskedDrawsFromTheMaskedRow) {
+  plumb_test::check_masked_sampling(*engine(), "cpu");
+  auto s = engine()->new_session();
+  plumb::Sampler other(plumb::SamplingParams{}, 10);
+  EXPECT_THROW(s->forward_sample_masked(head, other, head, [](std::span<uint32_t>) {}), plumb::Error);
+  EXPECT_EQ(s->position(), 0);
+}
+
 // A Session of one's own has no checkpoints: the defaults refuse by name.
 TEST(SessionCheckpoint, ASessionOfOnesOwnRefuses) {
   struct Own : plumb::Session {
