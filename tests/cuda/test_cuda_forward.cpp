@@ -1119,8 +1119,10 @@ TEST_F(GpuTest, JsonModesSampleOnTheGpuLikeTheHostPath) {
         if (device.stop == plumb::StopReason::Token) {
           EXPECT_TRUE(nlohmann::json::accept(device.text)) << what << ": " << device.text;
         }
-        std::printf("%s: %zu tokens, stop %s: %s\n", what.c_str(), device.tokens.size(), plumb::stop_reason_name(device.stop),
-                    device.text.c_str());
+        const double per = 1e3 / std::max<size_t>(1, device.tokens.size() - 1);
+        std::printf("%s: %zu tokens, stop %s; decode %.3f ms per token (the host path %.3f): %s\n", what.c_str(),
+                    device.tokens.size(), plumb::stop_reason_name(device.stop), device.decode_seconds * per,
+                    host.decode_seconds * per, device.text.c_str());
       }
   }
 }
