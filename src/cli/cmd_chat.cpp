@@ -61,6 +61,7 @@ struct ChatCliOptions {
   ModelArgs model;
   GenArgs gen;
   ChatModeArgs mode;
+  JsonArgs json;
   std::string load;  // --load FILE: a conversation /save wrote, to go on with
   int undo_depth = 8;  // --undo-depth N: the turns /undo can take back, one session checkpoint kept for each
 };
@@ -74,10 +75,11 @@ struct TurnStats {
 
 class ChatLoop {
  public:
-  ChatLoop(const ChatCliOptions& o, LoadedModel m) : o_(o), m_(std::move(m)), tok_(*m_.tok) {
+  ChatLoop(const ChatCliOptions& o, const JsonFormat& json, LoadedModel m) : o_(o), m_(std::move(m)), tok_(*m_.tok) {
     session_ = m_.engine->new_session();
     require_chat_tokens(tok_);
     gopt_ = generate_options(o_.gen, m_, seed_);
+    json.apply(gopt_);
     eos_ = tok_.token_id(chat_turn_end());
     reset();
   }
@@ -454,6 +456,7 @@ void register_chat(CLI::App& app) {
   add_model_options(cmd, o->model);
   add_chat_mode_options(cmd, o->mode, "system prompt", "thinking mode: each reply opens with <think>");
   add_sampling_options(cmd, o->gen);
+  add_json_options(cmd, o->json, "each reply is");
   cmd->add_option("--load", o->load, "go on with a conversation /save wrote (as /load FILE)")->check(CLI::ExistingFile);
   cmd->add_option("--undo-depth", o->undo_depth,
                   "turns /undo can take back, one after another; each keeps a session checkpoint in host memory "
@@ -462,7 +465,8 @@ void register_chat(CLI::App& app) {
       ->check(CLI::Range(1, 10000));
   cmd->callback([o] {
     check_generate_options(o->gen.gen);  // before the load: a bad option should not wait for it
-    ChatLoop loop(*o, load_model(o->model));
+    const JsonFormat json = json_format(o->json, o->mode.think);
+    ChatLoop loop(*o, json, load_model(o->model));
     set_exit_code(loop.run());
   });
 }

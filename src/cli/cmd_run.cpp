@@ -23,9 +23,7 @@ struct RunOptions {
   std::string ids;  // --ids: raw token ids instead of text
   bool ids_given = false, prompt_given = false;  // (--ids "" / -p "": given, and empty)
   bool chat = false, raw = false;
-  bool json = false;  // --json: JSON mode (OutputFormat::JsonObject)
-  std::string json_schema;  // --json-schema FILE: structured output (OutputFormat::JsonSchema)
-  bool json_schema_given = false;  // (--json-schema "": given, and refused as no file)
+  JsonArgs json;
   ChatModeArgs mode;
 };
 
@@ -44,13 +42,7 @@ int run(const RunOptions& o) {
   const bool chat = o.chat || o.mode.system_given || o.mode.think || o.mode.no_think || !o.mode.effort.empty();
   PLUMB_CHECK(!(o.raw && chat), "--raw cannot be combined with --chat, --system, --think, --no-think or --reasoning-effort");
   PLUMB_CHECK(o.ids.empty() || !chat, "--ids is a raw prompt: it cannot be combined with the chat options");
-  // (JSON mode masks every token from the first: a thinking reply's reasoning would have to be JSON too)
-  PLUMB_CHECK(!((o.json || o.json_schema_given) && o.mode.think),
-              "{} cannot be combined with --think: the reasoning would be held to JSON too", o.json ? "--json" : "--json-schema");
-  // (the schema read and compiled before the load: a keyword plumb does not support is refused at once)
-  const bool structured = o.json_schema_given;
-  const std::string schema = structured ? read_text_file(o.json_schema, "--json-schema file") : std::string();
-  if (structured) check_json_schema(schema);  // (an empty file: "not valid JSON")
+  const JsonFormat json = json_format(o.json, o.mode.think);
   // Checked before the model loads (as are the sampling options below): an empty prompt is a usage error, not
   // something to load 100 GB for.
   const std::string text = o.file.empty() ? o.prompt : read_prompt_file(o.file);
@@ -79,8 +71,7 @@ int run(const RunOptions& o) {
 
   uint64_t seed = 0;
   GenerateOptions gopt = generate_options(o.gen, m, seed);
-  if (o.json) gopt.format = OutputFormat::JsonObject;
-  if (structured) gopt.format = OutputFormat::JsonSchema, gopt.json_schema = schema;
+  json.apply(gopt);
   auto session = m.engine->new_session();
   PrefillLine prefill(*session, o.model.quiet);  // (a long prompt's passes, on a terminal)
   bool newline = true;
@@ -127,12 +118,7 @@ void register_run(CLI::App& app) {
   add_chat_mode_options(cmd, o->mode, "system prompt (implies --chat)",
                         "thinking mode: the reply opens with <think> (implies --chat)");
   add_sampling_options(cmd, o->gen);
-  auto* j = cmd->add_flag("--json", o->json, "JSON mode: the reply is one JSON object (each token that would break its "
-                                             "syntax is masked; ask for JSON in the prompt too)");
-  cmd->add_option("--json-schema", o->json_schema, "structured output: the reply is one JSON object valid under the JSON "
-                                                   "Schema in this file (its supported subset: docs/generation.md)")
-      ->each([o](const std::string&) { o->json_schema_given = true; })
-      ->excludes(j);
+  add_json_options(cmd, o->json, "the reply is");
   cmd->callback([o] { set_exit_code(run(*o)); });
 }
 

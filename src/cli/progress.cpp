@@ -373,4 +373,28 @@ void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_he
       ->needs(t);
 }
 
+void add_json_options(CLI::App* cmd, JsonArgs& a, const char* reply) {
+  auto* j = cmd->add_flag("--json", a.json, fmt::format("JSON mode: {} one JSON object (each token that would break "
+                                                        "its syntax is masked; ask for JSON in the prompt too)", reply));
+  cmd->add_option("--json-schema", a.schema_file, fmt::format("structured output: {} one JSON object valid under the "
+                                                              "JSON Schema in this file (its supported subset: "
+                                                              "docs/generation.md)", reply))
+      ->each([&a](const std::string&) { a.schema_given = true; })
+      ->excludes(j);
+}
+
+JsonFormat json_format(const JsonArgs& a, bool think) {
+  // (JSON mode masks every token from the first: a thinking reply's reasoning would have to be JSON too)
+  PLUMB_CHECK(!((a.json || a.schema_given) && think), "{} cannot be combined with --think: the reasoning would be held "
+              "to JSON too", a.json ? "--json" : "--json-schema");
+  JsonFormat f;
+  if (a.json) f.format = OutputFormat::JsonObject;
+  if (a.schema_given) {
+    f.format = OutputFormat::JsonSchema;
+    f.schema = read_text_file(a.schema_file, "--json-schema file");
+    check_json_schema(f.schema);  // (an empty file: "not valid JSON")
+  }
+  return f;
+}
+
 }  // namespace plumb::cli

@@ -39,6 +39,22 @@ struct ChatModeArgs {
 };
 void add_chat_mode_options(CLI::App* cmd, ChatModeArgs& a, const char* system_help, const char* think_help);
 
+// --json / --json-schema FILE, run's and chat's: the reply held to one JSON object, or to an instance of a JSON Schema.
+struct JsonArgs {
+  bool json = false;        // --json: JSON mode (OutputFormat::JsonObject)
+  std::string schema_file;  // --json-schema FILE: structured output (OutputFormat::JsonSchema)
+  bool schema_given = false;  // (--json-schema "": given, and refused as no file)
+};
+void add_json_options(CLI::App* cmd, JsonArgs& a, const char* reply);
+// What they ask for, checked before the model loads: refused beside thinking mode (the reasoning would be held to
+// JSON too); the schema file read and compiled, so an unsupported keyword is an error at once.
+struct JsonFormat {
+  OutputFormat format = OutputFormat::Text;
+  std::string schema;
+  void apply(GenerateOptions& g) const { g.format = format, g.json_schema = schema; }
+};
+JsonFormat json_format(const JsonArgs& a, bool think);
+
 struct LoadedModel {
   std::string dir;
   std::shared_ptr<Engine> engine;

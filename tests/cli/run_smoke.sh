@@ -68,6 +68,15 @@ python3 -c 'import json, sys; v = json.loads(sys.argv[1]); assert list(v) == ["c
   ok "--json-schema: the reply is an instance: $out" || bad "--json-schema: $out"
 out=$("$plumb" run -q --chat --json -p "A cat, as JSON." --temperature 0 --max-tokens 20 2>/dev/null)
 [[ "$out" =~ ^[[:space:]]*\{ && "$out" != *"<｜"* ]] && ok "--json: the reply opens a JSON object: $out" || bad "--json: $out"
+# plumb chat --json-schema: every reply of the conversation is an instance (one per line).
+out=$(printf 'What color is the sky? As JSON.\nAnd the grass?\n' |
+  "$plumb" chat -q --json-schema "$tmp/schema.json" --temperature 0 --max-tokens 30 2>/dev/null)
+python3 -c '
+import json, sys
+lines = sys.argv[1].splitlines()
+assert len(lines) == 2, lines
+for l in lines: v = json.loads(l); assert list(v) == ["color"] and v["color"] in ("blue", "red")' "$out" &&
+  ok "chat --json-schema: each reply an instance: $(echo $out)" || bad "chat --json-schema: $out"
 out=$("$plumb" run -q --think -p "What is 3 plus 4?" --temperature 0 --max-tokens 60 2>/dev/null)
 [[ "$out" == *"</think>"* ]] && ok "thinking mode reply has a reasoning block: $out" || bad "thinking mode: $out"
 
@@ -147,6 +156,7 @@ check_error "bisect --criterion bogus" "--criterion: bogus not in {local,free,kl
 check_error "no bundled model in the current directory" "models/tiny" \
   bash -c 'cd "$1" && exec "$2" run -q -p hi' _ "$tmp" "$plumb"
 check_error "chat without a tokenizer" "has no tokenizer.json" "$plumb" chat -q -m "$tmp/notok"
+check_error "chat --json with --think" "--json cannot be combined with --think" "$plumb" chat -q --json --think
 # An error inside a chat (a /save that cannot be written) is an error line, and the conversation goes on.
 printf 'hi\n/save %s\n/save %s\n/quit\n' "$tmp/nothing/t.json" "$tmp/t.json" |
   "$plumb" chat -q -n 3 --seed 1 >"$tmp/c.out" 2>"$tmp/c.err"
