@@ -216,7 +216,8 @@ class Sampler {
 // At each step every token that cannot continue a valid object (RFC 8259; nesting at most 64 deep, numbers at most 64
 // bytes, whitespace between tokens one space or tab, or one line break and at most 32 spaces or tabs of indentation)
 // gets the logit -inf before the penalties and the sampling; added tokens (is_added: the chat markers) pass only as the
-// end. The logits come to the host for it (on backend cuda: a download per step, the sampling on the host). The text is
+// end. The mask is built on the host (Session::forward_sample_masked: on backend cuda while the GPU runs the step's pass,
+// its bits uploaded and applied there, the sampling on the GPU; with on_logits, on the host after the pass). The text is
 // valid JSON unless a limit (max tokens, a stop string, the context) cuts it first. Ask for JSON in the prompt too: the
 // mask only removes the tokens that would break the syntax.
 // JsonSchema (structured outputs; OpenAI's response_format {"type": "json_schema"}): the same, the object also an
@@ -233,6 +234,11 @@ struct GenerateOptions {
   SamplingParams sampling;
   OutputFormat format = OutputFormat::Text;
   std::string json_schema;  // OutputFormat::JsonSchema's schema (JSON text)
+  // When not empty, the reply's text begins with one of these (OutputFormat::Text only): until one is written whole,
+  // each token that would leave them all, and every token without text (EOS, the chat markers), is masked as JSON mode
+  // masks (Session::forward_sample_masked); then the model goes on freely. plumb serve's tool_choice "required" or a
+  // named function: the opening of a DSML call block naming the function(s).
+  std::vector<std::string> reply_opens_with;
   int max_tokens = 256;                   // sampled tokens, a final stop token included
   std::vector<std::string> stop_strings;  // matched on the decoded text, across token boundaries
   std::vector<int32_t> stop_tokens;       // more stop tokens (EOS stops already, see stop_at_eos); not emitted

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "generate/json_mode.h"
 #include "generate/json_schema.h"
+#include "generate/opening_mask.h"
 #include "plumb/text.h"
 
 namespace plumb {
@@ -44,6 +45,9 @@ void check_json_schema(std::string_view schema) { gen::JsonSchema::compile(schem
 void check_generate_options(const GenerateOptions& opt) {
   check_sampling(opt.sampling);
   PLUMB_CHECK(opt.max_tokens >= 1, "max_tokens (--max-tokens) must be at least 1, got {}", opt.max_tokens);
+  PLUMB_CHECK(opt.reply_opens_with.empty() || opt.format == OutputFormat::Text, "reply_opens_with cannot be combined with "
+              "a JSON format (the object is the reply's opening)");
+  for (const std::string& o : opt.reply_opens_with) PLUMB_CHECK(!o.empty(), "reply_opens_with: an empty opening");
 }
 
 GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
@@ -61,7 +65,21 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
                 "the prompt is {} tokens{} but the model's context is {} tokens (max_position_embeddings)",
                 prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
 
-  std::unique_ptr<gen::OutputMask> json;  // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema)
+  // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema), or reply_opens_with's
+  std::unique_ptr<gen::OutputMask> json;
+  if (!opt.reply_opens_with.empty()) {
+    // (the mask writes the openings byte by byte where it must, so it needs a tokenizer's bytes as decode writes them
+    // and no stop token inside them: such a token would end the reply there, and keeping it out could leave no way on)
+    PLUMB_CHECK(!tok.spaced_tokens(), "reply_opens_with needs a byte-level tokenizer: {} puts a space between tokens",
+                tok.path());
+    for (int32_t id : opt.stop_tokens) {
+      const std::string b = tok.is_added(id) ? std::string() : tok.token_bytes(id);
+      for (const std::string& o : opt.reply_opens_with)
+        PLUMB_CHECK(b.empty() || o.find(b) == std::string::npos, "stop token {} (\"{}\") is text inside the reply's "
+                    "opening \"{}\" (reply_opens_with): it would end the reply there", id, b, o);
+    }
+    json = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, opt.stop_tokens);
+  }
   if (opt.format != OutputFormat::Text) {
     std::vector<int32_t> ends = opt.stop_tokens;
     if (opt.stop_at_eos && info.eos_token >= 0) ends.push_back(info.eos_token);
@@ -102,6 +120,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
         const int32_t id = session.forward_sample_masked(tokens, sampler, history,
                                                          [&](std::span<uint32_t> bits) { json->allowed(bits); });
         json->accept(id);
+        if (json->lifted()) json.reset();  // (reply_opens_with, its opening written: the model goes on freely)
         return id;
       }
       const std::vector<float> logits = session.forward(tokens);
@@ -111,6 +130,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
         json->apply(masked);
         id = sampler.sample(masked, history);
         json->accept(id);
+        if (json->lifted()) json.reset();
       } else {
         id = sampler.sample(logits, history);
       }

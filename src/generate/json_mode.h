@@ -105,6 +105,8 @@ class OutputMask {
   // The sampled token: its bytes go to the recognizer. Throws plumb::Error for a token allows() refuses.
   virtual void accept(int32_t id) = 0;
   virtual bool complete() const = 0;
+  // Every token passes from here on (OpeningMask, once its opening is written): generate() stops masking.
+  virtual bool lifted() const { return false; }
 };
 
 // What a mask knows of the vocabulary, built once per tokenizer and vocabulary size and kept with the tokenizer
