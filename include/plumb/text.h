@@ -144,6 +144,10 @@ std::string chat_turn_end();  // <｜end▁of▁sentence｜>
 void require_chat_tokens(const Tokenizer& tok);
 // What opens a DSML tool-call block in a reply (the block: "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=...>...").
 inline constexpr std::string_view kToolCallsOpen = "<｜DSML｜tool_calls>";
+// What a reply whose content is empty begins with when it calls `name` first, as the chat encoder renders such a turn:
+// "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"NAME\">\n" (for GenerateOptions::reply_opens_with: plumb serve's
+// tool_choice "required" or a named function).
+std::string tool_call_opening(std::string_view name);
 // Splits a thinking-mode reply "reasoning</think>content" (no </think>: all reasoning if `thinking`), and takes a
 // complete DSML tool-call block at the end of the content into tool_calls (ids left empty; the content keeps what came
 // before the block). A block that is cut off or malformed stays in the content, as text. `text` must hold the special

@@ -379,15 +379,44 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     co.reasoning_effort = effort;
   }
   // Tools: rendered into the prompt; with tool_choice "auto" (the default) the reply is read for calls, with "none" it
-  // is not (the prompt stays the same either way, as vLLM renders it, so the cache and the reasoning kept do too).
+  // is not (the prompt stays the same either way, as vLLM renders it, so the cache and the reasoning kept do too);
+  // "required" or a named function hold the reply to open a call block naming one of the tools, or that function
+  // (GenerateOptions::reply_opens_with), and read it.
   if (const json* t = field(body, "tools")) {
     if (!t->is_array()) bad_request("tools", fmt::format("tools must be an array, got {}", t->type_name()));
-    std::string choice = "auto";
-    if (const json* c = field(body, "tool_choice")) choice = c->is_string() ? c->get<std::string>() : "a named function";
-    if (choice != "auto" && choice != "none")
-      bad_request("tool_choice", "tool_choice: only \"auto\" and \"none\" are supported by plumb serve (the model "
-                  "decides whether to call a tool)");
-    if (!t->empty()) co.tools = t->dump(), r.tools = choice == "auto";
+    std::string choice = "auto", named;
+    if (const json* c = field(body, "tool_choice")) {
+      if (c->is_string()) {
+        choice = c->get<std::string>();
+        if (choice != "auto" && choice != "none" && choice != "required")
+          bad_request("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or "
+                                                 "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got \"{}\"", choice));
+      } else {
+        const json* ty = c->is_object() ? field(*c, "type") : nullptr;
+        const json* f = ty && *ty == "function" ? field(*c, "function") : nullptr;
+        const json* n = f && f->is_object() ? field(*f, "name") : nullptr;
+        if (!n || !n->is_string())
+          bad_request("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}");
+        choice = "named", named = n->get<std::string>();
+      }
+    }
+    if (t->empty() && choice != "auto" && choice != "none")
+      bad_request("tool_choice", fmt::format("tool_choice {} needs at least one tool", choice == "named" ? "naming a function" : "\"required\""));
+    if (!t->empty()) co.tools = t->dump(), r.tools = choice != "none";
+    if (choice == "required" || choice == "named") {
+      if (r.thinking)
+        bad_request("tool_choice", "tool_choice \"required\" or a named function cannot be combined with thinking mode "
+                    "(plumb holds the reply's opening to the call, where the reasoning would come first)");
+      for (const json& tool : *t) {  // (a tool without a name is the encoder's error, below, naming it)
+        const json* f = tool.is_object() ? field(tool, "function") : nullptr;
+        const json* n = f && f->is_object() ? field(*f, "name") : nullptr;
+        if (n && n->is_string() && (choice == "required" || *n == named))
+          r.gen.reply_opens_with.push_back(tool_call_opening(n->get<std::string>()));
+      }
+      if (choice == "named" && r.gen.reply_opens_with.empty())
+        bad_request("tool_choice", fmt::format("tool_choice names function \"{}\", which is not among the tools", named));
+    }
   } else if (field(body, "tool_choice")) {
     bad_request("tool_choice", "tool_choice needs tools");
   }
@@ -416,7 +445,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
   if (r.gen.format != OutputFormat::Text && (r.thinking || r.tools))
     bad_request("response_format", fmt::format("response_format {} cannot be combined with {}: JSON mode holds the whole "
                                                "reply to one JSON object", format_name(r.gen.format),
-                                               r.thinking ? "thinking mode" : "tools (tool_choice \"auto\"; \"none\" can)"));
+                                               r.thinking ? "thinking mode" : "tools whose calls are read (tool_choice \"none\" can)"));
   return r;
 }
 

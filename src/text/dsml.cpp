@@ -173,11 +173,13 @@ std::string render_tools(const std::string& tools_json) {
   return std::string(kToolsHead) + schemas + std::string(kToolsTail);
 }
 
+std::string call_opening(std::string_view name) {
+  return fmt::format("\n\n{}\n{}{}\">\n", kCallsOpen, kInvokeOpen, name);
+}
+
 std::string render_calls(const std::vector<ToolCall>& calls, const std::string& what) {
   if (calls.empty()) return {};
-  std::string out = "\n\n";
-  out += kCallsOpen;
-  out += '\n';
+  std::string out;
   for (size_t i = 0; i < calls.size(); ++i) {
     const ToolCall& c = calls[i];
     PLUMB_CHECK(!c.name.empty(), "{}: tool_calls[{}] has no function name", what, i);
@@ -191,10 +193,8 @@ std::string render_calls(const std::vector<ToolCall>& calls, const std::string& 
       fail("{}: {}", name, e.what());
     }
     PLUMB_CHECK(args.is_object(), "{} must be a JSON object, got {}", name, args.type_name());
-    if (i) out += '\n';
-    out += kInvokeOpen;
-    out += c.name;
-    out += "\">\n";
+    if (i) out += fmt::format("\n{}{}\">\n", kInvokeOpen, c.name);
+    else out = call_opening(c.name);  // (the block's opening and the first call's)
     bool first = true;
     for (const auto& [k, v] : args.items()) {
       if (!first) out += '\n';

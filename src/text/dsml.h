@@ -29,6 +29,11 @@ std::string render_tools(const std::string& tools_json);
 // `what` and the call at fault.
 std::string render_calls(const std::vector<ToolCall>& calls, const std::string& what);
 
+// What an assistant turn whose content is empty begins with when it calls `name` first: the block's opening and the
+// first invoke's, up to the first parameter (render_calls' first bytes; plumb serve's tool_choice "required" or a named
+// function holds a reply to it: GenerateOptions::reply_opens_with).
+std::string call_opening(std::string_view name);
+
 // The calls of `block`, which must be exactly one complete "<｜DSML｜tool_calls>...</｜DSML｜tool_calls>" block;
 // nullopt if it is cut off or malformed. Each call's arguments come back as the JSON object the encoder's parser
 // builds: string="true" values as JSON strings, string="false" values as written (a value that is not valid JSON

@@ -111,6 +111,12 @@ status, _, body = request(port, "/v1/chat/completions", {"tools": tools, "max_to
 msg = json.loads(body)["choices"][0]["message"] if status == 200 else {}
 check(status == 200 and (isinstance(msg.get("content"), str) or msg.get("tool_calls")),
       f"a chat with tools and a tool's result: {status} {str(msg)[:60]}")
+status, _, body = request(port, "/v1/chat/completions", {"tools": tools, "tool_choice": "required", "max_tokens": 60,
+                                                        "messages": [{"role": "user", "content": "Time?"}]})
+msg = json.loads(body)["choices"][0]["message"] if status == 200 else {}
+opening = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="now">\n'
+check(status == 200 and ((msg.get("content") or "").startswith(opening) or msg.get("tool_calls")),
+      f"tool_choice required: the reply opens a call of the tool: {status} {str(msg)[:70]!r}")
 status, _, body = request(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "A cat, as JSON."}],
                                                         "response_format": {"type": "json_object"}, "max_tokens": 16})
 text = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else ""
@@ -144,7 +150,7 @@ turns += [{"role": "assistant", "content": json.loads(body)["choices"][0]["messa
 _, _, uncached = request(port, "/v1/chat/completions", {"messages": turns, "temperature": 0, "max_tokens": 12})
 rc, err = stop(p, signal.SIGTERM)
 check(rc == 0, f"SIGTERM: exit status {rc}")
-check(re.search(r"^plumb serve: 10 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
+check(re.search(r"^plumb serve: 11 requests answered, \d+ generated tokens, 0 prompt tokens from the cache, 0 cancelled$", err,
                 re.M) is not None, "the closing summary: " + err.strip().splitlines()[-1] if err.strip() else "no summary")
 
 # --- the prefix cache: the second turn fed from the first's session, the same reply as on an empty cache ---

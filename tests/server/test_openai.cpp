@@ -185,7 +185,17 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"messages", user}, {"logprobs", "yes"}}, true, "logprobs", "true or false");
   expect_refused(json{{"messages", user}, {"tools", json::array({{{"type", "function"}}})}}, true, "tools", "tools[0] must be");
   const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
-  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "required"}}, true, "tool_choice", "only \"auto\" and \"none\"");
+  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "any"}}, true, "tool_choice", "got \"any\"");
+  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", {{"type", "function"}}}}, true, "tool_choice",
+                 "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
+                 true, "tool_choice", "names function \"g\", which is not among the tools");
+  expect_refused(json{{"messages", user}, {"tools", json::array()}, {"tool_choice", "required"}}, true, "tool_choice",
+                 "needs at least one tool");
+  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "required"}, {"thinking", true}}, true,
+                 "tool_choice", "cannot be combined with thinking mode");
+  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}},
+                 true, "response_format", "tools whose calls are read");
   expect_refused(json{{"messages", user}, {"tool_choice", "auto"}}, true, "tool_choice", "needs tools");
   const json call = {{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "[1]"}}}};
   expect_refused(json{{"messages", json::array({user[0], {{"role", "assistant"}, {"tool_calls", json::array({call})}},
@@ -361,10 +371,23 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_EQ(r.prompt, tok.encode(encode_chat(tt.chat, tt.options)));
   EXPECT_TRUE(r.tools);
   EXPECT_FALSE(r.gen.skip_special);
+  EXPECT_TRUE(r.gen.reply_opens_with.empty());
   const Request none = parse_chat(json{{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}, tok, tiny_defaults());
   EXPECT_EQ(none.prompt, r.prompt);  // (the same prompt, as vLLM renders it; the reply is not read for calls)
   EXPECT_FALSE(none.tools);
   EXPECT_TRUE(none.gen.skip_special);
+  // "required": the reply opens a call of one of the tools; a named function: of that one. The prompt stays.
+  json two = tools;
+  two.push_back({{"type", "function"}, {"function", {{"name", "weather"}, {"parameters", {{"type", "object"}}}}}});
+  const Request req = parse_chat(json{{"messages", msgs}, {"tools", two}, {"tool_choice", "required"}}, tok, tiny_defaults());
+  EXPECT_TRUE(req.tools);
+  EXPECT_EQ(req.gen.reply_opens_with, (std::vector<std::string>{"\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n",
+                                                               "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"weather\">\n"}));
+  const Request named = parse_chat(json{{"messages", msgs}, {"tools", two},
+                                        {"tool_choice", {{"type", "function"}, {"function", {{"name", "weather"}}}}}},
+                                   tok, tiny_defaults());
+  EXPECT_EQ(named.gen.reply_opens_with, std::vector<std::string>{req.gen.reply_opens_with[1]});
+  EXPECT_EQ(named.prompt, parse_chat(json{{"messages", msgs}, {"tools", two}}, tok, tiny_defaults()).prompt);
   // A tool's result in text parts: a blank line between them, as DeepSeek's encoder joins a result's parts.
   json parts = msgs;
   parts[2]["content"] = json::array({{{"type", "text"}, {"text", "12"}}, {{"type", "text"}, {"text", "00"}}});

@@ -526,6 +526,48 @@ TEST(Serve, ToolConversationsAreServed) {
   EXPECT_GT(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), r["usage"]["prompt_tokens"].get<int64_t>() / 2);
 }
 
+// tool_choice naming a function: the reply is what generate() gives held to open that function's call block
+// (GenerateOptions::reply_opens_with), read for the call: a call named so with finish_reason tool_calls, or (a block
+// the tiny model leaves malformed) the text with its opening as content; streamed alike.
+TEST(Serve, ANamedToolChoiceOpensTheCall) {
+  Running s(no_cache());
+  const auto tt = testing::tool_turns();
+  // (the bundled tokenizer spells the DSML markup nearly byte by byte: ~45 tokens for the opening)
+  const json body = {{"messages", tt.messages}, {"tools", tt.tools}, {"temperature", 0}, {"max_tokens", 100},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "now"}}}}}};
+  GenerateOptions g = greedy(100);
+  g.skip_special = false;
+  g.reply_opens_with = {tool_call_opening("now")};
+  const GenerateResult want = direct(tiny_tok().encode(encode_chat(tt.chat, tt.options)), g);
+  ASSERT_EQ(want.text.rfind(g.reply_opens_with[0], 0), 0u) << "[" << want.text << "] " << want.tokens.size() << " tokens, stop " << stop_reason_name(want.stop);
+  const ChatMessage parsed = parse_reply(want.text, false);
+  const json r = s.post("/v1/chat/completions", body);
+  const json& m = r["choices"][0]["message"];
+  if (!parsed.tool_calls.empty()) {
+    ASSERT_TRUE(m.contains("tool_calls")) << m.dump();
+    EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "now");
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  } else {
+    EXPECT_EQ(m["content"], want.text);
+  }
+  std::printf("tool_choice now: %s\n", m.dump().c_str());
+  auto c = s.client();
+  json sb = body;
+  sb["stream"] = true;
+  auto res = c.Post("/v1/chat/completions", sb.dump(), "application/json");
+  ASSERT_TRUE(res);
+  std::string streamed;
+  json calls = json::array();
+  for (const json& e : events(res->body))
+    if (e.is_object()) {
+      const json& d = e["choices"][0]["delta"];
+      streamed += d.value("content", std::string());
+      if (d.contains("tool_calls")) calls = d["tool_calls"];
+    }
+  EXPECT_EQ(streamed, m.value("content", std::string()));
+  EXPECT_EQ(calls.size(), m.contains("tool_calls") ? m["tool_calls"].size() : 0u);
+}
+
 // JSON mode: a chat's reply and a completion are what generate() gives with OutputFormat::JsonObject, whole and
 // streamed, and their text a prefix of a JSON object (the bundled model has not learned JSON: it rarely closes one).
 TEST(Serve, JsonModeRepliesAreGeneratesJsonMode) {
