@@ -30,7 +30,7 @@ namespace {
 // Keywords that constrain values (JSON Schema 2020-12's and draft 7's, OpenAPI's nullable) that plumb does not hold
 // the output to: refused. Any other keyword not read below is an annotation (2020-12: unknown keywords are).
 const std::set<std::string> kRefused = {
-    "pattern",          "minLength",        "maxLength",         "minimum",           "maximum",
+    "pattern",          "minimum",           "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf",        "minProperties",     "maxProperties",
     "patternProperties", "propertyNames",   "dependentRequired", "dependentSchemas",  "dependencies",
     "if",               "then",             "else",              "not",               "contains",
@@ -78,6 +78,11 @@ void resolve(const SchemaNode* n, const SchemaNode* any, std::vector<const Schem
 std::string spelled(const std::string& name) {
   const std::string text = json(name).dump();
   return text.substr(1, text.size() - 2);
+}
+
+// A UTF-8 string's length in code points (minLength / maxLength): its bytes less the continuation bytes.
+int64_t code_points(std::string_view s) {
+  return int64_t(std::count_if(s.begin(), s.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
 }
 
 int64_t count_field(const json& v, const std::string& where) {
@@ -233,7 +238,8 @@ struct JsonSchema::Compiler {
         PLUMB_CHECK(v.is_object(), "JSON schema: {} must be an object", at);
         PLUMB_CHECK(v.size() <= 64, "JSON schema: {} has {} properties, more than the 64 supported", at, v.size());
         for (const auto& [name, sub] : v.items()) n->props.emplace_back(spelled(name), node(sub, at + "/" + name));
-      } else if (k == "required" || k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems") {
+      } else if (k == "required" || k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" ||
+                 k == "minLength" || k == "maxLength") {
         constrained = true;  // (read below, once properties are known)
       }
     }
@@ -260,9 +266,22 @@ struct JsonSchema::Compiler {
     if (const auto mn = j.find("minItems"); mn != j.end()) n->min_items = count_field(*mn, where + "/minItems");
     if (const auto mx = j.find("maxItems"); mx != j.end()) n->max_items = count_field(*mx, where + "/maxItems");
     PLUMB_CHECK(n->max_items < 0 || n->max_items >= n->min_items, "JSON schema: maxItems below minItems at {}", where);
-    if (!n->enum_texts.empty()) {  // (the values of other types than `type` allows can never be written)
-      std::erase_if(n->enum_texts, [&](const std::string& t) { return !(value_type(json::parse(t)) & n->types); });
-      PLUMB_CHECK(!n->enum_texts.empty(), "JSON schema: no value of the enum at {} has a type its type allows", where);
+    if (const auto mn = j.find("minLength"); mn != j.end()) n->min_length = count_field(*mn, where + "/minLength");
+    if (const auto mx = j.find("maxLength"); mx != j.end()) n->max_length = count_field(*mx, where + "/maxLength");
+    PLUMB_CHECK(n->max_length < 0 || n->max_length >= n->min_length, "JSON schema: maxLength below minLength at {}", where);
+    if (!n->enum_texts.empty()) {  // (the values of other types than `type` allows, or strings of another length, can
+                                   // never be written)
+      auto length_ok = [&](const json& v) {
+        if (!v.is_string()) return true;
+        const int64_t len = code_points(v.get<std::string>());
+        return len >= n->min_length && (n->max_length < 0 || len <= n->max_length);
+      };
+      std::erase_if(n->enum_texts, [&](const std::string& t) {
+        const json v = json::parse(t);
+        return !(value_type(v) & n->types) || !length_ok(v);
+      });
+      PLUMB_CHECK(!n->enum_texts.empty(), "JSON schema: no value of the enum at {} has a type (and a length) the schema "
+                  "allows", where);
       uint8_t kinds = 0;
       for (const auto& t : n->enum_texts) kinds |= value_type(json::parse(t));
       n->types &= kinds;
@@ -369,7 +388,8 @@ bool same_frames(const SchemaRecognizer::Frame* a, const SchemaRecognizer::Frame
 }  // namespace
 
 bool SchemaRecognizer::Alt::operator==(const Alt& o) const {
-  return value == o.value && kind == o.kind && phase == o.phase && text == o.text && same_frames(top.get(), o.top.get());
+  return value == o.value && kind == o.kind && phase == o.phase && text == o.text && chars == o.chars && esc == o.esc &&
+         u == o.u && high == o.high && pending == o.pending && same_frames(top.get(), o.top.get());
 }
 
 namespace {
@@ -411,7 +431,8 @@ bool SchemaRecognizer::between_string_chars() const {
   if (!syntax_.between_string_chars()) return false;
   for (int i = 0; i < n_; ++i) {
     const Alt& a = alts_[size_t(i)];
-    const bool free_value = a.phase == Alt::InScalar && a.value->enum_texts.empty();
+    // (plain text may run past maxLength: not free then; minLength only holds the closing quote back, never in it)
+    const bool free_value = a.phase == Alt::InScalar && a.value->enum_texts.empty() && a.value->max_length < 0;
     const bool free_key = a.phase == Alt::InKey && a.top->node->additional;
     if (!free_value && !free_key) return false;
   }
@@ -424,6 +445,44 @@ bool SchemaRecognizer::key_prefix_ok(const Alt& a) const {
   for (size_t i = 0; i < n->props.size(); ++i)
     if (!((a.top->seen >> i) & 1) && n->props[i].first.compare(0, a.text.size(), a.text) == 0) return true;
   return false;
+}
+
+// A string's character is counted at its first byte (a lead byte, an ASCII byte or an escape's backslash); the byte
+// that would begin one past maxLength is refused, so the string can always still close. At maxLength an escaped high
+// surrogate may still take its low half (the same code point): the backslash after it is let through uncounted
+// (`pending`), and then only "u" and the hex digits of a low surrogate.
+bool SchemaRecognizer::string_byte(Alt& a, uint8_t c) {
+  if (a.esc == Alt::kAfterBackslash) {
+    if (c != 'u') {
+      if (a.pending) return false;
+      a.esc = 0, a.high = false;
+      return true;
+    }
+    a.esc = 4, a.u = 0;
+    return true;
+  }
+  if (a.esc > 0) {  // (a hex digit: the syntax checked it)
+    a.u = uint16_t(a.u * 16 + (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10));
+    --a.esc;
+    if (a.pending && ((a.esc == 3 && a.u != 0xD) || (a.esc == 2 && (a.u < 0xDC || a.u > 0xDF)))) return false;
+    if (a.esc == 0) {
+      const bool low = a.u >= 0xDC00 && a.u <= 0xDFFF;
+      if (a.high && low && !a.pending) --a.chars;  // (a pair's second half: the same code point)
+      a.high = a.u >= 0xD800 && a.u <= 0xDBFF;
+      a.pending = false;
+    }
+    return true;
+  }
+  if ((c & 0xC0) == 0x80) return true;  // (a continuation byte)
+  if (a.value->max_length >= 0 && a.chars >= a.value->max_length) {
+    if (c != '\\' || !a.high) return false;
+    a.pending = true, a.esc = Alt::kAfterBackslash;
+    return true;
+  }
+  ++a.chars;
+  if (c == '\\') a.esc = Alt::kAfterBackslash;
+  else a.high = false;
+  return true;
 }
 
 // A byte of a scalar (its enum text so far a prefix of one of the values; an integer has no fraction or exponent).
@@ -447,14 +506,14 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
   Alt b = a;
   if (ev.number_end) {  // (the number this byte ended; the byte itself is what follows it)
     if (!end_scalar(b)) return;
-    b.phase = Alt::After, b.text.clear(), b.value = nullptr, b.kind = JsonEvent::String;
+    b.phase = Alt::After, b.clear_scalar(), b.value = nullptr, b.kind = JsonEvent::String;
   }
   switch (ev.what) {
     case JsonEvent::None:
       if (b.phase == Alt::InKey) {
         b.text += char(c);
         if (!key_prefix_ok(b)) return;
-      } else if (b.phase == Alt::InScalar && !scalar_byte(b, c)) {
+      } else if (b.phase == Alt::InScalar && (!scalar_byte(b, c) || (b.kind == JsonEvent::String && !string_byte(b, c)))) {
         return;
       }
       return add(std::move(b));
@@ -462,7 +521,8 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
     case JsonEvent::Open: return begin_value(std::move(b), c, ev, out, m);
     case JsonEvent::ScalarEnd:
       if (!scalar_byte(b, c) || !end_scalar(b)) return;
-      b.phase = Alt::After, b.text.clear(), b.value = nullptr, b.kind = JsonEvent::String;
+      if (b.kind == JsonEvent::String && b.chars < b.value->min_length) return;  // (the closing quote, too soon)
+      b.phase = Alt::After, b.clear_scalar(), b.value = nullptr, b.kind = JsonEvent::String;
       return add(std::move(b));
     case JsonEvent::Close: {
       const Frame& f = *b.top;
@@ -535,7 +595,8 @@ void SchemaRecognizer::begin_value(Alt b, uint8_t c, const JsonEvent& ev, Alts& 
       x.value = object ? nullptr : n->items;
     } else {
       x.phase = Alt::InScalar, x.value = n, x.kind = ev.kind;
-      x.text = n->enum_texts.empty() ? std::string() : std::string(1, char(c));
+      x.clear_scalar();
+      if (!n->enum_texts.empty()) x.text = std::string(1, char(c));
       if (!n->enum_texts.empty() && !prefix_of_one(n->enum_texts, x.text)) continue;
     }
     push(out, m, std::move(x));

@@ -27,6 +27,8 @@ struct SchemaNode {
   // Arrays.
   const SchemaNode* items = nullptr;  // nullptr: any value
   int64_t min_items = 0, max_items = -1;
+  // Strings: their length in code points, as JSON Schema counts it (an escape, or an escaped surrogate pair, is one).
+  int64_t min_length = 0, max_length = -1;
   // enum / const: the values' texts as nlohmann writes them (compact); empty: no enum.
   std::vector<std::string> enum_texts;
   bool sat = false;  // some finite instance exists (JsonSchema::compile's fixpoint; unions skip nodes without one)
@@ -39,7 +41,7 @@ struct SchemaNode {
 };
 
 // A compiled schema. Supported: type (one or an array), properties, required, additionalProperties (true, false or a
-// schema), items (a schema), minItems, maxItems, enum and const of scalars, anyOf, oneOf whose branches cannot overlap
+// schema), items (a schema), minItems, maxItems, minLength, maxLength, enum and const of scalars, anyOf, oneOf whose branches cannot overlap
 // (other types, or objects told apart by a required property's const / enum values: pydantic's discriminated unions),
 // allOf of one schema, $ref to "#", "#/$defs/..." or "#/definitions/...", true / {} (any value), $id at the root only.
 // A keyword that constrains values and is not among these (pattern, minimum, uniqueItems, not, ...) is refused by name
@@ -93,12 +95,23 @@ class SchemaRecognizer {
     JsonEvent::Kind kind = JsonEvent::String;  // InScalar: what the scalar is
     Phase phase = Value;
     std::string text;                    // InKey: the key so far; InScalar with an enum: the value's text so far
+    // InScalar, a string: its code points so far (minLength / maxLength), where an escape is (kAfterBackslash: its
+    // letter next; 1-4: \u's hex digits left), the \u value so far, and whether the last character was an escaped
+    // high surrogate (an escaped low one right after it is the same code point).
+    int64_t chars = 0;
+    uint8_t esc = 0;
+    uint16_t u = 0;
+    bool high = false;
+    bool pending = false;  // at maxLength, an escape that must be that high surrogate's low half (string_byte)
+    static constexpr uint8_t kAfterBackslash = 5;
+    void clear_scalar() { text.clear(), chars = 0, esc = 0, u = 0, high = false, pending = false; }
     bool operator==(const Alt& o) const;
   };
   using Alts = std::array<Alt, kMaxAlternatives>;
   void step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& out, int& m) const;  // a's successors
   void begin_value(Alt a, uint8_t c, const JsonEvent& ev, Alts& out, int& m) const;
   bool scalar_byte(Alt& a, uint8_t c) const;
+  static bool string_byte(Alt& a, uint8_t c);  // a byte inside a string (not its quotes): false past maxLength
   static bool end_scalar(const Alt& a);
   bool key_prefix_ok(const Alt& a) const;
   static void push(Alts& out, int& m, Alt&& x);  // (duplicates merged)

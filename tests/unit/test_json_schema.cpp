@@ -48,8 +48,12 @@ TEST(JsonSchemaCompile, RefusesWhatItWouldNotHoldTheOutputTo) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
-  refused({{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"maxLength", 3}}}}}},
-          "keyword \"maxLength\" at #/properties/a is not supported");
+  refused({{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"pattern", "^a"}}}}}},
+          "keyword \"pattern\" at #/properties/a is not supported");
+  refused({{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"minLength", 3}, {"maxLength", 2}}}}}},
+          "maxLength below minLength");
+  refused({{"type", "object"}, {"properties", {{"a", {{"enum", {"ab", "abc"}}, {"maxLength", 1}}}}}},
+          "no value of the enum at #/properties/a has a type (and a length)");
   refused({{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}}}}}}, "\"minimum\"");
   refused({{"type", "array"}}, "the root must allow an object");
   refused({{"type", "object"}, {"required", {"a"}}}, "names \"a\", which properties does not define");
@@ -201,6 +205,34 @@ TEST(JsonSchemaRecognizer, PydanticShapes) {
   EXPECT_FALSE(takes(tree, R"({"v":1,"kids":[{"kids":[]}]})"));
 }
 
+// minLength / maxLength count code points as JSON Schema does (Python's len of the decoded string): a multi-byte
+// character, an escape and an escaped surrogate pair are one each; past maxLength the byte that would begin another
+// character is refused (so the string can still close), before minLength the closing quote.
+TEST(JsonSchemaRecognizer, StringLengthsCountCodePoints) {
+  const json schema = json::parse(R"({"type": "object", "required": ["s"], "additionalProperties": false,
+    "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 3}}})");
+  for (const std::string v : {"ab", "abc", "\xc3\xa9\xe2\x82\xac", "a\\n", "\\ud83d\\ude00a", "\\ud83d\\ude00\\ud83d\\ude00x",
+                              "\xf0\x9f\x98\x80\xf0\x9f\x98\x80\xf0\x9f\x98\x80", "\\u00e9\\u00e9", "\\ud83dx", "\\ud83dx\\ude00",
+                              "\\ud83d\\ude00\\ud83d\\ude00\\ud83d\\ude00", "ab\\ud83d", "ab\\ud83d\\ude00"})
+    EXPECT_TRUE(takes(schema, "{\"s\":\"" + v + "\"}")) << v;
+  // (text, the byte offset the recognizer refuses at)
+  for (const auto& [text, at] : std::vector<std::pair<std::string, size_t>>{
+           {"{\"s\":\"a\"}", 7}, {"{\"s\":\"\"}", 6}, {"{\"s\":\"abcd\"}", 9}, {"{\"s\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"}", 12},
+           {"{\"s\":\"\\u00e9\\u00e9\\u00e9\\u00e9\"}", 24}, {"{\"s\":\"\\ud83d\\ude00\\ud83d\\ude00\\ud83d\\ude00\\ud83d\"}", 42},
+           {"{\"s\":\"\\u00e9\"}", 12}, {"{\"s\":\"ab\\ud83d\\n\"}", 15}, {"{\"s\":\"ab\\ud83d\\u00e9\"}", 16},
+           {"{\"s\":\"ab\\ud83d\\ud83d\"}", 17}}) {
+    SchemaRecognizer r = recognizer(schema);
+    size_t k = 0;
+    while (k < text.size() && r.feed(uint8_t(text[k]))) ++k;
+    EXPECT_EQ(k, at) << text;
+  }
+  // An enum's strings outside the lengths are never written; the rest are.
+  const json e = json::parse(R"({"type": "object", "properties": {"c": {"enum": ["a", "bb", "ccc", 7], "minLength": 2}}})");
+  EXPECT_FALSE(takes(e, R"({"c":"a"})"));
+  EXPECT_TRUE(takes(e, R"({"c":"bb"})"));
+  EXPECT_TRUE(takes(e, R"({"c":7})"));
+}
+
 // The mask over a schema keeps exactly what allows() keeps in every byte state of valid texts (its first-two-bytes and
 // plain-text shortcuts), over tokens that cross key, value and structure boundaries; some token always passes.
 TEST(JsonSchemaMask, ShortcutsKeepWhatTheDirectCheckKeeps) {
@@ -213,11 +245,12 @@ TEST(JsonSchemaMask, ShortcutsKeepWhatTheDirectCheckKeeps) {
   const int32_t vocab = tok.vocab_size(), eos = tok.token_id("<｜end▁of▁sentence｜>");
   const json schema = json::parse(R"({"type": "object", "additionalProperties": false, "required": ["name", "pets"],
     "properties": {"name": {"type": "string"}, "age": {"type": ["integer", "null"]},
+                   "note": {"type": "string", "minLength": 2, "maxLength": 5},
                    "pets": {"type": "array", "items": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
                                                          "required": ["kind"]}}}})");
   int states = 0;
-  for (const std::string text : {R"({"name":"Ben","pets":[{"kind":"cat"},{"kind":"dog","x":[1,{"y":null}]}],"age":12})",
-                                 "{\n  \"pets\": [],\n  \"age\": null,\n  \"name\": \"a \\\"b\\\" \xc3\xa9\"\n}"}) {
+  for (const std::string text : {R"({"name":"Ben","pets":[{"kind":"cat"},{"kind":"dog","x":[1,{"y":null}]}],"age":12,"note":"Bena"})",
+                                 "{\n  \"pets\": [],\n  \"age\": null,\n  \"note\": \"n\\\"\xc3\xa9\",\n  \"name\": \"a \\\"b\\\" \xc3\xa9\"\n}"}) {
     plumb::gen::SchemaMask mask(tok, vocab, {eos}, recognizer(schema));
     for (size_t k = 0; k <= text.size(); ++k, ++states) {
       std::vector<float> l(static_cast<size_t>(vocab), 0.0f);

@@ -2,9 +2,9 @@
 """Cases for plumb's structured outputs (src/generate/json_schema.cpp), labelled by an independent validator.
 
 Random schemas in the subset plumb supports (type and type arrays, properties, required, additionalProperties,
-items, minItems / maxItems, enum / const of scalars, anyOf / oneOf, $ref to $defs), instances made valid by
-construction, and mutations of them (a value of another type, a required key dropped, an unknown key, too many or
-too few items, a fraction where an integer goes, a value outside an enum), each written compactly as JSON (nlohmann's
+items, minItems / maxItems, minLength / maxLength, enum / const of scalars, anyOf / oneOf, $ref to $defs), instances
+made valid by construction, and mutations of them (a value of another type, a required key dropped, an unknown key,
+too many or too few items, a fraction where an integer goes, a value outside an enum, a string too long or short), each written compactly as JSON (nlohmann's
 form: no spaces, keys as the schema spells them) and labelled valid or not by Python's `jsonschema` (Draft 2020-12).
 tests/unit/test_json_schema.cpp checks that the recognizer accepts every valid text whole and no invalid one.
 
@@ -19,13 +19,20 @@ import sys
 import jsonschema
 
 R = random.Random(79)
+STRINGS = ["", "Ben", "a \"quoted\" word", "line\nbreak", "caf\u00e9 \u2615", "\\", "\U0001F600\U0001F600", "ab", "x",
+           "\u4e2d\u6587\u5b57"]
 WORDS = ["name", "age", "tags", "ok", "score", "kind", "items", "note", "id", "we\"ird", "caf\u00e9"]
 
 
 def scalar_schema(depth):
     k = R.randrange(9)
     if k == 0:
-        return {"type": "string"}
+        s = {"type": "string"}
+        if R.random() < 0.5:
+            s["minLength"] = R.randrange(0, 4)
+        if R.random() < 0.5:
+            s["maxLength"] = s.get("minLength", 0) + R.randrange(0, 5)
+        return s
     if k == 1:
         return {"type": "integer"}
     if k == 2:
@@ -109,7 +116,9 @@ def instance(s, root, depth=0):
         lo, hi = s.get("minItems", 0), s.get("maxItems", s.get("minItems", 0) + 3)
         return [instance(s.get("items", {}), root, depth + 1) for _ in range(R.randint(lo, hi))]
     if t == "string":
-        return R.choice(["", "Ben", "a \"quoted\" word", "line\nbreak", "caf\u00e9 \u2615", "\\"])
+        lo, hi = s.get("minLength", 0), s.get("maxLength", 1000)
+        fits = [w for w in STRINGS if lo <= len(w) <= hi]
+        return R.choice(fits) if fits else "\u00e9" * lo
     if t == "integer":
         return R.choice([0, -3, 42, 1000000])
     if t == "number":
@@ -134,7 +143,8 @@ def mutate(v):
                 walk(x[i], x, i)
 
     walk(v, None, None)
-    parent, key, x = R.choice(spots)
+    strings = [sp for sp in spots if isinstance(sp[2], str) and sp[0] is not None]
+    parent, key, x = R.choice(strings if strings and R.random() < 0.3 else spots)
     k = R.randrange(6)
     if isinstance(x, dict) and k < 2:
         if x and k == 0:
@@ -150,7 +160,10 @@ def mutate(v):
         return v
     if parent is None:
         return {"wrapped": v}
-    parent[key] = R.choice(["str", 2.5, -1, True, None, [], {}, "blue", 10])
+    if isinstance(x, str) and k < 3:  # (a string made longer or shorter: minLength / maxLength)
+        parent[key] = x + "\u00e9zz\U0001F600" if k < 2 or not x else x[:-1]
+        return v
+    parent[key] = R.choice(["str", 2.5, -1, True, None, [], {}, "blue", 10, "", "a much longer text", "\U0001F600" * 5])
     return v
 
 

@@ -1,0 +1,259 @@
+// Review of session 80 (forward_sample_masked, the shared token tables, reply_opens_with / OpeningMask, the DSML
+// opening): what the review found, and the coverage it added.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "generate/json_mode.h"
+#include "generate/opening_mask.h"
+#include "generate/token_bits.h"
+#include "json_test_util.h"
+#include "plumb/engine.h"
+#include "plumb/text.h"
+#include "text/dsml.h"
+
+namespace {
+
+using plumb::testing::PreferringSession;
+
+struct R80Opening : ::testing::Test {
+  plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
+  const int32_t vocab = 1216, eos = 1;
+  const std::string weather = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
+  plumb::ModelInfo info(int32_t eos_token = 1) const {
+    plumb::ModelInfo i;
+    i.vocab_size = vocab, i.bos_token = 0, i.eos_token = eos_token, i.max_positions = 4096;
+    return i;
+  }
+};
+
+// FINDING: a stop string that lies inside the opening ends the reply inside it (here at its first byte): the reply
+// does not begin with the opening, although a stop token inside an opening is refused for this very reason. (plumb
+// serve passes the client's "stop" through: tool_choice "required" with "stop": "\n" can never give a call.)
+TEST_F(R80Opening, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
+  PreferringSession s(tok, "I will not call anything.", info());
+  plumb::GenerateOptions g;
+  g.sampling.temperature = 0, g.max_tokens = 80;
+  g.reply_opens_with = {weather};
+  g.stop_strings = {"\n"};
+  const std::vector<int32_t> prompt = {0};
+  try {
+    const auto r = plumb::generate(s, tok, prompt, g);
+    EXPECT_EQ(r.text.rfind(weather, 0), 0u) << "the reply [" << r.text << "] (" << r.tokens.size() << " tokens, stop: "
+                                            << plumb::stop_reason_name(r.stop) << ") does not open with the opening";
+  } catch (const plumb::Error& e) {
+    EXPECT_EQ(s.position(), 0) << e.what();  // (refused before feeding: fine)
+  }
+}
+
+// FINDING: EOS stops the generation (stop_at_eos) but is not among the OpeningMask's end tokens, nor checked against
+// the openings as the stop tokens are: a model whose EOS is a text token ("\n" here) can end the reply before its
+// opening (JSON mode counts EOS among its ends; reply_opens_with does not).
+TEST_F(R80Opening, EosIsKeptOutUntilTheOpeningIsWhole) {
+  const int32_t newline = tok.encode("\n").at(0);
+  ASSERT_FALSE(tok.is_added(newline));
+  PreferringSession s(tok, "", info(newline));  // (prefers EOS from the first token)
+  plumb::GenerateOptions g;
+  g.sampling.temperature = 0, g.max_tokens = 80;
+  g.reply_opens_with = {weather};
+  const std::vector<int32_t> prompt = {0};
+  try {
+    const auto r = plumb::generate(s, tok, prompt, g);
+    EXPECT_EQ(r.text.rfind(weather, 0), 0u) << "the reply [" << r.text << "] (" << r.tokens.size() << " tokens, stop: "
+                                            << plumb::stop_reason_name(r.stop) << ") does not open with the opening";
+  } catch (const plumb::Error& e) {
+    EXPECT_EQ(s.position(), 0) << e.what();
+  }
+}
+
+// FINDING (minor, a lost check): TokenMask::apply used to refuse a logits row of another size than the vocabulary
+// ("JSON mode: N logits for a vocabulary of M"); now the check compares word counts ((n + 31) / 32), so a row a few
+// logits short of the vocabulary is masked as if it were whole.
+TEST_F(R80Opening, ApplyRefusesARowOfAnotherSize) {
+  plumb::gen::JsonMask json(tok, vocab, {eos});
+  std::vector<float> short_row(size_t(vocab - 6), 0.0f);
+  EXPECT_THROW(json.apply(short_row), plumb::Error);
+  plumb::gen::OpeningMask opening(tok, vocab, {weather}, {});
+  EXPECT_THROW(opening.apply(short_row), plumb::Error);
+}
+
+// The mask against a check written here along random walks, over a vocabulary built for it: openings that share
+// prefixes and one that is a prefix of another's start, tokens that run past an opening's end, stop tokens that are
+// text, one token whose bytes are exactly an opening.
+TEST(R80OpeningWalks, SharedPrefixesAndTokensPastTheEnd) {
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_open_" + std::to_string(::getpid()));
+  const std::vector<std::string> extra = {"ab", "abc", "abx", "abcd", "abcdz", "ab!", "ab!q", "cd", "dz", "!q", "<a", "<ab>",
+                                          "b>", ">\n", "\n<", "x\n"};
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, extra));
+  const int32_t vocab = tok.vocab_size() + 3;  // (ids past the tokenizer's: never before the opening)
+  const std::vector<std::string> openings = {"abcd", "ab!", "abc", "<ab>\n"};
+  const std::vector<int32_t> stops = {int32_t('!'), tok.token_id("dz") >= 0 ? tok.token_id("dz") : int32_t('d')};
+  std::mt19937 rng(80);
+  for (int walk = 0; walk < 200; ++walk) {
+    plumb::gen::OpeningMask mask(tok, vocab, openings, stops);
+    std::string written;
+    bool opened = false;
+    for (int step = 0; step < 14; ++step) {
+      std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
+      mask.allowed(bits);
+      std::vector<int32_t> ok;
+      for (int32_t id = 0; id < vocab; ++id) {
+        const std::string b = id < tok.vocab_size() && !tok.is_added(id) ? tok.token_bytes(id) : std::string();
+        bool want = opened;
+        if (!opened && !b.empty() && std::find(stops.begin(), stops.end(), id) == stops.end()) {
+          const std::string t = written + b;
+          for (const std::string& o : openings)
+            want |= t.compare(0, std::min(t.size(), o.size()), o, 0, std::min(t.size(), o.size())) == 0;
+        }
+        ASSERT_EQ(plumb::gen::token_bit(bits, size_t(id)), want) << "token " << id << " after [" << written << "]";
+        ASSERT_EQ(mask.allows(id), want) << id;
+        if (want) ok.push_back(id);
+      }
+      ASSERT_FALSE(ok.empty());
+      if (opened) break;  // (checked once lifted: every id passes)
+      const int32_t id = ok[rng() % ok.size()];
+      mask.accept(id);
+      if (!opened) {
+        written += tok.token_bytes(id);
+        for (const std::string& o : openings) opened |= written.compare(0, o.size(), o) == 0 && written.size() >= o.size();
+      }
+      ASSERT_EQ(mask.lifted(), opened) << "[" << written << "]";
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// JSON mode's per-mask end tokens: when every token that could come next is an end token (inside the object), the
+// mask has nothing left and says so (its `kept` count taken down for each end token it clears).
+TEST(R80JsonEnds, OnlyEndTokensLeftIsNoWayOn) {
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_json_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, {}));
+  const int32_t vocab = tok.vocab_size(), eos = 256;
+  // After "{": '"', '}' or whitespace; all of them ends here.
+  plumb::gen::JsonMask mask(tok, vocab, {eos, '"', '}', ' ', '\t', '\n', '\r'});
+  mask.accept('{');
+  std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
+  EXPECT_THROW(mask.allowed(bits), plumb::Error);
+  for (int32_t id = 0; id < vocab; ++id) EXPECT_FALSE(mask.allows(id)) << id;
+  // The same text with only EOS as the end: the object goes on.
+  plumb::gen::JsonMask open(tok, vocab, {eos});
+  open.accept('{');
+  std::fill(bits.begin(), bits.end(), 0u);
+  open.allowed(bits);
+  EXPECT_TRUE(plumb::gen::token_bit(bits, '"'));
+  EXPECT_FALSE(plumb::gen::token_bit(bits, size_t(eos)));
+  std::filesystem::remove_all(dir);
+}
+
+// The tables are one object per tokenizer and vocabulary, also when many threads ask at once.
+TEST_F(R80Opening, TablesAreBuiltOnceUnderConcurrentCalls) {
+  const plumb::Tokenizer fresh = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
+  std::vector<std::shared_ptr<const plumb::gen::TokenTables>> got(8);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i) ts.emplace_back([&, i] { got[i] = plumb::gen::TokenTables::of(fresh, 999); });
+  for (auto& t : ts) t.join();
+  for (const auto& p : got) EXPECT_EQ(p, got[0]);
+}
+
+// Session::forward_sample_masked's default (a Session of one's own): the mask's words zeroed, the draw from the masked
+// row; an empty function is forward_sample; a throwing one leaves the tokens fed and the sampler's draws untouched.
+TEST_F(R80Opening, TheDefaultMaskedSampleKeepsItsContract) {
+  PreferringSession s(tok, "Hello there", info()), ref(tok, "Hello there", info());
+  plumb::SamplingParams sp;
+  sp.seed = 3;
+  plumb::Sampler a(sp, vocab), b(sp, vocab);
+  std::vector<int32_t> history = {0};
+  const int32_t only = 77;
+  const int32_t got = s.forward_sample_masked(history, a, history, [&](std::span<uint32_t> bits) {
+    ASSERT_EQ(bits.size(), size_t((vocab + 31) / 32));
+    for (uint32_t w : bits) ASSERT_EQ(w, 0u);
+    plumb::gen::set_token_bit(bits, only);
+  });
+  EXPECT_EQ(got, only);
+  ref.forward(history);
+  history.push_back(got);
+  EXPECT_THROW(s.forward_sample_masked(std::vector<int32_t>{got}, a, history,
+                                       [](std::span<uint32_t>) { throw std::runtime_error("no grammar"); }),
+               std::runtime_error);
+  EXPECT_EQ(s.position(), 2);
+  ref.forward(std::vector<int32_t>{got});
+  const std::vector<int32_t> next = {5};
+  EXPECT_EQ(s.forward_sample_masked(next, a, history, {}), ref.forward_sample(next, b, history));
+}
+
+// generate() with reply_opens_with: the masked calls stop once the opening is whole (forward_sample from then on);
+// with on_logits, each step's logits are the model's own (the mask on a copy) and the text the same.
+TEST_F(R80Opening, TheMaskIsLiftedOnBothPaths) {
+  struct Counting : PreferringSession {
+    using PreferringSession::PreferringSession;
+    int masked = 0, plain = 0;
+    int32_t forward_sample(std::span<const int32_t> t, plumb::Sampler& s, std::span<const int32_t> h) override {
+      ++plain;
+      return PreferringSession::forward_sample(t, s, h);
+    }
+    int32_t forward_sample_masked(std::span<const int32_t> t, plumb::Sampler& s, std::span<const int32_t> h,
+                                  const std::function<void(std::span<uint32_t>)>& f) override {
+      ++masked;
+      return PreferringSession::forward_sample_masked(t, s, h, f);
+    }
+  };
+  const std::string target = "Sure.";  // (the model would not call: the mask writes the opening)
+  Counting s(tok, target, info());
+  plumb::GenerateOptions g;
+  g.sampling.temperature = 0, g.max_tokens = 120;
+  g.reply_opens_with = {weather};
+  const std::vector<int32_t> prompt = {0};
+  const auto r = plumb::generate(s, tok, prompt, g);
+  ASSERT_EQ(r.text.rfind(weather, 0), 0u) << r.text;
+  std::string w;
+  int to_open = 0;
+  while (w.size() < weather.size()) w += tok.token_bytes(r.tokens.at(size_t(to_open++)));
+  EXPECT_EQ(s.masked, to_open);
+  EXPECT_EQ(s.plain, int(r.tokens.size()) - to_open);  // (one call per sampled token)
+  Counting h(tok, target, info());
+  int finite_rows = 0, rows = 0;
+  g.on_logits = [&](std::span<const float> l, int32_t) {
+    ++rows;
+    finite_rows += std::all_of(l.begin(), l.end(), [](float v) { return std::isfinite(v); });
+  };
+  const auto rh = plumb::generate(h, tok, prompt, g);
+  EXPECT_EQ(rh.tokens, r.tokens);
+  EXPECT_EQ(h.masked + h.plain, 0);
+  EXPECT_EQ(finite_rows, rows);
+}
+
+// tool_call_opening is what the chat encoder writes for an assistant turn whose content is empty and which calls that
+// function first; render_calls for several calls is the block's opening, the invokes a line apart, and its close.
+TEST(R80Dsml, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
+  plumb::ChatOptions co;
+  co.tools = R"([{"type": "function", "function": {"name": "f{}", "parameters": {"type": "object"}}}])";
+  plumb::ChatMessage a("assistant", "");
+  a.tool_calls = {{"c1", "f{}", R"({"x": 1})"}, {"c2", "g", R"({"s": "t", "n": [1, 2]})"}, {"c3", "h", "not json"}};
+  plumb::ChatMessage res("tool", "ok");
+  res.tool_call_id = "c1";
+  const std::string text = plumb::encode_chat({{"user", "hi"}, a, res}, co);
+  const std::string head = "<｜Assistant｜></think>" + plumb::tool_call_opening("f{}");
+  EXPECT_NE(text.find(head), std::string::npos) << text;
+  const std::string want =
+      "\n\n<｜DSML｜tool_calls>\n"
+      "<｜DSML｜invoke name=\"f{}\">\n<｜DSML｜parameter name=\"x\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"g\">\n<｜DSML｜parameter name=\"s\" string=\"true\">t</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"n\" string=\"false\">[1, 2]</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"h\">\n<｜DSML｜parameter name=\"arguments\" string=\"true\">not json</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  EXPECT_EQ(plumb::dsml::render_calls(a.tool_calls, "t"), want);
+  EXPECT_EQ(plumb::dsml::render_calls({a.tool_calls[1]}, "t").rfind(plumb::tool_call_opening("g"), 0), 0u);
+  EXPECT_EQ(plumb::dsml::render_calls({}, "t"), "");
+}
+
+}  // namespace
