@@ -169,15 +169,17 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-// A sampling parameter out of its range. what() names the field and its CLI flag ("top_p (--top-p) must be in (0, 1],
-// got 2"); the parts are kept for a front end that names the field its own way (plumb serve: the request's field).
-struct SamplingError : Error {
-  SamplingError(std::string field, std::string flag, std::string rule)
+// An option out of its range, or in conflict with another. what() names the field and its CLI flag ("top_p (--top-p)
+// must be in (0, 1], got 2"); the parts are kept for a front end that names the field its own way (plumb serve: the
+// request's field).
+struct OptionError : Error {
+  OptionError(std::string field, std::string flag, std::string rule)
       : Error(field + " (" + flag + ") " + rule), field(std::move(field)), flag(std::move(flag)), rule(std::move(rule)) {}
-  std::string field;  // SamplingParams' member: "top_p"
+  std::string field;  // the options' member: "top_p"
   std::string flag;   // its CLI option: "--top-p"
   std::string rule;   // "must be in (0, 1], got 2"
 };
+using SamplingError = OptionError;  // (check_sampling's)
 
 // Throws SamplingError for parameters out of range. The Sampler checks them too; a front end calls it before loading
 // a model, so a typo does not wait for the load.
@@ -234,6 +236,12 @@ enum class OutputFormat { Text, JsonObject, JsonSchema };
 // Compiles a schema as OutputFormat::JsonSchema would: throws plumb::Error naming what it does not support (a front end
 // checks a request's schema before queueing it).
 void check_json_schema(std::string_view schema);
+struct GenerateOptions;
+// GenerateOptions::reply_opens_with's rules that need the tokenizer (generate() checks them before feeding anything; a
+// front end may check first): a byte-level tokenizer, and no stop token (the model's EOS `eos_token` too, while
+// stop_at_eos) or stop string whose text lies inside an opening: it would end the reply before its opening is whole.
+// Throws OptionError naming "stop_strings" (--stop) or "stop_tokens" (--stop-token), or plumb::Error.
+void check_reply_openings(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token);
 
 struct GenerateOptions {
   SamplingParams sampling;

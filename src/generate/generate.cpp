@@ -38,9 +38,38 @@ void check_tokens(std::span<const int32_t> ids, int32_t vocab, const Tokenizer& 
     }
 }
 
+// The tokens that end a generation: the stop tokens, and the model's EOS while it stops.
+std::vector<int32_t> end_tokens(const GenerateOptions& opt, int32_t eos_token) {
+  std::vector<int32_t> ends = opt.stop_tokens;
+  if (opt.stop_at_eos && eos_token >= 0) ends.push_back(eos_token);
+  return ends;
+}
+
 }  // namespace
 
 void check_json_schema(std::string_view schema) { gen::JsonSchema::compile(schema); }
+
+// (The mask writes the openings byte by byte where it must, so it needs a tokenizer's bytes as decode writes them, and
+// no end inside them: a stop token or string there would end the reply before the opening is whole, and keeping a
+// stop token out could leave no way on.)
+void check_reply_openings(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
+  if (opt.reply_opens_with.empty()) return;
+  PLUMB_CHECK(!tok.spaced_tokens(), "reply_opens_with needs a byte-level tokenizer: {} puts a space between tokens",
+              tok.path());
+  for (const std::string& o : opt.reply_opens_with) {
+    for (int32_t id : end_tokens(opt, eos_token)) {
+      const std::string b = id >= 0 && id < tok.vocab_size() && !tok.is_added(id) ? tok.token_bytes(id) : std::string();
+      if (!b.empty() && o.find(b) != std::string::npos)
+        throw OptionError("stop_tokens", "--stop-token", fmt::format("holds token {} (\"{}\"){}, which is text inside the "
+                          "reply's opening \"{}\": it would end the reply there", id, escape_line(b),
+                          id == eos_token ? " (the model's EOS)" : "", escape_line(o)));
+    }
+    for (const std::string& s : opt.stop_strings)
+      if (!s.empty() && o.find(s) != std::string::npos)
+        throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside the reply's opening "
+                          "\"{}\": it would end the reply there", escape_line(s), escape_line(o)));
+  }
+}
 
 void check_generate_options(const GenerateOptions& opt) {
   check_sampling(opt.sampling);
@@ -68,21 +97,11 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema), or reply_opens_with's
   std::unique_ptr<gen::OutputMask> json;
   if (!opt.reply_opens_with.empty()) {
-    // (the mask writes the openings byte by byte where it must, so it needs a tokenizer's bytes as decode writes them
-    // and no stop token inside them: such a token would end the reply there, and keeping it out could leave no way on)
-    PLUMB_CHECK(!tok.spaced_tokens(), "reply_opens_with needs a byte-level tokenizer: {} puts a space between tokens",
-                tok.path());
-    for (int32_t id : opt.stop_tokens) {
-      const std::string b = tok.is_added(id) ? std::string() : tok.token_bytes(id);
-      for (const std::string& o : opt.reply_opens_with)
-        PLUMB_CHECK(b.empty() || o.find(b) == std::string::npos, "stop token {} (\"{}\") is text inside the reply's "
-                    "opening \"{}\" (reply_opens_with): it would end the reply there", id, b, o);
-    }
-    json = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, opt.stop_tokens);
+    check_reply_openings(opt, tok, info.eos_token);
+    json = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, end_tokens(opt, info.eos_token));
   }
   if (opt.format != OutputFormat::Text) {
-    std::vector<int32_t> ends = opt.stop_tokens;
-    if (opt.stop_at_eos && info.eos_token >= 0) ends.push_back(info.eos_token);
+    std::vector<int32_t> ends = end_tokens(opt, info.eos_token);
     PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the object's text: {} and no stop token is given",
                 info.eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)" : "EOS does not stop (stop_at_eos)");
     if (opt.format == OutputFormat::JsonObject) {

@@ -270,6 +270,7 @@ bool TokenMask<R>::allows(int32_t id) const {
 }
 
 void OutputMask::apply(std::span<float> logits) const {
+  PLUMB_CHECK(logits.size() == vocab(), "token mask: {} logits for a vocabulary of {}", logits.size(), vocab());
   std::vector<uint32_t> bits(token_bits_words(int64_t(logits.size())), 0);
   allowed(bits);
   mask_logits(logits, bits);

@@ -107,6 +107,7 @@ class OutputMask {
   virtual bool complete() const = 0;
   // Every token passes from here on (OpeningMask, once its opening is written): generate() stops masking.
   virtual bool lifted() const { return false; }
+  virtual size_t vocab() const = 0;  // the logits per row it masks
 };
 
 // What a mask knows of the vocabulary, built once per tokenizer and vocabulary size and kept with the tokenizer
@@ -140,6 +141,7 @@ class TokenMask final : public OutputMask {
   bool allows(int32_t id) const override;
   void accept(int32_t id) override;
   bool complete() const override { return state_.complete(); }
+  size_t vocab() const override { return is_end_.size(); }
 
  private:
   bool passes(int32_t id, const R& from, size_t skip = 0) const;  // the bytes of id after `skip` fed

@@ -30,8 +30,7 @@ namespace {
 // Keywords that constrain values (JSON Schema 2020-12's and draft 7's, OpenAPI's nullable) that plumb does not hold
 // the output to: refused. Any other keyword not read below is an annotation (2020-12: unknown keywords are).
 const std::set<std::string> kRefused = {
-    "pattern",          "minimum",           "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf",        "minProperties",     "maxProperties",
+    "pattern",          "multipleOf",        "minProperties",     "maxProperties",
     "patternProperties", "propertyNames",   "dependentRequired", "dependentSchemas",  "dependencies",
     "if",               "then",             "else",              "not",               "contains",
     "minContains",      "maxContains",      "uniqueItems",       "prefixItems",       "additionalItems",
@@ -83,6 +82,52 @@ std::string spelled(const std::string& name) {
 // A UTF-8 string's length in code points (minLength / maxLength): its bytes less the continuation bytes.
 int64_t code_points(std::string_view s) {
   return int64_t(std::count_if(s.begin(), s.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
+}
+
+// Integers in JSON's spelling ("-12", "0"; never "-0"), compared exactly at any length.
+int compare_int(std::string_view a, std::string_view b) {
+  const bool na = a[0] == '-', nb = b[0] == '-';
+  if (na != nb) return na ? -1 : 1;
+  const std::string_view da = a.substr(na), db = b.substr(nb);
+  const int mag = da.size() != db.size() ? (da.size() < db.size() ? -1 : 1) : da.compare(db) < 0 ? -1 : da.compare(db) > 0;
+  return na ? -mag : mag;
+}
+
+// x + delta (delta 1 or -1) for an integer in JSON's spelling.
+std::string int_step(const std::string& x, int delta) {
+  const bool neg = x[0] == '-';
+  std::string d = x.substr(neg);
+  // |x| grows when the step moves away from zero (or x is 0), else shrinks
+  if (x == "0") return delta > 0 ? "1" : "-1";
+  if ((delta > 0) != neg) {
+    size_t i = d.size();
+    while (i > 0 && d[i - 1] == '9') d[--i] = '0';
+    if (i == 0) d.insert(d.begin(), '1');
+    else ++d[i - 1];
+  } else {
+    size_t i = d.size();
+    while (d[i - 1] == '0') d[--i] = '9';
+    --d[i - 1];
+    if (d.size() > 1 && d[0] == '0') d.erase(0, 1);
+  }
+  return d == "0" ? d : (neg ? "-" : "") + d;
+}
+
+// Whether an integer's text lies within n's bounds ("-0" is 0).
+bool in_bounds(const SchemaNode* n, std::string_view t) {
+  if (t == "-0") t = "0";
+  return (n->int_lo.empty() || compare_int(t, n->int_lo) >= 0) && (n->int_hi.empty() || compare_int(t, n->int_hi) <= 0);
+}
+
+// A number bound as an integer bound: for an integer x, x >= m is x >= ceil(m) and x > m is x > floor(m) (the double's
+// exact value, as Python's jsonschema compares an int with a float); `up` ceil, else floor.
+std::string int_bound(const json& v, bool up, const std::string& where) {
+  PLUMB_CHECK(v.is_number(), "JSON schema: {} must be a number", where);
+  if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
+  const double x = v.get<double>();
+  PLUMB_CHECK(std::isfinite(x), "JSON schema: {} must be a finite number", where);
+  std::string t = fmt::format("{:.0f}", up ? std::ceil(x) : std::floor(x));
+  return t == "-0" ? "0" : t;
 }
 
 int64_t count_field(const json& v, const std::string& where) {
@@ -176,6 +221,27 @@ struct JsonSchema::Compiler {
     return n;
   }
 
+  // minimum, maximum and their exclusive forms: on integers only (a fraction's bounds would need the decimal
+  // arithmetic of the value as Python reads it, a double), as inclusive integer bounds.
+  void bounds(SchemaNode* n, const json& j, const std::string& where) {
+    for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      const auto it = j.find(k);
+      if (it == j.end()) continue;
+      const std::string at = where + "/" + k;
+      PLUMB_CHECK(!(n->types & SchemaNode::Num), "JSON schema: keyword \"{}\" at {} is supported on integers only (\"type\": "
+                  "\"integer\"), not on numbers that may have a fraction", k, where);
+      const std::string name = k;
+      const bool lower = name.find("inimum") != std::string::npos, strict = name[0] == 'e';
+      // x >= m: x >= ceil(m); x > m: x >= floor(m) + 1; x <= m: x <= floor(m); x < m: x <= ceil(m) - 1
+      std::string b = int_bound(*it, lower != strict, at);
+      if (strict) b = int_step(b, lower ? 1 : -1);
+      std::string& have = lower ? n->int_lo : n->int_hi;
+      if (have.empty() || (lower ? compare_int(b, have) > 0 : compare_int(b, have) < 0)) have = std::move(b);
+    }
+    PLUMB_CHECK(n->int_lo.empty() || n->int_hi.empty() || compare_int(n->int_lo, n->int_hi) <= 0,
+                "JSON schema: no integer lies within the bounds at {} ({} to {})", where, n->int_lo, n->int_hi);
+  }
+
   void fill(SchemaNode* n, const json& j, const std::string& where) {
     if (j.is_boolean()) {
       PLUMB_CHECK(j.get<bool>(), "JSON schema: the schema false at {} allows no value (only additionalProperties may be "
@@ -239,7 +305,8 @@ struct JsonSchema::Compiler {
         PLUMB_CHECK(v.size() <= 64, "JSON schema: {} has {} properties, more than the 64 supported", at, v.size());
         for (const auto& [name, sub] : v.items()) n->props.emplace_back(spelled(name), node(sub, at + "/" + name));
       } else if (k == "required" || k == "additionalProperties" || k == "items" || k == "minItems" || k == "maxItems" ||
-                 k == "minLength" || k == "maxLength") {
+                 k == "minLength" || k == "maxLength" || k == "minimum" || k == "maximum" || k == "exclusiveMinimum" ||
+                 k == "exclusiveMaximum") {
         constrained = true;  // (read below, once properties are known)
       }
     }
@@ -269,9 +336,11 @@ struct JsonSchema::Compiler {
     if (const auto mn = j.find("minLength"); mn != j.end()) n->min_length = count_field(*mn, where + "/minLength");
     if (const auto mx = j.find("maxLength"); mx != j.end()) n->max_length = count_field(*mx, where + "/maxLength");
     PLUMB_CHECK(n->max_length < 0 || n->max_length >= n->min_length, "JSON schema: maxLength below minLength at {}", where);
-    if (!n->enum_texts.empty()) {  // (the values of other types than `type` allows, or strings of another length, can
-                                   // never be written)
+    bounds(n, j, where);
+    if (!n->enum_texts.empty()) {  // (the values of other types than `type` allows, or strings of another length, or
+                                   // numbers out of bounds, can never be written)
       auto length_ok = [&](const json& v) {
+        if (v.is_number() && n->int_bounded()) return (v.is_number_integer() || v.is_number_unsigned()) && in_bounds(n, v.dump());
         if (!v.is_string()) return true;
         const int64_t len = code_points(v.get<std::string>());
         return len >= n->min_length && (n->max_length < 0 || len <= n->max_length);
@@ -489,13 +558,37 @@ bool SchemaRecognizer::string_byte(Alt& a, uint8_t c) {
 bool SchemaRecognizer::scalar_byte(Alt& a, uint8_t c) const {
   if (a.kind == JsonEvent::Number && !(a.value->types & SchemaNode::Num) && (c == '.' || c == 'e' || c == 'E'))
     return false;
-  if (a.value->enum_texts.empty()) return true;
+  if (a.value->enum_texts.empty()) {
+    if (a.kind != JsonEvent::Number || !a.value->int_bounded()) return true;
+    a.text += char(c);
+    return number_may_go_on(a.value, a.text);
+  }
   a.text += char(c);
   return prefix_of_one(a.value->enum_texts, a.text);
 }
 
+// An integer's text so far can still become one within the node's bounds: "-" one at most 0; "0" or "-0" is whole;
+// digits D (|x| begins with them) any of D followed by j more digits, [D0..0, D9..9], within the number's byte bound.
+bool SchemaRecognizer::number_may_go_on(const SchemaNode* n, std::string_view t) {
+  if (!n->int_bounded()) return true;
+  const bool neg = t[0] == '-';
+  const std::string_view d = t.substr(neg);
+  if (d.empty()) return n->int_lo.empty() || compare_int(n->int_lo, "0") <= 0;
+  if (d == "0") return in_bounds(n, "0");
+  for (size_t j = 0; size_t(neg) + d.size() + j <= size_t(JsonRecognizer::kMaxNumber); ++j) {
+    const std::string a = std::string(d) + std::string(j, '0'), b = std::string(d) + std::string(j, '9');
+    const std::string lo = neg ? "-" + b : a, hi = neg ? "-" + a : b;  // the values with j more digits
+    const bool below_hi = n->int_hi.empty() || compare_int(lo, n->int_hi) <= 0;
+    const bool above_lo = n->int_lo.empty() || compare_int(hi, n->int_lo) >= 0;
+    if (below_hi && above_lo) return true;
+    if (!below_hi && !neg) return false;  // (more digits only go further up; for negatives, further down)
+    if (!above_lo && neg) return false;
+  }
+  return false;
+}
+
 bool SchemaRecognizer::end_scalar(const Alt& a) {
-  if (a.value->enum_texts.empty()) return true;
+  if (a.value->enum_texts.empty()) return a.kind != JsonEvent::Number || in_bounds(a.value, a.text);
   for (const auto& e : a.value->enum_texts)
     if (e == a.text) return true;
   return false;
@@ -596,7 +689,8 @@ void SchemaRecognizer::begin_value(Alt b, uint8_t c, const JsonEvent& ev, Alts& 
     } else {
       x.phase = Alt::InScalar, x.value = n, x.kind = ev.kind;
       x.clear_scalar();
-      if (!n->enum_texts.empty()) x.text = std::string(1, char(c));
+      if (!n->enum_texts.empty() || (ev.kind == JsonEvent::Number && n->int_bounded())) x.text = std::string(1, char(c));
+      if (ev.kind == JsonEvent::Number && n->enum_texts.empty() && !number_may_go_on(n, x.text)) continue;
       if (!n->enum_texts.empty() && !prefix_of_one(n->enum_texts, x.text)) continue;
     }
     push(out, m, std::move(x));

@@ -29,6 +29,11 @@ struct SchemaNode {
   int64_t min_items = 0, max_items = -1;
   // Strings: their length in code points, as JSON Schema counts it (an escape, or an escaped surrogate pair, is one).
   int64_t min_length = 0, max_length = -1;
+  // Integers (nodes whose numbers are integers only): minimum / maximum / exclusiveMinimum / exclusiveMaximum as the
+  // inclusive integer bounds they make (minimum 0.5 is lo "1", exclusiveMaximum 10 hi "9"), in JSON's spelling ("-12");
+  // empty: none.
+  std::string int_lo, int_hi;
+  bool int_bounded() const { return !int_lo.empty() || !int_hi.empty(); }
   // enum / const: the values' texts as nlohmann writes them (compact); empty: no enum.
   std::vector<std::string> enum_texts;
   bool sat = false;  // some finite instance exists (JsonSchema::compile's fixpoint; unions skip nodes without one)
@@ -41,7 +46,8 @@ struct SchemaNode {
 };
 
 // A compiled schema. Supported: type (one or an array), properties, required, additionalProperties (true, false or a
-// schema), items (a schema), minItems, maxItems, minLength, maxLength, enum and const of scalars, anyOf, oneOf whose branches cannot overlap
+// schema), items (a schema), minItems, maxItems, minLength, maxLength, minimum / maximum / exclusiveMinimum /
+// exclusiveMaximum on integers, enum and const of scalars, anyOf, oneOf whose branches cannot overlap
 // (other types, or objects told apart by a required property's const / enum values: pydantic's discriminated unions),
 // allOf of one schema, $ref to "#", "#/$defs/..." or "#/definitions/...", true / {} (any value), $id at the root only.
 // A keyword that constrains values and is not among these (pattern, minimum, uniqueItems, not, ...) is refused by name
@@ -113,6 +119,7 @@ class SchemaRecognizer {
   bool scalar_byte(Alt& a, uint8_t c) const;
   static bool string_byte(Alt& a, uint8_t c);  // a byte inside a string (not its quotes): false past maxLength
   static bool end_scalar(const Alt& a);
+  static bool number_may_go_on(const SchemaNode* n, std::string_view text);  // an integer's text so far, within its bounds
   bool key_prefix_ok(const Alt& a) const;
   static void push(Alts& out, int& m, Alt&& x);  // (duplicates merged)
 

@@ -1,7 +1,10 @@
 // GenerateOptions::reply_opens_with: the mask that holds a reply's first bytes to one of a few given openings (a
 // named tool call's DSML opening, for plumb serve's tool_choice), then lets every token through.
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <memory>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -21,9 +24,17 @@ class OpeningMask final : public OutputMask {
   void accept(int32_t id) override;
   bool complete() const override { return opened_; }
   bool lifted() const override { return opened_; }
+  size_t vocab() const override { return is_end_.size(); }
 
  private:
-  bool fits(const std::string& bytes) const;  // the text so far + bytes against the openings
+  // What is left of the openings the text so far is a prefix of, sorted and distinct, and their shortest length.
+  std::vector<std::string_view> rests() const;
+  static size_t shortest(const std::vector<std::string_view>& r) {
+    size_t n = SIZE_MAX;
+    for (auto x : r) n = std::min(n, x.size());
+    return n;
+  }
+  static bool fits(std::string_view bytes, const std::vector<std::string_view>& rests, size_t shortest);
   std::shared_ptr<const TokenTables> t_;
   std::vector<std::string> openings_;
   std::vector<uint8_t> is_end_;

@@ -446,6 +446,14 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     bad_request("response_format", fmt::format("response_format {} cannot be combined with {}: JSON mode holds the whole "
                                                "reply to one JSON object", format_name(r.gen.format),
                                                r.thinking ? "thinking mode" : "tools whose calls are read (tool_choice \"none\" can)"));
+  // (a stop that lies inside the call's opening would end the reply before it: generate()'s rule, answered here)
+  try {
+    check_reply_openings(r.gen, tok, d.eos_token);
+  } catch (const OptionError& e) {
+    if (e.field == "stop_strings") bad_request("stop", fmt::format("stop {} (tool_choice {})", e.rule, "holds the reply to it"));
+    bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stop tokens (--stop-token, or "
+                                           "EOS) {}", e.rule));
+  }
   return r;
 }
 

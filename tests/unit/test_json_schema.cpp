@@ -54,7 +54,10 @@ TEST(JsonSchemaCompile, RefusesWhatItWouldNotHoldTheOutputTo) {
           "maxLength below minLength");
   refused({{"type", "object"}, {"properties", {{"a", {{"enum", {"ab", "abc"}}, {"maxLength", 1}}}}}},
           "no value of the enum at #/properties/a has a type (and a length)");
-  refused({{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}}}}}}, "\"minimum\"");
+  refused({{"type", "object"}, {"properties", {{"n", {{"type", "number"}, {"minimum", 0}}}}}}, "supported on integers only");
+  refused({{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 0.2}, {"exclusiveMaximum", 1}}}}}},
+          "no integer lies within the bounds at #/properties/n (1 to 0)");
+  refused({{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"multipleOf", 2}}}}}}, "\"multipleOf\"");
   refused({{"type", "array"}}, "the root must allow an object");
   refused({{"type", "object"}, {"required", {"a"}}}, "names \"a\", which properties does not define");
   refused({{"type", "object"}, {"properties", {{"a", {{"$ref", "#/$defs/Missing"}}}}}}, "names no schema");
@@ -231,6 +234,71 @@ TEST(JsonSchemaRecognizer, StringLengthsCountCodePoints) {
   EXPECT_FALSE(takes(e, R"({"c":"a"})"));
   EXPECT_TRUE(takes(e, R"({"c":"bb"})"));
   EXPECT_TRUE(takes(e, R"({"c":7})"));
+}
+
+// Integer bounds (minimum, maximum, their exclusive forms; fractional and huge bounds): every integer text of up to 4
+// bytes is taken exactly when its value is within them, and each text's first refused byte is one after which no
+// integer within them can be written (brute force over 6 bytes): the recognizer never enters a dead end.
+TEST(JsonSchemaRecognizer, IntegerBoundsHoldEveryPrefix) {
+  struct Case {
+    json bounds;
+    long double lo, hi;
+  };
+  const long double inf = 1e30L;
+  const std::vector<Case> cases = {
+      {{{"minimum", 0}, {"maximum", 100}}, 0, 100},
+      {{{"minimum", -5}, {"maximum", 5}}, -5, 5},
+      {{{"minimum", 10}, {"maximum", 19}}, 10, 19},
+      {{{"minimum", -100}, {"maximum", -10}}, -100, -10},
+      {{{"exclusiveMinimum", 0}, {"exclusiveMaximum", 10}}, 1, 9},
+      {{{"minimum", 0.5}, {"maximum", 99.5}}, 1, 99},
+      {{{"exclusiveMinimum", -0.5}, {"exclusiveMaximum", 0.5}}, 0, 0},
+      {{{"minimum", 250}}, 250, inf},
+      {{{"maximum", -7}}, -inf, -7},
+      {{{"minimum", 3}, {"exclusiveMinimum", 3}, {"maximum", 40}, {"exclusiveMaximum", 50}}, 4, 40},
+  };
+  std::vector<std::string> texts = {"0", "-0", "-"};
+  for (int len = 1; len <= 3; ++len)
+    for (int v = len == 1 ? 1 : int(std::pow(10, len - 1)); v < int(std::pow(10, len)); ++v) {
+      texts.push_back(std::to_string(v));
+      if (len <= 3) texts.push_back("-" + std::to_string(v));
+    }
+  for (const Case& c : cases) {
+    json schema = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}};
+    for (const auto& [k, v] : c.bounds.items()) schema["properties"]["n"][k] = v;
+    auto in = [&](const std::string& t) { const long double v = std::stold(t); return v >= c.lo && v <= c.hi; };
+    // Whether some integer of at most 6 bytes within the bounds begins with `p` ("-" and digits): the prefixes of
+    // those within them (the ones past 4 digits sampled).
+    std::set<std::string> open;
+    auto add = [&](const std::string& t) {
+      if (t == "-" || !in(t)) return;
+      for (size_t n = 1; n <= t.size(); ++n) open.insert(t.substr(0, n));
+    };
+    for (const std::string& t : texts) add(t);
+    for (int v = 1000; v < 1000000; v += (v < 10000 ? 1 : 97)) add(std::to_string(v)), add("-" + std::to_string(v));
+    auto goes_on = [&](const std::string& p) { return open.count(p) > 0; };
+    for (const std::string& t : texts) {
+      if (t == "-") continue;
+      const std::string doc = "{\"n\":" + t + "}";
+      EXPECT_EQ(takes(schema, doc), in(t)) << c.bounds.dump() << " " << t;
+      SchemaRecognizer r = recognizer(schema);
+      size_t k = 0;
+      while (k < doc.size() && r.feed(uint8_t(doc[k]))) ++k;
+      if (k < 5 + t.size()) {  // (refused inside the number: nothing within the bounds goes on from there)
+        const std::string p = t.substr(0, k - 5 + 1);
+        EXPECT_FALSE(goes_on(p)) << c.bounds.dump() << ": refused \"" << p << "\", which can still become an integer within";
+      } else {  // (every byte of it taken: no dead end, it is within the bounds or goes on to one that is)
+        EXPECT_TRUE(goes_on(t)) << c.bounds.dump() << ": took \"" << t << "\", which cannot become an integer within";
+      }
+    }
+  }
+  // Bounds past 64 bits compare exactly; an enum's integers outside the bounds are dropped.
+  const json big = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"minimum", 1e20}}}}}};
+  EXPECT_FALSE(takes(big, R"({"n":99999999999999999999})"));
+  EXPECT_TRUE(takes(big, R"({"n":100000000000000000000})"));
+  const json e = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"enum", {1, 5, 9}}, {"maximum", 5}}}}}};
+  EXPECT_TRUE(takes(e, R"({"n":5})"));
+  EXPECT_FALSE(takes(e, R"({"n":9})"));
 }
 
 // The mask over a schema keeps exactly what allows() keeps in every byte state of valid texts (its first-two-bytes and

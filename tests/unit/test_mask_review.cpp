@@ -1,11 +1,13 @@
-// Review of session 80 (forward_sample_masked, the shared token tables, reply_opens_with / OpeningMask, the DSML
+// A review of session 80 (forward_sample_masked, the shared token tables, reply_opens_with / OpeningMask, the DSML
 // opening): what the review found, and the coverage it added.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <filesystem>
 #include <random>
@@ -18,6 +20,7 @@
 #include "generate/opening_mask.h"
 #include "generate/token_bits.h"
 #include "json_test_util.h"
+#include "session_test_util.h"
 #include "plumb/engine.h"
 #include "plumb/text.h"
 #include "text/dsml.h"
@@ -26,7 +29,7 @@ namespace {
 
 using plumb::testing::PreferringSession;
 
-struct R80Opening : ::testing::Test {
+struct MaskReview : ::testing::Test {
   plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
   const int32_t vocab = 1216, eos = 1;
   const std::string weather = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
@@ -37,10 +40,10 @@ struct R80Opening : ::testing::Test {
   }
 };
 
-// FINDING: a stop string that lies inside the opening ends the reply inside it (here at its first byte): the reply
+// Found by a review (fixed since): a stop string that lies inside the opening ends the reply inside it (here at its first byte): the reply
 // does not begin with the opening, although a stop token inside an opening is refused for this very reason. (plumb
 // serve passes the client's "stop" through: tool_choice "required" with "stop": "\n" can never give a call.)
-TEST_F(R80Opening, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
+TEST_F(MaskReview, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
   PreferringSession s(tok, "I will not call anything.", info());
   plumb::GenerateOptions g;
   g.sampling.temperature = 0, g.max_tokens = 80;
@@ -56,10 +59,10 @@ TEST_F(R80Opening, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
   }
 }
 
-// FINDING: EOS stops the generation (stop_at_eos) but is not among the OpeningMask's end tokens, nor checked against
+// Found by a review (fixed since): EOS stops the generation (stop_at_eos) but is not among the OpeningMask's end tokens, nor checked against
 // the openings as the stop tokens are: a model whose EOS is a text token ("\n" here) can end the reply before its
 // opening (JSON mode counts EOS among its ends; reply_opens_with does not).
-TEST_F(R80Opening, EosIsKeptOutUntilTheOpeningIsWhole) {
+TEST_F(MaskReview, EosIsKeptOutUntilTheOpeningIsWhole) {
   const int32_t newline = tok.encode("\n").at(0);
   ASSERT_FALSE(tok.is_added(newline));
   PreferringSession s(tok, "", info(newline));  // (prefers EOS from the first token)
@@ -79,7 +82,7 @@ TEST_F(R80Opening, EosIsKeptOutUntilTheOpeningIsWhole) {
 // FINDING (minor, a lost check): TokenMask::apply used to refuse a logits row of another size than the vocabulary
 // ("JSON mode: N logits for a vocabulary of M"); now the check compares word counts ((n + 31) / 32), so a row a few
 // logits short of the vocabulary is masked as if it were whole.
-TEST_F(R80Opening, ApplyRefusesARowOfAnotherSize) {
+TEST_F(MaskReview, ApplyRefusesARowOfAnotherSize) {
   plumb::gen::JsonMask json(tok, vocab, {eos});
   std::vector<float> short_row(size_t(vocab - 6), 0.0f);
   EXPECT_THROW(json.apply(short_row), plumb::Error);
@@ -90,7 +93,7 @@ TEST_F(R80Opening, ApplyRefusesARowOfAnotherSize) {
 // The mask against a check written here along random walks, over a vocabulary built for it: openings that share
 // prefixes and one that is a prefix of another's start, tokens that run past an opening's end, stop tokens that are
 // text, one token whose bytes are exactly an opening.
-TEST(R80OpeningWalks, SharedPrefixesAndTokensPastTheEnd) {
+TEST(OpeningMaskWalks, SharedPrefixesAndTokensPastTheEnd) {
   const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_open_" + std::to_string(::getpid()));
   const std::vector<std::string> extra = {"ab", "abc", "abx", "abcd", "abcdz", "ab!", "ab!q", "cd", "dz", "!q", "<a", "<ab>",
                                           "b>", ">\n", "\n<", "x\n"};
@@ -135,7 +138,7 @@ TEST(R80OpeningWalks, SharedPrefixesAndTokensPastTheEnd) {
 
 // JSON mode's per-mask end tokens: when every token that could come next is an end token (inside the object), the
 // mask has nothing left and says so (its `kept` count taken down for each end token it clears).
-TEST(R80JsonEnds, OnlyEndTokensLeftIsNoWayOn) {
+TEST(JsonMaskEnds, OnlyEndTokensLeftIsNoWayOn) {
   const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_json_" + std::to_string(::getpid()));
   const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, {}));
   const int32_t vocab = tok.vocab_size(), eos = 256;
@@ -156,7 +159,7 @@ TEST(R80JsonEnds, OnlyEndTokensLeftIsNoWayOn) {
 }
 
 // The tables are one object per tokenizer and vocabulary, also when many threads ask at once.
-TEST_F(R80Opening, TablesAreBuiltOnceUnderConcurrentCalls) {
+TEST_F(MaskReview, TablesAreBuiltOnceUnderConcurrentCalls) {
   const plumb::Tokenizer fresh = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
   std::vector<std::shared_ptr<const plumb::gen::TokenTables>> got(8);
   std::vector<std::thread> ts;
@@ -167,7 +170,7 @@ TEST_F(R80Opening, TablesAreBuiltOnceUnderConcurrentCalls) {
 
 // Session::forward_sample_masked's default (a Session of one's own): the mask's words zeroed, the draw from the masked
 // row; an empty function is forward_sample; a throwing one leaves the tokens fed and the sampler's draws untouched.
-TEST_F(R80Opening, TheDefaultMaskedSampleKeepsItsContract) {
+TEST_F(MaskReview, TheDefaultMaskedSampleKeepsItsContract) {
   PreferringSession s(tok, "Hello there", info()), ref(tok, "Hello there", info());
   plumb::SamplingParams sp;
   sp.seed = 3;
@@ -193,7 +196,7 @@ TEST_F(R80Opening, TheDefaultMaskedSampleKeepsItsContract) {
 
 // generate() with reply_opens_with: the masked calls stop once the opening is whole (forward_sample from then on);
 // with on_logits, each step's logits are the model's own (the mask on a copy) and the text the same.
-TEST_F(R80Opening, TheMaskIsLiftedOnBothPaths) {
+TEST_F(MaskReview, TheMaskIsLiftedOnBothPaths) {
   struct Counting : PreferringSession {
     using PreferringSession::PreferringSession;
     int masked = 0, plain = 0;
@@ -232,9 +235,36 @@ TEST_F(R80Opening, TheMaskIsLiftedOnBothPaths) {
   EXPECT_EQ(finite_rows, rows);
 }
 
+// The library session on the CPU, watched (a progress function: its calls are guarded) over a prefill of several
+// passes: a throwing mask leaves every token fed and the session usable (the next call's logits are a reference
+// session's); a prefill stop ends the call before the mask is asked for, the session as it was.
+TEST(MaskedSampleSession, AThrowingMaskAfterAWatchedPrefillKeepsTheFeed) {
+  const auto e = plumb_test::csa_long_engine("cpu");
+  const int32_t V = e->info().vocab_size;
+  std::vector<int32_t> feed = plumb_test::csa_long_ids(40, 5);
+  for (auto& t : feed) t %= V;
+  auto s = e->new_session(), ref = e->new_session();
+  int reports = 0;
+  s->set_prefill_progress([&](int64_t, int64_t) { ++reports; });
+  plumb::Sampler a(plumb::SamplingParams{}, V);
+  EXPECT_THROW(s->forward_sample_masked(feed, a, feed, [](std::span<uint32_t>) { throw std::runtime_error("x"); }),
+               std::runtime_error);
+  EXPECT_GT(reports, 0);
+  EXPECT_EQ(s->position(), int64_t(feed.size()));
+  ref->forward(feed);
+  const std::vector<int32_t> next = {3 % V};
+  EXPECT_EQ(s->forward(next), ref->forward(next));
+  auto t = e->new_session();
+  t->set_prefill_stop([] { return true; });
+  bool asked = false;
+  EXPECT_THROW(t->forward_sample_masked(feed, a, feed, [&](std::span<uint32_t>) { asked = true; }), plumb::Stopped);
+  EXPECT_FALSE(asked);
+  EXPECT_EQ(t->position(), 0);
+}
+
 // tool_call_opening is what the chat encoder writes for an assistant turn whose content is empty and which calls that
 // function first; render_calls for several calls is the block's opening, the invokes a line apart, and its close.
-TEST(R80Dsml, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
+TEST(DsmlOpening, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
   plumb::ChatOptions co;
   co.tools = R"([{"type": "function", "function": {"name": "f{}", "parameters": {"type": "object"}}}])";
   plumb::ChatMessage a("assistant", "");
@@ -256,4 +286,31 @@ TEST(R80Dsml, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
   EXPECT_EQ(plumb::dsml::render_calls({}, "t"), "");
 }
 
+}  // namespace
+
+namespace {
+TEST(OpeningMaskCost, DISABLED_OpeningMaskCost) {
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_cost_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, plumb::testing::synthetic_vocabulary()));
+  const int32_t vocab = tok.vocab_size();
+  for (int n : {1, 8, 64}) {
+    std::vector<std::string> openings;
+    for (int i = 0; i < n; ++i) openings.push_back(plumb::tool_call_opening("tool_number_" + std::to_string(i)));
+    plumb::gen::OpeningMask m(tok, vocab, openings, {});
+    std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab));
+    double worst = 0, total = 0;
+    int steps = 0;
+    for (char c : openings.back()) {
+      std::fill(bits.begin(), bits.end(), 0u);
+      const auto t0 = std::chrono::steady_clock::now();
+      m.allowed(bits);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      worst = std::max(worst, ms), total += ms, ++steps;
+      m.accept(uint8_t(c));
+      if (m.lifted()) break;
+    }
+    std::printf("%d openings: %d steps, mean %.2f ms, worst %.2f ms per allowed()\n", n, steps, total / steps, worst);
+  }
+  std::filesystem::remove_all(dir);
+}
 }  // namespace
