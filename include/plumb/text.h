@@ -228,8 +228,8 @@ class Sampler {
 // mask only removes the tokens that would break the syntax.
 // JsonSchema (structured outputs; OpenAI's response_format {"type": "json_schema"}): the same, the object also an
 // instance of GenerateOptions::json_schema, a JSON Schema of the subset docs/generation.md lists (type, properties,
-// required, additionalProperties, items, minItems / maxItems, minLength / maxLength, enum / const of scalars, anyOf /
-// oneOf, $ref to $defs);
+// required, additionalProperties, items, minItems / maxItems, minLength / maxLength, minimum / maximum on integers,
+// enum / const of scalars, anyOf / oneOf, $ref to $defs);
 // any other constraint keyword is refused (plumb::Error naming it, before the session is touched). Keys are written as
 // the schema spells them, enum values as JSON writes them compactly.
 enum class OutputFormat { Text, JsonObject, JsonSchema };

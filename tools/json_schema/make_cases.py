@@ -2,9 +2,10 @@
 """Cases for plumb's structured outputs (src/generate/json_schema.cpp), labelled by an independent validator.
 
 Random schemas in the subset plumb supports (type and type arrays, properties, required, additionalProperties,
-items, minItems / maxItems, minLength / maxLength, enum / const of scalars, anyOf / oneOf, $ref to $defs), instances
+items, minItems / maxItems, minLength / maxLength, integer minimum / maximum (and exclusive), enum / const of scalars, anyOf / oneOf, $ref to $defs), instances
 made valid by construction, and mutations of them (a value of another type, a required key dropped, an unknown key,
-too many or too few items, a fraction where an integer goes, a value outside an enum, a string too long or short), each written compactly as JSON (nlohmann's
+too many or too few items, a fraction where an integer goes, a value outside an enum, a string too long or short, an
+integer moved out of its bounds), each written compactly as JSON (nlohmann's
 form: no spaces, keys as the schema spells them) and labelled valid or not by Python's `jsonschema` (Draft 2020-12).
 tests/unit/test_json_schema.cpp checks that the recognizer accepts every valid text whole and no invalid one.
 
@@ -13,6 +14,7 @@ Debian's python3-jsonschema)
 """
 import copy
 import json
+import math
 import random
 import sys
 
@@ -28,13 +30,19 @@ def scalar_schema(depth):
     k = R.randrange(9)
     if k == 0:
         s = {"type": "string"}
-        if R.random() < 0.5:
+        if R.random() < 0.7:
             s["minLength"] = R.randrange(0, 4)
-        if R.random() < 0.5:
+        if R.random() < 0.7:
             s["maxLength"] = s.get("minLength", 0) + R.randrange(0, 5)
         return s
     if k == 1:
-        return {"type": "integer"}
+        s = {"type": "integer"}
+        if R.random() < 0.8:
+            lo = R.choice([-10, 0, 5, 0.5, -2.5])
+            s["exclusiveMinimum" if R.random() < 0.3 else "minimum"] = lo
+            if R.random() < 0.6:
+                s["exclusiveMaximum" if R.random() < 0.3 else "maximum"] = lo + R.choice([2, 10, 50, 1e6])
+        return s
     if k == 2:
         return {"type": "number"}
     if k == 3:
@@ -81,6 +89,11 @@ def object_schema(depth):
     return s
 
 
+def int_ok(s, v):
+    return (v >= s.get("minimum", -math.inf) and v > s.get("exclusiveMinimum", -math.inf) and
+            v <= s.get("maximum", math.inf) and v < s.get("exclusiveMaximum", math.inf))
+
+
 def resolve(s, root):
     while "$ref" in s:
         s = root["$defs"][s["$ref"].split("/")[-1]]
@@ -120,7 +133,8 @@ def instance(s, root, depth=0):
         fits = [w for w in STRINGS if lo <= len(w) <= hi]
         return R.choice(fits) if fits else "\u00e9" * lo
     if t == "integer":
-        return R.choice([0, -3, 42, 1000000])
+        fits = [v for v in [0, -3, 42, 1000000, 1, 7, -10, 5, 12, 55] if int_ok(s, v)]
+        return R.choice(fits) if fits else int(math.ceil(s.get("minimum", s.get("exclusiveMinimum", 0) + 0.5)))
     if t == "number":
         return R.choice([0, 1.5, -0.25, 7, 3.0e-5])
     if t == "boolean":
@@ -143,8 +157,8 @@ def mutate(v):
                 walk(x[i], x, i)
 
     walk(v, None, None)
-    strings = [sp for sp in spots if isinstance(sp[2], str) and sp[0] is not None]
-    parent, key, x = R.choice(strings if strings and R.random() < 0.3 else spots)
+    scalars = [sp for sp in spots if sp[0] is not None and isinstance(sp[2], (str, int)) and not isinstance(sp[2], bool)]
+    parent, key, x = R.choice(scalars if scalars and R.random() < 0.4 else spots)
     k = R.randrange(6)
     if isinstance(x, dict) and k < 2:
         if x and k == 0:
@@ -160,6 +174,9 @@ def mutate(v):
         return v
     if parent is None:
         return {"wrapped": v}
+    if isinstance(x, int) and not isinstance(x, bool) and k < 3:  # (an integer moved: minimum / maximum)
+        parent[key] = x + R.choice([1, -1, 1000, -1000])
+        return v
     if isinstance(x, str) and k < 3:  # (a string made longer or shorter: minLength / maxLength)
         parent[key] = x + "\u00e9zz\U0001F600" if k < 2 or not x else x[:-1]
         return v
