@@ -16,20 +16,7 @@ namespace {
 using testing::tiny_engine;
 using testing::tiny_tok;
 
-Defaults defaults() {
-  const ModelInfo& info = tiny_engine()->info();
-  Defaults d;
-  d.sampling.temperature = 0.8f;
-  d.max_tokens = 40;
-  d.stop_tokens = {info.eos_token};
-  d.model_id = "tiny";
-  d.config_bos = info.bos_token;
-  d.context = info.max_positions;
-  d.vocab = info.vocab_size;
-  d.eos_token = info.eos_token;
-  d.tokenizer_eos = tiny_tok().eos_id();
-  return d;
-}
+Defaults defaults() { return testing::tiny_model_defaults(); }
 
 // A server on a free port, serving on its own thread while it lives; its log lines are kept.
 struct Running {
@@ -66,6 +53,8 @@ struct Running {
     EXPECT_EQ(res->status, expect_status) << res->body;
     return json::parse(res->body);
   }
+  // The same request streamed ("stream": true): its events (events() below).
+  std::vector<json> stream(const std::string& path, json body) const;
 };
 
 ServerOptions no_cache() {
@@ -110,6 +99,14 @@ std::vector<json> events(const std::string& body) {
     at = end;
   }
   return out;
+}
+
+std::vector<json> Running::stream(const std::string& path, json body) const {
+  body["stream"] = true;
+  auto c = client();
+  auto res = c.Post(path.c_str(), body.dump(), "application/json");
+  EXPECT_TRUE(res) << httplib::to_string(res.error());
+  return res ? events(res->body) : std::vector<json>();
 }
 
 TEST(Serve, CompletionEqualsGenerate) {
@@ -509,13 +506,8 @@ TEST(Serve, ToolConversationsAreServed) {
   EXPECT_TRUE(m["content"].is_string());
   EXPECT_FALSE(m.contains("tool_calls"));
   EXPECT_NE(r["choices"][0]["finish_reason"], "tool_calls");
-  auto c = s.client();
-  json sb = body;
-  sb["stream"] = true;
-  auto res = c.Post("/v1/chat/completions", sb.dump(), "application/json");
-  ASSERT_TRUE(res);
   std::string streamed;
-  for (const json& e : events(res->body))
+  for (const json& e : s.stream("/v1/chat/completions", body))
     if (e.is_object()) streamed += e["choices"][0]["delta"].value("content", std::string());
   EXPECT_EQ(streamed, m["content"]);
   // The next turn: the conversation so far from the cache.
@@ -551,14 +543,9 @@ TEST(Serve, ANamedToolChoiceOpensTheCall) {
     EXPECT_EQ(m["content"], want.text);
   }
   std::printf("tool_choice now: %s\n", m.dump().c_str());
-  auto c = s.client();
-  json sb = body;
-  sb["stream"] = true;
-  auto res = c.Post("/v1/chat/completions", sb.dump(), "application/json");
-  ASSERT_TRUE(res);
   std::string streamed;
   json calls = json::array();
-  for (const json& e : events(res->body))
+  for (const json& e : s.stream("/v1/chat/completions", body))
     if (e.is_object()) {
       const json& d = e["choices"][0]["delta"];
       streamed += d.value("content", std::string());
@@ -584,13 +571,8 @@ TEST(Serve, JsonModeRepliesAreGeneratesJsonMode) {
   EXPECT_EQ(text, want.text);
   ASSERT_FALSE(text.empty());
   EXPECT_EQ(text.find_first_not_of(" \n"), text.find('{'));
-  json sb = body;
-  sb["stream"] = true;
-  auto c = s.client();
-  auto res = c.Post("/v1/chat/completions", sb.dump(), "application/json");
-  ASSERT_TRUE(res);
   std::string streamed;
-  for (const json& e : events(res->body))
+  for (const json& e : s.stream("/v1/chat/completions", body))
     if (e.is_object()) streamed += e["choices"][0]["delta"].value("content", std::string());
   EXPECT_EQ(streamed, text);
   // A completion, sampled with a seed.

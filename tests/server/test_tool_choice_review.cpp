@@ -13,18 +13,9 @@ namespace plumb::server {
 namespace {
 
 Defaults review_defaults() {
-  const ModelInfo& info = testing::tiny_engine()->info();
-  Defaults d;
+  Defaults d = testing::tiny_model_defaults();
   d.sampling.temperature = 0;
   d.fixed_seed = true;
-  d.max_tokens = 40;
-  d.stop_tokens = {info.eos_token};
-  d.model_id = "tiny";
-  d.config_bos = info.bos_token;
-  d.context = info.max_positions;
-  d.vocab = info.vocab_size;
-  d.eos_token = info.eos_token;
-  d.tokenizer_eos = testing::tiny_tok().eos_id();
   return d;
 }
 

@@ -1,4 +1,5 @@
-// The bundled tiny model and its tokenizer, loaded once for the server tests; a tool conversation for them.
+// The bundled tiny model and its tokenizer, loaded once for the server tests; a server's defaults and a tool
+// conversation for them.
 #pragma once
 #include <memory>
 #include <vector>
@@ -7,6 +8,7 @@
 
 #include "plumb/engine.h"
 #include "plumb/text.h"
+#include "server/openai.h"
 
 namespace plumb::server::testing {
 
@@ -17,6 +19,22 @@ inline std::shared_ptr<Engine> tiny_engine() {
 inline const Tokenizer& tiny_tok() {
   static const Tokenizer t = Tokenizer::load(PLUMB_TINY_MODEL);
   return t;
+}
+
+// A server's defaults for the tiny model (plumb serve's command line: sampling at 0.8, 40 tokens, EOS stops).
+inline Defaults tiny_model_defaults() {
+  const ModelInfo& info = tiny_engine()->info();
+  Defaults d;
+  d.sampling.temperature = 0.8f;
+  d.max_tokens = 40;
+  d.stop_tokens = {info.eos_token};
+  d.model_id = "tiny";
+  d.config_bos = info.bos_token;
+  d.context = info.max_positions;
+  d.vocab = info.vocab_size;
+  d.eos_token = info.eos_token;
+  d.tokenizer_eos = tiny_tok().eos_id();
+  return d;
 }
 
 // A conversation in which the assistant called a tool ("now", answered "12:00"): the request's tools and messages,

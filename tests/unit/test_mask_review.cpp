@@ -33,6 +33,17 @@ struct MaskReview : ::testing::Test {
   plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
   const int32_t vocab = 1216, eos = 1;
   const std::string weather = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
+  // generate() on `s` either refuses before feeding anything or writes a reply that opens with `weather`.
+  void expect_opens_or_refused(PreferringSession& s, const plumb::GenerateOptions& g) const {
+    const std::vector<int32_t> prompt = {0};
+    try {
+      const auto r = plumb::generate(s, tok, prompt, g);
+      EXPECT_EQ(r.text.rfind(weather, 0), 0u) << "the reply [" << r.text << "] (" << r.tokens.size() << " tokens, stop: "
+                                              << plumb::stop_reason_name(r.stop) << ") does not open with the opening";
+    } catch (const plumb::Error& e) {
+      EXPECT_EQ(s.position(), 0) << e.what();  // (refused before feeding: fine)
+    }
+  }
   plumb::ModelInfo info(int32_t eos_token = 1) const {
     plumb::ModelInfo i;
     i.vocab_size = vocab, i.bos_token = 0, i.eos_token = eos_token, i.max_positions = 4096;
@@ -49,14 +60,7 @@ TEST_F(MaskReview, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
   g.sampling.temperature = 0, g.max_tokens = 80;
   g.reply_opens_with = {weather};
   g.stop_strings = {"\n"};
-  const std::vector<int32_t> prompt = {0};
-  try {
-    const auto r = plumb::generate(s, tok, prompt, g);
-    EXPECT_EQ(r.text.rfind(weather, 0), 0u) << "the reply [" << r.text << "] (" << r.tokens.size() << " tokens, stop: "
-                                            << plumb::stop_reason_name(r.stop) << ") does not open with the opening";
-  } catch (const plumb::Error& e) {
-    EXPECT_EQ(s.position(), 0) << e.what();  // (refused before feeding: fine)
-  }
+  expect_opens_or_refused(s, g);
 }
 
 // Found by a review (fixed since): EOS stops the generation (stop_at_eos) but is not among the OpeningMask's end tokens, nor checked against
@@ -69,14 +73,7 @@ TEST_F(MaskReview, EosIsKeptOutUntilTheOpeningIsWhole) {
   plumb::GenerateOptions g;
   g.sampling.temperature = 0, g.max_tokens = 80;
   g.reply_opens_with = {weather};
-  const std::vector<int32_t> prompt = {0};
-  try {
-    const auto r = plumb::generate(s, tok, prompt, g);
-    EXPECT_EQ(r.text.rfind(weather, 0), 0u) << "the reply [" << r.text << "] (" << r.tokens.size() << " tokens, stop: "
-                                            << plumb::stop_reason_name(r.stop) << ") does not open with the opening";
-  } catch (const plumb::Error& e) {
-    EXPECT_EQ(s.position(), 0) << e.what();
-  }
+  expect_opens_or_refused(s, g);
 }
 
 // FINDING (minor, a lost check): TokenMask::apply used to refuse a logits row of another size than the vocabulary
@@ -94,7 +91,7 @@ TEST_F(MaskReview, ApplyRefusesARowOfAnotherSize) {
 // prefixes and one that is a prefix of another's start, tokens that run past an opening's end, stop tokens that are
 // text, one token whose bytes are exactly an opening.
 TEST(OpeningMaskWalks, SharedPrefixesAndTokensPastTheEnd) {
-  const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_open_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_review_open_" + std::to_string(::getpid()));
   const std::vector<std::string> extra = {"ab", "abc", "abx", "abcd", "abcdz", "ab!", "ab!q", "cd", "dz", "!q", "<a", "<ab>",
                                           "b>", ">\n", "\n<", "x\n"};
   const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, extra));
@@ -139,7 +136,7 @@ TEST(OpeningMaskWalks, SharedPrefixesAndTokensPastTheEnd) {
 // JSON mode's per-mask end tokens: when every token that could come next is an end token (inside the object), the
 // mask has nothing left and says so (its `kept` count taken down for each end token it clears).
 TEST(JsonMaskEnds, OnlyEndTokensLeftIsNoWayOn) {
-  const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_json_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_review_json_" + std::to_string(::getpid()));
   const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, {}));
   const int32_t vocab = tok.vocab_size(), eos = 256;
   // After "{": '"', '}' or whitespace; all of them ends here.
@@ -290,7 +287,7 @@ TEST(DsmlOpening, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
 
 namespace {
 TEST(OpeningMaskCost, DISABLED_OpeningMaskCost) {
-  const auto dir = std::filesystem::temp_directory_path() / ("plumb_r80_cost_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_review_cost_" + std::to_string(::getpid()));
   const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, plumb::testing::synthetic_vocabulary()));
   const int32_t vocab = tok.vocab_size();
   for (int n : {1, 8, 64}) {
