@@ -237,11 +237,15 @@ enum class OutputFormat { Text, JsonObject, JsonSchema };
 // checks a request's schema before queueing it).
 void check_json_schema(std::string_view schema);
 struct GenerateOptions;
-// GenerateOptions::reply_opens_with's rules that need the tokenizer (generate() checks them before feeding anything; a
-// front end may check first): a byte-level tokenizer, and no stop token (the model's EOS `eos_token` too, while
-// stop_at_eos) or stop string whose text lies inside an opening: it would end the reply before its opening is whole.
-// Throws OptionError naming "stop_strings" (--stop) or "stop_tokens" (--stop-token), or plumb::Error.
-void check_reply_openings(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token);
+// The output options' rules that need the tokenizer and the model's EOS (`eos_token`, -1 if none), which generate()
+// checks before feeding anything (a front end may check first, as plumb serve does to answer 400 before queueing):
+//  - JsonObject / JsonSchema: a token that ends the object (a stop token, or EOS while stop_at_eos) -> "format";
+//    JsonSchema: the schema given, compiled (check_json_schema's errors), a byte-level tokenizer -> "json_schema";
+//  - reply_opens_with: a byte-level tokenizer -> "reply_opens_with"; no stop token (EOS too, while stop_at_eos) or
+//    stop string whose text lies inside an opening, which would end the reply before it is whole -> "stop_tokens",
+//    "stop_strings".
+// Throws OptionError naming the field (and the CLI flag that sets it).
+void check_output_options(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token);
 
 struct GenerateOptions {
   SamplingParams sampling;

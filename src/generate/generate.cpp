@@ -49,13 +49,16 @@ std::vector<int32_t> end_tokens(const GenerateOptions& opt, int32_t eos_token) {
 
 void check_json_schema(std::string_view schema) { gen::JsonSchema::compile(schema); }
 
+namespace {
+
 // (The mask writes the openings byte by byte where it must, so it needs a tokenizer's bytes as decode writes them, and
 // no end inside them: a stop token or string there would end the reply before the opening is whole, and keeping a
 // stop token out could leave no way on.)
 void check_reply_openings(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
   if (opt.reply_opens_with.empty()) return;
-  PLUMB_CHECK(!tok.spaced_tokens(), "reply_opens_with needs a byte-level tokenizer: {} puts a space between tokens",
-              tok.path());
+  if (tok.spaced_tokens())
+    throw OptionError("reply_opens_with", "tool_choice", fmt::format("needs a byte-level tokenizer: {} puts a space "
+                      "between tokens", tok.path()));
   for (const std::string& o : opt.reply_opens_with) {
     for (int32_t id : end_tokens(opt, eos_token)) {
       const std::string b = id >= 0 && id < tok.vocab_size() && !tok.is_added(id) ? tok.token_bytes(id) : std::string();
@@ -69,6 +72,38 @@ void check_reply_openings(const GenerateOptions& opt, const Tokenizer& tok, int3
         throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside the reply's opening "
                           "\"{}\": it would end the reply there", escape_line(s), escape_line(o)));
   }
+}
+
+// check_output_options, returning the compiled schema of OutputFormat::JsonSchema (generate() builds its mask on it).
+std::shared_ptr<const gen::JsonSchema> check_output(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
+  std::shared_ptr<const gen::JsonSchema> schema;
+  if (opt.format != OutputFormat::Text) {
+    const char* flag = opt.format == OutputFormat::JsonObject ? "--json" : "--json-schema";
+    if (end_tokens(opt, eos_token).empty())
+      throw OptionError("format", flag, fmt::format("needs a token that ends the object's text: {} and no stop token is "
+                        "given", eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)"
+                                               : "EOS does not stop (stop_at_eos)"));
+    if (opt.format == OutputFormat::JsonSchema) {
+      if (opt.json_schema.empty()) throw OptionError("json_schema", flag, "is empty: OutputFormat::JsonSchema needs the schema");
+      // (keys and enum values must be written byte by byte; a space between every two tokens would split them)
+      if (tok.spaced_tokens())
+        throw OptionError("json_schema", flag, fmt::format("needs a byte-level tokenizer: {} puts a space between tokens",
+                                                           tok.path()));
+      try {
+        schema = gen::JsonSchema::compile(opt.json_schema);
+      } catch (const Error& e) {
+        throw OptionError("json_schema", flag, e.what());
+      }
+    }
+  }
+  check_reply_openings(opt, tok, eos_token);
+  return schema;
+}
+
+}  // namespace
+
+void check_output_options(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
+  check_output(opt, tok, eos_token);
 }
 
 void check_generate_options(const GenerateOptions& opt) {
@@ -96,25 +131,12 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
 
   // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema), or reply_opens_with's
   std::unique_ptr<gen::OutputMask> json;
-  if (!opt.reply_opens_with.empty()) {
-    check_reply_openings(opt, tok, info.eos_token);
-    json = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, end_tokens(opt, info.eos_token));
-  }
-  if (opt.format != OutputFormat::Text) {
-    std::vector<int32_t> ends = end_tokens(opt, info.eos_token);
-    PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the object's text: {} and no stop token is given",
-                info.eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)" : "EOS does not stop (stop_at_eos)");
-    if (opt.format == OutputFormat::JsonObject) {
-      json = std::make_unique<gen::JsonMask>(tok, info.vocab_size, std::move(ends));
-    } else {
-      PLUMB_CHECK(!opt.json_schema.empty(), "OutputFormat::JsonSchema needs GenerateOptions::json_schema (the schema)");
-      // (keys and enum values must be written byte by byte; a space between every two tokens would split them)
-      PLUMB_CHECK(!tok.spaced_tokens(), "structured output needs a byte-level tokenizer: {} puts a space between tokens",
-                  tok.path());
-      gen::SchemaRecognizer start(gen::JsonSchema::compile(opt.json_schema));
-      json = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, std::move(ends), std::move(start));
-    }
-  }
+  const auto schema = check_output(opt, tok, info.eos_token);
+  const std::vector<int32_t> ends = end_tokens(opt, info.eos_token);
+  if (!opt.reply_opens_with.empty()) json = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, ends);
+  if (opt.format == OutputFormat::JsonObject) json = std::make_unique<gen::JsonMask>(tok, info.vocab_size, ends);
+  if (opt.format == OutputFormat::JsonSchema)
+    json = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, ends, gen::SchemaRecognizer(schema));
 
   session.reserve(start + int64_t(prompt.size()) + opt.max_tokens);  // no cache growth on the way (backend cuda)
   Sampler sampler(opt.sampling, info.vocab_size);

@@ -120,12 +120,7 @@ void response_format(const json& body, GenerateOptions& g) {
   const json* spec = field(*v, "json_schema");
   const json* schema = spec && spec->is_object() ? field(*spec, "schema") : nullptr;
   if (!schema) bad_request("response_format", "response_format json_schema needs \"json_schema\": {\"schema\": {...}}");
-  g.format = OutputFormat::JsonSchema, g.json_schema = schema->dump();
-  try {
-    check_json_schema(g.json_schema);
-  } catch (const Error& e) {
-    bad_request("response_format", e.what());
-  }
+  g.format = OutputFormat::JsonSchema, g.json_schema = schema->dump();  // (compiled by check_output)
 }
 
 std::vector<std::string> stop_strings(const json& body, const Defaults& d) {
@@ -204,11 +199,24 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
   }
   r.gen.skip_special = true;  // (a reply's text; BOS/EOS are not part of it)
   response_format(body, r.gen);
-  // (generate() ends the object with a stop token, or with the model's EOS while it stops: the same rule)
-  if (r.gen.format != OutputFormat::Text && r.gen.stop_tokens.empty() && !(r.gen.stop_at_eos && d.eos_token >= 0))
-    bad_request("response_format", fmt::format("response_format {} needs a token to end the object with: the model "
-                                               "names no EOS or ignore_eos took it, and no --stop-token was given to the "
-                                               "server", format_name(r.gen.format)));
+}
+
+// generate()'s output rules (check_output_options), answered before queueing with the request's field: the format's
+// end token and schema (response_format), a stop inside a tool call's opening (stop, or tool_choice for the server's
+// own stop tokens).
+void check_output(const Request& r, const Tokenizer& tok, const Defaults& d) {
+  try {
+    check_output_options(r.gen, tok, d.eos_token);
+  } catch (const OptionError& e) {
+    if (e.field == "stop_strings") bad_request("stop", fmt::format("stop {} (tool_choice holds the reply to it)", e.rule));
+    if (e.field == "stop_tokens" || e.field == "reply_opens_with")
+      bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stop tokens (--stop-token, "
+                                             "or EOS) {}", e.rule));
+    if (e.field == "format")
+      bad_request("response_format", fmt::format("response_format {} {} (ignore_eos takes EOS away; the server's "
+                                                 "--stop-token gives others)", format_name(r.gen.format), e.rule));
+    bad_request("response_format", e.rule);
+  }
 }
 
 // The max tokens of `r`'s prompt (named `prompt_name` in errors): the request's, or the default cut to the context
@@ -308,6 +316,7 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
     shared.top_logprobs = int(integer(*v, "logprobs", 0, 20));
   }
   common_fields(body, d, shared);
+  check_output(shared, tok, d);
   // (an echoed completion's text is the prompt and then the object: not JSON)
   if (shared.echo && shared.gen.format != OutputFormat::Text)
     bad_request("response_format", fmt::format("response_format {} cannot be combined with echo: the text would start "
@@ -446,14 +455,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     bad_request("response_format", fmt::format("response_format {} cannot be combined with {}: JSON mode holds the whole "
                                                "reply to one JSON object", format_name(r.gen.format),
                                                r.thinking ? "thinking mode" : "tools whose calls are read (tool_choice \"none\" can)"));
-  // (a stop that lies inside the call's opening would end the reply before it: generate()'s rule, answered here)
-  try {
-    check_reply_openings(r.gen, tok, d.eos_token);
-  } catch (const OptionError& e) {
-    if (e.field == "stop_strings") bad_request("stop", fmt::format("stop {} (tool_choice {})", e.rule, "holds the reply to it"));
-    bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stop tokens (--stop-token, or "
-                                           "EOS) {}", e.rule));
-  }
+  check_output(r, tok, d);
   return r;
 }
 

@@ -219,7 +219,7 @@ TEST(ServeRequests, RefusalsNameTheField) {
   expect_refused(json{{"messages", user}, {"response_format", {{"type", "json_object"}}}, {"tools", tools}}, true,
                  "response_format", "cannot be combined with tools");
   expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}, {"ignore_eos", true}}, false,
-                 "response_format", "needs a token to end the object with");
+                 "response_format", "needs a token that ends the object's text");
   expect_refused(json{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}, {"echo", true}}, false,
                  "response_format", "cannot be combined with echo");
   expect_refused(json::object(), true, "messages", "messages is required");
