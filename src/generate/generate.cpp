@@ -130,13 +130,13 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
                 prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
 
   // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema), or reply_opens_with's
-  std::unique_ptr<gen::OutputMask> json;
+  std::unique_ptr<gen::OutputMask> mask;
   const auto schema = check_output(opt, tok, info.eos_token);
   const std::vector<int32_t> ends = end_tokens(opt, info.eos_token);
-  if (!opt.reply_opens_with.empty()) json = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, ends);
-  if (opt.format == OutputFormat::JsonObject) json = std::make_unique<gen::JsonMask>(tok, info.vocab_size, ends);
+  if (!opt.reply_opens_with.empty()) mask = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, ends);
+  if (opt.format == OutputFormat::JsonObject) mask = std::make_unique<gen::JsonMask>(tok, info.vocab_size, ends);
   if (opt.format == OutputFormat::JsonSchema)
-    json = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, ends, gen::SchemaRecognizer(schema));
+    mask = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, ends, gen::SchemaRecognizer(schema));
 
   session.reserve(start + int64_t(prompt.size()) + opt.max_tokens);  // no cache growth on the way (backend cuda)
   Sampler sampler(opt.sampling, info.vocab_size);
@@ -156,22 +156,22 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
   auto feed_sample = [&](std::span<const int32_t> tokens) {
     const int64_t from = session.position(), at = from + int64_t(tokens.size()) - 1;
     try {
-      if (!opt.on_logits && !json) return session.forward_sample(tokens, sampler, history);
+      if (!opt.on_logits && !mask) return session.forward_sample(tokens, sampler, history);
       if (!opt.on_logits) {  // the mask built while the GPU runs the pass (the host's: after it), the draw there
         const int32_t id = session.forward_sample_masked(tokens, sampler, history,
-                                                         [&](std::span<uint32_t> bits) { json->allowed(bits); });
-        json->accept(id);
-        if (json->lifted()) json.reset();  // (reply_opens_with, its opening written: the model goes on freely)
+                                                         [&](std::span<uint32_t> bits) { mask->allowed(bits); });
+        mask->accept(id);
+        if (mask->lifted()) mask.reset();  // (reply_opens_with, its opening written: the model goes on freely)
         return id;
       }
       const std::vector<float> logits = session.forward(tokens);
       int32_t id;
-      if (json) {  // (the mask on a copy: on_logits sees the model's own logits)
+      if (mask) {  // (the mask on a copy: on_logits sees the model's own logits)
         std::vector<float> masked = logits;
-        json->apply(masked);
+        mask->apply(masked);
         id = sampler.sample(masked, history);
-        json->accept(id);
-        if (json->lifted()) json.reset();
+        mask->accept(id);
+        if (mask->lifted()) mask.reset();
       } else {
         id = sampler.sample(logits, history);
       }
