@@ -12,7 +12,10 @@
 
 #include "cuda/bench_layers.h"
 #include "cuda_test_util.h"
+#include "json_test_util.h"
 #include "model/model.h"
+#include "plumb/engine.h"
+#include "plumb/text.h"
 
 namespace {
 
@@ -351,6 +354,42 @@ TEST(BenchLayers, ReusesItsFolderAndRefusesAForeignOne) {
   o.dir = foreign2.path().string();
   EXPECT_EQ(plumb::cuda::run_layer_bench(o), 2);
   EXPECT_EQ(slurp(foreign2.path() / "model.safetensors.partial"), "someone else's download");
+}
+
+// What JSON mode's mask costs per decode step at DeepSeek-V4's vocabulary on the GPU, where the row is 129280 logits:
+// generate() on a synthetic 2-layer V4-Flash checkpoint under FAST (random weights, so random tokens) with a synthetic
+// 129K byte-level tokenizer, plain text, JSON mode through Session::forward_sample_masked (the mask built on the host
+// while the pass runs, the draw on the device) and JSON mode on the host path (on_logits: the row downloaded, masked
+// and sampled on the host). A measurement, not a check: --gtest_also_run_disabled_tests
+// --gtest_filter='*JsonModeStepCost*' (writes a ~5 GB checkpoint).
+TEST_F(BenchLayersGpu, DISABLED_JsonModeStepCostAtV4Vocabulary) {
+  TempDir t;
+  LayerBenchOptions o;
+  o.layers = 2;
+  const std::string dir = (t.path() / "ckpt").string();
+  plumb::cuda::write_layer_bench_checkpoint(dir, o, false);
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(
+      plumb::testing::write_byte_level_tokenizer(t.path() / "tok", plumb::testing::synthetic_vocabulary()));
+  plumb::EngineOptions eo;
+  eo.backend = "cuda", eo.patches = "cuda.fast";
+  const auto engine = plumb::Engine::load(dir, eo);
+  std::vector<int32_t> prompt(64);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % 100000);
+  const char* names[] = {"text", "json, mask beside the pass (device draw)", "json, host path (row downloaded)"};
+  for (int round = 0; round < 2; ++round)
+    for (int mode = 0; mode < 3; ++mode) {
+      plumb::GenerateOptions g;
+      g.sampling.seed = 1, g.max_tokens = 96, g.stop_at_eos = false;
+      g.stop_tokens = {tok.token_id("<｜end▁of▁sentence｜>")};
+      if (mode > 0) g.format = plumb::OutputFormat::JsonObject;
+      if (mode == 2) g.on_logits = [](std::span<const float>, int32_t) {};
+      auto s = engine->new_session();
+      const auto r = plumb::generate(*s, tok, prompt, g);
+      const size_t n = r.tokens.size();
+      std::printf("round %d, %-42s %3zu tokens, decode %.3f ms per token\n", round, names[mode], n,
+                  n > 1 ? 1e3 * r.decode_seconds / double(n - 1) : 0.0);
+      EXPECT_GT(n, 1u);
+    }
 }
 
 }  // namespace
