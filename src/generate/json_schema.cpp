@@ -126,6 +126,9 @@ std::string int_bound(const json& v, bool up, const std::string& where) {
   if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
   const double x = v.get<double>();
   PLUMB_CHECK(std::isfinite(x), "JSON schema: {} must be a finite number", where);
+  // (a literal past 64 bits reaches here as a double, rounded: Python's jsonschema would compare its exact digits)
+  PLUMB_CHECK(std::fabs(x) < 9007199254740992.0, "JSON schema: {} is {}, a bound beyond 2^53 not written as a 64-bit "
+              "integer, which plumb cannot read exactly", where, v.dump());
   std::string t = fmt::format("{:.0f}", up ? std::ceil(x) : std::floor(x));
   return t == "-0" ? "0" : t;
 }
@@ -240,6 +243,10 @@ struct JsonSchema::Compiler {
     }
     PLUMB_CHECK(n->int_lo.empty() || n->int_hi.empty() || compare_int(n->int_lo, n->int_hi) <= 0,
                 "JSON schema: no integer lies within the bounds at {} ({} to {})", where, n->int_lo, n->int_hi);
+    // (numbers are at most JsonRecognizer::kMaxNumber bytes: 64 digits, or a sign and 63)
+    const std::string most(size_t(JsonRecognizer::kMaxNumber), '9'), least = "-" + most.substr(1);
+    PLUMB_CHECK((n->int_lo.empty() || compare_int(n->int_lo, most) <= 0) && (n->int_hi.empty() || compare_int(n->int_hi, least) >= 0),
+                "JSON schema: no integer within the bounds at {} fits in {} bytes", where, JsonRecognizer::kMaxNumber);
   }
 
   void fill(SchemaNode* n, const json& j, const std::string& where) {
@@ -508,11 +515,13 @@ bool SchemaRecognizer::between_string_chars() const {
   return true;
 }
 
+// (a property whose schema has no finite instance is never begun: its value could not be written)
 bool SchemaRecognizer::key_prefix_ok(const Alt& a) const {
   const SchemaNode* n = a.top->node;
-  if (n->additional) return true;
+  if (n->additional && n->additional->sat) return true;
   for (size_t i = 0; i < n->props.size(); ++i)
-    if (!((a.top->seen >> i) & 1) && n->props[i].first.compare(0, a.text.size(), a.text) == 0) return true;
+    if (!((a.top->seen >> i) & 1) && n->props[i].second->sat && n->props[i].first.compare(0, a.text.size(), a.text) == 0)
+      return true;
   return false;
 }
 
@@ -627,8 +636,8 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
     case JsonEvent::Comma: {
       const Frame& f = *b.top;
       if (f.object) {  // (a key must be able to follow)
-        bool more = f.node->additional != nullptr;
-        for (size_t i = 0; i < f.node->props.size() && !more; ++i) more = !((f.seen >> i) & 1);
+        bool more = f.node->additional && f.node->additional->sat;
+        for (size_t i = 0; i < f.node->props.size() && !more; ++i) more = !((f.seen >> i) & 1) && f.node->props[i].second->sat;
         if (!more) return;
         b.phase = Alt::Key;
       } else {
@@ -654,11 +663,11 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
       const size_t i = n->prop(b.text);
       auto f = std::make_shared<Frame>(*b.top);
       if (i < n->props.size()) {
-        if ((f->seen >> i) & 1) return;  // (a property written twice)
+        if ((f->seen >> i) & 1 || !n->props[i].second->sat) return;  // (a property written twice, or one never begun)
         f->seen |= uint64_t(1) << i;
         b.value = n->props[i].second;
       } else {
-        if (!n->additional) return;
+        if (!n->additional || !n->additional->sat) return;
         b.value = n->additional;
       }
       b.top = std::move(f), b.phase = Alt::Value, b.text.clear();

@@ -204,14 +204,17 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
 // generate()'s output rules (check_output_options), answered before queueing with the request's field: the format's
 // end token and schema (response_format), a stop inside a tool call's opening (stop, or tool_choice for the server's
 // own stop tokens).
-void check_output(const Request& r, const Tokenizer& tok, const Defaults& d) {
+void check_output(const json& body, const Request& r, const Tokenizer& tok, const Defaults& d) {
   try {
     check_output_options(r.gen, tok, d.eos_token);
   } catch (const OptionError& e) {
-    if (e.field == "stop_strings") bad_request("stop", fmt::format("stop {} (tool_choice holds the reply to it)", e.rule));
-    if (e.field == "stop_tokens" || e.field == "reply_opens_with")
-      bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stop tokens (--stop-token, "
-                                             "or EOS) {}", e.rule));
+    // (a stop string the request did not send is the server's own --stop: tool_choice is what cannot be held to)
+    if (e.field == "stop_strings" && field(body, "stop"))
+      bad_request("stop", fmt::format("stop {} (tool_choice holds the reply to it)", e.rule));
+    if (e.field == "stop_strings" || e.field == "stop_tokens")
+      bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stops ({}) {}", e.flag,
+                                             e.rule));
+    if (e.field == "reply_opens_with") bad_request("tool_choice", fmt::format("tool_choice {}", e.rule));
     if (e.field == "format")
       bad_request("response_format", fmt::format("response_format {} {} (ignore_eos takes EOS away; the server's "
                                                  "--stop-token gives others)", format_name(r.gen.format), e.rule));
@@ -316,7 +319,7 @@ std::vector<Request> parse_completion(const json& body, const Tokenizer& tok, co
     shared.top_logprobs = int(integer(*v, "logprobs", 0, 20));
   }
   common_fields(body, d, shared);
-  check_output(shared, tok, d);
+  check_output(body, shared, tok, d);
   // (an echoed completion's text is the prompt and then the object: not JSON)
   if (shared.echo && shared.gen.format != OutputFormat::Text)
     bad_request("response_format", fmt::format("response_format {} cannot be combined with echo: the text would start "
@@ -455,7 +458,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     bad_request("response_format", fmt::format("response_format {} cannot be combined with {}: JSON mode holds the whole "
                                                "reply to one JSON object", format_name(r.gen.format),
                                                r.thinking ? "thinking mode" : "tools whose calls are read (tool_choice \"none\" can)"));
-  check_output(r, tok, d);
+  check_output(body, r, tok, d);
   return r;
 }
 
