@@ -509,19 +509,17 @@ bool SchemaRecognizer::between_string_chars() const {
     const Alt& a = alts_[size_t(i)];
     // (plain text may run past maxLength: not free then; minLength only holds the closing quote back, never in it)
     const bool free_value = a.phase == Alt::InScalar && a.value->enum_texts.empty() && a.value->max_length < 0;
-    const bool free_key = a.phase == Alt::InKey && a.top->node->additional;
+    const bool free_key = a.phase == Alt::InKey && a.top->node->takes_other_keys();
     if (!free_value && !free_key) return false;
   }
   return true;
 }
 
-// (a property whose schema has no finite instance is never begun: its value could not be written)
 bool SchemaRecognizer::key_prefix_ok(const Alt& a) const {
   const SchemaNode* n = a.top->node;
-  if (n->additional && n->additional->sat) return true;
+  if (n->takes_other_keys()) return true;
   for (size_t i = 0; i < n->props.size(); ++i)
-    if (!((a.top->seen >> i) & 1) && n->props[i].second->sat && n->props[i].first.compare(0, a.text.size(), a.text) == 0)
-      return true;
+    if (n->takes_prop(i, a.top->seen) && n->props[i].first.compare(0, a.text.size(), a.text) == 0) return true;
   return false;
 }
 
@@ -608,7 +606,7 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
   Alt b = a;
   if (ev.number_end) {  // (the number this byte ended; the byte itself is what follows it)
     if (!end_scalar(b)) return;
-    b.phase = Alt::After, b.clear_scalar(), b.value = nullptr, b.kind = JsonEvent::String;
+    b.after_value();
   }
   switch (ev.what) {
     case JsonEvent::None:
@@ -624,20 +622,21 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
     case JsonEvent::ScalarEnd:
       if (!scalar_byte(b, c) || !end_scalar(b)) return;
       if (b.kind == JsonEvent::String && b.chars < b.value->min_length) return;  // (the closing quote, too soon)
-      b.phase = Alt::After, b.clear_scalar(), b.value = nullptr, b.kind = JsonEvent::String;
+      b.after_value();
       return add(std::move(b));
     case JsonEvent::Close: {
       const Frame& f = *b.top;
       if (f.object && (f.seen & f.node->required) != f.node->required) return;  // a required property is missing
       if (!f.object && f.count < f.node->min_items) return;
-      b.top = f.parent, b.phase = Alt::After, b.value = nullptr, b.kind = JsonEvent::String;
+      b.top = f.parent;
+      b.after_value();
       return add(std::move(b));
     }
     case JsonEvent::Comma: {
       const Frame& f = *b.top;
       if (f.object) {  // (a key must be able to follow)
-        bool more = f.node->additional && f.node->additional->sat;
-        for (size_t i = 0; i < f.node->props.size() && !more; ++i) more = !((f.seen >> i) & 1) && f.node->props[i].second->sat;
+        bool more = f.node->takes_other_keys();
+        for (size_t i = 0; i < f.node->props.size() && !more; ++i) more = f.node->takes_prop(i, f.seen);
         if (!more) return;
         b.phase = Alt::Key;
       } else {
@@ -663,11 +662,11 @@ void SchemaRecognizer::step(const Alt& a, uint8_t c, const JsonEvent& ev, Alts& 
       const size_t i = n->prop(b.text);
       auto f = std::make_shared<Frame>(*b.top);
       if (i < n->props.size()) {
-        if ((f->seen >> i) & 1 || !n->props[i].second->sat) return;  // (a property written twice, or one never begun)
+        if (!n->takes_prop(i, f->seen)) return;  // (a property written twice, or one whose value could not be)
         f->seen |= uint64_t(1) << i;
         b.value = n->props[i].second;
       } else {
-        if (!n->additional || !n->additional->sat) return;
+        if (!n->takes_other_keys()) return;
         b.value = n->additional;
       }
       b.top = std::move(f), b.phase = Alt::Value, b.text.clear();
@@ -698,9 +697,7 @@ void SchemaRecognizer::begin_value(Alt b, uint8_t c, const JsonEvent& ev, Alts& 
     } else {
       x.phase = Alt::InScalar, x.value = n, x.kind = ev.kind;
       x.clear_scalar();
-      if (!n->enum_texts.empty() || (ev.kind == JsonEvent::Number && n->int_bounded())) x.text = std::string(1, char(c));
-      if (ev.kind == JsonEvent::Number && n->enum_texts.empty() && !number_may_go_on(n, x.text)) continue;
-      if (!n->enum_texts.empty() && !prefix_of_one(n->enum_texts, x.text)) continue;
+      if (!scalar_byte(x, c)) continue;  // (its first byte: an enum's text, an integer's bounds)
     }
     push(out, m, std::move(x));
   }

@@ -43,6 +43,10 @@ struct SchemaNode {
     while (i < props.size() && props[i].first != key) ++i;
     return i;
   }
+  // What keys an object of this node can still take (after `seen`, its properties written): property i, or another key
+  // (additional), only where its value can be written (a schema with a finite instance), or the value could not be.
+  bool takes_prop(size_t i, uint64_t seen) const { return !((seen >> i) & 1) && props[i].second->sat; }
+  bool takes_other_keys() const { return additional && additional->sat; }
 };
 
 // A compiled schema. Supported: type (one or an array), properties, required, additionalProperties (true, false or a
@@ -111,6 +115,8 @@ class SchemaRecognizer {
     bool pending = false;  // at maxLength, an escape that must be that high surrogate's low half (string_byte)
     static constexpr uint8_t kAfterBackslash = 5;
     void clear_scalar() { text.clear(), chars = 0, esc = 0, u = 0, high = false, pending = false; }
+    // A value of the container has ended (a scalar's last byte, a container's close).
+    void after_value() { phase = After, clear_scalar(), value = nullptr, kind = JsonEvent::String; }
     bool operator==(const Alt& o) const;
   };
   using Alts = std::array<Alt, kMaxAlternatives>;

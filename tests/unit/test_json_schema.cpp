@@ -336,6 +336,26 @@ TEST(JsonSchemaMask, ShortcutsKeepWhatTheDirectCheckKeeps) {
   EXPECT_GT(states, 100);
 }
 
+// Inside a key, the plain-text shortcut holds only where any key may come: not where the other keys' schema has no
+// finite instance (no other key can be written), where the mask must keep what allows() keeps, the properties' names.
+TEST(JsonSchemaMask, KeysAreFreeOnlyWhereAnotherKeyCanBeWritten) {
+  const auto dir = std::filesystem::temp_directory_path() / ("plumb_schema_keys_" + std::to_string(::getpid()));
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(write_byte_level_tokenizer(dir, {"{\"", "zz", "ab", "a", "\":"}));
+  std::filesystem::remove_all(dir);
+  const int32_t vocab = tok.vocab_size(), eos = tok.token_id("<｜end▁of▁sentence｜>");
+  const json schema = json::parse(R"({"type": "object", "properties": {"ab": {"type": "integer"}},
+    "additionalProperties": {"$ref": "#/$defs/Loop"},
+    "$defs": {"Loop": {"type": "object", "required": ["x"], "properties": {"x": {"$ref": "#/$defs/Loop"}}}}})");
+  plumb::gen::SchemaMask mask(tok, vocab, {eos}, recognizer(schema));
+  mask.accept(tok.token_id("{\""));
+  std::vector<float> l(static_cast<size_t>(vocab), 0.0f);
+  mask.apply(l);
+  for (int32_t id = 0; id < vocab; ++id)
+    EXPECT_EQ(std::isfinite(l[size_t(id)]), mask.allows(id)) << "token '" << tok.token_bytes(id) << "' inside a key";
+  EXPECT_TRUE(mask.allows(tok.token_id("ab")));
+  EXPECT_FALSE(mask.allows(tok.token_id("zz")));
+}
+
 // What a step's mask costs over a schema at DeepSeek-V4's vocabulary size (a measurement: disabled; run it with
 // `build/tests/plumb_tests --gtest_also_run_disabled_tests --gtest_filter='*SchemaMaskCost*'`).
 TEST(JsonSchemaMask, DISABLED_SchemaMaskCost) {
