@@ -144,10 +144,6 @@ std::string chat_turn_end();  // <｜end▁of▁sentence｜>
 void require_chat_tokens(const Tokenizer& tok);
 // What opens a DSML tool-call block in a reply (the block: "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=...>...").
 inline constexpr std::string_view kToolCallsOpen = "<｜DSML｜tool_calls>";
-// What a reply whose content is empty begins with when it calls `name` first, as the chat encoder renders such a turn:
-// "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"NAME\">\n" (for GenerateOptions::reply_opens_with: plumb serve's
-// tool_choice "required" or a named function).
-std::string tool_call_opening(std::string_view name);
 // Splits a thinking-mode reply "reasoning</think>content" (no </think>: all reasoning if `thinking`), and takes a
 // complete DSML tool-call block at the end of the content into tool_calls (ids left empty; the content keeps what came
 // before the block). A block that is cut off or malformed stays in the content, as text. `text` must hold the special
@@ -232,17 +228,31 @@ class Sampler {
 // enum / const of scalars, anyOf / oneOf, $ref to $defs);
 // any other constraint keyword is refused (plumb::Error naming it, before the session is touched). Keys are written as
 // the schema spells them, enum values as JSON writes them compactly.
-enum class OutputFormat { Text, JsonObject, JsonSchema };
+// ToolCalls (plumb serve's tool_choice "required" or a named function): the reply is one DSML tool-call block as
+// DeepSeek-V4's chat encoder renders an assistant turn's calls (the reply's content empty; parse_reply reads it back),
+// each invoke naming one of GenerateOptions::tool_calls' functions and its parameters an instance of that function's
+// `parameters` schema (the subset above; string parameters as raw text with string="true", the others as JSON with
+// string="false"), then the end. A tool whose parameters fall outside the subset has its arguments held to a JSON
+// object only (a notice says so), unless the tool says "strict": true (refused then). Masked as JSON mode is; the block
+// is whole unless a limit cuts it first.
+enum class OutputFormat { Text, JsonObject, JsonSchema, ToolCalls };
+// OutputFormat::ToolCalls' functions.
+struct ToolCallOptions {
+  std::string tools;               // OpenAI's tools array (JSON text), as the prompt renders them (ChatOptions::tools)
+  std::vector<std::string> names;  // the functions the block may call (empty: any of the tools)
+  bool parallel = true;            // more than one call in the block (OpenAI's parallel_tool_calls)
+};
 // Compiles a schema as OutputFormat::JsonSchema would: throws plumb::Error naming what it does not support (a front end
 // checks a request's schema before queueing it).
 void check_json_schema(std::string_view schema);
 struct GenerateOptions;
 // The output options' rules that need the tokenizer and the model's EOS (`eos_token`, -1 if none), which generate()
 // checks before feeding anything (a front end may check first, as plumb serve does to answer 400 before queueing):
-//  - JsonObject / JsonSchema: a token that ends the object (a stop token, or EOS while stop_at_eos) -> "format";
+//  - JsonObject / JsonSchema / ToolCalls: a token that ends the output (a stop token, or EOS while stop_at_eos) -> "format";
 //    JsonSchema: the schema given, compiled (check_json_schema's errors), a byte-level tokenizer -> "json_schema";
-//  - reply_opens_with: a byte-level tokenizer -> "reply_opens_with"; no stop token (EOS too, while stop_at_eos) or
-//    stop string whose text lies inside an opening, which would end the reply before it is whole -> "stop_tokens",
+//  - ToolCalls: the tools compiled (a name missing or not among them, a strict tool's schema) and a byte-level
+//    tokenizer -> "tool_calls"; no stop token (EOS too, while stop_at_eos) or stop string whose text lies inside the
+//    block's fixed text (a function's opening, the tags), which would end every such reply early -> "stop_tokens",
 //    "stop_strings".
 // Throws OptionError naming the field (and the CLI flag that sets it).
 void check_output_options(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token);
@@ -251,11 +261,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   OutputFormat format = OutputFormat::Text;
   std::string json_schema;  // OutputFormat::JsonSchema's schema (JSON text)
-  // When not empty, the reply's text begins with one of these (OutputFormat::Text only): until one is written whole,
-  // each token that would leave them all, and every token without text (EOS, the chat markers), is masked as JSON mode
-  // masks (Session::forward_sample_masked); then the model goes on freely. plumb serve's tool_choice "required" or a
-  // named function: the opening of a DSML call block naming the function(s).
-  std::vector<std::string> reply_opens_with;
+  ToolCallOptions tool_calls;  // OutputFormat::ToolCalls' functions
   int max_tokens = 256;                   // sampled tokens, a final stop token included
   std::vector<std::string> stop_strings;  // matched on the decoded text, across token boundaries
   std::vector<int32_t> stop_tokens;       // more stop tokens (EOS stops already, see stop_at_eos); not emitted

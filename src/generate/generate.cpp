@@ -5,9 +5,10 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/notice.h"
 #include "generate/json_mode.h"
 #include "generate/json_schema.h"
-#include "generate/opening_mask.h"
+#include "generate/tool_call_mask.h"
 #include "plumb/text.h"
 
 namespace plumb {
@@ -51,53 +52,66 @@ void check_json_schema(std::string_view schema) { gen::JsonSchema::compile(schem
 
 namespace {
 
-// (The mask writes the openings byte by byte where it must, so it needs a tokenizer's bytes as decode writes them, and
-// no end inside them: a stop token or string there would end the reply before the opening is whole, and keeping a
-// stop token out could leave no way on.)
-void check_reply_openings(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
-  if (opt.reply_opens_with.empty()) return;
+// What check_output compiled, for generate()'s mask.
+struct CompiledOutput {
+  std::shared_ptr<const gen::JsonSchema> schema;    // JsonSchema
+  std::shared_ptr<const gen::ToolCallSpec> tools;   // ToolCalls
+};
+
+// (The tool-call mask writes the block byte by byte, so it needs a tokenizer's bytes as decode writes them, and no end
+// inside the block's fixed text: a stop token or string there would end every reply before the block is whole, and
+// keeping a stop token out could leave no way on.)
+std::shared_ptr<const gen::ToolCallSpec> check_tool_calls(const GenerateOptions& opt, const Tokenizer& tok,
+                                                          int32_t eos_token) {
   if (tok.spaced_tokens())
-    throw OptionError("reply_opens_with", "tool_choice", fmt::format("needs a byte-level tokenizer: {} puts a space "
-                      "between tokens", tok.path()));
-  for (const std::string& o : opt.reply_opens_with) {
+    throw OptionError("tool_calls", "tool_choice", fmt::format("needs a byte-level tokenizer: {} puts a space between "
+                      "tokens", tok.path()));
+  std::shared_ptr<const gen::ToolCallSpec> spec;
+  try {
+    spec = gen::ToolCallSpec::build(opt.tool_calls.tools, opt.tool_calls.names, opt.tool_calls.parallel);
+  } catch (const Error& e) {
+    throw OptionError("tool_calls", "tool_choice", e.what());
+  }
+  for (const std::string& o : gen::tool_call_fixed_texts(*spec)) {
     for (int32_t id : end_tokens(opt, eos_token)) {
       const std::string b = id >= 0 && id < tok.vocab_size() && !tok.is_added(id) ? tok.token_bytes(id) : std::string();
       if (!b.empty() && o.find(b) != std::string::npos)
-        throw OptionError("stop_tokens", "--stop-token", fmt::format("holds token {} (\"{}\"){}, which is text inside the "
-                          "reply's opening \"{}\": it would end the reply there", id, escape_line(b),
+        throw OptionError("stop_tokens", "--stop-token", fmt::format("holds token {} (\"{}\"){}, which is text inside a "
+                          "tool call's \"{}\": it would end the call there", id, escape_line(b),
                           id == eos_token ? " (the model's EOS)" : "", escape_line(o)));
     }
     for (const std::string& s : opt.stop_strings)
       if (!s.empty() && o.find(s) != std::string::npos)
-        throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside the reply's opening "
-                          "\"{}\": it would end the reply there", escape_line(s), escape_line(o)));
+        throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside a tool call's "
+                          "\"{}\": it would end the call there", escape_line(s), escape_line(o)));
   }
+  return spec;
 }
 
-// check_output_options, returning the compiled schema of OutputFormat::JsonSchema (generate() builds its mask on it).
-std::shared_ptr<const gen::JsonSchema> check_output(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
-  std::shared_ptr<const gen::JsonSchema> schema;
-  if (opt.format != OutputFormat::Text) {
-    const char* flag = opt.format == OutputFormat::JsonObject ? "--json" : "--json-schema";
-    if (end_tokens(opt, eos_token).empty())
-      throw OptionError("format", flag, fmt::format("needs a token that ends the object's text: {} and no stop token is "
-                        "given", eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)"
-                                               : "EOS does not stop (stop_at_eos)"));
-    if (opt.format == OutputFormat::JsonSchema) {
-      if (opt.json_schema.empty()) throw OptionError("json_schema", flag, "is empty: OutputFormat::JsonSchema needs the schema");
-      // (keys and enum values must be written byte by byte; a space between every two tokens would split them)
-      if (tok.spaced_tokens())
-        throw OptionError("json_schema", flag, fmt::format("needs a byte-level tokenizer: {} puts a space between tokens",
-                                                           tok.path()));
-      try {
-        schema = gen::JsonSchema::compile(opt.json_schema);
-      } catch (const Error& e) {
-        throw OptionError("json_schema", flag, e.what());
-      }
+// check_output_options, returning what generate() builds its mask on.
+CompiledOutput check_output(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token) {
+  CompiledOutput out;
+  if (opt.format == OutputFormat::Text) return out;
+  const char* flag = opt.format == OutputFormat::JsonObject ? "--json"
+                     : opt.format == OutputFormat::JsonSchema ? "--json-schema" : "tool_choice";
+  if (end_tokens(opt, eos_token).empty())
+    throw OptionError("format", flag, fmt::format("needs a token that ends {}: {} and no stop token is given",
+                      opt.format == OutputFormat::ToolCalls ? "the call block" : "the object's text",
+                      eos_token < 0 ? "the model names no EOS (eos_token_id in config.json)" : "EOS does not stop (stop_at_eos)"));
+  if (opt.format == OutputFormat::JsonSchema) {
+    if (opt.json_schema.empty()) throw OptionError("json_schema", flag, "is empty: OutputFormat::JsonSchema needs the schema");
+    // (keys and enum values must be written byte by byte; a space between every two tokens would split them)
+    if (tok.spaced_tokens())
+      throw OptionError("json_schema", flag, fmt::format("needs a byte-level tokenizer: {} puts a space between tokens",
+                                                         tok.path()));
+    try {
+      out.schema = gen::JsonSchema::compile(opt.json_schema);
+    } catch (const Error& e) {
+      throw OptionError("json_schema", flag, e.what());
     }
   }
-  check_reply_openings(opt, tok, eos_token);
-  return schema;
+  if (opt.format == OutputFormat::ToolCalls) out.tools = check_tool_calls(opt, tok, eos_token);
+  return out;
 }
 
 }  // namespace
@@ -109,9 +123,6 @@ void check_output_options(const GenerateOptions& opt, const Tokenizer& tok, int3
 void check_generate_options(const GenerateOptions& opt) {
   check_sampling(opt.sampling);
   PLUMB_CHECK(opt.max_tokens >= 1, "max_tokens (--max-tokens) must be at least 1, got {}", opt.max_tokens);
-  PLUMB_CHECK(opt.reply_opens_with.empty() || opt.format == OutputFormat::Text, "reply_opens_with cannot be combined with "
-              "a JSON format (the object is the reply's opening)");
-  for (const std::string& o : opt.reply_opens_with) PLUMB_CHECK(!o.empty(), "reply_opens_with: an empty opening");
 }
 
 GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
@@ -129,14 +140,17 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
                 "the prompt is {} tokens{} but the model's context is {} tokens (max_position_embeddings)",
                 prompt.size(), start ? fmt::format(" after {} tokens already in the session", start) : "", ctx);
 
-  // JSON mode's or the schema's mask (OutputFormat::JsonObject / JsonSchema), or reply_opens_with's
+  // JSON mode's, the schema's or the tool calls' mask (OutputFormat::JsonObject / JsonSchema / ToolCalls)
   std::unique_ptr<gen::OutputMask> mask;
-  const auto schema = check_output(opt, tok, info.eos_token);
+  const CompiledOutput compiled = check_output(opt, tok, info.eos_token);
   const std::vector<int32_t> ends = end_tokens(opt, info.eos_token);
-  if (!opt.reply_opens_with.empty()) mask = std::make_unique<gen::OpeningMask>(tok, info.vocab_size, opt.reply_opens_with, ends);
   if (opt.format == OutputFormat::JsonObject) mask = std::make_unique<gen::JsonMask>(tok, info.vocab_size, ends);
   if (opt.format == OutputFormat::JsonSchema)
-    mask = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, ends, gen::SchemaRecognizer(schema));
+    mask = std::make_unique<gen::SchemaMask>(tok, info.vocab_size, ends, gen::SchemaRecognizer(compiled.schema));
+  if (opt.format == OutputFormat::ToolCalls) {
+    for (const std::string& line : compiled.tools->loose) notice(line);
+    mask = gen::tool_call_mask(tok, info.vocab_size, ends, compiled.tools);
+  }
 
   session.reserve(start + int64_t(prompt.size()) + opt.max_tokens);  // no cache growth on the way (backend cuda)
   Sampler sampler(opt.sampling, info.vocab_size);
@@ -161,7 +175,6 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
         const int32_t id = session.forward_sample_masked(tokens, sampler, history,
                                                          [&](std::span<uint32_t> bits) { mask->allowed(bits); });
         mask->accept(id);
-        if (mask->lifted()) mask.reset();  // (reply_opens_with, its opening written: the model goes on freely)
         return id;
       }
       const std::vector<float> logits = session.forward(tokens);
@@ -171,7 +184,6 @@ GenerateResult generate(Session& session, const Tokenizer& tok, std::span<const 
         mask->apply(masked);
         id = sampler.sample(masked, history);
         mask->accept(id);
-        if (mask->lifted()) mask.reset();
       } else {
         id = sampler.sample(logits, history);
       }

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "generate/json_schema.h"
+#include "generate/tool_call_mask.h"
 #include "generate/token_bits.h"
 #include "generate/tokenizer_cache.h"
 #include "plumb/text.h"
@@ -212,20 +213,26 @@ bool JsonRecognizer::number_byte(uint8_t c) {
   return structural(c);
 }
 
-std::shared_ptr<const TokenTables> TokenTables::of(const Tokenizer& tok, int32_t vocab) {
-  return TokenizerCache::get_as<TokenTables>(tok, fmt::format("json-mode tables, vocabulary {}", vocab), [&] {
+std::shared_ptr<const TokenTables> TokenTables::of(const Tokenizer& tok, int32_t vocab, std::string_view added_name,
+                                                   const std::function<bool(std::string_view)>& added_as_text) {
+  const std::string key = fmt::format("json-mode tables, vocabulary {}{}{}", vocab, added_name.empty() ? "" : ", added text: ",
+                                      added_name);
+  return TokenizerCache::get_as<TokenTables>(tok, key, [&] {
     auto t = std::make_shared<TokenTables>();
     t->bytes.resize(size_t(vocab));
     t->spaced = tok.spaced_tokens();
     const int32_t known = std::min(vocab, tok.vocab_size());
     for (int32_t id = 0; id < known; ++id) {
-      // Chat markers (added tokens, special or not) are never text of the object.
-      if (tok.is_added(id)) continue;
+      // Chat markers (added tokens, special or not) are never text of the object, but for those asked for.
       std::string& b = t->bytes[size_t(id)];
       b = tok.token_bytes(id);
+      if (tok.is_added(id) && !(added_as_text && !b.empty() && added_as_text(b))) {
+        b.clear();
+        continue;
+      }
       if (b.empty()) continue;
       if (b.size() == 1) t->one_byte[uint8_t(b[0])].push_back(id);
-      (plain_string_text(b) ? t->plain : t->not_plain).push_back(id);
+      (!plain_string_text(b) ? t->not_plain : b.find('\\') != std::string::npos ? t->plain_escaped : t->plain).push_back(id);
     }
     // (a counting sort of the longer tokens by their first two bytes)
     auto key = [&](int32_t id) { return size_t(uint8_t(t->bytes[size_t(id)][0])) * 256 + uint8_t(t->bytes[size_t(id)][1]); };
@@ -242,8 +249,9 @@ std::shared_ptr<const TokenTables> TokenTables::of(const Tokenizer& tok, int32_t
 }
 
 template <class R>
-TokenMask<R>::TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start)
-    : t_(TokenTables::of(tok, vocab)), is_end_(size_t(vocab), 0), state_(std::move(start)) {
+TokenMask<R>::TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start,
+                        std::shared_ptr<const TokenTables> tables)
+    : t_(tables ? std::move(tables) : TokenTables::of(tok, vocab)), is_end_(size_t(vocab), 0), state_(std::move(start)) {
   PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
   for (int32_t id : ends) {
     PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
@@ -293,8 +301,21 @@ void TokenMask<R>::allowed(std::span<uint32_t> bits) const {
   } else if (s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
     for (int32_t id : t.plain) keep(size_t(id));
     kept += t.plain.size();
+    bool escapes = true;
+    if constexpr (requires { s.escapes_pass(); }) escapes = s.escapes_pass();
+    for (int32_t id : t.plain_escaped)
+      if (escapes || passes(id, s)) keep(size_t(id)), ++kept;
     for (int32_t id : t.not_plain)
       if (passes(id, s)) keep(size_t(id)), ++kept;
+    int first = -1;
+    if constexpr (requires { s.recheck_first_byte(); }) first = s.recheck_first_byte();
+    if (first >= 0) {  // (the tokens that begin with that byte, tried after all: one of the buckets below)
+      auto recheck = [&](int32_t id) {
+        if (token_bit(bits, size_t(id)) && !passes(id, s)) clear_token_bit(bits, size_t(id)), --kept;
+      };
+      for (int32_t id : t.one_byte[size_t(first)]) recheck(id);
+      for (uint32_t i = t.two_at[size_t(first) * 256]; i < t.two_at[size_t(first) * 256 + 256]; ++i) recheck(t.two_ids[i]);
+    }
   } else {
     // Only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536 pairs:
     // after a value, the many tokens " word" stop at their second byte without being tried).
@@ -333,5 +354,6 @@ void TokenMask<R>::accept(int32_t id) {
 
 template class TokenMask<JsonRecognizer>;
 template class TokenMask<SchemaRecognizer>;
+template class TokenMask<ToolCallRecognizer>;
 
 }  // namespace plumb::gen

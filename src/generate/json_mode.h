@@ -4,9 +4,11 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace plumb {
@@ -105,8 +107,6 @@ class OutputMask {
   // The sampled token: its bytes go to the recognizer. Throws plumb::Error for a token allows() refuses.
   virtual void accept(int32_t id) = 0;
   virtual bool complete() const = 0;
-  // Every token passes from here on (OpeningMask, once its opening is written): generate() stops masking.
-  virtual bool lifted() const { return false; }
   virtual size_t vocab() const = 0;  // the logits per row it masks
 };
 
@@ -115,20 +115,27 @@ class OutputMask {
 // (its decode; empty: never passes: added tokens, ids the tokenizer does not know, tokens that decode to nothing) and
 // the two shortcuts' lists.
 struct TokenTables {
-  static std::shared_ptr<const TokenTables> of(const Tokenizer& tok, int32_t vocab);
+  // added_as_text (named `added_name` in the cache's key; empty: none, as JSON mode has it): the added tokens whose text
+  // the output may hold as they are (the tool-call block's DSML tags, where a tokenizer makes them added tokens).
+  static std::shared_ptr<const TokenTables> of(const Tokenizer& tok, int32_t vocab, std::string_view added_name = {},
+                                               const std::function<bool(std::string_view)>& added_as_text = {});
   std::vector<std::string> bytes;  // per id of the model's vocabulary
   // Outside strings the tokens are tried by their first two bytes: the one-byte tokens per byte, and the longer ones
   // grouped by their first two bytes (ids in two_ids[two_at[k] .. two_at[k + 1]) for k = 256 * first + second).
   std::array<std::vector<int32_t>, 256> one_byte;
   std::vector<int32_t> two_ids;
   std::vector<uint32_t> two_at;
-  // Inside a string most tokens are plain text, which passes whatever it says: those ids, and the others to try.
-  std::vector<int32_t> plain, not_plain;
+  // Inside a string most tokens are plain text, which passes whatever it says: those ids (plain_escaped: the plain ones
+  // that hold a backslash escape, which a DSML key cannot), and the others to try.
+  std::vector<int32_t> plain, plain_escaped, not_plain;
   bool spaced = false;  // a tokenizer without a byte-level decoder puts a space between tokens
 };
 
-// The mask for one generation over a recognizer R (JsonRecognizer; SchemaRecognizer, json_schema.h): the bytes each
-// token adds to the output (its decode), and R's state for what was sampled so far. Added tokens (special or not:
+// The mask for one generation over a recognizer R (JsonRecognizer; SchemaRecognizer, json_schema.h; ToolCallRecognizer,
+// tool_call_mask.h): the bytes each
+// token adds to the output (its decode), and R's state for what was sampled so far. Where R's between_string_chars()
+// holds, the plain tokens pass untried; an R may narrow that with escapes_pass() (false: the plain tokens with an
+// escape are tried) and recheck_first_byte() (a byte: the plain tokens that begin with it are tried). Added tokens (special or not:
 // DeepSeek's chat markers), ids the tokenizer does not know and tokens that decode to nothing never pass; the end
 // tokens (EOS, the stop tokens) pass only once the value is complete, and then nothing else does.
 template <class R>
@@ -136,7 +143,9 @@ class TokenMask final : public OutputMask {
  public:
   // vocab: the model's (its logits per row; ids past the tokenizer's never pass). ends: the tokens that end the
   // generation; at least one (generate() refuses JSON mode without one). start: R's state before the first byte.
-  TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start = R());
+  // tables: TokenTables::of(tok, vocab) when null.
+  TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start = R(),
+            std::shared_ptr<const TokenTables> tables = nullptr);
   void allowed(std::span<uint32_t> bits) const override;
   bool allows(int32_t id) const override;
   void accept(int32_t id) override;

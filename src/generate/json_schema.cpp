@@ -498,7 +498,8 @@ bool SchemaRecognizer::feed(uint8_t c) {
   for (int i = 0; i < n_; ++i) step(alts_[size_t(i)], c, syntax.event(), out, m);
   if (m == 0) return false;
   syntax_ = syntax;
-  alts_ = std::move(out);
+  std::move(out.begin(), out.begin() + m, alts_.begin());
+  for (int i = m; i < n_; ++i) alts_[size_t(i)] = Alt{};
   n_ = m;
   return true;
 }

@@ -2,6 +2,7 @@
 // byte-level recognizer can hold generation to, and that recognizer (JsonRecognizer's syntax plus the schema's
 // constraints), which json_mode.h's token mask runs like JSON mode's.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -85,6 +86,20 @@ class SchemaRecognizer {
   static constexpr int kMaxAlternatives = 8;
   SchemaRecognizer() = default;  // (no schema: takes nothing; JsonMask's default state)
   explicit SchemaRecognizer(std::shared_ptr<const JsonSchema> schema);
+  // (copies take the live alternatives only: a mask copies the state for every token it tries)
+  SchemaRecognizer(const SchemaRecognizer& o) : schema_(o.schema_), syntax_(o.syntax_), n_(o.n_) {
+    std::copy_n(o.alts_.begin(), n_, alts_.begin());
+  }
+  SchemaRecognizer& operator=(const SchemaRecognizer& o) {
+    if (this == &o) return *this;
+    schema_ = o.schema_, syntax_ = o.syntax_;
+    std::copy_n(o.alts_.begin(), o.n_, alts_.begin());
+    for (int i = o.n_; i < n_; ++i) alts_[size_t(i)] = Alt{};
+    n_ = o.n_;
+    return *this;
+  }
+  SchemaRecognizer(SchemaRecognizer&&) = default;
+  SchemaRecognizer& operator=(SchemaRecognizer&&) = default;
   bool feed(uint8_t c);
   bool feed(std::string_view bytes);
   bool complete() const { return syntax_.complete() && n_ > 0; }
@@ -92,6 +107,7 @@ class SchemaRecognizer {
   // where plain text passes (the mask's shortcut).
   bool between_string_chars() const;
   bool in_string() const { return syntax_.in_string(); }
+  int depth() const { return syntax_.depth(); }  // the containers open
 
   struct Frame;  // an open container, shared by the states that hold it
 

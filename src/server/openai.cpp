@@ -202,8 +202,8 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
 }
 
 // generate()'s output rules (check_output_options), answered before queueing with the request's field: the format's
-// end token and schema (response_format), a stop inside a tool call's opening (stop, or tool_choice for the server's
-// own stop tokens).
+// end token and schema (response_format, or tool_choice's), a tool that cannot be called (tools), a stop inside a tool
+// call's fixed text (stop, or tool_choice for the server's own stops).
 void check_output(const json& body, const Request& r, const Tokenizer& tok, const Defaults& d) {
   try {
     check_output_options(r.gen, tok, d.eos_token);
@@ -214,10 +214,12 @@ void check_output(const json& body, const Request& r, const Tokenizer& tok, cons
     if (e.field == "stop_strings" || e.field == "stop_tokens")
       bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stops ({}) {}", e.flag,
                                              e.rule));
-    if (e.field == "reply_opens_with") bad_request("tool_choice", fmt::format("tool_choice {}", e.rule));
+    if (e.field == "tool_calls") bad_request("tools", e.rule);  // (a tool that cannot be called: tools[i] named)
     if (e.field == "format")
-      bad_request("response_format", fmt::format("response_format {} {} (ignore_eos takes EOS away; the server's "
-                                                 "--stop-token gives others)", format_name(r.gen.format), e.rule));
+      bad_request(r.gen.format == OutputFormat::ToolCalls ? "tool_choice" : "response_format",
+                  fmt::format("{} {} (ignore_eos takes EOS away; the server's --stop-token gives others)",
+                              r.gen.format == OutputFormat::ToolCalls ? "tool_choice" : "response_format " + std::string(format_name(r.gen.format)),
+                              e.rule));
     bad_request("response_format", e.rule);
   }
 }
@@ -392,8 +394,8 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
   }
   // Tools: rendered into the prompt; with tool_choice "auto" (the default) the reply is read for calls, with "none" it
   // is not (the prompt stays the same either way, as vLLM renders it, so the cache and the reasoning kept do too);
-  // "required" or a named function hold the reply to open a call block naming one of the tools, or that function
-  // (GenerateOptions::reply_opens_with), and read it.
+  // "required" or a named function hold the reply to a call block calling the tools, or that function, with arguments
+  // their parameters allow (OutputFormat::ToolCalls), and read it.
   if (const json* t = field(body, "tools")) {
     if (!t->is_array()) bad_request("tools", fmt::format("tools must be an array, got {}", t->type_name()));
     std::string choice = "auto", named;
@@ -419,15 +421,19 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     if (choice == "required" || choice == "named") {
       if (r.thinking)
         bad_request("tool_choice", "tool_choice \"required\" or a named function cannot be combined with thinking mode "
-                    "(plumb holds the reply's opening to the call, where the reasoning would come first)");
+                    "(plumb holds the whole reply to the call block, where the reasoning would come first)");
+      bool found = choice == "required";
       for (const json& tool : *t) {  // (a tool without a name is the encoder's error, below, naming it)
         const json* f = tool.is_object() ? field(tool, "function") : nullptr;
         const json* n = f && f->is_object() ? field(*f, "name") : nullptr;
-        if (n && n->is_string() && (choice == "required" || *n == named))
-          r.gen.reply_opens_with.push_back(tool_call_opening(n->get<std::string>()));
+        found = found || (n && *n == named);
       }
-      if (choice == "named" && r.gen.reply_opens_with.empty())
+      if (!found)
         bad_request("tool_choice", fmt::format("tool_choice names function \"{}\", which is not among the tools", named));
+      r.gen.format = OutputFormat::ToolCalls;
+      r.gen.tool_calls.tools = t->dump();
+      if (choice == "named") r.gen.tool_calls.names = {named};
+      r.gen.tool_calls.parallel = boolean(body, "parallel_tool_calls", true);
     }
   } else if (field(body, "tool_choice")) {
     bad_request("tool_choice", "tool_choice needs tools");
@@ -454,7 +460,8 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
   if (r.tools) r.gen.skip_special = false;  // (the reply is parsed for DSML markup: keep every string the model wrote)
   // JSON mode masks the reply from its first token: a thinking reply's reasoning, or a tool-call block, could not be
   // written. (With tool_choice "none" the tools are only in the prompt: JSON mode applies.)
-  if (r.gen.format != OutputFormat::Text && (r.thinking || r.tools))
+  // (response_format, read after the tools, replaced ToolCalls by a JSON format: refused here as with "auto")
+  if (r.gen.format != OutputFormat::Text && r.gen.format != OutputFormat::ToolCalls && (r.thinking || r.tools))
     bad_request("response_format", fmt::format("response_format {} cannot be combined with {}: JSON mode holds the whole "
                                                "reply to one JSON object", format_name(r.gen.format),
                                                r.thinking ? "thinking mode" : "tools whose calls are read (tool_choice \"none\" can)"));

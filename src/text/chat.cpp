@@ -192,7 +192,6 @@ void require_chat_tokens(const Tokenizer& tok) {
                 "format (use raw prompts)", tok.path(), t);
 }
 
-std::string tool_call_opening(std::string_view name) { return dsml::call_opening(name); }
 
 ChatMessage parse_reply(std::string_view text, bool thinking) {
   ChatMessage m("assistant", "");

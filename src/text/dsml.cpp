@@ -45,11 +45,6 @@ constexpr std::string_view kToolsTail = R"(
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 )";
 
-constexpr std::string_view kInvokeOpen = "<｜DSML｜invoke name=\"";
-constexpr std::string_view kInvokeClose = "</｜DSML｜invoke>";
-constexpr std::string_view kParamOpen = "<｜DSML｜parameter name=\"";
-constexpr std::string_view kParamClose = "</｜DSML｜parameter>";
-
 std::string scalar(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 // A float as Python's repr writes it: the shortest digits that read back the same, in positional notation for decimal

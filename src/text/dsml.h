@@ -15,6 +15,10 @@ namespace plumb::dsml {
 
 inline constexpr std::string_view kCallsOpen = kToolCallsOpen;
 inline constexpr std::string_view kCallsClose = "</｜DSML｜tool_calls>";
+inline constexpr std::string_view kInvokeOpen = "<｜DSML｜invoke name=\"";
+inline constexpr std::string_view kInvokeClose = "</｜DSML｜invoke>";
+inline constexpr std::string_view kParamOpen = "<｜DSML｜parameter name=\"";
+inline constexpr std::string_view kParamClose = "</｜DSML｜parameter>";
 
 // `j` as Python's json.dumps(j, ensure_ascii=False) writes it (key order kept).
 std::string python_json(const nlohmann::ordered_json& j);

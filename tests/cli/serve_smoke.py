@@ -111,12 +111,18 @@ status, _, body = request(port, "/v1/chat/completions", {"tools": tools, "max_to
 msg = json.loads(body)["choices"][0]["message"] if status == 200 else {}
 check(status == 200 and (isinstance(msg.get("content"), str) or msg.get("tool_calls")),
       f"a chat with tools and a tool's result: {status} {str(msg)[:60]}")
-status, _, body = request(port, "/v1/chat/completions", {"tools": tools, "tool_choice": "required", "max_tokens": 60,
+# tool_choice "required": the reply is the whole call block (a tool without parameters: its call is fixed text);
+# parallel_tool_calls false, as the bundled model, never trained on calls, would go on calling.
+closed = [{"type": "function", "function": {"name": "now", "description": "The time.",
+                                            "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}]
+status, _, body = request(port, "/v1/chat/completions", {"tools": closed, "tool_choice": "required", "max_tokens": 200,
+                                                        "parallel_tool_calls": False,
                                                         "messages": [{"role": "user", "content": "Time?"}]})
-msg = json.loads(body)["choices"][0]["message"] if status == 200 else {}
-opening = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="now">\n'
-check(status == 200 and ((msg.get("content") or "").startswith(opening) or msg.get("tool_calls")),
-      f"tool_choice required: the reply opens a call of the tool: {status} {str(msg)[:70]!r}")
+choice = json.loads(body)["choices"][0] if status == 200 else {}
+calls = choice.get("message", {}).get("tool_calls") or []
+check(status == 200 and choice.get("finish_reason") == "tool_calls" and len(calls) == 1 and
+      calls[0]["function"]["name"] == "now" and json.loads(calls[0]["function"]["arguments"]) == {},
+      f"tool_choice required: the reply is a call of the tool: {status} {str(choice.get('message'))[:90]!r}")
 status, _, body = request(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "A cat, as JSON."}],
                                                         "response_format": {"type": "json_object"}, "max_tokens": 16})
 text = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else ""

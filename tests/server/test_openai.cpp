@@ -371,23 +371,39 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_EQ(r.prompt, tok.encode(encode_chat(tt.chat, tt.options)));
   EXPECT_TRUE(r.tools);
   EXPECT_FALSE(r.gen.skip_special);
-  EXPECT_TRUE(r.gen.reply_opens_with.empty());
+  EXPECT_EQ(r.gen.format, OutputFormat::Text);
   const Request none = parse_chat(json{{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}, tok, tiny_defaults());
   EXPECT_EQ(none.prompt, r.prompt);  // (the same prompt, as vLLM renders it; the reply is not read for calls)
   EXPECT_FALSE(none.tools);
   EXPECT_TRUE(none.gen.skip_special);
-  // "required": the reply opens a call of one of the tools; a named function: of that one. The prompt stays.
+  // "required": the reply is a call block of the tools; a named function: of that one; parallel_tool_calls. The
+  // prompt stays.
   json two = tools;
   two.push_back({{"type", "function"}, {"function", {{"name", "weather"}, {"parameters", {{"type", "object"}}}}}});
   const Request req = parse_chat(json{{"messages", msgs}, {"tools", two}, {"tool_choice", "required"}}, tok, tiny_defaults());
   EXPECT_TRUE(req.tools);
-  EXPECT_EQ(req.gen.reply_opens_with, (std::vector<std::string>{"\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n",
-                                                               "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"weather\">\n"}));
-  const Request named = parse_chat(json{{"messages", msgs}, {"tools", two},
+  EXPECT_EQ(req.gen.format, OutputFormat::ToolCalls);
+  EXPECT_EQ(json::parse(req.gen.tool_calls.tools), two);
+  EXPECT_TRUE(req.gen.tool_calls.names.empty());
+  EXPECT_TRUE(req.gen.tool_calls.parallel);
+  const Request named = parse_chat(json{{"messages", msgs}, {"tools", two}, {"parallel_tool_calls", false},
                                         {"tool_choice", {{"type", "function"}, {"function", {{"name", "weather"}}}}}},
                                    tok, tiny_defaults());
-  EXPECT_EQ(named.gen.reply_opens_with, std::vector<std::string>{req.gen.reply_opens_with[1]});
+  EXPECT_EQ(named.gen.format, OutputFormat::ToolCalls);
+  EXPECT_EQ(named.gen.tool_calls.names, std::vector<std::string>{"weather"});
+  EXPECT_FALSE(named.gen.tool_calls.parallel);
   EXPECT_EQ(named.prompt, parse_chat(json{{"messages", msgs}, {"tools", two}}, tok, tiny_defaults()).prompt);
+  // A strict tool whose parameters plumb cannot hold: 400 naming tools.
+  json strict = two;
+  strict[1]["function"]["strict"] = true;
+  strict[1]["function"]["parameters"] = {{"type", "object"}, {"properties", {{"id", {{"type", "string"}, {"pattern", "^a"}}}}}};
+  try {
+    parse_chat(json{{"messages", msgs}, {"tools", strict}, {"tool_choice", "required"}}, tok, tiny_defaults());
+    ADD_FAILURE() << "a strict tool with a pattern was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param, "tools") << e.what();
+    EXPECT_NE(std::string(e.what()).find("pattern"), std::string::npos) << e.what();
+  }
   // A tool's result in text parts: a blank line between them, as DeepSeek's encoder joins a result's parts.
   json parts = msgs;
   parts[2]["content"] = json::array({{{"type", "text"}, {"text", "12"}}, {{"type", "text"}, {"text", "00"}}});

@@ -518,31 +518,42 @@ TEST(Serve, ToolConversationsAreServed) {
   EXPECT_GT(r2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), r["usage"]["prompt_tokens"].get<int64_t>() / 2);
 }
 
-// tool_choice naming a function: the reply is what generate() gives held to open that function's call block
-// (GenerateOptions::reply_opens_with), read for the call: a call named so with finish_reason tool_calls, or (a block
-// the tiny model leaves malformed) the text with its opening as content; streamed alike.
-TEST(Serve, ANamedToolChoiceOpensTheCall) {
+// tool_choice naming a function: the reply is what generate() gives held to that function's call block
+// (OutputFormat::ToolCalls), read for the call: a call named so, its arguments an instance of its parameters, with
+// finish_reason tool_calls (or, where max_tokens cuts the block, the text as content); streamed alike.
+TEST(Serve, ANamedToolChoiceIsAWholeCall) {
   Running s(no_cache());
   const auto tt = testing::tool_turns();
+  json tools = tt.tools;
+  tools.push_back({{"type", "function"}, {"function", {{"name", "pick"}, {"parameters", {{"type", "object"},
+      {"properties", {{"n", {{"type", "integer"}, {"minimum", 1}, {"maximum", 3}}}, {"ok", {{"type", "boolean"}}}}},
+      {"required", {"n", "ok"}}, {"additionalProperties", false}}}}}});
   // (the bundled tokenizer spells the DSML markup nearly byte by byte: ~45 tokens for the opening)
-  const json body = {{"messages", tt.messages}, {"tools", tt.tools}, {"temperature", 0}, {"max_tokens", 100},
-                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "now"}}}}}};
-  GenerateOptions g = greedy(100);
+  // (parallel_tool_calls false: the tiny model, never trained on calls, would go on calling until max_tokens)
+  const json body = {{"messages", tt.messages}, {"tools", tools}, {"temperature", 0}, {"max_tokens", 300},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "pick"}}}}}, {"parallel_tool_calls", false}};
+  ChatOptions co = tt.options;
+  co.tools = tools.dump();
+  GenerateOptions g = greedy(300);
   g.skip_special = false;
-  g.reply_opens_with = {tool_call_opening("now")};
-  const GenerateResult want = direct(tiny_tok().encode(encode_chat(tt.chat, tt.options)), g);
-  ASSERT_EQ(want.text.rfind(g.reply_opens_with[0], 0), 0u) << "[" << want.text << "] " << want.tokens.size() << " tokens, stop " << stop_reason_name(want.stop);
+  g.format = OutputFormat::ToolCalls, g.tool_calls.tools = tools.dump(), g.tool_calls.names = {"pick"};
+  g.tool_calls.parallel = false;
+  const GenerateResult want = direct(tiny_tok().encode(encode_chat(tt.chat, co)), g);
   const ChatMessage parsed = parse_reply(want.text, false);
+  ASSERT_EQ(want.stop, StopReason::Token) << "[" << want.text << "] " << want.tokens.size() << " tokens";
+  ASSERT_FALSE(parsed.tool_calls.empty()) << want.text;
   const json r = s.post("/v1/chat/completions", body);
   const json& m = r["choices"][0]["message"];
-  if (!parsed.tool_calls.empty()) {
-    ASSERT_TRUE(m.contains("tool_calls")) << m.dump();
-    EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "now");
-    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
-  } else {
-    EXPECT_EQ(m["content"], want.text);
+  ASSERT_TRUE(m.contains("tool_calls")) << m.dump();
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  for (const json& c : m["tool_calls"]) {
+    EXPECT_EQ(c["function"]["name"], "pick");
+    const json args = json::parse(c["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(args.at("n").is_number_integer() && args["n"] >= 1 && args["n"] <= 3 && args.at("ok").is_boolean() &&
+                args.size() == 2) << args.dump();
   }
-  std::printf("tool_choice now: %s\n", m.dump().c_str());
+  EXPECT_EQ(m["tool_calls"].size(), 1u);
+  std::printf("tool_choice pick: %s\n", m.dump().c_str());
   std::string streamed;
   json calls = json::array();
   for (const json& e : s.stream("/v1/chat/completions", body))
@@ -551,8 +562,9 @@ TEST(Serve, ANamedToolChoiceOpensTheCall) {
       streamed += d.value("content", std::string());
       if (d.contains("tool_calls")) calls = d["tool_calls"];
     }
-  EXPECT_EQ(streamed, m.value("content", std::string()));
-  EXPECT_EQ(calls.size(), m.contains("tool_calls") ? m["tool_calls"].size() : 0u);
+  EXPECT_EQ(streamed, "");
+  EXPECT_TRUE(m["content"].is_null());
+  EXPECT_EQ(calls.size(), m["tool_calls"].size());
 }
 
 // JSON mode: a chat's reply and a completion are what generate() gives with OutputFormat::JsonObject, whole and

@@ -1,4 +1,5 @@
-// A review of session 80: plumb serve's tool_choice "required" / a named function (reply_opens_with).
+// A review of session 80: plumb serve's tool_choice "required" / a named function (then the opening's mask; since
+// session 81 the whole block's, OutputFormat::ToolCalls).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -38,7 +39,7 @@ TEST(ToolChoiceReview, AStopStringInsideTheOpeningIsRefused) {
       // Accepted: then what generate() gives must at least open the call.
       auto s = testing::tiny_engine()->new_session();
       const GenerateResult g = generate(*s, testing::tiny_tok(), r.prompt, r.gen);
-      EXPECT_EQ(g.text.rfind(r.gen.reply_opens_with.at(0), 0), 0u)
+      EXPECT_EQ(g.text.rfind("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n", 0), 0u)
           << "accepted, and the reply [" << g.text << "] stops (" << stop_reason_name(g.stop) << ") inside the opening";
     } catch (const RequestError& e) {
       EXPECT_EQ(e.status, 400);

@@ -21,8 +21,9 @@ namespace plumb::testing {
 using json = nlohmann::json;
 
 // A byte-level tokenizer.json (no merges) whose vocabulary holds every byte and `extra` (raw bytes), written to `dir`.
+// `added`: more added tokens (special), after the two every such tokenizer has (<｜end▁of▁sentence｜>, <｜Assistant｜>).
 inline std::string write_byte_level_tokenizer(const std::filesystem::path& dir, const std::vector<std::string>& extra,
-                                       bool spaced = false) {
+                                       bool spaced = false, const std::vector<std::string>& added = {}) {
   // The ByteLevel alphabet: printable Latin-1 bytes stand for themselves, the others for U+0100 on, in byte order.
   std::array<std::string, 256> alpha;
   int next = 256;
@@ -40,11 +41,12 @@ inline std::string write_byte_level_tokenizer(const std::filesystem::path& dir, 
   for (int b = 0; b < 256; ++b) add(std::string(1, char(b)));
   for (const auto& e : extra) add(e);
   const int n = int(vocab.size());
-  const json added = json::array({{{"id", n}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true}},
-                                  {{"id", n + 1}, {"content", "<｜Assistant｜>"}, {"special", false}}});
+  json added_tokens = json::array({{{"id", n}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true}},
+                                   {{"id", n + 1}, {"content", "<｜Assistant｜>"}, {"special", false}}});
+  for (const auto& a : added) added_tokens.push_back({{"id", n + int(added_tokens.size())}, {"content", a}, {"special", true}});
   const json level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   // (spaced: no decoder, so decode() joins the tokens' strings with spaces, as word-level tokenizers do)
-  const json t = {{"version", "1.0"}, {"added_tokens", added}, {"normalizer", nullptr}, {"pre_tokenizer", level},
+  const json t = {{"version", "1.0"}, {"added_tokens", added_tokens}, {"normalizer", nullptr}, {"pre_tokenizer", level},
                   {"post_processor", nullptr}, {"decoder", spaced ? json(nullptr) : level},
                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   std::filesystem::create_directories(dir);

@@ -1,5 +1,6 @@
-// A review of session 80 (forward_sample_masked, the shared token tables, reply_opens_with / OpeningMask, the DSML
-// opening): what the review found, and the coverage it added.
+// A review of session 80 (forward_sample_masked, the shared token tables, tool_choice's mask, the DSML opening): what
+// the review found, and the coverage it added. (Session 81 replaced the opening's mask by the whole block's,
+// OutputFormat::ToolCalls: the findings' tests hold the block to the same rules.)
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -17,7 +18,7 @@
 #include <vector>
 
 #include "generate/json_mode.h"
-#include "generate/opening_mask.h"
+#include "generate/tool_call_mask.h"
 #include "generate/token_bits.h"
 #include "json_test_util.h"
 #include "session_test_util.h"
@@ -33,6 +34,14 @@ struct MaskReview : ::testing::Test {
   plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
   const int32_t vocab = 1216, eos = 1;
   const std::string weather = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
+  const std::string weather_tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type":
+      "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}}}])";
+  plumb::GenerateOptions calls() const {
+    plumb::GenerateOptions g;
+    g.sampling.temperature = 0, g.max_tokens = 80;
+    g.format = plumb::OutputFormat::ToolCalls, g.tool_calls.tools = weather_tools;
+    return g;
+  }
   // generate() on `s` either refuses before feeding anything or writes a reply that opens with `weather`.
   void expect_opens_or_refused(PreferringSession& s, const plumb::GenerateOptions& g) const {
     const std::vector<int32_t> prompt = {0};
@@ -56,9 +65,7 @@ struct MaskReview : ::testing::Test {
 // serve passes the client's "stop" through: tool_choice "required" with "stop": "\n" can never give a call.)
 TEST_F(MaskReview, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
   PreferringSession s(tok, "I will not call anything.", info());
-  plumb::GenerateOptions g;
-  g.sampling.temperature = 0, g.max_tokens = 80;
-  g.reply_opens_with = {weather};
+  plumb::GenerateOptions g = calls();
   g.stop_strings = {"\n"};
   expect_opens_or_refused(s, g);
 }
@@ -70,10 +77,7 @@ TEST_F(MaskReview, EosIsKeptOutUntilTheOpeningIsWhole) {
   const int32_t newline = tok.encode("\n").at(0);
   ASSERT_FALSE(tok.is_added(newline));
   PreferringSession s(tok, "", info(newline));  // (prefers EOS from the first token)
-  plumb::GenerateOptions g;
-  g.sampling.temperature = 0, g.max_tokens = 80;
-  g.reply_opens_with = {weather};
-  expect_opens_or_refused(s, g);
+  expect_opens_or_refused(s, calls());
 }
 
 // FINDING (minor, a lost check): TokenMask::apply used to refuse a logits row of another size than the vocabulary
@@ -83,54 +87,8 @@ TEST_F(MaskReview, ApplyRefusesARowOfAnotherSize) {
   plumb::gen::JsonMask json(tok, vocab, {eos});
   std::vector<float> short_row(size_t(vocab - 6), 0.0f);
   EXPECT_THROW(json.apply(short_row), plumb::Error);
-  plumb::gen::OpeningMask opening(tok, vocab, {weather}, {});
-  EXPECT_THROW(opening.apply(short_row), plumb::Error);
-}
-
-// The mask against a check written here along random walks, over a vocabulary built for it: openings that share
-// prefixes and one that is a prefix of another's start, tokens that run past an opening's end, stop tokens that are
-// text, one token whose bytes are exactly an opening.
-TEST(OpeningMaskWalks, SharedPrefixesAndTokensPastTheEnd) {
-  const auto dir = std::filesystem::temp_directory_path() / ("plumb_review_open_" + std::to_string(::getpid()));
-  const std::vector<std::string> extra = {"ab", "abc", "abx", "abcd", "abcdz", "ab!", "ab!q", "cd", "dz", "!q", "<a", "<ab>",
-                                          "b>", ">\n", "\n<", "x\n"};
-  const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, extra));
-  const int32_t vocab = tok.vocab_size() + 3;  // (ids past the tokenizer's: never before the opening)
-  const std::vector<std::string> openings = {"abcd", "ab!", "abc", "<ab>\n"};
-  const std::vector<int32_t> stops = {int32_t('!'), tok.token_id("dz") >= 0 ? tok.token_id("dz") : int32_t('d')};
-  std::mt19937 rng(80);
-  for (int walk = 0; walk < 200; ++walk) {
-    plumb::gen::OpeningMask mask(tok, vocab, openings, stops);
-    std::string written;
-    bool opened = false;
-    for (int step = 0; step < 14; ++step) {
-      std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
-      mask.allowed(bits);
-      std::vector<int32_t> ok;
-      for (int32_t id = 0; id < vocab; ++id) {
-        const std::string b = id < tok.vocab_size() && !tok.is_added(id) ? tok.token_bytes(id) : std::string();
-        bool want = opened;
-        if (!opened && !b.empty() && std::find(stops.begin(), stops.end(), id) == stops.end()) {
-          const std::string t = written + b;
-          for (const std::string& o : openings)
-            want |= t.compare(0, std::min(t.size(), o.size()), o, 0, std::min(t.size(), o.size())) == 0;
-        }
-        ASSERT_EQ(plumb::gen::token_bit(bits, size_t(id)), want) << "token " << id << " after [" << written << "]";
-        ASSERT_EQ(mask.allows(id), want) << id;
-        if (want) ok.push_back(id);
-      }
-      ASSERT_FALSE(ok.empty());
-      if (opened) break;  // (checked once lifted: every id passes)
-      const int32_t id = ok[rng() % ok.size()];
-      mask.accept(id);
-      if (!opened) {
-        written += tok.token_bytes(id);
-        for (const std::string& o : openings) opened |= written.compare(0, o.size(), o) == 0 && written.size() >= o.size();
-      }
-      ASSERT_EQ(mask.lifted(), opened) << "[" << written << "]";
-    }
-  }
-  std::filesystem::remove_all(dir);
+  const auto block = plumb::gen::tool_call_mask(tok, vocab, {eos}, plumb::gen::ToolCallSpec::build(weather_tools, {}, true));
+  EXPECT_THROW(block->apply(short_row), plumb::Error);
 }
 
 // JSON mode's per-mask end tokens: when every token that could come next is an end token (inside the object), the
@@ -191,9 +149,10 @@ TEST_F(MaskReview, TheDefaultMaskedSampleKeepsItsContract) {
   EXPECT_EQ(s.forward_sample_masked(next, a, history, {}), ref.forward_sample(next, b, history));
 }
 
-// generate() with reply_opens_with: the masked calls stop once the opening is whole (forward_sample from then on);
-// with on_logits, each step's logits are the model's own (the mask on a copy) and the text the same.
-TEST_F(MaskReview, TheMaskIsLiftedOnBothPaths) {
+// generate() with OutputFormat::ToolCalls: every step is masked, to the block's end and the EOS after it (a model that
+// writes the call: the block taken whole, then EOS); with on_logits, each step's logits are the model's own (the mask on
+// a copy) and the tokens the same.
+TEST_F(MaskReview, EveryStepIsMaskedOnBothPaths) {
   struct Counting : PreferringSession {
     using PreferringSession::PreferringSession;
     int masked = 0, plain = 0;
@@ -207,19 +166,20 @@ TEST_F(MaskReview, TheMaskIsLiftedOnBothPaths) {
       return PreferringSession::forward_sample_masked(t, s, h, f);
     }
   };
-  const std::string target = "Sure.";  // (the model would not call: the mask writes the opening)
+  const std::string target = plumb::dsml::render_calls({{"", "get_weather", R"({"city": "Paris"})"}}, "t");
   Counting s(tok, target, info());
-  plumb::GenerateOptions g;
-  g.sampling.temperature = 0, g.max_tokens = 120;
-  g.reply_opens_with = {weather};
+  plumb::GenerateOptions g = calls();
+  g.max_tokens = 400;
   const std::vector<int32_t> prompt = {0};
   const auto r = plumb::generate(s, tok, prompt, g);
-  ASSERT_EQ(r.text.rfind(weather, 0), 0u) << r.text;
-  std::string w;
-  int to_open = 0;
-  while (w.size() < weather.size()) w += tok.token_bytes(r.tokens.at(size_t(to_open++)));
-  EXPECT_EQ(s.masked, to_open);
-  EXPECT_EQ(s.plain, int(r.tokens.size()) - to_open);  // (one call per sampled token)
+  ASSERT_EQ(r.text, target);
+  EXPECT_EQ(r.stop, plumb::StopReason::Token) << r.text;
+  const plumb::ChatMessage m = plumb::parse_reply(r.text, false);
+  ASSERT_EQ(m.tool_calls.size(), 1u) << r.text;
+  EXPECT_EQ(m.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(m.tool_calls[0].arguments).at("city").is_string(), true) << m.tool_calls[0].arguments;
+  EXPECT_EQ(s.masked, int(r.tokens.size()));
+  EXPECT_EQ(s.plain, 0);
   Counting h(tok, target, info());
   int finite_rows = 0, rows = 0;
   g.on_logits = [&](std::span<const float> l, int32_t) {
@@ -259,7 +219,7 @@ TEST(MaskedSampleSession, AThrowingMaskAfterAWatchedPrefillKeepsTheFeed) {
   EXPECT_EQ(t->position(), 0);
 }
 
-// tool_call_opening is what the chat encoder writes for an assistant turn whose content is empty and which calls that
+// dsml::call_opening is what the chat encoder writes for an assistant turn whose content is empty and which calls that
 // function first; render_calls for several calls is the block's opening, the invokes a line apart, and its close.
 TEST(DsmlOpening, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
   plumb::ChatOptions co;
@@ -269,7 +229,7 @@ TEST(DsmlOpening, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
   plumb::ChatMessage res("tool", "ok");
   res.tool_call_id = "c1";
   const std::string text = plumb::encode_chat({{"user", "hi"}, a, res}, co);
-  const std::string head = "<｜Assistant｜></think>" + plumb::tool_call_opening("f{}");
+  const std::string head = "<｜Assistant｜></think>" + plumb::dsml::call_opening("f{}");
   EXPECT_NE(text.find(head), std::string::npos) << text;
   const std::string want =
       "\n\n<｜DSML｜tool_calls>\n"
@@ -279,35 +239,8 @@ TEST(DsmlOpening, TheOpeningIsTheEncodersAndCallsRenderAsBefore) {
       "<｜DSML｜invoke name=\"h\">\n<｜DSML｜parameter name=\"arguments\" string=\"true\">not json</｜DSML｜parameter>\n"
       "</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
   EXPECT_EQ(plumb::dsml::render_calls(a.tool_calls, "t"), want);
-  EXPECT_EQ(plumb::dsml::render_calls({a.tool_calls[1]}, "t").rfind(plumb::tool_call_opening("g"), 0), 0u);
+  EXPECT_EQ(plumb::dsml::render_calls({a.tool_calls[1]}, "t").rfind(plumb::dsml::call_opening("g"), 0), 0u);
   EXPECT_EQ(plumb::dsml::render_calls({}, "t"), "");
 }
 
-}  // namespace
-
-namespace {
-TEST(OpeningMaskCost, DISABLED_OpeningMaskCost) {
-  const auto dir = std::filesystem::temp_directory_path() / ("plumb_review_cost_" + std::to_string(::getpid()));
-  const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, plumb::testing::synthetic_vocabulary()));
-  const int32_t vocab = tok.vocab_size();
-  for (int n : {1, 8, 64}) {
-    std::vector<std::string> openings;
-    for (int i = 0; i < n; ++i) openings.push_back(plumb::tool_call_opening("tool_number_" + std::to_string(i)));
-    plumb::gen::OpeningMask m(tok, vocab, openings, {});
-    std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab));
-    double worst = 0, total = 0;
-    int steps = 0;
-    for (char c : openings.back()) {
-      std::fill(bits.begin(), bits.end(), 0u);
-      const auto t0 = std::chrono::steady_clock::now();
-      m.allowed(bits);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      worst = std::max(worst, ms), total += ms, ++steps;
-      m.accept(uint8_t(c));
-      if (m.lifted()) break;
-    }
-    std::printf("%d openings: %d steps, mean %.2f ms, worst %.2f ms per allowed()\n", n, steps, total / steps, worst);
-  }
-  std::filesystem::remove_all(dir);
-}
 }  // namespace

@@ -231,18 +231,25 @@ TEST(OutputOptionsReview, EachRuleNamesItsField) {
   EXPECT_EQ(field_of(schema, spaced, eos), "json_schema --json-schema");
   schema.stop_at_eos = false;
   EXPECT_EQ(field_of(schema, tok, eos), "format --json-schema");
-  plumb::GenerateOptions open;
-  open.reply_opens_with = {"ab\ncd"};
-  EXPECT_EQ(field_of(open, tok, eos), "");  // (EOS is an added token: no text inside the opening)
-  EXPECT_EQ(field_of(open, spaced, eos), "reply_opens_with tool_choice");
-  open.stop_tokens = {newline};
-  EXPECT_EQ(field_of(open, tok, eos), "stop_tokens --stop-token");
-  open.stop_at_eos = false;
-  EXPECT_EQ(field_of(open, tok, newline), "stop_tokens --stop-token");
-  open.stop_tokens.clear();
-  EXPECT_EQ(field_of(open, tok, newline), "");  // (EOS that does not stop)
-  open.stop_strings = {"b\nc"};
-  EXPECT_EQ(field_of(open, tok, eos), "stop_strings --stop");
+  plumb::GenerateOptions calls;
+  calls.format = plumb::OutputFormat::ToolCalls;
+  calls.tool_calls.tools = R"([{"type": "function", "function": {"name": "f"}}])";
+  EXPECT_EQ(field_of(calls, tok, eos), "");  // (EOS is an added token: no text inside the block)
+  EXPECT_EQ(field_of(calls, spaced, eos), "tool_calls tool_choice");
+  calls.tool_calls.names = {"g"};
+  EXPECT_EQ(field_of(calls, tok, eos), "tool_calls tool_choice");
+  calls.tool_calls.names.clear();
+  calls.stop_tokens = {newline};
+  EXPECT_EQ(field_of(calls, tok, eos), "stop_tokens --stop-token");
+  calls.stop_at_eos = false;
+  EXPECT_EQ(field_of(calls, tok, newline), "stop_tokens --stop-token");
+  calls.stop_tokens.clear();
+  EXPECT_EQ(field_of(calls, tok, newline), "format tool_choice");  // (EOS that does not stop: nothing ends the block)
+  calls.stop_at_eos = true;
+  calls.stop_strings = {"b\nc"};
+  EXPECT_EQ(field_of(calls, tok, eos), "");
+  calls.stop_strings = {"invoke"};
+  EXPECT_EQ(field_of(calls, tok, eos), "stop_strings --stop");
 }
 
 }  // namespace

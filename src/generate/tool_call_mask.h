@@ -1,0 +1,104 @@
+// OutputFormat::ToolCalls (plumb serve's tool_choice "required" or a named function): a byte-level recognizer of one
+// DSML tool-call block as DeepSeek-V4's chat encoder renders an assistant turn's calls (dsml::render_calls), each
+// invoke naming an allowed function and its parameters an instance of that function's `parameters` schema, and the
+// token mask that runs it (json_mode.h's TokenMask).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "generate/json_schema.h"
+
+namespace plumb::gen {
+
+// The functions a block may call, compiled once per generation.
+struct ToolCallSpec {
+  struct Tool {
+    std::string name;
+    std::shared_ptr<const JsonSchema> params;  // what the call's arguments object must be
+  };
+  std::vector<Tool> tools;
+  bool parallel = true;  // more than one invoke in the block
+  // One line per tool whose parameters could not be held (a keyword plumb does not support, a property name DSML
+  // cannot write): its arguments are held to be a JSON object only. A tool with "strict": true is refused instead.
+  std::vector<std::string> loose;
+  // tools_json: OpenAI's tools array. names: the functions that may be called (empty: every tool). Throws plumb::Error
+  // naming the tool at fault (tools[i]: no name, a name DSML cannot write, a strict tool's schema) or a name not found.
+  static std::shared_ptr<const ToolCallSpec> build(std::string_view tools_json, const std::vector<std::string>& names,
+                                                   bool parallel);
+};
+
+// Reads one block, a byte at a time, as dsml::parse_calls reads it back and as render_calls writes it:
+//   "\n\n<｜DSML｜tool_calls>\n" INVOKE ("\n" INVOKE)* "\n</｜DSML｜tool_calls>"
+//   INVOKE: "<｜DSML｜invoke name=\"F\">\n" (PARAM "\n")* "</｜DSML｜invoke>", or with no parameter "...\">\n\n</｜DSML｜invoke>"
+//   PARAM:  "<｜DSML｜parameter name=\"K\" string=\"true\">" raw text "</｜DSML｜parameter>", or string="false" and a JSON
+//           value (not a string).
+// The arguments each invoke stands for, {"K": value, ...}, go byte by byte to a SchemaRecognizer of F's parameters
+// (raw text escaped as nlohmann escapes it), so the schema decides keys, values, required keys, lengths and bounds; a
+// key never comes twice (parse_calls refuses that). A value ends at the first "</｜DSML｜parameter>" (as parse_calls
+// reads it), so those bytes are held back until they are known to be the close or text; the close may begin only
+// where the value can end. feed() is false at the first byte that no such block can have there; every state it takes
+// can be completed (no dead end), but for a schema whose only values hold the close's text.
+class ToolCallRecognizer {
+ public:
+  ToolCallRecognizer() = default;  // (no spec: takes nothing)
+  // plain_text_passes: whether no plain-text token of the vocabulary holds a whole "</｜DSML｜parameter>" (then the
+  // mask's shortcut inside a free string is sound here too: see between_string_chars()).
+  ToolCallRecognizer(std::shared_ptr<const ToolCallSpec> spec, bool plain_text_passes);
+  bool feed(uint8_t c);
+  bool feed(std::string_view bytes);
+  bool complete() const { return phase_ == Phase::Done; }
+  // Where plain text passes (TokenMask's shortcut): inside a free string of a value (with bytes of the close held
+  // back: where they would be text), or of a key that may be any key.
+  bool between_string_chars() const;
+  bool escapes_pass() const { return phase_ != Phase::Key; }  // (a key's characters are written as they are)
+  // Held back bytes of the close: the byte that goes on with it (the plain tokens that begin with it might end the
+  // value, and must be tried); else -1.
+  int recheck_first_byte() const;
+
+ private:
+  // Choice: one of a point's fixed texts comes next; Name: a function's name; Key: a parameter's name; Value: its value.
+  enum class Phase : uint8_t { Choice, Name, Key, Value, Done };
+  // The points where fixed text comes: the block's opening, after an invoke's header, after a parameter, a key's
+  // string="..." attribute, after an invoke. Each has at most two texts (choices(p)), told apart by their bytes.
+  enum class Point : uint8_t { Open, Head, AfterParam, Kind, AfterInvoke };
+  bool enter(Point p);  // false where no text of p can come (the arguments can take none of them)
+  bool choose(uint8_t c);
+  bool name_byte(uint8_t c);
+  bool key_byte(uint8_t c);
+  bool value_byte(uint8_t c);
+  bool content(uint8_t c);         // a byte of the value's text, to the arguments (raw text escaped)
+  bool content(std::string_view bytes);
+  bool value_may_end() const;      // the value could end here, and the invoke go on after it
+  bool args_take_key() const;      // another parameter can begin
+  bool args_take_close() const;    // the arguments can end
+
+  std::shared_ptr<const ToolCallSpec> spec_;
+  SchemaRecognizer args_;  // the current invoke's arguments as the JSON object they stand for
+  Phase phase_ = Phase::Done;
+  Point point_ = Point::Open;
+  uint8_t alts_ = 0;   // Choice: bit i, text i of the point is still possible
+  uint32_t at_ = 0;    // Choice: the bytes of the point's text matched
+  std::string text_;   // Name: the function's name so far; Key: the key so far
+  std::shared_ptr<const std::vector<std::string>> keys_;  // the current invoke's keys (shared between copies)
+  bool raw_ = false;       // Value: string="true" (raw text), else a JSON value
+  bool begun_ = false;     // Value, JSON: its first byte other than whitespace has come
+  uint8_t held_ = 0;       // Value: bytes of the parameter's close matched and held back (they may still be text)
+  bool may_end_ = false;   // Value, held_ > 0: the value could end where the held bytes begin
+  bool plain_ok_ = false;
+};
+
+using ToolCallMask = TokenMask<ToolCallRecognizer>;
+extern template class TokenMask<ToolCallRecognizer>;
+
+// The mask of one generation over `spec` (plain_text_passes computed from the tokenizer's tables).
+std::unique_ptr<OutputMask> tool_call_mask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends,
+                                           std::shared_ptr<const ToolCallSpec> spec);
+
+// The text every block over `spec` holds whatever its arguments (the opening for each function, the tags): a stop
+// string or a stop token's text inside one of these would end every such reply early.
+std::vector<std::string> tool_call_fixed_texts(const ToolCallSpec& spec);
+
+}  // namespace plumb::gen
