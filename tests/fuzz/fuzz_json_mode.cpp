@@ -9,7 +9,10 @@
 //   recognizer (complete exactly when the mask says so);
 // - a schema of tests/data/json_schema/cases.json (chosen by a byte) and the rest as bytes for its recognizer: what
 //   it takes is taken by JSON mode's recognizer too (the schema only narrows the syntax), and no accepted prefix is a
-//   dead end.
+//   dead end;
+// - two of those schemas as the parameters of two tools (f, g) and the rest as bytes for the DSML tool-call block's
+//   recognizer (tool_call_mask.h; refused bytes skipped, after an optional opening): the state it ends in is no dead
+//   end, and a complete block is read back by dsml::parse_calls, each call's arguments taken by its tool's schema.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +26,9 @@
 #include "fuzz_util.h"
 #include "generate/json_mode.h"
 #include "generate/json_schema.h"
+#include "generate/tool_call_mask.h"
 #include "plumb/text.h"
+#include "text/dsml.h"
 
 namespace {
 
@@ -108,12 +113,18 @@ void mask(plumb_fuzz::Reader& in) {
   PLUMB_FUZZ_CHECK(r.complete() == m.complete());
 }
 
+const nlohmann::json& case_schemas() {
+  static const nlohmann::json data = [] {
+    std::ifstream f(PLUMB_SOURCE_DIR "/tests/data/json_schema/cases.json");
+    return nlohmann::json::parse(f)["schemas"];
+  }();
+  return data;
+}
+
 void schema(plumb_fuzz::Reader& in) {
   static const std::vector<std::shared_ptr<const plumb::gen::JsonSchema>> schemas = [] {
-    std::ifstream f(PLUMB_SOURCE_DIR "/tests/data/json_schema/cases.json");
-    const nlohmann::json data = nlohmann::json::parse(f);
     std::vector<std::shared_ptr<const plumb::gen::JsonSchema>> out;
-    for (const auto& s : data["schemas"]) out.push_back(plumb::gen::JsonSchema::compile(s.dump()));
+    for (const auto& s : case_schemas()) out.push_back(plumb::gen::JsonSchema::compile(s.dump()));
     return out;
   }();
   plumb::gen::SchemaRecognizer r(schemas[in.byte() % schemas.size()]);
@@ -136,14 +147,63 @@ void schema(plumb_fuzz::Reader& in) {
   }
 }
 
+void tool_calls(plumb_fuzz::Reader& in) {
+  const nlohmann::json& schemas = case_schemas();
+  const size_t a = in.byte() % schemas.size(), b = in.byte() % schemas.size();
+  const bool parallel = in.byte() & 1;
+  const nlohmann::json tools = {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", schemas[a]}}}},
+                                {{"type", "function"}, {"function", {{"name", "g"}, {"parameters", schemas[b]}}}}};
+  const auto spec = plumb::gen::ToolCallSpec::build(tools.dump(), {}, parallel);
+  plumb::gen::ToolCallRecognizer r(spec, true);
+  std::string text;
+  auto feed = [&](std::string_view bytes) {
+    for (char c : bytes) {
+      plumb::gen::ToolCallRecognizer next = r;
+      if (next.feed(uint8_t(c))) r = std::move(next), text += c;
+    }
+  };
+  // (an opening, so that short inputs reach the parameters)
+  const int start = in.byte() % 3;
+  if (start >= 1) feed("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"");
+  if (start == 2) feed("f\">\n");
+  feed(in.rest());
+  if (!r.complete()) {
+    bool some = false;
+    for (int c = 0; c < 256 && !some; ++c) {
+      plumb::gen::ToolCallRecognizer t = r;
+      some = t.feed(uint8_t(c));
+    }
+    PLUMB_FUZZ_CHECK(some);
+    return;
+  }
+  const auto calls = plumb::dsml::parse_calls(std::string_view(text).substr(2));
+  PLUMB_FUZZ_CHECK(calls.has_value() && !calls->empty() && (parallel || calls->size() == 1));
+  // (a JSON value nlohmann cannot read, a lone surrogate escape or a number beyond a double, parse_calls keeps as a
+  // string: the arguments then differ from what the recognizer read, as in the recognizer's case above)
+  constexpr std::string_view kJsonValue = "string=\"false\">";
+  for (size_t at = text.find(kJsonValue); at != std::string::npos; at = text.find(kJsonValue, at + 1)) {
+    const size_t from = at + kJsonValue.size(), end = text.find(plumb::dsml::kParamClose, from);
+    try {
+      (void)nlohmann::json::parse(text.substr(from, end - from));
+    } catch (const nlohmann::json::exception&) {
+      return;
+    }
+  }
+  for (const auto& c : *calls) {
+    plumb::gen::SchemaRecognizer s(spec->tools.at(c.name == "f" ? 0 : 1).params);
+    PLUMB_FUZZ_CHECK(s.feed(nlohmann::ordered_json::parse(c.arguments).dump()) && s.complete());
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   plumb_fuzz::Reader in(data, size);
-  switch (in.byte() % 3) {
+  switch (in.byte() % 4) {
     case 0: recognizer(in); break;
     case 1: mask(in); break;
-    default: schema(in);
+    case 2: schema(in); break;
+    default: tool_calls(in);
   }
   return 0;
 }
