@@ -66,6 +66,10 @@ std::shared_ptr<const gen::ToolCallSpec> check_tool_calls(const GenerateOptions&
   if (tok.spaced_tokens())
     throw OptionError("tool_calls", "tool_choice", fmt::format("needs a byte-level tokenizer: {} puts a space between "
                       "tokens", tok.path()));
+  // (the block's tags may come as added tokens, which skip_special would drop from the text parse_reply reads)
+  if (opt.skip_special)
+    throw OptionError("skip_special", "skip_special", "cannot be combined with tool calls: the DSML tags a tokenizer "
+                      "holds as special tokens would be dropped from the reply, which is then no call block");
   std::shared_ptr<const gen::ToolCallSpec> spec;
   try {
     spec = gen::ToolCallSpec::build(opt.tool_calls.tools, opt.tool_calls.names, opt.tool_calls.parallel);

@@ -232,7 +232,14 @@ std::shared_ptr<const TokenTables> TokenTables::of(const Tokenizer& tok, int32_t
       }
       if (b.empty()) continue;
       if (b.size() == 1) t->one_byte[uint8_t(b[0])].push_back(id);
-      (!plain_string_text(b) ? t->not_plain : b.find('\\') != std::string::npos ? t->plain_escaped : t->plain).push_back(id);
+      if (plain_string_text(b)) {
+        t->plain.push_back(id);
+        t->plain_max_chars = std::max(t->plain_max_chars, int64_t(std::count_if(b.begin(), b.end(), [](char c) {
+                                                           return (uint8_t(c) & 0xC0) != 0x80;
+                                                         })));
+      } else {
+        t->not_plain.push_back(id);
+      }
     }
     // (a counting sort of the longer tokens by their first two bytes)
     auto key = [&](int32_t id) { return size_t(uint8_t(t->bytes[size_t(id)][0])) * 256 + uint8_t(t->bytes[size_t(id)][1]); };
@@ -298,24 +305,23 @@ void TokenMask<R>::allowed(std::span<uint32_t> bits) const {
       if (is_end_[i]) keep(i), ++kept;
   } else if (!next_start(s)) {
     // (no token can start here: the check below names it)
-  } else if (s.between_string_chars()) {  // (~96 % of a byte-level vocabulary is plain text)
+  } else if (s.between_string_chars(t.plain_max_chars)) {  // (~96 % of a byte-level vocabulary is plain text)
     for (int32_t id : t.plain) keep(size_t(id));
     kept += t.plain.size();
-    bool escapes = true;
-    if constexpr (requires { s.escapes_pass(); }) escapes = s.escapes_pass();
-    for (int32_t id : t.plain_escaped)
-      if (escapes || passes(id, s)) keep(size_t(id)), ++kept;
     for (int32_t id : t.not_plain)
       if (passes(id, s)) keep(size_t(id)), ++kept;
-    int first = -1;
-    if constexpr (requires { s.recheck_first_byte(); }) first = s.recheck_first_byte();
-    if (first >= 0) {  // (the tokens that begin with that byte, tried after all: one of the buckets below)
-      auto recheck = [&](int32_t id) {
-        if (token_bit(bits, size_t(id)) && !passes(id, s)) clear_token_bit(bits, size_t(id)), --kept;
-      };
-      for (int32_t id : t.one_byte[size_t(first)]) recheck(id);
-      for (uint32_t i = t.two_at[size_t(first) * 256]; i < t.two_at[size_t(first) * 256 + 256]; ++i) recheck(t.two_ids[i]);
+    // (the plain tokens R names, tried after all)
+    auto recheck = [&](int32_t id) {
+      if (token_bit(bits, size_t(id)) && !passes(id, s)) clear_token_bit(bits, size_t(id)), --kept;
+    };
+    if constexpr (requires { s.recheck_first_byte(); }) {
+      if (const int first = s.recheck_first_byte(); first >= 0) {  // (the tokens that begin with it: its buckets)
+        for (int32_t id : t.one_byte[size_t(first)]) recheck(id);
+        for (uint32_t i = t.two_at[size_t(first) * 256]; i < t.two_at[size_t(first) * 256 + 256]; ++i) recheck(t.two_ids[i]);
+      }
     }
+    if constexpr (requires { s.recheck_ids(); })
+      for (int32_t id : s.recheck_ids()) recheck(id);
   } else {
     // Only the tokens whose first two bytes can come next are tried whole (in most states a few of the 65536 pairs:
     // after a value, the many tokens " word" stop at their second byte without being tried).

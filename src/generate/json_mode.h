@@ -44,7 +44,7 @@ class JsonRecognizer {
   bool feed(std::string_view bytes);  // every byte, stopping at the first refused
   bool complete() const { return mode_ == Mode::Done; }
   // Inside a string, between characters: where any text without '"', control characters and broken UTF-8 passes.
-  bool between_string_chars() const { return mode_ == Mode::String && utf8_need_ == 0; }
+  bool between_string_chars(int64_t = 0) const { return mode_ == Mode::String && utf8_need_ == 0; }
   bool in_string() const { return mode_ == Mode::String || mode_ == Mode::Escape || mode_ == Mode::Unicode; }
   // What the last byte fed did (JsonEvent).
   const JsonEvent& event() const { return event_; }
@@ -125,17 +125,20 @@ struct TokenTables {
   std::array<std::vector<int32_t>, 256> one_byte;
   std::vector<int32_t> two_ids;
   std::vector<uint32_t> two_at;
-  // Inside a string most tokens are plain text, which passes whatever it says: those ids (plain_escaped: the plain ones
-  // that hold a backslash escape, which a DSML key cannot), and the others to try.
-  std::vector<int32_t> plain, plain_escaped, not_plain;
+  // Inside a string most tokens are plain text, which passes whatever it says: those ids, and the others to try; and
+  // the most characters a plain token holds (its bytes that begin one: a string with at least that many left to its
+  // maxLength takes any plain token).
+  std::vector<int32_t> plain, not_plain;
+  int64_t plain_max_chars = 0;
   bool spaced = false;  // a tokenizer without a byte-level decoder puts a space between tokens
 };
 
 // The mask for one generation over a recognizer R (JsonRecognizer; SchemaRecognizer, json_schema.h; ToolCallRecognizer,
 // tool_call_mask.h): the bytes each
-// token adds to the output (its decode), and R's state for what was sampled so far. Where R's between_string_chars()
-// holds, the plain tokens pass untried; an R may narrow that with escapes_pass() (false: the plain tokens with an
-// escape are tried) and recheck_first_byte() (a byte: the plain tokens that begin with it are tried). Added tokens (special or not:
+// token adds to the output (its decode), and R's state for what was sampled so far. Where R's
+// between_string_chars(longest plain token) holds, the plain tokens pass untried; an R may narrow that with
+// recheck_first_byte() (a byte: the plain tokens that begin with it are tried) and recheck_ids() (those are tried).
+// Added tokens (special or not:
 // DeepSeek's chat markers), ids the tokenizer does not know and tokens that decode to nothing never pass; the end
 // tokens (EOS, the stop tokens) pass only once the value is complete, and then nothing else does.
 template <class R>

@@ -504,12 +504,14 @@ bool SchemaRecognizer::feed(uint8_t c) {
   return true;
 }
 
-bool SchemaRecognizer::between_string_chars() const {
+bool SchemaRecognizer::between_string_chars(int64_t longest_plain) const {
   if (!syntax_.between_string_chars()) return false;
   for (int i = 0; i < n_; ++i) {
     const Alt& a = alts_[size_t(i)];
-    // (plain text may run past maxLength: not free then; minLength only holds the closing quote back, never in it)
-    const bool free_value = a.phase == Alt::InScalar && a.value->enum_texts.empty() && a.value->max_length < 0;
+    // (plain text may run past maxLength: free only while the longest plain token fits what is left; minLength only
+    // holds the closing quote back, never in it)
+    const bool room = a.value && (a.value->max_length < 0 || (!a.pending && a.value->max_length - a.chars >= longest_plain));
+    const bool free_value = a.phase == Alt::InScalar && a.value->enum_texts.empty() && room;
     const bool free_key = a.phase == Alt::InKey && a.top->node->takes_other_keys();
     if (!free_value && !free_key) return false;
   }

@@ -103,9 +103,10 @@ class SchemaRecognizer {
   bool feed(uint8_t c);
   bool feed(std::string_view bytes);
   bool complete() const { return syntax_.complete() && n_ > 0; }
-  // Between the characters of a string whose text the schema leaves free (no enum; a key where any key may come):
-  // where plain text passes (the mask's shortcut).
-  bool between_string_chars() const;
+  // Between the characters of a string whose text the schema leaves free (no enum; at least longest_plain characters
+  // left to its maxLength; a key where any key may come): where plain text of up to that many characters passes (the
+  // mask's shortcut).
+  bool between_string_chars(int64_t longest_plain = INT64_MAX) const;
   bool in_string() const { return syntax_.in_string(); }
   int depth() const { return syntax_.depth(); }  // the containers open
 

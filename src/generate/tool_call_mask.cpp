@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <array>
 
 #include <nlohmann/json.hpp>
@@ -23,14 +25,29 @@ using json = nlohmann::json;
 constexpr std::string_view kNoParameters = R"({"type": "object", "properties": {}, "additionalProperties": false})";
 constexpr std::string_view kAnyObject = R"({"type": "object"})";
 
-// A name DSML writes between quotes as is: no '"', backslash or control character (parse_calls reads up to the quote;
-// a key's characters also go to the schema as a JSON key's, unescaped).
+// A name DSML writes between quotes as is: an invoke's, no '"', backslash or control character (parse_calls reads up to
+// the quote, and the server's clients match names as written).
 bool dsml_name_ok(std::string_view s) {
   return !s.empty() && std::none_of(s.begin(), s.end(), [](char c) { return c == '"' || c == '\\' || uint8_t(c) < 0x20; });
 }
 
+// A property the arguments' object may have at the top (through $ref and unions) whose name holds a '"', which a
+// DSML parameter's name cannot (other characters are written raw and read back by parse_calls), or "".
+std::string unwritable_key(const SchemaNode* n, std::vector<const SchemaNode*>& seen) {
+  if (!n || std::find(seen.begin(), seen.end(), n) != seen.end()) return {};
+  seen.push_back(n);
+  for (const auto& [key, value] : n->props) {  // (keys JSON-escaped as nlohmann writes them)
+    const std::string name = json::parse("\"" + key + "\"").get<std::string>();
+    if (name.find('"') != std::string::npos) return name;
+  }
+  if (std::string k = unwritable_key(n->ref, seen); !k.empty()) return k;
+  for (const SchemaNode* b : n->any_of)
+    if (std::string k = unwritable_key(b, seen); !k.empty()) return k;
+  return {};
+}
+
 // Why `params` (a function's parameters) cannot be held, or "" if it can: the schema must compile, take an object,
-// and every property name it declares (at the top: DSML's parameter names) must be writable.
+// and every property name it may take at the top (DSML's parameter names) must be writable.
 std::string params_problem(const json& params, std::shared_ptr<const JsonSchema>& compiled) {
   try {
     compiled = JsonSchema::compile(params.dump());
@@ -39,11 +56,9 @@ std::string params_problem(const json& params, std::shared_ptr<const JsonSchema>
   }
   if (SchemaRecognizer r(compiled); !r.feed(uint8_t('{')))
     return "it does not describe an object (a call's arguments are one)";
-  if (params.is_object() && params.contains("properties") && params["properties"].is_object())
-    for (const auto& [k, v] : params["properties"].items())
-      if (!dsml_name_ok(k))
-        return fmt::format("property \"{}\": a DSML parameter name cannot hold '\"', a backslash or a control character",
-                           k);
+  std::vector<const SchemaNode*> seen;
+  if (const std::string k = unwritable_key(compiled->root(), seen); !k.empty())
+    return fmt::format("property \"{}\": a DSML parameter name cannot hold '\"'", k);
   return {};
 }
 
@@ -97,6 +112,10 @@ std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_j
     if (!names.empty() && std::find(names.begin(), names.end(), name) == names.end()) continue;
     PLUMB_CHECK(dsml_name_ok(name), "tools[{}].function.name \"{}\": a DSML invoke cannot name it (empty, or it holds "
                 "'\"', a backslash or a control character)", i, name);
+    for (size_t j = 0; j < i; ++j)
+      PLUMB_CHECK(!(tools[j].is_object() && tools[j].contains("function") && tools[j]["function"].is_object() &&
+                    tools[j]["function"].value("name", json()) == name),
+                  "tools[{}] and tools[{}] are both named \"{}\": a call could not say which it calls", j, i, name);
     Tool tool{name, nullptr};
     const bool strict = f->contains("strict") && (*f)["strict"] == true;
     const json params = f->contains("parameters") ? (*f)["parameters"] : json::parse(kNoParameters);
@@ -115,8 +134,8 @@ std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_j
   return spec;
 }
 
-ToolCallRecognizer::ToolCallRecognizer(std::shared_ptr<const ToolCallSpec> spec, bool plain_text_passes)
-    : spec_(std::move(spec)), plain_ok_(plain_text_passes) {
+ToolCallRecognizer::ToolCallRecognizer(std::shared_ptr<const ToolCallSpec> spec, std::vector<int32_t> tried)
+    : spec_(std::move(spec)), tried_(std::make_shared<const std::vector<int32_t>>(std::move(tried))) {
   PLUMB_CHECK(spec_ && !spec_->tools.empty(), "tool calls: no tool to call");
   enter(Point::Open);
 }
@@ -189,6 +208,7 @@ bool ToolCallRecognizer::choose(uint8_t c) {
       return args_.feed(uint8_t('"'));
     case Point::Kind:
       phase_ = Phase::Value, raw_ = i == 0, begun_ = false, held_ = 0, may_end_ = false;
+      esc_ = 0, u_ = 0, need_low_ = false, number_.clear();
       return !raw_ || args_.feed(uint8_t('"'));
     case Point::AfterInvoke:
       if (i == 1) return phase_ = Phase::Done, true;
@@ -217,8 +237,8 @@ bool ToolCallRecognizer::name_byte(uint8_t c) {
 }
 
 bool ToolCallRecognizer::key_byte(uint8_t c) {
-  if (c == '\\' || c < 0x20) return false;
-  if (c != '"') return text_ += char(c), args_.feed(c);
+  // (a backslash or control character is written raw, as parse_calls reads it back: the key the JSON escape spells)
+  if (c != '"') return text_ += char(c), args_.feed(escaped(c));
   if (text_.empty()) return false;
   if (keys_ && std::find(keys_->begin(), keys_->end(), text_) != keys_->end()) return false;
   if (!args_.feed(uint8_t('"')) || !args_.feed(uint8_t(':'))) return false;
@@ -237,7 +257,50 @@ bool ToolCallRecognizer::content(uint8_t c) {
   // (outside a string at the arguments' own level, ',' and '}' would be the arguments' next key or their end: the
   // DSML around the value writes those)
   if ((c == ',' || c == '}') && args_.depth() == 1 && !args_.in_string()) return false;
-  return args_.feed(c);
+  return json_text(c) && args_.feed(c);
+}
+
+// parse_calls reads a string="false" value with nlohmann, which refuses two texts JSON's grammar (and JsonRecognizer)
+// allows, and would then keep the value as a string: a lone surrogate escape and a number beyond a double. Both are
+// refused at the byte that makes them so; some other byte always remains (the escape's other digits, the number's end).
+bool ToolCallRecognizer::json_text(uint8_t c) {
+  auto hex = [](uint8_t h) { return h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1; };
+  if (args_.in_string()) {
+    number_.clear();
+    if (esc_ == 0) {
+      if (need_low_ && c != '\\') return false;  // (a high surrogate's escape: its low half must follow)
+      if (c == '\\') esc_ = 1;
+      return true;
+    }
+    if (esc_ == 1) {
+      if (c != 'u') return !need_low_ && (esc_ = 0, true);
+      esc_ = 2, u_ = 0;
+      return true;
+    }
+    const int h = hex(c);
+    if (h < 0) return true;  // (the syntax refuses it)
+    u_ = uint16_t(u_ * 16 + h);
+    const int digit = esc_ - 2;  // 0-3
+    // After two digits the range is known: dc-df a low surrogate (only right after a high one), d8-db a high one.
+    if (digit == 1) {
+      const bool low = u_ >= 0xDC && u_ <= 0xDF;
+      if (low != need_low_) return false;
+    }
+    if (digit == 0 && need_low_ && h != 0xD) return false;
+    if (++esc_ < 6) return true;
+    esc_ = 0;
+    const bool high = u_ >= 0xD800 && u_ <= 0xDBFF;
+    need_low_ = high;
+    return true;
+  }
+  // Outside strings: a number's text so far (its bytes; anything else ends it).
+  const bool num = (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+  if (!num || (number_.empty() && c != '-' && !(c >= '0' && c <= '9'))) {
+    number_.clear();
+    return true;
+  }
+  number_ += char(c);
+  return !(c >= '0' && c <= '9') || std::isfinite(std::strtod(number_.c_str(), nullptr));
 }
 
 bool ToolCallRecognizer::content(std::string_view bytes) {
@@ -280,19 +343,20 @@ bool ToolCallRecognizer::value_byte(uint8_t c) {
   return content(c);
 }
 
-// Why the shortcut holds (TokenMask takes every plain token here untried): plain text has no '"' and no control
-// character, and within a free string every such text is taken, but for the parameter's close. A plain token never
-// holds the whole close (plain_ok_: the mask's constructor looked), so from nothing held back it can only begin one,
-// which is then held back (text or close, decided later). With bytes held back, a token that does not go on with the
-// close makes them text (a free string takes them) and goes on from there as above; one that does is tried by the
-// mask (recheck_first_byte). In a key, plain text without an escape is any key's text (escapes_pass).
-bool ToolCallRecognizer::between_string_chars() const {
-  if (!plain_ok_) return false;
-  if (phase_ == Phase::Key) return args_.between_string_chars();
-  if (phase_ != Phase::Value) return false;
-  if (held_ == 0) return args_.between_string_chars();
+// Why the shortcut holds (TokenMask takes every plain token here untried, then tries recheck_first_byte's and
+// recheck_ids'): plain text has no '"' and no control character, and within a free string every such text is taken,
+// but for the parameter's close (and, in a JSON value, a lone surrogate escape, which a plain token cannot hold: a
+// plain token with a surrogate's escape is tried). A plain token that holds a whole close is tried (recheck_ids); any
+// other can only begin one, which is then held back (text or close, decided later). With bytes
+// held back, a token that does not go on with the close makes them text (a free string takes them) and goes on from
+// there as above; one that does is tried (recheck_first_byte). In a key, any plain text without a '"' is some key's
+// (escapes are written raw; a plain token with a '"', an escaped quote, is tried).
+bool ToolCallRecognizer::between_string_chars(int64_t longest_plain) const {
+  if (phase_ == Phase::Key) return args_.between_string_chars(longest_plain);
+  if (phase_ != Phase::Value || need_low_) return false;
+  if (held_ == 0) return args_.between_string_chars(longest_plain);
   ToolCallRecognizer t = *this;  // (where the held bytes would be text)
-  return t.content(dsml::kParamClose.substr(0, held_)) && t.args_.between_string_chars();
+  return t.content(dsml::kParamClose.substr(0, held_)) && !t.need_low_ && t.args_.between_string_chars(longest_plain);
 }
 
 int ToolCallRecognizer::recheck_first_byte() const {
@@ -306,18 +370,36 @@ std::unique_ptr<OutputMask> tool_call_mask(const Tokenizer& tok, int32_t vocab, 
   const auto tables = TokenTables::of(tok, vocab, "DSML tags", [&](std::string_view text) {
     return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return t.find(text) != std::string::npos; });
   });
-  const bool plain_ok = std::none_of(tables->plain.begin(), tables->plain.end(), [&](int32_t id) {
-    return tables->bytes[size_t(id)].find(dsml::kParamClose) != std::string::npos;
-  });
-  return std::make_unique<ToolCallMask>(tok, vocab, std::move(ends), ToolCallRecognizer(std::move(spec), plain_ok), tables);
+  // The plain tokens the shortcut must try (between_string_chars): those that hold a whole parameter close, a
+  // surrogate's \u escape (plain JSON text, which a JSON value takes only as a whole pair) or an escaped quote (plain
+  // JSON text, which would end a DSML key).
+  auto surrogate_escape = [](const std::string& b) {
+    for (size_t i = b.find("\\u"); i != std::string::npos && i + 3 < b.size(); i = b.find("\\u", i + 1))
+      if ((b[i + 2] | 0x20) == 'd' && std::string_view("89abcdefABCDEF").find(b[i + 3]) != std::string_view::npos) return true;
+    return false;
+  };
+  std::vector<int32_t> tried;
+  for (int32_t id : tables->plain) {
+    const std::string& b = tables->bytes[size_t(id)];
+    if (b.find(dsml::kParamClose) != std::string::npos || surrogate_escape(b) || b.find('"') != std::string::npos)
+      tried.push_back(id);
+  }
+  return std::make_unique<ToolCallMask>(tok, vocab, std::move(ends), ToolCallRecognizer(std::move(spec), std::move(tried)),
+                                        tables);
 }
 
 std::vector<std::string> tool_call_fixed_texts(const ToolCallSpec& spec) {
+  using namespace dsml;
   std::vector<std::string> out;
-  for (const ToolCallSpec::Tool& t : spec.tools) out.push_back(dsml::call_opening(t.name));
-  for (int p = 1; p < 5; ++p)
-    for (const std::string& s : choices(p)) out.push_back(s);
-  out.push_back(std::string(dsml::kParamClose));
+  for (const ToolCallSpec::Tool& t : spec.tools) out.push_back(call_opening(t.name));
+  for (int p = 0; p < 5; ++p)
+    for (const std::string& s : choices(p))
+      if (!s.empty()) out.push_back(s);
+  // (the texts that always meet across two pieces: a parameter's close and what follows it, an invoke's close and
+  // what follows it, the block's end)
+  out.push_back(std::string(kParamClose) + "\n<");
+  out.push_back("\n" + std::string(kInvokeClose) + "\n<");
+  out.push_back("\n" + std::string(kInvokeClose) + "\n" + std::string(kCallsClose));
   return out;
 }
 

@@ -40,23 +40,24 @@ struct ToolCallSpec {
 // key never comes twice (parse_calls refuses that). A value ends at the first "</｜DSML｜parameter>" (as parse_calls
 // reads it), so those bytes are held back until they are known to be the close or text; the close may begin only
 // where the value can end. feed() is false at the first byte that no such block can have there; every state it takes
-// can be completed (no dead end), but for a schema whose only values hold the close's text.
+// can be completed (no dead end), but for a schema whose only values hold the close's text. A JSON value is held to
+// what nlohmann reads (parse_calls): no lone surrogate escape, no number beyond a double.
 class ToolCallRecognizer {
  public:
   ToolCallRecognizer() = default;  // (no spec: takes nothing)
-  // plain_text_passes: whether no plain-text token of the vocabulary holds a whole "</｜DSML｜parameter>" (then the
-  // mask's shortcut inside a free string is sound here too: see between_string_chars()).
-  ToolCallRecognizer(std::shared_ptr<const ToolCallSpec> spec, bool plain_text_passes);
+  // tried: the plain-text tokens of the vocabulary the mask's shortcut must try (recheck_ids(): those that hold a whole
+  // "</｜DSML｜parameter>", a surrogate's \u escape or an escaped quote; tool_call_mask finds them).
+  explicit ToolCallRecognizer(std::shared_ptr<const ToolCallSpec> spec, std::vector<int32_t> tried = {});
   bool feed(uint8_t c);
   bool feed(std::string_view bytes);
   bool complete() const { return phase_ == Phase::Done; }
-  // Where plain text passes (TokenMask's shortcut): inside a free string of a value (with bytes of the close held
-  // back: where they would be text), or of a key that may be any key.
-  bool between_string_chars() const;
-  bool escapes_pass() const { return phase_ != Phase::Key; }  // (a key's characters are written as they are)
+  // Where plain text passes (TokenMask's shortcut, with the two lists below tried after all): inside a free string of
+  // a value (with bytes of the close held back: where they would be text), or of a key that may be any key.
+  bool between_string_chars(int64_t longest_plain = INT64_MAX) const;
   // Held back bytes of the close: the byte that goes on with it (the plain tokens that begin with it might end the
   // value, and must be tried); else -1.
   int recheck_first_byte() const;
+  const std::vector<int32_t>& recheck_ids() const { return *tried_; }
 
  private:
   // Choice: one of a point's fixed texts comes next; Name: a function's name; Key: a parameter's name; Value: its value.
@@ -71,6 +72,7 @@ class ToolCallRecognizer {
   bool value_byte(uint8_t c);
   bool content(uint8_t c);         // a byte of the value's text, to the arguments (raw text escaped)
   bool content(std::string_view bytes);
+  bool json_text(uint8_t c);       // a byte of a JSON value: what nlohmann (parse_calls) reads as the schema does
   bool value_may_end() const;      // the value could end here, and the invoke go on after it
   bool args_take_key() const;      // another parameter can begin
   bool args_take_close() const;    // the arguments can end
@@ -87,13 +89,19 @@ class ToolCallRecognizer {
   bool begun_ = false;     // Value, JSON: its first byte other than whitespace has come
   uint8_t held_ = 0;       // Value: bytes of the parameter's close matched and held back (they may still be text)
   bool may_end_ = false;   // Value, held_ > 0: the value could end where the held bytes begin
-  bool plain_ok_ = false;
+  // Value, JSON (json_text): a string's escape so far (0: none; 1: after the backslash; 2-5: \u's hex digits read),
+  // the \u's value so far, whether a high surrogate's escape must come next, and the number being read.
+  uint8_t esc_ = 0;
+  uint16_t u_ = 0;
+  bool need_low_ = false;
+  std::string number_;
+  std::shared_ptr<const std::vector<int32_t>> tried_ = std::make_shared<const std::vector<int32_t>>();
 };
 
 using ToolCallMask = TokenMask<ToolCallRecognizer>;
 extern template class TokenMask<ToolCallRecognizer>;
 
-// The mask of one generation over `spec` (plain_text_passes computed from the tokenizer's tables).
+// The mask of one generation over `spec` (the tables with the DSML tags a tokenizer holds as added tokens as text).
 std::unique_ptr<OutputMask> tool_call_mask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends,
                                            std::shared_ptr<const ToolCallSpec> spec);
 

@@ -214,7 +214,10 @@ void check_output(const json& body, const Request& r, const Tokenizer& tok, cons
     if (e.field == "stop_strings" || e.field == "stop_tokens")
       bad_request("tool_choice", fmt::format("tool_choice cannot be held to here: the server's stops ({}) {}", e.flag,
                                              e.rule));
-    if (e.field == "tool_calls") bad_request("tools", e.rule);  // (a tool that cannot be called: tools[i] named)
+    if (e.field == "tool_calls") {  // (a tool that cannot be called names tools[i]; the rest is tool_choice's)
+      if (e.rule.rfind("tools", 0) == 0) bad_request("tools", e.rule);
+      bad_request("tool_choice", fmt::format("tool_choice {}", e.rule));
+    }
     if (e.field == "format")
       bad_request(r.gen.format == OutputFormat::ToolCalls ? "tool_choice" : "response_format",
                   fmt::format("{} {} (ignore_eos takes EOS away; the server's --stop-token gives others)",
@@ -415,6 +418,8 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
         choice = "named", named = n->get<std::string>();
       }
     }
+    r.gen.tool_calls.parallel = boolean(body, "parallel_tool_calls", true);  // (held by the mask; with "auto", the
+                                                                              // reply's first call kept: ChatReplySplit)
     if (t->empty() && choice != "auto" && choice != "none")
       bad_request("tool_choice", fmt::format("tool_choice {} needs at least one tool", choice == "named" ? "naming a function" : "\"required\""));
     if (!t->empty()) co.tools = t->dump(), r.tools = choice != "none";
@@ -433,7 +438,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
       r.gen.format = OutputFormat::ToolCalls;
       r.gen.tool_calls.tools = t->dump();
       if (choice == "named") r.gen.tool_calls.names = {named};
-      r.gen.tool_calls.parallel = boolean(body, "parallel_tool_calls", true);
+
     }
   } else if (field(body, "tool_choice")) {
     bad_request("tool_choice", "tool_choice needs tools");
@@ -605,7 +610,9 @@ std::optional<std::vector<ToolCall>> ChatReplySplit::finish(std::string& reasoni
     return std::nullopt;
   }
   calls_.push(text, content);
-  return calls_.finish(content);
+  auto calls = calls_.finish(content);
+  if (calls && !parallel_ && calls->size() > 1) calls->resize(1);  // (tool_choice "auto": the mask does not hold it)
+  return calls;
 }
 
 json tool_calls_json(const std::vector<ToolCall>& calls) {

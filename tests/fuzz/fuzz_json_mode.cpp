@@ -154,7 +154,7 @@ void tool_calls(plumb_fuzz::Reader& in) {
   const nlohmann::json tools = {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", schemas[a]}}}},
                                 {{"type", "function"}, {"function", {{"name", "g"}, {"parameters", schemas[b]}}}}};
   const auto spec = plumb::gen::ToolCallSpec::build(tools.dump(), {}, parallel);
-  plumb::gen::ToolCallRecognizer r(spec, true);
+  plumb::gen::ToolCallRecognizer r(spec);
   std::string text;
   auto feed = [&](std::string_view bytes) {
     for (char c : bytes) {

@@ -4,6 +4,7 @@
 
 #include "plumb/engine.h"
 #include "server/openai.h"
+#include "text/dsml.h"
 
 #include "tiny_model.h"
 
@@ -392,6 +393,16 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_EQ(named.gen.format, OutputFormat::ToolCalls);
   EXPECT_EQ(named.gen.tool_calls.names, std::vector<std::string>{"weather"});
   EXPECT_FALSE(named.gen.tool_calls.parallel);
+  // parallel_tool_calls is read with any tool_choice (tool_choice "auto": the reply's first call kept, ChatReplySplit),
+  // and must be a boolean.
+  EXPECT_FALSE(parse_chat(json{{"messages", msgs}, {"tools", two}, {"parallel_tool_calls", false}}, tok, tiny_defaults())
+                   .gen.tool_calls.parallel);
+  try {
+    parse_chat(json{{"messages", msgs}, {"tools", two}, {"parallel_tool_calls", "no"}}, tok, tiny_defaults());
+    ADD_FAILURE() << "parallel_tool_calls \"no\" accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param, "parallel_tool_calls") << e.what();
+  }
   EXPECT_EQ(named.prompt, parse_chat(json{{"messages", msgs}, {"tools", two}}, tok, tiny_defaults()).prompt);
   // A strict tool whose parameters plumb cannot hold: 400 naming tools.
   json strict = two;
@@ -460,6 +471,16 @@ TEST(ServeRequests, ToolCallSplitTakesTheBlockOutAtAnyPieceSize) {
   EXPECT_EQ((*both_calls)[0].name, "now");
   EXPECT_EQ(reasoning, "Use the clock.");
   EXPECT_EQ(said, "Checking.");
+  // parallel_tool_calls false (tool_choice "auto": no mask holds it): the block's first call only.
+  {
+    ChatReplySplit one(false, true, false);
+    std::string r1, c1;
+    one.push(plumb::dsml::render_calls({{"", "a", "{}"}, {"", "b", R"({"x": 1})"}}, "t"), r1, c1);
+    const auto calls = one.finish(r1, c1);
+    ASSERT_TRUE(calls);
+    ASSERT_EQ(calls->size(), 1u);
+    EXPECT_EQ(calls->at(0).name, "a");
+  }
   ChatReplySplit no_tools(false, false);  // (without tools a block is only text)
   std::string none_reasoning, none_said;
   no_tools.push(thought, none_reasoning, none_said);

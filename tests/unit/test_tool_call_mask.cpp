@@ -41,7 +41,7 @@ const char* kTools = R"([
   {"type": "function", "function": {"name": "ping"}}])";
 
 ToolCallRecognizer recognizer(const char* tools = kTools, std::vector<std::string> names = {}, bool parallel = true) {
-  return ToolCallRecognizer(ToolCallSpec::build(tools, names, parallel), true);
+  return ToolCallRecognizer(ToolCallSpec::build(tools, names, parallel));
 }
 
 // Whether `text` is taken whole, each prefix along the way, and is complete only at its end.
@@ -169,7 +169,7 @@ TEST(ToolCallSpec, BuildsAndRefusesByName) {
   const auto loose = ToolCallSpec::build(buf, {}, true);
   ASSERT_EQ(loose->loose.size(), 1u);
   EXPECT_NE(loose->loose[0].find("pattern"), std::string::npos) << loose->loose[0];
-  EXPECT_TRUE(whole(ToolCallRecognizer(loose, true), block({{"", "f", R"({"id": "ABC", "other": [1]})"}})));
+  EXPECT_TRUE(whole(ToolCallRecognizer(loose), block({{"", "f", R"({"id": "ABC", "other": [1]})"}})));
   std::snprintf(buf, sizeof buf, patterned, "\"strict\": true, ");
   EXPECT_NE(message(buf).find("tools[0].function.parameters (\"f\", strict)"), std::string::npos) << message(buf);
   // A property name DSML cannot write: loose too.
@@ -218,7 +218,7 @@ TEST(ToolCallRecognizer, AgreesWithJsonschemaOnItsCasesAsCalls) {
       continue;
     }
     const std::string call = block({{"", "f", text}});
-    ToolCallRecognizer r(spec, true);
+    ToolCallRecognizer r(spec);
     const bool taken = r.feed(call) && r.complete();
     EXPECT_EQ(taken, c["valid"].get<bool>()) << "schema " << c["schema"] << ": " << text << "\n" << call << "\n"
                                              << data["schemas"][c["schema"].get<size_t>()].dump();
@@ -242,7 +242,7 @@ TEST(ToolCallRecognizer, RandomWalksNeverDeadEndAndReadBack) {
                                     {{"type", "function"}, {"function", {{"name", "g"}, {"parameters", data["schemas"][k + 1]}}}}});
     const auto spec = ToolCallSpec::build(tools.dump(), {}, true);
     for (int w = 0; w < 3; ++w, ++walks) {
-      ToolCallRecognizer r(spec, true);
+      ToolCallRecognizer r(spec);
       std::string text;
       for (int step = 0; step < 1500 && !r.complete(); ++step) {
         std::vector<uint8_t> ok;
@@ -299,7 +299,7 @@ TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
     int completed = 0;
     for (int walk = 0; walk < 12; ++walk) {
       auto mask = plumb::gen::tool_call_mask(tok, vocab, {eos}, spec);
-      ToolCallRecognizer shadow(spec, true);
+      ToolCallRecognizer shadow(spec);
       std::string text;
       for (int step = 0; step < 160; ++step) {
         std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
