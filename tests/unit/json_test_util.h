@@ -58,8 +58,9 @@ inline std::string write_byte_level_tokenizer(const std::filesystem::path& dir, 
 // highest logit, every other token a seeded random one below), whatever JSON mode makes of it.
 class PreferringSession : public plumb::Session {
  public:
-  PreferringSession(const plumb::Tokenizer& tok, std::string target, plumb::ModelInfo info)
-      : tok_(tok), target_(std::move(target)), info_(std::move(info)) {}
+  // added_too: added tokens may be what writes the target (the DSML tags a tokenizer holds as added tokens).
+  PreferringSession(const plumb::Tokenizer& tok, std::string target, plumb::ModelInfo info, bool added_too = false)
+      : tok_(tok), target_(std::move(target)), info_(std::move(info)), added_too_(added_too) {}
   std::vector<float> forward(std::span<const int32_t> tokens) override {
     if (pos_ > 0) out_ += tok_.token_bytes(tokens.back());  // (the sampled tokens come back one by one)
     pos_ += int64_t(tokens.size());
@@ -71,7 +72,7 @@ class PreferringSession : public plumb::Session {
     int32_t best = -1;
     for (int32_t id = 0; id < tok_.vocab_size(); ++id) {
       const std::string b = tok_.token_bytes(id);
-      if (!tok_.is_added(id) && !b.empty() && rest.compare(0, b.size(), b) == 0 &&
+      if ((added_too_ || !tok_.is_added(id)) && !b.empty() && rest.compare(0, b.size(), b) == 0 &&
           (best < 0 || b.size() > tok_.token_bytes(best).size()))
         best = id;
     }
@@ -89,6 +90,7 @@ class PreferringSession : public plumb::Session {
   plumb::ModelInfo info_;
   int64_t pos_ = 0;
   std::mt19937 rng_{3};
+  bool added_too_ = false;
 };
 
 // ~129K byte-level tokens at DeepSeek-V4's vocabulary size (its tokenizer is not in the repository): ~60 % words

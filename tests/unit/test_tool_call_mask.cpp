@@ -19,6 +19,7 @@
 #include "generate/token_bits.h"
 #include "generate/tool_call_mask.h"
 #include "json_test_util.h"
+#include "tool_call_test_util.h"
 #include "plumb/text.h"
 #include "text/dsml.h"
 
@@ -302,24 +303,9 @@ TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
       ToolCallRecognizer shadow(spec);
       std::string text;
       for (int step = 0; step < 160; ++step) {
-        std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
-        mask->allowed(bits);
-        std::vector<int32_t> ok;
-        for (int32_t id = 0; id < vocab; ++id) {
-          bool want;
-          if (shadow.complete()) {
-            want = id == eos;
-          } else {
-            const bool markup = std::find(added.begin(), added.end(), tok.token_bytes(id)) != added.end();
-            const std::string b = tok.is_added(id) && !markup ? std::string() : tok.token_bytes(id);
-            ToolCallRecognizer t = shadow;
-            want = !b.empty() && t.feed(b);
-          }
-          ASSERT_EQ(plumb::gen::token_bit(bits, size_t(id)), want) << "token " << id << " [" << tok.token_bytes(id)
-                                                                   << "] after [" << text << "]";
-          if (want) ok.push_back(id);
-        }
-        ASSERT_FALSE(ok.empty());
+        const auto allowed = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, eos, added, text);
+        ASSERT_TRUE(allowed && !allowed->empty());
+        const std::vector<int32_t>& ok = *allowed;
         int32_t id = ok[rng() % ok.size()];
         for (int32_t prefer : ok)  // (lean to the longer tokens: the tags, so that blocks complete)
           if (rng() % 3 == 0 && tok.token_bytes(prefer).size() > tok.token_bytes(id).size()) id = prefer;
@@ -335,7 +321,9 @@ TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
       EXPECT_FALSE(m.tool_calls.empty()) << text;
     }
     EXPECT_GT(completed, 0);
-    if (dsml_added) EXPECT_GT(added_used, 0);
+    if (dsml_added) {
+      EXPECT_GT(added_used, 0);
+    }
     std::filesystem::remove_all(dir);
   }
 }

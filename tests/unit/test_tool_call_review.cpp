@@ -23,6 +23,7 @@
 #include "generate/token_bits.h"
 #include "generate/tool_call_mask.h"
 #include "json_test_util.h"
+#include "tool_call_test_util.h"
 #include "plumb/engine.h"
 #include "plumb/text.h"
 #include "text/dsml.h"
@@ -535,24 +536,9 @@ TEST(ToolCallReview, MaskBitsEqualAPerTokenFeed) {
       ToolCallRecognizer shadow(spec);
       std::string text;
       for (int step = 0; step < 200; ++step, ++steps) {
-        std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
-        mask->allowed(bits);
-        std::vector<int32_t> ok;
-        for (int32_t id = 0; id < vocab; ++id) {
-          bool want;
-          if (shadow.complete()) {
-            want = id == eos;
-          } else {
-            const bool markup = std::find(added_tokens.begin(), added_tokens.end(), tok.token_bytes(id)) != added_tokens.end();
-            const std::string b = tok.is_added(id) && !markup ? std::string() : tok.token_bytes(id);
-            ToolCallRecognizer t = shadow;
-            want = !b.empty() && t.feed(b);
-          }
-          ASSERT_EQ(plumb::gen::token_bit(bits, size_t(id)), want)
-              << "token " << id << " [" << tok.token_bytes(id) << "] after [" << text << "]";
-          if (want) ok.push_back(id);
-        }
-        ASSERT_FALSE(ok.empty());
+        const auto allowed = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, eos, added_tokens, text);
+        ASSERT_TRUE(allowed && !allowed->empty());
+        const std::vector<int32_t>& ok = *allowed;
         int32_t id = ok[rng() % ok.size()];
         for (int32_t prefer : ok)
           if (rng() % 3 == 0 && tok.token_bytes(prefer).size() > tok.token_bytes(id).size()) id = prefer;
@@ -592,21 +578,7 @@ TEST(ToolCallReview, MaskBitsAlongBlocksThatHoldCloses) {
     ToolCallRecognizer shadow(spec);
     ASSERT_TRUE(rev_takes(shadow, b)) << b;
     for (size_t i = 0; i <= b.size(); ++i, ++states) {
-      std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
-      mask->allowed(bits);
-      for (int32_t id = 0; id < vocab; ++id) {
-        bool want;
-        if (shadow.complete()) {
-          want = id == eos;
-        } else {
-          const bool markup = std::find(added.begin(), added.end(), tok.token_bytes(id)) != added.end();
-          const std::string t = tok.is_added(id) && !markup ? std::string() : tok.token_bytes(id);
-          ToolCallRecognizer r = shadow;
-          want = !t.empty() && r.feed(t);
-        }
-        ASSERT_EQ(plumb::gen::token_bit(bits, size_t(id)), want)
-            << "token " << id << " [" << tok.token_bytes(id) << "] after [" << b.substr(0, i) << "]";
-      }
+      ASSERT_TRUE(plumb::testing::mask_step_matches_feed(*mask, shadow, tok, eos, added, b.substr(0, i)));
       if (i == b.size()) break;
       mask->accept(uint8_t(b[i]));
       ASSERT_TRUE(shadow.feed(uint8_t(b[i])));
@@ -808,35 +780,6 @@ TEST(ToolCallReview, DISABLED_ReviewStepCost) {
   std::filesystem::remove_all(dir);
 }
 
-// A session that writes `target`, added tokens included (the longest token whose text comes next, added or not).
-class RevWritingSession : public plumb::Session {
- public:
-  RevWritingSession(const plumb::Tokenizer& tok, std::string target, plumb::ModelInfo info)
-      : tok_(tok), target_(std::move(target)), info_(std::move(info)) {}
-  std::vector<float> forward(std::span<const int32_t> tokens) override {
-    if (pos_ > 0) out_ += tok_.token_bytes(tokens.back());
-    pos_ += int64_t(tokens.size());
-    std::vector<float> l(size_t(info_.vocab_size), 0.0f);
-    const std::string rest = target_.compare(0, out_.size(), out_) == 0 ? target_.substr(out_.size()) : "";
-    for (int32_t id = 0; id < tok_.vocab_size(); ++id) {
-      const std::string b = tok_.token_bytes(id);
-      if (!b.empty() && rest.compare(0, b.size(), b) == 0) l[size_t(id)] = 10.0f + float(b.size());
-    }
-    if (rest.empty()) l[size_t(info_.eos_token)] = 100.0f;
-    return l;
-  }
-  std::vector<float> forward_all(std::span<const int32_t> tokens) override { return forward(tokens); }
-  int64_t position() const override { return pos_; }
-  void reset() override { pos_ = 0, out_.clear(); }
-  const plumb::ModelInfo& info() const override { return info_; }
-
- private:
-  const plumb::Tokenizer& tok_;
-  std::string target_, out_;
-  plumb::ModelInfo info_;
-  int64_t pos_ = 0;
-};
-
 // FINDING (minor): the mask lets the DSML tags a tokenizer holds as (special) added tokens pass as their text, but
 // generate() decodes with GenerateOptions::skip_special, which drops special tokens from the text: with skip_special
 // (a library caller's option; plumb serve turns it off with tools) and OutputFormat::ToolCalls, a model that writes the
@@ -857,13 +800,13 @@ TEST(ToolCallReview, SkipSpecialDoesNotLoseTheTagsTheMaskLetThrough) {
   const std::string target = plumb::dsml::render_calls({{"", "f", R"({"city": "Paris"})"}}, "t");
   const std::vector<int32_t> prompt = {0};
   {
-    RevWritingSession s(tok, target, info);
+    plumb::testing::PreferringSession s(tok, target, info, true);
     const auto r = plumb::generate(s, tok, prompt, g);
     ASSERT_EQ(r.text, target);  // (the tags written as the added tokens)
     ASSERT_EQ(plumb::parse_reply(r.text, false).tool_calls.size(), 1u);
   }
   g.skip_special = true;
-  RevWritingSession s(tok, target, info);
+  plumb::testing::PreferringSession s(tok, target, info, true);
   try {
     const auto r = plumb::generate(s, tok, prompt, g);
     EXPECT_EQ(plumb::parse_reply(r.text, false).tool_calls.size(), 1u) << "the reply's text: [" << r.text << "]";

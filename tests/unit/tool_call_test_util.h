@@ -1,0 +1,49 @@
+// Shared by the tool-call mask's tests: one step of a mask checked against the recognizer fed each token's bytes.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "generate/token_bits.h"
+#include "generate/tool_call_mask.h"
+#include "plumb/text.h"
+
+namespace plumb::testing {
+
+// Whether each token's bit in `mask`'s allowed() is exactly whether `shadow` (the mask's state, kept beside it) takes
+// the token's bytes: once the block is complete EOS alone; an added token only where it is among `added` (the DSML
+// tags a tokenizer holds as added tokens, which pass as text). The allowed ids, or nullopt after a failure naming the
+// token and the text so far.
+inline std::optional<std::vector<int32_t>> mask_step_matches_feed(const gen::OutputMask& mask,
+                                                                  const gen::ToolCallRecognizer& shadow,
+                                                                  const Tokenizer& tok, int32_t eos,
+                                                                  const std::vector<std::string>& added,
+                                                                  const std::string& text) {
+  const int32_t vocab = int32_t(mask.vocab());
+  std::vector<uint32_t> bits(gen::token_bits_words(vocab), 0);
+  mask.allowed(bits);
+  std::vector<int32_t> ok;
+  for (int32_t id = 0; id < vocab; ++id) {
+    bool want;
+    if (shadow.complete()) {
+      want = id == eos;
+    } else {
+      const std::string b = tok.token_bytes(id);
+      const bool as_text = !tok.is_added(id) || std::find(added.begin(), added.end(), b) != added.end();
+      gen::ToolCallRecognizer t = shadow;
+      want = as_text && !b.empty() && t.feed(b);
+    }
+    if (gen::token_bit(bits, size_t(id)) != want) {
+      ADD_FAILURE() << "token " << id << " [" << tok.token_bytes(id) << "] " << (want ? "masked" : "allowed")
+                    << " after [" << text << "]";
+      return std::nullopt;
+    }
+    if (want) ok.push_back(id);
+  }
+  return ok;
+}
+
+}  // namespace plumb::testing
