@@ -228,19 +228,22 @@ class Sampler {
 // enum / const of scalars, anyOf / oneOf, $ref to $defs);
 // any other constraint keyword is refused (plumb::Error naming it, before the session is touched). Keys are written as
 // the schema spells them, enum values as JSON writes them compactly.
-// ToolCalls (plumb serve's tool_choice "required" or a named function): the reply is one DSML tool-call block as
-// DeepSeek-V4's chat encoder renders an assistant turn's calls (the reply's content empty; parse_reply reads it back),
-// each invoke naming one of GenerateOptions::tool_calls' functions and its parameters an instance of that function's
-// `parameters` schema (the subset above; string parameters as raw text with string="true", the others as JSON with
-// string="false"), then the end. A tool whose parameters fall outside the subset has its arguments held to a JSON
-// object only (a notice says so), unless the tool says "strict": true (refused then). Masked as JSON mode is; the block
-// is whole unless a limit cuts it first.
+// ToolCalls (plumb serve's tools): the reply's DSML tool-call block as DeepSeek-V4's chat encoder renders an assistant
+// turn's calls (parse_reply reads it back), each invoke naming one of GenerateOptions::tool_calls' functions and its
+// parameters an instance of that function's `parameters` schema (the subset above; string parameters as raw text with
+// string="true", the others as JSON with string="false"), then the end. With `required` (tool_choice "required" or a
+// named function) the reply is that block (after a thinking reply's reasoning); without (tool_choice "auto") it is any
+// text, and a block it begins (at its tag, as parse_reply finds it) is held so. A tool whose parameters fall outside the
+// subset has its arguments held to a JSON object only (a notice says so), unless the tool says "strict": true (refused
+// then). Masked as JSON mode is; the block is whole unless a limit cuts it first.
 enum class OutputFormat { Text, JsonObject, JsonSchema, ToolCalls };
 // OutputFormat::ToolCalls' functions.
 struct ToolCallOptions {
   std::string tools;               // OpenAI's tools array (JSON text), as the prompt renders them (ChatOptions::tools)
   std::vector<std::string> names;  // the functions the block may call (empty: any of the tools)
   bool parallel = true;            // more than one call in the block (OpenAI's parallel_tool_calls)
+  bool required = true;            // the reply is the block; false: any text, a block it begins held whole
+  bool thinking = false;           // a thinking-mode reply: its reasoning, up to "</think>", comes first (free text)
 };
 // Compiles a schema as OutputFormat::JsonSchema would: throws plumb::Error naming what it does not support (a front end
 // checks a request's schema before queueing it).
@@ -251,9 +254,10 @@ struct GenerateOptions;
 //  - JsonObject / JsonSchema / ToolCalls: a token that ends the output (a stop token, or EOS while stop_at_eos) -> "format";
 //    JsonSchema: the schema given, compiled (check_json_schema's errors), a byte-level tokenizer -> "json_schema";
 //  - ToolCalls: the tools compiled (a name missing or not among them, a strict tool's schema) and a byte-level
-//    tokenizer -> "tool_calls"; no stop token (EOS too, while stop_at_eos) or stop string whose text lies inside the
-//    block's fixed text (a function's opening, the tags), which would end every such reply early -> "stop_tokens",
-//    "stop_strings".
+//    tokenizer -> "tool_calls"; no stop token (EOS too, while stop_at_eos) whose text lies inside the block's fixed
+//    text (a function's opening, the tags), which the mask would have to keep out -> "stop_tokens"; with `required`,
+//    no such stop string, which would end every reply early -> "stop_strings"; not skip_special (tags written as added
+//    tokens would be dropped) -> "skip_special".
 // Throws OptionError naming the field (and the CLI flag that sets it).
 void check_output_options(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token);
 

@@ -72,7 +72,8 @@ std::shared_ptr<const gen::ToolCallSpec> check_tool_calls(const GenerateOptions&
                       "holds as special tokens would be dropped from the reply, which is then no call block");
   std::shared_ptr<const gen::ToolCallSpec> spec;
   try {
-    spec = gen::ToolCallSpec::build(opt.tool_calls.tools, opt.tool_calls.names, opt.tool_calls.parallel);
+    spec = gen::ToolCallSpec::build(opt.tool_calls.tools, opt.tool_calls.names, opt.tool_calls.parallel,
+                                    opt.tool_calls.thinking, opt.tool_calls.required);
   } catch (const Error& e) {
     throw OptionError("tool_calls", "tool_choice", e.what());
   }
@@ -84,7 +85,9 @@ std::shared_ptr<const gen::ToolCallSpec> check_tool_calls(const GenerateOptions&
                           "tool call's \"{}\": it would end the call there", id, escape_line(b),
                           id == eos_token ? " (the model's EOS)" : "", escape_line(o)));
     }
-    for (const std::string& s : opt.stop_strings)
+    // (with required false the reply need not call: a stop string there cuts a block as it cuts any text, and the
+    // block cut comes back as text, as it did before the mask)
+    for (const std::string& s : opt.tool_calls.required ? opt.stop_strings : std::vector<std::string>{})
       if (!s.empty() && o.find(s) != std::string::npos)
         throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside a tool call's "
                           "\"{}\": it would end the call there", escape_line(s), escape_line(o)));

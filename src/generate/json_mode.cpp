@@ -275,11 +275,21 @@ bool TokenMask<R>::passes(int32_t id, const R& from, size_t skip) const {
   return !t_->spaced || s.complete() || s.feed(uint8_t(' '));
 }
 
+namespace {
+// Whether the output may end in state s: where R says so (ToolCallRecognizer before its block), else once complete.
+template <class R>
+bool may_end(const R& s) {
+  if constexpr (requires { s.may_end(); }) return s.may_end();
+  return s.complete();
+}
+}  // namespace
+
 template <class R>
 bool TokenMask<R>::allows(int32_t id) const {
   if (id < 0 || size_t(id) >= is_end_.size()) return false;
   if (state_.complete()) return is_end_[size_t(id)];
-  if (is_end_[size_t(id)] || t_->bytes[size_t(id)].empty()) return false;
+  if (is_end_[size_t(id)]) return may_end(state_);
+  if (t_->bytes[size_t(id)].empty()) return false;
   R s;
   return next_start(s) && passes(id, s);
 }
@@ -340,16 +350,19 @@ void TokenMask<R>::allowed(std::span<uint32_t> bits) const {
       }
     }
   }
-  if (!state_.complete())  // (an end token is the end only: the tables keep its bytes, the mask takes it out)
+  if (!state_.complete()) {  // (an end token is the end only: the tables keep its bytes, the mask takes it out...)
     for (int32_t id : ends_)
       if (token_bit(bits, size_t(id))) clear_token_bit(bits, size_t(id)), --kept;
+    if (may_end(state_))  // (...or lets it through as the end, where the output may end before it is complete)
+      for (int32_t id : ends_) set_token_bit(bits, size_t(id)), ++kept;
+  }
   PLUMB_CHECK(kept > 0, "JSON mode: no token of the vocabulary can continue the output");
 }
 
 template <class R>
 void TokenMask<R>::accept(int32_t id) {
   PLUMB_CHECK(allows(id), "JSON mode: token {} cannot continue the output", id);
-  if (!state_.complete()) {
+  if (!state_.complete() && !is_end_[size_t(id)]) {  // (an end token ends the output: nothing to feed)
     R s;
     next_start(s);
     s.feed(t_->bytes[size_t(id)]);

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "generate/json_mode.h"
+#include "text/chat.h"
 #include "text/dsml.h"
 
 namespace plumb::gen {
@@ -94,7 +95,7 @@ bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r
 }  // namespace
 
 std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_json, const std::vector<std::string>& names,
-                                                       bool parallel) {
+                                                       bool parallel, bool thinking, bool required) {
   json tools;
   try {
     tools = json::parse(tools_json);
@@ -103,7 +104,7 @@ std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_j
   }
   PLUMB_CHECK(tools.is_array(), "tools must be an array of {{\"type\": \"function\", \"function\": {{...}}}} objects");
   auto spec = std::make_shared<ToolCallSpec>();
-  spec->parallel = parallel;
+  spec->parallel = parallel, spec->thinking = thinking, spec->required = required;
   for (size_t i = 0; i < tools.size(); ++i) {
     const json& t = tools[i];
     const json* f = t.is_object() && t.contains("function") && t["function"].is_object() ? &t["function"] : nullptr;
@@ -137,7 +138,32 @@ std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_j
 ToolCallRecognizer::ToolCallRecognizer(std::shared_ptr<const ToolCallSpec> spec, std::vector<int32_t> tried)
     : spec_(std::move(spec)), tried_(std::make_shared<const std::vector<int32_t>>(std::move(tried))) {
   PLUMB_CHECK(spec_ && !spec_->tools.empty(), "tool calls: no tool to call");
-  enter(Point::Open);
+  if (spec_->thinking) phase_ = Phase::Reasoning, at_ = 0;
+  else if (!spec_->required) phase_ = Phase::Text, at_ = 0;
+  else enter(Point::Open);
+}
+
+std::string_view ToolCallRecognizer::free_end() const {
+  return phase_ == Phase::Reasoning ? chat::kThinkEnd : dsml::kCallsOpen;
+}
+
+// Free text, watching for its end: "</think>" after the reasoning, the block's tag after the text. Neither has a '<'
+// past its first byte, so a byte that breaks a partial match can only begin a new one.
+bool ToolCallRecognizer::free_byte(uint8_t c) {
+  const std::string_view end = free_end();
+  if (uint8_t(end[at_]) != c) {
+    at_ = uint8_t(end[0]) == c ? 1 : 0;
+    return true;
+  }
+  if (++at_ < end.size()) return true;
+  if (phase_ == Phase::Reasoning) {  // (the reasoning is over: the block, or free text before one)
+    if (spec_->required) return enter(Point::Open);
+    phase_ = Phase::Text, at_ = 0;
+    return true;
+  }
+  // The tag: the block goes on from there, as the Open text does after its blank line and tag.
+  phase_ = Phase::Choice, point_ = Point::Open, alts_ = 1, at_ = uint32_t(2 + dsml::kCallsOpen.size());
+  return true;
 }
 
 bool ToolCallRecognizer::feed(std::string_view bytes) {
@@ -148,6 +174,8 @@ bool ToolCallRecognizer::feed(std::string_view bytes) {
 
 bool ToolCallRecognizer::feed(uint8_t c) {
   switch (phase_) {
+    case Phase::Reasoning:
+    case Phase::Text: return free_byte(c);
     case Phase::Choice: return choose(c);
     case Phase::Name: return name_byte(c);
     case Phase::Key: return key_byte(c);
@@ -352,6 +380,7 @@ bool ToolCallRecognizer::value_byte(uint8_t c) {
 // there as above; one that does is tried (recheck_first_byte). In a key, any plain text without a '"' is some key's
 // (escapes are written raw; a plain token with a '"', an escaped quote, is tried).
 bool ToolCallRecognizer::between_string_chars(int64_t longest_plain) const {
+  if (phase_ == Phase::Reasoning || phase_ == Phase::Text) return true;  // (recheck_first_byte and recheck_ids: as a close)
   if (phase_ == Phase::Key) return args_.between_string_chars(longest_plain);
   if (phase_ != Phase::Value || need_low_) return false;
   if (held_ == 0) return args_.between_string_chars(longest_plain);
@@ -360,19 +389,22 @@ bool ToolCallRecognizer::between_string_chars(int64_t longest_plain) const {
 }
 
 int ToolCallRecognizer::recheck_first_byte() const {
+  if ((phase_ == Phase::Reasoning || phase_ == Phase::Text) && at_ > 0) return int(uint8_t(free_end()[at_]));
   return phase_ == Phase::Value && held_ > 0 ? int(uint8_t(dsml::kParamClose[held_])) : -1;
 }
 
 std::unique_ptr<OutputMask> tool_call_mask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends,
                                            std::shared_ptr<const ToolCallSpec> spec) {
-  // (a tokenizer that holds a DSML tag, or part of one, as an added token: the model was trained to write that token)
-  const auto tags = tool_call_fixed_texts(ToolCallSpec{});
-  const auto tables = TokenTables::of(tok, vocab, "DSML tags", [&](std::string_view text) {
+  // (a tokenizer that holds a DSML tag, or part of one, as an added token: the model was trained to write that token;
+  // so is DeepSeek's "</think>", which ends a thinking reply's reasoning)
+  auto tags = tool_call_fixed_texts(ToolCallSpec{});
+  if (spec->thinking) tags.emplace_back(chat::kThinkEnd);
+  const auto tables = TokenTables::of(tok, vocab, spec->thinking ? "DSML tags, </think>" : "DSML tags", [&](std::string_view text) {
     return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return t.find(text) != std::string::npos; });
   });
   // The plain tokens the shortcut must try (between_string_chars): those that hold a whole parameter close, a
-  // surrogate's \u escape (plain JSON text, which a JSON value takes only as a whole pair) or an escaped quote (plain
-  // JSON text, which would end a DSML key).
+  // surrogate's \u escape (plain JSON text, which a JSON value takes only as a whole pair), an escaped quote (plain
+  // JSON text, which would end a DSML key), or the whole text that ends a free phase (the block's tag, "</think>").
   auto surrogate_escape = [](const std::string& b) {
     for (size_t i = b.find("\\u"); i != std::string::npos && i + 3 < b.size(); i = b.find("\\u", i + 1))
       if ((b[i + 2] | 0x20) == 'd' && std::string_view("89abcdefABCDEF").find(b[i + 3]) != std::string_view::npos) return true;
@@ -381,7 +413,8 @@ std::unique_ptr<OutputMask> tool_call_mask(const Tokenizer& tok, int32_t vocab, 
   std::vector<int32_t> tried;
   for (int32_t id : tables->plain) {
     const std::string& b = tables->bytes[size_t(id)];
-    if (b.find(dsml::kParamClose) != std::string::npos || surrogate_escape(b) || b.find('"') != std::string::npos)
+    if (b.find(dsml::kParamClose) != std::string::npos || surrogate_escape(b) || b.find('"') != std::string::npos ||
+        b.find(dsml::kCallsOpen) != std::string::npos || b.find(chat::kThinkEnd) != std::string::npos)
       tried.push_back(id);
   }
   return std::make_unique<ToolCallMask>(tok, vocab, std::move(ends), ToolCallRecognizer(std::move(spec), std::move(tried)),

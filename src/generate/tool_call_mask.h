@@ -21,16 +21,21 @@ struct ToolCallSpec {
   };
   std::vector<Tool> tools;
   bool parallel = true;  // more than one invoke in the block
+  // What comes before the block (ToolCallOptions): a thinking-mode reply's reasoning up to "</think>"; and with
+  // `required` false, free text in which the block's tag begins the block (a reply may then end without one).
+  bool thinking = false, required = true;
   // One line per tool whose parameters could not be held (a keyword plumb does not support, a property name DSML
   // cannot write): its arguments are held to be a JSON object only. A tool with "strict": true is refused instead.
   std::vector<std::string> loose;
   // tools_json: OpenAI's tools array. names: the functions that may be called (empty: every tool). Throws plumb::Error
   // naming the tool at fault (tools[i]: no name, a name DSML cannot write, a strict tool's schema) or a name not found.
   static std::shared_ptr<const ToolCallSpec> build(std::string_view tools_json, const std::vector<std::string>& names,
-                                                   bool parallel);
+                                                   bool parallel, bool thinking = false, bool required = true);
 };
 
-// Reads one block, a byte at a time, as dsml::parse_calls reads it back and as render_calls writes it:
+// Reads one block, a byte at a time, as dsml::parse_calls reads it back and as render_calls writes it (after a
+// thinking reply's reasoning and "</think>", and with required false after free text, where the block begins at its
+// tag "<｜DSML｜tool_calls>", as parse_reply finds it):
 //   "\n\n<｜DSML｜tool_calls>\n" INVOKE ("\n" INVOKE)* "\n</｜DSML｜tool_calls>"
 //   INVOKE: "<｜DSML｜invoke name=\"F\">\n" (PARAM "\n")* "</｜DSML｜invoke>", or with no parameter "...\">\n\n</｜DSML｜invoke>"
 //   PARAM:  "<｜DSML｜parameter name=\"K\" string=\"true\">" raw text "</｜DSML｜parameter>", or string="false" and a JSON
@@ -51,6 +56,9 @@ class ToolCallRecognizer {
   bool feed(uint8_t c);
   bool feed(std::string_view bytes);
   bool complete() const { return phase_ == Phase::Done; }
+  // The reply may end here (TokenMask lets the end tokens through beside the text): the block is whole, or (required
+  // false) no block has begun.
+  bool may_end() const { return complete() || (!spec_->required && (phase_ == Phase::Reasoning || phase_ == Phase::Text)); }
   // Where plain text passes (TokenMask's shortcut, with the two lists below tried after all): inside a free string of
   // a value (with bytes of the close held back: where they would be text), or of a key that may be any key.
   bool between_string_chars(int64_t longest_plain = INT64_MAX) const;
@@ -60,8 +68,9 @@ class ToolCallRecognizer {
   const std::vector<int32_t>& recheck_ids() const { return *tried_; }
 
  private:
-  // Choice: one of a point's fixed texts comes next; Name: a function's name; Key: a parameter's name; Value: its value.
-  enum class Phase : uint8_t { Choice, Name, Key, Value, Done };
+  // Reasoning: a thinking reply's, up to "</think>"; Text: free text before the block (required false); Choice: one of
+  // a point's fixed texts comes next; Name: a function's name; Key: a parameter's name; Value: its value.
+  enum class Phase : uint8_t { Reasoning, Text, Choice, Name, Key, Value, Done };
   // The points where fixed text comes: the block's opening, after an invoke's header, after a parameter, a key's
   // string="..." attribute, after an invoke. Each has at most two texts (choices(p)), told apart by their bytes.
   enum class Point : uint8_t { Open, Head, AfterParam, Kind, AfterInvoke };
@@ -70,6 +79,8 @@ class ToolCallRecognizer {
   bool name_byte(uint8_t c);
   bool key_byte(uint8_t c);
   bool value_byte(uint8_t c);
+  bool free_byte(uint8_t c);       // Reasoning, Text: watching for the text that ends them (free_end())
+  std::string_view free_end() const;
   bool content(uint8_t c);         // a byte of the value's text, to the arguments (raw text escaped)
   bool content(std::string_view bytes);
   bool json_text(uint8_t c);       // a byte of a JSON value: what nlohmann (parse_calls) reads as the schema does
@@ -82,7 +93,7 @@ class ToolCallRecognizer {
   Phase phase_ = Phase::Done;
   Point point_ = Point::Open;
   uint8_t alts_ = 0;   // Choice: bit i, text i of the point is still possible
-  uint32_t at_ = 0;    // Choice: the bytes of the point's text matched
+  uint32_t at_ = 0;    // Choice: the bytes of the point's text matched; Reasoning, Text: of free_end()
   std::string text_;   // Name: the function's name so far; Key: the key so far
   std::shared_ptr<const std::vector<std::string>> keys_;  // the current invoke's keys (shared between copies)
   bool raw_ = false;       // Value: string="true" (raw text), else a JSON value

@@ -396,9 +396,9 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
     co.reasoning_effort = effort;
   }
   // Tools: rendered into the prompt; with tool_choice "auto" (the default) the reply is read for calls, with "none" it
-  // is not (the prompt stays the same either way, as vLLM renders it, so the cache and the reasoning kept do too);
-  // "required" or a named function hold the reply to a call block calling the tools, or that function, with arguments
-  // their parameters allow (OutputFormat::ToolCalls), and read it.
+  // is not (the prompt stays the same either way, as vLLM renders it, so the cache and the reasoning kept do too).
+  // OutputFormat::ToolCalls holds a call block to the tools' parameters: with "auto" a block the reply begins, with
+  // "required" or a named function the whole reply (after a thinking reply's reasoning), calling that function.
   if (const json* t = field(body, "tools")) {
     if (!t->is_array()) bad_request("tools", fmt::format("tools must be an array, got {}", t->type_name()));
     std::string choice = "auto", named;
@@ -418,15 +418,17 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
         choice = "named", named = n->get<std::string>();
       }
     }
-    r.gen.tool_calls.parallel = boolean(body, "parallel_tool_calls", true);  // (held by the mask; with "auto", the
-                                                                              // reply's first call kept: ChatReplySplit)
+    r.gen.tool_calls.parallel = boolean(body, "parallel_tool_calls", true);
     if (t->empty() && choice != "auto" && choice != "none")
       bad_request("tool_choice", fmt::format("tool_choice {} needs at least one tool", choice == "named" ? "naming a function" : "\"required\""));
     if (!t->empty()) co.tools = t->dump(), r.tools = choice != "none";
+    if (r.tools) {
+      r.gen.format = OutputFormat::ToolCalls;
+      r.gen.tool_calls.tools = t->dump();
+      r.gen.tool_calls.required = choice != "auto";
+      r.gen.tool_calls.thinking = r.thinking;
+    }
     if (choice == "required" || choice == "named") {
-      if (r.thinking)
-        bad_request("tool_choice", "tool_choice \"required\" or a named function cannot be combined with thinking mode "
-                    "(plumb holds the whole reply to the call block, where the reasoning would come first)");
       bool found = choice == "required";
       for (const json& tool : *t) {  // (a tool without a name is the encoder's error, below, naming it)
         const json* f = tool.is_object() ? field(tool, "function") : nullptr;
@@ -435,10 +437,7 @@ Request parse_chat(const json& body, const Tokenizer& tok, const Defaults& d) {
       }
       if (!found)
         bad_request("tool_choice", fmt::format("tool_choice names function \"{}\", which is not among the tools", named));
-      r.gen.format = OutputFormat::ToolCalls;
-      r.gen.tool_calls.tools = t->dump();
       if (choice == "named") r.gen.tool_calls.names = {named};
-
     }
   } else if (field(body, "tool_choice")) {
     bad_request("tool_choice", "tool_choice needs tools");
@@ -610,9 +609,7 @@ std::optional<std::vector<ToolCall>> ChatReplySplit::finish(std::string& reasoni
     return std::nullopt;
   }
   calls_.push(text, content);
-  auto calls = calls_.finish(content);
-  if (calls && !parallel_ && calls->size() > 1) calls->resize(1);  // (tool_choice "auto": the mask does not hold it)
-  return calls;
+  return calls_.finish(content);
 }
 
 json tool_calls_json(const std::vector<ToolCall>& calls) {

@@ -142,8 +142,7 @@ class ToolCallSplit {
 // taken out of the content (ToolCallSplit). One per choice, for whole responses and streams alike.
 class ChatReplySplit {
  public:
-  // parallel: false (the request's parallel_tool_calls) keeps a block's first call only.
-  ChatReplySplit(bool thinking, bool tools, bool parallel = true) : reasoning_(thinking), tools_(tools), parallel_(parallel) {}
+  ChatReplySplit(bool thinking, bool tools) : reasoning_(thinking), tools_(tools) {}
   // Appends to `reasoning` / `content` the text of `piece` that is final now.
   void push(std::string_view piece, std::string& reasoning, std::string& content);
   // At the end: what was held back, and (with tools) the calls of a complete block ending the reply, else nullopt.
@@ -152,7 +151,7 @@ class ChatReplySplit {
  private:
   ReasoningSplit reasoning_;
   ToolCallSplit calls_;
-  bool tools_, parallel_;
+  bool tools_;
 };
 // The message's tool_calls array: ids, "type": "function", the function's name and arguments.
 json tool_calls_json(const std::vector<ToolCall>& calls);

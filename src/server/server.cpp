@@ -396,7 +396,7 @@ struct Server::Impl {
       const char* finish = finish_reason(ch.o.r.stop);
       if (chat) {
         std::string reasoning, content;
-        ChatReplySplit split(q.thinking, q.tools, q.gen.tool_calls.parallel);
+        ChatReplySplit split(q.thinking, q.tools);
         split.push(ch.text, reasoning, content);
         json calls;
         if (auto tc = split.finish(reasoning, content)) calls = call_ids(*tc), finish = "tool_calls";
@@ -431,8 +431,7 @@ struct Server::Impl {
           const size_t n = size_t(qs.front().n);
           const ResponseIds ids = ids_for(chat);
           std::vector<ChatReplySplit> splits;
-          for (size_t c = 0; c < qs.size() * n; ++c)
-            splits.emplace_back(qs[c / n].thinking, qs[c / n].tools, qs[c / n].gen.tool_calls.parallel);
+          for (size_t c = 0; c < qs.size() * n; ++c) splits.emplace_back(qs[c / n].thinking, qs[c / n].tools);
           std::vector<const char*> finishes(qs.size() * n, nullptr);  // ("tool_calls" where a choice made calls)
           size_t current = 0;  // the choice streaming now, opened or not
           bool opened = false;

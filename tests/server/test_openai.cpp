@@ -4,7 +4,6 @@
 
 #include "plumb/engine.h"
 #include "server/openai.h"
-#include "text/dsml.h"
 
 #include "tiny_model.h"
 
@@ -193,8 +192,6 @@ TEST(ServeRequests, RefusalsNameTheField) {
                  true, "tool_choice", "names function \"g\", which is not among the tools");
   expect_refused(json{{"messages", user}, {"tools", json::array()}, {"tool_choice", "required"}}, true, "tool_choice",
                  "needs at least one tool");
-  expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "required"}, {"thinking", true}}, true,
-                 "tool_choice", "cannot be combined with thinking mode");
   expect_refused(json{{"messages", user}, {"tools", tools}, {"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}},
                  true, "response_format", "tools whose calls are read");
   expect_refused(json{{"messages", user}, {"tool_choice", "auto"}}, true, "tool_choice", "needs tools");
@@ -372,7 +369,8 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_EQ(r.prompt, tok.encode(encode_chat(tt.chat, tt.options)));
   EXPECT_TRUE(r.tools);
   EXPECT_FALSE(r.gen.skip_special);
-  EXPECT_EQ(r.gen.format, OutputFormat::Text);
+  EXPECT_EQ(r.gen.format, OutputFormat::ToolCalls);  // ("auto": a block the reply begins is held to the tools)
+  EXPECT_FALSE(r.gen.tool_calls.required);
   const Request none = parse_chat(json{{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}}, tok, tiny_defaults());
   EXPECT_EQ(none.prompt, r.prompt);  // (the same prompt, as vLLM renders it; the reply is not read for calls)
   EXPECT_FALSE(none.tools);
@@ -393,8 +391,11 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_EQ(named.gen.format, OutputFormat::ToolCalls);
   EXPECT_EQ(named.gen.tool_calls.names, std::vector<std::string>{"weather"});
   EXPECT_FALSE(named.gen.tool_calls.parallel);
-  // parallel_tool_calls is read with any tool_choice (tool_choice "auto": the reply's first call kept, ChatReplySplit),
-  // and must be a boolean.
+  // In thinking mode the block follows the reasoning.
+  const Request thinking = parse_chat(json{{"messages", msgs}, {"tools", two}, {"tool_choice", "required"}, {"thinking", true}},
+                                      tok, tiny_defaults());
+  EXPECT_TRUE(thinking.gen.tool_calls.required && thinking.gen.tool_calls.thinking);
+  // parallel_tool_calls is read with any tool_choice (the mask holds "auto"'s block too), and must be a boolean.
   EXPECT_FALSE(parse_chat(json{{"messages", msgs}, {"tools", two}, {"parallel_tool_calls", false}}, tok, tiny_defaults())
                    .gen.tool_calls.parallel);
   try {
@@ -471,16 +472,6 @@ TEST(ServeRequests, ToolCallSplitTakesTheBlockOutAtAnyPieceSize) {
   EXPECT_EQ((*both_calls)[0].name, "now");
   EXPECT_EQ(reasoning, "Use the clock.");
   EXPECT_EQ(said, "Checking.");
-  // parallel_tool_calls false (tool_choice "auto": no mask holds it): the block's first call only.
-  {
-    ChatReplySplit one(false, true, false);
-    std::string r1, c1;
-    one.push(plumb::dsml::render_calls({{"", "a", "{}"}, {"", "b", R"({"x": 1})"}}, "t"), r1, c1);
-    const auto calls = one.finish(r1, c1);
-    ASSERT_TRUE(calls);
-    ASSERT_EQ(calls->size(), 1u);
-    EXPECT_EQ(calls->at(0).name, "a");
-  }
   ChatReplySplit no_tools(false, false);  // (without tools a block is only text)
   std::string none_reasoning, none_said;
   no_tools.push(thought, none_reasoning, none_said);

@@ -147,6 +147,39 @@ TEST(ToolCallRecognizer, TheCloseEndsAValueOnlyWhereTheValueCanEnd) {
   EXPECT_TRUE(v.feed(" </｜DSML｜parameter>\n"));
 }
 
+// What comes before the block: a thinking reply's reasoning (free, up to "</think>"; with required the block right
+// after it, and the reply cannot end before the block), or free text (required false: the reply may end anywhere in it,
+// and the block's tag begins a block, held as any other).
+TEST(ToolCallRecognizer, ReasoningAndFreeTextBeforeTheBlock) {
+  const std::string call = block({{"", "get_weather", R"({"city": "Rome"})"}});
+  const std::string tagged = call.substr(2);  // (from the tag on)
+  const auto think = ToolCallRecognizer(ToolCallSpec::build(kTools, {}, true, true, true));
+  EXPECT_FALSE(think.may_end());
+  EXPECT_TRUE(whole(think, "Let me see: <tag> </thin and </ then.</think>" + call));
+  ToolCallRecognizer t = think;
+  EXPECT_TRUE(t.feed("ok</think>"));
+  EXPECT_FALSE(t.may_end());
+  EXPECT_FALSE(ToolCallRecognizer(t).feed(uint8_t('H')));  // (required: the block right after the reasoning)
+  EXPECT_FALSE(whole(think, "ok</think>Sure." + call));
+  const auto text = ToolCallRecognizer(ToolCallSpec::build(kTools, {}, true, false, false));
+  ToolCallRecognizer f = text;
+  EXPECT_TRUE(f.may_end() && !f.complete());
+  EXPECT_TRUE(f.feed("Plain answer, a < b, and <｜DSML｜tool not a tag."));
+  EXPECT_TRUE(f.may_end());
+  EXPECT_TRUE(whole(text, "I will call it." + call));
+  EXPECT_TRUE(whole(text, tagged));  // (the tag without the blank line before it)
+  ToolCallRecognizer g = text;
+  EXPECT_TRUE(g.feed("Now: <｜DSML｜tool_calls>"));
+  EXPECT_FALSE(g.may_end());  // (a block begun must be whole)
+  EXPECT_FALSE(ToolCallRecognizer(g).feed(uint8_t('x')));
+  EXPECT_FALSE(whole(text, "x" + block({{"", "get_weather", R"({"days": 3})"}})));  // (city required)
+  const auto both = ToolCallRecognizer(ToolCallSpec::build(kTools, {}, true, true, false));
+  EXPECT_TRUE(both.may_end());
+  EXPECT_TRUE(whole(both, "hm <｜DSML｜tool_calls> in reasoning is text</think>Answer." + call));
+  ToolCallRecognizer b = both;
+  EXPECT_TRUE(b.feed("r</think>c") && b.may_end());
+}
+
 TEST(ToolCallSpec, BuildsAndRefusesByName) {
   EXPECT_EQ(ToolCallSpec::build(kTools, {}, true)->tools.size(), 4u);
   EXPECT_EQ(ToolCallSpec::build(kTools, {"ping"}, true)->tools.size(), 1u);
@@ -281,21 +314,27 @@ TEST(ToolCallRecognizer, RandomWalksNeverDeadEndAndReadBack) {
 // in-string shortcut off: at each step of random generations, each token's bit is whether the recognizer takes its
 // bytes (tried here one by one), and the generated block reads back.
 TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
-  for (int run = 0; run < 3; ++run) {
-    const bool with_close_token = run == 1, dsml_added = run == 2;
+  for (int run = 0; run < 5; ++run) {
+    // (runs 3 and 4: what comes before the block: a thinking reply's reasoning, "</think>" an added token as in
+    // DeepSeek's tokenizer, then the block; free text in which the block's tag begins one, tool_choice "auto")
+    const bool with_close_token = run == 1, dsml_added = run == 2, thinking = run == 3, free_text = run == 4;
     const auto dir = std::filesystem::temp_directory_path() / ("plumb_tool_mask_" + std::to_string(::getpid()));
     std::vector<std::string> extra = {"<｜DSML｜", "</｜DSML｜", "parameter", " name=\"", "\" string=\"", "true\">", "false\">",
                                       "get_", "weather", "city", "\">\n", "\n<", "Paris", "[\"", "\"]", "</", "｜", ">\n",
                                       "a\\nb", "q\\u00e9", "meter>", ">x", "DSML｜parameter>"};
     if (with_close_token) extra.push_back("x</｜DSML｜parameter>");  // (plain text: no quote, no control character)
+    if (thinking || free_text)
+      for (const char* t : {"</thi", "nk>", "x</think>", "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"", "tool_calls>", "a<｜DSML｜t"})
+        extra.push_back(t);
     // (run 2: DSML's markers as added tokens, as a tokenizer may hold them: they pass as the text they are)
     const std::vector<std::string> added = dsml_added ? std::vector<std::string>{"<｜DSML｜", "</｜DSML｜", "｜DSML｜"}
+                                           : thinking ? std::vector<std::string>{"</think>"}
                                                       : std::vector<std::string>{};
     const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, extra, false, added));
     const int32_t eos = tok.token_id("<｜end▁of▁sentence｜>"), vocab = tok.vocab_size();
     ASSERT_GE(eos, 0);
     int added_used = 0;
-    const auto spec = ToolCallSpec::build(kTools, {}, true);
+    const auto spec = ToolCallSpec::build(kTools, {}, true, thinking, !free_text);
     std::mt19937 rng(7);
     int completed = 0;
     for (int walk = 0; walk < 12; ++walk) {
@@ -308,7 +347,8 @@ TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
         const std::vector<int32_t>& ok = *allowed;
         int32_t id = ok[rng() % ok.size()];
         for (int32_t prefer : ok)  // (lean to the longer tokens: the tags, so that blocks complete)
-          if (rng() % 3 == 0 && tok.token_bytes(prefer).size() > tok.token_bytes(id).size()) id = prefer;
+          if (rng() % 3 == 0 && tok.token_bytes(prefer).size() > tok.token_bytes(id).size() && prefer != eos) id = prefer;
+        if (id == eos && !shadow.complete() && step < 150) id = ok[0] == eos ? ok.back() : ok[0];  // (free text goes on)
         mask->accept(id);
         if (id == eos) break;
         added_used += tok.is_added(id);
@@ -317,15 +357,47 @@ TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
       }
       if (!shadow.complete()) continue;
       ++completed;
-      const plumb::ChatMessage m = plumb::parse_reply(text, false);
+      const plumb::ChatMessage m = plumb::parse_reply(text, thinking);
       EXPECT_FALSE(m.tool_calls.empty()) << text;
     }
-    EXPECT_GT(completed, 0);
-    if (dsml_added) {
+    EXPECT_GT(completed, 0) << "run " << run;
+    if (dsml_added || thinking) {
       EXPECT_GT(added_used, 0);
     }
     std::filesystem::remove_all(dir);
   }
+}
+
+// generate() with tool_choice "auto"'s form (required false): a model that answers in text is not changed (its EOS
+// passes where the text may end); one that writes text then a call gets the call; one that begins a block and would
+// leave it malformed (a parameter the tool lacks) is held to a valid one.
+TEST(ToolCallMask, GenerateHoldsAnAutoReplyOnlyWhereItCalls) {
+  const plumb::Tokenizer tok = plumb::Tokenizer::load(PLUMB_TEST_DATA "/../../models/tiny");
+  plumb::ModelInfo info;
+  info.vocab_size = 1216, info.bos_token = 0, info.eos_token = 1, info.max_positions = 4096;
+  plumb::GenerateOptions g;
+  g.sampling.temperature = 0, g.max_tokens = 600;
+  g.format = plumb::OutputFormat::ToolCalls, g.tool_calls.tools = kTools, g.tool_calls.required = false;
+  const std::vector<int32_t> prompt = {0};
+  auto run = [&](const std::string& target) {
+    plumb::testing::PreferringSession s(tok, target, info);
+    return plumb::generate(s, tok, prompt, g);
+  };
+  const auto plain = run("Once upon a time, a fox < a bear.");
+  EXPECT_EQ(plain.text, "Once upon a time, a fox < a bear.");
+  EXPECT_EQ(plain.stop, plumb::StopReason::Token);
+  const std::string call = block({{"", "get_weather", R"({"city": "Oslo"})"}});
+  const auto called = run("Let me look." + call);
+  EXPECT_EQ(called.text, "Let me look." + call);
+  const plumb::ChatMessage m = plumb::parse_reply(called.text, false);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.content, "Let me look.");
+  // (ping takes no parameter: from the one the model would write on, the mask writes the only call it allows; one
+  // call, parallel_tool_calls false)
+  g.tool_calls.parallel = false;
+  const auto held = run("Sure." + block({{"", "ping", R"({"host": "a"})"}}));
+  EXPECT_EQ(held.text, "Sure." + block({{"", "ping", "{}"}}));
+  EXPECT_EQ(held.stop, plumb::StopReason::Token);
 }
 
 // The cost of one step's mask at a 129K-token vocabulary (not a test: run by hand, --gtest_also_run_disabled_tests),

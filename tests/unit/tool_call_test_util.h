@@ -14,9 +14,9 @@
 namespace plumb::testing {
 
 // Whether each token's bit in `mask`'s allowed() is exactly whether `shadow` (the mask's state, kept beside it) takes
-// the token's bytes: once the block is complete EOS alone; an added token only where it is among `added` (the DSML
-// tags a tokenizer holds as added tokens, which pass as text). The allowed ids, or nullopt after a failure naming the
-// token and the text so far.
+// the token's bytes: EOS where the reply may end (the block complete, or free text before one), and once the block is
+// complete nothing else; an added token only where it is among `added` (the DSML tags a tokenizer holds as added tokens,
+// which pass as text). The allowed ids, or nullopt after a failure naming the token and the text so far.
 inline std::optional<std::vector<int32_t>> mask_step_matches_feed(const gen::OutputMask& mask,
                                                                   const gen::ToolCallRecognizer& shadow,
                                                                   const Tokenizer& tok, int32_t eos,
@@ -28,8 +28,10 @@ inline std::optional<std::vector<int32_t>> mask_step_matches_feed(const gen::Out
   std::vector<int32_t> ok;
   for (int32_t id = 0; id < vocab; ++id) {
     bool want;
-    if (shadow.complete()) {
-      want = id == eos;
+    if (id == eos) {
+      want = shadow.may_end();
+    } else if (shadow.complete()) {
+      want = false;
     } else {
       const std::string b = tok.token_bytes(id);
       const bool as_text = !tok.is_added(id) || std::find(added.begin(), added.end(), b) != added.end();
