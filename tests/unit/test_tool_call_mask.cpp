@@ -426,6 +426,21 @@ TEST(ToolCallMask, DISABLED_StepCostAtALargeVocabulary) {
     }
     std::printf("%d tools: %d steps (a byte each), mean %.2f ms, worst %.2f ms per allowed()\n", n, steps, total / steps, worst);
   }
+  // tool_choice "auto": the reply's free text before any block (every step of a reply that does not call).
+  const auto spec = ToolCallSpec::build(kTools, {}, true, false, false);
+  auto mask = plumb::gen::tool_call_mask(tok, vocab, {vocab - 2}, spec);
+  std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab));
+  double worst = 0, total = 0;
+  int steps = 0;
+  for (char c : std::string("Once upon a time, in a land <far> away, \"quoted\" and\nmore </think> text.")) {
+    std::fill(bits.begin(), bits.end(), 0u);
+    const auto t0 = std::chrono::steady_clock::now();
+    mask->allowed(bits);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    worst = std::max(worst, ms), total += ms, ++steps;
+    mask->accept(uint8_t(c));
+  }
+  std::printf("auto, free text: %d steps, mean %.2f ms, worst %.2f ms per allowed()\n", steps, total / steps, worst);
   std::filesystem::remove_all(dir);
 }
 
