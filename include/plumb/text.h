@@ -254,10 +254,11 @@ struct GenerateOptions;
 //  - JsonObject / JsonSchema / ToolCalls: a token that ends the output (a stop token, or EOS while stop_at_eos) -> "format";
 //    JsonSchema: the schema given, compiled (check_json_schema's errors), a byte-level tokenizer -> "json_schema";
 //  - ToolCalls: the tools compiled (a name missing or not among them, a strict tool's schema) and a byte-level
-//    tokenizer -> "tool_calls"; no stop token (EOS too, while stop_at_eos) whose text lies inside the block's fixed
-//    text (a function's opening, the tags), which the mask would have to keep out -> "stop_tokens"; with `required`,
-//    no such stop string, which would end every reply early -> "stop_strings"; not skip_special (tags written as added
-//    tokens would be dropped) -> "skip_special".
+//    tokenizer -> "tool_calls"; no stop token (EOS too, while stop_at_eos) that is text (not an added token), which the
+//    mask would have to keep out of the block where it may be needed, nor, thinking and required, "</think>" ->
+//    "stop_tokens"; with `required`, no stop string inside the block's fixed text (a function's opening, the tags,
+//    "</think>" before them), which would end every reply early -> "stop_strings"; not skip_special (tags written as
+//    added tokens would be dropped) -> "skip_special".
 // Throws OptionError naming the field (and the CLI flag that sets it).
 void check_output_options(const GenerateOptions& opt, const Tokenizer& tok, int32_t eos_token);
 

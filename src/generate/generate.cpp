@@ -10,6 +10,7 @@
 #include "generate/json_schema.h"
 #include "generate/tool_call_mask.h"
 #include "plumb/text.h"
+#include "text/chat.h"
 
 namespace plumb {
 
@@ -58,9 +59,9 @@ struct CompiledOutput {
   std::shared_ptr<const gen::ToolCallSpec> tools;   // ToolCalls
 };
 
-// (The tool-call mask writes the block byte by byte, so it needs a tokenizer's bytes as decode writes them, and no end
-// inside the block's fixed text: a stop token or string there would end every reply before the block is whole, and
-// keeping a stop token out could leave no way on.)
+// (The tool-call mask writes the block byte by byte, so it needs a tokenizer's bytes as decode writes them, no stop
+// token that is text (keeping it out could leave no way on) and, where the block is required, no stop string inside
+// its fixed text (it would end every reply before the block is whole).)
 std::shared_ptr<const gen::ToolCallSpec> check_tool_calls(const GenerateOptions& opt, const Tokenizer& tok,
                                                           int32_t eos_token) {
   if (tok.spaced_tokens())
@@ -77,21 +78,25 @@ std::shared_ptr<const gen::ToolCallSpec> check_tool_calls(const GenerateOptions&
   } catch (const Error& e) {
     throw OptionError("tool_calls", "tool_choice", e.what());
   }
-  for (const std::string& o : gen::tool_call_fixed_texts(*spec)) {
-    for (int32_t id : end_tokens(opt, eos_token)) {
-      const std::string b = id >= 0 && id < tok.vocab_size() && !tok.is_added(id) ? tok.token_bytes(id) : std::string();
-      if (!b.empty() && o.find(b) != std::string::npos)
-        throw OptionError("stop_tokens", "--stop-token", fmt::format("holds token {} (\"{}\"){}, which is text inside a "
-                          "tool call's \"{}\": it would end the call there", id, escape_line(b),
-                          id == eos_token ? " (the model's EOS)" : "", escape_line(o)));
-    }
-    // (with required false the reply need not call: a stop string there cuts a block as it cuts any text, and the
-    // block cut comes back as text, as it did before the mask)
-    for (const std::string& s : opt.tool_calls.required ? opt.stop_strings : std::vector<std::string>{})
-      if (!s.empty() && o.find(s) != std::string::npos)
-        throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside a tool call's "
-                          "\"{}\": it would end the call there", escape_line(s), escape_line(o)));
+  // A stop token that is text (not an added token) would be needed wherever its text comes in the block, in a tag, a
+  // key or a value, where the mask keeps it out (it only ends the reply): a key that must hold it has no way on. An
+  // added token that is "</think>" ends a thinking reply's reasoning, after which a required block must come.
+  for (int32_t id : end_tokens(opt, eos_token)) {
+    const std::string b = id >= 0 && id < tok.vocab_size() ? tok.token_bytes(id) : std::string();
+    const bool think_end = spec->thinking && spec->required && b == chat::kThinkEnd;
+    if (!b.empty() && (!tok.is_added(id) || think_end))
+      throw OptionError("stop_tokens", "--stop-token", fmt::format("holds token {} (\"{}\"){}, which is {}: tool calls "
+                        "take no such stop token", id, escape_line(b), id == eos_token ? " (the model's EOS)" : "",
+                        think_end ? "the end of the reasoning before a required call" : "text a call may need to write"));
   }
+  // (with required false the reply need not call: a stop string there cuts a block as it cuts any text, and the
+  // block cut comes back as text, as it did before the mask)
+  if (opt.tool_calls.required)
+    for (const std::string& o : gen::tool_call_fixed_texts(*spec))
+      for (const std::string& s : opt.stop_strings)
+        if (!s.empty() && o.find(s) != std::string::npos)
+          throw OptionError("stop_strings", "--stop", fmt::format("holds \"{}\", which is text inside a tool call's "
+                            "\"{}\": it would end the call there", escape_line(s), escape_line(o)));
   return spec;
 }
 

@@ -424,7 +424,11 @@ std::unique_ptr<OutputMask> tool_call_mask(const Tokenizer& tok, int32_t vocab, 
 std::vector<std::string> tool_call_fixed_texts(const ToolCallSpec& spec) {
   using namespace dsml;
   std::vector<std::string> out;
-  for (const ToolCallSpec::Tool& t : spec.tools) out.push_back(call_opening(t.name));
+  for (const ToolCallSpec::Tool& t : spec.tools) {
+    out.push_back(call_opening(t.name));
+    // (a thinking reply's reasoning ends right before a required block)
+    if (spec.thinking && spec.required) out.push_back(std::string(chat::kThinkEnd) + call_opening(t.name));
+  }
   for (int p = 0; p < 5; ++p)
     for (const std::string& s : choices(p))
       if (!s.empty()) out.push_back(s);

@@ -368,7 +368,7 @@ TEST(ToolCallReview, RandomBlocksAgreeWithParseCallsAndTheSchema) {
     ASSERT_TRUE(spec->loose.empty());
     const RevOracle oracle{spec};
     std::mt19937 rng(parallel ? 5 : 6);
-    for (int i = 0; i < 60000; ++i) {
+    for (int i = 0; i < 15000; ++i) {  // (60,000 in the review itself; fewer keep CI's ASan build short)
       const RevBlock b = rev_random_block(rng, parallel);
       std::string why;
       const bool want = oracle(b.text, &why) && b.layout_ok;
@@ -422,10 +422,10 @@ TEST(ToolCallReview, EveryShortValueAgreesWithTheOracle) {
                                               : std::vector<std::string>{"any", "arr", "obj", "en"};
     std::vector<std::string> values = {""};
     for (size_t i = 0; i < values.size(); ++i)
-      if (values[i].size() < 40 && std::count(values[i].begin(), values[i].end(), '\x01') < 5) {
-        // (symbols counted by a separator, removed below)
+      if (values[i].size() < 40 && std::count(values[i].begin(), values[i].end(), '\x01') < 4) {
+        // (symbols counted by a separator, removed below; up to 4 of them, 5 in the review itself)
         for (const auto& a : alpha)
-          if (std::count(values[i].begin(), values[i].end(), '\x01') < 5) values.push_back(values[i] + a + '\x01');
+          if (std::count(values[i].begin(), values[i].end(), '\x01') < 4) values.push_back(values[i] + a + '\x01');
       }
     for (const std::string& key : keys)
       for (std::string v : values) {
@@ -468,7 +468,7 @@ TEST(ToolCallReview, WalksAroundHeldClosesNeverDeadEnd) {
       const auto spec = ToolCallSpec::build(tools, {}, parallel);
       const RevOracle oracle{spec};
       std::mt19937 rng(walks + 11);
-      for (int w = 0; w < 150; ++w, ++walks) {
+      for (int w = 0; w < 40; ++w, ++walks) {  // (150 in the review itself)
         ToolCallRecognizer r(spec);
         std::string text;
         for (int step = 0; step < 700 && !r.complete(); ++step, ++steps_total) {
@@ -682,7 +682,7 @@ const std::string kRevCostTools = R"([{"type": "function", "function": {"name": 
 // an added token: the mask makes it text, and plain) turns the in-string shortcut off for the whole generation
 // (plain_ok false): every step inside a raw string then tries every token, ~23 ms per step at 129K tokens on the
 // review machine against ~1.6 ms with the shortcut (14x), for the sake of a handful of tokens.
-TEST(ToolCallReview, ACloseTokenDoesNotTurnTheShortcutOff) {
+TEST(ToolCallReview, DISABLED_ACloseTokenDoesNotTurnTheShortcutOff) {  // (timed: run by hand)
   const std::string prefix = kRevOpen + "t\">\n" + kRevP + "free\" string=\"true\">Some text about Paris";
   const double on = rev_step_ms(rev_big_tok(false), kRevCostTools, prefix);
   const double off = rev_step_ms(rev_big_tok(true), kRevCostTools, prefix);
@@ -694,12 +694,29 @@ TEST(ToolCallReview, ACloseTokenDoesNotTurnTheShortcutOff) {
 // "free" (SchemaRecognizer::between_string_chars: max_length < 0 only), so every step inside it tries every token
 // whose first two bytes pass (all of them): ~21 ms per step at 129K tokens, ~13x a free string's (structured output's
 // own mask: ~18 ms in the same state).
-TEST(ToolCallReview, ARawStringWithMaxLengthCostsAboutAFreeOne) {
+TEST(ToolCallReview, DISABLED_ARawStringWithMaxLengthCostsAboutAFreeOne) {  // (timed: run by hand)
   const std::string head = kRevOpen + "t\">\n" + kRevP;
   const double free_ms = rev_step_ms(rev_big_tok(false), kRevCostTools, head + "free\" string=\"true\">Some text");
   const double bounded = rev_step_ms(rev_big_tok(false), kRevCostTools, head + "short\" string=\"true\">Some text");
   std::printf("[ review ] raw string at 129K tokens: %.2f ms per step, %.2f ms with maxLength 200\n", free_ms, bounded);
   EXPECT_LT(bounded, 3 * free_ms + 1.0) << "free " << free_ms << " ms, with maxLength " << bounded << " ms";
+}
+
+// The two cost findings above, as what gives the speed rather than a timing (which has no place in a unit test): the
+// in-string shortcut holds in a raw string whatever plain tokens hold a close (those are tried, recheck_ids), and in a
+// string with maxLength while the longest plain token fits what is left.
+TEST(ToolCallReview, TheShortcutHoldsWithCloseTokensAndInBoundedStrings) {
+  const auto spec = ToolCallSpec::build(kRevCostTools, {}, true);
+  const std::string head = kRevOpen + "t\">\n" + kRevP;
+  ToolCallRecognizer free_string(spec, {7, 9});  // (two ids standing for plain tokens that hold a close)
+  ASSERT_TRUE(free_string.feed(head + "free\" string=\"true\">Some text"));
+  EXPECT_TRUE(free_string.between_string_chars(16));
+  EXPECT_EQ(free_string.recheck_ids(), (std::vector<int32_t>{7, 9}));
+  ToolCallRecognizer bounded(spec);
+  ASSERT_TRUE(bounded.feed(head + "short\" string=\"true\">Some text"));  // (maxLength 200: 191 left)
+  EXPECT_TRUE(bounded.between_string_chars(16));
+  EXPECT_TRUE(bounded.between_string_chars(191));
+  EXPECT_FALSE(bounded.between_string_chars(192));
 }
 
 // The cost of one step's mask at the synthetic 129K vocabulary in states the existing cost test does not reach (run by
