@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "generate/json_schema.h"
@@ -255,13 +256,30 @@ std::shared_ptr<const TokenTables> TokenTables::of(const Tokenizer& tok, int32_t
   });
 }
 
+namespace {
+// What the errors call a mask over R.
+template <class R>
+constexpr const char* mask_name() {
+  if constexpr (std::is_same_v<R, ToolCallRecognizer>) return "tool calls";
+  if constexpr (std::is_same_v<R, SchemaRecognizer>) return "structured output";
+  return "JSON mode";
+}
+
+// Whether the output may end in state s: where R says so (ToolCallRecognizer before its block), else once complete.
+template <class R>
+bool may_end(const R& s) {
+  if constexpr (requires { s.may_end(); }) return s.may_end();
+  return s.complete();
+}
+}  // namespace
+
 template <class R>
 TokenMask<R>::TokenMask(const Tokenizer& tok, int32_t vocab, std::vector<int32_t> ends, R start,
                         std::shared_ptr<const TokenTables> tables)
     : t_(tables ? std::move(tables) : TokenTables::of(tok, vocab)), is_end_(size_t(vocab), 0), state_(std::move(start)) {
-  PLUMB_CHECK(!ends.empty(), "JSON mode needs a token that ends the generation (EOS or a stop token)");
+  PLUMB_CHECK(!ends.empty(), "{} needs a token that ends the generation (EOS or a stop token)", mask_name<R>());
   for (int32_t id : ends) {
-    PLUMB_CHECK(id >= 0 && id < vocab, "JSON mode: end token {} is outside the vocabulary [0, {})", id, vocab);
+    PLUMB_CHECK(id >= 0 && id < vocab, "{}: end token {} is outside the vocabulary [0, {})", mask_name<R>(), id, vocab);
     if (!is_end_[size_t(id)]) ends_.push_back(id);
     is_end_[size_t(id)] = 1;
   }
@@ -275,14 +293,6 @@ bool TokenMask<R>::passes(int32_t id, const R& from, size_t skip) const {
   return !t_->spaced || s.complete() || s.feed(uint8_t(' '));
 }
 
-namespace {
-// Whether the output may end in state s: where R says so (ToolCallRecognizer before its block), else once complete.
-template <class R>
-bool may_end(const R& s) {
-  if constexpr (requires { s.may_end(); }) return s.may_end();
-  return s.complete();
-}
-}  // namespace
 
 template <class R>
 bool TokenMask<R>::allows(int32_t id) const {
@@ -303,8 +313,8 @@ void OutputMask::apply(std::span<float> logits) const {
 
 template <class R>
 void TokenMask<R>::allowed(std::span<uint32_t> bits) const {
-  PLUMB_CHECK(bits.size() == token_bits_words(int64_t(is_end_.size())), "JSON mode: a mask of {} words for a vocabulary "
-              "of {}", bits.size(), is_end_.size());
+  PLUMB_CHECK(bits.size() == token_bits_words(int64_t(is_end_.size())), "{}: a mask of {} words for a vocabulary of {}",
+              mask_name<R>(), bits.size(), is_end_.size());
   const TokenTables& t = *t_;
   // (every id is set at most once below: the lists and the two-byte buckets are disjoint)
   auto keep = [&](size_t id) { set_token_bit(bits, id); };
@@ -356,12 +366,12 @@ void TokenMask<R>::allowed(std::span<uint32_t> bits) const {
     if (may_end(state_))  // (...or lets it through as the end, where the output may end before it is complete)
       for (int32_t id : ends_) set_token_bit(bits, size_t(id)), ++kept;
   }
-  PLUMB_CHECK(kept > 0, "JSON mode: no token of the vocabulary can continue the output");
+  PLUMB_CHECK(kept > 0, "{}: no token of the vocabulary can continue the output", mask_name<R>());
 }
 
 template <class R>
 void TokenMask<R>::accept(int32_t id) {
-  PLUMB_CHECK(allows(id), "JSON mode: token {} cannot continue the output", id);
+  PLUMB_CHECK(allows(id), "{}: token {} cannot continue the output", mask_name<R>(), id);
   if (!state_.complete() && !is_end_[size_t(id)]) {  // (an end token ends the output: nothing to feed)
     R s;
     next_start(s);
