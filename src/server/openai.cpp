@@ -9,8 +9,6 @@
 #include <numeric>
 #include <random>
 
-#include "core/notice.h"
-
 namespace plumb::server {
 
 void bad_request(const std::string& param, const std::string& message) {
@@ -207,14 +205,15 @@ void common_fields(const json& body, const Defaults& d, Request& r) {
 // end token and schema (response_format, or tool_choice's), a tool that cannot be called (tools), a stop inside a tool
 // call's fixed text (stop, or tool_choice for the server's own stops). Tool calls under tool_choice "auto" that cannot
 // be held (no end token: ignore_eos; a stop token that is text; a strict tool plumb cannot hold, two tools of one name;
-// a spaced tokenizer) are served unmasked, as before the mask, with a notice: "auto" asks for no call.
+// a spaced tokenizer) are served unmasked, as before the mask, with a line in the server's log (Request::note): "auto"
+// asks for no call.
 void check_output(const json& body, Request& r, const Tokenizer& tok, const Defaults& d) {
   if (r.gen.format == OutputFormat::ToolCalls && !r.gen.tool_calls.required) {
     try {
       check_output_options(r.gen, tok, d.eos_token);
     } catch (const OptionError& e) {
-      notice(fmt::format("plumb serve: tool_choice \"auto\": the reply's calls are read as written, not held to the "
-                         "tools ({}: {})", e.field, e.rule));
+      r.note = fmt::format("tool_choice \"auto\": the reply's calls are read as written, not held to the tools ({}: {})",
+                           e.field, e.rule);
       r.gen.format = OutputFormat::Text;
     }
     return;

@@ -70,6 +70,7 @@ struct Request {
   // "n": choices for this prompt, sampled one after another; choice j draws with the seed + j (so a request's choices
   // differ, and each prompt of a request has the same choices whatever the others are).
   int n = 1;
+  std::string note;  // a line for the server's log (tool_choice "auto" served unmasked, and why)
 };
 // The most choices (prompts x n) one request may ask for.
 inline constexpr int kMaxChoices = 128;

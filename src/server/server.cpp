@@ -343,6 +343,7 @@ struct Server::Impl {
       const json body = parse_body(req.body);
       if (chat) qs.push_back(parse_chat(body, *tok, defaults));
       else qs = parse_completion(body, *tok, defaults);
+      if (!qs.empty() && !qs.front().note.empty()) log(fmt::format("{}: {}", path, qs.front().note));
       if (stopping) throw shutting_down();
       // (the one generating counts too: max_queue wait behind it)
       if (in_flight.fetch_add(1) >= opt.max_queue + 1) {

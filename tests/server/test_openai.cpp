@@ -391,6 +391,12 @@ TEST(ServeRequests, ToolsAndToolCallsAreRendered) {
   EXPECT_EQ(named.gen.format, OutputFormat::ToolCalls);
   EXPECT_EQ(named.gen.tool_calls.names, std::vector<std::string>{"weather"});
   EXPECT_FALSE(named.gen.tool_calls.parallel);
+  // "auto" that the mask cannot hold (here ignore_eos leaves nothing to end a block) is served unmasked, with a note
+  // for the log; "required" is refused.
+  const Request loose = parse_chat(json{{"messages", msgs}, {"tools", two}, {"ignore_eos", true}}, tok, tiny_defaults());
+  EXPECT_EQ(loose.gen.format, OutputFormat::Text);
+  EXPECT_NE(loose.note.find("tool_choice \"auto\""), std::string::npos) << loose.note;
+  EXPECT_TRUE(r.note.empty());
   // In thinking mode the block follows the reasoning.
   const Request thinking = parse_chat(json{{"messages", msgs}, {"tools", two}, {"tool_choice", "required"}, {"thinking", true}},
                                       tok, tiny_defaults());
