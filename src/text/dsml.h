@@ -34,8 +34,8 @@ std::string render_tools(const std::string& tools_json);
 std::string render_calls(const std::vector<ToolCall>& calls, const std::string& what);
 
 // What an assistant turn whose content is empty begins with when it calls `name` first: the block's opening and the
-// first invoke's, up to the first parameter (render_calls' first bytes; plumb serve's tool_choice "required" or a named
-// function holds a reply to it: GenerateOptions::reply_opens_with).
+// first invoke's, up to the first parameter (render_calls' first bytes; the tool-call mask's fixed text,
+// tool_call_mask.h).
 std::string call_opening(std::string_view name);
 
 // The calls of `block`, which must be exactly one complete "<｜DSML｜tool_calls>...</｜DSML｜tool_calls>" block;

@@ -72,7 +72,7 @@ TEST_F(MaskReview, AStopStringInsideTheOpeningIsRefusedOrKeptOut) {
 
 // Found by a review (fixed since): EOS stops the generation (stop_at_eos) but is not among the OpeningMask's end tokens, nor checked against
 // the openings as the stop tokens are: a model whose EOS is a text token ("\n" here) can end the reply before its
-// opening (JSON mode counts EOS among its ends; reply_opens_with does not).
+// opening (JSON mode counts EOS among its ends; reply_opens_with did not; the tool-call block refuses a text EOS).
 TEST_F(MaskReview, EosIsKeptOutUntilTheOpeningIsWhole) {
   const int32_t newline = tok.encode("\n").at(0);
   ASSERT_FALSE(tok.is_added(newline));
