@@ -25,6 +25,7 @@
 #include "generate/token_bits.h"
 #include "generate/tool_call_mask.h"
 #include "json_test_util.h"
+#include "tool_call_test_util.h"
 #include "plumb/engine.h"
 #include "plumb/text.h"
 #include "text/dsml.h"
@@ -281,41 +282,6 @@ std::unique_ptr<FreeVocab> free_vocab(const std::string& name, const std::vector
   return v;
 }
 
-// The bits of one step against the recognizer fed each token's bytes: an end token where (and only where) the reply
-// may end; nothing else once complete; an added token only where `added_text` holds its text (as text).
-::testing::AssertionResult free_mask_step(const plumb::gen::OutputMask& mask, const ToolCallRecognizer& shadow,
-                                          const plumb::Tokenizer& tok, const std::vector<int32_t>& ends,
-                                          const std::vector<std::string>& added_text, const std::string& text,
-                                          std::vector<int32_t>& ok) {
-  const int32_t vocab = int32_t(mask.vocab());
-  std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab), 0);
-  try {
-    mask.allowed(bits);
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "allowed() threw after [" << text << "]: " << e.what();
-  }
-  ok.clear();
-  for (int32_t id = 0; id < vocab; ++id) {
-    bool want;
-    if (std::find(ends.begin(), ends.end(), id) != ends.end()) {
-      want = shadow.may_end();
-    } else if (shadow.complete()) {
-      want = false;
-    } else {
-      const std::string b = tok.token_bytes(id);
-      const bool as_text = !tok.is_added(id) || std::find(added_text.begin(), added_text.end(), b) != added_text.end();
-      ToolCallRecognizer t = shadow;
-      want = as_text && !b.empty() && t.feed(b);
-    }
-    if (plumb::gen::token_bit(bits, size_t(id)) != want)
-      return ::testing::AssertionFailure() << "token " << id << " [" << tok.token_bytes(id) << "] "
-                                           << (want ? "masked" : "allowed") << " after [" << text << "]";
-    if (want) ok.push_back(id);
-  }
-  if (ok.empty()) return ::testing::AssertionFailure() << "nothing allowed after [" << text << "]";
-  return ::testing::AssertionSuccess();
-}
-
 TEST(ToolCallFreeReview, MaskBitsEqualAPerTokenFeedInTheFreePhases) {
   const std::vector<std::string> extra = {
       "<｜DSML｜", "</｜DSML｜", "｜DSML｜", "tool_calls>", "tool_calls>\n", "<｜DS", "ML｜tool_calls>", "｜tool", "_calls>",
@@ -356,7 +322,11 @@ TEST(ToolCallFreeReview, MaskBitsEqualAPerTokenFeedInTheFreePhases) {
       std::string text;
       std::vector<int32_t> ok;
       for (int step = 0; step < 120; ++step, ++steps) {
-        ASSERT_TRUE(free_mask_step(*mask, shadow, tok, ends, added_text, text, ok)) << "config " << config;
+        {
+          auto step_ok = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, ends, added_text, text);
+          ASSERT_TRUE(step_ok) << "config " << config;
+          ok = std::move(*step_ok);
+        }
         int32_t id = ok[rng() % ok.size()];
         for (int32_t prefer : ok)  // (lean to longer tokens: the tags)
           if (rng() % 3 == 0 && tok.token_bytes(prefer).size() > tok.token_bytes(id).size()) id = prefer;
@@ -654,7 +624,11 @@ TEST(ToolCallFreeReview, MaskBitsOverTheTinyTokenizer) {
       std::string text;
       std::vector<int32_t> ok;
       for (int step = 0; step < 150 && !shadow.complete(); ++step, ++steps) {
-        ASSERT_TRUE(free_mask_step(*mask, shadow, tok, {eos}, added_text, text, ok));
+        {
+          auto step_ok = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, {eos}, added_text, text);
+          ASSERT_TRUE(step_ok);
+          ok = std::move(*step_ok);
+        }
         // (follow the target with the longest allowed token that goes on with it, else a random allowed token)
         int32_t id = -1;
         const std::string rest = target.compare(0, text.size(), text) == 0 ? target.substr(text.size()) : "";

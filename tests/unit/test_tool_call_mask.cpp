@@ -342,7 +342,7 @@ TEST(ToolCallMask, EachTokenIsAllowedExactlyWhenItsBytesAre) {
       ToolCallRecognizer shadow(spec);
       std::string text;
       for (int step = 0; step < 160; ++step) {
-        const auto allowed = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, eos, added, text);
+        const auto allowed = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, {eos}, added, text);
         ASSERT_TRUE(allowed && !allowed->empty());
         const std::vector<int32_t>& ok = *allowed;
         int32_t id = ok[rng() % ok.size()];

@@ -536,7 +536,7 @@ TEST(ToolCallReview, MaskBitsEqualAPerTokenFeed) {
       ToolCallRecognizer shadow(spec);
       std::string text;
       for (int step = 0; step < 200; ++step, ++steps) {
-        const auto allowed = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, eos, added_tokens, text);
+        const auto allowed = plumb::testing::mask_step_matches_feed(*mask, shadow, tok, {eos}, added_tokens, text);
         ASSERT_TRUE(allowed && !allowed->empty());
         const std::vector<int32_t>& ok = *allowed;
         int32_t id = ok[rng() % ok.size()];
@@ -578,7 +578,7 @@ TEST(ToolCallReview, MaskBitsAlongBlocksThatHoldCloses) {
     ToolCallRecognizer shadow(spec);
     ASSERT_TRUE(rev_takes(shadow, b)) << b;
     for (size_t i = 0; i <= b.size(); ++i, ++states) {
-      ASSERT_TRUE(plumb::testing::mask_step_matches_feed(*mask, shadow, tok, eos, added, b.substr(0, i)));
+      ASSERT_TRUE(plumb::testing::mask_step_matches_feed(*mask, shadow, tok, {eos}, added, b.substr(0, i)));
       if (i == b.size()) break;
       mask->accept(uint8_t(b[i]));
       ASSERT_TRUE(shadow.feed(uint8_t(b[i])));

@@ -14,21 +14,27 @@
 namespace plumb::testing {
 
 // Whether each token's bit in `mask`'s allowed() is exactly whether `shadow` (the mask's state, kept beside it) takes
-// the token's bytes: EOS where the reply may end (the block complete, or free text before one), and once the block is
-// complete nothing else; an added token only where it is among `added` (the DSML tags a tokenizer holds as added tokens,
-// which pass as text). The allowed ids, or nullopt after a failure naming the token and the text so far.
+// the token's bytes: an end token (`ends`) where the reply may end (the block complete, or free text before one), and
+// once the block is complete nothing else; an added token only where it is among `added` (the DSML tags a tokenizer
+// holds as added tokens, which pass as text). The allowed ids (at least one), or nullopt after a failure naming the
+// token and the text so far.
 inline std::optional<std::vector<int32_t>> mask_step_matches_feed(const gen::OutputMask& mask,
                                                                   const gen::ToolCallRecognizer& shadow,
-                                                                  const Tokenizer& tok, int32_t eos,
+                                                                  const Tokenizer& tok, const std::vector<int32_t>& ends,
                                                                   const std::vector<std::string>& added,
                                                                   const std::string& text) {
   const int32_t vocab = int32_t(mask.vocab());
   std::vector<uint32_t> bits(gen::token_bits_words(vocab), 0);
-  mask.allowed(bits);
+  try {
+    mask.allowed(bits);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "allowed() threw after [" << text << "]: " << e.what();
+    return std::nullopt;
+  }
   std::vector<int32_t> ok;
   for (int32_t id = 0; id < vocab; ++id) {
     bool want;
-    if (id == eos) {
+    if (std::find(ends.begin(), ends.end(), id) != ends.end()) {
       want = shadow.may_end();
     } else if (shadow.complete()) {
       want = false;
@@ -44,6 +50,10 @@ inline std::optional<std::vector<int32_t>> mask_step_matches_feed(const gen::Out
       return std::nullopt;
     }
     if (want) ok.push_back(id);
+  }
+  if (ok.empty()) {
+    ADD_FAILURE() << "nothing allowed after [" << text << "]";
+    return std::nullopt;
   }
   return ok;
 }
