@@ -190,11 +190,7 @@ TEST(ToolCallFreeReview, RandomWalksFromTheFreePhasesAgreeWithParseReply) {
           if (t.feed(p)) r = t, text += p, moved = true;
         }
         if (moved) continue;
-        std::vector<uint8_t> ok;
-        for (int b = 0; b < 256; ++b) {
-          ToolCallRecognizer t = r;
-          if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
-        }
+        const std::vector<uint8_t> ok = plumb::testing::bytes_taken(r);
         ASSERT_FALSE(ok.empty()) << "dead end after [" << text << "]";
         uint8_t pick = ok[rng() % ok.size()];
         for (uint8_t lean : {uint8_t('<'), uint8_t('/'), uint8_t('\n'), uint8_t('"'), uint8_t('1'), uint8_t(']')})

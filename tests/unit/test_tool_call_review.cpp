@@ -472,11 +472,7 @@ TEST(ToolCallReview, WalksAroundHeldClosesNeverDeadEnd) {
         ToolCallRecognizer r(spec);
         std::string text;
         for (int step = 0; step < 700 && !r.complete(); ++step, ++steps_total) {
-          std::vector<uint8_t> ok;
-          for (int b = 0; b < 256; ++b) {
-            ToolCallRecognizer t = r;
-            if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
-          }
+          const std::vector<uint8_t> ok = plumb::testing::bytes_taken(r);
           ASSERT_FALSE(ok.empty()) << "dead end after [" << text << "]";
           uint8_t pick = ok[rng() % ok.size()];
           auto lean = [&](uint8_t c) {

@@ -13,6 +13,17 @@
 
 namespace plumb::testing {
 
+// The bytes a recognizer's state takes next (empty: a dead end).
+template <class R>
+std::vector<uint8_t> bytes_taken(const R& r) {
+  std::vector<uint8_t> ok;
+  for (int b = 0; b < 256; ++b) {
+    R t = r;
+    if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
+  }
+  return ok;
+}
+
 // Whether each token's bit in `mask`'s allowed() is exactly whether `shadow` (the mask's state, kept beside it) takes
 // the token's bytes: an end token (`ends`) where the reply may end (the block complete, or free text before one), and
 // once the block is complete nothing else; an added token only where it is among `added` (the DSML tags a tokenizer
