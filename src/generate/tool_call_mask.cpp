@@ -4,9 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
-#include <array>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -105,6 +106,7 @@ std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_j
   PLUMB_CHECK(tools.is_array(), "tools must be an array of {{\"type\": \"function\", \"function\": {{...}}}} objects");
   auto spec = std::make_shared<ToolCallSpec>();
   spec->parallel = parallel, spec->thinking = thinking, spec->required = required;
+  std::map<std::string, size_t> first;  // (each name's first tool)
   for (size_t i = 0; i < tools.size(); ++i) {
     const json& t = tools[i];
     const json* f = t.is_object() && t.contains("function") && t["function"].is_object() ? &t["function"] : nullptr;
@@ -113,10 +115,9 @@ std::shared_ptr<const ToolCallSpec> ToolCallSpec::build(std::string_view tools_j
     if (!names.empty() && std::find(names.begin(), names.end(), name) == names.end()) continue;
     PLUMB_CHECK(dsml_name_ok(name), "tools[{}].function.name \"{}\": a DSML invoke cannot name it (empty, or it holds "
                 "'\"', a backslash or a control character)", i, name);
-    for (size_t j = 0; j < i; ++j)
-      PLUMB_CHECK(!(tools[j].is_object() && tools[j].contains("function") && tools[j]["function"].is_object() &&
-                    tools[j]["function"].value("name", json()) == name),
-                  "tools[{}] and tools[{}] are both named \"{}\": a call could not say which it calls", j, i, name);
+    const auto [seen, fresh] = first.emplace(name, i);
+    PLUMB_CHECK(fresh, "tools[{}] and tools[{}] are both named \"{}\": a call could not say which it calls", seen->second,
+                i, name);
     Tool tool{name, nullptr};
     const bool strict = f->contains("strict") && (*f)["strict"] == true;
     const json params = f->contains("parameters") ? (*f)["parameters"] : json::parse(kNoParameters);
@@ -235,7 +236,7 @@ bool ToolCallRecognizer::choose(uint8_t c) {
       phase_ = Phase::Key, text_.clear();
       return args_.feed(uint8_t('"'));
     case Point::Kind:
-      phase_ = Phase::Value, raw_ = i == 0, begun_ = false, held_ = 0, may_end_ = false;
+      phase_ = Phase::Value, raw_ = i == 0, begun_ = false, held_ = 0;
       esc_ = 0, u_ = 0, need_low_ = false, number_.clear();
       return !raw_ || args_.feed(uint8_t('"'));
     case Point::AfterInvoke:
@@ -350,14 +351,15 @@ bool ToolCallRecognizer::value_may_end() const {
 bool ToolCallRecognizer::value_byte(uint8_t c) {
   const std::string_view close = dsml::kParamClose;
   if (uint8_t(close[held_]) == c) {
-    // The close goes on: possible if the value could end where it began, or its bytes could still be text.
-    if (held_ == 0) may_end_ = value_may_end();
-    if (!may_end_) {
+    // The close goes on: possible if the value could end where it began (the held bytes were not fed: the arguments
+    // are as they were there), or its bytes could still be text.
+    const bool may_end = value_may_end();
+    if (!may_end) {
       ToolCallRecognizer t = *this;
       if (!t.content(close.substr(0, held_ + 1))) return false;
     }
     if (++held_ < close.size()) return true;
-    if (!may_end_) return false;  // (the whole close ends the value, as parse_calls reads it)
+    if (!may_end) return false;  // (the whole close ends the value, as parse_calls reads it)
     held_ = 0;
     if (raw_ && !args_.feed(uint8_t('"'))) return false;
     return enter(Point::AfterParam);

@@ -99,7 +99,6 @@ class ToolCallRecognizer {
   bool raw_ = false;       // Value: string="true" (raw text), else a JSON value
   bool begun_ = false;     // Value, JSON: its first byte other than whitespace has come
   uint8_t held_ = 0;       // Value: bytes of the parameter's close matched and held back (they may still be text)
-  bool may_end_ = false;   // Value, held_ > 0: the value could end where the held bytes begin
   // Value, JSON (json_text): a string's escape so far (0: none; 1: after the backslash; 2-5: \u's hex digits read),
   // the \u's value so far, whether a high surrogate's escape must come next, and the number being read.
   uint8_t esc_ = 0;
