@@ -402,41 +402,34 @@ TEST(ToolCallMask, DISABLED_StepCostAtALargeVocabulary) {
   const auto dir = std::filesystem::temp_directory_path() / ("plumb_tool_mask_cost_" + std::to_string(::getpid()));
   const plumb::Tokenizer tok = plumb::Tokenizer::load(plumb::testing::write_byte_level_tokenizer(dir, plumb::testing::synthetic_vocabulary()));
   const int32_t vocab = tok.vocab_size();
-  for (int n : {1, 8, 64}) {
-    json tools = json::array();
-    for (int i = 0; i < n; ++i)
-      tools.push_back(json::parse(kTools)[size_t((i + 2) % 4)]), tools.back()["function"]["name"] = "tool_" + std::to_string(i);
-    const auto spec = ToolCallSpec::build(tools.dump(), {}, true);
+  // Each allowed() along `text`, a byte per step (the byte-level tokenizer's ids 0-255 are the bytes).
+  auto time_steps = [&](const std::shared_ptr<const ToolCallSpec>& spec, const std::string& text, const std::string& what) {
     auto mask = plumb::gen::tool_call_mask(tok, vocab, {vocab - 2}, spec);
-    const std::string text = block({{"", "tool_0", R"({"query": "weather in Paris today", "filters": ["news", "maps"]})"}});
     std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab));
     double worst = 0, total = 0;
-    int steps = 0;
     for (char c : text) {
       std::fill(bits.begin(), bits.end(), 0u);
       const auto t0 = std::chrono::steady_clock::now();
       mask->allowed(bits);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      worst = std::max(worst, ms), total += ms, ++steps;
+      worst = std::max(worst, ms), total += ms;
       mask->accept(uint8_t(c));
     }
-    std::printf("%d tools: %d steps (a byte each), mean %.2f ms, worst %.2f ms per allowed()\n", n, steps, total / steps, worst);
+    std::printf("%s: %zu steps (a byte each), mean %.2f ms, worst %.2f ms per allowed()\n", what.c_str(), text.size(),
+                total / double(text.size()), worst);
+  };
+  for (int n : {1, 8, 64}) {
+    json tools = json::array();
+    for (int i = 0; i < n; ++i)
+      tools.push_back(json::parse(kTools)[size_t((i + 2) % 4)]), tools.back()["function"]["name"] = "tool_" + std::to_string(i);
+    const auto spec = ToolCallSpec::build(tools.dump(), {}, true);
+    time_steps(spec, block({{"", "tool_0", R"({"query": "weather in Paris today", "filters": ["news", "maps"]})"}}),
+               std::to_string(n) + " tools");
   }
   // tool_choice "auto": the reply's free text before any block (every step of a reply that does not call).
-  const auto spec = ToolCallSpec::build(kTools, {}, true, false, false);
-  auto mask = plumb::gen::tool_call_mask(tok, vocab, {vocab - 2}, spec);
-  std::vector<uint32_t> bits(plumb::gen::token_bits_words(vocab));
-  double worst = 0, total = 0;
-  int steps = 0;
-  for (char c : std::string("Once upon a time, in a land <far> away, \"quoted\" and\nmore </think> text.")) {
-    std::fill(bits.begin(), bits.end(), 0u);
-    const auto t0 = std::chrono::steady_clock::now();
-    mask->allowed(bits);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    worst = std::max(worst, ms), total += ms, ++steps;
-    mask->accept(uint8_t(c));
-  }
-  std::printf("auto, free text: %d steps, mean %.2f ms, worst %.2f ms per allowed()\n", steps, total / steps, worst);
+  const auto free_text = ToolCallSpec::build(kTools, {}, true, false, false);
+  time_steps(free_text, "Once upon a time, in a land <far> away, \"quoted\" and\nmore </think> text.",
+             "auto, free text");
   std::filesystem::remove_all(dir);
 }
 
