@@ -134,6 +134,39 @@ class ModelSession : public Session {
   }
   const ModelInfo& info() const override { return *info_; }
 
+  // plumb::forward_batch: every session checked (as forward() checks its own call) before the one pass.
+  static std::vector<float> forward_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+    const size_t b = sessions.size();
+    PLUMB_CHECK(b > 0 && tokens.size() == b, "forward_batch: {} sessions and {} tokens (one token per session, at least one)",
+                b, tokens.size());
+    std::vector<ModelSession*> ms(b);
+    std::vector<SessionState*> states(b);
+    for (size_t i = 0; i < b; ++i) {
+      ms[i] = dynamic_cast<ModelSession*>(sessions[i]);
+      PLUMB_CHECK(ms[i], "forward_batch: session {} of {} is {}", i, b,
+                  sessions[i] ? "not one of the library's (Engine::new_session)" : "null");
+      PLUMB_CHECK(ms[i]->m_ == ms[0]->m_, "forward_batch: sessions 0 and {} belong to different engines", i);
+      for (size_t j = 0; j < i; ++j)
+        PLUMB_CHECK(ms[j] != ms[i], "forward_batch: sessions {} and {} are the same session (one token per session a step)", j, i);
+      ms[i]->not_in_call("forward_batch");
+      ms[i]->usable();
+      try {
+        ms[i]->check(tokens.subspan(i, 1));
+      } catch (const Error& e) {
+        fail("forward_batch: session {} of {}: {}", i, b, e.what());
+      }
+      states[i] = &ms[i]->st_;
+    }
+    for (ModelSession* m : ms) m->in_call_ = true;
+    struct Leave {
+      std::vector<ModelSession*>& ms;
+      ~Leave() {
+        for (ModelSession* m : ms) m->in_call_ = false;
+      }
+    } leave{ms};
+    return std::move(ms[0]->m_->forward_batch(states, tokens).data);
+  }
+
  private:
   std::shared_ptr<const Model> m_;
   std::shared_ptr<const ModelInfo> info_;  // shared with the engine (a session may outlive it)
@@ -309,6 +342,10 @@ class ModelEngine : public Engine {
 };
 
 }  // namespace
+
+std::vector<float> forward_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+  return ModelSession::forward_batch(sessions, tokens);
+}
 
 void set_cpu_threads(int n) { set_threads(n); }
 void set_notice_sink(std::function<void(std::string_view)> sink) { set_notice_sink_impl(std::move(sink)); }

@@ -163,4 +163,14 @@ class Session {
   virtual const ModelInfo& info() const = 0;
 };
 
+// One decode step of several sessions of one engine at once (a server's concurrent requests): tokens[b] is fed to
+// *sessions[b] at its own position, one token each. Returns B rows of vocab floats (row-major): row b is the logits
+// sessions[b]->forward({tokens[b]}) would have returned (backend cpu: the same bits; cuda: within the GPU path's
+// tolerances, its batched kernels summing in another order). The weights are read once for all the rows, which is
+// what makes serving several sequences cheaper than stepping each alone. Everything is checked before anything is
+// computed (at least one session; no null and no session twice; all made by one engine's new_session(); none inside
+// a call of its own; each token in the vocabulary and its position within the context): on such an error no session
+// changes. An error from the computation itself may leave the sessions' caches part-written, as Session::forward says.
+std::vector<float> forward_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
+
 }  // namespace plumb

@@ -410,6 +410,11 @@ class GpuForward : public DeviceForward {
     return s;
   }
 
+  Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const override {
+    const float* logits = run_batch(states, tokens);
+    return download(logits, {int64_t(tokens.size()), int64_t(cfg_.vocab)});  // synchronizes
+  }
+
   Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const override {
     const float* logits = run(st, tokens, taps, rows);
     if (rows == LogitRows::None) {
@@ -569,15 +574,62 @@ class GpuForward : public DeviceForward {
     }
     ds.comp_windows_projected += project;
     if (!step.defer) ds.defer_from = st.pos + n;
-    const PdlScope pdl(opt_.cuda_pdl && n <= kPdlMaxTokens);  // cuda.pdl: this forward's launches (and a capture of them)
-    const EvictFirstScope evict_first(opt_.cuda_l2_evict_first);  // cuda.l2_evict_first: its GEMVs' weight loads
-    const PdlHcAttnScope pdl_hc_attn(opt_.cuda_pdl_hc_attn);    // cuda.pdl_hc_attn (under the PdlScope above)
-    const LinearEarlyScope linear_early(opt_.cuda_linear_early);  // cuda.linear_early (likewise)
-    if (opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
-    if (opt_.cuda_l2_prefetch || opt_.cuda_hc_prefetch) sc.enable_prefetch();
+    const LaunchScopes scopes(*this, sc, n);
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens && !flush;
-    return graph ? run_graph(ds, n, step, buf + 2, rows) : body(ds, n, step, buf + 2, taps, rows);
+    if (graph) return run_graph(ds, n, step, buf + 2, rows);
+    const SessionRows one{&ds, step, 0, n};
+    return body(std::span(&one, 1), buf + 2, taps, rows);
   }
+
+  // forward_batch: one token of each session, eagerly. The batch's buffers (its rows' activations, the inputs'
+  // upload) are the first session's scratch; each session's caches are grown here, against its own scratch's memory
+  // generation, so that its captured graphs are re-captured if they move. Not a deferring step (cuda.comp_deferred):
+  // a session's kept compressor rows are projected first by its attention, as a multi-token step's are.
+  const float* run_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
+    const int n = int(tokens.size());
+    DeviceSessionState& first = *states[0]->dev;
+    Scratch& sc = first.scratch;
+    // The inputs in one upload: each session's position (int64), then the tokens (int32).
+    std::vector<int32_t> host(2 * size_t(n) + size_t(n));
+    for (int b = 0; b < n; ++b) std::memcpy(host.data() + 2 * b, &states[size_t(b)]->pos, 8);
+    std::copy(tokens.begin(), tokens.end(), host.begin() + 2 * n);
+    auto* buf = static_cast<int32_t*>(sc.get("batch.step", host.size() * 4));
+    first.stage.upload(buf, host.data(), host.size() * 4);
+    std::vector<SessionRows> runs;
+    for (int b = 0; b < n; ++b) {
+      SessionState& st = *states[size_t(b)];
+      DeviceSessionState& ds = *st.dev;
+      Step step{reinterpret_cast<const int64_t*>(buf) + b, st.pos, false};
+      step.defer_from = opt_.cuda_comp_deferred ? ds.defer_from : INT64_MAX;
+      ds.defer_from = st.pos + 1;
+      for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, st.pos + 1, ds.layers[i], ds.scratch);
+      runs.push_back({&ds, step, b, 1});
+    }
+    const LaunchScopes scopes(*this, sc, n);
+    return body(runs, buf + 2 * n, nullptr, LogitRows::All);
+  }
+
+  // The rows of a forward chunk that belong to one session: its caches, its step (position), and where its rows
+  // sit in the chunk.
+  struct SessionRows {
+    DeviceSessionState* ds = nullptr;
+    Step step;
+    int64_t row0 = 0, n = 0;
+  };
+
+  // The per-forward switches of the patches that change how launches are made (RAII), and the scratch's streams.
+  struct LaunchScopes {
+    PdlScope pdl;                  // cuda.pdl: this forward's launches (and a capture of them)
+    EvictFirstScope evict_first;   // cuda.l2_evict_first: its GEMVs' weight loads
+    PdlHcAttnScope pdl_hc_attn;    // cuda.pdl_hc_attn (under the PdlScope above)
+    LinearEarlyScope linear_early; // cuda.linear_early (likewise)
+    LaunchScopes(const GpuForward& f, Scratch& sc, int n)
+        : pdl(f.opt_.cuda_pdl && n <= kPdlMaxTokens), evict_first(f.opt_.cuda_l2_evict_first), pdl_hc_attn(f.opt_.cuda_pdl_hc_attn),
+          linear_early(f.opt_.cuda_linear_early) {
+      if (f.opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
+      if (f.opt_.cuda_l2_prefetch || f.opt_.cuda_hc_prefetch) sc.enable_prefetch();
+    }
+  };
 
   // indexer.skip_short: how many CSA layers skip their indexer in a step ending before pos_end (gpu_attention). Each
   // layer skips up to a position of its own and never after, so the count names the set: a captured step replays
@@ -638,8 +690,10 @@ class GpuForward : public DeviceForward {
       return g->logits;
     }
     if (g->exec) graph_destroy(g->exec), g->exec = nullptr;
+    const SessionRows one{&ds, step, 0, n};
+    const std::span<const SessionRows> runs(&one, 1);
     auto warm_up = [&] {
-      const float* out = body(ds, n, step, tok, nullptr, rows);
+      const float* out = body(runs, tok, nullptr, rows);
       g->warm = true, g->generation = sc.generation, g->workspace = marks();
       return out;
     };
@@ -648,13 +702,13 @@ class GpuForward : public DeviceForward {
     const float* out = nullptr;
     void* exec = nullptr;
     try {
-      out = body(ds, n, step, tok, nullptr, rows);
+      out = body(runs, tok, nullptr, rows);
       exec = capture_end_instantiate(nullptr);
     } catch (const std::exception& e) {
       capture_abort(nullptr);
       ds.graphs_failed = true;
       notice(fmt::format("backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on", e.what()));
-      return body(ds, n, step, tok, nullptr, rows);
+      return body(runs, tok, nullptr, rows);
     }
     if (sc.generation != g->generation || g->workspace != marks()) {  // memory moved during the capture: not valid
       graph_destroy(exec);
@@ -668,16 +722,23 @@ class GpuForward : public DeviceForward {
   }
 
   // The whole forward as launches on the default stream (eager, or recorded by a capture). Returns the device
-  // logits of the requested rows ([n, vocab], [1, vocab] or none: taps always get every row).
-  const float* body(DeviceSessionState& ds, int n, const Step& step, const int32_t* tok, TapSink* taps, LogitRows rows) const {
+  // logits of the requested rows ([n, vocab], [1, vocab] or none: taps always get every row). runs: the chunk's rows
+  // by session (one run, or forward_batch's one row per session); the first session's scratch holds the chunk's
+  // buffers. Every launch but the attention sublayer's works row by row, so all the rows share them (and their weight
+  // reads); the attention runs per session, on its caches at its position.
+  const float* body(std::span<const SessionRows> runs, const int32_t* tok, TapSink* taps, LogitRows rows) const {
     const auto& c = cfg_;
     const int64_t D = c.hidden, H = c.hc_mult;
+    DeviceSessionState& ds = *runs[0].ds;
+    const int n = int(runs.back().row0 + runs.back().n);
     Scratch& sc = ds.scratch;
     // cuda.streams: independent chains of each sublayer on a side stream (gpu_attention, gpu_moe); serial with
     // taps (their downloads order against the thread's stream) and per-op timing (regions on one stream; a
     // timeline keeps the streams, see OpTimer).
     const bool serial_timer = sc.timer.on && !sc.timer.timeline;
-    sc.branch = opt_.cuda_streams && !taps && !serial_timer ? sc.side : nullptr;
+    // (A batch of sessions runs serially: its sessions' attention sublayers reuse one scratch, which a branch of one
+    // could still be reading while the next one's launches write it.)
+    sc.branch = opt_.cuda_streams && !taps && !serial_timer && runs.size() == 1 ? sc.side : nullptr;
     sc.branch2 = sc.branch ? sc.side2 : nullptr;
     sc.gates = sc.branch ? sc.side3 : nullptr;
     // cuda.branch_flags: branches whose reader can wait in-kernel (hc_pre, the split-K attention) signal instead of
@@ -824,8 +885,16 @@ class GpuForward : public DeviceForward {
         fold.X_prev = X, fold.post = post, fold.comb = comb, fold.X_out = X2, fold.fn = f32(L.hc_ffn.fn), fold.part = hc_part;
         fold.D = D, fold.H = int(H), fold.untransposed = opt_.fault_comb_untransposed;
       }
-      const bool folded = gpu_attention(L.attn, c, type, type == AttnType::Sliding ? g_.rope_main : g_.rope_compress, col, x16, n, step,
-                                        ds.layers[size_t(i)], sc, nm_, tap, y, fold_hc ? &fold : nullptr);
+      const GpuRope& rope = type == AttnType::Sliding ? g_.rope_main : g_.rope_compress;
+      bool folded = false;
+      if (runs.size() == 1) {
+        folded = gpu_attention(L.attn, c, type, rope, col, x16, n, runs[0].step, ds.layers[size_t(i)], sc, nm_, tap, y,
+                               fold_hc ? &fold : nullptr);
+      } else {
+        for (const SessionRows& r : runs)
+          gpu_attention(L.attn, c, type, rope, col + r.row0 * D, x16 ? x16 + r.row0 * D : nullptr, int(r.n), r.step,
+                        r.ds->layers[size_t(i)], sc, nm_, tap, y + r.row0 * D);
+      }
       sc.join_deferred_gates();  // (where the attention had no join to share: here, as before)
       if (folded) std::swap(X, X2);  // (the new streams, which wo_b's launch wrote into X2)
       else hc_post();

@@ -174,8 +174,7 @@ void Model::rollback(SessionState& st, const StateMark& m) const {
 
 Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows,
                       const std::function<void(int)>& on_layer) const {
-  const auto& c = cfg_;
-  const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
+  const int64_t n = int64_t(tokens.size());
   check_tokens(st, tokens);
   if (device_) {
     PLUMB_CHECK(st.dev, "forward: this session's state was not made by the {} backend", backend_);
@@ -183,8 +182,46 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     st.pos += n;
     return logits;
   }
-  PLUMB_CHECK(!st.dev && int64_t(st.layers.size()) == c.n_layers, "forward: this session's state was not made by the cpu backend");
-  const int64_t pos0 = st.pos;
+  PLUMB_CHECK(!st.dev && int64_t(st.layers.size()) == cfg_.n_layers, "forward: this session's state was not made by the cpu backend");
+  const RowRun run{&st, 0, n};
+  return cpu_forward(std::span(&run, 1), tokens, taps, rows, on_layer);
+}
+
+Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
+  const int64_t b = int64_t(states.size());
+  PLUMB_CHECK(b > 0 && int64_t(tokens.size()) == b, "forward_batch: {} sessions and {} tokens (one token per session, at "
+              "least one)", b, tokens.size());
+  std::vector<RowRun> runs;
+  for (int64_t i = 0; i < b; ++i) {
+    SessionState* st = states[size_t(i)];
+    PLUMB_CHECK(st, "forward_batch: session {} of {} is null", i, b);
+    for (int64_t j = 0; j < i; ++j)
+      PLUMB_CHECK(states[size_t(j)] != st, "forward_batch: sessions {} and {} are the same session (one token per session "
+                  "a step)", j, i);
+    try {
+      check_tokens(*st, tokens.subspan(size_t(i), 1));
+    } catch (const Error& e) {
+      fail("forward_batch: session {} of {}: {}", i, b, e.what());
+    }
+    PLUMB_CHECK(device_ ? bool(st->dev) : (!st->dev && int64_t(st->layers.size()) == cfg_.n_layers),
+                "forward_batch: session {} of {} was not made by the {} backend", i, b, backend_);
+    runs.push_back({st, i, 1});
+  }
+  if (device_) {
+    Tensor logits = device_->forward_batch(states, tokens);
+    for (SessionState* st : states) ++st->pos;
+    return logits;
+  }
+  return cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
+}
+
+// The reference pass over a chunk's rows, which belong to one session or several (runs: consecutive rows of one
+// session each). Every op but the attention sublayer works row by row, so rows of different sessions share its
+// weights; the attention runs per run, on that session's caches at its position.
+Tensor Model::cpu_forward(std::span<const RowRun> runs, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows,
+                          const std::function<void(int)>& on_layer) const {
+  const auto& c = cfg_;
+  const int64_t n = int64_t(tokens.size()), D = c.hidden, H = c.hc_mult;
   const Numerics nm(opt_);
 
   // Embedding, copied into every residual stream: X [n, H, D].
@@ -200,11 +237,22 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     const auto& L = w_.layers[size_t(i)];
     const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
     const auto type = c.attn[size_t(i)];
+    const ops::Rope& rope = type == AttnType::Sliding ? rope_main_ : rope_compress_;
 
     HcPre a = hc_pre(L.hc_attn, c, opt_, X, tap, "hc_attn");
     nm.rms_norm(a.collapsed.ptr(), n, L.attn_norm, c.rms_eps);
-    const Tensor att = attention_forward(L.attn, c, type, type == AttnType::Sliding ? rope_main_ : rope_compress_,
-                                         a.collapsed, pos0, st.layers[size_t(i)], opt_, nm, tap);
+    Tensor att;
+    if (runs.size() == 1) {
+      att = attention_forward(L.attn, c, type, rope, a.collapsed, runs[0].st->pos, runs[0].st->layers[size_t(i)], opt_, nm, tap);
+    } else {
+      att = Tensor({n, D});
+      for (const RowRun& r : runs) {
+        const float* x0 = a.collapsed.ptr() + r.row0 * D;
+        const Tensor x({r.n, D}, std::vector<float>(x0, x0 + r.n * D));
+        const Tensor y = attention_forward(L.attn, c, type, rope, x, r.st->pos, r.st->layers[size_t(i)], opt_, nm, tap);
+        std::copy(y.data.begin(), y.data.end(), att.ptr() + r.row0 * D);
+      }
+    }
     X = hc_post(att, X, a, opt_);
 
     HcPre f = hc_pre(L.hc_ffn, c, opt_, X, tap, "hc_ffn");
@@ -215,7 +263,7 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
     if (on_layer) on_layer(i + 1);
   }
 
-  st.pos += n;
+  for (const RowRun& r : runs) r.st->pos += r.n;
   if (taps) rows = LogitRows::All;
   if (rows == LogitRows::None) return Tensor();
   const Tap top{taps, ""};

@@ -33,6 +33,9 @@ class DeviceForward {
   virtual ~DeviceForward() = default;
   virtual std::shared_ptr<DeviceSessionState> new_state() const = 0;
   virtual Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const = 0;
+  // Model::forward_batch's pass (states checked, distinct and made by this backend; positions not yet advanced):
+  // logits [B, vocab].
+  virtual Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const = 0;
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
   // Returns -1 when that row has no finite logit to sample from (after the penalties), with the row in `no_finite_row`
   // for the caller's error (Sampler::distribution's). `allowed` (may be null): the row's mask, asked for once the
@@ -80,6 +83,13 @@ class Model {
   // is queued whole and does not call it).
   Tensor forward(SessionState& state, std::span<const int32_t> tokens, TapSink* taps = nullptr,
                  LogitRows rows = LogitRows::All, const std::function<void(int)>& on_layer = {}) const;
+  // One decode step of several sessions at once: tokens[b] fed to *states[b] at its own position (every state
+  // distinct and made by this model's backend, one token each). Returns the logits [B, vocab]: row b is what
+  // forward(*states[b], {tokens[b]}) returns, on the CPU bit for bit (every op but the attention works row by row, and
+  // the attention runs per session on its caches), on the GPU within the patches' tolerances (the GEMVs' batched
+  // kernels sum in another order). The weights are read once for all the rows: B sessions cost about one step.
+  // Nothing is computed when a state or a token is refused; no taps.
+  Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const;
   // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).
   void check_tokens(const SessionState& state, std::span<const int32_t> tokens) const;
   // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there;
@@ -109,6 +119,14 @@ class Model {
   DeviceForward::Memory device_memory() const { return device_ ? device_->memory() : DeviceForward::Memory{}; }
 
  private:
+  // Consecutive rows of a chunk that belong to one session (cpu_forward: a forward's one run, or a batch's runs).
+  struct RowRun {
+    SessionState* st = nullptr;
+    int64_t row0 = 0, n = 0;
+  };
+  Tensor cpu_forward(std::span<const RowRun> runs, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows,
+                     const std::function<void(int)>& on_layer) const;
+
   std::string dir_;
   ModelConfig cfg_;
   Checkpoint ck_;

@@ -4,7 +4,10 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -84,6 +87,66 @@ inline void check_masked_sampling(const plumb::Engine& e, const std::string& wha
     const std::vector<int32_t> next = {7 % V};
     EXPECT_EQ(s->forward_sample(next, a, history), ref->forward_sample(next, b, history));
   }
+}
+
+
+// plumb::forward_batch against each session's own forward(), on `e` (csa-long: a hash layer, CSA, HCA): five
+// sessions started at different points of the caches' cycles (0, 3, 7, 13 and 29 tokens fed), stepped together 24
+// times, the rows in another order each step and one session left out every third step, each row within `tol` of
+// what a twin session's forward() gives for the same token (tol 0: the same bits); every token is its own row's
+// argmax, as greedy decoding picks. Then every session goes on as its twin for a 9-token call: the batch left the
+// caches as the single steps did.
+inline void check_forward_batch(const plumb::Engine& e, float tol, const std::string& what) {
+  SCOPED_TRACE(what);
+  const int32_t V = e.info().vocab_size;
+  const std::vector<size_t> fed = {0, 3, 7, 13, 29};
+  std::vector<std::unique_ptr<plumb::Session>> s, twin;
+  std::vector<int32_t> next;
+  for (size_t i = 0; i < fed.size(); ++i) {
+    s.push_back(e.new_session()), twin.push_back(e.new_session());
+    const auto head = csa_long_ids(fed[i], int(i) + 5);
+    if (!head.empty()) s[i]->forward(head), twin[i]->forward(head);
+    next.push_back(int32_t((i * 53 + 1) % size_t(V)));
+  }
+  float worst = 0;
+  for (int step = 0; step < 24; ++step) {
+    std::vector<size_t> order;
+    for (size_t k = 0; k < s.size(); ++k) {
+      const size_t i = (k * 3 + size_t(step)) % s.size();  // (5 is prime to 3: a permutation)
+      if (step % 3 != 2 || i != size_t(step) % s.size()) order.push_back(i);
+    }
+    std::vector<plumb::Session*> ptrs;
+    std::vector<int32_t> toks;
+    for (size_t i : order) ptrs.push_back(s[i].get()), toks.push_back(next[i]);
+    const std::vector<float> got = plumb::forward_batch(ptrs, toks);
+    ASSERT_EQ(got.size(), order.size() * size_t(V));
+    for (size_t r = 0; r < order.size(); ++r) {
+      const size_t i = order[r];
+      const std::vector<float> want = twin[i]->forward(std::vector<int32_t>{next[i]});
+      ASSERT_EQ(s[i]->position(), twin[i]->position());
+      float d = 0;
+      int32_t at = 0, best = 0;
+      for (int32_t v = 0; v < V; ++v) {
+        const float x = got[r * size_t(V) + size_t(v)];
+        if (std::abs(x - want[size_t(v)]) > d || !(x == x)) d = x == x ? std::abs(x - want[size_t(v)]) : INFINITY, at = v;
+        if (want[size_t(v)] > want[size_t(best)]) best = v;
+      }
+      worst = std::max(worst, d);
+      ASSERT_LE(d, tol) << "step " << step << ", row " << r << " (session " << i << ", position " << s[i]->position() - 1
+                        << "): logit " << at << " is " << got[r * size_t(V) + size_t(at)] << ", its own forward's "
+                        << want[size_t(at)];
+      next[i] = best;
+    }
+  }
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto tail = csa_long_ids(9, int(i) + 20);
+    const std::vector<float> got = s[i]->forward_all(tail), want = twin[i]->forward_all(tail);
+    ASSERT_EQ(got.size(), want.size());
+    float d = 0;
+    for (size_t k = 0; k < got.size(); ++k) d = std::max(d, std::abs(got[k] - want[k]));
+    EXPECT_LE(d, tol) << "session " << i << " after the batch steps";
+  }
+  std::printf("[ forward_batch ] %s: largest difference to single steps %.3g\n", what.c_str(), double(worst));
 }
 
 }  // namespace plumb_test
