@@ -53,6 +53,9 @@ struct LayerBenchOptions {
                         // given here is kept, and reused when it already holds this exact synthetic checkpoint.
   std::vector<int> decode_batches = {1, 8, 32, 128};
   std::vector<int> prefill = {1024, 8192};
+  // --sequences: decode steps of B sessions at once (plumb::forward_batch: one token of each, B sequences), each
+  // session prefilled with `context` tokens first, against the same sessions stepped one after another. Empty: none.
+  std::vector<int> sequences;
   int iters = 10;       // timed decode steps per batch (median reported), after `warmup` steps (the CLI passes its --iters, default 30)
   std::string json;     // write the results here too ("" = no)
   std::string csv;      // and the decode and prefill rows as CSV here ("" = no)

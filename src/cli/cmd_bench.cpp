@@ -80,15 +80,19 @@ void register_bench(CLI::App& app) {
                 "reuses from the previous one comes from DRAM, as between one layer's steps in a full-depth model");
   cmd->add_option("--batches", *batches, "--layers: decode batches, comma-separated (default 1,8,32,128)");
   cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
+  auto sequences = std::make_shared<std::string>();
+  cmd->add_option("--sequences", *sequences,
+                  "--layers: also time decode steps of B sessions together (plumb::forward_batch: B sequences, one token each), "
+                  "against the same sessions stepped one after another; comma-separated B (default: none)");
   cmd->add_option("--context", lo->context,
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->callback([cmd, opt, lo, layers, batches, prefill, model, ab] {
+  cmd->callback([cmd, opt, lo, layers, batches, prefill, model, ab, sequences] {
     // The two benches take different options; one given to the other is refused by name rather than ignored.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
     if (*layers == 0)
-      for (const char* name : {"--ab", "--timeline", "--skeleton", "--cold-l2", "--batches", "--prefill", "--context",
+      for (const char* name : {"--ab", "--timeline", "--skeleton", "--cold-l2", "--batches", "--sequences", "--prefill", "--context",
                                "--patches", "--backend", "--dir", "--keep", "--model"})
         if (given(name)) fail("{} applies to the layer bench: it needs --layers N", name);
     if (*layers > 0)
@@ -131,6 +135,11 @@ void register_bench(CLI::App& app) {
       lo->decode_batches = ints(*batches, "batches");
       for (int b : lo->decode_batches)
         if (b < 1) fail("--batches '{}': a decode batch has at least one sequence", *batches);
+    }
+    if (given("--sequences")) {
+      lo->sequences = ints(*sequences, "sequences");
+      for (int b : lo->sequences)
+        if (b < 1) fail("--sequences '{}': a step has at least one sequence", *sequences);
     }
     if (given("--prefill")) {
       lo->prefill.clear();

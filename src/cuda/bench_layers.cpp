@@ -613,6 +613,68 @@ DecodeRow decode_batch(Run& R, int B) {
   return r;
 }
 
+// --sequences B: B sessions, each prefilled with `context` random tokens, then timed in alternating rounds: one
+// Model::forward_batch step of all B (one token each; every row's logits come back, as plumb::forward_batch returns
+// them), and the same B sessions stepped one after another as generation steps one (forward_sample: graph replay under
+// cuda.graph, the token sampled on the device). Median us of each over the rounds.
+SequencesRow sequences_row(Run& R, int B) {
+  SequencesRow r;
+  r.sessions = B;
+  const auto& o = R.o;
+  if (R.left() < 15) {
+    r.note = fmt::format("skipped: {:.0f} s of the {:.0f} s run budget left", std::max(0.0, R.left()), o.max_seconds);
+    out(fmt::format("  {} sequences: {}\n", B, r.note));
+    return r;
+  }
+  try {
+    std::vector<SessionState> st;
+    std::vector<SessionState*> ptrs;
+    st.reserve(size_t(B));
+    for (int b = 0; b < B; ++b) {
+      st.push_back(R.model->new_state());
+      R.model->reserve(st.back(), o.context + 2 * int64_t(o.warmup + kGraphWarmups + o.iters) + 2);
+      if (o.context > 0) R.feed(*R.model, st.back(), o.context, nullptr, nullptr);
+    }
+    for (auto& s : st) ptrs.push_back(&s);
+    Sampler sampler(SamplingParams{}, o.dims.vocab);
+    Tensor lg;
+    auto together = [&] {
+      const auto toks = random_tokens(R.rng, B, o.dims.vocab);
+      const auto t0 = Clock::now();
+      lg = R.model->forward_batch(ptrs, toks);
+      return secs(t0, Clock::now());
+    };
+    auto alone = [&] {
+      const auto toks = random_tokens(R.rng, B, o.dims.vocab);
+      const auto t0 = Clock::now();
+      for (int b = 0; b < B; ++b) generation_step(R.gpu, *R.model, st[size_t(b)], {toks[size_t(b)]}, sampler);
+      return secs(t0, Clock::now());
+    };
+    together();
+    R.check_logits(lg, fmt::format("{} sequences, first step", B));
+    // (the sessions' own decode graphs: a first step eager, the next captures, then replays)
+    for (int w = 0; w < std::max(o.warmup, 1) + 2; ++w) together(), alone();
+    std::vector<double> a, b1;
+    const double budget = std::min(o.batch_budget_s, R.left() - 10);
+    double spent = 0;
+    for (int i = 0; i < o.iters && (i < 3 || spent < budget); ++i) {
+      const double x = together(), y = alone();
+      a.push_back(x * 1e6), b1.push_back(y * 1e6), spent += x + y;
+    }
+    r.steps = int(a.size());
+    r.us_step = median(a), r.us_alone = median(b1);
+    r.tok_s = B / (r.us_step * 1e-6), r.tok_s_alone = B / (r.us_alone * 1e-6);
+    out(fmt::format("  {} sequences: {} us per step of all together ({} tokens/s), {} us one after another ({} tokens/s): {}x; "
+                    "{} rounds\n", B, fmt_num(r.us_step), fmt_num(r.tok_s, 2), fmt_num(r.us_alone), fmt_num(r.tok_s_alone, 2),
+                    fmt_num(r.us_alone / r.us_step, 2), r.steps));
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    R.failed = true;
+    out(fmt::format("  {} sequences: FAILED: {}\n", B, r.error));
+  }
+  return r;
+}
+
 // Prefill of each size on a fresh session, smallest first; a size is skipped once one took longer than
 // prefill_skip_after_s, or when its predicted time (from the largest so far, or the decode context) does not fit.
 std::vector<PrefillRow> prefills(Run& R) {
@@ -702,6 +764,11 @@ int run(const LayerBenchOptions& o) {
                   o.cold_l2 && R.gpu ? fmt::format("; --cold-l2: {} MB overwritten before each timed step", (2 * R.dev.l2_bytes) >> 20)
                                      : ""));
   for (int B : o.decode_batches) res.decode.push_back(decode_batch(R, B));
+  if (!o.sequences.empty())
+    out(fmt::format("sequences: B sessions, each after a {}-token prefill, one token each per step: all B in one forward "
+                    "(plumb::forward_batch, eager, every row's logits downloaded) against the B stepped one after another "
+                    "(each as generation steps one); median of up to {} alternating rounds\n", o.context, o.iters));
+  for (int B : o.sequences) res.sequences.push_back(sequences_row(R, B));
 
   // ---- prefill, report ----
   res.prefill = prefills(R);
@@ -728,6 +795,7 @@ int run_layer_bench(const LayerBenchOptions& o) {
     PLUMB_CHECK(o.layers >= 1, "--layers must be at least 1, got {}", o.layers);
     PLUMB_CHECK(o.iters >= 1 && o.warmup >= 0 && o.context >= 0 && o.prefill_chunk >= 1, "bad iteration/context/chunk options");
     for (int b : o.decode_batches) PLUMB_CHECK(b >= 1, "decode batch sizes must be positive, got {}", b);
+    for (int b : o.sequences) PLUMB_CHECK(b >= 1, "--sequences: a step has at least one sequence, got {}", b);
     for (int n : o.prefill) PLUMB_CHECK(n >= 1, "prefill sizes must be positive, got {}", n);
     return bench_layers::run(o);
   } catch (const std::exception& e) {

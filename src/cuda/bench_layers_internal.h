@@ -85,6 +85,13 @@ struct PrefillRow {
   std::string skipped, error;
 };
 
+// --sequences B: B sessions stepped together (Model::forward_batch) and one after another (as generation steps one).
+struct SequencesRow {
+  int sessions = 0, steps = 0;
+  double us_step = NAN, us_alone = NAN, tok_s = NAN, tok_s_alone = NAN;  // median us of a step of all B sessions
+  std::string note, error;
+};
+
 // Everything a run measured, for the report.
 struct LayerBenchResult {
   std::string device;
@@ -97,6 +104,7 @@ struct LayerBenchResult {
   bool checkpoint_removed = false;
   std::vector<DecodeRow> decode;
   std::vector<PrefillRow> prefill;
+  std::vector<SequencesRow> sequences;
   ojson sanity = ojson::array();
   double total_s = 0;
 };

@@ -43,6 +43,13 @@ void print_tables(const LayerBenchOptions& o, const LayerBenchResult& r) {
       out(fmt::format("| {} | {} | {} | {} | {} | {} .. {} | {} |\n", d.batch, d.ab.pairs, fmt_num(d.ab.a), fmt_num(d.ab.b),
                       fmt_num(d.ab.diff), fmt_num(d.ab.lo), fmt_num(d.ab.hi), fmt_num(d.ab.diff / L)));
   }
+  if (!r.sequences.empty()) {
+    out("| sequences | us per step, together | tokens/s | us per step, one after another | tokens/s | speedup |\n"
+        "|---|---|---|---|---|---|\n");
+    for (const auto& q : r.sequences)
+      out(fmt::format("| {} | {} | {} | {} | {} | {} |\n", q.sessions, fmt_num(q.us_step), fmt_num(q.tok_s, 2), fmt_num(q.us_alone),
+                      fmt_num(q.tok_s_alone, 2), fmt_num(q.us_alone / q.us_step, 2)));
+  }
   out("| prefill tokens | calls | seconds | tokens/s |\n|---|---|---|---|\n");
   for (const auto& p : r.prefill)
     out(fmt::format("| {} | {} | {} | {} |\n", p.tokens, p.chunks, p.skipped.empty() ? fmt_num(p.seconds, 2) : "skipped",
@@ -124,6 +131,16 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
                             {"call_seconds", p.chunk_s},
                             {"skipped", p.skipped},
                             {"error", p.error}});
+  j["sequences"] = ojson::array();
+  for (const auto& q : r.sequences)
+    j["sequences"].push_back({{"sessions", q.sessions},
+                              {"us_per_step", jnum(q.us_step)},
+                              {"tokens_per_s", jnum(q.tok_s)},
+                              {"us_per_step_one_after_another", jnum(q.us_alone)},
+                              {"tokens_per_s_one_after_another", jnum(q.tok_s_alone)},
+                              {"rounds", q.steps},
+                              {"note", q.note},
+                              {"error", q.error}});
   j["sanity"] = r.sanity;
   j["total_seconds"] = r.total_s;
   std::ofstream f(o.json);
@@ -150,6 +167,10 @@ bool write_csv(const LayerBenchOptions& o, const LayerBenchResult& r) {
   for (const auto& p : r.prefill)
     f << csv_row({"prefill", std::to_string(p.tokens), "", "", "", num(p.tok_s), "", "", "", "", num(p.seconds), layers, r.patches,
                   !p.skipped.empty() ? p.skipped : p.error});
+  for (const auto& q : r.sequences)
+    f << csv_row({"sequences", std::to_string(q.sessions), num(q.us_step), "", "", num(q.tok_s), "", "", "", "", "", layers, r.patches,
+                  q.error.empty() ? fmt::format("one after another: {} us per step, {} tokens/s", num(q.us_alone), num(q.tok_s_alone))
+                                  : q.error});
   if (!f) {
     std::fprintf(stderr, "error: plumb bench --layers: cannot write %s\n", o.csv.c_str());
     return false;

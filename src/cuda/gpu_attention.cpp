@@ -196,11 +196,12 @@ void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& s
 }
 
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
-                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
+                   std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
                    const detail::HcPartArgs* fold) {
-  const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora, pos0 = step.pos0;
-  const int64_t* dpos = step.dpos;
-  reserve_attention_state(w, pos0 + n, st, sc);  // no-op when the step was prepared (graph mode)
+  const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora;
+  const int n = int(runs.back().row0 + runs.back().n);
+  const bool one = runs.size() == 1;  // a session's own chunk (else forward_batch's rows, one run per session)
+  for (const AttnRun& r : runs) reserve_attention_state(w, r.step.pos0 + r.n, *r.st, sc);  // no-op when the step was prepared
 
   OpTimer& tm = sc.timer;
   std::optional<OpRegion> region;
@@ -208,16 +209,21 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // second (sc.branch2) while the query path runs here: at decode each chain is about as long as the query path, and
   // one stream for both made the indexer wait for them. The query path's first projection is launched before the
   // branches' work (they fork from the same point): its blocks take the SMs first. The compressors join before the
-  // indexer (CSA) or the attention, the KV row before the attention. Null branches: the same launches, serially.
+  // indexer (CSA) or the attention, the KV row before the attention. Null branches: the same launches, serially (as
+  // for several sessions, whose runs reuse one scratch: the caller gives them no branches).
   const Stream side = sc.branch, side2 = type != AttnType::Sliding ? sc.branch2 : nullptr;
   // indexer.skip_short: while the top-k would select every visible entry, the CSA queries take them in entry order
   // (HCA's key list) and the indexer does not run, unless a tap asks for its scores (model/attention.h). The
-  // choice depends on the step's end position: run_graph keys its captured steps by it (indexer_skips). The
-  // attention then waits for the compressor's entries only (ev_entries); the indexer's keys, compressed after them
-  // on the same stream for later steps, join at the sublayer's end.
-  const bool all_entries = type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, pos0 + n);
-  const bool run_indexer = type == AttnType::CSA && (!all_entries || tap.on("attn.indexer.scores"));
-  const bool keys_later = type == AttnType::CSA && !run_indexer;
+  // choice depends on the step's end position (each session's own): run_graph keys its captured steps by it
+  // (indexer_skips). The attention then waits for the compressor's entries only (ev_entries); the indexer's keys,
+  // compressed after them on the same stream for later steps, join at the sublayer's end.
+  auto all_entries = [&](const AttnRun& r) {
+    return type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, r.step.pos0 + r.n);
+  };
+  auto run_indexer = [&](const AttnRun& r) { return type == AttnType::CSA && (!all_entries(r) || tap.on("attn.indexer.scores")); };
+  bool any_indexer = false;
+  for (const AttnRun& r : runs) any_indexer = any_indexer || run_indexer(r);
+  const bool keys_later = type == AttnType::CSA && !any_indexer;
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
@@ -230,11 +236,6 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
 
   // Shared key/value row: kv_norm(wkv x), RoPE on the last rd dims (official: FP8 simulation of the nope dims).
   float* kv = sc.f("attn.kv", n * Dh);
-  AttendArgs a;
-  a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
-  // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
-  int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
-  std::optional<CompRows> crows, irows;
   float* hw = nullptr;
   bool hw_done = false;
   {
@@ -244,43 +245,51 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const OpRegion d(tm, "kv/wkv", true);
       nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
     }
-    nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, dpos, 1);  // kv_norm, then RoPE
+    for (const AttnRun& r : runs)  // kv_norm, then RoPE (at each session's positions)
+      nm.norm_rope(rope, kv + r.row0 * Dh, int(r.n), Dh, f32(w.kv_norm), c.rms_eps, r.step.dpos, 1);
     nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
     tap_put(tap, "attn.kv", kv, {n, Dh});
     // One token: its ring slot (pos % W) holds position pos - W, outside its window, so the row can be stored now,
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
-    if (n == 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
+    for (const AttnRun& r : runs)
+      if (r.n == 1) fwd_ring_store(kv + r.row0 * Dh, 1, Dh, r.step.dpos, W, r.st->ring.as<float>(), nullptr);
   }
-  int64_t kept = 0;
-  const CompDeferMode defer = comp_defer_mode(w, step, n, &kept);
+  // cuda.comp_deferred defers a session's own one-token steps only (Step::defer is never set for several sessions).
+  const CompDeferMode defer = one ? comp_defer_mode(w, runs[0].step, n) : kCompNormal;
   if (type == AttnType::CSA) hw = sc.f("attn.index.w", n * c.index_heads);
+  std::optional<CompRows> crows, irows;
   if (defer != kCompNormal) {  // cuda.comp_deferred: x kept; at the window's last token its rows projected and pooled
     const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");
+    const AttnRun& r = runs[0];
     const int64_t m = w.comp->rate;
     {
       const OpRegion d(tm, "comp/keep", true);
-      fwd_comp_defer(x, D, dpos, int(m), st.xring.as<float>(), m - 1, st.xpos.as<int64_t>(), nullptr);
+      fwd_comp_defer(x, D, r.step.dpos, int(m), r.st->xring.as<float>(), m - 1, r.st->xpos.as<int64_t>(), nullptr);
     }
     std::function<void()> index_step;
     if (defer == kCompProject) {
       const OpRegion d(tm, "comp/step", true);
-      index_step = project_kept(w, rope, c.rms_eps, m, pos0 - (m - 1), step.bounds, st, sc, nm);
+      index_step = project_kept(w, rope, c.rms_eps, m, r.step.pos0 - (m - 1), r.step.bounds, *r.st, sc, nm);
     }
     if (keys_later) branch_mark(side2, sc.ev_entries);
     if (index_step) index_step();
     // The indexer's head weights, which the fused projection would have computed (the same one-token kernel).
-    if (type == AttnType::CSA && run_indexer && !nm.official() && !w.iweights.fp8 && fwd_linear_one_fits(w.iweights.d)) {
+    if (type == AttnType::CSA && any_indexer && !nm.official() && !w.iweights.fp8 && fwd_linear_one_fits(w.iweights.d)) {
       fwd_linear(w.iweights.d, x, n, D, 0, c.index_heads, hw, c.index_heads, nullptr);
       hw_done = true;
     }
   } else {
     const StreamScope on_side2(side2, 2);
     region.emplace(tm, "attn.compressor");
-    if (kept > 0) {  // cuda.comp_deferred: a step that does not defer after steps that did: their rows first
+    for (const AttnRun& r : runs) {
+      int64_t kept = 0;
+      comp_defer_mode(w, r.step, int(r.n), &kept);
+      if (kept == 0) continue;
+      // cuda.comp_deferred: a step that does not defer after steps that did: their rows first
       const OpRegion d(tm, "comp/kept", true);
-      fwd_comp_defer(nullptr, D, dpos, int(w.comp->rate), nullptr, kept, st.xpos.as<int64_t>(), nullptr);
-      const auto index_step = project_kept(w, rope, c.rms_eps, kept, pos0 - kept, step.bounds, st, sc, nm);
+      fwd_comp_defer(nullptr, D, r.step.dpos, int(w.comp->rate), nullptr, kept, r.st->xpos.as<int64_t>(), nullptr);
+      const auto index_step = project_kept(w, rope, c.rms_eps, kept, r.step.pos0 - kept, r.step.bounds, *r.st, sc, nm);
       if (index_step) index_step();
     }
     // The compressors' projections (and the indexer's head weights): one launch at decode (timed as attn.compressor).
@@ -291,18 +300,20 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       if (!(n == 1 && project_fused(w, x, *crows, irows ? &*irows : nullptr, hw, nm, hw_done)))
         project_comps(w, x, n, *crows, irows ? &*irows : nullptr, sc);
     }
+    // Each session's rows through its compressors (a chunk's rows are consecutive positions of one session).
+    auto rows_of = [](const GpuComp& g, const CompRows& all, const AttnRun& r) {
+      const int64_t off = r.row0 * comp_width(g);
+      return CompRows{all.kv + off, all.gate + off};
+    };
     if (type != AttnType::Sliding) {
       const OpRegion d(tm, "comp/step", true);
-      compressor_step(*w.comp, rope, c.rms_eps, *crows, n, step, st.comp, nm, /*rotate=*/false);
+      for (const AttnRun& r : runs)
+        compressor_step(*w.comp, rope, c.rms_eps, rows_of(*w.comp, *crows, r), int(r.n), r.step, r.st->comp, nm, /*rotate=*/false);
     }
     if (keys_later) branch_mark(side2, sc.ev_entries);  // (recorded on side2: the current stream here)
-    if (type == AttnType::CSA) compressor_step(*w.icomp, rope, c.rms_eps, *irows, n, step, st.icomp, nm, /*rotate=*/true);
-  }
-  if (type != AttnType::Sliding) {  // the compressor's entries, as the attention reads them
-    a.entries = st.comp.entries.as<float>();
-    a.ne = step.bounds ? st.comp.capacity : (pos0 + n) / w.comp->rate;
-    a.rate = w.comp->rate;
-    if (type == AttnType::HCA) max_keys += a.ne;
+    if (type == AttnType::CSA)
+      for (const AttnRun& r : runs)
+        compressor_step(*w.icomp, rope, c.rms_eps, rows_of(*w.icomp, *irows, r), int(r.n), r.step, r.st->icomp, nm, /*rotate=*/true);
   }
 
   // Query: q_norm(wq_a x) (wq_a above) -> wq_b -> per-head unweighted RMS -> RoPE on the last rd dims.
@@ -323,27 +334,32 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // RoPE (one launch with the reference numerics: the bits of the two launches). With the split-K attention and no
   // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
   // unless a tap reads q.
-  const bool q_in_attn = w.splitk && !run_indexer && !nm.official() && !tap.on("attn.q");
-  if (!run_indexer && !q_in_attn) {
-    nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H);
-    tap_put(tap, "attn.q", q, {n, H, Dh});
+  const bool q_in_attn = w.splitk && !any_indexer && !nm.official() && !tap.on("attn.q");
+  if (!q_in_attn) {
+    for (const AttnRun& r : runs)
+      if (!run_indexer(r)) nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H);
+    if (!any_indexer) tap_put(tap, "attn.q", q, {n, H, Dh});
   }
   if (sc.pf_weights) sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
 
-  if (run_indexer) {
+  // The indexer's query and head weights, for every row (the sessions that skip it leave theirs unread).
+  const int64_t nh = c.index_heads, dh = c.index_head_dim;
+  float* iq = nullptr;
+  if (any_indexer) {
     region.emplace(tm, "attn.indexer");
-    const int64_t nh = c.index_heads, dh = c.index_head_dim;
-    const int64_t ne = step.bounds ? st.icomp.capacity : (pos0 + n) / w.icomp->rate;
-    float* iq = sc.f("attn.index.q", n * nh * dh);
+    iq = sc.f("attn.index.q", n * nh * dh);
     {
       const OpRegion d(tm, "index/wq_b", true);
       nm.proj(w.iwq_b, qr, n, QL, iq, nh * dh, sc, qr16);
     }
-    RopeRows ir;
-    ir.x = iq, ir.rows = n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = nh;
     {
       const OpRegion d(tm, "index/norm_rope", true);
-      nm.norm_rope(rope, q, n * H, Dh, nullptr, c.rms_eps, dpos, H, &ir);
+      for (const AttnRun& r : runs) {
+        if (!run_indexer(r)) continue;  // (its q was normed and rotated above)
+        RopeRows ir;
+        ir.x = iq + r.row0 * nh * dh, ir.rows = r.n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = nh;
+        nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H, &ir);
+      }
     }
     tap_put(tap, "attn.q", q, {n, H, Dh});
     nm.indexer_rotate(iq, n * nh, dh);  // the keys are rotated the same way: q.k is preserved up to FP4 rounding
@@ -359,73 +375,12 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const int round_in = !hw_done && w.iweights_gemv ? 1 : 0;
       fwd_scale(hw, float(1.0 / std::sqrt(double(dh) * double(nh))), hw, n * nh, nullptr, round_in, 1);
     }
-    IndexArgs ia;
-    ia.q = iq;
-    ia.keys = st.icomp.entries.as<float>();
-    ia.hw = hw;
-    ia.n = n;
-    ia.nh = int(nh);
-    ia.topk = c.index_topk;
-    ia.k_cap = int(std::min<int64_t>(c.index_topk, ne));
-    ia.dh = dh;
-    ia.ne_cap = ne;
-    ia.pos = dpos;
-    ia.rate = w.icomp->rate;
-    ia.qscale = 1.0f / std::sqrt(float(dh));
-    ia.wscale = 1.0f / std::sqrt(float(nh));
-    ia.official = nm.official();
-    ia.scores = sc.f("attn.index.scores", n * ne);
-    ia.sel = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(n) * size_t(std::max(ia.k_cap, 1)) * 8));
-    ia.topk_scratch_bytes = fwd_index_topk_scratch_bytes(n, ne, ia.k_cap, fwd_index_topk_path(n, ne, ia.k_cap));
-    if (ia.topk_scratch_bytes) ia.topk_scratch = sc.get("attn.index.select", ia.topk_scratch_bytes);
-    // indexer.tc_scores where it fits, else indexer.dmma_scores where it fits, else the exact paths. (Each patch
-    // applies at every size, so a graph, sized by the cache capacity, takes the eager step's path.)
-    const OpRegion d(tm, "index/topk", true);  // (after the join: the compressors' end shows as a gap before it)
-    fwd_indexer(ia, nullptr,
-                w.index_tc && fwd_indexer_tc_fits(ia)       ? kIndexerTc
-                : w.index_dmma && fwd_indexer_dmma_fits(ia) ? kIndexerDmma
-                                                            : fwd_indexer_path(ia));
-    // Taps run eagerly with exact sizes: ne and k_cap are this step's counts, the layouts [n, ne] and [n, k].
-    tap_put(tap, "attn.indexer.scores", ia.scores, {n, ne});
-    if (tap.on("attn.indexer.topk") && !all_entries) {
-      IndexTensor sel({n, int64_t(ia.k_cap)});
-      if (sel.numel()) d2h(sel.ptr(), ia.sel, size_t(sel.numel()) * 8);
-      tap.index("attn.indexer.topk", sel);
-    }
-    if (!all_entries) a.sel = ia.sel, a.ksel = ia.k_cap, max_keys += ia.k_cap;
-  }
-  if (all_entries) {
-    a.type = 2;  // every visible entry of the CSA compressor, in entry order
-    max_keys += a.ne;
-    if (tap.on("attn.indexer.topk"))
-      tap.index("attn.indexer.topk", all_entries_selection(c, n, pos0, w.icomp->rate, (pos0 + n) / w.icomp->rate));
   }
 
   // The compressor's entries (the indexer's keys: below) and the KV row (and its ring slot). cuda.branch_flags: the
   // split launch waits for them in-kernel where its grid leaves room to their kernels (the entries of HCA; CSA's
   // indexer keys follow them on their stream, so they stay an await), else they join here.
-  std::optional<SplitPlan> plan;
-  if (w.splitk) plan = fwd_attend_splitk_plan(n, int(H), Dh, max_keys, sm_count());
-  const bool in_kernel = sc.flags && plan && !nm.official() && branch_wait_fits(plan->blocks);
-  if (keys_later) branch_await(side2, sc.ev_entries);
-  else if (!run_indexer) sc.wait_or_join(a.wait, in_kernel, side2, sc.ev_join);
-  sc.wait_or_join(a.wait, in_kernel, side, sc.ev_join);
-  if (side) sc.join_deferred_gates();  // cuda.early_joins: this launch joins anyway (early_joins excludes the flags)
-  region.emplace(tm, "attn.core");
   float* o = sc.f("attn.o", n * H * Dh);
-  a.q = q;
-  a.chunk_kv = kv;
-  a.ring = st.ring.as<float>();
-  a.sink = f32(w.sink);
-  a.n = n;
-  a.Hq = int(H);
-  a.Dh = Dh;
-  a.pos = dpos;
-  a.window = W;
-  a.scale = 1.0f / std::sqrt(float(Dh));
-  a.out = o;
-  a.official = nm.official();
-  a.f16 = w.splitk_f16;
   // K = V, so each output carries the keys' rotation on its rope dims: undo it at the query's position. The FP8
   // output projection reads o as f16: written by the same launch (the split-K attention's own stores where it runs,
   // else fwd_rope_f16 below).
@@ -436,26 +391,115 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   const bool wo_gemm = wo_fp8 && w.wo_a.gemm_min && n >= w.wo_a.gemm_min;
   uint16_t* o16 = wo_fp8 && !wo_gemm && !nm.official() ? static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2))
                                                        : nullptr;
-  if (w.splitk && o16) {
-    a.out_inv_freq = f32(rope.inv_freq), a.out_rope_off = Dh - rd, a.out_af = rope.attention_factor, a.out16 = o16;
+  bool joined = false;
+  // Per session: its indexer's top-k over its keys, then its attention (window + selected or all entries, the sink).
+  for (const AttnRun& r : runs) {
+    const int rn = int(r.n);
+    const int64_t pos0 = r.step.pos0, row0 = r.row0;
+    const int64_t* dpos = r.step.dpos;
+    GpuLayerState& st = *r.st;
+    AttendArgs a;
+    a.type = type == AttnType::Sliding ? 0 : type == AttnType::CSA ? 1 : 2;
+    // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
+    int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
+    if (type != AttnType::Sliding) {  // the compressor's entries, as the attention reads them
+      a.entries = st.comp.entries.as<float>();
+      a.ne = r.step.bounds ? st.comp.capacity : (pos0 + rn) / w.comp->rate;
+      a.rate = w.comp->rate;
+      if (type == AttnType::HCA) max_keys += a.ne;
+    }
+    const bool skip = all_entries(r);
+    if (run_indexer(r)) {
+      if (&r != &runs.front()) region.emplace(tm, "attn.indexer");  // (the first session's continues the region above)
+      const int64_t ne = r.step.bounds ? st.icomp.capacity : (pos0 + rn) / w.icomp->rate;
+      IndexArgs ia;
+      ia.q = iq + row0 * nh * dh;
+      ia.keys = st.icomp.entries.as<float>();
+      ia.hw = hw + row0 * nh;
+      ia.n = rn;
+      ia.nh = int(nh);
+      ia.topk = c.index_topk;
+      ia.k_cap = int(std::min<int64_t>(c.index_topk, ne));
+      ia.dh = dh;
+      ia.ne_cap = ne;
+      ia.pos = dpos;
+      ia.rate = w.icomp->rate;
+      ia.qscale = 1.0f / std::sqrt(float(dh));
+      ia.wscale = 1.0f / std::sqrt(float(nh));
+      ia.official = nm.official();
+      ia.scores = sc.f("attn.index.scores", rn * ne);
+      ia.sel = static_cast<int64_t*>(sc.get("attn.index.topk", size_t(rn) * size_t(std::max(ia.k_cap, 1)) * 8));
+      ia.topk_scratch_bytes = fwd_index_topk_scratch_bytes(rn, ne, ia.k_cap, fwd_index_topk_path(rn, ne, ia.k_cap));
+      if (ia.topk_scratch_bytes) ia.topk_scratch = sc.get("attn.index.select", ia.topk_scratch_bytes);
+      // indexer.tc_scores where it fits, else indexer.dmma_scores where it fits, else the exact paths. (Each patch
+      // applies at every size, so a graph, sized by the cache capacity, takes the eager step's path.)
+      const OpRegion d(tm, "index/topk", true);  // (after the join: the compressors' end shows as a gap before it)
+      fwd_indexer(ia, nullptr,
+                  w.index_tc && fwd_indexer_tc_fits(ia)       ? kIndexerTc
+                  : w.index_dmma && fwd_indexer_dmma_fits(ia) ? kIndexerDmma
+                                                              : fwd_indexer_path(ia));
+      // Taps run eagerly with exact sizes: ne and k_cap are this step's counts, the layouts [n, ne] and [n, k].
+      tap_put(tap, "attn.indexer.scores", ia.scores, {rn, ne});
+      if (tap.on("attn.indexer.topk") && !skip) {
+        IndexTensor sel({rn, int64_t(ia.k_cap)});
+        if (sel.numel()) d2h(sel.ptr(), ia.sel, size_t(sel.numel()) * 8);
+        tap.index("attn.indexer.topk", sel);
+      }
+      if (!skip) a.sel = ia.sel, a.ksel = ia.k_cap, max_keys += ia.k_cap;
+    }
+    if (skip) {
+      a.type = 2;  // every visible entry of the CSA compressor, in entry order
+      max_keys += a.ne;
+      if (tap.on("attn.indexer.topk"))
+        tap.index("attn.indexer.topk", all_entries_selection(c, rn, pos0, w.icomp->rate, (pos0 + rn) / w.icomp->rate));
+    }
+
+    std::optional<SplitPlan> plan;
+    if (w.splitk) plan = fwd_attend_splitk_plan(rn, int(H), Dh, max_keys, sm_count());
+    if (!joined) {  // (the branches run once for all the sessions: joined before the first attention)
+      const bool in_kernel = sc.flags && plan && !nm.official() && branch_wait_fits(plan->blocks);
+      if (keys_later) branch_await(side2, sc.ev_entries);
+      else if (!any_indexer) sc.wait_or_join(a.wait, in_kernel, side2, sc.ev_join);
+      sc.wait_or_join(a.wait, in_kernel, side, sc.ev_join);
+      if (side) sc.join_deferred_gates();  // cuda.early_joins: this launch joins anyway (early_joins excludes the flags)
+      joined = true;
+    }
+    region.emplace(tm, "attn.core");
+    a.q = q + row0 * H * Dh;
+    a.chunk_kv = kv + row0 * Dh;
+    a.ring = st.ring.as<float>();
+    a.sink = f32(w.sink);
+    a.n = rn;
+    a.Hq = int(H);
+    a.Dh = Dh;
+    a.pos = dpos;
+    a.window = W;
+    a.scale = 1.0f / std::sqrt(float(Dh));
+    a.out = o + row0 * H * Dh;
+    a.official = nm.official();
+    a.f16 = w.splitk_f16;
+    uint16_t* ro16 = o16 ? o16 + row0 * H * Dh : nullptr;
+    if (w.splitk && ro16) {
+      a.out_inv_freq = f32(rope.inv_freq), a.out_rope_off = Dh - rd, a.out_af = rope.attention_factor, a.out16 = ro16;
+    }
+    if (q_in_attn) {
+      a.q_inv_freq = f32(rope.inv_freq), a.q_rope_off = Dh - rd, a.q_rope_half = int(rd / 2), a.q_af = rope.attention_factor;
+      a.q_eps = c.rms_eps;
+    }
+    if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
+                     // when a query's keys span splits
+      fwd_attend_splitk(a, *plan, plan->scratch_bytes ? sc.get("attn.split", plan->scratch_bytes) : nullptr, nullptr);
+    } else {
+      a.ld_logits = max_keys;
+      a.logits = sc.f("attn.logits", rn * H * max_keys);
+      fwd_attend(a, nullptr);
+    }
+    if (!a.out_inv_freq) {
+      if (ro16) fwd_rope_f16(a.out, rn * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, ro16, nullptr);
+      else nm.rope(rope, a.out, rn * H, Dh, Dh - rd, dpos, H, true);
+    }
+    if (rn != 1) fwd_ring_store(kv + row0 * Dh, rn, Dh, dpos, W, st.ring.as<float>(), nullptr);
   }
-  if (q_in_attn) {
-    a.q_inv_freq = f32(rope.inv_freq), a.q_rope_off = Dh - rd, a.q_rope_half = int(rd / 2), a.q_af = rope.attention_factor;
-    a.q_eps = c.rms_eps;
-  }
-  if (w.splitk) {  // attn.splitk_decode (refused with the official numerics): no logits scratch; partials only
-                   // when a query's keys span splits
-    fwd_attend_splitk(a, *plan, plan->scratch_bytes ? sc.get("attn.split", plan->scratch_bytes) : nullptr, nullptr);
-  } else {
-    a.ld_logits = max_keys;
-    a.logits = sc.f("attn.logits", n * H * max_keys);
-    fwd_attend(a, nullptr);
-  }
-  if (!a.out_inv_freq) {
-    if (o16) fwd_rope_f16(o, n * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, o16, nullptr);
-    else nm.rope(rope, o, n * H, Dh, Dh - rd, dpos, H, true);
-  }
-  if (n != 1) fwd_ring_store(kv, n, Dh, dpos, W, st.ring.as<float>(), nullptr);
 
   region.emplace(tm, "attn.out_proj");
   // Grouped output projection: heads of group g -> wo_a rows [g*R, (g+1)*R); then wo_b.

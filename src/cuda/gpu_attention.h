@@ -1,17 +1,31 @@
 // The attention sublayer of the CUDA forward pass (see gpu_attention.cpp).
 #pragma once
+#include <span>
+
 #include "cuda/gpu_common.h"
 #include "cuda/gpu_numerics.h"
 
 namespace plumb::cuda {
 
+// One session's rows of the chunk: rows row0 .. row0 + n - 1 are consecutive positions of that session (its step),
+// whose caches of this layer are *st.
+struct AttnRun {
+  int64_t row0 = 0, n = 0;
+  Step step;
+  GpuLayerState* st = nullptr;
+};
+
 // x: [n, D] device (attn_norm-ed collapsed streams); x16: the same as f16 or null (then the FP8 GEMVs convert
-// x themselves); out: [n, D] device. Taps attn.q, attn.kv, attn.indexer.*, attn.out (substitutable). Updates the
-// layer's window ring and compressor caches. nm: the numerics policy. fold (cuda.hc_fold, or null): the FFN hc_pre's
-// start, which wo_b's launch runs on its rows where it can (one token, wo_b on the FP8 GEMV with an f16 input);
-// returns whether it did (else the caller runs hc_post as usual).
+// x themselves); out: [n, D] device. runs: the chunk's rows by session, in order, n in all (one run: a session's own
+// chunk; forward_batch: a run of one row per session). The projections read their weights once for all the rows;
+// what reads or writes the caches (RoPE at the positions, the window ring, the compressors' steps, the indexer's top-k,
+// the attention) runs per session. Several runs need no side streams in sc (they reuse one scratch serially). Taps
+// attn.q, attn.kv, attn.indexer.*, attn.out (substitutable). Updates the layers' window rings and compressor caches.
+// nm: the numerics policy. fold (cuda.hc_fold, or null): the FFN hc_pre's start, which wo_b's launch runs on its rows
+// where it can (one token, wo_b on the FP8 GEMV with an f16 input); returns whether it did (else the caller runs
+// hc_post as usual).
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
-                   int n, const Step& step, GpuLayerState& st, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
+                   std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
                    const detail::HcPartArgs* fold = nullptr);
 
 // The layers whose compressors can defer (cuda.comp_deferred): one rate for both (CSA's indexer compressor shares the

@@ -724,8 +724,8 @@ class GpuForward : public DeviceForward {
   // The whole forward as launches on the default stream (eager, or recorded by a capture). Returns the device
   // logits of the requested rows ([n, vocab], [1, vocab] or none: taps always get every row). runs: the chunk's rows
   // by session (one run, or forward_batch's one row per session); the first session's scratch holds the chunk's
-  // buffers. Every launch but the attention sublayer's works row by row, so all the rows share them (and their weight
-  // reads); the attention runs per session, on its caches at its position.
+  // buffers. Every launch that reads weights works row by row, so all the rows share it (and its weight reads); what
+  // reads or writes a session's caches runs per session, at its position (gpu_attention's runs).
   const float* body(std::span<const SessionRows> runs, const int32_t* tok, TapSink* taps, LogitRows rows) const {
     const auto& c = cfg_;
     const int64_t D = c.hidden, H = c.hc_mult;
@@ -855,6 +855,8 @@ class GpuForward : public DeviceForward {
     const bool fold_hc = opt_.cuda_hc_fold && opt_.cuda_hc_norm_after_mix && n == 1 && fuse_post && fuse_norm && H == kHcFoldH && D % 16 == 0 &&
                          mix_mode() == 0 && !sc.flags;
     auto* hc_part = fold_hc ? static_cast<double*>(sc.get("hc.part", size_t(D / 16) * size_t(kHcFoldSums) * 8)) : nullptr;
+    std::vector<AttnRun> attn_runs;  // (each layer's: its caches in each session)
+    for (const SessionRows& r : runs) attn_runs.push_back({r.row0, r.n, r.step, nullptr});
     for (int i = 0; i < c.n_layers; ++i) {
       const auto& L = g_.layers[size_t(i)];
       const Tap tap{taps, taps ? fmt::format("L{}.", i) : std::string()};
@@ -886,15 +888,8 @@ class GpuForward : public DeviceForward {
         fold.D = D, fold.H = int(H), fold.untransposed = opt_.fault_comb_untransposed;
       }
       const GpuRope& rope = type == AttnType::Sliding ? g_.rope_main : g_.rope_compress;
-      bool folded = false;
-      if (runs.size() == 1) {
-        folded = gpu_attention(L.attn, c, type, rope, col, x16, n, runs[0].step, ds.layers[size_t(i)], sc, nm_, tap, y,
-                               fold_hc ? &fold : nullptr);
-      } else {
-        for (const SessionRows& r : runs)
-          gpu_attention(L.attn, c, type, rope, col + r.row0 * D, x16 ? x16 + r.row0 * D : nullptr, int(r.n), r.step,
-                        r.ds->layers[size_t(i)], sc, nm_, tap, y + r.row0 * D);
-      }
+      for (size_t k = 0; k < runs.size(); ++k) attn_runs[k].st = &runs[k].ds->layers[size_t(i)];
+      const bool folded = gpu_attention(L.attn, c, type, rope, col, x16, attn_runs, sc, nm_, tap, y, fold_hc ? &fold : nullptr);
       sc.join_deferred_gates();  // (where the attention had no join to share: here, as before)
       if (folded) std::swap(X, X2);  // (the new streams, which wo_b's launch wrote into X2)
       else hc_post();

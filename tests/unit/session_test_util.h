@@ -92,10 +92,11 @@ inline void check_masked_sampling(const plumb::Engine& e, const std::string& wha
 
 // plumb::forward_batch against each session's own forward(), on `e` (csa-long: a hash layer, CSA, HCA): five
 // sessions started at different points of the caches' cycles (0, 3, 7, 13 and 29 tokens fed), stepped together 24
-// times, the rows in another order each step and one session left out every third step, each row within `tol` of
-// what a twin session's forward() gives for the same token (tol 0: the same bits); every token is its own row's
-// argmax, as greedy decoding picks. Then every session goes on as its twin for a 9-token call: the batch left the
-// caches as the single steps did.
+// times (after the first 12, each session takes 6 steps alone, so a session's own decode graph is captured and
+// replayed between batches), the rows in another order each step and one session left out every third step, each
+// row within `tol` of what a twin session's forward() gives for the same token (tol 0: the same bits); every token
+// is its own row's argmax, as greedy decoding picks. Then every session goes on as its twin for a 9-token call: the
+// batch left the caches as the single steps did.
 inline void check_forward_batch(const plumb::Engine& e, float tol, const std::string& what) {
   SCOPED_TRACE(what);
   const int32_t V = e.info().vocab_size;
@@ -109,7 +110,28 @@ inline void check_forward_batch(const plumb::Engine& e, float tol, const std::st
     next.push_back(int32_t((i * 53 + 1) % size_t(V)));
   }
   float worst = 0;
+  // Row r's largest difference to `want` (asserted within tol), and the argmax of `want`.
+  auto compare = [&](const float* got, const std::vector<float>& want, const std::string& where) {
+    float d = 0;
+    int32_t at = 0, best = 0;
+    for (int32_t v = 0; v < V; ++v) {
+      const float x = got[v];
+      if (std::abs(x - want[size_t(v)]) > d || !(x == x)) d = x == x ? std::abs(x - want[size_t(v)]) : INFINITY, at = v;
+      if (want[size_t(v)] > want[size_t(best)]) best = v;
+    }
+    worst = std::max(worst, d);
+    EXPECT_LE(d, tol) << where << ": logit " << at << " is " << got[at] << ", its own forward's " << want[size_t(at)];
+    return best;
+  };
   for (int step = 0; step < 24; ++step) {
+    if (step == 12)
+      for (int k = 0; k < 6; ++k)
+        for (size_t i = 0; i < s.size(); ++i) {
+          const std::vector<int32_t> one = {next[i]};
+          const std::vector<float> got = s[i]->forward(one);
+          next[i] = compare(got.data(), twin[i]->forward(one), "session " + std::to_string(i) + " alone between batches");
+          if (::testing::Test::HasFailure()) return;
+        }
     std::vector<size_t> order;
     for (size_t k = 0; k < s.size(); ++k) {
       const size_t i = (k * 3 + size_t(step)) % s.size();  // (5 is prime to 3: a permutation)
@@ -124,18 +146,9 @@ inline void check_forward_batch(const plumb::Engine& e, float tol, const std::st
       const size_t i = order[r];
       const std::vector<float> want = twin[i]->forward(std::vector<int32_t>{next[i]});
       ASSERT_EQ(s[i]->position(), twin[i]->position());
-      float d = 0;
-      int32_t at = 0, best = 0;
-      for (int32_t v = 0; v < V; ++v) {
-        const float x = got[r * size_t(V) + size_t(v)];
-        if (std::abs(x - want[size_t(v)]) > d || !(x == x)) d = x == x ? std::abs(x - want[size_t(v)]) : INFINITY, at = v;
-        if (want[size_t(v)] > want[size_t(best)]) best = v;
-      }
-      worst = std::max(worst, d);
-      ASSERT_LE(d, tol) << "step " << step << ", row " << r << " (session " << i << ", position " << s[i]->position() - 1
-                        << "): logit " << at << " is " << got[r * size_t(V) + size_t(at)] << ", its own forward's "
-                        << want[size_t(at)];
-      next[i] = best;
+      next[i] = compare(got.data() + r * size_t(V), want, "step " + std::to_string(step) + ", row " + std::to_string(r) + " (session " +
+                                                              std::to_string(i) + ", position " + std::to_string(s[i]->position() - 1) + ")");
+      if (::testing::Test::HasFailure()) return;
     }
   }
   for (size_t i = 0; i < s.size(); ++i) {
