@@ -3,6 +3,7 @@
 #include "cuda/gpu_common.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include <fmt/format.h>
 
@@ -381,5 +382,10 @@ void tap_io(const Tap& tap, const char* name, float* d, const Shape& shape) {
 }  // namespace plumb::cuda
 
 plumb::GpuGraph::~GpuGraph() { plumb::cuda::detail::graph_destroy(exec); }
+
+uint64_t plumb::DeviceSessionState::next_id() {
+  static std::atomic<uint64_t> ids{0};
+  return ++ids;
+}
 
 #endif  // PLUMB_WITH_CUDA

@@ -337,12 +337,13 @@ struct GpuLayerState {
   // until the window's last token projects them; xpos: the first position of the rows projected (device int64).
   cuda::DeviceBuffer xring, xpos;
 };
-// A captured forward for chunks of n tokens (cuda.graph): valid while the session's memory generation and the
-// fast kernels' workspace are what they were at capture.
+// A captured forward for chunks of n tokens (cuda.graph): valid while the memory generations of the sessions it
+// reads (one; forward_batch's: each of its sessions, in order) and the fast kernels' workspace are what they were at
+// capture.
 struct GpuGraph {
   void* exec = nullptr;  // cudaGraphExec_t
   const float* logits = nullptr;  // where the graph leaves them
-  uint64_t generation = 0;
+  std::vector<uint64_t> generations;
   std::array<const void*, 9> workspace{};
   bool warm = false;  // ran once eagerly with graph bounds at `generation`: the next step may capture
   GpuGraph() = default;
@@ -354,6 +355,11 @@ struct DeviceSessionState {
   std::vector<GpuLayerState> layers;
   cuda::Scratch scratch;
   std::map<int64_t, std::unique_ptr<GpuGraph>> graphs;  // by chunk size (and what else changes the launches)
+  // forward_batch's captured steps, kept by the batch's first session: by its sessions' ids (in order), the CSA layers
+  // each skips its indexer in, and the timer's and --skeleton's bits.
+  std::map<std::vector<int64_t>, std::unique_ptr<GpuGraph>> batch_graphs;
+  const uint64_t id = next_id();  // this state's, unique in the process (batch_graphs' keys: an address may be reused)
+  static uint64_t next_id();
   int64_t defer_from = 0;  // cuda.comp_deferred: every step from this position on was a deferring one-token step
   int64_t comp_windows_projected = 0;  // cuda.comp_deferred: steps that projected a window's kept rows (tests)
   bool graphs_failed = false;                        // a capture failed: eager launches from then on

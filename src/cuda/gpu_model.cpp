@@ -576,9 +576,19 @@ class GpuForward : public DeviceForward {
     if (!step.defer) ds.defer_from = st.pos + n;
     const LaunchScopes scopes(*this, sc, n);
     const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens && !flush;
-    if (graph) return run_graph(ds, n, step, buf + 2, rows);
+    if (!graph) {
+      const SessionRows one{&ds, step, 0, n};
+      return body(std::span(&one, 1), buf + 2, taps, rows);
+    }
+    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
+    step.bounds = true;
+    // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
+    // timeline's (OpTimer: its events are nodes of the graph) and bench --skeleton's (weights_skipped).
+    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0) + (indexer_skips(step.pos0 + n) << 21) +
+                        (weights_skipped() ? 1 << 30 : 0) + (comp_defer_modes(step, n) << 32)];
+    if (!g) g = std::make_unique<GpuGraph>();
     const SessionRows one{&ds, step, 0, n};
-    return body(std::span(&one, 1), buf + 2, taps, rows);
+    return run_graph(std::span(&one, 1), *g, buf + 2, rows);
   }
 
   // forward_batch: one token of each session, eagerly. The batch's buffers (its rows' activations, the inputs'
@@ -596,18 +606,37 @@ class GpuForward : public DeviceForward {
     auto* buf = static_cast<int32_t*>(sc.get("batch.step", host.size() * 4));
     first.stage.upload(buf, host.data(), host.size() * 4);
     std::vector<SessionRows> runs;
+    // cuda.graph: one captured step per batch of these sessions in this order (by their ids: an address may be reused)
+    // and the CSA layers each skips its indexer in; eager where a session projects kept compressor rows first.
+    std::vector<int64_t> key;
+    bool flush = false;
     for (int b = 0; b < n; ++b) {
       SessionState& st = *states[size_t(b)];
       DeviceSessionState& ds = *st.dev;
       Step step{reinterpret_cast<const int64_t*>(buf) + b, st.pos, false};
       step.defer_from = opt_.cuda_comp_deferred ? ds.defer_from : INT64_MAX;
+      for (const auto& l : g_.layers) {
+        int64_t kept = 0;
+        comp_defer_mode(l.attn, step, 1, &kept);
+        flush = flush || kept > 0;
+      }
       ds.defer_from = st.pos + 1;
       for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, st.pos + 1, ds.layers[i], ds.scratch);
       runs.push_back({&ds, step, b, 1});
+      key.push_back(int64_t(ds.id)), key.push_back(indexer_skips(st.pos + 1));
     }
     const LaunchScopes scopes(*this, sc, n);
-    return body(runs, buf + 2 * n, nullptr, LogitRows::All);
+    const bool graph = opt_.cuda_graph && (!sc.timer.on || sc.timer.timeline) && !first.graphs_failed && n <= kGraphMaxTokens && !flush;
+    if (!graph) return body(runs, buf + 2 * n, nullptr, LogitRows::All);
+    for (SessionRows& r : runs) r.step.bounds = true;
+    key.push_back((sc.timer.on && sc.timer.timeline ? 1 : 0) + (weights_skipped() ? 2 : 0));
+    // (a few batches kept: continuous batching changes them as requests come and go)
+    if (first.batch_graphs.size() >= kBatchGraphs && !first.batch_graphs.count(key)) first.batch_graphs.clear();
+    auto& g = first.batch_graphs[key];
+    if (!g) g = std::make_unique<GpuGraph>();
+    return run_graph(runs, *g, buf + 2 * n, LogitRows::All);
   }
+  static constexpr size_t kBatchGraphs = 8;
 
   // The rows of a forward chunk that belong to one session: its caches, its step (position), and where its rows
   // sit in the chunk.
@@ -667,37 +696,35 @@ class GpuForward : public DeviceForward {
   static constexpr int kL2PrefetchMinTokens = 4, kL2PrefetchMaxTokens = 8;
   static constexpr int kGraphMaxTokens = 256;  // larger chunks (prefill) launch eagerly: the launch cost is amortized
 
-  // cuda.graph: replays the step captured for chunks of n tokens when the session's memory has not moved since;
+  // cuda.graph: replays the step captured in g when the memory of every session it reads has not moved since;
   // otherwise runs it eagerly with graph bounds once (every allocation happens there) and captures the next one.
-  const float* run_graph(DeviceSessionState& ds, int n, Step step, const int32_t* tok, LogitRows rows) const {
+  // runs: as body's, their steps with graph bounds and their caches reserved.
+  const float* run_graph(std::span<const SessionRows> runs, GpuGraph& g, const int32_t* tok, LogitRows rows) const {
+    DeviceSessionState& ds = *runs[0].ds;
     Scratch& sc = ds.scratch;
-    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
-    step.bounds = true;
-    // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
-    // timeline's (OpTimer: its events are nodes of the graph) and bench --skeleton's (weights_skipped).
-    auto& g = ds.graphs[n * 4 + int(rows) + (sc.timer.on && sc.timer.timeline ? 1 << 20 : 0) + (indexer_skips(step.pos0 + n) << 21) +
-                        (weights_skipped() ? 1 << 30 : 0) + (comp_defer_modes(step, n) << 32)];
-    if (!g) g = std::make_unique<GpuGraph>();
     const auto marks = [&] {
       return std::array<const void*, 9>{sc.ws.partial(0),       sc.ws.half(0),       sc.ws.counters(0),
                                         sc.ws_side.partial(0),  sc.ws_side.half(0),  sc.ws_side.counters(0),
                                         sc.ws_side2.partial(0), sc.ws_side2.half(0), sc.ws_side2.counters(0)};
     };
-    const bool same = g->generation == sc.generation && g->workspace == marks();
-    if (g->exec && same) {
-      graph_launch(g->exec, nullptr);
+    const auto generations = [&] {
+      std::vector<uint64_t> v;
+      for (const SessionRows& r : runs) v.push_back(r.ds->scratch.generation);
+      return v;
+    };
+    const bool same = g.generations == generations() && g.workspace == marks();
+    if (g.exec && same) {
+      graph_launch(g.exec, nullptr);
       ++ds.graph_launches;
-      return g->logits;
+      return g.logits;
     }
-    if (g->exec) graph_destroy(g->exec), g->exec = nullptr;
-    const SessionRows one{&ds, step, 0, n};
-    const std::span<const SessionRows> runs(&one, 1);
+    if (g.exec) graph_destroy(g.exec), g.exec = nullptr;
     auto warm_up = [&] {
       const float* out = body(runs, tok, nullptr, rows);
-      g->warm = true, g->generation = sc.generation, g->workspace = marks();
+      g.warm = true, g.generations = generations(), g.workspace = marks();
       return out;
     };
-    if (!g->warm || !same) return warm_up();
+    if (!g.warm || !same) return warm_up();
     capture_begin(nullptr);
     const float* out = nullptr;
     void* exec = nullptr;
@@ -710,11 +737,11 @@ class GpuForward : public DeviceForward {
       notice(fmt::format("backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on", e.what()));
       return body(runs, tok, nullptr, rows);
     }
-    if (sc.generation != g->generation || g->workspace != marks()) {  // memory moved during the capture: not valid
+    if (generations() != g.generations || g.workspace != marks()) {  // memory moved during the capture: not valid
       graph_destroy(exec);
       return warm_up();
     }
-    g->exec = exec, g->logits = out;
+    g.exec = exec, g.logits = out;
     ++ds.graph_captures;
     graph_launch(exec, nullptr);
     ++ds.graph_launches;

@@ -2,9 +2,15 @@
 // runs per session on its own caches) against each session's own steps, in the launch modes a session runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
+#include "cuda/gpu_common.h"
 #include "cuda_test_util.h"
+#include "model/model.h"
+#include "patches/registry.h"
 #include "plumb/engine.h"
 #include "session_test_util.h"
 
@@ -12,15 +18,69 @@ namespace {
 
 using plumb_cuda_test::GpuTest;
 
-// Without patches every kernel is an fp32 twin whose rows do not depend on the chunk: the same bits. Under
-// cuda.fast the batch's rows take the batched GEMV / MXFP4 kernels and the single steps the one-token paths (fused
-// projections, the hc fold, the deferred compressors), whose fp32 sums run in other orders: within 2e-3 of logits of
-// magnitude ~1-10 (measured on an H100: see the test's printed figure; the patch registry allows cuda.fast 5e-2 against
-// the CPU reference).
+// Without patches every kernel is an fp32 twin whose rows do not depend on the chunk: the same bits. csa-long's
+// matrices are plain fp32, which the fast kernels do not take; kernel-dims' are FP8 and MXFP4 at the kernels'
+// shapes, so under cuda.fast its batch rows take the batched W8A16 / W4A16 GEMVs and the single steps the one-token
+// paths (fused projections, the hc fold, the deferred compressors); the official numerics' W8A8 / W4A8 kernels run
+// on tiny-official (cuda.fast's split-K attention does not combine with them). Tolerances: what those paths' fp32 summation orders leave (measured on an H100: see each
+// case's printed figure).
 TEST_F(GpuTest, ForwardBatchRowsAreEachSessionsOwnStep) {
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", ""), 0.0f, "cuda []");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.graph"), 0.0f, "cuda [cuda.graph]");
-  plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast"), 2e-3f, "cuda [cuda.fast]");
+  plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast"), 0.0f, "cuda [cuda.fast]");
+  plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", ""), 0.0f, "cuda [] kernel-dims");
+  plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", "cuda.fast"), 2e-3f, "cuda [cuda.fast] kernel-dims");
+  const std::string official = "numerics.official,cuda.moe_mxfp4,cuda.fp8_gemv,cuda.bf16_gemv,cuda.graph";
+  plumb_test::check_forward_batch(*plumb_test::golden_engine("tiny-official", "cuda", official), 2e-3f,
+                                  "cuda [" + official + "] tiny-official");
+}
+
+// cuda.graph for a batch: the same sessions in the same order step as one captured graph (kept by the first session),
+// replayed from the third step on; a session whose caches move (a reserve that grows them) makes the next step eager
+// again, then a new capture, never a replay of the moved memory; the rows stay within the tolerance of the twins'
+// single steps throughout (kernel-dims under cuda.fast, as above).
+TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
+  using namespace plumb;
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/kernel-dims";
+  const auto m = Model::load(dir, parse_patches("cuda.fast").options, {}, "cuda");
+  const int64_t V = m->config().vocab;
+  std::vector<SessionState> st, twin;
+  for (int b = 0; b < 4; ++b) {
+    st.push_back(m->new_state()), twin.push_back(m->new_state());
+    const auto head = plumb_test::csa_long_ids(size_t(b * 9 + 2), b);
+    m->forward(st.back(), head), m->forward(twin.back(), head);
+  }
+  std::vector<SessionState*> ptrs;
+  for (auto& x : st) ptrs.push_back(&x);
+  std::vector<int32_t> next = {3, 50, 101, 200};
+  float worst = 0;
+  for (int step = 0; step < 24; ++step) {
+    if (step == 12) m->reserve(st[2], 4096);  // its compressors' entries move: the captured graph reads the old ones
+    const int64_t launches = st[0].dev->graph_launches, captures = st[0].dev->graph_captures;
+    const Tensor got = m->forward_batch(ptrs, next);
+    const bool replayed = st[0].dev->graph_launches > launches && st[0].dev->graph_captures == captures;
+    if (step >= 2 && step != 12 && step != 13) {
+      EXPECT_TRUE(replayed) << "step " << step;
+    }
+    if (step == 12) {
+      EXPECT_FALSE(replayed) << "the step after a session's caches moved replayed the old graph";
+    }
+    for (size_t b = 0; b < st.size(); ++b) {
+      const Tensor want = m->forward(twin[b], std::vector<int32_t>{next[b]}, nullptr, LogitRows::Last);
+      float d = 0;
+      int32_t best = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        d = std::max(d, std::abs(got.data[size_t(int64_t(b) * V + v)] - want.data[size_t(v)]));
+        if (want.data[size_t(v)] > want.data[size_t(best)]) best = int32_t(v);
+      }
+      worst = std::max(worst, d);
+      ASSERT_LE(d, 2e-3f) << "step " << step << ", session " << b;
+      next[b] = best;
+    }
+  }
+  EXPECT_EQ(st[0].dev->batch_graphs.size(), 1u);
+  std::printf("[ forward_batch graph ] %lld replays, %lld captures; largest difference %.3g\n",
+              (long long)st[0].dev->graph_launches, (long long)st[0].dev->graph_captures, double(worst));
 }
 
 }  // namespace

@@ -26,11 +26,16 @@ inline std::vector<int32_t> csa_long_ids(size_t n, int salt) {
   return t;
 }
 
-// csa-long on `backend` with `patches`, in passes of 7 tokens (a 60-token call: 9 passes).
-inline std::shared_ptr<plumb::Engine> csa_long_engine(const std::string& backend, const std::string& patches = "") {
+// A committed fixture's model (tests/data/golden/NAME) on `backend` with `patches`, in passes of 7 tokens.
+inline std::shared_ptr<plumb::Engine> golden_engine(const std::string& name, const std::string& backend,
+                                                    const std::string& patches = "") {
   plumb::EngineOptions o;
   o.backend = backend, o.patches = patches, o.prefill_chunk = 7;
-  return plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", o);
+  return plumb::Engine::load(std::string(PLUMB_TEST_DATA) + "/golden/" + name, o);
+}
+// csa-long on `backend` with `patches`, in passes of 7 tokens (a 60-token call: 9 passes).
+inline std::shared_ptr<plumb::Engine> csa_long_engine(const std::string& backend, const std::string& patches = "") {
+  return golden_engine("csa-long", backend, patches);
 }
 
 // Session::forward_sample_masked against its definition, on `e`: the token is what plumb::Sampler draws from the
@@ -90,7 +95,8 @@ inline void check_masked_sampling(const plumb::Engine& e, const std::string& wha
 }
 
 
-// plumb::forward_batch against each session's own forward(), on `e` (csa-long: a hash layer, CSA, HCA): five
+// plumb::forward_batch against each session's own forward(), on `e` (a model of 256 tokens or more; csa-long and
+// kernel-dims: a hash layer, sliding, CSA and HCA with windows of 4, 8 and 8): five
 // sessions started at different points of the caches' cycles (0, 3, 7, 13 and 29 tokens fed), stepped together 24
 // times (after the first 12, each session takes 6 steps alone, so a session's own decode graph is captured and
 // replayed between batches), the rows in another order each step and one session left out every third step, each

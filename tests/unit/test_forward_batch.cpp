@@ -17,7 +17,12 @@ std::shared_ptr<plumb::Engine> batch_engine() {
   return e;
 }
 
-TEST(ForwardBatch, EachRowIsItsSessionsOwnStep) { plumb_test::check_forward_batch(*batch_engine(), 0.0f, "cpu"); }
+TEST(ForwardBatch, EachRowIsItsSessionsOwnStep) {
+  plumb_test::check_forward_batch(*batch_engine(), 0.0f, "cpu");
+  // The official numerics (activations quantized per row and block, bf16 roundings) on the official formats.
+  plumb_test::check_forward_batch(*plumb_test::golden_engine("tiny-official", "cpu", "numerics.official"), 0.0f,
+                                  "cpu [numerics.official] tiny-official");
+}
 
 // A batch of one is forward() of one token; and a session stepped in batches, then alone, then in batches again,
 // stays on its twin's path (the batch leaves nothing behind that a single step reads differently).
