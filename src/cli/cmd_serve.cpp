@@ -29,6 +29,7 @@ int serve(ServeArgs& o) {
   check_generate_options(o.gen.gen);  // (before the load: a typo does not wait for it)
   PLUMB_CHECK(o.server.port >= 0 && o.server.port <= 65535, "--port must be in [0, 65535], got {}", o.server.port);
   PLUMB_CHECK(o.server.max_queue >= 0, "--max-queue must be at least 0, got {}", o.server.max_queue);
+  PLUMB_CHECK(o.server.parallel >= 1 && o.server.parallel <= 256, "--parallel must be in [1, 256], got {}", o.server.parallel);
   model_dir(o.model);  // (a wrong folder is said before the server listens)
 
   // SIGINT / SIGTERM are taken by one watcher thread (sigwait): blocked here, before any thread starts, so that every
@@ -95,13 +96,18 @@ int serve(ServeArgs& o) {
     throw;
   }
   fmt::print(stderr, "plumb serve: {} on http://{}:{} (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health); "
-             "one generation at a time, {} more may wait{}; Ctrl-C stops\n", model_id, o.server.host, port,
+             "{}, {} more may wait{}; Ctrl-C stops\n", model_id, o.server.host, port,
+             o.server.parallel > 1 ? fmt::format("up to {} generations at once, their decode steps batched", o.server.parallel)
+                                   : std::string("one generation at a time"),
              o.server.max_queue, o.server.prefix_cache ? ", prefix cache on" : "");
   http.join();  // (until a signal's stop(), or the listening socket failing)
   finish();
   const auto s = srv.stats();
-  fmt::print(stderr, "plumb serve: {} answered, {} generated tokens, {} prompt tokens from the cache, {} cancelled\n",
-             count_text(s.requests, "request"), s.generated_tokens, s.cached_tokens, s.cancelled);
+  fmt::print(stderr, "plumb serve: {} answered, {} generated tokens, {} prompt tokens from the cache, {} cancelled{}\n",
+             count_text(s.requests, "request"), s.generated_tokens, s.cached_tokens, s.cancelled,
+             s.batched_steps > 0 ? fmt::format("; {} batched decode steps of {:.1f} sessions on average (at most {})", s.batched_steps,
+                                               double(s.batched_rows) / double(s.batched_steps), s.largest_batch)
+                                 : std::string());
   return 0;
 }
 
@@ -116,7 +122,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--port", o->server.port, "port to listen on (0: any free port, printed)")->capture_default_str();
   cmd->add_option("--api-key", o->server.api_key, "require \"Authorization: Bearer KEY\" on /v1/ requests");
   cmd->add_option("--model-id", o->model_id, "the model name /v1/models lists and responses carry (default: the folder's name)");
-  cmd->add_option("--max-queue", o->server.max_queue, "requests that may wait behind the one generating; more get HTTP 503")
+  cmd->add_option("--max-queue", o->server.max_queue, "requests that may wait behind the ones generating; more get HTTP 503")
+      ->capture_default_str();
+  cmd->add_option("--parallel", o->server.parallel,
+                  "generations at once, each with its own session and prefix cache; above 1 their decode steps run as one "
+                  "batched step (the weights read once for all) and each row is sampled on the host")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->server.prefix_cache = false; },
                 "every request on an empty cache, its prompt prefilled in one call (as plumb run: a seed gives run's "

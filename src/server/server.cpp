@@ -1,6 +1,8 @@
-// `plumb serve`'s HTTP server (server.h): routes, the one-at-a-time generation with its queue, the prefix cache, and
-// the event streams. Request checks and bodies are openai.cpp's.
+// `plumb serve`'s HTTP server (server.h): routes, the generations' slots with their queue and prefix caches, and the
+// event streams. Request checks and bodies are openai.cpp's.
 #include "server/server.h"
+
+#include "server/engine_thread.h"
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -49,53 +51,6 @@ std::string event(const json& j) { return "data: " + to_text(j) + "\n\n"; }
 
 }  // namespace
 
-// The one thread every generation runs on, in arrival order: the session is created, fed and destroyed there (backend
-// cuda keeps per-thread state, the cuBLASLt workspaces and plans, and its sessions want one thread at a time).
-// run(f) queues f and waits for it; f's exception comes back to the caller.
-class EngineThread {
- public:
-  EngineThread() : thread_([this] { loop(); }) {}
-  ~EngineThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      quit_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  template <typename F>
-  void run(F&& f) {
-    std::packaged_task<void()> task(std::forward<F>(f));
-    auto done = task.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-    done.get();
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::packaged_task<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return quit_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // (quit, and nothing left)
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> jobs_;
-  bool quit_ = false;
-  std::thread thread_;  // (last: started once the members above exist)
-};
-
 struct Server::Impl {
   ServerOptions opt;
   httplib::Server http;
@@ -107,19 +62,36 @@ struct Server::Impl {
   std::atomic<bool> entered{false};  // run() called (stop() before it must not be lost: see stop())
   std::atomic<bool> left{false};     // run() returned
 
-  EngineThread engine_thread;        // one generation at a time; the session and the cache below are its own
+  EngineThread engine_thread;        // every call on the sessions below runs there
   std::atomic<int> in_flight{0};     // requests generating or waiting to
   std::atomic<bool> stopping{false};
-  std::unique_ptr<Session> session;
-  std::vector<int32_t> fed;          // the tokens the session holds, in order
-  // The last prompt but its last token (prefix cache): always the first cp->position() tokens of `fed` (taken there,
-  // and the session since then only grew from it, came back to it, or dropped it with a reset).
-  std::shared_ptr<const SessionCheckpoint> cp;
+  // A generation's place: its session and prefix cache. One (parallel 1): the session is the engine's own, and the
+  // whole generation runs on the engine thread. Several: each a QueuedSession, the generation on the request's own
+  // thread, its steps batched with the others' (EngineThread::step).
+  struct Slot {
+    std::unique_ptr<Session> session;
+    std::vector<int32_t> fed;  // the tokens the session holds, in order
+    // The last prompt but its last token (prefix cache): always the first cp->position() tokens of `fed` (taken
+    // there, and the session since then only grew from it, came back to it, or dropped it with a reset).
+    std::shared_ptr<const SessionCheckpoint> cp;
+    bool busy = false;
+    uint64_t used = 0;  // when it was last taken (the least recently used goes to a prompt no slot holds)
+  };
+  std::vector<Slot> slots;
+  std::mutex slots_mu;  // busy, used, and the queue of requests waiting for a slot (parallel > 1)
+  std::condition_variable slots_cv;
+  std::deque<uint64_t> waiting;  // tickets in arrival order
+  uint64_t tickets = 0, uses = 0;
 
   mutable std::mutex stats_mu;
   Stats stats;
 
-  explicit Impl(ServerOptions o) : opt(std::move(o)) {}
+  explicit Impl(ServerOptions o) : opt(std::move(o)), slots(size_t(std::max(opt.parallel, 1))) {}
+  bool parallel() const { return slots.size() > 1; }
+  std::unique_ptr<Session> new_session() {
+    if (parallel()) return std::make_unique<QueuedSession>(engine_thread, *engine);
+    return engine->new_session();
+  }
 
   void log(const std::string& line) {
     if (opt.log) opt.log(line);
@@ -128,8 +100,9 @@ struct Server::Impl {
 
   // Puts the session at the longest prefix of `prompt` it can return to, shorter than the prompt (generate() needs a
   // token to feed); returns its length.
-  int64_t reuse(const std::vector<int32_t>& prompt) {
-    if (!session) session = engine->new_session();
+  int64_t reuse(Slot& sl, const std::vector<int32_t>& prompt) {
+    auto& [session, fed, cp, busy, used] = sl;
+    if (!session) session = new_session();
     // Whether fed's first n tokens are a prefix of the prompt, shorter than it.
     auto is_prefix = [&](size_t n) { return n < prompt.size() && std::equal(fed.begin(), fed.begin() + n, prompt.begin()); };
     if (opt.prefix_cache) {
@@ -143,11 +116,12 @@ struct Server::Impl {
         }
       }
     }
-    return start_over();
+    return start_over(sl);
   }
 
-  int64_t start_over() {
-    if (!session) session = engine->new_session();
+  int64_t start_over(Slot& sl) {
+    auto& [session, fed, cp, busy, used] = sl;
+    if (!session) session = new_session();
     session->reset();
     fed.clear();
     cp.reset();
@@ -160,7 +134,9 @@ struct Server::Impl {
   // passes of kScorePass tokens (their logits come to the host: n x vocab floats), fed growing with each, so that
   // a stop part way leaves fed what the session holds.
   static constexpr size_t kScorePass = 256;
-  void feed_head(std::span<const int32_t> head, const std::vector<int32_t>& prompt, int top, std::vector<TokenLogprob>* scored) {
+  void feed_head(Slot& sl, std::span<const int32_t> head, const std::vector<int32_t>& prompt, int top,
+                 std::vector<TokenLogprob>* scored) {
+    auto& [session, fed, cp, busy, used] = sl;
     if (!scored) {
       session->forward(head);
       fed.insert(fed.end(), head.begin(), head.end());
@@ -186,9 +162,10 @@ struct Server::Impl {
   // Runs one generation on the session (on the engine thread), sampling with the request's seed + `seed_offset`;
   // `score_prompt`: an echoed prompt with logprobs gets its tokens scored first. Any failure drops the session's
   // state: what it holds is then unknown, and the next request starts on an empty cache.
-  Outcome generate_locked(const Request& q, const std::function<void(std::string_view)>& on_text,
+  Outcome generate_locked(Slot& sl, const Request& q, const std::function<void(std::string_view)>& on_text,
                           const std::function<bool()>& should_stop, std::vector<TokenLogprob>* logprobs,
                           uint64_t seed_offset, bool score_prompt) {
+    auto& [session, fed, cp, busy, used] = sl;
     const auto t0 = std::chrono::steady_clock::now();
     Outcome out;
     GenerateOptions gen = q.gen;
@@ -206,7 +183,7 @@ struct Server::Impl {
     };
     if (q.gen.max_tokens == 0 && !score) return ended(StopReason::Length);  // (echo alone: nothing to compute)
     try {
-      out.cached = score ? start_over() : reuse(q.prompt);
+      out.cached = score ? start_over(sl) : reuse(sl, q.prompt);
       std::span<const int32_t> rest(q.prompt);
       rest = rest.subspan(size_t(out.cached));
       if (score) {
@@ -220,7 +197,7 @@ struct Server::Impl {
         // retry, another choice, a thinking chat's next turn) comes back to it.
         const auto prev = session->set_prefill_stop(should_stop);
         try {
-          feed_head(rest.first(rest.size() - 1), q.prompt, q.top_logprobs, score ? logprobs : nullptr);
+          feed_head(sl, rest.first(rest.size() - 1), q.prompt, q.top_logprobs, score ? logprobs : nullptr);
         } catch (const Stopped&) {
           session->set_prefill_stop(prev);
           return ended(StopReason::Cancelled);
@@ -268,7 +245,7 @@ struct Server::Impl {
                    bool with_logprobs) {
     const size_t n = size_t(qs.front().n);
     out.assign(qs.size() * n, {});
-    engine_thread.run([&] {
+    auto choices = [&](Slot& sl) {
       if (stopping) throw shutting_down();
       for (size_t c = 0; c < out.size(); ++c) {
         const Request& q = qs[c / n];
@@ -283,10 +260,55 @@ struct Server::Impl {
           const auto& first = out[c - j].lp;
           out[c].lp.assign(first.begin(), first.begin() + std::ptrdiff_t(std::min(first.size(), q.prompt.size())));
         }
-        out[c].o = generate_locked(q, [&](std::string_view s) { on_text(c, s); }, should_stop, lp ? &out[c].lp : nullptr,
+        out[c].o = generate_locked(sl, q, [&](std::string_view s) { on_text(c, s); }, should_stop, lp ? &out[c].lp : nullptr,
                                    uint64_t(j), j == 0);
       }
-    });
+    };
+    if (!parallel()) return engine_thread.run([&] { choices(slots[0]); });
+    const size_t k = take_slot(qs.front().prompt);
+    struct Give {
+      Impl& i;
+      size_t k;
+      ~Give() { i.give_slot(k); }
+    } give{*this, k};
+    choices(slots[k]);
+  }
+
+  // parallel > 1: a free slot for this request, in arrival order (refused once stop() was asked): the one whose
+  // cache holds the longest prefix of `prompt`, else the least recently used.
+  size_t take_slot(const std::vector<int32_t>& prompt) {
+    std::unique_lock<std::mutex> lock(slots_mu);
+    const uint64_t me = ++tickets;
+    waiting.push_back(me);
+    auto free_slot = [&] {
+      return std::any_of(slots.begin(), slots.end(), [](const Slot& s) { return !s.busy; });
+    };
+    slots_cv.wait(lock, [&] { return stopping || (waiting.front() == me && free_slot()); });
+    if (stopping) {
+      waiting.erase(std::find(waiting.begin(), waiting.end(), me));
+      slots_cv.notify_all();
+      throw shutting_down();
+    }
+    waiting.pop_front();
+    size_t best = slots.size();
+    size_t best_len = 0;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const Slot& s = slots[k];
+      if (s.busy) continue;
+      const size_t m = std::min(s.fed.size(), prompt.size());
+      const size_t len = size_t(std::mismatch(s.fed.begin(), s.fed.begin() + std::ptrdiff_t(m), prompt.begin()).first - s.fed.begin());
+      if (best == slots.size() || len > best_len || (len == best_len && s.used < slots[best].used)) best = k, best_len = len;
+    }
+    slots[best].busy = true, slots[best].used = ++uses;
+    slots_cv.notify_all();  // (the next in line may take another free slot)
+    return best;
+  }
+  void give_slot(size_t k) {
+    {
+      std::lock_guard<std::mutex> lock(slots_mu);
+      slots[k].busy = false;
+    }
+    slots_cv.notify_all();
   }
 
   // The prompt tokens of a request that came from the cache: each prompt's first choice's (its other choices reuse
@@ -345,8 +367,8 @@ struct Server::Impl {
       else qs = parse_completion(body, *tok, defaults);
       if (!qs.empty() && !qs.front().note.empty()) log(fmt::format("{}: {}", path, qs.front().note));
       if (stopping) throw shutting_down();
-      // (the one generating counts too: max_queue wait behind it)
-      if (in_flight.fetch_add(1) >= opt.max_queue + 1) {
+      // (the ones generating count too: max_queue wait behind them)
+      if (in_flight.fetch_add(1) >= opt.max_queue + int(slots.size())) {
         in_flight.fetch_sub(1);
         res.set_header("Retry-After", "1");
         throw RequestError(503, "server_busy", "", fmt::format("the server is busy: {} requests are waiting (--max-queue)",
@@ -511,7 +533,7 @@ struct Server::Impl {
     http.set_payload_max_length(opt.max_body_bytes);
     // Threads for the requests waiting on the generation, and a few more so /health and /v1/models answer meanwhile.
     // (an idle keep-alive connection holds a thread: kept short, so those spare threads stay free)
-    const size_t threads = size_t(opt.max_queue) + 8;
+    const size_t threads = size_t(opt.max_queue) + slots.size() + 8;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_keep_alive_timeout(2);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -569,8 +591,10 @@ void Server::set_model(std::shared_ptr<Engine> engine, Tokenizer tok, Defaults d
 
 Server::~Server() {
   stop();
-  // The session goes where it was made (its GPU graphs and buffers with it), before the engine thread ends.
-  impl_->engine_thread.run([this] { impl_->session.reset(), impl_->cp.reset(); });
+  // The sessions go where they were made (their GPU graphs and buffers with them), before the engine thread ends (a
+  // QueuedSession's destructor takes its session there itself).
+  if (impl_->parallel()) impl_->slots.clear();
+  else impl_->engine_thread.run([this] { impl_->slots.clear(); });
   // (the engine, if this held the last reference, goes after: Impl's members)
 }
 
@@ -593,6 +617,10 @@ void Server::run() {
 void Server::stop() {
   auto& i = *impl_;
   i.stopping = true;
+  {
+    std::lock_guard<std::mutex> lock(i.slots_mu);  // (requests waiting for a slot see it)
+  }
+  i.slots_cv.notify_all();
   // httplib's stop() does nothing until its loop runs: once run() has been entered (and has not seen `stopping`),
   // wait for the loop, or for run() to return. (entered and stopping are both sequentially consistent: a run() that
   // starts after this reads stopping and returns at once.)
@@ -602,8 +630,11 @@ void Server::stop() {
 }
 
 Server::Stats Server::stats() const {
+  const EngineThread::Counts b = impl_->engine_thread.counts();
   std::lock_guard<std::mutex> lock(impl_->stats_mu);
-  return impl_->stats;
+  Stats s = impl_->stats;
+  s.batched_steps = b.batches, s.batched_rows = b.rows, s.largest_batch = b.largest;
+  return s;
 }
 
 }  // namespace plumb::server

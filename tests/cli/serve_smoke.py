@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`plumb serve` as a process on the bundled model: it prints its address (port 0: a free one), answers the
 OpenAI endpoints with the official Python client's shapes (urllib here: no packages needed), a seeded request gives
-`plumb run`'s text with --no-prefix-cache, SIGTERM and SIGINT stop it with status 0 and a summary line, and its
-usage errors are one "error:" line with status 2.
+`plumb run`'s text with --no-prefix-cache, --parallel 4 gives four requests at once what one at a time gives,
+SIGTERM and SIGINT stop it with status 0 and a summary line, and its usage errors are one "error:" line with status 2.
 
 Usage: tests/cli/serve_smoke.py PLUMB_BINARY   (run from the repository root: the default model is models/tiny)
 PLUMB_SERVE_ARGS: more options for every run and serve ("--backend cuda --patches cuda.fast" on the GPU machine:
@@ -170,6 +170,28 @@ check(cached["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 and
       f"prompt tokens cached, the reply as on an empty cache: {cached['choices'][0]['message']['content'][:50]!r}")
 stop(p, signal.SIGTERM)
 
+# --- --parallel 4: four seeded requests at once get what one generation at a time gives; their steps ran batched ---
+bodies = [{"prompt": pr, "max_tokens": 40 + 10 * i, "ignore_eos": True, "seed": 20 + i}
+          for i, pr in enumerate(["Once upon a time", "The sea", "A lighthouse", "Zebras"])]
+p, port = start("--no-prefix-cache")
+one_at_a_time = [request(port, "/v1/completions", b)[2] for b in bodies]
+stop(p, signal.SIGTERM)
+p, port = start("--no-prefix-cache", "--parallel", "4")
+import threading
+together = [None] * len(bodies)
+threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, request(port, "/v1/completions", bodies[i])[2]))
+           for i in range(len(bodies))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+rc, err = stop(p, signal.SIGTERM)
+texts = lambda rs: [json.loads(r)["choices"][0]["text"] if r else None for r in rs]
+check(texts(together) == texts(one_at_a_time), f"--parallel 4: each reply as one at a time: {[t[:20] for t in texts(together) if t]}")
+m = re.search(r"; (\d+) batched decode steps of ([\d.]+) sessions on average \(at most (\d+)\)$", err, re.M)
+check(m is not None and int(m.group(3)) >= 2, "--parallel 4: the summary counts batched steps: " +
+      (err.strip().splitlines()[-1] if err.strip() else "no summary"))
+
 # --- an API key; SIGINT ---
 p, port = start("--api-key", "k1", "--model-id", "my-model")
 check(request(port, "/v1/models")[0] == 401, "no key: 401")
@@ -188,7 +210,8 @@ for args, want in [(["--port", "70000"], "--port"),
                    (["--port", str(used)], f"cannot listen on 127.0.0.1:{used}"),
                    (["--temperature", "-1"], "temperature"),
                    (["-m", "/nonexistent"], "model folder /nonexistent does not exist"),
-                   (["--max-queue", "-2"], "--max-queue")]:
+                   (["--max-queue", "-2"], "--max-queue"),
+                   (["--parallel", "0"], "--parallel")]:
     r = subprocess.run([plumb, "serve", "-q", *extra, *args], capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
     check(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and want in lines[0],

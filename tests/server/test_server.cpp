@@ -8,6 +8,7 @@
 
 #include "server/server.h"
 
+#include "running_server.h"
 #include "tiny_model.h"
 
 namespace plumb::server {
@@ -15,47 +16,10 @@ namespace {
 
 using testing::tiny_engine;
 using testing::tiny_tok;
+using testing::Running;
+using testing::events;
 
 Defaults defaults() { return testing::tiny_model_defaults(); }
-
-// A server on a free port, serving on its own thread while it lives; its log lines are kept.
-struct Running {
-  std::vector<std::string> log;
-  std::mutex log_mu;
-  std::unique_ptr<Server> srv;
-  std::thread thread;
-  int port = 0;
-  explicit Running(ServerOptions o = {}) {
-    o.port = 0;
-    o.log = [this](std::string_view s) {
-      std::lock_guard<std::mutex> lock(log_mu);
-      log.emplace_back(s);
-    };
-    srv = std::make_unique<Server>(o);
-    port = srv->bind();
-    srv->set_model(tiny_engine(), tiny_tok(), defaults());
-    thread = std::thread([this] { srv->run(); });
-  }
-  ~Running() {
-    srv->stop();
-    thread.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(120, 0);
-    return c;
-  }
-  json post(const std::string& path, const json& body, int expect_status = 200) const {
-    auto c = client();
-    auto res = c.Post(path.c_str(), body.dump(), "application/json");
-    EXPECT_TRUE(res) << httplib::to_string(res.error());
-    if (!res) return {};
-    EXPECT_EQ(res->status, expect_status) << res->body;
-    return json::parse(res->body);
-  }
-  // The same request streamed ("stream": true): its events (events() below).
-  std::vector<json> stream(const std::string& path, json body) const;
-};
 
 ServerOptions no_cache() {
   ServerOptions o;
@@ -86,27 +50,6 @@ httplib::Request long_stream() {
   req.body = json{{"prompt", "Once"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump();
   req.set_header("Content-Type", "application/json");
   return req;
-}
-
-// The data lines of an event stream, parsed; "[DONE]" as the string "[DONE]".
-std::vector<json> events(const std::string& body) {
-  std::vector<json> out;
-  size_t at = 0;
-  while ((at = body.find("data: ", at)) != std::string::npos) {
-    const size_t end = body.find("\n\n", at);
-    const std::string data = body.substr(at + 6, end - at - 6);
-    out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
-    at = end;
-  }
-  return out;
-}
-
-std::vector<json> Running::stream(const std::string& path, json body) const {
-  body["stream"] = true;
-  auto c = client();
-  auto res = c.Post(path.c_str(), body.dump(), "application/json");
-  EXPECT_TRUE(res) << httplib::to_string(res.error());
-  return res ? events(res->body) : std::vector<json>();
 }
 
 TEST(Serve, CompletionEqualsGenerate) {

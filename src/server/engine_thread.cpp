@@ -1,0 +1,161 @@
+// The engine thread (engine_thread.h): its queue of calls, the gathering of sessions' one-token steps into
+// forward_batch calls, and QueuedSession.
+#include "server/engine_thread.h"
+
+#include <chrono>
+
+namespace plumb::server {
+
+namespace {
+// How long a batch waits for the sessions of the batch before it that have not sent their next step yet (they sample
+// their rows and stream their text meanwhile, ~1 ms at a 129K vocabulary): long enough to catch them, short against a
+// step.
+constexpr auto kGather = std::chrono::microseconds(2000);
+}  // namespace
+
+EngineThread::EngineThread() : thread_([this] { loop(); }) {}
+
+EngineThread::~EngineThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void EngineThread::run(std::function<void()> f) {
+  std::packaged_task<void()> task(std::move(f));
+  auto done = task.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  done.get();
+}
+
+std::vector<float> EngineThread::step(Session& session, int32_t token) {
+  std::future<std::vector<float>> f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_.push_back(Step{&session, token, {}});
+    f = steps_.back().done.get_future();
+  }
+  cv_.notify_one();
+  return f.get();
+}
+
+EngineThread::Counts EngineThread::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+// Calls and batches take turns while both wait, so neither starves the other.
+void EngineThread::loop() {
+  bool batch_last = false;
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return quit_ || !jobs_.empty() || !steps_.empty(); });
+    if (!jobs_.empty() && (steps_.empty() || batch_last)) {
+      std::packaged_task<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      batch_last = false;
+      continue;
+    }
+    if (!steps_.empty()) {
+      const auto until = std::chrono::steady_clock::now() + kGather;
+      while (steps_.size() < expected_ && jobs_.empty() && !quit_ && cv_.wait_until(lock, until) == std::cv_status::no_timeout) {
+      }
+      std::vector<Step> batch = std::move(steps_);
+      steps_.clear();
+      expected_ = batch.size();
+      lock.unlock();
+      run_steps(batch);
+      batch_last = true;
+      continue;
+    }
+    return;  // (quit, and nothing left)
+  }
+}
+
+// One forward_batch for every waiting step (one alone is a plain forward). Its error goes to every caller: a refusal
+// (checked before anything is fed) cannot come from generate()'s steps, which check the context first, and a failure
+// of the computation leaves each session as an error of its own forward would.
+void EngineThread::run_steps(std::vector<Step>& steps) {
+  try {
+    if (steps.size() == 1) {
+      steps[0].done.set_value(steps[0].session->forward(std::span<const int32_t>(&steps[0].token, 1)));
+      return;
+    }
+    std::vector<Session*> sessions;
+    std::vector<int32_t> tokens;
+    for (const Step& s : steps) sessions.push_back(s.session), tokens.push_back(s.token);
+    const std::vector<float> all = forward_batch(sessions, tokens);
+    const size_t vocab = all.size() / steps.size();
+    for (size_t i = 0; i < steps.size(); ++i)
+      steps[i].done.set_value(std::vector<float>(all.begin() + std::ptrdiff_t(i * vocab), all.begin() + std::ptrdiff_t((i + 1) * vocab)));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_.batches;
+    counts_.rows += int64_t(steps.size());
+    counts_.largest = std::max(counts_.largest, int64_t(steps.size()));
+  } catch (...) {
+    for (Step& s : steps) s.done.set_exception(std::current_exception());
+  }
+}
+
+QueuedSession::QueuedSession(EngineThread& thread, const Engine& engine) : thread_(thread) {
+  thread_.run([&] { real_ = engine.new_session(); });
+}
+
+QueuedSession::~QueuedSession() {
+  try {
+    thread_.run([&] { real_.reset(); });  // (its device memory freed where it was made)
+  } catch (...) {
+  }
+}
+
+std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
+  if (tokens.size() == 1) return thread_.step(*real_, tokens[0]);
+  std::vector<float> out;
+  thread_.run([&] { out = real_->forward(tokens); });
+  return out;
+}
+
+std::vector<float> QueuedSession::forward_all(std::span<const int32_t> tokens) {
+  std::vector<float> out;
+  thread_.run([&] { out = real_->forward_all(tokens); });
+  return out;
+}
+
+void QueuedSession::set_prefill_progress(std::function<void(int64_t, int64_t)> fn) {
+  thread_.run([&] { real_->set_prefill_progress(std::move(fn)); });
+}
+
+std::function<bool()> QueuedSession::set_prefill_stop(std::function<bool()> should_stop) {
+  std::function<bool()> before;
+  thread_.run([&] { before = real_->set_prefill_stop(std::move(should_stop)); });
+  return before;
+}
+
+std::shared_ptr<const SessionCheckpoint> QueuedSession::checkpoint() const {
+  std::shared_ptr<const SessionCheckpoint> cp;
+  thread_.run([&] { cp = real_->checkpoint(); });
+  return cp;
+}
+
+void QueuedSession::restore(const SessionCheckpoint& cp) {
+  thread_.run([&] { real_->restore(cp); });
+}
+
+void QueuedSession::reserve(int64_t positions) {
+  thread_.run([&] { real_->reserve(positions); });
+}
+
+void QueuedSession::reset() {
+  thread_.run([&] { real_->reset(); });
+}
+
+}  // namespace plumb::server

@@ -1,0 +1,85 @@
+// `plumb serve`'s engine thread, and the sessions whose calls run on it: every call on the engine's sessions runs on
+// this one thread (backend cuda keeps per-thread state, the cuBLASLt workspaces and plans, and its sessions want one
+// thread at a time). With several generations at once (ServerOptions::parallel), their one-token forwards that wait
+// together run as one plumb::forward_batch: the weights are read once for all of them. Public API only.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "plumb/engine.h"
+
+namespace plumb::server {
+
+class EngineThread {
+ public:
+  EngineThread();
+  ~EngineThread();
+  EngineThread(const EngineThread&) = delete;
+  EngineThread& operator=(const EngineThread&) = delete;
+
+  // Queues f, waits for it; f's exception comes back to the caller.
+  void run(std::function<void()> f);
+  // session.forward({token}) on the engine thread: the logits (vocab floats). Steps of different sessions that wait
+  // together go as one plumb::forward_batch (should that refuse, each runs alone, so an error reaches only its own
+  // caller). Between batches the other calls run one at a time, so a long prefill delays the steps by one call at
+  // most.
+  std::vector<float> step(Session& session, int32_t token);
+
+  struct Counts {
+    int64_t batches = 0;  // forward_batch calls of more than one session
+    int64_t rows = 0;     // the sessions stepped in them
+    int64_t largest = 0;  // the most sessions in one
+  };
+  Counts counts() const;
+
+ private:
+  struct Step {
+    Session* session;
+    int32_t token;
+    std::promise<std::vector<float>> done;
+  };
+  void loop();
+  void run_steps(std::vector<Step>& steps);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  std::vector<Step> steps_;
+  size_t expected_ = 0;  // the sessions of the last batch: the next one waits a little for those still sampling
+  bool quit_ = false;
+  Counts counts_;
+  std::thread thread_;  // (last: started once the members above exist)
+};
+
+// A Session made, called and destroyed on the engine thread, for a generation running on another thread (a request's
+// handler): each call waits for the engine thread; its one-token forwards go through EngineThread::step, so that
+// generations running at once share their decode steps. forward_sample and forward_sample_masked are Session's
+// defaults: the row comes to this thread and is sampled here.
+class QueuedSession : public Session {
+ public:
+  QueuedSession(EngineThread& thread, const Engine& engine);
+  ~QueuedSession() override;
+  std::vector<float> forward(std::span<const int32_t> tokens) override;
+  std::vector<float> forward_all(std::span<const int32_t> tokens) override;
+  void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override;
+  std::function<bool()> set_prefill_stop(std::function<bool()> should_stop) override;
+  std::shared_ptr<const SessionCheckpoint> checkpoint() const override;
+  void restore(const SessionCheckpoint& cp) override;
+  void reserve(int64_t positions) override;
+  int64_t position() const override { return real_->position(); }  // (its calls all come from the thread that asks)
+  void reset() override;
+  const ModelInfo& info() const override { return real_->info(); }
+
+ private:
+  EngineThread& thread_;
+  std::unique_ptr<Session> real_;
+};
+
+}  // namespace plumb::server

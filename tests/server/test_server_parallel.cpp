@@ -1,0 +1,130 @@
+// `plumb serve --parallel N`: several generations at once, their decode steps batched (plumb::forward_batch). On the
+// CPU every batched row is its session's own bits, so each response is the one the server gives with one generation
+// at a time; the prefix cache follows each conversation to its slot; the queue counts every slot.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "running_server.h"
+
+namespace plumb::server {
+namespace {
+
+using testing::Running;
+
+ServerOptions with_parallel(int n, bool cache = true) {
+  ServerOptions o;
+  o.parallel = n;
+  o.prefix_cache = cache;
+  return o;
+}
+
+// Requests of different lengths and samplings, each long enough (ignore_eos) that they overlap when sent at once.
+std::vector<json> bodies() {
+  std::vector<json> b;
+  const char* prompts[] = {"Once upon a time", "The sea", "A lighthouse keeper", "Zebras", "In the morning"};
+  for (int i = 0; i < 5; ++i)
+    b.push_back({{"prompt", prompts[i]}, {"max_tokens", 60 + 20 * i}, {"ignore_eos", true}, {"seed", 100 + i},
+                 {"temperature", i == 0 ? 0.0 : 0.8}});
+  return b;
+}
+
+// Each request's text and usage, sent at once from a thread each; also with one generation at a time, one after
+// another: the same responses. The steps ran batched, several sessions at once.
+TEST(ParallelServe, ConcurrentRequestsGetTheTokensOfOneAtATime) {
+  for (bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
+    Running serial(with_parallel(1, cache)), par(with_parallel(4, cache));
+    const auto b = bodies();
+    std::vector<json> want, got(b.size());
+    for (const json& q : b) want.push_back(serial.post("/v1/completions", q));
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < b.size(); ++i) ts.emplace_back([&, i] { got[i] = par.post("/v1/completions", b[i]); });
+    for (auto& t : ts) t.join();
+    for (size_t i = 0; i < b.size(); ++i) {
+      EXPECT_EQ(got[i]["choices"][0]["text"], want[i]["choices"][0]["text"]) << "request " << i;
+      EXPECT_EQ(got[i]["usage"]["completion_tokens"], want[i]["usage"]["completion_tokens"]) << "request " << i;
+    }
+    const Server::Stats st = par.srv->stats();
+    EXPECT_EQ(st.requests, int64_t(b.size()));
+    EXPECT_GT(st.batched_steps, 0) << "no step ran two sessions together";
+    EXPECT_GE(st.largest_batch, 2);
+    EXPECT_LE(st.largest_batch, 4) << "more sessions than slots in one step";
+    EXPECT_EQ(serial.srv->stats().batched_steps, 0);
+  }
+}
+
+// A stream served beside other generations equals its whole response served alone, chunk for chunk joined.
+TEST(ParallelServe, AStreamBesideOthersEqualsItsWholeResponse) {
+  Running serial(with_parallel(1)), par(with_parallel(3));
+  const json msgs = json::array({{{"role", "user"}, {"content", "Tell me about the sea."}}});
+  const json q = {{"messages", msgs}, {"max_tokens", 50}, {"seed", 5}, {"ignore_eos", true}};
+  const json want = serial.post("/v1/chat/completions", q);
+  std::vector<json> events;
+  std::thread other([&] { par.post("/v1/completions", bodies()[3]); });
+  std::thread streamed([&] { events = par.stream("/v1/chat/completions", q); });
+  par.post("/v1/completions", bodies()[1]);
+  other.join(), streamed.join();
+  std::string text;
+  for (const json& e : events)
+    if (e.is_object() && e["choices"][0]["delta"].contains("content")) text += e["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_EQ(text, want["choices"][0]["message"]["content"]);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+}
+
+// Two conversations at once, then each one's next turn: it goes to the slot that holds its history (its prompt
+// tokens come from the cache), and its reply is the one a server without a cache gives.
+TEST(ParallelServe, EachConversationFindsItsSlot) {
+  Running par(with_parallel(2)), fresh(with_parallel(1, false));
+  json a = json::array({{{"role", "user"}, {"content", "What is a lighthouse?"}}});
+  json b = json::array({{{"role", "user"}, {"content", "Name a colour."}}});
+  json ra, rb;
+  {
+    std::thread t([&] { ra = par.post("/v1/chat/completions", {{"messages", a}, {"temperature", 0}, {"max_tokens", 12}}); });
+    rb = par.post("/v1/chat/completions", {{"messages", b}, {"temperature", 0}, {"max_tokens", 12}});
+    t.join();
+  }
+  for (auto* turn : {&a, &b}) {
+    const json& r = turn == &a ? ra : rb;
+    turn->push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
+    turn->push_back({{"role", "user"}, {"content", "And then?"}});
+  }
+  const json next_b = par.post("/v1/chat/completions", {{"messages", b}, {"temperature", 0}, {"max_tokens", 12}});
+  const json next_a = par.post("/v1/chat/completions", {{"messages", a}, {"temperature", 0}, {"max_tokens", 12}});
+  EXPECT_GE(next_a["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), ra["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_GE(next_b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), rb["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(next_a["choices"][0]["message"], fresh.post("/v1/chat/completions", {{"messages", a}, {"temperature", 0}, {"max_tokens", 12}})["choices"][0]["message"]);
+  EXPECT_EQ(next_b["choices"][0]["message"], fresh.post("/v1/chat/completions", {{"messages", b}, {"temperature", 0}, {"max_tokens", 12}})["choices"][0]["message"]);
+}
+
+// With every slot generating and no room to wait (max_queue 0), one more request gets 503; once they end, it is served.
+TEST(ParallelServe, TheQueueCountsEverySlot) {
+  ServerOptions o = with_parallel(2);
+  o.max_queue = 0;
+  Running s(o);
+  std::vector<std::thread> ts;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 2; ++i)
+    ts.emplace_back([&] {
+      ++started;
+      s.post("/v1/completions", {{"prompt", "Once"}, {"max_tokens", 400}, {"ignore_eos", true}});
+    });
+  // (the two are in flight once both threads sent and neither finished: 400 tokens take far longer than a request's way in)
+  while (started < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool both_running = s.srv->stats().requests == 0;
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  if (both_running) {
+    EXPECT_EQ(r->status, 503) << r->body;
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}})["usage"]["completion_tokens"], 2);
+}
+
+}  // namespace
+}  // namespace plumb::server
