@@ -3,6 +3,7 @@
 #include "server/engine_thread.h"
 
 #include <chrono>
+#include <string_view>
 
 namespace plumb::server {
 
@@ -81,18 +82,24 @@ void EngineThread::loop() {
   }
 }
 
-// One forward_batch for every waiting step (one alone is a plain forward). Its error goes to every caller: a refusal
-// (checked before anything is fed) cannot come from generate()'s steps, which check the context first, and a failure
-// of the computation leaves each session as an error of its own forward would.
+// One forward_batch for every waiting step (one alone is a plain forward). A refusal (a token or a position one
+// session cannot take: forward_batch checks every session before it feeds any) runs each step alone, so that only its
+// own caller gets the error; a failure of the computation itself goes to every caller, each session left as an error
+// of its own forward would leave it.
 void EngineThread::run_steps(std::vector<Step>& steps) {
-  try {
-    if (steps.size() == 1) {
-      steps[0].done.set_value(steps[0].session->forward(std::span<const int32_t>(&steps[0].token, 1)));
-      return;
+  auto alone = [](Step& s) {
+    try {
+      s.done.set_value(s.session->forward(std::span<const int32_t>(&s.token, 1)));
+    } catch (...) {
+      s.done.set_exception(std::current_exception());
     }
-    std::vector<Session*> sessions;
-    std::vector<int32_t> tokens;
-    for (const Step& s : steps) sessions.push_back(s.session), tokens.push_back(s.token);
+  };
+  if (steps.size() == 1) return alone(steps[0]);
+  std::vector<Session*> sessions;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> before;
+  for (const Step& s : steps) sessions.push_back(s.session), tokens.push_back(s.token), before.push_back(s.session->position());
+  try {
     const std::vector<float> all = forward_batch(sessions, tokens);
     const size_t vocab = all.size() / steps.size();
     for (size_t i = 0; i < steps.size(); ++i)
@@ -101,6 +108,13 @@ void EngineThread::run_steps(std::vector<Step>& steps) {
     ++counts_.batches;
     counts_.rows += int64_t(steps.size());
     counts_.largest = std::max(counts_.largest, int64_t(steps.size()));
+  } catch (const Error& e) {
+    bool fed = false;
+    for (size_t i = 0; i < steps.size(); ++i) fed = fed || steps[i].session->position() != before[i];
+    const bool refused = !fed && std::string_view(e.what()).starts_with("forward_batch: ");
+    for (Step& s : steps)
+      if (refused) alone(s);
+      else s.done.set_exception(std::current_exception());
   } catch (...) {
     for (Step& s : steps) s.done.set_exception(std::current_exception());
   }

@@ -27,9 +27,9 @@ class EngineThread {
   // Queues f, waits for it; f's exception comes back to the caller.
   void run(std::function<void()> f);
   // session.forward({token}) on the engine thread: the logits (vocab floats). Steps of different sessions that wait
-  // together go as one plumb::forward_batch (should that refuse, each runs alone, so an error reaches only its own
-  // caller). Between batches the other calls run one at a time, so a long prefill delays the steps by one call at
-  // most.
+  // together go as one plumb::forward_batch (should that refuse a session's token or position, each runs alone, so the
+  // error reaches only its own caller). Batches and the other calls take turns: a prompt's prefill is one call, so the
+  // steps of the generations running wait for the whole prefill (no chunked prefill between steps yet).
   std::vector<float> step(Session& session, int32_t token);
 
   struct Counts {

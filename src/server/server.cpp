@@ -98,22 +98,30 @@ struct Server::Impl {
     else fmt::print(stderr, "{}\n", line);
   }
 
-  // Puts the session at the longest prefix of `prompt` it can return to, shorter than the prompt (generate() needs a
-  // token to feed); returns its length.
+  // What the slot's session can return to for `prompt` (the prefix cache): all it holds, when that is a prefix of the
+  // prompt shorter than it (generate() needs a token to feed); else its checkpoint, when that is such a prefix; else
+  // nothing. Kind::None's length is 0.
+  enum class Reuse { None, Fed, Checkpoint };
+  std::pair<Reuse, size_t> reusable(const Slot& sl, const std::vector<int32_t>& prompt) const {
+    auto is_prefix = [&](size_t n) { return n < prompt.size() && std::equal(sl.fed.begin(), sl.fed.begin() + std::ptrdiff_t(n), prompt.begin()); };
+    if (!opt.prefix_cache) return {Reuse::None, 0};
+    if (!sl.fed.empty() && is_prefix(sl.fed.size())) return {Reuse::Fed, sl.fed.size()};
+    if (sl.cp && is_prefix(size_t(sl.cp->position()))) return {Reuse::Checkpoint, size_t(sl.cp->position())};
+    return {Reuse::None, 0};
+  }
+
+  // Puts the session at the longest prefix of `prompt` it can return to (reusable); returns its length.
   int64_t reuse(Slot& sl, const std::vector<int32_t>& prompt) {
     auto& [session, fed, cp, busy, used] = sl;
     if (!session) session = new_session();
-    // Whether fed's first n tokens are a prefix of the prompt, shorter than it.
-    auto is_prefix = [&](size_t n) { return n < prompt.size() && std::equal(fed.begin(), fed.begin() + n, prompt.begin()); };
-    if (opt.prefix_cache) {
-      if (!fed.empty() && is_prefix(fed.size())) return int64_t(fed.size());
-      if (cp && is_prefix(size_t(cp->position()))) {
-        try {
-          session->restore(*cp);
-          fed.resize(size_t(cp->position()));
-          return int64_t(fed.size());
-        } catch (const Error&) {  // (left behind: start over below)
-        }
+    const auto [kind, n] = reusable(sl, prompt);
+    if (kind == Reuse::Fed) return int64_t(n);
+    if (kind == Reuse::Checkpoint) {
+      try {
+        session->restore(*cp);
+        fed.resize(n);
+        return int64_t(n);
+      } catch (const Error&) {  // (left behind: start over below)
       }
     }
     return start_over(sl);
@@ -274,8 +282,8 @@ struct Server::Impl {
     choices(slots[k]);
   }
 
-  // parallel > 1: a free slot for this request, in arrival order (refused once stop() was asked): the one whose
-  // cache holds the longest prefix of `prompt`, else the least recently used.
+  // parallel > 1: a free slot for this request, in arrival order (refused once stop() was asked): the one that can
+  // return to the longest prefix of `prompt` (reusable), else the least recently used.
   size_t take_slot(const std::vector<int32_t>& prompt) {
     std::unique_lock<std::mutex> lock(slots_mu);
     const uint64_t me = ++tickets;
@@ -295,8 +303,7 @@ struct Server::Impl {
     for (size_t k = 0; k < slots.size(); ++k) {
       const Slot& s = slots[k];
       if (s.busy) continue;
-      const size_t m = std::min(s.fed.size(), prompt.size());
-      const size_t len = size_t(std::mismatch(s.fed.begin(), s.fed.begin() + std::ptrdiff_t(m), prompt.begin()).first - s.fed.begin());
+      const size_t len = reusable(s, prompt).second;
       if (best == slots.size() || len > best_len || (len == best_len && s.used < slots[best].used)) best = k, best_len = len;
     }
     slots[best].busy = true, slots[best].used = ++uses;
