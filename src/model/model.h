@@ -87,7 +87,8 @@ class Model {
   // distinct and made by this model's backend, one token each). Returns the logits [B, vocab]: row b is what
   // forward(*states[b], {tokens[b]}) returns, on the CPU bit for bit (every op but the attention works row by row, and
   // the attention runs per session on its caches), on the GPU within the patches' tolerances (the GEMVs' batched
-  // kernels sum in another order). The weights are read once for all the rows: B sessions cost about one step.
+  // kernels sum in another order). The weights are read once for all the rows (what reads a session's caches runs
+  // per session).
   // Nothing is computed when a state or a token is refused; no taps.
   Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const;
   // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).

@@ -100,7 +100,7 @@ struct Server::Impl {
 
   // What the slot's session can return to for `prompt` (the prefix cache): all it holds, when that is a prefix of the
   // prompt shorter than it (generate() needs a token to feed); else its checkpoint, when that is such a prefix; else
-  // nothing. Kind::None's length is 0.
+  // nothing (length 0).
   enum class Reuse { None, Fed, Checkpoint };
   std::pair<Reuse, size_t> reusable(const Slot& sl, const std::vector<int32_t>& prompt) const {
     auto is_prefix = [&](size_t n) { return n < prompt.size() && std::equal(sl.fed.begin(), sl.fed.begin() + std::ptrdiff_t(n), prompt.begin()); };
@@ -509,7 +509,7 @@ struct Server::Impl {
           };
           open(0), opened = true;  // (at once: a client sees the stream start before a long prefill)
           try {
-            // (the sink is written from the engine thread while this one waits for it)
+            // (the sink is written from the engine thread while this one waits for it; with several slots, from this one)
             run_request(qs, cs, on_text, [&] { return stopping.load() || gone || !sink.is_writable(); }, false);
           } catch (const std::exception& e) {
             const auto* re = dynamic_cast<const RequestError*>(&e);
