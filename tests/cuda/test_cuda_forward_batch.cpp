@@ -22,13 +22,16 @@ using plumb_cuda_test::GpuTest;
 // matrices are plain fp32, which the fast kernels do not take; kernel-dims' are FP8 and MXFP4 at the kernels'
 // shapes, so under cuda.fast its batch rows take the batched W8A16 / W4A16 GEMVs and the single steps the one-token
 // paths (fused projections, the hc fold, the deferred compressors); the official numerics' W8A8 / W4A8 kernels run
-// on tiny-official (cuda.fast's split-K attention does not combine with them). Tolerances: what those paths' fp32 summation orders leave (measured on an H100: see each
-// case's printed figure).
+// on tiny-official (cuda.fast's split-K attention does not combine with them). Tolerances: 0 where the kernels are
+// the same per row (session 82's H100 run: csa-long 0 in all three modes); 2e-3 for the fast kernels' other fp32
+// summation orders, a bound set before any GPU ran these two cases (each prints its largest difference: tighten it
+// to the measure).
 TEST_F(GpuTest, ForwardBatchRowsAreEachSessionsOwnStep) {
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", ""), 0.0f, "cuda []");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.graph"), 0.0f, "cuda [cuda.graph]");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast"), 0.0f, "cuda [cuda.fast]");
-  plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", ""), 0.0f, "cuda [] kernel-dims");
+  // (the one-token fp32 twins sum in fp64 in another order than the chunk's: an fp32 rounding may flip; not yet measured)
+  plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", ""), 1e-5f, "cuda [] kernel-dims");
   plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", "cuda.fast"), 2e-3f, "cuda [cuda.fast] kernel-dims");
   const std::string official = "numerics.official,cuda.moe_mxfp4,cuda.fp8_gemv,cuda.bf16_gemv,cuda.graph";
   plumb_test::check_forward_batch(*plumb_test::golden_engine("tiny-official", "cuda", official), 2e-3f,
