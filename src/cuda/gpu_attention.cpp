@@ -201,7 +201,9 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora;
   const int n = int(runs.back().row0 + runs.back().n);
   const bool one = runs.size() == 1;  // a session's own chunk (else forward_batch's rows, one run per session)
-  for (const AttnRun& r : runs) reserve_attention_state(w, r.step.pos0 + r.n, *r.st, sc);  // no-op when the step was prepared
+  // (no-op when the step was prepared, as a batch's always is: its sessions' caches are reserved against their own
+  // scratch, whose memory generation their graphs check, not this one)
+  if (one) reserve_attention_state(w, runs[0].step.pos0 + runs[0].n, *runs[0].st, sc);
 
   OpTimer& tm = sc.timer;
   std::optional<OpRegion> region;

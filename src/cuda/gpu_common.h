@@ -345,7 +345,7 @@ struct GpuGraph {
   const float* logits = nullptr;  // where the graph leaves them
   std::vector<uint64_t> generations;
   std::array<const void*, 9> workspace{};
-  bool warm = false;  // ran once eagerly with graph bounds at `generation`: the next step may capture
+  bool warm = false;  // ran once eagerly with graph bounds at `generations`: the next step may capture
   GpuGraph() = default;
   GpuGraph(const GpuGraph&) = delete;
   GpuGraph& operator=(const GpuGraph&) = delete;

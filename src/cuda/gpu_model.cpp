@@ -620,21 +620,27 @@ class GpuForward : public DeviceForward {
         comp_defer_mode(l.attn, step, 1, &kept);
         flush = flush || kept > 0;
       }
-      ds.defer_from = st.pos + 1;
       for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, st.pos + 1, ds.layers[i], ds.scratch);
       runs.push_back({&ds, step, b, 1});
       key.push_back(int64_t(ds.id)), key.push_back(indexer_skips(st.pos + 1));
     }
     const LaunchScopes scopes(*this, sc, n);
     const bool graph = opt_.cuda_graph && (!sc.timer.on || sc.timer.timeline) && !first.graphs_failed && n <= kGraphMaxTokens && !flush;
-    if (!graph) return body(runs, buf + 2 * n, nullptr, LogitRows::All);
-    for (SessionRows& r : runs) r.step.bounds = true;
-    key.push_back((sc.timer.on && sc.timer.timeline ? 1 : 0) + (weights_skipped() ? 2 : 0));
-    // (a few batches kept: continuous batching changes them as requests come and go)
-    if (first.batch_graphs.size() >= kBatchGraphs && !first.batch_graphs.count(key)) first.batch_graphs.clear();
-    auto& g = first.batch_graphs[key];
-    if (!g) g = std::make_unique<GpuGraph>();
-    return run_graph(runs, *g, buf + 2 * n, LogitRows::All);
+    const float* logits = nullptr;
+    if (!graph) {
+      logits = body(runs, buf + 2 * n, nullptr, LogitRows::All);
+    } else {
+      for (SessionRows& r : runs) r.step.bounds = true;
+      key.push_back((sc.timer.on && sc.timer.timeline ? 1 : 0) + (weights_skipped() ? 2 : 0));
+      // (a few batches kept: continuous batching changes them as requests come and go)
+      if (first.batch_graphs.size() >= kBatchGraphs && !first.batch_graphs.count(key)) first.batch_graphs.clear();
+      auto& g = first.batch_graphs[key];
+      if (!g) g = std::make_unique<GpuGraph>();
+      logits = run_graph(runs, *g, buf + 2 * n, LogitRows::All);
+    }
+    // (once the step is queued: a batch that throws before leaves every session's kept compressor rows counted)
+    for (SessionRows& r : runs) r.ds->defer_from = r.step.pos0 + 1;
+    return logits;
   }
   static constexpr size_t kBatchGraphs = 8;
 

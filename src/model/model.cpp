@@ -195,9 +195,9 @@ Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<con
   for (int64_t i = 0; i < b; ++i) {
     SessionState* st = states[size_t(i)];
     PLUMB_CHECK(st, "forward_batch: session {} of {} is null", i, b);
-    for (int64_t j = 0; j < i; ++j)
-      PLUMB_CHECK(states[size_t(j)] != st, "forward_batch: sessions {} and {} are the same session (one token per session "
-                  "a step)", j, i);
+    for (int64_t j = 0; j < i; ++j)  // (copies of a state share its device caches)
+      PLUMB_CHECK(states[size_t(j)] != st && !(st->dev && states[size_t(j)]->dev == st->dev), "forward_batch: sessions {} and {} "
+                  "are the same session (one token per session a step)", j, i);
     try {
       check_tokens(*st, tokens.subspan(size_t(i), 1));
     } catch (const Error& e) {
