@@ -2,6 +2,7 @@
 // forward_batch calls, and QueuedSession.
 #include "server/engine_thread.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string_view>
 
@@ -134,7 +135,26 @@ QueuedSession::~QueuedSession() {
 std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
   if (tokens.size() == 1) return thread_.step(*real_, tokens[0]);
   std::vector<float> out;
-  thread_.run([&] { out = real_->forward(tokens); });
+  if (tokens.size() <= kPrefillPiece) {
+    thread_.run([&] { out = real_->forward(tokens); });
+    return out;
+  }
+  // A long prompt in pieces, one call each, so that the other generations' steps run between them (chunked prefill).
+  // The call stays one call: a stop or an error in any piece puts the session back where it was before the first.
+  std::shared_ptr<const SessionCheckpoint> before;
+  thread_.run([&] { before = real_->checkpoint(); });
+  try {
+    for (size_t at = 0; at < tokens.size(); at += kPrefillPiece) {
+      const auto piece = tokens.subspan(at, std::min(kPrefillPiece, tokens.size() - at));
+      thread_.run([&] { out = real_->forward(piece); });
+    }
+  } catch (...) {
+    try {
+      thread_.run([&] { real_->restore(*before); });
+    } catch (...) {  // (the session's own error says it could not be put back: its next call is refused)
+    }
+    throw;
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 // together run as one plumb::forward_batch: the weights are read once for all of them. Public API only.
 #pragma once
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -28,8 +29,8 @@ class EngineThread {
   void run(std::function<void()> f);
   // session.forward({token}) on the engine thread: the logits (vocab floats). Steps of different sessions that wait
   // together go as one plumb::forward_batch (should that refuse a session's token or position, each runs alone, so the
-  // error reaches only its own caller). Batches and the other calls take turns: a prompt's prefill is one call, so the
-  // steps of the generations running wait for the whole prefill (no chunked prefill between steps yet).
+  // error reaches only its own caller). Batches and the other calls take turns (a QueuedSession feeds a long prompt in
+  // pieces, so the running generations' steps go on between them).
   std::vector<float> step(Session& session, int32_t token);
 
   struct Counts {
@@ -60,10 +61,16 @@ class EngineThread {
 
 // A Session made, called and destroyed on the engine thread, for a generation running on another thread (a request's
 // handler): each call waits for the engine thread; its one-token forwards go through EngineThread::step, so that
-// generations running at once share their decode steps. forward_sample and forward_sample_masked are Session's
-// defaults: the row comes to this thread and is sampled here.
+// generations running at once share their decode steps. forward() of more than kPrefillPiece tokens runs as pieces of
+// that many, a call each (chunked prefill: a batch of the others' steps between two pieces), under a checkpoint
+// taken first, so that a stop (set_prefill_stop) or an error in any piece puts the session back as before the call, as
+// one call would. forward_sample and forward_sample_masked are Session's defaults: the row comes to this thread and is
+// sampled here.
 class QueuedSession : public Session {
  public:
+  // A piece's tokens: at V4-Flash's size about a tenth of a second of prefill on one H200 (43 layers), the longest the
+  // others' steps wait for it.
+  static constexpr size_t kPrefillPiece = 512;
   QueuedSession(EngineThread& thread, const Engine& engine);
   ~QueuedSession() override;
   std::vector<float> forward(std::span<const int32_t> tokens) override;
