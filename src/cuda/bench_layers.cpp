@@ -766,7 +766,7 @@ int run(const LayerBenchOptions& o) {
   for (int B : o.decode_batches) res.decode.push_back(decode_batch(R, B));
   if (!o.sequences.empty())
     out(fmt::format("sequences: B sessions, each after a {}-token prefill, one token each per step: all B in one forward "
-                    "(plumb::forward_batch, eager, every row's logits downloaded) against the B stepped one after another "
+                    "(plumb::forward_batch: eager, or its graph under cuda.graph; every row's logits downloaded) against the B stepped one after another "
                     "(each as generation steps one); median of up to {} alternating rounds\n", o.context, o.iters));
   for (int B : o.sequences) res.sequences.push_back(sequences_row(R, B));
 

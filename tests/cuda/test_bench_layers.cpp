@@ -180,6 +180,37 @@ TEST(BenchLayers, RunsOnTheCpuBackend) {
   EXPECT_FALSE(fs::exists(j["checkpoint_dir"].get<std::string>())) << "the temporary checkpoint folder was left behind";
 }
 
+// --sequences: B sessions stepped together (forward_batch) and one after another, a row each in the JSON (both
+// medians, their rates) and in the CSV, after the decode and prefill rows.
+TEST(BenchLayers, SequencesOnTheCpuBackend) {
+  TempDir t;
+  auto o = tiny(1);
+  o.backend = "cpu";
+  o.prefill = {};
+  o.iters = 3;
+  o.sequences = {1, 3};
+  o.json = (t.path() / "out.json").string();
+  o.csv = (t.path() / "out.csv").string();
+  ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
+  nlohmann::json j;
+  std::ifstream(o.json) >> j;
+  ASSERT_EQ(j["sequences"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& q = j["sequences"][i];
+    EXPECT_EQ(q["sessions"], o.sequences[i]);
+    EXPECT_EQ(q["error"], "");
+    EXPECT_GE(q["rounds"].get<int>(), 3);
+    for (const char* k : {"us_per_step", "us_per_step_one_after_another", "tokens_per_s", "tokens_per_s_one_after_another"})
+      EXPECT_GT(q[k].get<double>(), 0) << k;
+    EXPECT_NEAR(q["tokens_per_s"].get<double>(), o.sequences[i] / (q["us_per_step"].get<double>() * 1e-6), 1e-6 * q["tokens_per_s"].get<double>());
+  }
+  std::ifstream csv(o.csv);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(csv, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 1 + j["layer_decode"].size() + 2);
+  EXPECT_EQ(lines.back().rfind("sequences,3,", 0), 0u) << lines.back();
+}
+
 // --ab: a second model (here the same patches, so the difference is noise) timed in pairs of steps with the first:
 // per decode batch the pairs, both medians, the median difference inside its 95 % interval, per layer; an unknown
 // patch for model B fails the run before any timing.
