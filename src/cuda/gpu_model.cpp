@@ -498,7 +498,7 @@ class GpuForward : public DeviceForward {
     DeviceSessionState& ds = *st.dev;
     positions = std::min(positions, kReserveMax);
     try {
-      for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, positions, ds.layers[i], ds.scratch);
+      reserve_caches(ds, positions);
     } catch (...) {
       rethrow_for(fmt::format("reserving the GPU's caches for {} positions", positions));
     }
@@ -565,22 +565,16 @@ class GpuForward : public DeviceForward {
     // projects the rows kept before it first, eagerly (a transition: graphs are for the steady states).
     step.defer = opt_.cuda_comp_deferred && n == 1;
     step.defer_from = opt_.cuda_comp_deferred ? ds.defer_from : INT64_MAX;
-    bool flush = false, project = false;
-    for (const auto& l : g_.layers) {
-      int64_t kept = 0;
-      const CompDeferMode mode = comp_defer_mode(l.attn, step, n, &kept);
-      flush = flush || (mode == kCompNormal && kept > 0);
-      project = project || mode == kCompProject;
-    }
-    ds.comp_windows_projected += project;
+    const DeferScan scan = scan_defer(step, n);
+    const bool flush = scan.flush;
+    ds.comp_windows_projected += scan.project;
     if (!step.defer) ds.defer_from = st.pos + n;
     const LaunchScopes scopes(*this, sc, n);
-    const bool graph = opt_.cuda_graph && !taps && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens && !flush;
-    if (!graph) {
+    if (taps || !graph_allowed(ds, n, flush)) {
       const SessionRows one{&ds, step, 0, n};
       return body(std::span(&one, 1), buf + 2, taps, rows);
     }
-    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, step.pos0 + n, ds.layers[i], sc);
+    reserve_caches(ds, step.pos0 + n);
     step.bounds = true;
     // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
     // timeline's (OpTimer: its events are nodes of the graph) and bench --skeleton's (weights_skipped).
@@ -591,7 +585,7 @@ class GpuForward : public DeviceForward {
     return run_graph(std::span(&one, 1), *g, buf + 2, rows);
   }
 
-  // forward_batch: one token of each session, eagerly. The batch's buffers (its rows' activations, the inputs'
+  // forward_batch: one token of each session (eagerly, or as the batch's captured graph). The batch's buffers (its rows' activations, the inputs'
   // upload) are the first session's scratch; each session's caches are grown here, against its own scratch's memory
   // generation, so that its captured graphs are re-captured if they move. Not a deferring step (cuda.comp_deferred):
   // a session's kept compressor rows are projected first by its attention, as a multi-token step's are.
@@ -615,19 +609,14 @@ class GpuForward : public DeviceForward {
       DeviceSessionState& ds = *st.dev;
       Step step{reinterpret_cast<const int64_t*>(buf) + b, st.pos, false};
       step.defer_from = opt_.cuda_comp_deferred ? ds.defer_from : INT64_MAX;
-      for (const auto& l : g_.layers) {
-        int64_t kept = 0;
-        comp_defer_mode(l.attn, step, 1, &kept);
-        flush = flush || kept > 0;
-      }
-      for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, st.pos + 1, ds.layers[i], ds.scratch);
+      flush = flush || scan_defer(step, 1).flush;
+      reserve_caches(ds, st.pos + 1);
       runs.push_back({&ds, step, b, 1});
       key.push_back(int64_t(ds.id)), key.push_back(indexer_skips(st.pos + 1));
     }
     const LaunchScopes scopes(*this, sc, n);
-    const bool graph = opt_.cuda_graph && (!sc.timer.on || sc.timer.timeline) && !first.graphs_failed && n <= kGraphMaxTokens && !flush;
     const float* logits = nullptr;
-    if (!graph) {
+    if (!graph_allowed(first, n, flush)) {
       logits = body(runs, buf + 2 * n, nullptr, LogitRows::All);
     } else {
       for (SessionRows& r : runs) r.step.bounds = true;
@@ -643,6 +632,33 @@ class GpuForward : public DeviceForward {
     return logits;
   }
   static constexpr size_t kBatchGraphs = 8;
+
+  // Grows a session's caches for positions up to pos_end, against its own scratch's memory generation.
+  void reserve_caches(DeviceSessionState& ds, int64_t pos_end) const {
+    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, pos_end, ds.layers[i], ds.scratch);
+  }
+  // cuda.comp_deferred over the layers for a step of n tokens: whether it first projects rows kept by earlier steps
+  // (flush: then it runs eagerly) and whether a layer projects its window's kept rows at it (project).
+  struct DeferScan {
+    bool flush = false, project = false;
+  };
+  DeferScan scan_defer(const Step& step, int n) const {
+    DeferScan d;
+    for (const auto& l : g_.layers) {
+      int64_t kept = 0;
+      const CompDeferMode mode = comp_defer_mode(l.attn, step, n, &kept);
+      d.flush = d.flush || (mode == kCompNormal && kept > 0);
+      d.project = d.project || mode == kCompProject;
+    }
+    return d;
+  }
+  // cuda.graph for a step of n rows whose buffers are ds's scratch (a session's own step, or a batch's first session):
+  // not under per-op timing without a timeline, after a failed capture, for prefill-sized chunks, or where kept
+  // compressor rows are projected first.
+  bool graph_allowed(const DeviceSessionState& ds, int n, bool flush) const {
+    const Scratch& sc = ds.scratch;
+    return opt_.cuda_graph && (!sc.timer.on || sc.timer.timeline) && !ds.graphs_failed && n <= kGraphMaxTokens && !flush;
+  }
 
   // The rows of a forward chunk that belong to one session: its caches, its step (position), and where its rows
   // sit in the chunk.

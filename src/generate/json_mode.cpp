@@ -293,7 +293,6 @@ bool TokenMask<R>::passes(int32_t id, const R& from, size_t skip) const {
   return !t_->spaced || s.complete() || s.feed(uint8_t(' '));
 }
 
-
 template <class R>
 bool TokenMask<R>::allows(int32_t id) const {
   if (id < 0 || size_t(id) >= is_end_.size()) return false;

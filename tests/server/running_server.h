@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -75,6 +76,24 @@ inline std::vector<json> Running::stream(const std::string& path, json body) con
   auto res = c.Post(path.c_str(), body.dump(), "application/json");
   EXPECT_TRUE(res) << httplib::to_string(res.error());
   return res ? events(res->body) : std::vector<json>();
+}
+
+// A server's options for --parallel n (ServerOptions::parallel), with or without the prefix cache.
+inline ServerOptions with_parallel(int n, bool cache = true, int max_queue = ServerOptions{}.max_queue) {
+  ServerOptions o;
+  o.parallel = n;
+  o.prefix_cache = cache;
+  o.max_queue = max_queue;
+  return o;
+}
+
+// Each request (path, body) posted from a thread of its own, all at once; their responses in order.
+inline std::vector<json> post_at_once(const Running& s, const std::vector<std::pair<std::string, json>>& requests) {
+  std::vector<json> got(requests.size());
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < requests.size(); ++i) ts.emplace_back([&, i] { got[i] = s.post(requests[i].first, requests[i].second); });
+  for (auto& t : ts) t.join();
+  return got;
 }
 
 }  // namespace plumb::server::testing

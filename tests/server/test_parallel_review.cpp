@@ -18,14 +18,7 @@ namespace {
 
 using testing::Running;
 using testing::tiny_engine;
-
-ServerOptions parallel_opts(int n, bool cache = true, int max_queue = 16) {
-  ServerOptions o;
-  o.parallel = n;
-  o.prefix_cache = cache;
-  o.max_queue = max_queue;
-  return o;
-}
+using testing::with_parallel;
 
 // ---------------------------------------------------------------------------------------------------------------
 // EngineThread on its own.
@@ -154,7 +147,7 @@ TEST(ParallelReview, TheSlotChoiceTakesTheSlotWhoseCacheCanBeReused) {
     const json r4 = s.post("/v1/completions", {{"prompt", P4}, {"max_tokens", 1}, {"temperature", 0}});
     return r4["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
   };
-  Running one(parallel_opts(1)), two(parallel_opts(2));
+  Running one(with_parallel(1)), two(with_parallel(2));
   const int64_t with_one = run_sequence(one, false), with_two = run_sequence(two, true);
   EXPECT_GE(with_one, 5);
   EXPECT_GE(with_two, 5) << "--parallel 2 took the slot that shares more tokens but can reuse none (--parallel 1: "
@@ -164,7 +157,7 @@ TEST(ParallelReview, TheSlotChoiceTakesTheSlotWhoseCacheCanBeReused) {
 // stop() while requests wait for a slot (both slots generating): every request ends promptly, none hangs; the
 // waiting ones get 503.
 TEST(ParallelReview, StopWhileRequestsWaitForASlot) {
-  auto s = std::make_unique<Running>(parallel_opts(2, true, 8));
+  auto s = std::make_unique<Running>(with_parallel(2, true, 8));
   std::vector<int> status(5, 0);
   std::vector<std::thread> ts;
   for (int i = 0; i < 5; ++i) {
@@ -226,13 +219,11 @@ json comparable(json r) {
 TEST(ParallelReview, ChoicesPromptsEchoLogprobsJsonToolsBesideOthers) {
   for (bool cache : {true, false}) {
     SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
-    Running serial(parallel_opts(1, cache)), par(parallel_opts(3, cache));
+    Running serial(with_parallel(1, cache)), par(with_parallel(3, cache));
     const auto qs = mixed_requests();
-    std::vector<json> want, got(qs.size());
+    std::vector<json> want;
     for (const auto& [path, body] : qs) want.push_back(serial.post(path, body));
-    std::vector<std::thread> ts;
-    for (size_t i = 0; i < qs.size(); ++i) ts.emplace_back([&, i] { got[i] = par.post(qs[i].first, qs[i].second); });
-    for (auto& t : ts) t.join();
+    const std::vector<json> got = testing::post_at_once(par, qs);
     for (size_t i = 0; i < qs.size(); ++i) {
       json w = comparable(want[i]), g = comparable(got[i]);
       // (cached_tokens depends on which slot a request found: compared apart)
@@ -247,7 +238,7 @@ TEST(ParallelReview, ChoicesPromptsEchoLogprobsJsonToolsBesideOthers) {
 // left one is cancelled, its slot is usable, and the same conversation's next request is served as a fresh server
 // serves it.
 TEST(ParallelReview, AClientLeavingMidStreamBesideAnother) {
-  Running serial(parallel_opts(1, false)), par(parallel_opts(2));
+  Running serial(with_parallel(1, false)), par(with_parallel(2));
   const json other = {{"prompt", "The sea"}, {"max_tokens", 150}, {"ignore_eos", true}, {"seed", 4}};
   const json want = serial.post("/v1/completions", other);
   json got;
@@ -286,7 +277,7 @@ TEST(ParallelReview, TheContextsEndBesideAnother) {
   for (int64_t i = 0; i < ctx - 6; ++i) prompt.push_back(int(20 + (i * 13) % 200));
   const json near = {{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}, {"seed", 2}};
   const json other = {{"prompt", "Zebras"}, {"max_tokens", 80}, {"ignore_eos", true}, {"seed", 8}};
-  Running serial(parallel_opts(1)), par(parallel_opts(2));
+  Running serial(with_parallel(1)), par(with_parallel(2));
   const json wn = serial.post("/v1/completions", near), wo = serial.post("/v1/completions", other);
   json gn, go;
   std::thread t([&] { go = par.post("/v1/completions", other); });

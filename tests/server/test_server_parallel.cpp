@@ -17,13 +17,7 @@ namespace {
 
 using testing::Running;
 using testing::tiny_engine;
-
-ServerOptions with_parallel(int n, bool cache = true) {
-  ServerOptions o;
-  o.parallel = n;
-  o.prefix_cache = cache;
-  return o;
-}
+using testing::with_parallel;
 
 // Requests of different lengths and samplings, each long enough (ignore_eos) that they overlap when sent at once.
 std::vector<json> bodies() {
@@ -42,11 +36,10 @@ TEST(ParallelServe, ConcurrentRequestsGetTheTokensOfOneAtATime) {
     SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
     Running serial(with_parallel(1, cache)), par(with_parallel(4, cache));
     const auto b = bodies();
-    std::vector<json> want, got(b.size());
-    for (const json& q : b) want.push_back(serial.post("/v1/completions", q));
-    std::vector<std::thread> ts;
-    for (size_t i = 0; i < b.size(); ++i) ts.emplace_back([&, i] { got[i] = par.post("/v1/completions", b[i]); });
-    for (auto& t : ts) t.join();
+    std::vector<std::pair<std::string, json>> requests;
+    std::vector<json> want;
+    for (const json& q : b) requests.push_back({"/v1/completions", q}), want.push_back(serial.post("/v1/completions", q));
+    const std::vector<json> got = testing::post_at_once(par, requests);
     for (size_t i = 0; i < b.size(); ++i) {
       EXPECT_EQ(got[i]["choices"][0]["text"], want[i]["choices"][0]["text"]) << "request " << i;
       EXPECT_EQ(got[i]["usage"]["completion_tokens"], want[i]["usage"]["completion_tokens"]) << "request " << i;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <limits>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,6 +96,22 @@ inline void check_masked_sampling(const plumb::Engine& e, const std::string& wha
 }
 
 
+// A logits row against the row it should equal: the largest |got - want| (infinite where got is NaN) and its index,
+// and want's argmax (the next token greedy decoding picks).
+struct RowGap {
+  float gap = 0;
+  int32_t at = 0, best = 0;
+};
+inline RowGap row_gap(const float* got, std::span<const float> want) {
+  RowGap g;
+  for (int32_t v = 0; v < int32_t(want.size()); ++v) {
+    const float x = got[v], d = x == x ? std::abs(x - want[size_t(v)]) : INFINITY;
+    if (d > g.gap) g.gap = d, g.at = v;
+    if (want[size_t(v)] > want[size_t(g.best)]) g.best = v;
+  }
+  return g;
+}
+
 // plumb::forward_batch against each session's own forward(), on `e` (a model of 256 tokens or more; csa-long and
 // kernel-dims: a hash layer, sliding, CSA and HCA with windows of 4, 8 and 8): five
 // sessions started at different points of the caches' cycles (0, 3, 7, 13 and 29 tokens fed), stepped together 24
@@ -118,16 +135,10 @@ inline void check_forward_batch(const plumb::Engine& e, float tol, const std::st
   float worst = 0;
   // Row r's largest difference to `want` (asserted within tol), and the argmax of `want`.
   auto compare = [&](const float* got, const std::vector<float>& want, const std::string& where) {
-    float d = 0;
-    int32_t at = 0, best = 0;
-    for (int32_t v = 0; v < V; ++v) {
-      const float x = got[v];
-      if (std::abs(x - want[size_t(v)]) > d || !(x == x)) d = x == x ? std::abs(x - want[size_t(v)]) : INFINITY, at = v;
-      if (want[size_t(v)] > want[size_t(best)]) best = v;
-    }
-    worst = std::max(worst, d);
-    EXPECT_LE(d, tol) << where << ": logit " << at << " is " << got[at] << ", its own forward's " << want[size_t(at)];
-    return best;
+    const RowGap g = row_gap(got, want);
+    worst = std::max(worst, g.gap);
+    EXPECT_LE(g.gap, tol) << where << ": logit " << g.at << " is " << got[g.at] << ", its own forward's " << want[size_t(g.at)];
+    return g.best;
   };
   for (int step = 0; step < 24; ++step) {
     if (step == 12)
