@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -445,21 +446,23 @@ std::vector<double> tapped_steps(Batch& b, DecodeRow& r) {
   return nl;
 }
 
-// Where a step's time goes: one more untapped step with CUDA events around each op region (the events add a little
-// time; the regions' sum is below the step time by the launch gaps and host work between them).
-void op_breakdown(Batch& b, DecodeRow& r) {
-  auto& timer = b.st.dev->scratch.timer;
+// Where a step's time goes: one more untapped step (run by `step`) with CUDA events around each op region of
+// `timer` (the events add a little time; the regions' sum is below the step time by the launch gaps and host work
+// between them). Prints "<what> per-op us per step" and returns the regions' us.
+std::vector<std::pair<std::string, double>> op_breakdown(OpTimer& timer, const std::function<void()>& step, const std::string& what) {
   timer.on = true;
-  b.step(nullptr, nullptr);
+  step();
   timer.on = false;
+  std::vector<std::pair<std::string, double>> regions;
   std::string line;
   double sum = 0;
   for (const auto& [name, ms] : timer.collect()) {
     line += fmt::format("{}{} {}", line.empty() ? "" : ", ", name, fmt_num(ms * 1e3));
-    r.breakdown.push_back({name, ms * 1e3});
+    regions.push_back({name, ms * 1e3});
     sum += ms * 1e3;
   }
-  out(fmt::format("  batch {} per-op us per step (all layers): {}; sum {}\n", b.B, line, fmt_num(sum)));
+  out(fmt::format("  {} per-op us per step (all layers): {}; sum {}\n", what, line, fmt_num(sum)));
+  return regions;
 }
 
 // The part outside the layers. On the GPU: the device time of the "embed", "head" and "sample" op regions (CUDA events
@@ -588,7 +591,7 @@ DecodeRow decode_batch(Run& R, int B) {
     r.pos_first = b.st.pos;
     time_steps(b, r);
     const std::vector<double> outside = tapped_steps(b, r);
-    if (b.st.dev) op_breakdown(b, r);
+    if (b.st.dev) r.breakdown = op_breakdown(b.st.dev->scratch.timer, [&] { b.step(nullptr, nullptr); }, fmt::format("batch {}", B));
     if (b.st.dev && R.o.timeline) r.timeline = b.timeline("");
     split_layers(R, r, outside, b.tapped);
     out(fmt::format("  batch {}: {} us/step ({} us outside the layers, {} us/layer), {} tokens/s; mean {} us/step over {} steps; "
@@ -657,8 +660,12 @@ SequencesRow sequences_row(Run& R, int B) {
     std::vector<double> a, b1;
     const double budget = std::min(o.batch_budget_s, R.left() - 10);
     double spent = 0;
+    DeviceSessionState* first = st[0].dev.get();  // (null on the CPU backend) its batch graphs hold the step together's
     for (int i = 0; i < o.iters && (i < 3 || spent < budget); ++i) {
-      const double x = together(), y = alone();
+      const int64_t launches = first ? first->graph_launches : 0, captures = first ? first->graph_captures : 0;
+      const double x = together();
+      if (first && first->graph_launches > launches && first->graph_captures == captures) ++r.replayed;
+      const double y = alone();
       a.push_back(x * 1e6), b1.push_back(y * 1e6), spent += x + y;
     }
     r.steps = int(a.size());
@@ -667,6 +674,8 @@ SequencesRow sequences_row(Run& R, int B) {
     out(fmt::format("  {} sequences: {} us per step of all together ({} tokens/s), {} us one after another ({} tokens/s): {}x; "
                     "{} rounds\n", B, fmt_num(r.us_step), fmt_num(r.tok_s, 2), fmt_num(r.us_alone), fmt_num(r.tok_s_alone, 2),
                     fmt_num(r.us_alone / r.us_step, 2), r.steps));
+    if (R.patches.options.cuda_graph) out(fmt::format("  {} sequences: {} of the {} timed steps together replayed their graph\n", B, r.replayed, r.steps));
+    if (first) r.breakdown = op_breakdown(first->scratch.timer, [&] { together(); }, fmt::format("{} sequences together", B));
   } catch (const std::exception& e) {
     r.error = e.what();
     R.failed = true;

@@ -89,6 +89,8 @@ struct PrefillRow {
 struct SequencesRow {
   int sessions = 0, steps = 0;
   double us_step = NAN, us_alone = NAN, tok_s = NAN, tok_s_alone = NAN;  // median us of a step of all B sessions
+  int replayed = 0;  // timed steps together that replayed their captured graph (cuda.graph)
+  std::vector<std::pair<std::string, double>> breakdown;  // one eager step together: us per op region, all layers
   std::string note, error;
 };
 

@@ -14,6 +14,12 @@ namespace plumb::cuda::bench_layers {
 
 namespace {
 std::string shown(const std::string& patches) { return patches.empty() ? std::string("none") : patches; }
+// Per-op region -> us per step (keys sorted, as the JSON has always had them).
+nlohmann::json breakdown_json(const std::vector<std::pair<std::string, double>>& b) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : b) j[k] = v;
+  return j;
+}
 }  // namespace
 
 void print_tables(const LayerBenchOptions& o, const LayerBenchResult& r) {
@@ -82,9 +88,7 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
   j["batch_meaning"] = "B consecutive new tokens of one sequence per forward step";
   j["layer_decode"] = ojson::array();
   for (const auto& d : r.decode) {
-    nlohmann::json breakdown = nlohmann::json::object();  // (keys sorted, as the JSON has always had them)
-    ojson timeline = ojson::array();                        // --timeline: [name, start, end] per region
-    for (const auto& [k, v] : d.breakdown) breakdown[k] = v;
+    ojson timeline = ojson::array();  // --timeline: [name, start, end] per region
     for (const auto& s : d.timeline) timeline.push_back({s.name, s.start_us, s.end_us});
     j["layer_decode"].push_back({{"batch", d.batch},
                                  {"us_per_step", jnum(d.us_step)},
@@ -93,7 +97,7 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
                                  {"steps_us", d.steps_us},
                                  {"us_non_layer", jnum(d.us_non_layer)},
                                  {"us_per_layer", jnum(d.us_layer)},
-                                 {"breakdown_us", breakdown},
+                                 {"breakdown_us", breakdown_json(d.breakdown)},
                                  {"timeline_us", timeline},
                                  {"skeleton_us_per_step", jnum(d.us_step_skeleton)},  // --skeleton
                                  {"skeleton_us_per_layer", jnum(d.us_layer_skeleton)},
@@ -139,6 +143,8 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
                               {"us_per_step_one_after_another", jnum(q.us_alone)},
                               {"tokens_per_s_one_after_another", jnum(q.tok_s_alone)},
                               {"rounds", q.steps},
+                              {"rounds_replayed", q.replayed},
+                              {"breakdown_us", breakdown_json(q.breakdown)},
                               {"note", q.note},
                               {"error", q.error}});
   j["sanity"] = r.sanity;
