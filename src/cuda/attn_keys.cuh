@@ -14,14 +14,22 @@ namespace plumb::cuda::detail {
 // lays it out (official_math::window_slots, as model/attention.cpp), slots nwin .. wslots-1 holes; they decide which
 // keys share a block while the window is not yet full. kOfficial false: a kernel that never runs the official
 // numerics (the split-K attention, whose launch refuses them) compiles without that layout.
+// The position of token t of the launch: a session's chunk from *a.pos, or (ring_rows: forward_batch's rows, each
+// one token of its own session) its own a.pos[t].
+__device__ __forceinline__ int64_t token_pos(const AttendArgs& a, int64_t t) { return a.ring_rows ? a.pos[t] : *a.pos + t; }
+
 template <bool kOfficial = true>
 struct KeyListT {
   const AttendArgs& a;
   int t;
-  int64_t pos0, wstart, nwin, wslots, count;  // count: window slots + entry slots
+  int64_t pos0, wstart, nwin, wslots, count;  // count: window slots + entry slots; pos0: the first of chunk's positions
+  const float* ring, *chunk, *entries;         // the token's session's (chunk: its row of chunk_kv at pos0)
   __device__ KeyListT(const AttendArgs& args, int tok) : a(args), t(tok) {
-    pos0 = *a.pos;
-    const int64_t p = pos0 + t;
+    const int64_t p = token_pos(a, t);
+    pos0 = a.ring_rows ? p : *a.pos;
+    ring = a.ring_rows ? a.ring_rows[t] : a.ring;
+    entries = a.ring_rows ? a.entries_rows[t] : a.entries;
+    chunk = a.chunk_kv + (a.ring_rows ? int64_t(t) * a.Dh : 0);
     wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
     wslots = kOfficial && a.official ? official_math::window_slots(pos0, a.n, a.window) : nwin;
     count = wslots + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
@@ -31,10 +39,10 @@ struct KeyListT {
     if (j < wslots) {
       if (j >= nwin) return nullptr;
       const int64_t q = wstart + j;
-      return q < pos0 ? a.ring + (q % a.window) * a.Dh : a.chunk_kv + (q - pos0) * a.Dh;
+      return q < pos0 ? ring + (q % a.window) * a.Dh : chunk + (q - pos0) * a.Dh;
     }
     const int64_t e = a.type == 1 ? a.sel[int64_t(t) * a.ksel + (j - wslots)] : j - wslots;
-    return e < 0 ? nullptr : a.entries + e * a.Dh;
+    return e < 0 ? nullptr : entries + e * a.Dh;
   }
 };
 using KeyList = KeyListT<true>;

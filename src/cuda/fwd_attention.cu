@@ -202,6 +202,14 @@ __global__ void ring_store_kernel(const float* kv, int n, int64_t Dh, const int6
   ring[((*pos + r) % W) * Dh + d] = kv[r * Dh + d];
 }
 
+__global__ void ring_store_rows_kernel(const float* kv, int n, int64_t Dh, const int64_t* pos, int64_t W, float* const* rings) {
+  pdl_begin();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n) * Dh) return;
+  const int64_t r = i / Dh, d = i % Dh;
+  rings[r][(pos[r] % W) * Dh + d] = kv[i];
+}
+
 __global__ void comp_defer_kernel(const float* x, int64_t D, const int64_t* pos, int m, float* ring, int64_t back, int64_t* wpos) {
   pdl_begin();
   const int64_t p = *pos;
@@ -430,6 +438,12 @@ __device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, 
 constexpr int kStageC = 512;  // channels staged in shared memory (V4's head and indexer dims: 512, 128)
 __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressArgs a) {
   pdl_begin();
+  if (a.rows) {  // cuda.batch_rows: block r steps row r's session (its own token, position and state)
+    const int64_t r = blockIdx.x, width = a.overlap ? 2 * a.c : a.c;
+    const CompCaches k = a.rows[r];
+    a.pend_kv = k.pend_kv, a.pend_gate = k.pend_gate, a.prev_kv = k.prev_kv, a.prev_gate = k.prev_gate, a.entries = k.entries;
+    a.pos += r, a.rows_kv += r * width, a.rows_gate += r * width, a.n = 1;
+  }
   const int64_t pos0 = *a.pos, w = completed_window(a, pos0, 0);
   const int bd = int(blockDim.x), tid = int(threadIdx.x), c = int(a.c);
   if (w < 0) {  // this token's row into ring row pos0 % m
@@ -492,6 +506,7 @@ void fwd_attend(const AttendArgs& a, Stream s) {
   if (a.wait.sync) throw_arg("attention: in-kernel branch waits (AttendArgs::wait) are the split-K launch's only");
   if (a.n <= 0) return;
   if (a.out_inv_freq) throw_arg("attention: the fused output rotation (AttendArgs::out_inv_freq) is split-K only");
+  if (a.ring_rows) throw_arg("attention: rows of several sessions (AttendArgs::ring_rows) are split-K only");
   if (a.ld_logits < a.window + (a.type == 2 ? a.ne : a.type == 1 ? a.ksel : 0)) throw_arg("attention: logits scratch too narrow");
   // Checked before the first launch: a refused call must leave nothing in flight (nor half a captured graph).
   if (!a.official && (a.stage_keys < 0 || a.stage_keys % kAttnRound || a.stage_keys > kAttnMaxStage))
@@ -525,6 +540,11 @@ void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos
          ring);
 }
 
+void fwd_ring_store_rows(const float* kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* const* rings, Stream s) {
+  if (n <= 0) return;
+  launch("fwd_ring_store_rows", ring_store_rows_kernel, fwd_blocks(int64_t(n) * Dh, 256), 256, 0, s, kv, n, Dh, pos, window, rings);
+}
+
 void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float* ring, int64_t back, int64_t* wpos, Stream s) {
   launch("fwd_comp_defer", comp_defer_kernel, ring ? fwd_blocks(D, 256) : 1, 256, 0, s, x, D, pos, m, ring, back, wpos);
 }
@@ -532,6 +552,11 @@ void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float*
 void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.n <= 0) return;
   if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
+  if (a.rows) {  // forward_batch's rows: the one-token step per block
+    if (a.whole_window || !a.one_launch) throw_arg("compressor: a batch of sessions' rows takes the one-token launch only");
+    launch("fwd_compress (one token per session)", compress_one_kernel, unsigned(a.n), kFinishThreads, 0, s, a);
+    return;
+  }
   if (a.whole_window && a.n != a.m) throw_arg("compressor: a whole-window chunk of " + std::to_string(a.n) + " rows, window " + std::to_string(a.m));
   if (a.one_launch && (a.n == 1 || a.whole_window)) {  // (nw_max <= 1 at one token; exactly 1 for a whole window)
     launch(a.n == 1 ? "fwd_compress (one token)" : "fwd_compress (one window)", compress_one_kernel, 1, kFinishThreads, 0, s, a);

@@ -61,7 +61,7 @@ struct Merge {
 __device__ __forceinline__ void store_out_pair(const AttendArgs& a, int64_t row, int64_t d, float v0, float v1) {
   float p[2] = {v0, v1};
   if (a.out_inv_freq) {
-    if (d >= a.out_rope_off) rope_pair(p, *a.pos + row / a.Hq, a.out_inv_freq[(d - a.out_rope_off) / 2], a.out_af, 1);
+    if (d >= a.out_rope_off) rope_pair(p, token_pos(a, row / a.Hq), a.out_inv_freq[(d - a.out_rope_off) / 2], a.out_af, 1);
     *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(a.out16) + row * a.Dh + d) = __floats2half2_rn(p[0], p[1]);
   }
   *reinterpret_cast<float2*>(a.out + row * a.Dh + d) = make_float2(p[0], p[1]);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) attend_split_kernel(AttendArgs a,
   if constexpr (kQNorm) {
     if (h0 + wid < a.Hq)
       rms_norm_rope_row_warp(a.q + (int64_t(t) * a.Hq + h0 + wid) * a.Dh, qs + size_t(wid) * size_t(Dh), Dh, nullptr, a.q_eps,
-                             a.q_rope_off, a.q_rope_half, a.q_inv_freq, a.q_af, *a.pos + t);
+                             a.q_rope_off, a.q_rope_half, a.q_inv_freq, a.q_af, token_pos(a, t));
     __syncthreads();
   }
   // q fragments (A of the logits): qa[b][half] = q[head 8 * half + g][dim 32 * wid + 4 * b + r]; heads past Hq
@@ -446,12 +446,21 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   return p;
 }
 
+SplitPlan fwd_attend_splitk_plan_rows(int n, int Hq, int64_t Dh, int64_t max_keys, int sms) {
+  SplitPlan p = fwd_attend_splitk_plan(1, Hq, Dh, max_keys, sms);
+  const int64_t rows = int64_t(n) * Hq;
+  p.blocks = int64_t(n) * ((Hq + kHeads - 1) / kHeads) * p.splits;
+  p.scratch_bytes = p.splits > 1 ? size_t(rows * (Dh * 4 + 12)) * size_t(p.splits) : 0;
+  return p;
+}
+
 bool fwd_attend_splitk_fits(int64_t head_dim) { return head_dim > 0 && head_dim % kSlice == 0 && head_dim <= kMaxDh; }
 
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s) {
   if (a.n <= 0) return;
   if (!fwd_attend_splitk_fits(a.Dh)) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
   if (a.official) throw_arg("attention (split-K): the official numerics' key layout is the unsplit attention's only");
+  if (a.ring_rows && (!a.entries_rows && a.type != 0)) throw_arg("attention (split-K): rows of several sessions need each row's entries");
   if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
     throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
   for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})

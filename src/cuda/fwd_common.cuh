@@ -158,12 +158,18 @@ __device__ __forceinline__ void rope_pair(float* p, int64_t pos, float inv_freq,
 
 // Pair i of rope_kernel's rows (row i / half, pair i % half; position (*dpos) + pos0 + (row / per_pos) * pos_step);
 // round_bf16 (the official numerics' rope then act): the pair's results rounded to bf16.
+// The position of row r (fwd_kernels.h: per_pos > 0, a session's rows from *dpos, null for 0; per_pos < 0,
+// forward_batch's groups of -per_pos rows, each at its own dpos[group]).
+__device__ __forceinline__ int64_t row_pos(const int64_t* dpos, int64_t r, int64_t per_pos) {
+  return per_pos > 0 ? (dpos ? *dpos : 0) + r / per_pos : dpos[r / -per_pos];
+}
+
 __device__ __forceinline__ void rope_one(float* x, int64_t i, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
                                          const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse,
                                          bool round_bf16 = false) {
   const int64_t r = i / half;
   const int k = int(i % half);
-  const int64_t pos = (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step;
+  const int64_t pos = per_pos > 0 ? (dpos ? *dpos : 0) + pos0 + (r / per_pos) * pos_step : row_pos(dpos, r, per_pos) + pos0;
   float* p = x + r * ld + off + 2 * k;
   rope_pair(p, pos, inv_freq[k], af, inverse);
   if (round_bf16) p[0] = bf16r(p[0]), p[1] = bf16r(p[1]);

@@ -80,6 +80,9 @@ void fwd_linear_indexed(const DMat* mats, const int32_t* idx, int nslots, int x_
 // numerics): each result rounded to bf16 (the bits of fwd_act after it).
 void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* w, double eps, Stream s, uint16_t* out16 = nullptr,
                   int round_bf16 = 0);
+// Positions of the RoPE kernels below (row_pos, fwd_common.cuh): per_pos > 0, rows of one session's consecutive
+// tokens, row r at (*dpos) + r / per_pos; per_pos < 0 (cuda.batch_rows: forward_batch's rows), each group of -per_pos
+// rows one token of its own session, row r at dpos[r / -per_pos].
 // A second set of rows for fwd_rms_norm_rope: RoPE alone on x[r * ld + off .. + 2 * half) for r < rows, at
 // (*dpos) + r / per_pos, with the same tables (fwd_rope's arithmetic: pos0 0, pos_step 1, not inverse).
 struct RopeRows {
@@ -237,6 +240,11 @@ struct AttendArgs {
   // fwd_attend_splitk only: the side branches whose writes the split launch reads (the KV row, the compressor's
   // entries), waited for in-kernel instead of joined (cuda.branch_flags, BranchWait).
   BranchWait wait;
+  // fwd_attend_splitk only, cuda.batch_rows (forward_batch): token t is one token of its own session, at position
+  // pos[t] (not *pos + t), whose window keys are ring_rows[t] and compressed entries entries_rows[t] (ring and
+  // entries unused); ne bounds every row's entries, and CSA's selection rows are sel[t * ksel].
+  const float* const* ring_rows = nullptr;
+  const float* const* entries_rows = nullptr;
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
 // Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and
@@ -264,11 +272,17 @@ struct SplitPlan {
 };
 // sms: the device's SM count (sm_count()), which sizes the decode splits to fill it.
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms);
+// cuda.batch_rows: n rows, each one token of its own session (AttendArgs::ring_rows) of at most max_keys keys: the
+// one-token plan (so each query's keys split as its session's own step splits them; a row that needs fewer splits
+// than the grid has merges exact zeros from the empty ones), its grid and scratch for n rows.
+SplitPlan fwd_attend_splitk_plan_rows(int n, int Hq, int64_t Dh, int64_t max_keys, int sms);
 // A warp per 32 dims of a head, 16 warps: head_dim a multiple of 32 up to 512 (other layers keep fwd_attend).
 bool fwd_attend_splitk_fits(int64_t head_dim);
 void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch, Stream s);
 // Copies the chunk's last min(n, W) keys into the ring (slot p % W); pos: device position of row 0.
 void fwd_ring_store(const float* chunk_kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* ring, Stream s);
+// cuda.batch_rows: row r of kv [n, Dh] (one token of its own session, at position pos[r]) into rings[r]'s slot pos[r] % W.
+void fwd_ring_store_rows(const float* kv, int n, int64_t Dh, const int64_t* pos, int64_t window, float* const* rings, Stream s);
 // cuda.comp_deferred: *wpos = *pos - back (the first position of a chunk of deferred rows, on the device) and, with a
 // ring, the one token's row x [D] into ring slot *pos % m.
 void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float* ring, int64_t back, int64_t* wpos, Stream s);
@@ -282,6 +296,10 @@ void fwd_comp_defer(const float* x, int64_t D, const int64_t* pos, int m, float*
 //   carry:  CSA: the last completed window's first-half series into prev_* (the next chunk's previous window);
 //   stash:  the rows of the still incomplete window into pend_*[q % m].
 // Entry w is written at entries[w * c]. nw_max bounds the windows completing in one chunk (grid size).
+// One session's compressor state on the device (GpuCompState's buffers), for a launch over several sessions' rows.
+struct CompCaches {
+  float* pend_kv = nullptr, *pend_gate = nullptr, *prev_kv = nullptr, *prev_gate = nullptr, *entries = nullptr;
+};
 struct CompressArgs {
   const float* rows_kv = nullptr, *rows_gate = nullptr;  // [n, width]; width = 2c (overlap) or c
   float* pend_kv = nullptr, *pend_gate = nullptr;        // [m, width]
@@ -302,6 +320,9 @@ struct CompressArgs {
   // The chunk is exactly one window (n == m rows from a window boundary: cuda.comp_deferred's kept rows): it takes the
   // one launch too (one window completes, no row stays pending). The caller vouches for the alignment (pos is device).
   int whole_window = 0;
+  // cuda.batch_rows (forward_batch): row r is one token of its own session, at position pos[r], with that session's
+  // state and entries rows[r] (pend_*, prev_*, entries above unused): one block per row runs the one-token step.
+  const CompCaches* rows = nullptr;
 };
 // Launches pool + finish (skipped when nw_max is 0), carry (overlap) and stash; one token or one whole window: all in
 // one launch.

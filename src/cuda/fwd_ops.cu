@@ -630,7 +630,7 @@ __global__ void rms_norm_rope_kernel(float* x, int64_t rows, int64_t dim, int64_
   float* row = x + int64_t(blockIdx.x) * ld;
   rms_norm_row(row, dim, w, eps, sh);
   __syncthreads();  // the normalized row, written by every thread, read by the pairs' owners
-  const int64_t pos = (dpos ? *dpos : 0) + int64_t(blockIdx.x) / per_pos;
+  const int64_t pos = row_pos(dpos, int64_t(blockIdx.x), per_pos);
   for (int k = threadIdx.x; k < half; k += blockDim.x) rope_pair(row + off + 2 * k, pos, inv_freq[k], af, 0);
 }
 
@@ -648,7 +648,7 @@ __global__ void __launch_bounds__(32 * kWarpRows) rms_norm_rope_warp_kernel(floa
   const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
   if (r >= rows) return;
   float* row = x + r * ld;
-  rms_norm_rope_row_warp(row, row, dim, w, eps, off, half, inv_freq, af, (dpos ? *dpos : 0) + r / per_pos);
+  rms_norm_rope_row_warp(row, row, dim, w, eps, off, half, inv_freq, af, row_pos(dpos, r, per_pos));
 }
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t ld, int64_t off, int half, const float* inv_freq, float af,
@@ -667,7 +667,7 @@ __global__ void rope_f16_kernel(float* x, int64_t rows, int64_t ld, int64_t off,
   if (i >= rows * pairs) return;
   const int64_t r = i / pairs, j = 2 * (i % pairs);
   float* p = x + r * ld + j;
-  if (j >= off) rope_pair(p, (dpos ? *dpos : 0) + r / per_pos, inv_freq[(j - off) / 2], af, inverse);
+  if (j >= off) rope_pair(p, row_pos(dpos, r, per_pos), inv_freq[(j - off) / 2], af, inverse);
   *reinterpret_cast<__half2*>(out16 + r * ld + j) = __floats2half2_rn(p[0], p[1]);
 }
 
@@ -837,8 +837,15 @@ void fwd_rms_norm(float* x, int64_t rows, int64_t dim, int64_t ld, const float* 
   launch("fwd_rms_norm", rms_norm_kernel, unsigned(rows), kBlockThreads, 0, s, x, dim, ld, w, eps, out16, round_bf16);
 }
 
+// (row_pos: per_pos 0 is no layout; a negative one reads a position per group from dpos)
+static void check_per_pos(const int64_t* dpos, int64_t per_pos, const char* what) {
+  if (per_pos == 0 || (per_pos < 0 && !dpos)) throw_arg(std::string(what) + ": rows per position must be nonzero (negative: dpos holds each group's)");
+}
+
 void fwd_rms_norm_rope(float* x, int64_t rows, int64_t dim, const float* w, double eps, int64_t off, int half, const float* inv_freq,
                        float attention_factor, const int64_t* dpos, int64_t per_pos, Stream s, const RopeRows* also) {
+  check_per_pos(dpos, per_pos, "fwd_rms_norm_rope");
+  if (also && also->rows > 0) check_per_pos(dpos, also->per_pos, "fwd_rms_norm_rope (its second rows)");
   const RopeRows b = also && also->rows > 0 && also->half > 0 ? *also : RopeRows{};
   if (rows >= kWarpNormMinRows && dim <= int64_t(kBlockThreads) * kWarpMaxJ) {  // the same bits, a warp per row
     launch("fwd_rms_norm_rope (a warp per row)", rms_norm_rope_warp_kernel, unsigned((rows + kWarpRows - 1) / kWarpRows),
@@ -856,6 +863,7 @@ void fwd_rope(float* x, int64_t rows, int64_t ld, int64_t off, int half, const f
               const int64_t* dpos, int64_t pos0, int64_t per_pos, int64_t pos_step, int inverse, Stream s, int round_bf16) {
   const int64_t total = rows * half;
   if (total <= 0) return;
+  check_per_pos(dpos, per_pos, "fwd_rope");
   launch("fwd_rope", rope_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, half, inv_freq, attention_factor, dpos,
          pos0, per_pos, pos_step, inverse, round_bf16);
 }
@@ -865,6 +873,7 @@ void fwd_rope_f16(float* x, int64_t rows, int64_t ld, int64_t off, const float* 
   if (ld % 2 || off % 2) throw_arg("fwd_rope_f16: rows and the rotated dims must start at even offsets");
   const int64_t total = rows * (ld / 2);
   if (total <= 0) return;
+  check_per_pos(dpos, per_pos, "fwd_rope_f16");
   launch("fwd_rope_f16", rope_f16_kernel, fwd_blocks(total, 256), 256, 0, s, x, rows, ld, off, inv_freq, attention_factor, dpos,
          per_pos, inverse, reinterpret_cast<__half*>(out16));
 }

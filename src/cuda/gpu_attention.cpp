@@ -79,23 +79,30 @@ bool project_fused(const GpuAttn& w, const float* x, const CompRows& cr, const C
   return true;
 }
 
+// The compressor step's arguments for n projected rows at positions from dpos (without the state to step).
+CompressArgs comp_args(const GpuComp& w, const GpuRope& rope, double eps, const CompRows& r, int n, const int64_t* dpos,
+                       const GpuNumerics& nm, bool rotate) {
+  CompressArgs a;
+  a.rows_kv = r.kv, a.rows_gate = r.gate;
+  a.ape = f32(w.ape), a.norm = f32(w.norm), a.inv_freq = f32(rope.inv_freq);
+  a.pos = dpos;
+  a.n = n, a.overlap = w.overlap, a.m = int(w.rate), a.c = w.dim;
+  a.rope_half = rope.dim / 2, a.attention_factor = rope.attention_factor, a.eps = eps;
+  // Official: the entries' bf16 storage, then the indexer's rotation (its keys) or the FP8 KV simulation.
+  a.official = nm.official(), a.rotate = rotate, a.kv_fp8 = nm.official() && !nm.official_initial();
+  return a;
+}
+
 // Runs the compressor step on the device (CompressArgs) on this chunk's projected rows: completed windows become
 // entries (pooled, RMS-normed, rotated at position entry * m), the rest stay pending.
 void compressor_step(const GpuComp& w, const GpuRope& rope, double eps, const CompRows& r, int n, const Step& step, GpuCompState& st,
                      const GpuNumerics& nm, bool rotate, bool whole_window = false) {
-  const int64_t m = w.rate, c = w.dim;
-  CompressArgs a;
-  a.rows_kv = r.kv, a.rows_gate = r.gate;
+  const int64_t m = w.rate;
+  CompressArgs a = comp_args(w, rope, eps, r, n, step.dpos, nm, rotate);
   a.pend_kv = st.pend_kv.as<float>(), a.pend_gate = st.pend_gate.as<float>();
   a.prev_kv = st.prev_kv.as<float>(), a.prev_gate = st.prev_gate.as<float>();
-  a.ape = f32(w.ape), a.norm = f32(w.norm), a.inv_freq = f32(rope.inv_freq);
-  a.pos = step.dpos;
-  a.n = n, a.overlap = w.overlap, a.m = int(m), a.c = c;
   a.nw_max = int(step.bounds ? (n + m - 1) / m : (step.pos0 + n) / m - step.pos0 / m);
-  a.rope_half = rope.dim / 2, a.attention_factor = rope.attention_factor, a.eps = eps;
   a.entries = st.entries.as<float>();
-  // Official: the entries' bf16 storage, then the indexer's rotation (its keys) or the FP8 KV simulation.
-  a.official = nm.official(), a.rotate = rotate, a.kv_fp8 = nm.official() && !nm.official_initial();
   a.whole_window = whole_window;
   fwd_compress(a, nullptr);
 }
@@ -197,7 +204,7 @@ void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& s
 
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
                    std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
-                   const detail::HcPartArgs* fold) {
+                   const detail::HcPartArgs* fold, const LayerRows* rows) {
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora;
   const int n = int(runs.back().row0 + runs.back().n);
   const bool one = runs.size() == 1;  // a session's own chunk (else forward_batch's rows, one run per session)
@@ -226,6 +233,15 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   bool any_indexer = false;
   for (const AttnRun& r : runs) any_indexer = any_indexer || run_indexer(r);
   const bool keys_later = type == AttnType::CSA && !any_indexer;
+  // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]).
+  const bool batched = [&] {
+    if (!rows || one || !w.splitk || nm.official() || any_indexer || tap.sink) return false;
+    for (size_t k = 0; k < runs.size(); ++k)
+      if (runs[k].n != 1 || runs[k].row0 != int64_t(k) || runs[k].step.dpos != runs[0].step.dpos + k) return false;
+    return true;
+  }();
+  const int64_t* row_pos = runs[0].step.dpos;  // (batched: every row's position, in row order)
+  if (batched) ++sc.batch_rows;
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
@@ -247,14 +263,21 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const OpRegion d(tm, "kv/wkv", true);
       nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
     }
-    for (const AttnRun& r : runs)  // kv_norm, then RoPE (at each session's positions)
-      nm.norm_rope(rope, kv + r.row0 * Dh, int(r.n), Dh, f32(w.kv_norm), c.rms_eps, r.step.dpos, 1);
+    if (batched) {  // kv_norm, then RoPE (at each session's positions)
+      nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, row_pos, -1);
+    } else {
+      for (const AttnRun& r : runs) nm.norm_rope(rope, kv + r.row0 * Dh, int(r.n), Dh, f32(w.kv_norm), c.rms_eps, r.step.dpos, 1);
+    }
     nm.kv_fp8_sim(kv, n, Dh, Dh - rd);
     tap_put(tap, "attn.kv", kv, {n, Dh});
     // One token: its ring slot (pos % W) holds position pos - W, outside its window, so the row can be stored now,
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
-    for (const AttnRun& r : runs)
-      if (r.n == 1) fwd_ring_store(kv + r.row0 * Dh, 1, Dh, r.step.dpos, W, r.st->ring.as<float>(), nullptr);
+    if (batched) {
+      fwd_ring_store_rows(kv, n, Dh, row_pos, W, rows->rings, nullptr);
+    } else {
+      for (const AttnRun& r : runs)
+        if (r.n == 1) fwd_ring_store(kv + r.row0 * Dh, 1, Dh, r.step.dpos, W, r.st->ring.as<float>(), nullptr);
+    }
   }
   // cuda.comp_deferred defers a session's own one-token steps only (Step::defer is never set for several sessions).
   const CompDeferMode defer = one ? comp_defer_mode(w, runs[0].step, n) : kCompNormal;
@@ -307,13 +330,22 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const int64_t off = r.row0 * comp_width(g);
       return CompRows{all.kv + off, all.gate + off};
     };
+    // (batched: a block per row, each on its session's state)
+    auto step_rows = [&](const GpuComp& g, const CompRows& all, const CompCaches* tab, bool rotate) {
+      CompressArgs a = comp_args(g, rope, c.rms_eps, all, n, row_pos, nm, rotate);
+      a.rows = tab, a.nw_max = 1;
+      fwd_compress(a, nullptr);
+    };
     if (type != AttnType::Sliding) {
       const OpRegion d(tm, "comp/step", true);
-      for (const AttnRun& r : runs)
-        compressor_step(*w.comp, rope, c.rms_eps, rows_of(*w.comp, *crows, r), int(r.n), r.step, r.st->comp, nm, /*rotate=*/false);
+      if (batched) step_rows(*w.comp, *crows, rows->comp, /*rotate=*/false);
+      else
+        for (const AttnRun& r : runs)
+          compressor_step(*w.comp, rope, c.rms_eps, rows_of(*w.comp, *crows, r), int(r.n), r.step, r.st->comp, nm, /*rotate=*/false);
     }
     if (keys_later) branch_mark(side2, sc.ev_entries);  // (recorded on side2: the current stream here)
-    if (type == AttnType::CSA)
+    if (type == AttnType::CSA && batched) step_rows(*w.icomp, *irows, rows->icomp, /*rotate=*/true);
+    else if (type == AttnType::CSA)
       for (const AttnRun& r : runs)
         compressor_step(*w.icomp, rope, c.rms_eps, rows_of(*w.icomp, *irows, r), int(r.n), r.step, r.st->icomp, nm, /*rotate=*/true);
   }
@@ -337,7 +369,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
   // unless a tap reads q.
   const bool q_in_attn = w.splitk && !any_indexer && !nm.official() && !tap.on("attn.q");
-  if (!q_in_attn) {
+  if (!q_in_attn) {  // (never batched: its rows take q_in_attn's path)
     for (const AttnRun& r : runs)
       if (!run_indexer(r)) nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H);
     if (!any_indexer) tap_put(tap, "attn.q", q, {n, H, Dh});
@@ -395,8 +427,10 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
                                                        : nullptr;
   bool joined = false;
   // Per session: its indexer's top-k over its keys, then its attention (window + selected or all entries, the sink).
+  // Batched: the first iteration takes every row, each on its session's caches (LayerRows), in one launch.
   for (const AttnRun& r : runs) {
-    const int rn = int(r.n);
+    if (batched && &r != &runs.front()) break;
+    const int rn = batched ? n : int(r.n);
     const int64_t pos0 = r.step.pos0, row0 = r.row0;
     const int64_t* dpos = r.step.dpos;
     GpuLayerState& st = *r.st;
@@ -408,6 +442,10 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       a.entries = st.comp.entries.as<float>();
       a.ne = r.step.bounds ? st.comp.capacity : (pos0 + rn) / w.comp->rate;
       a.rate = w.comp->rate;
+      if (batched) {  // every session's: each row's visible entries ((p + 1) / rate) stay within its own
+        a.entries = nullptr, a.entries_rows = rows->entries;
+        for (const AttnRun& b : runs) a.ne = std::max(a.ne, b.step.bounds ? b.st->comp.capacity : (b.step.pos0 + 1) / w.comp->rate);
+      }
       if (type == AttnType::HCA) max_keys += a.ne;
     }
     const bool skip = all_entries(r);
@@ -457,7 +495,8 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     }
 
     std::optional<SplitPlan> plan;
-    if (w.splitk) plan = fwd_attend_splitk_plan(rn, int(H), Dh, max_keys, sm_count());
+    if (batched) plan = fwd_attend_splitk_plan_rows(rn, int(H), Dh, max_keys, sm_count());
+    else if (w.splitk) plan = fwd_attend_splitk_plan(rn, int(H), Dh, max_keys, sm_count());
     if (!joined) {  // (the branches run once for all the sessions: joined before the first attention)
       const bool in_kernel = sc.flags && plan && !nm.official() && branch_wait_fits(plan->blocks);
       if (keys_later) branch_await(side2, sc.ev_entries);
@@ -469,7 +508,8 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     region.emplace(tm, "attn.core");
     a.q = q + row0 * H * Dh;
     a.chunk_kv = kv + row0 * Dh;
-    a.ring = st.ring.as<float>();
+    a.ring = batched ? nullptr : st.ring.as<float>();
+    if (batched) a.ring_rows = rows->rings;
     a.sink = f32(w.sink);
     a.n = rn;
     a.Hq = int(H);
@@ -497,10 +537,11 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       fwd_attend(a, nullptr);
     }
     if (!a.out_inv_freq) {
-      if (ro16) fwd_rope_f16(a.out, rn * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, H, 1, ro16, nullptr);
-      else nm.rope(rope, a.out, rn * H, Dh, Dh - rd, dpos, H, true);
+      const int64_t per_pos = batched ? -H : H;  // (batched: each row's H heads at its own position)
+      if (ro16) fwd_rope_f16(a.out, rn * H, Dh, Dh - rd, f32(rope.inv_freq), rope.attention_factor, dpos, per_pos, 1, ro16, nullptr);
+      else nm.rope(rope, a.out, rn * H, Dh, Dh - rd, dpos, per_pos, true);
     }
-    if (rn != 1) fwd_ring_store(kv + row0 * Dh, rn, Dh, dpos, W, st.ring.as<float>(), nullptr);
+    if (rn != 1 && !batched) fwd_ring_store(kv + row0 * Dh, rn, Dh, dpos, W, st.ring.as<float>(), nullptr);
   }
 
   region.emplace(tm, "attn.out_proj");

@@ -15,6 +15,15 @@ struct AttnRun {
   GpuLayerState* st = nullptr;
 };
 
+// cuda.batch_rows: one layer's per-session tables for forward_batch's rows (row r: session r's), on the device
+// (GpuForward::run_batch uploads them with each step's positions): the window rings and the compressors' state.
+struct LayerRows {
+  float* const* rings = nullptr;      // [n]
+  const float* const* entries = nullptr;  // [n] the compressor's entries (comp's, as the attention reads them)
+  const detail::CompCaches* comp = nullptr;   // [n] (null: no compressor)
+  const detail::CompCaches* icomp = nullptr;  // [n] (CSA's indexer compressor)
+};
+
 // x: [n, D] device (attn_norm-ed collapsed streams); x16: the same as f16 or null (then the FP8 GEMVs convert
 // x themselves); out: [n, D] device. runs: the chunk's rows by session, in order, n in all (one run: a session's own
 // chunk; forward_batch: a run of one row per session). The projections read their weights once for all the rows;
@@ -23,10 +32,12 @@ struct AttnRun {
 // attn.q, attn.kv, attn.indexer.*, attn.out (substitutable). Updates the layers' window rings and compressor caches.
 // nm: the numerics policy. fold (cuda.hc_fold, or null): the FFN hc_pre's start, which wo_b's launch runs on its rows
 // where it can (one token, wo_b on the FP8 GEMV with an f16 input); returns whether it did (else the caller runs
-// hc_post as usual).
+// hc_post as usual). rows (cuda.batch_rows, or null): with runs of one token each, one session per row in order and
+// their positions consecutive in memory, what runs per session runs as one launch per kind over the rows (with the
+// split-K attention, the reference's numerics and no tap, while no session's indexer runs; else per session).
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
                    std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
-                   const detail::HcPartArgs* fold = nullptr);
+                   const detail::HcPartArgs* fold = nullptr, const LayerRows* rows = nullptr);
 
 // The layers whose compressors can defer (cuda.comp_deferred): one rate for both (CSA's indexer compressor shares the
 // kept x rows).

@@ -99,6 +99,10 @@ void check_options(const ModelOptions& o) {
   refuse(o.cuda_hc_norm_after_mix, "cuda.hc_norm_after_mix");
   refuse(o.cuda_hc_fold, "cuda.hc_fold");
   refuse(o.cuda_comp_deferred, "cuda.comp_deferred");
+  refuse(o.cuda_batch_rows, "cuda.batch_rows");
+  // Its attention is the split-K kernel's over per-row tables: without it every launch would silently stay per session.
+  PLUMB_CHECK(!o.cuda_batch_rows || o.attn_splitk_decode,
+              "backend cuda: cuda.batch_rows batches the split-K attention's launches over sessions and needs it: add attn.splitk_decode");
   // Its kernel computes the reference's mixes from fp32 streams: with bf16 mixing it would silently not apply.
   PLUMB_CHECK(!o.cuda_hc_norm_after_mix || !o.mhc_bf16_mix,
               "backend cuda: cuda.hc_norm_after_mix computes the reference's fp32 mixes and does not combine with mhc.bf16_mix: drop one of "
@@ -614,10 +618,12 @@ class GpuForward : public DeviceForward {
       runs.push_back({&ds, step, b, 1});
       key.push_back(int64_t(ds.id)), key.push_back(indexer_skips(st.pos + 1));
     }
+    const std::vector<LayerRows> rows_tab = opt_.cuda_batch_rows ? upload_rows(states, first) : std::vector<LayerRows>();
+    const LayerRows* layer_rows = rows_tab.empty() ? nullptr : rows_tab.data();
     const LaunchScopes scopes(*this, sc, n);
     const float* logits = nullptr;
     if (!graph_allowed(first, n, flush)) {
-      logits = body(runs, buf + 2 * n, nullptr, LogitRows::All);
+      logits = body(runs, buf + 2 * n, nullptr, LogitRows::All, layer_rows);
     } else {
       for (SessionRows& r : runs) r.step.bounds = true;
       key.push_back((sc.timer.on && sc.timer.timeline ? 1 : 0) + (weights_skipped() ? 2 : 0));
@@ -625,13 +631,47 @@ class GpuForward : public DeviceForward {
       if (first.batch_graphs.size() >= kBatchGraphs && !first.batch_graphs.count(key)) first.batch_graphs.clear();
       auto& g = first.batch_graphs[key];
       if (!g) g = std::make_unique<GpuGraph>();
-      logits = run_graph(runs, *g, buf + 2 * n, LogitRows::All);
+      logits = run_graph(runs, *g, buf + 2 * n, LogitRows::All, layer_rows);
     }
     // (once the step is queued: a batch that throws before leaves every session's kept compressor rows counted)
     for (SessionRows& r : runs) r.ds->defer_from = r.step.pos0 + 1;
     return logits;
   }
   static constexpr size_t kBatchGraphs = 8;
+
+  // cuda.batch_rows: every layer's tables of the batch's sessions' caches (gpu_attention's LayerRows), uploaded into
+  // the first session's scratch with the step (a captured batch graph reads them there: the same values while its
+  // sessions' caches stay, which their memory generations vouch for). Per layer: rings [n], entries [n], then the
+  // compressors' states [n] each.
+  std::vector<LayerRows> upload_rows(std::span<SessionState* const> states, DeviceSessionState& first) const {
+    const size_t n = states.size(), L = g_.layers.size();
+    const size_t per_layer = n * (2 * sizeof(void*) + 2 * sizeof(detail::CompCaches));
+    std::vector<unsigned char> host(per_layer * L);
+    auto* dev = static_cast<unsigned char*>(first.scratch.get("batch.rows", host.size()));
+    std::vector<LayerRows> out(L);
+    auto caches = [](GpuCompState& s) {
+      return detail::CompCaches{s.pend_kv.as<float>(), s.pend_gate.as<float>(), s.prev_kv.as<float>(), s.prev_gate.as<float>(), s.entries.as<float>()};
+    };
+    for (size_t i = 0; i < L; ++i) {
+      unsigned char* h = host.data() + i * per_layer;
+      auto* rings = reinterpret_cast<float**>(h);
+      auto* entries = reinterpret_cast<const float**>(h + n * sizeof(void*));
+      auto* comp = reinterpret_cast<detail::CompCaches*>(h + 2 * n * sizeof(void*));
+      detail::CompCaches* icomp = comp + n;
+      for (size_t b = 0; b < n; ++b) {
+        GpuLayerState& st = states[b]->dev->layers[i];
+        rings[b] = st.ring.as<float>(), entries[b] = st.comp.entries.as<float>();
+        comp[b] = caches(st.comp), icomp[b] = caches(st.icomp);
+      }
+      const size_t off = i * per_layer;
+      out[i].rings = reinterpret_cast<float* const*>(dev + off);
+      out[i].entries = reinterpret_cast<const float* const*>(dev + off + n * sizeof(void*));
+      out[i].comp = reinterpret_cast<const detail::CompCaches*>(dev + off + 2 * n * sizeof(void*));
+      out[i].icomp = out[i].comp + n;
+    }
+    first.stage.upload(dev, host.data(), host.size());
+    return out;
+  }
 
   // Grows a session's caches for positions up to pos_end, against its own scratch's memory generation.
   void reserve_caches(DeviceSessionState& ds, int64_t pos_end) const {
@@ -721,7 +761,8 @@ class GpuForward : public DeviceForward {
   // cuda.graph: replays the step captured in g when the memory of every session it reads has not moved since;
   // otherwise runs it eagerly with graph bounds once (every allocation happens there) and captures the next one.
   // runs: as body's, their steps with graph bounds and their caches reserved.
-  const float* run_graph(std::span<const SessionRows> runs, GpuGraph& g, const int32_t* tok, LogitRows rows) const {
+  const float* run_graph(std::span<const SessionRows> runs, GpuGraph& g, const int32_t* tok, LogitRows rows,
+                         const LayerRows* layer_rows = nullptr) const {
     DeviceSessionState& ds = *runs[0].ds;
     Scratch& sc = ds.scratch;
     const auto marks = [&] {
@@ -742,7 +783,7 @@ class GpuForward : public DeviceForward {
     }
     if (g.exec) graph_destroy(g.exec), g.exec = nullptr;
     auto warm_up = [&] {
-      const float* out = body(runs, tok, nullptr, rows);
+      const float* out = body(runs, tok, nullptr, rows, layer_rows);
       g.warm = true, g.generations = generations(), g.workspace = marks();
       return out;
     };
@@ -751,13 +792,13 @@ class GpuForward : public DeviceForward {
     const float* out = nullptr;
     void* exec = nullptr;
     try {
-      out = body(runs, tok, nullptr, rows);
+      out = body(runs, tok, nullptr, rows, layer_rows);
       exec = capture_end_instantiate(nullptr);
     } catch (const std::exception& e) {
       capture_abort(nullptr);
       ds.graphs_failed = true;
       notice(fmt::format("backend cuda: cuda.graph: capturing the step failed ({}); launching eagerly from now on", e.what()));
-      return body(runs, tok, nullptr, rows);
+      return body(runs, tok, nullptr, rows, layer_rows);
     }
     if (generations() != g.generations || g.workspace != marks()) {  // memory moved during the capture: not valid
       graph_destroy(exec);
@@ -775,7 +816,9 @@ class GpuForward : public DeviceForward {
   // by session (one run, or forward_batch's one row per session); the first session's scratch holds the chunk's
   // buffers. Every launch that reads weights works row by row, so all the rows share it (and its weight reads); what
   // reads or writes a session's caches runs per session, at its position (gpu_attention's runs).
-  const float* body(std::span<const SessionRows> runs, const int32_t* tok, TapSink* taps, LogitRows rows) const {
+  // layer_rows (cuda.batch_rows, or null): forward_batch's per-layer tables of its sessions' caches (gpu_attention).
+  const float* body(std::span<const SessionRows> runs, const int32_t* tok, TapSink* taps, LogitRows rows,
+                    const LayerRows* layer_rows = nullptr) const {
     const auto& c = cfg_;
     const int64_t D = c.hidden, H = c.hc_mult;
     DeviceSessionState& ds = *runs[0].ds;
@@ -938,7 +981,8 @@ class GpuForward : public DeviceForward {
       }
       const GpuRope& rope = type == AttnType::Sliding ? g_.rope_main : g_.rope_compress;
       for (size_t k = 0; k < runs.size(); ++k) attn_runs[k].st = &runs[k].ds->layers[size_t(i)];
-      const bool folded = gpu_attention(L.attn, c, type, rope, col, x16, attn_runs, sc, nm_, tap, y, fold_hc ? &fold : nullptr);
+      const bool folded = gpu_attention(L.attn, c, type, rope, col, x16, attn_runs, sc, nm_, tap, y, fold_hc ? &fold : nullptr,
+                                        layer_rows ? &layer_rows[i] : nullptr);
       sc.join_deferred_gates();  // (where the attention had no join to share: here, as before)
       if (folded) std::swap(X, X2);  // (the new streams, which wo_b's launch wrote into X2)
       else hc_post();

@@ -235,6 +235,19 @@ std::vector<Patch> make_registry() {
                "from the window's end on; tested against per-token projections over graph and eager steps, with "
                "several-token steps between",
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_comp_deferred = true; }, false, "cuda"});
+  r.push_back({"cuda.batch_rows", "a launch per session for forward_batch's cache steps and attention",
+               "in a step of several sessions (plumb::forward_batch, plumb serve --parallel), what reads or writes a "
+               "session's caches (the KV row's norm and RoPE, its ring slot, the compressors' steps, the split-K "
+               "attention with its output rotation) runs as one launch per kind over the rows, each row on its own "
+               "session's caches (per-row positions and tables of the rings, compressor states and entries, uploaded "
+               "with the step) instead of B launches of each; each row's arithmetic is its session's own one-token "
+               "launch's (the one-token split plan; a row that needs fewer splits merges exact zeros). Where a "
+               "session's indexer runs (past index_topk x rate tokens) or a tap is on, the launches stay per session; "
+               "needs attn.splitk_decode",
+               "a row given another session's table or position would attend to or write into that session's caches: "
+               "O(1) errors in both; tested bit-identical to the per-session launches and to each session's own steps",
+               // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

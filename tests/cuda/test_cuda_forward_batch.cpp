@@ -32,6 +32,7 @@ TEST_F(GpuTest, ForwardBatchRowsAreEachSessionsOwnStep) {
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", ""), 0.0f, "cuda []");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.graph"), 0.0f, "cuda [cuda.graph]");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast"), 0.0f, "cuda [cuda.fast]");
+  plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast,cuda.batch_rows"), 0.0f, "cuda [cuda.fast,cuda.batch_rows]");
   // (the one-token fp32 twins sum in fp64 in another order than the chunk's: an fp32 rounding may flip; not yet measured)
   plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", ""), 1e-5f, "cuda [] kernel-dims");
   plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", "cuda.fast"), 1e-2f, "cuda [cuda.fast] kernel-dims");
@@ -81,6 +82,60 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
   EXPECT_EQ(st[0].dev->batch_graphs.size(), 1u);
   std::printf("[ forward_batch graph ] %lld replays, %lld captures; largest difference %.3g\n",
               (long long)st[0].dev->graph_launches, (long long)st[0].dev->graph_captures, double(worst));
+}
+
+// cuda.batch_rows: a batch's per-session launches (the KV row's norm and RoPE, its ring slot, the compressors' steps,
+// the split-K attention and its output rotation) as one launch per kind over the rows, each row on its own session's
+// caches. The same sessions stepped in two engines, with and without the patch, 20 steps of six sessions (started 0
+// to 29 tokens in: each at its own point of the windows' and the compressors' cycles), the rows in another order
+// each step and one session left out every third: every row the same bits, eager and graphed, on csa-long (fp32
+// matrices) and kernel-dims (the fast kernels' shapes); the batched launches ran (Scratch::batch_rows: every HCA and
+// sliding layer, and the CSA layers while no session's indexer runs; csa-long's and kernel-dims' indexers select
+// from 16 and 12 tokens on, so the steps mix both paths). Refused without attn.splitk_decode and with the official
+// numerics.
+TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
+  using namespace plumb;
+  const std::string data = std::string(PLUMB_TEST_DATA) + "/golden/";
+  for (const std::string name : {"csa-long", "kernel-dims"})
+    for (const std::string base : {"attn.splitk_decode", "attn.splitk_decode,cuda.graph", "cuda.fast"}) {
+      SCOPED_TRACE(name + " [" + base + "]");
+      const auto per = Model::load(data + name, parse_patches(base).options, {}, "cuda");
+      const auto one = Model::load(data + name, parse_patches(base + ",cuda.batch_rows").options, {}, "cuda");
+      const int64_t V = per->config().vocab;
+      std::vector<SessionState> sp, so;
+      std::vector<int32_t> next;
+      for (int b = 0; b < 6; ++b) {
+        sp.push_back(per->new_state()), so.push_back(one->new_state());
+        const auto head = plumb_test::csa_long_ids(std::vector<size_t>{0, 1, 3, 7, 13, 29}[size_t(b)], b + 40);
+        if (!head.empty()) per->forward(sp.back(), head), one->forward(so.back(), head);
+        next.push_back(int32_t((b * 31 + 7) % V));
+      }
+      for (int step = 0; step < 20; ++step) {
+        std::vector<size_t> order;
+        for (size_t k = 0; k < sp.size(); ++k) {
+          const size_t i = (k * 5 + size_t(step)) % sp.size();  // (5 is prime to 6: a permutation)
+          if (step % 3 != 2 || i != size_t(step) % sp.size()) order.push_back(i);
+        }
+        std::vector<SessionState*> pp, po;
+        std::vector<int32_t> toks;
+        for (size_t i : order) pp.push_back(&sp[i]), po.push_back(&so[i]), toks.push_back(next[i]);
+        const Tensor a = per->forward_batch(pp, toks), b = one->forward_batch(po, toks);
+        ASSERT_EQ(a.data.size(), b.data.size());
+        for (size_t r = 0; r < order.size(); ++r) {
+          const plumb_test::RowGap g = plumb_test::row_gap(b.data.data() + int64_t(r) * V, {a.data.data() + int64_t(r) * V, size_t(V)});
+          ASSERT_EQ(g.gap, 0.0f) << "step " << step << ", row " << r << " (session " << order[r] << "): logit " << g.at;
+          next[order[r]] = g.best;
+        }
+      }
+      // (counted in each batch's first session's scratch, eager steps and captures)
+      int64_t batched = 0, unpatched = 0;
+      for (size_t i = 0; i < sp.size(); ++i) unpatched += sp[i].dev->scratch.batch_rows, batched += so[i].dev->scratch.batch_rows;
+      EXPECT_EQ(unpatched, 0);
+      EXPECT_GT(batched, 0) << "the batched launches never ran";
+      std::printf("[ batch_rows ] %s [%s]: %lld attention sublayers batched\n", name.c_str(), base.c_str(), (long long)batched);
+    }
+  for (const char* p : {"cuda.batch_rows", "numerics.official,cuda.batch_rows"})
+    EXPECT_THROW(Model::load(data + "kernel-dims", parse_patches(p).options, {}, "cuda"), Error) << p;
 }
 
 }  // namespace
