@@ -28,7 +28,7 @@ struct KeyListT {
     const int64_t p = token_pos(a, t);
     pos0 = a.ring_rows ? p : *a.pos;
     ring = a.ring_rows ? a.ring_rows[t] : a.ring;
-    entries = a.ring_rows ? a.entries_rows[t] : a.entries;
+    entries = !a.ring_rows ? a.entries : a.entries_rows ? a.entries_rows[t] : nullptr;  // (sliding layers: none)
     chunk = a.chunk_kv + (a.ring_rows ? int64_t(t) * a.Dh : 0);
     wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
     wslots = kOfficial && a.official ? official_math::window_slots(pos0, a.n, a.window) : nwin;

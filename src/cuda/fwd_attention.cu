@@ -436,9 +436,12 @@ __device__ __forceinline__ void gather_slots(const SlotSrc* src, int ns, int c, 
 // per warp of unrolled slot loads and pooling. So the completing path stages the window's slots in shared memory
 // (a table of the slots' rows, then one short loop of loads) and pools from there in plain loops.
 constexpr int kStageC = 512;  // channels staged in shared memory (V4's head and indexer dims: 512, 128)
+// kRows (cuda.batch_rows, CompressArgs::rows): a block per row, each stepping its own session (a compile-time form,
+// so that the one-session launch keeps its arguments where they are instead of a local copy it could rewrite).
+template <bool kRows>
 __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressArgs a) {
   pdl_begin();
-  if (a.rows) {  // cuda.batch_rows: block r steps row r's session (its own token, position and state)
+  if constexpr (kRows) {  // block r steps row r's session (its own token, position and state)
     const int64_t r = blockIdx.x, width = a.overlap ? 2 * a.c : a.c;
     const CompCaches k = a.rows[r];
     a.pend_kv = k.pend_kv, a.pend_gate = k.pend_gate, a.prev_kv = k.prev_kv, a.prev_gate = k.prev_gate, a.entries = k.entries;
@@ -554,12 +557,12 @@ void fwd_compress(const CompressArgs& a, Stream s) {
   if (a.official && a.rotate && a.c > kHadamardMax) throw_arg("compressor: indexer rows longer than 1024 values are not supported on the GPU");
   if (a.rows) {  // forward_batch's rows: the one-token step per block
     if (a.whole_window || !a.one_launch) throw_arg("compressor: a batch of sessions' rows takes the one-token launch only");
-    launch("fwd_compress (one token per session)", compress_one_kernel, unsigned(a.n), kFinishThreads, 0, s, a);
+    launch("fwd_compress (one token per session)", compress_one_kernel<true>, unsigned(a.n), kFinishThreads, 0, s, a);
     return;
   }
   if (a.whole_window && a.n != a.m) throw_arg("compressor: a whole-window chunk of " + std::to_string(a.n) + " rows, window " + std::to_string(a.m));
   if (a.one_launch && (a.n == 1 || a.whole_window)) {  // (nw_max <= 1 at one token; exactly 1 for a whole window)
-    launch(a.n == 1 ? "fwd_compress (one token)" : "fwd_compress (one window)", compress_one_kernel, 1, kFinishThreads, 0, s, a);
+    launch(a.n == 1 ? "fwd_compress (one token)" : "fwd_compress (one window)", compress_one_kernel<false>, 1, kFinishThreads, 0, s, a);
     return;
   }
   if (a.nw_max > 0) {

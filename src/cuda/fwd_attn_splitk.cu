@@ -460,7 +460,7 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
   if (a.n <= 0) return;
   if (!fwd_attend_splitk_fits(a.Dh)) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
   if (a.official) throw_arg("attention (split-K): the official numerics' key layout is the unsplit attention's only");
-  if (a.ring_rows && (!a.entries_rows && a.type != 0)) throw_arg("attention (split-K): rows of several sessions need each row's entries");
+  if (a.ring_rows && !a.entries_rows && a.type != 0) throw_arg("attention (split-K): rows of several sessions need each row's entries");
   if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
     throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
   for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})

@@ -213,6 +213,8 @@ void fwd_linear_official(const OfficialLinearArgs& a, Stream s) {
 void fwd_head_rms_bf16(float* x, int64_t groups, int64_t dim, double eps, Stream s, const HeadRope* rope) {
   if (groups <= 0) return;
   HeadRope hr = rope ? *rope : HeadRope{};
+  if (hr.half > 0 && (hr.per_pos <= 0 || (hr.also.half > 0 && hr.also.per_pos <= 0)))
+    throw_arg("fwd_head_rms_bf16: positions are a session's (rows per position > 0)");
   if (hr.half <= 0 || hr.also.half <= 0) hr.also = RopeRows{};
   const int blocks = fwd_blocks(groups, kHeadRmsWarps) + fwd_blocks(hr.also.rows * hr.also.half, 32 * kHeadRmsWarps);
   launch("fwd_head_rms_bf16", head_rms_kernel, blocks, 32 * kHeadRmsWarps, 0, s, x, groups, dim, eps, hr);

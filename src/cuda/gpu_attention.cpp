@@ -241,7 +241,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     return true;
   }();
   const int64_t* row_pos = runs[0].step.dpos;  // (batched: every row's position, in row order)
-  if (batched) ++sc.batch_rows;
+  if (batched) ++sc.batch_rows[size_t(type)];
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
@@ -442,8 +442,8 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       a.entries = st.comp.entries.as<float>();
       a.ne = r.step.bounds ? st.comp.capacity : (pos0 + rn) / w.comp->rate;
       a.rate = w.comp->rate;
-      if (batched) {  // every session's: each row's visible entries ((p + 1) / rate) stay within its own
-        a.entries = nullptr, a.entries_rows = rows->entries;
+      if (batched) {  // the largest session's: each row's visible entries ((p + 1) / rate) stay within its own
+        a.entries = nullptr, a.entries_rows = rows->entries, a.ne = 0;
         for (const AttnRun& b : runs) a.ne = std::max(a.ne, b.step.bounds ? b.st->comp.capacity : (b.step.pos0 + 1) / w.comp->rate);
       }
       if (type == AttnType::HCA) max_keys += a.ne;

@@ -267,7 +267,9 @@ class Scratch {
   // The official numerics on the tensor cores: W4A8 expert chunks, W8A8 projections and bf16 wo_a launches run
   // (cuda.moe_mxfp4, cuda.fp8_gemv; host count of eager calls; tests).
   int64_t official_tc_calls = 0;
-  int64_t batch_rows = 0;  // cuda.batch_rows: attention sublayers whose per-session launches ran as one per kind (as hc_folds)
+  // cuda.batch_rows: attention sublayers whose per-session launches ran as one per kind, by AttnType (sliding, CSA,
+  // HCA; counted as hc_folds)
+  std::array<int64_t, 3> batch_rows{};
   int64_t hc_folds = 0;  // cuda.hc_fold: wo_b launches that ran the FFN hc_pre's start (host count of eager calls and captures; tests)
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }

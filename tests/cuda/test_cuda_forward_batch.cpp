@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -87,17 +88,17 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
 // cuda.batch_rows: a batch's per-session launches (the KV row's norm and RoPE, its ring slot, the compressors' steps,
 // the split-K attention and its output rotation) as one launch per kind over the rows, each row on its own session's
 // caches. The same sessions stepped in two engines, with and without the patch, 20 steps of six sessions (started 0
-// to 29 tokens in: each at its own point of the windows' and the compressors' cycles), the rows in another order
-// each step and one session left out every third: every row the same bits, eager and graphed, on csa-long (fp32
-// matrices) and kernel-dims (the fast kernels' shapes); the batched launches ran (Scratch::batch_rows: every HCA and
-// sliding layer, and the CSA layers while no session's indexer runs; csa-long's and kernel-dims' indexers select
-// from 16 and 12 tokens on, so the steps mix both paths). Refused without attn.splitk_decode and with the official
-// numerics.
+// to 6 tokens in: each at its own point of the windows' and the compressors' cycles), the rows in another order each
+// step and one session left out every third: every row the same bits, eager and graphed, on csa-long (fp32 matrices)
+// and kernel-dims (the fast kernels' shapes); the batched launches ran in every layer type (Scratch::batch_rows). CSA
+// layers batch while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims' indexers select
+// from 20 and 16 tokens on), so their steps take both paths. Refused without attn.splitk_decode and with the
+// official numerics, each by its own message.
 TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
   using namespace plumb;
   const std::string data = std::string(PLUMB_TEST_DATA) + "/golden/";
   for (const std::string name : {"csa-long", "kernel-dims"})
-    for (const std::string base : {"attn.splitk_decode", "attn.splitk_decode,cuda.graph", "cuda.fast"}) {
+    for (const std::string base : {"attn.splitk_decode,indexer.skip_short", "attn.splitk_decode,indexer.skip_short,cuda.graph", "cuda.fast"}) {
       SCOPED_TRACE(name + " [" + base + "]");
       const auto per = Model::load(data + name, parse_patches(base).options, {}, "cuda");
       const auto one = Model::load(data + name, parse_patches(base + ",cuda.batch_rows").options, {}, "cuda");
@@ -106,7 +107,7 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
       std::vector<int32_t> next;
       for (int b = 0; b < 6; ++b) {
         sp.push_back(per->new_state()), so.push_back(one->new_state());
-        const auto head = plumb_test::csa_long_ids(std::vector<size_t>{0, 1, 3, 7, 13, 29}[size_t(b)], b + 40);
+        const auto head = plumb_test::csa_long_ids(std::vector<size_t>{0, 1, 2, 3, 5, 6}[size_t(b)], b + 40);
         if (!head.empty()) per->forward(sp.back(), head), one->forward(so.back(), head);
         next.push_back(int32_t((b * 31 + 7) % V));
       }
@@ -127,15 +128,26 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
           next[order[r]] = g.best;
         }
       }
-      // (counted in each batch's first session's scratch, eager steps and captures)
-      int64_t batched = 0, unpatched = 0;
-      for (size_t i = 0; i < sp.size(); ++i) unpatched += sp[i].dev->scratch.batch_rows, batched += so[i].dev->scratch.batch_rows;
-      EXPECT_EQ(unpatched, 0);
-      EXPECT_GT(batched, 0) << "the batched launches never ran";
-      std::printf("[ batch_rows ] %s [%s]: %lld attention sublayers batched\n", name.c_str(), base.c_str(), (long long)batched);
+      // (counted in each batch's first session's scratch, eager steps and captures, by layer type)
+      std::array<int64_t, 3> batched{}, unpatched{};
+      for (size_t i = 0; i < sp.size(); ++i)
+        for (size_t t = 0; t < 3; ++t) unpatched[t] += sp[i].dev->scratch.batch_rows[t], batched[t] += so[i].dev->scratch.batch_rows[t];
+      for (size_t t = 0; t < 3; ++t) {
+        EXPECT_EQ(unpatched[t], 0);
+        EXPECT_GT(batched[t], 0) << "the batched launches never ran in a layer of type " << t << " (sliding, CSA, HCA)";
+      }
+      std::printf("[ batch_rows ] %s [%s]: attention sublayers batched: %lld sliding, %lld CSA, %lld HCA\n", name.c_str(),
+                  base.c_str(), (long long)batched[0], (long long)batched[1], (long long)batched[2]);
     }
-  for (const char* p : {"cuda.batch_rows", "numerics.official,cuda.batch_rows"})
-    EXPECT_THROW(Model::load(data + "kernel-dims", parse_patches(p).options, {}, "cuda"), Error) << p;
+  for (const auto& [p, says] : {std::pair{"cuda.batch_rows", "add attn.splitk_decode"},
+                                std::pair{"numerics.official,cuda.batch_rows", "numerics.official does not combine with cuda.batch_rows"}}) {
+    try {
+      Model::load(data + "kernel-dims", parse_patches(p).options, {}, "cuda");
+      ADD_FAILURE() << p << " was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << p << ": " << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -413,7 +413,7 @@ TEST(ModelMoeRegistry, RunConfigurationsNameTheirBackend) {
   // The GPU kernels are patches of the cuda backend only.
   for (const char* name : {"cuda.fp8_gemv", "cuda.moe_mxfp4", "cuda.head_bf16", "cuda.graph", "cuda.pdl", "cuda.prefill_gemm",
                            "cuda.streams", "cuda.l2_prefetch", "cuda.hc_prefetch", "cuda.l2_evict_first", "cuda.pdl_hc_attn", "cuda.linear_early", "cuda.branch_flags", "cuda.early_joins", "cuda.shared_first", "attn.splitk_decode", "indexer.tc_scores",
-                           "indexer.dmma_scores", "cuda.hc_norm_after_mix", "cuda.hc_fold", "attn.splitk_f16"}) {
+                           "indexer.dmma_scores", "cuda.hc_norm_after_mix", "cuda.hc_fold", "attn.splitk_f16", "cuda.batch_rows"}) {
     const auto* p = plumb::find_patch(name);
     ASSERT_NE(p, nullptr) << name;
     EXPECT_EQ(p->backend, "cuda") << name;
