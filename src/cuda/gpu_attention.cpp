@@ -233,14 +233,17 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   bool any_indexer = false;
   for (const AttnRun& r : runs) any_indexer = any_indexer || run_indexer(r);
   const bool keys_later = type == AttnType::CSA && !any_indexer;
-  // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]).
-  const bool batched = [&] {
-    if (!rows || one || !w.splitk || nm.official() || any_indexer || tap.sink) return false;
+  // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]): the cache
+  // steps (the KV row's norm and RoPE, its ring slot, the compressors' steps) always; the split-K attention too
+  // (`batched`) while no session runs its indexer, whose top-k (and the query's RoPE beside it) stays per session.
+  const bool batched_caches = [&] {
+    if (!rows || one || nm.official() || tap.sink) return false;
     for (size_t k = 0; k < runs.size(); ++k)
       if (runs[k].n != 1 || runs[k].row0 != int64_t(k) || runs[k].step.dpos != runs[0].step.dpos + k) return false;
     return true;
   }();
-  const int64_t* row_pos = runs[0].step.dpos;  // (batched: every row's position, in row order)
+  const bool batched = batched_caches && w.splitk && !any_indexer;
+  const int64_t* row_pos = runs[0].step.dpos;  // (batched_caches: every row's position, in row order)
   if (batched) ++sc.batch_rows[size_t(type)];
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
@@ -263,7 +266,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const OpRegion d(tm, "kv/wkv", true);
       nm.proj(w.wkv, x, n, D, kv, Dh, sc, x16);
     }
-    if (batched) {  // kv_norm, then RoPE (at each session's positions)
+    if (batched_caches) {  // kv_norm, then RoPE (at each session's positions)
       nm.norm_rope(rope, kv, n, Dh, f32(w.kv_norm), c.rms_eps, row_pos, -1);
     } else {
       for (const AttnRun& r : runs) nm.norm_rope(rope, kv + r.row0 * Dh, int(r.n), Dh, f32(w.kv_norm), c.rms_eps, r.step.dpos, 1);
@@ -272,7 +275,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     tap_put(tap, "attn.kv", kv, {n, Dh});
     // One token: its ring slot (pos % W) holds position pos - W, outside its window, so the row can be stored now,
     // beside the query path. (With more tokens a later row's store would overwrite a key an earlier row reads.)
-    if (batched) {
+    if (batched_caches) {
       fwd_ring_store_rows(kv, n, Dh, row_pos, W, rows->rings, nullptr);
     } else {
       for (const AttnRun& r : runs)
@@ -330,7 +333,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       const int64_t off = r.row0 * comp_width(g);
       return CompRows{all.kv + off, all.gate + off};
     };
-    // (batched: a block per row, each on its session's state)
+    // (batched_caches: a block per row, each on its session's state)
     auto step_rows = [&](const GpuComp& g, const CompRows& all, const CompCaches* tab, bool rotate) {
       CompressArgs a = comp_args(g, rope, c.rms_eps, all, n, row_pos, nm, rotate);
       a.rows = tab, a.nw_max = 1;
@@ -338,13 +341,13 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     };
     if (type != AttnType::Sliding) {
       const OpRegion d(tm, "comp/step", true);
-      if (batched) step_rows(*w.comp, *crows, rows->comp, /*rotate=*/false);
+      if (batched_caches) step_rows(*w.comp, *crows, rows->comp, /*rotate=*/false);
       else
         for (const AttnRun& r : runs)
           compressor_step(*w.comp, rope, c.rms_eps, rows_of(*w.comp, *crows, r), int(r.n), r.step, r.st->comp, nm, /*rotate=*/false);
     }
     if (keys_later) branch_mark(side2, sc.ev_entries);  // (recorded on side2: the current stream here)
-    if (type == AttnType::CSA && batched) step_rows(*w.icomp, *irows, rows->icomp, /*rotate=*/true);
+    if (type == AttnType::CSA && batched_caches) step_rows(*w.icomp, *irows, rows->icomp, /*rotate=*/true);
     else if (type == AttnType::CSA)
       for (const AttnRun& r : runs)
         compressor_step(*w.icomp, rope, c.rms_eps, rows_of(*w.icomp, *irows, r), int(r.n), r.step, r.st->icomp, nm, /*rotate=*/true);

@@ -33,8 +33,9 @@ struct LayerRows {
 // nm: the numerics policy. fold (cuda.hc_fold, or null): the FFN hc_pre's start, which wo_b's launch runs on its rows
 // where it can (one token, wo_b on the FP8 GEMV with an f16 input); returns whether it did (else the caller runs
 // hc_post as usual). rows (cuda.batch_rows, or null): with runs of one token each, one session per row in order and
-// their positions consecutive in memory, what runs per session runs as one launch per kind over the rows (with the
-// split-K attention, the reference's numerics and no tap, while no session's indexer runs; else per session).
+// their positions consecutive in memory, what runs per session runs as one launch per kind over the rows (the
+// reference's numerics and no tap; the attention with the split-K kernel while no session's indexer runs, else it
+// stays per session with the indexer).
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
                    std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
                    const detail::HcPartArgs* fold = nullptr, const LayerRows* rows = nullptr);

@@ -90,9 +90,9 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
 // caches. The same sessions stepped in two engines, with and without the patch, 20 steps of six sessions (started 0
 // to 6 tokens in: each at its own point of the windows' and the compressors' cycles), the rows in another order each
 // step and one session left out every third: every row the same bits, eager and graphed, on csa-long (fp32 matrices)
-// and kernel-dims (the fast kernels' shapes); the batched launches ran in every layer type (Scratch::batch_rows). CSA
-// layers batch while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims' indexers select
-// from 20 and 16 tokens on), so their steps take both paths. Refused without attn.splitk_decode and with the
+// and kernel-dims (the fast kernels' shapes); the batched attention ran in every layer type (Scratch::batch_rows).
+// A CSA layer's attention batches while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims'
+// indexers select from 20 and 16 tokens on), its cache steps always, so its steps take both paths. Refused without attn.splitk_decode and with the
 // official numerics, each by its own message.
 TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
   using namespace plumb;
