@@ -372,7 +372,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
   // unless a tap reads q.
   const bool q_in_attn = w.splitk && !any_indexer && !nm.official() && !tap.on("attn.q");
-  if (!q_in_attn) {  // (never batched: its rows take q_in_attn's path)
+  if (!q_in_attn) {  // (per session: a batched attention's rows take q_in_attn's path)
     for (const AttnRun& r : runs)
       if (!run_indexer(r)) nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H);
     if (!any_indexer) tap_put(tap, "attn.q", q, {n, H, Dh});
