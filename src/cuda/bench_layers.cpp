@@ -320,6 +320,15 @@ void plan_bytes(const Run& R, DecodeRow& r) {
 
 void add_note(DecodeRow& r, const std::string& s) { r.note += (r.note.empty() ? "" : "; ") + s; }
 
+// Under cuda.graph: whether run_step's step replayed the graph it captured in dev (not eager, not a new capture);
+// true without a device.
+template <class F>
+bool replayed_graph(const DeviceSessionState* dev, F&& run_step) {
+  const int64_t launches = dev ? dev->graph_launches : 0, captures = dev ? dev->graph_captures : 0;
+  run_step();
+  return !dev || (dev->graph_launches != launches && dev->graph_captures == captures);
+}
+
 // One decode batch's session on model A and its forms of a step.
 struct Batch {
   Run& R;
@@ -355,9 +364,7 @@ struct Batch {
   // Under cuda.graph: whether run_step's step replayed the captured graph (not eager, not a new capture).
   template <class F>
   bool replayed(F&& run_step) {
-    const int64_t launches = st.dev ? st.dev->graph_launches : 0, captures = st.dev ? st.dev->graph_captures : 0;
-    run_step();
-    return !st.dev || (st.dev->graph_launches != launches && st.dev->graph_captures == captures);
+    return replayed_graph(st.dev.get(), run_step);
   }
   // --timeline: one step as the forward runs it (graph replay, side streams), each region's start and end. The first
   // step here is eager (a graph apart from the timed one: its events are nodes), the second captures it, the third
@@ -662,9 +669,8 @@ SequencesRow sequences_row(Run& R, int B) {
     double spent = 0;
     DeviceSessionState* first = st[0].dev.get();  // (null on the CPU backend) its batch graphs hold the step together's
     for (int i = 0; i < o.iters && (i < 3 || spent < budget); ++i) {
-      const int64_t launches = first ? first->graph_launches : 0, captures = first ? first->graph_captures : 0;
-      const double x = together();
-      if (first && first->graph_launches > launches && first->graph_captures == captures) ++r.replayed;
+      double x = 0;
+      if (replayed_graph(first, [&] { x = together(); }) && first) ++r.replayed;
       const double y = alone();
       a.push_back(x * 1e6), b1.push_back(y * 1e6), spent += x + y;
     }

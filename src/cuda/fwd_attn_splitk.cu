@@ -406,6 +406,13 @@ __global__ void __launch_bounds__(kMergeThreads) attend_merge_kernel(AttendArgs 
 
 }  // namespace
 
+// The split launch's grid and its partials' scratch for n tokens of Hq heads at p.splits.
+static void size_plan(SplitPlan& p, int n, int Hq, int64_t Dh) {
+  const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
+  p.blocks = int64_t(n) * ((Hq + kHeads - 1) / kHeads) * p.splits;
+  p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
+}
+
 SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, int sms) {
   SplitPlan p;
   const int64_t rows = int64_t(n) * Hq, bytes_per_split = rows * (Dh * 4 + 12);
@@ -441,16 +448,13 @@ SplitPlan fwd_attend_splitk_plan(int n, int Hq, int64_t Dh, int64_t max_keys, in
   int64_t S = (max_keys + p.chunk - 1) / p.chunk;
   if (p.cap > 0) S = std::min(S, p.cap);
   p.splits = int(std::max<int64_t>(1, S));
-  p.blocks = int64_t(n) * ((Hq + kHeads - 1) / kHeads) * p.splits;
-  p.scratch_bytes = p.splits > 1 ? size_t(bytes_per_split) * size_t(p.splits) : 0;
+  size_plan(p, n, Hq, Dh);
   return p;
 }
 
 SplitPlan fwd_attend_splitk_plan_rows(int n, int Hq, int64_t Dh, int64_t max_keys, int sms) {
   SplitPlan p = fwd_attend_splitk_plan(1, Hq, Dh, max_keys, sms);
-  const int64_t rows = int64_t(n) * Hq;
-  p.blocks = int64_t(n) * ((Hq + kHeads - 1) / kHeads) * p.splits;
-  p.scratch_bytes = p.splits > 1 ? size_t(rows * (Dh * 4 + 12)) * size_t(p.splits) : 0;
+  size_plan(p, n, Hq, Dh);
   return p;
 }
 
