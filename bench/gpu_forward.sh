@@ -20,7 +20,8 @@
 # the matching kernels with opcode counts, SASS_BINS),
 # KTRACE=1,8 (the kernel timeline of the FAST layer bench's replayed steps at those batches: bench/ktrace; carry
 # libktrace.so, and libcupti.so.13 from the toolkit beside it),
-# SERVE=1 (plumb serve's smoke test, tests/cli/serve_smoke.py, on the GPU with the fp32 twin and with FAST: serve.txt),
+# SERVE=1 (plumb serve's smoke test, tests/cli/serve_smoke.py, on the GPU with the fp32 twin and with FAST: serve.txt;
+# SERVE_ALT=PATCHES: also with FAST + these),
 # LONG_KLD=N (kld of the CPU reference against the GPU's FAST over N tokens on the bundled model, its context raised:
 # see there),
 # LONG_CONTEXT=N (with LAYERS: the FAST layer bench again at batches 1 and 8 after an N-token context, appended to
@@ -171,10 +172,10 @@ note "cuda tests rc=$rc"
 
 if [ -n "${SERVE:-}" ]; then  # plumb serve on the GPU: tests/cli/serve_smoke.py with the fp32 twin and with FAST (the
   # requests run on the server's worker threads, not the thread that loaded the model)
-  for patches in "" "$FAST"; do
+  for patches in "" "$FAST" ${SERVE_ALT:+"$FAST,$SERVE_ALT"}; do
     PLUMB_SERVE_ARGS="--backend cuda${patches:+ --patches $patches}" timeout 180 python3 tests/cli/serve_smoke.py "$C/plumb" \
       >>"$OUT/serve.txt" 2>&1
-    note "serve_smoke --backend cuda [${patches:+FAST}] rc=$? $(tail -n 1 "$OUT/serve.txt")"
+    note "serve_smoke --backend cuda [${patches/$FAST/FAST}] rc=$? $(tail -n 1 "$OUT/serve.txt")"
   done
 fi
 
