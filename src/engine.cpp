@@ -27,10 +27,7 @@ int32_t Session::forward_sample_masked(std::span<const int32_t> tokens, Sampler&
   std::vector<float> logits = forward(tokens);
   PLUMB_CHECK(int64_t(logits.size()) == sampler.vocab(), "forward_sample_masked: a sampler for a vocabulary of {} given {} "
               "logits", sampler.vocab(), logits.size());
-  std::vector<uint32_t> bits(gen::token_bits_words(sampler.vocab()), 0);
-  allowed(bits);
-  gen::mask_logits(logits, bits);
-  return sampler.sample(logits, history);
+  return gen::sample_masked(sampler, logits, history, allowed);
 }
 
 std::shared_ptr<const SessionCheckpoint> Session::checkpoint() const {
@@ -137,6 +134,20 @@ class ModelSession : public Session {
   // plumb::forward_batch: every session checked (as forward() checks its own call) before the one pass; a session
   // given twice, Model::forward_batch refuses.
   static std::vector<float> forward_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+    std::vector<float> out;
+    in_batch(sessions, tokens, [&](const Model& m, std::span<SessionState* const> states) { out = std::move(m.forward_batch(states, tokens).data); });
+    return out;
+  }
+  static void forward_batch_sample(std::span<Session* const> sessions, std::span<BatchRow> rows) {
+    std::vector<int32_t> tokens;
+    for (const BatchRow& r : rows) tokens.push_back(r.token);
+    in_batch(sessions, tokens, [&](const Model& m, std::span<SessionState* const> states) { m.forward_batch_sample(states, rows); });
+  }
+
+ private:
+  // The sessions of a batch checked, each marked in a call while `pass` runs on their states.
+  template <class F>
+  static void in_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens, F&& pass) {
     const size_t b = sessions.size();
     PLUMB_CHECK(b > 0 && tokens.size() == b, "forward_batch: {} sessions and {} tokens (one token per session, at least one)",
                 b, tokens.size());
@@ -163,10 +174,9 @@ class ModelSession : public Session {
         for (ModelSession* m : ms) m->in_call_ = false;
       }
     } leave{ms};
-    return std::move(ms[0]->m_->forward_batch(states, tokens).data);
+    pass(*ms[0]->m_, std::span<SessionState* const>(states));
   }
 
- private:
   std::shared_ptr<const Model> m_;
   std::shared_ptr<const ModelInfo> info_;  // shared with the engine (a session may outlive it)
   SessionState st_;
@@ -344,6 +354,12 @@ class ModelEngine : public Engine {
 
 std::vector<float> forward_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) {
   return ModelSession::forward_batch(sessions, tokens);
+}
+
+void forward_batch_sample(std::span<Session* const> sessions, std::span<BatchRow> rows) {
+  PLUMB_CHECK(!rows.empty() && rows.size() == sessions.size(), "forward_batch: {} sessions and {} rows (one row per session, at "
+              "least one)", sessions.size(), rows.size());
+  ModelSession::forward_batch_sample(sessions, rows);
 }
 
 void set_cpu_threads(int n) { set_threads(n); }

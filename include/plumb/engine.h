@@ -3,6 +3,7 @@
 // text needs (tests/api/embed_example.cpp); the CLI uses the public headers only.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -172,5 +173,27 @@ class Session {
 // a call of its own; each token in the vocabulary and its position within the context): on such an error no session
 // changes. An error from the computation itself may leave the sessions' caches part-written, as Session::forward says.
 std::vector<float> forward_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
+
+// One row of forward_batch_sample: the token its session is fed, how the row's next token is chosen, and what came of it.
+struct BatchRow {
+  int32_t token = 0;           // fed to the row's session at its position
+  Sampler* sampler = nullptr;  // null: the row's logits come back in `logits`, nothing drawn
+  std::span<const int32_t> history;  // the penalties' tokens (Session::forward_sample's history)
+  std::function<void(std::span<uint32_t> allowed)> allowed;  // empty: every token (else Session::forward_sample_masked's)
+  // Results.
+  int32_t sampled = -1;        // the token drawn (rows with a sampler, without an error)
+  std::vector<float> logits;   // (rows without a sampler) vocab floats
+  std::exception_ptr error;    // this row's own failure: its sampler refused the row (no finite logit) or `allowed`
+                               // threw. The row's token stays fed (its session's position counts it).
+};
+
+// forward_batch whose rows choose their next token where the logits are: row b's `sampled` is what
+// sessions[b]->forward_sample_masked({rows[b].token}, *rows[b].sampler, rows[b].history, rows[b].allowed) would return
+// (drawing from the sampler's RNG exactly as sample() does); a row without a sampler gets its logits, as forward_batch
+// returns them. On backend cuda the rows are sampled on the GPU and only the tokens (and the rows without a sampler)
+// come back: at a 129K vocabulary 0.5 MB per row less to copy. The checks, and the errors that leave every session
+// unchanged, are forward_batch's, plus each sampler's vocabulary; a failure of one row's sampling or mask is that row's
+// `error`, the others' results stand.
+void forward_batch_sample(std::span<Session* const> sessions, std::span<BatchRow> rows);
 
 }  // namespace plumb

@@ -89,6 +89,9 @@ struct PrefillRow {
 struct SequencesRow {
   int sessions = 0, steps = 0;
   double us_step = NAN, us_alone = NAN, tok_s = NAN, tok_s_alone = NAN;  // median us of a step of all B sessions
+  // the steps together with every row drawn where the logits are (Model::forward_batch_sample: on the device, only
+  // the tokens downloaded), against us_step's every row's logits downloaded
+  double us_sampled = NAN, tok_s_sampled = NAN;
   int replayed = 0;  // timed steps together that replayed their captured graph (cuda.graph)
   std::vector<std::pair<std::string, double>> breakdown;  // one eager step together: us per op region, all layers
   std::string note, error;

@@ -159,6 +159,18 @@ struct FastCount {
   }
 };
 
+// The device sampler's parameters: SamplingParams' per-row ones (the window and the seed stay on the host).
+SampleParams sample_params(const SamplingParams& sp) {
+  SampleParams p;
+  p.temperature = sp.temperature, p.top_k = sp.top_k, p.top_p = sp.top_p, p.min_p = sp.min_p;
+  p.repeat_penalty = sp.repeat_penalty, p.presence_penalty = sp.presence_penalty, p.frequency_penalty = sp.frequency_penalty;
+  return p;
+}
+bool same_params(const SampleParams& a, const SampleParams& b) {
+  return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+         a.repeat_penalty == b.repeat_penalty && a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty;
+}
+
 class GpuForward : public DeviceForward {
  public:
   GpuForward(const Model& m, const std::function<void(int64_t, int64_t)>& on_layer)
@@ -436,10 +448,7 @@ class GpuForward : public DeviceForward {
                          std::span<const int32_t> history, const TokenFilter* allowed,
                          std::vector<float>& no_finite_row) const override {
     Scratch& sc = st.dev->scratch;
-    const SamplingParams& sp = sampler.params();
-    SampleParams p;
-    p.temperature = sp.temperature, p.top_k = sp.top_k, p.top_p = sp.top_p, p.min_p = sp.min_p;
-    p.repeat_penalty = sp.repeat_penalty, p.presence_penalty = sp.presence_penalty, p.frequency_penalty = sp.frequency_penalty;
+    const SampleParams p = sample_params(sampler.params());
     const auto window = sampler.penalty_window(history);
     // One upload: u (double), then the window's ids and counts (int32).
     std::vector<int32_t> in(2 + 2 * window.size());
@@ -492,6 +501,123 @@ class GpuForward : public DeviceForward {
     }
     if (got[1] > 1) sampler.commit_draw();  // the distribution kept more than one token: sample() would have drawn
     return got[0];
+  }
+
+  // forward_batch_sample: the batch's pass, then every row with a sampler drawn on the device (fwd_sample, as
+  // forward_sample draws one row: the host's u, the penalty window, the mask built while the pass runs), and only the
+  // tokens and the rows without a sampler downloaded. Consecutive rows with equal parameters and no penalty window
+  // share a launch (a server's requests mostly do); a row with a window takes one of its own (fwd_sample's window
+  // belongs to its launch).
+  void forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const override {
+    const int n = int(rows.size());
+    const size_t V = size_t(cfg_.vocab), words = (V + 31) / 32;
+    Scratch& sc = states[0]->dev->scratch;
+    struct Launch {
+      int row0 = 0, rows = 0;
+      SampleParams p;
+      size_t pen = 0, npen = 0;  // the window's ids at word pen of the upload, its counts after them
+    };
+    std::vector<Launch> launches;
+    // One upload: u [n] (doubles), then each launch's window (ids, then counts; int32).
+    std::vector<int32_t> in(2 * size_t(n), 0);
+    std::vector<double> u(size_t(n), 0.0);
+    bool any_mask = false;
+    for (int b = 0; b < n; ++b) {
+      BatchRow& r = rows[size_t(b)];
+      if (!r.sampler) continue;
+      any_mask = any_mask || bool(r.allowed);
+      const SampleParams p = sample_params(r.sampler->params());
+      const auto window = r.sampler->penalty_window(r.history);
+      u[size_t(b)] = fwd_sample_path(p, int(V)) == kSampleGreedy ? 0.0 : r.sampler->peek_draw();
+      Launch* last = launches.empty() ? nullptr : &launches.back();
+      if (last && window.empty() && last->npen == 0 && last->row0 + last->rows == b && same_params(last->p, p)) {
+        ++last->rows;
+        continue;
+      }
+      launches.push_back({b, 1, p, in.size(), window.size()});
+      for (const auto& [id, count] : window) in.push_back(id);
+      for (const auto& [id, count] : window) in.push_back(count);
+    }
+    std::memcpy(in.data(), u.data(), u.size() * 8);
+    size_t scratch_bytes = 0;
+    for (const Launch& l : launches) scratch_bytes = std::max(scratch_bytes, fwd_sample_scratch_bytes(l.rows, int(V), &l.p));
+    // The buffers first, in powers of two (an allocation after the pass would move the first session's memory, and its
+    // batch graph would re-capture).
+    auto pow2 = [](size_t bytes) {
+      size_t b = size_t(16) << 10;
+      while (b < bytes) b *= 2;
+      return b;
+    };
+    auto* dev_in = static_cast<int32_t*>(sc.get("batch.sample.in", pow2(in.size() * 4)));
+    auto* dev_out = static_cast<int32_t*>(sc.get("batch.sample.out", pow2(size_t(n) * 8)));
+    void* scratch = scratch_bytes ? sc.get("batch.sample.scratch", pow2(scratch_bytes)) : nullptr;
+    auto* dev_bits = any_mask ? static_cast<uint32_t*>(sc.get("batch.sample.mask", pow2(size_t(n) * words * 4))) : nullptr;
+    std::vector<int32_t> tokens;
+    for (const BatchRow& r : rows) tokens.push_back(r.token);
+    const float* logits = run_batch(states, tokens);
+    // The masks, built while the pass runs. A mask that throws is its row's error (nothing drawn: its draw stays
+    // pending, as forward_sample_masked leaves it); the launch still computes the row, unread.
+    std::vector<char> masked_out(size_t(n), 0);
+    if (any_mask) {
+      std::vector<uint32_t> bits(size_t(n) * words, 0);
+      for (int b = 0; b < n; ++b) {
+        BatchRow& r = rows[size_t(b)];
+        if (!r.sampler || !r.allowed) continue;
+        try {
+          r.allowed(std::span<uint32_t>(bits.data() + size_t(b) * words, words));
+        } catch (...) {
+          r.error = std::current_exception();
+          masked_out[size_t(b)] = 1;
+        }
+      }
+      states[0]->dev->stage.upload(dev_bits, bits.data(), bits.size() * 4);
+      for (int b = 0; b < n; ++b)
+        if (rows[size_t(b)].sampler && rows[size_t(b)].allowed && !masked_out[size_t(b)])
+          fwd_mask_logits(const_cast<float*>(logits) + size_t(b) * V, 1, int(V), dev_bits + size_t(b) * words, nullptr);
+    }
+    {
+      OpRegion region(sc.timer, "sample");
+      states[0]->dev->stage.upload(dev_in, in.data(), in.size() * 4);
+      for (const Launch& l : launches) {
+        SampleOut o;
+        o.token = dev_out + l.row0, o.n = dev_out + n + l.row0;
+        fwd_sample(logits + size_t(l.row0) * V, l.rows, int(V), l.p, dev_in + l.pen, dev_in + l.pen + l.npen, int(l.npen),
+                   reinterpret_cast<const double*>(dev_in) + l.row0, o, scratch, scratch_bytes, nullptr);
+      }
+    }
+    std::vector<int32_t> got(2 * size_t(n), 0);
+    if (!launches.empty()) d2h(got.data(), dev_out, got.size() * 4);  // synchronizes
+    for (int b = 0; b < n;) {  // the rows without a sampler, a download per run of them
+      if (rows[size_t(b)].sampler) {
+        ++b;
+        continue;
+      }
+      int e = b;
+      while (e < n && !rows[size_t(e)].sampler) ++e;
+      std::vector<float> part(size_t(e - b) * V);
+      d2h(part.data(), logits + size_t(b) * V, part.size() * 4);
+      for (int k = b; k < e; ++k) rows[size_t(k)].logits.assign(part.begin() + ptrdiff_t(size_t(k - b) * V), part.begin() + ptrdiff_t(size_t(k - b + 1) * V));
+      b = e;
+    }
+    if (launches.empty()) synchronize();
+    for (int b = 0; b < n; ++b) {
+      BatchRow& r = rows[size_t(b)];
+      if (!r.sampler || masked_out[size_t(b)]) continue;
+      const int32_t token = got[size_t(b)], count = got[size_t(n + b)];
+      if (token == kSampleNoFinite) {  // the row comes back for the host sampler's message (as forward_sample's)
+        std::vector<float> row(V);
+        d2h(row.data(), logits + size_t(b) * V, V * 4);
+        try {
+          (void)r.sampler->distribution(row, r.history);
+          fail("forward_batch: session {}: the device found no finite logit but the host sampler did", b);
+        } catch (...) {
+          r.error = std::current_exception();
+        }
+        continue;
+      }
+      if (count > 1) r.sampler->commit_draw();  // the distribution kept more than one token: sample() would have drawn
+      r.sampled = token;
+    }
   }
 
   // At most kReserveMax positions up front (V4-Flash: ~13 KB of compressed entries per position over its CSA

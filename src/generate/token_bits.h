@@ -2,10 +2,13 @@
 // and its one host application to a logits row. The GPU's is fwd_mask_logits (src/cuda/sample.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "core/error.h"
+#include "plumb/text.h"
 
 namespace plumb::gen {
 
@@ -20,6 +23,18 @@ inline void mask_logits(std::span<float> logits, std::span<const uint32_t> bits)
               bits.size(), logits.size());
   for (size_t i = 0; i < logits.size(); ++i)
     if (!token_bit(bits, i)) logits[i] = -std::numeric_limits<float>::infinity();
+}
+
+// The host's draw of Session::forward_sample_masked: `allowed` (may be empty: every token) fills a mask applied to a
+// copy of the row, then the sampler draws from it.
+inline int32_t sample_masked(Sampler& sampler, std::span<const float> logits, std::span<const int32_t> history,
+                             const std::function<void(std::span<uint32_t>)>& allowed) {
+  if (!allowed) return sampler.sample(logits, history);
+  std::vector<float> masked(logits.begin(), logits.end());
+  std::vector<uint32_t> bits(token_bits_words(int64_t(masked.size())), 0);
+  allowed(bits);
+  mask_logits(masked, bits);
+  return sampler.sample(masked, history);
 }
 
 }  // namespace plumb::gen

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "generate/token_bits.h"
 #include "model/attention.h"
 #include "model/hyper_connection.h"
 #include "model/numerics.h"
@@ -187,7 +188,7 @@ Tensor Model::forward(SessionState& st, std::span<const int32_t> tokens, TapSink
   return cpu_forward(std::span(&run, 1), tokens, taps, rows, on_layer);
 }
 
-Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
+std::vector<Model::RowRun> Model::check_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
   const int64_t b = int64_t(states.size());
   PLUMB_CHECK(b > 0 && int64_t(tokens.size()) == b, "forward_batch: {} sessions and {} tokens (one token per session, at "
               "least one)", b, tokens.size());
@@ -207,12 +208,49 @@ Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<con
                 "forward_batch: session {} of {} was not made by the {} backend", i, b, backend_);
     runs.push_back({st, i, 1});
   }
+  return runs;
+}
+
+Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
+  const std::vector<RowRun> runs = check_batch(states, tokens);
   if (device_) {
     Tensor logits = device_->forward_batch(states, tokens);
     for (SessionState* st : states) ++st->pos;
     return logits;
   }
   return cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
+}
+
+void Model::forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const {
+  std::vector<int32_t> tokens;
+  for (const BatchRow& r : rows) tokens.push_back(r.token);
+  const std::vector<RowRun> runs = check_batch(states, tokens);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    BatchRow& r = rows[i];
+    PLUMB_CHECK(!r.sampler || r.sampler->vocab() == cfg_.vocab, "forward_batch: session {} of {}: a sampler for a vocabulary "
+                "of {}, the model's is {}", i, rows.size(), r.sampler ? r.sampler->vocab() : 0, cfg_.vocab);
+    r.sampled = -1, r.logits.clear(), r.error = nullptr;
+  }
+  if (device_) {
+    device_->forward_batch_sample(states, rows);
+    for (SessionState* st : states) ++st->pos;
+    return;
+  }
+  const Tensor logits = cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
+  const size_t V = size_t(cfg_.vocab);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    BatchRow& r = rows[i];
+    const std::span<const float> row(logits.ptr() + i * V, V);
+    if (!r.sampler) {
+      r.logits.assign(row.begin(), row.end());
+      continue;
+    }
+    try {
+      r.sampled = gen::sample_masked(*r.sampler, row, r.history, r.allowed);
+    } catch (...) {
+      r.error = std::current_exception();
+    }
+  }
 }
 
 // The reference pass over a chunk's rows, which belong to one session or several (runs: consecutive rows of one

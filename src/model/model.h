@@ -12,6 +12,7 @@
 #include "model/state.h"
 #include "model/taps.h"
 #include "model/weights.h"
+#include "plumb/engine.h"  // BatchRow
 
 namespace plumb {
 
@@ -36,6 +37,9 @@ class DeviceForward {
   // Model::forward_batch's pass (states checked, distinct and made by this backend; positions not yet advanced):
   // logits [B, vocab].
   virtual Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const = 0;
+  // Model::forward_batch_sample's pass (checked likewise; every sampler's vocabulary the model's): the rows with a
+  // sampler drawn on the device, the others' logits downloaded; a row's own failure in its `error`.
+  virtual void forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const = 0;
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
   // Returns -1 when that row has no finite logit to sample from (after the penalties), with the row in `no_finite_row`
   // for the caller's error (Sampler::distribution's). `allowed` (may be null): the row's mask, asked for once the
@@ -91,6 +95,10 @@ class Model {
   // per session).
   // Nothing is computed when a state or a token is refused; no taps.
   Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const;
+  // The same step, each row with a sampler drawing its next token where the logits are (plumb::forward_batch_sample):
+  // on the device where the backend has one, else on the host from forward_batch's rows. A row's sampling or mask
+  // failure is its own `error`; the checks before the pass are forward_batch's and each sampler's vocabulary.
+  void forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const;
   // Throws plumb::Error for an empty chunk or a token id outside the vocabulary (forward checks this first).
   void check_tokens(const SessionState& state, std::span<const int32_t> tokens) const;
   // Backends with a device (cuda): forward, then sampler's choice from the last token's logits, sampled there;
@@ -127,6 +135,8 @@ class Model {
   };
   Tensor cpu_forward(std::span<const RowRun> runs, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows,
                      const std::function<void(int)>& on_layer) const;
+  // forward_batch's checks (nothing fed when one fails): a run of one row per state.
+  std::vector<RowRun> check_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const;
 
   std::string dir_;
   ModelConfig cfg_;

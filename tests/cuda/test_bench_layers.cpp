@@ -180,8 +180,8 @@ TEST(BenchLayers, RunsOnTheCpuBackend) {
   EXPECT_FALSE(fs::exists(j["checkpoint_dir"].get<std::string>())) << "the temporary checkpoint folder was left behind";
 }
 
-// --sequences: B sessions stepped together (forward_batch) and one after another, a row each in the JSON (both
-// medians, their rates) and in the CSV, after the decode and prefill rows.
+// --sequences: B sessions stepped together (forward_batch, and forward_batch_sample: every row drawn where the logits
+// are) and one after another, a row each in the JSON (the three medians, their rates) and in the CSV, after the decode and prefill rows.
 TEST(BenchLayers, SequencesOnTheCpuBackend) {
   TempDir t;
   auto o = tiny(1);
@@ -200,7 +200,8 @@ TEST(BenchLayers, SequencesOnTheCpuBackend) {
     EXPECT_EQ(q["sessions"], o.sequences[i]);
     EXPECT_EQ(q["error"], "");
     EXPECT_GE(q["rounds"].get<int>(), 3);
-    for (const char* k : {"us_per_step", "us_per_step_one_after_another", "tokens_per_s", "tokens_per_s_one_after_another"})
+    for (const char* k : {"us_per_step", "us_per_step_one_after_another", "tokens_per_s", "tokens_per_s_one_after_another",
+                          "us_per_step_sampled_on_device", "tokens_per_s_sampled_on_device"})
       EXPECT_GT(q[k].get<double>(), 0) << k;
     EXPECT_NEAR(q["tokens_per_s"].get<double>(), o.sequences[i] / (q["us_per_step"].get<double>() * 1e-6), 1e-6 * q["tokens_per_s"].get<double>());
   }

@@ -44,6 +44,16 @@ TEST_F(GpuTest, ForwardBatchRowsAreEachSessionsOwnStep) {
                                   "cuda [" + official + "] tiny-official", 15);
 }
 
+// plumb::forward_batch_sample on the GPU: every row drawn on the device is the host sampler's draw from the logits
+// forward_batch gives twin sessions in the same batches (plumb_test::check_forward_batch_sample: greedy, the defaults in
+// one launch, penalties, a mask, top-p over the whole vocabulary, a row whose logits come back; the rows' own failures),
+// eager and graphed, with the fast kernels and the batched rows.
+TEST_F(GpuTest, ForwardBatchSampleDrawsTheHostsTokens) {
+  for (const char* patches : {"", "cuda.graph", "cuda.fast,cuda.batch_rows"})
+    plumb_test::check_forward_batch_sample(*plumb_test::csa_long_engine("cuda", patches), std::string("cuda [") + patches + "]");
+  plumb_test::check_forward_batch_sample(*plumb_test::golden_engine("kernel-dims", "cuda", "cuda.fast"), "cuda [cuda.fast] kernel-dims");
+}
+
 // cuda.graph for a batch: the same sessions in the same order step as one captured graph (kept by the first session),
 // replayed from the third step on; a session whose caches move (a reserve that grows them) makes the next step eager
 // again, then a new capture, never a replay of the moved memory; so does a session crossing the indexer's limit

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <limits>
 #include <random>
@@ -186,6 +187,95 @@ inline void check_forward_batch(const plumb::Engine& e, float tol, const std::st
     EXPECT_LE(d, tol) << "session " << i << " after the batch steps";
   }
   std::printf("[ forward_batch ] %s: largest difference to single steps %.3g\n", what.c_str(), double(worst));
+}
+
+// plumb::forward_batch_sample against the host: twin sessions stepped by plumb::forward_batch in the same batches (the
+// same pass, so the same logits), each row then drawn by a twin sampler (same parameters and seed) as
+// Session::forward_sample_masked draws on the host. Rows: greedy; the defaults twice in a row (one launch on the GPU);
+// penalties over the row's history (a launch of its own); a mask (even ids only); no sampler (its logits come back);
+// top-k off with top-p 0.9. Every token and logits row must be equal, the draws in step (the next step's tokens
+// show it). Then a step with two rows' own failures: a mask that throws, and a mask that lets nothing through (no
+// finite logit: the sampler's error); the other rows drawn, every session fed, and the step after in step again.
+inline void check_forward_batch_sample(const plumb::Engine& e, const std::string& what) {
+  SCOPED_TRACE(what);
+  const int32_t V = e.info().vocab_size;
+  std::vector<plumb::SamplingParams> params(7);
+  params[0].temperature = 0;
+  params[1].seed = 11, params[2].seed = 12;
+  params[3].seed = 13, params[3].repeat_penalty = 1.3f, params[3].presence_penalty = 0.5f, params[3].frequency_penalty = 0.25f;
+  params[3].penalty_last_n = 16;
+  params[4].seed = 14, params[4].temperature = 1.5f;
+  params[6].seed = 15, params[6].top_k = 0, params[6].top_p = 0.9f, params[6].min_p = 0;
+  const size_t no_sampler = 5, masked = 4;
+  std::vector<std::unique_ptr<plumb::Session>> s, twin;
+  std::vector<plumb::Sampler> sa, sb;
+  std::vector<std::vector<int32_t>> hist;
+  std::vector<int32_t> next;
+  for (size_t i = 0; i < params.size(); ++i) {
+    s.push_back(e.new_session()), twin.push_back(e.new_session());
+    sa.emplace_back(params[i], V), sb.emplace_back(params[i], V);
+    hist.push_back(csa_long_ids(3 + 2 * i, int(i) + 40));
+    s[i]->forward(hist[i]), twin[i]->forward(hist[i]);
+    next.push_back(int32_t((i * 31 + 2) % size_t(V)));
+  }
+  auto even_only = [](std::span<uint32_t> bits) {
+    for (size_t id = 0; id < bits.size() * 32; id += 2) bits[id / 32] |= 1u << (id % 32);
+  };
+  auto host_draw = [&](size_t i, std::vector<float> row, bool mask_even) {
+    if (mask_even)
+      for (size_t id = 1; id < row.size(); id += 2) row[id] = -std::numeric_limits<float>::infinity();
+    return sb[i].sample(row, hist[i]);
+  };
+  auto step = [&](int k, const std::function<void(std::vector<plumb::BatchRow>&)>& edit) {
+    std::vector<plumb::BatchRow> rows(params.size());
+    std::vector<plumb::Session*> ps, pt;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].token = next[i], rows[i].history = hist[i];
+      if (i != no_sampler) rows[i].sampler = &sa[i];
+      if (i == masked) rows[i].allowed = even_only;
+      ps.push_back(s[i].get()), pt.push_back(twin[i].get());
+    }
+    if (edit) edit(rows);
+    plumb::forward_batch_sample(ps, rows);
+    const std::vector<float> want = plumb::forward_batch(pt, next);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const std::string where = "step " + std::to_string(k) + ", row " + std::to_string(i);
+      EXPECT_EQ(s[i]->position(), twin[i]->position()) << where;
+      hist[i].push_back(next[i]);
+      const std::vector<float> row(want.begin() + ptrdiff_t(i * size_t(V)), want.begin() + ptrdiff_t((i + 1) * size_t(V)));
+      if (!rows[i].sampler) {
+        EXPECT_EQ(rows[i].logits, row) << where << ": the logits that came back";
+        next[i] = int32_t((size_t(k) * 7 + 1) % size_t(V));
+        continue;
+      }
+      if (rows[i].error) continue;  // (the caller checks it)
+      const int32_t t = host_draw(i, row, i == masked);
+      EXPECT_EQ(rows[i].sampled, t) << where;
+      next[i] = t;
+    }
+    return rows;
+  };
+  for (int k = 0; k < 8 && !::testing::Test::HasFailure(); ++k) step(k, {});
+  // Row 4's mask throws, row 2's lets nothing through.
+  const auto rows = step(8, [](std::vector<plumb::BatchRow>& r) {
+    r[4].allowed = [](std::span<uint32_t>) { throw std::runtime_error("the mask failed"); };
+    r[2].allowed = [](std::span<uint32_t>) {};
+  });
+  for (size_t i : {size_t(2), size_t(4)}) {
+    ASSERT_TRUE(rows[i].error) << "row " << i << " drew " << rows[i].sampled;
+    try {
+      std::rethrow_exception(rows[i].error);
+    } catch (const std::exception& x) {
+      EXPECT_NE(std::string(x.what()).find(i == 4 ? "the mask failed" : "finite"), std::string::npos) << x.what();
+    }
+    // The twins' host draws fail alike, drawing nothing (row 2: the sampler refuses the empty row).
+    if (i == 2) {
+      std::vector<float> none(size_t(V), -std::numeric_limits<float>::infinity());
+      EXPECT_THROW(sb[i].sample(none, hist[i]), plumb::Error);
+    }
+    next[i] = int32_t(i + 1);
+  }
+  for (int k = 9; k < 11 && !::testing::Test::HasFailure(); ++k) step(k, {});
 }
 
 }  // namespace plumb_test

@@ -24,6 +24,27 @@ TEST(ForwardBatch, EachRowIsItsSessionsOwnStep) {
                                   "cpu [numerics.official] tiny-official");
 }
 
+// Rows drawn where the logits are (on the CPU: the host's draws, from the rows forward_batch returns), each row's own
+// failure its own; a sampler of another vocabulary is refused before anything is fed.
+TEST(ForwardBatch, SampledRowsAreTheHostsDraws) {
+  plumb_test::check_forward_batch_sample(*batch_engine(), "cpu");
+  auto e = batch_engine();
+  auto a = e->new_session(), b = e->new_session();
+  plumb::Sampler wrong(plumb::SamplingParams{}, 10);
+  std::vector<plumb::BatchRow> rows(2);
+  rows[1].sampler = &wrong;
+  plumb::Session* both[] = {a.get(), b.get()};
+  try {
+    plumb::forward_batch_sample(both, rows);
+    ADD_FAILURE() << "a sampler of another vocabulary was accepted";
+  } catch (const plumb::Error& x) {
+    EXPECT_NE(std::string(x.what()).find("session 1 of 2: a sampler for a vocabulary of 10, the model's is 256"), std::string::npos)
+        << x.what();
+  }
+  EXPECT_EQ(a->position(), 0);
+  EXPECT_EQ(b->position(), 0);
+}
+
 // A batch of one is forward() of one token; and a session stepped in batches, then alone, then in batches again,
 // stays on its twin's path (the batch leaves nothing behind that a single step reads differently).
 TEST(ForwardBatch, ABatchOfOneAndMixedStepsAreForward) {
