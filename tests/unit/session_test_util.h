@@ -192,18 +192,23 @@ inline void check_forward_batch(const plumb::Engine& e, float tol, const std::st
 // plumb::forward_batch_sample against the host: twin sessions stepped by plumb::forward_batch in the same batches (the
 // same pass, so the same logits), each row then drawn by a twin sampler (same parameters and seed) as
 // Session::forward_sample_masked draws on the host. Rows: greedy; the defaults twice in a row (one launch on the GPU);
-// penalties over the row's history (a launch of its own); a mask (even ids only); no sampler (its logits come back);
-// top-k off with top-p 0.9. Every token and logits row must be equal, the draws in step (the next step's tokens
+// penalties over the row's history, greedy and sampled (a launch each); a mask (even ids only); no sampler (its logits
+// come back); top-k off with top-p 0.9. Every token and logits row must be equal, the draws in step (the next step's tokens
 // show it). Then a step with two rows' own failures: a mask that throws, and a mask that lets nothing through (no
 // finite logit: the sampler's error); the other rows drawn, every session fed, and the step after in step again.
 inline void check_forward_batch_sample(const plumb::Engine& e, const std::string& what) {
   SCOPED_TRACE(what);
   const int32_t V = e.info().vocab_size;
-  std::vector<plumb::SamplingParams> params(7);
+  std::vector<plumb::SamplingParams> params(8);
   params[0].temperature = 0;
   params[1].seed = 11, params[2].seed = 12;
-  params[3].seed = 13, params[3].repeat_penalty = 1.3f, params[3].presence_penalty = 0.5f, params[3].frequency_penalty = 0.25f;
-  params[3].penalty_last_n = 16;
+  // Penalties, greedy (a window that missed a token would let the previous argmax win again) and sampled.
+  for (size_t i : {size_t(3), size_t(7)}) {
+    params[i].repeat_penalty = 2.0f, params[i].presence_penalty = 1.5f, params[i].frequency_penalty = 0.5f;
+    params[i].penalty_last_n = 16;
+  }
+  params[3].temperature = 0;
+  params[7].seed = 17, params[7].temperature = 1.0f, params[7].top_k = 0, params[7].top_p = 1.0f, params[7].min_p = 0;
   params[4].seed = 14, params[4].temperature = 1.5f;
   params[6].seed = 15, params[6].top_k = 0, params[6].top_p = 0.9f, params[6].min_p = 0;
   const size_t no_sampler = 5, masked = 4;
@@ -230,6 +235,7 @@ inline void check_forward_batch_sample(const plumb::Engine& e, const std::string
     std::vector<plumb::BatchRow> rows(params.size());
     std::vector<plumb::Session*> ps, pt;
     for (size_t i = 0; i < rows.size(); ++i) {
+      hist[i].push_back(next[i]);  // (the history holds the token fed, as generate() passes it)
       rows[i].token = next[i], rows[i].history = hist[i];
       if (i != no_sampler) rows[i].sampler = &sa[i];
       if (i == masked) rows[i].allowed = even_only;
@@ -241,7 +247,6 @@ inline void check_forward_batch_sample(const plumb::Engine& e, const std::string
     for (size_t i = 0; i < rows.size(); ++i) {
       const std::string where = "step " + std::to_string(k) + ", row " + std::to_string(i);
       EXPECT_EQ(s[i]->position(), twin[i]->position()) << where;
-      hist[i].push_back(next[i]);
       const std::vector<float> row(want.begin() + ptrdiff_t(i * size_t(V)), want.begin() + ptrdiff_t((i + 1) * size_t(V)));
       if (!rows[i].sampler) {
         EXPECT_EQ(rows[i].logits, row) << where << ": the logits that came back";
