@@ -105,8 +105,9 @@ int serve(ServeArgs& o) {
   const auto s = srv.stats();
   fmt::print(stderr, "plumb serve: {} answered, {} generated tokens, {} prompt tokens from the cache, {} cancelled{}\n",
              count_text(s.requests, "request"), s.generated_tokens, s.cached_tokens, s.cancelled,
-             s.batched_steps > 0 ? fmt::format("; {} batched decode steps of {:.1f} sessions on average (at most {})", s.batched_steps,
-                                               double(s.batched_rows) / double(s.batched_steps), s.largest_batch)
+             s.batched_steps > 0 ? fmt::format("; {} batched decode steps of {:.1f} sessions on average (at most {}), {} of their {} rows "
+                                               "sampled in the step", s.batched_steps, double(s.batched_rows) / double(s.batched_steps),
+                                               s.largest_batch, s.sampled_rows, s.batched_rows)
                                  : std::string());
   return 0;
 }

@@ -1,5 +1,5 @@
 // The engine thread (engine_thread.h): its queue of calls, the gathering of sessions' one-token steps into
-// forward_batch calls, and QueuedSession.
+// forward_batch_sample calls, and QueuedSession.
 #include "server/engine_thread.h"
 
 #include <algorithm>
@@ -9,9 +9,9 @@
 namespace plumb::server {
 
 namespace {
-// How long a batch waits for the sessions of the batch before it that have not sent their next step yet (they sample
-// their rows and stream their text meanwhile, ~1 ms at a 129K vocabulary): long enough to catch them, short against a
-// step.
+// How long a batch waits for the sessions of the batch before it that have not sent their next step yet (they stream
+// their text meanwhile, and a step() caller samples its row, ~1 ms at a 129K vocabulary): long enough to catch them,
+// short against a step.
 constexpr auto kGather = std::chrono::microseconds(2000);
 }  // namespace
 
@@ -37,15 +37,23 @@ void EngineThread::run(std::function<void()> f) {
   done.get();
 }
 
-std::vector<float> EngineThread::step(Session& session, int32_t token) {
-  std::future<std::vector<float>> f;
+EngineThread::Result EngineThread::queue(Step s) {
+  std::future<Result> f = s.done.get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    steps_.push_back(Step{&session, token, {}});
-    f = steps_.back().done.get_future();
+    steps_.push_back(std::move(s));
   }
   cv_.notify_one();
   return f.get();
+}
+
+std::vector<float> EngineThread::step(Session& session, int32_t token) {
+  return queue(Step{&session, token, nullptr, {}, nullptr, {}}).logits;
+}
+
+int32_t EngineThread::step_sample(Session& session, int32_t token, Sampler& sampler, std::span<const int32_t> history,
+                                  const std::function<void(std::span<uint32_t>)>& allowed) {
+  return queue(Step{&session, token, &sampler, history, allowed ? &allowed : nullptr, {}}).token;
 }
 
 EngineThread::Counts EngineThread::counts() const {
@@ -83,41 +91,65 @@ void EngineThread::loop() {
   }
 }
 
-// One forward_batch for every waiting step (one alone is a plain forward). A refusal (a token or a position one
-// session cannot take: forward_batch checks every session before it feeds any) runs each step alone, so that only its
-// own caller gets the error; a failure of the computation itself goes to every caller, each session left as an error
+// One forward_batch_sample for every waiting step, a row each: step()'s without a sampler (its logits back),
+// step_sample()'s with its sampler and mask (its token back); one step alone is a plain forward or forward_sample. A
+// refusal (a token, a position or a sampler one session cannot take: forward_batch_sample checks every row before it
+// feeds any) runs each step alone, so that only its own caller gets the error; so does a row's own failure (its
+// `error`: the others stand); a failure of the computation itself goes to every caller, each session left as an error
 // of its own forward would leave it.
 void EngineThread::run_steps(std::vector<Step>& steps) {
   auto alone = [](Step& s) {
     try {
-      s.done.set_value(s.session->forward(std::span<const int32_t>(&s.token, 1)));
+      const std::span<const int32_t> token(&s.token, 1);
+      Result r;
+      if (!s.sampler) r.logits = s.session->forward(token);
+      else if (!s.allowed) r.token = s.session->forward_sample(token, *s.sampler, s.history);
+      else r.token = s.session->forward_sample_masked(token, *s.sampler, s.history, *s.allowed);
+      s.done.set_value(std::move(r));
     } catch (...) {
       s.done.set_exception(std::current_exception());
     }
   };
   if (steps.size() == 1) return alone(steps[0]);
   std::vector<Session*> sessions;
-  std::vector<int32_t> tokens;
+  std::vector<BatchRow> rows(steps.size());
   std::vector<int64_t> before;
-  for (const Step& s : steps) sessions.push_back(s.session), tokens.push_back(s.token), before.push_back(s.session->position());
+  int64_t sampled = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    sessions.push_back(s.session), before.push_back(s.session->position());
+    rows[i].token = s.token, rows[i].sampler = s.sampler, rows[i].history = s.history;
+    if (s.allowed) rows[i].allowed = *s.allowed;
+    sampled += s.sampler ? 1 : 0;
+  }
+  std::exception_ptr failed;
+  bool refused = false;
   try {
-    const std::vector<float> all = forward_batch(sessions, tokens);
-    const size_t vocab = all.size() / steps.size();
-    for (size_t i = 0; i < steps.size(); ++i)
-      steps[i].done.set_value(std::vector<float>(all.begin() + std::ptrdiff_t(i * vocab), all.begin() + std::ptrdiff_t((i + 1) * vocab)));
+    forward_batch_sample(sessions, rows);
+  } catch (const Error& e) {
+    failed = std::current_exception();
+    bool fed = false;
+    for (size_t i = 0; i < steps.size(); ++i) fed = fed || steps[i].session->position() != before[i];
+    refused = !fed && std::string_view(e.what()).starts_with("forward_batch: ");
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  if (failed) {
+    for (Step& s : steps)
+      if (refused) alone(s);
+      else s.done.set_exception(failed);
+    return;
+  }
+  {  // (counted before any caller hears back: one that returns sees its batch counted)
     std::lock_guard<std::mutex> lock(mu_);
     ++counts_.batches;
     counts_.rows += int64_t(steps.size());
+    counts_.sampled += sampled;
     counts_.largest = std::max(counts_.largest, int64_t(steps.size()));
-  } catch (const Error& e) {
-    bool fed = false;
-    for (size_t i = 0; i < steps.size(); ++i) fed = fed || steps[i].session->position() != before[i];
-    const bool refused = !fed && std::string_view(e.what()).starts_with("forward_batch: ");
-    for (Step& s : steps)
-      if (refused) alone(s);
-      else s.done.set_exception(std::current_exception());
-  } catch (...) {
-    for (Step& s : steps) s.done.set_exception(std::current_exception());
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (rows[i].error) steps[i].done.set_exception(rows[i].error);
+    else steps[i].done.set_value(Result{std::move(rows[i].logits), rows[i].sampled});
   }
 }
 
@@ -156,6 +188,19 @@ std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
     throw;
   }
   return out;
+}
+
+int32_t QueuedSession::forward_sample(std::span<const int32_t> tokens, Sampler& sampler,
+                                      std::span<const int32_t> history) {
+  if (tokens.size() == 1) return thread_.step_sample(*real_, tokens[0], sampler, history, {});
+  return Session::forward_sample(tokens, sampler, history);  // (forward() above, in pieces; sampled on this thread)
+}
+
+int32_t QueuedSession::forward_sample_masked(std::span<const int32_t> tokens, Sampler& sampler,
+                                             std::span<const int32_t> history,
+                                             const std::function<void(std::span<uint32_t>)>& allowed) {
+  if (tokens.size() == 1) return thread_.step_sample(*real_, tokens[0], sampler, history, allowed);
+  return Session::forward_sample_masked(tokens, sampler, history, allowed);
 }
 
 std::vector<float> QueuedSession::forward_all(std::span<const int32_t> tokens) {

@@ -1,7 +1,8 @@
 // `plumb serve`'s engine thread, and the sessions whose calls run on it: every call on the engine's sessions runs on
 // this one thread (backend cuda keeps per-thread state, the cuBLASLt workspaces and plans, and its sessions want one
-// thread at a time). With several generations at once (ServerOptions::parallel), their one-token forwards that wait
-// together run as one plumb::forward_batch: the weights are read once for all of them. Public API only.
+// thread at a time). With several generations at once (ServerOptions::parallel), their one-token steps that wait
+// together run as one plumb::forward_batch_sample: the weights are read once for all of them, and each row is sampled
+// where its logits are (on the GPU only the tokens come back). Public API only.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -28,24 +30,42 @@ class EngineThread {
   // Queues f, waits for it; f's exception comes back to the caller.
   void run(std::function<void()> f);
   // session.forward({token}) on the engine thread: the logits (vocab floats). Steps of different sessions that wait
-  // together go as one plumb::forward_batch (should that refuse a session's token or position, each runs alone, so the
-  // error reaches only its own caller). Batches and the other calls take turns (a QueuedSession feeds a long prompt in
-  // pieces, so the running generations' steps go on between them).
+  // together, of either kind, go as one plumb::forward_batch_sample (should that refuse a session's token, position
+  // or sampler, each runs alone, so the error reaches only its own caller); a row's own failure (its sampler's
+  // refusal, its mask's exception) reaches only its caller too. Batches and the other calls take turns (a
+  // QueuedSession feeds a long prompt in pieces, so the running generations' steps go on between them).
   std::vector<float> step(Session& session, int32_t token);
+  // session.forward_sample_masked({token}, sampler, history, allowed) on the engine thread (forward_sample where
+  // `allowed` is empty): the token drawn. The sampler draws and `allowed` runs on the engine thread while the caller
+  // waits here, so neither may touch what another thread uses meanwhile, nor call this thread (it would wait for
+  // itself). generate() in a request's thread keeps to that: its sampler, history and mask are the generation's own,
+  // and that thread does nothing else until this returns (the promise orders their uses before and after); the
+  // tokenizer tables the masks share are immutable (gen::TokenizerCache).
+  int32_t step_sample(Session& session, int32_t token, Sampler& sampler, std::span<const int32_t> history,
+                      const std::function<void(std::span<uint32_t>)>& allowed);
 
   struct Counts {
-    int64_t batches = 0;  // forward_batch calls of more than one session
+    int64_t batches = 0;  // forward_batch_sample calls of more than one session
     int64_t rows = 0;     // the sessions stepped in them
+    int64_t sampled = 0;  // of those rows, the ones drawn in the batch (step_sample's: their token came back)
     int64_t largest = 0;  // the most sessions in one
   };
   Counts counts() const;
 
  private:
+  struct Result {
+    std::vector<float> logits;  // step()'s
+    int32_t token = -1;         // step_sample()'s
+  };
   struct Step {
     Session* session;
     int32_t token;
-    std::promise<std::vector<float>> done;
+    Sampler* sampler = nullptr;  // null: step()
+    std::span<const int32_t> history;
+    const std::function<void(std::span<uint32_t>)>* allowed = nullptr;  // (the caller's, alive while it waits)
+    std::promise<Result> done;
   };
+  Result queue(Step s);
   void loop();
   void run_steps(std::vector<Step>& steps);
 
@@ -60,12 +80,13 @@ class EngineThread {
 };
 
 // A Session made, called and destroyed on the engine thread, for a generation running on another thread (a request's
-// handler): each call waits for the engine thread; its one-token forwards go through EngineThread::step, so that
-// generations running at once share their decode steps. forward() of more than kPrefillPiece tokens runs as pieces of
-// that many, a call each (chunked prefill: a batch of the others' steps between two pieces), under a checkpoint
-// taken first, so that a stop (set_prefill_stop) or an error in any piece puts the session back as before the call, as
-// one call would. forward_sample and forward_sample_masked are Session's defaults: the row comes to this thread and is
-// sampled here.
+// handler): each call waits for the engine thread; its one-token forwards go through EngineThread::step, and its
+// one-token forward_sample / forward_sample_masked through EngineThread::step_sample (drawn on the engine thread, in
+// the batch), so that generations running at once share their decode steps. forward() of more than kPrefillPiece
+// tokens runs as pieces of that many, a call each (chunked prefill: a batch of the others' steps between two pieces),
+// under a checkpoint taken first, so that a stop (set_prefill_stop) or an error in any piece puts the session back as
+// before the call, as one call would. A sampling call of several tokens (a prompt) is Session's default: forward()
+// above, then the row sampled on the calling thread.
 class QueuedSession : public Session {
  public:
   // A piece's tokens: at V4-Flash's size about a tenth of a second of prefill on one H200 (43 layers), the longest the
@@ -75,6 +96,9 @@ class QueuedSession : public Session {
   ~QueuedSession() override;
   std::vector<float> forward(std::span<const int32_t> tokens) override;
   std::vector<float> forward_all(std::span<const int32_t> tokens) override;
+  int32_t forward_sample(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history) override;
+  int32_t forward_sample_masked(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history,
+                                const std::function<void(std::span<uint32_t> allowed)>& allowed) override;
   void set_prefill_progress(std::function<void(int64_t, int64_t)> fn) override;
   std::function<bool()> set_prefill_stop(std::function<bool()> should_stop) override;
   std::shared_ptr<const SessionCheckpoint> checkpoint() const override;

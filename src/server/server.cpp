@@ -67,7 +67,7 @@ struct Server::Impl {
   std::atomic<bool> stopping{false};
   // A generation's place: its session and prefix cache. One (parallel 1): the session is the engine's own, and the
   // whole generation runs on the engine thread. Several: each a QueuedSession, the generation on the request's own
-  // thread, its steps batched with the others' (EngineThread::step).
+  // thread, its steps batched with the others' (EngineThread::step, step_sample).
   struct Slot {
     std::unique_ptr<Session> session;
     std::vector<int32_t> fed;  // the tokens the session holds, in order
@@ -640,7 +640,7 @@ Server::Stats Server::stats() const {
   const EngineThread::Counts b = impl_->engine_thread.counts();
   std::lock_guard<std::mutex> lock(impl_->stats_mu);
   Stats s = impl_->stats;
-  s.batched_steps = b.batches, s.batched_rows = b.rows, s.largest_batch = b.largest;
+  s.batched_steps = b.batches, s.batched_rows = b.rows, s.sampled_rows = b.sampled, s.largest_batch = b.largest;
   return s;
 }
 

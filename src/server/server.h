@@ -2,12 +2,13 @@
 // server-sent event streams), /v1/models and /health, over one Engine. Built on the public API only.
 //
 // Up to ServerOptions::parallel generations run at once, each in a slot of its own (a session and its prefix cache);
-// with several, their decode steps run together, one plumb::forward_batch for the sessions whose steps wait at the
-// same time (EngineThread). The other requests wait in arrival order, up to ServerOptions::max_queue, past which a
-// request gets 503. With the prefix cache a slot keeps its session between requests: a prompt that extends what the
-// session holds (the next turn of a chat whose replies came from this server), or that shares all of the previous
-// prompt but its last token (a retry; a thinking-mode chat's next turn, whose history drops the reasoning), is fed
-// from there on, and the usage says how many prompt tokens came from the cache (prompt_tokens_details.cached_tokens).
+// with several, their decode steps run together, one plumb::forward_batch_sample for the sessions whose steps wait at
+// the same time, each row sampled where its logits are (EngineThread). The other requests wait in arrival order, up
+// to ServerOptions::max_queue, past which a request gets 503. With the prefix cache a slot keeps its session between
+// requests: a prompt that extends what the session holds (the next turn of a chat whose replies came from this
+// server), or that shares all of the previous prompt but its last token (a retry; a thinking-mode chat's next turn,
+// whose history drops the reasoning), is fed from there on, and the usage says how many prompt tokens came from the
+// cache (prompt_tokens_details.cached_tokens).
 // A request takes the free slot holding the longest prefix of its prompt, else the least recently used.
 #pragma once
 #include <cstdint>
@@ -28,8 +29,9 @@ struct ServerOptions {
   std::string api_key;   // not empty: /v1/ requests need "Authorization: Bearer <key>"
   int max_queue = 16;    // requests waiting behind the ones generating; more are refused with 503
   // Generations at once (>= 1). 1: one at a time on the engine thread, the session sampling on the device. More: each
-  // on its request's thread with a session of its own, their one-token steps batched (each row then sampled on the
-  // host by its request's thread).
+  // on its request's thread with a session of its own, their one-token steps batched, each row sampled in the batch
+  // where its logits are (on the device: only the tokens come back), but a row whose logits the request needs
+  // (logprobs), which comes to its request's thread and is sampled there.
   int parallel = 1;
   // Keep the session between requests and feed only what a new prompt adds (false: every request on an empty
   // cache, the prompt prefilled in one call as `plumb run` does, so a seed gives `plumb run`'s tokens).
@@ -62,8 +64,9 @@ class Server {
     int64_t generated_tokens = 0;  // sampled tokens of those (every choice's)
     int64_t cached_tokens = 0;     // prompt tokens the prefix cache held
     int64_t cancelled = 0;         // requests whose generation a client gone or stop() ended
-    int64_t batched_steps = 0;     // (parallel > 1) decode steps that ran several sessions in one forward_batch
+    int64_t batched_steps = 0;     // (parallel > 1) decode steps that ran several sessions in one forward_batch_sample
     int64_t batched_rows = 0;      // the sessions stepped in those
+    int64_t sampled_rows = 0;      // of those, the rows sampled in the step (the others' logits came back: logprobs)
     int64_t largest_batch = 0;     // the most sessions in one
   };
   Stats stats() const;

@@ -197,9 +197,11 @@ if "--patches" in extra:
     check(all(full), f"--parallel 4 (with patches): every reply complete ({sum(full)} of 4); {same} of 4 as one at a time")
 else:
     check(same == len(bodies), f"--parallel 4: each reply as one at a time: {[t[:20] for t in texts(together) if t]}")
-m = re.search(r"; (\d+) batched decode steps of ([\d.]+) sessions on average \(at most (\d+)\)$", err, re.M)
-check(m is not None and int(m.group(3)) >= 2, "--parallel 4: the summary counts batched steps: " +
-      (err.strip().splitlines()[-1] if err.strip() else "no summary"))
+m = re.search(r"; (\d+) batched decode steps of ([\d.]+) sessions on average \(at most (\d+)\), (\d+) of their (\d+) rows "
+              r"sampled in the step$", err, re.M)
+# (no request asks for logprobs: every batched row is drawn in the step, on the GPU there)
+check(m is not None and int(m.group(3)) >= 2 and m.group(4) == m.group(5), "--parallel 4: the summary counts batched steps and "
+      "their rows sampled in the step: " + (err.strip().splitlines()[-1] if err.strip() else "no summary"))
 
 # --- an API key; SIGINT ---
 p, port = start("--api-key", "k1", "--model-id", "my-model")

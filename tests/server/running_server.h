@@ -24,7 +24,7 @@ struct Running {
   std::unique_ptr<Server> srv;
   std::thread thread;
   int port = 0;
-  explicit Running(ServerOptions o = {}) {
+  explicit Running(ServerOptions o = {}, const Defaults& d = tiny_model_defaults()) {
     o.port = 0;
     o.log = [this](std::string_view s) {
       std::lock_guard<std::mutex> lock(log_mu);
@@ -32,7 +32,7 @@ struct Running {
     };
     srv = std::make_unique<Server>(o);
     port = srv->bind();
-    srv->set_model(tiny_engine(), tiny_tok(), tiny_model_defaults());
+    srv->set_model(tiny_engine(), tiny_tok(), d);
     thread = std::thread([this] { srv->run(); });
   }
   ~Running() {
