@@ -147,6 +147,16 @@ __device__ __forceinline__ float index_entry_score(const IndexArgs& a, const dou
 // Shared memory of a scores block holding eb entries: the head terms [eb, ldv] (doubles), then (16-byte aligned)
 // the token's queries [nh, ldq], its head weights [nh] (floats) and the entries' keys [eb, dh] (doubles). `extra`
 // bytes before it all (the fused kernel's keys).
+// Token t's position, keys and entry count (ne: the entries its top-k ranks). A session's chunk: token t at *a.pos + t,
+// the keys a.keys, ne the entries at the chunk's end (a token's later ones score -inf and land as -1); forward_batch's
+// rows (a.keys_rows): each token its own session's, at a.pos[t], ne its own visible entries.
+__device__ __forceinline__ int64_t index_pos(const IndexArgs& a, int t) { return a.keys_rows ? a.pos[t] : *a.pos + t; }
+__device__ __forceinline__ const float* index_keys(const IndexArgs& a, int t) { return a.keys_rows ? a.keys_rows[t] : a.keys; }
+__device__ __forceinline__ int64_t index_visible(const IndexArgs& a, int t) { return (index_pos(a, t) + 1) / a.rate; }
+__device__ __forceinline__ int64_t index_ne(const IndexArgs& a, int t) {
+  return a.keys_rows ? index_visible(a, t) : (*a.pos + a.n) / a.rate;
+}
+
 struct ScoresSmem {
   size_t vals, qs, hw, ks, total;
   bool vec;
@@ -188,9 +198,10 @@ __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned 
   double* ks = reinterpret_cast<double*>(smem + L.ks);
   stage_rows(qs, ldq, a.q + int64_t(t) * nh * dh, dh, nh, dh);  // in flight while the keys load
   stage_rows(hws, nh, a.hw + int64_t(t) * nh, nh, 1, nh);
-  stage_keys_f64<8>(ks, a.keys + e0 * dh, max(nb, 0) * dh);
-  stage_wait();
   const int ns = int(max(int64_t(0), min(int64_t(nb), visible - e0)));  // entries with a score
+  // (rows: only the visible keys, the session's buffer may end before ne_cap; the values used are the same)
+  stage_keys_f64<8>(ks, index_keys(a, t) + e0 * dh, (a.keys_rows ? ns : max(nb, 0)) * dh);
+  stage_wait();
   index_terms<E>(a, qs, ldq, ks, hws, ns, L.vec, vals, ldv);
   __syncthreads();
   for (int el = threadIdx.x; el < nb; el += blockDim.x) emit(el, el < ns ? index_entry_score(a, vals + el * ldv) : -INFINITY);
@@ -206,7 +217,7 @@ __global__ void __launch_bounds__(kScoresThreads) index_scores_kernel(IndexArgs 
   pdl_begin();
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = int(blockIdx.y);
-  const int64_t e0 = int64_t(blockIdx.x) * eb, visible = (*a.pos + t + 1) / a.rate;
+  const int64_t e0 = int64_t(blockIdx.x) * eb, visible = index_visible(a, t);
   const ScoresSmem L(eb, a.nh, int(a.dh), 0);
   float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
   index_scores_block<E>(a, smem, L, t, e0, int(min(int64_t(eb), a.ne_cap - e0)), visible, [&](int el, float v) { sc[el] = v; });
@@ -232,9 +243,9 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32) index_tc_scores_kernel(Index
   constexpr int dh = 16 * STEPS, ldk = tc_ldk(dh);
   const int t = int(blockIdx.y), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, tq = lane & 3;
   const int nw = int(blockDim.x >> 5), h = 16 * warp + g;
-  const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min((*a.pos + t + 1) / a.rate, a.ne_cap);
+  const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min(index_visible(a, t), a.ne_cap);
   const int nv = int(max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)));  // visible entries of the block
-  stage_rows(ks, ldk, a.keys + e0 * dh, dh, nv, dh);
+  stage_rows(ks, ldk, index_keys(a, t) + e0 * dh, dh, nv, dh);
   // Rows h and h + 8 of the A fragments; heads past nh (the last tile of a head count not a multiple of 16) are
   // zero rows with weight 0.
   const bool ha = h < a.nh, hb = h + 8 < a.nh;
@@ -325,9 +336,9 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32) index_dmma_scores_kernel(Ind
   const int ldv = index_ldv(a.nh);
   const int t = int(blockIdx.y), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, r = lane & 3;
   const int h = 16 * warp + g;
-  const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min((*a.pos + t + 1) / a.rate, a.ne_cap);
+  const int64_t e0 = int64_t(blockIdx.x) * kTcEntries, visible = min(index_visible(a, t), a.ne_cap);
   const int nv = int(max(min(visible - e0, int64_t(kTcEntries)), int64_t(0)));  // visible entries of the block
-  stage_rows(ks, ldk, a.keys + e0 * dh, dh, nv, dh);
+  stage_rows(ks, ldk, index_keys(a, t) + e0 * dh, dh, nv, dh);
   // A fragments (dmma_m16n8k8, common.cuh): lane (g, r) holds heads h and h + 8 at dims 8s + r and 8s + r + 4.
   // Heads past nh are zero rows (their terms are not stored).
   const bool ha = h < a.nh, hb = h + 8 < a.nh;
@@ -393,7 +404,7 @@ __global__ void index_topk_kernel(IndexArgs a) {
   pdl_begin();
   const int t = blockIdx.x;
   const float* s = a.scores + int64_t(t) * a.ne_cap;
-  const int64_t pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate, ne = (pos0 + a.n) / a.rate;
+  const int64_t visible = index_visible(a, t), ne = index_ne(a, t);
   const int64_t k = min(int64_t(a.topk), ne);
   int64_t* out = a.sel + int64_t(t) * a.k_cap;
   for (int64_t e = threadIdx.x; e < ne; e += blockDim.x) {
@@ -481,8 +492,8 @@ __device__ __forceinline__ uint64_t sel_key(float v, int64_t e, int ib) {
 // The device-side sizes every select kernel starts from (the chunk's position is read, not passed: graphs).
 struct SelSizes {
   int64_t ne, k;
-  __device__ explicit SelSizes(const IndexArgs& a) {
-    ne = min((*a.pos + a.n) / a.rate, a.ne_cap);  // (the min only guards the scratch against a bad bound)
+  __device__ SelSizes(const IndexArgs& a, int t) {
+    ne = min(index_ne(a, t), a.ne_cap);  // (the min only guards the scratch against a bad bound)
     k = min(int64_t(a.topk), ne);
   }
 };
@@ -505,7 +516,7 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
   __shared__ int bin, last;
   __shared__ uint32_t above;
   const int t = blockIdx.y;
-  const SelSizes z(a);
+  const SelSizes z(a, t);
   if (z.k <= 0) return;
   uint64_t hi = 0;
   uint32_t k_rem = uint32_t(z.k);
@@ -552,7 +563,7 @@ __global__ void __launch_bounds__(kSelThreads) sel_hist_kernel(IndexArgs a, SelS
 __global__ void __launch_bounds__(kSelThreads) sel_gather_kernel(IndexArgs a, SelScratch w, int ib) {
   pdl_begin();
   const int t = blockIdx.y;
-  const SelSizes z(a);
+  const SelSizes z(a, t);
   if (z.k <= 0) return;
   const SelState st = w.state[t];
   float v[kSelPer];
@@ -573,8 +584,8 @@ __global__ void __launch_bounds__(kRankThreads) sel_rank_kernel(IndexArgs a, Sel
   __shared__ uint64_t ks[kRankChunk];
   const int t = blockIdx.y, sub = threadIdx.x % kRankSplit;
   const int64_t j = int64_t(blockIdx.x) * kRankPerBlock + threadIdx.x / kRankSplit;
-  const SelSizes z(a);
-  const int64_t visible = (*a.pos + t + 1) / a.rate;
+  const SelSizes z(a, t);
+  const int64_t visible = index_visible(a, t);
   const uint64_t* c = w.cand + int64_t(t) * a.k_cap;
   const uint64_t mine = j < z.k ? c[j] : 0;
   uint32_t rank = 0;
@@ -670,14 +681,14 @@ __global__ void __launch_bounds__(kBlockThreads, 1) block_select_kernel(IndexArg
   pdl_begin();
   __shared__ uint64_t ks[kBlockMaxNe];
   const int t = blockIdx.x;
-  const SelSizes z(a);
+  const SelSizes z(a, t);
   const int ne = int(z.ne), k = int(z.k);
   int64_t* out = a.sel + int64_t(t) * a.k_cap;
   for (int j = max(k, 0) + int(threadIdx.x); j < a.k_cap; j += blockDim.x) out[j] = -1;
   if (k <= 0) return;
   const float* s = a.scores + int64_t(t) * a.ne_cap;
   for (int e = threadIdx.x; e < ne; e += blockDim.x) ks[e] = sel_key(s[e], e, ib);
-  block_topk(ks, ne, k, ib, passes, (*a.pos + t + 1) / a.rate, out);
+  block_topk(ks, ne, k, ib, passes, index_visible(a, t), out);
 }
 
 // Cluster path (kBlockMaxNe < ne_cap <= kClusterMaxNe): the block path's digit passes over keys spread across a
@@ -705,9 +716,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_select_kernel(Inde
   __shared__ ClusterDigit dig;
   __shared__ uint32_t ncand;
   const int r = int(cl.block_rank()), t = int(blockIdx.y), T = int(blockDim.x);
-  const SelSizes z(a);
+  const SelSizes z(a, t);
   const int ne = int(z.ne), k = int(z.k);
-  const int64_t visible = (*a.pos + t + 1) / a.rate;
+  const int64_t visible = index_visible(a, t);
   int64_t* out = a.sel + int64_t(t) * a.k_cap;
   if (r == 0)
     for (int j = max(k, 0) + int(threadIdx.x); j < a.k_cap; j += T) out[j] = -1;
@@ -777,9 +788,9 @@ __global__ void __launch_bounds__(kFusedMaxThreads) index_fused_kernel(IndexArgs
   const int r = int(cl.block_rank()), t = int(blockIdx.y);
   uint64_t* keys = reinterpret_cast<uint64_t*>(smem);  // [pow2_ceil(ne_cap)]: block 0's are the token's
   const ScoresSmem L(eb, a.nh, int(a.dh), size_t(pow2_ceil(int(a.ne_cap))) * 8);
-  const int64_t e0 = int64_t(r) * eb, pos0 = *a.pos, visible = (pos0 + t + 1) / a.rate;
+  const int64_t e0 = int64_t(r) * eb, visible = index_visible(a, t);
   const int nb = int(max(int64_t(0), min(int64_t(eb), a.ne_cap - e0)));
-  const SelSizes z(a);
+  const SelSizes z(a, t);
   float* sc = a.scores + int64_t(t) * a.ne_cap + e0;
   uint64_t* keys0 = cl.map_shared_rank(keys, 0);
   cl.barrier_wait();

@@ -336,7 +336,11 @@ struct IndexArgs {
   const float* q = nullptr;     // [n, nh, dh]
   const float* keys = nullptr;  // [ne_cap, dh] (rows from ne on are read, not used)
   const float* hw = nullptr;    // [n, nh]
-  const int64_t* pos = nullptr;  // device
+  const int64_t* pos = nullptr;  // device: token t at *pos + t (one session's chunk), or pos[t] (keys_rows)
+  // cuda.batch_rows (forward_batch): token t is one token of its own session, at pos[t], its keys keys_rows[t] (device
+  // [n] table; keys unused); each token ranks its own visible entries, (pos[t] + 1) / rate, and reads no key row past
+  // them (its session's buffer may hold fewer than ne_cap). The same scores and selection as its session's own launch.
+  const float* const* keys_rows = nullptr;
   int n = 0, nh = 0, k_cap = 0, topk = 0;
   int64_t dh = 0, ne_cap = 0, rate = 1;  // ne_cap: bound on ne and the row stride of scores
   float qscale = 1, wscale = 1;

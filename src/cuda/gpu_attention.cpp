@@ -230,21 +230,26 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     return type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, r.step.pos0 + r.n);
   };
   auto run_indexer = [&](const AttnRun& r) { return type == AttnType::CSA && (!all_entries(r) || tap.on("attn.indexer.scores")); };
-  bool any_indexer = false;
-  for (const AttnRun& r : runs) any_indexer = any_indexer || run_indexer(r);
+  bool any_indexer = false, all_indexer = true;
+  for (const AttnRun& r : runs) {
+    const bool ri = run_indexer(r);
+    any_indexer = any_indexer || ri, all_indexer = all_indexer && ri;
+  }
   const bool keys_later = type == AttnType::CSA && !any_indexer;
   // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]): the cache
   // steps (the KV row's norm and RoPE, its ring slot, the compressors' steps) always; the split-K attention too
-  // (`batched`) while no session runs its indexer, whose top-k (and the query's RoPE beside it) stays per session.
+  // (`batched`), with the indexer's top-k and the queries' RoPE beside it where every session runs its indexer (each row
+  // on its own keys: IndexArgs::keys_rows) or none does. A CSA layer whose batch holds both kinds (sessions on both
+  // sides of the indexer's limit) runs them per session.
   const bool batched_caches = [&] {
     if (!rows || one || nm.official() || tap.sink) return false;
     for (size_t k = 0; k < runs.size(); ++k)
       if (runs[k].n != 1 || runs[k].row0 != int64_t(k) || runs[k].step.dpos != runs[0].step.dpos + k) return false;
     return true;
   }();
-  const bool batched = batched_caches && w.splitk && !any_indexer;
+  const bool batched = batched_caches && w.splitk && (!any_indexer || all_indexer);
   const int64_t* row_pos = runs[0].step.dpos;  // (batched_caches: every row's position, in row order)
-  if (batched) ++sc.batch_rows[size_t(type)];
+  if (batched) ++sc.batch_rows[size_t(type)], sc.batch_rows_indexed += any_indexer;
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
@@ -391,11 +396,17 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     }
     {
       const OpRegion d(tm, "index/norm_rope", true);
-      for (const AttnRun& r : runs) {
-        if (!run_indexer(r)) continue;  // (its q was normed and rotated above)
+      if (batched) {  // every row at its own position: groups of H query rows and nh indexer rows
         RopeRows ir;
-        ir.x = iq + r.row0 * nh * dh, ir.rows = r.n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = nh;
-        nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H, &ir);
+        ir.x = iq, ir.rows = n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = -nh;
+        nm.norm_rope(rope, q, int(n * H), Dh, nullptr, c.rms_eps, row_pos, -H, &ir);
+      } else {
+        for (const AttnRun& r : runs) {
+          if (!run_indexer(r)) continue;  // (its q was normed and rotated above)
+          RopeRows ir;
+          ir.x = iq + r.row0 * nh * dh, ir.rows = r.n * nh, ir.ld = dh, ir.off = dh - rd, ir.per_pos = nh;
+          nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H, &ir);
+        }
       }
     }
     tap_put(tap, "attn.q", q, {n, H, Dh});
@@ -454,10 +465,15 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     const bool skip = all_entries(r);
     if (run_indexer(r)) {
       if (&r != &runs.front()) region.emplace(tm, "attn.indexer");  // (the first session's continues the region above)
-      const int64_t ne = r.step.bounds ? st.icomp.capacity : (pos0 + rn) / w.icomp->rate;
+      int64_t ne = r.step.bounds ? st.icomp.capacity : (pos0 + rn) / w.icomp->rate;
+      if (batched) {  // the largest session's (each row ranks its own visible entries)
+        ne = 0;
+        for (const AttnRun& b : runs) ne = std::max(ne, b.step.bounds ? b.st->icomp.capacity : (b.step.pos0 + 1) / w.icomp->rate);
+      }
       IndexArgs ia;
       ia.q = iq + row0 * nh * dh;
-      ia.keys = st.icomp.entries.as<float>();
+      ia.keys = batched ? nullptr : st.icomp.entries.as<float>();
+      if (batched) ia.keys_rows = rows->ikeys;
       ia.hw = hw + row0 * nh;
       ia.n = rn;
       ia.nh = int(nh);

@@ -22,6 +22,7 @@ struct LayerRows {
   const float* const* entries = nullptr;  // [n] the compressor's entries (comp's, as the attention reads them)
   const detail::CompCaches* comp = nullptr;   // [n] (null: no compressor)
   const detail::CompCaches* icomp = nullptr;  // [n] (CSA's indexer compressor)
+  const float* const* ikeys = nullptr;  // [n] the indexer compressor's entries (CSA: the indexer's keys)
 };
 
 // x: [n, D] device (attn_norm-ed collapsed streams); x16: the same as f16 or null (then the FP8 GEMVs convert

@@ -767,11 +767,11 @@ class GpuForward : public DeviceForward {
 
   // cuda.batch_rows: every layer's tables of the batch's sessions' caches (gpu_attention's LayerRows), uploaded into
   // the first session's scratch with the step (a captured batch graph reads them there: the same values while its
-  // sessions' caches stay, which their memory generations vouch for). Per layer: rings [n], entries [n], then the
-  // compressors' states [n] each.
+  // sessions' caches stay, which their memory generations vouch for). Per layer: rings [n], entries [n], the
+  // indexer's keys [n], then the compressors' states [n] each.
   std::vector<LayerRows> upload_rows(std::span<SessionState* const> states, DeviceSessionState& first) const {
     const size_t n = states.size(), L = g_.layers.size();
-    const size_t per_layer = n * (2 * sizeof(void*) + 2 * sizeof(detail::CompCaches));
+    const size_t per_layer = n * (3 * sizeof(void*) + 2 * sizeof(detail::CompCaches));
     std::vector<unsigned char> host(per_layer * L);
     auto* dev = static_cast<unsigned char*>(first.scratch.get("batch.rows", host.size()));
     std::vector<LayerRows> out(L);
@@ -782,17 +782,19 @@ class GpuForward : public DeviceForward {
       unsigned char* h = host.data() + i * per_layer;
       auto* rings = reinterpret_cast<float**>(h);
       auto* entries = reinterpret_cast<const float**>(h + n * sizeof(void*));
-      auto* comp = reinterpret_cast<detail::CompCaches*>(h + 2 * n * sizeof(void*));
+      auto* ikeys = reinterpret_cast<const float**>(h + 2 * n * sizeof(void*));
+      auto* comp = reinterpret_cast<detail::CompCaches*>(h + 3 * n * sizeof(void*));
       detail::CompCaches* icomp = comp + n;
       for (size_t b = 0; b < n; ++b) {
         GpuLayerState& st = states[b]->dev->layers[i];
-        rings[b] = st.ring.as<float>(), entries[b] = st.comp.entries.as<float>();
+        rings[b] = st.ring.as<float>(), entries[b] = st.comp.entries.as<float>(), ikeys[b] = st.icomp.entries.as<float>();
         comp[b] = caches(st.comp), icomp[b] = caches(st.icomp);
       }
       const size_t off = i * per_layer;
       out[i].rings = reinterpret_cast<float* const*>(dev + off);
       out[i].entries = reinterpret_cast<const float* const*>(dev + off + n * sizeof(void*));
-      out[i].comp = reinterpret_cast<const detail::CompCaches*>(dev + off + 2 * n * sizeof(void*));
+      out[i].ikeys = reinterpret_cast<const float* const*>(dev + off + 2 * n * sizeof(void*));
+      out[i].comp = reinterpret_cast<const detail::CompCaches*>(dev + off + 3 * n * sizeof(void*));
       out[i].icomp = out[i].comp + n;
     }
     first.stage.upload(dev, host.data(), host.size());

@@ -104,13 +104,16 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
 
 // cuda.batch_rows: a batch's per-session launches (the KV row's norm and RoPE, its ring slot, the compressors' steps,
 // the split-K attention and its output rotation) as one launch per kind over the rows, each row on its own session's
-// caches. The same sessions stepped in two engines, with and without the patch, 20 steps of six sessions (started 0
+// caches. The same sessions stepped in two engines, with and without the patch, 36 steps of six sessions (started 0
 // to 6 tokens in: each at its own point of the windows' and the compressors' cycles), the rows in another order each
 // step and one session left out every third: every row the same bits, eager and graphed, on csa-long (fp32 matrices)
 // and kernel-dims (the fast kernels' shapes); the batched attention ran in every layer type (Scratch::batch_rows).
 // A CSA layer's attention batches while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims'
-// indexers select from 20 and 16 tokens on), its cache steps always, so its steps take both paths. Refused without attn.splitk_decode and with the
-// official numerics, each by its own message.
+// indexers select from 20 and 16 tokens on) and, with the indexer's top-k over each row's own keys, once every
+// session's does (session 84; from about step 22 on here); a batch holding both kinds runs them per session; its cache
+// steps batch always. So its steps take all three paths, and the counts show the batched two ran
+// (Scratch::batch_rows_indexed). Refused without attn.splitk_decode and with the official numerics, each by its own
+// message.
 TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
   using namespace plumb;
   const std::string data = std::string(PLUMB_TEST_DATA) + "/golden/";
@@ -119,7 +122,7 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
   for (const std::string& p : find_preset("cuda.fast")->patches)
     if (p != "cuda.batch_rows") fast_without += (fast_without.empty() ? "" : ",") + p;
   for (const std::string name : {"csa-long", "kernel-dims"})
-    for (const std::string base : {std::string("attn.splitk_decode,indexer.skip_short"), std::string("attn.splitk_decode,indexer.skip_short,cuda.graph"), fast_without}) {
+    for (const std::string& base : {std::string("attn.splitk_decode,indexer.skip_short"), std::string("attn.splitk_decode,indexer.skip_short,cuda.graph"), fast_without}) {
       SCOPED_TRACE(name + " [" + base + "]");
       const auto per = Model::load(data + name, parse_patches(base).options, {}, "cuda");
       const auto one = Model::load(data + name, parse_patches(base + ",cuda.batch_rows").options, {}, "cuda");
@@ -132,7 +135,7 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
         if (!head.empty()) per->forward(sp.back(), head), one->forward(so.back(), head);
         next.push_back(int32_t((b * 31 + 7) % V));
       }
-      for (int step = 0; step < 20; ++step) {
+      for (int step = 0; step < 36; ++step) {
         std::vector<size_t> order;
         for (size_t k = 0; k < sp.size(); ++k) {
           const size_t i = (k * 5 + size_t(step)) % sp.size();  // (5 is prime to 6: a permutation)
@@ -151,14 +154,19 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
       }
       // (counted in each batch's first session's scratch, eager steps and captures, by layer type)
       std::array<int64_t, 3> batched{}, unpatched{};
-      for (size_t i = 0; i < sp.size(); ++i)
+      int64_t indexed = 0;
+      for (size_t i = 0; i < sp.size(); ++i) {
         for (size_t t = 0; t < 3; ++t) unpatched[t] += sp[i].dev->scratch.batch_rows[t], batched[t] += so[i].dev->scratch.batch_rows[t];
+        indexed += so[i].dev->scratch.batch_rows_indexed;
+      }
       for (size_t t = 0; t < 3; ++t) {
         EXPECT_EQ(unpatched[t], 0);
         EXPECT_GT(batched[t], 0) << "the batched launches never ran in a layer of type " << t << " (sliding, CSA, HCA)";
       }
-      std::printf("[ batch_rows ] %s [%s]: attention sublayers batched: %lld sliding, %lld CSA, %lld HCA\n", name.c_str(),
-                  base.c_str(), (long long)batched[0], (long long)batched[1], (long long)batched[2]);
+      EXPECT_GT(indexed, 0) << "no CSA layer ran its indexer batched (every session past the indexer's limit)";
+      EXPECT_LT(indexed, batched[1]) << "every batched CSA layer ran its indexer: the skipping side was not tested";
+      std::printf("[ batch_rows ] %s [%s]: attention sublayers batched: %lld sliding, %lld CSA (%lld with the indexer), %lld HCA\n",
+                  name.c_str(), base.c_str(), (long long)batched[0], (long long)batched[1], (long long)indexed, (long long)batched[2]);
     }
   for (const auto& [p, says] : {std::pair{"cuda.batch_rows", "add attn.splitk_decode"},
                                 std::pair{"numerics.official,cuda.batch_rows", "numerics.official does not combine with cuda.batch_rows"}}) {
