@@ -144,9 +144,6 @@ __device__ __forceinline__ float index_entry_score(const IndexArgs& a, const dou
   return a.official ? bf16r(float(acc)) : float(acc);
 }
 
-// Shared memory of a scores block holding eb entries: the head terms [eb, ldv] (doubles), then (16-byte aligned)
-// the token's queries [nh, ldq], its head weights [nh] (floats) and the entries' keys [eb, dh] (doubles). `extra`
-// bytes before it all (the fused kernel's keys).
 // Token t's position, keys and entry count (ne: the entries its top-k ranks). A session's chunk: token t at *a.pos + t,
 // the keys a.keys, ne the entries at the chunk's end (a token's later ones score -inf and land as -1); forward_batch's
 // rows (a.keys_rows): each token its own session's, at a.pos[t], ne its own visible entries.
@@ -157,6 +154,9 @@ __device__ __forceinline__ int64_t index_ne(const IndexArgs& a, int t) {
   return a.keys_rows ? index_visible(a, t) : (*a.pos + a.n) / a.rate;
 }
 
+// Shared memory of a scores block holding eb entries: the head terms [eb, ldv] (doubles), then (16-byte aligned)
+// the token's queries [nh, ldq], its head weights [nh] (floats) and the entries' keys [eb, dh] (doubles). `extra`
+// bytes before it all (the fused kernel's keys).
 struct ScoresSmem {
   size_t vals, qs, hw, ks, total;
   bool vec;
@@ -187,7 +187,8 @@ __device__ __forceinline__ void stage_keys_f64(double* dst, const float* src, in
 // The scores of token t for entries [e0, e0 + nb) into emit(el, score) (-inf for the entries t does not see yet):
 // the block stages, computes the terms (index_terms<E>), then a thread per entry sums them. Keys are staged for
 // every entry below ne_cap (the buffer holds ne_cap rows; those not yet written are read and not used), so no load
-// waits for the position. Ends with the block synchronized after the terms.
+// waits for the position; with keys_rows only the token's visible ones (its session's buffer may hold fewer). Ends
+// with the block synchronized after the terms.
 template <int E, class Emit>
 __device__ __forceinline__ void index_scores_block(const IndexArgs& a, unsigned char* smem, const ScoresSmem& L, int t, int64_t e0,
                                                    int nb, int64_t visible, Emit emit) {

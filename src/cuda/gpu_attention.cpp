@@ -230,17 +230,22 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     return type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, r.step.pos0 + r.n);
   };
   auto run_indexer = [&](const AttnRun& r) { return type == AttnType::CSA && (!all_entries(r) || tap.on("attn.indexer.scores")); };
+  // all_indexer: every session runs its indexer over at least index_topk entries, so that every row's selection has
+  // index_topk slots and no holes (as a batch's rows must, to split their keys as their sessions' own steps do: see
+  // `batched`); with indexer.skip_short, every session past its limit.
   bool any_indexer = false, all_indexer = true;
   for (const AttnRun& r : runs) {
     const bool ri = run_indexer(r);
-    any_indexer = any_indexer || ri, all_indexer = all_indexer && ri;
+    any_indexer = any_indexer || ri;
+    all_indexer = all_indexer && ri && (r.step.pos0 + r.n) / w.icomp->rate >= c.index_topk;
   }
   const bool keys_later = type == AttnType::CSA && !any_indexer;
   // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]): the cache
   // steps (the KV row's norm and RoPE, its ring slot, the compressors' steps) always; the split-K attention too
-  // (`batched`), with the indexer's top-k and the queries' RoPE beside it where every session runs its indexer (each row
-  // on its own keys: IndexArgs::keys_rows) or none does. A CSA layer whose batch holds both kinds (sessions on both
-  // sides of the indexer's limit) runs them per session.
+  // (`batched`), with the indexer's top-k and the queries' RoPE beside it where every session runs its indexer over at
+  // least index_topk entries (each row on its own keys: IndexArgs::keys_rows) or none runs it. Otherwise (sessions on
+  // both sides of the indexer's limit; without indexer.skip_short, one with fewer entries: its selection's trailing
+  // holes would widen its key count, and so its split, past its own step's) they run per session.
   const bool batched_caches = [&] {
     if (!rows || one || nm.official() || tap.sink) return false;
     for (size_t k = 0; k < runs.size(); ++k)
@@ -377,7 +382,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
   // unless a tap reads q.
   const bool q_in_attn = w.splitk && !any_indexer && !nm.official() && !tap.on("attn.q");
-  if (!q_in_attn) {  // (per session: a batched attention's rows take q_in_attn's path)
+  if (!q_in_attn) {  // (per session: a batched attention's rows take q_in_attn's path, or the indexer's batched RoPE below)
     for (const AttnRun& r : runs)
       if (!run_indexer(r)) nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H);
     if (!any_indexer) tap_put(tap, "attn.q", q, {n, H, Dh});

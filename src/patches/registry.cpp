@@ -242,9 +242,10 @@ std::vector<Patch> make_registry() {
                "session's caches (per-row positions and tables of the rings, compressor states and entries, uploaded "
                "with the step) instead of B launches of each; each row's arithmetic is its session's own one-token "
                "launch's (the one-token split plan; a row that needs fewer splits merges exact zeros). A CSA layer's "
-               "attention batches only while no session's indexer runs (with indexer.skip_short: up to index_topk x "
-               "rate tokens; without it never), else the indexer's top-k and the attention stay per session; a step "
-               "with taps stays per session; needs attn.splitk_decode, refused with the official numerics",
+               "attention batches while no session's indexer runs (with indexer.skip_short: up to index_topk x rate "
+               "tokens) and while every session's runs over at least index_topk entries (the indexer's scores and "
+               "top-k too, each row over its own keys), else the indexer's top-k and the attention stay per session; "
+               "a step with taps stays per session; needs attn.splitk_decode, refused with the official numerics",
                "a row given another session's table or position would attend to or write into that session's caches: "
                "O(1) errors in both; tested bit-identical to the per-session launches and to each session's own steps",
                // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.

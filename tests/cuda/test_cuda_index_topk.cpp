@@ -559,6 +559,111 @@ TEST_F(GpuTest, IndexerPathsMatch) {
   std::printf("indexer: %d shapes, fused path bit-identical to the split path (scores and indices)\n", checked);
 }
 
+// cuda.batch_rows (forward_batch): token t of the launch is one token of its own session (IndexArgs::keys_rows), its
+// keys in a buffer of exactly its visible entries (a read past them is out of its allocation: run under
+// compute-sanitizer's memcheck to see it), at its own position. Each row's scores (its visible ones; -inf written past
+// them up to ne_cap) and selection (its top-k, -1 after) must be the bits of that session's own n = 1 launch (ne_cap
+// its own count, as an eager step sizes it), on every path: the split scores (4 and 16 entries per block), the fused
+// path where it fits, the tc and dmma patches' scores, with the block and select top-k (ne_cap above 4096).
+TEST_F(GpuTest, IndexerRowsAreEachRowsOwnLaunch) {
+  struct S {
+    int nh;
+    int64_t dh, rate;
+    int topk;
+    std::vector<int64_t> pos;  // each row's position
+  };
+  const std::vector<S> shapes = {
+      {4, 16, 4, 8, {37, 8, 63, 160, 3}},                       // small: fused fits; a row with no entry, one below topk
+      {64, 128, 4, 512, {2100, 2047, 3003, 4405, 2600}},        // V4-Flash past the limit: 512 .. 1101 entries
+      {64, 128, 4, 512, {16390, 2100, 9000}},                   // above 4096 entries: the select top-k
+      {8, 32, 128, 16, {5000, 130, 2200, 1900}},                // HCA-like rate, small heads
+  };
+  uint32_t seed = 91;
+  int checked = 0;
+  for (const S& c : shapes) {
+    const int B = int(c.pos.size());
+    std::vector<int64_t> vis;
+    for (int64_t p : c.pos) vis.push_back((p + 1) / c.rate);
+    const int64_t ne_cap = std::max<int64_t>(1, *std::max_element(vis.begin(), vis.end()));
+    if (sanitizer_skips(int64_t(B) * c.nh * ne_cap)) continue;
+    Rng r(seed++);
+    std::vector<float> q(size_t(B * c.nh * c.dh)), hw(size_t(B * c.nh));
+    for (auto& v : q) v = r.uniform(-1.0f, 1.0f);
+    for (auto& v : hw) v = r.uniform(-0.2f, 0.3f);
+    std::vector<DeviceBuffer> keys;
+    std::vector<const float*> table;
+    for (int b = 0; b < B; ++b) {
+      std::vector<float> k(size_t(std::max<int64_t>(vis[size_t(b)], 1) * c.dh));
+      for (auto& v : k) v = r.uniform(-1.0f, 1.0f);
+      keys.push_back(to_device(k));
+      table.push_back(keys.back().as<float>());
+    }
+    const DeviceBuffer dq = to_device(q), dw = to_device(hw), dpos = to_device(c.pos), dtab = to_device(table);
+    auto args = [&](int n, int64_t cap) {
+      d::IndexArgs a;
+      a.n = n, a.nh = c.nh, a.dh = c.dh, a.rate = c.rate, a.topk = c.topk, a.ne_cap = cap;
+      a.k_cap = int(std::min<int64_t>(c.topk, cap));
+      a.qscale = 1.0f / std::sqrt(float(c.dh)), a.wscale = 1.0f / std::sqrt(float(c.nh));
+      return a;
+    };
+    for (int path : {d::kIndexerSplit, d::kIndexerFused, d::kIndexerTc, d::kIndexerDmma})
+      for (int per_item : {1, 4}) {
+        if (per_item == 4 && path != d::kIndexerSplit) continue;
+        d::IndexArgs a = args(B, ne_cap);
+        a.q = dq.as<float>(), a.hw = dw.as<float>(), a.pos = dpos.as<int64_t>();
+        a.keys_rows = reinterpret_cast<const float* const*>(dtab.get());
+        a.scores_per_item = path == d::kIndexerSplit ? per_item : 0;
+        const bool fits = path == d::kIndexerFused ? d::fwd_indexer_fused_fits(a)
+                          : path == d::kIndexerTc  ? d::fwd_indexer_tc_fits(a)
+                          : path == d::kIndexerDmma ? d::fwd_indexer_dmma_fits(a)
+                                                    : true;
+        if (!fits) continue;
+        const std::string name = std::string(path == d::kIndexerSplit ? "split" : path == d::kIndexerFused ? "fused" : path == d::kIndexerTc ? "tc" : "dmma") +
+                                 (path == d::kIndexerSplit ? (per_item == 4 ? " 16/block" : " 4/block") : "") + ", nh " + std::to_string(c.nh) +
+                                 ", ne_cap " + std::to_string(ne_cap);
+        sanitizer_progress(name);
+        DeviceBuffer scores(size_t(B * ne_cap) * 4), sel(size_t(B) * size_t(std::max(a.k_cap, 1)) * 8);
+        scores.fill_byte(0x77), sel.fill_byte(0x77);  // every slot must be written
+        a.scores = scores.as<float>(), a.sel = sel.as<int64_t>();
+        a.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(B, ne_cap, a.k_cap, d::fwd_index_topk_path(B, ne_cap, a.k_cap));
+        DeviceBuffer scratch(std::max<size_t>(a.topk_scratch_bytes, 8));
+        a.topk_scratch = scratch.get();
+        d::fwd_indexer(a, nullptr, path);
+        const auto got_s = to_host<float>(scores, size_t(B * ne_cap));
+        const auto got_k = to_host<int64_t>(sel, size_t(B) * size_t(a.k_cap));
+        for (int b = 0; b < B; ++b) {
+          const int64_t ne = vis[size_t(b)], kb = std::min<int64_t>(c.topk, ne);
+          const std::string where = name + ", row " + std::to_string(b) + " (" + std::to_string(ne) + " entries)";
+          for (int64_t e = ne; e < ne_cap; ++e)
+            ASSERT_TRUE(std::isinf(got_s[size_t(b * ne_cap + e)]) && got_s[size_t(b * ne_cap + e)] < 0) << where << ": entry " << e << " not -inf";
+          for (int64_t j = kb; j < a.k_cap; ++j) ASSERT_EQ(got_k[size_t(b * a.k_cap + j)], -1) << where << ": slot " << j;
+          if (ne == 0) continue;
+          // Its session's own launch: one token, its buffer, ne_cap its own count.
+          d::IndexArgs o = args(1, ne);
+          o.q = dq.as<float>() + b * c.nh * c.dh, o.hw = dw.as<float>() + b * c.nh, o.pos = dpos.as<int64_t>() + b;
+          o.keys = table[size_t(b)];
+          const bool own_fits = path == d::kIndexerFused ? d::fwd_indexer_fused_fits(o) : true;
+          DeviceBuffer os(size_t(ne) * 4), ok(size_t(o.k_cap) * 8);
+          o.scores = os.as<float>(), o.sel = ok.as<int64_t>();
+          o.scores_per_item = path == d::kIndexerSplit ? per_item : 0;
+          o.topk_scratch_bytes = d::fwd_index_topk_scratch_bytes(1, ne, o.k_cap, d::fwd_index_topk_path(1, ne, o.k_cap));
+          DeviceBuffer oscratch(std::max<size_t>(o.topk_scratch_bytes, 8));
+          o.topk_scratch = oscratch.get();
+          d::fwd_indexer(o, nullptr, own_fits ? path : d::kIndexerSplit);
+          const auto want_s = to_host<float>(os, size_t(ne));
+          const auto want_k = to_host<int64_t>(ok, size_t(o.k_cap));
+          for (int64_t e = 0; e < ne; ++e)
+            ASSERT_EQ(std::memcmp(&got_s[size_t(b * ne_cap + e)], &want_s[size_t(e)], 4), 0)
+                << where << ": score " << e << " is " << got_s[size_t(b * ne_cap + e)] << ", its own launch's " << want_s[size_t(e)];
+          for (int64_t j = 0; j < kb; ++j)
+            ASSERT_EQ(got_k[size_t(b * a.k_cap + j)], want_k[size_t(j)]) << where << ": slot " << j;
+        }
+        ++checked;
+      }
+  }
+  std::printf("indexer rows: %d shape x path launches, every row the bits of its own launch\n", checked);
+}
+
 // Microseconds per call of `launch` replayed in a CUDA graph of 20 calls (after one warm-up call), best of 3.
 template <class F>
 double graph_us_per_call(d::Stream st, void* e0, void* e1, F&& launch) {
