@@ -242,17 +242,18 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   const bool keys_later = type == AttnType::CSA && !any_indexer;
   // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]): the cache
   // steps (the KV row's norm and RoPE, its ring slot, the compressors' steps) always; the split-K attention too
-  // (`batched`), with the indexer's top-k and the queries' RoPE beside it where every session runs its indexer over at
-  // least index_topk entries (each row on its own keys: IndexArgs::keys_rows) or none runs it. Otherwise (sessions on
-  // both sides of the indexer's limit; without indexer.skip_short, one with fewer entries: its selection's trailing
-  // holes would widen its key count, and so its split, past its own step's) they run per session.
+  // (`batched`) where no session runs its indexer, and (cuda.batch_rows_indexer) with the indexer's top-k and the
+  // queries' RoPE beside it where every session runs its indexer over at least index_topk entries (each row on its own
+  // keys: IndexArgs::keys_rows). Otherwise (sessions on both sides of the indexer's limit; without indexer.skip_short,
+  // one with fewer entries: its selection's trailing holes would widen its key count, and so its split, past its own
+  // step's) they run per session.
   const bool batched_caches = [&] {
     if (!rows || one || nm.official() || tap.sink) return false;
     for (size_t k = 0; k < runs.size(); ++k)
       if (runs[k].n != 1 || runs[k].row0 != int64_t(k) || runs[k].step.dpos != runs[0].step.dpos + k) return false;
     return true;
   }();
-  const bool batched = batched_caches && w.splitk && (!any_indexer || all_indexer);
+  const bool batched = batched_caches && w.splitk && (!any_indexer || (all_indexer && w.rows_indexer));
   const int64_t* row_pos = runs[0].step.dpos;  // (batched_caches: every row's position, in row order)
   if (batched) ++sc.batch_rows[size_t(type)], sc.batch_rows_indexed += any_indexer;
   branch_mark(side, sc.ev_fork);

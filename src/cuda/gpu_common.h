@@ -104,6 +104,7 @@ struct GpuAttn {
   bool index_tc = false;                 // indexer.tc_scores: the indexer's scores on the tensor cores where they fit
   bool index_dmma = false;               // indexer.dmma_scores: its dots on the fp64 tensor cores where they fit
   bool skip_short = false;               // indexer.skip_short: every visible entry while the top-k would take them all
+  bool rows_indexer = false;             // cuda.batch_rows_indexer: a batch's indexer over its rows (gpu_attention)
   bool comp_deferred = false;            // cuda.comp_deferred: one-token steps project the compressors' rows per window
   bool iweights_gemv = false;            // cuda.bf16_gemv under the official numerics: weights_proj on the bf16 GEMV
 };

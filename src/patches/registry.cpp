@@ -243,13 +243,24 @@ std::vector<Patch> make_registry() {
                "with the step) instead of B launches of each; each row's arithmetic is its session's own one-token "
                "launch's (the one-token split plan; a row that needs fewer splits merges exact zeros). A CSA layer's "
                "attention batches while no session's indexer runs (with indexer.skip_short: up to index_topk x rate "
-               "tokens) and while every session's runs over at least index_topk entries (the indexer's scores and "
-               "top-k too, each row over its own keys), else the indexer's top-k and the attention stay per session; "
-               "a step with taps stays per session; needs attn.splitk_decode, refused with the official numerics",
+               "tokens; past it see cuda.batch_rows_indexer), else the indexer's top-k and the attention stay per "
+               "session; a step with taps stays per session; needs attn.splitk_decode, refused with the official numerics",
                "a row given another session's table or position would attend to or write into that session's caches: "
                "O(1) errors in both; tested bit-identical to the per-session launches and to each session's own steps",
                // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows = true; }, false, "cuda"});
+  r.push_back({"cuda.batch_rows_indexer", "cuda.batch_rows' CSA layers past the indexer's limit per session",
+               "with cuda.batch_rows, a CSA layer whose sessions all run their indexer over index_topk entries or more "
+               "(with indexer.skip_short: all past index_topk x rate tokens, 2048 on V4-Flash) runs the indexer's "
+               "scores and top-k, the queries' RoPE and the attention as one launch each over the rows, each row over "
+               "its own keys, position and visible entries (IndexArgs::keys_rows), instead of per session; needs "
+               "cuda.batch_rows",
+               "a row ranked over another session's keys or entries, or a selection with holes its own step lacks, would "
+               "attend to the wrong entries (O(1)) or sum in another order; tested bit-identical to each row's own "
+               "launch (IndexerRowsAreEachRowsOwnLaunch, every scores and top-k path) and to the per-session launches "
+               "(ForwardBatchRowsRunAsOneLaunchPerKind)",
+               // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows_indexer = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

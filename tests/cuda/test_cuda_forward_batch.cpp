@@ -34,7 +34,8 @@ TEST_F(GpuTest, ForwardBatchRowsAreEachSessionsOwnStep) {
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", ""), 0.0f, "cuda []");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.graph"), 0.0f, "cuda [cuda.graph]");
   plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast"), 0.0f, "cuda [cuda.fast]");
-  plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast,cuda.batch_rows"), 0.0f, "cuda [cuda.fast,cuda.batch_rows]");
+  plumb_test::check_forward_batch(*plumb_test::csa_long_engine("cuda", "cuda.fast,cuda.batch_rows_indexer"), 0.0f,
+                                  "cuda [cuda.fast,cuda.batch_rows_indexer]");
   // (the one-token fp32 twins sum in fp64 in another order than the chunk's: an fp32 rounding may flip; not yet measured)
   plumb_test::check_forward_batch(*plumb_test::golden_engine("kernel-dims", "cuda", ""), 1e-5f, "cuda [] kernel-dims");
   // (kernel-dims' and tiny-official's indexers select from position 15 on: index_topk 3 of entries every 4 tokens)
@@ -109,8 +110,9 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
 // step and one session left out every third: every row the same bits, eager and graphed, on csa-long (fp32 matrices)
 // and kernel-dims (the fast kernels' shapes); the batched attention ran in every layer type (Scratch::batch_rows).
 // A CSA layer's attention batches while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims'
-// indexers select from 20 and 16 tokens on) and, with the indexer's top-k over each row's own keys, once every
-// session's does (session 84; from about step 22 on here); a batch holding both kinds runs them per session; its cache
+// indexers select from 20 and 16 tokens on) and, with cuda.batch_rows_indexer (the indexer's top-k over each row's own
+// keys), once every session's does (session 84; from step 16 / 20 on here); a batch holding both kinds runs them per
+// session; its cache
 // steps batch always. So its steps take all three paths, and the counts show the batched two ran
 // (Scratch::batch_rows_indexed). Refused without attn.splitk_decode and with the official numerics, each by its own
 // message.
@@ -125,7 +127,7 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
     for (const std::string& base : {std::string("attn.splitk_decode,indexer.skip_short"), std::string("attn.splitk_decode,indexer.skip_short,cuda.graph"), fast_without}) {
       SCOPED_TRACE(name + " [" + base + "]");
       const auto per = Model::load(data + name, parse_patches(base).options, {}, "cuda");
-      const auto one = Model::load(data + name, parse_patches(base + ",cuda.batch_rows").options, {}, "cuda");
+      const auto one = Model::load(data + name, parse_patches(base + ",cuda.batch_rows,cuda.batch_rows_indexer").options, {}, "cuda");
       const int64_t V = per->config().vocab;
       std::vector<SessionState> sp, so;
       std::vector<int32_t> next;
@@ -169,6 +171,7 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
                   name.c_str(), base.c_str(), (long long)batched[0], (long long)batched[1], (long long)indexed, (long long)batched[2]);
     }
   for (const auto& [p, says] : {std::pair{"cuda.batch_rows", "add attn.splitk_decode"},
+                                std::pair{"attn.splitk_decode,cuda.batch_rows_indexer", "add cuda.batch_rows"},
                                 std::pair{"numerics.official,cuda.batch_rows", "numerics.official does not combine with cuda.batch_rows"}}) {
     try {
       Model::load(data + "kernel-dims", parse_patches(p).options, {}, "cuda");
