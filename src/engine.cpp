@@ -139,9 +139,7 @@ class ModelSession : public Session {
     return out;
   }
   static void forward_batch_sample(std::span<Session* const> sessions, std::span<BatchRow> rows) {
-    std::vector<int32_t> tokens;
-    for (const BatchRow& r : rows) tokens.push_back(r.token);
-    in_batch(sessions, tokens, [&](const Model& m, std::span<SessionState* const> states) { m.forward_batch_sample(states, rows); });
+    in_batch(sessions, batch_tokens(rows), [&](const Model& m, std::span<SessionState* const> states) { m.forward_batch_sample(states, rows); });
   }
 
  private:

@@ -446,6 +446,15 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   uint16_t* o16 = wo_fp8 && !wo_gemm && !nm.official() ? static_cast<uint16_t*>(sc.get("attn.o16", size_t(n) * size_t(H * Dh) * 2))
                                                        : nullptr;
   bool joined = false;
+  // A compressor's entries as this run's launches read them: its own (exact, or the capacity in graph mode), or batched
+  // the largest session's (each row's visible ones, (p + 1) / rate, stay within its own).
+  auto entry_count = [&](const AttnRun& r, GpuCompState GpuLayerState::*comp, int64_t rate) {
+    auto own = [&](const AttnRun& b) { return b.step.bounds ? (b.st->*comp).capacity : (b.step.pos0 + b.n) / rate; };
+    if (!batched) return own(r);
+    int64_t ne = 0;
+    for (const AttnRun& b : runs) ne = std::max(ne, own(b));
+    return ne;
+  };
   // Per session: its indexer's top-k over its keys, then its attention (window + selected or all entries, the sink).
   // Batched: the first iteration takes every row, each on its session's caches (LayerRows), in one launch.
   for (const AttnRun& r : runs) {
@@ -459,23 +468,16 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
     // Sizes: exact for this step, or (graph mode) the largest any step of these caches can need.
     int64_t max_keys = W;  // keys of one query: window + (HCA entries | CSA selection slots)
     if (type != AttnType::Sliding) {  // the compressor's entries, as the attention reads them
-      a.entries = st.comp.entries.as<float>();
-      a.ne = r.step.bounds ? st.comp.capacity : (pos0 + rn) / w.comp->rate;
+      a.entries = batched ? nullptr : st.comp.entries.as<float>();
+      if (batched) a.entries_rows = rows->entries;
+      a.ne = entry_count(r, &GpuLayerState::comp, w.comp->rate);
       a.rate = w.comp->rate;
-      if (batched) {  // the largest session's: each row's visible entries ((p + 1) / rate) stay within its own
-        a.entries = nullptr, a.entries_rows = rows->entries, a.ne = 0;
-        for (const AttnRun& b : runs) a.ne = std::max(a.ne, b.step.bounds ? b.st->comp.capacity : (b.step.pos0 + 1) / w.comp->rate);
-      }
       if (type == AttnType::HCA) max_keys += a.ne;
     }
     const bool skip = all_entries(r);
     if (run_indexer(r)) {
       if (&r != &runs.front()) region.emplace(tm, "attn.indexer");  // (the first session's continues the region above)
-      int64_t ne = r.step.bounds ? st.icomp.capacity : (pos0 + rn) / w.icomp->rate;
-      if (batched) {  // the largest session's (each row ranks its own visible entries)
-        ne = 0;
-        for (const AttnRun& b : runs) ne = std::max(ne, b.step.bounds ? b.st->icomp.capacity : (b.step.pos0 + 1) / w.icomp->rate);
-      }
+      const int64_t ne = entry_count(r, &GpuLayerState::icomp, w.icomp->rate);  // (batched: each row ranks its own visible ones)
       IndexArgs ia;
       ia.q = iq + row0 * nh * dh;
       ia.keys = batched ? nullptr : st.icomp.entries.as<float>();

@@ -512,7 +512,8 @@ class GpuForward : public DeviceForward {
   // tokens and the rows without a sampler downloaded. Consecutive rows with equal parameters and no penalty window
   // share a launch (a server's requests mostly do); a row with a window takes one of its own (fwd_sample's window
   // belongs to its launch).
-  void forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const override {
+  void forward_batch_sample(std::span<SessionState* const> states, std::span<const int32_t> tokens,
+                            std::span<BatchRow> rows) const override {
     const int n = int(rows.size());
     const size_t V = size_t(cfg_.vocab), words = (V + 31) / 32;
     Scratch& sc = states[0]->dev->scratch;
@@ -556,8 +557,6 @@ class GpuForward : public DeviceForward {
     auto* dev_out = static_cast<int32_t*>(sc.get("batch.sample.out", pow2(size_t(n) * 8)));
     void* scratch = scratch_bytes ? sc.get("batch.sample.scratch", pow2(scratch_bytes)) : nullptr;
     auto* dev_bits = any_mask ? static_cast<uint32_t*>(sc.get("batch.sample.mask", pow2(size_t(n) * words * 4))) : nullptr;
-    std::vector<int32_t> tokens;
-    for (const BatchRow& r : rows) tokens.push_back(r.token);
     const float* logits = run_batch(states, tokens);
     // The masks, built while the pass runs. A mask that throws is its row's error (nothing drawn: its draw stays
     // pending, as forward_sample_masked leaves it); the launch still computes the row, unread.

@@ -25,16 +25,16 @@ inline void mask_logits(std::span<float> logits, std::span<const uint32_t> bits)
     if (!token_bit(bits, i)) logits[i] = -std::numeric_limits<float>::infinity();
 }
 
-// The host's draw of Session::forward_sample_masked: `allowed` (may be empty: every token) fills a mask applied to a
-// copy of the row, then the sampler draws from it.
-inline int32_t sample_masked(Sampler& sampler, std::span<const float> logits, std::span<const int32_t> history,
+// The host's draw of Session::forward_sample_masked: `allowed` (may be empty: every token) fills a mask applied to the
+// row in place (the callers own it), then the sampler draws from it.
+inline int32_t sample_masked(Sampler& sampler, std::span<float> logits, std::span<const int32_t> history,
                              const std::function<void(std::span<uint32_t>)>& allowed) {
-  if (!allowed) return sampler.sample(logits, history);
-  std::vector<float> masked(logits.begin(), logits.end());
-  std::vector<uint32_t> bits(token_bits_words(int64_t(masked.size())), 0);
-  allowed(bits);
-  mask_logits(masked, bits);
-  return sampler.sample(masked, history);
+  if (allowed) {
+    std::vector<uint32_t> bits(token_bits_words(int64_t(logits.size())), 0);
+    allowed(bits);
+    mask_logits(logits, bits);
+  }
+  return sampler.sample(logits, history);
 }
 
 }  // namespace plumb::gen

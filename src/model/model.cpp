@@ -222,8 +222,7 @@ Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<con
 }
 
 void Model::forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const {
-  std::vector<int32_t> tokens;
-  for (const BatchRow& r : rows) tokens.push_back(r.token);
+  const std::vector<int32_t> tokens = batch_tokens(rows);
   const std::vector<RowRun> runs = check_batch(states, tokens);
   for (size_t i = 0; i < rows.size(); ++i) {
     BatchRow& r = rows[i];
@@ -232,15 +231,15 @@ void Model::forward_batch_sample(std::span<SessionState* const> states, std::spa
     r.sampled = -1, r.logits.clear(), r.error = nullptr;
   }
   if (device_) {
-    device_->forward_batch_sample(states, rows);
+    device_->forward_batch_sample(states, tokens, rows);
     for (SessionState* st : states) ++st->pos;
     return;
   }
-  const Tensor logits = cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
+  Tensor logits = cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
   const size_t V = size_t(cfg_.vocab);
   for (size_t i = 0; i < rows.size(); ++i) {
     BatchRow& r = rows[i];
-    const std::span<const float> row(logits.ptr() + i * V, V);
+    const std::span<float> row(logits.ptr() + i * V, V);  // (masked in place: each row is read once)
     if (!r.sampler) {
       r.logits.assign(row.begin(), row.end());
       continue;

@@ -23,6 +23,13 @@ class Sampler;  // plumb/text.h
 // next token), or none (a prefill pass before the last: the LM head, the largest matrix, is skipped).
 enum class LogitRows { All, Last, None };
 
+// The tokens a batch's rows feed (forward_batch_sample), in row order.
+inline std::vector<int32_t> batch_tokens(std::span<const BatchRow> rows) {
+  std::vector<int32_t> tokens;
+  for (const BatchRow& r : rows) tokens.push_back(r.token);
+  return tokens;
+}
+
 // Session::forward_sample_masked's `allowed`: sets the bits of the tokens that may be drawn ((vocab + 31) / 32 words,
 // zeroed; bit id % 32 of word id / 32).
 using TokenFilter = std::function<void(std::span<uint32_t> allowed)>;
@@ -37,9 +44,10 @@ class DeviceForward {
   // Model::forward_batch's pass (states checked, distinct and made by this backend; positions not yet advanced):
   // logits [B, vocab].
   virtual Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const = 0;
-  // Model::forward_batch_sample's pass (checked likewise; every sampler's vocabulary the model's): the rows with a
-  // sampler drawn on the device, the others' logits downloaded; a row's own failure in its `error`.
-  virtual void forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const = 0;
+  // Model::forward_batch_sample's pass (checked likewise; every sampler's vocabulary the model's; tokens: the rows'):
+  // the rows with a sampler drawn on the device, the others' logits downloaded; a row's own failure in its `error`.
+  virtual void forward_batch_sample(std::span<SessionState* const> states, std::span<const int32_t> tokens,
+                                    std::span<BatchRow> rows) const = 0;
   // Feeds tokens and samples the next one from the last token's logits on the device (see Session::forward_sample).
   // Returns -1 when that row has no finite logit to sample from (after the penalties), with the row in `no_finite_row`
   // for the caller's error (Sampler::distribution's). `allowed` (may be null): the row's mask, asked for once the
