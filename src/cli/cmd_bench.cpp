@@ -82,8 +82,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prefill", *prefill, "--layers: prefill lengths, comma-separated (default 1024,8192; 0: none)");
   auto sequences = std::make_shared<std::string>();
   cmd->add_option("--sequences", *sequences,
-                  "--layers: also time decode steps of B sessions together (plumb::forward_batch: B sequences, one token each), "
-                  "against the same sessions stepped one after another; comma-separated B (default: none)");
+                  "--layers: also time decode steps of B sessions together (plumb::forward_batch: B sequences, one token each; and "
+                  "plumb::forward_batch_sample: every row sampled where its logits are), against the same sessions stepped one after "
+                  "another; comma-separated B (default: none)");
   cmd->add_option("--context", lo->context,
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
