@@ -45,7 +45,7 @@ export LD_LIBRARY_PATH="$C/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${CUB:+:
 built=$(grep -aoE -m1 '/[[:alnum:]_./-]*/tests/data' "$C/plumb_cuda_tests" | head -n 1 | sed 's#/tests/data$##')
 if [ -n "$built" ] && [ ! -e "$built" ]; then mkdir -p "$(dirname "$built")" && ln -s "$PWD" "$built"; fi
 note() { echo "== $*" | tee -a "$OUT/run.log"; }
-FAST=${FAST:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.graph,attn.splitk_decode,cuda.streams,cuda.prefill_gemm,indexer.skip_short,cuda.pdl,cuda.bf16_gemv,cuda.l2_evict_first,cuda.pdl_hc_attn,cuda.linear_early,cuda.early_joins,cuda.hc_norm_after_mix,cuda.comp_deferred,cuda.shared_first,cuda.l2_prefetch,cuda.hc_fold,cuda.batch_rows}
+FAST=${FAST:-cuda.fp8_gemv,cuda.moe_mxfp4,cuda.head_bf16,cuda.graph,attn.splitk_decode,cuda.streams,cuda.prefill_gemm,indexer.skip_short,cuda.pdl,cuda.bf16_gemv,cuda.l2_evict_first,cuda.pdl_hc_attn,cuda.linear_early,cuda.early_joins,cuda.hc_norm_after_mix,cuda.comp_deferred,cuda.shared_first,cuda.l2_prefetch,cuda.hc_fold,cuda.batch_rows,cuda.batch_rows_indexer}
 
 # Optional: a fixture at kernel-friendly dims, made here by transformers (tools/golden/make_golden.py), returned as
 # $OUT/kernel-dims.tar and verified below with the fast-kernel patches.

@@ -78,8 +78,10 @@ void set_notice_sink(std::function<void(std::string_view)> sink);
 // Threads: an Engine is immutable once loaded, and its sessions may run on different threads, one thread at a time
 // per Session (a Session is not thread-safe). On the CPU backend the process-wide thread pool (set_cpu_threads) runs
 // one parallel loop at a time: a session whose loop finds it busy runs that loop serially on its own thread, at the
-// same time as the other (the same bits either way, each output row being one thread's work); on backend cuda the sessions of one engine share its GPU streams and scratch buffers:
-// drive them from one thread at a time. A Session keeps its Engine's model alive (it may outlive the Engine object).
+// same time as the other (the same bits either way, each output row being one thread's work). On backend cuda the
+// sessions of one engine share its GPU streams and scratch buffers (a session's own device memory is its caches), so
+// their calls on the device take turns: one on another thread waits until the running one has returned. A Session keeps
+// its Engine's model alive (it may outlive the Engine object).
 class Engine {
  public:
   // dir: a model folder (config.json + model.safetensors or a sharded index). Throws plumb::Error naming the

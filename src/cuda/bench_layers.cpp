@@ -695,7 +695,7 @@ SequencesRow sequences_row(Run& R, int B) {
       if (replayed_graph(first, [&] { x = together(); }) && first) ++r.replayed;
       a.push_back(x * 1e6), spent += x;
     }
-    // (the first two allocate the sampler's buffers, which moves the first session's memory: an eager step, a capture)
+    // (the first two allocate the sampler's buffers, which moves the model's scratch: an eager step, a capture)
     std::vector<double> sampled;
     together_sampled(), together_sampled();
     for (size_t i = 0; i < a.size(); ++i) sampled.push_back(together_sampled() * 1e6);
@@ -713,6 +713,11 @@ SequencesRow sequences_row(Run& R, int B) {
     out(fmt::format("  {} sequences: {} us per step together with every row sampled where its logits are ({} tokens/s): {}x over one after "
                     "another\n", B, fmt_num(r.us_sampled), fmt_num(r.tok_s_sampled, 2), fmt_num(r.us_alone / r.us_sampled, 2)));
     if (R.patches.options.cuda_graph) out(fmt::format("  {} sequences: {} of the {} timed steps together replayed their graph\n", B, r.replayed, r.steps));
+    if (first) {
+      r.scratch_mb = double(first->scratch.bytes()) / 1e6, r.cache_mb = double(first->cache_bytes()) / 1e6;
+      out(fmt::format("  {} sequences: device memory: the model's scratch {} MB (shared by its sessions), caches {} MB per session\n", B,
+                      fmt_num(r.scratch_mb, 1), fmt_num(r.cache_mb, 2)));
+    }
     if (first) r.breakdown = op_breakdown(first->scratch.timer, [&] { together(); }, fmt::format("{} sequences together", B));
   } catch (const std::exception& e) {
     r.error = e.what();

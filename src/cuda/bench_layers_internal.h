@@ -93,6 +93,9 @@ struct SequencesRow {
   // the tokens downloaded), against us_step's every row's logits downloaded
   double us_sampled = NAN, tok_s_sampled = NAN;
   int replayed = 0;  // timed steps together that replayed their captured graph (cuda.graph)
+  // Device memory after the timed steps (GPU only): the model's scratch, which its sessions share, and one session's
+  // caches, in MB.
+  double scratch_mb = NAN, cache_mb = NAN;
   std::vector<std::pair<std::string, double>> breakdown;  // one eager step together: us per op region, all layers
   std::string note, error;
 };

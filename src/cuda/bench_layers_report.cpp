@@ -148,6 +148,8 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
                               {"tokens_per_s_sampled_on_device", jnum(q.tok_s_sampled)},
                               {"rounds", q.steps},
                               {"rounds_replayed", q.replayed},
+                              {"scratch_mb", jnum(q.scratch_mb)},
+                              {"cache_mb_per_session", jnum(q.cache_mb)},
                               {"breakdown_us", breakdown_json(q.breakdown)},
                               {"note", q.note},
                               {"error", q.error}});

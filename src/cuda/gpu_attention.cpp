@@ -119,11 +119,11 @@ void init_comp(const GpuComp& w, GpuCompState& st) {
   }
 }
 
-void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, Scratch& sc) {
+void reserve_comp(const GpuComp& w, int64_t pos_end, GpuCompState& st, uint64_t& generation) {
   // At least 64 entries, so that short sessions never regrow (each growth re-captures the decode graph).
   const int64_t need = std::max<int64_t>(pos_end / w.rate, 64), row = w.dim * 4;
   if (st.capacity >= need) return;
-  if (grow_keep(st.entries, size_t(need * row), size_t(st.capacity * row))) ++sc.generation;
+  if (grow_keep(st.entries, size_t(need * row), size_t(st.capacity * row))) ++generation;
   st.capacity = int64_t(st.entries.bytes()) / row;
 }
 
@@ -197,9 +197,9 @@ void init_attention_state(const GpuAttn& w, const ModelConfig& c, GpuLayerState&
   if (comp_deferrable(w)) st.xring = zeroed(size_t(w.comp->rate) * size_t(c.hidden) * 4), st.xpos = zeroed(8);
 }
 
-void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& st, Scratch& sc) {
-  if (w.comp) reserve_comp(*w.comp, pos_end, st.comp, sc);
-  if (w.icomp) reserve_comp(*w.icomp, pos_end, st.icomp, sc);
+void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& st, uint64_t& generation) {
+  if (w.comp) reserve_comp(*w.comp, pos_end, st.comp, generation);
+  if (w.icomp) reserve_comp(*w.icomp, pos_end, st.icomp, generation);
 }
 
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
@@ -208,9 +208,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   const int64_t D = c.hidden, H = c.n_heads, Dh = c.head_dim, rd = rope.dim, W = c.window, QL = c.q_lora;
   const int n = int(runs.back().row0 + runs.back().n);
   const bool one = runs.size() == 1;  // a session's own chunk (else forward_batch's rows, one run per session)
-  // (no-op when the step was prepared, as a batch's always is: its sessions' caches are reserved against their own
-  // scratch, whose memory generation their graphs check, not this one)
-  if (one) reserve_attention_state(w, runs[0].step.pos0 + runs[0].n, *runs[0].st, sc);
+  // (every run's caches were reserved for its step by the caller: GpuForward's reserve_caches)
 
   OpTimer& tm = sc.timer;
   std::optional<OpRegion> region;

@@ -57,7 +57,8 @@ CompDeferMode comp_defer_mode(const GpuAttn& w, const Step& step, int n, int64_t
 // A fresh session's caches for this layer: the window ring and the compressors' fixed buffers.
 void init_attention_state(const GpuAttn& w, const ModelConfig& c, GpuLayerState& st);
 // Grows the compressors' entry buffers to hold every entry up to position pos_end (doubling, contents kept);
-// bumps sc.generation when one moves. Called before a step (and before replaying a graph).
-void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& st, Scratch& sc);
+// bumps `generation` (the session's: DeviceSessionState::generation) when one moves. Called before every step (a
+// graph's replay included), by the forward (GpuForward::reserve_caches).
+void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& st, uint64_t& generation);
 
 }  // namespace plumb::cuda

@@ -346,6 +346,12 @@ void* Scratch::get(const std::string& name, size_t bytes) {
   return b.get();
 }
 
+size_t Scratch::bytes() const {
+  size_t sum = 0;
+  for (const auto& [name, b] : bufs_) sum += b.bytes();
+  return sum;
+}
+
 DeviceBuffer zeroed(size_t bytes) {
   DeviceBuffer b(bytes);
   b.fill_byte(0);
@@ -382,6 +388,16 @@ void tap_io(const Tap& tap, const char* name, float* d, const Shape& shape) {
 }  // namespace plumb::cuda
 
 plumb::GpuGraph::~GpuGraph() { plumb::cuda::detail::graph_destroy(exec); }
+
+int64_t plumb::DeviceSessionState::cache_bytes() const {
+  size_t sum = 0;
+  auto comp = [&](const GpuCompState& c) { sum += c.pend_kv.bytes() + c.pend_gate.bytes() + c.prev_kv.bytes() + c.prev_gate.bytes() + c.entries.bytes(); };
+  for (const GpuLayerState& l : layers) {
+    sum += l.ring.bytes() + l.xring.bytes() + l.xpos.bytes();
+    comp(l.comp), comp(l.icomp);
+  }
+  return int64_t(sum);
+}
 
 uint64_t plumb::DeviceSessionState::next_id() {
   static std::atomic<uint64_t> ids{0};

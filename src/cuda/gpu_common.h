@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -187,8 +188,12 @@ struct OpRegion {
 };
 
 // Growable named device scratch: a name keeps its buffer across calls, growing (contents dropped) on demand.
-// Also the workspace of the fast kernels (split-K partials, f16 activations). `generation` counts every
-// reallocation of a session's device memory (scratch and caches): a captured graph is valid while it is unchanged.
+// Also the workspace of the fast kernels (split-K partials, f16 activations), the side streams and the counters the
+// tests read. One per loaded model, shared by all its sessions (DeviceSessionState::scratch): a forward's buffers
+// live only for that call, so sessions need no copy of their own, and one session's 2048-token prefill (~0.3 GB of
+// attention queries alone at V4-Flash's dimensions) is not kept once per session. `generation` counts every
+// reallocation of these buffers: a captured graph is valid while it (and its sessions' cache generations) is
+// unchanged. Forwards take `use` for their whole call (GpuForward), so two threads' sessions take turns.
 class Scratch {
  public:
   Scratch() = default;
@@ -276,6 +281,8 @@ class Scratch {
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
+  size_t bytes() const;  // the named buffers' device bytes (not the workspaces')
+  std::recursive_mutex use;  // held by a forward for its whole call (same thread: re-entered by its inner calls)
 
  private:
   std::map<std::string, DeviceBuffer> bufs_;
@@ -342,9 +349,9 @@ struct GpuLayerState {
   // until the window's last token projects them; xpos: the first position of the rows projected (device int64).
   cuda::DeviceBuffer xring, xpos;
 };
-// A captured forward for chunks of n tokens (cuda.graph): valid while the memory generations of the sessions it
-// reads (one; forward_batch's: each of its sessions, in order) and the fast kernels' workspace are what they were at
-// capture.
+// A captured forward for chunks of n tokens (cuda.graph): valid while the generations of the scratch and of the
+// caches of the sessions it reads (one; forward_batch's: each of its sessions, in order) and the fast kernels'
+// workspace are what they were at capture.
 struct GpuGraph {
   void* exec = nullptr;  // cudaGraphExec_t
   const float* logits = nullptr;  // where the graph leaves them
@@ -357,8 +364,12 @@ struct GpuGraph {
   ~GpuGraph();
 };
 struct DeviceSessionState {
+  explicit DeviceSessionState(std::shared_ptr<cuda::Scratch> shared) : scratch_owner(std::move(shared)) {}
   std::vector<GpuLayerState> layers;
-  cuda::Scratch scratch;
+  std::shared_ptr<cuda::Scratch> scratch_owner;  // the model's, shared by its sessions (see Scratch)
+  cuda::Scratch& scratch = *scratch_owner;
+  uint64_t generation = 0;  // reallocations of this session's caches (a captured graph that reads them checks it)
+  int64_t cache_bytes() const;  // the caches' device bytes
   std::map<int64_t, std::unique_ptr<GpuGraph>> graphs;  // by chunk size (and what else changes the launches)
   // forward_batch's captured steps, kept by the batch's first session: by its sessions' ids (in order), the CSA layers
   // each skips its indexer in, and the timer's and --skeleton's bits.

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <mutex>
 
 namespace plumb {
 
@@ -173,6 +175,27 @@ bool same_params(const SampleParams& a, const SampleParams& b) {
   return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
          a.repeat_penalty == b.repeat_penalty && a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty;
 }
+
+// A call's turn on the model's device state (Scratch::use: the shared scratch, its streams), for the whole call: the
+// forwards, and what else a session does on the device (new_state, reserve, mark, rollback); another thread waits.
+// A call that throws may leave launches queued: they finish before the turn passes on, so that the next forward's
+// writes to the same buffers cannot overtake them.
+class Turn {
+ public:
+  explicit Turn(Scratch& sc) : lock_(sc.use), exceptions_(std::uncaught_exceptions()) {}
+  Turn(const Turn&) = delete;
+  Turn& operator=(const Turn&) = delete;
+  ~Turn() {
+    if (std::uncaught_exceptions() > exceptions_) try {
+        synchronize();
+      } catch (...) {  // (the error already unwinding is the one to report)
+      }
+  }
+
+ private:
+  std::unique_lock<std::recursive_mutex> lock_;
+  int exceptions_;
+};
 
 class GpuForward : public DeviceForward {
  public:
@@ -411,7 +434,7 @@ class GpuForward : public DeviceForward {
                          opt_.prefill_gemm_min_tokens ? fmt::format("{} tokens", opt_.prefill_gemm_min_tokens)
                                                       : std::string("32 tokens, 80 for projections of >= 8M weights, 64 for the shared expert's"),
                          fc.gemm_bf16, bf16_gemm_min));
-    gemm_w_elems_ = fc.gemm_w;
+    scratch_->gemm_w_elems = fc.gemm_w;
     if (opt_.cuda_bf16_gemv)
       notice(fmt::format("backend cuda: cuda.bf16_gemv runs {} bf16 compressor matrices at 2 to {} tokens{}", fc.gemv_bf16,
                          kBf16GemvMaxTokens, fc.gemv_bf16 ? "" : " (none is a plain bf16 matrix of rows % 16 == 0 and columns % 128 == 0)"));
@@ -423,8 +446,8 @@ class GpuForward : public DeviceForward {
   Memory memory() const override { return memory_; }
 
   std::shared_ptr<DeviceSessionState> new_state() const override {
-    auto s = std::make_shared<DeviceSessionState>();
-    s->scratch.gemm_w_elems = gemm_w_elems_;
+    const Turn turn(*scratch_);
+    auto s = std::make_shared<DeviceSessionState>(scratch_);
     s->layers.resize(size_t(cfg_.n_layers));
     for (size_t i = 0; i < s->layers.size(); ++i) init_attention_state(g_.layers[i].attn, cfg_, s->layers[i]);
     return s;
@@ -452,6 +475,7 @@ class GpuForward : public DeviceForward {
                          std::span<const int32_t> history, const TokenFilter* allowed,
                          std::vector<float>& no_finite_row) const override {
     Scratch& sc = st.dev->scratch;
+    const Turn turn(sc);
     const SampleParams p = sample_params(sampler.params());
     const auto window = sampler.penalty_window(history);
     // One upload: u (double), then the window's ids and counts (int32).
@@ -459,7 +483,7 @@ class GpuForward : public DeviceForward {
     const double u = fwd_sample_path(p, cfg_.vocab) == kSampleGreedy ? 0.0 : sampler.peek_draw();
     std::memcpy(in.data(), &u, 8);
     for (size_t i = 0; i < window.size(); ++i) in[2 + i] = window[i].first, in[2 + window.size() + i] = window[i].second;
-    // Sized by powers of two from 16 KiB: a reallocation bumps the session's memory generation, which would make
+    // Sized by powers of two from 16 KiB: a reallocation bumps the scratch's generation, which would make
     // the decode graph re-capture each time the penalty window gains a distinct token.
     size_t in_bytes = size_t(16) << 10;
     while (in_bytes < in.size() * 4) in_bytes *= 2;
@@ -517,6 +541,7 @@ class GpuForward : public DeviceForward {
     const int n = int(rows.size());
     const size_t V = size_t(cfg_.vocab), words = (V + 31) / 32;
     Scratch& sc = states[0]->dev->scratch;
+    const Turn turn(sc);
     struct Launch {
       int row0 = 0, rows = 0;
       SampleParams p;
@@ -629,6 +654,7 @@ class GpuForward : public DeviceForward {
   static constexpr int64_t kReserveMax = 65536;
   void reserve(SessionState& st, int64_t positions) const override {
     DeviceSessionState& ds = *st.dev;
+    const Turn turn(ds.scratch);
     positions = std::min(positions, kReserveMax);
     try {
       reserve_caches(ds, positions);
@@ -655,6 +681,7 @@ class GpuForward : public DeviceForward {
     return out;
   }
   std::shared_ptr<void> mark(const SessionState& st, int64_t& bytes) const override {
+    const Turn turn(st.dev->scratch);
     synchronize();  // (the forwards queued before the mark have written what it copies)
     auto m = std::make_shared<DeviceMark>();
     m->defer_from = st.dev->defer_from;
@@ -667,6 +694,7 @@ class GpuForward : public DeviceForward {
   }
   void rollback(SessionState& st, const void* mark) const override {
     const auto& m = *static_cast<const DeviceMark*>(mark);
+    const Turn turn(st.dev->scratch);
     synchronize();  // (a pass stopped or failed may still be running: it must not write after the restore)
     const auto bufs = marked_buffers(*st.dev);
     PLUMB_CHECK(bufs.size() == m.bufs.size(), "rollback: the mark holds {} device buffers, the session {} (not this session's mark)",
@@ -686,6 +714,7 @@ class GpuForward : public DeviceForward {
     const int n = int(tokens.size());
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
+    const Turn turn(sc);
     // The step's inputs in one upload: the position (int64), then the tokens (int32). Kernels read the position
     // from here, so a captured step replays at any position.
     std::vector<int32_t> host(2 + size_t(n));
@@ -703,11 +732,11 @@ class GpuForward : public DeviceForward {
     ds.comp_windows_projected += scan.project;
     if (!step.defer) ds.defer_from = st.pos + n;
     const LaunchScopes scopes(*this, sc, n);
+    reserve_caches(ds, step.pos0 + n);
     if (taps || !graph_allowed(ds, n, flush)) {
       const SessionRows one{&ds, step, 0, n};
       return body(std::span(&one, 1), buf + 2, taps, rows);
     }
-    reserve_caches(ds, step.pos0 + n);
     step.bounds = true;
     // One captured step per (chunk size, logit rows, CSA layers skipping their indexer), and apart from them the
     // timeline's (OpTimer: its events are nodes of the graph) and bench --skeleton's (weights_skipped).
@@ -718,14 +747,15 @@ class GpuForward : public DeviceForward {
     return run_graph(std::span(&one, 1), *g, buf + 2, rows);
   }
 
-  // forward_batch: one token of each session (eagerly, or as the batch's captured graph). The batch's buffers (its rows' activations, the inputs'
-  // upload) are the first session's scratch; each session's caches are grown here, against its own scratch's memory
-  // generation, so that its captured graphs are re-captured if they move. Not a deferring step (cuda.comp_deferred):
-  // a session's kept compressor rows are projected first by its attention, as a multi-token step's are.
+  // forward_batch: one token of each session (eagerly, or as the batch's captured graph, kept by its first session).
+  // Each session's caches are grown here, against its own cache generation, so that its captured graphs (and the
+  // batch's) are re-captured if they move. Not a deferring step (cuda.comp_deferred): a session's kept compressor
+  // rows are projected first by its attention, as a multi-token step's are.
   const float* run_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
     const int n = int(tokens.size());
     DeviceSessionState& first = *states[0]->dev;
     Scratch& sc = first.scratch;
+    const Turn turn(sc);
     // The inputs in one upload: each session's position (int64), then the tokens (int32).
     std::vector<int32_t> host(2 * size_t(n) + size_t(n));
     for (int b = 0; b < n; ++b) std::memcpy(host.data() + 2 * b, &states[size_t(b)]->pos, 8);
@@ -769,8 +799,8 @@ class GpuForward : public DeviceForward {
   static constexpr size_t kBatchGraphs = 8;
 
   // cuda.batch_rows: every layer's tables of the batch's sessions' caches (gpu_attention's LayerRows), uploaded into
-  // the first session's scratch with the step (a captured batch graph reads them there: the same values while its
-  // sessions' caches stay, which their memory generations vouch for). Per layer: rings [n], entries [n], the
+  // the shared scratch with the step (a captured batch graph reads them there: the same values while its
+  // sessions' caches stay, which their cache generations vouch for). Per layer: rings [n], entries [n], the
   // indexer's keys [n], then the compressors' states [n] each.
   std::vector<LayerRows> upload_rows(std::span<SessionState* const> states, DeviceSessionState& first) const {
     const size_t n = states.size(), L = g_.layers.size();
@@ -804,9 +834,9 @@ class GpuForward : public DeviceForward {
     return out;
   }
 
-  // Grows a session's caches for positions up to pos_end, against its own scratch's memory generation.
+  // Grows a session's caches for positions up to pos_end, against its own cache generation.
   void reserve_caches(DeviceSessionState& ds, int64_t pos_end) const {
-    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, pos_end, ds.layers[i], ds.scratch);
+    for (size_t i = 0; i < ds.layers.size(); ++i) reserve_attention_state(g_.layers[i].attn, pos_end, ds.layers[i], ds.generation);
   }
   // cuda.comp_deferred over the layers for a step of n tokens: whether it first projects rows kept by earlier steps
   // (flush: then it runs eagerly) and whether a layer projects its window's kept rows at it (project).
@@ -848,7 +878,7 @@ class GpuForward : public DeviceForward {
     LaunchScopes(const GpuForward& f, Scratch& sc, int n)
         : pdl(f.opt_.cuda_pdl && n <= kPdlMaxTokens), evict_first(f.opt_.cuda_l2_evict_first), pdl_hc_attn(f.opt_.cuda_pdl_hc_attn),
           linear_early(f.opt_.cuda_linear_early) {
-      if (f.opt_.cuda_streams) sc.enable_side();  // once per session, before any capture
+      if (f.opt_.cuda_streams) sc.enable_side();  // once per model, before any capture
       if (f.opt_.cuda_l2_prefetch || f.opt_.cuda_hc_prefetch) sc.enable_prefetch();
     }
   };
@@ -901,9 +931,10 @@ class GpuForward : public DeviceForward {
                                         sc.ws_side.partial(0),  sc.ws_side.half(0),  sc.ws_side.counters(0),
                                         sc.ws_side2.partial(0), sc.ws_side2.half(0), sc.ws_side2.counters(0)};
     };
+    // (the shared scratch's buffers, then each session's caches)
     const auto generations = [&] {
-      std::vector<uint64_t> v;
-      for (const SessionRows& r : runs) v.push_back(r.ds->scratch.generation);
+      std::vector<uint64_t> v{sc.generation};
+      for (const SessionRows& r : runs) v.push_back(r.ds->generation);
       return v;
     };
     const bool same = g.generations == generations() && g.workspace == marks();
@@ -944,7 +975,7 @@ class GpuForward : public DeviceForward {
 
   // The whole forward as launches on the default stream (eager, or recorded by a capture). Returns the device
   // logits of the requested rows ([n, vocab], [1, vocab] or none: taps always get every row). runs: the chunk's rows
-  // by session (one run, or forward_batch's one row per session); the first session's scratch holds the chunk's
+  // by session (one run, or forward_batch's one row per session); the model's scratch holds the chunk's
   // buffers. Every launch that reads weights works row by row, so all the rows share it (and its weight reads); what
   // reads or writes a session's caches runs per session, at its position (gpu_attention's runs).
   // layer_rows (cuda.batch_rows, or null): forward_batch's per-layer tables of its sessions' caches (gpu_attention).
@@ -1182,7 +1213,8 @@ class GpuForward : public DeviceForward {
   GpuWeights g_;
   bool head_bf16_ = false;  // cuda.head_bf16 applies
   Memory memory_;  // memory(): what the upload took of the GPU
-  size_t gemm_w_elems_ = 0; // cuda.prefill_gemm: the largest bf16 weight (each session's scratch holds one)
+  // The forwards' buffers, shared by every session of this model (Scratch): a session keeps only its caches.
+  const std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
 };
 
 }  // namespace

@@ -441,7 +441,7 @@ const std::vector<PatchPreset>& patch_presets() {
        {"cuda.fp8_gemv", "cuda.moe_mxfp4", "cuda.head_bf16", "cuda.graph", "attn.splitk_decode", "cuda.streams", "cuda.prefill_gemm",
         "indexer.skip_short", "cuda.pdl", "cuda.bf16_gemv", "cuda.l2_evict_first", "cuda.pdl_hc_attn", "cuda.linear_early",
         "cuda.early_joins", "cuda.hc_norm_after_mix", "cuda.comp_deferred", "cuda.shared_first", "cuda.l2_prefetch", "cuda.hc_fold",
-        "cuda.batch_rows"}},
+        "cuda.batch_rows", "cuda.batch_rows_indexer"}},
   };
   return presets;
 }

@@ -1,0 +1,129 @@
+// Sessions of one model on the GPU: they share the model's scratch (a session's own device memory is its caches), a
+// session's captured graphs re-capture when another session's longer chunk moves that scratch, and sessions driven
+// from two threads take turns on it. Each against the same steps in models of their own, bit for bit.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cuda/gpu_common.h"
+#include "cuda_test_util.h"
+#include "model/model.h"
+#include "patches/registry.h"
+
+namespace {
+
+using plumb_cuda_test::GpuTest;
+using plumb_cuda_test::test_prompt;
+
+// The same bits, or the first logit that differs and by how much.
+void expect_same(const plumb::Tensor& got, const plumb::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.data.size(), want.data.size()) << what;
+  for (size_t i = 0; i < got.data.size(); ++i)
+    if (std::memcmp(&got.data[i], &want.data[i], 4) != 0) {
+      ADD_FAILURE() << what << ": logit " << i << " is " << got.data[i] << ", alone " << want.data[i];
+      return;
+    }
+}
+
+std::shared_ptr<plumb::Model> load(const std::string& fixture, const std::string& patches) {
+  return plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/" + fixture, plumb::parse_patches(patches).options, {}, "cuda");
+}
+
+// Two sessions of one model and a third: the second's prefill, as long as the first's, allocates nothing (the scratch
+// is the model's, sized by the first); the third's longer chunk grows it, after which the first two's captured
+// one-token steps are re-captured, never replayed over the moved buffers. Every logit is the bits of the same steps
+// taken by each session alone in a model of its own. Under cuda.fast on kernel-dims (the fast kernels' shapes, side
+// streams, the deferred compressors) and the fp32 twin under cuda.graph on csa-long.
+TEST_F(GpuTest, SessionsShareTheModelsScratch) {
+  using namespace plumb;
+  for (const auto& [fixture, patches] : {std::pair{"kernel-dims", "cuda.fast"}, std::pair{"csa-long", "cuda.graph"}}) {
+    const std::string where = std::string(fixture) + " [" + patches + "]";
+    SCOPED_TRACE(where);
+    const auto m = load(fixture, patches), ma = load(fixture, patches), mb = load(fixture, patches);
+    const auto toks = test_prompt(200, int(m->config().vocab));
+    SessionState a = m->new_state(), b = m->new_state(), c = m->new_state();
+    SessionState ta = ma->new_state(), tb = mb->new_state();
+    ASSERT_TRUE(a.dev && b.dev);
+    const cuda::Scratch& sc = a.dev->scratch;
+    ASSERT_EQ(&sc, &b.dev->scratch) << "two sessions of one model have scratch buffers of their own";
+    const std::span<const int32_t> head(toks.data(), 24);
+    expect_same(m->forward(a, head), ma->forward(ta, head), "a's prefill");
+    const uint64_t generation = sc.generation;
+    const size_t bytes = sc.bytes();
+    expect_same(m->forward(b, head), mb->forward(tb, head), "b's prefill");
+    EXPECT_EQ(sc.generation, generation) << "b's prefill, as long as a's, allocated scratch";
+    EXPECT_EQ(sc.bytes(), bytes);
+    int64_t captures = 0;
+    for (int step = 0; step < 14; ++step) {
+      if (step == 8) {  // (a's and b's one-token steps replay their graphs by now)
+        captures = a.dev->graph_captures + b.dev->graph_captures;
+        m->forward(c, std::span<const int32_t>(toks.data() + 40, 120), nullptr, LogitRows::None);
+        EXPECT_GT(sc.generation, generation) << "c's 120-token chunk did not grow the scratch";
+        EXPECT_GT(sc.bytes(), bytes);
+      }
+      const std::span<const int32_t> one(toks.data() + 24 + step, 1);
+      expect_same(m->forward(a, one, nullptr, LogitRows::Last), ma->forward(ta, one, nullptr, LogitRows::Last), "a's step " + std::to_string(step));
+      expect_same(m->forward(b, one, nullptr, LogitRows::Last), mb->forward(tb, one, nullptr, LogitRows::Last), "b's step " + std::to_string(step));
+    }
+    EXPECT_GT(a.dev->graph_captures + b.dev->graph_captures, captures) << "the graphs were not re-captured after the scratch moved";
+    EXPECT_GT(a.dev->graph_launches, 8);
+    std::printf("[ shared scratch ] %s: %.1f MB after 24-token prefills, %.1f MB after c's 120 tokens; caches %.2f MB per "
+                "session; a: %lld captures, %lld launches\n",
+                where.c_str(), double(bytes) / 1e6, double(sc.bytes()) / 1e6, double(a.dev->cache_bytes()) / 1e6,
+                (long long)a.dev->graph_captures, (long long)a.dev->graph_launches);
+  }
+}
+
+// Two threads, each stepping its own session of one model (a 16-token prefill, then 48 one-token steps, graphed under
+// cuda.fast), started together: their calls take turns on the shared scratch, so every logit is the bits of the same
+// sessions stepped on one thread, each in a model of its own. (Without the turns, both threads' launches write the
+// same buffers at once.)
+TEST_F(GpuTest, SessionsOnTwoThreadsTakeTurns) {
+  using namespace plumb;
+  const auto m = load("kernel-dims", "cuda.fast");
+  const int V = int(m->config().vocab);
+  constexpr int kSteps = 48;
+  std::vector<std::vector<int32_t>> toks(2);
+  for (int k = 0; k < 2; ++k) {
+    toks[size_t(k)] = test_prompt(16 + kSteps, V);
+    for (int32_t& t : toks[size_t(k)]) t = int32_t((t + 101 * k) % V);
+  }
+  // Each thread's steps: the prefill's logits, then each step's last row.
+  auto run = [&](Model& model, SessionState& st, const std::vector<int32_t>& ids, std::vector<Tensor>& out) {
+    out.push_back(model.forward(st, std::span<const int32_t>(ids.data(), 16)));
+    for (int i = 0; i < kSteps; ++i) out.push_back(model.forward(st, std::span<const int32_t>(ids.data() + 16 + i, 1), nullptr, LogitRows::Last));
+  };
+  std::vector<SessionState> st = {m->new_state(), m->new_state()};
+  std::vector<std::vector<Tensor>> got(2);
+  std::vector<std::string> errors(2);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 2; ++k)
+    threads.emplace_back([&, k] {
+      ++ready;
+      while (ready.load() < 2) std::this_thread::yield();  // (started together)
+      try {
+        run(*m, st[size_t(k)], toks[size_t(k)], got[size_t(k)]);
+      } catch (const std::exception& e) {
+        errors[size_t(k)] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(errors[size_t(k)], "") << "thread " << k;
+    const auto alone = load("kernel-dims", "cuda.fast");
+    SessionState s = alone->new_state();
+    std::vector<Tensor> want;
+    run(*alone, s, toks[size_t(k)], want);
+    ASSERT_EQ(got[size_t(k)].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) expect_same(got[size_t(k)][i], want[i], "thread " + std::to_string(k) + ", call " + std::to_string(i));
+  }
+  EXPECT_GT(st[0].dev->graph_launches + st[1].dev->graph_launches, kSteps) << "the one-token steps did not replay graphs";
+}
+
+}  // namespace
