@@ -9,6 +9,7 @@
 #include "cuda/gpu_moe.h"
 #include "cuda/gpu_numerics.h"
 #include "cuda/sample.h"
+#include "generate/token_bits.h"
 #include "model/attention.h"
 #include "plumb/text.h"
 
@@ -587,17 +588,12 @@ class GpuForward : public DeviceForward {
     // pending, as forward_sample_masked leaves it); the launch still computes the row, unread.
     std::vector<char> masked_out(size_t(n), 0);
     if (any_mask) {
-      std::vector<uint32_t> bits(size_t(n) * words, 0);
-      for (int b = 0; b < n; ++b) {
-        BatchRow& r = rows[size_t(b)];
-        if (!r.sampler || !r.allowed) continue;
-        try {
-          r.allowed(std::span<uint32_t>(bits.data() + size_t(b) * words, words));
-        } catch (...) {
-          r.error = std::current_exception();
-          masked_out[size_t(b)] = 1;
-        }
-      }
+      std::vector<std::exception_ptr> errors;
+      const std::vector<uint32_t> bits = gen::row_masks(size_t(n), words, [&](size_t b) {
+        return rows[b].sampler && rows[b].allowed ? &rows[b].allowed : nullptr;
+      }, errors);
+      for (int b = 0; b < n; ++b)
+        if (errors[size_t(b)]) rows[size_t(b)].error = errors[size_t(b)], masked_out[size_t(b)] = 1;
       states[0]->dev->stage.upload(dev_bits, bits.data(), bits.size() * 4);
       for (int b = 0; b < n; ++b)
         if (rows[size_t(b)].sampler && rows[size_t(b)].allowed && !masked_out[size_t(b)])

@@ -236,7 +236,11 @@ void Model::forward_batch_sample(std::span<SessionState* const> states, std::spa
     return;
   }
   Tensor logits = cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
-  const size_t V = size_t(cfg_.vocab);
+  const size_t V = size_t(cfg_.vocab), words = gen::token_bits_words(cfg_.vocab);
+  std::vector<std::exception_ptr> mask_errors;
+  const std::vector<uint32_t> bits = gen::row_masks(rows.size(), words, [&](size_t b) {
+    return rows[b].sampler && rows[b].allowed ? &rows[b].allowed : nullptr;
+  }, mask_errors);
   for (size_t i = 0; i < rows.size(); ++i) {
     BatchRow& r = rows[i];
     const std::span<float> row(logits.ptr() + i * V, V);  // (masked in place: each row is read once)
@@ -244,8 +248,10 @@ void Model::forward_batch_sample(std::span<SessionState* const> states, std::spa
       r.logits.assign(row.begin(), row.end());
       continue;
     }
+    if ((r.error = mask_errors[i])) continue;  // (nothing drawn, as forward_sample_masked leaves it)
     try {
-      r.sampled = gen::sample_masked(*r.sampler, row, r.history, r.allowed);
+      if (r.allowed) gen::mask_logits(row, std::span<const uint32_t>(bits.data() + i * words, words));
+      r.sampled = r.sampler->sample(row, r.history);
     } catch (...) {
       r.error = std::current_exception();
     }

@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "patches/registry.h"
 #include "plumb/engine.h"
+#include "batch_masks_util.h"
 #include "session_test_util.h"
 
 namespace {
@@ -51,6 +52,13 @@ TEST_F(GpuTest, ForwardBatchSampleDrawsTheHostsTokens) {
   for (const char* patches : {"", "cuda.graph", "cuda.fast"})
     plumb_test::check_forward_batch_sample(*plumb_test::csa_long_engine("cuda", patches), std::string("cuda [") + patches + "]");
   plumb_test::check_forward_batch_sample(*plumb_test::golden_engine("kernel-dims", "cuda", "cuda.fast"), "cuda [cuda.fast] kernel-dims");
+}
+
+// Its masks spread over the CPU threads while the pass runs (gen::row_masks): each row drawn from its own mask, a
+// throwing mask its row's error alone (batch_masks_util.h), eager and graphed.
+TEST_F(GpuTest, ForwardBatchSampleMasksRunOnTheCpuThreadsEachRowItsOwn) {
+  for (const char* patches : {"", "cuda.fast"})
+    plumb_test::check_parallel_masks(*plumb_test::csa_long_engine("cuda", patches), std::string("cuda [") + patches + "]");
 }
 
 // cuda.graph for a batch: the same sessions in the same order step as one captured graph (kept by the first session),
