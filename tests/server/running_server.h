@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/sanitized.h"
 #include "server/server.h"
 #include "tiny_model.h"
 

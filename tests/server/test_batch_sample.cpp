@@ -184,17 +184,18 @@ json response_parts(json r) {
 // of both kinds in them: without logprobs every batched row is sampled in the batch.
 TEST(BatchSample, ConcurrentRequestsSampledInTheBatchGetTheResponsesOfOneAtATime) {
   const json chat = json::array({{{"role", "user"}, {"content", "Give me JSON."}}});
+  using plumb_test::tokens;  // (a quarter of the tokens under the sanitizers: the generations still overlap and are compared; the Release run generates them all)
   std::vector<std::pair<std::string, json>> plain = {
-      {"/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"ignore_eos", true}, {"seed", 1},
+      {"/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", tokens(60)}, {"ignore_eos", true}, {"seed", 1},
                            {"temperature", 0.9}}},
-      {"/v1/completions", {{"prompt", "The sea"}, {"max_tokens", 70}, {"ignore_eos", true}, {"seed", 2}, {"temperature", 0.7},
-                           {"repetition_penalty", 1.2}}},
-      {"/v1/completions", {{"prompt", "Zebras"}, {"max_tokens", 50}, {"ignore_eos", true}, {"temperature", 0}}},
-      {"/v1/chat/completions", {{"messages", chat}, {"response_format", {{"type", "json_object"}}}, {"max_tokens", 40},
-                                {"seed", 3}}},
+      {"/v1/completions", {{"prompt", "The sea"}, {"max_tokens", tokens(70)}, {"ignore_eos", true}, {"seed", 2},
+                           {"temperature", 0.7}, {"repetition_penalty", 1.2}}},
+      {"/v1/completions", {{"prompt", "Zebras"}, {"max_tokens", tokens(50)}, {"ignore_eos", true}, {"temperature", 0}}},
+      {"/v1/chat/completions", {{"messages", chat}, {"response_format", {{"type", "json_object"}}},
+                                {"max_tokens", tokens(40)}, {"seed", 3}}},
   };
   auto with_logprobs = plain;
-  with_logprobs.push_back({"/v1/completions", {{"prompt", "A lighthouse keeper"}, {"logprobs", 2}, {"max_tokens", 60},
+  with_logprobs.push_back({"/v1/completions", {{"prompt", "A lighthouse keeper"}, {"logprobs", 2}, {"max_tokens", tokens(60)},
                                                {"ignore_eos", true}, {"seed", 4}, {"temperature", 0.8}}});
   for (bool logprobs : {false, true}) {
     for (bool cache : {true, false}) {
@@ -231,8 +232,11 @@ TEST(BatchSample, ARequestWhoseMaskFailsFailsOnlyItself) {
   const json failing = {{"messages", json::array({{{"role", "user"}, {"content", "Give me JSON."}}})},
                         {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "j"}, {"schema", schema}}}}},
                         {"max_tokens", 40}, {"temperature", 0}};
-  const std::vector<json> others = {{{"prompt", "Once upon a time"}, {"max_tokens", 300}, {"ignore_eos", true}, {"seed", 1}},
-                                    {{"prompt", "The sea"}, {"max_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}}};
+  // (a quarter of the tokens under the sanitizers, still far more steps than the failing request's way in; the Release
+  // run generates them all)
+  const int n = plumb_test::tokens(300);
+  const std::vector<json> others = {{{"prompt", "Once upon a time"}, {"max_tokens", n}, {"ignore_eos", true}, {"seed", 1}},
+                                    {{"prompt", "The sea"}, {"max_tokens", n}, {"ignore_eos", true}, {"temperature", 0}}};
   Running serial(with_parallel(1), d), par(with_parallel(3), d);
   const json want_failed = serial.post("/v1/chat/completions", failing, 500);
   ASSERT_NE(want_failed.dump().find("no token of the vocabulary can continue"), std::string::npos) << want_failed.dump();

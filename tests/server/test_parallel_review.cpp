@@ -125,7 +125,10 @@ TEST(ParallelReview, TheSlotChoiceTakesTheSlotWhoseCacheCanBeReused) {
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
-    req.body = json{{"prompt", L}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}, {"temperature", 0}}.dump();
+    // (with --parallel 1, P2 waits for L's end: a quarter of its tokens under the sanitizers, still far more steps
+    // than P2's way in; the Release run generates them all)
+    req.body = json{{"prompt", L}, {"max_tokens", plumb_test::tokens(1500)}, {"ignore_eos", true}, {"stream", true},
+                    {"temperature", 0}}.dump();
     req.set_header("Content-Type", "application/json");
     bool sent = false;
     int64_t p2_cached = -1;
@@ -184,15 +187,18 @@ TEST(ParallelReview, StopWhileRequestsWaitForASlot) {
 
 std::vector<std::pair<std::string, json>> mixed_requests() {
   std::vector<std::pair<std::string, json>> q;
+  // (a quarter of the tokens under the sanitizers, but for the tool call's, which its whole block needs: the requests
+  // still overlap and are compared; the Release run generates them all)
+  using plumb_test::tokens;
   // n > 1, two prompts, echo with logprobs
   q.push_back({"/v1/completions", {{"prompt", {"Once upon a time", "The sea"}}, {"n", 2}, {"echo", true}, {"logprobs", 2},
-                                   {"max_tokens", 20}, {"seed", 7}, {"temperature", 0.9}, {"ignore_eos", true}}});
+                                   {"max_tokens", tokens(20)}, {"seed", 7}, {"temperature", 0.9}, {"ignore_eos", true}}});
   // logprobs without echo, greedy
-  q.push_back({"/v1/completions", {{"prompt", "A lighthouse keeper"}, {"logprobs", 3}, {"max_tokens", 30}, {"temperature", 0},
+  q.push_back({"/v1/completions", {{"prompt", "A lighthouse keeper"}, {"logprobs", 3}, {"max_tokens", tokens(30)}, {"temperature", 0},
                                    {"ignore_eos", true}}});
   // JSON mode
   q.push_back({"/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "Give me JSON."}}})},
-                                        {"response_format", {{"type", "json_object"}}}, {"max_tokens", 40}, {"seed", 3}}});
+                                        {"response_format", {{"type", "json_object"}}}, {"max_tokens", tokens(40)}, {"seed", 3}}});
   // a named tool choice (a held call block)
   {
     const auto tt = testing::tool_turns();
@@ -206,7 +212,7 @@ std::vector<std::pair<std::string, json>> mixed_requests() {
   }
   // chat logprobs, n 2
   q.push_back({"/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "Tell me about the sea."}}})},
-                                        {"n", 2}, {"logprobs", true}, {"top_logprobs", 2}, {"max_tokens", 25}, {"seed", 11}}});
+                                        {"n", 2}, {"logprobs", true}, {"top_logprobs", 2}, {"max_tokens", tokens(25)}, {"seed", 11}}});
   return q;
 }
 
@@ -220,7 +226,10 @@ TEST(ParallelReview, ChoicesPromptsEchoLogprobsJsonToolsBesideOthers) {
   for (bool cache : {true, false}) {
     SCOPED_TRACE(cache ? "prefix cache" : "no prefix cache");
     Running serial(with_parallel(1, cache)), par(with_parallel(3, cache));
-    const auto qs = mixed_requests();
+    auto qs = mixed_requests();
+    // (under the sanitizers the named tool choice, whose tools prompt is most of the prefill there, goes beside the
+    // others with the prefix cache only, without it the other four; the Release run sends all five both times)
+    if (plumb_test::kSanitized && !cache) qs.erase(qs.begin() + 3);
     std::vector<json> want;
     for (const auto& [path, body] : qs) want.push_back(serial.post(path, body));
     const std::vector<json> got = testing::post_at_once(par, qs);

@@ -25,6 +25,7 @@
 #include "generate/token_bits.h"
 #include "generate/tool_call_mask.h"
 #include "json_test_util.h"
+#include "sanitized.h"
 #include "tool_call_test_util.h"
 #include "plumb/engine.h"
 #include "plumb/text.h"
@@ -171,7 +172,8 @@ TEST(ToolCallFreeReview, RandomWalksFromTheFreePhasesAgreeWithParseReply) {
     // (auto; auto with one call; thinking and required; thinking and auto)
     const bool thinking = config >= 2, required = config == 2, parallel = config != 1;
     const auto spec = free_spec(thinking, required, parallel);
-    for (int w = 0; w < 150; ++w, ++walks) {
+    // (a quarter of the walks under the sanitizers: every path still runs; the Release run takes them all)
+    for (int w = 0; w < plumb_test::walks(150); ++w, ++walks) {
       ToolCallRecognizer r(spec);
       std::string text;
       for (int step = 0; step < 400 && !r.complete(); ++step) {
@@ -458,7 +460,8 @@ TEST(ToolCallFreeReview, SampledRepliesNeverFailMidWay) {
   for (int config = 0; config < 3; ++config) {
     const bool thinking = config > 0, required = config == 2;
     const auto spec = free_spec(thinking, required);
-    for (uint64_t seed = 0; seed < 12; ++seed) {
+    // (a quarter of the seeds under the sanitizers: every path still runs; the Release run takes them all)
+    for (uint64_t seed = 0; seed < uint64_t(plumb_test::walks(12)); ++seed) {
       std::string device_text;
       for (int host = 0; host < 2; ++host) {
         plumb::GenerateOptions g;
@@ -614,7 +617,8 @@ TEST(ToolCallFreeReview, MaskBitsOverTheTinyTokenizer) {
     if (thinking) added_text.push_back("</think>");
     const std::string target = (thinking ? "Hmm <｜DSML｜tool_calls> </thi</think>" : "") + std::string(required ? "" : "Ok <｜DSML｜tool") +
                                free_block({{"", "get_weather", R"({"city": "Oslo", "units": "metric"})"}});
-    for (int walk = 0; walk < 3; ++walk) {
+    // (one walk of 3 under the sanitizers: every path still runs; the Release run takes them all)
+    for (int walk = 0; walk < plumb_test::walks(3); ++walk) {
       auto mask = plumb::gen::tool_call_mask(tok, vocab, {eos}, spec);
       ToolCallRecognizer shadow(spec);
       std::string text;

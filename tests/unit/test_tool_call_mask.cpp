@@ -19,6 +19,7 @@
 #include "generate/token_bits.h"
 #include "generate/tool_call_mask.h"
 #include "json_test_util.h"
+#include "sanitized.h"
 #include "tool_call_test_util.h"
 #include "plumb/text.h"
 #include "text/dsml.h"
@@ -275,7 +276,8 @@ TEST(ToolCallRecognizer, RandomWalksNeverDeadEndAndReadBack) {
     const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", data["schemas"][k]}}}},
                                     {{"type", "function"}, {"function", {{"name", "g"}, {"parameters", data["schemas"][k + 1]}}}}});
     const auto spec = ToolCallSpec::build(tools.dump(), {}, true);
-    for (int w = 0; w < 3; ++w, ++walks) {
+    // (one walk of 3 per pair under the sanitizers: every path still runs; the Release run takes them all)
+    for (int w = 0; w < plumb_test::walks(3); ++w, ++walks) {
       ToolCallRecognizer r(spec);
       std::string text;
       for (int step = 0; step < 1500 && !r.complete(); ++step) {

@@ -23,6 +23,7 @@
 #include "generate/token_bits.h"
 #include "generate/tool_call_mask.h"
 #include "json_test_util.h"
+#include "sanitized.h"
 #include "tool_call_test_util.h"
 #include "plumb/engine.h"
 #include "plumb/text.h"
@@ -368,7 +369,9 @@ TEST(ToolCallReview, RandomBlocksAgreeWithParseCallsAndTheSchema) {
     ASSERT_TRUE(spec->loose.empty());
     const RevOracle oracle{spec};
     std::mt19937 rng(parallel ? 5 : 6);
-    for (int i = 0; i < 15000; ++i) {  // (60,000 in the review itself; fewer keep CI's ASan build short)
+    // (60,000 in the review itself; fewer keep CI's ASan build short; a quarter of the blocks under the sanitizers:
+    // every path still runs; the Release run takes them all)
+    for (int i = 0; i < plumb_test::walks(15000); ++i) {
       const RevBlock b = rev_random_block(rng, parallel);
       std::string why;
       const bool want = oracle(b.text, &why) && b.layout_ok;
@@ -397,7 +400,7 @@ TEST(ToolCallReview, RandomBlocksAgreeWithParseCallsAndTheSchema) {
   std::printf("[ review ] %d random blocks compared (%d valid), %d mutations (%d taken), %d disagreements\n", compared,
               valid, mutated, mutated_taken, disagree);
   EXPECT_EQ(disagree, 0);
-  EXPECT_GT(valid, 1000);
+  EXPECT_GT(valid, plumb_test::walks(1000));  // (of 30,000 blocks: 7,500 under the sanitizers)
 }
 
 // Every raw value (string="true") and every string="false" value of up to 5 symbols over small alphabets that cut across
@@ -468,7 +471,9 @@ TEST(ToolCallReview, WalksAroundHeldClosesNeverDeadEnd) {
       const auto spec = ToolCallSpec::build(tools, {}, parallel);
       const RevOracle oracle{spec};
       std::mt19937 rng(walks + 11);
-      for (int w = 0; w < 40; ++w, ++walks) {  // (150 in the review itself)
+      // (150 in the review itself; a quarter of the walks under the sanitizers: every path still runs; the Release
+      // run takes them all)
+      for (int w = 0; w < plumb_test::walks(40); ++w, ++walks) {
         ToolCallRecognizer r(spec);
         std::string text;
         for (int step = 0; step < 700 && !r.complete(); ++step, ++steps_total) {
@@ -527,7 +532,8 @@ TEST(ToolCallReview, MaskBitsEqualAPerTokenFeed) {
     const auto spec = ToolCallSpec::build(kRevToolsA, {}, true);
     std::mt19937 rng(3 + config);
     int steps = 0, completed = 0;
-    for (int walk = 0; walk < 40; ++walk) {
+    // (a quarter of the walks under the sanitizers: every path still runs; the Release run takes them all)
+    for (int walk = 0; walk < plumb_test::walks(40); ++walk) {
       auto mask = plumb::gen::tool_call_mask(tok, vocab, {eos}, spec);
       ToolCallRecognizer shadow(spec);
       std::string text;
