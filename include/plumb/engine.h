@@ -182,7 +182,8 @@ struct BatchRow {
   Sampler* sampler = nullptr;  // null: the row's logits come back in `logits`, nothing drawn
   std::span<const int32_t> history;  // the penalties' tokens (Session::forward_sample's history)
   // empty: every token (else Session::forward_sample_masked's). The rows' functions are called on the host's CPU
-  // threads, several at the same time (each on one thread): a function must not share mutable state with another row's.
+  // threads, several at the same time (each on one thread): a function must not share mutable state with another row's,
+  // nor call into the engine (its sessions' device work waits for this call to end).
   std::function<void(std::span<uint32_t> allowed)> allowed;
   // Results.
   int32_t sampled = -1;        // the token drawn (rows with a sampler, without an error)

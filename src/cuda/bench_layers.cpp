@@ -698,6 +698,7 @@ SequencesRow sequences_row(Run& R, int B) {
     // (the first two allocate the sampler's buffers, which moves the model's scratch: an eager step, a capture)
     std::vector<double> sampled;
     together_sampled(), together_sampled();
+    alone(), alone();  // (the sessions' own graphs re-captured after the sampler's buffers moved the model's scratch)
     for (size_t i = 0; i < a.size(); ++i) sampled.push_back(together_sampled() * 1e6);
     spent = 0;
     for (size_t i = 0; i < a.size() && (i < 3 || spent < budget); ++i) {

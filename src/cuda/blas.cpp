@@ -90,7 +90,7 @@ void check(cublasStatus_t st, const char* what) {
     throw Error(std::string("cuBLASLt: ") + what + " failed: " + lt().GetStatusName(st) + " (" + lt().GetStatusString(st) + ")");
 }
 
-constexpr size_t kWorkspace = size_t(32) << 20;
+constexpr size_t kWorkspace = kGemmWorkspaceBytes;
 
 // cuBLASLt's scratch, one per thread and stream for every plan: the plans are cached per shape (prefill chunks of
 // many sizes make many), and all of a thread's GEMMs on one stream run in order, so they can share it; cuda.streams'
@@ -161,13 +161,13 @@ struct Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  void run(const uint16_t* A, const uint16_t* B, void* D, Stream s) {
+  void run(const uint16_t* A, const uint16_t* B, void* D, Stream s, void* workspace = nullptr) {
     const float one = 1.0f, zero = 0.0f;
     // A null stream is plumb's default stream, the calling thread's (the CUDA code is built with
     // --default-stream per-thread); cuBLASLt itself would read 0 as the legacy stream, which cannot be captured.
     const cudaStream_t cs = detail::stream_of(s);  // a StreamScope's stream (cuda.streams), else the thread's
-    check(lt().Matmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, shared_workspace(s ? 0 : detail::stream_lane()),
-                         kWorkspace, cs),
+    void* ws = workspace ? workspace : shared_workspace(s ? 0 : detail::stream_lane());
+    check(lt().Matmul(h, op, &one, B, la, A, lb, &zero, D, ld, D, ld, &heur.algo, ws, kWorkspace, cs),
           "cublasLtMatmul");
   }
 };
@@ -202,7 +202,7 @@ void gemm_bf16(const GemmDesc& g0, const uint16_t* A, const uint16_t* B, void* D
   thread_local std::map<Key, std::unique_ptr<Plan>> plans;
   auto& p = plans[Key{g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, g.a_stride, g.b_stride, g.d_stride, g.d_f32, al}];
   if (!p) p = std::make_unique<Plan>(g, al);
-  p->run(A, B, D, s);
+  p->run(A, B, D, s, g.workspace);
 }
 
 void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s) {

@@ -12,6 +12,9 @@ namespace plumb::cuda {
 
 bool have_cublaslt();  // built with cuBLASLt
 
+// The device memory cuBLASLt may use for one GEMM (GemmDesc::workspace).
+constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+
 // D[m, n] (row-major, fp32 if d_f32 else bf16) = A[m, k] (row-major bf16) . B[n, k]^T (row-major bf16), fp32
 // accumulation (cuBLASLt's CUBLAS_COMPUTE_32F; the "TN" layout). Throws plumb::Error without cuBLASLt or on a
 // cuBLASLt error.
@@ -27,6 +30,10 @@ struct GemmDesc {
   int batch = 1;
   int64_t a_stride = 0, b_stride = 0, d_stride = 0;
   bool d_f32 = true;
+  // kGemmWorkspaceBytes of device memory for cuBLASLt, or null: the calling thread's own (freed when the thread ends).
+  // A GEMM that a CUDA graph captures bakes this address in, so the forward passes its model's scratch here: a
+  // session's graph may replay on another thread than the one that captured it.
+  void* workspace = nullptr;
 };
 void gemm_bf16(const GemmDesc& g, const uint16_t* A, const uint16_t* B, void* D, Stream s = nullptr);
 

@@ -71,6 +71,7 @@ void fp8_linear_gemm(const Fp8Matrix& w, const void* x, Act xt, int64_t ldx, int
   fp8_dequant_bf16(w, b.w, s);
   d::launch_to_bf16(x, int(xt), n, w.cols, ldx, b.x, s);
   GemmDesc g;
+  g.workspace = b.lt;
   g.m = n, g.n = int(w.rows), g.k = int(w.cols), g.ldd = ldy;
   gemm_bf16(g, b.x, b.w, y, s);
 }
@@ -84,6 +85,7 @@ void bf16_linear_gemm_multi(const Bf16Proj* p, int count, int64_t cols, const vo
   d::launch_to_bf16(x, int(xt), n, cols, ldx, b.x, s);
   for (int i = 0; i < count; ++i) {
     GemmDesc g;
+    g.workspace = b.lt;
     g.m = n, g.n = int(p[i].rows), g.k = int(cols), g.ldd = p[i].ldy;
     gemm_bf16(g, b.x, p[i].w, p[i].y, s);
   }
@@ -154,6 +156,7 @@ void fp8_linear_grouped_gemm(const Fp8Matrix& w, int groups, const void* x, Act 
   d::launch_to_bf16(x, int(xt), n, in_w, in_w, b.x, s);
   // Group g: x[t, g*cols ...] (rows in_w apart) times W rows [g*gr, (g+1)*gr) into y[t, g*gr ...] (rows w.rows apart).
   GemmDesc g;
+  g.workspace = b.lt;
   g.m = n, g.n = int(gr), g.k = int(w.cols);
   g.lda = in_w, g.ldb = w.cols, g.ldd = w.rows;
   g.batch = groups, g.a_stride = w.cols, g.b_stride = gr * w.cols, g.d_stride = gr;
@@ -177,12 +180,14 @@ void fp8_expert_ffn_gemm(const Fp8Expert& e, const void* x, Act xt, int n, doubl
   fp8_dequant_bf16(e.w3, b.w + I * D, s);
   d::launch_to_bf16(x, int(xt), n, D, D, b.x, s);
   GemmDesc g;
+  g.workspace = b.lt;
   g.m = n, g.n = int(2 * I), g.k = int(D);
   gemm_bf16(g, b.x, b.w, b.gu, s);
   d::launch_swiglu_bf16(b.gu, n, I, float(limit), b.h, s);
   // The first GEMM has read b.w by now (one stream): W2 reuses it.
   fp8_dequant_bf16(e.w2, b.w, s);
   GemmDesc g2;
+  g2.workspace = b.lt;
   g2.m = n, g2.n = int(D), g2.k = int(I);
   gemm_bf16(g2, b.h, b.w, y, s);
 }

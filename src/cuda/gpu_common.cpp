@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "cuda/blas.h"
 #include "cuda/kernels.h"
 
 namespace plumb::cuda {
@@ -141,6 +142,7 @@ Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t 
   b.x = static_cast<uint16_t*>(sc.get("fp8gemm.x", x_elems * 2));
   if (gu_elems) b.gu = sc.f("fp8gemm.gu", int64_t(gu_elems));
   if (h_elems) b.h = static_cast<uint16_t*>(sc.get("fp8gemm.h", h_elems * 2));
+  b.lt = gemm_workspace(sc);
   return b;
 }
 
@@ -149,6 +151,8 @@ bool bf16_gemm_applies(const GMat& w, int n) {
 }
 
 bool bf16_gemv_applies(const GMat& w, int n) { return !w.fp8 && n >= 2 && n <= w.gemv16_max; }
+
+void* gemm_workspace(Scratch& sc) { return sc.get("cublaslt", kGemmWorkspaceBytes); }
 
 Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems) {
   ++sc.gemv16_calls;

@@ -317,6 +317,8 @@ Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems);  // its bf16 x (coun
 // cuda.prefill_gemm's scratch from the session's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
 // activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).
 Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems = 0, size_t h_elems = 0);
+// cuBLASLt's workspace in sc (GemmDesc::workspace: one per stream lane, like every scratch name).
+void* gemm_workspace(Scratch& sc);
 
 // Grows b to hold at least `bytes`, keeping its first `keep` bytes (doubling, so appends are amortized); the rest
 // is zeros. Returns whether it reallocated.

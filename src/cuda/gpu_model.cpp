@@ -451,15 +451,19 @@ class GpuForward : public DeviceForward {
     auto s = std::make_shared<DeviceSessionState>(scratch_);
     s->layers.resize(size_t(cfg_.n_layers));
     for (size_t i = 0; i < s->layers.size(); ++i) init_attention_state(g_.layers[i].attn, cfg_, s->layers[i]);
+    synchronize();  // (the caches' zeroing ran on this thread's stream: a session may step on another thread)
     return s;
   }
 
+  // (Each entry point holds its Turn until its results are on the host: run() returns with the pass still queued.)
   Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const override {
+    const Turn turn(states[0]->dev->scratch);
     const float* logits = run_batch(states, tokens);
     return download(logits, {int64_t(tokens.size()), int64_t(cfg_.vocab)});  // synchronizes
   }
 
   Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const override {
+    const Turn turn(st.dev->scratch);
     const float* logits = run(st, tokens, taps, rows);
     if (rows == LogitRows::None) {
       synchronize();  // as the other forms do (download synchronizes): the caller may time or reuse the session
@@ -654,6 +658,7 @@ class GpuForward : public DeviceForward {
     positions = std::min(positions, kReserveMax);
     try {
       reserve_caches(ds, positions);
+      synchronize();  // (as new_state)
     } catch (...) {
       rethrow_for(fmt::format("reserving the GPU's caches for {} positions", positions));
     }
@@ -710,6 +715,7 @@ class GpuForward : public DeviceForward {
     const int n = int(tokens.size());
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
+    PLUMB_CHECK(ds.scratch_owner == scratch_, "backend cuda: a session of another model");
     const Turn turn(sc);
     // The step's inputs in one upload: the position (int64), then the tokens (int32). Kernels read the position
     // from here, so a captured step replays at any position.
@@ -751,6 +757,7 @@ class GpuForward : public DeviceForward {
     const int n = int(tokens.size());
     DeviceSessionState& first = *states[0]->dev;
     Scratch& sc = first.scratch;
+    for (SessionState* st : states) PLUMB_CHECK(st->dev->scratch_owner == scratch_, "backend cuda: forward_batch: a session of another model");
     const Turn turn(sc);
     // The inputs in one upload: each session's position (int64), then the tokens (int32).
     std::vector<int32_t> host(2 * size_t(n) + size_t(n));
@@ -1192,7 +1199,9 @@ class GpuForward : public DeviceForward {
       if (head_bf16_) {  // cuda.head_bf16: logits = bf16(x) . head^T on the tensor cores, fp32 out
         auto* xb = static_cast<uint16_t*>(sc.get("head.x16", size_t(m) * size_t(D) * 2));
         fwd_to_bf16(hx, int64_t(m) * D, xb, nullptr);
-        gemm_bf16(xb, static_cast<const uint16_t*>(g_.head.d.w), logits, true, m, c.vocab, int(D));
+        GemmDesc hg;
+        hg.m = m, hg.n = int(c.vocab), hg.k = int(D), hg.workspace = gemm_workspace(sc);
+        gemm_bf16(hg, xb, static_cast<const uint16_t*>(g_.head.d.w), logits);
       } else {
         fwd_linear(g_.head.d, hx, m, D, 0, c.vocab, logits, c.vocab, nullptr);
       }

@@ -477,17 +477,21 @@ TEST_F(GpuTest, GraphStepsMatchEagerLaunches) {
 
 // Model::reserve (generation reserves its prompt and --max-tokens): the compressed entries sized up front, so the
 // graphed decode does not re-capture as they double (at 256 + 4 tokens on csa-long's rate-4 layers), and the same
-// logits bit for bit as a session that grew them on the way.
+// logits bit for bit as a session that grew them on the way. (Each in a model of its own: the graphs' scratch, which
+// a model's sessions share, is sized by the largest capacity, so the grown session's growth would move it under the
+// reserved one's graphs too.)
 TEST_F(GpuTest, ReserveAvoidsRecapturesAndChangesNoBits) {
-  auto m = plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/csa-long", plumb::parse_patches("cuda.graph").options, {}, "cuda");
+  const std::string dir = std::string(PLUMB_TEST_DATA) + "/golden/csa-long";
+  auto m = plumb::Model::load(dir, plumb::parse_patches("cuda.graph").options, {}, "cuda");
+  auto mr = plumb::Model::load(dir, plumb::parse_patches("cuda.graph").options, {}, "cuda");
   const auto toks = test_prompt(300, m->config().vocab);
-  auto grown = m->new_state(), reserved = m->new_state();
-  m->reserve(reserved, 400);
+  auto grown = m->new_state(), reserved = mr->new_state();
+  mr->reserve(reserved, 400);
   int64_t captures_before_growth = -1;
   for (size_t pos = 0; pos < toks.size(); ++pos) {
     const std::span<const int32_t> one(toks.data() + pos, 1);
     const auto a = m->forward(grown, one, nullptr, plumb::LogitRows::Last);
-    const auto b = m->forward(reserved, one, nullptr, plumb::LogitRows::Last);
+    const auto b = mr->forward(reserved, one, nullptr, plumb::LogitRows::Last);
     ASSERT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "position " << pos;
     if (pos == 250) captures_before_growth = grown.dev->graph_captures;
   }
@@ -495,7 +499,7 @@ TEST_F(GpuTest, ReserveAvoidsRecapturesAndChangesNoBits) {
               (long long)captures_before_growth, (long long)reserved.dev->graph_captures);
   EXPECT_GT(grown.dev->graph_captures, captures_before_growth);           // the growth re-captured
   EXPECT_LT(reserved.dev->graph_captures, grown.dev->graph_captures);   // the reserved session did not
-  EXPECT_THROW(m->reserve(reserved, -5), plumb::Error);
+  EXPECT_THROW(mr->reserve(reserved, -5), plumb::Error);
 }
 
 // cuda.pdl: kernels scheduled while the previous one finishes, waiting in-kernel for its results. Any kernel that
