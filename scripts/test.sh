@@ -28,7 +28,7 @@ phase "the Release tests"
 # plumb_server_tests) run there too. -O1 without debug info keeps this build short
 # on 2 cores; the CLI-level tests above already ran the same code optimized.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O1 -DPLUMB_SANITIZE=ON >/dev/null
-cmake --build build-asan -j "$jobs" --target plumb_tests plumb_server_tests fuzz_replays embed_example
+cmake --build build-asan -j "$jobs" --target sanitized_suite  # (plumb_tests, plumb_server_tests, fuzz_replays, embed_example)
 phase "the ASan/UBSan build"
 # (the CLI-driven tests need the plumb binary, which this build skips)
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
