@@ -92,10 +92,10 @@ void check(cublasStatus_t st, const char* what) {
 
 constexpr size_t kWorkspace = kGemmWorkspaceBytes;
 
-// cuBLASLt's scratch, one per thread and stream for every plan: the plans are cached per shape (prefill chunks of
-// many sizes make many), and all of a thread's GEMMs on one stream run in order, so they can share it; cuda.streams'
-// side stream (detail::stream_of) runs concurrently and has its own. Both are allocated at plan creation, outside
-// any graph capture.
+// cuBLASLt's scratch for GEMMs given none (GemmDesc::workspace; the forward gives its model's), one per thread and
+// stream for every plan: the plans are cached per shape (prefill chunks of many sizes make many), and all of a
+// thread's GEMMs on one stream run in order, so they can share it; cuda.streams' side stream (detail::stream_of) runs
+// concurrently and has its own. Both are allocated at plan creation, outside any graph capture.
 void* shared_workspace(int lane) {
   thread_local DeviceBuffer ws[3] = {DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace)};
   return ws[lane].get();

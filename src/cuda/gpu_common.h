@@ -282,7 +282,7 @@ class Scratch {
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
   size_t bytes() const;  // the named buffers' device bytes (not the workspaces')
-  std::recursive_mutex use;  // held by a forward for its whole call (same thread: re-entered by its inner calls)
+  std::recursive_mutex use;  // held by each of GpuForward's device calls for its whole call (re-entered by inner calls)
 
  private:
   std::map<std::string, DeviceBuffer> bufs_;
@@ -314,7 +314,7 @@ bool bf16_gemm_applies(const GMat& w, int n);
 bool bf16_gemv_applies(const GMat& w, int n);  // cuda.bf16_gemv for these n tokens
 Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems);  // its bf16 x (counted in gemv16_calls)
 
-// cuda.prefill_gemm's scratch from the session's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
+// cuda.prefill_gemm's scratch from the model's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
 // activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).
 Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems = 0, size_t h_elems = 0);
 // cuBLASLt's workspace in sc (GemmDesc::workspace: one per stream lane, like every scratch name).
