@@ -123,9 +123,10 @@ class Session {
   // called once per call with (vocab + 31) / 32 words, all zero, and sets bit id % 32 of word id / 32 for every
   // token id that may be drawn; the logits of the others become -inf before the penalties and the sampling, so the
   // token is sampler.sample(the masked logits, history) exactly. On backend cuda `allowed` runs on the calling thread
-  // while the GPU computes the forward (its cost hides behind the pass) and only its bits go up. Should it throw, the
-  // call ends with that exception, the tokens fed (position() counts them) and nothing drawn. The default runs
-  // forward(), then `allowed`, and samples on the host.
+  // while the GPU computes the forward (its cost hides behind the pass; it must not call into the engine's sessions,
+  // whose device work shares the pass's buffers) and only its bits go up. Should it throw, the call ends with that
+  // exception, the tokens fed (position() counts them) and nothing drawn. The default runs forward(), then
+  // `allowed`, and samples on the host.
   virtual int32_t forward_sample_masked(std::span<const int32_t> tokens, Sampler& sampler, std::span<const int32_t> history,
                                         const std::function<void(std::span<uint32_t> allowed)>& allowed);
   // Progress of a call that feeds several tokens (a prefill), so a long prompt can show how far it is: `fn(done,
