@@ -249,7 +249,8 @@ struct Fp8GemmBuffers {
   uint16_t* x = nullptr;  // bf16 activations: at least n * (input width)
   float* gu = nullptr;    // shared expert: W1 x | W3 x, fp32 [n, 2I]
   uint16_t* h = nullptr;  // shared expert: SwiGLU output, bf16 [n, I]
-  void* lt = nullptr;     // cuBLASLt's workspace (GemmDesc::workspace; null: the calling thread's)
+  void* lt = nullptr;     // cuBLASLt's workspace (GemmDesc::workspace; null: the calling thread's): the stream lane's
+                          // where gemm_buffers was called, so the GEMMs on it must run on that lane's stream
   size_t w_elems = 0, x_elems = 0, gu_elems = 0, h_elems = 0;
 };
 // Whether every code x scale of w is exactly a bf16 normal: E8M0 scales 2^-117 .. 2^118 (F32 scales, which the

@@ -95,7 +95,8 @@ constexpr size_t kWorkspace = kGemmWorkspaceBytes;
 // cuBLASLt's scratch for GEMMs given none (GemmDesc::workspace; the forward gives its model's), one per thread and
 // stream for every plan: the plans are cached per shape (prefill chunks of many sizes make many), and all of a
 // thread's GEMMs on one stream run in order, so they can share it; cuda.streams' side stream (detail::stream_of) runs
-// concurrently and has its own. Both are allocated at plan creation, outside any graph capture.
+// concurrently and has its own. Allocated at a thread's first such GEMM (the bench's, never inside a graph capture);
+// a forward's GEMMs never touch them (a capture must not allocate).
 void* shared_workspace(int lane) {
   thread_local DeviceBuffer ws[3] = {DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace), DeviceBuffer(kWorkspace)};
   return ws[lane].get();
@@ -121,7 +122,6 @@ struct Plan {
   // share, so that the heuristic picks an algorithm that can run on them.
   Plan(const GemmDesc& g, const std::array<int, 3>& align) {
     const int m = g.m, n = g.n, k = g.k;
-    shared_workspace(0);  // allocated here, outside any graph capture
     check(lt().Create(&h), "cublasLtCreate");
     check(lt().MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;

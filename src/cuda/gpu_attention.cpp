@@ -587,7 +587,8 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
                        sc.ws, nullptr, mid16);
   else if (nm.official() && w.wo_a.w16.get()) {  // cuda.fp8_gemv: the official bf16 wo_a on the bf16 tensor cores
     ++sc.official_tc_calls;
-    bf16_linear_grouped_official(w.wo_a.w16.as<uint16_t>(), int(G), R, gw, o, n, mid, gemm_buffers(sc, size_t(n) * size_t(H * Dh), 0));
+    bf16_linear_grouped_official(w.wo_a.w16.as<uint16_t>(), int(G), R, gw, o, n, mid,
+                                 gemm_buffers(sc, size_t(n) * size_t(H * Dh), 0, 0, 0, /*cublas=*/false));
   } else {
     for (int64_t g = 0; g < G; ++g) nm.proj_bf16(w.wo_a, o + g * gw, n, H * Dh, g * R, R, mid + g * R, G * R);
   }

@@ -134,7 +134,7 @@ void GpuRope::apply(float* x, int64_t rows, int64_t ld, int64_t off, const int64
                    round_bf16 ? 1 : 0);
 }
 
-Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems, size_t h_elems) {
+Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems, size_t h_elems, bool cublas) {
   Fp8GemmBuffers b;
   b.w_elems = std::max(w_elems, sc.gemm_w_elems), b.x_elems = x_elems, b.gu_elems = gu_elems, b.h_elems = h_elems;
   ++sc.gemm_calls;
@@ -142,7 +142,7 @@ Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t 
   b.x = static_cast<uint16_t*>(sc.get("fp8gemm.x", x_elems * 2));
   if (gu_elems) b.gu = sc.f("fp8gemm.gu", int64_t(gu_elems));
   if (h_elems) b.h = static_cast<uint16_t*>(sc.get("fp8gemm.h", h_elems * 2));
-  b.lt = gemm_workspace(sc);
+  if (cublas) b.lt = gemm_workspace(sc);
   return b;
 }
 

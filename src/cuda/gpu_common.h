@@ -315,8 +315,10 @@ bool bf16_gemv_applies(const GMat& w, int n);  // cuda.bf16_gemv for these n tok
 Fp8GemmBuffers gemv16_buffers(Scratch& sc, size_t x_elems);  // its bf16 x (counted in gemv16_calls)
 
 // cuda.prefill_gemm's scratch from the model's Scratch: the bf16 weight (at least sc.gemm_w_elems), the bf16
-// activations (x_elems) and the shared expert's gu / h (gu_elems, h_elems; 0: not needed).
-Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems = 0, size_t h_elems = 0);
+// activations (x_elems), the shared expert's gu / h (gu_elems, h_elems; 0: not needed) and, unless `cublas` is
+// false (a caller that runs no cuBLASLt GEMM on them), cuBLASLt's workspace of the current stream lane.
+Fp8GemmBuffers gemm_buffers(Scratch& sc, size_t x_elems, size_t w_elems, size_t gu_elems = 0, size_t h_elems = 0,
+                            bool cublas = true);
 // cuBLASLt's workspace in sc (GemmDesc::workspace: one per stream lane, like every scratch name).
 void* gemm_workspace(Scratch& sc);
 

@@ -457,12 +457,14 @@ class GpuForward : public DeviceForward {
 
   // (Each entry point holds its Turn until its results are on the host: run() returns with the pass still queued.)
   Tensor forward_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const override {
+    for (SessionState* st : states) own(*st);
     const Turn turn(states[0]->dev->scratch);
     const float* logits = run_batch(states, tokens);
     return download(logits, {int64_t(tokens.size()), int64_t(cfg_.vocab)});  // synchronizes
   }
 
   Tensor forward(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const override {
+    own(st);
     const Turn turn(st.dev->scratch);
     const float* logits = run(st, tokens, taps, rows);
     if (rows == LogitRows::None) {
@@ -479,6 +481,7 @@ class GpuForward : public DeviceForward {
   int32_t forward_sample(SessionState& st, std::span<const int32_t> tokens, Sampler& sampler,
                          std::span<const int32_t> history, const TokenFilter* allowed,
                          std::vector<float>& no_finite_row) const override {
+    own(st);
     Scratch& sc = st.dev->scratch;
     const Turn turn(sc);
     const SampleParams p = sample_params(sampler.params());
@@ -545,6 +548,7 @@ class GpuForward : public DeviceForward {
                             std::span<BatchRow> rows) const override {
     const int n = int(rows.size());
     const size_t V = size_t(cfg_.vocab), words = (V + 31) / 32;
+    for (SessionState* st : states) own(*st);
     Scratch& sc = states[0]->dev->scratch;
     const Turn turn(sc);
     struct Launch {
@@ -653,6 +657,7 @@ class GpuForward : public DeviceForward {
   // past it the caches double as before, each growth (and re-capture) rarer than the last.
   static constexpr int64_t kReserveMax = 65536;
   void reserve(SessionState& st, int64_t positions) const override {
+    own(st);
     DeviceSessionState& ds = *st.dev;
     const Turn turn(ds.scratch);
     positions = std::min(positions, kReserveMax);
@@ -682,6 +687,7 @@ class GpuForward : public DeviceForward {
     return out;
   }
   std::shared_ptr<void> mark(const SessionState& st, int64_t& bytes) const override {
+    own(st);
     const Turn turn(st.dev->scratch);
     synchronize();  // (the forwards queued before the mark have written what it copies)
     auto m = std::make_shared<DeviceMark>();
@@ -695,6 +701,7 @@ class GpuForward : public DeviceForward {
   }
   void rollback(SessionState& st, const void* mark) const override {
     const auto& m = *static_cast<const DeviceMark*>(mark);
+    own(st);
     const Turn turn(st.dev->scratch);
     synchronize();  // (a pass stopped or failed may still be running: it must not write after the restore)
     const auto bufs = marked_buffers(*st.dev);
@@ -715,7 +722,6 @@ class GpuForward : public DeviceForward {
     const int n = int(tokens.size());
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
-    PLUMB_CHECK(ds.scratch_owner == scratch_, "backend cuda: a session of another model");
     const Turn turn(sc);
     // The step's inputs in one upload: the position (int64), then the tokens (int32). Kernels read the position
     // from here, so a captured step replays at any position.
@@ -757,7 +763,6 @@ class GpuForward : public DeviceForward {
     const int n = int(tokens.size());
     DeviceSessionState& first = *states[0]->dev;
     Scratch& sc = first.scratch;
-    for (SessionState* st : states) PLUMB_CHECK(st->dev->scratch_owner == scratch_, "backend cuda: forward_batch: a session of another model");
     const Turn turn(sc);
     // The inputs in one upload: each session's position (int64), then the tokens (int32).
     std::vector<int32_t> host(2 * size_t(n) + size_t(n));
@@ -1220,6 +1225,11 @@ class GpuForward : public DeviceForward {
   Memory memory_;  // memory(): what the upload took of the GPU
   // The forwards' buffers, shared by every session of this model (Scratch): a session keeps only its caches.
   const std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
+  // Every entry point first: a session made by another model would lock and use that model's scratch (and this one's
+  // layers on its caches). (Engine refuses such mixes before; this is the backend's own guard.)
+  void own(const SessionState& st) const {
+    PLUMB_CHECK(st.dev && st.dev->scratch_owner == scratch_, "backend cuda: a session of another model (or of the CPU backend)");
+  }
 };
 
 }  // namespace

@@ -156,4 +156,37 @@ TEST_F(GpuTest, SessionsOnTwoThreadsTakeTurns) {
   EXPECT_GT(st[0].dev->graph_launches + st[1].dev->graph_launches, kSteps) << "the one-token steps did not replay graphs";
 }
 
+// A session's graphs captured on a thread that has ended replay on another: under cuda.fast every decode graph holds
+// the LM head's cuBLASLt GEMM, whose workspace was the capturing thread's own (freed with the thread) before it came
+// from the model's scratch. A thread steps the session until it has captured and replayed, and ends; the main thread
+// steps on: its steps replay those graphs, and every logit is the bits of the same steps in a model of its own.
+TEST_F(GpuTest, GraphsReplayAfterTheirCapturingThreadEnded) {
+  using namespace plumb;
+  const auto m = load("kernel-dims", "cuda.fast"), alone = load("kernel-dims", "cuda.fast");
+  const auto toks = test_prompt(64, int(m->config().vocab));
+  SessionState s = m->new_state(), t = alone->new_state();
+  std::vector<Tensor> got;
+  std::string error;
+  std::thread first([&] {
+    try {
+      got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24)));
+      for (size_t i = 24; i < 40; ++i) got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  first.join();
+  ASSERT_EQ(error, "");
+  ASSERT_GT(s.dev->graph_captures, 0);
+  const int64_t launches = s.dev->graph_launches;
+  for (size_t i = 40; i < 56; ++i) got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  EXPECT_GT(s.dev->graph_launches, launches) << "the main thread's steps replayed no graph";
+  EXPECT_FALSE(s.dev->graphs_failed);
+  std::vector<Tensor> want;
+  want.push_back(alone->forward(t, std::span<const int32_t>(toks.data(), 24)));
+  for (size_t i = 24; i < 56; ++i) want.push_back(alone->forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], "call " + std::to_string(i));
+}
+
 }  // namespace
