@@ -84,7 +84,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--sequences", *sequences,
                   "--layers: also time decode steps of B sessions together (plumb::forward_batch: B sequences, one token each; and "
                   "plumb::forward_batch_sample: every row sampled where its logits are), against the same sessions stepped one after "
-                  "another; comma-separated B (default: none)");
+                  "another, and the device memory they take (the model's shared scratch, a session's caches); comma-separated B "
+                  "(default: none)");
   cmd->add_option("--context", lo->context,
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
