@@ -282,7 +282,7 @@ class Scratch {
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }
   void* get(const std::string& name, size_t bytes);
   size_t bytes() const;  // the named buffers' device bytes (not the workspaces')
-  std::recursive_mutex use;  // held by each of GpuForward's device calls for its whole call (re-entered by inner calls)
+  std::mutex use;  // held by each of GpuForward's device calls for its whole call (none calls another)
 
  private:
   std::map<std::string, DeviceBuffer> bufs_;

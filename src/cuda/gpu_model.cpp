@@ -9,7 +9,6 @@
 #include "cuda/gpu_moe.h"
 #include "cuda/gpu_numerics.h"
 #include "cuda/sample.h"
-#include "generate/token_bits.h"
 #include "model/attention.h"
 #include "plumb/text.h"
 
@@ -194,7 +193,7 @@ class Turn {
   }
 
  private:
-  std::unique_lock<std::recursive_mutex> lock_;
+  std::unique_lock<std::mutex> lock_;
   int exceptions_;
 };
 
@@ -594,17 +593,14 @@ class GpuForward : public DeviceForward {
     const float* logits = run_batch(states, tokens);
     // The masks, built while the pass runs. A mask that throws is its row's error (nothing drawn: its draw stays
     // pending, as forward_sample_masked leaves it); the launch still computes the row, unread.
-    std::vector<char> masked_out(size_t(n), 0);
+    std::vector<std::exception_ptr> mask_errors(rows.size());
     if (any_mask) {
-      std::vector<std::exception_ptr> errors;
-      const std::vector<uint32_t> bits = gen::row_masks(size_t(n), words, [&](size_t b) {
-        return rows[b].sampler && rows[b].allowed ? &rows[b].allowed : nullptr;
-      }, errors);
+      const std::vector<uint32_t> bits = batch_masks(rows, words, mask_errors);
       for (int b = 0; b < n; ++b)
-        if (errors[size_t(b)]) rows[size_t(b)].error = errors[size_t(b)], masked_out[size_t(b)] = 1;
+        if (mask_errors[size_t(b)]) rows[size_t(b)].error = mask_errors[size_t(b)];
       states[0]->dev->stage.upload(dev_bits, bits.data(), bits.size() * 4);
       for (int b = 0; b < n; ++b)
-        if (rows[size_t(b)].sampler && rows[size_t(b)].allowed && !masked_out[size_t(b)])
+        if (rows[size_t(b)].sampler && rows[size_t(b)].allowed && !mask_errors[size_t(b)])
           fwd_mask_logits(const_cast<float*>(logits) + size_t(b) * V, 1, int(V), dev_bits + size_t(b) * words, nullptr);
     }
     {
@@ -634,7 +630,7 @@ class GpuForward : public DeviceForward {
     if (launches.empty()) synchronize();
     for (int b = 0; b < n; ++b) {
       BatchRow& r = rows[size_t(b)];
-      if (!r.sampler || masked_out[size_t(b)]) continue;
+      if (!r.sampler || mask_errors[size_t(b)]) continue;
       const int32_t token = got[size_t(b)], count = got[size_t(n + b)];
       if (token == kSampleNoFinite) {  // the row comes back for the host sampler's message (as forward_sample's)
         std::vector<float> row(V);
@@ -717,12 +713,11 @@ class GpuForward : public DeviceForward {
 
  private:
   // Runs the forward pass for these tokens and returns the device logits [n or 1 or 0, vocab] (valid until the next
-  // call).
+  // call). Its callers, the entry points above, hold their Turn until those logits are read.
   const float* run(SessionState& st, std::span<const int32_t> tokens, TapSink* taps, LogitRows rows) const {
     const int n = int(tokens.size());
     DeviceSessionState& ds = *st.dev;
     Scratch& sc = ds.scratch;
-    const Turn turn(sc);
     // The step's inputs in one upload: the position (int64), then the tokens (int32). Kernels read the position
     // from here, so a captured step replays at any position.
     std::vector<int32_t> host(2 + size_t(n));
@@ -758,12 +753,11 @@ class GpuForward : public DeviceForward {
   // forward_batch: one token of each session (eagerly, or as the batch's captured graph, kept by its first session).
   // Each session's caches are grown here, against its own cache generation, so that its captured graphs (and the
   // batch's) are re-captured if they move. Not a deferring step (cuda.comp_deferred): a session's kept compressor
-  // rows are projected first by its attention, as a multi-token step's are.
+  // rows are projected first by its attention, as a multi-token step's are. (The caller holds its Turn, as run()'s.)
   const float* run_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens) const {
     const int n = int(tokens.size());
     DeviceSessionState& first = *states[0]->dev;
     Scratch& sc = first.scratch;
-    const Turn turn(sc);
     // The inputs in one upload: each session's position (int64), then the tokens (int32).
     std::vector<int32_t> host(2 * size_t(n) + size_t(n));
     for (int b = 0; b < n; ++b) std::memcpy(host.data() + 2 * b, &states[size_t(b)]->pos, 8);

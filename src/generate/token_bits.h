@@ -2,14 +2,12 @@
 // and its one host application to a logits row. The GPU's is fwd_mask_logits (src/cuda/sample.h).
 #pragma once
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <span>
 #include <vector>
 
 #include "core/error.h"
-#include "core/parallel.h"
 #include "plumb/text.h"
 
 namespace plumb::gen {
@@ -37,28 +35,6 @@ inline int32_t sample_masked(Sampler& sampler, std::span<float> logits, std::spa
     mask_logits(logits, bits);
   }
   return sampler.sample(logits, history);
-}
-
-// The masks of n rows (forward_batch_sample's): allowed_of(b) is row b's function or null (no mask), which fills
-// words [b * words, (b + 1) * words) of the result (zeroed). A mask at V4's vocabulary takes 0.1-1.3 ms on the host,
-// so a batch's masks one after another could outlast its forward pass: the rows are spread over the CPU threads
-// (parallel_for; each row's function runs on one thread, several rows' at the same time). A function that throws
-// leaves its exception in errors[b] (resized to n).
-template <class AllowedOf>
-std::vector<uint32_t> row_masks(size_t n, size_t words, AllowedOf&& allowed_of, std::vector<std::exception_ptr>& errors) {
-  std::vector<uint32_t> bits(n * words, 0);
-  errors.assign(n, nullptr);
-  // (work: a mask reads about a byte string per token, ~32 x words steps; the pool takes it from a few rows at V4's
-  // vocabulary, and leaves a small model's rows serial)
-  parallel_for(int64_t(n), double(n) * double(words) * 32.0, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      if (const std::function<void(std::span<uint32_t>)>* f = allowed_of(size_t(b))) try {
-          (*f)(std::span<uint32_t>(bits.data() + size_t(b) * words, words));
-        } catch (...) {
-          errors[size_t(b)] = std::current_exception();
-        }
-  });
-  return bits;
 }
 
 }  // namespace plumb::gen

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "core/parallel.h"
 #include "generate/token_bits.h"
 #include "model/attention.h"
 #include "model/hyper_connection.h"
@@ -221,6 +222,22 @@ Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<con
   return cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
 }
 
+std::vector<uint32_t> batch_masks(std::span<const BatchRow> rows, size_t words, std::vector<std::exception_ptr>& errors) {
+  std::vector<uint32_t> bits(rows.size() * words, 0);
+  errors.assign(rows.size(), nullptr);
+  // (work: a mask reads about a byte string per token, ~32 x words steps; the pool takes it from a few rows at V4's
+  // vocabulary, and leaves a small model's rows serial)
+  parallel_for(int64_t(rows.size()), double(rows.size()) * double(words) * 32.0, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      if (const BatchRow& r = rows[size_t(b)]; r.sampler && r.allowed) try {
+          r.allowed(std::span<uint32_t>(bits.data() + size_t(b) * words, words));
+        } catch (...) {
+          errors[size_t(b)] = std::current_exception();
+        }
+  });
+  return bits;
+}
+
 void Model::forward_batch_sample(std::span<SessionState* const> states, std::span<BatchRow> rows) const {
   const std::vector<int32_t> tokens = batch_tokens(rows);
   const std::vector<RowRun> runs = check_batch(states, tokens);
@@ -238,9 +255,7 @@ void Model::forward_batch_sample(std::span<SessionState* const> states, std::spa
   Tensor logits = cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
   const size_t V = size_t(cfg_.vocab), words = gen::token_bits_words(cfg_.vocab);
   std::vector<std::exception_ptr> mask_errors;
-  const std::vector<uint32_t> bits = gen::row_masks(rows.size(), words, [&](size_t b) {
-    return rows[b].sampler && rows[b].allowed ? &rows[b].allowed : nullptr;
-  }, mask_errors);
+  const std::vector<uint32_t> bits = batch_masks(rows, words, mask_errors);
   for (size_t i = 0; i < rows.size(); ++i) {
     BatchRow& r = rows[i];
     const std::span<float> row(logits.ptr() + i * V, V);  // (masked in place: each row is read once)

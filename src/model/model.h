@@ -1,5 +1,6 @@
 // The DeepSeek-V4 model: config + bound weights + RoPE tables; runs a chunk of tokens on a session state.
 #pragma once
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -29,6 +30,13 @@ inline std::vector<int32_t> batch_tokens(std::span<const BatchRow> rows) {
   for (const BatchRow& r : rows) tokens.push_back(r.token);
   return tokens;
 }
+
+// The masks of a batch's rows (forward_batch_sample, both backends): row b's `allowed`, where it has a sampler and a
+// mask, fills words [b * words, (b + 1) * words) of the result (zeroed); errors (resized to the rows) holds the
+// exception of a mask that threw. A mask at V4's vocabulary takes 0.1-1.3 ms on the host, so a batch's masks one after
+// another could outlast its forward pass: the rows are spread over the CPU threads (parallel_for; each row's function
+// runs on one thread, several rows' at the same time).
+std::vector<uint32_t> batch_masks(std::span<const BatchRow> rows, size_t words, std::vector<std::exception_ptr>& errors);
 
 // Session::forward_sample_masked's `allowed`: sets the bits of the tokens that may be drawn ((vocab + 31) / 32 words,
 // zeroed; bit id % 32 of word id / 32).

@@ -54,7 +54,7 @@ TEST_F(GpuTest, ForwardBatchSampleDrawsTheHostsTokens) {
   plumb_test::check_forward_batch_sample(*plumb_test::golden_engine("kernel-dims", "cuda", "cuda.fast"), "cuda [cuda.fast] kernel-dims");
 }
 
-// Its masks spread over the CPU threads while the pass runs (gen::row_masks): each row drawn from its own mask, a
+// Its masks spread over the CPU threads while the pass runs (batch_masks): each row drawn from its own mask, a
 // throwing mask its row's error alone (batch_masks_util.h), eager and graphed.
 TEST_F(GpuTest, ForwardBatchSampleMasksRunOnTheCpuThreadsEachRowItsOwn) {
   for (const char* patches : {"", "cuda.fast"})

@@ -1,4 +1,4 @@
-// forward_batch_sample's masks spread over the CPU threads (gen::row_masks), shared by the CPU and GPU tests: every
+// forward_batch_sample's masks spread over the CPU threads (batch_masks), shared by the CPU and GPU tests: every
 // row drawn from its own mask (each row's a different residue class of the ids), one row's throwing mask its error
 // alone, the masks run on more than one thread where the pool has them.
 #pragma once
