@@ -8,6 +8,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -193,15 +194,26 @@ void gemm_bf16(const GemmDesc& g0, const uint16_t* A, const uint16_t* B, void* D
   if (g.lda < g.k || g.ldb < g.k || g.ldd < g.n)
     throw Error("gemm_bf16: leading dimensions (" + std::to_string(g.lda) + ", " + std::to_string(g.ldb) + ", " + std::to_string(g.ldd) +
                 ") below the row lengths (k " + std::to_string(g.k) + ", n " + std::to_string(g.n) + ")");
-  // Plans are cached per thread and shape: creating one (handle, heuristic) costs far more than the decode step's
-  // head GEMM, and nothing may be created inside a CUDA graph capture.
+  // Plans are cached per shape for the whole process: creating one (handle, heuristic) costs far more than the decode
+  // step's head GEMM, and nothing may be created inside a CUDA graph capture. Shared by the threads, because a step's
+  // graph may be captured on a thread other than the one whose eager warm-up step made its plans (plumb serve's
+  // requests run on its worker threads); a cache per thread made that capture create a plan. cuBLASLt's calls are
+  // thread safe on one handle, and nothing of a plan changes once made (the stream and workspace come with each call).
+  // Kept to the process's end, never destroyed: at exit the CUDA runtime may already be gone. (One device: the
+  // backend runs on device 0.)
   const int ds = g.d_f32 ? 4 : 2;
   const std::array<int, 3> al = {alignment(A, g.lda * 2, g.a_stride * 2), alignment(B, g.ldb * 2, g.b_stride * 2),
                                  alignment(D, g.ldd * ds, g.d_stride * ds)};
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, bool, std::array<int, 3>>;
-  thread_local std::map<Key, std::unique_ptr<Plan>> plans;
-  auto& p = plans[Key{g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, g.a_stride, g.b_stride, g.d_stride, g.d_f32, al}];
-  if (!p) p = std::make_unique<Plan>(g, al);
+  static std::mutex mu;
+  static auto* plans = new std::map<Key, std::unique_ptr<Plan>>;
+  Plan* p = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    auto& slot = (*plans)[Key{g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, g.a_stride, g.b_stride, g.d_stride, g.d_f32, al}];
+    if (!slot) slot = std::make_unique<Plan>(g, al);  // (a throwing constructor leaves the slot empty: tried again next time)
+    p = slot.get();
+  }
   p->run(A, B, D, s, g.workspace);
 }
 

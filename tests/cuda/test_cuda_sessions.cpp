@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -185,6 +186,54 @@ TEST_F(GpuTest, GraphsReplayAfterTheirCapturingThreadEnded) {
   std::vector<Tensor> want;
   want.push_back(alone->forward(t, std::span<const int32_t>(toks.data(), 24)));
   for (size_t i = 24; i < 56; ++i) want.push_back(alone->forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], "call " + std::to_string(i));
+}
+
+// A step's graph warmed (its eager step) on one thread and captured on another, each thread new: the capture finds
+// the cuBLASLt plan of kernel-dims' bf16 LM head (cuda.head_bf16, in cuda.fast) that the warm-up made, instead of
+// creating one inside the capture (plumb serve's requests move a session between its worker threads). The capture
+// must succeed, the session keep its graphs, and every logit be the bits of the same steps in a model of its own.
+TEST_F(GpuTest, GraphsCaptureOnAThreadOtherThanTheOneThatWarmedThem) {
+  using namespace plumb;
+  const auto m = load("kernel-dims", "cuda.fast"), alone = load("kernel-dims", "cuda.fast");
+  const auto toks = test_prompt(64, int(m->config().vocab));
+  SessionState s = m->new_state(), t = alone->new_state();
+  std::vector<Tensor> got;
+  const auto step = [&](size_t i) { return m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last); };
+  const auto on_a_new_thread = [](const std::function<void()>& f) {
+    std::string error;
+    std::thread th([&] {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    th.join();
+    return error;
+  };
+  // Thread 1: the prefill and the first one-token step, which runs eagerly and warms the step's graph.
+  ASSERT_EQ(on_a_new_thread([&] {
+              got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24), nullptr, LogitRows::Last));
+              got.push_back(step(24));
+            }),
+            "");
+  const int64_t captures = s.dev->graph_captures, launches = s.dev->graph_launches;
+  // Thread 2: its first step captures the graph thread 1 warmed (the test's point: no eager step before it here).
+  int64_t captures_after_first = 0;
+  ASSERT_EQ(on_a_new_thread([&] {
+              got.push_back(step(25));
+              captures_after_first = s.dev->graph_captures;
+              for (size_t i = 26; i < 40; ++i) got.push_back(step(i));
+            }),
+            "");
+  EXPECT_FALSE(s.dev->graphs_failed) << "the capture on the second thread failed";
+  EXPECT_EQ(captures_after_first, captures + 1) << "the second thread's first step did not capture the warmed graph";
+  EXPECT_GT(s.dev->graph_launches, launches + 1) << "the second thread's steps replayed no graph";
+  std::vector<Tensor> want;
+  want.push_back(alone->forward(t, std::span<const int32_t>(toks.data(), 24), nullptr, LogitRows::Last));
+  for (size_t i = 24; i < 40; ++i) want.push_back(alone->forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], "call " + std::to_string(i));
 }
