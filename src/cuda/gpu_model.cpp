@@ -636,8 +636,7 @@ class GpuForward : public DeviceForward {
         std::vector<float> row(V);
         d2h(row.data(), logits + size_t(b) * V, V * 4);
         try {
-          (void)r.sampler->distribution(row, r.history);
-          fail("forward_batch: session {}: the device found no finite logit but the host sampler did", b);
+          throw_no_finite_row(*r.sampler, row, r.history, fmt::format("forward_batch: session {}", b));
         } catch (...) {
           r.error = std::current_exception();
         }

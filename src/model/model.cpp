@@ -101,10 +101,7 @@ int32_t Model::forward_sample(SessionState& st, std::span<const int32_t> tokens,
     throw;
   }
   st.pos += int64_t(tokens.size());  // (fed, as on the host, even when the sampling fails below)
-  if (id < 0) {
-    (void)sampler.distribution(row, history);  // throws: no finite logit (the message says what the row held)
-    fail("forward_sample: the device found no finite logit at position {} but the host sampler did", st.pos - 1);
-  }
+  if (id < 0) throw_no_finite_row(sampler, row, history, fmt::format("forward_sample: position {}", st.pos - 1));
   return id;
 }
 
@@ -220,6 +217,12 @@ Tensor Model::forward_batch(std::span<SessionState* const> states, std::span<con
     return logits;
   }
   return cpu_forward(runs, tokens, nullptr, LogitRows::All, {});
+}
+
+void throw_no_finite_row(const Sampler& sampler, std::span<const float> row, std::span<const int32_t> history,
+                         const std::string& where) {
+  (void)sampler.distribution(row, history);  // throws: no finite logit (the message says what the row held)
+  fail("{}: the device found no finite logit but the host sampler did", where);
 }
 
 std::vector<uint32_t> batch_masks(std::span<const BatchRow> rows, size_t words, std::vector<std::exception_ptr>& errors) {

@@ -38,6 +38,12 @@ inline std::vector<int32_t> batch_tokens(std::span<const BatchRow> rows) {
 // runs on one thread, several rows' at the same time).
 std::vector<uint32_t> batch_masks(std::span<const BatchRow> rows, size_t words, std::vector<std::exception_ptr>& errors);
 
+// A device sampler found no finite logit in `row` (after the penalties; the row as it sampled it): throws the host
+// sampler's own error for that row (Sampler::distribution's, which says what it held), or, should the host find a
+// finite logit there, an error naming `where` (forward_sample's position, forward_batch_sample's session).
+[[noreturn]] void throw_no_finite_row(const Sampler& sampler, std::span<const float> row, std::span<const int32_t> history,
+                                      const std::string& where);
+
 // Session::forward_sample_masked's `allowed`: sets the bits of the tokens that may be drawn ((vocab + 31) / 32 words,
 // zeroed; bit id % 32 of word id / 32).
 using TokenFilter = std::function<void(std::span<uint32_t> allowed)>;
