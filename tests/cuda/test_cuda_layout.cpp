@@ -108,6 +108,28 @@ TEST_F(GpuTest, HostStageUploadsLandInStreamOrder) {
 }
 
 
+// detail::d2h: below 4 MB one cudaMemcpy, from 4 MB through two pinned 8 MB buffers in turn. Each size (the plain
+// path's largest, one staged chunk, a chunk and a float, four chunks and an odd tail) comes back whole, after the
+// thread's queued work: the last bytes of each buffer are written by an upload still queued when the download starts.
+TEST_F(GpuTest, DownloadsArriveWholeAndInStreamOrder) {
+  constexpr size_t MB = size_t(1) << 20;
+  cuda::HostStage stage;
+  for (const size_t bytes : {4 * MB - 4, 4 * MB, 8 * MB + 4, 32 * MB + 1000}) {
+    const size_t n = bytes / 4;
+    std::vector<int32_t> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = int32_t(i * 2654435761u);
+    cuda::DeviceBuffer d(bytes);
+    cuda::detail::h2d(d.get(), want.data(), bytes);
+    std::vector<int32_t> tail(1024);
+    for (size_t i = 0; i < tail.size(); ++i) tail[i] = -int32_t(i) - 1;
+    stage.upload(d.as<int32_t>() + (n - tail.size()), tail.data(), tail.size() * 4);  // (queued, not waited for)
+    std::copy(tail.begin(), tail.end(), want.end() - std::ptrdiff_t(tail.size()));
+    std::vector<int32_t> got(n, 0);
+    cuda::detail::d2h(got.data(), d.get(), bytes);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << bytes << " bytes: int " << i << " (chunk " << i * 4 / (8 * MB) << ")";
+  }
+}
+
 // The phase bench's persistent launch (`plumb bench --only phases`): every staging mode, with and without the
 // latency-bound steps, runs to completion twice in a row on small buffers and leaves its barrier words zero (a
 // second launch would otherwise pass its barriers early, or hang), and the read data never matches the sink's magic;
