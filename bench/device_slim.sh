@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Before and after a device-tool run, on the development machine: the tool copies the tracked tree plus `carry`, at
 # most 64 MiB, and the tracked tree (fixtures, logs) plus build-carry/ is over that. `out` moves what the GPU machine
-# never reads (bench/results/, tests/data/tokenizer/) to $SLIM (default /tmp/plumb-slim) and prints the size that
+# never reads (bench/results/, tests/data/tokenizer/, tests/fuzz/corpus/) to $SLIM (default /tmp/plumb-slim) and prints the size that
 # will travel; `back` returns them. Nothing is deleted: `back` merges into a folder that is there again and refuses to overwrite
 # an entry of it.
 #
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLIM=${SLIM:-/tmp/plumb-slim}
-paths=(bench/results tests/data/tokenizer)
+paths=(bench/results tests/data/tokenizer tests/fuzz/corpus)
 # SLIM_REF=1: also the official-code fixtures that only OFFICIAL=1 runs read (the CUDA tests read csa-long-ref,
 # tiny-official-ref, wide-window-ref and wide-prefill-ref: they stay; v-yarn-both-ref stays too, for GpuNumericsGolden's
 # glob: the official numerics' plain sliding-window rope on the GPU, 0.9 MB), for a carry with a third binary; gpu_forward.sh
