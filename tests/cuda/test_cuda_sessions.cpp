@@ -37,6 +37,30 @@ std::shared_ptr<plumb::Model> load(const std::string& fixture, const std::string
   return plumb::Model::load(std::string(PLUMB_TEST_DATA) + "/golden/" + fixture, plumb::parse_patches(patches).options, {}, "cuda");
 }
 
+// Runs f on a thread of its own to its end: what it threw, or "".
+std::string on_a_new_thread(const std::function<void()>& f) {
+  std::string error;
+  std::thread th([&] {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  th.join();
+  return error;
+}
+
+// The logits of a 24-token prefill (every row) and then one-token steps to `end`, in a session of its own.
+std::vector<plumb::Tensor> steps_alone(const plumb::Model& m, const std::vector<int32_t>& toks, size_t end) {
+  using namespace plumb;
+  SessionState t = m.new_state();
+  std::vector<Tensor> want;
+  want.push_back(m.forward(t, std::span<const int32_t>(toks.data(), 24)));
+  for (size_t i = 24; i < end; ++i) want.push_back(m.forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  return want;
+}
+
 // Two sessions of one model and a third: the second's prefill, as long as the first's, allocates nothing (the scratch
 // is the model's, sized by the first); the third's longer chunk grows it, after which the first two's captured
 // one-token steps are re-captured, never replayed over the moved buffers. Every logit is the bits of the same steps
@@ -165,27 +189,20 @@ TEST_F(GpuTest, GraphsReplayAfterTheirCapturingThreadEnded) {
   using namespace plumb;
   const auto m = load("kernel-dims", "cuda.fast"), alone = load("kernel-dims", "cuda.fast");
   const auto toks = test_prompt(64, int(m->config().vocab));
-  SessionState s = m->new_state(), t = alone->new_state();
+  SessionState s = m->new_state();
   std::vector<Tensor> got;
-  std::string error;
-  std::thread first([&] {
-    try {
-      got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24)));
-      for (size_t i = 24; i < 40; ++i) got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  first.join();
-  ASSERT_EQ(error, "");
+  ASSERT_EQ(on_a_new_thread([&] {
+              got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24)));
+              for (size_t i = 24; i < 40; ++i)
+                got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+            }),
+            "");
   ASSERT_GT(s.dev->graph_captures, 0);
   const int64_t launches = s.dev->graph_launches;
   for (size_t i = 40; i < 56; ++i) got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
   EXPECT_GT(s.dev->graph_launches, launches) << "the main thread's steps replayed no graph";
   EXPECT_FALSE(s.dev->graphs_failed);
-  std::vector<Tensor> want;
-  want.push_back(alone->forward(t, std::span<const int32_t>(toks.data(), 24)));
-  for (size_t i = 24; i < 56; ++i) want.push_back(alone->forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  const std::vector<Tensor> want = steps_alone(*alone, toks, 56);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], "call " + std::to_string(i));
 }
@@ -198,24 +215,12 @@ TEST_F(GpuTest, GraphsCaptureOnAThreadOtherThanTheOneThatWarmedThem) {
   using namespace plumb;
   const auto m = load("kernel-dims", "cuda.fast"), alone = load("kernel-dims", "cuda.fast");
   const auto toks = test_prompt(64, int(m->config().vocab));
-  SessionState s = m->new_state(), t = alone->new_state();
+  SessionState s = m->new_state();
   std::vector<Tensor> got;
   const auto step = [&](size_t i) { return m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last); };
-  const auto on_a_new_thread = [](const std::function<void()>& f) {
-    std::string error;
-    std::thread th([&] {
-      try {
-        f();
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    });
-    th.join();
-    return error;
-  };
   // Thread 1: the prefill and the first one-token step, which runs eagerly and warms the step's graph.
   ASSERT_EQ(on_a_new_thread([&] {
-              got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24), nullptr, LogitRows::Last));
+              got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24)));
               got.push_back(step(24));
             }),
             "");
@@ -231,9 +236,7 @@ TEST_F(GpuTest, GraphsCaptureOnAThreadOtherThanTheOneThatWarmedThem) {
   EXPECT_FALSE(s.dev->graphs_failed) << "the capture on the second thread failed";
   EXPECT_EQ(captures_after_first, captures + 1) << "the second thread's first step did not capture the warmed graph";
   EXPECT_GT(s.dev->graph_launches, launches + 1) << "the second thread's steps replayed no graph";
-  std::vector<Tensor> want;
-  want.push_back(alone->forward(t, std::span<const int32_t>(toks.data(), 24), nullptr, LogitRows::Last));
-  for (size_t i = 24; i < 40; ++i) want.push_back(alone->forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  const std::vector<Tensor> want = steps_alone(*alone, toks, 40);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], "call " + std::to_string(i));
 }
