@@ -35,6 +35,9 @@ void gemm_bf16(const GemmDesc&, const uint16_t*, const uint16_t*, void*, Stream)
   throw Error("gemm_bf16: this plumb was built without cuBLASLt");
 }
 
+int64_t gemm_plans_made() { return 0; }
+int64_t gemm_calls() { return 0; }
+
 GemmRate measure_bf16_gemm(int m, int n, int k, int, int iters, Stream) {
   GemmRate r;
   r.m = m, r.n = n, r.k = k, r.iters = iters;
@@ -179,6 +182,9 @@ int alignment(const void* p, int64_t ld_bytes, int64_t stride_bytes) {
   return int(v & (~v + 1));
 }
 
+std::mutex plans_mu;  // gemm_bf16's plan cache and the counters below (tests)
+int64_t plans_made = 0, calls = 0;
+
 GemmDesc filled(GemmDesc g) {
   if (!g.lda) g.lda = g.k;
   if (!g.ldb) g.ldb = g.k;
@@ -205,16 +211,28 @@ void gemm_bf16(const GemmDesc& g0, const uint16_t* A, const uint16_t* B, void* D
   const std::array<int, 3> al = {alignment(A, g.lda * 2, g.a_stride * 2), alignment(B, g.ldb * 2, g.b_stride * 2),
                                  alignment(D, g.ldd * ds, g.d_stride * ds)};
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, bool, std::array<int, 3>>;
-  static std::mutex mu;
   static auto* plans = new std::map<Key, std::unique_ptr<Plan>>;
   Plan* p = nullptr;
   {
-    const std::lock_guard<std::mutex> lock(mu);
+    const std::lock_guard<std::mutex> lock(plans_mu);
     auto& slot = (*plans)[Key{g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, g.a_stride, g.b_stride, g.d_stride, g.d_f32, al}];
-    if (!slot) slot = std::make_unique<Plan>(g, al);  // (a throwing constructor leaves the slot empty: tried again next time)
+    if (!slot) {
+      slot = std::make_unique<Plan>(g, al);  // (a throwing constructor leaves the slot empty: tried again next time)
+      ++plans_made;
+    }
     p = slot.get();
+    ++calls;
   }
   p->run(A, B, D, s, g.workspace);
+}
+
+int64_t gemm_plans_made() {
+  const std::lock_guard<std::mutex> lock(plans_mu);
+  return plans_made;
+}
+int64_t gemm_calls() {
+  const std::lock_guard<std::mutex> lock(plans_mu);
+  return calls;
 }
 
 void gemm_bf16(const uint16_t* A, const uint16_t* B, void* D, bool d_f32, int m, int n, int k, Stream s) {

@@ -36,6 +36,10 @@ struct GemmDesc {
   void* workspace = nullptr;
 };
 void gemm_bf16(const GemmDesc& g, const uint16_t* A, const uint16_t* B, void* D, Stream s = nullptr);
+// Tests: the cuBLASLt plans made so far in this process (one per GEMM shape, shared by the threads), and the
+// gemm_bf16 calls (host count: eager calls and captures).
+int64_t gemm_plans_made();
+int64_t gemm_calls();
 
 // The device's bf16 tensor-core rate: an m x n x k bf16 GEMM (random inputs, bf16 out, fp32 accumulate), the
 // median of `iters` timed runs after `warmup` untimed ones.

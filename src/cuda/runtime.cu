@@ -108,44 +108,55 @@ void h2d(void* dst, const void* src, size_t bytes) {
 // Large downloads go through pinned memory: cudaMemcpy into pageable memory moved ~1.8 GB/s in session 86's H100 run
 // (128 sessions' logits, 66 MB: 37 ms of a 47 ms step), where the pinned copy runs at PCIe's rate. Chunks of
 // kStageChunk in two pinned buffers: the device fills one while the host copies the other out, so the host copy is
-// the only cost beyond the transfer. One pair for the process (serialized: the downloads share the one PCIe link),
-// allocated at the first large download and kept to the process's end. Ordered as cudaMemcpy was: after the calling
-// thread's stream's queued work (per-thread default stream), and its errors surface here.
+// the only cost beyond the transfer. One pair for the process (the downloads share the one PCIe link), allocated at
+// the first large download and kept to the process's end; its lock is taken once the caller's queued work is done,
+// so it covers the transfers only. Ordered as cudaMemcpy was: after the calling thread's stream's queued work
+// (per-thread default stream), and that work's errors surface here.
 constexpr size_t kStageChunk = size_t(8) << 20, kStageMin = size_t(4) << 20;
 void d2h(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
-  if (bytes < kStageMin) {
-    PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return;
-  }
   struct Stage {
     void* buf[2] = {};
     cudaEvent_t done[2] = {};
   };
   static std::mutex mu;
-  const std::lock_guard<std::mutex> lock(mu);
   static Stage* st = nullptr;
-  if (!st) {
+  static std::atomic<bool> no_stage{false};  // pinning failed once: plain copies from then on
+  if (bytes < kStageMin || no_stage) {
+    PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return;
+  }
+  PLUMB_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+  std::unique_lock<std::mutex> lock(mu);
+  if (!st && !no_stage) {
     auto* n = new Stage;
-    for (int i = 0; i < 2; ++i) {
-      if (cudaMallocHost(&n->buf[i], kStageChunk) != cudaSuccess || cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError();  // (not sticky) no pinned memory to spare: the plain copy
-        for (int j = 0; j < 2; ++j) {
-          if (n->buf[j]) cudaFreeHost(n->buf[j]);
-          if (n->done[j]) cudaEventDestroy(n->done[j]);
-        }
-        delete n;
-        PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-        return;
+    bool ok = true;
+    for (int i = 0; i < 2 && ok; ++i)
+      ok = cudaMallocHost(&n->buf[i], kStageChunk) == cudaSuccess &&
+           cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming) == cudaSuccess;
+    if (ok) {
+      st = n;
+    } else {
+      cudaGetLastError();  // (not sticky) no pinned memory to spare
+      for (int j = 0; j < 2; ++j) {
+        if (n->buf[j]) cudaFreeHost(n->buf[j]);
+        if (n->done[j]) cudaEventDestroy(n->done[j]);
       }
+      delete n;
+      no_stage = true;
     }
-    st = n;
+  }
+  if (!st) {
+    lock.unlock();
+    PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return;
   }
   const size_t chunks = (bytes + kStageChunk - 1) / kStageChunk;
   auto part = [&](size_t i) { return std::min(kStageChunk, bytes - i * kStageChunk); };
   auto check = [](cudaError_t e) {
     if (e == cudaSuccess) return;
     cudaStreamSynchronize(cudaStreamPerThread);  // (no copy of ours left in flight into the buffers)
+    cudaGetLastError();                          // (a later launch's check must not report this error as its own)
     PLUMB_CUDA_CHECK(e);
   };
   auto queue = [&](size_t i) {

@@ -1,8 +1,13 @@
 // The CUDA backend's plumbing: the FP4 decode layout (host only: runs without a GPU), the availability report, the
-// host stage's uploads, and the phase bench's persistent launch.
+// host stage's uploads, the large downloads' staging, and the phase bench's persistent launch.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "core/parallel.h"
 #include "cuda/fp4_layout.h"
@@ -109,25 +114,55 @@ TEST_F(GpuTest, HostStageUploadsLandInStreamOrder) {
 
 
 // detail::d2h: below 4 MB one cudaMemcpy, from 4 MB through two pinned 8 MB buffers in turn. Each size (the plain
-// path's largest, one staged chunk, a chunk and a float, four chunks and an odd tail) comes back whole, after the
-// thread's queued work: the last bytes of each buffer are written by an upload still queued when the download starts.
+// path's largest, one staged chunk, a chunk and a float, four chunks and an odd tail) comes back whole and after the
+// thread's queued work: the first and last 4 KB of each buffer are written by uploads queued behind a 20 ms device
+// delay, still pending when the download starts (a download not ordered behind them reads the old bytes). Then two
+// threads download 24 MB buffers at the same time, each its own (the staging buffers are the process's).
 TEST_F(GpuTest, DownloadsArriveWholeAndInStreamOrder) {
   constexpr size_t MB = size_t(1) << 20;
+  auto pattern = [](size_t n, uint32_t salt) {
+    std::vector<int32_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = int32_t((i + salt) * 2654435761u);
+    return v;
+  };
   cuda::HostStage stage;
   for (const size_t bytes : {4 * MB - 4, 4 * MB, 8 * MB + 4, 32 * MB + 1000}) {
     const size_t n = bytes / 4;
-    std::vector<int32_t> want(n);
-    for (size_t i = 0; i < n; ++i) want[i] = int32_t(i * 2654435761u);
+    std::vector<int32_t> want = pattern(n, 0);
     cuda::DeviceBuffer d(bytes);
     cuda::detail::h2d(d.get(), want.data(), bytes);
-    std::vector<int32_t> tail(1024);
-    for (size_t i = 0; i < tail.size(); ++i) tail[i] = -int32_t(i) - 1;
-    stage.upload(d.as<int32_t>() + (n - tail.size()), tail.data(), tail.size() * 4);  // (queued, not waited for)
-    std::copy(tail.begin(), tail.end(), want.end() - std::ptrdiff_t(tail.size()));
+    std::vector<int32_t> late(1024);
+    for (size_t i = 0; i < late.size(); ++i) late[i] = -int32_t(i) - 1;
+    cuda::detail::device_delay(nullptr, 20'000'000);
+    stage.upload(d.get(), late.data(), late.size() * 4);  // (queued behind the delay, not waited for)
+    stage.upload(d.as<int32_t>() + (n - late.size()), late.data(), late.size() * 4);
+    std::copy(late.begin(), late.end(), want.begin());
+    std::copy(late.begin(), late.end(), want.end() - std::ptrdiff_t(late.size()));
     std::vector<int32_t> got(n, 0);
     cuda::detail::d2h(got.data(), d.get(), bytes);
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << bytes << " bytes: int " << i << " (chunk " << i * 4 / (8 * MB) << ")";
   }
+  const size_t n = 24 * MB / 4;
+  std::array<std::vector<int32_t>, 2> want = {pattern(n, 1), pattern(n, 2)}, got;
+  std::array<std::string, 2> error;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        cuda::DeviceBuffer d(n * 4);
+        cuda::detail::h2d(d.get(), want[size_t(t)].data(), n * 4);
+        for (int k = 0; k < 4; ++k) {  // (several rounds, so the two threads' downloads overlap)
+          got[size_t(t)].assign(n, 0);
+          cuda::detail::d2h(got[size_t(t)].data(), d.get(), n * 4);
+          if (got[size_t(t)] != want[size_t(t)]) throw std::runtime_error("round " + std::to_string(k) + " differs");
+        }
+      } catch (const std::exception& e) {
+        error[size_t(t)] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(error[0], "") << "thread 0";
+  EXPECT_EQ(error[1], "") << "thread 1";
 }
 
 // The phase bench's persistent launch (`plumb bench --only phases`): every staging mode, with and without the
