@@ -106,7 +106,8 @@ void h2d(void* dst, const void* src, size_t bytes) {
   if (bytes) PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 // Large downloads go through pinned memory: cudaMemcpy into pageable memory moved ~1.8 GB/s in session 86's H100 run
-// (128 sessions' logits, 66 MB: 37 ms of a 47 ms step), where the pinned copy runs at PCIe's rate. Chunks of
+// (128 sessions' logits, 66 MB: 37 ms of a 47 ms step); a copy into pinned memory runs at PCIe's rate (this staging's
+// own effect not yet measured). Chunks of
 // kStageChunk in two pinned buffers: the device fills one while the host copies the other out, so the host copy is
 // the only cost beyond the transfer. One pair for the process (the downloads share the one PCIe link), allocated at
 // the first large download and kept to the process's end; its lock is taken once the caller's queued work is done,
