@@ -1,8 +1,5 @@
 // Device management, memory, events and the bench's device-side fills and bandwidth probes.
-#include <algorithm>
 #include <atomic>
-#include <cstring>
-#include <mutex>
 
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
@@ -105,72 +102,11 @@ void dfree(void* p) noexcept {
 void h2d(void* dst, const void* src, size_t bytes) {
   if (bytes) PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
-// Large downloads go through pinned memory: cudaMemcpy into pageable memory moved ~1.8 GB/s in session 86's H100 run
-// (128 sessions' logits, 66 MB: 37 ms of a 47 ms step); a copy into pinned memory runs at PCIe's rate (this staging's
-// own effect not yet measured). Chunks of
-// kStageChunk in two pinned buffers: the device fills one while the host copies the other out, so the host copy is
-// the only cost beyond the transfer. One pair for the process (the downloads share the one PCIe link), allocated at
-// the first large download and kept to the process's end; its lock is taken once the caller's queued work is done,
-// so it covers the transfers only. Ordered as cudaMemcpy was: after the calling thread's stream's queued work
-// (per-thread default stream), and that work's errors surface here.
-constexpr size_t kStageChunk = size_t(8) << 20, kStageMin = size_t(4) << 20;
+// (Session 86 staged downloads of 4 MB or more through two pinned 8 MB buffers, the host copying one out while the
+// device filled the other: on an H100 the 128 sessions' 66 MB of logits took longer than this plain copy (a step 47.3
+// -> 55.3 ms, bench/results/h100-session86/), the driver's own staging being the better one. Dropped.)
 void d2h(void* dst, const void* src, size_t bytes) {
-  if (!bytes) return;
-  struct Stage {
-    void* buf[2] = {};
-    cudaEvent_t done[2] = {};
-  };
-  static std::mutex mu;
-  static Stage* st = nullptr;
-  static std::atomic<bool> no_stage{false};  // pinning failed once: plain copies from then on
-  if (bytes < kStageMin || no_stage) {
-    PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return;
-  }
-  PLUMB_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
-  std::unique_lock<std::mutex> lock(mu);
-  if (!st && !no_stage) {
-    auto* n = new Stage;
-    bool ok = true;
-    for (int i = 0; i < 2 && ok; ++i)
-      ok = cudaMallocHost(&n->buf[i], kStageChunk) == cudaSuccess &&
-           cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming) == cudaSuccess;
-    if (ok) {
-      st = n;
-    } else {
-      cudaGetLastError();  // (not sticky) no pinned memory to spare
-      for (int j = 0; j < 2; ++j) {
-        if (n->buf[j]) cudaFreeHost(n->buf[j]);
-        if (n->done[j]) cudaEventDestroy(n->done[j]);
-      }
-      delete n;
-      no_stage = true;
-    }
-  }
-  if (!st) {
-    lock.unlock();
-    PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return;
-  }
-  const size_t chunks = (bytes + kStageChunk - 1) / kStageChunk;
-  auto part = [&](size_t i) { return std::min(kStageChunk, bytes - i * kStageChunk); };
-  auto check = [](cudaError_t e) {
-    if (e == cudaSuccess) return;
-    cudaStreamSynchronize(cudaStreamPerThread);  // (no copy of ours left in flight into the buffers)
-    cudaGetLastError();                          // (a later launch's check must not report this error as its own)
-    PLUMB_CUDA_CHECK(e);
-  };
-  auto queue = [&](size_t i) {
-    check(cudaMemcpyAsync(st->buf[i % 2], static_cast<const char*>(src) + i * kStageChunk, part(i), cudaMemcpyDeviceToHost,
-                          cudaStreamPerThread));
-    check(cudaEventRecord(st->done[i % 2], cudaStreamPerThread));
-  };
-  queue(0);
-  for (size_t i = 0; i < chunks; ++i) {
-    if (i + 1 < chunks) queue(i + 1);  // (into the other buffer, whose chunk i - 1 was copied out last iteration)
-    check(cudaEventSynchronize(st->done[i % 2]));
-    std::memcpy(static_cast<char*>(dst) + i * kStageChunk, st->buf[i % 2], part(i));
-  }
+  if (bytes) PLUMB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 void* hmalloc_pinned(size_t bytes) {
   void* p = nullptr;

@@ -1,5 +1,5 @@
 // The CUDA backend's plumbing: the FP4 decode layout (host only: runs without a GPU), the availability report, the
-// host stage's uploads, the large downloads' staging, and the phase bench's persistent launch.
+// host stage's uploads, the downloads' order, and the phase bench's persistent launch.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -113,11 +113,11 @@ TEST_F(GpuTest, HostStageUploadsLandInStreamOrder) {
 }
 
 
-// detail::d2h: below 4 MB one cudaMemcpy, from 4 MB through two pinned 8 MB buffers in turn. Each size (the plain
-// path's largest, one staged chunk, a chunk and a float, four chunks and an odd tail) comes back whole and after the
-// thread's queued work: the first and last 4 KB of each buffer are written by uploads queued behind a 20 ms device
-// delay, still pending when the download starts (a download not ordered behind them reads the old bytes). Then two
-// threads download 24 MB buffers at the same time, each its own (the staging buffers are the process's).
+// detail::d2h (every download of the forward's results): each size (4 MB and around 8 MB bounds, as session 86's
+// dropped staging chunked them, and an odd tail) comes back whole and after the thread's queued work: the first and
+// last 4 KB of each buffer are written by uploads queued behind a 20 ms device delay, still pending when the download
+// starts (a download not ordered behind them reads the old bytes). Then two threads download 24 MB buffers at the
+// same time, each its own.
 TEST_F(GpuTest, DownloadsArriveWholeAndInStreamOrder) {
   constexpr size_t MB = size_t(1) << 20;
   auto pattern = [](size_t n, uint32_t salt) {
