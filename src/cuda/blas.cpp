@@ -203,7 +203,8 @@ void gemm_bf16(const GemmDesc& g0, const uint16_t* A, const uint16_t* B, void* D
   // Plans are cached per shape for the whole process: creating one (handle, heuristic) costs far more than the decode
   // step's head GEMM, and nothing may be created inside a CUDA graph capture. Shared by the threads, because a step's
   // graph may be captured on a thread other than the one whose eager warm-up step made its plans (plumb serve's
-  // requests run on its worker threads); a cache per thread made that capture create a plan. cuBLASLt's calls are
+  // requests run on its worker threads); a cache per thread made that capture create a plan (which CUDA 13's cuBLASLt
+  // survived in session 86's probe, though nothing documents it). cuBLASLt's calls are
   // thread safe on one handle, and nothing of a plan changes once made (the stream and workspace come with each call).
   // Kept to the process's end, never destroyed: at exit the CUDA runtime may already be gone. (One device: the
   // backend runs on device 0.)
