@@ -52,13 +52,18 @@ std::string on_a_new_thread(const std::function<void()>& f) {
   return error;
 }
 
+// Session st's one-token step on toks[i]: its logits.
+plumb::Tensor one_step(const plumb::Model& m, plumb::SessionState& st, const std::vector<int32_t>& toks, size_t i) {
+  return m.forward(st, std::span<const int32_t>(toks.data() + i, 1), nullptr, plumb::LogitRows::Last);
+}
+
 // The logits of a 24-token prefill (every row) and then one-token steps to `end`, in a session of its own.
 std::vector<plumb::Tensor> steps_alone(const plumb::Model& m, const std::vector<int32_t>& toks, size_t end) {
   using namespace plumb;
   SessionState t = m.new_state();
   std::vector<Tensor> want;
   want.push_back(m.forward(t, std::span<const int32_t>(toks.data(), 24)));
-  for (size_t i = 24; i < end; ++i) want.push_back(m.forward(t, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  for (size_t i = 24; i < end; ++i) want.push_back(one_step(m, t, toks, i));
   return want;
 }
 
@@ -194,13 +199,12 @@ TEST_F(GpuTest, GraphsReplayAfterTheirCapturingThreadEnded) {
   std::vector<Tensor> got;
   ASSERT_EQ(on_a_new_thread([&] {
               got.push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24)));
-              for (size_t i = 24; i < 40; ++i)
-                got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+              for (size_t i = 24; i < 40; ++i) got.push_back(one_step(*m, s, toks, i));
             }),
             "");
   ASSERT_GT(s.dev->graph_captures, 0);
   const int64_t launches = s.dev->graph_launches;
-  for (size_t i = 40; i < 56; ++i) got.push_back(m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last));
+  for (size_t i = 40; i < 56; ++i) got.push_back(one_step(*m, s, toks, i));
   EXPECT_GT(s.dev->graph_launches, launches) << "the main thread's steps replayed no graph";
   EXPECT_FALSE(s.dev->graphs_failed);
   const std::vector<Tensor> want = steps_alone(*alone, toks, 56);
@@ -221,7 +225,7 @@ TEST_F(GpuTest, GraphsCaptureOnAThreadOtherThanTheOneThatWarmedThem) {
   const auto toks = test_prompt(64, int(m->config().vocab));
   SessionState s = m->new_state();
   std::vector<Tensor> got;
-  const auto step = [&](size_t i) { return m->forward(s, std::span<const int32_t>(toks.data() + i, 1), nullptr, LogitRows::Last); };
+  const auto step = [&](size_t i) { return one_step(*m, s, toks, i); };
   // Thread 1: the prefill and the first one-token step, which runs eagerly and warms the step's graph.
   int64_t gemms = 0;
   ASSERT_EQ(on_a_new_thread([&] {
