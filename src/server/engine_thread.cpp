@@ -164,43 +164,58 @@ QueuedSession::~QueuedSession() {
   }
 }
 
-std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
-  if (tokens.size() == 1) return thread_.step(*real_, tokens[0]);
-  std::vector<float> out;
+// A prompt's call on the engine thread: `last` (the call proper) on the whole of it, or, past kPrefillPiece tokens,
+// forward() on each piece but the last and `last` on that, a call each (chunked prefill: the running generations'
+// steps go on between them). The call stays one call: a stop or an error in any piece puts the session back where it
+// was before the first; a failure once every token is fed (the draw: a sampler's refusal, a mask's exception) leaves
+// them fed, as one call does.
+void QueuedSession::in_pieces(std::span<const int32_t> tokens, const std::function<void(std::span<const int32_t>)>& last) {
   if (tokens.size() <= kPrefillPiece) {
-    thread_.run([&] { out = real_->forward(tokens); });
-    return out;
+    thread_.run([&] { last(tokens); });
+    return;
   }
-  // A long prompt in pieces, one call each, so that the other generations' steps run between them (chunked prefill).
-  // The call stays one call: a stop or an error in any piece puts the session back where it was before the first.
   std::shared_ptr<const SessionCheckpoint> before;
   thread_.run([&] { before = real_->checkpoint(); });
   try {
     for (size_t at = 0; at < tokens.size(); at += kPrefillPiece) {
       const auto piece = tokens.subspan(at, std::min(kPrefillPiece, tokens.size() - at));
-      thread_.run([&] { out = real_->forward(piece); });
+      if (at + piece.size() < tokens.size()) thread_.run([&] { real_->forward(piece); });
+      else thread_.run([&] { last(piece); });
     }
   } catch (...) {
+    if (real_->position() == before->position() + int64_t(tokens.size())) throw;
     try {
       thread_.run([&] { real_->restore(*before); });
     } catch (...) {  // (the session's own error says it could not be put back: its next call is refused)
     }
     throw;
   }
+}
+
+std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
+  if (tokens.size() == 1) return thread_.step(*real_, tokens[0]);
+  std::vector<float> out;
+  in_pieces(tokens, [&](std::span<const int32_t> piece) { out = real_->forward(piece); });
   return out;
 }
 
+// A prompt's first token drawn by the real session (on the GPU where the logits are: only the token comes back), on
+// the engine thread while the caller waits, as step_sample draws.
 int32_t QueuedSession::forward_sample(std::span<const int32_t> tokens, Sampler& sampler,
                                       std::span<const int32_t> history) {
   if (tokens.size() == 1) return thread_.step_sample(*real_, tokens[0], sampler, history, {});
-  return Session::forward_sample(tokens, sampler, history);  // (forward() above, in pieces; sampled on this thread)
+  int32_t id = -1;
+  in_pieces(tokens, [&](std::span<const int32_t> piece) { id = real_->forward_sample(piece, sampler, history); });
+  return id;
 }
 
 int32_t QueuedSession::forward_sample_masked(std::span<const int32_t> tokens, Sampler& sampler,
                                              std::span<const int32_t> history,
                                              const std::function<void(std::span<uint32_t>)>& allowed) {
   if (tokens.size() == 1) return thread_.step_sample(*real_, tokens[0], sampler, history, allowed);
-  return Session::forward_sample_masked(tokens, sampler, history, allowed);
+  int32_t id = -1;
+  in_pieces(tokens, [&](std::span<const int32_t> piece) { id = real_->forward_sample_masked(piece, sampler, history, allowed); });
+  return id;
 }
 
 std::vector<float> QueuedSession::forward_all(std::span<const int32_t> tokens) {

@@ -85,8 +85,10 @@ class EngineThread {
 // the batch), so that generations running at once share their decode steps. forward() of more than kPrefillPiece
 // tokens runs as pieces of that many, a call each (chunked prefill: a batch of the others' steps between two pieces),
 // under a checkpoint taken first, so that a stop (set_prefill_stop) or an error in any piece puts the session back as
-// before the call, as one call would. A sampling call of several tokens (a prompt) is Session's default: forward()
-// above, then the row sampled on the calling thread.
+// before the call, as one call would. A sampling call of several tokens (a prompt) goes the same way, its last piece
+// the real session's forward_sample / forward_sample_masked on the engine thread: the first token is drawn where the
+// logits are (on the GPU only it comes back), the sampler and the mask used there while the caller waits, as in
+// step_sample.
 class QueuedSession : public Session {
  public:
   // A piece's tokens: at V4-Flash's size about a tenth of a second of prefill on one H200 (43 layers), the longest the
@@ -109,6 +111,7 @@ class QueuedSession : public Session {
   const ModelInfo& info() const override { return real_->info(); }
 
  private:
+  void in_pieces(std::span<const int32_t> tokens, const std::function<void(std::span<const int32_t>)>& last);
   EngineThread& thread_;
   std::unique_ptr<Session> real_;
 };

@@ -254,4 +254,61 @@ TEST_F(GpuTest, GraphsCaptureOnAThreadOtherThanTheOneThatWarmedThem) {
   for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], "call " + std::to_string(i));
 }
 
+// Sessions created, stepped and destroyed on one thread while another thread's session captures its graphs: a
+// destroyed session frees its caches, graphs and pinned staging outside any turn on the scratch (its destructor takes
+// none), so those frees may fall inside the other thread's capture. The capture is thread-local
+// (cudaStreamCaptureModeThreadLocal), under which CUDA allows another thread's frees; this checks that it holds: each
+// round of the capturing thread (a new session: a 24-token prefill, then one-token steps that warm, capture and replay
+// under cuda.fast) keeps its graphs and gives the bits of the same steps in a model of its own. Whether a free lands
+// inside a capture is up to the scheduler: the test counts the frees that happened while the capturing thread held
+// its rounds and asks for some.
+TEST_F(GpuTest, SessionsDestroyedOnAnotherThreadDuringACapture) {
+  using namespace plumb;
+  const auto m = load("kernel-dims", "cuda.fast"), alone = load("kernel-dims", "cuda.fast");
+  const auto toks = test_prompt(64, int(m->config().vocab));
+  constexpr size_t kEnd = 34;  // each round: the prefill and 10 one-token steps
+  constexpr int kRounds = 6;
+  const std::vector<Tensor> want = steps_alone(*alone, toks, kEnd);
+  std::atomic<bool> capturing_done{false};
+  std::atomic<int> destroyed{0};
+  std::vector<std::vector<Tensor>> got(kRounds);
+  std::vector<int64_t> captures(kRounds), failed(kRounds);
+  std::string churn_error;
+  std::thread churn([&] {
+    try {
+      while (!capturing_done.load()) {
+        SessionState t = m->new_state();
+        m->forward(t, std::span<const int32_t>(toks.data() + 30, 8), nullptr, LogitRows::None);
+        for (size_t i = 38; i < 41; ++i) one_step(*m, t, toks, i);  // (eager, captured, replayed: graphs to free)
+        t = SessionState();  // freed here, outside any turn
+        ++destroyed;
+      }
+    } catch (const std::exception& e) {
+      churn_error = e.what();
+    }
+  });
+  const std::string error = on_a_new_thread([&] {
+    for (int r = 0; r < kRounds; ++r) {
+      SessionState s = m->new_state();
+      got[size_t(r)].push_back(m->forward(s, std::span<const int32_t>(toks.data(), 24)));
+      for (size_t i = 24; i < kEnd; ++i) got[size_t(r)].push_back(one_step(*m, s, toks, i));
+      captures[size_t(r)] = s.dev->graph_captures, failed[size_t(r)] = s.dev->graphs_failed;
+    }
+  });
+  const int during = destroyed.load();
+  capturing_done = true;
+  churn.join();
+  ASSERT_EQ(error, "") << "the capturing thread";
+  ASSERT_EQ(churn_error, "") << "the thread that creates and destroys sessions";
+  EXPECT_GT(during, 0) << "no session was destroyed while the other thread stepped: the test checked nothing";
+  for (int r = 0; r < kRounds; ++r) {
+    const std::string where = "round " + std::to_string(r);
+    EXPECT_GT(captures[size_t(r)], 0) << where << " captured no graph";
+    EXPECT_EQ(failed[size_t(r)], 0) << where << ": a capture failed";
+    ASSERT_EQ(got[size_t(r)].size(), want.size()) << where;
+    for (size_t i = 0; i < want.size(); ++i) expect_same(got[size_t(r)][i], want[i], where + ", call " + std::to_string(i));
+  }
+  std::printf("[ churn ] %d sessions destroyed during %d capturing rounds\n", during, kRounds);
+}
+
 }  // namespace

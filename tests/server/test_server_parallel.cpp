@@ -3,6 +3,7 @@
 // at a time; the prefix cache follows each conversation to its slot; the queue counts every slot.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "running_server.h"
+#include "plumb/text.h"
 #include "server/engine_thread.h"
 
 namespace plumb::server {
@@ -176,6 +178,61 @@ TEST(ParallelServe, ALongPromptIsFedInPiecesBesideOthersSteps) {
   s.set_prefill_stop({});
   const std::vector<float> again = s.forward(prompt);
   EXPECT_EQ(again, got);
+}
+
+// A long prompt's first token (forward_sample / forward_sample_masked through a QueuedSession) is drawn by the real
+// session on the engine thread, where the logits are (on the GPU only the token comes back), after the same pieces:
+// the token of a plain session fed those pieces and sampled alike, the mask asked on the engine thread; a mask that
+// throws leaves the tokens fed, as one call does, and a stop in the last piece puts the session back as before the call.
+TEST(ParallelServe, ALongPromptsFirstTokenIsDrawnOnTheEngineThread) {
+  EngineThread et;
+  const Engine& e = *tiny_engine();
+  const int32_t V = e.info().vocab_size;
+  std::vector<int32_t> prompt(QueuedSession::kPrefillPiece + 40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(V));
+  const std::span<const int32_t> head = std::span(prompt).first(QueuedSession::kPrefillPiece);
+  const std::span<const int32_t> tail = std::span(prompt).subspan(QueuedSession::kPrefillPiece);
+  SamplingParams sp;
+  sp.seed = 7;
+  const std::vector<int32_t> history(prompt.begin(), prompt.end());
+
+  auto ref = e.new_session();
+  ref->forward(head);
+  Sampler ref_sampler(sp, V);
+  const int32_t want = ref->forward_sample(tail, ref_sampler, history);
+
+  QueuedSession q(et, e);
+  Sampler sampler(sp, V);
+  EXPECT_EQ(q.forward_sample(prompt, sampler, history), want);
+  EXPECT_EQ(q.position(), int64_t(prompt.size()));
+
+  // Masked: only token `only` allowed (not the unmasked draw), the mask asked on the engine thread.
+  const int32_t only = (want + 1) % V;
+  std::thread::id asked_on;
+  const auto allowed = [&](std::span<uint32_t> bits) {
+    asked_on = std::this_thread::get_id();
+    std::fill(bits.begin(), bits.end(), 0u);
+    bits[size_t(only) / 32] |= 1u << (only % 32);
+  };
+  QueuedSession m(et, e);
+  Sampler masked_sampler(sp, V);
+  EXPECT_EQ(m.forward_sample_masked(prompt, masked_sampler, history, allowed), only);
+  EXPECT_NE(asked_on, std::thread::id());
+  EXPECT_NE(asked_on, std::this_thread::get_id()) << "the prompt's first token was drawn on the calling thread";
+
+  // A mask that throws: the call ends with its exception, the tokens fed (as one call leaves them).
+  QueuedSession t(et, e);
+  Sampler throw_sampler(sp, V);
+  EXPECT_THROW(t.forward_sample_masked(prompt, throw_sampler, history, [](std::span<uint32_t>) { throw Error("mask"); }), Error);
+  EXPECT_EQ(t.position(), int64_t(prompt.size()));
+
+  // A stop in the last piece (the tiny model's 4 layers: a piece's call asks 4 times): back at position 0.
+  QueuedSession s(et, e);
+  int asks = 0;
+  s.set_prefill_stop([&] { return ++asks == 6; });
+  Sampler stop_sampler(sp, V);
+  EXPECT_THROW(s.forward_sample(prompt, stop_sampler, history), Stopped);
+  EXPECT_EQ(s.position(), 0);
 }
 
 }  // namespace
