@@ -77,6 +77,9 @@ struct LayerBenchOptions {
   // The defaults are what `plumb bench --layers N` runs (warmup and context are CLI flags too, the rest not):
   int warmup = 2;                    // untimed decode steps per batch first (>= 1 from the CLI: the first checks the logits)
   int context = 256;                 // tokens prefilled on each decode batch's session before timing
+  // --context-alt N (--sequences only; 0: none): every other session prefilled with N tokens instead of `context`, so a
+  // step holds sessions on both sides of a limit (V4-Flash's indexer at 2048 tokens under indexer.skip_short).
+  int context_alt = 0;
   int prefill_chunk = 2048;          // a prefill feeds at most this many tokens per forward call
   double max_seconds = 480;          // the whole run; phases that would not fit are skipped, and say so
   double batch_budget_s = 60;        // decode: stop timing a batch once this is spent (after >= 3 steps)

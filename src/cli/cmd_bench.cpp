@@ -90,11 +90,15 @@ void register_bench(CLI::App& app) {
                   "--layers: tokens prefilled on each decode batch's session before its steps are timed (default 256; "
                   "the indexer's work grows with it: 1 entry per 4 tokens on CSA layers)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--context-alt", lo->context_alt,
+                  "--layers --sequences: every other session prefilled with this many tokens instead of --context, so a step holds "
+                  "sessions on both sides of a limit (the CSA indexer's at 2048 tokens on V4-Flash; default: none)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([cmd, opt, lo, layers, batches, prefill, model, ab, sequences] {
     // The two benches take different options; one given to the other is refused by name rather than ignored.
     auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
     if (*layers == 0)
-      for (const char* name : {"--ab", "--timeline", "--skeleton", "--cold-l2", "--batches", "--sequences", "--prefill", "--context",
+      for (const char* name : {"--ab", "--timeline", "--skeleton", "--cold-l2", "--batches", "--sequences", "--prefill", "--context", "--context-alt",
                                "--patches", "--backend", "--dir", "--keep", "--model"})
         if (given(name)) fail("{} applies to the layer bench: it needs --layers N", name);
     if (*layers > 0)
@@ -143,6 +147,7 @@ void register_bench(CLI::App& app) {
       for (int b : lo->sequences)
         if (b < 1) fail("--sequences '{}': a step has at least one sequence", *sequences);
     }
+    if (given("--context-alt") && !given("--sequences")) fail("--context-alt prefills every other session of --sequences: it needs --sequences");
     if (given("--prefill")) {
       lo->prefill.clear();
       for (int v : ints(*prefill, "prefill"))

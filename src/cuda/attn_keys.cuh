@@ -22,17 +22,19 @@ template <bool kOfficial = true>
 struct KeyListT {
   const AttendArgs& a;
   int t;
+  int type;                                    // a.type, or (type_rows) the row's own
   int64_t pos0, wstart, nwin, wslots, count;  // count: window slots + entry slots; pos0: the first of chunk's positions
   const float* ring, *chunk, *entries;         // the token's session's (chunk: its row of chunk_kv at pos0)
   __device__ KeyListT(const AttendArgs& args, int tok) : a(args), t(tok) {
     const int64_t p = token_pos(a, t);
+    type = a.type_rows ? int(a.type_rows[t]) : a.type;
     pos0 = a.ring_rows ? p : *a.pos;
     ring = a.ring_rows ? a.ring_rows[t] : a.ring;
     entries = !a.ring_rows ? a.entries : a.entries_rows ? a.entries_rows[t] : nullptr;  // (sliding layers: none)
     chunk = a.chunk_kv + (a.ring_rows ? int64_t(t) * a.Dh : 0);
     wstart = max(int64_t(0), p - a.window + 1), nwin = p - wstart + 1;
     wslots = kOfficial && a.official ? official_math::window_slots(pos0, a.n, a.window) : nwin;
-    count = wslots + (a.type == 2 ? min((p + 1) / a.rate, a.ne) : a.type == 1 ? int64_t(a.ksel) : 0);
+    count = wslots + (type == 2 ? min((p + 1) / a.rate, a.ne) : type == 1 ? int64_t(a.ksel) : 0);
   }
   // The key/value row of slot j, or null for a hole.
   __device__ const float* row(int64_t j) const {
@@ -41,7 +43,7 @@ struct KeyListT {
       const int64_t q = wstart + j;
       return q < pos0 ? ring + (q % a.window) * a.Dh : chunk + (q - pos0) * a.Dh;
     }
-    const int64_t e = a.type == 1 ? a.sel[int64_t(t) * a.ksel + (j - wslots)] : j - wslots;
+    const int64_t e = type == 1 ? a.sel[int64_t(t) * a.ksel + (j - wslots)] : j - wslots;
     return e < 0 ? nullptr : entries + e * a.Dh;
   }
 };

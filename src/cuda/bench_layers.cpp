@@ -641,9 +641,10 @@ SequencesRow sequences_row(Run& R, int B) {
     std::vector<SessionState*> ptrs;
     st.reserve(size_t(B));
     for (int b = 0; b < B; ++b) {
+      const int64_t context = b % 2 && o.context_alt ? o.context_alt : o.context;  // (--context-alt: every other)
       st.push_back(R.model->new_state());
-      R.model->reserve(st.back(), o.context + 2 * int64_t(o.warmup + kGraphWarmups + o.iters) + 2);
-      if (o.context > 0) R.feed(*R.model, st.back(), o.context, nullptr, nullptr);
+      R.model->reserve(st.back(), context + 2 * int64_t(o.warmup + kGraphWarmups + o.iters) + 2);
+      if (context > 0) R.feed(*R.model, st.back(), context, nullptr, nullptr);
     }
     for (auto& s : st) ptrs.push_back(&s);
     Sampler sampler(SamplingParams{}, o.dims.vocab);
@@ -818,10 +819,11 @@ int run(const LayerBenchOptions& o) {
                                      : ""));
   for (int B : o.decode_batches) res.decode.push_back(decode_batch(R, B));
   if (!o.sequences.empty())
-    out(fmt::format("sequences: B sessions, each after a {}-token prefill, one token each per step: all B in one forward "
+    out(fmt::format("sequences: B sessions, each after a {}-token prefill{}, one token each per step: all B in one forward "
                     "(plumb::forward_batch: eager, or its graph under cuda.graph; every row's logits downloaded) against the B stepped one after another "
                     "(each as generation steps one), each timed in a run of its own (the first step together after the sessions' own steps untimed); "
-                    "median of up to {} steps of each\n", o.context, o.iters));
+                    "median of up to {} steps of each\n", o.context,
+                    o.context_alt ? fmt::format(" (every other one {} tokens: --context-alt)", o.context_alt) : std::string(), o.iters));
   for (int B : o.sequences) res.sequences.push_back(sequences_row(R, B));
 
   // ---- prefill, report ----

@@ -85,6 +85,7 @@ bool write_json(const LayerBenchOptions& o, const LayerBenchResult& r) {
   j["generate_seconds"] = r.checkpoint.generate_s;
   j["load_seconds"] = r.load_s;
   j["context"] = o.context;
+  if (o.context_alt) j["context_alt"] = o.context_alt;
   j["cold_l2"] = o.cold_l2 && o.backend == "cuda";
   j["prefill_chunk"] = o.prefill_chunk;
   j["batch_meaning"] = "B consecutive new tokens of one sequence per forward step";

@@ -506,6 +506,7 @@ __global__ void __launch_bounds__(kFinishThreads) compress_one_kernel(CompressAr
 }  // namespace
 
 void fwd_attend(const AttendArgs& a, Stream s) {
+  if (a.type_rows) throw_arg("attention: per-row types (AttendArgs::type_rows) are the split-K kernel's");
   if (a.wait.sync) throw_arg("attention: in-kernel branch waits (AttendArgs::wait) are the split-K launch's only");
   if (a.n <= 0) return;
   if (a.out_inv_freq) throw_arg("attention: the fused output rotation (AttendArgs::out_inv_freq) is split-K only");

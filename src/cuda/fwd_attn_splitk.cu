@@ -465,6 +465,8 @@ void fwd_attend_splitk(const AttendArgs& a, const SplitPlan& plan, void* scratch
   if (!fwd_attend_splitk_fits(a.Dh)) throw_arg("attention (split-K): head_dim must be a multiple of 32, at most 512");
   if (a.official) throw_arg("attention (split-K): the official numerics' key layout is the unsplit attention's only");
   if (a.ring_rows && !a.entries_rows && a.type != 0) throw_arg("attention (split-K): rows of several sessions need each row's entries");
+  if (a.type_rows && (!a.ring_rows || a.type != 1 || !a.sel))
+    throw_arg("attention (split-K): per-row types are for rows of several sessions, a CSA launch with its selection");
   if (plan.chunk <= 0 || plan.chunk % kTile != 0 || plan.cap < 0 || plan.splits < 1)
     throw_arg("attention (split-K): keys per split must be a positive multiple of 32");
   for (const void* p : {static_cast<const void*>(a.chunk_kv), static_cast<const void*>(a.ring), static_cast<const void*>(a.entries)})

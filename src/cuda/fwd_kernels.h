@@ -245,6 +245,10 @@ struct AttendArgs {
   // entries unused); ne bounds every row's entries, and CSA's selection rows are sel[t * ksel].
   const float* const* ring_rows = nullptr;
   const float* const* entries_rows = nullptr;
+  // fwd_attend_splitk only, with ring_rows (optional): row t's type instead of `type` (CSA rows on both sides of the
+  // indexer's limit under indexer.skip_short: 1 for a row that reads its selection, 2 for one that takes every visible
+  // entry in entry order, as its own launch would as HCA does; `type` then 1 and `sel` / `ksel` set).
+  const int8_t* type_rows = nullptr;
 };
 // Softmax over window keys then compressed keys, with the sink in the denominator only; fp64 dot products and P.V.
 // Two launches: the logits (each key once per head, keys split over blocks), then softmax and P.V per head and

@@ -202,6 +202,10 @@ void reserve_attention_state(const GpuAttn& w, int64_t pos_end, GpuLayerState& s
   if (w.icomp) reserve_comp(*w.icomp, pos_end, st.icomp, generation);
 }
 
+bool takes_all_entries(const GpuAttn& w, const ModelConfig& c, int64_t pos_end) {
+  return w.icomp && w.skip_short && indexer_skippable(c, w.icomp->rate, pos_end);
+}
+
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
                    std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
                    const detail::HcPartArgs* fold, const LayerRows* rows) {
@@ -224,36 +228,36 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // choice depends on the step's end position (each session's own): run_graph keys its captured steps by it
   // (indexer_skips). The attention then waits for the compressor's entries only (ev_entries); the indexer's keys,
   // compressed after them on the same stream for later steps, join at the sublayer's end.
-  auto all_entries = [&](const AttnRun& r) {
-    return type == AttnType::CSA && w.skip_short && indexer_skippable(c, w.icomp->rate, r.step.pos0 + r.n);
-  };
+  auto all_entries = [&](const AttnRun& r) { return type == AttnType::CSA && takes_all_entries(w, c, r.step.pos0 + r.n); };
   auto run_indexer = [&](const AttnRun& r) { return type == AttnType::CSA && (!all_entries(r) || tap.on("attn.indexer.scores")); };
-  // all_indexer: every session runs its indexer over at least index_topk entries, so that every row's selection has
-  // index_topk slots and no holes (as a batch's rows must, to split their keys as their sessions' own steps do: see
-  // `batched`); with indexer.skip_short, every session past its limit.
-  bool any_indexer = false, all_indexer = true;
+  // rows_sides: every session either runs its indexer over at least index_topk entries, so that its row's selection
+  // has index_topk slots and no holes (as a batch's rows must, to split their keys as their sessions' own steps do:
+  // see `batched`), or (indexer.skip_short, short of its limit) takes every visible entry without it.
+  bool any_indexer = false, any_all_entries = false, rows_sides = true;
   for (const AttnRun& r : runs) {
-    const bool ri = run_indexer(r);
-    any_indexer = any_indexer || ri;
-    all_indexer = all_indexer && ri && (r.step.pos0 + r.n) / w.icomp->rate >= c.index_topk;
+    const bool ri = run_indexer(r), all = all_entries(r);
+    any_indexer = any_indexer || ri, any_all_entries = any_all_entries || all;
+    rows_sides = rows_sides && (ri ? !all && (r.step.pos0 + r.n) / w.icomp->rate >= c.index_topk : all);
   }
   const bool keys_later = type == AttnType::CSA && !any_indexer;
   // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]): the cache
   // steps (the KV row's norm and RoPE, its ring slot, the compressors' steps) always; the split-K attention too
   // (`batched`) where no session runs its indexer, and (cuda.batch_rows_indexer) with the indexer's top-k and the
-  // queries' RoPE beside it where every session runs its indexer over at least index_topk entries (each row on its own
-  // keys: IndexArgs::keys_rows). Otherwise (sessions on both sides of the indexer's limit; without indexer.skip_short,
-  // one with fewer entries: its selection's trailing holes would widen its key count, and so its split, past its own
-  // step's) they run per session.
+  // queries' RoPE beside it where each session runs its indexer over at least index_topk entries (each row on its own
+  // keys: IndexArgs::keys_rows) or takes every entry: rows on both sides of the limit attend each by its own type
+  // (LayerRows::csa_types; the indexer ranks every row, the entry-taking rows' selections unread). Otherwise (without
+  // indexer.skip_short, a session with fewer entries: its selection's trailing holes would widen its key count, and so
+  // its split, past its own step's) they run per session.
   const bool batched_caches = [&] {
     if (!rows || one || nm.official() || tap.sink) return false;
     for (size_t k = 0; k < runs.size(); ++k)
       if (runs[k].n != 1 || runs[k].row0 != int64_t(k) || runs[k].step.dpos != runs[0].step.dpos + k) return false;
     return true;
   }();
-  const bool batched = batched_caches && w.splitk && (!any_indexer || (all_indexer && w.rows_indexer));
+  const bool batched = batched_caches && w.splitk && (!any_indexer || (rows_sides && w.rows_indexer));
+  const bool mixed = batched && any_indexer && any_all_entries;  // (CSA rows of both kinds: per-row types)
   const int64_t* row_pos = runs[0].step.dpos;  // (batched_caches: every row's position, in row order)
-  if (batched) ++sc.batch_rows[size_t(type)], sc.batch_rows_indexed += any_indexer;
+  if (batched) ++sc.batch_rows[size_t(type)], sc.batch_rows_indexed += any_indexer, sc.batch_rows_mixed += mixed;
   branch_mark(side, sc.ev_fork);
   region.emplace(tm, "attn.q_kv");
   float* qr = sc.f("attn.qr", n * QL);
@@ -381,9 +385,10 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
   // unless a tap reads q.
   const bool q_in_attn = w.splitk && !any_indexer && !nm.official() && !tap.on("attn.q");
-  if (!q_in_attn) {  // (per session: a batched attention's rows take q_in_attn's path, or the indexer's batched RoPE below)
+  if (!q_in_attn) {  // (per session: a batched attention's rows take q_in_attn's path, or the indexer's batched RoPE below,
+                     // every row's, the entry-taking ones' too)
     for (const AttnRun& r : runs)
-      if (!run_indexer(r)) nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H);
+      if (!batched && !run_indexer(r)) nm.norm_rope(rope, q + r.row0 * H * Dh, int(r.n * H), Dh, nullptr, c.rms_eps, r.step.dpos, H);
     if (!any_indexer) tap_put(tap, "attn.q", q, {n, H, Dh});
   }
   if (sc.pf_weights) sc.prefetch_l2({weight_bytes(w.wo_a), weight_bytes(w.wo_b)});  // cuda.l2_prefetch: beside the indexer and attention
@@ -472,8 +477,9 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
       a.rate = w.comp->rate;
       if (type == AttnType::HCA) max_keys += a.ne;
     }
-    const bool skip = all_entries(r);
-    if (run_indexer(r)) {
+    // (batched: the launch's kind, from every row's: its indexer where any row's runs, every entry where none does)
+    const bool skip = batched ? type == AttnType::CSA && !any_indexer : all_entries(r);
+    if (batched ? any_indexer : run_indexer(r)) {
       if (&r != &runs.front()) region.emplace(tm, "attn.indexer");  // (the first session's continues the region above)
       const int64_t ne = entry_count(r, &GpuLayerState::icomp, w.icomp->rate);  // (batched: each row ranks its own visible ones)
       IndexArgs ia;
@@ -511,6 +517,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
         tap.index("attn.indexer.topk", sel);
       }
       if (!skip) a.sel = ia.sel, a.ksel = ia.k_cap, max_keys += ia.k_cap;
+      if (mixed) a.type_rows = rows->csa_types;  // (an entry-taking row's <= index_topk entries fit the k_cap slots)
     }
     if (skip) {
       a.type = 2;  // every visible entry of the CSA compressor, in entry order

@@ -19,11 +19,18 @@ struct AttnRun {
 // (GpuForward::run_batch uploads them with each step's positions): the window rings and the compressors' state.
 struct LayerRows {
   float* const* rings = nullptr;      // [n]
+  // [n] CSA layers: 2 where the row's session takes every visible entry (takes_all_entries), else 1 (its indexer's
+  // selection): the split-K attention's per-row type where a batch has rows on both sides of the indexer's limit
+  const int8_t* csa_types = nullptr;
   const float* const* entries = nullptr;  // [n] the compressor's entries (comp's, as the attention reads them)
   const detail::CompCaches* comp = nullptr;   // [n] (null: no compressor)
   const detail::CompCaches* icomp = nullptr;  // [n] (CSA's indexer compressor)
   const float* const* ikeys = nullptr;  // [n] the indexer compressor's entries (CSA: the indexer's keys)
 };
+
+// indexer.skip_short: whether a CSA layer's step ending before pos_end takes every visible entry of its compressor in
+// entry order instead of its indexer's top-k (which would select them all); false for the other layers.
+bool takes_all_entries(const GpuAttn& w, const ModelConfig& c, int64_t pos_end);
 
 // x: [n, D] device (attn_norm-ed collapsed streams); x16: the same as f16 or null (then the FP8 GEMVs convert
 // x themselves); out: [n, D] device. runs: the chunk's rows by session, in order, n in all (one run: a session's own

@@ -277,6 +277,7 @@ class Scratch {
   // HCA; counted as hc_folds)
   std::array<int64_t, 3> batch_rows{};
   int64_t batch_rows_indexed = 0;  // of those (CSA), the ones whose indexer ran batched too
+  int64_t batch_rows_mixed = 0;    // of those, the ones with rows on both sides of the indexer's limit (per-row types)
   int64_t hc_folds = 0;  // cuda.hc_fold: wo_b launches that ran the FFN hc_pre's start (host count of eager calls and captures; tests)
   int64_t gemv16_calls = 0;  // cuda.bf16_gemv: launches of the bf16 GEMV (host count of eager calls; tests)
   float* f(const std::string& name, int64_t count) { return static_cast<float*>(get(name, size_t(count) * 4)); }

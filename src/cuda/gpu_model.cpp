@@ -801,11 +801,13 @@ class GpuForward : public DeviceForward {
 
   // cuda.batch_rows: every layer's tables of the batch's sessions' caches (gpu_attention's LayerRows), uploaded into
   // the shared scratch with the step (a captured batch graph reads them there: the same values while its
-  // sessions' caches stay, which their cache generations vouch for). Per layer: rings [n], entries [n], the
-  // indexer's keys [n], then the compressors' states [n] each.
+  // sessions' caches stay, which their cache generations vouch for; the row types, set by each session's position,
+  // while the CSA layers each skips its indexer in stay, which the graph's key holds). Per layer: rings [n], entries
+  // [n], the indexer's keys [n], the compressors' states [n] each, then the CSA row types [n] (int8; each layer's
+  // table 16-byte aligned).
   std::vector<LayerRows> upload_rows(std::span<SessionState* const> states, DeviceSessionState& first) const {
     const size_t n = states.size(), L = g_.layers.size();
-    const size_t per_layer = n * (3 * sizeof(void*) + 2 * sizeof(detail::CompCaches));
+    const size_t per_layer = (n * (3 * sizeof(void*) + 2 * sizeof(detail::CompCaches) + 1) + 15) / 16 * 16;
     std::vector<unsigned char> host(per_layer * L);
     auto* dev = static_cast<unsigned char*>(first.scratch.get("batch.rows", host.size()));
     std::vector<LayerRows> out(L);
@@ -819,10 +821,12 @@ class GpuForward : public DeviceForward {
       auto* ikeys = reinterpret_cast<const float**>(h + 2 * n * sizeof(void*));
       auto* comp = reinterpret_cast<detail::CompCaches*>(h + 3 * n * sizeof(void*));
       detail::CompCaches* icomp = comp + n;
+      auto* types = reinterpret_cast<int8_t*>(icomp + n);
       for (size_t b = 0; b < n; ++b) {
         GpuLayerState& st = states[b]->dev->layers[i];
         rings[b] = st.ring.as<float>(), entries[b] = st.comp.entries.as<float>(), ikeys[b] = st.icomp.entries.as<float>();
         comp[b] = caches(st.comp), icomp[b] = caches(st.icomp);
+        types[b] = takes_all_entries(g_.layers[i].attn, cfg_, states[b]->pos + 1) ? 2 : 1;  // (gpu_attention's all_entries)
       }
       const size_t off = i * per_layer;
       out[i].rings = reinterpret_cast<float* const*>(dev + off);
@@ -830,6 +834,7 @@ class GpuForward : public DeviceForward {
       out[i].ikeys = reinterpret_cast<const float* const*>(dev + off + 2 * n * sizeof(void*));
       out[i].comp = reinterpret_cast<const detail::CompCaches*>(dev + off + 3 * n * sizeof(void*));
       out[i].icomp = out[i].comp + n;
+      out[i].csa_types = reinterpret_cast<const int8_t*>(out[i].icomp + n);
     }
     first.stage.upload(dev, host.data(), host.size());
     return out;
@@ -889,8 +894,7 @@ class GpuForward : public DeviceForward {
   // only where it is the same.
   int indexer_skips(int64_t pos_end) const {
     int k = 0;
-    if (opt_.indexer_skip_short)
-      for (const auto& l : g_.layers) k += l.attn.icomp && indexer_skippable(cfg_, l.attn.icomp->rate, pos_end);
+    for (const auto& l : g_.layers) k += takes_all_entries(l.attn, cfg_, pos_end);
     return k;
   }
 

@@ -250,15 +250,16 @@ std::vector<Patch> make_registry() {
                // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows = true; }, false, "cuda"});
   r.push_back({"cuda.batch_rows_indexer", "cuda.batch_rows' CSA layers past the indexer's limit per session",
-               "with cuda.batch_rows, a CSA layer whose sessions all run their indexer over index_topk entries or more "
-               "(with indexer.skip_short: all past index_topk x rate tokens, 2048 on V4-Flash) runs the indexer's "
-               "scores and top-k, the queries' RoPE and the attention as one launch each over the rows, each row over "
-               "its own keys, position and visible entries (IndexArgs::keys_rows), instead of per session; needs "
-               "cuda.batch_rows",
+               "with cuda.batch_rows, a CSA layer whose sessions each run their indexer over index_topk entries or more "
+               "(with indexer.skip_short: past index_topk x rate tokens, 2048 on V4-Flash) or, with indexer.skip_short, "
+               "take every entry short of that runs the indexer's scores and top-k, the queries' RoPE and the attention "
+               "as one launch each over the rows, each row over its own keys, position and visible entries "
+               "(IndexArgs::keys_rows), each attending by its own kind (its selection, or every entry in order: "
+               "AttendArgs::type_rows), instead of per session; needs cuda.batch_rows",
                "a row ranked over another session's keys or entries, or a selection with holes its own step lacks, would "
                "attend to the wrong entries (O(1)) or sum in another order; tested bit-identical to each row's own "
                "launch (IndexerRowsAreEachRowsOwnLaunch, every scores and top-k path) and to the per-session launches "
-               "(ForwardBatchRowsRunAsOneLaunchPerKind)",
+               "(ForwardBatchRowsRunAsOneLaunchPerKind, batches on both sides of the limit among them)",
                // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows_indexer = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",

@@ -182,6 +182,7 @@ TEST(BenchLayers, RunsOnTheCpuBackend) {
 
 // --sequences: B sessions stepped together (forward_batch, and forward_batch_sample: every row drawn where the logits
 // are) and one after another, a row each in the JSON (the three medians, their rates) and in the CSV, after the decode and prefill rows.
+// (--context-alt: every other session prefilled to another length, said in the JSON.)
 TEST(BenchLayers, SequencesOnTheCpuBackend) {
   TempDir t;
   auto o = tiny(1);
@@ -189,12 +190,14 @@ TEST(BenchLayers, SequencesOnTheCpuBackend) {
   o.prefill = {};
   o.iters = 3;
   o.sequences = {1, 3};
+  o.context_alt = o.context + 5;
   o.json = (t.path() / "out.json").string();
   o.csv = (t.path() / "out.csv").string();
   ASSERT_EQ(plumb::cuda::run_layer_bench(o), 0);
   nlohmann::json j;
   std::ifstream(o.json) >> j;
   ASSERT_EQ(j["sequences"].size(), 2u);
+  EXPECT_EQ(j["context_alt"], o.context_alt);
   for (size_t i = 0; i < 2; ++i) {
     const auto& q = j["sequences"][i];
     EXPECT_EQ(q["sessions"], o.sequences[i]);

@@ -120,11 +120,10 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
 // and kernel-dims (the fast kernels' shapes); the batched attention ran in every layer type (Scratch::batch_rows).
 // A CSA layer's attention batches while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims'
 // indexers select from 20 and 16 tokens on) and, with cuda.batch_rows_indexer (the indexer's top-k over each row's own
-// keys), once every session's does (session 84; from step 16 / 20 on here); a batch holding both kinds runs them per
-// session; its cache
-// steps batch always. So its steps take all three paths, and the counts show the batched two ran
-// (Scratch::batch_rows_indexed). Refused without attn.splitk_decode and with the official numerics, each by its own
-// message.
+// keys), once every session's does (session 84; from step 16 / 20 on here), and (session 87) while the sessions cross
+// the limit one by one, a batch holding both kinds, each row attending by its own type (LayerRows::csa_types). So
+// its steps take all three forms, and the counts show each ran (Scratch::batch_rows_indexed, batch_rows_mixed).
+// Refused without attn.splitk_decode and with the official numerics, each by its own message.
 TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
   using namespace plumb;
   const std::string data = std::string(PLUMB_TEST_DATA) + "/golden/";
@@ -165,15 +164,19 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
       }
       // (counted in each model's scratch, which its sessions share: eager steps and captures, by layer type)
       const std::array<int64_t, 3> batched = so[0].dev->scratch.batch_rows, unpatched = sp[0].dev->scratch.batch_rows;
-      const int64_t indexed = so[0].dev->scratch.batch_rows_indexed;
+      const int64_t indexed = so[0].dev->scratch.batch_rows_indexed, mixed = so[0].dev->scratch.batch_rows_mixed;
       for (size_t t = 0; t < 3; ++t) {
         EXPECT_EQ(unpatched[t], 0);
         EXPECT_GT(batched[t], 0) << "the batched launches never ran in a layer of type " << t << " (sliding, CSA, HCA)";
       }
       EXPECT_GT(indexed, 0) << "no CSA layer ran its indexer batched (every session past the indexer's limit)";
       EXPECT_LT(indexed, batched[1]) << "every batched CSA layer ran its indexer: the skipping side was not tested";
-      std::printf("[ batch_rows ] %s [%s]: attention sublayers batched: %lld sliding, %lld CSA (%lld with the indexer), %lld HCA\n",
-                  name.c_str(), base.c_str(), (long long)batched[0], (long long)batched[1], (long long)indexed, (long long)batched[2]);
+      EXPECT_GT(mixed, 0) << "no batched CSA layer held rows on both sides of the indexer's limit";
+      EXPECT_LT(mixed, indexed) << "every batched CSA layer with its indexer held entry-taking rows";
+      std::printf("[ batch_rows ] %s [%s]: attention sublayers batched: %lld sliding, %lld CSA (%lld with the indexer, %lld of "
+                  "them with rows of both kinds), %lld HCA\n",
+                  name.c_str(), base.c_str(), (long long)batched[0], (long long)batched[1], (long long)indexed, (long long)mixed,
+                  (long long)batched[2]);
     }
   for (const auto& [p, says] : {std::pair{"cuda.batch_rows", "add attn.splitk_decode"},
                                 std::pair{"attn.splitk_decode,cuda.batch_rows_indexer", "add cuda.batch_rows"},
