@@ -256,6 +256,10 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   }();
   const bool batched = batched_caches && w.splitk && (!any_indexer || (rows_sides && w.rows_indexer));
   const bool mixed = batched && any_indexer && any_all_entries;  // (CSA rows of both kinds: per-row types)
+  // (An entry-taking row's keys fit the selection's slots because its entries, counted at the compressor's rate, are at
+  // most index_topk by the indexer's rate: one rate for both, as the weights' loader makes them.)
+  PLUMB_CHECK(!mixed || w.comp->rate == w.icomp->rate, "cuda.batch_rows_indexer: a CSA layer's compressor (rate {}) and its "
+              "indexer's (rate {}) differ: rows of both kinds cannot share one attention launch", w.comp->rate, w.icomp->rate);
   const int64_t* row_pos = runs[0].step.dpos;  // (batched_caches: every row's position, in row order)
   if (batched) ++sc.batch_rows[size_t(type)], sc.batch_rows_indexed += any_indexer, sc.batch_rows_mixed += mixed;
   branch_mark(side, sc.ev_fork);
@@ -385,6 +389,9 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // indexer query, inside the attention's launch instead (AttendArgs::q_inv_freq: the same bits, one launch fewer),
   // unless a tap reads q.
   const bool q_in_attn = w.splitk && !any_indexer && !nm.official() && !tap.on("attn.q");
+  // (a batch normalizes its rows' queries in the attention or, where an indexer runs, beside the indexer's below: the
+  // loop just after this skips it)
+  PLUMB_CHECK(!batched || any_indexer || q_in_attn, "gpu_attention: a batch's queries would not be normalized");
   if (!q_in_attn) {  // (per session: a batched attention's rows take q_in_attn's path, or the indexer's batched RoPE below,
                      // every row's, the entry-taking ones' too)
     for (const AttnRun& r : runs)

@@ -2,6 +2,9 @@
 // forward_batch_sample calls, and QueuedSession.
 #include "server/engine_thread.h"
 
+#include "plumb/error.h"
+#include "plumb/text.h"
+
 #include <algorithm>
 #include <chrono>
 #include <string_view>
@@ -192,6 +195,14 @@ void QueuedSession::in_pieces(std::span<const int32_t> tokens, const std::functi
   }
 }
 
+// A sampler for another vocabulary refused before the first piece is fed, as the library's sessions refuse it (the
+// real session would only see it at the last piece, with the others fed and then put back).
+void QueuedSession::check_vocab(const Sampler& sampler, const char* call) const {
+  if (sampler.vocab() != real_->info().vocab_size)
+    throw Error(std::string(call) + ": the sampler was made for a vocabulary of " + std::to_string(sampler.vocab()) +
+                ", the model's is " + std::to_string(real_->info().vocab_size));
+}
+
 std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
   if (tokens.size() == 1) return thread_.step(*real_, tokens[0]);
   std::vector<float> out;
@@ -204,6 +215,7 @@ std::vector<float> QueuedSession::forward(std::span<const int32_t> tokens) {
 int32_t QueuedSession::forward_sample(std::span<const int32_t> tokens, Sampler& sampler,
                                       std::span<const int32_t> history) {
   if (tokens.size() == 1) return thread_.step_sample(*real_, tokens[0], sampler, history, {});
+  check_vocab(sampler, "forward_sample");
   int32_t id = -1;
   in_pieces(tokens, [&](std::span<const int32_t> piece) { id = real_->forward_sample(piece, sampler, history); });
   return id;
@@ -213,6 +225,7 @@ int32_t QueuedSession::forward_sample_masked(std::span<const int32_t> tokens, Sa
                                              std::span<const int32_t> history,
                                              const std::function<void(std::span<uint32_t>)>& allowed) {
   if (tokens.size() == 1) return thread_.step_sample(*real_, tokens[0], sampler, history, allowed);
+  check_vocab(sampler, "forward_sample_masked");
   int32_t id = -1;
   in_pieces(tokens, [&](std::span<const int32_t> piece) { id = real_->forward_sample_masked(piece, sampler, history, allowed); });
   return id;

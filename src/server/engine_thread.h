@@ -112,6 +112,7 @@ class QueuedSession : public Session {
 
  private:
   void in_pieces(std::span<const int32_t> tokens, const std::function<void(std::span<const int32_t>)>& last);
+  void check_vocab(const Sampler& sampler, const char* call) const;
   EngineThread& thread_;
   std::unique_ptr<Session> real_;
 };

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "cuda/fwd_kernels.h"
 #include "cuda_test_util.h"
@@ -316,6 +317,101 @@ TEST_F(GpuTest, AttentionSplitKFusedOutputRotationMatchesRopeLaunch) {
   DeviceBuffer o16(size_t(c.n * c.Hq * c.Dh) * 2), logits(size_t(c.n * c.Hq * max_keys(c)) * 4);
   dv.a.out_inv_freq = dv.a.sink, dv.a.out16 = o16.as<uint16_t>(), dv.a.logits = logits.as<float>(), dv.a.ld_logits = max_keys(c);
   EXPECT_THROW(d::fwd_attend(dv.a, nullptr), std::runtime_error);
+}
+
+// cuda.batch_rows with rows on both sides of the indexer's limit (session 87): one split-K launch over rows of several
+// sessions, each with its own ring, entries and position, where row t attends by its own kind (AttendArgs::type_rows:
+// 1 its selection of ksel entries, 2 every visible entry in order, its selection slots unread), against each row's
+// own one-token launch as its session's step runs it, bit for bit, at V4-Flash's attention shape (64 heads of 512,
+// window 128, index_topk 512, rate 4). The queries as gpu_attention gives them to each: the batch's normalized and
+// rotated by one fwd_rms_norm_rope over its 8 x 64 rows at each row's position (the warp-per-row kernel), a selecting
+// row's own by fwd_rms_norm_rope over its 64 rows (the block kernel), an entry-taking row's own inside its attention
+// launch (AttendArgs::q_inv_freq). Visible entries from 2 to 2250 (each row's buffer exactly that long, so memcheck
+// sees a read past it), so the own launches split their keys from 1 to 33 ways where the batch has one grid for all;
+// an entry-taking row's selection holds valid entries that would change its output if read.
+TEST_F(GpuTest, AttentionSplitKRowsOfBothKindsAreEachRowsOwnLaunch) {
+  constexpr int kRows = 8, Hq = 64;
+  constexpr int64_t Dh = 512, W = 128, rate = 4, ksel = 512, rd = 64;
+  constexpr double eps = 1e-6;
+  constexpr float af = 1.25f;
+  const std::vector<int64_t> pos = {2400, 99, 5000, 1000, 9000, 2047, 2051, 7};
+  Rng rng(2087);
+  std::vector<int8_t> types(kRows);
+  std::vector<int64_t> sel(size_t(kRows * ksel));
+  std::vector<DeviceBuffer> rings, entries;
+  std::vector<const float*> ring_ptrs, entry_ptrs;
+  int64_t ne_max = 0;
+  for (int t = 0; t < kRows; ++t) {
+    const int64_t visible = (pos[size_t(t)] + 1) / rate;
+    types[size_t(t)] = visible <= ksel ? 2 : 1;  // (indexer_skippable: pos_end / rate <= index_topk)
+    ne_max = std::max(ne_max, visible);
+    rings.push_back(to_device(rng.floats(size_t(W * Dh), -1.0f, 1.0f)));
+    entries.push_back(to_device(rng.floats(size_t(std::max<int64_t>(visible, 1) * Dh), -1.0f, 1.0f)));
+    ring_ptrs.push_back(rings.back().as<float>()), entry_ptrs.push_back(entries.back().as<float>());
+    if (types[size_t(t)] == 1) {  // the top-k of >= ksel entries: ksel distinct ones, no hole, in score order
+      std::vector<int64_t> all(static_cast<size_t>(visible));
+      for (int64_t e = 0; e < visible; ++e) all[size_t(e)] = e;
+      for (int64_t j = 0; j < ksel; ++j) std::swap(all[size_t(j)], all[size_t(j + rng.integer(0, int(visible - 1 - j)))]);
+      std::copy(all.begin(), all.begin() + ksel, sel.begin() + t * ksel);
+    } else {  // unread: valid entries, repeated, that would change the sums if they were read
+      for (int64_t j = 0; j < ksel; ++j) sel[size_t(t * ksel + j)] = rng.integer(0, int(visible - 1));
+    }
+  }
+  ASSERT_EQ(std::count(types.begin(), types.end(), int8_t(2)), 4);
+  const std::vector<float> q_raw = rng.floats(size_t(kRows * Hq * Dh), -2.0f, 2.0f);
+  DeviceBuffer kv = to_device(rng.floats(size_t(kRows * Dh), -1.0f, 1.0f)), sink = to_device(rng.floats(size_t(Hq), -2.0f, 2.0f));
+  DeviceBuffer inv = to_device(rng.floats(size_t(rd / 2), 1e-4f, 1.0f)), dpos = to_device(pos), sel_d = to_device(sel);
+  DeviceBuffer types_d = to_device(types), ring_rows = to_device(ring_ptrs), entry_rows = to_device(entry_ptrs);
+  const size_t row_elems = size_t(Hq * Dh);
+  auto base = [&](d::AttendArgs& a) {
+    a.sink = sink.as<float>(), a.Hq = Hq, a.Dh = Dh, a.window = W, a.rate = rate, a.scale = 1.0f / std::sqrt(float(Dh));
+  };
+  // The batch: one launch over the rows.
+  DeviceBuffer qb = to_device(q_raw), out_b(size_t(kRows) * row_elems * 4);
+  d::fwd_rms_norm_rope(qb.as<float>(), kRows * Hq, Dh, nullptr, eps, Dh - rd, int(rd / 2), inv.as<float>(), af, dpos.as<int64_t>(), -Hq, nullptr);
+  d::AttendArgs ab;
+  base(ab);
+  ab.q = qb.as<float>(), ab.chunk_kv = kv.as<float>(), ab.pos = dpos.as<int64_t>(), ab.n = kRows, ab.type = 1;
+  ab.sel = sel_d.as<int64_t>(), ab.ksel = int(ksel), ab.ne = ne_max, ab.out = out_b.as<float>();
+  ab.ring_rows = ring_rows.as<const float*>(), ab.entries_rows = entry_rows.as<const float*>(), ab.type_rows = types_d.as<int8_t>();
+  const d::SplitPlan pb = d::fwd_attend_splitk_plan_rows(kRows, Hq, Dh, W + ksel, d::sm_count());
+  DeviceBuffer scratch_b(std::max<size_t>(pb.scratch_bytes, 8));
+  out_b.fill_byte(0xFF);
+  d::fwd_attend_splitk(ab, pb, scratch_b.get(), nullptr);
+  // Each row's own launch.
+  std::set<int> own_splits;
+  for (int t = 0; t < kRows; ++t) {
+    const int64_t visible = (pos[size_t(t)] + 1) / rate;
+    DeviceBuffer q1 = to_device(std::vector<float>(q_raw.begin() + t * row_elems, q_raw.begin() + (t + 1) * row_elems));
+    DeviceBuffer out1(row_elems * 4);
+    d::AttendArgs a;
+    base(a);
+    a.q = q1.as<float>(), a.chunk_kv = kv.as<float>() + t * Dh, a.pos = dpos.as<int64_t>() + t, a.n = 1, a.type = types[size_t(t)];
+    a.ring = rings[size_t(t)].as<float>(), a.entries = entries[size_t(t)].as<float>(), a.ne = visible, a.out = out1.as<float>();
+    if (a.type == 1) {
+      d::fwd_rms_norm_rope(q1.as<float>(), Hq, Dh, nullptr, eps, Dh - rd, int(rd / 2), inv.as<float>(), af, a.pos, Hq, nullptr);
+      a.sel = sel_d.as<int64_t>() + t * ksel, a.ksel = int(ksel);
+    } else {
+      a.q_inv_freq = inv.as<float>(), a.q_rope_off = Dh - rd, a.q_rope_half = int(rd / 2), a.q_af = af, a.q_eps = eps;
+    }
+    const d::SplitPlan p1 = d::fwd_attend_splitk_plan(1, Hq, Dh, W + (a.type == 1 ? ksel : visible), d::sm_count());
+    own_splits.insert(p1.splits);
+    DeviceBuffer scratch1(std::max<size_t>(p1.scratch_bytes, 8));
+    out1.fill_byte(0xFF);
+    d::fwd_attend_splitk(a, p1, scratch1.get(), nullptr);
+    const std::vector<float> got = to_host<float>(out_b, size_t(kRows) * row_elems), want = to_host<float>(out1, row_elems);
+    for (size_t i = 0; i < row_elems; ++i)
+      ASSERT_EQ(std::memcmp(&got[size_t(t) * row_elems + i], &want[i], 4), 0)
+          << "row " << t << " (type " << int(types[size_t(t)]) << ", position " << pos[size_t(t)] << "): element " << i << " is "
+          << got[size_t(t) * row_elems + i] << ", its own launch " << want[i];
+  }
+  EXPECT_GE(own_splits.size(), 3u) << "the own launches did not split their keys in several ways";
+  std::printf("[ type_rows ] batch grid %d splits; own launches %zu split counts (%d to %d)\n", pb.splits, own_splits.size(),
+              *own_splits.begin(), *own_splits.rbegin());
+  // The unsplit kernel and launches that are not rows of several sessions refuse per-row types by name.
+  EXPECT_THROW(d::fwd_attend(ab, nullptr), std::runtime_error);
+  ab.ring_rows = nullptr;
+  EXPECT_THROW(d::fwd_attend_splitk(ab, pb, scratch_b.get(), nullptr), std::runtime_error);
 }
 
 // Times per call (host clock over back-to-back calls, the keys warm in L2) of the unsplit twin and of the split-K

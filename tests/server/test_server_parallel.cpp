@@ -183,7 +183,8 @@ TEST(ParallelServe, ALongPromptIsFedInPiecesBesideOthersSteps) {
 // A long prompt's first token (forward_sample / forward_sample_masked through a QueuedSession) is drawn by the real
 // session on the engine thread, where the logits are (on the GPU only the token comes back), after the same pieces:
 // the token of a plain session fed those pieces and sampled alike, the mask asked on the engine thread; a mask that
-// throws leaves the tokens fed, as one call does, and a stop in the last piece puts the session back as before the call.
+// throws leaves the tokens fed, as one call does, a sampler for another vocabulary is refused before anything is fed,
+// and a stop in the last piece puts the session back as before the call.
 TEST(ParallelServe, ALongPromptsFirstTokenIsDrawnOnTheEngineThread) {
   EngineThread et;
   const Engine& e = *tiny_engine();
@@ -225,6 +226,15 @@ TEST(ParallelServe, ALongPromptsFirstTokenIsDrawnOnTheEngineThread) {
   Sampler throw_sampler(sp, V);
   EXPECT_THROW(t.forward_sample_masked(prompt, throw_sampler, history, [](std::span<uint32_t>) { throw Error("mask"); }), Error);
   EXPECT_EQ(t.position(), int64_t(prompt.size()));
+
+  // A sampler for another vocabulary: refused before any piece is fed (its stop function never asked).
+  QueuedSession v(et, e);
+  int asked = 0;
+  v.set_prefill_stop([&] { return ++asked < 0; });
+  Sampler wrong(sp, V + 1);
+  EXPECT_THROW(v.forward_sample(prompt, wrong, history), Error);
+  EXPECT_EQ(asked, 0);
+  EXPECT_EQ(v.position(), 0);
 
   // A stop in the last piece (the tiny model's 4 layers: a piece's call asks 4 times): back at position 0.
   QueuedSession s(et, e);
