@@ -243,18 +243,20 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   // cuda.batch_rows: forward_batch's rows as one launch per kind (row r: runs[r]'s one token, at dpos[r]): the cache
   // steps (the KV row's norm and RoPE, its ring slot, the compressors' steps) always; the split-K attention too
   // (`batched`) where no session runs its indexer, and (cuda.batch_rows_indexer) with the indexer's top-k and the
-  // queries' RoPE beside it where each session runs its indexer over at least index_topk entries (each row on its own
-  // keys: IndexArgs::keys_rows) or takes every entry: rows on both sides of the limit attend each by its own type
-  // (LayerRows::csa_types; the indexer ranks every row, the entry-taking rows' selections unread). Otherwise (without
-  // indexer.skip_short, a session with fewer entries: its selection's trailing holes would widen its key count, and so
-  // its split, past its own step's) they run per session.
+  // queries' RoPE beside it where every session runs its indexer over at least index_topk entries (each row on its own
+  // keys: IndexArgs::keys_rows), and (cuda.batch_rows_mixed) where each session does or takes every entry: rows on both
+  // sides of the limit attend each by its own type (LayerRows::csa_types; the indexer ranks every row, the
+  // entry-taking rows' selections unread). Otherwise (sessions on both sides without cuda.batch_rows_mixed; without
+  // indexer.skip_short, a session with fewer entries: its selection's trailing holes would widen its key count, and
+  // so its split, past its own step's) they run per session.
   const bool batched_caches = [&] {
     if (!rows || one || nm.official() || tap.sink) return false;
     for (size_t k = 0; k < runs.size(); ++k)
       if (runs[k].n != 1 || runs[k].row0 != int64_t(k) || runs[k].step.dpos != runs[0].step.dpos + k) return false;
     return true;
   }();
-  const bool batched = batched_caches && w.splitk && (!any_indexer || (rows_sides && w.rows_indexer));
+  const bool batched = batched_caches && w.splitk &&
+                       (!any_indexer || (rows_sides && w.rows_indexer && (!any_all_entries || w.rows_mixed)));
   const bool mixed = batched && any_indexer && any_all_entries;  // (CSA rows of both kinds: per-row types)
   // (An entry-taking row's keys fit the selection's slots because its entries, counted at the compressor's rate, are at
   // most index_topk by the indexer's rate: one rate for both, as the weights' loader makes them.)

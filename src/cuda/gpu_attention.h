@@ -43,8 +43,9 @@ bool takes_all_entries(const GpuAttn& w, const ModelConfig& c, int64_t pos_end);
 // hc_post as usual). rows (cuda.batch_rows, or null): with runs of one token each, one session per row in order and
 // their positions consecutive in memory, what runs per session runs as one launch per kind over the rows (the
 // reference's numerics and no tap; the attention with the split-K kernel, on CSA layers where no session runs its
-// indexer, or with cuda.batch_rows_indexer where each session runs it over index_topk entries or more or takes every
-// entry: see `batched` in gpu_attention.cpp; else the CSA layer's indexer and attention stay per session).
+// indexer, with cuda.batch_rows_indexer where every session runs it over index_topk entries or more, and with
+// cuda.batch_rows_mixed where each does or takes every entry: see `batched` in gpu_attention.cpp; else the CSA layer's
+// indexer and attention stay per session).
 bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const GpuRope& rope, const float* x, const uint16_t* x16,
                    std::span<const AttnRun> runs, Scratch& sc, const GpuNumerics& nm, const Tap& tap, float* out,
                    const detail::HcPartArgs* fold = nullptr, const LayerRows* rows = nullptr);

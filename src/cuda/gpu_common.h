@@ -106,6 +106,7 @@ struct GpuAttn {
   bool index_dmma = false;               // indexer.dmma_scores: its dots on the fp64 tensor cores where they fit
   bool skip_short = false;               // indexer.skip_short: every visible entry while the top-k would take them all
   bool rows_indexer = false;             // cuda.batch_rows_indexer: a batch's indexer over its rows (gpu_attention)
+  bool rows_mixed = false;               // cuda.batch_rows_mixed: and its rows on both sides of the limit (gpu_attention)
   bool comp_deferred = false;            // cuda.comp_deferred: one-token steps project the compressors' rows per window
   bool iweights_gemv = false;            // cuda.bf16_gemv under the official numerics: weights_proj on the bf16 GEMV
 };

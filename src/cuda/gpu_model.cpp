@@ -103,8 +103,11 @@ void check_options(const ModelOptions& o) {
   refuse(o.cuda_comp_deferred, "cuda.comp_deferred");
   refuse(o.cuda_batch_rows, "cuda.batch_rows");
   refuse(o.cuda_batch_rows_indexer, "cuda.batch_rows_indexer");
+  refuse(o.cuda_batch_rows_mixed, "cuda.batch_rows_mixed");
   PLUMB_CHECK(!o.cuda_batch_rows_indexer || o.cuda_batch_rows,
               "backend cuda: cuda.batch_rows_indexer batches the indexer of cuda.batch_rows' rows and needs it: add cuda.batch_rows");
+  PLUMB_CHECK(!o.cuda_batch_rows_mixed || o.cuda_batch_rows_indexer,
+              "backend cuda: cuda.batch_rows_mixed extends cuda.batch_rows_indexer's batches and needs it: add cuda.batch_rows_indexer");
   // Its attention is the split-K kernel's over per-row tables: without it every launch would silently stay per session.
   PLUMB_CHECK(!o.cuda_batch_rows || o.attn_splitk_decode,
               "backend cuda: cuda.batch_rows batches the split-K attention's launches over sessions and needs it: add attn.splitk_decode");
@@ -341,6 +344,7 @@ class GpuForward : public DeviceForward {
         gl.attn.index_dmma = opt_.indexer_dmma_scores;
         gl.attn.skip_short = opt_.indexer_skip_short;
         gl.attn.rows_indexer = opt_.cuda_batch_rows_indexer;
+        gl.attn.rows_mixed = opt_.cuda_batch_rows_mixed;
         gl.attn.comp_deferred = opt_.cuda_comp_deferred;
         if (a.comp) gl.attn.comp = upload_comp(*a.comp, fp8_rest), set_gemm(*gl.attn.comp);
         if (a.indexer) {

@@ -37,6 +37,7 @@ struct ModelOptions {
   bool cuda_hc_fold = false;  // cuda.hc_fold: at one token wo_b's GEMV runs the FFN hc_pre's hc_post and its sums (backend cuda)
   bool cuda_batch_rows = false;  // cuda.batch_rows: forward_batch's per-session cache steps and attention as one launch per kind (backend cuda)
   bool cuda_batch_rows_indexer = false;  // cuda.batch_rows_indexer: with it, a CSA layer's indexer too, past its limit (backend cuda)
+  bool cuda_batch_rows_mixed = false;  // cuda.batch_rows_mixed: with that, rows on both sides of the limit too (backend cuda)
   bool cuda_l2_evict_first = false;  // cuda.l2_evict_first: decode GEMVs' weight loads marked evict-first in L2 (backend cuda)
   bool cuda_prefill_gemm = false;   // cuda.prefill_gemm: FP8 projections of prefill chunks as bf16 GEMMs (backend cuda)
   bool cuda_bf16_gemv = false;      // cuda.bf16_gemv: plain bf16 projections of 2-32 tokens on the bf16 GEMV (backend cuda)

@@ -250,18 +250,31 @@ std::vector<Patch> make_registry() {
                // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows = true; }, false, "cuda"});
   r.push_back({"cuda.batch_rows_indexer", "cuda.batch_rows' CSA layers past the indexer's limit per session",
-               "with cuda.batch_rows, a CSA layer whose sessions each run their indexer over index_topk entries or more "
-               "(with indexer.skip_short: past index_topk x rate tokens, 2048 on V4-Flash) or, with indexer.skip_short, "
-               "take every entry short of that runs the indexer's scores and top-k, the queries' RoPE and the attention "
-               "as one launch each over the rows, each row over its own keys, position and visible entries "
-               "(IndexArgs::keys_rows), each attending by its own kind (its selection, or every entry in order: "
-               "AttendArgs::type_rows), instead of per session; needs cuda.batch_rows",
+               "with cuda.batch_rows, a CSA layer whose sessions all run their indexer over index_topk entries or more "
+               "(with indexer.skip_short: all past index_topk x rate tokens, 2048 on V4-Flash) runs the indexer's "
+               "scores and top-k, the queries' RoPE and the attention as one launch each over the rows, each row over "
+               "its own keys, position and visible entries (IndexArgs::keys_rows), instead of per session; needs "
+               "cuda.batch_rows",
                "a row ranked over another session's keys or entries, or a selection with holes its own step lacks, would "
                "attend to the wrong entries (O(1)) or sum in another order; tested bit-identical to each row's own "
                "launch (IndexerRowsAreEachRowsOwnLaunch, every scores and top-k path) and to the per-session launches "
-               "(ForwardBatchRowsRunAsOneLaunchPerKind, batches on both sides of the limit among them)",
+               "(ForwardBatchRowsRunAsOneLaunchPerKind)",
                // Per-row tables over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
                {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows_indexer = true; }, false, "cuda"});
+  r.push_back({"cuda.batch_rows_mixed", "cuda.batch_rows_indexer's CSA layers with sessions on both sides of the limit per session",
+               "with cuda.batch_rows_indexer and indexer.skip_short, a CSA layer whose batch holds sessions on both sides "
+               "of the indexer's limit (some past index_topk x rate tokens, running the indexer; some short of it, taking "
+               "every entry) runs the indexer and the attention as one launch each over all the rows: the indexer ranks "
+               "every row (the short rows' selections go unread), and each row attends by its own kind, its selection or "
+               "every visible entry in entry order (AttendArgs::type_rows, a table uploaded with the step: "
+               "LayerRows::csa_types); without it such a batch runs that layer per session (a server's sessions of "
+               "different lengths); needs cuda.batch_rows_indexer",
+               "a row attending by the other kind would take the wrong keys (O(1)); a short row's query normalized "
+               "twice or not at all, O(1); tested bit-identical to each row's own launch at V4-Flash's attention shape "
+               "(AttentionSplitKRowsOfBothKindsAreEachRowsOwnLaunch) and to the per-session launches "
+               "(ForwardBatchRowsRunAsOneLaunchPerKind); not yet run on a GPU (session 87), so not in cuda.fast",
+               // Per-row kinds over the same kernels' arithmetic: bit-identical (tests/cuda). The tolerance is the reference's.
+               {1e-4, 1e-4, 1e-4}, false, [](ModelOptions& o) { o.cuda_batch_rows_mixed = true; }, false, "cuda"});
   r.push_back({"cuda.branch_flags", "cuda.streams' branches joined by events (graph edges) before the launch that reads them",
                "with cuda.streams, where the reading launch's blocks take at most half of the SMs (so, waiting, they "
                "leave room to the branches' kernels), the branch ends with a one-thread launch that stores the "

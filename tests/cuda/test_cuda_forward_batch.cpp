@@ -120,22 +120,25 @@ TEST_F(GpuTest, ForwardBatchReplaysItsGraphWhileItsSessionsStay) {
 // and kernel-dims (the fast kernels' shapes); the batched attention ran in every layer type (Scratch::batch_rows).
 // A CSA layer's attention batches while no session's indexer runs (indexer.skip_short: csa-long's and kernel-dims'
 // indexers select from 20 and 16 tokens on) and, with cuda.batch_rows_indexer (the indexer's top-k over each row's own
-// keys), once every session's does (session 84; from step 16 / 20 on here), and (session 87) while the sessions cross
-// the limit one by one, a batch holding both kinds, each row attending by its own type (LayerRows::csa_types). So
-// its steps take all three forms, and the counts show each ran (Scratch::batch_rows_indexed, batch_rows_mixed).
-// Refused without attn.splitk_decode and with the official numerics, each by its own message.
+// keys), once every session's does (session 84; from step 16 / 20 on here); while the sessions cross the limit one by
+// one, a batch holds both kinds: per session, or with cuda.batch_rows_mixed (session 87) batched, each row attending
+// by its own type (LayerRows::csa_types). So its steps take every form, and the counts show each ran
+// (Scratch::batch_rows_indexed, batch_rows_mixed). Refused without attn.splitk_decode and with the official numerics,
+// and cuda.batch_rows_mixed without cuda.batch_rows_indexer, each by its own message.
 TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
   using namespace plumb;
   const std::string data = std::string(PLUMB_TEST_DATA) + "/golden/";
   // (cuda.fast holds cuda.batch_rows since session 84 and cuda.batch_rows_indexer since session 85: its other members here)
   std::string fast_without;
   for (const std::string& p : find_preset("cuda.fast")->patches)
-    if (p != "cuda.batch_rows" && p != "cuda.batch_rows_indexer") fast_without += (fast_without.empty() ? "" : ",") + p;
+    if (p != "cuda.batch_rows" && p != "cuda.batch_rows_indexer" && p != "cuda.batch_rows_mixed") fast_without += (fast_without.empty() ? "" : ",") + p;
   for (const std::string name : {"csa-long", "kernel-dims"})
-    for (const std::string& base : {std::string("attn.splitk_decode,indexer.skip_short"), std::string("attn.splitk_decode,indexer.skip_short,cuda.graph"), fast_without}) {
-      SCOPED_TRACE(name + " [" + base + "]");
+    for (const std::string& base : {std::string("attn.splitk_decode,indexer.skip_short"), std::string("attn.splitk_decode,indexer.skip_short,cuda.graph"), fast_without})
+    for (const bool with_mixed : {false, true}) {
+      const std::string batching = std::string(",cuda.batch_rows,cuda.batch_rows_indexer") + (with_mixed ? ",cuda.batch_rows_mixed" : "");
+      SCOPED_TRACE(name + " [" + base + "] +" + batching);
       const auto per = Model::load(data + name, parse_patches(base).options, {}, "cuda");
-      const auto one = Model::load(data + name, parse_patches(base + ",cuda.batch_rows,cuda.batch_rows_indexer").options, {}, "cuda");
+      const auto one = Model::load(data + name, parse_patches(base + batching).options, {}, "cuda");
       const int64_t V = per->config().vocab;
       std::vector<SessionState> sp, so;
       std::vector<int32_t> next;
@@ -171,15 +174,20 @@ TEST_F(GpuTest, ForwardBatchRowsRunAsOneLaunchPerKind) {
       }
       EXPECT_GT(indexed, 0) << "no CSA layer ran its indexer batched (every session past the indexer's limit)";
       EXPECT_LT(indexed, batched[1]) << "every batched CSA layer ran its indexer: the skipping side was not tested";
-      EXPECT_GT(mixed, 0) << "no batched CSA layer held rows on both sides of the indexer's limit";
-      EXPECT_LT(mixed, indexed) << "every batched CSA layer with its indexer held entry-taking rows";
-      std::printf("[ batch_rows ] %s [%s]: attention sublayers batched: %lld sliding, %lld CSA (%lld with the indexer, %lld of "
+      if (with_mixed) {
+        EXPECT_GT(mixed, 0) << "no batched CSA layer held rows on both sides of the indexer's limit";
+        EXPECT_LT(mixed, indexed) << "every batched CSA layer with its indexer held entry-taking rows";
+      } else {
+        EXPECT_EQ(mixed, 0) << "rows on both sides of the limit batched without cuda.batch_rows_mixed";
+      }
+      std::printf("[ batch_rows ] %s [%s%s]: attention sublayers batched: %lld sliding, %lld CSA (%lld with the indexer, %lld of "
                   "them with rows of both kinds), %lld HCA\n",
-                  name.c_str(), base.c_str(), (long long)batched[0], (long long)batched[1], (long long)indexed, (long long)mixed,
+                  name.c_str(), base.c_str(), with_mixed ? ",cuda.batch_rows_mixed" : "", (long long)batched[0], (long long)batched[1], (long long)indexed, (long long)mixed,
                   (long long)batched[2]);
     }
   for (const auto& [p, says] : {std::pair{"cuda.batch_rows", "add attn.splitk_decode"},
                                 std::pair{"attn.splitk_decode,cuda.batch_rows_indexer", "add cuda.batch_rows"},
+                                std::pair{"attn.splitk_decode,cuda.batch_rows,cuda.batch_rows_mixed", "add cuda.batch_rows_indexer"},
                                 std::pair{"numerics.official,cuda.batch_rows", "numerics.official does not combine with cuda.batch_rows"}}) {
     try {
       Model::load(data + "kernel-dims", parse_patches(p).options, {}, "cuda");
