@@ -260,7 +260,7 @@ bool gpu_attention(const GpuAttn& w, const ModelConfig& c, AttnType type, const 
   const bool mixed = batched && any_indexer && any_all_entries;  // (CSA rows of both kinds: per-row types)
   // (An entry-taking row's keys fit the selection's slots because its entries, counted at the compressor's rate, are at
   // most index_topk by the indexer's rate: one rate for both, as the weights' loader makes them.)
-  PLUMB_CHECK(!mixed || w.comp->rate == w.icomp->rate, "cuda.batch_rows_indexer: a CSA layer's compressor (rate {}) and its "
+  PLUMB_CHECK(!mixed || w.comp->rate == w.icomp->rate, "cuda.batch_rows_mixed: a CSA layer's compressor (rate {}) and its "
               "indexer's (rate {}) differ: rows of both kinds cannot share one attention launch", w.comp->rate, w.icomp->rate);
   const int64_t* row_pos = runs[0].step.dpos;  // (batched_caches: every row's position, in row order)
   if (batched) ++sc.batch_rows[size_t(type)], sc.batch_rows_indexed += any_indexer, sc.batch_rows_mixed += mixed;
